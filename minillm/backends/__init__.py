@@ -1,0 +1,1 @@
+"""Backends implementing the op table: NumPy (reference, CPU) and CUDA (CuPy RawKernels)."""

@@ -1,0 +1,132 @@
+"""NumPy reference backend: every op of the table in float32 on the CPU.
+
+Each op here is the specification and the test oracle of its CUDA twin (same name, same
+signature). Ops write into buffers the caller owns (`out=`), so the CUDA twin never allocates.
+
+Shapes (T tokens in a step, B sequences, H query heads, KH kv heads, D head_dim):
+    q [T, H, D], k/v [T, KH, D], caches [num_blocks, block_size, KH, D]
+    block_tables [B, max_blocks] int32, seq_lens [B] int32 (context after this step),
+    query_start [B + 1] int32 (row offsets of each sequence's new tokens in q)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minillm.engine.sampler import sample as _sample
+
+
+class NumpyBackend:
+    name = "numpy"
+    device = "cpu"
+    dtype = np.float32
+
+    # ---- memory -------------------------------------------------------------------------
+    def asarray(self, host: np.ndarray, dtype=None) -> np.ndarray:
+        """Copy a host array into this backend's storage (default: the compute dtype, float32)."""
+        return np.ascontiguousarray(host, dtype=dtype or self.dtype)
+
+    def empty(self, shape, dtype=np.float32) -> np.ndarray:
+        return np.empty(shape, dtype=dtype)
+
+    def zeros(self, shape, dtype=np.float32) -> np.ndarray:
+        return np.zeros(shape, dtype=dtype)
+
+    def to_host(self, x) -> np.ndarray:
+        return np.asarray(x)
+
+    def copy_from_host(self, dst: np.ndarray, src: np.ndarray) -> None:
+        dst[...] = src
+
+    def synchronize(self) -> None:
+        pass
+
+    # ---- ops ----------------------------------------------------------------------------
+    def copy(self, x, out) -> None:
+        out[...] = x
+
+    def embed(self, ids: np.ndarray, table: np.ndarray, out: np.ndarray) -> None:
+        np.take(table, ids, axis=0, out=out)
+
+    def rms_norm(self, x, w, eps: float, out, residual=None) -> None:
+        """out = rmsnorm(x [+ residual]) * w; with residual, residual <- x + residual first."""
+        if residual is not None:
+            residual += x
+            x = residual
+        var = np.mean(np.square(x), axis=-1, keepdims=True)
+        np.multiply(x * (1.0 / np.sqrt(var + eps)), w, out=out)
+
+    def qk_norm_rope(self, q, k, q_w, k_w, eps: float, positions, cos_sin) -> None:
+        """In place: optional per-head RMSNorm of q and k (Qwen3), then rotate-half RoPE.
+
+        cos_sin is [max_pos, head_dim] holding cos in the first half and sin in the second.
+        """
+        if q_w is not None:
+            self.rms_norm(q, q_w, eps, out=q)
+            self.rms_norm(k, k_w, eps, out=k)
+        half = q.shape[-1] // 2
+        cs = cos_sin[positions]
+        cos = cs[:, None, :half]
+        sin = cs[:, None, half:]
+        for x in (q, k):
+            x1 = x[..., :half].copy()
+            x2 = x[..., half:]
+            x[..., :half] = x1 * cos - x2 * sin
+            x[..., half:] = x2 * cos + x1 * sin
+
+    def matmul(self, x, w, out, bias=None) -> None:
+        """out = x @ w.T (+ bias); w in [out_features, in_features] layout."""
+        np.matmul(x, w.T, out=out)
+        if bias is not None:
+            out += bias
+
+    def silu_mul(self, gate_up, out) -> None:
+        """out = silu(gate) * up for gate_up = [gate | up] along the last axis."""
+        f = out.shape[-1]
+        gate = gate_up[..., :f]
+        np.multiply(gate / (1.0 + np.exp(-gate)), gate_up[..., f:], out=out)
+
+    def store_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
+        """Write each token's k/v to its physical slot (block * block_size + offset)."""
+        bs = k_cache.shape[1]
+        blocks, offsets = np.divmod(slot_mapping, bs)
+        k_cache[blocks, offsets] = k
+        v_cache[blocks, offsets] = v
+
+    def paged_attention(
+        self, q, k_cache, v_cache, block_tables, seq_lens, query_start, scale: float, out,
+        causal: bool = True,
+    ) -> None:
+        """Grouped-query attention of each sequence's new queries over its paged context.
+
+        The j-th new query of sequence b sits at position seq_lens[b] - q_len + j and, when
+        causal, sees keys at positions <= its own; non-causal queries see the whole context.
+        """
+        _, H, D = q.shape
+        bs, KH = k_cache.shape[1], k_cache.shape[2]
+        G = H // KH
+        for b in range(len(seq_lens)):
+            s, e = int(query_start[b]), int(query_start[b + 1])
+            nq, L = e - s, int(seq_lens[b])
+            if nq == 0:
+                continue
+            nb = -(-L // bs)
+            blocks = block_tables[b, :nb]
+            k = k_cache[blocks].reshape(nb * bs, KH, D)[:L].transpose(1, 2, 0)  # [KH, D, L]
+            v = v_cache[blocks].reshape(nb * bs, KH, D)[:L].transpose(1, 0, 2)  # [KH, L, D]
+            qb = q[s:e].reshape(nq, KH, G, D).transpose(1, 2, 0, 3)  # [KH, G, nq, D]
+            scores = (qb @ k[:, None]) * scale  # [KH, G, nq, L]
+            if causal:
+                qpos = L - nq + np.arange(nq)
+                scores[..., np.arange(L)[None, :] > qpos[:, None]] = -np.inf
+            scores -= scores.max(axis=-1, keepdims=True)
+            p = np.exp(scores)
+            p /= p.sum(axis=-1, keepdims=True)
+            o = p @ v[:, None]  # [KH, G, nq, D]
+            out[s:e] = o.transpose(2, 0, 1, 3).reshape(nq, H, D)
+
+    def gather_rows(self, x, idx, out) -> None:
+        np.take(x, idx, axis=0, out=out)
+
+    def sample(self, logits, temperature, top_p, top_k, seeds, positions, out_tokens) -> None:
+        _sample(logits, temperature, top_p, top_k, seeds, positions, out_tokens)

@@ -1,0 +1,1 @@
+"""Engine: sequences, paged KV block manager, scheduler, sampler, model runner, engine loop."""

@@ -1,0 +1,82 @@
+"""Token sampling: greedy, temperature, top-k, top-p, with a counter-based per-request RNG.
+
+The random number for a token depends only on (request seed, position of the token, stream),
+never on what else is in the batch, so seeded output is reproducible under any batching. The
+hash is splitmix64, simple enough to write identically in CUDA (cuda/sampling.cu).
+
+This is the NumPy twin of the device sampler and the reference for its tests.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_M64 = (1 << 64) - 1
+
+# Streams: independent random numbers for the same (seed, position).
+STREAM_SAMPLE = 0
+STREAM_ACCEPT = 1
+STREAM_RESIDUAL = 2
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def hash_uniform(seed: int, position: int, stream: int = STREAM_SAMPLE) -> float:
+    """A float in [0, 1) from (seed, position, stream); 24 bits so float32 holds it exactly."""
+    h = _splitmix64((seed & _M64) ^ _splitmix64((position << 2 | stream) & _M64))
+    return (h >> 40) / float(1 << 24)
+
+
+def probs_from_logits(logits: np.ndarray, temperature: float, top_p: float, top_k: int) -> np.ndarray:
+    """The distribution sampled from: softmax(logits / T) restricted to top-k then top-p.
+
+    Returns float64 probabilities over the whole vocabulary (zeros outside the kept set).
+    """
+    x = logits.astype(np.float64) / temperature
+    vocab = x.shape[-1]
+    if 0 < top_k < vocab:
+        kth = np.partition(x, vocab - top_k)[vocab - top_k]
+        x = np.where(x >= kth, x, -np.inf)
+    x = x - x.max()
+    p = np.exp(x)
+    p /= p.sum()
+    if top_p < 1.0:
+        order = np.argsort(-p, kind="stable")
+        cum = np.cumsum(p[order])
+        # keep the smallest prefix whose mass reaches top_p (the token crossing it included)
+        keep = cum - p[order] < top_p
+        mask = np.zeros(vocab, dtype=bool)
+        mask[order[keep]] = True
+        p = np.where(mask, p, 0.0)
+        p /= p.sum()
+    return p
+
+
+def sample_from_probs(p: np.ndarray, u: float) -> int:
+    """Inverse-CDF sample over tokens in index order (deterministic for a given u)."""
+    cum = np.cumsum(p)
+    idx = int(np.searchsorted(cum, u * cum[-1], side="right"))
+    idx = min(idx, len(p) - 1)
+    while p[idx] == 0.0 and idx > 0:  # u landed on the edge of a zero-mass run
+        idx -= 1
+    return idx
+
+
+def sample(logits, temperature, top_p, top_k, seeds, positions, out_tokens) -> None:
+    """Sample one token per row of logits [B, V] into out_tokens [B].
+
+    temperature[b] == 0 selects greedy argmax. positions[b] is the position the sampled token
+    will occupy, the counter of the request's RNG.
+    """
+    for b in range(logits.shape[0]):
+        t = float(temperature[b])
+        if t <= 0.0:
+            out_tokens[b] = int(np.argmax(logits[b]))
+            continue
+        p = probs_from_logits(logits[b], t, float(top_p[b]), int(top_k[b]))
+        out_tokens[b] = sample_from_probs(p, hash_uniform(int(seeds[b]), int(positions[b])))

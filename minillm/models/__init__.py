@@ -1,0 +1,1 @@
+"""Model configs, loaders (HF safetensors directories, GGUF files), tokenizer and the transformer."""

@@ -1,0 +1,156 @@
+"""Tokenizer: the `tokenizers` library for text <-> ids, jinja2 for the chat template.
+
+Built from an HF directory (tokenizer.json + tokenizer_config.json) or from GGUF metadata
+(minillm/models/gguf_loader.py). Also holds the incremental detokenizer used for streaming.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+import jinja2
+import jinja2.ext
+import jinja2.sandbox
+from tokenizers import Tokenizer as HFTokenizer
+
+
+def _raise_exception(message: str):
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+class Tokenizer:
+    def __init__(
+        self,
+        tok: HFTokenizer,
+        chat_template: str | None = None,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+        eos_token_ids: list[int] | None = None,
+        add_bos_token: bool = False,
+    ):
+        self.tok = tok
+        self.chat_template = chat_template
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.bos_token_id = tok.token_to_id(bos_token) if bos_token else None
+        ids = list(eos_token_ids or [])
+        if eos_token and tok.token_to_id(eos_token) is not None and tok.token_to_id(eos_token) not in ids:
+            ids.append(tok.token_to_id(eos_token))
+        self.eos_token_ids = ids
+        self.add_bos_token = add_bos_token
+        self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+        self.special_token_ids = {
+            i for i, t in tok.get_added_tokens_decoder().items() if t.special
+        }
+        self._template = None
+
+    # ---- construction -------------------------------------------------------------------
+    @classmethod
+    def from_hf_dir(cls, path: str | Path, eos_token_ids: list[int] | None = None) -> "Tokenizer":
+        path = Path(path)
+        tj = path / "tokenizer.json"
+        if not tj.exists():
+            raise FileNotFoundError(
+                f"{tj}: missing; minillm needs a fast-tokenizer tokenizer.json beside config.json"
+            )
+        tok = HFTokenizer.from_file(str(tj))
+        cfg = {}
+        tc = path / "tokenizer_config.json"
+        if tc.exists():
+            cfg = json.loads(tc.read_text())
+        template = cfg.get("chat_template")
+        ct = path / "chat_template.jinja"
+        if template is None and ct.exists():
+            template = ct.read_text()
+        if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+            named = {t.get("name"): t.get("template") for t in template}
+            template = named.get("default") or next(iter(named.values()), None)
+
+        def tok_str(v):
+            return v.get("content") if isinstance(v, dict) else v
+
+        return cls(
+            tok,
+            chat_template=template,
+            bos_token=tok_str(cfg.get("bos_token")),
+            eos_token=tok_str(cfg.get("eos_token")),
+            eos_token_ids=eos_token_ids,
+            add_bos_token=bool(cfg.get("add_bos_token", False)),
+        )
+
+    # ---- text <-> ids -------------------------------------------------------------------
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of text, as the HF fast tokenizer gives them."""
+        ids = self.tok.encode(text, add_special_tokens=add_special_tokens).ids
+        if (
+            add_special_tokens and self.add_bos_token and self.bos_token_id is not None
+            and (not ids or ids[0] != self.bos_token_id)
+        ):
+            ids = [self.bos_token_id] + ids
+        return ids
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    # ---- chat ---------------------------------------------------------------------------
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            **kwargs) -> str:
+        if not self.chat_template:
+            raise ValueError(
+                "this model has no chat template (tokenizer_config.json chat_template or GGUF "
+                "tokenizer.chat_template); use a plain completion prompt instead"
+            )
+        if self._template is None:
+            env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+                trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+            )
+            env.globals["raise_exception"] = _raise_exception
+            env.globals["strftime_now"] = _strftime_now
+            self._template = env.from_string(self.chat_template)
+        return self._template.render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
+            **kwargs,
+        )
+
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        # the template writes any BOS itself, so no special tokens are added on top
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt),
+                           add_special_tokens=False)
+
+
+class IncrementalDecoder:
+    """Turns a growing list of token ids into text deltas for streaming.
+
+    Decodes a short window of recent tokens and holds back text that ends in an incomplete
+    UTF-8 sequence (U+FFFD), so multi-byte characters are never split across deltas.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int] | None = None):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.prefix_offset = 0
+        self.read_offset = 0
+        self.text = ""
+
+    def push(self, new_ids: list[int]) -> str:
+        """Append tokens; return the newly completed text."""
+        self.ids.extend(new_ids)
+        dec = self.tokenizer.decode
+        prefix = dec(self.ids[self.prefix_offset : self.read_offset])
+        full = dec(self.ids[self.prefix_offset :])
+        if full.endswith("\ufffd") or len(full) <= len(prefix):
+            return ""
+        delta = full[len(prefix) :]
+        self.prefix_offset = self.read_offset
+        self.read_offset = len(self.ids)
+        self.text += delta
+        return delta

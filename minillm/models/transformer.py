@@ -1,0 +1,144 @@
+"""The Llama / Qwen2 / Qwen3 decoder, written once against the backend op table.
+
+One forward runs one engine step: the new tokens of every scheduled sequence flattened into
+T rows (prefill chunks, decodes and speculative verification alike), attending over the paged
+KV cache. Every activation lives in a Workspace allocated once for the largest step, so the
+same code is what a CUDA graph captures. The model never branches on the backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from minillm.models.config import ModelConfig
+from minillm.models.rope import cos_sin_table
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: object
+    qkv: object  # [q + 2kv, hidden]: q, k and v projections fused into one matrix
+    qkv_bias: object | None
+    q_norm: object | None
+    k_norm: object | None
+    o: object
+    mlp_norm: object
+    gate_up: object  # [2 * ffn, hidden]: gate and up fused
+    down: object
+
+
+@dataclass
+class StepInputs:
+    """Per-step indices, built by the runner from the block manager (backend int32 arrays)."""
+
+    input_ids: object  # [T]
+    positions: object  # [T]
+    slot_mapping: object  # [T]
+    block_tables: object  # [B, max_blocks]
+    seq_lens: object  # [B] context length after this step
+    query_start: object  # [B + 1]
+    logits_indices: object  # [R] rows of T whose logits are wanted
+
+
+class Workspace:
+    """Activation buffers for up to max_tokens rows and max_logits logits rows, made once."""
+
+    def __init__(self, backend, cfg: ModelConfig, max_tokens: int, max_logits: int):
+        e = backend.empty
+        self.max_tokens = max_tokens
+        self.max_logits = max_logits
+        self.residual = e((max_tokens, cfg.hidden_size))
+        self.hidden = e((max_tokens, cfg.hidden_size))
+        self.normed = e((max_tokens, cfg.hidden_size))
+        self.qkv = e((max_tokens, cfg.q_size + 2 * cfg.kv_size))
+        self.attn = e((max_tokens, cfg.num_heads, cfg.head_dim))
+        self.gate_up = e((max_tokens, 2 * cfg.intermediate_size))
+        self.act = e((max_tokens, cfg.intermediate_size))
+        self.last = e((max_logits, cfg.hidden_size))
+        self.logits = e((max_logits, cfg.vocab_size), dtype=np.float32)
+
+
+class Transformer:
+    def __init__(self, cfg: ModelConfig, weights: dict[str, np.ndarray], backend, max_positions: int):
+        self.cfg = cfg
+        self.backend = backend
+        a = backend.asarray
+        w = weights
+        self.embed = a(w["embed"])
+        self.lm_head = self.embed if cfg.tie_word_embeddings else a(w["lm_head"])
+        self.norm = a(w["norm"])
+        self.layers: list[LayerWeights] = []
+        for i in range(cfg.num_layers):
+            p = f"layers.{i}."
+            bias = None
+            if cfg.attention_bias:
+                bias = a(np.concatenate([w[p + "q_bias"], w[p + "k_bias"], w[p + "v_bias"]]))
+            self.layers.append(
+                LayerWeights(
+                    attn_norm=a(w[p + "attn_norm"]),
+                    qkv=a(np.concatenate([w[p + "q"], w[p + "k"], w[p + "v"]])),
+                    qkv_bias=bias,
+                    q_norm=a(w[p + "q_norm"]) if cfg.qk_norm else None,
+                    k_norm=a(w[p + "k_norm"]) if cfg.qk_norm else None,
+                    o=a(w[p + "o"]),
+                    mlp_norm=a(w[p + "mlp_norm"]),
+                    gate_up=a(np.concatenate([w[p + "gate"], w[p + "up"]])),
+                    down=a(w[p + "down"]),
+                )
+            )
+        self.cos_sin = a(cos_sin_table(cfg, max_positions), dtype=np.float32)
+        self.scale = cfg.head_dim ** -0.5
+
+    def allocate_kv_cache(self, num_blocks: int, block_size: int):
+        """K and V pools [layers, num_blocks, block_size, kv_heads, head_dim]."""
+        c = self.cfg
+        shape = (c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim)
+        return self.backend.zeros(shape), self.backend.zeros(shape)
+
+    def forward(self, x: StepInputs, num_tokens: int, num_logits: int, kv, ws: Workspace,
+                capture_layers: tuple[int, ...] = (), capture_out=None):
+        """Run one step; returns logits [num_logits, vocab] (a view into the workspace).
+
+        capture_layers/capture_out: write the hidden state after each listed layer into
+        capture_out[:, j * hidden:(j + 1) * hidden] (the DFlash drafter's context features).
+        """
+        B, c = self.backend, self.cfg
+        T = num_tokens
+        k_cache, v_cache = kv
+        residual, hidden, normed = ws.residual[:T], ws.hidden[:T], ws.normed[:T]
+        qkv, attn = ws.qkv[:T], ws.attn[:T]
+        q = qkv[:, : c.q_size].reshape(T, c.num_heads, c.head_dim)
+        k = qkv[:, c.q_size : c.q_size + c.kv_size].reshape(T, c.num_kv_heads, c.head_dim)
+        v = qkv[:, c.q_size + c.kv_size :].reshape(T, c.num_kv_heads, c.head_dim)
+        hs = c.hidden_size
+
+        B.embed(x.input_ids, self.embed, out=residual)
+        for i, lw in enumerate(self.layers):
+            if i == 0:
+                B.rms_norm(residual, lw.attn_norm, c.rms_norm_eps, out=normed)
+            else:
+                B.rms_norm(hidden, lw.attn_norm, c.rms_norm_eps, out=normed, residual=residual)
+                if i - 1 in capture_layers:
+                    j = capture_layers.index(i - 1)
+                    B.copy(residual, out=capture_out[:T, j * hs : (j + 1) * hs])
+            B.matmul(normed, lw.qkv, out=qkv, bias=lw.qkv_bias)
+            B.qk_norm_rope(q, k, lw.q_norm, lw.k_norm, c.rms_norm_eps, x.positions, self.cos_sin)
+            B.store_kv(k, v, k_cache[i], v_cache[i], x.slot_mapping)
+            B.paged_attention(q, k_cache[i], v_cache[i], x.block_tables, x.seq_lens,
+                              x.query_start, self.scale, out=attn)
+            B.matmul(attn.reshape(T, c.q_size), lw.o, out=hidden)
+            B.rms_norm(hidden, lw.mlp_norm, c.rms_norm_eps, out=normed, residual=residual)
+            B.matmul(normed, lw.gate_up, out=ws.gate_up[:T])
+            B.silu_mul(ws.gate_up[:T], out=ws.act[:T])
+            B.matmul(ws.act[:T], lw.down, out=hidden)
+        B.rms_norm(hidden, self.norm, c.rms_norm_eps, out=normed, residual=residual)
+        last_layer = c.num_layers - 1
+        if last_layer in capture_layers:
+            j = capture_layers.index(last_layer)
+            B.copy(residual, out=capture_out[:T, j * hs : (j + 1) * hs])
+        R = num_logits
+        B.gather_rows(normed, x.logits_indices, out=ws.last[:R])
+        B.matmul(ws.last[:R], self.lm_head, out=ws.logits[:R])
+        return ws.logits[:R]
