@@ -87,11 +87,15 @@ class NumpyBackend:
         np.multiply(gate / (1.0 + np.exp(-gate)), gate_up[..., f:], out=out)
 
     def store_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
-        """Write each token's k/v to its physical slot (block * block_size + offset)."""
+        """Write each token's k/v to its physical slot (block * block_size + offset).
+
+        A negative slot marks a padding row (a CUDA-graph bucket larger than the batch): skipped.
+        """
         bs = k_cache.shape[1]
-        blocks, offsets = np.divmod(slot_mapping, bs)
-        k_cache[blocks, offsets] = k
-        v_cache[blocks, offsets] = v
+        live = slot_mapping >= 0
+        blocks, offsets = np.divmod(slot_mapping[live], bs)
+        k_cache[blocks, offsets] = k[live]
+        v_cache[blocks, offsets] = v[live]
 
     def paged_attention(
         self, q, k_cache, v_cache, block_tables, seq_lens, query_start, scale: float, out,
@@ -101,6 +105,7 @@ class NumpyBackend:
 
         The j-th new query of sequence b sits at position seq_lens[b] - q_len + j and, when
         causal, sees keys at positions <= its own; non-causal queries see the whole context.
+        A sequence with seq_lens[b] == 0 is padding: its rows are written as zeros.
         """
         _, H, D = q.shape
         bs, KH = k_cache.shape[1], k_cache.shape[2]
@@ -109,6 +114,9 @@ class NumpyBackend:
             s, e = int(query_start[b]), int(query_start[b + 1])
             nq, L = e - s, int(seq_lens[b])
             if nq == 0:
+                continue
+            if L == 0:
+                out[s:e] = 0.0
                 continue
             nb = -(-L // bs)
             blocks = block_tables[b, :nb]
