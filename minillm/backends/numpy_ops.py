@@ -136,5 +136,9 @@ class NumpyBackend:
     def gather_rows(self, x, idx, out) -> None:
         np.take(x, idx, axis=0, out=out)
 
+    def suppress_tokens(self, logits, rows, token_ids) -> None:
+        """logits[rows[i], token_ids[i]] = -inf (min_tokens keeps EOS/stop tokens from being drawn)."""
+        logits[rows, token_ids] = -np.inf
+
     def sample(self, logits, temperature, top_p, top_k, seeds, positions, out_tokens) -> None:
         _sample(logits, temperature, top_p, top_k, seeds, positions, out_tokens)

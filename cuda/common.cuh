@@ -1,0 +1,88 @@
+// common.cuh: what every minillm kernel shares.
+//
+//  * MINILLM_CHECK(cond): a device assert on every index a kernel reads from the block manager
+//    (block tables, slots, token ids, positions). Compiled in only under MINILLM_CUDA_DEBUG=1, so
+//    release kernels pay nothing; a failing check traps, which surfaces as a launch error naming
+//    the kernel instead of a silent out-of-bounds access somewhere later.
+//  * Loads/stores that turn bf16 or fp32 storage into fp32 arithmetic, so each kernel is written
+//    once as a template and instantiated for both storage types (fp32 is what the tests use to
+//    compare against the NumPy oracle at tight tolerances).
+//  * Warp/block reductions.
+//
+// Written for both nvcc (CI compile test) and NVRTC (CuPy RawModule at run time): no host or
+// standard-library headers beyond cuda_bf16.h.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#ifndef MINILLM_CUDA_DEBUG
+#define MINILLM_CUDA_DEBUG 0
+#endif
+
+#if MINILLM_CUDA_DEBUG
+#define MINILLM_CHECK(cond)                                                                      \
+  do {                                                                                           \
+    if (!(cond)) {                                                                               \
+      printf("MINILLM_CHECK failed: %s at %s:%d block (%d,%d,%d) thread %d\n", #cond, __FILE__, \
+             __LINE__, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x);                         \
+      __trap();                                                                                  \
+    }                                                                                            \
+  } while (0)
+#else
+#define MINILLM_CHECK(cond) \
+  do {                      \
+  } while (0)
+#endif
+
+typedef __nv_bfloat16 bf16;
+typedef long long i64;
+typedef unsigned long long u64;
+
+namespace minillm {
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_f(float x);
+template <>
+__device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ bf16 from_f<bf16>(float x) { return __float2bfloat16_rn(x); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__device__ __forceinline__ double warp_sum(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Sum over the whole block (blockDim.x a multiple of 32, at most 1024). `scratch` holds 32
+// values; every thread gets the result. Ends with a barrier, so scratch can be reused at once.
+template <typename F>
+__device__ __forceinline__ F block_sum(F v, F* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < nwarps ? scratch[lane] : F(0);
+  v = warp_sum(v);
+  __syncthreads();
+  return v;
+}
+
+}  // namespace minillm

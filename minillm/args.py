@@ -1,0 +1,89 @@
+"""EngineArgs: the one dataclass behind every engine flag.
+
+`LLM(**kwargs)` takes its fields by name and every CLI (`serve`, `generate`, `chat`, `bench`)
+builds its flags from it with `add_engine_args`, so the two can never drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass, fields
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass
+class EngineArgs:
+    model: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    max_num_seqs: int = 16
+    max_model_len: int | None = None  # default: min(model's context, 4096)
+    max_num_batched_tokens: int | None = None  # default: max(2048, max_num_seqs * (1 + k))
+    block_size: int = 16
+    num_blocks: int | None = None  # default: max_num_seqs full-length sequences
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
+    speculative_config: dict | str | None = None
+    enforce_eager: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.speculative_config, str):
+            try:
+                self.speculative_config = json.loads(self.speculative_config)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"--speculative-config is not valid JSON: {e}") from None
+        self.validate()
+
+    def validate(self) -> None:
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ValueError(msg)
+
+        need(self.device in DEVICES, f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        need(self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        need(self.max_num_seqs >= 1, f"--max-num-seqs must be >= 1, got {self.max_num_seqs}")
+        need(self.max_model_len is None or self.max_model_len >= 1,
+             f"--max-model-len must be >= 1, got {self.max_model_len}")
+        need(self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1,
+             f"--max-num-batched-tokens must be >= 1, got {self.max_num_batched_tokens}")
+        bs = self.block_size
+        need(8 <= bs <= 256 and bs & (bs - 1) == 0,
+             f"--block-size must be a power of two from 8 to 256, got {bs}")
+        need(self.num_blocks is None or self.num_blocks >= 1, f"--num-blocks must be >= 1, got {self.num_blocks}")
+        need(0 < self.gpu_memory_utilization <= 1,
+             f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        need(self.speculative_config is None or isinstance(self.speculative_config, dict),
+             "--speculative-config must be a JSON object, e.g. "
+             '\'{"method": "ngram", "num_speculative_tokens": 3}\'')
+
+    @classmethod
+    def from_cli(cls, ns: argparse.Namespace) -> "EngineArgs":
+        return cls(**{f.name: getattr(ns, f.name) for f in fields(cls) if hasattr(ns, f.name)})
+
+
+def add_engine_args(p: argparse.ArgumentParser, model_positional: bool = True) -> argparse.ArgumentParser:
+    """Add every EngineArgs field as a vLLM-named flag."""
+    d = EngineArgs.__dataclass_fields__
+    if model_positional:
+        p.add_argument("model", nargs="?", default=None,
+                       help="HF model directory, .gguf file, or alias (default: the embedded SmolLM2-135M)")
+    p.add_argument("--device", choices=DEVICES, default=d["device"].default)
+    p.add_argument("--dtype", choices=DTYPES, default=d["dtype"].default,
+                   help="compute dtype (auto: float32 on cpu, bfloat16 on cuda)")
+    p.add_argument("--max-num-seqs", type=int, default=d["max_num_seqs"].default)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--block-size", type=int, default=d["block_size"].default)
+    p.add_argument("--num-blocks", type=int, default=None,
+                   help="KV pool size in blocks (default: max-num-seqs full-length sequences)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=d["gpu_memory_utilization"].default)
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--speculative-config", type=str, default=None,
+                   help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\'')
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    p.add_argument("--seed", type=int, default=d["seed"].default)
+    return p

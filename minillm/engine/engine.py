@@ -1,0 +1,275 @@
+"""LLMEngine: requests in, token and text deltas out, one scheduler step at a time.
+
+Startup does all the sizing (the arena rule): the KV pool, the step buffers and the workspace
+are made once from max_num_seqs, max_model_len and max_num_batched_tokens, and a configuration
+that cannot hold one max_model_len sequence is refused with the numbers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import random
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from minillm.args import EngineArgs
+from minillm.engine.block_manager import BlockManager
+from minillm.engine.runner import ModelRunner
+from minillm.engine.scheduler import Scheduler
+from minillm.engine.sequence import Sequence, Status
+from minillm.models.loader import LoadedModel, load_model
+from minillm.models.tokenizer import IncrementalDecoder
+from minillm.models.transformer import Transformer
+from minillm.sampling_params import SamplingParams
+
+log = logging.getLogger("minillm")
+
+GiB = 1 << 30
+
+
+@dataclass
+class RequestOutput:
+    """What one step produced for one request."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    token_ids: list[int]
+    text: str
+    num_prompt_tokens: int
+    finished: bool = False
+    finish_reason: str | None = None
+
+
+@dataclass
+class EngineStats:
+    running: int = 0
+    waiting: int = 0
+    blocks_total: int = 0
+    blocks_used: int = 0
+    blocks_free: int = 0
+    blocks_cached: int = 0
+    preemptions: int = 0
+    prefix_cache_hit_rate: float = 0.0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    spec: dict = field(default_factory=dict)
+
+
+def select_backend(device: str, dtype: str):
+    """The op table for a device: NumPy on the CPU, CUDA when CuPy finds a GPU."""
+    if device == "auto":
+        device = "cpu"
+        if importlib.util.find_spec("cupy") is not None:
+            from minillm.backends.cuda_ops import cuda_available
+
+            device = "cuda" if cuda_available() else "cpu"
+    if device == "cpu":
+        if dtype not in ("auto", "float32"):
+            raise ValueError(f"--dtype {dtype} is not supported on the CPU backend; it computes in float32")
+        from minillm.backends.numpy_ops import NumpyBackend
+
+        return NumpyBackend()
+    from minillm.backends.cuda_ops import CudaBackend
+
+    return CudaBackend(dtype=dtype)
+
+
+def plan_kv_pool(args: EngineArgs, kv_bytes_per_token: int, max_model_len: int,
+                 available_bytes: int | None) -> int:
+    """Number of KV blocks: the arena rule, an explicit override, or what the device can hold."""
+    bs = args.block_size
+    per_seq = -(-max_model_len // bs)
+    block_bytes = kv_bytes_per_token * bs
+    if args.num_blocks is not None:
+        num_blocks = args.num_blocks
+    else:
+        num_blocks = args.max_num_seqs * per_seq
+        if available_bytes is not None:
+            num_blocks = min(num_blocks, available_bytes // block_bytes)
+    if num_blocks < per_seq:
+        fits = num_blocks * bs
+        raise ValueError(
+            f"one sequence of max_model_len {max_model_len} needs {per_seq} blocks "
+            f"({per_seq * block_bytes / GiB:.2f} GiB); the pool has {num_blocks} blocks "
+            f"({num_blocks * block_bytes / GiB:.2f} GiB); the largest max_model_len that fits is {fits} "
+            f"— lower --max-model-len or raise --num-blocks"
+            + (" / --gpu-memory-utilization" if available_bytes is not None else "")
+        )
+    if available_bytes is not None and num_blocks * block_bytes > available_bytes:
+        raise ValueError(
+            f"--num-blocks {num_blocks} needs {num_blocks * block_bytes / GiB:.2f} GiB of KV cache but "
+            f"only {available_bytes / GiB:.2f} GiB is left after weights and workspace — lower "
+            f"--num-blocks or raise --gpu-memory-utilization"
+        )
+    return num_blocks
+
+
+class LLMEngine:
+    def __init__(self, args: EngineArgs | None = None, loaded: LoadedModel | None = None, **kwargs):
+        args = args or EngineArgs(**kwargs)
+        self.args = args
+        self.loaded = loaded or load_model(args.model)
+        cfg = self.loaded.config
+        self.config = cfg
+        self.tokenizer = self.loaded.tokenizer
+        self.model_name = self.loaded.name
+        self.backend = select_backend(args.device, args.dtype)
+
+        self.max_model_len = args.max_model_len or min(cfg.max_position_embeddings, 4096)
+        self.block_size = args.block_size
+        self.num_speculative_tokens = 0
+        k = self.num_speculative_tokens
+        self.max_num_batched_tokens = args.max_num_batched_tokens or max(2048, args.max_num_seqs * (1 + k))
+        if self.max_num_batched_tokens < args.max_num_seqs * (1 + k):
+            raise ValueError(
+                f"--max-num-batched-tokens {self.max_num_batched_tokens} is below max_num_seqs x (1 + k) = "
+                f"{args.max_num_seqs * (1 + k)}: a full decode step would not fit"
+            )
+        self.model = Transformer(cfg, self.loaded.weights, self.backend, self.max_model_len + k + 1)
+        self.loaded.weights = {}  # the backend holds its own copy now
+        max_logits = args.max_num_seqs * (1 + k)
+        self.runner_args = dict(max_tokens=self.max_num_batched_tokens, max_seqs=args.max_num_seqs,
+                                max_logits=max_logits, max_model_len=self.max_model_len + k)
+        dtype_bytes = np.dtype(self.backend.dtype).itemsize
+        available = self.backend.kv_budget(args.gpu_memory_utilization) if hasattr(
+            self.backend, "kv_budget") else None
+        self.num_blocks = plan_kv_pool(args, cfg.kv_bytes_per_token(dtype_bytes), self.max_model_len, available)
+        self.kv = self.model.allocate_kv_cache(self.num_blocks, self.block_size)
+        self.block_manager = BlockManager(self.num_blocks, self.block_size, args.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, self.max_num_batched_tokens)
+        self.runner = ModelRunner(self.model, self.backend, self.kv, self.block_manager, **self.runner_args)
+        self.requests: dict[str, Sequence] = {}
+        self.rng = random.Random(args.seed)
+        self.stats_prompt_tokens = 0
+        self.stats_generation_tokens = 0
+        if hasattr(self.backend, "seal"):
+            self.backend.seal()
+        log.info("engine ready: %s on %s, max_model_len %d, max_num_seqs %d, %d KV blocks of %d",
+                 self.model_name, self.backend.name, self.max_model_len, args.max_num_seqs,
+                 self.num_blocks, self.block_size)
+
+    # ---- requests -------------------------------------------------------------------------
+    def encode_prompt(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        return list(prompt)
+
+    def validate_prompt(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Reject at admission what could never run: the server maps ValueError to HTTP 400."""
+        n = len(prompt_ids)
+        if n == 0:
+            raise ValueError("the prompt is empty: give at least one token")
+        bad = [t for t in prompt_ids if not (isinstance(t, (int, np.integer)) and 0 <= t < self.config.vocab_size)]
+        if bad:
+            raise ValueError(f"prompt token ids must be integers in [0, {self.config.vocab_size}); got {bad[:5]}")
+        if n > self.max_model_len:
+            raise ValueError(f"the prompt has {n} tokens, more than max_model_len {self.max_model_len}")
+        if n + params.max_tokens > self.max_model_len:
+            raise ValueError(
+                f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) = {n + params.max_tokens} exceeds "
+                f"max_model_len {self.max_model_len}; lower max_tokens to at most {self.max_model_len - n}"
+            )
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
+        params = params or SamplingParams()
+        prompt_ids = self.encode_prompt(prompt)
+        self.validate_prompt(prompt_ids, params)
+        request_id = request_id or uuid.uuid4().hex
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        seed = params.seed if params.seed is not None else self.rng.getrandbits(63)
+        seq = Sequence(request_id, prompt_ids, params, seed)
+        seq.decoder = IncrementalDecoder(self.tokenizer)
+        self.requests[request_id] = seq
+        self.stats_prompt_tokens += len(prompt_ids)
+        self.scheduler.add(seq)
+        return request_id
+
+    def abort_request(self, request_id: str) -> None:
+        """Drop a request (client gone): its blocks are freed at once."""
+        seq = self.requests.pop(request_id, None)
+        if seq is not None and not seq.finished:
+            self.scheduler.finish(seq, "abort")
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ---- the step -------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        if not sched.scheduled:
+            return []
+        tokens = self.runner.execute(sched.scheduled)
+        outputs = []
+        r = 0
+        for item in sched.scheduled:
+            seq = item.seq
+            samples = item.samples  # read before num_computed moves
+            seq.num_computed += item.num_new
+            self.block_manager.commit_full_blocks(seq)
+            if not samples:
+                continue
+            new = [int(tokens[r])]
+            r += 1
+            outputs.append(self._append_tokens(seq, new))
+        return outputs
+
+    def _append_tokens(self, seq: Sequence, new: list[int]) -> RequestOutput:
+        """Append sampled tokens, apply stop conditions, and produce the text delta."""
+        p = seq.params
+        accepted: list[int] = []
+        reason = None
+        stopped_by_token = False
+        for tok in new:
+            seq.output_ids.append(tok)
+            accepted.append(tok)
+            n_out = len(seq.output_ids)
+            if n_out >= p.min_tokens and (
+                (not p.ignore_eos and tok in self.config.eos_token_ids) or tok in p.stop_token_ids
+            ):
+                reason = "stop"
+                stopped_by_token = True
+                break
+            if n_out >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+                reason = "length"
+                break
+        self.stats_generation_tokens += len(accepted)
+        visible = accepted[:-1] if stopped_by_token else accepted  # a stop token is not text
+        seq.text += seq.decoder.push(visible) if visible else ""
+        if p.stop and n_out >= p.min_tokens:
+            cut = self._find_stop(seq.text, p.stop)
+            if cut is not None:
+                seq.text = seq.text[:cut]
+                reason = "stop"
+        if reason is not None:
+            self.scheduler.finish(seq, reason)
+            self.requests.pop(seq.request_id, None)
+            hold = 0
+        else:
+            hold = max((len(s) - 1 for s in p.stop), default=0)  # may be the start of a stop string
+        end = max(seq.sent_text_len, len(seq.text) - hold)
+        delta = seq.text[seq.sent_text_len : end]
+        seq.sent_text_len = end
+        return RequestOutput(seq.request_id, accepted, delta, list(seq.output_ids), seq.text,
+                             seq.num_prompt_tokens, reason is not None, reason)
+
+    @staticmethod
+    def _find_stop(text: str, stops: list[str]) -> int | None:
+        cuts = [i for i in (text.find(s) for s in stops) if i >= 0]
+        return min(cuts) if cuts else None
+
+    # ---- observability --------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        return EngineStats(
+            running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
+            blocks_total=bm.num_blocks, blocks_used=bm.num_used, blocks_free=len(bm.free),
+            blocks_cached=bm.num_cached, preemptions=self.scheduler.num_preemptions,
+            prefix_cache_hit_rate=bm.hit_rate, prompt_tokens=self.stats_prompt_tokens,
+            generation_tokens=self.stats_generation_tokens,
+        )

@@ -1,0 +1,152 @@
+"""ModelRunner: turns a scheduled batch into fixed-size step inputs, runs the model, samples.
+
+All step inputs live in buffers sized once for the largest step (max_num_batched_tokens rows,
+max_num_seqs sequences, max_model_len / block_size blocks each): host arrays are filled, then
+copied into the backend's buffers of the same shapes. Nothing is allocated per step, which is
+what lets the CUDA backend capture a decode step as a graph and replay it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from minillm.engine.block_manager import BlockManager
+from minillm.engine.scheduler import ScheduledSeq
+from minillm.models.transformer import StepInputs, Transformer, Workspace
+
+DEBUG = os.environ.get("MINILLM_DEBUG", "") not in ("", "0")
+
+
+class StepBuffers:
+    """Named int32/float32 arrays of fixed size, one host copy and one backend copy each."""
+
+    def __init__(self, backend, max_tokens: int, max_seqs: int, max_logits: int, max_blocks: int):
+        self.backend = backend
+        specs = {
+            "input_ids": ((max_tokens,), np.int32),
+            "positions": ((max_tokens,), np.int32),
+            "slot_mapping": ((max_tokens,), np.int32),
+            "block_tables": ((max_seqs, max_blocks), np.int32),
+            "seq_lens": ((max_seqs,), np.int32),
+            "query_start": ((max_seqs + 1,), np.int32),
+            "logits_indices": ((max_logits,), np.int32),
+            "temperature": ((max_logits,), np.float32),
+            "top_p": ((max_logits,), np.float32),
+            "top_k": ((max_logits,), np.int32),
+            "seeds": ((max_logits,), np.uint64),
+            "sample_pos": ((max_logits,), np.int32),
+            "out_tokens": ((max_logits,), np.int32),
+        }
+        self.host = {k: np.zeros(shape, dtype) for k, (shape, dtype) in specs.items()}
+        self.dev = {k: backend.zeros(shape, dtype) for k, (shape, dtype) in specs.items()}
+
+    def upload(self, name: str, n: int) -> None:
+        self.backend.copy_from_host(self.dev[name][:n], self.host[name][:n])
+
+
+class ModelRunner:
+    def __init__(self, model: Transformer, backend, kv, block_manager: BlockManager,
+                 max_tokens: int, max_seqs: int, max_logits: int, max_model_len: int):
+        self.model = model
+        self.backend = backend
+        self.kv = kv
+        self.bm = block_manager
+        self.max_tokens = max_tokens
+        self.max_seqs = max_seqs
+        self.max_logits = max_logits
+        self.max_blocks = -(-max_model_len // block_manager.block_size)
+        self.buf = StepBuffers(backend, max_tokens, max_seqs, max_logits, self.max_blocks)
+        self.ws = Workspace(backend, model.cfg, max_tokens, max_logits)
+        self.eos_ids = list(model.cfg.eos_token_ids)
+
+    def prepare(self, batch: list[ScheduledSeq]) -> tuple[int, int]:
+        """Fill the host buffers for this step; returns (num_tokens, num_logit_rows)."""
+        h = self.buf.host
+        bs = self.bm.block_size
+        t = 0
+        r = 0
+        h["query_start"][0] = 0
+        h["block_tables"][: len(batch)] = 0
+        for b, item in enumerate(batch):
+            seq, n = item.seq, item.num_new
+            start = seq.num_computed
+            ids = seq.tokens(start, min(start + n, seq.num_tokens)) + seq.draft_ids[: item.num_draft]
+            h["input_ids"][t : t + n] = ids
+            pos = np.arange(start, start + n, dtype=np.int32)
+            h["positions"][t : t + n] = pos
+            table = np.asarray(seq.block_table, dtype=np.int32)
+            h["slot_mapping"][t : t + n] = table[pos // bs] * bs + pos % bs
+            h["block_tables"][b, : len(table)] = table
+            h["seq_lens"][b] = start + n
+            t += n
+            h["query_start"][b + 1] = t
+            if item.samples:
+                p = seq.params
+                for j in range(item.num_draft + 1):
+                    row = t - item.num_draft - 1 + j
+                    h["logits_indices"][r] = row
+                    h["temperature"][r] = p.temperature
+                    h["top_p"][r] = p.top_p
+                    h["top_k"][r] = p.top_k
+                    h["seeds"][r] = seq.seed
+                    h["sample_pos"][r] = start + n - item.num_draft + j  # position of the sampled token
+                    r += 1
+        if DEBUG:
+            self._check(batch, t)
+        return t, r
+
+    def _check(self, batch: list[ScheduledSeq], t: int) -> None:
+        """MINILLM_DEBUG=1: every index the kernels will read is inside the pool and owned."""
+        limit = self.bm.num_blocks * self.bm.block_size
+        slots = self.buf.host["slot_mapping"][:t]
+        if slots.size and (slots.min() < 0 or slots.max() >= limit):
+            raise AssertionError(f"slot index outside the pool [0, {limit}): {slots.min()}..{slots.max()}")
+        if len(set(slots.tolist())) != len(slots):
+            raise AssertionError("two tokens of one step write the same KV slot")
+        owner: dict[int, str] = {}
+        for item in batch:
+            self.bm.check_sequence(item.seq)
+            first_writable = item.seq.num_computed // self.bm.block_size
+            for b in item.seq.block_table[first_writable:]:
+                if b in owner or self.bm.ref_count[b] != 1:
+                    raise AssertionError(f"block {b} written by {item.seq.request_id} is shared")
+                owner[b] = item.seq.request_id
+
+    def _suppress_stop_tokens(self, batch: list[ScheduledSeq], logits) -> None:
+        """min_tokens: rows of sequences still short of it may not sample EOS or a stop token."""
+        rows, ids = [], []
+        r = 0
+        for item in batch:
+            if not item.samples:
+                continue
+            seq, p = item.seq, item.seq.params
+            for j in range(item.num_draft + 1):
+                if len(seq.output_ids) + j < p.min_tokens:
+                    banned = list(p.stop_token_ids) + ([] if p.ignore_eos else list(self.eos_ids))
+                    rows += [r] * len(banned)
+                    ids += banned
+                r += 1
+        if rows:
+            self.backend.suppress_tokens(logits, np.asarray(rows, np.int32), np.asarray(ids, np.int32))
+
+    def execute(self, batch: list[ScheduledSeq]) -> np.ndarray:
+        """Run one step; returns the sampled token of every logits row (host int32)."""
+        t, r = self.prepare(batch)
+        B = len(batch)
+        for name, n in (("input_ids", t), ("positions", t), ("slot_mapping", t), ("block_tables", B),
+                        ("seq_lens", B), ("query_start", B + 1), ("logits_indices", r),
+                        ("temperature", r), ("top_p", r), ("top_k", r), ("seeds", r), ("sample_pos", r)):
+            self.buf.upload(name, n)
+        d = self.buf.dev
+        x = StepInputs(d["input_ids"][:t], d["positions"][:t], d["slot_mapping"][:t],
+                       d["block_tables"][:B], d["seq_lens"][:B], d["query_start"][: B + 1],
+                       d["logits_indices"][:r])
+        logits = self.model.forward(x, t, r, self.kv, self.ws)
+        if r == 0:
+            return np.zeros(0, dtype=np.int32)
+        self._suppress_stop_tokens(batch, logits)
+        self.backend.sample(logits, d["temperature"][:r], d["top_p"][:r], d["top_k"][:r],
+                            d["seeds"][:r], d["sample_pos"][:r], d["out_tokens"][:r])
+        return self.backend.to_host(d["out_tokens"][:r]).copy()

@@ -1,0 +1,125 @@
+"""Scheduler: continuous batching with chunked prefill and preemption instead of faults.
+
+Each step has a budget of max_num_batched_tokens and at most max_num_seqs sequences. Running
+sequences go first (oldest first): a decode takes one token (plus its speculative drafts), an
+unfinished prefill takes the next chunk of what the budget leaves. Then waiting sequences are
+admitted first-come first-served, preempted ones (which keep their arrival order) before newer.
+
+When the pool has no block for a running sequence, the newest running sequence is preempted: its
+blocks are freed and it is recomputed later from its prompt plus the tokens it already produced,
+so its output is unchanged. The pool is never indexed past its end and no request fails for lack
+of blocks.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from minillm.engine.block_manager import BlockManager
+from minillm.engine.sequence import Sequence, Status
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_new: int  # tokens computed this step, starting at seq.num_computed
+    num_draft: int = 0  # of which the last num_draft are speculative drafts to verify
+
+    @property
+    def samples(self) -> bool:
+        """True when this chunk reaches the end of the sequence, so a token is sampled."""
+        return self.seq.num_computed + self.num_new - self.num_draft == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+        self.bm = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in arrival order, oldest first
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        self.bm.free_sequence(seq)
+        seq.status = Status.WAITING
+        seq.draft_ids = []
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        # resume before newer requests: keep the waiting queue in arrival order
+        i = 0
+        while i < len(self.waiting) and self.waiting[i].arrival < seq.arrival:
+            i += 1
+        self.waiting.insert(i, seq)
+        out.preempted.append(seq)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        scheduled_ids: set[int] = set()
+
+        for seq in list(self.running):
+            if budget <= 0:
+                break
+            if seq.status is not Status.RUNNING:  # preempted earlier in this loop
+                continue
+            remaining = seq.num_tokens - seq.num_computed
+            num_draft = len(seq.draft_ids) if remaining == 1 else 0
+            if remaining + num_draft > budget:
+                num_draft = 0
+            n = min(remaining + num_draft, budget)
+            while not self.bm.can_allocate(seq, seq.num_computed + n):
+                victim = next(s for s in reversed(self.running) if id(s) not in scheduled_ids)
+                self._preempt(victim, out)
+                if victim is seq:
+                    break
+            if seq.status is not Status.RUNNING:
+                continue
+            self.bm.allocate(seq, seq.num_computed + n)
+            out.scheduled.append(ScheduledSeq(seq, n, num_draft))
+            scheduled_ids.add(id(seq))
+            budget -= n
+
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            hit = self.bm.match_prefix(seq)
+            n = min(seq.num_tokens - seq.num_computed, budget)
+            if not self.bm.can_allocate(seq, seq.num_computed + n):
+                self.bm.free_sequence(seq)  # give back the prefix-cache blocks it took
+                break
+            self.waiting.popleft()
+            self.bm.record_prefix_lookup(seq.num_tokens, hit)
+            self.bm.allocate(seq, seq.num_computed + n)
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            out.scheduled.append(ScheduledSeq(seq, n))
+            budget -= n
+        return out
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Retire seq (finished or aborted) and free its blocks at once."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.bm.free_sequence(seq)
+        seq.status = Status.FINISHED
+        seq.finish_reason = reason

@@ -1,0 +1,72 @@
+"""Sequence: one request's tokens, KV bookkeeping and decoding state."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+
+from minillm.sampling_params import SamplingParams
+
+_arrival = itertools.count()
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams, seed: int):
+        self.request_id = request_id
+        self.arrival = next(_arrival)  # FCFS order; preempted sequences keep theirs
+        self.prompt_ids = list(prompt_ids)
+        self.output_ids: list[int] = []
+        self.params = params
+        self.seed = seed
+        self.status = Status.WAITING
+        self.finish_reason: str | None = None
+        # KV state: tokens [0, num_computed) have their K/V in the blocks of block_table
+        self.num_computed = 0
+        self.block_table: list[int] = []
+        self.num_hashed_blocks = 0  # leading blocks registered in the prefix cache
+        self.last_hash: int | None = None  # chained hash of those blocks
+        self.num_preemptions = 0
+        # speculative decoding: proposed tokens awaiting verification
+        self.draft_ids: list[int] = []
+        # detokenisation state (owned by the engine)
+        self.text = ""
+        self.sent_text_len = 0
+        self.decoder = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    def token(self, i: int) -> int:
+        p = len(self.prompt_ids)
+        return self.prompt_ids[i] if i < p else self.output_ids[i - p]
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        p = len(self.prompt_ids)
+        if end <= p:
+            return self.prompt_ids[start:end]
+        if start >= p:
+            return self.output_ids[start - p : end - p]
+        return self.prompt_ids[start:] + self.output_ids[: end - p]
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def __repr__(self) -> str:
+        return (f"Sequence({self.request_id}, {self.status.value}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed}, blocks={self.block_table})")

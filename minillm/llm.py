@@ -1,0 +1,62 @@
+"""LLM: the offline API, shaped like vLLM's and nano-vllm's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minillm.args import EngineArgs
+from minillm.engine.engine import LLMEngine
+from minillm.sampling_params import SamplingParams
+
+
+@dataclass
+class CompletionOutput:
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+
+
+class LLM:
+    """`LLM(model=None, **engine_args)`: keyword names are the CLI flags in snake_case."""
+
+    def __init__(self, model: str | None = None, **engine_args):
+        self.engine = LLMEngine(EngineArgs(model=model, **engine_args))
+        self.tokenizer = self.engine.tokenizer
+
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 ) -> list[CompletionOutput]:
+        """Generate for a prompt or a list of prompts (strings or token-id lists), batched."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = sampling_params or SamplingParams()
+        if not isinstance(params, list):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
+        engine = self.engine
+        ids = []
+        prompt_ids = []
+        for prompt, p in zip(prompts, params):
+            toks = engine.encode_prompt(prompt)
+            engine.validate_prompt(toks, p)  # all-or-nothing: check every prompt before adding any
+            prompt_ids.append(toks)
+        for toks, p in zip(prompt_ids, params):
+            ids.append(engine.add_request(toks, p))
+        done: dict[str, CompletionOutput] = {}
+        while engine.has_unfinished():
+            for out in engine.step():
+                if out.finished:
+                    done[out.request_id] = CompletionOutput([], out.text, out.token_ids, out.finish_reason)
+        results = []
+        for rid, toks in zip(ids, prompt_ids):
+            c = done[rid]
+            c.prompt_token_ids = toks
+            results.append(c)
+        return results
+
+    def chat(self, messages, sampling_params: SamplingParams | None = None) -> list[CompletionOutput]:
+        """Chat through the model's template: one conversation (a list of dicts) or a list of them."""
+        convs = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [self.tokenizer.encode_chat(m) for m in convs]
+        return self.generate(prompts, sampling_params)

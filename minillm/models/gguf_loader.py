@@ -1,0 +1,450 @@
+"""Load a GGUF file: config from its metadata, float32 weights, and the tokenizer it embeds.
+
+llama.cpp's GGUF keeps everything a model needs in one file: the hyperparameters as
+`{arch}.*` metadata, the tensors (often quantised, in GGML's reversed dimension order), and the
+tokenizer as `tokenizer.ggml.*` arrays. This module turns that into what the HF loader
+produces: a ModelConfig, float32 weights under the canonical names of minillm/models/config.py
+(HF [out, in] layout), a Tokenizer built with the `tokenizers` library, and generation defaults.
+
+Two conversions the llama.cpp converter applied are undone here:
+  * Llama q/k rows are permuted for llama.cpp's interleaved ("normal") RoPE; we put them back in
+    HF's half-split order, which minillm's RoPE expects (Qwen files are not permuted).
+  * Llama 3.x "llama3" rope scaling is stored as a `rope_freqs` tensor of per-frequency factors
+    instead of metadata; we recover the rope_scaling parameters from it.
+
+The tokenizer is built to encode exactly like transformers' GGUF tokenizer
+(`AutoTokenizer.from_pretrained(dir, gguf_file=...)`), which is what the tests compare against.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf.quants import dequantize
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+
+from minillm.models.config import SUPPORTED_ARCHITECTURES, ModelConfig, RopeScaling
+from minillm.models.hf_loader import check_weights
+from minillm.models.tokenizer import Tokenizer
+
+_Q = GGMLQuantizationType
+SUPPORTED_TENSOR_TYPES = (
+    _Q.F32, _Q.F16, _Q.BF16, _Q.Q8_0, _Q.Q4_0, _Q.Q4_1, _Q.Q4_K, _Q.Q5_K, _Q.Q6_K,
+)
+SUPPORTED_TOKENIZERS = ("gpt2",)
+
+# GGUF tensor name -> canonical name (see minillm/models/config.py)
+_GLOBAL_NAMES = {"token_embd.weight": "embed", "output_norm.weight": "norm", "output.weight": "lm_head"}
+_LAYER_NAMES = {
+    "attn_norm.weight": "attn_norm",
+    "attn_q.weight": "q",
+    "attn_k.weight": "k",
+    "attn_v.weight": "v",
+    "attn_q.bias": "q_bias",
+    "attn_k.bias": "k_bias",
+    "attn_v.bias": "v_bias",
+    "attn_q_norm.weight": "q_norm",
+    "attn_k_norm.weight": "k_norm",
+    "attn_output.weight": "o",
+    "ffn_norm.weight": "mlp_norm",
+    "ffn_gate.weight": "gate",
+    "ffn_up.weight": "up",
+    "ffn_down.weight": "down",
+}
+
+# tokenizer.ggml.token_type values (llama.cpp's llama_token_type)
+_CONTROL, _USER_DEFINED = 3, 4
+
+# Pre-tokenizer split regexes by `tokenizer.ggml.pre`, the same table transformers uses (the
+# regexes are llama.cpp's / the original tokenizer.json's). A name not listed -- "smollm",
+# "gpt2", "default", ... -- gets the GPT-2 regex built into ByteLevel, as in transformers.
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN35_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_TEKKEN_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_CONTRACTION = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+_GPT4O_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+" + _CONTRACTION
+    + r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*" + _CONTRACTION
+    + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+PRE_TOKENIZER_SPLITS = {
+    **dict.fromkeys(
+        ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+         "jina-v5-nano", "dbrx", "smaug-bpe"), _LLAMA3_SPLIT),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez"), _QWEN2_SPLIT),
+    "qwen35": _QWEN35_SPLIT,
+    "tekken": _TEKKEN_SPLIT,
+    **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"), _GPT4O_SPLIT),
+}
+
+
+# ---- metadata ---------------------------------------------------------------------------------
+def read_metadata(reader: GGUFReader) -> dict[str, Any]:
+    """Every key/value of the file as Python values (strings, numbers, bools, lists)."""
+    meta = {}
+    for key, f in reader.fields.items():
+        if key.startswith("GGUF."):  # the header's own bookkeeping (version, counts)
+            continue
+        value = f.contents()
+        if f.types and f.types[0] == GGUFValueType.ARRAY and isinstance(value, np.ndarray):
+            value = value.tolist()
+        meta[key] = value
+    return meta
+
+
+def _f32(x: float) -> float:
+    """A float32 metadata value as the decimal it was written from (1e-05, not 9.99999974e-06)."""
+    return float(str(np.float32(x)))
+
+
+def _require(meta: dict, key: str, where: str) -> Any:
+    if key not in meta:
+        raise ValueError(f"{where}: metadata key {key!r} is missing (needed to build the model config)")
+    return meta[key]
+
+
+# ---- tensors ----------------------------------------------------------------------------------
+def canonical_name(gguf_name: str) -> str | None:
+    """Map a GGUF tensor name to minillm's canonical name; None for tensors we do not use."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    if gguf_name.startswith("blk."):
+        idx, _, suffix = gguf_name[len("blk."):].partition(".")
+        if idx.isdigit() and suffix in _LAYER_NAMES:
+            return f"layers.{idx}.{_LAYER_NAMES[suffix]}"
+    return None
+
+
+def _dequantized(t, where: str) -> np.ndarray:
+    """One tensor as float32 in NumPy (row-major) order, i.e. GGML's dims reversed."""
+    if t.tensor_type not in SUPPORTED_TENSOR_TYPES:
+        raise ValueError(
+            f"{where}: tensor {t.name!r} has type {t.tensor_type.name}, which minillm cannot "
+            f"dequantise; supported: {', '.join(q.name for q in SUPPORTED_TENSOR_TYPES)}"
+        )
+    # GGML lists dims fastest-first ([in, out] for a matrix); NumPy wants [out, in].
+    shape = tuple(int(d) for d in reversed(t.shape))
+    values = dequantize(t.data, t.tensor_type)
+    if values.size != math.prod(shape):
+        raise ValueError(f"{where}: tensor {t.name!r}: {values.size} values for shape {shape}")
+    return np.ascontiguousarray(values.reshape(shape), dtype=np.float32)
+
+
+def read_tensors(reader: GGUFReader, where: str) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(weights under canonical names, other float tensors we look at such as rope_freqs)."""
+    weights: dict[str, np.ndarray] = {}
+    extra: dict[str, np.ndarray] = {}
+    for t in reader.tensors:
+        canon = canonical_name(t.name)
+        if canon is not None:
+            weights[canon] = _dequantized(t, where)
+        elif t.name == "rope_freqs.weight":
+            extra[t.name] = _dequantized(t, where)
+    return weights, extra
+
+
+def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's converter permutation of q/k rows (or biases).
+
+    HF stores each head's rotary pairs as (first half, second half) of the head; the converter
+    interleaves them (x0, x_{d/2}, x1, x_{d/2+1}, ...) for llama.cpp's adjacent-pair RoPE, by
+    viewing a head's rows as [2, d/2] and transposing. Transposing the [d/2, 2] view back undoes it.
+    """
+    half = w.shape[0] // n_head // 2
+    return w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+# ---- config -----------------------------------------------------------------------------------
+def _llama3_scaling_from_factors(factors: np.ndarray, head_dim: int, theta: float,
+                                 original_ctx: int, where: str) -> RopeScaling:
+    """Recover llama3 rope_scaling from the converter's per-frequency factors (rope_freqs).
+
+    The factor for the lowest frequencies is `factor` itself; low/high_freq_factor and the
+    original context are not stored, so we take Llama 3's published values (1, 4, 8192 unless
+    the file names the context) and check that they reproduce every stored factor.
+    """
+    rs = RopeScaling(kind="llama3", factor=_f32(factors.max()), low_freq_factor=1.0,
+                     high_freq_factor=4.0, original_max_position_embeddings=original_ctx)
+    inv = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    wavelen = 2 * math.pi / inv
+    smooth = (original_ctx / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
+    expect = np.where(
+        wavelen < original_ctx / rs.high_freq_factor, 1.0,
+        np.where(wavelen > original_ctx / rs.low_freq_factor, rs.factor,
+                 1.0 / ((1 - smooth) / rs.factor + smooth)),
+    )
+    if factors.shape != expect.shape or not np.allclose(factors, expect, rtol=1e-4):
+        raise ValueError(
+            f"{where}: tensor 'rope_freqs.weight' holds rope factors that are not llama3 scaling "
+            f"with factor {rs.factor}, low_freq_factor 1, high_freq_factor 4 and original context "
+            f"{original_ctx}; minillm supports rope scaling kinds default, linear, llama3, yarn"
+        )
+    return rs
+
+
+def _rope_scaling(meta: dict, arch: str, head_dim: int, theta: float,
+                  extra: dict[str, np.ndarray], where: str) -> RopeScaling:
+    p = f"{arch}.rope.scaling."
+    kind = meta.get(p + "type", "none")
+    factor = _f32(meta.get(p + "factor", meta.get(f"{arch}.rope.scale_linear", 1.0)))
+    original_ctx = int(meta.get(p + "original_context_length", 8192))
+    if "rope_freqs.weight" in extra:
+        return _llama3_scaling_from_factors(
+            extra["rope_freqs.weight"].astype(np.float64), head_dim, theta, original_ctx, where)
+    if kind == "none" and factor != 1.0:
+        kind = "linear"  # old files: only rope.scale_linear
+    if kind == "none":
+        return RopeScaling()
+    if kind not in ("linear", "yarn"):
+        raise ValueError(
+            f"{where}: metadata {p + 'type'} = {kind!r} is not supported; "
+            "supported rope scaling kinds: none, linear, yarn, llama3 (as a rope_freqs tensor)"
+        )
+    rs = RopeScaling(kind=kind, factor=factor, original_max_position_embeddings=original_ctx)
+    if p + "yarn_beta_fast" in meta:
+        rs.beta_fast = _f32(meta[p + "yarn_beta_fast"])
+    if p + "yarn_beta_slow" in meta:
+        rs.beta_slow = _f32(meta[p + "yarn_beta_slow"])
+    if p + "attn_factor" in meta:
+        rs.attention_factor = _f32(meta[p + "attn_factor"])
+    return rs
+
+
+def config_from_gguf(meta: dict, weights: dict[str, np.ndarray], extra: dict[str, np.ndarray],
+                     where: str) -> ModelConfig:
+    """ModelConfig from `{arch}.*` metadata; vocab size from the embedding it must index."""
+    arch = meta.get("general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(
+            f"{where}: unsupported architecture {arch!r} (general.architecture); "
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+
+    def need(key: str) -> Any:
+        return _require(meta, f"{arch}.{key}", where)
+
+    hidden = int(need("embedding_length"))
+    heads = int(need("attention.head_count"))
+    kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", heads))
+    head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))
+    rope_dims = meta.get(f"{arch}.rope.dimension_count")
+    if rope_dims is not None and int(rope_dims) != head_dim:
+        raise ValueError(
+            f"{where}: {arch}.rope.dimension_count = {rope_dims} rotates only part of each head "
+            f"(head_dim {head_dim}); minillm supports full-head RoPE only"
+        )
+    if "embed" not in weights:
+        raise ValueError(f"{where}: tensor 'token_embd.weight' (the embedding) is missing")
+    theta = _f32(meta.get(f"{arch}.rope.freq_base", 10000.0))
+    has_bias = any(name.endswith(".q_bias") for name in weights)
+    return ModelConfig(
+        arch=arch,
+        vocab_size=int(weights["embed"].shape[0]),
+        hidden_size=hidden,
+        num_layers=int(need("block_count")),
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=int(need("feed_forward_length")),
+        rms_norm_eps=_f32(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=theta,
+        rope_scaling=_rope_scaling(meta, arch, head_dim, theta, extra, where),
+        max_position_embeddings=int(meta.get(f"{arch}.context_length", 4096)),
+        tie_word_embeddings="lm_head" not in weights,
+        attention_bias=arch == "qwen2" or has_bias,
+        qk_norm=arch == "qwen3",
+        torch_dtype="float32",  # dequantised on load; the file's types are per tensor
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_ids=[int(meta["tokenizer.ggml.eos_token_id"])] if "tokenizer.ggml.eos_token_id" in meta else [],
+        pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
+    )
+
+
+# ---- tokenizer --------------------------------------------------------------------------------
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table that byte-level BPE vocabularies are spelled in.
+
+    Printable Latin-1 bytes stand for themselves; the other 68 bytes are given the characters
+    from U+0100 upward, in byte order.
+    """
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table = {b: chr(b) for b in keep}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def _byte_level_bpe(meta: dict, where: str) -> HFTokenizer:
+    """Byte-level BPE (`tokenizer.ggml.model` "gpt2"): GPT-2, Llama 3, Qwen, SmolLM, ..."""
+    tokens: list[str] = meta["tokenizer.ggml.tokens"]
+    if "tokenizer.ggml.merges" not in meta:
+        raise ValueError(f"{where}: metadata 'tokenizer.ggml.merges' is missing (a gpt2 BPE tokenizer needs it)")
+    spelling = _bytes_to_unicode()
+    alphabet = set(spelling.values())
+
+    def byte_spelled(token: str) -> str:
+        # A few converters write some tokens as raw text; BPE needs them in the byte alphabet.
+        if set(token) <= alphabet:
+            return token
+        return "".join(spelling[b] for b in token.encode("utf-8"))
+
+    vocab: dict[str, int] = {}
+    for i, t in enumerate(tokens):
+        vocab[byte_spelled(t)] = i  # a later duplicate wins, as when building a dict in transformers
+    merges = []
+    for m in meta["tokenizer.ggml.merges"]:
+        left, sep, right = m.partition(" ")
+        if not sep:
+            raise ValueError(f"{where}: tokenizer.ggml.merges entry {m!r} is not 'left right'")
+        merges.append((left, right))
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, dropout=None, continuing_subword_prefix="",
+                                 end_of_word_suffix="", fuse_unk=False))
+    split = PRE_TOKENIZER_SPLITS.get(meta.get("tokenizer.ggml.pre"))
+    if split is None:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(split), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    tok.decoder = decoders.ByteLevel()
+
+    # Control tokens (<|im_start|>, <|endoftext|>) must match whole, before pre-tokenizing, and
+    # are special; user-defined ones (<think>) match whole but are ordinary text. A control token
+    # spelled outside the byte alphabet is a converter mislabel and is left alone (transformers
+    # skips it too, so the vocabulary keeps the size the model expects).
+    types = meta.get("tokenizer.ggml.token_type") or []
+    control = [AddedToken(t, special=True, normalized=False)
+               for t, ty in zip(tokens, types) if ty == _CONTROL and set(t) <= alphabet]
+    user = [AddedToken(t, special=False, normalized=False)
+            for t, ty in zip(tokens, types) if ty == _USER_DEFINED and t in vocab]
+    if control:
+        tok.add_special_tokens(control)
+    if user:
+        tok.add_tokens(user)
+    return tok
+
+
+def tokenizer_from_gguf(meta: dict, where: str) -> Tokenizer:
+    """minillm's Tokenizer from `tokenizer.*` metadata."""
+    kind = meta.get("tokenizer.ggml.model")
+    if kind is None or "tokenizer.ggml.tokens" not in meta:
+        raise ValueError(
+            f"{where}: no tokenizer in the file (metadata 'tokenizer.ggml.model' / "
+            "'tokenizer.ggml.tokens' missing); minillm needs the tokenizer embedded in the GGUF"
+        )
+    if kind != "gpt2":
+        raise ValueError(
+            f"{where}: tokenizer.ggml.model = {kind!r} is not supported; supported: "
+            f"{', '.join(SUPPORTED_TOKENIZERS)} (byte-level BPE). SentencePiece-style 'llama' "
+            "tokenizers are not implemented yet: use the model's HF directory instead"
+        )
+    tok = _byte_level_bpe(meta, where)
+    tokens = meta["tokenizer.ggml.tokens"]
+
+    def token(key: str) -> str | None:
+        i = meta.get(key)
+        return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else None
+
+    # llama.cpp stops at end-of-generation tokens: eos, and end-of-turn / end-of-message if set.
+    eos_ids = []
+    for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+        i = meta.get(key)
+        if isinstance(i, int) and 0 <= i < len(tokens) and i not in eos_ids:
+            eos_ids.append(i)
+    return Tokenizer(
+        tok,
+        chat_template=meta.get("tokenizer.chat_template"),
+        bos_token=token("tokenizer.ggml.bos_token_id"),
+        eos_token=token("tokenizer.ggml.eos_token_id"),
+        eos_token_ids=eos_ids,
+        add_bos_token=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+    )
+
+
+# ---- generation defaults ----------------------------------------------------------------------
+# llama.cpp's converter copies generation_config.json's sampling values into `general.sampling.*`;
+# we hand them back under generation_config.json's names, as the HF loader does.
+_SAMPLING_KEYS = {
+    "general.sampling.temp": "temperature",
+    "general.sampling.top_p": "top_p",
+    "general.sampling.top_k": "top_k",
+    "general.sampling.min_p": "min_p",
+    "general.sampling.penalty_repeat": "repetition_penalty",
+}
+
+
+def generation_defaults_from(meta: dict) -> dict:
+    """Sampling defaults the file carries (often none), as generation_config.json keys."""
+    out: dict[str, Any] = {}
+    for key, name in _SAMPLING_KEYS.items():
+        if key in meta:
+            value = meta[key]
+            out[name] = int(value) if name == "top_k" else _f32(value)
+    return out
+
+
+# ---- entry point ------------------------------------------------------------------------------
+def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray], Tokenizer, dict]:
+    """(ModelConfig, float32 weights under canonical names, Tokenizer, generation defaults).
+
+    The generation defaults are the `general.sampling.*` values, if the file has any.
+    """
+    path = Path(path)
+    where = str(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{where}: no such GGUF file")
+    try:
+        reader = GGUFReader(path)
+    except Exception as e:  # the reader raises bare ValueErrors/struct errors on bad files
+        raise ValueError(f"{where}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+    meta = read_metadata(reader)
+    arch = meta.get("general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:  # before dequantising anything
+        raise ValueError(
+            f"{where}: unsupported architecture {arch!r} (general.architecture); "
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    weights, extra = read_tensors(reader, where)
+    cfg = config_from_gguf(meta, weights, extra, where)
+    check_weights(weights, cfg, where)
+    if cfg.arch == "llama":
+        for i in range(cfg.num_layers):
+            p = f"layers.{i}."
+            for name, n_head in (("q", cfg.num_heads), ("q_bias", cfg.num_heads),
+                                 ("k", cfg.num_kv_heads), ("k_bias", cfg.num_kv_heads)):
+                if p + name in weights:
+                    weights[p + name] = unpermute_qk(weights[p + name], n_head)
+
+    tokenizer = tokenizer_from_gguf(meta, where)
+    n_tokens = len(meta["tokenizer.ggml.tokens"])
+    if n_tokens > cfg.vocab_size:
+        raise ValueError(
+            f"{where}: the tokenizer has {n_tokens} tokens but the embedding only {cfg.vocab_size} rows"
+        )
+    for i in tokenizer.eos_token_ids:
+        if i not in cfg.eos_token_ids:
+            cfg.eos_token_ids.append(i)
+    return cfg, weights, tokenizer, generation_defaults_from(meta)

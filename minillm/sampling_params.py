@@ -1,0 +1,54 @@
+"""SamplingParams: how one request is decoded, validated before it reaches the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 or 0: no top-k
+    min_tokens: int = 0
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    seed: int | None = None
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming the offending field and the accepted range."""
+
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ValueError(msg)
+
+        need(isinstance(self.max_tokens, int) and not isinstance(self.max_tokens, bool)
+             and self.max_tokens >= 1, f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        need(isinstance(self.temperature, (int, float)) and self.temperature >= 0,
+             f"temperature must be a number >= 0, got {self.temperature!r}")
+        need(isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1,
+             f"top_p must be in (0, 1], got {self.top_p!r}")
+        need(isinstance(self.top_k, int) and self.top_k >= -1,
+             f"top_k must be an integer >= -1 (-1 or 0 disables it), got {self.top_k!r}")
+        need(isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= self.max_tokens,
+             f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
+        need(all(isinstance(s, str) and s for s in self.stop),
+             f"stop must be a non-empty string or a list of non-empty strings, got {self.stop!r}")
+        need(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+             f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+        need(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)),
+             f"seed must be an integer, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
