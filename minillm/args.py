@@ -61,7 +61,7 @@ class EngineArgs:
              '\'{"method": "ngram", "num_speculative_tokens": 3}\'')
 
     @classmethod
-    def from_cli(cls, ns: argparse.Namespace) -> "EngineArgs":
+    def from_cli(cls, ns: argparse.Namespace) -> EngineArgs:
         return cls(**{f.name: getattr(ns, f.name) for f in fields(cls) if hasattr(ns, f.name)})
 
 

@@ -18,8 +18,8 @@ import numpy as np
 from minillm.args import EngineArgs
 from minillm.engine.block_manager import BlockManager
 from minillm.engine.runner import ModelRunner
-from minillm.engine.scheduler import Scheduler
-from minillm.engine.sequence import Sequence, Status
+from minillm.engine.scheduler import ScheduledSeq, Scheduler
+from minillm.engine.sequence import Sequence
 from minillm.models.loader import LoadedModel, load_model
 from minillm.models.tokenizer import IncrementalDecoder
 from minillm.models.transformer import Transformer
@@ -262,6 +262,31 @@ class LLMEngine:
     def _find_stop(text: str, stops: list[str]) -> int | None:
         cuts = [i for i in (text.find(s) for s in stops) if i >= 0]
         return min(cuts) if cuts else None
+
+    def score(self, prompts: list[list[int]]) -> list[np.ndarray]:
+        """Logits [len, vocab] at every position of each prompt, run as one batch (no sampling).
+
+        Used to check the model against other implementations; the prompts must fit one step.
+        """
+        if self.scheduler.has_work():
+            raise RuntimeError("score() runs on an idle engine")
+        if sum(len(p) for p in prompts) > min(self.max_num_batched_tokens, self.runner.max_logits):
+            raise ValueError("the prompts do not fit in one step's token and logits budget")
+        seqs = [Sequence(f"score-{i}", p, SamplingParams(), 0) for i, p in enumerate(prompts)]
+        batch = []
+        for seq in seqs:
+            self.validate_prompt(seq.prompt_ids, SamplingParams(max_tokens=1))
+            if not self.block_manager.can_allocate(seq, seq.num_tokens):
+                raise ValueError("the prompts do not fit in the KV pool at once")
+            self.block_manager.allocate(seq, seq.num_tokens)
+            batch.append(ScheduledSeq(seq, seq.num_tokens, all_logits=True))
+        try:
+            logits = self.runner.execute(batch, sample=False)
+        finally:
+            for seq in seqs:
+                self.block_manager.free_sequence(seq)
+        bounds = np.cumsum([0] + [len(p) for p in prompts])
+        return [logits[bounds[i] : bounds[i + 1]] for i in range(len(prompts))]
 
     # ---- observability --------------------------------------------------------------------
     def stats(self) -> EngineStats:

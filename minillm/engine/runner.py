@@ -82,7 +82,10 @@ class ModelRunner:
             h["seq_lens"][b] = start + n
             t += n
             h["query_start"][b + 1] = t
-            if item.samples:
+            if item.all_logits:
+                h["logits_indices"][r : r + n] = np.arange(t - n, t)
+                r += n
+            elif item.samples:
                 p = seq.params
                 for j in range(item.num_draft + 1):
                     row = t - item.num_draft - 1 + j
@@ -131,8 +134,9 @@ class ModelRunner:
         if rows:
             self.backend.suppress_tokens(logits, np.asarray(rows, np.int32), np.asarray(ids, np.int32))
 
-    def execute(self, batch: list[ScheduledSeq]) -> np.ndarray:
-        """Run one step; returns the sampled token of every logits row (host int32)."""
+    def execute(self, batch: list[ScheduledSeq], sample: bool = True) -> np.ndarray:
+        """Run one step; returns the sampled token of every logits row (host int32), or with
+        sample=False the logits rows themselves (host float32)."""
         t, r = self.prepare(batch)
         B = len(batch)
         for name, n in (("input_ids", t), ("positions", t), ("slot_mapping", t), ("block_tables", B),
@@ -144,6 +148,8 @@ class ModelRunner:
                        d["block_tables"][:B], d["seq_lens"][:B], d["query_start"][: B + 1],
                        d["logits_indices"][:r])
         logits = self.model.forward(x, t, r, self.kv, self.ws)
+        if not sample:
+            return self.backend.to_host(logits).astype(np.float32)
         if r == 0:
             return np.zeros(0, dtype=np.int32)
         self._suppress_stop_tokens(batch, logits)

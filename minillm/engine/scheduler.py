@@ -25,11 +25,13 @@ class ScheduledSeq:
     seq: Sequence
     num_new: int  # tokens computed this step, starting at seq.num_computed
     num_draft: int = 0  # of which the last num_draft are speculative drafts to verify
+    all_logits: bool = False  # scoring: logits for every new token, nothing sampled
 
     @property
     def samples(self) -> bool:
         """True when this chunk reaches the end of the sequence, so a token is sampled."""
-        return self.seq.num_computed + self.num_new - self.num_draft == self.seq.num_tokens
+        return not self.all_logits and (
+            self.seq.num_computed + self.num_new - self.num_draft == self.seq.num_tokens)
 
 
 @dataclass

@@ -52,7 +52,7 @@ class Tokenizer:
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
-    def from_hf_dir(cls, path: str | Path, eos_token_ids: list[int] | None = None) -> "Tokenizer":
+    def from_hf_dir(cls, path: str | Path, eos_token_ids: list[int] | None = None) -> Tokenizer:
         path = Path(path)
         tj = path / "tokenizer.json"
         if not tj.exists():

@@ -1,0 +1,62 @@
+"""python -m minillm.generate [MODEL] --prompt TEXT [--chat] ...: one completion from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from minillm.args import EngineArgs, add_engine_args
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m minillm.generate", description=__doc__)
+    add_engine_args(p)
+    p.add_argument("--prompt", action="append", required=True,
+                   help="prompt text; repeat the flag for several prompts, run batched")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--min-tokens", type=int, default=0)
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--request-seed", type=int, default=None, dest="request_seed",
+                   help="per-request sampling seed (default: drawn from --seed)")
+    p.add_argument("--json", action="store_true", help='print {"text", "token_ids", "finish_reason"} per prompt')
+    ns = p.parse_args(argv)
+
+    from minillm import LLM, SamplingParams
+
+    try:
+        params = SamplingParams(max_tokens=ns.max_tokens, temperature=ns.temperature, top_p=ns.top_p,
+                                top_k=ns.top_k, min_tokens=ns.min_tokens, stop=ns.stop,
+                                ignore_eos=ns.ignore_eos, seed=ns.request_seed)
+        args = EngineArgs.from_cli(ns)
+        fields = {k: v for k, v in vars(args).items() if k != "model"}
+        llm = LLM(args.model, **fields)
+        if ns.chat:
+            prompts = [llm.tokenizer.encode_chat([{"role": "user", "content": t}]) for t in ns.prompt]
+        else:
+            prompts = ns.prompt
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, params)
+        dt = time.perf_counter() - t0
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for out in outs:
+        if ns.json:
+            print(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason}))
+        else:
+            print(out.text)
+    if not ns.json:
+        n = sum(len(o.token_ids) for o in outs)
+        print(f"[{n} tokens in {dt:.2f} s, {n / dt:.1f} tok/s]", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
