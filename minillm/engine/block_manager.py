@@ -100,6 +100,7 @@ class BlockManager:
             self._release_block(b)
         seq.block_table = []
         seq.num_computed = 0
+        seq.draft_computed = 0
         seq.num_hashed_blocks = 0
         seq.last_hash = None
 
@@ -139,6 +140,7 @@ class BlockManager:
         seq.num_hashed_blocks = matched
         seq.last_hash = parent
         seq.num_computed = matched * bs
+        seq.draft_computed = matched * bs  # cached blocks hold the drafter's KV too (see commit_full_blocks)
         return matched * bs
 
     def record_prefix_lookup(self, num_tokens: int, num_hit: int) -> None:
@@ -146,12 +148,16 @@ class BlockManager:
         self.prefix_queries += num_tokens
         self.prefix_hits += num_hit
 
-    def commit_full_blocks(self, seq: Sequence) -> None:
-        """Register seq's newly completed full blocks (KV computed) in the prefix cache."""
+    def commit_full_blocks(self, seq: Sequence, upto: int | None = None) -> None:
+        """Register seq's newly completed full blocks (KV computed) in the prefix cache.
+
+        upto limits it to the first upto tokens: with a drafter that keeps KV in the same blocks,
+        only blocks both models have computed are cached.
+        """
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
-        full = seq.num_computed // bs
+        full = (seq.num_computed if upto is None else min(upto, seq.num_computed)) // bs
         for i in range(seq.num_hashed_blocks, full):
             tokens = tuple(seq.tokens(i * bs, (i + 1) * bs))
             h = chain_hash(seq.last_hash, tokens)

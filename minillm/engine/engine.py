@@ -24,6 +24,9 @@ from minillm.models.loader import LoadedModel, load_model
 from minillm.models.tokenizer import IncrementalDecoder
 from minillm.models.transformer import Transformer
 from minillm.sampling_params import SamplingParams
+from minillm.spec.config import SpeculativeConfig
+from minillm.spec.proposers import SpecStats, build_proposer
+from minillm.spec.verify import verify_greedy, verify_sampled
 
 log = logging.getLogger("minillm")
 
@@ -121,8 +124,8 @@ class LLMEngine:
 
         self.max_model_len = args.max_model_len or min(cfg.max_position_embeddings, 4096)
         self.block_size = args.block_size
-        self.num_speculative_tokens = 0
-        k = self.num_speculative_tokens
+        self.spec = SpeculativeConfig.from_dict(args.speculative_config) if args.speculative_config else None
+        self.num_speculative_tokens = k = self.spec.num_speculative_tokens if self.spec else 0
         self.max_num_batched_tokens = args.max_num_batched_tokens or max(2048, args.max_num_seqs * (1 + k))
         if self.max_num_batched_tokens < args.max_num_seqs * (1 + k):
             raise ValueError(
@@ -142,6 +145,8 @@ class LLMEngine:
         self.block_manager = BlockManager(self.num_blocks, self.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, self.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, self.backend, self.kv, self.block_manager, **self.runner_args)
+        self.proposer = build_proposer(self) if self.spec else None
+        self.spec_stats = SpecStats(k)
         self.requests: dict[str, Sequence] = {}
         self.rng = random.Random(args.seed)
         self.stats_prompt_tokens = 0
@@ -209,15 +214,57 @@ class LLMEngine:
         r = 0
         for item in sched.scheduled:
             seq = item.seq
-            samples = item.samples  # read before num_computed moves
+            samples, m = item.samples, item.num_logits  # read before num_computed moves
             seq.num_computed += item.num_new
-            self.block_manager.commit_full_blocks(seq)
-            if not samples:
-                continue
-            new = [int(tokens[r])]
-            r += 1
-            outputs.append(self._append_tokens(seq, new))
+            if samples:
+                new = self._verify(item, tokens[r : r + m], r) if item.num_draft else [int(tokens[r])]
+                r += m
+            seq.draft_ids, seq.draft_probs = [], []
+            # with a drafter sharing the blocks, cache only what both models have computed
+            upto = seq.draft_computed if self.proposer is not None and self.proposer.needs_kv else None
+            self.block_manager.commit_full_blocks(seq, upto)
+            if samples:
+                outputs.append(self._append_tokens(seq, new))
+        if self.proposer is not None:
+            self._propose()
         return outputs
+
+    def _verify(self, item: ScheduledSeq, row_tokens: np.ndarray, r: int) -> list[int]:
+        """Accept a prefix of seq's drafts; roll the KV back past the first rejected one."""
+        seq, k = item.seq, item.num_draft
+        draft = seq.draft_ids[:k]
+        p = seq.params
+        if p.temperature <= 0:
+            new = verify_greedy(draft, [int(t) for t in row_tokens])
+        else:
+            logits = self.backend.to_host(self.runner.last_logits[r : r + k + 1]).astype(np.float32)
+            q = np.stack(seq.draft_probs[:k]) if seq.draft_probs and seq.draft_probs[0] is not None else None
+            new = verify_sampled(draft, logits, q, p.temperature, p.top_p, p.top_k, seq.seed,
+                                 item.start + 1, int(row_tokens[-1]))
+        accepted = len(new) - 1
+        self.spec_stats.record(k, accepted)
+        seq.num_computed = item.start + 1 + accepted  # the last token and the accepted drafts
+        seq.draft_computed = min(seq.draft_computed, seq.num_computed)
+        self.block_manager.truncate(seq, seq.num_computed)
+        return new
+
+    def _propose(self) -> None:
+        """Draft for every running sequence that decodes next step, within its limits and the pool."""
+        seqs, ks = [], []
+        for seq in self.scheduler.running:
+            if seq.num_computed != seq.num_tokens - 1:
+                continue  # still prefilling
+            k = min(self.num_speculative_tokens, self.max_model_len - seq.num_tokens,
+                    seq.params.max_tokens - len(seq.output_ids) - 1)
+            # the drafter writes KV up to position num_tokens + k - 2, the target up to num_tokens + k - 1
+            while k > 0 and not self.block_manager.can_allocate(seq, seq.num_tokens + k + self.proposer.extra_slots):
+                k -= 1
+            if k > 0:
+                self.block_manager.allocate(seq, seq.num_tokens + k + self.proposer.extra_slots)
+            seqs.append(seq)
+            ks.append(max(k, 0))
+        if seqs:
+            self.proposer.propose(seqs, ks)
 
     def _append_tokens(self, seq: Sequence, new: list[int]) -> RequestOutput:
         """Append sampled tokens, apply stop conditions, and produce the text delta."""
@@ -296,5 +343,5 @@ class LLMEngine:
             blocks_total=bm.num_blocks, blocks_used=bm.num_used, blocks_free=len(bm.free),
             blocks_cached=bm.num_cached, preemptions=self.scheduler.num_preemptions,
             prefix_cache_hit_rate=bm.hit_rate, prompt_tokens=self.stats_prompt_tokens,
-            generation_tokens=self.stats_generation_tokens,
+            generation_tokens=self.stats_generation_tokens, spec=self.spec_stats.as_dict(),
         )

@@ -70,9 +70,10 @@ class ModelRunner:
         h["query_start"][0] = 0
         h["block_tables"][: len(batch)] = 0
         for b, item in enumerate(batch):
-            seq, n = item.seq, item.num_new
-            start = seq.num_computed
-            ids = seq.tokens(start, min(start + n, seq.num_tokens)) + seq.draft_ids[: item.num_draft]
+            seq, n, start = item.seq, item.num_new, item.start
+            end, total = start + n, seq.num_tokens
+            # positions past the sequence's end hold its speculative drafts
+            ids = seq.tokens(start, min(end, total)) + seq.draft_ids[max(0, start - total) : max(0, end - total)]
             h["input_ids"][t : t + n] = ids
             pos = np.arange(start, start + n, dtype=np.int32)
             h["positions"][t : t + n] = pos
@@ -82,20 +83,16 @@ class ModelRunner:
             h["seq_lens"][b] = start + n
             t += n
             h["query_start"][b + 1] = t
-            if item.all_logits:
-                h["logits_indices"][r : r + n] = np.arange(t - n, t)
-                r += n
-            elif item.samples:
+            m = item.num_logits
+            if m:
                 p = seq.params
-                for j in range(item.num_draft + 1):
-                    row = t - item.num_draft - 1 + j
-                    h["logits_indices"][r] = row
-                    h["temperature"][r] = p.temperature
-                    h["top_p"][r] = p.top_p
-                    h["top_k"][r] = p.top_k
-                    h["seeds"][r] = seq.seed
-                    h["sample_pos"][r] = start + n - item.num_draft + j  # position of the sampled token
-                    r += 1
+                h["logits_indices"][r : r + m] = np.arange(t - m, t)
+                h["temperature"][r : r + m] = p.temperature
+                h["top_p"][r : r + m] = p.top_p
+                h["top_k"][r : r + m] = p.top_k
+                h["seeds"][r : r + m] = seq.seed
+                h["sample_pos"][r : r + m] = np.arange(end - m + 1, end + 1)  # where each sample goes
+                r += m
         if DEBUG:
             self._check(batch, t)
         return t, r
@@ -122,11 +119,10 @@ class ModelRunner:
         rows, ids = [], []
         r = 0
         for item in batch:
-            if not item.samples:
-                continue
             seq, p = item.seq, item.seq.params
-            for j in range(item.num_draft + 1):
-                if len(seq.output_ids) + j < p.min_tokens:
+            first_pos = item.start + item.num_new - item.num_logits + 1  # where row 0's sample goes
+            for j in range(item.num_logits):
+                if first_pos + j - seq.num_prompt_tokens < p.min_tokens:  # outputs before this one
                     banned = list(p.stop_token_ids) + ([] if p.ignore_eos else list(self.eos_ids))
                     rows += [r] * len(banned)
                     ids += banned
@@ -152,6 +148,7 @@ class ModelRunner:
             return self.backend.to_host(logits).astype(np.float32)
         if r == 0:
             return np.zeros(0, dtype=np.int32)
+        self.last_logits = logits  # speculative verification of sampled requests reads these
         self._suppress_stop_tokens(batch, logits)
         self.backend.sample(logits, d["temperature"][:r], d["top_p"][:r], d["top_k"][:r],
                             d["seeds"][:r], d["sample_pos"][:r], d["out_tokens"][:r])

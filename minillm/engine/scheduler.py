@@ -23,15 +23,26 @@ from minillm.engine.sequence import Sequence, Status
 @dataclass
 class ScheduledSeq:
     seq: Sequence
-    num_new: int  # tokens computed this step, starting at seq.num_computed
+    num_new: int  # tokens computed this step, starting at position `start`
     num_draft: int = 0  # of which the last num_draft are speculative drafts to verify
     all_logits: bool = False  # scoring: logits for every new token, nothing sampled
+    start: int = -1  # first position computed; -1: seq.num_computed (a drafter passes its own)
+
+    def __post_init__(self) -> None:
+        if self.start < 0:
+            self.start = self.seq.num_computed
 
     @property
     def samples(self) -> bool:
-        """True when this chunk reaches the end of the sequence, so a token is sampled."""
-        return not self.all_logits and (
-            self.seq.num_computed + self.num_new - self.num_draft == self.seq.num_tokens)
+        """True when this chunk reaches the end of the sequence (and its drafts), so tokens are sampled."""
+        return not self.all_logits and self.start + self.num_new - self.num_draft >= self.seq.num_tokens
+
+    @property
+    def num_logits(self) -> int:
+        """Rows of this chunk whose logits are computed: the last one, plus one per draft."""
+        if self.all_logits:
+            return self.num_new
+        return self.num_draft + 1 if self.samples else 0
 
 
 @dataclass

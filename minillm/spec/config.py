@@ -1,0 +1,43 @@
+"""SpeculativeConfig: vLLM's `--speculative-config` keys, validated at startup."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+METHODS = ("ngram", "draft_model", "dflash")
+
+
+@dataclass
+class SpeculativeConfig:
+    method: str
+    num_speculative_tokens: int
+    model: str | None = None
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 4
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SpeculativeConfig:
+        known = {"method", "num_speculative_tokens", "model", "prompt_lookup_min", "prompt_lookup_max"}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(
+                f"--speculative-config: unknown keys {sorted(unknown)}; supported: {sorted(known)}"
+            )
+        method = d.get("method")
+        if method is None and d.get("model"):
+            method = "draft_model"
+        if method not in METHODS:
+            raise ValueError(f"--speculative-config: method must be one of {', '.join(METHODS)}, got {method!r}")
+        k = d.get("num_speculative_tokens")
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"--speculative-config: num_speculative_tokens must be an integer >= 1, got {k!r}")
+        cfg = cls(method, k, d.get("model"), int(d.get("prompt_lookup_min", 1)),
+                  int(d.get("prompt_lookup_max", 4)))
+        if method in ("draft_model", "dflash") and not cfg.model:
+            raise ValueError(f"--speculative-config: method {method!r} needs \"model\": the drafter's path")
+        if method == "ngram" and not 1 <= cfg.prompt_lookup_min <= cfg.prompt_lookup_max:
+            raise ValueError(
+                "--speculative-config: need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
+                f"{cfg.prompt_lookup_min} and {cfg.prompt_lookup_max}"
+            )
+        return cfg

@@ -1,0 +1,101 @@
+"""Draft-model drafter: a smaller model with the target's tokenizer, run for k steps per round.
+
+Its KV pool has the target's geometry and is addressed by the same block tables, so the block
+manager that sizes, shares and frees the target's blocks does the same for the drafter's. Each
+round first catches the drafter up on the tokens it has not seen (the prompt, then the tokens
+accepted last round), then drafts k tokens one at a time, each step batched across sequences.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minillm.engine.runner import ModelRunner
+from minillm.engine.scheduler import ScheduledSeq
+from minillm.engine.sequence import Sequence
+from minillm.models.transformer import Transformer
+
+DRAFT_SEED_SALT = 0x5DEECE66D  # the drafter's random stream differs from the target's
+
+
+class DraftModelProposer:
+    needs_kv = True
+    extra_slots = 0  # its KV stays within the target's next-step positions
+
+    def __init__(self, loaded, backend, block_manager, k: int, max_tokens: int, max_seqs: int,
+                 max_model_len: int):
+        self.k = k
+        self.config = loaded.config
+        self.model = Transformer(loaded.config, loaded.weights, backend, max_model_len + 1)
+        loaded.weights = {}
+        self.kv = self.model.allocate_kv_cache(block_manager.num_blocks, block_manager.block_size)
+        self.runner = ModelRunner(self.model, backend, self.kv, block_manager, max_tokens=max_tokens,
+                                  max_seqs=max_seqs, max_logits=max_seqs, max_model_len=max_model_len)
+        self.max_tokens = max_tokens
+        self.backend = backend
+
+    def _run(self, items: list[ScheduledSeq], sampled: list[Sequence]) -> tuple[np.ndarray, list]:
+        """One drafter forward; returns a token per item and the host probs of sampled items."""
+        seeds = {}
+        for it in items:  # the drafter draws on its own random stream
+            seeds[id(it.seq)] = it.seq.seed
+            it.seq.seed = (it.seq.seed ^ DRAFT_SEED_SALT) & ((1 << 63) - 1)
+        try:
+            tokens = self.runner.execute(items)
+        finally:
+            for it in items:
+                it.seq.seed = seeds[id(it.seq)]
+        probs = []
+        if sampled:
+            from minillm.engine.sampler import probs_from_logits
+
+            logits = self.backend.to_host(self.runner.last_logits)
+            for r, it in enumerate(items):
+                p = it.seq.params
+                probs.append(None if p.temperature <= 0 else
+                             probs_from_logits(logits[r], p.temperature, p.top_p, p.top_k))
+        return tokens, probs
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> None:
+        """Set seq.draft_ids (and seq.draft_probs for sampled requests) for each sequence."""
+        active = [(s, k) for s, k in zip(seqs, ks) if k > 0]
+        for s, _ in active:
+            s.draft_ids = []
+            s.draft_probs = []
+        if not active:
+            return
+        sampled = [s for s, _ in active if s.params.temperature > 0]
+        # catch-up: every token the drafter has not processed, in chunks that fit its workspace
+        pending = {id(s): s.draft_computed for s, _ in active}
+        first = True
+        while first or any(pending[id(s)] < s.num_tokens for s, _ in active):
+            items, budget = [], self.max_tokens
+            for s, _ in active:
+                todo = s.num_tokens - pending[id(s)]
+                n = min(todo, budget)
+                if n <= 0 or (not first and todo == 0):
+                    continue
+                items.append(ScheduledSeq(s, n, start=pending[id(s)]))
+                budget -= n
+            if not items:
+                break
+            tokens, probs = self._run(items, sampled)
+            r = 0
+            for it in items:
+                pending[id(it.seq)] += it.num_new
+                if it.start + it.num_new >= it.seq.num_tokens:  # caught up: its first draft
+                    it.seq.draft_ids = [int(tokens[r])]
+                    it.seq.draft_probs = [probs[r]] if probs else []
+                    r += 1
+            first = False
+        for s, _ in active:
+            s.draft_computed = s.num_tokens
+        # k - 1 more single-token steps, batched over the sequences that still draft
+        for j in range(1, max(k for _, k in active)):
+            items = [ScheduledSeq(s, 1, start=s.num_tokens + j - 1) for s, k in active if k > j]
+            tokens, probs = self._run(items, sampled)
+            for r, it in enumerate(items):
+                it.seq.draft_ids.append(int(tokens[r]))
+                if probs:
+                    it.seq.draft_probs.append(probs[r])
+                it.seq.draft_computed = it.start + 1

@@ -1,0 +1,59 @@
+"""Build the drafter a SpeculativeConfig names, and keep the acceptance statistics."""
+
+from __future__ import annotations
+
+from minillm.models.loader import load_model
+
+
+class SpecStats:
+    """Rounds, drafted and accepted tokens, and the acceptance rate at each draft position."""
+
+    def __init__(self, k: int):
+        self.k = k
+        self.rounds = 0
+        self.drafted = 0
+        self.accepted = 0
+        self.accepted_at = [0] * k  # rounds whose draft j was accepted
+        self.drafted_at = [0] * k
+
+    def record(self, num_draft: int, num_accepted: int) -> None:
+        self.rounds += 1
+        self.drafted += num_draft
+        self.accepted += num_accepted
+        for j in range(num_draft):
+            self.drafted_at[j] += 1
+            if j < num_accepted:
+                self.accepted_at[j] += 1
+
+    def as_dict(self) -> dict:
+        if not self.k:
+            return {}
+        return {
+            "rounds": self.rounds, "draft_tokens": self.drafted, "accepted_tokens": self.accepted,
+            # tokens appended per verification round: the accepted drafts plus one
+            "mean_acceptance_length": (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0,
+            "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
+            "acceptance_rate_per_position": [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)],
+        }
+
+
+def build_proposer(engine):
+    """The drafter for engine.spec, checked against the target (vocabulary, block size)."""
+    spec = engine.spec
+    if spec.method == "ngram":
+        from minillm.spec.ngram import NgramProposer
+
+        return NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
+    loaded = load_model(spec.model)
+    if loaded.config.vocab_size != engine.config.vocab_size:
+        raise ValueError(
+            f"--speculative-config: the drafter {spec.model} has vocabulary size {loaded.config.vocab_size}, "
+            f"the target {engine.config.vocab_size}; a drafter must share the target's tokenizer"
+        )
+    r = engine.runner_args
+    if spec.method == "draft_model":
+        from minillm.spec.draft_model import DraftModelProposer
+
+        return DraftModelProposer(loaded, engine.backend, engine.block_manager, spec.num_speculative_tokens,
+                                  r["max_tokens"], r["max_seqs"], r["max_model_len"])
+    raise ValueError(f"--speculative-config: method {spec.method!r} is not implemented yet")
