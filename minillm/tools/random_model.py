@@ -19,6 +19,7 @@ Nothing here touches the network. Generated weights are never committed.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -37,7 +38,7 @@ WEIGHT_STD = 0.02
 BF16_ONE = 0x3F80  # bit pattern of 1.0 in bfloat16
 SHARD_BYTES = 4 * 10**9  # shard above this, like the real Qwen3-8B checkpoint (~4 GB shards)
 CHUNK = 1 << 23  # elements generated per task: bounds memory and makes seeding thread-count free
-TOKENIZER_BPE_VOCAB = 4000  # BPE vocabulary before the special tokens are appended
+TRAINED_BPE_VOCAB = 4000  # tokens learnt from the synthetic corpus; larger vocabularies are extended
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
@@ -57,6 +58,7 @@ QWEN_SPLIT_REGEX = (
 _QWEN3_COMMON = {
     "head_dim": 128, "num_key_value_heads": 8, "vocab_size": 151936, "rope_theta": 1000000.0,
     "rms_norm_eps": 1e-6, "max_position_embeddings": 40960,
+    "tokenizer_bpe_vocab": 151643,  # Qwen3's count: <|endoftext|> is 151643, <|im_end|> 151645
 }
 PRESETS: dict[str, dict] = {
     "qwen3-0.6b": {**_QWEN3_COMMON, "hidden_size": 1024, "num_hidden_layers": 28,
@@ -68,7 +70,7 @@ PRESETS: dict[str, dict] = {
     "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
              "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 4096,
              "tie_word_embeddings": False, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
-             "max_position_embeddings": 4096},
+             "max_position_embeddings": 4096, "tokenizer_bpe_vocab": TRAINED_BPE_VOCAB},
 }
 
 
@@ -114,23 +116,62 @@ def synthetic_corpus(num_sentences: int = 12000) -> list[str]:
     return lines
 
 
-def build_tokenizer(bpe_vocab: int = TOKENIZER_BPE_VOCAB):
-    """A Qwen-style byte-level BPE (same pre-tokenizer, decoder and special tokens), trained here."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
-    from tokenizers import processors, trainers
+@functools.lru_cache(maxsize=1)
+def _trained_bpe() -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Vocabulary and merges of a byte-level BPE trained on the synthetic corpus (~1 s)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-    tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = _pre_tokenizer()
+    trainer = trainers.BpeTrainer(vocab_size=TRAINED_BPE_VOCAB, min_frequency=2, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(synthetic_corpus(), trainer=trainer)
+    model = json.loads(tok.to_str())["model"]
+    return model["vocab"], [tuple(m) for m in model["merges"]]
+
+
+def _extend_bpe(vocab: dict[str, int], merges: list[tuple[str, str]], size: int) -> None:
+    """Grow a BPE to `size` ids with synthetic merges (word start + letters, at most 16 chars), so
+    every id a full-vocabulary model can emit decodes to text, as with the real Qwen3 tokenizer."""
+    rng = random.Random(151643)
+    tokens = sorted(vocab, key=vocab.get)
+    starts = [t for t in tokens if len(t) > 1 and t.startswith("Ġ")]  # "Ġ" is the byte-level space
+    pieces = [t for t in tokens if t.isalpha() and not t.startswith("Ġ")]
+    while len(vocab) < size:
+        a, b = rng.choice(starts if rng.random() < 0.8 else tokens), rng.choice(pieces)
+        if a + b in vocab or len(a + b) > 16:
+            continue
+        vocab[a + b] = len(vocab)
+        merges.append((a, b))
+        if a.startswith("Ġ"):
+            starts.append(a + b)
+
+
+def _pre_tokenizer():
+    from tokenizers import Regex, pre_tokenizers
+
+    return pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(QWEN_SPLIT_REGEX), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
     ])
+
+
+def build_tokenizer(bpe_vocab: int = TRAINED_BPE_VOCAB):
+    """A Qwen-style byte-level BPE (same pre-tokenizer, decoder and special tokens) with `bpe_vocab`
+    ordinary tokens; the special tokens follow them, so 151643 puts them at Qwen3's own ids."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
+
+    trained_vocab, trained_merges = _trained_bpe()
+    vocab, merges = dict(trained_vocab), list(trained_merges)
+    if bpe_vocab < len(vocab):
+        raise ValueError(f"bpe_vocab {bpe_vocab} is below the trained vocabulary ({len(vocab)})")
+    _extend_bpe(vocab, merges, bpe_vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=None, fuse_unk=False,
+                               byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = _pre_tokenizer()
     tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
     tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
-    trainer = trainers.BpeTrainer(vocab_size=bpe_vocab, min_frequency=2, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(synthetic_corpus(), trainer=trainer)
-    # appended after the BPE vocabulary, in Qwen's order (<|endoftext|> < <|im_start|> < <|im_end|>)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     return tok
 
@@ -304,7 +345,8 @@ def write_safetensors(path: Path, specs, seed: int, pool: ThreadPoolExecutor, ah
             f.write(fut.result())
 
 
-def _shard(specs, limit: int = SHARD_BYTES) -> list[list]:
+def _shard(specs, limit: int | None = None) -> list[list]:
+    limit = limit or SHARD_BYTES
     shards, size = [[]], 0
     for spec in specs:
         nbytes = 2 * int(np.prod(spec[1]))
@@ -359,7 +401,7 @@ def write_random_model(out_dir: str | Path, preset: str = "tiny", seed: int = 0,
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of: {', '.join(PRESETS)}")
     out = _prepare(out_dir, force)
-    tok = build_tokenizer()
+    tok = build_tokenizer(PRESETS[preset]["tokenizer_bpe_vocab"])
     eot, im_end = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")
     cfg = qwen3_config(preset, eot, im_end)
     if tok.get_vocab_size(with_added_tokens=True) > cfg["vocab_size"]:

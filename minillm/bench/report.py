@@ -1,0 +1,158 @@
+"""Benchmark statistics and reporting: per-request timings -> per-rung figures -> table, JSON, PNG.
+
+Definitions follow `vllm bench serve`:
+  TTFT  time from sending the request to the first streamed output chunk
+  TPOT  per request, (latency - TTFT) / (output tokens - 1): the decode time per token after the first
+  ITL   gaps between consecutive output chunks, pooled over all requests of the rung
+Throughputs count successful requests only and divide by the rung's wall time. A rung with any
+failed request is VOID: its figures describe a server that dropped work, so they are not comparable.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass
+class RequestResult:
+    """What one streamed request did; times in seconds from perf_counter."""
+
+    ok: bool
+    prompt_len: int = 0
+    output_tokens: int = 0
+    ttft: float | None = None  # None when no output chunk arrived
+    latency: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    error: str = ""
+
+
+def percentile(values: list[float], p: float) -> float | None:
+    """The p-th percentile with linear interpolation (numpy's default, as vLLM reports); None if empty."""
+    return float(np.percentile(values, p)) if len(values) else None
+
+
+def mean(values: list[float]) -> float | None:
+    return float(np.mean(values)) if len(values) else None
+
+
+def tpot(r: RequestResult) -> float | None:
+    """Time per output token after the first; None with fewer than two tokens (nothing to divide)."""
+    if r.ttft is None or r.output_tokens < 2:
+        return None
+    return (r.latency - r.ttft) / (r.output_tokens - 1)
+
+
+def itl_from_timestamps(start: float, chunk_times: list[float]) -> tuple[float | None, list[float]]:
+    """(TTFT, inter-chunk gaps) from the request's start and the arrival times of its output chunks."""
+    if not chunk_times:
+        return None, []
+    return chunk_times[0] - start, [b - a for a, b in zip(chunk_times, chunk_times[1:])]
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else x * 1000.0
+
+
+def rung_stats(results: list[RequestResult], duration: float, concurrency: int) -> dict:
+    """One rung's figures (times in ms). `void` is True when any request failed."""
+    ok = [r for r in results if r.ok]
+    failed = len(results) - len(ok)
+    out_tok = sum(r.output_tokens for r in ok)
+    in_tok = sum(r.prompt_len for r in ok)
+    ttfts = [r.ttft for r in ok if r.ttft is not None]
+    tpots = [t for t in (tpot(r) for r in ok) if t is not None]
+    itls = [g for r in ok for g in r.itl]
+    errors = list(dict.fromkeys(r.error for r in results if not r.ok))[:5]  # distinct, in order
+    return {
+        "concurrency": concurrency, "num_prompts": len(results), "ok": len(ok), "failed": failed,
+        "void": failed > 0, "duration_s": duration,
+        "input_tokens": in_tok, "output_tokens": out_tok,
+        "output_tok_s": out_tok / duration if duration > 0 else 0.0,
+        "total_tok_s": (in_tok + out_tok) / duration if duration > 0 else 0.0,
+        "requests_s": len(ok) / duration if duration > 0 else 0.0,
+        "ttft_ms_mean": _ms(mean(ttfts)), "ttft_ms_p50": _ms(percentile(ttfts, 50)),
+        "ttft_ms_p99": _ms(percentile(ttfts, 99)),
+        "tpot_ms_mean": _ms(mean(tpots)), "tpot_ms_p50": _ms(percentile(tpots, 50)),
+        "tpot_ms_p99": _ms(percentile(tpots, 99)),
+        "itl_ms_mean": _ms(mean(itls)), "itl_ms_p99": _ms(percentile(itls, 99)),
+        "errors": errors,
+    }
+
+
+def ladder_continues(rung: dict, keep_going: bool) -> bool:
+    """A VOID rung ends the ladder: higher concurrency on a failing server only hides the cause."""
+    return keep_going or not rung["void"]
+
+
+# ---- output -------------------------------------------------------------------------------------
+_COLUMNS = [  # (header, key, format)
+    ("c", "concurrency", "d"), ("n", "num_prompts", "d"), ("ok", "ok", "d"), ("failed", "failed", "d"),
+    ("out tok/s", "output_tok_s", ".1f"), ("total tok/s", "total_tok_s", ".1f"),
+    ("req/s", "requests_s", ".2f"),
+    ("TTFT mean", "ttft_ms_mean", ".1f"), ("TTFT p50", "ttft_ms_p50", ".1f"),
+    ("TTFT p99", "ttft_ms_p99", ".1f"),
+    ("TPOT mean", "tpot_ms_mean", ".2f"), ("TPOT p50", "tpot_ms_p50", ".2f"),
+    ("TPOT p99", "tpot_ms_p99", ".2f"),
+    ("ITL mean", "itl_ms_mean", ".2f"), ("ITL p99", "itl_ms_p99", ".2f"),
+]
+
+
+def format_table(rungs: list[dict]) -> str:
+    """A fixed-width table, one line per rung; times in ms; VOID rungs are marked."""
+    head = [h for h, _, _ in _COLUMNS] + ["status"]
+    rows = [head]
+    for r in rungs:
+        cells = ["-" if r.get(k) is None else format(r[k], f) for _, k, f in _COLUMNS]
+        rows.append(cells + ["VOID" if r["void"] else "ok"])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines) + "\n(times in ms)"
+
+
+def write_json(path: str | Path, obj: dict) -> None:
+    # NaN is not JSON; the statistics use None for "no data" instead
+    Path(path).write_text(json.dumps(obj, indent=2, allow_nan=False) + "\n")
+
+
+def plot_ladder(rungs: list[dict], path: str | Path, title: str = "") -> bool:
+    """Output throughput and TPOT against concurrency, as a PNG. False (and a note) without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # no display on servers
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"matplotlib is not installed: skipping the plot {path} (pip install matplotlib)",
+              file=sys.stderr)
+        return False
+    good = [r for r in rungs if not r["void"]]
+    void = [r for r in rungs if r["void"]]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    c = [r["concurrency"] for r in good]
+    ax1.plot(c, [r["output_tok_s"] for r in good], "o-", label="output tok/s")
+    if void:
+        ax1.plot([r["concurrency"] for r in void], [r["output_tok_s"] for r in void], "rx", ms=10,
+                 label="VOID rung")
+    ax1.set(xlabel="concurrency", ylabel="output tokens / s", title="output throughput")
+    for key, label in (("tpot_ms_mean", "TPOT mean"), ("tpot_ms_p99", "TPOT p99")):
+        pts = [(r["concurrency"], r[key]) for r in good if r[key] is not None]
+        if pts:
+            ax2.plot(*zip(*pts), "o-", label=label)
+    ax2.set(xlabel="concurrency", ylabel="ms", title="time per output token")
+    for ax in (ax1, ax2):
+        if len({r["concurrency"] for r in rungs}) > 1 and min(r["concurrency"] for r in rungs) > 0:
+            ax.set_xscale("log", base=2)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

@@ -1,0 +1,303 @@
+"""`python -m minillm.bench serve`: a concurrency ladder against any OpenAI-compatible server.
+
+    python -m minillm.bench serve --base-url http://127.0.0.1:8000 --input-len 1024 --output-len 128 \\
+        --concurrency 1,2,4,8,16 --num-prompts 8,8,16,32,64 --ignore-eos --result-json r.json --plot r.png
+
+Like `vllm bench serve` with `--dataset random` and `--max-concurrency`: each rung sends its prompts
+(fresh ones per rung, so a prefix cache cannot serve one rung from another) with at most c in flight,
+streams every response and times it. A request fails on a non-200 status, an SSE error event, a
+broken or unterminated stream, a timeout, or (with --ignore-eos) fewer tokens than max_tokens. A rung
+with any failure is VOID and ends the ladder unless --keep-going; the exit status is then 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+from minillm.bench.dataset import BenchRequest, load_tokenizer, random_requests
+from minillm.bench.report import (
+    RequestResult,
+    format_table,
+    itl_from_timestamps,
+    ladder_continues,
+    plot_ladder,
+    rung_stats,
+    write_json,
+)
+
+ENDPOINTS = {"openai": "/v1/completions", "openai-chat": "/v1/chat/completions"}
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m minillm.bench serve",
+                                description="Concurrency ladder against an OpenAI-compatible server.")
+    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    p.add_argument("--backend", choices=sorted(ENDPOINTS), default="openai",
+                   help="openai: /v1/completions; openai-chat: /v1/chat/completions (both streamed)")
+    p.add_argument("--model", default=None, help="model name to request (default: first id of /v1/models)")
+    p.add_argument("--tokenizer", default=None,
+                   help="model path/alias whose tokenizer builds the prompts (default: --model if it is "
+                        "a path, else the embedded default)")
+    p.add_argument("--dataset", choices=["random"], default="random")
+    p.add_argument("--input-len", type=int, default=1024)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--range-ratio", type=float, default=0.0,
+                   help="lengths uniform in [L*(1-r), L*(1+r)] (vLLM's --random-range-ratio)")
+    p.add_argument("--concurrency", type=int_list, default=[1, 2, 4, 8, 16],
+                   help="comma-separated rungs (max requests in flight)")
+    p.add_argument("--num-prompts", type=int_list, default=[8, 8, 16, 32, 64],
+                   help="comma-separated, one per rung, or one for all rungs")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="send ignore_eos (vLLM extension) and fail requests that stop short")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0, help="dataset seed")
+    p.add_argument("--warmup", type=int, default=1, help="untimed requests before the ladder")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per request")
+    p.add_argument("--keep-going", action="store_true", help="run every rung even after a VOID one")
+    p.add_argument("--result-json", default=None)
+    p.add_argument("--plot", default=None, help="PNG of output tok/s and TPOT vs concurrency")
+    return p
+
+
+# ---- one request --------------------------------------------------------------------------------
+def request_payload(backend: str, model: str, req: BenchRequest, args: argparse.Namespace) -> dict:
+    body = {"model": model, "max_tokens": req.output_len, "temperature": args.temperature,
+            "stream": True, "stream_options": {"include_usage": True}}
+    if args.ignore_eos:
+        body["ignore_eos"] = True
+    if backend == "openai-chat":
+        body["messages"] = [{"role": "user", "content": req.prompt}]
+    else:
+        body["prompt"] = req.prompt
+    return body
+
+
+def _chunk_has_output(backend: str, choice: dict) -> bool:
+    """Whether a streamed choice carries generated output (and so timestamps a token).
+
+    A chat role-only delta ({"role": "assistant"}) may be sent before any token, and a closing chunk
+    with only finish_reason comes after the last; neither counts. An empty completions text with no
+    finish_reason does count: the server stepped, but held back an incomplete UTF-8 sequence.
+    """
+    text = choice.get("delta", {}).get("content") if backend == "openai-chat" else choice.get("text")
+    if text:
+        return True
+    return text is not None and backend == "openai" and choice.get("finish_reason") is None
+
+
+async def send_request(client, url: str, backend: str, body: dict, prompt_len: int,
+                       expect_tokens: int | None) -> RequestResult:
+    """Stream one request; `expect_tokens` set means fewer output tokens than that is a failure."""
+    start = time.perf_counter()
+    chunk_times: list[float] = []
+    usage: dict | None = None
+    done = False
+    try:
+        async with client.stream("POST", url, json=body) as resp:
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode(errors="replace")
+                return RequestResult(False, prompt_len, error=f"HTTP {resp.status_code}: {text[:300]}")
+            event = "message"
+            async for line in resp.aiter_lines():
+                if not line:
+                    event = "message"  # a blank line ends an SSE event
+                    continue
+                if line.startswith("event:"):
+                    event = line[6:].strip()
+                    continue
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    done = True
+                    break
+                obj = json.loads(data)
+                if event == "error" or (isinstance(obj, dict) and "error" in obj):
+                    err = obj.get("error", obj)
+                    msg = err.get("message", err) if isinstance(err, dict) else err
+                    return RequestResult(False, prompt_len, error=f"SSE error event: {msg}")
+                if obj.get("usage"):
+                    usage = obj["usage"]
+                if any(_chunk_has_output(backend, c) for c in obj.get("choices") or []):
+                    chunk_times.append(time.perf_counter())
+    except Exception as e:  # a reset connection, a read timeout, bad JSON: the stream is broken
+        return RequestResult(False, prompt_len, error=f"broken stream: {type(e).__name__}: {e}")
+    end = time.perf_counter()
+    if not done:
+        return RequestResult(False, prompt_len, error="stream ended without data: [DONE]")
+    ttft, itl = itl_from_timestamps(start, chunk_times)
+    # the usage chunk is exact; without it each output chunk is taken as one token
+    n_out = usage.get("completion_tokens", len(chunk_times)) if usage else len(chunk_times)
+    n_in = usage.get("prompt_tokens", prompt_len) if usage else prompt_len
+    result = RequestResult(True, n_in, n_out, ttft, end - start, itl)
+    if expect_tokens is not None and n_out < expect_tokens:
+        result.ok = False
+        result.error = f"ignore_eos set but only {n_out} of {expect_tokens} tokens came back"
+    return result
+
+
+# ---- a rung -------------------------------------------------------------------------------------
+class _Progress:
+    """tqdm when it is installed, else one rewritten status line on stderr."""
+
+    def __init__(self, total: int, desc: str):
+        try:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=desc, file=sys.stderr, leave=False)
+        except ImportError:
+            self.bar = None
+        self.total, self.desc, self.n = total, desc, 0
+
+    def update(self) -> None:
+        self.n += 1
+        if self.bar is not None:
+            self.bar.update(1)
+        else:
+            print(f"\r{self.desc}: {self.n}/{self.total}", end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        else:
+            print(file=sys.stderr)
+
+
+async def run_rung(base_url: str, backend: str, model: str, requests: list[BenchRequest], concurrency: int,
+                   args: argparse.Namespace, show_progress: bool = True) -> tuple[list[RequestResult], float]:
+    """All requests with at most `concurrency` in flight; (results in request order, wall seconds)."""
+    import httpx
+
+    url = base_url.rstrip("/") + ENDPOINTS[backend]
+    sem = asyncio.Semaphore(concurrency)
+    progress = _Progress(len(requests), f"c={concurrency}") if show_progress else None
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+
+    async def one(client, req: BenchRequest) -> RequestResult:
+        async with sem:
+            body = request_payload(backend, model, req, args)
+            expect = req.output_len if args.ignore_eos else None
+            try:
+                res = await asyncio.wait_for(send_request(client, url, backend, body, req.prompt_len, expect),
+                                             args.timeout)
+            except asyncio.TimeoutError:
+                res = RequestResult(False, req.prompt_len, error=f"timed out after {args.timeout} s")
+        if progress:
+            progress.update()
+        return res
+
+    async with httpx.AsyncClient(timeout=httpx.Timeout(args.timeout), limits=limits) as client:
+        start = time.perf_counter()
+        results = await asyncio.gather(*(one(client, r) for r in requests))
+        duration = time.perf_counter() - start
+    if progress:
+        progress.close()
+    return list(results), duration
+
+
+# ---- the ladder ---------------------------------------------------------------------------------
+def first_model_id(base_url: str, timeout: float) -> str:
+    import httpx
+
+    url = base_url.rstrip("/") + "/v1/models"
+    try:
+        r = httpx.get(url, timeout=timeout)
+        r.raise_for_status()
+        return r.json()["data"][0]["id"]
+    except Exception as e:
+        raise RuntimeError(f"cannot list models at {url} ({type(e).__name__}: {e}); is the server up? "
+                           "or pass --model") from None
+
+
+def tokenizer_source(tokenizer: str | None, model: str) -> str | None:
+    """--tokenizer, else the model name when minillm can load it (a path or the alias), else None."""
+    from minillm.models.loader import DEFAULT_MODEL_ALIAS
+
+    if tokenizer is not None:
+        return tokenizer
+    if model == DEFAULT_MODEL_ALIAS or Path(model).expanduser().exists():
+        return model
+    return None
+
+
+def run_ladder(args: argparse.Namespace) -> dict:
+    """Run every rung (stopping after a VOID one unless --keep-going); the JSON-ready result."""
+    rungs_c = args.concurrency
+    nums = args.num_prompts * len(rungs_c) if len(args.num_prompts) == 1 else args.num_prompts
+    if len(nums) != len(rungs_c):
+        raise ValueError(f"--num-prompts has {len(nums)} values for {len(rungs_c)} --concurrency rungs; "
+                         "give one per rung or a single one")
+    model = args.model or first_model_id(args.base_url, min(args.timeout, 30.0))
+    tok_src = tokenizer_source(args.tokenizer, model)
+    if tok_src is None:
+        print(f"note: model {model!r} is not a local path; building prompts with the embedded default "
+              "tokenizer (pass --tokenizer for exact prompt lengths)", file=sys.stderr)
+    tok = load_tokenizer(tok_src)
+    result = {
+        "benchmark": "serve", "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "base_url": args.base_url,
+        "backend": args.backend, "model": model, "tokenizer": tok_src or "(embedded default)",
+        "dataset": {"name": args.dataset, "input_len": args.input_len, "output_len": args.output_len,
+                    "range_ratio": args.range_ratio, "seed": args.seed},
+        "ignore_eos": args.ignore_eos, "temperature": args.temperature, "rungs": [], "void": False,
+    }
+    if args.warmup > 0:
+        warm = random_requests(tok, args.warmup, args.input_len, min(args.output_len, 16), 0.0,
+                               [args.seed, 1 << 20])
+        results, _ = asyncio.run(run_rung(args.base_url, args.backend, model, warm, 1, args, False))
+        failed = [r for r in results if not r.ok]
+        if failed:
+            result["void"] = True
+            result["warmup_error"] = failed[0].error
+            print(f"warm-up request failed: {failed[0].error}", file=sys.stderr)
+            return result
+    for i, (c, n) in enumerate(zip(rungs_c, nums)):
+        requests = random_requests(tok, n, args.input_len, args.output_len, args.range_ratio, [args.seed, i])
+        results, duration = asyncio.run(run_rung(args.base_url, args.backend, model, requests, c, args))
+        rung = rung_stats(results, duration, c)
+        result["rungs"].append(rung)
+        status = "VOID: " + "; ".join(rung["errors"]) if rung["void"] else "ok"
+        print(f"c={c} n={n}: {rung['output_tok_s']:.1f} out tok/s, {rung['ok']} ok, "
+              f"{rung['failed']} failed ({status})", file=sys.stderr)
+        result["void"] |= rung["void"]
+        if not ladder_continues(rung, args.keep_going):
+            print("stopping the ladder at a VOID rung (pass --keep-going to run the rest)", file=sys.stderr)
+            break
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        result = run_ladder(args)
+    except (RuntimeError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if result["rungs"]:
+        print(format_table(result["rungs"]))
+    if args.result_json:
+        write_json(args.result_json, result)
+        print(f"wrote {args.result_json}")
+    if args.plot and result["rungs"]:
+        title = f"{result['model']} via {args.backend}: in {args.input_len}, out {args.output_len}"
+        if plot_ladder(result["rungs"], args.plot, title):
+            print(f"wrote {args.plot}")
+    return 1 if result["void"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

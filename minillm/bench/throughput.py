@@ -1,0 +1,85 @@
+"""`python -m minillm.bench throughput [MODEL] [engine flags]`: offline throughput through minillm.LLM.
+
+    python -m minillm.bench throughput /data/qwen3-0.6b-random --device cuda --max-num-seqs 256
+
+nano-vllm's bench.py workload by default: 256 sequences of random token ids, prompt and output
+lengths uniform in [100, 1024], eos ignored, temperature 0.6; one untimed warm-up generate first.
+Prints output tok/s and the total time; --result-json writes the figures. Engine flags are
+minillm.args' (the same as serve's); --seed seeds both the engine and the workload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from minillm.args import EngineArgs, add_engine_args
+from minillm.bench.dataset import allowed_token_ids, nano_vllm_workload
+from minillm.bench.report import write_json
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m minillm.bench throughput",
+                                description="Offline throughput through minillm.LLM (nano-vllm's workload).")
+    add_engine_args(p)
+    p.add_argument("--num-seqs", type=int, default=256)
+    p.add_argument("--min-len", type=int, default=100, help="shortest prompt and output (tokens)")
+    p.add_argument("--max-len", type=int, default=1024, help="longest prompt and output (tokens)")
+    p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--result-json", default=None)
+    return p
+
+
+def run(ns: argparse.Namespace) -> dict:
+    """Build the engine, warm it up, time one generate over the whole workload; the JSON-ready result."""
+    import ml_dtypes  # noqa: F401 - registers bfloat16 with numpy, which bf16 safetensors need to load
+
+    from minillm import LLM, SamplingParams
+
+    args = EngineArgs.from_cli(ns)
+    llm = LLM(args.model, **{k: v for k, v in vars(args).items() if k != "model"})
+    vocab = min(llm.tokenizer.vocab_size, llm.engine.config.vocab_size)
+    allowed = [int(i) for i in allowed_token_ids(llm.tokenizer) if i < vocab]
+    prompts, out_lens = nano_vllm_workload(allowed, ns.num_seqs, ns.min_len, ns.max_len, ns.seed)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=ns.temperature) for n in out_lens]
+
+    llm.generate([prompts[0][:16]], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    dt = time.perf_counter() - t0
+
+    out_tok = sum(len(o.token_ids) for o in outs)
+    in_tok = sum(len(p) for p in prompts)
+    short = sum(len(o.token_ids) < n for o, n in zip(outs, out_lens))
+    return {
+        "benchmark": "throughput", "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "model": llm.engine.model_name, "engine_args": vars(args),
+        "workload": {"num_seqs": ns.num_seqs, "min_len": ns.min_len, "max_len": ns.max_len,
+                     "temperature": ns.temperature, "seed": ns.seed, "ignore_eos": True},
+        "prompt_tokens": in_tok, "output_tokens": out_tok, "expected_output_tokens": sum(out_lens),
+        "short_sequences": short, "time_s": dt,
+        "output_tok_s": out_tok / dt, "total_tok_s": (in_tok + out_tok) / dt,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    try:
+        result = run(ns)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"Total: {result['output_tokens']} tok, Time: {result['time_s']:.2f} s, "
+          f"Throughput: {result['output_tok_s']:.2f} tok/s (prompt + output: {result['total_tok_s']:.2f} tok/s)")
+    if result["short_sequences"]:
+        print(f"error: {result['short_sequences']} sequences stopped before max_tokens although eos is "
+              "ignored", file=sys.stderr)
+    if ns.result_json:
+        write_json(ns.result_json, result)
+        print(f"wrote {ns.result_json}")
+    return 1 if result["short_sequences"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

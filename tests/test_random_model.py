@@ -1,0 +1,158 @@
+"""minillm.tools.random_model: the tiny preset loads in minillm and transformers alike, is a pure
+function of the seed, shards like HF, and its DFlash drafter loads in the dflash package."""
+
+from __future__ import annotations
+
+import json
+
+import ml_dtypes  # noqa: F401 - registers bfloat16 with numpy so the bf16 safetensors load
+import numpy as np
+import pytest
+from safetensors import safe_open
+
+from minillm.models.hf_loader import load_hf_dir
+from minillm.tools import random_model as rm
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return rm.write_random_model(tmp_path_factory.mktemp("tiny"), "tiny", seed=0)
+
+
+def test_tiny_loads_in_minillm_with_the_preset_shapes(tiny):
+    cfg, weights, tok, gen = load_hf_dir(tiny)
+    p = rm.PRESETS["tiny"]
+    assert (cfg.arch, cfg.hidden_size, cfg.num_layers) == ("qwen3", p["hidden_size"], p["num_hidden_layers"])
+    assert (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (4, 2, 16)
+    assert cfg.qk_norm and not cfg.tie_word_embeddings and cfg.torch_dtype == "bfloat16"
+    im_end = tok.tok.token_to_id("<|im_end|>")
+    assert cfg.eos_token_ids[0] == im_end and tok.eos_token == "<|im_end|>"
+    assert tok.vocab_size <= cfg.vocab_size
+    assert {tok.tok.token_to_id(t) for t in rm.SPECIAL_TOKENS} == tok.special_token_ids
+    # N(0, 0.02) matrices, unit norms: what keeps activations sane
+    assert abs(weights["embed"].std() - 0.02) < 0.001 and abs(weights["embed"].mean()) < 0.001
+    assert np.all(weights["layers.1.q_norm"] == 1.0) and np.all(weights["norm"] == 1.0)
+    text = "Hello world, the model token server 12345 café"
+    assert tok.decode(tok.encode(text)) == text
+    chat = tok.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert chat == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert gen["eos_token_id"][0] == im_end
+
+
+def test_tiny_loads_in_transformers_and_configs_agree(tiny):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cfg, _, tok, _ = load_hf_dir(tiny)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
+    hf = model.config
+    assert type(model).__name__ == "Qwen3ForCausalLM"
+    assert (hf.hidden_size, hf.num_hidden_layers, hf.num_attention_heads, hf.num_key_value_heads,
+            hf.head_dim, hf.intermediate_size, hf.vocab_size, hf.tie_word_embeddings) == (
+        cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+        cfg.intermediate_size, cfg.vocab_size, cfg.tie_word_embeddings)
+    assert hf.rms_norm_eps == cfg.rms_norm_eps
+    ids = tok.encode("the model token server")
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits
+    assert logits.shape == (1, len(ids), cfg.vocab_size)
+    assert torch.isfinite(logits).all() and 0.01 < logits.std().item() < 10
+    hf_tok = transformers.AutoTokenizer.from_pretrained(tiny)
+    assert hf_tok("the model token server")["input_ids"] == ids
+    assert hf_tok.eos_token == "<|im_end|>"
+
+
+def test_same_seed_same_bytes_other_seed_other_weights(tiny, tmp_path):
+    again = rm.write_random_model(tmp_path / "again", "tiny", seed=0, workers=1)  # thread count is free
+    other = rm.write_random_model(tmp_path / "other", "tiny", seed=1)
+    for name in ("model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert (again / name).read_bytes() == (tiny / name).read_bytes(), name
+    assert (other / "model.safetensors").read_bytes() != (tiny / "model.safetensors").read_bytes()
+    assert (other / "tokenizer.json").read_bytes() == (tiny / "tokenizer.json").read_bytes()
+
+
+def test_refuses_to_overwrite_without_force(tiny):
+    with pytest.raises(FileExistsError, match="--force"):
+        rm.write_random_model(tiny, "tiny")
+
+
+def test_sharded_output_loads_everywhere(tmp_path, monkeypatch):
+    monkeypatch.setattr(rm, "SHARD_BYTES", 200_000)  # force several shards on the tiny preset
+    out = rm.write_random_model(tmp_path / "sharded", "tiny", seed=0)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 2 and not (out / "model.safetensors").exists()
+    for f in shards:
+        with safe_open(str(out / f), framework="numpy") as st:
+            assert all(index["weight_map"][k] == f for k in st.keys())
+    assert index["metadata"]["total_size"] == sum(
+        2 * int(np.prod(shape)) for _, shape, _ in rm.qwen3_tensor_specs(json.loads((out / "config.json").read_text())))
+    _, weights, _, _ = load_hf_dir(out)
+    assert "lm_head" in weights
+    transformers = pytest.importorskip("transformers")
+    transformers.AutoModelForCausalLM.from_pretrained(out)
+
+
+def test_qwen3_tokenizer_fills_the_vocab_with_qwen3_special_ids():
+    tok = rm.build_tokenizer(rm.PRESETS["qwen3-8b"]["tokenizer_bpe_vocab"])
+    assert [tok.token_to_id(t) for t in rm.SPECIAL_TOKENS] == [151643, 151644, 151645]
+    assert tok.get_vocab_size() == 151646 <= rm.PRESETS["qwen3-8b"]["vocab_size"]
+    # every ordinary id decodes to text, so a random model's output streams as text
+    rng = np.random.default_rng(0)
+    assert all(tok.decode([int(i)]) for i in rng.integers(4000, 151643, 200))
+
+
+def test_preset_configs_match_the_real_qwen3_shapes():
+    eot, im_end = 151643, 151645
+    small, big = rm.qwen3_config("qwen3-0.6b", eot, im_end), rm.qwen3_config("qwen3-8b", eot, im_end)
+    assert (small["hidden_size"], small["num_hidden_layers"], small["num_attention_heads"],
+            small["num_key_value_heads"], small["head_dim"], small["intermediate_size"],
+            small["vocab_size"], small["tie_word_embeddings"], small["rope_theta"],
+            small["max_position_embeddings"]) == (1024, 28, 16, 8, 128, 3072, 151936, True, 1e6, 40960)
+    assert (big["hidden_size"], big["num_hidden_layers"], big["num_attention_heads"],
+            big["num_key_value_heads"], big["intermediate_size"], big["tie_word_embeddings"]) == (
+        4096, 36, 32, 8, 12288, False)
+    n_params = sum(int(np.prod(s)) for _, s, _ in rm.qwen3_tensor_specs(big))
+    assert 8.1e9 < n_params < 8.3e9  # Qwen3-8B: 8.19B parameters
+    assert len(rm._shard(rm.qwen3_tensor_specs(big))) == 5  # ~4 GB shards, like the real checkpoint
+    with pytest.raises(ValueError, match="qwen3-0.6b"):
+        rm.qwen3_config("qwen3-1b", eot, im_end)
+
+
+def test_dflash_target_layers():
+    assert rm.dflash_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]  # as z-lab's Qwen3-8B drafter
+    assert rm.dflash_target_layer_ids(2, 5) == [0, 1]
+    assert rm.dflash_target_layer_ids(28, 1) == [14]
+
+
+def test_dflash_drafter_loads_in_the_dflash_package(tiny, tmp_path):
+    torch = pytest.importorskip("torch")
+    dflash = pytest.importorskip("dflash.model")
+    transformers = pytest.importorskip("transformers")
+    out = rm.write_dflash_drafter(tmp_path / "drafter", tiny, seed=0)
+    cfg = json.loads((out / "config.json").read_text())
+    target_cfg = json.loads((tiny / "config.json").read_text())
+    assert cfg["num_hidden_layers"] == 5 and cfg["dflash_config"]["block_size"] == 16
+    assert cfg["num_target_layers"] == target_cfg["num_hidden_layers"]
+    assert cfg["hidden_size"] == target_cfg["hidden_size"]
+    mask = cfg["dflash_config"]["mask_token_id"]
+    assert load_hf_dir(tiny)[2].vocab_size == mask < target_cfg["vocab_size"]
+    drafter, info = dflash.DFlashDraftModel.from_pretrained(out, output_loading_info=True, dtype=torch.float32)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    assert drafter.block_size == 16 and drafter.mask_token_id == mask
+    # drafting is lossless: greedy output with the drafter equals plain greedy generation
+    target = transformers.AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
+    ids = torch.tensor([[39, 68, 322, 78, 600, 11, 259]])
+    spec = dflash.dflash_generate(drafter, target, ids, max_new_tokens=24, stop_token_ids=None)
+    plain = target.generate(ids, max_new_tokens=24, do_sample=False)
+    assert spec.tolist() == plain.tolist()
+
+
+def test_cli(tmp_path, capsys):
+    assert rm.main(["--preset", "tiny", str(tmp_path / "m"), "--seed", "3"]) == 0
+    assert "wrote" in capsys.readouterr().out
+    assert rm.main([str(tmp_path / "m"), "--preset", "tiny"]) == 2  # exists, no --force
+    assert "--force" in capsys.readouterr().err
+    assert rm.main(["--dflash-for", str(tmp_path / "nothing"), str(tmp_path / "d")]) == 2
+    assert "config.json" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        rm.main([str(tmp_path / "x")])  # neither --preset nor --dflash-for
