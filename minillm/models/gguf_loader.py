@@ -29,7 +29,7 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from minillm.models.config import SUPPORTED_ARCHITECTURES, ModelConfig, RopeScaling
-from minillm.models.hf_loader import check_weights
+from minillm.models.hf_loader import check_weights, expected_shapes
 from minillm.models.tokenizer import Tokenizer
 
 _Q = GGMLQuantizationType
@@ -59,6 +59,8 @@ _LAYER_NAMES = {
 
 # tokenizer.ggml.token_type values (llama.cpp's llama_token_type)
 _CONTROL, _USER_DEFINED = 3, 4
+_SPECIAL_TOKEN_IDS = ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+                      "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id")
 
 # Pre-tokenizer split regexes by `tokenizer.ggml.pre`, the same table transformers uses (the
 # regexes are llama.cpp's / the original tokenizer.json's). A name not listed -- "smollm",
@@ -132,6 +134,18 @@ def canonical_name(gguf_name: str) -> str | None:
         if idx.isdigit() and suffix in _LAYER_NAMES:
             return f"layers.{idx}.{_LAYER_NAMES[suffix]}"
     return None
+
+
+def gguf_tensor_name(canonical: str) -> str:
+    """The GGUF name of a canonical weight name (the inverse of canonical_name)."""
+    for gguf_name, canon in _GLOBAL_NAMES.items():
+        if canon == canonical:
+            return gguf_name
+    _, idx, suffix = canonical.split(".", 2) if canonical.count(".") >= 2 else ("", "", canonical)
+    for gguf_suffix, canon in _LAYER_NAMES.items():
+        if canon == suffix:
+            return f"blk.{idx}.{gguf_suffix}"
+    return canonical
 
 
 def _dequantized(t, where: str) -> np.ndarray:
@@ -334,16 +348,19 @@ def _byte_level_bpe(meta: dict, where: str) -> HFTokenizer:
     # Control tokens (<|im_start|>, <|endoftext|>) must match whole, before pre-tokenizing, and
     # are special; user-defined ones (<think>) match whole but are ordinary text. A control token
     # spelled outside the byte alphabet is a converter mislabel and is left alone (transformers
-    # skips it too, so the vocabulary keeps the size the model expects).
+    # skips it too, so the vocabulary keeps the size the model expects). The bos/eos/unk/pad
+    # tokens are special whatever their type, as transformers registers them.
     types = meta.get("tokenizer.ggml.token_type") or []
-    control = [AddedToken(t, special=True, normalized=False)
-               for t, ty in zip(tokens, types) if ty == _CONTROL and set(t) <= alphabet]
-    user = [AddedToken(t, special=False, normalized=False)
-            for t, ty in zip(tokens, types) if ty == _USER_DEFINED and t in vocab]
-    if control:
-        tok.add_special_tokens(control)
+    special = [t for t, ty in zip(tokens, types) if ty == _CONTROL and set(t) <= alphabet]
+    for key in _SPECIAL_TOKEN_IDS:
+        i = meta.get(key)
+        if isinstance(i, int) and 0 <= i < len(tokens) and tokens[i] in vocab and tokens[i] not in special:
+            special.append(tokens[i])
+    user = [t for t, ty in zip(tokens, types) if ty == _USER_DEFINED and t in vocab and t not in special]
+    if special:
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
     if user:
-        tok.add_tokens(user)
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])
     return tok
 
 
@@ -429,7 +446,12 @@ def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray], Tok
         )
     weights, extra = read_tensors(reader, where)
     cfg = config_from_gguf(meta, weights, extra, where)
-    check_weights(weights, cfg, where)
+    try:
+        check_weights(weights, cfg, where)
+    except ValueError as e:  # add the name the user can look for in the file
+        bad = next(n for n, s in expected_shapes(cfg).items()
+                   if n not in weights or tuple(weights[n].shape) != s)
+        raise ValueError(f"{e}; in the file: {gguf_tensor_name(bad)!r}") from None
     if cfg.arch == "llama":
         for i in range(cfg.num_layers):
             p = f"layers.{i}."
