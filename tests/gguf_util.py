@@ -147,6 +147,32 @@ def tiny_tokenizer_metadata(pre: str = "default") -> dict:
     }
 
 
+# A tiny SentencePiece-style vocabulary ("llama" tokenizer): "▁" is a space, <0xXX> byte tokens
+# catch everything else, and merges come from the scores (equal scores test the tie order).
+SPM_PIECES = {"▁": -1.0, "t": -2.0, "h": -2.0, "e": -2.0, "a": -2.0, "i": -2.0, "n": -2.0, "r": -2.0,
+              "1": -2.0, "2": -2.0, "▁t": -3.0, "he": -3.0, "▁the": -3.5, "in": -4.0, "▁a": -4.0,
+              "er": -4.0, "▁▁": -5.0, "▁▁▁▁": -6.0, "12": -5.0, "▁1": -5.0, "her": -4.5, "▁in": -4.5}
+SPM_TOKENS = ["<unk>", "<s>", "</s>", *[f"<0x{b:02X}>" for b in range(256)], *SPM_PIECES, "<think>"]
+SPM_TYPES = [2, 3, 3, *[6] * 256, *[1] * len(SPM_PIECES), 4]
+SPM_SCORES = [0.0, 0.0, 0.0, *[0.0] * 256, *SPM_PIECES.values(), 0.0]
+
+
+def sentencepiece_tokenizer_metadata() -> dict:
+    return {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": SPM_TOKENS,
+        "tokenizer.ggml.scores": SPM_SCORES,
+        "tokenizer.ggml.token_type": SPM_TYPES,
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.unknown_token_id": 0,
+        "tokenizer.ggml.merges": None,  # none in the file: derived from the scores
+        "tokenizer.ggml.pre": None,
+        "tokenizer.chat_template": None,
+        "tokenizer.ggml.add_bos_token": None,  # unset: SentencePiece files add BOS by default
+    }
+
+
 def model_metadata(cfg: ModelConfig, arch: str | None = None) -> dict:
     a = arch or cfg.arch
     return {

@@ -259,12 +259,17 @@ def test_missing_metadata_key(tmp_path):
     assert "'llama.block_count'" in load_error(path)
 
 
-def test_sentencepiece_tokenizer_is_refused_clearly(tmp_path):
+def test_unsupported_tokenizer_model(tmp_path):
     cfg = tiny_config("llama")
     path, _ = write_model(tmp_path / "m.gguf", cfg, random_weights(cfg),
-                          extra_metadata={"tokenizer.ggml.model": "llama"})
+                          extra_metadata={"tokenizer.ggml.model": "bert"})
     msg = load_error(path)
-    assert "tokenizer.ggml.model" in msg and "'llama'" in msg and "gpt2" in msg
+    assert "tokenizer.ggml.model" in msg and "'bert'" in msg and "gpt2, llama" in msg
+
+
+def test_more_tokens_than_embedding_rows(tmp_path):
+    cfg = tiny_config("llama", vocab_size=200)
+    assert "271 tokens" in load_error(write_model(tmp_path / "m.gguf", cfg, random_weights(cfg))[0])
 
 
 def test_not_a_gguf_file(tmp_path):

@@ -16,7 +16,14 @@ from minillm.models.gguf_loader import read_metadata, tokenizer_from_gguf
 from minillm.models.loader import default_model_path
 from minillm.models.tokenizer import IncrementalDecoder
 
-from gguf_util import byte_alphabet, random_weights, tiny_config, write_model
+from gguf_util import (
+    SPM_TOKENS,
+    byte_alphabet,
+    random_weights,
+    sentencepiece_tokenizer_metadata,
+    tiny_config,
+    write_model,
+)
 
 
 def hf_gguf_tokenizer(path):
@@ -62,8 +69,13 @@ def test_smollm_encodes_like_transformers(smollm_pair, text):
 def representable(tok, text: str) -> bool:
     """SmolLM2's vocabulary lacks 21 byte tokens (0x04, 0xF1, ...): BPE without an unknown token
     drops such characters (transformers too), so only other text can decode back to itself."""
-    vocab = tok.tok.get_vocab()
-    return all(BYTE_CHARS[b] in vocab for b in text.encode("utf-8"))
+    if tok not in _BYTES_IN_VOCAB:
+        vocab = tok.tok.get_vocab()
+        _BYTES_IN_VOCAB[tok] = {b for b in range(256) if BYTE_CHARS[b] in vocab}
+    return set(text.encode("utf-8")) <= _BYTES_IN_VOCAB[tok]
+
+
+_BYTES_IN_VOCAB: dict = {}
 
 
 def test_smollm_drops_bytes_it_has_no_token_for(smollm_pair):
@@ -162,3 +174,44 @@ def test_tiny_vocab_merges_and_added_tokens(tiny_pairs):
     assert 270 not in ours.special_token_ids and 2 in ours.special_token_ids
     llama3 = tiny_pairs["llama-bpe"][0]
     assert [llama3.tok.id_to_token(i) for i in llama3.encode(" 12")] == ["Ġ", "12"]
+
+
+# ---- SentencePiece-style ("llama") tokenizer, on a tiny vocabulary ---------------------------------
+@pytest.fixture(scope="module")
+def spm_pair(tmp_path_factory):
+    cfg = tiny_config("llama", num_layers=1, vocab_size=len(SPM_TOKENS))
+    path, _ = write_model(tmp_path_factory.mktemp("spm") / "spm.gguf", cfg, random_weights(cfg),
+                          extra_metadata=sentencepiece_tokenizer_metadata())
+    return our_tokenizer(path), hf_gguf_tokenizer(path)
+
+
+spm_texts = st.lists(
+    st.one_of(st.text(max_size=8), st.sampled_from(
+        ["the", " the", "  ", "    ", "\n", "12", " 12", " 1", "in", " in", " a", "her", "<s>", "</s>", "<unk>",
+         "<think>", "▁", "é", "日本", "😀"])),
+    max_size=10,
+).map("".join)
+
+
+@settings(max_examples=250, deadline=None)
+@given(text=spm_texts)
+def test_sentencepiece_encodes_like_transformers(spm_pair, text):
+    ours, hf = spm_pair
+    ids = ours.encode(text, add_special_tokens=False)
+    assert ids == hf.encode(text, add_special_tokens=False)
+    assert ours.decode(ids, skip_special_tokens=False) == hf.decode(ids, skip_special_tokens=False)
+    assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=True)
+    with_bos = ours.encode(text)
+    assert with_bos[0] == 1  # BOS by default for SentencePiece files
+    if ids[:1] != [1]:  # text starting with "<s>" gets no second BOS from us (transformers adds one)
+        assert with_bos == hf.encode(text)
+
+
+def test_sentencepiece_pieces(spm_pair):
+    ours, _ = spm_pair
+    pieces = [ours.tok.id_to_token(i) for i in ours.encode("the  there 12 \u00e9<think>", add_special_tokens=False)]
+    # a space prefix, "▁" for spaces, merges by score, <0xXX> bytes for what the vocabulary lacks;
+    # "12" and "▁1" score the same, and "12" is listed first, so it wins
+    assert pieces == ["▁the", "▁", "▁the", "r", "e", "▁", "12", "▁", "<0xC3>", "<0xA9>", "<think>"]
+    assert ours.decode(ours.encode("the  there 12 \u00e9")) == "the  there 12 \u00e9"
+    assert ours.add_bos_token and ours.bos_token == "<s>" and ours.eos_token_ids == [2]

@@ -36,7 +36,6 @@ _Q = GGMLQuantizationType
 SUPPORTED_TENSOR_TYPES = (
     _Q.F32, _Q.F16, _Q.BF16, _Q.Q8_0, _Q.Q4_0, _Q.Q4_1, _Q.Q4_K, _Q.Q5_K, _Q.Q6_K,
 )
-SUPPORTED_TOKENIZERS = ("gpt2",)
 
 # GGUF tensor name -> canonical name (see minillm/models/config.py)
 _GLOBAL_NAMES = {"token_embd.weight": "embed", "output_norm.weight": "norm", "output.weight": "lm_head"}
@@ -310,8 +309,21 @@ def _bytes_to_unicode() -> dict[int, str]:
     return table
 
 
-def _byte_level_bpe(meta: dict, where: str) -> HFTokenizer:
-    """Byte-level BPE (`tokenizer.ggml.model` "gpt2"): GPT-2, Llama 3, Qwen, SmolLM, ..."""
+def _merges_from_file(meta: dict, where: str) -> list[tuple[str, str]]:
+    merges = []
+    for m in meta["tokenizer.ggml.merges"]:
+        left, sep, right = m.partition(" ")
+        if not sep:
+            raise ValueError(f"{where}: tokenizer.ggml.merges entry {m!r} is not 'left right'")
+        merges.append((left, right))
+    return merges
+
+
+def _byte_level_bpe(meta: dict, where: str) -> tuple[HFTokenizer, dict[str, int], set[str]]:
+    """Byte-level BPE (`tokenizer.ggml.model` "gpt2"): GPT-2, Llama 3, Qwen, SmolLM, ...
+
+    Returns the tokenizer, its vocabulary and the alphabet its tokens are spelled in.
+    """
     tokens: list[str] = meta["tokenizer.ggml.tokens"]
     if "tokenizer.ggml.merges" not in meta:
         raise ValueError(f"{where}: metadata 'tokenizer.ggml.merges' is missing (a gpt2 BPE tokenizer needs it)")
@@ -327,14 +339,8 @@ def _byte_level_bpe(meta: dict, where: str) -> HFTokenizer:
     vocab: dict[str, int] = {}
     for i, t in enumerate(tokens):
         vocab[byte_spelled(t)] = i  # a later duplicate wins, as when building a dict in transformers
-    merges = []
-    for m in meta["tokenizer.ggml.merges"]:
-        left, sep, right = m.partition(" ")
-        if not sep:
-            raise ValueError(f"{where}: tokenizer.ggml.merges entry {m!r} is not 'left right'")
-        merges.append((left, right))
-    tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, dropout=None, continuing_subword_prefix="",
-                                 end_of_word_suffix="", fuse_unk=False))
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=_merges_from_file(meta, where), dropout=None,
+                                 continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False))
     split = PRE_TOKENIZER_SPLITS.get(meta.get("tokenizer.ggml.pre"))
     if split is None:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -344,14 +350,65 @@ def _byte_level_bpe(meta: dict, where: str) -> HFTokenizer:
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ])
     tok.decoder = decoders.ByteLevel()
+    return tok, vocab, alphabet
 
-    # Control tokens (<|im_start|>, <|endoftext|>) must match whole, before pre-tokenizing, and
-    # are special; user-defined ones (<think>) match whole but are ordinary text. A control token
-    # spelled outside the byte alphabet is a converter mislabel and is left alone (transformers
-    # skips it too, so the vocabulary keeps the size the model expects). The bos/eos/unk/pad
-    # tokens are special whatever their type, as transformers registers them.
+
+def _merges_from_scores(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
+    """BPE merges that reproduce SentencePiece's greedy "merge the best-scoring pair" order.
+
+    Every way of cutting a token into two vocabulary tokens is a merge ranked by the token's
+    score (then by longer left, longer right piece); among equals, the token listed first and,
+    within one token, the cut whose pieces have the lower ids come first. This is the order
+    transformers derives (its generate_merges), which is what we must reproduce token for token.
+    """
+    vocab = {t: i for i, t in enumerate(tokens)}
+    score_of = dict(zip(tokens, scores))
+    merges = []
+    for token, score in score_of.items():
+        cuts = [(token[:k], token[k:]) for k in range(1, len(token))]
+        cuts = sorted((c for c in cuts if c[0] in vocab and c[1] in vocab), key=lambda c: (vocab[c[0]], vocab[c[1]]))
+        merges.extend((score, left, right) for left, right in cuts)
+    merges.sort(key=lambda m: (m[0], len(m[1]), len(m[2])), reverse=True)  # stable: ties keep order
+    return [(left, right) for _, left, right in merges]
+
+
+def _sentencepiece_bpe(meta: dict, where: str) -> tuple[HFTokenizer, dict[str, int], None]:
+    """SentencePiece-style BPE (`tokenizer.ggml.model` "llama"): Llama 2, Mistral, TinyLlama, ...
+
+    "▁" stands for a space, one is put before the text (tokenizer.ggml.add_space_prefix, on by
+    default), and characters outside the vocabulary fall back to <0xXX> byte tokens.
+    """
+    tokens: list[str] = meta["tokenizer.ggml.tokens"]
+    if "tokenizer.ggml.merges" in meta:
+        merges = _merges_from_file(meta, where)
+    elif "tokenizer.ggml.scores" in meta:
+        merges = _merges_from_scores(tokens, meta["tokenizer.ggml.scores"])
+    else:
+        raise ValueError(f"{where}: a 'llama' tokenizer needs tokenizer.ggml.scores or tokenizer.ggml.merges")
+    vocab = {t: i for i, t in enumerate(tokens)}
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, dropout=None, fuse_unk=True, byte_fallback=True))
+    prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first" if prefix else "never",
+                                                 split=False)
+    steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if prefix:
+        steps.append(decoders.Strip(content=" ", left=1, right=0))
+    tok.decoder = decoders.Sequence(steps)
+    return tok, vocab, None
+
+
+def _add_whole_tokens(tok: HFTokenizer, meta: dict, vocab: dict[str, int], alphabet: set[str] | None) -> None:
+    """Register the tokens that must match whole, before pre-tokenizing.
+
+    Control tokens (<|im_start|>, </s>) are special; user-defined ones (<think>) match whole but
+    are ordinary text. In a byte-level vocabulary a control token spelled outside the byte
+    alphabet is a converter mislabel and is left alone (transformers skips it too, so the
+    vocabulary keeps the size the model expects). The bos/eos/unk/pad tokens are special
+    whatever their type, as transformers registers them.
+    """
+    tokens = meta["tokenizer.ggml.tokens"]
     types = meta.get("tokenizer.ggml.token_type") or []
-    special = [t for t, ty in zip(tokens, types) if ty == _CONTROL and set(t) <= alphabet]
+    special = [t for t, ty in zip(tokens, types) if ty == _CONTROL and (alphabet is None or set(t) <= alphabet)]
     for key in _SPECIAL_TOKEN_IDS:
         i = meta.get(key)
         if isinstance(i, int) and 0 <= i < len(tokens) and tokens[i] in vocab and tokens[i] not in special:
@@ -361,7 +418,10 @@ def _byte_level_bpe(meta: dict, where: str) -> HFTokenizer:
         tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
     if user:
         tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])
-    return tok
+
+
+_TOKENIZER_BUILDERS = {"gpt2": _byte_level_bpe, "llama": _sentencepiece_bpe}
+SUPPORTED_TOKENIZERS = tuple(_TOKENIZER_BUILDERS)
 
 
 def tokenizer_from_gguf(meta: dict, where: str) -> Tokenizer:
@@ -372,13 +432,14 @@ def tokenizer_from_gguf(meta: dict, where: str) -> Tokenizer:
             f"{where}: no tokenizer in the file (metadata 'tokenizer.ggml.model' / "
             "'tokenizer.ggml.tokens' missing); minillm needs the tokenizer embedded in the GGUF"
         )
-    if kind != "gpt2":
+    if kind not in _TOKENIZER_BUILDERS:
         raise ValueError(
             f"{where}: tokenizer.ggml.model = {kind!r} is not supported; supported: "
-            f"{', '.join(SUPPORTED_TOKENIZERS)} (byte-level BPE). SentencePiece-style 'llama' "
-            "tokenizers are not implemented yet: use the model's HF directory instead"
+            f"{', '.join(SUPPORTED_TOKENIZERS)} (byte-level BPE and SentencePiece BPE); "
+            "use the model's HF directory instead"
         )
-    tok = _byte_level_bpe(meta, where)
+    tok, vocab, alphabet = _TOKENIZER_BUILDERS[kind](meta, where)
+    _add_whole_tokens(tok, meta, vocab, alphabet)
     tokens = meta["tokenizer.ggml.tokens"]
 
     def token(key: str) -> str | None:
@@ -391,13 +452,15 @@ def tokenizer_from_gguf(meta: dict, where: str) -> Tokenizer:
         i = meta.get(key)
         if isinstance(i, int) and 0 <= i < len(tokens) and i not in eos_ids:
             eos_ids.append(i)
+    # SentencePiece files that do not say add BOS, as llama.cpp and transformers assume
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", kind == "llama"))
     return Tokenizer(
         tok,
         chat_template=meta.get("tokenizer.chat_template"),
         bos_token=token("tokenizer.ggml.bos_token_id"),
         eos_token=token("tokenizer.ggml.eos_token_id"),
         eos_token_ids=eos_ids,
-        add_bos_token=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        add_bos_token=add_bos,
     )
 
 
