@@ -1,0 +1,139 @@
+"""python -m minillm.chat [MODEL] [engine flags]: a multi-turn chat in the terminal.
+
+Each turn goes through the model's chat template and is streamed token by token straight from
+the LLMEngine (no server). Commands: /reset (forget the conversation), /system TEXT (set the
+system prompt and reset), /exit or Ctrl-D. Ctrl-C stops an answer mid-way. With no MODEL it
+loads the embedded SmolLM2-135M-Instruct.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from minillm.args import EngineArgs, add_engine_args
+
+HELP = "commands: /reset  /system TEXT  /exit (or Ctrl-D); Ctrl-C stops an answer"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m minillm.chat", description=__doc__.split("\n")[0])
+    add_engine_args(p)
+    p.add_argument("--system", default=None, help="system prompt")
+    p.add_argument("--max-tokens", type=int, default=512, help="longest answer, in tokens")
+    p.add_argument("--temperature", type=float, default=None, help="default: the model's, else 0.7")
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    return p.parse_args(argv)
+
+
+class Chat:
+    """The conversation and one engine; answer() streams a reply to `out`."""
+
+    def __init__(self, engine, ns: argparse.Namespace, out=sys.stdout):
+        self.engine, self.out = engine, out
+        self.system: str | None = ns.system
+        self.history: list[dict] = []
+        d = getattr(engine.loaded, "generation_defaults", None) or {}
+        self.sampling = dict(
+            temperature=ns.temperature if ns.temperature is not None else float(d.get("temperature", 0.7)),
+            top_p=ns.top_p if ns.top_p is not None else float(d.get("top_p", 1.0)),
+            top_k=ns.top_k if ns.top_k is not None else int(d.get("top_k", -1)),
+        )
+        self.max_tokens = ns.max_tokens
+
+    def messages(self) -> list[dict]:
+        sys_msg = [{"role": "system", "content": self.system}] if self.system else []
+        return sys_msg + self.history
+
+    def prompt_ids(self) -> list[int] | None:
+        """The templated conversation; drops the oldest turns while it leaves no room to answer."""
+        enc = self.engine.tokenizer.encode_chat
+        ids = enc(self.messages())
+        while len(ids) >= self.engine.max_model_len and len(self.history) > 1:
+            self.history = self.history[2:] if len(self.history) > 2 else self.history[-1:]
+            print("(context full: dropped the oldest turn)", file=self.out)
+            ids = enc(self.messages())
+        return ids if len(ids) < self.engine.max_model_len else None
+
+    def answer(self, text: str) -> None:
+        from minillm.sampling_params import SamplingParams
+
+        eng, out = self.engine, self.out
+        self.history.append({"role": "user", "content": text})
+        ids = self.prompt_ids()
+        if ids is None:
+            self.history.pop()
+            print(f"(message too long for max_model_len {eng.max_model_len}; not sent)", file=out)
+            return
+        params = SamplingParams(max_tokens=min(self.max_tokens, eng.max_model_len - len(ids)), **self.sampling)
+        rid = eng.add_request(ids, params)
+        reply, n, reason = "", 0, None
+        t0 = time.perf_counter()
+        try:
+            while eng.has_unfinished():
+                for o in eng.step():
+                    out.write(o.new_text)
+                    out.flush()
+                    reply, n, reason = o.text, len(o.token_ids), o.finish_reason
+        except KeyboardInterrupt:  # stop this answer, keep the conversation
+            eng.abort_request(rid)
+            reason = "interrupted"
+        dt = time.perf_counter() - t0
+        self.history.append({"role": "assistant", "content": reply})
+        note = f", {reason}" if reason in ("length", "interrupted") else ""
+        print(f"\n[{n} tokens, {n / dt if dt > 0 else 0.0:.1f} tok/s, prompt {len(ids)} tokens{note}]", file=out)
+
+    def command(self, line: str) -> bool:
+        """Handle a /command; False means exit."""
+        cmd, _, arg = line.partition(" ")
+        if cmd in ("/exit", "/quit"):
+            return False
+        if cmd == "/reset":
+            self.history = []
+            print("(conversation reset)", file=self.out)
+        elif cmd == "/system":
+            self.system = arg.strip() or None
+            self.history = []
+            print(f"(system prompt {'set' if self.system else 'cleared'}; conversation reset)", file=self.out)
+        else:
+            print(f"(unknown command {cmd}; {HELP})", file=self.out)
+        return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = parse_args(argv)
+    try:
+        import readline  # noqa: F401  (line editing and history for input())
+    except ImportError:
+        pass
+    from minillm.engine.engine import LLMEngine
+
+    try:
+        engine = LLMEngine(EngineArgs.from_cli(ns))
+    except (ValueError, FileNotFoundError, NotImplementedError, ImportError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    chat = Chat(engine, ns)
+    print(f"minillm chat: {engine.model_name} on {engine.backend.name}, max_model_len {engine.max_model_len}")
+    print(HELP)
+    while True:
+        try:
+            line = input(">>> ").strip()
+        except (EOFError, KeyboardInterrupt):
+            print()
+            return 0
+        if not line:
+            continue
+        if line.startswith("/"):
+            if not chat.command(line):
+                return 0
+            continue
+        chat.answer(line)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""python -m minillm.serve [MODEL] [--host H] [--port P] [engine flags]: the OpenAI-compatible server.
+
+Binds the port first (a busy port fails fast), builds the engine (user errors: one line, exit 2),
+then serves the Quart app with Hypercorn and logs one line with the URL when it is ready.
+SIGTERM or SIGINT: stop admitting (503), let open requests finish for --shutdown-grace seconds,
+cut the rest with an error event, exit 0; a second signal cuts them at once.
+Engine flags are EngineArgs' under vLLM's names (see `--help`). Test hooks: minillm/server/__init__.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from minillm.args import EngineArgs, add_engine_args
+
+log = logging.getLogger("minillm.server")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m minillm.serve", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_engine_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free port)")
+    p.add_argument("--served-model-name", nargs="+", default=None,
+                   help="model name(s) clients use; the first is reported in responses (default: MODEL)")
+    p.add_argument("--api-key", default=os.environ.get("MINILLM_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1/* (default: $MINILLM_API_KEY)")
+    p.add_argument("--shutdown-grace", type=float, default=30.0,
+                   help="seconds open requests get to finish after SIGTERM before they are cut")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return p.parse_args(argv)
+
+
+def _hypercorn_config(host: str, port: int):
+    from hypercorn.config import Config
+
+    config = Config()
+    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    config.graceful_timeout = 5.0  # after our own drain, only idle keep-alive connections remain
+    config.errorlog = logging.getLogger("hypercorn.error")
+    logging.getLogger("hypercorn.error").setLevel(logging.WARNING)  # our ready line replaces its banner
+    return config
+
+
+async def _serve(app, aeng, config, sockets, grace: float) -> None:
+    from hypercorn.asyncio.run import worker_serve
+    from hypercorn.utils import wrap_app
+
+    loop = asyncio.get_running_loop()
+    stop, force = asyncio.Event(), asyncio.Event()
+
+    def on_signal(name: str) -> None:
+        if stop.is_set():
+            log.warning("second %s: cutting open requests now", name)
+            force.set()
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig.name)
+
+    async def shutdown_trigger() -> None:
+        await stop.wait()
+        log.info("shutting down: admitting no new requests; %d open, %.0f s grace", aeng.num_open, grace)
+        await aeng.drain(grace, force)
+
+    await worker_serve(wrap_app(app, config.wsgi_max_body_size, "asgi"), config, sockets=sockets,
+                       shutdown_trigger=shutdown_trigger)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = parse_args(argv)
+    logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = _hypercorn_config(ns.host, ns.port)
+    try:
+        sockets = config.create_sockets()
+    except (OSError, OverflowError, ValueError) as e:
+        print(f"error: cannot listen on {ns.host}:{ns.port}: {e}", file=sys.stderr)
+        return 2
+
+    from minillm.engine.engine import LLMEngine
+    from minillm.server import AsyncEngine, build_app
+
+    try:
+        engine = LLMEngine(EngineArgs.from_cli(ns))
+    except (ValueError, FileNotFoundError, NotImplementedError, ImportError) as e:
+        print(f"error: {e}", file=sys.stderr)  # user errors (flags, model path, sizing): no traceback
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+    aeng = AsyncEngine(engine, step_delay=float(os.environ.get("MINILLM_TEST_STEP_DELAY") or 0))
+    names = ns.served_model_name or [engine.model_name]
+    app = build_app(aeng, names, ns.api_key, test_hooks=os.environ.get("MINILLM_TEST_FAULTS") == "1")
+    for sock in sockets.insecure_sockets:
+        sock.listen(config.backlog)  # connections queue from here on, so the ready line is true at once
+    host, port = sockets.insecure_sockets[0].getsockname()[:2]
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+    @app.before_serving
+    async def ready() -> None:
+        log.info("minillm ready: serving %s at %s/v1 (health %s/health, metrics %s/metrics)",
+                 names[0], url, url, url)
+
+    asyncio.run(_serve(app, aeng, config, sockets, ns.shutdown_grace))
+    log.info("minillm stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

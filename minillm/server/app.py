@@ -1,0 +1,190 @@
+"""The Quart app: OpenAI-compatible routes over an AsyncEngine.
+
+GET /v1/models, POST /v1/completions, POST /v1/chat/completions (streamed as SSE or not),
+GET /health (200 while the engine loop runs and admits, 503 otherwise), GET /metrics.
+Every error, ours or the client's, is an OpenAI error body `{"error": {message, type, param, code}}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import uuid
+from collections.abc import AsyncIterator
+
+from quart import Quart, Response, request
+from werkzeug.exceptions import HTTPException
+
+from minillm.server import protocol
+from minillm.server.async_engine import AsyncEngine, EngineFailure, EngineUnavailable
+from minillm.server.metrics import Metrics, RequestTimer
+from minillm.server.protocol import ModelInfo, ParsedRequest, ProtocolError, error_body, sse
+
+log = logging.getLogger("minillm.server")
+
+MAX_BODY_BYTES = 8 << 20
+
+
+def _json(body: dict, status: int = 200) -> Response:
+    return Response(protocol.json.dumps(body), status=status, mimetype="application/json")
+
+
+def _error(status: int, message: str, type: str, param: str | None = None, code: str | None = None) -> Response:
+    return _json(error_body(message, type, param, code), status)
+
+
+def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, api_key: str | None = None,
+              test_hooks: bool = False, max_body_bytes: int = MAX_BODY_BYTES) -> Quart:
+    eng = engine.engine
+    info = ModelInfo(
+        names=list(served_model_names or [eng.model_name]), max_model_len=eng.max_model_len,
+        vocab_size=eng.config.vocab_size, tokenizer=eng.tokenizer,
+        generation_defaults=dict(getattr(eng.loaded, "generation_defaults", None) or {}),
+    )
+    metrics = Metrics(engine)
+    app = Quart("minillm.server")
+    app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
+    app.config["PROVIDE_AUTOMATIC_OPTIONS"] = True
+    app.extensions["minillm"] = {"engine": engine, "metrics": metrics, "info": info}
+
+    @app.before_serving
+    async def start_engine() -> None:
+        engine.start()
+
+    @app.after_serving
+    async def stop_engine() -> None:
+        await engine.stop()
+
+    # ---- errors: everything leaves as an OpenAI error body --------------------------------------
+    @app.errorhandler(ProtocolError)
+    async def on_protocol_error(e: ProtocolError) -> Response:
+        return _json(e.body(), e.status)
+
+    @app.errorhandler(EngineUnavailable)
+    async def on_unavailable(e: EngineUnavailable) -> Response:
+        return _error(503, str(e), "service_unavailable", code="engine_unavailable")
+
+    @app.errorhandler(HTTPException)
+    async def on_http(e: HTTPException) -> Response:
+        types = {404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error"}
+        msg = (f"the request body is larger than {max_body_bytes} bytes" if e.code == 413
+               else f"{e.name}: {request.method} {request.path}")
+        return _error(e.code or 500, msg, types.get(e.code, "invalid_request_error"))
+
+    @app.errorhandler(Exception)
+    async def on_bug(e: Exception) -> Response:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return _error(500, f"internal error: {type(e).__name__}: {e}", "internal_server_error")
+
+    @app.before_request
+    async def check_api_key() -> Response | None:
+        if api_key is None or not request.path.startswith("/v1/"):
+            return None
+        auth = request.headers.get("Authorization", "")
+        token = auth[7:] if auth.startswith("Bearer ") else ""
+        if not hmac.compare_digest(token.encode(), api_key.encode()):
+            return _error(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
+                          "invalid_request_error", code="invalid_api_key")
+        return None
+
+    # ---- routes --------------------------------------------------------------------------------
+    @app.get("/health")
+    async def health() -> Response:
+        if engine.healthy and engine.accepting:
+            return Response("", status=200)
+        why = "shutting down" if engine.healthy else f"engine loop stopped: {engine.error!r}"
+        return _error(503, why, "service_unavailable")
+
+    @app.get("/metrics")
+    async def metrics_route() -> Response:
+        data, ctype = metrics.render()
+        return Response(data, status=200, content_type=ctype)
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        cards = [{"id": n, "object": "model", "created": 0, "owned_by": "minillm", "root": eng.model_name,
+                  "max_model_len": info.max_model_len} for n in info.names]
+        return _json({"object": "list", "data": cards})
+
+    @app.post("/v1/completions")
+    async def completions() -> Response:
+        return await _generate(chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions() -> Response:
+        return await _generate(chat=True)
+
+    if test_hooks:
+        @app.post("/_test/fault")
+        async def inject_fault() -> Response:
+            raw = await request.get_data()
+            body = protocol.parse_body(raw) if raw.strip() else {}
+            engine.inject_fault(protocol._get(body, "after_steps", int, 0))
+            return _json({"armed": True})
+
+    # ---- generation ----------------------------------------------------------------------------
+    async def _generate(chat: bool) -> Response:
+        body = protocol.parse_body(await request.get_data())
+        engine.check_admitting()  # 503 before any work when shutting down or failed
+        # tokenising and templating can take a while for long inputs: keep it off the event loop
+        parsed = await asyncio.to_thread(protocol.parse_request, body, info, chat)
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        timer = metrics.timer()
+        stream = engine.add(rid, parsed.prompt_ids, parsed.params)
+        if parsed.stream:
+            resp = Response(_sse_events(stream, parsed, rid, chat, timer), mimetype="text/event-stream",
+                            headers={"Cache-Control": "no-cache"})
+            resp.timeout = None  # streams run as long as generation does
+            return resp
+        text, reason, n_out = "", "abort", 0
+        try:
+            async for out in stream:
+                timer.tokens(len(out.new_token_ids))
+                text, n_out = out.text, len(out.token_ids)
+                reason = out.finish_reason or reason
+        except EngineFailure as e:
+            reason = "error"
+            return _error(e.status, e.message, e.type)
+        finally:
+            stream.close()  # aborts the request if we were cancelled (client gone) before the end
+            timer.done(reason)
+        build = protocol.chat_response if chat else protocol.completion_response
+        return _json(build(rid, protocol.now(), parsed.model, text, reason, len(parsed.prompt_ids), n_out))
+
+    async def _sse_events(stream, parsed: ParsedRequest, rid: str, chat: bool,
+                          timer: RequestTimer) -> AsyncIterator[bytes]:
+        created, model, n_prompt = protocol.now(), parsed.model, len(parsed.prompt_ids)
+        usage_null = {"usage": None} if parsed.include_usage else {}
+
+        def chunk(text: str | None, finish: str | None = None) -> bytes:
+            if chat:
+                delta = {} if text is None else {"content": text}
+                return sse({**protocol.chat_chunk(rid, created, model, delta, finish), **usage_null})
+            return sse({**protocol.completion_chunk(rid, created, model, text or "", finish), **usage_null})
+
+        reason, n_out = "abort", 0
+        try:
+            if chat:  # the first chat chunk carries the role, as OpenAI's does
+                yield sse({**protocol.chat_chunk(rid, created, model, {"role": "assistant", "content": ""}),
+                           **usage_null})
+            async for out in stream:
+                timer.tokens(len(out.new_token_ids))
+                n_out = len(out.token_ids)
+                if out.new_text:
+                    yield chunk(out.new_text)
+                if out.finished:
+                    reason = out.finish_reason or "stop"
+                    yield chunk(None, reason)
+            if parsed.include_usage:
+                yield sse(protocol.usage_chunk(rid, created, model, chat, n_prompt, n_out))
+            yield sse("[DONE]")
+        except EngineFailure as e:
+            reason = "error"
+            yield sse(error_body(e.message, e.type, None, e.status))
+            yield sse("[DONE]")
+        finally:
+            stream.close()  # a client that went away aborts its request here: blocks freed at once
+            timer.done(reason)
+
+    return app

@@ -1,0 +1,296 @@
+"""The OpenAI wire protocol: request bodies -> (prompt ids, SamplingParams), and response bodies.
+
+Everything a client can get wrong is caught here and raised as ProtocolError (400/404 with the
+OpenAI error body), so bad input never reaches the engine and never becomes a 5xx. Unknown
+fields are ignored, as OpenAI and vLLM do; known fields minillm cannot honour yet are refused
+by name rather than silently dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import jinja2
+
+from minillm.sampling_params import SamplingParams
+
+CHAT_ROLES = ("system", "developer", "user", "assistant")
+
+
+class ProtocolError(Exception):
+    """A client error: becomes `{"error": {...}}` with this HTTP status."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 type: str = "invalid_request_error", code: str | None = None):
+        super().__init__(message)
+        self.message, self.param, self.status, self.type, self.code = message, param, status, type, code
+
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
+               code: str | int | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+@dataclass
+class ModelInfo:
+    """What validation needs to know about the served model (read-only, safe off the engine thread)."""
+
+    names: list[str]
+    max_model_len: int
+    vocab_size: int
+    tokenizer: Any
+    generation_defaults: dict = field(default_factory=dict)
+
+
+@dataclass
+class ParsedRequest:
+    prompt_ids: list[int]
+    params: SamplingParams
+    model: str
+    stream: bool = False
+    include_usage: bool = False
+
+
+# ---- typed field access -------------------------------------------------------------------
+_KINDS = {int: "an integer", float: "a number", bool: "a boolean", str: "a string",
+          list: "an array", dict: "an object"}
+
+
+def _get(body: dict, name: str, kind: type, default: Any = None) -> Any:
+    """body[name] checked against kind; null or absent gives default. bool is never a number."""
+    v = body.get(name)
+    if v is None:
+        return default
+    numeric = (int, float) if kind is float else kind
+    ok = isinstance(v, numeric) and not (kind in (int, float) and isinstance(v, bool))
+    if not ok:
+        raise ProtocolError(f"'{name}' must be {_KINDS[kind]}, got {json.dumps(v)[:80]}", name)
+    return float(v) if kind is float else v
+
+
+def _refuse(body: dict, name: str, allowed: tuple = (None,), what: str | None = None) -> None:
+    """Known OpenAI fields the engine cannot honour yet: fine at their neutral value, 400 otherwise."""
+    v = body.get(name)
+    if v in allowed or (isinstance(v, (dict, list)) and not v and None in allowed):
+        return
+    raise ProtocolError(f"'{name}' is not supported yet{': ' + what if what else ''}", name)
+
+
+def check_model(body: dict, names: list[str]) -> str:
+    """The served name the request asked for (optional: defaults to the first served name)."""
+    model = _get(body, "model", str, None)
+    if model is None:
+        return names[0]
+    if model not in names:
+        raise ProtocolError(f"The model `{model}` does not exist. This server serves: {', '.join(names)}",
+                            "model", status=404, code="model_not_found")
+    return model
+
+
+def parse_body(raw: bytes) -> dict:
+    def no_constants(c: str):
+        raise ValueError(f"{c} is not valid JSON")
+
+    try:
+        body = json.loads(raw, parse_constant=no_constants)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ProtocolError(f"the request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise ProtocolError("the request body must be a JSON object")
+    return body
+
+
+# ---- prompts ------------------------------------------------------------------------------
+def _check_ids(ids: list, info: ModelInfo, param: str) -> list[int]:
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < info.vocab_size:
+            raise ProtocolError(f"'{param}' token ids must be integers in [0, {info.vocab_size}); got "
+                                f"{json.dumps(t)[:40]}", param)
+    return list(ids)
+
+
+def completion_prompt(body: dict, info: ModelInfo) -> list[int]:
+    p = body.get("prompt")
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
+        p = p[0]  # a batch of one
+    if isinstance(p, str):
+        ids = info.tokenizer.encode(p)
+    elif isinstance(p, list) and p and all(isinstance(x, (str, list)) for x in p):
+        raise ProtocolError(f"batched prompts ({len(p)} in one request) are not supported yet; "
+                            "send one request per prompt", "prompt")
+    elif isinstance(p, list):
+        ids = _check_ids(p, info, "prompt")
+    elif p is None:
+        raise ProtocolError("'prompt' is required", "prompt")
+    else:
+        raise ProtocolError("'prompt' must be a string or an array of token ids", "prompt")
+    if not ids:
+        raise ProtocolError("'prompt' is empty: give at least one token", "prompt")
+    return ids
+
+
+def _content(m: dict, i: int) -> str:
+    c = m.get("content")
+    if c is None and m["role"] == "assistant":
+        return ""
+    if isinstance(c, str):
+        return c
+    if isinstance(c, list):
+        parts = []
+        for part in c:
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                raise ProtocolError(f"messages[{i}].content: only text parts ({{\"type\": \"text\", \"text\": ...}}) "
+                                    "are supported", f"messages[{i}].content")
+            parts.append(part["text"])
+        return "\n".join(parts)
+    raise ProtocolError(f"messages[{i}].content must be a string or an array of text parts",
+                        f"messages[{i}].content")
+
+
+def chat_prompt(body: dict, info: ModelInfo) -> list[int]:
+    msgs = body.get("messages")
+    if msgs is None:
+        raise ProtocolError("'messages' is required", "messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise ProtocolError("'messages' must be a non-empty array of {role, content} objects", "messages")
+    clean = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict):
+            raise ProtocolError(f"messages[{i}] must be an object with 'role' and 'content'", f"messages[{i}]")
+        if m.get("role") not in CHAT_ROLES:
+            raise ProtocolError(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}; got "
+                                f"{json.dumps(m.get('role'))[:40]}", f"messages[{i}].role")
+        clean.append({"role": m["role"], "content": _content(m, i)})
+    try:
+        ids = info.tokenizer.encode_chat(clean)
+    except (jinja2.TemplateError, ValueError) as e:  # the template's own raise_exception, or no template
+        raise ProtocolError(f"the chat template rejected the messages: {e}", "messages") from None
+    if not ids:
+        raise ProtocolError("the chat template produced an empty prompt", "messages")
+    return ids
+
+
+# ---- sampling -----------------------------------------------------------------------------
+def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool) -> SamplingParams:
+    prompt_param = "messages" if chat else "prompt"
+    room = info.max_model_len - n_prompt
+    if room < 1:
+        raise ProtocolError(f"the prompt has {n_prompt} tokens; this model's maximum context length is "
+                            f"{info.max_model_len} tokens, which leaves no room for output", prompt_param,
+                            code="context_length_exceeded")
+    name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _get(body, name, int, None)
+    if max_tokens is None:
+        max_tokens = room  # vLLM's default: whatever the context has left
+    elif max_tokens < 1:
+        raise ProtocolError(f"'{name}' must be >= 1, got {max_tokens}", name)
+    elif max_tokens > room:
+        raise ProtocolError(f"this model's maximum context length is {info.max_model_len} tokens; the prompt "
+                            f"has {n_prompt} and {name} asks for {max_tokens} more; lower {name} to at most "
+                            f"{room}", name, code="context_length_exceeded")
+
+    n = _get(body, "n", int, 1)
+    if n != 1:
+        raise ProtocolError(f"'n' must be 1 (n > 1 is not supported yet), got {n}", "n")
+    _refuse(body, "best_of", (None, 1))
+    if chat:
+        _refuse(body, "logprobs", (None, False), "log probabilities are not returned")
+        _refuse(body, "top_logprobs", (None, 0), "log probabilities are not returned")
+        _refuse(body, "tools", (None,), "tool calling")
+        rf = body.get("response_format")
+        if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
+            raise ProtocolError("'response_format' other than {\"type\": \"text\"} is not supported yet",
+                                "response_format")
+    else:
+        _refuse(body, "logprobs", (None, 0), "log probabilities are not returned")
+        _refuse(body, "echo", (None, False))
+        _refuse(body, "suffix", (None, ""))
+    for pen in ("presence_penalty", "frequency_penalty"):
+        _get(body, pen, float)
+        _refuse(body, pen, (None, 0, 0.0))
+    _get(body, "repetition_penalty", float)
+    _refuse(body, "repetition_penalty", (None, 1, 1.0))
+    _refuse(body, "logit_bias", (None,))
+
+    d = info.generation_defaults  # the model's generation_config fills what the request leaves out
+    temperature = _get(body, "temperature", float, float(d.get("temperature", 1.0)))
+    top_p = _get(body, "top_p", float, float(d.get("top_p", 1.0)))
+    top_k = _get(body, "top_k", int, int(d.get("top_k", -1)))
+    stop = body.get("stop")
+    if stop is not None and not (isinstance(stop, str) or (isinstance(stop, list)
+                                                           and all(isinstance(s, str) for s in stop))):
+        raise ProtocolError("'stop' must be a string or an array of strings", "stop")
+    stop_ids = _get(body, "stop_token_ids", list, [])
+    _check_ids(stop_ids, info, "stop_token_ids")
+    kwargs = dict(
+        max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+        min_tokens=_get(body, "min_tokens", int, 0), stop=stop, stop_token_ids=stop_ids,
+        ignore_eos=_get(body, "ignore_eos", bool, False), seed=_get(body, "seed", int, None),
+        skip_special_tokens=_get(body, "skip_special_tokens", bool, True),
+    )
+    try:
+        return SamplingParams(**kwargs)
+    except ValueError as e:  # SamplingParams names the field first: "top_p must be in (0, 1] ..."
+        msg = str(e)
+        param = msg.split(" ", 1)[0]
+        raise ProtocolError(msg, param if param in kwargs else None) from None
+
+
+def parse_request(body: dict, info: ModelInfo, chat: bool) -> ParsedRequest:
+    """Validate a whole /v1/completions or /v1/chat/completions body."""
+    model = check_model(body, info.names)
+    stream = _get(body, "stream", bool, False)
+    opts = _get(body, "stream_options", dict, {})
+    include_usage = _get(opts, "include_usage", bool, False)
+    ids = chat_prompt(body, info) if chat else completion_prompt(body, info)
+    params = sampling_params(body, len(ids), info, chat)
+    return ParsedRequest(ids, params, model, stream, include_usage)
+
+
+# ---- responses ----------------------------------------------------------------------------
+def usage(n_prompt: int, n_completion: int) -> dict:
+    return {"prompt_tokens": n_prompt, "completion_tokens": n_completion, "total_tokens": n_prompt + n_completion}
+
+
+def completion_response(rid: str, created: int, model: str, text: str, finish: str | None,
+                        n_prompt: int, n_out: int) -> dict:
+    return {"id": rid, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+            "usage": usage(n_prompt, n_out)}
+
+
+def chat_response(rid: str, created: int, model: str, text: str, finish: str | None,
+                  n_prompt: int, n_out: int) -> dict:
+    return {"id": rid, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                         "finish_reason": finish}],
+            "usage": usage(n_prompt, n_out)}
+
+
+def completion_chunk(rid: str, created: int, model: str, text: str, finish: str | None = None) -> dict:
+    return {"id": rid, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+
+
+def chat_chunk(rid: str, created: int, model: str, delta: dict, finish: str | None = None) -> dict:
+    return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+
+
+def usage_chunk(rid: str, created: int, model: str, chat: bool, n_prompt: int, n_out: int) -> dict:
+    return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
+            "model": model, "choices": [], "usage": usage(n_prompt, n_out)}
+
+
+def sse(data: dict | str) -> bytes:
+    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n".encode()
+
+
+def now() -> int:
+    return int(time.time())

@@ -1,0 +1,114 @@
+"""`python -m minillm.chat` driven through a pseudo-terminal (the stdlib pty module, no pexpect):
+two turns that share the conversation, /system, /reset, /exit and Ctrl-D.
+"""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hf_models import make_tiny
+
+ROOT = Path(__file__).resolve().parents[1]
+STATS = re.compile(r"\[(\d+) tokens, ([\d.]+) tok/s, prompt (\d+) tokens")
+
+
+class Repl:
+    def __init__(self, model: Path):
+        self.master, slave = pty.openpty()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "minillm.chat", str(model), "--device", "cpu", "--max-tokens", "8"],
+            cwd=ROOT, stdin=slave, stdout=slave, stderr=slave, close_fds=True, start_new_session=True,
+            env={**os.environ, "TERM": "dumb"})
+        os.close(slave)
+        self.buf = ""
+
+    def expect(self, pattern: str, timeout: float = 60) -> re.Match:
+        """Read until pattern matches; consume the output up to the end of the match."""
+        deadline = time.monotonic() + timeout
+        while not (m := re.search(pattern, self.buf)):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"timed out waiting for {pattern!r}; got:\n{self.buf}")
+            if select.select([self.master], [], [], left)[0]:
+                try:
+                    data = os.read(self.master, 4096)
+                except OSError:  # the child closed the terminal
+                    data = b""
+                if not data:
+                    raise AssertionError(f"REPL exited waiting for {pattern!r}; got:\n{self.buf}")
+                self.buf += data.decode(errors="replace")
+        self.buf = self.buf[m.end():]
+        return m
+
+    def send(self, text: str) -> None:
+        os.write(self.master, text.encode())
+
+    def close(self) -> int:
+        try:
+            return self.proc.wait(20)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            os.close(self.master)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("tiny-qwen2")
+    make_tiny("qwen2", path)
+    return path
+
+
+def turn(repl: Repl, text: str) -> tuple[int, int]:
+    repl.send(text + "\n")
+    m = repl.expect(STATS.pattern)
+    repl.expect(">>> ")
+    n, rate, prompt = int(m.group(1)), float(m.group(2)), int(m.group(3))
+    assert 1 <= n <= 8 and rate > 0
+    return n, prompt
+
+
+def test_two_turns_system_reset_exit(model_dir):
+    repl = Repl(model_dir)
+    try:
+        repl.expect(r"minillm chat: .* on numpy")
+        repl.expect(">>> ")
+        _, p1 = turn(repl, "hello")
+        assert p1 == len("<user>hello\n<assistant>")  # byte tokenizer: one token a byte
+        _, p2 = turn(repl, "again")
+        # the second turn carries the first: its prompt is the whole conversation through the template
+        assert p2 >= p1 + len("\n<user>again\n<assistant>")
+        repl.send("/system be brief\n")
+        repl.expect(r"system prompt set")
+        repl.expect(">>> ")
+        _, p3 = turn(repl, "hello")
+        assert p3 == len("<system>be brief\n<user>hello\n<assistant>")
+        repl.send("/reset\n")
+        repl.expect(r"conversation reset")
+        repl.expect(">>> ")
+        repl.send("/exit\n")
+        assert repl.close() == 0
+    finally:
+        if repl.proc.poll() is None:
+            repl.proc.kill()
+
+
+def test_ctrl_d_exits(model_dir):
+    repl = Repl(model_dir)
+    try:
+        repl.expect(">>> ")
+        turn(repl, "hi")
+        repl.send("\x04")  # Ctrl-D at the prompt: EOF
+        assert repl.close() == 0
+    finally:
+        if repl.proc.poll() is None:
+            repl.proc.kill()

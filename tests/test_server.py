@@ -1,0 +1,345 @@
+"""The OpenAI-compatible server, end to end: a real `python -m minillm.serve` subprocess on a tiny
+random model, driven by the official openai client (and raw httpx where the bytes matter).
+
+Also the lifecycle: a disconnected stream frees its blocks, an injected engine fault reaches every
+open stream as an error event and turns /health 503, SIGTERM drains open requests and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from hf_models import make_tiny
+
+ROOT = Path(__file__).resolve().parents[1]
+READY = re.compile(r"minillm ready: serving .* at (http://[^/\s]+)/v1")
+
+
+class Server:
+    """`python -m minillm.serve MODEL --device cpu --port 0 ...`; the URL comes from its ready line."""
+
+    def __init__(self, model: Path, log: Path, *flags: str, env: dict | None = None):
+        self.log = log
+        cmd = [sys.executable, "-m", "minillm.serve", str(model), "--device", "cpu", "--port", "0", *flags]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                                     env={**os.environ, **(env or {})})
+        deadline = time.monotonic() + 90
+        while not (m := READY.search(self.text())):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.proc.kill()
+                raise RuntimeError(f"server did not start:\n{self.text()}")
+            time.sleep(0.05)
+        self.url = m.group(1)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def client(self, **kw) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=kw.pop("api_key", "none"), max_retries=0, **kw)
+
+    def metrics(self) -> dict[str, float]:
+        text = httpx.get(f"{self.url}/metrics").text
+        return {k: float(v) for k, v in re.findall(r"^(minillm:[^\s]+) ([-+.e0-9]+)$", text, re.M)}
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("tiny-llama")
+    make_tiny("llama", path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    # the step delay keeps long requests in flight for the disconnect test, at little cost elsewhere
+    srv = Server(model_dir, tmp_path_factory.mktemp("log") / "server.log",
+                 env={"MINILLM_TEST_STEP_DELAY": "0.003"})
+    yield srv
+    assert srv.stop() == 0, srv.text()
+    assert "Traceback" not in srv.text()
+
+
+def model_name(server) -> str:
+    return server.client().models.list().data[0].id
+
+
+# ---- the basics ---------------------------------------------------------------------------
+def test_models_and_health(server, model_dir):
+    models = server.client().models.list().data
+    assert [m.id for m in models] == [str(model_dir)]
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_completion(server):
+    c = server.client().completions.create(model=model_name(server), prompt="hello", max_tokens=7,
+                                           temperature=0, extra_body={"ignore_eos": True})
+    assert c.id.startswith("cmpl-") and c.object == "text_completion" and c.created > 0
+    assert c.choices[0].finish_reason == "length"
+    assert (c.usage.prompt_tokens, c.usage.completion_tokens, c.usage.total_tokens) == (5, 7, 12)
+
+
+def test_completion_token_ids_and_default_max_tokens(server):
+    # no max_tokens: what is left of max_model_len (512) after the prompt, as vLLM does
+    c = server.client().completions.create(model=model_name(server), prompt=[40 + i % 200 for i in range(460)],
+                                           temperature=0, extra_body={"ignore_eos": True})
+    assert c.usage.prompt_tokens == 460 and c.usage.completion_tokens == 52
+    assert c.choices[0].finish_reason == "length"
+
+
+def test_completion_stream_matches_non_stream(server):
+    cl, name = server.client(), model_name(server)
+    ref = cl.completions.create(model=name, prompt="The quick brown fox", max_tokens=24, temperature=0,
+                                extra_body={"ignore_eos": True})
+    chunks = list(cl.completions.create(model=name, prompt="The quick brown fox", max_tokens=24, temperature=0,
+                                        stream=True, stream_options={"include_usage": True},
+                                        extra_body={"ignore_eos": True}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == ref.choices[0].text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 24
+    assert all(c.id == chunks[0].id for c in chunks) and chunks[0].id.startswith("cmpl-")
+
+
+def test_chat(server):
+    cl, name = server.client(), model_name(server)
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    r = cl.chat.completions.create(model=name, messages=msgs, max_completion_tokens=9, temperature=0,
+                                   extra_body={"ignore_eos": True})
+    assert r.id.startswith("chatcmpl-") and r.object == "chat.completion"
+    assert r.choices[0].message.role == "assistant" and r.choices[0].finish_reason == "length"
+    prompt = "<system>be brief\n<user>hi\n<assistant>"  # the tiny model's byte tokenizer: one token a byte
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(prompt.encode()), 9)
+
+    chunks = list(cl.chat.completions.create(model=name, messages=msgs, max_tokens=9, temperature=0, stream=True,
+                                             stream_options={"include_usage": True},
+                                             extra_body={"ignore_eos": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[0].object == "chat.completion.chunk"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == r.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage.total_tokens == r.usage.total_tokens
+
+
+def test_raw_sse_framing(server):
+    body = {"prompt": "abc", "max_tokens": 3, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        raw = r.read().decode()
+    events = raw.split("\n\n")
+    assert events[-1] == "" and events[-2] == "data: [DONE]"
+    assert all(e.startswith("data: {") for e in events[:-2])
+
+
+def printable_stop(text: str) -> str | None:
+    for i in range(2, len(text) - 2):
+        s = text[i:i + 2]
+        if s.isascii() and s.isprintable() and text.find(s) == i:
+            return s
+    return None
+
+
+def test_stop_strings(server):
+    cl, name = server.client(), model_name(server)
+    for prompt in ("The quick brown fox", "hello", "abc", "minillm", "0123"):
+        ref = cl.completions.create(model=name, prompt=prompt, max_tokens=40, temperature=0,
+                                    extra_body={"ignore_eos": True}).choices[0].text
+        stop = printable_stop(ref)
+        if stop:
+            break
+    assert stop, "no printable stop string in the greedy outputs"
+    want = ref[:ref.find(stop)]
+    r = cl.completions.create(model=name, prompt=prompt, max_tokens=40, temperature=0, stop=[stop, "\x00never"],
+                              extra_body={"ignore_eos": True})
+    assert (r.choices[0].text, r.choices[0].finish_reason) == (want, "stop")
+    chunks = list(cl.completions.create(model=name, prompt=prompt, max_tokens=40, temperature=0, stop=stop,
+                                        stream=True, extra_body={"ignore_eos": True}))
+    assert "".join(c.choices[0].text for c in chunks) == want
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_seeded_sampling_is_reproducible(server):
+    cl, name = server.client(), model_name(server)
+
+    def sample(seed: int) -> str:
+        return cl.completions.create(model=name, prompt="once upon a time", max_tokens=32, temperature=1.0,
+                                     seed=seed, extra_body={"ignore_eos": True}).choices[0].text
+
+    a, b, c = sample(1234), sample(1234), sample(4321)
+    assert a == b
+    assert a != c
+
+
+def test_eight_concurrent_streams(server):
+    name = model_name(server)
+    prompts = [f"prompt number {i}: " + "xyz" * i for i in range(8)]
+    cl = server.client()
+    refs = [cl.completions.create(model=name, prompt=p, max_tokens=32, temperature=0,
+                                  extra_body={"ignore_eos": True}).choices[0].text for p in prompts]
+
+    async def one(acl: openai.AsyncOpenAI, prompt: str) -> tuple[str, str, int]:
+        stream = await acl.completions.create(model=name, prompt=prompt, max_tokens=32, temperature=0, stream=True,
+                                              stream_options={"include_usage": True},
+                                              extra_body={"ignore_eos": True})
+        text, finish, n = "", None, 0
+        async for c in stream:
+            if c.choices:
+                text += c.choices[0].text
+                finish = c.choices[0].finish_reason or finish
+            if c.usage:
+                n = c.usage.completion_tokens
+        return text, finish, n
+
+    async def all_at_once():
+        async with openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0) as acl:
+            return await asyncio.gather(*(one(acl, p) for p in prompts))
+
+    results = asyncio.run(all_at_once())
+    assert [r[0] for r in results] == refs  # batched together == alone, none mixed up
+    assert all(r[1:] == ("length", 32) for r in results)
+
+
+def test_disconnect_frees_blocks(server):
+    before = server.metrics()
+    body = {"prompt": "a long one", "max_tokens": 480, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body) as r:
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(6)]  # a few events in: the request is mid-flight
+        assert sum(g.startswith("data: ") for g in got) >= 3
+        assert server.metrics()["minillm:kv_cache_blocks_used"] > 0
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        m = server.metrics()
+        if m["minillm:kv_cache_blocks_used"] == 0 and m["minillm:num_requests_running"] == 0:
+            break
+        time.sleep(0.02)
+    assert m["minillm:kv_cache_blocks_used"] == 0 and m["minillm:num_requests_running"] == 0
+    assert m['minillm:request_success_total{finished_reason="abort"}'] == \
+        before.get('minillm:request_success_total{finished_reason="abort"}', 0) + 1
+    # the engine stopped generating for it long before its 480 tokens
+    assert m["minillm:generation_tokens_total"] - before["minillm:generation_tokens_total"] < 240
+
+
+def test_metrics(server):
+    m = server.metrics()
+    for key in ("minillm:num_requests_running", "minillm:num_requests_waiting", "minillm:kv_cache_blocks_total",
+                "minillm:kv_cache_blocks_used", "minillm:num_preemptions_total", "minillm:prefix_cache_hit_rate",
+                "minillm:prompt_tokens_total", "minillm:generation_tokens_total",
+                "minillm:time_to_first_token_seconds_count", "minillm:time_per_output_token_seconds_count",
+                "minillm:e2e_request_latency_seconds_count", "minillm:engine_healthy"):
+        assert key in m, key
+    assert m["minillm:kv_cache_blocks_total"] == 512 and m["minillm:engine_healthy"] == 1
+    assert m["minillm:prompt_tokens_total"] > 0 and m["minillm:e2e_request_latency_seconds_count"] > 0
+
+
+# ---- lifecycle: faults and shutdown -------------------------------------------------------
+async def read_stream(client: httpx.AsyncClient, url: str, body: dict, started: asyncio.Event,
+                      events: list[str]) -> None:
+    async with client.stream("POST", url, json=body) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+                if len(events) >= 2:
+                    started.set()
+
+
+def test_engine_fault_reaches_every_stream(model_dir, tmp_path):
+    srv = Server(model_dir, tmp_path / "fault.log",
+                 env={"MINILLM_TEST_FAULTS": "1", "MINILLM_TEST_STEP_DELAY": "0.01"})
+    try:
+        async def scenario() -> tuple[list[list[str]], float]:
+            body = {"prompt": "stream me", "max_tokens": 400, "stream": True, "ignore_eos": True}
+            async with httpx.AsyncClient(base_url=srv.url, timeout=30) as client:
+                events = [[] for _ in range(3)]
+                started = [asyncio.Event() for _ in range(3)]
+                tasks = [asyncio.create_task(read_stream(client, "/v1/completions", body, s, e))
+                         for s, e in zip(started, events)]
+                await asyncio.wait_for(asyncio.gather(*(s.wait() for s in started)), 10)
+                t0 = time.monotonic()
+                assert (await client.post("/_test/fault", json={})).status_code == 200
+                while (await client.get("/health")).status_code != 503:
+                    assert time.monotonic() - t0 < 1.0, "/health still 200 a second after the fault"
+                    await asyncio.sleep(0.01)
+                await asyncio.wait_for(asyncio.gather(*tasks), 5)  # every stream closes: nothing hangs
+                return events, time.monotonic() - t0
+
+        events, _ = asyncio.run(scenario())
+        for ev in events:
+            assert ev[-1] == "[DONE]"
+            err = json.loads(ev[-2])["error"]
+            assert "injected test fault" in err["message"] and err["type"] == "internal_server_error"
+        r = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        assert r.status_code == 503 and r.json()["error"]["type"] == "service_unavailable"
+        with pytest.raises(openai.APIError, match="injected test fault"):  # after a fault: 503 up front
+            list(srv.client().completions.create(model=str(model_dir), prompt="x", max_tokens=2, stream=True))
+        log = srv.text()
+        assert "Traceback (most recent call last)" in log and "RuntimeError: injected test fault" in log
+    finally:
+        assert srv.stop() == 0
+
+
+def test_stream_cut_by_fault_raises_in_openai_client(model_dir, tmp_path):
+    srv = Server(model_dir, tmp_path / "fault2.log",
+                 env={"MINILLM_TEST_FAULTS": "1", "MINILLM_TEST_STEP_DELAY": "0.01"})
+    try:
+        stream = srv.client().chat.completions.create(model=str(model_dir), messages=[{"role": "user", "content": "x"}],
+                                                      max_tokens=300, stream=True, extra_body={"ignore_eos": True})
+        it = iter(stream)
+        next(it), next(it)
+        httpx.post(f"{srv.url}/_test/fault", json={})
+        with pytest.raises(openai.APIError, match="injected test fault"):
+            list(it)
+    finally:
+        assert srv.stop() == 0
+
+
+def test_sigterm_drains_then_cuts_after_grace(model_dir, tmp_path):
+    srv = Server(model_dir, tmp_path / "drain.log", "--shutdown-grace", "2",
+                 env={"MINILLM_TEST_STEP_DELAY": "0.01"})
+
+    async def scenario() -> tuple[list[str], list[str], int, int]:
+        async with httpx.AsyncClient(base_url=srv.url, timeout=30) as client:
+            short, long_ = [], []
+            s1, s2 = asyncio.Event(), asyncio.Event()
+            t1 = asyncio.create_task(read_stream(client, "/v1/completions", {
+                "prompt": "short", "max_tokens": 40, "stream": True, "ignore_eos": True}, s1, short))
+            t2 = asyncio.create_task(read_stream(client, "/v1/completions", {
+                "prompt": "long", "max_tokens": 450, "stream": True, "ignore_eos": True}, s2, long_))
+            await asyncio.wait_for(asyncio.gather(s1.wait(), s2.wait()), 10)
+            srv.proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.1)
+            health = (await client.get("/health")).status_code
+            new = (await client.post("/v1/completions", json={"prompt": "late", "max_tokens": 2})).status_code
+            await asyncio.wait_for(asyncio.gather(t1, t2), 15)
+            return short, long_, health, new
+
+    try:
+        short, long_, health, new = asyncio.run(scenario())
+        assert (health, new) == (503, 503)
+        assert short[-1] == "[DONE]" and json.loads(short[-2])["choices"][0]["finish_reason"] == "length"
+        assert long_[-1] == "[DONE]" and json.loads(long_[-2])["error"]["type"] == "server_shutdown"
+        assert srv.proc.wait(15) == 0
+    finally:
+        srv.stop()

@@ -1,0 +1,222 @@
+"""Bad input never reaches the engine and never gets a 5xx: every case gets a 4xx with the OpenAI
+error body, and the engine's prompt-token counter does not move. Also the API key, 404/405/413,
+and `python -m minillm.serve` refusing bad flags with one line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from test_server import ROOT, Server
+
+from hf_models import make_tiny
+
+KEY = "sk-test-minillm"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("tiny-qwen3")
+    make_tiny("qwen3", path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    srv = Server(model_dir, tmp_path_factory.mktemp("log") / "server.log", "--api-key", KEY,
+                 "--served-model-name", "tiny", "tiny-alias", "--max-model-len", "256")
+    yield srv
+    assert srv.stop() == 0
+    assert "Traceback" not in srv.text()
+
+
+def post(server, path: str, body, headers=AUTH) -> httpx.Response:
+    if isinstance(body, (bytes, str)):
+        return httpx.post(f"{server.url}{path}", content=body, headers={**headers, "Content-Type": "application/json"})
+    return httpx.post(f"{server.url}{path}", json=body, headers=headers)
+
+
+def check_error(r: httpx.Response, status: int, param: str | None = "?") -> dict:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    if param != "?":
+        assert err["param"] == param, err
+    return err
+
+
+OK = {"prompt": "hi", "max_tokens": 2}
+LONG = [65] * 250
+COMPLETION_CASES = [
+    (b'{"prompt": "hi", ', None),
+    (b"[1, 2]", None),
+    (b'{"prompt": "hi", "temperature": NaN}', None),
+    (b"\xff\xfe", None),
+    ({"max_tokens": 2}, "prompt"),
+    ({"prompt": 123}, "prompt"),
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": {"text": "hi"}}, "prompt"),
+    ({"prompt": [1, 256]}, "prompt"),
+    ({"prompt": [1, -1]}, "prompt"),
+    ({"prompt": [1, True]}, "prompt"),
+    ({"prompt": [1, 2.5]}, "prompt"),
+    ({"prompt": ["a", "b"]}, "prompt"),
+    ({**OK, "max_tokens": 0}, "max_tokens"),
+    ({**OK, "max_tokens": -5}, "max_tokens"),
+    ({**OK, "max_tokens": "8"}, "max_tokens"),
+    ({**OK, "max_tokens": True}, "max_tokens"),
+    ({**OK, "max_tokens": 2.5}, "max_tokens"),
+    ({**OK, "temperature": -0.1}, "temperature"),
+    ({**OK, "temperature": "hot"}, "temperature"),
+    ({**OK, "temperature": True}, "temperature"),
+    ({**OK, "top_p": 0}, "top_p"),
+    ({**OK, "top_p": 1.5}, "top_p"),
+    ({**OK, "top_p": False}, "top_p"),
+    ({**OK, "top_k": -2}, "top_k"),
+    ({**OK, "top_k": 1.5}, "top_k"),
+    ({**OK, "min_tokens": -1}, "min_tokens"),
+    ({**OK, "min_tokens": 3}, "min_tokens"),
+    ({**OK, "seed": "x"}, "seed"),
+    ({**OK, "seed": True}, "seed"),
+    ({**OK, "stop": 5}, "stop"),
+    ({**OK, "stop": ["ok", 1]}, "stop"),
+    ({**OK, "stop": [""]}, "stop"),
+    ({**OK, "stop_token_ids": [999]}, "stop_token_ids"),
+    ({**OK, "stop_token_ids": "2"}, "stop_token_ids"),
+    ({**OK, "ignore_eos": 1}, "ignore_eos"),
+    ({**OK, "n": 2}, "n"),
+    ({**OK, "n": True}, "n"),
+    ({**OK, "logprobs": 1}, "logprobs"),
+    ({**OK, "echo": True}, "echo"),
+    ({**OK, "best_of": 3}, "best_of"),
+    ({**OK, "presence_penalty": 0.5}, "presence_penalty"),
+    ({**OK, "logit_bias": {"1": 5}}, "logit_bias"),
+    ({**OK, "stream": "yes"}, "stream"),
+    ({**OK, "stream": True, "stream_options": {"include_usage": "yes"}}, "include_usage"),
+    ({**OK, "stream_options": []}, "stream_options"),
+    ({**OK, "model": 5}, "model"),
+    ({"prompt": [65] * 257}, "prompt"),
+    ({"prompt": [65] * 256}, "prompt"),
+    ({"prompt": LONG, "max_tokens": 7}, "max_tokens"),
+]
+
+MSG = [{"role": "user", "content": "hi"}]
+CHAT_CASES = [
+    ({"max_tokens": 2}, "messages"),
+    ({"messages": []}, "messages"),
+    ({"messages": "hi"}, "messages"),
+    ({"messages": [1]}, "messages[0]"),
+    ({"messages": [{"content": "hi"}]}, "messages[0].role"),
+    ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ({"messages": [{"role": "user"}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages[0].content"),
+    ({"messages": MSG, "max_completion_tokens": 0}, "max_completion_tokens"),
+    ({"messages": MSG, "max_tokens": False}, "max_tokens"),
+    ({"messages": MSG, "logprobs": True}, "logprobs"),
+    ({"messages": MSG, "top_logprobs": 2}, "top_logprobs"),
+    ({"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"messages": MSG, "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": MSG, "temperature": -1}, "temperature"),
+    ({"messages": [{"role": "user", "content": "x" * 300}]}, "messages"),
+    ({"messages": MSG, "max_tokens": 250}, "max_tokens"),
+]
+
+
+def prompt_tokens(server) -> float:
+    return server.metrics()["minillm:prompt_tokens_total"]
+
+
+@pytest.mark.parametrize("body,param", COMPLETION_CASES, ids=[str(i) for i in range(len(COMPLETION_CASES))])
+def test_bad_completion_requests(server, body, param):
+    before = prompt_tokens(server)
+    check_error(post(server, "/v1/completions", body), 400, param)
+    assert prompt_tokens(server) == before  # never reached the engine
+
+
+@pytest.mark.parametrize("body,param", CHAT_CASES, ids=[str(i) for i in range(len(CHAT_CASES))])
+def test_bad_chat_requests(server, body, param):
+    before = prompt_tokens(server)
+    check_error(post(server, "/v1/chat/completions", body), 400, param)
+    assert prompt_tokens(server) == before
+
+
+def test_messages_name_the_problem(server):
+    err = check_error(post(server, "/v1/completions", {**OK, "logprobs": 2}), 400)
+    assert "not supported yet" in err["message"]
+    err = check_error(post(server, "/v1/completions", {"prompt": LONG, "max_tokens": 7}), 400)
+    assert err["code"] == "context_length_exceeded" and "256" in err["message"]
+    err = check_error(post(server, "/v1/completions", {**OK, "top_p": 1.5}), 400)
+    assert "(0, 1]" in err["message"]
+
+
+def test_unknown_model_is_404(server):
+    err = check_error(post(server, "/v1/completions", {**OK, "model": "gpt-4"}), 404, "model")
+    assert err["code"] == "model_not_found"
+    with pytest.raises(openai.NotFoundError):
+        server.client(api_key=KEY).chat.completions.create(model="gpt-4", messages=MSG, max_tokens=2)
+
+
+def test_served_names_and_unknown_fields(server):
+    cl = server.client(api_key=KEY)
+    assert [m.id for m in cl.models.list().data] == ["tiny", "tiny-alias"]
+    r = post(server, "/v1/completions", {**OK, "model": "tiny-alias", "user": "me", "some_future_field": {"a": 1}})
+    assert r.status_code == 200 and r.json()["model"] == "tiny-alias"
+    r = post(server, "/v1/completions", {"prompt": [[65, 66]], "max_tokens": 1, "presence_penalty": 0})
+    assert r.status_code == 200 and r.json()["model"] == "tiny"
+    r = post(server, "/v1/chat/completions", {"messages": [
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]}, {"role": "assistant", "content": None},
+        {"role": "user", "content": "more", "name": "bob"}], "max_tokens": 1})
+    assert r.status_code == 200
+
+
+def test_api_key(server):
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+        err = check_error(post(server, "/v1/completions", OK, headers=headers), 401)
+        assert err["code"] == "invalid_api_key"
+    check_error(httpx.get(f"{server.url}/v1/models"), 401)
+    with pytest.raises(openai.AuthenticationError):
+        server.client(api_key="wrong").models.list()
+    assert httpx.get(f"{server.url}/health").status_code == 200  # probes need no key
+    assert httpx.get(f"{server.url}/metrics").status_code == 200
+
+
+def test_http_level_errors(server):
+    check_error(httpx.get(f"{server.url}/v1/nope", headers=AUTH), 404)
+    check_error(httpx.get(f"{server.url}/v1/completions", headers=AUTH), 405)
+    big = b'{"prompt": "' + b"a" * (9 << 20) + b'"}'
+    r = post(server, "/v1/completions", big)
+    assert r.status_code == 413 and "larger than" in r.json()["error"]["message"]
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--max-num-batched-tokens", "4"], "--max-num-batched-tokens"),
+    (["--max-num-seqs", "0"], "--max-num-seqs"),
+    (["--num-blocks", "2", "--max-model-len", "256"], "--num-blocks"),
+    (["--block-size", "12"], "--block-size"),
+    (["--speculative-config", "{not json"], "--speculative-config"),
+    (["--dtype", "bfloat16"], "--dtype"),
+])
+def test_serve_refuses_bad_config_with_one_line(model_dir, flags, words):
+    r = subprocess.run([sys.executable, "-m", "minillm.serve", str(model_dir), "--device", "cpu", "--port", "0",
+                        *flags], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and words in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_serve_refuses_missing_model():
+    r = subprocess.run([sys.executable, "-m", "minillm.serve", "/nonexistent/model", "--device", "cpu", "--port",
+                        "0"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().startswith("error:") and "/nonexistent/model" in r.stderr
