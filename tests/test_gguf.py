@@ -34,6 +34,7 @@ def assert_same_weights(got: dict, expected: dict) -> None:
     assert sorted(got) == sorted(expected)
     for name, want in expected.items():
         assert got[name].dtype == np.float32, name
+        assert type(got[name]) is np.ndarray and got[name].flags.writeable, name  # not a view of the file
         assert got[name].shape == want.shape, name
         np.testing.assert_array_equal(got[name], want, err_msg=name)
 

@@ -112,6 +112,16 @@ def read_metadata(reader: GGUFReader) -> dict[str, Any]:
     return meta
 
 
+def architecture(meta: dict, where: str) -> str:
+    arch = meta.get("general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(
+            f"{where}: unsupported architecture {arch!r} (general.architecture); "
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    return arch
+
+
 def _f32(x: float) -> float:
     """A float32 metadata value as the decimal it was written from (1e-05, not 9.99999974e-06)."""
     return float(str(np.float32(x)))
@@ -159,7 +169,8 @@ def _dequantized(t, where: str) -> np.ndarray:
     values = dequantize(t.data, t.tensor_type)
     if values.size != math.prod(shape):
         raise ValueError(f"{where}: tensor {t.name!r}: {values.size} values for shape {shape}")
-    return np.ascontiguousarray(values.reshape(shape), dtype=np.float32)
+    # F32 tensors come back as read-only views of the file's memory map: copy those into memory
+    return np.array(values.reshape(shape), dtype=np.float32, order="C", copy=not values.flags.owndata)
 
 
 def read_tensors(reader: GGUFReader, where: str) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -245,12 +256,7 @@ def _rope_scaling(meta: dict, arch: str, head_dim: int, theta: float,
 def config_from_gguf(meta: dict, weights: dict[str, np.ndarray], extra: dict[str, np.ndarray],
                      where: str) -> ModelConfig:
     """ModelConfig from `{arch}.*` metadata; vocab size from the embedding it must index."""
-    arch = meta.get("general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(
-            f"{where}: unsupported architecture {arch!r} (general.architecture); "
-            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
+    arch = architecture(meta, where)
 
     def need(key: str) -> Any:
         return _require(meta, f"{arch}.{key}", where)
@@ -501,12 +507,8 @@ def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray], Tok
     except Exception as e:  # the reader raises bare ValueErrors/struct errors on bad files
         raise ValueError(f"{where}: not a readable GGUF file ({type(e).__name__}: {e})") from None
     meta = read_metadata(reader)
-    arch = meta.get("general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:  # before dequantising anything
-        raise ValueError(
-            f"{where}: unsupported architecture {arch!r} (general.architecture); "
-            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
+    architecture(meta, where)  # refuse early: before the (slow) dequantisation
+    tokenizer = tokenizer_from_gguf(meta, where)
     weights, extra = read_tensors(reader, where)
     cfg = config_from_gguf(meta, weights, extra, where)
     try:
@@ -515,6 +517,11 @@ def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray], Tok
         bad = next(n for n, s in expected_shapes(cfg).items()
                    if n not in weights or tuple(weights[n].shape) != s)
         raise ValueError(f"{e}; in the file: {gguf_tensor_name(bad)!r}") from None
+    n_tokens = len(meta["tokenizer.ggml.tokens"])
+    if n_tokens > cfg.vocab_size:
+        raise ValueError(
+            f"{where}: the tokenizer has {n_tokens} tokens but the embedding only {cfg.vocab_size} rows"
+        )
     if cfg.arch == "llama":
         for i in range(cfg.num_layers):
             p = f"layers.{i}."
@@ -522,13 +529,6 @@ def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray], Tok
                                  ("k", cfg.num_kv_heads), ("k_bias", cfg.num_kv_heads)):
                 if p + name in weights:
                     weights[p + name] = unpermute_qk(weights[p + name], n_head)
-
-    tokenizer = tokenizer_from_gguf(meta, where)
-    n_tokens = len(meta["tokenizer.ggml.tokens"])
-    if n_tokens > cfg.vocab_size:
-        raise ValueError(
-            f"{where}: the tokenizer has {n_tokens} tokens but the embedding only {cfg.vocab_size} rows"
-        )
     for i in tokenizer.eos_token_ids:
         if i not in cfg.eos_token_ids:
             cfg.eos_token_ids.append(i)
