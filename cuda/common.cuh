@@ -20,6 +20,9 @@
 #endif
 
 #if MINILLM_CUDA_DEBUG
+#ifndef __CUDACC_RTC__
+#include <cstdio>  // device printf under nvcc; NVRTC has it built in
+#endif
 #define MINILLM_CHECK(cond)                                                                      \
   do {                                                                                           \
     if (!(cond)) {                                                                               \

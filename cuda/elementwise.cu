@@ -1,0 +1,85 @@
+// elementwise.cu: silu_mul (the gated MLP activation) and the bias broadcast used by matmul.
+#include "common.cuh"
+
+// out[r, i] = silu(gate_up[r, i]) * gate_up[r, F + i]
+template <typename T>
+__device__ __forceinline__ void silu_mul_impl(const T* __restrict__ gu, i64 gu_stride,
+                                              T* __restrict__ out, i64 out_stride, int F,
+                                              int rows) {
+  const int r = blockIdx.x;  // rows on x (no 65535 limit), column chunks on y
+  if (r >= rows) return;
+  const T* g = gu + (i64)r * gu_stride;
+  T* o = out + (i64)r * out_stride;
+  for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < F; i += gridDim.y * blockDim.x) {
+    const float a = minillm::to_f(g[i]);
+    const float b = minillm::to_f(g[F + i]);
+    o[i] = minillm::from_f<T>(a / (1.0f + expf(-a)) * b);
+  }
+}
+
+// out[r, :] = bias (matmul then accumulates x @ w.T onto it with beta = 1: one rounding).
+template <typename TO, typename TB>
+__device__ __forceinline__ void fill_bias_impl(TO* __restrict__ out, i64 out_stride,
+                                               const TB* __restrict__ bias, int N, int rows) {
+  const int r = blockIdx.x;
+  if (r >= rows) return;
+  TO* o = out + (i64)r * out_stride;
+  for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < N; i += gridDim.y * blockDim.x)
+    o[i] = minillm::from_f<TO>(minillm::to_f(bias[i]));
+}
+
+extern "C" __global__ void silu_mul_bf16(const bf16* gu, i64 gs, bf16* out, i64 os, int F,
+                                         int rows) {
+  silu_mul_impl<bf16>(gu, gs, out, os, F, rows);
+}
+extern "C" __global__ void silu_mul_f32(const float* gu, i64 gs, float* out, i64 os, int F,
+                                        int rows) {
+  silu_mul_impl<float>(gu, gs, out, os, F, rows);
+}
+extern "C" __global__ void fill_bias_bf16_bf16(bf16* out, i64 os, const bf16* b, int N, int rows) {
+  fill_bias_impl<bf16, bf16>(out, os, b, N, rows);
+}
+extern "C" __global__ void fill_bias_f32_f32(float* out, i64 os, const float* b, int N, int rows) {
+  fill_bias_impl<float, float>(out, os, b, N, rows);
+}
+extern "C" __global__ void fill_bias_f32_bf16(float* out, i64 os, const bf16* b, int N, int rows) {
+  fill_bias_impl<float, bf16>(out, os, b, N, rows);
+}
+
+// In place over [rows, cols] (row stride `stride`): x *= factor, or with cap > 0 the logit
+// soft-cap x = tanh(x / cap) * cap.
+template <typename T>
+__device__ __forceinline__ void scale_softcap_impl(T* x, i64 stride, int rows, int cols,
+                                                   float factor, float cap) {
+  const int r = blockIdx.x;
+  if (r >= rows) return;
+  T* p = x + (i64)r * stride;
+  for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < cols; i += gridDim.y * blockDim.x) {
+    const float v = minillm::to_f(p[i]);
+    p[i] = minillm::from_f<T>(cap > 0.f ? tanhf(v / cap) * cap : v * factor);
+  }
+}
+
+// logits[rows[i], ids[i]] = -inf for i < n (min_tokens: EOS / stop tokens may not be drawn yet).
+template <typename T>
+__device__ __forceinline__ void suppress_tokens_impl(T* logits, i64 stride, const int* rows,
+                                                     const int* ids, int n, int n_rows, int V) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int r = rows[i], t = ids[i];
+  MINILLM_CHECK(r >= 0 && r < n_rows && t >= 0 && t < V);
+  logits[(i64)r * stride + t] = minillm::from_f<T>(minillm::neg_inf());
+}
+
+#define MINILLM_LOGIT_OPS(SUFFIX, T)                                                           \
+  extern "C" __global__ void scale_softcap_##SUFFIX(T* x, i64 stride, int rows, int cols,      \
+                                                    float factor, float cap) {                 \
+    scale_softcap_impl<T>(x, stride, rows, cols, factor, cap);                                 \
+  }                                                                                            \
+  extern "C" __global__ void suppress_tokens_##SUFFIX(T* logits, i64 stride, const int* rows,  \
+                                                      const int* ids, int n, int n_rows, int V) { \
+    suppress_tokens_impl<T>(logits, stride, rows, ids, n, n_rows, V);                          \
+  }
+
+MINILLM_LOGIT_OPS(bf16, bf16)
+MINILLM_LOGIT_OPS(f32, float)

@@ -1,0 +1,99 @@
+// norm.cu: rms_norm (with the fused residual add) and qk_norm_rope (Qwen3's per-head RMSNorm of
+// q and k, then rotate-half RoPE), twins of NumpyBackend.rms_norm / qk_norm_rope.
+#include "common.cuh"
+
+// One block per row. With a residual: residual <- x + residual (rounded to storage), and the
+// rounded sum is what gets normalised, exactly as the NumPy twin normalises the updated residual.
+template <typename T>
+__device__ __forceinline__ void rms_norm_impl(const T* x, i64 x_stride, T* residual,
+                                              i64 r_stride, const T* __restrict__ w, float eps,
+                                              T* out, i64 o_stride, int N, int rows) {
+  __shared__ float scratch[32];
+  const int row = blockIdx.x;
+  if (row >= rows) return;
+  const T* xr = x + (i64)row * x_stride;
+  T* rr = residual ? residual + (i64)row * r_stride : nullptr;
+  T* orow = out + (i64)row * o_stride;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < N; i += blockDim.x) {
+    float v;
+    if (rr) {
+      const T s = minillm::from_f<T>(minillm::to_f(xr[i]) + minillm::to_f(rr[i]));
+      rr[i] = s;
+      v = minillm::to_f(s);
+    } else {
+      v = minillm::to_f(xr[i]);
+    }
+    ss += v * v;
+  }
+  ss = minillm::block_sum(ss, scratch);
+  const float rstd = rsqrtf(ss / (float)N + eps);
+  // Same thread, same elements as the first pass: in-place (out == x) is safe.
+  for (int i = threadIdx.x; i < N; i += blockDim.x) {
+    const float v = minillm::to_f(rr ? rr[i] : xr[i]);
+    orow[i] = minillm::from_f<T>(v * rstd * minillm::to_f(w[i]));
+  }
+}
+
+#define QK_WARPS 4
+#define QK_MAX_D 512
+
+// grid (tokens, ceil((H + KH) / QK_WARPS)); one warp per head: q heads first, then k heads.
+// cos_sin is [max_pos, D] fp32 with cos in the first half of a row and sin in the second.
+template <typename T>
+__device__ __forceinline__ void qk_norm_rope_impl(T* q, i64 q_tok, i64 q_head, T* k, i64 k_tok,
+                                                  i64 k_head, const T* __restrict__ q_w,
+                                                  const T* __restrict__ k_w, float eps,
+                                                  const int* __restrict__ positions,
+                                                  const float* __restrict__ cos_sin, int max_pos,
+                                                  int n_tokens, int H, int KH, int D) {
+  __shared__ float buf[QK_WARPS][QK_MAX_D];
+  const int t = blockIdx.x;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int head = blockIdx.y * QK_WARPS + warp;
+  if (t >= n_tokens || head >= H + KH) return;  // whole warps leave together
+  const bool is_q = head < H;
+  T* x = is_q ? q + (i64)t * q_tok + (i64)head * q_head : k + (i64)t * k_tok + (i64)(head - H) * k_head;
+  const T* w = is_q ? q_w : k_w;
+  const int pos = positions[t];
+  MINILLM_CHECK(pos >= 0 && pos < max_pos);
+  float* b = buf[warp];
+  float ss = 0.f;
+  for (int i = lane; i < D; i += 32) {
+    const float v = minillm::to_f(x[i]);
+    b[i] = v;
+    ss += v * v;
+  }
+  if (w != nullptr) {
+    const float rstd = rsqrtf(minillm::warp_sum(ss) / (float)D + eps);
+    for (int i = lane; i < D; i += 32) {
+      // round like the NumPy twin, which stores the normalised head before rotating it
+      b[i] = minillm::to_f(minillm::from_f<T>(b[i] * rstd * minillm::to_f(w[i])));
+    }
+  }
+  __syncwarp();
+  const int half = D / 2;
+  const float* cs = cos_sin + (i64)pos * D;
+  for (int i = lane; i < D; i += 32) {
+    const int j = i < half ? i : i - half;
+    const float c = cs[j], s = cs[half + j];
+    const float r = i < half ? b[i] * c - b[i + half] * s : b[i] * c + b[i - half] * s;
+    x[i] = minillm::from_f<T>(r);
+  }
+}
+
+#define MINILLM_NORM(SUFFIX, T)                                                                 \
+  extern "C" __global__ void rms_norm_##SUFFIX(const T* x, i64 xs, T* res, i64 rs, const T* w,  \
+                                               float eps, T* out, i64 os, int N, int rows) {    \
+    rms_norm_impl<T>(x, xs, res, rs, w, eps, out, os, N, rows);                                 \
+  }                                                                                             \
+  extern "C" __global__ void qk_norm_rope_##SUFFIX(                                             \
+      T* q, i64 q_tok, i64 q_head, T* k, i64 k_tok, i64 k_head, const T* q_w, const T* k_w,     \
+      float eps, const int* positions, const float* cos_sin, int max_pos, int n_tokens, int H,  \
+      int KH, int D) {                                                                          \
+    qk_norm_rope_impl<T>(q, q_tok, q_head, k, k_tok, k_head, q_w, k_w, eps, positions, cos_sin, \
+                         max_pos, n_tokens, H, KH, D);                                          \
+  }
+
+MINILLM_NORM(bf16, bf16)
+MINILLM_NORM(f32, float)

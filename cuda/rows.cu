@@ -1,0 +1,61 @@
+// rows.cu: row copies with an optional row index (embed, gather_rows, copy, store_kv).
+//
+// Each is a byte copy of whole rows, so one kernel serves every dtype: the host picks the widest
+// unit (16, 4 or 2 bytes) that the row length, the strides and the base pointers are aligned to.
+#include "common.cuh"
+
+// dst[r] = src[idx ? idx[r] : r] for r < n_rows. Strides and row length in units of U.
+template <typename U>
+__device__ __forceinline__ void gather_rows_impl(const U* __restrict__ src, i64 src_stride,
+                                                 const int* __restrict__ idx, i64 n_src,
+                                                 U* __restrict__ dst, i64 dst_stride, int n_rows,
+                                                 int row_units) {
+  const int r = blockIdx.x;
+  if (r >= n_rows) return;
+  i64 s = r;
+  if (idx != nullptr) {
+    s = idx[r];
+    MINILLM_CHECK(s >= 0 && s < n_src);
+  }
+  const U* a = src + s * src_stride;
+  U* b = dst + (i64)r * dst_stride;
+  for (int u = threadIdx.x; u < row_units; u += blockDim.x) b[u] = a[u];
+}
+
+// Write token t's k and v rows to cache slot slots[t]; a negative slot is a padding row.
+template <typename U>
+__device__ __forceinline__ void store_kv_impl(const U* __restrict__ k, i64 k_stride,
+                                              const U* __restrict__ v, i64 v_stride,
+                                              U* __restrict__ kc, U* __restrict__ vc,
+                                              const int* __restrict__ slots, int n_tokens,
+                                              int row_units, i64 n_slots) {
+  const int t = blockIdx.x;
+  if (t >= n_tokens) return;
+  const i64 s = slots[t];
+  if (s < 0) return;
+  MINILLM_CHECK(s < n_slots);
+  const U* a = k + (i64)t * k_stride;
+  const U* b = v + (i64)t * v_stride;
+  U* ka = kc + s * row_units;
+  U* vb = vc + s * row_units;
+  for (int u = threadIdx.x; u < row_units; u += blockDim.x) {
+    ka[u] = a[u];
+    vb[u] = b[u];
+  }
+}
+
+#define MINILLM_ROWS(SUFFIX, U)                                                                 \
+  extern "C" __global__ void gather_rows_##SUFFIX(const U* src, i64 src_stride, const int* idx, \
+                                                  i64 n_src, U* dst, i64 dst_stride,            \
+                                                  int n_rows, int row_units) {                  \
+    gather_rows_impl<U>(src, src_stride, idx, n_src, dst, dst_stride, n_rows, row_units);       \
+  }                                                                                             \
+  extern "C" __global__ void store_kv_##SUFFIX(const U* k, i64 k_stride, const U* v,            \
+                                               i64 v_stride, U* kc, U* vc, const int* slots,    \
+                                               int n_tokens, int row_units, i64 n_slots) {      \
+    store_kv_impl<U>(k, k_stride, v, v_stride, kc, vc, slots, n_tokens, row_units, n_slots);    \
+  }
+
+MINILLM_ROWS(u16, uint4)  // 16-byte units
+MINILLM_ROWS(u4, unsigned int)
+MINILLM_ROWS(u2, unsigned short)

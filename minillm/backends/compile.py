@@ -1,0 +1,108 @@
+"""Load the kernels in cuda/*.cu as CuPy RawModules, each compiled once per process.
+
+CuPy's on-disk cache keys on the code string and the options, not on the headers a source
+includes; we hash the source together with every header it includes (recursively) into a comment
+at the top of the code string, so an edit to common.cuh recompiles every kernel that uses it.
+NVRTC compiles in a temporary directory, hence the absolute -I of cuda/.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+
+CUDA_DIR = Path(__file__).resolve().parents[2] / "cuda"
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
+_modules: dict[tuple, object] = {}
+
+
+def debug_enabled() -> bool:
+    """MINILLM_CUDA_DEBUG=1 compiles in the device index checks (MINILLM_CHECK) and -lineinfo."""
+    return os.environ.get("MINILLM_CUDA_DEBUG", "0") not in ("", "0")
+
+
+def source_with_hash(name: str) -> tuple[str, str]:
+    """(code, digest): cuda/<name>.cu prefixed by a digest of it and the headers it includes."""
+    path = CUDA_DIR / f"{name}.cu"
+    if not path.is_file():
+        raise FileNotFoundError(f"no kernel source {path}")
+    h = hashlib.sha256()
+    seen: set[Path] = set()
+
+    def visit(p: Path) -> None:
+        if p in seen:
+            return
+        seen.add(p)
+        text = p.read_text()
+        h.update(p.name.encode() + b"\0" + text.encode())
+        for inc in _INCLUDE.findall(text):
+            q = (p.parent / inc).resolve()
+            if q.is_file():
+                visit(q)
+
+    visit(path)
+    digest = h.hexdigest()[:16]
+    return f"// minillm {name}.cu sources+headers sha256:{digest}\n" + path.read_text(), digest
+
+
+def _cuda_include_dirs() -> list[str]:
+    """CUDA headers (cuda_bf16.h) for NVRTC, wherever this machine keeps them."""
+    dirs = []
+    try:  # where CuPy itself found the toolkit (system CUDA, CUDA_PATH or the pip wheels)
+        from cupy import _environment
+
+        if _environment.get_cuda_path():
+            dirs.append(os.path.join(_environment.get_cuda_path(), "include"))
+    except Exception:  # noqa: BLE001 - private API; the fallbacks below still apply
+        pass
+    for env in ("CUDA_PATH", "CUDA_HOME"):
+        if os.environ.get(env):
+            dirs.append(os.path.join(os.environ[env], "include"))
+    dirs.append("/usr/local/cuda/include")
+    try:  # pip wheels of the CUDA toolkit (nvidia/cu13/include, nvidia/cuda_runtime/include)
+        import nvidia  # type: ignore
+
+        for root in nvidia.__path__:
+            for sub in ("cu13/include", "cuda_runtime/include", "cuda_nvrtc/include"):
+                dirs.append(os.path.join(root, sub))
+    except ImportError:
+        pass
+    return [d for d in dirs if os.path.isfile(os.path.join(d, "cuda_bf16.h"))][:1]
+
+
+def arch_option() -> str:
+    """-arch for this device: sm_90a on Hopper (wgmma/setmaxnreg need the 'a' target)."""
+    import cupy
+
+    cc = cupy.cuda.Device().compute_capability  # e.g. "90"
+    return f"-arch=sm_{cc}a" if cc == "90" else f"-arch=sm_{cc}"
+
+
+def compile_options(debug: bool) -> tuple[str, ...]:
+    opts = ["-std=c++17", f"-I{CUDA_DIR}", arch_option()]
+    opts += [f"-I{d}" for d in _cuda_include_dirs()]
+    if debug:
+        opts += ["-DMINILLM_CUDA_DEBUG=1", "-lineinfo"]
+    return tuple(opts)
+
+
+def load_module(name: str, debug: bool | None = None):
+    """The compiled cupy.RawModule for cuda/<name>.cu (compiled on first use in this process)."""
+    import cupy
+
+    debug = debug_enabled() if debug is None else debug
+    code, digest = source_with_hash(name)
+    key = (name, digest, debug, cupy.cuda.Device().id)
+    mod = _modules.get(key)
+    if mod is None:
+        mod = cupy.RawModule(code=code, options=compile_options(debug))
+        mod.compile()  # compile and load now, never lazily inside a graph capture
+        _modules[key] = mod
+    return mod
+
+
+def get_kernel(module: str, name: str, debug: bool | None = None):
+    """One extern "C" entry point of cuda/<module>.cu as a cupy.RawKernel."""
+    return load_module(module, debug).get_function(name)

@@ -1,0 +1,530 @@
+"""CUDA backend: the op table of numpy_ops.NumpyBackend over the hand-written kernels in cuda/.
+
+Storage is bfloat16 (ml_dtypes.bfloat16 arrays in CuPy) with fp32 arithmetic in every kernel;
+CudaBackend(dtype=np.float32) runs the same kernels on fp32 storage, which is how the tests pin
+indexing bugs against the NumPy oracle at tight tolerances. Matmuls go to cuBLAS GemmEx through
+ctypes (capture-safe); everything else is a RawKernel from cuda/*.cu.
+
+Every op is enqueued on the backend's one stream and writes into caller-owned buffers. Device
+memory comes from the arena (arena.py): allocate at startup, then `seal()`; afterwards any
+allocation raises with its call site. Per-step values (positions, lengths, block tables,
+sampling parameters) are read by kernels from device buffers, never passed as kernel scalars, so
+`capture_graph(fn)` records a step once and `.replay()` runs it for any batch content of the same
+bucket shape.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from minillm.backends import compile as kc
+from minillm.backends.arena import Arena
+from minillm.backends.cublas import Cublas, cuda_dtype
+
+try:
+    import ml_dtypes
+
+    BF16 = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - ml_dtypes is a dependency
+    BF16 = None
+
+_ATT_THREADS = 128  # cuda/attention.cu
+_SAMPLE_THREADS = 1024  # cuda/sampling.cu
+
+
+def cuda_unavailable_reason() -> str | None:
+    """None when CuPy sees a CUDA device, else why not (for the error message)."""
+    try:
+        import cupy
+    except Exception as e:  # noqa: BLE001
+        return f"CuPy is not importable ({type(e).__name__}: {e}); install cupy-cuda13x"
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # noqa: BLE001
+        return f"CUDA reports no usable device ({type(e).__name__}: {e})"
+    return None if n > 0 else "CUDA reports 0 devices"
+
+
+def cuda_available() -> bool:
+    return cuda_unavailable_reason() is None
+
+
+def storage_dtype(dtype) -> np.dtype:
+    """The storage dtype for a --dtype value: auto/bfloat16 -> bfloat16, float32 -> float32."""
+    if dtype is None or (isinstance(dtype, str) and dtype in ("auto", "bfloat16", "bf16")):
+        return BF16
+    if isinstance(dtype, str) and dtype in ("float32", "fp32"):
+        return np.dtype(np.float32)
+    if not isinstance(dtype, str) and np.dtype(dtype) in (BF16, np.dtype(np.float32)):
+        return np.dtype(dtype)
+    raise ValueError(f"--dtype {dtype} is not supported on the CUDA backend; use bfloat16 or float32")
+
+
+def _suffix(dtype) -> str:
+    dt = np.dtype(dtype)
+    if dt == np.float32:
+        return "f32"
+    if BF16 is not None and dt == BF16:
+        return "bf16"
+    raise TypeError(f"CUDA kernels support bfloat16 and float32 storage, got {dt}")
+
+
+def _i32(x) -> np.int32:
+    return np.int32(x)
+
+
+def _i64(x) -> np.int64:
+    return np.int64(x)
+
+
+_NULL = np.uint64(0)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _rows(a, what: str) -> tuple[int, int]:
+    """(number of rows, row stride in elements) for an array whose rows (over the first axis)
+    are contiguous; raises for layouts the kernels cannot walk."""
+    item = a.itemsize
+    if a.ndim == 1:
+        if a.strides[0] != item:
+            raise ValueError(f"{what}: a 1-D array must be contiguous")
+        return 1, a.shape[0]
+    expect = item
+    for n, s in zip(reversed(a.shape[1:]), reversed(a.strides[1:])):
+        if n > 1 and s != expect:
+            raise ValueError(f"{what}: rows of shape {a.shape} strides {a.strides} are not contiguous")
+        expect *= n
+    return a.shape[0], a.strides[0] // item
+
+
+def _copy_unit(*byte_values: int) -> tuple[str, int]:
+    """The widest copy unit (16, 4 or 2 bytes) all sizes, strides and addresses are aligned to."""
+    g = 0
+    for v in byte_values:
+        g = math.gcd(g, int(v))
+    for size, name in ((16, "u16"), (4, "u4"), (2, "u2")):
+        if g % size == 0:
+            return name, size
+    raise TypeError("row copies need 2-byte aligned rows")
+
+
+class CapturedGraph:
+    """A CUDA graph recorded from one call of a function; replay() reruns it on the stream."""
+
+    def __init__(self, graph, stream):
+        self.graph = graph
+        self.stream = stream
+
+    def replay(self) -> None:
+        self.graph.launch(stream=self.stream)
+
+
+class CudaBackend:
+    name = "cuda"
+    device = "cuda"
+
+    def __init__(self, dtype=None, device_id: int = 0, cublas_workspace_bytes: int = 32 << 20,
+                 attention_scratch_bytes: int = 64 << 20, staging_bytes: int = 16 << 20,
+                 debug: bool | None = None):
+        reason = cuda_unavailable_reason()
+        if reason is not None:
+            raise RuntimeError(
+                f"device='cuda' needs an NVIDIA GPU visible to CuPy: {reason}. "
+                "Use device='cpu' (the NumPy backend) on machines without one."
+            )
+        import cupy
+
+        self.cp = cupy
+        self.dtype = storage_dtype(dtype)
+        self._sfx = _suffix(self.dtype)
+        self.device_id = device_id
+        cupy.cuda.Device(device_id).use()
+        self.props = cupy.cuda.runtime.getDeviceProperties(device_id)
+        self.num_sms = int(self.props["multiProcessorCount"])
+        self.arena = Arena()
+        self.arena.install()
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.debug = kc.debug_enabled() if debug is None else debug
+        self._load_kernels()
+        with self.arena.label("backend: cuBLAS workspace + attention split scratch"), self.stream:
+            self._blas_ws = cupy.empty(cublas_workspace_bytes, dtype=np.uint8)
+            self._att_scratch = cupy.empty(attention_scratch_bytes // 4, dtype=np.float32)
+            self._idx_scratch = cupy.empty((2, 1 << 16), dtype=np.int32)  # host-given index lists
+        self.blas = Cublas(self.stream.ptr, self._blas_ws.data.ptr, cublas_workspace_bytes)
+        self._staging = cupy.cuda.alloc_pinned_memory(staging_bytes)
+        self._staging_cap = staging_bytes
+        self._staging_off = 0
+        self._staging_event = cupy.cuda.Event(disable_timing=True)
+        self.stream.synchronize()
+
+    def _load_kernels(self) -> None:
+        k = {}
+        for mod, names in {
+            "rows": ["gather_rows_u16", "gather_rows_u4", "gather_rows_u2",
+                     "store_kv_u16", "store_kv_u4", "store_kv_u2"],
+            "elementwise": ["silu_mul_bf16", "silu_mul_f32", "fill_bias_bf16_bf16",
+                            "fill_bias_f32_f32", "fill_bias_f32_bf16", "scale_softcap_bf16",
+                            "scale_softcap_f32", "suppress_tokens_bf16", "suppress_tokens_f32"],
+            "norm": ["rms_norm_bf16", "rms_norm_f32", "qk_norm_rope_bf16", "qk_norm_rope_f32"],
+            "attention": ["paged_attention_bf16", "paged_attention_f32",
+                          "attention_combine_bf16", "attention_combine_f32"],
+            "sampling": ["sample_tokens"],
+        }.items():
+            for n in names:
+                k[n] = kc.get_kernel(mod, n, self.debug)
+        # attention tiles may use more than the default 48 KiB of shared memory
+        optin = self.props.get("sharedMemPerBlockOptin", 0)
+        if not optin:
+            optin = self.cp.cuda.Device(self.device_id).attributes.get(
+                "MaxSharedMemoryPerBlockOptin", 48 << 10)
+        self.max_smem = int(optin) - 1024  # the kernel's static shared memory lives there too
+        for n in ("paged_attention_bf16", "paged_attention_f32"):
+            k[n].max_dynamic_shared_size_bytes = self.max_smem
+        self.k = k
+
+    # ---- memory -------------------------------------------------------------------------
+    def label(self, what: str):
+        """Context manager: account allocations inside it under `what` in memory_plan()."""
+        return self.arena.label(what)
+
+    def seal(self) -> None:
+        self.synchronize()
+        self.arena.seal()
+
+    def unseal(self) -> None:
+        self.arena.unseal()
+
+    def memory_plan(self) -> str:
+        return self.arena.memory_plan()
+
+    def asarray(self, host, dtype=None):
+        """Copy a host array to the device (default: the compute dtype, bfloat16)."""
+        dt = np.dtype(dtype) if dtype is not None else self.dtype
+        if isinstance(host, self.cp.ndarray):
+            with self.stream:
+                return host.astype(dt, copy=True)
+        h = np.ascontiguousarray(np.asarray(host), dtype=dt)  # bf16 rounding happens on the host
+        with self.stream:
+            out = self.cp.empty(h.shape, dtype=dt)
+        self.copy_from_host(out, h)
+        return out
+
+    def empty(self, shape, dtype=None):
+        with self.stream:
+            return self.cp.empty(shape, dtype=np.dtype(dtype) if dtype is not None else self.dtype)
+
+    def zeros(self, shape, dtype=None):
+        with self.stream:
+            return self.cp.zeros(shape, dtype=np.dtype(dtype) if dtype is not None else self.dtype)
+
+    def to_host(self, x) -> np.ndarray:
+        self.stream.synchronize()
+        with self.stream:
+            h = self.cp.asnumpy(x, stream=self.stream)
+        self.stream.synchronize()
+        return h
+
+    def copy_from_host(self, dst, src) -> None:
+        """dst[...] = src through a pinned staging ring (async on the stream, no device alloc)."""
+        if not dst.flags.c_contiguous:
+            raise ValueError("copy_from_host needs a contiguous destination")
+        h = np.ascontiguousarray(np.broadcast_to(np.asarray(src, dtype=dst.dtype), dst.shape))
+        flat = h.reshape(-1).view(np.uint8)
+        chunk = self._staging_cap // 2  # large arrays (weights) stream through in pieces
+        for start in range(0, flat.size, chunk):
+            part = flat[start:start + chunk]
+            n = part.size
+            off = (self._staging_off + 255) & ~255
+            if off + n > self._staging_cap:  # wrap: wait until earlier copies have left the ring
+                self._staging_event.synchronize()
+                off = 0
+            np.frombuffer(self._staging, dtype=np.uint8, count=n, offset=off)[:] = part
+            self.cp.cuda.runtime.memcpyAsync(dst.data.ptr + start, self._staging.ptr + off, n,
+                                             self.cp.cuda.runtime.memcpyHostToDevice,
+                                             self.stream.ptr)
+            self._staging_event.record(self.stream)
+            self._staging_off = off + n
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+    def capture_graph(self, fn: Callable[[], object]) -> CapturedGraph:
+        """Record fn()'s device work (run it once eagerly first, so every kernel is loaded)."""
+        self.synchronize()
+        with self.stream, self.arena.capturing():
+            self.stream.begin_capture()
+            try:
+                fn()
+            finally:
+                graph = self.stream.end_capture()
+        graph.upload(self.stream)
+        return CapturedGraph(graph, self.stream)
+
+    def _launch(self, name: str, grid, block, args, shared_mem: int = 0) -> None:
+        with self.stream:
+            self.k[name](grid, block, args, shared_mem=shared_mem)
+
+    # ---- row copies ---------------------------------------------------------------------
+    def _gather(self, src, idx, out, what: str) -> None:
+        n, out_stride = _rows(out, what + " out")
+        if n == 0:
+            return
+        n_src, src_stride = _rows(src, what + " source")
+        if src.dtype != out.dtype:
+            raise TypeError(f"{what}: source {src.dtype} and out {out.dtype} differ")
+        row_bytes = out.size // n * out.itemsize
+        if src.size // max(n_src, 1) * src.itemsize != row_bytes:
+            raise ValueError(f"{what}: rows of {src.shape} and {out.shape} differ")
+        it = out.itemsize
+        unit, size = _copy_unit(row_bytes, src_stride * it, out_stride * it, src.data.ptr, out.data.ptr)
+        if idx is not None:
+            if idx.dtype != np.int32 or idx.shape[0] < n:
+                raise TypeError(f"{what}: indices must be int32 with at least {n} entries")
+        self._launch(
+            "gather_rows_" + unit, (n,), (min(256, max(32, row_bytes // size)),),
+            (src, _i64(src_stride * it // size), idx if idx is not None else _NULL, _i64(n_src),
+             out, _i64(out_stride * it // size), _i32(n), _i32(row_bytes // size)),
+        )
+
+    def copy(self, x, out) -> None:
+        if x.shape != out.shape:
+            raise ValueError(f"copy: shapes {x.shape} and {out.shape} differ")
+        try:
+            if x.ndim == 1:
+                x, out = x.reshape(1, -1), out.reshape(1, -1)
+            self._gather(x, None, out, "copy")
+        except (ValueError, TypeError, AttributeError):
+            with self.stream:  # other layouts / dtype casts: CuPy's elementwise copy (no alloc)
+                self.cp.copyto(out, x, casting="unsafe")
+
+    def embed(self, ids, table, out) -> None:
+        self._gather(table, ids, out, "embed")
+
+    def gather_rows(self, x, idx, out) -> None:
+        self._gather(x, idx, out, "gather_rows")
+
+    def store_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
+        T, k_stride = _rows(k, "store_kv k")
+        if T == 0:
+            return
+        _, v_stride = _rows(v, "store_kv v")
+        if not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous):
+            raise ValueError("store_kv: caches must be contiguous [num_blocks, block_size, KH, D]")
+        if k.dtype != k_cache.dtype or v.dtype != v_cache.dtype:
+            raise TypeError(f"store_kv: k/v {k.dtype} and cache {k_cache.dtype} differ")
+        it = k.itemsize
+        row_bytes = k[0].size * it
+        n_slots = k_cache.shape[0] * k_cache.shape[1]
+        unit, size = _copy_unit(row_bytes, k_stride * it, v_stride * it, k.data.ptr, v.data.ptr,
+                                k_cache.data.ptr, v_cache.data.ptr)
+        self._launch(
+            "store_kv_" + unit, (T,), (min(256, max(32, row_bytes // size)),),
+            (k, _i64(k_stride * it // size), v, _i64(v_stride * it // size), k_cache, v_cache,
+             slot_mapping, _i32(T), _i32(row_bytes // size), _i64(n_slots)),
+        )
+
+    # ---- norms, activation --------------------------------------------------------------
+    def rms_norm(self, x, w, eps: float, out, residual=None) -> None:
+        rows, xs = _rows(x, "rms_norm x")
+        if rows == 0:
+            return
+        _, os_ = _rows(out, "rms_norm out")
+        rs = _rows(residual, "rms_norm residual")[1] if residual is not None else 0
+        N = x.shape[-1]
+        sfx = _suffix(x.dtype)
+        threads = 128 if N <= 1024 else 256 if N <= 4096 else 512
+        self._launch(
+            "rms_norm_" + sfx, (rows,), (threads,),
+            (x, _i64(xs), residual if residual is not None else _NULL, _i64(rs), w,
+             np.float32(eps), out, _i64(os_), _i32(N), _i32(rows)),
+        )
+
+    def qk_norm_rope(self, q, k, q_w, k_w, eps: float, positions, cos_sin) -> None:
+        T, H, D = q.shape
+        KH = k.shape[1]
+        if T == 0:
+            return
+        if q.strides[2] != q.itemsize or k.strides[2] != k.itemsize or D % 2 or D > 512:
+            raise ValueError("qk_norm_rope: heads must be contiguous with an even head_dim <= 512")
+        if cos_sin.dtype != np.float32 or cos_sin.shape[1] != D:
+            raise TypeError("qk_norm_rope: cos_sin must be float32 [max_pos, head_dim]")
+        if positions.dtype != np.int32:
+            raise TypeError(f"qk_norm_rope: positions must be int32, got {positions.dtype}")
+        it = q.itemsize
+        self._launch(
+            "qk_norm_rope_" + _suffix(q.dtype), (T, (H + KH + 3) // 4), (128,),
+            (q, _i64(q.strides[0] // it), _i64(q.strides[1] // it), k, _i64(k.strides[0] // it),
+             _i64(k.strides[1] // it), q_w if q_w is not None else _NULL,
+             k_w if k_w is not None else _NULL, np.float32(eps), positions, cos_sin,
+             _i32(cos_sin.shape[0]), _i32(T), _i32(H), _i32(KH), _i32(D)),
+        )
+
+    def silu_mul(self, gate_up, out) -> None:
+        rows, gs = _rows(gate_up, "silu_mul gate_up")
+        if rows == 0:
+            return
+        _, os_ = _rows(out, "silu_mul out")
+        F = out.shape[-1]
+        self._launch("silu_mul_" + _suffix(out.dtype), (rows, min(64, -(-F // 256))), (256,),
+                     (gate_up, _i64(gs), out, _i64(os_), _i32(F), _i32(rows)))
+
+    # ---- logits transforms ------------------------------------------------------------------
+    def _scale_softcap(self, x, factor: float, cap: float) -> None:
+        rows, stride = _rows(x, "logits")
+        if rows == 0:
+            return
+        cols = x.size // rows
+        self._launch("scale_softcap_" + _suffix(x.dtype), (rows, min(64, _cdiv(cols, 256))), (256,),
+                     (x, _i64(stride), _i32(rows), _i32(cols), np.float32(factor), np.float32(cap)))
+
+    def scale(self, x, factor: float) -> None:
+        self._scale_softcap(x, factor, 0.0)
+
+    def softcap(self, x, cap: float) -> None:
+        """x = tanh(x / cap) * cap, in place."""
+        if not cap > 0:
+            raise ValueError(f"softcap needs a positive cap, got {cap}")
+        self._scale_softcap(x, 1.0, cap)
+
+    def suppress_tokens(self, logits, rows, token_ids) -> None:
+        """logits[rows[i], token_ids[i]] = -inf; rows/token_ids may be host or device int32."""
+        n = int(rows.shape[0])
+        if n == 0:
+            return
+        if isinstance(rows, np.ndarray) or isinstance(token_ids, np.ndarray):
+            if n > self._idx_scratch.shape[1]:
+                raise ValueError(f"suppress_tokens: {n} entries, at most {self._idx_scratch.shape[1]}")
+            self.copy_from_host(self._idx_scratch[0, :n], np.asarray(rows, np.int32))
+            self.copy_from_host(self._idx_scratch[1, :n], np.asarray(token_ids, np.int32))
+            rows, token_ids = self._idx_scratch[0, :n], self._idx_scratch[1, :n]
+        R, stride = _rows(logits, "suppress_tokens logits")
+        self._launch("suppress_tokens_" + _suffix(logits.dtype), (_cdiv(n, 256),), (256,),
+                     (logits, _i64(stride), rows, token_ids, _i32(n), _i32(R),
+                      _i32(logits.shape[-1])))
+
+    # ---- matmul -------------------------------------------------------------------------
+    def matmul(self, x, w, out, bias=None) -> None:
+        """out = x @ w.T (+ bias), w [out_features, in_features]; fp32 accumulation in cuBLAS."""
+        M, ldx = _rows(x, "matmul x")
+        N, K = w.shape
+        if M == 0:
+            return
+        _, ldo = _rows(out, "matmul out")
+        if x.shape[-1] != K or out.shape[-1] != N or out.shape[0] != M or not w.flags.c_contiguous:
+            raise ValueError(f"matmul: x {x.shape} @ w {w.shape}.T -> out {out.shape} does not fit")
+        beta = 0.0
+        if bias is not None:  # out <- bias, then GEMM with beta = 1: a single rounding
+            name = f"fill_bias_{_suffix(out.dtype)}_{_suffix(bias.dtype)}"
+            self._launch(name, (M, min(64, -(-N // 256))), (256,),
+                         (out, _i64(ldo), bias, _i32(N), _i32(M)))
+            beta = 1.0
+        with self.stream:
+            self.blas.gemm_xwt(M, N, K, x.data.ptr, cuda_dtype(x.dtype), ldx, w.data.ptr,
+                               cuda_dtype(w.dtype), K, out.data.ptr, cuda_dtype(out.dtype), ldo, beta)
+
+    # ---- attention ----------------------------------------------------------------------
+    def paged_attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start,
+                        scale: float, out, causal: bool = True) -> None:
+        self.attention(q, k_cache, v_cache, block_tables, seq_lens, query_start, scale, out, causal)
+
+    def attention_plan(self, T: int, B: int, H: int, KH: int, D: int, max_ctx: int, itemsize: int,
+                       bq: int | None = None, n_splits: int | None = None) -> dict:
+        """Launch shape from static sizes only (graph-safe): queries per CTA, splits, key tile."""
+        G = H // KH
+        if bq is None:  # decode / verification: a CTA per token; prefill: ~64 query rows per CTA
+            bq = 1 if T <= 4 * B else max(1, 64 // G)
+        rw = D * itemsize // 4 + 1
+
+        def smem(rows: int, bk: int) -> int:  # bytes; the carve-up in cuda/attention.cu
+            return 4 * (2 * rows * D + rows * bk + 3 * rows + 2 * bk * rw)
+
+        bk = 64
+        while True:
+            while bk > 16 and smem(bq * G, bk) > self.max_smem:
+                bk //= 2
+            if smem(bq * G, bk) <= self.max_smem or bq == 1:
+                break
+            bq = max(1, bq // 2)
+        if smem(bq * G, bk) > self.max_smem:
+            raise ValueError(f"attention: {G} query heads per KV head x head_dim {D} do not fit "
+                             f"in {self.max_smem} bytes of shared memory")
+        tiles = T if bq == 1 else _cdiv(T, bq) + B
+        cap = min(_ATT_THREADS, self._att_scratch.size // max(1, T * H * (D + 2)))
+        if n_splits is None:  # enough CTAs to fill the GPU, but no split shorter than 256 keys
+            n_splits = min(_cdiv(4 * self.num_sms, max(1, tiles * KH)), _cdiv(max_ctx, 256))
+        n_splits = max(1, min(n_splits, cap))
+        partition = _cdiv(_cdiv(max_ctx, n_splits), bk) * bk
+        return dict(bq=bq, tiles=tiles, bk=bk, smem=smem(bq * G, bk), n_splits=n_splits,
+                    partition=partition)
+
+    def attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start, scale: float,
+                  out, causal: bool = True, bq: int | None = None,
+                  n_splits: int | None = None) -> dict:
+        """paged_attention with an optional forced launch shape (tests cover both variants)."""
+        T, H, D = q.shape
+        if T == 0:
+            return {}
+        _, bs, KH, Dk = k_cache.shape
+        B = seq_lens.shape[0]
+        if Dk != D or H % KH or D % 8 or q.strides[2] != q.itemsize or out.strides[2] != out.itemsize:
+            raise ValueError(f"paged_attention: q {q.shape} vs cache {k_cache.shape} (head_dim % 8)")
+        if not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous
+                and block_tables.flags.c_contiguous):
+            raise ValueError("paged_attention: caches and block tables must be contiguous")
+        for a, n in ((block_tables, "block_tables"), (seq_lens, "seq_lens"), (query_start, "query_start")):
+            if a.dtype != np.int32:
+                raise TypeError(f"paged_attention: {n} must be int32, got {a.dtype}")
+        p = self.attention_plan(T, B, H, KH, D, block_tables.shape[1] * bs, q.itemsize, bq, n_splits)
+        it = q.itemsize
+        sfx = _suffix(q.dtype)
+        part_o = self._att_scratch
+        part_ml = self._att_scratch[T * H * p["n_splits"] * D:]
+        self._launch(
+            "paged_attention_" + sfx, (p["tiles"], KH, p["n_splits"]), (_ATT_THREADS,),
+            (q, _i64(q.strides[0] // it), _i64(q.strides[1] // it), k_cache, v_cache, block_tables,
+             _i32(block_tables.shape[1]), seq_lens, query_start, _i32(B), _i32(T), out,
+             _i64(out.strides[0] // it), _i64(out.strides[1] // it), part_o, part_ml, _i32(H),
+             _i32(KH), _i32(D), _i32(bs), _i32(k_cache.shape[0]), np.float32(scale),
+             _i32(1 if causal else 0), _i32(p["bq"]), _i32(p["n_splits"]), _i32(p["partition"]),
+             _i32(p["bk"])),
+            shared_mem=p["smem"],
+        )
+        if p["n_splits"] > 1:
+            self._launch(
+                "attention_combine_" + sfx, (T, H), (_ATT_THREADS,),
+                (part_o, part_ml, query_start, _i32(B), _i32(T), out, _i64(out.strides[0] // it),
+                 _i64(out.strides[1] // it), _i32(H), _i32(D), _i32(p["n_splits"])),
+            )
+        return p
+
+    # ---- sampling -----------------------------------------------------------------------
+    def sample(self, logits, temperature, top_p, top_k, seeds, positions, out_tokens) -> None:
+        """One token per logits row on the device; twin of minillm.engine.sampler.sample."""
+        B, stride = _rows(logits, "sample logits")
+        if B == 0:
+            return
+        checks = ((logits, np.float32, "logits"), (temperature, np.float32, "temperature"),
+                  (top_p, np.float32, "top_p"), (top_k, np.int32, "top_k"),
+                  (positions, np.int32, "positions"), (out_tokens, np.int32, "out_tokens"))
+        for a, dt, n in checks:
+            if a.dtype != dt:
+                raise TypeError(f"sample: {n} must be {np.dtype(dt)}, got {a.dtype}")
+        if seeds.dtype not in (np.int64, np.uint64, np.int32):
+            raise TypeError(f"sample: seeds must be int64/uint64/int32, got {seeds.dtype}")
+        self._launch(
+            "sample_tokens", (B,), (_SAMPLE_THREADS,),
+            (logits, _i64(stride), _i32(logits.shape[-1]), temperature, top_p, top_k, seeds,
+             _i32(seeds.itemsize), positions, out_tokens, _i32(B)),
+        )
+
+    def close(self) -> None:
+        """Release the cuBLAS handle and hand CuPy its previous allocator back."""
+        self.synchronize()
+        self.blas.close()
+        self.arena.uninstall()
