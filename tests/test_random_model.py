@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-import ml_dtypes  # noqa: F401 - registers bfloat16 with numpy so the bf16 safetensors load
+import ml_dtypes  # noqa: F401 - registers bfloat16 with numpy: safe_open(framework="numpy") needs it
 import numpy as np
 import pytest
 from safetensors import safe_open

@@ -33,8 +33,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(ns: argparse.Namespace) -> dict:
     """Build the engine, warm it up, time one generate over the whole workload; the JSON-ready result."""
-    import ml_dtypes  # noqa: F401 - registers bfloat16 with numpy, which bf16 safetensors need to load
-
     from minillm import LLM, SamplingParams
 
     args = EngineArgs.from_cli(ns)

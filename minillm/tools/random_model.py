@@ -11,9 +11,14 @@ directory instead, in the layout `dflash.DFlashDraftModel.from_pretrained` reads
 
 Weights are N(0, 0.02) (norm weights 1.0), so activations stay in a sane range through every layer.
 They are a pure function of (seed, tensor name, chunk index): the same seed gives the same bytes
-whatever the thread count. The tokenizer is a byte-level BPE trained on a synthetic corpus built
-from a fixed-seed Python RNG; it is the same for every preset and seed, so prompts tokenize alike.
-Nothing here touches the network. Generated weights are never committed.
+whatever the thread count (numpy's PCG64 stream; its normal sampler has been stable for years).
+
+The tokenizer is Qwen-style byte-level BPE (same split regex, ChatML special tokens), trained on a
+synthetic corpus from a fixed-seed Python RNG (~4,000 tokens, what the tiny preset uses). For the
+Qwen3 presets it is grown with synthetic merges to Qwen3's 151,643 ordinary tokens, so the special
+tokens get Qwen3's ids and every id a random model emits decodes to text (a few-thousand-token
+vocabulary would leave 97% of a 151,936-row LM head's picks as empty text in streams). It does not
+depend on the seed. Nothing here touches the network. Generated weights are never committed.
 """
 
 from __future__ import annotations

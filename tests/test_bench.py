@@ -1,0 +1,285 @@
+"""minillm.bench: the random dataset, the ladder statistics, the SSE client's failure rules, the
+offline throughput command, and the serve ladder end to end against the real minillm server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from minillm.bench import report
+from minillm.bench.dataset import load_tokenizer, nano_vllm_workload, random_requests
+from minillm.bench.report import RequestResult
+from minillm.tools.random_model import write_random_model
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return write_random_model(tmp_path_factory.mktemp("tiny"), "tiny", seed=0)
+
+
+@pytest.fixture(scope="module")
+def tok(tiny):
+    return load_tokenizer(str(tiny))
+
+
+# ---- dataset ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("input_len", [1, 7, 64, 300])
+def test_random_prompts_have_exact_length_and_no_special_tokens(tok, input_len):
+    reqs = random_requests(tok, 12, input_len, 5, seed=3)
+    for r in reqs:
+        ids = tok.encode(r.prompt, add_special_tokens=False)  # what the server will see
+        assert ids == r.prompt_ids and len(ids) == input_len == r.prompt_len
+        assert not tok.special_token_ids.intersection(ids)
+        assert r.output_len == 5
+    assert len({r.prompt for r in reqs}) == 12  # distinct prompts, no accidental prefix sharing
+
+
+def test_random_dataset_range_ratio_and_seed(tok):
+    reqs = random_requests(tok, 200, 100, 40, range_ratio=0.5, seed=0)
+    ins, outs = [r.prompt_len for r in reqs], [r.output_len for r in reqs]
+    assert 50 <= min(ins) < 60 and 140 < max(ins) <= 150  # uniform over [50, 150]
+    assert 20 <= min(outs) and max(outs) <= 60
+    again = random_requests(tok, 200, 100, 40, range_ratio=0.5, seed=0)
+    assert [r.prompt for r in again] == [r.prompt for r in reqs]
+    assert random_requests(tok, 3, 100, 40, seed=1)[0].prompt != reqs[0].prompt
+    with pytest.raises(ValueError, match="range-ratio"):
+        random_requests(tok, 1, 10, 10, range_ratio=1.0)
+
+
+def test_nano_vllm_workload():
+    prompts, outs = nano_vllm_workload([3, 4, 5], num_seqs=50, min_len=100, max_len=120, seed=0)
+    assert len(prompts) == len(outs) == 50
+    assert all(100 <= len(p) <= 120 and set(p) <= {3, 4, 5} for p in prompts)
+    assert all(100 <= n <= 120 for n in outs)
+    assert nano_vllm_workload([3, 4, 5], 50, 100, 120, 0) == (prompts, outs)
+
+
+# ---- statistics ---------------------------------------------------------------------------------
+def test_percentiles_and_means():
+    values = [float(v) for v in range(1, 101)]  # 1..100
+    assert report.percentile(values, 50) == pytest.approx(50.5)
+    assert report.percentile(values, 99) == pytest.approx(99.01)  # linear interpolation, as numpy/vLLM
+    assert report.percentile([], 99) is None and report.mean([]) is None
+    assert report.mean([1.0, 2.0, 6.0]) == pytest.approx(3.0)
+
+
+def test_ttft_itl_tpot_from_timestamps():
+    start = 10.0
+    chunks = [10.5, 10.6, 10.8, 11.1]  # first chunk 500 ms after sending, then gaps 100/200/300 ms
+    ttft, itl = report.itl_from_timestamps(start, chunks)
+    assert ttft == pytest.approx(0.5) and itl == pytest.approx([0.1, 0.2, 0.3])
+    r = RequestResult(True, prompt_len=10, output_tokens=4, ttft=ttft, latency=1.1, itl=itl)
+    assert report.tpot(r) == pytest.approx(0.6 / 3)  # (latency - ttft) / (tokens - 1)
+    assert report.tpot(RequestResult(True, output_tokens=1, ttft=0.2, latency=0.2)) is None
+    assert report.itl_from_timestamps(start, []) == (None, [])
+
+
+def _results(n_ok: int, n_failed: int) -> list[RequestResult]:
+    ok = [RequestResult(True, prompt_len=100, output_tokens=11, ttft=0.1 * (i + 1), latency=0.1 * (i + 1) + 1.0,
+                        itl=[0.1] * 10) for i in range(n_ok)]
+    bad = [RequestResult(False, prompt_len=100, error="HTTP 500: boom") for _ in range(n_failed)]
+    return ok + bad
+
+
+def test_rung_stats_on_constructed_timings():
+    s = report.rung_stats(_results(4, 0), duration=2.0, concurrency=4)
+    assert (s["ok"], s["failed"], s["void"]) == (4, 0, False)
+    assert s["output_tok_s"] == pytest.approx(44 / 2.0)
+    assert s["total_tok_s"] == pytest.approx((400 + 44) / 2.0)
+    assert s["requests_s"] == pytest.approx(2.0)
+    assert s["ttft_ms_mean"] == pytest.approx(250.0) and s["ttft_ms_p50"] == pytest.approx(250.0)
+    assert s["ttft_ms_p99"] == pytest.approx(397.0)  # 300 + 0.97 * (400 - 300): interpolated
+    assert s["tpot_ms_mean"] == pytest.approx(100.0) and s["tpot_ms_p99"] == pytest.approx(100.0)
+    assert s["itl_ms_mean"] == pytest.approx(100.0)
+    json.dumps(s, allow_nan=False)
+
+
+def test_a_failed_request_voids_the_rung_and_stops_the_ladder():
+    s = report.rung_stats(_results(3, 1), duration=1.0, concurrency=4)
+    assert (s["ok"], s["failed"], s["void"]) == (3, 1, True)
+    assert s["output_tokens"] == 33  # throughput counts successful requests only
+    assert s["errors"] == ["HTTP 500: boom"]
+    assert not report.ladder_continues(s, keep_going=False)
+    assert report.ladder_continues(s, keep_going=True)
+    assert "VOID" in report.format_table([s])
+    empty = report.rung_stats(_results(0, 2), duration=1.0, concurrency=2)
+    assert empty["void"] and empty["ttft_ms_mean"] is None
+    assert "-" in report.format_table([empty])
+
+
+def test_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    rungs = [report.rung_stats(_results(4, 0), 2.0, 1), report.rung_stats(_results(3, 1), 1.0, 2)]
+    assert report.plot_ladder(rungs, tmp_path / "p.png", "t")
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---- the SSE client's failure rules, on canned responses (the server itself is tested below) ----
+def _sse(*events: str) -> bytes:
+    return "".join(f"{e}\n\n" for e in events).encode()
+
+
+def _chunk(text: str, finish=None) -> str:
+    return "data: " + json.dumps({"choices": [{"index": 0, "text": text, "finish_reason": finish}]})
+
+
+USAGE3 = "data: " + json.dumps({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3}})
+
+
+def _send(status: int, body: bytes, expect: int | None = 3, broken: bool = False, backend="openai"):
+    httpx = pytest.importorskip("httpx")
+    from minillm.bench.serve import send_request
+
+    class Stream(httpx.AsyncByteStream):
+        async def __aiter__(self):
+            yield body
+            if broken:
+                raise httpx.ReadError("connection reset by peer")
+
+    def handler(request):
+        return httpx.Response(status, stream=Stream(), headers={"content-type": "text/event-stream"})
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            return await send_request(client, "http://x/v1/completions", backend, {}, 5, expect)
+
+    return asyncio.run(go())
+
+
+def test_client_accepts_a_complete_stream():
+    r = _send(200, _sse(_chunk("a"), _chunk("b"), _chunk("c"), _chunk("", "length"), USAGE3, "data: [DONE]"))
+    assert r.ok and r.output_tokens == 3 and r.prompt_len == 5
+    assert r.ttft is not None and len(r.itl) == 2  # the finish-only chunk is not a token
+    no_usage = _send(200, _sse(_chunk("a"), _chunk("b"), "data: [DONE]"), expect=None)
+    assert no_usage.ok and no_usage.output_tokens == 2  # counted by chunks
+
+
+@pytest.mark.parametrize("status, body, broken, reason", [
+    (500, b'{"error": {"message": "engine died"}}', False, "HTTP 500"),
+    (200, _sse(_chunk("a"), 'event: error\ndata: {"error": {"message": "engine fault"}}'), False,
+     "engine fault"),
+    (200, _sse(_chunk("a"), 'data: {"error": {"message": "oops", "type": "server_error"}}'), False, "oops"),
+    (200, _sse(_chunk("a"), _chunk("b")), False, "[DONE]"),
+    (200, _sse(_chunk("a")), True, "broken stream"),
+    (200, _sse(_chunk("a"), _chunk("b"), "data: " + json.dumps({"choices": [], "usage": {
+        "prompt_tokens": 5, "completion_tokens": 2}}), "data: [DONE]"), False, "2 of 3 tokens"),
+])
+def test_client_failure_rules(status, body, broken, reason):
+    r = _send(status, body, broken=broken)
+    assert not r.ok and reason in r.error
+
+
+def test_chat_role_only_delta_is_not_the_first_token():
+    role = "data: " + json.dumps({"choices": [{"delta": {"role": "assistant", "content": ""}}]})
+    tok = "data: " + json.dumps({"choices": [{"delta": {"content": "hi"}}]})
+    r = _send(200, _sse(role, tok, tok, "data: [DONE]"), expect=None, backend="openai-chat")
+    assert r.ok and r.output_tokens == 2 and len(r.itl) == 1
+
+
+# ---- offline throughput through minillm.LLM -----------------------------------------------------
+def test_throughput_command(tiny, tmp_path, capsys):
+    from minillm.bench.throughput import main
+
+    out = tmp_path / "tp.json"
+    rc = main([str(tiny), "--device", "cpu", "--num-seqs", "6", "--min-len", "4", "--max-len", "24",
+               "--result-json", str(out)])
+    assert rc == 0
+    assert "Throughput:" in capsys.readouterr().out
+    res = json.loads(out.read_text())
+    assert res["output_tokens"] == res["expected_output_tokens"] > 0 and res["short_sequences"] == 0
+    assert res["output_tok_s"] > 0 and res["workload"]["num_seqs"] == 6
+
+
+# ---- the serve ladder against the real server ---------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny, tmp_path_factory):
+    try:
+        import minillm.serve  # noqa: F401
+    except ImportError as e:
+        pytest.skip(f"minillm.serve does not import yet ({e}); the ladder needs the real server")
+    httpx = pytest.importorskip("httpx")
+    port = _free_port()
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    cmd = [sys.executable, "-m", "minillm.serve", str(tiny), "--host", "127.0.0.1", "--port", str(port),
+           "--device", "cpu", "--max-model-len", "256", "--max-num-seqs", "4"]
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 90
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(base + "/v1/models", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.time() > deadline:
+            proc.kill()
+            pytest.fail(f"server did not answer within 90 s:\n{log.read_text()[-3000:]}")
+        time.sleep(0.3)
+    yield SimpleNamespace(base=base, log=log)
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.mark.parametrize("backend", ["openai", "openai-chat"])
+def test_serve_ladder_end_to_end(server, tiny, tmp_path, backend, capsys):
+    from minillm.bench.serve import main
+
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    rc = main(["--base-url", server.base, "--backend", backend, "--input-len", "24", "--output-len", "6",
+               "--concurrency", "1,2", "--num-prompts", "2,4", "--ignore-eos", "--result-json", str(out),
+               "--plot", str(png), "--timeout", "60"])
+    printed = capsys.readouterr()
+    assert rc == 0, printed.err + server.log.read_text()[-3000:]
+    res = json.loads(out.read_text())
+    assert res["tokenizer"] == res["model"] or os.path.samefile(res["tokenizer"], tiny)
+    assert [r["concurrency"] for r in res["rungs"]] == [1, 2] and not res["void"]
+    for rung, n in zip(res["rungs"], [2, 4]):
+        assert (rung["num_prompts"], rung["ok"], rung["failed"]) == (n, n, 0)
+        assert rung["output_tokens"] == 6 * n  # ignore_eos: every request ran to max_tokens
+        if backend == "openai":  # the chat template adds its own tokens to the prompt
+            assert rung["input_tokens"] == 24 * n
+        assert rung["output_tok_s"] > 0 and rung["ttft_ms_p99"] > 0 and rung["tpot_ms_mean"] > 0
+    assert "VOID" not in printed.out and "TPOT" in printed.out
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "matplotlib is not installed" in printed.err
+    else:
+        assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_serve_ladder_stops_at_a_void_rung(server, tmp_path, capsys):
+    from minillm.bench.serve import main
+
+    # prompts longer than the server's --max-model-len 256: each request gets a 4xx, the first
+    # rung is VOID, and the ladder stops there
+    out = tmp_path / "void.json"
+    rc = main(["--base-url", server.base, "--input-len", "300", "--output-len", "4", "--warmup", "0",
+               "--concurrency", "1,2,4", "--num-prompts", "2", "--result-json", str(out)])
+    assert rc == 1
+    res = json.loads(out.read_text())
+    assert res["void"] and len(res["rungs"]) == 1
+    assert res["rungs"][0]["failed"] == 2 and res["rungs"][0]["errors"][0].startswith("HTTP 4")
+    assert "VOID" in capsys.readouterr().out
+    np.testing.assert_equal(res["rungs"][0]["ok"], 0)
