@@ -9,10 +9,12 @@ loads the embedded SmolLM2-135M-Instruct.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 
 from minillm.args import EngineArgs, add_engine_args
+from minillm.sampling_params import SamplingParams
 
 HELP = "commands: /reset  /system TEXT  /exit (or Ctrl-D); Ctrl-C stops an answer"
 
@@ -58,11 +60,14 @@ class Chat:
         return ids if len(ids) < self.engine.max_model_len else None
 
     def answer(self, text: str) -> None:
-        from minillm.sampling_params import SamplingParams
-
         eng, out = self.engine, self.out
         self.history.append({"role": "user", "content": text})
-        ids = self.prompt_ids()
+        try:
+            ids = self.prompt_ids()
+        except Exception as e:  # the template's own raise_exception, e.g. roles that must alternate
+            self.history.pop()
+            print(f"(the chat template refused the conversation: {e})", file=out)
+            return
         if ids is None:
             self.history.pop()
             print(f"(message too long for max_model_len {eng.max_model_len}; not sent)", file=out)
@@ -70,14 +75,19 @@ class Chat:
         params = SamplingParams(max_tokens=min(self.max_tokens, eng.max_model_len - len(ids)), **self.sampling)
         rid = eng.add_request(ids, params)
         reply, n, reason = "", 0, None
+        # Ctrl-C only raises a flag: interrupting step() half-way would leave the engine inconsistent
+        interrupted: list[bool] = []
+        previous = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
         t0 = time.perf_counter()
         try:
-            while eng.has_unfinished():
+            while eng.has_unfinished() and not interrupted:
                 for o in eng.step():
                     out.write(o.new_text)
                     out.flush()
                     reply, n, reason = o.text, len(o.token_ids), o.finish_reason
-        except KeyboardInterrupt:  # stop this answer, keep the conversation
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        if interrupted:
             eng.abort_request(rid)
             reason = "interrupted"
         dt = time.perf_counter() - t0
@@ -112,12 +122,25 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         engine = LLMEngine(EngineArgs.from_cli(ns))
-    except (ValueError, FileNotFoundError, NotImplementedError, ImportError) as e:
+    # user and environment errors (flags, model path, sizing, no GPU, no memory): one line, no traceback
+    except (ValueError, OSError, NotImplementedError, ImportError, RuntimeError, MemoryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    if not engine.tokenizer.chat_template:
+        print(f"error: {engine.model_name} has no chat template; use python -m minillm.generate for plain "
+              "completions", file=sys.stderr)
+        return 2
+    if ns.max_tokens < 1:
+        print(f"error: --max-tokens must be >= 1, got {ns.max_tokens}", file=sys.stderr)
+        return 2
     chat = Chat(engine, ns)
+    try:
+        SamplingParams(**chat.sampling)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(f"minillm chat: {engine.model_name} on {engine.backend.name}, max_model_len {engine.max_model_len}")
     print(HELP)
     while True:

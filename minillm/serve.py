@@ -88,8 +88,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         engine = LLMEngine(EngineArgs.from_cli(ns))
-    except (ValueError, FileNotFoundError, NotImplementedError, ImportError) as e:
-        print(f"error: {e}", file=sys.stderr)  # user errors (flags, model path, sizing): no traceback
+    # user and environment errors (flags, model path, sizing, no GPU, no memory): one line, no traceback
+    except (ValueError, OSError, NotImplementedError, ImportError, RuntimeError, MemoryError) as e:
+        log.debug("engine construction failed", exc_info=True)
+        print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -4,12 +4,14 @@ two turns that share the conversation, /system, /reset, /exit and Ctrl-D.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pty
 import re
 import select
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -21,12 +23,18 @@ ROOT = Path(__file__).resolve().parents[1]
 STATS = re.compile(r"\[(\d+) tokens, ([\d.]+) tok/s, prompt (\d+) tokens")
 
 
+def _own_terminal() -> None:
+    """In the child: a new session whose controlling terminal is the pty, so ^C and ^D act as typed."""
+    os.setsid()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
 class Repl:
-    def __init__(self, model: Path):
+    def __init__(self, *args: str):
         self.master, slave = pty.openpty()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "minillm.chat", str(model), "--device", "cpu", "--max-tokens", "8"],
-            cwd=ROOT, stdin=slave, stdout=slave, stderr=slave, close_fds=True, start_new_session=True,
+            [sys.executable, "-m", "minillm.chat", *args],
+            cwd=ROOT, stdin=slave, stdout=slave, stderr=slave, close_fds=True, preexec_fn=_own_terminal,
             env={**os.environ, "TERM": "dumb"})
         os.close(slave)
         self.buf = ""
@@ -78,7 +86,7 @@ def turn(repl: Repl, text: str) -> tuple[int, int]:
 
 
 def test_two_turns_system_reset_exit(model_dir):
-    repl = Repl(model_dir)
+    repl = Repl(str(model_dir), "--device", "cpu", "--max-tokens", "8")
     try:
         repl.expect(r"minillm chat: .* on numpy")
         repl.expect(">>> ")
@@ -103,7 +111,7 @@ def test_two_turns_system_reset_exit(model_dir):
 
 
 def test_ctrl_d_exits(model_dir):
-    repl = Repl(model_dir)
+    repl = Repl(str(model_dir), "--device", "cpu", "--max-tokens", "8")
     try:
         repl.expect(">>> ")
         turn(repl, "hi")

@@ -241,6 +241,18 @@ def test_disconnect_frees_blocks(server):
     assert m["minillm:generation_tokens_total"] - before["minillm:generation_tokens_total"] < 240
 
 
+def test_disconnect_non_streamed(server):
+    before = server.metrics()
+    body = {"prompt": "a long one", "max_tokens": 480, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
+        httpx.post(f"{server.url}/v1/completions", json=body, timeout=0.3)
+    deadline = time.monotonic() + 5
+    while (m := server.metrics())["minillm:num_requests_running"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert m["minillm:kv_cache_blocks_used"] == 0 and m["minillm:num_requests_running"] == 0
+    assert m["minillm:generation_tokens_total"] - before["minillm:generation_tokens_total"] < 240
+
+
 def test_metrics(server):
     m = server.metrics()
     for key in ("minillm:num_requests_running", "minillm:num_requests_waiting", "minillm:kv_cache_blocks_total",

@@ -220,3 +220,18 @@ def test_serve_refuses_missing_model():
                         "0"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().startswith("error:") and "/nonexistent/model" in r.stderr
+
+
+@pytest.mark.parametrize("body", [
+    {**OK, "seed": -1}, {**OK, "seed": 2**64 - 1}, {**OK, "top_k": 2**40},
+    b'{"prompt": "hi", "max_tokens": 2, "temperature": 1e999}', {**OK, "temperature": 1e-320},
+    {**OK, "top_p": 1e-320}, {**OK, "min_tokens": 2, "stop_token_ids": [2]}, {**OK, "stop": list("abcdefgh")},
+])
+def test_edge_values_are_served_and_the_engine_survives(server, body):
+    r = post(server, "/v1/completions", body)
+    assert r.status_code == 200, r.text
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_out_of_range_seed(server):
+    check_error(post(server, "/v1/completions", {**OK, "seed": 2**64}), 400, "seed")

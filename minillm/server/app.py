@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -27,7 +28,7 @@ MAX_BODY_BYTES = 8 << 20
 
 
 def _json(body: dict, status: int = 200) -> Response:
-    return Response(protocol.json.dumps(body), status=status, mimetype="application/json")
+    return Response(json.dumps(body), status=status, mimetype="application/json")
 
 
 def _error(status: int, message: str, type: str, param: str | None = None, code: str | None = None) -> Response:
@@ -125,18 +126,18 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
 
     # ---- generation ----------------------------------------------------------------------------
     async def _generate(chat: bool) -> Response:
-        body = protocol.parse_body(await request.get_data())
+        raw = await request.get_data()
         engine.check_admitting()  # 503 before any work when shutting down or failed
-        # tokenising and templating can take a while for long inputs: keep it off the event loop
-        parsed = await asyncio.to_thread(protocol.parse_request, body, info, chat)
+        # JSON, tokenising and templating can take a while for long inputs: keep them off the event loop
+        parsed = await asyncio.to_thread(lambda: protocol.parse_request(protocol.parse_body(raw), info, chat))
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         timer = metrics.timer()
-        stream = engine.add(rid, parsed.prompt_ids, parsed.params)
         if parsed.stream:
-            resp = Response(_sse_events(stream, parsed, rid, chat, timer), mimetype="text/event-stream",
+            resp = Response(_sse_events(parsed, rid, chat, timer), mimetype="text/event-stream",
                             headers={"Cache-Control": "no-cache"})
             resp.timeout = None  # streams run as long as generation does
             return resp
+        stream = engine.add(rid, parsed.prompt_ids, parsed.params)
         text, reason, n_out = "", "abort", 0
         try:
             async for out in stream:
@@ -152,8 +153,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         build = protocol.chat_response if chat else protocol.completion_response
         return _json(build(rid, protocol.now(), parsed.model, text, reason, len(parsed.prompt_ids), n_out))
 
-    async def _sse_events(stream, parsed: ParsedRequest, rid: str, chat: bool,
-                          timer: RequestTimer) -> AsyncIterator[bytes]:
+    async def _sse_events(parsed: ParsedRequest, rid: str, chat: bool, timer: RequestTimer) -> AsyncIterator[bytes]:
         created, model, n_prompt = protocol.now(), parsed.model, len(parsed.prompt_ids)
         usage_null = {"usage": None} if parsed.include_usage else {}
 
@@ -163,6 +163,15 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
                 return sse({**protocol.chat_chunk(rid, created, model, delta, finish), **usage_null})
             return sse({**protocol.completion_chunk(rid, created, model, text or "", finish), **usage_null})
 
+        # the request enters the engine only once the body is being sent: a client gone before that
+        # (or a generator never started) leaves nothing running
+        try:
+            stream = engine.add(rid, parsed.prompt_ids, parsed.params)
+        except EngineUnavailable as e:
+            timer.done("error")
+            yield sse(error_body(str(e), "service_unavailable", None, 503))
+            yield sse("[DONE]")
+            return
         reason, n_out = "abort", 0
         try:
             if chat:  # the first chat chunk carries the role, as OpenAI's does

@@ -154,7 +154,7 @@ class AsyncEngine:
     def _reject(self, request_id: str, exc: Exception) -> None:
         stream = self._streams.get(request_id)
         if stream is not None:
-            stream.queue.put_nowait(exc)
+            stream.queue.put_nowait(EngineFailure(str(exc), "invalid_request_error", 400))
 
     def _fail_all(self, exc: BaseException) -> None:
         self.error = exc

@@ -228,10 +228,17 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool) -> S
         raise ProtocolError("'stop' must be a string or an array of strings", "stop")
     stop_ids = _get(body, "stop_token_ids", list, [])
     _check_ids(stop_ids, info, "stop_token_ids")
+    if top_k >= info.vocab_size:
+        top_k = -1  # keeps every token anyway; and the engine holds top_k in an int32
+    seed = _get(body, "seed", int, None)
+    if seed is not None:
+        if not -(1 << 63) <= seed < (1 << 64):
+            raise ProtocolError(f"'seed' must be a 64-bit integer, got {seed}", "seed")
+        seed &= (1 << 64) - 1  # the engine's sampler takes an unsigned 64-bit seed
     kwargs = dict(
         max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
         min_tokens=_get(body, "min_tokens", int, 0), stop=stop, stop_token_ids=stop_ids,
-        ignore_eos=_get(body, "ignore_eos", bool, False), seed=_get(body, "seed", int, None),
+        ignore_eos=_get(body, "ignore_eos", bool, False), seed=seed,
         skip_special_tokens=_get(body, "skip_special_tokens", bool, True),
     )
     try:
