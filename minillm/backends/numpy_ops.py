@@ -140,5 +140,13 @@ class NumpyBackend:
         """logits[rows[i], token_ids[i]] = -inf (min_tokens keeps EOS/stop tokens from being drawn)."""
         logits[rows, token_ids] = -np.inf
 
+    def scale(self, x, factor: float) -> None:
+        x *= factor
+
+    def softcap(self, x, cap: float) -> None:
+        """x = tanh(x / cap) * cap, in place."""
+        np.tanh(x / cap, out=x)
+        x *= cap
+
     def sample(self, logits, temperature, top_p, top_k, seeds, positions, out_tokens) -> None:
         _sample(logits, temperature, top_p, top_k, seeds, positions, out_tokens)

@@ -25,7 +25,7 @@ from minillm.models.tokenizer import IncrementalDecoder
 from minillm.models.transformer import Transformer
 from minillm.sampling_params import SamplingParams
 from minillm.spec.config import SpeculativeConfig
-from minillm.spec.proposers import SpecStats, build_proposer
+from minillm.spec.proposers import SpecStats, build_proposer, lookahead
 from minillm.spec.verify import verify_greedy, verify_sampled
 
 log = logging.getLogger("minillm")
@@ -82,10 +82,13 @@ def select_backend(device: str, dtype: str):
 
 
 def plan_kv_pool(args: EngineArgs, kv_bytes_per_token: int, max_model_len: int,
-                 available_bytes: int | None) -> int:
-    """Number of KV blocks: the arena rule, an explicit override, or what the device can hold."""
+                 available_bytes: int | None, lookahead: int = 0) -> int:
+    """Number of KV blocks: the arena rule, an explicit override, or what the device can hold.
+
+    A sequence may hold max_model_len + lookahead positions (a drafter writes past its end).
+    """
     bs = args.block_size
-    per_seq = -(-max_model_len // bs)
+    per_seq = -(-(max_model_len + lookahead) // bs)
     block_bytes = kv_bytes_per_token * bs
     if args.num_blocks is not None:
         num_blocks = args.num_blocks
@@ -94,7 +97,7 @@ def plan_kv_pool(args: EngineArgs, kv_bytes_per_token: int, max_model_len: int,
         if available_bytes is not None:
             num_blocks = min(num_blocks, available_bytes // block_bytes)
     if num_blocks < per_seq:
-        fits = num_blocks * bs
+        fits = num_blocks * bs - lookahead
         raise ValueError(
             f"one sequence of max_model_len {max_model_len} needs {per_seq} blocks "
             f"({per_seq * block_bytes / GiB:.2f} GiB); the pool has {num_blocks} blocks "
@@ -126,21 +129,23 @@ class LLMEngine:
         self.block_size = args.block_size
         self.spec = SpeculativeConfig.from_dict(args.speculative_config) if args.speculative_config else None
         self.num_speculative_tokens = k = self.spec.num_speculative_tokens if self.spec else 0
+        self.lookahead = lookahead(self.spec)  # KV positions a drafter may write past the last token
         self.max_num_batched_tokens = args.max_num_batched_tokens or max(2048, args.max_num_seqs * (1 + k))
         if self.max_num_batched_tokens < args.max_num_seqs * (1 + k):
             raise ValueError(
                 f"--max-num-batched-tokens {self.max_num_batched_tokens} is below max_num_seqs x (1 + k) = "
                 f"{args.max_num_seqs * (1 + k)}: a full decode step would not fit"
             )
-        self.model = Transformer(cfg, self.loaded.weights, self.backend, self.max_model_len + k + 1)
+        self.model = Transformer(cfg, self.loaded.weights, self.backend, self.max_model_len + self.lookahead + 1)
         self.loaded.weights = {}  # the backend holds its own copy now
         max_logits = args.max_num_seqs * (1 + k)
         self.runner_args = dict(max_tokens=self.max_num_batched_tokens, max_seqs=args.max_num_seqs,
-                                max_logits=max_logits, max_model_len=self.max_model_len + k)
+                                max_logits=max_logits, max_model_len=self.max_model_len + self.lookahead)
         dtype_bytes = np.dtype(self.backend.dtype).itemsize
         available = self.backend.kv_budget(args.gpu_memory_utilization) if hasattr(
             self.backend, "kv_budget") else None
-        self.num_blocks = plan_kv_pool(args, cfg.kv_bytes_per_token(dtype_bytes), self.max_model_len, available)
+        self.num_blocks = plan_kv_pool(args, cfg.kv_bytes_per_token(dtype_bytes), self.max_model_len,
+                                       available, self.lookahead)
         self.kv = self.model.allocate_kv_cache(self.num_blocks, self.block_size)
         self.block_manager = BlockManager(self.num_blocks, self.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, self.max_num_batched_tokens)
@@ -210,6 +215,8 @@ class LLMEngine:
         if not sched.scheduled:
             return []
         tokens = self.runner.execute(sched.scheduled)
+        if self.proposer is not None and getattr(self.proposer, "uses_target_hidden", False):
+            self.proposer.update_context(self.runner.last_inputs, self.runner.last_num_tokens)
         outputs = []
         r = 0
         for item in sched.scheduled:
@@ -220,6 +227,8 @@ class LLMEngine:
                 new = self._verify(item, tokens[r : r + m], r) if item.num_draft else [int(tokens[r])]
                 r += m
             seq.draft_ids, seq.draft_probs = [], []
+            if self.proposer is not None and getattr(self.proposer, "uses_target_hidden", False):
+                seq.draft_computed = seq.num_computed  # context K/V was stored for every computed row
             # with a drafter sharing the blocks, cache only what both models have computed
             upto = seq.draft_computed if self.proposer is not None and self.proposer.needs_kv else None
             self.block_manager.commit_full_blocks(seq, upto)
@@ -255,12 +264,12 @@ class LLMEngine:
             if seq.num_computed != seq.num_tokens - 1:
                 continue  # still prefilling
             k = min(self.num_speculative_tokens, self.max_model_len - seq.num_tokens,
-                    seq.params.max_tokens - len(seq.output_ids) - 1)
-            # the drafter writes KV up to position num_tokens + k - 2, the target up to num_tokens + k - 1
-            while k > 0 and not self.block_manager.can_allocate(seq, seq.num_tokens + k + self.proposer.extra_slots):
+                    seq.params.max_tokens - len(seq.output_ids))
+            # the target writes KV up to position num_tokens + k - 1, a drafter up to its lookahead
+            while k > 0 and not self.block_manager.can_allocate(seq, seq.num_tokens + max(k, self.lookahead)):
                 k -= 1
             if k > 0:
-                self.block_manager.allocate(seq, seq.num_tokens + k + self.proposer.extra_slots)
+                self.block_manager.allocate(seq, seq.num_tokens + max(k, self.lookahead))
             seqs.append(seq)
             ks.append(max(k, 0))
         if seqs:

@@ -60,6 +60,10 @@ class ModelRunner:
         self.buf = StepBuffers(backend, max_tokens, max_seqs, max_logits, self.max_blocks)
         self.ws = Workspace(backend, model.cfg, max_tokens, max_logits)
         self.eos_ids = list(model.cfg.eos_token_ids)
+        # hidden states after these layers are written to capture_out (a DFlash drafter's context)
+        self.capture_layers: tuple[int, ...] = ()
+        self.capture_out = None
+        self.last_inputs: StepInputs | None = None
 
     def prepare(self, batch: list[ScheduledSeq]) -> tuple[int, int]:
         """Fill the host buffers for this step; returns (num_tokens, num_logit_rows)."""
@@ -130,7 +134,8 @@ class ModelRunner:
         if rows:
             self.backend.suppress_tokens(logits, np.asarray(rows, np.int32), np.asarray(ids, np.int32))
 
-    def execute(self, batch: list[ScheduledSeq], sample: bool = True) -> np.ndarray:
+    def execute(self, batch: list[ScheduledSeq], sample: bool = True, causal: bool = True,
+                transform_logits=None) -> np.ndarray:
         """Run one step; returns the sampled token of every logits row (host int32), or with
         sample=False the logits rows themselves (host float32)."""
         t, r = self.prepare(batch)
@@ -143,7 +148,11 @@ class ModelRunner:
         x = StepInputs(d["input_ids"][:t], d["positions"][:t], d["slot_mapping"][:t],
                        d["block_tables"][:B], d["seq_lens"][:B], d["query_start"][: B + 1],
                        d["logits_indices"][:r])
-        logits = self.model.forward(x, t, r, self.kv, self.ws)
+        logits = self.model.forward(x, t, r, self.kv, self.ws, causal=causal,
+                                    capture_layers=self.capture_layers, capture_out=self.capture_out)
+        self.last_inputs, self.last_num_tokens = x, t
+        if transform_logits is not None:
+            transform_logits(logits)
         if not sample:
             return self.backend.to_host(logits).astype(np.float32)
         if r == 0:

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import numpy as np
-from safetensors import safe_open
 
 from minillm.models.config import ModelConfig, RopeScaling
+from minillm.models.safetensors_io import iter_safetensors
 from minillm.models.tokenizer import Tokenizer
 
 ARCHITECTURES = {
@@ -165,16 +165,10 @@ def load_safetensors(files: list[Path]) -> dict[str, np.ndarray]:
     """All tensors of the files, under canonical names, as float32."""
     out: dict[str, np.ndarray] = {}
     for f in files:
-        with safe_open(str(f), framework="numpy") as st:
-            for name in st.keys():
-                canon = canonical_name(name)
-                if canon is None:
-                    continue
-                try:
-                    t = st.get_tensor(name)
-                except TypeError as e:  # bf16 needs ml_dtypes-aware reading
-                    raise ValueError(f"{f}: tensor {name}: cannot read ({e})") from None
-                out[canon] = np.asarray(t, dtype=np.float32)
+        for name, t in iter_safetensors(f):
+            canon = canonical_name(name)
+            if canon is not None:
+                out[canon] = t.astype(np.float32)
     return out
 
 

@@ -98,7 +98,7 @@ class Transformer:
         return self.backend.zeros(shape), self.backend.zeros(shape)
 
     def forward(self, x: StepInputs, num_tokens: int, num_logits: int, kv, ws: Workspace,
-                capture_layers: tuple[int, ...] = (), capture_out=None):
+                causal: bool = True, capture_layers: tuple[int, ...] = (), capture_out=None):
         """Run one step; returns logits [num_logits, vocab] (a view into the workspace).
 
         capture_layers/capture_out: write the hidden state after each listed layer into
@@ -127,7 +127,7 @@ class Transformer:
             B.qk_norm_rope(q, k, lw.q_norm, lw.k_norm, c.rms_norm_eps, x.positions, self.cos_sin)
             B.store_kv(k, v, k_cache[i], v_cache[i], x.slot_mapping)
             B.paged_attention(q, k_cache[i], v_cache[i], x.block_tables, x.seq_lens,
-                              x.query_start, self.scale, out=attn)
+                              x.query_start, self.scale, out=attn, causal=causal)
             B.matmul(attn.reshape(T, c.q_size), lw.o, out=hidden)
             B.rms_norm(hidden, lw.mlp_norm, c.rms_norm_eps, out=normed, residual=residual)
             B.matmul(normed, lw.gate_up, out=ws.gate_up[:T])
@@ -135,9 +135,9 @@ class Transformer:
             B.matmul(ws.act[:T], lw.down, out=hidden)
         B.rms_norm(hidden, self.norm, c.rms_norm_eps, out=normed, residual=residual)
         last_layer = c.num_layers - 1
-        if last_layer in capture_layers:
+        if last_layer in capture_layers:  # as in HF's hidden_states, the last one is after the final norm
             j = capture_layers.index(last_layer)
-            B.copy(residual, out=capture_out[:T, j * hs : (j + 1) * hs])
+            B.copy(normed, out=capture_out[:T, j * hs : (j + 1) * hs])
         R = num_logits
         B.gather_rows(normed, x.logits_indices, out=ws.last[:R])
         B.matmul(ws.last[:R], self.lm_head, out=ws.logits[:R])

@@ -8,9 +8,8 @@ accepted last round), then drafts k tokens one at a time, each step batched acro
 
 from __future__ import annotations
 
-import numpy as np
-
 from minillm.engine.runner import ModelRunner
+from minillm.engine.sampler import probs_from_logits
 from minillm.engine.scheduler import ScheduledSeq
 from minillm.engine.sequence import Sequence
 from minillm.models.transformer import Transformer
@@ -20,7 +19,7 @@ DRAFT_SEED_SALT = 0x5DEECE66D  # the drafter's random stream differs from the ta
 
 class DraftModelProposer:
     needs_kv = True
-    extra_slots = 0  # its KV stays within the target's next-step positions
+    lookahead = 0  # its KV stays within the target's next-step positions
 
     def __init__(self, loaded, backend, block_manager, k: int, max_tokens: int, max_seqs: int,
                  max_model_len: int):
@@ -34,26 +33,32 @@ class DraftModelProposer:
         self.max_tokens = max_tokens
         self.backend = backend
 
-    def _run(self, items: list[ScheduledSeq], sampled: list[Sequence]) -> tuple[np.ndarray, list]:
-        """One drafter forward; returns a token per item and the host probs of sampled items."""
-        seeds = {}
+    def _run(self, items: list[ScheduledSeq]) -> tuple[list, list]:
+        """One drafter forward; per item, its sampled token and (sampled requests) its
+        distribution, or None for a prefill chunk that does not reach the end."""
+        seeds = [it.seq.seed for it in items]
         for it in items:  # the drafter draws on its own random stream
-            seeds[id(it.seq)] = it.seq.seed
             it.seq.seed = (it.seq.seed ^ DRAFT_SEED_SALT) & ((1 << 63) - 1)
         try:
-            tokens = self.runner.execute(items)
+            rows = self.runner.execute(items)
         finally:
-            for it in items:
-                it.seq.seed = seeds[id(it.seq)]
-        probs = []
-        if sampled:
-            from minillm.engine.sampler import probs_from_logits
-
-            logits = self.backend.to_host(self.runner.last_logits)
-            for r, it in enumerate(items):
-                p = it.seq.params
-                probs.append(None if p.temperature <= 0 else
-                             probs_from_logits(logits[r], p.temperature, p.top_p, p.top_k))
+            for it, seed in zip(items, seeds):
+                it.seq.seed = seed
+        tokens, probs, logits, r = [], [], None, 0
+        for it in items:
+            if not it.num_logits:
+                tokens.append(None)
+                probs.append(None)
+                continue
+            tokens.append(int(rows[r]))
+            p = it.seq.params
+            if p.temperature > 0:
+                if logits is None:
+                    logits = self.backend.to_host(self.runner.last_logits)
+                probs.append(probs_from_logits(logits[r], p.temperature, p.top_p, p.top_k))
+            else:
+                probs.append(None)
+            r += 1
         return tokens, probs
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> None:
@@ -64,38 +69,30 @@ class DraftModelProposer:
             s.draft_probs = []
         if not active:
             return
-        sampled = [s for s, _ in active if s.params.temperature > 0]
         # catch-up: every token the drafter has not processed, in chunks that fit its workspace
         pending = {id(s): s.draft_computed for s, _ in active}
-        first = True
-        while first or any(pending[id(s)] < s.num_tokens for s, _ in active):
+        while True:
             items, budget = [], self.max_tokens
             for s, _ in active:
-                todo = s.num_tokens - pending[id(s)]
-                n = min(todo, budget)
-                if n <= 0 or (not first and todo == 0):
-                    continue
-                items.append(ScheduledSeq(s, n, start=pending[id(s)]))
-                budget -= n
+                n = min(s.num_tokens - pending[id(s)], budget)
+                if n > 0:
+                    items.append(ScheduledSeq(s, n, start=pending[id(s)]))
+                    budget -= n
             if not items:
                 break
-            tokens, probs = self._run(items, sampled)
-            r = 0
-            for it in items:
+            tokens, probs = self._run(items)
+            for it, tok, q in zip(items, tokens, probs):
                 pending[id(it.seq)] += it.num_new
-                if it.start + it.num_new >= it.seq.num_tokens:  # caught up: its first draft
-                    it.seq.draft_ids = [int(tokens[r])]
-                    it.seq.draft_probs = [probs[r]] if probs else []
-                    r += 1
-            first = False
+                if tok is not None:  # caught up: its first draft
+                    it.seq.draft_ids = [tok]
+                    it.seq.draft_probs = [q]
         for s, _ in active:
             s.draft_computed = s.num_tokens
         # k - 1 more single-token steps, batched over the sequences that still draft
         for j in range(1, max(k for _, k in active)):
             items = [ScheduledSeq(s, 1, start=s.num_tokens + j - 1) for s, k in active if k > j]
-            tokens, probs = self._run(items, sampled)
-            for r, it in enumerate(items):
-                it.seq.draft_ids.append(int(tokens[r]))
-                if probs:
-                    it.seq.draft_probs.append(probs[r])
+            tokens, probs = self._run(items)
+            for it, tok, q in zip(items, tokens, probs):
+                it.seq.draft_ids.append(tok)
+                it.seq.draft_probs.append(q)
                 it.seq.draft_computed = it.start + 1

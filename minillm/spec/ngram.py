@@ -13,7 +13,7 @@ from minillm.engine.sequence import Sequence
 
 class NgramProposer:
     needs_kv = False  # no model, so no KV of its own
-    extra_slots = 0
+    lookahead = 0
 
     def __init__(self, k: int, min_n: int, max_n: int):
         self.k = k

@@ -37,6 +37,21 @@ class SpecStats:
         }
 
 
+def lookahead(spec) -> int:
+    """Positions past the last token a drafter writes KV to (sizes block tables and the pool)."""
+    if spec is None:
+        return 0
+    if spec.method == "dflash":
+        from minillm.spec.dflash import dflash_block_size
+
+        bs = dflash_block_size(spec.model)
+        if spec.num_speculative_tokens > bs - 1:
+            raise ValueError(f"--speculative-config: num_speculative_tokens {spec.num_speculative_tokens} is above "
+                             f"the DFlash block size minus one ({bs - 1})")
+        return bs - 1
+    return spec.num_speculative_tokens
+
+
 def build_proposer(engine):
     """The drafter for engine.spec, checked against the target (vocabulary, block size)."""
     spec = engine.spec
@@ -44,6 +59,8 @@ def build_proposer(engine):
         from minillm.spec.ngram import NgramProposer
 
         return NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
+    if spec.method == "dflash":
+        return _dflash(engine)
     loaded = load_model(spec.model)
     if loaded.config.vocab_size != engine.config.vocab_size:
         raise ValueError(
@@ -56,4 +73,15 @@ def build_proposer(engine):
 
         return DraftModelProposer(loaded, engine.backend, engine.block_manager, spec.num_speculative_tokens,
                                   r["max_tokens"], r["max_seqs"], r["max_model_len"])
-    raise ValueError(f"--speculative-config: method {spec.method!r} is not implemented yet")
+    raise AssertionError(spec.method)
+
+
+def _dflash(engine):
+    from minillm.spec.dflash import DFlashProposer
+
+    spec, r = engine.spec, engine.runner_args
+    proposer = DFlashProposer(spec.model, engine.model, engine.backend, engine.block_manager,
+                              spec.num_speculative_tokens, r["max_tokens"], r["max_seqs"], engine.max_model_len)
+    engine.runner.capture_layers = proposer.layer_ids
+    engine.runner.capture_out = proposer.capture
+    return proposer

@@ -1,0 +1,212 @@
+"""DFlash block-diffusion drafter ("DFlash: Block Diffusion for Flash Speculative Decoding").
+
+The drafter is a few Qwen3-style layers that see the target through its hidden states:
+- context: after every target step, the hidden states after the layers in target_layer_ids are
+  concatenated, projected by `fc`, normalised by `hidden_norm`, and turned by each draft layer's
+  k_proj / k_norm / RoPE and v_proj into that layer's keys and values at the tokens' positions.
+  They are stored in the drafter's paged KV pool, which shares the target's block tables.
+- drafting: one block [last token, mask x (block_size - 1)] at the next positions, embedded with
+  the target's embeddings, runs through the layers in a single forward whose attention is
+  non-causal over context + block; the target's LM head gives the draft logits.
+A draft layer over the pool is exactly a Qwen3 decoder layer with non-causal attention, so the
+drafter is a `Transformer` sharing the target's embedding and LM head.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from minillm.engine.runner import ModelRunner
+from minillm.engine.scheduler import ScheduledSeq
+from minillm.engine.sequence import Sequence
+from minillm.models.config import ModelConfig
+from minillm.models.hf_loader import canonical_name, check_weights
+from minillm.models.safetensors_io import iter_safetensors
+from minillm.models.transformer import Transformer, Workspace
+from minillm.spec.draft_model import DRAFT_SEED_SALT
+
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+
+
+def dflash_block_size(path: str | Path) -> int:
+    """The drafter's block size, read before anything is sized (it sets the KV lookahead)."""
+    cfg_file = Path(path) / "config.json"
+    try:
+        cfg = json.loads(cfg_file.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{cfg_file}: missing; a DFlash drafter is an HF directory with config.json") from None
+    return int((cfg.get("dflash_config") or {}).get("block_size", cfg.get("block_size", 16)))
+
+
+def load_dflash(path: str | Path, target: ModelConfig) -> tuple[ModelConfig, dict, dict]:
+    """(draft ModelConfig, weights incl. fc/hidden_norm, dflash settings) from an HF directory."""
+    path = Path(path)
+    cfg_file = path / "config.json"
+    if not cfg_file.exists():
+        raise FileNotFoundError(f"{cfg_file}: missing; a DFlash drafter is an HF directory with config.json")
+    cfg = json.loads(cfg_file.read_text())
+    dc = dict(cfg.get("dflash_config") or {})
+    archs = cfg.get("architectures") or []
+    if any("DFlash2" in a for a in archs) or any(k in dc or k in cfg for k in DFLASH2_KEYS):
+        raise ValueError(f"{cfg_file}: DFlash2 drafters (conv layers, candidate selector) are not supported yet; "
+                         "use a DFlash (v1) checkpoint")
+    if "dflash_config" not in cfg:
+        raise ValueError(f"{cfg_file}: no dflash_config: not a DFlash drafter checkpoint")
+    n_layers = cfg["num_hidden_layers"]
+    settings = {
+        "block_size": int(dc.get("block_size", cfg.get("block_size", 16))),
+        "mask_token_id": dc.get("mask_token_id", cfg.get("mask_token_id")),
+        "target_layer_ids": list(dc.get("target_layer_ids") or cfg.get("target_layer_ids") or []),
+        "output_multiplier": float(dc.get("output_multiplier", cfg.get("output_multiplier", 1.0)) or 1.0),
+        "final_logit_softcapping": dc.get("final_logit_softcapping", cfg.get("final_logit_softcapping")),
+        "input_embedding_scale": float(dc.get("input_embedding_scale", cfg.get("input_embedding_scale", 1.0))),
+    }
+    if settings["mask_token_id"] is None:
+        raise ValueError(f"{cfg_file}: dflash_config.mask_token_id is missing")
+    if not settings["target_layer_ids"]:
+        raise ValueError(f"{cfg_file}: dflash_config.target_layer_ids is missing")
+    bad = [i for i in settings["target_layer_ids"] if not 0 <= i < target.num_layers]
+    if bad:
+        raise ValueError(f"{cfg_file}: target_layer_ids {bad} outside the target's {target.num_layers} layers")
+    if cfg["hidden_size"] != target.hidden_size:
+        raise ValueError(f"{cfg_file}: hidden_size {cfg['hidden_size']} differs from the target's {target.hidden_size}")
+    heads = cfg["num_attention_heads"]
+    dcfg = ModelConfig(
+        arch="qwen3", vocab_size=target.vocab_size, hidden_size=cfg["hidden_size"], num_layers=n_layers,
+        num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads") or heads,
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads, intermediate_size=cfg["intermediate_size"],
+        rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=float(cfg.get("rope_theta", target.rope_theta)),
+        rope_scaling=target.rope_scaling if cfg.get("rope_scaling") is None else target.rope_scaling,
+        max_position_embeddings=cfg.get("max_position_embeddings", target.max_position_embeddings),
+        tie_word_embeddings=True, attention_bias=bool(cfg.get("attention_bias", False)), qk_norm=True,
+    )
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path}: no *.safetensors files")
+    raw = load_safetensors_raw(files)
+    weights = {}
+    for name, t in raw.items():
+        if name in ("fc.weight", "hidden_norm.weight"):
+            weights[name.split(".")[0]] = t
+        else:
+            canon = canonical_name(name if name.startswith("model.") else "model." + name)
+            if canon is not None:
+                weights[canon] = t
+    need = dict(fc=(dcfg.hidden_size, len(settings["target_layer_ids"]) * dcfg.hidden_size),
+                hidden_norm=(dcfg.hidden_size,))
+    for k, shape in need.items():
+        if k not in weights or weights[k].shape != shape:
+            raise ValueError(f"{path}: tensor {k!r} missing or not of shape {shape}")
+    # the embedding is the target's: only its shape is checked here
+    check_weights({**weights, "embed": _Shape((dcfg.vocab_size, dcfg.hidden_size))}, dcfg, str(path))
+    return dcfg, weights, settings
+
+
+class _Shape:
+    """Stands in for a tensor in check_weights where only the shape matters (the shared embedding)."""
+
+    def __init__(self, shape):
+        self.shape = shape
+
+
+def load_safetensors_raw(files) -> dict[str, np.ndarray]:
+    """Every tensor under its file name (DFlash names are not HF model names), as float32."""
+    return {name: t.astype(np.float32) for f in files for name, t in iter_safetensors(f)}
+
+
+class DFlashProposer:
+    needs_kv = True
+    uses_target_hidden = True
+
+    def __init__(self, path, target: Transformer, backend, block_manager, k: int, max_tokens: int,
+                 max_seqs: int, max_model_len: int):
+        dcfg, weights, st = load_dflash(path, target.cfg)
+        if st["input_embedding_scale"] != 1.0:
+            raise ValueError(f"{path}: input_embedding_scale != 1 is not supported yet")
+        self.block = st["block_size"]
+        if not 1 <= k <= self.block - 1:
+            raise ValueError(f"--speculative-config: num_speculative_tokens {k} must be in [1, block_size - 1 = "
+                             f"{self.block - 1}] for this DFlash drafter")
+        self.k = k
+        self.mask = int(st["mask_token_id"])
+        self.layer_ids = tuple(st["target_layer_ids"])
+        self.multiplier = st["output_multiplier"]
+        self.softcap = st["final_logit_softcapping"]
+        self.lookahead = self.block - 1  # the block reaches block_size - 1 positions past the last token
+        self.backend = backend
+        self.cfg = dcfg
+        fc, hidden_norm = weights.pop("fc"), weights.pop("hidden_norm")
+        weights["embed"] = np.zeros((1, dcfg.hidden_size), np.float32)  # replaced by the target's below
+        self.model = Transformer(dcfg, weights, backend, max_model_len + self.block)
+        self.model.embed = target.embed
+        self.model.lm_head = target.lm_head
+        self.fc = backend.asarray(fc)
+        self.hidden_norm = backend.asarray(hidden_norm)
+        self.kv = self.model.allocate_kv_cache(block_manager.num_blocks, block_manager.block_size)
+        self.runner = ModelRunner(self.model, backend, self.kv, block_manager, max_tokens=max(max_tokens,
+                                  max_seqs * self.block), max_seqs=max_seqs, max_logits=max_seqs * self.block,
+                                  max_model_len=max_model_len + self.block)
+        # target hidden states of a step, and their projection (the drafter's context input)
+        H = dcfg.hidden_size
+        self.capture = backend.empty((max_tokens, len(self.layer_ids) * H))
+        self.ctx = Workspace(backend, dcfg, max_tokens, 1)
+        self.ctx_hidden = backend.empty((max_tokens, H))
+
+    # ---- context: every target step --------------------------------------------------------
+    def update_context(self, x, num_tokens: int) -> None:
+        """Store context K/V for the target step just run (x: its StepInputs, rows [0, num_tokens))."""
+        B, c, ws, T = self.backend, self.cfg, self.ctx, num_tokens
+        f = self.ctx_hidden[:T]
+        B.matmul(self.capture[:T], self.fc, out=ws.normed[:T])
+        B.rms_norm(ws.normed[:T], self.hidden_norm, c.rms_norm_eps, out=f)
+        qkv = ws.qkv[:T]
+        q = qkv[:, : c.q_size].reshape(T, c.num_heads, c.head_dim)
+        k = qkv[:, c.q_size : c.q_size + c.kv_size].reshape(T, c.num_kv_heads, c.head_dim)
+        v = qkv[:, c.q_size + c.kv_size :].reshape(T, c.num_kv_heads, c.head_dim)
+        for i, lw in enumerate(self.model.layers):
+            B.matmul(f, lw.qkv, out=qkv, bias=lw.qkv_bias)
+            B.qk_norm_rope(q, k, lw.q_norm, lw.k_norm, c.rms_norm_eps, x.positions, self.model.cos_sin)
+            B.store_kv(k, v, self.kv[0][i], self.kv[1][i], x.slot_mapping)
+
+    # ---- drafting ----------------------------------------------------------------------------
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> None:
+        active = [(s, k) for s, k in zip(seqs, ks) if k > 0]
+        for s in seqs:
+            s.draft_ids, s.draft_probs = [], []
+        if not active:
+            return
+        items = []
+        for s, _ in active:
+            s.draft_ids = [self.mask] * (self.block - 1)
+            items.append(ScheduledSeq(s, self.block, num_draft=self.block - 1, start=s.num_tokens - 1))
+        seeds = [s.seed for s, _ in active]
+        for s, _ in active:
+            s.seed = (s.seed ^ DRAFT_SEED_SALT) & ((1 << 63) - 1)
+        try:
+            tokens = self.runner.execute(items, causal=False, transform_logits=self._transform_logits)
+        finally:
+            for (s, _), seed in zip(active, seeds):
+                s.seed = seed
+        logits = None
+        for i, (s, k) in enumerate(active):
+            rows = slice(i * self.block + 1, i * self.block + 1 + k)  # row 0 predicts the known token
+            s.draft_ids = [int(t) for t in tokens[rows]]
+            p = s.params
+            if p.temperature > 0:
+                from minillm.engine.sampler import probs_from_logits
+
+                if logits is None:
+                    logits = self.backend.to_host(self.runner.last_logits)
+                s.draft_probs = [probs_from_logits(logits[j], p.temperature, p.top_p, p.top_k)
+                                 for j in range(rows.start, rows.stop)]
+            s.draft_computed = s.num_tokens - 1  # the block's noise K/V is not context
+
+    def _transform_logits(self, logits) -> None:
+        """output_multiplier and final-logit soft-capping, as the checkpoint asks."""
+        if self.multiplier != 1.0:
+            self.backend.scale(logits, self.multiplier)
+        if self.softcap:
+            self.backend.softcap(logits, float(self.softcap))

@@ -1,0 +1,221 @@
+"""Speculative decoding is lossless: greedy token-identical, sampled distribution-identical.
+
+Also checks the DFlash drafter against the `dflash` reference package on the same weights.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from minillm import LLM, SamplingParams
+from minillm.tools.random_model import write_dflash_drafter, write_random_model
+
+from hf_models import make_tiny
+
+PROMPTS = [
+    [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7],
+    list(range(1, 21)) + [1, 2, 3],
+    [9, 9, 9],
+    [100, 101, 102, 100, 101],
+    [42],
+    list(range(30, 70)),
+] * 3  # 18 requests: concurrency up to 16 with some waiting
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    target = tmp_path_factory.mktemp("target")
+    make_tiny("qwen3", target, seed=0)
+    poor = tmp_path_factory.mktemp("poor")
+    make_tiny("qwen3", poor, seed=7, num_hidden_layers=1)
+    return target, poor
+
+
+def spec_configs(models, k):
+    target, poor = models
+    return {
+        "ngram": {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3},
+        "draft_model": {"method": "draft_model", "model": str(poor), "num_speculative_tokens": k},
+        "self_draft": {"method": "draft_model", "model": str(target), "num_speculative_tokens": k},
+    }
+
+
+@pytest.fixture(scope="module")
+def greedy_reference(models):
+    llm = LLM(str(models[0]), device="cpu", max_num_seqs=16, max_model_len=128)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    return [o.token_ids for o in llm.generate(PROMPTS, params)]
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+@pytest.mark.parametrize("method", ["ngram", "draft_model", "self_draft"])
+def test_greedy_lossless(models, greedy_reference, method, k):
+    llm = LLM(str(models[0]), device="cpu", max_num_seqs=16, max_model_len=128,
+              speculative_config=spec_configs(models, k)[method])
+    outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    assert [o.token_ids for o in outs] == greedy_reference
+    spec = llm.engine.stats().spec
+    assert spec["rounds"] > 0
+    if method == "self_draft":  # the model drafting for itself is always right
+        assert spec["acceptance_rate"] == 1.0
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_greedy_lossless_with_preemption(models, greedy_reference, method):
+    # 16 sequences of up to 128 tokens need 128 blocks of 16; 24 blocks force preemption
+    llm = LLM(str(models[0]), device="cpu", max_num_seqs=16, max_model_len=128, num_blocks=24,
+              speculative_config=spec_configs(models, 3)[method])
+    outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    assert [o.token_ids for o in outs] == greedy_reference
+    assert llm.engine.stats().preemptions > 0
+
+
+def test_stop_inside_accepted_run(models):
+    """max_tokens and stop tokens cut an accepted run exactly where plain decoding stops."""
+    target = str(models[0])
+    base = LLM(target, device="cpu").generate(PROMPTS[:4], SamplingParams(temperature=0, max_tokens=40,
+                                                                           ignore_eos=True))
+    stop_ids = [b.token_ids[5] for b in base]
+    spec = LLM(target, device="cpu", speculative_config=spec_configs(models, 8)["self_draft"])
+    for b, stop in zip(base, stop_ids):
+        out = spec.generate([b.prompt_token_ids], SamplingParams(temperature=0, max_tokens=7,
+                                                                 stop_token_ids=[stop], ignore_eos=True))[0]
+        first = b.token_ids.index(stop)
+        if first < 7:
+            assert out.token_ids == b.token_ids[: first + 1] and out.finish_reason == "stop"
+        else:
+            assert out.token_ids == b.token_ids[:7] and out.finish_reason == "length"
+
+
+def exact_two_token_distribution(llm, prompt, params):
+    """P(t1, t2) under the target with params' temperature and top-k, from its logits."""
+    from minillm.engine.sampler import probs_from_logits
+
+    first = probs_from_logits(llm.engine.score([prompt])[0][-1], params.temperature, params.top_p, params.top_k)
+    joint = {}
+    for t1 in np.nonzero(first)[0]:
+        second = probs_from_logits(llm.engine.score([prompt + [int(t1)]])[0][-1], params.temperature,
+                                   params.top_p, params.top_k)
+        for t2 in np.nonzero(second)[0]:
+            joint[(int(t1), int(t2))] = first[t1] * second[t2]
+    return joint
+
+
+def chi_square_p(counts: dict, probs: dict, n: int) -> float:
+    from scipy.stats import chisquare
+
+    keys = sorted(probs)
+    unexpected = sum(c for key, c in counts.items() if key not in probs)
+    assert unexpected == 0, f"{unexpected} samples outside the target's support"
+    obs = np.array([counts.get(key, 0) for key in keys], dtype=np.float64)
+    exp = np.array([probs[key] for key in keys]) * n
+    return chisquare(obs, exp).pvalue
+
+
+@pytest.mark.parametrize("method", ["none", "ngram", "draft_model"])
+def test_sampling_lossless(models, method):
+    """20,000 seeded samples of two tokens match the target's exact joint distribution.
+
+    The prompt holds every token of the tiny vocabulary, so the n-gram drafter always finds the
+    first sampled token earlier and proposes (mostly wrong) continuations.
+    """
+    prompt = np.random.default_rng(0).permutation(256).tolist()
+    spec = None if method == "none" else spec_configs(models, 3)[method]
+    llm = LLM(str(models[0]), device="cpu", max_num_seqs=1000, max_model_len=264, max_num_batched_tokens=16000,
+              speculative_config=spec)
+    params = SamplingParams(temperature=1.3, top_k=5, max_tokens=2, ignore_eos=True)
+    probs = exact_two_token_distribution(llm, prompt, params)
+    n = 20_000
+    counts: dict = {}
+    for start in range(0, n, 1000):
+        ps = [SamplingParams(temperature=1.3, top_k=5, max_tokens=2, ignore_eos=True, seed=s)
+              for s in range(start, start + 1000)]
+        for out in llm.generate([prompt] * 1000, ps):
+            key = tuple(out.token_ids)
+            counts[key] = counts.get(key, 0) + 1
+    assert chi_square_p(counts, probs, n) > 0.001
+    if method != "none":
+        assert llm.engine.stats().spec["draft_tokens"] > 0  # drafts were really verified
+
+
+@pytest.fixture(scope="module")
+def dflash_pair(tmp_path_factory):
+    target = tmp_path_factory.mktemp("dft")
+    write_random_model(target, "tiny", seed=3, force=True)
+    drafter = tmp_path_factory.mktemp("dfd")
+    write_dflash_drafter(drafter, target, seed=4, force=True)
+    return target, drafter
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_dflash_greedy_lossless(dflash_pair, k):
+    target, drafter = dflash_pair
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    base = LLM(str(target), device="cpu", max_model_len=256).generate(PROMPTS[:6], params)
+    llm = LLM(str(target), device="cpu", max_model_len=256, speculative_config={
+        "method": "dflash", "model": str(drafter), "num_speculative_tokens": k})
+    outs = llm.generate(PROMPTS[:6], params)
+    assert [o.token_ids for o in outs] == [b.token_ids for b in base]
+    assert llm.engine.stats().spec["draft_tokens"] > 0
+
+
+def test_dflash_matches_reference(dflash_pair):
+    """Draft hidden states and tokens equal dflash.DFlashDraftModel's, and dflash_generate agrees."""
+    from dflash.model import DFlashDraftModel, dflash_generate, extract_context_feature
+    from transformers import AutoModelForCausalLM
+
+    target_dir, drafter_dir = dflash_pair
+    ref_target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    ref_draft = DFlashDraftModel.from_pretrained(drafter_dir, dtype=torch.float32).eval()
+    prompt = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 300, 301, 302]
+    bs = ref_draft.block_size
+
+    llm = LLM(str(target_dir), device="cpu", max_model_len=256, speculative_config={
+        "method": "dflash", "model": str(drafter_dir), "num_speculative_tokens": bs - 1})
+    eng = llm.engine
+    eng.add_request(prompt, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True), "r")
+    eng.step()  # prefill: samples the first token, then drafts one block
+    seq = eng.requests["r"]
+    ours_hidden = eng.backend.to_host(eng.proposer.runner.ws.normed[:bs]).copy()
+    ours_draft = list(seq.draft_ids)
+
+    with torch.no_grad():
+        out = ref_target(torch.tensor([prompt]), output_hidden_states=True)
+        first = int(out.logits[0, -1].argmax())
+        assert first == seq.output_ids[0]
+        feats = extract_context_feature(out.hidden_states, ref_draft.target_layer_ids)
+        block = torch.tensor([[first] + [ref_draft.mask_token_id] * (bs - 1)])
+        noise = ref_target.get_input_embeddings()(block)
+        pos = torch.arange(len(prompt) + bs)[None]
+        hidden = ref_draft(target_hidden=feats, noise_embedding=noise, position_ids=pos)[0].numpy()
+        ref_draft_tokens = ref_draft.compute_logits(torch.tensor(hidden[1:]), ref_target.lm_head).argmax(-1)
+    rel = np.abs(ours_hidden - hidden).max() / np.abs(hidden).max()
+    assert rel < 1e-4, f"draft hidden states differ: relative error {rel:.2e}"
+    assert ours_draft == ref_draft_tokens.tolist()
+
+    full = LLM(str(target_dir), device="cpu", max_model_len=256, speculative_config={
+        "method": "dflash", "model": str(drafter_dir), "num_speculative_tokens": 8})
+    ours = full.generate([prompt], SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))[0].token_ids
+    with torch.no_grad():
+        ref = dflash_generate(ref_draft, ref_target, torch.tensor([prompt]), max_new_tokens=32, stop_token_ids=None)
+    assert ours == ref[0, len(prompt):].tolist()
+
+
+def test_invalid_speculative_configs(models, dflash_pair):
+    target = str(models[0])
+    bad = [
+        ({"method": "medusa", "num_speculative_tokens": 2}, "method must be one of"),
+        ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+        ({"method": "draft_model", "num_speculative_tokens": 2}, "needs \"model\""),
+        ({"method": "dflash", "model": str(dflash_pair[1]), "num_speculative_tokens": 16}, "block size minus one"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "bogus": 1}, "unknown keys"),
+    ]
+    for cfg, msg in bad:
+        with pytest.raises(ValueError, match=msg):
+            LLM(target, device="cpu", speculative_config=cfg)
+    # a drafter with another vocabulary
+    with pytest.raises(ValueError, match="vocabulary"):
+        LLM(str(dflash_pair[0]), device="cpu",
+            speculative_config={"method": "draft_model", "model": target, "num_speculative_tokens": 2})
