@@ -22,8 +22,7 @@ log = logging.getLogger("minillm.server")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m minillm.serve", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m minillm.serve", description=__doc__.split("\n")[0])
     add_engine_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free port)")
@@ -34,7 +33,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--shutdown-grace", type=float, default=30.0,
                    help="seconds open requests get to finish after SIGTERM before they are cut")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    return p.parse_args(argv)
+    ns = p.parse_args(argv)
+    names = ns.served_model_name or []
+    if ns.model is None and any(os.path.exists(n) for n in names[1:]):
+        # `--served-model-name NAME MODEL` swallows MODEL as a second name (nargs="+", as in vLLM)
+        p.error("MODEL was read as a --served-model-name; put MODEL before the flags")
+    return ns
 
 
 def _hypercorn_config(host: str, port: int):

@@ -46,7 +46,6 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
     metrics = Metrics(engine)
     app = Quart("minillm.server")
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
-    app.config["PROVIDE_AUTOMATIC_OPTIONS"] = True
     app.extensions["minillm"] = {"engine": engine, "metrics": metrics, "info": info}
 
     @app.before_serving
@@ -68,10 +67,9 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
 
     @app.errorhandler(HTTPException)
     async def on_http(e: HTTPException) -> Response:
-        types = {404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error"}
         msg = (f"the request body is larger than {max_body_bytes} bytes" if e.code == 413
                else f"{e.name}: {request.method} {request.path}")
-        return _error(e.code or 500, msg, types.get(e.code, "invalid_request_error"))
+        return _error(e.code or 500, msg, "not_found_error" if e.code == 404 else "invalid_request_error")
 
     @app.errorhandler(Exception)
     async def on_bug(e: Exception) -> Response:
@@ -191,6 +189,11 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         except EngineFailure as e:
             reason = "error"
             yield sse(error_body(e.message, e.type, None, e.status))
+            yield sse("[DONE]")
+        except Exception as e:  # a bug of ours: the client still gets an error event, the log a traceback
+            reason = "error"
+            log.exception("stream %s failed", rid)
+            yield sse(error_body(f"internal error: {type(e).__name__}: {e}", "internal_server_error", None, 500))
             yield sse("[DONE]")
         finally:
             stream.close()  # a client that went away aborts its request here: blocks freed at once

@@ -151,10 +151,10 @@ class AsyncEngine:
             if stream is not None:  # else aborted meanwhile: drop
                 stream.queue.put_nowait(out)
 
-    def _reject(self, request_id: str, exc: Exception) -> None:
+    def _reject(self, request_id: str, failure: EngineFailure) -> None:
         stream = self._streams.get(request_id)
         if stream is not None:
-            stream.queue.put_nowait(EngineFailure(str(exc), "invalid_request_error", 400))
+            stream.queue.put_nowait(failure)
 
     def _fail_all(self, exc: BaseException) -> None:
         self.error = exc
@@ -181,7 +181,12 @@ class AsyncEngine:
                 try:
                     eng.add_request(prompt_ids, params, rid)
                 except ValueError as e:  # validated before, so only a race could get here
-                    self._post(self._reject, rid, e)
+                    self._post(self._reject, rid, EngineFailure(str(e), "invalid_request_error", 400))
+                except Exception as e:  # a bug in admission: fail this request loudly, keep serving others
+                    log.exception("adding request %s failed", rid)
+                    eng.abort_request(rid)
+                    self._post(self._reject, rid, EngineFailure(f"the engine could not admit the request: "
+                                                                f"{type(e).__name__}: {e}"))
             elif cmd[0] == "abort":
                 eng.abort_request(cmd[1])
             elif cmd[0] == "fault":
