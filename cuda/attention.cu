@@ -177,6 +177,7 @@ __device__ void paged_attention_impl(
         sum += p;
       }
       sum = minillm::warp_sum(sum);
+      __syncwarp();  // every lane has read m_s[r] before lane 0 replaces it
       if (lane == 0) {
         const float alpha = m_old == minillm::neg_inf() ? 0.f : expf(m_old - m_new);
         a_s[r] = alpha;

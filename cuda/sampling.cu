@@ -14,7 +14,8 @@
 // One CTA of SAMPLE_THREADS threads per row.
 #include "common.cuh"
 
-#define SAMPLE_THREADS 1024
+#define SAMPLE_THREADS 512
+#define NS 15  // thresholds per search pass: the key range shrinks 16x a pass
 
 namespace {
 
@@ -72,6 +73,28 @@ __device__ double block_exclusive_scan(double v, double* warp_tot, double* total
   return base + exc;
 }
 
+// Sums v[0..NS) over the block in a fixed order; every thread gets the totals back in v.
+__device__ void block_sum_n(double (&v)[NS], double* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+  for (int j = 0; j < NS; ++j) v[j] = minillm::warp_sum(v[j]);
+  __syncthreads();
+  if (lane == 0) {
+#pragma unroll
+    for (int j = 0; j < NS; ++j) red[warp * (NS + 1) + j] = v[j];
+  }
+  __syncthreads();
+  if (threadIdx.x < NS) {
+    double s = 0.0;
+    for (int w = 0; w < nw; ++w) s += red[w * (NS + 1) + threadIdx.x];
+    red[32 * (NS + 1) + threadIdx.x] = s;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < NS; ++j) v[j] = red[32 * (NS + 1) + j];
+  __syncthreads();
+}
+
 // (value, index) argmax over the block; the first index wins ties.
 __device__ void block_argmax(float& v, int& idx, float* sv, int* si) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -103,6 +126,7 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
               const int* __restrict__ top_k, const void* __restrict__ seeds, int seed_bytes,
               const int* __restrict__ positions, int* __restrict__ out, int n_rows) {
   __shared__ double dscratch[32];
+  __shared__ double red[32 * (NS + 1) + NS];
   __shared__ float fscratch[32];
   __shared__ int iscratch[32];
   __shared__ int s_found;
@@ -127,22 +151,46 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
   const double M = (double)bv / t;  // the max of x survives every filter
   const unsigned kmax = float_key(bv);
 
-  // ---- top-k: the k-th largest key, by bisection on the count of keys >= mid
+  // ---- top-k: the k-th largest key. A 16-way search over the key range: each pass counts the
+  // keys at NS thresholds at once, so 8 passes over the row pin a 32-bit key.
   const int k = top_k[row];
   const bool use_topk = k > 0 && k < V;
   unsigned kth_key = 0;
   double kth_x = -__longlong_as_double(0x7ff0000000000000ll);  // -inf: keeps all
   if (use_topk) {
-    unsigned lo = 0, hi = kmax;  // invariant: count(key >= lo) >= k
+    u64 lo = 0, hi = kmax;  // invariant: count(key >= lo) >= k
     while (lo < hi) {
-      const unsigned mid = lo + (unsigned)(((u64)hi - lo + 1) >> 1);
-      double c = 0.0;
-      for (int i = tid; i < V; i += NT) c += float_key(lg[i]) >= mid ? 1.0 : 0.0;
-      c = minillm::block_sum(c, dscratch);
-      if (c >= (double)k) lo = mid; else hi = mid - 1;
+      const u64 range = hi - lo + 1;
+      u64 th[NS];
+      double c[NS];
+#pragma unroll
+      for (int j = 0; j < NS; ++j) {
+        th[j] = min(hi, lo + ((u64)(j + 1) * range + NS) / (NS + 1));
+        c[j] = 0.0;
+      }
+      for (int i = tid; i < V; i += NT) {
+        const unsigned key = float_key(lg[i]);
+#pragma unroll
+        for (int j = 0; j < NS; ++j) c[j] += key >= th[j] ? 1.0 : 0.0;
+      }
+      block_sum_n(c, red);
+      int best = -1;  // the largest threshold still holding k keys
+#pragma unroll
+      for (int j = 0; j < NS; ++j)
+        if (c[j] >= (double)k) best = j;
+      // (selects with constant indices keep th[] in registers)
+      u64 new_lo = lo, new_hi = th[0] - 1;
+#pragma unroll
+      for (int j = 0; j < NS; ++j) {
+        if (j == best) new_lo = th[j];
+        if (j == best + 1) new_hi = th[j] - 1;  // th[best + 1] > th[best]: its count is < k
+        if (best == NS - 1) new_hi = hi;
+      }
+      lo = new_lo;
+      hi = new_hi;
     }
-    kth_key = lo;
-    kth_x = (double)key_float(lo) / t;
+    kth_key = (unsigned)lo;
+    kth_x = (double)key_float(kth_key) / t;
   }
 
   // ---- softmax normaliser over the top-k survivors
@@ -153,40 +201,68 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
   }
   S = minillm::block_sum(S, dscratch);
 
-  // ---- top-p: the cut-off key v_e = min key with mass(key > v_e) < top_p, then its ties
+  // ---- top-p: the cut-off key v_e = min key with mass(key > v_e) < top_p, then its ties.
+  // 16-way search again; the mass above the current upper bound is carried, so each pass
+  // takes exp() only of the tokens whose key lies inside the remaining window (lo, hi].
   const double tp = (double)top_p[row];
   const bool use_topp = tp < 1.0;
   unsigned cut_key = 0;
   int n_tie = 0;
+  double S2 = 1.0;
   if (use_topp) {
-    unsigned lo = use_topk ? kth_key : 0u, hi = kmax;  // mass(key > kmax) = 0 < top_p
+    u64 lo = use_topk ? kth_key : 0u, hi = kmax;  // mass(key > kmax) = 0 < top_p
+    double above = 0.0;                            // mass(key > hi)
     while (lo < hi) {
-      const unsigned mid = lo + ((hi - lo) >> 1);
-      double mass = 0.0;
+      const u64 range = hi - lo + 1;
+      u64 th[NS];
+      double m[NS];
+#pragma unroll
+      for (int j = 0; j < NS; ++j) {
+        th[j] = lo + (u64)j * range / NS;  // th[0] = lo, all < hi... or = hi for tiny ranges
+        m[j] = 0.0;
+      }
       for (int i = tid; i < V; i += NT) {
         const float l = lg[i];
+        const unsigned key = float_key(l);
+        if (key <= lo || key > hi) continue;
         const double x = (double)l / t;
-        if (x >= kth_x && float_key(l) > mid) mass += exp(x - M) / S;
+        if (!(x >= kth_x)) continue;
+        const double p = exp(x - M) / S;
+#pragma unroll
+        for (int j = 0; j < NS; ++j) m[j] += key > th[j] ? p : 0.0;
       }
-      mass = minillm::block_sum(mass, dscratch);
-      if (mass < tp) hi = mid; else lo = mid + 1;
+      block_sum_n(m, red);
+      int first = -1;  // the smallest threshold whose mass above is under top_p
+#pragma unroll
+      for (int j = NS - 1; j >= 0; --j)
+        if (above + m[j] < tp) first = j;
+      if (first < 0) {
+        lo = th[NS - 1] + 1;
+      } else {
+        u64 new_lo = lo, new_hi = hi;
+        double add = 0.0;
+#pragma unroll
+        for (int j = 0; j < NS; ++j) {
+          if (j == first - 1) new_lo = th[j] + 1;
+          if (j == first) { new_hi = th[j]; add = m[j]; }
+        }
+        above += add;
+        lo = new_lo;
+        hi = new_hi;
+      }
     }
-    cut_key = lo;
-    double mass = 0.0, cnt = 0.0;
+    cut_key = (unsigned)lo;
+    double cnt = 0.0;
     for (int i = tid; i < V; i += NT) {
       const float l = lg[i];
-      const double x = (double)l / t;
-      if (!(x >= kth_x)) continue;
-      const unsigned key = float_key(l);
-      if (key > cut_key) mass += exp(x - M) / S;
-      else if (key == cut_key) cnt += 1.0;
+      if ((double)l / t >= kth_x && float_key(l) == cut_key) cnt += 1.0;
     }
-    mass = minillm::block_sum(mass, dscratch);
     cnt = minillm::block_sum(cnt, dscratch);
     // ties at the cut-off come in index order; each adds the same p to the running mass
     const double p_cut = exp((double)key_float(cut_key) / t - M) / S;
-    double c = mass;
+    double c = above;
     while (n_tie < (int)cnt && c < tp) { ++n_tie; c += p_cut; }
+    S2 = c;  // the kept mass, to renormalise by
   }
 
   // ---- from here each thread owns a contiguous chunk of indices, so index order is kept
@@ -206,23 +282,18 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
     const float l = lg[i];
     const double x = (double)l / t;
     if (!(x >= kth_x)) return 0.0;
-    const double p = exp(x - M) / S;
-    if (!use_topp) return p;
-    const unsigned key = float_key(l);
-    if (key < cut_key) return 0.0;
-    if (key == cut_key) {
-      const bool keep = rank < (double)n_tie;
-      rank += 1.0;
-      if (!keep) return 0.0;
+    if (use_topp) {  // decide before exp(): most tokens fall below the cut
+      const unsigned key = float_key(l);
+      if (key < cut_key) return 0.0;
+      if (key == cut_key) {
+        const bool keep = rank < (double)n_tie;
+        rank += 1.0;
+        if (!keep) return 0.0;
+      }
+      return exp(x - M) / S / S2;
     }
-    return p / S2;
+    return exp(x - M) / S;
   };
-  double S2 = 1.0;
-  if (use_topp) {
-    double r = tie_rank, s = 0.0;
-    for (int i = i0; i < i1; ++i) s += weight(i, r, 1.0);
-    S2 = minillm::block_sum(s, dscratch);
-  }
   double own = 0.0;
   int last_nz = -1;
   {

@@ -4,6 +4,7 @@
 #   scripts/gpu_check.sh -k attention    extra pytest arguments narrow the test run
 #   scripts/gpu_check.sh --bench         kernel timings (CUDA events, median of replays)
 #   scripts/gpu_check.sh --sanitize      the gpu tests under compute-sanitizer memcheck + racecheck
+#                                        (MEMCHECK_K / RACECHECK_K: pytest -k selections)
 set -uo pipefail
 OUT=${OUT:-/tmp/minillm-gpu-check}
 mkdir -p "$OUT"
@@ -141,9 +142,9 @@ case "${1:-}" in
     bench 2>&1 | tee "$OUT/bench.log" ;;
   --sanitize)
     shift
-    for tool in memcheck racecheck; do
-      sel="not long_context and not debug_build"
-      [ "$tool" = racecheck ] && sel="attention_shapes and bfloat16-16-128 or sampler_matches and bfloat16-normal-1000"
+    for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
+      sel=${MEMCHECK_K:-"not long_context and not debug_build"}
+      [ "$tool" = racecheck ] && sel=${RACECHECK_K:-"attention_shapes and bfloat16-16-64-4 or sampler_matches and bfloat16-normal-1000"}
       timeout "$T" compute-sanitizer --tool "$tool" --print-limit 20 \
         python3 -m pytest -q -m gpu -p no:cacheprovider -x -k "$sel" tests/test_cuda_ops.py "$@" \
         2>&1 | tail -40 | tee "$OUT/sanitize_$tool.log"

@@ -304,14 +304,15 @@ def near_tie(logits, t, tp, k, seed, pos, token) -> bool:
 
 
 @pytest.mark.parametrize("V", [1000, 151936])
-@pytest.mark.parametrize("kind", ["normal", "integer-ties"])
+@pytest.mark.parametrize("kind", ["normal", "integer-ties", "peaked", "flat"])
 def test_sampler_matches_numpy(be, V, kind):
     rng = np.random.default_rng(V + len(kind))
     B = 24
-    if kind == "normal":
-        logits = (3 * rng.standard_normal((B, V))).astype(np.float32)
-    else:
+    if kind == "integer-ties":
         logits = rng.integers(-4, 4, (B, V)).astype(np.float32)
+    else:  # peaked: top-p cuts after a token or two; flat: deep in the tail
+        scale = {"normal": 3.0, "peaked": 25.0, "flat": 0.01}[kind]
+        logits = (scale * rng.standard_normal((B, V))).astype(np.float32)
     temp = rng.choice([0.0, 0.3, 1.0, 1.5], B).astype(np.float32)
     top_p = rng.choice([1.0, 0.93, 0.61, 0.17], B).astype(np.float32)
     top_k = rng.choice([0, 1, 5, 50, V], B).astype(np.int32)

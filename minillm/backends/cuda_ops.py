@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover - ml_dtypes is a dependency
     BF16 = None
 
 _ATT_THREADS = 128  # cuda/attention.cu
-_SAMPLE_THREADS = 1024  # cuda/sampling.cu
+_SAMPLE_THREADS = 512  # cuda/sampling.cu
 
 
 def cuda_unavailable_reason() -> str | None:
@@ -437,8 +437,8 @@ class CudaBackend:
                        bq: int | None = None, n_splits: int | None = None) -> dict:
         """Launch shape from static sizes only (graph-safe): queries per CTA, splits, key tile."""
         G = H // KH
-        if bq is None:  # decode / verification: a CTA per token; prefill: ~64 query rows per CTA
-            bq = 1 if T <= 4 * B else max(1, 64 // G)
+        if bq is None:  # queries per CTA: the bucket's mean query length, up to ~64 rows
+            bq = max(1, min(_cdiv(T, max(B, 1)), 64 // G))  # decode 1, verify 1 + k, prefill 64/G
         rw = D * itemsize // 4 + 1
 
         def smem(rows: int, bk: int) -> int:  # bytes; the carve-up in cuda/attention.cu
