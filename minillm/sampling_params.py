@@ -38,16 +38,17 @@ class SamplingParams:
              f"temperature must be a number >= 0, got {self.temperature!r}")
         need(isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1,
              f"top_p must be in (0, 1], got {self.top_p!r}")
-        need(isinstance(self.top_k, int) and self.top_k >= -1,
-             f"top_k must be an integer >= -1 (-1 or 0 disables it), got {self.top_k!r}")
+        need(isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and -1 <= self.top_k < 2**31,
+             f"top_k must be an integer in [-1, 2**31) (-1 or 0 disables it), got {self.top_k!r}")
         need(isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= self.max_tokens,
              f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
         need(all(isinstance(s, str) and s for s in self.stop),
              f"stop must be a non-empty string or a list of non-empty strings, got {self.stop!r}")
         need(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
              f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
-        need(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)),
-             f"seed must be an integer, got {self.seed!r}")
+        need(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)
+                                   and -(2**63) <= self.seed < 2**64),
+             f"seed must be a 64-bit integer, got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:

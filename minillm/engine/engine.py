@@ -126,6 +126,11 @@ class LLMEngine:
         self.backend = select_backend(args.device, args.dtype)
 
         self.max_model_len = args.max_model_len or min(cfg.max_position_embeddings, 4096)
+        if self.max_model_len > cfg.max_position_embeddings:
+            raise ValueError(
+                f"--max-model-len {self.max_model_len} exceeds the model's context "
+                f"(max_position_embeddings {cfg.max_position_embeddings}); lower it"
+            )
         self.block_size = args.block_size
         self.spec = SpeculativeConfig.from_dict(args.speculative_config) if args.speculative_config else None
         self.num_speculative_tokens = k = self.spec.num_speculative_tokens if self.spec else 0
@@ -192,7 +197,8 @@ class LLMEngine:
         request_id = request_id or uuid.uuid4().hex
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        seed = params.seed if params.seed is not None else self.rng.getrandbits(63)
+        # the runner keeps seeds in a uint64 buffer: a negative seed would raise there, mid-step
+        seed = params.seed % 2**64 if params.seed is not None else self.rng.getrandbits(63)
         seq = Sequence(request_id, prompt_ids, params, seed)
         seq.decoder = IncrementalDecoder(self.tokenizer)
         self.requests[request_id] = seq
