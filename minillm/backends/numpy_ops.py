@@ -21,16 +21,33 @@ class NumpyBackend:
     device = "cpu"
     dtype = np.float32
 
+    # below this many rows a matmul is a matrix-vector product: one BLAS thread is faster, and a
+    # multithreaded OpenBLAS gemv on a busy 2-core machine was measured 20x slower (docs/BENCHMARKS.md)
+    SINGLE_THREAD_ROWS = 64
+
+    def __init__(self) -> None:
+        from threadpoolctl import ThreadpoolController
+
+        self._blas = [c for c in ThreadpoolController().lib_controllers if c.user_api == "blas"]
+        self._max_threads = max((c.num_threads for c in self._blas), default=1)
+        self._threads = self._max_threads
+
+    def _blas_threads(self, n: int) -> None:
+        if n != self._threads:
+            for c in self._blas:
+                c.set_num_threads(n)
+            self._threads = n
+
     # ---- memory -------------------------------------------------------------------------
     def asarray(self, host: np.ndarray, dtype=None) -> np.ndarray:
         """Copy a host array into this backend's storage (default: the compute dtype, float32)."""
         return np.ascontiguousarray(host, dtype=dtype or self.dtype)
 
-    def empty(self, shape, dtype=np.float32) -> np.ndarray:
-        return np.empty(shape, dtype=dtype)
+    def empty(self, shape, dtype=None) -> np.ndarray:
+        return np.empty(shape, dtype=dtype or self.dtype)
 
-    def zeros(self, shape, dtype=np.float32) -> np.ndarray:
-        return np.zeros(shape, dtype=dtype)
+    def zeros(self, shape, dtype=None) -> np.ndarray:
+        return np.zeros(shape, dtype=dtype or self.dtype)
 
     def to_host(self, x) -> np.ndarray:
         return np.asarray(x)
@@ -76,6 +93,7 @@ class NumpyBackend:
 
     def matmul(self, x, w, out, bias=None) -> None:
         """out = x @ w.T (+ bias); w in [out_features, in_features] layout."""
+        self._blas_threads(1 if x.shape[0] < self.SINGLE_THREAD_ROWS else self._max_threads)
         np.matmul(x, w.T, out=out)
         if bias is not None:
             out += bias
