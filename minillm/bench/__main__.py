@@ -1,13 +1,15 @@
-"""python -m minillm.bench {serve,throughput} ...: dispatch to the benchmark's own argument parser."""
+"""python -m minillm.bench {serve,throughput,decode,hf} ...: dispatch to the benchmark's own argument parser."""
 
 from __future__ import annotations
 
 import sys
 
-USAGE = """usage: python -m minillm.bench {serve,throughput} [options]
+USAGE = """usage: python -m minillm.bench {serve,throughput,decode,hf} [options]
 
   serve       concurrency ladder against an OpenAI-compatible server (like `vllm bench serve`)
   throughput  offline throughput through minillm.LLM (nano-vllm's workload)
+  decode      single-stream decode speed against the HBM roofline, split by kernel on the GPU
+  hf          HF transformers' single-stream decode on the same workload (the reference)
 
 `python -m minillm.bench COMMAND --help` lists a command's options."""
 
@@ -26,6 +28,14 @@ def main(argv: list[str] | None = None) -> int:
         from minillm.bench.throughput import main as throughput_main
 
         return throughput_main(rest)
+    if command == "decode":
+        from minillm.bench.decode import main as decode_main
+
+        return decode_main(rest)
+    if command == "hf":
+        from minillm.bench.hf_reference import main as hf_main
+
+        return hf_main(rest)
     print(f"unknown benchmark {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

@@ -157,7 +157,11 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
-        full = (seq.num_computed if upto is None else min(upto, seq.num_computed)) // bs
+        # only blocks whose tokens are all in the sequence: while drafts are verified num_computed
+        # runs ahead of the appended tokens, and hashing a partial token list would cache a block
+        # no lookup can ever hit and chain every later block of seq off a wrong hash
+        computed = min(seq.num_computed, seq.num_tokens)
+        full = (computed if upto is None else min(upto, computed)) // bs
         for i in range(seq.num_hashed_blocks, full):
             tokens = tuple(seq.tokens(i * bs, (i + 1) * bs))
             h = chain_hash(seq.last_hash, tokens)

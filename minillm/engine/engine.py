@@ -22,7 +22,7 @@ from minillm.engine.scheduler import ScheduledSeq, Scheduler
 from minillm.engine.sequence import Sequence
 from minillm.models.loader import LoadedModel, load_model
 from minillm.models.tokenizer import IncrementalDecoder
-from minillm.models.transformer import Transformer
+from minillm.models.transformer import Transformer, Workspace
 from minillm.sampling_params import SamplingParams
 from minillm.spec.config import SpeculativeConfig
 from minillm.spec.proposers import SpecStats, build_proposer, lookahead
@@ -60,6 +60,12 @@ class EngineStats:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     spec: dict = field(default_factory=dict)
+
+
+def graph_buckets(max_num_seqs: int) -> list[int]:
+    """Batch sizes decode steps are captured for: 1, 2, 4, 8, 16, 24, 32, ... up to max_num_seqs."""
+    sizes = [b for b in (1, 2, 4, 8) if b < max_num_seqs] + list(range(16, max_num_seqs, 8))
+    return sizes + [max_num_seqs]
 
 
 def select_backend(device: str, dtype: str):
@@ -147,8 +153,11 @@ class LLMEngine:
         self.runner_args = dict(max_tokens=self.max_num_batched_tokens, max_seqs=args.max_num_seqs,
                                 max_logits=max_logits, max_model_len=self.max_model_len + self.lookahead)
         dtype_bytes = np.dtype(self.backend.dtype).itemsize
-        available = self.backend.kv_budget(args.gpu_memory_utilization) if hasattr(
-            self.backend, "kv_budget") else None
+        available = None
+        if self.backend.name == "cuda":  # what --gpu-memory-utilization leaves after weights and workspace
+            free, total = self.backend.cp.cuda.runtime.memGetInfo()
+            ws = Workspace.nbytes(cfg, self.max_num_batched_tokens, max_logits, dtype_bytes)
+            available = int(total * args.gpu_memory_utilization) - (total - free) - 2 * ws - (1 << 30)
         self.num_blocks = plan_kv_pool(args, cfg.kv_bytes_per_token(dtype_bytes), self.max_model_len,
                                        available, self.lookahead)
         self.kv = self.model.allocate_kv_cache(self.num_blocks, self.block_size)
@@ -161,8 +170,13 @@ class LLMEngine:
         self.rng = random.Random(args.seed)
         self.stats_prompt_tokens = 0
         self.stats_generation_tokens = 0
+        if hasattr(self.backend, "capture_graph") and not args.enforce_eager:
+            self.runner._spec_k = k
+            rows = [1] + ([1 + k] if k else [])
+            self.runner.capture_graphs(graph_buckets(args.max_num_seqs), rows)
         if hasattr(self.backend, "seal"):
-            self.backend.seal()
+            self.backend.seal()  # from here on any device allocation raises, with its call site
+            log.info("%s", self.backend.memory_plan())
         log.info("engine ready: %s on %s, max_model_len %d, max_num_seqs %d, %d KV blocks of %d",
                  self.model_name, self.backend.name, self.max_model_len, args.max_num_seqs,
                  self.num_blocks, self.block_size)

@@ -57,13 +57,16 @@ class ModelRunner:
         self.max_seqs = max_seqs
         self.max_logits = max_logits
         self.max_blocks = -(-max_model_len // block_manager.block_size)
-        self.buf = StepBuffers(backend, max_tokens, max_seqs, max_logits, self.max_blocks)
+        # one spare sequence slot: a CUDA graph's padding sequence
+        self.buf = StepBuffers(backend, max_tokens, max_seqs + 1, max_logits, self.max_blocks)
         self.ws = Workspace(backend, model.cfg, max_tokens, max_logits)
         self.eos_ids = list(model.cfg.eos_token_ids)
         # hidden states after these layers are written to capture_out (a DFlash drafter's context)
         self.capture_layers: tuple[int, ...] = ()
         self.capture_out = None
         self.last_inputs: StepInputs | None = None
+        self.graphs: dict = {}
+        self._spec_k = 0  # rows per sequence of a verification graph, minus one
 
     def prepare(self, batch: list[ScheduledSeq]) -> tuple[int, int]:
         """Fill the host buffers for this step; returns (num_tokens, num_logit_rows)."""
@@ -134,20 +137,41 @@ class ModelRunner:
         if rows:
             self.backend.suppress_tokens(logits, np.asarray(rows, np.int32), np.asarray(ids, np.int32))
 
+    # ---- running a step --------------------------------------------------------------------
+    def _inputs(self, B: int, t: int, r: int) -> StepInputs:
+        d = self.buf.dev
+        return StepInputs(d["input_ids"][:t], d["positions"][:t], d["slot_mapping"][:t],
+                          d["block_tables"][:B], d["seq_lens"][:B], d["query_start"][: B + 1],
+                          d["logits_indices"][:r])
+
+    def _upload(self, B: int, t: int, r: int) -> None:
+        for name, n in (("input_ids", t), ("positions", t), ("slot_mapping", t), ("block_tables", B),
+                        ("seq_lens", B), ("query_start", B + 1), ("logits_indices", r),
+                        ("temperature", r), ("top_p", r), ("top_k", r), ("seeds", r), ("sample_pos", r)):
+            self.buf.upload(name, n)
+
+    def _forward_and_sample(self, B: int, t: int, r: int):
+        """The device work of a decode step: exactly what a CUDA graph captures and replays."""
+        d = self.buf.dev
+        x = self._inputs(B, t, r)
+        logits = self.model.forward(x, t, r, self.kv, self.ws, capture_layers=self.capture_layers,
+                                    capture_out=self.capture_out)
+        self.backend.sample(logits, d["temperature"][:r], d["top_p"][:r], d["top_k"][:r],
+                            d["seeds"][:r], d["sample_pos"][:r], d["out_tokens"][:r])
+        return x, logits
+
     def execute(self, batch: list[ScheduledSeq], sample: bool = True, causal: bool = True,
                 transform_logits=None) -> np.ndarray:
         """Run one step; returns the sampled token of every logits row (host int32), or with
         sample=False the logits rows themselves (host float32)."""
         t, r = self.prepare(batch)
         B = len(batch)
-        for name, n in (("input_ids", t), ("positions", t), ("slot_mapping", t), ("block_tables", B),
-                        ("seq_lens", B), ("query_start", B + 1), ("logits_indices", r),
-                        ("temperature", r), ("top_p", r), ("top_k", r), ("seeds", r), ("sample_pos", r)):
-            self.buf.upload(name, n)
+        graph = self._graph_for(batch, t) if sample and causal and transform_logits is None else None
+        if graph is not None:
+            return self._replay(graph, B, t, r)
+        self._upload(B, t, r)
         d = self.buf.dev
-        x = StepInputs(d["input_ids"][:t], d["positions"][:t], d["slot_mapping"][:t],
-                       d["block_tables"][:B], d["seq_lens"][:B], d["query_start"][: B + 1],
-                       d["logits_indices"][:r])
+        x = self._inputs(B, t, r)
         logits = self.model.forward(x, t, r, self.kv, self.ws, causal=causal,
                                     capture_layers=self.capture_layers, capture_out=self.capture_out)
         self.last_inputs, self.last_num_tokens = x, t
@@ -162,3 +186,69 @@ class ModelRunner:
         self.backend.sample(logits, d["temperature"][:r], d["top_p"][:r], d["top_k"][:r],
                             d["seeds"][:r], d["sample_pos"][:r], d["out_tokens"][:r])
         return self.backend.to_host(d["out_tokens"][:r]).copy()
+
+    # ---- CUDA graphs ------------------------------------------------------------------------
+    # A graph is captured per (bucket of sequences Bk, rows per sequence: 1 for decode, 1 + k for
+    # speculative verification). It always runs Bk + 1 sequence slots and Bk x rows tokens: the
+    # real sequences first, then one padding sequence (seq_len 0, slots -1) that takes the
+    # leftover rows, then empty ones. Every per-step value is read from the step buffers, so one
+    # capture replays for any batch that fits its bucket.
+
+    def capture_graphs(self, buckets: list[int], rows_per_seq: list[int]) -> None:
+        self.graphs: dict[tuple[int, int], object] = {}
+        self.graph_buckets = sorted(buckets)
+        for rows in rows_per_seq:
+            for bk in self.graph_buckets:
+                T = bk * rows
+                if T > self.max_tokens or bk * rows > self.max_logits or bk + 1 > self.max_seqs + 1:
+                    continue
+                self._pad(0, 0, 0, bk, T, T)
+                self._upload(bk + 1, T, T)
+                self._forward_and_sample(bk + 1, T, T)  # eager once: loads every kernel
+                self.graphs[(bk, rows)] = self.backend.capture_graph(
+                    lambda bk=bk, T=T: self._forward_and_sample(bk + 1, T, T))
+        self.backend.synchronize()
+
+    def _graph_for(self, batch: list[ScheduledSeq], t: int):
+        graphs = getattr(self, "graphs", None)
+        if not graphs:
+            return None
+        rows = 1
+        for item in batch:
+            if item.all_logits or not item.samples or item.num_new != 1 + item.num_draft:
+                return None  # prefill chunks run eagerly
+            if item.num_draft:
+                rows = 1 + self._spec_k
+            if len(item.seq.output_ids) < item.seq.params.min_tokens:
+                return None  # min_tokens masks logits between forward and sample: eager
+        bk = next((b for b in self.graph_buckets if b >= len(batch) and (b, rows) in graphs), None)
+        if bk is None or t > bk * rows:
+            return None
+        return bk, rows, graphs[(bk, rows)]
+
+    def _pad(self, B: int, t: int, r: int, bk: int, T: int, R: int) -> None:
+        """Fill slots [B, bk + 1) and rows [t, T), [r, R) of the host buffers with padding."""
+        h = self.buf.host
+        h["input_ids"][t:T] = 0
+        h["positions"][t:T] = 0
+        h["slot_mapping"][t:T] = -1  # padding rows write no KV
+        h["block_tables"][B : bk + 1] = 0
+        h["seq_lens"][B : bk + 1] = 0  # attention writes zeros for them
+        h["query_start"][B + 1] = T  # the padding sequence takes every leftover row
+        h["query_start"][B + 2 : bk + 2] = T
+        h["logits_indices"][r:R] = 0
+        h["temperature"][r:R] = 0.0
+        h["top_p"][r:R] = 1.0
+        h["top_k"][r:R] = -1
+        h["seeds"][r:R] = 0
+        h["sample_pos"][r:R] = 0
+
+    def _replay(self, graph, B: int, t: int, r: int) -> np.ndarray:
+        bk, rows, g = graph
+        T = bk * rows
+        self._pad(B, t, r, bk, T, T)
+        self._upload(bk + 1, T, T)
+        g.replay()
+        self.last_inputs, self.last_num_tokens = self._inputs(bk + 1, T, T), T
+        self.last_logits = self.ws.logits[:T]
+        return self.backend.to_host(self.buf.dev["out_tokens"][:r]).copy()

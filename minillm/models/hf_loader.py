@@ -162,13 +162,14 @@ def check_weights(weights: dict[str, np.ndarray], cfg: ModelConfig, where: str) 
 
 
 def load_safetensors(files: list[Path]) -> dict[str, np.ndarray]:
-    """All tensors of the files, under canonical names, as float32."""
+    """All tensors of the files under canonical names, in their stored dtype (views of the files;
+    the backend converts once, so a bf16 checkpoint reaches a bf16 GPU without a float32 detour)."""
     out: dict[str, np.ndarray] = {}
     for f in files:
         for name, t in iter_safetensors(f):
             canon = canonical_name(name)
             if canon is not None:
-                out[canon] = t.astype(np.float32)
+                out[canon] = t
     return out
 
 

@@ -45,6 +45,12 @@ class StepInputs:
 class Workspace:
     """Activation buffers for up to max_tokens rows and max_logits logits rows, made once."""
 
+    @staticmethod
+    def nbytes(cfg: ModelConfig, max_tokens: int, max_logits: int, dtype_bytes: int) -> int:
+        """What __init__ allocates, for planning memory before it exists."""
+        per_token = 3 * cfg.hidden_size + cfg.q_size + 2 * cfg.kv_size + cfg.q_size + 3 * cfg.intermediate_size
+        return dtype_bytes * (max_tokens * per_token + max_logits * cfg.hidden_size) + 4 * max_logits * cfg.vocab_size
+
     def __init__(self, backend, cfg: ModelConfig, max_tokens: int, max_logits: int):
         e = backend.empty
         self.max_tokens = max_tokens

@@ -113,8 +113,8 @@ class _Shape:
 
 
 def load_safetensors_raw(files) -> dict[str, np.ndarray]:
-    """Every tensor under its file name (DFlash names are not HF model names), as float32."""
-    return {name: t.astype(np.float32) for f in files for name, t in iter_safetensors(f)}
+    """Every tensor under its file name (DFlash names are not HF model names), in its stored dtype."""
+    return {name: t for f in files for name, t in iter_safetensors(f)}
 
 
 class DFlashProposer:

@@ -1,0 +1,165 @@
+"""python -m minillm.bench decode [MODEL]: single-stream decode speed against the HBM roofline.
+
+One request with a random --input-len prompt decodes --output-len tokens greedily (eos ignored).
+Each decode step is timed on the host after its tokens reach the host (so the device is idle),
+warm-up steps dropped, median reported. The roofline is bytes read per step (every weight once,
+plus the KV cache) over the copy bandwidth measured in the same run with CUDA events. On the
+GPU, one extra eager step is replayed op by op between CUDA events for the time split by kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+
+import numpy as np
+
+from minillm.args import EngineArgs, add_engine_args
+
+OPS = ("embed", "rms_norm", "qk_norm_rope", "matmul", "silu_mul", "store_kv", "paged_attention",
+       "gather_rows", "copy", "sample")
+
+
+def copy_bandwidth(backend, nbytes: int = 2 << 30) -> float:
+    """Device-to-device copy bandwidth, bytes read + written per second (median of 10)."""
+    cp = backend.cp
+    backend.unseal()
+    try:
+        a = cp.empty(nbytes // 2, dtype=np.uint8)
+        b = cp.empty_like(a)
+    finally:
+        backend.seal()
+    s, e = cp.cuda.Event(), cp.cuda.Event()
+    times = []
+    for i in range(13):
+        s.record(backend.stream)
+        with backend.stream:
+            b[...] = a
+        e.record(backend.stream)
+        e.synchronize()
+        if i >= 3:
+            times.append(cp.cuda.get_elapsed_time(s, e) / 1e3)
+    del a, b
+    return nbytes / float(np.median(times))
+
+
+def weight_bytes(model) -> int:
+    arrays = [model.embed, model.norm] + ([] if model.lm_head is model.embed else [model.lm_head])
+    for lw in model.layers:
+        arrays += [getattr(lw, f) for f in lw.__dataclass_fields__ if getattr(lw, f) is not None]
+    return int(sum(a.nbytes for a in arrays))
+
+
+def per_op_times(engine) -> dict[str, float]:
+    """Time one eager decode step op by op with CUDA events: {op: microseconds}."""
+    be = engine.backend
+    cp = be.cp
+    totals: dict[str, float] = defaultdict(float)
+    originals = {}
+    pending = []
+
+    def wrap(name):
+        fn = getattr(be, name)
+
+        def timed(*a, **kw):
+            s, e = cp.cuda.Event(), cp.cuda.Event()
+            s.record(be.stream)
+            out = fn(*a, **kw)
+            e.record(be.stream)
+            pending.append((name, s, e))
+            return out
+        return timed
+
+    for name in OPS:
+        originals[name] = getattr(be, name)
+        setattr(be, name, wrap(name))
+    graphs, engine.runner.graphs = engine.runner.graphs, {}
+    try:
+        engine.step()
+        be.synchronize()
+    finally:
+        engine.runner.graphs = graphs
+        for name, fn in originals.items():
+            setattr(be, name, fn)
+    for name, s, e in pending:
+        totals[name] += cp.cuda.get_elapsed_time(s, e) * 1e3
+    return dict(totals)
+
+
+def run(engine, input_len: int, output_len: int, warmup: int = 8) -> dict:
+    from minillm.sampling_params import SamplingParams
+
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, min(engine.config.vocab_size, engine.tokenizer.vocab_size), input_len).tolist()
+    params = SamplingParams(temperature=0, max_tokens=output_len + 1, ignore_eos=True)
+    engine.add_request(prompt, params, request_id="decode")
+    t0 = time.perf_counter()
+    engine.step()  # prefill (a single chunk when input_len <= max_num_batched_tokens)
+    while engine.requests["decode"].num_computed < input_len:
+        engine.step()
+    ttft = time.perf_counter() - t0
+    steps = []
+    ops: dict[str, float] = {}
+    while engine.has_unfinished():
+        t = time.perf_counter()
+        outs = engine.step()
+        steps.append((time.perf_counter() - t, sum(len(o.new_token_ids) for o in outs)))
+        if len(steps) == output_len // 2 and engine.backend.name == "cuda" and engine.has_unfinished():
+            ops = per_op_times(engine)
+    timed = steps[warmup:]
+    step_s = float(np.median([s for s, _ in timed]))
+    tokens_per_step = float(np.mean([n for _, n in timed]))
+    result = {"input_len": input_len, "output_len": output_len, "ttft_s": ttft, "median_step_ms": step_s * 1e3,
+              "tokens_per_step": tokens_per_step, "tok_per_s": tokens_per_step / step_s,
+              "device": engine.backend.name, "graphs": bool(engine.runner.graphs)}
+    if engine.backend.name == "cuda":
+        wb = weight_bytes(engine.model)
+        kv = engine.config.kv_bytes_per_token(2) * (input_len + output_len // 2)
+        bw = copy_bandwidth(engine.backend)
+        roofline = bw / (wb + kv)
+        result.update(weight_bytes=wb, kv_bytes_mid=kv, copy_bw_Bps=bw, roofline_tok_per_s=roofline,
+                      fraction_of_roofline=result["tok_per_s"] / roofline, eager_step_op_us=ops)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m minillm.bench decode", description=__doc__)
+    add_engine_args(p)
+    p.add_argument("--input-len", type=int, default=512)
+    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--result-json", default=None)
+    ns = p.parse_args(argv)
+    args = EngineArgs.from_cli(ns)
+    if args.max_num_seqs == EngineArgs.max_num_seqs:
+        args.max_num_seqs = 1
+    if args.max_model_len is None:
+        args.max_model_len = ns.input_len + ns.output_len + 16
+    from minillm.engine.engine import LLMEngine
+
+    try:
+        engine = LLMEngine(args)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    r = run(engine, ns.input_len, ns.output_len)
+    r["model"] = engine.model_name
+    line = f"{r['model']}: {r['tok_per_s']:.1f} tok/s (median step {r['median_step_ms']:.3f} ms)"
+    if "roofline_tok_per_s" in r:
+        line += (f", roofline {r['roofline_tok_per_s']:.0f} tok/s at {r['copy_bw_Bps'] / 1e12:.2f} TB/s "
+                 f"-> {100 * r['fraction_of_roofline']:.1f}% of it")
+        ops = r["eager_step_op_us"]
+        total = sum(ops.values())
+        line += "\n  eager step by op (us): " + ", ".join(
+            f"{k} {v:.0f} ({100 * v / total:.0f}%)" for k, v in sorted(ops.items(), key=lambda kv: -kv[1]))
+    print(line)
+    if ns.result_json:
+        with open(ns.result_json, "w") as f:
+            json.dump(r, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""python -m minillm.bench hf [MODEL]: HF transformers' single-stream decode on the same workload.
+
+The reference every minillm figure is put beside: greedy decode of --output-len tokens after a
+random --input-len prompt, eos ignored, timed after a warm-up run. `--static-cache --compile`
+use a static KV cache and torch.compile (what transformers recommends for fast decode). Needs
+torch and transformers (the [test] extra); a GGUF model is loaded through transformers' GGUF
+support, so both engines read the very same file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m minillm.bench hf", description=__doc__)
+    p.add_argument("model", nargs="?", default=None, help="HF directory or .gguf (default: embedded SmolLM2)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--dtype", default=None, help="float32 on cpu, bfloat16 on cuda by default")
+    p.add_argument("--input-len", type=int, default=512)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--static-cache", action="store_true")
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--result-json", default=None)
+    ns = p.parse_args(argv)
+
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from minillm.models.loader import resolve_model_path
+
+    path = resolve_model_path(ns.model)
+    dtype = getattr(torch, ns.dtype or ("float32" if ns.device == "cpu" else "bfloat16"))
+    kw = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
+    model = AutoModelForCausalLM.from_pretrained(path.parent if kw else path, dtype=dtype, **kw)
+    model = model.to(ns.device).eval()
+    if ns.compile:
+        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    vocab = model.config.vocab_size
+    ids = torch.tensor([np.random.default_rng(0).integers(0, min(vocab, 32000), ns.input_len).tolist()],
+                       device=ns.device)
+    gen = dict(do_sample=False, min_new_tokens=ns.output_len, max_new_tokens=ns.output_len,
+               pad_token_id=0, eos_token_id=None)
+    if ns.static_cache:
+        gen["cache_implementation"] = "static"
+
+    def timed(n: int) -> float:
+        if ns.device == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        with torch.no_grad():
+            model.generate(ids, **{**gen, "min_new_tokens": n, "max_new_tokens": n})
+        if ns.device == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    timed(ns.output_len)  # warm-up (and compilation)
+    full, one = timed(ns.output_len), timed(1)  # subtract the prefill to leave decode alone
+    tok_s = (ns.output_len - 1) / (full - one)
+    result = {"engine": "transformers", "model": str(path), "device": ns.device, "dtype": str(dtype),
+              "static_cache": ns.static_cache, "compile": ns.compile, "input_len": ns.input_len,
+              "output_len": ns.output_len, "decode_tok_per_s": tok_s}
+    print(f"transformers {path.name} on {ns.device}: {tok_s:.1f} tok/s decode")
+    if ns.result_json:
+        with open(ns.result_json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""The whole engine on the CUDA backend: graphs vs eager, the sealed arena, speculation, SmolLM2.
+
+All tests carry the `gpu` mark and skip without a GPU (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hf_models import make_tiny
+from minillm import LLM, SamplingParams
+
+pytestmark = pytest.mark.gpu
+
+PROMPTS = [[5, 17, 99, 3, 42], list(range(1, 40)), [100, 101, 102, 100, 101, 102, 100], [7] * 20,
+           [9, 8, 7, 6, 5, 4, 3, 2, 1], list(range(200, 250))]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("qwen3")
+    make_tiny("qwen3", path, seed=0, hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
+              head_dim=32, intermediate_size=256)
+    return str(path)
+
+
+def test_graphs_and_eager_give_identical_tokens(tiny):
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    sampled = [SamplingParams(temperature=0.8, top_p=0.9, top_k=50, max_tokens=24, ignore_eos=True, seed=i)
+               for i in range(len(PROMPTS))]
+    graphs = LLM(tiny, device="cuda", max_num_seqs=8, max_model_len=256)
+    assert graphs.engine.runner.graphs, "no CUDA graphs were captured"
+    eager = LLM(tiny, device="cuda", max_num_seqs=8, max_model_len=256, enforce_eager=True)
+    assert not eager.engine.runner.graphs
+    for params in (greedy, sampled):
+        a = [o.token_ids for o in graphs.generate(PROMPTS, params)]
+        b = [o.token_ids for o in eager.generate(PROMPTS, params)]
+        assert a == b
+
+
+def test_gpu_greedy_matches_cpu_reference(tiny):
+    """bf16 on the GPU vs float32 NumPy: logits within 2e-2 relative, greedy tokens agree."""
+    cpu = LLM(tiny, device="cpu", max_num_seqs=64, max_model_len=256)
+    gpu = LLM(tiny, device="cuda", max_num_seqs=64, max_model_len=256)
+    for ref, got in zip(cpu.engine.score(PROMPTS[:3]), gpu.engine.score(PROMPTS[:3])):
+        rel = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+        assert rel < 2e-2, f"relative error {rel:.3e}"
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    a = [o.token_ids for o in cpu.generate(PROMPTS, params)]
+    b = [o.token_ids for o in gpu.generate(PROMPTS, params)]
+    agree = np.mean([x[:8] == y[:8] for x, y in zip(a, b)])
+    assert agree >= 5 / 6, f"only {agree:.0%} of prompts agree on their first 8 greedy tokens"
+
+
+def test_allocation_in_step_loop_raises(tiny):
+    import cupy
+
+    from minillm.backends.arena import ArenaSealedError
+
+    llm = LLM(tiny, device="cuda", max_num_seqs=4, max_model_len=128)
+    llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=4))  # steps run fine sealed
+    with pytest.raises(ArenaSealedError, match="test_gpu_engine.py"):
+        cupy.empty(1024, dtype=np.float32)
+    engine = llm.engine
+    original = engine.runner.execute
+
+    def leaky_execute(batch, *a, **kw):
+        cupy.zeros(16)  # what a careless kernel wrapper might do mid-step
+        return original(batch, *a, **kw)
+
+    engine.runner.execute = leaky_execute
+    engine.add_request(PROMPTS[1], SamplingParams(temperature=0, max_tokens=4))
+    with pytest.raises(ArenaSealedError, match="leaky_execute"):
+        engine.step()
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_speculation_lossless_on_gpu(tiny, method):
+    spec = {"method": method, "num_speculative_tokens": 4}
+    if method == "draft_model":
+        spec["model"] = tiny  # self-drafting: every draft is right
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    base = [o.token_ids for o in LLM(tiny, device="cuda", max_num_seqs=8, max_model_len=256)
+            .generate(PROMPTS, params)]
+    llm = LLM(tiny, device="cuda", max_num_seqs=8, max_model_len=256, speculative_config=spec)
+    assert [o.token_ids for o in llm.generate(PROMPTS, params)] == base
+    stats = llm.engine.stats().spec
+    assert stats["rounds"] > 0
+    if method == "draft_model":
+        assert stats["acceptance_rate"] > 0.9  # bf16 batch effects may flip a rare near-tie
+
+
+def test_dflash_lossless_on_gpu(tmp_path):
+    from minillm.tools.random_model import write_dflash_drafter, write_random_model
+
+    target, drafter = tmp_path / "t", tmp_path / "d"
+    write_random_model(target, "tiny", seed=3, force=True)
+    write_dflash_drafter(drafter, target, seed=4, force=True)
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    base = [o.token_ids for o in LLM(str(target), device="cuda", max_model_len=256).generate(PROMPTS, params)]
+    llm = LLM(str(target), device="cuda", max_model_len=256,
+              speculative_config={"method": "dflash", "model": str(drafter), "num_speculative_tokens": 8})
+    assert [o.token_ids for o in llm.generate(PROMPTS, params)] == base
+    assert llm.engine.stats().spec["draft_tokens"] > 0
+
+
+def test_smollm2_greedy_on_gpu_agrees_with_cpu():
+    """The embedded SmolLM2 (GGUF) greedy on the GPU (bf16) against the NumPy backend (fp32)."""
+    from minillm.models.loader import default_model_path
+
+    try:
+        default_model_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    prompts = [[{"role": "user", "content": "What is the capital of France?"}],
+               [{"role": "user", "content": "Write a Python function that adds two numbers."}],
+               [{"role": "user", "content": "List three colors."}]]
+    params = SamplingParams(temperature=0, max_tokens=32)
+    cpu = LLM(device="cpu", max_model_len=512)
+    gpu = LLM(device="cuda", max_model_len=512)
+    agree = []
+    for conv in prompts:
+        a = cpu.chat(conv, params)[0].token_ids
+        b = gpu.chat(conv, params)[0].token_ids
+        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        agree.append(n)
+    print("SmolLM2 GPU/CPU greedy agreement (tokens):", agree)
+    assert min(agree) >= 8, f"greedy GPU output departs from the CPU reference early: {agree}"
