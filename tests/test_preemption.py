@@ -1,0 +1,231 @@
+"""End to end on the NumPy backend: the field report's failure (concurrency x context beyond the
+KV pool) becomes preemption and recomputation with unchanged output, never a fault.
+
+Covers: a burst of 8 requests on a pool 3x smaller than 8 x max_model_len, each output equal to
+running it alone; FCFS admission with preempted requests resuming before newer ones; chunked
+prefill that never starves a running decode; admission-time rejection of over-long requests;
+the startup refusal of a pool that cannot hold one max_model_len sequence; and the MINILLM_DEBUG
+index checks running through all of it without firing.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from minillm import LLM, SamplingParams
+from minillm.args import EngineArgs
+from minillm.engine import runner as runner_mod
+from minillm.engine.engine import plan_kv_pool
+
+from hf_models import make_tiny
+
+BS = 8
+MAX_MODEL_LEN = 96
+C = 8
+PER_SEQ = MAX_MODEL_LEN // BS  # 12 blocks
+SMALL_POOL = C * PER_SEQ // 3  # 32 blocks: a third of what 8 full-length sequences need
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("qwen3_preempt")
+    make_tiny("qwen3", path, seed=5)
+    return str(path)
+
+
+def burst_requests():
+    rng = random.Random(7)
+    prompts, params = [], []
+    for _ in range(C):
+        n = rng.randrange(12, 40)
+        prompts.append([rng.randrange(3, 256) for _ in range(n)])
+        params.append(SamplingParams(temperature=0, max_tokens=MAX_MODEL_LEN - n - rng.randrange(0, 8),
+                                     ignore_eos=True))
+    return prompts, params
+
+
+@pytest.fixture(scope="module")
+def alone_outputs(tiny_dir):
+    """Each burst request run by itself on a roomy engine without a prefix cache: the oracle."""
+    prompts, params = burst_requests()
+    llm = LLM(tiny_dir, device="cpu", max_num_seqs=1, max_model_len=MAX_MODEL_LEN, block_size=BS,
+              enable_prefix_caching=False)
+    return [llm.generate([p], sp)[0].token_ids for p, sp in zip(prompts, params)]
+
+
+def watch_admissions(engine, log: list):
+    """Wrap the scheduler to record, per step, who was admitted and who was still waiting."""
+    sched = engine.scheduler
+    inner = sched.schedule
+
+    def schedule():
+        running = {id(s) for s in sched.running}
+        out = inner()
+        admitted = [i.seq for i in out.scheduled if id(i.seq) not in running]
+        log.append((admitted, list(sched.waiting), list(out.preempted)))
+        return out
+
+    sched.schedule = schedule
+
+
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_burst_on_a_pool_3x_too_small_matches_running_alone(tiny_dir, alone_outputs, prefix_caching):
+    prompts, params = burst_requests()
+    llm = LLM(tiny_dir, device="cpu", max_num_seqs=C, max_model_len=MAX_MODEL_LEN, block_size=BS,
+              num_blocks=SMALL_POOL, enable_prefix_caching=prefix_caching)
+    log: list = []
+    watch_admissions(llm.engine, log)
+    outs = llm.generate(prompts, params)
+    st = llm.engine.stats()
+    print(f"\nburst of {C} on {SMALL_POOL} blocks (prefix caching {prefix_caching}): "
+          f"{st.preemptions} preemptions, hit rate {st.prefix_cache_hit_rate:.3f}")
+    assert st.preemptions > 0, "the pool is a third of the demand: something must have been preempted"
+    for i, (out, ref) in enumerate(zip(outs, alone_outputs)):
+        assert out.finish_reason == "length"
+        assert out.token_ids == ref, f"request {i} changed under preemption"
+    assert st.blocks_used == 0 and st.running == 0 and st.waiting == 0
+    assert st.blocks_free + st.blocks_cached == SMALL_POOL
+
+    # FCFS: whoever is admitted is older than everything still waiting, preempted ones included
+    assert any(pre for _, _, pre in log)
+    for admitted, waiting, _ in log:
+        if admitted and waiting:
+            assert max(s.arrival for s in admitted) < min(s.arrival for s in waiting)
+
+
+def test_preempted_request_resumes_before_newer_ones(tiny_dir):
+    """Drive the engine step by step: the newest running request is the one preempted, and a
+    request arriving after that is not admitted before the preempted one resumes."""
+    llm = LLM(tiny_dir, device="cpu", max_num_seqs=3, max_model_len=64, block_size=BS, num_blocks=10,
+              enable_prefix_caching=False)
+    eng = llm.engine
+    greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    eng.add_request(list(range(3, 23)), greedy)
+    b = eng.add_request(list(range(30, 50)), greedy)
+    log: list = []
+    watch_admissions(eng, log)
+    while not any(pre for _, _, pre in log):
+        eng.step()
+        assert eng.has_unfinished()
+    victims = [s.request_id for _, _, pre in log for s in pre]
+    assert victims == [b], "the newest running request is preempted first"
+    late = eng.add_request(list(range(60, 66)), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    mark = len(log)
+    while eng.has_unfinished():
+        eng.step()
+    order = [s.request_id for admitted, _, _ in log[mark:] for s in admitted]
+    assert b in order and late in order and order.index(b) < order.index(late), order
+    for admitted, waiting, _ in log:  # and at no step was anyone admitted past an older waiter
+        if admitted and waiting:
+            assert max(s.arrival for s in admitted) < min(s.arrival for s in waiting)
+
+
+def test_chunked_prefill_does_not_starve_a_running_decode(tiny_dir):
+    kw = dict(device="cpu", max_num_seqs=4, max_model_len=160, block_size=BS)
+    llm = LLM(tiny_dir, max_num_batched_tokens=16, **kw)
+    eng = llm.engine
+    greedy = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    long_prompt = [(7 * i) % 250 + 3 for i in range(100)]  # > 16 tokens: split across steps
+    a = eng.add_request([5, 9, 11, 13], greedy)
+    eng.step()  # a prefilled and sampled its first token
+    b = eng.add_request(long_prompt, greedy)
+    seq_b = eng.requests[b]
+    chunks = []
+    outs_a, outs_b = [], []
+    while not outs_b:
+        before = seq_b.num_computed
+        outs = {o.request_id: o for o in eng.step()}
+        assert a in outs, "the running decode was skipped while a long prompt was prefilling"
+        assert len(outs[a].new_token_ids) == 1
+        outs_a = outs[a].token_ids
+        if b in outs:
+            outs_b = outs[b].token_ids
+        chunks.append(seq_b.num_computed - before)
+    assert len(chunks) >= 7 and max(chunks) <= 15 and sum(chunks) == 100, chunks
+    while eng.has_unfinished():
+        for o in eng.step():
+            if o.request_id == a:
+                outs_a = o.token_ids
+            elif o.request_id == b:
+                outs_b = o.token_ids
+    ref = LLM(tiny_dir, **kw)  # default budget: each prompt in one step
+    assert outs_a == ref.generate([[5, 9, 11, 13]], greedy)[0].token_ids
+    assert outs_b == ref.generate([long_prompt], greedy)[0].token_ids
+
+
+def test_over_long_requests_are_rejected_with_the_numbers(tiny_dir):
+    llm = LLM(tiny_dir, device="cpu", max_num_seqs=2, max_model_len=64, block_size=BS)
+    with pytest.raises(ValueError, match=r"65 tokens.*max_model_len 64"):
+        llm.generate([[3] * 65], SamplingParams(max_tokens=1))
+    with pytest.raises(ValueError, match=r"60 tokens.*max_tokens \(10\).*70.*max_model_len 64.*at most 4"):
+        llm.generate([[3] * 60], SamplingParams(max_tokens=10))
+    # all-or-nothing: a bad prompt in a batch adds none of them
+    with pytest.raises(ValueError):
+        llm.generate([[3] * 10, [3] * 64], SamplingParams(max_tokens=1))
+    assert not llm.engine.has_unfinished()
+    assert len(llm.generate([[3] * 60], SamplingParams(max_tokens=4, ignore_eos=True))[0].token_ids) == 4
+
+
+def test_startup_refuses_a_pool_that_cannot_hold_one_sequence(tiny_dir):
+    with pytest.raises(ValueError) as e:
+        LLM(tiny_dir, device="cpu", max_model_len=128, block_size=16, num_blocks=7)
+    msg = str(e.value)
+    for number in ("128", "8 blocks", "7 blocks", "112"):  # need, have, the largest that fits
+        assert number in msg, msg
+    assert "--max-model-len" in msg and "--num-blocks" in msg
+    LLM(tiny_dir, device="cpu", max_model_len=128, block_size=16, num_blocks=8)  # exactly one fits
+
+    # sized from device memory: the message names the memory and the utilisation flag
+    args = EngineArgs(max_model_len=4096, block_size=16, max_num_seqs=4)
+    with pytest.raises(ValueError, match=r"4096 needs 256 blocks.*pool has 100 blocks.*1600.*gpu-memory-utilization"):
+        plan_kv_pool(args, kv_bytes_per_token=1024, max_model_len=4096, available_bytes=100 * 16 * 1024)
+    assert plan_kv_pool(args, 1024, 4096, available_bytes=None) == 4 * 256  # the arena rule
+    assert plan_kv_pool(args, 1024, 4096, available_bytes=300 * 16 * 1024) == 300  # what fits
+
+
+def test_debug_checks_run_clean_through_a_preempting_workload(tiny_dir, alone_outputs, monkeypatch):
+    monkeypatch.setattr(runner_mod, "DEBUG", True)
+    calls = {"check": 0, "tokens": 0}
+    inner_check = runner_mod.ModelRunner._check
+    inner_prepare = runner_mod.ModelRunner.prepare
+
+    def check(self, batch, t):
+        calls["check"] += 1
+        return inner_check(self, batch, t)
+
+    def prepare(self, batch):
+        t, r = inner_prepare(self, batch)
+        # the slots prepare wrote are the block manager's, token by token
+        want = [self.bm.slot(i.seq, p) for i in batch for p in range(i.start, i.start + i.num_new)]
+        assert self.buf.host["slot_mapping"][:t].tolist() == want
+        calls["tokens"] += t
+        return t, r
+
+    monkeypatch.setattr(runner_mod.ModelRunner, "_check", check)
+    monkeypatch.setattr(runner_mod.ModelRunner, "prepare", prepare)
+    prompts, params = burst_requests()
+    llm = LLM(tiny_dir, device="cpu", max_num_seqs=C, max_model_len=MAX_MODEL_LEN, block_size=BS,
+              num_blocks=PER_SEQ + 4, max_num_batched_tokens=32)
+    outs = llm.generate(prompts, params)
+    st = llm.engine.stats()
+    print(f"\nDEBUG run on {PER_SEQ + 4} blocks: {calls['check']} checked steps, {st.preemptions} preemptions")
+    assert calls["check"] > 0 and st.preemptions > 0
+    assert [o.token_ids for o in outs] == alone_outputs
+
+
+def test_debug_check_fires_on_a_corrupted_block_table(tiny_dir, monkeypatch):
+    """The check is live in the engine: a block table pointing past the pool is caught on the host
+    before any kernel could read it."""
+    monkeypatch.setattr(runner_mod, "DEBUG", True)
+    llm = LLM(tiny_dir, device="cpu", max_num_seqs=2, max_model_len=64, block_size=BS)
+    eng = llm.engine
+    rid = eng.add_request([3, 4, 5], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    eng.step()
+    seq = eng.requests[rid]
+    seq.block_table[0] = eng.block_manager.num_blocks  # one past the end
+    with pytest.raises(AssertionError, match="outside the pool"):
+        eng.step()
+    assert np.asarray(eng.kv[0]).shape[1] == eng.block_manager.num_blocks
