@@ -229,3 +229,35 @@ def test_debug_check_fires_on_a_corrupted_block_table(tiny_dir, monkeypatch):
     with pytest.raises(AssertionError, match="outside the pool"):
         eng.step()
     assert np.asarray(eng.kv[0]).shape[1] == eng.block_manager.num_blocks
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "self"])
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_field_report_setup_speculation_on_an_overcommitted_pool(tiny_dir, monkeypatch, drafter, prefix_caching):
+    """The field report's configuration in miniature: 8 concurrent requests, speculative decoding,
+    a pool far below 8 x max_model_len. Drafts, rollback and preemption interleave; outputs must
+    equal greedy decoding alone and the DEBUG index checks must stay quiet."""
+    monkeypatch.setattr(runner_mod, "DEBUG", True)
+    rng = random.Random(11)
+    prompts, params = [], []
+    for _ in range(C):
+        n = rng.randrange(12, 40)
+        motif = [rng.randrange(3, 256) for _ in range(4)]  # repetitive: the n-gram drafter has matches
+        prompts.append((motif * 10)[:n])
+        params.append(SamplingParams(temperature=0, max_tokens=MAX_MODEL_LEN - n - rng.randrange(0, 8),
+                                     ignore_eos=True))
+    ref = LLM(tiny_dir, device="cpu", max_num_seqs=1, max_model_len=MAX_MODEL_LEN, block_size=BS,
+              enable_prefix_caching=False)
+    alone = [ref.generate([p], sp)[0].token_ids for p, sp in zip(prompts, params)]
+    spec = ({"method": "ngram", "num_speculative_tokens": 4} if drafter == "ngram"
+            else {"method": "draft_model", "model": tiny_dir, "num_speculative_tokens": 3})  # accepts ~all
+    llm = LLM(tiny_dir, device="cpu", max_num_seqs=C, max_model_len=MAX_MODEL_LEN, block_size=BS,
+              num_blocks=PER_SEQ + 2, max_num_batched_tokens=48, enable_prefix_caching=prefix_caching,
+              speculative_config=spec)
+    outs = llm.generate(prompts, params)
+    st = llm.engine.stats()
+    print(f"\n{drafter} drafter, prefix caching {prefix_caching}, {PER_SEQ + 2} blocks: "
+          f"{st.preemptions} preemptions, {st.spec['accepted_tokens']} accepted drafts")
+    assert st.preemptions > 0 and st.spec["accepted_tokens"] > 0
+    assert [o.token_ids for o in outs] == alone
+    assert st.blocks_used == 0
