@@ -30,6 +30,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def children(pid: int) -> list[int]:
+    """Direct child processes of pid, read from /proc."""
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                kids.append(int(entry))
+    return kids
+
+
 def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -77,7 +91,10 @@ def run_point(args, mml: int, out: Path) -> dict:
         point["error"] = f"{type(e).__name__}: {e}"
     finally:
         if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+            # under compute-sanitizer, stop the server itself so the sanitizer exits normally and
+            # writes its ERROR SUMMARY (signalling the sanitizer would cut the summary)
+            for pid in (children(proc.pid) if args.sanitize else []) or [proc.pid]:
+                os.kill(pid, signal.SIGTERM)
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:

@@ -6,6 +6,8 @@
 #                                       (0.6B, 8B) vs roofline and vs HF transformers, throughput
 #   bash scripts/h200_report.sh part2   SmolLM2 on the GPU, the failure matrix through the server,
 #                                       compute-sanitizer memcheck of the fastest reproducer
+#   bash scripts/h200_report.sh part3   memcheck again (stopping the server so the sanitizer writes
+#                                       its summary), per-kernel decode times with ncu, HF compiled
 #
 # No network there: missing pure-Python packages come as wheels in .whl (../shared/gpu/wheels.sh),
 # the embedded GGUF in two halves (.gguf_a in part1, .gguf_b in part2; /tmp survives in between).
@@ -40,7 +42,7 @@ stage() {  # stage NAME TIMEOUT CMD...: run, keep its log, never stop the script
   local rc=$?
   echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$W/stages.txt"
   tail -n 4 "$W/$name.log"
-  tar czf "$W/$PART.tgz" -C "$W" . 2>/dev/null
+  python3 -c "import shutil, sys; shutil.make_archive(sys.argv[1], 'gztar', sys.argv[2])" "$OUT/$PART" "$W"
 }
 
 facts() {
@@ -87,6 +89,24 @@ part2() {
   stage sanitizer 140 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/sanitizer" \
     --sanitize --max-model-len 4096 --concurrency 8 --num-prompts 8 --output-len 16 \
     --startup-timeout 100 --ladder-timeout 100
+}
+
+part3() {
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models3 60 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
+  stage sanitizer 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/sanitizer" \
+    --sanitize --max-model-len 4096 --concurrency 8 --num-prompts 8 --output-len 16 \
+    --startup-timeout 100 --ladder-timeout 100
+  stage decode_06b 60 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
+    --result-json "$W/decode_06b.json"
+  # kernels of two eager decode steps (after startup, the prefill and a few steps), timed one by one
+  stage ncu_06b 120 ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw \
+    --launch-skip 1500 --launch-count 700 python3 -m minillm.bench decode $M/q06 --device cuda \
+    --enforce-eager --input-len 512 --output-len 16
+  stage hf_06b_compiled 150 python3 -m minillm.bench hf $M/q06 --device cuda --input-len 512 --output-len 64 \
+    --static-cache --compile --result-json "$W/hf_06b_compiled.json"
 }
 
 "$PART"
