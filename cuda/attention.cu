@@ -104,9 +104,11 @@ __device__ void paged_attention_impl(
   int k_hi = causal ? L - nq + q_end : L;
   k_hi = max(0, min(k_hi, L));
   int k_lo = 0, k_end = k_hi;
-  if (n_splits > 1) {
-    k_lo = split * partition;
-    k_end = min(k_hi, k_lo + partition);
+  if (n_splits > 1) {  // partition 0: split this CTA's own keys evenly (in whole tiles), so a
+                       // short context in a wide block table still spreads over every split
+    const int part = partition > 0 ? partition : ((k_hi + n_splits - 1) / n_splits + bk - 1) / bk * bk;
+    k_lo = split * part;
+    k_end = min(k_hi, k_lo + part);
   }
 
   // ---- shared memory carve-up

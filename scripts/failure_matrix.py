@@ -134,9 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         point = run_point(args, mml, out)
         points.append(point)
         rungs = point.get("ladder", {}).get("rungs", [])
-        print(f"max_model_len {mml}: " + ("; ".join(
-            f"c={r.get('concurrency')} {r.get('ok')}/{r.get('num_prompts')}" for r in rungs) or point.get("error", "no result")),
-            flush=True)
+        summary = "; ".join(f"c={r.get('concurrency')} {r.get('ok')}/{r.get('num_prompts')}" for r in rungs)
+        print(f"max_model_len {mml}: {summary or point.get('error', 'no result')}", flush=True)
         (out / "matrix.json").write_text(json.dumps(points, indent=2))
     return 0
 

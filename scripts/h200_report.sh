@@ -8,6 +8,8 @@
 #                                       compute-sanitizer memcheck of the fastest reproducer
 #   bash scripts/h200_report.sh part3   memcheck again (stopping the server so the sanitizer writes
 #                                       its summary), per-kernel decode times with ncu, HF compiled
+#   bash scripts/h200_report.sh part4   after kernel changes: GPU tests, decode (0.6B, 8B), ncu,
+#                                       throughput, memcheck of a decode run
 #
 # No network there: missing pure-Python packages come as wheels in .whl (../shared/gpu/wheels.sh),
 # the embedded GGUF in two halves (.gguf_a in part1, .gguf_b in part2; /tmp survives in between).
@@ -107,6 +109,27 @@ part3() {
     --enforce-eager --input-len 512 --output-len 16
   stage hf_06b_compiled 150 python3 -m minillm.bench hf $M/q06 --device cuda --input-len 512 --output-len 64 \
     --static-cache --compile --result-json "$W/hf_06b_compiled.json"
+}
+
+part4() {
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage gpu_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --durations=10 \
+    --junitxml="$W/junit4.xml" tests/test_cuda_ops.py tests/test_cuda_model.py tests/test_gpu_engine.py \
+    -k "not smollm2"
+  stage models 60 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  stage decode_06b 60 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
+    --result-json "$W/decode_06b.json"
+  stage decode_8b 90 python3 -m minillm.bench decode $M/q8 --device cuda --input-len 512 --output-len 128 \
+    --result-json "$W/decode_8b.json"
+  stage ncu_06b 90 ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw \
+    --launch-skip 1500 --launch-count 700 python3 -m minillm.bench decode $M/q06 --device cuda \
+    --enforce-eager --input-len 512 --output-len 16
+  stage throughput_06b 110 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
+    --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b.json"
+  stage memcheck_decode 120 compute-sanitizer --tool memcheck --error-exitcode 3 python3 -m minillm.bench \
+    decode $M/q06 --device cuda --enforce-eager --input-len 64 --output-len 12
 }
 
 "$PART"

@@ -106,7 +106,7 @@ def test_store_kv_skips_padding_rows(be):
 
 
 # ---- norms / activation -------------------------------------------------------------------------
-@pytest.mark.parametrize("N", [64, 1000, 4096])
+@pytest.mark.parametrize("N", [64, 576, 1000, 1004, 4096, 8192])  # 1004: not 8-aligned, scalar kernel
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_rms_norm(be, N, with_residual):
     rng = np.random.default_rng(N)
@@ -182,7 +182,8 @@ def test_logit_transforms(be):
 
 
 # ---- matmul -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("M,K,N", [(1, 64, 96), (7, 200, 1000), (64, 512, 384), (300, 128, 4096)])
+@pytest.mark.parametrize("M,K,N", [(1, 64, 96), (7, 200, 1000), (64, 512, 384), (300, 128, 4096),
+                                   (3, 1024, 1537), (8, 4096, 260), (9, 64, 33)])  # M <= 8: cuda/gemv.cu
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("out_f32", [False, True])
 def test_matmul(be, M, K, N, bias, out_f32):
@@ -197,6 +198,24 @@ def test_matmul(be, M, K, N, bias, out_f32):
         ref += rounded(be, b)
     t = 1e-5 if (be.dtype == np.float32 or out_f32) else tol(be)
     assert rel_err(host(be, out), ref) < t
+
+
+def test_gemv_strided_rows_and_graph(be):
+    """Decode-sized products with x rows inside a wider buffer (the model's views), also replayed."""
+    rng = np.random.default_rng(5)
+    M, K, N = 4, 1024, 3000
+    big = rng.standard_normal((M, K + 64)).astype(np.float32)
+    w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
+    xd = be.asarray(big)[:, 64:]
+    wd = be.asarray(w)
+    out = poisoned(be, (M, N))
+    be.matmul(xd, wd, out)
+    ref = rounded(be, big[:, 64:]).astype(np.float64) @ rounded(be, w).astype(np.float64).T
+    assert rel_err(host(be, out), ref) < tol(be)
+    out2 = poisoned(be, (M, N))
+    g = be.capture_graph(lambda: be.matmul(xd, wd, out2))
+    g.replay()
+    assert np.array_equal(host(be, out2), host(be, out))
 
 
 # ---- paged attention --------------------------------------------------------------------------

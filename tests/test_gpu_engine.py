@@ -8,8 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hf_models import make_tiny
 from minillm import LLM, SamplingParams
+
+from hf_models import make_tiny
 
 pytestmark = pytest.mark.gpu
 

@@ -33,6 +33,7 @@ except ImportError:  # pragma: no cover - ml_dtypes is a dependency
 
 _ATT_THREADS = 128  # cuda/attention.cu
 _SAMPLE_THREADS = 512  # cuda/sampling.cu
+_GEMV_MAX_M, _GEMV_THREADS, _GEMV_COLS_PER_CTA = 8, 128, 2 * 4  # cuda/gemv.cu: GEMV_NR * GEMV_WARPS
 
 
 def cuda_unavailable_reason() -> str | None:
@@ -171,10 +172,12 @@ class CudaBackend:
             "elementwise": ["silu_mul_bf16", "silu_mul_f32", "fill_bias_bf16_bf16",
                             "fill_bias_f32_f32", "fill_bias_f32_bf16", "scale_softcap_bf16",
                             "scale_softcap_f32", "suppress_tokens_bf16", "suppress_tokens_f32"],
-            "norm": ["rms_norm_bf16", "rms_norm_f32", "qk_norm_rope_bf16", "qk_norm_rope_f32"],
+            "norm": ["rms_norm_bf16", "rms_norm_f32", "qk_norm_rope_bf16", "qk_norm_rope_f32",
+                     "rms_norm_vec1_bf16", "rms_norm_vec2_bf16", "rms_norm_vec4_bf16"],
             "attention": ["paged_attention_bf16", "paged_attention_f32",
                           "attention_combine_bf16", "attention_combine_f32"],
             "sampling": ["sample_tokens"],
+            "gemv": ["gemv_bf16", "gemv_f32"],
         }.items():
             for n in names:
                 k[n] = kc.get_kernel(mod, n, self.debug)
@@ -338,6 +341,18 @@ class CudaBackend:
         rs = _rows(residual, "rms_norm residual")[1] if residual is not None else 0
         N = x.shape[-1]
         sfx = _suffix(x.dtype)
+        chunks = N // 8
+        ptrs = [a.data.ptr for a in (x, w, out) + ((residual,) if residual is not None else ())]
+        if (sfx == "bf16" and N % 8 == 0 and chunks <= 1024 and all(p % 16 == 0 for p in ptrs)
+                and all(st % 8 == 0 for st in (xs, os_, rs))):  # 16-byte rows: registers + vector I/O
+            threads = 128 if chunks <= 128 else 256
+            c = 1 if chunks <= threads else 2 if chunks <= 2 * threads else 4
+            self._launch(
+                f"rms_norm_vec{c}_bf16", (rows,), (threads,),
+                (x, _i64(xs), residual if residual is not None else _NULL, _i64(rs), w,
+                 np.float32(eps), out, _i64(os_), _i32(N), _i32(rows)),
+            )
+            return
         threads = 128 if N <= 1024 else 256 if N <= 4096 else 512
         self._launch(
             "rms_norm_" + sfx, (rows,), (threads,),
@@ -418,6 +433,11 @@ class CudaBackend:
         _, ldo = _rows(out, "matmul out")
         if x.shape[-1] != K or out.shape[-1] != N or out.shape[0] != M or not w.flags.c_contiguous:
             raise ValueError(f"matmul: x {x.shape} @ w {w.shape}.T -> out {out.shape} does not fit")
+        if self._gemv_fits(x, w, out, bias, M, K, ldx):
+            self._launch("gemv_" + _suffix(out.dtype), (_cdiv(N, _GEMV_COLS_PER_CTA),), (_GEMV_THREADS,),
+                         (x, _i64(ldx), w, bias if bias is not None else _NULL, out, _i64(ldo), _i32(M),
+                          _i32(N), _i32(K)))
+            return
         beta = 0.0
         if bias is not None:  # out <- bias, then GEMM with beta = 1: a single rounding
             name = f"fill_bias_{_suffix(out.dtype)}_{_suffix(bias.dtype)}"
@@ -427,6 +447,13 @@ class CudaBackend:
         with self.stream:
             self.blas.gemm_xwt(M, N, K, x.data.ptr, cuda_dtype(x.dtype), ldx, w.data.ptr,
                                cuda_dtype(w.dtype), K, out.data.ptr, cuda_dtype(out.dtype), ldo, beta)
+
+    def _gemv_fits(self, x, w, out, bias, M: int, K: int, ldx: int) -> bool:
+        """Few rows of bf16 with 16-byte aligned rows: cuda/gemv.cu streams the weights faster."""
+        bf = self.dtype if self.dtype != np.float32 else None
+        return (bf is not None and M <= _GEMV_MAX_M and x.dtype == bf and w.dtype == bf and K % 8 == 0
+                and x.data.ptr % 16 == 0 and (ldx * x.itemsize) % 16 == 0 and w.data.ptr % 16 == 0
+                and out.dtype in (bf, np.float32) and (bias is None or bias.dtype == bf))
 
     # ---- attention ----------------------------------------------------------------------
     def paged_attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start,
@@ -456,10 +483,10 @@ class CudaBackend:
                              f"in {self.max_smem} bytes of shared memory")
         tiles = T if bq == 1 else _cdiv(T, bq) + B
         cap = min(_ATT_THREADS, self._att_scratch.size // max(1, T * H * (D + 2)))
-        if n_splits is None:  # enough CTAs to fill the GPU, but no split shorter than 256 keys
-            n_splits = min(_cdiv(4 * self.num_sms, max(1, tiles * KH)), _cdiv(max_ctx, 256))
+        if n_splits is None:  # enough CTAs to fill the GPU, no split shorter than one key tile
+            n_splits = min(_cdiv(4 * self.num_sms, max(1, tiles * KH)), _cdiv(max_ctx, bk))
         n_splits = max(1, min(n_splits, cap))
-        partition = _cdiv(_cdiv(max_ctx, n_splits), bk) * bk
+        partition = 0  # the kernel splits each CTA's actual keys (its sequence length) evenly
         return dict(bq=bq, tiles=tiles, bk=bk, smem=smem(bq * G, bk), n_splits=n_splits,
                     partition=partition)
 

@@ -1,0 +1,100 @@
+// gemv.cu: out = x @ w.T (+ bias) for a few rows of x (decode steps), bf16 weights, fp32 sums.
+// The NumPy twin is NumpyBackend.matmul; the CUDA backend sends M <= GEMV_MAX_M rows here and
+// larger products to cuBLAS.
+//
+// Why: at batch 1-8 a decode step's matmuls are pure weight streaming, and cuBLAS on the small
+// matrices of a 0.6B model reached well under half of the copy bandwidth (ncu, docs/BENCHMARKS.md).
+// Here each warp owns GEMV_NR output columns at a time and streams their weight rows with 16-byte
+// loads, every lane a different 16-byte chunk (a warp reads 512 contiguous bytes per row per
+// iteration), NR rows in flight at once; x rows come through L1/L2 at the same offsets. Each
+// column's M dot products are reduced across the warp and written by lane 0.
+#include "common.cuh"
+
+#define GEMV_MAX_M 8
+#define GEMV_NR 2
+#define GEMV_WARPS 4
+
+namespace {
+
+__device__ __forceinline__ void bf16x8_to_f(const uint4& u, float* f) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 v = __bfloat1622float2(h[i]);
+    f[2 * i] = v.x;
+    f[2 * i + 1] = v.y;
+  }
+}
+
+template <typename TO, int M>
+__device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
+                                          const bf16* __restrict__ w, const bf16* __restrict__ bias,
+                                          TO* __restrict__ out, i64 ldo, int N, int K) {
+  const int lane = threadIdx.x & 31;
+  const int warp = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+  const int n0 = warp * GEMV_NR;
+  if (n0 >= N) return;
+  const int chunks = K / 8;  // 16-byte chunks per row (the host checks K % 8 == 0)
+  float acc[GEMV_NR][M];
+#pragma unroll
+  for (int r = 0; r < GEMV_NR; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
+
+  for (int c = lane; c < chunks; c += 32) {
+    uint4 wv[GEMV_NR];
+#pragma unroll
+    for (int r = 0; r < GEMV_NR; ++r) {  // issue every row's load before using any
+      const int n = min(n0 + r, N - 1);
+      wv[r] = __ldg(reinterpret_cast<const uint4*>(w + (i64)n * K) + c);
+    }
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float xf[8];
+      bf16x8_to_f(__ldg(reinterpret_cast<const uint4*>(x + (i64)m * ldx) + c), xf);
+#pragma unroll
+      for (int r = 0; r < GEMV_NR; ++r) {
+        float wf[8];
+        bf16x8_to_f(wv[r], wf);
+        float s = acc[r][m];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) s = fmaf(xf[i], wf[i], s);
+        acc[r][m] = s;
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < GEMV_NR; ++r) {
+    const int n = n0 + r;
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const float s = minillm::warp_sum(acc[r][m]);
+      if (lane == 0 && n < N) {
+        const float b = bias ? minillm::to_f(bias[n]) : 0.f;
+        out[(i64)m * ldo + n] = minillm::from_f<TO>(s + b);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// grid (ceil(N / (GEMV_NR * GEMV_WARPS))), block 32 * GEMV_WARPS; M selects the instantiation.
+#define MINILLM_GEMV(SUFFIX, TO)                                                                 \
+  extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_##SUFFIX(                 \
+      const bf16* x, i64 ldx, const bf16* w, const bf16* bias, TO* out, i64 ldo, int M, int N, \
+      int K) {                                                                                 \
+    switch (M) {                                                                               \
+      case 1: gemv_impl<TO, 1>(x, ldx, w, bias, out, ldo, N, K); break;                       \
+      case 2: gemv_impl<TO, 2>(x, ldx, w, bias, out, ldo, N, K); break;                       \
+      case 3: gemv_impl<TO, 3>(x, ldx, w, bias, out, ldo, N, K); break;                       \
+      case 4: gemv_impl<TO, 4>(x, ldx, w, bias, out, ldo, N, K); break;                       \
+      case 5: gemv_impl<TO, 5>(x, ldx, w, bias, out, ldo, N, K); break;                       \
+      case 6: gemv_impl<TO, 6>(x, ldx, w, bias, out, ldo, N, K); break;                       \
+      case 7: gemv_impl<TO, 7>(x, ldx, w, bias, out, ldo, N, K); break;                       \
+      default: gemv_impl<TO, 8>(x, ldx, w, bias, out, ldo, N, K); break;                      \
+    }                                                                                          \
+  }
+
+MINILLM_GEMV(bf16, bf16)
+MINILLM_GEMV(f32, float)
