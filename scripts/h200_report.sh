@@ -10,6 +10,8 @@
 #                                       its summary), per-kernel decode times with ncu, HF compiled
 #   bash scripts/h200_report.sh part4   after kernel changes: GPU tests, decode (0.6B, 8B), ncu,
 #                                       throughput, memcheck of a decode run
+#   bash scripts/h200_report.sh part5   speculation on the 8B shape: price of rejected rounds and
+#                                       speedup against acceptance; the widest failure-matrix point again
 #
 # No network there: missing pure-Python packages come as wheels in .whl (../shared/gpu/wheels.sh),
 # the embedded GGUF in two halves (.gguf_a in part1, .gguf_b in part2; /tmp survives in between).
@@ -130,6 +132,18 @@ part4() {
     --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b.json"
   stage memcheck_decode 120 compute-sanitizer --tool memcheck --error-exitcode 3 python3 -m minillm.bench \
     decode $M/q06 --device cuda --enforce-eager --input-len 64 --output-len 12
+}
+
+part5() {
+  setup
+  stage models5 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
+  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_8b.json"
+  stage matrix_32k 80 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix32k" \
+    --max-model-len 32768 --concurrency 1,16 --num-prompts 2,16 --startup-timeout 60 --ladder-timeout 60
 }
 
 "$PART"

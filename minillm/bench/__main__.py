@@ -1,15 +1,17 @@
-"""python -m minillm.bench {serve,throughput,decode,hf} ...: dispatch to the benchmark's own argument parser."""
+"""python -m minillm.bench COMMAND ...: dispatch to each benchmark's own argument parser."""
 
 from __future__ import annotations
 
 import sys
 
-USAGE = """usage: python -m minillm.bench {serve,throughput,decode,hf} [options]
+USAGE = """usage: python -m minillm.bench {serve,throughput,decode,hf,spec,spec-cost} [options]
 
   serve       concurrency ladder against an OpenAI-compatible server (like `vllm bench serve`)
   throughput  offline throughput through minillm.LLM (nano-vllm's workload)
   decode      single-stream decode speed against the HBM roofline, split by kernel on the GPU
   hf          HF transformers' single-stream decode on the same workload (the reference)
+  spec        acceptance and speedup of n-gram and self-drafting on copy-friendly prompts
+  spec-cost   price of a rejected speculation round, and speedup against acceptance (GPU)
 
 `python -m minillm.bench COMMAND --help` lists a command's options."""
 
@@ -36,6 +38,14 @@ def main(argv: list[str] | None = None) -> int:
         from minillm.bench.hf_reference import main as hf_main
 
         return hf_main(rest)
+    if command == "spec":
+        from minillm.bench.spec import main as spec_main
+
+        return spec_main(rest)
+    if command == "spec-cost":
+        from minillm.bench.spec_cost import main as spec_cost_main
+
+        return spec_cost_main(rest)
     print(f"unknown benchmark {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

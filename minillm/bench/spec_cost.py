@@ -1,0 +1,123 @@
+"""python -m minillm.bench spec-cost TARGET --drafter DFLASH_DIR: what speculation costs and buys.
+
+1. Cost when nothing is accepted: decode steps of c = 1, 2, 4, ... sequences with no speculation,
+   then with the DFlash drafter (k drafts per round; a random drafter is never right), median step
+   time each; the ratio is the price of a verify step plus a draft step over a plain decode step.
+2. Speedup against acceptance: a benchmark-only drafter that knows each sequence's greedy
+   continuation (from a plain run) and proposes each next token correctly with probability p
+   (otherwise a wrong token), for several p; tokens per step and tokens/s against no speculation.
+   Greedy verification keeps the output lossless, which the benchmark checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+from minillm.engine.engine import LLMEngine
+from minillm.sampling_params import SamplingParams
+
+
+class OracleProposer:
+    """Benchmark-only: drafts the known continuation, each token right with probability p."""
+
+    needs_kv = False
+    lookahead = 0
+
+    def __init__(self, reference: dict[str, list[int]], p: float, vocab: int, seed: int = 0):
+        self.reference = reference
+        self.p = p
+        self.vocab = vocab
+        self.rng = np.random.default_rng(seed)
+
+    def propose(self, seqs, ks) -> None:
+        for seq, k in zip(seqs, ks):
+            ref = self.reference[seq.request_id]
+            n = len(seq.output_ids)
+            draft = []
+            for j in range(k):
+                right = ref[n + j] if n + j < len(ref) else 0
+                draft.append(right if self.rng.random() < self.p else (right + 1) % self.vocab)
+            seq.draft_ids = draft
+
+
+def decode_steps(engine: LLMEngine, prompts: list[list[int]], out_len: int) -> tuple[float, float, dict]:
+    """Run the prompts to completion; (median decode step seconds, tokens per step, outputs)."""
+    params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
+    ids = [engine.add_request(p, params, request_id=f"r{i}") for i, p in enumerate(prompts)]
+    outputs: dict[str, list[int]] = {i: [] for i in ids}
+    steps = []
+    while engine.has_unfinished():
+        sched = engine.scheduler
+        prefill = bool(sched.waiting) or any(s.num_computed < s.num_prompt_tokens for s in sched.running)
+        t = time.perf_counter()
+        outs = engine.step()
+        dt = time.perf_counter() - t
+        for o in outs:
+            outputs[o.request_id] = o.token_ids
+        if not prefill and outs:
+            steps.append((dt, sum(len(o.new_token_ids) for o in outs) / len(outs)))
+    steps = steps[2:] or steps
+    return float(np.median([s for s, _ in steps])), float(np.mean([n for _, n in steps])), outputs
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m minillm.bench spec-cost", description=__doc__)
+    p.add_argument("model")
+    p.add_argument("--drafter", required=True, help="DFlash drafter directory")
+    p.add_argument("--k", type=int, default=8)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--concurrency", default="1,2,4,8,16")
+    p.add_argument("--input-len", type=int, default=512)
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--accept", default="0,0.5,0.7,0.8,0.9,1.0", help="oracle drafter's per-token accuracy")
+    p.add_argument("--result-json", default=None)
+    ns = p.parse_args(argv)
+    cs = [int(c) for c in ns.concurrency.split(",")]
+    common = dict(model=ns.model, device=ns.device, max_num_seqs=max(cs), seed=0,
+                  max_model_len=ns.input_len + ns.output_len + 32, enable_prefix_caching=False)
+    rng = np.random.default_rng(0)
+    plain = LLMEngine(**common)
+    vocab = min(plain.config.vocab_size, plain.tokenizer.vocab_size)
+    prompts = [rng.integers(0, vocab, ns.input_len).tolist() for _ in range(max(cs))]
+    result: dict = {"model": ns.model, "k": ns.k, "input_len": ns.input_len, "output_len": ns.output_len,
+                    "cost": [], "speedup": []}
+    base_steps, reference = {}, {}
+    for c in cs:
+        step, _, outs = decode_steps(plain, prompts[:c], ns.output_len)
+        base_steps[c] = step
+        reference.update({f"r{i}": outs[f"r{i}"] for i in range(c)})
+    del plain
+    spec = LLMEngine(**common, speculative_config={"method": "dflash", "model": ns.drafter,
+                                                    "num_speculative_tokens": ns.k})
+    for c in cs:
+        step, per_step, outs = decode_steps(spec, prompts[:c], ns.output_len)
+        same = all(outs[f"r{i}"] == reference[f"r{i}"] for i in range(c))
+        result["cost"].append({"concurrency": c, "plain_step_ms": 1e3 * base_steps[c], "spec_step_ms": 1e3 * step,
+                               "ratio": step / base_steps[c], "tokens_per_step": per_step, "lossless": same})
+        print(f"c={c:>2}: plain step {1e3 * base_steps[c]:.2f} ms, DFlash k={ns.k} step {1e3 * step:.2f} ms "
+              f"({step / base_steps[c]:.2f}x), {per_step:.2f} tokens/step, lossless {same}", flush=True)
+    del spec
+    oracle = LLMEngine(**common, speculative_config={"method": "ngram", "num_speculative_tokens": ns.k})
+    for p_ok in [float(x) for x in ns.accept.split(",")]:
+        for c in (cs[0], cs[-1]):
+            oracle.proposer = OracleProposer(reference, p_ok, vocab)
+            step, per_step, outs = decode_steps(oracle, prompts[:c], ns.output_len)
+            same = all(outs[f"r{i}"] == reference[f"r{i}"] for i in range(c))
+            speedup = (per_step / step) / (1.0 / base_steps[c])
+            result["speedup"].append({"accept_prob": p_ok, "concurrency": c, "tokens_per_step": per_step,
+                                      "step_ms": 1e3 * step, "speedup": speedup, "lossless": same})
+            print(f"p={p_ok:.1f} c={c:>2}: {per_step:.2f} tokens/step, step {1e3 * step:.2f} ms, "
+                  f"speedup {speedup:.2f}x, lossless {same}", flush=True)
+    if ns.result_json:
+        with open(ns.result_json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
