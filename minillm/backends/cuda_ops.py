@@ -33,7 +33,10 @@ except ImportError:  # pragma: no cover - ml_dtypes is a dependency
 
 _ATT_THREADS = 128  # cuda/attention.cu
 _SAMPLE_THREADS = 512  # cuda/sampling.cu
-_GEMV_MAX_M, _GEMV_THREADS, _GEMV_COLS_PER_CTA = 8, 128, 2 * 4  # cuda/gemv.cu: GEMV_NR * GEMV_WARPS
+# cuda/gemv.cu takes products of at most _GEMV_MAX_M rows (the kernel handles 8). Measured on the
+# H200 (docs/BENCHMARKS.md, spec-cost): an 8-sequence decode step of the 8B shape took 11.5 ms with
+# 8-row GEMVs against 7.3 ms for 16 sequences through cuBLAS, so above 4 rows cuBLAS is used.
+_GEMV_MAX_M, _GEMV_THREADS, _GEMV_COLS_PER_CTA = 4, 128, 2 * 4  # GEMV_NR * GEMV_WARPS in gemv.cu
 
 
 def cuda_unavailable_reason() -> str | None:
