@@ -122,7 +122,12 @@ class Scheduler:
             self.bm.record_prefix_lookup(seq.num_tokens, hit)
             self.bm.allocate(seq, seq.num_computed + n)
             seq.status = Status.RUNNING
-            self.running.append(seq)
+            # keep running in arrival order (a resumed sequence goes back to its place), so the
+            # newest running sequence is always the last: the one preemption picks
+            i = len(self.running)
+            while i > 0 and self.running[i - 1].arrival > seq.arrival:
+                i -= 1
+            self.running.insert(i, seq)
             out.scheduled.append(ScheduledSeq(seq, n))
             budget -= n
         return out
