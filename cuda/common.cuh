@@ -73,6 +73,25 @@ __device__ __forceinline__ double warp_sum(double v) {
   return v;
 }
 
+// Eight bf16 values moved as one 16-byte word, converted to and from fp32.
+__device__ __forceinline__ void unpack_bf16x8(const uint4& u, float* f) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 v = __bfloat1622float2(h[i]);
+    f[2 * i] = v.x;
+    f[2 * i + 1] = v.y;
+  }
+}
+
+__device__ __forceinline__ uint4 pack_bf16x8(const float* f) {
+  uint4 u;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+  return u;
+}
+
 // Sum over the whole block (blockDim.x a multiple of 32, at most 1024). `scratch` holds 32
 // values; every thread gets the result. Ends with a barrier, so scratch can be reused at once.
 template <typename F>

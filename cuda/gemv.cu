@@ -16,16 +16,6 @@
 
 namespace {
 
-__device__ __forceinline__ void bf16x8_to_f(const uint4& u, float* f) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 v = __bfloat1622float2(h[i]);
-    f[2 * i] = v.x;
-    f[2 * i + 1] = v.y;
-  }
-}
-
 template <typename TO, int M>
 __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
                                           const bf16* __restrict__ w, const bf16* __restrict__ bias,
@@ -51,11 +41,11 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       float xf[8];
-      bf16x8_to_f(__ldg(reinterpret_cast<const uint4*>(x + (i64)m * ldx) + c), xf);
+      minillm::unpack_bf16x8(__ldg(reinterpret_cast<const uint4*>(x + (i64)m * ldx) + c), xf);
 #pragma unroll
       for (int r = 0; r < GEMV_NR; ++r) {
         float wf[8];
-        bf16x8_to_f(wv[r], wf);
+        minillm::unpack_bf16x8(wv[r], wf);
         float s = acc[r][m];
 #pragma unroll
         for (int i = 0; i < 8; ++i) s = fmaf(xf[i], wf[i], s);

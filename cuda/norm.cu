@@ -105,24 +105,6 @@ MINILLM_NORM(f32, float)
 // dependent 2-byte loads made it latency-bound (ncu: ~8.7 us a call for 1024 values).
 namespace {
 
-__device__ __forceinline__ void unpack8(const uint4& u, float* f) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 v = __bfloat1622float2(h[i]);
-    f[2 * i] = v.x;
-    f[2 * i + 1] = v.y;
-  }
-}
-
-__device__ __forceinline__ uint4 pack8(const float* f) {
-  uint4 u;
-  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-  return u;
-}
-
 template <int C>
 __device__ __forceinline__ void rms_norm_vec_impl(const bf16* x, i64 xs, bf16* res, i64 rs,
                                                   const bf16* __restrict__ w, float eps, bf16* out,
@@ -139,15 +121,15 @@ __device__ __forceinline__ void rms_norm_vec_impl(const bf16* x, i64 xs, bf16* r
   for (int c = 0; c < C; ++c) {
     const int i = threadIdx.x + c * blockDim.x;
     if (i < chunks) {
-      unpack8(xr[i], v[c]);
+      minillm::unpack_bf16x8(xr[i], v[c]);
       if (rr) {  // residual <- x + residual, rounded to bf16: that rounded sum is normalised
         float r[8];
-        unpack8(rr[i], r);
+        minillm::unpack_bf16x8(rr[i], r);
 #pragma unroll
         for (int j = 0; j < 8; ++j) r[j] += v[c][j];
-        const uint4 s = pack8(r);
+        const uint4 s = minillm::pack_bf16x8(r);
         rr[i] = s;
-        unpack8(s, v[c]);
+        minillm::unpack_bf16x8(s, v[c]);
       }
 #pragma unroll
       for (int j = 0; j < 8; ++j) ss += v[c][j] * v[c][j];
@@ -162,10 +144,10 @@ __device__ __forceinline__ void rms_norm_vec_impl(const bf16* x, i64 xs, bf16* r
     const int i = threadIdx.x + c * blockDim.x;
     if (i < chunks) {
       float wf[8], o[8];
-      unpack8(wr[i], wf);
+      minillm::unpack_bf16x8(wr[i], wf);
 #pragma unroll
       for (int j = 0; j < 8; ++j) o[j] = v[c][j] * rstd * wf[j];
-      orow[i] = pack8(o);
+      orow[i] = minillm::pack_bf16x8(o);
     }
   }
 }

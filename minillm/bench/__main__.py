@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
+
+COMMANDS = {
+    "serve": "minillm.bench.serve",
+    "throughput": "minillm.bench.throughput",
+    "decode": "minillm.bench.decode",
+    "hf": "minillm.bench.hf_reference",
+    "spec": "minillm.bench.spec",
+    "spec-cost": "minillm.bench.spec_cost",
+}
 
 USAGE = """usage: python -m minillm.bench {serve,throughput,decode,hf,spec,spec-cost} [options]
 
@@ -22,30 +32,9 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    if command == "serve":
-        from minillm.bench.serve import main as serve_main
-
-        return serve_main(rest)
-    if command == "throughput":
-        from minillm.bench.throughput import main as throughput_main
-
-        return throughput_main(rest)
-    if command == "decode":
-        from minillm.bench.decode import main as decode_main
-
-        return decode_main(rest)
-    if command == "hf":
-        from minillm.bench.hf_reference import main as hf_main
-
-        return hf_main(rest)
-    if command == "spec":
-        from minillm.bench.spec import main as spec_main
-
-        return spec_main(rest)
-    if command == "spec-cost":
-        from minillm.bench.spec_cost import main as spec_cost_main
-
-        return spec_cost_main(rest)
+    module = COMMANDS.get(command)
+    if module is not None:  # imported on demand: each benchmark pulls in only what it needs
+        return importlib.import_module(module).main(rest)
     print(f"unknown benchmark {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

@@ -10,7 +10,6 @@ GPU, one extra eager step is replayed op by op between CUDA events for the time 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections import defaultdict
@@ -18,6 +17,7 @@ from collections import defaultdict
 import numpy as np
 
 from minillm.args import EngineArgs, add_engine_args
+from minillm.bench.report import write_json
 
 OPS = ("embed", "rms_norm", "qk_norm_rope", "matmul", "silu_mul", "store_kv", "paged_attention",
        "gather_rows", "copy", "sample")
@@ -172,8 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{k} {v:.0f} ({100 * v / total:.0f}%)" for k, v in sorted(ops.items(), key=lambda kv: -kv[1]))
     print(line)
     if ns.result_json:
-        with open(ns.result_json, "w") as f:
-            json.dump(r, f, indent=2)
+        write_json(ns.result_json, r)
     return 0
 
 

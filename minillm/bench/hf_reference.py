@@ -10,9 +10,10 @@ support, so both engines read the very same file.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
+
+from minillm.bench.report import write_json
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,8 +67,7 @@ def main(argv: list[str] | None = None) -> int:
               "output_len": ns.output_len, "decode_tok_per_s": tok_s}
     print(f"transformers {path.name} on {ns.device}: {tok_s:.1f} tok/s decode")
     if ns.result_json:
-        with open(ns.result_json, "w") as f:
-            json.dump(result, f, indent=2)
+        write_json(ns.result_json, result)
     return 0
 
 

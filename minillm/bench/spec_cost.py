@@ -12,12 +12,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
 import numpy as np
 
+from minillm.bench.report import write_json
 from minillm.engine.engine import LLMEngine
 from minillm.sampling_params import SamplingParams
 
@@ -114,8 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"p={p_ok:.1f} c={c:>2}: {per_step:.2f} tokens/step, step {1e3 * step:.2f} ms, "
                   f"speedup {speedup:.2f}x, lossless {same}", flush=True)
     if ns.result_json:
-        with open(ns.result_json, "w") as f:
-            json.dump(result, f, indent=2)
+        write_json(ns.result_json, result)
     return 0
 
 
