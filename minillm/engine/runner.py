@@ -116,7 +116,8 @@ class ModelRunner:
         owner: dict[int, str] = {}
         for item in batch:
             self.bm.check_sequence(item.seq)
-            first_writable = item.seq.num_computed // self.bm.block_size
+            # every block this step writes (from `start`: a drafter may trail the target) is private
+            first_writable = min(item.start, item.seq.num_computed) // self.bm.block_size
             for b in item.seq.block_table[first_writable:]:
                 if b in owner or self.bm.ref_count[b] != 1:
                     raise AssertionError(f"block {b} written by {item.seq.request_id} is shared")
