@@ -6,7 +6,8 @@
 2. Speedup against acceptance: a benchmark-only drafter that knows each sequence's greedy
    continuation (from a plain run) and proposes each next token correctly with probability p
    (otherwise a wrong token), for several p; tokens per step and tokens/s against no speculation.
-   Greedy verification keeps the output lossless, which the benchmark checks.
+   Greedy verification keeps the output lossless, which the benchmark checks against the same
+   engine's output with every draft rejected.
 """
 
 from __future__ import annotations
@@ -98,19 +99,29 @@ def main(argv: list[str] | None = None) -> int:
         step, per_step, outs = decode_steps(spec, prompts[:c], ns.output_len)
         same = all(outs[f"r{i}"] == reference[f"r{i}"] for i in range(c))
         result["cost"].append({"concurrency": c, "plain_step_ms": 1e3 * base_steps[c], "spec_step_ms": 1e3 * step,
-                               "ratio": step / base_steps[c], "tokens_per_step": per_step, "lossless": same})
+                               "ratio": step / base_steps[c], "tokens_per_step": per_step,
+                               "same_as_plain_decode": same})
         print(f"c={c:>2}: plain step {1e3 * base_steps[c]:.2f} ms, DFlash k={ns.k} step {1e3 * step:.2f} ms "
-              f"({step / base_steps[c]:.2f}x), {per_step:.2f} tokens/step, lossless {same}", flush=True)
+              f"({step / base_steps[c]:.2f}x), {per_step:.2f} tokens/step, same tokens as plain decode {same}",
+              flush=True)
     del spec
     oracle = LLMEngine(**common, speculative_config={"method": "ngram", "num_speculative_tokens": ns.k})
-    for p_ok in [float(x) for x in ns.accept.split(",")]:
-        for c in (cs[0], cs[-1]):
-            oracle.proposer = OracleProposer(reference, p_ok, vocab)
+    for c in (cs[0], cs[-1]):
+        # The continuation to propose comes from this engine's own verification-shaped steps (a
+        # first run whose drafts are all wrong): in bf16 a 1-row decode step and a (1 + k)-row
+        # verification step round differently, and on random weights, whose top logits are close,
+        # that alone changes the greedy path (docs/BENCHMARKS.md, section 6).
+        oracle.proposer = OracleProposer(reference, 0.0, vocab)
+        _, _, own = decode_steps(oracle, prompts[:c], ns.output_len)
+        same_as_plain = all(own[f"r{i}"] == reference[f"r{i}"] for i in range(c))
+        for p_ok in [float(x) for x in ns.accept.split(",")]:
+            oracle.proposer = OracleProposer(own, p_ok, vocab)
             step, per_step, outs = decode_steps(oracle, prompts[:c], ns.output_len)
-            same = all(outs[f"r{i}"] == reference[f"r{i}"] for i in range(c))
+            same = all(outs[f"r{i}"] == own[f"r{i}"] for i in range(c))
             speedup = (per_step / step) / (1.0 / base_steps[c])
             result["speedup"].append({"accept_prob": p_ok, "concurrency": c, "tokens_per_step": per_step,
-                                      "step_ms": 1e3 * step, "speedup": speedup, "lossless": same})
+                                      "step_ms": 1e3 * step, "speedup": speedup, "lossless": same,
+                                      "verify_path_equals_plain_decode": same_as_plain})
             print(f"p={p_ok:.1f} c={c:>2}: {per_step:.2f} tokens/step, step {1e3 * step:.2f} ms, "
                   f"speedup {speedup:.2f}x, lossless {same}", flush=True)
     if ns.result_json:
