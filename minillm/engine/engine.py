@@ -152,19 +152,26 @@ class LLMEngine:
         max_logits = args.max_num_seqs * (1 + k)
         self.runner_args = dict(max_tokens=self.max_num_batched_tokens, max_seqs=args.max_num_seqs,
                                 max_logits=max_logits, max_model_len=self.max_model_len + self.lookahead)
+        self.proposer = build_proposer(self) if self.spec else None
         dtype_bytes = np.dtype(self.backend.dtype).itemsize
+        kv_bytes = cfg.kv_bytes_per_token(dtype_bytes)
+        if self.proposer is not None:  # the drafter's pool shares the target's block ids
+            kv_bytes += self.proposer.kv_bytes_per_token(dtype_bytes)
         available = None
         if self.backend.name == "cuda":  # what --gpu-memory-utilization leaves after weights and workspace
             free, total = self.backend.cp.cuda.runtime.memGetInfo()
             ws = Workspace.nbytes(cfg, self.max_num_batched_tokens, max_logits, dtype_bytes)
             available = int(total * args.gpu_memory_utilization) - (total - free) - 2 * ws - (1 << 30)
-        self.num_blocks = plan_kv_pool(args, cfg.kv_bytes_per_token(dtype_bytes), self.max_model_len,
-                                       available, self.lookahead)
+        self.num_blocks = plan_kv_pool(args, kv_bytes, self.max_model_len, available, self.lookahead)
         self.kv = self.model.allocate_kv_cache(self.num_blocks, self.block_size)
         self.block_manager = BlockManager(self.num_blocks, self.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, self.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, self.backend, self.kv, self.block_manager, **self.runner_args)
-        self.proposer = build_proposer(self) if self.spec else None
+        if self.proposer is not None:
+            self.proposer.attach(self.block_manager)
+            if getattr(self.proposer, "uses_target_hidden", False):  # DFlash reads target hidden states
+                self.runner.capture_layers = self.proposer.layer_ids
+                self.runner.capture_out = self.proposer.capture
         self.spec_stats = SpecStats(k)
         self.requests: dict[str, Sequence] = {}
         self.rng = random.Random(args.seed)

@@ -121,8 +121,8 @@ class DFlashProposer:
     needs_kv = True
     uses_target_hidden = True
 
-    def __init__(self, path, target: Transformer, backend, block_manager, k: int, max_tokens: int,
-                 max_seqs: int, max_model_len: int):
+    def __init__(self, path, target: Transformer, backend, k: int, max_tokens: int, max_seqs: int,
+                 max_model_len: int):
         dcfg, weights, st = load_dflash(path, target.cfg)
         if st["input_embedding_scale"] != 1.0:
             raise ValueError(f"{path}: input_embedding_scale != 1 is not supported yet")
@@ -145,15 +145,22 @@ class DFlashProposer:
         self.model.lm_head = target.lm_head
         self.fc = backend.asarray(fc)
         self.hidden_norm = backend.asarray(hidden_norm)
-        self.kv = self.model.allocate_kv_cache(block_manager.num_blocks, block_manager.block_size)
-        self.runner = ModelRunner(self.model, backend, self.kv, block_manager, max_tokens=max(max_tokens,
-                                  max_seqs * self.block), max_seqs=max_seqs, max_logits=max_seqs * self.block,
-                                  max_model_len=max_model_len + self.block)
+        self.max_tokens, self.max_seqs, self.max_model_len = max_tokens, max_seqs, max_model_len
         # target hidden states of a step, and their projection (the drafter's context input)
         H = dcfg.hidden_size
         self.capture = backend.empty((max_tokens, len(self.layer_ids) * H))
         self.ctx = Workspace(backend, dcfg, max_tokens, 1)
         self.ctx_hidden = backend.empty((max_tokens, H))
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        return self.cfg.kv_bytes_per_token(dtype_bytes)
+
+    def attach(self, block_manager) -> None:
+        """Allocate the context K/V pool (the target's geometry) and the block-draft step buffers."""
+        self.kv = self.model.allocate_kv_cache(block_manager.num_blocks, block_manager.block_size)
+        self.runner = ModelRunner(self.model, self.backend, self.kv, block_manager,
+                                  max_tokens=max(self.max_tokens, self.max_seqs * self.block), max_seqs=self.max_seqs,
+                                  max_logits=self.max_seqs * self.block, max_model_len=self.max_model_len + self.block)
 
     # ---- context: every target step --------------------------------------------------------
     def update_context(self, x, num_tokens: int) -> None:

@@ -21,17 +21,22 @@ class DraftModelProposer:
     needs_kv = True
     lookahead = 0  # its KV stays within the target's next-step positions
 
-    def __init__(self, loaded, backend, block_manager, k: int, max_tokens: int, max_seqs: int,
-                 max_model_len: int):
+    def __init__(self, loaded, backend, k: int, max_tokens: int, max_seqs: int, max_model_len: int):
         self.k = k
         self.config = loaded.config
         self.model = Transformer(loaded.config, loaded.weights, backend, max_model_len + 1)
         loaded.weights = {}
-        self.kv = self.model.allocate_kv_cache(block_manager.num_blocks, block_manager.block_size)
-        self.runner = ModelRunner(self.model, backend, self.kv, block_manager, max_tokens=max_tokens,
-                                  max_seqs=max_seqs, max_logits=max_seqs, max_model_len=max_model_len)
-        self.max_tokens = max_tokens
+        self.max_tokens, self.max_seqs, self.max_model_len = max_tokens, max_seqs, max_model_len
         self.backend = backend
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        return self.config.kv_bytes_per_token(dtype_bytes)
+
+    def attach(self, block_manager) -> None:
+        """Allocate the drafter's KV pool (the target's geometry) and its step buffers."""
+        self.kv = self.model.allocate_kv_cache(block_manager.num_blocks, block_manager.block_size)
+        self.runner = ModelRunner(self.model, self.backend, self.kv, block_manager, max_tokens=self.max_tokens,
+                                  max_seqs=self.max_seqs, max_logits=self.max_seqs, max_model_len=self.max_model_len)
 
     def _run(self, items: list[ScheduledSeq]) -> tuple[list, list]:
         """One drafter forward; per item, its sampled token and (sampled requests) its

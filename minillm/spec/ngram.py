@@ -20,6 +20,12 @@ class NgramProposer:
         self.min_n = min_n
         self.max_n = max_n
 
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        return 0
+
+    def attach(self, block_manager) -> None:
+        pass
+
     def propose(self, seqs: list[Sequence], ks: list[int]) -> None:
         for seq, k in zip(seqs, ks):
             seq.draft_ids = lookup(np.asarray(seq.all_ids), self.min_n, self.max_n, k) if k > 0 else []

@@ -53,7 +53,11 @@ def lookahead(spec) -> int:
 
 
 def build_proposer(engine):
-    """The drafter for engine.spec, checked against the target (vocabulary, block size)."""
+    """The drafter for engine.spec, checked against the target (vocabulary, block size).
+
+    Its weights are loaded now; its KV pool is allocated by attach() once the engine has sized the
+    pool for target and drafter together (kv_bytes_per_token).
+    """
     spec = engine.spec
     if spec.method == "ngram":
         from minillm.spec.ngram import NgramProposer
@@ -71,7 +75,7 @@ def build_proposer(engine):
     if spec.method == "draft_model":
         from minillm.spec.draft_model import DraftModelProposer
 
-        return DraftModelProposer(loaded, engine.backend, engine.block_manager, spec.num_speculative_tokens,
+        return DraftModelProposer(loaded, engine.backend, spec.num_speculative_tokens,
                                   r["max_tokens"], r["max_seqs"], r["max_model_len"])
     raise AssertionError(spec.method)
 
@@ -80,8 +84,5 @@ def _dflash(engine):
     from minillm.spec.dflash import DFlashProposer
 
     spec, r = engine.spec, engine.runner_args
-    proposer = DFlashProposer(spec.model, engine.model, engine.backend, engine.block_manager,
-                              spec.num_speculative_tokens, r["max_tokens"], r["max_seqs"], engine.max_model_len)
-    engine.runner.capture_layers = proposer.layer_ids
-    engine.runner.capture_out = proposer.capture
-    return proposer
+    return DFlashProposer(spec.model, engine.model, engine.backend, spec.num_speculative_tokens,
+                          r["max_tokens"], r["max_seqs"], engine.max_model_len)
