@@ -32,6 +32,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: $MINILLM_API_KEY)")
     p.add_argument("--shutdown-grace", type=float, default=30.0,
                    help="seconds open requests get to finish after SIGTERM before they are cut")
+    p.add_argument("--step-timeout", type=float, default=120.0,
+                   help="seconds one engine step may take before the engine counts as hung: open streams "
+                        "get an error event, /health turns 503, and the log shows where the engine was")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     ns = p.parse_args(argv)
     names = ns.served_model_name or []
@@ -100,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
 
-    aeng = AsyncEngine(engine, step_delay=float(os.environ.get("MINILLM_TEST_STEP_DELAY") or 0))
+    aeng = AsyncEngine(engine, step_delay=float(os.environ.get("MINILLM_TEST_STEP_DELAY") or 0),
+                       step_timeout=ns.step_timeout)
     names = ns.served_model_name or [engine.model_name]
     app = build_app(aeng, names, ns.api_key, test_hooks=os.environ.get("MINILLM_TEST_FAULTS") == "1")
     for sock in sockets.insecure_sockets:

@@ -312,6 +312,25 @@ def test_engine_fault_reaches_every_stream(model_dir, tmp_path):
         assert srv.stop() == 0
 
 
+def test_hung_step_fails_open_streams_and_health(model_dir, tmp_path):
+    """A step that does not return within --step-timeout is treated like one that raised."""
+    srv = Server(model_dir, tmp_path / "hang.log", "--step-timeout", "0.5",
+                 env={"MINILLM_TEST_STEP_DELAY": "4"})
+    try:
+        assert httpx.get(f"{srv.url}/health").status_code == 200
+        t0 = time.monotonic()
+        r = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "x", "max_tokens": 4, "stream": True},
+                       timeout=10)
+        elapsed = time.monotonic() - t0
+        events = [ln[6:] for ln in r.text.splitlines() if ln.startswith("data: ")]
+        assert events[-1] == "[DONE]" and "did not return within 0.5 s" in json.loads(events[-2])["error"]["message"]
+        assert elapsed < 3.0, f"the stream hung for {elapsed:.1f} s"  # well before the 4 s step ends
+        assert httpx.get(f"{srv.url}/health").status_code == 503
+        assert "engine step has not returned" in srv.text() and "the engine thread is at" in srv.text()
+    finally:
+        srv.stop()
+
+
 def test_stream_cut_by_fault_raises_in_openai_client(model_dir, tmp_path):
     srv = Server(model_dir, tmp_path / "fault2.log",
                  env={"MINILLM_TEST_FAULTS": "1", "MINILLM_TEST_STEP_DELAY": "0.01"})

@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 
 from minillm.engine.engine import EngineStats, LLMEngine, RequestOutput
@@ -62,9 +64,13 @@ class RequestStream:
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, step_delay: float = 0.0):
+    def __init__(self, engine: LLMEngine, step_delay: float = 0.0, step_timeout: float = 120.0):
         self.engine = engine
         self.step_delay = step_delay  # test hook (MINILLM_TEST_STEP_DELAY): slows each step down
+        # a step running longer than this is a hung engine (a stuck GPU, a deadlock): the watchdog
+        # logs where the engine thread is, fails every open stream and turns /health 503
+        self.step_timeout = step_timeout
+        self._step_began: float | None = None
         self.stats: EngineStats = engine.stats()  # snapshot written by the engine thread only
         self.error: BaseException | None = None
         self.accepting = True
@@ -83,6 +89,21 @@ class AsyncEngine:
         self.loop = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._run, name="minillm-engine", daemon=True)
         self._thread.start()
+        self._watchdog = self.loop.create_task(self._watch_steps())
+
+    async def _watch_steps(self) -> None:
+        """Nothing hangs: a step that never returns is reported like a step that raised."""
+        while not self._stop and not self._dead:
+            await asyncio.sleep(min(1.0, self.step_timeout / 4))
+            began = self._step_began
+            if began is None or time.monotonic() - began <= self.step_timeout:
+                continue
+            frame = sys._current_frames().get(self._thread.ident) if self._thread else None
+            where = "".join(traceback.format_stack(frame)) if frame is not None else "(thread gone)\n"
+            log.error("engine step has not returned for %.0f s (--step-timeout); the engine thread is at:\n%s"
+                      "failing %d open request(s)", time.monotonic() - began, where, len(self._streams))
+            self._dead = True
+            self._fail_all(TimeoutError(f"an engine step did not return within {self.step_timeout:g} s"))
 
     async def stop(self) -> None:
         self._stop = True
@@ -204,13 +225,17 @@ class AsyncEngine:
                     continue
                 if self._fault_after is not None and self.steps >= self._fault_after:
                     raise RuntimeError("injected test fault (MINILLM_TEST_FAULTS)")
+                self._step_began = time.monotonic()
                 outputs = eng.step()
+                if self.step_delay:  # inside the watched window: tests use it to play a slow step
+                    time.sleep(self.step_delay)
+                self._step_began = None
+                if self._dead:  # the watchdog gave up on this step and failed its requests
+                    return
                 self.steps += 1
                 self.stats = eng.stats()
                 if outputs:
                     self._post(self._deliver, outputs)
-                if self.step_delay:
-                    time.sleep(self.step_delay)
         except BaseException as e:
             log.exception("engine loop failed after %d steps; failing %d open request(s)", self.steps,
                           len(self._streams))
