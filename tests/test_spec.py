@@ -89,6 +89,26 @@ def test_stop_inside_accepted_run(models):
             assert out.token_ids == b.token_ids[:7] and out.finish_reason == "length"
 
 
+def test_stop_string_inside_accepted_run(models):
+    """A stop string completed mid-run ends the output at the same token as plain decoding."""
+    target = str(models[0])
+    plain = LLM(target, device="cpu")
+    spec = LLM(target, device="cpu", speculative_config=spec_configs(models, 8)["self_draft"])
+    checked = 0
+    for prompt in PROMPTS[:4]:
+        full = plain.generate([prompt], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))[0]
+        if len(full.text) < 12:
+            continue
+        stop = full.text[8:11]
+        params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop])
+        a = plain.generate([prompt], params)[0]
+        b = spec.generate([prompt], params)[0]
+        assert (b.token_ids, b.text, b.finish_reason) == (a.token_ids, a.text, "stop")
+        assert len(b.token_ids) < 40
+        checked += 1
+    assert checked >= 2
+
+
 def exact_two_token_distribution(llm, prompt, params):
     """P(t1, t2) under the target with params' temperature and top-k, from its logits."""
     from minillm.engine.sampler import probs_from_logits

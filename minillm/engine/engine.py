@@ -303,11 +303,13 @@ class LLMEngine:
             self.proposer.propose(seqs, ks)
 
     def _append_tokens(self, seq: Sequence, new: list[int]) -> RequestOutput:
-        """Append sampled tokens, apply stop conditions, and produce the text delta."""
+        """Append sampled tokens one by one, stopping exactly where plain decoding would (a stop
+        token, a stop string, max_tokens or max_model_len), even inside an accepted speculative run;
+        returns the text delta to stream."""
         p = seq.params
         accepted: list[int] = []
         reason = None
-        stopped_by_token = False
+        longest_stop = max((len(s) for s in p.stop), default=0)
         for tok in new:
             seq.output_ids.append(tok)
             accepted.append(tok)
@@ -315,26 +317,26 @@ class LLMEngine:
             if n_out >= p.min_tokens and (
                 (not p.ignore_eos and tok in self.config.eos_token_ids) or tok in p.stop_token_ids
             ):
-                reason = "stop"
-                stopped_by_token = True
+                reason = "stop"  # the stop token is returned in token_ids but is not text
                 break
+            before = len(seq.text)
+            seq.text += seq.decoder.push([tok])
+            if p.stop and n_out >= p.min_tokens and len(seq.text) > before:
+                cut = self._find_stop(seq.text, p.stop, max(0, before - longest_stop + 1))
+                if cut is not None:
+                    seq.text = seq.text[:cut]  # the text ends before the stop string
+                    reason = "stop"
+                    break
             if n_out >= p.max_tokens or seq.num_tokens >= self.max_model_len:
                 reason = "length"
                 break
         self.stats_generation_tokens += len(accepted)
-        visible = accepted[:-1] if stopped_by_token else accepted  # a stop token is not text
-        seq.text += seq.decoder.push(visible) if visible else ""
-        if p.stop and n_out >= p.min_tokens:
-            cut = self._find_stop(seq.text, p.stop)
-            if cut is not None:
-                seq.text = seq.text[:cut]
-                reason = "stop"
         if reason is not None:
             self.scheduler.finish(seq, reason)
             self.requests.pop(seq.request_id, None)
             hold = 0
         else:
-            hold = max((len(s) - 1 for s in p.stop), default=0)  # may be the start of a stop string
+            hold = longest_stop - 1 if longest_stop else 0  # may be the start of a stop string
         end = max(seq.sent_text_len, len(seq.text) - hold)
         delta = seq.text[seq.sent_text_len : end]
         seq.sent_text_len = end
@@ -342,8 +344,9 @@ class LLMEngine:
                              seq.num_prompt_tokens, reason is not None, reason)
 
     @staticmethod
-    def _find_stop(text: str, stops: list[str]) -> int | None:
-        cuts = [i for i in (text.find(s) for s in stops) if i >= 0]
+    def _find_stop(text: str, stops: list[str], start: int = 0) -> int | None:
+        """Index of the earliest stop string in text[start:] (searching only where a new one can be)."""
+        cuts = [i for i in (text.find(s, start) for s in stops) if i >= 0]
         return min(cuts) if cuts else None
 
     def score(self, prompts: list[list[int]]) -> list[np.ndarray]:
