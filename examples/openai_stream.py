@@ -1,0 +1,22 @@
+"""Stream a chat completion from a running `python -m minillm.serve` with the official openai client.
+
+    make serve            # in another terminal
+    python examples/openai_stream.py
+"""
+
+from openai import OpenAI
+
+client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="none")
+model = client.models.list().data[0].id
+stream = client.chat.completions.create(
+    model=model,
+    messages=[{"role": "user", "content": "Write a haiku about paged attention."}],
+    max_tokens=64,
+    stream=True,
+    stream_options={"include_usage": True},
+)
+for chunk in stream:
+    if chunk.choices and chunk.choices[0].delta.content:
+        print(chunk.choices[0].delta.content, end="", flush=True)
+    if chunk.usage:
+        print(f"\n[{chunk.usage.completion_tokens} tokens]")
