@@ -167,9 +167,6 @@ class ModelRunner:
                           d["block_tables"][:B], d["seq_lens"][:B], d["query_start"][: B + 1],
                           d["logits_indices"][:r])
 
-    def _upload(self, B: int, t: int, r: int) -> None:
-        self.buf.upload(B)
-
     def _forward_and_sample(self, B: int, t: int, r: int):
         """The device work of a decode step: exactly what a CUDA graph captures and replays."""
         d = self.buf.dev
@@ -189,7 +186,7 @@ class ModelRunner:
         graph = self._graph_for(batch, t) if sample and causal and transform_logits is None else None
         if graph is not None:
             return self._replay(graph, B, t, r)
-        self._upload(B, t, r)
+        self.buf.upload(B)
         d = self.buf.dev
         x = self._inputs(B, t, r)
         logits = self.model.forward(x, t, r, self.kv, self.ws, causal=causal,
@@ -220,10 +217,10 @@ class ModelRunner:
         for rows in rows_per_seq:
             for bk in self.graph_buckets:
                 T = bk * rows
-                if T > self.max_tokens or bk * rows > self.max_logits or bk + 1 > self.max_seqs + 1:
+                if T > self.max_tokens or T > self.max_logits or bk > self.max_seqs:
                     continue
                 self._pad(0, 0, 0, bk, T, T)
-                self._upload(bk + 1, T, T)
+                self.buf.upload(bk + 1)
                 self._forward_and_sample(bk + 1, T, T)  # eager once: loads every kernel
                 self.graphs[(bk, rows)] = self.backend.capture_graph(
                     lambda bk=bk, T=T: self._forward_and_sample(bk + 1, T, T))
@@ -267,7 +264,7 @@ class ModelRunner:
         bk, rows, g = graph
         T = bk * rows
         self._pad(B, t, r, bk, T, T)
-        self._upload(bk + 1, T, T)
+        self.buf.upload(bk + 1)
         if self.replay_timer is not None:  # benchmarks: device time of the graph alone
             self.replay_timer(g.replay)
         else:

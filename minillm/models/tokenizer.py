@@ -134,7 +134,7 @@ class IncrementalDecoder:
     UTF-8 sequence (U+FFFD), so multi-byte characters are never split across deltas.
     """
 
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int] | None = None):
+    def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
         self.ids: list[int] = []
         self.prefix_offset = 0

@@ -319,7 +319,7 @@ def _chunk_bf16(seed: int, name: str, index: int, n: int, init: str) -> np.ndarr
     return x.astype(ml_dtypes.bfloat16).view(np.uint16)
 
 
-def _chunks(specs, seed: int) -> Iterator[tuple[str, int, int, str]]:
+def _chunks(specs) -> Iterator[tuple[str, int, int, str]]:
     for name, shape, init in specs:
         total = int(np.prod(shape))
         for index, start in enumerate(range(0, total, CHUNK)):
@@ -342,7 +342,7 @@ def write_safetensors(path: Path, specs, seed: int, pool: ThreadPoolExecutor, ah
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
         pending: list[Future] = []
-        for job in _chunks(specs, seed):
+        for job in _chunks(specs):
             pending.append(pool.submit(_chunk_bf16, seed, *job))
             if len(pending) >= ahead:
                 f.write(pending.pop(0).result())
