@@ -64,14 +64,20 @@ def attention_case(B, q_len, ctx, H=32, KH=8, D=128, bs=16):
     flops = 4 * B * H * D * q_len * (ctx - (q_len - 1) / 2)
     return (q, kc, vc, bt, sl, qs, D ** -0.5, out), kv_bytes, flops
 
-for name, B, ql, ctx in [("decode", 1, 1, 32768), ("decode", 64, 1, 2048), ("verify k=4", 16, 5, 4096), ("prefill", 1, 4096, 4096),
-                         ("chunked prefill", 1, 512, 16384)]:
-    args, nbytes, flops = attention_case(B, ql, ctx)
-    us = timed(lambda: be.paged_attention(*args))
-    plan = be.attention_plan(B * ql, B, 32, 8, 128, ctx, 2)
-    rows.append((f"attention {name} B={B} q={ql} ctx={ctx}", us,
-                 f"{nbytes / us / 1e6:.2f} TB/s KV, {flops / us / 1e6:.1f} TFLOP/s, "
-                 f"bq={plan['bq']} splits={plan['n_splits']}"))
+cases = [("decode", 1, 1, 512, 16), ("decode", 1, 1, 512, 32), ("decode", 1, 1, 32768, 32),
+         ("decode", 64, 1, 2048, 32), ("decode", 256, 1, 1024, 16), ("verify k=8", 16, 9, 4096, 32),
+         ("verify k=4", 16, 5, 4096, 32), ("prefill", 1, 4096, 4096, 32),
+         ("chunked prefill", 1, 512, 16384, 32)]
+for name, B, ql, ctx, H in cases:
+    args, nbytes, flops = attention_case(B, ql, ctx, H=H)
+    for kernel in (["tiled", "decode"] if ql <= 16 else ["tiled"]):
+        plan = {}
+        def run():
+            plan.update(be.attention(*args, kernel=kernel))
+        us = timed(run)
+        rows.append((f"attention {name} H={H} B={B} q={ql} ctx={ctx} [{kernel}]", us,
+                     f"{nbytes / us / 1e6:.2f} TB/s KV, {flops / us / 1e6:.1f} TFLOP/s, "
+                     f"splits={plan.get('n_splits')} bq={plan.get('bq', 1)}"))
     del args
 
 V = 151936

@@ -250,17 +250,23 @@ def check_attention(be, case, causal, variants, scale=None):
     live = int(qs[-1])
     dq, dk, dv = be.asarray(q), be.asarray(kc), be.asarray(vc)
     dbt, dsl, dqs = i32(be, bt), i32(be, sl), i32(be, qs)
-    for bq, n_splits in variants:
-        out = poisoned(be, q.shape)
-        plan = be.attention(dq, dk, dv, dbt, dsl, dqs, scale, out, causal=causal, bq=bq,
-                            n_splits=n_splits)
-        got = host(be, out)
-        err = rel_err(got[:live], ref[:live])
-        assert err < tol(be), f"variant bq={bq} splits={n_splits} plan={plan}: rel err {err}"
-        assert np.isnan(got[live:]).all(), "rows outside every sequence must stay untouched"
+    for variant in variants:
+        kernel, bq, n_splits = variant if len(variant) == 3 else ("tiled", *variant)
+        if variant[0] is None:
+            kernel = None  # the backend's own choice
+        for _ in range(2):  # twice: the decode kernel's split counters must reset themselves
+            out = poisoned(be, q.shape)
+            plan = be.attention(dq, dk, dv, dbt, dsl, dqs, scale, out, causal=causal, bq=bq,
+                                n_splits=n_splits, kernel=kernel)
+            got = host(be, out)
+            err = rel_err(got[:live], ref[:live])
+            assert err < tol(be), f"variant {variant} plan={plan}: rel err {err}"
+            assert np.isnan(got[live:]).all(), "rows outside every sequence must stay untouched"
 
 
-VARIANTS = [(None, None), (1, 1), (1, 7), (4, 1), (16, 3)]
+# (bq, n_splits) of the tiled kernel, or (kernel, bq, n_splits); (None, None) = the backend's choice
+VARIANTS = [(None, None), (1, 1), (1, 7), (4, 1), (16, 3),
+            ("decode", None, None), ("decode", None, 1), ("decode", None, 5)]
 
 
 @pytest.mark.parametrize("G", [1, 2, 4, 8])
@@ -292,9 +298,10 @@ def test_paged_attention_long_context(be, bs):
     rng = np.random.default_rng(bs)
     H, KH, D = 8, 2, 128
     case = make_attention_case(rng, [1, 1, 1, 1], [1, 4096, 32768, 10000], H, KH, D, bs)
-    check_attention(be, case, True, [(None, None), (1, 1), (1, 64)])
+    check_attention(be, case, True, [(None, None), (1, 1), (1, 64), ("decode", None, 1),
+                                     ("decode", None, 64)])
     case = make_attention_case(rng, [64, 1], [32768, 32000], H, KH, D, bs)
-    check_attention(be, case, True, [(None, None), (1, None)])
+    check_attention(be, case, True, [(None, None), (1, None), ("decode", None, None)])
 
 
 # ---- sampling ---------------------------------------------------------------------------------

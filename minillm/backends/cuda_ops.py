@@ -36,6 +36,9 @@ _SAMPLE_THREADS = 512  # cuda/sampling.cu
 # cuda/gemv.cu takes products of at most _GEMV_MAX_M rows (the kernel handles 8). Measured on the
 # H200 (docs/BENCHMARKS.md, spec-cost): an 8-sequence decode step of the 8B shape took 11.5 ms with
 # 8-row GEMVs against 7.3 ms for 16 sequences through cuBLAS, so above 4 rows cuBLAS is used.
+# cuda/decode_attention.cu: instantiated head dims and query heads per KV head; at most
+# _DECODE_MAX_SPLITS splits of at least _DECODE_MIN_PART keys each.
+_DECODE_HEAD_DIMS, _DECODE_MAX_G, _DECODE_MAX_SPLITS, _DECODE_MIN_PART = (64, 128), 8, 64, 64
 _GEMV_MAX_M, _GEMV_THREADS, _GEMV_COLS_PER_CTA = 4, 128, 2 * 4  # GEMV_NR * GEMV_WARPS in gemv.cu
 
 
@@ -160,6 +163,9 @@ class CudaBackend:
             self._blas_ws = cupy.empty(cublas_workspace_bytes, dtype=np.uint8)
             self._att_scratch = cupy.empty(attention_scratch_bytes // 4, dtype=np.float32)
             self._idx_scratch = cupy.empty((2, 1 << 16), dtype=np.int32)  # host-given index lists
+            # cuda/decode_attention.cu: one split counter per (token, KV head); each step's last
+            # split resets its counter, so zeroing once here is enough
+            self._att_counters = cupy.zeros(1 << 16, dtype=np.int32)
         self.blas = Cublas(self.stream.ptr, self._blas_ws.data.ptr, cublas_workspace_bytes)
         self._staging = cupy.cuda.alloc_pinned_memory(staging_bytes)
         self._staging_cap = staging_bytes
@@ -179,6 +185,8 @@ class CudaBackend:
                      "rms_norm_vec1_bf16", "rms_norm_vec2_bf16", "rms_norm_vec4_bf16"],
             "attention": ["paged_attention_bf16", "paged_attention_f32",
                           "attention_combine_bf16", "attention_combine_f32"],
+            "decode_attention": [f"paged_decode_{t}_d{d}_g{g}" for t in ("bf16", "f32")
+                                 for d in _DECODE_HEAD_DIMS for g in range(1, _DECODE_MAX_G + 1)],
             "sampling": ["sample_tokens"],
             "gemv": ["gemv_bf16", "gemv_f32"],
         }.items():
@@ -493,10 +501,31 @@ class CudaBackend:
         return dict(bq=bq, tiles=tiles, bk=bk, smem=smem(bq * G, bk), n_splits=n_splits,
                     partition=partition)
 
+    def _decode_kernel_fits(self, q, k_cache, out) -> bool:
+        """cuda/decode_attention.cu is instantiated for these shapes and needs 16-byte q rows."""
+        T, H, D = q.shape
+        KH = k_cache.shape[2]
+        it = q.itemsize
+        return (D in _DECODE_HEAD_DIMS and H // KH <= _DECODE_MAX_G and q.dtype == k_cache.dtype
+                and q.data.ptr % 16 == 0 and k_cache.data.ptr % 16 == 0
+                and (q.strides[0] % 16, q.strides[1] % 16) == (0, 0)
+                and q.dtype in (BF16, np.float32) and q.dtype == out.dtype)
+
+    def decode_plan(self, T: int, KH: int, max_ctx: int, n_splits: int | None = None) -> dict:
+        """Splits for the decode kernel from static sizes only (graph-safe)."""
+        if n_splits is None:  # enough CTAs to fill the GPU twice over
+            n_splits = min(_cdiv(2 * self.num_sms, max(1, T * KH)), _cdiv(max_ctx, _DECODE_MIN_PART))
+        if T * KH > self._att_counters.size:
+            n_splits = 1
+        n_splits = max(1, min(n_splits, _DECODE_MAX_SPLITS))
+        return dict(kernel="decode", n_splits=n_splits, min_part=_DECODE_MIN_PART)
+
     def attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start, scale: float,
                   out, causal: bool = True, bq: int | None = None,
-                  n_splits: int | None = None) -> dict:
-        """paged_attention with an optional forced launch shape (tests cover both variants)."""
+                  n_splits: int | None = None, kernel: str | None = None) -> dict:
+        """paged_attention with an optional forced kernel ("decode" or "tiled") and launch shape
+        (the tests run every variant). By default steps with at most 16 queries per sequence
+        (decode, verification) take cuda/decode_attention.cu, the rest cuda/attention.cu."""
         T, H, D = q.shape
         if T == 0:
             return {}
@@ -510,6 +539,15 @@ class CudaBackend:
         for a, n in ((block_tables, "block_tables"), (seq_lens, "seq_lens"), (query_start, "query_start")):
             if a.dtype != np.int32:
                 raise TypeError(f"paged_attention: {n} must be int32, got {a.dtype}")
+        if kernel is None:
+            kernel = ("decode" if bq is None and T <= 16 * B
+                      and self._decode_kernel_fits(q, k_cache, out) else "tiled")
+        if kernel == "decode":
+            if not self._decode_kernel_fits(q, k_cache, out):
+                raise ValueError(f"paged_attention: the decode kernel does not take q {q.shape} "
+                                 f"{q.dtype} with KV heads {KH}")
+            return self._decode_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start,
+                                          scale, out, causal, n_splits)
         p = self.attention_plan(T, B, H, KH, D, block_tables.shape[1] * bs, q.itemsize, bq, n_splits)
         it = q.itemsize
         sfx = _suffix(q.dtype)
@@ -531,6 +569,30 @@ class CudaBackend:
                 (part_o, part_ml, query_start, _i32(B), _i32(T), out, _i64(out.strides[0] // it),
                  _i64(out.strides[1] // it), _i32(H), _i32(D), _i32(p["n_splits"])),
             )
+        return p
+
+    def _decode_attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start,
+                          scale: float, out, causal: bool, n_splits: int | None) -> dict:
+        T, H, D = q.shape
+        _, bs, KH, _ = k_cache.shape
+        B = seq_lens.shape[0]
+        p = self.decode_plan(T, KH, block_tables.shape[1] * bs, n_splits)
+        ns = p["n_splits"]
+        if T * H * ns * (D + 2) > self._att_scratch.size:
+            raise ValueError(f"paged_attention: {T} tokens x {H} heads x {ns} splits exceed the "
+                             "attention scratch; raise attention_scratch_bytes")
+        it = q.itemsize
+        part_o = self._att_scratch
+        part_ml = self._att_scratch[T * H * ns * D:]
+        self._launch(
+            f"paged_decode_{_suffix(q.dtype)}_d{D}_g{H // KH}", (T, KH, ns), (_ATT_THREADS,),
+            (q, _i64(q.strides[0] // it), _i64(q.strides[1] // it), k_cache, v_cache, block_tables,
+             _i32(block_tables.shape[1]), seq_lens, query_start, _i32(B), _i32(T), out,
+             _i64(out.strides[0] // it), _i64(out.strides[1] // it), part_o, part_ml,
+             self._att_counters, _i32(KH), _i32(bs), _i32(k_cache.shape[0]),
+             np.float32(scale * math.log2(math.e)), _i32(1 if causal else 0), _i32(ns),
+             _i32(p["min_part"])),
+        )
         return p
 
     # ---- sampling -----------------------------------------------------------------------

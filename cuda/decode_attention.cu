@@ -1,0 +1,264 @@
+// decode_attention.cu: paged attention for decode and speculative-verification steps, another
+// twin of NumpyBackend.paged_attention (any ragged query lengths, causal or not; the backend picks
+// it when a step's queries per sequence are few, attention.cu's tiled kernel otherwise).
+//
+// One CTA per (query token, KV head, split): the G query heads that share the KV head live in
+// registers, and every K/V row of the split is read once with 16-byte loads. A row is spread
+// over LPK = D / (16 / sizeof(T)) lanes (16 for bf16 head_dim 128), so a CTA of 128 threads has
+// NG = 128 / LPK key groups; each group walks its keys U at a time (all U loads issued before
+// any is used, for memory-level parallelism) with its own online softmax in base 2, and the
+// groups are merged through shared memory at the end.
+//
+// Splits (flash-decoding): split s takes keys [s * part, (s + 1) * part) of this token's own
+// context, part = max(min_part, ceil(len / n_splits)) rounded to 16, so a short context in a
+// long-context bucket uses few splits and the rest exit at once. Each split writes an
+// unnormalised partial; the last split of a (token, KV head) to finish (an atomic counter, which
+// that CTA resets to 0 for the next step) merges them, so no second kernel is launched.
+// Grid sizes depend only on the bucket shape; where each CTA works comes from device buffers,
+// so a captured graph replays for any batch.
+#include "common.cuh"
+
+#define DEC_THREADS 128
+#define DEC_U 4
+
+namespace {
+
+template <typename T>
+struct Vec16;
+template <>
+struct Vec16<bf16> {
+  static constexpr int N = 8;
+  static __device__ __forceinline__ void to_f(const uint4& u, float* f) { minillm::unpack_bf16x8(u, f); }
+};
+template <>
+struct Vec16<float> {
+  static constexpr int N = 4;
+  static __device__ __forceinline__ void to_f(const uint4& u, float* f) {
+    f[0] = __uint_as_float(u.x);
+    f[1] = __uint_as_float(u.y);
+    f[2] = __uint_as_float(u.z);
+    f[3] = __uint_as_float(u.w);
+  }
+};
+
+template <typename T, int D, int G>
+__device__ __forceinline__ void decode_attention_impl(
+    const T* __restrict__ q, i64 q_tok, i64 q_head,
+    const T* __restrict__ kc, const T* __restrict__ vc,  // [num_blocks, bs, KH, D]
+    const int* __restrict__ block_tables, int bt_stride,
+    const int* __restrict__ seq_lens, const int* __restrict__ query_start, int B, int n_tokens,
+    T* __restrict__ out, i64 o_tok, i64 o_head,
+    float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counters,
+    int KH, int block_size, int num_blocks, float scale_log2, int causal, int n_splits,
+    int min_part) {
+  constexpr int VEC = Vec16<T>::N;
+  constexpr int LPK = D / VEC;  // lanes per key row
+  constexpr int NG = DEC_THREADS / LPK;
+  static_assert(LPK >= 2 && LPK <= 32 && (32 % LPK) == 0, "head_dim must give 2..32 lanes a row");
+  __shared__ float s_ml[NG][G][2];
+  __shared__ float s_acc[NG][G][D];
+  __shared__ float s_w[G][64];  // the merging CTA's per-split weights (n_splits <= 64)
+  __shared__ float s_den[G];
+  __shared__ int s_last;
+
+  const int tid = threadIdx.x, kl = tid % LPK, grp = tid / LPK;
+  const int t = blockIdx.x, kh = blockIdx.y, split = blockIdx.z;
+  const int H = KH * G;
+  if (t >= n_tokens || t >= query_start[B]) return;  // rows outside every sequence: untouched
+  int lo = 0, hi = B - 1;  // last b with query_start[b] <= t (skips empty sequences)
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (query_start[mid] <= t) lo = mid; else hi = mid - 1;
+  }
+  const int b = lo;
+  const int qs = query_start[b];
+  const int nq = query_start[b + 1] - qs;
+  const int L = seq_lens[b];
+  MINILLM_CHECK(nq >= 1 && L >= 0 && L <= bt_stride * block_size);
+  const int j = t - qs;
+  int k_hi = causal ? L - nq + j + 1 : L;  // keys this query may see
+  k_hi = max(0, min(k_hi, L));
+  int k_lo = 0, k_end = k_hi;
+  if (n_splits > 1) {
+    int part = (k_hi + n_splits - 1) / n_splits;
+    part = max(min_part, (part + 15) / 16 * 16);
+    k_lo = min(k_hi, split * part);
+    k_end = min(k_hi, k_lo + part);
+  }
+
+  // ---- this token's G query heads, pre-scaled by softmax scale * log2(e)
+  float qv[G][VEC];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const T* qp = q + (i64)t * q_tok + (i64)(kh * G + g) * q_head + kl * VEC;
+    Vec16<T>::to_f(__ldg(reinterpret_cast<const uint4*>(qp)), qv[g]);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) qv[g][i] *= scale_log2;
+  }
+  float m[G], l[G], acc[G][VEC];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = minillm::neg_inf();
+    l[g] = 0.f;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) acc[g][i] = 0.f;
+  }
+
+  const int* bt = block_tables + (i64)b * bt_stride;
+  // The loop bound is uniform over the CTA (shuffles below need whole warps); keys past k_end
+  // load nothing and update nothing.
+  for (int base = k_lo; base < k_end; base += NG * DEC_U) {
+    const int k0 = base + grp * DEC_U;
+    uint4 kr[DEC_U], vr[DEC_U];
+#pragma unroll
+    for (int u = 0; u < DEC_U; ++u) {
+      const int key = k0 + u;
+      kr[u] = make_uint4(0u, 0u, 0u, 0u);
+      vr[u] = kr[u];
+      if (key < k_end) {
+        const int lb = key / block_size;
+        MINILLM_CHECK(lb < bt_stride);
+        const int phys = bt[lb];
+        MINILLM_CHECK(phys >= 0 && phys < num_blocks);
+        const i64 off = (((i64)phys * block_size + (key - lb * block_size)) * KH + kh) * D + kl * VEC;
+        kr[u] = __ldg(reinterpret_cast<const uint4*>(kc + off));
+        vr[u] = __ldg(reinterpret_cast<const uint4*>(vc + off));
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < DEC_U; ++u) {
+      float kf[VEC];
+      Vec16<T>::to_f(kr[u], kf);
+      float s[G];
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        float d = 0.f;
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) d = fmaf(qv[g][i], kf[i], d);
+        s[g] = d;
+      }
+#pragma unroll
+      for (int o = LPK / 2; o > 0; o >>= 1)
+#pragma unroll
+        for (int g = 0; g < G; ++g) s[g] += __shfl_xor_sync(0xffffffffu, s[g], o);
+      if (k0 + u < k_end) {  // uniform within a key group
+        float vf[VEC];
+        Vec16<T>::to_f(vr[u], vf);
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          const float m_new = fmaxf(m[g], s[g]);
+          const float alpha = exp2f(m[g] - m_new);  // 0 while m is still -inf
+          const float p = exp2f(s[g] - m_new);
+          l[g] = fmaf(l[g], alpha, p);
+#pragma unroll
+          for (int i = 0; i < VEC; ++i) acc[g][i] = fmaf(acc[g][i], alpha, p * vf[i]);
+          m[g] = m_new;
+        }
+      }
+    }
+  }
+
+  // ---- merge the key groups of this CTA
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    if (kl == 0) {
+      s_ml[grp][g][0] = m[g];
+      s_ml[grp][g][1] = l[g];
+    }
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) s_acc[grp][g][kl * VEC + i] = acc[g][i];
+  }
+  __syncthreads();
+  for (int e = tid; e < G * D; e += DEC_THREADS) {
+    const int g = e / D, d = e - g * D;
+    float M = minillm::neg_inf();
+    for (int r = 0; r < NG; ++r) M = fmaxf(M, s_ml[r][g][0]);
+    float den = 0.f, o = 0.f;
+    if (M != minillm::neg_inf()) {
+      for (int r = 0; r < NG; ++r) {
+        const float w = exp2f(s_ml[r][g][0] - M);
+        den = fmaf(w, s_ml[r][g][1], den);
+        o = fmaf(w, s_acc[r][g][d], o);
+      }
+    }
+    const int h = kh * G + g;
+    if (n_splits == 1) {
+      out[(i64)t * o_tok + (i64)h * o_head + d] = minillm::from_f<T>(den > 0.f ? o / den : 0.f);
+    } else {  // every split writes its partial, empty or not: the merge reads all of them
+      const i64 p = ((i64)t * H + h) * n_splits + split;
+      part_o[p * D + d] = o;
+      if (d == 0) {
+        part_ml[2 * p] = M;
+        part_ml[2 * p + 1] = den;
+      }
+    }
+  }
+  if (n_splits == 1) return;
+
+  // ---- the last split of this (token, KV head) to finish merges the partials
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    const int prev = atomicAdd(counters + (i64)t * KH + kh, 1);
+    s_last = prev == n_splits - 1;
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  for (int g = tid >> 5; g < G; g += DEC_THREADS / 32) {  // warp per head: split weights
+    const int lane = tid & 31;
+    const i64 p0 = ((i64)t * H + kh * G + g) * n_splits;
+    float M = minillm::neg_inf();
+    for (int s = lane; s < n_splits; s += 32) M = fmaxf(M, __ldcg(part_ml + 2 * (p0 + s)));
+    M = minillm::warp_max(M);
+    float den = 0.f;
+    for (int s = lane; s < n_splits; s += 32) {
+      const float ms = __ldcg(part_ml + 2 * (p0 + s));
+      const float w = ms == minillm::neg_inf() ? 0.f : exp2f(ms - M);
+      s_w[g][s] = w;
+      den = fmaf(w, __ldcg(part_ml + 2 * (p0 + s) + 1), den);
+    }
+    den = minillm::warp_sum(den);
+    if (lane == 0) s_den[g] = den;
+  }
+  __syncthreads();
+  for (int e = tid; e < G * D; e += DEC_THREADS) {
+    const int g = e / D, d = e - g * D;
+    const int h = kh * G + g;
+    const i64 p0 = ((i64)t * H + h) * n_splits;
+    float o = 0.f;
+    for (int s = 0; s < n_splits; ++s) {
+      const float w = s_w[g][s];
+      if (w > 0.f) o = fmaf(w, __ldcg(part_o + (p0 + s) * D + d), o);
+    }
+    const float den = s_den[g];
+    out[(i64)t * o_tok + (i64)h * o_head + d] = minillm::from_f<T>(den > 0.f ? o / den : 0.f);
+  }
+  if (tid == 0) counters[(i64)t * KH + kh] = 0;  // ready for the next step (or graph replay)
+}
+
+}  // namespace
+
+// paged_decode_<dtype>_d<D>_g<G>: grid (tokens, KH, n_splits), DEC_THREADS threads.
+#define MINILLM_DECODE(SUFFIX, T, D, G)                                                           \
+  extern "C" __global__ void __launch_bounds__(DEC_THREADS) paged_decode_##SUFFIX##_d##D##_g##G( \
+      const T* q, i64 q_tok, i64 q_head, const T* kc, const T* vc, const int* block_tables,       \
+      int bt_stride, const int* seq_lens, const int* query_start, int B, int n_tokens, T* out,    \
+      i64 o_tok, i64 o_head, float* part_o, float* part_ml, int* counters, int KH,                \
+      int block_size, int num_blocks, float scale_log2, int causal, int n_splits, int min_part) { \
+    decode_attention_impl<T, D, G>(q, q_tok, q_head, kc, vc, block_tables, bt_stride, seq_lens,   \
+                                   query_start, B, n_tokens, out, o_tok, o_head, part_o, part_ml, \
+                                   counters, KH, block_size, num_blocks, scale_log2, causal,      \
+                                   n_splits, min_part);                                           \
+  }
+
+#define MINILLM_DECODE_G(SUFFIX, T, D)                                                   \
+  MINILLM_DECODE(SUFFIX, T, D, 1) MINILLM_DECODE(SUFFIX, T, D, 2)                       \
+  MINILLM_DECODE(SUFFIX, T, D, 3) MINILLM_DECODE(SUFFIX, T, D, 4)                       \
+  MINILLM_DECODE(SUFFIX, T, D, 5) MINILLM_DECODE(SUFFIX, T, D, 6)                       \
+  MINILLM_DECODE(SUFFIX, T, D, 7) MINILLM_DECODE(SUFFIX, T, D, 8)
+
+MINILLM_DECODE_G(bf16, bf16, 64)
+MINILLM_DECODE_G(bf16, bf16, 128)
+MINILLM_DECODE_G(f32, float, 64)
+MINILLM_DECODE_G(f32, float, 128)
