@@ -14,6 +14,7 @@
 #                                       speedup against acceptance; the widest failure-matrix point again
 #   bash scripts/h200_report.sh part6   after the decode-attention kernel: GPU tests, kernel timings,
 #                                       decode (0.6B, 8B), throughput
+#   bash scripts/h200_report.sh part7   after the tensor-core prefill kernel: the same, 0.6B only
 #
 # No network there: missing pure-Python packages come as wheels in .whl (../shared/gpu/wheels.sh),
 # the embedded GGUF in two halves (.gguf_a in part1, .gguf_b in part2; /tmp survives in between).
@@ -161,6 +162,19 @@ part6() {  # after the decode-attention kernel: tests, kernel timings, decode, t
     --result-json "$W/decode_06b.json"
   stage decode_8b 80 python3 -m minillm.bench decode $M/q8 --device cuda --input-len 512 --output-len 128 \
     --result-json "$W/decode_8b.json"
+  stage throughput_06b 110 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
+    --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b.json"
+}
+
+part7() {  # after the tensor-core prefill kernel: tests, kernel timings, 0.6B decode, throughput
+  setup
+  stage gpu_tests 130 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --durations=10 \
+    --junitxml="$W/junit7.xml" tests/test_cuda_ops.py tests/test_cuda_model.py tests/test_gpu_engine.py \
+    -k "not smollm2"
+  stage kernel_bench 100 env OUT="$W" GPU_CHECK_TIMEOUT=95 bash scripts/gpu_check.sh --bench
+  stage models 30 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  stage decode_06b 45 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
+    --result-json "$W/decode_06b.json"
   stage throughput_06b 110 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
     --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b.json"
 }

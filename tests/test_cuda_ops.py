@@ -154,6 +154,59 @@ def test_qk_norm_rope(be, D, qk_norm):
     assert np.array_equal(got[:, (H + KH) * D:], ref[:, (H + KH) * D:])  # v untouched
 
 
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("qk_norm", [False, True])
+@pytest.mark.parametrize("H,KH", [(8, 2), (9, 3)])  # 12 heads: 3 full CTAs; 15: a partial one
+def test_qk_norm_rope_store_kv(be, D, qk_norm, H, KH):
+    """The fused op against the oracle, and bit for bit against qk_norm_rope then store_kv."""
+    from minillm.models.config import ModelConfig
+    from minillm.models.rope import cos_sin_table
+
+    rng = np.random.default_rng(D + qk_norm + H)
+    T, nb, bs = 12, 10, 16
+    cfg = ModelConfig(arch="qwen3", vocab_size=10, hidden_size=H * D, num_layers=1, num_heads=H,
+                      num_kv_heads=KH, head_dim=D, intermediate_size=10, rope_theta=1e6)
+    cs = cos_sin_table(cfg, 4096)
+    qkv = rng.standard_normal((T, (H + 2 * KH) * D)).astype(np.float32)
+    qw = (1 + 0.1 * rng.standard_normal(D)).astype(np.float32)
+    kw = (1 + 0.1 * rng.standard_normal(D)).astype(np.float32)
+    pos = rng.integers(0, 4096, T).astype(np.int32)
+    kc0 = rng.standard_normal((nb, bs, KH, D)).astype(np.float32)
+    vc0 = rng.standard_normal((nb, bs, KH, D)).astype(np.float32)
+    slots = rng.permutation(nb * bs)[:T].astype(np.int32)
+    slots[[3, 7]] = -1  # padding rows: rotated in place, never stored
+
+    def split(a):
+        return (a[:, : H * D].reshape(T, H, D), a[:, H * D: (H + KH) * D].reshape(T, KH, D),
+                a[:, (H + KH) * D:].reshape(T, KH, D))
+
+    def run(fused: bool):
+        dev, kc, vc = be.asarray(qkv), be.asarray(kc0), be.asarray(vc0)
+        q, k, v = split(dev)
+        w = (be.asarray(qw), be.asarray(kw)) if qk_norm else (None, None)
+        args = (1e-6, i32(be, pos), be.asarray(cs, dtype=np.float32))
+        if fused:
+            be.qk_norm_rope_store_kv(q, k, v, *w, *args, kc, vc, i32(be, slots))
+        else:
+            be.qk_norm_rope(q, k, *w, *args)
+            be.store_kv(k, v, kc, vc, i32(be, slots))
+        return host(be, dev), host(be, kc), host(be, vc)
+
+    got = run(fused=True)
+    for a, b in zip(got, run(fused=False)):
+        assert np.array_equal(a, b)
+    ref, rk, rv = rounded(be, qkv), rounded(be, kc0), rounded(be, vc0)
+    REF.qk_norm_rope_store_kv(*split(ref), rounded(be, qw) if qk_norm else None,
+                              rounded(be, kw) if qk_norm else None, 1e-6, pos, cs, rk, rv, slots)
+    assert rel_err(got[0], ref) < tol(be)  # q and k rotated in place, v untouched
+    written = np.zeros(nb * bs, bool)
+    written[slots[slots >= 0]] = True
+    gk, gv = got[1].reshape(nb * bs, -1), got[2].reshape(nb * bs, -1)
+    rk, rv = rk.reshape(nb * bs, -1), rv.reshape(nb * bs, -1)
+    assert rel_err(gk[written], rk[written]) < tol(be)
+    assert np.array_equal(gk[~written], rk[~written]) and np.array_equal(gv, rv)
+
+
 def test_silu_mul(be):
     rng = np.random.default_rng(3)
     gu = (2 * rng.standard_normal((17, 2 * 1000))).astype(np.float32)
@@ -254,6 +307,8 @@ def check_attention(be, case, causal, variants, scale=None):
         kernel, bq, n_splits = variant if len(variant) == 3 else ("tiled", *variant)
         if variant[0] is None:
             kernel = None  # the backend's own choice
+        if kernel == "prefill" and be.dtype == np.float32:
+            continue  # the tensor-core kernel is bf16 only; fp32 storage takes the tiled one
         for _ in range(2):  # twice: the decode kernel's split counters must reset themselves
             out = poisoned(be, q.shape)
             plan = be.attention(dq, dk, dv, dbt, dsl, dqs, scale, out, causal=causal, bq=bq,
@@ -266,14 +321,14 @@ def check_attention(be, case, causal, variants, scale=None):
 
 # (bq, n_splits) of the tiled kernel, or (kernel, bq, n_splits); (None, None) = the backend's choice
 VARIANTS = [(None, None), (1, 1), (1, 7), (4, 1), (16, 3),
-            ("decode", None, None), ("decode", None, 1), ("decode", None, 5)]
+            ("decode", None, None), ("decode", None, 1), ("decode", None, 5), ("prefill", None, None)]
 
 
-@pytest.mark.parametrize("G", [1, 2, 4, 8])
+@pytest.mark.parametrize("G", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("bs", [16, 32])
 def test_paged_attention_shapes(be, G, D, bs):
-    if be.dtype == np.float32 and (bs == 32 or G in (2, 8)):
+    if be.dtype == np.float32 and (bs == 32 or G in (2, 3, 8)):
         pytest.skip("fp32 storage: a representative subset is enough")
     rng = np.random.default_rng(G * 1000 + D + bs)
     KH = 2
@@ -301,7 +356,8 @@ def test_paged_attention_long_context(be, bs):
     check_attention(be, case, True, [(None, None), (1, 1), (1, 64), ("decode", None, 1),
                                      ("decode", None, 64)])
     case = make_attention_case(rng, [64, 1], [32768, 32000], H, KH, D, bs)
-    check_attention(be, case, True, [(None, None), (1, None), ("decode", None, None)])
+    check_attention(be, case, True, [(None, None), (1, None), ("decode", None, None),
+                                     ("prefill", None, None)])
 
 
 # ---- sampling ---------------------------------------------------------------------------------

@@ -39,6 +39,16 @@ _SAMPLE_THREADS = 512  # cuda/sampling.cu
 # cuda/decode_attention.cu: instantiated head dims and query heads per KV head; at most
 # _DECODE_MAX_SPLITS splits of at least _DECODE_MIN_PART keys each.
 _DECODE_HEAD_DIMS, _DECODE_MAX_G, _DECODE_MAX_SPLITS, _DECODE_MIN_PART = (64, 128), 8, 64, 64
+_PF_ROWS, _PF_BK = 64, 64  # cuda/prefill_attention.cu: query rows per CTA, keys per tile
+
+
+def _prefill_smem(D: int) -> int:
+    """Dynamic shared memory of cuda/prefill_attention.cu's kernel (its PfLayout)."""
+    ldq, lds, ldp, ldo = D + 8, _PF_BK + 4, _PF_BK + 8, D + 4
+    return 2 * (_PF_ROWS * ldq + 2 * _PF_BK * ldq + _PF_ROWS * ldp) + 4 * (
+        _PF_ROWS * lds + _PF_ROWS * ldo + 3 * _PF_ROWS)
+
+
 _GEMV_MAX_M, _GEMV_THREADS, _GEMV_COLS_PER_CTA = 4, 128, 2 * 4  # GEMV_NR * GEMV_WARPS in gemv.cu
 
 
@@ -182,11 +192,13 @@ class CudaBackend:
                             "fill_bias_f32_f32", "fill_bias_f32_bf16", "scale_softcap_bf16",
                             "scale_softcap_f32", "suppress_tokens_bf16", "suppress_tokens_f32"],
             "norm": ["rms_norm_bf16", "rms_norm_f32", "qk_norm_rope_bf16", "qk_norm_rope_f32",
+                     "qk_norm_rope_store_kv_bf16", "qk_norm_rope_store_kv_f32",
                      "rms_norm_vec1_bf16", "rms_norm_vec2_bf16", "rms_norm_vec4_bf16"],
             "attention": ["paged_attention_bf16", "paged_attention_f32",
                           "attention_combine_bf16", "attention_combine_f32"],
             "decode_attention": [f"paged_decode_{t}_d{d}_g{g}" for t in ("bf16", "f32")
                                  for d in _DECODE_HEAD_DIMS for g in range(1, _DECODE_MAX_G + 1)],
+            "prefill_attention": [f"paged_prefill_bf16_d{d}" for d in _DECODE_HEAD_DIMS],
             "sampling": ["sample_tokens"],
             "gemv": ["gemv_bf16", "gemv_f32"],
         }.items():
@@ -198,7 +210,8 @@ class CudaBackend:
             optin = self.cp.cuda.Device(self.device_id).attributes.get(
                 "MaxSharedMemoryPerBlockOptin", 48 << 10)
         self.max_smem = int(optin) - 1024  # the kernel's static shared memory lives there too
-        for n in ("paged_attention_bf16", "paged_attention_f32"):
+        for n in ("paged_attention_bf16", "paged_attention_f32",
+                  *(f"paged_prefill_bf16_d{d}" for d in _DECODE_HEAD_DIMS)):
             k[n].max_dynamic_shared_size_bytes = self.max_smem
         self.k = k
 
@@ -371,17 +384,22 @@ class CudaBackend:
              np.float32(eps), out, _i64(os_), _i32(N), _i32(rows)),
         )
 
+    @staticmethod
+    def _check_qk_rope(what: str, q, k, positions, cos_sin) -> None:
+        D = q.shape[2]
+        if q.strides[2] != q.itemsize or k.strides[2] != k.itemsize or D % 2 or D > 512:
+            raise ValueError(f"{what}: heads must be contiguous with an even head_dim <= 512")
+        if cos_sin.dtype != np.float32 or cos_sin.shape[1] != D:
+            raise TypeError(f"{what}: cos_sin must be float32 [max_pos, head_dim]")
+        if positions.dtype != np.int32:
+            raise TypeError(f"{what}: positions must be int32, got {positions.dtype}")
+
     def qk_norm_rope(self, q, k, q_w, k_w, eps: float, positions, cos_sin) -> None:
         T, H, D = q.shape
         KH = k.shape[1]
         if T == 0:
             return
-        if q.strides[2] != q.itemsize or k.strides[2] != k.itemsize or D % 2 or D > 512:
-            raise ValueError("qk_norm_rope: heads must be contiguous with an even head_dim <= 512")
-        if cos_sin.dtype != np.float32 or cos_sin.shape[1] != D:
-            raise TypeError("qk_norm_rope: cos_sin must be float32 [max_pos, head_dim]")
-        if positions.dtype != np.int32:
-            raise TypeError(f"qk_norm_rope: positions must be int32, got {positions.dtype}")
+        self._check_qk_rope("qk_norm_rope", q, k, positions, cos_sin)
         it = q.itemsize
         self._launch(
             "qk_norm_rope_" + _suffix(q.dtype), (T, (H + KH + 3) // 4), (128,),
@@ -389,6 +407,37 @@ class CudaBackend:
              _i64(k.strides[1] // it), q_w if q_w is not None else _NULL,
              k_w if k_w is not None else _NULL, np.float32(eps), positions, cos_sin,
              _i32(cos_sin.shape[0]), _i32(T), _i32(H), _i32(KH), _i32(D)),
+        )
+
+    def qk_norm_rope_store_kv(self, q, k, v, q_w, k_w, eps: float, positions, cos_sin, k_cache,
+                              v_cache, slot_mapping) -> None:
+        """qk_norm_rope then store_kv in one launch (cuda/norm.cu); k is still updated in place."""
+        T, H, D = q.shape
+        KH = k.shape[1]
+        if T == 0:
+            return
+        what = "qk_norm_rope_store_kv"
+        self._check_qk_rope(what, q, k, positions, cos_sin)
+        if v.shape != k.shape or v.strides[2] != v.itemsize:
+            raise ValueError(f"{what}: v {v.shape} must have k's shape {k.shape}, heads contiguous")
+        if not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous):
+            raise ValueError(f"{what}: caches must be contiguous [num_blocks, block_size, KH, D]")
+        if k_cache.shape[2:] != (KH, D) or v_cache.shape != k_cache.shape:
+            raise ValueError(f"{what}: caches {k_cache.shape} / {v_cache.shape} do not hold "
+                             f"{KH} heads of {D}")
+        if not (q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype):
+            raise TypeError(f"{what}: q/k/v {q.dtype}/{k.dtype}/{v.dtype} and caches "
+                            f"{k_cache.dtype}/{v_cache.dtype} differ")
+        if slot_mapping.dtype != np.int32:
+            raise TypeError(f"{what}: slot_mapping must be int32, got {slot_mapping.dtype}")
+        it = q.itemsize
+        self._launch(
+            "qk_norm_rope_store_kv_" + _suffix(q.dtype), (T, _cdiv(H + 2 * KH, 4)), (128,),
+            (q, _i64(q.strides[0] // it), _i64(q.strides[1] // it), k, _i64(k.strides[0] // it),
+             _i64(k.strides[1] // it), v, _i64(v.strides[0] // it), _i64(v.strides[1] // it),
+             q_w if q_w is not None else _NULL, k_w if k_w is not None else _NULL, np.float32(eps),
+             positions, cos_sin, _i32(cos_sin.shape[0]), k_cache, v_cache, slot_mapping,
+             _i64(k_cache.shape[0] * k_cache.shape[1]), _i32(T), _i32(H), _i32(KH), _i32(D)),
         )
 
     def silu_mul(self, gate_up, out) -> None:
@@ -511,6 +560,12 @@ class CudaBackend:
                 and (q.strides[0] % 16, q.strides[1] % 16) == (0, 0)
                 and q.dtype in (BF16, np.float32) and q.dtype == out.dtype)
 
+    def _prefill_kernel_fits(self, q, k_cache, out) -> bool:
+        """cuda/prefill_attention.cu: bf16 tensor cores, head dims 64/128, 16-byte q rows."""
+        H, KH = q.shape[1], k_cache.shape[2]
+        return (self._decode_kernel_fits(q, k_cache, out) and q.dtype == BF16
+                and H // KH <= _PF_ROWS and _prefill_smem(q.shape[2]) <= self.max_smem)
+
     def decode_plan(self, T: int, KH: int, max_ctx: int, n_splits: int | None = None) -> dict:
         """Splits for the decode kernel from static sizes only (graph-safe)."""
         if n_splits is None:  # enough CTAs to fill the GPU twice over
@@ -540,8 +595,29 @@ class CudaBackend:
             if a.dtype != np.int32:
                 raise TypeError(f"paged_attention: {n} must be int32, got {a.dtype}")
         if kernel is None:
-            kernel = ("decode" if bq is None and T <= 16 * B
-                      and self._decode_kernel_fits(q, k_cache, out) else "tiled")
+            if bq is None and T <= 16 * B and self._decode_kernel_fits(q, k_cache, out):
+                kernel = "decode"
+            elif bq is None and self._prefill_kernel_fits(q, k_cache, out):
+                kernel = "prefill"
+            else:
+                kernel = "tiled"
+        if kernel == "prefill":
+            if not self._prefill_kernel_fits(q, k_cache, out):
+                raise ValueError(f"paged_attention: the prefill kernel does not take q {q.shape} "
+                                 f"{q.dtype} with KV heads {KH}")
+            G = H // KH
+            bq = _PF_ROWS // G
+            it = q.itemsize
+            self._launch(
+                f"paged_prefill_bf16_d{D}", (_cdiv(T, bq) + B, KH), (_ATT_THREADS,),
+                (q, _i64(q.strides[0] // it), _i64(q.strides[1] // it), k_cache, v_cache,
+                 block_tables, _i32(block_tables.shape[1]), seq_lens, query_start, _i32(B), out,
+                 _i64(out.strides[0] // it), _i64(out.strides[1] // it), _i32(KH), _i32(G), _i32(bs),
+                 _i32(k_cache.shape[0]), np.float32(scale * math.log2(math.e)),
+                 _i32(1 if causal else 0), _i32(bq)),
+                shared_mem=_prefill_smem(D),
+            )
+            return dict(kernel="prefill", bq=bq, n_splits=1)
         if kernel == "decode":
             if not self._decode_kernel_fits(q, k_cache, out):
                 raise ValueError(f"paged_attention: the decode kernel does not take q {q.shape} "
