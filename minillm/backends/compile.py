@@ -69,7 +69,11 @@ def _cuda_include_dirs() -> list[str]:
                 dirs.append(os.path.join(root, sub))
     except ImportError:
         pass
-    return [d for d in dirs if os.path.isfile(os.path.join(d, "cuda_bf16.h"))][:1]
+    dirs = [d for d in dirs if os.path.isfile(os.path.join(d, "cuda_bf16.h"))]
+    # prefer a full toolkit: some pip wheels ship mma.h without the crt/mma.h it includes
+    # (cuda/prefill_attention.cu needs both)
+    dirs.sort(key=lambda d: not os.path.isfile(os.path.join(d, "crt", "mma.h")))
+    return dirs[:1]
 
 
 def arch_option() -> str:

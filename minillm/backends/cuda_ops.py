@@ -16,6 +16,7 @@ bucket shape.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 
 import numpy as np
@@ -198,12 +199,20 @@ class CudaBackend:
                           "attention_combine_bf16", "attention_combine_f32"],
             "decode_attention": [f"paged_decode_{t}_d{d}_g{g}" for t in ("bf16", "f32")
                                  for d in _DECODE_HEAD_DIMS for g in range(1, _DECODE_MAX_G + 1)],
-            "prefill_attention": [f"paged_prefill_bf16_d{d}" for d in _DECODE_HEAD_DIMS],
             "sampling": ["sample_tokens"],
             "gemv": ["gemv_bf16", "gemv_f32"],
         }.items():
             for n in names:
                 k[n] = kc.get_kernel(mod, n, self.debug)
+        try:  # tensor-core prefill: needs the toolkit's mma.h, which not every install has
+            for d in _DECODE_HEAD_DIMS:
+                k[f"paged_prefill_bf16_d{d}"] = kc.get_kernel("prefill_attention",
+                                                              f"paged_prefill_bf16_d{d}", self.debug)
+            self.prefill_unavailable = None
+        except Exception as e:  # noqa: BLE001 - NVRTC reports a missing header as a compile error
+            self.prefill_unavailable = f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"
+            print(f"minillm: tensor-core prefill attention unavailable ({self.prefill_unavailable}); "
+                  "prefill uses the CUDA-core kernel", file=sys.stderr)
         # attention tiles may use more than the default 48 KiB of shared memory
         optin = self.props.get("sharedMemPerBlockOptin", 0)
         if not optin:
@@ -212,7 +221,8 @@ class CudaBackend:
         self.max_smem = int(optin) - 1024  # the kernel's static shared memory lives there too
         for n in ("paged_attention_bf16", "paged_attention_f32",
                   *(f"paged_prefill_bf16_d{d}" for d in _DECODE_HEAD_DIMS)):
-            k[n].max_dynamic_shared_size_bytes = self.max_smem
+            if n in k:
+                k[n].max_dynamic_shared_size_bytes = self.max_smem
         self.k = k
 
     # ---- memory -------------------------------------------------------------------------
@@ -554,7 +564,6 @@ class CudaBackend:
         """cuda/decode_attention.cu is instantiated for these shapes and needs 16-byte q rows."""
         T, H, D = q.shape
         KH = k_cache.shape[2]
-        it = q.itemsize
         return (D in _DECODE_HEAD_DIMS and H // KH <= _DECODE_MAX_G and q.dtype == k_cache.dtype
                 and q.data.ptr % 16 == 0 and k_cache.data.ptr % 16 == 0
                 and (q.strides[0] % 16, q.strides[1] % 16) == (0, 0)
@@ -563,7 +572,8 @@ class CudaBackend:
     def _prefill_kernel_fits(self, q, k_cache, out) -> bool:
         """cuda/prefill_attention.cu: bf16 tensor cores, head dims 64/128, 16-byte q rows."""
         H, KH = q.shape[1], k_cache.shape[2]
-        return (self._decode_kernel_fits(q, k_cache, out) and q.dtype == BF16
+        return (self.prefill_unavailable is None and self._decode_kernel_fits(q, k_cache, out)
+                and q.dtype == BF16
                 and H // KH <= _PF_ROWS and _prefill_smem(q.shape[2]) <= self.max_smem)
 
     def decode_plan(self, T: int, KH: int, max_ctx: int, n_splits: int | None = None) -> dict:
