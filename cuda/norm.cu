@@ -1,5 +1,6 @@
 // norm.cu: rms_norm (with the fused residual add) and qk_norm_rope (Qwen3's per-head RMSNorm of
-// q and k, then rotate-half RoPE), twins of NumpyBackend.rms_norm / qk_norm_rope.
+// q and k, then rotate-half RoPE), alone or fused with store_kv; twins of NumpyBackend.rms_norm /
+// qk_norm_rope / qk_norm_rope_store_kv.
 #include "common.cuh"
 
 // One block per row. With a residual: residual <- x + residual (rounded to storage), and the
@@ -38,31 +39,54 @@ __device__ __forceinline__ void rms_norm_impl(const T* x, i64 x_stride, T* resid
 #define QK_WARPS 4
 #define QK_MAX_D 512
 
-// grid (tokens, ceil((H + KH) / QK_WARPS)); one warp per head: q heads first, then k heads.
-// cos_sin is [max_pos, D] fp32 with cos in the first half of a row and sin in the second.
+// grid (tokens, ceil(heads / QK_WARPS)); one warp per head: q heads first, then k heads, then
+// (only when the caches are given) v heads. cos_sin is [max_pos, D] fp32 with cos in the first
+// half of a row and sin in the second.
+//
+// With caches this is qk_norm_rope_store_kv: every k head is also written, normed and rotated,
+// to its cache slot and every v head copied to its slot, so a layer needs no separate store_kv
+// launch (a small-batch decode step is bound by its chain of dependent launches, ~2-3 us each).
+// k is still updated in place as well, so the result is exactly qk_norm_rope then store_kv. A
+// negative slot is a padding row: q and k are rotated, nothing goes to the caches.
 template <typename T>
-__device__ __forceinline__ void qk_norm_rope_impl(T* q, i64 q_tok, i64 q_head, T* k, i64 k_tok,
-                                                  i64 k_head, const T* __restrict__ q_w,
-                                                  const T* __restrict__ k_w, float eps,
-                                                  const int* __restrict__ positions,
-                                                  const float* __restrict__ cos_sin, int max_pos,
-                                                  int n_tokens, int H, int KH, int D) {
+__device__ __forceinline__ void qk_norm_rope_impl(
+    T* q, i64 q_tok, i64 q_head, T* k, i64 k_tok, i64 k_head, const T* __restrict__ v, i64 v_tok,
+    i64 v_head, const T* __restrict__ q_w, const T* __restrict__ k_w, float eps,
+    const int* __restrict__ positions, const float* __restrict__ cos_sin, int max_pos,
+    T* __restrict__ k_cache, T* __restrict__ v_cache, const int* __restrict__ slots, i64 n_slots,
+    int n_tokens, int H, int KH, int D) {
   __shared__ float buf[QK_WARPS][QK_MAX_D];
   const int t = blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int head = blockIdx.y * QK_WARPS + warp;
-  if (t >= n_tokens || head >= H + KH) return;  // whole warps leave together
+  const bool store = k_cache != nullptr;
+  if (t >= n_tokens || head >= H + KH + (store ? KH : 0)) return;  // whole warps leave together
+  i64 slot = -1;
+  if (store) {
+    slot = slots[t];
+    MINILLM_CHECK(slot < n_slots);
+  }
+  if (head >= H + KH) {  // a v head: only a copy into its cache slot
+    if (slot >= 0) {
+      const int h = head - H - KH;
+      const T* src = v + (i64)t * v_tok + (i64)h * v_head;
+      T* dst = v_cache + (slot * KH + h) * D;
+      for (int i = lane; i < D; i += 32) dst[i] = src[i];
+    }
+    return;
+  }
   const bool is_q = head < H;
   T* x = is_q ? q + (i64)t * q_tok + (i64)head * q_head : k + (i64)t * k_tok + (i64)(head - H) * k_head;
+  T* cache_row = (!is_q && slot >= 0) ? k_cache + (slot * KH + (head - H)) * D : nullptr;
   const T* w = is_q ? q_w : k_w;
   const int pos = positions[t];
   MINILLM_CHECK(pos >= 0 && pos < max_pos);
   float* b = buf[warp];
   float ss = 0.f;
   for (int i = lane; i < D; i += 32) {
-    const float v = minillm::to_f(x[i]);
-    b[i] = v;
-    ss += v * v;
+    const float xi = minillm::to_f(x[i]);
+    b[i] = xi;
+    ss += xi * xi;
   }
   if (w != nullptr) {
     const float rstd = rsqrtf(minillm::warp_sum(ss) / (float)D + eps);
@@ -78,7 +102,9 @@ __device__ __forceinline__ void qk_norm_rope_impl(T* q, i64 q_tok, i64 q_head, T
     const int j = i < half ? i : i - half;
     const float c = cs[j], s = cs[half + j];
     const float r = i < half ? b[i] * c - b[i + half] * s : b[i] * c + b[i - half] * s;
-    x[i] = minillm::from_f<T>(r);
+    const T o = minillm::from_f<T>(r);
+    x[i] = o;
+    if (cache_row) cache_row[i] = o;
   }
 }
 
@@ -91,8 +117,18 @@ __device__ __forceinline__ void qk_norm_rope_impl(T* q, i64 q_tok, i64 q_head, T
       T* q, i64 q_tok, i64 q_head, T* k, i64 k_tok, i64 k_head, const T* q_w, const T* k_w,     \
       float eps, const int* positions, const float* cos_sin, int max_pos, int n_tokens, int H,  \
       int KH, int D) {                                                                          \
-    qk_norm_rope_impl<T>(q, q_tok, q_head, k, k_tok, k_head, q_w, k_w, eps, positions, cos_sin, \
-                         max_pos, n_tokens, H, KH, D);                                          \
+    qk_norm_rope_impl<T>(q, q_tok, q_head, k, k_tok, k_head, nullptr, 0, 0, q_w, k_w, eps,      \
+                         positions, cos_sin, max_pos, nullptr, nullptr, nullptr, 0, n_tokens, H, \
+                         KH, D);                                                                \
+  }                                                                                             \
+  extern "C" __global__ void qk_norm_rope_store_kv_##SUFFIX(                                    \
+      T* q, i64 q_tok, i64 q_head, T* k, i64 k_tok, i64 k_head, const T* v, i64 v_tok,          \
+      i64 v_head, const T* q_w, const T* k_w, float eps, const int* positions,                  \
+      const float* cos_sin, int max_pos, T* k_cache, T* v_cache, const int* slots, i64 n_slots, \
+      int n_tokens, int H, int KH, int D) {                                                     \
+    qk_norm_rope_impl<T>(q, q_tok, q_head, k, k_tok, k_head, v, v_tok, v_head, q_w, k_w, eps,   \
+                         positions, cos_sin, max_pos, k_cache, v_cache, slots, n_slots,         \
+                         n_tokens, H, KH, D);                                                   \
   }
 
 MINILLM_NORM(bf16, bf16)

@@ -91,6 +91,16 @@ class NumpyBackend:
             x[..., :half] = x1 * cos - x2 * sin
             x[..., half:] = x2 * cos + x1 * sin
 
+    def qk_norm_rope_store_kv(self, q, k, v, q_w, k_w, eps: float, positions, cos_sin, k_cache,
+                              v_cache, slot_mapping) -> None:
+        """qk_norm_rope then store_kv, as one op (one kernel on the GPU).
+
+        q and k are normed and rotated in place (k too, so the result equals the two-op
+        sequence); the rotated k rows and the v rows go to the caches, padding rows skipped.
+        """
+        self.qk_norm_rope(q, k, q_w, k_w, eps, positions, cos_sin)
+        self.store_kv(k, v, k_cache, v_cache, slot_mapping)
+
     def matmul(self, x, w, out, bias=None) -> None:
         """out = x @ w.T (+ bias); w in [out_features, in_features] layout."""
         self._blas_threads(1 if x.shape[0] < self.SINGLE_THREAD_ROWS else self._max_threads)

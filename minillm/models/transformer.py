@@ -130,8 +130,9 @@ class Transformer:
                     j = capture_layers.index(i - 1)
                     B.copy(residual, out=capture_out[:T, j * hs : (j + 1) * hs])
             B.matmul(normed, lw.qkv, out=qkv, bias=lw.qkv_bias)
-            B.qk_norm_rope(q, k, lw.q_norm, lw.k_norm, c.rms_norm_eps, x.positions, self.cos_sin)
-            B.store_kv(k, v, k_cache[i], v_cache[i], x.slot_mapping)
+            # one kernel: normed + rotated q in place, k and v rows into the paged caches
+            B.qk_norm_rope_store_kv(q, k, v, lw.q_norm, lw.k_norm, c.rms_norm_eps, x.positions,
+                                    self.cos_sin, k_cache[i], v_cache[i], x.slot_mapping)
             B.paged_attention(q, k_cache[i], v_cache[i], x.block_tables, x.seq_lens,
                               x.query_start, self.scale, out=attn, causal=causal)
             B.matmul(attn.reshape(T, c.q_size), lw.o, out=hidden)
