@@ -10,16 +10,18 @@ COMMANDS = {
     "throughput": "minillm.bench.throughput",
     "decode": "minillm.bench.decode",
     "hf": "minillm.bench.hf_reference",
+    "hf-batch": "minillm.bench.hf_batch",
     "spec": "minillm.bench.spec",
     "spec-cost": "minillm.bench.spec_cost",
 }
 
-USAGE = """usage: python -m minillm.bench {serve,throughput,decode,hf,spec,spec-cost} [options]
+USAGE = """usage: python -m minillm.bench {serve,throughput,decode,hf,hf-batch,spec,spec-cost} [options]
 
   serve       concurrency ladder against an OpenAI-compatible server (like `vllm bench serve`)
   throughput  offline throughput through minillm.LLM (nano-vllm's workload)
   decode      single-stream decode speed against the HBM roofline, split by kernel on the GPU
   hf          HF transformers' single-stream decode on the same workload (the reference)
+  hf-batch    HF transformers' continuous batching on the throughput workload
   spec        acceptance and speedup of n-gram and self-drafting on copy-friendly prompts
   spec-cost   price of a rejected speculation round, and speedup against acceptance (GPU)
 

@@ -1,0 +1,94 @@
+"""`python -m minillm.bench hf-batch [MODEL]`: HF transformers' continuous batching on nano-vllm's workload.
+
+    python -m minillm.bench hf-batch /data/qwen3-0.6b-random --device cuda
+
+The baseline beside `python -m minillm.bench throughput`: the same 256 prompts and per-request
+output lengths (minillm.bench.dataset.nano_vllm_workload, same seed), fed to transformers'
+ContinuousBatchingManager (what `generate_batch` runs) with paged SDPA attention, temperature 0.6,
+eos unreachable. Prints output tok/s and the total time; --result-json writes them.
+Needs torch and transformers (the [test] extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from minillm.bench.dataset import nano_vllm_workload
+from minillm.bench.report import write_json
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m minillm.bench hf-batch", description=__doc__)
+    p.add_argument("model", nargs="?", default=None, help="HF directory (default: embedded SmolLM2)")
+    p.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
+    p.add_argument("--num-seqs", type=int, default=256)
+    p.add_argument("--min-len", type=int, default=100)
+    p.add_argument("--max-len", type=int, default=1024)
+    p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--attn-implementation", default="paged|sdpa")
+    p.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
+    p.add_argument("--result-json", default=None)
+    ns = p.parse_args(argv)
+
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from minillm.models.loader import resolve_model_path
+
+    path = resolve_model_path(ns.model)
+    dtype = torch.float32 if ns.device == "cpu" else torch.bfloat16
+    # the paged SDPA implementation's name changed across transformers 5.x releases
+    for attn in dict.fromkeys([ns.attn_implementation, "paged|sdpa", "sdpa_paged", "sdpa"]):
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn)
+            break
+        except ValueError as e:
+            print(f"attn_implementation={attn!r} refused: {str(e)[:200]}", file=sys.stderr)
+    else:
+        raise SystemExit("no paged attention implementation accepted by this transformers")
+    model = model.to(ns.device).eval()
+    vocab = model.config.vocab_size
+    # random ids below the vocabulary, as the minillm run draws them (it also skips special tokens)
+    prompts, out_lens = nano_vllm_workload(list(range(min(vocab, 32000))), ns.num_seqs, ns.min_len,
+                                           ns.max_len, ns.seed)
+    unreachable_eos = vocab + 1  # ignore_eos: generation stops at each request's max_new_tokens
+    gc = GenerationConfig(max_new_tokens=max(out_lens), do_sample=ns.temperature > 0,
+                          temperature=ns.temperature, eos_token_id=unreachable_eos, pad_token_id=0)
+    manager = model.init_continuous_batching(generation_config=gc)
+    manager.start()
+    try:
+        manager.add_request(prompts[0][:16], max_new_tokens=4, eos_token_id=unreachable_eos)  # warm-up
+        manager.get_result(timeout=ns.timeout)
+        t0 = time.perf_counter()
+        for ids, n in zip(prompts, out_lens):
+            manager.add_request(ids, max_new_tokens=n, eos_token_id=unreachable_eos)
+        done, out_tok, failed = 0, 0, 0
+        while done < len(prompts) and time.perf_counter() - t0 < ns.timeout:
+            r = manager.get_result(timeout=1.0)
+            if r is None or not r.is_finished():
+                continue
+            done += 1
+            out_tok += len(r.generated_tokens)
+            failed += r.error is not None
+        dt = time.perf_counter() - t0
+    finally:
+        manager.stop(block=True, timeout=30)
+    in_tok = sum(len(x) for x in prompts)
+    result = {"engine": "transformers generate_batch (ContinuousBatchingManager)", "model": str(path),
+              "device": ns.device, "dtype": str(dtype), "attn_implementation": attn,
+              "transformers": __import__("transformers").__version__, "num_seqs": ns.num_seqs,
+              "finished": done, "failed": failed, "output_tokens": out_tok,
+              "expected_output_tokens": sum(out_lens), "time_s": dt, "output_tok_s": out_tok / dt,
+              "total_tok_s": (in_tok + out_tok) / dt}
+    print(f"transformers continuous batching {path.name} on {ns.device}: {done}/{len(prompts)} "
+          f"finished, {out_tok} tokens in {dt:.2f} s: {out_tok / dt:.1f} output tok/s")
+    if ns.result_json:
+        write_json(ns.result_json, result)
+    return 0 if done == len(prompts) and not failed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
