@@ -35,16 +35,30 @@ GiB = 1 << 30
 
 @dataclass
 class RequestOutput:
-    """What one step produced for one request."""
+    """What one step produced for one request.
+
+    token_ids (every output token so far) is copied out of the sequence's list when first read:
+    most consumers read it only once a request finishes, and copying it for every request on every
+    step made a step's cost grow with the output length. The sequence's list only ever grows, so
+    its first output_len entries are this step's tokens whenever they are read.
+    """
 
     request_id: str
     new_token_ids: list[int]
     new_text: str
-    token_ids: list[int]
+    output_ids: list[int] = field(repr=False)  # the sequence's own list: read token_ids instead
+    output_len: int
     text: str
     num_prompt_tokens: int
     finished: bool = False
     finish_reason: str | None = None
+    _token_ids: list[int] | None = field(default=None, repr=False)
+
+    @property
+    def token_ids(self) -> list[int]:
+        if self._token_ids is None:  # first read: a copy, as the sequence's list grows on
+            self._token_ids = self.output_ids[: self.output_len]
+        return self._token_ids
 
 
 @dataclass
@@ -177,6 +191,7 @@ class LLMEngine:
         self.rng = random.Random(args.seed)
         self.stats_prompt_tokens = 0
         self.stats_generation_tokens = 0
+        self.eos_ids = frozenset(cfg.eos_token_ids)
         if hasattr(self.backend, "capture_graph") and not args.enforce_eager:
             self.runner._spec_k = k
             rows = [1] + ([1 + k] if k else [])
@@ -242,24 +257,27 @@ class LLMEngine:
         if not sched.scheduled:
             return []
         tokens = self.runner.execute(sched.scheduled)
-        if self.proposer is not None and getattr(self.proposer, "uses_target_hidden", False):
+        uses_hidden = self.proposer is not None and getattr(self.proposer, "uses_target_hidden", False)
+        # with a drafter sharing the blocks, cache only what both models have computed
+        drafter_kv = self.proposer is not None and self.proposer.needs_kv
+        if uses_hidden:
             self.proposer.update_context(self.runner.last_inputs, self.runner.last_num_tokens)
+        token_list = tokens.tolist()  # one conversion instead of an int() per sequence
         outputs = []
         r = 0
         for item in sched.scheduled:
             seq = item.seq
-            samples, m = item.samples, item.num_logits  # read before num_computed moves
             seq.num_computed += item.num_new
-            if samples:
-                new = self._verify(item, tokens[r : r + m], r) if item.num_draft else [int(tokens[r])]
+            if item.samples:
+                m = item.num_logits
+                new = self._verify(item, tokens[r : r + m], r) if item.num_draft else [token_list[r]]
                 r += m
-            seq.draft_ids, seq.draft_probs = [], []
-            if self.proposer is not None and getattr(self.proposer, "uses_target_hidden", False):
+            if seq.draft_ids or seq.draft_probs:
+                seq.draft_ids, seq.draft_probs = [], []
+            if uses_hidden:
                 seq.draft_computed = seq.num_computed  # context K/V was stored for every computed row
-            # with a drafter sharing the blocks, cache only what both models have computed
-            upto = seq.draft_computed if self.proposer is not None and self.proposer.needs_kv else None
-            self.block_manager.commit_full_blocks(seq, upto)
-            if samples:
+            self.block_manager.commit_full_blocks(seq, seq.draft_computed if drafter_kv else None)
+            if item.samples:
                 outputs.append(self._append_tokens(seq, new))
         if self.proposer is not None:
             self._propose()
@@ -307,16 +325,18 @@ class LLMEngine:
         token, a stop string, max_tokens or max_model_len), even inside an accepted speculative run;
         returns the text delta to stream."""
         p = seq.params
+        out_ids = seq.output_ids
         accepted: list[int] = []
         reason = None
-        longest_stop = max((len(s) for s in p.stop), default=0)
+        longest_stop = max(len(s) for s in p.stop) if p.stop else 0
+        eos_ids = () if p.ignore_eos else self.eos_ids
+        num_prompt = len(seq.prompt_ids)
+        max_tokens = min(p.max_tokens, self.max_model_len - num_prompt)  # either limit
         for tok in new:
-            seq.output_ids.append(tok)
+            out_ids.append(tok)
             accepted.append(tok)
-            n_out = len(seq.output_ids)
-            if n_out >= p.min_tokens and (
-                (not p.ignore_eos and tok in self.config.eos_token_ids) or tok in p.stop_token_ids
-            ):
+            n_out = len(out_ids)
+            if n_out >= p.min_tokens and (tok in eos_ids or tok in p.stop_token_ids):
                 reason = "stop"  # the stop token is returned in token_ids but is not text
                 break
             before = len(seq.text)
@@ -327,7 +347,7 @@ class LLMEngine:
                     seq.text = seq.text[:cut]  # the text ends before the stop string
                     reason = "stop"
                     break
-            if n_out >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            if n_out >= max_tokens:
                 reason = "length"
                 break
         self.stats_generation_tokens += len(accepted)
@@ -340,8 +360,8 @@ class LLMEngine:
         end = max(seq.sent_text_len, len(seq.text) - hold)
         delta = seq.text[seq.sent_text_len : end]
         seq.sent_text_len = end
-        return RequestOutput(seq.request_id, accepted, delta, list(seq.output_ids), seq.text,
-                             seq.num_prompt_tokens, reason is not None, reason)
+        return RequestOutput(seq.request_id, accepted, delta, seq.output_ids, len(seq.output_ids), seq.text,
+                             num_prompt, reason is not None, reason)
 
     @staticmethod
     def _find_stop(text: str, stops: list[str], start: int = 0) -> int | None:

@@ -27,22 +27,26 @@ class ScheduledSeq:
     num_draft: int = 0  # of which the last num_draft are speculative drafts to verify
     all_logits: bool = False  # scoring: logits for every new token, nothing sampled
     start: int = -1  # first position computed; -1: seq.num_computed (a drafter passes its own)
+    # Derived once here, from the sequence as it is when scheduled (tokens appended after the step
+    # must not change what the step was), and read several times per item on the hot path:
+    # samples: this chunk reaches the end of the sequence (and its drafts), so tokens are sampled;
+    # num_logits: rows whose logits are computed (the last one plus one per draft, or all of them);
+    # decode: a plain decode, one new token at the sequence's end (the runner's vectorised case).
+    samples: bool = field(init=False)
+    num_logits: int = field(init=False)
+    decode: bool = field(init=False)
 
     def __post_init__(self) -> None:
+        num_tokens = self.seq.num_tokens
         if self.start < 0:
             self.start = self.seq.num_computed
-
-    @property
-    def samples(self) -> bool:
-        """True when this chunk reaches the end of the sequence (and its drafts), so tokens are sampled."""
-        return not self.all_logits and self.start + self.num_new - self.num_draft >= self.seq.num_tokens
-
-    @property
-    def num_logits(self) -> int:
-        """Rows of this chunk whose logits are computed: the last one, plus one per draft."""
+        self.samples = not self.all_logits and self.start + self.num_new - self.num_draft >= num_tokens
         if self.all_logits:
-            return self.num_new
-        return self.num_draft + 1 if self.samples else 0
+            self.num_logits = self.num_new
+        else:
+            self.num_logits = self.num_draft + 1 if self.samples else 0
+        self.decode = (self.num_new == 1 and not self.num_draft and not self.all_logits
+                       and self.start == num_tokens - 1)
 
 
 @dataclass
@@ -99,14 +103,15 @@ class Scheduler:
             if remaining + num_draft > budget:
                 num_draft = 0
             n = min(remaining + num_draft, budget)
-            while not self.bm.can_allocate(seq, seq.num_computed + n):
-                victim = next(s for s in reversed(self.running) if id(s) not in scheduled_ids)
-                self._preempt(victim, out)
-                if victim is seq:
-                    break
-            if seq.status is not Status.RUNNING:
-                continue
-            self.bm.allocate(seq, seq.num_computed + n)
+            if self.bm.blocks_needed(seq, seq.num_computed + n):  # most decode steps need none
+                while not self.bm.can_allocate(seq, seq.num_computed + n):
+                    victim = next(s for s in reversed(self.running) if id(s) not in scheduled_ids)
+                    self._preempt(victim, out)
+                    if victim is seq:
+                        break
+                if seq.status is not Status.RUNNING:
+                    continue
+                self.bm.allocate(seq, seq.num_computed + n)
             out.scheduled.append(ScheduledSeq(seq, n, num_draft))
             scheduled_ids.add(id(seq))
             budget -= n

@@ -1,0 +1,94 @@
+"""Host (Python) time of an engine decode step, with the model's device work taken out.
+
+    python scripts/host_overhead.py [--batches 1 16 64 256] [--steps 100] [--profile 256]
+
+Builds an LLMEngine on the CPU over the random `tiny` preset, then replaces (in this process only)
+the model forward with one that returns a fixed logits buffer and the sampler with one that writes
+deterministic tokens, so what a step costs is scheduler, block manager, step-buffer filling and
+upload, output bookkeeping and detokenisation: the part that runs on the host while a GPU waits.
+Prints the median microseconds per decode step at each batch size (every sequence decoding,
+ignore_eos, fixed max_tokens) and a digest of all outputs (token ids and text), which must not
+change when the host code is optimised. --profile B runs batch B under cProfile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import hashlib
+import pstats
+import statistics
+import tempfile
+import time
+
+import numpy as np
+
+from minillm.engine.engine import LLMEngine
+from minillm.sampling_params import SamplingParams
+from minillm.tools.random_model import write_random_model
+
+
+def make_engine(model_dir: str, batch: int, max_model_len: int) -> LLMEngine:
+    engine = LLMEngine(model=model_dir, device="cpu", max_num_seqs=batch, max_model_len=max_model_len)
+    ws = engine.runner.ws
+
+    def forward(x, t, r, kv, ws_, **kwargs):  # no device work: a fixed logits buffer
+        return ws.logits[:r]
+
+    def sample(logits, temperature, top_p, top_k, seeds, positions, out_tokens):
+        # ids of ordinary tokens, a function of (seed, position) only, so outputs do not depend on batching
+        out_tokens[:] = (seeds % 997 + positions.astype(np.uint64) * 31) % 3000 + 10
+
+    engine.model.forward = forward
+    engine.backend.sample = sample
+    return engine
+
+
+def run(model_dir: str, batch: int, prompt_len: int, steps: int, digest) -> float:
+    """Median host microseconds of `steps` decode steps with `batch` sequences decoding."""
+    engine = make_engine(model_dir, batch, prompt_len + steps + 8)
+    rng = np.random.default_rng(batch)
+    for i in range(batch):
+        prompt = rng.integers(10, 3000, prompt_len).tolist()
+        engine.add_request(prompt, SamplingParams(max_tokens=steps + 1, ignore_eos=True, seed=i),
+                           request_id=str(i))
+    started = set()
+    while len(started) < batch:  # prefill, until every sequence has sampled its first token
+        started.update(o.request_id for o in engine.step())
+    times = []
+    while engine.has_unfinished():
+        t0 = time.perf_counter()
+        outs = engine.step()
+        times.append(time.perf_counter() - t0)
+        for o in outs:  # digested at once: keeping every step's outputs would slow the GC down
+            digest.update(f"{o.request_id}:{o.new_token_ids}:{o.new_text!r}:{o.finished}".encode())
+            if o.finished:
+                digest.update(f"{o.token_ids}:{o.text!r}:{o.finish_reason}".encode())
+    return statistics.median(times) * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64, 256])
+    ap.add_argument("--prompt-len", type=int, default=100)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--profile", type=int, default=None, help="run this batch size under cProfile")
+    ns = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = str(write_random_model(tmp, "tiny", seed=0, force=True))
+        if ns.profile:
+            prof = cProfile.Profile()
+            prof.enable()
+            run(model_dir, ns.profile, ns.prompt_len, ns.steps, hashlib.sha256())
+            prof.disable()
+            pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+            return
+        digest = hashlib.sha256()
+        for b in ns.batches:
+            us = run(model_dir, b, ns.prompt_len, ns.steps, digest)
+            print(f"batch {b:4d}: {us:9.1f} us/step host  ({us / b:6.2f} us/seq)", flush=True)
+        print(f"outputs digest {digest.hexdigest()[:16]}")
+
+
+if __name__ == "__main__":
+    main()
