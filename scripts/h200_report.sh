@@ -15,6 +15,9 @@
 #   bash scripts/h200_report.sh part6   after the decode-attention kernel: GPU tests, kernel timings,
 #                                       decode (0.6B, 8B), throughput
 #   bash scripts/h200_report.sh part7   after the tensor-core prefill kernel: the same, 0.6B only
+#   bash scripts/h200_report.sh part8   tests, decode, throughput, speculation cost, HF compiled
+#   bash scripts/h200_report.sh part9   failure matrix, memcheck of its fastest reproducer, HF
+#                                       continuous batching
 #
 # No network there: missing pure-Python packages come as wheels in .whl (../shared/gpu/wheels.sh),
 # the embedded GGUF in two halves (.gguf_a in part1, .gguf_b in part2; /tmp survives in between).
@@ -177,6 +180,40 @@ part7() {  # after the tensor-core prefill kernel: tests, kernel timings, 0.6B d
     --result-json "$W/decode_06b.json"
   stage throughput_06b 110 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
     --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b.json"
+}
+
+part8() {  # the session's numbers, call 1 of 2: tests, decode, throughput, speculation cost, HF compiled
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage gpu_tests 130 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --durations=10 \
+    --junitxml="$W/junit8.xml" tests/test_cuda_ops.py tests/test_cuda_model.py tests/test_gpu_engine.py \
+    -k "not smollm2"
+  stage models 60 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
+  stage decode_06b 40 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
+    --result-json "$W/decode_06b.json"
+  stage decode_8b 70 python3 -m minillm.bench decode $M/q8 --device cuda --input-len 512 --output-len 128 \
+    --result-json "$W/decode_8b.json"
+  stage throughput_06b 60 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
+    --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b.json"
+  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_8b.json"
+  stage hf_06b_compiled 80 python3 -m minillm.bench hf $M/q06 --device cuda --input-len 512 --output-len 64 \
+    --static-cache --compile --result-json "$W/hf_06b_compiled.json"
+}
+
+part9() {  # call 2 of 2: the failure matrix, memcheck of its fastest reproducer, HF continuous batching
+  setup
+  stage models 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
+  stage failure_matrix 280 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
+    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 120
+  stage sanitizer 130 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/sanitizer" \
+    --sanitize --max-model-len 4096 --concurrency 8 --num-prompts 8 --output-len 16 \
+    --startup-timeout 100 --ladder-timeout 100
+  stage hf_batch_06b 110 python3 -m minillm.bench hf-batch $M/q06 --device cuda --timeout 100 \
+    --result-json "$W/hf_batch_06b.json"
 }
 
 "$PART"
