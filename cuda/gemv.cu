@@ -8,6 +8,12 @@
 // loads, every lane a different 16-byte chunk (a warp reads 512 contiguous bytes per row per
 // iteration), NR rows in flight at once; x rows come through L1/L2 at the same offsets. Each
 // column's M dot products are reduced across the warp and written by lane 0.
+//
+// gemv_silu_mul is the MLP's gate_up product fused with its activation (NumPy twin: matmul then
+// silu_mul): w is the [2F, K] gate_up matrix, and a warp streams gate rows n and up rows F + n
+// together, so it holds both dot products of output column n and writes silu(gate) * up straight
+// into the [M, F] activation. That saves the silu_mul launch (a decode step is bound by its chain
+// of dependent launches) and the round trip of the [M, 2F] gate_up activation through memory.
 #include "common.cuh"
 
 #define GEMV_MAX_M 8
@@ -16,26 +22,29 @@
 
 namespace {
 
-template <typename TO, int M>
+// GATED: out[m, n] = silu(x[m] . w[n]) * (x[m] . w[N + n]) for n < N (w has 2N rows, no bias).
+template <typename TO, int M, bool GATED>
 __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
                                           const bf16* __restrict__ w, const bf16* __restrict__ bias,
                                           TO* __restrict__ out, i64 ldo, int N, int K) {
+  constexpr int R = GATED ? 2 * GEMV_NR : GEMV_NR;  // weight rows a warp streams at once
   const int lane = threadIdx.x & 31;
   const int warp = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
   const int n0 = warp * GEMV_NR;
   if (n0 >= N) return;
   const int chunks = K / 8;  // 16-byte chunks per row (the host checks K % 8 == 0)
-  float acc[GEMV_NR][M];
+  float acc[R][M];
 #pragma unroll
-  for (int r = 0; r < GEMV_NR; ++r)
+  for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
 
   for (int c = lane; c < chunks; c += 32) {
-    uint4 wv[GEMV_NR];
+    uint4 wv[R];
 #pragma unroll
-    for (int r = 0; r < GEMV_NR; ++r) {  // issue every row's load before using any
-      const int n = min(n0 + r, N - 1);
+    for (int r = 0; r < R; ++r) {  // issue every row's load before using any
+      const int col = min(n0 + r % GEMV_NR, N - 1);
+      const int n = r < GEMV_NR ? col : N + col;  // rows past GEMV_NR: the up half (GATED)
       wv[r] = __ldg(reinterpret_cast<const uint4*>(w + (i64)n * K) + c);
     }
 #pragma unroll
@@ -43,7 +52,7 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
       float xf[8];
       minillm::unpack_bf16x8(__ldg(reinterpret_cast<const uint4*>(x + (i64)m * ldx) + c), xf);
 #pragma unroll
-      for (int r = 0; r < GEMV_NR; ++r) {
+      for (int r = 0; r < R; ++r) {
         float wf[8];
         minillm::unpack_bf16x8(wv[r], wf);
         float s = acc[r][m];
@@ -59,9 +68,12 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       const float s = minillm::warp_sum(acc[r][m]);
+      const float up = GATED ? minillm::warp_sum(acc[r + GEMV_NR][m]) : 0.f;
       if (lane == 0 && n < N) {
-        const float b = bias ? minillm::to_f(bias[n]) : 0.f;
-        out[(i64)m * ldo + n] = minillm::from_f<TO>(s + b);
+        // GATED: silu in fp32 on the unrounded sums (the unfused path rounds gate_up to bf16 first)
+        const float y = GATED ? s / (1.0f + expf(-s)) * up
+                              : s + (bias ? minillm::to_f(bias[n]) : 0.f);
+        out[(i64)m * ldo + n] = minillm::from_f<TO>(y);
       }
     }
   }
@@ -70,21 +82,34 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
 }  // namespace
 
 // grid (ceil(N / (GEMV_NR * GEMV_WARPS))), block 32 * GEMV_WARPS; M selects the instantiation.
+#define MINILLM_GEMV_SWITCH(TO, GATED)                                          \
+  switch (M) {                                                                  \
+    case 1: gemv_impl<TO, 1, GATED>(x, ldx, w, bias, out, ldo, N, K); break;   \
+    case 2: gemv_impl<TO, 2, GATED>(x, ldx, w, bias, out, ldo, N, K); break;   \
+    case 3: gemv_impl<TO, 3, GATED>(x, ldx, w, bias, out, ldo, N, K); break;   \
+    case 4: gemv_impl<TO, 4, GATED>(x, ldx, w, bias, out, ldo, N, K); break;   \
+    case 5: gemv_impl<TO, 5, GATED>(x, ldx, w, bias, out, ldo, N, K); break;   \
+    case 6: gemv_impl<TO, 6, GATED>(x, ldx, w, bias, out, ldo, N, K); break;   \
+    case 7: gemv_impl<TO, 7, GATED>(x, ldx, w, bias, out, ldo, N, K); break;   \
+    default: gemv_impl<TO, 8, GATED>(x, ldx, w, bias, out, ldo, N, K); break;  \
+  }
+
 #define MINILLM_GEMV(SUFFIX, TO)                                                                 \
   extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_##SUFFIX(                 \
       const bf16* x, i64 ldx, const bf16* w, const bf16* bias, TO* out, i64 ldo, int M, int N, \
       int K) {                                                                                 \
-    switch (M) {                                                                               \
-      case 1: gemv_impl<TO, 1>(x, ldx, w, bias, out, ldo, N, K); break;                       \
-      case 2: gemv_impl<TO, 2>(x, ldx, w, bias, out, ldo, N, K); break;                       \
-      case 3: gemv_impl<TO, 3>(x, ldx, w, bias, out, ldo, N, K); break;                       \
-      case 4: gemv_impl<TO, 4>(x, ldx, w, bias, out, ldo, N, K); break;                       \
-      case 5: gemv_impl<TO, 5>(x, ldx, w, bias, out, ldo, N, K); break;                       \
-      case 6: gemv_impl<TO, 6>(x, ldx, w, bias, out, ldo, N, K); break;                       \
-      case 7: gemv_impl<TO, 7>(x, ldx, w, bias, out, ldo, N, K); break;                       \
-      default: gemv_impl<TO, 8>(x, ldx, w, bias, out, ldo, N, K); break;                      \
-    }                                                                                          \
+    MINILLM_GEMV_SWITCH(TO, false)                                                             \
   }
 
 MINILLM_GEMV(bf16, bf16)
 MINILLM_GEMV(f32, float)
+
+// out [M, F] = silu(x @ w[:F].T) * (x @ w[F:].T) for the [2F, K] gate_up matrix w; grid
+// (ceil(F / (GEMV_NR * GEMV_WARPS))).
+extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
+    gemv_silu_mul_bf16(const bf16* x, i64 ldx, const bf16* w, bf16* out, i64 ldo, int M, int F,
+                       int K) {
+  const bf16* bias = nullptr;
+  const int N = F;
+  MINILLM_GEMV_SWITCH(bf16, true)
+}

@@ -271,6 +271,30 @@ def test_gemv_strided_rows_and_graph(be):
     assert np.array_equal(host(be, out2), host(be, out))
 
 
+@pytest.mark.parametrize("M,K,F", [(1, 64, 96), (3, 1024, 1537), (4, 4096, 260), (2, 200, 50),
+                                   (8, 512, 300), (33, 256, 1000)])  # bf16 M <= 4: cuda/gemv.cu
+def test_matmul_silu_mul(be, M, K, F):
+    """The fused gate_up GEMV + SiLU-and-multiply against the oracle, x rows inside a wider buffer
+    (the model's views); a fused launch leaves the gate_up buffer unwritten, and replays in a graph."""
+    rng = np.random.default_rng(M * F + K)
+    big = rng.standard_normal((M, K + 64)).astype(np.float32)
+    w = (2 * rng.standard_normal((2 * F, K)) / np.sqrt(K)).astype(np.float32)
+    xd, wd = be.asarray(big)[:, 64:], be.asarray(w)
+    out, gate_up = poisoned(be, (M, F)), poisoned(be, (M, 2 * F))
+    be.matmul_silu_mul(xd, wd, out, gate_up)
+    gu = rounded(be, big[:, 64:]).astype(np.float64) @ rounded(be, w).astype(np.float64).T
+    ref = np.empty((M, F))
+    REF.silu_mul(gu, ref)
+    got = host(be, out)
+    assert rel_err(got, ref) < tol(be)
+    fused = be.dtype != np.float32 and M <= 4 and K % 8 == 0
+    assert np.isnan(host(be, gate_up)).all() == fused
+    out2 = poisoned(be, (M, F))
+    g = be.capture_graph(lambda: be.matmul_silu_mul(xd, wd, out2, gate_up))
+    g.replay()
+    assert np.array_equal(host(be, out2), got)
+
+
 # ---- paged attention --------------------------------------------------------------------------
 def make_attention_case(rng, q_lens, ctx_lens, H, KH, D, bs, extra_rows=0):
     """Random paged KV pool, block tables (unused entries -1) and ragged queries."""

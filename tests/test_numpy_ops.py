@@ -44,3 +44,19 @@ def test_qk_norm_rope_store_kv_is_qk_norm_rope_then_store_kv(qk_norm):
     REF.store_kv(k, v, cb[0], cb[1], slots)
     assert np.array_equal(a, b) and np.array_equal(ca, cb)
     assert not np.array_equal(ca, caches)  # something was stored
+
+
+def test_matmul_silu_mul_is_matmul_then_silu_mul():
+    rng = np.random.default_rng(3)
+    M, K, F = 5, 96, 70
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    w = (rng.standard_normal((2 * F, K)) / np.sqrt(K)).astype(np.float32)
+    out, gate_up = np.empty((M, F), np.float32), np.empty((M, 2 * F), np.float32)
+    REF.matmul_silu_mul(x, w, out, gate_up)
+    gu, ref = np.empty((M, 2 * F), np.float32), np.empty((M, F), np.float32)
+    REF.matmul(x, w, out=gu)
+    REF.silu_mul(gu, out=ref)
+    assert np.array_equal(out, ref)
+    g = x.astype(np.float64) @ w[:F].T.astype(np.float64)
+    u = x.astype(np.float64) @ w[F:].T.astype(np.float64)
+    assert np.allclose(out, g / (1 + np.exp(-g)) * u, rtol=1e-4, atol=1e-5)

@@ -200,7 +200,7 @@ class CudaBackend:
             "decode_attention": [f"paged_decode_{t}_d{d}_g{g}" for t in ("bf16", "f32")
                                  for d in _DECODE_HEAD_DIMS for g in range(1, _DECODE_MAX_G + 1)],
             "sampling": ["sample_tokens"],
-            "gemv": ["gemv_bf16", "gemv_f32"],
+            "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16"],
         }.items():
             for n in names:
                 k[n] = kc.get_kernel(mod, n, self.debug)
@@ -517,6 +517,26 @@ class CudaBackend:
         with self.stream:
             self.blas.gemm_xwt(M, N, K, x.data.ptr, cuda_dtype(x.dtype), ldx, w.data.ptr,
                                cuda_dtype(w.dtype), K, out.data.ptr, cuda_dtype(out.dtype), ldo, beta)
+
+    def matmul_silu_mul(self, x, w_gate_up, out, gate_up) -> None:
+        """out = silu(x @ gate.T) * (x @ up.T), w_gate_up = [gate; up] [2F, K]. Few bf16 rows: one
+        cuda/gemv.cu kernel that leaves gate_up unwritten; else matmul into gate_up, silu_mul."""
+        M, ldx = _rows(x, "matmul_silu_mul x")
+        if M == 0:
+            return
+        N2, K = w_gate_up.shape
+        F = N2 // 2
+        _, ldo = _rows(out, "matmul_silu_mul out")
+        if (N2 % 2 or x.shape[-1] != K or out.shape != (M, F) or gate_up.shape != (M, N2)
+                or not w_gate_up.flags.c_contiguous):
+            raise ValueError(f"matmul_silu_mul: x {x.shape} @ w {w_gate_up.shape}.T -> gate_up "
+                             f"{gate_up.shape} -> out {out.shape} does not fit")
+        if out.dtype == self.dtype and self._gemv_fits(x, w_gate_up, out, None, M, K, ldx):
+            self._launch("gemv_silu_mul_bf16", (_cdiv(F, _GEMV_COLS_PER_CTA),), (_GEMV_THREADS,),
+                         (x, _i64(ldx), w_gate_up, out, _i64(ldo), _i32(M), _i32(F), _i32(K)))
+            return
+        self.matmul(x, w_gate_up, out=gate_up)
+        self.silu_mul(gate_up, out=out)
 
     def _gemv_fits(self, x, w, out, bias, M: int, K: int, ldx: int) -> bool:
         """Few rows of bf16 with 16-byte aligned rows: cuda/gemv.cu streams the weights faster."""

@@ -114,6 +114,13 @@ class NumpyBackend:
         gate = gate_up[..., :f]
         np.multiply(gate / (1.0 + np.exp(-gate)), gate_up[..., f:], out=out)
 
+    def matmul_silu_mul(self, x, w_gate_up, out, gate_up) -> None:
+        """out = silu(x @ gate.T) * (x @ up.T) for w_gate_up = [gate; up] ([2F, K]): matmul then
+        silu_mul, as one op (one GEMV kernel on the GPU for few rows). gate_up [M, 2F] is the
+        caller's buffer for the unfused path (here always; the GPU may leave it unwritten)."""
+        self.matmul(x, w_gate_up, out=gate_up)
+        self.silu_mul(gate_up, out=out)
+
     def store_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
         """Write each token's k/v to its physical slot (block * block_size + offset).
 

@@ -137,8 +137,8 @@ class Transformer:
                               x.query_start, self.scale, out=attn, causal=causal)
             B.matmul(attn.reshape(T, c.q_size), lw.o, out=hidden)
             B.rms_norm(hidden, lw.mlp_norm, c.rms_norm_eps, out=normed, residual=residual)
-            B.matmul(normed, lw.gate_up, out=ws.gate_up[:T])
-            B.silu_mul(ws.gate_up[:T], out=ws.act[:T])
+            # gate_up GEMV and SiLU-and-multiply in one kernel when few rows (ws.gate_up unused then)
+            B.matmul_silu_mul(normed, lw.gate_up, out=ws.act[:T], gate_up=ws.gate_up[:T])
             B.matmul(ws.act[:T], lw.down, out=hidden)
         B.rms_norm(hidden, self.norm, c.rms_norm_eps, out=normed, residual=residual)
         last_layer = c.num_layers - 1
