@@ -11,6 +11,11 @@
 // block-wide count or mass. Results can differ from the NumPy sampler only where float64 sums
 // taken in another order fall on the other side of a boundary (near-ties).
 //
+// Speculative verification rides along (draft[row] = d >= 0): the drafters propose their argmax,
+// so q is one-hot and rejection sampling reduces to: accept d with probability p(d) (greedy: d
+// is the argmax); else draw from p without d. out[row] is then d or that draw, accepted[row]
+// says which; the engine keeps the accepted prefix and the first non-accepted row's token.
+//
 // One CTA of SAMPLE_THREADS threads per row.
 #include "common.cuh"
 
@@ -124,7 +129,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 sample_tokens(const float* __restrict__ logits, i64 stride, int V,
               const float* __restrict__ temperature, const float* __restrict__ top_p,
               const int* __restrict__ top_k, const void* __restrict__ seeds, int seed_bytes,
-              const int* __restrict__ positions, int* __restrict__ out, int n_rows) {
+              const int* __restrict__ positions, int* __restrict__ out,
+              const int* __restrict__ draft, int* __restrict__ accepted, int n_rows) {
   __shared__ double dscratch[32];
   __shared__ double red[32 * (NS + 1) + NS];
   __shared__ float fscratch[32];
@@ -143,8 +149,13 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
   }
   block_argmax(bv, bi, fscratch, iscratch);
   const float temp = temperature[row];
+  const int d = draft ? draft[row] : -1;  // a drafted token to verify at this row, or -1
+  MINILLM_CHECK(d < V);
   if (!(temp > 0.f)) {
-    if (tid == 0) out[row] = bi;
+    if (tid == 0) {
+      out[row] = bi;
+      if (accepted) accepted[row] = d >= 0 && d == bi;
+    }
     return;
   }
   const double t = (double)temp;
@@ -265,6 +276,39 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
     S2 = c;  // the kept mass, to renormalise by
   }
 
+  const u64 seed = seed_bytes == 8 ? reinterpret_cast<const u64*>(seeds)[row]
+                                   : (u64)(i64)reinterpret_cast<const int*>(seeds)[row];
+  const i64 pos = positions[row];
+
+  // ---- speculative verification of a deterministic draft d (q = one-hot): accept with
+  // probability p(d); otherwise the token is drawn below from p without d (the residual)
+  if (d >= 0) {
+    const float ld = lg[d];
+    const double xd = (double)ld / t;
+    bool keep = xd >= kth_x;
+    if (keep && use_topp) {
+      const unsigned kd = float_key(ld);
+      keep = kd > cut_key;
+      if (kd == cut_key) {  // a tie at the cut-off: kept if among the first n_tie in index order
+        double before = 0.0;
+        for (int i = tid; i < d; i += NT) {
+          const float l = lg[i];
+          if ((double)l / t >= kth_x && float_key(l) == cut_key) before += 1.0;
+        }
+        keep = minillm::block_sum(before, dscratch) < (double)n_tie;
+      }
+    }
+    const double pd = keep ? exp(xd - M) / S / S2 : 0.0;
+    if (hash_uniform(seed, pos, 1ull) < pd) {  // uniform over the block: every thread returns
+      if (tid == 0) {
+        out[row] = d;
+        if (accepted) accepted[row] = 1;
+      }
+      return;
+    }
+    if (tid == 0 && accepted) accepted[row] = 0;
+  }
+
   // ---- from here each thread owns a contiguous chunk of indices, so index order is kept
   const int chunk = (V + NT - 1) / NT;
   const int i0 = min(V, tid * chunk), i1 = min(V, i0 + chunk);
@@ -299,17 +343,15 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
   {
     double r = tie_rank;
     for (int i = i0; i < i1; ++i) {
-      const double w = weight(i, r, S2);
+      double w = weight(i, r, S2);  // called for d too: it advances the tie rank
+      if (i == d) w = 0.0;
       own += w;
       if (w > 0.0) last_nz = i;
     }
   }
   double total;
   const double excl = block_exclusive_scan(own, dscratch, &total);
-  const int seed_row = row;
-  const u64 seed = seed_bytes == 8 ? reinterpret_cast<const u64*>(seeds)[seed_row]
-                                   : (u64)(i64)reinterpret_cast<const int*>(seeds)[seed_row];
-  const double u = hash_uniform(seed, (i64)positions[row], 0ull);
+  const double u = hash_uniform(seed, pos, d >= 0 ? 2ull : 0ull);  // residual or sample stream
   const double target = u * total;
   if (tid == 0) s_found = 0;
   __syncthreads();
@@ -318,7 +360,8 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
     double r = tie_rank, c = excl;
     int pick = last_nz;
     for (int i = i0; i < i1; ++i) {
-      const double w = weight(i, r, S2);
+      double w = weight(i, r, S2);
+      if (i == d) w = 0.0;
       c += w;
       if (w > 0.0 && c > target) { pick = i; break; }
     }

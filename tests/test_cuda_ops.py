@@ -448,6 +448,40 @@ def test_sampler_distribution_follows_seeds(be):
     assert len(set(got.tolist())) > 3
 
 
+@pytest.mark.parametrize("V", [1000, 151936])
+def test_sampler_verifies_drafts_like_numpy(be, V):
+    """Rows carrying a draft: the accept flag and the (draft or residual) token equal NumPy's."""
+    rng = np.random.default_rng(V + 5)
+    B = 48
+    logits = (3.0 * rng.standard_normal((B, V))).astype(np.float32)
+    temp = rng.choice([0.0, 0.7, 1.3], B).astype(np.float32)
+    top_p = rng.choice([1.0, 0.9, 0.5], B).astype(np.float32)
+    top_k = rng.choice([0, 1, 5, 50], B).astype(np.int32)
+    seeds = rng.integers(0, 2**62, B).astype(np.int64)
+    pos = rng.integers(0, 100000, B).astype(np.int32)
+    # drafts: the argmax (mostly accepted), a likely token, an unlikely one, none (-1: bonus row)
+    order = np.argsort(-logits, axis=1)
+    draft = np.where(rng.random(B) < 0.3, order[:, 0], np.where(rng.random(B) < 0.5, order[:, 2],
+                                                                  order[:, V // 2])).astype(np.int32)
+    draft[rng.random(B) < 0.15] = -1
+    out, acc = be.empty((B,), dtype=np.int32), be.empty((B,), dtype=np.int32)
+    be.copy_from_host(out, np.full(B, -7, np.int32))
+    be.copy_from_host(acc, np.full(B, -7, np.int32))
+    be.sample(be.asarray(logits, dtype=np.float32), be.asarray(temp, dtype=np.float32),
+              be.asarray(top_p, dtype=np.float32), i32(be, top_k), be.asarray(seeds, dtype=np.int64),
+              i32(be, pos), out, i32(be, draft), acc)
+    got, got_acc = be.to_host(out), be.to_host(acc)
+    ref, ref_acc = np.zeros(B, np.int32), np.zeros(B, np.int32)
+    np_sampler.sample(logits, temp, top_p, top_k, seeds, pos, ref, draft, ref_acc)
+    assert set(ref_acc[draft >= 0].tolist()) == {0, 1}, "the case should both accept and reject"
+    greedy = temp == 0
+    assert np.array_equal(got[greedy], ref[greedy]) and np.array_equal(got_acc[greedy], ref_acc[greedy])
+    assert np.array_equal(got_acc[draft < 0], np.zeros((draft < 0).sum())), "no draft, no accept"
+    differ = np.nonzero((got != ref) | (got_acc != ref_acc))[0]
+    assert len(differ) <= 1, f"rows {differ}: device {got[differ]}/{got_acc[differ]} vs " \
+                             f"numpy {ref[differ]}/{ref_acc[differ]}"  # one near-tie at most
+
+
 # ---- arena and graphs -------------------------------------------------------------------------
 def test_allocation_after_seal_raises_with_call_site(be):
     from minillm.backends.arena import ArenaSealedError

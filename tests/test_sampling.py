@@ -48,6 +48,31 @@ def llm(tmp_path_factory):
     return LLM(str(path), device="cpu", max_num_seqs=8, max_model_len=128)
 
 
+@pytest.mark.parametrize("draft_rank", [0, 1, 7])
+def test_verifying_a_draft_leaves_the_distribution_exact(draft_rank):
+    """A draft row's output (the draft if accepted, else the residual draw) is distributed as p:
+    P(d) = p(d) and P(x) = (1 - p(d)) p(x) / (1 - p(d)) = p(x), whichever token was drafted."""
+    from scipy.stats import chisquare
+
+    from minillm.engine.sampler import sample
+
+    rng = np.random.default_rng(draft_rank)
+    V, n = 12, 20_000
+    logits = np.tile(rng.standard_normal(V).astype(np.float32) * 2, (n, 1))
+    temp, top_p, top_k = np.full(n, 0.9, np.float32), np.full(n, 0.95, np.float32), np.full(n, 8, np.int32)
+    p = probs_from_logits(logits[0], 0.9, 0.95, 8)
+    draft = np.full(n, int(np.argsort(-p, kind="stable")[draft_rank]), np.int32)
+    out, accepted = np.zeros(n, np.int32), np.zeros(n, np.int32)
+    sample(logits, temp, top_p, top_k, np.arange(n, dtype=np.uint64), np.full(n, 5, np.int32), out,
+           draft, accepted)
+    assert np.array_equal(accepted == 1, out == draft)
+    assert abs(accepted.mean() - p[draft[0]]) < 4 * np.sqrt(p[draft[0]] * (1 - p[draft[0]]) / n) + 1e-9
+    support = np.nonzero(p)[0]
+    counts = np.bincount(out, minlength=V)
+    assert counts[p == 0].sum() == 0
+    assert chisquare(counts[support], p[support] * n).pvalue > 0.001
+
+
 def test_seeded_sampling_is_independent_of_the_batch(llm):
     prompt = [5, 6, 7, 8, 9]
     params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=12, ignore_eos=True, seed=1234)

@@ -702,14 +702,20 @@ class CudaBackend:
         return p
 
     # ---- sampling -----------------------------------------------------------------------
-    def sample(self, logits, temperature, top_p, top_k, seeds, positions, out_tokens) -> None:
-        """One token per logits row on the device; twin of minillm.engine.sampler.sample."""
+    def sample(self, logits, temperature, top_p, top_k, seeds, positions, out_tokens,
+               draft_tokens=None, out_accepted=None) -> None:
+        """One token per logits row on the device (and verification of drafted tokens where
+        draft_tokens >= 0); twin of minillm.engine.sampler.sample."""
         B, stride = _rows(logits, "sample logits")
         if B == 0:
             return
         checks = ((logits, np.float32, "logits"), (temperature, np.float32, "temperature"),
                   (top_p, np.float32, "top_p"), (top_k, np.int32, "top_k"),
                   (positions, np.int32, "positions"), (out_tokens, np.int32, "out_tokens"))
+        if (draft_tokens is None) != (out_accepted is None):
+            raise ValueError("sample: draft_tokens and out_accepted go together")
+        if draft_tokens is not None:
+            checks += ((draft_tokens, np.int32, "draft_tokens"), (out_accepted, np.int32, "out_accepted"))
         for a, dt, n in checks:
             if a.dtype != dt:
                 raise TypeError(f"sample: {n} must be {np.dtype(dt)}, got {a.dtype}")
@@ -718,7 +724,9 @@ class CudaBackend:
         self._launch(
             "sample_tokens", (B,), (_SAMPLE_THREADS,),
             (logits, _i64(stride), _i32(logits.shape[-1]), temperature, top_p, top_k, seeds,
-             _i32(seeds.itemsize), positions, out_tokens, _i32(B)),
+             _i32(seeds.itemsize), positions, out_tokens,
+             _NULL if draft_tokens is None else draft_tokens,
+             _NULL if out_accepted is None else out_accepted, _i32(B)),
         )
 
     def close(self) -> None:

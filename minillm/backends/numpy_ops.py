@@ -183,5 +183,7 @@ class NumpyBackend:
         np.tanh(x / cap, out=x)
         x *= cap
 
-    def sample(self, logits, temperature, top_p, top_k, seeds, positions, out_tokens) -> None:
-        _sample(logits, temperature, top_p, top_k, seeds, positions, out_tokens)
+    def sample(self, logits, temperature, top_p, top_k, seeds, positions, out_tokens,
+               draft_tokens=None, out_accepted=None) -> None:
+        _sample(logits, temperature, top_p, top_k, seeds, positions, out_tokens, draft_tokens,
+                out_accepted)

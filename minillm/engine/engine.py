@@ -26,7 +26,6 @@ from minillm.models.transformer import Transformer, Workspace
 from minillm.sampling_params import SamplingParams
 from minillm.spec.config import SpeculativeConfig
 from minillm.spec.proposers import SpecStats, build_proposer, lookahead
-from minillm.spec.verify import verify_greedy, verify_sampled
 
 log = logging.getLogger("minillm")
 
@@ -272,8 +271,8 @@ class LLMEngine:
                 m = item.num_logits
                 new = self._verify(item, tokens[r : r + m], r) if item.num_draft else [token_list[r]]
                 r += m
-            if seq.draft_ids or seq.draft_probs:
-                seq.draft_ids, seq.draft_probs = [], []
+            if seq.draft_ids:
+                seq.draft_ids = []
             if uses_hidden:
                 seq.draft_computed = seq.num_computed  # context K/V was stored for every computed row
             self.block_manager.commit_full_blocks(seq, seq.draft_computed if drafter_kv else None)
@@ -284,18 +283,18 @@ class LLMEngine:
         return outputs
 
     def _verify(self, item: ScheduledSeq, row_tokens: np.ndarray, r: int) -> list[int]:
-        """Accept a prefix of seq's drafts; roll the KV back past the first rejected one."""
+        """Keep the accepted prefix of seq's drafts and the token of the first row past it (the
+        correction, or the bonus token when all k are accepted); roll the KV back behind it.
+
+        The accept/reject decisions were taken on the device by the sampler (greedy: draft ==
+        argmax; sampling: rejection sampling against the one-hot draft), see sampler.sample.
+        """
         seq, k = item.seq, item.num_draft
-        draft = seq.draft_ids[:k]
-        p = seq.params
-        if p.temperature <= 0:
-            new = verify_greedy(draft, [int(t) for t in row_tokens])
-        else:
-            logits = self.backend.to_host(self.runner.last_logits[r : r + k + 1]).astype(np.float32)
-            q = np.stack(seq.draft_probs[:k]) if seq.draft_probs and seq.draft_probs[0] is not None else None
-            new = verify_sampled(draft, logits, q, p.temperature, p.top_p, p.top_k, seq.seed,
-                                 item.start + 1, int(row_tokens[-1]))
-        accepted = len(new) - 1
+        flags = self.runner.last_accepted[r : r + k]
+        accepted = 0
+        while accepted < k and flags[accepted]:
+            accepted += 1
+        new = seq.draft_ids[:accepted] + [int(row_tokens[accepted])]
         self.spec_stats.record(k, accepted)
         seq.num_computed = item.start + 1 + accepted  # the last token and the accepted drafts
         seq.draft_computed = min(seq.draft_computed, seq.num_computed)

@@ -43,7 +43,9 @@ class StepBuffers:
             "top_p": ((max_logits,), np.float32),
             "top_k": ((max_logits,), np.int32),
             "sample_pos": ((max_logits,), np.int32),
+            "draft_tokens": ((max_logits,), np.int32),  # a drafted token to verify per row, or -1
             "out_tokens": ((max_logits,), np.int32),  # written on the device by the sampler
+            "out_accepted": ((max_logits,), np.int32),  # 1 where the row's draft was accepted
         }
         offsets, size = {}, 0
         for name, (shape, dtype) in specs.items():
@@ -132,6 +134,7 @@ class ModelRunner:
         h["top_p"][:B] = [s.params.top_p for s in seqs]
         h["top_k"][:B] = [s.params.top_k for s in seqs]
         h["seeds"][:B] = [s.seed for s in seqs]
+        h["draft_tokens"][:B] = -1
         return B
 
     def _prepare_any(self, batch: list[ScheduledSeq]) -> tuple[int, int]:
@@ -165,6 +168,11 @@ class ModelRunner:
                 h["top_k"][r : r + m] = p.top_k
                 h["seeds"][r : r + m] = seq.seed
                 h["sample_pos"][r : r + m] = np.arange(end - m + 1, end + 1)  # where each sample goes
+                # verification rows: row j checks draft j; the last row samples the bonus token
+                k = item.num_draft
+                h["draft_tokens"][r : r + m] = -1
+                if k:
+                    h["draft_tokens"][r + m - k - 1 : r + m - 1] = seq.draft_ids[:k]
                 r += m
         return t, r
 
@@ -213,25 +221,41 @@ class ModelRunner:
 
     def _forward_and_sample(self, B: int, t: int, r: int):
         """The device work of a decode step: exactly what a CUDA graph captures and replays."""
-        d = self.buf.dev
         x = self._inputs(B, t, r)
         logits = self.model.forward(x, t, r, self.kv, self.ws, capture_layers=self.capture_layers,
                                     capture_out=self.capture_out)
-        self.backend.sample(logits, d["temperature"][:r], d["top_p"][:r], d["top_k"][:r],
-                            d["seeds"][:r], d["sample_pos"][:r], d["out_tokens"][:r])
+        self._sample(logits, r)
         return x, logits
 
+    def _sample(self, logits, r: int) -> None:
+        d = self.buf.dev
+        self.backend.sample(logits, d["temperature"][:r], d["top_p"][:r], d["top_k"][:r],
+                            d["seeds"][:r], d["sample_pos"][:r], d["out_tokens"][:r],
+                            d["draft_tokens"][:r], d["out_accepted"][:r])
+
+    def _results(self, r: int) -> np.ndarray:
+        """The sampled tokens (host); after a verification step also self.last_accepted."""
+        d = self.buf.dev
+        if self._verifying:
+            self.last_accepted = self.backend.to_host(d["out_accepted"][:r]).copy()
+        return self.backend.to_host(d["out_tokens"][:r]).copy()
+
     def execute(self, batch: list[ScheduledSeq], sample: bool = True, causal: bool = True,
-                transform_logits=None) -> np.ndarray:
+                transform_logits=None, greedy: bool = False) -> np.ndarray:
         """Run one step; returns the sampled token of every logits row (host int32), or with
-        sample=False the logits rows themselves (host float32)."""
+        sample=False the logits rows themselves (host float32). greedy=True takes every row's
+        argmax whatever the requests ask (drafters: their proposals are deterministic). Rows that
+        verify a draft also leave their accept flags in self.last_accepted."""
         t, r = self.prepare(batch)
+        if greedy:  # a drafter's own step: argmax everywhere, nothing to verify
+            self.buf.host["temperature"][:r] = 0.0
+            self.buf.host["draft_tokens"][:r] = -1
+        self._verifying = not greedy and any(item.num_draft for item in batch)
         B = len(batch)
         graph = self._graph_for(batch, t) if sample and causal and transform_logits is None else None
         if graph is not None:
             return self._replay(graph, B, t, r)
         self.buf.upload(B)
-        d = self.buf.dev
         x = self._inputs(B, t, r)
         logits = self.model.forward(x, t, r, self.kv, self.ws, causal=causal,
                                     capture_layers=self.capture_layers, capture_out=self.capture_out)
@@ -242,11 +266,10 @@ class ModelRunner:
             return self.backend.to_host(logits).astype(np.float32)
         if r == 0:
             return np.zeros(0, dtype=np.int32)
-        self.last_logits = logits  # speculative verification of sampled requests reads these
+        self.last_logits = logits
         self._suppress_stop_tokens(batch, logits)
-        self.backend.sample(logits, d["temperature"][:r], d["top_p"][:r], d["top_k"][:r],
-                            d["seeds"][:r], d["sample_pos"][:r], d["out_tokens"][:r])
-        return self.backend.to_host(d["out_tokens"][:r]).copy()
+        self._sample(logits, r)
+        return self._results(r)
 
     # ---- CUDA graphs ------------------------------------------------------------------------
     # A graph is captured per (bucket of sequences Bk, rows per sequence: 1 for decode, 1 + k for
@@ -303,6 +326,7 @@ class ModelRunner:
         h["top_k"][r:R] = -1
         h["seeds"][r:R] = 0
         h["sample_pos"][r:R] = 0
+        h["draft_tokens"][r:R] = -1
 
     def _replay(self, graph, B: int, t: int, r: int) -> np.ndarray:
         bk, rows, g = graph
@@ -315,4 +339,4 @@ class ModelRunner:
             g.replay()
         self.last_inputs, self.last_num_tokens = self._inputs(bk + 1, T, T), T
         self.last_logits = self.ws.logits[:T]
-        return self.backend.to_host(self.buf.dev["out_tokens"][:r]).copy()
+        return self._results(r)

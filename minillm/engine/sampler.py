@@ -67,16 +67,44 @@ def sample_from_probs(p: np.ndarray, u: float) -> int:
     return idx
 
 
-def sample(logits, temperature, top_p, top_k, seeds, positions, out_tokens) -> None:
+def sample(logits, temperature, top_p, top_k, seeds, positions, out_tokens, draft_tokens=None,
+           out_accepted=None) -> None:
     """Sample one token per row of logits [B, V] into out_tokens [B].
 
     temperature[b] == 0 selects greedy argmax. positions[b] is the position the sampled token
     will occupy, the counter of the request's RNG.
+
+    Speculative verification in the same pass: where draft_tokens[b] = d >= 0, row b is the
+    target's distribution p at a drafted position and the drafter proposed d deterministically
+    (q = one-hot: every drafter here drafts its argmax). Then out_accepted[b] = 1 and
+    out_tokens[b] = d if d is accepted, which is with probability min(1, p(d) / q(d)) = p(d)
+    (greedy: d equals the argmax); otherwise out_accepted[b] = 0 and out_tokens[b] is drawn from
+    normalise(max(p - q, 0)), p without d (greedy: the argmax, the correction). The accept and
+    residual draws use their own RNG streams; rows without a draft sample on the usual one, which
+    is what the bonus token after a fully accepted run uses.
     """
     for b in range(logits.shape[0]):
+        d = -1 if draft_tokens is None else int(draft_tokens[b])
         t = float(temperature[b])
         if t <= 0.0:
             out_tokens[b] = int(np.argmax(logits[b]))
+            if out_accepted is not None:
+                out_accepted[b] = int(d >= 0 and out_tokens[b] == d)
             continue
         p = probs_from_logits(logits[b], t, float(top_p[b]), int(top_k[b]))
-        out_tokens[b] = sample_from_probs(p, hash_uniform(int(seeds[b]), int(positions[b])))
+        seed, pos = int(seeds[b]), int(positions[b])
+        if d < 0:
+            out_tokens[b] = sample_from_probs(p, hash_uniform(seed, pos))
+            if out_accepted is not None:
+                out_accepted[b] = 0
+            continue
+        accepted = hash_uniform(seed, pos, STREAM_ACCEPT) < p[d]
+        if accepted:
+            out_tokens[b] = d
+        else:
+            residual = p.copy()
+            residual[d] = 0.0
+            if residual.sum() <= 0:  # p is all on d (rounding): any draw from p is d
+                residual = p
+            out_tokens[b] = sample_from_probs(residual, hash_uniform(seed, pos, STREAM_RESIDUAL))
+        out_accepted[b] = int(accepted)

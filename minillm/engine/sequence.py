@@ -32,10 +32,9 @@ class Sequence:
         self.num_hashed_blocks = 0  # leading blocks registered in the prefix cache
         self.last_hash: int | None = None  # chained hash of those blocks
         self.num_preemptions = 0
-        # speculative decoding: proposed tokens awaiting verification, the drafter's
-        # distribution for each (sampled requests), and how many positions the drafter's KV covers
+        # speculative decoding: proposed tokens awaiting verification (each drafter's argmax) and
+        # how many positions the drafter's KV covers
         self.draft_ids: list[int] = []
-        self.draft_probs: list = []
         self.draft_computed = 0
         # detokenisation state (owned by the engine)
         self.text = ""

@@ -26,7 +26,6 @@ from minillm.models.config import ModelConfig
 from minillm.models.hf_loader import canonical_name, check_weights
 from minillm.models.safetensors_io import iter_safetensors
 from minillm.models.transformer import Transformer, Workspace
-from minillm.spec.draft_model import DRAFT_SEED_SALT
 
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
@@ -182,33 +181,19 @@ class DFlashProposer:
     def propose(self, seqs: list[Sequence], ks: list[int]) -> None:
         active = [(s, k) for s, k in zip(seqs, ks) if k > 0]
         for s in seqs:
-            s.draft_ids, s.draft_probs = [], []
+            s.draft_ids = []
         if not active:
             return
         items = []
         for s, _ in active:
             s.draft_ids = [self.mask] * (self.block - 1)
             items.append(ScheduledSeq(s, self.block, num_draft=self.block - 1, start=s.num_tokens - 1))
-        seeds = [s.seed for s, _ in active]
-        for s, _ in active:
-            s.seed = (s.seed ^ DRAFT_SEED_SALT) & ((1 << 63) - 1)
-        try:
-            tokens = self.runner.execute(items, causal=False, transform_logits=self._transform_logits)
-        finally:
-            for (s, _), seed in zip(active, seeds):
-                s.seed = seed
-        logits = None
+        # drafts are the drafter's argmax (q one-hot), so the target verifies them on the device
+        tokens = self.runner.execute(items, causal=False, transform_logits=self._transform_logits,
+                                     greedy=True)
         for i, (s, k) in enumerate(active):
             rows = slice(i * self.block + 1, i * self.block + 1 + k)  # row 0 predicts the known token
             s.draft_ids = [int(t) for t in tokens[rows]]
-            p = s.params
-            if p.temperature > 0:
-                from minillm.engine.sampler import probs_from_logits
-
-                if logits is None:
-                    logits = self.backend.to_host(self.runner.last_logits)
-                s.draft_probs = [probs_from_logits(logits[j], p.temperature, p.top_p, p.top_k)
-                                 for j in range(rows.start, rows.stop)]
             s.draft_computed = s.num_tokens - 1  # the block's noise K/V is not context
 
     def _transform_logits(self, logits) -> None:

@@ -9,12 +9,9 @@ accepted last round), then drafts k tokens one at a time, each step batched acro
 from __future__ import annotations
 
 from minillm.engine.runner import ModelRunner
-from minillm.engine.sampler import probs_from_logits
 from minillm.engine.scheduler import ScheduledSeq
 from minillm.engine.sequence import Sequence
 from minillm.models.transformer import Transformer
-
-DRAFT_SEED_SALT = 0x5DEECE66D  # the drafter's random stream differs from the target's
 
 
 class DraftModelProposer:
@@ -38,40 +35,25 @@ class DraftModelProposer:
         self.runner = ModelRunner(self.model, self.backend, self.kv, block_manager, max_tokens=self.max_tokens,
                                   max_seqs=self.max_seqs, max_logits=self.max_seqs, max_model_len=self.max_model_len)
 
-    def _run(self, items: list[ScheduledSeq]) -> tuple[list, list]:
-        """One drafter forward; per item, its sampled token and (sampled requests) its
-        distribution, or None for a prefill chunk that does not reach the end."""
-        seeds = [it.seq.seed for it in items]
-        for it in items:  # the drafter draws on its own random stream
-            it.seq.seed = (it.seq.seed ^ DRAFT_SEED_SALT) & ((1 << 63) - 1)
-        try:
-            rows = self.runner.execute(items)
-        finally:
-            for it, seed in zip(items, seeds):
-                it.seq.seed = seed
-        tokens, probs, logits, r = [], [], None, 0
+    def _run(self, items: list[ScheduledSeq]) -> list:
+        """One drafter forward; per item its argmax token, or None for a prefill chunk that does
+        not reach the end. Drafts are deterministic (q one-hot), so the target verifies them on
+        the device without the drafter's distribution."""
+        rows = self.runner.execute(items, greedy=True)
+        tokens, r = [], 0
         for it in items:
             if not it.num_logits:
                 tokens.append(None)
-                probs.append(None)
                 continue
             tokens.append(int(rows[r]))
-            p = it.seq.params
-            if p.temperature > 0:
-                if logits is None:
-                    logits = self.backend.to_host(self.runner.last_logits)
-                probs.append(probs_from_logits(logits[r], p.temperature, p.top_p, p.top_k))
-            else:
-                probs.append(None)
             r += 1
-        return tokens, probs
+        return tokens
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> None:
-        """Set seq.draft_ids (and seq.draft_probs for sampled requests) for each sequence."""
+        """Set seq.draft_ids for each sequence."""
         active = [(s, k) for s, k in zip(seqs, ks) if k > 0]
         for s, _ in active:
             s.draft_ids = []
-            s.draft_probs = []
         if not active:
             return
         # catch-up: every token the drafter has not processed, in chunks that fit its workspace
@@ -85,19 +67,17 @@ class DraftModelProposer:
                     budget -= n
             if not items:
                 break
-            tokens, probs = self._run(items)
-            for it, tok, q in zip(items, tokens, probs):
+            tokens = self._run(items)
+            for it, tok in zip(items, tokens):
                 pending[id(it.seq)] += it.num_new
                 if tok is not None:  # caught up: its first draft
                     it.seq.draft_ids = [tok]
-                    it.seq.draft_probs = [q]
         for s, _ in active:
             s.draft_computed = s.num_tokens
         # k - 1 more single-token steps, batched over the sequences that still draft
         for j in range(1, max(k for _, k in active)):
             items = [ScheduledSeq(s, 1, start=s.num_tokens + j - 1) for s, k in active if k > j]
-            tokens, probs = self._run(items)
-            for it, tok, q in zip(items, tokens, probs):
+            tokens = self._run(items)
+            for it, tok in zip(items, tokens):
                 it.seq.draft_ids.append(tok)
-                it.seq.draft_probs.append(q)
                 it.seq.draft_computed = it.start + 1
