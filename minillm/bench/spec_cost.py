@@ -66,6 +66,34 @@ def decode_steps(engine: LLMEngine, prompts: list[list[int]], out_len: int) -> t
     return float(np.median([s for s, _ in steps])), float(np.mean([n for _, n in steps])), outputs
 
 
+def phase_times(engine: LLMEngine, prompts: list[list[int]], out_len: int) -> dict[str, float]:
+    """Median ms per step of each phase of a speculative step: the target's forward + sampling
+    (verification included), the drafter's context update, the drafter's proposal. The backend
+    is synchronised around every phase, so the phases run apart here (a separate pass)."""
+    backend = engine.backend
+    times: dict[str, list[float]] = {"target_step": [], "context_update": [], "propose": []}
+    wrapped = [(engine.runner, "execute", "target_step"), (engine.proposer, "update_context", "context_update"),
+               (engine.proposer, "propose", "propose")]
+    for obj, name, key in wrapped:
+        fn = getattr(obj, name)
+
+        def timed(*a, _fn=fn, _key=key, **kw):
+            backend.synchronize()
+            t = time.perf_counter()
+            out = _fn(*a, **kw)
+            backend.synchronize()
+            times[_key].append(time.perf_counter() - t)
+            return out
+
+        setattr(obj, name, timed)
+    try:
+        decode_steps(engine, prompts, out_len)
+    finally:
+        for obj, name, _ in wrapped:
+            delattr(obj, name)  # back to the class's method
+    return {k: 1e3 * float(np.median(v[2:] or v)) for k, v in times.items() if v}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m minillm.bench spec-cost", description=__doc__)
     p.add_argument("model")
@@ -103,6 +131,11 @@ def main(argv: list[str] | None = None) -> int:
                                "same_as_plain_decode": same})
         print(f"c={c:>2}: plain step {1e3 * base_steps[c]:.2f} ms, DFlash k={ns.k} step {1e3 * step:.2f} ms "
               f"({step / base_steps[c]:.2f}x), {per_step:.2f} tokens/step, same tokens as plain decode {same}",
+              flush=True)
+    for c in (cs[0], cs[-1]):
+        phases = phase_times(spec, prompts[:c], ns.output_len)
+        result.setdefault("phases_ms", []).append({"concurrency": c, **phases})
+        print(f"c={c:>2}: phases (ms, synchronised): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()),
               flush=True)
     del spec
     oracle = LLMEngine(**common, speculative_config={"method": "ngram", "num_speculative_tokens": ns.k})
