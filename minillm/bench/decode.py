@@ -19,8 +19,8 @@ import numpy as np
 from minillm.args import EngineArgs, add_engine_args
 from minillm.bench.report import write_json
 
-OPS = ("embed", "rms_norm", "qk_norm_rope", "matmul", "silu_mul", "store_kv", "paged_attention",
-       "gather_rows", "copy", "sample")
+OPS = ("embed", "rms_norm", "qk_norm_rope", "qk_norm_rope_store_kv", "matmul", "matmul_silu_mul",
+       "silu_mul", "store_kv", "paged_attention", "gather_rows", "copy", "sample")
 
 
 def copy_bandwidth(backend, nbytes: int = 2 << 30) -> float:
