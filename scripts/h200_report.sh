@@ -188,6 +188,7 @@ part8() {  # the session's numbers, call 1 of 2: tests, decode, throughput, spec
   stage gpu_tests 130 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --durations=10 \
     --junitxml="$W/junit8.xml" tests/test_cuda_ops.py tests/test_cuda_model.py tests/test_gpu_engine.py \
     -k "not smollm2"
+  stage kernel_bench 70 env OUT="$W" GPU_CHECK_TIMEOUT=65 bash scripts/gpu_check.sh --bench
   stage models 60 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
     python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
