@@ -306,8 +306,8 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
       }
       return;
     }
-    if (tid == 0 && accepted) accepted[row] = 0;
   }
+  if (tid == 0 && accepted) accepted[row] = 0;  // rejected, or no draft at this row
 
   // ---- from here each thread owns a contiguous chunk of indices, so index order is kept
   const int chunk = (V + NT - 1) / NT;

@@ -206,6 +206,9 @@ part8() {  # the session's numbers, call 1 of 2: tests, decode, throughput, spec
 
 part9() {  # call 2 of 2: the failure matrix, memcheck of its fastest reproducer, HF continuous batching
   setup
+  stage gpu_tests9 60 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    -k "sampler"
+  stage batch_invariance 40 python3 scripts/batch_invariance.py
   stage models 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
   stage failure_matrix 280 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \

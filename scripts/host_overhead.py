@@ -35,7 +35,8 @@ def make_engine(model_dir: str, batch: int, max_model_len: int) -> LLMEngine:
     def forward(x, t, r, kv, ws_, **kwargs):  # no device work: a fixed logits buffer
         return ws.logits[:r]
 
-    def sample(logits, temperature, top_p, top_k, seeds, positions, out_tokens):
+    def sample(logits, temperature, top_p, top_k, seeds, positions, out_tokens, draft_tokens=None,
+               out_accepted=None):
         # ids of ordinary tokens, a function of (seed, position) only, so outputs do not depend on batching
         out_tokens[:] = (seeds % 997 + positions.astype(np.uint64) * 31) % 3000 + 10
 
