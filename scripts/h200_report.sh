@@ -16,8 +16,9 @@
 #                                       decode (0.6B, 8B), throughput
 #   bash scripts/h200_report.sh part7   after the tensor-core prefill kernel: the same, 0.6B only
 #   bash scripts/h200_report.sh part8   tests, decode, throughput, speculation cost, HF compiled
-#   bash scripts/h200_report.sh part9   failure matrix, memcheck of its fastest reproducer, HF
-#                                       continuous batching
+#   bash scripts/h200_report.sh part9   failure matrix, HF continuous batching
+#   bash scripts/h200_report.sh part10  sampler tests, batch invariance, memcheck (server reproducer and
+#                                       the new kernels' tests)
 #
 # No network there: missing pure-Python packages come as wheels in .whl (../shared/gpu/wheels.sh),
 # the embedded GGUF in two halves (.gguf_a in part1, .gguf_b in part2; /tmp survives in between).
@@ -204,20 +205,31 @@ part8() {  # the session's numbers, call 1 of 2: tests, decode, throughput, spec
     --static-cache --compile --result-json "$W/hf_06b_compiled.json"
 }
 
-part9() {  # call 2 of 2: the failure matrix, memcheck of its fastest reproducer, HF continuous batching
+part9() {  # call 2 of 3: the failure matrix, HF continuous batching
   setup
-  stage gpu_tests9 60 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
-    -k "sampler"
-  stage batch_invariance 40 python3 scripts/batch_invariance.py
   stage models 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
-  stage failure_matrix 280 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
+  stage failure_matrix 330 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
     --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 120
+  stage hf_batch_06b 90 python3 -m minillm.bench hf-batch $M/q06 --device cuda --timeout 80 \
+    --result-json "$W/hf_batch_06b.json"
+}
+
+part10() {  # call 3 of 3: sampler fix, batch invariance, memcheck of the server reproducer and new kernels
+  setup
+  stage gpu_tests10 60 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    -k "sampler"
+  stage batch_invariance 40 python3 scripts/batch_invariance.py
+  if [ ! -d $M/q06-dflash ]; then
+    stage models 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+      python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
+  fi
   stage sanitizer 130 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/sanitizer" \
     --sanitize --max-model-len 4096 --concurrency 8 --num-prompts 8 --output-len 16 \
     --startup-timeout 100 --ladder-timeout 100
-  stage hf_batch_06b 110 python3 -m minillm.bench hf-batch $M/q06 --device cuda --timeout 100 \
-    --result-json "$W/hf_batch_06b.json"
+  stage memcheck_kernels 120 compute-sanitizer --tool memcheck --error-exitcode 3 python3 -m pytest -q -m gpu \
+    -p no:cacheprovider -x tests/test_cuda_ops.py -k "paged_attention_shapes and (bfloat16-16-128-2 or
+    bfloat16-32-64-3) or qk_norm_rope_store_kv or matmul_silu_mul or sampler_verifies"
 }
 
 "$PART"
