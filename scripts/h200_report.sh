@@ -217,6 +217,8 @@ part9() {  # call 2 of 3: the failure matrix, HF continuous batching
 
 part10() {  # call 3 of 3: sampler fix, batch invariance, memcheck of the server reproducer and new kernels
   setup
+  local MEMCHECK_K="paged_attention_shapes and (bfloat16-16-128-2 or bfloat16-32-64-3)"
+  MEMCHECK_K="$MEMCHECK_K or qk_norm_rope_store_kv or matmul_silu_mul or sampler_verifies"
   stage gpu_tests10 60 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
     -k "sampler"
   stage batch_invariance 40 python3 scripts/batch_invariance.py
@@ -228,8 +230,7 @@ part10() {  # call 3 of 3: sampler fix, batch invariance, memcheck of the server
     --sanitize --max-model-len 4096 --concurrency 8 --num-prompts 8 --output-len 16 \
     --startup-timeout 100 --ladder-timeout 100
   stage memcheck_kernels 120 compute-sanitizer --tool memcheck --error-exitcode 3 python3 -m pytest -q -m gpu \
-    -p no:cacheprovider -x tests/test_cuda_ops.py -k "paged_attention_shapes and (bfloat16-16-128-2 or
-    bfloat16-32-64-3) or qk_norm_rope_store_kv or matmul_silu_mul or sampler_verifies"
+    -p no:cacheprovider -x tests/test_cuda_ops.py -k "$MEMCHECK_K"
 }
 
 "$PART"
