@@ -15,7 +15,7 @@ import argparse
 import sys
 import time
 
-from minillm.bench.dataset import nano_vllm_workload
+from minillm.bench.dataset import allowed_token_ids, load_tokenizer, nano_vllm_workload
 from minillm.bench.report import write_json
 
 
@@ -51,9 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("no paged attention implementation accepted by this transformers")
     model = model.to(ns.device).eval()
     vocab = model.config.vocab_size
-    # random ids below the vocabulary, as the minillm run draws them (it also skips special tokens)
-    prompts, out_lens = nano_vllm_workload(list(range(min(vocab, 32000))), ns.num_seqs, ns.min_len,
-                                           ns.max_len, ns.seed)
+    # the very prompts and lengths `minillm.bench throughput` draws: same allowed ids, same seed
+    allowed = [int(i) for i in allowed_token_ids(load_tokenizer(str(path))) if i < vocab]
+    prompts, out_lens = nano_vllm_workload(allowed, ns.num_seqs, ns.min_len, ns.max_len, ns.seed)
     unreachable_eos = vocab + 1  # ignore_eos: generation stops at each request's max_new_tokens
     gc = GenerationConfig(max_new_tokens=max(out_lens), do_sample=ns.temperature > 0,
                           temperature=ns.temperature, eos_token_id=unreachable_eos, pad_token_id=0)
