@@ -97,18 +97,21 @@ def phase_times(engine: LLMEngine, prompts: list[list[int]], out_len: int) -> di
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m minillm.bench spec-cost", description=__doc__)
     p.add_argument("model")
-    p.add_argument("--drafter", required=True, help="DFlash drafter directory")
+    p.add_argument("--drafter", default=None, help="DFlash drafter directory (the cost half)")
     p.add_argument("--k", type=int, default=8)
     p.add_argument("--device", default="cuda")
     p.add_argument("--concurrency", default="1,2,4,8,16")
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--accept", default="0,0.5,0.7,0.8,0.9,1.0", help="oracle drafter's per-token accuracy")
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    p.add_argument("--dtype", default="auto")
     p.add_argument("--result-json", default=None)
     ns = p.parse_args(argv)
     cs = [int(c) for c in ns.concurrency.split(",")]
     common = dict(model=ns.model, device=ns.device, max_num_seqs=max(cs), seed=0,
-                  max_model_len=ns.input_len + ns.output_len + 32, enable_prefix_caching=False)
+                  max_model_len=ns.input_len + ns.output_len + 32, enable_prefix_caching=False,
+                  enforce_eager=ns.enforce_eager, dtype=ns.dtype)
     rng = np.random.default_rng(0)
     plain = LLMEngine(**common)
     vocab = min(plain.config.vocab_size, plain.tokenizer.vocab_size)
@@ -121,9 +124,10 @@ def main(argv: list[str] | None = None) -> int:
         base_steps[c] = step
         reference.update({f"r{i}": outs[f"r{i}"] for i in range(c)})
     del plain
-    spec = LLMEngine(**common, speculative_config={"method": "dflash", "model": ns.drafter,
+    cost_cs = cs if ns.drafter else []  # without a drafter: the speedup half only
+    spec = None if not ns.drafter else LLMEngine(**common, speculative_config={"method": "dflash", "model": ns.drafter,
                                                     "num_speculative_tokens": ns.k})
-    for c in cs:
+    for c in cost_cs:
         step, per_step, outs = decode_steps(spec, prompts[:c], ns.output_len)
         same = all(outs[f"r{i}"] == reference[f"r{i}"] for i in range(c))
         result["cost"].append({"concurrency": c, "plain_step_ms": 1e3 * base_steps[c], "spec_step_ms": 1e3 * step,
@@ -132,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"c={c:>2}: plain step {1e3 * base_steps[c]:.2f} ms, DFlash k={ns.k} step {1e3 * step:.2f} ms "
               f"({step / base_steps[c]:.2f}x), {per_step:.2f} tokens/step, same tokens as plain decode {same}",
               flush=True)
-    for c in (cs[0], cs[-1]):
+    for c in (cost_cs[0], cost_cs[-1]) if cost_cs else ():
         phases = phase_times(spec, prompts[:c], ns.output_len)
         result.setdefault("phases_ms", []).append({"concurrency": c, **phases})
         print(f"c={c:>2}: phases (ms, synchronised): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()),
