@@ -14,6 +14,9 @@
 // long-context bucket uses few splits and the rest exit at once. Each split writes an
 // unnormalised partial; the last split of a (token, KV head) to finish (an atomic counter, which
 // that CTA resets to 0 for the next step) merges them, so no second kernel is launched.
+// Tokens of sequences with more than max_nq new queries are left to prefill_attention.cu: the
+// kernel is chosen per sequence, not per batch, so a token's attention is computed the same way
+// whatever else shares its step (batch invariance; speculative decoding relies on it in bf16).
 // Grid sizes depend only on the bucket shape; where each CTA works comes from device buffers,
 // so a captured graph replays for any batch.
 #include "common.cuh"
@@ -50,7 +53,7 @@ __device__ __forceinline__ void decode_attention_impl(
     T* __restrict__ out, i64 o_tok, i64 o_head,
     float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counters,
     int KH, int block_size, int num_blocks, float scale_log2, int causal, int n_splits,
-    int min_part) {
+    int min_part, int max_nq) {
   constexpr int VEC = Vec16<T>::N;
   constexpr int LPK = D / VEC;  // lanes per key row
   constexpr int NG = DEC_THREADS / LPK;
@@ -75,6 +78,7 @@ __device__ __forceinline__ void decode_attention_impl(
   const int nq = query_start[b + 1] - qs;
   const int L = seq_lens[b];
   MINILLM_CHECK(nq >= 1 && L >= 0 && L <= bt_stride * block_size);
+  if (nq > max_nq) return;  // a long query run: prefill_attention.cu's (same launch step)
   const int j = t - qs;
   int k_hi = causal ? L - nq + j + 1 : L;  // keys this query may see
   k_hi = max(0, min(k_hi, L));
@@ -245,11 +249,12 @@ __device__ __forceinline__ void decode_attention_impl(
       const T* q, i64 q_tok, i64 q_head, const T* kc, const T* vc, const int* block_tables,       \
       int bt_stride, const int* seq_lens, const int* query_start, int B, int n_tokens, T* out,    \
       i64 o_tok, i64 o_head, float* part_o, float* part_ml, int* counters, int KH,                \
-      int block_size, int num_blocks, float scale_log2, int causal, int n_splits, int min_part) { \
+      int block_size, int num_blocks, float scale_log2, int causal, int n_splits, int min_part,   \
+      int max_nq) {                                                                               \
     decode_attention_impl<T, D, G>(q, q_tok, q_head, kc, vc, block_tables, bt_stride, seq_lens,   \
                                    query_start, B, n_tokens, out, o_tok, o_head, part_o, part_ml, \
                                    counters, KH, block_size, num_blocks, scale_log2, causal,      \
-                                   n_splits, min_part);                                           \
+                                   n_splits, min_part, max_nq);                                   \
   }
 
 #define MINILLM_DECODE_G(SUFFIX, T, D)                                                   \

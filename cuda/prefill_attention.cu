@@ -10,8 +10,9 @@
 //   O = O * alpha + P V   O lives in shared memory as fp32 (a fragment's element-to-row map is
 //                   opaque, so rows are rescaled there, then loaded as the accumulator)
 // Only the K/V tile loads need the whole CTA; the rest of the tile is per warp (its own rows).
-// Grid: (an upper bound on the step's query tiles, KH); where each CTA works comes from device
-// buffers, like the other attention kernels.
+// Sequences with fewer than min_nq new queries are skipped (decode_attention.cu takes them in
+// the same step). Grid: (an upper bound on the step's query tiles, KH); where each CTA works
+// comes from device buffers, like the other attention kernels.
 #include "common.cuh"
 #include <mma.h>
 
@@ -42,7 +43,8 @@ __device__ __forceinline__ void prefill_attention_impl(
     const int* __restrict__ block_tables, int bt_stride,
     const int* __restrict__ seq_lens, const int* __restrict__ query_start, int B,
     bf16* __restrict__ out, i64 o_tok, i64 o_head,
-    int KH, int G, int block_size, int num_blocks, float scale_log2, int causal, int bq) {
+    int KH, int G, int block_size, int num_blocks, float scale_log2, int causal, int bq,
+    int min_nq) {
   typedef PfLayout<D> Ly;
   constexpr int CH = D / 8;  // 16-byte chunks per row
   extern __shared__ __align__(128) unsigned char pf_smem[];
@@ -62,7 +64,8 @@ __device__ __forceinline__ void prefill_attention_impl(
   if (tid == 0) {  // which sequence and which of its query tiles this CTA owns
     int tile = blockIdx.x, found = -1, first = 0;
     for (int i = 0; i < B; ++i) {
-      const int n = (query_start[i + 1] - query_start[i] + bq - 1) / bq;
+      const int nq_i = query_start[i + 1] - query_start[i];
+      const int n = nq_i < min_nq ? 0 : (nq_i + bq - 1) / bq;  // short runs: decode_attention.cu
       if (tile < n) { found = i; first = tile * bq; break; }
       tile -= n;
     }
@@ -207,10 +210,10 @@ __device__ __forceinline__ void prefill_attention_impl(
       const bf16* q, i64 q_tok, i64 q_head, const bf16* kc, const bf16* vc,                    \
       const int* block_tables, int bt_stride, const int* seq_lens, const int* query_start,     \
       int B, bf16* out, i64 o_tok, i64 o_head, int KH, int G, int block_size, int num_blocks,  \
-      float scale_log2, int causal, int bq) {                                                  \
+      float scale_log2, int causal, int bq, int min_nq) {                                      \
     prefill_attention_impl<D>(q, q_tok, q_head, kc, vc, block_tables, bt_stride, seq_lens,     \
                               query_start, B, out, o_tok, o_head, KH, G, block_size,           \
-                              num_blocks, scale_log2, causal, bq);                             \
+                              num_blocks, scale_log2, causal, bq, min_nq);                     \
   }
 
 MINILLM_PREFILL(64)

@@ -331,7 +331,7 @@ def check_attention(be, case, causal, variants, scale=None):
         kernel, bq, n_splits = variant if len(variant) == 3 else ("tiled", *variant)
         if variant[0] is None:
             kernel = None  # the backend's own choice
-        if kernel == "prefill" and be.dtype == np.float32:
+        if kernel in ("prefill", "split") and be.dtype == np.float32:
             continue  # the tensor-core kernel is bf16 only; fp32 storage takes the tiled one
         for _ in range(2):  # twice: the decode kernel's split counters must reset themselves
             out = poisoned(be, q.shape)
@@ -345,7 +345,8 @@ def check_attention(be, case, causal, variants, scale=None):
 
 # (bq, n_splits) of the tiled kernel, or (kernel, bq, n_splits); (None, None) = the backend's choice
 VARIANTS = [(None, None), (1, 1), (1, 7), (4, 1), (16, 3),
-            ("decode", None, None), ("decode", None, 1), ("decode", None, 5), ("prefill", None, None)]
+            ("decode", None, None), ("decode", None, 1), ("decode", None, 5), ("prefill", None, None),
+            ("split", None, None), ("split", None, 3)]
 
 
 @pytest.mark.parametrize("G", [1, 2, 3, 4, 8])
@@ -369,6 +370,24 @@ def test_paged_attention_shapes(be, G, D, bs):
         case = make_attention_case(rng, ql, cl, H, KH, D, bs, extra_rows=2 if name == "decode" else 0)
         for causal in (True, False):
             check_attention(be, case, causal, VARIANTS)
+
+
+def test_attention_batch_invariant(be):
+    """A sequence's rows come out bit-identical whether its step is all short (decode kernel
+    alone) or shares it with a long prefill chunk (per-sequence split): speculative verification
+    in bf16 depends on it."""
+    if be.dtype == np.float32:
+        pytest.skip("the split is the bf16 path")
+    rng = np.random.default_rng(11)
+    H, KH, D, bs = 16, 8, 128, 16
+    q, kc, vc, bt, sl, qs = make_attention_case(rng, [9, 9, 300], [700, 120, 300], H, KH, D, bs)
+    dq, dk, dv = be.asarray(q), be.asarray(kc), be.asarray(vc)
+    mixed = poisoned(be, q.shape)
+    be.attention(dq, dk, dv, i32(be, bt), i32(be, sl), i32(be, qs), D ** -0.5, mixed)  # split
+    alone = poisoned(be, q.shape)
+    be.attention(dq, dk, dv, i32(be, bt[:2]), i32(be, sl[:2]), i32(be, qs[:3]), D ** -0.5, alone,
+                 max_query_len=9)  # the two verification blocks without the prefill chunk
+    assert np.array_equal(host(be, mixed)[:18], host(be, alone)[:18])
 
 
 @pytest.mark.parametrize("bs", [16, 32])

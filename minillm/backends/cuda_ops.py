@@ -40,6 +40,7 @@ _SAMPLE_THREADS = 512  # cuda/sampling.cu
 # cuda/decode_attention.cu: instantiated head dims and query heads per KV head; at most
 # _DECODE_MAX_SPLITS splits of at least _DECODE_MIN_PART keys each.
 _DECODE_HEAD_DIMS, _DECODE_MAX_G, _DECODE_MAX_SPLITS, _DECODE_MIN_PART = (64, 128), 8, 64, 64
+_DECODE_MAX_Q = 16  # sequences with at most this many new queries in a step take the decode kernel
 _PF_ROWS, _PF_BK = 64, 64  # cuda/prefill_attention.cu: query rows per CTA, keys per tile
 
 
@@ -547,70 +548,23 @@ class CudaBackend:
 
     # ---- attention ----------------------------------------------------------------------
     def paged_attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start,
-                        scale: float, out, causal: bool = True) -> None:
-        self.attention(q, k_cache, v_cache, block_tables, seq_lens, query_start, scale, out, causal)
-
-    def attention_plan(self, T: int, B: int, H: int, KH: int, D: int, max_ctx: int, itemsize: int,
-                       bq: int | None = None, n_splits: int | None = None) -> dict:
-        """Launch shape from static sizes only (graph-safe): queries per CTA, splits, key tile."""
-        G = H // KH
-        if bq is None:  # queries per CTA: the bucket's mean query length, up to ~64 rows
-            bq = max(1, min(_cdiv(T, max(B, 1)), 64 // G))  # decode 1, verify 1 + k, prefill 64/G
-        rw = D * itemsize // 4 + 1
-
-        def smem(rows: int, bk: int) -> int:  # bytes; the carve-up in cuda/attention.cu
-            return 4 * (2 * rows * D + rows * bk + 3 * rows + 2 * bk * rw)
-
-        bk = 64
-        while True:
-            while bk > 16 and smem(bq * G, bk) > self.max_smem:
-                bk //= 2
-            if smem(bq * G, bk) <= self.max_smem or bq == 1:
-                break
-            bq = max(1, bq // 2)
-        if smem(bq * G, bk) > self.max_smem:
-            raise ValueError(f"attention: {G} query heads per KV head x head_dim {D} do not fit "
-                             f"in {self.max_smem} bytes of shared memory")
-        tiles = T if bq == 1 else _cdiv(T, bq) + B
-        cap = min(_ATT_THREADS, self._att_scratch.size // max(1, T * H * (D + 2)))
-        if n_splits is None:  # enough CTAs to fill the GPU, no split shorter than one key tile
-            n_splits = min(_cdiv(4 * self.num_sms, max(1, tiles * KH)), _cdiv(max_ctx, bk))
-        n_splits = max(1, min(n_splits, cap))
-        partition = 0  # the kernel splits each CTA's actual keys (its sequence length) evenly
-        return dict(bq=bq, tiles=tiles, bk=bk, smem=smem(bq * G, bk), n_splits=n_splits,
-                    partition=partition)
-
-    def _decode_kernel_fits(self, q, k_cache, out) -> bool:
-        """cuda/decode_attention.cu is instantiated for these shapes and needs 16-byte q rows."""
-        T, H, D = q.shape
-        KH = k_cache.shape[2]
-        return (D in _DECODE_HEAD_DIMS and H // KH <= _DECODE_MAX_G and q.dtype == k_cache.dtype
-                and q.data.ptr % 16 == 0 and k_cache.data.ptr % 16 == 0
-                and (q.strides[0] % 16, q.strides[1] % 16) == (0, 0)
-                and q.dtype in (BF16, np.float32) and q.dtype == out.dtype)
-
-    def _prefill_kernel_fits(self, q, k_cache, out) -> bool:
-        """cuda/prefill_attention.cu: bf16 tensor cores, head dims 64/128, 16-byte q rows."""
-        H, KH = q.shape[1], k_cache.shape[2]
-        return (self.prefill_unavailable is None and self._decode_kernel_fits(q, k_cache, out)
-                and q.dtype == BF16
-                and H // KH <= _PF_ROWS and _prefill_smem(q.shape[2]) <= self.max_smem)
-
-    def decode_plan(self, T: int, KH: int, max_ctx: int, n_splits: int | None = None) -> dict:
-        """Splits for the decode kernel from static sizes only (graph-safe)."""
-        if n_splits is None:  # enough CTAs to fill the GPU twice over
-            n_splits = min(_cdiv(2 * self.num_sms, max(1, T * KH)), _cdiv(max_ctx, _DECODE_MIN_PART))
-        if T * KH > self._att_counters.size:
-            n_splits = 1
-        n_splits = max(1, min(n_splits, _DECODE_MAX_SPLITS))
-        return dict(kernel="decode", n_splits=n_splits, min_part=_DECODE_MIN_PART)
+                        scale: float, out, causal: bool = True, max_query_len: int | None = None) -> None:
+        self.attention(q, k_cache, v_cache, block_tables, seq_lens, query_start, scale, out, causal,
+                       max_query_len=max_query_len)
 
     def attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start, scale: float,
                   out, causal: bool = True, bq: int | None = None,
-                  n_splits: int | None = None, kernel: str | None = None) -> dict:
-        """paged_attention with an optional forced kernel ("decode" or "tiled") and launch shape
-        (the tests run every variant). By default steps with at most 16 queries per sequence
-        (decode, verification) take cuda/decode_attention.cu, the rest cuda/attention.cu."""
+                  n_splits: int | None = None, kernel: str | None = None,
+                  max_query_len: int | None = None) -> dict:
+        """paged_attention with an optional forced kernel and launch shape (the tests run every
+        variant): "decode" (cuda/decode_attention.cu) or "prefill" (cuda/prefill_attention.cu,
+        bf16 tensor cores) for every sequence, "split" (each sequence by its own query count:
+        at most _DECODE_MAX_Q to decode, more to prefill), "tiled" (cuda/attention.cu).
+
+        By default bf16 steps split per sequence, so a token's attention does not depend on what
+        shares its step (batch invariance: speculative verification in bf16 needs it), and a step
+        whose max_query_len (a host hint; unknown: T) is at most _DECODE_MAX_Q launches the decode
+        kernel alone. fp32 storage (tests) takes the decode kernel for short steps, else tiled."""
         T, H, D = q.shape
         if T == 0:
             return {}
@@ -624,14 +578,17 @@ class CudaBackend:
         for a, n in ((block_tables, "block_tables"), (seq_lens, "seq_lens"), (query_start, "query_start")):
             if a.dtype != np.int32:
                 raise TypeError(f"paged_attention: {n} must be int32, got {a.dtype}")
+        short = (max_query_len if max_query_len is not None else T) <= _DECODE_MAX_Q
         if kernel is None:
-            if bq is None and T <= 16 * B and self._decode_kernel_fits(q, k_cache, out):
+            if bq is None and short and self._decode_kernel_fits(q, k_cache, out):
                 kernel = "decode"
             elif bq is None and self._prefill_kernel_fits(q, k_cache, out):
-                kernel = "prefill"
+                kernel = "split"
+            elif bq is None and T <= 16 * B and self._decode_kernel_fits(q, k_cache, out):
+                kernel = "decode"
             else:
                 kernel = "tiled"
-        if kernel == "prefill":
+        if kernel in ("prefill", "split"):
             if not self._prefill_kernel_fits(q, k_cache, out):
                 raise ValueError(f"paged_attention: the prefill kernel does not take q {q.shape} "
                                  f"{q.dtype} with KV heads {KH}")
@@ -644,16 +601,19 @@ class CudaBackend:
                  block_tables, _i32(block_tables.shape[1]), seq_lens, query_start, _i32(B), out,
                  _i64(out.strides[0] // it), _i64(out.strides[1] // it), _i32(KH), _i32(G), _i32(bs),
                  _i32(k_cache.shape[0]), np.float32(scale * math.log2(math.e)),
-                 _i32(1 if causal else 0), _i32(bq)),
+                 _i32(1 if causal else 0), _i32(bq), _i32(_DECODE_MAX_Q + 1 if kernel == "split" else 0)),
                 shared_mem=_prefill_smem(D),
             )
-            return dict(kernel="prefill", bq=bq, n_splits=1)
-        if kernel == "decode":
+            if kernel == "prefill":
+                return dict(kernel="prefill", bq=bq, n_splits=1)
+        if kernel in ("decode", "split"):
             if not self._decode_kernel_fits(q, k_cache, out):
                 raise ValueError(f"paged_attention: the decode kernel does not take q {q.shape} "
                                  f"{q.dtype} with KV heads {KH}")
-            return self._decode_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start,
-                                          scale, out, causal, n_splits)
+            p = self._decode_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start,
+                                       scale, out, causal, n_splits,
+                                       _DECODE_MAX_Q if kernel == "split" else 1 << 30)
+            return {**p, "kernel": kernel}
         p = self.attention_plan(T, B, H, KH, D, block_tables.shape[1] * bs, q.itemsize, bq, n_splits)
         it = q.itemsize
         sfx = _suffix(q.dtype)
@@ -678,7 +638,7 @@ class CudaBackend:
         return p
 
     def _decode_attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start,
-                          scale: float, out, causal: bool, n_splits: int | None) -> dict:
+                          scale: float, out, causal: bool, n_splits: int | None, max_nq: int) -> dict:
         T, H, D = q.shape
         _, bs, KH, _ = k_cache.shape
         B = seq_lens.shape[0]
@@ -697,7 +657,7 @@ class CudaBackend:
              _i64(out.strides[0] // it), _i64(out.strides[1] // it), part_o, part_ml,
              self._att_counters, _i32(KH), _i32(bs), _i32(k_cache.shape[0]),
              np.float32(scale * math.log2(math.e)), _i32(1 if causal else 0), _i32(ns),
-             _i32(p["min_part"])),
+             _i32(p["min_part"]), _i32(max_nq)),
         )
         return p
 

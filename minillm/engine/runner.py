@@ -99,8 +99,10 @@ class ModelRunner:
         # from two sequences on, ~15 whole-array ops beat a loop of as many small ones per sequence
         if len(batch) > 1 and all(item.decode for item in batch):
             t = r = self._prepare_decode(batch)
+            self.max_query_len = 1
         else:
             t, r = self._prepare_any(batch)
+            self.max_query_len = max(item.num_new for item in batch)  # attention's launch hint
         if DEBUG:
             self._check(batch, t)
         return t, r
@@ -213,15 +215,15 @@ class ModelRunner:
             self.backend.suppress_tokens(logits, np.asarray(rows, np.int32), np.asarray(ids, np.int32))
 
     # ---- running a step --------------------------------------------------------------------
-    def _inputs(self, B: int, t: int, r: int) -> StepInputs:
+    def _inputs(self, B: int, t: int, r: int, max_query_len: int) -> StepInputs:
         d = self.buf.dev
         return StepInputs(d["input_ids"][:t], d["positions"][:t], d["slot_mapping"][:t],
                           d["block_tables"][:B], d["seq_lens"][:B], d["query_start"][: B + 1],
-                          d["logits_indices"][:r])
+                          d["logits_indices"][:r], max_query_len)
 
-    def _forward_and_sample(self, B: int, t: int, r: int):
+    def _forward_and_sample(self, B: int, t: int, r: int, max_query_len: int):
         """The device work of a decode step: exactly what a CUDA graph captures and replays."""
-        x = self._inputs(B, t, r)
+        x = self._inputs(B, t, r, max_query_len)
         logits = self.model.forward(x, t, r, self.kv, self.ws, capture_layers=self.capture_layers,
                                     capture_out=self.capture_out)
         self._sample(logits, r)
@@ -256,7 +258,7 @@ class ModelRunner:
         if graph is not None:
             return self._replay(graph, B, t, r)
         self.buf.upload(B)
-        x = self._inputs(B, t, r)
+        x = self._inputs(B, t, r, self.max_query_len)
         logits = self.model.forward(x, t, r, self.kv, self.ws, causal=causal,
                                     capture_layers=self.capture_layers, capture_out=self.capture_out)
         self.last_inputs, self.last_num_tokens = x, t
@@ -288,9 +290,9 @@ class ModelRunner:
                     continue
                 self._pad(0, 0, 0, bk, T, T)
                 self.buf.upload(bk + 1)
-                self._forward_and_sample(bk + 1, T, T)  # eager once: loads every kernel
+                self._forward_and_sample(bk + 1, T, T, rows)  # eager once: loads every kernel
                 self.graphs[(bk, rows)] = self.backend.capture_graph(
-                    lambda bk=bk, T=T: self._forward_and_sample(bk + 1, T, T))
+                    lambda bk=bk, T=T, rows=rows: self._forward_and_sample(bk + 1, T, T, rows))
         self.backend.synchronize()
 
     def _graph_for(self, batch: list[ScheduledSeq], t: int):
@@ -337,6 +339,6 @@ class ModelRunner:
             self.replay_timer(g.replay)
         else:
             g.replay()
-        self.last_inputs, self.last_num_tokens = self._inputs(bk + 1, T, T), T
+        self.last_inputs, self.last_num_tokens = self._inputs(bk + 1, T, T, rows), T
         self.last_logits = self.ws.logits[:T]
         return self._results(r)

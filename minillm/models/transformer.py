@@ -40,6 +40,7 @@ class StepInputs:
     seq_lens: object  # [B] context length after this step
     query_start: object  # [B + 1]
     logits_indices: object  # [R] rows of T whose logits are wanted
+    max_query_len: int | None = None  # host hint: the most new tokens of any sequence (None: T)
 
 
 class Workspace:
@@ -134,7 +135,8 @@ class Transformer:
             B.qk_norm_rope_store_kv(q, k, v, lw.q_norm, lw.k_norm, c.rms_norm_eps, x.positions,
                                     self.cos_sin, k_cache[i], v_cache[i], x.slot_mapping)
             B.paged_attention(q, k_cache[i], v_cache[i], x.block_tables, x.seq_lens,
-                              x.query_start, self.scale, out=attn, causal=causal)
+                              x.query_start, self.scale, out=attn, causal=causal,
+                              max_query_len=x.max_query_len)
             B.matmul(attn.reshape(T, c.q_size), lw.o, out=hidden)
             B.rms_norm(hidden, lw.mlp_norm, c.rms_norm_eps, out=normed, residual=residual)
             # gate_up GEMV and SiLU-and-multiply in one kernel when few rows (ws.gate_up unused then)
