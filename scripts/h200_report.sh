@@ -17,6 +17,8 @@
 #   bash scripts/h200_report.sh part7   after the tensor-core prefill kernel: the same, 0.6B only
 #   bash scripts/h200_report.sh part8   tests, decode, throughput, speculation cost, HF compiled
 #   bash scripts/h200_report.sh part9   failure matrix, HF continuous batching
+#   bash scripts/h200_report.sh part11  per-sequence attention kernels: tests, speculation curve
+#                                       (0.6B, c = 1 and 16), decode, throughput
 #   bash scripts/h200_report.sh part10  sampler tests, batch invariance, memcheck (server reproducer and
 #                                       the new kernels' tests)
 #
@@ -231,6 +233,20 @@ part10() {  # call 3 of 3: sampler fix, batch invariance, memcheck of the server
     --startup-timeout 100 --ladder-timeout 100
   stage memcheck_kernels 120 compute-sanitizer --tool memcheck --error-exitcode 3 python3 -m pytest -q -m gpu \
     -p no:cacheprovider -x tests/test_cuda_ops.py -k "$MEMCHECK_K"
+}
+
+part11() {  # per-sequence attention kernels: GPU tests, the c=16 speculation curve, decode, throughput
+  setup
+  stage gpu_tests 130 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs \
+    --junitxml="$W/junit11.xml" tests/test_cuda_ops.py tests/test_cuda_model.py tests/test_gpu_engine.py \
+    -k "not smollm2"
+  stage models 20 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  stage spec_curve_06b 90 python3 -m minillm.bench spec-cost $M/q06 --concurrency 1,16 --output-len 64 \
+    --result-json "$W/spec_curve_06b.json"
+  stage decode_06b 40 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
+    --result-json "$W/decode_06b.json"
+  stage throughput_06b 60 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
+    --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b.json"
 }
 
 "$PART"
