@@ -241,7 +241,7 @@ part11() {  # per-sequence attention kernels: GPU tests, the c=16 speculation cu
     --junitxml="$W/junit11.xml" tests/test_cuda_ops.py tests/test_cuda_model.py tests/test_gpu_engine.py \
     -k "not smollm2"
   stage models 20 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
-  stage spec_curve_06b 90 python3 -m minillm.bench spec-cost $M/q06 --concurrency 1,16 --output-len 64 \
+  stage spec_curve_06b 60 python3 -m minillm.bench spec-cost $M/q06 --concurrency 1,16 --output-len 64 --accept 0,0.7,0.9,1.0 \
     --result-json "$W/spec_curve_06b.json"
   stage decode_06b 40 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
     --result-json "$W/decode_06b.json"

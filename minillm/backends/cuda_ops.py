@@ -552,6 +552,61 @@ class CudaBackend:
         self.attention(q, k_cache, v_cache, block_tables, seq_lens, query_start, scale, out, causal,
                        max_query_len=max_query_len)
 
+    def attention_plan(self, T: int, B: int, H: int, KH: int, D: int, max_ctx: int, itemsize: int,
+                       bq: int | None = None, n_splits: int | None = None) -> dict:
+        """Launch shape from static sizes only (graph-safe): queries per CTA, splits, key tile."""
+        G = H // KH
+        if bq is None:  # queries per CTA: the bucket's mean query length, up to ~64 rows
+            bq = max(1, min(_cdiv(T, max(B, 1)), 64 // G))  # decode 1, verify 1 + k, prefill 64/G
+        rw = D * itemsize // 4 + 1
+
+        def smem(rows: int, bk: int) -> int:  # bytes; the carve-up in cuda/attention.cu
+            return 4 * (2 * rows * D + rows * bk + 3 * rows + 2 * bk * rw)
+
+        bk = 64
+        while True:
+            while bk > 16 and smem(bq * G, bk) > self.max_smem:
+                bk //= 2
+            if smem(bq * G, bk) <= self.max_smem or bq == 1:
+                break
+            bq = max(1, bq // 2)
+        if smem(bq * G, bk) > self.max_smem:
+            raise ValueError(f"attention: {G} query heads per KV head x head_dim {D} do not fit "
+                             f"in {self.max_smem} bytes of shared memory")
+        tiles = T if bq == 1 else _cdiv(T, bq) + B
+        cap = min(_ATT_THREADS, self._att_scratch.size // max(1, T * H * (D + 2)))
+        if n_splits is None:  # enough CTAs to fill the GPU, no split shorter than one key tile
+            n_splits = min(_cdiv(4 * self.num_sms, max(1, tiles * KH)), _cdiv(max_ctx, bk))
+        n_splits = max(1, min(n_splits, cap))
+        partition = 0  # the kernel splits each CTA's actual keys (its sequence length) evenly
+        return dict(bq=bq, tiles=tiles, bk=bk, smem=smem(bq * G, bk), n_splits=n_splits,
+                    partition=partition)
+
+    def _decode_kernel_fits(self, q, k_cache, out) -> bool:
+        """cuda/decode_attention.cu is instantiated for these shapes and needs 16-byte q rows."""
+        T, H, D = q.shape
+        KH = k_cache.shape[2]
+        return (D in _DECODE_HEAD_DIMS and H // KH <= _DECODE_MAX_G and q.dtype == k_cache.dtype
+                and q.data.ptr % 16 == 0 and k_cache.data.ptr % 16 == 0
+                and (q.strides[0] % 16, q.strides[1] % 16) == (0, 0)
+                and q.dtype in (BF16, np.float32) and q.dtype == out.dtype)
+
+    def _prefill_kernel_fits(self, q, k_cache, out) -> bool:
+        """cuda/prefill_attention.cu: bf16 tensor cores, head dims 64/128, 16-byte q rows."""
+        H, KH = q.shape[1], k_cache.shape[2]
+        return (self.prefill_unavailable is None and self._decode_kernel_fits(q, k_cache, out)
+                and q.dtype == BF16
+                and H // KH <= _PF_ROWS and _prefill_smem(q.shape[2]) <= self.max_smem)
+
+    def decode_plan(self, T: int, KH: int, max_ctx: int, n_splits: int | None = None) -> dict:
+        """Splits for the decode kernel from static sizes only (graph-safe)."""
+        if n_splits is None:  # enough CTAs to fill the GPU twice over
+            n_splits = min(_cdiv(2 * self.num_sms, max(1, T * KH)), _cdiv(max_ctx, _DECODE_MIN_PART))
+        if T * KH > self._att_counters.size:
+            n_splits = 1
+        n_splits = max(1, min(n_splits, _DECODE_MAX_SPLITS))
+        return dict(kernel="decode", n_splits=n_splits, min_part=_DECODE_MIN_PART)
+
     def attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start, scale: float,
                   out, causal: bool = True, bq: int | None = None,
                   n_splits: int | None = None, kernel: str | None = None,
