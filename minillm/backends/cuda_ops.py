@@ -598,12 +598,15 @@ class CudaBackend:
                 and q.dtype == BF16
                 and H // KH <= _PF_ROWS and _prefill_smem(q.shape[2]) <= self.max_smem)
 
-    def decode_plan(self, T: int, KH: int, max_ctx: int, n_splits: int | None = None) -> dict:
+    def decode_plan(self, T: int, H: int, KH: int, D: int, max_ctx: int,
+                    n_splits: int | None = None) -> dict:
         """Splits for the decode kernel from static sizes only (graph-safe)."""
         if n_splits is None:  # enough CTAs to fill the GPU twice over
             n_splits = min(_cdiv(2 * self.num_sms, max(1, T * KH)), _cdiv(max_ctx, _DECODE_MIN_PART))
         if T * KH > self._att_counters.size:
             n_splits = 1
+        # the partials of every split must fit the scratch (one split writes none)
+        n_splits = min(n_splits, self._att_scratch.size // max(1, T * H * (D + 2)))
         n_splits = max(1, min(n_splits, _DECODE_MAX_SPLITS))
         return dict(kernel="decode", n_splits=n_splits, min_part=_DECODE_MIN_PART)
 
@@ -697,11 +700,8 @@ class CudaBackend:
         T, H, D = q.shape
         _, bs, KH, _ = k_cache.shape
         B = seq_lens.shape[0]
-        p = self.decode_plan(T, KH, block_tables.shape[1] * bs, n_splits)
+        p = self.decode_plan(T, H, KH, D, block_tables.shape[1] * bs, n_splits)
         ns = p["n_splits"]
-        if T * H * ns * (D + 2) > self._att_scratch.size:
-            raise ValueError(f"paged_attention: {T} tokens x {H} heads x {ns} splits exceed the "
-                             "attention scratch; raise attention_scratch_bytes")
         it = q.itemsize
         part_o = self._att_scratch
         part_ml = self._att_scratch[T * H * ns * D:]
