@@ -130,27 +130,21 @@ class Tokenizer:
 class IncrementalDecoder:
     """Turns a growing list of token ids into text deltas for streaming.
 
-    Decodes a short window of recent tokens and holds back text that ends in an incomplete
-    UTF-8 sequence (U+FFFD), so multi-byte characters are never split across deltas.
+    The tokenizers library's DecodeStream (Rust) does the windowed decode: it decodes a few recent
+    tokens with and without the new one and holds back text that ends in an incomplete UTF-8
+    sequence, so multi-byte characters are never split across deltas. One native call per token;
+    the Python version it replaced made two decode calls per token and was the largest part of
+    the engine's host time at batch 256 (scripts/host_overhead.py).
     """
 
     def __init__(self, tokenizer: Tokenizer):
-        self.tokenizer = tokenizer
-        self.ids: list[int] = []
-        self.prefix_offset = 0
-        self.read_offset = 0
-        self.text = ""
+        from tokenizers.decoders import DecodeStream
+
+        self._tok = tokenizer.tok
+        self._stream = DecodeStream(skip_special_tokens=True)
 
     def push(self, new_ids: list[int]) -> str:
         """Append tokens; return the newly completed text."""
-        self.ids.extend(new_ids)
-        dec = self.tokenizer.decode
-        prefix = dec(self.ids[self.prefix_offset : self.read_offset])
-        full = dec(self.ids[self.prefix_offset :])
-        if full.endswith("\ufffd") or len(full) <= len(prefix):
-            return ""
-        delta = full[len(prefix) :]
-        self.prefix_offset = self.read_offset
-        self.read_offset = len(self.ids)
-        self.text += delta
-        return delta
+        step, tok = self._stream.step, self._tok
+        pieces = [step(tok, i) for i in new_ids]
+        return "".join(p for p in pieces if p)
