@@ -1,6 +1,7 @@
 """The host-side shortcuts of a step give what the general code gives: the runner's vectorised
-decode fill matches its per-sequence loop byte for byte, and RequestOutput.token_ids (copied
-lazily) is still the snapshot of its own step when read after later steps."""
+decode fill matches its per-sequence loop byte for byte (also step after step, with the block-table
+rows it keeps from earlier steps), and RequestOutput.token_ids (copied lazily) is still the
+snapshot of its own step when read after later steps."""
 
 from __future__ import annotations
 
@@ -58,6 +59,104 @@ def test_decode_fill_matches_the_general_fill(bs, specs, rnd):
     for k in want:
         if k != "out_tokens":  # written by the sampler, not by prepare
             np.testing.assert_array_equal(h[k], want[k], err_msg=k)
+
+
+OPS = ["grow", "lookahead", "trim", "finish", "preempt", "shuffle", "join", "leave", "other_step", "pad"]
+MAX_LEN = 48  # tokens a sequence may reach, lookahead blocks included
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from([1, 2, 16]), st.integers(2, 8), st.booleans(),
+       st.lists(st.tuples(st.sampled_from(OPS), st.integers(0, 2**16)), min_size=1, max_size=40),
+       st.randoms(use_true_random=False))
+def test_incremental_decode_fill_matches_a_fresh_fill_every_step(bs, width, prefix_caching, ops, rnd):
+    """One runner decodes a changing batch for many steps, keeping block-table rows between steps;
+    before each op's decode step its buffers must equal a from-scratch fill: new buffers holding
+    junk, filled by the general per-sequence loop. Between steps, sequences gain blocks, lose
+    them (speculative rejection), finish and leave their row to a new sequence (possibly sharing a
+    cached prefix), are preempted and readmitted, the batch is reordered, grows and shrinks, and
+    the same rows are overwritten by non-decode steps and graph padding."""
+    max_blocks = -(-MAX_LEN // bs)
+    max_seqs = 10
+    bm = BlockManager(max_seqs * max_blocks + 8, bs, enable_prefix_caching=prefix_caching)
+    perm = list(range(bm.num_blocks))
+    rnd.shuffle(perm)
+    bm.free = deque(perm)
+    prompts = [[rnd.randrange(VOCAB) for _ in range(MAX_LEN)] for _ in range(2)]  # shared prefixes
+    count = iter(range(10**6))
+
+    def admit(seq):
+        """(Re)admit seq as the scheduler does: prefix-cache hit first, then fresh blocks."""
+        if not seq.block_table:
+            bm.match_prefix(seq)
+        bm.allocate(seq, seq.num_tokens)
+
+    def new_seq():
+        p = rnd.randrange(1, MAX_LEN // 2)
+        params = SamplingParams(temperature=rnd.choice([0.0, 0.7]), top_k=rnd.choice([-1, 5]))
+        seq = Sequence(f"s{next(count)}", rnd.choice(prompts)[:p], params, rnd.getrandbits(64))
+        admit(seq)
+        return seq
+
+    def finish(seq):
+        seq.num_computed = seq.num_tokens
+        bm.commit_full_blocks(seq)  # its full blocks stay cached for a later prompt
+        bm.free_sequence(seq)
+
+    runner = ModelRunner.__new__(ModelRunner)
+    runner.bm = bm
+    runner.buf = StepBuffers(NumpyBackend(), max_seqs, max_seqs + 1, max_seqs, max_blocks)
+    seqs = [new_seq() for _ in range(width)]
+    for op, arg in ops:
+        i = arg % len(seqs)
+        seq = seqs[i]
+        if op == "grow" and seq.num_tokens + arg % 20 < MAX_LEN:  # decoded tokens, new blocks
+            seq.output_ids += [rnd.randrange(VOCAB) for _ in range(1 + arg % 20)]
+            bm.allocate(seq, seq.num_tokens)
+        elif op == "lookahead":  # blocks for drafts, beyond the sequence's tokens
+            bm.allocate(seq, min(MAX_LEN, seq.num_tokens + arg % 9))
+        elif op == "trim":  # drafts rejected: tokens and the blocks past them go
+            drop = arg % (len(seq.output_ids) + 1)
+            keep = max(seq.num_tokens - drop, seq.num_hashed_blocks * bs, 1)
+            del seq.output_ids[max(0, keep - seq.num_prompt_tokens):]
+            bm.truncate(seq, seq.num_tokens)
+        elif op == "finish":  # a new sequence takes the row
+            finish(seq)
+            seqs[i] = new_seq()
+        elif op == "preempt":  # same sequence, same row, other blocks
+            bm.free_sequence(seq)
+            admit(seq)
+        elif op == "shuffle":
+            rnd.shuffle(seqs)
+        elif op == "join" and len(seqs) < max_seqs:
+            seqs.insert(i, new_seq())
+        elif op == "leave" and len(seqs) > 2:
+            finish(seqs.pop(i))
+        elif op == "other_step":  # a prefill chunk of some sequences writes their rows its own way
+            sub = [ScheduledSeq(s, 1, start=0) for s in rnd.sample(seqs, 1 + arg % len(seqs))]
+            runner._prepare_any(sub)
+        elif op == "pad":  # a graph replay pads the rows past a smaller batch
+            runner._pad(arg % len(seqs), 0, 0, max_seqs, 0, 0)
+        for s in seqs:
+            s.num_computed = s.num_tokens - 1  # every sequence decodes its last token
+        batch = [ScheduledSeq(s, 1) for s in seqs]
+        B = len(batch)
+        assert runner._prepare_decode(batch) == B
+
+        fresh = ModelRunner.__new__(ModelRunner)
+        fresh.bm = bm
+        fresh.buf = StepBuffers(NumpyBackend(), max_seqs, max_seqs + 1, max_seqs, max_blocks)
+        for a in fresh.buf.host.values():
+            a[...] = np.asarray(rnd.randrange(1, 100)).astype(a.dtype)  # junk the fill must cover
+        assert fresh._prepare_any(batch) == (B, B)
+        want, got = fresh.buf.host, runner.buf.host
+        for k in want:
+            if k not in ("out_tokens", "out_accepted"):  # written by the sampler, not by prepare
+                n = B + 1 if k == "query_start" else B
+                np.testing.assert_array_equal(got[k][:n], want[k][:n], err_msg=f"{op}: {k}")
+        for b, s in enumerate(seqs):  # each row: the sequence's blocks, then zeros
+            row = [*s.block_table, *[0] * (max_blocks - len(s.block_table))]
+            assert got["block_tables"][b].tolist() == row, (op, b)
 
 
 def test_request_output_token_ids_are_a_snapshot_of_their_step(tmp_path):

@@ -93,12 +93,15 @@ class BlockManager:
             raise RuntimeError(f"need {n} blocks, {self.num_free} free: check can_allocate first")
         for _ in range(n):
             seq.block_table.append(self._take_block())
+        if n:
+            seq.blocks_changed()
 
     def free_sequence(self, seq: Sequence) -> None:
         """Release all of seq's blocks (finish, abort, preemption); cached ones stay evictable."""
         for b in reversed(seq.block_table):  # tail first, so the prefix is evicted last
             self._release_block(b)
         seq.block_table = []
+        seq.blocks_changed()
         seq.num_computed = 0
         seq.draft_computed = 0
         seq.num_hashed_blocks = 0
@@ -108,8 +111,10 @@ class BlockManager:
         """Roll seq back to its first num_tokens tokens (speculative rejection); frees blocks past it."""
         assert num_tokens >= seq.num_hashed_blocks * self.block_size, "cannot truncate into cached blocks"
         keep = -(-num_tokens // self.block_size)
-        while len(seq.block_table) > keep:
-            self._release_block(seq.block_table.pop())
+        if len(seq.block_table) > keep:
+            while len(seq.block_table) > keep:
+                self._release_block(seq.block_table.pop())
+            seq.blocks_changed()
         seq.num_computed = min(seq.num_computed, num_tokens)
 
     # ---- prefix cache ---------------------------------------------------------------------
@@ -137,6 +142,8 @@ class BlockManager:
             seq.block_table.append(b)
             parent = h
             matched += 1
+        if matched:
+            seq.blocks_changed()
         seq.num_hashed_blocks = matched
         seq.last_hash = parent
         seq.num_computed = matched * bs

@@ -9,7 +9,6 @@ what lets the CUDA backend capture a decode step as a graph and replay it.
 from __future__ import annotations
 
 import os
-from itertools import chain
 
 import numpy as np
 
@@ -63,6 +62,8 @@ class StepBuffers:
         self.dev = {name: view(self.packed_dev, name) for name in specs}
         self.host["block_tables"] = np.zeros((max_seqs, max_blocks), np.int32)
         self.dev["block_tables"] = backend.zeros((max_seqs, max_blocks), np.int32)
+        # the Sequence.block_version each host block-table row holds, -1 for none (see _prepare_decode)
+        self.table_rows = np.full(max_seqs, -1, np.int64)
         self.iota = np.arange(max(max_seqs, max_blocks) + 1, dtype=np.int32)  # 0, 1, 2, ...: sliced
 
     def upload(self, num_seqs: int) -> None:
@@ -118,13 +119,19 @@ class ModelRunner:
         pos = np.array([item.start for item in batch], dtype=np.int32)
         h["input_ids"][:B] = [(s.output_ids or s.prompt_ids)[-1] for s in seqs]  # the last token
         h["positions"][:B] = pos
-        # block tables: every row's entries, concatenated, land where a row-major mask selects
-        tables = h["block_tables"][:B]
-        tables[:] = 0
-        lens = [len(s.block_table) for s in seqs]
-        flat = np.fromiter(chain.from_iterable(s.block_table for s in seqs), np.int32, sum(lens))
+        # block tables: a sequence's table changes only when it gains or loses a block (every
+        # block_size tokens), or its row goes to another sequence, so only rows whose cached
+        # version differs are rewritten (a full rebuild cost O(batch x context) every step)
+        tables = h["block_tables"]
+        held = self.buf.table_rows
+        versions = np.fromiter((s.block_version for s in seqs), np.int64, B)
+        for b in np.flatnonzero(held[:B] != versions).tolist():
+            table = seqs[b].block_table
+            row = tables[b]
+            row[: len(table)] = table
+            row[len(table) :] = 0  # a reused row keeps no stale entries
+        held[:B] = versions
         iota = self.buf.iota
-        tables[iota[: tables.shape[1]] < np.array(lens)[:, None]] = flat
         block, offset = np.divmod(pos, bs)
         h["slot_mapping"][:B] = tables[iota[:B], block] * bs + offset
         pos += 1
@@ -147,6 +154,7 @@ class ModelRunner:
         r = 0
         h["query_start"][0] = 0
         h["block_tables"][: len(batch)] = 0
+        self.buf.table_rows[: len(batch)] = -1  # rewritten here, outside the decode fill's cache
         for b, item in enumerate(batch):
             seq, n, start = item.seq, item.num_new, item.start
             end, total = start + n, seq.num_tokens
@@ -319,6 +327,7 @@ class ModelRunner:
         h["positions"][t:T] = 0
         h["slot_mapping"][t:T] = -1  # padding rows write no KV
         h["block_tables"][B : bk + 1] = 0
+        self.buf.table_rows[B : bk + 1] = -1
         h["seq_lens"][B : bk + 1] = 0  # attention writes zeros for them
         h["query_start"][B + 1] = T  # the padding sequence takes every leftover row
         h["query_start"][B + 2 : bk + 2] = T

@@ -8,6 +8,7 @@ import itertools
 from minillm.sampling_params import SamplingParams
 
 _arrival = itertools.count()
+_block_versions = itertools.count()  # one counter for all sequences: a version names (sequence, table)
 
 
 class Status(enum.Enum):
@@ -29,6 +30,9 @@ class Sequence:
         # KV state: tokens [0, num_computed) have their K/V in the blocks of block_table
         self.num_computed = 0
         self.block_table: list[int] = []
+        # renewed whenever block_table changes (only the block manager changes it); unique across
+        # sequences, so the runner can tell from this int alone that a cached row is still this table
+        self.block_version = next(_block_versions)
         self.num_hashed_blocks = 0  # leading blocks registered in the prefix cache
         self.last_hash: int | None = None  # chained hash of those blocks
         self.num_preemptions = 0
@@ -40,6 +44,10 @@ class Sequence:
         self.text = ""
         self.sent_text_len = 0
         self.decoder = None
+
+    def blocks_changed(self) -> None:
+        """Called after every change to block_table (the runner's cached rows key on this)."""
+        self.block_version = next(_block_versions)
 
     @property
     def num_tokens(self) -> int:
