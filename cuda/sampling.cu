@@ -100,26 +100,26 @@ __device__ void block_sum_n(double (&v)[NS], double* red) {
   __syncthreads();
 }
 
-// (value, index) argmax over the block; the first index wins ties.
-__device__ void block_argmax(float& v, int& idx, float* sv, int* si) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+// (value, index) argmax over the warp; the first index wins ties.
+__device__ __forceinline__ void warp_argmax(float& v, int& idx) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     const float v2 = __shfl_xor_sync(0xffffffffu, v, o);
     const int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
     if (v2 > v || (v2 == v && i2 < idx)) { v = v2; idx = i2; }
   }
+}
+
+// (value, index) argmax over the block; the first index wins ties.
+__device__ void block_argmax(float& v, int& idx, float* sv, int* si) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  warp_argmax(v, idx);
   __syncthreads();
   if (lane == 0) { sv[warp] = v; si[warp] = idx; }
   __syncthreads();
   v = lane < nw ? sv[lane] : minillm::neg_inf();
   idx = lane < nw ? si[lane] : 0x7fffffff;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float v2 = __shfl_xor_sync(0xffffffffu, v, o);
-    const int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
-    if (v2 > v || (v2 == v && i2 < idx)) { v = v2; idx = i2; }
-  }
+  warp_argmax(v, idx);
   __syncthreads();
 }
 

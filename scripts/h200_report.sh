@@ -70,24 +70,41 @@ print('python', sys.version.split()[0], 'numpy', numpy.__version__, 'cupy', cupy
   compute-sanitizer --version | head -2
 }
 
+# The stages most parts share; each takes its timeout in seconds.
+gpu_tests() {  # every CUDA test but SmolLM2's (its GGUF travels in part1/part2)
+  stage gpu_tests "$1" python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --durations=10 \
+    --junitxml="$W/junit.xml" tests/test_cuda_ops.py tests/test_cuda_model.py tests/test_gpu_engine.py \
+    -k "not smollm2"
+}
+
+decode_06b() {  # single stream after a 512-token prompt, against the roofline
+  stage decode_06b "$1" python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
+    --result-json "$W/decode_06b.json"
+}
+
+decode_8b() {
+  stage decode_8b "$1" python3 -m minillm.bench decode $M/q8 --device cuda --input-len 512 --output-len 128 \
+    --result-json "$W/decode_8b.json"
+}
+
+throughput_06b() {  # nano-vllm's workload
+  stage throughput_06b "$1" python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
+    --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b.json"
+}
+
 part1() {
   setup
   facts > "$W/facts.txt" 2>&1
   cat "$W/facts.txt"
-  stage gpu_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --durations=10 \
-    --junitxml="$W/junit1.xml" tests/test_cuda_ops.py tests/test_cuda_model.py tests/test_gpu_engine.py \
-    -k "not smollm2"
+  gpu_tests 150
   stage models 100 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force &&
     python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
-  stage decode_06b 60 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
-    --result-json "$W/decode_06b.json"
-  stage decode_8b 110 python3 -m minillm.bench decode $M/q8 --device cuda --input-len 512 --output-len 128 \
-    --result-json "$W/decode_8b.json"
+  decode_06b 60
+  decode_8b 110
   stage hf_06b 45 python3 -m minillm.bench hf $M/q06 --device cuda --input-len 512 --output-len 64 \
     --result-json "$W/hf_06b.json"
-  stage throughput_06b 110 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
-    --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b.json"
+  throughput_06b 110
 }
 
 part2() {
@@ -112,8 +129,7 @@ part3() {
   stage sanitizer 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/sanitizer" \
     --sanitize --max-model-len 4096 --concurrency 8 --num-prompts 8 --output-len 16 \
     --startup-timeout 100 --ladder-timeout 100
-  stage decode_06b 60 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
-    --result-json "$W/decode_06b.json"
+  decode_06b 60
   # kernels of two eager decode steps (after startup, the prefill and a few steps), timed one by one
   stage ncu_06b 120 ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw \
     --launch-skip 1500 --launch-count 700 python3 -m minillm.bench decode $M/q06 --device cuda \
@@ -125,20 +141,15 @@ part3() {
 part4() {
   setup
   facts > "$W/facts.txt" 2>&1
-  stage gpu_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --durations=10 \
-    --junitxml="$W/junit4.xml" tests/test_cuda_ops.py tests/test_cuda_model.py tests/test_gpu_engine.py \
-    -k "not smollm2"
+  gpu_tests 150
   stage models 60 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
     python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
-  stage decode_06b 60 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
-    --result-json "$W/decode_06b.json"
-  stage decode_8b 90 python3 -m minillm.bench decode $M/q8 --device cuda --input-len 512 --output-len 128 \
-    --result-json "$W/decode_8b.json"
+  decode_06b 60
+  decode_8b 90
   stage ncu_06b 90 ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw \
     --launch-skip 1500 --launch-count 700 python3 -m minillm.bench decode $M/q06 --device cuda \
     --enforce-eager --input-len 512 --output-len 16
-  stage throughput_06b 110 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
-    --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b.json"
+  throughput_06b 110
   stage memcheck_decode 120 compute-sanitizer --tool memcheck --error-exitcode 3 python3 -m minillm.bench \
     decode $M/q06 --device cuda --enforce-eager --input-len 64 --output-len 12
 }
@@ -158,49 +169,35 @@ part5() {
 part6() {  # after the decode-attention kernel: tests, kernel timings, decode, throughput
   setup
   facts > "$W/facts.txt" 2>&1
-  stage gpu_tests 130 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --durations=10 \
-    --junitxml="$W/junit6.xml" tests/test_cuda_ops.py tests/test_cuda_model.py tests/test_gpu_engine.py \
-    -k "not smollm2"
+  gpu_tests 130
   stage kernel_bench 100 env OUT="$W" GPU_CHECK_TIMEOUT=95 bash scripts/gpu_check.sh --bench
   stage models 70 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
     python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
-  stage decode_06b 45 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
-    --result-json "$W/decode_06b.json"
-  stage decode_8b 80 python3 -m minillm.bench decode $M/q8 --device cuda --input-len 512 --output-len 128 \
-    --result-json "$W/decode_8b.json"
-  stage throughput_06b 110 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
-    --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b.json"
+  decode_06b 45
+  decode_8b 80
+  throughput_06b 110
 }
 
 part7() {  # after the tensor-core prefill kernel: tests, kernel timings, 0.6B decode, throughput
   setup
-  stage gpu_tests 130 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --durations=10 \
-    --junitxml="$W/junit7.xml" tests/test_cuda_ops.py tests/test_cuda_model.py tests/test_gpu_engine.py \
-    -k "not smollm2"
+  gpu_tests 130
   stage kernel_bench 100 env OUT="$W" GPU_CHECK_TIMEOUT=95 bash scripts/gpu_check.sh --bench
   stage models 30 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
-  stage decode_06b 45 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
-    --result-json "$W/decode_06b.json"
-  stage throughput_06b 110 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
-    --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b.json"
+  decode_06b 45
+  throughput_06b 110
 }
 
 part8() {  # the session's numbers, call 1 of 2: tests, decode, throughput, speculation cost, HF compiled
   setup
   facts > "$W/facts.txt" 2>&1
-  stage gpu_tests 130 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --durations=10 \
-    --junitxml="$W/junit8.xml" tests/test_cuda_ops.py tests/test_cuda_model.py tests/test_gpu_engine.py \
-    -k "not smollm2"
+  gpu_tests 130
   stage kernel_bench 70 env OUT="$W" GPU_CHECK_TIMEOUT=65 bash scripts/gpu_check.sh --bench
   stage models 60 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
     python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
-  stage decode_06b 40 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
-    --result-json "$W/decode_06b.json"
-  stage decode_8b 70 python3 -m minillm.bench decode $M/q8 --device cuda --input-len 512 --output-len 128 \
-    --result-json "$W/decode_8b.json"
-  stage throughput_06b 60 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
-    --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b.json"
+  decode_06b 40
+  decode_8b 70
+  throughput_06b 60
   stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
     --result-json "$W/spec_cost_8b.json"
   stage hf_06b_compiled 80 python3 -m minillm.bench hf $M/q06 --device cuda --input-len 512 --output-len 64 \
@@ -237,16 +234,12 @@ part10() {  # call 3 of 3: sampler fix, batch invariance, memcheck of the server
 
 part11() {  # per-sequence attention kernels: GPU tests, the c=16 speculation curve, decode, throughput
   setup
-  stage gpu_tests 130 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs \
-    --junitxml="$W/junit11.xml" tests/test_cuda_ops.py tests/test_cuda_model.py tests/test_gpu_engine.py \
-    -k "not smollm2"
+  gpu_tests 130
   stage models 20 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
   stage spec_curve_06b 60 python3 -m minillm.bench spec-cost $M/q06 --concurrency 1,16 --output-len 64 --accept 0,0.7,0.9,1.0 \
     --result-json "$W/spec_curve_06b.json"
-  stage decode_06b 40 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
-    --result-json "$W/decode_06b.json"
-  stage throughput_06b 60 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
-    --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b.json"
+  decode_06b 40
+  throughput_06b 60
 }
 
 "$PART"

@@ -127,12 +127,12 @@ def test_rms_norm(be, N, with_residual):
 
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("qk_norm", [False, True])
-def test_qk_norm_rope(be, D, qk_norm):
+def rope_case(rng, T: int, H: int, KH: int, D: int):
+    """A Qwen3-style RoPE table, a fused qkv activation [T, (H + 2 KH) D], q/k norm weights and
+    positions: the inputs of qk_norm_rope and qk_norm_rope_store_kv."""
     from minillm.models.config import ModelConfig
     from minillm.models.rope import cos_sin_table
 
-    rng = np.random.default_rng(D + qk_norm)
-    T, H, KH = 9, 8, 2
     cfg = ModelConfig(arch="qwen3", vocab_size=10, hidden_size=H * D, num_layers=1, num_heads=H,
                       num_kv_heads=KH, head_dim=D, intermediate_size=10, rope_theta=1e6)
     cs = cos_sin_table(cfg, 4096)
@@ -140,6 +140,12 @@ def test_qk_norm_rope(be, D, qk_norm):
     qw = (1 + 0.1 * rng.standard_normal(D)).astype(np.float32)
     kw = (1 + 0.1 * rng.standard_normal(D)).astype(np.float32)
     pos = rng.integers(0, 4096, T).astype(np.int32)
+    return cs, qkv, qw, kw, pos
+
+
+def test_qk_norm_rope(be, D, qk_norm):
+    T, H, KH = 9, 8, 2
+    cs, qkv, qw, kw, pos = rope_case(np.random.default_rng(D + qk_norm), T, H, KH, D)
     dev = be.asarray(qkv)
     q = dev[:, : H * D].reshape(T, H, D)
     k = dev[:, H * D: (H + KH) * D].reshape(T, KH, D)
@@ -159,18 +165,9 @@ def test_qk_norm_rope(be, D, qk_norm):
 @pytest.mark.parametrize("H,KH", [(8, 2), (9, 3)])  # 12 heads: 3 full CTAs; 15: a partial one
 def test_qk_norm_rope_store_kv(be, D, qk_norm, H, KH):
     """The fused op against the oracle, and bit for bit against qk_norm_rope then store_kv."""
-    from minillm.models.config import ModelConfig
-    from minillm.models.rope import cos_sin_table
-
     rng = np.random.default_rng(D + qk_norm + H)
     T, nb, bs = 12, 10, 16
-    cfg = ModelConfig(arch="qwen3", vocab_size=10, hidden_size=H * D, num_layers=1, num_heads=H,
-                      num_kv_heads=KH, head_dim=D, intermediate_size=10, rope_theta=1e6)
-    cs = cos_sin_table(cfg, 4096)
-    qkv = rng.standard_normal((T, (H + 2 * KH) * D)).astype(np.float32)
-    qw = (1 + 0.1 * rng.standard_normal(D)).astype(np.float32)
-    kw = (1 + 0.1 * rng.standard_normal(D)).astype(np.float32)
-    pos = rng.integers(0, 4096, T).astype(np.int32)
+    cs, qkv, qw, kw, pos = rope_case(rng, T, H, KH, D)
     kc0 = rng.standard_normal((nb, bs, KH, D)).astype(np.float32)
     vc0 = rng.standard_normal((nb, bs, KH, D)).astype(np.float32)
     slots = rng.permutation(nb * bs)[:T].astype(np.int32)

@@ -243,10 +243,10 @@ class ModelRunner:
                             d["seeds"][:r], d["sample_pos"][:r], d["out_tokens"][:r],
                             d["draft_tokens"][:r], d["out_accepted"][:r])
 
-    def _results(self, r: int) -> np.ndarray:
+    def _results(self, r: int, verifying: bool) -> np.ndarray:
         """The sampled tokens (host); after a verification step also self.last_accepted."""
         d = self.buf.dev
-        if self._verifying:
+        if verifying:
             self.last_accepted = self.backend.to_host(d["out_accepted"][:r]).copy()
         return self.backend.to_host(d["out_tokens"][:r]).copy()
 
@@ -260,11 +260,11 @@ class ModelRunner:
         if greedy:  # a drafter's own step: argmax everywhere, nothing to verify
             self.buf.host["temperature"][:r] = 0.0
             self.buf.host["draft_tokens"][:r] = -1
-        self._verifying = not greedy and any(item.num_draft for item in batch)
+        verifying = not greedy and any(item.num_draft for item in batch)
         B = len(batch)
         graph = self._graph_for(batch, t) if sample and causal and transform_logits is None else None
         if graph is not None:
-            return self._replay(graph, B, t, r)
+            return self._replay(graph, B, t, r, verifying)
         self.buf.upload(B)
         x = self._inputs(B, t, r, self.max_query_len)
         logits = self.model.forward(x, t, r, self.kv, self.ws, causal=causal,
@@ -276,10 +276,9 @@ class ModelRunner:
             return self.backend.to_host(logits).astype(np.float32)
         if r == 0:
             return np.zeros(0, dtype=np.int32)
-        self.last_logits = logits
         self._suppress_stop_tokens(batch, logits)
         self._sample(logits, r)
-        return self._results(r)
+        return self._results(r, verifying)
 
     # ---- CUDA graphs ------------------------------------------------------------------------
     # A graph is captured per (bucket of sequences Bk, rows per sequence: 1 for decode, 1 + k for
@@ -339,7 +338,7 @@ class ModelRunner:
         h["sample_pos"][r:R] = 0
         h["draft_tokens"][r:R] = -1
 
-    def _replay(self, graph, B: int, t: int, r: int) -> np.ndarray:
+    def _replay(self, graph, B: int, t: int, r: int, verifying: bool) -> np.ndarray:
         bk, rows, g = graph
         T = bk * rows
         self._pad(B, t, r, bk, T, T)
@@ -349,5 +348,4 @@ class ModelRunner:
         else:
             g.replay()
         self.last_inputs, self.last_num_tokens = self._inputs(bk + 1, T, T, rows), T
-        self.last_logits = self.ws.logits[:T]
-        return self._results(r)
+        return self._results(r, verifying)

@@ -83,6 +83,8 @@ def sample(logits, temperature, top_p, top_k, seeds, positions, out_tokens, draf
     residual draws use their own RNG streams; rows without a draft sample on the usual one, which
     is what the bonus token after a fully accepted run uses.
     """
+    if (draft_tokens is None) != (out_accepted is None):
+        raise ValueError("sample: draft_tokens and out_accepted go together")
     for b in range(logits.shape[0]):
         d = -1 if draft_tokens is None else int(draft_tokens[b])
         t = float(temperature[b])
