@@ -14,19 +14,31 @@
 // together, so it holds both dot products of output column n and writes silu(gate) * up straight
 // into the [M, F] activation. That saves the silu_mul launch (a decode step is bound by its chain
 // of dependent launches) and the round trip of the [M, 2F] gate_up activation through memory.
+//
+// Two more fusions remove the decoder layer's rms_norm launches (twin: matmul's norm_w and
+// accumulate arguments):
+//  * norm_w (prologue): x's rows are RMS-normalised with weight norm_w first. Every warp already
+//    reads all of x's row for its columns, so it sums the squares on the way and scales its dot
+//    products by the row's 1/rms at the end: sum_k x_k g_k w_k * rstd, no extra pass or barrier.
+//    (The unfused path rounds the normalised row to bf16 before the product; this one does not.)
+//  * accumulate (epilogue): out += the product, one rounding, which is the residual add after the
+//    attention output and down projections. Each element is read and written by one lane only.
 #include "common.cuh"
 
-#define GEMV_MAX_M 8
+#define GEMV_MAX_M 4  // rows per launch; the host sends more to cuBLAS
 #define GEMV_NR 2
 #define GEMV_WARPS 4
 
 namespace {
 
 // GATED: out[m, n] = silu(x[m] . w[n]) * (x[m] . w[N + n]) for n < N (w has 2N rows, no bias).
-template <typename TO, int M, bool GATED>
+// NORM: x[m] stands for rmsnorm(x[m]) * norm_w. accumulate: out[m, n] += instead of =.
+template <typename TO, int M, bool GATED, bool NORM>
 __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
                                           const bf16* __restrict__ w, const bf16* __restrict__ bias,
-                                          TO* __restrict__ out, i64 ldo, int N, int K) {
+                                          const bf16* __restrict__ norm_w, float eps,
+                                          TO* __restrict__ out, i64 ldo, int N, int K,
+                                          int accumulate) {
   constexpr int R = GATED ? 2 * GEMV_NR : GEMV_NR;  // weight rows a warp streams at once
   const int lane = threadIdx.x & 31;
   const int warp = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
@@ -34,10 +46,13 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
   if (n0 >= N) return;
   const int chunks = K / 8;  // 16-byte chunks per row (the host checks K % 8 == 0)
   float acc[R][M];
+  float ss[M];  // NORM: this lane's part of each row's sum of squares
 #pragma unroll
-  for (int r = 0; r < R; ++r)
+  for (int m = 0; m < M; ++m) {
+    ss[m] = 0.f;
 #pragma unroll
-    for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
+    for (int r = 0; r < R; ++r) acc[r][m] = 0.f;
+  }
 
   // Unrolled so the loads of several chunks are in flight per lane: one chunk's R 16-byte loads
   // were too few to hide HBM latency on the 8B model's matrices (~2.5 of ~4.2 TB/s).
@@ -50,10 +65,19 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
       const int n = r < GEMV_NR ? col : N + col;  // rows past GEMV_NR: the up half (GATED)
       wv[r] = __ldg(reinterpret_cast<const uint4*>(w + (i64)n * K) + c);
     }
+    float gf[8];
+    if (NORM) minillm::unpack_bf16x8(__ldg(reinterpret_cast<const uint4*>(norm_w) + c), gf);
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       float xf[8];
       minillm::unpack_bf16x8(__ldg(reinterpret_cast<const uint4*>(x + (i64)m * ldx) + c), xf);
+      if (NORM) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          ss[m] = fmaf(xf[i], xf[i], ss[m]);
+          xf[i] *= gf[i];
+        }
+      }
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         float wf[8];
@@ -65,18 +89,23 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
       }
     }
   }
+  float rstd[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+    rstd[m] = NORM ? rsqrtf(minillm::warp_sum(ss[m]) / (float)K + eps) : 1.f;
 #pragma unroll
   for (int r = 0; r < GEMV_NR; ++r) {
     const int n = n0 + r;
 #pragma unroll
     for (int m = 0; m < M; ++m) {
-      const float s = minillm::warp_sum(acc[r][m]);
-      const float up = GATED ? minillm::warp_sum(acc[r + GEMV_NR][m]) : 0.f;
+      const float s = minillm::warp_sum(acc[r][m]) * rstd[m];
+      const float up = GATED ? minillm::warp_sum(acc[r + GEMV_NR][m]) * rstd[m] : 0.f;
       if (lane == 0 && n < N) {
         // GATED: silu in fp32 on the unrounded sums (the unfused path rounds gate_up to bf16 first)
-        const float y = GATED ? s / (1.0f + expf(-s)) * up
-                              : s + (bias ? minillm::to_f(bias[n]) : 0.f);
-        out[(i64)m * ldo + n] = minillm::from_f<TO>(y);
+        float y = GATED ? s / (1.0f + expf(-s)) * up : s + (bias ? minillm::to_f(bias[n]) : 0.f);
+        TO* o = out + (i64)m * ldo + n;
+        if (accumulate) y += minillm::to_f(*o);
+        *o = minillm::from_f<TO>(y);
       }
     }
   }
@@ -84,23 +113,28 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
 
 }  // namespace
 
-// grid (ceil(N / (GEMV_NR * GEMV_WARPS))), block 32 * GEMV_WARPS; M selects the instantiation.
-#define MINILLM_GEMV_SWITCH(TO, GATED)                                          \
-  switch (M) {                                                                  \
-    case 1: gemv_impl<TO, 1, GATED>(x, ldx, w, bias, out, ldo, N, K); break;   \
-    case 2: gemv_impl<TO, 2, GATED>(x, ldx, w, bias, out, ldo, N, K); break;   \
-    case 3: gemv_impl<TO, 3, GATED>(x, ldx, w, bias, out, ldo, N, K); break;   \
-    case 4: gemv_impl<TO, 4, GATED>(x, ldx, w, bias, out, ldo, N, K); break;   \
-    case 5: gemv_impl<TO, 5, GATED>(x, ldx, w, bias, out, ldo, N, K); break;   \
-    case 6: gemv_impl<TO, 6, GATED>(x, ldx, w, bias, out, ldo, N, K); break;   \
-    case 7: gemv_impl<TO, 7, GATED>(x, ldx, w, bias, out, ldo, N, K); break;   \
-    default: gemv_impl<TO, 8, GATED>(x, ldx, w, bias, out, ldo, N, K); break;  \
+// grid (ceil(N / (GEMV_NR * GEMV_WARPS))), block 32 * GEMV_WARPS; M and norm_w != null select the
+// instantiation.
+#define MINILLM_GEMV_CASE(TO, GATED, MM)                                                  \
+  case MM:                                                                                \
+    if (norm_w)                                                                           \
+      gemv_impl<TO, MM, GATED, true>(x, ldx, w, bias, norm_w, eps, out, ldo, N, K, acc);  \
+    else                                                                                  \
+      gemv_impl<TO, MM, GATED, false>(x, ldx, w, bias, norm_w, eps, out, ldo, N, K, acc); \
+    break;
+#define MINILLM_GEMV_SWITCH(TO, GATED)                                                   \
+  switch (M) {                                                                           \
+    MINILLM_GEMV_CASE(TO, GATED, 1)                                                      \
+    MINILLM_GEMV_CASE(TO, GATED, 2)                                                      \
+    MINILLM_GEMV_CASE(TO, GATED, 3)                                                      \
+    default:                                                                             \
+    MINILLM_GEMV_CASE(TO, GATED, GEMV_MAX_M)                                             \
   }
 
 #define MINILLM_GEMV(SUFFIX, TO)                                                                 \
   extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_##SUFFIX(                 \
-      const bf16* x, i64 ldx, const bf16* w, const bf16* bias, TO* out, i64 ldo, int M, int N, \
-      int K) {                                                                                 \
+      const bf16* x, i64 ldx, const bf16* w, const bf16* bias, const bf16* norm_w, float eps,   \
+      TO* out, i64 ldo, int M, int N, int K, int acc) {                                        \
     MINILLM_GEMV_SWITCH(TO, false)                                                             \
   }
 
@@ -110,9 +144,9 @@ MINILLM_GEMV(f32, float)
 // out [M, F] = silu(x @ w[:F].T) * (x @ w[F:].T) for the [2F, K] gate_up matrix w; grid
 // (ceil(F / (GEMV_NR * GEMV_WARPS))).
 extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
-    gemv_silu_mul_bf16(const bf16* x, i64 ldx, const bf16* w, bf16* out, i64 ldo, int M, int F,
-                       int K) {
+    gemv_silu_mul_bf16(const bf16* x, i64 ldx, const bf16* w, const bf16* norm_w, float eps,
+                       bf16* out, i64 ldo, int M, int F, int K) {
   const bf16* bias = nullptr;
-  const int N = F;
+  const int N = F, acc = 0;
   MINILLM_GEMV_SWITCH(bf16, true)
 }

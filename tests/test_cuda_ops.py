@@ -292,6 +292,38 @@ def test_matmul_silu_mul(be, M, K, F):
     assert np.array_equal(host(be, out2), got)
 
 
+@pytest.mark.parametrize("M,K,N", [(1, 1024, 4096), (3, 64, 200), (4, 4096, 1000), (9, 512, 384),
+                                   (64, 256, 1000)])  # bf16 M <= 4: norm/residual inside the GEMV
+@pytest.mark.parametrize("op", ["norm", "accumulate", "norm_silu"])
+def test_matmul_fused_norm_and_residual(be, M, K, N, op):
+    """matmul's rms_norm prologue (norm_w) and residual epilogue (accumulate), and the norm in
+    matmul_silu_mul, against the oracle; the normed scratch may be x itself (the LM head's use)."""
+    rng = np.random.default_rng(M * N + K + len(op))
+    x = (3 * rng.standard_normal((M, K))).astype(np.float32)
+    g = (1 + 0.2 * rng.standard_normal(K)).astype(np.float32)
+    w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
+    res = rng.standard_normal((M, N)).astype(np.float32)
+    xd, gd, wd = be.asarray(x), be.asarray(g), be.asarray(w)
+    xr, gr, wr = rounded(be, x), rounded(be, g), rounded(be, w)
+    normed_ref = np.empty_like(xr)
+    REF.rms_norm(xr, gr, 1e-6, out=normed_ref)
+    if op == "norm":
+        out = poisoned(be, (M, N), dtype=np.float32)
+        be.matmul(xd, wd, out, norm_w=gd, eps=1e-6, normed=xd)  # in place, as the LM head does
+        ref = normed_ref.astype(np.float64) @ wr.astype(np.float64).T
+    elif op == "accumulate":
+        out = be.asarray(res)
+        be.matmul(xd, wd, out, accumulate=True)
+        ref = rounded(be, res) + xr.astype(np.float64) @ wr.astype(np.float64).T
+    else:
+        F = N // 2
+        out, gate_up, normed = poisoned(be, (M, F)), poisoned(be, (M, 2 * F)), poisoned(be, (M, K))
+        be.matmul_silu_mul(xd, wd[: 2 * F], out, gate_up, norm_w=gd, eps=1e-6, normed=normed)
+        ref = np.empty((M, F))
+        REF.silu_mul(normed_ref.astype(np.float64) @ wr[: 2 * F].astype(np.float64).T, ref)
+    assert rel_err(host(be, out), ref) < tol(be)
+
+
 # ---- paged attention --------------------------------------------------------------------------
 def make_attention_case(rng, q_lens, ctx_lens, H, KH, D, bs, extra_rows=0):
     """Random paged KV pool, block tables (unused entries -1) and ragged queries."""

@@ -6,6 +6,11 @@ nano-vllm's bench.py workload by default: 256 sequences of random token ids, pro
 lengths uniform in [100, 1024], eos ignored, temperature 0.6; one untimed warm-up generate first.
 Prints output tok/s and the total time; --result-json writes the figures. Engine flags are
 minillm.args' (the same as serve's); --seed seeds both the engine and the workload.
+
+--profile times every engine step of the timed run by phase (schedule, prepare, execute with its
+device time from CUDA events, post, propose; minillm/engine/step_profile.py) and prints it by step
+kind and by decode batch size; the summary goes into --result-json as "step_profile", every step
+into --profile-json. Off, nothing is timed; on, a step costs a few microseconds more.
 """
 
 from __future__ import annotations
@@ -28,6 +33,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-len", type=int, default=1024, help="longest prompt and output (tokens)")
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--result-json", default=None)
+    p.add_argument("--profile", action="store_true",
+                   help="time every step of the timed run by phase (schedule / prepare / execute, with "
+                        "device time from CUDA events / post / propose) and kind (prefill, mixed, "
+                        "decode graph or eager, verify); print the table, add it to --result-json")
+    p.add_argument("--profile-json", default=None,
+                   help="write the step profile with every step's record here (implies --profile)")
     return p
 
 
@@ -43,14 +54,21 @@ def run(ns: argparse.Namespace) -> dict:
     params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=ns.temperature) for n in out_lens]
 
     llm.generate([prompts[0][:16]], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
+    profiler = None
+    if ns.profile or ns.profile_json:
+        from minillm.engine.step_profile import StepProfiler
+
+        profiler = StepProfiler(llm.engine)
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params)
     dt = time.perf_counter() - t0
+    if profiler is not None:
+        profiler.detach()
 
     out_tok = sum(len(o.token_ids) for o in outs)
     in_tok = sum(len(p) for p in prompts)
     short = sum(len(o.token_ids) < n for o, n in zip(outs, out_lens))
-    return {
+    result = {
         "benchmark": "throughput", "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "model": llm.engine.model_name, "engine_args": vars(args),
         "workload": {"num_seqs": ns.num_seqs, "min_len": ns.min_len, "max_len": ns.max_len,
@@ -59,6 +77,11 @@ def run(ns: argparse.Namespace) -> dict:
         "short_sequences": short, "time_s": dt,
         "output_tok_s": out_tok / dt, "total_tok_s": (in_tok + out_tok) / dt,
     }
+    if profiler is not None:
+        result["step_profile"] = profiler.summary(dt)
+        if ns.profile_json:
+            write_json(ns.profile_json, {"summary": result["step_profile"], "steps": profiler.step_table()})
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,6 +93,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"Total: {result['output_tokens']} tok, Time: {result['time_s']:.2f} s, "
           f"Throughput: {result['output_tok_s']:.2f} tok/s (prompt + output: {result['total_tok_s']:.2f} tok/s)")
+    if "step_profile" in result:
+        from minillm.engine.step_profile import format_summary
+
+        print(format_summary(result["step_profile"]))
+        if ns.profile_json:
+            print(f"wrote {ns.profile_json}")
     if result["short_sequences"]:
         print(f"error: {result['short_sequences']} sequences stopped before max_tokens although eos is "
               "ignored", file=sys.stderr)

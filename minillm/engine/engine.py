@@ -186,6 +186,7 @@ class LLMEngine:
                 self.runner.capture_layers = self.proposer.layer_ids
                 self.runner.capture_out = self.proposer.capture
         self.spec_stats = SpecStats(k)
+        self.profiler = None  # a StepProfiler (minillm/engine/step_profile.py) times step()'s phases
         self.requests: dict[str, Sequence] = {}
         self.rng = random.Random(args.seed)
         self.stats_prompt_tokens = 0
@@ -252,10 +253,17 @@ class LLMEngine:
 
     # ---- the step -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        prof = self.profiler
+        if prof is not None:
+            prof.begin()
         sched = self.scheduler.schedule()
         if not sched.scheduled:
             return []
+        if prof is not None:
+            prof.scheduled(sched.scheduled)
         tokens = self.runner.execute(sched.scheduled)
+        if prof is not None:
+            prof.executed()
         uses_hidden = self.proposer is not None and getattr(self.proposer, "uses_target_hidden", False)
         # with a drafter sharing the blocks, cache only what both models have computed
         drafter_kv = self.proposer is not None and self.proposer.needs_kv
@@ -279,7 +287,11 @@ class LLMEngine:
             if item.samples:
                 outputs.append(self._append_tokens(seq, new))
         if self.proposer is not None:
+            if prof is not None:
+                prof.proposing()
             self._propose()
+        if prof is not None:
+            prof.end(outputs)
         return outputs
 
     def _verify(self, item: ScheduledSeq, row_tokens: np.ndarray, r: int) -> list[int]:
