@@ -185,6 +185,8 @@ class LLMEngine:
             if getattr(self.proposer, "uses_target_hidden", False):  # DFlash reads target hidden states
                 self.runner.capture_layers = self.proposer.layer_ids
                 self.runner.capture_out = self.proposer.capture
+                # the context update runs in every target step, inside its CUDA graph when replayed
+                self.runner.after_forward = self.proposer.update_context
         self.spec_stats = SpecStats(k)
         self.profiler = None  # a StepProfiler (minillm/engine/step_profile.py) times step()'s phases
         self.requests: dict[str, Sequence] = {}
@@ -196,6 +198,8 @@ class LLMEngine:
             self.runner._spec_k = k
             rows = [1] + ([1 + k] if k else [])
             self.runner.capture_graphs(graph_buckets(args.max_num_seqs), rows)
+            if hasattr(self.proposer, "capture_graphs"):  # a DFlash drafter's drafting step
+                self.proposer.capture_graphs(graph_buckets(args.max_num_seqs))
         if hasattr(self.backend, "seal"):
             self.backend.seal()  # from here on any device allocation raises, with its call site
             log.info("%s", self.backend.memory_plan())
@@ -267,8 +271,7 @@ class LLMEngine:
         uses_hidden = self.proposer is not None and getattr(self.proposer, "uses_target_hidden", False)
         # with a drafter sharing the blocks, cache only what both models have computed
         drafter_kv = self.proposer is not None and self.proposer.needs_kv
-        if uses_hidden:
-            self.proposer.update_context(self.runner.last_inputs, self.runner.last_num_tokens)
+        # (a DFlash drafter's context K/V was stored inside runner.execute: its after_forward)
         token_list = tokens.tolist()  # one conversion instead of an int() per sequence
         outputs = []
         r = 0

@@ -9,6 +9,7 @@ what lets the CUDA backend capture a decode step as a graph and replay it.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import numpy as np
 
@@ -73,8 +74,18 @@ class StepBuffers:
 
 
 class ModelRunner:
+    """Step buffers, the forward and sampling of one model, and its CUDA graphs.
+
+    causal=False and transform_logits (applied to the logits rows in place before sampling) are
+    fixed per runner, not per step, so the function a graph captures is the same one an eager step
+    runs: a DFlash drafter's runner is built with both. after_forward(x, num_tokens), when set,
+    runs right after each sampled step's forward, inside its graph too (the DFlash context update,
+    which reads the hidden states the forward wrote to capture_out).
+    """
+
     def __init__(self, model: Transformer, backend, kv, block_manager: BlockManager,
-                 max_tokens: int, max_seqs: int, max_logits: int, max_model_len: int):
+                 max_tokens: int, max_seqs: int, max_logits: int, max_model_len: int,
+                 causal: bool = True, transform_logits: Callable[[object], None] | None = None):
         self.model = model
         self.backend = backend
         self.kv = kv
@@ -91,9 +102,13 @@ class ModelRunner:
         self.capture_layers: tuple[int, ...] = ()
         self.capture_out = None
         self.last_inputs: StepInputs | None = None
+        self.causal = causal
+        self.transform_logits = transform_logits
+        self.after_forward: Callable[[StepInputs, int], None] | None = None
         self.graphs: dict = {}
         self._spec_k = 0  # rows per sequence of a verification graph, minus one
         self.replay_timer = None  # a benchmark may wrap graph replays to time them
+        self.replays = 0  # graph replays so far (tests check that graphs were used)
 
     def prepare(self, batch: list[ScheduledSeq]) -> tuple[int, int]:
         """Fill the host buffers for this step; returns (num_tokens, num_logit_rows)."""
@@ -229,11 +244,21 @@ class ModelRunner:
                           d["block_tables"][:B], d["seq_lens"][:B], d["query_start"][: B + 1],
                           d["logits_indices"][:r], max_query_len)
 
+    def _forward(self, x: StepInputs, t: int, r: int, after_forward: bool = True):
+        """Forward, after_forward, transform_logits: the device work of a step up to sampling,
+        shared by eager steps and graph captures so the two cannot drift apart."""
+        logits = self.model.forward(x, t, r, self.kv, self.ws, causal=self.causal,
+                                    capture_layers=self.capture_layers, capture_out=self.capture_out)
+        if after_forward and self.after_forward is not None:
+            self.after_forward(x, t)
+        if self.transform_logits is not None:
+            self.transform_logits(logits)
+        return logits
+
     def _forward_and_sample(self, B: int, t: int, r: int, max_query_len: int):
         """The device work of a decode step: exactly what a CUDA graph captures and replays."""
         x = self._inputs(B, t, r, max_query_len)
-        logits = self.model.forward(x, t, r, self.kv, self.ws, capture_layers=self.capture_layers,
-                                    capture_out=self.capture_out)
+        logits = self._forward(x, t, r)
         self._sample(logits, r)
         return x, logits
 
@@ -250,8 +275,7 @@ class ModelRunner:
             self.last_accepted = self.backend.to_host(d["out_accepted"][:r]).copy()
         return self.backend.to_host(d["out_tokens"][:r]).copy()
 
-    def execute(self, batch: list[ScheduledSeq], sample: bool = True, causal: bool = True,
-                transform_logits=None, greedy: bool = False) -> np.ndarray:
+    def execute(self, batch: list[ScheduledSeq], sample: bool = True, greedy: bool = False) -> np.ndarray:
         """Run one step; returns the sampled token of every logits row (host int32), or with
         sample=False the logits rows themselves (host float32). greedy=True takes every row's
         argmax whatever the requests ask (drafters: their proposals are deterministic). Rows that
@@ -262,16 +286,14 @@ class ModelRunner:
             self.buf.host["draft_tokens"][:r] = -1
         verifying = not greedy and any(item.num_draft for item in batch)
         B = len(batch)
-        graph = self._graph_for(batch, t) if sample and causal and transform_logits is None else None
+        graph = self._graph_for(batch, t) if sample else None
         if graph is not None:
             return self._replay(graph, B, t, r, verifying)
         self.buf.upload(B)
         x = self._inputs(B, t, r, self.max_query_len)
-        logits = self.model.forward(x, t, r, self.kv, self.ws, causal=causal,
-                                    capture_layers=self.capture_layers, capture_out=self.capture_out)
+        # scoring (sample=False) skips after_forward: no decoding step follows it
+        logits = self._forward(x, t, r, after_forward=sample)
         self.last_inputs, self.last_num_tokens = x, t
-        if transform_logits is not None:
-            transform_logits(logits)
         if not sample:
             return self.backend.to_host(logits).astype(np.float32)
         if r == 0:
@@ -282,14 +304,17 @@ class ModelRunner:
 
     # ---- CUDA graphs ------------------------------------------------------------------------
     # A graph is captured per (bucket of sequences Bk, rows per sequence: 1 for decode, 1 + k for
-    # speculative verification). It always runs Bk + 1 sequence slots and Bk x rows tokens: the
-    # real sequences first, then one padding sequence (seq_len 0, slots -1) that takes the
-    # leftover rows, then empty ones. Every per-step value is read from the step buffers, so one
-    # capture replays for any batch that fits its bucket.
+    # speculative verification or a DFlash drafter's block). It always runs Bk + 1 sequence slots
+    # and Bk x rows tokens: the real sequences first, then one padding sequence (seq_len 0, slots
+    # -1) that takes the leftover rows, then empty ones. Every per-step value is read from the step
+    # buffers, so one capture replays for any batch that fits its bucket.
 
     def capture_graphs(self, buckets: list[int], rows_per_seq: list[int]) -> None:
+        """Capture a graph per bucket and rows per sequence (1: decode; 1 + k: a verification
+        step, or a DFlash drafter's block of 1 + k rows), where the step buffers hold it."""
         self.graphs: dict[tuple[int, int], object] = {}
         self.graph_buckets = sorted(buckets)
+        self._spec_k = max(rows_per_seq) - 1  # the row count _graph_for gives items with drafts
         for rows in rows_per_seq:
             for bk in self.graph_buckets:
                 T = bk * rows
@@ -311,6 +336,8 @@ class ModelRunner:
             if item.all_logits or not item.samples or item.num_new != 1 + item.num_draft:
                 return None  # prefill chunks run eagerly
             if item.num_draft:
+                if item.num_draft > self._spec_k:
+                    return None  # more rows than any graph has (the attention hint would be short)
                 rows = 1 + self._spec_k
             if len(item.seq.output_ids) < item.seq.params.min_tokens:
                 return None  # min_tokens masks logits between forward and sample: eager
@@ -343,6 +370,7 @@ class ModelRunner:
         T = bk * rows
         self._pad(B, t, r, bk, T, T)
         self.buf.upload(bk + 1)
+        self.replays += 1
         if self.replay_timer is not None:  # benchmarks: device time of the graph alone
             self.replay_timer(g.replay)
         else:

@@ -157,13 +157,25 @@ class DFlashProposer:
     def attach(self, block_manager) -> None:
         """Allocate the context K/V pool (the target's geometry) and the block-draft step buffers."""
         self.kv = self.model.allocate_kv_cache(block_manager.num_blocks, block_manager.block_size)
+        # non-causal attention and the logits transform belong to the runner, so a drafting step
+        # is the same function eagerly and in the CUDA graphs capture_graphs records
+        transform = self._transform_logits if self.multiplier != 1.0 or self.softcap else None
         self.runner = ModelRunner(self.model, self.backend, self.kv, block_manager,
                                   max_tokens=max(self.max_tokens, self.max_seqs * self.block), max_seqs=self.max_seqs,
-                                  max_logits=self.max_seqs * self.block, max_model_len=self.max_model_len + self.block)
+                                  max_logits=self.max_seqs * self.block, max_model_len=self.max_model_len + self.block,
+                                  causal=False, transform_logits=transform)
+
+    def capture_graphs(self, buckets: list[int]) -> None:
+        """CUDA graphs of the drafting step (block rows per sequence) for each bucket of
+        sequences; the context update is captured in the target's graphs (engine: after_forward)."""
+        self.runner.capture_graphs(buckets, [self.block])
 
     # ---- context: every target step --------------------------------------------------------
     def update_context(self, x, num_tokens: int) -> None:
-        """Store context K/V for the target step just run (x: its StepInputs, rows [0, num_tokens))."""
+        """Store context K/V for the target step just run (x: its StepInputs, rows [0, num_tokens)).
+
+        The target's runner calls it right after its forward (its after_forward), so in decode and
+        verification steps it is part of the target's CUDA graph; it allocates nothing."""
         B, c, ws, T = self.backend, self.cfg, self.ctx, num_tokens
         f = self.ctx_hidden[:T]
         B.matmul(self.capture[:T], self.fc, out=ws.normed[:T])
@@ -189,8 +201,7 @@ class DFlashProposer:
             s.draft_ids = [self.mask] * (self.block - 1)
             items.append(ScheduledSeq(s, self.block, num_draft=self.block - 1, start=s.num_tokens - 1))
         # drafts are the drafter's argmax (q one-hot), so the target verifies them on the device
-        tokens = self.runner.execute(items, causal=False, transform_logits=self._transform_logits,
-                                     greedy=True)
+        tokens = self.runner.execute(items, greedy=True)  # a graph replay when one was captured
         for i, (s, k) in enumerate(active):
             rows = slice(i * self.block + 1, i * self.block + 1 + k)  # row 0 predicts the known token
             s.draft_ids = [int(t) for t in tokens[rows]]

@@ -1,0 +1,216 @@
+"""The DFlash drafter's work in CUDA graphs: drafting steps replay graphs of the drafter's runner,
+the context update runs inside the target's graphs, and both give what eager steps give.
+
+On the CPU the graphs are emulated (GraphEmulatingBackend: a "graph" reruns the captured function
+at the bucket's shape, and a host transfer inside it raises, as it cannot be part of a CUDA graph),
+which checks the plumbing: graph selection, padding, the logits transform and the context update
+inside the captured function. The `gpu` test checks the real thing against enforce_eager.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from minillm import LLM, SamplingParams
+from minillm.backends.numpy_ops import NumpyBackend
+from minillm.engine.engine import graph_buckets
+from minillm.engine.scheduler import ScheduledSeq
+from minillm.engine.sequence import Sequence
+from minillm.tools.random_model import write_dflash_drafter, write_random_model
+
+PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7], list(range(1, 21)) + [1, 2, 3], [9, 9, 9],
+           [100, 101, 102, 100, 101], [42], list(range(30, 70))]
+GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+SOFTCAP = 1.0  # the drafter's final_logit_softcapping: drafted logits lie in (-1, 1) once applied
+
+
+class GraphEmulatingBackend(NumpyBackend):
+    """The NumPy backend with capture_graph: replay() reruns the captured function (the same
+    Python, at the captured shapes); uploads, downloads and syncs inside it raise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_graph = False
+
+    def capture_graph(self, fn):
+        return _EmulatedGraph(self, fn)
+
+    def _no_host(self, what: str) -> None:
+        if self.in_graph:
+            raise AssertionError(f"{what} inside a captured function: a CUDA graph cannot hold it")
+
+    def to_host(self, x):
+        self._no_host("to_host")
+        return super().to_host(x)
+
+    def copy_from_host(self, dst, src) -> None:
+        self._no_host("copy_from_host")
+        super().copy_from_host(dst, src)
+
+    def synchronize(self) -> None:
+        self._no_host("synchronize")
+
+
+class _EmulatedGraph:
+    def __init__(self, backend: GraphEmulatingBackend, fn):
+        self.backend, self.fn = backend, fn
+        self.replay()  # the capture: the function's work must be host-transfer free
+
+    def replay(self) -> None:
+        self.backend.in_graph = True
+        try:
+            self.fn()
+        finally:
+            self.backend.in_graph = False
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A tiny random target and a random DFlash drafter with a logits multiplier and soft-cap."""
+    target = tmp_path_factory.mktemp("target")
+    write_random_model(target, "tiny", seed=3, force=True)
+    drafter = tmp_path_factory.mktemp("drafter")
+    write_dflash_drafter(drafter, target, seed=4, force=True)
+    cfg_file = drafter / "config.json"
+    cfg = json.loads(cfg_file.read_text())
+    cfg["dflash_config"].update(output_multiplier=2.0, final_logit_softcapping=SOFTCAP)
+    cfg_file.write_text(json.dumps(cfg))
+    return str(target), str(drafter)
+
+
+def spec(drafter: str, k: int) -> dict:
+    return {"method": "dflash", "model": drafter, "num_speculative_tokens": k}
+
+
+def emulated_llm(monkeypatch, target: str, **kw) -> LLM:
+    monkeypatch.setattr("minillm.engine.engine.select_backend", lambda device, dtype: GraphEmulatingBackend())
+    return LLM(target, device="cpu", max_model_len=256, **kw)
+
+
+def record_drafts(llm: LLM) -> list:
+    """Wrap the proposer: every round's draft tokens, sequence by sequence, go to the list returned."""
+    proposer, rounds = llm.engine.proposer, []
+    original = proposer.propose
+
+    def propose(seqs, ks):
+        original(seqs, ks)
+        rounds.extend(list(s.draft_ids) for s in seqs)
+
+    proposer.propose = propose
+    return rounds
+
+
+def test_drafter_graphs_are_captured_per_bucket(monkeypatch, pair):
+    target, drafter = pair
+    llm = emulated_llm(monkeypatch, target, max_num_seqs=4, speculative_config=spec(drafter, 3))
+    eng = llm.engine
+    block = eng.proposer.block
+    buckets = graph_buckets(4)
+    assert set(eng.proposer.runner.graphs) == {(b, block) for b in buckets}
+    assert set(eng.runner.graphs) == {(b, r) for b in buckets for r in (1, 4)}
+    assert eng.runner.after_forward == eng.proposer.update_context
+    # enforce_eager: no graphs for either model
+    eager = LLM(target, device="cpu", max_model_len=256, max_num_seqs=4, enforce_eager=True,
+                speculative_config=spec(drafter, 3))
+    assert not eager.engine.runner.graphs and not eager.engine.proposer.runner.graphs
+
+
+def test_graph_for_selects_the_drafter_graph(monkeypatch, pair):
+    target, drafter = pair
+    llm = emulated_llm(monkeypatch, target, max_num_seqs=4, speculative_config=spec(drafter, 3))
+    runner = llm.engine.proposer.runner
+    block = llm.engine.proposer.block
+
+    def seq(n: int, min_tokens: int = 0) -> Sequence:
+        s = Sequence("s", list(range(1, n + 1)), SamplingParams(min_tokens=min_tokens, max_tokens=8), 0)
+        s.num_computed = n - 1
+        s.draft_ids = [0] * (block - 1)
+        return s
+
+    def drafting(s: Sequence) -> ScheduledSeq:  # what DFlashProposer.propose schedules
+        return ScheduledSeq(s, block, num_draft=block - 1, start=s.num_tokens - 1)
+
+    for n_seqs, bucket in ((1, 1), (2, 2), (3, 4), (4, 4)):
+        items = [drafting(seq(5)) for _ in range(n_seqs)]
+        bk, rows, g = runner._graph_for(items, n_seqs * block)
+        assert (bk, rows) == (bucket, block) and g is runner.graphs[(bucket, block)]
+    fresh = Sequence("p", [1, 2, 3], SamplingParams(), 0)
+    assert runner._graph_for([ScheduledSeq(fresh, 3)], 3) is None  # a prefill chunk: eager
+    assert runner._graph_for([drafting(seq(5, min_tokens=4))], block) is None  # min_tokens: eager
+    # the target runner picks its verification graphs, never a drafter-shaped one
+    s = seq(5)
+    s.draft_ids = [0, 0, 0]
+    assert llm.engine.runner._graph_for([ScheduledSeq(s, 4, num_draft=3)], 4)[:2] == (1, 4)
+
+
+def test_emulated_graphs_match_eager(monkeypatch, pair):
+    """Same tokens, same drafts round by round, same drafted logits, with graphs and without;
+    both runners really replayed."""
+    target, drafter = pair
+    plain = [o.token_ids for o in LLM(target, device="cpu", max_model_len=256).generate(PROMPTS, GREEDY)]
+    eager = LLM(target, device="cpu", max_model_len=256, max_num_seqs=8, enforce_eager=True,
+                speculative_config=spec(drafter, 5))
+    graphs = emulated_llm(monkeypatch, target, max_num_seqs=8, speculative_config=spec(drafter, 5))
+    drafts = {}
+    for name, llm in (("eager", eager), ("graphs", graphs)):
+        drafts[name] = record_drafts(llm)
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == plain
+    assert drafts["graphs"] == drafts["eager"] and drafts["eager"]
+    assert graphs.engine.stats().spec == eager.engine.stats().spec
+    assert graphs.engine.proposer.runner.replays > 0 and graphs.engine.runner.replays > 0
+    assert eager.engine.proposer.runner.replays == 0 and eager.engine.runner.replays == 0
+    # the logits transform ran inside the drafter's graph: the last drafted block's logits are
+    # soft-capped, and equal the eager drafter's for the same one-sequence step
+    for llm in (eager, graphs):
+        llm.generate([PROMPTS[0]], GREEDY)
+    block = graphs.engine.proposer.block
+    a = graphs.engine.proposer.runner.ws.logits[:block]
+    b = eager.engine.proposer.runner.ws.logits[:block]
+    assert np.abs(a).max() <= SOFTCAP
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_spec_cost_phases(monkeypatch, pair):
+    """bench spec-cost's phase split: the target step (context update inside), the proposal, and
+    the context update alone, eagerly and through a captured graph."""
+    from minillm.bench.spec_cost import phase_times
+
+    target, drafter = pair
+    for llm in (LLM(target, device="cpu", max_model_len=256, max_num_seqs=2, enforce_eager=True,
+                    speculative_config=spec(drafter, 3)),
+                emulated_llm(monkeypatch, target, max_num_seqs=2, speculative_config=spec(drafter, 3))):
+        phases = phase_times(llm.engine, PROMPTS[:2], 6)
+        assert set(phases) == {"target_step", "propose", "context_update_in_target_step"}
+        assert all(v > 0 for v in phases.values())
+
+
+@pytest.mark.gpu
+def test_dflash_graphs_match_eager_on_gpu(pair):
+    """CUDA graphs for the drafter (drafting steps) and its context update (inside the target's
+    graphs) give the tokens and drafts enforce_eager gives, and were really replayed.
+
+    One sequence at a time (max_num_seqs=1), eager and graph steps have the very same shapes, so
+    in bf16 too the drafts match bit for bit while every round drafts the full k (near max_tokens
+    k shrinks, and a graph then runs more verification rows than the eager step: other GEMM
+    shapes, possibly other roundings). Concurrently the bucket padding changes shapes, so that
+    half runs in float32."""
+    target, drafter = pair
+    k = 5
+    for kw, prompts in ((dict(max_num_seqs=1), PROMPTS[:3]), (dict(max_num_seqs=8, dtype="float32"), PROMPTS)):
+        runs = {}
+        for eager in (True, False):
+            llm = LLM(target, device="cuda", max_model_len=256, enforce_eager=eager,
+                      speculative_config=spec(drafter, k), **kw)
+            rounds = record_drafts(llm)
+            tokens = [o.token_ids for o in llm.generate(prompts, GREEDY)]
+            runs[eager] = (tokens, [d for d in rounds if len(d) == k], llm.engine)
+        (tok_e, drafts_e, eng_e), (tok_g, drafts_g, eng_g) = runs[True], runs[False]
+        assert tok_g == tok_e
+        assert eng_g.proposer.runner.graphs and eng_g.proposer.runner.replays > 0
+        assert eng_g.runner.replays > 0
+        assert not eng_e.proposer.runner.graphs and eng_e.proposer.runner.replays == 0
+        if kw["max_num_seqs"] == 1:  # a sequence drafts the full k until it nears max_tokens
+            assert drafts_g == drafts_e and drafts_e
