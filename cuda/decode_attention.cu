@@ -54,6 +54,7 @@ __device__ __forceinline__ void decode_attention_impl(
     float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counters,
     int KH, int block_size, int num_blocks, float scale_log2, int causal, int n_splits,
     int min_part, int max_nq) {
+  minillm::pdl_entry();
   constexpr int VEC = Vec16<T>::N;
   constexpr int LPK = D / VEC;  // lanes per key row
   constexpr int NG = DEC_THREADS / LPK;

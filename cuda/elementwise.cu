@@ -6,6 +6,7 @@ template <typename T>
 __device__ __forceinline__ void silu_mul_impl(const T* __restrict__ gu, i64 gu_stride,
                                               T* __restrict__ out, i64 out_stride, int F,
                                               int rows) {
+  minillm::pdl_entry();
   const int r = blockIdx.x;  // rows on x (no 65535 limit), column chunks on y
   if (r >= rows) return;
   const T* g = gu + (i64)r * gu_stride;
@@ -21,6 +22,7 @@ __device__ __forceinline__ void silu_mul_impl(const T* __restrict__ gu, i64 gu_s
 template <typename TO, typename TB>
 __device__ __forceinline__ void fill_bias_impl(TO* __restrict__ out, i64 out_stride,
                                                const TB* __restrict__ bias, int N, int rows) {
+  minillm::pdl_entry();
   const int r = blockIdx.x;
   if (r >= rows) return;
   TO* o = out + (i64)r * out_stride;
@@ -51,6 +53,7 @@ extern "C" __global__ void fill_bias_f32_bf16(float* out, i64 os, const bf16* b,
 template <typename T>
 __device__ __forceinline__ void scale_softcap_impl(T* x, i64 stride, int rows, int cols,
                                                    float factor, float cap) {
+  minillm::pdl_entry();
   const int r = blockIdx.x;
   if (r >= rows) return;
   T* p = x + (i64)r * stride;
@@ -64,6 +67,7 @@ __device__ __forceinline__ void scale_softcap_impl(T* x, i64 stride, int rows, i
 template <typename T>
 __device__ __forceinline__ void suppress_tokens_impl(T* logits, i64 stride, const int* rows,
                                                      const int* ids, int n, int n_rows, int V) {
+  minillm::pdl_entry();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const int r = rows[i], t = ids[i];

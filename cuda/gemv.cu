@@ -31,6 +31,53 @@
 
 namespace {
 
+constexpr int GEMV_PREFETCH = 4;  // chunks per lane loaded before waiting on the previous kernel
+
+// The weight rows a warp streams for one 16-byte chunk c: columns n0, n0 + 1 (and, GATED, their
+// up rows N + n0, N + n0 + 1); past-the-end columns re-read the last row (their sums are dropped).
+template <int R>
+__device__ __forceinline__ void load_w(const bf16* __restrict__ w, int n0, int N, int K, int c,
+                                       uint4 (&wv)[R]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) {  // issue every row's load before using any
+    const int col = min(n0 + r % GEMV_NR, N - 1);
+    const int n = r < GEMV_NR ? col : N + col;  // rows past GEMV_NR: the up half (GATED)
+    wv[r] = __ldg(reinterpret_cast<const uint4*>(w + (i64)n * K) + c);
+  }
+}
+
+// acc[r][m] += x[m] chunk c . wv[r]; NORM: ss[m] += the chunk's squares, x scaled by norm_w.
+template <int M, int R, bool NORM>
+__device__ __forceinline__ void fma_chunk(const bf16* __restrict__ x, i64 ldx,
+                                          const bf16* __restrict__ norm_w, int c,
+                                          const uint4 (&wv)[R], float (&acc)[R][M],
+                                          float (&ss)[M]) {
+  float gf[8];
+  if (NORM) minillm::unpack_bf16x8(__ldg(reinterpret_cast<const uint4*>(norm_w) + c), gf);
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    float xf[8];
+    // plain loads, not __ldg: x is written by the kernel just before (see pdl_entry)
+    minillm::unpack_bf16x8(reinterpret_cast<const uint4*>(x + (i64)m * ldx)[c], xf);
+    if (NORM) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        ss[m] = fmaf(xf[i], xf[i], ss[m]);
+        xf[i] *= gf[i];
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float wf[8];
+      minillm::unpack_bf16x8(wv[r], wf);
+      float s = acc[r][m];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s = fmaf(xf[i], wf[i], s);
+      acc[r][m] = s;
+    }
+  }
+}
+
 // GATED: out[m, n] = silu(x[m] . w[n]) * (x[m] . w[N + n]) for n < N (w has 2N rows, no bias).
 // NORM: x[m] stands for rmsnorm(x[m]) * norm_w. accumulate: out[m, n] += instead of =.
 template <typename TO, int M, bool GATED, bool NORM>
@@ -42,9 +89,17 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
   constexpr int R = GATED ? 2 * GEMV_NR : GEMV_NR;  // weight rows a warp streams at once
   const int lane = threadIdx.x & 31;
   const int warp = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-  const int n0 = warp * GEMV_NR;
-  if (n0 >= N) return;
+  const int n0 = min(warp * GEMV_NR, N - 1);  // spare warps of the last CTA compute a copy
   const int chunks = K / 8;  // 16-byte chunks per row (the host checks K % 8 == 0)
+  // The weights do not depend on the previous kernel: their first chunks are in flight before
+  // the wait (for the 0.6B shapes, K = 1024, that is all of a lane's chunks).
+  minillm::pdl_release();
+  uint4 pre[GEMV_PREFETCH][R];
+#pragma unroll
+  for (int p = 0; p < GEMV_PREFETCH; ++p)
+    if (lane + 32 * p < chunks) load_w<R>(w, n0, N, K, lane + 32 * p, pre[p]);
+  minillm::pdl_wait();
+
   float acc[R][M];
   float ss[M];  // NORM: this lane's part of each row's sum of squares
 #pragma unroll
@@ -53,46 +108,22 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r][m] = 0.f;
   }
-
+#pragma unroll
+  for (int p = 0; p < GEMV_PREFETCH; ++p)
+    if (lane + 32 * p < chunks) fma_chunk<M, R, NORM>(x, ldx, norm_w, lane + 32 * p, pre[p], acc, ss);
   // Unrolled so the loads of several chunks are in flight per lane: one chunk's R 16-byte loads
   // were too few to hide HBM latency on the 8B model's matrices (~2.5 of ~4.2 TB/s).
 #pragma unroll 4
-  for (int c = lane; c < chunks; c += 32) {
+  for (int c = lane + 32 * GEMV_PREFETCH; c < chunks; c += 32) {
     uint4 wv[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {  // issue every row's load before using any
-      const int col = min(n0 + r % GEMV_NR, N - 1);
-      const int n = r < GEMV_NR ? col : N + col;  // rows past GEMV_NR: the up half (GATED)
-      wv[r] = __ldg(reinterpret_cast<const uint4*>(w + (i64)n * K) + c);
-    }
-    float gf[8];
-    if (NORM) minillm::unpack_bf16x8(__ldg(reinterpret_cast<const uint4*>(norm_w) + c), gf);
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      float xf[8];
-      minillm::unpack_bf16x8(__ldg(reinterpret_cast<const uint4*>(x + (i64)m * ldx) + c), xf);
-      if (NORM) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          ss[m] = fmaf(xf[i], xf[i], ss[m]);
-          xf[i] *= gf[i];
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        float wf[8];
-        minillm::unpack_bf16x8(wv[r], wf);
-        float s = acc[r][m];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) s = fmaf(xf[i], wf[i], s);
-        acc[r][m] = s;
-      }
-    }
+    load_w<R>(w, n0, N, K, c, wv);
+    fma_chunk<M, R, NORM>(x, ldx, norm_w, c, wv, acc, ss);
   }
   float rstd[M];
 #pragma unroll
   for (int m = 0; m < M; ++m)
     rstd[m] = NORM ? rsqrtf(minillm::warp_sum(ss[m]) / (float)K + eps) : 1.f;
+  if (warp * GEMV_NR >= N) return;  // after the wait: see pdl_entry
 #pragma unroll
   for (int r = 0; r < GEMV_NR; ++r) {
     const int n = n0 + r;

@@ -9,6 +9,7 @@ template <typename T>
 __device__ __forceinline__ void rms_norm_impl(const T* x, i64 x_stride, T* residual,
                                               i64 r_stride, const T* __restrict__ w, float eps,
                                               T* out, i64 o_stride, int N, int rows) {
+  minillm::pdl_entry();
   __shared__ float scratch[32];
   const int row = blockIdx.x;
   if (row >= rows) return;
@@ -55,6 +56,7 @@ __device__ __forceinline__ void qk_norm_rope_impl(
     const int* __restrict__ positions, const float* __restrict__ cos_sin, int max_pos,
     T* __restrict__ k_cache, T* __restrict__ v_cache, const int* __restrict__ slots, i64 n_slots,
     int n_tokens, int H, int KH, int D) {
+  minillm::pdl_entry();
   __shared__ float buf[QK_WARPS][QK_MAX_D];
   const int t = blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -145,6 +147,7 @@ template <int C>
 __device__ __forceinline__ void rms_norm_vec_impl(const bf16* x, i64 xs, bf16* res, i64 rs,
                                                   const bf16* __restrict__ w, float eps, bf16* out,
                                                   i64 os, int N, int rows) {
+  minillm::pdl_entry();
   __shared__ float scratch[32];
   const int row = blockIdx.x;
   if (row >= rows) return;

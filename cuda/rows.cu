@@ -10,6 +10,7 @@ __device__ __forceinline__ void gather_rows_impl(const U* __restrict__ src, i64 
                                                  const int* __restrict__ idx, i64 n_src,
                                                  U* __restrict__ dst, i64 dst_stride, int n_rows,
                                                  int row_units) {
+  minillm::pdl_entry();
   const int r = blockIdx.x;
   if (r >= n_rows) return;
   i64 s = r;
@@ -29,6 +30,7 @@ __device__ __forceinline__ void store_kv_impl(const U* __restrict__ k, i64 k_str
                                               U* __restrict__ kc, U* __restrict__ vc,
                                               const int* __restrict__ slots, int n_tokens,
                                               int row_units, i64 n_slots) {
+  minillm::pdl_entry();
   const int t = blockIdx.x;
   if (t >= n_tokens) return;
   const i64 s = slots[t];

@@ -136,6 +136,7 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
   __shared__ float fscratch[32];
   __shared__ int iscratch[32];
   __shared__ int s_found;
+  minillm::pdl_entry();
   const int row = blockIdx.x, tid = threadIdx.x, NT = blockDim.x;
   if (row >= n_rows) return;
   const float* lg = logits + (i64)row * stride;

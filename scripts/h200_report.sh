@@ -242,5 +242,19 @@ part11() {  # per-sequence attention kernels: GPU tests, the c=16 speculation cu
   throughput_06b 60
 }
 
+part12() {  # session 3, call 1: fused norm/residual GEMVs + PDL in graphs: tests, decode with PDL on/off
+  setup
+  facts > "$W/facts.txt" 2>&1
+  gpu_tests 170
+  stage models 60 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  decode_06b 40
+  stage decode_06b_nopdl 40 env MINILLM_PDL=0 python3 -m minillm.bench decode $M/q06 --device cuda \
+    --input-len 512 --output-len 256 --result-json "$W/decode_06b_nopdl.json"
+  decode_8b 70
+  stage decode_8b_nopdl 70 env MINILLM_PDL=0 python3 -m minillm.bench decode $M/q8 --device cuda \
+    --input-len 512 --output-len 128 --result-json "$W/decode_8b_nopdl.json"
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -57,3 +58,48 @@ def test_cuda_backend_without_gpu_fails_clearly():
     assert cuda_unavailable_reason()
     with pytest.raises(RuntimeError, match="device='cuda' needs an NVIDIA GPU"):
         CudaBackend()
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (CI installs CUDA 13.0)")
+def test_pdl_launch_structs_match_cuda_h(tmp_path: Path):
+    """minillm/backends/pdl.py mirrors CUlaunchConfig / CUlaunchAttribute for ctypes: its sizes,
+    field offsets and the attribute id must be cuda.h's (a mismatch would launch garbage)."""
+    import ctypes
+
+    from minillm.backends import pdl
+
+    src = tmp_path / "layout.cpp"
+    src.write_text(textwrap.dedent("""
+        #include <cstddef>
+        #include <cstdio>
+        #include <cuda.h>
+        int main() {
+          printf("%zu %zu %zu %zu %zu %zu %d\\n", sizeof(CUlaunchAttribute), offsetof(CUlaunchAttribute, value),
+                 sizeof(CUlaunchConfig), offsetof(CUlaunchConfig, hStream), offsetof(CUlaunchConfig, attrs),
+                 offsetof(CUlaunchConfig, numAttrs), (int)CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION);
+        }
+    """))
+    exe = tmp_path / "layout"
+    r = subprocess.run([NVCC, str(src), "-o", str(exe)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    got = [int(v) for v in subprocess.run([str(exe)], capture_output=True, text=True).stdout.split()]
+    A, C = pdl._LaunchAttribute, pdl._LaunchConfig
+    assert got == [ctypes.sizeof(A), A.value.offset, ctypes.sizeof(C), C.hStream.offset, C.attrs.offset,
+                   C.numAttrs.offset, pdl.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION]
+
+
+def test_pdl_kernel_args_are_typed():
+    """Kernel arguments go to cuLaunchKernelEx at the width CuPy would pass; a bare Python int
+    (width unknown) is refused rather than guessed."""
+    import ctypes
+
+    import numpy as np
+
+    from minillm.backends.pdl import kernel_arg
+
+    assert isinstance(kernel_arg(np.int32(3)), ctypes.c_int32)
+    assert isinstance(kernel_arg(np.int64(3)), ctypes.c_int64)
+    assert kernel_arg(np.float32(0.5)).value == 0.5
+    assert isinstance(kernel_arg(np.uint64(0)), ctypes.c_uint64)
+    with pytest.raises(TypeError, match="unsupported kernel argument int"):
+        kernel_arg(3)

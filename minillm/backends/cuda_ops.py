@@ -24,6 +24,7 @@ import numpy as np
 from minillm.backends import compile as kc
 from minillm.backends.arena import Arena
 from minillm.backends.cublas import Cublas, cuda_dtype
+from minillm.backends.pdl import PdlLauncher, pdl_enabled
 
 try:
     import ml_dtypes
@@ -41,6 +42,8 @@ _SAMPLE_THREADS = 512  # cuda/sampling.cu
 # _DECODE_MAX_SPLITS splits of at least _DECODE_MIN_PART keys each.
 _DECODE_HEAD_DIMS, _DECODE_MAX_G, _DECODE_MAX_SPLITS, _DECODE_MIN_PART = (64, 128), 8, 64, 64
 _DECODE_MAX_Q = 16  # sequences with at most this many new queries in a step take the decode kernel
+# kernels of these cuda/ modules begin with pdl_entry(), so graphs may launch them with PDL
+_PDL_MODULES = ("rows", "norm", "elementwise", "decode_attention", "sampling", "gemv")
 _PF_ROWS, _PF_BK = 64, 64  # cuda/prefill_attention.cu: query rows per CTA, keys per tile
 
 
@@ -179,6 +182,17 @@ class CudaBackend:
             # split resets its counter, so zeroing once here is enough
             self._att_counters = cupy.zeros(1 << 16, dtype=np.int32)
         self.blas = Cublas(self.stream.ptr, self._blas_ws.data.ptr, cublas_workspace_bytes)
+        self._capturing = False
+        self.pdl, self.pdl_unavailable = None, None
+        if not pdl_enabled():
+            self.pdl_unavailable = "MINILLM_PDL=0"
+        elif int(self.props["major"]) < 9:
+            self.pdl_unavailable = f"compute capability {self.props['major']}.{self.props['minor']} < 9.0"
+        else:
+            try:
+                self.pdl = PdlLauncher(self.stream.ptr)
+            except (OSError, AttributeError) as e:  # no libcuda.so.1 / no cuLaunchKernelEx
+                self.pdl_unavailable = f"{type(e).__name__}: {e}"
         self._staging = cupy.cuda.alloc_pinned_memory(staging_bytes)
         self._staging_cap = staging_bytes
         self._staging_off = 0
@@ -187,6 +201,7 @@ class CudaBackend:
 
     def _load_kernels(self) -> None:
         k = {}
+        self._pdl_kernels: set[str] = set()  # kernels that begin with pdl_entry (cuda/common.cuh)
         for mod, names in {
             "rows": ["gather_rows_u16", "gather_rows_u4", "gather_rows_u2",
                      "store_kv_u16", "store_kv_u4", "store_kv_u2"],
@@ -205,6 +220,8 @@ class CudaBackend:
         }.items():
             for n in names:
                 k[n] = kc.get_kernel(mod, n, self.debug)
+                if mod in _PDL_MODULES:
+                    self._pdl_kernels.add(n)
         try:  # tensor-core prefill: needs the toolkit's mma.h, which not every install has
             for d in _DECODE_HEAD_DIMS:
                 k[f"paged_prefill_bf16_d{d}"] = kc.get_kernel("prefill_attention",
@@ -297,14 +314,19 @@ class CudaBackend:
         self.synchronize()
         with self.stream, self.arena.capturing():
             self.stream.begin_capture()
+            self._capturing = True
             try:
                 fn()
             finally:
+                self._capturing = False
                 graph = self.stream.end_capture()
         graph.upload(self.stream)
         return CapturedGraph(graph, self.stream)
 
     def _launch(self, name: str, grid, block, args, shared_mem: int = 0) -> None:
+        if self._capturing and self.pdl is not None and name in self._pdl_kernels:
+            self.pdl.launch(self.k[name].kernel.ptr, grid, block, args, shared_mem)
+            return
         with self.stream:
             self.k[name](grid, block, args, shared_mem=shared_mem)
 
