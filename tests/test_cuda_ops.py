@@ -125,8 +125,6 @@ def test_rms_norm(be, N, with_residual):
         assert rel_err(host(be, r_dev), rr) < tol(be) / 2
 
 
-@pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("qk_norm", [False, True])
 def rope_case(rng, T: int, H: int, KH: int, D: int):
     """A Qwen3-style RoPE table, a fused qkv activation [T, (H + 2 KH) D], q/k norm weights and
     positions: the inputs of qk_norm_rope and qk_norm_rope_store_kv."""
@@ -143,6 +141,8 @@ def rope_case(rng, T: int, H: int, KH: int, D: int):
     return cs, qkv, qw, kw, pos
 
 
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("qk_norm", [False, True])
 def test_qk_norm_rope(be, D, qk_norm):
     T, H, KH = 9, 8, 2
     cs, qkv, qw, kw, pos = rope_case(np.random.default_rng(D + qk_norm), T, H, KH, D)
