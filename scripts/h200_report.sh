@@ -242,18 +242,41 @@ part11() {  # per-sequence attention kernels: GPU tests, the c=16 speculation cu
   throughput_06b 60
 }
 
-part12() {  # session 3, call 1: fused norm/residual GEMVs + PDL in graphs: tests, decode with PDL on/off
+part12() {  # session 3, call 1 of 2: GPU tests, GEMV variants, decode with PDL off (default) and on,
+  # throughput with the step profile, speculation cost with DFlash drafter graphs. The same-machine
+  # baseline of the previous session's code ran from `git archive fecfc53` unpacked in old/ (cd old
+  # && decode_06b / decode_8b), its gemv.cu passed as --ref to scripts/gemv_bench.py.
   setup
   facts > "$W/facts.txt" 2>&1
-  gpu_tests 170
-  stage models 60 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
-  decode_06b 40
-  stage decode_06b_nopdl 40 env MINILLM_PDL=0 python3 -m minillm.bench decode $M/q06 --device cuda \
-    --input-len 512 --output-len 256 --result-json "$W/decode_06b_nopdl.json"
-  decode_8b 70
-  stage decode_8b_nopdl 70 env MINILLM_PDL=0 python3 -m minillm.bench decode $M/q8 --device cuda \
-    --input-len 512 --output-len 128 --result-json "$W/decode_8b_nopdl.json"
+  stage gpu_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_dflash_graphs.py tests/test_gpu_engine.py tests/test_cuda_model.py -k "not smollm2 and not debug_build"
+  stage gemv_bench 90 python3 scripts/gemv_bench.py --json "$W/gemv_bench.json"
+  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
+  decode_06b 60
+  decode_8b 90
+  stage decode_06b_pdl 60 env MINILLM_PDL=1 python3 -m minillm.bench decode $M/q06 --device cuda \
+    --input-len 512 --output-len 256 --result-json "$W/decode_06b_pdl.json"
+  stage decode_8b_pdl 90 env MINILLM_PDL=1 python3 -m minillm.bench decode $M/q8 --device cuda \
+    --input-len 512 --output-len 128 --result-json "$W/decode_8b_pdl.json"
+  stage throughput_profile 90 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
+    --max-model-len 2048 --max-num-batched-tokens 8192 --profile --result-json "$W/throughput_06b_profile.json" \
+    --profile-json "$W/throughput_06b_steps.json"
+  throughput_06b 90
+  stage spec_cost_8b 170 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_8b.json"
+}
+
+part13() {  # session 3, call 2 of 2: the failure matrix and the memcheck reproducer on the final code
+  setup
+  stage models 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
+  stage failure_matrix 330 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
+    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 120
+  stage sanitizer 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/sanitizer" \
+    --sanitize --max-model-len 4096 --concurrency 8 --num-prompts 8 --output-len 16 \
+    --startup-timeout 100 --ladder-timeout 100
 }
 
 "$PART"

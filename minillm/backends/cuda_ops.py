@@ -35,7 +35,7 @@ except ImportError:  # pragma: no cover - ml_dtypes is a dependency
 
 _ATT_THREADS = 128  # cuda/attention.cu
 _SAMPLE_THREADS = 512  # cuda/sampling.cu
-# cuda/gemv.cu takes products of at most _GEMV_MAX_M rows (its GEMV_MAX_M). Measured on the
+# cuda/gemv.cu takes products of at most _GEMV_MAX_M rows (the kernel handles 8). Measured on the
 # H200 (docs/BENCHMARKS.md, spec-cost): an 8-sequence decode step of the 8B shape took 11.5 ms with
 # 8-row GEMVs against 7.3 ms for 16 sequences through cuBLAS, so above 4 rows cuBLAS is used.
 # cuda/decode_attention.cu: instantiated head dims and query heads per KV head; at most
@@ -185,7 +185,7 @@ class CudaBackend:
         self._capturing = False
         self.pdl, self.pdl_unavailable = None, None
         if not pdl_enabled():
-            self.pdl_unavailable = "MINILLM_PDL=0"
+            self.pdl_unavailable = "off (MINILLM_PDL=1 turns it on)"
         elif int(self.props["major"]) < 9:
             self.pdl_unavailable = f"compute capability {self.props['major']}.{self.props['minor']} < 9.0"
         else:
@@ -517,11 +517,8 @@ class CudaBackend:
                       _i32(logits.shape[-1])))
 
     # ---- matmul -------------------------------------------------------------------------
-    def matmul(self, x, w, out, bias=None, norm_w=None, eps: float = 0.0, normed=None,
-               accumulate: bool = False) -> None:
-        """out = x @ w.T (+ bias), w [out_features, in_features]; fp32 accumulation. norm_w: x's
-        rows rmsnorm'ed first (few rows: inside cuda/gemv.cu; else rms_norm into normed, which may
-        be x itself); accumulate: out += the product (GEMV epilogue / cuBLAS beta = 1)."""
+    def matmul(self, x, w, out, bias=None) -> None:
+        """out = x @ w.T (+ bias), w [out_features, in_features]; fp32 accumulation in cuBLAS."""
         M, ldx = _rows(x, "matmul x")
         N, K = w.shape
         if M == 0:
@@ -529,19 +526,12 @@ class CudaBackend:
         _, ldo = _rows(out, "matmul out")
         if x.shape[-1] != K or out.shape[-1] != N or out.shape[0] != M or not w.flags.c_contiguous:
             raise ValueError(f"matmul: x {x.shape} @ w {w.shape}.T -> out {out.shape} does not fit")
-        if accumulate and bias is not None:
-            raise ValueError("matmul: accumulate with a bias is not supported")
-        if self._gemv_fits(x, w, out, bias, M, K, ldx, norm_w):
+        if self._gemv_fits(x, w, out, bias, M, K, ldx):
             self._launch("gemv_" + _suffix(out.dtype), (_cdiv(N, _GEMV_COLS_PER_CTA),), (_GEMV_THREADS,),
-                         (x, _i64(ldx), w, bias if bias is not None else _NULL,
-                          norm_w if norm_w is not None else _NULL, np.float32(eps), out, _i64(ldo),
-                          _i32(M), _i32(N), _i32(K), _i32(bool(accumulate))))
+                         (x, _i64(ldx), w, bias if bias is not None else _NULL, out, _i64(ldo), _i32(M),
+                          _i32(N), _i32(K)))
             return
-        if norm_w is not None:
-            self.rms_norm(x, norm_w, eps, out=normed)
-            x = normed
-            ldx = _rows(x, "matmul normed")[1]
-        beta = 1.0 if accumulate else 0.0
+        beta = 0.0
         if bias is not None:  # out <- bias, then GEMM with beta = 1: a single rounding
             name = f"fill_bias_{_suffix(out.dtype)}_{_suffix(bias.dtype)}"
             self._launch(name, (M, min(64, -(-N // 256))), (256,),
@@ -551,11 +541,9 @@ class CudaBackend:
             self.blas.gemm_xwt(M, N, K, x.data.ptr, cuda_dtype(x.dtype), ldx, w.data.ptr,
                                cuda_dtype(w.dtype), K, out.data.ptr, cuda_dtype(out.dtype), ldo, beta)
 
-    def matmul_silu_mul(self, x, w_gate_up, out, gate_up, norm_w=None, eps: float = 0.0,
-                        normed=None) -> None:
+    def matmul_silu_mul(self, x, w_gate_up, out, gate_up) -> None:
         """out = silu(x @ gate.T) * (x @ up.T), w_gate_up = [gate; up] [2F, K]. Few bf16 rows: one
-        cuda/gemv.cu kernel (norm included) that leaves gate_up and normed unwritten; else
-        matmul into gate_up, silu_mul."""
+        cuda/gemv.cu kernel that leaves gate_up unwritten; else matmul into gate_up, silu_mul."""
         M, ldx = _rows(x, "matmul_silu_mul x")
         if M == 0:
             return
@@ -566,22 +554,19 @@ class CudaBackend:
                 or not w_gate_up.flags.c_contiguous):
             raise ValueError(f"matmul_silu_mul: x {x.shape} @ w {w_gate_up.shape}.T -> gate_up "
                              f"{gate_up.shape} -> out {out.shape} does not fit")
-        if out.dtype == self.dtype and self._gemv_fits(x, w_gate_up, out, None, M, K, ldx, norm_w):
+        if out.dtype == self.dtype and self._gemv_fits(x, w_gate_up, out, None, M, K, ldx):
             self._launch("gemv_silu_mul_bf16", (_cdiv(F, _GEMV_COLS_PER_CTA),), (_GEMV_THREADS,),
-                         (x, _i64(ldx), w_gate_up, norm_w if norm_w is not None else _NULL,
-                          np.float32(eps), out, _i64(ldo), _i32(M), _i32(F), _i32(K)))
+                         (x, _i64(ldx), w_gate_up, out, _i64(ldo), _i32(M), _i32(F), _i32(K)))
             return
-        self.matmul(x, w_gate_up, out=gate_up, norm_w=norm_w, eps=eps, normed=normed)
+        self.matmul(x, w_gate_up, out=gate_up)
         self.silu_mul(gate_up, out=out)
 
-    def _gemv_fits(self, x, w, out, bias, M: int, K: int, ldx: int, norm_w=None) -> bool:
+    def _gemv_fits(self, x, w, out, bias, M: int, K: int, ldx: int) -> bool:
         """Few rows of bf16 with 16-byte aligned rows: cuda/gemv.cu streams the weights faster."""
         bf = self.dtype if self.dtype != np.float32 else None
         return (bf is not None and M <= _GEMV_MAX_M and x.dtype == bf and w.dtype == bf and K % 8 == 0
                 and x.data.ptr % 16 == 0 and (ldx * x.itemsize) % 16 == 0 and w.data.ptr % 16 == 0
-                and out.dtype in (bf, np.float32) and (bias is None or bias.dtype == bf)
-                and (norm_w is None or (norm_w.dtype == bf and norm_w.data.ptr % 16 == 0
-                                        and norm_w.shape == (K,))))
+                and out.dtype in (bf, np.float32) and (bias is None or bias.dtype == bf))
 
     # ---- attention ----------------------------------------------------------------------
     def paged_attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start,

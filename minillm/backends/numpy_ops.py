@@ -101,24 +101,9 @@ class NumpyBackend:
         self.qk_norm_rope(q, k, q_w, k_w, eps, positions, cos_sin)
         self.store_kv(k, v, k_cache, v_cache, slot_mapping)
 
-    def matmul(self, x, w, out, bias=None, norm_w=None, eps: float = 0.0, normed=None,
-               accumulate: bool = False) -> None:
-        """out = x @ w.T (+ bias); w in [out_features, in_features] layout.
-
-        norm_w: x's rows are rmsnorm'ed with that weight (and eps) first; normed [M, K] is a
-        buffer the backend may write them to (here always; the GPU's few-row kernel fuses the norm
-        and leaves it alone; it may be x itself). accumulate: out += the product instead of
-        out = (the residual add); not with a bias.
-        """
-        if accumulate and bias is not None:
-            raise ValueError("matmul: accumulate with a bias is not supported")
-        if norm_w is not None:
-            self.rms_norm(x, norm_w, eps, out=normed)
-            x = normed
+    def matmul(self, x, w, out, bias=None) -> None:
+        """out = x @ w.T (+ bias); w in [out_features, in_features] layout."""
         self._blas_threads(1 if x.shape[0] < self.SINGLE_THREAD_ROWS else self._max_threads)
-        if accumulate:
-            out += x @ w.T
-            return
         np.matmul(x, w.T, out=out)
         if bias is not None:
             out += bias
@@ -129,13 +114,11 @@ class NumpyBackend:
         gate = gate_up[..., :f]
         np.multiply(gate / (1.0 + np.exp(-gate)), gate_up[..., f:], out=out)
 
-    def matmul_silu_mul(self, x, w_gate_up, out, gate_up, norm_w=None, eps: float = 0.0,
-                        normed=None) -> None:
+    def matmul_silu_mul(self, x, w_gate_up, out, gate_up) -> None:
         """out = silu(x @ gate.T) * (x @ up.T) for w_gate_up = [gate; up] ([2F, K]): matmul then
         silu_mul, as one op (one GEMV kernel on the GPU for few rows). gate_up [M, 2F] is the
-        caller's buffer for the unfused path (here always; the GPU may leave it unwritten);
-        norm_w / eps / normed as in matmul."""
-        self.matmul(x, w_gate_up, out=gate_up, norm_w=norm_w, eps=eps, normed=normed)
+        caller's buffer for the unfused path (here always; the GPU may leave it unwritten)."""
+        self.matmul(x, w_gate_up, out=gate_up)
         self.silu_mul(gate_up, out=out)
 
     def store_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:

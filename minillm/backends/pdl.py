@@ -9,7 +9,12 @@ becomes a programmatic edge of the CUDA graph.
 
 CuPy's RawKernel launch cannot set launch attributes, so the backend uses this launcher, through
 ctypes on libcuda's cuLaunchKernelEx, only while capturing a graph (where its Python cost is paid
-once); eager launches stay on CuPy's path. MINILLM_PDL=0 turns it off.
+once); eager launches stay on CuPy's path.
+
+Off by default (MINILLM_PDL=1 turns it on): measured on the H200 it made the decode graphs slower,
+0.6B 1.073 -> 1.184 ms and 8B 4.722 -> 5.083 ms (docs/BENCHMARKS.md). Every kernel releases its
+dependents at entry, so the next kernels' CTAs sit resident and waiting; releasing later in each
+kernel is the experiment left to try. The chain test in tests/test_cuda_ops.py keeps it correct.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ _SCALARS = {np.dtype(np.int32): ctypes.c_int32, np.dtype(np.int64): ctypes.c_int
 
 
 def pdl_enabled() -> bool:
-    return os.environ.get("MINILLM_PDL", "1") != "0"
+    return os.environ.get("MINILLM_PDL", "0") == "1"
 
 
 def kernel_arg(a):

@@ -49,7 +49,7 @@ class Workspace:
     @staticmethod
     def nbytes(cfg: ModelConfig, max_tokens: int, max_logits: int, dtype_bytes: int) -> int:
         """What __init__ allocates, for planning memory before it exists."""
-        per_token = 2 * cfg.hidden_size + cfg.q_size + 2 * cfg.kv_size + cfg.q_size + 3 * cfg.intermediate_size
+        per_token = 3 * cfg.hidden_size + cfg.q_size + 2 * cfg.kv_size + cfg.q_size + 3 * cfg.intermediate_size
         return dtype_bytes * (max_tokens * per_token + max_logits * cfg.hidden_size) + 4 * max_logits * cfg.vocab_size
 
     def __init__(self, backend, cfg: ModelConfig, max_tokens: int, max_logits: int):
@@ -57,6 +57,7 @@ class Workspace:
         self.max_tokens = max_tokens
         self.max_logits = max_logits
         self.residual = e((max_tokens, cfg.hidden_size))
+        self.hidden = e((max_tokens, cfg.hidden_size))
         self.normed = e((max_tokens, cfg.hidden_size))
         self.qkv = e((max_tokens, cfg.q_size + 2 * cfg.kv_size))
         self.attn = e((max_tokens, cfg.num_heads, cfg.head_dim))
@@ -113,41 +114,40 @@ class Transformer:
         B, c = self.backend, self.cfg
         T = num_tokens
         k_cache, v_cache = kv
-        residual, normed = ws.residual[:T], ws.normed[:T]
+        residual, hidden, normed = ws.residual[:T], ws.hidden[:T], ws.normed[:T]
         qkv, attn = ws.qkv[:T], ws.attn[:T]
         q = qkv[:, : c.q_size].reshape(T, c.num_heads, c.head_dim)
         k = qkv[:, c.q_size : c.q_size + c.kv_size].reshape(T, c.num_kv_heads, c.head_dim)
         v = qkv[:, c.q_size + c.kv_size :].reshape(T, c.num_kv_heads, c.head_dim)
         hs = c.hidden_size
 
-        # The residual stream lives in `residual`; each rms_norm is fused into the matmul that
-        # consumes it (norm_w) and each residual add into the matmul that produces it
-        # (accumulate): on few rows both are inside one GEMV kernel, 6 launches a layer.
-        eps, last_layer = c.rms_norm_eps, c.num_layers - 1
         B.embed(x.input_ids, self.embed, out=residual)
         for i, lw in enumerate(self.layers):
-            B.matmul(residual, lw.qkv, out=qkv, bias=lw.qkv_bias, norm_w=lw.attn_norm, eps=eps,
-                     normed=normed)
+            if i == 0:
+                B.rms_norm(residual, lw.attn_norm, c.rms_norm_eps, out=normed)
+            else:
+                B.rms_norm(hidden, lw.attn_norm, c.rms_norm_eps, out=normed, residual=residual)
+                if i - 1 in capture_layers:
+                    j = capture_layers.index(i - 1)
+                    B.copy(residual, out=capture_out[:T, j * hs : (j + 1) * hs])
+            B.matmul(normed, lw.qkv, out=qkv, bias=lw.qkv_bias)
             # one kernel: normed + rotated q in place, k and v rows into the paged caches
-            B.qk_norm_rope_store_kv(q, k, v, lw.q_norm, lw.k_norm, eps, x.positions,
+            B.qk_norm_rope_store_kv(q, k, v, lw.q_norm, lw.k_norm, c.rms_norm_eps, x.positions,
                                     self.cos_sin, k_cache[i], v_cache[i], x.slot_mapping)
             B.paged_attention(q, k_cache[i], v_cache[i], x.block_tables, x.seq_lens,
                               x.query_start, self.scale, out=attn, causal=causal,
                               max_query_len=x.max_query_len)
-            B.matmul(attn.reshape(T, c.q_size), lw.o, out=residual, accumulate=True)
-            B.matmul_silu_mul(residual, lw.gate_up, out=ws.act[:T], gate_up=ws.gate_up[:T],
-                              norm_w=lw.mlp_norm, eps=eps, normed=normed)
-            B.matmul(ws.act[:T], lw.down, out=residual, accumulate=True)
-            if i in capture_layers and i != last_layer:
-                j = capture_layers.index(i)
-                B.copy(residual, out=capture_out[:T, j * hs : (j + 1) * hs])
+            B.matmul(attn.reshape(T, c.q_size), lw.o, out=hidden)
+            B.rms_norm(hidden, lw.mlp_norm, c.rms_norm_eps, out=normed, residual=residual)
+            # gate_up GEMV and SiLU-and-multiply in one kernel when few rows (ws.gate_up unused then)
+            B.matmul_silu_mul(normed, lw.gate_up, out=ws.act[:T], gate_up=ws.gate_up[:T])
+            B.matmul(ws.act[:T], lw.down, out=hidden)
+        B.rms_norm(hidden, self.norm, c.rms_norm_eps, out=normed, residual=residual)
+        last_layer = c.num_layers - 1
         if last_layer in capture_layers:  # as in HF's hidden_states, the last one is after the final norm
-            B.rms_norm(residual, self.norm, eps, out=normed)
             j = capture_layers.index(last_layer)
             B.copy(normed, out=capture_out[:T, j * hs : (j + 1) * hs])
-        # only the rows whose logits are wanted go through the final norm and the LM head
         R = num_logits
-        last = ws.last[:R]
-        B.gather_rows(residual, x.logits_indices, out=last)
-        B.matmul(last, self.lm_head, out=ws.logits[:R], norm_w=self.norm, eps=eps, normed=last)
+        B.gather_rows(normed, x.logits_indices, out=ws.last[:R])
+        B.matmul(ws.last[:R], self.lm_head, out=ws.logits[:R])
         return ws.logits[:R]
