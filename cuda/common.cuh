@@ -43,27 +43,18 @@ typedef unsigned long long u64;
 
 namespace minillm {
 
-// Programmatic dependent launch (Hopper). Inside a CUDA graph the backend launches these kernels
-// with the programmatic-serialization attribute (minillm/backends/pdl.py), so a kernel's CTAs may
-// start while the kernel before it is still finishing: launch latency and the first loads of
-// immutable data (weights) overlap the previous kernel's tail instead of following it.
-// pdl_entry() lets the next kernel launch early, then waits until the previous grid has completed
-// and its writes are visible; every PDL kernel calls it before touching anything another kernel
-// writes, and before any early return, so completion stays ordered kernel by kernel. Launched
-// without the attribute (eager steps) both instructions return at once.
-__device__ __forceinline__ void pdl_release() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_wait() {
+// Programmatic dependent launch (Hopper). Inside a CUDA graph the backend may launch these kernels
+// with the programmatic-serialization attribute (minillm/backends/pdl.py). pdl_entry() waits until
+// the previous grid has completed and its writes are visible; every PDL kernel calls it before
+// touching anything another kernel writes, and before any early return, so completion stays
+// ordered kernel by kernel. Launched without the attribute (eager steps) it returns at once.
+// Measured on the H200 (docs/BENCHMARKS.md): also releasing dependents at entry
+// (griddepcontrol.launch_dependents) made decode graphs 8-10% slower, so kernels never release
+// early and a dependent grid starts when this one completes.
+__device__ __forceinline__ void pdl_entry() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-}
-__device__ __forceinline__ void pdl_entry() {
-  pdl_release();
-  pdl_wait();
 }
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }

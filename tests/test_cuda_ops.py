@@ -295,9 +295,9 @@ def test_matmul_silu_mul(be, M, K, F):
 def test_dependent_chain_in_a_graph_matches_eager(be):
     """60 dependent kernels (the decoder's residual pattern: normed = rmsnorm(t + h), h <- t + h;
     t = normed @ W, 30 times) recorded into a graph, where the backend launches them with
-    programmatic dependent launch (kernels start before the previous one ends and wait in
-    pdl_entry): every replay is bit-identical to the eager run. A kernel reading its input before
-    the previous kernel's writes land would break that."""
+    programmatic dependent launch (each waits in pdl_entry for the previous one's writes): every
+    replay is bit-identical to the eager run. A kernel reading its input before the previous
+    kernel's writes land would break that."""
     rng = np.random.default_rng(11)
     M, K = 2, 1024
     h0 = be.asarray(rng.standard_normal((M, K)).astype(np.float32))
@@ -317,7 +317,7 @@ def test_dependent_chain_in_a_graph_matches_eager(be):
     chain()
     want = host(be, t)
     assert np.isfinite(want).all()
-    saved, be.pdl = be.pdl, PdlLauncher(be.stream.ptr)  # on for this capture (off by default)
+    saved, be.pdl = be.pdl, PdlLauncher(be.stream.ptr)  # on for this capture, whatever MINILLM_PDL says
     try:
         graph = be.capture_graph(chain)
     finally:

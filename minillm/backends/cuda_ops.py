@@ -185,7 +185,7 @@ class CudaBackend:
         self._capturing = False
         self.pdl, self.pdl_unavailable = None, None
         if not pdl_enabled():
-            self.pdl_unavailable = "off (MINILLM_PDL=1 turns it on)"
+            self.pdl_unavailable = "MINILLM_PDL=0"
         elif int(self.props["major"]) < 9:
             self.pdl_unavailable = f"compute capability {self.props['major']}.{self.props['minor']} < 9.0"
         else:

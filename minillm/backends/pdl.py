@@ -1,20 +1,19 @@
 """Kernel launches with programmatic dependent launch (PDL, Hopper), through the driver API.
 
 A decode step at small batch is a chain of ~170-230 dependent kernels, each only a few
-microseconds long, and each boundary costs the next kernel's launch and the ramp of its first
-loads. With the CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION attribute a kernel may start
-while the one before it finishes; its code then waits (griddepcontrol.wait, cuda/common.cuh
-pdl_entry) before touching what that kernel writes. Recorded during stream capture, the attribute
-becomes a programmatic edge of the CUDA graph.
+microseconds long. With the CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION attribute the
+dependency on the previous kernel becomes programmatic: the kernel's launch is set up while the
+previous one runs, and its code waits (griddepcontrol.wait, cuda/common.cuh pdl_entry) before
+touching what that kernel wrote. Recorded during stream capture, the attribute becomes a
+programmatic edge of the CUDA graph.
 
 CuPy's RawKernel launch cannot set launch attributes, so the backend uses this launcher, through
 ctypes on libcuda's cuLaunchKernelEx, only while capturing a graph (where its Python cost is paid
-once); eager launches stay on CuPy's path.
+once); eager launches stay on CuPy's path. MINILLM_PDL=0 turns it off.
 
-Off by default (MINILLM_PDL=1 turns it on): measured on the H200 it made the decode graphs slower,
-0.6B 1.073 -> 1.184 ms and 8B 4.722 -> 5.083 ms (docs/BENCHMARKS.md). Every kernel releases its
-dependents at entry, so the next kernels' CTAs sit resident and waiting; releasing later in each
-kernel is the experiment left to try. The chain test in tests/test_cuda_ops.py keeps it correct.
+Measured on the H200 (docs/BENCHMARKS.md, same machine): decode graphs 0.6B 1.078 -> 1.049 ms, 8B
+4.771 -> 4.728 ms. Kernels do not release their dependents early (launch_dependents at entry made
+the same graphs 8-10% slower: the next kernels' CTAs sat resident, waiting).
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ _SCALARS = {np.dtype(np.int32): ctypes.c_int32, np.dtype(np.int64): ctypes.c_int
 
 
 def pdl_enabled() -> bool:
-    return os.environ.get("MINILLM_PDL", "0") == "1"
+    return os.environ.get("MINILLM_PDL", "1") != "0"
 
 
 def kernel_arg(a):
