@@ -242,7 +242,7 @@ part11() {  # per-sequence attention kernels: GPU tests, the c=16 speculation cu
   throughput_06b 60
 }
 
-part12() {  # session 3, call 1 of 2: GPU tests, GEMV variants, decode with PDL off (default) and on,
+part12() {  # session 3, call 1 of 2: GPU tests, GEMV variants, decode with PDL on (default) and off,
   # throughput with the step profile, speculation cost with DFlash drafter graphs. The same-machine
   # baseline of the previous session's code ran from `git archive fecfc53` unpacked in old/ (cd old
   # && decode_06b / decode_8b), its gemv.cu passed as --ref to scripts/gemv_bench.py.
@@ -256,10 +256,10 @@ part12() {  # session 3, call 1 of 2: GPU tests, GEMV variants, decode with PDL 
     python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
   decode_06b 60
   decode_8b 90
-  stage decode_06b_pdl 60 env MINILLM_PDL=1 python3 -m minillm.bench decode $M/q06 --device cuda \
-    --input-len 512 --output-len 256 --result-json "$W/decode_06b_pdl.json"
-  stage decode_8b_pdl 90 env MINILLM_PDL=1 python3 -m minillm.bench decode $M/q8 --device cuda \
-    --input-len 512 --output-len 128 --result-json "$W/decode_8b_pdl.json"
+  stage decode_06b_nopdl 60 env MINILLM_PDL=0 python3 -m minillm.bench decode $M/q06 --device cuda \
+    --input-len 512 --output-len 256 --result-json "$W/decode_06b_nopdl.json"
+  stage decode_8b_nopdl 90 env MINILLM_PDL=0 python3 -m minillm.bench decode $M/q8 --device cuda \
+    --input-len 512 --output-len 128 --result-json "$W/decode_8b_nopdl.json"
   stage throughput_profile 90 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
     --max-model-len 2048 --max-num-batched-tokens 8192 --profile --result-json "$W/throughput_06b_profile.json" \
     --profile-json "$W/throughput_06b_steps.json"
