@@ -49,7 +49,7 @@ namespace minillm {
 // touching anything another kernel writes, and before any early return, so completion stays
 // ordered kernel by kernel. Launched without the attribute (eager steps) it returns at once.
 // Measured on the H200 (docs/BENCHMARKS.md): also releasing dependents at entry
-// (griddepcontrol.launch_dependents) made decode graphs 8-10% slower, so kernels never release
+// (griddepcontrol.launch_dependents) made decode graphs 7-10% slower, so kernels never release
 // early and a dependent grid starts when this one completes.
 __device__ __forceinline__ void pdl_entry() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -60,7 +60,8 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       float xf[8];
-      // a plain load, not __ldg: under PDL, x was written while this kernel was already resident
+      // a plain load, not __ldg (data read-only for the whole kernel): under PDL this kernel may
+      // be launched while the one writing x still runs
       minillm::unpack_bf16x8(reinterpret_cast<const uint4*>(x + (i64)m * ldx)[c], xf);
 #pragma unroll
       for (int r = 0; r < R; ++r) {
