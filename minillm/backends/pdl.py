@@ -13,7 +13,7 @@ once); eager launches stay on CuPy's path. MINILLM_PDL=0 turns it off.
 
 Measured on the H200 (docs/BENCHMARKS.md, same machine): decode graphs 0.6B 1.078 -> 1.049 ms, 8B
 4.771 -> 4.728 ms. Kernels do not release their dependents early (launch_dependents at entry made
-the same graphs 7-10% slower: the next kernels' CTAs sat resident, waiting).
+the same graphs 7-10% slower; likely because the next kernels' CTAs sat resident, waiting).
 """
 
 from __future__ import annotations
