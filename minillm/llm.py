@@ -44,10 +44,15 @@ class LLM:
         for toks, p in zip(prompt_ids, params):
             ids.append(engine.add_request(toks, p))
         done: dict[str, CompletionOutput] = {}
-        while engine.has_unfinished():
-            for out in engine.step():
-                if out.finished:
-                    done[out.request_id] = CompletionOutput([], out.text, out.token_ids, out.finish_reason)
+        # offline, nobody reads a step's text at once: render it while the next step runs
+        engine.overlap_outputs = True
+        try:
+            while engine.has_unfinished():
+                for out in engine.step():
+                    if out.finished:
+                        done[out.request_id] = CompletionOutput([], out.text, out.token_ids, out.finish_reason)
+        finally:
+            engine.overlap_outputs = False
         results = []
         for rid, toks in zip(ids, prompt_ids):
             c = done[rid]

@@ -8,7 +8,10 @@ deterministic tokens, so what a step costs is scheduler, block manager, step-buf
 upload, output bookkeeping and detokenisation: the part that runs on the host while a GPU waits.
 Prints the median microseconds per decode step at each batch size (every sequence decoding,
 ignore_eos, fixed max_tokens) and a digest of all outputs (token ids and text), which must not
-change when the host code is optimised. --profile B runs batch B under cProfile.
+change when the host code is optimised. --profile B runs batch B under cProfile. Also printed:
+the part of a step spent rendering outputs (detokenising, stop strings, the outputs themselves),
+which LLM.generate overlaps with the next step's device work (LLMEngine.overlap_outputs); the
+rest is the host's critical path, when a GPU would idle.
 """
 
 from __future__ import annotations
@@ -45,9 +48,20 @@ def make_engine(model_dir: str, batch: int, max_model_len: int) -> LLMEngine:
     return engine
 
 
-def run(model_dir: str, batch: int, prompt_len: int, steps: int, digest) -> float:
-    """Median host microseconds of `steps` decode steps with `batch` sequences decoding."""
+def run(model_dir: str, batch: int, prompt_len: int, steps: int, digest) -> tuple[float, float]:
+    """Median host microseconds of `steps` decode steps with `batch` sequences decoding, and the
+    median microseconds of it spent rendering outputs."""
     engine = make_engine(model_dir, batch, prompt_len + steps + 8)
+    render_times = []
+    render = engine._render_unrendered
+
+    def timed_render():
+        t = time.perf_counter()
+        out = render()
+        render_times.append(time.perf_counter() - t)
+        return out
+
+    engine._render_unrendered = timed_render
     rng = np.random.default_rng(batch)
     for i in range(batch):
         prompt = rng.integers(10, 3000, prompt_len).tolist()
@@ -57,6 +71,7 @@ def run(model_dir: str, batch: int, prompt_len: int, steps: int, digest) -> floa
     while len(started) < batch:  # prefill, until every sequence has sampled its first token
         started.update(o.request_id for o in engine.step())
     times = []
+    render_times.clear()
     while engine.has_unfinished():
         t0 = time.perf_counter()
         outs = engine.step()
@@ -65,7 +80,7 @@ def run(model_dir: str, batch: int, prompt_len: int, steps: int, digest) -> floa
             digest.update(f"{o.request_id}:{o.new_token_ids}:{o.new_text!r}:{o.finished}".encode())
             if o.finished:
                 digest.update(f"{o.token_ids}:{o.text!r}:{o.finish_reason}".encode())
-    return statistics.median(times) * 1e6
+    return statistics.median(times) * 1e6, statistics.median(render_times) * 1e6
 
 
 def main() -> None:
@@ -86,8 +101,9 @@ def main() -> None:
             return
         digest = hashlib.sha256()
         for b in ns.batches:
-            us = run(model_dir, b, ns.prompt_len, ns.steps, digest)
-            print(f"batch {b:4d}: {us:9.1f} us/step host  ({us / b:6.2f} us/seq)", flush=True)
+            us, render_us = run(model_dir, b, ns.prompt_len, ns.steps, digest)
+            print(f"batch {b:4d}: {us:9.1f} us/step host  ({us / b:6.2f} us/seq); rendering outputs "
+                  f"{render_us:8.1f} us, the rest {us - render_us:8.1f} us", flush=True)
         print(f"outputs digest {digest.hexdigest()[:16]}")
 
 

@@ -74,18 +74,30 @@ def phase_times(engine: LLMEngine, prompts: list[list[int]], out_len: int) -> di
     update alone is timed by context_update_ms, run the way the engine runs it."""
     backend = engine.backend
     times: dict[str, list[float]] = {"target_step": [], "propose": []}
-    wrapped = [(engine.runner, "execute", "target_step"), (engine.proposer, "propose", "propose")]
-    for obj, name, key in wrapped:
-        fn = getattr(obj, name)
+    started: list[float] = []
 
-        def timed(*a, _fn=fn, _key=key, **kw):
+    def begin(fn):  # the target step runs from runner.launch to runner.collect (synchronous here)
+        def timed(*a, **kw):
             backend.synchronize()
-            t = time.perf_counter()
-            out = _fn(*a, **kw)
+            started.append(time.perf_counter())
+            return fn(*a, **kw)
+        return timed
+
+    def finish(fn, key, own_start: bool):
+        def timed(*a, **kw):
+            if own_start:
+                backend.synchronize()
+                started.append(time.perf_counter())
+            out = fn(*a, **kw)
             backend.synchronize()
-            times[_key].append(time.perf_counter() - t)
+            times[key].append(time.perf_counter() - started.pop())
             return out
+        return timed
 
+    wrapped = [(engine.runner, "launch", begin(engine.runner.launch)),
+               (engine.runner, "collect", finish(engine.runner.collect, "target_step", False)),
+               (engine.proposer, "propose", finish(engine.proposer.propose, "propose", True))]
+    for obj, name, timed in wrapped:
         setattr(obj, name, timed)
     try:
         decode_steps(engine, prompts, out_len)

@@ -189,6 +189,10 @@ class LLMEngine:
                 self.runner.after_forward = self.proposer.update_context
         self.spec_stats = SpecStats(k)
         self.profiler = None  # a StepProfiler (minillm/engine/step_profile.py) times step()'s phases
+        # overlap_outputs: step() renders a step's text and outputs while the next step runs on the
+        # device, so it returns the previous step's outputs (LLM.generate turns it on; see step())
+        self.overlap_outputs = False
+        self._unrendered: list[tuple[Sequence, list[int], str | None]] = []
         self.requests: dict[str, Sequence] = {}
         self.rng = random.Random(args.seed)
         self.stats_prompt_tokens = 0
@@ -253,33 +257,48 @@ class LLMEngine:
             self.scheduler.finish(seq, "abort")
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or bool(self._unrendered)
 
     # ---- the step -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """Schedule, run and account one step; returns its outputs (text deltas, finished requests).
+
+        A step's results are taken in two parts. Accepting the sampled token ids (stop tokens,
+        max_tokens and the length limit end a sequence here) must finish before the next step is
+        scheduled; rendering them (detokenising, stop strings, the outputs) need not. With
+        overlap_outputs the rendering of step n runs after step n + 1 is launched, while the device
+        works, and step() returns step n's outputs. A stop string found then ends the sequence one
+        step late: its row in the step in flight is dropped, and the tokens are cut exactly where
+        a synchronous engine would have stopped.
+        """
         prof = self.profiler
         if prof is not None:
             prof.begin()
         sched = self.scheduler.schedule()
         if not sched.scheduled:
-            return []
+            return self._render_unrendered()
         if prof is not None:
             prof.scheduled(sched.scheduled)
-        tokens = self.runner.execute(sched.scheduled)
+        handle = self.runner.launch(sched.scheduled)
+        earlier = self._render_unrendered() if self.overlap_outputs else []  # overlaps the device
+        tokens = self.runner.collect(handle)
         if prof is not None:
             prof.executed()
         uses_hidden = self.proposer is not None and getattr(self.proposer, "uses_target_hidden", False)
         # with a drafter sharing the blocks, cache only what both models have computed
         drafter_kv = self.proposer is not None and self.proposer.needs_kv
-        # (a DFlash drafter's context K/V was stored inside runner.execute: its after_forward)
+        # (a DFlash drafter's context K/V was stored inside runner.launch: its after_forward)
         token_list = tokens.tolist()  # one conversion instead of an int() per sequence
-        outputs = []
+        num_sampled = 0
         r = 0
         for item in sched.scheduled:
             seq = item.seq
+            m = item.num_logits if item.samples else 0
+            if seq.finished:  # a stop string found while this step ran: its row is dropped
+                r += m
+                continue
             seq.num_computed += item.num_new
             if item.samples:
-                m = item.num_logits
                 new = self._verify(item, tokens[r : r + m], r) if item.num_draft else [token_list[r]]
                 r += m
             if seq.draft_ids:
@@ -288,13 +307,16 @@ class LLMEngine:
                 seq.draft_computed = seq.num_computed  # context K/V was stored for every computed row
             self.block_manager.commit_full_blocks(seq, seq.draft_computed if drafter_kv else None)
             if item.samples:
-                outputs.append(self._append_tokens(seq, new))
+                accepted, reason = self._accept_tokens(seq, new)
+                num_sampled += len(accepted)
+                self._unrendered.append((seq, accepted, reason))
+        outputs = earlier if self.overlap_outputs else self._render_unrendered()
         if self.proposer is not None:
             if prof is not None:
                 prof.proposing()
             self._propose()
         if prof is not None:
-            prof.end(outputs)
+            prof.end(num_sampled)
         return outputs
 
     def _verify(self, item: ScheduledSeq, row_tokens: np.ndarray, r: int) -> list[int]:
@@ -334,18 +356,17 @@ class LLMEngine:
         if seqs:
             self.proposer.propose(seqs, ks)
 
-    def _append_tokens(self, seq: Sequence, new: list[int]) -> RequestOutput:
-        """Append sampled tokens one by one, stopping exactly where plain decoding would (a stop
-        token, a stop string, max_tokens or max_model_len), even inside an accepted speculative run;
-        returns the text delta to stream."""
+    def _accept_tokens(self, seq: Sequence, new: list[int]) -> tuple[list[int], str | None]:
+        """Append sampled token ids one by one, stopping exactly where plain decoding would on a stop
+        token, max_tokens or max_model_len, even inside an accepted speculative run (stop strings
+        are the renderer's: they need the text). A sequence that ends is retired at once, so the
+        next step never schedules it. Returns (the appended ids, the finish reason or None)."""
         p = seq.params
         out_ids = seq.output_ids
         accepted: list[int] = []
         reason = None
-        longest_stop = max(len(s) for s in p.stop) if p.stop else 0
         eos_ids = () if p.ignore_eos else self.eos_ids
-        num_prompt = len(seq.prompt_ids)
-        max_tokens = min(p.max_tokens, self.max_model_len - num_prompt)  # either limit
+        max_tokens = min(p.max_tokens, self.max_model_len - len(seq.prompt_ids))  # either limit
         for tok in new:
             out_ids.append(tok)
             accepted.append(tok)
@@ -353,20 +374,46 @@ class LLMEngine:
             if n_out >= p.min_tokens and (tok in eos_ids or tok in p.stop_token_ids):
                 reason = "stop"  # the stop token is returned in token_ids but is not text
                 break
-            before = len(seq.text)
-            seq.text += seq.decoder.push([tok])
-            if p.stop and n_out >= p.min_tokens and len(seq.text) > before:
-                cut = self._find_stop(seq.text, p.stop, max(0, before - longest_stop + 1))
-                if cut is not None:
-                    seq.text = seq.text[:cut]  # the text ends before the stop string
-                    reason = "stop"
-                    break
             if n_out >= max_tokens:
                 reason = "length"
                 break
         self.stats_generation_tokens += len(accepted)
         if reason is not None:
             self.scheduler.finish(seq, reason)
+        return accepted, reason
+
+    def _render_unrendered(self) -> list[RequestOutput]:
+        outputs = [self._render(seq, accepted, reason) for seq, accepted, reason in self._unrendered]
+        self._unrendered = []
+        return outputs
+
+    def _render(self, seq: Sequence, accepted: list[int], reason: str | None) -> RequestOutput:
+        """Detokenise the ids _accept_tokens appended, end the sequence on a stop string (cutting
+        the text before it and the ids after the token that completed it, as plain decoding
+        would have stopped there), and return the text delta to stream."""
+        p = seq.params
+        longest_stop = max(len(s) for s in p.stop) if p.stop else 0
+        n0 = len(seq.output_ids) - len(accepted)  # output tokens before these
+        text_ids = accepted[:-1] if reason == "stop" else accepted  # a stop token is not text
+        for i, tok in enumerate(text_ids):
+            before = len(seq.text)
+            seq.text += seq.decoder.push([tok])
+            if p.stop and n0 + i + 1 >= p.min_tokens and len(seq.text) > before:
+                cut = self._find_stop(seq.text, p.stop, max(0, before - longest_stop + 1))
+                if cut is not None:
+                    seq.text = seq.text[:cut]  # the text ends before the stop string
+                    dropped = len(accepted) - (i + 1)
+                    if dropped:  # later ids of an accepted run: plain decoding never made them
+                        del seq.output_ids[n0 + i + 1 :]
+                        accepted = accepted[: i + 1]
+                        self.stats_generation_tokens -= dropped
+                    if seq.finished:
+                        seq.finish_reason = "stop"  # the string came first (e.g. at max_tokens)
+                    else:
+                        self.scheduler.finish(seq, "stop")
+                    reason = "stop"
+                    break
+        if reason is not None:
             self.requests.pop(seq.request_id, None)
             hold = 0
         else:
@@ -375,7 +422,7 @@ class LLMEngine:
         delta = seq.text[seq.sent_text_len : end]
         seq.sent_text_len = end
         return RequestOutput(seq.request_id, accepted, delta, seq.output_ids, len(seq.output_ids), seq.text,
-                             num_prompt, reason is not None, reason)
+                             len(seq.prompt_ids), reason is not None, reason)
 
     @staticmethod
     def _find_stop(text: str, stops: list[str], start: int = 0) -> int | None:

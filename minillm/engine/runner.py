@@ -280,26 +280,45 @@ class ModelRunner:
         sample=False the logits rows themselves (host float32). greedy=True takes every row's
         argmax whatever the requests ask (drafters: their proposals are deterministic). Rows that
         verify a draft also leave their accept flags in self.last_accepted."""
+        if not sample:
+            t, r = self.prepare(batch)
+            self.buf.upload(len(batch))
+            x = self._inputs(len(batch), t, r, self.max_query_len)
+            # scoring skips after_forward: no decoding step follows it
+            logits = self._forward(x, t, r, after_forward=False)
+            self.last_inputs, self.last_num_tokens = x, t
+            return self.backend.to_host(logits).astype(np.float32)
+        return self.collect(self.launch(batch, greedy))
+
+    def launch(self, batch: list[ScheduledSeq], greedy: bool = False) -> tuple[int, bool]:
+        """The device half of a sampling step: prepare, upload, then the forward and the sampler
+        (a graph replay or eager launches), without waiting for them. Returns the handle collect()
+        takes: (logits rows, whether rows verify drafts). Between the two the host is free (the
+        engine renders the previous step's text there) while the device runs."""
         t, r = self.prepare(batch)
         if greedy:  # a drafter's own step: argmax everywhere, nothing to verify
             self.buf.host["temperature"][:r] = 0.0
             self.buf.host["draft_tokens"][:r] = -1
         verifying = not greedy and any(item.num_draft for item in batch)
         B = len(batch)
-        graph = self._graph_for(batch, t) if sample else None
+        graph = self._graph_for(batch, t)
         if graph is not None:
-            return self._replay(graph, B, t, r, verifying)
+            self._replay(graph, B, t, r)
+            return r, verifying
         self.buf.upload(B)
         x = self._inputs(B, t, r, self.max_query_len)
-        # scoring (sample=False) skips after_forward: no decoding step follows it
-        logits = self._forward(x, t, r, after_forward=sample)
+        logits = self._forward(x, t, r)
         self.last_inputs, self.last_num_tokens = x, t
-        if not sample:
-            return self.backend.to_host(logits).astype(np.float32)
+        if r:
+            self._suppress_stop_tokens(batch, logits)
+            self._sample(logits, r)
+        return r, verifying
+
+    def collect(self, handle: tuple[int, bool]) -> np.ndarray:
+        """Wait for a launched step; its sampled tokens (host int32), accept flags in last_accepted."""
+        r, verifying = handle
         if r == 0:
             return np.zeros(0, dtype=np.int32)
-        self._suppress_stop_tokens(batch, logits)
-        self._sample(logits, r)
         return self._results(r, verifying)
 
     # ---- CUDA graphs ------------------------------------------------------------------------
@@ -365,7 +384,7 @@ class ModelRunner:
         h["sample_pos"][r:R] = 0
         h["draft_tokens"][r:R] = -1
 
-    def _replay(self, graph, B: int, t: int, r: int, verifying: bool) -> np.ndarray:
+    def _replay(self, graph, B: int, t: int, r: int) -> None:
         bk, rows, g = graph
         T = bk * rows
         self._pad(B, t, r, bk, T, T)
@@ -376,4 +395,3 @@ class ModelRunner:
         else:
             g.replay()
         self.last_inputs, self.last_num_tokens = self._inputs(bk + 1, T, T, rows), T
-        return self._results(r, verifying)

@@ -9,6 +9,10 @@ step's wall time exactly:
   post      the engine's bookkeeping: appending tokens, stop checks, detokenisation, outputs
   propose   speculative decoding only: the drafter's proposals for the next step
 
+With engine.overlap_outputs (inside LLM.generate) the rendering of the previous step's outputs
+(detokenisation, stop strings, outputs) runs while the device works, between launch and the
+results, so it is counted in execute, not post; the session-3 H200 profile predates that.
+
 Inside execute, `launch` is the host time from the upload to asking for the results (enqueueing
 the eager kernels, or one graph replay); execute - launch is the host waiting for the device plus
 the copy back. On CUDA, `device` is the time between two events recorded on the backend stream,
@@ -184,7 +188,7 @@ class StepProfiler:
     def proposing(self) -> None:
         self._t_propose = time.perf_counter()
 
-    def end(self, outputs) -> None:
+    def end(self, num_sampled: int) -> None:
         t_end = time.perf_counter()
         batch = self._batch
         self._batch = None
@@ -195,7 +199,7 @@ class StepProfiler:
             kind=step_kind(batch, self._graph), num_seqs=len(batch),
             num_tokens=sum(item.num_new for item in batch),
             num_prefill_tokens=sum(item.num_new for item in batch if not item.decode and not item.num_draft),
-            num_sampled=sum(len(o.new_token_ids) for o in outputs),
+            num_sampled=num_sampled,
             schedule_ms=(self._t_sched - self._t0) * 1e3, prepare_ms=(t_up - self._t_sched) * 1e3,
             execute_ms=(self._t_exec - t_up) * 1e3, post_ms=(t_prop - self._t_exec) * 1e3,
             propose_ms=(t_end - t_prop) * 1e3, launch_ms=(t_res - t_up) * 1e3,
