@@ -10,12 +10,17 @@ import pytest
 
 from minillm import LLM, SamplingParams
 from minillm.engine.engine import LLMEngine
-from minillm.tools.random_model import write_random_model
+from minillm.tools.random_model import write_dflash_drafter, write_random_model
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     return write_random_model(tmp_path_factory.mktemp("tiny"), "tiny", seed=1)
+
+
+@pytest.fixture(scope="module")
+def drafter(tiny, tmp_path_factory):
+    return write_dflash_drafter(tmp_path_factory.mktemp("dflash"), tiny, seed=2)
 
 
 def drive(engine: LLMEngine, prompts, params, overlap: bool) -> dict:
@@ -61,9 +66,13 @@ def workload(tiny, engine_kw, n=12, seed=0):
     dict(max_num_seqs=8, max_num_batched_tokens=48, num_blocks=10, max_model_len=128),  # preempts
     dict(max_num_seqs=4, max_num_batched_tokens=64,
          speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}),
-], ids=["plain", "preempting", "ngram"])
-def test_overlapped_outputs_equal_synchronous(tiny, engine_kw):
+    dict(max_num_seqs=4, max_num_batched_tokens=64,
+         speculative_config={"method": "dflash", "model": "DRAFTER", "num_speculative_tokens": 4}),
+], ids=["plain", "preempting", "ngram", "dflash"])
+def test_overlapped_outputs_equal_synchronous(tiny, drafter, engine_kw):
     kw = dict(dict(device="cpu", max_model_len=256), **engine_kw)
+    if "speculative_config" in kw and kw["speculative_config"].get("model") == "DRAFTER":
+        kw["speculative_config"] = dict(kw["speculative_config"], model=str(drafter))
     prompts, params = workload(tiny, kw)
     sync_engine, overlap_engine = LLMEngine(model=str(tiny), **kw), LLMEngine(model=str(tiny), **kw)
     sync = drive(sync_engine, prompts, params, overlap=False)
