@@ -11,7 +11,9 @@ step's wall time exactly:
 
 With engine.overlap_outputs (inside LLM.generate) the rendering of the previous step's outputs
 (detokenisation, stop strings, outputs) runs while the device works, between launch and the
-results, so it is counted in execute, not post; the session-3 H200 profile predates that.
+results, so it is counted in execute, not post, and device then also covers any time the device
+sat idle waiting for that rendering to end (the end event is recorded after it). The session-3
+H200 profile predates the overlap.
 
 Inside execute, `launch` is the host time from the upload to asking for the results (enqueueing
 the eager kernels, or one graph replay); execute - launch is the host waiting for the device plus
