@@ -279,5 +279,17 @@ part13() {  # session 3, call 2 of 2: the failure matrix and the memcheck reprod
     --startup-timeout 100 --ladder-timeout 100
 }
 
+part14() {  # not yet run: racecheck, synccheck and initcheck over the session-2/3 kernels' tests
+  # (decode attention with its last-CTA merge, tensor-core prefill, the sampler's verification,
+  # the PDL chain), which so far had memcheck only
+  setup
+  local K="paged_attention_shapes and bfloat16-16-64-2 or attention_batch_invariant"
+  K="$K or sampler_verifies_drafts_like_numpy and bfloat16-1000 or dependent_chain"
+  for tool in racecheck synccheck initcheck; do
+    stage "sanitize_$tool" 170 compute-sanitizer --tool "$tool" --error-exitcode 3 --print-limit 20 \
+      python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "$K"
+  done
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
