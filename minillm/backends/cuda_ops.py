@@ -183,16 +183,13 @@ class CudaBackend:
             self._att_counters = cupy.zeros(1 << 16, dtype=np.int32)
         self.blas = Cublas(self.stream.ptr, self._blas_ws.data.ptr, cublas_workspace_bytes)
         self._capturing = False
-        self.pdl, self.pdl_unavailable = None, None
-        if not pdl_enabled():
-            self.pdl_unavailable = "MINILLM_PDL=0"
-        elif int(self.props["major"]) < 9:
-            self.pdl_unavailable = f"compute capability {self.props['major']}.{self.props['minor']} < 9.0"
-        else:
+        self.pdl = None  # graphs launch pdl_entry kernels through it (Hopper and later)
+        if pdl_enabled() and int(self.props["major"]) >= 9:
             try:
                 self.pdl = PdlLauncher(self.stream.ptr)
             except (OSError, AttributeError) as e:  # no libcuda.so.1 / no cuLaunchKernelEx
-                self.pdl_unavailable = f"{type(e).__name__}: {e}"
+                print(f"minillm: programmatic dependent launch unavailable ({type(e).__name__}: {e}); "
+                      "graphs launch kernels plainly", file=sys.stderr)
         self._staging = cupy.cuda.alloc_pinned_memory(staging_bytes)
         self._staging_cap = staging_bytes
         self._staging_off = 0

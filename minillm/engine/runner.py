@@ -255,6 +255,14 @@ class ModelRunner:
             self.transform_logits(logits)
         return logits
 
+    def _eager_forward(self, B: int, t: int, r: int, after_forward: bool = True):
+        """Upload the prepared step and launch its forward (no graph); returns the logits rows."""
+        self.buf.upload(B)
+        x = self._inputs(B, t, r, self.max_query_len)
+        logits = self._forward(x, t, r, after_forward)
+        self.last_inputs, self.last_num_tokens = x, t
+        return logits
+
     def _forward_and_sample(self, B: int, t: int, r: int, max_query_len: int):
         """The device work of a decode step: exactly what a CUDA graph captures and replays."""
         x = self._inputs(B, t, r, max_query_len)
@@ -282,11 +290,8 @@ class ModelRunner:
         verify a draft also leave their accept flags in self.last_accepted."""
         if not sample:
             t, r = self.prepare(batch)
-            self.buf.upload(len(batch))
-            x = self._inputs(len(batch), t, r, self.max_query_len)
             # scoring skips after_forward: no decoding step follows it
-            logits = self._forward(x, t, r, after_forward=False)
-            self.last_inputs, self.last_num_tokens = x, t
+            logits = self._eager_forward(len(batch), t, r, after_forward=False)
             return self.backend.to_host(logits).astype(np.float32)
         return self.collect(self.launch(batch, greedy))
 
@@ -305,10 +310,7 @@ class ModelRunner:
         if graph is not None:
             self._replay(graph, B, t, r)
             return r, verifying
-        self.buf.upload(B)
-        x = self._inputs(B, t, r, self.max_query_len)
-        logits = self._forward(x, t, r)
-        self.last_inputs, self.last_num_tokens = x, t
+        logits = self._eager_forward(B, t, r)
         if r:
             self._suppress_stop_tokens(batch, logits)
             self._sample(logits, r)
