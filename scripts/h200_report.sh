@@ -291,5 +291,32 @@ part14() {  # not yet run: racecheck, synccheck and initcheck over the session-2
   done
 }
 
+part15() {  # session 4, call 1: one decode step split into kernels by ncu (0.6B at batch 1 and 192,
+  # 8B at batch 1) against the same step's graph time, then decode and throughput at this commit
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  step_kernels q06 1 512 60
+  step_kernels q06 192 1024 90
+  step_kernels q8 1 512 90
+  decode_06b 60
+  stage throughput_profile 90 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
+    --max-model-len 2048 --max-num-batched-tokens 8192 --profile --result-json "$W/throughput_06b_profile.json" \
+    --profile-json "$W/throughput_06b_steps.json"
+}
+
+step_kernels() {  # step_kernels MODEL BATCH CTX TIMEOUT: graph time, then the ncu kernel split
+  local tag=$1_b$2_c$3
+  stage "graph_$tag" "$4" python3 scripts/step_kernels.py $M/$1 --batch $2 --ctx $3 --json "$W/graph_$tag.json"
+  stage "ncu_$tag" "$4" ncu --profile-from-start off --clock-control none --cache-control none \
+    --metrics gpu__time_duration.sum --csv --page raw python3 scripts/step_kernels.py $M/$1 --batch $2 \
+    --ctx $3 --under-ncu
+  local g
+  g=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['graph_ms'] or 0)" "$W/graph_$tag.json" 2>/dev/null || echo 0)
+  python3 scripts/step_kernels.py --parse "$W/ncu_$tag.log" --graph-ms "$g" --json "$W/kernels_$tag.json" \
+    | tee "$W/kernels_$tag.txt"
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"

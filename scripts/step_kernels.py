@@ -1,0 +1,132 @@
+"""One decode step split into kernels, measured with Nsight Compute (ncu) on the GPU.
+
+    python scripts/step_kernels.py MODEL --batch 1 --ctx 512 [--json F]     # graph time (events)
+    ncu --profile-from-start off --clock-control none --cache-control none \
+        --metrics gpu__time_duration.sum --csv --page raw \
+        python scripts/step_kernels.py MODEL --batch 1 --ctx 512 --under-ncu > ncu.csv
+    python scripts/step_kernels.py --parse ncu.csv [--graph-ms X] [--json F]
+
+The first form fills `batch` sequences with `ctx`-token random prompts, decodes a few warm-up steps
+and times the decode step's CUDA graph with CUDA events (median of 20 replays). With --under-ncu the
+script brackets exactly one decode step with cudaProfilerStart/Stop, so ncu sees that step's kernels
+(the graph's nodes, each timed alone: ncu serialises them). --parse groups the CSV by kernel and,
+given the graph time, says how much of the step is kernels and how much is the gaps between them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import sys
+from collections import defaultdict
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run_step(model: str, batch: int, ctx: int, profiling: bool, warmup: int = 4, replays: int = 20) -> dict:
+    import cupy
+
+    from minillm.args import EngineArgs
+    from minillm.engine.engine import LLMEngine
+    from minillm.sampling_params import SamplingParams
+
+    args = EngineArgs(model=model, device="cuda", max_num_seqs=batch, max_model_len=ctx + 64,
+                      max_num_batched_tokens=max(8192, batch), enable_prefix_caching=False)
+    engine = LLMEngine(args)
+    rng = np.random.default_rng(0)
+    vocab = min(engine.config.vocab_size, engine.tokenizer.vocab_size)
+    for i in range(batch):
+        engine.add_request(rng.integers(0, vocab, ctx).tolist(),
+                           SamplingParams(temperature=0, max_tokens=48, ignore_eos=True), request_id=str(i))
+    seqs = [engine.requests[str(i)] for i in range(batch)]
+    while any(s.num_computed < ctx for s in seqs):
+        engine.step()
+    for _ in range(warmup):
+        engine.step()
+    engine.backend.synchronize()
+    times = []
+    if profiling:
+        cupy.cuda.profiler.start()
+        engine.step()
+        engine.backend.synchronize()
+        cupy.cuda.profiler.stop()
+    else:  # the graph of this batch bucket, replayed alone between events
+        stream = engine.backend.stream
+
+        def timer(replay):
+            s, e = cupy.cuda.Event(), cupy.cuda.Event()
+            s.record(stream)
+            replay()
+            e.record(stream)
+            times.append((s, e))
+        engine.runner.replay_timer = timer
+        for _ in range(replays):
+            engine.step()
+        engine.runner.replay_timer = None
+        engine.backend.synchronize()
+    graph_ms = float(np.median([cupy.cuda.get_elapsed_time(s, e) for s, e in times])) if times else None
+    return {"model": model, "batch": batch, "ctx": ctx, "graph_ms": graph_ms}
+
+
+def parse(csv_text: str, graph_ms: float | None) -> dict:
+    """ncu --csv --page raw output -> {kernel: {calls, total_us}}, kernels sorted by time."""
+    lines = [ln for ln in csv_text.splitlines() if ln.startswith('"')]
+    rows = list(csv.DictReader(io.StringIO("\n".join(lines))))
+    by = defaultdict(lambda: [0, 0.0])
+    for row in rows:
+        v = row.get("gpu__time_duration.sum", "")
+        try:
+            ns = float(v.replace(",", ""))
+        except ValueError:
+            continue  # the units row
+        name = row.get("Kernel Name", "?").split("(")[0]
+        by[name][0] += 1
+        by[name][1] += ns / 1e3
+    kernels = {k: {"calls": c, "total_us": round(t, 2)} for k, (c, t) in sorted(by.items(), key=lambda kv: -kv[1][1])}
+    total_us = sum(v["total_us"] for v in kernels.values())
+    out = {"kernels": kernels, "launches": sum(v["calls"] for v in kernels.values()),
+           "kernel_sum_us": round(total_us, 1)}
+    if graph_ms:
+        out["graph_us"] = round(graph_ms * 1e3, 1)
+        out["gaps_us"] = round(graph_ms * 1e3 - total_us, 1)
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", nargs="?")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--ctx", type=int, default=512)
+    p.add_argument("--parse", default=None, help="an ncu --csv file to summarise")
+    p.add_argument("--graph-ms", type=float, default=None)
+    p.add_argument("--under-ncu", action="store_true", help="profile one step: give it under ncu")
+    p.add_argument("--json", default=None)
+    ns = p.parse_args()
+    if ns.parse:
+        with open(ns.parse) as f:
+            r = parse(f.read(), ns.graph_ms)
+        print(f"{'kernel':58s} {'calls':>6s} {'us':>9s} {'share':>6s}")
+        for k, v in r["kernels"].items():
+            print(f"{k[:58]:58s} {v['calls']:6d} {v['total_us']:9.1f} {100 * v['total_us'] / r['kernel_sum_us']:5.1f}%")
+        line = f"{r['launches']} kernels, {r['kernel_sum_us']:.1f} us of kernel time"
+        if "graph_us" in r:
+            line += f"; the graph takes {r['graph_us']:.1f} us: {r['gaps_us']:.1f} us between kernels"
+        print(line)
+    else:
+        if not ns.model:
+            p.error("give a MODEL directory (or --parse F)")
+        r = run_step(ns.model, ns.batch, ns.ctx, ns.under_ncu)
+        print(json.dumps(r))
+    if ns.json:
+        with open(ns.json, "w") as f:
+            json.dump(r, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
