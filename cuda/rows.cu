@@ -1,4 +1,5 @@
-// rows.cu: row copies with an optional row index (embed, gather_rows, copy, store_kv).
+// rows.cu: row copies with an optional row index (embed, gather_rows, copy, store_kv), and the
+// input-id fill of async scheduling (fill_input_ids).
 //
 // Each is a byte copy of whole rows, so one kernel serves every dtype: the host picks the widest
 // unit (16, 4 or 2 bytes) that the row length, the strides and the base pointers are aligned to.
@@ -61,3 +62,21 @@ __device__ __forceinline__ void store_kv_impl(const U* __restrict__ k, i64 k_str
 MINILLM_ROWS(u16, uint4)  // 16-byte units
 MINILLM_ROWS(u4, unsigned int)
 MINILLM_ROWS(u2, unsigned short)
+
+// Async scheduling: step n + 1 is launched before step n's sampled ids reach the host, so a row
+// whose input is one of those ids takes it here, on the device, between the upload of step
+// n + 1's inputs and its forward: input_ids[r] = prev_tokens[src_rows[r]] where src_rows[r] >= 0
+// (prev_tokens: step n's sampler output, which the upload does not overwrite). int32 ids, one
+// thread per row.
+extern "C" __global__ void fill_input_ids(int* __restrict__ input_ids,
+                                          const int* __restrict__ prev_tokens,
+                                          const int* __restrict__ src_rows, int n_rows,
+                                          int n_prev) {
+  minillm::pdl_entry();
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= n_rows) return;
+  const int s = src_rows[r];
+  if (s < 0) return;
+  MINILLM_CHECK(s < n_prev);
+  input_ids[r] = prev_tokens[s];
+}

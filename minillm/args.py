@@ -29,6 +29,9 @@ class EngineArgs:
     speculative_config: dict | str | None = None
     enforce_eager: bool = False
     seed: int = 0
+    # schedule step n + 1 before step n's tokens are back; None: the driver's default (on in
+    # LLM.generate and the benchmarks, off in the server)
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.speculative_config, str):
@@ -86,4 +89,11 @@ def add_engine_args(p: argparse.ArgumentParser, model_positional: bool = True) -
                    help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\'')
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     p.add_argument("--seed", type=int, default=d["seed"].default)
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="schedule and launch step n+1 before step n's sampled tokens reach the host, so the "
+                        "device never waits for the host between plain decode steps (speculative decoding "
+                        "and steps that may preempt run synchronously). Default: on for the offline API "
+                        "(LLM.generate) and the benchmarks; off for the server, where it is untested under "
+                        "live aborts and load (each stream would also get its tokens from a step that "
+                        "overlaps the next one's launch): pass --async-scheduling to try it there")
     return p

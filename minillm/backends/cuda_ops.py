@@ -201,7 +201,7 @@ class CudaBackend:
         self._pdl_kernels: set[str] = set()  # kernels that begin with pdl_entry (cuda/common.cuh)
         for mod, names in {
             "rows": ["gather_rows_u16", "gather_rows_u4", "gather_rows_u2",
-                     "store_kv_u16", "store_kv_u4", "store_kv_u2"],
+                     "store_kv_u16", "store_kv_u4", "store_kv_u2", "fill_input_ids"],
             "elementwise": ["silu_mul_bf16", "silu_mul_f32", "fill_bias_bf16_bf16",
                             "fill_bias_f32_f32", "fill_bias_f32_bf16", "scale_softcap_bf16",
                             "scale_softcap_f32", "suppress_tokens_bf16", "suppress_tokens_f32"],
@@ -385,6 +385,20 @@ class CudaBackend:
             (k, _i64(k_stride * it // size), v, _i64(v_stride * it // size), k_cache, v_cache,
              slot_mapping, _i32(T), _i32(row_bytes // size), _i64(n_slots)),
         )
+
+    def fill_input_ids(self, input_ids, prev_tokens, src_rows) -> None:
+        """input_ids[r] = prev_tokens[src_rows[r]] where src_rows[r] >= 0 (async scheduling: ids
+        the previous step sampled, still on the device); twin of NumpyBackend.fill_input_ids."""
+        n = input_ids.shape[0]
+        if n == 0:
+            return
+        for a, what in ((input_ids, "input_ids"), (prev_tokens, "prev_tokens"), (src_rows, "src_rows")):
+            if a.dtype != np.int32 or a.ndim != 1 or a.strides[0] != 4:
+                raise TypeError(f"fill_input_ids: {what} must be a contiguous 1-D int32 array")
+        if src_rows.shape[0] < n:
+            raise ValueError(f"fill_input_ids: {src_rows.shape[0]} src_rows for {n} input ids")
+        self._launch("fill_input_ids", (_cdiv(n, 256),), (256,),
+                     (input_ids, prev_tokens, src_rows, _i32(n), _i32(prev_tokens.shape[0])))
 
     # ---- norms, activation --------------------------------------------------------------
     def rms_norm(self, x, w, eps: float, out, residual=None) -> None:

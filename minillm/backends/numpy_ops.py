@@ -173,6 +173,14 @@ class NumpyBackend:
     def gather_rows(self, x, idx, out) -> None:
         np.take(x, idx, axis=0, out=out)
 
+    def fill_input_ids(self, input_ids, prev_tokens, src_rows) -> None:
+        """input_ids[r] = prev_tokens[src_rows[r]] for every row r < len(input_ids) whose
+        src_rows[r] >= 0; other rows keep their id. Async scheduling: a step launched before the
+        previous step's sampled ids reach the host takes them from the device (int32 arrays)."""
+        src = np.asarray(src_rows[: input_ids.shape[0]])
+        live = np.flatnonzero(src >= 0)
+        input_ids[live] = prev_tokens[src[live]]
+
     def suppress_tokens(self, logits, rows, token_ids) -> None:
         """logits[rows[i], token_ids[i]] = -inf (min_tokens keeps EOS/stop tokens from being drawn)."""
         logits[rows, token_ids] = -np.inf

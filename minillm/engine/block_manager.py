@@ -166,8 +166,9 @@ class BlockManager:
         bs = self.block_size
         # only blocks whose tokens are all in the sequence: while drafts are verified num_computed
         # runs ahead of the appended tokens, and hashing a partial token list would cache a block
-        # no lookup can ever hit and chain every later block of seq off a wrong hash
-        computed = min(seq.num_computed, seq.num_tokens)
+        # no lookup can ever hit and chain every later block of seq off a wrong hash (likewise with
+        # async scheduling, where num_computed counts a step in flight whose sampled id is unknown)
+        computed = min(seq.num_computed, seq.num_known_tokens)
         full = (computed if upto is None else min(upto, computed)) // bs
         for i in range(seq.num_hashed_blocks, full):
             tokens = tuple(seq.tokens(i * bs, (i + 1) * bs))

@@ -75,6 +75,14 @@ class EngineStats:
     spec: dict = field(default_factory=dict)
 
 
+@dataclass
+class _Inflight:
+    """A step launched by the async path and not collected yet: what it ran and its handle."""
+
+    scheduled: list[ScheduledSeq]
+    handle: tuple
+
+
 def graph_buckets(max_num_seqs: int) -> list[int]:
     """Batch sizes decode steps are captured for: 1, 2, 4, 8, 16, 24, 32, ... up to max_num_seqs."""
     sizes = [b for b in (1, 2, 4, 8) if b < max_num_seqs] + list(range(16, max_num_seqs, 8))
@@ -192,6 +200,11 @@ class LLMEngine:
         # overlap_outputs: step() renders a step's text and outputs while the next step runs on the
         # device, so it returns the previous step's outputs (LLM.generate turns it on; see step())
         self.overlap_outputs = False
+        # async_scheduling: step n + 1 is scheduled and launched before step n's sampled ids come
+        # back (see _step_async); None in EngineArgs means the driver decides (LLM turns it on)
+        self.async_scheduling = bool(args.async_scheduling)
+        self._inflight: _Inflight | None = None  # the launched step whose ids are not accepted yet
+        self.num_pipelined_steps = 0  # steps launched while another was in flight (tests read it)
         self._unrendered: list[tuple[Sequence, list[int], str | None]] = []
         self.requests: dict[str, Sequence] = {}
         self.rng = random.Random(args.seed)
@@ -244,6 +257,7 @@ class LLMEngine:
         # the runner keeps seeds in a uint64 buffer: a negative seed would raise there, mid-step
         seed = params.seed % 2**64 if params.seed is not None else self.rng.getrandbits(63)
         seq = Sequence(request_id, prompt_ids, params, seed)
+        seq.max_output_len = min(params.max_tokens, self.max_model_len - len(prompt_ids))
         seq.decoder = IncrementalDecoder(self.tokenizer)
         self.requests[request_id] = seq
         self.stats_prompt_tokens += len(prompt_ids)
@@ -257,7 +271,7 @@ class LLMEngine:
             self.scheduler.finish(seq, "abort")
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work() or bool(self._unrendered)
+        return self.scheduler.has_work() or bool(self._unrendered) or self._inflight is not None
 
     # ---- the step -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -270,7 +284,15 @@ class LLMEngine:
         works, and step() returns step n's outputs. A stop string found then ends the sequence one
         step late: its row in the step in flight is dropped, and the tokens are cut exactly where
         a synchronous engine would have stopped.
+
+        With async_scheduling (and no speculative decoding) the step runs ahead instead: see
+        _step_async.
         """
+        if self.async_scheduling and self.proposer is None:
+            return self._step_async()
+        if self._inflight is not None:  # async scheduling was just turned off: finish its step first
+            self._collect_inflight()
+            return self._render_unrendered()
         prof = self.profiler
         if prof is not None:
             prof.begin()
@@ -318,6 +340,108 @@ class LLMEngine:
         if prof is not None:
             prof.end(num_sampled)
         return outputs
+
+    # ---- async scheduling -------------------------------------------------------------------
+    def _step_async(self) -> list[RequestOutput]:
+        """One step of async scheduling: schedule and launch step n + 1 while step n is still on
+        the device, then accept step n's ids and render them while step n + 1 runs. Returns step
+        n's outputs (the outputs come one call late, as with overlap_outputs).
+
+        Step n + 1 is planned as if every sequence that samples in step n had already appended
+        one token (Sequence.num_pending): a decode needs one KV slot at position num_tokens, and
+        block allocation depends only on positions, never on token ids. The id itself is filled in
+        on the device from step n's sampler output (runner: src_rows, fill_input_ids), and seeds
+        and sample positions depend only on positions, so every row computes what the synchronous
+        engine computes. A sequence that step n finishes (a stop token or string) has its row in
+        step n + 1 dropped when that is collected; one whose limit (max_tokens, max_model_len) is
+        reached by its token in flight is not scheduled at all.
+
+        Falls back to the synchronous order (collect step n, then schedule) when step n + 1 might
+        need to preempt: its victims' state would depend on ids not yet known. Speculative
+        decoding never comes here (step() runs it synchronously: the accepted length is unknown).
+        """
+        prof = self.profiler
+        if prof is not None:
+            prof.begin()
+        prev = self._inflight
+        if prev is not None and not self._can_schedule_ahead():
+            self._collect_inflight()  # synchronous point: the schedule needs step n's outcome
+            prev = None
+        sched = self.scheduler.schedule()
+        if not sched.scheduled:  # nothing to launch (the run's last step is in flight, or nothing)
+            if prev is not None:
+                self._collect_inflight()
+            return self._render_unrendered()
+        assert not sched.preempted or prev is None, "_can_schedule_ahead let a preemption through"
+        if prof is not None:
+            prof.scheduled(sched.scheduled)
+        handle = self.runner.launch(sched.scheduled, readback=True)
+        # what the step will have done once it completes, recorded now (the next schedule plans on it)
+        r = 0
+        for item in sched.scheduled:
+            seq = item.seq
+            seq.num_computed += item.num_new
+            if item.samples:
+                seq.num_pending += 1
+                seq.pending_row = r  # where the next step's fill finds this token
+                r += 1
+        if prev is not None:
+            self.num_pipelined_steps += 1
+            if prof is not None:
+                prof.collecting()
+        self._inflight = _Inflight(sched.scheduled, handle)
+        num_sampled = self._collect(prev) if prev is not None else 0
+        if prof is not None:
+            prof.executed()
+        outputs = self._render_unrendered()  # step n's text, while step n + 1 runs
+        if prof is not None:
+            prof.end(num_sampled)
+        return outputs
+
+    def _can_schedule_ahead(self) -> bool:
+        """Whether the next schedule surely preempts nobody, with the step in flight unaccepted:
+        the blocks every running sequence could need for all its remaining tokens fit the pool
+        (admission of waiting sequences never preempts)."""
+        bm = self.block_manager
+        need = 0
+        for seq in self.scheduler.running:
+            if not (seq.num_pending and len(seq.output_ids) + seq.num_pending >= seq.max_output_len):
+                need += bm.blocks_needed(seq, seq.num_tokens)
+        return need <= bm.num_free
+
+    def _collect_inflight(self) -> int:
+        step, self._inflight = self._inflight, None
+        return self._collect(step)
+
+    def _collect(self, step: _Inflight) -> int:
+        """Wait for a step launched by _step_async (only it: later steps keep running) and accept
+        its ids; returns how many were appended. The rendering is left to the caller.
+
+        Blocks freed here (a sequence that ends) may still be written by a step launched after
+        this one (its dropped row) — harmless: the device runs steps in stream order, so any step
+        that reuses the blocks is launched, and runs, after that write. Full blocks are committed
+        to the prefix cache here, once their ids are known; the KV of the last of them may still
+        be in the making on the device, but a sequence can only hit it in a later step.
+        """
+        tokens = self.runner.collect(step.handle).tolist()
+        num_sampled = 0
+        r = 0
+        for item in step.scheduled:
+            seq = item.seq
+            if seq.finished:  # ended while this step ran (stop token/string, abort): row dropped
+                r += item.samples
+                continue
+            if not item.samples:
+                self.block_manager.commit_full_blocks(seq)
+                continue
+            seq.num_pending -= 1
+            tok = tokens[r]
+            r += 1
+            self.block_manager.commit_full_blocks(seq)
+            accepted, reason = self._accept_tokens(seq, [tok])
+            num_sampled += len(accepted)
+            self._unrendered.append((seq, accepted, reason))
+        return num_sampled
 
     def _verify(self, item: ScheduledSeq, row_tokens: np.ndarray, r: int) -> list[int]:
         """Keep the accepted prefix of seq's drafts and the token of the first row past it (the

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from minillm.engine.block_manager import BlockManager
+from minillm.engine.readback import TokenReadback
 from minillm.engine.scheduler import ScheduledSeq
 from minillm.models.transformer import StepInputs, Transformer, Workspace
 
@@ -27,6 +28,12 @@ class StepBuffers:
     typed view at a 16-byte aligned offset), so a step's inputs reach the device in two copies, the
     packed buffer and the block-table rows in use, instead of one call per array: on the GPU each
     host-to-device call costs microseconds of Python and driver time, paid every decode step.
+
+    The arrays the sampler writes on the device (out_tokens, out_accepted) sit at the end of the
+    packed buffer and the upload stops before them: with async scheduling step n + 1's inputs are
+    uploaded while step n's sampled ids are still needed on the device (its input ids are filled
+    from them, fill_input_ids, and they are still being copied to the host), so an upload must
+    never overwrite them.
     """
 
     def __init__(self, backend, max_tokens: int, max_seqs: int, max_logits: int, max_blocks: int):
@@ -44,13 +51,18 @@ class StepBuffers:
             "top_k": ((max_logits,), np.int32),
             "sample_pos": ((max_logits,), np.int32),
             "draft_tokens": ((max_logits,), np.int32),  # a drafted token to verify per row, or -1
-            "out_tokens": ((max_logits,), np.int32),  # written on the device by the sampler
+            # per token row: where to take its input id from in the previous step's out_tokens
+            # (async scheduling: that id is not on the host yet), or -1 (input_ids holds it)
+            "src_rows": ((max_tokens,), np.int32),
+            # from here on: written on the device by the sampler, never uploaded
+            "out_tokens": ((max_logits,), np.int32),
             "out_accepted": ((max_logits,), np.int32),  # 1 where the row's draft was accepted
         }
         offsets, size = {}, 0
         for name, (shape, dtype) in specs.items():
             offsets[name] = size
             size += -(-int(np.prod(shape)) * np.dtype(dtype).itemsize // 16) * 16
+        self.upload_bytes = offsets["out_tokens"]  # the host-written part: everything before it
         self.packed_host = np.zeros(size, np.uint8)
         self.packed_dev = backend.zeros((size,), np.uint8)
 
@@ -68,8 +80,15 @@ class StepBuffers:
         self.iota = np.arange(max(max_seqs, max_blocks) + 1, dtype=np.int32)  # 0, 1, 2, ...: sliced
 
     def upload(self, num_seqs: int) -> None:
-        """Send the step inputs: the packed buffer and the first num_seqs block-table rows."""
-        self.backend.copy_from_host(self.packed_dev, self.packed_host)
+        """Send the step inputs: the packed buffer (up to the sampler's outputs) and the first
+        num_seqs block-table rows.
+
+        Two steps in flight do not corrupt each other's inputs: copy_from_host copies the host
+        arrays into its pinned staging ring at once (so prepare may refill them for the next step
+        while this copy is still queued), each copy takes fresh ring space, and the ring is only
+        reused after waiting for the latest copy queued before it (cuda_ops.copy_from_host)."""
+        n = self.upload_bytes
+        self.backend.copy_from_host(self.packed_dev[:n], self.packed_host[:n])
         self.backend.copy_from_host(self.dev["block_tables"][:num_seqs], self.host["block_tables"][:num_seqs])
 
 
@@ -109,6 +128,8 @@ class ModelRunner:
         self._spec_k = 0  # rows per sequence of a verification graph, minus one
         self.replay_timer = None  # a benchmark may wrap graph replays to time them
         self.replays = 0  # graph replays so far (tests check that graphs were used)
+        self.num_fill = 0  # rows of the prepared step whose input id comes from the device
+        self.readback = TokenReadback(backend, max_logits)  # async scheduling's result copies
 
     def prepare(self, batch: list[ScheduledSeq]) -> tuple[int, int]:
         """Fill the host buffers for this step; returns (num_tokens, num_logit_rows)."""
@@ -132,7 +153,15 @@ class ModelRunner:
         B = len(batch)
         seqs = [item.seq for item in batch]
         pos = np.array([item.start for item in batch], dtype=np.int32)
-        h["input_ids"][:B] = [(s.output_ids or s.prompt_ids)[-1] for s in seqs]  # the last token
+        if any(s.num_pending for s in seqs):  # async scheduling: some last tokens are still in flight
+            h["input_ids"][:B] = [0 if s.num_pending else (s.output_ids or s.prompt_ids)[-1] for s in seqs]
+            src = [s.pending_row if s.num_pending else -1 for s in seqs]
+            h["src_rows"][:B] = src
+            self.num_fill = B - src.count(-1)
+        else:
+            h["input_ids"][:B] = [(s.output_ids or s.prompt_ids)[-1] for s in seqs]  # the last token
+            h["src_rows"][:B] = -1
+            self.num_fill = 0
         h["positions"][:B] = pos
         # block tables: a sequence's table changes only when it gains or loses a block (every
         # block_size tokens), or its row goes to another sequence, so only rows whose cached
@@ -167,6 +196,7 @@ class ModelRunner:
         bs = self.bm.block_size
         t = 0
         r = 0
+        fill = 0
         h["query_start"][0] = 0
         h["block_tables"][: len(batch)] = 0
         self.buf.table_rows[: len(batch)] = -1  # rewritten here, outside the decode fill's cache
@@ -175,6 +205,13 @@ class ModelRunner:
             end, total = start + n, seq.num_tokens
             # positions past the sequence's end hold its speculative drafts
             ids = seq.tokens(start, min(end, total)) + seq.draft_ids[max(0, start - total) : max(0, end - total)]
+            h["src_rows"][t : t + n] = -1
+            if seq.num_pending:  # async scheduling: the id at position `known` is still in flight
+                known = seq.num_known_tokens
+                assert seq.num_pending == 1 and start <= known < end, "one token in flight, computed here"
+                ids.insert(known - start, 0)
+                h["src_rows"][t + known - start] = seq.pending_row
+                fill += 1
             h["input_ids"][t : t + n] = ids
             pos = np.arange(start, start + n, dtype=np.int32)
             h["positions"][t : t + n] = pos
@@ -199,6 +236,7 @@ class ModelRunner:
                 if k:
                     h["draft_tokens"][r + m - k - 1 : r + m - 1] = seq.draft_ids[:k]
                 r += m
+        self.num_fill = fill
         return t, r
 
     def _check(self, batch: list[ScheduledSeq], t: int) -> None:
@@ -255,9 +293,19 @@ class ModelRunner:
             self.transform_logits(logits)
         return logits
 
+    def _upload(self, num_seqs: int, t: int) -> None:
+        """Upload the step's inputs; then, with async scheduling, take the input ids of rows whose
+        token the previous step sampled from that step's out_tokens, on the device. Stream order
+        puts this after the previous step's sampler and before this step's forward (the fill is
+        not part of any graph: a graph replays right after it)."""
+        self.buf.upload(num_seqs)
+        if self.num_fill:
+            d = self.buf.dev
+            self.backend.fill_input_ids(d["input_ids"][:t], d["out_tokens"], d["src_rows"][:t])
+
     def _eager_forward(self, B: int, t: int, r: int, after_forward: bool = True):
         """Upload the prepared step and launch its forward (no graph); returns the logits rows."""
-        self.buf.upload(B)
+        self._upload(B, t)
         x = self._inputs(B, t, r, self.max_query_len)
         logits = self._forward(x, t, r, after_forward)
         self.last_inputs, self.last_num_tokens = x, t
@@ -295,11 +343,15 @@ class ModelRunner:
             return self.backend.to_host(logits).astype(np.float32)
         return self.collect(self.launch(batch, greedy))
 
-    def launch(self, batch: list[ScheduledSeq], greedy: bool = False) -> tuple[int, bool]:
+    def launch(self, batch: list[ScheduledSeq], greedy: bool = False, readback: bool = False) -> tuple:
         """The device half of a sampling step: prepare, upload, then the forward and the sampler
         (a graph replay or eager launches), without waiting for them. Returns the handle collect()
-        takes: (logits rows, whether rows verify drafts). Between the two the host is free (the
-        engine renders the previous step's text there) while the device runs."""
+        takes: (logits rows, whether rows verify drafts, readback ticket or None). Between the two
+        the host is free (the engine renders the previous step's text there) while the device runs.
+
+        readback=True (async scheduling) also enqueues the copy of the sampled ids to the host
+        behind the sampler, so collect() waits for this step only, even once later steps have
+        been launched; the ids stay in out_tokens for the next step's fill_input_ids."""
         t, r = self.prepare(batch)
         if greedy:  # a drafter's own step: argmax everywhere, nothing to verify
             self.buf.host["temperature"][:r] = 0.0
@@ -309,18 +361,25 @@ class ModelRunner:
         graph = self._graph_for(batch, t)
         if graph is not None:
             self._replay(graph, B, t, r)
-            return r, verifying
-        logits = self._eager_forward(B, t, r)
-        if r:
-            self._suppress_stop_tokens(batch, logits)
-            self._sample(logits, r)
-        return r, verifying
+        else:
+            logits = self._eager_forward(B, t, r)
+            if r:
+                self._suppress_stop_tokens(batch, logits)
+                self._sample(logits, r)
+        ticket = None
+        if readback and r:
+            if verifying:
+                raise ValueError("readback: verification steps read their accept flags synchronously")
+            ticket = self.readback.start(self.buf.dev["out_tokens"][:r])
+        return r, verifying, ticket
 
-    def collect(self, handle: tuple[int, bool]) -> np.ndarray:
+    def collect(self, handle: tuple) -> np.ndarray:
         """Wait for a launched step; its sampled tokens (host int32), accept flags in last_accepted."""
-        r, verifying = handle
+        r, verifying, ticket = handle
         if r == 0:
             return np.zeros(0, dtype=np.int32)
+        if ticket is not None:
+            return self.readback.wait(ticket)
         return self._results(r, verifying)
 
     # ---- CUDA graphs ------------------------------------------------------------------------
@@ -360,7 +419,7 @@ class ModelRunner:
                 if item.num_draft > self._spec_k:
                     return None  # more rows than any graph has (the attention hint would be short)
                 rows = 1 + self._spec_k
-            if len(item.seq.output_ids) < item.seq.params.min_tokens:
+            if len(item.seq.output_ids) + item.seq.num_pending < item.seq.params.min_tokens:
                 return None  # min_tokens masks logits between forward and sample: eager
         bk = next((b for b in self.graph_buckets if b >= len(batch) and (b, rows) in graphs), None)
         if bk is None or t > bk * rows:
@@ -385,12 +444,13 @@ class ModelRunner:
         h["seeds"][r:R] = 0
         h["sample_pos"][r:R] = 0
         h["draft_tokens"][r:R] = -1
+        h["src_rows"][t:T] = -1
 
     def _replay(self, graph, B: int, t: int, r: int) -> None:
         bk, rows, g = graph
         T = bk * rows
         self._pad(B, t, r, bk, T, T)
-        self.buf.upload(bk + 1)
+        self._upload(bk + 1, T)
         self.replays += 1
         if self.replay_timer is not None:  # benchmarks: device time of the graph alone
             self.replay_timer(g.replay)

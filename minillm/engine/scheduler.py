@@ -98,6 +98,8 @@ class Scheduler:
                 break
             if seq.status is not Status.RUNNING:  # preempted earlier in this loop
                 continue
+            if seq.num_pending and len(seq.output_ids) + seq.num_pending >= seq.max_output_len:
+                continue  # async scheduling: its token in flight is its last, a row now would be dropped
             remaining = seq.num_tokens - seq.num_computed
             num_draft = len(seq.draft_ids) if remaining == 1 else 0
             if remaining + num_draft > budget:

@@ -29,6 +29,16 @@ class Sequence:
         self.finish_reason: str | None = None
         # KV state: tokens [0, num_computed) have their K/V in the blocks of block_table
         self.num_computed = 0
+        # async scheduling: tokens sampled by steps in flight whose ids are not on the host yet.
+        # They count in num_tokens (the scheduler plans the next step as if they were appended)
+        # but not in num_known_tokens; pending_row is the row of the last one in the sampler
+        # output of the step that sampled it (the next step's input id is copied from there on
+        # the device). Always 0 outside the async path.
+        self.num_pending = 0
+        self.pending_row = -1
+        # output tokens this sequence may have at most: min(max_tokens, max_model_len - prompt),
+        # set by the engine (async scheduling does not schedule a row past it)
+        self.max_output_len = params.max_tokens
         self.block_table: list[int] = []
         # renewed whenever block_table changes (only the block manager changes it); unique across
         # sequences, so the runner can tell from this int alone that a cached row is still this table
@@ -51,6 +61,12 @@ class Sequence:
 
     @property
     def num_tokens(self) -> int:
+        """Tokens including those still in flight (num_pending): what the scheduler plans with."""
+        return len(self.prompt_ids) + len(self.output_ids) + self.num_pending
+
+    @property
+    def num_known_tokens(self) -> int:
+        """Tokens whose ids are on the host: the only ones that may be hashed or read."""
         return len(self.prompt_ids) + len(self.output_ids)
 
     @property

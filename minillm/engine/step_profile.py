@@ -181,6 +181,13 @@ class StepProfiler:
         self._batch = batch
         self._in_execute = True
 
+    def collecting(self) -> None:
+        """Async scheduling: the engine is about to wait for the previous step's ids (the
+        runner's _results seam is not used there); launch ends here, as at _results."""
+        if self._in_execute and self._t_results is None:
+            self._t_results = time.perf_counter()
+            self._record_end()
+
     def executed(self) -> None:
         self._in_execute = False
         if self._t_results is None:  # nothing sampled (prefill chunks only): the step did not wait
