@@ -22,7 +22,12 @@
 #include "common.cuh"
 
 #define DEC_THREADS 128
+#ifndef DEC_U  // keys per key group in flight (scripts/decode_splits.py --variant DEC_U=8 times others)
 #define DEC_U 4
+#endif
+#ifndef DEC_MIN_BLOCKS  // CTAs per SM the register allocation must allow (__launch_bounds__)
+#define DEC_MIN_BLOCKS 1
+#endif
 
 namespace {
 
@@ -246,7 +251,7 @@ __device__ __forceinline__ void decode_attention_impl(
 
 // paged_decode_<dtype>_d<D>_g<G>: grid (tokens, KH, n_splits), DEC_THREADS threads.
 #define MINILLM_DECODE(SUFFIX, T, D, G)                                                           \
-  extern "C" __global__ void __launch_bounds__(DEC_THREADS) paged_decode_##SUFFIX##_d##D##_g##G( \
+  extern "C" __global__ void __launch_bounds__(DEC_THREADS, DEC_MIN_BLOCKS) paged_decode_##SUFFIX##_d##D##_g##G( \
       const T* q, i64 q_tok, i64 q_head, const T* kc, const T* vc, const int* block_tables,       \
       int bt_stride, const int* seq_lens, const int* query_start, int B, int n_tokens, T* out,    \
       i64 o_tok, i64 o_head, float* part_o, float* part_ml, int* counters, int KH,                \

@@ -306,6 +306,17 @@ part15() {  # session 4, call 1: one decode step split into kernels by ncu (0.6B
     --profile-json "$W/throughput_06b_steps.json"
 }
 
+part16() {  # session 4, call 2: decode attention split counts (the wave model) and kernel variants,
+  # then the batch-192 step split and throughput with the new split choice
+  setup
+  stage decode_splits 240 python3 scripts/decode_splits.py --variant DEC_MIN_BLOCKS=6 --variant DEC_U=8 \
+    --variant DEC_U=2,DEC_MIN_BLOCKS=8 --json "$W/decode_splits.json"
+  stage attn_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k "attention"
+  stage models 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  step_kernels q06 192 1024 90
+  throughput_06b 90
+}
+
 step_kernels() {  # step_kernels MODEL BATCH CTX TIMEOUT: graph time, then the ncu kernel split
   local tag=$1_b$2_c$3
   stage "graph_$tag" "$4" python3 scripts/step_kernels.py $M/$1 --batch $2 --ctx $3 --json "$W/graph_$tag.json"

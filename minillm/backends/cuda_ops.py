@@ -42,6 +42,9 @@ _SAMPLE_THREADS = 512  # cuda/sampling.cu
 # _DECODE_MAX_SPLITS splits of at least _DECODE_MIN_PART keys each.
 _DECODE_HEAD_DIMS, _DECODE_MAX_G, _DECODE_MAX_SPLITS, _DECODE_MIN_PART = (64, 128), 8, 64, 64
 _DECODE_MAX_Q = 16  # sequences with at most this many new queries in a step take the decode kernel
+# a decode CTA's fixed cost (loading q, merging key groups, writing a partial), in keys' worth of
+# streaming: what makes one more split not free (decode_splits)
+_DECODE_SPLIT_COST_KEYS = 64
 # kernels of these cuda/ modules begin with pdl_entry(), so graphs may launch them with PDL
 _PDL_MODULES = ("rows", "norm", "elementwise", "decode_attention", "sampling", "gemv")
 _PF_ROWS, _PF_BK = 64, 64  # cuda/prefill_attention.cu: query rows per CTA, keys per tile
@@ -55,6 +58,25 @@ def _prefill_smem(D: int) -> int:
 
 
 _GEMV_MAX_M, _GEMV_THREADS, _GEMV_COLS_PER_CTA = 4, 128, 2 * 4  # GEMV_NR * GEMV_WARPS in gemv.cu
+
+
+def decode_splits(work: int, resident: int, ctx: int, max_splits: int,
+                  split_cost: int = _DECODE_SPLIT_COST_KEYS) -> int:
+    """Splits per (token, KV head) for cuda/decode_attention.cu, from static sizes (graph-safe).
+
+    work: CTAs without splitting (tokens x KV heads); resident: CTAs the GPU holds at once (SMs
+    x the kernel's occupancy); ctx: keys per token (the bucket's capacity). CTAs of one launch
+    are alike, so the kernel takes about ceil(work x s / resident) waves of (ctx / s +
+    split_cost) each: without splits, 1,536 CTAs on 660 slots run 3 waves with the last one a
+    third full (measured on the H200: 0.6B heads at batch 192 read KV at 3.2 TB/s); with 3
+    splits the 7 waves are full. Few tokens get as many splits as fill the GPU, up to max_splits.
+    """
+    best, best_cost = 1, float("inf")
+    for s in range(1, max(1, max_splits) + 1):
+        cost = _cdiv(work * s, max(1, resident)) * (ctx / s + split_cost)
+        if cost < best_cost * 0.999:  # a tie keeps fewer splits
+            best, best_cost = s, cost
+    return best
 
 
 def cuda_unavailable_reason() -> str | None:
@@ -183,6 +205,7 @@ class CudaBackend:
             self._att_counters = cupy.zeros(1 << 16, dtype=np.int32)
         self.blas = Cublas(self.stream.ptr, self._blas_ws.data.ptr, cublas_workspace_bytes)
         self._capturing = False
+        self._resident: dict[tuple[int, int], int] = {}  # decode CTAs the GPU holds, by (D, G)
         self.pdl = None  # graphs launch pdl_entry kernels through it (Hopper and later)
         if pdl_enabled() and int(self.props["major"]) >= 9:
             try:
@@ -634,14 +657,25 @@ class CudaBackend:
     def decode_plan(self, T: int, H: int, KH: int, D: int, max_ctx: int,
                     n_splits: int | None = None) -> dict:
         """Splits for the decode kernel from static sizes only (graph-safe)."""
-        if n_splits is None:  # enough CTAs to fill the GPU twice over
-            n_splits = min(_cdiv(2 * self.num_sms, max(1, T * KH)), _cdiv(max_ctx, _DECODE_MIN_PART))
+        if n_splits is None:  # full waves of CTAs (decode_splits)
+            n_splits = decode_splits(T * KH, self._decode_resident(D, H // KH), max_ctx,
+                                     min(_DECODE_MAX_SPLITS, _cdiv(max_ctx, _DECODE_MIN_PART)))
         if T * KH > self._att_counters.size:
             n_splits = 1
         # the partials of every split must fit the scratch (one split writes none)
         n_splits = min(n_splits, self._att_scratch.size // max(1, T * H * (D + 2)))
         n_splits = max(1, min(n_splits, _DECODE_MAX_SPLITS))
         return dict(kernel="decode", n_splits=n_splits, min_part=_DECODE_MIN_PART)
+
+    def _decode_resident(self, D: int, G: int) -> int:
+        """CTAs of the bf16 decode kernel for (head_dim, group) the GPU holds at once."""
+        key = (D, G)
+        if key not in self._resident:
+            from cupy_backends.cuda.api import driver
+            name = f"paged_decode_{self._sfx}_d{D}_g{G}"
+            per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(self.k[name].kernel.ptr, _ATT_THREADS, 0)
+            self._resident[key] = max(1, per_sm) * self.num_sms
+        return self._resident[key]
 
     def attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start, scale: float,
                   out, causal: bool = True, bq: int | None = None,

@@ -1,0 +1,120 @@
+"""Decode attention (cuda/decode_attention.cu) timed for every split count, against the backend's plan.
+
+    python scripts/decode_splits.py [--variant DEC_U=8 [--variant DEC_U=8,DEC_MIN_BLOCKS=6]] [--json F]
+
+For each case (query heads, KV heads, batch, context lengths) the kernel runs inside a CUDA graph of
+20 back-to-back calls for n_splits in 1..32 (as far as the context allows), CUDA events, median of
+10 replays. It prints the time and KV bandwidth of each, which split count was fastest, and which
+one CudaBackend.decode_plan picks (minillm.backends.cuda_ops.decode_splits) and how far that is
+from the fastest: the check of the wave model that chooses splits. Each --variant recompiles the
+kernel with those -D defines (DEC_U: keys in flight per key group; DEC_MIN_BLOCKS: CTAs per SM the
+registers must allow) and times it the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+SPLITS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32)
+# (label, query heads, KV heads, batch, context: an int for all, or (lo, hi) drawn uniformly)
+CASES = [("0.6B B=1 ctx 512", 16, 8, 1, 512), ("0.6B B=8 ctx 2048", 16, 8, 8, 2048),
+         ("0.6B B=64 ctx 1024", 16, 8, 64, 1024), ("0.6B B=192 ctx 1024", 16, 8, 192, 1024),
+         ("0.6B B=256 ctx 1024", 16, 8, 256, 1024), ("0.6B B=256 ctx U[100, 2048]", 16, 8, 256, (100, 2048)),
+         ("0.6B B=128 ctx U[100, 2048]", 16, 8, 128, (100, 2048)),
+         ("8B B=1 ctx 512", 32, 8, 1, 512), ("8B B=1 ctx 32768", 32, 8, 1, 32768),
+         ("8B B=16 ctx 4096", 32, 8, 16, 4096), ("8B B=64 ctx 2048", 32, 8, 64, 2048)]
+
+
+def load_variant(be, defines: list[str]) -> dict:
+    """The decode kernels compiled with extra -D defines, by name (to swap into be.k)."""
+    import cupy
+
+    from minillm.backends import compile as kc
+
+    code, _ = kc.source_with_hash("decode_attention")
+    mod = cupy.RawModule(code=code, options=kc.compile_options(False) + tuple(f"-D{d}" for d in defines))
+    mod.compile()
+    return {n: mod.get_function(n) for n in be.k if n.startswith("paged_decode_")}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--variant", action="append", default=[], help="comma-separated -D defines")
+    p.add_argument("--json", default=None)
+    ns = p.parse_args()
+    import cupy as cp
+
+    from minillm.backends.cuda_ops import CudaBackend
+
+    be = CudaBackend()
+    variants = {"default": {}}
+    for v in ns.variant:
+        variants[v] = load_variant(be, v.split(","))
+    variants["default"] = {n: k for n, k in be.k.items() if n.startswith("paged_decode_")}
+    rng = np.random.default_rng(0)
+    D, bs = 128, 16
+
+    def i32(x):
+        return be.asarray(np.asarray(x, np.int32), dtype=np.int32)
+
+    def graph_us(fn, reps=20):
+        g = be.capture_graph(lambda: [fn() for _ in range(reps)])
+        s, e = cp.cuda.Event(), cp.cuda.Event()
+        ts = []
+        for i in range(13):
+            s.record(be.stream)
+            g.replay()
+            e.record(be.stream)
+            e.synchronize()
+            if i >= 3:
+                ts.append(cp.cuda.get_elapsed_time(s, e) * 1e3 / reps)
+        return float(np.median(ts))
+
+    results = []
+    print(f"{'case':24s} {'variant':14s} {'slots':>5s} {'plan':>5s} {'best':>5s} {'plan us':>9s} "
+          f"{'best us':>9s} {'plan/best':>9s}  us (TB/s) by splits")
+    for label, H, KH, B, ctx in CASES:
+        lens = np.full(B, ctx) if isinstance(ctx, int) else rng.integers(ctx[0], ctx[1] + 1, B)
+        max_ctx = int(lens.max())
+        nbps = -(-max_ctx // bs)
+        kc = be.asarray(rng.standard_normal((B * nbps, bs, KH, D), dtype=np.float32))
+        vc = be.asarray(rng.standard_normal((B * nbps, bs, KH, D), dtype=np.float32))
+        bt = i32(rng.permutation(B * nbps).reshape(B, nbps))
+        q = be.asarray(rng.standard_normal((B, H, D), dtype=np.float32))
+        out = be.empty((B, H, D))
+        sl, qs = i32(lens), i32(np.arange(B + 1))
+        kv_bytes = 2 * int(lens.sum()) * KH * D * 2
+        args = (q, kc, vc, bt, sl, qs, D ** -0.5, out)
+        for vname, kernels in variants.items():
+            be.k.update(kernels)
+            be._resident.clear()  # occupancy is the variant's
+            plan = be.decode_plan(B, H, KH, D, nbps * bs)["n_splits"]
+            times = {}
+            for s in sorted(set(SPLITS) | {plan}):
+                if s > -(-nbps * bs // 64) and s != 1:
+                    continue
+                times[s] = graph_us(lambda s=s, a=args: be.attention(*a, kernel="decode", n_splits=s))
+            best = min(times, key=times.get)
+            row = dict(case=label, variant=vname, batch=B, heads=H, kv_heads=KH, kv_bytes=kv_bytes, plan=plan,
+                       best=best, resident=be._decode_resident(D, H // KH), us_by_splits=times,
+                       tbps_by_splits={s: kv_bytes / t / 1e6 for s, t in times.items()})
+            results.append(row)
+            print(f"{label[:24]:24s} {vname[:14]:14s} {row['resident']:5d} {plan:5d} {best:5d} {times[plan]:9.1f} "
+                  f"{times[best]:9.1f} {times[plan] / times[best]:9.3f}  "
+                  + " ".join(f"{s}:{t:.1f}({kv_bytes / t / 1e6:.2f})" for s, t in times.items()), flush=True)
+        kc = vc = bt = q = out = args = None  # free this case's caches before the next
+    if ns.json:
+        with open(ns.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""The decode attention's split count (minillm.backends.cuda_ops.decode_splits): a pure function of
+static sizes, so it is checked here on the CPU; the GPU side (every split count gives the same
+attention) is tests/test_cuda_ops.py's, the timing of each scripts/decode_splits.py's."""
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from minillm.backends.cuda_ops import decode_splits
+
+
+def waves_time(work, resident, ctx, s, cost=64):
+    return -(-work * s // resident) * (ctx / s + cost)
+
+
+def test_fills_the_last_wave():
+    # 0.6B heads at batch 192: 1,536 CTAs on 660 slots are 3 waves, the last a third full; 3
+    # splits make 4,608 CTAs, 7 full waves
+    assert decode_splits(1536, 660, 1088, 17) == 3
+
+
+def test_few_tokens_take_every_split_allowed():
+    assert decode_splits(8, 660, 576, 9) == 9  # one sequence, 8 KV heads: 72 CTAs, one wave
+    assert decode_splits(8, 660, 32832, 64) == 64
+
+
+def test_many_full_waves_are_not_split():
+    assert decode_splits(20 * 660, 660, 2112, 33) == 1
+
+
+@given(st.integers(1, 20000), st.integers(1, 5000), st.integers(16, 65536), st.integers(1, 64))
+def test_never_slower_than_no_split_by_its_model(work, resident, ctx, max_splits):
+    s = decode_splits(work, resident, ctx, max_splits)
+    assert 1 <= s <= max_splits
+    assert waves_time(work, resident, ctx, s) <= waves_time(work, resident, ctx, 1)
+    assert all(waves_time(work, resident, ctx, s) <= waves_time(work, resident, ctx, t) * 1.001
+               for t in range(1, max_splits + 1))
