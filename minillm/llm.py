@@ -21,7 +21,10 @@ class LLM:
     """`LLM(model=None, **engine_args)`: keyword names are the CLI flags in snake_case."""
 
     def __init__(self, model: str | None = None, **engine_args):
-        self.engine = LLMEngine(EngineArgs(model=model, **engine_args))
+        args = EngineArgs(model=model, **engine_args)
+        self.engine = LLMEngine(args)
+        if args.async_scheduling is None:  # offline, nobody waits on a step: run the device ahead
+            self.engine.async_scheduling = True
         self.tokenizer = self.engine.tokenizer
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,

@@ -85,6 +85,24 @@ def test_embed_gather_copy(be):
     assert np.isnan(h[:, :100]).all() and np.isnan(h[:, 196:]).all()
 
 
+def test_fill_input_ids(be):
+    """Async scheduling's fill: rows with a source take the previous step's sampled id, the rest
+    (and everything past len(input_ids)) stay; equal to the NumPy twin."""
+    rng = np.random.default_rng(11)
+    for n, n_prev in ((1, 1), (37, 16), (700, 300)):  # 700 rows: more than one CTA
+        ids = rng.integers(0, 50000, n + 5).astype(np.int32)
+        prev = rng.integers(0, 150000, n_prev).astype(np.int32)
+        src = np.where(rng.random(n + 5) < 0.6, rng.integers(0, n_prev, n + 5), -1).astype(np.int32)
+        ref = ids.copy()
+        REF.fill_input_ids(ref[:n], prev, src)
+        dev = i32(be, ids)
+        be.fill_input_ids(dev[:n], i32(be, prev), i32(be, src))
+        got = be.to_host(dev)
+        assert np.array_equal(got, ref) and np.array_equal(got[n:], ids[n:])
+    with pytest.raises(TypeError):
+        be.fill_input_ids(be.zeros((4,), np.float32), i32(be, prev), i32(be, src))
+
+
 def test_store_kv_skips_padding_rows(be):
     rng = np.random.default_rng(2)
     nb, bs, KH, D, T = 10, 16, 2, 64, 12

@@ -125,7 +125,9 @@ def test_preempted_request_resumes_before_newer_ones(tiny_dir):
 
 def test_chunked_prefill_does_not_starve_a_running_decode(tiny_dir):
     kw = dict(device="cpu", max_num_seqs=4, max_model_len=160, block_size=BS)
-    llm = LLM(tiny_dir, max_num_batched_tokens=16, **kw)
+    # synchronous steps: the chunk sizes are read from num_computed as each step returns (with async
+    # scheduling it would count the next step, launched before this one's outputs are returned)
+    llm = LLM(tiny_dir, max_num_batched_tokens=16, async_scheduling=False, **kw)
     eng = llm.engine
     greedy = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     long_prompt = [(7 * i) % 250 + 3 for i in range(100)]  # > 16 tokens: split across steps

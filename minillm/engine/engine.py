@@ -369,9 +369,18 @@ class LLMEngine:
             prev = None
         sched = self.scheduler.schedule()
         if not sched.scheduled:  # nothing to launch (the run's last step is in flight, or nothing)
-            if prev is not None:
-                self._collect_inflight()
-            return self._render_unrendered()
+            if prev is None:
+                return self._render_unrendered()
+            if prof is not None:
+                prof.scheduled([])
+                prof.collecting()
+            num_sampled = self._collect_inflight()
+            if prof is not None:
+                prof.executed()
+            outputs = self._render_unrendered()
+            if prof is not None:
+                prof.end(num_sampled)
+            return outputs
         assert not sched.preempted or prev is None, "_can_schedule_ahead let a preemption through"
         if prof is not None:
             prof.scheduled(sched.scheduled)

@@ -27,7 +27,16 @@ phase. On, it adds a few perf_counter calls and two event records per step; it n
 device memory (CUDA events are not device allocations, the arena never sees them) nor syncs the
 stream (an event pair is read once it has completed: at a later step, or at detach()).
 
-The engine calls begin / scheduled / executed / proposing / end from step(). The runner is not
+With engine.async_scheduling (LLM.generate's default) a step() call launches step n + 1 and then
+waits for step n's ids: schedule and prepare are step n + 1's, execute is its launch plus the wait
+for step n (launch ends at collecting()), device is step n + 1's device time, post accepts and
+renders step n, and num_sampled counts step n's tokens. A call that has nothing to launch and only
+waits for the step in flight (a run's last) is recorded with kind "collect". When the next step
+cannot be scheduled ahead (it might preempt) the call first waits for the step in flight: that
+wait is counted in schedule. host (wall - execute) is then host time outside the call's wait,
+not time the device idles: the device runs the launched step meanwhile.
+
+The engine calls begin / scheduled / (collecting) / executed / proposing / end from step(). The runner is not
 edited: while attached, the profiler shadows three of its seams on the instance (buf.upload and
 _results, to mark the start and end of the device work, and replay_timer, to know a graph ran)
 and detach() restores them.
@@ -41,7 +50,7 @@ from collections import deque
 from dataclasses import asdict, dataclass
 
 PHASES = ("schedule", "prepare", "execute", "post", "propose")
-KINDS = ("prefill", "mixed", "decode-graph", "decode-eager", "verify-graph", "verify-eager")
+KINDS = ("prefill", "mixed", "decode-graph", "decode-eager", "verify-graph", "verify-eager", "collect")
 DECODE_BUCKETS = ((1, 8), (9, 32), (33, 64), (65, 128), (129, 256))  # sequences per decode step
 
 
@@ -74,6 +83,8 @@ class StepRecord:
 
 def step_kind(batch, graph: bool) -> str:
     """The kind of a step from its scheduled items (minillm.engine.scheduler.ScheduledSeq)."""
+    if not batch:  # async scheduling: a call that only collected the step in flight
+        return "collect"
     if any(item.num_draft for item in batch):
         return "verify-graph" if graph else "verify-eager"
     decodes = sum(item.decode for item in batch)
@@ -201,8 +212,8 @@ class StepProfiler:
         t_end = time.perf_counter()
         batch = self._batch
         self._batch = None
-        t_up = self._t_upload if self._t_upload is not None else self._t_exec
         t_res = self._t_results if self._t_results is not None else self._t_exec
+        t_up = self._t_upload if self._t_upload is not None else t_res  # nothing uploaded: no launch
         t_prop = self._t_propose if self._t_propose is not None else t_end
         record = StepRecord(
             kind=step_kind(batch, self._graph), num_seqs=len(batch),
@@ -217,6 +228,8 @@ class StepProfiler:
             record.device_ms = record.launch_ms  # the NumPy forward runs on the host
         elif self._end is not None:
             self._pending.append((record, self._start, self._end))
+        elif not batch:
+            record.device_ms = 0.0  # a "collect" call launched nothing
         self.records.append(record)
 
     # ---- results ------------------------------------------------------------------------------

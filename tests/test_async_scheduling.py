@@ -1,0 +1,251 @@
+"""Async scheduling (LLMEngine.async_scheduling, --async-scheduling; on inside LLM.generate): step
+n + 1 is scheduled and launched before step n's sampled ids are on the host, its input ids filled
+on the device (fill_input_ids). Every request must come out exactly as from the synchronous
+engine: token ids, text, finish reason, streamed text, token counts, with greedy and seeded
+sampling, stop tokens and strings, min_tokens, max_tokens, max_model_len, eos, preemption, prefix
+caching, chunked prefill, aborts and speculative decoding (which falls back to the synchronous
+path). The counter num_pipelined_steps proves the pipelined path ran."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_overlap_outputs import workload
+
+from minillm import LLM, SamplingParams
+from minillm.backends.numpy_ops import NumpyBackend
+from minillm.engine.engine import LLMEngine
+from minillm.engine.readback import TokenReadback
+from minillm.engine.step_profile import StepProfiler
+from minillm.tools.random_model import write_dflash_drafter, write_random_model
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return write_random_model(tmp_path_factory.mktemp("tiny"), "tiny", seed=1)
+
+
+@pytest.fixture(scope="module")
+def drafter(tiny, tmp_path_factory):
+    return write_dflash_drafter(tmp_path_factory.mktemp("dflash"), tiny, seed=2)
+
+
+def drive(engine: LLMEngine, prompts, params, async_scheduling: bool, abort_at: dict | None = None) -> dict:
+    """Every request's (token ids, text, finish reason, streamed text), step() driven by hand;
+    abort_at {request id: step number} aborts requests between steps."""
+    engine.async_scheduling = async_scheduling
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        engine.add_request(p, sp, request_id=str(i))
+    streamed: dict[str, str] = {}
+    done = {}
+    steps = 0
+    while engine.has_unfinished():
+        for rid, at in (abort_at or {}).items():
+            if at == steps and rid in engine.requests:
+                engine.abort_request(rid)
+                done[rid] = "aborted"
+        for o in engine.step():
+            streamed[o.request_id] = streamed.get(o.request_id, "") + o.new_text
+            if o.finished:
+                done[o.request_id] = (o.token_ids, o.text, o.finish_reason)
+        steps += 1
+    assert not engine._unrendered and not engine.requests and engine._inflight is None
+    assert all(not s.num_pending for s in engine.scheduler.running)
+    bm = engine.block_manager
+    assert bm.num_used == 0 and all(c == 0 for c in bm.ref_count)  # every block given back
+    return {rid: v if v == "aborted" else (*v, streamed.get(rid, "")) for rid, v in done.items()}
+
+
+def both(tiny, kw, prompts, params, **drive_kw):
+    sync_engine, async_engine = LLMEngine(model=str(tiny), **kw), LLMEngine(model=str(tiny), **kw)
+    sync = drive(sync_engine, prompts, params, False, **drive_kw)
+    asynchronous = drive(async_engine, prompts, params, True, **drive_kw)
+    return sync, asynchronous, sync_engine, async_engine
+
+
+CONFIGS = {
+    "plain": dict(max_num_seqs=4, max_num_batched_tokens=64),
+    "chunked": dict(max_num_seqs=6, max_num_batched_tokens=20),  # prefill chunks beside decodes
+    "preempting": dict(max_num_seqs=8, max_num_batched_tokens=48, num_blocks=10, max_model_len=128),
+    "ngram": dict(max_num_seqs=4, max_num_batched_tokens=64,
+                  speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}),
+    "dflash": dict(max_num_seqs=4, max_num_batched_tokens=64,
+                   speculative_config={"method": "dflash", "model": "DRAFTER", "num_speculative_tokens": 4}),
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_async_outputs_equal_synchronous(tiny, drafter, name):
+    kw = dict(dict(device="cpu", max_model_len=256), **CONFIGS[name])
+    if "speculative_config" in kw and kw["speculative_config"].get("model") == "DRAFTER":
+        kw["speculative_config"] = dict(kw["speculative_config"], model=str(drafter))
+    prompts, params = workload(tiny, kw)
+    sync, asynchronous, sync_engine, async_engine = both(tiny, kw, prompts, params)
+    assert asynchronous == sync
+    assert {v[2] for v in sync.values()} == {"stop", "length"}
+    assert any(p.stop and sync[str(i)][2] == "stop" for i, p in enumerate(params))  # a stop string hit
+    assert async_engine.stats().generation_tokens == sync_engine.stats().generation_tokens
+    if "speculative_config" in kw:  # the synchronous path: nothing may be pipelined
+        assert async_engine.num_pipelined_steps == 0 and async_engine.stats().spec["draft_tokens"] > 0
+    else:
+        assert async_engine.num_pipelined_steps > 0
+    if "num_blocks" in kw:
+        assert async_engine.stats().preemptions > 0 and sync_engine.stats().preemptions > 0
+
+
+def test_pipelined_path_covers_the_decode_steps(tiny):
+    """Plain decoding: after the first step every step is launched while the previous one is in
+    flight, and the sequences' limits are known ahead, so no row is launched only to be dropped."""
+    engine = LLMEngine(model=str(tiny), device="cpu", max_model_len=256, max_num_seqs=4)
+    launched = []
+    launch = engine.runner.launch
+    engine.runner.launch = lambda batch, *a, **k: (launched.append(len(batch)), launch(batch, *a, **k))[1]
+    prompts = [[11, 12, 13], [21, 22, 23, 24], [31, 32]]
+    params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0) for n in (9, 5, 7)]
+    out = drive(engine, prompts, params, True)
+    assert [len(out[str(i)][0]) for i in range(3)] == [9, 5, 7]
+    assert len(launched) == 9  # one prefill step, then one decode step per further token of the longest
+    assert engine.num_pipelined_steps == len(launched) - 1
+    assert sum(launched) == 1 + 1 + 1 + 8 + 4 + 6  # rows: three prefills, then decodes, none wasted
+
+
+def test_eos_and_prefix_caching(tiny):
+    """eos ends sequences (ignore_eos off) and shared prompt prefixes hit the prefix cache (blocks
+    are committed once their ids are known); a request fills max_model_len to the last slot."""
+    rng = np.random.default_rng(5)
+    shared = rng.integers(10, 4000, 40).tolist()
+    prompts = [shared + rng.integers(10, 4000, int(rng.integers(1, 20))).tolist() for _ in range(8)]
+    prompts += [rng.integers(10, 4000, 112).tolist()]  # prompt + max_tokens == max_model_len
+    params = [SamplingParams(max_tokens=int(rng.integers(5, 30)), temperature=0.8 if i % 2 else 0.0, seed=i)
+              for i in range(8)]
+    params += [SamplingParams(max_tokens=16, ignore_eos=True)]
+    kw = dict(device="cpu", max_model_len=128, max_num_seqs=3, max_num_batched_tokens=48)
+    # eos: make the most frequent greedy token of a first run the model's eos, so it does occur
+    first = drive(LLMEngine(model=str(tiny), **kw), prompts, params, False)
+    ids = [t for v in first.values() for t in v[0]]
+    eos = int(np.bincount(ids).argmax())
+    engines = []
+    results = []
+    for asy in (False, True):
+        e = LLMEngine(model=str(tiny), **kw)
+        e.eos_ids = frozenset([eos])
+        engines.append(e)
+        results.append(drive(e, prompts, params, asy))
+    assert results[1] == results[0]
+    assert "stop" in {v[2] for v in results[0].values()}
+    assert results[0]["8"][2] == "length" and len(results[0]["8"][0]) == 16
+    assert engines[1].num_pipelined_steps > 0
+    assert engines[1].block_manager.prefix_hits > 0
+
+
+def test_aborts_between_steps(tiny):
+    """Aborting a request whose row is in flight: its blocks are freed at once, its row dropped."""
+    kw = dict(device="cpu", max_model_len=256, max_num_seqs=4, max_num_batched_tokens=64)
+    prompts, params = workload(tiny, kw, n=8, seed=4)
+    abort_at = {"1": 3, "4": 6, "6": 0}
+    sync, asynchronous, _, async_engine = both(tiny, kw, prompts, params, abort_at=abort_at)
+    assert asynchronous == sync
+    assert sum(v == "aborted" for v in sync.values()) == 3
+    assert async_engine.num_pipelined_steps > 0
+
+
+def test_generate_is_async_by_default_and_flag_turns_it_off(tiny):
+    prompts, params = workload(tiny, dict(max_num_seqs=4, max_num_batched_tokens=64), n=6, seed=3)
+    ref = drive(LLMEngine(model=str(tiny), device="cpu", max_model_len=256), prompts, params, False)
+    llm = LLM(str(tiny), device="cpu", max_model_len=256)
+    assert llm.engine.async_scheduling
+    outs = llm.generate(prompts, params)
+    assert [(o.token_ids, o.text, o.finish_reason) for o in outs] == [ref[str(i)][:3] for i in range(6)]
+    assert llm.engine.num_pipelined_steps > 0
+    off = LLM(str(tiny), device="cpu", max_model_len=256, async_scheduling=False)
+    assert not off.engine.async_scheduling
+    assert [o.token_ids for o in off.generate(prompts, params)] == [o.token_ids for o in outs]
+    assert off.engine.num_pipelined_steps == 0
+    assert not LLMEngine(model=str(tiny), device="cpu").async_scheduling  # step() drivers: synchronous
+
+
+def test_turning_it_off_mid_run(tiny):
+    """A step still in flight when async scheduling is switched off is collected by the next step."""
+    kw = dict(device="cpu", max_model_len=256, max_num_seqs=4)
+    prompts, params = workload(tiny, kw, n=5, seed=6)
+    ref = drive(LLMEngine(model=str(tiny), **kw), prompts, params, False)
+    engine = LLMEngine(model=str(tiny), **kw)
+    engine.async_scheduling = True
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        engine.add_request(p, sp, request_id=str(i))
+    done = {}
+    steps = 0
+    while engine.has_unfinished():
+        if steps == 4:
+            engine.async_scheduling = False
+        for o in engine.step():
+            if o.finished:
+                done[o.request_id] = (o.token_ids, o.text, o.finish_reason)
+        steps += 1
+    assert done == {rid: v[:3] for rid, v in ref.items()}
+
+
+def test_step_profile_under_async_scheduling(tiny):
+    engine = LLMEngine(model=str(tiny), device="cpu", max_model_len=256, max_num_seqs=4)
+    engine.async_scheduling = True
+    prof = StepProfiler(engine)
+    for i in range(3):
+        engine.add_request([10 + i, 20, 30], SamplingParams(max_tokens=8, ignore_eos=True), request_id=str(i))
+    while engine.has_unfinished():
+        engine.step()
+    prof.detach()
+    recs = prof.records
+    assert sum(r.num_sampled for r in recs) == 3 * 8  # each call counts the tokens it accepted
+    assert all(r.launch_ms <= r.execute_ms + 1e-9 and r.device_ms is not None for r in recs)
+    assert [r.kind for r in recs] == ["prefill"] + ["decode-eager"] * 7 + ["collect"]
+    assert recs[0].num_sampled == 0 and recs[-1].num_tokens == 0 and recs[-1].num_sampled == 3
+
+
+def test_fill_input_ids_numpy_twin():
+    be = NumpyBackend()
+    rng = np.random.default_rng(0)
+    input_ids = rng.integers(0, 100, 12).astype(np.int32)
+    prev = rng.integers(1000, 2000, 5).astype(np.int32)
+    src = np.full(16, -1, np.int32)  # longer than input_ids: only the first 12 rows count
+    src[[0, 3, 4, 11]] = [4, 0, 4, 2]
+    src[14] = 1
+    expect = input_ids.copy()
+    expect[[0, 3, 4, 11]] = prev[[4, 0, 4, 2]]
+    be.fill_input_ids(input_ids, prev, src)
+    assert np.array_equal(input_ids, expect)
+    empty = np.zeros(0, np.int32)
+    be.fill_input_ids(empty, prev, src)  # nothing to fill
+
+
+def test_token_readback_slots():
+    rb = TokenReadback(NumpyBackend(), 8)
+    a = rb.start(np.arange(5, dtype=np.int32))
+    b = rb.start(np.arange(10, 13, dtype=np.int32))
+    with pytest.raises(RuntimeError):
+        rb.start(np.arange(3, dtype=np.int32))  # both slots hold unread ids
+    assert rb.wait(a).tolist() == [0, 1, 2, 3, 4]
+    c = rb.start(np.arange(20, 22, dtype=np.int32))
+    assert rb.wait(b).tolist() == [10, 11, 12] and rb.wait(c).tolist() == [20, 21]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("enforce_eager", [False, True])
+def test_async_equals_synchronous_on_gpu(tiny, enforce_eager):
+    """On the GPU (graphs: the fill runs between the upload and the replay; eager): the same tokens
+    as synchronous steps, greedy and seeded. Every request is admitted at once and its limits are
+    known ahead, so both engines run the same batches (bf16 matmuls are not batch invariant:
+    with stop tokens the rows an async step drops would change a batch's shape)."""
+    rng = np.random.default_rng(9)
+    prompts = [rng.integers(10, 4000, int(rng.integers(3, 60))).tolist() for _ in range(12)]
+    params = [SamplingParams(max_tokens=int(rng.integers(8, 40)), ignore_eos=True,
+                             temperature=0.0 if i % 2 else 0.8, top_p=0.9, top_k=50, seed=i)
+              for i in range(12)]
+    kw = dict(device="cuda", max_model_len=256, max_num_seqs=16, enforce_eager=enforce_eager)
+    sync = drive(LLMEngine(model=str(tiny), **kw), prompts, params, False)
+    engine = LLMEngine(model=str(tiny), **kw)
+    assert bool(engine.runner.graphs) != enforce_eager
+    got = drive(engine, prompts, params, True)
+    assert got == sync
+    assert engine.num_pipelined_steps > 0
+    if not enforce_eager:
+        assert engine.runner.replays > 0
