@@ -93,7 +93,7 @@ def add_engine_args(p: argparse.ArgumentParser, model_positional: bool = True) -
                    help="schedule and launch step n+1 before step n's sampled tokens reach the host, so the "
                         "device never waits for the host between plain decode steps (speculative decoding "
                         "and steps that may preempt run synchronously). Default: on for the offline API "
-                        "(LLM.generate) and the benchmarks; off for the server, where it is untested under "
-                        "live aborts and load (each stream would also get its tokens from a step that "
-                        "overlaps the next one's launch): pass --async-scheduling to try it there")
+                        "(LLM.generate) and the benchmarks; off for the server (its streams end correctly with "
+                        "it, tested on the CPU, but it has not been through the GPU failure matrix): pass "
+                        "--async-scheduling to turn it on there")
     return p

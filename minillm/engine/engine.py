@@ -3,6 +3,11 @@
 Startup does all the sizing (the arena rule): the KV pool, the step buffers and the workspace
 are made once from max_num_seqs, max_model_len and max_num_batched_tokens, and a configuration
 that cannot hold one max_model_len sequence is refused with the numbers.
+
+A step is schedule -> runner.launch (prepare, upload, graph replay or eager kernels) ->
+runner.collect (the sampled ids) -> accept (stop tokens, limits) -> render (text, stop strings).
+With async_scheduling (LLM.generate's default) step n + 1 is scheduled and launched before step
+n is collected (see _step_async), so the device does not wait for the host between steps.
 """
 
 from __future__ import annotations

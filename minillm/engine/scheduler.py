@@ -9,6 +9,11 @@ When the pool has no block for a running sequence, the newest running sequence i
 blocks are freed and it is recomputed later from its prompt plus the tokens it already produced,
 so its output is unchanged. The pool is never indexed past its end and no request fails for lack
 of blocks.
+
+With async scheduling the engine calls schedule() while a step is still in flight: a sequence's
+num_tokens then counts its token in flight (Sequence.num_pending), so a decode is planned at the
+position that token will take; a sequence whose token in flight is its last (max_tokens or
+max_model_len) gets no row. The engine only schedules ahead when no preemption can happen.
 """
 
 from __future__ import annotations
