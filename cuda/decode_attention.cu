@@ -25,7 +25,14 @@
 #ifndef DEC_U  // keys per key group in flight (scripts/decode_splits.py --variant DEC_U=8 times others)
 #define DEC_U 4
 #endif
-#ifndef DEC_MIN_BLOCKS  // CTAs per SM the register allocation must allow (__launch_bounds__)
+// CTAs per SM the register allocation must allow (__launch_bounds__), for G <= 2 and for larger
+// G. Measured on the H200 (scripts/decode_splits.py): with G = 2 the kernel takes 96 registers,
+// 5 CTAs an SM; capped at 80 for 6 CTAs it read KV 9-11% faster at batch 192-256 (3.42 -> 3.85
+// TB/s); with G = 4 the same cap spills and ran 1.7x slower, so larger groups keep the default.
+#ifndef DEC_MIN_BLOCKS_SMALL_G
+#define DEC_MIN_BLOCKS_SMALL_G 6
+#endif
+#ifndef DEC_MIN_BLOCKS
 #define DEC_MIN_BLOCKS 1
 #endif
 
@@ -251,7 +258,7 @@ __device__ __forceinline__ void decode_attention_impl(
 
 // paged_decode_<dtype>_d<D>_g<G>: grid (tokens, KH, n_splits), DEC_THREADS threads.
 #define MINILLM_DECODE(SUFFIX, T, D, G)                                                           \
-  extern "C" __global__ void __launch_bounds__(DEC_THREADS, DEC_MIN_BLOCKS) paged_decode_##SUFFIX##_d##D##_g##G( \
+  extern "C" __global__ void __launch_bounds__(DEC_THREADS, (G) <= 2 ? DEC_MIN_BLOCKS_SMALL_G : DEC_MIN_BLOCKS) paged_decode_##SUFFIX##_d##D##_g##G( \
       const T* q, i64 q_tok, i64 q_head, const T* kc, const T* vc, const int* block_tables,       \
       int bt_stride, const int* seq_lens, const int* query_start, int B, int n_tokens, T* out,    \
       i64 o_tok, i64 o_head, float* part_o, float* part_ml, int* counters, int KH,                \
