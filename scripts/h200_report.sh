@@ -317,6 +317,27 @@ part16() {  # session 4, call 2: decode attention split counts (the wave model) 
   throughput_06b 90
 }
 
+part17() {  # session 4, call 3: GPU tests (async scheduling, new split choice), split sweep of the
+  # default kernels, decode (synchronous and pipelined), throughput with and without its profile
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage gpu_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" \
+    tests/test_cuda_ops.py tests/test_dflash_graphs.py tests/test_gpu_engine.py tests/test_cuda_model.py \
+    tests/test_async_scheduling.py -k "not smollm2 and not debug_build"
+  stage decode_splits 90 python3 scripts/decode_splits.py --json "$W/decode_splits.json"
+  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  decode_06b 60
+  decode_8b 90
+  throughput_06b 60
+  stage throughput_profile 60 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
+    --max-model-len 2048 --max-num-batched-tokens 8192 --profile --result-json "$W/throughput_06b_profile.json" \
+    --profile-json "$W/throughput_06b_steps.json"
+  stage throughput_sync 60 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
+    --max-model-len 2048 --max-num-batched-tokens 8192 --no-async-scheduling \
+    --result-json "$W/throughput_06b_sync.json"
+}
+
 step_kernels() {  # step_kernels MODEL BATCH CTX TIMEOUT: graph time, then the ncu kernel split
   local tag=$1_b$2_c$3
   stage "graph_$tag" "$4" python3 scripts/step_kernels.py $M/$1 --batch $2 --ctx $3 --json "$W/graph_$tag.json"
