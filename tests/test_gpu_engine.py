@@ -64,15 +64,15 @@ def test_allocation_in_step_loop_raises(tiny):
     with pytest.raises(ArenaSealedError, match="test_gpu_engine.py"):
         cupy.empty(1024, dtype=np.float32)
     engine = llm.engine
-    original = engine.runner.execute
+    original = engine.runner.launch  # what step() calls (execute is only the drafters' and score's)
 
-    def leaky_execute(batch, *a, **kw):
+    def leaky_launch(batch, *a, **kw):
         cupy.zeros(16)  # what a careless kernel wrapper might do mid-step
         return original(batch, *a, **kw)
 
-    engine.runner.execute = leaky_execute
+    engine.runner.launch = leaky_launch
     engine.add_request(PROMPTS[1], SamplingParams(temperature=0, max_tokens=4))
-    with pytest.raises(ArenaSealedError, match="leaky_execute"):
+    with pytest.raises(ArenaSealedError, match="leaky_launch"):
         engine.step()
 
 

@@ -331,8 +331,9 @@ def format_summary(s: dict) -> str:
         m = k["median_ms"]
         lines.append(f"{kind:<14}{k['steps']:>7}{'':>32}" + "".join(f"{_f(m[c], '.3f'):>10}" for c in cols))
     if s["decode_by_batch"]:
-        lines.append("\ndecode steps by batch size, medians in ms (host: outside execute, the device idles; "
-                     "other: execute - device, launch + wait + copy back)")
+        lines.append("\ndecode steps by batch size, medians in ms (host: outside execute, the device idles "
+                     "unless async scheduling runs the launched step meanwhile; other: execute - device, "
+                     "launch + wait + copy back)")
         lines.append(f"{'seqs':<10}{'steps':>7}{'graph':>7}{'share':>8}" +
                      "".join(f"{c:>10}" for c in ("wall", "device", "host", "other")))
         for b in s["decode_by_batch"]:
