@@ -11,9 +11,10 @@
 //
 // Splits (flash-decoding): split s takes keys [s * part, (s + 1) * part) of this token's own
 // context, part = max(min_part, ceil(len / n_splits)) rounded to 16, so a short context in a
-// long-context bucket uses few splits and the rest exit at once. Each split writes an
-// unnormalised partial; the last split of a (token, KV head) to finish (an atomic counter, which
-// that CTA resets to 0 for the next step) merges them, so no second kernel is launched.
+// long-context bucket uses few splits and the rest exit at once (a context that fits one part
+// is written by its one CTA directly). Each active split writes an unnormalised partial; the
+// last of a (token, KV head) to finish (an atomic counter, which that CTA resets to 0 for the
+// next step) merges them, so no second kernel is launched.
 // Tokens of sequences with more than max_nq new queries are left to prefill_attention.cu: the
 // kernel is chosen per sequence, not per batch, so a token's attention is computed the same way
 // whatever else shares its step (batch invariance; speculative decoding relies on it in bf16).
@@ -96,10 +97,13 @@ __device__ __forceinline__ void decode_attention_impl(
   int k_hi = causal ? L - nq + j + 1 : L;  // keys this query may see
   k_hi = max(0, min(k_hi, L));
   int k_lo = 0, k_end = k_hi;
+  int n_active = 1;  // splits that hold keys of this token; the others exit here
   if (n_splits > 1) {
     int part = (k_hi + n_splits - 1) / n_splits;
     part = max(min_part, (part + 15) / 16 * 16);
-    k_lo = min(k_hi, split * part);
+    n_active = max(1, (k_hi + part - 1) / part);
+    if (split >= n_active) return;  // uniform over the CTA, before any barrier
+    k_lo = split * part;
     k_end = min(k_hi, k_lo + part);
   }
 
@@ -199,9 +203,9 @@ __device__ __forceinline__ void decode_attention_impl(
       }
     }
     const int h = kh * G + g;
-    if (n_splits == 1) {
+    if (n_active == 1) {  // the whole context in one CTA: no partials, no merge
       out[(i64)t * o_tok + (i64)h * o_head + d] = minillm::from_f<T>(den > 0.f ? o / den : 0.f);
-    } else {  // every split writes its partial, empty or not: the merge reads all of them
+    } else {  // every active split writes its partial: the merge reads all of them
       const i64 p = ((i64)t * H + h) * n_splits + split;
       part_o[p * D + d] = o;
       if (d == 0) {
@@ -210,14 +214,14 @@ __device__ __forceinline__ void decode_attention_impl(
       }
     }
   }
-  if (n_splits == 1) return;
+  if (n_active == 1) return;
 
   // ---- the last split of this (token, KV head) to finish merges the partials
   __threadfence();
   __syncthreads();
   if (tid == 0) {
     const int prev = atomicAdd(counters + (i64)t * KH + kh, 1);
-    s_last = prev == n_splits - 1;
+    s_last = prev == n_active - 1;
   }
   __syncthreads();
   if (!s_last) return;
@@ -226,10 +230,10 @@ __device__ __forceinline__ void decode_attention_impl(
     const int lane = tid & 31;
     const i64 p0 = ((i64)t * H + kh * G + g) * n_splits;
     float M = minillm::neg_inf();
-    for (int s = lane; s < n_splits; s += 32) M = fmaxf(M, __ldcg(part_ml + 2 * (p0 + s)));
+    for (int s = lane; s < n_active; s += 32) M = fmaxf(M, __ldcg(part_ml + 2 * (p0 + s)));
     M = minillm::warp_max(M);
     float den = 0.f;
-    for (int s = lane; s < n_splits; s += 32) {
+    for (int s = lane; s < n_active; s += 32) {
       const float ms = __ldcg(part_ml + 2 * (p0 + s));
       const float w = ms == minillm::neg_inf() ? 0.f : exp2f(ms - M);
       s_w[g][s] = w;
@@ -244,7 +248,7 @@ __device__ __forceinline__ void decode_attention_impl(
     const int h = kh * G + g;
     const i64 p0 = ((i64)t * H + h) * n_splits;
     float o = 0.f;
-    for (int s = 0; s < n_splits; ++s) {
+    for (int s = 0; s < n_active; ++s) {
       const float w = s_w[g][s];
       if (w > 0.f) o = fmaf(w, __ldcg(part_o + (p0 + s) * D + d), o);
     }

@@ -338,6 +338,19 @@ part17() {  # session 4, call 3: GPU tests (async scheduling, new split choice),
     --result-json "$W/throughput_06b_sync.json"
 }
 
+part18() {  # session 4, call 4: decode kernel with active splits only, fixed-part sweep, GPU tests,
+  # racecheck of the decode kernel, throughput
+  setup
+  stage gpu_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" \
+    tests/test_cuda_ops.py tests/test_dflash_graphs.py tests/test_gpu_engine.py tests/test_cuda_model.py \
+    tests/test_async_scheduling.py -k "not smollm2 and not debug_build"
+  stage decode_splits 120 python3 scripts/decode_splits.py --json "$W/decode_splits.json"
+  stage racecheck_decode 120 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "decode_fixed_parts and bfloat16"
+  stage models 30 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  throughput_06b 60
+}
+
 step_kernels() {  # step_kernels MODEL BATCH CTX TIMEOUT: graph time, then the ncu kernel split
   local tag=$1_b$2_c$3
   stage "graph_$tag" "$4" python3 scripts/step_kernels.py $M/$1 --batch $2 --ctx $3 --json "$W/graph_$tag.json"

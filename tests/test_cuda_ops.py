@@ -424,6 +424,28 @@ def test_paged_attention_shapes(be, G, D, bs):
             check_attention(be, case, causal, VARIANTS)
 
 
+@pytest.mark.parametrize("part", [64, 112, 512])
+def test_decode_fixed_parts(be, part):
+    """Keys split in parts of a fixed size: a token takes ceil(len / part) splits, the rest of
+    the grid exits at once, and a context within one part is written without a merge."""
+    rng = np.random.default_rng(part)
+    H, KH, D, bs = 8, 2, 128, 16
+    for ql, cl in (([1, 1, 1, 1, 1], [1, 64, 65, 300, 1100]), ([5, 5], [5, 700])):
+        case = make_attention_case(rng, ql, cl, H, KH, D, bs, extra_rows=1)
+        q, kc, vc, bt, sl, qs = case
+        ref = np.full(q.shape, np.nan, np.float32)
+        REF.paged_attention(rounded(be, q), rounded(be, kc), rounded(be, vc), bt, sl, qs, D ** -0.5, ref)
+        live = int(qs[-1])
+        for _ in range(2):  # the split counters must reset themselves
+            out = poisoned(be, q.shape)
+            plan = be.attention(be.asarray(q), be.asarray(kc), be.asarray(vc), i32(be, bt), i32(be, sl),
+                                i32(be, qs), D ** -0.5, out, kernel="decode", part=part)
+            got = host(be, out)
+            assert plan["min_part"] == part and plan["n_splits"] == -(-bt.shape[1] * bs // part)
+            assert rel_err(got[:live], ref[:live]) < tol(be), plan
+            assert np.isnan(got[live:]).all()
+
+
 def test_attention_batch_invariant(be):
     """A sequence's rows come out bit-identical whether its step is all short (decode kernel
     alone) or shares it with a long prefill chunk (per-sequence split): speculative verification

@@ -658,8 +658,12 @@ class CudaBackend:
                 and H // KH <= _PF_ROWS and _prefill_smem(q.shape[2]) <= self.max_smem)
 
     def decode_plan(self, T: int, H: int, KH: int, D: int, max_ctx: int,
-                    n_splits: int | None = None) -> dict:
-        """Splits for the decode kernel from static sizes only (graph-safe)."""
+                    n_splits: int | None = None, part: int | None = None) -> dict:
+        """Splits for the decode kernel from static sizes only (graph-safe). part: keys per split
+        for every token (a token takes ceil(len / part) splits) instead of each token's keys
+        divided into n_splits even parts."""
+        if n_splits is None and part is not None:
+            n_splits = _cdiv(max_ctx, part)
         if n_splits is None:  # full waves of CTAs (decode_splits)
             n_splits = decode_splits(T * KH, self._decode_resident(D, H // KH), max_ctx,
                                      min(_DECODE_MAX_SPLITS, _cdiv(max_ctx, _DECODE_MIN_PART)))
@@ -668,7 +672,7 @@ class CudaBackend:
         # the partials of every split must fit the scratch (one split writes none)
         n_splits = min(n_splits, self._att_scratch.size // max(1, T * H * (D + 2)))
         n_splits = max(1, min(n_splits, _DECODE_MAX_SPLITS))
-        return dict(kernel="decode", n_splits=n_splits, min_part=_DECODE_MIN_PART)
+        return dict(kernel="decode", n_splits=n_splits, min_part=max(_DECODE_MIN_PART, part or 0))
 
     def _decode_resident(self, D: int, G: int) -> int:
         """CTAs of the bf16 decode kernel for (head_dim, group) the GPU holds at once."""
@@ -683,7 +687,7 @@ class CudaBackend:
     def attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start, scale: float,
                   out, causal: bool = True, bq: int | None = None,
                   n_splits: int | None = None, kernel: str | None = None,
-                  max_query_len: int | None = None) -> dict:
+                  max_query_len: int | None = None, part: int | None = None) -> dict:
         """paged_attention with an optional forced kernel and launch shape (the tests run every
         variant): "decode" (cuda/decode_attention.cu) or "prefill" (cuda/prefill_attention.cu,
         bf16 tensor cores) for every sequence, "split" (each sequence by its own query count:
@@ -739,7 +743,7 @@ class CudaBackend:
                 raise ValueError(f"paged_attention: the decode kernel does not take q {q.shape} "
                                  f"{q.dtype} with KV heads {KH}")
             p = self._decode_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start,
-                                       scale, out, causal, n_splits,
+                                       scale, out, causal, n_splits, part,
                                        _DECODE_MAX_Q if kernel == "split" else 1 << 30)
             return {**p, "kernel": kernel}
         p = self.attention_plan(T, B, H, KH, D, block_tables.shape[1] * bs, q.itemsize, bq, n_splits)
@@ -766,11 +770,12 @@ class CudaBackend:
         return p
 
     def _decode_attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start,
-                          scale: float, out, causal: bool, n_splits: int | None, max_nq: int) -> dict:
+                          scale: float, out, causal: bool, n_splits: int | None, part: int | None,
+                          max_nq: int) -> dict:
         T, H, D = q.shape
         _, bs, KH, _ = k_cache.shape
         B = seq_lens.shape[0]
-        p = self.decode_plan(T, H, KH, D, block_tables.shape[1] * bs, n_splits)
+        p = self.decode_plan(T, H, KH, D, block_tables.shape[1] * bs, n_splits, part)
         ns = p["n_splits"]
         it = q.itemsize
         part_o = self._att_scratch
