@@ -351,6 +351,28 @@ part18() {  # session 4, call 4: decode kernel with active splits only, fixed-pa
   throughput_06b 60
 }
 
+part19() {  # session 4, call 5 (final code): failure matrix, memcheck of the server reproducer, decode,
+  # throughput, then synccheck and initcheck over the decode attention, sampler and PDL tests
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  stage failure_matrix 300 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
+    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 120
+  stage sanitizer 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/sanitizer" \
+    --sanitize --max-model-len 4096 --concurrency 8 --num-prompts 8 --output-len 16 \
+    --startup-timeout 100 --ladder-timeout 100
+  decode_06b 40
+  decode_8b 60
+  throughput_06b 40
+  local K="decode_fixed_parts and bfloat16 or attention_batch_invariant or dependent_chain or fill_input_ids"
+  for tool in synccheck initcheck; do
+    stage "sanitize_$tool" 90 compute-sanitizer --tool "$tool" --error-exitcode 3 --print-limit 20 \
+      python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "$K"
+  done
+}
+
 step_kernels() {  # step_kernels MODEL BATCH CTX TIMEOUT: graph time, then the ncu kernel split
   local tag=$1_b$2_c$3
   stage "graph_$tag" "$4" python3 scripts/step_kernels.py $M/$1 --batch $2 --ctx $3 --json "$W/graph_$tag.json"
