@@ -373,6 +373,16 @@ part19() {  # session 4, call 5 (final code): failure matrix, memcheck of the se
   done
 }
 
+part20() {  # session 4, call 6: speculation cost on the final code, the batch-192 step split again
+  setup
+  stage models 60 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
+  step_kernels q06 192 1024 60
+  stage spec_cost_8b 200 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_8b.json"
+}
+
 step_kernels() {  # step_kernels MODEL BATCH CTX TIMEOUT: graph time, then the ncu kernel split
   local tag=$1_b$2_c$3
   stage "graph_$tag" "$4" python3 scripts/step_kernels.py $M/$1 --batch $2 --ctx $3 --json "$W/graph_$tag.json"
