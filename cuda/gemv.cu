@@ -125,3 +125,116 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
   const int N = F;
   MINILLM_GEMV_SWITCH(bf16, true)
 }
+
+// ---- gemm_skinny: 5-16 rows of x on tensor cores ---------------------------------------------
+// out = x @ w.T (+ bias) for M in (GEMV_MAX_M rows of the host, 16], K % 64 == 0 (NumPy twin:
+// NumpyBackend.matmul). Above 4 rows the GEMV above turns compute-bound (each weight chunk is
+// multiplied by every row on CUDA cores), and cuBLAS pads such skinny products to a full tile.
+// Here one warp computes 16 output columns x 8 rows of x per mma.sync.m16n8k16 (bf16 in, fp32
+// sums): A is 16 weight rows (read once, straight from HBM, 16-byte loads), B is x^T.
+//
+// The k order inside a 64-wide block is permuted so every lane loads whole 16-byte chunks: lane
+// (g, t) = (lane / 4, lane % 4) reads k offsets [16t, 16t + 16) of weight rows g and g + 8 and of
+// x row g, and feeds the 4 mma steps of the block pairs (4j, 4j + 1) and (4j + 2, 4j + 3) of
+// those 16 values. The mma's logical k (2t + {0, 1} and 2t + 8 + {0, 1} in A and B alike) then
+// meets the same physical k in both operands, so the dot products are exact permutations of the
+// plain ones. The 8 warps of a CTA take interleaved 64-wide k blocks of the same 16 columns and
+// are summed through shared memory at the end.
+#define SKINNY_WARPS 8
+#define SKINNY_KB 64
+
+namespace {
+
+__device__ __forceinline__ void mma_16816(float* c, const unsigned a0, const unsigned a1,
+                                          const unsigned a2, const unsigned a3, const unsigned b0,
+                                          const unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// TILES: groups of 8 rows of x (1 for M <= 8, 2 for M <= 16).
+template <typename TO, int TILES>
+__device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64 ldx,
+                                                 const bf16* __restrict__ w,
+                                                 const bf16* __restrict__ bias,
+                                                 TO* __restrict__ out, i64 ldo, int M, int N, int K) {
+  minillm::pdl_entry();
+  __shared__ float red[SKINNY_WARPS - 1][TILES * 4][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int n0 = blockIdx.x * 16;
+  // rows past N read row N - 1 (valid memory); their sums are never written
+  const bf16* w0 = w + (i64)min(n0 + g, N - 1) * K + 16 * t;
+  const bf16* w8 = w + (i64)min(n0 + g + 8, N - 1) * K + 16 * t;
+  const bf16* xr[TILES];
+  bool live[TILES];
+#pragma unroll
+  for (int i = 0; i < TILES; ++i) {
+    live[i] = i * 8 + g < M;
+    xr[i] = x + (i64)(live[i] ? i * 8 + g : 0) * ldx + 16 * t;
+  }
+  float c[TILES][4];
+#pragma unroll
+  for (int i = 0; i < TILES; ++i) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.f;
+
+  const int blocks = K / SKINNY_KB;
+#pragma unroll 2
+  for (int kb = warp; kb < blocks; kb += SKINNY_WARPS) {
+    const int k = kb * SKINNY_KB;
+    const uint4 w0_lo = __ldg(reinterpret_cast<const uint4*>(w0 + k));
+    const uint4 w0_hi = __ldg(reinterpret_cast<const uint4*>(w0 + k + 8));
+    const uint4 w8_lo = __ldg(reinterpret_cast<const uint4*>(w8 + k));
+    const uint4 w8_hi = __ldg(reinterpret_cast<const uint4*>(w8 + k + 8));
+#pragma unroll
+    for (int i = 0; i < TILES; ++i) {
+      uint4 x_lo = make_uint4(0u, 0u, 0u, 0u), x_hi = x_lo;
+      if (live[i]) {  // plain loads: under PDL the kernel writing x may still run (common.cuh)
+        x_lo = reinterpret_cast<const uint4*>(xr[i] + k)[0];
+        x_hi = reinterpret_cast<const uint4*>(xr[i] + k + 8)[0];
+      }
+      // A registers: (row g, k pair), (row g + 8, k pair), (row g, k pair + 8), (row g + 8, k
+      // pair + 8); B: (k pair, x row g), (k pair + 8, x row g). w0/w8: weight rows g / g + 8
+      mma_16816(c[i], w0_lo.x, w8_lo.x, w0_lo.y, w8_lo.y, x_lo.x, x_lo.y);
+      mma_16816(c[i], w0_lo.z, w8_lo.z, w0_lo.w, w8_lo.w, x_lo.z, x_lo.w);
+      mma_16816(c[i], w0_hi.x, w8_hi.x, w0_hi.y, w8_hi.y, x_hi.x, x_hi.y);
+      mma_16816(c[i], w0_hi.z, w8_hi.z, w0_hi.w, w8_hi.w, x_hi.z, x_hi.w);
+    }
+  }
+  if (warp > 0) {
+#pragma unroll
+    for (int i = 0; i < TILES; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) red[warp - 1][i * 4 + e][lane] = c[i][e];
+  }
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int i = 0; i < TILES; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {  // C: rows (out columns) g, g + 8; cols (x rows) 2t, 2t + 1
+      float s = c[i][e];
+#pragma unroll
+      for (int r = 0; r < SKINNY_WARPS - 1; ++r) s += red[r][i * 4 + e][lane];
+      const int m = i * 8 + 2 * t + (e & 1);
+      const int n = n0 + g + (e >= 2 ? 8 : 0);
+      if (m < M && n < N)
+        out[(i64)m * ldo + n] = minillm::from_f<TO>(s + (bias ? minillm::to_f(bias[n]) : 0.f));
+    }
+}
+
+}  // namespace
+
+// grid (ceil(N / 16)), block 32 * SKINNY_WARPS.
+#define MINILLM_SKINNY(SUFFIX, TO)                                                                   \
+  extern "C" __global__ void __launch_bounds__(32 * SKINNY_WARPS) gemm_skinny_##SUFFIX(            \
+      const bf16* x, i64 ldx, const bf16* w, const bf16* bias, TO* out, i64 ldo, int M, int N,    \
+      int K) {                                                                                     \
+    if (M <= 8) gemm_skinny_impl<TO, 1>(x, ldx, w, bias, out, ldo, M, N, K);                     \
+    else gemm_skinny_impl<TO, 2>(x, ldx, w, bias, out, ldo, M, N, K);                            \
+  }
+
+MINILLM_SKINNY(bf16, bf16)
+MINILLM_SKINNY(f32, float)

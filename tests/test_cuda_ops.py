@@ -268,6 +268,33 @@ def test_matmul(be, M, K, N, bias, out_f32):
     assert rel_err(host(be, out), ref) < t
 
 
+@pytest.mark.parametrize("M", [5, 8, 9, 16])
+@pytest.mark.parametrize("K,N", [(64, 16), (576, 1000), (1024, 4096), (3072, 1030)])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("out_f32", [False, True])
+def test_matmul_skinny(be, M, K, N, bias, out_f32):
+    """5-16 bf16 rows go to cuda/gemv.cu's tensor-core kernel (its permuted k order must give the
+    plain dot products), x rows inside a wider buffer; also replayed in a graph."""
+    if be.dtype == np.float32:
+        pytest.skip("the tensor-core kernel is the bf16 path")
+    rng = np.random.default_rng(M * N + K + bias)
+    big = rng.standard_normal((M, K + 64)).astype(np.float32)
+    w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
+    b = rng.standard_normal(N).astype(np.float32)
+    xd, wd, bd = be.asarray(big)[:, 64:], be.asarray(w), be.asarray(b) if bias else None
+    out = poisoned(be, (M, N), dtype=np.float32 if out_f32 else None)
+    assert be._gemv_fits(xd, wd, out, bd, M, K, xd.strides[0] // xd.itemsize, max_m=16)
+    be.matmul(xd, wd, out, bias=bd)
+    ref = rounded(be, big[:, 64:]).astype(np.float64) @ rounded(be, w).astype(np.float64).T
+    if bias:
+        ref += rounded(be, b)
+    assert rel_err(host(be, out), ref) < (1e-5 if out_f32 else tol(be))
+    out2 = poisoned(be, (M, N), dtype=np.float32 if out_f32 else None)
+    g = be.capture_graph(lambda: be.matmul(xd, wd, out2, bias=bd))
+    g.replay()
+    assert np.array_equal(host(be, out2), host(be, out))
+
+
 def test_gemv_strided_rows_and_graph(be):
     """Decode-sized products with x rows inside a wider buffer (the model's views), also replayed."""
     rng = np.random.default_rng(5)

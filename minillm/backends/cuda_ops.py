@@ -37,7 +37,8 @@ _ATT_THREADS = 128  # cuda/attention.cu
 _SAMPLE_THREADS = 512  # cuda/sampling.cu
 # cuda/gemv.cu takes products of at most _GEMV_MAX_M rows (the kernel handles 8). Measured on the
 # H200 (docs/BENCHMARKS.md, spec-cost): an 8-sequence decode step of the 8B shape took 11.5 ms with
-# 8-row GEMVs against 7.3 ms for 16 sequences through cuBLAS, so above 4 rows cuBLAS is used.
+# 8-row GEMVs against 7.3 ms for 16 sequences through cuBLAS, so above 4 rows the GEMV is not used
+# (gemm_skinny, on tensor cores, takes 5-16 rows; cuBLAS more).
 # cuda/decode_attention.cu: instantiated head dims and query heads per KV head; at most
 # _DECODE_MAX_SPLITS splits of at least _DECODE_MIN_PART keys each.
 _DECODE_HEAD_DIMS, _DECODE_MAX_G, _DECODE_MAX_SPLITS, _DECODE_MIN_PART = (64, 128), 8, 64, 64
@@ -58,6 +59,8 @@ def _prefill_smem(D: int) -> int:
 
 
 _GEMV_MAX_M, _GEMV_THREADS, _GEMV_COLS_PER_CTA = 4, 128, 2 * 4  # GEMV_NR * GEMV_WARPS in gemv.cu
+# cuda/gemv.cu's gemm_skinny: tensor-core products of _GEMV_MAX_M + 1 .. 16 rows, K % 64 == 0
+_SKINNY_MAX_M, _SKINNY_THREADS, _SKINNY_COLS_PER_CTA, _SKINNY_K = 16, 256, 16, 64
 
 
 def decode_splits(work: int, resident: int, ctx: int, max_splits: int,
@@ -239,7 +242,7 @@ class CudaBackend:
             "decode_attention": [f"paged_decode_{t}_d{d}_g{g}" for t in ("bf16", "f32")
                                  for d in _DECODE_HEAD_DIMS for g in range(1, _DECODE_MAX_G + 1)],
             "sampling": ["sample_tokens"],
-            "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16"],
+            "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemm_skinny_bf16", "gemm_skinny_f32"],
         }.items():
             for n in names:
                 k[n] = kc.get_kernel(mod, n, self.debug)
@@ -555,7 +558,8 @@ class CudaBackend:
 
     # ---- matmul -------------------------------------------------------------------------
     def matmul(self, x, w, out, bias=None) -> None:
-        """out = x @ w.T (+ bias), w [out_features, in_features]; fp32 accumulation in cuBLAS."""
+        """out = x @ w.T (+ bias), w [out_features, in_features], fp32 sums: cuda/gemv.cu for up to
+        16 bf16 rows (its GEMV for 1-4, its tensor-core skinny GEMM for 5-16), cuBLAS beyond."""
         M, ldx = _rows(x, "matmul x")
         N, K = w.shape
         if M == 0:
@@ -567,6 +571,11 @@ class CudaBackend:
             self._launch("gemv_" + _suffix(out.dtype), (_cdiv(N, _GEMV_COLS_PER_CTA),), (_GEMV_THREADS,),
                          (x, _i64(ldx), w, bias if bias is not None else _NULL, out, _i64(ldo), _i32(M),
                           _i32(N), _i32(K)))
+            return
+        if self._gemv_fits(x, w, out, bias, M, K, ldx, max_m=_SKINNY_MAX_M) and K % _SKINNY_K == 0:
+            self._launch("gemm_skinny_" + _suffix(out.dtype), (_cdiv(N, _SKINNY_COLS_PER_CTA),),
+                         (_SKINNY_THREADS,), (x, _i64(ldx), w, bias if bias is not None else _NULL, out,
+                                              _i64(ldo), _i32(M), _i32(N), _i32(K)))
             return
         beta = 0.0
         if bias is not None:  # out <- bias, then GEMM with beta = 1: a single rounding
@@ -598,10 +607,12 @@ class CudaBackend:
         self.matmul(x, w_gate_up, out=gate_up)
         self.silu_mul(gate_up, out=out)
 
-    def _gemv_fits(self, x, w, out, bias, M: int, K: int, ldx: int) -> bool:
-        """Few rows of bf16 with 16-byte aligned rows: cuda/gemv.cu streams the weights faster."""
+    def _gemv_fits(self, x, w, out, bias, M: int, K: int, ldx: int, max_m: int | None = None) -> bool:
+        """At most max_m rows of bf16 with 16-byte aligned rows: cuda/gemv.cu streams the weights
+        faster than cuBLAS (its GEMV up to _GEMV_MAX_M rows, its skinny tensor-core GEMM beyond)."""
+        max_m = _GEMV_MAX_M if max_m is None else max_m
         bf = self.dtype if self.dtype != np.float32 else None
-        return (bf is not None and M <= _GEMV_MAX_M and x.dtype == bf and w.dtype == bf and K % 8 == 0
+        return (bf is not None and M <= max_m and x.dtype == bf and w.dtype == bf and K % 8 == 0
                 and x.data.ptr % 16 == 0 and (ldx * x.itemsize) % 16 == 0 and w.data.ptr % 16 == 0
                 and out.dtype in (bf, np.float32) and (bias is None or bias.dtype == bf))
 

@@ -1,0 +1,82 @@
+"""Products of a few rows timed inside CUDA graphs: cuda/gemv.cu's kernels against cuBLAS.
+
+    PYTHONPATH=. python scripts/skinny_bench.py [--json F]
+
+For each decode-shaped weight of the Qwen3-0.6B and -8B shapes and M rows of x (1 and 4: the
+GEMV; 5-16: the tensor-core skinny GEMM), the backend's own choice and cuBLAS on the same product
+run as chains of 20 launches in a graph (CUDA events, median of 10 replays): microseconds per
+product and weight bytes per second. Speculative verification at concurrency 1 (k = 8) runs 9
+rows, decode buckets 8 and 16 their sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import ml_dtypes
+import numpy as np
+
+from minillm.backends import cuda_ops
+from minillm.backends.cuda_ops import CudaBackend
+
+SHAPES = {  # name: (K, N)
+    "0.6B qkv": (1024, 4096), "0.6B o": (2048, 1024), "0.6B gate_up": (1024, 6144),
+    "0.6B down": (3072, 1024), "8B qkv": (4096, 6144), "8B o": (4096, 4096),
+    "8B gate_up": (4096, 24576), "8B down": (12288, 4096),
+}
+ROWS = (1, 4, 5, 8, 9, 16)
+CALLS, WARM, REPS = 20, 3, 10
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    import cupy
+
+    be = CudaBackend(dtype=ml_dtypes.bfloat16)
+    rng = np.random.default_rng(0)
+
+    def graph_us(fn) -> float:
+        g = be.capture_graph(lambda: [fn() for _ in range(CALLS)])
+        s, e = cupy.cuda.Event(), cupy.cuda.Event()
+        ts = []
+        for i in range(WARM + REPS):
+            s.record(be.stream)
+            g.replay()
+            e.record(be.stream)
+            e.synchronize()
+            if i >= WARM:
+                ts.append(cupy.cuda.get_elapsed_time(s, e) * 1e3 / CALLS)
+        return statistics.median(ts)
+
+    rows = []
+    print(f"{'weight':14s} {'M':>3s} {'kernel':>8s} {'us':>8s} {'TB/s':>6s} {'cuBLAS us':>10s} {'TB/s':>6s} "
+          f"{'ratio':>6s}")
+    for name, (K, N) in SHAPES.items():
+        w = be.asarray((rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32))
+        for M in ROWS:
+            x = be.asarray(rng.standard_normal((M, K)).astype(np.float32))
+            out = be.empty((M, N))
+            ours = graph_us(lambda x=x, w=w, out=out: be.matmul(x, w, out))
+            saved = cuda_ops._GEMV_MAX_M, cuda_ops._SKINNY_MAX_M
+            cuda_ops._GEMV_MAX_M = cuda_ops._SKINNY_MAX_M = 0  # every product to cuBLAS
+            try:
+                blas = graph_us(lambda x=x, w=w, out=out: be.matmul(x, w, out))
+            finally:
+                cuda_ops._GEMV_MAX_M, cuda_ops._SKINNY_MAX_M = saved
+            kernel = "gemv" if M <= saved[0] else "skinny" if M <= saved[1] and K % 64 == 0 else "cuBLAS"
+            nbytes = N * K * 2
+            rows.append(dict(weight=name, M=M, K=K, N=N, kernel=kernel, us=ours, cublas_us=blas,
+                             tbps=nbytes / ours / 1e6, cublas_tbps=nbytes / blas / 1e6))
+            print(f"{name:14s} {M:3d} {kernel:>8s} {ours:8.2f} {nbytes / ours / 1e6:6.2f} {blas:10.2f} "
+                  f"{nbytes / blas / 1e6:6.2f} {blas / ours:6.2f}", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
