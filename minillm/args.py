@@ -92,8 +92,6 @@ def add_engine_args(p: argparse.ArgumentParser, model_positional: bool = True) -
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="schedule and launch step n+1 before step n's sampled tokens reach the host, so the "
                         "device never waits for the host between plain decode steps (speculative decoding "
-                        "and steps that may preempt run synchronously). Default: on for the offline API "
-                        "(LLM.generate) and the benchmarks; off for the server (its streams end correctly with "
-                        "it, tested on the CPU, but it has not been through the GPU failure matrix): pass "
-                        "--async-scheduling to turn it on there")
+                        "and steps that may preempt run synchronously). Default: on for the server, the offline "
+                        "API (LLM.generate) and the benchmarks; off for a bare LLMEngine and the chat REPL")
     return p

@@ -94,7 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     from minillm.server import AsyncEngine, build_app
 
     try:
-        engine = LLMEngine(EngineArgs.from_cli(ns))
+        args = EngineArgs.from_cli(ns)
+        if args.async_scheduling is None:  # the default here too: no step waits on the host
+            args.async_scheduling = True
+        engine = LLMEngine(args)
     # user and environment errors (flags, model path, sizing, no GPU, no memory): one line, no traceback
     except (ValueError, OSError, NotImplementedError, ImportError, RuntimeError, MemoryError) as e:
         log.debug("engine construction failed", exc_info=True)

@@ -64,6 +64,7 @@ def run_point(args, mml: int, out: Path) -> dict:
     cmd = [sys.executable, "-m", "minillm.serve", args.model, "--port", str(port), "--device", args.device,
            "--max-num-seqs", "16", "--num-blocks", str(args.num_blocks), "--no-enable-prefix-caching",
            "--max-model-len", str(mml)]
+    cmd += args.server_args.split()
     if args.drafter:
         cmd += ["--speculative-config", json.dumps({"method": "dflash", "model": args.drafter,
                                                     "num_speculative_tokens": args.k})]
@@ -123,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--input-len", type=int, default=1024)
     p.add_argument("--output-len", type=int, default=512)
     p.add_argument("--sanitize", action="store_true")
+    p.add_argument("--server-args", default="", help="more flags for minillm.serve, e.g. --no-async-scheduling")
     p.add_argument("--startup-timeout", type=float, default=300)
     p.add_argument("--request-timeout", type=float, default=600)
     p.add_argument("--ladder-timeout", type=float, default=1200)

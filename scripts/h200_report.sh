@@ -383,6 +383,31 @@ part20() {  # session 4, call 6: speculation cost on the final code, the batch-1
     --result-json "$W/spec_cost_8b.json"
 }
 
+part21() {  # session 4, call 7: the tensor-core skinny GEMM (5-16 rows): GPU tests, its timings
+  # against cuBLAS, speculation cost (verification at c = 1 is 9 rows), decode, throughput, a
+  # plain serving ladder (the server schedules ahead now), the failure matrix and memcheck again
+  setup
+  stage gpu_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" \
+    tests/test_cuda_ops.py tests/test_dflash_graphs.py tests/test_gpu_engine.py tests/test_cuda_model.py \
+    tests/test_async_scheduling.py -k "not smollm2 and not debug_build"
+  stage skinny_bench 90 python3 scripts/skinny_bench.py --json "$W/skinny_bench.json"
+  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
+  stage spec_cost_8b 120 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_8b.json"
+  decode_06b 40
+  throughput_06b 40
+  stage serve_plain 90 python3 scripts/failure_matrix.py $M/q06 --out "$W/serve_plain" --max-model-len 4096 \
+    --num-prompts 4,4,8,16,32 --output-len 256 --startup-timeout 60 --ladder-timeout 80
+  stage failure_matrix 200 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
+    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 120
+  stage sanitizer 100 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/sanitizer" \
+    --sanitize --max-model-len 4096 --concurrency 8 --num-prompts 8 --output-len 16 \
+    --startup-timeout 100 --ladder-timeout 100
+}
+
 step_kernels() {  # step_kernels MODEL BATCH CTX TIMEOUT: graph time, then the ncu kernel split
   local tag=$1_b$2_c$3
   stage "graph_$tag" "$4" python3 scripts/step_kernels.py $M/$1 --batch $2 --ctx $3 --json "$W/graph_$tag.json"

@@ -228,15 +228,16 @@ def test_token_readback_slots():
     assert rb.wait(b).tolist() == [10, 11, 12] and rb.wait(c).tolist() == [20, 21]
 
 
-def test_server_with_async_scheduling(tmp_path):
-    """The server is synchronous by default; with --async-scheduling its streams still end right:
-    the server suite's stream, stop-string, concurrency and disconnect tests against such a server."""
+def test_server_with_no_async_scheduling(tmp_path):
+    """The server schedules ahead by default (tests/test_server.py runs that way); with
+    --no-async-scheduling its streams end right too: the server suite's stream, stop-string,
+    concurrency and disconnect tests against a synchronous server."""
     import test_server as ts
 
     from hf_models import make_tiny
 
     make_tiny("llama", tmp_path / "model")
-    srv = ts.Server(tmp_path / "model", tmp_path / "server.log", "--async-scheduling",
+    srv = ts.Server(tmp_path / "model", tmp_path / "server.log", "--no-async-scheduling",
                     env={"MINILLM_TEST_STEP_DELAY": "0.003"})
     try:
         for test in (ts.test_completion, ts.test_completion_stream_matches_non_stream, ts.test_stop_strings,
