@@ -391,6 +391,8 @@ part21() {  # session 4, call 7: the tensor-core skinny GEMM (5-16 rows): GPU te
     tests/test_cuda_ops.py tests/test_dflash_graphs.py tests/test_gpu_engine.py tests/test_cuda_model.py \
     tests/test_async_scheduling.py -k "not smollm2 and not debug_build"
   stage skinny_bench 90 python3 scripts/skinny_bench.py --json "$W/skinny_bench.json"
+  stage racecheck_skinny 60 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "matmul_skinny and 1024"
   stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force &&
     python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
