@@ -284,6 +284,8 @@ def test_matmul_skinny(be, M, K, N, bias, out_f32):
     xd, wd, bd = be.asarray(big)[:, 64:], be.asarray(w), be.asarray(b) if bias else None
     out = poisoned(be, (M, N), dtype=np.float32 if out_f32 else None)
     assert be._gemv_fits(xd, wd, out, bd, M, K, xd.strides[0] // xd.itemsize, max_m=16)
+    from minillm.backends.cuda_ops import _SKINNY_TWO_TILE_MAX_W
+    assert N * K <= _SKINNY_TWO_TILE_MAX_W  # so 9-16 rows take the kernel too
     be.matmul(xd, wd, out, bias=bd)
     ref = rounded(be, big[:, 64:]).astype(np.float64) @ rounded(be, w).astype(np.float64).T
     if bias:

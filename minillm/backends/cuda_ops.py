@@ -59,8 +59,13 @@ def _prefill_smem(D: int) -> int:
 
 
 _GEMV_MAX_M, _GEMV_THREADS, _GEMV_COLS_PER_CTA = 4, 128, 2 * 4  # GEMV_NR * GEMV_WARPS in gemv.cu
-# cuda/gemv.cu's gemm_skinny: tensor-core products of _GEMV_MAX_M + 1 .. 16 rows, K % 64 == 0
+# cuda/gemv.cu's gemm_skinny: tensor-core products of _GEMV_MAX_M + 1 .. 16 rows, K % 64 == 0.
+# Measured on the H200 (scripts/skinny_bench.py, docs/BENCHMARKS.md): 1.0-2.9x cuBLAS on the 0.6B
+# shapes and 1.1-1.4x on the 8B ones up to 8 rows; with 9-16 rows (two tiles of x, each CTA reading
+# all of x again from L2) 0.91-0.95x cuBLAS on the 8B gate_up and down (50-100 M weights) but still
+# 1.1-1.3x on its qkv and o, so 9-16 rows take it only for weights up to _SKINNY_TWO_TILE_MAX_W.
 _SKINNY_MAX_M, _SKINNY_THREADS, _SKINNY_COLS_PER_CTA, _SKINNY_K = 16, 256, 16, 64
+_SKINNY_TWO_TILE_MAX_W = 32 << 20  # weight elements
 
 
 def decode_splits(work: int, resident: int, ctx: int, max_splits: int,
@@ -572,7 +577,8 @@ class CudaBackend:
                          (x, _i64(ldx), w, bias if bias is not None else _NULL, out, _i64(ldo), _i32(M),
                           _i32(N), _i32(K)))
             return
-        if self._gemv_fits(x, w, out, bias, M, K, ldx, max_m=_SKINNY_MAX_M) and K % _SKINNY_K == 0:
+        if (self._gemv_fits(x, w, out, bias, M, K, ldx, max_m=_SKINNY_MAX_M) and K % _SKINNY_K == 0
+                and (M <= 8 or N * K <= _SKINNY_TWO_TILE_MAX_W)):
             self._launch("gemm_skinny_" + _suffix(out.dtype), (_cdiv(N, _SKINNY_COLS_PER_CTA),),
                          (_SKINNY_THREADS,), (x, _i64(ldx), w, bias if bias is not None else _NULL, out,
                                               _i64(ldo), _i32(M), _i32(N), _i32(K)))
