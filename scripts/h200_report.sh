@@ -21,6 +21,11 @@
 #                                       (0.6B, c = 1 and 16), decode, throughput
 #   bash scripts/h200_report.sh part10  sampler tests, batch invariance, memcheck (server reproducer and
 #                                       the new kernels' tests)
+#   part12-part14: session 3 (tests, GEMV variants, decode with PDL on/off, throughput profile,
+#                  spec cost; failure matrix and memcheck; racecheck/synccheck/initcheck)
+#   part15-part21: session 4 (ncu kernel split of a decode step; decode-attention split sweeps and
+#                  variants; async scheduling; final failure matrix, memcheck, synccheck/initcheck;
+#                  spec cost; skinny GEMM bench and racecheck). part21 is the one-call rerun.
 #
 # No network there: missing pure-Python packages come as wheels in .whl (../shared/gpu/wheels.sh),
 # the embedded GGUF in two halves (.gguf_a in part1, .gguf_b in part2; /tmp survives in between).
