@@ -296,6 +296,12 @@ part14() {  # not yet run: racecheck, synccheck and initcheck over the session-2
   done
 }
 
+gpu_tests_all() {  # session 4's GPU test set: every CUDA test but SmolLM2's and the debug build's
+  stage gpu_tests "$1" python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" \
+    tests/test_cuda_ops.py tests/test_dflash_graphs.py tests/test_gpu_engine.py tests/test_cuda_model.py \
+    tests/test_async_scheduling.py -k "not smollm2 and not debug_build"
+}
+
 part15() {  # session 4, call 1: one decode step split into kernels by ncu (0.6B at batch 1 and 192,
   # 8B at batch 1) against the same step's graph time, then decode and throughput at this commit
   setup
@@ -326,9 +332,7 @@ part17() {  # session 4, call 3: GPU tests (async scheduling, new split choice),
   # default kernels, decode (synchronous and pipelined), throughput with and without its profile
   setup
   facts > "$W/facts.txt" 2>&1
-  stage gpu_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" \
-    tests/test_cuda_ops.py tests/test_dflash_graphs.py tests/test_gpu_engine.py tests/test_cuda_model.py \
-    tests/test_async_scheduling.py -k "not smollm2 and not debug_build"
+  gpu_tests_all 200
   stage decode_splits 90 python3 scripts/decode_splits.py --json "$W/decode_splits.json"
   stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
     python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
@@ -346,9 +350,7 @@ part17() {  # session 4, call 3: GPU tests (async scheduling, new split choice),
 part18() {  # session 4, call 4: decode kernel with active splits only, fixed-part sweep, GPU tests,
   # racecheck of the decode kernel, throughput
   setup
-  stage gpu_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" \
-    tests/test_cuda_ops.py tests/test_dflash_graphs.py tests/test_gpu_engine.py tests/test_cuda_model.py \
-    tests/test_async_scheduling.py -k "not smollm2 and not debug_build"
+  gpu_tests_all 200
   stage decode_splits 120 python3 scripts/decode_splits.py --json "$W/decode_splits.json"
   stage racecheck_decode 120 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
     python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "decode_fixed_parts and bfloat16"
@@ -392,9 +394,7 @@ part21() {  # session 4, call 7: the tensor-core skinny GEMM (5-16 rows): GPU te
   # against cuBLAS, speculation cost (verification at c = 1 is 9 rows), decode, throughput, a
   # plain serving ladder (the server schedules ahead now), the failure matrix and memcheck again
   setup
-  stage gpu_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" \
-    tests/test_cuda_ops.py tests/test_dflash_graphs.py tests/test_gpu_engine.py tests/test_cuda_model.py \
-    tests/test_async_scheduling.py -k "not smollm2 and not debug_build"
+  gpu_tests_all 200
   stage skinny_bench 90 python3 scripts/skinny_bench.py --json "$W/skinny_bench.json"
   stage racecheck_skinny 60 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
     python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "matmul_skinny and 1024"

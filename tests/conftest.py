@@ -21,3 +21,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    """A random-weight tiny Qwen3 directory (seed 1); a test module may define its own `tiny`."""
+    from minillm.tools.random_model import write_random_model
+
+    return write_random_model(tmp_path_factory.mktemp("tiny"), "tiny", seed=1)
+
+
+@pytest.fixture(scope="session")
+def drafter(tiny, tmp_path_factory):
+    """A random DFlash drafter for `tiny` (seed 2)."""
+    from minillm.tools.random_model import write_dflash_drafter
+
+    return write_dflash_drafter(tmp_path_factory.mktemp("dflash"), tiny, seed=2)

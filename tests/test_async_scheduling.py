@@ -17,17 +17,6 @@ from minillm.backends.numpy_ops import NumpyBackend
 from minillm.engine.engine import LLMEngine
 from minillm.engine.readback import TokenReadback
 from minillm.engine.step_profile import StepProfiler
-from minillm.tools.random_model import write_dflash_drafter, write_random_model
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return write_random_model(tmp_path_factory.mktemp("tiny"), "tiny", seed=1)
-
-
-@pytest.fixture(scope="module")
-def drafter(tiny, tmp_path_factory):
-    return write_dflash_drafter(tmp_path_factory.mktemp("dflash"), tiny, seed=2)
 
 
 def drive(engine: LLMEngine, prompts, params, async_scheduling: bool, abort_at: dict | None = None) -> dict:

@@ -10,17 +10,6 @@ import pytest
 
 from minillm import LLM, SamplingParams
 from minillm.engine.engine import LLMEngine
-from minillm.tools.random_model import write_dflash_drafter, write_random_model
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return write_random_model(tmp_path_factory.mktemp("tiny"), "tiny", seed=1)
-
-
-@pytest.fixture(scope="module")
-def drafter(tiny, tmp_path_factory):
-    return write_dflash_drafter(tmp_path_factory.mktemp("dflash"), tiny, seed=2)
 
 
 def drive(engine: LLMEngine, prompts, params, overlap: bool) -> dict:
