@@ -3,10 +3,16 @@
 For each --max-model-len it starts a real server with the report's flags (--max-num-seqs 16
 --num-blocks 3744 --no-enable-prefix-caching, DFlash speculation k = 8 when --drafter is given),
 runs the concurrency ladder (1024 prompt / 512 output tokens by default, eos ignored), records
-every rung, and stops the server with SIGTERM. With --sanitize the server runs under
-`compute-sanitizer --tool memcheck` and the sanitizer's summary is kept.
+every rung, and stops the server with SIGTERM. With --sanitize the server runs (eagerly) under
+`compute-sanitizer --tool memcheck` (--sanitize-tools memcheck,racecheck,initcheck,synccheck runs
+the point once under each) and each sanitizer's summary is kept.
+
+The exit status is 1 when any rung has a failed request, any point could not run, or any
+sanitizer reported an error or a hazard (or wrote no summary), else 0.
 
     python scripts/failure_matrix.py MODEL [--drafter DIR] --out DIR [--max-model-len 2048,4096,...]
+    python scripts/failure_matrix.py MODEL --drafter DIR --out DIR --max-model-len 4096 --concurrency 8 \
+        --num-prompts 8 --output-len 16 --sanitize-tools memcheck,racecheck,initcheck,synccheck
 """
 
 from __future__ import annotations
@@ -58,7 +64,27 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> None:
     raise RuntimeError(f"server not ready after {timeout:.0f} s")
 
 
-def run_point(args, mml: int, out: Path) -> dict:
+def sanitizer_clean(text: str) -> tuple[bool, list[str]]:
+    """(clean, summary lines) of a compute-sanitizer log: memcheck, initcheck and synccheck end with
+    'ERROR SUMMARY: N errors', racecheck with 'RACECHECK SUMMARY: N hazards displayed (E errors,
+    W warnings)'. No summary at all (the sanitizer did not finish) is not clean."""
+    lines = [ln.strip() for ln in text.splitlines() if "ERROR SUMMARY" in ln or "RACECHECK SUMMARY" in ln]
+    clean = bool(lines)
+    for ln in lines:
+        numbers = [int(w) for w in ln.replace("(", " ").replace(",", " ").split() if w.isdigit()]
+        clean = clean and bool(numbers) and not any(numbers)
+    return clean, lines
+
+
+def point_ok(point: dict) -> bool:
+    """Every rung ran and every request succeeded, and the sanitizer (if any) is clean."""
+    rungs = point.get("ladder", {}).get("rungs", [])
+    ok = bool(rungs) and "error" not in point and all(r.get("failed", 1) == 0 and r.get("ok") == r.get("num_prompts")
+                                                      for r in rungs)
+    return ok and point.get("sanitizer_clean", True)
+
+
+def run_point(args, mml: int, out: Path, tool: str | None = None) -> dict:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "minillm.serve", args.model, "--port", str(port), "--device", args.device,
@@ -68,13 +94,15 @@ def run_point(args, mml: int, out: Path) -> dict:
     if args.drafter:
         cmd += ["--speculative-config", json.dumps({"method": "dflash", "model": args.drafter,
                                                     "num_speculative_tokens": args.k})]
-    if args.sanitize:
-        cmd = ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3",
-               "--log-file", str(out / f"sanitizer-{mml}.log")] + cmd + ["--enforce-eager"]
-    log = open(out / f"server-{mml}.log", "w")
+    tag = f"{tool}-{mml}" if tool else str(mml)
+    sanitizer_log = out / ("sanitizer-" + (f"{mml}" if tool == "memcheck" else tag) + ".log")
+    if tool:
+        cmd = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "3",
+               "--log-file", str(sanitizer_log)] + cmd + ["--enforce-eager"]
+    log = open(out / f"server-{tag}.log", "w")
     t0 = time.time()
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    point = {"max_model_len": mml, "cmd": " ".join(cmd)}
+    point = {"max_model_len": mml, "cmd": " ".join(cmd), **({"sanitizer": tool} if tool else {})}
     try:
         wait_ready(url, proc, args.startup_timeout)
         point["startup_s"] = time.time() - t0
@@ -82,19 +110,19 @@ def run_point(args, mml: int, out: Path) -> dict:
                  "--tokenizer", args.model, "--input-len", str(args.input_len), "--output-len", str(args.output_len),
                  "--concurrency", args.concurrency, "--num-prompts", args.num_prompts, "--ignore-eos",
                  "--warmup", "0", "--timeout", str(args.request_timeout),
-                 "--result-json", str(out / f"ladder-{mml}.json")]
+                 "--result-json", str(out / f"ladder-{tag}.json")]
         r = subprocess.run(bench, capture_output=True, text=True, timeout=args.ladder_timeout)
-        (out / f"bench-{mml}.log").write_text(r.stdout + r.stderr)
+        (out / f"bench-{tag}.log").write_text(r.stdout + r.stderr)
         point["bench_rc"] = r.returncode
-        if (out / f"ladder-{mml}.json").exists():
-            point["ladder"] = json.loads((out / f"ladder-{mml}.json").read_text())
+        if (out / f"ladder-{tag}.json").exists():
+            point["ladder"] = json.loads((out / f"ladder-{tag}.json").read_text())
     except Exception as e:  # a point that cannot run is recorded, and the matrix goes on
         point["error"] = f"{type(e).__name__}: {e}"
     finally:
         if proc.poll() is None:
             # under compute-sanitizer, stop the server itself so the sanitizer exits normally and
             # writes its ERROR SUMMARY (signalling the sanitizer would cut the summary)
-            for pid in (children(proc.pid) if args.sanitize else []) or [proc.pid]:
+            for pid in (children(proc.pid) if tool else []) or [proc.pid]:
                 os.kill(pid, signal.SIGTERM)
             try:
                 proc.wait(timeout=60)
@@ -103,10 +131,9 @@ def run_point(args, mml: int, out: Path) -> dict:
                 proc.wait()
         point["server_rc"] = proc.returncode
         log.close()
-    if args.sanitize:
-        text = (out / f"sanitizer-{mml}.log").read_text(errors="replace") if (
-            out / f"sanitizer-{mml}.log").exists() else ""
-        point["sanitizer_summary"] = [ln for ln in text.splitlines() if "ERROR SUMMARY" in ln]
+    if tool:
+        text = sanitizer_log.read_text(errors="replace") if sanitizer_log.exists() else ""
+        point["sanitizer_clean"], point["sanitizer_summary"] = sanitizer_clean(text)
     return point
 
 
@@ -123,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-prompts", default="2,4,8,16,32")
     p.add_argument("--input-len", type=int, default=1024)
     p.add_argument("--output-len", type=int, default=512)
-    p.add_argument("--sanitize", action="store_true")
+    p.add_argument("--sanitize", action="store_true", help="the server under compute-sanitizer memcheck")
+    p.add_argument("--sanitize-tools", default=None,
+                   help="comma-separated compute-sanitizer tools, each a run of every point (implies --sanitize)")
     p.add_argument("--server-args", default="", help="more flags for minillm.serve, e.g. --no-async-scheduling")
     p.add_argument("--startup-timeout", type=float, default=300)
     p.add_argument("--request-timeout", type=float, default=600)
@@ -131,15 +160,27 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    tools = args.sanitize_tools.split(",") if args.sanitize_tools else ["memcheck"] if args.sanitize else [None]
+    bad = [t for t in tools if t not in (None, "memcheck", "racecheck", "initcheck", "synccheck")]
+    if bad:
+        p.error(f"--sanitize-tools: unknown tool(s) {bad}; use memcheck, racecheck, initcheck, synccheck")
     points = []
-    for mml in [int(x) for x in args.max_model_len.split(",")]:
-        point = run_point(args, mml, out)
-        points.append(point)
-        rungs = point.get("ladder", {}).get("rungs", [])
-        summary = "; ".join(f"c={r.get('concurrency')} {r.get('ok')}/{r.get('num_prompts')}" for r in rungs)
-        print(f"max_model_len {mml}: {summary or point.get('error', 'no result')}", flush=True)
-        (out / "matrix.json").write_text(json.dumps(points, indent=2))
-    return 0
+    for tool in tools:
+        for mml in [int(x) for x in args.max_model_len.split(",")]:
+            point = run_point(args, mml, out, tool)
+            points.append(point)
+            rungs = point.get("ladder", {}).get("rungs", [])
+            summary = "; ".join(f"c={r.get('concurrency')} {r.get('ok')}/{r.get('num_prompts')}" for r in rungs)
+            line = f"max_model_len {mml}: {summary or point.get('error', 'no result')}"
+            if tool:
+                line += f"; {tool}: {' / '.join(point['sanitizer_summary']) or 'no summary'}"
+            print(line, flush=True)
+            (out / "matrix.json").write_text(json.dumps(points, indent=2))
+    failed = [pt["max_model_len"] for pt in points if not point_ok(pt)]
+    if failed:
+        print(f"FAILED: points at max_model_len {failed} (failed requests, no result or sanitizer reports)",
+              flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

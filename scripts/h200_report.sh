@@ -415,6 +415,16 @@ part21() {  # session 4, call 7: the tensor-core skinny GEMM (5-16 rows): GPU te
     --startup-timeout 100 --ladder-timeout 100
 }
 
+part22() {  # for the next device session (not yet run): the server reproducer (c = 8, 4096, DFlash k = 8)
+  # under all four compute-sanitizer tools; the script exits 1 on any report
+  setup
+  stage models 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
+  stage sanitize_server 540 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/sanitize4" \
+    --max-model-len 4096 --concurrency 8 --num-prompts 8 --output-len 16 \
+    --sanitize-tools memcheck,racecheck,initcheck,synccheck --startup-timeout 120 --ladder-timeout 120
+}
+
 step_kernels() {  # step_kernels MODEL BATCH CTX TIMEOUT: graph time, then the ncu kernel split
   local tag=$1_b$2_c$3
   stage "graph_$tag" "$4" python3 scripts/step_kernels.py $M/$1 --batch $2 --ctx $3 --json "$W/graph_$tag.json"

@@ -1,0 +1,80 @@
+"""scripts/failure_matrix.py on the CPU: a real server and ladder on a tiny model, and its exit
+status, which says whether every rung and every sanitizer run was clean. compute-sanitizer cannot
+run without a GPU, so a stand-in on PATH starts the server and, when it stops, writes the summary
+line a real one writes: the only faked part, and the fault (a reported error) injected through it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "failure_matrix.py"
+FAKE = """#!/usr/bin/env bash
+# compute-sanitizer stand-in: --tool T --error-exitcode N --log-file F CMD...
+while [ $# -gt 0 ]; do
+  case "$1" in --tool) shift 2;; --error-exitcode) shift 2;; --log-file) log=$2; shift 2;; *) break;; esac
+done
+"$@" &
+wait $!
+printf '========= COMPUTE-SANITIZER\\n%s\\n' "${FAKE_SUMMARY:-========= ERROR SUMMARY: 0 errors}" > "$log"
+"""
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("failure_matrix", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_sanitizer_summaries():
+    clean = load_script().sanitizer_clean
+    assert clean("========= ERROR SUMMARY: 0 errors")[0]
+    assert clean("========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)")[0]
+    assert not clean("========= ERROR SUMMARY: 3 errors")[0]
+    assert not clean("========= RACECHECK SUMMARY: 1 hazard displayed (0 errors, 1 warnings)")[0]
+    assert not clean("========= COMPUTE-SANITIZER\n")[0]  # no summary: it did not finish
+
+
+def run_matrix(tiny, tmp_path, tools: str, summary: str | None = None):
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    fake = bindir / "compute-sanitizer"
+    fake.write_text(FAKE)
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(ROOT)}
+    if summary:
+        env["FAKE_SUMMARY"] = summary
+    out = tmp_path / tools.replace(",", "_")
+    r = subprocess.run([sys.executable, str(SCRIPT), str(tiny), "--device", "cpu", "--out", str(out),
+                        "--num-blocks", "64", "--max-model-len", "256", "--concurrency", "1,2",
+                        "--num-prompts", "2", "--input-len", "24", "--output-len", "4",
+                        "--sanitize-tools", tools, "--startup-timeout", "120", "--ladder-timeout", "120"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    return r, json.loads((out / "matrix.json").read_text())
+
+
+@pytest.mark.slow
+def test_clean_sanitizer_runs_pass(tiny, tmp_path):
+    r, points = run_matrix(tiny, tmp_path, "memcheck,racecheck")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [p["sanitizer"] for p in points] == ["memcheck", "racecheck"]
+    for p in points:
+        assert p["sanitizer_clean"] and p["sanitizer_summary"]
+        assert [(g["ok"], g["failed"]) for g in p["ladder"]["rungs"]] == [(2, 0), (2, 0)]
+
+
+@pytest.mark.slow
+def test_a_reported_error_fails_the_run(tiny, tmp_path):
+    r, points = run_matrix(tiny, tmp_path, "initcheck", "========= ERROR SUMMARY: 2 errors")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "FAILED" in r.stdout
+    assert points[0]["sanitizer_clean"] is False
+    assert all(g["failed"] == 0 for g in points[0]["ladder"]["rungs"])  # the requests themselves were fine
