@@ -2,11 +2,12 @@
 
     PYTHONPATH=. python scripts/skinny_bench.py [--json F]
 
-For each decode-shaped weight of the Qwen3-0.6B and -8B shapes and M rows of x (1 and 4: the
-GEMV; 5-16: the tensor-core skinny GEMM), the backend's own choice and cuBLAS on the same product
-run as chains of 20 launches in a graph (CUDA events, median of 10 replays): microseconds per
-product and weight bytes per second. Speculative verification at concurrency 1 (k = 8) runs 9
-rows, decode buckets 8 and 16 their sizes.
+For each decode-shaped weight of the Qwen3-0.6B and -8B shapes and M rows of x (1-4: the GEMV;
+5-16: the tensor-core skinny GEMM), the backend's own choice and cuBLAS on the same product run as
+chains of 20 launches in a graph (CUDA events, median of 10 replays): microseconds per product and
+weight bytes per second. Rows the GEMV takes are also timed through gemm_skinny (the question for
+the dispatch: session 4 measured the GEMV at 4 rows slower than gemm_skinny at 5). Speculative
+verification at concurrency 1 (k = 8) runs 9 rows, decode buckets 8 and 16 their sizes.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ SHAPES = {  # name: (K, N)
     "0.6B down": (3072, 1024), "8B qkv": (4096, 6144), "8B o": (4096, 4096),
     "8B gate_up": (4096, 24576), "8B down": (12288, 4096),
 }
-ROWS = (1, 4, 5, 8, 9, 16)
+ROWS = (1, 2, 3, 4, 5, 8, 9, 16)
 CALLS, WARM, REPS = 20, 3, 10
 
 
@@ -67,12 +68,20 @@ def main() -> None:
                 blas = graph_us(lambda x=x, w=w, out=out: be.matmul(x, w, out))
             finally:
                 cuda_ops._GEMV_MAX_M, cuda_ops._SKINNY_MAX_M = saved
+            forced = None
+            if M <= saved[0]:  # the GEMV's rows, also through gemm_skinny (which the backend does not do)
+                cuda_ops._GEMV_MAX_M = 0
+                try:
+                    forced = graph_us(lambda x=x, w=w, out=out: be.matmul(x, w, out))
+                finally:
+                    cuda_ops._GEMV_MAX_M = saved[0]
             kernel = "gemv" if M <= saved[0] else "skinny" if M <= saved[1] and K % 64 == 0 else "cuBLAS"
             nbytes = N * K * 2
             rows.append(dict(weight=name, M=M, K=K, N=N, kernel=kernel, us=ours, cublas_us=blas,
-                             tbps=nbytes / ours / 1e6, cublas_tbps=nbytes / blas / 1e6))
+                             tbps=nbytes / ours / 1e6, cublas_tbps=nbytes / blas / 1e6, skinny_forced_us=forced))
             print(f"{name:14s} {M:3d} {kernel:>8s} {ours:8.2f} {nbytes / ours / 1e6:6.2f} {blas:10.2f} "
-                  f"{nbytes / blas / 1e6:6.2f} {blas / ours:6.2f}", flush=True)
+                  f"{nbytes / blas / 1e6:6.2f} {blas / ours:6.2f}"
+                  + (f"  (gemm_skinny {forced:.2f} us)" if forced is not None else ""), flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
