@@ -7,7 +7,11 @@ row j of a (1 + k)-row verification block, or in a batch of 16 sequences, must c
 to the same token computed elsewhere, or a model with near-tied logits (random weights) takes
 another greedy path. This multiplies the same bf16 rows through the CUDA backend's matmul at
 their own offset, at other offsets of a 144-row product (16 sequences x 9 verification rows) and
-alone in a 9-row product, and prints how many output elements differ bitwise.
+alone in a 9-row product, and prints how many output elements differ bitwise. Then the same rows
+at the head of products of other heights (1 to 2,048 rows: the GEMV, gemm_skinny and cuBLAS's
+kernels for each height), against the 9-row product: the open question of the c = 16 speculation
+curve (docs/BENCHMARKS.md section 6) is whether a verification block's rows change with the height
+of the product they land in.
 """
 
 from __future__ import annotations
@@ -40,6 +44,17 @@ def main() -> None:
         print(f"K={K:>5} N={N:>5}: rows moved within M=144: {d_moved} elements differ "
               f"({rows_moved} of 144 rows); rows 0-8 alone (M=9) vs inside M=144: {d_alone} differ",
               flush=True)
+        heights = []
+        for M in (1, 2, 4, 8, 9, 16, 24, 144, 512, 2048):
+            xm = np.concatenate([x_host[:9], rng.standard_normal((max(0, M - 9), K), dtype=np.float32)])[:M]
+            om = be.empty((M, N))
+            be.matmul(be.asarray(xm), w, om)
+            rows = min(M, 9)
+            got = be.to_host(om).astype(np.float32)[:rows]
+            heights.append(f"M={M}: {int((got != alone[:rows]).sum())}")
+            del om
+        print(f"K={K:>5} N={N:>5}: rows at the head of an M-row product vs the 9-row product, elements "
+              f"that differ: {', '.join(heights)}", flush=True)
         del w, x, out, out2, out3
 
 

@@ -416,8 +416,11 @@ part21() {  # session 4, call 7: the tensor-core skinny GEMM (5-16 rows): GPU te
 }
 
 part22() {  # for the next device session (not yet run): the server reproducer (c = 8, 4096, DFlash k = 8)
-  # under all four compute-sanitizer tools; the script exits 1 on any report
+  # under all four compute-sanitizer tools (the script exits 1 on any report); the skinny GEMM at
+  # 1-4 rows (dispatch question); rows' results by product height (the c = 16 speculation question)
   setup
+  stage skinny_bench 120 python3 scripts/skinny_bench.py --json "$W/skinny_bench.json"
+  stage batch_invariance 60 python3 scripts/batch_invariance.py
   stage models 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
   stage sanitize_server 540 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/sanitize4" \
