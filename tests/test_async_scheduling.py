@@ -230,9 +230,10 @@ def test_server_with_no_async_scheduling(tmp_path):
                     env={"MINILLM_TEST_STEP_DELAY": "0.003"})
     try:
         for test in (ts.test_completion, ts.test_completion_stream_matches_non_stream, ts.test_stop_strings,
-                     ts.test_eight_concurrent_streams, ts.test_disconnect_frees_blocks,
-                     ts.test_disconnect_non_streamed):
+                     ts.test_eight_concurrent_streams, ts.test_n_choices, ts.test_disconnect_non_streamed):
             test(srv)
+        for n in (1, 4):
+            ts.test_disconnect_frees_blocks(srv, n)
     finally:
         assert srv.stop() == 0, srv.text()
     assert "Traceback" not in srv.text()

@@ -121,6 +121,37 @@ def test_completion_stream_matches_non_stream(server):
     assert all(c.id == chunks[0].id for c in chunks) and chunks[0].id.startswith("cmpl-")
 
 
+def test_n_choices(server):
+    """n > 1: n engine requests sharing the prompt; choice i samples with seed + i, so choice 0 is
+    the n = 1 answer, a repeated request repeats all n, and usage counts every choice's tokens."""
+    cl, name = server.client(), model_name(server)
+    kw = dict(model=name, prompt="Once upon a time", max_tokens=12, temperature=1.0, seed=7,
+              extra_body={"ignore_eos": True})
+    one = cl.completions.create(**kw)
+    three = cl.completions.create(n=3, **kw)
+    assert [c.index for c in three.choices] == [0, 1, 2]
+    assert three.choices[0].text == one.choices[0].text
+    assert len({c.text for c in three.choices}) > 1  # other seeds, other samples
+    assert [c.text for c in cl.completions.create(n=3, **kw).choices] == [c.text for c in three.choices]
+    assert three.usage.completion_tokens == 36 and three.usage.prompt_tokens == one.usage.prompt_tokens
+
+    greedy = cl.completions.create(n=2, **{**kw, "temperature": 0})
+    assert greedy.choices[0].text == greedy.choices[1].text
+
+    # streamed, chat: every chunk names its choice; each choice gets its role, its text, its finish
+    msgs = [{"role": "user", "content": "hi"}]
+    ref = cl.chat.completions.create(model=name, messages=msgs, n=2, max_tokens=10, temperature=1.0, seed=3,
+                                     extra_body={"ignore_eos": True})
+    chunks = list(cl.chat.completions.create(model=name, messages=msgs, n=2, max_tokens=10, temperature=1.0,
+                                             seed=3, stream=True, stream_options={"include_usage": True},
+                                             extra_body={"ignore_eos": True}))
+    for i in range(2):
+        mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == i]
+        assert mine[0].delta.role == "assistant" and mine[-1].finish_reason == "length"
+        assert "".join(ch.delta.content or "" for ch in mine) == ref.choices[i].message.content
+    assert chunks[-1].usage.completion_tokens == 20 == ref.usage.completion_tokens
+
+
 def test_chat(server):
     cl, name = server.client(), model_name(server)
     msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
@@ -220,9 +251,10 @@ def test_eight_concurrent_streams(server):
     assert all(r[1:] == ("length", 32) for r in results)
 
 
-def test_disconnect_frees_blocks(server):
+@pytest.mark.parametrize("n", [1, 4])
+def test_disconnect_frees_blocks(server, n):
     before = server.metrics()
-    body = {"prompt": "a long one", "max_tokens": 480, "stream": True, "ignore_eos": True}
+    body = {"prompt": "a long one", "max_tokens": 480, "stream": True, "ignore_eos": True, "n": n}
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body) as r:
         lines = r.iter_lines()
         got = [next(lines) for _ in range(6)]  # a few events in: the request is mid-flight
@@ -237,8 +269,8 @@ def test_disconnect_frees_blocks(server):
     assert m["minillm:kv_cache_blocks_used"] == 0 and m["minillm:num_requests_running"] == 0
     assert m['minillm:request_success_total{finished_reason="abort"}'] == \
         before.get('minillm:request_success_total{finished_reason="abort"}', 0) + 1
-    # the engine stopped generating for it long before its 480 tokens
-    assert m["minillm:generation_tokens_total"] - before["minillm:generation_tokens_total"] < 240
+    # the engine stopped generating for it (each of its n choices) long before its 480 tokens
+    assert m["minillm:generation_tokens_total"] - before["minillm:generation_tokens_total"] < 240 * n
 
 
 def test_disconnect_non_streamed(server):

@@ -27,6 +27,30 @@ log = logging.getLogger("minillm.server")
 MAX_BODY_BYTES = 8 << 20
 
 
+async def choice_outputs(streams: list) -> AsyncIterator[tuple]:
+    """(choice index, RequestOutput) from the request streams of one HTTP request's n choices, in
+    the order they arrive; the first failure of any stream is raised."""
+    if len(streams) == 1:
+        async for out in streams[0]:
+            yield 0, out
+        return
+    waiting = {asyncio.ensure_future(s.__anext__()): i for i, s in enumerate(streams)}
+    try:
+        while waiting:
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            for fut in sorted(done, key=waiting.get):
+                i = waiting.pop(fut)
+                try:
+                    out = fut.result()
+                except StopAsyncIteration:
+                    continue
+                yield i, out
+                waiting[asyncio.ensure_future(streams[i].__anext__())] = i
+    finally:
+        for fut in waiting:
+            fut.cancel()
+
+
 def _json(body: dict, status: int = 200) -> Response:
     return Response(json.dumps(body), status=status, mimetype="application/json")
 
@@ -135,68 +159,88 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
                             headers={"Cache-Control": "no-cache"})
             resp.timeout = None  # streams run as long as generation does
             return resp
-        stream = engine.add(rid, parsed.prompt_ids, parsed.params)
-        text, reason, n_out = "", "abort", 0
+        streams = add_choices(rid, parsed)
+        n = len(streams)
+        texts, reasons, n_outs = [""] * n, ["abort"] * n, [0] * n
         try:
-            async for out in stream:
+            async for i, out in choice_outputs(streams):
                 timer.tokens(len(out.new_token_ids))
-                text, n_out = out.text, len(out.token_ids)
-                reason = out.finish_reason or reason
+                texts[i], n_outs[i] = out.text, len(out.token_ids)
+                reasons[i] = out.finish_reason or reasons[i]
         except EngineFailure as e:
-            reason = "error"
+            reasons[0] = "error"
             return _error(e.status, e.message, e.type)
         finally:
-            stream.close()  # aborts the request if we were cancelled (client gone) before the end
-            timer.done(reason)
+            for stream in streams:  # aborts what is unfinished if we were cancelled (client gone)
+                stream.close()
+            timer.done(reasons[0])
         build = protocol.chat_response if chat else protocol.completion_response
-        return _json(build(rid, protocol.now(), parsed.model, text, reason, len(parsed.prompt_ids), n_out))
+        return _json(build(rid, protocol.now(), parsed.model, list(zip(texts, reasons)), len(parsed.prompt_ids),
+                           sum(n_outs)))
+
+    def add_choices(rid: str, parsed: ParsedRequest) -> list:
+        """One engine request a choice (ids rid, or rid-0 .. rid-(n-1)); all or none are added."""
+        if parsed.n == 1:
+            return [engine.add(rid, parsed.prompt_ids, parsed.params)]
+        streams = []
+        try:
+            for i in range(parsed.n):
+                streams.append(engine.add(f"{rid}-{i}", parsed.prompt_ids, protocol.choice_params(parsed.params, i)))
+        except BaseException:
+            for stream in streams:
+                stream.close()
+            raise
+        return streams
 
     async def _sse_events(parsed: ParsedRequest, rid: str, chat: bool, timer: RequestTimer) -> AsyncIterator[bytes]:
         created, model, n_prompt = protocol.now(), parsed.model, len(parsed.prompt_ids)
         usage_null = {"usage": None} if parsed.include_usage else {}
 
-        def chunk(text: str | None, finish: str | None = None) -> bytes:
+        def chunk(i: int, text: str | None, finish: str | None = None) -> bytes:
             if chat:
                 delta = {} if text is None else {"content": text}
-                return sse({**protocol.chat_chunk(rid, created, model, delta, finish), **usage_null})
-            return sse({**protocol.completion_chunk(rid, created, model, text or "", finish), **usage_null})
+                return sse({**protocol.chat_chunk(rid, created, model, delta, finish, i), **usage_null})
+            return sse({**protocol.completion_chunk(rid, created, model, text or "", finish, i), **usage_null})
 
         # the request enters the engine only once the body is being sent: a client gone before that
         # (or a generator never started) leaves nothing running
         try:
-            stream = engine.add(rid, parsed.prompt_ids, parsed.params)
+            streams = add_choices(rid, parsed)
         except EngineUnavailable as e:
             timer.done("error")
             yield sse(error_body(str(e), "service_unavailable", None, 503))
             yield sse("[DONE]")
             return
-        reason, n_out = "abort", 0
+        n = len(streams)
+        reasons, n_outs = ["abort"] * n, [0] * n
         try:
-            if chat:  # the first chat chunk carries the role, as OpenAI's does
-                yield sse({**protocol.chat_chunk(rid, created, model, {"role": "assistant", "content": ""}),
-                           **usage_null})
-            async for out in stream:
+            if chat:  # the first chat chunk of each choice carries the role, as OpenAI's does
+                for i in range(n):
+                    yield sse({**protocol.chat_chunk(rid, created, model, {"role": "assistant", "content": ""},
+                                                     None, i), **usage_null})
+            async for i, out in choice_outputs(streams):
                 timer.tokens(len(out.new_token_ids))
-                n_out = len(out.token_ids)
+                n_outs[i] = len(out.token_ids)
                 if out.new_text:
-                    yield chunk(out.new_text)
+                    yield chunk(i, out.new_text)
                 if out.finished:
-                    reason = out.finish_reason or "stop"
-                    yield chunk(None, reason)
+                    reasons[i] = out.finish_reason or "stop"
+                    yield chunk(i, None, reasons[i])
             if parsed.include_usage:
-                yield sse(protocol.usage_chunk(rid, created, model, chat, n_prompt, n_out))
+                yield sse(protocol.usage_chunk(rid, created, model, chat, n_prompt, sum(n_outs)))
             yield sse("[DONE]")
         except EngineFailure as e:
-            reason = "error"
+            reasons[0] = "error"
             yield sse(error_body(e.message, e.type, None, e.status))
             yield sse("[DONE]")
         except Exception as e:  # a bug of ours: the client still gets an error event, the log a traceback
-            reason = "error"
+            reasons[0] = "error"
             log.exception("stream %s failed", rid)
             yield sse(error_body(f"internal error: {type(e).__name__}: {e}", "internal_server_error", None, 500))
             yield sse("[DONE]")
         finally:
-            stream.close()  # a client that went away aborts its request here: blocks freed at once
-            timer.done(reason)
+            for stream in streams:  # a client that went away aborts its requests here: blocks freed at once
+                stream.close()
+            timer.done(reasons[0])
 
     return app

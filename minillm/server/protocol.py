@@ -8,6 +8,7 @@ by name rather than silently dropped.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ import jinja2
 from minillm.sampling_params import SamplingParams
 
 CHAT_ROLES = ("system", "developer", "user", "assistant")
+MAX_N = 64  # choices per request: each is a sequence in the engine (the prompt's KV is shared)
 
 
 class ProtocolError(Exception):
@@ -55,6 +57,7 @@ class ParsedRequest:
     model: str
     stream: bool = False
     include_usage: bool = False
+    n: int = 1  # choices: choice i samples with seed + i when a seed is given (choice_params)
 
 
 # ---- typed field access -------------------------------------------------------------------
@@ -196,9 +199,9 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool) -> S
                             f"{room}", name, code="context_length_exceeded")
 
     n = _get(body, "n", int, 1)
-    if n != 1:
-        raise ProtocolError(f"'n' must be 1 (n > 1 is not supported yet), got {n}", "n")
-    _refuse(body, "best_of", (None, 1))
+    if not 1 <= n <= MAX_N:
+        raise ProtocolError(f"'n' must be between 1 and {MAX_N}, got {n}", "n")
+    _refuse(body, "best_of", (None, 1, n), "best_of other than n (choosing among more samples)")
     if chat:
         _refuse(body, "logprobs", (None, False), "log probabilities are not returned")
         _refuse(body, "top_logprobs", (None, 0), "log probabilities are not returned")
@@ -257,7 +260,15 @@ def parse_request(body: dict, info: ModelInfo, chat: bool) -> ParsedRequest:
     include_usage = _get(opts, "include_usage", bool, False)
     ids = chat_prompt(body, info) if chat else completion_prompt(body, info)
     params = sampling_params(body, len(ids), info, chat)
-    return ParsedRequest(ids, params, model, stream, include_usage)
+    return ParsedRequest(ids, params, model, stream, include_usage, _get(body, "n", int, 1))
+
+
+def choice_params(params: SamplingParams, i: int) -> SamplingParams:
+    """Choice i's sampling parameters: with a seed, seed + i, so the n choices differ and a repeated
+    request gives the same n (choice 0 is what n = 1 gives); without one, each draws its own."""
+    if i == 0 or params.seed is None:
+        return params
+    return dataclasses.replace(params, seed=(params.seed + i) % (1 << 64))
 
 
 # ---- responses ----------------------------------------------------------------------------
@@ -265,29 +276,33 @@ def usage(n_prompt: int, n_completion: int) -> dict:
     return {"prompt_tokens": n_prompt, "completion_tokens": n_completion, "total_tokens": n_prompt + n_completion}
 
 
-def completion_response(rid: str, created: int, model: str, text: str, finish: str | None,
+def completion_response(rid: str, created: int, model: str, choices: list[tuple[str, str | None]],
                         n_prompt: int, n_out: int) -> dict:
+    """choices: (text, finish reason) of each; n_out: completion tokens of them all."""
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+            "choices": [{"index": i, "text": text, "logprobs": None, "finish_reason": finish}
+                        for i, (text, finish) in enumerate(choices)],
             "usage": usage(n_prompt, n_out)}
 
 
-def chat_response(rid: str, created: int, model: str, text: str, finish: str | None,
+def chat_response(rid: str, created: int, model: str, choices: list[tuple[str, str | None]],
                   n_prompt: int, n_out: int) -> dict:
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                         "finish_reason": finish}],
+            "choices": [{"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                         "finish_reason": finish} for i, (text, finish) in enumerate(choices)],
             "usage": usage(n_prompt, n_out)}
 
 
-def completion_chunk(rid: str, created: int, model: str, text: str, finish: str | None = None) -> dict:
+def completion_chunk(rid: str, created: int, model: str, text: str, finish: str | None = None,
+                     index: int = 0) -> dict:
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+            "choices": [{"index": index, "text": text, "logprobs": None, "finish_reason": finish}]}
 
 
-def chat_chunk(rid: str, created: int, model: str, delta: dict, finish: str | None = None) -> dict:
+def chat_chunk(rid: str, created: int, model: str, delta: dict, finish: str | None = None,
+               index: int = 0) -> dict:
     return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+            "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}]}
 
 
 def usage_chunk(rid: str, created: int, model: str, chat: bool, n_prompt: int, n_out: int) -> dict:
