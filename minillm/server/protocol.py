@@ -19,7 +19,8 @@ import jinja2
 from minillm.sampling_params import SamplingParams
 
 CHAT_ROLES = ("system", "developer", "user", "assistant")
-MAX_N = 64  # choices per request: each is a sequence in the engine (the prompt's KV is shared)
+MAX_N = 64  # choices per request: each is its own engine request (its own prefill of the prompt,
+# unless the prefix cache already holds it)
 
 
 class ProtocolError(Exception):
