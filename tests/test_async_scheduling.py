@@ -8,8 +8,12 @@ path). The counter num_pipelined_steps proves the pipelined path ran."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_overlap_outputs import workload
 
 from minillm import LLM, SamplingParams
@@ -260,3 +264,43 @@ def test_async_equals_synchronous_on_gpu(tiny, enforce_eager):
     assert engine.num_pipelined_steps > 0
     if not enforce_eager:
         assert engine.runner.replays > 0
+
+
+@settings(max_examples=int(os.environ.get("MINILLM_ASYNC_EXAMPLES", "25")), deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data())
+def test_random_workloads_equal_synchronous(tiny, data):
+    """Random engines and workloads (batch and pool sizes that queue, chunk, preempt; prefix caching
+    on or off; shared prompt prefixes; greedy and seeded sampling; eos, stop tokens, min_tokens,
+    max_tokens): async scheduling gives what synchronous steps give, and returns every block.
+    Derandomized, so CI runs the same examples each time (MINILLM_ASYNC_EXAMPLES=200 for more)."""
+    d = data.draw
+    max_num_seqs = d(st.integers(1, 4), "max_num_seqs")
+    kw = dict(device="cpu", max_model_len=96, max_num_seqs=max_num_seqs,
+              max_num_batched_tokens=max(max_num_seqs, d(st.sampled_from([8, 24, 64]), "budget")),
+              num_blocks=d(st.sampled_from([None, 7, 10, 16]), "num_blocks"),
+              enable_prefix_caching=d(st.booleans(), "prefix_caching"))
+    n = d(st.integers(1, 6), "requests")
+    rng = np.random.default_rng(d(st.integers(0, 2**16), "seed"))
+    shared = rng.integers(10, 4000, int(rng.integers(0, 24))).tolist()
+    prompts = [(shared if rng.random() < 0.5 else []) + rng.integers(10, 4000, int(rng.integers(1, 24))).tolist()
+               for _ in range(n)]
+    base = [SamplingParams(max_tokens=int(rng.integers(1, 41)), temperature=float(rng.choice([0.0, 0.9])), seed=i,
+                           ignore_eos=bool(rng.random() < 0.5)) for i in range(n)]  # prompts <= 47: all fit
+    first = drive(LLMEngine(model=str(tiny), **kw), prompts, base, False)
+    params = []  # stops taken from a first run's own output, so that they occur
+    for i, sp in enumerate(base):
+        ids, text = first[str(i)][0], first[str(i)][1]
+        extra = {}
+        how = rng.integers(0, 3)
+        if how == 1 and len(ids) > 1:
+            extra = dict(stop_token_ids=[ids[int(rng.integers(0, len(ids)))]],
+                         min_tokens=min(sp.max_tokens, int(rng.integers(0, 3))))
+        elif how == 2 and len(text) > 2:
+            a = int(rng.integers(0, len(text) - 1))
+            extra = dict(stop=[text[a : a + 2]])
+        params.append(SamplingParams(max_tokens=sp.max_tokens, temperature=sp.temperature, seed=sp.seed,
+                                     ignore_eos=sp.ignore_eos, **extra))
+    sync, asynchronous, _, async_engine = both(tiny, kw, prompts, params)
+    assert asynchronous == sync
+    assert len(sync) == n
