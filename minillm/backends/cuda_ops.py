@@ -692,7 +692,7 @@ class CudaBackend:
         return dict(kernel="decode", n_splits=n_splits, min_part=max(_DECODE_MIN_PART, part or 0))
 
     def _decode_resident(self, D: int, G: int) -> int:
-        """CTAs of the bf16 decode kernel for (head_dim, group) the GPU holds at once."""
+        """CTAs of the decode kernel (the backend's dtype) for (head_dim, group) the GPU holds at once."""
         key = (D, G)
         if key not in self._resident:
             from cupy_backends.cuda.api import driver
