@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from minillm.args import EngineArgs
 from minillm.engine.engine import LLMEngine
+from minillm.engine.logprobs import TokenLogprob
 from minillm.sampling_params import SamplingParams
 
 
@@ -15,6 +16,7 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     finish_reason: str | None
+    logprobs: list[TokenLogprob] | None = None  # one per token id, with SamplingParams.logprobs
 
 
 class LLM:
@@ -47,13 +49,17 @@ class LLM:
         for toks, p in zip(prompt_ids, params):
             ids.append(engine.add_request(toks, p))
         done: dict[str, CompletionOutput] = {}
+        logprobs: dict[str, list[TokenLogprob]] = {}
         # offline, nobody reads a step's text at once: render it while the next step runs
         engine.overlap_outputs = True
         try:
             while engine.has_unfinished():
                 for out in engine.step():
+                    if out.new_logprobs is not None:
+                        logprobs.setdefault(out.request_id, []).extend(out.new_logprobs)
                     if out.finished:
-                        done[out.request_id] = CompletionOutput([], out.text, out.token_ids, out.finish_reason)
+                        done[out.request_id] = CompletionOutput([], out.text, out.token_ids, out.finish_reason,
+                                                                logprobs.pop(out.request_id, None))
         finally:
             engine.overlap_outputs = False
         results = []

@@ -17,6 +17,9 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: int | None = None
     skip_special_tokens: bool = True
+    # None: no log probabilities; N >= 0: each output token's logprob and the N most likely
+    # alternatives' (minillm/engine/logprobs.py)
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -46,6 +49,9 @@ class SamplingParams:
              f"stop must be a non-empty string or a list of non-empty strings, got {self.stop!r}")
         need(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
              f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+        need(self.logprobs is None or (isinstance(self.logprobs, int) and not isinstance(self.logprobs, bool)
+                                       and 0 <= self.logprobs <= 20),
+             f"logprobs must be None or an integer in [0, 20], got {self.logprobs!r}")
         need(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)
                                    and -(2**63) <= self.seed < 2**64),
              f"seed must be a 64-bit integer, got {self.seed!r}")

@@ -54,6 +54,24 @@ def test_gpu_greedy_matches_cpu_reference(tiny):
     assert agree >= 5 / 6, f"only {agree:.0%} of prompts agree on their first 8 greedy tokens"
 
 
+def test_logprobs_on_the_gpu(tiny):
+    """Logprobs read from the graphs' logits buffer (synchronous steps while asked for) against
+    log_softmax of the same model's scored logits, and against the CPU reference's."""
+    gpu = LLM(tiny, device="cuda", max_num_seqs=64, max_model_len=256)
+    cpu = LLM(tiny, device="cpu", max_num_seqs=64, max_model_len=256)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=3)
+    for llm in (gpu, cpu):
+        for prompt, out in zip(PROMPTS[:3], llm.generate(PROMPTS[:3], params)):
+            assert [lp.token_id for lp in out.logprobs] == out.token_ids
+            lg = llm.engine.score([prompt + out.token_ids[:-1]])[0].astype(np.float64)
+            ls = lg - lg.max(-1, keepdims=True)
+            ls = ls - np.log(np.exp(ls).sum(-1, keepdims=True))
+            for j, lp in enumerate(out.logprobs):
+                assert abs(lp.logprob - ls[len(prompt) - 1 + j, lp.token_id]) < 0.05
+                assert lp.top[0][0] == lp.token_id  # greedy
+    assert gpu.engine.num_pipelined_steps == 0  # logprob requests keep the steps synchronous
+
+
 def test_allocation_in_step_loop_raises(tiny):
     import cupy
 

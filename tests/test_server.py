@@ -152,6 +152,40 @@ def test_n_choices(server):
     assert chunks[-1].usage.completion_tokens == 20 == ref.usage.completion_tokens
 
 
+def test_logprobs(server):
+    """logprobs through the official client: the legacy completions body (tokens, token_logprobs,
+    top_logprobs with the sampled token, text_offset) and the chat body (content entries with
+    bytes and top_logprobs), streamed and not, one entry per completion token."""
+    cl, name = server.client(), model_name(server)
+    kw = dict(model=name, prompt="Once upon", max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+    c = cl.completions.create(logprobs=2, **kw)
+    lp = c.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6 == c.usage.completion_tokens
+    assert "".join(lp.tokens) == c.choices[0].text and lp.text_offset[0] == 0
+    assert all(v <= 0 for v in lp.token_logprobs)
+    for tok, v, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        # keyed by text: the tiny model's byte tokens may read alike ("\ufffd"), so 1-3 keys
+        assert 1 <= len(top) <= 3 and top[tok] == v == max(top.values())  # greedy: the best one
+    streamed = [ch.choices[0].logprobs for ch in cl.completions.create(stream=True, logprobs=2, **kw)
+                if ch.choices and ch.choices[0].logprobs]
+    assert sum((s.token_logprobs for s in streamed), []) == pytest.approx(lp.token_logprobs, abs=1e-5)
+    assert sum((s.text_offset for s in streamed), []) == lp.text_offset
+    assert cl.completions.create(**kw).choices[0].logprobs is None
+
+    msgs = [{"role": "user", "content": "hi"}]
+    ckw = dict(model=name, messages=msgs, max_tokens=5, temperature=0, logprobs=True, top_logprobs=3,
+               extra_body={"ignore_eos": True})
+    r = cl.chat.completions.create(**ckw)
+    content = r.choices[0].logprobs.content
+    assert len(content) == 5 and all(len(e.top_logprobs) == 3 for e in content)
+    assert all(e.top_logprobs[0].token == e.token and e.top_logprobs[0].logprob == e.logprob for e in content)
+    assert all(bytes(e.bytes).decode() == e.token for e in content)
+    chunks = list(cl.chat.completions.create(stream=True, **ckw))
+    got = [e.logprob for ch in chunks if ch.choices and ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
+    # (a prefix-cache hit computes the prompt's last row in a smaller product: float32 rounding)
+    assert got == pytest.approx([e.logprob for e in content], abs=1e-5)
+
+
 def test_chat(server):
     cl, name = server.client(), model_name(server)
     msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]

@@ -95,7 +95,9 @@ COMPLETION_CASES = [
     ({**OK, "n": 65}, "n"),
     ({**OK, "n": True}, "n"),
     ({**OK, "n": 2, "best_of": 3}, "best_of"),
-    ({**OK, "logprobs": 1}, "logprobs"),
+    ({**OK, "logprobs": 21}, "logprobs"),
+    ({**OK, "logprobs": -1}, "logprobs"),
+    ({**OK, "logprobs": True}, "logprobs"),
     ({**OK, "echo": True}, "echo"),
     ({**OK, "best_of": 3}, "best_of"),
     ({**OK, "presence_penalty": 0.5}, "presence_penalty"),
@@ -123,7 +125,8 @@ CHAT_CASES = [
      "messages[0].content"),
     ({"messages": MSG, "max_completion_tokens": 0}, "max_completion_tokens"),
     ({"messages": MSG, "max_tokens": False}, "max_tokens"),
-    ({"messages": MSG, "logprobs": True}, "logprobs"),
+    ({"messages": MSG, "logprobs": 1}, "logprobs"),
+    ({"messages": MSG, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"messages": MSG, "top_logprobs": 2}, "top_logprobs"),
     ({"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"messages": MSG, "response_format": {"type": "json_object"}}, "response_format"),
@@ -152,7 +155,7 @@ def test_bad_chat_requests(server, body, param):
 
 
 def test_messages_name_the_problem(server):
-    err = check_error(post(server, "/v1/completions", {**OK, "logprobs": 2}), 400)
+    err = check_error(post(server, "/v1/completions", {**OK, "echo": True}), 400)
     assert "not supported yet" in err["message"]
     err = check_error(post(server, "/v1/completions", {"prompt": LONG, "max_tokens": 7}), 400)
     assert err["code"] == "context_length_exceeded" and "256" in err["message"]

@@ -22,6 +22,7 @@ import numpy as np
 
 from minillm.args import EngineArgs
 from minillm.engine.block_manager import BlockManager
+from minillm.engine.logprobs import TokenLogprob, token_logprob
 from minillm.engine.runner import ModelRunner
 from minillm.engine.scheduler import ScheduledSeq, Scheduler
 from minillm.engine.sequence import Sequence
@@ -57,6 +58,8 @@ class RequestOutput:
     finished: bool = False
     finish_reason: str | None = None
     _token_ids: list[int] | None = field(default=None, repr=False)
+    # with SamplingParams.logprobs: one TokenLogprob per entry of new_token_ids, else None
+    new_logprobs: list[TokenLogprob] | None = None
 
     @property
     def token_ids(self) -> list[int]:
@@ -209,6 +212,9 @@ class LLMEngine:
         # back (see _step_async); None in EngineArgs means the driver decides (LLM turns it on)
         self.async_scheduling = bool(args.async_scheduling)
         self._inflight: _Inflight | None = None  # the launched step whose ids are not accepted yet
+        # requests asking for logprobs: while any runs, steps are synchronous (the logits of a step
+        # are read after its ids arrive, before the next step overwrites them)
+        self._logprob_requests: set[str] = set()
         self.num_pipelined_steps = 0  # steps launched while another was in flight (tests read it)
         self._unrendered: list[tuple[Sequence, list[int], str | None]] = []
         self.requests: dict[str, Sequence] = {}
@@ -264,6 +270,12 @@ class LLMEngine:
         seq = Sequence(request_id, prompt_ids, params, seed)
         seq.max_output_len = min(params.max_tokens, self.max_model_len - len(prompt_ids))
         seq.decoder = IncrementalDecoder(self.tokenizer)
+        if params.logprobs is not None:
+            if self.proposer is not None:
+                raise ValueError("logprobs with speculative decoding is not supported yet: drop logprobs, or "
+                                 "serve without --speculative-config")
+            seq.output_logprobs = []
+            self._logprob_requests.add(request_id)
         self.requests[request_id] = seq
         self.stats_prompt_tokens += len(prompt_ids)
         self.scheduler.add(seq)
@@ -272,6 +284,7 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> None:
         """Drop a request (client gone): its blocks are freed at once."""
         seq = self.requests.pop(request_id, None)
+        self._logprob_requests.discard(request_id)
         if seq is not None and not seq.finished:
             self.scheduler.finish(seq, "abort")
 
@@ -293,7 +306,7 @@ class LLMEngine:
         With async_scheduling (and no speculative decoding) the step runs ahead instead: see
         _step_async.
         """
-        if self.async_scheduling and self.proposer is None:
+        if self.async_scheduling and self.proposer is None and not self._logprob_requests:
             return self._step_async()
         if self._inflight is not None:  # async scheduling was just turned off: finish its step first
             self._collect_inflight()
@@ -327,6 +340,8 @@ class LLMEngine:
             seq.num_computed += item.num_new
             if item.samples:
                 new = self._verify(item, tokens[r : r + m], r) if item.num_draft else [token_list[r]]
+                if seq.output_logprobs is not None:  # never with drafts (add_request refuses it)
+                    seq.new_logprobs = [token_logprob(self._logits_row(r), new[0], seq.params.logprobs)]
                 r += m
             if seq.draft_ids:
                 seq.draft_ids = []
@@ -516,9 +531,17 @@ class LLMEngine:
                 reason = "length"
                 break
         self.stats_generation_tokens += len(accepted)
+        if seq.output_logprobs is not None:  # the step computed them for its ids (_logits_row)
+            seq.output_logprobs.extend(seq.new_logprobs[: len(accepted)])
+            seq.new_logprobs = []
         if reason is not None:
             self.scheduler.finish(seq, reason)
         return accepted, reason
+
+    def _logits_row(self, r: int) -> np.ndarray:
+        """Row r of the last step's logits on the host (float32 [vocab]): read after the step's ids
+        arrived and before another step is launched (logprob requests keep steps synchronous)."""
+        return self.backend.to_host(self.runner.ws.logits[r : r + 1])[0]
 
     def _render_unrendered(self) -> list[RequestOutput]:
         outputs = [self._render(seq, accepted, reason) for seq, accepted, reason in self._unrendered]
@@ -543,6 +566,8 @@ class LLMEngine:
                     dropped = len(accepted) - (i + 1)
                     if dropped:  # later ids of an accepted run: plain decoding never made them
                         del seq.output_ids[n0 + i + 1 :]
+                        if seq.output_logprobs is not None:
+                            del seq.output_logprobs[n0 + i + 1 :]
                         accepted = accepted[: i + 1]
                         self.stats_generation_tokens -= dropped
                     if seq.finished:
@@ -553,14 +578,16 @@ class LLMEngine:
                     break
         if reason is not None:
             self.requests.pop(seq.request_id, None)
+            self._logprob_requests.discard(seq.request_id)
             hold = 0
         else:
             hold = longest_stop - 1 if longest_stop else 0  # may be the start of a stop string
         end = max(seq.sent_text_len, len(seq.text) - hold)
         delta = seq.text[seq.sent_text_len : end]
         seq.sent_text_len = end
+        logprobs = None if seq.output_logprobs is None else seq.output_logprobs[n0 : n0 + len(accepted)]
         return RequestOutput(seq.request_id, accepted, delta, seq.output_ids, len(seq.output_ids), seq.text,
-                             len(seq.prompt_ids), reason is not None, reason)
+                             len(seq.prompt_ids), reason is not None, reason, new_logprobs=logprobs)
 
     @staticmethod
     def _find_stop(text: str, stops: list[str], start: int = 0) -> int | None:

@@ -50,6 +50,10 @@ class Sequence:
         # how many positions the drafter's KV covers
         self.draft_ids: list[int] = []
         self.draft_computed = 0
+        # SamplingParams.logprobs: one TokenLogprob per output id (None when not asked for), and
+        # those of the step just collected, until its ids are accepted
+        self.output_logprobs: list | None = None
+        self.new_logprobs: list = []
         # detokenisation state (owned by the engine)
         self.text = ""
         self.sent_text_len = 0

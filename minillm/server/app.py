@@ -68,6 +68,10 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         generation_defaults=dict(getattr(eng.loaded, "generation_defaults", None) or {}),
     )
     metrics = Metrics(engine)
+
+    def token_text(token_id: int) -> str:  # a token as logprobs bodies name it
+        return info.tokenizer.decode([token_id], skip_special_tokens=False)
+
     app = Quart("minillm.server")
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
     app.extensions["minillm"] = {"engine": engine, "metrics": metrics, "info": info}
@@ -162,11 +166,14 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         streams = add_choices(rid, parsed)
         n = len(streams)
         texts, reasons, n_outs = [""] * n, ["abort"] * n, [0] * n
+        lps: list[list] = [[] for _ in range(n)]
         try:
             async for i, out in choice_outputs(streams):
                 timer.tokens(len(out.new_token_ids))
                 texts[i], n_outs[i] = out.text, len(out.token_ids)
                 reasons[i] = out.finish_reason or reasons[i]
+                if out.new_logprobs:
+                    lps[i].extend(out.new_logprobs)
         except EngineFailure as e:
             reasons[0] = "error"
             return _error(e.status, e.message, e.type)
@@ -174,9 +181,13 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
             for stream in streams:  # aborts what is unfinished if we were cancelled (client gone)
                 stream.close()
             timer.done(reasons[0])
+        bodies: list[dict | None] = [None] * n
+        if parsed.params.logprobs is not None:
+            bodies = [protocol.chat_logprobs(lp, token_text) if chat else protocol.completion_logprobs(lp, token_text)
+                      for lp in lps]
         build = protocol.chat_response if chat else protocol.completion_response
-        return _json(build(rid, protocol.now(), parsed.model, list(zip(texts, reasons)), len(parsed.prompt_ids),
-                           sum(n_outs)))
+        return _json(build(rid, protocol.now(), parsed.model, list(zip(texts, reasons, bodies)),
+                           len(parsed.prompt_ids), sum(n_outs)))
 
     def add_choices(rid: str, parsed: ParsedRequest) -> list:
         """One engine request a choice (ids rid, or rid-0 .. rid-(n-1)); all or none are added."""
@@ -196,11 +207,18 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         created, model, n_prompt = protocol.now(), parsed.model, len(parsed.prompt_ids)
         usage_null = {"usage": None} if parsed.include_usage else {}
 
-        def chunk(i: int, text: str | None, finish: str | None = None) -> bytes:
+        want_logprobs = parsed.params.logprobs is not None
+        sent_chars = [0] * parsed.n  # completions' text_offset of each choice's next token
+
+        def chunk(i: int, text: str | None, finish: str | None = None, lps: list | None = None) -> bytes:
             if chat:
                 delta = {} if text is None else {"content": text}
-                return sse({**protocol.chat_chunk(rid, created, model, delta, finish, i), **usage_null})
-            return sse({**protocol.completion_chunk(rid, created, model, text or "", finish, i), **usage_null})
+                lp = protocol.chat_logprobs(lps, token_text) if lps else None
+                return sse({**protocol.chat_chunk(rid, created, model, delta, finish, i, lp), **usage_null})
+            lp = protocol.completion_logprobs(lps, token_text, sent_chars[i]) if lps else None
+            if lp:
+                sent_chars[i] = lp["text_offset"][-1] + len(lp["tokens"][-1])
+            return sse({**protocol.completion_chunk(rid, created, model, text or "", finish, i, lp), **usage_null})
 
         # the request enters the engine only once the body is being sent: a client gone before that
         # (or a generator never started) leaves nothing running
@@ -221,8 +239,9 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
             async for i, out in choice_outputs(streams):
                 timer.tokens(len(out.new_token_ids))
                 n_outs[i] = len(out.token_ids)
-                if out.new_text:
-                    yield chunk(i, out.new_text)
+                lps = out.new_logprobs if want_logprobs else None
+                if out.new_text or lps:  # tokens held back by a stop string still send their logprobs
+                    yield chunk(i, out.new_text, None, lps)
                 if out.finished:
                     reasons[i] = out.finish_reason or "stop"
                     yield chunk(i, None, reasons[i])

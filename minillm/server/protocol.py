@@ -16,6 +16,7 @@ from typing import Any
 
 import jinja2
 
+from minillm.engine.logprobs import MAX_LOGPROBS, TokenLogprob
 from minillm.sampling_params import SamplingParams
 
 CHAT_ROLES = ("system", "developer", "user", "assistant")
@@ -204,17 +205,26 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool) -> S
         raise ProtocolError(f"'n' must be between 1 and {MAX_N}, got {n}", "n")
     _refuse(body, "best_of", (None, 1, n), "best_of other than n (choosing among more samples)")
     if chat:
-        _refuse(body, "logprobs", (None, False), "log probabilities are not returned")
-        _refuse(body, "top_logprobs", (None, 0), "log probabilities are not returned")
+        top = _get(body, "top_logprobs", int, None)
+        if _get(body, "logprobs", bool, False):
+            logprobs = 0 if top is None else top
+        elif top is not None:
+            raise ProtocolError("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        else:
+            logprobs = None
+        lp_name = "top_logprobs"
         _refuse(body, "tools", (None,), "tool calling")
         rf = body.get("response_format")
         if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
             raise ProtocolError("'response_format' other than {\"type\": \"text\"} is not supported yet",
                                 "response_format")
     else:
-        _refuse(body, "logprobs", (None, 0), "log probabilities are not returned")
-        _refuse(body, "echo", (None, False))
+        logprobs = _get(body, "logprobs", int, None)
+        lp_name = "logprobs"
+        _refuse(body, "echo", (None, False), "prompt logprobs (echo)")
         _refuse(body, "suffix", (None, ""))
+    if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
+        raise ProtocolError(f"'{lp_name}' must be between 0 and {MAX_LOGPROBS}, got {logprobs}", lp_name)
     for pen in ("presence_penalty", "frequency_penalty"):
         _get(body, pen, float)
         _refuse(body, pen, (None, 0, 0.0))
@@ -243,7 +253,7 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool) -> S
         max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
         min_tokens=_get(body, "min_tokens", int, 0), stop=stop, stop_token_ids=stop_ids,
         ignore_eos=_get(body, "ignore_eos", bool, False), seed=seed,
-        skip_special_tokens=_get(body, "skip_special_tokens", bool, True),
+        skip_special_tokens=_get(body, "skip_special_tokens", bool, True), logprobs=logprobs,
     )
     try:
         return SamplingParams(**kwargs)
@@ -277,33 +287,62 @@ def usage(n_prompt: int, n_completion: int) -> dict:
     return {"prompt_tokens": n_prompt, "completion_tokens": n_completion, "total_tokens": n_prompt + n_completion}
 
 
-def completion_response(rid: str, created: int, model: str, choices: list[tuple[str, str | None]],
+def completion_response(rid: str, created: int, model: str, choices: list[tuple[str, str | None, dict | None]],
                         n_prompt: int, n_out: int) -> dict:
-    """choices: (text, finish reason) of each; n_out: completion tokens of them all."""
+    """choices: (text, finish reason, logprobs body or None) of each; n_out: completion tokens of all."""
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": i, "text": text, "logprobs": None, "finish_reason": finish}
-                        for i, (text, finish) in enumerate(choices)],
+            "choices": [{"index": i, "text": text, "logprobs": lp, "finish_reason": finish}
+                        for i, (text, finish, lp) in enumerate(choices)],
             "usage": usage(n_prompt, n_out)}
 
 
-def chat_response(rid: str, created: int, model: str, choices: list[tuple[str, str | None]],
+def chat_response(rid: str, created: int, model: str, choices: list[tuple[str, str | None, dict | None]],
                   n_prompt: int, n_out: int) -> dict:
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                         "finish_reason": finish} for i, (text, finish) in enumerate(choices)],
+            "choices": [{"index": i, "message": {"role": "assistant", "content": text}, "logprobs": lp,
+                         "finish_reason": finish} for i, (text, finish, lp) in enumerate(choices)],
             "usage": usage(n_prompt, n_out)}
 
 
 def completion_chunk(rid: str, created: int, model: str, text: str, finish: str | None = None,
-                     index: int = 0) -> dict:
+                     index: int = 0, logprobs: dict | None = None) -> dict:
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": index, "text": text, "logprobs": None, "finish_reason": finish}]}
+            "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}]}
 
 
 def chat_chunk(rid: str, created: int, model: str, delta: dict, finish: str | None = None,
-               index: int = 0) -> dict:
+               index: int = 0, logprobs: dict | None = None) -> dict:
     return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+            "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
+
+
+def completion_logprobs(lps: list[TokenLogprob], token_text, text_offset: int = 0) -> dict:
+    """The legacy completions API's logprobs body for these tokens; token_text(id) -> str. The
+    sampled token is listed among its top alternatives too, as vLLM does. That body keys the
+    alternatives by text, so tokens that read the same (byte pieces of one character) share a
+    key: the first listed keeps it (the sampled token, then the best first)."""
+    tokens = [token_text(lp.token_id) for lp in lps]
+    offsets = []
+    for t in tokens:
+        offsets.append(text_offset)
+        text_offset += len(t)
+    tops = []
+    for lp in lps:
+        top: dict[str, float] = {}
+        for i, v in [(lp.token_id, lp.logprob), *lp.top]:
+            top.setdefault(token_text(i), v)
+        tops.append(top)
+    return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in lps], "top_logprobs": tops,
+            "text_offset": offsets}
+
+
+def chat_logprobs(lps: list[TokenLogprob], token_text) -> dict:
+    """The chat API's logprobs body: {"content": [{token, logprob, bytes, top_logprobs}, ...]}."""
+    def entry(i: int, v: float) -> dict:
+        t = token_text(i)
+        return {"token": t, "logprob": v, "bytes": list(t.encode())}
+    return {"content": [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(i, v) for i, v in lp.top]}
+                        for lp in lps]}
 
 
 def usage_chunk(rid: str, created: int, model: str, chat: bool, n_prompt: int, n_out: int) -> dict:

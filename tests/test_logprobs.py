@@ -1,0 +1,113 @@
+"""SamplingParams.logprobs: each output token's log probability and its top alternatives, against
+the engine's own logits (LLMEngine.score, the same forward without sampling) as the oracle; the
+stop-string cut; async scheduling falling back to synchronous steps while such a request runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minillm import LLM, SamplingParams
+from minillm.engine.engine import LLMEngine
+from minillm.engine.logprobs import token_logprob
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max(-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+
+
+@pytest.fixture(scope="module")
+def llm(tiny):
+    return LLM(str(tiny), device="cpu", max_model_len=128, max_num_seqs=48)
+
+
+def oracle(llm, prompt, out_ids):
+    """log_softmax of the logits that produced each output token."""
+    ls = log_softmax(llm.engine.score([prompt + out_ids[:-1]])[0])
+    return ls[len(prompt) - 1 :]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_logprobs_equal_the_models_distribution(llm, temperature):
+    prompts = [list(range(10, 30)), list(range(500, 507))]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=8, temperature=temperature, seed=3, ignore_eos=True,
+                                                logprobs=4))
+    for prompt, out in zip(prompts, outs):
+        assert [lp.token_id for lp in out.logprobs] == out.token_ids
+        want = oracle(llm, prompt, out.token_ids)
+        for j, lp in enumerate(out.logprobs):
+            assert abs(lp.logprob - want[j, lp.token_id]) < 1e-4  # raw logits: temperature does not enter
+            assert len(lp.top) == 4
+            ids, vals = [i for i, _ in lp.top], [v for _, v in lp.top]
+            assert vals == sorted(vals, reverse=True)
+            assert set(ids) == set(np.argsort(-want[j], kind="stable")[:4].tolist())
+            assert all(abs(v - want[j, i]) < 1e-4 for i, v in lp.top)
+        if temperature == 0:
+            assert all(lp.top[0][0] == lp.token_id for lp in out.logprobs)
+
+
+def test_no_logprobs_unless_asked(llm):
+    out = llm.generate([[10, 11, 12]], SamplingParams(max_tokens=3, ignore_eos=True))[0]
+    assert out.logprobs is None
+    zero = llm.generate([[10, 11, 12]], SamplingParams(max_tokens=3, ignore_eos=True, logprobs=0))[0]
+    assert len(zero.logprobs) == 3 and all(lp.top == [] for lp in zero.logprobs)
+
+
+def test_cut_by_a_stop_string_with_the_ids(llm):
+    prompt = list(range(40, 60))
+    first = llm.generate([prompt], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))[0]
+    stop = first.text[3:5]
+    out = llm.generate([prompt], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, stop=stop,
+                                                logprobs=1))[0]
+    assert out.finish_reason == "stop" and len(out.token_ids) < 12
+    assert [lp.token_id for lp in out.logprobs] == out.token_ids
+
+
+def test_async_scheduling_steps_synchronously_while_logprobs_run(tiny):
+    """A workload mixing requests with and without logprobs: the same outputs as synchronous steps,
+    and no step is pipelined while a logprobs request runs."""
+    kw = dict(model=str(tiny), device="cpu", max_model_len=128, max_num_seqs=4)
+    prompts = [[10 + i, 20 + i, 30 + i] for i in range(6)]
+    params = [SamplingParams(max_tokens=6 + i, temperature=0.7, seed=i, ignore_eos=True,
+                             logprobs=2 if i in (1, 4) else None) for i in range(6)]
+
+    def run(async_scheduling: bool):
+        eng = LLMEngine(**kw)
+        eng.async_scheduling = async_scheduling
+        for i, (p, sp) in enumerate(zip(prompts, params)):
+            eng.add_request(p, sp, request_id=str(i))
+        got, pipelined_with_logprobs = {}, 0
+        while eng.has_unfinished():
+            before = eng.num_pipelined_steps
+            wanted = bool(eng._logprob_requests)
+            for o in eng.step():
+                g = got.setdefault(o.request_id, [[], []])
+                g[0] += o.new_token_ids
+                if o.new_logprobs is not None:
+                    g[1] += [(lp.token_id, round(lp.logprob, 6)) for lp in o.new_logprobs]
+            pipelined_with_logprobs += wanted and eng.num_pipelined_steps > before
+        return got, eng, pipelined_with_logprobs
+
+    sync, _, _ = run(False)
+    asynchronous, eng, pipelined_with_logprobs = run(True)
+    assert asynchronous == sync
+    assert all(len(sync[str(i)][1]) == len(sync[str(i)][0]) for i in (1, 4))
+    assert pipelined_with_logprobs == 0 and eng.num_pipelined_steps > 0  # pipelined once they finished
+
+
+def test_refused_with_speculation_and_out_of_range(tiny):
+    eng = LLMEngine(model=str(tiny), device="cpu", max_model_len=128,
+                    speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+    with pytest.raises(ValueError, match="logprobs with speculative decoding"):
+        eng.add_request([10, 11], SamplingParams(logprobs=1))
+    with pytest.raises(ValueError, match="logprobs must be"):
+        SamplingParams(logprobs=21)
+
+
+def test_token_logprob_ties_and_top_larger_than_vocab():
+    row = np.array([0.0, 1.0, 1.0, -np.inf], np.float32)
+    lp = token_logprob(row, 2, 10)
+    assert [i for i, _ in lp.top] == [1, 2, 0, 3]  # ties by id; -inf last
+    assert abs(sum(np.exp(v) for _, v in lp.top) - 1) < 1e-12 and lp.logprob == lp.top[1][1]
