@@ -417,8 +417,10 @@ part21() {  # session 4, call 7: the tensor-core skinny GEMM (5-16 rows): GPU te
 
 part22() {  # for the next device session (not yet run): the server reproducer (c = 8, 4096, DFlash k = 8)
   # under all four compute-sanitizer tools (the script exits 1 on any report); the skinny GEMM at
-  # 1-4 rows (dispatch question); rows' results by product height (the c = 16 speculation question)
+  # 1-4 rows (dispatch question); rows' results by product height (the c = 16 speculation question);
+  # first, the GPU tests (session 4's last commits added logprobs and n > 1, CPU-tested only)
   setup
+  gpu_tests_all 200
   stage skinny_bench 120 python3 scripts/skinny_bench.py --json "$W/skinny_bench.json"
   stage batch_invariance 60 python3 scripts/batch_invariance.py
   stage models 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
