@@ -75,6 +75,22 @@ __device__ __forceinline__ void suppress_tokens_impl(T* logits, i64 stride, cons
   logits[(i64)r * stride + t] = minillm::from_f<T>(minillm::neg_inf());
 }
 
+// logits[rows[i], ids[i]] = (x > 0 ? x * scale_pos[i] : x * scale_neg[i]) - subtract[i] for i < n
+// (repetition, presence and frequency penalties; the host lists each (row, token) once).
+template <typename T>
+__device__ __forceinline__ void penalize_logits_impl(T* logits, i64 stride, const int* rows, const int* ids,
+                                                     const float* scale_pos, const float* scale_neg,
+                                                     const float* subtract, int n, int n_rows, int V) {
+  minillm::pdl_entry();
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int r = rows[i], t = ids[i];
+  MINILLM_CHECK(r >= 0 && r < n_rows && t >= 0 && t < V);
+  T* p = logits + (i64)r * stride + t;
+  const float x = minillm::to_f(*p);
+  *p = minillm::from_f<T>((x > 0.f ? x * scale_pos[i] : x * scale_neg[i]) - subtract[i]);
+}
+
 #define MINILLM_LOGIT_OPS(SUFFIX, T)                                                           \
   extern "C" __global__ void scale_softcap_##SUFFIX(T* x, i64 stride, int rows, int cols,      \
                                                     float factor, float cap) {                 \
@@ -83,6 +99,12 @@ __device__ __forceinline__ void suppress_tokens_impl(T* logits, i64 stride, cons
   extern "C" __global__ void suppress_tokens_##SUFFIX(T* logits, i64 stride, const int* rows,  \
                                                       const int* ids, int n, int n_rows, int V) { \
     suppress_tokens_impl<T>(logits, stride, rows, ids, n, n_rows, V);                          \
+  }                                                                                            \
+  extern "C" __global__ void penalize_logits_##SUFFIX(                                         \
+      T* logits, i64 stride, const int* rows, const int* ids, const float* scale_pos,          \
+      const float* scale_neg, const float* subtract, int n, int n_rows, int V) {               \
+    penalize_logits_impl<T>(logits, stride, rows, ids, scale_pos, scale_neg, subtract, n,      \
+                            n_rows, V);                                                        \
   }
 
 MINILLM_LOGIT_OPS(bf16, bf16)

@@ -20,6 +20,12 @@ class SamplingParams:
     # None: no log probabilities; N >= 0: each output token's logprob and the N most likely
     # alternatives' (minillm/engine/logprobs.py)
     logprobs: int | None = None
+    # OpenAI's penalties on tokens already in the output (subtract presence once, frequency per
+    # occurrence) and vLLM's repetition_penalty on tokens in the prompt or output (a positive
+    # logit divided by it, a negative one multiplied), applied in that order before sampling
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -52,6 +58,13 @@ class SamplingParams:
         need(self.logprobs is None or (isinstance(self.logprobs, int) and not isinstance(self.logprobs, bool)
                                        and 0 <= self.logprobs <= 20),
              f"logprobs must be None or an integer in [0, 20], got {self.logprobs!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            need(isinstance(v, (int, float)) and not isinstance(v, bool) and -2 <= v <= 2,
+                 f"{name} must be a number in [-2, 2], got {v!r}")
+        need(isinstance(self.repetition_penalty, (int, float)) and not isinstance(self.repetition_penalty, bool)
+             and 0 < self.repetition_penalty <= 2,
+             f"repetition_penalty must be a number in (0, 2], got {self.repetition_penalty!r}")
         need(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)
                                    and -(2**63) <= self.seed < 2**64),
              f"seed must be a 64-bit integer, got {self.seed!r}")
@@ -59,3 +72,7 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1)

@@ -247,6 +247,23 @@ def test_logit_transforms(be):
     ref = x.copy()
     REF.suppress_tokens(ref, rows, ids)
     assert np.array_equal(host(be, d), ref)
+    # penalties: random entries, each (row, token) once; then 70,000 (more than one scratch load)
+    flat = rng.choice(6 * 500, size=2900, replace=False)
+    rows, ids = (flat // 500).astype(np.int32), (flat % 500).astype(np.int32)
+    pos, neg = rng.uniform(0.5, 2, 2900).astype(np.float32), rng.uniform(0.5, 2, 2900).astype(np.float32)
+    sub = rng.uniform(-2, 2, 2900).astype(np.float32)
+    d = be.asarray(x, dtype=np.float32)
+    be.penalize_logits(d, rows, ids, pos, neg, sub)
+    ref = x.copy()
+    REF.penalize_logits(ref, rows, ids, pos, neg, sub)
+    assert rel_err(host(be, d), ref) < 1e-6
+    big = np.tile(np.arange(500, dtype=np.int32), 140)[:70000]
+    big_rows = np.repeat(np.arange(140, dtype=np.int32), 500)[:70000]
+    logits = rng.standard_normal((140, 500)).astype(np.float32)
+    d = be.asarray(logits, dtype=np.float32)
+    ones = np.ones(70000, np.float32)
+    be.penalize_logits(d, big_rows, big, ones, ones, ones)
+    assert rel_err(host(be, d), logits - 1) < 1e-6
 
 
 # ---- matmul -----------------------------------------------------------------------------------

@@ -72,6 +72,23 @@ def test_logprobs_on_the_gpu(tiny):
     assert gpu.engine.num_pipelined_steps == 0  # logprob requests keep the steps synchronous
 
 
+def test_penalties_on_the_gpu(tiny):
+    """Penalised greedy decoding on the GPU (eager steps: the penalties sit between forward and
+    sampler) follows the penalised argmax of the same model's scored logits, up to bf16 ties."""
+    gpu = LLM(tiny, device="cuda", max_num_seqs=64, max_model_len=256)
+    p = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, presence_penalty=1.0,
+                       frequency_penalty=0.5, repetition_penalty=1.3)
+    for prompt, out in zip(PROMPTS[:3], gpu.generate(PROMPTS[:3], p)):
+        raw = gpu.engine.score([prompt + out.token_ids[:-1]])[0].astype(np.float64)
+        for j, tok in enumerate(out.token_ids):
+            x = raw[len(prompt) - 1 + j].copy()
+            hist = out.token_ids[:j]
+            for t in set(prompt) | set(hist):
+                x[t] = x[t] / 1.3 if x[t] > 0 else x[t] * 1.3
+                x[t] -= 0.5 * hist.count(t) + 1.0 * (t in hist)
+            assert x[tok] >= x.max() - 0.05
+
+
 def test_allocation_in_step_loop_raises(tiny):
     import cupy
 

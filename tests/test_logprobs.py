@@ -81,7 +81,7 @@ def test_async_scheduling_steps_synchronously_while_logprobs_run(tiny):
         got, pipelined_with_logprobs = {}, 0
         while eng.has_unfinished():
             before = eng.num_pipelined_steps
-            wanted = bool(eng._logprob_requests)
+            wanted = bool(eng._sync_requests)
             for o in eng.step():
                 g = got.setdefault(o.request_id, [[], []])
                 g[0] += o.new_token_ids

@@ -186,6 +186,20 @@ def test_logprobs(server):
     assert got == pytest.approx([e.logprob for e in content], abs=1e-5)
 
 
+def test_penalties(server):
+    """presence/frequency (OpenAI) and repetition (vLLM) penalties reach the sampler: a greedy run
+    that repeats itself without them does not with them; streamed equals non-streamed."""
+    cl, name = server.client(), model_name(server)
+    kw = dict(model=name, prompt="abcabcabc", max_tokens=24, temperature=0)
+    plain = cl.completions.create(**kw, extra_body={"ignore_eos": True}).choices[0].text
+    pen = dict(presence_penalty=2.0, frequency_penalty=1.0,
+               extra_body={"ignore_eos": True, "repetition_penalty": 1.5})
+    c = cl.completions.create(**kw, **pen)
+    assert c.usage.completion_tokens == 24 and c.choices[0].text != plain
+    streamed = "".join(ch.choices[0].text for ch in cl.completions.create(stream=True, **kw, **pen) if ch.choices)
+    assert streamed == c.choices[0].text
+
+
 def test_chat(server):
     cl, name = server.client(), model_name(server)
     msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]

@@ -211,6 +211,7 @@ class CudaBackend:
             self._blas_ws = cupy.empty(cublas_workspace_bytes, dtype=np.uint8)
             self._att_scratch = cupy.empty(attention_scratch_bytes // 4, dtype=np.float32)
             self._idx_scratch = cupy.empty((2, 1 << 16), dtype=np.int32)  # host-given index lists
+            self._val_scratch = cupy.empty((3, 1 << 16), dtype=np.float32)  # and their values
             # cuda/decode_attention.cu: one split counter per (token, KV head); each step's last
             # split resets its counter, so zeroing once here is enough
             self._att_counters = cupy.zeros(1 << 16, dtype=np.int32)
@@ -238,7 +239,8 @@ class CudaBackend:
                      "store_kv_u16", "store_kv_u4", "store_kv_u2", "fill_input_ids"],
             "elementwise": ["silu_mul_bf16", "silu_mul_f32", "fill_bias_bf16_bf16",
                             "fill_bias_f32_f32", "fill_bias_f32_bf16", "scale_softcap_bf16",
-                            "scale_softcap_f32", "suppress_tokens_bf16", "suppress_tokens_f32"],
+                            "scale_softcap_f32", "suppress_tokens_bf16", "suppress_tokens_f32",
+                            "penalize_logits_bf16", "penalize_logits_f32"],
             "norm": ["rms_norm_bf16", "rms_norm_f32", "qk_norm_rope_bf16", "qk_norm_rope_f32",
                      "qk_norm_rope_store_kv_bf16", "qk_norm_rope_store_kv_f32",
                      "rms_norm_vec1_bf16", "rms_norm_vec2_bf16", "rms_norm_vec4_bf16"],
@@ -560,6 +562,23 @@ class CudaBackend:
         self._launch("suppress_tokens_" + _suffix(logits.dtype), (_cdiv(n, 256),), (256,),
                      (logits, _i64(stride), rows, token_ids, _i32(n), _i32(R),
                       _i32(logits.shape[-1])))
+
+    def penalize_logits(self, logits, rows, token_ids, scale_pos, scale_neg, subtract) -> None:
+        """Twin of NumpyBackend.penalize_logits; the entries come from the host (NumPy arrays) and
+        go through the preallocated scratch, 65,536 at a time."""
+        R, stride = _rows(logits, "penalize_logits logits")
+        cap = self._idx_scratch.shape[1]
+        for lo in range(0, int(rows.shape[0]), cap):
+            hi = min(int(rows.shape[0]), lo + cap)
+            n = hi - lo
+            self.copy_from_host(self._idx_scratch[0, :n], np.asarray(rows[lo:hi], np.int32))
+            self.copy_from_host(self._idx_scratch[1, :n], np.asarray(token_ids[lo:hi], np.int32))
+            for j, a in enumerate((scale_pos, scale_neg, subtract)):
+                self.copy_from_host(self._val_scratch[j, :n], np.asarray(a[lo:hi], np.float32))
+            self._launch("penalize_logits_" + _suffix(logits.dtype), (_cdiv(n, 256),), (256,),
+                         (logits, _i64(stride), self._idx_scratch[0, :n], self._idx_scratch[1, :n],
+                          self._val_scratch[0, :n], self._val_scratch[1, :n], self._val_scratch[2, :n],
+                          _i32(n), _i32(R), _i32(logits.shape[-1])))
 
     # ---- matmul -------------------------------------------------------------------------
     def matmul(self, x, w, out, bias=None) -> None:

@@ -185,6 +185,13 @@ class NumpyBackend:
         """logits[rows[i], token_ids[i]] = -inf (min_tokens keeps EOS/stop tokens from being drawn)."""
         logits[rows, token_ids] = -np.inf
 
+    def penalize_logits(self, logits, rows, token_ids, scale_pos, scale_neg, subtract) -> None:
+        """For each entry i (no (row, token) twice): x = logits[rows[i], token_ids[i]] becomes
+        (x * scale_pos[i] if x > 0 else x * scale_neg[i]) - subtract[i] (repetition, presence and
+        frequency penalties, SamplingParams)."""
+        x = logits[rows, token_ids]
+        logits[rows, token_ids] = np.where(x > 0, x * scale_pos, x * scale_neg) - subtract
+
     def scale(self, x, factor: float) -> None:
         x *= factor
 

@@ -212,9 +212,10 @@ class LLMEngine:
         # back (see _step_async); None in EngineArgs means the driver decides (LLM turns it on)
         self.async_scheduling = bool(args.async_scheduling)
         self._inflight: _Inflight | None = None  # the launched step whose ids are not accepted yet
-        # requests asking for logprobs: while any runs, steps are synchronous (the logits of a step
-        # are read after its ids arrive, before the next step overwrites them)
-        self._logprob_requests: set[str] = set()
+        # requests asking for logprobs or penalties: while any runs, steps are synchronous (a step's
+        # logits are read after its ids arrive, before the next step overwrites them; penalties
+        # need every id sampled so far)
+        self._sync_requests: set[str] = set()
         self.num_pipelined_steps = 0  # steps launched while another was in flight (tests read it)
         self._unrendered: list[tuple[Sequence, list[int], str | None]] = []
         self.requests: dict[str, Sequence] = {}
@@ -270,12 +271,14 @@ class LLMEngine:
         seq = Sequence(request_id, prompt_ids, params, seed)
         seq.max_output_len = min(params.max_tokens, self.max_model_len - len(prompt_ids))
         seq.decoder = IncrementalDecoder(self.tokenizer)
-        if params.logprobs is not None:
+        if params.logprobs is not None or params.penalized:
             if self.proposer is not None:
-                raise ValueError("logprobs with speculative decoding is not supported yet: drop logprobs, or "
+                what = "logprobs" if params.logprobs is not None else "presence/frequency/repetition penalties"
+                raise ValueError(f"{what} with speculative decoding is not supported yet: drop them, or "
                                  "serve without --speculative-config")
-            seq.output_logprobs = []
-            self._logprob_requests.add(request_id)
+            if params.logprobs is not None:
+                seq.output_logprobs = []
+            self._sync_requests.add(request_id)
         self.requests[request_id] = seq
         self.stats_prompt_tokens += len(prompt_ids)
         self.scheduler.add(seq)
@@ -284,7 +287,7 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> None:
         """Drop a request (client gone): its blocks are freed at once."""
         seq = self.requests.pop(request_id, None)
-        self._logprob_requests.discard(request_id)
+        self._sync_requests.discard(request_id)
         if seq is not None and not seq.finished:
             self.scheduler.finish(seq, "abort")
 
@@ -306,7 +309,7 @@ class LLMEngine:
         With async_scheduling (and no speculative decoding) the step runs ahead instead: see
         _step_async.
         """
-        if self.async_scheduling and self.proposer is None and not self._logprob_requests:
+        if self.async_scheduling and self.proposer is None and not self._sync_requests:
             return self._step_async()
         if self._inflight is not None:  # async scheduling was just turned off: finish its step first
             self._collect_inflight()
@@ -578,7 +581,7 @@ class LLMEngine:
                     break
         if reason is not None:
             self.requests.pop(seq.request_id, None)
-            self._logprob_requests.discard(seq.request_id)
+            self._sync_requests.discard(seq.request_id)
             hold = 0
         else:
             hold = longest_stop - 1 if longest_stop else 0  # may be the start of a stop string

@@ -225,11 +225,9 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool) -> S
         _refuse(body, "suffix", (None, ""))
     if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
         raise ProtocolError(f"'{lp_name}' must be between 0 and {MAX_LOGPROBS}, got {logprobs}", lp_name)
-    for pen in ("presence_penalty", "frequency_penalty"):
-        _get(body, pen, float)
-        _refuse(body, pen, (None, 0, 0.0))
-    _get(body, "repetition_penalty", float)
-    _refuse(body, "repetition_penalty", (None, 1, 1.0))
+    penalties = dict(presence_penalty=_get(body, "presence_penalty", float, 0.0),
+                     frequency_penalty=_get(body, "frequency_penalty", float, 0.0),
+                     repetition_penalty=_get(body, "repetition_penalty", float, 1.0))
     _refuse(body, "logit_bias", (None,))
 
     d = info.generation_defaults  # the model's generation_config fills what the request leaves out
@@ -253,7 +251,7 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool) -> S
         max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
         min_tokens=_get(body, "min_tokens", int, 0), stop=stop, stop_token_ids=stop_ids,
         ignore_eos=_get(body, "ignore_eos", bool, False), seed=seed,
-        skip_special_tokens=_get(body, "skip_special_tokens", bool, True), logprobs=logprobs,
+        skip_special_tokens=_get(body, "skip_special_tokens", bool, True), logprobs=logprobs, **penalties,
     )
     try:
         return SamplingParams(**kwargs)

@@ -1,0 +1,91 @@
+"""Presence, frequency and repetition penalties (SamplingParams): the op against its definition,
+greedy decoding against an oracle built from the engine's own unpenalised logits (LLMEngine.score),
+and async scheduling falling back to synchronous steps while a penalised request runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minillm import LLM, SamplingParams
+from minillm.backends.numpy_ops import NumpyBackend
+from minillm.engine.engine import LLMEngine
+
+
+def penalised(logits: np.ndarray, prompt: list[int], out: list[int], p: SamplingParams) -> np.ndarray:
+    """The definition: repetition on prompt and output tokens, then frequency and presence on
+    output tokens, as vLLM applies them."""
+    x = logits.astype(np.float64).copy()
+    seen = sorted(set(prompt) | set(out)) if p.repetition_penalty != 1 else sorted(set(out))
+    for t in seen:
+        x[t] = x[t] / p.repetition_penalty if x[t] > 0 else x[t] * p.repetition_penalty
+        c = out.count(t)
+        x[t] -= p.frequency_penalty * c + p.presence_penalty * (c > 0)
+    return x
+
+
+def test_penalize_logits_op():
+    be = NumpyBackend()
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((3, 50)).astype(np.float32)
+    want = logits.copy()
+    rows, ids = np.array([0, 0, 2], np.int32), np.array([4, 7, 4], np.int32)
+    pos, neg, sub = np.array([0.5, 0.5, 1.0], np.float32), np.array([2.0, 2.0, 1.0], np.float32), \
+        np.array([0.1, 0.0, 1.5], np.float32)
+    for r, t, a, b, s in zip(rows, ids, pos, neg, sub):
+        want[r, t] = (want[r, t] * a if want[r, t] > 0 else want[r, t] * b) - s
+    be.penalize_logits(logits, rows, ids, pos, neg, sub)
+    assert np.array_equal(logits, want)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny):
+    return LLM(str(tiny), device="cpu", max_model_len=128, max_num_seqs=48)
+
+
+@pytest.mark.parametrize("pen", [dict(presence_penalty=1.5), dict(frequency_penalty=0.7),
+                                 dict(repetition_penalty=1.8), dict(presence_penalty=-0.5, frequency_penalty=0.3,
+                                                                    repetition_penalty=0.7)])
+def test_greedy_follows_the_penalised_logits(llm, pen):
+    prompt = [11, 12, 13, 11, 12, 13, 11, 12]
+    p = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, **pen)
+    out = llm.generate([prompt], p)[0].token_ids
+    raw = llm.engine.score([prompt + out[:-1]])[0]
+    for j, tok in enumerate(out):
+        x = penalised(raw[len(prompt) - 1 + j], prompt, out[:j], p)
+        assert x[tok] >= x.max() - 1e-4, f"step {j}: took {tok}, the penalised argmax is {int(x.argmax())}"
+    plain = llm.generate([prompt], SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))[0].token_ids
+    if pen.get("presence_penalty", 0) > 0 and len(set(plain)) < len(plain):
+        assert out != plain  # the unpenalised run repeats tokens; a presence penalty changes the path
+
+
+def test_async_scheduling_steps_synchronously_while_penalised(tiny):
+    kw = dict(model=str(tiny), device="cpu", max_model_len=128, max_num_seqs=4)
+    prompts = [[10 + i, 20 + i, 30 + i] for i in range(5)]
+    params = [SamplingParams(max_tokens=5 + i, temperature=0.8, seed=i, ignore_eos=True,
+                             frequency_penalty=0.8 if i == 2 else 0.0) for i in range(5)]
+    results = []
+    for async_scheduling in (False, True):
+        eng = LLMEngine(**kw)
+        eng.async_scheduling = async_scheduling
+        for i, (pr, sp) in enumerate(zip(prompts, params)):
+            eng.add_request(pr, sp, request_id=str(i))
+        got, pipelined_while_penalised = {}, 0
+        while eng.has_unfinished():
+            before, wanted = eng.num_pipelined_steps, bool(eng._sync_requests)
+            for o in eng.step():
+                got.setdefault(o.request_id, []).extend(o.new_token_ids)
+            pipelined_while_penalised += wanted and eng.num_pipelined_steps > before
+        results.append(got)
+        assert pipelined_while_penalised == 0
+    assert results[0] == results[1]
+
+
+def test_refused_with_speculation_and_out_of_range(tiny):
+    eng = LLMEngine(model=str(tiny), device="cpu", max_model_len=128,
+                    speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+    with pytest.raises(ValueError, match="penalties with speculative decoding"):
+        eng.add_request([10, 11], SamplingParams(presence_penalty=1.0))
+    for bad in (dict(presence_penalty=3.0), dict(frequency_penalty=-2.5), dict(repetition_penalty=0.0)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            SamplingParams(**bad)
