@@ -26,12 +26,15 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    # OpenAI's logit_bias: {token id: value in [-100, 100]} added to the logits before sampling
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        self.logit_bias = dict(self.logit_bias) if self.logit_bias else None
         self.validate()
 
     def validate(self) -> None:
@@ -65,6 +68,10 @@ class SamplingParams:
         need(isinstance(self.repetition_penalty, (int, float)) and not isinstance(self.repetition_penalty, bool)
              and 0 < self.repetition_penalty <= 2,
              f"repetition_penalty must be a number in (0, 2], got {self.repetition_penalty!r}")
+        need(self.logit_bias is None or all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 and isinstance(v, (int, float))
+            and not isinstance(v, bool) and -100 <= v <= 100 for t, v in self.logit_bias.items()),
+            f"logit_bias must map token ids (integers >= 0) to numbers in [-100, 100], got {self.logit_bias!r}")
         need(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)
                                    and -(2**63) <= self.seed < 2**64),
              f"seed must be a 64-bit integer, got {self.seed!r}")
@@ -75,4 +82,10 @@ class SamplingParams:
 
     @property
     def penalized(self) -> bool:
+        """Penalties: they depend on the tokens sampled so far."""
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1)
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Penalties or a logit bias: the runner changes this request's logits before sampling."""
+        return self.penalized or bool(self.logit_bias)

@@ -89,3 +89,33 @@ def test_refused_with_speculation_and_out_of_range(tiny):
     for bad in (dict(presence_penalty=3.0), dict(frequency_penalty=-2.5), dict(repetition_penalty=0.0)):
         with pytest.raises(ValueError, match=next(iter(bad))):
             SamplingParams(**bad)
+
+
+def test_logit_bias(llm, tiny):
+    prompt = [21, 22, 23, 24]
+    plain = llm.generate([prompt], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))[0].token_ids
+    forced = llm.generate([prompt], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True,
+                                                   logit_bias={777: 100}))[0].token_ids
+    assert forced == [777] * 6
+    banned = llm.generate([prompt], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True,
+                                                   logit_bias={plain[0]: -100}))[0].token_ids
+    assert banned[0] != plain[0] and plain[0] not in banned
+    two = llm.generate([prompt] * 4, [SamplingParams(max_tokens=8, temperature=1.0, seed=s, ignore_eos=True,
+                                                     logit_bias={5: 100, 9: 100}) for s in range(4)])
+    assert {t for o in two for t in o.token_ids} <= {5, 9} and len({t for o in two for t in o.token_ids}) == 2
+    with pytest.raises(ValueError, match="logit_bias token ids"):
+        llm.engine.add_request([1, 2], SamplingParams(logit_bias={10**7: 1.0}))
+    # no history needed: async scheduling keeps pipelining; and speculation stays lossless with it
+    eng = LLMEngine(model=str(tiny), device="cpu", max_model_len=128, async_scheduling=True)
+    spec = LLMEngine(model=str(tiny), device="cpu", max_model_len=128,
+                     speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1})
+    outs = []
+    for e in (eng, spec):
+        e.add_request([5, 6, 7, 5, 6, 7, 5], SamplingParams(max_tokens=10, temperature=0, ignore_eos=True,
+                                                           logit_bias={6: 3.0, 7: -2.0}), request_id="b")
+        ids = []
+        while e.has_unfinished():
+            for o in e.step():
+                ids += o.new_token_ids
+        outs.append(ids)
+    assert outs[0] == outs[1] and eng.num_pipelined_steps > 0

@@ -198,6 +198,8 @@ def test_penalties(server):
     assert c.usage.completion_tokens == 24 and c.choices[0].text != plain
     streamed = "".join(ch.choices[0].text for ch in cl.completions.create(stream=True, **kw, **pen) if ch.choices)
     assert streamed == c.choices[0].text
+    forced = cl.completions.create(**kw, logit_bias={"70": 100}, extra_body={"ignore_eos": True}).choices[0].text
+    assert len(forced) == 24 and len(set(forced)) == 1  # one token, 24 times (one byte each)
 
 
 def test_chat(server):

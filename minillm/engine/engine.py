@@ -252,6 +252,10 @@ class LLMEngine:
             raise ValueError(f"prompt token ids must be integers in [0, {self.config.vocab_size}); got {bad[:5]}")
         if n > self.max_model_len:
             raise ValueError(f"the prompt has {n} tokens, more than max_model_len {self.max_model_len}")
+        bad = [t for t in (params.logit_bias or {}) if t >= self.config.vocab_size]
+        if bad:
+            raise ValueError(f"logit_bias token ids must be below the vocabulary size {self.config.vocab_size}; "
+                             f"got {bad[:5]}")
         if n + params.max_tokens > self.max_model_len:
             raise ValueError(
                 f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) = {n + params.max_tokens} exceeds "

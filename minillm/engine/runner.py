@@ -275,32 +275,45 @@ class ModelRunner:
         if rows:
             self.backend.suppress_tokens(logits, np.asarray(rows, np.int32), np.asarray(ids, np.int32))
 
-    def _penalize(self, batch: list[ScheduledSeq], logits) -> None:
-        """Presence, frequency and repetition penalties (SamplingParams) on the rows of sequences
-        that ask for them, from their tokens so far (the engine keeps such steps synchronous and
-        refuses them with drafts, so a row's history is the sequence's known ids)."""
-        if not any(item.seq.params.penalized for item in batch):
+    def _adjust_logits(self, batch: list[ScheduledSeq], logits) -> None:
+        """Penalties and logit_bias (SamplingParams) on the rows of sequences that ask for them.
+        Penalties read the tokens so far: the engine keeps such steps synchronous and refuses
+        them with drafts, so a row's history is the sequence's known ids."""
+        if not any(item.seq.params.adjusts_logits for item in batch):
             return
         parts = []
         r = 0
         for item in batch:
             p = item.seq.params
-            if item.num_logits and p.penalized:
-                seq = item.seq
-                out_ids, counts = np.unique(np.asarray(seq.output_ids, np.int64), return_counts=True)
-                ids = np.union1d(out_ids, np.asarray(seq.prompt_ids, np.int64)) if p.repetition_penalty != 1 \
-                    else out_ids
-                n_out = np.zeros(ids.shape[0], np.float32)
-                n_out[np.searchsorted(ids, out_ids)] = counts
-                rep = np.float32(p.repetition_penalty)
-                sub = p.frequency_penalty * n_out + p.presence_penalty * (n_out > 0)
+            if item.num_logits and p.adjusts_logits:
+                ids, pos, neg, sub = self._adjustments(item.seq)
                 for j in range(item.num_logits):
-                    parts.append((np.full(ids.shape[0], r + j, np.int32), ids.astype(np.int32),
-                                  np.full(ids.shape[0], 1 / rep, np.float32), np.full(ids.shape[0], rep, np.float32),
-                                  sub.astype(np.float32)))
+                    parts.append((np.full(ids.shape[0], r + j, np.int32), ids, pos, neg, sub))
             r += item.num_logits
         if parts:
             self.backend.penalize_logits(logits, *(np.concatenate(c) for c in zip(*parts)))
+
+    @staticmethod
+    def _adjustments(seq) -> tuple[np.ndarray, ...]:
+        """(token ids, scale of a positive logit, of a negative one, amount subtracted), each token
+        once: repetition on prompt and output tokens, frequency and presence on output tokens,
+        then the logit bias (subtracting its negative)."""
+        p = seq.params
+        none = np.zeros(0, np.int64)
+        out_ids, counts = np.unique(np.asarray(seq.output_ids, np.int64), return_counts=True) if p.penalized \
+            else (none, none)
+        rep_ids = np.union1d(out_ids, np.asarray(seq.prompt_ids, np.int64)) if p.repetition_penalty != 1 else none
+        bias_ids = np.fromiter(p.logit_bias or {}, np.int64)
+        ids = np.union1d(np.union1d(out_ids, rep_ids), bias_ids)
+        pos, neg = np.ones(ids.shape[0], np.float32), np.ones(ids.shape[0], np.float32)
+        if rep_ids.size:
+            seen = np.isin(ids, rep_ids)
+            pos[seen], neg[seen] = 1 / np.float32(p.repetition_penalty), np.float32(p.repetition_penalty)
+        sub = np.zeros(ids.shape[0], np.float32)
+        sub[np.searchsorted(ids, out_ids)] += p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
+        if p.logit_bias:
+            sub[np.searchsorted(ids, bias_ids)] -= np.fromiter(p.logit_bias.values(), np.float32)
+        return ids.astype(np.int32), pos, neg, sub
 
     # ---- running a step --------------------------------------------------------------------
     def _inputs(self, B: int, t: int, r: int, max_query_len: int) -> StepInputs:
@@ -392,7 +405,7 @@ class ModelRunner:
             logits = self._eager_forward(B, t, r)
             if r:
                 self._suppress_stop_tokens(batch, logits)
-                self._penalize(batch, logits)
+                self._adjust_logits(batch, logits)
                 self._sample(logits, r)
         ticket = None
         if readback and r:
@@ -449,8 +462,8 @@ class ModelRunner:
                 rows = 1 + self._spec_k
             if len(item.seq.output_ids) + item.seq.num_pending < item.seq.params.min_tokens:
                 return None  # min_tokens masks logits between forward and sample: eager
-            if item.seq.params.penalized:
-                return None  # so do the penalties
+            if item.seq.params.adjusts_logits:
+                return None  # so do penalties and logit_bias
         bk = next((b for b in self.graph_buckets if b >= len(batch) and (b, rows) in graphs), None)
         if bk is None or t > bk * rows:
             return None

@@ -225,10 +225,23 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool) -> S
         _refuse(body, "suffix", (None, ""))
     if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
         raise ProtocolError(f"'{lp_name}' must be between 0 and {MAX_LOGPROBS}, got {logprobs}", lp_name)
-    penalties = dict(presence_penalty=_get(body, "presence_penalty", float, 0.0),
-                     frequency_penalty=_get(body, "frequency_penalty", float, 0.0),
-                     repetition_penalty=_get(body, "repetition_penalty", float, 1.0))
-    _refuse(body, "logit_bias", (None,))
+    adjust = dict(presence_penalty=_get(body, "presence_penalty", float, 0.0),
+                  frequency_penalty=_get(body, "frequency_penalty", float, 0.0),
+                  repetition_penalty=_get(body, "repetition_penalty", float, 1.0))
+    bias = _get(body, "logit_bias", dict, None)
+    if bias:
+        if len(bias) > 300:
+            raise ProtocolError(f"'logit_bias' may name at most 300 tokens, got {len(bias)}", "logit_bias")
+        parsed_bias = {}
+        for k, v in bias.items():
+            if not (isinstance(k, str) and k.isdigit() and int(k) < info.vocab_size):
+                raise ProtocolError(f"'logit_bias' keys must be token ids below {info.vocab_size}, got {k!r}",
+                                    "logit_bias")
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and -100 <= v <= 100):
+                raise ProtocolError(f"'logit_bias' values must be numbers in [-100, 100], got {json.dumps(v)[:40]}",
+                                    "logit_bias")
+            parsed_bias[int(k)] = float(v)
+        adjust["logit_bias"] = parsed_bias
 
     d = info.generation_defaults  # the model's generation_config fills what the request leaves out
     temperature = _get(body, "temperature", float, float(d.get("temperature", 1.0)))
@@ -251,7 +264,7 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool) -> S
         max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
         min_tokens=_get(body, "min_tokens", int, 0), stop=stop, stop_token_ids=stop_ids,
         ignore_eos=_get(body, "ignore_eos", bool, False), seed=seed,
-        skip_special_tokens=_get(body, "skip_special_tokens", bool, True), logprobs=logprobs, **penalties,
+        skip_special_tokens=_get(body, "skip_special_tokens", bool, True), logprobs=logprobs, **adjust,
     )
     try:
         return SamplingParams(**kwargs)
