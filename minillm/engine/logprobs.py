@@ -3,8 +3,9 @@
 A request that asks for logprobs makes its steps synchronous (the engine falls back from
 async scheduling while one is running), so after a step's sampled ids arrive the logits
 buffer still holds that step's rows: each wanted row is copied to the host and reduced there.
-The values are the model's own distribution, log_softmax of the raw logits (vLLM's default
-"raw_logprobs"): before temperature, top-k and top-p, after min_tokens' masking.
+The values are the model's own distribution, log_softmax of the logits (vLLM's default
+"raw_logprobs"): before temperature, top-k and top-p; after what changes the logits themselves
+(min_tokens' masking, penalties, logit_bias).
 """
 
 from __future__ import annotations
