@@ -25,6 +25,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--request-seed", type=int, default=None, dest="request_seed",
                    help="per-request sampling seed (default: drawn from --seed)")
+    p.add_argument("--presence-penalty", type=float, default=0.0)
+    p.add_argument("--frequency-penalty", type=float, default=0.0)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--logprobs", type=int, default=None, metavar="N",
+                   help="with --json: each token's logprob and its N most likely alternatives")
     p.add_argument("--json", action="store_true", help='print {"text", "token_ids", "finish_reason"} per prompt')
     ns = p.parse_args(argv)
 
@@ -33,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         params = SamplingParams(max_tokens=ns.max_tokens, temperature=ns.temperature, top_p=ns.top_p,
                                 top_k=ns.top_k, min_tokens=ns.min_tokens, stop=ns.stop,
-                                ignore_eos=ns.ignore_eos, seed=ns.request_seed)
+                                ignore_eos=ns.ignore_eos, seed=ns.request_seed,
+                                presence_penalty=ns.presence_penalty, frequency_penalty=ns.frequency_penalty,
+                                repetition_penalty=ns.repetition_penalty, logprobs=ns.logprobs)
         args = EngineArgs.from_cli(ns)
         fields = {k: v for k, v in vars(args).items() if k != "model"}
         llm = LLM(args.model, **fields)
@@ -49,7 +56,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for out in outs:
         if ns.json:
-            print(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason}))
+            rec = {"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason}
+            if out.logprobs is not None:
+                rec["logprobs"] = [{"token_id": lp.token_id, "logprob": lp.logprob, "top": lp.top}
+                                   for lp in out.logprobs]
+            print(json.dumps(rec))
         else:
             print(out.text)
     if not ns.json:
