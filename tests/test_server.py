@@ -152,6 +152,24 @@ def test_n_choices(server):
     assert chunks[-1].usage.completion_tokens == 20 == ref.usage.completion_tokens
 
 
+def test_batched_prompts(server):
+    """A completions batch (strings and token ids) with n = 2: choices prompt by prompt, n each,
+    each what its prompt alone gives; usage counts every prompt once and every choice's tokens."""
+    cl, name = server.client(), model_name(server)
+    kw = dict(model=name, max_tokens=6, temperature=0.9, seed=11, extra_body={"ignore_eos": True})
+    prompts = ["first prompt", [70, 71, 72]]
+    c = cl.completions.create(prompt=prompts, n=2, **kw)
+    assert [ch.index for ch in c.choices] == [0, 1, 2, 3]
+    alone = [cl.completions.create(prompt=p, n=2, **kw) for p in prompts]
+    assert [ch.text for ch in c.choices] == [ch.text for a in alone for ch in a.choices]
+    assert c.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert c.usage.completion_tokens == 24
+    chunks = list(cl.completions.create(prompt=prompts, n=2, stream=True, **kw))
+    texts = ["".join(ch.choices[0].text for ch in chunks if ch.choices and ch.choices[0].index == k)
+             for k in range(4)]
+    assert texts == [ch.text for ch in c.choices]
+
+
 def test_logprobs(server):
     """logprobs through the official client: the legacy completions body (tokens, token_logprobs,
     top_logprobs with the sampled token, text_offset) and the chat body (content entries with

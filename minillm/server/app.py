@@ -187,16 +187,17 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
                       for lp in lps]
         build = protocol.chat_response if chat else protocol.completion_response
         return _json(build(rid, protocol.now(), parsed.model, list(zip(texts, reasons, bodies)),
-                           len(parsed.prompt_ids), sum(n_outs)))
+                           parsed.num_prompt_tokens, sum(n_outs)))
 
     def add_choices(rid: str, parsed: ParsedRequest) -> list:
-        """One engine request a choice (ids rid, or rid-0 .. rid-(n-1)); all or none are added."""
-        if parsed.n == 1:
-            return [engine.add(rid, parsed.prompt_ids, parsed.params)]
+        """One engine request a choice (ids rid, or rid-0, rid-1, ... for several); all or none
+        are added."""
+        if len(parsed.choices) == 1:
+            return [engine.add(rid, *parsed.choices[0])]
         streams = []
         try:
-            for i in range(parsed.n):
-                streams.append(engine.add(f"{rid}-{i}", parsed.prompt_ids, protocol.choice_params(parsed.params, i)))
+            for k, (ids, params) in enumerate(parsed.choices):
+                streams.append(engine.add(f"{rid}-{k}", ids, params))
         except BaseException:
             for stream in streams:
                 stream.close()
@@ -204,11 +205,11 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         return streams
 
     async def _sse_events(parsed: ParsedRequest, rid: str, chat: bool, timer: RequestTimer) -> AsyncIterator[bytes]:
-        created, model, n_prompt = protocol.now(), parsed.model, len(parsed.prompt_ids)
+        created, model, n_prompt = protocol.now(), parsed.model, parsed.num_prompt_tokens
         usage_null = {"usage": None} if parsed.include_usage else {}
 
         want_logprobs = parsed.params.logprobs is not None
-        sent_chars = [0] * parsed.n  # completions' text_offset of each choice's next token
+        sent_chars = [0] * len(parsed.choices)  # completions' text_offset of each choice's next token
 
         def chunk(i: int, text: str | None, finish: str | None = None, lps: list | None = None) -> bytes:
             if chat:

@@ -22,6 +22,7 @@ from minillm.sampling_params import SamplingParams
 CHAT_ROLES = ("system", "developer", "user", "assistant")
 MAX_N = 64  # choices per request: each is its own engine request (its own prefill of the prompt,
 # unless the prefix cache already holds it)
+MAX_CHOICES = 256  # prompts x n of one completions request
 
 
 class ProtocolError(Exception):
@@ -54,12 +55,15 @@ class ModelInfo:
 
 @dataclass
 class ParsedRequest:
-    prompt_ids: list[int]
-    params: SamplingParams
+    prompt_ids: list[int]  # the (first) prompt
+    params: SamplingParams  # its first choice's
     model: str
     stream: bool = False
     include_usage: bool = False
-    n: int = 1  # choices: choice i samples with seed + i when a seed is given (choice_params)
+    n: int = 1  # choices per prompt: choice i samples with seed + i when a seed is given (choice_params)
+    # every choice's (prompt ids, params), prompt by prompt, n each: choice k is prompt k // n
+    choices: list[tuple[list[int], SamplingParams]] = field(default_factory=list)
+    num_prompt_tokens: int = 0  # every prompt's tokens, counted once (usage)
 
 
 # ---- typed field access -------------------------------------------------------------------
@@ -120,24 +124,27 @@ def _check_ids(ids: list, info: ModelInfo, param: str) -> list[int]:
     return list(ids)
 
 
-def completion_prompt(body: dict, info: ModelInfo) -> list[int]:
+def completion_prompts(body: dict, info: ModelInfo) -> list[list[int]]:
+    """'prompt': a string, an array of token ids, or a batch (an array of either): the ids of each."""
     p = body.get("prompt")
-    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
-        p = p[0]  # a batch of one
-    if isinstance(p, str):
-        ids = info.tokenizer.encode(p)
-    elif isinstance(p, list) and p and all(isinstance(x, (str, list)) for x in p):
-        raise ProtocolError(f"batched prompts ({len(p)} in one request) are not supported yet; "
-                            "send one request per prompt", "prompt")
-    elif isinstance(p, list):
-        ids = _check_ids(p, info, "prompt")
-    elif p is None:
-        raise ProtocolError("'prompt' is required", "prompt")
-    else:
-        raise ProtocolError("'prompt' must be a string or an array of token ids", "prompt")
-    if not ids:
-        raise ProtocolError("'prompt' is empty: give at least one token", "prompt")
-    return ids
+    batch = p if isinstance(p, list) and p and all(isinstance(x, (str, list)) for x in p) else [p]
+    if len(batch) > MAX_CHOICES:
+        raise ProtocolError(f"at most {MAX_CHOICES} prompts in one request, got {len(batch)}", "prompt")
+    out = []
+    for x in batch:
+        if isinstance(x, str):
+            ids = info.tokenizer.encode(x)
+        elif isinstance(x, list):
+            ids = _check_ids(x, info, "prompt")
+        elif x is None:
+            raise ProtocolError("'prompt' is required", "prompt")
+        else:
+            raise ProtocolError("'prompt' must be a string, an array of token ids, or an array of either",
+                                "prompt")
+        if not ids:
+            raise ProtocolError("'prompt' is empty: give at least one token", "prompt")
+        out.append(ids)
+    return out
 
 
 def _content(m: dict, i: int) -> str:
@@ -280,9 +287,15 @@ def parse_request(body: dict, info: ModelInfo, chat: bool) -> ParsedRequest:
     stream = _get(body, "stream", bool, False)
     opts = _get(body, "stream_options", dict, {})
     include_usage = _get(opts, "include_usage", bool, False)
-    ids = chat_prompt(body, info) if chat else completion_prompt(body, info)
-    params = sampling_params(body, len(ids), info, chat)
-    return ParsedRequest(ids, params, model, stream, include_usage, _get(body, "n", int, 1))
+    prompts = [chat_prompt(body, info)] if chat else completion_prompts(body, info)
+    params = [sampling_params(body, len(ids), info, chat) for ids in prompts]  # max_tokens' room: each its own
+    n = _get(body, "n", int, 1)
+    if len(prompts) * n > MAX_CHOICES:
+        raise ProtocolError(f"{len(prompts)} prompts x n = {n} is more than {MAX_CHOICES} choices in one request",
+                            "n")
+    choices = [(ids, choice_params(p, i)) for ids, p in zip(prompts, params) for i in range(n)]
+    return ParsedRequest(prompts[0], params[0], model, stream, include_usage, n, choices,
+                         sum(len(ids) for ids in prompts))
 
 
 def choice_params(params: SamplingParams, i: int) -> SamplingParams:
