@@ -266,6 +266,38 @@ def test_async_equals_synchronous_on_gpu(tiny, enforce_eager):
         assert engine.runner.replays > 0
 
 
+@pytest.mark.parametrize("kind", ["logprobs", "penalties"])
+def test_requests_that_need_synchronous_steps(tiny, kind):
+    """Logprobs (a step's logits are read before the next step overwrites them) and penalties
+    (they need every id sampled so far) make steps synchronous while such a request runs: the
+    same outputs and logprobs as synchronous steps, no step pipelined meanwhile, pipelining after."""
+    kw = dict(model=str(tiny), device="cpu", max_model_len=128, max_num_seqs=4)
+    prompts = [[10 + i, 20 + i, 30 + i] for i in range(6)]
+    extra = dict(logprobs=2) if kind == "logprobs" else dict(frequency_penalty=0.8, presence_penalty=0.3)
+    params = [SamplingParams(max_tokens=6 + i, temperature=0.7, seed=i, ignore_eos=True,
+                             **(extra if i in (1, 2) else {})) for i in range(6)]
+    runs = []
+    for async_scheduling in (False, True):
+        eng = LLMEngine(**kw)
+        eng.async_scheduling = async_scheduling
+        for i, (p, sp) in enumerate(zip(prompts, params)):
+            eng.add_request(p, sp, request_id=str(i))
+        got, pipelined_while_needed = {}, 0
+        while eng.has_unfinished():
+            before, needed = eng.num_pipelined_steps, bool(eng._sync_requests)
+            for o in eng.step():
+                g = got.setdefault(o.request_id, [[], []])
+                g[0] += o.new_token_ids
+                g[1] += [(lp.token_id, round(lp.logprob, 6)) for lp in o.new_logprobs or []]
+            pipelined_while_needed += needed and eng.num_pipelined_steps > before
+        assert pipelined_while_needed == 0
+        runs.append((got, eng.num_pipelined_steps))
+    (sync, _), (asynchronous, pipelined) = runs
+    assert asynchronous == sync and pipelined > 0  # pipelined once those requests finished
+    if kind == "logprobs":
+        assert all(len(sync[str(i)][1]) == len(sync[str(i)][0]) > 0 for i in (1, 2))
+
+
 @settings(max_examples=int(os.environ.get("MINILLM_ASYNC_EXAMPLES", "25")), deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())

@@ -1,6 +1,6 @@
 """SamplingParams.logprobs: each output token's log probability and its top alternatives, against
 the engine's own logits (LLMEngine.score, the same forward without sampling) as the oracle; the
-stop-string cut; async scheduling falling back to synchronous steps while such a request runs."""
+stop-string cut. (Async scheduling's fallback for them: tests/test_async_scheduling.py.)"""
 
 from __future__ import annotations
 
@@ -63,38 +63,6 @@ def test_cut_by_a_stop_string_with_the_ids(llm):
                                                 logprobs=1))[0]
     assert out.finish_reason == "stop" and len(out.token_ids) < 12
     assert [lp.token_id for lp in out.logprobs] == out.token_ids
-
-
-def test_async_scheduling_steps_synchronously_while_logprobs_run(tiny):
-    """A workload mixing requests with and without logprobs: the same outputs as synchronous steps,
-    and no step is pipelined while a logprobs request runs."""
-    kw = dict(model=str(tiny), device="cpu", max_model_len=128, max_num_seqs=4)
-    prompts = [[10 + i, 20 + i, 30 + i] for i in range(6)]
-    params = [SamplingParams(max_tokens=6 + i, temperature=0.7, seed=i, ignore_eos=True,
-                             logprobs=2 if i in (1, 4) else None) for i in range(6)]
-
-    def run(async_scheduling: bool):
-        eng = LLMEngine(**kw)
-        eng.async_scheduling = async_scheduling
-        for i, (p, sp) in enumerate(zip(prompts, params)):
-            eng.add_request(p, sp, request_id=str(i))
-        got, pipelined_with_logprobs = {}, 0
-        while eng.has_unfinished():
-            before = eng.num_pipelined_steps
-            wanted = bool(eng._sync_requests)
-            for o in eng.step():
-                g = got.setdefault(o.request_id, [[], []])
-                g[0] += o.new_token_ids
-                if o.new_logprobs is not None:
-                    g[1] += [(lp.token_id, round(lp.logprob, 6)) for lp in o.new_logprobs]
-            pipelined_with_logprobs += wanted and eng.num_pipelined_steps > before
-        return got, eng, pipelined_with_logprobs
-
-    sync, _, _ = run(False)
-    asynchronous, eng, pipelined_with_logprobs = run(True)
-    assert asynchronous == sync
-    assert all(len(sync[str(i)][1]) == len(sync[str(i)][0]) for i in (1, 4))
-    assert pipelined_with_logprobs == 0 and eng.num_pipelined_steps > 0  # pipelined once they finished
 
 
 def test_refused_with_speculation_and_out_of_range(tiny):

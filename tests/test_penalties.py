@@ -1,6 +1,6 @@
 """Presence, frequency and repetition penalties (SamplingParams): the op against its definition,
 greedy decoding against an oracle built from the engine's own unpenalised logits (LLMEngine.score),
-and async scheduling falling back to synchronous steps while a penalised request runs."""
+and logit_bias. (Async scheduling's fallback for penalties: tests/test_async_scheduling.py.)"""
 
 from __future__ import annotations
 
@@ -57,28 +57,6 @@ def test_greedy_follows_the_penalised_logits(llm, pen):
     plain = llm.generate([prompt], SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))[0].token_ids
     if pen.get("presence_penalty", 0) > 0 and len(set(plain)) < len(plain):
         assert out != plain  # the unpenalised run repeats tokens; a presence penalty changes the path
-
-
-def test_async_scheduling_steps_synchronously_while_penalised(tiny):
-    kw = dict(model=str(tiny), device="cpu", max_model_len=128, max_num_seqs=4)
-    prompts = [[10 + i, 20 + i, 30 + i] for i in range(5)]
-    params = [SamplingParams(max_tokens=5 + i, temperature=0.8, seed=i, ignore_eos=True,
-                             frequency_penalty=0.8 if i == 2 else 0.0) for i in range(5)]
-    results = []
-    for async_scheduling in (False, True):
-        eng = LLMEngine(**kw)
-        eng.async_scheduling = async_scheduling
-        for i, (pr, sp) in enumerate(zip(prompts, params)):
-            eng.add_request(pr, sp, request_id=str(i))
-        got, pipelined_while_penalised = {}, 0
-        while eng.has_unfinished():
-            before, wanted = eng.num_pipelined_steps, bool(eng._sync_requests)
-            for o in eng.step():
-                got.setdefault(o.request_id, []).extend(o.new_token_ids)
-            pipelined_while_penalised += wanted and eng.num_pipelined_steps > before
-        results.append(got)
-        assert pipelined_while_penalised == 0
-    assert results[0] == results[1]
 
 
 def test_refused_with_speculation_and_out_of_range(tiny):
