@@ -50,9 +50,8 @@ def main() -> int:
     p.add_argument("--variant", action="append", default=[], help="comma-separated -D defines")
     p.add_argument("--json", default=None)
     ns = p.parse_args()
-    import cupy as cp
-
     from minillm.backends.cuda_ops import CudaBackend
+    from minillm.bench.gpu_timing import graph_us
 
     be = CudaBackend()
     variants = {"default": {}}
@@ -64,19 +63,6 @@ def main() -> int:
 
     def i32(x):
         return be.asarray(np.asarray(x, np.int32), dtype=np.int32)
-
-    def graph_us(fn, reps=20):
-        g = be.capture_graph(lambda: [fn() for _ in range(reps)])
-        s, e = cp.cuda.Event(), cp.cuda.Event()
-        ts = []
-        for i in range(13):
-            s.record(be.stream)
-            g.replay()
-            e.record(be.stream)
-            e.synchronize()
-            if i >= 3:
-                ts.append(cp.cuda.get_elapsed_time(s, e) * 1e3 / reps)
-        return float(np.median(ts))
 
     results = []
     print(f"{'case':24s} {'variant':14s} {'slots':>5s} {'plan':>5s} {'best':>5s} {'plan us':>9s} "
@@ -101,10 +87,10 @@ def main() -> int:
             for s in sorted(set(SPLITS) | {plan}):
                 if s > -(-nbps * bs // 64) and s != 1:
                     continue
-                times[s] = graph_us(lambda s=s, a=args: be.attention(*a, kernel="decode", n_splits=s))
+                times[s] = graph_us(be, lambda s=s, a=args: be.attention(*a, kernel="decode", n_splits=s))
             for part in PARTS if vname == "default" else ():
                 if part < nbps * bs:
-                    times[f"p{part}"] = graph_us(lambda a=args, part=part: be.attention(
+                    times[f"p{part}"] = graph_us(be, lambda a=args, part=part: be.attention(
                         *a, kernel="decode", part=part))
             best = min(times, key=times.get)
             row = dict(case=label, variant=vname, batch=B, heads=H, kv_heads=KH, kv_bytes=kv_bytes, plan=plan,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import numpy as np
 
 from minillm.backends import compile as kc
 from minillm.backends.cuda_ops import CudaBackend
+from minillm.bench.gpu_timing import replay_us
 
 SHAPES = {  # name: (K, N, gated)
     "0.6B qkv": (1024, 4096, False), "0.6B o": (2048, 1024, False),
@@ -94,17 +94,7 @@ def main() -> None:
 
                 with be.stream:
                     kern(grid, (128,), ar)  # load it
-                graph = be.capture_graph(chain)
-                times = []
-                for i in range(WARM + REPS):
-                    e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
-                    e0.record(be.stream)
-                    graph.replay()
-                    e1.record(be.stream)
-                    e1.synchronize()
-                    if i >= WARM:
-                        times.append(cupy.cuda.get_elapsed_time(e0, e1) * 1e3 / CALLS)
-                us = statistics.median(times)
+                us = replay_us(be, be.capture_graph(chain), CALLS, WARM, REPS)
                 tbs = NW * K * 2 / (us * 1e-6) / 1e12
                 label = variant + (" pdl" if use_pdl else "")
                 rows.append({"shape": name, "variant": label, "us": round(us, 2), "TB/s": round(tbs, 2)})

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import ml_dtypes
 import numpy as np
 
 from minillm.backends import cuda_ops
 from minillm.backends.cuda_ops import CudaBackend
+from minillm.bench.gpu_timing import graph_us
 
 SHAPES = {  # name: (K, N)
     "0.6B qkv": (1024, 4096), "0.6B o": (2048, 1024), "0.6B gate_up": (1024, 6144),
@@ -28,30 +28,15 @@ SHAPES = {  # name: (K, N)
     "8B gate_up": (4096, 24576), "8B down": (12288, 4096),
 }
 ROWS = (1, 2, 3, 4, 5, 8, 9, 16)
-CALLS, WARM, REPS = 20, 3, 10
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
-    import cupy
 
     be = CudaBackend(dtype=ml_dtypes.bfloat16)
     rng = np.random.default_rng(0)
-
-    def graph_us(fn) -> float:
-        g = be.capture_graph(lambda: [fn() for _ in range(CALLS)])
-        s, e = cupy.cuda.Event(), cupy.cuda.Event()
-        ts = []
-        for i in range(WARM + REPS):
-            s.record(be.stream)
-            g.replay()
-            e.record(be.stream)
-            e.synchronize()
-            if i >= WARM:
-                ts.append(cupy.cuda.get_elapsed_time(s, e) * 1e3 / CALLS)
-        return statistics.median(ts)
 
     rows = []
     print(f"{'weight':14s} {'M':>3s} {'kernel':>8s} {'us':>8s} {'TB/s':>6s} {'cuBLAS us':>10s} {'TB/s':>6s} "
@@ -61,18 +46,18 @@ def main() -> None:
         for M in ROWS:
             x = be.asarray(rng.standard_normal((M, K)).astype(np.float32))
             out = be.empty((M, N))
-            ours = graph_us(lambda x=x, w=w, out=out: be.matmul(x, w, out))
+            ours = graph_us(be, lambda x=x, w=w, out=out: be.matmul(x, w, out))
             saved = cuda_ops._GEMV_MAX_M, cuda_ops._SKINNY_MAX_M
             cuda_ops._GEMV_MAX_M = cuda_ops._SKINNY_MAX_M = 0  # every product to cuBLAS
             try:
-                blas = graph_us(lambda x=x, w=w, out=out: be.matmul(x, w, out))
+                blas = graph_us(be, lambda x=x, w=w, out=out: be.matmul(x, w, out))
             finally:
                 cuda_ops._GEMV_MAX_M, cuda_ops._SKINNY_MAX_M = saved
             forced = None
             if M <= saved[0]:  # the GEMV's rows, also through gemm_skinny (which the backend does not do)
                 cuda_ops._GEMV_MAX_M = 0
                 try:
-                    forced = graph_us(lambda x=x, w=w, out=out: be.matmul(x, w, out))
+                    forced = graph_us(be, lambda x=x, w=w, out=out: be.matmul(x, w, out))
                 finally:
                     cuda_ops._GEMV_MAX_M = saved[0]
             kernel = "gemv" if M <= saved[0] else "skinny" if M <= saved[1] and K % 64 == 0 else "cuBLAS"

@@ -32,6 +32,7 @@ def run_step(model: str, batch: int, ctx: int, profiling: bool, warmup: int = 4,
     import cupy
 
     from minillm.args import EngineArgs
+    from minillm.bench.gpu_timing import record_replays, replay_ms
     from minillm.engine.engine import LLMEngine
     from minillm.sampling_params import SamplingParams
 
@@ -49,27 +50,19 @@ def run_step(model: str, batch: int, ctx: int, profiling: bool, warmup: int = 4,
     for _ in range(warmup):
         engine.step()
     engine.backend.synchronize()
-    times = []
+    times: list = []
     if profiling:
         cupy.cuda.profiler.start()
         engine.step()
         engine.backend.synchronize()
         cupy.cuda.profiler.stop()
     else:  # the graph of this batch bucket, replayed alone between events
-        stream = engine.backend.stream
-
-        def timer(replay):
-            s, e = cupy.cuda.Event(), cupy.cuda.Event()
-            s.record(stream)
-            replay()
-            e.record(stream)
-            times.append((s, e))
-        engine.runner.replay_timer = timer
+        times = record_replays(engine.runner, engine.backend)
         for _ in range(replays):
             engine.step()
         engine.runner.replay_timer = None
         engine.backend.synchronize()
-    graph_ms = float(np.median([cupy.cuda.get_elapsed_time(s, e) for s, e in times])) if times else None
+    graph_ms = float(np.median(replay_ms(engine.backend, times))) if times else None
     return {"model": model, "batch": batch, "ctx": ctx, "graph_ms": graph_ms}
 
 

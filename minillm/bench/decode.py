@@ -22,6 +22,7 @@ from collections import defaultdict
 import numpy as np
 
 from minillm.args import EngineArgs, add_engine_args
+from minillm.bench.gpu_timing import record_replays, replay_ms
 from minillm.bench.report import write_json
 
 OPS = ("embed", "rms_norm", "qk_norm_rope", "qk_norm_rope_store_kv", "matmul", "matmul_silu_mul",
@@ -129,15 +130,7 @@ def run(engine, input_len: int, output_len: int, warmup: int = 8, async_pass: bo
     ops: dict[str, float] = {}
     replays: list = []
     if engine.backend.name == "cuda" and engine.runner.graphs:
-        cp, stream = engine.backend.cp, engine.backend.stream
-
-        def timer(replay):
-            s, e = cp.cuda.Event(), cp.cuda.Event()
-            s.record(stream)
-            replay()
-            e.record(stream)
-            replays.append((s, e))
-        engine.runner.replay_timer = timer
+        replays = record_replays(engine.runner, engine.backend)
     while engine.has_unfinished():
         t = time.perf_counter()
         outs = engine.step()
@@ -146,7 +139,7 @@ def run(engine, input_len: int, output_len: int, warmup: int = 8, async_pass: bo
             ops = per_op_times(engine)
     engine.runner.replay_timer = None
     timed = steps[warmup:]
-    graph_ms = [cp.cuda.get_elapsed_time(s, e) for s, e in replays[warmup:]] if replays else []
+    graph_ms = replay_ms(engine.backend, replays[warmup:])
     step_s = float(np.median([s for s, _ in timed]))
     tokens_per_step = float(np.mean([n for _, n in timed]))
     result = {"input_len": input_len, "output_len": output_len, "ttft_s": ttft, "median_step_ms": step_s * 1e3,

@@ -182,7 +182,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
                 stream.close()
             timer.done(reasons[0])
         bodies: list[dict | None] = [None] * n
-        if parsed.params.logprobs is not None:
+        if parsed.logprobs:
             bodies = [protocol.chat_logprobs(lp, token_text) if chat else protocol.completion_logprobs(lp, token_text)
                       for lp in lps]
         build = protocol.chat_response if chat else protocol.completion_response
@@ -208,7 +208,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         created, model, n_prompt = protocol.now(), parsed.model, parsed.num_prompt_tokens
         usage_null = {"usage": None} if parsed.include_usage else {}
 
-        want_logprobs = parsed.params.logprobs is not None
+        want_logprobs = parsed.logprobs
         sent_chars = [0] * len(parsed.choices)  # completions' text_offset of each choice's next token
 
         def chunk(i: int, text: str | None, finish: str | None = None, lps: list | None = None) -> bytes:

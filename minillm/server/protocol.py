@@ -55,15 +55,17 @@ class ModelInfo:
 
 @dataclass
 class ParsedRequest:
-    prompt_ids: list[int]  # the (first) prompt
-    params: SamplingParams  # its first choice's
     model: str
+    # every choice's (prompt ids, params), prompt by prompt, n each (choice_params seeds them)
+    choices: list[tuple[list[int], SamplingParams]]
+    num_prompt_tokens: int  # every prompt's tokens, counted once (usage)
     stream: bool = False
     include_usage: bool = False
-    n: int = 1  # choices per prompt: choice i samples with seed + i when a seed is given (choice_params)
-    # every choice's (prompt ids, params), prompt by prompt, n each: choice k is prompt k // n
-    choices: list[tuple[list[int], SamplingParams]] = field(default_factory=list)
-    num_prompt_tokens: int = 0  # every prompt's tokens, counted once (usage)
+
+    @property
+    def logprobs(self) -> bool:
+        """Whether the choices return logprobs (every choice asks alike)."""
+        return self.choices[0][1].logprobs is not None
 
 
 # ---- typed field access -------------------------------------------------------------------
@@ -294,8 +296,7 @@ def parse_request(body: dict, info: ModelInfo, chat: bool) -> ParsedRequest:
         raise ProtocolError(f"{len(prompts)} prompts x n = {n} is more than {MAX_CHOICES} choices in one request",
                             "n")
     choices = [(ids, choice_params(p, i)) for ids, p in zip(prompts, params) for i in range(n)]
-    return ParsedRequest(prompts[0], params[0], model, stream, include_usage, n, choices,
-                         sum(len(ids) for ids in prompts))
+    return ParsedRequest(model, choices, sum(len(ids) for ids in prompts), stream, include_usage)
 
 
 def choice_params(params: SamplingParams, i: int) -> SamplingParams:
