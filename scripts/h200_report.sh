@@ -23,6 +23,7 @@
 #                                       the new kernels' tests)
 #   part12-part14: session 3 (tests, GEMV variants, decode with PDL on/off, throughput profile,
 #                  spec cost; failure matrix and memcheck; racecheck/synccheck/initcheck)
+#   part22-: session 5 (see each function).
 #   part15-part21: session 4 (ncu kernel split of a decode step; decode-attention split sweeps and
 #                  variants; async scheduling; final failure matrix, memcheck, synccheck/initcheck;
 #                  spec cost; skinny GEMM bench and racecheck). part21 is the one-call rerun.
@@ -415,17 +416,21 @@ part21() {  # session 4, call 7: the tensor-core skinny GEMM (5-16 rows): GPU te
     --startup-timeout 100 --ladder-timeout 100
 }
 
-part22() {  # for the next device session (not yet run): the server reproducer (c = 8, 4096, DFlash k = 8)
-  # under all four compute-sanitizer tools (the script exits 1 on any report); the skinny GEMM at
-  # 1-4 rows (dispatch question); rows' results by product height (the c = 16 speculation question);
-  # first, the GPU tests (session 4's last commits added logprobs and n > 1, CPU-tested only)
+part22() {  # session 5, call 1: the GPU tests (session 4's last commits added logprobs, penalties and
+  # n > 1, CPU-tested only), the skinny GEMM at 1-4 rows (dispatch question), rows' results by
+  # product height (the c = 16 speculation question)
   setup
-  gpu_tests_all 200
+  facts > "$W/facts.txt" 2>&1
+  gpu_tests_all 240
   stage skinny_bench 120 python3 scripts/skinny_bench.py --json "$W/skinny_bench.json"
   stage batch_invariance 60 python3 scripts/batch_invariance.py
+}
+
+sanitize_server_all() {  # the server reproducer (c = 8, 4096, DFlash k = 8) under all four
+  # compute-sanitizer tools (the script exits 1 on any report)
   stage models 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
-  stage sanitize_server 540 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/sanitize4" \
+  stage sanitize_server "$1" python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/sanitize4" \
     --max-model-len 4096 --concurrency 8 --num-prompts 8 --output-len 16 \
     --sanitize-tools memcheck,racecheck,initcheck,synccheck --startup-timeout 120 --ladder-timeout 120
 }
