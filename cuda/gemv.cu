@@ -126,10 +126,11 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
   MINILLM_GEMV_SWITCH(bf16, true)
 }
 
-// ---- gemm_skinny: 5-16 rows of x on tensor cores ---------------------------------------------
-// out = x @ w.T (+ bias) for M in (GEMV_MAX_M rows of the host, 16], K % 64 == 0 (NumPy twin:
-// NumpyBackend.matmul). Above 4 rows the GEMV above turns compute-bound (each weight chunk is
-// multiplied by every row on CUDA cores), and cuBLAS pads such skinny products to a full tile.
+// ---- gemm_skinny: 2-16 rows of x on tensor cores ---------------------------------------------
+// out = x @ w.T (+ bias) for M in [2, 16], K % 64 == 0 (NumPy twin: NumpyBackend.matmul; the host's
+// small_product_kernel routes). From 2 rows on the GEMV above loses ground (each weight chunk is
+// multiplied by every row on CUDA cores; at 3-4 rows it is compute-bound), and cuBLAS pads such
+// skinny products to a full tile.
 // Here one warp computes 16 output columns x 8 rows of x per mma.sync.m16n8k16 (bf16 in, fp32
 // sums): A is 16 weight rows (read once, straight from HBM, 16-byte loads), B is x^T.
 //

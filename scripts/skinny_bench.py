@@ -2,11 +2,11 @@
 
     PYTHONPATH=. python scripts/skinny_bench.py [--json F]
 
-For each decode-shaped weight of the Qwen3-0.6B and -8B shapes and M rows of x (1-4: the GEMV;
-5-16: the tensor-core skinny GEMM), the backend's own choice and cuBLAS on the same product run as
+For each decode-shaped weight of the Qwen3-0.6B and -8B shapes and M rows of x (1: the GEMV;
+2-16: the tensor-core skinny GEMM), the backend's own choice and cuBLAS on the same product run as
 chains of 20 launches in a graph (CUDA events, median of 10 replays): microseconds per product and
-weight bytes per second. Rows the GEMV takes are also timed through gemm_skinny (the question for
-the dispatch: session 4 measured the GEMV at 4 rows slower than gemm_skinny at 5). Speculative
+weight bytes per second. Rows both kernels can take (1-4) are also timed through the other one
+(`small_product_kernel` in minillm/backends/cuda_ops.py decides from these figures). Speculative
 verification at concurrency 1 (k = 8) runs 9 rows, decode buckets 8 and 16 their sizes.
 """
 
@@ -53,20 +53,24 @@ def main() -> None:
                 blas = graph_us(be, lambda x=x, w=w, out=out: be.matmul(x, w, out))
             finally:
                 cuda_ops._GEMV_MAX_M, cuda_ops._SKINNY_MAX_M = saved
-            forced = None
-            if M <= saved[0]:  # the GEMV's rows, also through gemm_skinny (which the backend does not do)
-                cuda_ops._GEMV_MAX_M = 0
+            kernel = cuda_ops.small_product_kernel(M, N, K) or "cuBLAS"
+            forced = None  # the other cuda/gemv.cu kernel where both could take these rows
+            if M <= saved[0]:
+                if kernel == "gemv":
+                    cuda_ops._GEMV_MAX_M = 0
+                else:
+                    cuda_ops._SKINNY_MAX_M = 0
                 try:
                     forced = graph_us(be, lambda x=x, w=w, out=out: be.matmul(x, w, out))
                 finally:
-                    cuda_ops._GEMV_MAX_M = saved[0]
-            kernel = "gemv" if M <= saved[0] else "skinny" if M <= saved[1] and K % 64 == 0 else "cuBLAS"
+                    cuda_ops._GEMV_MAX_M, cuda_ops._SKINNY_MAX_M = saved
             nbytes = N * K * 2
             rows.append(dict(weight=name, M=M, K=K, N=N, kernel=kernel, us=ours, cublas_us=blas,
-                             tbps=nbytes / ours / 1e6, cublas_tbps=nbytes / blas / 1e6, skinny_forced_us=forced))
+                             tbps=nbytes / ours / 1e6, cublas_tbps=nbytes / blas / 1e6, other_kernel_us=forced))
             print(f"{name:14s} {M:3d} {kernel:>8s} {ours:8.2f} {nbytes / ours / 1e6:6.2f} {blas:10.2f} "
                   f"{nbytes / blas / 1e6:6.2f} {blas / ours:6.2f}"
-                  + (f"  (gemm_skinny {forced:.2f} us)" if forced is not None else ""), flush=True)
+                  + (f"  ({'gemm_skinny' if kernel == 'gemv' else 'gemv'} {forced:.2f} us)"
+                     if forced is not None else ""), flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

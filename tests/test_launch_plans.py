@@ -1,11 +1,12 @@
-"""The decode attention's split count (minillm.backends.cuda_ops.decode_splits): a pure function of
-static sizes, so it is checked here on the CPU; the GPU side (every split count gives the same
+"""Launch plans that are pure functions of static sizes, so they are checked here on the CPU: the
+decode attention's split count (minillm.backends.cuda_ops.decode_splits) and which cuda/gemv.cu
+kernel takes a product of a few rows (small_product_kernel); the GPU side (every split count gives the same
 attention) is tests/test_cuda_ops.py's, the timing of each scripts/decode_splits.py's."""
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from minillm.backends.cuda_ops import decode_splits
+from minillm.backends.cuda_ops import decode_splits, small_product_kernel
 
 
 def waves_time(work, resident, ctx, s, cost=128):
@@ -37,3 +38,15 @@ def test_never_slower_than_no_split_by_its_model(work, resident, ctx, max_splits
     assert waves_time(work, resident, ctx, s) <= waves_time(work, resident, ctx, 1)
     assert all(waves_time(work, resident, ctx, s) <= waves_time(work, resident, ctx, t) * 1.001
                for t in range(1, max_splits + 1))
+
+
+def test_small_products_choose_their_kernel():
+    # one row: the GEMV; 2-16 rows with K % 64 == 0: the tensor-core skinny GEMM (measured faster
+    # at 2-4 rows on 22 of 24 shapes); 9-16 rows of a weight over 32 M elements and anything
+    # above 16 rows: cuBLAS; a K the skinny kernel cannot tile keeps the GEMV up to 4 rows
+    assert small_product_kernel(1, 4096, 1024) == "gemv"
+    assert [small_product_kernel(m, 4096, 1024) for m in (2, 4, 8, 9, 16)] == ["skinny"] * 5
+    assert small_product_kernel(17, 4096, 1024) is None
+    assert small_product_kernel(8, 24576, 4096) == "skinny"
+    assert small_product_kernel(9, 24576, 4096) is None
+    assert [small_product_kernel(m, 1000, 200) for m in (1, 4, 5)] == ["gemv", "gemv", None]

@@ -35,10 +35,10 @@ except ImportError:  # pragma: no cover - ml_dtypes is a dependency
 
 _ATT_THREADS = 128  # cuda/attention.cu
 _SAMPLE_THREADS = 512  # cuda/sampling.cu
-# cuda/gemv.cu takes products of at most _GEMV_MAX_M rows (the kernel handles 8). Measured on the
-# H200 (docs/BENCHMARKS.md, spec-cost): an 8-sequence decode step of the 8B shape took 11.5 ms with
-# 8-row GEMVs against 7.3 ms for 16 sequences through cuBLAS, so above 4 rows the GEMV is not used
-# (gemm_skinny, on tensor cores, takes 5-16 rows; cuBLAS more).
+# cuda/gemv.cu's GEMV takes products of at most _GEMV_MAX_M rows (the kernel handles 8). Measured on
+# the H200 (docs/BENCHMARKS.md, spec-cost): an 8-sequence decode step of the 8B shape took 11.5 ms
+# with 8-row GEMVs against 7.3 ms for 16 sequences through cuBLAS, so above 4 rows the GEMV is not
+# used (gemm_skinny, on tensor cores, takes 2-16 rows; cuBLAS more: small_product_kernel).
 # cuda/decode_attention.cu: instantiated head dims and query heads per KV head; at most
 # _DECODE_MAX_SPLITS splits of at least _DECODE_MIN_PART keys each.
 _DECODE_HEAD_DIMS, _DECODE_MAX_G, _DECODE_MAX_SPLITS, _DECODE_MIN_PART = (64, 128), 8, 64, 64
@@ -59,13 +59,31 @@ def _prefill_smem(D: int) -> int:
 
 
 _GEMV_MAX_M, _GEMV_THREADS, _GEMV_COLS_PER_CTA = 4, 128, 2 * 4  # GEMV_NR * GEMV_WARPS in gemv.cu
-# cuda/gemv.cu's gemm_skinny: tensor-core products of _GEMV_MAX_M + 1 .. 16 rows, K % 64 == 0.
-# Measured on the H200 (scripts/skinny_bench.py, docs/BENCHMARKS.md): 1.0-2.9x cuBLAS on the 0.6B
-# shapes and 1.1-1.4x on the 8B ones up to 8 rows; with 9-16 rows (two tiles of x, each CTA reading
-# all of x again from L2) 0.91-0.95x cuBLAS on the 8B gate_up and down (50-100 M weights) but still
-# 1.1-1.3x on its qkv and o, so 9-16 rows take it only for weights up to _SKINNY_TWO_TILE_MAX_W.
+# cuda/gemv.cu's gemm_skinny: tensor-core products of 2-16 rows, K % 64 == 0. Measured on the H200
+# (scripts/skinny_bench.py, docs/BENCHMARKS.md): 1.0-2.9x cuBLAS on the 0.6B shapes and 1.1-1.4x
+# on the 8B ones up to 8 rows; with 9-16 rows (two tiles of x, each CTA reading all of x again
+# from L2) 0.91-0.95x cuBLAS on the 8B gate_up and down (50-100 M weights) but still 1.1-1.3x on
+# its qkv and o, so 9-16 rows take it only for weights up to _SKINNY_TWO_TILE_MAX_W. At 2-4 rows
+# it beat the GEMV on 22 of the 24 measured shapes (session 5, part22: at 4 rows 1.2-1.6x; the
+# GEMV reads every weight chunk once per row of x from registers it cannot keep), so the GEMV
+# keeps 1 row (_GEMV_PREFERRED_M) and the rows whose K the skinny kernel cannot take.
 _SKINNY_MAX_M, _SKINNY_THREADS, _SKINNY_COLS_PER_CTA, _SKINNY_K = 16, 256, 16, 64
 _SKINNY_TWO_TILE_MAX_W = 32 << 20  # weight elements
+_GEMV_PREFERRED_M = 1
+# the fused gate_up GEMV + SiLU saves the silu_mul launch (~2.5 us), which at 3-4 rows outweighs
+# the GEMV's loss on small matrices (0.6B gate_up: 4.8 us vs 3.3 + 2.5) but not on large ones
+# (8B gate_up at 4 rows: 63.9 us vs 48.6 + 2.5): above this many weights 3-4 rows go unfused
+_GATED_GEMV_MAX_W = 32 << 20
+
+
+def small_product_kernel(M: int, N: int, K: int) -> str | None:
+    """Which cuda/gemv.cu kernel computes a bf16 product of M rows of x with an [N, K] weight:
+    "gemv", "skinny", or None for cuBLAS (the caller checks dtypes and alignment)."""
+    skinny = (K % _SKINNY_K == 0 and M <= _SKINNY_MAX_M
+              and (M <= 8 or N * K <= _SKINNY_TWO_TILE_MAX_W))
+    if M <= (min(_GEMV_PREFERRED_M, _GEMV_MAX_M) if skinny else _GEMV_MAX_M):
+        return "gemv"
+    return "skinny" if skinny else None
 
 
 def decode_splits(work: int, resident: int, ctx: int, max_splits: int,
@@ -583,7 +601,7 @@ class CudaBackend:
     # ---- matmul -------------------------------------------------------------------------
     def matmul(self, x, w, out, bias=None) -> None:
         """out = x @ w.T (+ bias), w [out_features, in_features], fp32 sums: cuda/gemv.cu for up to
-        16 bf16 rows (its GEMV for 1-4, its tensor-core skinny GEMM for 5-16), cuBLAS beyond."""
+        16 bf16 rows (small_product_kernel: its GEMV or its tensor-core skinny GEMM), cuBLAS beyond."""
         M, ldx = _rows(x, "matmul x")
         N, K = w.shape
         if M == 0:
@@ -591,13 +609,13 @@ class CudaBackend:
         _, ldo = _rows(out, "matmul out")
         if x.shape[-1] != K or out.shape[-1] != N or out.shape[0] != M or not w.flags.c_contiguous:
             raise ValueError(f"matmul: x {x.shape} @ w {w.shape}.T -> out {out.shape} does not fit")
-        if self._gemv_fits(x, w, out, bias, M, K, ldx):
+        kernel = small_product_kernel(M, N, K) if self._gemv_fits(x, w, out, bias, M, K, ldx) else None
+        if kernel == "gemv":
             self._launch("gemv_" + _suffix(out.dtype), (_cdiv(N, _GEMV_COLS_PER_CTA),), (_GEMV_THREADS,),
                          (x, _i64(ldx), w, bias if bias is not None else _NULL, out, _i64(ldo), _i32(M),
                           _i32(N), _i32(K)))
             return
-        if (self._gemv_fits(x, w, out, bias, M, K, ldx, max_m=_SKINNY_MAX_M) and K % _SKINNY_K == 0
-                and (M <= 8 or N * K <= _SKINNY_TWO_TILE_MAX_W)):
+        if kernel == "skinny":
             self._launch("gemm_skinny_" + _suffix(out.dtype), (_cdiv(N, _SKINNY_COLS_PER_CTA),),
                          (_SKINNY_THREADS,), (x, _i64(ldx), w, bias if bias is not None else _NULL, out,
                                               _i64(ldo), _i32(M), _i32(N), _i32(K)))
@@ -625,7 +643,8 @@ class CudaBackend:
                 or not w_gate_up.flags.c_contiguous):
             raise ValueError(f"matmul_silu_mul: x {x.shape} @ w {w_gate_up.shape}.T -> gate_up "
                              f"{gate_up.shape} -> out {out.shape} does not fit")
-        if out.dtype == self.dtype and self._gemv_fits(x, w_gate_up, out, None, M, K, ldx):
+        if (out.dtype == self.dtype and self._gemv_fits(x, w_gate_up, out, None, M, K, ldx, max_m=_GEMV_MAX_M)
+                and (M <= 2 or N2 * K <= _GATED_GEMV_MAX_W or K % _SKINNY_K)):
             self._launch("gemv_silu_mul_bf16", (_cdiv(F, _GEMV_COLS_PER_CTA),), (_GEMV_THREADS,),
                          (x, _i64(ldx), w_gate_up, out, _i64(ldo), _i32(M), _i32(F), _i32(K)))
             return
@@ -633,9 +652,9 @@ class CudaBackend:
         self.silu_mul(gate_up, out=out)
 
     def _gemv_fits(self, x, w, out, bias, M: int, K: int, ldx: int, max_m: int | None = None) -> bool:
-        """At most max_m rows of bf16 with 16-byte aligned rows: cuda/gemv.cu streams the weights
-        faster than cuBLAS (its GEMV up to _GEMV_MAX_M rows, its skinny tensor-core GEMM beyond)."""
-        max_m = _GEMV_MAX_M if max_m is None else max_m
+        """At most max_m rows of bf16 with 16-byte aligned rows: what cuda/gemv.cu's kernels take
+        (small_product_kernel chooses among them)."""
+        max_m = max(_GEMV_MAX_M, _SKINNY_MAX_M) if max_m is None else max_m
         bf = self.dtype if self.dtype != np.float32 else None
         return (bf is not None and M <= max_m and x.dtype == bf and w.dtype == bf and K % 8 == 0
                 and x.data.ptr % 16 == 0 and (ldx * x.itemsize) % 16 == 0 and w.data.ptr % 16 == 0
