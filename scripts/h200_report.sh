@@ -426,6 +426,20 @@ part22() {  # session 5, call 1: the GPU tests (session 4's last commits added l
   stage batch_invariance 60 python3 scripts/batch_invariance.py
 }
 
+part23() {  # session 5, call 2: the one-kernel decoder (cuda/decode_layers.cu): its GPU tests, the model
+  # tests around it, then single-stream decode with it and without it (MINILLM_FUSED_DECODE=0)
+  setup
+  stage decode_layers_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -x tests/test_decode_layers.py
+  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  decode_06b 60
+  stage decode_06b_ops 60 env MINILLM_FUSED_DECODE=0 python3 -m minillm.bench decode $M/q06 --device cuda \
+    --input-len 512 --output-len 256 --result-json "$W/decode_06b_ops.json"
+  decode_8b 90
+  stage decode_8b_ops 90 env MINILLM_FUSED_DECODE=0 python3 -m minillm.bench decode $M/q8 --device cuda \
+    --input-len 512 --output-len 128 --result-json "$W/decode_8b_ops.json"
+}
+
 sanitize_server_all() {  # the server reproducer (c = 8, 4096, DFlash k = 8) under all four
   # compute-sanitizer tools (the script exits 1 on any report)
   stage models 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&

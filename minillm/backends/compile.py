@@ -84,29 +84,31 @@ def arch_option() -> str:
     return f"-arch=sm_{cc}a" if cc == "90" else f"-arch=sm_{cc}"
 
 
-def compile_options(debug: bool) -> tuple[str, ...]:
+def compile_options(debug: bool, defines: tuple[str, ...] = ()) -> tuple[str, ...]:
     opts = ["-std=c++17", f"-I{CUDA_DIR}", arch_option()]
     opts += [f"-I{d}" for d in _cuda_include_dirs()]
     if debug:
         opts += ["-DMINILLM_CUDA_DEBUG=1", "-lineinfo"]
+    opts += [f"-D{d}" for d in defines]
     return tuple(opts)
 
 
-def load_module(name: str, debug: bool | None = None):
-    """The compiled cupy.RawModule for cuda/<name>.cu (compiled on first use in this process)."""
+def load_module(name: str, debug: bool | None = None, defines: tuple[str, ...] = ()):
+    """The compiled cupy.RawModule for cuda/<name>.cu (compiled on first use in this process);
+    defines ("NAME=VALUE") select a kernel's compile-time shape (cuda/decode_layers.cu's)."""
     import cupy
 
     debug = debug_enabled() if debug is None else debug
     code, digest = source_with_hash(name)
-    key = (name, digest, debug, cupy.cuda.Device().id)
+    key = (name, digest, debug, tuple(defines), cupy.cuda.Device().id)
     mod = _modules.get(key)
     if mod is None:
-        mod = cupy.RawModule(code=code, options=compile_options(debug))
+        mod = cupy.RawModule(code=code, options=compile_options(debug, tuple(defines)))
         mod.compile()  # compile and load now, never lazily inside a graph capture
         _modules[key] = mod
     return mod
 
 
-def get_kernel(module: str, name: str, debug: bool | None = None):
+def get_kernel(module: str, name: str, debug: bool | None = None, defines: tuple[str, ...] = ()):
     """One extern "C" entry point of cuda/<module>.cu as a cupy.RawKernel."""
-    return load_module(module, debug).get_function(name)
+    return load_module(module, debug, defines).get_function(name)

@@ -16,8 +16,10 @@ bucket shape.
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -49,6 +51,28 @@ _DECODE_SPLIT_COST_KEYS = 128
 # kernels of these cuda/ modules begin with pdl_entry(), so graphs may launch them with PDL
 _PDL_MODULES = ("rows", "norm", "elementwise", "decode_attention", "sampling", "gemv")
 _PF_ROWS, _PF_BK = 64, 64  # cuda/prefill_attention.cu: query rows per CTA, keys per tile
+# cuda/decode_layers.cu: threads (warps) per CTA, GEMV partial sums a CTA holds, most splits of a
+# KV head, most query heads per KV head the host compiles it for
+_DL_THREADS, _DL_WARPS, _DL_RED, _DL_MAX_S, _DL_MAX_G = 512, 16, 2048, 32, 8
+
+
+@dataclass
+class _CudaDecoderPlan:
+    """CudaBackend.decoder_plan: the kernel's name and shared memory, its [layers, 9] table of
+    weight pointers (LayerPtrs in cuda/decode_layers.cu) and its scratch."""
+
+    cfg: object
+    name: str
+    smem: int
+    cos_sin: object
+    scale: float
+    layers: list  # keeps the weights the table points to alive
+    table: object
+    qkv: object
+    attn: object
+    act: object
+    part: object
+    sync: object
 
 
 def _prefill_smem(D: int) -> int:
@@ -659,6 +683,72 @@ class CudaBackend:
         return (bf is not None and M <= max_m and x.dtype == bf and w.dtype == bf and K % 8 == 0
                 and x.data.ptr % 16 == 0 and (ldx * x.itemsize) % 16 == 0 and w.data.ptr % 16 == 0
                 and out.dtype in (bf, np.float32) and (bias is None or bias.dtype == bf))
+
+    # ---- all decoder layers of a one-token step ------------------------------------------
+    def decoder_plan(self, cfg, layers, cos_sin, scale: float):
+        """cuda/decode_layers.cu compiled for this model's head shape, its layer pointer table and
+        scratch, made once at startup; None where the kernel does not apply (fp32 storage, head dim
+        other than 64/128, more than 8 query heads per KV head, MINILLM_FUSED_DECODE=0), and the
+        model then runs one-token steps op by op."""
+        D, NQ, NKV, H, F = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.hidden_size, cfg.intermediate_size
+        if (self.dtype == np.float32 or os.environ.get("MINILLM_FUSED_DECODE", "1") == "0"
+                or D not in (64, 128) or NQ % NKV or NQ // NKV > _DL_MAX_G or H % 8 or F % 8):
+            return None
+        G, QS, KVS = NQ // NKV, NQ * D, NKV * D
+        if max(_cdiv(n, self.num_sms) for n in (QS + 2 * KVS, H, F)) > _DL_RED // 2:
+            return None
+        att = G * D + 2 * _DL_WARPS * G + _DL_WARPS * G * D  # attention_stage's shared scratch
+        need = 4 * (_cdiv(H, 4) * 4 + _DL_RED + max(H, QS, F, att))
+        # more than half an SM's shared memory: one CTA per SM, so every CTA is resident at once
+        per_sm = int(self.props.get("sharedMemPerMultiprocessor", 0) or 0)
+        smem = max(need, per_sm // 2 + 1024)
+        if smem > self.max_smem:
+            return None
+        name = f"decode_layers_d{D}_g{G}"
+        if name not in self.k:
+            kern = kc.get_kernel("decode_layers", "decode_layers", self.debug, (f"DL_D={D}", f"DL_G={G}"))
+            kern.max_dynamic_shared_size_bytes = smem
+            self.k[name] = kern
+            self._pdl_kernels.add(name)
+        cp = self.cp
+        ptr = lambda a: 0 if a is None else a.data.ptr  # noqa: E731
+        table = np.array([[ptr(lw.attn_norm), ptr(lw.qkv), ptr(lw.qkv_bias), ptr(lw.q_norm), ptr(lw.k_norm),
+                           ptr(lw.o), ptr(lw.mlp_norm), ptr(lw.gate_up), ptr(lw.down)] for lw in layers],
+                         dtype=np.uint64)
+        with self.arena.label("decode_layers: layer table + scratch"), self.stream:
+            plan = _CudaDecoderPlan(
+                cfg=cfg, name=name, smem=smem, cos_sin=cos_sin, scale=scale, layers=layers,
+                table=cp.asarray(table), qkv=cp.empty(QS + 2 * KVS, dtype=self.dtype),
+                attn=cp.empty(QS, dtype=self.dtype), act=cp.empty(F, dtype=self.dtype),
+                part=cp.empty(NKV * _DL_MAX_S * G * (D + 2), dtype=np.float32),
+                sync=cp.zeros(2 + NKV, dtype=np.uint32))  # the kernel leaves it zero after each run
+        self.stream.synchronize()
+        return plan
+
+    def decode_layers(self, plan, residual, hidden, k_cache, v_cache, positions, slot_mapping,
+                      block_tables, seq_lens) -> None:
+        """Every decoder layer for one new token in one persistent kernel (cuda/decode_layers.cu;
+        NumPy twin NumpyBackend.decode_layers): residual holds the embedded token on entry and the
+        residual stream before the last down output on exit, hidden that output."""
+        c = plan.cfg
+        L, nb, bs, KH, D = k_cache.shape
+        if (residual.shape[-1] != c.hidden_size or hidden.shape[-1] != c.hidden_size or L != len(plan.layers)
+                or KH != c.num_kv_heads or D != c.head_dim or k_cache.shape != v_cache.shape
+                or not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous)):
+            raise ValueError(f"decode_layers: residual {residual.shape}, hidden {hidden.shape}, caches "
+                             f"{k_cache.shape} do not fit the model")
+        for a, what in ((positions, "positions"), (slot_mapping, "slot_mapping"), (seq_lens, "seq_lens"),
+                        (block_tables, "block_tables")):
+            if a.dtype != np.int32:
+                raise TypeError(f"decode_layers: {what} must be int32")
+        self._launch(plan.name, (self.num_sms,), (_DL_THREADS,),
+                     (plan.table, _i32(L), residual, hidden, plan.qkv, plan.attn, plan.act, plan.part,
+                      plan.sync, k_cache, v_cache, _i64(nb * bs * KH * D), _i32(nb), positions, slot_mapping,
+                      block_tables, _i32(block_tables.shape[-1]), seq_lens, plan.cos_sin,
+                      _i32(plan.cos_sin.shape[0]), _i32(c.hidden_size), _i32(c.num_heads), _i32(KH),
+                      _i32(c.intermediate_size), _i32(bs), np.float32(c.rms_norm_eps),
+                      np.float32(plan.scale * math.log2(math.e))),
+                     shared_mem=plan.smem)
 
     # ---- attention ----------------------------------------------------------------------
     def paged_attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start,

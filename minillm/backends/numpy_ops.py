@@ -11,9 +11,27 @@ Shapes (T tokens in a step, B sequences, H query heads, KH kv heads, D head_dim)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from minillm.engine.sampler import sample as _sample
+
+
+@dataclass
+class _DecoderPlan:
+    """NumpyBackend.decoder_plan: a model's decoder layers and one row of scratch."""
+
+    cfg: object
+    layers: list
+    cos_sin: np.ndarray
+    scale: float
+    qkv: np.ndarray
+    normed: np.ndarray
+    attn: np.ndarray
+    gate_up: np.ndarray
+    act: np.ndarray
+    query_start: np.ndarray
 
 
 class NumpyBackend:
@@ -131,6 +149,38 @@ class NumpyBackend:
         blocks, offsets = np.divmod(slot_mapping[live], bs)
         k_cache[blocks, offsets] = k[live]
         v_cache[blocks, offsets] = v[live]
+
+    def decoder_plan(self, cfg, layers, cos_sin, scale: float):
+        """What decode_layers needs of a model, made once at startup: its config, layer weights,
+        RoPE table and one row of scratch activations."""
+        e = self.empty
+        return _DecoderPlan(cfg, layers, cos_sin, scale, qkv=e((1, cfg.q_size + 2 * cfg.kv_size)),
+                            normed=e((1, cfg.hidden_size)), attn=e((1, cfg.num_heads, cfg.head_dim)),
+                            gate_up=e((1, 2 * cfg.intermediate_size)), act=e((1, cfg.intermediate_size)),
+                            query_start=np.array([0, 1], np.int32))
+
+    def decode_layers(self, plan, residual, hidden, k_cache, v_cache, positions, slot_mapping,
+                      block_tables, seq_lens) -> None:
+        """Every decoder layer for one new token (the first row of the step inputs), op by op:
+        residual [1, hidden] holds the embedded token on entry and, on exit, the residual stream
+        before the last layer's down output, which is in hidden [1, hidden] (the state the final
+        rms_norm(hidden, residual=residual) expects). The twin of cuda/decode_layers.cu."""
+        c = plan.cfg
+        q = plan.qkv[:, : c.q_size].reshape(1, c.num_heads, c.head_dim)
+        k = plan.qkv[:, c.q_size : c.q_size + c.kv_size].reshape(1, c.num_kv_heads, c.head_dim)
+        v = plan.qkv[:, c.q_size + c.kv_size :].reshape(1, c.num_kv_heads, c.head_dim)
+        for i, lw in enumerate(plan.layers):
+            self.rms_norm(hidden if i else residual, lw.attn_norm, c.rms_norm_eps, out=plan.normed,
+                          residual=residual if i else None)
+            self.matmul(plan.normed, lw.qkv, out=plan.qkv, bias=lw.qkv_bias)
+            self.qk_norm_rope_store_kv(q, k, v, lw.q_norm, lw.k_norm, c.rms_norm_eps, positions,
+                                       plan.cos_sin, k_cache[i], v_cache[i], slot_mapping)
+            self.paged_attention(q, k_cache[i], v_cache[i], block_tables, seq_lens, plan.query_start,
+                                 plan.scale, out=plan.attn)
+            self.matmul(plan.attn.reshape(1, c.q_size), lw.o, out=hidden)
+            self.rms_norm(hidden, lw.mlp_norm, c.rms_norm_eps, out=plan.normed, residual=residual)
+            self.matmul_silu_mul(plan.normed, lw.gate_up, out=plan.act, gate_up=plan.gate_up)
+            self.matmul(plan.act, lw.down, out=hidden)
 
     def paged_attention(
         self, q, k_cache, v_cache, block_tables, seq_lens, query_start, scale: float, out,

@@ -97,6 +97,9 @@ class Transformer:
             )
         self.cos_sin = a(cos_sin_table(cfg, max_positions), dtype=np.float32)
         self.scale = cfg.head_dim ** -0.5
+        # one-token steps run every layer as one op (on the GPU one persistent kernel,
+        # cuda/decode_layers.cu); None where the backend has no such path for this model
+        self.decoder = backend.decoder_plan(cfg, self.layers, self.cos_sin, self.scale)
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int):
         """K and V pools [layers, num_blocks, block_size, kv_heads, head_dim]."""
@@ -122,7 +125,11 @@ class Transformer:
         hs = c.hidden_size
 
         B.embed(x.input_ids, self.embed, out=residual)
-        for i, lw in enumerate(self.layers):
+        one_op = T == 1 and self.decoder is not None and causal and not capture_layers
+        if one_op:
+            B.decode_layers(self.decoder, residual, hidden, k_cache, v_cache, x.positions, x.slot_mapping,
+                            x.block_tables, x.seq_lens)
+        for i, lw in enumerate(() if one_op else self.layers):
             if i == 0:
                 B.rms_norm(residual, lw.attn_norm, c.rms_norm_eps, out=normed)
             else:

@@ -1,0 +1,487 @@
+// decode_layers.cu: every decoder layer of a one-token decode step in one persistent kernel (the
+// twin of NumpyBackend.decode_layers, which runs the same layers op by op).
+//
+// Why: a batch-1 decode step of a small model is a chain of ~230 dependent launches, each a few
+// microseconds long whatever its bytes (docs/BENCHMARKS.md section 2: 0.6B's 1.19 GB of weights
+// need 0.29 ms at copy bandwidth, its graph took 1.05 ms). Here one CTA per SM walks all layers;
+// the stages of a layer are separated by grid-wide barriers instead of kernel boundaries:
+//
+//   1. residual += hidden (the previous layer's down output), rms_norm, qkv GEMV (+ bias)
+//   2. attention: per (KV head, split) item, q/k norm + RoPE of the new token, its K/V row into
+//      the paged caches, the split's keys with an online softmax; the last split of a KV head to
+//      finish merges the partials (an atomic counter, reset by that CTA)
+//   3. o GEMV -> hidden
+//   4. residual += hidden, rms_norm, gate_up GEMV with SiLU-and-multiply -> act
+//   5. down GEMV -> hidden
+//
+// Every CTA keeps the whole residual stream in shared memory (each computes the same values), so
+// only the GEMV outputs cross CTAs, through L2 (read with ld.global.cg: L1 is not coherent across
+// SMs). Weights never depend on activations, so at the start of a stage each CTA asks L2 to
+// prefetch its slice of the weights two stages ahead (prefetch.global.L2): HBM keeps streaming
+// through the barriers and the attention. Values are rounded to bf16 wherever the op-by-op path
+// stores them (residual, normed rows, qkv, q/k after norm and RoPE, attention output, act), so
+// both paths compute the same thing up to fp32 summation order.
+//
+// All CTAs must be resident at once (the barrier spins): the host launches one per SM with more
+// than half an SM's shared memory, so no two share an SM and none waits for a slot. Per-step
+// values (position, slot, context length, block table) come from device buffers, so a captured
+// graph replays for any step. Compiled per model with -DDL_D=<head_dim> -DDL_G=<query heads per
+// KV head>.
+#include "common.cuh"
+
+#ifndef DL_D
+#define DL_D 128
+#endif
+#ifndef DL_G
+#define DL_G 2
+#endif
+#define DL_THREADS 512
+#define DL_WARPS (DL_THREADS / 32)
+#define DL_PF_MAX (96 << 10)  // bytes of one weight range a CTA prefetches into L2 per stage
+#define DL_MIN_PART 32        // fewest keys an attention split takes
+#define DL_MAX_S 32           // most splits of one KV head (the host sizes the partials for it)
+#define DL_RED 2048           // GEMV partial sums a CTA holds (the host checks rows per CTA)
+#define DL_U 2                // keys per key group in flight
+
+namespace {
+
+struct LayerPtrs {  // one row of the host's [layers, 9] pointer table
+  const bf16* attn_norm;
+  const bf16* qkv;
+  const bf16* qkv_bias;  // null without attention bias
+  const bf16* q_norm;    // null without q/k norm
+  const bf16* k_norm;
+  const bf16* o;
+  const bf16* mlp_norm;
+  const bf16* gate_up;
+  const bf16* down;
+};
+
+__device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Grid-wide barrier: bar[0] counts arrivals, bar[1] is the generation. The last CTA to arrive
+// resets the count and bumps the generation; the others spin on it. The generation is read
+// before arriving, so it can only change once everyone has arrived.
+__device__ __forceinline__ void grid_sync(unsigned* bar) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned gen = ld_acquire(bar + 1);
+    __threadfence();  // this CTA's writes (ordered before by the barrier above) go first
+    if (atomicAdd(bar, 1u) == gridDim.x - 1) {
+      atomicExch(bar, 0u);
+      __threadfence();
+      atomicExch(bar + 1, gen + 1);
+    } else {
+      while (ld_acquire(bar + 1) == gen) {
+      }
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ int slice_begin(int n) { return (int)((i64)blockIdx.x * n / gridDim.x); }
+__device__ __forceinline__ int slice_end(int n) { return (int)((i64)(blockIdx.x + 1) * n / gridDim.x); }
+
+// Ask L2 for rows [r0, r1) of a row-major [*, K] bf16 matrix (at most DL_PF_MAX bytes).
+__device__ __forceinline__ void prefetch_rows(const bf16* w, int r0, int r1, int K) {
+  if (r1 <= r0) return;
+  const char* p = reinterpret_cast<const char*>(w + (i64)r0 * K);
+  i64 bytes = (i64)(r1 - r0) * K * 2;
+  if (bytes > DL_PF_MAX) bytes = DL_PF_MAX;
+  for (i64 off = (i64)threadIdx.x * 128; off < bytes; off += (i64)DL_THREADS * 128)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
+}
+
+// This CTA's slice of out[n] = x . W[n] (+ bias[n]) for n < N, x = xs[0:K] in shared memory;
+// GATED: out[n] = silu(x . W[n]) * (x . W[N + n]). A warp computes 2 columns at a time; when the
+// slice has fewer column pairs than warps, K is split among the warps too. Partial sums go to
+// red[] and are added in a fixed order, so results do not depend on timing.
+template <bool GATED>
+__device__ void gemv_stage(const bf16* __restrict__ W, const float* xs, int N, int K,
+                           const bf16* __restrict__ bias, bf16* out, float* red) {
+  constexpr int R = 2;
+  constexpr int NW = GATED ? 2 : 1;  // weight rows per column
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int r0 = slice_begin(N), rows = slice_end(N) - r0;
+  if (rows <= 0) return;  // the whole CTA leaves together
+  const int pairs = (rows + R - 1) / R;
+  const int ks = pairs >= DL_WARPS ? 1 : DL_WARPS / pairs;
+  const int chunks = K / 8;
+  for (int u = warp; u < pairs * ks; u += DL_WARPS) {
+    const int p = u / ks, s = u % ks;
+    const int c0 = (int)((i64)s * chunks / ks), c1 = (int)((i64)(s + 1) * chunks / ks);
+    const uint4* wr[R][NW];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int n = r0 + min(p * R + r, rows - 1);  // a missing second column re-reads the first
+#pragma unroll
+      for (int h = 0; h < NW; ++h) wr[r][h] = reinterpret_cast<const uint4*>(W + ((i64)n + h * N) * K);
+    }
+    float acc[R][NW];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int h = 0; h < NW; ++h) acc[r][h] = 0.f;
+#pragma unroll 4
+    for (int c = c0 + lane; c < c1; c += 32) {
+      uint4 wv[R][NW];
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int h = 0; h < NW; ++h) wv[r][h] = __ldg(wr[r][h] + c);
+      const float4 xa = reinterpret_cast<const float4*>(xs)[2 * c];
+      const float4 xb = reinterpret_cast<const float4*>(xs)[2 * c + 1];
+      const float xf[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int h = 0; h < NW; ++h) {
+          float wf[8];
+          minillm::unpack_bf16x8(wv[r][h], wf);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[r][h] = fmaf(xf[i], wf[i], acc[r][h]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int h = 0; h < NW; ++h) {
+        const float v = minillm::warp_sum(acc[r][h]);
+        if (lane == 0 && p * R + r < rows) red[(h * rows + p * R + r) * ks + s] = v;
+      }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < rows; i += DL_THREADS) {
+    float a = 0.f, b = 0.f;
+    for (int s = 0; s < ks; ++s) {
+      a += red[i * ks + s];
+      if (GATED) b += red[(rows + i) * ks + s];
+    }
+    const float y = GATED ? a / (1.0f + expf(-a)) * b : a + (bias ? minillm::to_f(bias[r0 + i]) : 0.f);
+    out[r0 + i] = minillm::from_f<bf16>(y);
+  }
+}
+
+// residual += add (unless null), rounded to bf16; xs = bf16(residual * rstd * w).
+__device__ void add_and_norm(float* res, const bf16* add, const bf16* __restrict__ w, float eps, int H,
+                             float* xs, float* scratch) {
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < H; i += DL_THREADS) {
+    float v = res[i];
+    if (add) v = round_bf16(v + minillm::to_f(__ldcg(add + i)));
+    res[i] = v;
+    ss += v * v;
+  }
+  ss = minillm::block_sum(ss, scratch);
+  const float rstd = rsqrtf(ss / (float)H + eps);
+  for (int i = threadIdx.x; i < H; i += DL_THREADS) xs[i] = round_bf16(res[i] * rstd * minillm::to_f(w[i]));
+  __syncthreads();
+}
+
+// One head of the new token (a warp): optional RMSNorm over the head (rounded), then rotate-half
+// RoPE (rounded), written to dst[0:D] in shared memory times `mul`. A lane holds elements
+// lane + 32 t; the RoPE partner of t is t +- D / 64, in the same lane.
+__device__ __forceinline__ void norm_rope_head(const bf16* src, const bf16* __restrict__ w, float eps,
+                                               const float* cs, float mul, float* dst) {
+  constexpr int T = DL_D / 32, HALF_T = T / 2;
+  const int lane = threadIdx.x & 31;
+  float x[T];
+  float ss = 0.f;
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    x[t] = minillm::to_f(__ldcg(src + lane + 32 * t));
+    ss += x[t] * x[t];
+  }
+  if (w) {
+    const float rstd = rsqrtf(minillm::warp_sum(ss) / (float)DL_D + eps);
+#pragma unroll
+    for (int t = 0; t < T; ++t) x[t] = round_bf16(x[t] * rstd * minillm::to_f(w[lane + 32 * t]));
+  }
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    const int i = lane + 32 * t, j = t < HALF_T ? i : i - DL_D / 2;
+    const float c = cs[j], s = cs[DL_D / 2 + j];
+    const float r = t < HALF_T ? x[t] * c - x[t + HALF_T] * s : x[t] * c + x[t - HALF_T] * s;
+    dst[i] = round_bf16(r) * mul;
+  }
+}
+
+struct AttnArgs {
+  const bf16* qkv;
+  const bf16* q_norm;
+  const bf16* k_norm;
+  float eps;
+  const float* cs;  // this position's cos/sin row
+  i64 slot;
+  bf16* kc;  // this layer's caches
+  bf16* vc;
+  const int* block_table;
+  int ctx, block_size, NQ, NKV, num_blocks;
+  float scale_log2;
+  bf16* attn;
+  float* part;
+  unsigned* head_cnt;
+};
+
+// Stage 2: attention of the new token over its context, one (KV head, split) item per CTA.
+__device__ void attention_stage(const AttnArgs& a, float* sm) {
+  constexpr int D = DL_D, G = DL_G, LPK = D / 8, NG = DL_THREADS / LPK;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float* qs = sm;                       // [G][D] q, pre-scaled by scale * log2(e)
+  float* wm = qs + G * D;               // [DL_WARPS][G] per-warp max
+  float* wl = wm + DL_WARPS * G;        // [DL_WARPS][G] per-warp sum
+  float* wacc = wl + DL_WARPS * G;      // [DL_WARPS][G][D]
+  __shared__ int s_last;
+  const int S = max(1, min(min((a.ctx + DL_MIN_PART - 1) / DL_MIN_PART, DL_MAX_S), (int)gridDim.x / a.NKV));
+  const int part_len = (a.ctx + S - 1) / S;
+  const int QS = a.NQ * D, KVS = a.NKV * D;
+  for (int item = blockIdx.x; item < a.NKV * S; item += gridDim.x) {
+    const int h = item / S, sp = item % S;
+    const int j0 = sp * part_len, j1 = min(a.ctx, j0 + part_len);
+    // the new token: q heads h*G .. h*G + G - 1, and (for the split that holds it) its K/V row
+    const bool owns_new = j1 == a.ctx && a.slot >= 0;
+    if (warp < G) {
+      norm_rope_head(a.qkv + (h * G + warp) * D, a.q_norm, a.eps, a.cs, a.scale_log2, qs + warp * D);
+    } else if (warp == G && owns_new) {
+      float* kn = wacc;  // scratch until the key loop
+      norm_rope_head(a.qkv + QS + h * D, a.k_norm, a.eps, a.cs, 1.f, kn);
+      __syncwarp();
+      for (int i = lane; i < D; i += 32) a.kc[(a.slot * a.NKV + h) * D + i] = __float2bfloat16_rn(kn[i]);
+    } else if (warp == G + 1 && owns_new) {
+      for (int i = lane; i < D; i += 32) a.vc[(a.slot * a.NKV + h) * D + i] = __ldcg(a.qkv + QS + KVS + h * D + i);
+    }
+    __threadfence();  // the new row is read back below through L2
+    __syncthreads();
+    const int grp = threadIdx.x / LPK, d0 = (threadIdx.x % LPK) * 8;
+    float qv[G][8];
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) qv[g][i] = qs[g * D + d0 + i];
+    float m[G], l[G], acc[G][8];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      m[g] = minillm::neg_inf();
+      l[g] = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[g][i] = 0.f;
+    }
+    for (int base = j0; base < j1; base += NG * DL_U) {  // trip count uniform over the CTA
+      uint4 kv[DL_U], vv[DL_U];
+      bool ok[DL_U];
+#pragma unroll
+      for (int u = 0; u < DL_U; ++u) {
+        const int j = base + grp + u * NG;
+        ok[u] = j < j1;
+        const int jc = ok[u] ? j : j0;
+        const int blk = a.block_table[jc / a.block_size];
+        MINILLM_CHECK(blk >= 0 && blk < a.num_blocks);
+        const i64 row = (((i64)blk * a.block_size + jc % a.block_size) * a.NKV + h) * D + d0;
+        kv[u] = __ldcg(reinterpret_cast<const uint4*>(a.kc + row));
+        vv[u] = __ldcg(reinterpret_cast<const uint4*>(a.vc + row));
+      }
+      float sc[DL_U][G];
+#pragma unroll
+      for (int u = 0; u < DL_U; ++u) {
+        float kf[8];
+        minillm::unpack_bf16x8(kv[u], kf);
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          float s = 0.f;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) s = fmaf(qv[g][i], kf[i], s);
+#pragma unroll
+          for (int o = LPK / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+          sc[u][g] = ok[u] ? s : minillm::neg_inf();
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        float mn = m[g];
+#pragma unroll
+        for (int u = 0; u < DL_U; ++u) mn = fmaxf(mn, sc[u][g]);
+        if (mn == minillm::neg_inf()) continue;  // no key yet for this group
+        const float alpha = exp2f(m[g] - mn);    // 0 while m is -inf
+        l[g] *= alpha;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[g][i] *= alpha;
+#pragma unroll
+        for (int u = 0; u < DL_U; ++u) {
+          const float pr = exp2f(sc[u][g] - mn);  // 0 for a missing key
+          float vf[8];
+          minillm::unpack_bf16x8(vv[u], vf);
+          l[g] += pr;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[g][i] = fmaf(pr, vf[i], acc[g][i]);
+        }
+        m[g] = mn;
+      }
+    }
+    // merge the key groups of a warp (lanes LPK apart hold the same dims), then the warps
+#pragma unroll
+    for (int o = LPK; o < 32; o <<= 1)
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        const float mo = __shfl_xor_sync(0xffffffffu, m[g], o);
+        const float lo = __shfl_xor_sync(0xffffffffu, l[g], o);
+        const float mn = fmaxf(m[g], mo);
+        const float x = mn == minillm::neg_inf() ? 0.f : exp2f(m[g] - mn);
+        const float y = mn == minillm::neg_inf() ? 0.f : exp2f(mo - mn);
+        l[g] = l[g] * x + lo * y;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[g][i] = acc[g][i] * x + __shfl_xor_sync(0xffffffffu, acc[g][i], o) * y;
+        m[g] = mn;
+      }
+    if (lane < LPK) {
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) wacc[(warp * G + g) * D + d0 + i] = acc[g][i];
+        if (lane == 0) {
+          wm[warp * G + g] = m[g];
+          wl[warp * G + g] = l[g];
+        }
+      }
+    }
+    __syncthreads();
+    float* pp = a.part + (i64)(h * DL_MAX_S + sp) * G * (D + 2);
+    for (int t = threadIdx.x; t < G * D; t += DL_THREADS) {
+      const int g = t / D, d = t % D;
+      float M = minillm::neg_inf();
+      for (int w = 0; w < DL_WARPS; ++w) M = fmaxf(M, wm[w * G + g]);
+      float L = 0.f, A = 0.f;
+      if (M != minillm::neg_inf())
+        for (int w = 0; w < DL_WARPS; ++w) {
+          const float x = exp2f(wm[w * G + g] - M);
+          L += wl[w * G + g] * x;
+          A += wacc[(w * G + g) * D + d] * x;
+        }
+      if (S == 1) {
+        a.attn[(h * G + g) * D + d] = __float2bfloat16_rn(L > 0.f ? A / L : 0.f);
+      } else {
+        pp[g * (D + 2) + d] = A;
+        if (d == 0) {
+          pp[g * (D + 2) + D] = M;
+          pp[g * (D + 2) + D + 1] = L;
+        }
+      }
+    }
+    if (S > 1) {  // the last split of this KV head to finish merges all of them
+      __threadfence();
+      __syncthreads();
+      if (threadIdx.x == 0) s_last = atomicAdd(a.head_cnt + h, 1u) == (unsigned)(S - 1);
+      __syncthreads();
+      if (s_last) {
+        __threadfence();
+        const float* ph = a.part + (i64)h * DL_MAX_S * G * (D + 2);
+        for (int t = threadIdx.x; t < G * D; t += DL_THREADS) {
+          const int g = t / D, d = t % D;
+          float M = minillm::neg_inf();
+          for (int s = 0; s < S; ++s) M = fmaxf(M, __ldcg(ph + (s * G + g) * (D + 2) + D));
+          float L = 0.f, A = 0.f;
+          if (M != minillm::neg_inf())
+            for (int s = 0; s < S; ++s) {
+              const float* q = ph + (s * G + g) * (D + 2);
+              const float ms = __ldcg(q + D);
+              const float x = ms == minillm::neg_inf() ? 0.f : exp2f(ms - M);
+              L += __ldcg(q + D + 1) * x;
+              A += __ldcg(q + d) * x;
+            }
+          a.attn[(h * G + g) * D + d] = __float2bfloat16_rn(L > 0.f ? A / L : 0.f);
+        }
+        if (threadIdx.x == 0) atomicExch(a.head_cnt + h, 0u);
+      }
+    }
+    __syncthreads();  // shared scratch is reused by the next item
+  }
+}
+
+}  // namespace
+
+// grid (number of SMs), block DL_THREADS, dynamic shared memory from the host (> half an SM's).
+// residual [H] holds the embedded token on entry and the residual stream before the last layer's
+// down output on exit; hidden [H] that output (what rms_norm(hidden, residual=residual) expects).
+// table: [n_layers, 9] LayerPtrs; k_cache / v_cache: layer 0 of [layers, blocks, block_size, NKV,
+// D], layer_stride elements apart. sync: [2 + NKV] zeros on first use, left zero after each run.
+extern "C" __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers(
+    const u64* __restrict__ table, int n_layers, bf16* residual, bf16* hidden, bf16* qkv, bf16* attn,
+    bf16* act, float* part, unsigned* sync, bf16* k_cache, bf16* v_cache, i64 layer_stride,
+    int num_blocks, const int* __restrict__ positions, const int* __restrict__ slots,
+    const int* __restrict__ block_table, int max_blocks, const int* __restrict__ seq_lens,
+    const float* __restrict__ cos_sin, int max_pos, int H, int NQ, int NKV, int F, int block_size,
+    float eps, float scale_log2) {
+  minillm::pdl_entry();
+  extern __shared__ float4 dl_smem[];
+  __shared__ float scratch[32];
+  float* res = reinterpret_cast<float*>(dl_smem);  // [H]
+  float* red = res + ((H + 3) & ~3);                 // [DL_RED]
+  float* xs = red + DL_RED;                          // [max(H, NQ * D, F)] or attention scratch
+  const int D = DL_D, QS = NQ * D, KVS = NKV * D;
+  const int pos = positions[0], ctx = seq_lens[0];
+  const i64 slot = slots[0];
+  MINILLM_CHECK(pos >= 0 && pos < max_pos);
+  MINILLM_CHECK(slot < (i64)num_blocks * block_size);
+  MINILLM_CHECK(ctx <= max_blocks * block_size);
+  for (int i = threadIdx.x; i < H; i += DL_THREADS) res[i] = minillm::to_f(residual[i]);
+  const LayerPtrs* layers = reinterpret_cast<const LayerPtrs*>(table);
+  AttnArgs a;
+  a.eps = eps;
+  a.cs = cos_sin + (i64)max(0, min(pos, max_pos - 1)) * D;
+  a.slot = slot;
+  a.block_table = block_table;
+  a.ctx = ctx;
+  a.block_size = block_size;
+  a.NQ = NQ;
+  a.NKV = NKV;
+  a.num_blocks = num_blocks;
+  a.scale_log2 = scale_log2;
+  a.attn = attn;
+  a.part = part;
+  a.head_cnt = sync + 2;
+  a.qkv = qkv;
+  for (int layer = 0; layer < n_layers; ++layer) {
+    const LayerPtrs lp = layers[layer];
+    // 1. residual (+ the previous down output), attention norm, qkv
+    prefetch_rows(lp.o, slice_begin(H), slice_end(H), QS);
+    add_and_norm(res, layer > 0 ? hidden : nullptr, lp.attn_norm, eps, H, xs, scratch);
+    gemv_stage<false>(lp.qkv, xs, QS + 2 * KVS, H, lp.qkv_bias, qkv, red);
+    grid_sync(sync);
+    // 2. attention
+    prefetch_rows(lp.gate_up, slice_begin(F), slice_end(F), H);
+    prefetch_rows(lp.gate_up, F + slice_begin(F), F + slice_end(F), H);
+    a.q_norm = lp.q_norm;
+    a.k_norm = lp.k_norm;
+    a.kc = k_cache + layer * layer_stride;
+    a.vc = v_cache + layer * layer_stride;
+    attention_stage(a, xs);
+    grid_sync(sync);
+    // 3. o projection
+    prefetch_rows(lp.down, slice_begin(H), slice_end(H), F);
+    for (int i = threadIdx.x; i < QS; i += DL_THREADS) xs[i] = minillm::to_f(__ldcg(attn + i));
+    __syncthreads();
+    gemv_stage<false>(lp.o, xs, H, QS, nullptr, hidden, red);
+    grid_sync(sync);
+    // 4. residual += o output, MLP norm, gate_up with SiLU-and-multiply
+    if (layer + 1 < n_layers) {
+      const int n = QS + 2 * KVS;
+      prefetch_rows(layers[layer + 1].qkv, slice_begin(n), slice_end(n), H);
+    }
+    add_and_norm(res, hidden, lp.mlp_norm, eps, H, xs, scratch);
+    gemv_stage<true>(lp.gate_up, xs, F, H, nullptr, act, red);
+    grid_sync(sync);
+    // 5. down
+    for (int i = threadIdx.x; i < F; i += DL_THREADS) xs[i] = minillm::to_f(__ldcg(act + i));
+    __syncthreads();
+    gemv_stage<false>(lp.down, xs, H, F, nullptr, hidden, red);
+    grid_sync(sync);
+  }
+  if (blockIdx.x == 0)  // every CTA read residual before the first barrier
+    for (int i = threadIdx.x; i < H; i += DL_THREADS) residual[i] = __float2bfloat16_rn(res[i]);
+}
