@@ -37,7 +37,9 @@
 #endif
 #define DL_THREADS 512
 #define DL_WARPS (DL_THREADS / 32)
+#ifndef DL_PF_MAX
 #define DL_PF_MAX (96 << 10)  // bytes of one weight range a CTA prefetches into L2 per stage
+#endif
 #define DL_MIN_PART 32        // fewest keys an attention split takes
 #define DL_MAX_S 32           // most splits of one KV head (the host sizes the partials for it)
 #define DL_RED 2048           // GEMV partial sums a CTA holds (the host checks rows per CTA)
@@ -65,25 +67,37 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
   return v;
 }
 
-// Grid-wide barrier: bar[0] counts arrivals, bar[1] is the generation. The last CTA to arrive
-// resets the count and bumps the generation; the others spin on it. The generation is read
-// before arriving, so it can only change once everyone has arrived.
-__device__ __forceinline__ void grid_sync(unsigned* bar) {
+__device__ __forceinline__ u64 global_ns() {
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Grid-wide barrier number k of this launch: bar[0] counts arrivals and only grows during a
+// launch, so barrier k is passed once it reaches (k + 1) * gridDim.x: one atomic per CTA and a
+// spin, with no reset between barriers. grid_done() zeroes it for the next launch. prof (null
+// unless profiling) gets each CTA's arrival and release times: [barrier][CTA][2] ns.
+__device__ __forceinline__ void grid_sync(unsigned* bar, int k, u64* prof) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    const unsigned gen = ld_acquire(bar + 1);
+    if (prof) prof[((i64)k * gridDim.x + blockIdx.x) * 2] = global_ns();
+    const unsigned target = (unsigned)(k + 1) * gridDim.x;
     __threadfence();  // this CTA's writes (ordered before by the barrier above) go first
-    if (atomicAdd(bar, 1u) == gridDim.x - 1) {
-      atomicExch(bar, 0u);
-      __threadfence();
-      atomicExch(bar + 1, gen + 1);
-    } else {
-      while (ld_acquire(bar + 1) == gen) {
-      }
+    atomicAdd(bar, 1u);
+    while (ld_acquire(bar) < target) {
     }
-    __threadfence();
+    if (prof) prof[((i64)k * gridDim.x + blockIdx.x) * 2 + 1] = global_ns();
   }
   __syncthreads();
+}
+
+// After a CTA's last barrier: the last CTA to get here knows every CTA has passed every barrier,
+// and zeroes both counters for the next launch.
+__device__ __forceinline__ void grid_done(unsigned* bar) {
+  if (threadIdx.x == 0 && atomicAdd(bar + 1, 1u) == gridDim.x - 1) {
+    atomicExch(bar, 0u);
+    atomicExch(bar + 1, 0u);
+  }
 }
 
 __device__ __forceinline__ int slice_begin(int n) { return (int)((i64)blockIdx.x * n / gridDim.x); }
@@ -112,7 +126,17 @@ __device__ void gemv_stage(const bf16* __restrict__ W, const float* xs, int N, i
   const int r0 = slice_begin(N), rows = slice_end(N) - r0;
   if (rows <= 0) return;  // the whole CTA leaves together
   const int pairs = (rows + R - 1) / R;
-  const int ks = pairs >= DL_WARPS ? 1 : DL_WARPS / pairs;
+  // K slices per column pair: the fewest that keep the warps' rounds nearly full (23 pairs on 16
+  // warps take 2 rounds at 72%; in 2 slices, 3 rounds of half the work at 96%)
+  int ks = 1;
+  float best = (float)((pairs + DL_WARPS - 1) / DL_WARPS);
+  for (int k = 2; k <= DL_WARPS && NW * rows * k <= DL_RED; ++k) {
+    const float cost = (float)((pairs * k + DL_WARPS - 1) / DL_WARPS) / k;
+    if (cost < best * 0.97f) {
+      best = cost;
+      ks = k;
+    }
+  }
   const int chunks = K / 8;
   for (int u = warp; u < pairs * ks; u += DL_WARPS) {
     const int p = u / ks, s = u % ks;
@@ -410,13 +434,14 @@ __device__ void attention_stage(const AttnArgs& a, float* sm) {
 // down output on exit; hidden [H] that output (what rms_norm(hidden, residual=residual) expects).
 // table: [n_layers, 9] LayerPtrs; k_cache / v_cache: layer 0 of [layers, blocks, block_size, NKV,
 // D], layer_stride elements apart. sync: [2 + NKV] zeros on first use, left zero after each run.
+// prof: null, or [n_layers * 5][gridDim.x][2] u64 for grid_sync's timestamps (the profile script).
 extern "C" __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers(
     const u64* __restrict__ table, int n_layers, bf16* residual, bf16* hidden, bf16* qkv, bf16* attn,
     bf16* act, float* part, unsigned* sync, bf16* k_cache, bf16* v_cache, i64 layer_stride,
     int num_blocks, const int* __restrict__ positions, const int* __restrict__ slots,
     const int* __restrict__ block_table, int max_blocks, const int* __restrict__ seq_lens,
     const float* __restrict__ cos_sin, int max_pos, int H, int NQ, int NKV, int F, int block_size,
-    float eps, float scale_log2) {
+    float eps, float scale_log2, u64* prof) {
   minillm::pdl_entry();
   extern __shared__ float4 dl_smem[];
   __shared__ float scratch[32];
@@ -452,7 +477,7 @@ extern "C" __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers(
     prefetch_rows(lp.o, slice_begin(H), slice_end(H), QS);
     add_and_norm(res, layer > 0 ? hidden : nullptr, lp.attn_norm, eps, H, xs, scratch);
     gemv_stage<false>(lp.qkv, xs, QS + 2 * KVS, H, lp.qkv_bias, qkv, red);
-    grid_sync(sync);
+    grid_sync(sync, layer * 5 + 0, prof);
     // 2. attention
     prefetch_rows(lp.gate_up, slice_begin(F), slice_end(F), H);
     prefetch_rows(lp.gate_up, F + slice_begin(F), F + slice_end(F), H);
@@ -461,13 +486,13 @@ extern "C" __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers(
     a.kc = k_cache + layer * layer_stride;
     a.vc = v_cache + layer * layer_stride;
     attention_stage(a, xs);
-    grid_sync(sync);
+    grid_sync(sync, layer * 5 + 1, prof);
     // 3. o projection
     prefetch_rows(lp.down, slice_begin(H), slice_end(H), F);
     for (int i = threadIdx.x; i < QS; i += DL_THREADS) xs[i] = minillm::to_f(__ldcg(attn + i));
     __syncthreads();
     gemv_stage<false>(lp.o, xs, H, QS, nullptr, hidden, red);
-    grid_sync(sync);
+    grid_sync(sync, layer * 5 + 2, prof);
     // 4. residual += o output, MLP norm, gate_up with SiLU-and-multiply
     if (layer + 1 < n_layers) {
       const int n = QS + 2 * KVS;
@@ -475,13 +500,14 @@ extern "C" __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers(
     }
     add_and_norm(res, hidden, lp.mlp_norm, eps, H, xs, scratch);
     gemv_stage<true>(lp.gate_up, xs, F, H, nullptr, act, red);
-    grid_sync(sync);
+    grid_sync(sync, layer * 5 + 3, prof);
     // 5. down
     for (int i = threadIdx.x; i < F; i += DL_THREADS) xs[i] = minillm::to_f(__ldcg(act + i));
     __syncthreads();
     gemv_stage<false>(lp.down, xs, H, F, nullptr, hidden, red);
-    grid_sync(sync);
+    grid_sync(sync, layer * 5 + 4, prof);
   }
   if (blockIdx.x == 0)  // every CTA read residual before the first barrier
     for (int i = threadIdx.x; i < H; i += DL_THREADS) residual[i] = __float2bfloat16_rn(res[i]);
+  grid_done(sync);
 }

@@ -73,6 +73,7 @@ class _CudaDecoderPlan:
     act: object
     part: object
     sync: object
+    prof: object = None  # [layers * 5, SMs, 2] uint64 barrier timestamps (scripts/decode_layers_profile.py)
 
 
 def _prefill_smem(D: int) -> int:
@@ -747,7 +748,7 @@ class CudaBackend:
                       block_tables, _i32(block_tables.shape[-1]), seq_lens, plan.cos_sin,
                       _i32(plan.cos_sin.shape[0]), _i32(c.hidden_size), _i32(c.num_heads), _i32(KH),
                       _i32(c.intermediate_size), _i32(bs), np.float32(c.rms_norm_eps),
-                      np.float32(plan.scale * math.log2(math.e))),
+                      np.float32(plan.scale * math.log2(math.e)), plan.prof if plan.prof is not None else _NULL),
                      shared_mem=plan.smem)
 
     # ---- attention ----------------------------------------------------------------------

@@ -1,0 +1,108 @@
+"""Where the one-kernel decoder's time goes (cuda/decode_layers.cu), from its barrier timestamps.
+
+    PYTHONPATH=. python scripts/decode_layers_profile.py MODEL [--ctx 512] [--variant DL_PF_MAX=0 ...]
+
+Decodes a few tokens of one `ctx`-token request, then launches the kernel alone on that step's
+inputs (it rewrites the same K/V row) with the profile buffer on: every CTA's thread 0 records
+%globaltimer when its CTA arrives at each grid barrier and when it is released. Per stage (median
+over layers):
+  - stage: the critical path, last CTA's arrival minus the previous barrier's last release;
+  - skew: last arrival minus the median arrival (load imbalance or a slow SM);
+  - barrier: last release minus last arrival (the cost of the barrier itself).
+Kernel time (CUDA events, median of 20 launches) for the default build and each --variant
+(compile-time defines of the kernel, e.g. DL_PF_MAX=0 turns the L2 prefetch off).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+STAGES = ("norm+qkv", "attention", "o", "norm+gate_up", "down")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model")
+    p.add_argument("--ctx", type=int, default=512)
+    p.add_argument("--variant", action="append", default=[], help="NAME=VALUE[,NAME=VALUE]")
+    a = p.parse_args()
+
+    from minillm.args import EngineArgs
+    from minillm.backends import compile as kc
+    from minillm.engine.engine import LLMEngine
+    from minillm.sampling_params import SamplingParams
+
+    engine = LLMEngine(EngineArgs(model=a.model, device="cuda", max_num_seqs=1, max_model_len=a.ctx + 64,
+                                  enable_prefix_caching=False))
+    be, runner = engine.backend, engine.runner
+    model, plan = runner.model, runner.model.decoder
+    if plan is None:
+        sys.exit("this model/backend has no one-kernel decoder (see CudaBackend.decoder_plan)")
+    rng = np.random.default_rng(0)
+    vocab = min(engine.config.vocab_size, engine.tokenizer.vocab_size)
+    engine.add_request(rng.integers(0, vocab, a.ctx).tolist(),
+                       SamplingParams(temperature=0, max_tokens=32, ignore_eos=True), request_id="0")
+    for _ in range(8):
+        engine.step()
+    be.synchronize()
+    cp = be.cp
+    d = runner.buf.dev
+    k_cache, v_cache = runner.kv
+    L = len(model.layers)
+    plan.prof = cp.zeros((L * 5, be.num_sms, 2), dtype=np.uint64)
+    default_kernel = be.k[plan.name]
+
+    def launch() -> None:
+        be.decode_layers(plan, runner.ws.residual[:1], runner.ws.hidden[:1], k_cache, v_cache, d["positions"][:1],
+                         d["slot_mapping"][:1], d["block_tables"][:1], d["seq_lens"][:1])
+
+    cfg = model.cfg
+    print(f"{a.model}: {L} layers, hidden {cfg.hidden_size}, ctx {a.ctx}, {be.num_sms} CTAs x 512 threads, "
+          f"{plan.smem // 1024} KiB shared memory")
+    for variant in [""] + a.variant:
+        defines = tuple(x for x in variant.split(",") if x)
+        if defines:
+            D, G = cfg.head_dim, cfg.num_heads // cfg.num_kv_heads
+            kern = kc.get_kernel("decode_layers", "decode_layers", be.debug,
+                                 (f"DL_D={D}", f"DL_G={G}") + defines)
+            kern.max_dynamic_shared_size_bytes = plan.smem
+            be.k[plan.name] = kern
+        else:
+            be.k[plan.name] = default_kernel
+        times = []
+        for i in range(23):
+            s, e = cp.cuda.Event(), cp.cuda.Event()
+            s.record(be.stream)
+            launch()
+            e.record(be.stream)
+            e.synchronize()
+            if i >= 3:
+                times.append(cp.cuda.get_elapsed_time(s, e) * 1e3)
+        t = be.to_host(plan.prof).astype(np.int64)  # the last launch's timestamps
+        arrive, release = t[:, :, 0], t[:, :, 1]
+        last_arrive, last_release = arrive.max(1), release.max(1)
+        prev = np.concatenate([[arrive.min()], last_release[:-1]])
+        stage = (last_arrive - prev).reshape(L, 5) / 1e3
+        skew = (last_arrive - np.median(arrive, 1)).reshape(L, 5) / 1e3
+        barrier = (last_release - last_arrive).reshape(L, 5) / 1e3
+        total = (last_release[-1] - arrive.min()) / 1e3
+        print(f"\n[{variant or 'default'}] kernel {np.median(times):.1f} us (events, median of 20); "
+              f"first arrival to last release {total:.1f} us, {total / L:.2f} us a layer")
+        print(f"{'stage':14s} {'stage us':>9s} {'skew us':>8s} {'barrier us':>11s}")
+        for j, name in enumerate(STAGES):
+            print(f"{name:14s} {np.median(stage[:, j]):9.2f} {np.median(skew[:, j]):8.2f} "
+                  f"{np.median(barrier[:, j]):11.2f}")
+        print(f"{'sum':14s} {np.median(stage, 0).sum():9.2f} {np.median(skew, 0).sum():8.2f} "
+              f"{np.median(barrier, 0).sum():11.2f}")
+    be.k[plan.name] = default_kernel
+    plan.prof = None
+
+
+if __name__ == "__main__":
+    main()
