@@ -73,30 +73,53 @@ __device__ __forceinline__ u64 global_ns() {
   return t;
 }
 
-// Grid-wide barrier number k of this launch: bar[0] counts arrivals and only grows during a
-// launch, so barrier k is passed once it reaches (k + 1) * gridDim.x: one atomic per CTA and a
-// spin, with no reset between barriers. grid_done() zeroes it for the next launch. prof (null
-// unless profiling) gets each CTA's arrival and release times: [barrier][CTA][2] ns.
+// sync[] layout (u32): arrivals, the release flag and the exit count on separate 128-byte lines
+// (a CTA spinning on a line slows the atomics that land on it), then one merge counter per KV head.
+#define DL_ARRIVE 0
+#define DL_FLAG 32
+#define DL_EXIT 64
+#define DL_HEADS 96
+#ifndef DL_BARRIER
+#define DL_BARRIER 0  // 0: spin on a flag the last arrival sets; 1: spin on the arrival count itself
+#endif
+
+// Grid-wide barrier number k of this launch. The arrival count only grows during a launch, so
+// barrier k is complete once it reaches (k + 1) * gridDim.x; the CTA whose arrival completes it
+// raises the flag to k + 1, which the others spin on. grid_done() zeroes both for the next
+// launch. prof (null unless profiling) gets each CTA's arrival and release times:
+// [barrier][CTA][2] ns.
 __device__ __forceinline__ void grid_sync(unsigned* bar, int k, u64* prof) {
   __syncthreads();
   if (threadIdx.x == 0) {
     if (prof) prof[((i64)k * gridDim.x + blockIdx.x) * 2] = global_ns();
     const unsigned target = (unsigned)(k + 1) * gridDim.x;
     __threadfence();  // this CTA's writes (ordered before by the barrier above) go first
-    atomicAdd(bar, 1u);
-    while (ld_acquire(bar) < target) {
+    const unsigned before = atomicAdd(bar + DL_ARRIVE, 1u);
+#if DL_BARRIER == 0
+    if (before == target - 1) {
+      __threadfence();
+      atomicExch(bar + DL_FLAG, (unsigned)(k + 1));
+    } else {
+      while (ld_acquire(bar + DL_FLAG) < (unsigned)(k + 1)) {
+      }
     }
+#else
+    (void)before;
+    while (ld_acquire(bar + DL_ARRIVE) < target) {
+    }
+#endif
     if (prof) prof[((i64)k * gridDim.x + blockIdx.x) * 2 + 1] = global_ns();
   }
   __syncthreads();
 }
 
 // After a CTA's last barrier: the last CTA to get here knows every CTA has passed every barrier,
-// and zeroes both counters for the next launch.
+// and zeroes the counters for the next launch.
 __device__ __forceinline__ void grid_done(unsigned* bar) {
-  if (threadIdx.x == 0 && atomicAdd(bar + 1, 1u) == gridDim.x - 1) {
-    atomicExch(bar, 0u);
-    atomicExch(bar + 1, 0u);
+  if (threadIdx.x == 0 && atomicAdd(bar + DL_EXIT, 1u) == gridDim.x - 1) {
+    atomicExch(bar + DL_ARRIVE, 0u);
+    atomicExch(bar + DL_FLAG, 0u);
+    atomicExch(bar + DL_EXIT, 0u);
   }
 }
 
@@ -433,7 +456,7 @@ __device__ void attention_stage(const AttnArgs& a, float* sm) {
 // residual [H] holds the embedded token on entry and the residual stream before the last layer's
 // down output on exit; hidden [H] that output (what rms_norm(hidden, residual=residual) expects).
 // table: [n_layers, 9] LayerPtrs; k_cache / v_cache: layer 0 of [layers, blocks, block_size, NKV,
-// D], layer_stride elements apart. sync: [2 + NKV] zeros on first use, left zero after each run.
+// D], layer_stride elements apart. sync: [96 + NKV] zeros on first use, left zero after each run.
 // prof: null, or [n_layers * 5][gridDim.x][2] u64 for grid_sync's timestamps (the profile script).
 extern "C" __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers(
     const u64* __restrict__ table, int n_layers, bf16* residual, bf16* hidden, bf16* qkv, bf16* attn,
@@ -469,7 +492,7 @@ extern "C" __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers(
   a.scale_log2 = scale_log2;
   a.attn = attn;
   a.part = part;
-  a.head_cnt = sync + 2;
+  a.head_cnt = sync + DL_HEADS;
   a.qkv = qkv;
   for (int layer = 0; layer < n_layers; ++layer) {
     const LayerPtrs lp = layers[layer];

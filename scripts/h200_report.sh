@@ -446,8 +446,8 @@ part24() {  # session 5, call 3: the one-kernel decoder's barrier profile (defau
   stage decode_layers_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -x tests/test_decode_layers.py
   stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
     python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
-  stage profile_06b 120 python3 scripts/decode_layers_profile.py $M/q06 --variant DL_PF_MAX=0
-  stage profile_8b 120 python3 scripts/decode_layers_profile.py $M/q8 --variant DL_PF_MAX=0
+  stage profile_06b 120 python3 scripts/decode_layers_profile.py $M/q06 --variant DL_PF_MAX=0 --variant DL_BARRIER=1
+  stage profile_8b 120 python3 scripts/decode_layers_profile.py $M/q8 --variant DL_PF_MAX=0 --variant DL_BARRIER=1
   decode_06b 60
   stage decode_06b_ops 60 env MINILLM_FUSED_DECODE=0 python3 -m minillm.bench decode $M/q06 --device cuda \
     --input-len 512 --output-len 256 --result-json "$W/decode_06b_ops.json"

@@ -54,6 +54,7 @@ _PF_ROWS, _PF_BK = 64, 64  # cuda/prefill_attention.cu: query rows per CTA, keys
 # cuda/decode_layers.cu: threads (warps) per CTA, GEMV partial sums a CTA holds, most splits of a
 # KV head, most query heads per KV head the host compiles it for
 _DL_THREADS, _DL_WARPS, _DL_RED, _DL_MAX_S, _DL_MAX_G = 512, 16, 2048, 32, 8
+_DL_SYNC_HEADS = 96  # DL_HEADS: where the per-KV-head merge counters start in its sync buffer
 
 
 @dataclass
@@ -722,7 +723,7 @@ class CudaBackend:
                 table=cp.asarray(table), qkv=cp.empty(QS + 2 * KVS, dtype=self.dtype),
                 attn=cp.empty(QS, dtype=self.dtype), act=cp.empty(F, dtype=self.dtype),
                 part=cp.empty(NKV * _DL_MAX_S * G * (D + 2), dtype=np.float32),
-                sync=cp.zeros(2 + NKV, dtype=np.uint32))  # the kernel leaves it zero after each run
+                sync=cp.zeros(_DL_SYNC_HEADS + NKV, dtype=np.uint32))  # left zero after each run
         self.stream.synchronize()
         return plan
 
