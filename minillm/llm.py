@@ -17,6 +17,8 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None
     logprobs: list[TokenLogprob] | None = None  # one per token id, with SamplingParams.logprobs
+    # with SamplingParams.prompt_logprobs: one per prompt token id, None for the first
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 class LLM:
@@ -50,6 +52,7 @@ class LLM:
             ids.append(engine.add_request(toks, p))
         done: dict[str, CompletionOutput] = {}
         logprobs: dict[str, list[TokenLogprob]] = {}
+        prompt_logprobs: dict[str, list] = {}
         # offline, nobody reads a step's text at once: render it while the next step runs
         engine.overlap_outputs = True
         try:
@@ -57,9 +60,12 @@ class LLM:
                 for out in engine.step():
                     if out.new_logprobs is not None:
                         logprobs.setdefault(out.request_id, []).extend(out.new_logprobs)
+                    if out.prompt_logprobs is not None:
+                        prompt_logprobs[out.request_id] = out.prompt_logprobs
                     if out.finished:
                         done[out.request_id] = CompletionOutput([], out.text, out.token_ids, out.finish_reason,
-                                                                logprobs.pop(out.request_id, None))
+                                                                logprobs.pop(out.request_id, None),
+                                                                prompt_logprobs.pop(out.request_id, None))
         finally:
             engine.overlap_outputs = False
         results = []

@@ -20,6 +20,9 @@ class SamplingParams:
     # None: no log probabilities; N >= 0: each output token's logprob and the N most likely
     # alternatives' (minillm/engine/logprobs.py)
     logprobs: int | None = None
+    # None: none; N >= 0 (vLLM's name): each prompt token's logprob given the tokens before it, and
+    # the N most likely alternatives' (the first prompt token has None: nothing predicts it)
+    prompt_logprobs: int | None = None
     # OpenAI's penalties on tokens already in the output (subtract presence once, frequency per
     # occurrence) and vLLM's repetition_penalty on tokens in the prompt or output (a positive
     # logit divided by it, a negative one multiplied), applied in that order before sampling
@@ -61,6 +64,10 @@ class SamplingParams:
         need(self.logprobs is None or (isinstance(self.logprobs, int) and not isinstance(self.logprobs, bool)
                                        and 0 <= self.logprobs <= 20),
              f"logprobs must be None or an integer in [0, 20], got {self.logprobs!r}")
+        need(self.prompt_logprobs is None or (isinstance(self.prompt_logprobs, int)
+                                              and not isinstance(self.prompt_logprobs, bool)
+                                              and 0 <= self.prompt_logprobs <= 20),
+             f"prompt_logprobs must be None or an integer in [0, 20], got {self.prompt_logprobs!r}")
         for name in ("presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
             need(isinstance(v, (int, float)) and not isinstance(v, bool) and -2 <= v <= 2,

@@ -204,6 +204,86 @@ def test_logprobs(server):
     assert got == pytest.approx([e.logprob for e in content], abs=1e-5)
 
 
+def test_echo(server):
+    """echo on /v1/completions: the prompt's text first and, with logprobs, its tokens' logprobs
+    first (the first token's null), then the completion's; max_tokens 0 scores the prompt and
+    generates nothing (lm-evaluation-harness's loglikelihood requests); streamed and not, batched."""
+    cl, name = server.client(), model_name(server)
+    prompt = "Once upon a time"  # the byte tokenizer: one token a character
+    kw = dict(model=name, temperature=0, extra_body={"ignore_eos": True})
+    gen = cl.completions.create(prompt=prompt, max_tokens=6, logprobs=2, **kw).choices[0]
+    c = cl.completions.create(prompt=prompt, max_tokens=6, logprobs=2, echo=True, **kw)
+    ch, lp = c.choices[0], c.choices[0].logprobs
+    assert ch.text == prompt + gen.text and ch.finish_reason == "length"
+    assert (c.usage.prompt_tokens, c.usage.completion_tokens) == (len(prompt), 6)
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(prompt) + 6
+    assert "".join(lp.tokens[:len(prompt)]) == prompt and lp.text_offset[len(prompt)] == len(prompt)
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(v <= 0 for v in lp.token_logprobs[1:])
+    for tok, v, top in zip(lp.tokens[1:len(prompt)], lp.token_logprobs[1:], lp.top_logprobs[1:]):
+        assert top[tok] == v and 1 <= len(top) <= 3  # the prompt token, then the 2 best
+    assert lp.token_logprobs[len(prompt):] == pytest.approx(gen.logprobs.token_logprobs, abs=1e-5)
+
+    zero = cl.completions.create(prompt=prompt, max_tokens=0, logprobs=2, echo=True, **kw)
+    assert zero.choices[0].text == prompt and zero.choices[0].finish_reason == "length"
+    assert (zero.usage.prompt_tokens, zero.usage.completion_tokens) == (len(prompt), 0)
+    zlp = zero.choices[0].logprobs
+    assert zlp.tokens == lp.tokens[:len(prompt)] and zlp.text_offset == lp.text_offset[:len(prompt)]
+    assert zlp.token_logprobs[0] is None
+    assert zlp.token_logprobs[1:] == pytest.approx(lp.token_logprobs[1:len(prompt)], abs=1e-5)
+
+    # a prompt logprob is the probability of that token after the ones before it: the model's
+    # distribution after a prefix, for characters among its 20 best
+    greedy_seen = set()
+    for prefix in (prompt, "abc", "hello world", "The quick brown fox", "1 2 3 4"):
+        top = cl.completions.create(prompt=prefix, max_tokens=1, logprobs=20, **kw).choices[0].logprobs.top_logprobs[0]
+        best = max(top, key=top.get)
+        for t in [t for t in top if len(t) == 1 and t.isascii() and t.isprintable()][:3]:
+            s = cl.completions.create(prompt=prefix + t, max_tokens=0, logprobs=1, echo=True, **kw).choices[0]
+            assert s.logprobs.tokens[-1] == t and s.logprobs.token_logprobs[-1] == pytest.approx(top[t], abs=1e-4)
+            # lm-evaluation-harness's is_greedy: the token's logprob is the best of its top_logprobs
+            greedy = s.logprobs.token_logprobs[-1] == max(s.logprobs.top_logprobs[-1].values())
+            assert greedy == (t == best)
+            greedy_seen.add(greedy)
+    assert greedy_seen == {True, False}
+
+    # streamed: the prompt and its logprobs in each choice's first chunk, then the completion's
+    for max_tokens, ref in ((6, c), (0, zero)):
+        chunks = [x for x in cl.completions.create(prompt=prompt, max_tokens=max_tokens, logprobs=2, echo=True,
+                                                   stream=True, **kw) if x.choices]
+        assert chunks[0].choices[0].text.startswith(prompt)
+        assert len(chunks[0].choices[0].logprobs.tokens) >= len(prompt)
+        assert "".join(x.choices[0].text for x in chunks) == ref.choices[0].text
+        got = [x.choices[0].logprobs for x in chunks if x.choices[0].logprobs]
+        assert sum((g.tokens for g in got), []) == ref.choices[0].logprobs.tokens
+        assert sum((g.text_offset for g in got), []) == ref.choices[0].logprobs.text_offset
+        vals = sum((g.token_logprobs for g in got), [])
+        assert vals[0] is None and vals[1:] == pytest.approx(ref.choices[0].logprobs.token_logprobs[1:], abs=1e-5)
+        assert chunks[-1].choices[0].finish_reason == "length"
+
+    # without logprobs: the text only
+    plain = cl.completions.create(prompt=prompt, max_tokens=6, echo=True, **kw).choices[0]
+    assert plain.text == ch.text and plain.logprobs is None
+    assert cl.completions.create(prompt=prompt, max_tokens=0, echo=True, **kw).choices[0].text == prompt
+    streamed = cl.completions.create(prompt=prompt, max_tokens=6, echo=True, stream=True, **kw)
+    assert "".join(x.choices[0].text for x in streamed if x.choices) == ch.text
+
+    # a batch of prompts (a string and token ids) with n = 2: each choice echoes its own prompt
+    b = cl.completions.create(prompt=[prompt, [70, 71, 72]], n=2, max_tokens=0, logprobs=1, echo=True, **kw)
+    assert [x.index for x in b.choices] == [0, 1, 2, 3]
+    assert [x.text for x in b.choices] == [prompt, prompt, "ghi", "ghi"]  # ids 70-72: 'g', 'h', 'i'
+    assert all(x.logprobs.tokens == list(x.text) and x.logprobs.token_logprobs[0] is None for x in b.choices)
+    assert b.choices[0].logprobs.token_logprobs[1:] == pytest.approx(zlp.token_logprobs[1:], abs=1e-5)
+    assert b.usage.prompt_tokens == len(prompt) + 3 and b.usage.completion_tokens == 0
+    bs = [x for x in cl.completions.create(prompt=[prompt, [70, 71, 72]], n=2, max_tokens=3, echo=True, stream=True,
+                                           **kw) if x.choices]
+    texts = ["".join(x.choices[0].text for x in bs if x.choices[0].index == k) for k in range(4)]
+    assert texts[0].startswith(prompt) and texts[2].startswith("ghi") and texts[0] == texts[1]
+
+    with pytest.raises(openai.BadRequestError, match="'logprobs' must be between 0 and 20"):
+        cl.completions.create(prompt=prompt, max_tokens=0, logprobs=21, echo=True, **kw)
+
+
 def test_penalties(server):
     """presence/frequency (OpenAI) and repetition (vLLM) penalties reach the sampler: a greedy run
     that repeats itself without them does not with them; streamed equals non-streamed."""

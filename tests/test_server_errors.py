@@ -101,7 +101,11 @@ COMPLETION_CASES = [
     ({**OK, "logprobs": 21}, "logprobs"),
     ({**OK, "logprobs": -1}, "logprobs"),
     ({**OK, "logprobs": True}, "logprobs"),
-    ({**OK, "echo": True}, "echo"),
+    ({**OK, "echo": "yes"}, "echo"),
+    ({**OK, "echo": True, "logprobs": 21}, "logprobs"),
+    ({**OK, "max_tokens": 0, "echo": False}, "max_tokens"),
+    ({**OK, "max_tokens": 0, "echo": True, "min_tokens": 1}, "min_tokens"),
+    ({"prompt": [65] * 256, "max_tokens": 0, "echo": True, "logprobs": 1}, "prompt"),
     ({**OK, "best_of": 3}, "best_of"),
     ({**OK, "presence_penalty": 2.5}, "presence_penalty"),
     ({**OK, "frequency_penalty": "x"}, "frequency_penalty"),
@@ -164,8 +168,10 @@ def test_bad_chat_requests(server, body, param):
 
 
 def test_messages_name_the_problem(server):
-    err = check_error(post(server, "/v1/completions", {**OK, "echo": True}), 400)
+    err = check_error(post(server, "/v1/completions", {**OK, "suffix": "!"}), 400)
     assert "not supported yet" in err["message"]
+    err = check_error(post(server, "/v1/completions", {**OK, "echo": True, "logprobs": 21}), 400)
+    assert err["message"] == "'logprobs' must be between 0 and 20, got 21"
     err = check_error(post(server, "/v1/completions", {"prompt": LONG, "max_tokens": 7}), 400)
     assert err["code"] == "context_length_exceeded" and "256" in err["message"]
     err = check_error(post(server, "/v1/completions", {**OK, "top_p": 1.5}), 400)

@@ -121,13 +121,17 @@ class BlockManager:
     def match_prefix(self, seq: Sequence) -> int:
         """Attach the longest cached run of seq's leading full blocks; returns tokens matched.
 
-        At least one prompt token is always left to compute, since its logits are needed.
+        At least one prompt token is always left to compute, since its logits are needed; so is
+        every row whose logits prompt logprobs still need (positions from len(prompt_logprobs) - 1).
         """
         assert not seq.block_table, "prefix matching is for a sequence without blocks"
         if not self.enable_prefix_caching:
             return 0
         bs = self.block_size
-        max_blocks = (seq.num_tokens - 1) // bs
+        limit = seq.num_tokens - 1
+        if seq.prompt_logprobs is not None and len(seq.prompt_logprobs) < seq.num_prompt_tokens:
+            limit = min(limit, len(seq.prompt_logprobs) - 1)
+        max_blocks = limit // bs
         parent = None
         matched = 0
         for i in range(max_blocks):

@@ -22,7 +22,7 @@ import numpy as np
 
 from minillm.args import EngineArgs
 from minillm.engine.block_manager import BlockManager
-from minillm.engine.logprobs import TokenLogprob, token_logprob
+from minillm.engine.logprobs import TokenLogprob, prompt_logprobs, token_logprob
 from minillm.engine.runner import ModelRunner
 from minillm.engine.scheduler import ScheduledSeq, Scheduler
 from minillm.engine.sequence import Sequence
@@ -60,6 +60,9 @@ class RequestOutput:
     _token_ids: list[int] | None = field(default=None, repr=False)
     # with SamplingParams.logprobs: one TokenLogprob per entry of new_token_ids, else None
     new_logprobs: list[TokenLogprob] | None = None
+    # with SamplingParams.prompt_logprobs, on the request's first output only: one entry per prompt
+    # token, None for the first (nothing predicts it), else None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     @property
     def token_ids(self) -> list[int]:
@@ -275,13 +278,16 @@ class LLMEngine:
         seq = Sequence(request_id, prompt_ids, params, seed)
         seq.max_output_len = min(params.max_tokens, self.max_model_len - len(prompt_ids))
         seq.decoder = IncrementalDecoder(self.tokenizer)
-        if params.logprobs is not None or params.penalized:
+        if params.logprobs is not None or params.penalized or params.prompt_logprobs is not None:
             if self.proposer is not None:
-                what = "logprobs" if params.logprobs is not None else "presence/frequency/repetition penalties"
+                what = ("logprobs" if params.logprobs is not None else "prompt_logprobs"
+                        if params.prompt_logprobs is not None else "presence/frequency/repetition penalties")
                 raise ValueError(f"{what} with speculative decoding is not supported yet: drop them, or "
                                  "serve without --speculative-config")
             if params.logprobs is not None:
                 seq.output_logprobs = []
+            if params.prompt_logprobs is not None:
+                seq.prompt_logprobs = [None]
             self._sync_requests.add(request_id)
         self.requests[request_id] = seq
         self.stats_prompt_tokens += len(prompt_ids)
@@ -336,6 +342,7 @@ class LLMEngine:
         drafter_kv = self.proposer is not None and self.proposer.needs_kv
         # (a DFlash drafter's context K/V was stored inside runner.launch: its after_forward)
         token_list = tokens.tolist()  # one conversion instead of an int() per sequence
+        prompt_rows = self._prompt_rows(sched.scheduled) if self._sync_requests else []
         num_sampled = 0
         r = 0
         for item in sched.scheduled:
@@ -359,6 +366,8 @@ class LLMEngine:
                 accepted, reason = self._accept_tokens(seq, new)
                 num_sampled += len(accepted)
                 self._unrendered.append((seq, accepted, reason))
+        if prompt_rows:  # after the loop: it overwrites the logits rows the loop reads
+            self._fill_prompt_logprobs(prompt_rows)
         outputs = earlier if self.overlap_outputs else self._render_unrendered()
         if self.proposer is not None:
             if prof is not None:
@@ -545,6 +554,36 @@ class LLMEngine:
             self.scheduler.finish(seq, reason)
         return accepted, reason
 
+    def _prompt_rows(self, scheduled: list[ScheduledSeq]) -> list[tuple[Sequence, int, int, int]]:
+        """(seq, step row of position lo, lo, hi) for each sequence of the step whose prompt
+        logprobs need the logits of its positions [lo, hi) computed by this step (position p
+        predicts prompt token p + 1; positions done before, e.g. recomputed after a preemption,
+        are skipped). Taken before the step's outputs are accepted: a request that ends in this
+        step (max_tokens 1) still gets its prompt's."""
+        rows = []
+        t = 0
+        for item in scheduled:
+            seq = item.seq
+            plp = seq.prompt_logprobs
+            if plp is not None and not seq.finished:
+                lo = max(item.start, len(plp) - 1)
+                hi = min(item.start + item.num_new, seq.num_prompt_tokens - 1)
+                if lo < hi:
+                    rows.append((seq, t + lo - item.start, lo, hi))
+            t += item.num_new
+        return rows
+
+    def _fill_prompt_logprobs(self, rows: list[tuple[Sequence, int, int, int]]) -> None:
+        """Extend each sequence's prompt logprobs with those of its rows in the step just run
+        (engine/logprobs.py: the LM head over those rows, in slices of the logits buffer). A request
+        that needs synchronous steps only for them runs asynchronously again once they are complete."""
+        for seq, row, lo, hi in rows:
+            p = seq.params
+            seq.prompt_logprobs.extend(prompt_logprobs(self.runner, row, seq.prompt_ids[lo + 1 : hi + 1],
+                                                       p.prompt_logprobs))
+            if len(seq.prompt_logprobs) == seq.num_prompt_tokens and p.logprobs is None and not p.penalized:
+                self._sync_requests.discard(seq.request_id)
+
     def _logits_row(self, r: int) -> np.ndarray:
         """Row r of the last step's logits on the host (float32 [vocab]): read after the step's ids
         arrived and before another step is launched (logprob requests keep steps synchronous)."""
@@ -594,7 +633,8 @@ class LLMEngine:
         seq.sent_text_len = end
         logprobs = None if seq.output_logprobs is None else seq.output_logprobs[n0 : n0 + len(accepted)]
         return RequestOutput(seq.request_id, accepted, delta, seq.output_ids, len(seq.output_ids), seq.text,
-                             len(seq.prompt_ids), reason is not None, reason, new_logprobs=logprobs)
+                             len(seq.prompt_ids), reason is not None, reason, new_logprobs=logprobs,
+                             prompt_logprobs=seq.prompt_logprobs if n0 == 0 else None)
 
     @staticmethod
     def _find_stop(text: str, stops: list[str], start: int = 0) -> int | None:

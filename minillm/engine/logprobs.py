@@ -1,4 +1,5 @@
-"""Log probabilities of sampled tokens (OpenAI's `logprobs`), from the step's logits on the host.
+"""Log probabilities of sampled tokens (OpenAI's `logprobs`) and of prompt tokens (vLLM's
+`prompt_logprobs`, OpenAI's `echo` with `logprobs`), from a step's logits on the host.
 
 A request that asks for logprobs makes its steps synchronous (the engine falls back from
 async scheduling while one is running), so after a step's sampled ids arrive the logits
@@ -6,6 +7,13 @@ buffer still holds that step's rows: each wanted row is copied to the host and r
 The values are the model's own distribution, log_softmax of the logits (vLLM's default
 "raw_logprobs"): before temperature, top-k and top-p; after what changes the logits themselves
 (min_tokens' masking, penalties, logit_bias).
+
+Prompt tokens need the logits of every prompt row, while a step computes logits only for the rows
+it samples from (the workspace's logits buffer holds max_logits rows). The final hidden states of
+every row of the step are still in the workspace (ws.normed) once it ran, so prompt_logprobs()
+runs the LM head over a chunk's prompt rows there, at most max_logits rows at a time, into the
+logits buffer, and reduces each slice on the host before the next overwrites it: no device
+memory beyond what startup sized, whatever the prompt's length. These are the raw model's.
 """
 
 from __future__ import annotations
@@ -38,3 +46,47 @@ def token_logprob(logits_row: np.ndarray, token: int, top: int) -> TokenLogprob:
         idx = idx[np.lexsort((idx, -row[idx]))]  # by value, then id: a stable order
         best = [(int(i), float(row[i] - lse)) for i in idx]
     return TokenLogprob(int(token), float(row[token] - lse), best)
+
+
+def rows_logprobs(logits: np.ndarray, tokens, top: int, block: int = 1 << 21) -> list[TokenLogprob]:
+    """token_logprob for each row of logits [m, vocab] and its token, vectorised (the host work of
+    prompt logprobs is one such row per prompt token), in float64 blocks of about `block` values."""
+    logits = np.asarray(logits)
+    m, vocab = logits.shape
+    out: list[TokenLogprob] = []
+    step = max(1, block // max(vocab, 1))
+    k = min(top, vocab)
+    for a in range(0, m, step):
+        x = logits[a : a + step].astype(np.float64)
+        n = x.shape[0]
+        mx = x.max(axis=1, keepdims=True)
+        lse = mx[:, 0] + np.log(np.exp(x - mx).sum(axis=1))
+        toks = np.asarray(tokens[a : a + n], dtype=np.int64)
+        vals = (x[np.arange(n), toks] - lse).tolist()
+        if k > 0:
+            idx = np.argpartition(-x, k - 1, axis=1)[:, :k]
+            best = np.take_along_axis(x, idx, axis=1)
+            order = np.lexsort((idx, -best), axis=1)  # by value, then id: token_logprob's order
+            idx = np.take_along_axis(idx, order, axis=1)
+            best = np.take_along_axis(best, order, axis=1) - lse[:, None]
+            tops = [list(zip(i, v)) for i, v in zip(idx.tolist(), best.tolist())]
+        else:
+            tops = [[] for _ in range(n)]
+        out.extend(TokenLogprob(int(t), v, tp) for t, v, tp in zip(toks.tolist(), vals, tops))
+    return out
+
+
+def prompt_logprobs(runner, row: int, tokens: list[int], top: int) -> list[TokenLogprob]:
+    """Logprobs of `tokens` after the step `runner` just ran: tokens[j] is predicted by the step's
+    row `row + j` (the prompt position before it). The LM head runs over those rows' final hidden
+    states (ws.normed, which the forward fills for every row) in slices of the logits buffer's
+    rows; the caller has read everything it needs from that buffer already (the sampled rows'
+    logprobs), and no other step may run in between (prompt logprob requests keep steps synchronous)."""
+    ws, backend, lm_head = runner.ws, runner.backend, runner.model.lm_head
+    cap = ws.logits.shape[0]
+    out: list[TokenLogprob] = []
+    for a in range(0, len(tokens), cap):
+        m = min(cap, len(tokens) - a)
+        backend.matmul(ws.normed[row + a : row + a + m], lm_head, out=ws.logits[:m])
+        out.extend(rows_logprobs(backend.to_host(ws.logits[:m]), tokens[a : a + m], top))
+    return out

@@ -54,6 +54,10 @@ class Sequence:
         # those of the step just collected, until its ids are accepted
         self.output_logprobs: list | None = None
         self.new_logprobs: list = []
+        # SamplingParams.prompt_logprobs: entry t for prompt token t (entry 0 is None), filled chunk
+        # by chunk as the prefill computes the rows before them; its length is also where the rows
+        # still wanted start (the prefix cache may not skip them: BlockManager.match_prefix)
+        self.prompt_logprobs: list | None = None
         # detokenisation state (owned by the engine)
         self.text = ""
         self.sent_text_len = 0

@@ -167,6 +167,8 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         n = len(streams)
         texts, reasons, n_outs = [""] * n, ["abort"] * n, [0] * n
         lps: list[list] = [[] for _ in range(n)]
+        out_ids: list[list[int]] = [[] for _ in range(n)]
+        prompt_lps: list[list] = [[] for _ in range(n)]
         try:
             async for i, out in choice_outputs(streams):
                 timer.tokens(len(out.new_token_ids))
@@ -174,6 +176,9 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
                 reasons[i] = out.finish_reason or reasons[i]
                 if out.new_logprobs:
                     lps[i].extend(out.new_logprobs)
+                    out_ids[i].extend(out.new_token_ids)
+                if out.prompt_logprobs:
+                    prompt_lps[i] = out.prompt_logprobs
         except EngineFailure as e:
             reasons[0] = "error"
             return _error(e.status, e.message, e.type)
@@ -181,10 +186,19 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
             for stream in streams:  # aborts what is unfinished if we were cancelled (client gone)
                 stream.close()
             timer.done(reasons[0])
+        if parsed.echo_only:  # max_tokens 0: the token the engine generated is dropped
+            texts, n_outs, lps, out_ids = [""] * n, [0] * n, [[] for _ in range(n)], [[] for _ in range(n)]
+            reasons = ["length" for _ in reasons]
         bodies: list[dict | None] = [None] * n
         if parsed.logprobs:
             bodies = [protocol.chat_logprobs(lp, token_text) if chat else protocol.completion_logprobs(lp, token_text)
                       for lp in lps]
+        if parsed.echo:  # the prompt first: its text, and its tokens' logprobs (the first one null)
+            texts = [parsed.echo_texts[i] + texts[i] for i in range(n)]
+            if parsed.logprobs:
+                bodies = [protocol.completion_logprobs(prompt_lps[i] + lps[i], token_text,
+                                                       token_ids=parsed.choices[i][0] + out_ids[i])
+                          for i in range(n)]
         build = protocol.chat_response if chat else protocol.completion_response
         return _json(build(rid, protocol.now(), parsed.model, list(zip(texts, reasons, bodies)),
                            parsed.num_prompt_tokens, sum(n_outs)))
@@ -211,12 +225,13 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         want_logprobs = parsed.logprobs
         sent_chars = [0] * len(parsed.choices)  # completions' text_offset of each choice's next token
 
-        def chunk(i: int, text: str | None, finish: str | None = None, lps: list | None = None) -> bytes:
+        def chunk(i: int, text: str | None, finish: str | None = None, lps: list | None = None,
+                  ids: list[int] | None = None) -> bytes:
             if chat:
                 delta = {} if text is None else {"content": text}
                 lp = protocol.chat_logprobs(lps, token_text) if lps else None
                 return sse({**protocol.chat_chunk(rid, created, model, delta, finish, i, lp), **usage_null})
-            lp = protocol.completion_logprobs(lps, token_text, sent_chars[i]) if lps else None
+            lp = protocol.completion_logprobs(lps, token_text, sent_chars[i], ids) if lps else None
             if lp:
                 sent_chars[i] = lp["text_offset"][-1] + len(lp["tokens"][-1])
             return sse({**protocol.completion_chunk(rid, created, model, text or "", finish, i, lp), **usage_null})
@@ -232,6 +247,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
             return
         n = len(streams)
         reasons, n_outs = ["abort"] * n, [0] * n
+        echoed = [not parsed.echo] * n  # whether choice i's prompt went out (in its first chunk)
         try:
             if chat:  # the first chat chunk of each choice carries the role, as OpenAI's does
                 for i in range(n):
@@ -240,11 +256,21 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
             async for i, out in choice_outputs(streams):
                 timer.tokens(len(out.new_token_ids))
                 n_outs[i] = len(out.token_ids)
+                text, ids = out.new_text, out.new_token_ids
                 lps = out.new_logprobs if want_logprobs else None
-                if out.new_text or lps:  # tokens held back by a stop string still send their logprobs
-                    yield chunk(i, out.new_text, None, lps)
+                if parsed.echo_only:  # max_tokens 0: the token the engine generated is dropped
+                    text, ids, lps, n_outs[i] = "", [], [], 0
+                if not echoed[i]:  # the first chunk: the prompt, then what this output adds (as vLLM)
+                    echoed[i] = True
+                    text = parsed.echo_texts[i] + text
+                    if want_logprobs:
+                        lps = (out.prompt_logprobs or []) + lps
+                        ids = parsed.choices[i][0] + ids
+                    yield chunk(i, text, None, lps, ids)
+                elif text or lps:  # tokens held back by a stop string still send their logprobs
+                    yield chunk(i, text, None, lps, ids)
                 if out.finished:
-                    reasons[i] = out.finish_reason or "stop"
+                    reasons[i] = "length" if parsed.echo_only else out.finish_reason or "stop"
                     yield chunk(i, None, reasons[i])
             if parsed.include_usage:
                 yield sse(protocol.usage_chunk(rid, created, model, chat, n_prompt, sum(n_outs)))

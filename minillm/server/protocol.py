@@ -61,6 +61,12 @@ class ParsedRequest:
     num_prompt_tokens: int  # every prompt's tokens, counted once (usage)
     stream: bool = False
     include_usage: bool = False
+    # completions' echo: each choice's text (and, with logprobs, its logprobs) starts with its
+    # prompt's; echo_texts[k] is choice k's prompt text. echo_only: max_tokens 0, the prompt alone
+    # (the engine generates one token, which is dropped, as vLLM does)
+    echo: bool = False
+    echo_only: bool = False
+    echo_texts: list[str] = field(default_factory=list)
 
     @property
     def logprobs(self) -> bool:
@@ -126,8 +132,9 @@ def _check_ids(ids: list, info: ModelInfo, param: str) -> list[int]:
     return list(ids)
 
 
-def completion_prompts(body: dict, info: ModelInfo) -> list[list[int]]:
-    """'prompt': a string, an array of token ids, or a batch (an array of either): the ids of each."""
+def completion_prompts(body: dict, info: ModelInfo) -> list[tuple[list[int], str | None]]:
+    """'prompt': a string, an array of token ids, or a batch (an array of either): the ids of each,
+    with its text where it was given as a string."""
     p = body.get("prompt")
     batch = p if isinstance(p, list) and p and all(isinstance(x, (str, list)) for x in p) else [p]
     if len(batch) > MAX_CHOICES:
@@ -145,7 +152,7 @@ def completion_prompts(body: dict, info: ModelInfo) -> list[list[int]]:
                                 "prompt")
         if not ids:
             raise ProtocolError("'prompt' is empty: give at least one token", "prompt")
-        out.append(ids)
+        out.append((ids, x if isinstance(x, str) else None))
     return out
 
 
@@ -200,10 +207,15 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool) -> S
                             code="context_length_exceeded")
     name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _get(body, name, int, None)
+    echo = not chat and _get(body, "echo", bool, False)
     if max_tokens is None:
         max_tokens = room  # vLLM's default: whatever the context has left
+    elif max_tokens == 0 and echo:  # score the prompt, generate nothing (lm-evaluation-harness)
+        if _get(body, "min_tokens", int, 0):
+            raise ProtocolError("'min_tokens' must be 0 when 'max_tokens' is 0", "min_tokens")
+        max_tokens = 1  # as vLLM does: one token is generated and dropped (ParsedRequest.echo_only)
     elif max_tokens < 1:
-        raise ProtocolError(f"'{name}' must be >= 1, got {max_tokens}", name)
+        raise ProtocolError(f"'{name}' must be >= 1{'' if chat else ' (or 0 with echo)'}, got {max_tokens}", name)
     elif max_tokens > room:
         raise ProtocolError(f"this model's maximum context length is {info.max_model_len} tokens; the prompt "
                             f"has {n_prompt} and {name} asks for {max_tokens} more; lower {name} to at most "
@@ -230,7 +242,6 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool) -> S
     else:
         logprobs = _get(body, "logprobs", int, None)
         lp_name = "logprobs"
-        _refuse(body, "echo", (None, False), "prompt logprobs (echo)")
         _refuse(body, "suffix", (None, ""))
     if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
         raise ProtocolError(f"'{lp_name}' must be between 0 and {MAX_LOGPROBS}, got {logprobs}", lp_name)
@@ -273,7 +284,8 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool) -> S
         max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
         min_tokens=_get(body, "min_tokens", int, 0), stop=stop, stop_token_ids=stop_ids,
         ignore_eos=_get(body, "ignore_eos", bool, False), seed=seed,
-        skip_special_tokens=_get(body, "skip_special_tokens", bool, True), logprobs=logprobs, **adjust,
+        skip_special_tokens=_get(body, "skip_special_tokens", bool, True), logprobs=logprobs,
+        prompt_logprobs=logprobs if echo else None, **adjust,
     )
     try:
         return SamplingParams(**kwargs)
@@ -289,14 +301,23 @@ def parse_request(body: dict, info: ModelInfo, chat: bool) -> ParsedRequest:
     stream = _get(body, "stream", bool, False)
     opts = _get(body, "stream_options", dict, {})
     include_usage = _get(opts, "include_usage", bool, False)
-    prompts = [chat_prompt(body, info)] if chat else completion_prompts(body, info)
+    given = [(chat_prompt(body, info), None)] if chat else completion_prompts(body, info)
+    prompts = [ids for ids, _ in given]
     params = [sampling_params(body, len(ids), info, chat) for ids in prompts]  # max_tokens' room: each its own
     n = _get(body, "n", int, 1)
     if len(prompts) * n > MAX_CHOICES:
         raise ProtocolError(f"{len(prompts)} prompts x n = {n} is more than {MAX_CHOICES} choices in one request",
                             "n")
     choices = [(ids, choice_params(p, i)) for ids, p in zip(prompts, params) for i in range(n)]
-    return ParsedRequest(model, choices, sum(len(ids) for ids in prompts), stream, include_usage)
+    parsed = ParsedRequest(model, choices, sum(len(ids) for ids in prompts), stream, include_usage)
+    if not chat and _get(body, "echo", bool, False):  # (chat's echo is not OpenAI's: left alone)
+        parsed.echo = True
+        parsed.echo_only = body.get("max_tokens") == 0
+        # a prompt given as ids echoes as their text, special tokens included
+        texts = [text if text is not None else info.tokenizer.decode(ids, skip_special_tokens=False)
+                 for ids, text in given]
+        parsed.echo_texts = [text for text in texts for _ in range(n)]
+    return parsed
 
 
 def choice_params(params: SamplingParams, i: int) -> SamplingParams:
@@ -341,24 +362,31 @@ def chat_chunk(rid: str, created: int, model: str, delta: dict, finish: str | No
             "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
 
 
-def completion_logprobs(lps: list[TokenLogprob], token_text, text_offset: int = 0) -> dict:
+def completion_logprobs(lps: list[TokenLogprob | None], token_text, text_offset: int = 0,
+                        token_ids: list[int] | None = None) -> dict:
     """The legacy completions API's logprobs body for these tokens; token_text(id) -> str. The
     sampled token is listed among its top alternatives too, as vLLM does. That body keys the
     alternatives by text, so tokens that read the same (byte pieces of one character) share a
-    key: the first listed keeps it (the sampled token, then the best first)."""
-    tokens = [token_text(lp.token_id) for lp in lps]
+    key: the first listed keeps it (the sampled token, then the best first). A None entry (the
+    first prompt token, with echo: nothing predicts it) has null logprob and top_logprobs, as in
+    OpenAI's and vLLM's bodies; token_ids names the tokens then."""
+    ids = token_ids if token_ids is not None else [lp.token_id for lp in lps]
+    tokens = [token_text(i) for i in ids]
     offsets = []
     for t in tokens:
         offsets.append(text_offset)
         text_offset += len(t)
-    tops = []
+    tops: list[dict[str, float] | None] = []
     for lp in lps:
+        if lp is None:
+            tops.append(None)
+            continue
         top: dict[str, float] = {}
         for i, v in [(lp.token_id, lp.logprob), *lp.top]:
             top.setdefault(token_text(i), v)
         tops.append(top)
-    return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in lps], "top_logprobs": tops,
-            "text_offset": offsets}
+    return {"tokens": tokens, "token_logprobs": [None if lp is None else lp.logprob for lp in lps],
+            "top_logprobs": tops, "text_offset": offsets}
 
 
 def chat_logprobs(lps: list[TokenLogprob], token_text) -> dict:
