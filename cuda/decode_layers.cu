@@ -38,7 +38,7 @@
 #define DL_THREADS 512
 #define DL_WARPS (DL_THREADS / 32)
 #ifndef DL_PF_MAX
-#define DL_PF_MAX (96 << 10)  // bytes of one weight range a CTA prefetches into L2 per stage
+#define DL_PF_MAX 0  // bytes of one weight range a CTA prefetches into L2 per stage (prefetch_rows)
 #endif
 #define DL_MIN_PART 32        // fewest keys an attention split takes
 #define DL_MAX_S 32           // most splits of one KV head (the host sizes the partials for it)
@@ -73,19 +73,16 @@ __device__ __forceinline__ u64 global_ns() {
   return t;
 }
 
-// sync[] layout (u32): arrivals, the release flag and the exit count on separate 128-byte lines
-// (a CTA spinning on a line slows the atomics that land on it), then one merge counter per KV head.
+// sync[] layout (u32): the arrival count and the exit count on separate 128-byte lines, then one
+// merge counter per KV head.
 #define DL_ARRIVE 0
-#define DL_FLAG 32
-#define DL_EXIT 64
+#define DL_EXIT 32
 #define DL_HEADS 96
-#ifndef DL_BARRIER
-#define DL_BARRIER 0  // 0: spin on a flag the last arrival sets; 1: spin on the arrival count itself
-#endif
 
 // Grid-wide barrier number k of this launch. The arrival count only grows during a launch, so
-// barrier k is complete once it reaches (k + 1) * gridDim.x; the CTA whose arrival completes it
-// raises the flag to k + 1, which the others spin on. grid_done() zeroes both for the next
+// barrier k is complete once it reaches (k + 1) * gridDim.x: one atomic per CTA, then a spin on
+// the count (measured on the H200, scripts/decode_layers_profile.py: 0.83 us a barrier, against
+// 1.3 us when the last arrival raised a separate flag). grid_done() zeroes it for the next
 // launch. prof (null unless profiling) gets each CTA's arrival and release times:
 // [barrier][CTA][2] ns.
 __device__ __forceinline__ void grid_sync(unsigned* bar, int k, u64* prof) {
@@ -94,20 +91,9 @@ __device__ __forceinline__ void grid_sync(unsigned* bar, int k, u64* prof) {
     if (prof) prof[((i64)k * gridDim.x + blockIdx.x) * 2] = global_ns();
     const unsigned target = (unsigned)(k + 1) * gridDim.x;
     __threadfence();  // this CTA's writes (ordered before by the barrier above) go first
-    const unsigned before = atomicAdd(bar + DL_ARRIVE, 1u);
-#if DL_BARRIER == 0
-    if (before == target - 1) {
-      __threadfence();
-      atomicExch(bar + DL_FLAG, (unsigned)(k + 1));
-    } else {
-      while (ld_acquire(bar + DL_FLAG) < (unsigned)(k + 1)) {
-      }
-    }
-#else
-    (void)before;
+    atomicAdd(bar + DL_ARRIVE, 1u);
     while (ld_acquire(bar + DL_ARRIVE) < target) {
     }
-#endif
     if (prof) prof[((i64)k * gridDim.x + blockIdx.x) * 2 + 1] = global_ns();
   }
   __syncthreads();
@@ -118,7 +104,6 @@ __device__ __forceinline__ void grid_sync(unsigned* bar, int k, u64* prof) {
 __device__ __forceinline__ void grid_done(unsigned* bar) {
   if (threadIdx.x == 0 && atomicAdd(bar + DL_EXIT, 1u) == gridDim.x - 1) {
     atomicExch(bar + DL_ARRIVE, 0u);
-    atomicExch(bar + DL_FLAG, 0u);
     atomicExch(bar + DL_EXIT, 0u);
   }
 }
@@ -126,14 +111,43 @@ __device__ __forceinline__ void grid_done(unsigned* bar) {
 __device__ __forceinline__ int slice_begin(int n) { return (int)((i64)blockIdx.x * n / gridDim.x); }
 __device__ __forceinline__ int slice_end(int n) { return (int)((i64)(blockIdx.x + 1) * n / gridDim.x); }
 
-// Ask L2 for rows [r0, r1) of a row-major [*, K] bf16 matrix (at most DL_PF_MAX bytes).
+// Ask L2 for rows [r0, r1) of a row-major [*, K] bf16 matrix (at most DL_PF_MAX bytes), one
+// bulk-prefetch instruction (the TMA unit walks the range). Off by default: with one
+// prefetch.global.L2 per 128-byte line the 0.6B kernel was 11% slower (the instructions delayed
+// the stage they were issued in), and on the 8B shape a stage's 50-200 MB of weights evict what
+// was prefetched before it is used.
 __device__ __forceinline__ void prefetch_rows(const bf16* w, int r0, int r1, int K) {
-  if (r1 <= r0) return;
-  const char* p = reinterpret_cast<const char*>(w + (i64)r0 * K);
+#if DL_PF_MAX > 0
+  if (r1 <= r0 || threadIdx.x != 0) return;
   i64 bytes = (i64)(r1 - r0) * K * 2;
   if (bytes > DL_PF_MAX) bytes = DL_PF_MAX;
-  for (i64 off = (i64)threadIdx.x * 128; off < bytes; off += (i64)DL_THREADS * 128)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(w + (i64)r0 * K), "r"((unsigned)(bytes & ~15)));
+#endif
+}
+
+// dst[0:n] = src[0:n] as floats (n % 8 == 0), src written by other CTAs (read through L2). Every
+// 16-byte load of a thread is issued before any is used: one round trip, not one per element.
+__device__ __forceinline__ void load_row(const bf16* src, float* dst, int n) {
+  constexpr int V = 4;
+  const int chunks = n / 8;
+  for (int base = 0; base < chunks; base += V * DL_THREADS) {
+    uint4 v[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const int c = base + threadIdx.x + k * DL_THREADS;
+      if (c < chunks) v[k] = __ldcg(reinterpret_cast<const uint4*>(src) + c);
+    }
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const int c = base + threadIdx.x + k * DL_THREADS;
+      if (c < chunks) {
+        float f[8];
+        minillm::unpack_bf16x8(v[k], f);
+        reinterpret_cast<float4*>(dst)[2 * c] = make_float4(f[0], f[1], f[2], f[3]);
+        reinterpret_cast<float4*>(dst)[2 * c + 1] = make_float4(f[4], f[5], f[6], f[7]);
+      }
+    }
+  }
 }
 
 // This CTA's slice of out[n] = x . W[n] (+ bias[n]) for n < N, x = xs[0:K] in shared memory;
@@ -219,10 +233,14 @@ __device__ void gemv_stage(const bf16* __restrict__ W, const float* xs, int N, i
 // residual += add (unless null), rounded to bf16; xs = bf16(residual * rstd * w).
 __device__ void add_and_norm(float* res, const bf16* add, const bf16* __restrict__ w, float eps, int H,
                              float* xs, float* scratch) {
+  if (add) {
+    load_row(add, xs, H);
+    __syncthreads();
+  }
   float ss = 0.f;
   for (int i = threadIdx.x; i < H; i += DL_THREADS) {
     float v = res[i];
-    if (add) v = round_bf16(v + minillm::to_f(__ldcg(add + i)));
+    if (add) v = round_bf16(v + xs[i]);
     res[i] = v;
     ss += v * v;
   }
@@ -277,36 +295,60 @@ struct AttnArgs {
   unsigned* head_cnt;
 };
 
-// Stage 2: attention of the new token over its context, one (KV head, split) item per CTA.
+// Stage 2: attention of the new token over its context, one (KV head, split) item per CTA. The
+// first keys' K/V loads are issued before the new token's q/k are normed and rotated (they do not
+// depend on them); the new token's own key is taken from shared memory, not read back.
 __device__ void attention_stage(const AttnArgs& a, float* sm) {
   constexpr int D = DL_D, G = DL_G, LPK = D / 8, NG = DL_THREADS / LPK;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float* qs = sm;                       // [G][D] q, pre-scaled by scale * log2(e)
-  float* wm = qs + G * D;               // [DL_WARPS][G] per-warp max
+  float* kn = qs + G * D;               // [D] the new token's k (normed, rotated, rounded)
+  float* vn = kn + D;                   // [D] and v
+  float* wm = vn + D;                   // [DL_WARPS][G] per-warp max
   float* wl = wm + DL_WARPS * G;        // [DL_WARPS][G] per-warp sum
   float* wacc = wl + DL_WARPS * G;      // [DL_WARPS][G][D]
   __shared__ int s_last;
   const int S = max(1, min(min((a.ctx + DL_MIN_PART - 1) / DL_MIN_PART, DL_MAX_S), (int)gridDim.x / a.NKV));
   const int part_len = (a.ctx + S - 1) / S;
   const int QS = a.NQ * D, KVS = a.NKV * D;
+  const int grp = threadIdx.x / LPK, d0 = (threadIdx.x % LPK) * 8;
   for (int item = blockIdx.x; item < a.NKV * S; item += gridDim.x) {
     const int h = item / S, sp = item % S;
     const int j0 = sp * part_len, j1 = min(a.ctx, j0 + part_len);
-    // the new token: q heads h*G .. h*G + G - 1, and (for the split that holds it) its K/V row
+    uint4 kv[DL_U], vv[DL_U];
+    bool ok[DL_U];
+    auto load_keys = [&](int base) {
+#pragma unroll
+      for (int u = 0; u < DL_U; ++u) {
+        const int j = base + grp + u * NG;
+        ok[u] = j < j1;
+        const int jc = ok[u] ? j : j0;
+        const int blk = a.block_table[jc / a.block_size];
+        MINILLM_CHECK(blk >= 0 && blk < a.num_blocks);
+        const i64 row = (((i64)blk * a.block_size + jc % a.block_size) * a.NKV + h) * D + d0;
+        kv[u] = __ldcg(reinterpret_cast<const uint4*>(a.kc + row));
+        vv[u] = __ldcg(reinterpret_cast<const uint4*>(a.vc + row));
+      }
+    };
+    if (j0 < j1) load_keys(j0);
+    // the new token: q heads h*G .. h*G + G - 1, its k and v (and, for the split that holds it,
+    // its K/V row into the caches)
     const bool owns_new = j1 == a.ctx && a.slot >= 0;
     if (warp < G) {
       norm_rope_head(a.qkv + (h * G + warp) * D, a.q_norm, a.eps, a.cs, a.scale_log2, qs + warp * D);
-    } else if (warp == G && owns_new) {
-      float* kn = wacc;  // scratch until the key loop
+    } else if (warp == G) {
       norm_rope_head(a.qkv + QS + h * D, a.k_norm, a.eps, a.cs, 1.f, kn);
       __syncwarp();
-      for (int i = lane; i < D; i += 32) a.kc[(a.slot * a.NKV + h) * D + i] = __float2bfloat16_rn(kn[i]);
-    } else if (warp == G + 1 && owns_new) {
-      for (int i = lane; i < D; i += 32) a.vc[(a.slot * a.NKV + h) * D + i] = __ldcg(a.qkv + QS + KVS + h * D + i);
+      if (owns_new)
+        for (int i = lane; i < D; i += 32) a.kc[(a.slot * a.NKV + h) * D + i] = __float2bfloat16_rn(kn[i]);
+    } else if (warp == G + 1) {
+      for (int i = lane; i < D; i += 32) {
+        const bf16 v = __ldcg(a.qkv + QS + KVS + h * D + i);
+        vn[i] = minillm::to_f(v);
+        if (owns_new) a.vc[(a.slot * a.NKV + h) * D + i] = v;
+      }
     }
-    __threadfence();  // the new row is read back below through L2
     __syncthreads();
-    const int grp = threadIdx.x / LPK, d0 = (threadIdx.x % LPK) * 8;
     float qv[G][8];
 #pragma unroll
     for (int g = 0; g < G; ++g)
@@ -321,24 +363,21 @@ __device__ void attention_stage(const AttnArgs& a, float* sm) {
       for (int i = 0; i < 8; ++i) acc[g][i] = 0.f;
     }
     for (int base = j0; base < j1; base += NG * DL_U) {  // trip count uniform over the CTA
-      uint4 kv[DL_U], vv[DL_U];
-      bool ok[DL_U];
-#pragma unroll
-      for (int u = 0; u < DL_U; ++u) {
-        const int j = base + grp + u * NG;
-        ok[u] = j < j1;
-        const int jc = ok[u] ? j : j0;
-        const int blk = a.block_table[jc / a.block_size];
-        MINILLM_CHECK(blk >= 0 && blk < a.num_blocks);
-        const i64 row = (((i64)blk * a.block_size + jc % a.block_size) * a.NKV + h) * D + d0;
-        kv[u] = __ldcg(reinterpret_cast<const uint4*>(a.kc + row));
-        vv[u] = __ldcg(reinterpret_cast<const uint4*>(a.vc + row));
-      }
-      float sc[DL_U][G];
+      if (base != j0) load_keys(base);
+      float sc[DL_U][G], vf[DL_U][8];
 #pragma unroll
       for (int u = 0; u < DL_U; ++u) {
         float kf[8];
-        minillm::unpack_bf16x8(kv[u], kf);
+        if (ok[u] && base + grp + u * NG == a.ctx - 1) {  // the new token: from shared memory
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            kf[i] = kn[d0 + i];
+            vf[u][i] = vn[d0 + i];
+          }
+        } else {
+          minillm::unpack_bf16x8(kv[u], kf);
+          minillm::unpack_bf16x8(vv[u], vf[u]);
+        }
 #pragma unroll
         for (int g = 0; g < G; ++g) {
           float s = 0.f;
@@ -362,11 +401,9 @@ __device__ void attention_stage(const AttnArgs& a, float* sm) {
 #pragma unroll
         for (int u = 0; u < DL_U; ++u) {
           const float pr = exp2f(sc[u][g] - mn);  // 0 for a missing key
-          float vf[8];
-          minillm::unpack_bf16x8(vv[u], vf);
           l[g] += pr;
 #pragma unroll
-          for (int i = 0; i < 8; ++i) acc[g][i] = fmaf(pr, vf[i], acc[g][i]);
+          for (int i = 0; i < 8; ++i) acc[g][i] = fmaf(pr, vf[u][i], acc[g][i]);
         }
         m[g] = mn;
       }
@@ -477,7 +514,7 @@ extern "C" __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers(
   MINILLM_CHECK(pos >= 0 && pos < max_pos);
   MINILLM_CHECK(slot < (i64)num_blocks * block_size);
   MINILLM_CHECK(ctx <= max_blocks * block_size);
-  for (int i = threadIdx.x; i < H; i += DL_THREADS) res[i] = minillm::to_f(residual[i]);
+  load_row(residual, res, H);
   const LayerPtrs* layers = reinterpret_cast<const LayerPtrs*>(table);
   AttnArgs a;
   a.eps = eps;
@@ -512,7 +549,7 @@ extern "C" __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers(
     grid_sync(sync, layer * 5 + 1, prof);
     // 3. o projection
     prefetch_rows(lp.down, slice_begin(H), slice_end(H), F);
-    for (int i = threadIdx.x; i < QS; i += DL_THREADS) xs[i] = minillm::to_f(__ldcg(attn + i));
+    load_row(attn, xs, QS);
     __syncthreads();
     gemv_stage<false>(lp.o, xs, H, QS, nullptr, hidden, red);
     grid_sync(sync, layer * 5 + 2, prof);
@@ -525,7 +562,7 @@ extern "C" __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers(
     gemv_stage<true>(lp.gate_up, xs, F, H, nullptr, act, red);
     grid_sync(sync, layer * 5 + 3, prof);
     // 5. down
-    for (int i = threadIdx.x; i < F; i += DL_THREADS) xs[i] = minillm::to_f(__ldcg(act + i));
+    load_row(act, xs, F);
     __syncthreads();
     gemv_stage<false>(lp.down, xs, H, F, nullptr, hidden, red);
     grid_sync(sync, layer * 5 + 4, prof);

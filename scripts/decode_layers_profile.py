@@ -102,6 +102,11 @@ def main() -> None:
                   f"{np.median(barrier[:, j]):11.2f}")
         print(f"{'sum':14s} {np.median(stage, 0).sum():9.2f} {np.median(skew, 0).sum():8.2f} "
               f"{np.median(barrier, 0).sum():11.2f}")
+        j = int(np.argmax(np.median(skew, 0)))  # the most skewed stage: which CTAs arrive late
+        late = (arrive - np.median(arrive, 1, keepdims=True)).reshape(L, 5, -1)[:, j] / 1e3
+        worst = np.argsort(-np.median(late, 0))[:8]
+        print(f"latest CTAs at the end of '{STAGES[j]}' (median us after the median CTA): "
+              + ", ".join(f"{c}: {np.median(late[:, c]):.2f}" for c in worst))
     be.k[plan.name] = default_kernel
     plan.prof = None
 

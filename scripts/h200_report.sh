@@ -454,6 +454,18 @@ part24() {  # session 5, call 3: the one-kernel decoder's barrier profile (defau
   decode_8b 90
 }
 
+part25() {  # session 5, call 4: the one-kernel decoder after its first profile (activation rows in one
+  # round trip, keys loaded before q is ready, count-spin barrier, no prefetch): tests, profile, decode
+  setup
+  stage decode_layers_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -x tests/test_decode_layers.py
+  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  stage profile_06b 120 python3 scripts/decode_layers_profile.py $M/q06 --variant DL_PF_MAX=65536
+  stage profile_8b 120 python3 scripts/decode_layers_profile.py $M/q8
+  decode_06b 60
+  decode_8b 90
+}
+
 sanitize_server_all() {  # the server reproducer (c = 8, 4096, DFlash k = 8) under all four
   # compute-sanitizer tools (the script exits 1 on any report)
   stage models 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&

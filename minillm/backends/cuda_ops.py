@@ -699,7 +699,7 @@ class CudaBackend:
         G, QS, KVS = NQ // NKV, NQ * D, NKV * D
         if max(_cdiv(n, self.num_sms) for n in (QS + 2 * KVS, H, F)) > _DL_RED // 2:
             return None
-        att = G * D + 2 * _DL_WARPS * G + _DL_WARPS * G * D  # attention_stage's shared scratch
+        att = G * D + 2 * D + 2 * _DL_WARPS * G + _DL_WARPS * G * D  # attention_stage's shared scratch
         need = 4 * (_cdiv(H, 4) * 4 + _DL_RED + max(H, QS, F, att))
         # more than half an SM's shared memory: one CTA per SM, so every CTA is resident at once
         per_sm = int(self.props.get("sharedMemPerMultiprocessor", 0) or 0)
