@@ -150,73 +150,128 @@ __device__ __forceinline__ void load_row(const bf16* src, float* dst, int n) {
   }
 }
 
+#ifndef DL_KSPLIT
+#define DL_KSPLIT 1  // 0: split K only when a CTA has fewer column pairs than warps
+#endif
+
+// One warp's share of a GEMV stage: column pair p (columns r0 + 2p, r0 + 2p + 1 of this CTA's
+// slice) over 16-byte chunks [c0, c1) of K.
+template <int NW>
+struct GemvUnit {
+  const uint4* w[2][NW];
+  int c0, c1;
+  __device__ __forceinline__ GemvUnit(const bf16* W, int N, int K, int r0, int rows, int p, int s, int ks) {
+    const int chunks = K / 8;
+    c0 = (int)((i64)s * chunks / ks);
+    c1 = (int)((i64)(s + 1) * chunks / ks);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int n = r0 + min(p * 2 + r, rows - 1);  // a missing second column re-reads the first
+#pragma unroll
+      for (int h = 0; h < NW; ++h) w[r][h] = reinterpret_cast<const uint4*>(W + ((i64)n + h * N) * K);
+    }
+  }
+  __device__ __forceinline__ void load(int c, uint4 (&v)[2][NW]) const {
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int h = 0; h < NW; ++h) v[r][h] = __ldg(w[r][h] + c);
+  }
+};
+
+template <int NW>
+__device__ __forceinline__ void gemv_fma(const uint4 (&v)[2][NW], const float* xs, int c, float (&acc)[2][NW]) {
+  const float4 xa = reinterpret_cast<const float4*>(xs)[2 * c];
+  const float4 xb = reinterpret_cast<const float4*>(xs)[2 * c + 1];
+  const float xf[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int h = 0; h < NW; ++h) {
+      float wf[8];
+      minillm::unpack_bf16x8(v[r][h], wf);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[r][h] = fmaf(xf[i], wf[i], acc[r][h]);
+    }
+}
+
 // This CTA's slice of out[n] = x . W[n] (+ bias[n]) for n < N, x = xs[0:K] in shared memory;
-// GATED: out[n] = silu(x . W[n]) * (x . W[N + n]). A warp computes 2 columns at a time; when the
-// slice has fewer column pairs than warps, K is split among the warps too. Partial sums go to
-// red[] and are added in a fixed order, so results do not depend on timing.
-template <bool GATED>
+// GATED: out[n] = silu(x . W[n]) * (x . W[N + n]). A warp computes 2 columns at a time; K is
+// split among warps too when that keeps their rounds fuller. Weights never depend on activations,
+// so each warp issues the loads of its first chunks, then calls pre() (every thread does: the grid
+// barrier before this stage and the load of x), and only then needs x: the weights' HBM round trip
+// overlaps the barrier. Partial sums go to red[] and are added in a fixed order, so results do not
+// depend on timing.
+template <bool GATED, typename Pre>
 __device__ void gemv_stage(const bf16* __restrict__ W, const float* xs, int N, int K,
-                           const bf16* __restrict__ bias, bf16* out, float* red) {
-  constexpr int R = 2;
+                           const bf16* __restrict__ bias, bf16* out, float* red, Pre pre) {
   constexpr int NW = GATED ? 2 : 1;  // weight rows per column
+#ifndef DL_PRE
+#define DL_PRE 4
+#endif
+  constexpr int PRE = DL_PRE / NW > 0 ? DL_PRE / NW : 1;   // chunk iterations of a warp's first unit loaded before pre()
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int r0 = slice_begin(N), rows = slice_end(N) - r0;
-  if (rows <= 0) return;  // the whole CTA leaves together
-  const int pairs = (rows + R - 1) / R;
-  // K slices per column pair: the fewest that keep the warps' rounds nearly full (23 pairs on 16
-  // warps take 2 rounds at 72%; in 2 slices, 3 rounds of half the work at 96%)
-  int ks = 1;
-  float best = (float)((pairs + DL_WARPS - 1) / DL_WARPS);
-  for (int k = 2; k <= DL_WARPS && NW * rows * k <= DL_RED; ++k) {
+  if (rows <= 0) {  // the whole CTA takes this branch
+    pre();
+    return;
+  }
+  const int pairs = (rows + 1) / 2;
+  int ks = pairs >= DL_WARPS ? 1 : DL_WARPS / pairs;
+#if DL_KSPLIT
+  // the fewest K slices that keep the warps' rounds nearly full (23 pairs on 16 warps take 2
+  // rounds at 72%; in 2 slices, 3 rounds of half the work at 96%)
+  float best = (float)((pairs * ks + DL_WARPS - 1) / DL_WARPS) / ks;
+  for (int k = ks + 1; k <= DL_WARPS && NW * rows * k <= DL_RED; ++k) {
     const float cost = (float)((pairs * k + DL_WARPS - 1) / DL_WARPS) / k;
     if (cost < best * 0.97f) {
       best = cost;
       ks = k;
     }
   }
-  const int chunks = K / 8;
-  for (int u = warp; u < pairs * ks; u += DL_WARPS) {
+#endif
+  const int units = pairs * ks;
+  // one unit: its dot products over [c, c1) (from chunk `from`), reduced into red[]
+  auto finish = [&](int u, float (&acc)[2][NW]) {
     const int p = u / ks, s = u % ks;
-    const int c0 = (int)((i64)s * chunks / ks), c1 = (int)((i64)(s + 1) * chunks / ks);
-    const uint4* wr[R][NW];
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int n = r0 + min(p * R + r, rows - 1);  // a missing second column re-reads the first
-#pragma unroll
-      for (int h = 0; h < NW; ++h) wr[r][h] = reinterpret_cast<const uint4*>(W + ((i64)n + h * N) * K);
-    }
-    float acc[R][NW];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int h = 0; h < NW; ++h) acc[r][h] = 0.f;
-#pragma unroll 4
-    for (int c = c0 + lane; c < c1; c += 32) {
-      uint4 wv[R][NW];
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int h = 0; h < NW; ++h) wv[r][h] = __ldg(wr[r][h] + c);
-      const float4 xa = reinterpret_cast<const float4*>(xs)[2 * c];
-      const float4 xb = reinterpret_cast<const float4*>(xs)[2 * c + 1];
-      const float xf[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int h = 0; h < NW; ++h) {
-          float wf[8];
-          minillm::unpack_bf16x8(wv[r][h], wf);
-#pragma unroll
-          for (int i = 0; i < 8; ++i) acc[r][h] = fmaf(xf[i], wf[i], acc[r][h]);
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r)
+    for (int r = 0; r < 2; ++r)
 #pragma unroll
       for (int h = 0; h < NW; ++h) {
         const float v = minillm::warp_sum(acc[r][h]);
-        if (lane == 0 && p * R + r < rows) red[(h * rows + p * R + r) * ks + s] = v;
+        if (lane == 0 && p * 2 + r < rows) red[(h * rows + p * 2 + r) * ks + s] = v;
       }
+  };
+  auto rest = [&](const GemvUnit<NW>& unit, int c, float (&acc)[2][NW]) {
+#pragma unroll 4
+    for (; c < unit.c1; c += 32) {
+      uint4 wv[2][NW];
+      unit.load(c, wv);
+      gemv_fma(wv, xs, c, acc);
+    }
+  };
+  if (warp < units) {  // the first unit: its first chunks load before pre() (peeled out of the
+    // loop below, so those registers are dead once used)
+    const GemvUnit<NW> unit(W, N, K, r0, rows, warp / ks, warp % ks, ks);
+    uint4 pw[PRE][2][NW];
+#pragma unroll
+    for (int q = 0; q < PRE; ++q)
+      if (unit.c0 + lane + 32 * q < unit.c1) unit.load(unit.c0 + lane + 32 * q, pw[q]);
+    pre();
+    float acc[2][NW] = {};
+#pragma unroll
+    for (int q = 0; q < PRE; ++q)
+      if (unit.c0 + lane + 32 * q < unit.c1) gemv_fma(pw[q], xs, unit.c0 + lane + 32 * q, acc);
+    rest(unit, unit.c0 + lane + 32 * PRE, acc);
+    finish(warp, acc);
+  } else {
+    pre();
+  }
+  for (int u = warp + DL_WARPS; u < units; u += DL_WARPS) {
+    const GemvUnit<NW> unit(W, N, K, r0, rows, u / ks, u % ks, ks);
+    float acc[2][NW] = {};
+    rest(unit, unit.c0 + lane, acc);
+    finish(u, acc);
   }
   __syncthreads();
   for (int i = threadIdx.x; i < rows; i += DL_THREADS) {
@@ -298,7 +353,8 @@ struct AttnArgs {
 // Stage 2: attention of the new token over its context, one (KV head, split) item per CTA. The
 // first keys' K/V loads are issued before the new token's q/k are normed and rotated (they do not
 // depend on them); the new token's own key is taken from shared memory, not read back.
-__device__ void attention_stage(const AttnArgs& a, float* sm) {
+template <typename Pre>
+__device__ void attention_stage(const AttnArgs& a, float* sm, Pre pre) {
   constexpr int D = DL_D, G = DL_G, LPK = D / 8, NG = DL_THREADS / LPK;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float* qs = sm;                       // [G][D] q, pre-scaled by scale * log2(e)
@@ -312,25 +368,33 @@ __device__ void attention_stage(const AttnArgs& a, float* sm) {
   const int part_len = (a.ctx + S - 1) / S;
   const int QS = a.NQ * D, KVS = a.NKV * D;
   const int grp = threadIdx.x / LPK, d0 = (threadIdx.x % LPK) * 8;
-  for (int item = blockIdx.x; item < a.NKV * S; item += gridDim.x) {
+  uint4 kv[DL_U], vv[DL_U];
+  bool ok[DL_U];
+  auto load_keys = [&](int h, int j0, int j1, int base) {
+#pragma unroll
+    for (int u = 0; u < DL_U; ++u) {
+      const int j = base + grp + u * NG;
+      ok[u] = j < j1;
+      const int jc = ok[u] ? j : j0;
+      const int blk = a.block_table[jc / a.block_size];
+      MINILLM_CHECK(blk >= 0 && blk < a.num_blocks);
+      const i64 row = (((i64)blk * a.block_size + jc % a.block_size) * a.NKV + h) * D + d0;
+      kv[u] = __ldcg(reinterpret_cast<const uint4*>(a.kc + row));
+      vv[u] = __ldcg(reinterpret_cast<const uint4*>(a.vc + row));
+    }
+  };
+  // the cached keys were written by earlier steps: this CTA's first keys load before pre() (the
+  // barrier that makes qkv complete)
+  const int items = a.NKV * S;
+  if (blockIdx.x < items) {
+    const int j0 = (blockIdx.x % S) * part_len, j1 = min(a.ctx, j0 + part_len);
+    if (j0 < j1) load_keys(blockIdx.x / S, j0, j1, j0);
+  }
+  pre();
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
     const int h = item / S, sp = item % S;
     const int j0 = sp * part_len, j1 = min(a.ctx, j0 + part_len);
-    uint4 kv[DL_U], vv[DL_U];
-    bool ok[DL_U];
-    auto load_keys = [&](int base) {
-#pragma unroll
-      for (int u = 0; u < DL_U; ++u) {
-        const int j = base + grp + u * NG;
-        ok[u] = j < j1;
-        const int jc = ok[u] ? j : j0;
-        const int blk = a.block_table[jc / a.block_size];
-        MINILLM_CHECK(blk >= 0 && blk < a.num_blocks);
-        const i64 row = (((i64)blk * a.block_size + jc % a.block_size) * a.NKV + h) * D + d0;
-        kv[u] = __ldcg(reinterpret_cast<const uint4*>(a.kc + row));
-        vv[u] = __ldcg(reinterpret_cast<const uint4*>(a.vc + row));
-      }
-    };
-    if (j0 < j1) load_keys(j0);
+    if (item != blockIdx.x && j0 < j1) load_keys(h, j0, j1, j0);
     // the new token: q heads h*G .. h*G + G - 1, its k and v (and, for the split that holds it,
     // its K/V row into the caches)
     const bool owns_new = j1 == a.ctx && a.slot >= 0;
@@ -363,7 +427,7 @@ __device__ void attention_stage(const AttnArgs& a, float* sm) {
       for (int i = 0; i < 8; ++i) acc[g][i] = 0.f;
     }
     for (int base = j0; base < j1; base += NG * DL_U) {  // trip count uniform over the CTA
-      if (base != j0) load_keys(base);
+      if (base != j0) load_keys(h, j0, j1, base);
       float sc[DL_U][G], vf[DL_U][8];
 #pragma unroll
       for (int u = 0; u < DL_U; ++u) {
@@ -374,9 +438,12 @@ __device__ void attention_stage(const AttnArgs& a, float* sm) {
             kf[i] = kn[d0 + i];
             vf[u][i] = vn[d0 + i];
           }
-        } else {
+        } else if (ok[u]) {
           minillm::unpack_bf16x8(kv[u], kf);
           minillm::unpack_bf16x8(vv[u], vf[u]);
+        } else {  // no key: whatever the clamped load read (maybe not yet written) must not leak
+#pragma unroll
+          for (int i = 0; i < 8; ++i) kf[i] = vf[u][i] = 0.f;
         }
 #pragma unroll
         for (int g = 0; g < G; ++g) {
@@ -494,7 +561,8 @@ __device__ void attention_stage(const AttnArgs& a, float* sm) {
 // down output on exit; hidden [H] that output (what rms_norm(hidden, residual=residual) expects).
 // table: [n_layers, 9] LayerPtrs; k_cache / v_cache: layer 0 of [layers, blocks, block_size, NKV,
 // D], layer_stride elements apart. sync: [96 + NKV] zeros on first use, left zero after each run.
-// prof: null, or [n_layers * 5][gridDim.x][2] u64 for grid_sync's timestamps (the profile script).
+// prof: null, or [5 * n_layers - 1][gridDim.x][2] u64 for grid_sync's timestamps (barrier b ends
+// stage b % 5 of qkv, attention, o, gate_up, down; the profile script reads them).
 extern "C" __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers(
     const u64* __restrict__ table, int n_layers, bf16* residual, bf16* hidden, bf16* qkv, bf16* attn,
     bf16* act, float* part, unsigned* sync, bf16* k_cache, bf16* v_cache, i64 layer_stride,
@@ -531,13 +599,16 @@ extern "C" __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers(
   a.part = part;
   a.head_cnt = sync + DL_HEADS;
   a.qkv = qkv;
+  int b = 0;  // grid barriers passed: 5 a layer, the first layer's first one not needed
+  auto barrier = [&]() { grid_sync(sync, b++, prof); };
   for (int layer = 0; layer < n_layers; ++layer) {
     const LayerPtrs lp = layers[layer];
     // 1. residual (+ the previous down output), attention norm, qkv
     prefetch_rows(lp.o, slice_begin(H), slice_end(H), QS);
-    add_and_norm(res, layer > 0 ? hidden : nullptr, lp.attn_norm, eps, H, xs, scratch);
-    gemv_stage<false>(lp.qkv, xs, QS + 2 * KVS, H, lp.qkv_bias, qkv, red);
-    grid_sync(sync, layer * 5 + 0, prof);
+    gemv_stage<false>(lp.qkv, xs, QS + 2 * KVS, H, lp.qkv_bias, qkv, red, [&] {
+      if (layer > 0) barrier();
+      add_and_norm(res, layer > 0 ? hidden : nullptr, lp.attn_norm, eps, H, xs, scratch);
+    });
     // 2. attention
     prefetch_rows(lp.gate_up, slice_begin(F), slice_end(F), H);
     prefetch_rows(lp.gate_up, F + slice_begin(F), F + slice_end(F), H);
@@ -545,27 +616,29 @@ extern "C" __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers(
     a.k_norm = lp.k_norm;
     a.kc = k_cache + layer * layer_stride;
     a.vc = v_cache + layer * layer_stride;
-    attention_stage(a, xs);
-    grid_sync(sync, layer * 5 + 1, prof);
+    attention_stage(a, xs, barrier);
     // 3. o projection
     prefetch_rows(lp.down, slice_begin(H), slice_end(H), F);
-    load_row(attn, xs, QS);
-    __syncthreads();
-    gemv_stage<false>(lp.o, xs, H, QS, nullptr, hidden, red);
-    grid_sync(sync, layer * 5 + 2, prof);
+    gemv_stage<false>(lp.o, xs, H, QS, nullptr, hidden, red, [&] {
+      barrier();
+      load_row(attn, xs, QS);
+      __syncthreads();
+    });
     // 4. residual += o output, MLP norm, gate_up with SiLU-and-multiply
     if (layer + 1 < n_layers) {
       const int n = QS + 2 * KVS;
       prefetch_rows(layers[layer + 1].qkv, slice_begin(n), slice_end(n), H);
     }
-    add_and_norm(res, hidden, lp.mlp_norm, eps, H, xs, scratch);
-    gemv_stage<true>(lp.gate_up, xs, F, H, nullptr, act, red);
-    grid_sync(sync, layer * 5 + 3, prof);
-    // 5. down
-    load_row(act, xs, F);
-    __syncthreads();
-    gemv_stage<false>(lp.down, xs, H, F, nullptr, hidden, red);
-    grid_sync(sync, layer * 5 + 4, prof);
+    gemv_stage<true>(lp.gate_up, xs, F, H, nullptr, act, red, [&] {
+      barrier();
+      add_and_norm(res, hidden, lp.mlp_norm, eps, H, xs, scratch);
+    });
+    // 5. down (complete for the next layer after its first barrier, or when the kernel ends)
+    gemv_stage<false>(lp.down, xs, H, F, nullptr, hidden, red, [&] {
+      barrier();
+      load_row(act, xs, F);
+      __syncthreads();
+    });
   }
   if (blockIdx.x == 0)  // every CTA read residual before the first barrier
     for (int i = threadIdx.x; i < H; i += DL_THREADS) residual[i] = __float2bfloat16_rn(res[i]);

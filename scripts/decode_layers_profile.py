@@ -5,7 +5,7 @@
 Decodes a few tokens of one `ctx`-token request, then launches the kernel alone on that step's
 inputs (it rewrites the same K/V row) with the profile buffer on: every CTA's thread 0 records
 %globaltimer when its CTA arrives at each grid barrier and when it is released. Per stage (median
-over layers):
+over layers; a stage's time includes issuing the next stage's first weight loads):
   - stage: the critical path, last CTA's arrival minus the previous barrier's last release;
   - skew: last arrival minus the median arrival (load imbalance or a slow SM);
   - barrier: last release minus last arrival (the cost of the barrier itself).
@@ -56,7 +56,8 @@ def main() -> None:
     k_cache, v_cache = runner.kv
     L = len(model.layers)
     be.arena.unseal()  # a diagnostic buffer the engine does not plan for
-    plan.prof = cp.zeros((L * 5, be.num_sms, 2), dtype=np.uint64)
+    nb = 5 * L - 1  # barriers a launch: barrier b ends stage b % 5 (the first layer needs no 0th)
+    plan.prof = cp.zeros((nb, be.num_sms, 2), dtype=np.uint64)
     be.arena.seal()
     default_kernel = be.k[plan.name]
 
@@ -89,21 +90,22 @@ def main() -> None:
         t = be.to_host(plan.prof).astype(np.int64)  # the last launch's timestamps
         arrive, release = t[:, :, 0], t[:, :, 1]
         last_arrive, last_release = arrive.max(1), release.max(1)
-        prev = np.concatenate([[arrive.min()], last_release[:-1]])
-        stage = (last_arrive - prev).reshape(L, 5) / 1e3
-        skew = (last_arrive - np.median(arrive, 1)).reshape(L, 5) / 1e3
-        barrier = (last_release - last_arrive).reshape(L, 5) / 1e3
+        b = np.arange(1, nb)  # stage b: from barrier b - 1's last release to barrier b's last arrival
+        stage_b = (last_arrive[1:] - last_release[:-1]) / 1e3
+        skew_b = (last_arrive - np.median(arrive, 1)) / 1e3
+        barrier_b = (last_release - last_arrive) / 1e3
+        stage = [np.median(stage_b[b % 5 == j]) for j in range(5)]
+        skew = [np.median(skew_b[np.arange(nb) % 5 == j]) for j in range(5)]
+        barrier = [np.median(barrier_b[np.arange(nb) % 5 == j]) for j in range(5)]
         total = (last_release[-1] - arrive.min()) / 1e3
         print(f"\n[{variant or 'default'}] kernel {np.median(times):.1f} us (events, median of 20); "
               f"first arrival to last release {total:.1f} us, {total / L:.2f} us a layer")
         print(f"{'stage':14s} {'stage us':>9s} {'skew us':>8s} {'barrier us':>11s}")
         for j, name in enumerate(STAGES):
-            print(f"{name:14s} {np.median(stage[:, j]):9.2f} {np.median(skew[:, j]):8.2f} "
-                  f"{np.median(barrier[:, j]):11.2f}")
-        print(f"{'sum':14s} {np.median(stage, 0).sum():9.2f} {np.median(skew, 0).sum():8.2f} "
-              f"{np.median(barrier, 0).sum():11.2f}")
-        j = int(np.argmax(np.median(skew, 0)))  # the most skewed stage: which CTAs arrive late
-        late = (arrive - np.median(arrive, 1, keepdims=True)).reshape(L, 5, -1)[:, j] / 1e3
+            print(f"{name:14s} {stage[j]:9.2f} {skew[j]:8.2f} {barrier[j]:11.2f}")
+        print(f"{'sum':14s} {sum(stage):9.2f} {sum(skew):8.2f} {sum(barrier):11.2f}")
+        j = int(np.argmax(skew))  # the most skewed stage: which CTAs arrive late
+        late = (arrive - np.median(arrive, 1, keepdims=True))[np.arange(nb) % 5 == j] / 1e3
         worst = np.argsort(-np.median(late, 0))[:8]
         print(f"latest CTAs at the end of '{STAGES[j]}' (median us after the median CTA): "
               + ", ".join(f"{c}: {np.median(late[:, c]):.2f}" for c in worst))

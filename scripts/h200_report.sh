@@ -454,14 +454,15 @@ part24() {  # session 5, call 3: the one-kernel decoder's barrier profile (defau
   decode_8b 90
 }
 
-part25() {  # session 5, call 4: the one-kernel decoder after its first profile (activation rows in one
-  # round trip, keys loaded before q is ready, count-spin barrier, no prefetch): tests, profile, decode
+part25() {  # session 5, calls 4-5: the one-kernel decoder after its first profile (activation rows in one
+  # round trip, keys and each GEMV's first weights loaded before the barrier that precedes them,
+  # count-spin barrier, no prefetch): tests, profile with variants, decode
   setup
   stage decode_layers_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -x tests/test_decode_layers.py
   stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
     python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
-  stage profile_06b 120 python3 scripts/decode_layers_profile.py $M/q06 --variant DL_PF_MAX=65536
-  stage profile_8b 120 python3 scripts/decode_layers_profile.py $M/q8
+  stage profile_06b 120 python3 scripts/decode_layers_profile.py $M/q06 --variant DL_PRE=1 --variant DL_PRE=2
+  stage profile_8b 120 python3 scripts/decode_layers_profile.py $M/q8 --variant DL_KSPLIT=0 --variant DL_PRE=1
   decode_06b 60
   decode_8b 90
 }
