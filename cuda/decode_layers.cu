@@ -151,7 +151,15 @@ __device__ __forceinline__ void load_row(const bf16* src, float* dst, int n) {
 }
 
 #ifndef DL_KSPLIT
-#define DL_KSPLIT 1  // 0: split K only when a CTA has fewer column pairs than warps
+#define DL_KSPLIT 0  // 1: also split K when that fills the warps' rounds better (measured: it made
+#endif              // some CTAs of the 8B qkv stage 12 us late, cause not found)
+#ifndef DL_ATT_PRE
+#define DL_ATT_PRE 1  // attention's first K/V loads before the barrier (0: after it)
+#endif
+// 16-byte weight chunks a lane stages in shared memory before a GEMV stage's barrier (per warp
+// DL_PRE_SLOTS * 32 * 16 bytes; the host reserves 16 warps' worth)
+#ifndef DL_PRE_SLOTS
+#define DL_PRE_SLOTS 8
 #endif
 
 // One warp's share of a GEMV stage: column pair p (columns r0 + 2p, r0 + 2p + 1 of this CTA's
@@ -204,12 +212,9 @@ __device__ __forceinline__ void gemv_fma(const uint4 (&v)[2][NW], const float* x
 // depend on timing.
 template <bool GATED, typename Pre>
 __device__ void gemv_stage(const bf16* __restrict__ W, const float* xs, int N, int K,
-                           const bf16* __restrict__ bias, bf16* out, float* red, Pre pre) {
+                           const bf16* __restrict__ bias, bf16* out, float* red, uint4* stg, Pre pre) {
   constexpr int NW = GATED ? 2 : 1;  // weight rows per column
-#ifndef DL_PRE
-#define DL_PRE 4
-#endif
-  constexpr int PRE = DL_PRE / NW > 0 ? DL_PRE / NW : 1;   // chunk iterations of a warp's first unit loaded before pre()
+  constexpr int PRE = DL_PRE_SLOTS / (2 * NW);  // chunk iterations of a warp's first unit staged before pre()
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int r0 = slice_begin(N), rows = slice_end(N) - r0;
   if (rows <= 0) {  // the whole CTA takes this branch
@@ -250,18 +255,38 @@ __device__ void gemv_stage(const bf16* __restrict__ W, const float* xs, int N, i
       gemv_fma(wv, xs, c, acc);
     }
   };
-  if (warp < units) {  // the first unit: its first chunks load before pre() (peeled out of the
-    // loop below, so those registers are dead once used)
+  if (warp < units) {  // the first unit: its first chunks are copied to shared memory before pre()
+    // (cp.async: no registers held across the barrier; each lane reads back only what it copied)
     const GemvUnit<NW> unit(W, N, K, r0, rows, warp / ks, warp % ks, ks);
-    uint4 pw[PRE][2][NW];
+    uint4* mine = stg + warp * (DL_PRE_SLOTS * 32) + lane;
 #pragma unroll
-    for (int q = 0; q < PRE; ++q)
-      if (unit.c0 + lane + 32 * q < unit.c1) unit.load(unit.c0 + lane + 32 * q, pw[q]);
+    for (int q = 0; q < PRE; ++q) {
+      const int c = unit.c0 + lane + 32 * q;
+      if (c < unit.c1)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+          for (int h = 0; h < NW; ++h) {
+            const unsigned dst = (unsigned)__cvta_generic_to_shared(mine + ((q * 2 + r) * NW + h) * 32);
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(unit.w[r][h] + c));
+          }
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
     pre();
+    asm volatile("cp.async.wait_all;" ::: "memory");
     float acc[2][NW] = {};
 #pragma unroll
-    for (int q = 0; q < PRE; ++q)
-      if (unit.c0 + lane + 32 * q < unit.c1) gemv_fma(pw[q], xs, unit.c0 + lane + 32 * q, acc);
+    for (int q = 0; q < PRE; ++q) {
+      const int c = unit.c0 + lane + 32 * q;
+      if (c < unit.c1) {
+        uint4 v[2][NW];
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+          for (int h = 0; h < NW; ++h) v[r][h] = mine[((q * 2 + r) * NW + h) * 32];
+        gemv_fma(v, xs, c, acc);
+      }
+    }
     rest(unit, unit.c0 + lane + 32 * PRE, acc);
     finish(warp, acc);
   } else {
@@ -386,7 +411,7 @@ __device__ void attention_stage(const AttnArgs& a, float* sm, Pre pre) {
   // the cached keys were written by earlier steps: this CTA's first keys load before pre() (the
   // barrier that makes qkv complete)
   const int items = a.NKV * S;
-  if (blockIdx.x < items) {
+  if (DL_ATT_PRE && blockIdx.x < items) {
     const int j0 = (blockIdx.x % S) * part_len, j1 = min(a.ctx, j0 + part_len);
     if (j0 < j1) load_keys(blockIdx.x / S, j0, j1, j0);
   }
@@ -394,7 +419,7 @@ __device__ void attention_stage(const AttnArgs& a, float* sm, Pre pre) {
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
     const int h = item / S, sp = item % S;
     const int j0 = sp * part_len, j1 = min(a.ctx, j0 + part_len);
-    if (item != blockIdx.x && j0 < j1) load_keys(h, j0, j1, j0);
+    if ((item != blockIdx.x || !DL_ATT_PRE) && j0 < j1) load_keys(h, j0, j1, j0);
     // the new token: q heads h*G .. h*G + G - 1, its k and v (and, for the split that holds it,
     // its K/V row into the caches)
     const bool owns_new = j1 == a.ctx && a.slot >= 0;
@@ -569,13 +594,14 @@ extern "C" __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers(
     int num_blocks, const int* __restrict__ positions, const int* __restrict__ slots,
     const int* __restrict__ block_table, int max_blocks, const int* __restrict__ seq_lens,
     const float* __restrict__ cos_sin, int max_pos, int H, int NQ, int NKV, int F, int block_size,
-    float eps, float scale_log2, u64* prof) {
+    float eps, float scale_log2, int xs_len, u64* prof) {
   minillm::pdl_entry();
   extern __shared__ float4 dl_smem[];
   __shared__ float scratch[32];
   float* res = reinterpret_cast<float*>(dl_smem);  // [H]
   float* red = res + ((H + 3) & ~3);                 // [DL_RED]
   float* xs = red + DL_RED;                          // [max(H, NQ * D, F)] or attention scratch
+  uint4* stg = reinterpret_cast<uint4*>(xs + ((xs_len + 3) & ~3));  // [DL_WARPS * DL_PRE_SLOTS * 32]
   const int D = DL_D, QS = NQ * D, KVS = NKV * D;
   const int pos = positions[0], ctx = seq_lens[0];
   const i64 slot = slots[0];
@@ -605,7 +631,7 @@ extern "C" __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers(
     const LayerPtrs lp = layers[layer];
     // 1. residual (+ the previous down output), attention norm, qkv
     prefetch_rows(lp.o, slice_begin(H), slice_end(H), QS);
-    gemv_stage<false>(lp.qkv, xs, QS + 2 * KVS, H, lp.qkv_bias, qkv, red, [&] {
+    gemv_stage<false>(lp.qkv, xs, QS + 2 * KVS, H, lp.qkv_bias, qkv, red, stg, [&] {
       if (layer > 0) barrier();
       add_and_norm(res, layer > 0 ? hidden : nullptr, lp.attn_norm, eps, H, xs, scratch);
     });
@@ -619,7 +645,7 @@ extern "C" __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers(
     attention_stage(a, xs, barrier);
     // 3. o projection
     prefetch_rows(lp.down, slice_begin(H), slice_end(H), F);
-    gemv_stage<false>(lp.o, xs, H, QS, nullptr, hidden, red, [&] {
+    gemv_stage<false>(lp.o, xs, H, QS, nullptr, hidden, red, stg, [&] {
       barrier();
       load_row(attn, xs, QS);
       __syncthreads();
@@ -629,12 +655,12 @@ extern "C" __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers(
       const int n = QS + 2 * KVS;
       prefetch_rows(layers[layer + 1].qkv, slice_begin(n), slice_end(n), H);
     }
-    gemv_stage<true>(lp.gate_up, xs, F, H, nullptr, act, red, [&] {
+    gemv_stage<true>(lp.gate_up, xs, F, H, nullptr, act, red, stg, [&] {
       barrier();
       add_and_norm(res, hidden, lp.mlp_norm, eps, H, xs, scratch);
     });
     // 5. down (complete for the next layer after its first barrier, or when the kernel ends)
-    gemv_stage<false>(lp.down, xs, H, F, nullptr, hidden, red, [&] {
+    gemv_stage<false>(lp.down, xs, H, F, nullptr, hidden, red, stg, [&] {
       barrier();
       load_row(act, xs, F);
       __syncthreads();

@@ -458,11 +458,12 @@ part25() {  # session 5, calls 4-5: the one-kernel decoder after its first profi
   # round trip, keys and each GEMV's first weights loaded before the barrier that precedes them,
   # count-spin barrier, no prefetch): tests, profile with variants, decode
   setup
-  stage decode_layers_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -x tests/test_decode_layers.py
+  stage decode_layers_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -x tests/test_decode_layers.py \
+    -k "qwen3-d128-g2 or llama or graph"
   stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
     python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
-  stage profile_06b 120 python3 scripts/decode_layers_profile.py $M/q06 --variant DL_PRE=1 --variant DL_PRE=2
-  stage profile_8b 120 python3 scripts/decode_layers_profile.py $M/q8 --variant DL_KSPLIT=0 --variant DL_PRE=1
+  stage profile_06b 120 python3 scripts/decode_layers_profile.py $M/q06 --variant DL_ATT_PRE=0 --variant DL_PRE_SLOTS=4
+  stage profile_8b 120 python3 scripts/decode_layers_profile.py $M/q8 --variant DL_ATT_PRE=0
   decode_06b 60
   decode_8b 90
 }

@@ -54,6 +54,7 @@ _PF_ROWS, _PF_BK = 64, 64  # cuda/prefill_attention.cu: query rows per CTA, keys
 # cuda/decode_layers.cu: threads (warps) per CTA, GEMV partial sums a CTA holds, most splits of a
 # KV head, most query heads per KV head the host compiles it for
 _DL_THREADS, _DL_WARPS, _DL_RED, _DL_MAX_S, _DL_MAX_G = 512, 16, 2048, 32, 8
+_DL_PRE_SLOTS = 8  # DL_PRE_SLOTS: 16-byte weight chunks a lane stages before a GEMV stage's barrier
 _DL_SYNC_HEADS = 96  # DL_HEADS: where the per-KV-head merge counters start in its sync buffer
 
 
@@ -65,6 +66,7 @@ class _CudaDecoderPlan:
     cfg: object
     name: str
     smem: int
+    xs_len: int  # floats of the kernel's activation / attention scratch in shared memory
     cos_sin: object
     scale: float
     layers: list  # keeps the weights the table points to alive
@@ -700,7 +702,8 @@ class CudaBackend:
         if max(_cdiv(n, self.num_sms) for n in (QS + 2 * KVS, H, F)) > _DL_RED // 2:
             return None
         att = G * D + 2 * D + 2 * _DL_WARPS * G + _DL_WARPS * G * D  # attention_stage's shared scratch
-        need = 4 * (_cdiv(H, 4) * 4 + _DL_RED + max(H, QS, F, att))
+        xs_len = max(H, QS, F, att)
+        need = 4 * (_cdiv(H, 4) * 4 + _DL_RED + _cdiv(xs_len, 4) * 4) + _DL_WARPS * _DL_PRE_SLOTS * 32 * 16
         # more than half an SM's shared memory: one CTA per SM, so every CTA is resident at once
         per_sm = int(self.props.get("sharedMemPerMultiprocessor", 0) or 0)
         smem = max(need, per_sm // 2 + 1024)
@@ -719,7 +722,7 @@ class CudaBackend:
                          dtype=np.uint64)
         with self.arena.label("decode_layers: layer table + scratch"), self.stream:
             plan = _CudaDecoderPlan(
-                cfg=cfg, name=name, smem=smem, cos_sin=cos_sin, scale=scale, layers=layers,
+                cfg=cfg, name=name, smem=smem, xs_len=xs_len, cos_sin=cos_sin, scale=scale, layers=layers,
                 table=cp.asarray(table), qkv=cp.empty(QS + 2 * KVS, dtype=self.dtype),
                 attn=cp.empty(QS, dtype=self.dtype), act=cp.empty(F, dtype=self.dtype),
                 part=cp.empty(NKV * _DL_MAX_S * G * (D + 2), dtype=np.float32),
@@ -749,7 +752,8 @@ class CudaBackend:
                       block_tables, _i32(block_tables.shape[-1]), seq_lens, plan.cos_sin,
                       _i32(plan.cos_sin.shape[0]), _i32(c.hidden_size), _i32(c.num_heads), _i32(KH),
                       _i32(c.intermediate_size), _i32(bs), np.float32(c.rms_norm_eps),
-                      np.float32(plan.scale * math.log2(math.e)), plan.prof if plan.prof is not None else _NULL),
+                      np.float32(plan.scale * math.log2(math.e)), _i32(plan.xs_len),
+                      plan.prof if plan.prof is not None else _NULL),
                      shared_mem=plan.smem)
 
     # ---- attention ----------------------------------------------------------------------
