@@ -154,12 +154,12 @@ __device__ __forceinline__ void load_row(const bf16* src, float* dst, int n) {
 #define DL_KSPLIT 0  // 1: also split K when that fills the warps' rounds better (measured: it made
 #endif              // some CTAs of the 8B qkv stage 12 us late, cause not found)
 #ifndef DL_ATT_PRE
-#define DL_ATT_PRE 1  // attention's first K/V loads before the barrier (0: after it)
+#define DL_ATT_PRE 0  // 1: attention's first K/V loads before the barrier (measured 10% slower on 0.6B)
 #endif
 // 16-byte weight chunks a lane stages in shared memory before a GEMV stage's barrier (per warp
 // DL_PRE_SLOTS * 32 * 16 bytes; the host reserves 16 warps' worth)
 #ifndef DL_PRE_SLOTS
-#define DL_PRE_SLOTS 8
+#define DL_PRE_SLOTS 4  // 8 measured 14% slower on 0.6B (part25)
 #endif
 
 // One warp's share of a GEMV stage: column pair p (columns r0 + 2p, r0 + 2p + 1 of this CTA's

@@ -32,6 +32,7 @@ def main() -> None:
     p.add_argument("--ctx", type=int, default=512)
     p.add_argument("--variant", action="append", default=[], help="NAME=VALUE[,NAME=VALUE]")
     a = p.parse_args()
+    os.environ["MINILLM_FUSED_DECODE"] = "1"  # the backend builds the plan only when asked
 
     from minillm.args import EngineArgs
     from minillm.backends import compile as kc

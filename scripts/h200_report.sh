@@ -468,6 +468,21 @@ part25() {  # session 5, calls 4-5: the one-kernel decoder after its first profi
   decode_8b 90
 }
 
+part26() {  # session 5, last call: the GPU tests of what this session changed on the default path
+  # (2-4-row products through gemm_skinny, prompt logprobs, the engine around them), the
+  # one-kernel decoder's tests (opt-in since this commit: MINILLM_FUSED_DECODE=1), decode and the
+  # decoder's final profile
+  setup
+  stage gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" \
+    tests/test_cuda_ops.py tests/test_gpu_engine.py tests/test_cuda_model.py tests/test_prompt_logprobs.py \
+    tests/test_decode_layers.py tests/test_async_scheduling.py -k "not smollm2 and not debug_build"
+  stage models 40 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  decode_06b 60
+  stage decode_06b_fused 60 env MINILLM_FUSED_DECODE=1 python3 -m minillm.bench decode $M/q06 --device cuda \
+    --input-len 512 --output-len 256 --result-json "$W/decode_06b_fused.json"
+  stage profile_06b 60 python3 scripts/decode_layers_profile.py $M/q06
+}
+
 sanitize_server_all() {  # the server reproducer (c = 8, 4096, DFlash k = 8) under all four
   # compute-sanitizer tools (the script exits 1 on any report)
   stage models 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&

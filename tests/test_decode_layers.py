@@ -88,6 +88,12 @@ class Case:
             self.be.copy_from_host(c, h.astype(h.dtype))
 
 
+@pytest.fixture(autouse=True)
+def fused_decode_on(monkeypatch):
+    """The CUDA backend builds the plan only when asked (it is not faster yet: docs/BENCHMARKS.md)."""
+    monkeypatch.setenv("MINILLM_FUSED_DECODE", "1")
+
+
 def cuda_bf16():
     from minillm.backends.cuda_ops import CudaBackend, cuda_available
 

@@ -54,7 +54,7 @@ _PF_ROWS, _PF_BK = 64, 64  # cuda/prefill_attention.cu: query rows per CTA, keys
 # cuda/decode_layers.cu: threads (warps) per CTA, GEMV partial sums a CTA holds, most splits of a
 # KV head, most query heads per KV head the host compiles it for
 _DL_THREADS, _DL_WARPS, _DL_RED, _DL_MAX_S, _DL_MAX_G = 512, 16, 2048, 32, 8
-_DL_PRE_SLOTS = 8  # DL_PRE_SLOTS: 16-byte weight chunks a lane stages before a GEMV stage's barrier
+_DL_PRE_SLOTS = 4  # DL_PRE_SLOTS: 16-byte weight chunks a lane stages before a GEMV stage's barrier
 _DL_SYNC_HEADS = 96  # DL_HEADS: where the per-KV-head merge counters start in its sync buffer
 
 
@@ -692,10 +692,12 @@ class CudaBackend:
     def decoder_plan(self, cfg, layers, cos_sin, scale: float):
         """cuda/decode_layers.cu compiled for this model's head shape, its layer pointer table and
         scratch, made once at startup; None where the kernel does not apply (fp32 storage, head dim
-        other than 64/128, more than 8 query heads per KV head, MINILLM_FUSED_DECODE=0), and the
-        model then runs one-token steps op by op."""
+        other than 64/128, more than 8 query heads per KV head) and unless MINILLM_FUSED_DECODE=1:
+        measured on the H200 it is not faster than the op-by-op CUDA graph yet (0.6B: kernel 0.98
+        ms against ~0.95 ms of layers in the graph; 8B: 5.3 against 4.5; docs/BENCHMARKS.md), so
+        one-token steps run op by op unless asked."""
         D, NQ, NKV, H, F = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.hidden_size, cfg.intermediate_size
-        if (self.dtype == np.float32 or os.environ.get("MINILLM_FUSED_DECODE", "1") == "0"
+        if (self.dtype == np.float32 or os.environ.get("MINILLM_FUSED_DECODE", "0") != "1"
                 or D not in (64, 128) or NQ % NKV or NQ // NKV > _DL_MAX_G or H % 8 or F % 8):
             return None
         G, QS, KVS = NQ // NKV, NQ * D, NKV * D
