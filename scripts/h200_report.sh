@@ -483,6 +483,15 @@ part26() {  # session 5, last call: the GPU tests of what this session changed o
   stage profile_06b 60 python3 scripts/decode_layers_profile.py $M/q06
 }
 
+part27() {  # session 5: the one-kernel decoder under compute-sanitizer (memcheck, racecheck), one case each
+  setup
+  for tool in memcheck racecheck synccheck; do
+    stage "sanitize_decode_layers_$tool" 120 env MINILLM_CUDA_DEBUG=1 compute-sanitizer --tool $tool \
+      --error-exitcode 1 python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_decode_layers.py \
+      -k "test_one_kernel_matches_op_by_op and 40-16 and qwen3-d128-g2"
+  done
+}
+
 sanitize_server_all() {  # the server reproducer (c = 8, 4096, DFlash k = 8) under all four
   # compute-sanitizer tools (the script exits 1 on any report)
   stage models 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
