@@ -255,10 +255,13 @@ __device__ void gemv_stage(const bf16* __restrict__ W, const float* xs, int N, i
       gemv_fma(wv, xs, c, acc);
     }
   };
-  if (warp < units) {  // the first unit: its first chunks are copied to shared memory before pre()
-    // (cp.async: no registers held across the barrier; each lane reads back only what it copied)
-    const GemvUnit<NW> unit(W, N, K, r0, rows, warp / ks, warp % ks, ks);
-    uint4* mine = stg + warp * (DL_PRE_SLOTS * 32) + lane;
+  // the first unit: its first chunks are copied to shared memory before pre() (cp.async: no
+  // registers held across the barrier; each lane reads back only what it copied). pre() holds
+  // __syncthreads, so every thread calls it at this one point, whether it has a unit or not.
+  const bool has = warp < units;
+  const GemvUnit<NW> unit(W, N, K, r0, rows, min(warp, units - 1) / ks, min(warp, units - 1) % ks, ks);
+  uint4* mine = stg + warp * (DL_PRE_SLOTS * 32) + lane;
+  if (has) {
 #pragma unroll
     for (int q = 0; q < PRE; ++q) {
       const int c = unit.c0 + lane + 32 * q;
@@ -271,9 +274,11 @@ __device__ void gemv_stage(const bf16* __restrict__ W, const float* xs, int N, i
             asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(unit.w[r][h] + c));
           }
     }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-    pre();
-    asm volatile("cp.async.wait_all;" ::: "memory");
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+  pre();
+  asm volatile("cp.async.wait_all;" ::: "memory");
+  if (has) {
     float acc[2][NW] = {};
 #pragma unroll
     for (int q = 0; q < PRE; ++q) {
@@ -289,8 +294,6 @@ __device__ void gemv_stage(const bf16* __restrict__ W, const float* xs, int N, i
     }
     rest(unit, unit.c0 + lane + 32 * PRE, acc);
     finish(warp, acc);
-  } else {
-    pre();
   }
   for (int u = warp + DL_WARPS; u < units; u += DL_WARPS) {
     const GemvUnit<NW> unit(W, N, K, r0, rows, u / ks, u % ks, ks);

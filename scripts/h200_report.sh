@@ -483,8 +483,9 @@ part26() {  # session 5, last call: the GPU tests of what this session changed o
   stage profile_06b 60 python3 scripts/decode_layers_profile.py $M/q06
 }
 
-part27() {  # session 5: the one-kernel decoder under compute-sanitizer (memcheck, racecheck), one case each
+part27() {  # session 5: the one-kernel decoder's tests, then one case under memcheck, racecheck, synccheck
   setup
+  stage decode_layers_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_decode_layers.py
   for tool in memcheck racecheck synccheck; do
     stage "sanitize_decode_layers_$tool" 120 env MINILLM_CUDA_DEBUG=1 compute-sanitizer --tool $tool \
       --error-exitcode 1 python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_decode_layers.py \
