@@ -612,6 +612,7 @@ extern "C" __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers(
   MINILLM_CHECK(slot < (i64)num_blocks * block_size);
   MINILLM_CHECK(ctx <= max_blocks * block_size);
   load_row(residual, res, H);
+  __syncthreads();  // load_row's threads write other elements than add_and_norm's read (racecheck)
   const LayerPtrs* layers = reinterpret_cast<const LayerPtrs*>(table);
   AttnArgs a;
   a.eps = eps;
