@@ -42,7 +42,7 @@ def test_never_slower_than_no_split_by_its_model(work, resident, ctx, max_splits
 
 def test_small_products_choose_their_kernel():
     # one row: the GEMV; 2-16 rows with K % 64 == 0: the tensor-core skinny GEMM (measured faster
-    # at 2-4 rows on 22 of 24 shapes); 9-16 rows of a weight over 32 M elements and anything
+    # at 2-4 rows in 23 of 24 measured cases); 9-16 rows of a weight over 32 M elements and anything
     # above 16 rows: cuBLAS; a K the skinny kernel cannot tile keeps the GEMV up to 4 rows
     assert small_product_kernel(1, 4096, 1024) == "gemv"
     assert [small_product_kernel(m, 4096, 1024) for m in (2, 4, 8, 9, 16)] == ["skinny"] * 5

@@ -92,9 +92,9 @@ _GEMV_MAX_M, _GEMV_THREADS, _GEMV_COLS_PER_CTA = 4, 128, 2 * 4  # GEMV_NR * GEMV
 # on the 8B ones up to 8 rows; with 9-16 rows (two tiles of x, each CTA reading all of x again
 # from L2) 0.91-0.95x cuBLAS on the 8B gate_up and down (50-100 M weights) but still 1.1-1.3x on
 # its qkv and o, so 9-16 rows take it only for weights up to _SKINNY_TWO_TILE_MAX_W. At 2-4 rows
-# it beat the GEMV on 22 of the 24 measured shapes (session 5, part22: at 4 rows 1.2-1.6x; the
-# GEMV reads every weight chunk once per row of x from registers it cannot keep), so the GEMV
-# keeps 1 row (_GEMV_PREFERRED_M) and the rows whose K the skinny kernel cannot take.
+# it beat the GEMV in 23 of 24 measured (shape, rows) cases (session 5, part22; 1.3-1.9x at 4
+# rows, where the GEMV's per-row FMAs on CUDA cores outgrow its loads; the one loss 0.98x), so
+# the GEMV keeps 1 row (_GEMV_PREFERRED_M) and the rows whose K the skinny kernel cannot take.
 _SKINNY_MAX_M, _SKINNY_THREADS, _SKINNY_COLS_PER_CTA, _SKINNY_K = 16, 256, 16, 64
 _SKINNY_TWO_TILE_MAX_W = 32 << 20  # weight elements
 _GEMV_PREFERRED_M = 1
