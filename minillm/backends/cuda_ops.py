@@ -694,7 +694,7 @@ class CudaBackend:
         scratch, made once at startup; None where the kernel does not apply (fp32 storage, head dim
         other than 64/128, more than 8 query heads per KV head) and unless MINILLM_FUSED_DECODE=1:
         measured on the H200 it is not faster than the op-by-op CUDA graph yet (0.6B: kernel 0.98
-        ms against ~0.95 ms of layers in the graph; 8B: 5.3 against 4.5; docs/BENCHMARKS.md), so
+        ms against ~0.95 ms of layers in the graph; 8B: 5.3 against 4.4; docs/BENCHMARKS.md), so
         one-token steps run op by op unless asked."""
         D, NQ, NKV, H, F = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.hidden_size, cfg.intermediate_size
         if (self.dtype == np.float32 or os.environ.get("MINILLM_FUSED_DECODE", "0") != "1"
