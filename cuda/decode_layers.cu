@@ -16,11 +16,16 @@
 //
 // Every CTA keeps the whole residual stream in shared memory (each computes the same values), so
 // only the GEMV outputs cross CTAs, through L2 (read with ld.global.cg: L1 is not coherent across
-// SMs). Weights never depend on activations, so at the start of a stage each CTA asks L2 to
-// prefetch its slice of the weights two stages ahead (prefetch.global.L2): HBM keeps streaming
-// through the barriers and the attention. Values are rounded to bf16 wherever the op-by-op path
+// SMs). Weights and cached keys never depend on the step's activations, so each GEMV stage copies
+// its first weight chunks into shared memory (cp.async) before the barrier that precedes it, and
+// the weight fetch overlaps the barrier. Values are rounded to bf16 wherever the op-by-op path
 // stores them (residual, normed rows, qkv, q/k after norm and RoPE, attention output, act), so
 // both paths compute the same thing up to fp32 summation order.
+//
+// Measured on the H200 (docs/BENCHMARKS.md, session 5): 0.98 ms for the 0.6B shape's 28 layers,
+// about what the op-by-op CUDA graph spends on them, and 5.3 ms against ~4.4 on the 8B shape (its
+// GEMV stages stream 2.2-3.6 TB/s). So the host builds it only with MINILLM_FUSED_DECODE=1.
+// scripts/decode_layers_profile.py times each stage and barrier from timestamps the kernel records.
 //
 // All CTAs must be resident at once (the barrier spins): the host launches one per SM with more
 // than half an SM's shared memory, so no two share an SM and none waits for a slot. Per-step
