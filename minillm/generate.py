@@ -30,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repetition-penalty", type=float, default=1.0)
     p.add_argument("--logprobs", type=int, default=None, metavar="N",
                    help="with --json: each token's logprob and its N most likely alternatives")
+    p.add_argument("--prompt-logprobs", type=int, default=None, metavar="N",
+                   help="with --json: each prompt token's logprob, rank and N most likely alternatives "
+                        "(null for the first), and the prompt's token ids")
     p.add_argument("--json", action="store_true", help='print {"text", "token_ids", "finish_reason"} per prompt')
     ns = p.parse_args(argv)
 
@@ -40,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
                                 top_k=ns.top_k, min_tokens=ns.min_tokens, stop=ns.stop,
                                 ignore_eos=ns.ignore_eos, seed=ns.request_seed,
                                 presence_penalty=ns.presence_penalty, frequency_penalty=ns.frequency_penalty,
-                                repetition_penalty=ns.repetition_penalty, logprobs=ns.logprobs)
+                                repetition_penalty=ns.repetition_penalty, logprobs=ns.logprobs,
+                                prompt_logprobs=ns.prompt_logprobs)
         args = EngineArgs.from_cli(ns)
         fields = {k: v for k, v in vars(args).items() if k != "model"}
         llm = LLM(args.model, **fields)
@@ -60,6 +64,11 @@ def main(argv: list[str] | None = None) -> int:
             if out.logprobs is not None:
                 rec["logprobs"] = [{"token_id": lp.token_id, "logprob": lp.logprob, "top": lp.top}
                                    for lp in out.logprobs]
+            if out.prompt_logprobs is not None:
+                rec["prompt_token_ids"] = out.prompt_token_ids
+                rec["prompt_logprobs"] = [None if lp is None else {"token_id": lp.token_id, "logprob": lp.logprob,
+                                                                   "rank": lp.rank, "top": lp.top}
+                                          for lp in out.prompt_logprobs]
             print(json.dumps(rec))
         else:
             print(out.text)

@@ -96,3 +96,15 @@ class SamplingParams:
     def adjusts_logits(self) -> bool:
         """Penalties or a logit bias: the runner changes this request's logits before sampling."""
         return self.penalized or bool(self.logit_bias)
+
+    @property
+    def speculation_conflict(self) -> str | None:
+        """What of this request speculative decoding cannot serve yet (logprobs, prompt logprobs,
+        penalties: the engine refuses them with a speculative config, the server with a 400), or None."""
+        if self.logprobs is not None:
+            return "logprobs"
+        if self.prompt_logprobs is not None:
+            return "prompt_logprobs"
+        if self.penalized:
+            return "presence/frequency/repetition penalties"
+        return None

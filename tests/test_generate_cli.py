@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 from minillm.generate import main
 
 
@@ -19,8 +21,34 @@ def test_json_with_logprobs_and_penalties(tiny, capsys):
         assert all(len(lp["top"]) == 2 and lp["logprob"] <= 0 for lp in r["logprobs"])
 
 
+def test_json_with_prompt_logprobs(tiny, capsys):
+    """--prompt-logprobs N: each prompt token's logprob, rank and N best (null first), as
+    log_softmax of the engine's scored logits gives them, beside the prompt's ids."""
+    from minillm.engine.engine import LLMEngine
+
+    rc = main([str(tiny), "--device", "cpu", "--max-model-len", "128", "--prompt", "hello there", "--prompt", "a",
+               "--max-tokens", "2", "--ignore-eos", "--json", "--prompt-logprobs", "3"])
+    assert rc == 0
+    recs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(recs) == 2 and len(recs[1]["prompt_token_ids"]) == 1 and recs[1]["prompt_logprobs"] == [None]
+    eng = LLMEngine(model=str(tiny), device="cpu", max_model_len=128)
+    for r in recs:
+        ids, plps = r["prompt_token_ids"], r["prompt_logprobs"]
+        assert len(plps) == len(ids) and plps[0] is None and len(r["token_ids"]) == 2 and "logprobs" not in r
+        x = eng.score([ids])[0].astype(np.float64)
+        want = x - x.max(-1, keepdims=True)
+        want -= np.log(np.exp(want).sum(-1, keepdims=True))
+        for t, lp in enumerate(plps[1:], start=1):
+            row = want[t - 1]
+            assert lp["token_id"] == ids[t] and abs(lp["logprob"] - row[ids[t]]) < 1e-4
+            v = row[ids[t]]  # its rank, tolerant of float32 near-ties between the chunked run and score's
+            assert np.count_nonzero(row > v + 1e-5) < lp["rank"] <= np.count_nonzero(row >= v - 1e-5)
+            assert [i for i, _ in lp["top"]] == np.argsort(-row, kind="stable")[:3].tolist()
+
+
 def test_bad_values_are_one_line_errors(tiny, capsys):
-    for flag, value in (("--logprobs", "21"), ("--repetition-penalty", "0"), ("--frequency-penalty", "9")):
+    for flag, value in (("--logprobs", "21"), ("--prompt-logprobs", "21"), ("--prompt-logprobs", "-1"),
+                        ("--repetition-penalty", "0"), ("--frequency-penalty", "9")):
         rc = main([str(tiny), "--device", "cpu", "--prompt", "x", flag, value])
         err = capsys.readouterr().err
         assert rc == 2 and err.startswith("error: ") and flag[2:].replace("-", "_") in err

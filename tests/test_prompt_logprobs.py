@@ -43,12 +43,31 @@ def check(oracle, prompt: list[int], plps, top: int) -> None:
     for t, lp in enumerate(plps[1:], start=1):
         assert lp.token_id == prompt[t]
         assert abs(lp.logprob - want[t - 1, prompt[t]]) < 1e-4
+        v = want[t - 1, prompt[t]]  # its rank wherever it ranks (tolerant of float32 near-ties)
+        assert np.count_nonzero(want[t - 1] > v + 1e-5) < lp.rank <= np.count_nonzero(want[t - 1] >= v - 1e-5)
         assert len(lp.top) == top
         assert [i for i, _ in lp.top] == np.argsort(-want[t - 1], kind="stable")[:top].tolist()
         assert all(abs(v - want[t - 1, i]) < 1e-4 for i, v in lp.top)
 
 
 PROMPTS = [list(range(100, 150)), [7, 8, 9], [42], list(range(300, 337))]
+
+
+def test_rank_follows_the_top_lists_order():
+    """rank: 1 + the tokens above it, ties broken by id as the top lists break them, so a prompt
+    token listed among the top N has its position there; rows_logprobs agrees with token_logprob."""
+    from minillm.engine.logprobs import rows_logprobs, token_logprob
+
+    logits = np.array([[0.0, 2.0, 1.0, 2.0, -1.0], [5.0, 5.0, 5.0, 5.0, 5.0], [-np.inf, 0.0, 3.0, 1.0, 1.0]],
+                      dtype=np.float32)
+    tokens = [3, 2, 0]
+    got = rows_logprobs(logits, tokens, top=3, block=10)  # blocks of 2 rows: the rows split
+    assert [lp.rank for lp in got] == [2, 3, 5]
+    assert [i for i, _ in got[0].top] == [1, 3, 2] and [i for i, _ in got[1].top] == [0, 1, 2]
+    assert got[2].logprob == -np.inf and [i for i, _ in got[2].top] == [2, 3, 4]
+    for row, t, lp in zip(logits, tokens, got):
+        ref = token_logprob(row, t, 3)
+        assert lp.logprob == pytest.approx(ref.logprob) and lp.top == pytest.approx(ref.top)
 
 
 @pytest.mark.parametrize("prefix_caching", [True, False])

@@ -284,6 +284,112 @@ def test_echo(server):
         cl.completions.create(prompt=prompt, max_tokens=0, logprobs=21, echo=True, **kw)
 
 
+@pytest.fixture(scope="module")
+def oracle(model_dir):
+    """(tokenizer, prompt ids -> [len - 1, vocab] log_softmax rows): row t - 1 is prompt token t's
+    distribution, from one LLMEngine.score step in this process (the engine's own oracle)."""
+    import numpy as np
+
+    from minillm.engine.engine import LLMEngine
+
+    eng = LLMEngine(model=str(model_dir), device="cpu", max_model_len=512, max_num_seqs=64)
+
+    def rows(ids: list[int]):
+        x = eng.score([ids])[0][:-1].astype(np.float64)
+        m = x.max(-1, keepdims=True)
+        return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+
+    return eng.tokenizer, rows
+
+
+def check_prompt_logprobs(plps, ids: list[int], rows, top: int, token_text) -> None:
+    """vLLM's shape: None first, then {str(id): {logprob, rank, decoded_token}} for the prompt token
+    (first) and the `top` best (ranks 1..top), every value and rank the oracle's."""
+    import numpy as np
+
+    want = rows(ids)
+    assert len(plps) == len(ids) and plps[0] is None
+    for t, entry in enumerate(plps[1:], start=1):
+        row, tok = want[t - 1], ids[t]
+        keys = list(entry)
+        assert keys[0] == str(tok) and all(set(v) == {"logprob", "rank", "decoded_token"} for v in entry.values())
+        own = entry[str(tok)]
+        assert own["logprob"] == pytest.approx(row[tok], abs=1e-4) and own["decoded_token"] == token_text(tok)
+        # its rank wherever it ranks (tolerant of float32 near-ties)
+        assert np.count_nonzero(row > row[tok] + 1e-5) < own["rank"] <= np.count_nonzero(row >= row[tok] - 1e-5)
+        best = np.argsort(-row, kind="stable")[:top].tolist()
+        assert set(keys) == {str(tok), *map(str, best)}
+        for j, i in enumerate(best):
+            assert entry[str(i)]["logprob"] == pytest.approx(row[i], abs=1e-4)
+            assert entry[str(i)]["rank"] == j + 1  # (the prompt token's own rank, when it is among them)
+
+
+def test_prompt_logprobs(server, oracle):
+    """vLLM's prompt_logprobs extension on both endpoints through the official client (extra_body
+    in, model_extra out): per prompt token its logprob and rank and the N best, the first None, as
+    the engine's oracle computes them and as echo + logprobs reports them; the completion unchanged;
+    streamed in each choice's first chunk; batched prompts with n = 2; chat: the template's tokens."""
+    cl, name = server.client(), model_name(server)
+    tok, rows = oracle
+
+    def text(i: int) -> str:
+        return tok.decode([i], skip_special_tokens=False)
+
+    prompt = "The quick brown fox"
+    ids = tok.encode(prompt)
+    kw = dict(model=name, prompt=prompt, max_tokens=4, temperature=0)
+    plain = cl.completions.create(**kw, extra_body={"ignore_eos": True}).choices[0]
+    assert "prompt_logprobs" not in plain.model_extra
+    c = cl.completions.create(**kw, extra_body={"ignore_eos": True, "prompt_logprobs": 2}).choices[0]
+    assert c.text == plain.text and c.logprobs is None  # asking for them changes nothing else
+    plps = c.model_extra["prompt_logprobs"]
+    check_prompt_logprobs(plps, ids, rows, 2, text)
+
+    # they agree with echo + logprobs from the same server; with both, each keeps its own top N
+    e = cl.completions.create(**{**kw, "max_tokens": 0}, echo=True, logprobs=1, extra_body={"prompt_logprobs": 3})
+    ech = e.choices[0]
+    assert ech.text == prompt and ech.logprobs.token_logprobs[0] is None
+    assert ech.logprobs.token_logprobs[1:] == pytest.approx([p[str(i)]["logprob"] for p, i in zip(plps[1:], ids[1:])],
+                                                            abs=1e-5)
+    assert all(len(t) <= 2 for t in ech.logprobs.top_logprobs[1:])  # the token and 1 best
+    check_prompt_logprobs(ech.model_extra["prompt_logprobs"], ids, rows, 3, text)
+    zero = cl.completions.create(**kw, extra_body={"prompt_logprobs": 0}).choices[0].model_extra["prompt_logprobs"]
+    assert [list(p) for p in zero[1:]] == [[str(i)] for i in ids[1:]]
+    assert [p[str(i)]["rank"] for p, i in zip(zero[1:], ids[1:])] == [p[str(i)]["rank"] for p, i in
+                                                                      zip(plps[1:], ids[1:])]
+
+    # batched prompts with n = 2, streamed and not: each choice its own prompt's, in its first chunk
+    prompts, pids = [prompt, [70, 71, 72]], [ids, [70, 71, 72]]
+    b = cl.completions.create(model=name, prompt=prompts, n=2, max_tokens=3, temperature=0,
+                              extra_body={"prompt_logprobs": 1, "ignore_eos": True})
+    for k, ch in enumerate(b.choices):
+        check_prompt_logprobs(ch.model_extra["prompt_logprobs"], pids[k // 2], rows, 1, text)
+    chunks = [x for x in cl.completions.create(model=name, prompt=prompts, n=2, max_tokens=3, temperature=0,
+                                               stream=True, extra_body={"prompt_logprobs": 1, "ignore_eos": True})
+              if x.choices]
+    for k in range(4):
+        mine = [x.choices[0] for x in chunks if x.choices[0].index == k]
+        assert "".join(x.text for x in mine) == b.choices[k].text
+        assert [("prompt_logprobs" in x.model_extra) for x in mine] == [True] + [False] * (len(mine) - 1)
+        check_prompt_logprobs(mine[0].model_extra["prompt_logprobs"], pids[k // 2], rows, 1, text)
+
+    # chat: the rendered template's tokens, in the response beside the choices (vLLM's place)
+    msgs = [{"role": "user", "content": "hi"}]
+    cids = tok.encode_chat(msgs)
+    ckw = dict(model=name, messages=msgs, max_tokens=3, temperature=0, n=2)
+    r = cl.chat.completions.create(**ckw, extra_body={"prompt_logprobs": 2, "ignore_eos": True})
+    check_prompt_logprobs(r.model_extra["prompt_logprobs"], cids, rows, 2, text)
+    assert all("prompt_logprobs" not in ch.model_extra for ch in r.choices)
+    chunks = list(cl.chat.completions.create(**ckw, stream=True, extra_body={"prompt_logprobs": 2,
+                                                                             "ignore_eos": True}))
+    for k in range(2):
+        mine = [x for x in chunks if x.choices and x.choices[0].index == k]
+        assert mine[0].choices[0].delta.role == "assistant" and "prompt_logprobs" not in mine[0].model_extra
+        assert "".join(x.choices[0].delta.content or "" for x in mine) == r.choices[k].message.content
+        assert [("prompt_logprobs" in x.model_extra) for x in mine[1:]] == [True] + [False] * (len(mine) - 2)
+        check_prompt_logprobs(mine[1].model_extra["prompt_logprobs"], cids, rows, 2, text)
+
+
 def test_penalties(server):
     """presence/frequency (OpenAI) and repetition (vLLM) penalties reach the sampler: a greedy run
     that repeats itself without them does not with them; streamed equals non-streamed."""

@@ -103,6 +103,13 @@ COMPLETION_CASES = [
     ({**OK, "logprobs": True}, "logprobs"),
     ({**OK, "echo": "yes"}, "echo"),
     ({**OK, "echo": True, "logprobs": 21}, "logprobs"),
+    ({**OK, "prompt_logprobs": 21}, "prompt_logprobs"),
+    ({**OK, "prompt_logprobs": -1}, "prompt_logprobs"),
+    ({**OK, "prompt_logprobs": "2"}, "prompt_logprobs"),
+    ({**OK, "prompt_logprobs": True}, "prompt_logprobs"),
+    ({**OK, "prompt_logprobs": 1.5}, "prompt_logprobs"),
+    ({**OK, "stream": True, "prompt_logprobs": 21}, "prompt_logprobs"),
+    ({**OK, "echo": True, "logprobs": 2, "prompt_logprobs": 21}, "prompt_logprobs"),
     ({**OK, "max_tokens": 0, "echo": False}, "max_tokens"),
     ({**OK, "max_tokens": 0, "echo": True, "min_tokens": 1}, "min_tokens"),
     ({"prompt": [65] * 256, "max_tokens": 0, "echo": True, "logprobs": 1}, "prompt"),
@@ -141,6 +148,9 @@ CHAT_CASES = [
     ({"messages": MSG, "logprobs": 1}, "logprobs"),
     ({"messages": MSG, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"messages": MSG, "top_logprobs": 2}, "top_logprobs"),
+    ({"messages": MSG, "prompt_logprobs": 21}, "prompt_logprobs"),
+    ({"messages": MSG, "prompt_logprobs": [1]}, "prompt_logprobs"),
+    ({"messages": MSG, "stream": True, "prompt_logprobs": -3}, "prompt_logprobs"),
     ({"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"messages": MSG, "response_format": {"type": "json_object"}}, "response_format"),
     ({"messages": MSG, "temperature": -1}, "temperature"),
@@ -176,6 +186,10 @@ def test_messages_name_the_problem(server):
     assert err["code"] == "context_length_exceeded" and "256" in err["message"]
     err = check_error(post(server, "/v1/completions", {**OK, "top_p": 1.5}), 400)
     assert "(0, 1]" in err["message"]
+    err = check_error(post(server, "/v1/chat/completions", {"messages": MSG, "prompt_logprobs": 21}), 400)
+    assert err["message"] == "'prompt_logprobs' must be between 0 and 20, got 21"
+    err = check_error(post(server, "/v1/completions", {**OK, "prompt_logprobs": True}), 400)
+    assert err["message"] == "'prompt_logprobs' must be an integer, got true"
 
 
 def test_unknown_model_is_404(server):
@@ -251,6 +265,37 @@ def test_edge_values_are_served_and_the_engine_survives(server, body):
     r = post(server, "/v1/completions", body)
     assert r.status_code == 200, r.text
     assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_logprobs_and_penalties_refused_with_speculation(model_dir, tmp_path):
+    """With a speculative config, what the engine cannot serve with drafts (logprobs, prompt
+    logprobs, penalties) is a 400 naming the field, streamed or not, before the engine sees it."""
+    srv = Server(model_dir, tmp_path / "server.log", "--max-model-len", "256",
+                 "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}')
+    try:
+        cases = [
+            ("/v1/completions", {**OK, "prompt_logprobs": 0}, "prompt_logprobs"),
+            ("/v1/completions", {**OK, "logprobs": 1}, "logprobs"),
+            ("/v1/completions", {**OK, "max_tokens": 0, "echo": True, "logprobs": 1}, "logprobs"),
+            ("/v1/completions", {**OK, "repetition_penalty": 1.2}, "repetition_penalty"),
+            ("/v1/chat/completions", {"messages": MSG, "prompt_logprobs": 2}, "prompt_logprobs"),
+            ("/v1/chat/completions", {"messages": MSG, "logprobs": True}, "logprobs"),
+            ("/v1/chat/completions", {"messages": MSG, "presence_penalty": 0.5}, "presence_penalty"),
+        ]
+        for path, body, param in cases:
+            for stream in (False, True):
+                before = prompt_tokens(srv)
+                err = check_error(post(srv, path, {**body, "stream": stream}, headers={}), 400, param)
+                assert "with speculative decoding is not supported yet" in err["message"], err
+                assert prompt_tokens(srv) == before
+        cl = srv.client()
+        with pytest.raises(openai.BadRequestError, match="prompt_logprobs with speculative decoding"):
+            cl.completions.create(model=cl.models.list().data[0].id, prompt="hi", max_tokens=2, stream=True,
+                                  extra_body={"prompt_logprobs": 1})
+        assert post(srv, "/v1/completions", {**OK, "echo": True}, headers={}).status_code == 200
+    finally:
+        assert srv.stop() == 0
+    assert "Traceback" not in srv.text()
 
 
 def test_out_of_range_seed(server):

@@ -280,10 +280,8 @@ class LLMEngine:
         seq.decoder = IncrementalDecoder(self.tokenizer)
         if params.logprobs is not None or params.penalized or params.prompt_logprobs is not None:
             if self.proposer is not None:
-                what = ("logprobs" if params.logprobs is not None else "prompt_logprobs"
-                        if params.prompt_logprobs is not None else "presence/frequency/repetition penalties")
-                raise ValueError(f"{what} with speculative decoding is not supported yet: drop them, or "
-                                 "serve without --speculative-config")
+                raise ValueError(f"{params.speculation_conflict} with speculative decoding is not supported yet: "
+                                 "drop them, or serve without --speculative-config")
             if params.logprobs is not None:
                 seq.output_logprobs = []
             if params.prompt_logprobs is not None:

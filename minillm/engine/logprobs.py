@@ -13,7 +13,9 @@ it samples from (the workspace's logits buffer holds max_logits rows). The final
 every row of the step are still in the workspace (ws.normed) once it ran, so prompt_logprobs()
 runs the LM head over a chunk's prompt rows there, at most max_logits rows at a time, into the
 logits buffer, and reduces each slice on the host before the next overwrites it: no device
-memory beyond what startup sized, whatever the prompt's length. These are the raw model's.
+memory beyond what startup sized, whatever the prompt's length. These are the raw model's. Each
+prompt token also gets its rank in its row (vLLM's `rank`: 1 + the tokens ranked above it, in the
+top lists' order, so a token listed among the top N has its position there), wherever it ranks.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: list[tuple[int, float]] = field(default_factory=list)
+    # 1-based rank of token_id in its row (higher logprob first, ties: lower id first); computed
+    # for prompt tokens (rows_logprobs), None for sampled ones
+    rank: int | None = None
 
 
 def token_logprob(logits_row: np.ndarray, token: int, top: int) -> TokenLogprob:
@@ -49,8 +54,9 @@ def token_logprob(logits_row: np.ndarray, token: int, top: int) -> TokenLogprob:
 
 
 def rows_logprobs(logits: np.ndarray, tokens, top: int, block: int = 1 << 21) -> list[TokenLogprob]:
-    """token_logprob for each row of logits [m, vocab] and its token, vectorised (the host work of
-    prompt logprobs is one such row per prompt token), in float64 blocks of about `block` values."""
+    """token_logprob for each row of logits [m, vocab] and its token, with its rank, vectorised (the
+    host work of prompt logprobs is one such row per prompt token), in float64 blocks of about
+    `block` values."""
     logits = np.asarray(logits)
     m, vocab = logits.shape
     out: list[TokenLogprob] = []
@@ -62,7 +68,11 @@ def rows_logprobs(logits: np.ndarray, tokens, top: int, block: int = 1 << 21) ->
         mx = x.max(axis=1, keepdims=True)
         lse = mx[:, 0] + np.log(np.exp(x - mx).sum(axis=1))
         toks = np.asarray(tokens[a : a + n], dtype=np.int64)
-        vals = (x[np.arange(n), toks] - lse).tolist()
+        own = x[np.arange(n), toks][:, None]
+        vals = (own[:, 0] - lse).tolist()
+        # rank: tokens above it, and tokens equal to it with a lower id (the top lists' tie order)
+        ranks = (1 + np.count_nonzero(x > own, axis=1)
+                 + np.count_nonzero((x == own) & (np.arange(vocab) < toks[:, None]), axis=1)).tolist()
         if k > 0:
             idx = np.argpartition(-x, k - 1, axis=1)[:, :k]
             best = np.take_along_axis(x, idx, axis=1)
@@ -72,7 +82,7 @@ def rows_logprobs(logits: np.ndarray, tokens, top: int, block: int = 1 << 21) ->
             tops = [list(zip(i, v)) for i, v in zip(idx.tolist(), best.tolist())]
         else:
             tops = [[] for _ in range(n)]
-        out.extend(TokenLogprob(int(t), v, tp) for t, v, tp in zip(toks.tolist(), vals, tops))
+        out.extend(TokenLogprob(int(t), v, tp, r) for t, v, tp, r in zip(toks.tolist(), vals, tops, ranks))
     return out
 
 

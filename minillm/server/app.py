@@ -66,6 +66,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         names=list(served_model_names or [eng.model_name]), max_model_len=eng.max_model_len,
         vocab_size=eng.config.vocab_size, tokenizer=eng.tokenizer,
         generation_defaults=dict(getattr(eng.loaded, "generation_defaults", None) or {}),
+        speculative=eng.proposer is not None,
     )
     metrics = Metrics(engine)
 
@@ -197,11 +198,16 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
             texts = [parsed.echo_texts[i] + texts[i] for i in range(n)]
             if parsed.logprobs:
                 bodies = [protocol.completion_logprobs(prompt_lps[i] + lps[i], token_text,
-                                                       token_ids=parsed.choices[i][0] + out_ids[i])
+                                                       token_ids=parsed.choices[i][0] + out_ids[i],
+                                                       top=parsed.top_logprobs)
                           for i in range(n)]
+        plps = None
+        if parsed.prompt_logprobs is not None:  # chat: one prompt, in the response; completions: each choice's
+            plps = [protocol.prompt_logprobs_body(prompt_lps[i], token_text, parsed.prompt_logprobs)
+                    for i in range(1 if chat else n)]
         build = protocol.chat_response if chat else protocol.completion_response
         return _json(build(rid, protocol.now(), parsed.model, list(zip(texts, reasons, bodies)),
-                           parsed.num_prompt_tokens, sum(n_outs)))
+                           parsed.num_prompt_tokens, sum(n_outs), plps[0] if chat and plps else plps))
 
     def add_choices(rid: str, parsed: ParsedRequest) -> list:
         """One engine request a choice (ids rid, or rid-0, rid-1, ... for several); all or none
@@ -226,15 +232,18 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         sent_chars = [0] * len(parsed.choices)  # completions' text_offset of each choice's next token
 
         def chunk(i: int, text: str | None, finish: str | None = None, lps: list | None = None,
-                  ids: list[int] | None = None) -> bytes:
+                  ids: list[int] | None = None, plps: list | None = None) -> bytes:
+            plp = None if plps is None else protocol.prompt_logprobs_body(plps, token_text, parsed.prompt_logprobs)
             if chat:
                 delta = {} if text is None else {"content": text}
                 lp = protocol.chat_logprobs(lps, token_text) if lps else None
-                return sse({**protocol.chat_chunk(rid, created, model, delta, finish, i, lp), **usage_null})
-            lp = protocol.completion_logprobs(lps, token_text, sent_chars[i], ids) if lps else None
+                return sse({**protocol.chat_chunk(rid, created, model, delta, finish, i, lp, plp), **usage_null})
+            lp = (protocol.completion_logprobs(lps, token_text, sent_chars[i], ids, parsed.top_logprobs)
+                  if lps else None)
             if lp:
                 sent_chars[i] = lp["text_offset"][-1] + len(lp["tokens"][-1])
-            return sse({**protocol.completion_chunk(rid, created, model, text or "", finish, i, lp), **usage_null})
+            return sse({**protocol.completion_chunk(rid, created, model, text or "", finish, i, lp, plp),
+                        **usage_null})
 
         # the request enters the engine only once the body is being sent: a client gone before that
         # (or a generator never started) leaves nothing running
@@ -248,6 +257,9 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         n = len(streams)
         reasons, n_outs = ["abort"] * n, [0] * n
         echoed = [not parsed.echo] * n  # whether choice i's prompt went out (in its first chunk)
+        # whether choice i's prompt_logprobs went out (in its first chunk after the role's, as its first
+        # output carries them; that chunk goes out even with no text, held back by a stop string)
+        scored = [parsed.prompt_logprobs is None] * n
         try:
             if chat:  # the first chat chunk of each choice carries the role, as OpenAI's does
                 for i in range(n):
@@ -260,15 +272,18 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
                 lps = out.new_logprobs if want_logprobs else None
                 if parsed.echo_only:  # max_tokens 0: the token the engine generated is dropped
                     text, ids, lps, n_outs[i] = "", [], [], 0
+                plps = None
+                if not scored[i]:
+                    scored[i], plps = True, out.prompt_logprobs or []
                 if not echoed[i]:  # the first chunk: the prompt, then what this output adds (as vLLM)
                     echoed[i] = True
                     text = parsed.echo_texts[i] + text
                     if want_logprobs:
                         lps = (out.prompt_logprobs or []) + lps
                         ids = parsed.choices[i][0] + ids
-                    yield chunk(i, text, None, lps, ids)
-                elif text or lps:  # tokens held back by a stop string still send their logprobs
-                    yield chunk(i, text, None, lps, ids)
+                    yield chunk(i, text, None, lps, ids, plps)
+                elif text or lps or plps is not None:  # tokens held back by a stop string still send their logprobs
+                    yield chunk(i, text, None, lps, ids, plps)
                 if out.finished:
                     reasons[i] = "length" if parsed.echo_only else out.finish_reason or "stop"
                     yield chunk(i, None, reasons[i])

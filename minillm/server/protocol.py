@@ -51,6 +51,7 @@ class ModelInfo:
     vocab_size: int
     tokenizer: Any
     generation_defaults: dict = field(default_factory=dict)
+    speculative: bool = False  # served with a speculative config: logprobs and penalties are refused
 
 
 @dataclass
@@ -67,11 +68,19 @@ class ParsedRequest:
     echo: bool = False
     echo_only: bool = False
     echo_texts: list[str] = field(default_factory=list)
+    # vLLM's prompt_logprobs (completions and chat): each choice's prompt tokens' logprobs with the
+    # N best (None: not asked). The engine computes max(N, logprobs) with echo (see sampling_params)
+    prompt_logprobs: int | None = None
 
     @property
     def logprobs(self) -> bool:
         """Whether the choices return logprobs (every choice asks alike)."""
         return self.choices[0][1].logprobs is not None
+
+    @property
+    def top_logprobs(self) -> int:
+        """How many alternatives each logprobs entry lists (echoed prompt tokens included)."""
+        return self.choices[0][1].logprobs or 0
 
 
 # ---- typed field access -------------------------------------------------------------------
@@ -245,6 +254,12 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool) -> S
         _refuse(body, "suffix", (None, ""))
     if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
         raise ProtocolError(f"'{lp_name}' must be between 0 and {MAX_LOGPROBS}, got {logprobs}", lp_name)
+    prompt_logprobs = _get(body, "prompt_logprobs", int, None)  # vLLM's extension field
+    if prompt_logprobs is not None and not 0 <= prompt_logprobs <= MAX_LOGPROBS:
+        raise ProtocolError(f"'prompt_logprobs' must be between 0 and {MAX_LOGPROBS}, got {prompt_logprobs}",
+                            "prompt_logprobs")
+    if echo and logprobs is not None:  # echo's logprobs are the prompt's too: one computation serves both
+        prompt_logprobs = max(logprobs, prompt_logprobs or 0)
     adjust = dict(presence_penalty=_get(body, "presence_penalty", float, 0.0),
                   frequency_penalty=_get(body, "frequency_penalty", float, 0.0),
                   repetition_penalty=_get(body, "repetition_penalty", float, 1.0))
@@ -285,14 +300,26 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool) -> S
         min_tokens=_get(body, "min_tokens", int, 0), stop=stop, stop_token_ids=stop_ids,
         ignore_eos=_get(body, "ignore_eos", bool, False), seed=seed,
         skip_special_tokens=_get(body, "skip_special_tokens", bool, True), logprobs=logprobs,
-        prompt_logprobs=logprobs if echo else None, **adjust,
+        prompt_logprobs=prompt_logprobs, **adjust,
     )
     try:
-        return SamplingParams(**kwargs)
+        params = SamplingParams(**kwargs)
     except ValueError as e:  # SamplingParams names the field first: "top_p must be in (0, 1] ..."
         msg = str(e)
         param = msg.split(" ", 1)[0]
         raise ProtocolError(msg, param if param in kwargs else None) from None
+    what = params.speculation_conflict if info.speculative else None
+    if what is not None:  # the engine would refuse it too; here it is a 400 before any stream starts
+        if what == "logprobs":
+            param = "logprobs"
+        elif what == "prompt_logprobs":
+            param = "prompt_logprobs"
+        else:
+            param = next(k for k in ("presence_penalty", "frequency_penalty", "repetition_penalty")
+                         if adjust[k] != (1.0 if k == "repetition_penalty" else 0.0))
+        raise ProtocolError(f"{what} with speculative decoding is not supported yet: drop '{param}', or serve "
+                            "without --speculative-config", param)
+    return params
 
 
 def parse_request(body: dict, info: ModelInfo, chat: bool) -> ParsedRequest:
@@ -309,7 +336,8 @@ def parse_request(body: dict, info: ModelInfo, chat: bool) -> ParsedRequest:
         raise ProtocolError(f"{len(prompts)} prompts x n = {n} is more than {MAX_CHOICES} choices in one request",
                             "n")
     choices = [(ids, choice_params(p, i)) for ids, p in zip(prompts, params) for i in range(n)]
-    parsed = ParsedRequest(model, choices, sum(len(ids) for ids in prompts), stream, include_usage)
+    parsed = ParsedRequest(model, choices, sum(len(ids) for ids in prompts), stream, include_usage,
+                           prompt_logprobs=_get(body, "prompt_logprobs", int, None))
     if not chat and _get(body, "echo", bool, False):  # (chat's echo is not OpenAI's: left alone)
         parsed.echo = True
         parsed.echo_only = body.get("max_tokens") == 0
@@ -334,42 +362,57 @@ def usage(n_prompt: int, n_completion: int) -> dict:
 
 
 def completion_response(rid: str, created: int, model: str, choices: list[tuple[str, str | None, dict | None]],
-                        n_prompt: int, n_out: int) -> dict:
-    """choices: (text, finish reason, logprobs body or None) of each; n_out: completion tokens of all."""
-    return {"id": rid, "object": "text_completion", "created": created, "model": model,
+                        n_prompt: int, n_out: int, prompt_logprobs: list | None = None) -> dict:
+    """choices: (text, finish reason, logprobs body or None) of each; n_out: completion tokens of all;
+    prompt_logprobs: each choice's prompt_logprobs body (vLLM puts them in the choice), if asked."""
+    body = {"id": rid, "object": "text_completion", "created": created, "model": model,
             "choices": [{"index": i, "text": text, "logprobs": lp, "finish_reason": finish}
                         for i, (text, finish, lp) in enumerate(choices)],
             "usage": usage(n_prompt, n_out)}
+    for choice, plp in zip(body["choices"], prompt_logprobs or []):
+        choice["prompt_logprobs"] = plp
+    return body
 
 
 def chat_response(rid: str, created: int, model: str, choices: list[tuple[str, str | None, dict | None]],
-                  n_prompt: int, n_out: int) -> dict:
-    return {"id": rid, "object": "chat.completion", "created": created, "model": model,
+                  n_prompt: int, n_out: int, prompt_logprobs: list | None = None) -> dict:
+    """prompt_logprobs: the prompt_logprobs body of the (one) prompt, if asked: vLLM puts it in the
+    response, beside the choices."""
+    body = {"id": rid, "object": "chat.completion", "created": created, "model": model,
             "choices": [{"index": i, "message": {"role": "assistant", "content": text}, "logprobs": lp,
                          "finish_reason": finish} for i, (text, finish, lp) in enumerate(choices)],
             "usage": usage(n_prompt, n_out)}
+    if prompt_logprobs is not None:
+        body["prompt_logprobs"] = prompt_logprobs
+    return body
 
 
 def completion_chunk(rid: str, created: int, model: str, text: str, finish: str | None = None,
-                     index: int = 0, logprobs: dict | None = None) -> dict:
-    return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}]}
+                     index: int = 0, logprobs: dict | None = None, prompt_logprobs: list | None = None) -> dict:
+    choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+    if prompt_logprobs is not None:  # each choice's first chunk, where they were asked for
+        choice["prompt_logprobs"] = prompt_logprobs
+    return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
 
 
 def chat_chunk(rid: str, created: int, model: str, delta: dict, finish: str | None = None,
-               index: int = 0, logprobs: dict | None = None) -> dict:
-    return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+               index: int = 0, logprobs: dict | None = None, prompt_logprobs: list | None = None) -> dict:
+    body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
             "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
+    if prompt_logprobs is not None:  # each choice's first content chunk, where they were asked for
+        body["prompt_logprobs"] = prompt_logprobs
+    return body
 
 
 def completion_logprobs(lps: list[TokenLogprob | None], token_text, text_offset: int = 0,
-                        token_ids: list[int] | None = None) -> dict:
+                        token_ids: list[int] | None = None, top: int | None = None) -> dict:
     """The legacy completions API's logprobs body for these tokens; token_text(id) -> str. The
     sampled token is listed among its top alternatives too, as vLLM does. That body keys the
     alternatives by text, so tokens that read the same (byte pieces of one character) share a
     key: the first listed keeps it (the sampled token, then the best first). A None entry (the
     first prompt token, with echo: nothing predicts it) has null logprob and top_logprobs, as in
-    OpenAI's and vLLM's bodies; token_ids names the tokens then."""
+    OpenAI's and vLLM's bodies; token_ids names the tokens then. top: list at most that many
+    alternatives (echoed prompt tokens may carry more, for prompt_logprobs)."""
     ids = token_ids if token_ids is not None else [lp.token_id for lp in lps]
     tokens = [token_text(i) for i in ids]
     offsets = []
@@ -381,12 +424,33 @@ def completion_logprobs(lps: list[TokenLogprob | None], token_text, text_offset:
         if lp is None:
             tops.append(None)
             continue
-        top: dict[str, float] = {}
-        for i, v in [(lp.token_id, lp.logprob), *lp.top]:
-            top.setdefault(token_text(i), v)
-        tops.append(top)
+        alts: dict[str, float] = {}
+        for i, v in [(lp.token_id, lp.logprob), *lp.top[:top]]:
+            alts.setdefault(token_text(i), v)
+        tops.append(alts)
     return {"tokens": tokens, "token_logprobs": [None if lp is None else lp.logprob for lp in lps],
             "top_logprobs": tops, "text_offset": offsets}
+
+
+def prompt_logprobs_body(lps: list[TokenLogprob | None], token_text, top: int) -> list[dict | None]:
+    """vLLM's `prompt_logprobs`: per prompt token None (the first: nothing predicts it) or
+    {token id (a string, as JSON keys are): {"logprob", "rank", "decoded_token"}} for the token
+    itself, then its `top` best alternatives (rank: their position, 1-based); a token among them is
+    listed once, first. -inf becomes -9999.0, as vLLM's clamp_prompt_logprobs does (JSON has no inf)."""
+    def entry(i: int, v: float, rank: int | None) -> dict:
+        return {"logprob": max(v, -9999.0), "rank": rank, "decoded_token": token_text(i)}
+
+    out: list[dict | None] = []
+    for lp in lps:
+        if lp is None:
+            out.append(None)
+            continue
+        d = {str(lp.token_id): entry(lp.token_id, lp.logprob, lp.rank)}
+        for j, (i, v) in enumerate(lp.top[:top]):
+            if str(i) not in d:
+                d[str(i)] = entry(i, v, j + 1)
+        out.append(d)
+    return out
 
 
 def chat_logprobs(lps: list[TokenLogprob], token_text) -> dict:
