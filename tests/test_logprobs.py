@@ -79,3 +79,18 @@ def test_token_logprob_ties_and_top_larger_than_vocab():
     lp = token_logprob(row, 2, 10)
     assert [i for i, _ in lp.top] == [1, 2, 0, 3]  # ties by id; -inf last
     assert abs(sum(np.exp(v) for _, v in lp.top) - 1) < 1e-12 and lp.logprob == lp.top[1][1]
+
+
+def test_logprob_bodies_carry_no_infinity():
+    """A token a logit transform ruled out has logprob -inf; JSON has no inf, so every body says
+    -9999.0 (vLLM's clamp) and strict JSON encoding succeeds."""
+    import json
+
+    from minillm.engine.logprobs import TokenLogprob
+    from minillm.server.protocol import chat_logprobs, completion_logprobs, prompt_logprobs_body
+
+    ruled_out = [TokenLogprob(3, float("-inf"), [(1, -0.1), (3, float("-inf"))], rank=2)]
+    bodies = [completion_logprobs(ruled_out, str), chat_logprobs(ruled_out, str),
+              prompt_logprobs_body([None, *ruled_out], str, top=2)]
+    text = json.dumps(bodies, allow_nan=False)
+    assert "-9999.0" in text

@@ -14,14 +14,9 @@ import pytest
 
 from minillm import LLM, SamplingParams
 from minillm.engine.engine import LLMEngine
+from tests.test_logprobs import log_softmax
 
 CHUNKED = dict(device="cpu", max_model_len=128, max_num_seqs=4, max_num_batched_tokens=16, block_size=8)
-
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    m = x.max(-1, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
 
 
 @pytest.fixture(scope="module")

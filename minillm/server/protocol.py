@@ -404,6 +404,11 @@ def chat_chunk(rid: str, created: int, model: str, delta: dict, finish: str | No
     return body
 
 
+def _json_logprob(v: float) -> float:
+    """-inf (a token a logit transform ruled out) as -9999.0, as vLLM clamps it: JSON has no inf."""
+    return max(v, -9999.0)
+
+
 def completion_logprobs(lps: list[TokenLogprob | None], token_text, text_offset: int = 0,
                         token_ids: list[int] | None = None, top: int | None = None) -> dict:
     """The legacy completions API's logprobs body for these tokens; token_text(id) -> str. The
@@ -426,9 +431,9 @@ def completion_logprobs(lps: list[TokenLogprob | None], token_text, text_offset:
             continue
         alts: dict[str, float] = {}
         for i, v in [(lp.token_id, lp.logprob), *lp.top[:top]]:
-            alts.setdefault(token_text(i), v)
+            alts.setdefault(token_text(i), _json_logprob(v))
         tops.append(alts)
-    return {"tokens": tokens, "token_logprobs": [None if lp is None else lp.logprob for lp in lps],
+    return {"tokens": tokens, "token_logprobs": [None if lp is None else _json_logprob(lp.logprob) for lp in lps],
             "top_logprobs": tops, "text_offset": offsets}
 
 
@@ -438,7 +443,7 @@ def prompt_logprobs_body(lps: list[TokenLogprob | None], token_text, top: int) -
     itself, then its `top` best alternatives (rank: their position, 1-based); a token among them is
     listed once, first. -inf becomes -9999.0, as vLLM's clamp_prompt_logprobs does (JSON has no inf)."""
     def entry(i: int, v: float, rank: int | None) -> dict:
-        return {"logprob": max(v, -9999.0), "rank": rank, "decoded_token": token_text(i)}
+        return {"logprob": _json_logprob(v), "rank": rank, "decoded_token": token_text(i)}
 
     out: list[dict | None] = []
     for lp in lps:
@@ -457,7 +462,7 @@ def chat_logprobs(lps: list[TokenLogprob], token_text) -> dict:
     """The chat API's logprobs body: {"content": [{token, logprob, bytes, top_logprobs}, ...]}."""
     def entry(i: int, v: float) -> dict:
         t = token_text(i)
-        return {"token": t, "logprob": v, "bytes": list(t.encode())}
+        return {"token": t, "logprob": _json_logprob(v), "bytes": list(t.encode())}
     return {"content": [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(i, v) for i, v in lp.top]}
                         for lp in lps]}
 
