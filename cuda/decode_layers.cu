@@ -416,8 +416,8 @@ __device__ void attention_stage(const AttnArgs& a, float* sm, Pre pre) {
       vv[u] = __ldcg(reinterpret_cast<const uint4*>(a.vc + row));
     }
   };
-  // the cached keys were written by earlier steps: this CTA's first keys load before pre() (the
-  // barrier that makes qkv complete)
+  // the cached keys were written by earlier steps, so with DL_ATT_PRE this CTA's first keys load
+  // before pre() (the barrier that makes qkv complete); by default they load right after it
   const int items = a.NKV * S;
   if (DL_ATT_PRE && blockIdx.x < items) {
     const int j0 = (blockIdx.x % S) * part_len, j1 = min(a.ctx, j0 + part_len);
