@@ -427,6 +427,120 @@ def test_chat(server):
     assert chunks[-1].usage.total_tokens == r.usage.total_tokens
 
 
+# ---- vLLM's utility endpoints: /tokenize, /detokenize, /version, /v1/models/{id} -------------
+def test_tokenize_detokenize_round_trip(server, model_dir):
+    from tokenizers import Tokenizer as HFTokenizer
+
+    hf = HFTokenizer.from_file(str(model_dir / "tokenizer.json"))
+    for text in ("hello", "The quick brown fox\n  jumps", "naïve café 日本 😀", ""):
+        r = httpx.post(f"{server.url}/tokenize", json={"model": model_name(server), "prompt": text,
+                                                       "return_token_strs": True})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert set(body) == {"count", "max_model_len", "tokens", "token_strs"}
+        assert body["tokens"] == hf.encode(text).ids and body["count"] == len(body["tokens"])
+        assert body["max_model_len"] == 512
+        assert body["token_strs"] == [hf.id_to_token(i) for i in body["tokens"]]
+        back = httpx.post(f"{server.url}/detokenize", json={"model": model_name(server), "tokens": body["tokens"]})
+        assert back.status_code == 200 and back.json() == {"prompt": text}
+    # model is optional (the first served name), token_strs only when asked
+    body = httpx.post(f"{server.url}/tokenize", json={"prompt": "hello"}).json()
+    assert set(body) == {"count", "max_model_len", "tokens"} and body["count"] == 5
+    # the ids a completion prefills: tokenize counts what usage reports
+    c = server.client().completions.create(model=model_name(server), prompt="The quick brown fox\n  jumps",
+                                           max_tokens=1)
+    assert c.usage.prompt_tokens == httpx.post(f"{server.url}/tokenize",
+                                               json={"prompt": "The quick brown fox\n  jumps"}).json()["count"]
+
+
+def test_tokenize_add_special_tokens(server):
+    """The tiny model's byte tokenizer adds no BOS (nor anything else), so add_special_tokens true
+    and false give the same ids here; test_tokenize_bos_at_the_protocol shows a tokenizer that does."""
+    on = httpx.post(f"{server.url}/tokenize", json={"prompt": "hi there", "add_special_tokens": True}).json()
+    off = httpx.post(f"{server.url}/tokenize", json={"prompt": "hi there", "add_special_tokens": False}).json()
+    default = httpx.post(f"{server.url}/tokenize", json={"prompt": "hi there"}).json()
+    assert on == off == default and on["count"] == len("hi there")
+
+
+def test_tokenize_chat_matches_the_chat_endpoint(server):
+    cl, name = server.client(), model_name(server)
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+            {"role": "assistant", "content": "yes?"}, {"role": "user", "content": "go on"}]
+    tok = httpx.post(f"{server.url}/tokenize", json={"model": name, "messages": msgs}).json()
+    r = cl.chat.completions.create(model=name, messages=msgs, max_tokens=1)
+    assert tok["count"] == r.usage.prompt_tokens == len(tok["tokens"])
+    prompt = "<system>be brief\n<user>hi\n<assistant>yes?\n<user>go on\n<assistant>"
+    text = httpx.post(f"{server.url}/detokenize", json={"tokens": tok["tokens"]}).json()["prompt"]
+    assert text == prompt
+    # add_generation_prompt false: the template's "<assistant>" left off; add_special_tokens true adds
+    # nothing with this tokenizer
+    bare = httpx.post(f"{server.url}/tokenize", json={"messages": msgs, "add_generation_prompt": False}).json()
+    assert bare["tokens"] == tok["tokens"][:-len("<assistant>")]
+    assert httpx.post(f"{server.url}/tokenize", json={"messages": msgs, "add_special_tokens": True,
+                                                     "add_generation_prompt": True}).json() == tok
+
+
+def test_tokenize_bos_at_the_protocol(model_dir):
+    """add_special_tokens with a tokenizer that adds a BOS (the tiny one does not): the prompt form
+    adds it by default and not with false; the chat form adds it only when asked (the template writes
+    its own); detokenize keeps it, as vLLM does."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from minillm.models.tokenizer import Tokenizer
+    from minillm.server import protocol
+
+    hf = HFTokenizer.from_file(str(model_dir / "tokenizer.json"))
+    hf.add_special_tokens(["<s>"])
+    tok = Tokenizer(hf, chat_template="{% for m in messages %}[{{ m.content }}]{% endfor %}", bos_token="<s>",
+                    add_bos_token=True)
+    info = protocol.ModelInfo(names=["m"], max_model_len=64, vocab_size=tok.vocab_size, tokenizer=tok)
+    bos = tok.bos_token_id
+    assert bos == 256
+    with_bos = protocol.tokenize_response({"prompt": "hi"}, info)
+    without = protocol.tokenize_response({"prompt": "hi", "add_special_tokens": False}, info)
+    ids = lambda text: hf.encode(text).ids  # noqa: E731 (the byte-level ids: no BOS from tokenizers itself)
+    assert with_bos["tokens"] == [bos, *ids("hi")] and without["tokens"] == ids("hi")
+    assert with_bos["count"] == 3 and without["count"] == 2
+    strs = protocol.tokenize_response({"prompt": "hi", "return_token_strs": True}, info)["token_strs"]
+    assert strs == ["<s>", "h", "i"]
+    assert protocol.detokenize_response({"tokens": with_bos["tokens"]}, info) == {"prompt": "<s>hi"}
+    msgs = {"messages": [{"role": "user", "content": "hi"}]}
+    assert protocol.tokenize_response(msgs, info)["tokens"] == ids("[hi]")
+    assert protocol.tokenize_response({**msgs, "add_special_tokens": True}, info)["tokens"] == [bos, *ids("[hi]")]
+
+
+def test_version(server):
+    import importlib.metadata
+
+    r = httpx.get(f"{server.url}/version")
+    assert r.status_code == 200 and r.json() == {"version": importlib.metadata.version("minillm")}
+
+
+def test_version_falls_back_to_setup_cfg(monkeypatch):
+    import configparser
+    import importlib.metadata
+
+    from minillm.server.app import package_version
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    assert package_version() == cfg.get("metadata", "version")
+
+
+def test_models_retrieve(server, model_dir):
+    cl = server.client()
+    m = cl.models.retrieve(str(model_dir))  # an absolute path: slashes, percent-encoded by the client
+    assert (m.id, m.object, m.owned_by) == (str(model_dir), "model", "minillm")
+    assert m.model_dump() == cl.models.list().data[0].model_dump()
+    with pytest.raises(openai.NotFoundError) as e:
+        cl.models.retrieve("gpt-4")
+    assert e.value.body["code"] == "model_not_found" and "gpt-4" in e.value.body["message"]
+
+
 def test_raw_sse_framing(server):
     body = {"prompt": "abc", "max_tokens": 3, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body) as r:

@@ -159,6 +159,54 @@ CHAT_CASES = [
 ]
 
 
+# vLLM's utility routes (outside /v1: no API key, as in vLLM)
+TOOLS = [{"type": "function", "function": {"name": "f"}}]
+UTILITY_CASES = [
+    ("/tokenize", b'{"prompt": "hi", ', None),
+    ("/tokenize", b"[1, 2]", None),
+    ("/tokenize", b"\xff\xfe", None),
+    ("/tokenize", b"", None),
+    ("/tokenize", {}, "prompt"),
+    ("/tokenize", {"prompt": None, "messages": None}, "prompt"),
+    ("/tokenize", {"prompt": "hi", "messages": MSG}, "prompt"),
+    ("/tokenize", {"prompt": 5}, "prompt"),
+    ("/tokenize", {"prompt": [65, 66]}, "prompt"),
+    ("/tokenize", {"prompt": ["hi"]}, "prompt"),
+    ("/tokenize", {"prompt": "hi", "model": 5}, "model"),
+    ("/tokenize", {"prompt": "hi", "add_special_tokens": "yes"}, "add_special_tokens"),
+    ("/tokenize", {"prompt": "hi", "add_special_tokens": 1}, "add_special_tokens"),
+    ("/tokenize", {"prompt": "hi", "return_token_strs": 1}, "return_token_strs"),
+    ("/tokenize", {"messages": []}, "messages"),
+    ("/tokenize", {"messages": "hi"}, "messages"),
+    ("/tokenize", {"messages": [1]}, "messages[0]"),
+    ("/tokenize", {"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
+    ("/tokenize", {"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ("/tokenize", {"messages": MSG, "add_generation_prompt": "no"}, "add_generation_prompt"),
+    ("/tokenize", {"messages": MSG, "add_special_tokens": 0}, "add_special_tokens"),
+    ("/tokenize", {"messages": MSG, "return_token_strs": "yes"}, "return_token_strs"),
+    ("/tokenize", {"messages": MSG, "continue_final_message": True}, "continue_final_message"),
+    ("/tokenize", {"messages": MSG, "continue_final_message": "yes"}, "continue_final_message"),
+    ("/tokenize", {"messages": MSG, "chat_template": "{{ messages }}"}, "chat_template"),
+    ("/tokenize", {"messages": MSG, "chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
+    ("/tokenize", {"messages": MSG, "tools": TOOLS}, "tools"),
+    ("/detokenize", b"not json", None),
+    ("/detokenize", b'{"tokens": [1, NaN]}', None),
+    ("/detokenize", b'"tokens"', None),
+    ("/detokenize", {}, "tokens"),
+    ("/detokenize", {"prompt": "hi"}, "tokens"),
+    ("/detokenize", {"tokens": "65"}, "tokens"),
+    ("/detokenize", {"tokens": {"0": 65}}, "tokens"),
+    ("/detokenize", {"tokens": [65, 256]}, "tokens"),
+    ("/detokenize", {"tokens": [-1]}, "tokens"),
+    ("/detokenize", {"tokens": [65, True]}, "tokens"),
+    ("/detokenize", {"tokens": [65.0]}, "tokens"),
+    ("/detokenize", {"tokens": ["65"]}, "tokens"),
+    ("/detokenize", {"tokens": [[65]]}, "tokens"),
+    ("/detokenize", {"tokens": [2**70]}, "tokens"),
+    ("/detokenize", {"tokens": [65], "model": ["tiny"]}, "model"),
+]
+
+
 def prompt_tokens(server) -> float:
     return server.metrics()["minillm:prompt_tokens_total"]
 
@@ -175,6 +223,33 @@ def test_bad_chat_requests(server, body, param):
     before = prompt_tokens(server)
     check_error(post(server, "/v1/chat/completions", body), 400, param)
     assert prompt_tokens(server) == before
+
+
+@pytest.mark.parametrize("path,body,param", UTILITY_CASES, ids=[str(i) for i in range(len(UTILITY_CASES))])
+def test_bad_tokenize_requests(server, path, body, param):
+    check_error(post(server, path, body, headers={}), 400, param)
+
+
+def test_tokenize_errors_name_the_problem(server):
+    err = check_error(post(server, "/tokenize", {"prompt": "hi", "messages": MSG}), 400)
+    assert err["message"] == "give either 'prompt' (text) or 'messages' (a chat), not both"
+    err = check_error(post(server, "/tokenize", {"model": "tiny"}), 400)
+    assert err["message"] == "'prompt' (text) or 'messages' (a chat) is required"
+    err = check_error(post(server, "/tokenize", {"messages": MSG, "tools": TOOLS}), 400)
+    assert err["message"] == "'tools' is not supported yet: tool definitions"
+    err = check_error(post(server, "/detokenize", {"tokens": [65, 256]}), 400)
+    assert err["message"] == "'tokens' token ids must be integers in [0, 256); got 256"
+    err = check_error(post(server, "/detokenize", {}), 400)
+    assert err["message"] == "'tokens' is required: an array of token ids"
+    # what is fine: an empty text, an empty list, a prompt longer than the context (counting it is the point)
+    assert post(server, "/tokenize", {"prompt": ""}).json() == {"count": 0, "max_model_len": 256, "tokens": []}
+    assert post(server, "/detokenize", {"tokens": []}).json() == {"prompt": ""}
+    long = post(server, "/tokenize", {"prompt": "x" * 1000, "continue_final_message": True, "tools": TOOLS})
+    assert long.status_code == 200 and long.json()["count"] == 1000  # chat-only fields: ignored with a prompt
+    ok = post(server, "/tokenize", {"messages": MSG, "continue_final_message": False, "tools": [],
+                                    "chat_template_kwargs": {}, "add_generation_prompt": None})
+    assert ok.status_code == 200 and ok.json()["count"] == len("<user>hi\n<assistant>")
+    assert httpx.get(f"{server.url}/health").status_code == 200
 
 
 def test_messages_name_the_problem(server):
@@ -197,6 +272,20 @@ def test_unknown_model_is_404(server):
     assert err["code"] == "model_not_found"
     with pytest.raises(openai.NotFoundError):
         server.client(api_key=KEY).chat.completions.create(model="gpt-4", messages=MSG, max_tokens=2)
+    for path, body in (("/tokenize", {"model": "gpt-4", "prompt": "hi"}),
+                       ("/tokenize", {"model": "gpt-4", "messages": MSG}),
+                       ("/detokenize", {"model": "gpt-4", "tokens": [65]})):
+        err = check_error(post(server, path, body), 404, "model")
+        assert err["code"] == "model_not_found" and "gpt-4" in err["message"]
+    for name in ("gpt-4", "tiny/extra", "TINY"):
+        err = check_error(httpx.get(f"{server.url}/v1/models/{name}", headers=AUTH), 404, "model")
+        assert err["code"] == "model_not_found"
+    with pytest.raises(openai.NotFoundError):
+        server.client(api_key=KEY).models.retrieve("gpt-4")
+    # the served names, each its own card; the utility routes take any of them
+    cl = server.client(api_key=KEY)
+    assert [cl.models.retrieve(n).id for n in ("tiny", "tiny-alias")] == ["tiny", "tiny-alias"]
+    assert post(server, "/detokenize", {"model": "tiny-alias", "tokens": [65]}).status_code == 200
 
 
 def test_served_names_and_unknown_fields(server):
@@ -217,6 +306,13 @@ def test_api_key(server):
         err = check_error(post(server, "/v1/completions", OK, headers=headers), 401)
         assert err["code"] == "invalid_api_key"
     check_error(httpx.get(f"{server.url}/v1/models"), 401)
+    check_error(httpx.get(f"{server.url}/v1/models/tiny"), 401)
+    with pytest.raises(openai.AuthenticationError):
+        server.client(api_key="wrong").models.retrieve("tiny")
+    # vLLM's utility routes live outside /v1 and, as there, need no key
+    assert post(server, "/tokenize", {"prompt": "hi"}, headers={}).status_code == 200
+    assert post(server, "/detokenize", {"tokens": [65]}, headers={}).status_code == 200
+    assert httpx.get(f"{server.url}/version").status_code == 200
     with pytest.raises(openai.AuthenticationError):
         server.client(api_key="wrong").models.list()
     assert httpx.get(f"{server.url}/health").status_code == 200  # probes need no key
@@ -226,6 +322,12 @@ def test_api_key(server):
 def test_http_level_errors(server):
     check_error(httpx.get(f"{server.url}/v1/nope", headers=AUTH), 404)
     check_error(httpx.get(f"{server.url}/v1/completions", headers=AUTH), 405)
+    check_error(httpx.get(f"{server.url}/tokenize"), 405)
+    check_error(httpx.post(f"{server.url}/version"), 405)
+    check_error(httpx.post(f"{server.url}/v1/models/tiny", headers=AUTH), 405)
+    check_error(httpx.get(f"{server.url}/v1/models/", headers=AUTH), 404)
+    r = post(server, "/tokenize", b'{"prompt": "' + b"a" * (9 << 20) + b'"}')
+    assert r.status_code == 413 and "larger than" in r.json()["error"]["message"]
     big = b'{"prompt": "' + b"a" * (9 << 20) + b'"}'
     r = post(server, "/v1/completions", big)
     assert r.status_code == 413 and "larger than" in r.json()["error"]["message"]

@@ -98,6 +98,10 @@ class Tokenizer:
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def convert_ids_to_tokens(self, ids) -> list[str]:
+        """Each id's vocabulary entry as stored ("Ġthe", "▁the", "<0x0A>"), as transformers names it."""
+        return [self.tok.id_to_token(i) or "" for i in ids]
+
     # ---- chat ---------------------------------------------------------------------------
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             **kwargs) -> str:
@@ -121,10 +125,11 @@ class Tokenizer:
             **kwargs,
         )
 
-    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-        # the template writes any BOS itself, so no special tokens are added on top
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    add_special_tokens: bool = False) -> list[int]:
+        # the template writes any BOS itself, so by default no special tokens are added on top
         return self.encode(self.apply_chat_template(messages, add_generation_prompt),
-                           add_special_tokens=False)
+                           add_special_tokens=add_special_tokens)
 
 
 class IncrementalDecoder:

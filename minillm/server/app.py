@@ -1,21 +1,27 @@
 """The Quart app: OpenAI-compatible routes over an AsyncEngine.
 
-GET /v1/models, POST /v1/completions, POST /v1/chat/completions (streamed as SSE or not),
-GET /health (200 while the engine loop runs and admits, 503 otherwise), GET /metrics.
+GET /v1/models, GET /v1/models/{id}, POST /v1/completions, POST /v1/chat/completions (streamed as
+SSE or not), GET /health (200 while the engine loop runs and admits, 503 otherwise), GET /metrics,
+and vLLM's utility routes POST /tokenize, POST /detokenize, GET /version (outside /v1, so, as in
+vLLM, they need no API key).
 Every error, ours or the client's, is an OpenAI error body `{"error": {message, type, param, code}}`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import configparser
 import hmac
+import importlib.metadata
 import json
 import logging
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException
+from werkzeug.routing import PathConverter
 
 from minillm.server import protocol
 from minillm.server.async_engine import AsyncEngine, EngineFailure, EngineUnavailable
@@ -51,6 +57,29 @@ async def choice_outputs(streams: list) -> AsyncIterator[tuple]:
             fut.cancel()
 
 
+def package_version() -> str:
+    """minillm's version: the installed distribution's, else setup.cfg's beside the package (a
+    source tree on sys.path), else the package's __version__."""
+    try:
+        return importlib.metadata.version("minillm")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    cfg = configparser.ConfigParser()
+    cfg.read(Path(__file__).resolve().parents[2] / "setup.cfg")
+    if cfg.has_option("metadata", "version"):
+        return cfg.get("metadata", "version")
+    import minillm
+
+    return minillm.__version__
+
+
+class ModelIdConverter(PathConverter):
+    """A URL segment that is a model id: any non-empty text, slashes included, a leading one too."""
+
+    regex = ".+"
+    part_isolating = False  # werkzeug infers it from a "/" in the regex: this one has none and spans parts
+
+
 def _json(body: dict, status: int = 200) -> Response:
     return Response(json.dumps(body), status=status, mimetype="application/json")
 
@@ -74,6 +103,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         return info.tokenizer.decode([token_id], skip_special_tokens=False)
 
     app = Quart("minillm.server")
+    app.url_map.converters["model_id"] = ModelIdConverter
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
     app.extensions["minillm"] = {"engine": engine, "metrics": metrics, "info": info}
 
@@ -129,11 +159,37 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         data, ctype = metrics.render()
         return Response(data, status=200, content_type=ctype)
 
+    version = package_version()
+
+    def model_card(name: str) -> dict:
+        return {"id": name, "object": "model", "created": 0, "owned_by": "minillm", "root": eng.model_name,
+                "max_model_len": info.max_model_len}
+
     @app.get("/v1/models")
     async def models() -> Response:
-        cards = [{"id": n, "object": "model", "created": 0, "owned_by": "minillm", "root": eng.model_name,
-                  "max_model_len": info.max_model_len} for n in info.names]
-        return _json({"object": "list", "data": cards})
+        return _json({"object": "list", "data": [model_card(n) for n in info.names]})
+
+    # served names may hold slashes ("org/model") and start with one (a directory's absolute path,
+    # the default name): werkzeug's path converter takes neither a leading "/" nor, with
+    # merge_slashes on, the "//" after "models"
+    @app.get("/v1/models/<model_id:model>", merge_slashes=False)
+    async def model_route(model: str) -> Response:
+        return _json(model_card(protocol.check_model({"model": model}, info.names)))
+
+    @app.get("/version")
+    async def version_route() -> Response:
+        return _json({"version": version})
+
+    @app.post("/tokenize")
+    async def tokenize() -> Response:
+        raw = await request.get_data()
+        # a long text or chat takes a while to tokenise: off the event loop, as generation requests do
+        return _json(await asyncio.to_thread(lambda: protocol.tokenize_response(protocol.parse_body(raw), info)))
+
+    @app.post("/detokenize")
+    async def detokenize() -> Response:
+        raw = await request.get_data()
+        return _json(await asyncio.to_thread(lambda: protocol.detokenize_response(protocol.parse_body(raw), info)))
 
     @app.post("/v1/completions")
     async def completions() -> Response:

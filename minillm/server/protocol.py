@@ -183,7 +183,9 @@ def _content(m: dict, i: int) -> str:
                         f"messages[{i}].content")
 
 
-def chat_prompt(body: dict, info: ModelInfo) -> list[int]:
+def chat_prompt(body: dict, info: ModelInfo, add_generation_prompt: bool = True,
+                add_special_tokens: bool = False) -> list[int]:
+    """The ids of body['messages'] rendered by the chat template (what the chat endpoint prefills)."""
     msgs = body.get("messages")
     if msgs is None:
         raise ProtocolError("'messages' is required", "messages")
@@ -198,12 +200,57 @@ def chat_prompt(body: dict, info: ModelInfo) -> list[int]:
                                 f"{json.dumps(m.get('role'))[:40]}", f"messages[{i}].role")
         clean.append({"role": m["role"], "content": _content(m, i)})
     try:
-        ids = info.tokenizer.encode_chat(clean)
+        ids = info.tokenizer.encode_chat(clean, add_generation_prompt, add_special_tokens)
     except (jinja2.TemplateError, ValueError) as e:  # the template's own raise_exception, or no template
         raise ProtocolError(f"the chat template rejected the messages: {e}", "messages") from None
     if not ids:
         raise ProtocolError("the chat template produced an empty prompt", "messages")
     return ids
+
+
+# ---- /tokenize and /detokenize (vLLM's utility endpoints) ---------------------------------
+def tokenize_response(body: dict, info: ModelInfo) -> dict:
+    """POST /tokenize, as vLLM's: {"prompt": str, "add_special_tokens" (default true)} or {"messages",
+    "add_generation_prompt" (default true), "add_special_tokens" (default false: the template writes
+    its own)}, both with "return_token_strs"; -> {"count", "max_model_len", "tokens"} (+ "token_strs",
+    each id's vocabulary entry, when asked). With its defaults the chat form gives exactly the ids
+    the chat endpoint prefills. No length limit: counting a prompt too long to serve is what clients ask this for."""
+    check_model(body, info.names)
+    has_prompt, has_messages = body.get("prompt") is not None, body.get("messages") is not None
+    if has_prompt and has_messages:
+        raise ProtocolError("give either 'prompt' (text) or 'messages' (a chat), not both", "prompt")
+    if has_messages:
+        if _get(body, "continue_final_message", bool, False):
+            raise ProtocolError("'continue_final_message' is not supported yet", "continue_final_message")
+        _refuse(body, "chat_template", (None,), "a chat template given in the request")
+        _refuse(body, "chat_template_kwargs", (None,), "chat template arguments")
+        _refuse(body, "tools", (None,), "tool definitions")
+        ids = chat_prompt(body, info, _get(body, "add_generation_prompt", bool, True),
+                          _get(body, "add_special_tokens", bool, False))
+    elif has_prompt:
+        prompt = body["prompt"]
+        if not isinstance(prompt, str):
+            raise ProtocolError(f"'prompt' must be a string, got {json.dumps(prompt)[:80]}", "prompt")
+        ids = info.tokenizer.encode(prompt, add_special_tokens=_get(body, "add_special_tokens", bool, True))
+    else:
+        raise ProtocolError("'prompt' (text) or 'messages' (a chat) is required", "prompt")
+    out = {"count": len(ids), "max_model_len": info.max_model_len, "tokens": ids}
+    if _get(body, "return_token_strs", bool, False):
+        out["token_strs"] = info.tokenizer.convert_ids_to_tokens(ids)
+    return out
+
+
+def detokenize_response(body: dict, info: ModelInfo) -> dict:
+    """POST /detokenize, as vLLM's: {"tokens": [ids]} -> {"prompt": text}, special tokens kept (as
+    vLLM decodes them), so tokenize then detokenize gives the text back."""
+    check_model(body, info.names)
+    tokens = body.get("tokens")
+    if tokens is None:
+        raise ProtocolError("'tokens' is required: an array of token ids", "tokens")
+    if not isinstance(tokens, list):
+        raise ProtocolError(f"'tokens' must be an array of token ids, got {json.dumps(tokens)[:80]}", "tokens")
+    ids = _check_ids(tokens, info, "tokens")
+    return {"prompt": info.tokenizer.decode(ids, skip_special_tokens=False)}
 
 
 # ---- sampling -----------------------------------------------------------------------------
