@@ -75,8 +75,12 @@ class LLM:
             results.append(c)
         return results
 
-    def chat(self, messages, sampling_params: SamplingParams | None = None) -> list[CompletionOutput]:
-        """Chat through the model's template: one conversation (a list of dicts) or a list of them."""
+    def chat(self, messages, sampling_params: SamplingParams | None = None, add_generation_prompt: bool = True,
+             chat_template_kwargs: dict | None = None) -> list[CompletionOutput]:
+        """Chat through the model's template: one conversation (a list of dicts) or a list of them;
+        chat_template_kwargs are extra template variables (Qwen3's {"enable_thinking": False}), as
+        in vLLM's LLM.chat."""
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [self.tokenizer.encode_chat(m) for m in convs]
+        prompts = [self.tokenizer.encode_chat(m, add_generation_prompt, template_kwargs=chat_template_kwargs)
+                   for m in convs]
         return self.generate(prompts, sampling_params)

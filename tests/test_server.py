@@ -478,6 +478,36 @@ def test_tokenize_chat_matches_the_chat_endpoint(server):
     assert bare["tokens"] == tok["tokens"][:-len("<assistant>")]
     assert httpx.post(f"{server.url}/tokenize", json={"messages": msgs, "add_special_tokens": True,
                                                      "add_generation_prompt": True}).json() == tok
+    # the chat endpoint takes add_generation_prompt and chat_template_kwargs too (this template uses
+    # no extra variable: the prompt is unchanged; test_chat_template_kwargs shows one that does)
+    r = cl.chat.completions.create(model=name, messages=msgs, max_tokens=1,
+                                   extra_body={"add_generation_prompt": False,
+                                               "chat_template_kwargs": {"enable_thinking": False}})
+    assert r.usage.prompt_tokens == bare["count"]
+
+
+def test_chat_template_kwargs(model_dir):
+    """chat_template_kwargs reach the template as variables (Qwen3's enable_thinking), through the
+    server's protocol and the offline LLM.chat, as in vLLM."""
+    from minillm import LLM, SamplingParams
+    from minillm.models.tokenizer import Tokenizer
+    from minillm.server import protocol
+
+    template = ("{% if enable_thinking is defined and not enable_thinking %}<no_think>{% endif %}"
+                "{% for m in messages %}[{{ m.content }}]{% endfor %}")
+    llm = LLM(str(model_dir), device="cpu", max_model_len=64, max_num_seqs=2)
+    tok: Tokenizer = llm.tokenizer
+    tok.chat_template, tok._template = template, None
+    info = protocol.ModelInfo(names=["m"], max_model_len=64, vocab_size=tok.vocab_size, tokenizer=tok)
+    msgs = [{"role": "user", "content": "hi"}]
+    off = protocol.chat_prompt({"messages": msgs, "chat_template_kwargs": {"enable_thinking": False}}, info)
+    assert off == tok.encode("<no_think>[hi]")
+    assert protocol.chat_prompt({"messages": msgs, "chat_template_kwargs": {"enable_thinking": True}}, info) \
+        == protocol.chat_prompt({"messages": msgs}, info) == tok.encode("[hi]")
+    greedy = SamplingParams(temperature=0, max_tokens=1)
+    out = llm.chat(msgs, greedy, chat_template_kwargs={"enable_thinking": False})
+    assert out[0].prompt_token_ids == off
+    assert llm.chat(msgs, greedy)[0].prompt_token_ids == tok.encode("[hi]")
 
 
 def test_tokenize_bos_at_the_protocol(model_dir):

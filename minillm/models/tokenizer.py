@@ -126,9 +126,11 @@ class Tokenizer:
         )
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
-                    add_special_tokens: bool = False) -> list[int]:
-        # the template writes any BOS itself, so by default no special tokens are added on top
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt),
+                    add_special_tokens: bool = False, template_kwargs: dict | None = None) -> list[int]:
+        """The template's rendering of messages as ids; template_kwargs are extra template variables
+        (Qwen3's enable_thinking, ...). The template writes any BOS itself, so by default no special
+        tokens are added on top."""
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt, **(template_kwargs or {})),
                            add_special_tokens=add_special_tokens)
 
 

@@ -183,9 +183,32 @@ def _content(m: dict, i: int) -> str:
                         f"messages[{i}].content")
 
 
+# what the chat template is rendered with already (and its globals): not for chat_template_kwargs
+_TEMPLATE_RESERVED = ("messages", "add_generation_prompt", "bos_token", "eos_token", "raise_exception",
+                      "strftime_now")
+
+
+def chat_template_kwargs(body: dict) -> dict:
+    """vLLM's chat_template_kwargs: extra variables for the chat template (Qwen3's
+    {"enable_thinking": false}, ...), an object whose keys are identifiers the template does not
+    already get."""
+    kw = body.get("chat_template_kwargs")
+    if kw is None:
+        return {}
+    if not isinstance(kw, dict):
+        raise ProtocolError(f"'chat_template_kwargs' must be an object, got {json.dumps(kw)[:80]}",
+                            "chat_template_kwargs")
+    for k in kw:
+        if not k.isidentifier() or k in _TEMPLATE_RESERVED:
+            raise ProtocolError(f"'chat_template_kwargs' key {json.dumps(k)[:40]} is not allowed: keys are template "
+                                f"variable names other than {', '.join(_TEMPLATE_RESERVED)}", "chat_template_kwargs")
+    return kw
+
+
 def chat_prompt(body: dict, info: ModelInfo, add_generation_prompt: bool = True,
                 add_special_tokens: bool = False) -> list[int]:
-    """The ids of body['messages'] rendered by the chat template (what the chat endpoint prefills)."""
+    """The ids of body['messages'] rendered by the chat template (what the chat endpoint prefills),
+    with body's chat_template_kwargs."""
     msgs = body.get("messages")
     if msgs is None:
         raise ProtocolError("'messages' is required", "messages")
@@ -200,7 +223,7 @@ def chat_prompt(body: dict, info: ModelInfo, add_generation_prompt: bool = True,
                                 f"{json.dumps(m.get('role'))[:40]}", f"messages[{i}].role")
         clean.append({"role": m["role"], "content": _content(m, i)})
     try:
-        ids = info.tokenizer.encode_chat(clean, add_generation_prompt, add_special_tokens)
+        ids = info.tokenizer.encode_chat(clean, add_generation_prompt, add_special_tokens, chat_template_kwargs(body))
     except (jinja2.TemplateError, ValueError) as e:  # the template's own raise_exception, or no template
         raise ProtocolError(f"the chat template rejected the messages: {e}", "messages") from None
     if not ids:
@@ -223,7 +246,6 @@ def tokenize_response(body: dict, info: ModelInfo) -> dict:
         if _get(body, "continue_final_message", bool, False):
             raise ProtocolError("'continue_final_message' is not supported yet", "continue_final_message")
         _refuse(body, "chat_template", (None,), "a chat template given in the request")
-        _refuse(body, "chat_template_kwargs", (None,), "chat template arguments")
         _refuse(body, "tools", (None,), "tool definitions")
         ids = chat_prompt(body, info, _get(body, "add_generation_prompt", bool, True),
                           _get(body, "add_special_tokens", bool, False))
@@ -375,7 +397,8 @@ def parse_request(body: dict, info: ModelInfo, chat: bool) -> ParsedRequest:
     stream = _get(body, "stream", bool, False)
     opts = _get(body, "stream_options", dict, {})
     include_usage = _get(opts, "include_usage", bool, False)
-    given = [(chat_prompt(body, info), None)] if chat else completion_prompts(body, info)
+    given = ([(chat_prompt(body, info, _get(body, "add_generation_prompt", bool, True)), None)] if chat
+             else completion_prompts(body, info))
     prompts = [ids for ids, _ in given]
     params = [sampling_params(body, len(ids), info, chat) for ids in prompts]  # max_tokens' room: each its own
     n = _get(body, "n", int, 1)
