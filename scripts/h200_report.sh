@@ -23,7 +23,7 @@
 #                                       the new kernels' tests)
 #   part12-part14: session 3 (tests, GEMV variants, decode with PDL on/off, throughput profile,
 #                  spec cost; failure matrix and memcheck; racecheck/synccheck/initcheck)
-#   part22-: session 5 (see each function).
+#   part22-part27: session 5 (see each function); part28: prepared for session 6's first call.
 #   part15-part21: session 4 (ncu kernel split of a decode step; decode-attention split sweeps and
 #                  variants; async scheduling; final failure matrix, memcheck, synccheck/initcheck;
 #                  spec cost; skinny GEMM bench and racecheck). part21 is the one-call rerun.
@@ -491,6 +491,31 @@ part27() {  # session 5: the one-kernel decoder's tests, then one case under mem
       --error-exitcode 1 python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_decode_layers.py \
       -k "test_one_kernel_matches_op_by_op and 40-16 and qwen3-d128-g2"
   done
+}
+
+part28() {  # prepared for session 6's first call (not yet run): the whole report at HEAD after session
+  # 5 (the 2-4-row dispatch end to end in spec-cost and the plain serving ladder at c = 2-4, the
+  # decoder's racecheck after 5e278db, throughput, the failure matrix and memcheck)
+  setup
+  stage gpu_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" \
+    tests/test_cuda_ops.py tests/test_dflash_graphs.py tests/test_gpu_engine.py tests/test_cuda_model.py \
+    tests/test_async_scheduling.py tests/test_prompt_logprobs.py tests/test_decode_layers.py \
+    -k "not smollm2 and not debug_build"
+  stage racecheck_decode_layers 90 env MINILLM_CUDA_DEBUG=1 compute-sanitizer --tool racecheck --error-exitcode 1 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_decode_layers.py \
+    -k "test_one_kernel_matches_op_by_op and 40-16 and qwen3-d128-g2"
+  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
+  stage spec_cost_8b 120 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_8b.json"
+  decode_06b 40
+  throughput_06b 40
+  stage serve_plain 90 python3 scripts/failure_matrix.py $M/q06 --out "$W/serve_plain" --max-model-len 4096 \
+    --num-prompts 4,4,8,16,32 --output-len 256 --startup-timeout 60 --ladder-timeout 80
+  stage failure_matrix 200 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
+    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 120
 }
 
 sanitize_server_all() {  # the server reproducer (c = 8, 4096, DFlash k = 8) under all four
