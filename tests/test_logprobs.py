@@ -65,11 +65,31 @@ def test_cut_by_a_stop_string_with_the_ids(llm):
     assert [lp.token_id for lp in out.logprobs] == out.token_ids
 
 
-def test_refused_with_speculation_and_out_of_range(tiny):
-    eng = LLMEngine(model=str(tiny), device="cpu", max_model_len=128,
-                    speculative_config={"method": "ngram", "num_speculative_tokens": 2})
-    with pytest.raises(ValueError, match="logprobs with speculative decoding"):
-        eng.add_request([10, 11], SamplingParams(logprobs=1))
+@pytest.mark.parametrize("spec", [{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2},
+                                  {"method": "draft_model", "num_speculative_tokens": 4},
+                                  {"method": "dflash", "num_speculative_tokens": 3}],
+                         ids=["ngram", "self_draft", "dflash"])
+def test_with_speculation_equal_to_plain_decoding(tiny, drafter, llm, spec):
+    """With drafts, token i of an accepted run takes its logprobs from the verification row that
+    chose it: the same (within float32 rounding of a wider product) as decoding token by token.
+    The model drafting for itself accepts whole runs, so every row position is exercised; the
+    DFlash drafter drafts through the target's LM head after the rows are read."""
+    if spec["method"] != "ngram":
+        spec = {**spec, "model": str(tiny if spec["method"] == "draft_model" else drafter)}
+    eng = LLM(str(tiny), device="cpu", max_model_len=128, max_num_seqs=8, speculative_config=spec)
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [30, 31, 32, 33], [9] * 6]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=3)
+    for got, want in zip(eng.generate(prompts, params), llm.generate(prompts, params)):
+        assert got.token_ids == want.token_ids
+        assert [lp.token_id for lp in got.logprobs] == got.token_ids
+        for g, w in zip(got.logprobs, want.logprobs):
+            assert abs(g.logprob - w.logprob) < 1e-4
+            assert [i for i, _ in g.top] == [i for i, _ in w.top]
+            assert np.allclose([v for _, v in g.top], [v for _, v in w.top], atol=1e-4)
+    assert eng.engine.stats().spec["draft_tokens"] > 0
+
+
+def test_out_of_range(tiny):
     with pytest.raises(ValueError, match="logprobs must be"):
         SamplingParams(logprobs=21)
 

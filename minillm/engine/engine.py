@@ -279,7 +279,7 @@ class LLMEngine:
         seq.max_output_len = min(params.max_tokens, self.max_model_len - len(prompt_ids))
         seq.decoder = IncrementalDecoder(self.tokenizer)
         if params.logprobs is not None or params.penalized or params.prompt_logprobs is not None:
-            if self.proposer is not None:
+            if self.proposer is not None and params.speculation_conflict:
                 raise ValueError(f"{params.speculation_conflict} with speculative decoding is not supported yet: "
                                  "drop them, or serve without --speculative-config")
             if params.logprobs is not None:
@@ -352,8 +352,9 @@ class LLMEngine:
             seq.num_computed += item.num_new
             if item.samples:
                 new = self._verify(item, tokens[r : r + m], r) if item.num_draft else [token_list[r]]
-                if seq.output_logprobs is not None:  # never with drafts (add_request refuses it)
-                    seq.new_logprobs = [token_logprob(self._logits_row(r), new[0], seq.params.logprobs)]
+                if seq.output_logprobs is not None:  # token i of an accepted run came from row r + i
+                    seq.new_logprobs = [token_logprob(self._logits_row(r + i), t, seq.params.logprobs)
+                                        for i, t in enumerate(new)]
                 r += m
             if seq.draft_ids:
                 seq.draft_ids = []

@@ -379,8 +379,8 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool) -> S
         raise ProtocolError(msg, param if param in kwargs else None) from None
     what = params.speculation_conflict if info.speculative else None
     if what is not None:  # the engine would refuse it too; here it is a 400 before any stream starts
-        if what == "logprobs":
-            param = "logprobs"
+        if what == "prompt_logprobs" and body.get("prompt_logprobs") is None:  # echo's
+            what, param = "echo with logprobs (the prompt's logprobs)", lp_name
         elif what == "prompt_logprobs":
             param = "prompt_logprobs"
         else:
