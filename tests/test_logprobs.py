@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from minillm import LLM, SamplingParams
-from minillm.engine.engine import LLMEngine
 from minillm.engine.logprobs import token_logprob
 
 
