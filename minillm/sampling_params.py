@@ -99,11 +99,9 @@ class SamplingParams:
 
     @property
     def speculation_conflict(self) -> str | None:
-        """What of this request speculative decoding cannot serve yet (prompt logprobs, penalties:
-        the engine refuses them with a speculative config, the server with a 400), or None. Logprobs
-        it serves: each accepted token's from the target's verification row that chose it."""
-        if self.prompt_logprobs is not None:
-            return "prompt_logprobs"
+        """What of this request speculative decoding cannot serve yet (penalties: the engine refuses
+        them with a speculative config, the server with a 400), or None. Logprobs it serves (each
+        accepted token's from the target's verification row that chose it), prompt logprobs too."""
         if self.penalized:
             return "presence/frequency/repetition penalties"
         return None

@@ -136,11 +136,25 @@ def test_prompt_logprobs_through_preemption(tiny, oracle):
         check(oracle, prompt, out.prompt_logprobs, 1)
 
 
-def test_refused_with_speculation_and_out_of_range(tiny):
-    eng = LLMEngine(model=str(tiny), device="cpu", max_model_len=128,
-                    speculative_config={"method": "ngram", "num_speculative_tokens": 2})
-    with pytest.raises(ValueError, match="prompt_logprobs with speculative decoding"):
-        eng.add_request([10, 11], SamplingParams(prompt_logprobs=1))
+@pytest.mark.parametrize("method", ["ngram", "self_draft", "dflash"])
+def test_with_speculation(tiny, drafter, oracle, method):
+    """Prompt rows are scored after the step's verification rows are read and before the drafter
+    proposes, so speculation changes nothing: chunked prefills beside verifying sequences, with
+    the prompt logprobs of each request and the plain decoder's tokens."""
+    spec = {"ngram": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2},
+            "self_draft": {"method": "draft_model", "model": str(tiny), "num_speculative_tokens": 3},
+            "dflash": {"method": "dflash", "model": str(drafter), "num_speculative_tokens": 3}}[method]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, prompt_logprobs=2)
+    plain = LLM(str(tiny), **CHUNKED).generate(PROMPTS, params)
+    llm = LLM(str(tiny), **CHUNKED, speculative_config=spec)
+    outs = llm.generate(PROMPTS, params)
+    assert llm.engine.stats().spec["draft_tokens"] > 0
+    for prompt, out, want in zip(PROMPTS, outs, plain):
+        assert out.token_ids == want.token_ids
+        check(oracle, prompt, out.prompt_logprobs, 2)
+
+
+def test_out_of_range():
     for bad in (21, -1, True, 1.5):
         with pytest.raises(ValueError, match="prompt_logprobs must be"):
             SamplingParams(prompt_logprobs=bad)

@@ -375,18 +375,15 @@ def test_edge_values_are_served_and_the_engine_survives(server, body):
 
 
 def test_logprobs_and_penalties_refused_with_speculation(model_dir, tmp_path):
-    """With a speculative config, what the engine cannot serve with drafts (prompt logprobs, echoed
-    ones, penalties) is a 400 naming the field, streamed or not, before the engine sees it; logprobs
-    of generated tokens are served."""
+    """With a speculative config, what the engine cannot serve with drafts (penalties) is a 400
+    naming the field, streamed or not, before the engine sees it; logprobs, prompt logprobs and
+    echo's are served."""
     srv = Server(model_dir, tmp_path / "server.log", "--max-model-len", "256",
                  "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}')
     try:
         cases = [
-            ("/v1/completions", {**OK, "prompt_logprobs": 0}, "prompt_logprobs"),
-            ("/v1/completions", {**OK, "max_tokens": 0, "echo": True, "logprobs": 1}, "logprobs"),
-            ("/v1/completions", {**OK, "echo": True, "logprobs": 0}, "logprobs"),
             ("/v1/completions", {**OK, "repetition_penalty": 1.2}, "repetition_penalty"),
-            ("/v1/chat/completions", {"messages": MSG, "prompt_logprobs": 2}, "prompt_logprobs"),
+            ("/v1/completions", {**OK, "frequency_penalty": -0.5, "logprobs": 1}, "frequency_penalty"),
             ("/v1/chat/completions", {"messages": MSG, "presence_penalty": 0.5}, "presence_penalty"),
         ]
         for path, body, param in cases:
@@ -396,10 +393,14 @@ def test_logprobs_and_penalties_refused_with_speculation(model_dir, tmp_path):
                 assert "with speculative decoding is not supported yet" in err["message"], err
                 assert prompt_tokens(srv) == before
         cl = srv.client()
-        with pytest.raises(openai.BadRequestError, match="prompt_logprobs with speculative decoding"):
+        with pytest.raises(openai.BadRequestError, match="penalties with speculative decoding"):
             cl.completions.create(model=cl.models.list().data[0].id, prompt="hi", max_tokens=2, stream=True,
-                                  extra_body={"prompt_logprobs": 1})
+                                  presence_penalty=1.0)
         assert post(srv, "/v1/completions", {**OK, "echo": True}, headers={}).status_code == 200
+        r = post(srv, "/v1/completions", {**OK, "max_tokens": 0, "echo": True, "logprobs": 1}, headers={})
+        assert r.status_code == 200 and r.json()["choices"][0]["logprobs"]["token_logprobs"][0] is None
+        r = post(srv, "/v1/chat/completions", {"messages": MSG, "prompt_logprobs": 2}, headers={})
+        assert r.status_code == 200 and r.json()["prompt_logprobs"][0] is None
         r = post(srv, "/v1/completions", {**OK, "logprobs": 2}, headers={})
         assert r.status_code == 200 and len(r.json()["choices"][0]["logprobs"]["token_logprobs"]) > 0
         r = post(srv, "/v1/chat/completions", {"messages": MSG, "logprobs": True, "top_logprobs": 1}, headers={})

@@ -379,13 +379,8 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool) -> S
         raise ProtocolError(msg, param if param in kwargs else None) from None
     what = params.speculation_conflict if info.speculative else None
     if what is not None:  # the engine would refuse it too; here it is a 400 before any stream starts
-        if what == "prompt_logprobs" and body.get("prompt_logprobs") is None:  # echo's
-            what, param = "echo with logprobs (the prompt's logprobs)", lp_name
-        elif what == "prompt_logprobs":
-            param = "prompt_logprobs"
-        else:
-            param = next(k for k in ("presence_penalty", "frequency_penalty", "repetition_penalty")
-                         if adjust[k] != (1.0 if k == "repetition_penalty" else 0.0))
+        param = next(k for k in ("presence_penalty", "frequency_penalty", "repetition_penalty")
+                     if adjust[k] != (1.0 if k == "repetition_penalty" else 0.0))
         raise ProtocolError(f"{what} with speculative decoding is not supported yet: drop '{param}', or serve "
                             "without --speculative-config", param)
     return params
