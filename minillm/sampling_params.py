@@ -96,12 +96,3 @@ class SamplingParams:
     def adjusts_logits(self) -> bool:
         """Penalties or a logit bias: the runner changes this request's logits before sampling."""
         return self.penalized or bool(self.logit_bias)
-
-    @property
-    def speculation_conflict(self) -> str | None:
-        """What of this request speculative decoding cannot serve yet (penalties: the engine refuses
-        them with a speculative config, the server with a 400), or None. Logprobs it serves (each
-        accepted token's from the target's verification row that chose it), prompt logprobs too."""
-        if self.penalized:
-            return "presence/frequency/repetition penalties"
-        return None

@@ -59,11 +59,45 @@ def test_greedy_follows_the_penalised_logits(llm, pen):
         assert out != plain  # the unpenalised run repeats tokens; a presence penalty changes the path
 
 
-def test_refused_with_speculation_and_out_of_range(tiny):
-    eng = LLMEngine(model=str(tiny), device="cpu", max_model_len=128,
-                    speculative_config={"method": "ngram", "num_speculative_tokens": 2})
-    with pytest.raises(ValueError, match="penalties with speculative decoding"):
-        eng.add_request([10, 11], SamplingParams(presence_penalty=1.0))
+def test_verification_rows_follow_their_drafts():
+    """Row j of a sequence verifying drafts d0 .. d(k-1) is penalised as if d0 .. d(j-1) had been
+    output (the runner's rows against the definition); a plain row beside it as usual."""
+    from types import SimpleNamespace
+
+    from minillm.engine.runner import ModelRunner
+
+    runner = SimpleNamespace(backend=NumpyBackend(), _adjustments=ModelRunner._adjustments)
+    p = SamplingParams(presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.4)
+    verifying = SimpleNamespace(params=p, prompt_ids=[1, 2], output_ids=[3, 3], draft_ids=[4, 3, 5])
+    plain = SimpleNamespace(params=p, prompt_ids=[6], output_ids=[4], draft_ids=[])
+    batch = [SimpleNamespace(seq=verifying, num_logits=4), SimpleNamespace(seq=plain, num_logits=1)]
+    logits = np.random.default_rng(1).standard_normal((5, 12)).astype(np.float32)
+    want = [penalised(logits[j], [1, 2], [3, 3, *[4, 3, 5][:j]], p) for j in range(4)]
+    want.append(penalised(logits[4], [6], [4], p))
+    ModelRunner._adjust_logits(runner, batch, logits)
+    assert np.allclose(logits, np.array(want), atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["ngram", "self_draft", "dflash"])
+def test_with_speculation_equal_to_plain_decoding(tiny, drafter, llm, method):
+    """Verification row j of a drafted run is penalised as if drafts 0 .. j - 1 were already output,
+    so greedy decoding with drafts takes the plain decoder's path, which the penalties change."""
+    spec = {"ngram": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2},
+            "self_draft": {"method": "draft_model", "model": str(tiny), "num_speculative_tokens": 4},
+            "dflash": {"method": "dflash", "model": str(drafter), "num_speculative_tokens": 3}}[method]
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [30, 31, 32, 33], [9] * 6]
+    eng = LLM(str(tiny), device="cpu", max_model_len=128, max_num_seqs=8, speculative_config=spec)
+    plain = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    for pen in (dict(presence_penalty=1.5), dict(frequency_penalty=0.7, repetition_penalty=1.3)):
+        params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, **pen)
+        want = [o.token_ids for o in llm.generate(prompts, params)]
+        assert [o.token_ids for o in eng.generate(prompts, params)] == want
+        assert want != [o.token_ids for o in llm.generate(prompts, plain)]  # the penalties matter here
+    if method != "ngram":  # penalties stop the repeats n-gram lookup feeds on: it may draft nothing
+        assert eng.engine.stats().spec["draft_tokens"] > 0
+
+
+def test_out_of_range():
     for bad in (dict(presence_penalty=3.0), dict(frequency_penalty=-2.5), dict(repetition_penalty=0.0)):
         with pytest.raises(ValueError, match=next(iter(bad))):
             SamplingParams(**bad)

@@ -279,9 +279,6 @@ class LLMEngine:
         seq.max_output_len = min(params.max_tokens, self.max_model_len - len(prompt_ids))
         seq.decoder = IncrementalDecoder(self.tokenizer)
         if params.logprobs is not None or params.penalized or params.prompt_logprobs is not None:
-            if self.proposer is not None and params.speculation_conflict:
-                raise ValueError(f"{params.speculation_conflict} with speculative decoding is not supported yet: "
-                                 "drop them, or serve without --speculative-config")
             if params.logprobs is not None:
                 seq.output_logprobs = []
             if params.prompt_logprobs is not None:

@@ -277,8 +277,9 @@ class ModelRunner:
 
     def _adjust_logits(self, batch: list[ScheduledSeq], logits) -> None:
         """Penalties and logit_bias (SamplingParams) on the rows of sequences that ask for them.
-        Penalties read the tokens so far: the engine keeps such steps synchronous and refuses
-        them with drafts, so a row's history is the sequence's known ids."""
+        Penalties read the tokens so far: the engine keeps such steps synchronous, so a row's
+        history is the sequence's known ids, and for a verification row j also drafts 0 .. j - 1
+        (the tokens that row would follow were they accepted)."""
         if not any(item.seq.params.adjusts_logits for item in batch):
             return
         parts = []
@@ -286,22 +287,24 @@ class ModelRunner:
         for item in batch:
             p = item.seq.params
             if item.num_logits and p.adjusts_logits:
-                ids, pos, neg, sub = self._adjustments(item.seq)
                 for j in range(item.num_logits):
+                    if j == 0 or p.penalized:  # a logit bias alone is the same on every row
+                        ids, pos, neg, sub = self._adjustments(item.seq, item.seq.draft_ids[:j])
                     parts.append((np.full(ids.shape[0], r + j, np.int32), ids, pos, neg, sub))
             r += item.num_logits
         if parts:
             self.backend.penalize_logits(logits, *(np.concatenate(c) for c in zip(*parts)))
 
     @staticmethod
-    def _adjustments(seq) -> tuple[np.ndarray, ...]:
+    def _adjustments(seq, drafted: list[int] = ()) -> tuple[np.ndarray, ...]:
         """(token ids, scale of a positive logit, of a negative one, amount subtracted), each token
-        once: repetition on prompt and output tokens, frequency and presence on output tokens,
-        then the logit bias (subtracting its negative)."""
+        once: repetition on prompt and output tokens, frequency and presence on output tokens (and
+        `drafted`, the drafts a verification row follows), then the logit bias (subtracting its
+        negative)."""
         p = seq.params
         none = np.zeros(0, np.int64)
-        out_ids, counts = np.unique(np.asarray(seq.output_ids, np.int64), return_counts=True) if p.penalized \
-            else (none, none)
+        out_ids, counts = np.unique(np.asarray([*seq.output_ids, *drafted], np.int64), return_counts=True) \
+            if p.penalized else (none, none)
         rep_ids = np.union1d(out_ids, np.asarray(seq.prompt_ids, np.int64)) if p.repetition_penalty != 1 else none
         bias_ids = np.fromiter(p.logit_bias or {}, np.int64)
         ids = np.union1d(np.union1d(out_ids, rep_ids), bias_ids)

@@ -51,7 +51,6 @@ class ModelInfo:
     vocab_size: int
     tokenizer: Any
     generation_defaults: dict = field(default_factory=dict)
-    speculative: bool = False  # served with a speculative config: logprobs and penalties are refused
 
 
 @dataclass
@@ -377,12 +376,6 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool) -> S
         msg = str(e)
         param = msg.split(" ", 1)[0]
         raise ProtocolError(msg, param if param in kwargs else None) from None
-    what = params.speculation_conflict if info.speculative else None
-    if what is not None:  # the engine would refuse it too; here it is a 400 before any stream starts
-        param = next(k for k in ("presence_penalty", "frequency_penalty", "repetition_penalty")
-                     if adjust[k] != (1.0 if k == "repetition_penalty" else 0.0))
-        raise ProtocolError(f"{what} with speculative decoding is not supported yet: drop '{param}', or serve "
-                            "without --speculative-config", param)
     return params
 
 
