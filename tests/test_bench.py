@@ -3,6 +3,7 @@ offline throughput command, and the serve ladder end to end against the real min
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -267,6 +268,44 @@ def test_serve_ladder_end_to_end(server, tiny, tmp_path, backend, capsys):
         assert "matplotlib is not installed" in printed.err
     else:
         assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_arrival_offsets():
+    """--request-rate: gamma gaps of mean 1 / rate (burstiness 1: exponential, a Poisson process),
+    the first request at 0, the same offsets for the same seed; inf: everything at 0."""
+    from minillm.bench.serve import arrival_offsets, rate_list
+
+    offs = arrival_offsets(4001, 20.0, 1.0, [0, 1])
+    gaps = np.diff(offs)
+    assert offs[0] == 0 and (gaps > 0).all() and abs(gaps.mean() - 0.05) < 0.005
+    assert abs(gaps.std() / gaps.mean() - 1.0) < 0.1  # exponential: coefficient of variation 1
+    bursty = np.diff(arrival_offsets(4001, 20.0, 0.25, [0, 1]))
+    assert abs(bursty.mean() - 0.05) < 0.01 and bursty.std() / bursty.mean() > 1.5  # cv = 1 / sqrt(0.25)
+    assert arrival_offsets(5, 20.0, 1.0, [3]) == arrival_offsets(5, 20.0, 1.0, [3])
+    assert arrival_offsets(3, float("inf"), 1.0, [0]) == [0.0, 0.0, 0.0]
+    assert rate_list("inf,2.5") == [float("inf"), 2.5]
+    for bad in ("0", "-1", "x", "", "nan"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            rate_list(bad)
+
+
+def test_serve_ladder_at_a_request_rate(server, tmp_path, capsys):
+    """Requests arrive over time at --request-rate: the rung lasts at least until the last arrival,
+    and the JSON records each rung's rate (null for inf)."""
+    from minillm.bench.serve import arrival_offsets, main
+
+    out = tmp_path / "r.json"
+    rc = main(["--base-url", server.base, "--input-len", "16", "--output-len", "3", "--concurrency", "4,4",
+               "--num-prompts", "6", "--request-rate", "8,inf", "--ignore-eos", "--result-json", str(out),
+               "--timeout", "60"])
+    printed = capsys.readouterr()
+    assert rc == 0, printed.err
+    res = json.loads(out.read_text())
+    assert [r["request_rate"] for r in res["rungs"]] == [8.0, None] and res["burstiness"] == 1.0
+    assert res["rungs"][0]["duration_s"] >= arrival_offsets(6, 8.0, 1.0, [0, 0, 1])[-1]
+    assert all(r["ok"] == 6 for r in res["rungs"]) and "rate=8/s" in printed.err
+    rc = main(["--base-url", server.base, "--concurrency", "1,2", "--num-prompts", "2", "--request-rate", "1,2,3"])
+    assert rc == 2 and "--request-rate has 3 values for 2" in capsys.readouterr().err
 
 
 def test_serve_ladder_stops_at_a_void_rung(server, tmp_path, capsys):

@@ -5,7 +5,9 @@
 
 Like `vllm bench serve` with `--dataset random` and `--max-concurrency`: each rung sends its prompts
 (fresh ones per rung, so a prefix cache cannot serve one rung from another) with at most c in flight,
-streams every response and times it. A request fails on a non-200 status, an SSE error event, a
+streams every response and times it. With --request-rate the requests also arrive over time, as
+`vllm bench serve --request-rate R --burstiness B` sends them (gamma-distributed gaps, mean 1 / R).
+A request fails on a non-200 status, an SSE error event, a
 broken or unterminated stream, a timeout, or (with --ignore-eos) fewer tokens than max_tokens. A rung
 with any failure is VOID and ends the ladder unless --keep-going; the exit status is then 1.
 """
@@ -18,6 +20,8 @@ import json
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 from minillm.bench.dataset import BenchRequest, load_tokenizer, random_requests
 from minillm.bench.report import (
@@ -43,6 +47,27 @@ def int_list(text: str) -> list[int]:
     return values
 
 
+def rate_list(text: str) -> list[float]:
+    """--request-rate: comma-separated requests per second (> 0), or inf (all at once)."""
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated rates (requests/s) or inf, got {text!r}") from None
+    if not values or min(values) <= 0 or any(v != v for v in values):
+        raise argparse.ArgumentTypeError(f"expected rates > 0 (or inf), got {text!r}")
+    return values
+
+
+def arrival_offsets(n: int, rate: float, burstiness: float, seed) -> list[float]:
+    """Seconds after the rung starts at which each of n requests is sent, as vllm bench serve draws
+    them: gaps from a gamma distribution of shape `burstiness` and mean 1 / rate (burstiness 1: a
+    Poisson process; smaller: burstier), the first request at 0; rate inf: all at 0."""
+    if rate == float("inf") or n == 0:
+        return [0.0] * n
+    gaps = np.random.default_rng(seed).gamma(burstiness, 1.0 / (rate * burstiness), n - 1)
+    return [0.0, *np.cumsum(gaps).tolist()]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m minillm.bench serve",
                                 description="Concurrency ladder against an OpenAI-compatible server.")
@@ -62,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated rungs (max requests in flight)")
     p.add_argument("--num-prompts", type=int_list, default=[8, 8, 16, 32, 64],
                    help="comma-separated, one per rung, or one for all rungs")
+    p.add_argument("--request-rate", type=rate_list, default=[float("inf")],
+                   help="requests per second arriving at each rung (one per rung, or one for all; inf: all "
+                        "at once), still at most --concurrency in flight")
+    p.add_argument("--burstiness", type=float, default=1.0,
+                   help="gamma shape of the arrival gaps (1: Poisson; smaller is burstier)")
     p.add_argument("--ignore-eos", action="store_true",
                    help="send ignore_eos (vLLM extension) and fail requests that stop short")
     p.add_argument("--temperature", type=float, default=0.0)
@@ -179,8 +209,10 @@ class _Progress:
 
 
 async def run_rung(base_url: str, backend: str, model: str, requests: list[BenchRequest], concurrency: int,
-                   args: argparse.Namespace, show_progress: bool = True) -> tuple[list[RequestResult], float]:
-    """All requests with at most `concurrency` in flight; (results in request order, wall seconds)."""
+                   args: argparse.Namespace, show_progress: bool = True,
+                   offsets: list[float] | None = None) -> tuple[list[RequestResult], float]:
+    """All requests with at most `concurrency` in flight, request i sent no earlier than offsets[i]
+    seconds after the start (default: all at once); (results in request order, wall seconds)."""
     import httpx
 
     url = base_url.rstrip("/") + ENDPOINTS[backend]
@@ -188,7 +220,10 @@ async def run_rung(base_url: str, backend: str, model: str, requests: list[Bench
     progress = _Progress(len(requests), f"c={concurrency}") if show_progress else None
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
 
-    async def one(client, req: BenchRequest) -> RequestResult:
+    async def one(client, req: BenchRequest, offset: float) -> RequestResult:
+        delay = start + offset - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
         async with sem:
             body = request_payload(backend, model, req, args)
             expect = req.output_len if args.ignore_eos else None
@@ -203,7 +238,7 @@ async def run_rung(base_url: str, backend: str, model: str, requests: list[Bench
 
     async with httpx.AsyncClient(timeout=httpx.Timeout(args.timeout), limits=limits) as client:
         start = time.perf_counter()
-        results = await asyncio.gather(*(one(client, r) for r in requests))
+        results = await asyncio.gather(*(one(client, r, o) for r, o in zip(requests, offsets or [0.0] * len(requests))))
         duration = time.perf_counter() - start
     if progress:
         progress.close()
@@ -242,6 +277,12 @@ def run_ladder(args: argparse.Namespace) -> dict:
     if len(nums) != len(rungs_c):
         raise ValueError(f"--num-prompts has {len(nums)} values for {len(rungs_c)} --concurrency rungs; "
                          "give one per rung or a single one")
+    rates = args.request_rate * len(rungs_c) if len(args.request_rate) == 1 else args.request_rate
+    if len(rates) != len(rungs_c):
+        raise ValueError(f"--request-rate has {len(rates)} values for {len(rungs_c)} --concurrency rungs; "
+                         "give one per rung or a single one")
+    if not args.burstiness > 0:
+        raise ValueError(f"--burstiness must be > 0, got {args.burstiness}")
     model = args.model or first_model_id(args.base_url, min(args.timeout, 30.0))
     tok_src = tokenizer_source(args.tokenizer, model)
     if tok_src is None:
@@ -253,7 +294,8 @@ def run_ladder(args: argparse.Namespace) -> dict:
         "backend": args.backend, "model": model, "tokenizer": tok_src or "(embedded default)",
         "dataset": {"name": args.dataset, "input_len": args.input_len, "output_len": args.output_len,
                     "range_ratio": args.range_ratio, "seed": args.seed},
-        "ignore_eos": args.ignore_eos, "temperature": args.temperature, "rungs": [], "void": False,
+        "ignore_eos": args.ignore_eos, "temperature": args.temperature, "burstiness": args.burstiness,
+        "rungs": [], "void": False,
     }
     if args.warmup > 0:
         warm = random_requests(tok, args.warmup, args.input_len, min(args.output_len, 16), 0.0,
@@ -265,13 +307,17 @@ def run_ladder(args: argparse.Namespace) -> dict:
             result["warmup_error"] = failed[0].error
             print(f"warm-up request failed: {failed[0].error}", file=sys.stderr)
             return result
-    for i, (c, n) in enumerate(zip(rungs_c, nums)):
+    for i, (c, n, rate) in enumerate(zip(rungs_c, nums, rates)):
         requests = random_requests(tok, n, args.input_len, args.output_len, args.range_ratio, [args.seed, i])
-        results, duration = asyncio.run(run_rung(args.base_url, args.backend, model, requests, c, args))
+        offsets = arrival_offsets(n, rate, args.burstiness, [args.seed, i, 1])
+        results, duration = asyncio.run(run_rung(args.base_url, args.backend, model, requests, c, args,
+                                                 offsets=offsets))
         rung = rung_stats(results, duration, c)
+        rung["request_rate"] = None if rate == float("inf") else rate  # JSON has no inf
         result["rungs"].append(rung)
         status = "VOID: " + "; ".join(rung["errors"]) if rung["void"] else "ok"
-        print(f"c={c} n={n}: {rung['output_tok_s']:.1f} out tok/s, {rung['ok']} ok, "
+        print(f"c={c} n={n}{'' if rate == float('inf') else f' rate={rate:g}/s'}: "
+              f"{rung['output_tok_s']:.1f} out tok/s, {rung['ok']} ok, "
               f"{rung['failed']} failed ({status})", file=sys.stderr)
         result["void"] |= rung["void"]
         if not ladder_continues(rung, args.keep_going):
