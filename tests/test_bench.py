@@ -291,11 +291,11 @@ def test_arrival_offsets():
 
 def test_serve_ladder_at_a_request_rate(server, tmp_path, capsys):
     """Requests arrive over time at --request-rate: the rung lasts at least until the last arrival,
-    and the JSON records each rung's rate (null for inf)."""
+    and the JSON records each rung's rate (null for inf); one concurrency serves a rung per rate."""
     from minillm.bench.serve import arrival_offsets, main
 
     out = tmp_path / "r.json"
-    rc = main(["--base-url", server.base, "--input-len", "16", "--output-len", "3", "--concurrency", "4,4",
+    rc = main(["--base-url", server.base, "--input-len", "16", "--output-len", "3", "--concurrency", "4",
                "--num-prompts", "6", "--request-rate", "8,inf", "--ignore-eos", "--result-json", str(out),
                "--timeout", "60"])
     printed = capsys.readouterr()

@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated, one per rung, or one for all rungs")
     p.add_argument("--request-rate", type=rate_list, default=[float("inf")],
                    help="requests per second arriving at each rung (one per rung, or one for all; inf: all "
-                        "at once), still at most --concurrency in flight")
+                        "at once), still at most --concurrency in flight; with one --concurrency, a rung per rate")
     p.add_argument("--burstiness", type=float, default=1.0,
                    help="gamma shape of the arrival gaps (1: Poisson; smaller is burstier)")
     p.add_argument("--ignore-eos", action="store_true",
@@ -273,6 +273,8 @@ def tokenizer_source(tokenizer: str | None, model: str) -> str | None:
 def run_ladder(args: argparse.Namespace) -> dict:
     """Run every rung (stopping after a VOID one unless --keep-going); the JSON-ready result."""
     rungs_c = args.concurrency
+    if len(rungs_c) == 1 and len(args.request_rate) > 1:  # one concurrency, a rung per rate
+        rungs_c = rungs_c * len(args.request_rate)
     nums = args.num_prompts * len(rungs_c) if len(args.num_prompts) == 1 else args.num_prompts
     if len(nums) != len(rungs_c):
         raise ValueError(f"--num-prompts has {len(nums)} values for {len(rungs_c)} --concurrency rungs; "
