@@ -304,6 +304,8 @@ def test_serve_ladder_at_a_request_rate(server, tmp_path, capsys):
     assert [r["request_rate"] for r in res["rungs"]] == [8.0, None] and res["burstiness"] == 1.0
     assert res["rungs"][0]["duration_s"] >= arrival_offsets(6, 8.0, 1.0, [0, 0, 1])[-1]
     assert all(r["ok"] == 6 for r in res["rungs"]) and "rate=8/s" in printed.err
+    table = printed.out.splitlines()
+    assert table[0].split()[:2] == ["c", "rate"] and table[2].split()[1] == "8" and table[3].split()[1] == "inf"
     rc = main(["--base-url", server.base, "--concurrency", "1,2", "--num-prompts", "2", "--request-rate", "1,2,3"])
     assert rc == 2 and "--request-rate has 3 values for 2" in capsys.readouterr().err
 

@@ -103,11 +103,16 @@ _COLUMNS = [  # (header, key, format)
 
 
 def format_table(rungs: list[dict]) -> str:
-    """A fixed-width table, one line per rung; times in ms; VOID rungs are marked."""
-    head = [h for h, _, _ in _COLUMNS] + ["status"]
+    """A fixed-width table, one line per rung; times in ms; VOID rungs are marked. A rate column
+    (requests/s, inf for all at once) when any rung had a --request-rate."""
+    columns = list(_COLUMNS)
+    if any(r.get("request_rate") is not None for r in rungs):
+        columns.insert(1, ("rate", "request_rate", "g"))
+    head = [h for h, _, _ in columns] + ["status"]
     rows = [head]
     for r in rungs:
-        cells = ["-" if r.get(k) is None else format(r[k], f) for _, k, f in _COLUMNS]
+        cells = [("inf" if k == "request_rate" else "-") if r.get(k) is None else format(r[k], f)
+                 for _, k, f in columns]
         rows.append(cells + ["VOID" if r["void"] else "ok"])
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
