@@ -295,7 +295,7 @@ def test_serve_ladder_at_a_request_rate(server, tmp_path, capsys):
     from minillm.bench.serve import arrival_offsets, main
 
     out = tmp_path / "r.json"
-    rc = main(["--base-url", server.base, "--input-len", "16", "--output-len", "3", "--concurrency", "4",
+    rc = main(["--base-url", server.base, "--input-len", "16", "--output-len", "3", "--max-concurrency", "4",
                "--num-prompts", "6", "--request-rate", "8,inf", "--ignore-eos", "--result-json", str(out),
                "--timeout", "60"])
     printed = capsys.readouterr()

@@ -83,8 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--range-ratio", type=float, default=0.0,
                    help="lengths uniform in [L*(1-r), L*(1+r)] (vLLM's --random-range-ratio)")
-    p.add_argument("--concurrency", type=int_list, default=[1, 2, 4, 8, 16],
-                   help="comma-separated rungs (max requests in flight)")
+    p.add_argument("--concurrency", "--max-concurrency", type=int_list, default=[1, 2, 4, 8, 16],
+                   help="comma-separated rungs (max requests in flight; --max-concurrency is vllm bench serve's name)")
     p.add_argument("--num-prompts", type=int_list, default=[8, 8, 16, 32, 64],
                    help="comma-separated, one per rung, or one for all rungs")
     p.add_argument("--request-rate", type=rate_list, default=[float("inf")],
