@@ -303,6 +303,22 @@ gpu_tests_all() {  # session 4's GPU test set: every CUDA test but SmolLM2's and
     tests/test_async_scheduling.py -k "not smollm2 and not debug_build"
 }
 
+engine_report() {  # the engine-level figures of part21 and part28: all four models, speculation cost
+  # (8B, k = 8), decode, throughput, the plain serving ladder, the failure matrix
+  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
+  stage spec_cost_8b 120 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_8b.json"
+  decode_06b 40
+  throughput_06b 40
+  stage serve_plain 90 python3 scripts/failure_matrix.py $M/q06 --out "$W/serve_plain" --max-model-len 4096 \
+    --num-prompts 4,4,8,16,32 --output-len 256 --startup-timeout 60 --ladder-timeout 80
+  stage failure_matrix 200 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
+    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 120
+}
+
 part15() {  # session 4, call 1: one decode step split into kernels by ncu (0.6B at batch 1 and 192,
   # 8B at batch 1) against the same step's graph time, then decode and throughput at this commit
   setup
@@ -399,18 +415,7 @@ part21() {  # session 4, call 7: the tensor-core skinny GEMM (5-16 rows): GPU te
   stage skinny_bench 90 python3 scripts/skinny_bench.py --json "$W/skinny_bench.json"
   stage racecheck_skinny 60 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
     python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "matmul_skinny and 1024"
-  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force &&
-    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
-    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
-  stage spec_cost_8b 120 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --result-json "$W/spec_cost_8b.json"
-  decode_06b 40
-  throughput_06b 40
-  stage serve_plain 90 python3 scripts/failure_matrix.py $M/q06 --out "$W/serve_plain" --max-model-len 4096 \
-    --num-prompts 4,4,8,16,32 --output-len 256 --startup-timeout 60 --ladder-timeout 80
-  stage failure_matrix 200 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
-    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 120
+  engine_report
   stage sanitizer 100 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/sanitizer" \
     --sanitize --max-model-len 4096 --concurrency 8 --num-prompts 8 --output-len 16 \
     --startup-timeout 100 --ladder-timeout 100
@@ -504,18 +509,7 @@ part28() {  # prepared for session 6's first call (not yet run): the whole repor
   stage racecheck_decode_layers 90 env MINILLM_CUDA_DEBUG=1 compute-sanitizer --tool racecheck --error-exitcode 1 \
     python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_decode_layers.py \
     -k "test_one_kernel_matches_op_by_op and 40-16 and qwen3-d128-g2"
-  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force &&
-    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
-    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
-  stage spec_cost_8b 120 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --result-json "$W/spec_cost_8b.json"
-  decode_06b 40
-  throughput_06b 40
-  stage serve_plain 90 python3 scripts/failure_matrix.py $M/q06 --out "$W/serve_plain" --max-model-len 4096 \
-    --num-prompts 4,4,8,16,32 --output-len 256 --startup-timeout 60 --ladder-timeout 80
-  stage failure_matrix 200 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
-    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 120
+  engine_report
 }
 
 sanitize_server_all() {  # the server reproducer (c = 8, 4096, DFlash k = 8) under all four
