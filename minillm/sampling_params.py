@@ -17,6 +17,8 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: int | None = None
     skip_special_tokens: bool = True
+    # vLLM's: a stop string that ends the output stays at the end of its text (default: cut off)
+    include_stop_str_in_output: bool = False
     # None: no log probabilities; N >= 0: each output token's logprob and the N most likely
     # alternatives' (minillm/engine/logprobs.py)
     logprobs: int | None = None

@@ -606,6 +606,15 @@ def test_stop_strings(server):
                                         stream=True, extra_body={"ignore_eos": True}))
     assert "".join(c.choices[0].text for c in chunks) == want
     assert chunks[-1].choices[0].finish_reason == "stop"
+    # vLLM's include_stop_str_in_output: the stop string stays, streamed or not
+    kept = want + stop
+    r = cl.completions.create(model=name, prompt=prompt, max_tokens=40, temperature=0, stop=[stop, "\x00never"],
+                              extra_body={"ignore_eos": True, "include_stop_str_in_output": True})
+    assert (r.choices[0].text, r.choices[0].finish_reason) == (kept, "stop")
+    chunks = list(cl.completions.create(model=name, prompt=prompt, max_tokens=40, temperature=0, stop=stop,
+                                        stream=True, extra_body={"ignore_eos": True,
+                                                                 "include_stop_str_in_output": True}))
+    assert "".join(c.choices[0].text for c in chunks) == kept
 
 
 def test_seeded_sampling_is_reproducible(server):

@@ -94,6 +94,7 @@ COMPLETION_CASES = [
     ({**OK, "stop_token_ids": [999]}, "stop_token_ids"),
     ({**OK, "stop_token_ids": "2"}, "stop_token_ids"),
     ({**OK, "ignore_eos": 1}, "ignore_eos"),
+    ({**OK, "include_stop_str_in_output": "yes"}, "include_stop_str_in_output"),
     ({**OK, "n": 0}, "n"),
     ({**OK, "n": 65}, "n"),
     ({**OK, "n": True}, "n"),

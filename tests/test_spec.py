@@ -105,6 +105,10 @@ def test_stop_string_inside_accepted_run(models):
         b = spec.generate([prompt], params)[0]
         assert (b.token_ids, b.text, b.finish_reason) == (a.token_ids, a.text, "stop")
         assert len(b.token_ids) < 40
+        kept = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop],
+                              include_stop_str_in_output=True)
+        c = spec.generate([prompt], kept)[0]
+        assert (c.token_ids, c.text) == (a.token_ids, a.text + stop)  # the same cut, the string kept
         checked += 1
     assert checked >= 2
 

@@ -602,9 +602,9 @@ class LLMEngine:
             before = len(seq.text)
             seq.text += seq.decoder.push([tok])
             if p.stop and n0 + i + 1 >= p.min_tokens and len(seq.text) > before:
-                cut = self._find_stop(seq.text, p.stop, max(0, before - longest_stop + 1))
-                if cut is not None:
-                    seq.text = seq.text[:cut]  # the text ends before the stop string
+                found = self._find_stop(seq.text, p.stop, max(0, before - longest_stop + 1))
+                if found is not None:  # the text ends before the stop string, or after it if asked
+                    seq.text = seq.text[: found[1] if p.include_stop_str_in_output else found[0]]
                     dropped = len(accepted) - (i + 1)
                     if dropped:  # later ids of an accepted run: plain decoding never made them
                         del seq.output_ids[n0 + i + 1 :]
@@ -633,10 +633,11 @@ class LLMEngine:
                              prompt_logprobs=seq.prompt_logprobs if n0 == 0 else None)
 
     @staticmethod
-    def _find_stop(text: str, stops: list[str], start: int = 0) -> int | None:
-        """Index of the earliest stop string in text[start:] (searching only where a new one can be)."""
-        cuts = [i for i in (text.find(s, start) for s in stops) if i >= 0]
-        return min(cuts) if cuts else None
+    def _find_stop(text: str, stops: list[str], start: int = 0) -> tuple[int, int] | None:
+        """(start, end) of the earliest stop string in text[start:] (searching only where a new one
+        can be; of two starting together, the one listed first)."""
+        found = [(i, i + len(s)) for i, s in ((text.find(s, start), s) for s in stops) if i >= 0]
+        return min(found, key=lambda f: f[0]) if found else None
 
     def score(self, prompts: list[list[int]]) -> list[np.ndarray]:
         """Logits [len, vocab] at every position of each prompt, run as one batch (no sampling).

@@ -368,6 +368,7 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool) -> S
         min_tokens=_get(body, "min_tokens", int, 0), stop=stop, stop_token_ids=stop_ids,
         ignore_eos=_get(body, "ignore_eos", bool, False), seed=seed,
         skip_special_tokens=_get(body, "skip_special_tokens", bool, True), logprobs=logprobs,
+        include_stop_str_in_output=_get(body, "include_stop_str_in_output", bool, False),
         prompt_logprobs=prompt_logprobs, **adjust,
     )
     try:
