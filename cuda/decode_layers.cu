@@ -155,9 +155,6 @@ __device__ __forceinline__ void load_row(const bf16* src, float* dst, int n) {
   }
 }
 
-#ifndef DL_KSPLIT
-#define DL_KSPLIT 0  // 1: also split K when that fills the warps' rounds better (measured: it made
-#endif              // some CTAs of the 8B qkv stage 12 us late, cause not found)
 #ifndef DL_ATT_PRE
 #define DL_ATT_PRE 0  // 1: attention's first K/V loads before the barrier (measured 10% slower on 0.6B)
 #endif
@@ -209,12 +206,12 @@ __device__ __forceinline__ void gemv_fma(const uint4 (&v)[2][NW], const float* x
 }
 
 // This CTA's slice of out[n] = x . W[n] (+ bias[n]) for n < N, x = xs[0:K] in shared memory;
-// GATED: out[n] = silu(x . W[n]) * (x . W[N + n]). A warp computes 2 columns at a time; K is
-// split among warps too when that keeps their rounds fuller. Weights never depend on activations,
-// so each warp issues the loads of its first chunks, then calls pre() (every thread does: the grid
-// barrier before this stage and the load of x), and only then needs x: the weights' HBM round trip
-// overlaps the barrier. Partial sums go to red[] and are added in a fixed order, so results do not
-// depend on timing.
+// GATED: out[n] = silu(x . W[n]) * (x . W[N + n]). A warp computes 2 columns at a time; K is split
+// among warps too when the slice has fewer column pairs than warps. Weights never depend on
+// activations, so each warp starts copying its first chunks (cp.async into stg), then calls pre()
+// (every thread does: the grid barrier before this stage and the load of x), and only then needs
+// x: the weights' HBM round trip overlaps the barrier. Partial sums go to red[] and are added in a
+// fixed order, so results do not depend on timing.
 template <bool GATED, typename Pre>
 __device__ void gemv_stage(const bf16* __restrict__ W, const float* xs, int N, int K,
                            const bf16* __restrict__ bias, bf16* out, float* red, uint4* stg, Pre pre) {
@@ -227,21 +224,11 @@ __device__ void gemv_stage(const bf16* __restrict__ W, const float* xs, int N, i
     return;
   }
   const int pairs = (rows + 1) / 2;
-  int ks = pairs >= DL_WARPS ? 1 : DL_WARPS / pairs;
-#if DL_KSPLIT
-  // the fewest K slices that keep the warps' rounds nearly full (23 pairs on 16 warps take 2
-  // rounds at 72%; in 2 slices, 3 rounds of half the work at 96%)
-  float best = (float)((pairs * ks + DL_WARPS - 1) / DL_WARPS) / ks;
-  for (int k = ks + 1; k <= DL_WARPS && NW * rows * k <= DL_RED; ++k) {
-    const float cost = (float)((pairs * k + DL_WARPS - 1) / DL_WARPS) / k;
-    if (cost < best * 0.97f) {
-      best = cost;
-      ks = k;
-    }
-  }
-#endif
+  // K is split among warps only when a CTA has fewer column pairs than warps (splitting more to
+  // fill the warps' rounds made some CTAs of the 8B qkv stage 12 us late: 9267e92, part24)
+  const int ks = pairs >= DL_WARPS ? 1 : DL_WARPS / pairs;
   const int units = pairs * ks;
-  // one unit: its dot products over [c, c1) (from chunk `from`), reduced into red[]
+  // a unit's dot products reduced into red[], and its chunks from c on
   auto finish = [&](int u, float (&acc)[2][NW]) {
     const int p = u / ks, s = u % ks;
 #pragma unroll
