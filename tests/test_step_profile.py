@@ -111,7 +111,8 @@ def test_profile_with_speculative_decoding(tiny):
 
 
 class _FakeEvent:
-    """cupy.cuda.Event's surface as the profiler uses it, stamped with the host clock."""
+    """cupy.cuda.Event's surface as the profiler uses it, stamped with the host clock (the test
+    makes that clock tick 1 us a call, so timings do not depend on how busy the machine is)."""
 
     made = 0
 
@@ -142,6 +143,23 @@ def test_event_path_with_a_fake_cuda_backend(tiny, monkeypatch):
     monkeypatch.setattr(engine.backend, "name", "cuda", raising=False)
     monkeypatch.setattr(engine.backend, "cp", fake_cp, raising=False)
     monkeypatch.setattr(engine.backend, "stream", "backend-stream", raising=False)
+    clock = [0]
+
+    def tick() -> float:
+        clock[0] += 1
+        return clock[0] * 1e-6
+
+    monkeypatch.setattr(time, "perf_counter", tick)
+    def slow(read):  # reading a step's results takes 1 ms: an end event recorded after it would show
+        def wrapped(*args, **kwargs):
+            clock[0] += 1000
+            return read(*args, **kwargs)
+        return wrapped
+
+    # the synchronous read, and the asynchronous engine's (LLM.generate schedules ahead)
+    monkeypatch.setattr(engine.runner, "_results", slow(engine.runner._results))
+    monkeypatch.setattr(engine, "_collect", slow(engine._collect))
+    monkeypatch.setattr(engine, "_collect_inflight", slow(engine._collect_inflight))
     _FakeEvent.made = 0
     prompts, params = _workload(8, seed=2)
     prompts[0] = prompts[0] * 3  # longer than a 64-token step: a chunk that samples nothing
