@@ -42,9 +42,6 @@
 #endif
 #define DL_THREADS 512
 #define DL_WARPS (DL_THREADS / 32)
-#ifndef DL_PF_MAX
-#define DL_PF_MAX 0  // bytes of one weight range a CTA prefetches into L2 per stage (prefetch_rows)
-#endif
 #define DL_MIN_PART 32        // fewest keys an attention split takes
 #define DL_MAX_S 32           // most splits of one KV head (the host sizes the partials for it)
 #define DL_RED 2048           // GEMV partial sums a CTA holds (the host checks rows per CTA)
@@ -116,20 +113,6 @@ __device__ __forceinline__ void grid_done(unsigned* bar) {
 __device__ __forceinline__ int slice_begin(int n) { return (int)((i64)blockIdx.x * n / gridDim.x); }
 __device__ __forceinline__ int slice_end(int n) { return (int)((i64)(blockIdx.x + 1) * n / gridDim.x); }
 
-// Ask L2 for rows [r0, r1) of a row-major [*, K] bf16 matrix (at most DL_PF_MAX bytes), one
-// bulk-prefetch instruction (the TMA unit walks the range). Off by default: with one
-// prefetch.global.L2 per 128-byte line the 0.6B kernel was 11% slower (the instructions delayed
-// the stage they were issued in), and on the 8B shape a stage's 50-200 MB of weights evict what
-// was prefetched before it is used.
-__device__ __forceinline__ void prefetch_rows(const bf16* w, int r0, int r1, int K) {
-#if DL_PF_MAX > 0
-  if (r1 <= r0 || threadIdx.x != 0) return;
-  i64 bytes = (i64)(r1 - r0) * K * 2;
-  if (bytes > DL_PF_MAX) bytes = DL_PF_MAX;
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(w + (i64)r0 * K), "r"((unsigned)(bytes & ~15)));
-#endif
-}
-
 // dst[0:n] = src[0:n] as floats (n % 8 == 0), src written by other CTAs (read through L2). Every
 // 16-byte load of a thread is issued before any is used: one round trip, not one per element.
 __device__ __forceinline__ void load_row(const bf16* src, float* dst, int n) {
@@ -158,150 +141,175 @@ __device__ __forceinline__ void load_row(const bf16* src, float* dst, int n) {
 #ifndef DL_ATT_PRE
 #define DL_ATT_PRE 0  // 1: attention's first K/V loads before the barrier (measured 10% slower on 0.6B)
 #endif
-// 16-byte weight chunks a lane stages in shared memory before a GEMV stage's barrier (per warp
-// DL_PRE_SLOTS * 32 * 16 bytes; the host reserves 16 warps' worth)
-#ifndef DL_PRE_SLOTS
-#define DL_PRE_SLOTS 4  // 8 measured 14% slower on 0.6B (part25)
-#endif
+// ---- the weight ring ----------------------------------------------------------------------------
+// Weights never depend on the step's activations, so a CTA knows, before the step starts, every
+// byte of weight it will read and in which order: its rows of the qkv, o, gate_up and down
+// matrices, layer after layer. Thread 0 streams them into a ring of shared-memory slots with TMA
+// bulk copies (cp.async.bulk, one instruction per contiguous run of rows, completion counted on
+// the slot's mbarrier) and refills a slot as soon as the CTA has consumed it, across stage and
+// layer boundaries. The copies run while the CTA waits at grid barriers and works on attention, so
+// a GEMV stage mostly finds its weights already in shared memory. (Measured before this: loading
+// each stage's weights when it starts left the GEMV stages latency-bound at 1.5-1.9 TB/s on the
+// 0.6B shape, and prefetching them into L2 instead gained ~5%: docs/BENCHMARKS.md, session 5.)
 
-// One warp's share of a GEMV stage: column pair p (columns r0 + 2p, r0 + 2p + 1 of this CTA's
-// slice) over 16-byte chunks [c0, c1) of K.
-template <int NW>
-struct GemvUnit {
-  const uint4* w[2][NW];
-  int c0, c1;
-  __device__ __forceinline__ GemvUnit(const bf16* W, int N, int K, int r0, int rows, int p, int s, int ks) {
-    const int chunks = K / 8;
-    c0 = (int)((i64)s * chunks / ks);
-    c1 = (int)((i64)(s + 1) * chunks / ks);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int n = r0 + min(p * 2 + r, rows - 1);  // a missing second column re-reads the first
-#pragma unroll
-      for (int h = 0; h < NW; ++h) w[r][h] = reinterpret_cast<const uint4*>(W + ((i64)n + h * N) * K);
-    }
-  }
-  __device__ __forceinline__ void load(int c, uint4 (&v)[2][NW]) const {
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-#pragma unroll
-      for (int h = 0; h < NW; ++h) v[r][h] = __ldg(w[r][h] + c);
-  }
-};
+#define DL_MAX_SLOTS 8
 
-template <int NW>
-__device__ __forceinline__ void gemv_fma(const uint4 (&v)[2][NW], const float* xs, int c, float (&acc)[2][NW]) {
-  const float4 xa = reinterpret_cast<const float4*>(xs)[2 * c];
-  const float4 xb = reinterpret_cast<const float4*>(xs)[2 * c + 1];
-  const float xf[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
-#pragma unroll
-  for (int r = 0; r < 2; ++r)
-#pragma unroll
-    for (int h = 0; h < NW; ++h) {
-      float wf[8];
-      minillm::unpack_bf16x8(v[r][h], wf);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc[r][h] = fmaf(xf[i], wf[i], acc[r][h]);
-    }
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
 
-// This CTA's slice of out[n] = x . W[n] (+ bias[n]) for n < N, x = xs[0:K] in shared memory;
-// GATED: out[n] = silu(x . W[n]) * (x . W[N + n]). A warp computes 2 columns at a time; K is split
-// among warps too when the slice has fewer column pairs than warps. Weights never depend on
-// activations, so each warp starts copying its first chunks (cp.async into stg), then calls pre()
-// (every thread does: the grid barrier before this stage and the load of x), and only then needs
-// x: the weights' HBM round trip overlaps the barrier. Partial sums go to red[] and are added in a
-// fixed order, so results do not depend on timing.
-template <bool GATED, typename Pre>
-__device__ void gemv_stage(const bf16* __restrict__ W, const float* xs, int N, int K,
-                           const bf16* __restrict__ bias, bf16* out, float* red, uint4* stg, Pre pre) {
-  constexpr int NW = GATED ? 2 : 1;  // weight rows per column
-  constexpr int PRE = DL_PRE_SLOTS / (2 * NW);  // chunk iterations of a warp's first unit staged before pre()
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int r0 = slice_begin(N), rows = slice_end(N) - r0;
-  if (rows <= 0) {  // the whole CTA takes this branch
-    pre();
-    return;
+// Arrive on the barrier and announce `bytes` more of asynchronous writes before its phase ends.
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+  unsigned done;
+  do {
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// bytes (a multiple of 16, both addresses 16-byte aligned) from global to shared memory by the
+// TMA unit; the barrier's transaction count falls by `bytes` when they have landed.
+__device__ __forceinline__ void bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+// This CTA's share of one GEMV stage; the same in every layer (all layers have one shape). Its
+// weight rows, in the order they pass through the ring ("physical rows" p < P): rows r0 .. r0 +
+// rows - 1 of W, and for a gated stage (gate rows [0, N), up rows [N, 2N)) then the same rows of
+// the up half. A slot holds rt whole rows; a tile is one slot's worth.
+struct StagePlan {
+  int N, K, gated;
+  int r0, rows, P;
+  int rt;     // rows a tile holds
+  int ks;     // parts K is split into, so a tile's row pairs x ks fill the warps
+  int tiles;  // tiles (slots) the stage takes; 0 when this CTA has no rows
+};
+
+__device__ __forceinline__ StagePlan stage_plan(int N, int K, bool gated, int slot_bytes) {
+  StagePlan p;
+  p.N = N;
+  p.K = K;
+  p.gated = gated;
+  p.r0 = slice_begin(N);
+  p.rows = slice_end(N) - p.r0;
+  p.P = p.rows * (gated ? 2 : 1);
+  p.rt = max(1, min(p.P, slot_bytes / (2 * K)));
+  p.ks = max(1, min(DL_WARPS / ((p.rt + 1) / 2), K / 8));
+  p.tiles = (p.P + p.rt - 1) / p.rt;
+  return p;
+}
+
+struct Ring {
+  char* mem;             // slot 0 (slot i at mem + i * slot_bytes)
+  unsigned slots, bars;  // shared addresses: slot 0 and its mbarrier (8 bytes apart)
+  int n, slot_bytes;     // slots, bytes a slot
+  int per_layer, total;  // tiles a layer, in the launch
+  const StagePlan* plan;  // [4]: qkv, o, gate_up, down (shared memory)
+  const bf16* const* w;   // [n_layers][4] the matrices (shared memory)
+};
+
+// Thread 0: copy tile j (in consumption order over the whole launch) into slot j % n.
+__device__ void ring_issue(const Ring& g, int j) {
+  if (j >= g.total) return;
+  const int layer = j / g.per_layer;
+  int t = j % g.per_layer, s = 0;
+  while (t >= g.plan[s].tiles) t -= g.plan[s++].tiles;
+  const StagePlan& p = g.plan[s];
+  const int a = t * p.rt, b = min(p.P, a + p.rt);
+  const unsigned row_bytes = 2u * p.K, bar = g.bars + 8u * (j % g.n);
+  const bf16* W = g.w[layer * 4 + s];
+  mbar_expect_tx(bar, (unsigned)(b - a) * row_bytes);
+  unsigned dst = g.slots + (unsigned)(j % g.n) * g.slot_bytes;
+  for (int i = a; i < b;) {  // at most two runs: the gate rows, then the up rows
+    const int end = i < p.rows ? min(b, p.rows) : b;
+    const int row = i < p.rows ? p.r0 + i : p.N + p.r0 + (i - p.rows);
+    bulk_copy(dst, W + (i64)row * p.K, (unsigned)(end - i) * row_bytes, bar);
+    dst += (unsigned)(end - i) * row_bytes;
+    i = end;
   }
-  const int pairs = (rows + 1) / 2;
-  // K is split among warps only when a CTA has fewer column pairs than warps (splitting more to
-  // fill the warps' rounds made some CTAs of the 8B qkv stage 12 us late: 9267e92, part24)
-  const int ks = pairs >= DL_WARPS ? 1 : DL_WARPS / pairs;
-  const int units = pairs * ks;
-  // a unit's dot products reduced into red[], and its chunks from c on
-  auto finish = [&](int u, float (&acc)[2][NW]) {
-    const int p = u / ks, s = u % ks;
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-#pragma unroll
-      for (int h = 0; h < NW; ++h) {
-        const float v = minillm::warp_sum(acc[r][h]);
-        if (lane == 0 && p * 2 + r < rows) red[(h * rows + p * 2 + r) * ks + s] = v;
-      }
-  };
-  auto rest = [&](const GemvUnit<NW>& unit, int c, float (&acc)[2][NW]) {
-#pragma unroll 4
-    for (; c < unit.c1; c += 32) {
-      uint4 wv[2][NW];
-      unit.load(c, wv);
-      gemv_fma(wv, xs, c, acc);
-    }
-  };
-  // the first unit: its first chunks are copied to shared memory before pre() (cp.async: no
-  // registers held across the barrier; each lane reads back only what it copied). pre() holds
-  // __syncthreads, so every thread calls it at this one point, whether it has a unit or not.
-  const bool has = warp < units;
-  const GemvUnit<NW> unit(W, N, K, r0, rows, min(warp, units - 1) / ks, min(warp, units - 1) % ks, ks);
-  uint4* mine = stg + warp * (DL_PRE_SLOTS * 32) + lane;
-  if (has) {
-#pragma unroll
-    for (int q = 0; q < PRE; ++q) {
-      const int c = unit.c0 + lane + 32 * q;
-      if (c < unit.c1)
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-#pragma unroll
-          for (int h = 0; h < NW; ++h) {
-            const unsigned dst = (unsigned)__cvta_generic_to_shared(mine + ((q * 2 + r) * NW + h) * 32);
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(unit.w[r][h] + c));
-          }
-    }
-  }
-  asm volatile("cp.async.commit_group;" ::: "memory");
-  pre();
-  asm volatile("cp.async.wait_all;" ::: "memory");
-  if (has) {
-    float acc[2][NW] = {};
-#pragma unroll
-    for (int q = 0; q < PRE; ++q) {
-      const int c = unit.c0 + lane + 32 * q;
-      if (c < unit.c1) {
-        uint4 v[2][NW];
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-#pragma unroll
-          for (int h = 0; h < NW; ++h) v[r][h] = mine[((q * 2 + r) * NW + h) * 32];
-        gemv_fma(v, xs, c, acc);
-      }
-    }
-    rest(unit, unit.c0 + lane + 32 * PRE, acc);
-    finish(warp, acc);
-  }
-  for (int u = warp + DL_WARPS; u < units; u += DL_WARPS) {
-    const GemvUnit<NW> unit(W, N, K, r0, rows, u / ks, u % ks, ks);
-    float acc[2][NW] = {};
-    rest(unit, unit.c0 + lane, acc);
-    finish(u, acc);
+}
+
+// Every thread, once: the slots' barriers, then the first n tiles on their way.
+__device__ void ring_start(const Ring& g) {
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < g.n; ++i) mbar_init(g.bars + 8u * i, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int j = 0; j < g.n; ++j) ring_issue(g, j);
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < rows; i += DL_THREADS) {
-    float a = 0.f, b = 0.f;
-    for (int s = 0; s < ks; ++s) {
-      a += red[i * ks + s];
-      if (GATED) b += red[(rows + i) * ks + s];
+}
+
+// Stage `s` of a layer: out[n] = x . W[n] (+ bias[n]) for this CTA's rows n; gated: out[n] =
+// silu(x . W[n]) * (x . W[N + n]). pre() (every thread calls it: the grid barrier before the stage
+// and the load of x into xs) runs while the ring's copies are in flight. A warp computes a pair of
+// rows over one of ks parts of K per unit; x is read from a bf16 copy (its values are bf16
+// already), so a lane's 16-byte load of x serves 16 products. Partial sums go to red[] and are added
+// in a fixed order, so results do not depend on timing. j: the next tile to consume.
+template <typename Pre>
+__device__ void gemv_stage(const Ring& g, int s, int& j, float* xs, bf16* xh, const bf16* __restrict__ bias,
+                           bf16* out, float* red, Pre pre) {
+  const StagePlan p = g.plan[s];
+  pre();
+  if (p.tiles == 0) return;  // the whole CTA: no rows here
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, chunks = p.K / 8;
+  for (int i = threadIdx.x; i < chunks; i += DL_THREADS) {
+    float f[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) f[k] = xs[8 * i + k];
+    reinterpret_cast<uint4*>(xh)[i] = minillm::pack_bf16x8(f);
+  }
+  __syncthreads();
+  const uint4* xv = reinterpret_cast<const uint4*>(xh);
+  for (int t = 0; t < p.tiles; ++t, ++j) {
+    mbar_wait(g.bars + 8u * (j % g.n), (unsigned)(j / g.n) & 1u);
+    const uint4* tile = reinterpret_cast<const uint4*>(g.mem + (size_t)(j % g.n) * g.slot_bytes);
+    const int a = t * p.rt, nr = min(p.P, a + p.rt) - a, units = (nr + 1) / 2 * p.ks;
+    for (int u = warp; u < units; u += DL_WARPS) {
+      const int pr = u / p.ks, part = u % p.ks;
+      const int ra = 2 * pr, rb = min(ra + 1, nr - 1);  // a missing second row re-reads the first
+      const int c0 = (int)((i64)part * chunks / p.ks), c1 = (int)((i64)(part + 1) * chunks / p.ks);
+      float acc0 = 0.f, acc1 = 0.f;
+#pragma unroll 2
+      for (int c = c0 + lane; c < c1; c += 32) {
+        float xf[8], wa[8], wb[8];
+        minillm::unpack_bf16x8(xv[c], xf);
+        minillm::unpack_bf16x8(tile[ra * chunks + c], wa);
+        minillm::unpack_bf16x8(tile[rb * chunks + c], wb);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          acc0 = fmaf(xf[k], wa[k], acc0);
+          acc1 = fmaf(xf[k], wb[k], acc1);
+        }
+      }
+      acc0 = minillm::warp_sum(acc0);
+      acc1 = minillm::warp_sum(acc1);
+      if (lane == 0) {
+        red[(a + ra) * p.ks + part] = acc0;
+        if (ra + 1 < nr) red[(a + ra + 1) * p.ks + part] = acc1;
+      }
     }
-    const float y = GATED ? a / (1.0f + expf(-a)) * b : a + (bias ? minillm::to_f(bias[r0 + i]) : 0.f);
-    out[r0 + i] = minillm::from_f<bf16>(y);
+    __syncthreads();  // the slot is read: refill it with the tile n ahead
+    if (threadIdx.x == 0) ring_issue(g, j + g.n);
+  }
+  for (int i = threadIdx.x; i < p.rows; i += DL_THREADS) {
+    float a = 0.f, b = 0.f;
+    for (int k = 0; k < p.ks; ++k) {
+      a += red[i * p.ks + k];
+      if (p.gated) b += red[(p.rows + i) * p.ks + k];
+    }
+    const float y = p.gated ? a / (1.0f + expf(-a)) * b : a + (bias ? minillm::to_f(bias[p.r0 + i]) : 0.f);
+    out[p.r0 + i] = minillm::from_f<bf16>(y);
   }
 }
 
@@ -576,7 +584,8 @@ __device__ void attention_stage(const AttnArgs& a, float* sm, Pre pre) {
 
 }  // namespace
 
-// grid (number of SMs), block DL_THREADS, dynamic shared memory from the host (> half an SM's).
+// grid (number of SMs), block DL_THREADS, dynamic shared memory from the host (> half an SM's;
+// the layout below, then the weight ring: n_slots x slot_bytes at a 128-byte boundary).
 // residual [H] holds the embedded token on entry and the residual stream before the last layer's
 // down output on exit; hidden [H] that output (what rms_norm(hidden, residual=residual) expects).
 // table: [n_layers, 9] LayerPtrs; k_cache / v_cache: layer 0 of [layers, blocks, block_size, NKV,
@@ -589,23 +598,55 @@ extern "C" __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers(
     int num_blocks, const int* __restrict__ positions, const int* __restrict__ slots,
     const int* __restrict__ block_table, int max_blocks, const int* __restrict__ seq_lens,
     const float* __restrict__ cos_sin, int max_pos, int H, int NQ, int NKV, int F, int block_size,
-    float eps, float scale_log2, int xs_len, u64* prof) {
+    float eps, float scale_log2, int xs_len, int n_slots, int slot_bytes, u64* prof) {
   minillm::pdl_entry();
   extern __shared__ float4 dl_smem[];
   __shared__ float scratch[32];
-  float* res = reinterpret_cast<float*>(dl_smem);  // [H]
-  float* red = res + ((H + 3) & ~3);                 // [DL_RED]
-  float* xs = red + DL_RED;                          // [max(H, NQ * D, F)] or attention scratch
-  uint4* stg = reinterpret_cast<uint4*>(xs + ((xs_len + 3) & ~3));  // [DL_WARPS * DL_PRE_SLOTS * 32]
+  __shared__ StagePlan plan[4];
+  __shared__ u64 ring_bars[DL_MAX_SLOTS];
+  const bf16** wts = reinterpret_cast<const bf16**>(dl_smem);  // [n_layers][4] (8-byte aligned)
+  float* res = reinterpret_cast<float*>(wts + 4 * n_layers);  // [H]
+  float* red = res + ((H + 3) & ~3);                          // [DL_RED]
+  float* xs = red + DL_RED;                                   // [max(H, NQ * D, F)] or attention scratch
+  bf16* xh = reinterpret_cast<bf16*>(xs + ((xs_len + 3) & ~3));  // [max(H, NQ * D, F)]: x as bf16
+  char* ring_mem = reinterpret_cast<char*>(
+      ((reinterpret_cast<size_t>(xh + ((xs_len + 7) & ~7)) + 127) & ~(size_t)127));
   const int D = DL_D, QS = NQ * D, KVS = NKV * D;
   const int pos = positions[0], ctx = seq_lens[0];
   const i64 slot = slots[0];
   MINILLM_CHECK(pos >= 0 && pos < max_pos);
   MINILLM_CHECK(slot < (i64)num_blocks * block_size);
   MINILLM_CHECK(ctx <= max_blocks * block_size);
+  MINILLM_CHECK(n_slots >= 1 && n_slots <= DL_MAX_SLOTS);
+  const LayerPtrs* layers = reinterpret_cast<const LayerPtrs*>(table);
+  for (int i = threadIdx.x; i < n_layers; i += DL_THREADS) {
+    const LayerPtrs lp = layers[i];
+    wts[4 * i] = lp.qkv;
+    wts[4 * i + 1] = lp.o;
+    wts[4 * i + 2] = lp.gate_up;
+    wts[4 * i + 3] = lp.down;
+  }
+  if (threadIdx.x == 0) {
+    plan[0] = stage_plan(QS + 2 * KVS, H, false, slot_bytes);
+    plan[1] = stage_plan(H, QS, false, slot_bytes);
+    plan[2] = stage_plan(F, H, true, slot_bytes);
+    plan[3] = stage_plan(H, F, false, slot_bytes);
+    for (int s = 0; s < 4; ++s) MINILLM_CHECK(plan[s].P * plan[s].ks <= DL_RED && plan[s].rt * 2 * plan[s].K <= slot_bytes);
+  }
+  __syncthreads();
+  Ring ring;
+  ring.mem = ring_mem;
+  ring.slots = smem_addr(ring_mem);
+  ring.bars = smem_addr(ring_bars);
+  ring.n = n_slots;
+  ring.slot_bytes = slot_bytes;
+  ring.per_layer = plan[0].tiles + plan[1].tiles + plan[2].tiles + plan[3].tiles;
+  ring.total = ring.per_layer * n_layers;
+  ring.plan = plan;
+  ring.w = wts;
+  ring_start(ring);
   load_row(residual, res, H);
   __syncthreads();  // load_row's threads write other elements than add_and_norm's read (racecheck)
-  const LayerPtrs* layers = reinterpret_cast<const LayerPtrs*>(table);
   AttnArgs a;
   a.eps = eps;
   a.cs = cos_sin + (i64)max(0, min(pos, max_pos - 1)) * D;
@@ -622,41 +663,34 @@ extern "C" __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers(
   a.head_cnt = sync + DL_HEADS;
   a.qkv = qkv;
   int b = 0;  // grid barriers passed: 5 a layer, the first layer's first one not needed
+  int j = 0;  // the next tile of the weight ring
   auto barrier = [&]() { grid_sync(sync, b++, prof); };
   for (int layer = 0; layer < n_layers; ++layer) {
     const LayerPtrs lp = layers[layer];
     // 1. residual (+ the previous down output), attention norm, qkv
-    prefetch_rows(lp.o, slice_begin(H), slice_end(H), QS);
-    gemv_stage<false>(lp.qkv, xs, QS + 2 * KVS, H, lp.qkv_bias, qkv, red, stg, [&] {
+    gemv_stage(ring, 0, j, xs, xh, lp.qkv_bias, qkv, red, [&] {
       if (layer > 0) barrier();
       add_and_norm(res, layer > 0 ? hidden : nullptr, lp.attn_norm, eps, H, xs, scratch);
     });
     // 2. attention
-    prefetch_rows(lp.gate_up, slice_begin(F), slice_end(F), H);
-    prefetch_rows(lp.gate_up, F + slice_begin(F), F + slice_end(F), H);
     a.q_norm = lp.q_norm;
     a.k_norm = lp.k_norm;
     a.kc = k_cache + layer * layer_stride;
     a.vc = v_cache + layer * layer_stride;
     attention_stage(a, xs, barrier);
     // 3. o projection
-    prefetch_rows(lp.down, slice_begin(H), slice_end(H), F);
-    gemv_stage<false>(lp.o, xs, H, QS, nullptr, hidden, red, stg, [&] {
+    gemv_stage(ring, 1, j, xs, xh, nullptr, hidden, red, [&] {
       barrier();
       load_row(attn, xs, QS);
       __syncthreads();
     });
     // 4. residual += o output, MLP norm, gate_up with SiLU-and-multiply
-    if (layer + 1 < n_layers) {
-      const int n = QS + 2 * KVS;
-      prefetch_rows(layers[layer + 1].qkv, slice_begin(n), slice_end(n), H);
-    }
-    gemv_stage<true>(lp.gate_up, xs, F, H, nullptr, act, red, stg, [&] {
+    gemv_stage(ring, 2, j, xs, xh, nullptr, act, red, [&] {
       barrier();
       add_and_norm(res, hidden, lp.mlp_norm, eps, H, xs, scratch);
     });
     // 5. down (complete for the next layer after its first barrier, or when the kernel ends)
-    gemv_stage<false>(lp.down, xs, H, F, nullptr, hidden, red, stg, [&] {
+    gemv_stage(ring, 3, j, xs, xh, nullptr, hidden, red, [&] {
       barrier();
       load_row(act, xs, F);
       __syncthreads();

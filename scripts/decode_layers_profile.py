@@ -1,16 +1,17 @@
 """Where the one-kernel decoder's time goes (cuda/decode_layers.cu), from its barrier timestamps.
 
-    PYTHONPATH=. python scripts/decode_layers_profile.py MODEL [--ctx 512] [--variant DL_PF_MAX=0 ...]
+    PYTHONPATH=. python scripts/decode_layers_profile.py MODEL [--ctx 512] [--variant slots=4 ...]
 
 Decodes a few tokens of one `ctx`-token request, then launches the kernel alone on that step's
 inputs (it rewrites the same K/V row) with the profile buffer on: every CTA's thread 0 records
 %globaltimer when its CTA arrives at each grid barrier and when it is released. Per stage (median
-over layers; a stage's time includes issuing the next stage's first weight loads):
+over layers):
   - stage: the critical path, last CTA's arrival minus the previous barrier's last release;
   - skew: last arrival minus the median arrival (load imbalance or a slow SM);
   - barrier: last release minus last arrival (the cost of the barrier itself).
 Kernel time (CUDA events, median of 20 launches) for the default build and each --variant
-(compile-time defines of the kernel, e.g. DL_PF_MAX=0 turns the L2 prefetch off).
+(compile-time defines of the kernel, e.g. DL_ATT_PRE=1, or slots=N: the weight ring in N slots
+sharing the same shared memory).
 """
 
 from __future__ import annotations
@@ -69,8 +70,16 @@ def main() -> None:
     cfg = model.cfg
     print(f"{a.model}: {L} layers, hidden {cfg.hidden_size}, ctx {a.ctx}, {be.num_sms} CTAs x 512 threads, "
           f"{plan.smem // 1024} KiB shared memory")
+    from minillm.backends.cuda_ops import _dl_ring_shape
+
+    default_ring = plan.n_slots, plan.slot_bytes
+    ring_free = plan.n_slots * plan.slot_bytes + 1023  # what the default ring may use
+    max_k = max(cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.intermediate_size)
     for variant in [""] + a.variant:
-        defines = tuple(x for x in variant.split(",") if x)
+        parts = [x for x in variant.split(",") if x]
+        slots = [int(x.split("=")[1]) for x in parts if x.startswith("slots=")]
+        defines = tuple(x for x in parts if not x.startswith("slots="))
+        plan.n_slots, plan.slot_bytes = _dl_ring_shape(ring_free, max_k, slots[0]) if slots else default_ring
         if defines:
             D, G = cfg.head_dim, cfg.num_heads // cfg.num_kv_heads
             kern = kc.get_kernel("decode_layers", "decode_layers", be.debug,

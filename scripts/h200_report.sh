@@ -23,7 +23,8 @@
 #                                       the new kernels' tests)
 #   part12-part14: session 3 (tests, GEMV variants, decode with PDL on/off, throughput profile,
 #                  spec cost; failure matrix and memcheck; racecheck/synccheck/initcheck)
-#   part22-part27: session 5 (see each function); part28: prepared for session 6's first call.
+#   part22-part27: session 5 (see each function); part28: prepared for session 6's first call;
+#   part29-: session 6.
 #   part15-part21: session 4 (ncu kernel split of a decode step; decode-attention split sweeps and
 #                  variants; async scheduling; final failure matrix, memcheck, synccheck/initcheck;
 #                  spec cost; skinny GEMM bench and racecheck). part21 is the one-call rerun.
@@ -510,6 +511,21 @@ part28() {  # prepared for session 6's first call (not yet run): the whole repor
     python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_decode_layers.py \
     -k "test_one_kernel_matches_op_by_op and 40-16 and qwen3-d128-g2"
   engine_report
+}
+
+part29() {  # session 6, call 1: the one-kernel decoder with its weight ring (TMA bulk copies into
+  # shared-memory slots, refilled across stages and layers): its tests, profiles, decode with it
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage decode_layers_tests 180 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -x tests/test_decode_layers.py
+  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  stage profile_06b 100 python3 scripts/decode_layers_profile.py $M/q06 --variant slots=4 --variant slots=6
+  stage profile_8b 100 python3 scripts/decode_layers_profile.py $M/q8 --variant slots=3
+  stage decode_06b_fused 60 env MINILLM_FUSED_DECODE=1 python3 -m minillm.bench decode $M/q06 --device cuda \
+    --input-len 512 --output-len 256 --result-json "$W/decode_06b_fused.json"
+  stage decode_8b_fused 70 env MINILLM_FUSED_DECODE=1 python3 -m minillm.bench decode $M/q8 --device cuda \
+    --input-len 512 --output-len 128 --result-json "$W/decode_8b_fused.json"
 }
 
 sanitize_server_all() {  # the server reproducer (c = 8, 4096, DFlash k = 8) under all four

@@ -54,7 +54,8 @@ _PF_ROWS, _PF_BK = 64, 64  # cuda/prefill_attention.cu: query rows per CTA, keys
 # cuda/decode_layers.cu: threads (warps) per CTA, GEMV partial sums a CTA holds, most splits of a
 # KV head, most query heads per KV head the host compiles it for
 _DL_THREADS, _DL_WARPS, _DL_RED, _DL_MAX_S, _DL_MAX_G = 512, 16, 2048, 32, 8
-_DL_PRE_SLOTS = 4  # DL_PRE_SLOTS: 16-byte weight chunks a lane stages before a GEMV stage's barrier
+# its weight ring: at most this many slots (DL_MAX_SLOTS), each at least this many bytes
+_DL_MAX_SLOTS, _DL_MIN_SLOT = 8, 16384
 _DL_SYNC_HEADS = 96  # DL_HEADS: where the per-KV-head merge counters start in its sync buffer
 
 
@@ -67,6 +68,8 @@ class _CudaDecoderPlan:
     name: str
     smem: int
     xs_len: int  # floats of the kernel's activation / attention scratch in shared memory
+    n_slots: int  # the weight ring: slots of slot_bytes each
+    slot_bytes: int
     cos_sin: object
     scale: float
     layers: list  # keeps the weights the table points to alive
@@ -182,6 +185,23 @@ def _i64(x) -> np.int64:
 
 
 _NULL = np.uint64(0)
+
+
+def _dl_ring_shape(free: int, max_k: int, n_slots: int | None = None) -> tuple[int, int]:
+    """cuda/decode_layers.cu's weight ring in `free` bytes of shared memory: (slots, bytes a slot),
+    as many slots as fit (at most 8) with each holding a whole row of the widest matrix."""
+    least = max(_DL_MIN_SLOT, _cdiv(2 * max_k, 1024) * 1024)
+    n = min(_DL_MAX_SLOTS, free // least) if n_slots is None else n_slots
+    return n, (free // max(n, 1)) // 1024 * 1024
+
+
+def _dl_stage_red(rows: int, K: int, gated: bool, slot_bytes: int) -> int:
+    """Partial sums one CTA of cuda/decode_layers.cu keeps for a GEMV stage of `rows` output rows
+    (its stage_plan(): rows a ring slot holds, the K split that fills the warps)."""
+    P = rows * (2 if gated else 1)
+    rt = max(1, min(P, slot_bytes // (2 * K)))
+    ks = max(1, min(_DL_WARPS // ((rt + 1) // 2), K // 8))
+    return P * ks
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -701,14 +721,22 @@ class CudaBackend:
                 or D not in (64, 128) or NQ % NKV or NQ // NKV > _DL_MAX_G or H % 8 or F % 8):
             return None
         G, QS, KVS = NQ // NKV, NQ * D, NKV * D
-        if max(_cdiv(n, self.num_sms) for n in (QS + 2 * KVS, H, F)) > _DL_RED // 2:
-            return None
         att = G * D + 2 * D + 2 * _DL_WARPS * G + _DL_WARPS * G * D  # attention_stage's shared scratch
         xs_len = max(H, QS, F, att)
-        need = 4 * (_cdiv(H, 4) * 4 + _DL_RED + _cdiv(xs_len, 4) * 4) + _DL_WARPS * _DL_PRE_SLOTS * 32 * 16
+        # the layout at the top of decode_layers(): weight pointers, residual, partial sums, x (fp32
+        # and bf16), then the ring at a 128-byte boundary
+        fixed = 32 * len(layers) + 4 * (_cdiv(H, 4) * 4 + _DL_RED + _cdiv(xs_len, 4) * 4) + 2 * _cdiv(xs_len, 8) * 8
+        fixed = _cdiv(fixed, 128) * 128 + 128  # + the dynamic buffer's own alignment slack
+        n_slots, slot_bytes = _dl_ring_shape(self.max_smem - fixed, max(H, QS, F))
+        stages = ((QS + 2 * KVS, H, False), (H, QS, False), (F, H, True), (H, F, False))  # qkv, o, gate_up, down
+        if n_slots < 2 or any(_dl_stage_red(_cdiv(n, self.num_sms), k, g, slot_bytes) > _DL_RED for n, k, g in stages):
+            return None
+        ptrs = [a.data.ptr for lw in layers for a in (lw.qkv, lw.o, lw.gate_up, lw.down)]
+        if any(p % 16 for p in ptrs):  # the TMA copies need 16-byte aligned rows
+            return None
         # more than half an SM's shared memory: one CTA per SM, so every CTA is resident at once
         per_sm = int(self.props.get("sharedMemPerMultiprocessor", 0) or 0)
-        smem = max(need, per_sm // 2 + 1024)
+        smem = max(fixed + n_slots * slot_bytes, per_sm // 2 + 1024)
         if smem > self.max_smem:
             return None
         name = f"decode_layers_d{D}_g{G}"
@@ -724,7 +752,8 @@ class CudaBackend:
                          dtype=np.uint64)
         with self.arena.label("decode_layers: layer table + scratch"), self.stream:
             plan = _CudaDecoderPlan(
-                cfg=cfg, name=name, smem=smem, xs_len=xs_len, cos_sin=cos_sin, scale=scale, layers=layers,
+                cfg=cfg, name=name, smem=smem, xs_len=xs_len, n_slots=n_slots, slot_bytes=slot_bytes,
+                cos_sin=cos_sin, scale=scale, layers=layers,
                 table=cp.asarray(table), qkv=cp.empty(QS + 2 * KVS, dtype=self.dtype),
                 attn=cp.empty(QS, dtype=self.dtype), act=cp.empty(F, dtype=self.dtype),
                 part=cp.empty(NKV * _DL_MAX_S * G * (D + 2), dtype=np.float32),
@@ -754,7 +783,8 @@ class CudaBackend:
                       block_tables, _i32(block_tables.shape[-1]), seq_lens, plan.cos_sin,
                       _i32(plan.cos_sin.shape[0]), _i32(c.hidden_size), _i32(c.num_heads), _i32(KH),
                       _i32(c.intermediate_size), _i32(bs), np.float32(c.rms_norm_eps),
-                      np.float32(plan.scale * math.log2(math.e)), _i32(plan.xs_len),
+                      np.float32(plan.scale * math.log2(math.e)), _i32(plan.xs_len), _i32(plan.n_slots),
+                      _i32(plan.slot_bytes),
                       plan.prof if plan.prof is not None else _NULL),
                      shared_mem=plan.smem)
 
