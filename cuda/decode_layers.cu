@@ -219,35 +219,74 @@ struct Ring {
   const bf16* const* w;   // [n_layers][4] the matrices (shared memory)
 };
 
-// Thread 0: copy tile j (in consumption order over the whole launch) into slot j % n.
+#ifndef DL_RING_CPASYNC
+#define DL_RING_CPASYNC 0  // 1: every thread copies 16-byte pieces of a tile with cp.async instead
+#endif
+
+// Tile j (in consumption order over the whole launch) into slot j % n: thread 0 issues TMA bulk
+// copies (one per run of rows; every thread calls this, the others return), or, with
+// DL_RING_CPASYNC, every thread copies its 16-byte pieces and commits one cp.async group (empty
+// past the last tile, so the group count stays one a tile).
 __device__ void ring_issue(const Ring& g, int j) {
-  if (j >= g.total) return;
-  const int layer = j / g.per_layer;
-  int t = j % g.per_layer, s = 0;
-  while (t >= g.plan[s].tiles) t -= g.plan[s++].tiles;
-  const StagePlan& p = g.plan[s];
-  const int a = t * p.rt, b = min(p.P, a + p.rt);
-  const unsigned row_bytes = 2u * p.K, bar = g.bars + 8u * (j % g.n);
-  const bf16* W = g.w[layer * 4 + s];
-  mbar_expect_tx(bar, (unsigned)(b - a) * row_bytes);
-  unsigned dst = g.slots + (unsigned)(j % g.n) * g.slot_bytes;
-  for (int i = a; i < b;) {  // at most two runs: the gate rows, then the up rows
-    const int end = i < p.rows ? min(b, p.rows) : b;
-    const int row = i < p.rows ? p.r0 + i : p.N + p.r0 + (i - p.rows);
-    bulk_copy(dst, W + (i64)row * p.K, (unsigned)(end - i) * row_bytes, bar);
-    dst += (unsigned)(end - i) * row_bytes;
-    i = end;
+  if (j < g.total && (DL_RING_CPASYNC || threadIdx.x == 0)) {
+    const int layer = j / g.per_layer;
+    int t = j % g.per_layer, s = 0;
+    while (t >= g.plan[s].tiles) t -= g.plan[s++].tiles;
+    const StagePlan& p = g.plan[s];
+    const int a = t * p.rt, b = min(p.P, a + p.rt);
+    const bf16* W = g.w[layer * 4 + s];
+    unsigned dst = g.slots + (unsigned)(j % g.n) * g.slot_bytes;
+#if DL_RING_CPASYNC
+    const int chunks = p.K / 8;
+    for (int q = threadIdx.x; q < (b - a) * chunks; q += DL_THREADS) {
+      const int i = a + q / chunks;
+      const int row = i < p.rows ? p.r0 + i : p.N + p.r0 + (i - p.rows);
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + 16u * q),
+                   "l"(W + (i64)row * p.K + (q % chunks) * 8));
+    }
+#else
+    const unsigned row_bytes = 2u * p.K, bar = g.bars + 8u * (j % g.n);
+    mbar_expect_tx(bar, (unsigned)(b - a) * row_bytes);
+    for (int i = a; i < b;) {  // at most two runs: the gate rows, then the up rows
+      const int end = i < p.rows ? min(b, p.rows) : b;
+      const int row = i < p.rows ? p.r0 + i : p.N + p.r0 + (i - p.rows);
+      bulk_copy(dst, W + (i64)row * p.K, (unsigned)(end - i) * row_bytes, bar);
+      dst += (unsigned)(end - i) * row_bytes;
+      i = end;
+    }
+#endif
   }
+#if DL_RING_CPASYNC
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
 }
 
 // Every thread, once: the slots' barriers, then the first n tiles on their way.
 __device__ void ring_start(const Ring& g) {
-  if (threadIdx.x == 0) {
+  if (!DL_RING_CPASYNC && threadIdx.x == 0) {
     for (int i = 0; i < g.n; ++i) mbar_init(g.bars + 8u * i, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    for (int j = 0; j < g.n; ++j) ring_issue(g, j);
+  }
+  for (int j = 0; j < g.n; ++j) ring_issue(g, j);
+  __syncthreads();
+}
+
+// Every thread: until tile j has landed in its slot.
+__device__ __forceinline__ void ring_wait(const Ring& g, int j) {
+#if DL_RING_CPASYNC
+  switch (g.n - 1) {  // tiles j + 1 .. j + n - 1 may still be in flight
+#define DL_WAIT_CASE(k) \
+  case k:               \
+    asm volatile("cp.async.wait_group " #k ";" ::: "memory"); \
+    break;
+    DL_WAIT_CASE(0) DL_WAIT_CASE(1) DL_WAIT_CASE(2) DL_WAIT_CASE(3) DL_WAIT_CASE(4) DL_WAIT_CASE(5)
+    DL_WAIT_CASE(6) DL_WAIT_CASE(7)
+#undef DL_WAIT_CASE
   }
   __syncthreads();
+#else
+  mbar_wait(g.bars + 8u * (j % g.n), (unsigned)(j / g.n) & 1u);
+#endif
 }
 
 // Stage `s` of a layer: out[n] = x . W[n] (+ bias[n]) for this CTA's rows n; gated: out[n] =
@@ -258,7 +297,7 @@ __device__ void ring_start(const Ring& g) {
 // in a fixed order, so results do not depend on timing. j: the next tile to consume.
 template <typename Pre>
 __device__ void gemv_stage(const Ring& g, int s, int& j, float* xs, bf16* xh, const bf16* __restrict__ bias,
-                           bf16* out, float* red, Pre pre) {
+                           bf16* out, float* red, u64* waited, Pre pre) {
   const StagePlan p = g.plan[s];
   pre();
   if (p.tiles == 0) return;  // the whole CTA: no rows here
@@ -272,7 +311,9 @@ __device__ void gemv_stage(const Ring& g, int s, int& j, float* xs, bf16* xh, co
   __syncthreads();
   const uint4* xv = reinterpret_cast<const uint4*>(xh);
   for (int t = 0; t < p.tiles; ++t, ++j) {
-    mbar_wait(g.bars + 8u * (j % g.n), (unsigned)(j / g.n) & 1u);
+    const u64 t0 = waited ? global_ns() : 0;
+    ring_wait(g, j);
+    if (waited && threadIdx.x == 0) waited[s] += global_ns() - t0;
     const uint4* tile = reinterpret_cast<const uint4*>(g.mem + (size_t)(j % g.n) * g.slot_bytes);
     const int a = t * p.rt, nr = min(p.P, a + p.rt) - a, units = (nr + 1) / 2 * p.ks;
     for (int u = warp; u < units; u += DL_WARPS) {
@@ -300,7 +341,7 @@ __device__ void gemv_stage(const Ring& g, int s, int& j, float* xs, bf16* xh, co
       }
     }
     __syncthreads();  // the slot is read: refill it with the tile n ahead
-    if (threadIdx.x == 0) ring_issue(g, j + g.n);
+    ring_issue(g, j + g.n);
   }
   for (int i = threadIdx.x; i < p.rows; i += DL_THREADS) {
     float a = 0.f, b = 0.f;
@@ -591,7 +632,8 @@ __device__ void attention_stage(const AttnArgs& a, float* sm, Pre pre) {
 // table: [n_layers, 9] LayerPtrs; k_cache / v_cache: layer 0 of [layers, blocks, block_size, NKV,
 // D], layer_stride elements apart. sync: [96 + NKV] zeros on first use, left zero after each run.
 // prof: null, or [5 * n_layers - 1][gridDim.x][2] u64 for grid_sync's timestamps (barrier b ends
-// stage b % 5 of qkv, attention, o, gate_up, down; the profile script reads them).
+// stage b % 5 of qkv, attention, o, gate_up, down; the profile script reads them), then
+// [gridDim.x][4] ns thread 0 waited for weight tiles in the qkv, o, gate_up and down stages.
 extern "C" __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers(
     const u64* __restrict__ table, int n_layers, bf16* residual, bf16* hidden, bf16* qkv, bf16* attn,
     bf16* act, float* part, unsigned* sync, bf16* k_cache, bf16* v_cache, i64 layer_stride,
@@ -664,11 +706,14 @@ extern "C" __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers(
   a.qkv = qkv;
   int b = 0;  // grid barriers passed: 5 a layer, the first layer's first one not needed
   int j = 0;  // the next tile of the weight ring
+  u64* waited = prof ? prof + (i64)(5 * n_layers - 1) * gridDim.x * 2 + 4 * blockIdx.x : nullptr;
+  if (waited && threadIdx.x == 0)
+    for (int s = 0; s < 4; ++s) waited[s] = 0;
   auto barrier = [&]() { grid_sync(sync, b++, prof); };
   for (int layer = 0; layer < n_layers; ++layer) {
     const LayerPtrs lp = layers[layer];
     // 1. residual (+ the previous down output), attention norm, qkv
-    gemv_stage(ring, 0, j, xs, xh, lp.qkv_bias, qkv, red, [&] {
+    gemv_stage(ring, 0, j, xs, xh, lp.qkv_bias, qkv, red, waited, [&] {
       if (layer > 0) barrier();
       add_and_norm(res, layer > 0 ? hidden : nullptr, lp.attn_norm, eps, H, xs, scratch);
     });
@@ -679,18 +724,18 @@ extern "C" __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers(
     a.vc = v_cache + layer * layer_stride;
     attention_stage(a, xs, barrier);
     // 3. o projection
-    gemv_stage(ring, 1, j, xs, xh, nullptr, hidden, red, [&] {
+    gemv_stage(ring, 1, j, xs, xh, nullptr, hidden, red, waited, [&] {
       barrier();
       load_row(attn, xs, QS);
       __syncthreads();
     });
     // 4. residual += o output, MLP norm, gate_up with SiLU-and-multiply
-    gemv_stage(ring, 2, j, xs, xh, nullptr, act, red, [&] {
+    gemv_stage(ring, 2, j, xs, xh, nullptr, act, red, waited, [&] {
       barrier();
       add_and_norm(res, hidden, lp.mlp_norm, eps, H, xs, scratch);
     });
     // 5. down (complete for the next layer after its first barrier, or when the kernel ends)
-    gemv_stage(ring, 3, j, xs, xh, nullptr, hidden, red, [&] {
+    gemv_stage(ring, 3, j, xs, xh, nullptr, hidden, red, waited, [&] {
       barrier();
       load_row(act, xs, F);
       __syncthreads();

@@ -8,7 +8,8 @@ inputs (it rewrites the same K/V row) with the profile buffer on: every CTA's th
 over layers):
   - stage: the critical path, last CTA's arrival minus the previous barrier's last release;
   - skew: last arrival minus the median arrival (load imbalance or a slow SM);
-  - barrier: last release minus last arrival (the cost of the barrier itself).
+  - barrier: last release minus last arrival (the cost of the barrier itself);
+  - ring wait: how long thread 0 waited for the stage's weight tiles to land (median CTA).
 Kernel time (CUDA events, median of 20 launches) for the default build and each --variant
 (compile-time defines of the kernel, e.g. DL_ATT_PRE=1, or slots=N: the weight ring in N slots
 sharing the same shared memory).
@@ -59,7 +60,7 @@ def main() -> None:
     L = len(model.layers)
     be.arena.unseal()  # a diagnostic buffer the engine does not plan for
     nb = 5 * L - 1  # barriers a launch: barrier b ends stage b % 5 (the first layer needs no 0th)
-    plan.prof = cp.zeros((nb, be.num_sms, 2), dtype=np.uint64)
+    plan.prof = cp.zeros(nb * be.num_sms * 2 + be.num_sms * 4, dtype=np.uint64)
     be.arena.seal()
     default_kernel = be.k[plan.name]
 
@@ -97,7 +98,9 @@ def main() -> None:
             e.synchronize()
             if i >= 3:
                 times.append(cp.cuda.get_elapsed_time(s, e) * 1e3)
-        t = be.to_host(plan.prof).astype(np.int64)  # the last launch's timestamps
+        raw = be.to_host(plan.prof).astype(np.int64)  # the last launch's timestamps, then ring waits
+        t = raw[:nb * be.num_sms * 2].reshape(nb, be.num_sms, 2)
+        waited = raw[nb * be.num_sms * 2:].reshape(be.num_sms, 4) / 1e3 / L  # us a layer, per CTA
         arrive, release = t[:, :, 0], t[:, :, 1]
         last_arrive, last_release = arrive.max(1), release.max(1)
         b = np.arange(1, nb)  # stage b: from barrier b - 1's last release to barrier b's last arrival
@@ -110,10 +113,12 @@ def main() -> None:
         total = (last_release[-1] - arrive.min()) / 1e3
         print(f"\n[{variant or 'default'}] kernel {np.median(times):.1f} us (events, median of 20); "
               f"first arrival to last release {total:.1f} us, {total / L:.2f} us a layer")
-        print(f"{'stage':14s} {'stage us':>9s} {'skew us':>8s} {'barrier us':>11s}")
+        wait = [np.median(waited[:, k]) for k in range(4)]  # qkv, o, gate_up, down
+        wait = [wait[0], 0.0, *wait[1:]]
+        print(f"{'stage':14s} {'stage us':>9s} {'skew us':>8s} {'barrier us':>11s} {'ring wait us':>13s}")
         for j, name in enumerate(STAGES):
-            print(f"{name:14s} {stage[j]:9.2f} {skew[j]:8.2f} {barrier[j]:11.2f}")
-        print(f"{'sum':14s} {sum(stage):9.2f} {sum(skew):8.2f} {sum(barrier):11.2f}")
+            print(f"{name:14s} {stage[j]:9.2f} {skew[j]:8.2f} {barrier[j]:11.2f} {wait[j]:13.2f}")
+        print(f"{'sum':14s} {sum(stage):9.2f} {sum(skew):8.2f} {sum(barrier):11.2f} {sum(wait):13.2f}")
         j = int(np.argmax(skew))  # the most skewed stage: which CTAs arrive late
         late = (arrive - np.median(arrive, 1, keepdims=True))[np.arange(nb) % 5 == j] / 1e3
         worst = np.argsort(-np.median(late, 0))[:8]

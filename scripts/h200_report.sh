@@ -513,6 +513,19 @@ part28() {  # prepared for session 6's first call (not yet run): the whole repor
   engine_report
 }
 
+part30() {  # session 6, call 2: the ring's two copy engines (TMA bulk copies by thread 0, or cp.async
+  # by every thread) and slot shapes, with the time each stage waits on the ring
+  setup
+  stage decode_layers_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -x tests/test_decode_layers.py \
+    -k "qwen3-d128-g2 or llama or graph"
+  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  stage profile_06b 100 python3 scripts/decode_layers_profile.py $M/q06 --variant slots=4 --variant DL_RING_CPASYNC=1 \
+    --variant DL_RING_CPASYNC=1,slots=4 --variant slots=2
+  stage profile_8b 100 python3 scripts/decode_layers_profile.py $M/q8 --variant slots=3 --variant DL_RING_CPASYNC=1 \
+    --variant DL_RING_CPASYNC=1,slots=3
+}
+
 part29() {  # session 6, call 1: the one-kernel decoder with its weight ring (TMA bulk copies into
   # shared-memory slots, refilled across stages and layers): its tests, profiles, decode with it
   setup
