@@ -513,6 +513,12 @@ part28() {  # prepared for session 6's first call (not yet run): the whole repor
   engine_report
 }
 
+part31() {  # session 6, call 3: how fast one CTA per SM streams through a shared-memory ring (no GEMV
+  # work), by copy engine and slot shape
+  setup
+  stage ring_bench 120 python3 scripts/ring_bench.py
+}
+
 part30() {  # session 6, call 2: the ring's two copy engines (TMA bulk copies by thread 0, or cp.async
   # by every thread) and slot shapes, with the time each stage waits on the ring
   setup
