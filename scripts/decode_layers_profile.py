@@ -11,8 +11,8 @@ over layers):
   - barrier: last release minus last arrival (the cost of the barrier itself);
   - ring wait: how long thread 0 waited for the stage's weight tiles to land (median CTA).
 Kernel time (CUDA events, median of 20 launches) for the default build and each --variant
-(compile-time defines of the kernel, e.g. DL_ATT_PRE=1, or slots=N: the weight ring in N slots
-sharing the same shared memory).
+(compile-time defines of the kernel, e.g. DL_ATT_PRE=1; slots=N: the weight ring in N slots sharing
+the same shared memory; ringkb=K: a ring of K KiB, leaving the rest of the SM to the L1 cache).
 """
 
 from __future__ import annotations
@@ -73,14 +73,21 @@ def main() -> None:
           f"{plan.smem // 1024} KiB shared memory")
     from minillm.backends.cuda_ops import _dl_ring_shape
 
-    default_ring = plan.n_slots, plan.slot_bytes
+    default_ring, default_smem = (plan.n_slots, plan.slot_bytes), plan.smem
+    per_sm = int(be.props.get("sharedMemPerMultiprocessor", 0) or 0)
     ring_free = plan.n_slots * plan.slot_bytes + 1023  # what the default ring may use
     max_k = max(cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.intermediate_size)
     for variant in [""] + a.variant:
         parts = [x for x in variant.split(",") if x]
-        slots = [int(x.split("=")[1]) for x in parts if x.startswith("slots=")]
-        defines = tuple(x for x in parts if not x.startswith("slots="))
-        plan.n_slots, plan.slot_bytes = _dl_ring_shape(ring_free, max_k, slots[0]) if slots else default_ring
+        knobs = {x.split("=")[0]: int(x.split("=")[1]) for x in parts if x.split("=")[0] in ("slots", "ringkb")}
+        defines = tuple(x for x in parts if x.split("=")[0] not in knobs)
+        free = knobs["ringkb"] * 1024 if "ringkb" in knobs else ring_free
+        plan.n_slots, plan.slot_bytes = (_dl_ring_shape(free, max_k, knobs.get("slots"))
+                                         if knobs else default_ring)
+        # a smaller ring leaves more of the SM's 256 KiB to the L1 cache (at least half stays shared
+        # memory, so one CTA an SM)
+        plan.smem = max(default_smem - default_ring[0] * default_ring[1] + plan.n_slots * plan.slot_bytes,
+                        per_sm // 2 + 1024)
         if defines:
             D, G = cfg.head_dim, cfg.num_heads // cfg.num_kv_heads
             kern = kc.get_kernel("decode_layers", "decode_layers", be.debug,

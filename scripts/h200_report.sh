@@ -513,6 +513,19 @@ part28() {  # prepared for session 6's first call (not yet run): the whole repor
   engine_report
 }
 
+part32() {  # session 6, call 4: is the decoder's GEMV slow because a 224 KiB ring leaves the L1 cache
+  # ~28 KiB (spills, the norm weights, the tables)? Smaller rings, and the kernel's SASS
+  setup
+  stage sass 60 bash -c "nvcc -arch=sm_90a -std=c++17 -cubin -DDL_D=128 -DDL_G=2 -Icuda -o $W/dl.cubin \
+    cuda/decode_layers.cu -Xptxas -v && cuobjdump -sass $W/dl.cubin > $W/dl.sass; grep -c LDL $W/dl.sass"
+  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  stage profile_06b 100 python3 scripts/decode_layers_profile.py $M/q06 --variant slots=2 --variant ringkb=64,slots=2 \
+    --variant ringkb=96,slots=2 --variant ringkb=96,slots=4
+  stage profile_8b 100 python3 scripts/decode_layers_profile.py $M/q8 --variant slots=3 --variant ringkb=64,slots=2 \
+    --variant ringkb=96,slots=3
+}
+
 part31() {  # session 6, call 3: how fast one CTA per SM streams through a shared-memory ring (no GEMV
   # work), by copy engine and slot shape
   setup
