@@ -295,11 +295,36 @@ __device__ __forceinline__ void ring_wait(const Ring& g, int j) {
 // rows over one of ks parts of K per unit; x is read from a bf16 copy (its values are bf16
 // already), so a lane's 16-byte load of x serves 16 products. Partial sums go to red[] and are added
 // in a fixed order, so results do not depend on timing. j: the next tile to consume.
+__device__ __forceinline__ uint4 lds128(unsigned addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+
+// Profile phases of a GEMV stage (thread 0's clock, summed over layers in shared memory):
+#define DL_PH_PRE 0   // pre(): the barrier and the load of x
+#define DL_PH_X 1     // x to bf16
+#define DL_PH_WAIT 2  // waiting for tiles to land
+#define DL_PH_TILES 3  // the tiles, waits included
+#define DL_PH_OUT 4   // the epilogue
+#define DL_PHASES 5
+
 template <typename Pre>
 __device__ void gemv_stage(const Ring& g, int s, int& j, float* xs, bf16* xh, const bf16* __restrict__ bias,
-                           bf16* out, float* red, u64* waited, Pre pre) {
+                           bf16* out, float* red, u64* clock, Pre pre) {
   const StagePlan p = g.plan[s];
+  const bool timed = clock && threadIdx.x == 0;
+  u64* ph = clock + s * DL_PHASES;
+  u64 t = timed ? global_ns() : 0;
+  auto lap = [&](int k) {
+    if (timed) {
+      const u64 now = global_ns();
+      ph[k] += now - t;
+      t = now;
+    }
+  };
   pre();
+  lap(DL_PH_PRE);
   if (p.tiles == 0) return;  // the whole CTA: no rows here
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, chunks = p.K / 8;
   for (int i = threadIdx.x; i < chunks; i += DL_THREADS) {
@@ -309,24 +334,26 @@ __device__ void gemv_stage(const Ring& g, int s, int& j, float* xs, bf16* xh, co
     reinterpret_cast<uint4*>(xh)[i] = minillm::pack_bf16x8(f);
   }
   __syncthreads();
-  const uint4* xv = reinterpret_cast<const uint4*>(xh);
-  for (int t = 0; t < p.tiles; ++t, ++j) {
-    const u64 t0 = waited ? global_ns() : 0;
+  lap(DL_PH_X);
+  const unsigned xsa = smem_addr(xh);
+  for (int tt = 0; tt < p.tiles; ++tt, ++j) {
+    const u64 w0 = timed ? global_ns() : 0;
     ring_wait(g, j);
-    if (waited && threadIdx.x == 0) waited[s] += global_ns() - t0;
-    const uint4* tile = reinterpret_cast<const uint4*>(g.mem + (size_t)(j % g.n) * g.slot_bytes);
-    const int a = t * p.rt, nr = min(p.P, a + p.rt) - a, units = (nr + 1) / 2 * p.ks;
+    if (timed) ph[DL_PH_WAIT] += global_ns() - w0;
+    const unsigned tile = g.slots + (unsigned)(j % g.n) * g.slot_bytes;
+    const int a = tt * p.rt, nr = min(p.P, a + p.rt) - a, units = (nr + 1) / 2 * p.ks;
     for (int u = warp; u < units; u += DL_WARPS) {
       const int pr = u / p.ks, part = u % p.ks;
       const int ra = 2 * pr, rb = min(ra + 1, nr - 1);  // a missing second row re-reads the first
       const int c0 = (int)((i64)part * chunks / p.ks), c1 = (int)((i64)(part + 1) * chunks / p.ks);
+      const unsigned wa_sa = tile + 16u * (ra * chunks), wb_sa = tile + 16u * (rb * chunks);
       float acc0 = 0.f, acc1 = 0.f;
 #pragma unroll 2
       for (int c = c0 + lane; c < c1; c += 32) {
         float xf[8], wa[8], wb[8];
-        minillm::unpack_bf16x8(xv[c], xf);
-        minillm::unpack_bf16x8(tile[ra * chunks + c], wa);
-        minillm::unpack_bf16x8(tile[rb * chunks + c], wb);
+        minillm::unpack_bf16x8(lds128(xsa + 16u * c), xf);
+        minillm::unpack_bf16x8(lds128(wa_sa + 16u * c), wa);
+        minillm::unpack_bf16x8(lds128(wb_sa + 16u * c), wb);
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
           acc0 = fmaf(xf[k], wa[k], acc0);
@@ -343,6 +370,7 @@ __device__ void gemv_stage(const Ring& g, int s, int& j, float* xs, bf16* xh, co
     __syncthreads();  // the slot is read: refill it with the tile n ahead
     ring_issue(g, j + g.n);
   }
+  lap(DL_PH_TILES);
   for (int i = threadIdx.x; i < p.rows; i += DL_THREADS) {
     float a = 0.f, b = 0.f;
     for (int k = 0; k < p.ks; ++k) {
@@ -352,6 +380,7 @@ __device__ void gemv_stage(const Ring& g, int s, int& j, float* xs, bf16* xh, co
     const float y = p.gated ? a / (1.0f + expf(-a)) * b : a + (bias ? minillm::to_f(bias[p.r0 + i]) : 0.f);
     out[p.r0 + i] = minillm::from_f<bf16>(y);
   }
+  lap(DL_PH_OUT);
 }
 
 // residual += add (unless null), rounded to bf16; xs = bf16(residual * rstd * w).
@@ -633,7 +662,7 @@ __device__ void attention_stage(const AttnArgs& a, float* sm, Pre pre) {
 // D], layer_stride elements apart. sync: [96 + NKV] zeros on first use, left zero after each run.
 // prof: null, or [5 * n_layers - 1][gridDim.x][2] u64 for grid_sync's timestamps (barrier b ends
 // stage b % 5 of qkv, attention, o, gate_up, down; the profile script reads them), then
-// [gridDim.x][4] ns thread 0 waited for weight tiles in the qkv, o, gate_up and down stages.
+// [gridDim.x][4][DL_PHASES] ns thread 0 spent in the phases of the qkv, o, gate_up and down stages.
 extern "C" __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers(
     const u64* __restrict__ table, int n_layers, bf16* residual, bf16* hidden, bf16* qkv, bf16* attn,
     bf16* act, float* part, unsigned* sync, bf16* k_cache, bf16* v_cache, i64 layer_stride,
@@ -706,14 +735,15 @@ extern "C" __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers(
   a.qkv = qkv;
   int b = 0;  // grid barriers passed: 5 a layer, the first layer's first one not needed
   int j = 0;  // the next tile of the weight ring
-  u64* waited = prof ? prof + (i64)(5 * n_layers - 1) * gridDim.x * 2 + 4 * blockIdx.x : nullptr;
-  if (waited && threadIdx.x == 0)
-    for (int s = 0; s < 4; ++s) waited[s] = 0;
+  __shared__ u64 clock_sm[4 * DL_PHASES];
+  u64* clock = prof ? clock_sm : nullptr;
+  if (prof && threadIdx.x == 0)
+    for (int i = 0; i < 4 * DL_PHASES; ++i) clock_sm[i] = 0;
   auto barrier = [&]() { grid_sync(sync, b++, prof); };
   for (int layer = 0; layer < n_layers; ++layer) {
     const LayerPtrs lp = layers[layer];
     // 1. residual (+ the previous down output), attention norm, qkv
-    gemv_stage(ring, 0, j, xs, xh, lp.qkv_bias, qkv, red, waited, [&] {
+    gemv_stage(ring, 0, j, xs, xh, lp.qkv_bias, qkv, red, clock, [&] {
       if (layer > 0) barrier();
       add_and_norm(res, layer > 0 ? hidden : nullptr, lp.attn_norm, eps, H, xs, scratch);
     });
@@ -724,23 +754,26 @@ extern "C" __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers(
     a.vc = v_cache + layer * layer_stride;
     attention_stage(a, xs, barrier);
     // 3. o projection
-    gemv_stage(ring, 1, j, xs, xh, nullptr, hidden, red, waited, [&] {
+    gemv_stage(ring, 1, j, xs, xh, nullptr, hidden, red, clock, [&] {
       barrier();
       load_row(attn, xs, QS);
       __syncthreads();
     });
     // 4. residual += o output, MLP norm, gate_up with SiLU-and-multiply
-    gemv_stage(ring, 2, j, xs, xh, nullptr, act, red, waited, [&] {
+    gemv_stage(ring, 2, j, xs, xh, nullptr, act, red, clock, [&] {
       barrier();
       add_and_norm(res, hidden, lp.mlp_norm, eps, H, xs, scratch);
     });
     // 5. down (complete for the next layer after its first barrier, or when the kernel ends)
-    gemv_stage(ring, 3, j, xs, xh, nullptr, hidden, red, waited, [&] {
+    gemv_stage(ring, 3, j, xs, xh, nullptr, hidden, red, clock, [&] {
       barrier();
       load_row(act, xs, F);
       __syncthreads();
     });
   }
+  if (prof && threadIdx.x == 0)
+    for (int i = 0; i < 4 * DL_PHASES; ++i)
+      prof[(i64)(5 * n_layers - 1) * gridDim.x * 2 + (i64)blockIdx.x * 4 * DL_PHASES + i] = clock_sm[i];
   if (blockIdx.x == 0)  // every CTA read residual before the first barrier
     for (int i = threadIdx.x; i < H; i += DL_THREADS) residual[i] = __float2bfloat16_rn(res[i]);
   grid_done(sync);

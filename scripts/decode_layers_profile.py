@@ -9,7 +9,8 @@ over layers):
   - stage: the critical path, last CTA's arrival minus the previous barrier's last release;
   - skew: last arrival minus the median arrival (load imbalance or a slow SM);
   - barrier: last release minus last arrival (the cost of the barrier itself);
-  - ring wait: how long thread 0 waited for the stage's weight tiles to land (median CTA).
+  - then thread 0's clock inside a GEMV stage (median CTA): pre (the barrier and x's load), x (x to
+    bf16), wait (for weight tiles to land), tiles (all of them, waits included), out (epilogue).
 Kernel time (CUDA events, median of 20 launches) for the default build and each --variant
 (compile-time defines of the kernel, e.g. DL_ATT_PRE=1; slots=N: the weight ring in N slots sharing
 the same shared memory; ringkb=K: a ring of K KiB, leaving the rest of the SM to the L1 cache).
@@ -26,6 +27,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 STAGES = ("norm+qkv", "attention", "o", "norm+gate_up", "down")
+PHASES = ("pre", "x", "wait", "tiles", "out")  # DL_PH_* in cuda/decode_layers.cu: thread 0's clock
 
 
 def main() -> None:
@@ -60,7 +62,7 @@ def main() -> None:
     L = len(model.layers)
     be.arena.unseal()  # a diagnostic buffer the engine does not plan for
     nb = 5 * L - 1  # barriers a launch: barrier b ends stage b % 5 (the first layer needs no 0th)
-    plan.prof = cp.zeros(nb * be.num_sms * 2 + be.num_sms * 4, dtype=np.uint64)
+    plan.prof = cp.zeros(nb * be.num_sms * 2 + be.num_sms * 4 * len(PHASES), dtype=np.uint64)
     be.arena.seal()
     default_kernel = be.k[plan.name]
 
@@ -107,7 +109,7 @@ def main() -> None:
                 times.append(cp.cuda.get_elapsed_time(s, e) * 1e3)
         raw = be.to_host(plan.prof).astype(np.int64)  # the last launch's timestamps, then ring waits
         t = raw[:nb * be.num_sms * 2].reshape(nb, be.num_sms, 2)
-        waited = raw[nb * be.num_sms * 2:].reshape(be.num_sms, 4) / 1e3 / L  # us a layer, per CTA
+        phases = raw[nb * be.num_sms * 2:].reshape(be.num_sms, 4, len(PHASES)) / 1e3 / L  # us a layer
         arrive, release = t[:, :, 0], t[:, :, 1]
         last_arrive, last_release = arrive.max(1), release.max(1)
         b = np.arange(1, nb)  # stage b: from barrier b - 1's last release to barrier b's last arrival
@@ -120,12 +122,15 @@ def main() -> None:
         total = (last_release[-1] - arrive.min()) / 1e3
         print(f"\n[{variant or 'default'}] kernel {np.median(times):.1f} us (events, median of 20); "
               f"first arrival to last release {total:.1f} us, {total / L:.2f} us a layer")
-        wait = [np.median(waited[:, k]) for k in range(4)]  # qkv, o, gate_up, down
-        wait = [wait[0], 0.0, *wait[1:]]
-        print(f"{'stage':14s} {'stage us':>9s} {'skew us':>8s} {'barrier us':>11s} {'ring wait us':>13s}")
+        ph = np.median(phases, 0)  # [qkv, o, gate_up, down][phase], median CTA
+        ph = np.insert(ph, 1, 0.0, axis=0)  # no GEMV in the attention stage
+        print(f"{'stage':14s} {'stage us':>9s} {'skew us':>8s} {'barrier us':>11s} |"
+              + "".join(f" {x:>8s}" for x in PHASES))
         for j, name in enumerate(STAGES):
-            print(f"{name:14s} {stage[j]:9.2f} {skew[j]:8.2f} {barrier[j]:11.2f} {wait[j]:13.2f}")
-        print(f"{'sum':14s} {sum(stage):9.2f} {sum(skew):8.2f} {sum(barrier):11.2f} {sum(wait):13.2f}")
+            print(f"{name:14s} {stage[j]:9.2f} {skew[j]:8.2f} {barrier[j]:11.2f} |"
+                  + "".join(f" {x:8.2f}" for x in ph[j]))
+        print(f"{'sum':14s} {sum(stage):9.2f} {sum(skew):8.2f} {sum(barrier):11.2f} |"
+              + "".join(f" {x:8.2f}" for x in ph.sum(0)))
         j = int(np.argmax(skew))  # the most skewed stage: which CTAs arrive late
         late = (arrive - np.median(arrive, 1, keepdims=True))[np.arange(nb) % 5 == j] / 1e3
         worst = np.argsort(-np.median(late, 0))[:8]

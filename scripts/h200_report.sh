@@ -513,6 +513,17 @@ part28() {  # prepared for session 6's first call (not yet run): the whole repor
   engine_report
 }
 
+part33() {  # session 6, call 5: tiles read with ld.shared.v4 (part32's SASS: the weights were read with
+  # generic 32-bit loads), each GEMV stage's phases timed
+  setup
+  stage decode_layers_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -x tests/test_decode_layers.py \
+    -k "qwen3-d128-g2 or llama or graph"
+  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  stage profile_06b 100 python3 scripts/decode_layers_profile.py $M/q06 --variant slots=2 --variant slots=4
+  stage profile_8b 100 python3 scripts/decode_layers_profile.py $M/q8 --variant slots=3
+}
+
 part32() {  # session 6, call 4: is the decoder's GEMV slow because a 224 KiB ring leaves the L1 cache
   # ~28 KiB (spills, the norm weights, the tables)? Smaller rings, and the kernel's SASS
   setup
