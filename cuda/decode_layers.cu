@@ -40,7 +40,7 @@
 #ifndef DL_G
 #define DL_G 2
 #endif
-#define DL_THREADS 512
+#define DL_THREADS 480  // the compute warps; one more warp produces the weight ring
 #define DL_WARPS (DL_THREADS / 32)
 #define DL_MIN_PART 32        // fewest keys an attention split takes
 #define DL_MAX_S 32           // most splits of one KV head (the host sizes the partials for it)
@@ -69,6 +69,21 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
   return v;
 }
 
+// The compute warps' barrier (named barrier 1: the producer warp of the weight ring never joins).
+__device__ __forceinline__ void cta_sync() { asm volatile("bar.sync 1, %0;" ::"n"(DL_THREADS) : "memory"); }
+
+// Sum over the compute warps; every one of their threads gets it. scratch: 32 floats.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = minillm::warp_sum(v);
+  cta_sync();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  cta_sync();
+  v = minillm::warp_sum(lane < DL_WARPS ? scratch[lane] : 0.f);
+  cta_sync();
+  return v;
+}
+
 __device__ __forceinline__ u64 global_ns() {
   u64 t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -88,7 +103,7 @@ __device__ __forceinline__ u64 global_ns() {
 // launch. prof (null unless profiling) gets each CTA's arrival and release times:
 // [barrier][CTA][2] ns.
 __device__ __forceinline__ void grid_sync(unsigned* bar, int k, u64* prof) {
-  __syncthreads();
+  cta_sync();
   if (threadIdx.x == 0) {
     if (prof) prof[((i64)k * gridDim.x + blockIdx.x) * 2] = global_ns();
     const unsigned target = (unsigned)(k + 1) * gridDim.x;
@@ -98,7 +113,7 @@ __device__ __forceinline__ void grid_sync(unsigned* bar, int k, u64* prof) {
     }
     if (prof) prof[((i64)k * gridDim.x + blockIdx.x) * 2 + 1] = global_ns();
   }
-  __syncthreads();
+  cta_sync();
 }
 
 // After a CTA's last barrier: the last CTA to get here knows every CTA has passed every barrier,
@@ -212,81 +227,58 @@ __device__ __forceinline__ StagePlan stage_plan(int N, int K, bool gated, int sl
 
 struct Ring {
   char* mem;             // slot 0 (slot i at mem + i * slot_bytes)
-  unsigned slots, bars;  // shared addresses: slot 0 and its mbarrier (8 bytes apart)
+  unsigned slots;        // shared address of slot 0
+  unsigned full, empty;  // shared addresses of slot 0's barriers (8 bytes apart): landed, read
   int n, slot_bytes;     // slots, bytes a slot
   int per_layer, total;  // tiles a layer, in the launch
   const StagePlan* plan;  // [4]: qkv, o, gate_up, down (shared memory)
   const bf16* const* w;   // [n_layers][4] the matrices (shared memory)
 };
 
-#ifndef DL_RING_CPASYNC
-#define DL_RING_CPASYNC 0  // 1: every thread copies 16-byte pieces of a tile with cp.async instead
-#endif
-
-// Tile j (in consumption order over the whole launch) into slot j % n: thread 0 issues TMA bulk
-// copies (one per run of rows; every thread calls this, the others return), or, with
-// DL_RING_CPASYNC, every thread copies its 16-byte pieces and commits one cp.async group (empty
-// past the last tile, so the group count stays one a tile).
+// Tile j (in consumption order over the whole launch) into slot j % n, by the producer thread: TMA
+// bulk copies, one per run of rows, counted on the slot's "full" barrier.
 __device__ void ring_issue(const Ring& g, int j) {
-  if (j < g.total && (DL_RING_CPASYNC || threadIdx.x == 0)) {
-    const int layer = j / g.per_layer;
-    int t = j % g.per_layer, s = 0;
-    while (t >= g.plan[s].tiles) t -= g.plan[s++].tiles;
-    const StagePlan& p = g.plan[s];
-    const int a = t * p.rt, b = min(p.P, a + p.rt);
-    const bf16* W = g.w[layer * 4 + s];
-    unsigned dst = g.slots + (unsigned)(j % g.n) * g.slot_bytes;
-#if DL_RING_CPASYNC
-    const int chunks = p.K / 8;
-    for (int q = threadIdx.x; q < (b - a) * chunks; q += DL_THREADS) {
-      const int i = a + q / chunks;
-      const int row = i < p.rows ? p.r0 + i : p.N + p.r0 + (i - p.rows);
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + 16u * q),
-                   "l"(W + (i64)row * p.K + (q % chunks) * 8));
-    }
-#else
-    const unsigned row_bytes = 2u * p.K, bar = g.bars + 8u * (j % g.n);
-    mbar_expect_tx(bar, (unsigned)(b - a) * row_bytes);
-    for (int i = a; i < b;) {  // at most two runs: the gate rows, then the up rows
-      const int end = i < p.rows ? min(b, p.rows) : b;
-      const int row = i < p.rows ? p.r0 + i : p.N + p.r0 + (i - p.rows);
-      bulk_copy(dst, W + (i64)row * p.K, (unsigned)(end - i) * row_bytes, bar);
-      dst += (unsigned)(end - i) * row_bytes;
-      i = end;
-    }
-#endif
+  const int layer = j / g.per_layer;
+  int t = j % g.per_layer, s = 0;
+  while (t >= g.plan[s].tiles) t -= g.plan[s++].tiles;
+  const StagePlan& p = g.plan[s];
+  const int a = t * p.rt, b = min(p.P, a + p.rt);
+  const bf16* W = g.w[layer * 4 + s];
+  unsigned dst = g.slots + (unsigned)(j % g.n) * g.slot_bytes;
+  const unsigned row_bytes = 2u * p.K, bar = g.full + 8u * (j % g.n);
+  mbar_expect_tx(bar, (unsigned)(b - a) * row_bytes);
+  for (int i = a; i < b;) {  // at most two runs: the gate rows, then the up rows
+    const int end = i < p.rows ? min(b, p.rows) : b;
+    const int row = i < p.rows ? p.r0 + i : p.N + p.r0 + (i - p.rows);
+    bulk_copy(dst, W + (i64)row * p.K, (unsigned)(end - i) * row_bytes, bar);
+    dst += (unsigned)(end - i) * row_bytes;
+    i = end;
   }
-#if DL_RING_CPASYNC
-  asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
 }
 
-// Every thread, once: the slots' barriers, then the first n tiles on their way.
-__device__ void ring_start(const Ring& g) {
-  if (!DL_RING_CPASYNC && threadIdx.x == 0) {
-    for (int i = 0; i < g.n; ++i) mbar_init(g.bars + 8u * i, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+// The producer warp (warp DL_WARPS, lane 0 works): every tile of the launch in order, each once
+// its slot's previous tile has been read by all compute warps. A bulk copy's issue stalls while
+// the TMA unit is busy with earlier ones (measured: with thread 0 of the compute warps issuing, a
+// GEMV tile took ~1.3 us whatever its work), so no compute thread issues copies.
+__device__ void ring_produce(const Ring& g) {
+  if ((threadIdx.x & 31) != 0) return;
+  for (int j = 0; j < g.total; ++j) {
+    if (j >= g.n) mbar_wait(g.empty + 8u * (j % g.n), (unsigned)(j / g.n - 1) & 1u);
+    ring_issue(g, j);
   }
-  for (int j = 0; j < g.n; ++j) ring_issue(g, j);
-  __syncthreads();
 }
 
-// Every thread: until tile j has landed in its slot.
-__device__ __forceinline__ void ring_wait(const Ring& g, int j) {
-#if DL_RING_CPASYNC
-  switch (g.n - 1) {  // tiles j + 1 .. j + n - 1 may still be in flight
-#define DL_WAIT_CASE(k) \
-  case k:               \
-    asm volatile("cp.async.wait_group " #k ";" ::: "memory"); \
-    break;
-    DL_WAIT_CASE(0) DL_WAIT_CASE(1) DL_WAIT_CASE(2) DL_WAIT_CASE(3) DL_WAIT_CASE(4) DL_WAIT_CASE(5)
-    DL_WAIT_CASE(6) DL_WAIT_CASE(7)
-#undef DL_WAIT_CASE
+// Thread 0, before the CTA-wide barrier that starts the kernel: the slots' barriers.
+__device__ void ring_init(const Ring& g) {
+  for (int i = 0; i < g.n; ++i) {
+    mbar_init(g.full + 8u * i, 1);  // the producer's arrive (with the bytes it expects)
+    mbar_init(g.empty + 8u * i, DL_WARPS);  // one arrive per compute warp
   }
-  __syncthreads();
-#else
-  mbar_wait(g.bars + 8u * (j % g.n), (unsigned)(j / g.n) & 1u);
-#endif
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
 
 // Stage `s` of a layer: out[n] = x . W[n] (+ bias[n]) for this CTA's rows n; gated: out[n] =
@@ -333,12 +325,12 @@ __device__ void gemv_stage(const Ring& g, int s, int& j, float* xs, bf16* xh, co
     for (int k = 0; k < 8; ++k) f[k] = xs[8 * i + k];
     reinterpret_cast<uint4*>(xh)[i] = minillm::pack_bf16x8(f);
   }
-  __syncthreads();
+  cta_sync();
   lap(DL_PH_X);
   const unsigned xsa = smem_addr(xh);
   for (int tt = 0; tt < p.tiles; ++tt, ++j) {
     const u64 w0 = timed ? global_ns() : 0;
-    ring_wait(g, j);
+    mbar_wait(g.full + 8u * (j % g.n), (unsigned)(j / g.n) & 1u);
     if (timed) ph[DL_PH_WAIT] += global_ns() - w0;
     const unsigned tile = g.slots + (unsigned)(j % g.n) * g.slot_bytes;
     const int a = tt * p.rt, nr = min(p.P, a + p.rt) - a, units = (nr + 1) / 2 * p.ks;
@@ -367,9 +359,10 @@ __device__ void gemv_stage(const Ring& g, int s, int& j, float* xs, bf16* xh, co
         if (ra + 1 < nr) red[(a + ra + 1) * p.ks + part] = acc1;
       }
     }
-    __syncthreads();  // the slot is read: refill it with the tile n ahead
-    ring_issue(g, j + g.n);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(g.empty + 8u * (j % g.n));  // this warp is done with the slot
   }
+  cta_sync();  // red[] complete
   lap(DL_PH_TILES);
   for (int i = threadIdx.x; i < p.rows; i += DL_THREADS) {
     float a = 0.f, b = 0.f;
@@ -388,7 +381,7 @@ __device__ void add_and_norm(float* res, const bf16* add, const bf16* __restrict
                              float* xs, float* scratch) {
   if (add) {
     load_row(add, xs, H);
-    __syncthreads();
+    cta_sync();
   }
   float ss = 0.f;
   for (int i = threadIdx.x; i < H; i += DL_THREADS) {
@@ -397,10 +390,10 @@ __device__ void add_and_norm(float* res, const bf16* add, const bf16* __restrict
     res[i] = v;
     ss += v * v;
   }
-  ss = minillm::block_sum(ss, scratch);
+  ss = block_sum(ss, scratch);
   const float rstd = rsqrtf(ss / (float)H + eps);
   for (int i = threadIdx.x; i < H; i += DL_THREADS) xs[i] = round_bf16(res[i] * rstd * minillm::to_f(w[i]));
-  __syncthreads();
+  cta_sync();
 }
 
 // One head of the new token (a warp): optional RMSNorm over the head (rounded), then rotate-half
@@ -510,7 +503,7 @@ __device__ void attention_stage(const AttnArgs& a, float* sm, Pre pre) {
         if (owns_new) a.vc[(a.slot * a.NKV + h) * D + i] = v;
       }
     }
-    __syncthreads();
+    cta_sync();
     float qv[G][8];
 #pragma unroll
     for (int g = 0; g < G; ++g)
@@ -599,7 +592,7 @@ __device__ void attention_stage(const AttnArgs& a, float* sm, Pre pre) {
         }
       }
     }
-    __syncthreads();
+    cta_sync();
     float* pp = a.part + (i64)(h * DL_MAX_S + sp) * G * (D + 2);
     for (int t = threadIdx.x; t < G * D; t += DL_THREADS) {
       const int g = t / D, d = t % D;
@@ -624,9 +617,9 @@ __device__ void attention_stage(const AttnArgs& a, float* sm, Pre pre) {
     }
     if (S > 1) {  // the last split of this KV head to finish merges all of them
       __threadfence();
-      __syncthreads();
+      cta_sync();
       if (threadIdx.x == 0) s_last = atomicAdd(a.head_cnt + h, 1u) == (unsigned)(S - 1);
-      __syncthreads();
+      cta_sync();
       if (s_last) {
         __threadfence();
         const float* ph = a.part + (i64)h * DL_MAX_S * G * (D + 2);
@@ -648,13 +641,13 @@ __device__ void attention_stage(const AttnArgs& a, float* sm, Pre pre) {
         if (threadIdx.x == 0) atomicExch(a.head_cnt + h, 0u);
       }
     }
-    __syncthreads();  // shared scratch is reused by the next item
+    cta_sync();  // shared scratch is reused by the next item
   }
 }
 
 }  // namespace
 
-// grid (number of SMs), block DL_THREADS, dynamic shared memory from the host (> half an SM's;
+// grid (number of SMs), block DL_THREADS + 32 (the compute warps, then the ring's producer warp), dynamic shared memory from the host (> half an SM's;
 // the layout below, then the weight ring: n_slots x slot_bytes at a 128-byte boundary).
 // residual [H] holds the embedded token on entry and the residual stream before the last layer's
 // down output on exit; hidden [H] that output (what rms_norm(hidden, residual=residual) expects).
@@ -663,7 +656,7 @@ __device__ void attention_stage(const AttnArgs& a, float* sm, Pre pre) {
 // prof: null, or [5 * n_layers - 1][gridDim.x][2] u64 for grid_sync's timestamps (barrier b ends
 // stage b % 5 of qkv, attention, o, gate_up, down; the profile script reads them), then
 // [gridDim.x][4][DL_PHASES] ns thread 0 spent in the phases of the qkv, o, gate_up and down stages.
-extern "C" __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers(
+extern "C" __global__ void __launch_bounds__(DL_THREADS + 32, 1) decode_layers(
     const u64* __restrict__ table, int n_layers, bf16* residual, bf16* hidden, bf16* qkv, bf16* attn,
     bf16* act, float* part, unsigned* sync, bf16* k_cache, bf16* v_cache, i64 layer_stride,
     int num_blocks, const int* __restrict__ positions, const int* __restrict__ slots,
@@ -674,7 +667,7 @@ extern "C" __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers(
   extern __shared__ float4 dl_smem[];
   __shared__ float scratch[32];
   __shared__ StagePlan plan[4];
-  __shared__ u64 ring_bars[DL_MAX_SLOTS];
+  __shared__ u64 ring_bars[2 * DL_MAX_SLOTS];  // full[DL_MAX_SLOTS], empty[DL_MAX_SLOTS]
   const bf16** wts = reinterpret_cast<const bf16**>(dl_smem);  // [n_layers][4] (8-byte aligned)
   float* res = reinterpret_cast<float*>(wts + 4 * n_layers);  // [H]
   float* red = res + ((H + 3) & ~3);                          // [DL_RED]
@@ -697,27 +690,33 @@ extern "C" __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers(
     wts[4 * i + 2] = lp.gate_up;
     wts[4 * i + 3] = lp.down;
   }
+  Ring ring;
+  ring.mem = ring_mem;
+  ring.slots = smem_addr(ring_mem);
+  ring.full = smem_addr(ring_bars);
+  ring.empty = ring.full + 8u * DL_MAX_SLOTS;
+  ring.n = n_slots;
+  ring.slot_bytes = slot_bytes;
+  ring.plan = plan;
+  ring.w = wts;
   if (threadIdx.x == 0) {
     plan[0] = stage_plan(QS + 2 * KVS, H, false, slot_bytes);
     plan[1] = stage_plan(H, QS, false, slot_bytes);
     plan[2] = stage_plan(F, H, true, slot_bytes);
     plan[3] = stage_plan(H, F, false, slot_bytes);
-    for (int s = 0; s < 4; ++s) MINILLM_CHECK(plan[s].P * plan[s].ks <= DL_RED && plan[s].rt * 2 * plan[s].K <= slot_bytes);
+    for (int s = 0; s < 4; ++s)
+      MINILLM_CHECK(plan[s].P * plan[s].ks <= DL_RED && plan[s].rt * 2 * plan[s].K <= slot_bytes);
+    ring_init(ring);
   }
-  __syncthreads();
-  Ring ring;
-  ring.mem = ring_mem;
-  ring.slots = smem_addr(ring_mem);
-  ring.bars = smem_addr(ring_bars);
-  ring.n = n_slots;
-  ring.slot_bytes = slot_bytes;
+  __syncthreads();  // the only barrier of all DL_THREADS + 32 threads
   ring.per_layer = plan[0].tiles + plan[1].tiles + plan[2].tiles + plan[3].tiles;
   ring.total = ring.per_layer * n_layers;
-  ring.plan = plan;
-  ring.w = wts;
-  ring_start(ring);
+  if (threadIdx.x >= DL_THREADS) {  // the producer warp
+    ring_produce(ring);
+    return;
+  }
   load_row(residual, res, H);
-  __syncthreads();  // load_row's threads write other elements than add_and_norm's read (racecheck)
+  cta_sync();  // load_row's threads write other elements than add_and_norm's read (racecheck)
   AttnArgs a;
   a.eps = eps;
   a.cs = cos_sin + (i64)max(0, min(pos, max_pos - 1)) * D;
@@ -757,7 +756,7 @@ extern "C" __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers(
     gemv_stage(ring, 1, j, xs, xh, nullptr, hidden, red, clock, [&] {
       barrier();
       load_row(attn, xs, QS);
-      __syncthreads();
+      cta_sync();
     });
     // 4. residual += o output, MLP norm, gate_up with SiLU-and-multiply
     gemv_stage(ring, 2, j, xs, xh, nullptr, act, red, clock, [&] {
@@ -768,7 +767,7 @@ extern "C" __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers(
     gemv_stage(ring, 3, j, xs, xh, nullptr, hidden, red, clock, [&] {
       barrier();
       load_row(act, xs, F);
-      __syncthreads();
+      cta_sync();
     });
   }
   if (prof && threadIdx.x == 0)

@@ -71,7 +71,7 @@ def main() -> None:
                          d["slot_mapping"][:1], d["block_tables"][:1], d["seq_lens"][:1])
 
     cfg = model.cfg
-    print(f"{a.model}: {L} layers, hidden {cfg.hidden_size}, ctx {a.ctx}, {be.num_sms} CTAs x 512 threads, "
+    print(f"{a.model}: {L} layers, hidden {cfg.hidden_size}, ctx {a.ctx}, {be.num_sms} CTAs x (480 + 32) threads, "
           f"{plan.smem // 1024} KiB shared memory")
     from minillm.backends.cuda_ops import _dl_ring_shape
 

@@ -513,6 +513,19 @@ part28() {  # prepared for session 6's first call (not yet run): the whole repor
   engine_report
 }
 
+part34() {  # session 6, call 6: the ring fed by its own producer warp (480 compute threads + 32)
+  setup
+  stage decode_layers_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -x tests/test_decode_layers.py
+  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  stage profile_06b 100 python3 scripts/decode_layers_profile.py $M/q06 --variant slots=2 --variant slots=4
+  stage profile_8b 100 python3 scripts/decode_layers_profile.py $M/q8 --variant slots=3
+  stage decode_06b_fused 60 env MINILLM_FUSED_DECODE=1 python3 -m minillm.bench decode $M/q06 --device cuda \
+    --input-len 512 --output-len 256 --result-json "$W/decode_06b_fused.json"
+  stage decode_8b_fused 70 env MINILLM_FUSED_DECODE=1 python3 -m minillm.bench decode $M/q8 --device cuda \
+    --input-len 512 --output-len 128 --result-json "$W/decode_8b_fused.json"
+}
+
 part33() {  # session 6, call 5: tiles read with ld.shared.v4 (part32's SASS: the weights were read with
   # generic 32-bit loads), each GEMV stage's phases timed
   setup

@@ -51,9 +51,9 @@ _DECODE_SPLIT_COST_KEYS = 128
 # kernels of these cuda/ modules begin with pdl_entry(), so graphs may launch them with PDL
 _PDL_MODULES = ("rows", "norm", "elementwise", "decode_attention", "sampling", "gemv")
 _PF_ROWS, _PF_BK = 64, 64  # cuda/prefill_attention.cu: query rows per CTA, keys per tile
-# cuda/decode_layers.cu: threads (warps) per CTA, GEMV partial sums a CTA holds, most splits of a
-# KV head, most query heads per KV head the host compiles it for
-_DL_THREADS, _DL_WARPS, _DL_RED, _DL_MAX_S, _DL_MAX_G = 512, 16, 2048, 32, 8
+# cuda/decode_layers.cu: compute threads (warps) per CTA (one more warp feeds its weight ring), GEMV
+# partial sums a CTA holds, most splits of a KV head, most query heads per KV head it is built for
+_DL_THREADS, _DL_WARPS, _DL_RED, _DL_MAX_S, _DL_MAX_G = 480, 15, 2048, 32, 8
 # its weight ring: at most this many slots (DL_MAX_SLOTS), each at least this many bytes
 _DL_MAX_SLOTS, _DL_MIN_SLOT = 8, 16384
 _DL_SYNC_HEADS = 96  # DL_HEADS: where the per-KV-head merge counters start in its sync buffer
@@ -777,7 +777,7 @@ class CudaBackend:
                         (block_tables, "block_tables")):
             if a.dtype != np.int32:
                 raise TypeError(f"decode_layers: {what} must be int32")
-        self._launch(plan.name, (self.num_sms,), (_DL_THREADS,),
+        self._launch(plan.name, (self.num_sms,), (_DL_THREADS + 32,),
                      (plan.table, _i32(L), residual, hidden, plan.qkv, plan.attn, plan.act, plan.part,
                       plan.sync, k_cache, v_cache, _i64(nb * bs * KH * D), _i32(nb), positions, slot_mapping,
                       block_tables, _i32(block_tables.shape[-1]), seq_lens, plan.cos_sin,
