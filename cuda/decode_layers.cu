@@ -202,12 +202,14 @@ __device__ __forceinline__ void bulk_copy(unsigned dst, const void* src, unsigne
 // This CTA's share of one GEMV stage; the same in every layer (all layers have one shape). Its
 // weight rows, in the order they pass through the ring ("physical rows" p < P): rows r0 .. r0 +
 // rows - 1 of W, and for a gated stage (gate rows [0, N), up rows [N, 2N)) then the same rows of
-// the up half. A slot holds rt whole rows; a tile is one slot's worth.
+// the up half. A slot holds rt whole rows, DL_ROW_PAD bytes apart beyond their 2K bytes (so the
+// tensor cores' fragment loads of 8 rows hit 8 different bank groups); a tile is one slot's worth.
+#define DL_ROW_PAD 16
 struct StagePlan {
   int N, K, gated;
   int r0, rows, P;
   int rt;     // rows a tile holds
-  int ks;     // parts K is split into, so a tile's row pairs x ks fill the warps
+  int ks;     // parts K is split into, so a tile's 16-row blocks x ks fill the warps
   int tiles;  // tiles (slots) the stage takes; 0 when this CTA has no rows
 };
 
@@ -219,8 +221,8 @@ __device__ __forceinline__ StagePlan stage_plan(int N, int K, bool gated, int sl
   p.r0 = slice_begin(N);
   p.rows = slice_end(N) - p.r0;
   p.P = p.rows * (gated ? 2 : 1);
-  p.rt = max(1, min(p.P, slot_bytes / (2 * K)));
-  p.ks = max(1, min(DL_WARPS / ((p.rt + 1) / 2), K / 8));
+  p.rt = max(1, min(p.P, slot_bytes / (2 * K + DL_ROW_PAD)));
+  p.ks = max(1, min(min(DL_WARPS / ((p.rt + 15) / 16), K / 16), DL_RED / max(1, p.P)));
   p.tiles = (p.P + p.rt - 1) / p.rt;
   return p;
 }
@@ -235,8 +237,8 @@ struct Ring {
   const bf16* const* w;   // [n_layers][4] the matrices (shared memory)
 };
 
-// Tile j (in consumption order over the whole launch) into slot j % n, by the producer thread: TMA
-// bulk copies, one per run of rows, counted on the slot's "full" barrier.
+// Tile j (in consumption order over the whole launch) into slot j % n, by the producer thread: one
+// TMA bulk copy a row, counted on the slot's "full" barrier.
 __device__ void ring_issue(const Ring& g, int j) {
   const int layer = j / g.per_layer;
   int t = j % g.per_layer, s = 0;
@@ -247,12 +249,9 @@ __device__ void ring_issue(const Ring& g, int j) {
   unsigned dst = g.slots + (unsigned)(j % g.n) * g.slot_bytes;
   const unsigned row_bytes = 2u * p.K, bar = g.full + 8u * (j % g.n);
   mbar_expect_tx(bar, (unsigned)(b - a) * row_bytes);
-  for (int i = a; i < b;) {  // at most two runs: the gate rows, then the up rows
-    const int end = i < p.rows ? min(b, p.rows) : b;
+  for (int i = a; i < b; ++i, dst += row_bytes + DL_ROW_PAD) {  // gate (or plain) rows, then up rows
     const int row = i < p.rows ? p.r0 + i : p.N + p.r0 + (i - p.rows);
-    bulk_copy(dst, W + (i64)row * p.K, (unsigned)(end - i) * row_bytes, bar);
-    dst += (unsigned)(end - i) * row_bytes;
-    i = end;
+    bulk_copy(dst, W + (i64)row * p.K, row_bytes, bar);
   }
 }
 
@@ -283,16 +282,9 @@ __device__ __forceinline__ void mbar_arrive(unsigned bar) {
 
 // Stage `s` of a layer: out[n] = x . W[n] (+ bias[n]) for this CTA's rows n; gated: out[n] =
 // silu(x . W[n]) * (x . W[N + n]). pre() (every thread calls it: the grid barrier before the stage
-// and the load of x into xs) runs while the ring's copies are in flight. A warp computes a pair of
-// rows over one of ks parts of K per unit; x is read from a bf16 copy (its values are bf16
-// already), so a lane's 16-byte load of x serves 16 products. Partial sums go to red[] and are added
-// in a fixed order, so results do not depend on timing. j: the next tile to consume.
-__device__ __forceinline__ uint4 lds128(unsigned addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-  return v;
-}
-
+// and the load of x into xs) runs while the ring's copies are in flight. x is read from a bf16 copy
+// (its values are bf16 already). Partial sums go to red[] and are added in a fixed order, so
+// results do not depend on timing. j: the next tile to consume.
 // Profile phases of a GEMV stage (thread 0's clock, summed over layers in shared memory):
 #define DL_PH_PRE 0   // pre(): the barrier and the load of x
 #define DL_PH_X 1     // x to bf16
@@ -327,36 +319,47 @@ __device__ void gemv_stage(const Ring& g, int s, int& j, float* xs, bf16* xh, co
   }
   cta_sync();
   lap(DL_PH_X);
-  const unsigned xsa = smem_addr(xh);
+  // Tensor cores (mma m16n8k16, bf16 in, fp32 accumulate): A = 16 weight rows x 16 k, B = x[k]
+  // in all 8 columns, so every column of C holds the 16 dot products. A unit: one 16-row block of
+  // the tile over one of ks parts of its K / 16 steps. (Unpacking bf16 and fp32 FMAs took ~18
+  // instructions per 16 bytes of weights: the SM's issue rate, not HBM, bounded the GEMV stages.)
+  const unsigned xsa = smem_addr(xh) + 4u * (lane & 3);
+  const unsigned rs = 2u * p.K + DL_ROW_PAD;  // a row's stride in the slot
+  const int steps = p.K / 16;
   for (int tt = 0; tt < p.tiles; ++tt, ++j) {
     const u64 w0 = timed ? global_ns() : 0;
     mbar_wait(g.full + 8u * (j % g.n), (unsigned)(j / g.n) & 1u);
     if (timed) ph[DL_PH_WAIT] += global_ns() - w0;
     const unsigned tile = g.slots + (unsigned)(j % g.n) * g.slot_bytes;
-    const int a = tt * p.rt, nr = min(p.P, a + p.rt) - a, units = (nr + 1) / 2 * p.ks;
+    const int a = tt * p.rt, nr = min(p.P, a + p.rt) - a, units = (nr + 15) / 16 * p.ks;
     for (int u = warp; u < units; u += DL_WARPS) {
-      const int pr = u / p.ks, part = u % p.ks;
-      const int ra = 2 * pr, rb = min(ra + 1, nr - 1);  // a missing second row re-reads the first
-      const int c0 = (int)((i64)part * chunks / p.ks), c1 = (int)((i64)(part + 1) * chunks / p.ks);
-      const unsigned wa_sa = tile + 16u * (ra * chunks), wb_sa = tile + 16u * (rb * chunks);
-      float acc0 = 0.f, acc1 = 0.f;
-#pragma unroll 2
-      for (int c = c0 + lane; c < c1; c += 32) {
-        float xf[8], wa[8], wb[8];
-        minillm::unpack_bf16x8(lds128(xsa + 16u * c), xf);
-        minillm::unpack_bf16x8(lds128(wa_sa + 16u * c), wa);
-        minillm::unpack_bf16x8(lds128(wb_sa + 16u * c), wb);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          acc0 = fmaf(xf[k], wa[k], acc0);
-          acc1 = fmaf(xf[k], wb[k], acc1);
-        }
+      const int mb = u / p.ks, part = u % p.ks;
+      const int k0 = part * steps / p.ks, k1 = (part + 1) * steps / p.ks;
+      // ldmatrix.x4: lane l gives row l % 8 of 8x8 matrix l / 8 (rows +8 for odd matrices, k +8
+      // for the last two); rows past the tile read its last row (their outputs are dropped)
+      const int row = min(mb * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, nr - 1);
+      unsigned asa = tile + (unsigned)row * rs + 16u * (lane >> 4) + 32u * k0;
+      unsigned bsa = xsa + 32u * k0;
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+      for (int k = k0; k < k1; ++k, asa += 32, bsa += 32) {
+        unsigned a0, a1, a2, a3, b0, b1;
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
+                     : "r"(asa));
+        asm volatile("ld.shared.u32 %0, [%1];" : "=r"(b0) : "r"(bsa));
+        asm volatile("ld.shared.u32 %0, [%1];" : "=r"(b1) : "r"(bsa + 16));
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
       }
-      acc0 = minillm::warp_sum(acc0);
-      acc1 = minillm::warp_sum(acc1);
-      if (lane == 0) {
-        red[(a + ra) * p.ks + part] = acc0;
-        if (ra + 1 < nr) red[(a + ra + 1) * p.ks + part] = acc1;
+      // C column 0: lane 4 g holds rows g (c[0]) and g + 8 (c[2]) of the block
+      if ((lane & 3) == 0) {
+        const int r = mb * 16 + (lane >> 2);
+        if (r < nr) red[(a + r) * p.ks + part] = c[0];
+        if (r + 8 < nr) red[(a + r + 8) * p.ks + part] = c[2];
       }
     }
     __syncwarp();
@@ -705,7 +708,7 @@ extern "C" __global__ void __launch_bounds__(DL_THREADS + 32, 1) decode_layers(
     plan[2] = stage_plan(F, H, true, slot_bytes);
     plan[3] = stage_plan(H, F, false, slot_bytes);
     for (int s = 0; s < 4; ++s)
-      MINILLM_CHECK(plan[s].P * plan[s].ks <= DL_RED && plan[s].rt * 2 * plan[s].K <= slot_bytes);
+      MINILLM_CHECK(plan[s].P * plan[s].ks <= DL_RED && plan[s].rt * (2 * plan[s].K + DL_ROW_PAD) <= slot_bytes);
     ring_init(ring);
   }
   __syncthreads();  // the only barrier of all DL_THREADS + 32 threads

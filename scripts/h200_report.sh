@@ -513,6 +513,10 @@ part28() {  # prepared for session 6's first call (not yet run): the whole repor
   engine_report
 }
 
+part35() {  # session 6, call 7: the GEMV tiles on tensor cores (mma m16n8k16), rows padded in the ring
+  part34
+}
+
 part34() {  # session 6, call 6: the ring fed by its own producer warp (480 compute threads + 32)
   setup
   stage decode_layers_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -x tests/test_decode_layers.py
