@@ -513,6 +513,10 @@ part28() {  # prepared for session 6's first call (not yet run): the whole repor
   engine_report
 }
 
+part36() {  # session 6, call 8: four independent mma accumulators a warp
+  part34
+}
+
 part35() {  # session 6, call 7: the GEMV tiles on tensor cores (mma m16n8k16), rows padded in the ring
   part34
 }
