@@ -204,7 +204,12 @@ __device__ __forceinline__ void bulk_copy(unsigned dst, const void* src, unsigne
 // rows - 1 of W, and for a gated stage (gate rows [0, N), up rows [N, 2N)) then the same rows of
 // the up half. A slot holds rt whole rows, DL_ROW_PAD bytes apart beyond their 2K bytes (so the
 // tensor cores' fragment loads of 8 rows hit 8 different bank groups); a tile is one slot's worth.
+#ifndef DL_ROW_PAD
 #define DL_ROW_PAD 16
+#endif
+#ifndef DL_NO_GEMV
+#define DL_NO_GEMV 0  // 1 (profiling only, wrong results): consume tiles without computing on them
+#endif
 struct StagePlan {
   int N, K, gated;
   int r0, rows, P;
@@ -332,7 +337,7 @@ __device__ void gemv_stage(const Ring& g, int s, int& j, float* xs, bf16* xh, co
     if (timed) ph[DL_PH_WAIT] += global_ns() - w0;
     const unsigned tile = g.slots + (unsigned)(j % g.n) * g.slot_bytes;
     const int a = tt * p.rt, nr = min(p.P, a + p.rt) - a, units = (nr + 15) / 16 * p.ks;
-    for (int u = warp; u < units; u += DL_WARPS) {
+    for (int u = warp; u < (DL_NO_GEMV ? 0 : units); u += DL_WARPS) {
       const int mb = u / p.ks, part = u % p.ks;
       const int k0 = part * steps / p.ks, k1 = (part + 1) * steps / p.ks;
       // ldmatrix.x4: lane l gives row l % 8 of 8x8 matrix l / 8 (rows +8 for odd matrices, k +8

@@ -513,6 +513,16 @@ part28() {  # prepared for session 6's first call (not yet run): the whole repor
   engine_report
 }
 
+part37() {  # session 6, call 9: is it delivery or compute? tiles consumed without GEMV work, unpadded rows
+  setup
+  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  stage profile_06b 100 python3 scripts/decode_layers_profile.py $M/q06 --variant DL_NO_GEMV=1 \
+    --variant DL_NO_GEMV=1,slots=2
+  stage profile_8b 100 python3 scripts/decode_layers_profile.py $M/q8 --variant DL_NO_GEMV=1 \
+    --variant DL_NO_GEMV=1,DL_ROW_PAD=0 --variant DL_ROW_PAD=0
+}
+
 part36() {  # session 6, call 8: four independent mma accumulators a warp
   part34
 }
