@@ -44,7 +44,7 @@
 #define DL_WARPS (DL_THREADS / 32)
 #define DL_MIN_PART 32        // fewest keys an attention split takes
 #define DL_MAX_S 32           // most splits of one KV head (the host sizes the partials for it)
-#define DL_RED 2048           // GEMV partial sums a CTA holds (the host checks rows per CTA)
+#define DL_RED 4096           // GEMV partial sums a CTA holds (the host checks rows per CTA)
 #define DL_U 2                // keys per key group in flight
 
 namespace {
@@ -345,26 +345,28 @@ __device__ void gemv_stage(const Ring& g, int s, int& j, float* xs, bf16* xh, co
       const int row = min(mb * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, nr - 1);
       unsigned asa = tile + (unsigned)row * rs + 16u * (lane >> 4) + 32u * k0;
       unsigned bsa = xsa + 32u * k0;
-      // four independent accumulators: one chain of dependent mma's would leave each k step
-      // waiting out the previous one's latency (part35: ~1.2 us a tile however it computed)
+      // four independent accumulators (one chain of dependent mma's waits out each one's latency)
       float c[4][4] = {};
-      auto step = [&](float (&acc)[4], unsigned as, unsigned bs) {
-        unsigned a0, a1, a2, a3, b0, b1;
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
-                     : "r"(as));
-        asm volatile("ld.shared.u32 %0, [%1];" : "=r"(b0) : "r"(bs));
-        asm volatile("ld.shared.u32 %0, [%1];" : "=r"(b1) : "r"(bs + 16));
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-            "{%0, %1, %2, %3};"
-            : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-      };
       for (int k = k0; k < k1; k += 4, asa += 128, bsa += 128) {
+        // the four steps' loads first, then their mma's: only the first load's latency is waited
+        unsigned af[4][4], bf[4][2];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const unsigned as = k + q < k1 ? asa + 32u * q : asa, bs = k + q < k1 ? bsa + 32u * q : bsa;
+          asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                       : "=r"(af[q][0]), "=r"(af[q][1]), "=r"(af[q][2]), "=r"(af[q][3])
+                       : "r"(as));
+          asm volatile("ld.shared.u32 %0, [%1];" : "=r"(bf[q][0]) : "r"(bs));
+          asm volatile("ld.shared.u32 %0, [%1];" : "=r"(bf[q][1]) : "r"(bs + 16));
+        }
 #pragma unroll
         for (int q = 0; q < 4; ++q)
-          if (k + q < k1) step(c[q], asa + 32u * q, bsa + 32u * q);
+          if (k + q < k1)
+            asm volatile(
+                "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                "{%8, %9}, {%0, %1, %2, %3};"
+                : "+f"(c[q][0]), "+f"(c[q][1]), "+f"(c[q][2]), "+f"(c[q][3])
+                : "r"(af[q][0]), "r"(af[q][1]), "r"(af[q][2]), "r"(af[q][3]), "r"(bf[q][0]), "r"(bf[q][1]));
       }
 #pragma unroll
       for (int q = 1; q < 4; ++q) {

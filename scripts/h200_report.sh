@@ -513,6 +513,16 @@ part28() {  # prepared for session 6's first call (not yet run): the whole repor
   engine_report
 }
 
+part38() {  # session 6, call 10: each 4-step group's loads issued before its mma's; DL_RED 4096
+  setup
+  stage decode_layers_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -x tests/test_decode_layers.py \
+    -k "qwen3-d128-g2 or llama or graph"
+  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  stage profile_06b 100 python3 scripts/decode_layers_profile.py $M/q06 --variant slots=2
+  stage profile_8b 100 python3 scripts/decode_layers_profile.py $M/q8 --variant slots=3
+}
+
 part37() {  # session 6, call 9: is it delivery or compute? tiles consumed without GEMV work, unpadded rows
   setup
   stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&

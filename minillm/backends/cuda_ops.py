@@ -53,7 +53,7 @@ _PDL_MODULES = ("rows", "norm", "elementwise", "decode_attention", "sampling", "
 _PF_ROWS, _PF_BK = 64, 64  # cuda/prefill_attention.cu: query rows per CTA, keys per tile
 # cuda/decode_layers.cu: compute threads (warps) per CTA (one more warp feeds its weight ring), GEMV
 # partial sums a CTA holds, most splits of a KV head, most query heads per KV head it is built for
-_DL_THREADS, _DL_WARPS, _DL_RED, _DL_MAX_S, _DL_MAX_G = 480, 15, 2048, 32, 8
+_DL_THREADS, _DL_WARPS, _DL_RED, _DL_MAX_S, _DL_MAX_G = 480, 15, 4096, 32, 8
 # its weight ring: at most this many slots (DL_MAX_SLOTS), each at least this many bytes
 _DL_MAX_SLOTS, _DL_MIN_SLOT, _DL_ROW_PAD = 8, 16384, 16
 _DL_SYNC_HEADS = 96  # DL_HEADS: where the per-KV-head merge counters start in its sync buffer
