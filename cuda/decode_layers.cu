@@ -276,7 +276,7 @@ __device__ void ring_produce(const Ring& g) {
 __device__ void ring_init(const Ring& g) {
   for (int i = 0; i < g.n; ++i) {
     mbar_init(g.full + 8u * i, 1);  // the producer's arrive (with the bytes it expects)
-    mbar_init(g.empty + 8u * i, DL_WARPS);  // one arrive per compute warp
+    mbar_init(g.empty + 8u * i, DL_THREADS);  // every compute thread arrives once it has read the slot
   }
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
@@ -380,8 +380,9 @@ __device__ void gemv_stage(const Ring& g, int s, int& j, float* xs, bf16* xh, co
         if (r + 8 < nr) red[(a + r + 8) * p.ks + part] = c[0][2];
       }
     }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(g.empty + 8u * (j % g.n));  // this warp is done with the slot
+    // every thread arrives: an arrive releases only its own thread's reads (part39's racecheck
+    // flagged lane 0 arriving for its warp after a __syncwarp)
+    mbar_arrive(g.empty + 8u * (j % g.n));
   }
   cta_sync();  // red[] complete
   lap(DL_PH_TILES);

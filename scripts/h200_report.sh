@@ -513,6 +513,16 @@ part28() {  # prepared for session 6's first call (not yet run): the whole repor
   engine_report
 }
 
+part40() {  # session 6, call 12: racecheck again with every compute thread arriving on a slot's
+  # empty barrier, and the decoder tests
+  setup
+  stage sanitize_decode_layers_racecheck 100 env MINILLM_CUDA_DEBUG=1 compute-sanitizer --tool racecheck \
+    --error-exitcode 1 python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_decode_layers.py \
+    -k "test_one_kernel_matches_op_by_op and 40-16 and qwen3-d128-g2"
+  stage decode_layers_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -x tests/test_decode_layers.py \
+    -k "qwen3-d128-g2 or llama or graph"
+}
+
 part39() {  # session 6, call 11: the ring decoder (producer warp, mbarriers, named barriers) under
   # memcheck, synccheck and racecheck, one small case each
   setup
