@@ -16,22 +16,25 @@
 //
 // Every CTA keeps the whole residual stream in shared memory (each computes the same values), so
 // only the GEMV outputs cross CTAs, through L2 (read with ld.global.cg: L1 is not coherent across
-// SMs). Weights and cached keys never depend on the step's activations, so each GEMV stage copies
-// its first weight chunks into shared memory (cp.async) before the barrier that precedes it, and
-// the weight fetch overlaps the barrier. Values are rounded to bf16 wherever the op-by-op path
-// stores them (residual, normed rows, qkv, q/k after norm and RoPE, attention output, act), so
-// both paths compute the same thing up to fp32 summation order.
+// SMs). Weights never depend on the step's activations, so a producer warp streams each CTA's
+// weight rows through a ring of shared-memory slots (TMA bulk copies, mbarriers) ahead of the
+// compute warps, across stages and layers. Values are rounded to bf16 wherever the op-by-op path
+// stores them (residual, normed rows, qkv, q/k after norm and RoPE, attention output, act), so both
+// paths compute the same thing up to fp32 summation order.
 //
-// Measured on the H200 (docs/BENCHMARKS.md, session 5): 0.98 ms for the 0.6B shape's 28 layers,
-// about what the op-by-op CUDA graph spends on them, and 5.3 ms against ~4.4 on the 8B shape (its
-// GEMV stages stream 2.2-3.6 TB/s). So the host builds it only with MINILLM_FUSED_DECODE=1.
-// scripts/decode_layers_profile.py times each stage and barrier from timestamps the kernel records.
+// Measured on the H200 (docs/BENCHMARKS.md, session 6): the ring alone delivers 4.4-4.6 TB/s, but
+// every tile the compute warps work on costs ~1.2-1.4 us whatever the work (FMA units or tensor
+// cores, one or four accumulator chains; cause not found), so the 0.6B kernel takes 0.95-0.99 ms
+// (about what the op-by-op CUDA graph spends on its layers) and the 8B one 6.1 ms against ~4.4. So
+// the host builds it only with MINILLM_FUSED_DECODE=1. scripts/decode_layers_profile.py times each
+// stage, barrier and GEMV phase from timestamps the kernel records.
 //
 // All CTAs must be resident at once (the barrier spins): the host launches one per SM with more
-// than half an SM's shared memory, so no two share an SM and none waits for a slot. Per-step
-// values (position, slot, context length, block table) come from device buffers, so a captured
-// graph replays for any step. Compiled per model with -DDL_D=<head_dim> -DDL_G=<query heads per
-// KV head>.
+// than half an SM's shared memory, so no two share an SM and none waits for a slot. A CTA is 15
+// compute warps and the producer warp (16 warps leave 128 registers a thread; 17 would leave 96).
+// Per-step values (position, slot, context length, block table) come from device buffers, so a
+// captured graph replays for any step. Compiled per model with -DDL_D=<head_dim> -DDL_G=<query
+// heads per KV head>.
 #include "common.cuh"
 
 #ifndef DL_D
@@ -44,7 +47,7 @@
 #define DL_WARPS (DL_THREADS / 32)
 #define DL_MIN_PART 32        // fewest keys an attention split takes
 #define DL_MAX_S 32           // most splits of one KV head (the host sizes the partials for it)
-#define DL_RED 4096           // GEMV partial sums a CTA holds (the host checks rows per CTA)
+#define DL_RED 2048           // GEMV partial sums a CTA holds (the host checks rows per CTA)
 #define DL_U 2                // keys per key group in flight
 
 namespace {
@@ -159,13 +162,14 @@ __device__ __forceinline__ void load_row(const bf16* src, float* dst, int n) {
 // ---- the weight ring ----------------------------------------------------------------------------
 // Weights never depend on the step's activations, so a CTA knows, before the step starts, every
 // byte of weight it will read and in which order: its rows of the qkv, o, gate_up and down
-// matrices, layer after layer. Thread 0 streams them into a ring of shared-memory slots with TMA
-// bulk copies (cp.async.bulk, one instruction per contiguous run of rows, completion counted on
-// the slot's mbarrier) and refills a slot as soon as the CTA has consumed it, across stage and
-// layer boundaries. The copies run while the CTA waits at grid barriers and works on attention, so
-// a GEMV stage mostly finds its weights already in shared memory. (Measured before this: loading
-// each stage's weights when it starts left the GEMV stages latency-bound at 1.5-1.9 TB/s on the
-// 0.6B shape, and prefetching them into L2 instead gained ~5%: docs/BENCHMARKS.md, session 5.)
+// matrices, layer after layer. A producer warp streams them into a ring of shared-memory slots
+// with TMA bulk copies (cp.async.bulk, one per run of rows, completion counted on the slot's "full"
+// mbarrier) and refills a slot once every compute thread has arrived on its "empty" mbarrier,
+// across stage and layer boundaries. The copies run while the compute warps wait at grid barriers and work on
+// attention, so a GEMV stage mostly finds its weights already in shared memory (the profile's
+// "wait" column). (Before: loading each stage's weights when it started left the GEMV stages
+// latency-bound at 1.5-1.9 TB/s on the 0.6B shape, and prefetching them into L2 instead gained
+// ~5%: docs/BENCHMARKS.md, session 5.)
 
 #define DL_MAX_SLOTS 8
 
@@ -202,11 +206,7 @@ __device__ __forceinline__ void bulk_copy(unsigned dst, const void* src, unsigne
 // This CTA's share of one GEMV stage; the same in every layer (all layers have one shape). Its
 // weight rows, in the order they pass through the ring ("physical rows" p < P): rows r0 .. r0 +
 // rows - 1 of W, and for a gated stage (gate rows [0, N), up rows [N, 2N)) then the same rows of
-// the up half. A slot holds rt whole rows, DL_ROW_PAD bytes apart beyond their 2K bytes (so the
-// tensor cores' fragment loads of 8 rows hit 8 different bank groups); a tile is one slot's worth.
-#ifndef DL_ROW_PAD
-#define DL_ROW_PAD 16
-#endif
+// the up half. A slot holds rt whole rows; a tile is one slot's worth.
 #ifndef DL_NO_GEMV
 #define DL_NO_GEMV 0  // 1 (profiling only, wrong results): consume tiles without computing on them
 #endif
@@ -214,7 +214,7 @@ struct StagePlan {
   int N, K, gated;
   int r0, rows, P;
   int rt;     // rows a tile holds
-  int ks;     // parts K is split into, so a tile's 16-row blocks x ks fill the warps
+  int ks;     // parts K is split into, so a tile's row pairs x ks fill the warps
   int tiles;  // tiles (slots) the stage takes; 0 when this CTA has no rows
 };
 
@@ -226,14 +226,13 @@ __device__ __forceinline__ StagePlan stage_plan(int N, int K, bool gated, int sl
   p.r0 = slice_begin(N);
   p.rows = slice_end(N) - p.r0;
   p.P = p.rows * (gated ? 2 : 1);
-  p.rt = max(1, min(p.P, slot_bytes / (2 * K + DL_ROW_PAD)));
-  p.ks = max(1, min(min(DL_WARPS / ((p.rt + 15) / 16), K / 16), DL_RED / max(1, p.P)));
+  p.rt = max(1, min(p.P, slot_bytes / (2 * K)));
+  p.ks = max(1, min(DL_WARPS / ((p.rt + 1) / 2), K / 8));
   p.tiles = (p.P + p.rt - 1) / p.rt;
   return p;
 }
 
 struct Ring {
-  char* mem;             // slot 0 (slot i at mem + i * slot_bytes)
   unsigned slots;        // shared address of slot 0
   unsigned full, empty;  // shared addresses of slot 0's barriers (8 bytes apart): landed, read
   int n, slot_bytes;     // slots, bytes a slot
@@ -242,8 +241,8 @@ struct Ring {
   const bf16* const* w;   // [n_layers][4] the matrices (shared memory)
 };
 
-// Tile j (in consumption order over the whole launch) into slot j % n, by the producer thread: one
-// TMA bulk copy a row, counted on the slot's "full" barrier.
+// Tile j (in consumption order over the whole launch) into slot j % n, by the producer thread: TMA
+// bulk copies, one per run of rows, counted on the slot's "full" barrier.
 __device__ void ring_issue(const Ring& g, int j) {
   const int layer = j / g.per_layer;
   int t = j % g.per_layer, s = 0;
@@ -254,9 +253,12 @@ __device__ void ring_issue(const Ring& g, int j) {
   unsigned dst = g.slots + (unsigned)(j % g.n) * g.slot_bytes;
   const unsigned row_bytes = 2u * p.K, bar = g.full + 8u * (j % g.n);
   mbar_expect_tx(bar, (unsigned)(b - a) * row_bytes);
-  for (int i = a; i < b; ++i, dst += row_bytes + DL_ROW_PAD) {  // gate (or plain) rows, then up rows
+  for (int i = a; i < b;) {  // at most two runs: the gate rows, then the up rows
+    const int end = i < p.rows ? min(b, p.rows) : b;
     const int row = i < p.rows ? p.r0 + i : p.N + p.r0 + (i - p.rows);
-    bulk_copy(dst, W + (i64)row * p.K, row_bytes, bar);
+    bulk_copy(dst, W + (i64)row * p.K, (unsigned)(end - i) * row_bytes, bar);
+    dst += (unsigned)(end - i) * row_bytes;
+    i = end;
   }
 }
 
@@ -285,11 +287,12 @@ __device__ __forceinline__ void mbar_arrive(unsigned bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
 
-// Stage `s` of a layer: out[n] = x . W[n] (+ bias[n]) for this CTA's rows n; gated: out[n] =
-// silu(x . W[n]) * (x . W[N + n]). pre() (every thread calls it: the grid barrier before the stage
-// and the load of x into xs) runs while the ring's copies are in flight. x is read from a bf16 copy
-// (its values are bf16 already). Partial sums go to red[] and are added in a fixed order, so
-// results do not depend on timing. j: the next tile to consume.
+__device__ __forceinline__ uint4 lds128(unsigned addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+
 // Profile phases of a GEMV stage (thread 0's clock, summed over layers in shared memory):
 #define DL_PH_PRE 0   // pre(): the barrier and the load of x
 #define DL_PH_X 1     // x to bf16
@@ -298,6 +301,15 @@ __device__ __forceinline__ void mbar_arrive(unsigned bar) {
 #define DL_PH_OUT 4   // the epilogue
 #define DL_PHASES 5
 
+// Stage `s` of a layer: out[n] = x . W[n] (+ bias[n]) for this CTA's rows n; gated: out[n] =
+// silu(x . W[n]) * (x . W[N + n]). pre() (every compute thread calls it: the grid barrier before
+// the stage and the load of x into xs) runs while the ring's copies are in flight. A warp computes a
+// pair of rows over one of ks parts of K per unit; x is read from a bf16 copy (its values are bf16
+// already), so a lane's 16-byte load of x serves 16 products. Partial sums go to red[] and are
+// added in a fixed order, so results do not depend on timing. j: the next tile to consume; clock:
+// null, or thread 0's [4][DL_PHASES] phase times. (Tensor cores instead, mma m16n8k16 with x in
+// every column, measured slower on the 8B shape, 8.5 ms against 6.1: a tile of 1-3 rows made each
+// ldmatrix read 16: commit 50f7bd7 and docs/BENCHMARKS.md, session 6.)
 template <typename Pre>
 __device__ void gemv_stage(const Ring& g, int s, int& j, float* xs, bf16* xh, const bf16* __restrict__ bias,
                            bf16* out, float* red, u64* clock, Pre pre) {
@@ -324,60 +336,36 @@ __device__ void gemv_stage(const Ring& g, int s, int& j, float* xs, bf16* xh, co
   }
   cta_sync();
   lap(DL_PH_X);
-  // Tensor cores (mma m16n8k16, bf16 in, fp32 accumulate): A = 16 weight rows x 16 k, B = x[k]
-  // in all 8 columns, so every column of C holds the 16 dot products. A unit: one 16-row block of
-  // the tile over one of ks parts of its K / 16 steps. (Unpacking bf16 and fp32 FMAs took ~18
-  // instructions per 16 bytes of weights: the SM's issue rate, not HBM, bounded the GEMV stages.)
-  const unsigned xsa = smem_addr(xh) + 4u * (lane & 3);
-  const unsigned rs = 2u * p.K + DL_ROW_PAD;  // a row's stride in the slot
-  const int steps = p.K / 16;
+  const unsigned xsa = smem_addr(xh);
   for (int tt = 0; tt < p.tiles; ++tt, ++j) {
     const u64 w0 = timed ? global_ns() : 0;
     mbar_wait(g.full + 8u * (j % g.n), (unsigned)(j / g.n) & 1u);
     if (timed) ph[DL_PH_WAIT] += global_ns() - w0;
     const unsigned tile = g.slots + (unsigned)(j % g.n) * g.slot_bytes;
-    const int a = tt * p.rt, nr = min(p.P, a + p.rt) - a, units = (nr + 15) / 16 * p.ks;
+    const int a = tt * p.rt, nr = min(p.P, a + p.rt) - a, units = (nr + 1) / 2 * p.ks;
     for (int u = warp; u < (DL_NO_GEMV ? 0 : units); u += DL_WARPS) {
-      const int mb = u / p.ks, part = u % p.ks;
-      const int k0 = part * steps / p.ks, k1 = (part + 1) * steps / p.ks;
-      // ldmatrix.x4: lane l gives row l % 8 of 8x8 matrix l / 8 (rows +8 for odd matrices, k +8
-      // for the last two); rows past the tile read its last row (their outputs are dropped)
-      const int row = min(mb * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, nr - 1);
-      unsigned asa = tile + (unsigned)row * rs + 16u * (lane >> 4) + 32u * k0;
-      unsigned bsa = xsa + 32u * k0;
-      // four independent accumulators (one chain of dependent mma's waits out each one's latency)
-      float c[4][4] = {};
-      for (int k = k0; k < k1; k += 4, asa += 128, bsa += 128) {
-        // the four steps' loads first, then their mma's: only the first load's latency is waited
-        unsigned af[4][4], bf[4][2];
+      const int pr = u / p.ks, part = u % p.ks;
+      const int ra = 2 * pr, rb = min(ra + 1, nr - 1);  // a missing second row re-reads the first
+      const int c0 = (int)((i64)part * chunks / p.ks), c1 = (int)((i64)(part + 1) * chunks / p.ks);
+      const unsigned wa_sa = tile + 16u * (ra * chunks), wb_sa = tile + 16u * (rb * chunks);
+      float acc0 = 0.f, acc1 = 0.f;
+#pragma unroll 2
+      for (int c = c0 + lane; c < c1; c += 32) {
+        float xf[8], wa[8], wb[8];
+        minillm::unpack_bf16x8(lds128(xsa + 16u * c), xf);
+        minillm::unpack_bf16x8(lds128(wa_sa + 16u * c), wa);
+        minillm::unpack_bf16x8(lds128(wb_sa + 16u * c), wb);
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const unsigned as = k + q < k1 ? asa + 32u * q : asa, bs = k + q < k1 ? bsa + 32u * q : bsa;
-          asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                       : "=r"(af[q][0]), "=r"(af[q][1]), "=r"(af[q][2]), "=r"(af[q][3])
-                       : "r"(as));
-          asm volatile("ld.shared.u32 %0, [%1];" : "=r"(bf[q][0]) : "r"(bs));
-          asm volatile("ld.shared.u32 %0, [%1];" : "=r"(bf[q][1]) : "r"(bs + 16));
+        for (int k = 0; k < 8; ++k) {
+          acc0 = fmaf(xf[k], wa[k], acc0);
+          acc1 = fmaf(xf[k], wb[k], acc1);
         }
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-          if (k + q < k1)
-            asm volatile(
-                "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                "{%8, %9}, {%0, %1, %2, %3};"
-                : "+f"(c[q][0]), "+f"(c[q][1]), "+f"(c[q][2]), "+f"(c[q][3])
-                : "r"(af[q][0]), "r"(af[q][1]), "r"(af[q][2]), "r"(af[q][3]), "r"(bf[q][0]), "r"(bf[q][1]));
       }
-#pragma unroll
-      for (int q = 1; q < 4; ++q) {
-        c[0][0] += c[q][0];
-        c[0][2] += c[q][2];
-      }
-      // C column 0: lane 4 g holds rows g (c[0]) and g + 8 (c[2]) of the block
-      if ((lane & 3) == 0) {
-        const int r = mb * 16 + (lane >> 2);
-        if (r < nr) red[(a + r) * p.ks + part] = c[0][0];
-        if (r + 8 < nr) red[(a + r + 8) * p.ks + part] = c[0][2];
+      acc0 = minillm::warp_sum(acc0);
+      acc1 = minillm::warp_sum(acc1);
+      if (lane == 0) {
+        red[(a + ra) * p.ks + part] = acc0;
+        if (ra + 1 < nr) red[(a + ra + 1) * p.ks + part] = acc1;
       }
     }
     // every thread arrives: an arrive releases only its own thread's reads (part39's racecheck
@@ -669,8 +657,9 @@ __device__ void attention_stage(const AttnArgs& a, float* sm, Pre pre) {
 
 }  // namespace
 
-// grid (number of SMs), block DL_THREADS + 32 (the compute warps, then the ring's producer warp), dynamic shared memory from the host (> half an SM's;
-// the layout below, then the weight ring: n_slots x slot_bytes at a 128-byte boundary).
+// grid (number of SMs), block DL_THREADS + 32 (the compute warps, then the ring's producer warp),
+// dynamic shared memory from the host (> half an SM's; the layout below, then the weight ring:
+// n_slots x slot_bytes at a 128-byte boundary).
 // residual [H] holds the embedded token on entry and the residual stream before the last layer's
 // down output on exit; hidden [H] that output (what rms_norm(hidden, residual=residual) expects).
 // table: [n_layers, 9] LayerPtrs; k_cache / v_cache: layer 0 of [layers, blocks, block_size, NKV,
@@ -713,7 +702,6 @@ extern "C" __global__ void __launch_bounds__(DL_THREADS + 32, 1) decode_layers(
     wts[4 * i + 3] = lp.down;
   }
   Ring ring;
-  ring.mem = ring_mem;
   ring.slots = smem_addr(ring_mem);
   ring.full = smem_addr(ring_bars);
   ring.empty = ring.full + 8u * DL_MAX_SLOTS;
@@ -727,7 +715,7 @@ extern "C" __global__ void __launch_bounds__(DL_THREADS + 32, 1) decode_layers(
     plan[2] = stage_plan(F, H, true, slot_bytes);
     plan[3] = stage_plan(H, F, false, slot_bytes);
     for (int s = 0; s < 4; ++s)
-      MINILLM_CHECK(plan[s].P * plan[s].ks <= DL_RED && plan[s].rt * (2 * plan[s].K + DL_ROW_PAD) <= slot_bytes);
+      MINILLM_CHECK(plan[s].P * plan[s].ks <= DL_RED && plan[s].rt * 2 * plan[s].K <= slot_bytes);
     ring_init(ring);
   }
   __syncthreads();  // the only barrier of all DL_THREADS + 32 threads

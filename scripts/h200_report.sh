@@ -24,7 +24,7 @@
 #   part12-part14: session 3 (tests, GEMV variants, decode with PDL on/off, throughput profile,
 #                  spec cost; failure matrix and memcheck; racecheck/synccheck/initcheck)
 #   part22-part27: session 5 (see each function); part28: prepared for session 6's first call;
-#   part29-: session 6.
+#   part29-part41: session 6 (the one-kernel decoder's weight ring); part42: prepared for session 7.
 #   part15-part21: session 4 (ncu kernel split of a decode step; decode-attention split sweeps and
 #                  variants; async scheduling; final failure matrix, memcheck, synccheck/initcheck;
 #                  spec cost; skinny GEMM bench and racecheck). part21 is the one-call rerun.
@@ -511,6 +511,34 @@ part28() {  # prepared for session 6's first call (not yet run): the whole repor
     python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_decode_layers.py \
     -k "test_one_kernel_matches_op_by_op and 40-16 and qwen3-d128-g2"
   engine_report
+}
+
+part42() {  # prepared for session 7's first call (not yet run): where the ring decoder's warps stall.
+  # Session 6 found every GEMV tile costing ~1.2 us of compute whatever the work; ncu's warp-state
+  # sampling per SASS instruction says which instruction they wait at. Then the decoder's tests.
+  setup
+  stage models 60 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  stage ncu_decoder_8b 240 ncu --kernel-name decode_layers --launch-skip 12 --launch-count 1 \
+    --section WarpStateStats --section SourceCounters --section SchedulerStats -f -o "$W/decoder_8b" \
+    python3 scripts/decode_layers_profile.py $M/q8
+  stage ncu_decoder_8b_sass 60 bash -c "ncu --import $W/decoder_8b.ncu-rep --page source --print-source sass \
+    --csv > $W/decoder_8b_sass.csv; ncu --import $W/decoder_8b.ncu-rep --page details > $W/decoder_8b_details.txt"
+  stage decode_layers_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -x tests/test_decode_layers.py
+  # session 6's last commit put the FMA tiles of part34 back with part40's every-thread arrivals:
+  # that combination has not run on a GPU; the tests above and racecheck here check it
+  stage racecheck_decode_layers 100 env MINILLM_CUDA_DEBUG=1 compute-sanitizer --tool racecheck --error-exitcode 1 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_decode_layers.py \
+    -k "test_one_kernel_matches_op_by_op and 40-16 and qwen3-d128-g2"
+  stage profile_06b 100 python3 scripts/decode_layers_profile.py $M/q06 --variant slots=4 --variant DL_NO_GEMV=1
+}
+
+part41() {  # session 6, call 13 (run by hand with the same commands): the profile after part40
+  setup
+  stage models 60 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  stage profile_06b 100 python3 scripts/decode_layers_profile.py $M/q06 --variant slots=2
+  stage profile_8b 100 python3 scripts/decode_layers_profile.py $M/q8 --variant slots=3
 }
 
 part40() {  # session 6, call 12: racecheck again with every compute thread arriving on a slot's

@@ -53,9 +53,9 @@ _PDL_MODULES = ("rows", "norm", "elementwise", "decode_attention", "sampling", "
 _PF_ROWS, _PF_BK = 64, 64  # cuda/prefill_attention.cu: query rows per CTA, keys per tile
 # cuda/decode_layers.cu: compute threads (warps) per CTA (one more warp feeds its weight ring), GEMV
 # partial sums a CTA holds, most splits of a KV head, most query heads per KV head it is built for
-_DL_THREADS, _DL_WARPS, _DL_RED, _DL_MAX_S, _DL_MAX_G = 480, 15, 4096, 32, 8
+_DL_THREADS, _DL_WARPS, _DL_RED, _DL_MAX_S, _DL_MAX_G = 480, 15, 2048, 32, 8
 # its weight ring: at most this many slots (DL_MAX_SLOTS), each at least this many bytes
-_DL_MAX_SLOTS, _DL_MIN_SLOT, _DL_ROW_PAD = 8, 16384, 16
+_DL_MAX_SLOTS, _DL_MIN_SLOT = 8, 16384
 _DL_SYNC_HEADS = 96  # DL_HEADS: where the per-KV-head merge counters start in its sync buffer
 
 
@@ -188,10 +188,13 @@ _NULL = np.uint64(0)
 
 
 def _dl_ring_shape(free: int, max_k: int, n_slots: int | None = None) -> tuple[int, int]:
-    """cuda/decode_layers.cu's weight ring in `free` bytes of shared memory: (slots, bytes a slot),
-    as many slots as fit (at most 8) with each holding a whole row of the widest matrix."""
-    least = max(_DL_MIN_SLOT, _cdiv(2 * max_k + _DL_ROW_PAD, 1024) * 1024)
-    n = min(_DL_MAX_SLOTS, free // least) if n_slots is None else n_slots
+    """cuda/decode_layers.cu's weight ring in `free` bytes of shared memory: (slots, bytes a slot).
+    Two slots by default: a tile costs ~1.2-1.4 us of compute whatever its size (docs/BENCHMARKS.md,
+    session 6), so the fewest, largest tiles measured fastest (0.6B kernel 990 us with 2 slots
+    against 1,038 with 8; 8B 6.1 ms with 3 against 6.9 with 5, 2 not measured). A slot holds at
+    least one row of the widest matrix."""
+    least = max(_DL_MIN_SLOT, _cdiv(2 * max_k, 1024) * 1024)
+    n = min(2 if n_slots is None else n_slots, _DL_MAX_SLOTS, free // least)
     return n, (free // max(n, 1)) // 1024 * 1024
 
 
@@ -199,8 +202,8 @@ def _dl_stage_red(rows: int, K: int, gated: bool, slot_bytes: int) -> int:
     """Partial sums one CTA of cuda/decode_layers.cu keeps for a GEMV stage of `rows` output rows
     (its stage_plan(): rows a ring slot holds, the K split that fills the warps)."""
     P = rows * (2 if gated else 1)
-    rt = max(1, min(P, slot_bytes // (2 * K + _DL_ROW_PAD)))
-    ks = max(1, min(_DL_WARPS // ((rt + 15) // 16), K // 16, _DL_RED // max(1, P)))
+    rt = max(1, min(P, slot_bytes // (2 * K)))
+    ks = max(1, min(_DL_WARPS // ((rt + 1) // 2), K // 8))
     return P * ks
 
 
@@ -713,12 +716,12 @@ class CudaBackend:
         """cuda/decode_layers.cu compiled for this model's head shape, its layer pointer table and
         scratch, made once at startup; None where the kernel does not apply (fp32 storage, head dim
         other than 64/128, more than 8 query heads per KV head) and unless MINILLM_FUSED_DECODE=1:
-        measured on the H200 it is not faster than the op-by-op CUDA graph yet (0.6B: kernel 0.98
-        ms against ~0.95 ms of layers in the graph; 8B: 5.3 against 4.4; docs/BENCHMARKS.md), so
-        one-token steps run op by op unless asked."""
+        measured on the H200 it is not faster than the op-by-op CUDA graph yet (0.6B: kernel
+        0.95-0.99 ms against ~0.95 ms of layers in the graph; 8B: 6.1 against 4.4;
+        docs/BENCHMARKS.md, session 6), so one-token steps run op by op unless asked."""
         D, NQ, NKV, H, F = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.hidden_size, cfg.intermediate_size
         if (self.dtype == np.float32 or os.environ.get("MINILLM_FUSED_DECODE", "0") != "1"
-                or D not in (64, 128) or NQ % NKV or NQ // NKV > _DL_MAX_G or H % 16 or F % 16):
+                or D not in (64, 128) or NQ % NKV or NQ // NKV > _DL_MAX_G or H % 8 or F % 8):
             return None
         G, QS, KVS = NQ // NKV, NQ * D, NKV * D
         att = G * D + 2 * D + 2 * _DL_WARPS * G + _DL_WARPS * G * D  # attention_stage's shared scratch
