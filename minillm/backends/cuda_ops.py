@@ -189,12 +189,14 @@ _NULL = np.uint64(0)
 
 def _dl_ring_shape(free: int, max_k: int, n_slots: int | None = None) -> tuple[int, int]:
     """cuda/decode_layers.cu's weight ring in `free` bytes of shared memory: (slots, bytes a slot).
-    Two slots by default: a tile costs ~1.2-1.4 us of compute whatever its size (docs/BENCHMARKS.md,
-    session 6), so the fewest, largest tiles measured fastest (0.6B kernel 990 us with 2 slots
-    against 1,038 with 8; 8B 6.1 ms with 3 against 6.9 with 5, 2 not measured). A slot holds at
-    least one row of the widest matrix."""
+    By default at most 4 slots of at least 40 KiB: a tile costs ~1.2-1.4 us of compute whatever its
+    size (docs/BENCHMARKS.md, session 6), so few, large tiles measured fastest (part34: 0.6B kernel
+    955 us with 4 slots of 47 KiB, 990 with 2, 1,038 with 8; 8B 6.1 ms with 3 of 43 KiB, 6.9 with
+    5). A slot holds at least one row of the widest matrix."""
     least = max(_DL_MIN_SLOT, _cdiv(2 * max_k, 1024) * 1024)
-    n = min(2 if n_slots is None else n_slots, _DL_MAX_SLOTS, free // least)
+    if n_slots is None:
+        n_slots = max(2, min(4, free // max(least, 40 * 1024)))
+    n = min(n_slots, _DL_MAX_SLOTS, free // least)
     return n, (free // max(n, 1)) // 1024 * 1024
 
 
