@@ -513,12 +513,23 @@ part28() {  # prepared for session 6's first call (not yet run): the whole repor
   engine_report
 }
 
+models_q06_q8() {  # session 6's calls: both random-weight Qwen3 shapes (timeout in seconds)
+  stage models "$1" bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+}
+
+decode_fused() {  # single-stream decode of both shapes with the one-kernel decoder
+  stage decode_06b_fused 60 env MINILLM_FUSED_DECODE=1 python3 -m minillm.bench decode $M/q06 --device cuda \
+    --input-len 512 --output-len 256 --result-json "$W/decode_06b_fused.json"
+  stage decode_8b_fused 70 env MINILLM_FUSED_DECODE=1 python3 -m minillm.bench decode $M/q8 --device cuda \
+    --input-len 512 --output-len 128 --result-json "$W/decode_8b_fused.json"
+}
+
 part42() {  # prepared for session 7's first call (not yet run): where the ring decoder's warps stall.
   # Session 6 found every GEMV tile costing ~1.2 us of compute whatever the work; ncu's warp-state
   # sampling per SASS instruction says which instruction they wait at. Then the decoder's tests.
   setup
-  stage models 60 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  models_q06_q8 60
   stage ncu_decoder_8b 240 ncu --kernel-name decode_layers --launch-skip 12 --launch-count 1 \
     --section WarpStateStats --section SourceCounters --section SchedulerStats -f -o "$W/decoder_8b" \
     python3 scripts/decode_layers_profile.py $M/q8
@@ -535,8 +546,7 @@ part42() {  # prepared for session 7's first call (not yet run): where the ring 
 
 part41() {  # session 6, call 13 (run by hand with the same commands): the profile after part40
   setup
-  stage models 60 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  models_q06_q8 60
   stage profile_06b 100 python3 scripts/decode_layers_profile.py $M/q06 --variant slots=2
   stage profile_8b 100 python3 scripts/decode_layers_profile.py $M/q8 --variant slots=3
 }
@@ -565,16 +575,14 @@ part38() {  # session 6, call 10: each 4-step group's loads issued before its mm
   setup
   stage decode_layers_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -x tests/test_decode_layers.py \
     -k "qwen3-d128-g2 or llama or graph"
-  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  models_q06_q8 90
   stage profile_06b 100 python3 scripts/decode_layers_profile.py $M/q06 --variant slots=2
   stage profile_8b 100 python3 scripts/decode_layers_profile.py $M/q8 --variant slots=3
 }
 
 part37() {  # session 6, call 9: is it delivery or compute? tiles consumed without GEMV work, unpadded rows
   setup
-  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  models_q06_q8 90
   stage profile_06b 100 python3 scripts/decode_layers_profile.py $M/q06 --variant DL_NO_GEMV=1 \
     --variant DL_NO_GEMV=1,slots=2
   stage profile_8b 100 python3 scripts/decode_layers_profile.py $M/q8 --variant DL_NO_GEMV=1 \
@@ -592,14 +600,10 @@ part35() {  # session 6, call 7: the GEMV tiles on tensor cores (mma m16n8k16), 
 part34() {  # session 6, call 6: the ring fed by its own producer warp (480 compute threads + 32)
   setup
   stage decode_layers_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -x tests/test_decode_layers.py
-  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  models_q06_q8 90
   stage profile_06b 100 python3 scripts/decode_layers_profile.py $M/q06 --variant slots=2 --variant slots=4
   stage profile_8b 100 python3 scripts/decode_layers_profile.py $M/q8 --variant slots=3
-  stage decode_06b_fused 60 env MINILLM_FUSED_DECODE=1 python3 -m minillm.bench decode $M/q06 --device cuda \
-    --input-len 512 --output-len 256 --result-json "$W/decode_06b_fused.json"
-  stage decode_8b_fused 70 env MINILLM_FUSED_DECODE=1 python3 -m minillm.bench decode $M/q8 --device cuda \
-    --input-len 512 --output-len 128 --result-json "$W/decode_8b_fused.json"
+  decode_fused
 }
 
 part33() {  # session 6, call 5: tiles read with ld.shared.v4 (part32's SASS: the weights were read with
@@ -607,8 +611,7 @@ part33() {  # session 6, call 5: tiles read with ld.shared.v4 (part32's SASS: th
   setup
   stage decode_layers_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -x tests/test_decode_layers.py \
     -k "qwen3-d128-g2 or llama or graph"
-  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  models_q06_q8 90
   stage profile_06b 100 python3 scripts/decode_layers_profile.py $M/q06 --variant slots=2 --variant slots=4
   stage profile_8b 100 python3 scripts/decode_layers_profile.py $M/q8 --variant slots=3
 }
@@ -618,8 +621,7 @@ part32() {  # session 6, call 4: is the decoder's GEMV slow because a 224 KiB ri
   setup
   stage sass 60 bash -c "nvcc -arch=sm_90a -std=c++17 -cubin -DDL_D=128 -DDL_G=2 -Icuda -o $W/dl.cubin \
     cuda/decode_layers.cu -Xptxas -v && cuobjdump -sass $W/dl.cubin > $W/dl.sass; grep -c LDL $W/dl.sass"
-  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  models_q06_q8 90
   stage profile_06b 100 python3 scripts/decode_layers_profile.py $M/q06 --variant slots=2 --variant ringkb=64,slots=2 \
     --variant ringkb=96,slots=2 --variant ringkb=96,slots=4
   stage profile_8b 100 python3 scripts/decode_layers_profile.py $M/q8 --variant slots=3 --variant ringkb=64,slots=2 \
@@ -637,8 +639,7 @@ part30() {  # session 6, call 2: the ring's two copy engines (TMA bulk copies by
   setup
   stage decode_layers_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -x tests/test_decode_layers.py \
     -k "qwen3-d128-g2 or llama or graph"
-  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  models_q06_q8 90
   stage profile_06b 100 python3 scripts/decode_layers_profile.py $M/q06 --variant slots=4 --variant DL_RING_CPASYNC=1 \
     --variant DL_RING_CPASYNC=1,slots=4 --variant slots=2
   stage profile_8b 100 python3 scripts/decode_layers_profile.py $M/q8 --variant slots=3 --variant DL_RING_CPASYNC=1 \
@@ -650,14 +651,10 @@ part29() {  # session 6, call 1: the one-kernel decoder with its weight ring (TM
   setup
   facts > "$W/facts.txt" 2>&1
   stage decode_layers_tests 180 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -x tests/test_decode_layers.py
-  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  models_q06_q8 90
   stage profile_06b 100 python3 scripts/decode_layers_profile.py $M/q06 --variant slots=4 --variant slots=6
   stage profile_8b 100 python3 scripts/decode_layers_profile.py $M/q8 --variant slots=3
-  stage decode_06b_fused 60 env MINILLM_FUSED_DECODE=1 python3 -m minillm.bench decode $M/q06 --device cuda \
-    --input-len 512 --output-len 256 --result-json "$W/decode_06b_fused.json"
-  stage decode_8b_fused 70 env MINILLM_FUSED_DECODE=1 python3 -m minillm.bench decode $M/q8 --device cuda \
-    --input-len 512 --output-len 128 --result-json "$W/decode_8b_fused.json"
+  decode_fused
 }
 
 sanitize_server_all() {  # the server reproducer (c = 8, 4096, DFlash k = 8) under all four
