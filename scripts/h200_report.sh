@@ -525,23 +525,24 @@ decode_fused() {  # single-stream decode of both shapes with the one-kernel deco
     --input-len 512 --output-len 128 --result-json "$W/decode_8b_fused.json"
 }
 
-part42() {  # prepared for session 7's first call (not yet run): where the ring decoder's warps stall.
-  # Session 6 found every GEMV tile costing ~1.2 us of compute whatever the work; ncu's warp-state
-  # sampling per SASS instruction says which instruction they wait at. Then the decoder's tests.
+part42() {  # prepared for session 7's first call (not yet run). Session 6's last commit put part34's FMA
+  # tiles back with part40's every-thread arrivals: that combination has not run on a GPU, so its
+  # tests and racecheck come first, then its profile; then where the warps stall (session 6 found
+  # every GEMV tile costing ~1.2 us of compute whatever the work): ncu's warp-state sampling per
+  # SASS instruction of one 8B launch
   setup
-  models_q06_q8 60
-  stage ncu_decoder_8b 240 ncu --kernel-name decode_layers --launch-skip 12 --launch-count 1 \
-    --section WarpStateStats --section SourceCounters --section SchedulerStats -f -o "$W/decoder_8b" \
-    python3 scripts/decode_layers_profile.py $M/q8
-  stage ncu_decoder_8b_sass 60 bash -c "ncu --import $W/decoder_8b.ncu-rep --page source --print-source sass \
-    --csv > $W/decoder_8b_sass.csv; ncu --import $W/decoder_8b.ncu-rep --page details > $W/decoder_8b_details.txt"
   stage decode_layers_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -x tests/test_decode_layers.py
-  # session 6's last commit put the FMA tiles of part34 back with part40's every-thread arrivals:
-  # that combination has not run on a GPU; the tests above and racecheck here check it
   stage racecheck_decode_layers 100 env MINILLM_CUDA_DEBUG=1 compute-sanitizer --tool racecheck --error-exitcode 1 \
     python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_decode_layers.py \
     -k "test_one_kernel_matches_op_by_op and 40-16 and qwen3-d128-g2"
-  stage profile_06b 100 python3 scripts/decode_layers_profile.py $M/q06 --variant slots=4 --variant DL_NO_GEMV=1
+  models_q06_q8 60
+  stage profile_06b 60 python3 scripts/decode_layers_profile.py $M/q06 --variant slots=2 --variant DL_NO_GEMV=1
+  stage profile_8b 60 python3 scripts/decode_layers_profile.py $M/q8 --variant slots=2
+  stage ncu_decoder_8b 180 ncu --kernel-name decode_layers --launch-skip 12 --launch-count 1 \
+    --section WarpStateStats --section SourceCounters --section SchedulerStats -f -o "$W/decoder_8b" \
+    python3 scripts/decode_layers_profile.py $M/q8
+  stage ncu_decoder_8b_sass 40 bash -c "ncu --import $W/decoder_8b.ncu-rep --page source --print-source sass \
+    --csv > $W/decoder_8b_sass.csv; ncu --import $W/decoder_8b.ncu-rep --page details > $W/decoder_8b_details.txt"
 }
 
 part41() {  # session 6, call 13 (run by hand with the same commands): the profile after part40
