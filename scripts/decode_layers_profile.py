@@ -107,7 +107,7 @@ def main() -> None:
             e.synchronize()
             if i >= 3:
                 times.append(cp.cuda.get_elapsed_time(s, e) * 1e3)
-        raw = be.to_host(plan.prof).astype(np.int64)  # the last launch's timestamps, then ring waits
+        raw = be.to_host(plan.prof).astype(np.int64)  # the last launch: barrier timestamps, phase clocks
         t = raw[:nb * be.num_sms * 2].reshape(nb, be.num_sms, 2)
         phases = raw[nb * be.num_sms * 2:].reshape(be.num_sms, 4, len(PHASES)) / 1e3 / L  # us a layer
         arrive, release = t[:, :, 0], t[:, :, 1]
