@@ -206,10 +206,19 @@ __device__ __forceinline__ void bulk_copy(unsigned dst, const void* src, unsigne
 // This CTA's share of one GEMV stage; the same in every layer (all layers have one shape). Its
 // weight rows, in the order they pass through the ring ("physical rows" p < P): rows r0 .. r0 +
 // rows - 1 of W, and for a gated stage (gate rows [0, N), up rows [N, 2N)) then the same rows of
-// the up half. A slot holds rt whole rows; a tile is one slot's worth.
+// the up half. A slot holds rt whole rows (DL_ROW_PAD bytes apart beyond their 2K); a tile is one
+// slot's worth.
 #ifndef DL_NO_GEMV
 #define DL_NO_GEMV 0  // 1 (profiling only, wrong results): consume tiles without computing on them
 #endif
+// 1: the tiles on tensor cores with the weights as mma's B operand (8 rows x 16 k, rows past the
+// tile load zeros instead of re-reading a row), x in every row of A. Session 6's tensor-core try
+// put the weights in A (16 rows a mma): tiles of 1-3 rows read 16, and 8B got slower. Not yet run
+// on a GPU: tests/test_decode_layers.py's variant test and the profile's --variant DL_MMA_B=1.
+#ifndef DL_MMA_B
+#define DL_MMA_B 0
+#endif
+#define DL_ROW_PAD (DL_MMA_B ? 16 : 0)  // B fragments of 8 rows then hit 8 different bank groups
 struct StagePlan {
   int N, K, gated;
   int r0, rows, P;
@@ -226,8 +235,12 @@ __device__ __forceinline__ StagePlan stage_plan(int N, int K, bool gated, int sl
   p.r0 = slice_begin(N);
   p.rows = slice_end(N) - p.r0;
   p.P = p.rows * (gated ? 2 : 1);
-  p.rt = max(1, min(p.P, slot_bytes / (2 * K)));
+  p.rt = max(1, min(p.P, slot_bytes / (2 * K + DL_ROW_PAD)));
+#if DL_MMA_B  // units of 8 rows x one of ks parts of the K / 16 steps; partial sums capped at DL_RED
+  p.ks = max(1, min(min(DL_WARPS / ((p.rt + 7) / 8), K / 16), DL_RED / max(1, p.P)));
+#else
   p.ks = max(1, min(DL_WARPS / ((p.rt + 1) / 2), K / 8));
+#endif
   p.tiles = (p.P + p.rt - 1) / p.rt;
   return p;
 }
@@ -253,11 +266,11 @@ __device__ void ring_issue(const Ring& g, int j) {
   unsigned dst = g.slots + (unsigned)(j % g.n) * g.slot_bytes;
   const unsigned row_bytes = 2u * p.K, bar = g.full + 8u * (j % g.n);
   mbar_expect_tx(bar, (unsigned)(b - a) * row_bytes);
-  for (int i = a; i < b;) {  // at most two runs: the gate rows, then the up rows
-    const int end = i < p.rows ? min(b, p.rows) : b;
+  for (int i = a; i < b;) {  // at most two runs (the gate rows, then the up rows), or one copy a row
+    const int end = DL_ROW_PAD ? i + 1 : i < p.rows ? min(b, p.rows) : b;
     const int row = i < p.rows ? p.r0 + i : p.N + p.r0 + (i - p.rows);
     bulk_copy(dst, W + (i64)row * p.K, (unsigned)(end - i) * row_bytes, bar);
-    dst += (unsigned)(end - i) * row_bytes;
+    dst += (unsigned)(end - i) * (row_bytes + DL_ROW_PAD);
     i = end;
   }
 }
@@ -291,6 +304,53 @@ __device__ __forceinline__ uint4 lds128(unsigned addr) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
   return v;
+}
+
+// DL_MMA_B: one tile on tensor cores. A unit is an 8-row block of the tile over one of ks parts of
+// its K / 16 steps: mma m16n8k16 with A = x[16 k .. 16 k + 16) in all 16 rows and B = the block's
+// rows (lane 4 g + t loads row g's words at 2 t and 2 t + 8 of the step; rows past the tile load
+// zeros), so every row of C holds x . W[row n] for the block's 8 rows n: lanes 0-3 write them.
+__device__ __forceinline__ unsigned lds32(unsigned addr) {
+  unsigned v;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
+  return v;
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                         unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void mma_tile(unsigned tile, unsigned xsa, int a, int nr, const StagePlan& p, float* red,
+                                         int warp, int lane) {
+  const unsigned rs = 2u * p.K + DL_ROW_PAD;
+  const int steps = p.K / 16, g = lane >> 2, t = lane & 3, units = (nr + 7) / 8 * p.ks;
+  for (int u = warp; u < units; u += DL_WARPS) {
+    const int mb = u / p.ks, part = u % p.ks;
+    const int k0 = part * steps / p.ks, k1 = (part + 1) * steps / p.ks;
+    const bool has = mb * 8 + g < nr;
+    unsigned wsa = tile + (unsigned)(has ? mb * 8 + g : 0) * rs + 4u * t + 32u * k0;
+    unsigned xa = xsa + 4u * t + 32u * k0;
+    float c[2][4] = {};  // two accumulators, so consecutive mma's do not wait for each other
+    for (int k = k0; k < k1; k += 2, wsa += 64, xa += 64) {
+#pragma unroll
+      for (int q = 0; q < 2; ++q)
+        if (k + q < k1) {
+          const unsigned b0 = has ? lds32(wsa + 32u * q) : 0u, b1 = has ? lds32(wsa + 32u * q + 16) : 0u;
+          const unsigned x0 = lds32(xa + 32u * q), x1 = lds32(xa + 32u * q + 16);
+          mma_bf16(c[q], x0, x0, x1, x1, b0, b1);
+        }
+    }
+    if (lane < 4) {  // C[0][2 lane], C[0][2 lane + 1]: rows 2 lane and 2 lane + 1 of the block
+      const int r = mb * 8 + 2 * lane;
+      if (r < nr) red[(a + r) * p.ks + part] = c[0][0] + c[1][0];
+      if (r + 1 < nr) red[(a + r + 1) * p.ks + part] = c[0][1] + c[1][1];
+    }
+  }
 }
 
 // Profile phases of a GEMV stage (thread 0's clock, summed over layers in shared memory):
@@ -343,7 +403,8 @@ __device__ void gemv_stage(const Ring& g, int s, int& j, float* xs, bf16* xh, co
     if (timed) ph[DL_PH_WAIT] += global_ns() - w0;
     const unsigned tile = g.slots + (unsigned)(j % g.n) * g.slot_bytes;
     const int a = tt * p.rt, nr = min(p.P, a + p.rt) - a, units = (nr + 1) / 2 * p.ks;
-    for (int u = warp; u < (DL_NO_GEMV ? 0 : units); u += DL_WARPS) {
+    if (DL_MMA_B && !DL_NO_GEMV) mma_tile(tile, xsa, a, nr, p, red, warp, lane);
+    for (int u = warp; u < (DL_NO_GEMV || DL_MMA_B ? 0 : units); u += DL_WARPS) {
       const int pr = u / p.ks, part = u % p.ks;
       const int ra = 2 * pr, rb = min(ra + 1, nr - 1);  // a missing second row re-reads the first
       const int c0 = (int)((i64)part * chunks / p.ks), c1 = (int)((i64)(part + 1) * chunks / p.ks);
@@ -715,7 +776,8 @@ extern "C" __global__ void __launch_bounds__(DL_THREADS + 32, 1) decode_layers(
     plan[2] = stage_plan(F, H, true, slot_bytes);
     plan[3] = stage_plan(H, F, false, slot_bytes);
     for (int s = 0; s < 4; ++s)
-      MINILLM_CHECK(plan[s].P * plan[s].ks <= DL_RED && plan[s].rt * 2 * plan[s].K <= slot_bytes);
+      MINILLM_CHECK(plan[s].P * plan[s].ks <= DL_RED && plan[s].rt * (2 * plan[s].K + DL_ROW_PAD) <= slot_bytes &&
+                    (!DL_MMA_B || plan[s].K % 16 == 0));
     ring_init(ring);
   }
   __syncthreads();  // the only barrier of all DL_THREADS + 32 threads

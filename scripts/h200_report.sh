@@ -525,12 +525,13 @@ decode_fused() {  # single-stream decode of both shapes with the one-kernel deco
     --input-len 512 --output-len 128 --result-json "$W/decode_8b_fused.json"
 }
 
-part42() {  # prepared for session 7's first call (not yet run). Session 6's last commit put part34's FMA
-  # tiles back with part40's every-thread arrivals: that combination has not run on a GPU, so its
-  # tests and racecheck come first; then the decoder's ring + GEMV loop alone (scripts/ring_bench.py
-  # --gemv-only: is a computed tile slow there too?), its profile, and where the warps stall
-  # (session 6 found every GEMV tile costing ~1.2 us of compute whatever the work): ncu's
-  # warp-state sampling per SASS instruction of one 8B launch
+part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
+  # part34's FMA tiles back with part40's every-thread arrivals and added the DL_MMA_B variant:
+  # neither has run on a GPU, so the decoder's tests (the variant's too) and racecheck come first;
+  # then the decoder's ring + GEMV loop alone (scripts/ring_bench.py --gemv-only: is a computed tile
+  # slow there too?), the profiles (with DL_MMA_B=1), and where the warps stall (session 6 found
+  # every GEMV tile costing ~1.2 us of compute whatever the work): ncu's warp-state sampling per
+  # SASS instruction of one 8B launch
   setup
   stage decode_layers_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -x tests/test_decode_layers.py
   stage racecheck_decode_layers 100 env MINILLM_CUDA_DEBUG=1 compute-sanitizer --tool racecheck --error-exitcode 1 \
@@ -538,8 +539,9 @@ part42() {  # prepared for session 7's first call (not yet run). Session 6's las
     -k "test_one_kernel_matches_op_by_op and 40-16 and qwen3-d128-g2"
   stage ring_bench_gemv 60 python3 scripts/ring_bench.py --gemv-only
   models_q06_q8 60
-  stage profile_06b 60 python3 scripts/decode_layers_profile.py $M/q06 --variant slots=2 --variant DL_NO_GEMV=1
-  stage profile_8b 60 python3 scripts/decode_layers_profile.py $M/q8 --variant slots=2
+  stage profile_06b 60 python3 scripts/decode_layers_profile.py $M/q06 --variant slots=2 --variant DL_NO_GEMV=1 \
+    --variant DL_MMA_B=1
+  stage profile_8b 60 python3 scripts/decode_layers_profile.py $M/q8 --variant slots=2 --variant DL_MMA_B=1
   stage ncu_decoder_8b 180 ncu --kernel-name decode_layers --launch-skip 12 --launch-count 1 \
     --section WarpStateStats --section SourceCounters --section SchedulerStats -f -o "$W/decoder_8b" \
     python3 scripts/decode_layers_profile.py $M/q8

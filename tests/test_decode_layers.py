@@ -9,6 +9,7 @@ kernel does not write fails) must agree within bf16 noise; the logits also match
 backend within 2e-2. Contexts cross attention-split and block boundaries (1 to 5,000 keys, block
 sizes 16 and 32, blocks in random order), head dims 64 and 128, 1 to 8 query heads per KV head,
 q/k norm and attention bias. A captured graph replayed at later positions equals eager steps.
+Compile-time variants of the kernel (VARIANTS) are held to the same checks.
 On the CPU the twin runs and must equal the op-by-op path exactly.
 """
 
@@ -124,6 +125,37 @@ def test_one_kernel_matches_op_by_op(arch, ctx, bs):
     npc = Case(NumpyBackend(), cfg, w, ctx, bs, extra=0, seed=ctx + bs)
     want = npc.decode(ctx, one_op=True)[0]
     assert rel(got[0], want) < 2e-2
+    be.close()
+
+
+# compile-time alternatives of the kernel (cuda/decode_layers.cu), each checked like the default
+VARIANTS = ["DL_MMA_B=1"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("arch", list(CONFIGS))
+@pytest.mark.parametrize("ctx,bs", [(40, 16), (700, 32)])
+def test_kernel_variant_matches_op_by_op(variant, arch, ctx, bs):
+    from minillm.backends import compile as kc
+
+    be = cuda_bf16()
+    cfg = ModelConfig(**CONFIGS[arch])
+    w = random_weights(cfg, np.random.default_rng(1))
+    case = Case(be, cfg, w, ctx, bs, extra=0, seed=ctx + bs)
+    plan = case.model.decoder
+    assert plan is not None, "the kernel should take this model"
+    defines = (f"DL_D={cfg.head_dim}", f"DL_G={cfg.num_heads // cfg.num_kv_heads}", variant)
+    kern = kc.get_kernel("decode_layers", "decode_layers", be.debug, defines)
+    kern.max_dynamic_shared_size_bytes = plan.smem
+    be.k[plan.name] = kern
+    ref = case.decode(ctx, one_op=False)
+    case.poison_row(ctx)
+    got = case.decode(ctx, one_op=True)
+    for name, g, r in zip(("logits", "residual", "hidden", "K row", "V row"), got, ref):
+        assert np.isfinite(g).all(), f"{name}: not written"
+        assert rel(g, r) < 2e-2, f"{name}: {rel(g, r):.3g}"
+    assert rel(got[0], ref[0]) < 1e-2
     be.close()
 
 

@@ -192,8 +192,9 @@ def _dl_ring_shape(free: int, max_k: int, n_slots: int | None = None) -> tuple[i
     By default at most 4 slots of at least 40 KiB: a tile costs ~1.2-1.4 us of compute whatever its
     size (docs/BENCHMARKS.md, session 6), so few, large tiles measured fastest (part34: 0.6B kernel
     955 us with 4 slots of 47 KiB, 990 with 2, 1,038 with 8; 8B 6.1 ms with 3 of 43 KiB, 6.9 with
-    5). A slot holds at least one row of the widest matrix."""
-    least = max(_DL_MIN_SLOT, _cdiv(2 * max_k, 1024) * 1024)
+    5). A slot holds at least one row of the widest matrix, padded by 16 bytes (the kernel's
+    DL_MMA_B variant pads its rows)."""
+    least = max(_DL_MIN_SLOT, _cdiv(2 * max_k + 16, 1024) * 1024)
     if n_slots is None:
         n_slots = max(2, min(4, free // max(least, 40 * 1024)))
     n = min(n_slots, _DL_MAX_SLOTS, free // least)
