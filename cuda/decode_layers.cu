@@ -165,11 +165,11 @@ __device__ __forceinline__ void load_row(const bf16* src, float* dst, int n) {
 // matrices, layer after layer. A producer warp streams them into a ring of shared-memory slots
 // with TMA bulk copies (cp.async.bulk, one per run of rows, completion counted on the slot's "full"
 // mbarrier) and refills a slot once every compute thread has arrived on its "empty" mbarrier,
-// across stage and layer boundaries. The copies run while the compute warps wait at grid barriers and work on
-// attention, so a GEMV stage mostly finds its weights already in shared memory (the profile's
-// "wait" column). (Before: loading each stage's weights when it started left the GEMV stages
-// latency-bound at 1.5-1.9 TB/s on the 0.6B shape, and prefetching them into L2 instead gained
-// ~5%: docs/BENCHMARKS.md, session 5.)
+// across stage and layer boundaries. The copies run while the compute warps wait at grid barriers
+// and work on attention, so a GEMV stage mostly finds its weights already in shared memory (the
+// profile's "wait" column). (Before: loading each stage's weights when it started left the GEMV
+// stages latency-bound at 1.5-1.9 TB/s on the 0.6B shape, and prefetching them into L2 instead
+// gained ~5%: docs/BENCHMARKS.md, session 5.)
 
 #define DL_MAX_SLOTS 8
 
