@@ -105,6 +105,20 @@ def cuda_bf16():
     return CudaBackend(dtype=ml_dtypes.bfloat16)
 
 
+def check_one_kernel(case: Case, ctx: int):
+    """Decode position ctx op by op, poison its K/V row, decode it again with the kernel: logits,
+    residual, hidden and the K/V rows must be written and agree within bf16 noise. Returns the
+    kernel's results."""
+    ref = case.decode(ctx, one_op=False)
+    case.poison_row(ctx)
+    got = case.decode(ctx, one_op=True)
+    for name, g, r in zip(("logits", "residual", "hidden", "K row", "V row"), got, ref):
+        assert np.isfinite(g).all(), f"{name}: not written"
+        assert rel(g, r) < 2e-2, f"{name}: {rel(g, r):.3g}"
+    assert rel(got[0], ref[0]) < 1e-2
+    return got
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("arch", list(CONFIGS))
 @pytest.mark.parametrize("ctx,bs", [(0, 16), (40, 16), (31, 32), (700, 16), (5000, 32)])
@@ -114,13 +128,7 @@ def test_one_kernel_matches_op_by_op(arch, ctx, bs):
     w = random_weights(cfg, np.random.default_rng(1))
     case = Case(be, cfg, w, ctx, bs, extra=0, seed=ctx + bs)
     assert case.model.decoder is not None, "the kernel should take this model"
-    ref = case.decode(ctx, one_op=False)
-    case.poison_row(ctx)
-    got = case.decode(ctx, one_op=True)
-    for name, g, r in zip(("logits", "residual", "hidden", "K row", "V row"), got, ref):
-        assert np.isfinite(g).all(), f"{name}: not written"
-        assert rel(g, r) < 2e-2, f"{name}: {rel(g, r):.3g}"
-    assert rel(got[0], ref[0]) < 1e-2
+    got = check_one_kernel(case, ctx)
     # and against the NumPy backend (float32 weights holding the same bf16 values)
     npc = Case(NumpyBackend(), cfg, w, ctx, bs, extra=0, seed=ctx + bs)
     want = npc.decode(ctx, one_op=True)[0]
@@ -149,13 +157,7 @@ def test_kernel_variant_matches_op_by_op(variant, arch, ctx, bs):
     kern = kc.get_kernel("decode_layers", "decode_layers", be.debug, defines)
     kern.max_dynamic_shared_size_bytes = plan.smem
     be.k[plan.name] = kern
-    ref = case.decode(ctx, one_op=False)
-    case.poison_row(ctx)
-    got = case.decode(ctx, one_op=True)
-    for name, g, r in zip(("logits", "residual", "hidden", "K row", "V row"), got, ref):
-        assert np.isfinite(g).all(), f"{name}: not written"
-        assert rel(g, r) < 2e-2, f"{name}: {rel(g, r):.3g}"
-    assert rel(got[0], ref[0]) < 1e-2
+    check_one_kernel(case, ctx)
     be.close()
 
 
