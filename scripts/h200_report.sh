@@ -25,6 +25,7 @@
 #                  spec cost; failure matrix and memcheck; racecheck/synccheck/initcheck)
 #   part22-part27: session 5 (see each function); part28: prepared for session 6's first call;
 #   part29-part41: session 6 (the one-kernel decoder's weight ring); part42: prepared for session 7.
+#   part43-: session 7 (L2 prefetch ahead of the GEMVs of the op-by-op decode step).
 #   part15-part21: session 4 (ncu kernel split of a decode step; decode-attention split sweeps and
 #                  variants; async scheduling; final failure matrix, memcheck, synccheck/initcheck;
 #                  spec cost; skinny GEMM bench and racecheck). part21 is the one-call rerun.
@@ -523,6 +524,13 @@ decode_fused() {  # single-stream decode of both shapes with the one-kernel deco
     --input-len 512 --output-len 256 --result-json "$W/decode_06b_fused.json"
   stage decode_8b_fused 70 env MINILLM_FUSED_DECODE=1 python3 -m minillm.bench decode $M/q8 --device cuda \
     --input-len 512 --output-len 128 --result-json "$W/decode_8b_fused.json"
+}
+
+part43() {  # session 7, call 1: does an L2 prefetch issued ahead of a GEMV (cp.async.bulk.prefetch.L2,
+  # cuda/prefetch.cu) let it read its weights from L2? (scripts/l2_prefetch_bench.py)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage l2_prefetch_bench 150 python3 scripts/l2_prefetch_bench.py --json "$W/l2_prefetch_bench.json"
 }
 
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
