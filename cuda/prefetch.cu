@@ -25,10 +25,9 @@ __device__ __forceinline__ void l2_prefetch_bulk(const char* p, unsigned bytes) 
 }
 
 // grid any, block any: piece i of the concatenated ranges (p0, b0), ..., (p3, b3) goes to global
-// thread i mod threads; unused ranges have 0 bytes. It reads nothing another kernel writes, so it
-// waits for the previous grid (pdl_entry) only after issuing its prefetches, and only so that it
-// cannot complete before that grid: the next kernel's wait on this one then still orders it after
-// every earlier kernel of the chain.
+// thread i mod threads; unused ranges have 0 bytes. The backend launches it on a side stream (a
+// branch of the captured graph) so the step's chain of kernels never waits for it: measured on the
+// H200, a prefetch launched inside the chain made decode steps 22-44% slower.
 extern "C" __global__ void l2_prefetch(const char* p0, i64 b0, const char* p1, i64 b1,
                                        const char* p2, i64 b2, const char* p3, i64 b3) {
   const char* ptr[PF_MAX_RANGES] = {p0, p1, p2, p3};
@@ -47,5 +46,4 @@ extern "C" __global__ void l2_prefetch(const char* p0, i64 b0, const char* p1, i
     }
     base += pieces;
   }
-  minillm::pdl_entry();
 }

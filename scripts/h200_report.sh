@@ -533,21 +533,30 @@ part43() {  # session 7, call 1: does an L2 prefetch issued ahead of a GEMV (cp.
   stage l2_prefetch_bench 150 python3 scripts/l2_prefetch_bench.py --json "$W/l2_prefetch_bench.json"
 }
 
-part44() {  # session 7, call 2: the L2 prefetch in small decode steps (MINILLM_L2_PREFETCH, off by
-  # default until measured): its GPU tests, then single-stream decode at several window sizes
-  setup
+decode_prefetch() {  # decode_prefetch "0.6B specs" "8B specs": GPU tests of the L2 prefetch, then
+  # single-stream decode with each MINILLM_L2_PREFETCH spec (0 = off)
   stage prefetch_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_prefetch.py \
     tests/test_gpu_engine.py -k "prefetch or graphs_and_eager"
   models_q06_q8 90
   local v
-  for v in 0 16 32 64 32:qkv,down; do
+  for v in $1; do
     stage "decode_06b_pf_${v//[:,]/_}" 50 env MINILLM_L2_PREFETCH=$v python3 -m minillm.bench decode $M/q06 \
       --device cuda --input-len 512 --output-len 128 --result-json "$W/decode_06b_pf_${v//[:,]/_}.json"
   done
-  for v in 0 32 64; do
-    stage "decode_8b_pf_$v" 70 env MINILLM_L2_PREFETCH=$v python3 -m minillm.bench decode $M/q8 \
-      --device cuda --input-len 512 --output-len 64 --result-json "$W/decode_8b_pf_$v.json"
+  for v in $2; do
+    stage "decode_8b_pf_${v//[:,]/_}" 70 env MINILLM_L2_PREFETCH=$v python3 -m minillm.bench decode $M/q8 \
+      --device cuda --input-len 512 --output-len 64 --result-json "$W/decode_8b_pf_${v//[:,]/_}.json"
   done
+}
+
+part44() {  # session 7, call 2: the L2 prefetch launched inside the decode step's chain of kernels
+  setup
+  decode_prefetch "0 16 32 64 32:qkv,down" "0 32 64"
+}
+
+part45() {  # session 7, call 3: the same with the prefetch on a side stream (a graph branch)
+  setup
+  decode_prefetch "0 8 16 32 32:qkv,down" "0 16 32 64"
 }
 
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put

@@ -49,7 +49,7 @@ _DECODE_MAX_Q = 16  # sequences with at most this many new queries in a step tak
 # worth of streaming: what makes one more split not free. Fitted on the H200 (decode_splits)
 _DECODE_SPLIT_COST_KEYS = 128
 # kernels of these cuda/ modules begin with pdl_entry(), so graphs may launch them with PDL
-_PDL_MODULES = ("rows", "norm", "elementwise", "decode_attention", "sampling", "gemv", "prefetch")
+_PDL_MODULES = ("rows", "norm", "elementwise", "decode_attention", "sampling", "gemv")
 _PF_MAX_RANGES = 4  # cuda/prefetch.cu: byte ranges one l2_prefetch launch takes
 _PF_ROWS, _PF_BK = 64, 64  # cuda/prefill_attention.cu: query rows per CTA, keys per tile
 # cuda/decode_layers.cu: compute threads (warps) per CTA (one more warp feeds its weight ring), GEMV
@@ -278,6 +278,8 @@ class CudaBackend:
         self.arena = Arena()
         self.arena.install()
         self.stream = cupy.cuda.Stream(non_blocking=True)
+        self._side = cupy.cuda.Stream(non_blocking=True)  # l2_prefetch's branch, off the step's chain
+        self._side_busy = False  # launched on since the last join (a capture must join it back)
         self.debug = kc.debug_enabled() if debug is None else debug
         self._load_kernels()
         with self.arena.label("backend: cuBLAS workspace + attention split scratch"), self.stream:
@@ -426,6 +428,7 @@ class CudaBackend:
                 fn()
             finally:
                 self._capturing = False
+                self._join_side()
                 graph = self.stream.end_capture()
         graph.upload(self.stream)
         return CapturedGraph(graph, self.stream)
@@ -536,11 +539,28 @@ class CudaBackend:
             if not 0 <= lo < hi <= a.nbytes or a.data.ptr % 16:
                 continue
             pieces.append((a.data.ptr + lo, hi - lo))
+        if not pieces:
+            return
+        # a branch off the step's chain: it starts once the work queued so far is done, and nothing
+        # in the chain waits for it (inside the chain the copies held the next kernel back)
+        forked = self.cp.cuda.Event(disable_timing=True)
+        forked.record(self.stream)
+        self._side.wait_event(forked)
         for i in range(0, len(pieces), _PF_MAX_RANGES):
             group = pieces[i : i + _PF_MAX_RANGES]
             group += [(0, 0)] * (_PF_MAX_RANGES - len(group))
             args = tuple(v for ptr, n in group for v in (np.uint64(ptr), _i64(n)))
-            self._launch("l2_prefetch", (self.num_sms,), (32,), args)
+            with self._side:
+                self.k["l2_prefetch"]((self.num_sms,), (32,), args)
+        self._side_busy = True
+
+    def _join_side(self) -> None:
+        """The step's stream waits for the prefetch branch (a graph capture must end joined)."""
+        if self._side_busy:
+            joined = self.cp.cuda.Event(disable_timing=True)
+            joined.record(self._side)
+            self.stream.wait_event(joined)
+            self._side_busy = False
 
     # ---- norms, activation --------------------------------------------------------------
     def rms_norm(self, x, w, eps: float, out, residual=None) -> None:
