@@ -25,7 +25,7 @@
 #                  spec cost; failure matrix and memcheck; racecheck/synccheck/initcheck)
 #   part22-part27: session 5 (see each function); part28: prepared for session 6's first call;
 #   part29-part41: session 6 (the one-kernel decoder's weight ring); part42: prepared for session 7.
-#   part43-: session 7 (L2 prefetch ahead of the GEMVs of the op-by-op decode step).
+#   part43-part45: session 7 (L2 prefetch ahead of the GEMVs of the op-by-op decode step: slower).
 #   part15-part21: session 4 (ncu kernel split of a decode step; decode-attention split sweeps and
 #                  variants; async scheduling; final failure matrix, memcheck, synccheck/initcheck;
 #                  spec cost; skinny GEMM bench and racecheck). part21 is the one-call rerun.
@@ -534,7 +534,9 @@ part43() {  # session 7, call 1: does an L2 prefetch issued ahead of a GEMV (cp.
 }
 
 decode_prefetch() {  # decode_prefetch "0.6B specs" "8B specs": GPU tests of the L2 prefetch, then
-  # single-stream decode with each MINILLM_L2_PREFETCH spec (0 = off)
+  # single-stream decode with each MINILLM_L2_PREFETCH spec (0 = off). Ran at e5af50f (part44) and
+  # fad7811 (part45); every spec was slower, so the prefetch left the engine and at later commits
+  # MINILLM_L2_PREFETCH and tests/test_prefetch.py no longer exist
   stage prefetch_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_prefetch.py \
     tests/test_gpu_engine.py -k "prefetch or graphs_and_eager"
   models_q06_q8 90

@@ -1,8 +1,9 @@
-"""Does an L2 prefetch issued ahead of a GEMV make it faster? (a GPU diagnostic for cuda/prefetch.cu)
+"""Does an L2 prefetch issued ahead of a GEMV make it faster? (a GPU diagnostic, session 7)
 
 A batch-1 decode step leaves HBM nearly idle between its GEMVs (norms, q/k norm + RoPE, attention
 over a short context take ~25 us a layer on the 8B shape). This measures whether that time can
-pull the next GEMV's weights into L2 with cp.async.bulk.prefetch.L2, fire-and-forget:
+pull the next GEMV's weights into L2 with cp.async.bulk.prefetch.L2, fire-and-forget (in
+isolation it can; inside a decode step it made the step slower: docs/BENCHMARKS.md, session 7):
 
   cold      L2 flushed (a 512 MB fill), a spin kernel of T us, then the GEMV
   hot       the GEMV right after the same GEMV (what L2 can give at most; matrices over ~40 MB
@@ -35,6 +36,44 @@ SHAPES = {  # name: (K, N, gated)
     "8B gate_up": (4096, 12288, True), "8B down": (12288, 4096, False),
 }
 REPS = 15
+# cp.async.bulk.prefetch.L2 (sm_90) is fire-and-forget: a thread issues it and moves on, the copy
+# engine fills L2 in the background. One SM's copy engine alone is too slow for tens of megabytes,
+# so every thread of the grid issues pieces of PF_PIECE bytes, round-robin.
+PREFETCH = r"""
+typedef long long i64;
+#define PF_MAX_RANGES 4
+#ifndef PF_PIECE
+#define PF_PIECE 16384
+#endif
+
+__device__ __forceinline__ void l2_prefetch_bulk(const char* p, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
+// grid any, block any: piece i of the concatenated ranges (p0, b0), ..., (p3, b3) goes to global
+// thread i mod threads; unused ranges have 0 bytes.
+extern "C" __global__ void l2_prefetch(const char* p0, i64 b0, const char* p1, i64 b1,
+                                       const char* p2, i64 b2, const char* p3, i64 b3) {
+  const char* ptr[PF_MAX_RANGES] = {p0, p1, p2, p3};
+  const i64 bytes[PF_MAX_RANGES] = {b0, b1, b2, b3};
+  const i64 tid = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  const i64 threads = (i64)gridDim.x * blockDim.x;
+  i64 base = 0;  // index of range j's first piece among all pieces
+#pragma unroll
+  for (int j = 0; j < PF_MAX_RANGES; ++j) {
+    const i64 pieces = (bytes[j] + PF_PIECE - 1) / PF_PIECE;
+    // this thread's first piece of range j: the smallest i >= base with i % threads == tid
+    for (i64 i = base + ((tid - base) % threads + threads) % threads; i < base + pieces; i += threads) {
+      const i64 off = (i - base) * PF_PIECE;
+      const i64 left = bytes[j] - off;
+      l2_prefetch_bulk(ptr[j] + off, (unsigned)(left < PF_PIECE ? left : PF_PIECE));
+    }
+    base += pieces;
+  }
+}
+"""
 SPIN = r"""
 extern "C" __global__ void spin(long long ns) {  // one thread waits ns on the global timer
   if (threadIdx.x != 0) return;
@@ -55,7 +94,8 @@ class Bench:
         self.spin_k = cp.RawKernel(SPIN, "spin")
         self.gemv = kc.get_kernel("gemv", "gemv_bf16")
         self.gemv_silu = kc.get_kernel("gemv", "gemv_silu_mul_bf16")
-        self.pf = kc.get_kernel("prefetch", "l2_prefetch", defines=(f"PF_PIECE={piece}",))
+        self.pf = cp.RawModule(code=PREFETCH, options=("-arch=sm_90a", "-std=c++17", f"-DPF_PIECE={piece}")
+                               ).get_function("l2_prefetch")
         self.x = cp.ones((1, 12288), dtype=cp.uint16)  # bf16 bits: every x fits in it
         self.out = cp.zeros((1, 24576), dtype=cp.uint16)
 

@@ -50,7 +50,6 @@ _DECODE_MAX_Q = 16  # sequences with at most this many new queries in a step tak
 _DECODE_SPLIT_COST_KEYS = 128
 # kernels of these cuda/ modules begin with pdl_entry(), so graphs may launch them with PDL
 _PDL_MODULES = ("rows", "norm", "elementwise", "decode_attention", "sampling", "gemv")
-_PF_MAX_RANGES = 4  # cuda/prefetch.cu: byte ranges one l2_prefetch launch takes
 _PF_ROWS, _PF_BK = 64, 64  # cuda/prefill_attention.cu: query rows per CTA, keys per tile
 # cuda/decode_layers.cu: compute threads (warps) per CTA (one more warp feeds its weight ring), GEMV
 # partial sums a CTA holds, most splits of a KV head, most query heads per KV head it is built for
@@ -278,8 +277,6 @@ class CudaBackend:
         self.arena = Arena()
         self.arena.install()
         self.stream = cupy.cuda.Stream(non_blocking=True)
-        self._side = cupy.cuda.Stream(non_blocking=True)  # l2_prefetch's branch, off the step's chain
-        self._side_busy = False  # launched on since the last join (a capture must join it back)
         self.debug = kc.debug_enabled() if debug is None else debug
         self._load_kernels()
         with self.arena.label("backend: cuBLAS workspace + attention split scratch"), self.stream:
@@ -325,7 +322,6 @@ class CudaBackend:
                                  for d in _DECODE_HEAD_DIMS for g in range(1, _DECODE_MAX_G + 1)],
             "sampling": ["sample_tokens"],
             "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemm_skinny_bf16", "gemm_skinny_f32"],
-            "prefetch": ["l2_prefetch"],
         }.items():
             for n in names:
                 k[n] = kc.get_kernel(mod, n, self.debug)
@@ -428,7 +424,6 @@ class CudaBackend:
                 fn()
             finally:
                 self._capturing = False
-                self._join_side()
                 graph = self.stream.end_capture()
         graph.upload(self.stream)
         return CapturedGraph(graph, self.stream)
@@ -512,55 +507,6 @@ class CudaBackend:
             raise ValueError(f"fill_input_ids: {src_rows.shape[0]} src_rows for {n} input ids")
         self._launch("fill_input_ids", (_cdiv(n, 256),), (256,),
                      (input_ids, prev_tokens, src_rows, _i32(n), _i32(prev_tokens.shape[0])))
-
-    # ---- L2 prefetch ----------------------------------------------------------------------
-    def prefetch_config(self):
-        """(distance bytes, points, max tokens) for minillm.models.prefetch_plan, from
-        MINILLM_L2_PREFETCH="MB[:product,product...]" (products qkv, o, gate_up, down; all when
-        omitted); None when unset or 0, and on GPUs before Hopper (no bulk L2 prefetch)."""
-        spec = os.environ.get("MINILLM_L2_PREFETCH", "0").strip()
-        mb, _, points = spec.partition(":")
-        try:
-            distance = int(float(mb) * (1 << 20))
-        except ValueError:
-            raise ValueError(f"MINILLM_L2_PREFETCH={spec!r}: expected MB[:qkv,o,gate_up,down], e.g. 32 "
-                             "or 32:qkv,gate_up") from None
-        if distance <= 0 or int(self.props["major"]) < 9:
-            return None
-        names = tuple(p.strip() for p in points.split(",") if p.strip()) or ("qkv", "o", "gate_up", "down")
-        return distance, names, 8
-
-    def l2_prefetch(self, ranges) -> None:
-        """Ask L2 for (array, first byte, end byte) ranges of device arrays (cuda/prefetch.cu): no
-        value changes; the bytes are in L2 sooner when a later kernel reads them."""
-        pieces = []
-        for a, lo, hi in ranges:
-            lo, hi = _cdiv(lo, 16) * 16, hi // 16 * 16  # bulk prefetches take 16-byte units
-            if not 0 <= lo < hi <= a.nbytes or a.data.ptr % 16:
-                continue
-            pieces.append((a.data.ptr + lo, hi - lo))
-        if not pieces:
-            return
-        # a branch off the step's chain: it starts once the work queued so far is done, and nothing
-        # in the chain waits for it (inside the chain the copies held the next kernel back)
-        forked = self.cp.cuda.Event(disable_timing=True)
-        forked.record(self.stream)
-        self._side.wait_event(forked)
-        for i in range(0, len(pieces), _PF_MAX_RANGES):
-            group = pieces[i : i + _PF_MAX_RANGES]
-            group += [(0, 0)] * (_PF_MAX_RANGES - len(group))
-            args = tuple(v for ptr, n in group for v in (np.uint64(ptr), _i64(n)))
-            with self._side:
-                self.k["l2_prefetch"]((self.num_sms,), (32,), args)
-        self._side_busy = True
-
-    def _join_side(self) -> None:
-        """The step's stream waits for the prefetch branch (a graph capture must end joined)."""
-        if self._side_busy:
-            joined = self.cp.cuda.Event(disable_timing=True)
-            joined.record(self._side)
-            self.stream.wait_event(joined)
-            self._side_busy = False
 
     # ---- norms, activation --------------------------------------------------------------
     def rms_norm(self, x, w, eps: float, out, residual=None) -> None:

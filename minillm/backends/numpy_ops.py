@@ -150,15 +150,6 @@ class NumpyBackend:
         k_cache[blocks, offsets] = k[live]
         v_cache[blocks, offsets] = v[live]
 
-    def prefetch_config(self):
-        """The L2 prefetch plan's (distance bytes, points, max tokens) (minillm.models.prefetch_plan),
-        or None: there is no cache here to warm."""
-        return None
-
-    def l2_prefetch(self, ranges) -> None:
-        """Twin of cuda/prefetch.cu's l2_prefetch: a hint to pull (array, first byte, end byte)
-        ranges into the GPU's L2; it changes no value, so there is nothing to do here."""
-
     def decoder_plan(self, cfg, layers, cos_sin, scale: float):
         """What decode_layers needs of a model, made once at startup: its config, layer weights,
         RoPE table and one row of scratch activations."""

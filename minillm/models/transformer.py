@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from minillm.models.config import ModelConfig
-from minillm.models.prefetch_plan import plan_prefetch
 from minillm.models.rope import cos_sin_table
 
 
@@ -101,9 +100,6 @@ class Transformer:
         # one-token steps run every layer as one op (on the GPU one persistent kernel,
         # cuda/decode_layers.cu); None where the backend has no such path for this model
         self.decoder = backend.decoder_plan(cfg, self.layers, self.cos_sin, self.scale)
-        # steps of a few tokens ask L2 for the next weights after each product (GPU only)
-        pf = backend.prefetch_config()
-        self.prefetch = plan_prefetch(self.layers, self.lm_head, *pf) if pf else None
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int):
         """K and V pools [layers, num_blocks, block_size, kv_heads, head_dim]."""
@@ -133,14 +129,6 @@ class Transformer:
         if one_op:
             B.decode_layers(self.decoder, residual, hidden, k_cache, v_cache, x.positions, x.slot_mapping,
                             x.block_tables, x.seq_lens)
-        pf = self.prefetch.after if self.prefetch and T <= self.prefetch.max_tokens and not one_op else None
-        if pf:
-            B.l2_prefetch(self.prefetch.first)
-
-        def prefetch(i: int, product: str) -> None:  # what the plan pulls into L2 after a product
-            if pf and pf[i][product]:
-                B.l2_prefetch(pf[i][product])
-
         for i, lw in enumerate(() if one_op else self.layers):
             if i == 0:
                 B.rms_norm(residual, lw.attn_norm, c.rms_norm_eps, out=normed)
@@ -150,7 +138,6 @@ class Transformer:
                     j = capture_layers.index(i - 1)
                     B.copy(residual, out=capture_out[:T, j * hs : (j + 1) * hs])
             B.matmul(normed, lw.qkv, out=qkv, bias=lw.qkv_bias)
-            prefetch(i, "qkv")
             # one kernel: normed + rotated q in place, k and v rows into the paged caches
             B.qk_norm_rope_store_kv(q, k, v, lw.q_norm, lw.k_norm, c.rms_norm_eps, x.positions,
                                     self.cos_sin, k_cache[i], v_cache[i], x.slot_mapping)
@@ -158,13 +145,10 @@ class Transformer:
                               x.query_start, self.scale, out=attn, causal=causal,
                               max_query_len=x.max_query_len)
             B.matmul(attn.reshape(T, c.q_size), lw.o, out=hidden)
-            prefetch(i, "o")
             B.rms_norm(hidden, lw.mlp_norm, c.rms_norm_eps, out=normed, residual=residual)
             # gate_up GEMV and SiLU-and-multiply in one kernel when few rows (ws.gate_up unused then)
             B.matmul_silu_mul(normed, lw.gate_up, out=ws.act[:T], gate_up=ws.gate_up[:T])
-            prefetch(i, "gate_up")
             B.matmul(ws.act[:T], lw.down, out=hidden)
-            prefetch(i, "down")
         B.rms_norm(hidden, self.norm, c.rms_norm_eps, out=normed, residual=residual)
         last_layer = c.num_layers - 1
         if last_layer in capture_layers:  # as in HF's hidden_states, the last one is after the final norm
