@@ -561,6 +561,18 @@ part45() {  # session 7, call 3: the same with the prefetch on a side stream (a 
   decode_prefetch "0 8 16 32 32:qkv,down" "0 16 32 64"
 }
 
+part46() {  # session 7, call 4: the o and down products fused with the RMSNorm after them for one-row
+  # steps (cuda/gemv.cu gemv_add_rms_norm): the op's tests and the GPU tests of the engine around it,
+  # then single-stream decode of both shapes
+  setup
+  stage gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" \
+    tests/test_cuda_ops.py tests/test_dflash_graphs.py tests/test_gpu_engine.py tests/test_cuda_model.py \
+    tests/test_async_scheduling.py tests/test_prompt_logprobs.py -k "not smollm2 and not debug_build"
+  models_q06_q8 90
+  decode_06b 50
+  decode_8b 70
+}
+
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
   # part34's FMA tiles back with part40's every-thread arrivals and added the DL_MMA_B variant:
   # neither has run on a GPU, so the decoder's tests (the variant's too) and racecheck come first;
