@@ -126,62 +126,6 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
   MINILLM_GEMV_SWITCH(bf16, true)
 }
 
-// ---- gemv_add_rms_norm: one row's product, then the residual add and RMSNorm after it -----------
-// out = x @ w.T for ONE row of x (as gemv_bf16), then residual <- out + residual and
-// normed <- rmsnorm(residual) * nw (NumPy twin: matmul then rms_norm with the residual, which is
-// what NumpyBackend.matmul_add_rms_norm does). A one-token decode step follows its o and down
-// products with exactly that norm; as a separate kernel it is one more dependent launch (~2.6 us on
-// 0.6B, ~3.9 us on 8B, 2 a layer). Here each CTA, once its columns are written, arrives on a
-// counter (after a fence, so its writes are visible first); the CTA that arrives last has every
-// column and normalises the row, then resets the counter for the next launch. Its two passes over
-// the row (sum of squares, then scale) read through L2 (ld.global.cg): the row was written by
-// other SMs during this kernel, after its L1 could have seen it.
-// grid (N / 8), block 128; N % 8 == 0 (every warp owns two whole columns).
-extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
-    gemv_add_rms_norm_bf16(const bf16* x, const bf16* w, bf16* out, bf16* residual,
-                           const bf16* __restrict__ nw, float eps, bf16* normed, int* counter, int N,
-                           int K) {
-  gemv_impl<bf16, 1, false>(x, K, w, nullptr, out, N, N, K);  // no warp leaves early: N % 8 == 0
-  __shared__ float scratch[32];
-  __shared__ int last;
-  __threadfence();  // this CTA's columns are visible before its arrival
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(counter, 1) == (int)gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  const int chunks = N / 8;
-  uint4* rr = reinterpret_cast<uint4*>(residual);
-  const uint4* orow = reinterpret_cast<const uint4*>(out);
-  float ss = 0.f;
-  for (int i = threadIdx.x; i < chunks; i += blockDim.x) {
-    float v[8], r[8];
-    minillm::unpack_bf16x8(__ldcg(orow + i), v);
-    minillm::unpack_bf16x8(__ldcg(rr + i), r);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) r[j] += v[j];
-    const uint4 sum = minillm::pack_bf16x8(r);  // rounded to bf16: that sum is normalised
-    rr[i] = sum;
-    minillm::unpack_bf16x8(sum, v);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) ss += v[j] * v[j];
-  }
-  ss = minillm::block_sum(ss, scratch);
-  const float rstd = rsqrtf(ss / (float)N + eps);
-  uint4* nrow = reinterpret_cast<uint4*>(normed);
-  const uint4* wr = reinterpret_cast<const uint4*>(nw);
-  for (int i = threadIdx.x; i < chunks; i += blockDim.x) {  // the same thread's own chunks
-    float v[8], wf[8];
-    minillm::unpack_bf16x8(rr[i], v);
-    minillm::unpack_bf16x8(wr[i], wf);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = v[j] * rstd * wf[j];
-    nrow[i] = minillm::pack_bf16x8(v);
-  }
-  if (threadIdx.x == 0) *counter = 0;  // the next launch starts from zero (kernels never overlap:
-                                       // the next one's pdl_entry waits for this one to complete)
-}
-
 // ---- gemm_skinny: 2-16 rows of x on tensor cores ---------------------------------------------
 // out = x @ w.T (+ bias) for M in [2, 16], K % 64 == 0 (NumPy twin: NumpyBackend.matmul; the host's
 // small_product_kernel routes). From 2 rows on the GEMV above loses ground (each weight chunk is

@@ -287,8 +287,6 @@ class CudaBackend:
             # cuda/decode_attention.cu: one split counter per (token, KV head); each step's last
             # split resets its counter, so zeroing once here is enough
             self._att_counters = cupy.zeros(1 << 16, dtype=np.int32)
-            # cuda/gemv.cu gemv_add_rms_norm: its CTAs' arrival counter (the last one resets it)
-            self._norm_counter = cupy.zeros(1, dtype=np.int32)
         self.blas = Cublas(self.stream.ptr, self._blas_ws.data.ptr, cublas_workspace_bytes)
         self._capturing = False
         self._resident: dict[tuple[int, int], int] = {}  # decode CTAs the GPU holds, by (D, G)
@@ -323,8 +321,7 @@ class CudaBackend:
             "decode_attention": [f"paged_decode_{t}_d{d}_g{g}" for t in ("bf16", "f32")
                                  for d in _DECODE_HEAD_DIMS for g in range(1, _DECODE_MAX_G + 1)],
             "sampling": ["sample_tokens"],
-            "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemm_skinny_bf16", "gemm_skinny_f32",
-                     "gemv_add_rms_norm_bf16"],
+            "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemm_skinny_bf16", "gemm_skinny_f32"],
         }.items():
             for n in names:
                 k[n] = kc.get_kernel(mod, n, self.debug)
@@ -686,25 +683,6 @@ class CudaBackend:
         with self.stream:
             self.blas.gemm_xwt(M, N, K, x.data.ptr, cuda_dtype(x.dtype), ldx, w.data.ptr,
                                cuda_dtype(w.dtype), K, out.data.ptr, cuda_dtype(out.dtype), ldo, beta)
-
-    def matmul_add_rms_norm(self, x, w, out, residual, norm_w, eps: float, normed) -> None:
-        """out = x @ w.T, then rms_norm(out, residual=residual) into normed. One bf16 row on the GEMV
-        path: one kernel (cuda/gemv.cu gemv_add_rms_norm, whose last CTA does the norm); else the
-        two ops."""
-        M, ldx = _rows(x, "matmul_add_rms_norm x")
-        N, K = w.shape
-        aligned = all(a.data.ptr % 16 == 0 for a in (out, residual, norm_w, normed))
-        if (M == 1 and N % _GEMV_COLS_PER_CTA == 0 and small_product_kernel(1, N, K) == "gemv" and aligned
-                and self._gemv_fits(x, w, out, None, 1, K, ldx) and out.dtype == self.dtype
-                and residual.dtype == normed.dtype == norm_w.dtype == self.dtype
-                and out.shape == residual.shape == normed.shape == (1, N) and x.shape[-1] == K
-                and norm_w.shape == (N,) and w.flags.c_contiguous):
-            self._launch("gemv_add_rms_norm_bf16", (N // _GEMV_COLS_PER_CTA,), (_GEMV_THREADS,),
-                         (x, w, out, residual, norm_w, np.float32(eps), normed, self._norm_counter,
-                          _i32(N), _i32(K)))
-            return
-        self.matmul(x, w, out=out)
-        self.rms_norm(out, norm_w, eps, out=normed, residual=residual)
 
     def matmul_silu_mul(self, x, w_gate_up, out, gate_up) -> None:
         """out = silu(x @ gate.T) * (x @ up.T), w_gate_up = [gate; up] [2F, K]. Few bf16 rows: one

@@ -126,12 +126,6 @@ class NumpyBackend:
         if bias is not None:
             out += bias
 
-
-    def matmul_add_rms_norm(self, x, w, out, residual, norm_w, eps: float, normed) -> None:
-        """matmul then rms_norm with the residual, as one op (one kernel on the GPU for one row):
-        out = x @ w.T; residual <- out + residual; normed = rmsnorm(residual) * norm_w."""
-        self.matmul(x, w, out=out)
-        self.rms_norm(out, norm_w, eps, out=normed, residual=residual)
     def silu_mul(self, gate_up, out) -> None:
         """out = silu(gate) * up for gate_up = [gate | up] along the last axis."""
         f = out.shape[-1]

@@ -129,10 +129,14 @@ class Transformer:
         if one_op:
             B.decode_layers(self.decoder, residual, hidden, k_cache, v_cache, x.positions, x.slot_mapping,
                             x.block_tables, x.seq_lens)
-        layers = () if one_op else self.layers
-        if layers:
-            B.rms_norm(residual, layers[0].attn_norm, c.rms_norm_eps, out=normed)
-        for i, lw in enumerate(layers):
+        for i, lw in enumerate(() if one_op else self.layers):
+            if i == 0:
+                B.rms_norm(residual, lw.attn_norm, c.rms_norm_eps, out=normed)
+            else:
+                B.rms_norm(hidden, lw.attn_norm, c.rms_norm_eps, out=normed, residual=residual)
+                if i - 1 in capture_layers:
+                    j = capture_layers.index(i - 1)
+                    B.copy(residual, out=capture_out[:T, j * hs : (j + 1) * hs])
             B.matmul(normed, lw.qkv, out=qkv, bias=lw.qkv_bias)
             # one kernel: normed + rotated q in place, k and v rows into the paged caches
             B.qk_norm_rope_store_kv(q, k, v, lw.q_norm, lw.k_norm, c.rms_norm_eps, x.positions,
@@ -140,19 +144,12 @@ class Transformer:
             B.paged_attention(q, k_cache[i], v_cache[i], x.block_tables, x.seq_lens,
                               x.query_start, self.scale, out=attn, causal=causal,
                               max_query_len=x.max_query_len)
-            # each product that feeds the residual stream is one op with the norm after it (one
-            # kernel for one-token steps on the GPU)
-            B.matmul_add_rms_norm(attn.reshape(T, c.q_size), lw.o, hidden, residual, lw.mlp_norm,
-                                  c.rms_norm_eps, normed)
+            B.matmul(attn.reshape(T, c.q_size), lw.o, out=hidden)
+            B.rms_norm(hidden, lw.mlp_norm, c.rms_norm_eps, out=normed, residual=residual)
             # gate_up GEMV and SiLU-and-multiply in one kernel when few rows (ws.gate_up unused then)
             B.matmul_silu_mul(normed, lw.gate_up, out=ws.act[:T], gate_up=ws.gate_up[:T])
-            next_norm = self.layers[i + 1].attn_norm if i + 1 < len(layers) else self.norm
-            B.matmul_add_rms_norm(ws.act[:T], lw.down, hidden, residual, next_norm, c.rms_norm_eps, normed)
-            if i in capture_layers and i + 1 < len(layers):  # the residual stream after layer i
-                j = capture_layers.index(i)
-                B.copy(residual, out=capture_out[:T, j * hs : (j + 1) * hs])
-        if one_op:
-            B.rms_norm(hidden, self.norm, c.rms_norm_eps, out=normed, residual=residual)
+            B.matmul(ws.act[:T], lw.down, out=hidden)
+        B.rms_norm(hidden, self.norm, c.rms_norm_eps, out=normed, residual=residual)
         last_layer = c.num_layers - 1
         if last_layer in capture_layers:  # as in HF's hidden_states, the last one is after the final norm
             j = capture_layers.index(last_layer)
