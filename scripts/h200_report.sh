@@ -576,6 +576,30 @@ part46() {  # session 7, call 4: the o and down products fused with the RMSNorm 
   decode_8b 70
 }
 
+part47() {  # session 7, final calls 1/3: only carries .gguf_a over to /tmp (setup copies it)
+  setup
+}
+
+part48() {  # session 7, final calls 2/3 (carrying .gguf_b within 30 s of part47): every GPU test at
+  # HEAD, SmolLM2's included (greedy agreement on the GPU; first run since session 3) and the
+  # one-kernel decoder's (session 6's last kernel and its DL_MMA_B variant, never run before), then
+  # decode of both shapes and the throughput workload
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage gpu_tests 330 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" \
+    tests/test_cuda_ops.py tests/test_dflash_graphs.py tests/test_gpu_engine.py tests/test_cuda_model.py \
+    tests/test_async_scheduling.py tests/test_prompt_logprobs.py tests/test_decode_layers.py -k "not debug_build"
+  models_q06_q8 90
+  decode_06b 50
+  decode_8b 70
+  throughput_06b 60
+}
+
+part49() {  # session 7, final calls 3/3: the server reproducer under all four compute-sanitizer tools
+  setup
+  sanitize_server_all 560
+}
+
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
   # part34's FMA tiles back with part40's every-thread arrivals and added the DL_MMA_B variant:
   # neither has run on a GPU, so the decoder's tests (the variant's too) and racecheck come first;
