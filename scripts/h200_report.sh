@@ -597,7 +597,7 @@ part48() {  # session 7, final calls 2/3 (carrying .gguf_b within 30 s of part47
 
 part49() {  # session 7, final calls 3/3: the server reproducer under all four compute-sanitizer tools
   setup
-  sanitize_server_all 560
+  sanitize_server_all 135
 }
 
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
@@ -737,13 +737,16 @@ part29() {  # session 6, call 1: the one-kernel decoder with its weight ring (TM
   decode_fused
 }
 
-sanitize_server_all() {  # the server reproducer (c = 8, 4096, DFlash k = 8) under all four
-  # compute-sanitizer tools (the script exits 1 on any report)
+sanitize_server_all() {  # the server reproducer (c = 8, 4096, DFlash k = 8) under each of the four
+  # compute-sanitizer tools, one stage (and timeout, in seconds) each; the script exits 1 on any report
   stage models 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
-  stage sanitize_server "$1" python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/sanitize4" \
-    --max-model-len 4096 --concurrency 8 --num-prompts 8 --output-len 16 \
-    --sanitize-tools memcheck,racecheck,initcheck,synccheck --startup-timeout 120 --ladder-timeout 120
+  local tool
+  for tool in memcheck racecheck initcheck synccheck; do
+    stage "sanitize_server_$tool" "$1" python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash \
+      --out "$W/sanitize_$tool" --max-model-len 4096 --concurrency 8 --num-prompts 8 --output-len 16 \
+      --sanitize-tools $tool --startup-timeout 100 --ladder-timeout 100
+  done
 }
 
 step_kernels() {  # step_kernels MODEL BATCH CTX TIMEOUT: graph time, then the ncu kernel split
