@@ -595,9 +595,12 @@ part48() {  # session 7, final calls 2/3 (carrying .gguf_b within 30 s of part47
   throughput_06b 60
 }
 
-part49() {  # session 7, final calls 3/3: the server reproducer under all four compute-sanitizer tools
+part49() {  # session 7, final calls 3/3: where SmolLM2's bf16 greedy departs from the fp32 CPU (part48's one
+  # failure; the GGUF is still in /tmp/site from part48), then the server reproducer under all four
+  # compute-sanitizer tools
   setup
-  sanitize_server_all 135
+  stage greedy_divergence 70 python3 scripts/greedy_divergence.py
+  sanitize_server_all 115
 }
 
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
