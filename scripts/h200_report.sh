@@ -26,7 +26,8 @@
 #   part22-part27: session 5 (see each function); part28: prepared for session 6's first call;
 #   part29-part41: session 6 (the one-kernel decoder's weight ring); part42: prepared for session 7.
 #   part43-part45: session 7 (L2 prefetch ahead of the GEMVs of the op-by-op decode step: slower);
-#   part46: the o/down products fused with the next RMSNorm (slower); part47/part48: final rerun.
+#   part46: the o/down products fused with the next RMSNorm (slower); part47-part49: final rerun;
+#   part50: prepared for session 8 (SmolLM2's greedy divergence, racecheck/synccheck of the server).
 #   part15-part21: session 4 (ncu kernel split of a decode step; decode-attention split sweeps and
 #                  variants; async scheduling; final failure matrix, memcheck, synccheck/initcheck;
 #                  spec cost; skinny GEMM bench and racecheck). part21 is the one-call rerun.
@@ -527,8 +528,8 @@ decode_fused() {  # single-stream decode of both shapes with the one-kernel deco
     --input-len 512 --output-len 128 --result-json "$W/decode_8b_fused.json"
 }
 
-part43() {  # session 7, call 1: does an L2 prefetch issued ahead of a GEMV (cp.async.bulk.prefetch.L2,
-  # cuda/prefetch.cu) let it read its weights from L2? (scripts/l2_prefetch_bench.py)
+part43() {  # session 7, call 1: does an L2 prefetch issued ahead of a GEMV (cp.async.bulk.prefetch.L2; the
+  # kernel was cuda/prefetch.cu then, inline in the script now) let it read its weights from L2?
   setup
   facts > "$W/facts.txt" 2>&1
   stage l2_prefetch_bench 150 python3 scripts/l2_prefetch_bench.py --json "$W/l2_prefetch_bench.json"
@@ -596,11 +597,29 @@ part48() {  # session 7, final calls 2/3 (carrying .gguf_b within 30 s of part47
 }
 
 part49() {  # session 7, final calls 3/3: where SmolLM2's bf16 greedy departs from the fp32 CPU (part48's one
-  # failure; the GGUF is still in /tmp/site from part48), then the server reproducer under all four
+  # failure; meant to find the GGUF in /tmp/site from part48, but the machine had been replaced, so
+  # this stage failed: part50 does it right), then the server reproducer under all four
   # compute-sanitizer tools
   setup
   stage greedy_divergence 70 python3 scripts/greedy_divergence.py
   sanitize_server_all 115
+}
+
+part50() {  # prepared for session 8 (not yet run): run right after part47 (which carries .gguf_a), carrying
+  # .gguf_b: is SmolLM2's GPU/CPU greedy divergence (part48: the second prompt agrees on 6 tokens,
+  # the test asks 8) a bf16 near-tie? Then the test again, and racecheck and synccheck of the server
+  # reproducer with room to finish (part49's 100 s ladders timed out under them)
+  setup
+  stage greedy_divergence 120 python3 scripts/greedy_divergence.py
+  stage smollm2_test 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py -k smollm2
+  stage models 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
+  local tool
+  for tool in racecheck synccheck; do
+    stage "sanitize_server_$tool" 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash \
+      --out "$W/sanitize_$tool" --max-model-len 4096 --concurrency 8 --num-prompts 8 --output-len 16 \
+      --sanitize-tools $tool --startup-timeout 60 --ladder-timeout 130
+  done
 }
 
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
