@@ -622,6 +622,13 @@ part50() {  # prepared for session 8 (not yet run): run right after part47 (whic
   done
 }
 
+part51() {  # session 7, last call (right after a call that copies .gguf_a to /tmp; carrying .gguf_b): the
+  # SmolLM2 agreement test restated (equal, or departing only at a near-tie the fp32 reference
+  # confirms: the GPU's token in its top 3, within 2% of the top logit)
+  setup
+  stage smollm2_test 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -s tests/test_gpu_engine.py -k smollm2
+}
+
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
   # part34's FMA tiles back with part40's every-thread arrivals and added the DL_MMA_B variant:
   # neither has run on a GPU, so the decoder's tests (the variant's too) and racecheck come first;

@@ -172,7 +172,12 @@ def test_dflash_lossless_on_gpu(tmp_path):
 
 
 def test_smollm2_greedy_on_gpu_agrees_with_cpu():
-    """The embedded SmolLM2 (GGUF) greedy on the GPU (bf16) against the NumPy backend (fp32)."""
+    """The embedded SmolLM2 (GGUF) greedy on the GPU (bf16) against the NumPy backend (fp32): equal
+    token for token, or departing only at a near-tie. Where the two first differ, the fp32 logits
+    (the CPU scoring the common prefix) must rank the GPU's token among their top 3 and within 2% of
+    the top logit's magnitude of it: a gap bf16's rounding can close (the whole-model logits agree
+    within 2e-2 relative, test_gpu_greedy_matches_cpu_reference). A GPU token the reference puts
+    further down is a wrong kernel, not precision."""
     from minillm.models.loader import default_model_path
 
     try:
@@ -183,13 +188,23 @@ def test_smollm2_greedy_on_gpu_agrees_with_cpu():
                [{"role": "user", "content": "Write a Python function that adds two numbers."}],
                [{"role": "user", "content": "List three colors."}]]
     params = SamplingParams(temperature=0, max_tokens=32)
-    cpu = LLM(device="cpu", max_model_len=512)
-    gpu = LLM(device="cuda", max_model_len=512)
+    # 96 sequences' worth of logits: score() returns every position of a prompt of up to ~75 tokens
+    cpu = LLM(device="cpu", max_model_len=160, max_num_seqs=96)
+    gpu = LLM(device="cuda", max_model_len=160, max_num_seqs=96)
     agree = []
     for conv in prompts:
-        a = cpu.chat(conv, params)[0].token_ids
-        b = gpu.chat(conv, params)[0].token_ids
+        prompt = cpu.tokenizer.encode_chat(conv, True)
+        a = cpu.generate([prompt], params)[0].token_ids
+        b = gpu.generate([prompt], params)[0].token_ids
         n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         agree.append(n)
+        if n == min(len(a), len(b)):
+            continue
+        ref = cpu.engine.score([prompt + a[:n]])[0][-1]  # fp32 logits for token n
+        top = np.argsort(ref)[::-1]
+        gap = float(ref[a[n]] - ref[b[n]])
+        print(f"departs at token {n}: CPU {a[n]} (logit {ref[a[n]]:.3f}), GPU {b[n]} (CPU rank "
+              f"{int(np.where(top == b[n])[0][0]) + 1}, gap {gap:.4f})")
+        assert b[n] in top[:3], f"at token {n} the GPU chose {b[n]}, outside the reference's top 3 {top[:3]}"
+        assert gap <= 0.02 * max(abs(float(ref[a[n]])), 1.0), f"at token {n} the reference's gap is {gap:.4f}"
     print("SmolLM2 GPU/CPU greedy agreement (tokens):", agree)
-    assert min(agree) >= 8, f"greedy GPU output departs from the CPU reference early: {agree}"
