@@ -84,6 +84,16 @@ def point_ok(point: dict) -> bool:
     return ok and point.get("sanitizer_clean", True)
 
 
+def server_env(tool: str | None) -> dict[str, str]:
+    """The server's environment. Under initcheck the CUDA backend zeroes each cuBLAS output before
+    the GEMM (MINILLM_INITCHECK=1): initcheck does not see cuBLAS's own writes, and reported every
+    read of them (session 7, scripts/initcheck_probe.py)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if tool == "initcheck":
+        env["MINILLM_INITCHECK"] = "1"
+    return env
+
+
 def run_point(args, mml: int, out: Path, tool: str | None = None) -> dict:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -101,7 +111,7 @@ def run_point(args, mml: int, out: Path, tool: str | None = None) -> dict:
                "--log-file", str(sanitizer_log)] + cmd + ["--enforce-eager"]
     log = open(out / f"server-{tag}.log", "w")
     t0 = time.time()
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=server_env(tool))
     point = {"max_model_len": mml, "cmd": " ".join(cmd), **({"sanitizer": tool} if tool else {})}
     try:
         wait_ready(url, proc, args.startup_timeout)

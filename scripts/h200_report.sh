@@ -27,7 +27,8 @@
 #   part29-part41: session 6 (the one-kernel decoder's weight ring); part42: prepared for session 7.
 #   part43-part45: session 7 (L2 prefetch ahead of the GEMVs of the op-by-op decode step: slower);
 #   part46: the o/down products fused with the next RMSNorm (slower); part47-part49: final rerun;
-#   part50: prepared for session 8 (SmolLM2's greedy divergence, racecheck/synccheck of the server).
+#   part51: the SmolLM2 test restated; part50: prepared for session 8 (initcheck with cuBLAS's
+#   outputs marked, racecheck/synccheck of the server to the end).
 #   part15-part21: session 4 (ncu kernel split of a decode step; decode-attention split sweeps and
 #                  variants; async scheduling; final failure matrix, memcheck, synccheck/initcheck;
 #                  spec cost; skinny GEMM bench and racecheck). part21 is the one-call rerun.
@@ -598,24 +599,24 @@ part48() {  # session 7, final calls 2/3 (carrying .gguf_b within 30 s of part47
 
 part49() {  # session 7, final calls 3/3: where SmolLM2's bf16 greedy departs from the fp32 CPU (part48's one
   # failure; meant to find the GGUF in /tmp/site from part48, but the machine had been replaced, so
-  # this stage failed: part50 does it right), then the server reproducer under all four
+  # this stage failed; part51 answered it), then the server reproducer under all four
   # compute-sanitizer tools
   setup
   stage greedy_divergence 70 python3 scripts/greedy_divergence.py
   sanitize_server_all 115
 }
 
-part50() {  # prepared for session 8 (not yet run): run right after part47 (which carries .gguf_a), carrying
-  # .gguf_b: is SmolLM2's GPU/CPU greedy divergence (part48: the second prompt agrees on 6 tokens,
-  # the test asks 8) a bf16 near-tie? Then the test again, and racecheck and synccheck of the server
-  # reproducer with room to finish (part49's 100 s ladders timed out under them)
+part50() {  # prepared for session 8 (not yet run): the server reproducer under initcheck with cuBLAS's
+  # outputs zeroed first (MINILLM_INITCHECK=1, which scripts/failure_matrix.py sets for initcheck:
+  # part49's 812,768 reports were initcheck not seeing cuBLAS's writes), and under racecheck and
+  # synccheck with room to finish (part49's 100 s ladders timed out under them)
   setup
-  stage greedy_divergence 120 python3 scripts/greedy_divergence.py
-  stage smollm2_test 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py -k smollm2
+  stage marked_blas_test 60 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    -k marked_cublas
   stage models 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
   local tool
-  for tool in racecheck synccheck; do
+  for tool in initcheck racecheck synccheck; do
     stage "sanitize_server_$tool" 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash \
       --out "$W/sanitize_$tool" --max-model-len 4096 --concurrency 8 --num-prompts 8 --output-len 16 \
       --sanitize-tools $tool --startup-timeout 60 --ladder-timeout 130

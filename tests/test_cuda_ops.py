@@ -285,6 +285,24 @@ def test_matmul(be, M, K, N, bias, out_f32):
     assert rel_err(host(be, out), ref) < t
 
 
+def test_matmul_with_marked_cublas_outputs(be):
+    """Under MINILLM_INITCHECK=1 a cuBLAS product's output is zeroed before the GEMM (a write
+    initcheck sees); the product must come out the same, in a row-strided output too."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((64, 256)).astype(np.float32)
+    w = (rng.standard_normal((384, 256)) / 16).astype(np.float32)
+    wide = poisoned(be, (64, 400))
+    be.mark_blas_outputs = True
+    try:
+        be.matmul(be.asarray(x), be.asarray(w), wide[:, :384])
+    finally:
+        be.mark_blas_outputs = False
+    ref = rounded(be, x).astype(np.float64) @ rounded(be, w).astype(np.float64).T
+    got = host(be, wide)
+    assert rel_err(got[:, :384], ref) < tol(be)
+    assert np.isnan(got[:, 384:]).all(), "the zeroing went past the output's columns"
+
+
 @pytest.mark.parametrize("M", [2, 4, 5, 8, 9, 16])
 @pytest.mark.parametrize("K,N", [(64, 16), (576, 1000), (1024, 4096), (3072, 1030)])
 @pytest.mark.parametrize("bias", [False, True])

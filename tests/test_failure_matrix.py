@@ -43,6 +43,17 @@ def test_sanitizer_summaries():
     assert not clean("========= COMPUTE-SANITIZER\n")[0]  # no summary: it did not finish
 
 
+def test_only_initcheck_runs_mark_cublas_outputs(monkeypatch):
+    """initcheck cannot see cuBLAS's writes, so its server run zeroes cuBLAS outputs first
+    (MINILLM_INITCHECK=1); no other run does."""
+    monkeypatch.delenv("MINILLM_INITCHECK", raising=False)
+    env = load_script().server_env
+    assert env("initcheck")["MINILLM_INITCHECK"] == "1"
+    for tool in (None, "memcheck", "racecheck", "synccheck"):
+        assert "MINILLM_INITCHECK" not in env(tool)
+        assert env(tool)["PYTHONUNBUFFERED"] == "1"
+
+
 def run_matrix(tiny, tmp_path, tools: str, summary: str | None = None):
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
