@@ -630,6 +630,18 @@ part51() {  # session 7, last call (right after a call that copies .gguf_a to /t
   stage smollm2_test 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -s tests/test_gpu_engine.py -k smollm2
 }
 
+part52() {  # session 7, last minutes: the marked-cuBLAS product's GPU test, then the server reproducer
+  # under initcheck with MINILLM_INITCHECK=1 (set by scripts/failure_matrix.py)
+  setup
+  stage marked_blas_test 60 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    -k marked_cublas
+  stage models 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
+  stage sanitize_server_initcheck 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash \
+    --out "$W/sanitize_initcheck" --max-model-len 4096 --concurrency 8 --num-prompts 8 --output-len 16 \
+    --sanitize-tools initcheck --startup-timeout 60 --ladder-timeout 120
+}
+
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
   # part34's FMA tiles back with part40's every-thread arrivals and added the DL_MMA_B variant:
   # neither has run on a GPU, so the decoder's tests (the variant's too) and racecheck come first;
