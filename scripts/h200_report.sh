@@ -607,9 +607,10 @@ part49() {  # session 7, final calls 3/3: where SmolLM2's bf16 greedy departs fr
 }
 
 part50() {  # prepared for session 8 (not yet run): the server reproducer under initcheck with cuBLAS's
-  # outputs zeroed first (MINILLM_INITCHECK=1, which scripts/failure_matrix.py sets for initcheck:
-  # part49's 812,768 reports were initcheck not seeing cuBLAS's writes), and under racecheck and
-  # synccheck with room to finish (part49's 100 s ladders timed out under them)
+  # outputs and workspace zeroed first (MINILLM_INITCHECK=1, which scripts/failure_matrix.py sets for
+  # initcheck: part49's 812,768 reports were initcheck not seeing cuBLAS's writes; part52, with the
+  # outputs zeroed, still showed cuBLAS's split-K reduction reading its workspace), and under
+  # racecheck and synccheck with room to finish (part49's 100 s ladders timed out under them)
   setup
   stage marked_blas_test 60 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
     -k marked_cublas
@@ -631,7 +632,9 @@ part51() {  # session 7, last call (right after a call that copies .gguf_a to /t
 }
 
 part52() {  # session 7, last minutes: the marked-cuBLAS product's GPU test, then the server reproducer
-  # under initcheck with MINILLM_INITCHECK=1 (set by scripts/failure_matrix.py)
+  # under initcheck with MINILLM_INITCHECK=1 (set by scripts/failure_matrix.py). Ran at 74a1acd:
+  # 2 passed; the reports left (847,067, the ladder unfinished in 120 s) were all shown inside
+  # cuBLAS's split-K reduction, so the workspace is zeroed too since the next commit (not yet run)
   setup
   stage marked_blas_test 60 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
     -k marked_cublas
