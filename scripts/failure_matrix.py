@@ -86,8 +86,8 @@ def point_ok(point: dict) -> bool:
 
 def server_env(tool: str | None) -> dict[str, str]:
     """The server's environment. Under initcheck the CUDA backend zeroes each cuBLAS output before
-    the GEMM (MINILLM_INITCHECK=1): initcheck does not see cuBLAS's own writes, and reported every
-    read of them (session 7, scripts/initcheck_probe.py)."""
+    the GEMM and the cuBLAS workspace at startup (MINILLM_INITCHECK=1): initcheck does not see
+    cuBLAS's own writes, and reported every read of them (session 7, scripts/initcheck_probe.py)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if tool == "initcheck":
         env["MINILLM_INITCHECK"] = "1"
