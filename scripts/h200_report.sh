@@ -217,8 +217,7 @@ part8() {  # the session's numbers, call 1 of 2: tests, decode, throughput, spec
 
 part9() {  # call 2 of 3: the failure matrix, HF continuous batching
   setup
-  stage models 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
+  models_q06_dflash 40
   stage failure_matrix 330 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
     --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 120
   stage hf_batch_06b 90 python3 -m minillm.bench hf-batch $M/q06 --device cuda --timeout 80 \
@@ -233,8 +232,7 @@ part10() {  # call 3 of 3: sampler fix, batch invariance, memcheck of the server
     -k "sampler"
   stage batch_invariance 40 python3 scripts/batch_invariance.py
   if [ ! -d $M/q06-dflash ]; then
-    stage models 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-      python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
+    models_q06_dflash 40
   fi
   stage sanitizer 130 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/sanitizer" \
     --sanitize --max-model-len 4096 --concurrency 8 --num-prompts 8 --output-len 16 \
@@ -281,8 +279,7 @@ part12() {  # session 3, call 1 of 2: GPU tests, GEMV variants, decode with PDL 
 
 part13() {  # session 3, call 2 of 2: the failure matrix and the memcheck reproducer on the final code
   setup
-  stage models 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
+  models_q06_dflash 40
   stage failure_matrix 330 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
     --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 120
   stage sanitizer 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/sanitizer" \
@@ -598,11 +595,10 @@ part48() {  # session 7, final calls 2/3 (carrying .gguf_b within 30 s of part47
 }
 
 part49() {  # session 7, final calls 3/3: where SmolLM2's bf16 greedy departs from the fp32 CPU (part48's one
-  # failure; meant to find the GGUF in /tmp/site from part48, but the machine had been replaced, so
-  # this stage failed; part51 answered it), then the server reproducer under all four
+  # failure; it ran scripts/greedy_divergence.py, which found no GGUF on the replaced machine; part51's
+  # restated test answered it and the script is gone), then the server reproducer under all four
   # compute-sanitizer tools
   setup
-  stage greedy_divergence 70 python3 scripts/greedy_divergence.py
   sanitize_server_all 115
 }
 
@@ -614,13 +610,10 @@ part50() {  # prepared for session 8 (not yet run): the server reproducer under 
   setup
   stage marked_blas_test 60 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
     -k marked_cublas
-  stage models 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
+  models_q06_dflash 40
   local tool
   for tool in initcheck racecheck synccheck; do
-    stage "sanitize_server_$tool" 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash \
-      --out "$W/sanitize_$tool" --max-model-len 4096 --concurrency 8 --num-prompts 8 --output-len 16 \
-      --sanitize-tools $tool --startup-timeout 60 --ladder-timeout 130
+    sanitize_server $tool 150 130
   done
 }
 
@@ -638,11 +631,8 @@ part52() {  # session 7, last minutes: the marked-cuBLAS product's GPU test, the
   setup
   stage marked_blas_test 60 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
     -k marked_cublas
-  stage models 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
-  stage sanitize_server_initcheck 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash \
-    --out "$W/sanitize_initcheck" --max-model-len 4096 --concurrency 8 --num-prompts 8 --output-len 16 \
-    --sanitize-tools initcheck --startup-timeout 60 --ladder-timeout 120
+  models_q06_dflash 40
+  sanitize_server initcheck 150 120
 }
 
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
@@ -782,15 +772,24 @@ part29() {  # session 6, call 1: the one-kernel decoder with its weight ring (TM
   decode_fused
 }
 
-sanitize_server_all() {  # the server reproducer (c = 8, 4096, DFlash k = 8) under each of the four
-  # compute-sanitizer tools, one stage (and timeout, in seconds) each; the script exits 1 on any report
-  stage models 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+models_q06_dflash() {  # the 0.6B shape and its random DFlash drafter (timeout in seconds)
+  stage models "$1" bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
+}
+
+sanitize_server() {  # sanitize_server TOOL TIMEOUT LADDER_TIMEOUT: the server reproducer (c = 8, 4096,
+  # DFlash k = 8) under one compute-sanitizer tool; the script exits 1 on any report
+  stage "sanitize_server_$1" "$2" python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash \
+    --out "$W/sanitize_$1" --max-model-len 4096 --concurrency 8 --num-prompts 8 --output-len 16 \
+    --sanitize-tools "$1" --startup-timeout 120 --ladder-timeout "$3"
+}
+
+sanitize_server_all() {  # the server reproducer under each of the four tools, one stage each (part49
+  # ran it with a 100 s ladder)
+  models_q06_dflash 40
   local tool
   for tool in memcheck racecheck initcheck synccheck; do
-    stage "sanitize_server_$tool" "$1" python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash \
-      --out "$W/sanitize_$tool" --max-model-len 4096 --concurrency 8 --num-prompts 8 --output-len 16 \
-      --sanitize-tools $tool --startup-timeout 100 --ladder-timeout 100
+    sanitize_server $tool "$1" 100
   done
 }
 

@@ -6,8 +6,9 @@ pull the next GEMV's weights into L2 with cp.async.bulk.prefetch.L2, fire-and-fo
 isolation it can; inside a decode step it made the step slower: docs/BENCHMARKS.md, session 7):
 
   cold      L2 flushed (a 512 MB fill), a spin kernel of T us, then the GEMV
-  hot       the GEMV right after the same GEMV (what L2 can give at most; matrices over ~40 MB
-            do not fit)
+  hot       the same GEMV, then a 20 us spin, then the timed GEMV (what L2 can give at most;
+            matrices over ~40 MB do not fit). The spin keeps the GPU busy while the host queues
+            the timed launch; part43 ran without it, and its hot_us values are host launch time
   pf        flush, l2_prefetch of the first FRAC of the matrix by a grid of G CTAs x 32 threads,
             the spin kernel of T us (the latency-bound kernels the prefetch would hide behind),
             then the GEMV
@@ -159,7 +160,7 @@ def main() -> None:
         def g():
             return bench.run_gemv(w, K, N, gated)
         cold = bench.median(lambda: (bench.flush(), bench.spin(20)), g)
-        hot = bench.median(lambda: g(), g)
+        hot = bench.median(lambda: (g(), bench.spin(20)), g)
         row = {"shape": name, "MB": nbytes / 1e6, "cold_us": cold, "hot_us": hot}
         for ctas in (132, 32):
             for frac in (1.0, 0.5):
@@ -187,7 +188,7 @@ def main() -> None:
     ranges = [(w.data.ptr, w.nbytes) for w in ws.values()]
     lay = {"shape": "0.6B layer (4 GEMVs + 4 x 3 us spins)", "MB": total / 1e6,
            "cold_us": bench.median(lambda: (bench.flush(), bench.spin(20)), layer),
-           "hot_us": bench.median(layer, layer)}
+           "hot_us": bench.median(lambda: (layer(), bench.spin(20)), layer)}
     for T in (0, 10, 25):
         lay[f"pf_us_g132_T{T}"] = bench.median(
             lambda: (bench.flush(), bench.prefetch(ranges, 132), bench.spin(T)), layer)
