@@ -36,6 +36,12 @@
 #ifndef DEC_MIN_BLOCKS
 #define DEC_MIN_BLOCKS 1
 #endif
+#ifndef DEC_NO_MATH  // scripts/decode_splits.py --variant DEC_NO_MATH=1: loads without the math
+#define DEC_NO_MATH 0
+#endif
+#ifndef DEC_KH_FAST  // scripts/decode_splits.py --variant DEC_KH_FAST=1: CTA order, see below
+#define DEC_KH_FAST 0
+#endif
 
 namespace {
 
@@ -79,7 +85,14 @@ __device__ __forceinline__ void decode_attention_impl(
   __shared__ int s_last;
 
   const int tid = threadIdx.x, kl = tid % LPK, grp = tid / LPK;
+#if DEC_KH_FAST
+  // the KV heads of one token on consecutive CTAs, so they run together and read each paged
+  // block's interleaved [bs, KH, D] rows at about the same time (grid shape unchanged)
+  const int lin = blockIdx.y * gridDim.x + blockIdx.x;
+  const int t = lin / KH, kh = lin - t * KH, split = blockIdx.z;
+#else
   const int t = blockIdx.x, kh = blockIdx.y, split = blockIdx.z;
+#endif
   const int H = KH * G;
   if (t >= n_tokens || t >= query_start[B]) return;  // rows outside every sequence: untouched
   int lo = 0, hi = B - 1;  // last b with query_start[b] <= t (skips empty sequences)
@@ -146,6 +159,16 @@ __device__ __forceinline__ void decode_attention_impl(
         vr[u] = __ldg(reinterpret_cast<const uint4*>(vc + off));
       }
     }
+#if DEC_NO_MATH  // memory only: every loaded word feeds one sum (the loads' ceiling, not attention)
+#pragma unroll
+    for (int u = 0; u < DEC_U; ++u) {
+      const unsigned h = kr[u].x ^ kr[u].y ^ kr[u].z ^ kr[u].w ^ vr[u].x ^ vr[u].y ^ vr[u].z ^ vr[u].w;
+      acc[0][0] += __uint_as_float(h & 0x007fffffu);
+      l[0] = 1.f;
+      m[0] = 0.f;
+    }
+    continue;
+#endif
 #pragma unroll
     for (int u = 0; u < DEC_U; ++u) {
       float kf[VEC];

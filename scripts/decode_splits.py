@@ -49,6 +49,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variant", action="append", default=[], help="comma-separated -D defines")
     p.add_argument("--json", default=None)
+    p.add_argument("--case", action="append", default=[], help="only cases whose label has this text")
+    p.add_argument("--plan-only", action="store_true", help="time only the split count the plan picks "
+                   "(for ncu: one kernel per case and variant)")
     ns = p.parse_args()
     from minillm.backends.cuda_ops import CudaBackend
     from minillm.bench.gpu_timing import graph_us
@@ -65,9 +68,11 @@ def main() -> int:
         return be.asarray(np.asarray(x, np.int32), dtype=np.int32)
 
     results = []
-    print(f"{'case':24s} {'variant':14s} {'slots':>5s} {'plan':>5s} {'best':>5s} {'plan us':>9s} "
+    print(f"{'case':24s} {'variant':28s} {'slots':>5s} {'plan':>5s} {'best':>5s} {'plan us':>9s} "
           f"{'best us':>9s} {'plan/best':>9s}  us (TB/s) by splits")
     for label, H, KH, B, ctx in CASES:
+        if ns.case and not any(c in label for c in ns.case):
+            continue
         lens = np.full(B, ctx) if isinstance(ctx, int) else rng.integers(ctx[0], ctx[1] + 1, B)
         max_ctx = int(lens.max())
         nbps = -(-max_ctx // bs)
@@ -84,11 +89,11 @@ def main() -> int:
             be._resident.clear()  # occupancy is the variant's
             plan = be.decode_plan(B, H, KH, D, nbps * bs)["n_splits"]
             times = {}
-            for s in sorted(set(SPLITS) | {plan}):
+            for s in sorted(set(() if ns.plan_only else SPLITS) | {plan}):
                 if s > -(-nbps * bs // 64) and s != 1:
                     continue
                 times[s] = graph_us(be, lambda s=s, a=args: be.attention(*a, kernel="decode", n_splits=s))
-            for part in PARTS if vname == "default" else ():
+            for part in PARTS if vname == "default" and not ns.plan_only else ():
                 if part < nbps * bs:
                     times[f"p{part}"] = graph_us(be, lambda a=args, part=part: be.attention(
                         *a, kernel="decode", part=part))
@@ -98,7 +103,7 @@ def main() -> int:
                        tbps_by_splits={s: kv_bytes / t / 1e6 for s, t in times.items()})
             best = str(best)
             results.append(row)
-            print(f"{label[:24]:24s} {vname[:14]:14s} {row['resident']:5d} {plan:5d} {best:>5s} {times[plan]:9.1f} "
+            print(f"{label[:24]:24s} {vname[:28]:28s} {row['resident']:5d} {plan:5d} {best:>5s} {times[plan]:9.1f} "
                   f"{min(times.values()):9.1f} {times[plan] / min(times.values()):9.3f}  "
                   + " ".join(f"{s}:{t:.1f}({kv_bytes / t / 1e6:.2f})" for s, t in times.items()), flush=True)
         kc = vc = bt = q = out = args = None  # free this case's caches before the next

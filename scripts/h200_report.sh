@@ -635,6 +635,19 @@ part52() {  # session 7, last minutes: the marked-cuBLAS product's GPU test, the
   sanitize_server initcheck 150 120
 }
 
+part53() {  # session 8, call 1: decode attention at large batches, where the throughput run spends ~80%
+  # of its decode steps: the KV heads of a token on consecutive CTAs (DEC_KH_FAST), the loads alone
+  # without the math (DEC_NO_MATH: this access pattern's ceiling), and where the warps stall (ncu)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage decode_splits_variants 240 python3 scripts/decode_splits.py --case "B=192" --case "B=256" \
+    --case "B=128" --case "8B B=16" --case "8B B=64" --variant DEC_KH_FAST=1 --variant DEC_NO_MATH=1 \
+    --variant DEC_NO_MATH=1,DEC_KH_FAST=1 --json "$W/decode_splits_variants.json"
+  stage ncu_decode_ragged 200 ncu -k regex:paged_decode --launch-skip 2 --launch-count 1 --clock-control none \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
+    --section Occupancy --section LaunchStats python3 scripts/decode_splits.py --case "0.6B B=256 ctx U" --plan-only
+}
+
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
   # part34's FMA tiles back with part40's every-thread arrivals and added the DL_MMA_B variant:
   # neither has run on a GPU, so the decoder's tests (the variant's too) and racecheck come first;
