@@ -39,6 +39,12 @@
 #ifndef DEC_NO_MATH  // scripts/decode_splits.py --variant DEC_NO_MATH=1: loads without the math
 #define DEC_NO_MATH 0
 #endif
+#ifndef DEC_CPL  // 16-byte chunks of a K/V row per lane (1: 16 lanes a bf16 d128 row; 2: 8 lanes)
+#define DEC_CPL 1
+#endif
+#ifndef DEC_CHUNK  // 1: one softmax rescale per DEC_U keys instead of one per key
+#define DEC_CHUNK 0
+#endif
 #ifndef DEC_KH_FAST  // scripts/decode_splits.py --variant DEC_KH_FAST=1: CTA order, see below
 #define DEC_KH_FAST 0
 #endif
@@ -75,7 +81,8 @@ __device__ __forceinline__ void decode_attention_impl(
     int min_part, int max_nq) {
   minillm::pdl_entry();
   constexpr int VEC = Vec16<T>::N;
-  constexpr int LPK = D / VEC;  // lanes per key row
+  constexpr int CPL = DEC_CPL;   // 16-byte chunks of a row per lane
+  constexpr int LPK = D / VEC / CPL;  // lanes per key row
   constexpr int NG = DEC_THREADS / LPK;
   static_assert(LPK >= 2 && LPK <= 32 && (32 % LPK) == 0, "head_dim must give 2..32 lanes a row");
   __shared__ float s_ml[NG][G][2];
@@ -120,22 +127,27 @@ __device__ __forceinline__ void decode_attention_impl(
     k_end = min(k_hi, k_lo + part);
   }
 
-  // ---- this token's G query heads, pre-scaled by softmax scale * log2(e)
-  float qv[G][VEC];
+  // ---- this token's G query heads, pre-scaled by softmax scale * log2(e). Lane kl holds the
+  // CPL 16-byte chunks kl, kl + LPK, ... of each row (so LPK lanes read a row's 16 * LPK bytes
+  // contiguously per load), element i of chunk j at dims (kl + j * LPK) * VEC + i.
+  constexpr int E = CPL * VEC;  // elements of a row per lane
+  float qv[G][E];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
-    const T* qp = q + (i64)t * q_tok + (i64)(kh * G + g) * q_head + kl * VEC;
-    Vec16<T>::to_f(__ldg(reinterpret_cast<const uint4*>(qp)), qv[g]);
+    const T* qp = q + (i64)t * q_tok + (i64)(kh * G + g) * q_head;
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) qv[g][i] *= scale_log2;
+    for (int j = 0; j < CPL; ++j)
+      Vec16<T>::to_f(__ldg(reinterpret_cast<const uint4*>(qp + (kl + j * LPK) * VEC)), qv[g] + j * VEC);
+#pragma unroll
+    for (int i = 0; i < E; ++i) qv[g][i] *= scale_log2;
   }
-  float m[G], l[G], acc[G][VEC];
+  float m[G], l[G], acc[G][E];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
     m[g] = minillm::neg_inf();
     l[g] = 0.f;
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) acc[g][i] = 0.f;
+    for (int i = 0; i < E; ++i) acc[g][i] = 0.f;
   }
 
   const int* bt = block_tables + (i64)b * bt_stride;
@@ -143,63 +155,107 @@ __device__ __forceinline__ void decode_attention_impl(
   // load nothing and update nothing.
   for (int base = k_lo; base < k_end; base += NG * DEC_U) {
     const int k0 = base + grp * DEC_U;
-    uint4 kr[DEC_U], vr[DEC_U];
+    uint4 kr[DEC_U][CPL], vr[DEC_U][CPL];
 #pragma unroll
     for (int u = 0; u < DEC_U; ++u) {
       const int key = k0 + u;
-      kr[u] = make_uint4(0u, 0u, 0u, 0u);
-      vr[u] = kr[u];
+#pragma unroll
+      for (int j = 0; j < CPL; ++j) kr[u][j] = vr[u][j] = make_uint4(0u, 0u, 0u, 0u);
       if (key < k_end) {
         const int lb = key / block_size;
         MINILLM_CHECK(lb < bt_stride);
         const int phys = bt[lb];
         MINILLM_CHECK(phys >= 0 && phys < num_blocks);
         const i64 off = (((i64)phys * block_size + (key - lb * block_size)) * KH + kh) * D + kl * VEC;
-        kr[u] = __ldg(reinterpret_cast<const uint4*>(kc + off));
-        vr[u] = __ldg(reinterpret_cast<const uint4*>(vc + off));
+#pragma unroll
+        for (int j = 0; j < CPL; ++j) {
+          kr[u][j] = __ldg(reinterpret_cast<const uint4*>(kc + off + j * LPK * VEC));
+          vr[u][j] = __ldg(reinterpret_cast<const uint4*>(vc + off + j * LPK * VEC));
+        }
       }
     }
 #if DEC_NO_MATH  // memory only: every loaded word feeds one sum (the loads' ceiling, not attention)
 #pragma unroll
-    for (int u = 0; u < DEC_U; ++u) {
-      const unsigned h = kr[u].x ^ kr[u].y ^ kr[u].z ^ kr[u].w ^ vr[u].x ^ vr[u].y ^ vr[u].z ^ vr[u].w;
-      acc[0][0] += __uint_as_float(h & 0x007fffffu);
-      l[0] = 1.f;
-      m[0] = 0.f;
-    }
+    for (int u = 0; u < DEC_U; ++u)
+#pragma unroll
+      for (int j = 0; j < CPL; ++j) {
+        const uint4 a = kr[u][j], c = vr[u][j];
+        acc[0][0] += __uint_as_float((a.x ^ a.y ^ a.z ^ a.w ^ c.x ^ c.y ^ c.z ^ c.w) & 0x007fffffu);
+        l[0] = 1.f;
+        m[0] = 0.f;
+      }
     continue;
 #endif
+    float s[DEC_U][G];  // scores, complete after the shuffles
 #pragma unroll
     for (int u = 0; u < DEC_U; ++u) {
-      float kf[VEC];
-      Vec16<T>::to_f(kr[u], kf);
-      float s[G];
+      float kf[E];
+#pragma unroll
+      for (int j = 0; j < CPL; ++j) Vec16<T>::to_f(kr[u][j], kf + j * VEC);
 #pragma unroll
       for (int g = 0; g < G; ++g) {
         float d = 0.f;
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) d = fmaf(qv[g][i], kf[i], d);
-        s[g] = d;
+        for (int i = 0; i < E; ++i) d = fmaf(qv[g][i], kf[i], d);
+        s[u][g] = d;
       }
 #pragma unroll
       for (int o = LPK / 2; o > 0; o >>= 1)
 #pragma unroll
-        for (int g = 0; g < G; ++g) s[g] += __shfl_xor_sync(0xffffffffu, s[g], o);
+        for (int g = 0; g < G; ++g) s[u][g] += __shfl_xor_sync(0xffffffffu, s[u][g], o);
+    }
+#if DEC_CHUNK
+    // one softmax rescale per DEC_U keys: the running max moves once a chunk, so acc and l are
+    // scaled once and each key adds p * v (validity is uniform within a key group)
+    if (k0 < k_end) {
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        float m_new = m[g];
+#pragma unroll
+        for (int u = 0; u < DEC_U; ++u)
+          if (k0 + u < k_end) m_new = fmaxf(m_new, s[u][g]);
+        const float alpha = exp2f(m[g] - m_new);  // 0 while m is still -inf; m_new is finite
+        l[g] *= alpha;
+#pragma unroll
+        for (int i = 0; i < E; ++i) acc[g][i] *= alpha;
+        m[g] = m_new;
+      }
+#pragma unroll
+      for (int u = 0; u < DEC_U; ++u) {
+        if (k0 + u < k_end) {
+          float vf[E];
+#pragma unroll
+          for (int j = 0; j < CPL; ++j) Vec16<T>::to_f(vr[u][j], vf + j * VEC);
+#pragma unroll
+          for (int g = 0; g < G; ++g) {
+            const float p = exp2f(s[u][g] - m[g]);
+            l[g] += p;
+#pragma unroll
+            for (int i = 0; i < E; ++i) acc[g][i] = fmaf(p, vf[i], acc[g][i]);
+          }
+        }
+      }
+    }
+#else
+#pragma unroll
+    for (int u = 0; u < DEC_U; ++u) {
       if (k0 + u < k_end) {  // uniform within a key group
-        float vf[VEC];
-        Vec16<T>::to_f(vr[u], vf);
+        float vf[E];
+#pragma unroll
+        for (int j = 0; j < CPL; ++j) Vec16<T>::to_f(vr[u][j], vf + j * VEC);
 #pragma unroll
         for (int g = 0; g < G; ++g) {
-          const float m_new = fmaxf(m[g], s[g]);
+          const float m_new = fmaxf(m[g], s[u][g]);
           const float alpha = exp2f(m[g] - m_new);  // 0 while m is still -inf
-          const float p = exp2f(s[g] - m_new);
+          const float p = exp2f(s[u][g] - m_new);
           l[g] = fmaf(l[g], alpha, p);
 #pragma unroll
-          for (int i = 0; i < VEC; ++i) acc[g][i] = fmaf(acc[g][i], alpha, p * vf[i]);
+          for (int i = 0; i < E; ++i) acc[g][i] = fmaf(acc[g][i], alpha, p * vf[i]);
           m[g] = m_new;
         }
       }
     }
+#endif
   }
 
   // ---- merge the key groups of this CTA
@@ -210,7 +266,9 @@ __device__ __forceinline__ void decode_attention_impl(
       s_ml[grp][g][1] = l[g];
     }
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) s_acc[grp][g][kl * VEC + i] = acc[g][i];
+    for (int j = 0; j < CPL; ++j)
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) s_acc[grp][g][(kl + j * LPK) * VEC + i] = acc[g][j * VEC + i];
   }
   __syncthreads();
   for (int e = tid; e < G * D; e += DEC_THREADS) {

@@ -50,6 +50,7 @@ def main() -> int:
     p.add_argument("--variant", action="append", default=[], help="comma-separated -D defines")
     p.add_argument("--json", default=None)
     p.add_argument("--case", action="append", default=[], help="only cases whose label has this text")
+    p.add_argument("--splits", default=None, help="comma-separated split counts to time (default: 1..32)")
     p.add_argument("--plan-only", action="store_true", help="time only the split count the plan picks "
                    "(for ncu: one kernel per case and variant)")
     ns = p.parse_args()
@@ -63,6 +64,7 @@ def main() -> int:
     variants["default"] = {n: k for n, k in be.k.items() if n.startswith("paged_decode_")}
     rng = np.random.default_rng(0)
     D, bs = 128, 16
+    sweep = tuple(int(x) for x in ns.splits.split(",")) if ns.splits else SPLITS
 
     def i32(x):
         return be.asarray(np.asarray(x, np.int32), dtype=np.int32)
@@ -89,7 +91,7 @@ def main() -> int:
             be._resident.clear()  # occupancy is the variant's
             plan = be.decode_plan(B, H, KH, D, nbps * bs)["n_splits"]
             times = {}
-            for s in sorted(set(() if ns.plan_only else SPLITS) | {plan}):
+            for s in sorted(set(() if ns.plan_only else sweep) | {plan}):
                 if s > -(-nbps * bs // 64) and s != 1:
                     continue
                 times[s] = graph_us(be, lambda s=s, a=args: be.attention(*a, kernel="decode", n_splits=s))

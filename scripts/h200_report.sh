@@ -648,6 +648,23 @@ part53() {  # session 8, call 1: decode attention at large batches, where the th
     --section Occupancy --section LaunchStats python3 scripts/decode_splits.py --case "0.6B B=256 ctx U" --plan-only
 }
 
+part54() {  # session 8, call 2: the decode kernel with fewer instructions a key (part53: the loads alone
+  # read 3.9-4.1 TB/s where the kernel reads 2.2-3.9; ncu: issue-bound, 37.5% occupancy by registers).
+  # DEC_CHUNK: one softmax rescale per DEC_U keys; DEC_CPL=2: 8 lanes a row (fewer shuffles a key);
+  # DEC_MIN_BLOCKS: CTAs an SM for G > 2. Tests of each candidate, then the timings
+  setup
+  local v
+  for v in DEC_CHUNK=1 DEC_CPL=2,DEC_CHUNK=1,DEC_U=2,DEC_MIN_BLOCKS_SMALL_G=4 DEC_CHUNK=1,DEC_U=2,DEC_MIN_BLOCKS=4; do
+    stage "attention_tests_${v//[=,]/_}" 120 env MINILLM_CUDA_DEFINES=$v python3 -m pytest -q -m gpu -p no:cacheprovider \
+      -rfEs tests/test_cuda_ops.py -k "paged_attention or decode_fixed or batch_invariant"
+  done
+  stage decode_splits_chunk 300 python3 scripts/decode_splits.py --case "B=192" --case "B=256 ctx U" \
+    --case "B=128 ctx U" --case "8B B=16" --case "8B B=64" --case "B=1 ctx 512" --case "B=1 ctx 32768" \
+    --splits 1,2,3,4,6,8,16,32 --variant DEC_CHUNK=1 --variant DEC_CHUNK=1,DEC_MIN_BLOCKS=4 \
+    --variant DEC_CHUNK=1,DEC_U=2,DEC_MIN_BLOCKS=4 --variant DEC_CPL=2,DEC_CHUNK=1,DEC_U=2,DEC_MIN_BLOCKS_SMALL_G=4 \
+    --variant DEC_CHUNK=1,DEC_U=8,DEC_MIN_BLOCKS_SMALL_G=4,DEC_MIN_BLOCKS=2 --json "$W/decode_splits_chunk.json"
+}
+
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
   # part34's FMA tiles back with part40's every-thread arrivals and added the DL_MMA_B variant:
   # neither has run on a GPU, so the decoder's tests (the variant's too) and racecheck come first;

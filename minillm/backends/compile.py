@@ -23,6 +23,12 @@ def debug_enabled() -> bool:
     return os.environ.get("MINILLM_CUDA_DEBUG", "0") not in ("", "0")
 
 
+def extra_defines() -> tuple[str, ...]:
+    """MINILLM_CUDA_DEFINES="A=1,B=2": defines added to every module, for measuring a kernel's
+    compile-time variants (scripts/decode_splits.py --variant) under the tests and benchmarks."""
+    return tuple(d for d in os.environ.get("MINILLM_CUDA_DEFINES", "").split(",") if d.strip())
+
+
 def source_with_hash(name: str) -> tuple[str, str]:
     """(code, digest): cuda/<name>.cu prefixed by a digest of it and the headers it includes."""
     path = CUDA_DIR / f"{name}.cu"
@@ -99,6 +105,7 @@ def load_module(name: str, debug: bool | None = None, defines: tuple[str, ...] =
     import cupy
 
     debug = debug_enabled() if debug is None else debug
+    defines = tuple(defines) + extra_defines()
     code, digest = source_with_hash(name)
     key = (name, digest, debug, tuple(defines), cupy.cuda.Device().id)
     mod = _modules.get(key)
