@@ -26,12 +26,17 @@
 #ifndef DEC_U  // keys per key group in flight (scripts/decode_splits.py --variant DEC_U=8 times others)
 #define DEC_U 4
 #endif
-// CTAs per SM the register allocation must allow (__launch_bounds__), for G <= 2 and for larger
-// G. Measured on the H200 (scripts/decode_splits.py): with G = 2 the kernel takes 96 registers,
-// 5 CTAs an SM; capped at 80 for 6 CTAs it read KV 9-11% faster at batch 192-256 (3.42 -> 3.85
-// TB/s); with G = 4 the same cap spills and ran 1.7x slower, so larger groups keep the default.
+// CTAs per SM the register allocation must allow (__launch_bounds__), for G <= 2, G <= 4 and
+// larger G. Measured on the H200 (scripts/decode_splits.py): with G = 2 the kernel took 96
+// registers, 5 CTAs an SM; capped at 80 for 6 CTAs it read KV 9-11% faster at batch 192-256
+// (3.42 -> 3.85 TB/s). With G = 4 the 80 cap spills (1.7x slower), but 128 (4 CTAs, not the 3 of
+// its 158 registers) read 8B's B = 64 x 2,048 keys 16% faster (220 -> 184 us, part54); G = 8
+// spills at 128 and keeps the default.
 #ifndef DEC_MIN_BLOCKS_SMALL_G
 #define DEC_MIN_BLOCKS_SMALL_G 6
+#endif
+#ifndef DEC_MIN_BLOCKS_MID_G
+#define DEC_MIN_BLOCKS_MID_G 4
 #endif
 #ifndef DEC_MIN_BLOCKS
 #define DEC_MIN_BLOCKS 1
@@ -41,12 +46,6 @@
 #endif
 #ifndef DEC_CPL  // 16-byte chunks of a K/V row per lane (1: 16 lanes a bf16 d128 row; 2: 8 lanes)
 #define DEC_CPL 1
-#endif
-#ifndef DEC_CHUNK  // 1: one softmax rescale per DEC_U keys instead of one per key
-#define DEC_CHUNK 0
-#endif
-#ifndef DEC_KH_FAST  // scripts/decode_splits.py --variant DEC_KH_FAST=1: CTA order, see below
-#define DEC_KH_FAST 0
 #endif
 
 namespace {
@@ -92,14 +91,7 @@ __device__ __forceinline__ void decode_attention_impl(
   __shared__ int s_last;
 
   const int tid = threadIdx.x, kl = tid % LPK, grp = tid / LPK;
-#if DEC_KH_FAST
-  // the KV heads of one token on consecutive CTAs, so they run together and read each paged
-  // block's interleaved [bs, KH, D] rows at about the same time (grid shape unchanged)
-  const int lin = blockIdx.y * gridDim.x + blockIdx.x;
-  const int t = lin / KH, kh = lin - t * KH, split = blockIdx.z;
-#else
   const int t = blockIdx.x, kh = blockIdx.y, split = blockIdx.z;
-#endif
   const int H = KH * G;
   if (t >= n_tokens || t >= query_start[B]) return;  // rows outside every sequence: untouched
   int lo = 0, hi = B - 1;  // last b with query_start[b] <= t (skips empty sequences)
@@ -204,7 +196,6 @@ __device__ __forceinline__ void decode_attention_impl(
 #pragma unroll
         for (int g = 0; g < G; ++g) s[u][g] += __shfl_xor_sync(0xffffffffu, s[u][g], o);
     }
-#if DEC_CHUNK
     // one softmax rescale per DEC_U keys: the running max moves once a chunk, so acc and l are
     // scaled once and each key adds p * v (validity is uniform within a key group)
     if (k0 < k_end) {
@@ -236,26 +227,6 @@ __device__ __forceinline__ void decode_attention_impl(
         }
       }
     }
-#else
-#pragma unroll
-    for (int u = 0; u < DEC_U; ++u) {
-      if (k0 + u < k_end) {  // uniform within a key group
-        float vf[E];
-#pragma unroll
-        for (int j = 0; j < CPL; ++j) Vec16<T>::to_f(vr[u][j], vf + j * VEC);
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-          const float m_new = fmaxf(m[g], s[u][g]);
-          const float alpha = exp2f(m[g] - m_new);  // 0 while m is still -inf
-          const float p = exp2f(s[u][g] - m_new);
-          l[g] = fmaf(l[g], alpha, p);
-#pragma unroll
-          for (int i = 0; i < E; ++i) acc[g][i] = fmaf(acc[g][i], alpha, p * vf[i]);
-          m[g] = m_new;
-        }
-      }
-    }
-#endif
   }
 
   // ---- merge the key groups of this CTA
@@ -343,7 +314,7 @@ __device__ __forceinline__ void decode_attention_impl(
 
 // paged_decode_<dtype>_d<D>_g<G>: grid (tokens, KH, n_splits), DEC_THREADS threads.
 #define MINILLM_DECODE(SUFFIX, T, D, G)                                                           \
-  extern "C" __global__ void __launch_bounds__(DEC_THREADS, (G) <= 2 ? DEC_MIN_BLOCKS_SMALL_G : DEC_MIN_BLOCKS) paged_decode_##SUFFIX##_d##D##_g##G( \
+  extern "C" __global__ void __launch_bounds__(DEC_THREADS, (G) <= 2 ? DEC_MIN_BLOCKS_SMALL_G : (G) <= 4 ? DEC_MIN_BLOCKS_MID_G : DEC_MIN_BLOCKS) paged_decode_##SUFFIX##_d##D##_g##G( \
       const T* q, i64 q_tok, i64 q_head, const T* kc, const T* vc, const int* block_tables,       \
       int bt_stride, const int* seq_lens, const int* query_start, int B, int n_tokens, T* out,    \
       i64 o_tok, i64 o_head, float* part_o, float* part_ml, int* counters, int KH,                \

@@ -7,8 +7,9 @@ For each case (query heads, KV heads, batch, context lengths) the kernel runs in
 10 replays. It prints the time and KV bandwidth of each, which split count was fastest, and which
 one CudaBackend.decode_plan picks (minillm.backends.cuda_ops.decode_splits) and how far that is
 from the fastest: the check of the wave model that chooses splits. Each --variant recompiles the
-kernel with those -D defines (DEC_U: keys in flight per key group; DEC_MIN_BLOCKS: CTAs per SM the
-registers must allow) and times it the same way.
+kernel with those -D defines (DEC_U: keys in flight per key group; DEC_MIN_BLOCKS*: CTAs per SM the
+registers must allow; DEC_CPL: 16-byte chunks of a row per lane; DEC_NO_MATH=1: the loads alone)
+and times it the same way. --case picks cases by label, --splits the split counts to sweep.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ CASES = [("0.6B B=1 ctx 512", 16, 8, 1, 512), ("0.6B B=8 ctx 2048", 16, 8, 8, 20
          ("0.6B B=64 ctx 1024", 16, 8, 64, 1024), ("0.6B B=192 ctx 1024", 16, 8, 192, 1024),
          ("0.6B B=256 ctx 1024", 16, 8, 256, 1024), ("0.6B B=256 ctx U[100, 2048]", 16, 8, 256, (100, 2048)),
          ("0.6B B=128 ctx U[100, 2048]", 16, 8, 128, (100, 2048)),
+         # the same lengths, longest first: does the CTA order of a ragged batch matter?
+         ("0.6B B=256 ctx desc U[100, 2048]", 16, 8, 256, (100, 2048, "desc")),
          ("8B B=1 ctx 512", 32, 8, 1, 512), ("8B B=1 ctx 32768", 32, 8, 1, 32768),
          ("8B B=16 ctx 4096", 32, 8, 16, 4096), ("8B B=64 ctx 2048", 32, 8, 64, 2048)]
 
@@ -75,7 +78,13 @@ def main() -> int:
     for label, H, KH, B, ctx in CASES:
         if ns.case and not any(c in label for c in ns.case):
             continue
-        lens = np.full(B, ctx) if isinstance(ctx, int) else rng.integers(ctx[0], ctx[1] + 1, B)
+        if isinstance(ctx, int):
+            lens = np.full(B, ctx)
+        else:
+            # its own generator: the "desc" case sorts the very lengths of the unsorted one
+            lens = np.random.default_rng([B, ctx[0], ctx[1]]).integers(ctx[0], ctx[1] + 1, B)
+            if ctx[2:] == ("desc",):
+                lens = np.sort(lens)[::-1].copy()
         max_ctx = int(lens.max())
         nbps = -(-max_ctx // bs)
         kc = be.asarray(rng.standard_normal((B * nbps, bs, KH, D), dtype=np.float32))

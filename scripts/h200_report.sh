@@ -665,6 +665,21 @@ part54() {  # session 8, call 2: the decode kernel with fewer instructions a key
     --variant DEC_CHUNK=1,DEC_U=8,DEC_MIN_BLOCKS_SMALL_G=4,DEC_MIN_BLOCKS=2 --json "$W/decode_splits_chunk.json"
 }
 
+part55() {  # session 8, call 3: the decode kernel with one softmax rescale per DEC_U keys, 4 CTAs an SM
+  # for G = 3-4 (part54's best): the CTA order of a ragged batch (longest first against drawn order),
+  # decode of both shapes, throughput, then the GPU tests
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage decode_splits_order 60 python3 scripts/decode_splits.py --case "B=256 ctx" --splits 1,2,3,4,6 \
+    --json "$W/decode_splits_order.json"
+  models_q06_q8 90
+  decode_06b 50
+  decode_8b 70
+  throughput_06b 60
+  stage gpu_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" \
+    tests/test_cuda_ops.py tests/test_dflash_graphs.py tests/test_gpu_engine.py -k "not smollm2 and not debug_build"
+}
+
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
   # part34's FMA tiles back with part40's every-thread arrivals and added the DL_MMA_B variant:
   # neither has run on a GPU, so the decoder's tests (the variant's too) and racecheck come first;
