@@ -106,6 +106,19 @@ __device__ __forceinline__ uint4 pack_bf16x8(const float* f) {
   return u;
 }
 
+// c (16x8 fp32) += a (16x16 bf16, row-major) * b (16x8 bf16, "col": each column's k contiguous),
+// one warp's mma.sync. Fragments (g = lane / 4, t = lane % 4): a0 = (row g, k 2t..2t+1), a1 = (row
+// g + 8, same k), a2 = (row g, k 2t + 8..), a3 = (row g + 8, k 2t + 8..); b0 = (k 2t..2t+1, col g),
+// b1 = (k 2t + 8.., col g); c = (row g, cols 2t, 2t+1), then (row g + 8, the same cols).
+__device__ __forceinline__ void mma_bf16_16816(float* c, unsigned a0, unsigned a1, unsigned a2,
+                                               unsigned a3, unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 // Sum over the whole block (blockDim.x a multiple of 32, at most 1024). `scratch` holds 32
 // values; every thread gets the result. Ends with a barrier, so scratch can be reused at once.
 template <typename F>

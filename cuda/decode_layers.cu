@@ -316,15 +316,6 @@ __device__ __forceinline__ unsigned lds32(unsigned addr) {
   return v;
 }
 
-__device__ __forceinline__ void mma_bf16(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                                         unsigned b0, unsigned b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ void mma_tile(unsigned tile, unsigned xsa, int a, int nr, const StagePlan& p, float* red,
                                          int warp, int lane) {
   const unsigned rs = 2u * p.K + DL_ROW_PAD;
@@ -342,7 +333,7 @@ __device__ __forceinline__ void mma_tile(unsigned tile, unsigned xsa, int a, int
         if (k + q < k1) {
           const unsigned b0 = has ? lds32(wsa + 32u * q) : 0u, b1 = has ? lds32(wsa + 32u * q + 16) : 0u;
           const unsigned x0 = lds32(xa + 32u * q), x1 = lds32(xa + 32u * q + 16);
-          mma_bf16(c[q], x0, x0, x1, x1, b0, b1);
+          minillm::mma_bf16_16816(c[q], x0, x0, x1, x1, b0, b1);
         }
     }
     if (lane < 4) {  // C[0][2 lane], C[0][2 lane + 1]: rows 2 lane and 2 lane + 1 of the block

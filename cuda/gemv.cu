@@ -146,16 +146,6 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
 
 namespace {
 
-__device__ __forceinline__ void mma_16816(float* c, const unsigned a0, const unsigned a1,
-                                          const unsigned a2, const unsigned a3, const unsigned b0,
-                                          const unsigned b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 // TILES: groups of 8 rows of x (1 for M <= 8, 2 for M <= 16).
 template <typename TO, int TILES>
 __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64 ldx,
@@ -198,10 +188,10 @@ __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64
       }
       // A registers: (row g, k pair), (row g + 8, k pair), (row g, k pair + 8), (row g + 8, k
       // pair + 8); B: (k pair, x row g), (k pair + 8, x row g). w0/w8: weight rows g / g + 8
-      mma_16816(c[i], w0_lo.x, w8_lo.x, w0_lo.y, w8_lo.y, x_lo.x, x_lo.y);
-      mma_16816(c[i], w0_lo.z, w8_lo.z, w0_lo.w, w8_lo.w, x_lo.z, x_lo.w);
-      mma_16816(c[i], w0_hi.x, w8_hi.x, w0_hi.y, w8_hi.y, x_hi.x, x_hi.y);
-      mma_16816(c[i], w0_hi.z, w8_hi.z, w0_hi.w, w8_hi.w, x_hi.z, x_hi.w);
+      minillm::mma_bf16_16816(c[i], w0_lo.x, w8_lo.x, w0_lo.y, w8_lo.y, x_lo.x, x_lo.y);
+      minillm::mma_bf16_16816(c[i], w0_lo.z, w8_lo.z, w0_lo.w, w8_lo.w, x_lo.z, x_lo.w);
+      minillm::mma_bf16_16816(c[i], w0_hi.x, w8_hi.x, w0_hi.y, w8_hi.y, x_hi.x, x_hi.y);
+      minillm::mma_bf16_16816(c[i], w0_hi.z, w8_hi.z, w0_hi.w, w8_hi.w, x_hi.z, x_hi.w);
     }
   }
   if (warp > 0) {

@@ -4,17 +4,24 @@
 //
 // One CTA owns 64 query rows of one sequence and one KV head: bq = 64 / G consecutive queries x
 // the G query heads sharing that KV head, so each K/V tile is read from the paged cache once for
-// all of them. Four warps, 16 rows each. Per key tile of 64:
-//   S = Q K^T        wmma bf16 x bf16 -> fp32 (16x16x16 fragments), into shared memory
-//   online softmax   per row in fp32 (base 2); P rounded to bf16 in shared memory
-//   O = O * alpha + P V   O lives in shared memory as fp32 (a fragment's element-to-row map is
-//                   opaque, so rows are rescaled there, then loaded as the accumulator)
-// Only the K/V tile loads need the whole CTA; the rest of the tile is per warp (its own rows).
-// Sequences with fewer than min_nq new queries are skipped (decode_attention.cu takes them in
-// the same step). Grid: (an upper bound on the step's query tiles, KH); where each CTA works
-// comes from device buffers, like the other attention kernels.
+// all of them. Four warps, 16 rows each, FlashAttention-2 style: everything a warp computes stays
+// in its registers. Per key tile of 64:
+//   S = Q K^T        mma.sync m16n8k16 (bf16 in, fp32 sums); Q's fragments are loaded once, K's
+//                    come from shared memory through ldmatrix
+//   online softmax   per row in fp32 (base 2) on the S fragments: a row lives in the 4 lanes of a
+//                    quad, so its max is two shuffles; the row sums stay per lane until the end
+//   O = O * alpha + P V   P re-packed to bf16 straight from S's fragments (the m16n8 accumulator
+//                    layout of two key blocks is the m16k16 A layout), V through ldmatrix.trans
+// K/V tiles are gathered through the block table with cp.async into two shared-memory stages, the
+// next tile's copies in flight while the warps compute on the current one. A warp skips the tiles
+// its rows cannot see (causal), and keys past a row's limit are masked to -inf.
+// Sequences with fewer than min_nq new queries are skipped (decode_attention.cu takes them in the
+// same step). Grid: (an upper bound on the step's query tiles, KH); where each CTA works comes from
+// device buffers, like the other attention kernels.
+//
+// (The first version kept S, P and O in shared memory between wmma calls: 36 TFLOP/s on a 4,096 x
+// 4,096 causal prefill with the 8B heads, docs/BENCHMARKS.md.)
 #include "common.cuh"
-#include <mma.h>
 
 #define PF_THREADS 128
 #define PF_ROWS 64  // query rows per CTA (4 warps x 16)
@@ -22,19 +29,40 @@
 
 namespace {
 
-namespace wmma = nvcuda::wmma;
-typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> AccFrag;
-
-// Shared-memory leading dimensions, padded to spread banks (and keep wmma's 32-byte alignment).
+// Shared memory, bf16, rows padded by 16 bytes so ldmatrix's 8 row addresses (a 16-byte chunk
+// each) fall in different banks: Q [PF_ROWS][LDQ], then 2 stages of K [PF_BK][LDQ] and V [PF_BK][LDQ]
+// (cuda_ops.py's _prefill_smem mirrors it).
 template <int D>
 struct PfLayout {
-  static constexpr int LDQ = D + 8;       // bf16: Q, K and V tiles
-  static constexpr int LDS = PF_BK + 4;   // fp32: scores
-  static constexpr int LDP = PF_BK + 8;   // bf16: probabilities
-  static constexpr int LDO = D + 4;       // fp32: output accumulator
-  // dynamic shared memory: 2 * (ROWS * LDQ + 2 * BK * LDQ + ROWS * LDP)
-  //                      + 4 * (ROWS * LDS + ROWS * LDO + 3 * ROWS) bytes (cuda_ops.py mirrors it)
+  static constexpr int LDQ = D + 8;
+  static constexpr int STAGE = 2 * PF_BK * LDQ;  // K then V; PF_ROWS * LDQ + 2 * STAGE in all
 };
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned* r, unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned* r, unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// 16 bytes global -> shared; src_bytes 0 writes zeros (keys past the visible range).
+__device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+
+__device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const unsigned*>(&h);
+}
 
 template <int D>
 __device__ __forceinline__ void prefill_attention_impl(
@@ -46,20 +74,17 @@ __device__ __forceinline__ void prefill_attention_impl(
     int KH, int G, int block_size, int num_blocks, float scale_log2, int causal, int bq,
     int min_nq) {
   typedef PfLayout<D> Ly;
-  constexpr int CH = D / 8;  // 16-byte chunks per row
+  constexpr int CH = D / 8;       // 16-byte chunks per row
+  constexpr int KS = D / 16;      // k steps of S = Q K^T
+  constexpr int NT = PF_BK / 8;   // 8-key column tiles of S
+  constexpr int DT = D / 8;       // 8-dim column tiles of O
   extern __shared__ __align__(128) unsigned char pf_smem[];
   bf16* Qs = reinterpret_cast<bf16*>(pf_smem);  // [PF_ROWS][LDQ]
-  bf16* Ks = Qs + PF_ROWS * Ly::LDQ;             // [PF_BK][LDQ]
-  bf16* Vs = Ks + PF_BK * Ly::LDQ;               // [PF_BK][LDQ]
-  bf16* Ps = Vs + PF_BK * Ly::LDQ;               // [PF_ROWS][LDP]
-  float* Ss = reinterpret_cast<float*>(Ps + PF_ROWS * Ly::LDP);  // [PF_ROWS][LDS]
-  float* Os = Ss + PF_ROWS * Ly::LDS;            // [PF_ROWS][LDO]
-  float* m_s = Os + PF_ROWS * Ly::LDO;
-  float* l_s = m_s + PF_ROWS;
-  float* a_s = l_s + PF_ROWS;
+  bf16* KVs = Qs + PF_ROWS * Ly::LDQ;           // stage s: K at KVs + s * STAGE, V after it
   __shared__ int s_b, s_q0;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g8 = lane >> 2, t4 = lane & 3;  // fragment row group and column pair
   const int kh = blockIdx.y;
   if (tid == 0) {  // which sequence and which of its query tiles this CTA owns
     int tile = blockIdx.x, found = -1, first = 0;
@@ -81,8 +106,37 @@ __device__ __forceinline__ void prefill_attention_impl(
   MINILLM_CHECK(nq >= 1 && L >= 0 && L <= bt_stride * block_size);
   const int q_end = min(q0 + bq, nq);
   const int rows = bq * G;  // row r = query q0 + r / G, head kh * G + r % G
+  int k_hi = causal ? L - nq + q_end : L;  // keys any row of this CTA may see
+  k_hi = max(0, min(k_hi, L));
+  const int* bt = block_tables + (i64)b * bt_stride;
 
-  for (int i = tid; i < PF_ROWS * CH; i += PF_THREADS) {
+  // K/V tile k0 into stage st: every thread copies PF_BK * CH / PF_THREADS chunks of each
+  auto load_tile = [&](int k0, int st) {
+    bf16* Ks = KVs + st * Ly::STAGE;
+    bf16* Vs = Ks + PF_BK * Ly::LDQ;
+#pragma unroll
+    for (int i = tid; i < PF_BK * CH; i += PF_THREADS) {
+      const int c = i / CH, part = i - c * CH, key = k0 + c;
+      const bf16 *ks = kc, *vs = vc;  // any valid address when nothing is copied
+      int n = 0;
+      if (key < k_hi) {
+        const int lb = key / block_size;
+        MINILLM_CHECK(lb < bt_stride);
+        const int phys = bt[lb];
+        MINILLM_CHECK(phys >= 0 && phys < num_blocks);
+        const i64 off = (((i64)phys * block_size + (key - lb * block_size)) * KH + kh) * D + part * 8;
+        ks = kc + off;
+        vs = vc + off;
+        n = 16;
+      }
+      cp_async_16(smem_u32(Ks + c * Ly::LDQ + part * 8), ks, n);
+      cp_async_16(smem_u32(Vs + c * Ly::LDQ + part * 8), vs, n);
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+  };
+  if (k_hi > 0) load_tile(0, 0);
+
+  for (int i = tid; i < PF_ROWS * CH; i += PF_THREADS) {  // Q rows (zeros past the live ones)
     const int r = i / CH, c = i - r * CH, j = q0 + r / G;
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
     if (r < rows && j < q_end)
@@ -90,121 +144,144 @@ __device__ __forceinline__ void prefill_attention_impl(
                                                (i64)(kh * G + r % G) * q_head) + c);
     *reinterpret_cast<uint4*>(Qs + r * Ly::LDQ + c * 8) = v;
   }
-  for (int i = tid; i < PF_ROWS * Ly::LDO; i += PF_THREADS) Os[i] = 0.f;
-  for (int r = tid; r < PF_ROWS; r += PF_THREADS) {
-    m_s[r] = minillm::neg_inf();
-    l_s[r] = 0.f;
-  }
-  int k_hi = causal ? L - nq + q_end : L;  // keys any row of this CTA may see
-  k_hi = max(0, min(k_hi, L));
-  const int* bt = block_tables + (i64)b * bt_stride;
+  __syncthreads();
+
+  // this warp's rows: fragment rows g8 and g8 + 8 of 16; their Q as A fragments, loaded once
   const int r0 = warp * 16;
-
-  for (int k0 = 0; k0 < k_hi; k0 += PF_BK) {
-    __syncthreads();  // every warp is done with the previous K/V tile (and, first time, Q/O init)
-    for (int i = tid; i < PF_BK * CH; i += PF_THREADS) {
-      const int c = i / CH, part = i - c * CH, key = k0 + c;
-      uint4 kv = make_uint4(0u, 0u, 0u, 0u), vv = kv;
-      if (key < k_hi) {
-        const int lb = key / block_size;
-        MINILLM_CHECK(lb < bt_stride);
-        const int phys = bt[lb];
-        MINILLM_CHECK(phys >= 0 && phys < num_blocks);
-        const i64 off = (((i64)phys * block_size + (key - lb * block_size)) * KH + kh) * D;
-        kv = __ldg(reinterpret_cast<const uint4*>(kc + off) + part);
-        vv = __ldg(reinterpret_cast<const uint4*>(vc + off) + part);
-      }
-      *reinterpret_cast<uint4*>(Ks + c * Ly::LDQ + part * 8) = kv;
-      *reinterpret_cast<uint4*>(Vs + c * Ly::LDQ + part * 8) = vv;
-    }
-    __syncthreads();
-
-    // S = Q K^T for this warp's 16 rows (K read as the column-major K^T)
+  unsigned qa[KS][4];
 #pragma unroll
-    for (int n = 0; n < PF_BK / 16; ++n) {
-      AccFrag acc;
-      wmma::fill_fragment(acc, 0.f);
+  for (int kk = 0; kk < KS; ++kk)
+    ldmatrix_x4(qa[kk], smem_u32(Qs + (r0 + (lane & 7) + ((lane >> 3) & 1) * 8) * Ly::LDQ + kk * 16 +
+                                 (lane >> 4) * 8));
+  int lim[2];  // keys < lim are visible to fragment row g8 (+ 8); 0 for rows outside the tile
+  int warp_lim = 0;
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> kt;
-        wmma::load_matrix_sync(a, Qs + r0 * Ly::LDQ + kk * 16, Ly::LDQ);
-        wmma::load_matrix_sync(kt, Ks + n * 16 * Ly::LDQ + kk * 16, Ly::LDQ);
-        wmma::mma_sync(acc, a, kt, acc);
-      }
-      wmma::store_matrix_sync(Ss + r0 * Ly::LDS + n * 16, acc, Ly::LDS, wmma::mem_row_major);
-    }
-    __syncwarp();
+  for (int h = 0; h < 2; ++h) {
+    const int r = r0 + g8 + 8 * h, j = q0 + r / G;
+    lim[h] = r < rows && j < q_end ? min(causal ? L - nq + j + 1 : L, k_hi) : 0;
+    warp_lim = max(warp_lim, lim[h]);
+  }
+  warp_lim = max(warp_lim, __shfl_xor_sync(0xffffffffu, warp_lim, 4));
+  warp_lim = max(warp_lim, __shfl_xor_sync(0xffffffffu, warp_lim, 8));
+  warp_lim = max(warp_lim, __shfl_xor_sync(0xffffffffu, warp_lim, 16));
 
-    // online softmax, one row at a time over the warp (two keys a lane)
-    for (int rr = 0; rr < 16; ++rr) {
-      const int r = r0 + rr, j = q0 + r / G;
-      const bool live = r < rows && j < q_end;
-      int lim = causal ? L - nq + j + 1 : L;  // keys < lim are visible to this row
-      lim = min(lim, k_hi);
-      float s[2], p[2];
+  float o[DT][4];
+#pragma unroll
+  for (int n = 0; n < DT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m[2] = {minillm::neg_inf(), minillm::neg_inf()}, l[2] = {0.f, 0.f};  // l: this lane's part
+
+  int st = 0;
+  for (int k0 = 0; k0 < k_hi; k0 += PF_BK, st ^= 1) {
+    if (k0 + PF_BK < k_hi) {  // the next tile's copies go out before this one is used
+      load_tile(k0 + PF_BK, st ^ 1);
+      asm volatile("cp.async.wait_group 1;\n" ::);
+    } else {
+      asm volatile("cp.async.wait_group 0;\n" ::);
+    }
+    __syncthreads();  // tile k0 is in stage st for every warp
+    if (k0 < warp_lim) {  // uniform over the warp: rows that see none of this tile skip it
+      const bf16* Ks = KVs + st * Ly::STAGE;
+      const bf16* Vs = Ks + PF_BK * Ly::LDQ;
+
+      // S = Q K^T: 16 rows x 64 keys, s[n] = keys n*8 + 2*t4 + {0, 1} of rows g8 and g8 + 8
+      float s[NT][4];
+#pragma unroll
+      for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+#pragma unroll
+        for (int kk = 0; kk < KS; kk += 2) {  // x4: two k steps of one 8-key tile
+          unsigned kb[4];
+          ldmatrix_x4(kb, smem_u32(Ks + (n * 8 + (lane & 7)) * Ly::LDQ + kk * 16 + (lane >> 3) * 8));
+          minillm::mma_bf16_16816(s[n], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], kb[0], kb[1]);
+          minillm::mma_bf16_16816(s[n], qa[kk + 1][0], qa[kk + 1][1], qa[kk + 1][2], qa[kk + 1][3],
+                                  kb[2], kb[3]);
+        }
+      }
+
+      // online softmax over this tile, rows g8 (h = 0) and g8 + 8 (h = 1)
+      float alpha[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int c = lane + 32 * h;
-        s[h] = live && k0 + c < lim ? Ss[r * Ly::LDS + c] * scale_log2 : minillm::neg_inf();
-      }
-      const float m_old = m_s[r];
-      const float m_new = fmaxf(m_old, minillm::warp_max(fmaxf(s[0], s[1])));
-      const bool none = m_new == minillm::neg_inf();  // nothing visible yet: keep zeros
+        float mx = minillm::neg_inf();
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        p[h] = none || s[h] == minillm::neg_inf() ? 0.f : exp2f(s[h] - m_new);
-        Ps[r * Ly::LDP + lane + 32 * h] = __float2bfloat16_rn(p[h]);
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int key = k0 + n * 8 + 2 * t4 + e;
+            float v = s[n][2 * h + e] * scale_log2;
+            v = key < lim[h] ? v : minillm::neg_inf();
+            s[n][2 * h + e] = v;
+            mx = fmaxf(mx, v);
+          }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[h], mx);
+        const float m_use = m_new == minillm::neg_inf() ? 0.f : m_new;  // nothing visible yet
+        alpha[h] = exp2f(m[h] - m_use);  // 0 while m is -inf (o and l are 0 then anyway)
+        m[h] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float p = exp2f(s[n][2 * h + e] - m_use);  // masked keys: exp2(-inf) = 0
+            s[n][2 * h + e] = p;
+            sum += p;
+          }
+        l[h] = l[h] * alpha[h] + sum;
       }
-      const float sum = minillm::warp_sum(p[0] + p[1]);
-      const float alpha = none ? 1.f : exp2f(m_old - m_new);
-      __syncwarp();  // every lane has read m_s[r]
-      if (lane == 0) {
-        m_s[r] = m_new;
-        l_s[r] = l_s[r] * alpha + sum;
-        a_s[r] = alpha;
+#pragma unroll
+      for (int n = 0; n < DT; ++n) {
+        o[n][0] *= alpha[0];
+        o[n][1] *= alpha[0];
+        o[n][2] *= alpha[1];
+        o[n][3] *= alpha[1];
       }
-    }
-    __syncwarp();
-    for (int rr = 0; rr < 16; ++rr) {
-      const float a = a_s[r0 + rr];
-      if (a != 1.f)
-        for (int d = lane; d < D; d += 32) Os[(r0 + rr) * Ly::LDO + d] *= a;
-    }
-    __syncwarp();
 
-    // O += P V for this warp's rows
-#pragma unroll
-    for (int n = 0; n < D / 16; ++n) {
-      AccFrag acc;
-      wmma::load_matrix_sync(acc, Os + r0 * Ly::LDO + n * 16, Ly::LDO, wmma::mem_row_major);
+      // O += P V: key block kk (16 keys = S tiles 2kk, 2kk + 1) as the A operand
 #pragma unroll
       for (int kk = 0; kk < PF_BK / 16; ++kk) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> v;
-        wmma::load_matrix_sync(a, Ps + r0 * Ly::LDP + kk * 16, Ly::LDP);
-        wmma::load_matrix_sync(v, Vs + kk * 16 * Ly::LDQ + n * 16, Ly::LDQ);
-        wmma::mma_sync(acc, a, v, acc);
+        const unsigned pa0 = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
+        const unsigned pa1 = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
+        const unsigned pa2 = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        const unsigned pa3 = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+        for (int n = 0; n < DT; n += 2) {  // x4.trans: two 8-dim tiles of these 16 keys
+          unsigned vb[4];
+          ldmatrix_x4_trans(vb, smem_u32(Vs + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * Ly::LDQ +
+                                         n * 8 + (lane >> 4) * 8));
+          minillm::mma_bf16_16816(o[n], pa0, pa1, pa2, pa3, vb[0], vb[1]);
+          minillm::mma_bf16_16816(o[n + 1], pa0, pa1, pa2, pa3, vb[2], vb[3]);
+        }
       }
-      wmma::store_matrix_sync(Os + r0 * Ly::LDO + n * 16, acc, Ly::LDO, wmma::mem_row_major);
     }
+    __syncthreads();  // every warp is done with stage st before the next iteration refills it
   }
-  __syncthreads();  // Os/l_s complete (also when the CTA saw no keys)
 
-  for (int rr = 0; rr < 16; ++rr) {
-    const int r = r0 + rr, j = q0 + r / G;
+  // the row sums across the quad, then out = O / l for the live rows
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = r0 + g8 + 8 * h, j = q0 + r / G;
     if (r >= rows || j >= q_end) continue;
-    const float l = l_s[r];
-    bf16* o = out + (i64)(qs + j) * o_tok + (i64)(kh * G + r % G) * o_head;
-    for (int d = lane; d < D; d += 32)
-      o[d] = __float2bfloat16_rn(l > 0.f ? Os[r * Ly::LDO + d] / l : 0.f);
+    const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
+    bf16* orow = out + (i64)(qs + j) * o_tok + (i64)(kh * G + r % G) * o_head;
+#pragma unroll
+    for (int n = 0; n < DT; ++n)
+      *reinterpret_cast<__nv_bfloat162*>(orow + n * 8 + 2 * t4) =
+          __floats2bfloat162_rn(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
   }
 }
 
 }  // namespace
 
-// paged_prefill_bf16_d<D>: grid (query tiles, KH), PF_THREADS threads, PfLayout<D>'s dynamic
-// shared memory.
+// paged_prefill_bf16_d<D>: grid (query tiles, KH), PF_THREADS threads, PfLayout<D>'s bf16 elements
+// (PF_ROWS * LDQ + 2 * STAGE) of dynamic shared memory.
 #define MINILLM_PREFILL(D)                                                                     \
   extern "C" __global__ void __launch_bounds__(PF_THREADS) paged_prefill_bf16_d##D(            \
       const bf16* q, i64 q_tok, i64 q_head, const bf16* kc, const bf16* vc,                    \

@@ -83,10 +83,10 @@ class _CudaDecoderPlan:
 
 
 def _prefill_smem(D: int) -> int:
-    """Dynamic shared memory of cuda/prefill_attention.cu's kernel (its PfLayout)."""
-    ldq, lds, ldp, ldo = D + 8, _PF_BK + 4, _PF_BK + 8, D + 4
-    return 2 * (_PF_ROWS * ldq + 2 * _PF_BK * ldq + _PF_ROWS * ldp) + 4 * (
-        _PF_ROWS * lds + _PF_ROWS * ldo + 3 * _PF_ROWS)
+    """Dynamic shared memory of cuda/prefill_attention.cu's kernel (its PfLayout): Q, then two
+    stages of K and V tiles, bf16 rows padded by 8 elements."""
+    ldq = D + 8
+    return 2 * (_PF_ROWS * ldq + 2 * 2 * _PF_BK * ldq)
 
 
 _GEMV_MAX_M, _GEMV_THREADS, _GEMV_COLS_PER_CTA = 4, 128, 2 * 4  # GEMV_NR * GEMV_WARPS in gemv.cu
