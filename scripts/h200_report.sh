@@ -680,6 +680,22 @@ part55() {  # session 8, call 3: the decode kernel with one softmax rescale per 
     tests/test_cuda_ops.py tests/test_dflash_graphs.py tests/test_gpu_engine.py -k "not smollm2 and not debug_build"
 }
 
+part56() {  # session 8, call 4: prefill attention rewritten FlashAttention-2 style (S, P and O in registers,
+  # mma.sync + ldmatrix, cp.async double-buffered K/V): its tests and the decode kernel's, its
+  # TFLOP/s, the CTA order of a ragged decode batch, throughput, then the engine's GPU tests
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage attention_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    -k "paged_attention or decode_fixed or batch_invariant"
+  stage prefill_bench 60 python3 scripts/prefill_bench.py --json "$W/prefill_bench.json"
+  stage decode_splits_order 90 python3 scripts/decode_splits.py --case "B=256 ctx" --splits 1,2,3,4 \
+    --json "$W/decode_splits_order.json"
+  stage models 40 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  throughput_06b 60
+  stage gpu_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" \
+    tests/test_gpu_engine.py tests/test_dflash_graphs.py tests/test_cuda_model.py -k "not smollm2 and not debug_build"
+}
+
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
   # part34's FMA tiles back with part40's every-thread arrivals and added the DL_MMA_B variant:
   # neither has run on a GPU, so the decoder's tests (the variant's too) and racecheck come first;
