@@ -696,6 +696,24 @@ part56() {  # session 8, call 4: prefill attention rewritten FlashAttention-2 st
     tests/test_gpu_engine.py tests/test_dflash_graphs.py tests/test_cuda_model.py -k "not smollm2 and not debug_build"
 }
 
+part57() {  # session 8, call 5: the new prefill kernel under racecheck and memcheck (its cp.async stages),
+  # the decode kernel at 7-8 CTAs an SM for G <= 2 and with 8 lanes a row, and where a throughput run's
+  # time goes now (step profile; the kernels of a batch-192 step under ncu)
+  setup
+  stage racecheck_attention 120 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "paged_attention_shapes and bfloat16-16-128"
+  stage memcheck_attention 150 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "paged_attention_shapes and bfloat16"
+  stage decode_splits_regs 90 python3 scripts/decode_splits.py --case "B=192" --case "B=256 ctx U" \
+    --case "B=128 ctx U" --case "B=1 ctx 512" --splits 1,2,3,4,8 --variant DEC_MIN_BLOCKS_SMALL_G=7 \
+    --variant DEC_MIN_BLOCKS_SMALL_G=8 --variant DEC_CPL=2,DEC_U=2,DEC_MIN_BLOCKS_SMALL_G=5 \
+    --json "$W/decode_splits_regs.json"
+  stage models 40 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  stage throughput_profile 60 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
+    --max-model-len 2048 --max-num-batched-tokens 8192 --profile --result-json "$W/throughput_06b_profile.json"
+  step_kernels q06 192 1024 90
+}
+
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
   # part34's FMA tiles back with part40's every-thread arrivals and added the DL_MMA_B variant:
   # neither has run on a GPU, so the decoder's tests (the variant's too) and racecheck come first;
