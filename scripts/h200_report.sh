@@ -28,7 +28,10 @@
 #   part43-part45: session 7 (L2 prefetch ahead of the GEMVs of the op-by-op decode step: slower);
 #   part46: the o/down products fused with the next RMSNorm (slower); part47-part49: final rerun;
 #   part51: the SmolLM2 test restated; part50: prepared for session 8 (initcheck with cuBLAS's
-#   outputs marked, racecheck/synccheck of the server to the end).
+#   outputs marked, racecheck/synccheck of the server to the end), still not run.
+#   part53-part58: session 8 (decode-attention variants, the chunked softmax, the FlashAttention-2-
+#   style prefill kernel; final: failure matrix, memcheck, GPU tests, spec cost); part59: prepared
+#   for session 9 (cuBLASLt's candidate algorithms against GemmEx).
 #   part15-part21: session 4 (ncu kernel split of a decode step; decode-attention split sweeps and
 #                  variants; async scheduling; final failure matrix, memcheck, synccheck/initcheck;
 #                  spec cost; skinny GEMM bench and racecheck). part21 is the one-call rerun.
@@ -733,6 +736,14 @@ part58() {  # session 8, last call: the failure matrix and the memcheck reproduc
     python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "paged_attention_shapes and bfloat16-16-128-2"
   stage spec_cost_8b 120 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
     --result-json "$W/spec_cost_8b.json"
+}
+
+part59() {  # prepared for session 9 (not yet run): would choosing a cuBLASLt algorithm per product shape pay?
+  # Every candidate cublasLtMatmulAlgoGetHeuristic offers, tested (each computes the product) and
+  # timed against the GemmEx the engine calls, on the decode products of large batches
+  setup
+  stage cublaslt_test 90 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k cublaslt
+  stage cublaslt_bench 240 python3 scripts/cublaslt_bench.py --json "$W/cublaslt_bench.json"
 }
 
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put

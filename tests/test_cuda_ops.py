@@ -303,6 +303,31 @@ def test_matmul_with_marked_cublas_outputs(be):
     assert np.isnan(got[:, 384:]).all(), "the zeroing went past the output's columns"
 
 
+@pytest.mark.parametrize("M,K,N", [(48, 512, 256), (192, 1024, 1024)])
+def test_cublaslt_candidates(be, M, K, N):
+    """Every algorithm cuBLASLt's heuristic offers (minillm/backends/cublaslt.py, what
+    scripts/cublaslt_bench.py times) computes the product, each into a freshly poisoned output."""
+    from minillm.backends.cublas import cuda_dtype
+    from minillm.backends.cublaslt import CublasLt
+
+    rng = np.random.default_rng(M + N)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
+    dx, dw = be.asarray(x), be.asarray(w)
+    ref = rounded(be, x).astype(np.float64) @ rounded(be, w).astype(np.float64).T
+    t = cuda_dtype(be.dtype)
+    lt = CublasLt(be.stream.ptr, be._blas_ws.data.ptr, be._blas_ws.nbytes)
+    try:
+        p = lt.product(M, N, K, t, K, t, K, t, N)
+        assert p.candidates, "the heuristic offered no algorithm"
+        for i in range(len(p.candidates)):
+            out = poisoned(be, (M, N))
+            lt.matmul(p, i, dx.data.ptr, dw.data.ptr, out.data.ptr)
+            assert rel_err(host(be, out), ref) < tol(be), f"candidate {i} of {len(p.candidates)}"
+    finally:
+        lt.close()
+
+
 @pytest.mark.parametrize("M", [2, 4, 5, 8, 9, 16])
 @pytest.mark.parametrize("K,N", [(64, 16), (576, 1000), (1024, 4096), (3072, 1030)])
 @pytest.mark.parametrize("bias", [False, True])
