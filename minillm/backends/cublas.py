@@ -28,33 +28,34 @@ _STATUS = {
 _lib = None
 
 
-def _open_libcublas() -> ctypes.CDLL:
+def open_cuda_library(name: str) -> ctypes.CDLL:
+    """libNAME.so of the CUDA toolkit CuPy uses ("cublas", "cublasLt"), else the plain sonames."""
     tried = []
     try:  # what CuPy >= 14 itself uses to find the CUDA libraries
         from cuda.pathfinder import load_nvidia_dynamic_lib  # type: ignore
 
-        path = load_nvidia_dynamic_lib("cublas").abs_path
+        path = load_nvidia_dynamic_lib(name).abs_path
         if path:  # None would make ctypes open the main program instead
             return ctypes.CDLL(path)
         tried.append("cuda.pathfinder: found no path")
     except Exception as e:  # noqa: BLE001 - fall through to the plain names
         tried.append(f"cuda.pathfinder: {e}")
-    names = ["libcublas.so.13", "libcublas.so.12", "libcublas.so"]
-    found = ctypes.util.find_library("cublas")
+    names = [f"lib{name}.so.13", f"lib{name}.so.12", f"lib{name}.so"]
+    found = ctypes.util.find_library(name)
     if found:
         names.insert(0, found)
-    for name in names:
+    for soname in names:
         try:
-            return ctypes.CDLL(name)
+            return ctypes.CDLL(soname)
         except OSError as e:
-            tried.append(f"{name}: {e}")
-    raise OSError("could not load libcublas; tried:\n  " + "\n  ".join(tried))
+            tried.append(f"{soname}: {e}")
+    raise OSError(f"could not load lib{name}; tried:\n  " + "\n  ".join(tried))
 
 
 def libcublas() -> ctypes.CDLL:
     global _lib
     if _lib is None:
-        lib = _open_libcublas()
+        lib = open_cuda_library("cublas")
         vp, i, st = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
         lib.cublasCreate_v2.argtypes = [ctypes.POINTER(vp)]
         lib.cublasDestroy_v2.argtypes = [vp]

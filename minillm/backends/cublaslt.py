@@ -12,10 +12,9 @@ caller-owned workspace and the backend's stream, so it never allocates and can b
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 from dataclasses import dataclass
 
-from minillm.backends.cublas import CUBLAS_COMPUTE_32F, CUBLAS_OP_N, CUBLAS_OP_T, CUDA_R_32F, _check
+from minillm.backends.cublas import CUBLAS_COMPUTE_32F, CUBLAS_OP_N, CUBLAS_OP_T, CUDA_R_32F, _check, open_cuda_library
 
 # cublasLtMatmulDescAttributes_t / cublasLtMatmulPreferenceAttributes_t values (cublasLt.h)
 _DESC_TRANSA, _DESC_TRANSB = 3, 4
@@ -33,33 +32,10 @@ class _Heuristic(ctypes.Structure):  # cublasLtMatmulHeuristicResult_t
                 ("wavesCount", ctypes.c_float), ("reserved", ctypes.c_int * 4)]
 
 
-def _open_libcublaslt() -> ctypes.CDLL:
-    tried = []
-    try:  # what CuPy >= 14 itself uses to find the CUDA libraries
-        from cuda.pathfinder import load_nvidia_dynamic_lib  # type: ignore
-
-        path = load_nvidia_dynamic_lib("cublasLt").abs_path
-        if path:
-            return ctypes.CDLL(path)
-        tried.append("cuda.pathfinder: found no path")
-    except Exception as e:  # noqa: BLE001 - fall through to the plain names
-        tried.append(f"cuda.pathfinder: {e}")
-    names = ["libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"]
-    found = ctypes.util.find_library("cublasLt")
-    if found:
-        names.insert(0, found)
-    for name in names:
-        try:
-            return ctypes.CDLL(name)
-        except OSError as e:
-            tried.append(f"{name}: {e}")
-    raise OSError("could not load libcublasLt; tried:\n  " + "\n  ".join(tried))
-
-
 def libcublaslt() -> ctypes.CDLL:
     global _lib
     if _lib is None:
-        lib = _open_libcublaslt()
+        lib = open_cuda_library("cublasLt")
         vp, i, st, u64, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint64, ctypes.c_int64
         sigs = {
             "cublasLtCreate": [ctypes.POINTER(vp)],
