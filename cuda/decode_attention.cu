@@ -4,10 +4,12 @@
 //
 // One CTA per (query token, KV head, split): the G query heads that share the KV head live in
 // registers, and every K/V row of the split is read once with 16-byte loads. A row is spread
-// over LPK = D / (16 / sizeof(T)) lanes (16 for bf16 head_dim 128), so a CTA of 128 threads has
-// NG = 128 / LPK key groups; each group walks its keys U at a time (all U loads issued before
-// any is used, for memory-level parallelism) with its own online softmax in base 2, and the
-// groups are merged through shared memory at the end.
+// over LPK = D / (16 / sizeof(T)) lanes (16 for bf16 head_dim 128; DEC_CPL=2 halves it), so a CTA
+// of 128 threads has NG = 128 / LPK key groups; each group walks its keys U at a time (all U
+// loads issued before any is used, for memory-level parallelism) with its own online softmax in
+// base 2, rescaled once per U keys, and the groups are merged through shared memory at the end.
+// The kernel is bound by its instructions more than its loads (session 8: the loads alone read
+// 3.9-4.1 TB/s), so the per-key work is what to keep small.
 //
 // Splits (flash-decoding): split s takes keys [s * part, (s + 1) * part) of this token's own
 // context, part = max(min_part, ceil(len / n_splits)) rounded to 16, so a short context in a
