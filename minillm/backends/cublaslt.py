@@ -5,7 +5,8 @@ first. For the decode steps of a large batch (17-256 rows x the 0.6B model's 4-1
 kernels it picks read the weights at ~1 TB/s (ncu, docs/BENCHMARKS.md, session 8). cuBLASLt's
 cublasLtMatmulAlgoGetHeuristic returns a ranked list of algorithms instead; timing each once per
 product shape is how an engine can pick a faster one. This module is the measuring half:
-`scripts/cublaslt_bench.py` times every candidate against GemmEx. Like GemmEx here it takes a
+`scripts/cublaslt_bench.py` times every candidate against GemmEx (on the H200 the best was
+0.99-1.10x GemmEx, so the engine does not use it; docs/BENCHMARKS.md, session 8). Like GemmEx here it takes a
 caller-owned workspace and the backend's stream, so it never allocates and can be captured.
 """
 
