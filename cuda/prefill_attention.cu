@@ -20,7 +20,8 @@
 // device buffers, like the other attention kernels.
 //
 // (The first version kept S, P and O in shared memory between wmma calls: 36 TFLOP/s on a 4,096 x
-// 4,096 causal prefill with the 8B heads, docs/BENCHMARKS.md.)
+// 4,096 causal prefill with the 8B heads; this one 133 TFLOP/s, scripts/prefill_bench.py on the
+// H200, docs/BENCHMARKS.md session 8.)
 #include "common.cuh"
 
 #define PF_THREADS 128
