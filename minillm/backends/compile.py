@@ -26,7 +26,7 @@ def debug_enabled() -> bool:
 def extra_defines() -> tuple[str, ...]:
     """MINILLM_CUDA_DEFINES="A=1,B=2": defines added to every module, for measuring a kernel's
     compile-time variants (scripts/decode_splits.py --variant) under the tests and benchmarks."""
-    return tuple(d for d in os.environ.get("MINILLM_CUDA_DEFINES", "").split(",") if d.strip())
+    return tuple(d.strip() for d in os.environ.get("MINILLM_CUDA_DEFINES", "").split(",") if d.strip())
 
 
 def source_with_hash(name: str) -> tuple[str, str]:
