@@ -103,3 +103,26 @@ def test_pdl_kernel_args_are_typed():
     assert isinstance(kernel_arg(np.uint64(0)), ctypes.c_uint64)
     with pytest.raises(TypeError, match="unsupported kernel argument int"):
         kernel_arg(3)
+
+
+# compile-time variants that scripts/decode_splits.py measures (--variant), so they do not rot
+VARIANTS = [("decode_attention", ["-DDEC_NO_MATH=1"]), ("decode_attention", ["-DDEC_CPL=2", "-DDEC_U=2"])]
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (CI installs CUDA 13.0)")
+@pytest.mark.parametrize("name,defines", VARIANTS, ids=[" ".join(d) for _, d in VARIANTS])
+def test_nvcc_compiles_measured_variants(name: str, defines: list[str], tmp_path: Path):
+    cmd = [NVCC, "-arch=sm_90a", "-std=c++17", f"-I{CUDA_DIR}", "-c", str(CUDA_DIR / f"{name}.cu"),
+           "-o", str(tmp_path / f"{name}.o"), *defines]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}"
+
+
+def test_extra_defines_from_the_environment(monkeypatch):
+    """MINILLM_CUDA_DEFINES adds -D defines to every module (the variants above under the tests)."""
+    from minillm.backends import compile as kc
+
+    monkeypatch.setenv("MINILLM_CUDA_DEFINES", " DEC_U=2 ,DEC_CPL=2,,")
+    assert kc.extra_defines() == ("DEC_U=2", "DEC_CPL=2")
+    monkeypatch.delenv("MINILLM_CUDA_DEFINES")
+    assert kc.extra_defines() == ()
