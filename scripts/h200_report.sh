@@ -69,6 +69,10 @@ stage() {  # stage NAME TIMEOUT CMD...: run, keep its log, never stop the script
   local rc=$?
   echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$W/stages.txt"
   tail -n 4 "$W/$name.log"
+  pack
+}
+
+pack() {  # everything under $W into $OUT/$PART.tgz (after each stage: a call cut short keeps what ran)
   python3 -c "import shutil, sys; shutil.make_archive(sys.argv[1], 'gztar', sys.argv[2])" "$OUT/$PART" "$W"
 }
 
@@ -310,10 +314,7 @@ gpu_tests_all() {  # session 4's GPU test set: every CUDA test but SmolLM2's and
 
 engine_report() {  # the engine-level figures of part21 and part28: all four models, speculation cost
   # (8B, k = 8), decode, throughput, the plain serving ladder, the failure matrix
-  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force &&
-    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
-    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
+  models_all 90
   stage spec_cost_8b 120 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
     --result-json "$W/spec_cost_8b.json"
   decode_06b 40
@@ -720,10 +721,7 @@ part57() {  # session 8, call 5: the new prefill kernel under racecheck and memc
 part58() {  # session 8, last call: the failure matrix and the memcheck reproducer on the new attention
   # kernels, every GPU test, racecheck of one prefill test to the end, then the price of speculation
   setup
-  stage models 60 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force &&
-    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
-    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
+  models_all 60
   stage failure_matrix 200 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
     --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 120
   stage sanitizer 110 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/sanitizer" \
@@ -884,6 +882,13 @@ part29() {  # session 6, call 1: the one-kernel decoder with its weight ring (TM
   decode_fused
 }
 
+models_all() {  # both Qwen3 shapes and a random DFlash drafter for each (timeout in seconds)
+  stage models "$1" bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
+}
+
 models_q06_dflash() {  # the 0.6B shape and its random DFlash drafter (timeout in seconds)
   stage models "$1" bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
@@ -915,6 +920,7 @@ step_kernels() {  # step_kernels MODEL BATCH CTX TIMEOUT: graph time, then the n
   g=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['graph_ms'] or 0)" "$W/graph_$tag.json" 2>/dev/null || echo 0)
   python3 scripts/step_kernels.py --parse "$W/ncu_$tag.log" --graph-ms "$g" --json "$W/kernels_$tag.json" \
     | tee "$W/kernels_$tag.txt"
+  pack  # the parsed split is written after the last stage packed (part57 lost it)
 }
 
 "$PART"
