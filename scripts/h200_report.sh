@@ -134,9 +134,7 @@ part2() {
   stage smollm2_gpu 90 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -s tests/test_gpu_engine.py -k smollm2
   stage failure_matrix 330 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
     --num-prompts 2,2,4,8,16 --startup-timeout 90 --ladder-timeout 150
-  stage sanitizer 140 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/sanitizer" \
-    --sanitize --max-model-len 4096 --concurrency 8 --num-prompts 8 --output-len 16 \
-    --startup-timeout 100 --ladder-timeout 100
+  memcheck_reproducer 140
 }
 
 part3() {
@@ -144,9 +142,7 @@ part3() {
   facts > "$W/facts.txt" 2>&1
   stage models3 60 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
-  stage sanitizer 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/sanitizer" \
-    --sanitize --max-model-len 4096 --concurrency 8 --num-prompts 8 --output-len 16 \
-    --startup-timeout 100 --ladder-timeout 100
+  memcheck_reproducer 150
   decode_06b 60
   # kernels of two eager decode steps (after startup, the prefill and a few steps), timed one by one
   stage ncu_06b 120 ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw \
@@ -225,8 +221,7 @@ part8() {  # the session's numbers, call 1 of 2: tests, decode, throughput, spec
 part9() {  # call 2 of 3: the failure matrix, HF continuous batching
   setup
   models_q06_dflash 40
-  stage failure_matrix 330 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
-    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 120
+  failure_matrix 330
   stage hf_batch_06b 90 python3 -m minillm.bench hf-batch $M/q06 --device cuda --timeout 80 \
     --result-json "$W/hf_batch_06b.json"
 }
@@ -241,9 +236,7 @@ part10() {  # call 3 of 3: sampler fix, batch invariance, memcheck of the server
   if [ ! -d $M/q06-dflash ]; then
     models_q06_dflash 40
   fi
-  stage sanitizer 130 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/sanitizer" \
-    --sanitize --max-model-len 4096 --concurrency 8 --num-prompts 8 --output-len 16 \
-    --startup-timeout 100 --ladder-timeout 100
+  memcheck_reproducer 130
   stage memcheck_kernels 120 compute-sanitizer --tool memcheck --error-exitcode 3 python3 -m pytest -q -m gpu \
     -p no:cacheprovider -x tests/test_cuda_ops.py -k "$MEMCHECK_K"
 }
@@ -287,11 +280,8 @@ part12() {  # session 3, call 1 of 2: GPU tests, GEMV variants, decode with PDL 
 part13() {  # session 3, call 2 of 2: the failure matrix and the memcheck reproducer on the final code
   setup
   models_q06_dflash 40
-  stage failure_matrix 330 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
-    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 120
-  stage sanitizer 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/sanitizer" \
-    --sanitize --max-model-len 4096 --concurrency 8 --num-prompts 8 --output-len 16 \
-    --startup-timeout 100 --ladder-timeout 100
+  failure_matrix 330
+  memcheck_reproducer 150
 }
 
 part14() {  # not yet run: racecheck, synccheck and initcheck over the session-2/3 kernels' tests
@@ -321,8 +311,7 @@ engine_report() {  # the engine-level figures of part21 and part28: all four mod
   throughput_06b 40
   stage serve_plain 90 python3 scripts/failure_matrix.py $M/q06 --out "$W/serve_plain" --max-model-len 4096 \
     --num-prompts 4,4,8,16,32 --output-len 256 --startup-timeout 60 --ladder-timeout 80
-  stage failure_matrix 200 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
-    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 120
+  failure_matrix 200
 }
 
 part15() {  # session 4, call 1: one decode step split into kernels by ncu (0.6B at batch 1 and 192,
@@ -388,11 +377,8 @@ part19() {  # session 4, call 5 (final code): failure matrix, memcheck of the se
   stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force &&
     python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
-  stage failure_matrix 300 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
-    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 120
-  stage sanitizer 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/sanitizer" \
-    --sanitize --max-model-len 4096 --concurrency 8 --num-prompts 8 --output-len 16 \
-    --startup-timeout 100 --ladder-timeout 100
+  failure_matrix 300
+  memcheck_reproducer 150
   decode_06b 40
   decode_8b 60
   throughput_06b 40
@@ -422,9 +408,7 @@ part21() {  # session 4, call 7: the tensor-core skinny GEMM (5-16 rows): GPU te
   stage racecheck_skinny 60 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
     python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "matmul_skinny and 1024"
   engine_report
-  stage sanitizer 100 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/sanitizer" \
-    --sanitize --max-model-len 4096 --concurrency 8 --num-prompts 8 --output-len 16 \
-    --startup-timeout 100 --ladder-timeout 100
+  memcheck_reproducer 100
 }
 
 part22() {  # session 5, call 1: the GPU tests (session 4's last commits added logprobs, penalties and
@@ -722,11 +706,8 @@ part58() {  # session 8, last call: the failure matrix and the memcheck reproduc
   # kernels, every GPU test, racecheck of one prefill test to the end, then the price of speculation
   setup
   models_all 60
-  stage failure_matrix 200 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
-    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 120
-  stage sanitizer 110 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/sanitizer" \
-    --sanitize --max-model-len 4096 --concurrency 8 --num-prompts 8 --output-len 16 \
-    --startup-timeout 100 --ladder-timeout 100
+  failure_matrix 200
+  memcheck_reproducer 110
   stage gpu_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" \
     tests/test_cuda_ops.py tests/test_dflash_graphs.py tests/test_gpu_engine.py tests/test_cuda_model.py \
     tests/test_async_scheduling.py tests/test_prompt_logprobs.py -k "not smollm2 and not debug_build"
@@ -880,6 +861,17 @@ part29() {  # session 6, call 1: the one-kernel decoder with its weight ring (TM
   stage profile_06b 100 python3 scripts/decode_layers_profile.py $M/q06 --variant slots=4 --variant slots=6
   stage profile_8b 100 python3 scripts/decode_layers_profile.py $M/q8 --variant slots=3
   decode_fused
+}
+
+failure_matrix() {  # the field report's ladder through the server (DFlash k = 8, 25 rungs; timeout in s)
+  stage failure_matrix "$1" python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
+    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 120
+}
+
+memcheck_reproducer() {  # its fastest reproducer (c = 8, 4096, DFlash k = 8) under compute-sanitizer memcheck
+  stage sanitizer "$1" python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/sanitizer" \
+    --sanitize --max-model-len 4096 --concurrency 8 --num-prompts 8 --output-len 16 \
+    --startup-timeout 100 --ladder-timeout 100
 }
 
 models_all() {  # both Qwen3 shapes and a random DFlash drafter for each (timeout in seconds)
