@@ -30,10 +30,12 @@ def test_there_are_kernels():
 @pytest.mark.parametrize("debug", [False, True], ids=["release", "debug"])
 @pytest.mark.parametrize("src", SOURCES, ids=[p.stem for p in SOURCES])
 def test_nvcc_compiles_for_sm90a(src: Path, debug: bool, tmp_path: Path):
+    assert_nvcc_compiles(src, tmp_path, ["-DMINILLM_CUDA_DEBUG=1", "-lineinfo"] if debug else [])
+
+
+def assert_nvcc_compiles(src: Path, tmp_path: Path, extra: list[str]) -> None:
     cmd = [NVCC, "-arch=sm_90a", "-std=c++17", f"-I{CUDA_DIR}", "-c", str(src),
-           "-o", str(tmp_path / (src.stem + ".o"))]
-    if debug:
-        cmd += ["-DMINILLM_CUDA_DEBUG=1", "-lineinfo"]
+           "-o", str(tmp_path / (src.stem + ".o")), *extra]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}"
 
@@ -112,10 +114,7 @@ VARIANTS = [("decode_attention", ["-DDEC_NO_MATH=1"]), ("decode_attention", ["-D
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (CI installs CUDA 13.0)")
 @pytest.mark.parametrize("name,defines", VARIANTS, ids=[" ".join(d) for _, d in VARIANTS])
 def test_nvcc_compiles_measured_variants(name: str, defines: list[str], tmp_path: Path):
-    cmd = [NVCC, "-arch=sm_90a", "-std=c++17", f"-I{CUDA_DIR}", "-c", str(CUDA_DIR / f"{name}.cu"),
-           "-o", str(tmp_path / f"{name}.o"), *defines]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}"
+    assert_nvcc_compiles(CUDA_DIR / f"{name}.cu", tmp_path, defines)
 
 
 def test_extra_defines_from_the_environment(monkeypatch):
