@@ -726,6 +726,20 @@ part59() {  # session 8, last call: would choosing a cuBLASLt algorithm per prod
   stage cublaslt_bench 240 python3 scripts/cublaslt_bench.py --json "$W/cublaslt_bench.json"
 }
 
+part60() {  # session 9, call 1: what the throughput run's sampling costs. The run samples at temperature
+  # 0.6, but part57's step split was greedy; the sampler bench (session 2) had temperature sampling
+  # at ~0.3 ms a step. The sampler per mode and batch, the run greedy against 0.6, and the ncu split
+  # of a batch-192 step sampling at 0.6
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage sampler_bench 90 python3 scripts/sampler_bench.py --json "$W/sampler_bench.json"
+  stage models 40 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  throughput_06b 60
+  stage throughput_06b_greedy 60 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
+    --max-model-len 2048 --max-num-batched-tokens 8192 --temperature 0 --result-json "$W/throughput_06b_greedy.json"
+  step_kernels q06 192 1024 90 0.6
+}
+
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
   # part34's FMA tiles back with part40's every-thread arrivals and added the DL_MMA_B variant:
   # neither has run on a GPU, so the decoder's tests (the variant's too) and racecheck come first;
@@ -902,12 +916,15 @@ sanitize_server_all() {  # the server reproducer under each of the four tools, o
   done
 }
 
-step_kernels() {  # step_kernels MODEL BATCH CTX TIMEOUT: graph time, then the ncu kernel split
+step_kernels() {  # step_kernels MODEL BATCH CTX TIMEOUT [TEMPERATURE]: graph time, then the ncu kernel split
+  local temp=${5:-0}
   local tag=$1_b$2_c$3
-  stage "graph_$tag" "$4" python3 scripts/step_kernels.py $M/$1 --batch $2 --ctx $3 --json "$W/graph_$tag.json"
+  [ "$temp" != 0 ] && tag=${tag}_t$temp
+  stage "graph_$tag" "$4" python3 scripts/step_kernels.py $M/$1 --batch $2 --ctx $3 --temperature "$temp" \
+    --json "$W/graph_$tag.json"
   stage "ncu_$tag" "$4" ncu --profile-from-start off --clock-control none --cache-control none \
     --metrics gpu__time_duration.sum --csv --page raw python3 scripts/step_kernels.py $M/$1 --batch $2 \
-    --ctx $3 --under-ncu
+    --ctx $3 --temperature "$temp" --under-ncu
   local g
   g=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['graph_ms'] or 0)" "$W/graph_$tag.json" 2>/dev/null || echo 0)
   python3 scripts/step_kernels.py --parse "$W/ncu_$tag.log" --graph-ms "$g" --json "$W/kernels_$tag.json" \

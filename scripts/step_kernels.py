@@ -28,7 +28,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run_step(model: str, batch: int, ctx: int, profiling: bool, warmup: int = 4, replays: int = 20) -> dict:
+def run_step(model: str, batch: int, ctx: int, profiling: bool, warmup: int = 4, replays: int = 20,
+             temperature: float = 0.0) -> dict:
     import cupy
 
     from minillm.args import EngineArgs
@@ -43,7 +44,8 @@ def run_step(model: str, batch: int, ctx: int, profiling: bool, warmup: int = 4,
     vocab = min(engine.config.vocab_size, engine.tokenizer.vocab_size)
     for i in range(batch):
         engine.add_request(rng.integers(0, vocab, ctx).tolist(),
-                           SamplingParams(temperature=0, max_tokens=48, ignore_eos=True), request_id=str(i))
+                           SamplingParams(temperature=temperature, max_tokens=48, ignore_eos=True),
+                           request_id=str(i))
     seqs = [engine.requests[str(i)] for i in range(batch)]
     while any(s.num_computed < ctx for s in seqs):
         engine.step()
@@ -63,7 +65,7 @@ def run_step(model: str, batch: int, ctx: int, profiling: bool, warmup: int = 4,
         engine.runner.replay_timer = None
         engine.backend.synchronize()
     graph_ms = float(np.median(replay_ms(engine.backend, times))) if times else None
-    return {"model": model, "batch": batch, "ctx": ctx, "graph_ms": graph_ms}
+    return {"model": model, "batch": batch, "ctx": ctx, "temperature": temperature, "graph_ms": graph_ms}
 
 
 def parse(csv_text: str, graph_ms: float | None) -> dict:
@@ -98,6 +100,8 @@ def main() -> int:
     p.add_argument("--parse", default=None, help="an ncu --csv file to summarise")
     p.add_argument("--graph-ms", type=float, default=None)
     p.add_argument("--under-ncu", action="store_true", help="profile one step: give it under ncu")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature of every sequence (0: greedy; the throughput workload: 0.6)")
     p.add_argument("--json", default=None)
     ns = p.parse_args()
     if ns.parse:
@@ -113,7 +117,7 @@ def main() -> int:
     else:
         if not ns.model:
             p.error("give a MODEL directory (or --parse F)")
-        r = run_step(ns.model, ns.batch, ns.ctx, ns.under_ncu)
+        r = run_step(ns.model, ns.batch, ns.ctx, ns.under_ncu, temperature=ns.temperature)
         print(json.dumps(r))
     if ns.json:
         with open(ns.json, "w") as f:
