@@ -16,11 +16,25 @@
 // is the argmax); else draw from p without d. out[row] is then d or that draw, accepted[row]
 // says which; the engine keeps the accepted prefix and the first non-accepted row's token.
 //
+// The draw (sample_from_tiles): every kept token's weight exp(x - M) in float64 is computed once,
+// in one pass that leaves the sums of 64-token tiles in shared memory (tile order = index order);
+// the inverse CDF then walks warps, tiles and tokens by those sums, one warp at the end. No
+// normaliser pass is needed (u * total is the target), so a temperature-only row costs one float64
+// exp a token. The H200 measured the earlier layout (a normaliser pass, divisions, then one thread
+// walking its 297-token chunk serially) at 307 us a row and 750 us for 192 rows, 10% of a
+// throughput-workload decode step (scripts/sampler_bench.py, docs/BENCHMARKS.md). Rows whose top-p
+// cut-off falls inside a run of tied logits (ties kept in index order), or whose vocabulary is
+// over SAMPLE_TILE * SAMPLE_MAX_TILES, still take that serial path (sample_serial).
+//
 // One CTA of SAMPLE_THREADS threads per row.
 #include "common.cuh"
 
 #define SAMPLE_THREADS 512
 #define NS 15  // thresholds per search pass: the key range shrinks 16x a pass
+#define SAMPLE_TILE 64  // tokens a tile (two a lane); tile sums live in shared memory
+#define SAMPLE_MAX_TILES 4096  // vocabularies up to 262,144 take the tiled draw
+#define SAMPLE_GROUP 4  // tiles a warp loads before it computes (memory-level parallelism)
+#define SAMPLE_WARPS (SAMPLE_THREADS / 32)
 
 namespace {
 
@@ -110,6 +124,35 @@ __device__ __forceinline__ void warp_argmax(float& v, int& idx) {
   }
 }
 
+// Exclusive prefix sum over the warp in lane order; every lane gets its own.
+__device__ __forceinline__ double warp_exclusive_scan(double v) {
+  const int lane = threadIdx.x & 31;
+  double inc = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const double y = __shfl_up_sync(0xffffffffu, inc, o);
+    if (lane >= o) inc += y;
+  }
+  const double exc = __shfl_up_sync(0xffffffffu, inc, 1);
+  return lane == 0 ? 0.0 : exc;
+}
+
+// The draw's weight of a token with logit l: exp(x - M) for x = l / T (as l * (1 / T)) when its
+// key survives the top-k / top-p filters (key >= min_key; 0 keeps all), else 0.
+__device__ __forceinline__ double tok_weight(float l, unsigned min_key, double inv_t, double M) {
+  return float_key(l) >= min_key ? exp(fma((double)l, inv_t, -M)) : 0.0;
+}
+
+// Which of the warp's lanes holds the crossing: the first lane whose part (c0, its start, and w,
+// its weight) has w > 0 and target < c0 + w (searchsorted side="right"), else the last lane with
+// w > 0 (rounding past the end), else -1.
+__device__ __forceinline__ int warp_crossing(double c0, double w, double target) {
+  const unsigned hit = __ballot_sync(0xffffffffu, w > 0.0 && target < c0 + w);
+  if (hit) return __ffs(hit) - 1;
+  const unsigned pos = __ballot_sync(0xffffffffu, w > 0.0);
+  return pos ? 31 - __clz(pos) : -1;
+}
+
 // (value, index) argmax over the block; the first index wins ties.
 __device__ void block_argmax(float& v, int& idx, float* sv, int* si) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -121,6 +164,139 @@ __device__ void block_argmax(float& v, int& idx, float* sv, int* si) {
   idx = lane < nw ? si[lane] : 0x7fffffff;
   warp_argmax(v, idx);
   __syncthreads();
+}
+
+// The draw from the kept tokens' weights (tok_weight), with the draft verification: see the top
+// of the file. tile / warp_tot: shared memory of SAMPLE_MAX_TILES / SAMPLE_WARPS doubles. Every
+// thread of the block calls it; it ends with warp 0 alone (no barrier after that).
+__device__ void sample_from_tiles(const float* __restrict__ lg, int V, unsigned min_key, double inv_t,
+                                  double M, int d, u64 seed, i64 pos, int fallback, int* out,
+                                  int* accepted, int row, double* tile, double* warp_tot) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int n_tiles = (V + SAMPLE_TILE - 1) / SAMPLE_TILE;
+  const int tpw = (n_tiles + SAMPLE_WARPS - 1) / SAMPLE_WARPS;  // warp w: tiles [w * tpw, ...)
+  // ---- one pass over the row: each tile's sum (lane l holds tokens 2l, 2l + 1), each warp's total
+  {
+    const int lo = min(n_tiles, warp * tpw), hi = min(n_tiles, lo + tpw);
+    double acc = 0.0;
+    for (int t0 = lo; t0 < hi; t0 += SAMPLE_GROUP) {
+      float l[SAMPLE_GROUP][2];
+#pragma unroll
+      for (int g = 0; g < SAMPLE_GROUP; ++g)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int i = (t0 + g) * SAMPLE_TILE + 2 * lane + e;
+          l[g][e] = (t0 + g < hi && i < V) ? lg[i] : minillm::neg_inf();  // -inf weighs 0
+        }
+      double w[SAMPLE_GROUP];
+#pragma unroll
+      for (int g = 0; g < SAMPLE_GROUP; ++g)
+        w[g] = tok_weight(l[g][0], min_key, inv_t, M) + tok_weight(l[g][1], min_key, inv_t, M);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1)  // butterfly: every lane ends with the same sums
+#pragma unroll
+        for (int g = 0; g < SAMPLE_GROUP; ++g) w[g] += __shfl_xor_sync(0xffffffffu, w[g], o);
+#pragma unroll
+      for (int g = 0; g < SAMPLE_GROUP; ++g)
+        if (t0 + g < hi) {
+          if (lane == 0) tile[t0 + g] = w[g];
+          acc += w[g];
+        }
+    }
+    if (lane == 0) warp_tot[warp] = acc;
+  }
+  __syncthreads();
+  auto total_of = [&]() {  // every thread, the same order: the same value
+    double c = 0.0;
+    for (int w = 0; w < SAMPLE_WARPS; ++w) c += warp_tot[w];
+    return c;
+  };
+  double total = total_of();
+
+  // ---- a draft d (q one-hot): accept with probability p(d); else the residual is p without d
+  if (d >= 0) {
+    const double wd = tok_weight(lg[d], min_key, inv_t, M);
+    if (hash_uniform(seed, pos, 1ull) < wd / total) {  // uniform over the block: all return
+      if (tid == 0) {
+        out[row] = d;
+        if (accepted) accepted[row] = 1;
+      }
+      return;
+    }
+    const int td = d / SAMPLE_TILE, wdi = td / tpw;
+    if (warp == 0) {  // d's tile summed again without d, as the pass above did
+      double w = 0.0;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int i = td * SAMPLE_TILE + 2 * lane + e;
+        if (i < V && i != d) w += tok_weight(lg[i], min_key, inv_t, M);
+      }
+      w = minillm::warp_sum(w);
+      if (lane == 0) tile[td] = w;
+    }
+    __syncthreads();
+    if (tid == 0) {  // and its warp's total, in the pass's order
+      const int lo = wdi * tpw, hi = min(n_tiles, lo + tpw);
+      double acc = 0.0;
+      for (int tt = lo; tt < hi; ++tt) acc += tile[tt];
+      warp_tot[wdi] = acc;
+    }
+    __syncthreads();
+    total = total_of();
+  }
+  if (tid == 0 && accepted) accepted[row] = 0;  // rejected, or no draft at this row
+  if (warp != 0) return;
+
+  // ---- inverse CDF at u * total, by warp 0: the warp range, the tile, the token
+  const double target = hash_uniform(seed, pos, d >= 0 ? 2ull : 0ull) * total;
+  const double ww = lane < SAMPLE_WARPS ? warp_tot[lane] : 0.0;
+  double c0 = 0.0;  // the warps before this lane's, summed in total_of's order
+  for (int w = 0; w < lane && w < SAMPLE_WARPS; ++w) c0 += warp_tot[w];
+  const int wsel = warp_crossing(c0, ww, target);
+  if (wsel < 0) {  // nothing kept (not reachable: the max logit is always kept)
+    if (lane == 0) out[row] = fallback;
+    return;
+  }
+  const double wbase = __shfl_sync(0xffffffffu, c0, wsel);
+  const int lo = wsel * tpw, hi = min(n_tiles, lo + tpw);
+  const int per = (hi - lo + 31) / 32;  // lanes take consecutive runs of that warp's tiles
+  const int a = min(hi, lo + lane * per), b = min(hi, a + per);
+  double ls = 0.0;
+  for (int tt = a; tt < b; ++tt) ls += tile[tt];
+  const double lc0 = wbase + warp_exclusive_scan(ls);
+  const int lsel = warp_crossing(lc0, ls, target);
+  int tsel = -1;
+  double tc0 = 0.0;
+  if (lane == lsel) {
+    double c = lc0, lastc = 0.0;
+    int last = -1;
+    for (int tt = a; tt < b; ++tt) {
+      const double ts = tile[tt];
+      if (ts > 0.0) {
+        if (target < c + ts) { tsel = tt; tc0 = c; break; }
+        last = tt;
+        lastc = c;
+      }
+      c += ts;
+    }
+    if (tsel < 0) { tsel = last; tc0 = lastc; }
+  }
+  tsel = __shfl_sync(0xffffffffu, tsel, lsel < 0 ? 0 : lsel);
+  tc0 = __shfl_sync(0xffffffffu, tc0, lsel < 0 ? 0 : lsel);
+  if (tsel < 0) {
+    if (lane == 0) out[row] = fallback;
+    return;
+  }
+  const int i0 = tsel * SAMPLE_TILE + 2 * lane;
+  const double w0 = (i0 < V && i0 != d) ? tok_weight(lg[i0], min_key, inv_t, M) : 0.0;
+  const double w1 = (i0 + 1 < V && i0 + 1 != d) ? tok_weight(lg[i0 + 1], min_key, inv_t, M) : 0.0;
+  const double ec0 = tc0 + warp_exclusive_scan(w0 + w1);
+  const int esel = warp_crossing(ec0, w0 + w1, target);
+  if (esel < 0 && lane == 0) out[row] = fallback;
+  if (lane == esel) {  // its first token unless the target lies past it (or it weighs nothing)
+    const bool first = w0 > 0.0 && (target < ec0 + w0 || !(w1 > 0.0));
+    out[row] = i0 + (first ? 0 : 1);
+  }
 }
 
 }  // namespace
@@ -136,6 +312,8 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
   __shared__ float fscratch[32];
   __shared__ int iscratch[32];
   __shared__ int s_found;
+  __shared__ double s_tile[SAMPLE_MAX_TILES];
+  __shared__ double s_warp[SAMPLE_WARPS];
   minillm::pdl_entry();
   const int row = blockIdx.x, tid = threadIdx.x, NT = blockDim.x;
   if (row >= n_rows) return;
@@ -144,9 +322,15 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
   // ---- argmax (greedy) and the max logit
   float bv = minillm::neg_inf();
   int bi = 0x7fffffff;
-  for (int i = tid; i < V; i += NT) {
-    const float v = lg[i];
-    if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
+  for (int i0 = tid; i0 < V; i0 += 8 * NT) {  // 8 loads in flight a thread, then compared
+    float v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) v[u] = i0 + u * NT < V ? lg[i0 + u * NT] : minillm::neg_inf();
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int i = i0 + u * NT;
+      if (i < V && (v[u] > bv || (v[u] == bv && i < bi))) { bv = v[u]; bi = i; }
+    }
   }
   block_argmax(bv, bi, fscratch, iscratch);
   const float temp = temperature[row];
@@ -205,21 +389,25 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
     kth_x = (double)key_float(kth_key) / t;
   }
 
-  // ---- softmax normaliser over the top-k survivors
+  // ---- softmax normaliser over the top-k survivors (for the top-p search and the serial draw)
+  const double tp = (double)top_p[row];
+  const bool use_topp = tp < 1.0;
+  const bool tiled = V <= SAMPLE_TILE * SAMPLE_MAX_TILES;
   double S = 0.0;
-  for (int i = tid; i < V; i += NT) {
-    const double x = (double)lg[i] / t;
-    if (x >= kth_x) S += exp(x - M);
+  if (use_topp || !tiled) {  // uniform over the block
+    for (int i = tid; i < V; i += NT) {
+      const double x = (double)lg[i] / t;
+      if (x >= kth_x) S += exp(x - M);
+    }
+    S = minillm::block_sum(S, dscratch);
   }
-  S = minillm::block_sum(S, dscratch);
 
   // ---- top-p: the cut-off key v_e = min key with mass(key > v_e) < top_p, then its ties.
   // 16-way search again; the mass above the current upper bound is carried, so each pass
   // takes exp() only of the tokens whose key lies inside the remaining window (lo, hi].
-  const double tp = (double)top_p[row];
-  const bool use_topp = tp < 1.0;
   unsigned cut_key = 0;
   int n_tie = 0;
+  bool tie_cut = false;  // the cut-off keeps only some of its tied tokens: the serial draw
   double S2 = 1.0;
   if (use_topp) {
     u64 lo = use_topk ? kth_key : 0u, hi = kmax;  // mass(key > kmax) = 0 < top_p
@@ -275,11 +463,21 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
     double c = above;
     while (n_tie < (int)cnt && c < tp) { ++n_tie; c += p_cut; }
     S2 = c;  // the kept mass, to renormalise by
+    tie_cut = n_tie < (int)cnt;
   }
 
   const u64 seed = seed_bytes == 8 ? reinterpret_cast<const u64*>(seeds)[row]
                                    : (u64)(i64)reinterpret_cast<const int*>(seeds)[row];
   const i64 pos = positions[row];
+  if (tiled && !tie_cut) {  // keep key >= cut-off (top-p, after top-k) or >= the k-th (top-k)
+    const unsigned min_key = use_topp ? cut_key : use_topk ? kth_key : 0u;
+    const double inv_t = 1.0 / t;
+    sample_from_tiles(lg, V, min_key, inv_t, (double)bv * inv_t, d, seed, pos, bi, out, accepted,
+                      row, s_tile, s_warp);
+    return;
+  }
+
+  // ---- the serial draw: each token's weight in index order, ties at a top-p cut-off ranked
 
   // ---- speculative verification of a deterministic draft d (q = one-hot): accept with
   // probability p(d); otherwise the token is drawn below from p without d (the residual)

@@ -740,6 +740,19 @@ part60() {  # session 9, call 1: what the throughput run's sampling costs. The r
   step_kernels q06 192 1024 90 0.6
 }
 
+part61() {  # session 9, call 2: the sampler's tiled draw (one float64 exp a token, no normaliser pass, the
+  # inverse CDF by tile sums in shared memory): its tests against the NumPy sampler, the lossless
+  # sampled speculation, its bench, then the throughput run at temperature 0.6 and greedy
+  setup
+  stage sampler_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_gpu_engine.py -k "sampler or sampled or seeded"
+  stage sampler_bench 90 python3 scripts/sampler_bench.py --json "$W/sampler_bench.json"
+  stage models 40 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  throughput_06b 60
+  stage throughput_06b_greedy 60 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
+    --max-model-len 2048 --max-num-batched-tokens 8192 --temperature 0 --result-json "$W/throughput_06b_greedy.json"
+}
+
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
   # part34's FMA tiles back with part40's every-thread arrivals and added the DL_MMA_B variant:
   # neither has run on a GPU, so the decoder's tests (the variant's too) and racecheck come first;
