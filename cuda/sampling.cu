@@ -7,9 +7,10 @@
 //   top-p keeps the smallest prefix of tokens in (p descending, index ascending) order whose
 //   mass reaches top_p;  renormalise;  inverse CDF over tokens in index order at u * total.
 // Nothing is sorted: since x and p are monotone in the fp32 logit, the k-th largest logit and the
-// top-p cut-off are found by bisection over the logits' order-preserving 32-bit keys, each step a
-// block-wide count or mass. Results can differ from the NumPy sampler only where float64 sums
-// taken in another order fall on the other side of a boundary (near-ties).
+// top-p cut-off are found by radix select over the logits' order-preserving 32-bit keys (digits of
+// 12, 12 and 8 bits, integer histograms in shared memory: counts for top-k, each token's weight in
+// fixed point for top-p). Results can differ from the NumPy sampler only where sums taken in
+// another order (or in fixed point) fall on the other side of a boundary (near-ties).
 //
 // Speculative verification rides along (draft[row] = d >= 0): the drafters propose their argmax,
 // so q is one-hot and rejection sampling reduces to: accept d with probability p(d) (greedy: d
@@ -22,15 +23,15 @@
 // normaliser pass is needed (u * total is the target), so a temperature-only row costs one float64
 // exp a token. The H200 measured the earlier layout (a normaliser pass, divisions, then one thread
 // walking its 297-token chunk serially) at 307 us a row and 750 us for 192 rows, 10% of a
-// throughput-workload decode step (scripts/sampler_bench.py, docs/BENCHMARKS.md). Rows whose top-p
-// cut-off falls inside a run of tied logits (ties kept in index order), or whose vocabulary is
-// over SAMPLE_TILE * SAMPLE_MAX_TILES, still take that serial path (sample_serial).
+// throughput-workload decode step (scripts/sampler_bench.py, docs/BENCHMARKS.md); its 16-way
+// bisections took top-k 50 to 837 us a row and top-p 0.9 to 1,299. Rows whose top-p cut-off falls
+// inside a run of tied logits (ties kept in index order), or whose vocabulary is over
+// SAMPLE_TILE * SAMPLE_MAX_TILES, still take that serial draw (the end of sample_tokens).
 //
-// One CTA of SAMPLE_THREADS threads per row.
+// One CTA of SAMPLE_THREADS threads per row, two CTAs an SM (64 registers).
 #include "common.cuh"
 
 #define SAMPLE_THREADS 512
-#define NS 15  // thresholds per search pass: the key range shrinks 16x a pass
 #define SAMPLE_TILE 64  // tokens a tile (two a lane); tile sums live in shared memory
 #define SAMPLE_MAX_TILES 4096  // vocabularies up to 262,144 take the tiled draw
 #define SAMPLE_GROUP 4  // tiles a warp loads before it computes (memory-level parallelism)
@@ -92,25 +93,66 @@ __device__ double block_exclusive_scan(double v, double* warp_tot, double* total
   return base + exc;
 }
 
-// Sums v[0..NS) over the block in a fixed order; every thread gets the totals back in v.
-__device__ void block_sum_n(double (&v)[NS], double* red) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-#pragma unroll
-  for (int j = 0; j < NS; ++j) v[j] = minillm::warp_sum(v[j]);
-  __syncthreads();
-  if (lane == 0) {
-#pragma unroll
-    for (int j = 0; j < NS; ++j) red[warp * (NS + 1) + j] = v[j];
+// Radix select over the 32-bit keys, from the top: digits of 12, 12 and 8 bits. Pass p counts
+// (or weighs) the keys that share the digits found so far into a shared-memory histogram of its
+// digit, then the block finds the bin where a running total from the top bin down first reaches
+// `need`. Integer atomics only, so the histograms do not depend on the order of the atomics.
+__device__ __forceinline__ int radix_shift(int pass) { return pass == 0 ? 20 : pass == 1 ? 8 : 0; }
+__device__ __forceinline__ int radix_bins(int pass) { return pass < 2 ? 4096 : 256; }
+__device__ __forceinline__ unsigned radix_mask(int pass) {  // the digits found before pass
+  return pass == 0 ? 0u : pass == 1 ? 0xfff00000u : 0xffffff00u;
+}
+
+// The bin b where base + sum(bins >= b) first reaches need, going down from the top bin (the
+// largest b with sum(bins >= b) >= need - base... as doubles), and the sum of the bins above it.
+// Every thread gets both. Past the end (rounding): the lowest non-empty bin.
+template <typename Bins>
+__device__ void radix_crossing(int nb, const Bins* bins, double need, double* dscratch, int* s_bin,
+                               int* s_first, double* s_above, int& bin, double& above) {
+  const int tid = threadIdx.x, NT = blockDim.x;
+  const int per = (nb + NT - 1) / NT;  // thread j: bins nb-1-j*per, ... (top down)
+  double own = 0.0;
+  for (int e = 0; e < per; ++e) {
+    const int b = nb - 1 - (tid * per + e);
+    if (b >= 0) own += (double)bins[b];
+  }
+  double total;
+  const double excl = block_exclusive_scan(own, dscratch, &total);
+  if (tid == 0) {
+    *s_bin = -1;
+    *s_first = NT;
   }
   __syncthreads();
-  if (threadIdx.x < NS) {
-    double s = 0.0;
-    for (int w = 0; w < nw; ++w) s += red[w * (NS + 1) + threadIdx.x];
-    red[32 * (NS + 1) + threadIdx.x] = s;
+  const bool holds = own > 0.0 && excl < need && need <= excl + own;
+  if (holds) atomicMin(s_first, tid);  // rounding could let two neighbours claim it: the first
+  __syncthreads();
+  if (holds && tid == *s_first) {  // its bins top down; past them (rounding): its lowest non-empty
+    double c = excl, last_c = excl;
+    int last = -1;
+    for (int e = 0; e < per; ++e) {
+      const int b = nb - 1 - (tid * per + e);
+      if (b < 0) break;
+      const double v = (double)bins[b];
+      if (v > 0.0) {
+        if (c + v >= need) { last = b; last_c = c; break; }
+        last = b;
+        last_c = c;
+      }
+      c += v;
+    }
+    *s_bin = last;
+    *s_above = last_c;
   }
   __syncthreads();
-#pragma unroll
-  for (int j = 0; j < NS; ++j) v[j] = red[32 * (NS + 1) + j];
+  if (tid == 0 && *s_bin < 0) {  // need beyond the total (rounding): the lowest non-empty bin
+    int b = 0;
+    while (b < nb - 1 && bins[b] == 0) ++b;
+    *s_bin = b;
+    *s_above = total - (double)bins[b];
+  }
+  __syncthreads();
+  bin = *s_bin;
+  above = *s_above;
   __syncthreads();
 }
 
@@ -192,16 +234,23 @@ __device__ void sample_from_tiles(const float* __restrict__ lg, int V, unsigned 
 #pragma unroll
       for (int g = 0; g < SAMPLE_GROUP; ++g)
         w[g] = tok_weight(l[g][0], min_key, inv_t, M) + tok_weight(l[g][1], min_key, inv_t, M);
+      // transposed reduction of the 4 tiles: halves of the warp swap pairs of sums, then quarters
+      // swap single sums, then 8 lanes finish one tile each (lanes 8g..8g+7: tile g); 9 double
+      // shuffles instead of 4 x 5 butterflies
+      static_assert(SAMPLE_GROUP == 4, "the transposed reduction is written for 4 tiles");
+      const bool h16 = lane & 16, h8 = lane & 8;
+      const double a0 = (h16 ? w[2] : w[0]) + __shfl_xor_sync(0xffffffffu, h16 ? w[0] : w[2], 16);
+      const double a1 = (h16 ? w[3] : w[1]) + __shfl_xor_sync(0xffffffffu, h16 ? w[1] : w[3], 16);
+      double r = (h8 ? a1 : a0) + __shfl_xor_sync(0xffffffffu, h8 ? a0 : a1, 8);
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1)  // butterfly: every lane ends with the same sums
+      for (int o = 4; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
+      const int g_mine = lane >> 3;  // the tile whose sum this lane holds
+      if ((lane & 7) == 0 && t0 + g_mine < hi) tile[t0 + g_mine] = r;
 #pragma unroll
-        for (int g = 0; g < SAMPLE_GROUP; ++g) w[g] += __shfl_xor_sync(0xffffffffu, w[g], o);
-#pragma unroll
-      for (int g = 0; g < SAMPLE_GROUP; ++g)
-        if (t0 + g < hi) {
-          if (lane == 0) tile[t0 + g] = w[g];
-          acc += w[g];
-        }
+      for (int g = 0; g < SAMPLE_GROUP; ++g) {
+        const double tg = __shfl_sync(0xffffffffu, r, 8 * g);
+        if (t0 + g < hi) acc += tg;
+      }
     }
     if (lane == 0) warp_tot[warp] = acc;
   }
@@ -301,17 +350,17 @@ __device__ void sample_from_tiles(const float* __restrict__ lg, int V, unsigned 
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 2)
 sample_tokens(const float* __restrict__ logits, i64 stride, int V,
               const float* __restrict__ temperature, const float* __restrict__ top_p,
               const int* __restrict__ top_k, const void* __restrict__ seeds, int seed_bytes,
               const int* __restrict__ positions, int* __restrict__ out,
               const int* __restrict__ draft, int* __restrict__ accepted, int n_rows) {
   __shared__ double dscratch[32];
-  __shared__ double red[32 * (NS + 1) + NS];
+  __shared__ double s_above;
   __shared__ float fscratch[32];
   __shared__ int iscratch[32];
-  __shared__ int s_found;
+  __shared__ int s_found, s_bin, s_first;
   __shared__ double s_tile[SAMPLE_MAX_TILES];
   __shared__ double s_warp[SAMPLE_WARPS];
   minillm::pdl_entry();
@@ -322,15 +371,10 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
   // ---- argmax (greedy) and the max logit
   float bv = minillm::neg_inf();
   int bi = 0x7fffffff;
-  for (int i0 = tid; i0 < V; i0 += 8 * NT) {  // 8 loads in flight a thread, then compared
-    float v[8];
-#pragma unroll
-    for (int u = 0; u < 8; ++u) v[u] = i0 + u * NT < V ? lg[i0 + u * NT] : minillm::neg_inf();
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const int i = i0 + u * NT;
-      if (i < V && (v[u] > bv || (v[u] == bv && i < bi))) { bv = v[u]; bi = i; }
-    }
+  // (8 loads in flight a thread, then compared, measured slower on the H200: 13 -> 20 us a row)
+  for (int i = tid; i < V; i += NT) {
+    const float v = lg[i];
+    if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
   }
   block_argmax(bv, bi, fscratch, iscratch);
   const float temp = temperature[row];
@@ -347,54 +391,96 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
   const double M = (double)bv / t;  // the max of x survives every filter
   const unsigned kmax = float_key(bv);
 
-  // ---- top-k: the k-th largest key. A 16-way search over the key range: each pass counts the
-  // keys at NS thresholds at once, so 8 passes over the row pin a 32-bit key.
+  // ---- top-k: the k-th largest key, by radix select (three passes over the row)
   const int k = top_k[row];
   const bool use_topk = k > 0 && k < V;
   unsigned kth_key = 0;
   double kth_x = -__longlong_as_double(0x7ff0000000000000ll);  // -inf: keeps all
+  int* hist = reinterpret_cast<int*>(s_tile);  // free until the draw
   if (use_topk) {
-    u64 lo = 0, hi = kmax;  // invariant: count(key >= lo) >= k
-    while (lo < hi) {
-      const u64 range = hi - lo + 1;
-      u64 th[NS];
-      double c[NS];
-#pragma unroll
-      for (int j = 0; j < NS; ++j) {
-        th[j] = min(hi, lo + ((u64)(j + 1) * range + NS) / (NS + 1));
-        c[j] = 0.0;
-      }
+    unsigned prefix = 0;
+    double need = (double)k;  // rank among the keys that share the prefix
+    for (int pass = 0; pass < 3; ++pass) {
+      const int nb = radix_bins(pass), shift = radix_shift(pass);
+      const unsigned mask = radix_mask(pass);
+      for (int b = tid; b < nb; b += NT) hist[b] = 0;
+      __syncthreads();
       for (int i = tid; i < V; i += NT) {
         const unsigned key = float_key(lg[i]);
-#pragma unroll
-        for (int j = 0; j < NS; ++j) c[j] += key >= th[j] ? 1.0 : 0.0;
+        if ((key & mask) == prefix) atomicAdd(hist + ((key >> shift) & (nb - 1)), 1);
       }
-      block_sum_n(c, red);
-      int best = -1;  // the largest threshold still holding k keys
-#pragma unroll
-      for (int j = 0; j < NS; ++j)
-        if (c[j] >= (double)k) best = j;
-      // (selects with constant indices keep th[] in registers)
-      u64 new_lo = lo, new_hi = th[0] - 1;
-#pragma unroll
-      for (int j = 0; j < NS; ++j) {
-        if (j == best) new_lo = th[j];
-        if (j == best + 1) new_hi = th[j] - 1;  // th[best + 1] > th[best]: its count is < k
-        if (best == NS - 1) new_hi = hi;
-      }
-      lo = new_lo;
-      hi = new_hi;
+      __syncthreads();
+      int bin;
+      double above;
+      radix_crossing(nb, hist, need, dscratch, &s_bin, &s_first, &s_above, bin, above);
+      prefix |= (unsigned)bin << shift;
+      need -= above;
     }
-    kth_key = (unsigned)lo;
+    kth_key = prefix;
     kth_x = (double)key_float(kth_key) / t;
   }
 
-  // ---- softmax normaliser over the top-k survivors (for the top-p search and the serial draw)
   const double tp = (double)top_p[row];
   const bool use_topp = tp < 1.0;
   const bool tiled = V <= SAMPLE_TILE * SAMPLE_MAX_TILES;
+  const double inv_t = 1.0 / t;
+  const double Mt = (double)bv * inv_t;  // tok_weight's max
+
+  // ---- top-p: the cut-off key v = min key with mass(key > v) < top_p, then its ties. Radix
+  // select again, over each kept token's weight exp(x - M) in fixed point (2^62 / V a unit
+  // weight, so the sums fit 64 bits and are exact whatever the order of the atomics): the bin where
+  // the mass from the top first reaches top_p. Only the first pass takes exp() of every token.
+  unsigned cut_key = 0;
+  int n_tie = 0;
+  bool tie_cut = false;  // the cut-off keeps only some of its tied tokens: the serial draw
+  double S2 = 1.0;
+  if (use_topp) {
+    unsigned long long* mass = reinterpret_cast<unsigned long long*>(s_tile);
+    const double unit = ldexp(1.0, 62 - (32 - __clz(V)));
+    unsigned prefix = 0;
+    double need = 0.0, above = 0.0, total = 0.0;
+    for (int pass = 0; pass < 3; ++pass) {
+      const int nb = radix_bins(pass), shift = radix_shift(pass);
+      const unsigned mask = radix_mask(pass);
+      for (int b = tid; b < nb; b += NT) mass[b] = 0ull;
+      __syncthreads();
+      for (int i = tid; i < V; i += NT) {
+        const float l = lg[i];
+        const unsigned key = float_key(l);
+        if ((key & mask) == prefix && key >= kth_key) {
+          const double w = exp(fma((double)l, inv_t, -Mt));
+          atomicAdd(mass + ((key >> shift) & (nb - 1)), (unsigned long long)(w * unit + 0.5));
+        }
+      }
+      __syncthreads();
+      if (pass == 0) {  // the kept mass: every bin of the first pass
+        double own = 0.0;
+        for (int b = tid; b < nb; b += NT) own += (double)mass[b];
+        total = minillm::block_sum(own, dscratch);
+        need = tp * total;
+      }
+      int bin;
+      double a;
+      radix_crossing(nb, mass, need - above, dscratch, &s_bin, &s_first, &s_above, bin, a);
+      prefix |= (unsigned)bin << shift;
+      above += a;  // mass of the keys above the prefix found so far
+    }
+    cut_key = prefix;
+    double cnt = 0.0;
+    for (int i = tid; i < V; i += NT) cnt += float_key(lg[i]) == cut_key ? 1.0 : 0.0;
+    cnt = minillm::block_sum(cnt, dscratch);
+    // ties at the cut-off come in index order; each adds the same p to the running mass
+    const double p_cut =
+        (double)(unsigned long long)(exp(fma((double)key_float(cut_key), inv_t, -Mt)) * unit + 0.5) / total;
+    double c = above / total;
+    while (n_tie < (int)cnt && c < tp) { ++n_tie; c += p_cut; }
+    S2 = c;  // the kept mass, to renormalise by
+    tie_cut = n_tie < (int)cnt;
+  }
+
+  // ---- softmax normaliser over the top-k survivors, for the serial draw only
   double S = 0.0;
-  if (use_topp || !tiled) {  // uniform over the block
+  if (tie_cut || !tiled) {  // uniform over the block
     for (int i = tid; i < V; i += NT) {
       const double x = (double)lg[i] / t;
       if (x >= kth_x) S += exp(x - M);
@@ -402,78 +488,12 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
     S = minillm::block_sum(S, dscratch);
   }
 
-  // ---- top-p: the cut-off key v_e = min key with mass(key > v_e) < top_p, then its ties.
-  // 16-way search again; the mass above the current upper bound is carried, so each pass
-  // takes exp() only of the tokens whose key lies inside the remaining window (lo, hi].
-  unsigned cut_key = 0;
-  int n_tie = 0;
-  bool tie_cut = false;  // the cut-off keeps only some of its tied tokens: the serial draw
-  double S2 = 1.0;
-  if (use_topp) {
-    u64 lo = use_topk ? kth_key : 0u, hi = kmax;  // mass(key > kmax) = 0 < top_p
-    double above = 0.0;                            // mass(key > hi)
-    while (lo < hi) {
-      const u64 range = hi - lo + 1;
-      u64 th[NS];
-      double m[NS];
-#pragma unroll
-      for (int j = 0; j < NS; ++j) {
-        th[j] = lo + (u64)j * range / NS;  // th[0] = lo, all < hi... or = hi for tiny ranges
-        m[j] = 0.0;
-      }
-      for (int i = tid; i < V; i += NT) {
-        const float l = lg[i];
-        const unsigned key = float_key(l);
-        if (key <= lo || key > hi) continue;
-        const double x = (double)l / t;
-        if (!(x >= kth_x)) continue;
-        const double p = exp(x - M) / S;
-#pragma unroll
-        for (int j = 0; j < NS; ++j) m[j] += key > th[j] ? p : 0.0;
-      }
-      block_sum_n(m, red);
-      int first = -1;  // the smallest threshold whose mass above is under top_p
-#pragma unroll
-      for (int j = NS - 1; j >= 0; --j)
-        if (above + m[j] < tp) first = j;
-      if (first < 0) {
-        lo = th[NS - 1] + 1;
-      } else {
-        u64 new_lo = lo, new_hi = hi;
-        double add = 0.0;
-#pragma unroll
-        for (int j = 0; j < NS; ++j) {
-          if (j == first - 1) new_lo = th[j] + 1;
-          if (j == first) { new_hi = th[j]; add = m[j]; }
-        }
-        above += add;
-        lo = new_lo;
-        hi = new_hi;
-      }
-    }
-    cut_key = (unsigned)lo;
-    double cnt = 0.0;
-    for (int i = tid; i < V; i += NT) {
-      const float l = lg[i];
-      if ((double)l / t >= kth_x && float_key(l) == cut_key) cnt += 1.0;
-    }
-    cnt = minillm::block_sum(cnt, dscratch);
-    // ties at the cut-off come in index order; each adds the same p to the running mass
-    const double p_cut = exp((double)key_float(cut_key) / t - M) / S;
-    double c = above;
-    while (n_tie < (int)cnt && c < tp) { ++n_tie; c += p_cut; }
-    S2 = c;  // the kept mass, to renormalise by
-    tie_cut = n_tie < (int)cnt;
-  }
-
   const u64 seed = seed_bytes == 8 ? reinterpret_cast<const u64*>(seeds)[row]
                                    : (u64)(i64)reinterpret_cast<const int*>(seeds)[row];
   const i64 pos = positions[row];
   if (tiled && !tie_cut) {  // keep key >= cut-off (top-p, after top-k) or >= the k-th (top-k)
     const unsigned min_key = use_topp ? cut_key : use_topk ? kth_key : 0u;
-    const double inv_t = 1.0 / t;
-    sample_from_tiles(lg, V, min_key, inv_t, (double)bv * inv_t, d, seed, pos, bi, out, accepted,
-                      row, s_tile, s_warp);
+    sample_from_tiles(lg, V, min_key, inv_t, Mt, d, seed, pos, bi, out, accepted, row, s_tile, s_warp);
     return;
   }
 

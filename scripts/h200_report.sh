@@ -753,6 +753,19 @@ part61() {  # session 9, call 2: the sampler's tiled draw (one float64 exp a tok
     --max-model-len 2048 --max-num-batched-tokens 8192 --temperature 0 --result-json "$W/throughput_06b_greedy.json"
 }
 
+part62() {  # session 9, call 3: top-k and top-p by radix select (integer histograms; top-p weighs tokens
+  # in fixed point), two CTAs an SM, the argmax loop back to part60's: the sampler's tests, the
+  # sampled engine tests, its bench, throughput and single-stream decode of the 0.6B shape
+  setup
+  stage sampler_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_gpu_engine.py -k "sampler or sampled or seeded"
+  stage sampler_bench 90 python3 scripts/sampler_bench.py --json "$W/sampler_bench.json"
+  stage models 40 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  throughput_06b 60
+  stage decode_06b 60 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
+    --result-json "$W/decode_06b.json"
+}
+
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
   # part34's FMA tiles back with part40's every-thread arrivals and added the DL_MMA_B variant:
   # neither has run on a GPU, so the decoder's tests (the variant's too) and racecheck come first;
