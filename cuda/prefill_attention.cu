@@ -30,6 +30,10 @@
 
 namespace {
 
+using minillm::cp_async_16;
+using minillm::ldmatrix_x4;
+using minillm::smem_u32;
+
 // Shared memory, bf16, rows padded by 16 bytes so ldmatrix's 8 row addresses (a 16-byte chunk
 // each) fall in different banks: Q [PF_ROWS][LDQ], then 2 stages of K [PF_BK][LDQ] and V [PF_BK][LDQ]
 // (cuda_ops.py's _prefill_smem mirrors it).
@@ -39,25 +43,10 @@ struct PfLayout {
   static constexpr int STAGE = 2 * PF_BK * LDQ;  // K then V; PF_ROWS * LDQ + 2 * STAGE in all
 };
 
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(unsigned* r, unsigned addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
 __device__ __forceinline__ void ldmatrix_x4_trans(unsigned* r, unsigned addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
-}
-
-// 16 bytes global -> shared; src_bytes 0 writes zeros (keys past the visible range).
-__device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
 
 __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {

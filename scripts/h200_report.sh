@@ -766,6 +766,19 @@ part62() {  # session 9, call 3: top-k and top-p by radix select (integer histog
     --result-json "$W/decode_06b.json"
 }
 
+part63() {  # session 9, call 4: cuda/gemm.cu, products of 17-256 rows (64 weight rows and every x row a
+  # CTA, K split over a cluster of 1-8 CTAs summed through distributed shared memory): its tests,
+  # its bench against cuBLAS, then throughput, and the 8B spec-cost ladder (144-row verification)
+  setup
+  stage gemm_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -x tests/test_cuda_ops.py \
+    -k "matmul_wide or test_matmul"
+  stage gemm_bench 120 python3 scripts/gemm_bench.py --json "$W/gemm_bench.json"
+  stage models 40 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  throughput_06b 60
+  stage throughput_06b_cublas 60 env MINILLM_GEMM=cublas python3 -m minillm.bench throughput $M/q06 --device cuda \
+    --max-num-seqs 256 --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b_cublas.json"
+}
+
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
   # part34's FMA tiles back with part40's every-thread arrivals and added the DL_MMA_B variant:
   # neither has run on a GPU, so the decoder's tests (the variant's too) and racecheck come first;

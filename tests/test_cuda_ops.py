@@ -292,11 +292,12 @@ def test_matmul_with_marked_cublas_outputs(be):
     x = rng.standard_normal((64, 256)).astype(np.float32)
     w = (rng.standard_normal((384, 256)) / 16).astype(np.float32)
     wide = poisoned(be, (64, 400))
-    be.mark_blas_outputs = True
+    be.mark_blas_outputs, wide_gemm = True, be.wide_gemm
+    be.wide_gemm = False  # 64 rows would go to cuda/gemm.cu
     try:
         be.matmul(be.asarray(x), be.asarray(w), wide[:, :384])
     finally:
-        be.mark_blas_outputs = False
+        be.mark_blas_outputs, be.wide_gemm = False, wide_gemm
     ref = rounded(be, x).astype(np.float64) @ rounded(be, w).astype(np.float64).T
     got = host(be, wide)
     assert rel_err(got[:, :384], ref) < tol(be)
@@ -357,6 +358,41 @@ def test_matmul_skinny(be, M, K, N, bias, out_f32):
     g = be.capture_graph(lambda: be.matmul(xd, wd, out2, bias=bd))
     g.replay()
     assert np.array_equal(host(be, out2), host(be, out))
+
+
+@pytest.mark.parametrize("M", [17, 40, 64, 65, 128, 150, 192, 256])
+@pytest.mark.parametrize("K,N", [(128, 64), (512, 192), (2048, 1024), (1024, 4096), (3072, 1024)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_matmul_wide(be, M, K, N, bias):
+    """17-256 bf16 rows go to cuda/gemm.cu (K split over a cluster of 1-8 CTAs, partial tiles summed
+    through distributed shared memory): x rows inside a wider buffer, a row-strided output whose
+    other columns stay untouched; the first 17 rows alone give the same bits (the split does not
+    depend on M); a graph replay gives the same bits."""
+    if be.dtype == np.float32:
+        pytest.skip("the tensor-core kernel is the bf16 path")
+    from minillm.backends.cuda_ops import wide_product_plan
+    assert be.wide_gemm, "the H200 runs cuda/gemm.cu"
+    assert wide_product_plan(M, N, K, be.num_sms) is not None
+    rng = np.random.default_rng(M * N + K + bias)
+    big = rng.standard_normal((M, K + 64)).astype(np.float32)
+    w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
+    b = rng.standard_normal(N).astype(np.float32)
+    xd, wd, bd = be.asarray(big)[:, 64:], be.asarray(w), be.asarray(b) if bias else None
+    wide = poisoned(be, (M, N + 8))
+    be.matmul(xd, wd, wide[:, :N], bias=bd)
+    ref = rounded(be, big[:, 64:]).astype(np.float64) @ rounded(be, w).astype(np.float64).T
+    if bias:
+        ref += rounded(be, b)
+    got = host(be, wide)
+    assert rel_err(got[:, :N], ref) < tol(be)
+    assert np.isnan(got[:, N:]).all(), "written past the output's columns"
+    few = poisoned(be, (17, N))
+    be.matmul(xd[:17], wd, few, bias=bd)
+    assert np.array_equal(host(be, few), got[:17, :N]), "a row's result depends on the batch"
+    again = poisoned(be, (M, N))
+    g = be.capture_graph(lambda: be.matmul(xd, wd, again, bias=bd))
+    g.replay()
+    assert np.array_equal(host(be, again), got[:, :N])
 
 
 def test_gemv_strided_rows_and_graph(be):

@@ -1,12 +1,13 @@
 """Launch plans that are pure functions of static sizes, so they are checked here on the CPU: the
-decode attention's split count (minillm.backends.cuda_ops.decode_splits) and which cuda/gemv.cu
-kernel takes a product of a few rows (small_product_kernel); the GPU side (every split count gives the same
+decode attention's split count (minillm.backends.cuda_ops.decode_splits), which cuda/gemv.cu
+kernel takes a product of a few rows (small_product_kernel) and cuda/gemm.cu's launch shape for
+17-256 rows (wide_product_plan); the GPU side (every split count gives the same
 attention) is tests/test_cuda_ops.py's, the timing of each scripts/decode_splits.py's."""
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from minillm.backends.cuda_ops import decode_splits, small_product_kernel
+from minillm.backends.cuda_ops import decode_splits, small_product_kernel, wide_product_plan
 
 
 def waves_time(work, resident, ctx, s, cost=128):
@@ -50,3 +51,30 @@ def test_small_products_choose_their_kernel():
     assert small_product_kernel(8, 24576, 4096) == "skinny"
     assert small_product_kernel(9, 24576, 4096) is None
     assert [small_product_kernel(m, 1000, 200) for m in (1, 4, 5)] == ["gemv", "gemv", None]
+
+
+@given(st.integers(1, 300), st.sampled_from([64, 192, 1024, 4096, 6144, 24576, 100]),
+       st.sampled_from([64, 128, 1024, 2048, 3072, 12288, 200]), st.sampled_from([78, 132]))
+def test_wide_products_hold_every_row_and_split_k_evenly(M, N, K, sms):
+    """cuda/gemm.cu's launch shape: all M rows in one tile (32 MT of them), K split into equal
+    slices of whole 64-wide stages (at least two a CTA unless unsplit), no more CTAs than SMs
+    once split; the split never depends on M (a row's sums are the same in any batch)."""
+    plan = wide_product_plan(M, N, K, sms)
+    if not (17 <= M <= 256) or N % 64 or K % 64:
+        assert plan is None
+        return
+    mt, s = plan
+    assert mt in (2, 4, 6, 8) and M <= 32 * mt and (mt == 2 or M > 32 * (mt - 2))
+    assert s in (1, 2, 4, 8) and K % (64 * s) == 0
+    if s > 1:
+        assert (N // 64) * s <= sms and K // s >= 128
+    assert wide_product_plan(17, N, K, sms)[1] == wide_product_plan(256, N, K, sms)[1] == s
+
+
+def test_wide_products_of_the_qwen3_shapes():
+    """0.6B: qkv and the N = 1024 products split K (128 CTAs on 132 SMs), gate_up fills 96 SMs."""
+    assert wide_product_plan(192, 4096, 1024, 132) == (6, 2)
+    assert wide_product_plan(192, 1024, 2048, 132) == (6, 8)
+    assert wide_product_plan(192, 1024, 3072, 132) == (6, 8)
+    assert wide_product_plan(192, 6144, 1024, 132) == (6, 1)
+    assert wide_product_plan(16, 6144, 1024, 132) is None and wide_product_plan(257, 6144, 1024, 132) is None

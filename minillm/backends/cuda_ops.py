@@ -49,7 +49,7 @@ _DECODE_MAX_Q = 16  # sequences with at most this many new queries in a step tak
 # worth of streaming: what makes one more split not free. Fitted on the H200 (decode_splits)
 _DECODE_SPLIT_COST_KEYS = 128
 # kernels of these cuda/ modules begin with pdl_entry(), so graphs may launch them with PDL
-_PDL_MODULES = ("rows", "norm", "elementwise", "decode_attention", "sampling", "gemv")
+_PDL_MODULES = ("rows", "norm", "elementwise", "decode_attention", "sampling", "gemv", "gemm")
 _PF_ROWS, _PF_BK = 64, 64  # cuda/prefill_attention.cu: query rows per CTA, keys per tile
 # cuda/decode_layers.cu: compute threads (warps) per CTA (one more warp feeds its weight ring), GEMV
 # partial sums a CTA holds, most splits of a KV head, most query heads per KV head it is built for
@@ -115,6 +115,35 @@ def small_product_kernel(M: int, N: int, K: int) -> str | None:
     if M <= (min(_GEMV_PREFERRED_M, _GEMV_MAX_M) if skinny else _GEMV_MAX_M):
         return "gemv"
     return "skinny" if skinny else None
+
+
+# cuda/gemm.cu: products of _WIDE_MIN_M-_WIDE_MAX_M bf16 rows, 64 weight rows a CTA, K-slices of a
+# multiple of 64 summed across a cluster of 1-8 CTAs; MINILLM_GEMM=cublas sends them to cuBLAS
+_WIDE_MIN_M, _WIDE_MAX_M, _GW_BN, _GW_BK, _GW_STAGES, _GW_THREADS = 17, 256, 64, 64, 3, 256
+_GW_MT, _GW_SPLITS = (2, 4, 6, 8), (1, 2, 4, 8)
+
+
+def wide_gemm_smem(mt: int) -> int:
+    """Dynamic shared memory of gemm_wx_m<mt>_*: its cp.async stages (GwLayout in cuda/gemm.cu),
+    at least the fp32 partial tile that reuses them."""
+    mp = 32 * mt
+    return max(_GW_STAGES * (_GW_BN + mp) * (_GW_BK + 8) * 2, _GW_BN * (mp + 4) * 4)
+
+
+def wide_product_plan(M: int, N: int, K: int, num_sms: int) -> tuple[int, int] | None:
+    """(MT, S) for cuda/gemm.cu's product of M rows with an [N, K] weight, or None for cuBLAS: MT
+    pairs of 8-row x tiles a warp (32 MT rows held), S CTAs splitting K. S depends on (N, K) and
+    the SM count only, never on M, so a row's result is the same in any batch: the most splits
+    (up to 8) that keep one CTA a SM for the N / 64 column tiles and at least two 64-wide k
+    stages a CTA."""
+    if not (_WIDE_MIN_M <= M <= _WIDE_MAX_M) or N % _GW_BN or K % _GW_BK:
+        return None
+    mt = 2 * _cdiv(M, 64)
+    tiles = N // _GW_BN
+    for s in sorted(_GW_SPLITS, reverse=True):
+        if tiles * s <= num_sms and K % (_GW_BK * s) == 0 and K // s >= 2 * _GW_BK:
+            return mt, s
+    return mt, 1
 
 
 def decode_splits(work: int, resident: int, ctx: int, max_splits: int,
@@ -328,6 +357,7 @@ class CudaBackend:
                                  for d in _DECODE_HEAD_DIMS for g in range(1, _DECODE_MAX_G + 1)],
             "sampling": ["sample_tokens"],
             "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemm_skinny_bf16", "gemm_skinny_f32"],
+            "gemm": [f"gemm_wx_m{mt}_s{sp}" for mt in _GW_MT for sp in _GW_SPLITS],
         }.items():
             for n in names:
                 k[n] = kc.get_kernel(mod, n, self.debug)
@@ -352,6 +382,13 @@ class CudaBackend:
                   *(f"paged_prefill_bf16_d{d}" for d in _DECODE_HEAD_DIMS)):
             if n in k:
                 k[n].max_dynamic_shared_size_bytes = self.max_smem
+        for mt in _GW_MT:
+            for sp in _GW_SPLITS:
+                k[f"gemm_wx_m{mt}_s{sp}"].max_dynamic_shared_size_bytes = wide_gemm_smem(mt)
+        # cuda/gemm.cu for 17-256 rows (the cluster launch needs Hopper); MINILLM_GEMM=cublas: cuBLAS
+        self.wide_gemm = (int(self.props["major"]) >= 9 and self.dtype != np.float32
+                          and os.environ.get("MINILLM_GEMM", "") != "cublas"
+                          and wide_gemm_smem(max(_GW_MT)) <= self.max_smem)
         self.k = k
 
     # ---- memory -------------------------------------------------------------------------
@@ -661,7 +698,8 @@ class CudaBackend:
     # ---- matmul -------------------------------------------------------------------------
     def matmul(self, x, w, out, bias=None) -> None:
         """out = x @ w.T (+ bias), w [out_features, in_features], fp32 sums: cuda/gemv.cu for up to
-        16 bf16 rows (small_product_kernel: its GEMV or its tensor-core skinny GEMM), cuBLAS beyond."""
+        16 bf16 rows (small_product_kernel: its GEMV or its tensor-core skinny GEMM), cuda/gemm.cu
+        for 17-256 (wide_product_plan), cuBLAS beyond and for shapes those do not take."""
         M, ldx = _rows(x, "matmul x")
         N, K = w.shape
         if M == 0:
@@ -679,6 +717,14 @@ class CudaBackend:
             self._launch("gemm_skinny_" + _suffix(out.dtype), (_cdiv(N, _SKINNY_COLS_PER_CTA),),
                          (_SKINNY_THREADS,), (x, _i64(ldx), w, bias if bias is not None else _NULL, out,
                                               _i64(ldo), _i32(M), _i32(N), _i32(K)))
+            return
+        plan = (wide_product_plan(M, N, K, self.num_sms) if self.wide_gemm and out.dtype == self.dtype
+                and self._gemv_fits(x, w, out, bias, M, K, ldx, max_m=_WIDE_MAX_M) else None)
+        if plan is not None:
+            mt, sp = plan
+            self._launch(f"gemm_wx_m{mt}_s{sp}", (N // _GW_BN, sp), (_GW_THREADS,),
+                         (x, _i64(ldx), w, bias if bias is not None else _NULL, out, _i64(ldo), _i32(M),
+                          _i32(N), _i32(K)), shared_mem=wide_gemm_smem(mt))
             return
         beta = 0.0
         if bias is not None:  # out <- bias, then GEMM with beta = 1: a single rounding
