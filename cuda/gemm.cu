@@ -12,8 +12,10 @@
 // finishing 64 / S of the tile's columns. S is chosen from (N, K) alone, never from M, so a row's
 // result does not depend on the batch it sits in (each element sums its K-slices in rank order).
 //
-// The main loop: 3 stages of cp.async (64 weight rows and all x rows, 64 k each; rows padded to
-// 144 bytes so ldmatrix hits distinct banks), 8 warps as 2 (weight rows, 32 each) x 4 (x rows,
+// The main loop: 4-8 stages of cp.async (64 weight rows and all x rows, 64 k each; rows padded to
+// 144 bytes so ldmatrix hits distinct banks; as many stages as ~180 KB hold, since one CTA an SM
+// must keep ~50 KB of weights in flight to stream them: with 3 stages the H200 ran the products
+// 2-5x slower than cuBLAS, part63), 8 warps as 2 (weight rows, 32 each) x 4 (x rows,
 // 8 * MT each), ldmatrix + mma.sync m16n8k16 with the weights as A and x as B (k contiguous in
 // both). The weight tiles of the first stages are requested before the PDL wait: they do not
 // depend on the previous kernel.
@@ -22,7 +24,6 @@
 #define GW_THREADS 256
 #define GW_BN 64            // weight rows (output columns) a CTA
 #define GW_BK 64            // k a stage
-#define GW_STAGES 3
 #define GW_LDS (GW_BK + 8)  // bf16 a shared-memory row
 
 namespace {
@@ -42,23 +43,26 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
-// A float at shared-memory address addr (this CTA's window) of the cluster's CTA `rank`.
+// A float at shared-memory address addr (this CTA's window) of the cluster's CTA `rank`. Volatile
+// (kept in program order after cluster_sync) but no memory clobber, so a run of them is issued
+// before the first result is used (with the clobber each waited for the last: part63).
 __device__ __forceinline__ float ld_cluster_f32(unsigned addr, unsigned rank) {
   unsigned remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
   float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote));
   return v;
 }
 
 // Dynamic shared memory of an instance: the stages, reused for the fp32 partial tile.
 template <int MT>
 struct GwLayout {
+  static constexpr int STAGES = MT == 2 ? 8 : MT == 4 ? 6 : MT == 6 ? 5 : 4;  // ~150-185 KB
   static constexpr int MP = 32 * MT;  // x rows held (4 warps x 8 MT); rows >= M are zeros
   static constexpr int W_ELEMS = GW_BN * GW_LDS;
   static constexpr int STAGE = W_ELEMS + MP * GW_LDS;  // bf16
   static constexpr int RLD = MP + 4;                     // floats a partial-tile row
-  static constexpr int STAGE_BYTES = GW_STAGES * STAGE * 2;
+  static constexpr int STAGE_BYTES = STAGES * STAGE * 2;
   static constexpr int RED_BYTES = GW_BN * RLD * 4;
   static constexpr int BYTES = STAGE_BYTES > RED_BYTES ? STAGE_BYTES : RED_BYTES;
 };
@@ -96,10 +100,11 @@ __device__ __forceinline__ void gemm_wx_impl(const bf16* __restrict__ x, i64 ldx
                   live ? 16 : 0);
     }
   };
-  for (int s = 0; s < GW_STAGES - 1; ++s)
+  constexpr int STAGES = Ly::STAGES;
+  for (int s = 0; s < STAGES - 1; ++s)
     if (s < chunks) load_w(s, s);
   minillm::pdl_entry();  // x is the previous kernel's output
-  for (int s = 0; s < GW_STAGES - 1; ++s) {
+  for (int s = 0; s < STAGES - 1; ++s) {
     if (s < chunks) load_x(s, s);
     asm volatile("cp.async.commit_group;\n" ::);
   }
@@ -111,15 +116,15 @@ __device__ __forceinline__ void gemm_wx_impl(const bf16* __restrict__ x, i64 ldx
     for (int j = 0; j < MT; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
 
   for (int c = 0; c < chunks; ++c) {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(GW_STAGES - 2));
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
     __syncthreads();  // stage c has landed for every thread; stage c - 1 is free again
-    const int nc = c + GW_STAGES - 1;
+    const int nc = c + STAGES - 1;
     if (nc < chunks) {
-      load_w(nc, nc % GW_STAGES);
-      load_x(nc, nc % GW_STAGES);
+      load_w(nc, nc % STAGES);
+      load_x(nc, nc % STAGES);
     }
     asm volatile("cp.async.commit_group;\n" ::);
-    const bf16* ws = sm + (c % GW_STAGES) * Ly::STAGE;
+    const bf16* ws = sm + (c % STAGES) * Ly::STAGE;
     const bf16* xs = ws + Ly::W_ELEMS;
 #pragma unroll
     for (int kk = 0; kk < GW_BK / 16; ++kk) {
@@ -162,8 +167,11 @@ __device__ __forceinline__ void gemm_wx_impl(const bf16* __restrict__ x, i64 ldx
     const int n = rank * RPR + jn;
     float s = 0.f;
     if (S > 1) {
+      float v[S];  // every rank's partial requested before any is added (in rank order)
 #pragma unroll
-      for (int q = 0; q < S; ++q) s += ld_cluster_f32(red_addr + (unsigned)(n * Ly::RLD + m) * 4u, (unsigned)q);
+      for (int q = 0; q < S; ++q) v[q] = ld_cluster_f32(red_addr + (unsigned)(n * Ly::RLD + m) * 4u, (unsigned)q);
+#pragma unroll
+      for (int q = 0; q < S; ++q) s += v[q];
     } else {
       s = red[n * Ly::RLD + m];
     }

@@ -779,6 +779,12 @@ part63() {  # session 9, call 4: cuda/gemm.cu, products of 17-256 rows (64 weigh
     --max-num-seqs 256 --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b_cublas.json"
 }
 
+part64() {  # session 9, call 5: cuda/gemm.cu with 4-8 stages (part63: 3 stages ran 2-5x slower than
+  # cuBLAS, one CTA an SM holding too few weights in flight) and the cluster sum's remote loads
+  # issued together: its tests, its bench, throughput with it and without
+  part63
+}
+
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
   # part34's FMA tiles back with part40's every-thread arrivals and added the DL_MMA_B variant:
   # neither has run on a GPU, so the decoder's tests (the variant's too) and racecheck come first;

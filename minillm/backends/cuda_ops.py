@@ -119,15 +119,16 @@ def small_product_kernel(M: int, N: int, K: int) -> str | None:
 
 # cuda/gemm.cu: products of _WIDE_MIN_M-_WIDE_MAX_M bf16 rows, 64 weight rows a CTA, K-slices of a
 # multiple of 64 summed across a cluster of 1-8 CTAs; MINILLM_GEMM=cublas sends them to cuBLAS
-_WIDE_MIN_M, _WIDE_MAX_M, _GW_BN, _GW_BK, _GW_STAGES, _GW_THREADS = 17, 256, 64, 64, 3, 256
+_WIDE_MIN_M, _WIDE_MAX_M, _GW_BN, _GW_BK, _GW_THREADS = 17, 256, 64, 64, 256
 _GW_MT, _GW_SPLITS = (2, 4, 6, 8), (1, 2, 4, 8)
+_GW_STAGES = {2: 8, 4: 6, 6: 5, 8: 4}  # GwLayout::STAGES, by MT
 
 
 def wide_gemm_smem(mt: int) -> int:
     """Dynamic shared memory of gemm_wx_m<mt>_*: its cp.async stages (GwLayout in cuda/gemm.cu),
     at least the fp32 partial tile that reuses them."""
     mp = 32 * mt
-    return max(_GW_STAGES * (_GW_BN + mp) * (_GW_BK + 8) * 2, _GW_BN * (mp + 4) * 4)
+    return max(_GW_STAGES[mt] * (_GW_BN + mp) * (_GW_BK + 8) * 2, _GW_BN * (mp + 4) * 4)
 
 
 def wide_product_plan(M: int, N: int, K: int, num_sms: int) -> tuple[int, int] | None:
