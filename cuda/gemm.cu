@@ -25,6 +25,16 @@
 #define GW_BN 64            // weight rows (output columns) a CTA
 #define GW_BK 64            // k a stage
 #define GW_LDS (GW_BK + 8)  // bf16 a shared-memory row
+// measurement variants (scripts/gemm_bench.py --variant): the loads alone, the math alone, fewer stages
+#ifndef GW_NO_MMA
+#define GW_NO_MMA 0
+#endif
+#ifndef GW_NO_LOADS
+#define GW_NO_LOADS 0
+#endif
+#ifndef GW_MAX_STAGES
+#define GW_MAX_STAGES 8
+#endif
 
 namespace {
 
@@ -57,7 +67,8 @@ __device__ __forceinline__ float ld_cluster_f32(unsigned addr, unsigned rank) {
 // Dynamic shared memory of an instance: the stages, reused for the fp32 partial tile.
 template <int MT>
 struct GwLayout {
-  static constexpr int STAGES = MT == 2 ? 8 : MT == 4 ? 6 : MT == 6 ? 5 : 4;  // ~150-185 KB
+  static constexpr int STAGES_BY_MT = MT == 2 ? 8 : MT == 4 ? 6 : MT == 6 ? 5 : 4;  // ~150-185 KB
+  static constexpr int STAGES = STAGES_BY_MT < GW_MAX_STAGES ? STAGES_BY_MT : GW_MAX_STAGES;
   static constexpr int MP = 32 * MT;  // x rows held (4 warps x 8 MT); rows >= M are zeros
   static constexpr int W_ELEMS = GW_BN * GW_LDS;
   static constexpr int STAGE = W_ELEMS + MP * GW_LDS;  // bf16
@@ -83,6 +94,7 @@ __device__ __forceinline__ void gemm_wx_impl(const bf16* __restrict__ x, i64 ldx
   MINILLM_CHECK(n0 + GW_BN <= N && K % (S * GW_BK) == 0 && M <= Ly::MP);
 
   auto load_w = [&](int c, int stage) {
+    if (GW_NO_LOADS) return;
     bf16* ws = sm + stage * Ly::STAGE;
     const bf16* src = w + (i64)n0 * K + k0 + c * GW_BK;
     for (int i = tid; i < GW_BN * 8; i += GW_THREADS) {
@@ -91,6 +103,7 @@ __device__ __forceinline__ void gemm_wx_impl(const bf16* __restrict__ x, i64 ldx
     }
   };
   auto load_x = [&](int c, int stage) {
+    if (GW_NO_LOADS) return;
     bf16* xs = sm + stage * Ly::STAGE + Ly::W_ELEMS;
     const int kc = k0 + c * GW_BK;
     for (int i = tid; i < Ly::MP * 8; i += GW_THREADS) {
@@ -127,7 +140,7 @@ __device__ __forceinline__ void gemm_wx_impl(const bf16* __restrict__ x, i64 ldx
     const bf16* ws = sm + (c % STAGES) * Ly::STAGE;
     const bf16* xs = ws + Ly::W_ELEMS;
 #pragma unroll
-    for (int kk = 0; kk < GW_BK / 16; ++kk) {
+    for (int kk = 0; kk < (GW_NO_MMA ? 0 : GW_BK / 16); ++kk) {
       unsigned a[2][4];  // weight rows 32 wn + 16 i + (0..15), k 16 kk + (0..15)
 #pragma unroll
       for (int i = 0; i < 2; ++i)

@@ -1,6 +1,7 @@
 """cuda/gemm.cu against cuBLAS GemmEx on the products of large-batch decode steps.
 
-    python scripts/gemm_bench.py [--rows 32,64,128,192,256] [--json F]
+    python scripts/gemm_bench.py [--rows 32,64,128,192,256] [--shapes 0.6b|8b|all]
+                                 [--variant GW_NO_MMA=1 ...] [--json F]
 
 For the Qwen3-0.6B shape's four products (the throughput workload's decode steps at 17-256
 sequences) and the Qwen3-8B shape's (decode at 17-64 sequences; speculative verification, 16 x 9 =
@@ -8,7 +9,8 @@ sequences) and the Qwen3-8B shape's (decode at 17-64 sequences; speculative veri
 10 replays), once through CudaBackend.matmul with cuda/gemm.cu and once with it switched off
 (cuBLAS GemmEx, what the engine used before). Printed per shape and row count: both times, the
 weights' read rate and the tensor throughput of the faster, the ratio, and the largest relative
-difference between the two products (both bf16 outputs of fp32 sums).
+difference between the two products (both bf16 outputs of fp32 sums). Each --variant (compile-time
+defines of cuda/gemm.cu, MINILLM_CUDA_DEFINES) is timed in a child process after the default build.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -32,8 +35,16 @@ ROWS_8B = (32, 64, 144)
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", default="17,32,64,128,192,256", help="rows of x for the 0.6B products")
+    p.add_argument("--shapes", default="all", choices=["0.6b", "8b", "all"])
+    p.add_argument("--variant", action="append", default=[], help="defines for cuda/gemm.cu, e.g. GW_NO_MMA=1")
     p.add_argument("--json", default=None)
     ns = p.parse_args()
+    for v in ns.variant:  # each build in its own process (kernels compile once a process)
+        print(f"== variant {v}", flush=True)
+        args = [sys.executable, __file__, "--rows", ns.rows, "--shapes", ns.shapes]
+        subprocess.run(args, env={**os.environ, "MINILLM_CUDA_DEFINES": v}, check=False)
+    if ns.variant:
+        print("== default build", flush=True)
     from minillm.backends.cuda_ops import CudaBackend, wide_product_plan
     from minillm.bench.gpu_timing import graph_us
 
@@ -43,7 +54,9 @@ def main() -> int:
     results = []
     print(f"{'product':14s} {'M':>4s} {'plan':>6s} {'cuBLAS us':>9s} {'gemm.cu us':>10s} {'ratio':>6s} "
           f"{'TB/s':>6s} {'TFLOP/s':>8s} {'max rel diff':>12s}", flush=True)
-    for shapes, rows in ((SHAPES_06B, rows_06b), (SHAPES_8B, ROWS_8B)):
+    sets = {"0.6b": [(SHAPES_06B, rows_06b)], "8b": [(SHAPES_8B, ROWS_8B)],
+            "all": [(SHAPES_06B, rows_06b), (SHAPES_8B, ROWS_8B)]}[ns.shapes]
+    for shapes, rows in sets:
         for label, N, K in shapes:
             w = be.asarray(rng.standard_normal((N, K), dtype=np.float32) / np.sqrt(K))
             wbytes = N * K * w.itemsize

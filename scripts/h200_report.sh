@@ -785,6 +785,14 @@ part64() {  # session 9, call 5: cuda/gemm.cu with 4-8 stages (part63: 3 stages 
   part63
 }
 
+part65() {  # session 9, call 6: where cuda/gemm.cu's time goes (part64: 8-12 us a product whatever its
+  # work): the loads alone, the math alone, 3 stages, each without PDL too
+  setup
+  stage gemm_variants 200 python3 scripts/gemm_bench.py --rows 17,192 --shapes 0.6b --variant GW_NO_MMA=1 \
+    --variant GW_NO_LOADS=1 --variant GW_NO_MMA=1,GW_NO_LOADS=1 --variant GW_MAX_STAGES=3
+  stage gemm_no_pdl 60 env MINILLM_PDL=0 python3 scripts/gemm_bench.py --rows 17,192 --shapes 0.6b
+}
+
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
   # part34's FMA tiles back with part40's every-thread arrivals and added the DL_MMA_B variant:
   # neither has run on a GPU, so the decoder's tests (the variant's too) and racecheck come first;
