@@ -1,7 +1,13 @@
 // gemm.cu: out = x @ w.T (+ bias) for 17-256 rows of x (the decode steps of large batches),
-// bf16 in and out, fp32 sums. The NumPy twin is NumpyBackend.matmul; the CUDA backend sends such
-// products here when wide_product_plan (minillm/backends/cuda_ops.py) finds a launch shape, and
-// to cuBLAS otherwise.
+// bf16 in and out, fp32 sums. The NumPy twin is NumpyBackend.matmul. Opt-in: with MINILLM_GEMM=wide
+// the CUDA backend sends such products here when wide_product_plan (minillm/backends/cuda_ops.py)
+// finds a launch shape; by default they go to cuBLAS, which the H200 measured faster everywhere
+// (0.2-0.9x of cuBLAS's speed here, scripts/gemm_bench.py, part63-65 in docs/BENCHMARKS.md). Its
+// variants showed why: the cluster sum's remote loads were latency-bound (10 us at 192 rows with
+// 8 splits, with no loads or math at all), every CTA re-reads x from L2 (37.7 MB for the 0.6B
+// gate_up at 192 rows against its 12.6 MB of weights), and mma.sync at 8 warps an SM computed at
+// ~290 TFLOP/s where cuBLAS's wgmma kernels reach ~380. Kept, tested, for whoever takes it on
+// (wgmma, a wider weight tile, vector remote loads).
 //
 // Why: at 64-256 rows the products of a 0.6B model are 2-12 MB of weights and 0.4-2.4 GFLOP each,
 // a few microseconds of work; cuBLAS ran them at 0.7-2.9 TB/s (5.3-6.9 us each at 192 rows,

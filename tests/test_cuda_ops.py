@@ -364,15 +364,23 @@ def test_matmul_skinny(be, M, K, N, bias, out_f32):
 @pytest.mark.parametrize("K,N", [(128, 64), (512, 192), (2048, 1024), (1024, 4096), (3072, 1024)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_matmul_wide(be, M, K, N, bias):
-    """17-256 bf16 rows go to cuda/gemm.cu (K split over a cluster of 1-8 CTAs, partial tiles summed
+    """17-256 bf16 rows go to cuda/gemm.cu when it is on (K split over a cluster of 1-8 CTAs, partial tiles summed
     through distributed shared memory): x rows inside a wider buffer, a row-strided output whose
     other columns stay untouched; the first 17 rows alone give the same bits (the split does not
     depend on M); a graph replay gives the same bits."""
     if be.dtype == np.float32:
         pytest.skip("the tensor-core kernel is the bf16 path")
     from minillm.backends.cuda_ops import wide_product_plan
-    assert be.wide_gemm, "the H200 runs cuda/gemm.cu"
+    assert be.wide_gemm_possible, "the H200 runs cuda/gemm.cu"
     assert wide_product_plan(M, N, K, be.num_sms) is not None
+    saved, be.wide_gemm = be.wide_gemm, True  # opt-in in the engine (MINILLM_GEMM=wide)
+    try:
+        _check_wide_product(be, M, K, N, bias)
+    finally:
+        be.wide_gemm = saved
+
+
+def _check_wide_product(be, M, K, N, bias):
     rng = np.random.default_rng(M * N + K + bias)
     big = rng.standard_normal((M, K + 64)).astype(np.float32)
     w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)

@@ -118,7 +118,7 @@ def small_product_kernel(M: int, N: int, K: int) -> str | None:
 
 
 # cuda/gemm.cu: products of _WIDE_MIN_M-_WIDE_MAX_M bf16 rows, 64 weight rows a CTA, K-slices of a
-# multiple of 64 summed across a cluster of 1-8 CTAs; MINILLM_GEMM=cublas sends them to cuBLAS
+# multiple of 64 summed across a cluster of 1-8 CTAs; opt-in (MINILLM_GEMM=wide), cuBLAS was faster
 _WIDE_MIN_M, _WIDE_MAX_M, _GW_BN, _GW_BK, _GW_THREADS = 17, 256, 64, 64, 256
 _GW_MT, _GW_SPLITS = (2, 4, 6, 8), (1, 2, 4, 8)
 _GW_STAGES = {2: 8, 4: 6, 6: 5, 8: 4}  # GwLayout::STAGES, by MT
@@ -386,10 +386,12 @@ class CudaBackend:
         for mt in _GW_MT:
             for sp in _GW_SPLITS:
                 k[f"gemm_wx_m{mt}_s{sp}"].max_dynamic_shared_size_bytes = wide_gemm_smem(mt)
-        # cuda/gemm.cu for 17-256 rows (the cluster launch needs Hopper); MINILLM_GEMM=cublas: cuBLAS
-        self.wide_gemm = (int(self.props["major"]) >= 9 and self.dtype != np.float32
-                          and os.environ.get("MINILLM_GEMM", "") != "cublas"
-                          and wide_gemm_smem(max(_GW_MT)) <= self.max_smem)
+        # cuda/gemm.cu for 17-256 rows, only with MINILLM_GEMM=wide (scripts/gemm_bench.py switches
+        # it per call): measured 0.2-0.9x cuBLAS on the H200 (part63-65, docs/BENCHMARKS.md), so
+        # cuBLAS stays the default; the cluster launch needs Hopper
+        self.wide_gemm_possible = (int(self.props["major"]) >= 9 and self.dtype != np.float32
+                                   and wide_gemm_smem(max(_GW_MT)) <= self.max_smem)
+        self.wide_gemm = self.wide_gemm_possible and os.environ.get("MINILLM_GEMM", "") == "wide"
         self.k = k
 
     # ---- memory -------------------------------------------------------------------------
@@ -699,8 +701,8 @@ class CudaBackend:
     # ---- matmul -------------------------------------------------------------------------
     def matmul(self, x, w, out, bias=None) -> None:
         """out = x @ w.T (+ bias), w [out_features, in_features], fp32 sums: cuda/gemv.cu for up to
-        16 bf16 rows (small_product_kernel: its GEMV or its tensor-core skinny GEMM), cuda/gemm.cu
-        for 17-256 (wide_product_plan), cuBLAS beyond and for shapes those do not take."""
+        16 bf16 rows (small_product_kernel: its GEMV or its tensor-core skinny GEMM), cuBLAS beyond
+        (or cuda/gemm.cu for 17-256 rows under MINILLM_GEMM=wide: wide_product_plan)."""
         M, ldx = _rows(x, "matmul x")
         N, K = w.shape
         if M == 0:
