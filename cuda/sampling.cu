@@ -179,10 +179,31 @@ __device__ __forceinline__ double warp_exclusive_scan(double v) {
   return lane == 0 ? 0.0 : exc;
 }
 
+// e^x for the weights (x <= ~0) in float64, within a few ulp of exp() at a fraction of its cost
+// (the draw takes one a token; exp() made a temperature-only row of 151,936 tokens ~60 us of one
+// SM's float64 units): x = (256 k + j) ln2 / 256 + r with |r| <= ln2 / 512 (Cody-Waite, ln2 in
+// two parts), e^x = 2^k * 2^(j / 256) * e^r, 2^(j / 256) from a table in shared memory (exp2 by the
+// CTA's first 256 threads), e^r by its degree-5 Taylor polynomial (|r|^6 / 720 < 1e-20). Below
+// -708 (e^x < 1e-307): 0.
+__device__ __forceinline__ double exp_weight(double x, const double* exp2_tab) {
+  if (x < -708.0) return 0.0;
+  const double n = rint(x * 369.3299304675746);                       // 256 / ln 2
+  double r = fma(n, -0.00270760617331689, x);                          // ln2_hi / 256 (exact products)
+  r = fma(n, -7.453964567463233e-13, r);                               // ln2_lo / 256
+  double p = fma(r, 1.0 / 120.0, 1.0 / 24.0);
+  p = fma(p, r, 1.0 / 6.0);
+  p = fma(p, r, 0.5);
+  p = fma(p, r, 1.0);
+  p = fma(p, r, 1.0);
+  const int ni = (int)n, j = ni & 255, k = ni >> 8;                    // k = floor(n / 256) >= -1022
+  return exp2_tab[j] * __longlong_as_double((long long)(k + 1023) << 52) * p;
+}
+
 // The draw's weight of a token with logit l: exp(x - M) for x = l / T (as l * (1 / T)) when its
 // key survives the top-k / top-p filters (key >= min_key; 0 keeps all), else 0.
-__device__ __forceinline__ double tok_weight(float l, unsigned min_key, double inv_t, double M) {
-  return float_key(l) >= min_key ? exp(fma((double)l, inv_t, -M)) : 0.0;
+__device__ __forceinline__ double tok_weight(float l, unsigned min_key, double inv_t, double M,
+                                             const double* exp2_tab) {
+  return float_key(l) >= min_key ? exp_weight(fma((double)l, inv_t, -M), exp2_tab) : 0.0;
 }
 
 // Which of the warp's lanes holds the crossing: the first lane whose part (c0, its start, and w,
@@ -213,7 +234,8 @@ __device__ void block_argmax(float& v, int& idx, float* sv, int* si) {
 // thread of the block calls it; it ends with warp 0 alone (no barrier after that).
 __device__ void sample_from_tiles(const float* __restrict__ lg, int V, unsigned min_key, double inv_t,
                                   double M, int d, u64 seed, i64 pos, int fallback, int* out,
-                                  int* accepted, int row, double* tile, double* warp_tot) {
+                                  int* accepted, int row, double* tile, double* warp_tot,
+                                  const double* exp2_tab) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int n_tiles = (V + SAMPLE_TILE - 1) / SAMPLE_TILE;
   const int tpw = (n_tiles + SAMPLE_WARPS - 1) / SAMPLE_WARPS;  // warp w: tiles [w * tpw, ...)
@@ -233,7 +255,7 @@ __device__ void sample_from_tiles(const float* __restrict__ lg, int V, unsigned 
       double w[SAMPLE_GROUP];
 #pragma unroll
       for (int g = 0; g < SAMPLE_GROUP; ++g)
-        w[g] = tok_weight(l[g][0], min_key, inv_t, M) + tok_weight(l[g][1], min_key, inv_t, M);
+        w[g] = tok_weight(l[g][0], min_key, inv_t, M, exp2_tab) + tok_weight(l[g][1], min_key, inv_t, M, exp2_tab);
       // transposed reduction of the 4 tiles: halves of the warp swap pairs of sums, then quarters
       // swap single sums, then 8 lanes finish one tile each (lanes 8g..8g+7: tile g); 9 double
       // shuffles instead of 4 x 5 butterflies
@@ -264,7 +286,7 @@ __device__ void sample_from_tiles(const float* __restrict__ lg, int V, unsigned 
 
   // ---- a draft d (q one-hot): accept with probability p(d); else the residual is p without d
   if (d >= 0) {
-    const double wd = tok_weight(lg[d], min_key, inv_t, M);
+    const double wd = tok_weight(lg[d], min_key, inv_t, M, exp2_tab);
     if (hash_uniform(seed, pos, 1ull) < wd / total) {  // uniform over the block: all return
       if (tid == 0) {
         out[row] = d;
@@ -278,7 +300,7 @@ __device__ void sample_from_tiles(const float* __restrict__ lg, int V, unsigned 
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int i = td * SAMPLE_TILE + 2 * lane + e;
-        if (i < V && i != d) w += tok_weight(lg[i], min_key, inv_t, M);
+        if (i < V && i != d) w += tok_weight(lg[i], min_key, inv_t, M, exp2_tab);
       }
       w = minillm::warp_sum(w);
       if (lane == 0) tile[td] = w;
@@ -337,8 +359,8 @@ __device__ void sample_from_tiles(const float* __restrict__ lg, int V, unsigned 
     return;
   }
   const int i0 = tsel * SAMPLE_TILE + 2 * lane;
-  const double w0 = (i0 < V && i0 != d) ? tok_weight(lg[i0], min_key, inv_t, M) : 0.0;
-  const double w1 = (i0 + 1 < V && i0 + 1 != d) ? tok_weight(lg[i0 + 1], min_key, inv_t, M) : 0.0;
+  const double w0 = (i0 < V && i0 != d) ? tok_weight(lg[i0], min_key, inv_t, M, exp2_tab) : 0.0;
+  const double w1 = (i0 + 1 < V && i0 + 1 != d) ? tok_weight(lg[i0 + 1], min_key, inv_t, M, exp2_tab) : 0.0;
   const double ec0 = tc0 + warp_exclusive_scan(w0 + w1);
   const int esel = warp_crossing(ec0, w0 + w1, target);
   if (esel < 0 && lane == 0) out[row] = fallback;
@@ -363,6 +385,8 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
   __shared__ int s_found, s_bin, s_first;
   __shared__ double s_tile[SAMPLE_MAX_TILES];
   __shared__ double s_warp[SAMPLE_WARPS];
+  __shared__ double s_exp2[256];  // 2^(j / 256): exp_weight's table (the argmax's barriers publish it)
+  if (threadIdx.x < 256) s_exp2[threadIdx.x] = exp2((double)threadIdx.x / 256.0);
   minillm::pdl_entry();
   const int row = blockIdx.x, tid = threadIdx.x, NT = blockDim.x;
   if (row >= n_rows) return;
@@ -448,7 +472,7 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
         const float l = lg[i];
         const unsigned key = float_key(l);
         if ((key & mask) == prefix && key >= kth_key) {
-          const double w = exp(fma((double)l, inv_t, -Mt));
+          const double w = exp_weight(fma((double)l, inv_t, -Mt), s_exp2);
           atomicAdd(mass + ((key >> shift) & (nb - 1)), (unsigned long long)(w * unit + 0.5));
         }
       }
@@ -471,7 +495,8 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
     cnt = minillm::block_sum(cnt, dscratch);
     // ties at the cut-off come in index order; each adds the same p to the running mass
     const double p_cut =
-        (double)(unsigned long long)(exp(fma((double)key_float(cut_key), inv_t, -Mt)) * unit + 0.5) / total;
+        (double)(unsigned long long)(exp_weight(fma((double)key_float(cut_key), inv_t, -Mt), s_exp2) * unit + 0.5) /
+        total;
     double c = above / total;
     while (n_tie < (int)cnt && c < tp) { ++n_tie; c += p_cut; }
     S2 = c;  // the kept mass, to renormalise by
@@ -493,7 +518,8 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
   const i64 pos = positions[row];
   if (tiled && !tie_cut) {  // keep key >= cut-off (top-p, after top-k) or >= the k-th (top-k)
     const unsigned min_key = use_topp ? cut_key : use_topk ? kth_key : 0u;
-    sample_from_tiles(lg, V, min_key, inv_t, Mt, d, seed, pos, bi, out, accepted, row, s_tile, s_warp);
+    sample_from_tiles(lg, V, min_key, inv_t, Mt, d, seed, pos, bi, out, accepted, row, s_tile, s_warp,
+                      s_exp2);
     return;
   }
 

@@ -793,6 +793,34 @@ part65() {  # session 9, call 6: where cuda/gemm.cu's time goes (part64: 8-12 us
   stage gemm_no_pdl 60 env MINILLM_PDL=0 python3 scripts/gemm_bench.py --rows 17,192 --shapes 0.6b
 }
 
+part66() {  # session 9, call 7: the sampler's weights by a table-based float64 exp (a few ulp of exp()):
+  # its tests, the same under memcheck and racecheck (radix histograms and tile sums share shared
+  # memory), its bench, throughput, 0.6B decode, then every GPU test
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage sampler_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_gpu_engine.py -k "sampler or sampled or seeded"
+  stage memcheck_sampler 120 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "sampler and bfloat16"
+  stage racecheck_sampler 120 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "sampler_matches and bfloat16-normal-1000 or sampler_matches and bfloat16-integer-ties-1000"
+  stage sampler_bench 60 python3 scripts/sampler_bench.py --json "$W/sampler_bench.json"
+  stage models 40 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  throughput_06b 60
+  stage decode_06b 60 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
+    --result-json "$W/decode_06b.json"
+  stage gpu_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" \
+    tests/test_cuda_ops.py tests/test_dflash_graphs.py tests/test_gpu_engine.py tests/test_cuda_model.py \
+    tests/test_async_scheduling.py tests/test_prompt_logprobs.py -k "not smollm2 and not debug_build"
+}
+
+part67() {  # session 9, last call: the failure matrix and its memcheck reproducer on this session's sampler
+  setup
+  models_q06_dflash 40
+  failure_matrix 220
+  memcheck_reproducer 120
+}
+
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
   # part34's FMA tiles back with part40's every-thread arrivals and added the DL_MMA_B variant:
   # neither has run on a GPU, so the decoder's tests (the variant's too) and racecheck come first;
