@@ -24,7 +24,10 @@
 // exp a token. The H200 measured the earlier layout (a normaliser pass, divisions, then one thread
 // walking its 297-token chunk serially) at 307 us a row and 750 us for 192 rows, 10% of a
 // throughput-workload decode step (scripts/sampler_bench.py, docs/BENCHMARKS.md); its 16-way
-// bisections took top-k 50 to 837 us a row and top-p 0.9 to 1,299. Rows whose top-p cut-off falls
+// bisections took top-k 50 to 837 us a row and top-p 0.9 to 1,299 (now 71, 224 and 441 us a row;
+// 134 us for 192 temperature rows). What is left is mostly the two passes' loads (the argmax's,
+// then the weights'): one pass keeping a reference max per tile, with more loads in flight, is the
+// next step. Rows whose top-p cut-off falls
 // inside a run of tied logits (ties kept in index order), or whose vocabulary is over
 // SAMPLE_TILE * SAMPLE_MAX_TILES, still take that serial draw (the end of sample_tokens).
 //
@@ -179,10 +182,11 @@ __device__ __forceinline__ double warp_exclusive_scan(double v) {
   return lane == 0 ? 0.0 : exc;
 }
 
-// e^x for the weights (x <= ~0) in float64, within a few ulp of exp() at a fraction of its cost
-// (the draw takes one a token; exp() made a temperature-only row of 151,936 tokens ~60 us of one
-// SM's float64 units): x = (256 k + j) ln2 / 256 + r with |r| <= ln2 / 512 (Cody-Waite, ln2 in
-// two parts), e^x = 2^k * 2^(j / 256) * e^r, 2^(j / 256) from a table in shared memory (exp2 by the
+// e^x for the weights (x <= ~0) in float64, within a few ulp of exp() (~1.3 ulp on 6,000 points
+// checked against exp on the CPU) in ~12 float64 operations instead of exp()'s ~25 (the draw takes
+// one a token). Measured gain small: a temperature-only row 74 -> 71 us (part62 -> part66), so the
+// pass is bound by its loads more than by exp. x = (256 k + j) ln2 / 256 + r with |r| <= ln2 / 512
+// (Cody-Waite, ln2 in two parts), e^x = 2^k * 2^(j / 256) * e^r, 2^(j / 256) from a table in shared memory (exp2 by the
 // CTA's first 256 threads), e^r by its degree-5 Taylor polynomial (|r|^6 / 720 < 1e-20). Below
 // -708 (e^x < 1e-307): 0.
 __device__ __forceinline__ double exp_weight(double x, const double* exp2_tab) {
