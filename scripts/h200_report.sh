@@ -105,6 +105,17 @@ decode_8b() {
     --result-json "$W/decode_8b.json"
 }
 
+sampler_checks() {  # the sampler's tests against the NumPy sampler, the sampled engine tests, its bench
+  stage sampler_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_gpu_engine.py -k "sampler or sampled or seeded"
+  stage sampler_bench 90 python3 scripts/sampler_bench.py --json "$W/sampler_bench.json"
+}
+
+throughput_06b_greedy() {  # the same workload sampled greedily (the default samples at temperature 0.6)
+  stage throughput_06b_greedy "$1" python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
+    --max-model-len 2048 --max-num-batched-tokens 8192 --temperature 0 --result-json "$W/throughput_06b_greedy.json"
+}
+
 throughput_06b() {  # nano-vllm's workload
   stage throughput_06b "$1" python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
     --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b.json"
@@ -735,8 +746,7 @@ part60() {  # session 9, call 1: what the throughput run's sampling costs. The r
   stage sampler_bench 90 python3 scripts/sampler_bench.py --json "$W/sampler_bench.json"
   stage models 40 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
   throughput_06b 60
-  stage throughput_06b_greedy 60 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
-    --max-model-len 2048 --max-num-batched-tokens 8192 --temperature 0 --result-json "$W/throughput_06b_greedy.json"
+  throughput_06b_greedy 60
   step_kernels q06 192 1024 90 0.6
 }
 
@@ -744,22 +754,17 @@ part61() {  # session 9, call 2: the sampler's tiled draw (one float64 exp a tok
   # inverse CDF by tile sums in shared memory): its tests against the NumPy sampler, the lossless
   # sampled speculation, its bench, then the throughput run at temperature 0.6 and greedy
   setup
-  stage sampler_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
-    tests/test_gpu_engine.py -k "sampler or sampled or seeded"
-  stage sampler_bench 90 python3 scripts/sampler_bench.py --json "$W/sampler_bench.json"
+  sampler_checks
   stage models 40 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
   throughput_06b 60
-  stage throughput_06b_greedy 60 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
-    --max-model-len 2048 --max-num-batched-tokens 8192 --temperature 0 --result-json "$W/throughput_06b_greedy.json"
+  throughput_06b_greedy 60
 }
 
 part62() {  # session 9, call 3: top-k and top-p by radix select (integer histograms; top-p weighs tokens
   # in fixed point), two CTAs an SM, the argmax loop back to part60's: the sampler's tests, the
   # sampled engine tests, its bench, throughput and single-stream decode of the 0.6B shape
   setup
-  stage sampler_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
-    tests/test_gpu_engine.py -k "sampler or sampled or seeded"
-  stage sampler_bench 90 python3 scripts/sampler_bench.py --json "$W/sampler_bench.json"
+  sampler_checks
   stage models 40 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
   throughput_06b 60
   stage decode_06b 60 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
@@ -798,13 +803,11 @@ part66() {  # session 9, call 7: the sampler's weights by a table-based float64 
   # memory), its bench, throughput, 0.6B decode, then every GPU test
   setup
   facts > "$W/facts.txt" 2>&1
-  stage sampler_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
-    tests/test_gpu_engine.py -k "sampler or sampled or seeded"
+  sampler_checks
   stage memcheck_sampler 120 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
     python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "sampler and bfloat16"
   stage racecheck_sampler 120 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
     python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "sampler_matches and bfloat16-normal-1000 or sampler_matches and bfloat16-integer-ties-1000"
-  stage sampler_bench 60 python3 scripts/sampler_bench.py --json "$W/sampler_bench.json"
   stage models 40 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
   throughput_06b 60
   stage decode_06b 60 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
