@@ -824,6 +824,21 @@ part67() {  # session 9, last call: the failure matrix and its memcheck reproduc
   memcheck_reproducer 120
 }
 
+part68() {  # session 9, call 10: the radix passes read the row with 16-byte loads; cuda/gemm.cu's module
+  # loads on first use: the sampler's tests and bench, the same under memcheck and racecheck, the
+  # wide GEMM's tests and a short bench, throughput
+  setup
+  sampler_checks
+  stage memcheck_sampler 120 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "sampler and bfloat16"
+  stage racecheck_sampler 120 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "sampler_matches and bfloat16-normal-1000 or sampler_matches and bfloat16-integer-ties-1000"
+  stage gemm_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -x tests/test_cuda_ops.py -k "matmul_wide"
+  stage gemm_bench 60 python3 scripts/gemm_bench.py --rows 17,192 --shapes 0.6b
+  stage models 40 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  throughput_06b 60
+}
+
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
   # part34's FMA tiles back with part40's every-thread arrivals and added the DL_MMA_B variant:
   # neither has run on a GPU, so the decoder's tests (the variant's too) and racecheck come first;

@@ -49,7 +49,7 @@ _DECODE_MAX_Q = 16  # sequences with at most this many new queries in a step tak
 # worth of streaming: what makes one more split not free. Fitted on the H200 (decode_splits)
 _DECODE_SPLIT_COST_KEYS = 128
 # kernels of these cuda/ modules begin with pdl_entry(), so graphs may launch them with PDL
-_PDL_MODULES = ("rows", "norm", "elementwise", "decode_attention", "sampling", "gemv", "gemm")
+_PDL_MODULES = ("rows", "norm", "elementwise", "decode_attention", "sampling", "gemv")  # and gemm
 _PF_ROWS, _PF_BK = 64, 64  # cuda/prefill_attention.cu: query rows per CTA, keys per tile
 # cuda/decode_layers.cu: compute threads (warps) per CTA (one more warp feeds its weight ring), GEMV
 # partial sums a CTA holds, most splits of a KV head, most query heads per KV head it is built for
@@ -358,7 +358,6 @@ class CudaBackend:
                                  for d in _DECODE_HEAD_DIMS for g in range(1, _DECODE_MAX_G + 1)],
             "sampling": ["sample_tokens"],
             "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemm_skinny_bf16", "gemm_skinny_f32"],
-            "gemm": [f"gemm_wx_m{mt}_s{sp}" for mt in _GW_MT for sp in _GW_SPLITS],
         }.items():
             for n in names:
                 k[n] = kc.get_kernel(mod, n, self.debug)
@@ -383,12 +382,10 @@ class CudaBackend:
                   *(f"paged_prefill_bf16_d{d}" for d in _DECODE_HEAD_DIMS)):
             if n in k:
                 k[n].max_dynamic_shared_size_bytes = self.max_smem
-        for mt in _GW_MT:
-            for sp in _GW_SPLITS:
-                k[f"gemm_wx_m{mt}_s{sp}"].max_dynamic_shared_size_bytes = wide_gemm_smem(mt)
         # cuda/gemm.cu for 17-256 rows, only with MINILLM_GEMM=wide (scripts/gemm_bench.py switches
         # it per call): measured 0.2-0.9x cuBLAS on the H200 (part63-65, docs/BENCHMARKS.md), so
-        # cuBLAS stays the default; the cluster launch needs Hopper
+        # cuBLAS stays the default and its module is compiled on first use (_wide_kernel); the
+        # cluster launch needs Hopper
         self.wide_gemm_possible = (int(self.props["major"]) >= 9 and self.dtype != np.float32
                                    and wide_gemm_smem(max(_GW_MT)) <= self.max_smem)
         self.wide_gemm = self.wide_gemm_possible and os.environ.get("MINILLM_GEMM", "") == "wide"
@@ -725,7 +722,7 @@ class CudaBackend:
                 and self._gemv_fits(x, w, out, bias, M, K, ldx, max_m=_WIDE_MAX_M) else None)
         if plan is not None:
             mt, sp = plan
-            self._launch(f"gemm_wx_m{mt}_s{sp}", (N // _GW_BN, sp), (_GW_THREADS,),
+            self._launch(self._wide_kernel(mt, sp), (N // _GW_BN, sp), (_GW_THREADS,),
                          (x, _i64(ldx), w, bias if bias is not None else _NULL, out, _i64(ldo), _i32(M),
                           _i32(N), _i32(K)), shared_mem=wide_gemm_smem(mt))
             return
@@ -743,6 +740,17 @@ class CudaBackend:
         with self.stream:
             self.blas.gemm_xwt(M, N, K, x.data.ptr, cuda_dtype(x.dtype), ldx, w.data.ptr,
                                cuda_dtype(w.dtype), K, out.data.ptr, cuda_dtype(out.dtype), ldo, beta)
+
+    def _wide_kernel(self, mt: int, sp: int) -> str:
+        """The name of cuda/gemm.cu's instance for (MT, S), loaded (with its shared memory allowed)
+        the first time it is asked for; the first product of 17-256 rows should run eagerly."""
+        name = f"gemm_wx_m{mt}_s{sp}"
+        if name not in self.k:
+            kern = kc.get_kernel("gemm", name, self.debug)
+            kern.max_dynamic_shared_size_bytes = wide_gemm_smem(mt)
+            self.k[name] = kern
+            self._pdl_kernels.add(name)
+        return name
 
     def _zero_rows(self, out, M: int, N: int, ldo: int) -> None:
         """Zero the [M, N] rows of out (row stride ldo elements) with memsets, whatever the dtype."""
