@@ -293,7 +293,7 @@ def test_matmul_with_marked_cublas_outputs(be):
     w = (rng.standard_normal((384, 256)) / 16).astype(np.float32)
     wide = poisoned(be, (64, 400))
     be.mark_blas_outputs, wide_gemm = True, be.wide_gemm
-    be.wide_gemm = False  # 64 rows would go to cuda/gemm.cu
+    be.wide_gemm = False  # under MINILLM_GEMM=wide 64 rows would go to cuda/gemm.cu
     try:
         be.matmul(be.asarray(x), be.asarray(w), wide[:, :384])
     finally:
@@ -364,10 +364,10 @@ def test_matmul_skinny(be, M, K, N, bias, out_f32):
 @pytest.mark.parametrize("K,N", [(128, 64), (512, 192), (2048, 1024), (1024, 4096), (3072, 1024)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_matmul_wide(be, M, K, N, bias):
-    """17-256 bf16 rows go to cuda/gemm.cu when it is on (K split over a cluster of 1-8 CTAs, partial tiles summed
-    through distributed shared memory): x rows inside a wider buffer, a row-strided output whose
-    other columns stay untouched; the first 17 rows alone give the same bits (the split does not
-    depend on M); a graph replay gives the same bits."""
+    """17-256 bf16 rows go to cuda/gemm.cu when it is on (K split over a cluster of 1-8 CTAs,
+    partial tiles summed through distributed shared memory): x rows inside a wider buffer, a
+    row-strided output whose other columns stay untouched; the first 17 rows alone give the same
+    bits (the split does not depend on M); a graph replay gives the same bits."""
     if be.dtype == np.float32:
         pytest.skip("the tensor-core kernel is the bf16 path")
     from minillm.backends.cuda_ops import wide_product_plan
