@@ -839,6 +839,16 @@ part68() {  # session 9, call 10: the radix passes read the row with 16-byte loa
   throughput_06b 60
 }
 
+part69() {  # session 9, call 11: the sampler's argmax pass with 16-byte loads: its tests and bench, 0.6B
+  # decode (greedy: the argmax is its whole sampler), throughput
+  setup
+  sampler_checks
+  stage models 40 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  stage decode_06b 60 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
+    --result-json "$W/decode_06b.json"
+  throughput_06b 60
+}
+
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
   # part34's FMA tiles back with part40's every-thread arrivals and added the DL_MMA_B variant:
   # neither has run on a GPU, so the decoder's tests (the variant's too) and racecheck come first;
