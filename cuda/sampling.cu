@@ -24,8 +24,8 @@
 // exp a token. The H200 measured the earlier layout (a normaliser pass, divisions, then one thread
 // walking its 297-token chunk serially) at 307 us a row and 750 us for 192 rows, 10% of a
 // throughput-workload decode step (scripts/sampler_bench.py, docs/BENCHMARKS.md); its 16-way
-// bisections took top-k 50 to 837 us a row and top-p 0.9 to 1,299 (now 70, 119 and 324 us a row;
-// 131 us for 192 temperature rows, part68). What is left is mostly the passes' loads (the
+// bisections took top-k 50 to 837 us a row and top-p 0.9 to 1,299 (now 69, 119 and 322 us a row;
+// 131 us for 192 temperature rows, part69). What is left is mostly the passes' loads (the
 // argmax's, then the weights'; top-p's three radix passes and tie count): one pass keeping a
 // reference max per tile, with more loads in flight, is the next step. Rows whose top-p cut-off falls
 // inside a run of tied logits (ties kept in index order), or whose vocabulary is over
