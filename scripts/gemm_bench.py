@@ -16,7 +16,6 @@ defines of cuda/gemm.cu, MINILLM_CUDA_DEFINES) is timed in a child process after
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -47,6 +46,7 @@ def main() -> int:
         print("== default build", flush=True)
     from minillm.backends.cuda_ops import CudaBackend, wide_product_plan
     from minillm.bench.gpu_timing import graph_us
+    from minillm.bench.report import write_json
 
     be = CudaBackend()
     rng = np.random.default_rng(0)
@@ -80,10 +80,9 @@ def main() -> int:
                       f"{wbytes / best / 1e6:6.2f} {2 * M * N * K / best / 1e6:8.1f} {diff:12.2e}", flush=True)
                 results.append({"product": label, "M": M, "N": N, "K": K, "plan": plan,
                                 "cublas_us": round(us[False], 2), "gemm_us": round(us[True], 2),
-                                "max_rel_diff": diff})
+                                "max_rel_diff": diff if np.isfinite(diff) else None})
     if ns.json:
-        with open(ns.json, "w") as f:
-            json.dump({"results": results}, f, indent=1)
+        write_json(ns.json, {"results": results})
     return 0
 
 

@@ -13,7 +13,6 @@ at which the logits were read once (GB/s): the floor of any sampler is one read 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -39,6 +38,7 @@ def main() -> int:
     ns = p.parse_args()
     from minillm.backends.cuda_ops import CudaBackend
     from minillm.bench.gpu_timing import graph_us
+    from minillm.bench.report import write_json
 
     be = CudaBackend()
     rng = np.random.default_rng(0)
@@ -62,8 +62,7 @@ def main() -> int:
             print(f"{label:26s} {B:4d} {us:9.1f} {us / B:8.2f} {gbs:7.0f}", flush=True)
             results.append({"mode": label, "batch": B, "vocab": V, "us": round(us, 2)})
     if ns.json:
-        with open(ns.json, "w") as f:
-            json.dump({"results": results}, f, indent=1)
+        write_json(ns.json, {"results": results})
     return 0
 
 
