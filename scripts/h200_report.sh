@@ -849,6 +849,14 @@ part69() {  # session 9, call 11: the sampler's argmax pass with 16-byte loads: 
   throughput_06b 60
 }
 
+part70() {  # session 9, call 12: exp_weight's rint and int conversion by the 1.5 * 2^52 shift: the sampler's
+  # tests and bench, throughput
+  setup
+  sampler_checks
+  stage models 40 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  throughput_06b 60
+}
+
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
   # part34's FMA tiles back with part40's every-thread arrivals and added the DL_MMA_B variant:
   # neither has run on a GPU, so the decoder's tests (the variant's too) and racecheck come first;
