@@ -207,8 +207,8 @@ __device__ __forceinline__ double warp_exclusive_scan(double v) {
 
 // e^x for the weights (x <= ~0) in float64, within a few ulp of exp() (~1.3 ulp on 6,000 points
 // checked against exp on the CPU) in ~12 float64 operations instead of exp()'s ~25 (the draw takes
-// one a token). Measured gain small: a temperature-only row 74 -> 71 us (part62 -> part66), so the
-// pass is bound by its loads more than by exp. x = (256 k + j) ln2 / 256 + r with |r| <= ln2 / 512
+// one a token). Measured gain small: a temperature-only row 74 -> 71 us (part62 -> part66), and
+// none from dropping rint (part70), so the pass is bound by its loads more than by exp. x = (256 k + j) ln2 / 256 + r with |r| <= ln2 / 512
 // (Cody-Waite, ln2 in two parts), e^x = 2^k * 2^(j / 256) * e^r, 2^(j / 256) from a table in shared memory (exp2 by the
 // CTA's first 256 threads), e^r by its degree-5 Taylor polynomial (|r|^6 / 720 < 1e-20). Below
 // -708 (e^x < 1e-307): 0.
