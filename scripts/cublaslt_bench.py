@@ -16,7 +16,6 @@ so the engine keeps GemmEx (docs/BENCHMARKS.md).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -40,6 +39,7 @@ def main() -> int:
     from minillm.backends.cublaslt import CublasLt
     from minillm.backends.cuda_ops import CudaBackend
     from minillm.bench.gpu_timing import graph_us
+    from minillm.bench.report import write_json
 
     be = CudaBackend()
     lt = CublasLt(be.stream.ptr, be._blas_ws.data.ptr, be._blas_ws.nbytes)
@@ -71,7 +71,8 @@ def main() -> int:
                     times.append((us, i))
                 best_us, best_i = min(times) if times else (float("nan"), -1)
                 row = dict(product=label, M=M, N=N, K=K, gemmex_us=ex_us, gemmex_tbps=wbytes / ex_us / 1e6,
-                           best_us=best_us, best_tbps=wbytes / best_us / 1e6, best_index=best_i,
+                           best_us=best_us if times else None,  # no candidate: null, not NaN
+                           best_tbps=wbytes / best_us / 1e6 if times else None, best_index=best_i,
                            candidates=len(prod.candidates),
                            us_by_candidate={i: u for u, i in times},
                            max_rel_diff=max(diffs) if diffs else None)
@@ -82,8 +83,7 @@ def main() -> int:
             w = None
     lt.close()
     if ns.json:
-        with open(ns.json, "w") as f:
-            json.dump(results, f, indent=1)
+        write_json(ns.json, results)
     return 0
 
 

@@ -15,7 +15,6 @@ and times it the same way. --case picks cases by label, --splits the split count
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -59,6 +58,7 @@ def main() -> int:
     ns = p.parse_args()
     from minillm.backends.cuda_ops import CudaBackend
     from minillm.bench.gpu_timing import graph_us
+    from minillm.bench.report import write_json
 
     be = CudaBackend()
     variants = {"default": {}}
@@ -119,8 +119,7 @@ def main() -> int:
                   + " ".join(f"{s}:{t:.1f}({kv_bytes / t / 1e6:.2f})" for s, t in times.items()), flush=True)
         kc = vc = bt = q = out = args = None  # free this case's caches before the next
     if ns.json:
-        with open(ns.json, "w") as f:
-            json.dump(results, f, indent=1)
+        write_json(ns.json, results)
     return 0
 
 

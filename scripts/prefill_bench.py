@@ -12,7 +12,6 @@ keys each one sees. The dense bf16 tensor-core peak of the H200 is ~990 TFLOP/s 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -35,6 +34,7 @@ def main() -> int:
     ns = p.parse_args()
     from minillm.backends.cuda_ops import CudaBackend
     from minillm.bench.gpu_timing import graph_us
+    from minillm.bench.report import write_json
 
     be = CudaBackend()
     rng = np.random.default_rng(0)
@@ -67,8 +67,7 @@ def main() -> int:
         print(f"{label:64s} {T:6d} tokens {us:10.1f} us {row['tflops']:7.1f} TFLOP/s", flush=True)
         kc = vc = q = out = args = None
     if ns.json:
-        with open(ns.json, "w") as f:
-            json.dump(results, f, indent=1)
+        write_json(ns.json, results)
     return 0
 
 

@@ -120,8 +120,9 @@ def main() -> int:
         r = run_step(ns.model, ns.batch, ns.ctx, ns.under_ncu, temperature=ns.temperature)
         print(json.dumps(r))
     if ns.json:
-        with open(ns.json, "w") as f:
-            json.dump(r, f, indent=1)
+        from minillm.bench.report import write_json
+
+        write_json(ns.json, r)
     return 0
 
 

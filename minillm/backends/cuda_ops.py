@@ -49,7 +49,8 @@ _DECODE_MAX_Q = 16  # sequences with at most this many new queries in a step tak
 # worth of streaming: what makes one more split not free. Fitted on the H200 (decode_splits)
 _DECODE_SPLIT_COST_KEYS = 128
 # kernels of these cuda/ modules begin with pdl_entry(), so graphs may launch them with PDL
-_PDL_MODULES = ("rows", "norm", "elementwise", "decode_attention", "sampling", "gemv")  # and gemm
+# (cuda/gemm.cu's and cuda/decode_layers.cu's too, added as they load: _load_on_demand)
+_PDL_MODULES = ("rows", "norm", "elementwise", "decode_attention", "sampling", "gemv")
 _PF_ROWS, _PF_BK = 64, 64  # cuda/prefill_attention.cu: query rows per CTA, keys per tile
 # cuda/decode_layers.cu: compute threads (warps) per CTA (one more warp feeds its weight ring), GEMV
 # partial sums a CTA holds, most splits of a KV head, most query heads per KV head it is built for
@@ -741,16 +742,21 @@ class CudaBackend:
             self.blas.gemm_xwt(M, N, K, x.data.ptr, cuda_dtype(x.dtype), ldx, w.data.ptr,
                                cuda_dtype(w.dtype), K, out.data.ptr, cuda_dtype(out.dtype), ldo, beta)
 
-    def _wide_kernel(self, mt: int, sp: int) -> str:
-        """The name of cuda/gemm.cu's instance for (MT, S), loaded (with its shared memory allowed)
-        the first time it is asked for; the first product of 17-256 rows should run eagerly."""
-        name = f"gemm_wx_m{mt}_s{sp}"
+    def _load_on_demand(self, name: str, module: str, kernel: str, smem: int, defines: tuple = ()) -> str:
+        """Compile and load a PDL kernel of an opt-in path the first time it is asked for, with
+        smem bytes of dynamic shared memory allowed; returns the name it is launched by."""
         if name not in self.k:
-            kern = kc.get_kernel("gemm", name, self.debug)
-            kern.max_dynamic_shared_size_bytes = wide_gemm_smem(mt)
+            kern = kc.get_kernel(module, kernel, self.debug, defines)
+            kern.max_dynamic_shared_size_bytes = smem
             self.k[name] = kern
             self._pdl_kernels.add(name)
         return name
+
+    def _wide_kernel(self, mt: int, sp: int) -> str:
+        """cuda/gemm.cu's instance for (MT, S), loaded on first use; the first product of 17-256
+        rows should run eagerly (not while a graph is captured)."""
+        name = f"gemm_wx_m{mt}_s{sp}"
+        return self._load_on_demand(name, "gemm", name, wide_gemm_smem(mt))
 
     def _zero_rows(self, out, M: int, N: int, ldo: int) -> None:
         """Zero the [M, N] rows of out (row stride ldo elements) with memsets, whatever the dtype."""
@@ -822,12 +828,8 @@ class CudaBackend:
         smem = max(fixed + n_slots * slot_bytes, per_sm // 2 + 1024)
         if smem > self.max_smem:
             return None
-        name = f"decode_layers_d{D}_g{G}"
-        if name not in self.k:
-            kern = kc.get_kernel("decode_layers", "decode_layers", self.debug, (f"DL_D={D}", f"DL_G={G}"))
-            kern.max_dynamic_shared_size_bytes = smem
-            self.k[name] = kern
-            self._pdl_kernels.add(name)
+        name = self._load_on_demand(f"decode_layers_d{D}_g{G}", "decode_layers", "decode_layers", smem,
+                                    (f"DL_D={D}", f"DL_G={G}"))
         cp = self.cp
         ptr = lambda a: 0 if a is None else a.data.ptr  # noqa: E731
         table = np.array([[ptr(lw.attn_norm), ptr(lw.qkv), ptr(lw.qkv_bias), ptr(lw.q_norm), ptr(lw.k_norm),

@@ -120,7 +120,7 @@ def format_table(rungs: list[dict]) -> str:
     return "\n".join(lines) + "\n(times in ms)"
 
 
-def write_json(path: str | Path, obj: dict) -> None:
+def write_json(path: str | Path, obj: dict | list) -> None:
     # NaN is not JSON; the statistics use None for "no data" instead
     Path(path).write_text(json.dumps(obj, indent=2, allow_nan=False) + "\n")
 
