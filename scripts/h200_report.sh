@@ -857,6 +857,28 @@ part70() {  # session 9, call 12: exp_weight's rint and int conversion by the 1.
   throughput_06b 60
 }
 
+part71() {  # session 10, call 1: decode attention with its K/V copied into shared memory by cp.async,
+  # DEC_STAGES iterations in flight (was: loads into registers, waited for by the math), and the
+  # token's sequence read directly in decode steps (was: a bisection of query_start). Its tests, the
+  # same under racecheck/memcheck, the split sweep against the register path and other depths,
+  # throughput with its step profile, 0.6B decode
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage attention_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    -k "attention or decode"
+  stage racecheck_attention 150 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "decode_fixed_parts and bfloat16"
+  stage memcheck_attention 150 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "decode_fixed_parts or paged_attention_shapes and bfloat16-2-128-16"
+  stage decode_splits 240 python3 scripts/decode_splits.py --case "B=1 ctx 512" --case "B=192" --case "B=256 ctx 1024" --case "U[100" \
+    --case "8B B=16" --case "8B B=64" --case 32768 --splits 1,2,3,4,6,8,16,32,49,64 \
+    --variant DEC_STAGES=0 --variant DEC_STAGES=3,DEC_U=2 --variant DEC_STAGES=4,DEC_U=2 --json "$W/decode_splits.json"
+  stage models 40 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  stage throughput_06b 60 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
+    --max-model-len 2048 --max-num-batched-tokens 8192 --profile --result-json "$W/throughput_06b.json"
+  decode_06b 60
+}
+
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
   # part34's FMA tiles back with part40's every-thread arrivals and added the DL_MMA_B variant:
   # neither has run on a GPU, so the decoder's tests (the variant's too) and racecheck come first;
