@@ -136,12 +136,6 @@ __device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, int s
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
 
-// Close this thread's current group of cp.async copies / wait until at most N of its groups are
-// still in flight (then the copies of the older groups are visible to this thread).
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
 // Sum over the whole block (blockDim.x a multiple of 32, at most 1024). `scratch` holds 32
 // values; every thread gets the result. Ends with a barrier, so scratch can be reused at once.
 template <typename F>

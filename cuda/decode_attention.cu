@@ -43,15 +43,8 @@
 #ifndef DEC_MIN_BLOCKS
 #define DEC_MIN_BLOCKS 1
 #endif
-#ifndef DEC_STAGES  // iterations of K/V copies in flight (cp.async into shared memory); 0: loads into registers
-#define DEC_STAGES 2
-#endif
 #ifndef DEC_NO_MATH  // scripts/decode_splits.py --variant DEC_NO_MATH=1: loads without the math
 #define DEC_NO_MATH 0
-#endif
-#if DEC_NO_MATH  // the loads' ceiling is measured on the register path
-#undef DEC_STAGES
-#define DEC_STAGES 0
 #endif
 #ifndef DEC_CPL  // 16-byte chunks of a K/V row per lane (1: 16 lanes a bf16 d128 row; 2: 8 lanes)
 #define DEC_CPL 1
@@ -83,7 +76,7 @@ __device__ __forceinline__ void decode_attention_impl(
     const T* __restrict__ kc, const T* __restrict__ vc,  // [num_blocks, bs, KH, D]
     const int* __restrict__ block_tables, int bt_stride,
     const int* __restrict__ seq_lens, const int* __restrict__ query_start, int B, int n_tokens,
-    T* __restrict__ out, i64 o_tok, i64 o_head,
+    int t_begin, T* __restrict__ out, i64 o_tok, i64 o_head,
     float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counters,
     int KH, int block_size, int num_blocks, float scale_log2, int causal, int n_splits,
     int min_part, int max_nq) {
@@ -93,30 +86,23 @@ __device__ __forceinline__ void decode_attention_impl(
   constexpr int LPK = D / VEC / CPL;  // lanes per key row
   constexpr int NG = DEC_THREADS / LPK;
   static_assert(LPK >= 2 && LPK <= 32 && (32 % LPK) == 0, "head_dim must give 2..32 lanes a row");
-  static_assert(DEC_STAGES == 0 || DEC_STAGES >= 2, "DEC_STAGES: 0 (loads into registers) or >= 2");
-  constexpr int STAGE_SLOTS = DEC_STAGES * DEC_U * 2 * CPL * DEC_THREADS;  // 16-byte K/V slots
-  union Smem {  // the pipeline's stages, then (after a barrier) the key groups' partial sums
-    uint4 stage[STAGE_SLOTS > 0 ? STAGE_SLOTS : 1];
-    float acc[NG][G][D];
-  };
-  __shared__ Smem smem;
   __shared__ float s_ml[NG][G][2];
+  __shared__ float s_acc[NG][G][D];
   __shared__ float s_w[G][64];  // the merging CTA's per-split weights (n_splits <= 64)
   __shared__ float s_den[G];
   __shared__ int s_last;
 
   const int tid = threadIdx.x, kl = tid % LPK, grp = tid / LPK;
-  const int t = blockIdx.x, kh = blockIdx.y, split = blockIdx.z;
+  // token t = t_begin + blockIdx.x: a launch may take only the rows [t_begin, n_tokens) of a
+  // step (two-batch overlap runs each half on its own stream); partials and split counters are
+  // indexed by the launch's own row tl, so each half brings its own scratch
+  const int tl = blockIdx.x, t = t_begin + tl, kh = blockIdx.y, split = blockIdx.z;
   const int H = KH * G;
   if (t >= n_tokens || t >= query_start[B]) return;  // rows outside every sequence: untouched
   int lo = 0, hi = B - 1;  // last b with query_start[b] <= t (skips empty sequences)
-  if (t < B && query_start[t] == t && query_start[t + 1] == t + 1) {
-    lo = t;  // a decode step's one token a sequence: two independent loads, not a bisection's
-  } else {   // ceil(log2 B) dependent ones (~3 us of a CTA's latency at B = 256)
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (query_start[mid] <= t) lo = mid; else hi = mid - 1;
-    }
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (query_start[mid] <= t) lo = mid; else hi = mid - 1;
   }
   const int b = lo;
   const int qs = query_start[b];
@@ -162,124 +148,9 @@ __device__ __forceinline__ void decode_attention_impl(
   }
 
   const int* bt = block_tables + (i64)b * bt_stride;
-  // Everything a key group does with DEC_U keys whose K/V chunks get_k(u, j) / get_v(u, j)
-  // returns: scores, one softmax rescale, the weighted V sum. Keys at or past k_end are skipped
-  // (their chunks may hold anything); validity is uniform within a key group.
-  auto consume = [&](int k0, auto get_k, auto get_v) {
-    float s[DEC_U][G];  // scores, complete after the shuffles
-#pragma unroll
-    for (int u = 0; u < DEC_U; ++u) {
-      float kf[E];
-#pragma unroll
-      for (int j = 0; j < CPL; ++j) Vec16<T>::to_f(get_k(u, j), kf + j * VEC);
-#pragma unroll
-      for (int g = 0; g < G; ++g) {
-        float d = 0.f;
-#pragma unroll
-        for (int i = 0; i < E; ++i) d = fmaf(qv[g][i], kf[i], d);
-        s[u][g] = d;
-      }
-#pragma unroll
-      for (int o = LPK / 2; o > 0; o >>= 1)
-#pragma unroll
-        for (int g = 0; g < G; ++g) s[u][g] += __shfl_xor_sync(0xffffffffu, s[u][g], o);
-    }
-    if (k0 >= k_end) return;
-    // one softmax rescale per DEC_U keys: the running max moves once a chunk, so acc and l are
-    // scaled once and each key adds p * v
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      float m_new = m[g];
-#pragma unroll
-      for (int u = 0; u < DEC_U; ++u)
-        if (k0 + u < k_end) m_new = fmaxf(m_new, s[u][g]);
-      const float alpha = exp2f(m[g] - m_new);  // 0 while m is still -inf; m_new is finite
-      l[g] *= alpha;
-#pragma unroll
-      for (int i = 0; i < E; ++i) acc[g][i] *= alpha;
-      m[g] = m_new;
-    }
-#pragma unroll
-    for (int u = 0; u < DEC_U; ++u) {
-      if (k0 + u < k_end) {
-        float vf[E];
-#pragma unroll
-        for (int j = 0; j < CPL; ++j) Vec16<T>::to_f(get_v(u, j), vf + j * VEC);
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-          const float p = exp2f(s[u][g] - m[g]);
-          l[g] += p;
-#pragma unroll
-          for (int i = 0; i < E; ++i) acc[g][i] = fmaf(p, vf[i], acc[g][i]);
-        }
-      }
-    }
-  };
-  // Element offset of key `key`'s row chunk for this lane in the cache, its block `phys`.
-  auto row_off = [&](int key, int phys) -> i64 {
-    return (((i64)phys * block_size + (key % block_size)) * KH + kh) * D + kl * VEC;
-  };
-  auto block_of = [&](int key) -> int {
-    const int lb = key / block_size;
-    MINILLM_CHECK(lb < bt_stride);
-    const int phys = bt[lb];
-    MINILLM_CHECK(phys >= 0 && phys < num_blocks);
-    return phys;
-  };
-  constexpr int KPI = NG * DEC_U;  // keys a CTA takes per iteration
-
-#if DEC_STAGES > 0
-  // Pipelined: each thread copies its own K/V chunks of the next DEC_STAGES - 1 iterations into
-  // shared memory with cp.async while it computes on the current one, so a CTA keeps its loads
-  // in flight through its math (with loads into registers, a CTA's loads waited for its math and
-  // a CTA read only ~6 GB/s, so a ragged batch's tail of long contexts ran below the bandwidth).
-  // A thread reads back only the slots it wrote: no barrier, only cp.async.wait_group.
-  const int n_iter = max(0, (k_end - k_lo + KPI - 1) / KPI);
-  int ph[DEC_U];  // physical blocks of the next iteration to issue
-  auto load_blocks = [&](int it) {
-    const int k0 = k_lo + it * KPI + grp * DEC_U;
-#pragma unroll
-    for (int u = 0; u < DEC_U; ++u) ph[u] = k0 + u < k_end ? block_of(k0 + u) : 0;
-  };
-  auto slot = [&](int st, int u, int kv, int j) -> uint4* {
-    return smem.stage + (((st * DEC_U + u) * 2 + kv) * CPL + j) * DEC_THREADS + tid;
-  };
-  auto issue = [&](int it) {
-    const int k0 = k_lo + it * KPI + grp * DEC_U, st = it % DEC_STAGES;
-#pragma unroll
-    for (int u = 0; u < DEC_U; ++u) {
-      const bool ok = k0 + u < k_end;
-      const i64 off = ok ? row_off(k0 + u, ph[u]) : 0;  // 0 bytes copied (zeros) past k_end
-#pragma unroll
-      for (int j = 0; j < CPL; ++j) {
-        minillm::cp_async_16(minillm::smem_u32(slot(st, u, 0, j)), kc + off + j * LPK * VEC, ok ? 16 : 0);
-        minillm::cp_async_16(minillm::smem_u32(slot(st, u, 1, j)), vc + off + j * LPK * VEC, ok ? 16 : 0);
-      }
-    }
-  };
-#pragma unroll
-  for (int it = 0; it < DEC_STAGES - 1; ++it) {
-    if (it < n_iter) {
-      load_blocks(it);
-      issue(it);
-    }
-    minillm::cp_async_commit();
-  }
-  if (DEC_STAGES - 1 < n_iter) load_blocks(DEC_STAGES - 1);
-  for (int it = 0; it < n_iter; ++it) {
-    minillm::cp_async_wait<DEC_STAGES - 2>();  // iteration it's copies have landed
-    const int nx = it + DEC_STAGES - 1;  // its slots were read (by this thread) last iteration
-    if (nx < n_iter) issue(nx);
-    minillm::cp_async_commit();
-    if (nx + 1 < n_iter) load_blocks(nx + 1);  // used next iteration: its latency hides here
-    const int st = it % DEC_STAGES;
-    consume(k_lo + it * KPI + grp * DEC_U, [&](int u, int j) { return *slot(st, u, 0, j); },
-            [&](int u, int j) { return *slot(st, u, 1, j); });
-  }
-  __syncthreads();  // every thread is done with the stages: s_acc reuses their memory
-#else
-  // Loads into registers: all DEC_U keys' loads issued before any is used.
-  for (int base = k_lo; base < k_end; base += KPI) {
+  // The loop bound is uniform over the CTA (shuffles below need whole warps); keys past k_end
+  // load nothing and update nothing.
+  for (int base = k_lo; base < k_end; base += NG * DEC_U) {
     const int k0 = base + grp * DEC_U;
     uint4 kr[DEC_U][CPL], vr[DEC_U][CPL];
 #pragma unroll
@@ -288,7 +159,11 @@ __device__ __forceinline__ void decode_attention_impl(
 #pragma unroll
       for (int j = 0; j < CPL; ++j) kr[u][j] = vr[u][j] = make_uint4(0u, 0u, 0u, 0u);
       if (key < k_end) {
-        const i64 off = row_off(key, block_of(key));
+        const int lb = key / block_size;
+        MINILLM_CHECK(lb < bt_stride);
+        const int phys = bt[lb];
+        MINILLM_CHECK(phys >= 0 && phys < num_blocks);
+        const i64 off = (((i64)phys * block_size + (key - lb * block_size)) * KH + kh) * D + kl * VEC;
 #pragma unroll
         for (int j = 0; j < CPL; ++j) {
           kr[u][j] = __ldg(reinterpret_cast<const uint4*>(kc + off + j * LPK * VEC));
@@ -308,9 +183,56 @@ __device__ __forceinline__ void decode_attention_impl(
       }
     continue;
 #endif
-    consume(k0, [&](int u, int j) { return kr[u][j]; }, [&](int u, int j) { return vr[u][j]; });
+    float s[DEC_U][G];  // scores, complete after the shuffles
+#pragma unroll
+    for (int u = 0; u < DEC_U; ++u) {
+      float kf[E];
+#pragma unroll
+      for (int j = 0; j < CPL; ++j) Vec16<T>::to_f(kr[u][j], kf + j * VEC);
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        float d = 0.f;
+#pragma unroll
+        for (int i = 0; i < E; ++i) d = fmaf(qv[g][i], kf[i], d);
+        s[u][g] = d;
+      }
+#pragma unroll
+      for (int o = LPK / 2; o > 0; o >>= 1)
+#pragma unroll
+        for (int g = 0; g < G; ++g) s[u][g] += __shfl_xor_sync(0xffffffffu, s[u][g], o);
+    }
+    // one softmax rescale per DEC_U keys: the running max moves once a chunk, so acc and l are
+    // scaled once and each key adds p * v (validity is uniform within a key group)
+    if (k0 < k_end) {
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        float m_new = m[g];
+#pragma unroll
+        for (int u = 0; u < DEC_U; ++u)
+          if (k0 + u < k_end) m_new = fmaxf(m_new, s[u][g]);
+        const float alpha = exp2f(m[g] - m_new);  // 0 while m is still -inf; m_new is finite
+        l[g] *= alpha;
+#pragma unroll
+        for (int i = 0; i < E; ++i) acc[g][i] *= alpha;
+        m[g] = m_new;
+      }
+#pragma unroll
+      for (int u = 0; u < DEC_U; ++u) {
+        if (k0 + u < k_end) {
+          float vf[E];
+#pragma unroll
+          for (int j = 0; j < CPL; ++j) Vec16<T>::to_f(vr[u][j], vf + j * VEC);
+#pragma unroll
+          for (int g = 0; g < G; ++g) {
+            const float p = exp2f(s[u][g] - m[g]);
+            l[g] += p;
+#pragma unroll
+            for (int i = 0; i < E; ++i) acc[g][i] = fmaf(p, vf[i], acc[g][i]);
+          }
+        }
+      }
+    }
   }
-#endif
 
   // ---- merge the key groups of this CTA
 #pragma unroll
@@ -322,7 +244,7 @@ __device__ __forceinline__ void decode_attention_impl(
 #pragma unroll
     for (int j = 0; j < CPL; ++j)
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) smem.acc[grp][g][(kl + j * LPK) * VEC + i] = acc[g][j * VEC + i];
+      for (int i = 0; i < VEC; ++i) s_acc[grp][g][(kl + j * LPK) * VEC + i] = acc[g][j * VEC + i];
   }
   __syncthreads();
   for (int e = tid; e < G * D; e += DEC_THREADS) {
@@ -334,14 +256,14 @@ __device__ __forceinline__ void decode_attention_impl(
       for (int r = 0; r < NG; ++r) {
         const float w = exp2f(s_ml[r][g][0] - M);
         den = fmaf(w, s_ml[r][g][1], den);
-        o = fmaf(w, smem.acc[r][g][d], o);
+        o = fmaf(w, s_acc[r][g][d], o);
       }
     }
     const int h = kh * G + g;
     if (n_active == 1) {  // the whole context in one CTA: no partials, no merge
       out[(i64)t * o_tok + (i64)h * o_head + d] = minillm::from_f<T>(den > 0.f ? o / den : 0.f);
     } else {  // every active split writes its partial: the merge reads all of them
-      const i64 p = ((i64)t * H + h) * n_splits + split;
+      const i64 p = ((i64)tl * H + h) * n_splits + split;
       part_o[p * D + d] = o;
       if (d == 0) {
         part_ml[2 * p] = M;
@@ -355,7 +277,7 @@ __device__ __forceinline__ void decode_attention_impl(
   __threadfence();
   __syncthreads();
   if (tid == 0) {
-    const int prev = atomicAdd(counters + (i64)t * KH + kh, 1);
+    const int prev = atomicAdd(counters + (i64)tl * KH + kh, 1);
     s_last = prev == n_active - 1;
   }
   __syncthreads();
@@ -363,7 +285,7 @@ __device__ __forceinline__ void decode_attention_impl(
   __threadfence();
   for (int g = tid >> 5; g < G; g += DEC_THREADS / 32) {  // warp per head: split weights
     const int lane = tid & 31;
-    const i64 p0 = ((i64)t * H + kh * G + g) * n_splits;
+    const i64 p0 = ((i64)tl * H + kh * G + g) * n_splits;
     float M = minillm::neg_inf();
     for (int s = lane; s < n_active; s += 32) M = fmaxf(M, __ldcg(part_ml + 2 * (p0 + s)));
     M = minillm::warp_max(M);
@@ -381,7 +303,7 @@ __device__ __forceinline__ void decode_attention_impl(
   for (int e = tid; e < G * D; e += DEC_THREADS) {
     const int g = e / D, d = e - g * D;
     const int h = kh * G + g;
-    const i64 p0 = ((i64)t * H + h) * n_splits;
+    const i64 p0 = ((i64)tl * H + h) * n_splits;
     float o = 0.f;
     for (int s = 0; s < n_active; ++s) {
       const float w = s_w[g][s];
@@ -390,21 +312,23 @@ __device__ __forceinline__ void decode_attention_impl(
     const float den = s_den[g];
     out[(i64)t * o_tok + (i64)h * o_head + d] = minillm::from_f<T>(den > 0.f ? o / den : 0.f);
   }
-  if (tid == 0) counters[(i64)t * KH + kh] = 0;  // ready for the next step (or graph replay)
+  if (tid == 0) counters[(i64)tl * KH + kh] = 0;  // ready for the next step (or graph replay)
 }
 
 }  // namespace
 
-// paged_decode_<dtype>_d<D>_g<G>: grid (tokens, KH, n_splits), DEC_THREADS threads.
+// paged_decode_<dtype>_d<D>_g<G>: grid (n_tokens - t_begin, KH, n_splits), DEC_THREADS threads.
 #define MINILLM_DECODE(SUFFIX, T, D, G)                                                           \
   extern "C" __global__ void __launch_bounds__(DEC_THREADS, (G) <= 2 ? DEC_MIN_BLOCKS_SMALL_G : (G) <= 4 ? DEC_MIN_BLOCKS_MID_G : DEC_MIN_BLOCKS) paged_decode_##SUFFIX##_d##D##_g##G( \
       const T* q, i64 q_tok, i64 q_head, const T* kc, const T* vc, const int* block_tables,       \
-      int bt_stride, const int* seq_lens, const int* query_start, int B, int n_tokens, T* out,    \
+      int bt_stride, const int* seq_lens, const int* query_start, int B, int n_tokens,           \
+      int t_begin, T* out,                                                                        \
       i64 o_tok, i64 o_head, float* part_o, float* part_ml, int* counters, int KH,                \
       int block_size, int num_blocks, float scale_log2, int causal, int n_splits, int min_part,   \
       int max_nq) {                                                                               \
     decode_attention_impl<T, D, G>(q, q_tok, q_head, kc, vc, block_tables, bt_stride, seq_lens,   \
-                                   query_start, B, n_tokens, out, o_tok, o_head, part_o, part_ml, \
+                                   query_start, B, n_tokens, t_begin, out, o_tok, o_head, part_o, \
+                                   part_ml,                                                       \
                                    counters, KH, block_size, num_blocks, scale_log2, causal,      \
                                    n_splits, min_part, max_nq);                                   \
   }

@@ -879,6 +879,31 @@ part71() {  # session 10, call 1: decode attention with its K/V copied into shar
   decode_06b 60
 }
 
+part72() {  # session 10, call 2: two-batch overlap (a decode step of >= MINILLM_TWO_BATCH rows runs as two
+  # halves on two streams; part71's shared-memory pipeline for decode attention was slower and is
+  # reverted). Every GPU test, throughput off / at 64 / at 128 rows, the batch-192 graph off / on,
+  # throughput's step profile, 0.6B decode
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage gpu_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" \
+    tests/test_two_batch.py tests/test_cuda_ops.py tests/test_dflash_graphs.py tests/test_gpu_engine.py \
+    tests/test_cuda_model.py tests/test_async_scheduling.py tests/test_prompt_logprobs.py -k "not smollm2 and not debug_build"
+  stage models 40 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  local tb
+  for tb in 0 64 128; do
+    stage "throughput_06b_tb$tb" 60 env MINILLM_TWO_BATCH=$tb python3 -m minillm.bench throughput $M/q06 \
+      --device cuda --max-num-seqs 256 --max-model-len 2048 --max-num-batched-tokens 8192 \
+      --result-json "$W/throughput_06b_tb$tb.json"
+  done
+  for tb in 0 64; do
+    stage "graph_q06_b192_c1024_t06_tb$tb" 90 env MINILLM_TWO_BATCH=$tb python3 scripts/step_kernels.py $M/q06 \
+      --batch 192 --ctx 1024 --temperature 0.6 --json "$W/graph_q06_b192_c1024_t06_tb$tb.json"
+  done
+  stage throughput_06b_profile 60 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
+    --max-model-len 2048 --max-num-batched-tokens 8192 --profile --result-json "$W/throughput_06b_profile.json"
+  decode_06b 60
+}
+
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
   # part34's FMA tiles back with part40's every-thread arrivals and added the DL_MMA_B variant:
   # neither has run on a GPU, so the decoder's tests (the variant's too) and racecheck come first;
