@@ -76,7 +76,7 @@ __device__ __forceinline__ void decode_attention_impl(
     const T* __restrict__ kc, const T* __restrict__ vc,  // [num_blocks, bs, KH, D]
     const int* __restrict__ block_tables, int bt_stride,
     const int* __restrict__ seq_lens, const int* __restrict__ query_start, int B, int n_tokens,
-    int t_begin, T* __restrict__ out, i64 o_tok, i64 o_head,
+    T* __restrict__ out, i64 o_tok, i64 o_head,
     float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counters,
     int KH, int block_size, int num_blocks, float scale_log2, int causal, int n_splits,
     int min_part, int max_nq) {
@@ -93,10 +93,7 @@ __device__ __forceinline__ void decode_attention_impl(
   __shared__ int s_last;
 
   const int tid = threadIdx.x, kl = tid % LPK, grp = tid / LPK;
-  // token t = t_begin + blockIdx.x: a launch may take only the rows [t_begin, n_tokens) of a
-  // step (two-batch overlap runs each half on its own stream); partials and split counters are
-  // indexed by the launch's own row tl, so each half brings its own scratch
-  const int tl = blockIdx.x, t = t_begin + tl, kh = blockIdx.y, split = blockIdx.z;
+  const int t = blockIdx.x, kh = blockIdx.y, split = blockIdx.z;
   const int H = KH * G;
   if (t >= n_tokens || t >= query_start[B]) return;  // rows outside every sequence: untouched
   int lo = 0, hi = B - 1;  // last b with query_start[b] <= t (skips empty sequences)
@@ -263,7 +260,7 @@ __device__ __forceinline__ void decode_attention_impl(
     if (n_active == 1) {  // the whole context in one CTA: no partials, no merge
       out[(i64)t * o_tok + (i64)h * o_head + d] = minillm::from_f<T>(den > 0.f ? o / den : 0.f);
     } else {  // every active split writes its partial: the merge reads all of them
-      const i64 p = ((i64)tl * H + h) * n_splits + split;
+      const i64 p = ((i64)t * H + h) * n_splits + split;
       part_o[p * D + d] = o;
       if (d == 0) {
         part_ml[2 * p] = M;
@@ -277,7 +274,7 @@ __device__ __forceinline__ void decode_attention_impl(
   __threadfence();
   __syncthreads();
   if (tid == 0) {
-    const int prev = atomicAdd(counters + (i64)tl * KH + kh, 1);
+    const int prev = atomicAdd(counters + (i64)t * KH + kh, 1);
     s_last = prev == n_active - 1;
   }
   __syncthreads();
@@ -285,7 +282,7 @@ __device__ __forceinline__ void decode_attention_impl(
   __threadfence();
   for (int g = tid >> 5; g < G; g += DEC_THREADS / 32) {  // warp per head: split weights
     const int lane = tid & 31;
-    const i64 p0 = ((i64)tl * H + kh * G + g) * n_splits;
+    const i64 p0 = ((i64)t * H + kh * G + g) * n_splits;
     float M = minillm::neg_inf();
     for (int s = lane; s < n_active; s += 32) M = fmaxf(M, __ldcg(part_ml + 2 * (p0 + s)));
     M = minillm::warp_max(M);
@@ -303,7 +300,7 @@ __device__ __forceinline__ void decode_attention_impl(
   for (int e = tid; e < G * D; e += DEC_THREADS) {
     const int g = e / D, d = e - g * D;
     const int h = kh * G + g;
-    const i64 p0 = ((i64)tl * H + h) * n_splits;
+    const i64 p0 = ((i64)t * H + h) * n_splits;
     float o = 0.f;
     for (int s = 0; s < n_active; ++s) {
       const float w = s_w[g][s];
@@ -312,23 +309,21 @@ __device__ __forceinline__ void decode_attention_impl(
     const float den = s_den[g];
     out[(i64)t * o_tok + (i64)h * o_head + d] = minillm::from_f<T>(den > 0.f ? o / den : 0.f);
   }
-  if (tid == 0) counters[(i64)tl * KH + kh] = 0;  // ready for the next step (or graph replay)
+  if (tid == 0) counters[(i64)t * KH + kh] = 0;  // ready for the next step (or graph replay)
 }
 
 }  // namespace
 
-// paged_decode_<dtype>_d<D>_g<G>: grid (n_tokens - t_begin, KH, n_splits), DEC_THREADS threads.
+// paged_decode_<dtype>_d<D>_g<G>: grid (tokens, KH, n_splits), DEC_THREADS threads.
 #define MINILLM_DECODE(SUFFIX, T, D, G)                                                           \
   extern "C" __global__ void __launch_bounds__(DEC_THREADS, (G) <= 2 ? DEC_MIN_BLOCKS_SMALL_G : (G) <= 4 ? DEC_MIN_BLOCKS_MID_G : DEC_MIN_BLOCKS) paged_decode_##SUFFIX##_d##D##_g##G( \
       const T* q, i64 q_tok, i64 q_head, const T* kc, const T* vc, const int* block_tables,       \
-      int bt_stride, const int* seq_lens, const int* query_start, int B, int n_tokens,           \
-      int t_begin, T* out,                                                                        \
+      int bt_stride, const int* seq_lens, const int* query_start, int B, int n_tokens, T* out,    \
       i64 o_tok, i64 o_head, float* part_o, float* part_ml, int* counters, int KH,                \
       int block_size, int num_blocks, float scale_log2, int causal, int n_splits, int min_part,   \
       int max_nq) {                                                                               \
     decode_attention_impl<T, D, G>(q, q_tok, q_head, kc, vc, block_tables, bt_stride, seq_lens,   \
-                                   query_start, B, n_tokens, t_begin, out, o_tok, o_head, part_o, \
-                                   part_ml,                                                       \
+                                   query_start, B, n_tokens, out, o_tok, o_head, part_o, part_ml, \
                                    counters, KH, block_size, num_blocks, scale_log2, causal,      \
                                    n_splits, min_part, max_nq);                                   \
   }

@@ -15,11 +15,10 @@ bucket shape.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,8 +44,6 @@ _SAMPLE_THREADS = 512  # cuda/sampling.cu
 # cuda/decode_attention.cu: instantiated head dims and query heads per KV head; at most
 # _DECODE_MAX_SPLITS splits of at least _DECODE_MIN_PART keys each.
 _DECODE_HEAD_DIMS, _DECODE_MAX_G, _DECODE_MAX_SPLITS, _DECODE_MIN_PART = (64, 128), 8, 64, 64
-# two-batch overlap from this many decode tokens on (MINILLM_TWO_BATCH overrides; 0: off)
-_TWO_BATCH_DEFAULT = 64
 _DECODE_MAX_Q = 16  # sequences with at most this many new queries in a step take the decode kernel
 # a decode CTA's fixed cost (loading q, merging key groups, writing and merging a partial), in keys'
 # worth of streaming: what makes one more split not free. Fitted on the H200 (decode_splits)
@@ -275,33 +272,6 @@ def _copy_unit(*byte_values: int) -> tuple[str, int]:
     raise TypeError("row copies need 2-byte aligned rows")
 
 
-def two_batch_min_tokens() -> int:
-    """MINILLM_TWO_BATCH: the fewest tokens of a decode step that the model runs as two halves on
-    two streams (two-batch overlap); 0 turns it off (and no second stream is made)."""
-    raw = os.environ.get("MINILLM_TWO_BATCH", str(_TWO_BATCH_DEFAULT))
-    try:
-        v = int(raw)
-    except ValueError:
-        raise ValueError(f"MINILLM_TWO_BATCH={raw!r}: give the fewest decode tokens to split "
-                         "(an integer >= 2), or 0 for off") from None
-    if v < 0 or v == 1:
-        raise ValueError(f"MINILLM_TWO_BATCH={v}: give an integer >= 2, or 0 for off")
-    return v
-
-
-@dataclass
-class _Lane:
-    """What an op is enqueued through: a stream, a cuBLAS handle bound to it with its own
-    workspace, the PDL launcher, and the decode kernel's split scratch and counters. The backend
-    has a main lane and, for two-batch overlap, a side lane (CudaBackend.side_lane)."""
-
-    stream: object
-    blas: Cublas
-    pdl: object
-    att_scratch: object
-    att_counters: object
-
-
 class CapturedGraph:
     """A CUDA graph recorded from one call of a function; replay() reruns it on the stream."""
 
@@ -364,62 +334,11 @@ class CudaBackend:
             except (OSError, AttributeError) as e:  # no libcuda.so.1 / no cuLaunchKernelEx
                 print(f"minillm: programmatic dependent launch unavailable ({type(e).__name__}: {e}); "
                       "graphs launch kernels plainly", file=sys.stderr)
-        self._main = self._lane()
-        self._side: _Lane | None = None
-        self.two_batch_min_tokens = two_batch_min_tokens()
-        if self.two_batch_min_tokens:
-            self._side = self._make_side_lane(cublas_workspace_bytes, attention_scratch_bytes)
-        self._fork_event = cupy.cuda.Event(disable_timing=True)
-        self._join_event = cupy.cuda.Event(disable_timing=True)
         self._staging = cupy.cuda.alloc_pinned_memory(staging_bytes)
         self._staging_cap = staging_bytes
         self._staging_off = 0
         self._staging_event = cupy.cuda.Event(disable_timing=True)
         self.stream.synchronize()
-
-    # ---- lanes (two-batch overlap) ------------------------------------------------------
-    def _lane(self) -> _Lane:
-        return _Lane(self.stream, self.blas, self.pdl, self._att_scratch, self._att_counters)
-
-    def _use(self, lane: _Lane) -> None:
-        self.stream, self.blas, self.pdl = lane.stream, lane.blas, lane.pdl
-        self._att_scratch, self._att_counters = lane.att_scratch, lane.att_counters
-
-    def _make_side_lane(self, cublas_workspace_bytes: int, attention_scratch_bytes: int) -> _Lane:
-        cupy = self.cp
-        stream = cupy.cuda.Stream(non_blocking=True)
-        with self.arena.label("backend: side stream's cuBLAS workspace + split scratch"), stream:
-            ws = cupy.empty(cublas_workspace_bytes, dtype=np.uint8)
-            scratch = cupy.empty(attention_scratch_bytes // 4, dtype=np.float32)
-            counters = cupy.zeros(self._att_counters.size, dtype=np.int32)
-            if self.mark_blas_outputs:
-                cupy.cuda.runtime.memsetAsync(ws.data.ptr, 0, cublas_workspace_bytes, stream.ptr)
-        stream.synchronize()
-        self._side_ws = ws  # kept alive with the handle that writes it
-        pdl = PdlLauncher(stream.ptr) if self.pdl is not None else None
-        return _Lane(stream, Cublas(stream.ptr, ws.data.ptr, cublas_workspace_bytes), pdl, scratch, counters)
-
-    def fork(self) -> None:
-        """The side lane waits for everything enqueued on the main lane so far."""
-        self._fork_event.record(self._main.stream)
-        self._side.stream.wait_event(self._fork_event)
-
-    @contextlib.contextmanager
-    def side_lane(self) -> Iterator[None]:
-        """Ops inside enqueue on the side lane (after fork(); the main lane waits at join()).
-        During a capture the side stream is part of it, through the fork event."""
-        if self._side is None:
-            raise RuntimeError("side_lane: two-batch overlap is off (MINILLM_TWO_BATCH=0)")
-        self._use(self._side)
-        try:
-            yield
-        finally:
-            self._use(self._main)
-
-    def join(self) -> None:
-        """The main lane waits for everything enqueued on the side lane so far."""
-        self._join_event.record(self._side.stream)
-        self._main.stream.wait_event(self._join_event)
 
     def _load_kernels(self) -> None:
         k = {}
@@ -956,10 +875,9 @@ class CudaBackend:
 
     # ---- attention ----------------------------------------------------------------------
     def paged_attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start,
-                        scale: float, out, causal: bool = True, max_query_len: int | None = None,
-                        token_range: tuple[int, int] | None = None) -> None:
+                        scale: float, out, causal: bool = True, max_query_len: int | None = None) -> None:
         self.attention(q, k_cache, v_cache, block_tables, seq_lens, query_start, scale, out, causal,
-                       max_query_len=max_query_len, token_range=token_range)
+                       max_query_len=max_query_len)
 
     def attention_plan(self, T: int, B: int, H: int, KH: int, D: int, max_ctx: int, itemsize: int,
                        bq: int | None = None, n_splits: int | None = None) -> dict:
@@ -1037,8 +955,7 @@ class CudaBackend:
     def attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start, scale: float,
                   out, causal: bool = True, bq: int | None = None,
                   n_splits: int | None = None, kernel: str | None = None,
-                  max_query_len: int | None = None, part: int | None = None,
-                  token_range: tuple[int, int] | None = None) -> dict:
+                  max_query_len: int | None = None, part: int | None = None) -> dict:
         """paged_attention with an optional forced kernel and launch shape (the tests run every
         variant): "decode" (cuda/decode_attention.cu) or "prefill" (cuda/prefill_attention.cu,
         bf16 tensor cores) for every sequence, "split" (each sequence by its own query count:
@@ -1047,9 +964,7 @@ class CudaBackend:
         By default bf16 steps split per sequence, so a token's attention does not depend on what
         shares its step (batch invariance: speculative verification in bf16 needs it), and a step
         whose max_query_len (a host hint; unknown: T) is at most _DECODE_MAX_Q launches the decode
-        kernel alone. fp32 storage (tests) takes the decode kernel for short steps, else tiled.
-        token_range=(t0, t1): only rows t0..t1-1, by the decode kernel (the model's two-batch
-        overlap runs a decode step's two halves on two streams)."""
+        kernel alone. fp32 storage (tests) takes the decode kernel for short steps, else tiled."""
         T, H, D = q.shape
         if T == 0:
             return {}
@@ -1063,14 +978,6 @@ class CudaBackend:
         for a, n in ((block_tables, "block_tables"), (seq_lens, "seq_lens"), (query_start, "query_start")):
             if a.dtype != np.int32:
                 raise TypeError(f"paged_attention: {n} must be int32, got {a.dtype}")
-        if token_range is not None:
-            t0, t1 = token_range
-            if not (0 <= t0 < t1 <= T) or not self._decode_kernel_fits(q, k_cache, out):
-                raise ValueError(f"paged_attention: token_range {token_range} of {T} rows needs the "
-                                 "decode kernel and 0 <= t0 < t1 <= T")
-            return {**self._decode_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start,
-                                             scale, out, causal, n_splits, part, 1 << 30, t0, t1),
-                    "kernel": "decode"}
         short = (max_query_len if max_query_len is not None else T) <= _DECODE_MAX_Q
         if kernel is None:
             if bq is None and short and self._decode_kernel_fits(q, k_cache, out):
@@ -1132,11 +1039,8 @@ class CudaBackend:
 
     def _decode_attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start,
                           scale: float, out, causal: bool, n_splits: int | None, part: int | None,
-                          max_nq: int, t0: int = 0, t1: int | None = None) -> dict:
-        """Rows t0..t1-1 of q (all by default); partials and split counters by row within them."""
-        _, H, D = q.shape
-        t1 = q.shape[0] if t1 is None else t1
-        T = t1 - t0
+                          max_nq: int) -> dict:
+        T, H, D = q.shape
         _, bs, KH, _ = k_cache.shape
         B = seq_lens.shape[0]
         p = self.decode_plan(T, H, KH, D, block_tables.shape[1] * bs, n_splits, part)
@@ -1147,7 +1051,7 @@ class CudaBackend:
         self._launch(
             f"paged_decode_{_suffix(q.dtype)}_d{D}_g{H // KH}", (T, KH, ns), (_ATT_THREADS,),
             (q, _i64(q.strides[0] // it), _i64(q.strides[1] // it), k_cache, v_cache, block_tables,
-             _i32(block_tables.shape[1]), seq_lens, query_start, _i32(B), _i32(t1), _i32(t0), out,
+             _i32(block_tables.shape[1]), seq_lens, query_start, _i32(B), _i32(T), out,
              _i64(out.strides[0] // it), _i64(out.strides[1] // it), part_o, part_ml,
              self._att_counters, _i32(KH), _i32(bs), _i32(k_cache.shape[0]),
              np.float32(scale * math.log2(math.e)), _i32(1 if causal else 0), _i32(ns),
@@ -1187,7 +1091,4 @@ class CudaBackend:
         """Release the cuBLAS handle and hand CuPy its previous allocator back."""
         self.synchronize()
         self.blas.close()
-        if self._side is not None:
-            self._side.stream.synchronize()
-            self._side.blas.close()
         self.arena.uninstall()

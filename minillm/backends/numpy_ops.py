@@ -11,7 +11,6 @@ Shapes (T tokens in a step, B sequences, H query heads, KH kv heads, D head_dim)
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,12 +43,9 @@ class NumpyBackend:
     # multithreaded OpenBLAS gemv on a busy 2-core machine was measured 20x slower (docs/BENCHMARKS.md)
     SINGLE_THREAD_ROWS = 64
 
-    def __init__(self, two_batch_min_tokens: int = 0) -> None:
+    def __init__(self) -> None:
         from threadpoolctl import ThreadpoolController
 
-        # the model's two-batch overlap (CudaBackend: two streams) runs here one half after the
-        # other; off unless asked for (tests check that the halves give the unsplit step's result)
-        self.two_batch_min_tokens = two_batch_min_tokens
         self._blas = [c for c in ThreadpoolController().lib_controllers if c.user_api == "blas"]
         self._max_threads = max((c.num_threads for c in self._blas), default=1)
         self._threads = self._max_threads
@@ -59,16 +55,6 @@ class NumpyBackend:
             for c in self._blas:
                 c.set_num_threads(n)
             self._threads = n
-
-    # ---- lanes: one stream of work here, so the side lane is the main one --------------------
-    def fork(self) -> None:
-        pass
-
-    def side_lane(self) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext()
-
-    def join(self) -> None:
-        pass
 
     # ---- memory -------------------------------------------------------------------------
     def asarray(self, host: np.ndarray, dtype=None) -> np.ndarray:
@@ -199,7 +185,6 @@ class NumpyBackend:
     def paged_attention(
         self, q, k_cache, v_cache, block_tables, seq_lens, query_start, scale: float, out,
         causal: bool = True, max_query_len: int | None = None,
-        token_range: tuple[int, int] | None = None,
     ) -> None:
         """Grouped-query attention of each sequence's new queries over its paged context.
 
@@ -207,22 +192,18 @@ class NumpyBackend:
         causal, sees keys at positions <= its own; non-causal queries see the whole context.
         A sequence with seq_lens[b] == 0 is padding: its rows are written as zeros.
         max_query_len is the CUDA backend's launch hint (the most new queries of any sequence);
-        the result does not depend on it. token_range=(t0, t1): only rows t0..t1-1 are written.
+        the result does not depend on it.
         """
-        T, H, D = q.shape
-        t0, t1 = (0, T) if token_range is None else token_range
-        if not 0 <= t0 < t1 <= T:
-            raise ValueError(f"paged_attention: token_range {token_range} of {T} rows")
+        _, H, D = q.shape
         bs, KH = k_cache.shape[1], k_cache.shape[2]
         G = H // KH
         for b in range(len(seq_lens)):
             s, e = int(query_start[b]), int(query_start[b + 1])
             nq, L = e - s, int(seq_lens[b])
-            lo, hi = max(s, t0), min(e, t1)  # this sequence's rows to write
-            if lo >= hi:
+            if nq == 0:
                 continue
             if L == 0:
-                out[lo:hi] = 0.0
+                out[s:e] = 0.0
                 continue
             nb = -(-L // bs)
             blocks = block_tables[b, :nb]
@@ -237,7 +218,7 @@ class NumpyBackend:
             p = np.exp(scores)
             p /= p.sum(axis=-1, keepdims=True)
             o = p @ v[:, None]  # [KH, G, nq, D]
-            out[lo:hi] = o.transpose(2, 0, 1, 3).reshape(nq, H, D)[lo - s : hi - s]
+            out[s:e] = o.transpose(2, 0, 1, 3).reshape(nq, H, D)
 
     def gather_rows(self, x, idx, out) -> None:
         np.take(x, idx, axis=0, out=out)

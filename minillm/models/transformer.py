@@ -118,25 +118,37 @@ class Transformer:
         T = num_tokens
         k_cache, v_cache = kv
         residual, hidden, normed = ws.residual[:T], ws.hidden[:T], ws.normed[:T]
+        qkv, attn = ws.qkv[:T], ws.attn[:T]
+        q = qkv[:, : c.q_size].reshape(T, c.num_heads, c.head_dim)
+        k = qkv[:, c.q_size : c.q_size + c.kv_size].reshape(T, c.num_kv_heads, c.head_dim)
+        v = qkv[:, c.q_size + c.kv_size :].reshape(T, c.num_kv_heads, c.head_dim)
         hs = c.hidden_size
 
         B.embed(x.input_ids, self.embed, out=residual)
         one_op = T == 1 and self.decoder is not None and causal and not capture_layers
-        half = self.two_batch_split(T, x.max_query_len, causal, capture_layers)
         if one_op:
             B.decode_layers(self.decoder, residual, hidden, k_cache, v_cache, x.positions, x.slot_mapping,
                             x.block_tables, x.seq_lens)
-        elif half:
-            # two-batch overlap: the two halves of a decode step are independent sequences, so
-            # each runs every layer on its own stream, and one half's products and small kernels
-            # fill the SMs that the other half's attention leaves idle
-            B.fork()
-            with B.side_lane():
-                self._layers(x, half, T, kv, ws, causal, (), None, split=True)
-            self._layers(x, 0, half, kv, ws, causal, (), None, split=True)
-            B.join()
-        else:
-            self._layers(x, 0, T, kv, ws, causal, capture_layers, capture_out, split=False)
+        for i, lw in enumerate(() if one_op else self.layers):
+            if i == 0:
+                B.rms_norm(residual, lw.attn_norm, c.rms_norm_eps, out=normed)
+            else:
+                B.rms_norm(hidden, lw.attn_norm, c.rms_norm_eps, out=normed, residual=residual)
+                if i - 1 in capture_layers:
+                    j = capture_layers.index(i - 1)
+                    B.copy(residual, out=capture_out[:T, j * hs : (j + 1) * hs])
+            B.matmul(normed, lw.qkv, out=qkv, bias=lw.qkv_bias)
+            # one kernel: normed + rotated q in place, k and v rows into the paged caches
+            B.qk_norm_rope_store_kv(q, k, v, lw.q_norm, lw.k_norm, c.rms_norm_eps, x.positions,
+                                    self.cos_sin, k_cache[i], v_cache[i], x.slot_mapping)
+            B.paged_attention(q, k_cache[i], v_cache[i], x.block_tables, x.seq_lens,
+                              x.query_start, self.scale, out=attn, causal=causal,
+                              max_query_len=x.max_query_len)
+            B.matmul(attn.reshape(T, c.q_size), lw.o, out=hidden)
+            B.rms_norm(hidden, lw.mlp_norm, c.rms_norm_eps, out=normed, residual=residual)
+            # gate_up GEMV and SiLU-and-multiply in one kernel when few rows (ws.gate_up unused then)
+            B.matmul_silu_mul(normed, lw.gate_up, out=ws.act[:T], gate_up=ws.gate_up[:T])
+            B.matmul(ws.act[:T], lw.down, out=hidden)
         B.rms_norm(hidden, self.norm, c.rms_norm_eps, out=normed, residual=residual)
         last_layer = c.num_layers - 1
         if last_layer in capture_layers:  # as in HF's hidden_states, the last one is after the final norm
@@ -146,57 +158,3 @@ class Transformer:
         B.gather_rows(normed, x.logits_indices, out=ws.last[:R])
         B.matmul(ws.last[:R], self.lm_head, out=ws.logits[:R])
         return ws.logits[:R]
-
-    def two_batch_split(self, T: int, max_query_len: int | None, causal: bool,
-                        capture_layers: tuple[int, ...]) -> int:
-        """Where a step's rows split for two-batch overlap, or 0 for no split: only decode steps
-        (one query a sequence, so the halves share no sequence) of at least the backend's
-        two_batch_min_tokens rows; the first half a multiple of 8 rows."""
-        least = getattr(self.backend, "two_batch_min_tokens", 0)
-        if not least or T < least or max_query_len != 1 or not causal or capture_layers:
-            return 0
-        return min(T - 1, (T // 2 + 7) // 8 * 8)
-
-    def _layers(self, x: StepInputs, r0: int, r1: int, kv, ws: Workspace, causal: bool,
-                capture_layers: tuple[int, ...], capture_out, split: bool) -> None:
-        """Every decoder layer for rows r0..r1-1 of the step (all of them unless split)."""
-        B, c = self.backend, self.cfg
-        T = r1 - r0
-        rows = slice(r0, r1)
-        k_cache, v_cache = kv
-        residual, hidden, normed = ws.residual[rows], ws.hidden[rows], ws.normed[rows]
-        qkv = ws.qkv[rows]
-        # q and the attention output from row 0: a split launch takes rows r0.. by absolute index
-        q_all = ws.qkv[:r1, : c.q_size].reshape(r1, c.num_heads, c.head_dim)
-        q = q_all[r0:]
-        k = qkv[:, c.q_size : c.q_size + c.kv_size].reshape(T, c.num_kv_heads, c.head_dim)
-        v = qkv[:, c.q_size + c.kv_size :].reshape(T, c.num_kv_heads, c.head_dim)
-        attn_all = ws.attn[:r1]
-        attn = attn_all[r0:]
-        positions, slots = x.positions[rows], x.slot_mapping[rows]
-        hs = c.hidden_size
-        for i, lw in enumerate(self.layers):
-            if i == 0:
-                B.rms_norm(residual, lw.attn_norm, c.rms_norm_eps, out=normed)
-            else:
-                B.rms_norm(hidden, lw.attn_norm, c.rms_norm_eps, out=normed, residual=residual)
-                if i - 1 in capture_layers:
-                    j = capture_layers.index(i - 1)
-                    B.copy(residual, out=capture_out[rows, j * hs : (j + 1) * hs])
-            B.matmul(normed, lw.qkv, out=qkv, bias=lw.qkv_bias)
-            # one kernel: normed + rotated q in place, k and v rows into the paged caches
-            B.qk_norm_rope_store_kv(q, k, v, lw.q_norm, lw.k_norm, c.rms_norm_eps, positions,
-                                    self.cos_sin, k_cache[i], v_cache[i], slots)
-            if split:  # q and out by absolute row: the kernel finds each row's sequence in query_start
-                B.paged_attention(q_all, k_cache[i], v_cache[i], x.block_tables, x.seq_lens,
-                                  x.query_start, self.scale, out=attn_all, causal=causal,
-                                  max_query_len=x.max_query_len, token_range=(r0, r1))
-            else:
-                B.paged_attention(q, k_cache[i], v_cache[i], x.block_tables, x.seq_lens,
-                                  x.query_start, self.scale, out=attn, causal=causal,
-                                  max_query_len=x.max_query_len)
-            B.matmul(attn.reshape(T, c.q_size), lw.o, out=hidden)
-            B.rms_norm(hidden, lw.mlp_norm, c.rms_norm_eps, out=normed, residual=residual)
-            # gate_up GEMV and SiLU-and-multiply in one kernel when few rows (ws.gate_up unused then)
-            B.matmul_silu_mul(normed, lw.gate_up, out=ws.act[rows], gate_up=ws.gate_up[rows])
-            B.matmul(ws.act[rows], lw.down, out=hidden)
