@@ -32,7 +32,38 @@ CASES = [("0.6B B=1 ctx 512", 16, 8, 1, 512), ("0.6B B=8 ctx 2048", 16, 8, 8, 20
          # the same lengths, longest first: does the CTA order of a ragged batch matter?
          ("0.6B B=256 ctx desc U[100, 2048]", 16, 8, 256, (100, 2048, "desc")),
          ("8B B=1 ctx 512", 32, 8, 1, 512), ("8B B=1 ctx 32768", 32, 8, 1, 32768),
-         ("8B B=16 ctx 4096", 32, 8, 16, 4096), ("8B B=64 ctx 2048", 32, 8, 64, 2048)]
+         ("8B B=16 ctx 4096", 32, 8, 16, 4096), ("8B B=64 ctx 2048", 32, 8, 64, 2048),
+         # where the blocks lie: "pool xN" draws a step's blocks from a pool N times what it reads
+         # (the engine's pool is sized for max-num-seqs x max-model-len); "compact" from exactly
+         # what it reads; "seq" gives each sequence consecutive blocks (the other cases: random)
+         ("0.6B B=256 ctx 1024 pool x4", 16, 8, 256, 1024, "x4"),
+         ("0.6B B=256 ctx 1024 pool x8", 16, 8, 256, 1024, "x8"),
+         ("0.6B B=256 ctx 1024 seq", 16, 8, 256, 1024, "seq"),
+         ("0.6B B=256 ctx U[100, 2048] compact", 16, 8, 256, (100, 2048), "x1"),
+         ("0.6B B=256 ctx U[100, 2048] seq", 16, 8, 256, (100, 2048), "seq")]
+
+
+def block_tables(rng, lens, bs: int, nbps: int, pool: str | None) -> tuple[np.ndarray, int]:
+    """Block tables [B, nbps] and the pool's block count. None: a random permutation of B x nbps
+    blocks (every row full, whatever its length); "xN": each row's blocks drawn at random from N
+    times the blocks the rows read; "seq": row after row, each row's blocks consecutive."""
+    B = len(lens)
+    if pool is None:
+        return rng.permutation(B * nbps).reshape(B, nbps), B * nbps
+    need = [-(-int(n) // bs) for n in lens]
+    bt = np.zeros((B, nbps), np.int64)
+    if pool == "seq":
+        starts = np.concatenate([[0], np.cumsum(need)])
+        for b, n in enumerate(need):
+            bt[b, :n] = np.arange(starts[b], starts[b] + n)
+        return bt, int(starts[-1])
+    total = int(pool[1:]) * sum(need)
+    picked = rng.choice(total, sum(need), replace=False)
+    o = 0
+    for b, n in enumerate(need):
+        bt[b, :n] = picked[o: o + n]
+        o += n
+    return bt, total
 
 
 def load_variant(be, defines: list[str]) -> dict:
@@ -56,6 +87,8 @@ def main() -> int:
     p.add_argument("--plan-only", action="store_true", help="time only the split count the plan picks "
                    "(for ncu: one kernel per case and variant)")
     ns = p.parse_args()
+    import cupy
+
     from minillm.backends.cuda_ops import CudaBackend
     from minillm.bench.gpu_timing import graph_us
     from minillm.bench.report import write_json
@@ -75,7 +108,7 @@ def main() -> int:
     results = []
     print(f"{'case':24s} {'variant':28s} {'slots':>5s} {'plan':>5s} {'best':>5s} {'plan us':>9s} "
           f"{'best us':>9s} {'plan/best':>9s}  us (TB/s) by splits")
-    for label, H, KH, B, ctx in CASES:
+    for label, H, KH, B, ctx, *pool in CASES:
         if ns.case and not any(c in label for c in ns.case):
             continue
         if isinstance(ctx, int):
@@ -87,9 +120,15 @@ def main() -> int:
                 lens = np.sort(lens)[::-1].copy()
         max_ctx = int(lens.max())
         nbps = -(-max_ctx // bs)
-        kc = be.asarray(rng.standard_normal((B * nbps, bs, KH, D), dtype=np.float32))
-        vc = be.asarray(rng.standard_normal((B * nbps, bs, KH, D), dtype=np.float32))
-        bt = i32(rng.permutation(B * nbps).reshape(B, nbps))
+        tables, nblocks = block_tables(rng, lens, bs, nbps, pool[0] if pool else None)
+        if pool:  # large pools: random bf16 bit patterns in [0.125, 1) made on the device
+            kc, vc = (be.empty((nblocks, bs, KH, D)) for _ in range(2))
+            for c in (kc, vc):
+                c.view(cupy.uint16)[...] = cupy.random.randint(0x3E00, 0x3F80, c.shape, dtype=cupy.int32)
+        else:
+            kc = be.asarray(rng.standard_normal((nblocks, bs, KH, D), dtype=np.float32))
+            vc = be.asarray(rng.standard_normal((nblocks, bs, KH, D), dtype=np.float32))
+        bt = i32(tables)
         q = be.asarray(rng.standard_normal((B, H, D), dtype=np.float32))
         out = be.empty((B, H, D))
         sl, qs = i32(lens), i32(np.arange(B + 1))

@@ -904,6 +904,14 @@ part72() {  # session 10, call 2: two-batch overlap (a decode step of >= MINILLM
   decode_06b 60
 }
 
+part73() {  # session 10, call 3: is the ragged batch's shortfall the blocks' spread over a large pool?
+  # Decode attention at B = 256 with the blocks drawn from pools 1-8x what a step reads, or each
+  # sequence's blocks consecutive
+  setup
+  stage decode_splits_pool 200 python3 scripts/decode_splits.py --case "B=256 ctx" --splits 1,2,3,4 \
+    --json "$W/decode_splits_pool.json"
+}
+
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
   # part34's FMA tiles back with part40's every-thread arrivals and added the DL_MMA_B variant:
   # neither has run on a GPU, so the decoder's tests (the variant's too) and racecheck come first;
