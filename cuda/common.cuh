@@ -136,6 +136,35 @@ __device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, int s
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
 
+// Qwen3's per-head q/k step for one head of D values, by one warp: RMS-normalised with weights w
+// (skipped when w is null; rounded to storage like the NumPy twin, which stores the normalised
+// head before rotating it), then rotated (rotate-half RoPE with the position's cos/sin row cs:
+// cos in its first half, sin in its second). b is D floats of scratch; store(i, value) gets
+// element i of the result, rounded to storage, for i = lane, lane + 32, ... Shared by
+// norm.cu's qk_norm_rope kernels and decode_attention.cu's fused decode step, so both round alike.
+template <typename T, typename Store>
+__device__ __forceinline__ void warp_qk_norm_rope(const T* x, const T* w, float eps, const float* cs,
+                                                  float* b, int D, int lane, Store store) {
+  float ss = 0.f;
+  for (int i = lane; i < D; i += 32) {
+    const float xi = to_f(x[i]);
+    b[i] = xi;
+    ss += xi * xi;
+  }
+  if (w != nullptr) {
+    const float rstd = rsqrtf(warp_sum(ss) / (float)D + eps);
+    for (int i = lane; i < D; i += 32) b[i] = to_f(from_f<T>(b[i] * rstd * to_f(w[i])));
+  }
+  __syncwarp();
+  const int half = D / 2;
+  for (int i = lane; i < D; i += 32) {
+    const int j = i < half ? i : i - half;
+    const float c = cs[j], s = cs[half + j];
+    const float r = i < half ? b[i] * c - b[i + half] * s : b[i] * c + b[i - half] * s;
+    store(i, from_f<T>(r));
+  }
+}
+
 // Sum over the whole block (blockDim.x a multiple of 32, at most 1024). `scratch` holds 32
 // values; every thread gets the result. Ends with a barrier, so scratch can be reused at once.
 template <typename F>

@@ -70,7 +70,27 @@ struct Vec16<float> {
   }
 };
 
-template <typename T, int D, int G>
+// What the fused decode step (paged_decode_rope_*) needs beyond attention: the step's raw k and v
+// rows, Qwen3's q/k norm weights (null: no norm), RoPE's cos/sin table and the KV slot per token.
+template <typename T>
+struct RopeArgs {
+  const T* k = nullptr;
+  i64 k_tok = 0, k_head = 0;
+  const T* v = nullptr;
+  i64 v_tok = 0, v_head = 0;
+  const T* q_w = nullptr;
+  const T* k_w = nullptr;
+  float eps = 0.f;
+  const int* positions = nullptr;
+  const float* cos_sin = nullptr;
+  int max_pos = 0;
+  const int* slots = nullptr;
+  i64 n_slots = 0;
+  T* k_cache = nullptr;  // the caches kc / vc, writable
+  T* v_cache = nullptr;
+};
+
+template <typename T, int D, int G, bool ROPE>
 __device__ __forceinline__ void decode_attention_impl(
     const T* __restrict__ q, i64 q_tok, i64 q_head,
     const T* __restrict__ kc, const T* __restrict__ vc,  // [num_blocks, bs, KH, D]
@@ -79,7 +99,7 @@ __device__ __forceinline__ void decode_attention_impl(
     T* __restrict__ out, i64 o_tok, i64 o_head,
     float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counters,
     int KH, int block_size, int num_blocks, float scale_log2, int causal, int n_splits,
-    int min_part, int max_nq) {
+    int min_part, int max_nq, const RopeArgs<T>& ra) {
   minillm::pdl_entry();
   constexpr int VEC = Vec16<T>::N;
   constexpr int CPL = DEC_CPL;   // 16-byte chunks of a row per lane
@@ -91,6 +111,9 @@ __device__ __forceinline__ void decode_attention_impl(
   __shared__ float s_w[G][64];  // the merging CTA's per-split weights (n_splits <= 64)
   __shared__ float s_den[G];
   __shared__ int s_last;
+  // ROPE: the G q heads and the new k, v rows after norm + RoPE (rounded to storage), and scratch
+  __shared__ float s_rot[ROPE ? G + 2 : 1][ROPE ? D : 1];
+  __shared__ float s_tmp[ROPE ? DEC_THREADS / 32 : 1][ROPE ? D : 1];
 
   const int tid = threadIdx.x, kl = tid % LPK, grp = tid / LPK;
   const int t = blockIdx.x, kh = blockIdx.y, split = blockIdx.z;
@@ -121,6 +144,46 @@ __device__ __forceinline__ void decode_attention_impl(
     k_end = min(k_hi, k_lo + part);
   }
 
+  // ---- ROPE (a decode step's fused q/k norm + RoPE + KV store): every CTA normalises and rotates
+  // its G q heads (warp per head, norm.cu's arithmetic); the CTA whose split ends at the newest
+  // key also does the token's k head, stores k and v to the token's slot, and adds that key from
+  // shared memory after its loop (no CTA ever reads a cache row written in this launch).
+  bool fresh = false;  // this CTA stores and appends the newest key (uniform over the CTA)
+  if constexpr (ROPE) {
+    MINILLM_CHECK(nq == 1 || L == 0);  // one new token a sequence: no other row needs this key
+    const i64 slot = ra.slots[t];
+    MINILLM_CHECK(slot < ra.n_slots);
+    fresh = slot >= 0 && k_hi == L && L > 0 && k_end == k_hi;
+    const int pos = ra.positions[t];
+    MINILLM_CHECK(pos >= 0 && pos < ra.max_pos);
+    const float* cs = ra.cos_sin + (i64)pos * D;
+    const int warp = tid >> 5, lane = tid & 31;
+    for (int hh = warp; hh < G + (fresh ? 2 : 0); hh += DEC_THREADS / 32) {  // warp-uniform
+      float* dst = s_rot[hh];
+      if (hh == G + 1) {  // v: copied as it is
+        const T* src = ra.v + (i64)t * ra.v_tok + (i64)kh * ra.v_head;
+        T* row = ra.v_cache + (slot * KH + kh) * D;
+        for (int i = lane; i < D; i += 32) {
+          row[i] = src[i];
+          dst[i] = minillm::to_f(src[i]);
+        }
+        continue;
+      }
+      const bool is_q = hh < G;
+      const T* x = is_q ? q + (i64)t * q_tok + (i64)(kh * G + hh) * q_head
+                        : ra.k + (i64)t * ra.k_tok + (i64)kh * ra.k_head;
+      T* row = is_q ? nullptr : ra.k_cache + (slot * KH + kh) * D;
+      minillm::warp_qk_norm_rope<T>(x, is_q ? ra.q_w : ra.k_w, ra.eps, cs, s_tmp[warp], D, lane,
+                                    [&](int i, T o) {
+                                      dst[i] = minillm::to_f(o);
+                                      if (row) row[i] = o;
+                                    });
+      __syncwarp();  // s_tmp[warp] is the next head's scratch
+    }
+    __syncthreads();
+    if (fresh) --k_end;  // the newest key comes from s_rot after the loop
+  }
+
   // ---- this token's G query heads, pre-scaled by softmax scale * log2(e). Lane kl holds the
   // CPL 16-byte chunks kl, kl + LPK, ... of each row (so LPK lanes read a row's 16 * LPK bytes
   // contiguously per load), element i of chunk j at dims (kl + j * LPK) * VEC + i.
@@ -130,8 +193,14 @@ __device__ __forceinline__ void decode_attention_impl(
   for (int g = 0; g < G; ++g) {
     const T* qp = q + (i64)t * q_tok + (i64)(kh * G + g) * q_head;
 #pragma unroll
-    for (int j = 0; j < CPL; ++j)
-      Vec16<T>::to_f(__ldg(reinterpret_cast<const uint4*>(qp + (kl + j * LPK) * VEC)), qv[g] + j * VEC);
+    for (int j = 0; j < CPL; ++j) {
+      if constexpr (ROPE) {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) qv[g][j * VEC + i] = s_rot[g][(kl + j * LPK) * VEC + i];
+      } else {
+        Vec16<T>::to_f(__ldg(reinterpret_cast<const uint4*>(qp + (kl + j * LPK) * VEC)), qv[g] + j * VEC);
+      }
+    }
 #pragma unroll
     for (int i = 0; i < E; ++i) qv[g][i] *= scale_log2;
   }
@@ -231,6 +300,41 @@ __device__ __forceinline__ void decode_attention_impl(
     }
   }
 
+  // ---- ROPE: key group 0 adds the newest key (its k and v in s_rot) to its running softmax;
+  // the whole first warp runs the shuffles, the other groups in it discard the result
+  if constexpr (ROPE) {
+    if (fresh && tid < 32) {
+      float sc[G];
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        float d = 0.f;
+#pragma unroll
+        for (int j = 0; j < CPL; ++j)
+#pragma unroll
+          for (int i = 0; i < VEC; ++i) d = fmaf(qv[g][j * VEC + i], s_rot[G][(kl + j * LPK) * VEC + i], d);
+#pragma unroll
+        for (int o = LPK / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+        sc[g] = d;
+      }
+      if (grp == 0) {
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          const float m_new = fmaxf(m[g], sc[g]);
+          const float alpha = exp2f(m[g] - m_new), p = exp2f(sc[g] - m_new);
+          l[g] = fmaf(l[g], alpha, p);
+#pragma unroll
+          for (int j = 0; j < CPL; ++j)
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) {
+              const int e = j * VEC + i;
+              acc[g][e] = fmaf(acc[g][e], alpha, p * s_rot[G + 1][(kl + j * LPK) * VEC + i]);
+            }
+          m[g] = m_new;
+        }
+      }
+    }
+  }
+
   // ---- merge the key groups of this CTA
 #pragma unroll
   for (int g = 0; g < G; ++g) {
@@ -322,17 +426,44 @@ __device__ __forceinline__ void decode_attention_impl(
       i64 o_tok, i64 o_head, float* part_o, float* part_ml, int* counters, int KH,                \
       int block_size, int num_blocks, float scale_log2, int causal, int n_splits, int min_part,   \
       int max_nq) {                                                                               \
-    decode_attention_impl<T, D, G>(q, q_tok, q_head, kc, vc, block_tables, bt_stride, seq_lens,   \
+    decode_attention_impl<T, D, G, false>(q, q_tok, q_head, kc, vc, block_tables, bt_stride, seq_lens,   \
                                    query_start, B, n_tokens, out, o_tok, o_head, part_o, part_ml, \
                                    counters, KH, block_size, num_blocks, scale_log2, causal,      \
-                                   n_splits, min_part, max_nq);                                   \
+                                   n_splits, min_part, max_nq, RopeArgs<T>());                    \
+  }
+
+// paged_decode_rope_<dtype>_d<D>_g<G>: the same grid, on a decode step (one new token a
+// sequence): q is the raw q rows; the q/k norm + RoPE and the KV store of norm.cu's
+// qk_norm_rope_store_kv happen inside (its k rows are not updated in place).
+#define MINILLM_DECODE_ROPE(SUFFIX, T, D, G)                                                      \
+  extern "C" __global__ void __launch_bounds__(DEC_THREADS, (G) <= 2 ? DEC_MIN_BLOCKS_SMALL_G : (G) <= 4 ? DEC_MIN_BLOCKS_MID_G : DEC_MIN_BLOCKS) paged_decode_rope_##SUFFIX##_d##D##_g##G( \
+      const T* q, i64 q_tok, i64 q_head, T* kc, T* vc, const int* block_tables, int bt_stride,   \
+      const int* seq_lens, const int* query_start, int B, int n_tokens, T* out, i64 o_tok,       \
+      i64 o_head, float* part_o, float* part_ml, int* counters, int KH, int block_size,           \
+      int num_blocks, float scale_log2, int n_splits, int min_part, const T* k, i64 k_tok,        \
+      i64 k_head, const T* v, i64 v_tok, i64 v_head, const T* q_w, const T* k_w, float eps,      \
+      const int* positions, const float* cos_sin, int max_pos, const int* slots, i64 n_slots) {  \
+    RopeArgs<T> ra;                                                                               \
+    ra.k = k; ra.k_tok = k_tok; ra.k_head = k_head;                                               \
+    ra.v = v; ra.v_tok = v_tok; ra.v_head = v_head;                                               \
+    ra.q_w = q_w; ra.k_w = k_w; ra.eps = eps;                                                     \
+    ra.positions = positions; ra.cos_sin = cos_sin; ra.max_pos = max_pos;                         \
+    ra.slots = slots; ra.n_slots = n_slots; ra.k_cache = kc; ra.v_cache = vc;                     \
+    decode_attention_impl<T, D, G, true>(q, q_tok, q_head, kc, vc, block_tables, bt_stride,       \
+                                         seq_lens, query_start, B, n_tokens, out, o_tok, o_head,  \
+                                         part_o, part_ml, counters, KH, block_size, num_blocks,   \
+                                         scale_log2, 1, n_splits, min_part, 1, ra);               \
   }
 
 #define MINILLM_DECODE_G(SUFFIX, T, D)                                                   \
   MINILLM_DECODE(SUFFIX, T, D, 1) MINILLM_DECODE(SUFFIX, T, D, 2)                       \
   MINILLM_DECODE(SUFFIX, T, D, 3) MINILLM_DECODE(SUFFIX, T, D, 4)                       \
   MINILLM_DECODE(SUFFIX, T, D, 5) MINILLM_DECODE(SUFFIX, T, D, 6)                       \
-  MINILLM_DECODE(SUFFIX, T, D, 7) MINILLM_DECODE(SUFFIX, T, D, 8)
+  MINILLM_DECODE(SUFFIX, T, D, 7) MINILLM_DECODE(SUFFIX, T, D, 8)                       \
+  MINILLM_DECODE_ROPE(SUFFIX, T, D, 1) MINILLM_DECODE_ROPE(SUFFIX, T, D, 2)             \
+  MINILLM_DECODE_ROPE(SUFFIX, T, D, 3) MINILLM_DECODE_ROPE(SUFFIX, T, D, 4)             \
+  MINILLM_DECODE_ROPE(SUFFIX, T, D, 5) MINILLM_DECODE_ROPE(SUFFIX, T, D, 6)             \
+  MINILLM_DECODE_ROPE(SUFFIX, T, D, 7) MINILLM_DECODE_ROPE(SUFFIX, T, D, 8)
 
 MINILLM_DECODE_G(bf16, bf16, 64)
 MINILLM_DECODE_G(bf16, bf16, 128)

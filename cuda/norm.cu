@@ -83,31 +83,10 @@ __device__ __forceinline__ void qk_norm_rope_impl(
   const T* w = is_q ? q_w : k_w;
   const int pos = positions[t];
   MINILLM_CHECK(pos >= 0 && pos < max_pos);
-  float* b = buf[warp];
-  float ss = 0.f;
-  for (int i = lane; i < D; i += 32) {
-    const float xi = minillm::to_f(x[i]);
-    b[i] = xi;
-    ss += xi * xi;
-  }
-  if (w != nullptr) {
-    const float rstd = rsqrtf(minillm::warp_sum(ss) / (float)D + eps);
-    for (int i = lane; i < D; i += 32) {
-      // round like the NumPy twin, which stores the normalised head before rotating it
-      b[i] = minillm::to_f(minillm::from_f<T>(b[i] * rstd * minillm::to_f(w[i])));
-    }
-  }
-  __syncwarp();
-  const int half = D / 2;
-  const float* cs = cos_sin + (i64)pos * D;
-  for (int i = lane; i < D; i += 32) {
-    const int j = i < half ? i : i - half;
-    const float c = cs[j], s = cs[half + j];
-    const float r = i < half ? b[i] * c - b[i + half] * s : b[i] * c + b[i - half] * s;
-    const T o = minillm::from_f<T>(r);
+  minillm::warp_qk_norm_rope<T>(x, w, eps, cos_sin + (i64)pos * D, buf[warp], D, lane, [&](int i, T o) {
     x[i] = o;
     if (cache_row) cache_row[i] = o;
-  }
+  });
 }
 
 #define MINILLM_NORM(SUFFIX, T)                                                                 \

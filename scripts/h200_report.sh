@@ -912,6 +912,27 @@ part73() {  # session 10, call 3: is the ragged batch's shortfall the blocks' sp
     --json "$W/decode_splits_pool.json"
 }
 
+part74() {  # session 10, call 4: the decode step's q/k norm + RoPE + KV store folded into the decode
+  # attention kernel (paged_decode_rope_*; 28-36 fewer launches a step). Every GPU test, the new
+  # op's tests under memcheck and racecheck, 0.6B decode, throughput, the batch-192 graph, 8B decode
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage gpu_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" \
+    tests/test_cuda_ops.py tests/test_dflash_graphs.py tests/test_gpu_engine.py tests/test_cuda_model.py \
+    tests/test_async_scheduling.py tests/test_prompt_logprobs.py -k "not smollm2 and not debug_build"
+  stage memcheck_decode_step 150 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "decode_step_attention and bfloat16"
+  stage racecheck_decode_step 200 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "decode_step_attention and bfloat16 and 128"
+  stage models 40 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  decode_06b 60
+  throughput_06b 60
+  stage graph_q06_b192_c1024_t06 90 python3 scripts/step_kernels.py $M/q06 --batch 192 --ctx 1024 \
+    --temperature 0.6 --json "$W/graph_q06_b192_c1024_t06.json"
+  stage models_8b 90 python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force
+  decode_8b 90
+}
+
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
   # part34's FMA tiles back with part40's every-thread arrivals and added the DL_MMA_B variant:
   # neither has run on a GPU, so the decoder's tests (the variant's too) and racecheck come first;

@@ -616,6 +616,72 @@ def test_paged_attention_long_context(be, bs):
                                      ("prefill", None, None)])
 
 
+@pytest.mark.parametrize("G", [1, 2, 4, 8])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_decode_step_attention(be, G, D, qk_norm):
+    """The fused decode step (q/k norm + RoPE + KV store inside the decode kernel) against the
+    oracle, and against the same backend's two ops: caches bit for bit, attention to tolerance.
+    Contexts 1 to 700 (the newest key alone, in one split or the last of several), a padding
+    sequence of two rows (seq_len 0, slot -1) and a row outside every sequence."""
+    if be.dtype == np.float32 and (G in (2, 8) or not qk_norm):
+        pytest.skip("fp32 storage: a representative subset is enough")
+    rng = np.random.default_rng(G * 100 + D + qk_norm)
+    KH, bs = 2, 16
+    H = KH * G
+    lens = [1, 17, 64, 65, 300, 700]
+    B = len(lens)
+    T = B + 3  # B decode rows, the padding sequence's two rows, one unused row
+    cs, qkv, qw, kw, pos = rope_case(rng, T, H, KH, D)
+    nbps = -(-max(lens) // bs)
+    nb = B * nbps + 2
+    tables = rng.permutation(nb)[: B * nbps].reshape(B, nbps).astype(np.int32)
+    tables = np.vstack([tables, np.zeros((1, nbps), np.int32)])
+    sl = np.asarray(lens + [0], np.int32)
+    qs = np.asarray(list(range(B + 1)) + [B + 2], np.int32)
+    pos[:B] = sl[:B] - 1
+    pos[B:] = 0
+    slots = np.full(T, -1, np.int32)
+    slots[:B] = [tables[b, (n - 1) // bs] * bs + (n - 1) % bs for b, n in enumerate(lens)]
+    kc0 = rng.standard_normal((nb, bs, KH, D)).astype(np.float32)
+    vc0 = rng.standard_normal((nb, bs, KH, D)).astype(np.float32)
+
+    def split(a):
+        return (a[:, : H * D].reshape(T, H, D), a[:, H * D: (H + KH) * D].reshape(T, KH, D),
+                a[:, (H + KH) * D:].reshape(T, KH, D))
+
+    def run(fused: bool, n_splits=None):
+        dev, kc, vc = be.asarray(qkv), be.asarray(kc0), be.asarray(vc0)
+        q, k, v = split(dev)
+        w = (be.asarray(qw), be.asarray(kw)) if qk_norm else (None, None)
+        rope = (1e-6, i32(be, pos), be.asarray(cs, dtype=np.float32), kc, vc, i32(be, slots))
+        att = (i32(be, tables), i32(be, sl), i32(be, qs))
+        out = poisoned(be, (T, H, D))
+        if fused:
+            plan = be.decode_step_attention(q, k, v, *w, *rope, *att, D ** -0.5, out, n_splits=n_splits)
+            assert plan["kernel"] == "decode_rope"
+        else:
+            be.qk_norm_rope_store_kv(q, k, v, *w, *rope)
+            be.attention(q, kc, vc, *att, D ** -0.5, out, kernel="decode", n_splits=n_splits)
+        return host(be, out), host(be, kc), host(be, vc)
+
+    ref_q = rounded(be, qkv)
+    rk, rv = rounded(be, kc0), rounded(be, vc0)
+    ref = np.full((T, H, D), np.nan, np.float32)
+    REF.decode_step_attention(*split(ref_q), rounded(be, qw) if qk_norm else None,
+                              rounded(be, kw) if qk_norm else None, 1e-6, pos, cs, rk, rv, slots,
+                              tables, sl, qs, D ** -0.5, ref)
+    for n_splits in (None, 1, 5):
+        for _ in range(2):  # twice: split counters reset themselves
+            got = run(True, n_splits)
+            two = run(False, n_splits)
+            assert np.array_equal(got[1], two[1]) and np.array_equal(got[2], two[2]), "caches differ"
+            assert rel_err(got[0][: B + 2], ref[: B + 2]) < tol(be), n_splits
+            assert rel_err(got[0][: B + 2], two[0][: B + 2]) < tol(be)
+            assert np.isnan(got[0][B + 2:]).all(), "the unused row must stay untouched"
+            assert rel_err(got[1], rk) < tol(be) and rel_err(got[2], rv) < tol(be)
+
+
 # ---- sampling ---------------------------------------------------------------------------------
 def run_sampler(be, logits, temp, top_p, top_k, seeds, pos):
     B = logits.shape[0]

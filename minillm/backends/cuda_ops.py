@@ -355,8 +355,9 @@ class CudaBackend:
                      "rms_norm_vec1_bf16", "rms_norm_vec2_bf16", "rms_norm_vec4_bf16"],
             "attention": ["paged_attention_bf16", "paged_attention_f32",
                           "attention_combine_bf16", "attention_combine_f32"],
-            "decode_attention": [f"paged_decode_{t}_d{d}_g{g}" for t in ("bf16", "f32")
-                                 for d in _DECODE_HEAD_DIMS for g in range(1, _DECODE_MAX_G + 1)],
+            "decode_attention": [f"paged_decode{r}_{t}_d{d}_g{g}" for r in ("", "_rope")
+                                 for t in ("bf16", "f32") for d in _DECODE_HEAD_DIMS
+                                 for g in range(1, _DECODE_MAX_G + 1)],
             "sampling": ["sample_tokens"],
             "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemm_skinny_bf16", "gemm_skinny_f32"],
         }.items():
@@ -612,7 +613,22 @@ class CudaBackend:
         KH = k.shape[1]
         if T == 0:
             return
-        what = "qk_norm_rope_store_kv"
+        self._check_store_kv("qk_norm_rope_store_kv", q, k, v, positions, cos_sin, k_cache, v_cache,
+                             slot_mapping)
+        it = q.itemsize
+        self._launch(
+            "qk_norm_rope_store_kv_" + _suffix(q.dtype), (T, _cdiv(H + 2 * KH, 4)), (128,),
+            (q, _i64(q.strides[0] // it), _i64(q.strides[1] // it), k, _i64(k.strides[0] // it),
+             _i64(k.strides[1] // it), v, _i64(v.strides[0] // it), _i64(v.strides[1] // it),
+             q_w if q_w is not None else _NULL, k_w if k_w is not None else _NULL, np.float32(eps),
+             positions, cos_sin, _i32(cos_sin.shape[0]), k_cache, v_cache, slot_mapping,
+             _i64(k_cache.shape[0] * k_cache.shape[1]), _i32(T), _i32(H), _i32(KH), _i32(D)),
+        )
+
+    def _check_store_kv(self, what: str, q, k, v, positions, cos_sin, k_cache, v_cache,
+                        slot_mapping) -> None:
+        T, H, D = q.shape
+        KH = k.shape[1]
         self._check_qk_rope(what, q, k, positions, cos_sin)
         if v.shape != k.shape or v.strides[2] != v.itemsize:
             raise ValueError(f"{what}: v {v.shape} must have k's shape {k.shape}, heads contiguous")
@@ -626,15 +642,6 @@ class CudaBackend:
                             f"{k_cache.dtype}/{v_cache.dtype} differ")
         if slot_mapping.dtype != np.int32:
             raise TypeError(f"{what}: slot_mapping must be int32, got {slot_mapping.dtype}")
-        it = q.itemsize
-        self._launch(
-            "qk_norm_rope_store_kv_" + _suffix(q.dtype), (T, _cdiv(H + 2 * KH, 4)), (128,),
-            (q, _i64(q.strides[0] // it), _i64(q.strides[1] // it), k, _i64(k.strides[0] // it),
-             _i64(k.strides[1] // it), v, _i64(v.strides[0] // it), _i64(v.strides[1] // it),
-             q_w if q_w is not None else _NULL, k_w if k_w is not None else _NULL, np.float32(eps),
-             positions, cos_sin, _i32(cos_sin.shape[0]), k_cache, v_cache, slot_mapping,
-             _i64(k_cache.shape[0] * k_cache.shape[1]), _i32(T), _i32(H), _i32(KH), _i32(D)),
-        )
 
     def silu_mul(self, gate_up, out) -> None:
         rows, gs = _rows(gate_up, "silu_mul gate_up")
@@ -878,6 +885,48 @@ class CudaBackend:
                         scale: float, out, causal: bool = True, max_query_len: int | None = None) -> None:
         self.attention(q, k_cache, v_cache, block_tables, seq_lens, query_start, scale, out, causal,
                        max_query_len=max_query_len)
+
+    def decode_step_attention(self, q, k, v, q_w, k_w, eps: float, positions, cos_sin, k_cache,
+                              v_cache, slot_mapping, block_tables, seq_lens, query_start,
+                              scale: float, out, n_splits: int | None = None) -> dict:
+        """qk_norm_rope_store_kv then causal paged_attention, for a step of one new token a
+        sequence, in one launch (cuda/decode_attention.cu's paged_decode_rope_*: each CTA rotates
+        its own q heads; the one whose split ends at the newest key stores k and v and adds that
+        key from shared memory). q and k are not updated in place. Shapes the decode kernel does
+        not take run the two ops."""
+        T, H, D = q.shape
+        if T == 0:
+            return {}
+        self._check_store_kv("decode_step_attention", q, k, v, positions, cos_sin, k_cache, v_cache,
+                             slot_mapping)
+        _, bs, KH, _ = k_cache.shape
+        if not self._decode_kernel_fits(q, k_cache, out):
+            self.qk_norm_rope_store_kv(q, k, v, q_w, k_w, eps, positions, cos_sin, k_cache, v_cache,
+                                       slot_mapping)
+            return self.attention(q, k_cache, v_cache, block_tables, seq_lens, query_start, scale,
+                                  out, True, max_query_len=1)
+        for a, n in ((block_tables, "block_tables"), (seq_lens, "seq_lens"), (query_start, "query_start")):
+            if a.dtype != np.int32:
+                raise TypeError(f"decode_step_attention: {n} must be int32, got {a.dtype}")
+        if not block_tables.flags.c_contiguous:
+            raise ValueError("decode_step_attention: block tables must be contiguous")
+        B = seq_lens.shape[0]
+        p = self.decode_plan(T, H, KH, D, block_tables.shape[1] * bs, n_splits)
+        ns = p["n_splits"]
+        it = q.itemsize
+        self._launch(
+            f"paged_decode_rope_{_suffix(q.dtype)}_d{D}_g{H // KH}", (T, KH, ns), (_ATT_THREADS,),
+            (q, _i64(q.strides[0] // it), _i64(q.strides[1] // it), k_cache, v_cache, block_tables,
+             _i32(block_tables.shape[1]), seq_lens, query_start, _i32(B), _i32(T), out,
+             _i64(out.strides[0] // it), _i64(out.strides[1] // it), self._att_scratch,
+             self._att_scratch[T * H * ns * D:], self._att_counters, _i32(KH), _i32(bs),
+             _i32(k_cache.shape[0]), np.float32(scale * math.log2(math.e)), _i32(ns),
+             _i32(p["min_part"]), k, _i64(k.strides[0] // it), _i64(k.strides[1] // it), v,
+             _i64(v.strides[0] // it), _i64(v.strides[1] // it), q_w if q_w is not None else _NULL,
+             k_w if k_w is not None else _NULL, np.float32(eps), positions, cos_sin,
+             _i32(cos_sin.shape[0]), slot_mapping, _i64(k_cache.shape[0] * bs)),
+        )
+        return {**p, "kernel": "decode_rope"}
 
     def attention_plan(self, T: int, B: int, H: int, KH: int, D: int, max_ctx: int, itemsize: int,
                        bq: int | None = None, n_splits: int | None = None) -> dict:

@@ -119,6 +119,17 @@ class NumpyBackend:
         self.qk_norm_rope(q, k, q_w, k_w, eps, positions, cos_sin)
         self.store_kv(k, v, k_cache, v_cache, slot_mapping)
 
+    def decode_step_attention(self, q, k, v, q_w, k_w, eps: float, positions, cos_sin, k_cache,
+                              v_cache, slot_mapping, block_tables, seq_lens, query_start,
+                              scale: float, out) -> None:
+        """qk_norm_rope_store_kv then causal paged_attention, for a step of one new token a
+        sequence (one kernel on the GPU, which leaves q and k as they were; here they are
+        rotated in place, so callers use neither afterwards)."""
+        self.qk_norm_rope_store_kv(q, k, v, q_w, k_w, eps, positions, cos_sin, k_cache, v_cache,
+                                   slot_mapping)
+        self.paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start, scale, out,
+                             causal=True, max_query_len=1)
+
     def matmul(self, x, w, out, bias=None) -> None:
         """out = x @ w.T (+ bias); w in [out_features, in_features] layout."""
         self._blas_threads(1 if x.shape[0] < self.SINGLE_THREAD_ROWS else self._max_threads)

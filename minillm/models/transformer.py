@@ -126,6 +126,9 @@ class Transformer:
 
         B.embed(x.input_ids, self.embed, out=residual)
         one_op = T == 1 and self.decoder is not None and causal and not capture_layers
+        # one new token a sequence (the runner's hint): no row attends to another row's new key,
+        # so each layer's q/k rotation and KV store fold into its attention kernel
+        decode_step = x.max_query_len == 1 and causal
         if one_op:
             B.decode_layers(self.decoder, residual, hidden, k_cache, v_cache, x.positions, x.slot_mapping,
                             x.block_tables, x.seq_lens)
@@ -138,12 +141,17 @@ class Transformer:
                     j = capture_layers.index(i - 1)
                     B.copy(residual, out=capture_out[:T, j * hs : (j + 1) * hs])
             B.matmul(normed, lw.qkv, out=qkv, bias=lw.qkv_bias)
-            # one kernel: normed + rotated q in place, k and v rows into the paged caches
-            B.qk_norm_rope_store_kv(q, k, v, lw.q_norm, lw.k_norm, c.rms_norm_eps, x.positions,
-                                    self.cos_sin, k_cache[i], v_cache[i], x.slot_mapping)
-            B.paged_attention(q, k_cache[i], v_cache[i], x.block_tables, x.seq_lens,
-                              x.query_start, self.scale, out=attn, causal=causal,
-                              max_query_len=x.max_query_len)
+            if decode_step:  # one kernel: q/k norm + RoPE, k and v into the caches, attention
+                B.decode_step_attention(q, k, v, lw.q_norm, lw.k_norm, c.rms_norm_eps, x.positions,
+                                        self.cos_sin, k_cache[i], v_cache[i], x.slot_mapping,
+                                        x.block_tables, x.seq_lens, x.query_start, self.scale, out=attn)
+            else:
+                # one kernel: normed + rotated q in place, k and v rows into the paged caches
+                B.qk_norm_rope_store_kv(q, k, v, lw.q_norm, lw.k_norm, c.rms_norm_eps, x.positions,
+                                        self.cos_sin, k_cache[i], v_cache[i], x.slot_mapping)
+                B.paged_attention(q, k_cache[i], v_cache[i], x.block_tables, x.seq_lens,
+                                  x.query_start, self.scale, out=attn, causal=causal,
+                                  max_query_len=x.max_query_len)
             B.matmul(attn.reshape(T, c.q_size), lw.o, out=hidden)
             B.rms_norm(hidden, lw.mlp_norm, c.rms_norm_eps, out=normed, residual=residual)
             # gate_up GEMV and SiLU-and-multiply in one kernel when few rows (ws.gate_up unused then)
