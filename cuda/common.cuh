@@ -145,22 +145,24 @@ __device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, int s
 template <typename T, typename Store>
 __device__ __forceinline__ void warp_qk_norm_rope(const T* x, const T* w, float eps, const float* cs,
                                                   float* b, int D, int lane, Store store) {
+  // explicit roundings (no contraction into fma): the same bits whichever kernel inlines it
   float ss = 0.f;
   for (int i = lane; i < D; i += 32) {
     const float xi = to_f(x[i]);
     b[i] = xi;
-    ss += xi * xi;
+    ss = __fadd_rn(ss, __fmul_rn(xi, xi));
   }
   if (w != nullptr) {
-    const float rstd = rsqrtf(warp_sum(ss) / (float)D + eps);
-    for (int i = lane; i < D; i += 32) b[i] = to_f(from_f<T>(b[i] * rstd * to_f(w[i])));
+    const float rstd = rsqrtf(__fadd_rn(__fdiv_rn(warp_sum(ss), (float)D), eps));
+    for (int i = lane; i < D; i += 32) b[i] = to_f(from_f<T>(__fmul_rn(__fmul_rn(b[i], rstd), to_f(w[i]))));
   }
   __syncwarp();
   const int half = D / 2;
   for (int i = lane; i < D; i += 32) {
     const int j = i < half ? i : i - half;
     const float c = cs[j], s = cs[half + j];
-    const float r = i < half ? b[i] * c - b[i + half] * s : b[i] * c + b[i - half] * s;
+    const float r = i < half ? __fsub_rn(__fmul_rn(b[i], c), __fmul_rn(b[i + half], s))
+                             : __fadd_rn(__fmul_rn(b[i], c), __fmul_rn(b[i - half], s));
     store(i, from_f<T>(r));
   }
 }

@@ -452,7 +452,7 @@ __device__ __forceinline__ void decode_attention_impl(
     decode_attention_impl<T, D, G, true>(q, q_tok, q_head, kc, vc, block_tables, bt_stride,       \
                                          seq_lens, query_start, B, n_tokens, out, o_tok, o_head,  \
                                          part_o, part_ml, counters, KH, block_size, num_blocks,   \
-                                         scale_log2, 1, n_splits, min_part, 1, ra);               \
+                                         scale_log2, 1, n_splits, min_part, 1 << 30, ra);         \
   }
 
 #define MINILLM_DECODE_G(SUFFIX, T, D)                                                   \

@@ -933,6 +933,34 @@ part74() {  # session 10, call 4: the decode step's q/k norm + RoPE + KV store f
   decode_8b 90
 }
 
+part75() {  # session 10, call 5: decode_step_attention fixed (the padding sequence's rows written; the
+  # shared q/k routine rounds every product explicitly, so fp32 caches match bit for bit) and fused
+  # only up to MINILLM_DECODE_ROPE_MAX rows (default 32; part74: slower at batch 192). Every GPU
+  # test, the op's tests under memcheck and racecheck, the decode graph fused / not at batch 1-192,
+  # 0.6B decode, throughput, 8B decode
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage gpu_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" \
+    tests/test_cuda_ops.py tests/test_dflash_graphs.py tests/test_gpu_engine.py tests/test_cuda_model.py \
+    tests/test_async_scheduling.py tests/test_prompt_logprobs.py -k "not smollm2 and not debug_build"
+  stage memcheck_decode_step 150 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "decode_step_attention and bfloat16"
+  stage racecheck_decode_step 200 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "decode_step_attention and bfloat16 and 128"
+  stage models 40 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  local b m
+  for b in 1 8 32 64 128 192; do
+    for m in 0 1024; do
+      stage "graph_q06_b${b}_c1024_rope$m" 60 env MINILLM_DECODE_ROPE_MAX=$m python3 scripts/step_kernels.py \
+        $M/q06 --batch $b --ctx 1024 --temperature 0.6 --json "$W/graph_q06_b${b}_c1024_rope$m.json"
+    done
+  done
+  decode_06b 60
+  throughput_06b 60
+  stage models_8b 90 python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force
+  decode_8b 90
+}
+
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
   # part34's FMA tiles back with part40's every-thread arrivals and added the DL_MMA_B variant:
   # neither has run on a GPU, so the decoder's tests (the variant's too) and racecheck come first;

@@ -680,6 +680,18 @@ def test_decode_step_attention(be, G, D, qk_norm):
             assert rel_err(got[0][: B + 2], two[0][: B + 2]) < tol(be)
             assert np.isnan(got[0][B + 2:]).all(), "the unused row must stay untouched"
             assert rel_err(got[1], rk) < tol(be) and rel_err(got[2], rv) < tol(be)
+    limit, be.decode_rope_max_tokens = be.decode_rope_max_tokens, T - 1  # above it: the two ops
+    try:
+        dev, kc, vc = be.asarray(qkv), be.asarray(kc0), be.asarray(vc0)
+        out = poisoned(be, (T, H, D))
+        w = (be.asarray(qw), be.asarray(kw)) if qk_norm else (None, None)
+        plan = be.decode_step_attention(*split(dev), *w, 1e-6, i32(be, pos), be.asarray(cs, dtype=np.float32),
+                                        kc, vc, i32(be, slots), i32(be, tables), i32(be, sl), i32(be, qs),
+                                        D ** -0.5, out)
+        assert plan["kernel"] == "decode"
+        assert np.array_equal(host(be, kc), got[1]) and rel_err(host(be, out)[: B + 2], ref[: B + 2]) < tol(be)
+    finally:
+        be.decode_rope_max_tokens = limit
 
 
 # ---- sampling ---------------------------------------------------------------------------------

@@ -44,6 +44,9 @@ _SAMPLE_THREADS = 512  # cuda/sampling.cu
 # cuda/decode_attention.cu: instantiated head dims and query heads per KV head; at most
 # _DECODE_MAX_SPLITS splits of at least _DECODE_MIN_PART keys each.
 _DECODE_HEAD_DIMS, _DECODE_MAX_G, _DECODE_MAX_SPLITS, _DECODE_MIN_PART = (64, 128), 8, 64, 64
+# decode steps of at most this many rows fold q/k norm + RoPE + KV store into attention
+# (MINILLM_DECODE_ROPE_MAX overrides)
+_DECODE_ROPE_MAX_DEFAULT = 32
 _DECODE_MAX_Q = 16  # sequences with at most this many new queries in a step take the decode kernel
 # a decode CTA's fixed cost (loading q, merging key groups, writing and merging a partial), in keys'
 # worth of streaming: what makes one more split not free. Fitted on the H200 (decode_splits)
@@ -272,6 +275,20 @@ def _copy_unit(*byte_values: int) -> tuple[str, int]:
     raise TypeError("row copies need 2-byte aligned rows")
 
 
+def decode_rope_max_tokens() -> int:
+    """MINILLM_DECODE_ROPE_MAX: the most rows of a decode step whose q/k norm + RoPE + KV store
+    run inside the attention kernel (decode_step_attention); larger steps launch them apart."""
+    raw = os.environ.get("MINILLM_DECODE_ROPE_MAX", str(_DECODE_ROPE_MAX_DEFAULT))
+    try:
+        v = int(raw)
+    except ValueError:
+        raise ValueError(f"MINILLM_DECODE_ROPE_MAX={raw!r}: give a row count (an integer >= 0; "
+                         "0 never fuses)") from None
+    if v < 0:
+        raise ValueError(f"MINILLM_DECODE_ROPE_MAX={v}: give an integer >= 0 (0 never fuses)")
+    return v
+
+
 class CapturedGraph:
     """A CUDA graph recorded from one call of a function; replay() reruns it on the stream."""
 
@@ -334,6 +351,7 @@ class CudaBackend:
             except (OSError, AttributeError) as e:  # no libcuda.so.1 / no cuLaunchKernelEx
                 print(f"minillm: programmatic dependent launch unavailable ({type(e).__name__}: {e}); "
                       "graphs launch kernels plainly", file=sys.stderr)
+        self.decode_rope_max_tokens = decode_rope_max_tokens()
         self._staging = cupy.cuda.alloc_pinned_memory(staging_bytes)
         self._staging_cap = staging_bytes
         self._staging_off = 0
@@ -892,15 +910,17 @@ class CudaBackend:
         """qk_norm_rope_store_kv then causal paged_attention, for a step of one new token a
         sequence, in one launch (cuda/decode_attention.cu's paged_decode_rope_*: each CTA rotates
         its own q heads; the one whose split ends at the newest key stores k and v and adds that
-        key from shared memory). q and k are not updated in place. Shapes the decode kernel does
-        not take run the two ops."""
+        key from shared memory). q and k are not updated in place. Steps of more than
+        decode_rope_max_tokens rows, and shapes the decode kernel does not take, run the two ops:
+        every CTA rotating its own q heads costs more than the launch it saves once there are
+        many CTAs (H200, part74: batch 1 graph 1.043 -> 1.007 ms, batch 192 7.20 -> 7.24 ms)."""
         T, H, D = q.shape
         if T == 0:
             return {}
         self._check_store_kv("decode_step_attention", q, k, v, positions, cos_sin, k_cache, v_cache,
                              slot_mapping)
         _, bs, KH, _ = k_cache.shape
-        if not self._decode_kernel_fits(q, k_cache, out):
+        if T > self.decode_rope_max_tokens or not self._decode_kernel_fits(q, k_cache, out):
             self.qk_norm_rope_store_kv(q, k, v, q_w, k_w, eps, positions, cos_sin, k_cache, v_cache,
                                        slot_mapping)
             return self.attention(q, k_cache, v_cache, block_tables, seq_lens, query_start, scale,
