@@ -961,6 +961,19 @@ part75() {  # session 10, call 5: decode_step_attention fixed (the padding seque
   decode_8b 90
 }
 
+part76() {  # session 10, last call: the decode-step op's test with the oracle's inputs copied (part75's
+  # fp32 failures: the oracle rotated the test's own q in place); every GPU test, the failure matrix
+  # and its memcheck reproducer on this session's code
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage gpu_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" \
+    tests/test_cuda_ops.py tests/test_dflash_graphs.py tests/test_gpu_engine.py tests/test_cuda_model.py \
+    tests/test_async_scheduling.py tests/test_prompt_logprobs.py -k "not smollm2 and not debug_build"
+  models_q06_dflash 40
+  failure_matrix 220
+  memcheck_reproducer 120
+}
+
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
   # part34's FMA tiles back with part40's every-thread arrivals and added the DL_MMA_B variant:
   # neither has run on a GPU, so the decoder's tests (the variant's too) and racecheck come first;
