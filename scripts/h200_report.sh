@@ -95,6 +95,19 @@ gpu_tests() {  # every CUDA test but SmolLM2's (its GGUF travels in part1/part2)
     -k "not smollm2"
 }
 
+gpu_tests_full() {  # every GPU test but SmolLM2's and the debug build's (timeout in seconds)
+  stage gpu_tests "$1" python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" \
+    tests/test_cuda_ops.py tests/test_dflash_graphs.py tests/test_gpu_engine.py tests/test_cuda_model.py \
+    tests/test_async_scheduling.py tests/test_prompt_logprobs.py -k "not smollm2 and not debug_build"
+}
+
+decode_step_sanitizers() {  # the fused decode step's op tests under memcheck, then racecheck
+  stage memcheck_decode_step 150 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "decode_step_attention and bfloat16"
+  stage racecheck_decode_step 200 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "decode_step_attention and bfloat16 and 128"
+}
+
 decode_06b() {  # single stream after a 512-token prompt, against the roofline
   stage decode_06b "$1" python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
     --result-json "$W/decode_06b.json"
@@ -812,9 +825,7 @@ part66() {  # session 9, call 7: the sampler's weights by a table-based float64 
   throughput_06b 60
   stage decode_06b 60 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
     --result-json "$W/decode_06b.json"
-  stage gpu_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" \
-    tests/test_cuda_ops.py tests/test_dflash_graphs.py tests/test_gpu_engine.py tests/test_cuda_model.py \
-    tests/test_async_scheduling.py tests/test_prompt_logprobs.py -k "not smollm2 and not debug_build"
+  gpu_tests_full 200
 }
 
 part67() {  # session 9, last call: the failure matrix and its memcheck reproducer on this session's sampler
@@ -917,13 +928,8 @@ part74() {  # session 10, call 4: the decode step's q/k norm + RoPE + KV store f
   # op's tests under memcheck and racecheck, 0.6B decode, throughput, the batch-192 graph, 8B decode
   setup
   facts > "$W/facts.txt" 2>&1
-  stage gpu_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" \
-    tests/test_cuda_ops.py tests/test_dflash_graphs.py tests/test_gpu_engine.py tests/test_cuda_model.py \
-    tests/test_async_scheduling.py tests/test_prompt_logprobs.py -k "not smollm2 and not debug_build"
-  stage memcheck_decode_step 150 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
-    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "decode_step_attention and bfloat16"
-  stage racecheck_decode_step 200 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
-    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "decode_step_attention and bfloat16 and 128"
+  gpu_tests_full 240
+  decode_step_sanitizers
   stage models 40 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
   decode_06b 60
   throughput_06b 60
@@ -940,13 +946,8 @@ part75() {  # session 10, call 5: decode_step_attention fixed (the padding seque
   # 0.6B decode, throughput, 8B decode
   setup
   facts > "$W/facts.txt" 2>&1
-  stage gpu_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" \
-    tests/test_cuda_ops.py tests/test_dflash_graphs.py tests/test_gpu_engine.py tests/test_cuda_model.py \
-    tests/test_async_scheduling.py tests/test_prompt_logprobs.py -k "not smollm2 and not debug_build"
-  stage memcheck_decode_step 150 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
-    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "decode_step_attention and bfloat16"
-  stage racecheck_decode_step 200 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
-    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "decode_step_attention and bfloat16 and 128"
+  gpu_tests_full 240
+  decode_step_sanitizers
   stage models 40 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
   local b m
   for b in 1 8 32 64 128 192; do
@@ -966,9 +967,7 @@ part76() {  # session 10, last call: the decode-step op's test with the oracle's
   # and its memcheck reproducer on this session's code
   setup
   facts > "$W/facts.txt" 2>&1
-  stage gpu_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" \
-    tests/test_cuda_ops.py tests/test_dflash_graphs.py tests/test_gpu_engine.py tests/test_cuda_model.py \
-    tests/test_async_scheduling.py tests/test_prompt_logprobs.py -k "not smollm2 and not debug_build"
+  gpu_tests_full 200
   models_q06_dflash 40
   failure_matrix 220
   memcheck_reproducer 120
