@@ -22,6 +22,9 @@
 // whatever else shares its step (batch invariance; speculative decoding relies on it in bf16).
 // Grid sizes depend only on the bucket shape; where each CTA works comes from device buffers,
 // so a captured graph replays for any batch.
+// paged_decode_rope_* is the same kernel for a decode step (one new token a sequence) that also
+// does norm.cu's qk_norm_rope_store_kv: the twin of NumpyBackend.decode_step_attention, one launch
+// a layer fewer (the backend uses it for steps of at most MINILLM_DECODE_ROPE_MAX rows).
 #include "common.cuh"
 
 #define DEC_THREADS 128
