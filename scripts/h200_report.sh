@@ -973,6 +973,15 @@ part76() {  # session 10, last call: the decode-step op's test with the oracle's
   memcheck_reproducer 120
 }
 
+part77() {  # session 10, call 8: the 8B speculation-cost ladder (DFlash k = 8, a rejected round against a
+  # plain step, c = 1-16) at this session's code (the plain steps up to 32 rows run the fused decode step)
+  setup
+  stage models_8b 120 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
+  stage spec_cost_8b 200 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_8b.json"
+}
+
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
   # part34's FMA tiles back with part40's every-thread arrivals and added the DL_MMA_B variant:
   # neither has run on a GPU, so the decoder's tests (the variant's too) and racecheck come first;
