@@ -982,6 +982,15 @@ part77() {  # session 10, call 8: the 8B speculation-cost ladder (DFlash k = 8, 
     --result-json "$W/spec_cost_8b.json"
 }
 
+part78() {  # session 10, call 9 (the device time left): the debug build's trap test, and the server
+  # reproducer under initcheck with cuBLAS's outputs and workspace zeroed (part50's first half)
+  setup
+  stage debug_build_test 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    -k "debug_build or marked_cublas"
+  models_q06_dflash 40
+  sanitize_server initcheck 170 150
+}
+
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
   # part34's FMA tiles back with part40's every-thread arrivals and added the DL_MMA_B variant:
   # neither has run on a GPU, so the decoder's tests (the variant's too) and racecheck come first;
