@@ -194,13 +194,13 @@ __device__ __forceinline__ void decode_attention_impl(
   float qv[G][E];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
-    const T* qp = q + (i64)t * q_tok + (i64)(kh * G + g) * q_head;
 #pragma unroll
     for (int j = 0; j < CPL; ++j) {
-      if constexpr (ROPE) {
+      if constexpr (ROPE) {  // rotated above
 #pragma unroll
         for (int i = 0; i < VEC; ++i) qv[g][j * VEC + i] = s_rot[g][(kl + j * LPK) * VEC + i];
       } else {
+        const T* qp = q + (i64)t * q_tok + (i64)(kh * G + g) * q_head;
         Vec16<T>::to_f(__ldg(reinterpret_cast<const uint4*>(qp + (kl + j * LPK) * VEC)), qv[g] + j * VEC);
       }
     }

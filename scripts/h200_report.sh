@@ -868,7 +868,8 @@ part70() {  # session 9, call 12: exp_weight's rint and int conversion by the 1.
   throughput_06b 60
 }
 
-part71() {  # session 10, call 1: decode attention with its K/V copied into shared memory by cp.async,
+part71() {  # session 10, call 1 (its kernel code was reverted in c47a4bb: rerun at b9ea05c only): decode
+  # attention with its K/V copied into shared memory by cp.async,
   # DEC_STAGES iterations in flight (was: loads into registers, waited for by the math), and the
   # token's sequence read directly in decode steps (was: a bisection of query_start). Its tests, the
   # same under racecheck/memcheck, the split sweep against the register path and other depths,
@@ -890,7 +891,8 @@ part71() {  # session 10, call 1: decode attention with its K/V copied into shar
   decode_06b 60
 }
 
-part72() {  # session 10, call 2: two-batch overlap (a decode step of >= MINILLM_TWO_BATCH rows runs as two
+part72() {  # session 10, call 2 (two-batch overlap was reverted in c47a4bb: rerun at 8bb13ec only): two-batch
+  # overlap (a decode step of >= MINILLM_TWO_BATCH rows runs as two
   # halves on two streams; part71's shared-memory pipeline for decode attention was slower and is
   # reverted). Every GPU test, throughput off / at 64 / at 128 rows, the batch-192 graph off / on,
   # throughput's step profile, 0.6B decode

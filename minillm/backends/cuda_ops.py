@@ -915,38 +915,24 @@ class CudaBackend:
         every CTA rotating its own q heads costs more than the launch it saves once there are
         many CTAs (H200, part75, one machine: a batch-1 step's graph 1.129 -> 1.094 ms, batch 32
         2.327 -> 2.322, batch 128 5.714 -> 5.873)."""
-        T, H, D = q.shape
+        T = q.shape[0]
         if T == 0:
             return {}
-        self._check_store_kv("decode_step_attention", q, k, v, positions, cos_sin, k_cache, v_cache,
-                             slot_mapping)
-        _, bs, KH, _ = k_cache.shape
         if T > self.decode_rope_max_tokens or not self._decode_kernel_fits(q, k_cache, out):
             self.qk_norm_rope_store_kv(q, k, v, q_w, k_w, eps, positions, cos_sin, k_cache, v_cache,
                                        slot_mapping)
             return self.attention(q, k_cache, v_cache, block_tables, seq_lens, query_start, scale,
                                   out, True, max_query_len=1)
-        for a, n in ((block_tables, "block_tables"), (seq_lens, "seq_lens"), (query_start, "query_start")):
-            if a.dtype != np.int32:
-                raise TypeError(f"decode_step_attention: {n} must be int32, got {a.dtype}")
-        if not block_tables.flags.c_contiguous:
-            raise ValueError("decode_step_attention: block tables must be contiguous")
-        B = seq_lens.shape[0]
-        p = self.decode_plan(T, H, KH, D, block_tables.shape[1] * bs, n_splits)
-        ns = p["n_splits"]
+        what = "decode_step_attention"
+        self._check_store_kv(what, q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping)
+        self._check_paged(what, q, k_cache, v_cache, block_tables, seq_lens, query_start, out)
         it = q.itemsize
-        self._launch(
-            f"paged_decode_rope_{_suffix(q.dtype)}_d{D}_g{H // KH}", (T, KH, ns), (_ATT_THREADS,),
-            (q, _i64(q.strides[0] // it), _i64(q.strides[1] // it), k_cache, v_cache, block_tables,
-             _i32(block_tables.shape[1]), seq_lens, query_start, _i32(B), _i32(T), out,
-             _i64(out.strides[0] // it), _i64(out.strides[1] // it), self._att_scratch,
-             self._att_scratch[T * H * ns * D:], self._att_counters, _i32(KH), _i32(bs),
-             _i32(k_cache.shape[0]), np.float32(scale * math.log2(math.e)), _i32(ns),
-             _i32(p["min_part"]), k, _i64(k.strides[0] // it), _i64(k.strides[1] // it), v,
-             _i64(v.strides[0] // it), _i64(v.strides[1] // it), q_w if q_w is not None else _NULL,
-             k_w if k_w is not None else _NULL, np.float32(eps), positions, cos_sin,
-             _i32(cos_sin.shape[0]), slot_mapping, _i64(k_cache.shape[0] * bs)),
-        )
+        rope = (k, _i64(k.strides[0] // it), _i64(k.strides[1] // it), v, _i64(v.strides[0] // it),
+                _i64(v.strides[1] // it), q_w if q_w is not None else _NULL,
+                k_w if k_w is not None else _NULL, np.float32(eps), positions, cos_sin,
+                _i32(cos_sin.shape[0]), slot_mapping, _i64(k_cache.shape[0] * k_cache.shape[1]))
+        p = self._decode_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start, scale,
+                                   out, True, n_splits, None, 1 << 30, rope=rope)
         return {**p, "kernel": "decode_rope"}
 
     def attention_plan(self, T: int, B: int, H: int, KH: int, D: int, max_ctx: int, itemsize: int,
@@ -978,6 +964,20 @@ class CudaBackend:
         partition = 0  # the kernel splits each CTA's actual keys (its sequence length) evenly
         return dict(bq=bq, tiles=tiles, bk=bk, smem=smem(bq * G, bk), n_splits=n_splits,
                     partition=partition)
+
+    @staticmethod
+    def _check_paged(what: str, q, k_cache, v_cache, block_tables, seq_lens, query_start, out) -> None:
+        """What every paged attention launch needs of its inputs."""
+        _, H, D = q.shape
+        KH, Dk = k_cache.shape[2:]
+        if Dk != D or H % KH or D % 8 or q.strides[2] != q.itemsize or out.strides[2] != out.itemsize:
+            raise ValueError(f"{what}: q {q.shape} vs cache {k_cache.shape} (head_dim % 8)")
+        if not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous
+                and block_tables.flags.c_contiguous):
+            raise ValueError(f"{what}: caches and block tables must be contiguous")
+        for a, n in ((block_tables, "block_tables"), (seq_lens, "seq_lens"), (query_start, "query_start")):
+            if a.dtype != np.int32:
+                raise TypeError(f"{what}: {n} must be int32, got {a.dtype}")
 
     def _decode_kernel_fits(self, q, k_cache, out) -> bool:
         """cuda/decode_attention.cu is instantiated for these shapes and needs 16-byte q rows."""
@@ -1038,16 +1038,9 @@ class CudaBackend:
         T, H, D = q.shape
         if T == 0:
             return {}
-        _, bs, KH, Dk = k_cache.shape
+        _, bs, KH, _ = k_cache.shape
         B = seq_lens.shape[0]
-        if Dk != D or H % KH or D % 8 or q.strides[2] != q.itemsize or out.strides[2] != out.itemsize:
-            raise ValueError(f"paged_attention: q {q.shape} vs cache {k_cache.shape} (head_dim % 8)")
-        if not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous
-                and block_tables.flags.c_contiguous):
-            raise ValueError("paged_attention: caches and block tables must be contiguous")
-        for a, n in ((block_tables, "block_tables"), (seq_lens, "seq_lens"), (query_start, "query_start")):
-            if a.dtype != np.int32:
-                raise TypeError(f"paged_attention: {n} must be int32, got {a.dtype}")
+        self._check_paged("paged_attention", q, k_cache, v_cache, block_tables, seq_lens, query_start, out)
         short = (max_query_len if max_query_len is not None else T) <= _DECODE_MAX_Q
         if kernel is None:
             if bq is None and short and self._decode_kernel_fits(q, k_cache, out):
@@ -1109,7 +1102,10 @@ class CudaBackend:
 
     def _decode_attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start,
                           scale: float, out, causal: bool, n_splits: int | None, part: int | None,
-                          max_nq: int) -> dict:
+                          max_nq: int, rope: tuple | None = None) -> dict:
+        """cuda/decode_attention.cu's paged_decode_* or, given rope (the decode step's k and v
+        rows, norm weights, positions, cos/sin table and slots, as kernel arguments; causal and
+        one query a sequence), paged_decode_rope_*: the same leading arguments either way."""
         T, H, D = q.shape
         _, bs, KH, _ = k_cache.shape
         B = seq_lens.shape[0]
@@ -1118,15 +1114,18 @@ class CudaBackend:
         it = q.itemsize
         part_o = self._att_scratch
         part_ml = self._att_scratch[T * H * ns * D:]
-        self._launch(
-            f"paged_decode_{_suffix(q.dtype)}_d{D}_g{H // KH}", (T, KH, ns), (_ATT_THREADS,),
-            (q, _i64(q.strides[0] // it), _i64(q.strides[1] // it), k_cache, v_cache, block_tables,
-             _i32(block_tables.shape[1]), seq_lens, query_start, _i32(B), _i32(T), out,
-             _i64(out.strides[0] // it), _i64(out.strides[1] // it), part_o, part_ml,
-             self._att_counters, _i32(KH), _i32(bs), _i32(k_cache.shape[0]),
-             np.float32(scale * math.log2(math.e)), _i32(1 if causal else 0), _i32(ns),
-             _i32(p["min_part"]), _i32(max_nq)),
-        )
+        args = (q, _i64(q.strides[0] // it), _i64(q.strides[1] // it), k_cache, v_cache, block_tables,
+                _i32(block_tables.shape[1]), seq_lens, query_start, _i32(B), _i32(T), out,
+                _i64(out.strides[0] // it), _i64(out.strides[1] // it), part_o, part_ml,
+                self._att_counters, _i32(KH), _i32(bs), _i32(k_cache.shape[0]),
+                np.float32(scale * math.log2(math.e)))
+        if rope is None:
+            name = "paged_decode_"
+            args += (_i32(1 if causal else 0), _i32(ns), _i32(p["min_part"]), _i32(max_nq))
+        else:
+            name = "paged_decode_rope_"
+            args += (_i32(ns), _i32(p["min_part"])) + rope
+        self._launch(f"{name}{_suffix(q.dtype)}_d{D}_g{H // KH}", (T, KH, ns), (_ATT_THREADS,), args)
         return p
 
     # ---- sampling -----------------------------------------------------------------------
