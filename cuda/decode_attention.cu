@@ -101,8 +101,8 @@ __device__ __forceinline__ void decode_attention_impl(
     const int* __restrict__ seq_lens, const int* __restrict__ query_start, int B, int n_tokens,
     T* __restrict__ out, i64 o_tok, i64 o_head,
     float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counters,
-    int KH, int block_size, int num_blocks, float scale_log2, int causal, int n_splits,
-    int min_part, int max_nq, const RopeArgs<T>& ra) {
+    const int* __restrict__ order, int KH, int block_size, int num_blocks, float scale_log2,
+    int causal, int n_splits, int min_part, int max_nq, const RopeArgs<T>& ra) {
   minillm::pdl_entry();
   constexpr int VEC = Vec16<T>::N;
   constexpr int CPL = DEC_CPL;   // 16-byte chunks of a row per lane
@@ -119,7 +119,25 @@ __device__ __forceinline__ void decode_attention_impl(
   __shared__ float s_tmp[ROPE ? DEC_THREADS / 32 : 1][ROPE ? D : 1];
 
   const int tid = threadIdx.x, kl = tid % LPK, grp = tid / LPK;
-  const int t = blockIdx.x, kh = blockIdx.y, split = blockIdx.z;
+  // CTA i of the 1-D grid -> (token, KV head, split). The hardware starts CTAs in index order, so
+  // this is the order the work starts in. Without an order: tokens fastest, then KV heads, then
+  // splits. With one (a permutation of the rows, longest context first: the runner's hint), KV
+  // heads fastest, then splits, then tokens in that order: a ragged batch's longest contexts start
+  // first and its short ones fill the tail (results do not depend on the order).
+  int t, kh, split;
+  {
+    const int lin = blockIdx.x;
+    if (order == nullptr) {
+      t = lin % n_tokens;
+      kh = (lin / n_tokens) % KH;
+      split = lin / (n_tokens * KH);
+    } else {
+      kh = lin % KH;
+      split = (lin / KH) % n_splits;
+      t = order[lin / (KH * n_splits)];
+      MINILLM_CHECK(t >= 0 && t < n_tokens);
+    }
+  }
   const int H = KH * G;
   if (t >= n_tokens || t >= query_start[B]) return;  // rows outside every sequence: untouched
   int lo = 0, hi = B - 1;  // last b with query_start[b] <= t (skips empty sequences)
@@ -421,17 +439,17 @@ __device__ __forceinline__ void decode_attention_impl(
 
 }  // namespace
 
-// paged_decode_<dtype>_d<D>_g<G>: grid (tokens, KH, n_splits), DEC_THREADS threads.
+// paged_decode_<dtype>_d<D>_g<G>: a 1-D grid of tokens x KH x n_splits CTAs, DEC_THREADS threads.
 #define MINILLM_DECODE(SUFFIX, T, D, G)                                                           \
   extern "C" __global__ void __launch_bounds__(DEC_THREADS, (G) <= 2 ? DEC_MIN_BLOCKS_SMALL_G : (G) <= 4 ? DEC_MIN_BLOCKS_MID_G : DEC_MIN_BLOCKS) paged_decode_##SUFFIX##_d##D##_g##G( \
       const T* q, i64 q_tok, i64 q_head, const T* kc, const T* vc, const int* block_tables,       \
       int bt_stride, const int* seq_lens, const int* query_start, int B, int n_tokens, T* out,    \
-      i64 o_tok, i64 o_head, float* part_o, float* part_ml, int* counters, int KH,                \
-      int block_size, int num_blocks, float scale_log2, int causal, int n_splits, int min_part,   \
-      int max_nq) {                                                                               \
+      i64 o_tok, i64 o_head, float* part_o, float* part_ml, int* counters, const int* order,      \
+      int KH, int block_size, int num_blocks, float scale_log2, int causal, int n_splits,         \
+      int min_part, int max_nq) {                                                                 \
     decode_attention_impl<T, D, G, false>(q, q_tok, q_head, kc, vc, block_tables, bt_stride, seq_lens,   \
                                    query_start, B, n_tokens, out, o_tok, o_head, part_o, part_ml, \
-                                   counters, KH, block_size, num_blocks, scale_log2, causal,      \
+                                   counters, order, KH, block_size, num_blocks, scale_log2, causal, \
                                    n_splits, min_part, max_nq, RopeArgs<T>());                    \
   }
 
@@ -442,8 +460,8 @@ __device__ __forceinline__ void decode_attention_impl(
   extern "C" __global__ void __launch_bounds__(DEC_THREADS, (G) <= 2 ? DEC_MIN_BLOCKS_SMALL_G : (G) <= 4 ? DEC_MIN_BLOCKS_MID_G : DEC_MIN_BLOCKS) paged_decode_rope_##SUFFIX##_d##D##_g##G( \
       const T* q, i64 q_tok, i64 q_head, T* kc, T* vc, const int* block_tables, int bt_stride,   \
       const int* seq_lens, const int* query_start, int B, int n_tokens, T* out, i64 o_tok,       \
-      i64 o_head, float* part_o, float* part_ml, int* counters, int KH, int block_size,           \
-      int num_blocks, float scale_log2, int n_splits, int min_part, const T* k, i64 k_tok,        \
+      i64 o_head, float* part_o, float* part_ml, int* counters, const int* order, int KH,         \
+      int block_size, int num_blocks, float scale_log2, int n_splits, int min_part, const T* k, i64 k_tok,        \
       i64 k_head, const T* v, i64 v_tok, i64 v_head, const T* q_w, const T* k_w, float eps,      \
       const int* positions, const float* cos_sin, int max_pos, const int* slots, i64 n_slots) {  \
     RopeArgs<T> ra;                                                                               \
@@ -454,8 +472,9 @@ __device__ __forceinline__ void decode_attention_impl(
     ra.slots = slots; ra.n_slots = n_slots; ra.k_cache = kc; ra.v_cache = vc;                     \
     decode_attention_impl<T, D, G, true>(q, q_tok, q_head, kc, vc, block_tables, bt_stride,       \
                                          seq_lens, query_start, B, n_tokens, out, o_tok, o_head,  \
-                                         part_o, part_ml, counters, KH, block_size, num_blocks,   \
-                                         scale_log2, 1, n_splits, min_part, 1 << 30, ra);         \
+                                         part_o, part_ml, counters, order, KH, block_size,        \
+                                         num_blocks, scale_log2, 1, n_splits, min_part, 1 << 30,  \
+                                         ra);                                                     \
   }
 
 #define MINILLM_DECODE_G(SUFFIX, T, D)                                                   \

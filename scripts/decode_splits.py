@@ -10,6 +10,8 @@ from the fastest: the check of the wave model that chooses splits. Each --varian
 kernel with those -D defines (DEC_U: keys in flight per key group; DEC_MIN_BLOCKS*: CTAs per SM the
 registers must allow; DEC_CPL: 16-byte chunks of a row per lane; DEC_NO_MATH=1: the loads alone)
 and times it the same way. --case picks cases by label, --splits the split counts to sweep.
+--order also times each variant with the launch order the runner gives a decode step (rows
+longest context first, KV heads fastest: `order=` of CudaBackend.attention), as "<variant>+lpt".
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ def main() -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--case", action="append", default=[], help="only cases whose label has this text")
     p.add_argument("--splits", default=None, help="comma-separated split counts to time (default: 1..32)")
+    p.add_argument("--order", action="store_true", help="also time with the rows longest context first")
     p.add_argument("--plan-only", action="store_true", help="time only the split count the plan picks "
                    "(for ncu: one kernel per case and variant)")
     ns = p.parse_args()
@@ -134,7 +137,11 @@ def main() -> int:
         sl, qs = i32(lens), i32(np.arange(B + 1))
         kv_bytes = 2 * int(lens.sum()) * KH * D * 2
         args = (q, kc, vc, bt, sl, qs, D ** -0.5, out)
-        for vname, kernels in variants.items():
+        lpt = i32(np.argsort(-lens, kind="stable"))
+        runs = [(v, k, None) for v, k in variants.items()]
+        if ns.order:
+            runs += [(v + "+lpt", k, lpt) for v, k in variants.items()]
+        for vname, kernels, order in runs:
             be.k.update(kernels)
             be._resident.clear()  # occupancy is the variant's
             plan = be.decode_plan(B, H, KH, D, nbps * bs)["n_splits"]
@@ -142,11 +149,12 @@ def main() -> int:
             for s in sorted(set(() if ns.plan_only else sweep) | {plan}):
                 if s > -(-nbps * bs // 64) and s != 1:
                     continue
-                times[s] = graph_us(be, lambda s=s, a=args: be.attention(*a, kernel="decode", n_splits=s))
-            for part in PARTS if vname == "default" and not ns.plan_only else ():
+                times[s] = graph_us(be, lambda s=s, a=args, o=order: be.attention(
+                    *a, kernel="decode", n_splits=s, order=o))
+            for part in PARTS if vname in ("default", "default+lpt") and not ns.plan_only else ():
                 if part < nbps * bs:
-                    times[f"p{part}"] = graph_us(be, lambda a=args, part=part: be.attention(
-                        *a, kernel="decode", part=part))
+                    times[f"p{part}"] = graph_us(be, lambda a=args, part=part, o=order: be.attention(
+                        *a, kernel="decode", part=part, order=o))
             best = min(times, key=times.get)
             row = dict(case=label, variant=vname, batch=B, heads=H, kv_heads=KH, kv_bytes=kv_bytes, plan=plan,
                        best=best, resident=be._decode_resident(D, H // KH), us_by_splits=times,
@@ -156,7 +164,7 @@ def main() -> int:
             print(f"{label[:24]:24s} {vname[:28]:28s} {row['resident']:5d} {plan:5d} {best:>5s} {times[plan]:9.1f} "
                   f"{min(times.values()):9.1f} {times[plan] / min(times.values()):9.3f}  "
                   + " ".join(f"{s}:{t:.1f}({kv_bytes / t / 1e6:.2f})" for s, t in times.items()), flush=True)
-        kc = vc = bt = q = out = args = None  # free this case's caches before the next
+        kc = vc = bt = q = out = args = lpt = None  # free this case's caches before the next
     if ns.json:
         write_json(ns.json, results)
     return 0

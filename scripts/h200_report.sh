@@ -993,6 +993,27 @@ part78() {  # session 10, call 9 (the device time left): the debug build's trap 
   sanitize_server initcheck 170 150
 }
 
+part79() {  # session 11, call 1: decode attention started longest context first (the runner's attn_order:
+  # KV heads fastest, then splits, then rows by context length), against the old launch order. The
+  # attention op tests (the order must change no bit), the split sweep with and without the order on
+  # uniform and ragged batches, then throughput with MINILLM_DECODE_ORDER=1 / 0 alternately, twice
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage attention_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    -k "decode or paged_attention or batch_invariant"
+  stage decode_splits_order 240 python3 scripts/decode_splits.py --order --case "B=256" --case "B=128" \
+    --case "B=192" --case "B=64" --splits 1,2,3,4,6 --json "$W/decode_splits_order.json"
+  stage models 40 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  local i o
+  for i in 1 2; do
+    for o in 1 0; do
+      stage "throughput_06b_order${o}_$i" 60 env MINILLM_DECODE_ORDER=$o python3 -m minillm.bench throughput \
+        $M/q06 --device cuda --max-num-seqs 256 --max-model-len 2048 --max-num-batched-tokens 8192 \
+        --result-json "$W/throughput_06b_order${o}_$i.json"
+    done
+  done
+}
+
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
   # part34's FMA tiles back with part40's every-thread arrivals and added the DL_MMA_B variant:
   # neither has run on a GPU, so the decoder's tests (the variant's too) and racecheck come first;

@@ -623,7 +623,8 @@ def test_decode_step_attention(be, G, D, qk_norm):
     """The fused decode step (q/k norm + RoPE + KV store inside the decode kernel) against the
     oracle, and against the same backend's two ops: caches bit for bit, attention to tolerance.
     Contexts 1 to 700 (the newest key alone, in one split or the last of several), a padding
-    sequence of two rows (seq_len 0, slot -1) and a row outside every sequence."""
+    sequence of two rows (seq_len 0, slot -1) and a row outside every sequence. A launch order
+    (longest context first, the runner's hint) must change no bit of the outputs."""
     if be.dtype == np.float32 and (G in (2, 8) or not qk_norm):
         pytest.skip("fp32 storage: a representative subset is enough")
     rng = np.random.default_rng(G * 100 + D + qk_norm)
@@ -650,7 +651,7 @@ def test_decode_step_attention(be, G, D, qk_norm):
         return (a[:, : H * D].reshape(T, H, D), a[:, H * D: (H + KH) * D].reshape(T, KH, D),
                 a[:, (H + KH) * D:].reshape(T, KH, D))
 
-    def run(fused: bool, n_splits=None):
+    def run(fused: bool, n_splits=None, order=None):
         dev, kc, vc = be.asarray(qkv), be.asarray(kc0), be.asarray(vc0)
         q, k, v = split(dev)
         w = (be.asarray(qw), be.asarray(kw)) if qk_norm else (None, None)
@@ -658,11 +659,12 @@ def test_decode_step_attention(be, G, D, qk_norm):
         att = (i32(be, tables), i32(be, sl), i32(be, qs))
         out = poisoned(be, (T, H, D))
         if fused:
-            plan = be.decode_step_attention(q, k, v, *w, *rope, *att, D ** -0.5, out, n_splits=n_splits)
+            plan = be.decode_step_attention(q, k, v, *w, *rope, *att, D ** -0.5, out, order=order,
+                                            n_splits=n_splits)
             assert plan["kernel"] == "decode_rope"
         else:
             be.qk_norm_rope_store_kv(q, k, v, *w, *rope)
-            be.attention(q, kc, vc, *att, D ** -0.5, out, kernel="decode", n_splits=n_splits)
+            be.attention(q, kc, vc, *att, D ** -0.5, out, kernel="decode", n_splits=n_splits, order=order)
         return host(be, out), host(be, kc), host(be, vc)
 
     # copies: for fp32 storage rounded() returns its argument, which the oracle rotates in place
@@ -683,6 +685,12 @@ def test_decode_step_attention(be, G, D, qk_norm):
             assert rel_err(got[0][: B + 2], two[0][: B + 2]) < tol(be)
             assert np.isnan(got[0][B + 2:]).all(), "the unused row must stay untouched"
             assert rel_err(got[1], rk) < tol(be) and rel_err(got[2], rv) < tol(be)
+        # rows longest context first, then the unused row and the padding rows
+        order = i32(be, np.concatenate([np.argsort(-np.asarray(lens), kind="stable"), [B + 2, B + 1, B]]))
+        for fused, plain in ((True, got), (False, two)):
+            ordered = run(fused, n_splits, order)
+            assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(ordered, plain)), \
+                ("the launch order changed the result", fused, n_splits)
     limit, be.decode_rope_max_tokens = be.decode_rope_max_tokens, T - 1  # above it: the two ops
     try:
         dev, kc, vc = be.asarray(qkv), be.asarray(kc0), be.asarray(vc0)

@@ -21,11 +21,10 @@ from minillm.sampling_params import SamplingParams
 VOCAB = 997
 
 
-@settings(max_examples=100, deadline=None)
-@given(st.sampled_from([1, 2, 16]), st.lists(st.tuples(st.integers(1, 40), st.integers(0, 5)), min_size=2,
-                                             max_size=12), st.randoms(use_true_random=False))
-def test_decode_fill_matches_the_general_fill(bs, specs, rnd):
-    """specs: (prompt length, outputs so far) per sequence; every one decodes its last token."""
+def decode_runner(bs: int, specs, rnd, room: int = 0) -> tuple[ModelRunner, list[ScheduledSeq]]:
+    """A runner with just a block manager and step buffers (all prepare() needs; room: rows and
+    sequences beyond the batch) and a batch of sequences that each decode their last token;
+    specs: (prompt length, outputs so far) each."""
     max_len = max(p + o for p, o in specs)
     num_blocks = sum(-(-(p + o) // bs) for p, o in specs) + 3
     bm = BlockManager(num_blocks, bs)
@@ -45,8 +44,17 @@ def test_decode_fill_matches_the_general_fill(bs, specs, rnd):
     runner = ModelRunner.__new__(ModelRunner)  # prepare() needs only the block manager and buffers
     runner.bm = bm
     max_blocks = -(-max_len // bs)
-    runner.buf = StepBuffers(NumpyBackend(), len(batch), len(batch) + 1, len(batch), max_blocks)
+    n = len(batch) + room
+    runner.buf = StepBuffers(NumpyBackend(), n, n + 1, n, max_blocks)
+    return runner, batch
 
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from([1, 2, 16]), st.lists(st.tuples(st.integers(1, 40), st.integers(0, 5)), min_size=2,
+                                             max_size=12), st.randoms(use_true_random=False))
+def test_decode_fill_matches_the_general_fill(bs, specs, rnd):
+    """specs: (prompt length, outputs so far) per sequence; every one decodes its last token."""
+    runner, batch = decode_runner(bs, specs, rnd)
     h = runner.buf.host
     stale = {k: np.asarray(rnd.randrange(1, 100)).astype(v.dtype) for k, v in h.items()}
     for k, a in h.items():  # what an earlier step left: both fills start from it
@@ -151,7 +159,8 @@ def test_incremental_decode_fill_matches_a_fresh_fill_every_step(bs, width, pref
         assert fresh._prepare_any(batch) == (B, B)
         want, got = fresh.buf.host, runner.buf.host
         for k in want:
-            if k not in ("out_tokens", "out_accepted"):  # written by the sampler, not by prepare
+            # out_*: written by the sampler; attn_order: by prepare() after either fill
+            if k not in ("out_tokens", "out_accepted", "attn_order"):
                 n = B + 1 if k == "query_start" else B
                 np.testing.assert_array_equal(got[k][:n], want[k][:n], err_msg=f"{op}: {k}")
         for b, s in enumerate(seqs):  # each row: the sequence's blocks, then zeros
@@ -174,3 +183,28 @@ def test_request_output_token_ids_are_a_snapshot_of_their_step(tmp_path):
     first = outs[0].token_ids
     first.append(-1)  # a caller's copy: the engine's sequence and later reads are unaffected
     assert outs[0].token_ids is first and outs[1].token_ids == outs[-1].token_ids[:2]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 40), st.integers(0, 5)), min_size=1, max_size=12),
+       st.integers(0, 3), st.randoms(use_true_random=False))
+def test_decode_attention_order_is_longest_first_and_a_permutation(specs, extra, rnd):
+    """prepare() gives a decode step's attention its rows longest context first (ties in batch
+    order); graph padding appends the padding rows, so the order stays a permutation of every row
+    the kernel launches for; a step with longer query runs gets the rows as they come."""
+    runner, batch = decode_runner(4, specs, rnd, room=3)
+    B = len(batch)
+    assert runner.prepare(batch) == (B, B)
+    h = runner.buf.host
+    order = h["attn_order"][:B].tolist()
+    lens = h["seq_lens"][:B].tolist()
+    assert sorted(order) == list(range(B))
+    assert order == sorted(range(B), key=lambda b: (-lens[b], b))
+    T = B + extra  # a graph bucket of T sequences, one row each
+    runner._pad(B, B, B, T, T, T)
+    assert sorted(h["attn_order"][:T].tolist()) == list(range(T))
+    assert h["attn_order"][:B].tolist() == order
+    seq = batch[0].seq  # the first sequence recomputing its last two tokens: not a decode step
+    seq.num_computed -= 1
+    t, _ = runner.prepare([ScheduledSeq(seq, 2)])
+    assert runner.max_query_len == 2 and h["attn_order"][:t].tolist() == list(range(t))

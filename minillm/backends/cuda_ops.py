@@ -906,7 +906,7 @@ class CudaBackend:
 
     def decode_step_attention(self, q, k, v, q_w, k_w, eps: float, positions, cos_sin, k_cache,
                               v_cache, slot_mapping, block_tables, seq_lens, query_start,
-                              scale: float, out, n_splits: int | None = None) -> dict:
+                              scale: float, out, order=None, n_splits: int | None = None) -> dict:
         """qk_norm_rope_store_kv then causal paged_attention, for a step of one new token a
         sequence, in one launch (cuda/decode_attention.cu's paged_decode_rope_*: each CTA rotates
         its own q heads; the one whose split ends at the newest key stores k and v and adds that
@@ -914,7 +914,9 @@ class CudaBackend:
         decode_rope_max_tokens rows, and shapes the decode kernel does not take, run the two ops:
         every CTA rotating its own q heads costs more than the launch it saves once there are
         many CTAs (H200, part75, one machine: a batch-1 step's graph 1.129 -> 1.094 ms, batch 32
-        2.327 -> 2.322, batch 128 5.714 -> 5.873)."""
+        2.327 -> 2.322, batch 128 5.714 -> 5.873). order (optional, [>= T] int32): the rows in
+        the order their CTAs should start, longest context first (the runner's launch hint; see
+        _decode_attention)."""
         T = q.shape[0]
         if T == 0:
             return {}
@@ -922,7 +924,7 @@ class CudaBackend:
             self.qk_norm_rope_store_kv(q, k, v, q_w, k_w, eps, positions, cos_sin, k_cache, v_cache,
                                        slot_mapping)
             return self.attention(q, k_cache, v_cache, block_tables, seq_lens, query_start, scale,
-                                  out, True, max_query_len=1)
+                                  out, True, max_query_len=1, order=order)
         what = "decode_step_attention"
         self._check_store_kv(what, q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping)
         self._check_paged(what, q, k_cache, v_cache, block_tables, seq_lens, query_start, out)
@@ -932,7 +934,7 @@ class CudaBackend:
                 k_w if k_w is not None else _NULL, np.float32(eps), positions, cos_sin,
                 _i32(cos_sin.shape[0]), slot_mapping, _i64(k_cache.shape[0] * k_cache.shape[1]))
         p = self._decode_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start, scale,
-                                   out, True, n_splits, None, 1 << 30, rope=rope)
+                                   out, True, n_splits, None, 1 << 30, rope=rope, order=order)
         return {**p, "kernel": "decode_rope"}
 
     def attention_plan(self, T: int, B: int, H: int, KH: int, D: int, max_ctx: int, itemsize: int,
@@ -1025,7 +1027,7 @@ class CudaBackend:
     def attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start, scale: float,
                   out, causal: bool = True, bq: int | None = None,
                   n_splits: int | None = None, kernel: str | None = None,
-                  max_query_len: int | None = None, part: int | None = None) -> dict:
+                  max_query_len: int | None = None, part: int | None = None, order=None) -> dict:
         """paged_attention with an optional forced kernel and launch shape (the tests run every
         variant): "decode" (cuda/decode_attention.cu) or "prefill" (cuda/prefill_attention.cu,
         bf16 tensor cores) for every sequence, "split" (each sequence by its own query count:
@@ -1034,7 +1036,8 @@ class CudaBackend:
         By default bf16 steps split per sequence, so a token's attention does not depend on what
         shares its step (batch invariance: speculative verification in bf16 needs it), and a step
         whose max_query_len (a host hint; unknown: T) is at most _DECODE_MAX_Q launches the decode
-        kernel alone. fp32 storage (tests) takes the decode kernel for short steps, else tiled."""
+        kernel alone. fp32 storage (tests) takes the decode kernel for short steps, else tiled.
+        order: the decode kernel's launch order of the rows (_decode_attention)."""
         T, H, D = q.shape
         if T == 0:
             return {}
@@ -1075,7 +1078,7 @@ class CudaBackend:
                                  f"{q.dtype} with KV heads {KH}")
             p = self._decode_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start,
                                        scale, out, causal, n_splits, part,
-                                       _DECODE_MAX_Q if kernel == "split" else 1 << 30)
+                                       _DECODE_MAX_Q if kernel == "split" else 1 << 30, order=order)
             return {**p, "kernel": kernel}
         p = self.attention_plan(T, B, H, KH, D, block_tables.shape[1] * bs, q.itemsize, bq, n_splits)
         it = q.itemsize
@@ -1102,10 +1105,16 @@ class CudaBackend:
 
     def _decode_attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start,
                           scale: float, out, causal: bool, n_splits: int | None, part: int | None,
-                          max_nq: int, rope: tuple | None = None) -> dict:
+                          max_nq: int, rope: tuple | None = None, order=None) -> dict:
         """cuda/decode_attention.cu's paged_decode_* or, given rope (the decode step's k and v
         rows, norm weights, positions, cos/sin table and slots, as kernel arguments; causal and
-        one query a sequence), paged_decode_rope_*: the same leading arguments either way."""
+        one query a sequence), paged_decode_rope_*: the same leading arguments either way.
+
+        order (None, or [>= T] int32 whose first T entries are a permutation of 0..T-1): the rows
+        whose CTAs start first. The GPU starts a grid's CTAs in index order; with an order the
+        kernel maps index i to KV head i % KH, then split, then row order[i // (KH x splits)], so a
+        ragged batch given longest first runs its long contexts first and its short ones fill the
+        tail. The result is the same for any order."""
         T, H, D = q.shape
         _, bs, KH, _ = k_cache.shape
         B = seq_lens.shape[0]
@@ -1117,7 +1126,8 @@ class CudaBackend:
         args = (q, _i64(q.strides[0] // it), _i64(q.strides[1] // it), k_cache, v_cache, block_tables,
                 _i32(block_tables.shape[1]), seq_lens, query_start, _i32(B), _i32(T), out,
                 _i64(out.strides[0] // it), _i64(out.strides[1] // it), part_o, part_ml,
-                self._att_counters, _i32(KH), _i32(bs), _i32(k_cache.shape[0]),
+                self._att_counters, _NULL if order is None else order, _i32(KH), _i32(bs),
+                _i32(k_cache.shape[0]),
                 np.float32(scale * math.log2(math.e)))
         if rope is None:
             name = "paged_decode_"
@@ -1125,7 +1135,9 @@ class CudaBackend:
         else:
             name = "paged_decode_rope_"
             args += (_i32(ns), _i32(p["min_part"])) + rope
-        self._launch(f"{name}{_suffix(q.dtype)}_d{D}_g{H // KH}", (T, KH, ns), (_ATT_THREADS,), args)
+        if order is not None and (order.dtype != np.int32 or order.ndim != 1 or order.shape[0] < T):
+            raise ValueError(f"decode attention: order must be int32 [>= {T}], got {order.dtype} {order.shape}")
+        self._launch(f"{name}{_suffix(q.dtype)}_d{D}_g{H // KH}", (T * KH * ns,), (_ATT_THREADS,), args)
         return p
 
     # ---- sampling -----------------------------------------------------------------------

@@ -19,6 +19,8 @@ from minillm.engine.scheduler import ScheduledSeq
 from minillm.models.transformer import StepInputs, Transformer, Workspace
 
 DEBUG = os.environ.get("MINILLM_DEBUG", "") not in ("", "0")
+# MINILLM_DECODE_ORDER=0: decode steps give attention no launch order (see StepInputs.attn_order)
+DECODE_ORDER = os.environ.get("MINILLM_DECODE_ORDER", "1") not in ("", "0")
 
 
 class StepBuffers:
@@ -54,6 +56,9 @@ class StepBuffers:
             # per token row: where to take its input id from in the previous step's out_tokens
             # (async scheduling: that id is not on the host yet), or -1 (input_ids holds it)
             "src_rows": ((max_tokens,), np.int32),
+            # a decode step's rows, longest context first: the order decode attention starts
+            # their work in (a permutation of every row of the step, padding rows included)
+            "attn_order": ((max_seqs,), np.int32),
             # from here on: written on the device by the sampler, never uploaded
             "out_tokens": ((max_logits,), np.int32),
             "out_accepted": ((max_logits,), np.int32),  # 1 where the row's draft was accepted
@@ -140,6 +145,12 @@ class ModelRunner:
         else:
             t, r = self._prepare_any(batch)
             self.max_query_len = max(item.num_new for item in batch)  # attention's launch hint
+        h = self.buf.host
+        n = min(t, h["attn_order"].shape[0])
+        if self.max_query_len == 1:  # a row a sequence: the longest contexts' attention starts first
+            h["attn_order"][:n] = np.argsort(-h["seq_lens"][:n], kind="stable")
+        else:  # rows as they come (only decode steps read it)
+            h["attn_order"][:n] = self.buf.iota[:n]
         if DEBUG:
             self._check(batch, t)
         return t, r
@@ -321,9 +332,11 @@ class ModelRunner:
     # ---- running a step --------------------------------------------------------------------
     def _inputs(self, B: int, t: int, r: int, max_query_len: int) -> StepInputs:
         d = self.buf.dev
+        decode = DECODE_ORDER and max_query_len == 1 and t <= d["attn_order"].shape[0]
+        order = d["attn_order"][:t] if decode else None
         return StepInputs(d["input_ids"][:t], d["positions"][:t], d["slot_mapping"][:t],
                           d["block_tables"][:B], d["seq_lens"][:B], d["query_start"][: B + 1],
-                          d["logits_indices"][:r], max_query_len)
+                          d["logits_indices"][:r], max_query_len, order)
 
     def _forward(self, x: StepInputs, t: int, r: int, after_forward: bool = True):
         """Forward, after_forward, transform_logits: the device work of a step up to sampling,
@@ -491,6 +504,8 @@ class ModelRunner:
         h["sample_pos"][r:R] = 0
         h["draft_tokens"][r:R] = -1
         h["src_rows"][t:T] = -1
+        lo, hi = (min(i, h["attn_order"].shape[0]) for i in (t, T))
+        h["attn_order"][lo:hi] = self.buf.iota[lo:hi]  # padding rows last, as they come
 
     def _replay(self, graph, B: int, t: int, r: int) -> None:
         bk, rows, g = graph

@@ -41,6 +41,9 @@ class StepInputs:
     query_start: object  # [B + 1]
     logits_indices: object  # [R] rows of T whose logits are wanted
     max_query_len: int | None = None  # host hint: the most new tokens of any sequence (None: T)
+    # host hint for a decode step: its rows, longest context first; decode attention starts their
+    # work in this order, so a ragged batch's short contexts fill the tail (results do not change)
+    attn_order: object | None = None  # [T]
 
 
 class Workspace:
@@ -144,7 +147,8 @@ class Transformer:
             if decode_step:  # one kernel: q/k norm + RoPE, k and v into the caches, attention
                 B.decode_step_attention(q, k, v, lw.q_norm, lw.k_norm, c.rms_norm_eps, x.positions,
                                         self.cos_sin, k_cache[i], v_cache[i], x.slot_mapping,
-                                        x.block_tables, x.seq_lens, x.query_start, self.scale, out=attn)
+                                        x.block_tables, x.seq_lens, x.query_start, self.scale, out=attn,
+                                        order=x.attn_order)
             else:
                 # one kernel: normed + rotated q in place, k and v rows into the paged caches
                 B.qk_norm_rope_store_kv(q, k, v, lw.q_norm, lw.k_norm, c.rms_norm_eps, x.positions,
