@@ -996,7 +996,7 @@ part78() {  # session 10, call 9 (the device time left): the debug build's trap 
 part79() {  # session 11, call 1: decode attention started longest context first (the runner's attn_order:
   # KV heads fastest, then splits, then rows by context length), against the old launch order. The
   # attention op tests (the order must change no bit), the split sweep with and without the order on
-  # uniform and ragged batches, then throughput with MINILLM_DECODE_ORDER=1 / 0 alternately, twice
+  # uniform and ragged batches, then throughput with MINILLM_DECODE_ORDER=1 / 0 alternately, twice; every GPU test
   setup
   facts > "$W/facts.txt" 2>&1
   stage attention_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
@@ -1012,6 +1012,7 @@ part79() {  # session 11, call 1: decode attention started longest context first
         --result-json "$W/throughput_06b_order${o}_$i.json"
     done
   done
+  gpu_tests_full 200
 }
 
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
