@@ -1015,6 +1015,27 @@ part79() {  # session 11, call 1: decode attention started longest context first
   gpu_tests_full 200
 }
 
+part80() {  # session 11, call 2: an ordered decode step that fills the GPU takes 1,024-key splits
+  # (MINILLM_DECODE_ORDER_PART, part79's sweep: longest first with p1024 was the fastest on ragged
+  # batches). Throughput with it / with the wave model's splits (ORDER_PART=0) alternately, twice;
+  # 0.6B decode; every GPU test; the failure matrix and its memcheck reproducer
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_q06_dflash 40
+  local i o
+  for i in 1 2; do
+    for o in 1024 0; do
+      stage "throughput_06b_part${o}_$i" 60 env MINILLM_DECODE_ORDER_PART=$o python3 -m minillm.bench throughput \
+        $M/q06 --device cuda --max-num-seqs 256 --max-model-len 2048 --max-num-batched-tokens 8192 \
+        --result-json "$W/throughput_06b_part${o}_$i.json"
+    done
+  done
+  decode_06b 60
+  gpu_tests_full 200
+  failure_matrix 220
+  memcheck_reproducer 120
+}
+
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
   # part34's FMA tiles back with part40's every-thread arrivals and added the DL_MMA_B variant:
   # neither has run on a GPU, so the decoder's tests (the variant's too) and racecheck come first;

@@ -4,10 +4,17 @@ kernel takes a product of a few rows (small_product_kernel) and cuda/gemm.cu's l
 17-256 rows (wide_product_plan); the GPU side (every split count gives the same
 attention) is tests/test_cuda_ops.py's, the timing of each scripts/decode_splits.py's."""
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from minillm.backends.cuda_ops import decode_splits, small_product_kernel, wide_product_plan
+from minillm.backends.cuda_ops import (
+    decode_rope_max_tokens,
+    decode_splits,
+    env_int,
+    small_product_kernel,
+    wide_product_plan,
+)
 
 
 def waves_time(work, resident, ctx, s, cost=128):
@@ -78,3 +85,19 @@ def test_wide_products_of_the_qwen3_shapes():
     assert wide_product_plan(192, 1024, 3072, 132) == (6, 8)
     assert wide_product_plan(192, 6144, 1024, 132) == (6, 1)
     assert wide_product_plan(16, 6144, 1024, 132) is None and wide_product_plan(257, 6144, 1024, 132) is None
+
+
+@pytest.mark.parametrize("raw", ["many", "-1", "2.5"])
+def test_decode_env_integers_refuse_bad_values(monkeypatch, raw):
+    """MINILLM_DECODE_ROPE_MAX / MINILLM_DECODE_ORDER_PART: a value that is not an integer >= 0 is
+    refused with the variable's name and what it sets (read without a GPU)."""
+    monkeypatch.setenv("MINILLM_DECODE_ROPE_MAX", raw)
+    with pytest.raises(ValueError, match="MINILLM_DECODE_ROPE_MAX.*integer >= 0.*never fuses"):
+        decode_rope_max_tokens()
+    monkeypatch.setenv("MINILLM_DECODE_ORDER_PART", raw)
+    with pytest.raises(ValueError, match="MINILLM_DECODE_ORDER_PART"):
+        env_int("MINILLM_DECODE_ORDER_PART", 1024, "keys per split")
+    monkeypatch.setenv("MINILLM_DECODE_ORDER_PART", "0")
+    assert env_int("MINILLM_DECODE_ORDER_PART", 1024, "keys per split") == 0
+    monkeypatch.delenv("MINILLM_DECODE_ORDER_PART")
+    assert env_int("MINILLM_DECODE_ORDER_PART", 1024, "keys per split") == 1024

@@ -47,6 +47,12 @@ _DECODE_HEAD_DIMS, _DECODE_MAX_G, _DECODE_MAX_SPLITS, _DECODE_MIN_PART = (64, 12
 # decode steps of at most this many rows fold q/k norm + RoPE + KV store into attention
 # (MINILLM_DECODE_ROPE_MAX overrides)
 _DECODE_ROPE_MAX_DEFAULT = 32
+# a decode step given a launch order (longest context first) whose CTAs fill the GPU without
+# splitting takes splits of this many keys instead of the wave model's even parts: on ragged
+# batches the longest-first order with 1,024-key parts read KV at 3.7-3.9 TB/s against 3.4-3.6
+# for the wave model's 3 even parts (H200, part79: B = 256 of U[100, 2048] 289-303 us against
+# 312-337; B = 128 145.6 against 151.2). MINILLM_DECODE_ORDER_PART overrides (0: the wave model).
+_DECODE_ORDER_PART_DEFAULT = 1024
 _DECODE_MAX_Q = 16  # sequences with at most this many new queries in a step take the decode kernel
 # a decode CTA's fixed cost (loading q, merging key groups, writing and merging a partial), in keys'
 # worth of streaming: what makes one more split not free. Fitted on the H200 (decode_splits)
@@ -275,18 +281,23 @@ def _copy_unit(*byte_values: int) -> tuple[str, int]:
     raise TypeError("row copies need 2-byte aligned rows")
 
 
-def decode_rope_max_tokens() -> int:
-    """MINILLM_DECODE_ROPE_MAX: the most rows of a decode step whose q/k norm + RoPE + KV store
-    run inside the attention kernel (decode_step_attention); larger steps launch them apart."""
-    raw = os.environ.get("MINILLM_DECODE_ROPE_MAX", str(_DECODE_ROPE_MAX_DEFAULT))
+def env_int(name: str, default: int, what: str) -> int:
+    """An integer >= 0 from the environment variable `name` (default when unset), or a ValueError
+    that names the variable and what it sets."""
+    raw = os.environ.get(name, str(default))
     try:
         v = int(raw)
     except ValueError:
-        raise ValueError(f"MINILLM_DECODE_ROPE_MAX={raw!r}: give a row count (an integer >= 0; "
-                         "0 never fuses)") from None
+        raise ValueError(f"{name}={raw!r}: give an integer >= 0 ({what})") from None
     if v < 0:
-        raise ValueError(f"MINILLM_DECODE_ROPE_MAX={v}: give an integer >= 0 (0 never fuses)")
+        raise ValueError(f"{name}={v}: give an integer >= 0 ({what})")
     return v
+
+
+def decode_rope_max_tokens() -> int:
+    """MINILLM_DECODE_ROPE_MAX: the most rows of a decode step whose q/k norm + RoPE + KV store
+    run inside the attention kernel (decode_step_attention); larger steps launch them apart."""
+    return env_int("MINILLM_DECODE_ROPE_MAX", _DECODE_ROPE_MAX_DEFAULT, "a row count; 0 never fuses")
 
 
 class CapturedGraph:
@@ -352,6 +363,8 @@ class CudaBackend:
                 print(f"minillm: programmatic dependent launch unavailable ({type(e).__name__}: {e}); "
                       "graphs launch kernels plainly", file=sys.stderr)
         self.decode_rope_max_tokens = decode_rope_max_tokens()
+        self.decode_order_part = env_int("MINILLM_DECODE_ORDER_PART", _DECODE_ORDER_PART_DEFAULT,
+                                         "keys per split of an ordered decode step (0: the wave model)")
         self._staging = cupy.cuda.alloc_pinned_memory(staging_bytes)
         self._staging_cap = staging_bytes
         self._staging_off = 0
@@ -1118,6 +1131,9 @@ class CudaBackend:
         T, H, D = q.shape
         _, bs, KH, _ = k_cache.shape
         B = seq_lens.shape[0]
+        if (order is not None and n_splits is None and part is None and self.decode_order_part
+                and T * KH >= self._decode_resident(D, H // KH)):
+            part = self.decode_order_part  # longest first: fixed parts (_DECODE_ORDER_PART_DEFAULT)
         p = self.decode_plan(T, H, KH, D, block_tables.shape[1] * bs, n_splits, part)
         ns = p["n_splits"]
         it = q.itemsize
