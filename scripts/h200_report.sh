@@ -1036,6 +1036,25 @@ part80() {  # session 11, call 2: an ordered decode step that fills the GPU take
   memcheck_reproducer 120
 }
 
+part81() {  # session 11, call 3: the order only for steps of a full wave of CTAs (part80's batch-1 graph
+  # 1.025 ms against 1.007: the order's load at each CTA's start); the attention op tests, 0.6B decode,
+  # throughput three times with the defaults and once with MINILLM_DECODE_ORDER=0, on another machine
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage attention_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    -k "decode or paged_attention or batch_invariant"
+  stage models 40 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  decode_06b 60
+  local i
+  for i in 1 2 3; do
+    stage "throughput_06b_$i" 60 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
+      --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b_$i.json"
+  done
+  stage throughput_06b_order0 60 env MINILLM_DECODE_ORDER=0 python3 -m minillm.bench throughput $M/q06 \
+    --device cuda --max-num-seqs 256 --max-model-len 2048 --max-num-batched-tokens 8192 \
+    --result-json "$W/throughput_06b_order0.json"
+}
+
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
   # part34's FMA tiles back with part40's every-thread arrivals and added the DL_MMA_B variant:
   # neither has run on a GPU, so the decoder's tests (the variant's too) and racecheck come first;

@@ -363,6 +363,7 @@ class CudaBackend:
                 print(f"minillm: programmatic dependent launch unavailable ({type(e).__name__}: {e}); "
                       "graphs launch kernels plainly", file=sys.stderr)
         self.decode_rope_max_tokens = decode_rope_max_tokens()
+        self.decode_order_min_ctas: int | None = None  # an ordered step's least CTAs (None: one wave; tests: 0)
         self.decode_order_part = env_int("MINILLM_DECODE_ORDER_PART", _DECODE_ORDER_PART_DEFAULT,
                                          "keys per split of an ordered decode step (0: the wave model)")
         self._staging = cupy.cuda.alloc_pinned_memory(staging_bytes)
@@ -1131,8 +1132,10 @@ class CudaBackend:
         T, H, D = q.shape
         _, bs, KH, _ = k_cache.shape
         B = seq_lens.shape[0]
-        if (order is not None and n_splits is None and part is None and self.decode_order_part
-                and T * KH >= self._decode_resident(D, H // KH)):
+        least = self._decode_resident(D, H // KH) if self.decode_order_min_ctas is None else self.decode_order_min_ctas
+        if order is not None and T * KH < least:
+            order = None  # one wave even unsplit: the order's extra load at each CTA's start buys nothing
+        if order is not None and n_splits is None and part is None and self.decode_order_part:
             part = self.decode_order_part  # longest first: fixed parts (_DECODE_ORDER_PART_DEFAULT)
         p = self.decode_plan(T, H, KH, D, block_tables.shape[1] * bs, n_splits, part)
         ns = p["n_splits"]
