@@ -461,8 +461,8 @@ __device__ __forceinline__ void decode_attention_impl(
       const T* q, i64 q_tok, i64 q_head, T* kc, T* vc, const int* block_tables, int bt_stride,   \
       const int* seq_lens, const int* query_start, int B, int n_tokens, T* out, i64 o_tok,       \
       i64 o_head, float* part_o, float* part_ml, int* counters, const int* order, int KH,         \
-      int block_size, int num_blocks, float scale_log2, int n_splits, int min_part, const T* k, i64 k_tok,        \
-      i64 k_head, const T* v, i64 v_tok, i64 v_head, const T* q_w, const T* k_w, float eps,      \
+      int block_size, int num_blocks, float scale_log2, int n_splits, int min_part, const T* k,   \
+      i64 k_tok, i64 k_head, const T* v, i64 v_tok, i64 v_head, const T* q_w, const T* k_w, float eps,      \
       const int* positions, const float* cos_sin, int max_pos, const int* slots, i64 n_slots) {  \
     RopeArgs<T> ra;                                                                               \
     ra.k = k; ra.k_tok = k_tok; ra.k_head = k_head;                                               \

@@ -129,6 +129,20 @@ throughput_06b_greedy() {  # the same workload sampled greedily (the default sam
     --max-model-len 2048 --max-num-batched-tokens 8192 --temperature 0 --result-json "$W/throughput_06b_greedy.json"
 }
 
+throughput_06b_env() {  # throughput_06b_env NAME VAR=VALUE: the workload below with one setting
+  stage "$1" 60 env "$2" python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
+    --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/$1.json"
+}
+
+throughput_06b_ab() {  # throughput_06b_ab TAG VAR A B: the workload with VAR=A, VAR=B, A, B (one machine)
+  local i v
+  for i in 1 2; do
+    for v in "$3" "$4"; do
+      throughput_06b_env "throughput_06b_$1${v}_$i" "$2=$v"
+    done
+  done
+}
+
 throughput_06b() {  # nano-vllm's workload
   stage throughput_06b "$1" python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
     --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b.json"
@@ -1004,14 +1018,7 @@ part79() {  # session 11, call 1: decode attention started longest context first
   stage decode_splits_order 240 python3 scripts/decode_splits.py --order --case "B=256" --case "B=128" \
     --case "B=192" --case "B=64" --splits 1,2,3,4,6 --json "$W/decode_splits_order.json"
   stage models 40 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
-  local i o
-  for i in 1 2; do
-    for o in 1 0; do
-      stage "throughput_06b_order${o}_$i" 60 env MINILLM_DECODE_ORDER=$o python3 -m minillm.bench throughput \
-        $M/q06 --device cuda --max-num-seqs 256 --max-model-len 2048 --max-num-batched-tokens 8192 \
-        --result-json "$W/throughput_06b_order${o}_$i.json"
-    done
-  done
+  throughput_06b_ab order MINILLM_DECODE_ORDER 1 0
   gpu_tests_full 200
 }
 
@@ -1022,14 +1029,7 @@ part80() {  # session 11, call 2: an ordered decode step that fills the GPU take
   setup
   facts > "$W/facts.txt" 2>&1
   models_q06_dflash 40
-  local i o
-  for i in 1 2; do
-    for o in 1024 0; do
-      stage "throughput_06b_part${o}_$i" 60 env MINILLM_DECODE_ORDER_PART=$o python3 -m minillm.bench throughput \
-        $M/q06 --device cuda --max-num-seqs 256 --max-model-len 2048 --max-num-batched-tokens 8192 \
-        --result-json "$W/throughput_06b_part${o}_$i.json"
-    done
-  done
+  throughput_06b_ab part MINILLM_DECODE_ORDER_PART 1024 0
   decode_06b 60
   gpu_tests_full 200
   failure_matrix 220
@@ -1047,12 +1047,9 @@ part81() {  # session 11, call 3: the order only for steps of a full wave of CTA
   decode_06b 60
   local i
   for i in 1 2 3; do
-    stage "throughput_06b_$i" 60 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
-      --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b_$i.json"
+    throughput_06b_env "throughput_06b_$i" MINILLM_DECODE_ORDER=1
   done
-  stage throughput_06b_order0 60 env MINILLM_DECODE_ORDER=0 python3 -m minillm.bench throughput $M/q06 \
-    --device cuda --max-num-seqs 256 --max-model-len 2048 --max-num-batched-tokens 8192 \
-    --result-json "$W/throughput_06b_order0.json"
+  throughput_06b_env throughput_06b_order0 MINILLM_DECODE_ORDER=0
 }
 
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put

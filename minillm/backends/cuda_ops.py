@@ -1128,12 +1128,16 @@ class CudaBackend:
         whose CTAs start first. The GPU starts a grid's CTAs in index order; with an order the
         kernel maps index i to KV head i % KH, then split, then row order[i // (KH x splits)], so a
         ragged batch given longest first runs its long contexts first and its short ones fill the
-        tail. The result is the same for any order."""
+        tail. The result is the same for any order. The order is dropped for steps whose CTAs
+        fit one wave unsplit (decode_order_min_ctas; None: the GPU's resident CTAs), and an
+        ordered step takes decode_order_part keys a split unless n_splits or part is given."""
         T, H, D = q.shape
         _, bs, KH, _ = k_cache.shape
         B = seq_lens.shape[0]
-        least = self._decode_resident(D, H // KH) if self.decode_order_min_ctas is None else self.decode_order_min_ctas
-        if order is not None and T * KH < least:
+        if order is not None and (order.dtype != np.int32 or order.ndim != 1 or order.shape[0] < T):
+            raise ValueError(f"decode attention: order must be int32 [>= {T}], got {order.dtype} {order.shape}")
+        least = self.decode_order_min_ctas
+        if order is not None and T * KH < (self._decode_resident(D, H // KH) if least is None else least):
             order = None  # one wave even unsplit: the order's extra load at each CTA's start buys nothing
         if order is not None and n_splits is None and part is None and self.decode_order_part:
             part = self.decode_order_part  # longest first: fixed parts (_DECODE_ORDER_PART_DEFAULT)
@@ -1154,8 +1158,6 @@ class CudaBackend:
         else:
             name = "paged_decode_rope_"
             args += (_i32(ns), _i32(p["min_part"])) + rope
-        if order is not None and (order.dtype != np.int32 or order.ndim != 1 or order.shape[0] < T):
-            raise ValueError(f"decode attention: order must be int32 [>= {T}], got {order.dtype} {order.shape}")
         self._launch(f"{name}{_suffix(q.dtype)}_d{D}_g{H // KH}", (T * KH * ns,), (_ATT_THREADS,), args)
         return p
 
