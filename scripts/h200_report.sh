@@ -1052,6 +1052,17 @@ part81() {  # session 11, call 3: the order only for steps of a full wave of CTA
   throughput_06b_env throughput_06b_order0 MINILLM_DECODE_ORDER=0
 }
 
+part82() {  # session 11, call 4: is 1,024 the best split length for an ordered decode step? Throughput
+  # with MINILLM_DECODE_ORDER_PART = 512, 768, 1024, 1536, 2048, then 1024 again (one machine)
+  setup
+  stage models 40 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  local v
+  for v in 512 768 1024 1536 2048; do
+    throughput_06b_env "throughput_06b_part$v" MINILLM_DECODE_ORDER_PART=$v
+  done
+  throughput_06b_env throughput_06b_part1024_again MINILLM_DECODE_ORDER_PART=1024
+}
+
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
   # part34's FMA tiles back with part40's every-thread arrivals and added the DL_MMA_B variant:
   # neither has run on a GPU, so the decoder's tests (the variant's too) and racecheck come first;
