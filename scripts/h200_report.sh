@@ -1063,6 +1063,13 @@ part82() {  # session 11, call 4: is 1,024 the best split length for an ordered 
   throughput_06b_env throughput_06b_part1024_again MINILLM_DECODE_ORDER_PART=1024
 }
 
+part83() {  # session 11, call 5: part82's best split length (2,048: one split up to 2,048 keys) against
+  # 1,024, alternately, twice on one machine
+  setup
+  stage models 40 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  throughput_06b_ab part MINILLM_DECODE_ORDER_PART 2048 1024
+}
+
 part42() {  # prepared for session 7's first call (not yet run). Session 6's last kernel commits put
   # part34's FMA tiles back with part40's every-thread arrivals and added the DL_MMA_B variant:
   # neither has run on a GPU, so the decoder's tests (the variant's too) and racecheck come first;
