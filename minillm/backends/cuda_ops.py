@@ -48,11 +48,13 @@ _DECODE_HEAD_DIMS, _DECODE_MAX_G, _DECODE_MAX_SPLITS, _DECODE_MIN_PART = (64, 12
 # (MINILLM_DECODE_ROPE_MAX overrides)
 _DECODE_ROPE_MAX_DEFAULT = 32
 # a decode step given a launch order (longest context first) whose CTAs fill the GPU without
-# splitting takes splits of this many keys instead of the wave model's even parts: on ragged
-# batches the longest-first order with 1,024-key parts read KV at 3.7-3.9 TB/s against 3.4-3.6
-# for the wave model's 3 even parts (H200, part79: B = 256 of U[100, 2048] 289-303 us against
-# 312-337; B = 128 145.6 against 151.2). MINILLM_DECODE_ORDER_PART overrides (0: the wave model).
-_DECODE_ORDER_PART_DEFAULT = 1024
+# splitting takes splits of this many keys instead of the wave model's even parts (the model
+# assumes every CTA alike). H200: on ragged batches the order with 1,024-key parts read KV at
+# 3.7-3.9 TB/s against 3.4-3.6 for the wave model's 3 even parts (part79: B = 256 of U[100, 2048]
+# 289-303 us against 312-337); in the throughput workload 2,048 (no split up to 2,048 keys) beat
+# 1,024 by 1.4% on one machine (part82/83: 23,520-23,721 against 23,263-23,380 tok/s) and 512 /
+# 768 / 1,536 were slower. MINILLM_DECODE_ORDER_PART overrides (0: the wave model).
+_DECODE_ORDER_PART_DEFAULT = 2048
 _DECODE_MAX_Q = 16  # sequences with at most this many new queries in a step take the decode kernel
 # a decode CTA's fixed cost (loading q, merging key groups, writing and merging a partial), in keys'
 # worth of streaming: what makes one more split not free. Fitted on the H200 (decode_splits)
