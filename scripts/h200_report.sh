@@ -1246,6 +1246,35 @@ sanitize_server_all() {  # the server reproducer under each of the four tools, o
   done
 }
 
+part84() {  # session 12, call 1: where the throughput run's time goes now (step profile), the
+  # 8,192-token prefill step split into kernels, the sampler, and two plain runs with copy bandwidth
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  stage throughput_profile 90 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
+    --max-model-len 2048 --max-num-batched-tokens 8192 --profile --result-json "$W/throughput_06b_profile.json" \
+    --profile-json "$W/throughput_06b_steps.json"
+  step_kernels_prefill q06 14 585 120
+  throughput_06b 60
+  stage throughput_06b_2 60 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
+    --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b_2.json"
+  stage sampler_bench 90 python3 scripts/sampler_bench.py --batches 64,192,256 --json "$W/sampler_bench.json"
+}
+
+step_kernels_prefill() {  # step_kernels_prefill MODEL BATCH CTX TIMEOUT: one step prefilling BATCH
+  # fresh CTX-token prompts, its time (events), then its kernels under ncu
+  local tag=$1_prefill_b$2_c$3
+  stage "step_$tag" "$4" python3 scripts/step_kernels.py $M/$1 --prefill --batch $2 --ctx $3 --json "$W/step_$tag.json"
+  stage "ncu_$tag" "$4" ncu --profile-from-start off --clock-control none --cache-control none \
+    --metrics gpu__time_duration.sum --csv --page raw python3 scripts/step_kernels.py $M/$1 --prefill \
+    --batch $2 --ctx $3 --under-ncu
+  local g
+  g=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['step_ms'] or 0)" "$W/step_$tag.json" 2>/dev/null || echo 0)
+  python3 scripts/step_kernels.py --parse "$W/ncu_$tag.log" --graph-ms "$g" --json "$W/kernels_$tag.json" \
+    | tee "$W/kernels_$tag.txt"
+  pack
+}
+
 step_kernels() {  # step_kernels MODEL BATCH CTX TIMEOUT [TEMPERATURE]: graph time, then the ncu kernel split
   local temp=${5:-0}
   local tag=$1_b$2_c$3

@@ -6,6 +6,8 @@
         python scripts/step_kernels.py MODEL --batch 1 --ctx 512 --under-ncu > ncu.csv
     python scripts/step_kernels.py --parse ncu.csv [--graph-ms X] [--json F]
 
+    python scripts/step_kernels.py MODEL --prefill --batch 14 --ctx 585     # one prefill step
+
 The first form fills `batch` sequences with `ctx`-token random prompts, decodes a few warm-up steps
 and times the decode step's CUDA graph with CUDA events (median of 20 replays). With --under-ncu the
 script brackets exactly one decode step with cudaProfilerStart/Stop, so ncu sees that step's kernels
@@ -68,6 +70,56 @@ def run_step(model: str, batch: int, ctx: int, profiling: bool, warmup: int = 4,
     return {"model": model, "batch": batch, "ctx": ctx, "temperature": temperature, "graph_ms": graph_ms}
 
 
+def run_prefill(model: str, batch: int, ctx: int, profiling: bool, warmup: int = 2, reps: int = 5,
+                temperature: float = 0.0) -> dict:
+    import time
+
+    import cupy
+
+    from minillm.args import EngineArgs
+    from minillm.engine.engine import LLMEngine
+    from minillm.sampling_params import SamplingParams
+
+    args = EngineArgs(model=model, device="cuda", max_num_seqs=batch, max_model_len=ctx + 64,
+                      max_num_batched_tokens=batch * ctx, enable_prefix_caching=False)
+    engine = LLMEngine(args)
+    rng = np.random.default_rng(0)
+    vocab = min(engine.config.vocab_size, engine.tokenizer.vocab_size)
+    stream = cupy.cuda.get_current_stream()
+
+    def prefill_once(tag: str) -> tuple[float, float]:
+        # max_tokens=1: the step that prefills the prompts also finishes them, freeing their blocks
+        for i in range(batch):
+            engine.add_request(rng.integers(0, vocab, ctx).tolist(),
+                               SamplingParams(temperature=temperature, max_tokens=1, ignore_eos=True),
+                               request_id=f"{tag}-{i}")
+        engine.backend.synchronize()
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        t0 = time.perf_counter()
+        start.record(stream)
+        seqs = [engine.requests[f"{tag}-{i}"] for i in range(batch)]
+        engine.step()
+        if any(s.num_computed < ctx for s in seqs):
+            raise RuntimeError("the prompts did not fit one step: raise max_num_batched_tokens")
+        while engine.has_unfinished():  # collect (async scheduling) and render
+            engine.step()
+        stop.record(stream)
+        engine.backend.synchronize()
+        return (time.perf_counter() - t0) * 1e3, cupy.cuda.get_elapsed_time(start, stop)
+
+    for w in range(warmup):
+        prefill_once(f"warm{w}")
+    if profiling:
+        cupy.cuda.profiler.start()
+        prefill_once("ncu")
+        cupy.cuda.profiler.stop()
+        return {"model": model, "prefill": True, "batch": batch, "ctx": ctx}
+    walls, events = zip(*(prefill_once(f"rep{r}") for r in range(reps)))
+    return {"model": model, "prefill": True, "batch": batch, "ctx": ctx, "tokens": batch * ctx,
+            "temperature": temperature, "wall_ms": float(np.median(walls)), "step_ms": float(np.median(events)),
+            "graph_ms": float(np.median(events))}
+
+
 def parse(csv_text: str, graph_ms: float | None) -> dict:
     """ncu --csv --page raw output -> {kernel: {calls, total_us}}, kernels sorted by time."""
     lines = [ln for ln in csv_text.splitlines() if ln.startswith('"')]
@@ -102,6 +154,8 @@ def main() -> int:
     p.add_argument("--under-ncu", action="store_true", help="profile one step: give it under ncu")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="sampling temperature of every sequence (0: greedy; the throughput workload: 0.6)")
+    p.add_argument("--prefill", action="store_true",
+                   help="measure the step that prefills `batch` fresh prompts of `ctx` tokens instead")
     p.add_argument("--json", default=None)
     ns = p.parse_args()
     if ns.parse:
@@ -117,7 +171,8 @@ def main() -> int:
     else:
         if not ns.model:
             p.error("give a MODEL directory (or --parse F)")
-        r = run_step(ns.model, ns.batch, ns.ctx, ns.under_ncu, temperature=ns.temperature)
+        run = run_prefill if ns.prefill else run_step
+        r = run(ns.model, ns.batch, ns.ctx, ns.under_ncu, temperature=ns.temperature)
         print(json.dumps(r))
     if ns.json:
         from minillm.bench.report import write_json

@@ -77,6 +77,12 @@ def run(ns: argparse.Namespace) -> dict:
         "short_sequences": short, "time_s": dt,
         "output_tok_s": out_tok / dt, "total_tok_s": (in_tok + out_tok) / dt,
     }
+    if llm.engine.backend.name == "cuda":
+        # machines of one kind differ (23.3k-24.2k tok/s for one build in session 11): each run
+        # records its own machine's copy bandwidth, measured after the timed generate
+        from minillm.bench.decode import copy_bandwidth
+
+        result["copy_bandwidth_tb_s"] = copy_bandwidth(llm.engine.backend) / 1e12
     if profiler is not None:
         result["step_profile"] = profiler.summary(dt)
         if ns.profile_json:
@@ -92,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"Total: {result['output_tokens']} tok, Time: {result['time_s']:.2f} s, "
-          f"Throughput: {result['output_tok_s']:.2f} tok/s (prompt + output: {result['total_tok_s']:.2f} tok/s)")
+          f"Throughput: {result['output_tok_s']:.2f} tok/s (prompt + output: {result['total_tok_s']:.2f} tok/s)"
+          + (f"; copy bandwidth {result['copy_bandwidth_tb_s']:.2f} TB/s" if "copy_bandwidth_tb_s" in result else ""))
     if "step_profile" in result:
         from minillm.engine.step_profile import format_summary
 
