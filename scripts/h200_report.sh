@@ -1261,6 +1261,13 @@ part84() {  # session 12, call 1: where the throughput run's time goes now (step
   stage sampler_bench 90 python3 scripts/sampler_bench.py --batches 64,192,256 --json "$W/sampler_bench.json"
 }
 
+part85() {  # session 12, call 2: part84's prefill split again (the script's check was wrong)
+  setup
+  stage models 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  step_kernels_prefill q06 14 585 120
+  step_kernels_prefill q06 4 2048 120
+}
+
 step_kernels_prefill() {  # step_kernels_prefill MODEL BATCH CTX TIMEOUT: one step prefilling BATCH
   # fresh CTX-token prompts, its time (events), then its kernels under ncu
   local tag=$1_prefill_b$2_c$3

@@ -99,7 +99,7 @@ def run_prefill(model: str, batch: int, ctx: int, profiling: bool, warmup: int =
         start.record(stream)
         seqs = [engine.requests[f"{tag}-{i}"] for i in range(batch)]
         engine.step()
-        if any(s.num_computed < ctx for s in seqs):
+        if any(not s.finished and s.num_computed < ctx for s in seqs):  # (finishing resets num_computed)
             raise RuntimeError("the prompts did not fit one step: raise max_num_batched_tokens")
         while engine.has_unfinished():  # collect (async scheduling) and render
             engine.step()
