@@ -2,6 +2,8 @@
 #include "common.cuh"
 
 // out[r, i] = silu(gate_up[r, i]) * gate_up[r, F + i]
+__device__ __forceinline__ float silu_times(float a, float b) { return a / (1.0f + expf(-a)) * b; }
+
 template <typename T>
 __device__ __forceinline__ void silu_mul_impl(const T* __restrict__ gu, i64 gu_stride,
                                               T* __restrict__ out, i64 out_stride, int F,
@@ -14,7 +16,27 @@ __device__ __forceinline__ void silu_mul_impl(const T* __restrict__ gu, i64 gu_s
   for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < F; i += gridDim.y * blockDim.x) {
     const float a = minillm::to_f(g[i]);
     const float b = minillm::to_f(g[F + i]);
-    o[i] = minillm::from_f<T>(a / (1.0f + expf(-a)) * b);
+    o[i] = minillm::from_f<T>(silu_times(a, b));
+  }
+}
+
+// The same for bf16 rows whose F, strides and pointers are multiples of 8 elements: 8 columns a
+// thread, moved as 16-byte words (the one-element version measured 90 us for 8,192 x 3,072 in a
+// prefill step, ~2.5x its bytes at copy bandwidth; part85). Same arithmetic, the same bits.
+extern "C" __global__ void silu_mul_bf16_vec8(const bf16* __restrict__ gu, i64 gu_stride,
+                                              bf16* __restrict__ out, i64 out_stride, int F, int rows) {
+  minillm::pdl_entry();
+  const int r = blockIdx.x;
+  if (r >= rows) return;
+  const bf16* g = gu + (i64)r * gu_stride;
+  bf16* o = out + (i64)r * out_stride;
+  for (int i = 8 * (blockIdx.y * blockDim.x + threadIdx.x); i < F; i += 8 * gridDim.y * blockDim.x) {
+    float a[8], b[8];
+    minillm::unpack_bf16x8(*reinterpret_cast<const uint4*>(g + i), a);
+    minillm::unpack_bf16x8(*reinterpret_cast<const uint4*>(g + F + i), b);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) a[e] = silu_times(a[e], b[e]);
+    *reinterpret_cast<uint4*>(o + i) = minillm::pack_bf16x8(a);
   }
 }
 

@@ -1268,6 +1268,27 @@ part85() {  # session 12, call 2: part84's prefill split again (the script's che
   step_kernels_prefill q06 4 2048 120
 }
 
+part86() {  # session 12, call 3: vectorised silu_mul, register q/k norm + RoPE, decode_rows; their op
+  # tests, the prefill step's split, then throughput against the previous commit's snapshot (.snap0,
+  # carried beside this one) alternating on one machine
+  setup
+  stage models 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  stage op_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    -k "silu or qk_norm or attention or decode_step"
+  step_kernels_prefill q06 14 585 120
+  local i
+  for i in 1 2; do
+    throughput_in . "throughput_06b_new_$i"
+    throughput_in ../.snap0 "throughput_06b_old_$i"
+  done
+  step_kernels q06 192 1024 90 0.6
+}
+
+throughput_in() {  # throughput_in DIR NAME: nano-vllm's workload run from the tree at DIR
+  stage "$2" 120 bash -c "cd $1 && PYTHONPATH=.:/tmp/site python3 -m minillm.bench throughput $M/q06 --device cuda \
+    --max-num-seqs 256 --max-model-len 2048 --max-num-batched-tokens 8192 --result-json $W/$2.json"
+}
+
 step_kernels_prefill() {  # step_kernels_prefill MODEL BATCH CTX TIMEOUT: one step prefilling BATCH
   # fresh CTX-token prompts, its time (events), then its kernels under ncu
   local tag=$1_prefill_b$2_c$3

@@ -222,14 +222,21 @@ def test_qk_norm_rope_store_kv(be, D, qk_norm, H, KH):
     assert np.array_equal(gk[~written], rk[~written]) and np.array_equal(gv, rv)
 
 
-def test_silu_mul(be):
+@pytest.mark.parametrize("F", [1000, 1001])
+def test_silu_mul(be, F):
+    """F = 1000 takes bf16's 8-column kernel, 1001 the one-column one; a row stride that is no
+    multiple of 8 sends the same data through the one-column kernel: the same bits."""
     rng = np.random.default_rng(3)
-    gu = (2 * rng.standard_normal((17, 2 * 1000))).astype(np.float32)
-    out = poisoned(be, (17, 1000))
+    gu = (2 * rng.standard_normal((17, 2 * F))).astype(np.float32)
+    out = poisoned(be, (17, F))
     be.silu_mul(be.asarray(gu), out)
-    ref = np.empty((17, 1000), np.float32)
+    ref = np.empty((17, F), np.float32)
     REF.silu_mul(rounded(be, gu), ref)
     assert rel_err(host(be, out), ref) < tol(be)
+    padded = be.asarray(np.pad(gu, ((0, 0), (0, 1))))[:, : 2 * F]  # row stride 2F + 1
+    out2 = poisoned(be, (17, F))
+    be.silu_mul(padded, out2)
+    assert np.array_equal(host(be, out2), host(be, out))
 
 
 def test_logit_transforms(be):
@@ -601,6 +608,17 @@ def test_attention_batch_invariant(be):
     be.attention(dq, dk, dv, i32(be, bt[:2]), i32(be, sl[:2]), i32(be, qs[:3]), D ** -0.5, alone,
                  max_query_len=9)  # the two verification blocks without the prefill chunk
     assert np.array_equal(host(be, mixed)[:18], host(be, alone)[:18])
+    # the runner's decode_rows hint (the short sequences' rows, in any order) changes no bit
+    for rows in (list(range(18)), list(range(9, 18)) + list(range(9))):
+        hinted = poisoned(be, q.shape)
+        be.attention(dq, dk, dv, i32(be, bt), i32(be, sl), i32(be, qs), D ** -0.5, hinted,
+                     decode_rows=i32(be, np.array(rows)))
+        assert np.array_equal(host(be, hinted), host(be, mixed))
+    # no short sequence: an empty hint launches no decode kernel, and the prefill rows are the same
+    prefill = poisoned(be, q.shape)
+    be.attention(dq[18:], dk, dv, i32(be, bt[2:]), i32(be, sl[2:]), i32(be, qs[2:] - 18), D ** -0.5,
+                 prefill[18:], decode_rows=i32(be, np.zeros(0)))
+    assert np.array_equal(host(be, prefill)[18:], host(be, mixed)[18:])
 
 
 @pytest.mark.parametrize("bs", [16, 32])

@@ -43,6 +43,7 @@ def decode_runner(bs: int, specs, rnd, room: int = 0) -> tuple[ModelRunner, list
     assert all(item.decode for item in batch)
     runner = ModelRunner.__new__(ModelRunner)  # prepare() needs only the block manager and buffers
     runner.bm = bm
+    runner.decode_max_q = 0  # NumPy's: no kernel split, so no decode_rows
     max_blocks = -(-max_len // bs)
     n = len(batch) + room
     runner.buf = StepBuffers(NumpyBackend(), n, n + 1, n, max_blocks)
@@ -191,7 +192,7 @@ def test_request_output_token_ids_are_a_snapshot_of_their_step(tmp_path):
 def test_decode_attention_order_is_longest_first_and_a_permutation(specs, extra, rnd):
     """prepare() gives a decode step's attention its rows longest context first (ties in batch
     order); graph padding appends the padding rows, so the order stays a permutation of every row
-    the kernel launches for; a step with longer query runs gets the rows as they come."""
+    the kernel launches for; a step with longer query runs leaves it alone."""
     runner, batch = decode_runner(4, specs, rnd, room=3)
     B = len(batch)
     assert runner.prepare(batch) == (B, B)
@@ -206,5 +207,38 @@ def test_decode_attention_order_is_longest_first_and_a_permutation(specs, extra,
     assert h["attn_order"][:B].tolist() == order
     seq = batch[0].seq  # the first sequence recomputing its last two tokens: not a decode step
     seq.num_computed -= 1
-    t, _ = runner.prepare([ScheduledSeq(seq, 2)])
-    assert runner.max_query_len == 2 and h["attn_order"][:t].tolist() == list(range(t))
+    runner.prepare([ScheduledSeq(seq, 2)])
+    assert runner.max_query_len == 2 and runner.num_decode_rows is None
+    assert h["attn_order"][:B].tolist() == order
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(4, 40), st.integers(0, 3), st.integers(1, 4)), min_size=1, max_size=10),
+       st.randoms(use_true_random=False))
+def test_decode_rows_are_the_short_sequences_rows_longest_first(specs, rnd):
+    """In a step whose longest query run exceeds decode_max_q, prepare() lists exactly the rows of
+    the sequences with at most decode_max_q new tokens (what the decode kernel takes), sequence
+    by sequence, longest context first, each sequence's rows in order; none when they overflow
+    the buffer."""
+    runner, batch = decode_runner(4, [(p, o) for p, o, _ in specs], rnd)
+    runner.decode_max_q = 2
+    max_len = max(p + o for p, o, _ in specs)  # room for every row; attn_order: a row a sequence
+    runner.buf = StepBuffers(NumpyBackend(), 4 * len(specs), len(specs) + 1, 4 * len(specs), -(-max_len // 4))
+    items = []
+    for item, (_, _, n) in zip(batch, specs):
+        n = min(n, item.seq.num_tokens)
+        item.seq.num_computed = item.seq.num_tokens - n
+        items.append(ScheduledSeq(item.seq, n))
+    t, _ = runner.prepare(items)
+    h = runner.buf.host
+    qs = h["query_start"][: len(items) + 1]
+    lens = h["seq_lens"][: len(items)]
+    short = [b for b, it in enumerate(items) if it.num_new <= 2]
+    expect = [r for b in sorted(short, key=lambda b: (-lens[b], b)) for r in range(qs[b], qs[b + 1])]
+    if runner.max_query_len <= 2:
+        assert runner.num_decode_rows is None  # the decode kernel takes the whole step
+    elif len(expect) > h["attn_order"].shape[0]:
+        assert runner.num_decode_rows is None
+    else:
+        assert runner.num_decode_rows == len(expect)
+        assert h["attn_order"][: len(expect)].tolist() == expect

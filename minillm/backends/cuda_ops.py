@@ -315,6 +315,7 @@ class CapturedGraph:
 
 class CudaBackend:
     name = "cuda"
+    decode_max_q = _DECODE_MAX_Q  # the runner's StepInputs.decode_rows: sequences this short
     device = "cuda"
 
     def __init__(self, dtype=None, device_id: int = 0, cublas_workspace_bytes: int = 32 << 20,
@@ -380,7 +381,7 @@ class CudaBackend:
         for mod, names in {
             "rows": ["gather_rows_u16", "gather_rows_u4", "gather_rows_u2",
                      "store_kv_u16", "store_kv_u4", "store_kv_u2", "fill_input_ids"],
-            "elementwise": ["silu_mul_bf16", "silu_mul_f32", "fill_bias_bf16_bf16",
+            "elementwise": ["silu_mul_bf16", "silu_mul_f32", "silu_mul_bf16_vec8", "fill_bias_bf16_bf16",
                             "fill_bias_f32_f32", "fill_bias_f32_bf16", "scale_softcap_bf16",
                             "scale_softcap_f32", "suppress_tokens_bf16", "suppress_tokens_f32",
                             "penalize_logits_bf16", "penalize_logits_f32"],
@@ -683,6 +684,11 @@ class CudaBackend:
             return
         _, os_ = _rows(out, "silu_mul out")
         F = out.shape[-1]
+        if (out.dtype == gate_up.dtype == BF16 and F % 8 == gs % 8 == os_ % 8 == 0
+                and gate_up.data.ptr % 16 == out.data.ptr % 16 == 0):
+            self._launch("silu_mul_bf16_vec8", (rows, _cdiv(F, 8 * 128)), (128,),
+                         (gate_up, _i64(gs), out, _i64(os_), _i32(F), _i32(rows)))
+            return
         self._launch("silu_mul_" + _suffix(out.dtype), (rows, min(64, -(-F // 256))), (256,),
                      (gate_up, _i64(gs), out, _i64(os_), _i32(F), _i32(rows)))
 
@@ -916,9 +922,10 @@ class CudaBackend:
 
     # ---- attention ----------------------------------------------------------------------
     def paged_attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start,
-                        scale: float, out, causal: bool = True, max_query_len: int | None = None) -> None:
+                        scale: float, out, causal: bool = True, max_query_len: int | None = None,
+                        decode_rows=None) -> None:
         self.attention(q, k_cache, v_cache, block_tables, seq_lens, query_start, scale, out, causal,
-                       max_query_len=max_query_len)
+                       max_query_len=max_query_len, decode_rows=decode_rows)
 
     def decode_step_attention(self, q, k, v, q_w, k_w, eps: float, positions, cos_sin, k_cache,
                               v_cache, slot_mapping, block_tables, seq_lens, query_start,
@@ -1014,14 +1021,15 @@ class CudaBackend:
                 and H // KH <= _PF_ROWS and _prefill_smem(q.shape[2]) <= self.max_smem)
 
     def decode_plan(self, T: int, H: int, KH: int, D: int, max_ctx: int,
-                    n_splits: int | None = None, part: int | None = None) -> dict:
+                    n_splits: int | None = None, part: int | None = None, rows: int | None = None) -> dict:
         """Splits for the decode kernel from static sizes only (graph-safe). part: keys per split
         for every token (a token takes ceil(len / part) splits) instead of each token's keys
-        divided into n_splits even parts."""
+        divided into n_splits even parts. rows: the rows launched, when fewer than T (the
+        scratch is still indexed by row, so its bounds take T)."""
         if n_splits is None and part is not None:
             n_splits = _cdiv(max_ctx, part)
         if n_splits is None:  # full waves of CTAs (decode_splits)
-            n_splits = decode_splits(T * KH, self._decode_resident(D, H // KH), max_ctx,
+            n_splits = decode_splits((T if rows is None else rows) * KH, self._decode_resident(D, H // KH), max_ctx,
                                      min(_DECODE_MAX_SPLITS, _cdiv(max_ctx, _DECODE_MIN_PART)))
         if T * KH > self._att_counters.size:
             n_splits = 1
@@ -1043,7 +1051,8 @@ class CudaBackend:
     def attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start, scale: float,
                   out, causal: bool = True, bq: int | None = None,
                   n_splits: int | None = None, kernel: str | None = None,
-                  max_query_len: int | None = None, part: int | None = None, order=None) -> dict:
+                  max_query_len: int | None = None, part: int | None = None, order=None,
+                  decode_rows=None) -> dict:
         """paged_attention with an optional forced kernel and launch shape (the tests run every
         variant): "decode" (cuda/decode_attention.cu) or "prefill" (cuda/prefill_attention.cu,
         bf16 tensor cores) for every sequence, "split" (each sequence by its own query count:
@@ -1053,7 +1062,10 @@ class CudaBackend:
         shares its step (batch invariance: speculative verification in bf16 needs it), and a step
         whose max_query_len (a host hint; unknown: T) is at most _DECODE_MAX_Q launches the decode
         kernel alone. fp32 storage (tests) takes the decode kernel for short steps, else tiled.
-        order: the decode kernel's launch order of the rows (_decode_attention)."""
+        order: the decode kernel's launch order of the rows (_decode_attention).
+        decode_rows (int32 [n], a host hint for "split"): every row of the sequences with at most
+        _DECODE_MAX_Q queries, and no other; the decode kernel's grid then covers these n rows
+        instead of all T (the others' CTAs would only exit). A row left out is not written."""
         T, H, D = q.shape
         if T == 0:
             return {}
@@ -1092,9 +1104,16 @@ class CudaBackend:
             if not self._decode_kernel_fits(q, k_cache, out):
                 raise ValueError(f"paged_attention: the decode kernel does not take q {q.shape} "
                                  f"{q.dtype} with KV heads {KH}")
+            rows = None
+            if kernel == "split" and decode_rows is not None:
+                if decode_rows.dtype != np.int32 or decode_rows.ndim != 1 or decode_rows.shape[0] > T:
+                    raise ValueError(f"paged_attention: decode_rows must be int32 [<= {T}], got "
+                                     f"{decode_rows.dtype} {decode_rows.shape}")
+                order, rows = decode_rows, decode_rows.shape[0]
             p = self._decode_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start,
                                        scale, out, causal, n_splits, part,
-                                       _DECODE_MAX_Q if kernel == "split" else 1 << 30, order=order)
+                                       _DECODE_MAX_Q if kernel == "split" else 1 << 30, order=order,
+                                       rows=rows)
             return {**p, "kernel": kernel}
         p = self.attention_plan(T, B, H, KH, D, block_tables.shape[1] * bs, q.itemsize, bq, n_splits)
         it = q.itemsize
@@ -1121,7 +1140,8 @@ class CudaBackend:
 
     def _decode_attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start,
                           scale: float, out, causal: bool, n_splits: int | None, part: int | None,
-                          max_nq: int, rope: tuple | None = None, order=None) -> dict:
+                          max_nq: int, rope: tuple | None = None, order=None,
+                          rows: int | None = None) -> dict:
         """cuda/decode_attention.cu's paged_decode_* or, given rope (the decode step's k and v
         rows, norm weights, positions, cos/sin table and slots, as kernel arguments; causal and
         one query a sequence), paged_decode_rope_*: the same leading arguments either way.
@@ -1132,18 +1152,22 @@ class CudaBackend:
         ragged batch given longest first runs its long contexts first and its short ones fill the
         tail. The result is the same for any order. The order is dropped for steps whose CTAs
         fit one wave unsplit (decode_order_min_ctas; None: the GPU's resident CTAs), and an
-        ordered step takes decode_order_part keys a split unless n_splits or part is given."""
+        ordered step takes decode_order_part keys a split unless n_splits or part is given.
+        rows (with order): launch only the rows order[:rows], a subset (attention's decode_rows)."""
         T, H, D = q.shape
         _, bs, KH, _ = k_cache.shape
         B = seq_lens.shape[0]
-        if order is not None and (order.dtype != np.int32 or order.ndim != 1 or order.shape[0] < T):
-            raise ValueError(f"decode attention: order must be int32 [>= {T}], got {order.dtype} {order.shape}")
-        least = self.decode_order_min_ctas
-        if order is not None and T * KH < (self._decode_resident(D, H // KH) if least is None else least):
-            order = None  # one wave even unsplit: the order's extra load at each CTA's start buys nothing
-        if order is not None and n_splits is None and part is None and self.decode_order_part:
-            part = self.decode_order_part  # longest first: fixed parts (_DECODE_ORDER_PART_DEFAULT)
-        p = self.decode_plan(T, H, KH, D, block_tables.shape[1] * bs, n_splits, part)
+        if rows is None:
+            if order is not None and (order.dtype != np.int32 or order.ndim != 1 or order.shape[0] < T):
+                raise ValueError(f"decode attention: order must be int32 [>= {T}], got {order.dtype} {order.shape}")
+            least = self.decode_order_min_ctas
+            if order is not None and T * KH < (self._decode_resident(D, H // KH) if least is None else least):
+                order = None  # one wave even unsplit: the order's extra load at each CTA's start buys nothing
+            if order is not None and n_splits is None and part is None and self.decode_order_part:
+                part = self.decode_order_part  # longest first: fixed parts (_DECODE_ORDER_PART_DEFAULT)
+        p = self.decode_plan(T, H, KH, D, block_tables.shape[1] * bs, n_splits, part, rows=rows)
+        if rows == 0:
+            return p  # no short sequence in the step: nothing to launch
         ns = p["n_splits"]
         it = q.itemsize
         part_o = self._att_scratch
@@ -1160,7 +1184,8 @@ class CudaBackend:
         else:
             name = "paged_decode_rope_"
             args += (_i32(ns), _i32(p["min_part"])) + rope
-        self._launch(f"{name}{_suffix(q.dtype)}_d{D}_g{H // KH}", (T * KH * ns,), (_ATT_THREADS,), args)
+        self._launch(f"{name}{_suffix(q.dtype)}_d{D}_g{H // KH}", ((T if rows is None else rows) * KH * ns,),
+                     (_ATT_THREADS,), args)
         return p
 
     # ---- sampling -----------------------------------------------------------------------

@@ -57,7 +57,8 @@ class StepBuffers:
             # (async scheduling: that id is not on the host yet), or -1 (input_ids holds it)
             "src_rows": ((max_tokens,), np.int32),
             # a decode step's rows, longest context first: the order decode attention starts
-            # their work in (a permutation of every row of the step, padding rows included)
+            # their work in (a permutation of every row of the step, padding rows included); in
+            # a step with long query runs, the rows of its short ones (StepInputs.decode_rows)
             "attn_order": ((max_seqs,), np.int32),
             # from here on: written on the device by the sampler, never uploaded
             "out_tokens": ((max_logits,), np.int32),
@@ -135,6 +136,10 @@ class ModelRunner:
         self.replays = 0  # graph replays so far (tests check that graphs were used)
         self.num_fill = 0  # rows of the prepared step whose input id comes from the device
         self.readback = TokenReadback(backend, max_logits)  # async scheduling's result copies
+        # a step's sequences with at most this many queries take the decode attention kernel when
+        # others take the prefill kernel (0: the backend does not split, NumPy)
+        self.decode_max_q = int(getattr(backend, "decode_max_q", 0))
+        self.num_decode_rows: int | None = None  # prepare(): StepInputs.decode_rows' length
 
     def prepare(self, batch: list[ScheduledSeq]) -> tuple[int, int]:
         """Fill the host buffers for this step; returns (num_tokens, num_logit_rows)."""
@@ -147,13 +152,36 @@ class ModelRunner:
             self.max_query_len = max(item.num_new for item in batch)  # attention's launch hint
         h = self.buf.host
         n = min(t, h["attn_order"].shape[0])
+        self.num_decode_rows = None
         if self.max_query_len == 1:  # a row a sequence: the longest contexts' attention starts first
             h["attn_order"][:n] = np.argsort(-h["seq_lens"][:n], kind="stable")
-        else:  # rows as they come (only decode steps read it)
-            h["attn_order"][:n] = self.buf.iota[:n]
+        elif self.max_query_len > self.decode_max_q > 0:
+            self._prepare_decode_rows(len(batch))
         if DEBUG:
             self._check(batch, t)
         return t, r
+
+    def _prepare_decode_rows(self, B: int) -> None:
+        """A step with long query runs (prefill chunks): attention runs the sequences of at most
+        decode_max_q queries (decodes riding along) with the decode kernel, the others with the
+        prefill kernel. attn_order gets the short sequences' rows, longest context first, so the
+        decode kernel's grid covers only them (a grid over every row measured 48-59 us a layer of
+        CTAs that only exit in an 8,192-token prefill step, part85). Left unset (the kernel then
+        walks every row) when they do not fit the buffer."""
+        h = self.buf.host
+        qs = h["query_start"][: B + 1]
+        qlen = np.diff(qs)
+        short = np.flatnonzero((qlen >= 1) & (qlen <= self.decode_max_q))
+        lens = qlen[short]
+        n = int(lens.sum())
+        if n > h["attn_order"].shape[0]:
+            return
+        short = short[np.argsort(-h["seq_lens"][short], kind="stable")]
+        lens = qlen[short]
+        # row i of the list: its sequence's first row plus its offset inside the sequence
+        firsts = np.repeat(qs[short] - (np.cumsum(lens) - lens), lens)
+        h["attn_order"][:n] = firsts + self.buf.iota[:n]
+        self.num_decode_rows = n
 
     def _prepare_decode(self, batch: list[ScheduledSeq]) -> int:
         """prepare() for a batch of plain decodes (the common step), with whole-array NumPy ops
@@ -334,9 +362,11 @@ class ModelRunner:
         d = self.buf.dev
         decode = DECODE_ORDER and max_query_len == 1 and t <= d["attn_order"].shape[0]
         order = d["attn_order"][:t] if decode else None
+        n = self.num_decode_rows if max_query_len > 1 else None
         return StepInputs(d["input_ids"][:t], d["positions"][:t], d["slot_mapping"][:t],
                           d["block_tables"][:B], d["seq_lens"][:B], d["query_start"][: B + 1],
-                          d["logits_indices"][:r], max_query_len, order)
+                          d["logits_indices"][:r], max_query_len, order,
+                          None if n is None else d["attn_order"][:n])
 
     def _forward(self, x: StepInputs, t: int, r: int, after_forward: bool = True):
         """Forward, after_forward, transform_logits: the device work of a step up to sampling,

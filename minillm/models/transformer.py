@@ -44,6 +44,9 @@ class StepInputs:
     # host hint for a decode step: its rows, longest context first; decode attention starts their
     # work in this order, so a ragged batch's short contexts fill the tail (results do not change)
     attn_order: object | None = None  # [T]
+    # host hint for a step with long query runs: every row of its sequences of at most
+    # backend.decode_max_q queries (the rows the decode kernel takes), longest context first
+    decode_rows: object | None = None  # [n]
 
 
 class Workspace:
@@ -155,7 +158,7 @@ class Transformer:
                                         self.cos_sin, k_cache[i], v_cache[i], x.slot_mapping)
                 B.paged_attention(q, k_cache[i], v_cache[i], x.block_tables, x.seq_lens,
                                   x.query_start, self.scale, out=attn, causal=causal,
-                                  max_query_len=x.max_query_len)
+                                  max_query_len=x.max_query_len, decode_rows=x.decode_rows)
             B.matmul(attn.reshape(T, c.q_size), lw.o, out=hidden)
             B.rms_norm(hidden, lw.mlp_norm, c.rms_norm_eps, out=normed, residual=residual)
             # gate_up GEMV and SiLU-and-multiply in one kernel when few rows (ws.gate_up unused then)
