@@ -1284,6 +1284,24 @@ part86() {  # session 12, call 3: vectorised silu_mul, register q/k norm + RoPE,
   step_kernels q06 192 1024 90 0.6
 }
 
+part87() {  # session 12, call 4: part86's code (decode_rows planned on T) through every GPU test, the
+  # failure matrix and memcheck; the throughput step profile, decode; the old snapshot's B = 192 split
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_q06_dflash 60
+  gpu_tests_full 240
+  failure_matrix 200
+  memcheck_reproducer 100
+  stage throughput_profile 90 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
+    --max-model-len 2048 --max-num-batched-tokens 8192 --profile --result-json "$W/throughput_06b_profile.json"
+  decode_06b 60
+  stage ncu_old_q06_b192_c1024_t0.6 90 bash -c "cd ../.snap0 && PYTHONPATH=.:/tmp/site ncu --profile-from-start off \
+    --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --page raw python3 \
+    scripts/step_kernels.py $M/q06 --batch 192 --ctx 1024 --temperature 0.6 --under-ncu"
+  python3 scripts/step_kernels.py --parse "$W/ncu_old_q06_b192_c1024_t0.6.log" | tee "$W/kernels_old_q06_b192_c1024_t0.6.txt"
+  pack
+}
+
 throughput_in() {  # throughput_in DIR NAME: nano-vllm's workload run from the tree at DIR
   stage "$2" 120 bash -c "cd $1 && PYTHONPATH=.:/tmp/site python3 -m minillm.bench throughput $M/q06 --device cuda \
     --max-num-seqs 256 --max-model-len 2048 --max-num-batched-tokens 8192 --result-json $W/$2.json"

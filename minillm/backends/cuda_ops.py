@@ -1021,15 +1021,14 @@ class CudaBackend:
                 and H // KH <= _PF_ROWS and _prefill_smem(q.shape[2]) <= self.max_smem)
 
     def decode_plan(self, T: int, H: int, KH: int, D: int, max_ctx: int,
-                    n_splits: int | None = None, part: int | None = None, rows: int | None = None) -> dict:
+                    n_splits: int | None = None, part: int | None = None) -> dict:
         """Splits for the decode kernel from static sizes only (graph-safe). part: keys per split
         for every token (a token takes ceil(len / part) splits) instead of each token's keys
-        divided into n_splits even parts. rows: the rows launched, when fewer than T (the
-        scratch is still indexed by row, so its bounds take T)."""
+        divided into n_splits even parts."""
         if n_splits is None and part is not None:
             n_splits = _cdiv(max_ctx, part)
         if n_splits is None:  # full waves of CTAs (decode_splits)
-            n_splits = decode_splits((T if rows is None else rows) * KH, self._decode_resident(D, H // KH), max_ctx,
+            n_splits = decode_splits(T * KH, self._decode_resident(D, H // KH), max_ctx,
                                      min(_DECODE_MAX_SPLITS, _cdiv(max_ctx, _DECODE_MIN_PART)))
         if T * KH > self._att_counters.size:
             n_splits = 1
@@ -1165,7 +1164,8 @@ class CudaBackend:
                 order = None  # one wave even unsplit: the order's extra load at each CTA's start buys nothing
             if order is not None and n_splits is None and part is None and self.decode_order_part:
                 part = self.decode_order_part  # longest first: fixed parts (_DECODE_ORDER_PART_DEFAULT)
-        p = self.decode_plan(T, H, KH, D, block_tables.shape[1] * bs, n_splits, part, rows=rows)
+        # planned on T even with rows: the splits (so the bits) of a row do not depend on the hint
+        p = self.decode_plan(T, H, KH, D, block_tables.shape[1] * bs, n_splits, part)
         if rows == 0:
             return p  # no short sequence in the step: nothing to launch
         ns = p["n_splits"]
