@@ -1302,6 +1302,21 @@ part87() {  # session 12, call 4: part86's code (decode_rows planned on T) throu
   pack
 }
 
+part88() {  # session 12, call 5: the final code on another machine: throughput three times (each run
+  # records its copy bandwidth), single-stream decode of both shapes
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models 120 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  local i
+  for i in 1 2 3; do
+    stage "throughput_06b_$i" 90 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
+      --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b_$i.json"
+  done
+  decode_06b 60
+  decode_8b 90
+}
+
 throughput_in() {  # throughput_in DIR NAME: nano-vllm's workload run from the tree at DIR
   stage "$2" 120 bash -c "cd $1 && PYTHONPATH=.:/tmp/site python3 -m minillm.bench throughput $M/q06 --device cuda \
     --max-num-seqs 256 --max-model-len 2048 --max-num-batched-tokens 8192 --result-json $W/$2.json"
