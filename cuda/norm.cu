@@ -40,9 +40,12 @@ __device__ __forceinline__ void rms_norm_impl(const T* x, i64 x_stride, T* resid
 #define QK_WARPS 4
 #define QK_MAX_D 512
 
-// grid (tokens, ceil(heads / QK_WARPS)); one warp per head: q heads first, then k heads, then
-// (only when the caches are given) v heads. cos_sin is [max_pos, D] fp32 with cos in the first
-// half of a row and sin in the second.
+// grid (tokens, y); warp w of CTA (t, y) takes heads y * QK_WARPS + w, then every gridDim.y *
+// QK_WARPS heads further: q heads first, then k heads, then (only when the caches are given) v
+// heads. The backend launches one head a warp (y = ceil(heads / QK_WARPS)) for small steps and
+// one CTA a token (y = 1) for large ones: at 8,192 tokens x 32 heads the 65,536 CTAs of the
+// first shape took 94 us, ~4x the bytes' time (part86), bound by starting CTAs rather than by
+// loads. cos_sin is [max_pos, D] fp32 with cos in the first half of a row and sin in the second.
 //
 // With caches this is qk_norm_rope_store_kv: every k head is also written, normed and rotated,
 // to its cache slot and every v head copied to its slot, so a layer needs no separate store_kv
@@ -60,41 +63,48 @@ __device__ __forceinline__ void qk_norm_rope_impl(
   __shared__ float buf[QK_WARPS][QK_MAX_D];
   const int t = blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int head = blockIdx.y * QK_WARPS + warp;
   const bool store = k_cache != nullptr;
-  if (t >= n_tokens || head >= H + KH + (store ? KH : 0)) return;  // whole warps leave together
+  const int n_heads = H + KH + (store ? KH : 0);
+  if (t >= n_tokens) return;
   i64 slot = -1;
   if (store) {
     slot = slots[t];
     MINILLM_CHECK(slot < n_slots);
   }
-  if (head >= H + KH) {  // a v head: only a copy into its cache slot
-    if (slot >= 0) {
-      const int h = head - H - KH;
-      const T* src = v + (i64)t * v_tok + (i64)h * v_head;
-      T* dst = v_cache + (slot * KH + h) * D;
-      for (int i = lane; i < D; i += 32) dst[i] = src[i];
-    }
-    return;
-  }
-  const bool is_q = head < H;
-  T* x = is_q ? q + (i64)t * q_tok + (i64)head * q_head : k + (i64)t * k_tok + (i64)(head - H) * k_head;
-  T* cache_row = (!is_q && slot >= 0) ? k_cache + (slot * KH + (head - H)) * D : nullptr;
-  const T* w = is_q ? q_w : k_w;
   const int pos = positions[t];
   MINILLM_CHECK(pos >= 0 && pos < max_pos);
-  minillm::warp_qk_norm_rope<T>(x, w, eps, cos_sin + (i64)pos * D, buf[warp], D, lane, [&](int i, T o) {
-    x[i] = o;
-    if (cache_row) cache_row[i] = o;
-  });
+#pragma unroll 1
+  for (int head = blockIdx.y * QK_WARPS + warp; head < n_heads; head += gridDim.y * QK_WARPS) {
+    if (head >= H + KH) {  // a v head: only a copy into its cache slot
+      if (slot >= 0) {
+        const int h = head - H - KH;
+        const T* src = v + (i64)t * v_tok + (i64)h * v_head;
+        T* dst = v_cache + (slot * KH + h) * D;
+        for (int i = lane; i < D; i += 32) dst[i] = src[i];
+      }
+      continue;
+    }
+    const bool is_q = head < H;
+    T* x = is_q ? q + (i64)t * q_tok + (i64)head * q_head : k + (i64)t * k_tok + (i64)(head - H) * k_head;
+    T* cache_row = (!is_q && slot >= 0) ? k_cache + (slot * KH + (head - H)) * D : nullptr;
+    const T* w = is_q ? q_w : k_w;
+    minillm::warp_qk_norm_rope<T>(x, w, eps, cos_sin + (i64)pos * D, buf[warp], D, lane, [&](int i, T o) {
+      x[i] = o;
+      if (cache_row) cache_row[i] = o;
+    });
+    __syncwarp();  // the general path's buf is reused by this warp's next head
+  }
 }
 
+// qk_norm_rope kernels: __launch_bounds__(128, 10) keeps them at 48 registers (10 CTAs an SM, as
+// before the head loop; without it ptxas took 69, 7 CTAs an SM, and a decode step's one-head-a-warp
+// grid of 192 x 8 CTAs would no longer fit one wave).
 #define MINILLM_NORM(SUFFIX, T)                                                                 \
   extern "C" __global__ void rms_norm_##SUFFIX(const T* x, i64 xs, T* res, i64 rs, const T* w,  \
                                                float eps, T* out, i64 os, int N, int rows) {    \
     rms_norm_impl<T>(x, xs, res, rs, w, eps, out, os, N, rows);                                 \
   }                                                                                             \
-  extern "C" __global__ void qk_norm_rope_##SUFFIX(                                             \
+  extern "C" __global__ void __launch_bounds__(128, 10) qk_norm_rope_##SUFFIX(                   \
       T* q, i64 q_tok, i64 q_head, T* k, i64 k_tok, i64 k_head, const T* q_w, const T* k_w,     \
       float eps, const int* positions, const float* cos_sin, int max_pos, int n_tokens, int H,  \
       int KH, int D) {                                                                          \
@@ -102,7 +112,7 @@ __device__ __forceinline__ void qk_norm_rope_impl(
                          positions, cos_sin, max_pos, nullptr, nullptr, nullptr, 0, n_tokens, H, \
                          KH, D);                                                                \
   }                                                                                             \
-  extern "C" __global__ void qk_norm_rope_store_kv_##SUFFIX(                                    \
+  extern "C" __global__ void __launch_bounds__(128, 10) qk_norm_rope_store_kv_##SUFFIX(          \
       T* q, i64 q_tok, i64 q_head, T* k, i64 k_tok, i64 k_head, const T* v, i64 v_tok,          \
       i64 v_head, const T* q_w, const T* k_w, float eps, const int* positions,                  \
       const float* cos_sin, int max_pos, T* k_cache, T* v_cache, const int* slots, i64 n_slots, \

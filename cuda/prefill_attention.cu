@@ -17,7 +17,7 @@
 // its rows cannot see (causal), and keys past a row's limit are masked to -inf.
 // Sequences with fewer than min_nq new queries are skipped (decode_attention.cu takes them in the
 // same step). Grid: (an upper bound on the step's query tiles, KH); where each CTA works comes from
-// device buffers, like the other attention kernels.
+// device buffers, like the other attention kernels; CTA i takes the i-th tile from the end.
 //
 // (The first version kept S, P and O in shared memory between wmma calls: 36 TFLOP/s on a 4,096 x
 // 4,096 causal prefill with the 8B heads; this one 133 TFLOP/s, scripts/prefill_bench.py on the
@@ -76,16 +76,40 @@ __device__ __forceinline__ void prefill_attention_impl(
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g8 = lane >> 2, t4 = lane & 3;  // fragment row group and column pair
   const int kh = blockIdx.y;
-  if (tid == 0) {  // which sequence and which of its query tiles this CTA owns
-    int tile = blockIdx.x, found = -1, first = 0;
-    for (int i = 0; i < B; ++i) {
-      const int nq_i = query_start[i + 1] - query_start[i];
-      const int n = nq_i < min_nq ? 0 : (nq_i + bq - 1) / bq;  // short runs: decode_attention.cu
-      if (tile < n) { found = i; first = tile * bq; break; }
-      tile -= n;
+  if (warp == 0) {  // which sequence and which of its query tiles this CTA owns
+    // Tiles are numbered sequence by sequence, and CTAs take them from the last: the hardware
+    // starts CTAs in index order, and a causal chunk's last tiles see the most keys, so the
+    // longest CTAs start first and the short ones fill the tail (the grid is an upper bound on
+    // the tiles: the first CTAs may find none and leave). 32 sequences a round, a lane each (one
+    // thread walking the sequences cost ~2 loads a sequence per CTA: mixed steps hold 100-250).
+    int tile = gridDim.x - 1 - blockIdx.x, found = -1, first = 0;
+    for (int base = 0; base < B; base += 32) {
+      const int i = base + lane;
+      int n = 0;
+      if (i < B) {
+        const int nq_i = query_start[i + 1] - query_start[i];
+        n = nq_i < min_nq ? 0 : (nq_i + bq - 1) / bq;  // short runs: decode_attention.cu
+      }
+      int inc = n;  // tiles of sequences base..i
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, inc, o);
+        if (lane >= o) inc += y;
+      }
+      const unsigned hit = __ballot_sync(0xffffffffu, tile < inc);
+      if (hit) {
+        const int l = __ffs(hit) - 1;
+        const int before = __shfl_sync(0xffffffffu, inc - n, l);
+        found = base + l;
+        first = (tile - before) * bq;
+        break;
+      }
+      tile -= __shfl_sync(0xffffffffu, inc, 31);
     }
-    s_b = found;
-    s_q0 = first;
+    if (lane == 0) {
+      s_b = found;
+      s_q0 = first;
+    }
   }
   __syncthreads();
   const int b = s_b, q0 = s_q0;

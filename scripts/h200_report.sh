@@ -1317,6 +1317,23 @@ part88() {  # session 12, call 5: the final code on another machine: throughput 
   decode_8b 90
 }
 
+part89() {  # session 12, call 6: prefill attention taking tiles from the end (its sequence search
+  # by a warp), q/k norm + RoPE as one CTA a token in large steps: every GPU test, the prefill
+  # step's split, throughput against the previous commit (.snap0) alternating, the B = 192 split
+  setup
+  stage models 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  gpu_tests_full 240
+  step_kernels_prefill q06 14 585 120
+  local i
+  for i in 1 2; do
+    throughput_in . "throughput_06b_new_$i"
+    throughput_in ../.snap0 "throughput_06b_old_$i"
+  done
+  stage throughput_profile 90 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
+    --max-model-len 2048 --max-num-batched-tokens 8192 --profile --result-json "$W/throughput_06b_profile.json"
+  step_kernels q06 192 1024 90 0.6
+}
+
 throughput_in() {  # throughput_in DIR NAME: nano-vllm's workload run from the tree at DIR
   stage "$2" 120 bash -c "cd $1 && PYTHONPATH=.:/tmp/site python3 -m minillm.bench throughput $M/q06 --device cuda \
     --max-num-seqs 256 --max-model-len 2048 --max-num-batched-tokens 8192 --result-json $W/$2.json"

@@ -178,11 +178,12 @@ def test_qk_norm_rope(be, D, qk_norm):
     assert np.array_equal(got[:, (H + KH) * D:], ref[:, (H + KH) * D:])  # v untouched
 
 
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", [32, 64, 128, 256])  # 32: the shared-memory path, others registers
 @pytest.mark.parametrize("qk_norm", [False, True])
 @pytest.mark.parametrize("H,KH", [(8, 2), (9, 3)])  # 12 heads: 3 full CTAs; 15: a partial one
-def test_qk_norm_rope_store_kv(be, D, qk_norm, H, KH):
-    """The fused op against the oracle, and bit for bit against qk_norm_rope then store_kv."""
+def test_qk_norm_rope_store_kv(be, D, qk_norm, H, KH, monkeypatch):
+    """The fused op against the oracle, and bit for bit against qk_norm_rope then store_kv, and
+    against itself launched as one CTA a token (the grid of large steps)."""
     rng = np.random.default_rng(D + qk_norm + H)
     T, nb, bs = 12, 10, 16
     cs, qkv, qw, kw, pos = rope_case(rng, T, H, KH, D)
@@ -210,6 +211,13 @@ def test_qk_norm_rope_store_kv(be, D, qk_norm, H, KH):
     got = run(fused=True)
     for a, b in zip(got, run(fused=False)):
         assert np.array_equal(a, b)
+    if be.name == "cuda":
+        from minillm.backends import cuda_ops
+
+        monkeypatch.setattr(cuda_ops, "_QK_TOKEN_CTA_MIN", 1)  # every warp walks several heads
+        for fused in (True, False):
+            for a, b in zip(got, run(fused)):
+                assert np.array_equal(a, b)
     ref, rk, rv = rounded(be, qkv), rounded(be, kc0), rounded(be, vc0)
     REF.qk_norm_rope_store_kv(*split(ref), rounded(be, qw) if qk_norm else None,
                               rounded(be, kw) if qk_norm else None, 1e-6, pos, cs, rk, rv, slots)

@@ -256,6 +256,17 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# cuda/norm.cu's qk_norm_rope kernels: from this many tokens, one CTA (4 warps) a token walking
+# its heads instead of one warp a head. At 8,190 tokens x 32 heads the warp-a-head grid took 94 us
+# a layer, bound by starting 65,536 small CTAs (part86); decode steps (at most a few hundred
+# tokens) keep it. Sizes between were not measured.
+_QK_TOKEN_CTA_MIN = 4096
+
+
+def _qk_grid_y(T: int, n_heads: int) -> int:
+    return 1 if T >= _QK_TOKEN_CTA_MIN else _cdiv(n_heads, 4)
+
+
 def _rows(a, what: str) -> tuple[int, int]:
     """(number of rows, row stride in elements) for an array whose rows (over the first axis)
     are contiguous; raises for layouts the kernels cannot walk."""
@@ -634,7 +645,7 @@ class CudaBackend:
         self._check_qk_rope("qk_norm_rope", q, k, positions, cos_sin)
         it = q.itemsize
         self._launch(
-            "qk_norm_rope_" + _suffix(q.dtype), (T, (H + KH + 3) // 4), (128,),
+            "qk_norm_rope_" + _suffix(q.dtype), (T, _qk_grid_y(T, H + KH)), (128,),
             (q, _i64(q.strides[0] // it), _i64(q.strides[1] // it), k, _i64(k.strides[0] // it),
              _i64(k.strides[1] // it), q_w if q_w is not None else _NULL,
              k_w if k_w is not None else _NULL, np.float32(eps), positions, cos_sin,
@@ -652,7 +663,7 @@ class CudaBackend:
                              slot_mapping)
         it = q.itemsize
         self._launch(
-            "qk_norm_rope_store_kv_" + _suffix(q.dtype), (T, _cdiv(H + 2 * KH, 4)), (128,),
+            "qk_norm_rope_store_kv_" + _suffix(q.dtype), (T, _qk_grid_y(T, H + 2 * KH)), (128,),
             (q, _i64(q.strides[0] // it), _i64(q.strides[1] // it), k, _i64(k.strides[0] // it),
              _i64(k.strides[1] // it), v, _i64(v.strides[0] // it), _i64(v.strides[1] // it),
              q_w if q_w is not None else _NULL, k_w if k_w is not None else _NULL, np.float32(eps),
