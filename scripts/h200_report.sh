@@ -1334,6 +1334,24 @@ part89() {  # session 12, call 6: prefill attention taking tiles from the end (i
   step_kernels q06 192 1024 90 0.6
 }
 
+part90a() {  # session 12, call 7: only brings the GGUF's first half to /tmp (setup copies .gguf_a)
+  setup
+  ls -l /tmp/gguf_a | tee "$W/gguf_a.txt"
+}
+
+part90b() {  # session 12, call 8 (right after part90a, on the same machine): SmolLM2 on the GPU
+  # against the CPU with this session's kernels (head dim 64: q/k RoPE's register path), then
+  # throughput twice more
+  setup
+  stage smollm2_gpu 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -s tests/test_gpu_engine.py -k smollm2
+  stage models 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  local i
+  for i in 1 2; do
+    stage "throughput_06b_$i" 90 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
+      --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b_$i.json"
+  done
+}
+
 throughput_in() {  # throughput_in DIR NAME: nano-vllm's workload run from the tree at DIR
   stage "$2" 120 bash -c "cd $1 && PYTHONPATH=.:/tmp/site python3 -m minillm.bench throughput $M/q06 --device cuda \
     --max-num-seqs 256 --max-model-len 2048 --max-num-batched-tokens 8192 --result-json $W/$2.json"
