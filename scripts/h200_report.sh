@@ -1352,6 +1352,21 @@ part90b() {  # session 12, call 8 (right after part90a, on the same machine): Sm
   done
 }
 
+part91() {  # session 12, call 9: the sampler as one 1,024-thread CTA a row (was 512, two an SM): every
+  # GPU test, the sampler bench and throughput against the previous commit (.snap0), alternating
+  setup
+  stage models 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  gpu_tests_full 240
+  stage sampler_bench_new 90 python3 scripts/sampler_bench.py --batches 1,64,192,256 --json "$W/sampler_bench_new.json"
+  stage sampler_bench_old 90 bash -c "cd ../.snap0 && PYTHONPATH=.:/tmp/site python3 scripts/sampler_bench.py \
+    --batches 1,64,192,256 --json $W/sampler_bench_old.json"
+  local i
+  for i in 1 2; do
+    throughput_in . "throughput_06b_new_$i"
+    throughput_in ../.snap0 "throughput_06b_old_$i"
+  done
+}
+
 throughput_in() {  # throughput_in DIR NAME: nano-vllm's workload run from the tree at DIR
   stage "$2" 120 bash -c "cd $1 && PYTHONPATH=.:/tmp/site python3 -m minillm.bench throughput $M/q06 --device cuda \
     --max-num-seqs 256 --max-model-len 2048 --max-num-batched-tokens 8192 --result-json $W/$2.json"
