@@ -31,18 +31,17 @@
 // inside a run of tied logits (ties kept in index order), or whose vocabulary is over
 // SAMPLE_TILE * SAMPLE_MAX_TILES, still take that serial draw (the end of sample_tokens).
 //
-// One CTA of SAMPLE_THREADS threads per row, one CTA an SM (64 registers). A row's passes are
-// bound by each warp's load latency (a warp loads its tiles, then computes on them), so a row runs
-// faster the more warps share it: with 512 threads and two CTAs an SM, a temperature row took 69 us
-// at 64 rows (half the SMs idle) and 130 us at 192 (part84, scripts/sampler_bench.py).
+// One CTA of SAMPLE_THREADS threads per row, two CTAs an SM (64 registers). One 1,024-thread CTA
+// a row (twice the warps, so twice the loads in flight a row) measured a temperature row 67 -> 57 us
+// at 1-64 rows but no faster at 192-256 (130 / 139 us either way) and top-p 0.9 25% slower there
+// (part91): with the SMs full, the weight pass is bound by the SM's float64 work, not by latency.
 #include "common.cuh"
 
-#define SAMPLE_THREADS 1024
+#define SAMPLE_THREADS 512
 #define SAMPLE_TILE 64  // tokens a tile (two a lane); tile sums live in shared memory
 #define SAMPLE_MAX_TILES 4096  // vocabularies up to 262,144 take the tiled draw
 #define SAMPLE_GROUP 4  // tiles a warp loads before it computes (memory-level parallelism)
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)
-static_assert(SAMPLE_WARPS <= 32, "the draw's warp 0 holds one warp total a lane");
 
 namespace {
 
@@ -406,7 +405,7 @@ __device__ void sample_from_tiles(const float* __restrict__ lg, int V, unsigned 
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 2)
 sample_tokens(const float* __restrict__ logits, i64 stride, int V,
               const float* __restrict__ temperature, const float* __restrict__ top_p,
               const int* __restrict__ top_k, const void* __restrict__ seeds, int seed_bytes,
