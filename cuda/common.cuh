@@ -139,7 +139,7 @@ __device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, int s
 // warp_qk_norm_rope for D = 32 N with N even: lane l holds elements l + 32 m (m < N) in
 // registers, so element i and its rotation partner i +- D / 2 sit in the same lane, and every load
 // (x, w, the cos/sin row) is issued before any arithmetic. The same operations in the same order
-// as the general loop below, so the same bits; in a 8,192-token prefill step the general loop (its
+// as the general loop below, so the same bits; in an 8,192-token prefill step the general loop (its
 // loads spread over three dependent phases, through shared memory) took 110 us a layer (part85).
 template <typename T, int N, typename Store>
 __device__ __forceinline__ void warp_qk_norm_rope_regs(const T* x, const T* w, float eps, const float* cs,

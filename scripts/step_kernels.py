@@ -13,6 +13,13 @@ and times the decode step's CUDA graph with CUDA events (median of 20 replays). 
 script brackets exactly one decode step with cudaProfilerStart/Stop, so ncu sees that step's kernels
 (the graph's nodes, each timed alone: ncu serialises them). --parse groups the CSV by kernel and,
 given the graph time, says how much of the step is kernels and how much is the gaps between them.
+
+With --prefill the step measured is instead the first step of `batch` fresh `ctx`-token prompts,
+all prefilled at once (the throughput workload's mixed steps are ~8,192 prompt tokens of ~14
+sequences): wall and CUDA-event time of the step (median of 5, after 2 warm-up steps; the events
+bracket the host's scheduling and input preparation too, during which the device idles: in the
+throughput run async scheduling hides that), and under ncu its kernels (eager launches, not a
+graph; --parse then takes the step's time as --graph-ms).
 """
 
 from __future__ import annotations
@@ -116,8 +123,7 @@ def run_prefill(model: str, batch: int, ctx: int, profiling: bool, warmup: int =
         return {"model": model, "prefill": True, "batch": batch, "ctx": ctx}
     walls, events = zip(*(prefill_once(f"rep{r}") for r in range(reps)))
     return {"model": model, "prefill": True, "batch": batch, "ctx": ctx, "tokens": batch * ctx,
-            "temperature": temperature, "wall_ms": float(np.median(walls)), "step_ms": float(np.median(events)),
-            "graph_ms": float(np.median(events))}
+            "temperature": temperature, "wall_ms": float(np.median(walls)), "step_ms": float(np.median(events))}
 
 
 def parse(csv_text: str, graph_ms: float | None) -> dict:

@@ -358,11 +358,13 @@ class ModelRunner:
         return ids.astype(np.int32), pos, neg, sub
 
     # ---- running a step --------------------------------------------------------------------
-    def _inputs(self, B: int, t: int, r: int, max_query_len: int) -> StepInputs:
+    def _inputs(self, B: int, t: int, r: int, max_query_len: int, prepared: bool = False) -> StepInputs:
+        """The step's device inputs. prepared: the step prepare() just filled (an eager step), so
+        its decode_rows may be passed; graphs are captured and replayed without them."""
         d = self.buf.dev
         decode = DECODE_ORDER and max_query_len == 1 and t <= d["attn_order"].shape[0]
         order = d["attn_order"][:t] if decode else None
-        n = self.num_decode_rows if max_query_len > 1 else None
+        n = self.num_decode_rows if prepared and max_query_len > 1 else None
         return StepInputs(d["input_ids"][:t], d["positions"][:t], d["slot_mapping"][:t],
                           d["block_tables"][:B], d["seq_lens"][:B], d["query_start"][: B + 1],
                           d["logits_indices"][:r], max_query_len, order,
@@ -392,7 +394,7 @@ class ModelRunner:
     def _eager_forward(self, B: int, t: int, r: int, after_forward: bool = True):
         """Upload the prepared step and launch its forward (no graph); returns the logits rows."""
         self._upload(B, t)
-        x = self._inputs(B, t, r, self.max_query_len)
+        x = self._inputs(B, t, r, self.max_query_len, prepared=True)
         logits = self._forward(x, t, r, after_forward)
         self.last_inputs, self.last_num_tokens = x, t
         return logits
