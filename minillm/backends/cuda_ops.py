@@ -264,7 +264,7 @@ _QK_TOKEN_CTA_MIN = 4096
 
 
 def _qk_grid_y(T: int, n_heads: int) -> int:
-    return 1 if T >= _QK_TOKEN_CTA_MIN else _cdiv(n_heads, 4)
+    return 1 if T >= _QK_TOKEN_CTA_MIN else _cdiv(n_heads, 4)  # 4: norm.cu's QK_WARPS
 
 
 def _rows(a, what: str) -> tuple[int, int]:
