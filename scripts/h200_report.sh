@@ -1276,11 +1276,7 @@ part86() {  # session 12, call 3: vectorised silu_mul, register q/k norm + RoPE,
   stage op_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
     -k "silu or qk_norm or attention or decode_step"
   step_kernels_prefill q06 14 585 120
-  local i
-  for i in 1 2; do
-    throughput_in . "throughput_06b_new_$i"
-    throughput_in ../.snap0 "throughput_06b_old_$i"
-  done
+  throughput_vs_old
   step_kernels q06 192 1024 90 0.6
 }
 
@@ -1324,11 +1320,7 @@ part89() {  # session 12, call 6: prefill attention taking tiles from the end (i
   stage models 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
   gpu_tests_full 240
   step_kernels_prefill q06 14 585 120
-  local i
-  for i in 1 2; do
-    throughput_in . "throughput_06b_new_$i"
-    throughput_in ../.snap0 "throughput_06b_old_$i"
-  done
+  throughput_vs_old
   stage throughput_profile 90 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
     --max-model-len 2048 --max-num-batched-tokens 8192 --profile --result-json "$W/throughput_06b_profile.json"
   step_kernels q06 192 1024 90 0.6
@@ -1360,6 +1352,10 @@ part91() {  # session 12, call 9: the sampler as one 1,024-thread CTA a row (was
   stage sampler_bench_new 90 python3 scripts/sampler_bench.py --batches 1,64,192,256 --json "$W/sampler_bench_new.json"
   stage sampler_bench_old 90 bash -c "cd ../.snap0 && PYTHONPATH=.:/tmp/site python3 scripts/sampler_bench.py \
     --batches 1,64,192,256 --json $W/sampler_bench_old.json"
+  throughput_vs_old
+}
+
+throughput_vs_old() {  # this tree and the previous commit's (../.snap0) alternately, twice (one machine)
   local i
   for i in 1 2; do
     throughput_in . "throughput_06b_new_$i"
