@@ -43,7 +43,6 @@ def decode_runner(bs: int, specs, rnd, room: int = 0) -> tuple[ModelRunner, list
     assert all(item.decode for item in batch)
     runner = ModelRunner.__new__(ModelRunner)  # prepare() needs only the block manager and buffers
     runner.bm = bm
-    runner.decode_max_q = 0  # NumPy's: no kernel split, so no decode_rows
     max_blocks = -(-max_len // bs)
     n = len(batch) + room
     runner.buf = StepBuffers(NumpyBackend(), n, n + 1, n, max_blocks)

@@ -108,6 +108,11 @@ class ModelRunner:
     which reads the hidden states the forward wrote to capture_out).
     """
 
+    # a step's sequences with at most this many queries take the decode attention kernel when
+    # others take the prefill kernel (0: the backend does not split, NumPy); set from the backend
+    decode_max_q = 0
+    num_decode_rows: int | None = None  # prepare(): StepInputs.decode_rows' length
+
     def __init__(self, model: Transformer, backend, kv, block_manager: BlockManager,
                  max_tokens: int, max_seqs: int, max_logits: int, max_model_len: int,
                  causal: bool = True, transform_logits: Callable[[object], None] | None = None):
@@ -136,10 +141,7 @@ class ModelRunner:
         self.replays = 0  # graph replays so far (tests check that graphs were used)
         self.num_fill = 0  # rows of the prepared step whose input id comes from the device
         self.readback = TokenReadback(backend, max_logits)  # async scheduling's result copies
-        # a step's sequences with at most this many queries take the decode attention kernel when
-        # others take the prefill kernel (0: the backend does not split, NumPy)
         self.decode_max_q = int(getattr(backend, "decode_max_q", 0))
-        self.num_decode_rows: int | None = None  # prepare(): StepInputs.decode_rows' length
 
     def prepare(self, batch: list[ScheduledSeq]) -> tuple[int, int]:
         """Fill the host buffers for this step; returns (num_tokens, num_logit_rows)."""
