@@ -1355,6 +1355,14 @@ part91() {  # session 12, call 9: the sampler as one 1,024-thread CTA a row (was
   throughput_vs_old
 }
 
+part92() {  # session 12, call 10: the final code (decode_rows only for eager steps): every GPU test,
+  # throughput once
+  setup
+  stage models 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  gpu_tests_full 200
+  throughput_06b 90
+}
+
 throughput_vs_old() {  # this tree and the previous commit's (../.snap0) alternately, twice (one machine)
   local i
   for i in 1 2; do
