@@ -65,6 +65,35 @@ def test_nano_vllm_workload():
 
 
 # ---- statistics ---------------------------------------------------------------------------------
+def test_bytes_roofline_counts_each_decode_steps_reads():
+    """Sequence (p = 3, o = 3): its decode steps make tokens 1 and 2 over 4 and 5 keys; (p = 2,
+    o = 1) has no decode step; max(o) - 1 = 2 steps read the weights."""
+    from minillm.bench.throughput import bytes_roofline
+
+    r = bytes_roofline([3, 2], [3, 1], kv_bytes_per_token=10, weight_bytes=1000, bandwidth=100.0)
+    assert r["kv_read_bytes"] == (4 + 5) * 10
+    assert r["weight_read_bytes"] == 2 * 1000
+    assert r["floor_s"] == pytest.approx((90 + 2000) / 100.0)
+    assert r["roofline_tok_s"] == pytest.approx(4 / r["floor_s"])
+    # a larger bandwidth or a shorter context only raises the roofline
+    assert bytes_roofline([3, 2], [3, 1], 10, 1000, 200.0)["roofline_tok_s"] > r["roofline_tok_s"]
+    assert bytes_roofline([1, 2], [3, 1], 10, 1000, 100.0)["roofline_tok_s"] > r["roofline_tok_s"]
+
+
+def test_engine_bytes_roofline_uses_the_models_sizes(tiny):
+    """What the GPU run adds to its result, here on the NumPy engine (float32 storage)."""
+    from minillm.args import EngineArgs
+    from minillm.bench.decode import weight_bytes
+    from minillm.bench.throughput import bytes_roofline, engine_bytes_roofline
+    from minillm.engine.engine import LLMEngine
+
+    engine = LLMEngine(EngineArgs(model=str(tiny), device="cpu", max_num_seqs=2, max_model_len=64))
+    cfg = engine.config
+    r = engine_bytes_roofline(engine, [5, 7], [4, 2], 1e9)
+    assert r == bytes_roofline([5, 7], [4, 2], 2 * cfg.num_layers * cfg.kv_size * 4, weight_bytes(engine.model), 1e9)
+    assert r["weight_read_bytes"] == 3 * weight_bytes(engine.model) > 0
+
+
 def test_percentiles_and_means():
     values = [float(v) for v in range(1, 101)]  # 1..100
     assert report.percentile(values, 50) == pytest.approx(50.5)

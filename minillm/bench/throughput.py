@@ -11,6 +11,10 @@ minillm.args' (the same as serve's); --seed seeds both the engine and the worklo
 device time from CUDA events, post, propose; minillm/engine/step_profile.py) and prints it by step
 kind and by decode batch size; the summary goes into --result-json as "step_profile", every step
 into --profile-json. Off, nothing is timed; on, a step costs a few microseconds more.
+
+On the GPU each run also measures the copy bandwidth and reports the workload's bytes roofline
+(bytes_roofline): the decode steps' unavoidable reads, every sequence's KV cache once a step and
+the weights once a step, at that bandwidth; prefill is not counted, so the real floor is higher.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+
+import numpy as np
 
 from minillm.args import EngineArgs, add_engine_args
 from minillm.bench.dataset import allowed_token_ids, nano_vllm_workload
@@ -40,6 +46,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-json", default=None,
                    help="write the step profile with every step's record here (implies --profile)")
     return p
+
+
+def bytes_roofline(prompt_lens: list[int], output_lens: list[int], kv_bytes_per_token: int,
+                   weight_bytes: int, bandwidth: float) -> dict:
+    """The decode steps' floor from bytes alone. A sequence's first token comes from its prefill;
+    the step that makes its token j (1 <= j < o) reads its p + j cached keys and values, so it
+    reads (o - 1) p + (o - 1) o / 2 tokens' KV in all; every decode step reads the weights once,
+    and there are at least max(o) - 1 of them. Time = bytes / bandwidth (bytes per second)."""
+    kv_tokens = sum((o - 1) * p + (o - 1) * o // 2 for p, o in zip(prompt_lens, output_lens))
+    kv = kv_tokens * kv_bytes_per_token
+    weights = weight_bytes * max(0, max(output_lens, default=1) - 1)
+    seconds = (kv + weights) / bandwidth
+    out = sum(output_lens)
+    return {"kv_read_bytes": kv, "weight_read_bytes": weights, "bandwidth_Bps": bandwidth,
+            "floor_s": seconds, "roofline_tok_s": out / seconds if seconds > 0 else float("inf")}
+
+
+def engine_bytes_roofline(engine, prompt_lens: list[int], output_lens: list[int], bandwidth: float) -> dict:
+    """bytes_roofline with an engine's KV bytes per token (its storage dtype) and weight bytes."""
+    from minillm.bench.decode import weight_bytes
+
+    kv_per_token = engine.config.kv_bytes_per_token(np.dtype(engine.backend.dtype).itemsize)
+    return bytes_roofline(prompt_lens, output_lens, kv_per_token, weight_bytes(engine.model), bandwidth)
 
 
 def run(ns: argparse.Namespace) -> dict:
@@ -82,7 +111,11 @@ def run(ns: argparse.Namespace) -> dict:
         # records its own machine's copy bandwidth, measured after the timed generate
         from minillm.bench.decode import copy_bandwidth
 
-        result["copy_bandwidth_tb_s"] = copy_bandwidth(llm.engine.backend) / 1e12
+        bw = copy_bandwidth(llm.engine.backend)
+        result["copy_bandwidth_tb_s"] = bw / 1e12
+        roof = engine_bytes_roofline(llm.engine, [len(p) for p in prompts], out_lens, bw)
+        result["bytes_roofline"] = roof
+        result["fraction_of_bytes_roofline"] = result["output_tok_s"] / roof["roofline_tok_s"]
     if profiler is not None:
         result["step_profile"] = profiler.summary(dt)
         if ns.profile_json:
@@ -100,6 +133,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Total: {result['output_tokens']} tok, Time: {result['time_s']:.2f} s, "
           f"Throughput: {result['output_tok_s']:.2f} tok/s (prompt + output: {result['total_tok_s']:.2f} tok/s)"
           + (f"; copy bandwidth {result['copy_bandwidth_tb_s']:.2f} TB/s" if "copy_bandwidth_tb_s" in result else ""))
+    if "bytes_roofline" in result:
+        roof = result["bytes_roofline"]
+        print(f"bytes roofline {roof['roofline_tok_s']:.0f} output tok/s (decode steps' KV "
+              f"{roof['kv_read_bytes'] / 1e12:.2f} TB + weights {roof['weight_read_bytes'] / 1e12:.2f} TB at the copy "
+              f"bandwidth, prefill not counted) -> {100 * result['fraction_of_bytes_roofline']:.1f}% of it")
     if "step_profile" in result:
         from minillm.engine.step_profile import format_summary
 
