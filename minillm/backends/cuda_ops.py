@@ -1116,9 +1116,6 @@ class CudaBackend:
                                  f"{q.dtype} with KV heads {KH}")
             rows = None
             if kernel == "split" and decode_rows is not None:
-                if decode_rows.dtype != np.int32 or decode_rows.ndim != 1 or decode_rows.shape[0] > T:
-                    raise ValueError(f"paged_attention: decode_rows must be int32 [<= {T}], got "
-                                     f"{decode_rows.dtype} {decode_rows.shape}")
                 order, rows = decode_rows, decode_rows.shape[0]
             p = self._decode_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start,
                                        scale, out, causal, n_splits, part,
@@ -1167,9 +1164,11 @@ class CudaBackend:
         T, H, D = q.shape
         _, bs, KH, _ = k_cache.shape
         B = seq_lens.shape[0]
+        if order is not None and (order.dtype != np.int32 or order.ndim != 1
+                                  or order.shape[0] < (T if rows is None else rows) or (rows or 0) > T):
+            raise ValueError(f"decode attention: an order must be int32 [>= {T}], decode_rows int32 "
+                             f"[<= {T}]; got {order.dtype} {order.shape}")
         if rows is None:
-            if order is not None and (order.dtype != np.int32 or order.ndim != 1 or order.shape[0] < T):
-                raise ValueError(f"decode attention: order must be int32 [>= {T}], got {order.dtype} {order.shape}")
             least = self.decode_order_min_ctas
             if order is not None and T * KH < (self._decode_resident(D, H // KH) if least is None else least):
                 order = None  # one wave even unsplit: the order's extra load at each CTA's start buys nothing

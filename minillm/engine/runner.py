@@ -153,9 +153,9 @@ class ModelRunner:
             t, r = self._prepare_any(batch)
             self.max_query_len = max(item.num_new for item in batch)  # attention's launch hint
         h = self.buf.host
-        n = min(t, h["attn_order"].shape[0])
         self.num_decode_rows = None
-        if self.max_query_len == 1:  # a row a sequence: the longest contexts' attention starts first
+        if self.max_query_len == 1 and DECODE_ORDER:  # the longest contexts' attention starts first
+            n = min(t, h["attn_order"].shape[0])
             h["attn_order"][:n] = np.argsort(-h["seq_lens"][:n], kind="stable")
         elif self.max_query_len > self.decode_max_q > 0:
             self._prepare_decode_rows(len(batch))
@@ -174,8 +174,7 @@ class ModelRunner:
         qs = h["query_start"][: B + 1]
         qlen = np.diff(qs)
         short = np.flatnonzero((qlen >= 1) & (qlen <= self.decode_max_q))
-        lens = qlen[short]
-        n = int(lens.sum())
+        n = int(qlen[short].sum())
         if n > h["attn_order"].shape[0]:
             return
         short = short[np.argsort(-h["seq_lens"][short], kind="stable")]
@@ -366,7 +365,7 @@ class ModelRunner:
         d = self.buf.dev
         decode = DECODE_ORDER and max_query_len == 1 and t <= d["attn_order"].shape[0]
         order = d["attn_order"][:t] if decode else None
-        n = self.num_decode_rows if prepared and max_query_len > 1 else None
+        n = self.num_decode_rows if prepared else None  # prepare() sets it for split steps only
         return StepInputs(d["input_ids"][:t], d["positions"][:t], d["slot_mapping"][:t],
                           d["block_tables"][:B], d["seq_lens"][:B], d["query_start"][: B + 1],
                           d["logits_indices"][:r], max_query_len, order,
