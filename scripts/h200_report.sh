@@ -1363,6 +1363,31 @@ part92() {  # session 12, call 10: the final code (decode_rows only for eager st
   throughput_06b 90
 }
 
+part93() {  # session 13, call 1: PDL release after the wait (PDL_TRIGGER) and the GEMV's L2 prefetch
+  # of its weights before the wait (GEMV_PREFETCH_BYTES): single-stream graph times, one machine
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models 150 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  local v
+  for v in base:PDL_TRIGGER=0 trig:PDL_TRIGGER=1 pf16:PDL_TRIGGER=1,GEMV_PREFETCH_BYTES=16777216 \
+      pf64:PDL_TRIGGER=1,GEMV_PREFETCH_BYTES=67108864; do
+    step_graph q06 "${v%%:*}" "${v#*:}" 100
+    step_graph q8 "${v%%:*}" "${v#*:}" 60
+  done
+  step_graph q06 base2 PDL_TRIGGER=0 40
+  step_graph q06 pf16_2 PDL_TRIGGER=1,GEMV_PREFETCH_BYTES=16777216 40
+  stage gpu_tests_pf16 150 env MINILLM_CUDA_DEFINES=PDL_TRIGGER=1,GEMV_PREFETCH_BYTES=16777216 python3 -m pytest \
+    -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_model.py tests/test_gpu_engine.py tests/test_cuda_ops.py \
+    -k "not smollm2 and (graph or gemv or skinny or model or engine)"
+}
+
+step_graph() {  # step_graph MODEL TAG DEFINES TIMEOUT: a batch-1 decode step's graph at 512 tokens of
+  # context, the kernels compiled with MINILLM_CUDA_DEFINES=DEFINES
+  stage "graph_$1_$2" "$4" env MINILLM_CUDA_DEFINES="$3" python3 scripts/step_kernels.py $M/$1 --batch 1 \
+    --ctx 512 --json "$W/graph_$1_$2.json"
+}
+
 throughput_vs_old() {  # this tree and the previous commit's (../.snap0) alternately, twice (one machine)
   local i
   for i in 1 2; do
