@@ -1382,6 +1382,35 @@ part93() {  # session 13, call 1: PDL release after the wait (PDL_TRIGGER) and t
     -k "not smollm2 and (graph or gemv or skinny or model or engine)"
 }
 
+part94() {  # session 13, call 2: where a rejected DFlash k = 8 round's time goes on the 8B shape (c = 16
+  # and 1: both graphs timed, then one round's kernels under ncu), beside the plain step's split;
+  # the 0.6B single-stream step's split at this code
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models 150 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force"
+  step_kernels_spec q8 q8-dflash 16 512 150
+  step_kernels q8 16 512 120
+  step_kernels_spec q8 q8-dflash 1 512 90
+  step_kernels q06 1 512 90
+}
+
+step_kernels_spec() {  # step_kernels_spec MODEL DRAFTER BATCH CTX TIMEOUT: a rejected DFlash k = 8
+  # round (the target's verification graph and the drafter's block graph), then its kernels under ncu
+  local tag=$1_spec_b$3_c$4
+  stage "graph_$tag" "$5" python3 scripts/step_kernels.py $M/$1 --spec $M/$2 --k 8 --batch $3 --ctx $4 \
+    --json "$W/graph_$tag.json"
+  stage "ncu_$tag" "$5" ncu --profile-from-start off --clock-control none --cache-control none \
+    --metrics gpu__time_duration.sum --csv --page raw python3 scripts/step_kernels.py $M/$1 --spec $M/$2 \
+    --k 8 --batch $3 --ctx $4 --under-ncu
+  local g
+  g=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['graph_ms'] or 0)" "$W/graph_$tag.json" 2>/dev/null || echo 0)
+  python3 scripts/step_kernels.py --parse "$W/ncu_$tag.log" --graph-ms "$g" --json "$W/kernels_$tag.json" \
+    | tee "$W/kernels_$tag.txt"
+  pack
+}
+
 step_graph() {  # step_graph MODEL TAG DEFINES TIMEOUT: a batch-1 decode step's graph at 512 tokens of
   # context, the kernels compiled with MINILLM_CUDA_DEFINES=DEFINES
   stage "graph_$1_$2" "$4" env MINILLM_CUDA_DEFINES="$3" python3 scripts/step_kernels.py $M/$1 --batch 1 \

@@ -7,6 +7,7 @@
     python scripts/step_kernels.py --parse ncu.csv [--graph-ms X] [--json F]
 
     python scripts/step_kernels.py MODEL --prefill --batch 14 --ctx 585     # one prefill step
+    python scripts/step_kernels.py MODEL --spec DRAFTER --k 8 --batch 16    # one DFlash round
 
 The first form fills `batch` sequences with `ctx`-token random prompts, decodes a few warm-up steps
 and times the decode step's CUDA graph with CUDA events (median of 20 replays). With --under-ncu the
@@ -20,6 +21,12 @@ sequences): wall and CUDA-event time of the step (median of 5, after 2 warm-up s
 bracket the host's scheduling and input preparation too, during which the device idles: in the
 throughput run async scheduling hides that), and under ncu its kernels (eager launches, not a
 graph; --parse then takes the step's time as --graph-ms).
+
+With --spec DRAFTER the engine speculates with that DFlash drafter (k drafts a round; a random
+drafter is never right, so every round is rejected): the step is one round, the target's
+verification graph ((1 + k) rows a sequence) and the drafter's block graph. graph_ms is then the
+median round's two graph replays together (target_ms + drafter_ms), and under ncu one engine step
+holds both.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def run_step(model: str, batch: int, ctx: int, profiling: bool, warmup: int = 4, replays: int = 20,
-             temperature: float = 0.0) -> dict:
+             temperature: float = 0.0, drafter: str | None = None, k: int = 8) -> dict:
     import cupy
 
     from minillm.args import EngineArgs
@@ -46,8 +53,10 @@ def run_step(model: str, batch: int, ctx: int, profiling: bool, warmup: int = 4,
     from minillm.engine.engine import LLMEngine
     from minillm.sampling_params import SamplingParams
 
-    args = EngineArgs(model=model, device="cuda", max_num_seqs=batch, max_model_len=ctx + 64,
-                      max_num_batched_tokens=max(8192, batch), enable_prefix_caching=False)
+    spec = {"method": "dflash", "model": drafter, "num_speculative_tokens": k} if drafter else None
+    args = EngineArgs(model=model, device="cuda", max_num_seqs=batch, max_model_len=ctx + 64 + 8 * (k + 1),
+                      max_num_batched_tokens=max(8192, batch), enable_prefix_caching=False,
+                      speculative_config=spec)
     engine = LLMEngine(args)
     rng = np.random.default_rng(0)
     vocab = min(engine.config.vocab_size, engine.tokenizer.vocab_size)
@@ -67,14 +76,24 @@ def run_step(model: str, batch: int, ctx: int, profiling: bool, warmup: int = 4,
         engine.step()
         engine.backend.synchronize()
         cupy.cuda.profiler.stop()
-    else:  # the graph of this batch bucket, replayed alone between events
+    draft_times: list = []
+    if not profiling:  # the graph of this batch bucket, replayed alone between events
         times = record_replays(engine.runner, engine.backend)
+        if drafter:
+            draft_times = record_replays(engine.proposer.runner, engine.backend)
         for _ in range(replays):
             engine.step()
         engine.runner.replay_timer = None
+        if drafter:
+            engine.proposer.runner.replay_timer = None
         engine.backend.synchronize()
     graph_ms = float(np.median(replay_ms(engine.backend, times))) if times else None
-    return {"model": model, "batch": batch, "ctx": ctx, "temperature": temperature, "graph_ms": graph_ms}
+    out = {"model": model, "batch": batch, "ctx": ctx, "temperature": temperature, "graph_ms": graph_ms}
+    if drafter:
+        draft_ms = float(np.median(replay_ms(engine.backend, draft_times))) if draft_times else None
+        out.update(drafter=drafter, k=k, target_ms=graph_ms, drafter_ms=draft_ms,
+                   graph_ms=graph_ms + draft_ms if graph_ms and draft_ms else None)
+    return out
 
 
 def run_prefill(model: str, batch: int, ctx: int, profiling: bool, warmup: int = 2, reps: int = 5,
@@ -162,6 +181,9 @@ def main() -> int:
                    help="sampling temperature of every sequence (0: greedy; the throughput workload: 0.6)")
     p.add_argument("--prefill", action="store_true",
                    help="measure the step that prefills `batch` fresh prompts of `ctx` tokens instead")
+    p.add_argument("--spec", default=None, metavar="DRAFTER",
+                   help="speculate with this DFlash drafter: the step is one (rejected) round")
+    p.add_argument("--k", type=int, default=8, help="drafts a round with --spec")
     p.add_argument("--json", default=None)
     ns = p.parse_args()
     if ns.parse:
@@ -177,8 +199,11 @@ def main() -> int:
     else:
         if not ns.model:
             p.error("give a MODEL directory (or --parse F)")
-        run = run_prefill if ns.prefill else run_step
-        r = run(ns.model, ns.batch, ns.ctx, ns.under_ncu, temperature=ns.temperature)
+        if ns.prefill:
+            r = run_prefill(ns.model, ns.batch, ns.ctx, ns.under_ncu, temperature=ns.temperature)
+        else:
+            r = run_step(ns.model, ns.batch, ns.ctx, ns.under_ncu, temperature=ns.temperature,
+                         drafter=ns.spec, k=ns.k)
         print(json.dumps(r))
     if ns.json:
         from minillm.bench.report import write_json
