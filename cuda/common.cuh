@@ -74,6 +74,19 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #endif
 }
 
+// Which attention kernel takes a sequence of nq new queries and L keys of context in a step that
+// launches both (decode_attention.cu and prefill_attention.cu, each skipping what the other takes):
+// a short run of 2+ queries (speculative verification, a DFlash block) goes to the tensor-core
+// kernel while its context is at most short_max_ctx keys (0: never). There one CTA reads each K/V
+// tile once for all the run's queries; the decode kernel has a CTA a query, so a 9-query
+// verification block read its KV 9 times (8B shape, 16 sequences of 512: 129 us a layer against
+// 25 us for a plain decode step, part94). Past short_max_ctx the decode kernel's split KV keeps
+// the GPU full where one CTA a KV head would not. One rule for both kernels, depending on the
+// sequence alone, so a row's kernel (and bits) never depends on what shares its step.
+__device__ __forceinline__ bool short_run_on_tensor_cores(int nq, int L, int short_max_ctx) {
+  return nq >= 2 && L <= short_max_ctx;
+}
+
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
 __device__ __forceinline__ float to_f(float x) { return x; }

@@ -17,7 +17,8 @@
 // is written by its one CTA directly). Each active split writes an unnormalised partial; the
 // last of a (token, KV head) to finish (an atomic counter, which that CTA resets to 0 for the
 // next step) merges them, so no second kernel is launched.
-// Tokens of sequences with more than max_nq new queries are left to prefill_attention.cu: the
+// Tokens of sequences with more than max_nq new queries, and short runs that
+// minillm::short_run_on_tensor_cores gives it (short_max_ctx), are left to prefill_attention.cu: the
 // kernel is chosen per sequence, not per batch, so a token's attention is computed the same way
 // whatever else shares its step (batch invariance; speculative decoding relies on it in bf16).
 // Grid sizes depend only on the bucket shape; where each CTA works comes from device buffers,
@@ -102,7 +103,7 @@ __device__ __forceinline__ void decode_attention_impl(
     T* __restrict__ out, i64 o_tok, i64 o_head,
     float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counters,
     const int* __restrict__ order, int KH, int block_size, int num_blocks, float scale_log2,
-    int causal, int n_splits, int min_part, int max_nq, const RopeArgs<T>& ra) {
+    int causal, int n_splits, int min_part, int max_nq, int short_max_ctx, const RopeArgs<T>& ra) {
   minillm::pdl_entry();
   constexpr int VEC = Vec16<T>::N;
   constexpr int CPL = DEC_CPL;   // 16-byte chunks of a row per lane
@@ -150,7 +151,8 @@ __device__ __forceinline__ void decode_attention_impl(
   const int nq = query_start[b + 1] - qs;
   const int L = seq_lens[b];
   MINILLM_CHECK(nq >= 1 && L >= 0 && L <= bt_stride * block_size);
-  if (nq > max_nq) return;  // a long query run: prefill_attention.cu's (same launch step)
+  // a long query run, or a short one on tensor cores: prefill_attention.cu's (same launch step)
+  if (nq > max_nq || minillm::short_run_on_tensor_cores(nq, L, short_max_ctx)) return;
   const int j = t - qs;
   int k_hi = causal ? L - nq + j + 1 : L;  // keys this query may see
   k_hi = max(0, min(k_hi, L));
@@ -446,11 +448,11 @@ __device__ __forceinline__ void decode_attention_impl(
       int bt_stride, const int* seq_lens, const int* query_start, int B, int n_tokens, T* out,    \
       i64 o_tok, i64 o_head, float* part_o, float* part_ml, int* counters, const int* order,      \
       int KH, int block_size, int num_blocks, float scale_log2, int causal, int n_splits,         \
-      int min_part, int max_nq) {                                                                 \
+      int min_part, int max_nq, int short_max_ctx) {                                              \
     decode_attention_impl<T, D, G, false>(q, q_tok, q_head, kc, vc, block_tables, bt_stride, seq_lens,   \
                                    query_start, B, n_tokens, out, o_tok, o_head, part_o, part_ml, \
                                    counters, order, KH, block_size, num_blocks, scale_log2, causal, \
-                                   n_splits, min_part, max_nq, RopeArgs<T>());                    \
+                                   n_splits, min_part, max_nq, short_max_ctx, RopeArgs<T>());     \
   }
 
 // paged_decode_rope_<dtype>_d<D>_g<G>: the same grid, on a decode step (one new token a
@@ -474,7 +476,7 @@ __device__ __forceinline__ void decode_attention_impl(
                                          seq_lens, query_start, B, n_tokens, out, o_tok, o_head,  \
                                          part_o, part_ml, counters, order, KH, block_size,        \
                                          num_blocks, scale_log2, 1, n_splits, min_part, 1 << 30,  \
-                                         ra);                                                     \
+                                         0, ra);                                                  \
   }
 
 #define MINILLM_DECODE_G(SUFFIX, T, D)                                                   \

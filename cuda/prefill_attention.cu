@@ -16,7 +16,8 @@
 // next tile's copies in flight while the warps compute on the current one. A warp skips the tiles
 // its rows cannot see (causal), and keys past a row's limit are masked to -inf.
 // Sequences with fewer than min_nq new queries are skipped (decode_attention.cu takes them in the
-// same step). Grid: (an upper bound on the step's query tiles, KH); where each CTA works comes from
+// same step), except short runs of 2+ queries with at most short_max_ctx keys of context
+// (minillm::short_run_on_tensor_cores: speculative verification blocks). Grid: (an upper bound on the step's query tiles, KH); where each CTA works comes from
 // device buffers, like the other attention kernels; CTA i takes the i-th tile from the end.
 //
 // (The first version kept S, P and O in shared memory between wmma calls: 36 TFLOP/s on a 4,096 x
@@ -62,7 +63,7 @@ __device__ __forceinline__ void prefill_attention_impl(
     const int* __restrict__ seq_lens, const int* __restrict__ query_start, int B,
     bf16* __restrict__ out, i64 o_tok, i64 o_head,
     int KH, int G, int block_size, int num_blocks, float scale_log2, int causal, int bq,
-    int min_nq) {
+    int min_nq, int short_max_ctx) {
   typedef PfLayout<D> Ly;
   constexpr int CH = D / 8;       // 16-byte chunks per row
   constexpr int KS = D / 16;      // k steps of S = Q K^T
@@ -88,7 +89,9 @@ __device__ __forceinline__ void prefill_attention_impl(
       int n = 0;
       if (i < B) {
         const int nq_i = query_start[i + 1] - query_start[i];
-        n = nq_i < min_nq ? 0 : (nq_i + bq - 1) / bq;  // short runs: decode_attention.cu
+        const bool take = nq_i >= min_nq ||  // other short runs: decode_attention.cu
+                          minillm::short_run_on_tensor_cores(nq_i, seq_lens[i], short_max_ctx);
+        n = take ? (nq_i + bq - 1) / bq : 0;
       }
       int inc = n;  // tiles of sequences base..i
 #pragma unroll
@@ -301,10 +304,10 @@ __device__ __forceinline__ void prefill_attention_impl(
       const bf16* q, i64 q_tok, i64 q_head, const bf16* kc, const bf16* vc,                    \
       const int* block_tables, int bt_stride, const int* seq_lens, const int* query_start,     \
       int B, bf16* out, i64 o_tok, i64 o_head, int KH, int G, int block_size, int num_blocks,  \
-      float scale_log2, int causal, int bq, int min_nq) {                                      \
+      float scale_log2, int causal, int bq, int min_nq, int short_max_ctx) {                   \
     prefill_attention_impl<D>(q, q_tok, q_head, kc, vc, block_tables, bt_stride, seq_lens,     \
                               query_start, B, out, o_tok, o_head, KH, G, block_size,           \
-                              num_blocks, scale_log2, causal, bq, min_nq);                     \
+                              num_blocks, scale_log2, causal, bq, min_nq, short_max_ctx);      \
   }
 
 MINILLM_PREFILL(64)

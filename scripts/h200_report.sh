@@ -1396,6 +1396,21 @@ part94() {  # session 13, call 2: where a rejected DFlash k = 8 round's time goe
   step_kernels q06 1 512 90
 }
 
+part95() {  # session 13, call 3: runs of 2-16 queries with at most 2,048 keys (verification blocks, DFlash
+  # blocks) on the tensor-core kernel: every GPU test, the c = 16 round's graphs and kernels (and with
+  # MINILLM_SHORT_RUN_MAX_CTX=0, the old routing), the 8B spec-cost bench
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models 150 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
+  gpu_tests_full 240
+  step_kernels_spec q8 q8-dflash 16 512 150
+  stage graph_q8_spec_b16_c512_off 90 env MINILLM_SHORT_RUN_MAX_CTX=0 python3 scripts/step_kernels.py $M/q8 \
+    --spec $M/q8-dflash --k 8 --batch 16 --ctx 512 --json "$W/graph_q8_spec_b16_c512_off.json"
+  stage spec_cost_8b 200 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_8b.json"
+}
+
 step_kernels_spec() {  # step_kernels_spec MODEL DRAFTER BATCH CTX TIMEOUT: a rejected DFlash k = 8
   # round (the target's verification graph and the drafter's block graph), then its kernels under ncu
   local tag=$1_spec_b$3_c$4

@@ -630,6 +630,49 @@ def test_attention_batch_invariant(be):
     assert np.array_equal(host(be, prefill)[18:], host(be, mixed)[18:])
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_short_runs_on_tensor_cores(be, causal):
+    """Runs of 2-16 queries (verification blocks; DFlash blocks, non-causal) with at most
+    short_run_max_ctx keys take the tensor-core kernel, longer contexts and single queries the
+    decode kernel, in one step: each sequence's rows are bit-identical to that kernel run alone,
+    and every row matches the oracle. With the limit at 0 the decode kernel takes them all."""
+    if be.dtype == np.float32:
+        pytest.skip("the tensor-core kernel is the bf16 path")
+    rng = np.random.default_rng(5 + causal)
+    H, KH, D, bs = 16, 4, 128, 16
+    # (queries, context): short runs under and over the limit, a decode row, a run at the limit
+    q_lens, ctx = [9, 9, 1, 16, 2], [300, 3000, 500, 2048, 40]
+    case = make_attention_case(rng, q_lens, ctx, H, KH, D, bs)
+    q, kc, vc, bt, sl, qs = case
+    rq, rk, rv = rounded(be, q), rounded(be, kc), rounded(be, vc)
+    ref = np.full(q.shape, np.nan, np.float32)
+    REF.paged_attention(rq, rk, rv, bt, sl, qs, D ** -0.5, ref, causal=causal)
+    args = (be.asarray(q), be.asarray(kc), be.asarray(vc), i32(be, bt), i32(be, sl), i32(be, qs), D ** -0.5)
+
+    def run(**kw):
+        out = poisoned(be, q.shape)
+        plan = be.attention(*args, out, causal=causal, **kw)
+        return host(be, out), plan
+
+    limit = be.short_run_max_ctx
+    try:
+        be.short_run_max_ctx = 2048
+        got, plan = run(max_query_len=16)
+        assert plan["kernel"] == "split"
+        assert rel_err(got, ref) < tol(be)
+        on_tc, _ = run(kernel="prefill")
+        alone, _ = run(kernel="decode")
+        for b, tensor_cores in enumerate([True, False, False, True, True]):
+            rows = slice(qs[b], qs[b + 1])
+            expect = on_tc if tensor_cores else alone
+            assert np.array_equal(got[rows], expect[rows]), (b, tensor_cores)
+        be.short_run_max_ctx = 0
+        off, plan = run(max_query_len=16)
+        assert plan["kernel"] == "decode" and np.array_equal(off, alone)
+    finally:
+        be.short_run_max_ctx = limit
+
+
 @pytest.mark.parametrize("bs", [16, 32])
 def test_paged_attention_long_context(be, bs):
     """Contexts from 1 to 32k tokens: decode rows and a chunked-prefill tail at 32k."""

@@ -56,6 +56,10 @@ _DECODE_ROPE_MAX_DEFAULT = 32
 # 768 / 1,536 were slower. MINILLM_DECODE_ORDER_PART overrides (0: the wave model).
 _DECODE_ORDER_PART_DEFAULT = 2048
 _DECODE_MAX_Q = 16  # sequences with at most this many new queries in a step take the decode kernel
+# ... except runs of 2..16 queries (speculative verification, DFlash blocks) whose context is at
+# most this many keys: the tensor-core prefill kernel reads each K/V tile once for all of them
+# (cuda/common.cuh short_run_on_tensor_cores). MINILLM_SHORT_RUN_MAX_CTX overrides (0: never)
+_SHORT_RUN_MAX_CTX_DEFAULT = 2048
 # a decode CTA's fixed cost (loading q, merging key groups, writing and merging a partial), in keys'
 # worth of streaming: what makes one more split not free. Fitted on the H200 (decode_splits)
 _DECODE_SPLIT_COST_KEYS = 128
@@ -380,6 +384,8 @@ class CudaBackend:
         self.decode_order_min_ctas: int | None = None  # an ordered step's least CTAs (None: one wave; tests: 0)
         self.decode_order_part = env_int("MINILLM_DECODE_ORDER_PART", _DECODE_ORDER_PART_DEFAULT,
                                          "keys per split of an ordered decode step (0: the wave model)")
+        self.short_run_max_ctx = env_int("MINILLM_SHORT_RUN_MAX_CTX", _SHORT_RUN_MAX_CTX_DEFAULT,
+                                         "most context keys of a 2-16-query run on the tensor-core kernel")
         self._staging = cupy.cuda.alloc_pinned_memory(staging_bytes)
         self._staging_cap = staging_bytes
         self._staging_off = 0
@@ -1070,8 +1076,10 @@ class CudaBackend:
 
         By default bf16 steps split per sequence, so a token's attention does not depend on what
         shares its step (batch invariance: speculative verification in bf16 needs it), and a step
-        whose max_query_len (a host hint; unknown: T) is at most _DECODE_MAX_Q launches the decode
-        kernel alone. fp32 storage (tests) takes the decode kernel for short steps, else tiled.
+        whose max_query_len (a host hint; unknown: T) is 1 launches the decode kernel alone. Runs
+        of 2-_DECODE_MAX_Q queries with at most short_run_max_ctx keys go to the tensor-core kernel
+        (a step that may hold them launches both kernels; the rule is applied on the device).
+        fp32 storage (tests) takes the decode kernel for short steps, else tiled.
         order: the decode kernel's launch order of the rows (_decode_attention).
         decode_rows (int32 [n], a host hint for "split"): every row of the sequences with at most
         _DECODE_MAX_Q queries, and no other; the decode kernel's grid then covers these n rows
@@ -1082,9 +1090,12 @@ class CudaBackend:
         _, bs, KH, _ = k_cache.shape
         B = seq_lens.shape[0]
         self._check_paged("paged_attention", q, k_cache, v_cache, block_tables, seq_lens, query_start, out)
-        short = (max_query_len if max_query_len is not None else T) <= _DECODE_MAX_Q
+        most_q = max_query_len if max_query_len is not None else T
+        short = most_q <= _DECODE_MAX_Q
+        # runs of 2+ queries may go to the tensor-core kernel (by their context, on the device)
+        short_runs = most_q >= 2 and self.short_run_max_ctx > 0 and self._prefill_kernel_fits(q, k_cache, out)
         if kernel is None:
-            if bq is None and short and self._decode_kernel_fits(q, k_cache, out):
+            if bq is None and short and not short_runs and self._decode_kernel_fits(q, k_cache, out):
                 kernel = "decode"
             elif bq is None and self._prefill_kernel_fits(q, k_cache, out):
                 kernel = "split"
@@ -1105,7 +1116,8 @@ class CudaBackend:
                  block_tables, _i32(block_tables.shape[1]), seq_lens, query_start, _i32(B), out,
                  _i64(out.strides[0] // it), _i64(out.strides[1] // it), _i32(KH), _i32(G), _i32(bs),
                  _i32(k_cache.shape[0]), np.float32(scale * math.log2(math.e)),
-                 _i32(1 if causal else 0), _i32(bq), _i32(_DECODE_MAX_Q + 1 if kernel == "split" else 0)),
+                 _i32(1 if causal else 0), _i32(bq), _i32(_DECODE_MAX_Q + 1 if kernel == "split" else 0),
+                 _i32(self.short_run_max_ctx if kernel == "split" else 0)),
                 shared_mem=_prefill_smem(D),
             )
             if kernel == "prefill":
@@ -1117,10 +1129,11 @@ class CudaBackend:
             rows = None
             if kernel == "split" and decode_rows is not None:
                 order, rows = decode_rows, decode_rows.shape[0]
+            split = kernel == "split"
             p = self._decode_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start,
                                        scale, out, causal, n_splits, part,
-                                       _DECODE_MAX_Q if kernel == "split" else 1 << 30, order=order,
-                                       rows=rows)
+                                       _DECODE_MAX_Q if split else 1 << 30, order=order, rows=rows,
+                                       short_max_ctx=self.short_run_max_ctx if split else 0)
             return {**p, "kernel": kernel}
         p = self.attention_plan(T, B, H, KH, D, block_tables.shape[1] * bs, q.itemsize, bq, n_splits)
         it = q.itemsize
@@ -1148,7 +1161,7 @@ class CudaBackend:
     def _decode_attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start,
                           scale: float, out, causal: bool, n_splits: int | None, part: int | None,
                           max_nq: int, rope: tuple | None = None, order=None,
-                          rows: int | None = None) -> dict:
+                          rows: int | None = None, short_max_ctx: int = 0) -> dict:
         """cuda/decode_attention.cu's paged_decode_* or, given rope (the decode step's k and v
         rows, norm weights, positions, cos/sin table and slots, as kernel arguments; causal and
         one query a sequence), paged_decode_rope_*: the same leading arguments either way.
@@ -1190,7 +1203,8 @@ class CudaBackend:
                 np.float32(scale * math.log2(math.e)))
         if rope is None:
             name = "paged_decode_"
-            args += (_i32(1 if causal else 0), _i32(ns), _i32(p["min_part"]), _i32(max_nq))
+            args += (_i32(1 if causal else 0), _i32(ns), _i32(p["min_part"]), _i32(max_nq),
+                     _i32(short_max_ctx))
         else:
             name = "paged_decode_rope_"
             args += (_i32(ns), _i32(p["min_part"])) + rope
