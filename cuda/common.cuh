@@ -84,7 +84,7 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 // the GPU full where one CTA a KV head would not. One rule for both kernels, depending on the
 // sequence alone, so a row's kernel (and bits) never depends on what shares its step.
 __device__ __forceinline__ bool short_run_on_tensor_cores(int nq, int L, int short_max_ctx) {
-  return nq >= 2 && L <= short_max_ctx;
+  return short_max_ctx > 0 && nq >= 2 && L <= short_max_ctx;
 }
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }

@@ -17,7 +17,11 @@
 // its rows cannot see (causal), and keys past a row's limit are masked to -inf.
 // Sequences with fewer than min_nq new queries are skipped (decode_attention.cu takes them in the
 // same step), except short runs of 2+ queries with at most short_max_ctx keys of context
-// (minillm::short_run_on_tensor_cores: speculative verification blocks). Grid: (an upper bound on the step's query tiles, KH); where each CTA works comes from
+// (minillm::short_run_on_tensor_cores: speculative verification blocks). Given short_splits > 0
+// the launch takes only those short runs, each one's keys split over up to short_splits CTAs
+// (one a 128 keys, by its own length: short_run_splits), so a step of one or a few sequences
+// still fills the GPU; each split writes an unnormalised partial and the last to finish (an
+// atomic counter it resets) merges them, as decode_attention.cu does. Grid: (an upper bound on the step's query tiles, KH); where each CTA works comes from
 // device buffers, like the other attention kernels; CTA i takes the i-th tile from the end.
 //
 // (The first version kept S, P and O in shared memory between wmma calls: 36 TFLOP/s on a 4,096 x
@@ -55,6 +59,15 @@ __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<const unsigned*>(&h);
 }
 
+// Splits of a short run with L keys of context (at most max_splits, at least 128 keys each) and
+// the keys each takes (a multiple of the tile). The sequence's own length decides.
+__device__ __forceinline__ int short_run_splits(int L, int max_splits) {
+  return max(1, min(max_splits, (L + 127) / 128));
+}
+__device__ __forceinline__ int short_run_part(int L, int splits) {
+  return ((L + splits - 1) / splits + PF_BK - 1) / PF_BK * PF_BK;
+}
+
 template <int D>
 __device__ __forceinline__ void prefill_attention_impl(
     const bf16* __restrict__ q, i64 q_tok, i64 q_head,
@@ -63,7 +76,8 @@ __device__ __forceinline__ void prefill_attention_impl(
     const int* __restrict__ seq_lens, const int* __restrict__ query_start, int B,
     bf16* __restrict__ out, i64 o_tok, i64 o_head,
     int KH, int G, int block_size, int num_blocks, float scale_log2, int causal, int bq,
-    int min_nq, int short_max_ctx) {
+    int min_nq, int short_max_ctx, int short_splits, float* __restrict__ part_o,
+    float* __restrict__ part_ml, int* __restrict__ counters) {
   typedef PfLayout<D> Ly;
   constexpr int CH = D / 8;       // 16-byte chunks per row
   constexpr int KS = D / 16;      // k steps of S = Q K^T
@@ -72,7 +86,7 @@ __device__ __forceinline__ void prefill_attention_impl(
   extern __shared__ __align__(128) unsigned char pf_smem[];
   bf16* Qs = reinterpret_cast<bf16*>(pf_smem);  // [PF_ROWS][LDQ]
   bf16* KVs = Qs + PF_ROWS * Ly::LDQ;           // stage s: K at KVs + s * STAGE, V after it
-  __shared__ int s_b, s_q0;
+  __shared__ int s_b, s_q0, s_split, s_nsplit, s_last;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g8 = lane >> 2, t4 = lane & 3;  // fragment row group and column pair
@@ -83,15 +97,21 @@ __device__ __forceinline__ void prefill_attention_impl(
     // longest CTAs start first and the short ones fill the tail (the grid is an upper bound on
     // the tiles: the first CTAs may find none and leave). 32 sequences a round, a lane each (one
     // thread walking the sequences cost ~2 loads a sequence per CTA: mixed steps hold 100-250).
-    int tile = gridDim.x - 1 - blockIdx.x, found = -1, first = 0;
+    // A short-run launch (short_splits > 0) numbers (tile, split) pairs instead of tiles.
+    int tile = gridDim.x - 1 - blockIdx.x, found = -1, first = 0, split = 0, ns = 1;
     for (int base = 0; base < B; base += 32) {
       const int i = base + lane;
-      int n = 0;
+      int n = 0, ns_i = 1;
       if (i < B) {
         const int nq_i = query_start[i + 1] - query_start[i];
-        const bool take = nq_i >= min_nq ||  // other short runs: decode_attention.cu
-                          minillm::short_run_on_tensor_cores(nq_i, seq_lens[i], short_max_ctx);
-        n = take ? (nq_i + bq - 1) / bq : 0;
+        const int L_i = seq_lens[i];
+        const bool short_run = minillm::short_run_on_tensor_cores(nq_i, L_i, short_max_ctx);
+        if (short_splits > 0) {
+          ns_i = short_run_splits(L_i, short_splits);
+          n = short_run ? (nq_i + bq - 1) / bq * ns_i : 0;
+        } else {  // other short runs: decode_attention.cu
+          n = nq_i >= min_nq || short_run ? (nq_i + bq - 1) / bq : 0;
+        }
       }
       int inc = n;  // tiles of sequences base..i
 #pragma unroll
@@ -103,8 +123,10 @@ __device__ __forceinline__ void prefill_attention_impl(
       if (hit) {
         const int l = __ffs(hit) - 1;
         const int before = __shfl_sync(0xffffffffu, inc - n, l);
+        ns = __shfl_sync(0xffffffffu, ns_i, l);
         found = base + l;
-        first = (tile - before) * bq;
+        first = (tile - before) / ns * bq;
+        split = (tile - before) % ns;
         break;
       }
       tile -= __shfl_sync(0xffffffffu, inc, 31);
@@ -112,10 +134,12 @@ __device__ __forceinline__ void prefill_attention_impl(
     if (lane == 0) {
       s_b = found;
       s_q0 = first;
+      s_split = split;
+      s_nsplit = ns;
     }
   }
   __syncthreads();
-  const int b = s_b, q0 = s_q0;
+  const int b = s_b, q0 = s_q0, split = s_split, n_split = s_nsplit;
   if (b < 0) return;  // the grid is an upper bound on the number of tiles
   const int qs = query_start[b];
   const int nq = query_start[b + 1] - qs;
@@ -125,6 +149,12 @@ __device__ __forceinline__ void prefill_attention_impl(
   const int rows = bq * G;  // row r = query q0 + r / G, head kh * G + r % G
   int k_hi = causal ? L - nq + q_end : L;  // keys any row of this CTA may see
   k_hi = max(0, min(k_hi, L));
+  int k_lo = 0, k_end = k_hi;  // this CTA's keys (a split's: tile-aligned, so no tile is shared)
+  if (n_split > 1) {
+    const int part = short_run_part(L, n_split);
+    k_lo = min(split * part, k_hi);
+    k_end = min(k_hi, k_lo + part);
+  }
   const int* bt = block_tables + (i64)b * bt_stride;
 
   // K/V tile k0 into stage st: every thread copies PF_BK * CH / PF_THREADS chunks of each
@@ -151,7 +181,7 @@ __device__ __forceinline__ void prefill_attention_impl(
     }
     asm volatile("cp.async.commit_group;\n" ::);
   };
-  if (k_hi > 0) load_tile(0, 0);
+  if (k_lo < k_end) load_tile(k_lo, 0);
 
   for (int i = tid; i < PF_ROWS * CH; i += PF_THREADS) {  // Q rows (zeros past the live ones)
     const int r = i / CH, c = i - r * CH, j = q0 + r / G;
@@ -188,8 +218,8 @@ __device__ __forceinline__ void prefill_attention_impl(
   float m[2] = {minillm::neg_inf(), minillm::neg_inf()}, l[2] = {0.f, 0.f};  // l: this lane's part
 
   int st = 0;
-  for (int k0 = 0; k0 < k_hi; k0 += PF_BK, st ^= 1) {
-    if (k0 + PF_BK < k_hi) {  // the next tile's copies go out before this one is used
+  for (int k0 = k_lo; k0 < k_end; k0 += PF_BK, st ^= 1) {
+    if (k0 + PF_BK < k_end) {  // the next tile's copies go out before this one is used
       load_tile(k0 + PF_BK, st ^ 1);
       asm volatile("cp.async.wait_group 1;\n" ::);
     } else {
@@ -282,10 +312,22 @@ __device__ __forceinline__ void prefill_attention_impl(
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
   }
+  const int H = KH * G;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = r0 + g8 + 8 * h, j = q0 + r / G;
     if (r >= rows || j >= q_end) continue;
+    if (n_split > 1) {  // this split's unnormalised partial: O, the running max and the sum
+      const i64 slot = ((i64)(qs + j) * H + kh * G + r % G) * short_splits + split;
+      if (t4 == 0) {
+        part_ml[2 * slot] = m[h];
+        part_ml[2 * slot + 1] = l[h];
+      }
+#pragma unroll
+      for (int n = 0; n < DT; ++n)
+        *reinterpret_cast<float2*>(part_o + slot * D + n * 8 + 2 * t4) = make_float2(o[n][2 * h], o[n][2 * h + 1]);
+      continue;
+    }
     const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
     bf16* orow = out + (i64)(qs + j) * o_tok + (i64)(kh * G + r % G) * o_head;
 #pragma unroll
@@ -293,6 +335,32 @@ __device__ __forceinline__ void prefill_attention_impl(
       *reinterpret_cast<__nv_bfloat162*>(orow + n * 8 + 2 * t4) =
           __floats2bfloat162_rn(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
   }
+  if (n_split == 1) return;
+
+  // ---- the last split of this (tile, KV head) to finish merges the partials (fixed order)
+  __threadfence();
+  __syncthreads();
+  int* counter = counters + (i64)(qs + q0) * KH + kh;  // the tile's first row: unique in the step
+  if (tid == 0) s_last = atomicAdd(counter, 1) == n_split - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  for (int e = tid; e < (q_end - q0) * G * D; e += PF_THREADS) {
+    const int d = e % D, r = e / D, j = q0 + r / G, h = kh * G + r % G;
+    const i64 p0 = ((i64)(qs + j) * H + h) * short_splits;
+    float M = minillm::neg_inf();
+    for (int s = 0; s < n_split; ++s) M = fmaxf(M, __ldcg(part_ml + 2 * (p0 + s)));
+    float den = 0.f, acc = 0.f;
+    for (int s = 0; s < n_split; ++s) {
+      const float ms = __ldcg(part_ml + 2 * (p0 + s));
+      if (ms == minillm::neg_inf()) continue;  // a split of keys this row cannot see
+      const float w = exp2f(ms - M);
+      den = fmaf(w, __ldcg(part_ml + 2 * (p0 + s) + 1), den);
+      acc = fmaf(w, __ldcg(part_o + (p0 + s) * D + d), acc);
+    }
+    out[(i64)(qs + j) * o_tok + (i64)h * o_head + d] = __float2bfloat16_rn(den > 0.f ? acc / den : 0.f);
+  }
+  if (tid == 0) *counter = 0;  // ready for the next step (or graph replay)
 }
 
 }  // namespace
@@ -304,10 +372,12 @@ __device__ __forceinline__ void prefill_attention_impl(
       const bf16* q, i64 q_tok, i64 q_head, const bf16* kc, const bf16* vc,                    \
       const int* block_tables, int bt_stride, const int* seq_lens, const int* query_start,     \
       int B, bf16* out, i64 o_tok, i64 o_head, int KH, int G, int block_size, int num_blocks,  \
-      float scale_log2, int causal, int bq, int min_nq, int short_max_ctx) {                   \
+      float scale_log2, int causal, int bq, int min_nq, int short_max_ctx, int short_splits,   \
+      float* part_o, float* part_ml, int* counters) {                                          \
     prefill_attention_impl<D>(q, q_tok, q_head, kc, vc, block_tables, bt_stride, seq_lens,     \
                               query_start, B, out, o_tok, o_head, KH, G, block_size,           \
-                              num_blocks, scale_log2, causal, bq, min_nq, short_max_ctx);      \
+                              num_blocks, scale_log2, causal, bq, min_nq, short_max_ctx,       \
+                              short_splits, part_o, part_ml, counters);                        \
   }
 
 MINILLM_PREFILL(64)

@@ -1411,6 +1411,25 @@ part95() {  # session 13, call 3: runs of 2-16 queries with at most 2,048 keys (
     --result-json "$W/spec_cost_8b.json"
 }
 
+part96() {  # session 13, call 4: the short runs' keys split over up to 4 CTAs (and the L = 0 fix): every
+  # GPU test, the c = 16 round's graphs and kernels, c = 1's graphs, the 8B spec-cost bench, then
+  # the failure matrix (DFlash k = 8: its verification blocks take the new path)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models 150 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
+  gpu_tests_full 200
+  step_kernels_spec q8 q8-dflash 16 512 120
+  stage graph_q8_spec_b1_c512 60 python3 scripts/step_kernels.py $M/q8 --spec $M/q8-dflash --k 8 --batch 1 \
+    --ctx 512 --json "$W/graph_q8_spec_b1_c512.json"
+  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_8b.json"
+  stage failure_matrix 330 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
+    --num-prompts 2,2,4,8,16 --startup-timeout 90 --ladder-timeout 150
+}
+
 step_kernels_spec() {  # step_kernels_spec MODEL DRAFTER BATCH CTX TIMEOUT: a rejected DFlash k = 8
   # round (the target's verification graph and the drafter's block graph), then its kernels under ncu
   local tag=$1_spec_b$3_c$4

@@ -634,8 +634,9 @@ def test_attention_batch_invariant(be):
 def test_short_runs_on_tensor_cores(be, causal):
     """Runs of 2-16 queries (verification blocks; DFlash blocks, non-causal) with at most
     short_run_max_ctx keys take the tensor-core kernel, longer contexts and single queries the
-    decode kernel, in one step: each sequence's rows are bit-identical to that kernel run alone,
-    and every row matches the oracle. With the limit at 0 the decode kernel takes them all."""
+    decode kernel, in one step: every row matches the oracle, with the short runs' keys split over
+    up to 4 CTAs (merged by the last) or not; unsplit, each sequence's rows are bit-identical to
+    its kernel run alone. With the limit at 0 the decode kernel takes them all."""
     if be.dtype == np.float32:
         pytest.skip("the tensor-core kernel is the bf16 path")
     rng = np.random.default_rng(5 + causal)
@@ -654,23 +655,29 @@ def test_short_runs_on_tensor_cores(be, causal):
         plan = be.attention(*args, out, causal=causal, **kw)
         return host(be, out), plan
 
-    limit = be.short_run_max_ctx
+    limit, most = be.short_run_max_ctx, be.short_run_max_splits
     try:
         be.short_run_max_ctx = 2048
-        got, plan = run(max_query_len=16)
-        assert plan["kernel"] == "split"
-        assert rel_err(got, ref) < tol(be)
         on_tc, _ = run(kernel="prefill")
         alone, _ = run(kernel="decode")
-        for b, tensor_cores in enumerate([True, False, False, True, True]):
-            rows = slice(qs[b], qs[b + 1])
-            expect = on_tc if tensor_cores else alone
-            assert np.array_equal(got[rows], expect[rows]), (b, tensor_cores)
+        for splits in (1, 4):  # contexts 300 and 2,048: 3 and 4 splits; 40: one
+            be.short_run_max_splits = splits
+            got, plan = run(max_query_len=16)
+            assert plan["kernel"] == "split" and plan["short_run_splits"] == splits
+            assert rel_err(got, ref) < tol(be), splits
+            again, _ = run(max_query_len=16)  # the merge counters reset themselves
+            assert np.array_equal(got, again)
+            for b, tensor_cores in enumerate([True, False, False, True, True]):
+                rows = slice(qs[b], qs[b + 1])
+                if not tensor_cores:
+                    assert np.array_equal(got[rows], alone[rows]), (b, splits)
+                elif splits == 1:
+                    assert np.array_equal(got[rows], on_tc[rows]), (b, splits)
         be.short_run_max_ctx = 0
         off, plan = run(max_query_len=16)
         assert plan["kernel"] == "decode" and np.array_equal(off, alone)
     finally:
-        be.short_run_max_ctx = limit
+        be.short_run_max_ctx, be.short_run_max_splits = limit, most
 
 
 @pytest.mark.parametrize("bs", [16, 32])

@@ -60,6 +60,9 @@ _DECODE_MAX_Q = 16  # sequences with at most this many new queries in a step tak
 # most this many keys: the tensor-core prefill kernel reads each K/V tile once for all of them
 # (cuda/common.cuh short_run_on_tensor_cores). MINILLM_SHORT_RUN_MAX_CTX overrides (0: never)
 _SHORT_RUN_MAX_CTX_DEFAULT = 2048
+# ... its keys split over up to this many CTAs (one a 128 keys), so a step of few sequences still
+# fills the GPU (8B, one sequence of 512: 8 CTAs unsplit). MINILLM_SHORT_RUN_SPLITS overrides
+_SHORT_RUN_SPLITS_DEFAULT = 4
 # a decode CTA's fixed cost (loading q, merging key groups, writing and merging a partial), in keys'
 # worth of streaming: what makes one more split not free. Fitted on the H200 (decode_splits)
 _DECODE_SPLIT_COST_KEYS = 128
@@ -386,6 +389,8 @@ class CudaBackend:
                                          "keys per split of an ordered decode step (0: the wave model)")
         self.short_run_max_ctx = env_int("MINILLM_SHORT_RUN_MAX_CTX", _SHORT_RUN_MAX_CTX_DEFAULT,
                                          "most context keys of a 2-16-query run on the tensor-core kernel")
+        self.short_run_max_splits = env_int("MINILLM_SHORT_RUN_SPLITS", _SHORT_RUN_SPLITS_DEFAULT,
+                                            "most CTAs a short run's keys are split over")
         self._staging = cupy.cuda.alloc_pinned_memory(staging_bytes)
         self._staging_cap = staging_bytes
         self._staging_off = 0
@@ -1054,6 +1059,14 @@ class CudaBackend:
         n_splits = max(1, min(n_splits, _DECODE_MAX_SPLITS))
         return dict(kernel="decode", n_splits=n_splits, min_part=max(_DECODE_MIN_PART, part or 0))
 
+    def _short_run_splits(self, T: int, H: int, D: int, KH: int) -> int:
+        """Most splits of a short run's keys on the tensor-core kernel in a step of T rows (each
+        run takes one a 128 keys up to this): short_run_max_splits, fewer where the partials would
+        not fit the scratch (steps of thousands of rows), none past the counters."""
+        if T * KH > self._att_counters.size:
+            return 1
+        return max(1, min(self.short_run_max_splits, self._att_scratch.size // max(1, T * H * (D + 2))))
+
     def _decode_resident(self, D: int, G: int) -> int:
         """CTAs of the decode kernel (the backend's dtype) for (head_dim, group) the GPU holds at once."""
         key = (D, G)
@@ -1110,18 +1123,32 @@ class CudaBackend:
             G = H // KH
             bq = _PF_ROWS // G
             it = q.itemsize
-            self._launch(
-                f"paged_prefill_bf16_d{D}", (_cdiv(T, bq) + B, KH), (_ATT_THREADS,),
-                (q, _i64(q.strides[0] // it), _i64(q.strides[1] // it), k_cache, v_cache,
-                 block_tables, _i32(block_tables.shape[1]), seq_lens, query_start, _i32(B), out,
-                 _i64(out.strides[0] // it), _i64(out.strides[1] // it), _i32(KH), _i32(G), _i32(bs),
-                 _i32(k_cache.shape[0]), np.float32(scale * math.log2(math.e)),
-                 _i32(1 if causal else 0), _i32(bq), _i32(_DECODE_MAX_Q + 1 if kernel == "split" else 0),
-                 _i32(self.short_run_max_ctx if kernel == "split" else 0)),
-                shared_mem=_prefill_smem(D),
-            )
+            smc = self.short_run_max_ctx if kernel == "split" else 0
+            splits = self._short_run_splits(T, H, D, KH) if smc else 1
+            part_ml = self._att_scratch[T * H * splits * D:] if splits > 1 else self._att_scratch
+
+            def prefill(tiles: int, min_nq: int, short_max_ctx: int, short_splits: int) -> None:
+                self._launch(
+                    f"paged_prefill_bf16_d{D}", (tiles, KH), (_ATT_THREADS,),
+                    (q, _i64(q.strides[0] // it), _i64(q.strides[1] // it), k_cache, v_cache,
+                     block_tables, _i32(block_tables.shape[1]), seq_lens, query_start, _i32(B), out,
+                     _i64(out.strides[0] // it), _i64(out.strides[1] // it), _i32(KH), _i32(G), _i32(bs),
+                     _i32(k_cache.shape[0]), np.float32(scale * math.log2(math.e)),
+                     _i32(1 if causal else 0), _i32(bq), _i32(min_nq), _i32(short_max_ctx),
+                     _i32(short_splits), self._att_scratch, part_ml, self._att_counters),
+                    shared_mem=_prefill_smem(D),
+                )
+
             if kernel == "prefill":
+                prefill(_cdiv(T, bq) + B, 0, 0, 0)
                 return dict(kernel="prefill", bq=bq, n_splits=1)
+            if splits == 1:  # long runs and unsplit short runs in one launch
+                prefill(_cdiv(T, bq) + B, _DECODE_MAX_Q + 1, smc, 0)
+            else:
+                if not short:  # long runs; then the short runs' (tile, split) pairs, each run at
+                    prefill(_cdiv(T, bq) + B, _DECODE_MAX_Q + 1, 0, 0)  # least 2 rows of T
+                if min(B, T // 2):
+                    prefill(min(B, T // 2) * _cdiv(_DECODE_MAX_Q, bq) * splits, 1 << 30, smc, splits)
         if kernel in ("decode", "split"):
             if not self._decode_kernel_fits(q, k_cache, out):
                 raise ValueError(f"paged_attention: the decode kernel does not take q {q.shape} "
@@ -1134,6 +1161,8 @@ class CudaBackend:
                                        scale, out, causal, n_splits, part,
                                        _DECODE_MAX_Q if split else 1 << 30, order=order, rows=rows,
                                        short_max_ctx=self.short_run_max_ctx if split else 0)
+            if split and self.short_run_max_ctx:
+                p["short_run_splits"] = self._short_run_splits(T, H, D, KH)
             return {**p, "kernel": kernel}
         p = self.attention_plan(T, B, H, KH, D, block_tables.shape[1] * bs, q.itemsize, bq, n_splits)
         it = q.itemsize
