@@ -59,13 +59,17 @@ __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<const unsigned*>(&h);
 }
 
-// Splits of a short run with L keys of context (at most max_splits, at least 128 keys each) and
-// the keys each takes (a multiple of the tile). The sequence's own length decides.
-__device__ __forceinline__ int short_run_splits(int L, int max_splits) {
-  return max(1, min(max_splits, (L + 127) / 128));
+#define PF_MAX_SPLITS 8  // most splits of a short run (the host clamps short_splits to it)
+
+// Keys each split of a short run with L keys of context takes (a multiple of the tile; about L /
+// min(max_splits, L / 128)), and how many splits that makes (none empty). The sequence's own
+// length decides, so its rows do not depend on what shares the step.
+__device__ __forceinline__ int short_run_part(int L, int max_splits) {
+  const int want = max(1, min(max_splits, (L + 127) / 128));
+  return max(PF_BK, ((L + want - 1) / want + PF_BK - 1) / PF_BK * PF_BK);
 }
-__device__ __forceinline__ int short_run_part(int L, int splits) {
-  return ((L + splits - 1) / splits + PF_BK - 1) / PF_BK * PF_BK;
+__device__ __forceinline__ int short_run_splits(int L, int max_splits) {
+  return max(1, (L + short_run_part(L, max_splits) - 1) / short_run_part(L, max_splits));
 }
 
 template <int D>
@@ -151,7 +155,7 @@ __device__ __forceinline__ void prefill_attention_impl(
   k_hi = max(0, min(k_hi, L));
   int k_lo = 0, k_end = k_hi;  // this CTA's keys (a split's: tile-aligned, so no tile is shared)
   if (n_split > 1) {
-    const int part = short_run_part(L, n_split);
+    const int part = short_run_part(L, short_splits);
     k_lo = min(split * part, k_hi);
     k_end = min(k_hi, k_lo + part);
   }
@@ -345,20 +349,47 @@ __device__ __forceinline__ void prefill_attention_impl(
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  for (int e = tid; e < (q_end - q0) * G * D; e += PF_THREADS) {
-    const int d = e % D, r = e / D, j = q0 + r / G, h = kh * G + r % G;
-    const i64 p0 = ((i64)(qs + j) * H + h) * short_splits;
-    float M = minillm::neg_inf();
-    for (int s = 0; s < n_split; ++s) M = fmaxf(M, __ldcg(part_ml + 2 * (p0 + s)));
-    float den = 0.f, acc = 0.f;
-    for (int s = 0; s < n_split; ++s) {
-      const float ms = __ldcg(part_ml + 2 * (p0 + s));
-      if (ms == minillm::neg_inf()) continue;  // a split of keys this row cannot see
-      const float w = exp2f(ms - M);
-      den = fmaf(w, __ldcg(part_ml + 2 * (p0 + s) + 1), den);
-      acc = fmaf(w, __ldcg(part_o + (p0 + s) * D + d), acc);
+  // a thread a row: the splits' weights 2^(m_s - max) and 1 / sum; then 4 dims a thread a step,
+  // every split's partial loaded at once (a load chain per element made the merge the bottleneck)
+  __shared__ float s_w[PF_ROWS][PF_MAX_SPLITS], s_inv[PF_ROWS];
+  const int live = (q_end - q0) * G;  // row r: query q0 + r / G, head kh * G + r % G
+  if (tid < live) {
+    const i64 p0 = ((i64)(qs + q0 + tid / G) * H + kh * G + tid % G) * short_splits;
+    float ms[PF_MAX_SPLITS], M = minillm::neg_inf(), den = 0.f;
+#pragma unroll
+    for (int s = 0; s < PF_MAX_SPLITS; ++s) {
+      ms[s] = s < n_split ? __ldcg(part_ml + 2 * (p0 + s)) : minillm::neg_inf();
+      M = fmaxf(M, ms[s]);
     }
-    out[(i64)(qs + j) * o_tok + (i64)h * o_head + d] = __float2bfloat16_rn(den > 0.f ? acc / den : 0.f);
+#pragma unroll
+    for (int s = 0; s < PF_MAX_SPLITS; ++s) {
+      const float w = ms[s] == minillm::neg_inf() ? 0.f : exp2f(ms[s] - M);  // keys it cannot see: 0
+      s_w[tid][s] = w;
+      if (w > 0.f) den = fmaf(w, __ldcg(part_ml + 2 * (p0 + s) + 1), den);
+    }
+    s_inv[tid] = den > 0.f ? 1.f / den : 0.f;
+  }
+  __syncthreads();
+#pragma unroll 2
+  for (int e = tid; e < live * (D / 4); e += PF_THREADS) {
+    const int r = e / (D / 4), c4 = e - r * (D / 4), j = q0 + r / G, h = kh * G + r % G;
+    const i64 p0 = ((i64)(qs + j) * H + h) * short_splits;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int s = 0; s < PF_MAX_SPLITS; ++s) {
+      const float w = s < n_split ? s_w[r][s] : 0.f;
+      if (w > 0.f) {
+        const float4 v = __ldcg(reinterpret_cast<const float4*>(part_o + (p0 + s) * D) + c4);
+        acc.x = fmaf(w, v.x, acc.x);
+        acc.y = fmaf(w, v.y, acc.y);
+        acc.z = fmaf(w, v.z, acc.z);
+        acc.w = fmaf(w, v.w, acc.w);
+      }
+    }
+    const float inv = s_inv[r];
+    __nv_bfloat162* orow = reinterpret_cast<__nv_bfloat162*>(out + (i64)(qs + j) * o_tok + (i64)h * o_head + 4 * c4);
+    orow[0] = __floats2bfloat162_rn(acc.x * inv, acc.y * inv);
+    orow[1] = __floats2bfloat162_rn(acc.z * inv, acc.w * inv);
   }
   if (tid == 0) *counter = 0;  // ready for the next step (or graph replay)
 }

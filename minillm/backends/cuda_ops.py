@@ -69,7 +69,8 @@ _DECODE_SPLIT_COST_KEYS = 128
 # kernels of these cuda/ modules begin with pdl_entry(), so graphs may launch them with PDL
 # (cuda/gemm.cu's and cuda/decode_layers.cu's too, added as they load: _load_on_demand)
 _PDL_MODULES = ("rows", "norm", "elementwise", "decode_attention", "sampling", "gemv")
-_PF_ROWS, _PF_BK = 64, 64  # cuda/prefill_attention.cu: query rows per CTA, keys per tile
+# cuda/prefill_attention.cu: query rows per CTA, keys per tile, most splits of a short run
+_PF_ROWS, _PF_BK, _PF_MAX_SPLITS = 64, 64, 8
 # cuda/decode_layers.cu: compute threads (warps) per CTA (one more warp feeds its weight ring), GEMV
 # partial sums a CTA holds, most splits of a KV head, most query heads per KV head it is built for
 _DL_THREADS, _DL_WARPS, _DL_RED, _DL_MAX_S, _DL_MAX_G = 480, 15, 2048, 32, 8
@@ -1065,7 +1066,8 @@ class CudaBackend:
         not fit the scratch (steps of thousands of rows), none past the counters."""
         if T * KH > self._att_counters.size:
             return 1
-        return max(1, min(self.short_run_max_splits, self._att_scratch.size // max(1, T * H * (D + 2))))
+        fit = self._att_scratch.size // max(1, T * H * (D + 2))
+        return max(1, min(self.short_run_max_splits, _PF_MAX_SPLITS, fit))
 
     def _decode_resident(self, D: int, G: int) -> int:
         """CTAs of the decode kernel (the backend's dtype) for (head_dim, group) the GPU holds at once."""
