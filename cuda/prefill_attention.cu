@@ -351,7 +351,10 @@ __device__ __forceinline__ void prefill_attention_impl(
   __threadfence();
   // a thread a row: the splits' weights 2^(m_s - max) and 1 / sum; then 4 dims a thread a step,
   // every split's partial loaded at once (a load chain per element made the merge the bottleneck)
-  __shared__ float s_w[PF_ROWS][PF_MAX_SPLITS], s_inv[PF_ROWS];
+  // in the dynamic shared memory of Q (its fragments live in registers since the loop began; the
+  // loop's last barrier is behind every warp): static shared memory would shrink the K/V stages
+  float (*s_w)[PF_MAX_SPLITS] = reinterpret_cast<float (*)[PF_MAX_SPLITS]>(pf_smem);
+  float* s_inv = reinterpret_cast<float*>(pf_smem) + PF_ROWS * PF_MAX_SPLITS;
   const int live = (q_end - q0) * G;  // row r: query q0 + r / G, head kh * G + r % G
   if (tid < live) {
     const i64 p0 = ((i64)(qs + q0 + tid / G) * H + kh * G + tid % G) * short_splits;
