@@ -48,29 +48,15 @@ namespace minillm {
 // the previous grid has completed and its writes are visible; every PDL kernel calls it before
 // touching anything another kernel writes, and before any early return, so completion stays
 // ordered kernel by kernel. Launched without the attribute (eager steps) it returns at once.
-// Measured on the H200 (docs/BENCHMARKS.md): releasing dependents at entry, before the wait, made
-// decode graphs 7-10% slower: the next kernel released its own dependents at once, and so on down
-// the chain, until every kernel's CTAs sat resident, waiting. With PDL_TRIGGER the release comes
-// after the wait instead: the next grid is set up and its CTAs placed while this one runs (its
-// prologue, e.g. a GEMV's weight prefetch, overlaps this kernel), but it cannot release the one
-// after it until this grid has completed, so at most two grids are in flight.
-#ifndef PDL_TRIGGER
-#define PDL_TRIGGER 0
-#endif
+// Measured on the H200 (docs/BENCHMARKS.md): releasing dependents early made decode graphs
+// slower both ways it was tried: at entry, before the wait, 7-10% (each kernel released the next at
+// once, down the chain); after the wait, so at most two grids are in flight, 0.6B 0.99 -> 1.07 ms
+// and 8B 4.64 -> 4.72 ms, and the GEMVs' L2 prefetch of their weights before the wait on top of it
+// slower still (8B 4.93-5.34 ms; session 13, part93). So kernels never release early and a
+// dependent grid starts when this one completes.
 __device__ __forceinline__ void pdl_entry() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
-#if PDL_TRIGGER
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-#endif
-}
-
-// Start moving [p, p + bytes) from HBM into L2 and go on (no registers, nothing to wait for). p is
-// 16-byte aligned and bytes a multiple of 16.
-__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
 #endif
 }
 

@@ -1364,7 +1364,8 @@ part92() {  # session 12, call 10: the final code (decode_rows only for eager st
 }
 
 part93() {  # session 13, call 1: PDL release after the wait (PDL_TRIGGER) and the GEMV's L2 prefetch
-  # of its weights before the wait (GEMV_PREFETCH_BYTES): single-stream graph times, one machine
+  # of its weights before the wait (GEMV_PREFETCH_BYTES): single-stream graph times, one machine.
+  # Ran at 62f504c; both switches were removed after it (slower), so here the variants are all alike
   setup
   facts > "$W/facts.txt" 2>&1
   stage models 150 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
@@ -1451,6 +1452,16 @@ part97() {  # session 13, call 5: the short runs' merge rewritten (weights a row
     --result-json "$W/spec_cost_8b.json"
   memcheck_reproducer 150
   throughput_06b 100
+}
+
+part98() {  # session 13, call 6: the final code (short runs split over up to 4 CTAs, PDL switches
+  # removed): every GPU test, then the failure matrix
+  setup
+  stage models 60 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
+  gpu_tests_full 160
+  stage failure_matrix 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
+    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 100
 }
 
 step_kernels_spec() {  # step_kernels_spec MODEL DRAFTER BATCH CTX TIMEOUT: a rejected DFlash k = 8
