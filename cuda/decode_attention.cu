@@ -1,6 +1,7 @@
-// decode_attention.cu: paged attention for decode and speculative-verification steps, another
-// twin of NumpyBackend.paged_attention (any ragged query lengths, causal or not; the backend picks
-// it when a step's queries per sequence are few, attention.cu's tiled kernel otherwise).
+// decode_attention.cu: paged attention for decode steps (and speculative-verification runs over
+// long contexts), another twin of NumpyBackend.paged_attention (any ragged query lengths, causal or
+// not; the backend picks it when a step's queries per sequence are few, attention.cu's tiled kernel
+// otherwise).
 //
 // One CTA per (query token, KV head, split): the G query heads that share the KV head live in
 // registers, and every K/V row of the split is read once with 16-byte loads. A row is spread

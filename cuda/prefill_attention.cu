@@ -1,6 +1,8 @@
-// prefill_attention.cu: paged attention for prefill and chunked-prefill steps on tensor cores,
-// another twin of NumpyBackend.paged_attention (bf16 storage only; fp32 storage and odd shapes
-// use attention.cu's tiled kernel, decode and verification steps decode_attention.cu).
+// prefill_attention.cu: paged attention for prefill and chunked-prefill steps, and for short runs
+// of 2-16 queries (speculative verification, DFlash blocks) over contexts of up to a few thousand
+// keys, on tensor cores; another twin of NumpyBackend.paged_attention (bf16 storage only; fp32
+// storage and odd shapes use attention.cu's tiled kernel, decode steps and longer-context short
+// runs decode_attention.cu).
 //
 // One CTA owns 64 query rows of one sequence and one KV head: bq = 64 / G consecutive queries x
 // the G query heads sharing that KV head, so each K/V tile is read from the paged cache once for
