@@ -68,7 +68,8 @@ __device__ __forceinline__ void pdl_entry() {
 // verification block read its KV 9 times (8B shape, 16 sequences of 512: 129 us a layer against
 // 25 us for a plain decode step, part94). Past short_max_ctx the decode kernel's split KV keeps
 // the GPU full where one CTA a KV head would not. One rule for both kernels, depending on the
-// sequence alone, so a row's kernel (and bits) never depends on what shares its step.
+// sequence alone, so a row's kernel never depends on what shares its step (its split count only
+// on the step's size, where the partials would not fit the scratch: steps of thousands of rows).
 __device__ __forceinline__ bool short_run_on_tensor_cores(int nq, int L, int short_max_ctx) {
   return short_max_ctx > 0 && nq >= 2 && L <= short_max_ctx;
 }

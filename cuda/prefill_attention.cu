@@ -23,8 +23,9 @@
 // the launch takes only those short runs, each one's keys split over up to short_splits CTAs
 // (one a 128 keys, by its own length: short_run_splits), so a step of one or a few sequences
 // still fills the GPU; each split writes an unnormalised partial and the last to finish (an
-// atomic counter it resets) merges them, as decode_attention.cu does. Grid: (an upper bound on the step's query tiles, KH); where each CTA works comes from
-// device buffers, like the other attention kernels; CTA i takes the i-th tile from the end.
+// atomic counter it resets) merges them, as decode_attention.cu does. Grid: (an upper bound on
+// the step's query tiles, or (tile, split) pairs, KH); where each CTA works comes from device
+// buffers, like the other attention kernels; CTA i takes the i-th tile from the end.
 //
 // (The first version kept S, P and O in shared memory between wmma calls: 36 TFLOP/s on a 4,096 x
 // 4,096 causal prefill with the 8B heads; this one 133 TFLOP/s, scripts/prefill_bench.py on the
@@ -329,9 +330,9 @@ __device__ __forceinline__ void prefill_attention_impl(
         part_ml[2 * slot] = m[h];
         part_ml[2 * slot + 1] = l[h];
       }
+      float2* po = reinterpret_cast<float2*>(part_o + slot * D + 2 * t4);
 #pragma unroll
-      for (int n = 0; n < DT; ++n)
-        *reinterpret_cast<float2*>(part_o + slot * D + n * 8 + 2 * t4) = make_float2(o[n][2 * h], o[n][2 * h + 1]);
+      for (int n = 0; n < DT; ++n) po[n * 4] = make_float2(o[n][2 * h], o[n][2 * h + 1]);
       continue;
     }
     const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
@@ -351,10 +352,11 @@ __device__ __forceinline__ void prefill_attention_impl(
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  // a thread a row: the splits' weights 2^(m_s - max) and 1 / sum; then 4 dims a thread a step,
-  // every split's partial loaded at once (a load chain per element made the merge the bottleneck)
-  // in the dynamic shared memory of Q (its fragments live in registers since the loop began; the
-  // loop's last barrier is behind every warp): static shared memory would shrink the K/V stages
+  // A thread a row computes the splits' weights 2^(m_s - max) and 1 / sum; then each thread merges
+  // 4 dims a step, every split's partial loaded at once (one load chain an element made the merge
+  // the kernel's bottleneck, part96). The weights sit in Q's dynamic shared memory (Q's fragments
+  // are in registers since the loop began, and its last barrier is behind every warp): static
+  // shared memory would leave the K/V stages' opt-in size invalid.
   float (*s_w)[PF_MAX_SPLITS] = reinterpret_cast<float (*)[PF_MAX_SPLITS]>(pf_smem);
   float* s_inv = reinterpret_cast<float*>(pf_smem) + PF_ROWS * PF_MAX_SPLITS;
   const int live = (q_end - q0) * G;  // row r: query q0 + r / G, head kh * G + r % G
@@ -392,7 +394,8 @@ __device__ __forceinline__ void prefill_attention_impl(
       }
     }
     const float inv = s_inv[r];
-    __nv_bfloat162* orow = reinterpret_cast<__nv_bfloat162*>(out + (i64)(qs + j) * o_tok + (i64)h * o_head + 4 * c4);
+    __nv_bfloat162* orow =
+        reinterpret_cast<__nv_bfloat162*>(out + (i64)(qs + j) * o_tok + (i64)h * o_head + 4 * c4);
     orow[0] = __floats2bfloat162_rn(acc.x * inv, acc.y * inv);
     orow[1] = __floats2bfloat162_rn(acc.z * inv, acc.w * inv);
   }

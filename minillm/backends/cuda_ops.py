@@ -1146,11 +1146,12 @@ class CudaBackend:
                 return dict(kernel="prefill", bq=bq, n_splits=1)
             if splits == 1:  # long runs and unsplit short runs in one launch
                 prefill(_cdiv(T, bq) + B, _DECODE_MAX_Q + 1, smc, 0)
-            else:
-                if not short:  # long runs; then the short runs' (tile, split) pairs, each run at
-                    prefill(_cdiv(T, bq) + B, _DECODE_MAX_Q + 1, 0, 0)  # least 2 rows of T
-                if min(B, T // 2):
-                    prefill(min(B, T // 2) * _cdiv(_DECODE_MAX_Q, bq) * splits, 1 << 30, smc, splits)
+            else:  # long runs (if any can be), then the short runs' (tile, split) pairs
+                if not short:
+                    prefill(_cdiv(T, bq) + B, _DECODE_MAX_Q + 1, 0, 0)
+                runs = min(B, T // 2)  # a short run has at least 2 of the T rows
+                if runs:
+                    prefill(runs * _cdiv(_DECODE_MAX_Q, bq) * splits, 1 << 30, smc, splits)
         if kernel in ("decode", "split"):
             if not self._decode_kernel_fits(q, k_cache, out):
                 raise ValueError(f"paged_attention: the decode kernel does not take q {q.shape} "
