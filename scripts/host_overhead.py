@@ -12,6 +12,13 @@ change when the host code is optimised. --profile B runs batch B under cProfile.
 the part of a step spent rendering outputs (detokenising, stop strings, the outputs themselves),
 which LLM.generate overlaps with the next step's device work (LLMEngine.overlap_outputs); the
 rest is the host's critical path, when a GPU would idle.
+
+    python scripts/host_overhead.py --dflash 8 [--batches 1 4 16]
+
+times a rejected DFlash round instead (k drafts a round, a random drafter, every draft rejected):
+the target's verification step and the drafter's block step, each forward stubbed the same way
+(the drafter's context update too), so what remains is the round's host work: scheduling,
+both steps' input fills, verification bookkeeping (acceptance, KV rollback) and the proposal.
 """
 
 from __future__ import annotations
@@ -28,24 +35,49 @@ import numpy as np
 
 from minillm.engine.engine import LLMEngine
 from minillm.sampling_params import SamplingParams
-from minillm.tools.random_model import write_random_model
+from minillm.tools.random_model import write_dflash_drafter, write_random_model
 
 
-def make_engine(model_dir: str, batch: int, max_model_len: int) -> LLMEngine:
-    engine = LLMEngine(model=model_dir, device="cpu", max_num_seqs=batch, max_model_len=max_model_len)
-    ws = engine.runner.ws
+def make_engine(model_dir: str, batch: int, max_model_len: int, spec: dict | None = None) -> LLMEngine:
+    engine = LLMEngine(model=model_dir, device="cpu", max_num_seqs=batch, max_model_len=max_model_len,
+                       speculative_config=spec)
 
-    def forward(x, t, r, kv, ws_, **kwargs):  # no device work: a fixed logits buffer
-        return ws.logits[:r]
+    def stub(model, ws):
+        def forward(x, t, r, kv, ws_, **kwargs):  # no device work: a fixed logits buffer
+            return ws.logits[:r]
+        model.forward = forward
 
     def sample(logits, temperature, top_p, top_k, seeds, positions, out_tokens, draft_tokens=None,
                out_accepted=None):
         # ids of ordinary tokens, a function of (seed, position) only, so outputs do not depend on batching
         out_tokens[:] = (seeds % 997 + positions.astype(np.uint64) * 31) % 3000 + 10
+        if out_accepted is not None:
+            out_accepted[:] = 0  # every draft rejected
 
-    engine.model.forward = forward
+    stub(engine.model, engine.runner.ws)
+    if engine.proposer is not None:  # the DFlash drafter: its forward and its context update
+        stub(engine.proposer.model, engine.proposer.runner.ws)
+        engine.runner.after_forward = lambda x, num_tokens: None
     engine.backend.sample = sample
     return engine
+
+
+def run_spec(model_dir: str, drafter_dir: str, k: int, batch: int, prompt_len: int, rounds: int) -> float:
+    """Median host microseconds of a rejected DFlash round with `batch` sequences decoding."""
+    spec = {"method": "dflash", "model": drafter_dir, "num_speculative_tokens": k}
+    engine = make_engine(model_dir, batch, prompt_len + rounds + 64, spec)
+    rng = np.random.default_rng(batch)
+    for i in range(batch):
+        engine.add_request(rng.integers(10, 3000, prompt_len).tolist(),
+                           SamplingParams(max_tokens=rounds + 16, ignore_eos=True, seed=i), request_id=str(i))
+    for _ in range(8):  # prefill and the first rounds
+        engine.step()
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
 
 
 def run(model_dir: str, batch: int, prompt_len: int, steps: int, digest) -> tuple[float, float]:
@@ -89,9 +121,18 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=100)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--profile", type=int, default=None, help="run this batch size under cProfile")
+    ap.add_argument("--dflash", type=int, default=None, metavar="K",
+                    help="time rejected DFlash rounds of K drafts instead of decode steps")
     ns = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(write_random_model(tmp, "tiny", seed=0, force=True))
+        if ns.dflash:
+            drafter_dir = str(write_dflash_drafter(f"{tmp}/dflash", model_dir, seed=1, force=True))
+            for b in ns.batches:
+                us = run_spec(model_dir, drafter_dir, ns.dflash, b, ns.prompt_len, ns.steps)
+                print(f"batch {b:4d}: {us:9.1f} us/round host ({us / b:6.2f} us/seq), DFlash k = {ns.dflash}",
+                      flush=True)
+            return
         if ns.profile:
             prof = cProfile.Profile()
             prof.enable()

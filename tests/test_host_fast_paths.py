@@ -21,12 +21,12 @@ from minillm.sampling_params import SamplingParams
 VOCAB = 997
 
 
-def decode_runner(bs: int, specs, rnd, room: int = 0) -> tuple[ModelRunner, list[ScheduledSeq]]:
+def decode_runner(bs: int, specs, rnd, room: int = 0, spare_blocks: int = 0) -> tuple[ModelRunner, list[ScheduledSeq]]:
     """A runner with just a block manager and step buffers (all prepare() needs; room: rows and
-    sequences beyond the batch) and a batch of sequences that each decode their last token;
-    specs: (prompt length, outputs so far) each."""
+    sequences beyond the batch; spare_blocks: free blocks beyond what the batch holds) and a batch
+    of sequences that each decode their last token; specs: (prompt length, outputs so far) each."""
     max_len = max(p + o for p, o in specs)
-    num_blocks = sum(-(-(p + o) // bs) for p, o in specs) + 3
+    num_blocks = sum(-(-(p + o) // bs) for p, o in specs) + 3 + spare_blocks
     bm = BlockManager(num_blocks, bs)
     perm = list(range(num_blocks))
     rnd.shuffle(perm)
@@ -66,6 +66,51 @@ def test_decode_fill_matches_the_general_fill(bs, specs, rnd):
     assert runner._prepare_decode(batch) == len(batch)
     for k in want:
         if k != "out_tokens":  # written by the sampler, not by prepare
+            np.testing.assert_array_equal(h[k], want[k], err_msg=k)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from([1, 4, 16]), st.lists(st.tuples(st.integers(1, 30), st.integers(0, 5), st.sampled_from(
+    ["verify", "block", "score"]), st.integers(0, 8)), min_size=2, max_size=10), st.booleans(),
+    st.randoms(use_true_random=False))
+def test_runs_fill_matches_the_general_fill(bs, specs, cached_rows, rnd):
+    """A batch whose every row gives logits: speculative verification (1 + k rows, k drafts past
+    the sequence's end), a DFlash drafter's block (from the last token, mask drafts) and scoring
+    (every token's logits). The whole-array fill matches the per-sequence loop byte for byte,
+    whether the block-table rows are fresh or kept from an earlier step (cached_rows)."""
+    runner, batch = decode_runner(bs, [(p, o) for p, o, _, _ in specs], rnd, spare_blocks=10 * len(specs))
+    items = []
+    for item, (_, _, kind, k) in zip(batch, specs):
+        seq = item.seq
+        if kind == "verify":
+            k = max(1, k)
+            seq.draft_ids = [rnd.randrange(VOCAB) for _ in range(k)]
+            runner.bm.allocate(seq, seq.num_tokens + k)  # the drafts' lookahead slots
+            items.append(ScheduledSeq(seq, k + 1, k))
+        elif kind == "block":
+            block = k + 2
+            seq.draft_ids = [VOCAB] * (block - 1)  # the mask token
+            runner.bm.allocate(seq, seq.num_tokens + block - 1)
+            items.append(ScheduledSeq(seq, block, num_draft=block - 1, start=seq.num_tokens - 1))
+        else:
+            items.append(ScheduledSeq(seq, seq.num_tokens, all_logits=True, start=0))
+    assert all(it.num_logits == it.num_new for it in items)
+    max_blocks = max(len(it.seq.block_table) for it in items)
+    t = sum(it.num_new for it in items)
+    runner.buf = StepBuffers(NumpyBackend(), t, len(items) + 1, t, max_blocks)
+    h = runner.buf.host
+    stale = {k: np.asarray(rnd.randrange(1, 100)).astype(v.dtype) for k, v in h.items()}
+    for k, a in h.items():
+        a[...] = stale[k]
+    assert runner._prepare_any(items) == (t, t)
+    want = {k: v.copy() for k, v in h.items()}
+    for k, a in h.items():
+        a[...] = stale[k]
+    if cached_rows:  # the rows a decode fill left: kept where the versions still match
+        runner._fill_block_tables([it.seq for it in items])
+    assert runner._prepare_runs(items) == (t, t)
+    for k in want:
+        if k not in ("out_tokens", "out_accepted"):  # written by the sampler, not by prepare
             np.testing.assert_array_equal(h[k], want[k], err_msg=k)
 
 

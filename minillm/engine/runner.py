@@ -21,6 +21,11 @@ from minillm.models.transformer import StepInputs, Transformer, Workspace
 DEBUG = os.environ.get("MINILLM_DEBUG", "") not in ("", "0")
 # MINILLM_DECODE_ORDER=0: decode steps give attention no launch order (see StepInputs.attn_order)
 DECODE_ORDER = os.environ.get("MINILLM_DECODE_ORDER", "1") not in ("", "0")
+# batches whose every row gives logits (verification, a drafter's blocks) take the whole-array
+# fill from this many sequences: below it the per-sequence loop is faster (CPU dev machine,
+# `scripts/host_overhead.py --dflash 8`: 2 sequences 157-168 against 110-114 us a round, 8
+# sequences 290-299 against 327-344)
+RUNS_FILL_MIN = 8
 
 
 class StepBuffers:
@@ -149,6 +154,10 @@ class ModelRunner:
         if len(batch) > 1 and all(item.decode for item in batch):
             t = r = self._prepare_decode(batch)
             self.max_query_len = 1
+        elif len(batch) >= RUNS_FILL_MIN and all(item.num_logits == item.num_new and not item.seq.num_pending
+                                                 for item in batch):
+            t, r = self._prepare_runs(batch)
+            self.max_query_len = max(item.num_new for item in batch)
         else:
             t, r = self._prepare_any(batch)
             self.max_query_len = max(item.num_new for item in batch)  # attention's launch hint
@@ -203,18 +212,7 @@ class ModelRunner:
             h["src_rows"][:B] = -1
             self.num_fill = 0
         h["positions"][:B] = pos
-        # block tables: a sequence's table changes only when it gains or loses a block (every
-        # block_size tokens), or its row goes to another sequence, so only rows whose cached
-        # version differs are rewritten (a full rebuild cost O(batch x context) every step)
-        tables = h["block_tables"]
-        held = self.buf.table_rows
-        versions = np.fromiter((s.block_version for s in seqs), np.int64, B)
-        for b in np.flatnonzero(held[:B] != versions).tolist():
-            table = seqs[b].block_table
-            row = tables[b]
-            row[: len(table)] = table
-            row[len(table) :] = 0  # a reused row keeps no stale entries
-        held[:B] = versions
+        tables = self._fill_block_tables(seqs)
         iota = self.buf.iota
         block, offset = np.divmod(pos, bs)
         h["slot_mapping"][:B] = tables[iota[:B], block] * bs + offset
@@ -229,6 +227,72 @@ class ModelRunner:
         h["seeds"][:B] = [s.seed for s in seqs]
         h["draft_tokens"][:B] = -1
         return B
+
+    def _fill_block_tables(self, seqs: list) -> np.ndarray:
+        """Host block-table rows 0..B-1 for seqs (the whole-array fills'). A sequence's table
+        changes only when it gains or loses a block (every block_size tokens), or its row goes to
+        another sequence, so only rows whose cached version differs are rewritten (a full rebuild
+        cost O(batch x context) every step)."""
+        tables = self.buf.host["block_tables"]
+        held = self.buf.table_rows
+        B = len(seqs)
+        versions = np.fromiter((s.block_version for s in seqs), np.int64, B)
+        for b in np.flatnonzero(held[:B] != versions).tolist():
+            table = seqs[b].block_table
+            row = tables[b]
+            row[: len(table)] = table
+            row[len(table) :] = 0  # a reused row keeps no stale entries
+        held[:B] = versions
+        return tables
+
+    def _prepare_runs(self, batch: list[ScheduledSeq]) -> tuple[int, int]:
+        """prepare() for a batch whose every row gives logits and whose input ids are all on the
+        host: speculative verification (1 + k rows a sequence) and a drafter's blocks. Whole-array
+        ops instead of _prepare_any's ~12 small ones a sequence (a rejected DFlash round prepares
+        two such steps); fills exactly what _prepare_any would."""
+        h = self.buf.host
+        bs = self.bm.block_size
+        B = len(batch)
+        seqs = [item.seq for item in batch]
+        n = np.fromiter((item.num_new for item in batch), np.int64, B)
+        starts = np.fromiter((item.start for item in batch), np.int64, B)
+        qs = np.zeros(B + 1, np.int64)
+        np.cumsum(n, out=qs[1:])
+        t = int(qs[-1])
+        ids: list[int] = []
+        drafts: list[int] = []
+        for item in batch:
+            seq, start, m, k = item.seq, item.start, item.num_new, item.num_draft
+            end, total = start + m, seq.num_tokens
+            ids += seq.tokens(start, min(end, total))  # positions past the end hold its drafts
+            ids += seq.draft_ids[max(0, start - total) : max(0, end - total)]
+            # row j checks draft j; the last row samples the bonus token (every row gives logits:
+            # k is m - 1, or 0 when scoring)
+            drafts += seq.draft_ids[:k] + [-1] * (m - k)
+        if len(ids) != t or len(drafts) != t:
+            raise ValueError(f"prepare: {len(ids)} input ids and {len(drafts)} draft rows for {t} rows")
+        of_seq = np.repeat(np.arange(B), n)  # each row's sequence
+        pos = (np.repeat(starts - qs[:-1], n) + np.arange(t)).astype(np.int32)
+        block = pos // bs
+        lens = np.fromiter((len(s.block_table) for s in seqs), np.int64, B)
+        if (block >= lens[of_seq]).any():
+            raise IndexError("prepare: a position past its sequence's block table")
+        tables = self._fill_block_tables(seqs)
+        h["input_ids"][:t] = ids
+        h["src_rows"][:t] = -1
+        h["positions"][:t] = pos
+        h["slot_mapping"][:t] = tables[of_seq, block] * bs + pos % bs
+        h["seq_lens"][:B] = starts + n
+        h["query_start"][: B + 1] = qs
+        h["logits_indices"][:t] = np.arange(t)
+        h["temperature"][:t] = np.repeat([s.params.temperature for s in seqs], n)
+        h["top_p"][:t] = np.repeat([s.params.top_p for s in seqs], n)
+        h["top_k"][:t] = np.repeat([s.params.top_k for s in seqs], n)
+        h["seeds"][:t] = np.repeat(np.fromiter((s.seed for s in seqs), np.uint64, B), n)
+        h["sample_pos"][:t] = pos + 1  # where each sample goes
+        h["draft_tokens"][:t] = drafts
+        self.num_fill = 0
+        return t, t
 
     def _prepare_any(self, batch: list[ScheduledSeq]) -> tuple[int, int]:
         """prepare() for any batch: prefill chunks, drafts to verify, a drafter's steps, scoring."""
