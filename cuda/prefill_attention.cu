@@ -72,7 +72,8 @@ __device__ __forceinline__ int short_run_part(int L, int max_splits) {
   return max(PF_BK, ((L + want - 1) / want + PF_BK - 1) / PF_BK * PF_BK);
 }
 __device__ __forceinline__ int short_run_splits(int L, int max_splits) {
-  return max(1, (L + short_run_part(L, max_splits) - 1) / short_run_part(L, max_splits));
+  const int part = short_run_part(L, max_splits);
+  return max(1, (L + part - 1) / part);
 }
 
 template <int D>

@@ -1118,6 +1118,10 @@ class CudaBackend:
                 kernel = "decode"
             else:
                 kernel = "tiled"
+        split = kernel == "split"
+        # a split step's short-run rule and split count, passed to both kernels
+        smc = self.short_run_max_ctx if split else 0
+        splits = self._short_run_splits(T, H, D, KH) if smc else 1
         if kernel in ("prefill", "split"):
             if not self._prefill_kernel_fits(q, k_cache, out):
                 raise ValueError(f"paged_attention: the prefill kernel does not take q {q.shape} "
@@ -1125,8 +1129,6 @@ class CudaBackend:
             G = H // KH
             bq = _PF_ROWS // G
             it = q.itemsize
-            smc = self.short_run_max_ctx if kernel == "split" else 0
-            splits = self._short_run_splits(T, H, D, KH) if smc else 1
             part_ml = self._att_scratch[T * H * splits * D:] if splits > 1 else self._att_scratch
 
             def prefill(tiles: int, min_nq: int, short_max_ctx: int, short_splits: int) -> None:
@@ -1159,13 +1161,12 @@ class CudaBackend:
             rows = None
             if kernel == "split" and decode_rows is not None:
                 order, rows = decode_rows, decode_rows.shape[0]
-            split = kernel == "split"
             p = self._decode_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start,
                                        scale, out, causal, n_splits, part,
                                        _DECODE_MAX_Q if split else 1 << 30, order=order, rows=rows,
-                                       short_max_ctx=self.short_run_max_ctx if split else 0)
-            if split and self.short_run_max_ctx:
-                p["short_run_splits"] = self._short_run_splits(T, H, D, KH)
+                                       short_max_ctx=smc)
+            if smc:
+                p["short_run_splits"] = splits
             return {**p, "kernel": kernel}
         p = self.attention_plan(T, B, H, KH, D, block_tables.shape[1] * bs, q.itemsize, bq, n_splits)
         it = q.itemsize

@@ -154,12 +154,10 @@ class ModelRunner:
         if len(batch) > 1 and all(item.decode for item in batch):
             t = r = self._prepare_decode(batch)
             self.max_query_len = 1
-        elif len(batch) >= RUNS_FILL_MIN and all(item.num_logits == item.num_new and not item.seq.num_pending
-                                                 for item in batch):
-            t, r = self._prepare_runs(batch)
-            self.max_query_len = max(item.num_new for item in batch)
         else:
-            t, r = self._prepare_any(batch)
+            runs = len(batch) >= RUNS_FILL_MIN and all(
+                item.num_logits == item.num_new and not item.seq.num_pending for item in batch)
+            t, r = self._prepare_runs(batch) if runs else self._prepare_any(batch)
             self.max_query_len = max(item.num_new for item in batch)  # attention's launch hint
         h = self.buf.host
         self.num_decode_rows = None
