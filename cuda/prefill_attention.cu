@@ -63,12 +63,15 @@ __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
 }
 
 #define PF_MAX_SPLITS 8  // most splits of a short run (the host clamps short_splits to it)
+#ifndef PF_SHORT_KEYS  // keys a split of a short run aims at (MINILLM_CUDA_DEFINES=PF_SHORT_KEYS=64)
+#define PF_SHORT_KEYS 128
+#endif
 
 // Keys each split of a short run with L keys of context takes (a multiple of the tile; about L /
-// min(max_splits, L / 128)), and how many splits that makes (none empty). The sequence's own
-// length decides, so its rows do not depend on what shares the step.
+// min(max_splits, L / PF_SHORT_KEYS)), and how many splits that makes (none empty). The
+// sequence's own length decides, so its rows do not depend on what shares the step.
 __device__ __forceinline__ int short_run_part(int L, int max_splits) {
-  const int want = max(1, min(max_splits, (L + 127) / 128));
+  const int want = max(1, min(max_splits, (L + PF_SHORT_KEYS - 1) / PF_SHORT_KEYS));
   return max(PF_BK, ((L + want - 1) / want + PF_BK - 1) / PF_BK * PF_BK);
 }
 __device__ __forceinline__ int short_run_splits(int L, int max_splits) {

@@ -1464,6 +1464,34 @@ part98() {  # session 13, call 6: the final code (short runs split over up to 4 
     --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 100
 }
 
+part99() {  # session 14, call 1: DFlash drafts passed on the device (the drafting step is launched
+  # without waiting and the verification step takes its drafts from the drafter's output): the 8B
+  # spec-cost bench from this tree and the previous commit's (../.snap0) alternately, every GPU
+  # test, then the round's graphs with short-run splits of 64 keys (up to 8) against 128 (up to 4)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models 150 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
+  spec_cost_in . spec_cost_8b_new_1
+  spec_cost_in ../.snap0 spec_cost_8b_old_1
+  gpu_tests_full 200
+  spec_cost_in . spec_cost_8b_new_2
+  spec_cost_in ../.snap0 spec_cost_8b_old_2
+  local b
+  for b in 1 16; do
+    stage "graph_q8_spec_b${b}_c512_k128" 60 python3 scripts/step_kernels.py $M/q8 --spec $M/q8-dflash --k 8 \
+      --batch $b --ctx 512 --json "$W/graph_q8_spec_b${b}_c512_k128.json"
+    stage "graph_q8_spec_b${b}_c512_k64" 60 env MINILLM_CUDA_DEFINES=PF_SHORT_KEYS=64 MINILLM_SHORT_RUN_SPLITS=8 \
+      python3 scripts/step_kernels.py $M/q8 --spec $M/q8-dflash --k 8 --batch $b --ctx 512 \
+      --json "$W/graph_q8_spec_b${b}_c512_k64.json"
+  done
+}
+
+spec_cost_in() {  # spec_cost_in DIR NAME: the 8B spec-cost bench (cost half, one oracle point) from DIR's tree
+  stage "$2" 150 bash -c "cd $1 && PYTHONPATH=.:/tmp/site python3 -m minillm.bench spec-cost $M/q8 \
+    --drafter $M/q8-dflash --k 8 --accept 0.9 --result-json $W/$2.json"
+}
+
 step_kernels_spec() {  # step_kernels_spec MODEL DRAFTER BATCH CTX TIMEOUT: a rejected DFlash k = 8
   # round (the target's verification graph and the drafter's block graph), then its kernels under ncu
   local tag=$1_spec_b$3_c$4

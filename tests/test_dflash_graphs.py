@@ -108,15 +108,16 @@ def emulated_llm(monkeypatch, target: str, **kw) -> LLM:
 
 
 def record_drafts(llm: LLM) -> list:
-    """Wrap the proposer: every round's draft tokens, sequence by sequence, go to the list returned."""
+    """Wrap the proposer: every round's draft tokens, sequence by sequence, go to the list returned
+    (once on the host: a deferred round's when the engine resolves it)."""
     proposer, rounds = llm.engine.proposer, []
-    original = proposer.propose
+    original = proposer._assign
 
-    def propose(seqs, ks):
-        original(seqs, ks)
-        rounds.extend(list(s.draft_ids) for s in seqs)
+    def assign(tokens, waiting):
+        original(tokens, waiting)
+        rounds.extend(list(s.draft_ids) for s, _, _ in waiting)
 
-    proposer.propose = propose
+    proposer._assign = assign
     return rounds
 
 
@@ -179,6 +180,8 @@ def test_emulated_graphs_match_eager(monkeypatch, pair):
     assert graphs.engine.stats().spec == eager.engine.stats().spec
     assert graphs.engine.proposer.runner.replays > 0 and graphs.engine.runner.replays > 0
     assert eager.engine.proposer.runner.replays == 0 and eager.engine.runner.replays == 0
+    # verification steps took their drafts from the drafter's output on the device
+    assert graphs.engine.runner.draft_fills > 0 and eager.engine.runner.draft_fills > 0
     # the logits transform ran inside the drafter's graph: the last drafted block's logits are
     # soft-capped, and equal the eager drafter's for the same one-sequence step
     for llm in (eager, graphs):

@@ -114,6 +114,49 @@ def test_runs_fill_matches_the_general_fill(bs, specs, cached_rows, rnd):
             np.testing.assert_array_equal(h[k], want[k], err_msg=k)
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from([1, 4, 16]), st.lists(st.tuples(st.integers(1, 30), st.integers(0, 5), st.sampled_from(
+    ["device", "host", "score"]), st.integers(1, 8)), min_size=1, max_size=10), st.randoms(use_true_random=False))
+def test_drafts_on_device_fill_what_host_drafts_would(bs, specs, rnd):
+    """Verification runs whose drafts are still in the drafter's sampled ids (seq.draft_row, as a
+    deferred DFlash round leaves them, placeholders on the host) next to runs with host drafts and
+    scoring: both fills point the device fills at the right rows, so after them input_ids and
+    draft_tokens hold exactly what a fill from the real drafts on the host gives."""
+    runner, batch = decode_runner(bs, [(p, o) for p, o, _, _ in specs], rnd, spare_blocks=10 * len(specs))
+    items, on_device = [], []
+    for item, (_, _, kind, k) in zip(batch, specs):
+        seq = item.seq
+        if kind == "score":
+            items.append(ScheduledSeq(seq, seq.num_tokens, all_logits=True, start=0))
+            continue
+        seq.draft_ids = [rnd.randrange(VOCAB) for _ in range(k)]
+        runner.bm.allocate(seq, seq.num_tokens + k)
+        items.append(ScheduledSeq(seq, k + 1, k))
+        if kind == "device":
+            on_device.append(seq)
+    t = sum(it.num_new for it in items)
+    runner.buf = StepBuffers(NumpyBackend(), t, len(items) + 1, t, max(len(it.seq.block_table) for it in items))
+    h = runner.buf.host
+    runner._prepare_any(items)  # every draft on the host: the reference
+    want = {k: h[k][:t].copy() for k in ("input_ids", "draft_tokens")}
+    source = np.full(8 * len(specs) + 9, -7, np.int32)  # the drafter's ids; -7: rows nobody reads
+    for i, seq in enumerate(on_device):
+        seq.draft_row = 9 * i + 1
+        source[seq.draft_row : seq.draft_row + len(seq.draft_ids)] = seq.draft_ids
+        seq.draft_ids = [VOCAB] * len(seq.draft_ids)  # placeholders: the mask token
+    runner.draft_source = source
+    for fill in (runner._prepare_any, runner._prepare_runs):
+        for a in h.values():
+            a[...] = rnd.randrange(1, 100)
+        assert fill(items) == (t, t)
+        assert runner.fills_from_drafts == bool(on_device)
+        if runner.fills_from_drafts:
+            NumpyBackend().fill_input_ids(h["input_ids"][:t], source, h["src_rows"][:t])
+            NumpyBackend().fill_input_ids(h["draft_tokens"][:t], source, h["draft_src"][:t])
+        for k in want:
+            np.testing.assert_array_equal(h[k][:t], want[k], err_msg=f"{fill.__name__}: {k}")
+
+
 OPS = ["grow", "lookahead", "trim", "finish", "preempt", "shuffle", "join", "leave", "other_step", "pad"]
 MAX_LEN = 48  # tokens a sequence may reach, lookahead blocks included
 

@@ -185,6 +185,21 @@ def test_dflash_greedy_lossless(dflash_pair, k):
     assert llm.engine.stats().spec["draft_tokens"] > 0
 
 
+def test_dflash_lossless_with_preemption_and_deferred_drafts(dflash_pair):
+    """A pool small enough to preempt while drafts are still on the device (each round's drafting
+    step is launched without waiting, and the next verification takes its drafts there): output
+    identical to plain decoding, and verification steps really took device drafts."""
+    target, drafter = dflash_pair
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    base = LLM(str(target), device="cpu", max_model_len=128, max_num_seqs=16).generate(PROMPTS, params)
+    llm = LLM(str(target), device="cpu", max_model_len=128, max_num_seqs=16, num_blocks=30,
+              speculative_config={"method": "dflash", "model": str(drafter), "num_speculative_tokens": 3})
+    outs = llm.generate(PROMPTS, params)
+    assert [o.token_ids for o in outs] == [b.token_ids for b in base]
+    assert llm.engine.stats().preemptions > 0
+    assert llm.engine.runner.draft_fills > 0
+
+
 def test_dflash_matches_reference(dflash_pair):
     """Draft hidden states and tokens equal dflash.DFlashDraftModel's, and dflash_generate agrees."""
     from dflash.model import DFlashDraftModel, dflash_generate, extract_context_feature
@@ -200,7 +215,8 @@ def test_dflash_matches_reference(dflash_pair):
         "method": "dflash", "model": str(drafter_dir), "num_speculative_tokens": bs - 1})
     eng = llm.engine
     eng.add_request(prompt, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True), "r")
-    eng.step()  # prefill: samples the first token, then drafts one block
+    eng.step()  # prefill: samples the first token, then launches the drafting of one block
+    eng.proposer.resolve()  # the drafts' ids on the host (the next step would take them on the device)
     seq = eng.requests["r"]
     ours_hidden = eng.backend.to_host(eng.proposer.runner.ws.normed[:bs]).copy()
     ours_draft = list(seq.draft_ids)

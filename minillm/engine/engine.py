@@ -206,6 +206,9 @@ class LLMEngine:
                 self.runner.capture_out = self.proposer.capture
                 # the context update runs in every target step, inside its CUDA graph when replayed
                 self.runner.after_forward = self.proposer.update_context
+            if getattr(self.proposer, "drafts_on_device", False):
+                # verification steps take the drafts from the drafter's sampled ids on the device
+                self.runner.draft_source = self.proposer.runner.buf.dev["out_tokens"]
         self.spec_stats = SpecStats(k)
         self.profiler = None  # a StepProfiler (minillm/engine/step_profile.py) times step()'s phases
         # overlap_outputs: step() renders a step's text and outputs while the next step runs on the
@@ -328,6 +331,8 @@ class LLMEngine:
         if prof is not None:
             prof.scheduled(sched.scheduled)
         handle = self.runner.launch(sched.scheduled)
+        if self.runner.draft_source is not None:
+            self.proposer.resolve()  # the drafts' ids, while the device verifies them
         earlier = self._render_unrendered() if self.overlap_outputs else []  # overlaps the device
         tokens = self.runner.collect(handle)
         if prof is not None:
@@ -518,7 +523,14 @@ class LLMEngine:
                 self.block_manager.allocate(seq, seq.num_tokens + max(k, self.lookahead))
             seqs.append(seq)
             ks.append(max(k, 0))
-        if seqs:
+        if not seqs:
+            return
+        if self.runner.draft_source is not None:
+            # launched without waiting: the next verification step takes the drafts on the device,
+            # unless a penalty needs their ids on the host while that step is prepared
+            defer = not any(s.params.adjusts_logits for s in seqs)
+            self.proposer.propose(seqs, ks, defer=defer)
+        else:
             self.proposer.propose(seqs, ks)
 
     def _accept_tokens(self, seq: Sequence, new: list[int]) -> tuple[list[int], str | None]:

@@ -59,8 +59,12 @@ class StepBuffers:
             "sample_pos": ((max_logits,), np.int32),
             "draft_tokens": ((max_logits,), np.int32),  # a drafted token to verify per row, or -1
             # per token row: where to take its input id from in the previous step's out_tokens
-            # (async scheduling: that id is not on the host yet), or -1 (input_ids holds it)
+            # (async scheduling: that id is not on the host yet) or, in a verification step, in
+            # the drafter's (its drafts are not on the host yet), or -1 (input_ids holds it)
             "src_rows": ((max_tokens,), np.int32),
+            # per logits row: where to take its draft_tokens entry from in the drafter's out_tokens,
+            # or -1 (draft_tokens holds it)
+            "draft_src": ((max_logits,), np.int32),
             # a decode step's rows, longest context first: the order decode attention starts
             # their work in (a permutation of every row of the step, padding rows included); in
             # a step with long query runs, the rows of its short ones (StepInputs.decode_rows)
@@ -117,6 +121,9 @@ class ModelRunner:
     # others take the prefill kernel (0: the backend does not split, NumPy); set from the backend
     decode_max_q = 0
     num_decode_rows: int | None = None  # prepare(): StepInputs.decode_rows' length
+    # a drafter's sampled ids on the device (DFlash; the engine sets it): a verification step
+    # takes the drafts of sequences with seq.draft_row >= 0 from there, before its forward
+    draft_source = None
 
     def __init__(self, model: Transformer, backend, kv, block_manager: BlockManager,
                  max_tokens: int, max_seqs: int, max_logits: int, max_model_len: int,
@@ -145,6 +152,8 @@ class ModelRunner:
         self.replay_timer = None  # a benchmark may wrap graph replays to time them
         self.replays = 0  # graph replays so far (tests check that graphs were used)
         self.num_fill = 0  # rows of the prepared step whose input id comes from the device
+        self.fills_from_drafts = False  # the prepared step's fills read draft_source
+        self.draft_fills = 0  # steps that took drafts from the device (tests read it)
         self.readback = TokenReadback(backend, max_logits)  # async scheduling's result copies
         self.decode_max_q = int(getattr(backend, "decode_max_q", 0))
 
@@ -224,6 +233,8 @@ class ModelRunner:
         h["top_k"][:B] = [s.params.top_k for s in seqs]
         h["seeds"][:B] = [s.seed for s in seqs]
         h["draft_tokens"][:B] = -1
+        h["draft_src"][:B] = -1
+        self.fills_from_drafts = False
         return B
 
     def _fill_block_tables(self, seqs: list) -> np.ndarray:
@@ -259,6 +270,8 @@ class ModelRunner:
         t = int(qs[-1])
         ids: list[int] = []
         drafts: list[int] = []
+        on_device = self._drafts_on_device(batch)
+        src: list[int] = []
         for item in batch:
             seq, start, m, k = item.seq, item.start, item.num_new, item.num_draft
             end, total = start + m, seq.num_tokens
@@ -267,6 +280,9 @@ class ModelRunner:
             # row j checks draft j; the last row samples the bonus token (every row gives logits:
             # k is m - 1, or 0 when scoring)
             drafts += seq.draft_ids[:k] + [-1] * (m - k)
+            if on_device:  # a verification run: row 0 holds the last token, rows 1..k the drafts
+                row = seq.draft_row if k else -1
+                src += [-1] + [row + j for j in range(k)] if row >= 0 else [-1] * m
         if len(ids) != t or len(drafts) != t:
             raise ValueError(f"prepare: {len(ids)} input ids and {len(drafts)} draft rows for {t} rows")
         of_seq = np.repeat(np.arange(B), n)  # each row's sequence
@@ -277,7 +293,16 @@ class ModelRunner:
             raise IndexError("prepare: a position past its sequence's block table")
         tables = self._fill_block_tables(seqs)
         h["input_ids"][:t] = ids
-        h["src_rows"][:t] = -1
+        if on_device:
+            # row j checks the draft that row j + 1 takes as input (a run's last row: the next
+            # run's first, which is -1), so the logits rows' sources are the token rows' shifted
+            h["src_rows"][:t] = src
+            h["draft_src"][: t - 1] = h["src_rows"][1:t]
+            h["draft_src"][t - 1] = -1
+        else:
+            h["src_rows"][:t] = -1
+            h["draft_src"][:t] = -1
+        self.fills_from_drafts = on_device
         h["positions"][:t] = pos
         h["slot_mapping"][:t] = tables[of_seq, block] * bs + pos % bs
         h["seq_lens"][:B] = starts + n
@@ -299,6 +324,7 @@ class ModelRunner:
         t = 0
         r = 0
         fill = 0
+        on_device = self._drafts_on_device(batch)
         h["query_start"][0] = 0
         h["block_tables"][: len(batch)] = 0
         self.buf.table_rows[: len(batch)] = -1  # rewritten here, outside the decode fill's cache
@@ -314,6 +340,9 @@ class ModelRunner:
                 ids.insert(known - start, 0)
                 h["src_rows"][t + known - start] = seq.pending_row
                 fill += 1
+            row = seq.draft_row if on_device and item.num_draft else -1
+            if row >= 0:  # its drafts (positions from `total` on) are still on the device
+                h["src_rows"][t + total - start : t + n] = np.arange(row, row + end - total)
             h["input_ids"][t : t + n] = ids
             pos = np.arange(start, start + n, dtype=np.int32)
             h["positions"][t : t + n] = pos
@@ -335,11 +364,21 @@ class ModelRunner:
                 # verification rows: row j checks draft j; the last row samples the bonus token
                 k = item.num_draft
                 h["draft_tokens"][r : r + m] = -1
+                h["draft_src"][r : r + m] = -1
                 if k:
                     h["draft_tokens"][r + m - k - 1 : r + m - 1] = seq.draft_ids[:k]
+                    if row >= 0:
+                        h["draft_src"][r + m - k - 1 : r + m - 1] = np.arange(row, row + k)
                 r += m
+        if fill and on_device:
+            raise ValueError("prepare: ids in flight from the previous step and drafts on the device in one step")
         self.num_fill = fill
+        self.fills_from_drafts = on_device
         return t, r
+
+    def _drafts_on_device(self, batch: list[ScheduledSeq]) -> bool:
+        """Whether some sequence verifies drafts its drafter left on the device (seq.draft_row)."""
+        return self.draft_source is not None and any(item.num_draft and item.seq.draft_row >= 0 for item in batch)
 
     def _check(self, batch: list[ScheduledSeq], t: int) -> None:
         """MINILLM_DEBUG=1: every index the kernels will read is inside the pool and owned."""
@@ -444,19 +483,25 @@ class ModelRunner:
             self.transform_logits(logits)
         return logits
 
-    def _upload(self, num_seqs: int, t: int) -> None:
+    def _upload(self, num_seqs: int, t: int, r: int) -> None:
         """Upload the step's inputs; then, with async scheduling, take the input ids of rows whose
-        token the previous step sampled from that step's out_tokens, on the device. Stream order
-        puts this after the previous step's sampler and before this step's forward (the fill is
-        not part of any graph: a graph replays right after it)."""
+        token the previous step sampled from that step's out_tokens, on the device; or, in a
+        verification step, the drafts still on the device from the drafter's out_tokens (input
+        ids and the sampler's draft_tokens alike). Stream order puts this after the previous
+        step's (or the drafter's) sampler and before this step's forward (the fills are not part
+        of any graph: a graph replays right after them)."""
         self.buf.upload(num_seqs)
-        if self.num_fill:
-            d = self.buf.dev
+        d = self.buf.dev
+        if self.fills_from_drafts:
+            self.backend.fill_input_ids(d["input_ids"][:t], self.draft_source, d["src_rows"][:t])
+            self.backend.fill_input_ids(d["draft_tokens"][:r], self.draft_source, d["draft_src"][:r])
+            self.draft_fills += 1
+        elif self.num_fill:
             self.backend.fill_input_ids(d["input_ids"][:t], d["out_tokens"], d["src_rows"][:t])
 
     def _eager_forward(self, B: int, t: int, r: int, after_forward: bool = True):
         """Upload the prepared step and launch its forward (no graph); returns the logits rows."""
-        self._upload(B, t)
+        self._upload(B, t, r)
         x = self._inputs(B, t, r, self.max_query_len, prepared=True)
         logits = self._forward(x, t, r, after_forward)
         self.last_inputs, self.last_num_tokens = x, t
@@ -598,6 +643,7 @@ class ModelRunner:
         h["seeds"][r:R] = 0
         h["sample_pos"][r:R] = 0
         h["draft_tokens"][r:R] = -1
+        h["draft_src"][r:R] = -1
         h["src_rows"][t:T] = -1
         lo, hi = (min(i, h["attn_order"].shape[0]) for i in (t, T))
         h["attn_order"][lo:hi] = self.buf.iota[lo:hi]  # padding rows last, as they come
@@ -606,7 +652,7 @@ class ModelRunner:
         bk, rows, g = graph
         T = bk * rows
         self._pad(B, t, r, bk, T, T)
-        self._upload(bk + 1, T)
+        self._upload(bk + 1, T, T)
         self.replays += 1
         if self.replay_timer is not None:  # benchmarks: device time of the graph alone
             self.replay_timer(g.replay)

@@ -50,6 +50,10 @@ class Sequence:
         # how many positions the drafter's KV covers
         self.draft_ids: list[int] = []
         self.draft_computed = 0
+        # >= 0 while the drafts are still on the device (a DFlash drafter launched without waiting):
+        # their first row in the drafter's sampled ids; draft_ids then holds placeholders of the
+        # right length until the drafter's resolve() (ModelRunner reads them on the device)
+        self.draft_row = -1
         # SamplingParams.logprobs: one TokenLogprob per output id (None when not asked for), and
         # those of the step just collected, until its ids are accepted
         self.output_logprobs: list | None = None

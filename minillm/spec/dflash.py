@@ -119,6 +119,7 @@ def load_safetensors_raw(files) -> dict[str, np.ndarray]:
 class DFlashProposer:
     needs_kv = True
     uses_target_hidden = True
+    drafts_on_device = True  # propose(defer=True): the target takes the drafts on the device
 
     def __init__(self, path, target: Transformer, backend, k: int, max_tokens: int, max_seqs: int,
                  max_model_len: int):
@@ -150,6 +151,7 @@ class DFlashProposer:
         self.capture = backend.empty((max_tokens, len(self.layer_ids) * H))
         self.ctx = Workspace(backend, dcfg, max_tokens, 1)
         self.ctx_hidden = backend.empty((max_tokens, H))
+        self._pending = None  # a drafting step launched by propose(defer=True), not yet resolved
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         return self.cfg.kv_bytes_per_token(dtype_bytes)
@@ -190,7 +192,15 @@ class DFlashProposer:
             B.store_kv(k, v, self.kv[0][i], self.kv[1][i], x.slot_mapping)
 
     # ---- drafting ----------------------------------------------------------------------------
-    def propose(self, seqs: list[Sequence], ks: list[int]) -> None:
+    def propose(self, seqs: list[Sequence], ks: list[int], defer: bool = False) -> None:
+        """Draft one block for every sequence with k > 0 (seq.draft_ids: k drafts).
+
+        defer=True launches the drafting step without waiting for it: each sequence's draft_ids
+        get k placeholders and draft_row where its drafts start in the drafter's sampled ids, so
+        the target's next verification step takes them on the device (ModelRunner.draft_source)
+        while the host schedules and prepares it; resolve() puts the ids on the host once that
+        step has been launched. The device then never waits for the host between the two steps."""
+        self.resolve()
         active = [(s, k) for s, k in zip(seqs, ks) if k > 0]
         for s in seqs:
             s.draft_ids = []
@@ -200,12 +210,35 @@ class DFlashProposer:
         for s, _ in active:
             s.draft_ids = [self.mask] * (self.block - 1)
             items.append(ScheduledSeq(s, self.block, num_draft=self.block - 1, start=s.num_tokens - 1))
-        # drafts are the drafter's argmax (q one-hot), so the target verifies them on the device
-        tokens = self.runner.execute(items, greedy=True)  # a graph replay when one was captured
-        for i, (s, k) in enumerate(active):
-            rows = slice(i * self.block + 1, i * self.block + 1 + k)  # row 0 predicts the known token
-            s.draft_ids = [int(t) for t in tokens[rows]]
+        # drafts are the drafter's argmax (q one-hot), so the target verifies them on the device;
+        # a graph replay when one was captured
+        handle = self.runner.launch(items, greedy=True, readback=defer)
+        for s, _ in active:
             s.draft_computed = s.num_tokens - 1  # the block's noise K/V is not context
+        if defer:
+            for i, (s, k) in enumerate(active):
+                s.draft_ids = [self.mask] * k
+                s.draft_row = i * self.block + 1  # row 0 predicts the known token
+            self._pending = (handle, [(s, k, s.draft_ids) for s, k in active])
+        else:
+            self._assign(self.runner.collect(handle), [(s, k, None) for s, k in active])
+
+    def resolve(self) -> None:
+        """Wait for a deferred drafting step and give its sequences their draft ids (those whose
+        drafts were dropped meanwhile, by preemption or a step without them, keep what they have)."""
+        if self._pending is None:
+            return
+        handle, waiting = self._pending
+        self._pending = None
+        self._assign(self.runner.collect(handle), waiting)
+
+    def _assign(self, tokens, waiting) -> None:
+        ids = tokens.tolist()  # one conversion, not an int() per draft
+        for i, (s, k, held) in enumerate(waiting):
+            s.draft_row = -1
+            if held is None or s.draft_ids is held:
+                first = i * self.block + 1
+                s.draft_ids = ids[first : first + k]
 
     def _transform_logits(self, logits) -> None:
         """output_multiplier and final-logit soft-capping, as the checkpoint asks."""
