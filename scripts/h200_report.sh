@@ -1487,6 +1487,32 @@ part99() {  # session 14, call 1: DFlash drafts passed on the device (the drafti
   done
 }
 
+part100() {  # session 14, call 2: the DFlash context update computes keys and values only (no q): every
+  # GPU test, the 8B spec-cost bench, then a rejected round's graphs and kernels at c = 1 and 16
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models 150 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
+  gpu_tests_full 200
+  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_8b.json"
+  step_kernels_spec q8 q8-dflash 1 512 90
+  step_kernels_spec q8 q8-dflash 16 512 90
+}
+
+part101() {  # session 14, call 3: the final code's serving figures: the failure matrix (DFlash k = 8),
+  # memcheck of its fastest reproducer, nano-vllm's throughput, single-stream decode of both shapes
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 150
+  stage failure_matrix 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
+    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 100
+  memcheck_reproducer 120
+  throughput_06b 100
+  decode_06b 60
+  decode_8b 90
+}
+
 spec_cost_in() {  # spec_cost_in DIR NAME: the 8B spec-cost bench (cost half, one oracle point) from DIR's tree
   stage "$2" 150 bash -c "cd $1 && PYTHONPATH=.:/tmp/site python3 -m minillm.bench spec-cost $M/q8 \
     --drafter $M/q8-dflash --k 8 --accept 0.9 --result-json $W/$2.json"

@@ -152,6 +152,10 @@ class DFlashProposer:
         self.ctx = Workspace(backend, dcfg, max_tokens, 1)
         self.ctx_hidden = backend.empty((max_tokens, H))
         self._pending = None  # a drafting step launched by propose(defer=True), not yet resolved
+        # each layer's k/v projection: the rows of its qkv weight (and bias) past q_size, as views
+        qs = dcfg.q_size
+        self._kv_proj = [(lw.qkv[qs:], None if lw.qkv_bias is None else lw.qkv_bias[qs:])
+                         for lw in self.model.layers]
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         return self.cfg.kv_bytes_per_token(dtype_bytes)
@@ -182,14 +186,17 @@ class DFlashProposer:
         f = self.ctx_hidden[:T]
         B.matmul(self.capture[:T], self.fc, out=ws.normed[:T])
         B.rms_norm(ws.normed[:T], self.hidden_norm, c.rms_norm_eps, out=f)
-        qkv = ws.qkv[:T]
-        q = qkv[:, : c.q_size].reshape(T, c.num_heads, c.head_dim)
-        k = qkv[:, c.q_size : c.q_size + c.kv_size].reshape(T, c.num_kv_heads, c.head_dim)
-        v = qkv[:, c.q_size + c.kv_size :].reshape(T, c.num_kv_heads, c.head_dim)
+        # only keys and values: the rows of qkv past q_size (a context position is never a query;
+        # computing q too read 2/3 more of each layer's qkv weights, 168 MB a round on the 8B shape)
+        kv = ws.qkv.reshape(-1)[: T * 2 * c.kv_size].reshape(T, 2 * c.kv_size)
+        k = kv[:, : c.kv_size].reshape(T, c.num_kv_heads, c.head_dim)
+        v = kv[:, c.kv_size :].reshape(T, c.num_kv_heads, c.head_dim)
+        no_q = k[:, :0]  # zero query heads: the fused kernel norms, rotates and stores k, copies v
         for i, lw in enumerate(self.model.layers):
-            B.matmul(f, lw.qkv, out=qkv, bias=lw.qkv_bias)
-            B.qk_norm_rope(q, k, lw.q_norm, lw.k_norm, c.rms_norm_eps, x.positions, self.model.cos_sin)
-            B.store_kv(k, v, self.kv[0][i], self.kv[1][i], x.slot_mapping)
+            w_kv, b_kv = self._kv_proj[i]
+            B.matmul(f, w_kv, out=kv, bias=b_kv)
+            B.qk_norm_rope_store_kv(no_q, k, v, lw.q_norm, lw.k_norm, c.rms_norm_eps, x.positions,
+                                    self.model.cos_sin, self.kv[0][i], self.kv[1][i], x.slot_mapping)
 
     # ---- drafting ----------------------------------------------------------------------------
     def propose(self, seqs: list[Sequence], ks: list[int], defer: bool = False) -> None:
