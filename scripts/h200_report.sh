@@ -1513,6 +1513,18 @@ part101() {  # session 14, call 3: the final code's serving figures: the failure
   decode_8b 90
 }
 
+part102() {  # session 14, call 4: why a c = 1 verification's short-run attention takes ~24 us a layer
+  # (part100): ncu's full sections for two of its launches (and the drafter's), and for the plain
+  # step's fused decode attention at batch 1 beside it
+  setup
+  stage models 150 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
+  stage ncu_full_short_run_b1 200 ncu --profile-from-start off --set full -k regex:paged_prefill -c 3 \
+    --page details python3 scripts/step_kernels.py $M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512 --under-ncu
+  stage ncu_full_decode_b1 150 ncu --profile-from-start off --set full -k regex:paged_decode -c 2 \
+    --page details python3 scripts/step_kernels.py $M/q8 --batch 1 --ctx 512 --under-ncu
+}
+
 spec_cost_in() {  # spec_cost_in DIR NAME: the 8B spec-cost bench (cost half, one oracle point) from DIR's tree
   stage "$2" 150 bash -c "cd $1 && PYTHONPATH=.:/tmp/site python3 -m minillm.bench spec-cost $M/q8 \
     --drafter $M/q8-dflash --k 8 --accept 0.9 --result-json $W/$2.json"
