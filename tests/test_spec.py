@@ -200,6 +200,39 @@ def test_dflash_lossless_with_preemption_and_deferred_drafts(dflash_pair):
     assert llm.engine.runner.draft_fills > 0
 
 
+def run_engine(engine, prompts, params) -> list[tuple]:
+    """Drive an LLMEngine step by step, as the server does (no output overlap); each request's
+    (token ids, text, finish reason)."""
+    ids = [engine.add_request(p, params) for p in prompts]
+    final = {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            if o.finished:
+                final[o.request_id] = (o.token_ids, o.text, o.finish_reason)
+    return [final[i] for i in ids]
+
+
+def test_dflash_stop_strings_with_deferred_drafts(dflash_pair):
+    """Stop strings found while rendering a step whose drafting step is already on the device end
+    their sequences exactly where plain decoding does, and the others, whose blocks the freed
+    ones may become, go on unharmed (engine stepped directly, as the server drives it)."""
+    from minillm.engine.engine import LLMEngine
+
+    target, drafter = dflash_pair
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    plain = LLMEngine(model=str(target), device="cpu", max_model_len=128, max_num_seqs=16, num_blocks=40)
+    full = run_engine(plain, PROMPTS[:6], greedy)
+    stops = sorted({text[6:8] for _, text, _ in full if len(text) > 10})
+    assert stops
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop=stops)
+    want = run_engine(plain, PROMPTS, params)
+    spec = LLMEngine(model=str(target), device="cpu", max_model_len=128, max_num_seqs=16, num_blocks=40,
+                     speculative_config={"method": "dflash", "model": str(drafter), "num_speculative_tokens": 3})
+    assert run_engine(spec, PROMPTS, params) == want
+    assert any(reason == "stop" for _, _, reason in want)
+    assert spec.runner.draft_fills > 0
+
+
 def test_dflash_matches_reference(dflash_pair):
     """Draft hidden states and tokens equal dflash.DFlashDraftModel's, and dflash_generate agrees."""
     from dflash.model import DFlashDraftModel, dflash_generate, extract_context_feature

@@ -369,11 +369,19 @@ class LLMEngine:
                 self._unrendered.append((seq, accepted, reason))
         if prompt_rows:  # after the loop: it overwrites the logits rows the loop reads
             self._fill_prompt_logprobs(prompt_rows)
-        outputs = earlier if self.overlap_outputs else self._render_unrendered()
+        drafts_first = self.runner.draft_source is not None
+        if not drafts_first:
+            outputs = earlier if self.overlap_outputs else self._render_unrendered()
         if self.proposer is not None:
             if prof is not None:
                 prof.proposing()
             self._propose()
+        if drafts_first:
+            # the drafting step is on the device before this step's outputs are rendered
+            # (detokenising, stop strings), so the host renders while the device drafts; a stop
+            # string found here ends its sequence with its drafts unused (the next step skips it,
+            # and the drafter's writes into its freed blocks are ordered before any reuse)
+            outputs = earlier if self.overlap_outputs else self._render_unrendered()
         if prof is not None:
             prof.end(num_sampled)
         return outputs

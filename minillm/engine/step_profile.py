@@ -7,7 +7,9 @@ step's wall time exactly:
   prepare   runner.prepare() (host step inputs), graph padding, the upload of the inputs
   execute   forward + sample, until the sampled tokens are on the host
   post      the engine's bookkeeping: appending tokens, stop checks, detokenisation, outputs
-  propose   speculative decoding only: the drafter's proposals for the next step
+  propose   speculative decoding only: the drafter's proposals for the next step (a DFlash
+            drafter's step is launched without waiting, and the step's outputs are rendered
+            after it, while it runs: then both are counted here, not in post)
 
 With engine.overlap_outputs (inside LLM.generate) the rendering of the previous step's outputs
 (detokenisation, stop strings, outputs) runs while the device works, between launch and the
