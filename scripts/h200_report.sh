@@ -1525,6 +1525,30 @@ part102() {  # session 14, call 4: why a c = 1 verification's short-run attentio
     --page details python3 scripts/step_kernels.py $M/q8 --batch 1 --ctx 512 --under-ncu
 }
 
+part103() {  # session 14, call 5: where the short-run attention's warps wait (ncu's per-instruction stall
+  # samples of its first launch in a c = 1 and a c = 16 round, scripts/ncu_hot_sass.py), then the final
+  # code: the 8B spec-cost bench, every GPU test, the failure matrix
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 150
+  local b
+  for b in 1 16; do
+    stage "ncu_sass_short_run_b$b" 120 ncu --profile-from-start off --section SourceCounters --section WarpStateStats \
+      --page source --csv --print-source sass -k regex:paged_prefill -c 1 python3 scripts/step_kernels.py $M/q8 \
+      --spec $M/q8-dflash --k 8 --batch $b --ctx 512 --under-ncu
+    python3 scripts/ncu_hot_sass.py "$W/ncu_sass_short_run_b$b.log" --top 45 | tee "$W/hot_sass_short_run_b$b.txt"
+    stage "ncu_stalls_short_run_b$b" 120 ncu --profile-from-start off --section WarpStateStats --print-details all \
+      -k regex:paged_prefill -c 1 python3 scripts/step_kernels.py $M/q8 --spec $M/q8-dflash --k 8 --batch $b \
+      --ctx 512 --under-ncu
+  done
+  pack
+  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_8b.json"
+  stage failure_matrix 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
+    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 100
+  gpu_tests_full 160
+}
+
 spec_cost_in() {  # spec_cost_in DIR NAME: the 8B spec-cost bench (cost half, one oracle point) from DIR's tree
   stage "$2" 150 bash -c "cd $1 && PYTHONPATH=.:/tmp/site python3 -m minillm.bench spec-cost $M/q8 \
     --drafter $M/q8-dflash --k 8 --accept 0.9 --result-json $W/$2.json"
