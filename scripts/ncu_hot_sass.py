@@ -23,12 +23,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=40)
     ns = ap.parse_args(argv)
     with open(ns.csv, newline="") as f:
-        lines = [line for line in f if line.count(",") >= 2]  # ncu's banner lines have no columns
-    rows = list(csv.reader(lines))
-    if not rows:
-        print(f"{ns.csv}: no CSV rows", file=sys.stderr)
+        rows = list(csv.reader(f))
+    # the table starts at its header row (ncu and the profiled program print other lines first)
+    start = next((i for i, r in enumerate(rows) if r and r[0] == "Address" and "Source" in r), None)
+    if start is None:
+        print(f"{ns.csv}: no source-page table (a header row starting with Address)", file=sys.stderr)
         return 1
-    header, body = rows[0], rows[1:]
+    header, body = rows[start], [r for r in rows[start + 1 :] if len(r) == len(rows[start])]
     def col(*words):
         for i, h in enumerate(header):
             if all(w.lower() in h.lower() for w in words):
@@ -48,9 +49,13 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError:
             return 0.0
 
-    body = [r for r in body if len(r) > c_all]
     total = sum(num(r, c_all) for r in body) or 1.0
     print(f"{len(body)} instructions, {total:.0f} warp-stall samples")
+    reasons = [(h, sum(num(r, i) for r in body)) for i, h in enumerate(header)
+               if h.startswith("stall_") and "Not Issued" not in h]
+    if reasons:  # the kernel's samples by stall reason, largest first
+        print("by reason: " + ", ".join(f"{h[6:]} {100 * v / total:.1f}%" for h, v in
+                                         sorted(reasons, key=lambda x: -x[1]) if v > 0))
     order = sorted(range(len(body)), key=lambda i: -num(body[i], c_all))[: ns.top]
     print(f"{'#':>5} {'address':>8} {'samples':>8} {'share':>6} {'not-iss':>8} {'executed':>9}  sass")
     for i in sorted(order):
