@@ -280,9 +280,9 @@ class ModelRunner:
             # row j checks draft j; the last row samples the bonus token (every row gives logits:
             # k is m - 1, or 0 when scoring)
             drafts += seq.draft_ids[:k] + [-1] * (m - k)
-            if on_device:  # a verification run: row 0 holds the last token, rows 1..k the drafts
+            if on_device:  # a verification run: its last k rows hold the drafts
                 row = seq.draft_row if k else -1
-                src += [-1] + [row + j for j in range(k)] if row >= 0 else [-1] * m
+                src += [-1] * (m - k) + [row + j for j in range(k)] if row >= 0 else [-1] * m
         if len(ids) != t or len(drafts) != t:
             raise ValueError(f"prepare: {len(ids)} input ids and {len(drafts)} draft rows for {t} rows")
         of_seq = np.repeat(np.arange(B), n)  # each row's sequence
