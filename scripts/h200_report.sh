@@ -1549,6 +1549,26 @@ part103() {  # session 14, call 5: where the short-run attention's warps wait (n
   gpu_tests_full 160
 }
 
+part104() {  # session 14, call 6: the host work of a rejected DFlash round on the H200 machine's own CPU
+  # (scripts/host_overhead.py --dflash 8: forwards stubbed, CPU only), the round's graphs with
+  # 256-key short-run splits beside the default, the DFlash GPU tests on the final code
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage host_overhead_dflash 150 python3 scripts/host_overhead.py --dflash 8 --batches 1 4 8 16 64
+  stage models 150 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
+  local b
+  for b in 1 16; do
+    stage "graph_q8_spec_b${b}_c512_k128" 60 python3 scripts/step_kernels.py $M/q8 --spec $M/q8-dflash --k 8 \
+      --batch $b --ctx 512 --json "$W/graph_q8_spec_b${b}_c512_k128.json"
+    stage "graph_q8_spec_b${b}_c512_k256" 90 env MINILLM_CUDA_DEFINES=PF_SHORT_KEYS=256 python3 \
+      scripts/step_kernels.py $M/q8 --spec $M/q8-dflash --k 8 --batch $b --ctx 512 \
+      --json "$W/graph_q8_spec_b${b}_c512_k256.json"
+  done
+  stage dflash_gpu_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_dflash_graphs.py \
+    tests/test_gpu_engine.py -k "dflash or spec or lossless"
+}
+
 spec_cost_in() {  # spec_cost_in DIR NAME: the 8B spec-cost bench (cost half, one oracle point) from DIR's tree
   stage "$2" 150 bash -c "cd $1 && PYTHONPATH=.:/tmp/site python3 -m minillm.bench spec-cost $M/q8 \
     --drafter $M/q8-dflash --k 8 --accept 0.9 --result-json $W/$2.json"
