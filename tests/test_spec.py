@@ -200,6 +200,30 @@ def test_dflash_lossless_with_preemption_and_deferred_drafts(dflash_pair):
     assert llm.engine.runner.draft_fills > 0
 
 
+def test_dflash_device_drafts_are_the_host_drafts(dflash_pair):
+    """Every verification row that took its draft on the device (input id and the sampler's draft
+    token) holds exactly the draft the host accepts against once the drafts are resolved."""
+    from minillm.engine.engine import LLMEngine
+
+    target, drafter = dflash_pair
+    eng = LLMEngine(model=str(target), device="cpu", max_model_len=128, max_num_seqs=8,
+                    speculative_config={"method": "dflash", "model": str(drafter), "num_speculative_tokens": 5})
+    checked = []
+    verify = eng._verify
+
+    def checked_verify(item, row_tokens, r):
+        d, k = eng.runner.buf.dev, item.num_draft
+        rows = d["logits_indices"][r : r + k]
+        assert d["draft_tokens"][r : r + k].tolist() == item.seq.draft_ids[:k]
+        assert d["input_ids"][rows + 1].tolist() == item.seq.draft_ids[:k]
+        checked.append(k)
+        return verify(item, row_tokens, r)
+
+    eng._verify = checked_verify
+    run_engine(eng, PROMPTS[:8], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    assert sum(checked) > 0 and eng.runner.draft_fills > 0
+
+
 def run_engine(engine, prompts, params) -> list[tuple]:
     """Drive an LLMEngine step by step, as the server does (no output overlap); each request's
     (token ids, text, finish reason)."""
