@@ -18,7 +18,9 @@ rest is the host's critical path, when a GPU would idle.
 times a rejected DFlash round instead (k drafts a round, a random drafter, every draft rejected):
 the target's verification step and the drafter's block step, each forward stubbed the same way
 (the drafter's context update too), so what remains is the round's host work: scheduling,
-both steps' input fills, verification bookkeeping (acceptance, KV rollback) and the proposal.
+both steps' input fills, verification bookkeeping (acceptance, KV rollback) and the proposal. It
+also prints the part of a round from the verification's results reaching the host to the drafting
+step's launch returning: the host work a GPU waits for (the rest runs while the drafter drafts).
 """
 
 from __future__ import annotations
@@ -62,8 +64,11 @@ def make_engine(model_dir: str, batch: int, max_model_len: int, spec: dict | Non
     return engine
 
 
-def run_spec(model_dir: str, drafter_dir: str, k: int, batch: int, prompt_len: int, rounds: int) -> float:
-    """Median host microseconds of a rejected DFlash round with `batch` sequences decoding."""
+def run_spec(model_dir: str, drafter_dir: str, k: int, batch: int, prompt_len: int,
+             rounds: int) -> tuple[float, float, float]:
+    """Median host microseconds of a rejected DFlash round with `batch` sequences decoding, and of
+    its part between the verification's results reaching the host and the drafting step's launch
+    returning (where a GPU waits for the host): (round, accept + propose, the drafter's launch)."""
     spec = {"method": "dflash", "model": drafter_dir, "num_speculative_tokens": k}
     engine = make_engine(model_dir, batch, prompt_len + rounds + 64, spec)
     rng = np.random.default_rng(batch)
@@ -72,12 +77,30 @@ def run_spec(model_dir: str, drafter_dir: str, k: int, batch: int, prompt_len: i
                            SamplingParams(max_tokens=rounds + 16, ignore_eos=True, seed=i), request_id=str(i))
     for _ in range(8):  # prefill and the first rounds
         engine.step()
+    collect, launch = engine.runner.collect, engine.proposer.runner.launch
+    marks: dict[str, float] = {}
+    between, launching = [], []
+
+    def timed_collect(handle):  # shadows the bound method on this instance only
+        out = collect(handle)
+        marks["results"] = time.perf_counter()
+        return out
+
+    def timed_launch(*args, **kwargs):
+        t = time.perf_counter()
+        out = launch(*args, **kwargs)
+        if "results" in marks:
+            between.append(t - marks.pop("results"))
+            launching.append(time.perf_counter() - t)
+        return out
+
+    engine.runner.collect, engine.proposer.runner.launch = timed_collect, timed_launch
     times = []
     for _ in range(rounds):
         t0 = time.perf_counter()
         engine.step()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
+    return tuple(statistics.median(v) * 1e6 for v in (times, between, launching))
 
 
 def run(model_dir: str, batch: int, prompt_len: int, steps: int, digest) -> tuple[float, float]:
@@ -129,9 +152,11 @@ def main() -> None:
         if ns.dflash:
             drafter_dir = str(write_dflash_drafter(f"{tmp}/dflash", model_dir, seed=1, force=True))
             for b in ns.batches:
-                us = run_spec(model_dir, drafter_dir, ns.dflash, b, ns.prompt_len, ns.steps)
-                print(f"batch {b:4d}: {us:9.1f} us/round host ({us / b:6.2f} us/seq), DFlash k = {ns.dflash}",
-                      flush=True)
+                us, between, launching = run_spec(model_dir, drafter_dir, ns.dflash, b, ns.prompt_len, ns.steps)
+                print(f"batch {b:4d}: {us:9.1f} us/round host ({us / b:6.2f} us/seq), DFlash k = {ns.dflash}; "
+                      f"from the verification's results to the drafting step launched "
+                      f"{between + launching:7.1f} us (accept + propose {between:6.1f}, the drafter's "
+                      f"launch {launching:6.1f})", flush=True)
             return
         if ns.profile:
             prof = cProfile.Profile()
