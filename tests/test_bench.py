@@ -94,6 +94,22 @@ def test_engine_bytes_roofline_uses_the_models_sizes(tiny):
     assert r["weight_read_bytes"] == 3 * weight_bytes(engine.model) > 0
 
 
+def test_decode_roofline_counts_the_untied_embedding_table_as_one_row(tiny):
+    """A decode step reads the LM head whole but one row of an untied embedding table: the table
+    is not in the step's weight bytes (the tiny preset is untied, like Qwen3-8B)."""
+    from minillm.args import EngineArgs
+    from minillm.bench.decode import weight_bytes
+    from minillm.engine.engine import LLMEngine
+
+    model = LLMEngine(EngineArgs(model=str(tiny), device="cpu", max_num_seqs=1, max_model_len=64)).model
+    assert model.lm_head is not model.embed
+    layers = sum(getattr(lw, f).nbytes for lw in model.layers for f in lw.__dataclass_fields__
+                 if getattr(lw, f) is not None)
+    assert weight_bytes(model) == layers + model.norm.nbytes + model.lm_head.nbytes
+    model.lm_head = model.embed  # tied: the table is the LM head, read whole every step
+    assert weight_bytes(model) == layers + model.norm.nbytes + model.embed.nbytes
+
+
 def test_percentiles_and_means():
     values = [float(v) for v in range(1, 101)]  # 1..100
     assert report.percentile(values, 50) == pytest.approx(50.5)

@@ -54,7 +54,11 @@ def copy_bandwidth(backend, nbytes: int = 2 << 30) -> float:
 
 
 def weight_bytes(model) -> int:
-    arrays = [model.embed, model.norm] + ([] if model.lm_head is model.embed else [model.lm_head])
+    """Weight bytes one decode step reads: every layer's weights, the final norm and the LM head.
+    The embedding table counts only where it is also the LM head (tied): otherwise a step reads
+    one row of it per token, not the table (Qwen3-8B's untied 1.24 GB table counted once made its
+    roofline 254 tok/s instead of ~275 at the same bandwidth: session 15)."""
+    arrays = [model.norm, model.lm_head]
     for lw in model.layers:
         arrays += [getattr(lw, f) for f in lw.__dataclass_fields__ if getattr(lw, f) is not None]
     return int(sum(a.nbytes for a in arrays))
