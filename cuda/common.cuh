@@ -60,6 +60,29 @@ __device__ __forceinline__ void pdl_entry() {
 #endif
 }
 
+// PDL_LATE (session 15's experiment, off by default): the kernels of a decode step's chain release
+// their dependents after their main loop, not at entry nor after the wait (both measured slower
+// above), so the next grid is placed only while this one's CTAs finish (merges, reductions,
+// stores): its CTAs fill slots this grid is giving back, and its work before the wait (weights'
+// and old keys' L2 prefetch: GEMV_PREFETCH_BYTES, DEC_PREWAIT) overlaps this grid's tail. Still at
+// most two grids in flight: a grid releases only after its own wait.
+#ifndef PDL_LATE
+#define PDL_LATE 0
+#endif
+__device__ __forceinline__ void pdl_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && PDL_LATE
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Start moving [p, p + bytes) from HBM into L2 and go on (no registers, nothing to wait for): a
+// hint, never a correctness matter. p is 16-byte aligned and bytes a multiple of 16.
+__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
 // Which attention kernel takes a sequence of nq new queries and L keys of context in a step that
 // launches both (decode_attention.cu and prefill_attention.cu, each skipping what the other takes):
 // a short run of 2+ queries (speculative verification, a DFlash block) goes to the tensor-core

@@ -1569,6 +1569,27 @@ part104() {  # session 14, call 6: the host work of a rejected DFlash round on t
     tests/test_gpu_engine.py -k "dflash or spec or lossless"
 }
 
+part105() {  # session 15, call 1: late PDL release (after each kernel's main loop) with the weights'
+  # and old keys' L2 prefetch before the wait, single-stream graphs of both shapes on one machine;
+  # the previous commit's tree (../.snap0: rms_norm's weight loads after the sum) beside it
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models 150 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  local v m
+  for m in q06 q8; do
+    stage "graph_${m}_old" 100 bash -c "cd ../.snap0 && PYTHONPATH=.:/tmp/site python3 scripts/step_kernels.py \
+      $M/$m --batch 1 --ctx 512 --json $W/graph_${m}_old.json"
+  done
+  for v in base:PDL_LATE=0 late:PDL_LATE=1 late_gpf:PDL_LATE=1,GEMV_PREFETCH_BYTES=4194304 \
+      late_all:PDL_LATE=1,GEMV_PREFETCH_BYTES=4194304,DEC_PREWAIT=1; do
+    step_graph q06 "${v%%:*}" "${v#*:}" 100
+    step_graph q8 "${v%%:*}" "${v#*:}" 60
+  done
+  step_graph q06 base_2 PDL_LATE=0 40
+  step_graph q8 base_2 PDL_LATE=0 40
+}
+
 spec_cost_in() {  # spec_cost_in DIR NAME: the 8B spec-cost bench (cost half, one oracle point) from DIR's tree
   stage "$2" 150 bash -c "cd $1 && PYTHONPATH=.:/tmp/site python3 -m minillm.bench spec-cost $M/q8 \
     --drafter $M/q8-dflash --k 8 --accept 0.9 --result-json $W/$2.json"
