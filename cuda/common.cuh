@@ -48,38 +48,33 @@ namespace minillm {
 // the previous grid has completed and its writes are visible; every PDL kernel calls it before
 // touching anything another kernel writes, and before any early return, so completion stays
 // ordered kernel by kernel. Launched without the attribute (eager steps) it returns at once.
-// Measured on the H200 (docs/BENCHMARKS.md): releasing dependents early made decode graphs
-// slower both ways it was tried: at entry, before the wait, 7-10% (each kernel released the next at
-// once, down the chain); after the wait, so at most two grids are in flight, 0.6B 0.99 -> 1.07 ms
-// and 8B 4.64 -> 4.72 ms, and the GEMVs' L2 prefetch of their weights before the wait on top of it
-// slower still (8B 4.93-5.34 ms; session 13, part93). So kernels never release early and a
-// dependent grid starts when this one completes.
+// Measured on the H200 (docs/BENCHMARKS.md): where a kernel releases its dependents
+// (griddepcontrol.launch_dependents) matters. At entry, before the wait: decode graphs 7-10%
+// slower (each kernel released the next at once, down the chain, until every kernel's CTAs sat
+// resident, waiting). Right after the wait: 0.6B 0.99 -> 1.07 ms, 8B 4.64 -> 4.72 ms (the next
+// grid's CTAs took slots while this grid still had CTAs to place); with the GEMVs' L2 prefetch of
+// their weights before the wait on top, slower still (session 13, part93).
 __device__ __forceinline__ void pdl_entry() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
 
-// PDL_LATE (session 15's experiment, off by default): the kernels of a decode step's chain release
-// their dependents after their main loop, not at entry nor after the wait (both measured slower
-// above), so the next grid is placed only while this one's CTAs finish (merges, reductions,
-// stores): its CTAs fill slots this grid is giving back, and its work before the wait (weights'
-// and old keys' L2 prefetch: GEMV_PREFETCH_BYTES, DEC_PREWAIT) overlaps this grid's tail. Still at
-// most two grids in flight: a grid releases only after its own wait.
+// ... but after a kernel's main loop (pdl_release, called there by the decode chain's kernels: the
+// GEMVs, the skinny GEMM, rms_norm, decode attention), the next grid is placed only while this
+// one's CTAs finish (reductions, merges, stores), into slots they give back, and its launch no
+// longer waits for this grid's last CTA to exit: batch-1 decode graphs at 512 keys 0.984 -> 0.932
+// ms (0.6B) and 4.530 -> 4.490 ms (8B) on one machine (session 15, part105). Still at most two
+// grids in flight: a grid releases only after its own wait. The same call measured work before
+// the wait on top of it: the GEMVs' first 4 MB of weights into L2 (0.6B +0.7%, 8B -0.3%) and
+// the decode CTAs' old keys into L2 (0.6B +4.5%: the block-table lookups it needs come before the
+// wait, on the critical path); neither was kept. PDL_LATE=0 restores release at exit.
 #ifndef PDL_LATE
-#define PDL_LATE 0
+#define PDL_LATE 1
 #endif
 __device__ __forceinline__ void pdl_release() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && PDL_LATE
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-// Start moving [p, p + bytes) from HBM into L2 and go on (no registers, nothing to wait for): a
-// hint, never a correctness matter. p is 16-byte aligned and bytes a multiple of 16.
-__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
 #endif
 }
 

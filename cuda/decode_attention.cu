@@ -95,60 +95,6 @@ struct RopeArgs {
   T* v_cache = nullptr;
 };
 
-#ifndef DEC_PREWAIT  // session 15's experiment (with PDL_LATE, cuda/common.cuh): old keys into L2
-#define DEC_PREWAIT 0  // before the PDL wait
-#endif
-
-// DEC_PREWAIT: before its PDL wait, a CTA finds its keys as decode_attention_impl does below and
-// asks L2 for their K and V rows. Only a hint: what it reads here is read again after the wait
-// (the asm "memory" clobber of the wait keeps the compiler from reusing it), so a buffer the
-// previous kernel writes would cost a useless prefetch, never a wrong result.
-template <typename T, int D>
-__device__ __forceinline__ void prefetch_old_keys(
-    const T* kc, const T* vc, const int* block_tables, int bt_stride, const int* seq_lens,
-    const int* query_start, int B, int n_tokens, const int* order, int KH, int block_size,
-    int num_blocks, int causal, int n_splits, int min_part, int max_nq, int short_max_ctx) {
-  const int lin = blockIdx.x;
-  int t, kh, split;
-  if (order == nullptr) {
-    t = lin % n_tokens;
-    kh = (lin / n_tokens) % KH;
-    split = lin / (n_tokens * KH);
-  } else {
-    kh = lin % KH;
-    split = (lin / KH) % n_splits;
-    t = order[lin / (KH * n_splits)];
-    if (t < 0 || t >= n_tokens) return;
-  }
-  if (t >= n_tokens || t >= query_start[B]) return;
-  int lo = 0, hi = B - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (query_start[mid] <= t) lo = mid; else hi = mid - 1;
-  }
-  const int nq = query_start[lo + 1] - query_start[lo];
-  const int L = seq_lens[lo];
-  if (nq < 1 || nq > max_nq || L <= 0 || L > bt_stride * block_size ||
-      minillm::short_run_on_tensor_cores(nq, L, short_max_ctx))
-    return;
-  const int k_hi = max(0, min(causal ? L - nq + (t - query_start[lo]) + 1 : L, L));
-  int k_lo = 0, k_end = k_hi;
-  if (n_splits > 1) {
-    int part = (k_hi + n_splits - 1) / n_splits;
-    part = max(min_part, (part + 15) / 16 * 16);
-    k_lo = split * part;
-    k_end = min(k_hi, k_lo + part);
-  }
-  const int* bt = block_tables + (i64)lo * bt_stride;
-  for (int key = k_lo + (int)threadIdx.x; key < k_end; key += DEC_THREADS) {
-    const int phys = bt[key / block_size];
-    if (phys < 0 || phys >= num_blocks) return;
-    const i64 off = (((i64)phys * block_size + key % block_size) * KH + kh) * D;
-    minillm::prefetch_l2(kc + off, D * sizeof(T));
-    minillm::prefetch_l2(vc + off, D * sizeof(T));
-  }
-}
-
 template <typename T, int D, int G, bool ROPE>
 __device__ __forceinline__ void decode_attention_impl(
     const T* __restrict__ q, i64 q_tok, i64 q_head,
@@ -159,10 +105,6 @@ __device__ __forceinline__ void decode_attention_impl(
     float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counters,
     const int* __restrict__ order, int KH, int block_size, int num_blocks, float scale_log2,
     int causal, int n_splits, int min_part, int max_nq, int short_max_ctx, const RopeArgs<T>& ra) {
-  if (DEC_PREWAIT)
-    prefetch_old_keys<T, D>(kc, vc, block_tables, bt_stride, seq_lens, query_start, B, n_tokens, order,
-                            KH, block_size, num_blocks, causal, n_splits, min_part, max_nq,
-                            short_max_ctx);
   minillm::pdl_entry();
   constexpr int VEC = Vec16<T>::N;
   constexpr int CPL = DEC_CPL;   // 16-byte chunks of a row per lane
@@ -417,7 +359,7 @@ __device__ __forceinline__ void decode_attention_impl(
     }
   }
 
-  minillm::pdl_release();
+  minillm::pdl_release();  // the next kernel is placed while this CTA merges (common.cuh)
   // ---- merge the key groups of this CTA
 #pragma unroll
   for (int g = 0; g < G; ++g) {

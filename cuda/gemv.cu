@@ -25,13 +25,6 @@
 #define GEMV_MAX_M 8
 #define GEMV_NR 2
 #define GEMV_WARPS 4
-// Bytes at the head of each weight matrix that the warps covering them ask L2 for before their PDL
-// wait (0: none; session 15's experiment with PDL_LATE, cuda/common.cuh). Weights never depend on
-// the previous kernel; only the head, since CTAs placed after the wait gain nothing and more than
-// L2 holds would be evicted before it is read.
-#ifndef GEMV_PREFETCH_BYTES
-#define GEMV_PREFETCH_BYTES 0
-#endif
 
 namespace {
 
@@ -44,12 +37,6 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
   const int lane = threadIdx.x & 31;
   const int warp = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
   const int n0 = warp * GEMV_NR;
-  if (GEMV_PREFETCH_BYTES > 0 && lane == 0 && n0 < N &&
-      (i64)blockIdx.x * (GEMV_WARPS * GEMV_NR * 2) * K < GEMV_PREFETCH_BYTES) {
-    const unsigned bytes = (unsigned)(min(GEMV_NR, N - n0) * K * 2);  // this warp's rows, contiguous
-    minillm::prefetch_l2(w + (i64)n0 * K, bytes);
-    if (GATED) minillm::prefetch_l2(w + (i64)(N + n0) * K, bytes);
-  }
   minillm::pdl_entry();  // before the early return: see cuda/common.cuh
   if (n0 >= N) return;
   const int chunks = K / 8;  // 16-byte chunks per row (the host checks K % 8 == 0)

@@ -140,7 +140,8 @@ __device__ __forceinline__ void rms_norm_vec_impl(const bf16* x, i64 xs, bf16* r
   const int row = blockIdx.x;
   const int chunks = N / 8;
   // the weight never depends on another kernel: its loads go out before the PDL wait and the
-  // row's, instead of after the block-wide sum (one dependent memory latency less a call)
+  // row's, instead of after the block-wide sum (one dependent memory latency less a call; batch-1
+  // graphs at 512 keys, one machine, part105: 0.6B 0.987 -> 0.984-0.986 ms, 8B 4.590 -> 4.530)
   const uint4* wr = reinterpret_cast<const uint4*>(w);
   uint4 wv[C];
 #pragma unroll

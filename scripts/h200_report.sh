@@ -1590,6 +1590,30 @@ part105() {  # session 15, call 1: late PDL release (after each kernel's main lo
   step_graph q8 base_2 PDL_LATE=0 40
 }
 
+part106() {  # session 15, call 2: late PDL release on by default: every GPU test, decode of both
+  # shapes (the roofline without the untied embedding table), a rejected DFlash round's graphs with
+  # PDL_LATE=0 and 1 on one machine, the 8B spec-cost bench, memcheck, failure matrix, throughput
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 150
+  gpu_tests_full 170
+  decode_06b 60
+  decode_8b 60
+  local b v
+  for v in 1 0; do
+    for b in 1 16; do
+      stage "graph_q8_spec_b${b}_late$v" 100 env MINILLM_CUDA_DEFINES=PDL_LATE=$v python3 scripts/step_kernels.py \
+        $M/q8 --spec $M/q8-dflash --k 8 --batch $b --ctx 512 --json "$W/graph_q8_spec_b${b}_late$v.json"
+    done
+  done
+  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_8b.json"
+  memcheck_reproducer 60
+  stage failure_matrix 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
+    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 100
+  throughput_06b 60
+}
+
 spec_cost_in() {  # spec_cost_in DIR NAME: the 8B spec-cost bench (cost half, one oracle point) from DIR's tree
   stage "$2" 150 bash -c "cd $1 && PYTHONPATH=.:/tmp/site python3 -m minillm.bench spec-cost $M/q8 \
     --drafter $M/q8-dflash --k 8 --accept 0.9 --result-json $W/$2.json"
