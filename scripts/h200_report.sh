@@ -1614,6 +1614,17 @@ part106() {  # session 15, call 2: late PDL release on by default: every GPU tes
   throughput_06b 60
 }
 
+part107() {  # session 15, call 3: nano-vllm's throughput with PDL_LATE=1 and 0 alternately (one machine),
+  # then both shapes' batch-1 decode steps split into kernels under ncu (the late release's code)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models 150 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  throughput_06b_ab late MINILLM_CUDA_DEFINES PDL_LATE=1 PDL_LATE=0
+  step_kernels q06 1 512 100
+  step_kernels q8 1 512 150
+}
+
 spec_cost_in() {  # spec_cost_in DIR NAME: the 8B spec-cost bench (cost half, one oracle point) from DIR's tree
   stage "$2" 150 bash -c "cd $1 && PYTHONPATH=.:/tmp/site python3 -m minillm.bench spec-cost $M/q8 \
     --drafter $M/q8-dflash --k 8 --accept 0.9 --result-json $W/$2.json"
