@@ -1625,6 +1625,20 @@ part107() {  # session 15, call 3: nano-vllm's throughput with PDL_LATE=1 and 0 
   step_kernels q8 1 512 150
 }
 
+part108() {  # session 15, call 4: the decode kernel's keys in flight per key group (DEC_U) and lanes per
+  # K/V row (DEC_CPL) under the late release: batch-1 graphs of both shapes and the throughput workload
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models 150 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  local v
+  for v in base:PDL_LATE=1 u8:DEC_U=8 cpl2:DEC_CPL=2 u2:DEC_U=2 base_2:PDL_LATE=1; do
+    step_graph q06 "${v%%:*}" "${v#*:}" 100
+    step_graph q8 "${v%%:*}" "${v#*:}" 60
+    throughput_06b_env "throughput_06b_${v%%:*}" "MINILLM_CUDA_DEFINES=${v#*:}"
+  done
+}
+
 spec_cost_in() {  # spec_cost_in DIR NAME: the 8B spec-cost bench (cost half, one oracle point) from DIR's tree
   stage "$2" 150 bash -c "cd $1 && PYTHONPATH=.:/tmp/site python3 -m minillm.bench spec-cost $M/q8 \
     --drafter $M/q8-dflash --k 8 --accept 0.9 --result-json $W/$2.json"
