@@ -1639,6 +1639,22 @@ part108() {  # session 15, call 4: the decode kernel's keys in flight per key gr
   done
 }
 
+part109() {  # session 15, call 5: the fused decode step's first K/V loads before its q/k norm + RoPE
+  # (DEC_EARLY_KV=1) against the default, batch-1 graphs of both shapes twice each (one machine), then
+  # its op tests and the graph-vs-eager engine tests built with it
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models 150 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  local v
+  for v in base:DEC_EARLY_KV=0 early:DEC_EARLY_KV=1 base_2:DEC_EARLY_KV=0 early_2:DEC_EARLY_KV=1; do
+    step_graph q06 "${v%%:*}" "${v#*:}" 80
+    step_graph q8 "${v%%:*}" "${v#*:}" 40
+  done
+  stage early_kv_tests 120 env MINILLM_CUDA_DEFINES=DEC_EARLY_KV=1 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    -rfEs tests/test_cuda_ops.py tests/test_gpu_engine.py -k "decode_step_attention or graph"
+}
+
 spec_cost_in() {  # spec_cost_in DIR NAME: the 8B spec-cost bench (cost half, one oracle point) from DIR's tree
   stage "$2" 150 bash -c "cd $1 && PYTHONPATH=.:/tmp/site python3 -m minillm.bench spec-cost $M/q8 \
     --drafter $M/q8-dflash --k 8 --accept 0.9 --result-json $W/$2.json"
