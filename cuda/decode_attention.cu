@@ -11,6 +11,11 @@
 // base 2, rescaled once per U keys, and the groups are merged through shared memory at the end.
 // The kernel is bound by its instructions more than its loads (session 8: the loads alone read
 // 3.9-4.1 TB/s), so the per-key work is what to keep small.
+// At batch 1 (512 keys: 8 KV heads x 8 splits of 64 keys) it is a chain of dependent latencies
+// instead; session 15 measured there, in one step's graph (docs/results/h200_pdl_late_session15.txt,
+// h200_early_kv_part109.txt), and kept none: DEC_U=8 or 2, DEC_CPL=2 (0.6B +2-3%, 8B +1-3%), the
+// split's old keys prefetched into L2 before the PDL wait (0.6B +4.5%), the first keys' loads
+// issued before the fused q/k norm + RoPE (0.6B +2%, 8B +-0.1%; 16 bytes of spills at 80 registers).
 //
 // Splits (flash-decoding): split s takes keys [s * part, (s + 1) * part) of this token's own
 // context, part = max(min_part, ceil(len / n_splits)) rounded to 16, so a short context in a
@@ -53,9 +58,6 @@
 #endif
 #ifndef DEC_CPL  // 16-byte chunks of a K/V row per lane (1: 16 lanes a bf16 d128 row; 2: 8 lanes)
 #define DEC_CPL 1
-#endif
-#ifndef DEC_EARLY_KV  // fused decode step: the first keys' loads go out before the q/k norm + RoPE
-#define DEC_EARLY_KV 0
 #endif
 
 namespace {
@@ -175,43 +177,12 @@ __device__ __forceinline__ void decode_attention_impl(
   // its G q heads (warp per head, norm.cu's arithmetic); the CTA whose split ends at the newest
   // key also does the token's k head, stores k and v to the token's slot, and adds that key from
   // shared memory after its loop (no CTA ever reads a cache row written in this launch).
-  // K/V rows of keys [base + grp * DEC_U, + DEC_U) below k_end into kr / vr (zeros past k_end)
-  const int* bt = block_tables + (i64)b * bt_stride;
-  uint4 kr[DEC_U][CPL], vr[DEC_U][CPL];
-  auto load_keys = [&](int base) {
-    const int k0 = base + grp * DEC_U;
-#pragma unroll
-    for (int u = 0; u < DEC_U; ++u) {
-      const int key = k0 + u;
-#pragma unroll
-      for (int j = 0; j < CPL; ++j) kr[u][j] = vr[u][j] = make_uint4(0u, 0u, 0u, 0u);
-      if (key < k_end) {
-        const int lb = key / block_size;
-        MINILLM_CHECK(lb < bt_stride);
-        const int phys = bt[lb];
-        MINILLM_CHECK(phys >= 0 && phys < num_blocks);
-        const i64 off = (((i64)phys * block_size + (key - lb * block_size)) * KH + kh) * D + kl * VEC;
-#pragma unroll
-        for (int j = 0; j < CPL; ++j) {
-          kr[u][j] = __ldg(reinterpret_cast<const uint4*>(kc + off + j * LPK * VEC));
-          vr[u][j] = __ldg(reinterpret_cast<const uint4*>(vc + off + j * LPK * VEC));
-        }
-      }
-    }
-  };
-
   bool fresh = false;  // this CTA stores and appends the newest key (uniform over the CTA)
-  constexpr bool early_kv = ROPE && DEC_EARLY_KV;
   if constexpr (ROPE) {
     MINILLM_CHECK(nq == 1 || L == 0);  // one new token a sequence: no other row needs this key
     const i64 slot = ra.slots[t];
     MINILLM_CHECK(slot < ra.n_slots);
     fresh = slot >= 0 && k_hi == L && L > 0 && k_end == k_hi;
-    if (fresh) --k_end;  // the newest key comes from s_rot after the loop
-    // DEC_EARLY_KV: every key of the loop was written by an earlier step (the newest one is
-    // excluded above), so the first chunk's block-table and K/V loads can be in flight while the
-    // warps below normalise and rotate (a chain of dependent loads of their own)
-    if (early_kv && k_lo < k_end) load_keys(k_lo);
     const int pos = ra.positions[t];
     MINILLM_CHECK(pos >= 0 && pos < ra.max_pos);
     const float* cs = ra.cos_sin + (i64)pos * D;
@@ -239,6 +210,7 @@ __device__ __forceinline__ void decode_attention_impl(
       __syncwarp();  // s_tmp[warp] is the next head's scratch
     }
     __syncthreads();
+    if (fresh) --k_end;  // the newest key comes from s_rot after the loop
   }
 
   // ---- this token's G query heads, pre-scaled by softmax scale * log2(e). Lane kl holds the
@@ -270,11 +242,30 @@ __device__ __forceinline__ void decode_attention_impl(
     for (int i = 0; i < E; ++i) acc[g][i] = 0.f;
   }
 
+  const int* bt = block_tables + (i64)b * bt_stride;
   // The loop bound is uniform over the CTA (shuffles below need whole warps); keys past k_end
   // load nothing and update nothing.
   for (int base = k_lo; base < k_end; base += NG * DEC_U) {
     const int k0 = base + grp * DEC_U;
-    if (!early_kv || base != k_lo) load_keys(base);
+    uint4 kr[DEC_U][CPL], vr[DEC_U][CPL];
+#pragma unroll
+    for (int u = 0; u < DEC_U; ++u) {
+      const int key = k0 + u;
+#pragma unroll
+      for (int j = 0; j < CPL; ++j) kr[u][j] = vr[u][j] = make_uint4(0u, 0u, 0u, 0u);
+      if (key < k_end) {
+        const int lb = key / block_size;
+        MINILLM_CHECK(lb < bt_stride);
+        const int phys = bt[lb];
+        MINILLM_CHECK(phys >= 0 && phys < num_blocks);
+        const i64 off = (((i64)phys * block_size + (key - lb * block_size)) * KH + kh) * D + kl * VEC;
+#pragma unroll
+        for (int j = 0; j < CPL; ++j) {
+          kr[u][j] = __ldg(reinterpret_cast<const uint4*>(kc + off + j * LPK * VEC));
+          vr[u][j] = __ldg(reinterpret_cast<const uint4*>(vc + off + j * LPK * VEC));
+        }
+      }
+    }
 #if DEC_NO_MATH  // memory only: every loaded word feeds one sum (the loads' ceiling, not attention)
 #pragma unroll
     for (int u = 0; u < DEC_U; ++u)
