@@ -13,7 +13,7 @@ the part of a step spent rendering outputs (detokenising, stop strings, the outp
 which LLM.generate overlaps with the next step's device work (LLMEngine.overlap_outputs); the
 rest is the host's critical path, when a GPU would idle.
 
-    python scripts/host_overhead.py --dflash 8 [--batches 1 4 16]
+    python scripts/host_overhead.py --dflash 8 [--batches 1 4 16] [--profile 16]
 
 times a rejected DFlash round instead (k drafts a round, a random drafter, every draft rejected):
 the target's verification step and the drafter's block step, each forward stubbed the same way
@@ -151,6 +151,13 @@ def main() -> None:
         model_dir = str(write_random_model(tmp, "tiny", seed=0, force=True))
         if ns.dflash:
             drafter_dir = str(write_dflash_drafter(f"{tmp}/dflash", model_dir, seed=1, force=True))
+            if ns.profile:
+                prof = cProfile.Profile()
+                prof.enable()
+                run_spec(model_dir, drafter_dir, ns.dflash, ns.profile, ns.prompt_len, ns.steps)
+                prof.disable()
+                pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+                return
             for b in ns.batches:
                 us, between, launching = run_spec(model_dir, drafter_dir, ns.dflash, b, ns.prompt_len, ns.steps)
                 print(f"batch {b:4d}: {us:9.1f} us/round host ({us / b:6.2f} us/seq), DFlash k = {ns.dflash}; "
