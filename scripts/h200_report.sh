@@ -1368,8 +1368,7 @@ part93() {  # session 13, call 1: PDL release after the wait (PDL_TRIGGER) and t
   # Ran at 62f504c; both switches were removed after it (slower), so here the variants are all alike
   setup
   facts > "$W/facts.txt" 2>&1
-  stage models 150 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  models_q06_q8 150
   local v
   for v in base:PDL_TRIGGER=0 trig:PDL_TRIGGER=1 pf16:PDL_TRIGGER=1,GEMV_PREFETCH_BYTES=16777216 \
       pf64:PDL_TRIGGER=1,GEMV_PREFETCH_BYTES=67108864; do
@@ -1574,8 +1573,7 @@ part105() {  # session 15, call 1: late PDL release (after each kernel's main lo
   # the previous commit's tree (../.snap0: rms_norm's weight loads after the sum) beside it
   setup
   facts > "$W/facts.txt" 2>&1
-  stage models 150 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  models_q06_q8 150
   local v m
   for m in q06 q8; do
     stage "graph_${m}_old" 100 bash -c "cd ../.snap0 && PYTHONPATH=.:/tmp/site python3 scripts/step_kernels.py \
@@ -1618,8 +1616,7 @@ part107() {  # session 15, call 3: nano-vllm's throughput with PDL_LATE=1 and 0 
   # then both shapes' batch-1 decode steps split into kernels under ncu (the late release's code)
   setup
   facts > "$W/facts.txt" 2>&1
-  stage models 150 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  models_q06_q8 150
   throughput_06b_ab late MINILLM_CUDA_DEFINES PDL_LATE=1 PDL_LATE=0
   step_kernels q06 1 512 100
   step_kernels q8 1 512 150
@@ -1629,8 +1626,7 @@ part108() {  # session 15, call 4: the decode kernel's keys in flight per key gr
   # K/V row (DEC_CPL) under the late release: batch-1 graphs of both shapes and the throughput workload
   setup
   facts > "$W/facts.txt" 2>&1
-  stage models 150 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  models_q06_q8 150
   local v
   for v in base:PDL_LATE=1 u8:DEC_U=8 cpl2:DEC_CPL=2 u2:DEC_U=2 base_2:PDL_LATE=1; do
     step_graph q06 "${v%%:*}" "${v#*:}" 100
@@ -1644,8 +1640,7 @@ part109() {  # session 15, call 5: the fused decode step's first K/V loads befor
   # its op tests and the graph-vs-eager engine tests built with it
   setup
   facts > "$W/facts.txt" 2>&1
-  stage models 150 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  models_q06_q8 150
   local v
   for v in base:DEC_EARLY_KV=0 early:DEC_EARLY_KV=1 base_2:DEC_EARLY_KV=0 early_2:DEC_EARLY_KV=1; do
     step_graph q06 "${v%%:*}" "${v#*:}" 80
