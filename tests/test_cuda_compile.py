@@ -107,8 +107,10 @@ def test_pdl_kernel_args_are_typed():
         kernel_arg(3)
 
 
-# compile-time variants that scripts/decode_splits.py measures (--variant), so they do not rot
-VARIANTS = [("decode_attention", ["-DDEC_NO_MATH=1"]), ("decode_attention", ["-DDEC_CPL=2", "-DDEC_U=2"])]
+# compile-time variants that scripts/decode_splits.py measures (--variant), and the release-at-exit
+# build of the A/B runs (PDL_LATE=0, cuda/common.cuh), so they do not rot
+VARIANTS = [("decode_attention", ["-DDEC_NO_MATH=1"]), ("decode_attention", ["-DDEC_CPL=2", "-DDEC_U=2"]),
+            ("gemv", ["-DPDL_LATE=0"])]
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (CI installs CUDA 13.0)")
@@ -125,3 +127,30 @@ def test_extra_defines_from_the_environment(monkeypatch):
     assert kc.extra_defines() == ("DEC_U=2", "DEC_CPL=2")
     monkeypatch.delenv("MINILLM_CUDA_DEFINES")
     assert kc.extra_defines() == ()
+
+
+def release_before_wait(source: str) -> list[str]:
+    """Functions of a .cu source that call pdl_release() with no pdl_entry() before it in their body."""
+    import re
+
+    starts = [m.start() for m in re.finditer(r'^(?:__device__|extern "C"|template)', source, re.M)]
+    bad = []
+    for m in re.finditer(r"\bpdl_release\(\);", source):
+        start = max((i for i in starts if i < m.start()), default=0)
+        if "pdl_entry();" not in source[start : m.start()]:
+            bad.append(source[start : source.index("(", start)].split()[-1])
+    return bad
+
+
+def test_kernels_release_dependents_only_after_their_own_wait():
+    """cuda/common.cuh's late release keeps at most two grids in flight only if every kernel
+    releases after its own griddepcontrol.wait: a release before it would let the grid after next
+    start while the previous one still runs, and work done before a wait would race two kernels."""
+    calls = 0
+    for src in SOURCES:
+        text = src.read_text()
+        calls += text.count("pdl_release();")
+        assert release_before_wait(text) == [], src.name
+    assert calls >= 4  # the GEMVs, the skinny GEMM, rms_norm, decode attention
+    early = "__device__ void f() {\n  minillm::pdl_release();\n  minillm::pdl_entry();\n}\n"
+    assert release_before_wait(early) == ["f"]
