@@ -1650,6 +1650,22 @@ part109() {  # session 15, call 5: the fused decode step's first K/V loads befor
     -rfEs tests/test_cuda_ops.py tests/test_gpu_engine.py -k "decode_step_attention or graph"
 }
 
+part110() {  # session 15, call 6: the decode kernel's fewest keys a split (MINILLM_DECODE_MIN_PART 64, 32,
+  # 48) at batch 1, graphs of both shapes alternately twice (one machine, one build)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_q06_q8 150
+  local i p m
+  for i in 1 2; do
+    for p in 64 32 48; do
+      for m in q06 q8; do
+        stage "graph_${m}_p${p}_$i" 100 env MINILLM_DECODE_MIN_PART=$p python3 scripts/step_kernels.py $M/$m \
+          --batch 1 --ctx 512 --json "$W/graph_${m}_p${p}_$i.json"
+      done
+    done
+  done
+}
+
 spec_cost_in() {  # spec_cost_in DIR NAME: the 8B spec-cost bench (cost half, one oracle point) from DIR's tree
   stage "$2" 150 bash -c "cd $1 && PYTHONPATH=.:/tmp/site python3 -m minillm.bench spec-cost $M/q8 \
     --drafter $M/q8-dflash --k 8 --accept 0.9 --result-json $W/$2.json"

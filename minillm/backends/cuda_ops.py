@@ -392,6 +392,8 @@ class CudaBackend:
                                          "most context keys of a 2-16-query run on the tensor-core kernel")
         self.short_run_max_splits = env_int("MINILLM_SHORT_RUN_SPLITS", _SHORT_RUN_SPLITS_DEFAULT,
                                             "most CTAs a short run's keys are split over")
+        self.decode_min_part = env_int("MINILLM_DECODE_MIN_PART", _DECODE_MIN_PART,
+                                       "fewest keys in a split of the decode kernel")
         self._staging = cupy.cuda.alloc_pinned_memory(staging_bytes)
         self._staging_cap = staging_bytes
         self._staging_off = 0
@@ -1052,13 +1054,13 @@ class CudaBackend:
             n_splits = _cdiv(max_ctx, part)
         if n_splits is None:  # full waves of CTAs (decode_splits)
             n_splits = decode_splits(T * KH, self._decode_resident(D, H // KH), max_ctx,
-                                     min(_DECODE_MAX_SPLITS, _cdiv(max_ctx, _DECODE_MIN_PART)))
+                                     min(_DECODE_MAX_SPLITS, _cdiv(max_ctx, self.decode_min_part)))
         if T * KH > self._att_counters.size:
             n_splits = 1
         # the partials of every split must fit the scratch (one split writes none)
         n_splits = min(n_splits, self._att_scratch.size // max(1, T * H * (D + 2)))
         n_splits = max(1, min(n_splits, _DECODE_MAX_SPLITS))
-        return dict(kernel="decode", n_splits=n_splits, min_part=max(_DECODE_MIN_PART, part or 0))
+        return dict(kernel="decode", n_splits=n_splits, min_part=max(self.decode_min_part, part or 0))
 
     def _short_run_splits(self, T: int, H: int, D: int, KH: int) -> int:
         """Most splits of a short run's keys on the tensor-core kernel in a step of T rows (each
