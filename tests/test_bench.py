@@ -110,6 +110,28 @@ def test_decode_roofline_counts_the_untied_embedding_table_as_one_row(tiny):
     assert weight_bytes(model) == layers + model.norm.nbytes + model.embed.nbytes
 
 
+def test_decode_bench_on_the_cpu_and_its_roofline(tiny, tmp_path):
+    """`python -m minillm.bench decode` end to end on the NumPy engine (the GPU run adds the
+    roofline: its arithmetic is checked here on fixed figures)."""
+    import json
+
+    from minillm.bench.decode import add_roofline
+    from minillm.bench.decode import main as decode_main
+
+    out = tmp_path / "decode.json"
+    assert decode_main([str(tiny), "--device", "cpu", "--input-len", "16", "--output-len", "24",
+                        "--result-json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["tokens_per_step"] == 1.0 and r["tok_per_s"] > 0 and r["pipelined_tok_per_s"] > 0
+    assert r["pipelined_steps"] > 0  # the second pass did run with async scheduling
+    assert "roofline_tok_per_s" not in r  # no copy bandwidth on the CPU
+    r = {"tok_per_s": 8.0, "pipelined_tok_per_s": 9.0}
+    add_roofline(r, weight_bytes=900, kv_bytes=100, bandwidth=1e4)
+    assert r["roofline_tok_per_s"] == pytest.approx(10.0)
+    assert r["fraction_of_roofline"] == pytest.approx(0.8)
+    assert r["pipelined_fraction_of_roofline"] == pytest.approx(0.9)
+
+
 def test_percentiles_and_means():
     values = [float(v) for v in range(1, 101)]  # 1..100
     assert report.percentile(values, 50) == pytest.approx(50.5)
