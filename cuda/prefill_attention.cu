@@ -35,6 +35,12 @@
 #define PF_THREADS 128
 #define PF_ROWS 64  // query rows per CTA (4 warps x 16)
 #define PF_BK 64    // keys per tile
+// PF_PDL (MINILLM_PDL_PREFILL=1 builds it and launches it with PDL in graphs; off until measured):
+// wait for the previous kernel at entry (cuda/common.cuh pdl_entry) and release dependents after
+// the key loop, as the decode chain's kernels do. Prepared in session 15 (h200_report.sh part111).
+#ifndef PF_PDL
+#define PF_PDL 0
+#endif
 
 namespace {
 
@@ -98,6 +104,7 @@ __device__ __forceinline__ void prefill_attention_impl(
   bf16* Qs = reinterpret_cast<bf16*>(pf_smem);  // [PF_ROWS][LDQ]
   bf16* KVs = Qs + PF_ROWS * Ly::LDQ;           // stage s: K at KVs + s * STAGE, V after it
   __shared__ int s_b, s_q0, s_split, s_nsplit, s_last;
+  if (PF_PDL) minillm::pdl_entry();  // before any read and the early return (cuda/common.cuh)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g8 = lane >> 2, t4 = lane & 3;  // fragment row group and column pair
@@ -316,6 +323,7 @@ __device__ __forceinline__ void prefill_attention_impl(
     }
     __syncthreads();  // every warp is done with stage st before the next iteration refills it
   }
+  if (PF_PDL) minillm::pdl_release();
 
   // the row sums across the quad, then out = O / l for the live rows
 #pragma unroll

@@ -1666,6 +1666,28 @@ part110() {  # session 15, call 6: the decode kernel's fewest keys a split (MINI
   done
 }
 
+part111() {  # prepared in session 15, not yet run: the tensor-core (short-run) attention launched with
+  # PDL in graphs (MINILLM_PDL_PREFILL=1: waits at entry, releases after its key loop). A rejected
+  # DFlash round's graphs with it off and on alternately (one machine), then its tests and spec cost
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 150
+  local i v b
+  for i in 1 2; do
+    for v in 0 1; do
+      for b in 1 16; do
+        stage "graph_q8_spec_b${b}_pfpdl${v}_$i" 100 env MINILLM_PDL_PREFILL=$v python3 scripts/step_kernels.py \
+          $M/q8 --spec $M/q8-dflash --k 8 --batch $b --ctx 512 --json "$W/graph_q8_spec_b${b}_pfpdl${v}_$i.json"
+      done
+    done
+  done
+  stage pf_pdl_tests 200 env MINILLM_PDL_PREFILL=1 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs \
+    tests/test_dflash_graphs.py tests/test_gpu_engine.py tests/test_cuda_ops.py \
+    -k "dflash or spec or lossless or short_run or graph"
+  stage spec_cost_8b_pfpdl 150 env MINILLM_PDL_PREFILL=1 python3 -m minillm.bench spec-cost $M/q8 \
+    --drafter $M/q8-dflash --k 8 --result-json "$W/spec_cost_8b_pfpdl.json"
+}
+
 spec_cost_in() {  # spec_cost_in DIR NAME: the 8B spec-cost bench (cost half, one oracle point) from DIR's tree
   stage "$2" 150 bash -c "cd $1 && PYTHONPATH=.:/tmp/site python3 -m minillm.bench spec-cost $M/q8 \
     --drafter $M/q8-dflash --k 8 --accept 0.9 --result-json $W/$2.json"

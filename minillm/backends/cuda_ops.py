@@ -425,10 +425,15 @@ class CudaBackend:
                 k[n] = kc.get_kernel(mod, n, self.debug)
                 if mod in _PDL_MODULES:
                     self._pdl_kernels.add(n)
+        # MINILLM_PDL_PREFILL=1: the tensor-core kernel built with PF_PDL and launched with PDL in
+        # graphs (verification and DFlash blocks; an experiment, off until measured on the H200)
+        pf_pdl = os.environ.get("MINILLM_PDL_PREFILL", "0") == "1"
         try:  # tensor-core prefill: needs the toolkit's mma.h, which not every install has
             for d in _DECODE_HEAD_DIMS:
-                k[f"paged_prefill_bf16_d{d}"] = kc.get_kernel("prefill_attention",
-                                                              f"paged_prefill_bf16_d{d}", self.debug)
+                name = f"paged_prefill_bf16_d{d}"
+                k[name] = kc.get_kernel("prefill_attention", name, self.debug, ("PF_PDL=1",) if pf_pdl else ())
+                if pf_pdl:
+                    self._pdl_kernels.add(name)
             self.prefill_unavailable = None
         except Exception as e:  # noqa: BLE001 - NVRTC reports a missing header as a compile error
             self.prefill_unavailable = f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"
