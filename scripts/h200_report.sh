@@ -1443,8 +1443,7 @@ part97() {  # session 13, call 5: the short runs' merge rewritten (weights a row
   local sp b
   for sp in 4 1; do
     for b in 16 1; do
-      stage "graph_q8_spec_b${b}_c512_s$sp" 60 env MINILLM_SHORT_RUN_SPLITS=$sp python3 scripts/step_kernels.py \
-        $M/q8 --spec $M/q8-dflash --k 8 --batch $b --ctx 512 --json "$W/graph_q8_spec_b${b}_c512_s$sp.json"
+      spec_round_graph "c512_s$sp" $b 60 MINILLM_SHORT_RUN_SPLITS=$sp
     done
   done
   stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
@@ -1478,11 +1477,8 @@ part99() {  # session 14, call 1: DFlash drafts passed on the device (the drafti
   spec_cost_in ../.snap0 spec_cost_8b_old_2
   local b
   for b in 1 16; do
-    stage "graph_q8_spec_b${b}_c512_k128" 60 python3 scripts/step_kernels.py $M/q8 --spec $M/q8-dflash --k 8 \
-      --batch $b --ctx 512 --json "$W/graph_q8_spec_b${b}_c512_k128.json"
-    stage "graph_q8_spec_b${b}_c512_k64" 60 env MINILLM_CUDA_DEFINES=PF_SHORT_KEYS=64 MINILLM_SHORT_RUN_SPLITS=8 \
-      python3 scripts/step_kernels.py $M/q8 --spec $M/q8-dflash --k 8 --batch $b --ctx 512 \
-      --json "$W/graph_q8_spec_b${b}_c512_k64.json"
+    spec_round_graph c512_k128 $b 60
+    spec_round_graph c512_k64 $b 60 MINILLM_CUDA_DEFINES=PF_SHORT_KEYS=64 MINILLM_SHORT_RUN_SPLITS=8
   done
 }
 
@@ -1558,11 +1554,8 @@ part104() {  # session 14, call 6: the host work of a rejected DFlash round on t
     python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
   local b
   for b in 1 16; do
-    stage "graph_q8_spec_b${b}_c512_k128" 60 python3 scripts/step_kernels.py $M/q8 --spec $M/q8-dflash --k 8 \
-      --batch $b --ctx 512 --json "$W/graph_q8_spec_b${b}_c512_k128.json"
-    stage "graph_q8_spec_b${b}_c512_k256" 90 env MINILLM_CUDA_DEFINES=PF_SHORT_KEYS=256 python3 \
-      scripts/step_kernels.py $M/q8 --spec $M/q8-dflash --k 8 --batch $b --ctx 512 \
-      --json "$W/graph_q8_spec_b${b}_c512_k256.json"
+    spec_round_graph c512_k128 $b 60
+    spec_round_graph c512_k256 $b 90 MINILLM_CUDA_DEFINES=PF_SHORT_KEYS=256
   done
   stage dflash_gpu_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_dflash_graphs.py \
     tests/test_gpu_engine.py -k "dflash or spec or lossless"
@@ -1600,8 +1593,7 @@ part106() {  # session 15, call 2: late PDL release on by default: every GPU tes
   local b v
   for v in 1 0; do
     for b in 1 16; do
-      stage "graph_q8_spec_b${b}_late$v" 100 env MINILLM_CUDA_DEFINES=PDL_LATE=$v python3 scripts/step_kernels.py \
-        $M/q8 --spec $M/q8-dflash --k 8 --batch $b --ctx 512 --json "$W/graph_q8_spec_b${b}_late$v.json"
+      spec_round_graph "late$v" $b 100 MINILLM_CUDA_DEFINES=PDL_LATE=$v
     done
   done
   stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
@@ -1676,8 +1668,7 @@ part111() {  # prepared in session 15, not yet run: the tensor-core (short-run) 
   for i in 1 2; do
     for v in 0 1; do
       for b in 1 16; do
-        stage "graph_q8_spec_b${b}_pfpdl${v}_$i" 100 env MINILLM_PDL_PREFILL=$v python3 scripts/step_kernels.py \
-          $M/q8 --spec $M/q8-dflash --k 8 --batch $b --ctx 512 --json "$W/graph_q8_spec_b${b}_pfpdl${v}_$i.json"
+        spec_round_graph "pfpdl${v}_$i" $b 100 MINILLM_PDL_PREFILL=$v
       done
     done
   done
@@ -1706,6 +1697,14 @@ step_kernels_spec() {  # step_kernels_spec MODEL DRAFTER BATCH CTX TIMEOUT: a re
   python3 scripts/step_kernels.py --parse "$W/ncu_$tag.log" --graph-ms "$g" --json "$W/kernels_$tag.json" \
     | tee "$W/kernels_$tag.txt"
   pack
+}
+
+spec_round_graph() {  # spec_round_graph TAG BATCH TIMEOUT [VAR=VALUE ...]: a rejected DFlash k = 8 round's
+  # graphs (8B shape, 512 keys) with those settings, as stage graph_q8_spec_b<BATCH>_<TAG>
+  local tag=$1 b=$2 t=$3
+  shift 3
+  stage "graph_q8_spec_b${b}_$tag" "$t" env "$@" python3 scripts/step_kernels.py $M/q8 --spec $M/q8-dflash \
+    --k 8 --batch $b --ctx 512 --json "$W/graph_q8_spec_b${b}_$tag.json"
 }
 
 step_graph() {  # step_graph MODEL TAG DEFINES TIMEOUT: a batch-1 decode step's graph at 512 tokens of

@@ -427,7 +427,7 @@ class CudaBackend:
                     self._pdl_kernels.add(n)
         # MINILLM_PDL_PREFILL=1: the tensor-core kernel built with PF_PDL and launched with PDL in
         # graphs (verification and DFlash blocks; an experiment, off until measured on the H200)
-        pf_pdl = os.environ.get("MINILLM_PDL_PREFILL", "0") == "1"
+        pf_pdl = env_int("MINILLM_PDL_PREFILL", 0, "1: the tensor-core attention launched with PDL") == 1
         try:  # tensor-core prefill: needs the toolkit's mma.h, which not every install has
             for d in _DECODE_HEAD_DIMS:
                 name = f"paged_prefill_bf16_d{d}"
