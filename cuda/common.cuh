@@ -78,6 +78,22 @@ __device__ __forceinline__ void pdl_release() {
 #endif
 }
 
+// PDL_PREWAIT_INDEX=1: the attention kernels (decode_attention.cu; prefill_attention.cu under
+// PF_PDL) find their work before their wait: which sequence, split and keys, from step inputs the
+// host uploaded before the step (query_start, seq_lens, positions, slots, block tables), and pull
+// the first block-table entries and constants they read after the wait into L1. That index chain
+// (3-4 dependent loads) then overlaps the previous kernel's tail instead of following it.
+// PDL_PREWAIT_INDEX=0 finds it after the wait, for A/B runs.
+#ifndef PDL_PREWAIT_INDEX
+#define PDL_PREWAIT_INDEX 1
+#endif
+
+// Pulls the 128-byte line holding p into L1 without waiting for it (a hint: nothing is returned,
+// no register is held). For step inputs a kernel reads right after its PDL wait.
+__device__ __forceinline__ void prefetch_l1(const void* p) {
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+}
+
 // Which attention kernel takes a sequence of nq new queries and L keys of context in a step that
 // launches both (decode_attention.cu and prefill_attention.cu, each skipping what the other takes):
 // a short run of 2+ queries (speculative verification, a DFlash block) goes to the tensor-core

@@ -110,7 +110,9 @@ __device__ __forceinline__ void decode_attention_impl(
     float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counters,
     const int* __restrict__ order, int KH, int block_size, int num_blocks, float scale_log2,
     int causal, int n_splits, int min_part, int max_nq, int short_max_ctx, const RopeArgs<T>& ra) {
+#if !PDL_PREWAIT_INDEX
   minillm::pdl_entry();
+#endif
   constexpr int VEC = Vec16<T>::N;
   constexpr int CPL = DEC_CPL;   // 16-byte chunks of a row per lane
   constexpr int LPK = D / VEC / CPL;  // lanes per key row
@@ -146,32 +148,71 @@ __device__ __forceinline__ void decode_attention_impl(
     }
   }
   const int H = KH * G;
-  if (t >= n_tokens || t >= query_start[B]) return;  // rows outside every sequence: untouched
-  int lo = 0, hi = B - 1;  // last b with query_start[b] <= t (skips empty sequences)
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (query_start[mid] <= t) lo = mid; else hi = mid - 1;
+  // ---- where this CTA works. Only step inputs are read here (query_start, seq_lens, positions,
+  // slots, block tables: uploaded by the host before the step), so with PDL_PREWAIT_INDEX (cuda/common.cuh) this runs before
+  // the PDL wait, during the previous kernel's tail, and the loads this CTA needs next (its first
+  // block-table entries, the RoPE row, the q/k norm weights) are pulled into L1 there too. The
+  // wait comes before any return (cuda/common.cuh).
+  bool active = false;
+  int b = 0, nq = 1, L = 0, j = 0, k_hi = 0, k_lo = 0, k_end = 0;
+  int n_active = 1;  // splits that hold keys of this token; the others exit
+  do {
+    if (t >= n_tokens || t >= query_start[B]) break;  // rows outside every sequence: untouched
+    int lo = 0, hi = B - 1;  // last b with query_start[b] <= t (skips empty sequences)
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (query_start[mid] <= t) lo = mid; else hi = mid - 1;
+    }
+    b = lo;
+    const int qs = query_start[b];
+    nq = query_start[b + 1] - qs;
+    L = seq_lens[b];
+    MINILLM_CHECK(nq >= 1 && L >= 0 && L <= bt_stride * block_size);
+    // a long query run, or a short one on tensor cores: prefill_attention.cu's (same launch step)
+    if (nq > max_nq || minillm::short_run_on_tensor_cores(nq, L, short_max_ctx)) break;
+    j = t - qs;
+    k_hi = causal ? L - nq + j + 1 : L;  // keys this query may see
+    k_hi = max(0, min(k_hi, L));
+    k_end = k_hi;
+    if (n_splits > 1) {
+      int part = (k_hi + n_splits - 1) / n_splits;
+      part = max(min_part, (part + 15) / 16 * 16);
+      n_active = max(1, (k_hi + part - 1) / part);
+      if (split >= n_active) break;  // uniform over the CTA, before any barrier
+      k_lo = split * part;
+      k_end = min(k_hi, k_lo + part);
+    }
+    active = true;
+  } while (false);
+  const int* bt = block_tables + (i64)b * bt_stride;
+  i64 slot = -1;
+  int pos = 0;
+  if constexpr (ROPE) {
+    if (active) {
+      slot = ra.slots[t];
+      pos = ra.positions[t];
+    }
   }
-  const int b = lo;
-  const int qs = query_start[b];
-  const int nq = query_start[b + 1] - qs;
-  const int L = seq_lens[b];
-  MINILLM_CHECK(nq >= 1 && L >= 0 && L <= bt_stride * block_size);
-  // a long query run, or a short one on tensor cores: prefill_attention.cu's (same launch step)
-  if (nq > max_nq || minillm::short_run_on_tensor_cores(nq, L, short_max_ctx)) return;
-  const int j = t - qs;
-  int k_hi = causal ? L - nq + j + 1 : L;  // keys this query may see
-  k_hi = max(0, min(k_hi, L));
-  int k_lo = 0, k_end = k_hi;
-  int n_active = 1;  // splits that hold keys of this token; the others exit here
-  if (n_splits > 1) {
-    int part = (k_hi + n_splits - 1) / n_splits;
-    part = max(min_part, (part + 15) / 16 * 16);
-    n_active = max(1, (k_hi + part - 1) / part);
-    if (split >= n_active) return;  // uniform over the CTA, before any barrier
-    k_lo = split * part;
-    k_end = min(k_hi, k_lo + part);
+#if PDL_PREWAIT_INDEX
+  if (active) {  // L1 warm-up for what the CTA reads right after the wait
+    constexpr int W_LINE = 128 / sizeof(T);  // weights a 128-byte line
+    const int lane = tid & 31;
+    if (tid < 32) {  // warp 0: this split's block-table entries
+      const int first = k_lo / block_size, last = (max(k_end, k_lo + 1) - 1) / block_size;
+      for (int lb = first + lane; lb <= last; lb += 32) minillm::prefetch_l1(bt + lb);
+    } else if constexpr (ROPE) {  // warps 1-3: RoPE's cos/sin row and the q/k norm weights
+      if (tid < 64) {
+        if (pos >= 0 && pos < ra.max_pos && lane * 32 < D) minillm::prefetch_l1(ra.cos_sin + (i64)pos * D + lane * 32);
+      } else if (tid < 96) {
+        if (ra.q_w != nullptr && lane * W_LINE < D) minillm::prefetch_l1(ra.q_w + lane * W_LINE);
+      } else if (ra.k_w != nullptr && lane * W_LINE < D) {
+        minillm::prefetch_l1(ra.k_w + lane * W_LINE);
+      }
+    }
   }
+  minillm::pdl_entry();
+#endif
+  if (!active) return;
 
   // ---- ROPE (a decode step's fused q/k norm + RoPE + KV store): every CTA normalises and rotates
   // its G q heads (warp per head, norm.cu's arithmetic); the CTA whose split ends at the newest
@@ -180,10 +221,8 @@ __device__ __forceinline__ void decode_attention_impl(
   bool fresh = false;  // this CTA stores and appends the newest key (uniform over the CTA)
   if constexpr (ROPE) {
     MINILLM_CHECK(nq == 1 || L == 0);  // one new token a sequence: no other row needs this key
-    const i64 slot = ra.slots[t];
     MINILLM_CHECK(slot < ra.n_slots);
     fresh = slot >= 0 && k_hi == L && L > 0 && k_end == k_hi;
-    const int pos = ra.positions[t];
     MINILLM_CHECK(pos >= 0 && pos < ra.max_pos);
     const float* cs = ra.cos_sin + (i64)pos * D;
     const int warp = tid >> 5, lane = tid & 31;
@@ -242,7 +281,6 @@ __device__ __forceinline__ void decode_attention_impl(
     for (int i = 0; i < E; ++i) acc[g][i] = 0.f;
   }
 
-  const int* bt = block_tables + (i64)b * bt_stride;
   // The loop bound is uniform over the CTA (shuffles below need whole warps); keys past k_end
   // load nothing and update nothing.
   for (int base = k_lo; base < k_end; base += NG * DEC_U) {

@@ -35,9 +35,10 @@
 #define PF_THREADS 128
 #define PF_ROWS 64  // query rows per CTA (4 warps x 16)
 #define PF_BK 64    // keys per tile
-// PF_PDL (MINILLM_PDL_PREFILL=1 builds it and launches it with PDL in graphs; off until measured):
-// wait for the previous kernel at entry (cuda/common.cuh pdl_entry) and release dependents after
-// the key loop, as the decode chain's kernels do. Prepared in session 15 (h200_report.sh part111).
+// PF_PDL (the CUDA backend builds it so and launches it with PDL in graphs; MINILLM_PDL_PREFILL=0
+// does not): wait for the previous kernel (cuda/common.cuh pdl_entry) and release dependents
+// after the key loop, as the decode chain's kernels do. A rejected DFlash k = 8 round's graphs,
+// 8B shape, 512 keys: 6.644 -> 6.604 ms at c = 1, 9.195 -> 9.103 at c = 16 (part111).
 #ifndef PF_PDL
 #define PF_PDL 0
 #endif
@@ -104,7 +105,11 @@ __device__ __forceinline__ void prefill_attention_impl(
   bf16* Qs = reinterpret_cast<bf16*>(pf_smem);  // [PF_ROWS][LDQ]
   bf16* KVs = Qs + PF_ROWS * Ly::LDQ;           // stage s: K at KVs + s * STAGE, V after it
   __shared__ int s_b, s_q0, s_split, s_nsplit, s_last;
-  if (PF_PDL) minillm::pdl_entry();  // before any read and the early return (cuda/common.cuh)
+  // Under PF_PDL the wait comes before anything another kernel writes is read and before any
+  // return (cuda/common.cuh); with PDL_PREWAIT_INDEX, after the CTA has found its work from the
+  // step inputs (query_start, seq_lens, block tables).
+  constexpr bool wait_first = PF_PDL && !PDL_PREWAIT_INDEX, wait_late = PF_PDL && PDL_PREWAIT_INDEX;
+  if (wait_first) minillm::pdl_entry();
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g8 = lane >> 2, t4 = lane & 3;  // fragment row group and column pair
@@ -158,7 +163,10 @@ __device__ __forceinline__ void prefill_attention_impl(
   }
   __syncthreads();
   const int b = s_b, q0 = s_q0, split = s_split, n_split = s_nsplit;
-  if (b < 0) return;  // the grid is an upper bound on the number of tiles
+  if (b < 0) {  // the grid is an upper bound on the number of tiles
+    if (wait_late) minillm::pdl_entry();
+    return;
+  }
   const int qs = query_start[b];
   const int nq = query_start[b + 1] - qs;
   const int L = seq_lens[b];
@@ -174,6 +182,11 @@ __device__ __forceinline__ void prefill_attention_impl(
     k_end = min(k_hi, k_lo + part);
   }
   const int* bt = block_tables + (i64)b * bt_stride;
+  if (wait_late) {  // this CTA's block-table entries into L1 (a warp), then the wait
+    if (tid < 32 && k_lo < k_end)
+      for (int lb = k_lo / block_size + tid; lb <= (k_end - 1) / block_size; lb += 32) minillm::prefetch_l1(bt + lb);
+    minillm::pdl_entry();
+  }
 
   // K/V tile k0 into stage st: every thread copies PF_BK * CH / PF_THREADS chunks of each
   auto load_tile = [&](int k0, int st) {

@@ -1679,6 +1679,29 @@ part111() {  # prepared in session 15, not yet run: the tensor-core (short-run) 
     --drafter $M/q8-dflash --k 8 --result-json "$W/spec_cost_8b_pfpdl.json"
 }
 
+part112() {  # session 16, call 2: the attention kernels finding their work before the PDL wait
+  # (PDL_PREWAIT_INDEX, cuda/common.cuh) against after it, alternately on one machine: batch-1 decode
+  # graphs of both shapes, a rejected DFlash round at c = 1 and 16, throughput; then every GPU test
+  # with the new defaults (that and the tensor-core attention launched with PDL) and spec cost
+  # (its prompts now prefill in one step)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 150
+  local i v
+  for i in 1 2; do
+    for v in 1 0; do
+      step_graph q06 "pre${v}_$i" "PDL_PREWAIT_INDEX=$v" 100
+      step_graph q8 "pre${v}_$i" "PDL_PREWAIT_INDEX=$v" 100
+      spec_round_graph "pre${v}_$i" 1 100 MINILLM_CUDA_DEFINES=PDL_PREWAIT_INDEX=$v
+      spec_round_graph "pre${v}_$i" 16 100 MINILLM_CUDA_DEFINES=PDL_PREWAIT_INDEX=$v
+    done
+  done
+  throughput_06b_ab pre MINILLM_CUDA_DEFINES PDL_PREWAIT_INDEX=1 PDL_PREWAIT_INDEX=0
+  gpu_tests_full 200
+  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_8b.json"
+}
+
 spec_cost_in() {  # spec_cost_in DIR NAME: the 8B spec-cost bench (cost half, one oracle point) from DIR's tree
   stage "$2" 150 bash -c "cd $1 && PYTHONPATH=.:/tmp/site python3 -m minillm.bench spec-cost $M/q8 \
     --drafter $M/q8-dflash --k 8 --accept 0.9 --result-json $W/$2.json"

@@ -132,6 +132,29 @@ def test_decode_bench_on_the_cpu_and_its_roofline(tiny, tmp_path):
     assert r["pipelined_fraction_of_roofline"] == pytest.approx(0.9)
 
 
+def test_spec_cost_bench_on_the_cpu(tiny, tmp_path):
+    """`python -m minillm.bench spec-cost` end to end on the NumPy engine: a random DFlash drafter's
+    rounds emit exactly the plain greedy tokens, and the oracle drafter's curve is lossless with
+    more tokens a step the more often it is right (float32: no rounding differences between a
+    1-row step and a verification step)."""
+    from minillm.bench.spec_cost import main as spec_cost_main
+    from minillm.tools.random_model import write_dflash_drafter
+
+    drafter = write_dflash_drafter(tmp_path / "dflash", tiny, num_layers=1, block_size=4)
+    out = tmp_path / "spec.json"
+    assert spec_cost_main([str(tiny), "--drafter", str(drafter), "--device", "cpu", "--k", "3",
+                           "--concurrency", "1,3", "--input-len", "24", "--output-len", "20",
+                           "--accept", "0,1", "--result-json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert [c["concurrency"] for c in r["cost"]] == [1, 3]
+    assert all(c["same_as_plain_decode"] and c["spec_step_ms"] > 0 for c in r["cost"])
+    curve = {(s["concurrency"], s["accept_prob"]): s for s in r["speedup"]}
+    assert set(curve) == {(1, 0.0), (1, 1.0), (3, 0.0), (3, 1.0)}
+    assert all(s["lossless"] and s["verify_path_equals_plain_decode"] for s in curve.values())
+    for c in (1, 3):  # all right: 3 drafts + a bonus token a round (the last rounds are cut short)
+        assert curve[(c, 0.0)]["tokens_per_step"] == 1.0 and curve[(c, 1.0)]["tokens_per_step"] > 2.5
+
+
 def test_percentiles_and_means():
     values = [float(v) for v in range(1, 101)]  # 1..100
     assert report.percentile(values, 50) == pytest.approx(50.5)

@@ -425,9 +425,10 @@ class CudaBackend:
                 k[n] = kc.get_kernel(mod, n, self.debug)
                 if mod in _PDL_MODULES:
                     self._pdl_kernels.add(n)
-        # MINILLM_PDL_PREFILL=1: the tensor-core kernel built with PF_PDL and launched with PDL in
-        # graphs (verification and DFlash blocks; an experiment, off until measured on the H200)
-        pf_pdl = env_int("MINILLM_PDL_PREFILL", 0, "1: the tensor-core attention launched with PDL") == 1
+        # The tensor-core kernel (verification runs, DFlash blocks) built with PF_PDL and launched
+        # with PDL in graphs: a rejected DFlash round's graphs 0.6-0.9% shorter on the H200
+        # (session 16, part111). MINILLM_PDL_PREFILL=0 launches it without, for A/B runs.
+        pf_pdl = env_int("MINILLM_PDL_PREFILL", 1, "0: the tensor-core attention launched without PDL") == 1
         try:  # tensor-core prefill: needs the toolkit's mma.h, which not every install has
             for d in _DECODE_HEAD_DIMS:
                 name = f"paged_prefill_bf16_d{d}"

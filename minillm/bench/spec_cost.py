@@ -148,12 +148,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--accept", default="0,0.5,0.7,0.8,0.9,1.0", help="oracle drafter's per-token accuracy")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="step token budget (default: every prompt prefills in one step, so no "
+                        "sequence verifies in a step that prefills another)")
     p.add_argument("--result-json", default=None)
     ns = p.parse_args(argv)
     cs = [int(c) for c in ns.concurrency.split(",")]
+    budget = ns.max_num_batched_tokens or max(2048, max(cs) * (ns.input_len + ns.k + 1))
     common = dict(model=ns.model, device=ns.device, max_num_seqs=max(cs), seed=0,
                   max_model_len=ns.input_len + ns.output_len + 32, enable_prefix_caching=False,
-                  enforce_eager=ns.enforce_eager, dtype=ns.dtype)
+                  enforce_eager=ns.enforce_eager, dtype=ns.dtype, max_num_batched_tokens=budget)
     rng = np.random.default_rng(0)
     plain = LLMEngine(**common)
     vocab = min(plain.config.vocab_size, plain.tokenizer.vocab_size)
