@@ -1702,6 +1702,32 @@ part112() {  # session 16, call 2: the attention kernels finding their work befo
     --result-json "$W/spec_cost_8b.json"
 }
 
+part113() {  # session 16, call 3: verification and drafting graphs without the decode kernel's empty
+  # launch (MINILLM_SHORT_RUN_GRAPHS=1, the default, against 0; one machine), then the session's
+  # figures on the final code: every GPU test, decode of both shapes, spec cost, memcheck, failure
+  # matrix, throughput
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 150
+  local i v b
+  for i in 1 2; do
+    for v in 1 0; do
+      for b in 1 16; do
+        spec_round_graph "srg${v}_$i" $b 100 MINILLM_SHORT_RUN_GRAPHS=$v
+      done
+    done
+  done
+  gpu_tests_full 200
+  decode_06b 60
+  decode_8b 60
+  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_8b.json"
+  memcheck_reproducer 60
+  stage failure_matrix 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
+    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 100
+  throughput_06b 60
+}
+
 spec_cost_in() {  # spec_cost_in DIR NAME: the 8B spec-cost bench (cost half, one oracle point) from DIR's tree
   stage "$2" 150 bash -c "cd $1 && PYTHONPATH=.:/tmp/site python3 -m minillm.bench spec-cost $M/q8 \
     --drafter $M/q8-dflash --k 8 --accept 0.9 --result-json $W/$2.json"

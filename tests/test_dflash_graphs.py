@@ -193,6 +193,45 @@ def test_emulated_graphs_match_eager(monkeypatch, pair):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_verification_graphs_without_the_decode_kernel(monkeypatch, pair):
+    """A backend that sends short runs to a tensor-core kernel (short_run_max_ctx, as the CUDA one)
+    gets each verification and drafting graph also without the decode kernel's launch, and a step
+    replays that one only when every run takes the tensor-core kernel: 2+ queries and at most
+    short_run_max_ctx keys (here 40)."""
+    from minillm.engine.runner import SHORT_RUNS
+
+    class ShortRunBackend(GraphEmulatingBackend):
+        decode_max_q = 16
+        short_run_max_ctx = 40
+
+    target, drafter = pair
+    plain = [o.token_ids for o in LLM(target, device="cpu", max_model_len=256).generate(PROMPTS, GREEDY)]
+    monkeypatch.setattr("minillm.engine.engine.select_backend", lambda device, dtype: ShortRunBackend())
+    llm = LLM(target, device="cpu", max_model_len=256, max_num_seqs=8, speculative_config=spec(drafter, 3))
+    runner, drafting = llm.engine.runner, llm.engine.proposer.runner
+    buckets = graph_buckets(8)
+    assert {g for g in runner.graphs if len(g) == 3} == {(b, 4, SHORT_RUNS) for b in buckets}
+    block = llm.engine.proposer.block
+    assert {g for g in drafting.graphs if len(g) == 3} == {(b, block, SHORT_RUNS) for b in buckets}
+    seen = []  # (short graph taken, least queries a run, most keys, padding rows) of each step
+    for r in (runner, drafting):
+        check = r._short_runs_only
+
+        def record(B, t, T, r=r, check=check):
+            h = r.buf.host
+            ok = check(B, t, T)
+            seen.append((ok, int(np.diff(h["query_start"][: B + 1]).min()), int(h["seq_lens"][:B].max()), T - t))
+            return ok
+        r._short_runs_only = record
+    for i in (2, 5):  # 3 prompt tokens: the short graphs, the drafter's until its context passes 40
+        assert llm.generate([PROMPTS[i]], GREEDY)[0].token_ids == plain[i]  # 40: full graphs
+    # a padding run of one row (a sequence short of its k drafts) is the decode kernel's too
+    assert all(ok == (nq >= 2 and keys <= 40 and pad != 1) for ok, nq, keys, pad in seen)
+    assert any(pad == 1 for *_, pad in seen)
+    for r in (runner, drafting):
+        assert 0 < r.short_run_replays < r.replays  # both kinds of graph were replayed
+
+
 def test_spec_cost_phases(monkeypatch, pair):
     """bench spec-cost's phase split: the target step (context update inside), the proposal, and
     the context update alone, eagerly and through a captured graph."""
@@ -232,6 +271,8 @@ def test_dflash_graphs_match_eager_on_gpu(request, models):
         assert tok_g == tok_e
         assert eng_g.proposer.runner.graphs and eng_g.proposer.runner.replays > 0
         assert eng_g.runner.replays > 0
+        if models == "pair_d64" and "dtype" not in kw:  # bf16: the graphs without the decode kernel ran
+            assert eng_g.runner.short_run_replays > 0 and eng_g.proposer.runner.short_run_replays > 0
         assert not eng_e.proposer.runner.graphs and eng_e.proposer.runner.replays == 0
         if kw["max_num_seqs"] == 1:  # a sequence drafts the full k until it nears max_tokens
             differ = sum(a != b for a, b in zip(drafts_g, drafts_e))

@@ -26,6 +26,11 @@ DECODE_ORDER = os.environ.get("MINILLM_DECODE_ORDER", "1") not in ("", "0")
 # `scripts/host_overhead.py --dflash 8`: 2 sequences 157-168 against 110-114 us a round, 8
 # sequences 290-299 against 327-344)
 RUNS_FILL_MIN = 8
+# verification and drafting graphs also come without the decode kernel's launch, for steps whose
+# every run takes the tensor-core attention (Runner._short_runs_only); MINILLM_SHORT_RUN_GRAPHS=0:
+# one graph a shape, that launch always in it (A/B runs)
+SHORT_RUN_GRAPHS = os.environ.get("MINILLM_SHORT_RUN_GRAPHS", "1") not in ("", "0")
+SHORT_RUNS = "short_runs"  # the third part of such a graph's key
 
 
 class StepBuffers:
@@ -156,6 +161,8 @@ class ModelRunner:
         self.draft_fills = 0  # steps that took drafts from the device (tests read it)
         self.readback = TokenReadback(backend, max_logits)  # async scheduling's result copies
         self.decode_max_q = int(getattr(backend, "decode_max_q", 0))
+        self.short_run_max_ctx = int(getattr(backend, "short_run_max_ctx", 0)) if SHORT_RUN_GRAPHS else 0
+        self.short_run_replays = 0  # replays of verification graphs without the decode kernel
 
     def prepare(self, batch: list[ScheduledSeq]) -> tuple[int, int]:
         """Fill the host buffers for this step; returns (num_tokens, num_logit_rows)."""
@@ -507,9 +514,13 @@ class ModelRunner:
         self.last_inputs, self.last_num_tokens = x, t
         return logits
 
-    def _forward_and_sample(self, B: int, t: int, r: int, max_query_len: int):
-        """The device work of a decode step: exactly what a CUDA graph captures and replays."""
+    def _forward_and_sample(self, B: int, t: int, r: int, max_query_len: int, short_runs: bool = False):
+        """The device work of a decode step: exactly what a CUDA graph captures and replays.
+        short_runs: every run takes the tensor-core attention kernel (an empty decode_rows hint:
+        no decode-kernel launch; _short_runs_only says when a step may replay such a graph)."""
         x = self._inputs(B, t, r, max_query_len)
+        if short_runs:
+            x.decode_rows = self.buf.dev["attn_order"][:0]
         logits = self._forward(x, t, r)
         self._sample(logits, r)
         return x, logits
@@ -589,7 +600,7 @@ class ModelRunner:
     def capture_graphs(self, buckets: list[int], rows_per_seq: list[int]) -> None:
         """Capture a graph per bucket and rows per sequence (1: decode; 1 + k: a verification
         step, or a DFlash drafter's block of 1 + k rows), where the step buffers hold it."""
-        self.graphs: dict[tuple[int, int], object] = {}
+        self.graphs: dict[tuple, object] = {}
         self.graph_buckets = sorted(buckets)
         self._spec_k = max(rows_per_seq) - 1  # the row count _graph_for gives items with drafts
         for rows in rows_per_seq:
@@ -602,6 +613,9 @@ class ModelRunner:
                 self._forward_and_sample(bk + 1, T, T, rows)  # eager once: loads every kernel
                 self.graphs[(bk, rows)] = self.backend.capture_graph(
                     lambda bk=bk, T=T, rows=rows: self._forward_and_sample(bk + 1, T, T, rows))
+                if 1 < rows <= self.decode_max_q and self.short_run_max_ctx > 0:
+                    self.graphs[(bk, rows, SHORT_RUNS)] = self.backend.capture_graph(
+                        lambda bk=bk, T=T, rows=rows: self._forward_and_sample(bk + 1, T, T, rows, True))
         self.backend.synchronize()
 
     def _graph_for(self, batch: list[ScheduledSeq], t: int):
@@ -623,7 +637,21 @@ class ModelRunner:
         bk = next((b for b in self.graph_buckets if b >= len(batch) and (b, rows) in graphs), None)
         if bk is None or t > bk * rows:
             return None
+        if (bk, rows, SHORT_RUNS) in graphs and self._short_runs_only(len(batch), t, bk * rows):
+            self.short_run_replays += 1
+            return bk, rows, graphs[(bk, rows, SHORT_RUNS)]
         return bk, rows, graphs[(bk, rows)]
+
+    def _short_runs_only(self, B: int, t: int, T: int) -> bool:
+        """Whether every run of the prepared step, the graph's padding run included, goes to the
+        tensor-core attention kernel (2+ queries, at most short_run_max_ctx keys: the device's
+        rule, cuda/common.cuh short_run_on_tensor_cores), so its graph may leave out the decode
+        kernel's launch, whose CTAs would all exit (36 launches of ~3 us in an 8B verification
+        step, docs/BENCHMARKS.md)."""
+        h = self.buf.host
+        nq = np.diff(h["query_start"][: B + 1])
+        return (T - t != 1 and int(nq.min()) >= 2
+                and int(h["seq_lens"][:B].max()) <= self.short_run_max_ctx)
 
     def _pad(self, B: int, t: int, r: int, bk: int, T: int, R: int) -> None:
         """Fill slots [B, bk + 1) and rows [t, T), [r, R) of the host buffers with padding."""
