@@ -56,6 +56,9 @@
 #ifndef DEC_NO_MATH  // scripts/decode_splits.py --variant DEC_NO_MATH=1: loads without the math
 #define DEC_NO_MATH 0
 #endif
+#ifndef DEC_ROPE_PREFETCH  // the fused decode step's second-pass q/k/v rows into L1 first (G > 2)
+#define DEC_ROPE_PREFETCH 1
+#endif
 #ifndef DEC_CPL  // 16-byte chunks of a K/V row per lane (1: 16 lanes a bf16 d128 row; 2: 8 lanes)
 #define DEC_CPL 1
 #endif
@@ -226,7 +229,19 @@ __device__ __forceinline__ void decode_attention_impl(
     MINILLM_CHECK(pos >= 0 && pos < ra.max_pos);
     const float* cs = ra.cos_sin + (i64)pos * D;
     const int warp = tid >> 5, lane = tid & 31;
-    for (int hh = warp; hh < G + (fresh ? 2 : 0); hh += DEC_THREADS / 32) {  // warp-uniform
+    constexpr int NW = DEC_THREADS / 32;
+#if DEC_ROPE_PREFETCH
+    // more heads than warps (G > 2 in the fresh CTA, G > 4 in all): warps with a second head
+    // pull its row into L1 before the first, so the second pass does not start with a round trip
+    if (warp + NW < G + (fresh ? 2 : 0) && lane * (128 / (int)sizeof(T)) < D) {
+      const int h2 = warp + NW;
+      const T* row = h2 < G ? q + (i64)t * q_tok + (i64)(kh * G + h2) * q_head
+                   : h2 == G ? ra.k + (i64)t * ra.k_tok + (i64)kh * ra.k_head
+                             : ra.v + (i64)t * ra.v_tok + (i64)kh * ra.v_head;
+      minillm::prefetch_l1(row + lane * (128 / (int)sizeof(T)));
+    }
+#endif
+    for (int hh = warp; hh < G + (fresh ? 2 : 0); hh += NW) {  // warp-uniform
       float* dst = s_rot[hh];
       if (hh == G + 1) {  // v: copied as it is
         const T* src = ra.v + (i64)t * ra.v_tok + (i64)kh * ra.v_head;

@@ -1728,6 +1728,24 @@ part113() {  # session 16, call 3: verification and drafting graphs without the 
   throughput_06b 60
 }
 
+part114() {  # session 16, call 4: the fused decode step's second-pass rows into L1 before the first pass
+  # (DEC_ROPE_PREFETCH, G > 2: the 8B shape) against without, batch-1 graphs of both shapes
+  # alternately (one machine), then the decode kernels' GPU tests and 8B decode
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_q06_q8 150
+  local i v
+  for i in 1 2; do
+    for v in 1 0; do
+      step_graph q06 "rpf${v}_$i" "DEC_ROPE_PREFETCH=$v" 100
+      step_graph q8 "rpf${v}_$i" "DEC_ROPE_PREFETCH=$v" 100
+    done
+  done
+  stage decode_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_gpu_engine.py -k "decode"
+  decode_8b 60
+}
+
 spec_cost_in() {  # spec_cost_in DIR NAME: the 8B spec-cost bench (cost half, one oracle point) from DIR's tree
   stage "$2" 150 bash -c "cd $1 && PYTHONPATH=.:/tmp/site python3 -m minillm.bench spec-cost $M/q8 \
     --drafter $M/q8-dflash --k 8 --accept 0.9 --result-json $W/$2.json"
