@@ -16,6 +16,9 @@
 // h200_early_kv_part109.txt), and kept none: DEC_U=8 or 2, DEC_CPL=2 (0.6B +2-3%, 8B +1-3%), the
 // split's old keys prefetched into L2 before the PDL wait (0.6B +4.5%), the first keys' loads
 // issued before the fused q/k norm + RoPE (0.6B +2%, 8B +-0.1%; 16 bytes of spills at 80 registers).
+// Session 16 (docs/results/h200_session16_ab.txt): finding the CTA's work before the PDL wait
+// (PDL_PREWAIT_INDEX) took 8B's graph 4.534 -> 4.501 ms, 0.6B unchanged; kept. Warps with a second
+// head (8B's fresh CTA: k, v) prefetching its row into L1 before the first pass: no change; removed.
 //
 // Splits (flash-decoding): split s takes keys [s * part, (s + 1) * part) of this token's own
 // context, part = max(min_part, ceil(len / n_splits)) rounded to 16, so a short context in a
@@ -55,9 +58,6 @@
 #endif
 #ifndef DEC_NO_MATH  // scripts/decode_splits.py --variant DEC_NO_MATH=1: loads without the math
 #define DEC_NO_MATH 0
-#endif
-#ifndef DEC_ROPE_PREFETCH  // the fused decode step's second-pass q/k/v rows into L1 first (G > 2)
-#define DEC_ROPE_PREFETCH 1
 #endif
 #ifndef DEC_CPL  // 16-byte chunks of a K/V row per lane (1: 16 lanes a bf16 d128 row; 2: 8 lanes)
 #define DEC_CPL 1
@@ -229,19 +229,7 @@ __device__ __forceinline__ void decode_attention_impl(
     MINILLM_CHECK(pos >= 0 && pos < ra.max_pos);
     const float* cs = ra.cos_sin + (i64)pos * D;
     const int warp = tid >> 5, lane = tid & 31;
-    constexpr int NW = DEC_THREADS / 32;
-#if DEC_ROPE_PREFETCH
-    // more heads than warps (G > 2 in the fresh CTA, G > 4 in all): warps with a second head
-    // pull its row into L1 before the first, so the second pass does not start with a round trip
-    if (warp + NW < G + (fresh ? 2 : 0) && lane * (128 / (int)sizeof(T)) < D) {
-      const int h2 = warp + NW;
-      const T* row = h2 < G ? q + (i64)t * q_tok + (i64)(kh * G + h2) * q_head
-                   : h2 == G ? ra.k + (i64)t * ra.k_tok + (i64)kh * ra.k_head
-                             : ra.v + (i64)t * ra.v_tok + (i64)kh * ra.v_head;
-      minillm::prefetch_l1(row + lane * (128 / (int)sizeof(T)));
-    }
-#endif
-    for (int hh = warp; hh < G + (fresh ? 2 : 0); hh += NW) {  // warp-uniform
+    for (int hh = warp; hh < G + (fresh ? 2 : 0); hh += DEC_THREADS / 32) {  // warp-uniform
       float* dst = s_rot[hh];
       if (hh == G + 1) {  // v: copied as it is
         const T* src = ra.v + (i64)t * ra.v_tok + (i64)kh * ra.v_head;

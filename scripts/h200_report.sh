@@ -1728,9 +1728,9 @@ part113() {  # session 16, call 3: verification and drafting graphs without the 
   throughput_06b 60
 }
 
-part114() {  # session 16, call 4: the fused decode step's second-pass rows into L1 before the first pass
-  # (DEC_ROPE_PREFETCH, G > 2: the 8B shape) against without, batch-1 graphs of both shapes
-  # alternately (one machine), then the decode kernels' GPU tests and 8B decode
+part114() {  # session 16, call 4 (ran at 91e1d23; DEC_ROPE_PREFETCH was then removed, no gain): the fused
+  # decode step's second-pass rows into L1 before the first pass (G > 2: the 8B shape) against
+  # without, batch-1 graphs of both shapes alternately (one machine), the decode GPU tests, 8B decode
   setup
   facts > "$W/facts.txt" 2>&1
   models_q06_q8 150
