@@ -71,12 +71,7 @@ __device__ void paged_attention_impl(
   if (bq == 1) {
     const int t = blockIdx.x;
     if (t >= n_tokens || t >= query_start[B]) return;  // rows outside every sequence: untouched
-    int lo = 0, hi = B - 1;  // last b with query_start[b] <= t (skips empty sequences)
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (query_start[mid] <= t) lo = mid; else hi = mid - 1;
-    }
-    b = lo;
+    b = minillm::seq_of_row(query_start, B, t);
     q0 = t - query_start[b];
   } else {
     if (tid == 0) {

@@ -108,6 +108,17 @@ __device__ __forceinline__ bool short_run_on_tensor_cores(int nq, int L, int sho
   return short_max_ctx > 0 && nq >= 2 && L <= short_max_ctx;
 }
 
+// The sequence owning row t of a step: the last b with query_start[b] <= t (so empty sequences
+// are skipped); the caller has checked t < query_start[B].
+__device__ __forceinline__ int seq_of_row(const int* query_start, int B, int t) {
+  int lo = 0, hi = B - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (query_start[mid] <= t) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
 __device__ __forceinline__ float to_f(float x) { return x; }

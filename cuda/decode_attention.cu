@@ -161,12 +161,7 @@ __device__ __forceinline__ void decode_attention_impl(
   int n_active = 1;  // splits that hold keys of this token; the others exit
   do {
     if (t >= n_tokens || t >= query_start[B]) break;  // rows outside every sequence: untouched
-    int lo = 0, hi = B - 1;  // last b with query_start[b] <= t (skips empty sequences)
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (query_start[mid] <= t) lo = mid; else hi = mid - 1;
-    }
-    b = lo;
+    b = minillm::seq_of_row(query_start, B, t);
     const int qs = query_start[b];
     nq = query_start[b + 1] - qs;
     L = seq_lens[b];

@@ -1664,14 +1664,7 @@ part111() {  # prepared in session 15, not yet run: the tensor-core (short-run) 
   setup
   facts > "$W/facts.txt" 2>&1
   models_all 150
-  local i v b
-  for i in 1 2; do
-    for v in 0 1; do
-      for b in 1 16; do
-        spec_round_graph "pfpdl${v}_$i" $b 100 MINILLM_PDL_PREFILL=$v
-      done
-    done
-  done
+  spec_round_ab pfpdl MINILLM_PDL_PREFILL 0 1
   stage pf_pdl_tests 200 env MINILLM_PDL_PREFILL=1 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs \
     tests/test_dflash_graphs.py tests/test_gpu_engine.py tests/test_cuda_ops.py \
     -k "dflash or spec or lossless or short_run or graph"
@@ -1709,14 +1702,7 @@ part113() {  # session 16, call 3: verification and drafting graphs without the 
   setup
   facts > "$W/facts.txt" 2>&1
   models_all 150
-  local i v b
-  for i in 1 2; do
-    for v in 1 0; do
-      for b in 1 16; do
-        spec_round_graph "srg${v}_$i" $b 100 MINILLM_SHORT_RUN_GRAPHS=$v
-      done
-    done
-  done
+  spec_round_ab srg MINILLM_SHORT_RUN_GRAPHS 1 0
   gpu_tests_full 200
   decode_06b 60
   decode_8b 60
@@ -1772,6 +1758,17 @@ spec_round_graph() {  # spec_round_graph TAG BATCH TIMEOUT [VAR=VALUE ...]: a re
   shift 3
   stage "graph_q8_spec_b${b}_$tag" "$t" env "$@" python3 scripts/step_kernels.py $M/q8 --spec $M/q8-dflash \
     --k 8 --batch $b --ctx 512 --json "$W/graph_q8_spec_b${b}_$tag.json"
+}
+
+spec_round_ab() {  # spec_round_ab TAG VAR A B: spec_round_graph at c = 1 and 16 with VAR=A, VAR=B, A, B
+  local i v b
+  for i in 1 2; do
+    for v in "$3" "$4"; do
+      for b in 1 16; do
+        spec_round_graph "$1${v}_$i" $b 100 "$2=$v"
+      done
+    done
+  done
 }
 
 step_graph() {  # step_graph MODEL TAG DEFINES TIMEOUT: a batch-1 decode step's graph at 512 tokens of
