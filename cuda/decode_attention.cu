@@ -152,10 +152,10 @@ __device__ __forceinline__ void decode_attention_impl(
   }
   const int H = KH * G;
   // ---- where this CTA works. Only step inputs are read here (query_start, seq_lens, positions,
-  // slots, block tables: uploaded by the host before the step), so with PDL_PREWAIT_INDEX (cuda/common.cuh) this runs before
-  // the PDL wait, during the previous kernel's tail, and the loads this CTA needs next (its first
-  // block-table entries, the RoPE row, the q/k norm weights) are pulled into L1 there too. The
-  // wait comes before any return (cuda/common.cuh).
+  // slots, block tables, order: uploaded by the host before the step), so with PDL_PREWAIT_INDEX
+  // (cuda/common.cuh) this runs before the PDL wait, during the previous kernel's tail, and the
+  // lines this CTA reads next (its block-table entries, the RoPE row, the q/k norm weights) are
+  // pulled into L1 there too. The wait comes before any return.
   bool active = false;
   int b = 0, nq = 1, L = 0, j = 0, k_hi = 0, k_lo = 0, k_end = 0;
   int n_active = 1;  // splits that hold keys of this token; the others exit
@@ -200,7 +200,8 @@ __device__ __forceinline__ void decode_attention_impl(
       for (int lb = first + lane; lb <= last; lb += 32) minillm::prefetch_l1(bt + lb);
     } else if constexpr (ROPE) {  // warps 1-3: RoPE's cos/sin row and the q/k norm weights
       if (tid < 64) {
-        if (pos >= 0 && pos < ra.max_pos && lane * 32 < D) minillm::prefetch_l1(ra.cos_sin + (i64)pos * D + lane * 32);
+        if (pos >= 0 && pos < ra.max_pos && lane * 32 < D)  // fp32: 32 a line
+          minillm::prefetch_l1(ra.cos_sin + (i64)pos * D + lane * 32);
       } else if (tid < 96) {
         if (ra.q_w != nullptr && lane * W_LINE < D) minillm::prefetch_l1(ra.q_w + lane * W_LINE);
       } else if (ra.k_w != nullptr && lane * W_LINE < D) {

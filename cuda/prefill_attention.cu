@@ -184,7 +184,8 @@ __device__ __forceinline__ void prefill_attention_impl(
   const int* bt = block_tables + (i64)b * bt_stride;
   if (wait_late) {  // this CTA's block-table entries into L1 (a warp), then the wait
     if (tid < 32 && k_lo < k_end)
-      for (int lb = k_lo / block_size + tid; lb <= (k_end - 1) / block_size; lb += 32) minillm::prefetch_l1(bt + lb);
+      for (int lb = k_lo / block_size + tid; lb <= (k_end - 1) / block_size; lb += 32)
+        minillm::prefetch_l1(bt + lb);
     minillm::pdl_entry();
   }
 

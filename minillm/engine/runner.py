@@ -162,7 +162,7 @@ class ModelRunner:
         self.readback = TokenReadback(backend, max_logits)  # async scheduling's result copies
         self.decode_max_q = int(getattr(backend, "decode_max_q", 0))
         self.short_run_max_ctx = int(getattr(backend, "short_run_max_ctx", 0)) if SHORT_RUN_GRAPHS else 0
-        self.short_run_replays = 0  # replays of verification graphs without the decode kernel
+        self.short_run_replays = 0  # replays of graphs without the decode kernel (tests read it)
 
     def prepare(self, batch: list[ScheduledSeq]) -> tuple[int, int]:
         """Fill the host buffers for this step; returns (num_tokens, num_logit_rows)."""
@@ -599,7 +599,8 @@ class ModelRunner:
 
     def capture_graphs(self, buckets: list[int], rows_per_seq: list[int]) -> None:
         """Capture a graph per bucket and rows per sequence (1: decode; 1 + k: a verification
-        step, or a DFlash drafter's block of 1 + k rows), where the step buffers hold it."""
+        step, or a DFlash drafter's block of 1 + k rows), where the step buffers hold it; runs of
+        2+ rows also get a graph without the decode kernel's launch (_short_runs_only)."""
         self.graphs: dict[tuple, object] = {}
         self.graph_buckets = sorted(buckets)
         self._spec_k = max(rows_per_seq) - 1  # the row count _graph_for gives items with drafts
