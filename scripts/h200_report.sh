@@ -1732,6 +1732,23 @@ part114() {  # session 16, call 4 (ran at 91e1d23; DEC_ROPE_PREFETCH was then re
   decode_8b 60
 }
 
+part115() {  # session 16, call 5: verification runs on the decode kernel (MINILLM_SHORT_RUN_MAX_CTX=0: every
+  # query its own CTAs, the sequence's KV read from L2 nine times) against the tensor-core kernel
+  # (2048, the default) at c = 1, 2 and 4: a rejected DFlash k = 8 round's graphs, alternately
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models 100 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
+  local i v b
+  for i in 1 2; do
+    for v in 2048 0; do
+      for b in 1 2 4; do
+        spec_round_graph "smc${v}_$i" $b 100 MINILLM_SHORT_RUN_MAX_CTX=$v
+      done
+    done
+  done
+}
+
 spec_cost_in() {  # spec_cost_in DIR NAME: the 8B spec-cost bench (cost half, one oracle point) from DIR's tree
   stage "$2" 150 bash -c "cd $1 && PYTHONPATH=.:/tmp/site python3 -m minillm.bench spec-cost $M/q8 \
     --drafter $M/q8-dflash --k 8 --accept 0.9 --result-json $W/$2.json"
