@@ -1739,14 +1739,22 @@ part115() {  # session 16, call 5: verification runs on the decode kernel (MINIL
   facts > "$W/facts.txt" 2>&1
   stage models 100 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
-  local i v b
-  for i in 1 2; do
-    for v in 2048 0; do
-      for b in 1 2 4; do
-        spec_round_graph "smc${v}_$i" $b 100 MINILLM_SHORT_RUN_MAX_CTX=$v
-      done
-    done
-  done
+  spec_round_ab smc MINILLM_SHORT_RUN_MAX_CTX 2048 0 1 2 4
+}
+
+part116() {  # prepared in session 16, not yet run: steps of one sequence keep their short runs on the
+  # decode kernel (MINILLM_SHORT_RUN_MIN_SEQS=2; part115 measured the whole path with
+  # MINILLM_SHORT_RUN_MAX_CTX=0: c = 1 rounds 6.541 -> 6.333 ms, c = 2 and 4 slower). The round's
+  # graphs at c = 1 and 2 with it off and on alternately, then its GPU tests and spec cost
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 150
+  spec_round_ab minseqs MINILLM_SHORT_RUN_MIN_SEQS 1 2 1 2
+  stage min_seqs_tests 200 env MINILLM_SHORT_RUN_MIN_SEQS=2 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    -rfEs tests/test_dflash_graphs.py tests/test_gpu_engine.py tests/test_cuda_ops.py \
+    -k "dflash or spec or lossless or short_run or graph"
+  stage spec_cost_8b_minseqs 150 env MINILLM_SHORT_RUN_MIN_SEQS=2 python3 -m minillm.bench spec-cost $M/q8 \
+    --drafter $M/q8-dflash --k 8 --result-json "$W/spec_cost_8b_minseqs.json"
 }
 
 spec_cost_in() {  # spec_cost_in DIR NAME: the 8B spec-cost bench (cost half, one oracle point) from DIR's tree
@@ -1777,12 +1785,14 @@ spec_round_graph() {  # spec_round_graph TAG BATCH TIMEOUT [VAR=VALUE ...]: a re
     --k 8 --batch $b --ctx 512 --json "$W/graph_q8_spec_b${b}_$tag.json"
 }
 
-spec_round_ab() {  # spec_round_ab TAG VAR A B: spec_round_graph at c = 1 and 16 with VAR=A, VAR=B, A, B
-  local i v b
+spec_round_ab() {  # spec_round_ab TAG VAR A B [BATCH...]: spec_round_graph at each batch (default 1
+  # and 16) with VAR=A, VAR=B, A, B
+  local tag=$1 var=$2 a=$3 z=$4 i v b
+  shift 4
   for i in 1 2; do
-    for v in "$3" "$4"; do
-      for b in 1 16; do
-        spec_round_graph "$1${v}_$i" $b 100 "$2=$v"
+    for v in "$a" "$z"; do
+      for b in ${*:-1 16}; do
+        spec_round_graph "$tag${v}_$i" $b 100 "$var=$v"
       done
     done
   done

@@ -232,6 +232,40 @@ def test_verification_graphs_without_the_decode_kernel(monkeypatch, pair):
         assert 0 < r.short_run_replays < r.replays  # both kinds of graph were replayed
 
 
+def test_steps_of_one_sequence_keep_short_runs_on_the_decode_kernel(monkeypatch, pair):
+    """short_run_min_seqs (MINILLM_SHORT_RUN_MIN_SEQS=2): attention is told (StepInputs.short_runs)
+    to keep the short runs of a one-sequence step on the decode kernel, in eager steps and graph
+    replays alike, and the bucket-1 graphs get no variant without the decode kernel's launch."""
+    from minillm.engine.runner import SHORT_RUNS
+
+    class MinSeqsBackend(GraphEmulatingBackend):
+        decode_max_q = 16
+        short_run_max_ctx = 1 << 20
+        short_run_min_seqs = 2
+        hints: list = []
+
+        def paged_attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start, *a,
+                            short_runs=True, **kw):
+            real = int(((np.diff(query_start) > 0) & (seq_lens > 0)).sum())
+            self.hints.append((kw.get("max_query_len"), real, short_runs))
+            return super().paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start,
+                                           *a, short_runs=short_runs, **kw)
+
+    target, drafter = pair
+    plain = [o.token_ids for o in LLM(target, device="cpu", max_model_len=256).generate(PROMPTS, GREEDY)]
+    monkeypatch.setattr("minillm.engine.engine.select_backend", lambda device, dtype: MinSeqsBackend())
+    llm = LLM(target, device="cpu", max_model_len=256, max_num_seqs=4, speculative_config=spec(drafter, 3))
+    for r in (llm.engine.runner, llm.engine.proposer.runner):
+        short = {g[0] for g in r.graphs if SHORT_RUNS in g}
+        assert 1 not in short and short == {b for b in graph_buckets(4) if b >= 2}
+    assert llm.generate([PROMPTS[0]], GREEDY)[0].token_ids == plain[0]
+    assert [o.token_ids for o in llm.generate(PROMPTS[:3], GREEDY)] == plain[:3]
+    # verification and drafting steps of one and of three sequences (0: the graphs' captures)
+    runs = [(real, ok) for most_q, real, ok in MinSeqsBackend.hints if most_q and 1 < most_q <= 16 and real]
+    assert {real for real, _ in runs} == {1, 3}
+    assert all(ok == (real >= 2) for real, ok in runs)
+
+
 def test_spec_cost_phases(monkeypatch, pair):
     """bench spec-cost's phase split: the target step (context update inside), the proposal, and
     the context update alone, eagerly and through a captured graph."""

@@ -392,6 +392,11 @@ class CudaBackend:
                                          "most context keys of a 2-16-query run on the tensor-core kernel")
         self.short_run_max_splits = env_int("MINILLM_SHORT_RUN_SPLITS", _SHORT_RUN_SPLITS_DEFAULT,
                                             "most CTAs a short run's keys are split over")
+        # steps of fewer sequences keep short runs on the decode kernel (the runner's hint): at one
+        # sequence it was faster (a rejected 8B DFlash k = 8 round 6.541 -> 6.333 ms, part115), from
+        # two on slower. 1 (the default until that path has run its GPU tests): never
+        self.short_run_min_seqs = env_int("MINILLM_SHORT_RUN_MIN_SEQS", 1,
+                                          "fewest sequences of a step whose short runs take the tensor cores")
         self.decode_min_part = env_int("MINILLM_DECODE_MIN_PART", _DECODE_MIN_PART,
                                        "fewest keys in a split of the decode kernel")
         self._staging = cupy.cuda.alloc_pinned_memory(staging_bytes)
@@ -954,9 +959,9 @@ class CudaBackend:
     # ---- attention ----------------------------------------------------------------------
     def paged_attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start,
                         scale: float, out, causal: bool = True, max_query_len: int | None = None,
-                        decode_rows=None) -> None:
+                        decode_rows=None, short_runs: bool = True) -> None:
         self.attention(q, k_cache, v_cache, block_tables, seq_lens, query_start, scale, out, causal,
-                       max_query_len=max_query_len, decode_rows=decode_rows)
+                       max_query_len=max_query_len, decode_rows=decode_rows, short_runs=short_runs)
 
     def decode_step_attention(self, q, k, v, q_w, k_w, eps: float, positions, cos_sin, k_cache,
                               v_cache, slot_mapping, block_tables, seq_lens, query_start,
@@ -1091,7 +1096,7 @@ class CudaBackend:
                   out, causal: bool = True, bq: int | None = None,
                   n_splits: int | None = None, kernel: str | None = None,
                   max_query_len: int | None = None, part: int | None = None, order=None,
-                  decode_rows=None) -> dict:
+                  decode_rows=None, short_runs: bool = True) -> dict:
         """paged_attention with an optional forced kernel and launch shape (the tests run every
         variant): "decode" (cuda/decode_attention.cu) or "prefill" (cuda/prefill_attention.cu,
         bf16 tensor cores) for every sequence, "split" (each sequence by its own query count:
@@ -1106,7 +1111,8 @@ class CudaBackend:
         order: the decode kernel's launch order of the rows (_decode_attention).
         decode_rows (int32 [n], a host hint for "split"): every row of the sequences with at most
         _DECODE_MAX_Q queries, and no other; the decode kernel's grid then covers these n rows
-        instead of all T (the others' CTAs would only exit). A row left out is not written."""
+        instead of all T (the others' CTAs would only exit). A row left out is not written.
+        short_runs=False (a host hint): short runs stay on the decode kernel too."""
         T, H, D = q.shape
         if T == 0:
             return {}
@@ -1116,7 +1122,8 @@ class CudaBackend:
         most_q = max_query_len if max_query_len is not None else T
         short = most_q <= _DECODE_MAX_Q
         # runs of 2+ queries may go to the tensor-core kernel (by their context, on the device)
-        short_runs = most_q >= 2 and self.short_run_max_ctx > 0 and self._prefill_kernel_fits(q, k_cache, out)
+        short_runs = (short_runs and most_q >= 2 and self.short_run_max_ctx > 0
+                      and self._prefill_kernel_fits(q, k_cache, out))
         if kernel is None:
             if bq is None and short and not short_runs and self._decode_kernel_fits(q, k_cache, out):
                 kernel = "decode"

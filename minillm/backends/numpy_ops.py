@@ -197,14 +197,16 @@ class NumpyBackend:
     def paged_attention(
         self, q, k_cache, v_cache, block_tables, seq_lens, query_start, scale: float, out,
         causal: bool = True, max_query_len: int | None = None, decode_rows=None,
+        short_runs: bool = True,
     ) -> None:
         """Grouped-query attention of each sequence's new queries over its paged context.
 
         The j-th new query of sequence b sits at position seq_lens[b] - q_len + j and, when
         causal, sees keys at positions <= its own; non-causal queries see the whole context.
         A sequence with seq_lens[b] == 0 is padding: its rows are written as zeros.
-        max_query_len and decode_rows are the CUDA backend's launch hints (the most new queries of
-        any sequence; the rows of the short sequences); the result does not depend on them.
+        max_query_len, decode_rows and short_runs are the CUDA backend's launch hints (the most new
+        queries of any sequence; the rows of the short sequences; whether short runs may take its
+        tensor-core kernel); the result does not depend on them.
         """
         _, H, D = q.shape
         bs, KH = k_cache.shape[1], k_cache.shape[2]

@@ -162,6 +162,7 @@ class ModelRunner:
         self.readback = TokenReadback(backend, max_logits)  # async scheduling's result copies
         self.decode_max_q = int(getattr(backend, "decode_max_q", 0))
         self.short_run_max_ctx = int(getattr(backend, "short_run_max_ctx", 0)) if SHORT_RUN_GRAPHS else 0
+        self.short_run_min_seqs = int(getattr(backend, "short_run_min_seqs", 1))  # StepInputs.short_runs
         self.short_run_replays = 0  # replays of graphs without the decode kernel (tests read it)
 
     def prepare(self, batch: list[ScheduledSeq]) -> tuple[int, int]:
@@ -467,9 +468,11 @@ class ModelRunner:
         return ids.astype(np.int32), pos, neg, sub
 
     # ---- running a step --------------------------------------------------------------------
-    def _inputs(self, B: int, t: int, r: int, max_query_len: int, prepared: bool = False) -> StepInputs:
+    def _inputs(self, B: int, t: int, r: int, max_query_len: int, prepared: bool = False,
+                seqs: int | None = None) -> StepInputs:
         """The step's device inputs. prepared: the step prepare() just filled (an eager step), so
-        its decode_rows may be passed; graphs are captured and replayed without them."""
+        its decode_rows may be passed; graphs are captured and replayed without them. seqs: the
+        most real sequences the step holds (default B; a graph's bucket), which sets short_runs."""
         d = self.buf.dev
         decode = DECODE_ORDER and max_query_len == 1 and t <= d["attn_order"].shape[0]
         order = d["attn_order"][:t] if decode else None
@@ -477,7 +480,8 @@ class ModelRunner:
         return StepInputs(d["input_ids"][:t], d["positions"][:t], d["slot_mapping"][:t],
                           d["block_tables"][:B], d["seq_lens"][:B], d["query_start"][: B + 1],
                           d["logits_indices"][:r], max_query_len, order,
-                          None if n is None else d["attn_order"][:n])
+                          None if n is None else d["attn_order"][:n],
+                          (B if seqs is None else seqs) >= self.short_run_min_seqs)
 
     def _forward(self, x: StepInputs, t: int, r: int, after_forward: bool = True):
         """Forward, after_forward, transform_logits: the device work of a step up to sampling,
@@ -514,12 +518,12 @@ class ModelRunner:
         self.last_inputs, self.last_num_tokens = x, t
         return logits
 
-    def _forward_and_sample(self, B: int, t: int, r: int, max_query_len: int, short_runs: bool = False):
+    def _forward_and_sample(self, B: int, t: int, r: int, max_query_len: int, short_runs_only: bool = False):
         """The device work of a decode step: exactly what a CUDA graph captures and replays.
-        short_runs: every run takes the tensor-core attention kernel (an empty decode_rows hint:
-        no decode-kernel launch; _short_runs_only says when a step may replay such a graph)."""
-        x = self._inputs(B, t, r, max_query_len)
-        if short_runs:
+        short_runs_only: every run takes the tensor-core attention kernel (an empty decode_rows
+        hint: no decode-kernel launch; _short_runs_only says when a step may replay such a graph)."""
+        x = self._inputs(B, t, r, max_query_len, seqs=B - 1)  # B - 1: the bucket (+ padding slot)
+        if short_runs_only:
             x.decode_rows = self.buf.dev["attn_order"][:0]
         logits = self._forward(x, t, r)
         self._sample(logits, r)
@@ -614,7 +618,7 @@ class ModelRunner:
                 self._forward_and_sample(bk + 1, T, T, rows)  # eager once: loads every kernel
                 self.graphs[(bk, rows)] = self.backend.capture_graph(
                     lambda bk=bk, T=T, rows=rows: self._forward_and_sample(bk + 1, T, T, rows))
-                if 1 < rows <= self.decode_max_q and self.short_run_max_ctx > 0:
+                if 1 < rows <= self.decode_max_q and self.short_run_max_ctx > 0 and bk >= self.short_run_min_seqs:
                     self.graphs[(bk, rows, SHORT_RUNS)] = self.backend.capture_graph(
                         lambda bk=bk, T=T, rows=rows: self._forward_and_sample(bk + 1, T, T, rows, True))
         self.backend.synchronize()
@@ -687,4 +691,4 @@ class ModelRunner:
             self.replay_timer(g.replay)
         else:
             g.replay()
-        self.last_inputs, self.last_num_tokens = self._inputs(bk + 1, T, T, rows), T
+        self.last_inputs, self.last_num_tokens = self._inputs(bk + 1, T, T, rows, seqs=bk), T

@@ -47,6 +47,9 @@ class StepInputs:
     # host hint for a step with long query runs: every row of its sequences of at most
     # backend.decode_max_q queries (the rows the decode kernel takes), longest context first
     decode_rows: object | None = None  # [n]
+    # host hint: runs of 2+ queries may take the backend's tensor-core attention (False: the decode
+    # kernel takes them, as for a step of fewer than backend.short_run_min_seqs sequences)
+    short_runs: bool = True
 
 
 class Workspace:
@@ -158,7 +161,8 @@ class Transformer:
                                         self.cos_sin, k_cache[i], v_cache[i], x.slot_mapping)
                 B.paged_attention(q, k_cache[i], v_cache[i], x.block_tables, x.seq_lens,
                                   x.query_start, self.scale, out=attn, causal=causal,
-                                  max_query_len=x.max_query_len, decode_rows=x.decode_rows)
+                                  max_query_len=x.max_query_len, decode_rows=x.decode_rows,
+                                  short_runs=x.short_runs)
             B.matmul(attn.reshape(T, c.q_size), lw.o, out=hidden)
             B.rms_norm(hidden, lw.mlp_norm, c.rms_norm_eps, out=normed, residual=residual)
             # gate_up GEMV and SiLU-and-multiply in one kernel when few rows (ws.gate_up unused then)
