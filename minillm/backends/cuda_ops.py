@@ -1122,10 +1122,10 @@ class CudaBackend:
         most_q = max_query_len if max_query_len is not None else T
         short = most_q <= _DECODE_MAX_Q
         # runs of 2+ queries may go to the tensor-core kernel (by their context, on the device)
-        short_runs = (short_runs and most_q >= 2 and self.short_run_max_ctx > 0
-                      and self._prefill_kernel_fits(q, k_cache, out))
+        short_on_tc = (short_runs and most_q >= 2 and self.short_run_max_ctx > 0
+                       and self._prefill_kernel_fits(q, k_cache, out))
         if kernel is None:
-            if bq is None and short and not short_runs and self._decode_kernel_fits(q, k_cache, out):
+            if bq is None and short and not short_on_tc and self._decode_kernel_fits(q, k_cache, out):
                 kernel = "decode"
             elif bq is None and self._prefill_kernel_fits(q, k_cache, out):
                 kernel = "split"
@@ -1135,7 +1135,7 @@ class CudaBackend:
                 kernel = "tiled"
         split = kernel == "split"
         # a split step's short-run rule and split count, passed to both kernels
-        smc = self.short_run_max_ctx if split else 0
+        smc = self.short_run_max_ctx if split and short_runs else 0
         splits = self._short_run_splits(T, H, D, KH) if smc else 1
         if kernel in ("prefill", "split"):
             if not self._prefill_kernel_fits(q, k_cache, out):
