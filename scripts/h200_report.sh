@@ -1596,12 +1596,7 @@ part106() {  # session 15, call 2: late PDL release on by default: every GPU tes
       spec_round_graph "late$v" $b 100 MINILLM_CUDA_DEFINES=PDL_LATE=$v
     done
   done
-  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --result-json "$W/spec_cost_8b.json"
-  memcheck_reproducer 60
-  stage failure_matrix 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
-    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 100
-  throughput_06b 60
+  engine_figures
 }
 
 part107() {  # session 15, call 3: nano-vllm's throughput with PDL_LATE=1 and 0 alternately (one machine),
@@ -1658,8 +1653,8 @@ part110() {  # session 15, call 6: the decode kernel's fewest keys a split (MINI
   done
 }
 
-part111() {  # prepared in session 15, not yet run: the tensor-core (short-run) attention launched with
-  # PDL in graphs (MINILLM_PDL_PREFILL=1: waits at entry, releases after its key loop). A rejected
+part111() {  # prepared in session 15, ran in session 16 (a749440): the tensor-core (short-run) attention
+  # launched with PDL in graphs (MINILLM_PDL_PREFILL=1: waits at entry, releases after its key loop). A rejected
   # DFlash round's graphs with it off and on alternately (one machine), then its tests and spec cost
   setup
   facts > "$W/facts.txt" 2>&1
@@ -1706,12 +1701,7 @@ part113() {  # session 16, call 3: verification and drafting graphs without the 
   gpu_tests_full 200
   decode_06b 60
   decode_8b 60
-  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --result-json "$W/spec_cost_8b.json"
-  memcheck_reproducer 60
-  stage failure_matrix 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
-    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 100
-  throughput_06b 60
+  engine_figures
 }
 
 part114() {  # session 16, call 4 (ran at 91e1d23; DEC_ROPE_PREFETCH was then removed, no gain): the fused
@@ -1720,13 +1710,7 @@ part114() {  # session 16, call 4 (ran at 91e1d23; DEC_ROPE_PREFETCH was then re
   setup
   facts > "$W/facts.txt" 2>&1
   models_q06_q8 150
-  local i v
-  for i in 1 2; do
-    for v in 1 0; do
-      step_graph q06 "rpf${v}_$i" "DEC_ROPE_PREFETCH=$v" 100
-      step_graph q8 "rpf${v}_$i" "DEC_ROPE_PREFETCH=$v" 100
-    done
-  done
+  step_graph_ab rpf DEC_ROPE_PREFETCH 1 0
   stage decode_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
     tests/test_gpu_engine.py -k "decode"
   decode_8b 60
@@ -1785,6 +1769,15 @@ spec_round_graph() {  # spec_round_graph TAG BATCH TIMEOUT [VAR=VALUE ...]: a re
     --k 8 --batch $b --ctx 512 --json "$W/graph_q8_spec_b${b}_$tag.json"
 }
 
+engine_figures() {  # the 8B spec-cost bench, memcheck of the reproducer, the failure matrix, throughput
+  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_8b.json"
+  memcheck_reproducer 60
+  stage failure_matrix 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
+    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 100
+  throughput_06b 60
+}
+
 spec_round_ab() {  # spec_round_ab TAG VAR A B [BATCH...]: spec_round_graph at each batch (default 1
   # and 16) with VAR=A, VAR=B, A, B
   local tag=$1 var=$2 a=$3 z=$4 i v b
@@ -1794,6 +1787,16 @@ spec_round_ab() {  # spec_round_ab TAG VAR A B [BATCH...]: spec_round_graph at e
       for b in ${*:-1 16}; do
         spec_round_graph "$tag${v}_$i" $b 100 "$var=$v"
       done
+    done
+  done
+}
+
+step_graph_ab() {  # step_graph_ab TAG DEFINE A B: both shapes' batch-1 graphs built with DEFINE=A, =B, A, B
+  local i v
+  for i in 1 2; do
+    for v in "$3" "$4"; do
+      step_graph q06 "$1${v}_$i" "$2=$v" 100
+      step_graph q8 "$1${v}_$i" "$2=$v" 100
     done
   done
 }

@@ -242,7 +242,10 @@ def test_steps_of_one_sequence_keep_short_runs_on_the_decode_kernel(monkeypatch,
         decode_max_q = 16
         short_run_max_ctx = 1 << 20
         short_run_min_seqs = 2
-        hints: list = []
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.hints: list = []  # (most queries a run, real sequences, short_runs) per attention
 
         def paged_attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start, *a,
                             short_runs=True, **kw):
@@ -261,7 +264,8 @@ def test_steps_of_one_sequence_keep_short_runs_on_the_decode_kernel(monkeypatch,
     assert llm.generate([PROMPTS[0]], GREEDY)[0].token_ids == plain[0]
     assert [o.token_ids for o in llm.generate(PROMPTS[:3], GREEDY)] == plain[:3]
     # verification and drafting steps of one and of three sequences (0: the graphs' captures)
-    runs = [(real, ok) for most_q, real, ok in MinSeqsBackend.hints if most_q and 1 < most_q <= 16 and real]
+    hints = llm.engine.backend.hints
+    runs = [(real, ok) for most_q, real, ok in hints if most_q and 1 < most_q <= 16 and real]
     assert {real for real, _ in runs} == {1, 3}
     assert all(ok == (real >= 2) for real, ok in runs)
 

@@ -161,6 +161,7 @@ class ModelRunner:
         self.draft_fills = 0  # steps that took drafts from the device (tests read it)
         self.readback = TokenReadback(backend, max_logits)  # async scheduling's result copies
         self.decode_max_q = int(getattr(backend, "decode_max_q", 0))
+        # the device's short-run rule, for the graphs without the decode kernel (0: none captured)
         self.short_run_max_ctx = int(getattr(backend, "short_run_max_ctx", 0)) if SHORT_RUN_GRAPHS else 0
         self.short_run_min_seqs = int(getattr(backend, "short_run_min_seqs", 1))  # StepInputs.short_runs
         self.short_run_replays = 0  # replays of graphs without the decode kernel (tests read it)
