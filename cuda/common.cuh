@@ -78,6 +78,28 @@ __device__ __forceinline__ void pdl_release() {
 #endif
 }
 
+// PDL_EARLY_ATTN=1 (session 17's experiment, off): the decode attention releases its dependents
+// right after its wait as well, so the o GEMV that follows is placed while the attention runs
+// (batch 1: 64-128 CTAs, most SMs idle, HBM nearly idle for ~10 us a layer) and its work before
+// the wait (GEMV_PREFETCH_BYTES, cuda/gemv.cu) streams its weights into L2 meanwhile. Only there:
+// a GEMV placed beside another GEMV competes for the same bandwidth (part93 above).
+#ifndef PDL_EARLY_ATTN
+#define PDL_EARLY_ATTN 0
+#endif
+__device__ __forceinline__ void pdl_release_early_attn() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && PDL_EARLY_ATTN
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Start moving [p, p + bytes) from HBM into L2 and go on (no registers, nothing to wait for): a
+// hint, never a correctness matter. p is 16-byte aligned and bytes a multiple of 16.
+__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
 // PDL_PREWAIT_INDEX=1: the attention kernels (decode_attention.cu; prefill_attention.cu under
 // PF_PDL) find their work before their wait: which sequence, split and keys, from step inputs the
 // host uploaded before the step (query_start, seq_lens, positions, slots, block tables), and pull

@@ -25,6 +25,12 @@
 #define GEMV_MAX_M 8
 #define GEMV_NR 2
 #define GEMV_WARPS 4
+// Bytes at the head of each weight matrix that the CTAs covering them ask L2 for before their PDL
+// wait (0: none; session 17's experiment with PDL_EARLY_ATTN, cuda/common.cuh). Weights never
+// depend on the previous kernel; only CTAs placed before the wait gain anything.
+#ifndef GEMV_PREFETCH_BYTES
+#define GEMV_PREFETCH_BYTES 0
+#endif
 
 namespace {
 
@@ -34,10 +40,16 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
                                           const bf16* __restrict__ w, const bf16* __restrict__ bias,
                                           TO* __restrict__ out, i64 ldo, int N, int K) {
   constexpr int R = GATED ? 2 * GEMV_NR : GEMV_NR;  // weight rows a warp streams at once
-  minillm::pdl_entry();  // before the early return: see cuda/common.cuh
   const int lane = threadIdx.x & 31;
   const int warp = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
   const int n0 = warp * GEMV_NR;
+  if (GEMV_PREFETCH_BYTES > 0 && lane == 0 && n0 < N &&
+      (i64)n0 * K * 2 < (i64)GEMV_PREFETCH_BYTES) {
+    const unsigned bytes = (unsigned)(min(GEMV_NR, N - n0) * K * 2);  // this warp's rows, contiguous
+    minillm::prefetch_l2(w + (i64)n0 * K, bytes);
+    if (GATED) minillm::prefetch_l2(w + (i64)(N + n0) * K, bytes);
+  }
+  minillm::pdl_entry();  // before the early return: see cuda/common.cuh
   if (n0 >= N) return;
   const int chunks = K / 8;  // 16-byte chunks per row (the host checks K % 8 == 0)
   float acc[R][M];

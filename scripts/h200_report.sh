@@ -1769,6 +1769,31 @@ spec_round_graph() {  # spec_round_graph TAG BATCH TIMEOUT [VAR=VALUE ...]: a re
     --k 8 --batch $b --ctx 512 --json "$W/graph_q8_spec_b${b}_$tag.json"
 }
 
+part117() {  # session 17, call 2: the decode attention releasing its dependents right after its wait
+  # (PDL_EARLY_ATTN=1) so the o GEMV is placed beside it, with and without the GEMVs' L2 prefetch of
+  # their rows before their wait (GEMV_PREFETCH_BYTES); batch-1 graphs of both shapes, each variant
+  # twice, alternately on one machine; the decode tests under the fastest
+  setup
+  facts > "$W/facts.txt" 2>&1
+  [ -f $M/q8/config.json ] && [ -f $M/q06/config.json ] || models_q06_q8 150
+  local i v m
+  local -A defs=([base]="" [ea]="PDL_EARLY_ATTN=1" [ea_p64]="PDL_EARLY_ATTN=1,GEMV_PREFETCH_BYTES=67108864"
+    [ea_p8]="PDL_EARLY_ATTN=1,GEMV_PREFETCH_BYTES=8388608" [p64]="GEMV_PREFETCH_BYTES=67108864")
+  for i in 1 2; do
+    for v in base ea ea_p64 ea_p8 p64; do
+      for m in q06 q8; do step_graph $m "${v}_$i" "${defs[$v]}" 100; done
+    done
+  done
+  python3 - "$W" <<'PY' | tee "$W/ab_summary.txt"
+import glob, json, os, sys
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "graph_*.json"))):
+    print(os.path.basename(f), json.load(open(f)).get("graph_ms"))
+PY
+  pack
+  stage ea_decode_tests 200 env MINILLM_CUDA_DEFINES="${defs[ea_p64]}" python3 -m pytest -q -m gpu \
+    -p no:cacheprovider -rfEs tests/test_cuda_ops.py tests/test_gpu_engine.py -k "decode or gemv or graph"
+}
+
 engine_figures() {  # the 8B spec-cost bench, memcheck of the reproducer, the failure matrix, throughput
   stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
     --result-json "$W/spec_cost_8b.json"
