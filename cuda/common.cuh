@@ -78,20 +78,6 @@ __device__ __forceinline__ void pdl_release() {
 #endif
 }
 
-// PDL_EARLY_ATTN=1 (session 17's experiment, off): the decode attention releases its dependents
-// right after its wait as well, so the o GEMV that follows is placed while the attention runs
-// (batch 1: 64-128 CTAs, most SMs idle, HBM nearly idle for ~10 us a layer) and its work before
-// the wait (GEMV_PREFETCH_BYTES, cuda/gemv.cu) streams its weights into L2 meanwhile. Only there:
-// a GEMV placed beside another GEMV competes for the same bandwidth (part93 above).
-#ifndef PDL_EARLY_ATTN
-#define PDL_EARLY_ATTN 0
-#endif
-__device__ __forceinline__ void pdl_release_early_attn() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && PDL_EARLY_ATTN
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 // Start moving [p, p + bytes) from HBM into L2 and go on (no registers, nothing to wait for): a
 // hint, never a correctness matter. p is 16-byte aligned and bytes a multiple of 16.
 __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {

@@ -115,7 +115,6 @@ __device__ __forceinline__ void decode_attention_impl(
     int causal, int n_splits, int min_part, int max_nq, int short_max_ctx, const RopeArgs<T>& ra) {
 #if !PDL_PREWAIT_INDEX
   minillm::pdl_entry();
-  minillm::pdl_release_early_attn();
 #endif
   constexpr int VEC = Vec16<T>::N;
   constexpr int CPL = DEC_CPL;   // 16-byte chunks of a row per lane
@@ -211,7 +210,6 @@ __device__ __forceinline__ void decode_attention_impl(
     }
   }
   minillm::pdl_entry();
-  minillm::pdl_release_early_attn();
 #endif
   if (!active) return;
 

@@ -25,11 +25,14 @@
 #define GEMV_MAX_M 8
 #define GEMV_NR 2
 #define GEMV_WARPS 4
-// Bytes at the head of each weight matrix that the CTAs covering them ask L2 for before their PDL
-// wait (0: none; session 17's experiment with PDL_EARLY_ATTN, cuda/common.cuh). Weights never
-// depend on the previous kernel; only CTAs placed before the wait gain anything.
-#ifndef GEMV_PREFETCH_BYTES
-#define GEMV_PREFETCH_BYTES 0
+// Matrices of at most this many bytes (the gate_up matrix counted whole) are asked into L2 before
+// the PDL wait, each warp its own rows (weights never depend on the previous kernel): the CTAs
+// placed in the previous kernel's tail start streaming during it. Batch-1 graphs, one machine,
+// session 17 (part117): 0.6B (matrices of 4-12.6 MB) 0.932 -> 0.918 ms; 8B (33.5-201 MB) with every
+// matrix's first 64 MB asked for 4.457 -> 5.125 ms, with the first 8 MB 4.51 ms (there the
+// requests only add traffic beside loads already streaming). 0: never.
+#ifndef GEMV_PREFETCH_MAX
+#define GEMV_PREFETCH_MAX (16 << 20)
 #endif
 
 namespace {
@@ -43,8 +46,7 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
   const int lane = threadIdx.x & 31;
   const int warp = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
   const int n0 = warp * GEMV_NR;
-  if (GEMV_PREFETCH_BYTES > 0 && lane == 0 && n0 < N &&
-      (i64)n0 * K * 2 < (i64)GEMV_PREFETCH_BYTES) {
+  if ((i64)N * K * (GATED ? 4 : 2) <= (i64)GEMV_PREFETCH_MAX && lane == 0 && n0 < N) {
     const unsigned bytes = (unsigned)(min(GEMV_NR, N - n0) * K * 2);  // this warp's rows, contiguous
     minillm::prefetch_l2(w + (i64)n0 * K, bytes);
     if (GATED) minillm::prefetch_l2(w + (i64)(N + n0) * K, bytes);

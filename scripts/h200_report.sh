@@ -1726,7 +1726,7 @@ part115() {  # session 16, call 5: verification runs on the decode kernel (MINIL
   spec_round_ab smc MINILLM_SHORT_RUN_MAX_CTX 2048 0 1 2 4
 }
 
-part116() {  # prepared in session 16, not yet run: steps of one sequence keep their short runs on the
+part116() {  # prepared in session 16, ran in session 17 (e4254d3): steps of one sequence keep their short runs on the
   # decode kernel (MINILLM_SHORT_RUN_MIN_SEQS=2; part115 measured the whole path with
   # MINILLM_SHORT_RUN_MAX_CTX=0: c = 1 rounds 6.541 -> 6.333 ms, c = 2 and 4 slower). The round's
   # graphs at c = 1 and 2 with it off and on alternately, then its GPU tests and spec cost
@@ -1769,10 +1769,11 @@ spec_round_graph() {  # spec_round_graph TAG BATCH TIMEOUT [VAR=VALUE ...]: a re
     --k 8 --batch $b --ctx 512 --json "$W/graph_q8_spec_b${b}_$tag.json"
 }
 
-part117() {  # session 17, call 2: the decode attention releasing its dependents right after its wait
-  # (PDL_EARLY_ATTN=1) so the o GEMV is placed beside it, with and without the GEMVs' L2 prefetch of
-  # their rows before their wait (GEMV_PREFETCH_BYTES); batch-1 graphs of both shapes, each variant
-  # twice, alternately on one machine; the decode tests under the fastest
+part117() {  # session 17, call 1 (ran at e4254d3; PDL_EARLY_ATTN was then removed, no gain, and
+  # GEMV_PREFETCH_BYTES became GEMV_PREFETCH_MAX): the decode attention releasing its dependents right
+  # after its wait (PDL_EARLY_ATTN=1) so the o GEMV is placed beside it, with and without the GEMVs'
+  # L2 prefetch of their rows before their wait (GEMV_PREFETCH_BYTES); batch-1 graphs of both
+  # shapes, each variant twice, alternately on one machine; the decode tests under ea_p64
   setup
   facts > "$W/facts.txt" 2>&1
   [ -f $M/q8/config.json ] && [ -f $M/q06/config.json ] || models_q06_q8 150
@@ -1792,6 +1793,28 @@ PY
   pack
   stage ea_decode_tests 200 env MINILLM_CUDA_DEFINES="${defs[ea_p64]}" python3 -m pytest -q -m gpu \
     -p no:cacheprovider -rfEs tests/test_cuda_ops.py tests/test_gpu_engine.py -k "decode or gemv or graph"
+}
+
+part118() {  # session 17, call 3: the GEMVs' L2 prefetch of matrices up to 16 MiB before their wait
+  # (GEMV_PREFETCH_MAX, the default build) against none (=0), batch-1 graphs of both shapes alternately;
+  # then with the new defaults (that, MINILLM_SHORT_RUN_MIN_SEQS=2) a rejected round's graphs at c = 1
+  # and 16, every GPU test, decode of both shapes
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 150
+  local i v m
+  for i in 1 2; do
+    for v in pf nopf; do
+      for m in q06 q8; do
+        step_graph $m "${v}_$i" "$([ $v = nopf ] && echo GEMV_PREFETCH_MAX=0)" 100
+      done
+    done
+  done
+  spec_round_graph final 1 100
+  spec_round_graph final 16 100
+  gpu_tests_full 220
+  decode_06b 60
+  decode_8b 60
 }
 
 engine_figures() {  # the 8B spec-cost bench, memcheck of the reproducer, the failure matrix, throughput

@@ -286,7 +286,7 @@ def test_spec_cost_phases(monkeypatch, pair):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("models", ["pair", "pair_d64"])
-def test_dflash_graphs_match_eager_on_gpu(request, models):
+def test_dflash_graphs_match_eager_on_gpu(request, monkeypatch, models):
     """CUDA graphs for the drafter (drafting steps) and its context update (inside the target's
     graphs) give the tokens and drafts enforce_eager gives, and were really replayed.
 
@@ -294,10 +294,19 @@ def test_dflash_graphs_match_eager_on_gpu(request, models):
     in bf16 too the drafts match bit for bit while every round drafts the full k (near max_tokens
     k shrinks, and a graph then runs more verification rows than the eager step: other GEMM
     shapes, possibly other roundings). Concurrently the bucket padding changes shapes, so that
-    half runs in float32."""
+    half runs in float32. pair_d64 in bf16 also runs one sequence with short_run_min_seqs 1, so
+    its short runs take the tensor cores and the graphs without the decode kernel's launch."""
     target, drafter = request.getfixturevalue(models)
     k = 5
-    for kw, prompts in ((dict(max_num_seqs=1), PROMPTS[:3]), (dict(max_num_seqs=8, dtype="float32"), PROMPTS)):
+    configs = [(dict(max_num_seqs=1), PROMPTS[:3], None),
+               (dict(max_num_seqs=8, dtype="float32"), PROMPTS, None)]
+    if models == "pair_d64":
+        configs.append((dict(max_num_seqs=1), PROMPTS[:3], "1"))
+    for kw, prompts, min_seqs in configs:
+        if min_seqs is None:
+            monkeypatch.delenv("MINILLM_SHORT_RUN_MIN_SEQS", raising=False)
+        else:
+            monkeypatch.setenv("MINILLM_SHORT_RUN_MIN_SEQS", min_seqs)
         runs = {}
         for eager in (True, False):
             llm = LLM(target, device="cuda", max_model_len=256, enforce_eager=eager,
@@ -309,8 +318,13 @@ def test_dflash_graphs_match_eager_on_gpu(request, models):
         assert tok_g == tok_e
         assert eng_g.proposer.runner.graphs and eng_g.proposer.runner.replays > 0
         assert eng_g.runner.replays > 0
-        if models == "pair_d64" and "dtype" not in kw:  # bf16: the graphs without the decode kernel ran
-            assert eng_g.runner.short_run_replays > 0 and eng_g.proposer.runner.short_run_replays > 0
+        if "dtype" not in kw:  # bf16, one sequence: the graphs without the decode kernel ran iff allowed
+            min_seqs = eng_g.backend.short_run_min_seqs
+            ran = (eng_g.runner.short_run_replays, eng_g.proposer.runner.short_run_replays)
+            if min_seqs > 1:
+                assert ran == (0, 0)
+            elif models == "pair_d64":
+                assert ran[0] > 0 and ran[1] > 0
         assert not eng_e.proposer.runner.graphs and eng_e.proposer.runner.replays == 0
         if kw["max_num_seqs"] == 1:  # a sequence drafts the full k until it nears max_tokens
             differ = sum(a != b for a, b in zip(drafts_g, drafts_e))

@@ -393,9 +393,9 @@ class CudaBackend:
         self.short_run_max_splits = env_int("MINILLM_SHORT_RUN_SPLITS", _SHORT_RUN_SPLITS_DEFAULT,
                                             "most CTAs a short run's keys are split over")
         # steps of fewer sequences keep short runs on the decode kernel (the runner's hint): at one
-        # sequence it was faster (a rejected 8B DFlash k = 8 round 6.541 -> 6.333 ms, part115), from
-        # two on slower. 1 (the default until that path has run its GPU tests): never
-        self.short_run_min_seqs = env_int("MINILLM_SHORT_RUN_MIN_SEQS", 1,
+        # sequence it is faster (a rejected 8B DFlash k = 8 round's graphs 6.440 -> 6.223 ms, part116;
+        # c = 2 the same either way), from two on the tensor cores win (part115). 1: never
+        self.short_run_min_seqs = env_int("MINILLM_SHORT_RUN_MIN_SEQS", 2,
                                           "fewest sequences of a step whose short runs take the tensor cores")
         self.decode_min_part = env_int("MINILLM_DECODE_MIN_PART", _DECODE_MIN_PART,
                                        "fewest keys in a split of the decode kernel")
