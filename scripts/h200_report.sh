@@ -1817,6 +1817,14 @@ part118() {  # session 17, call 3: the GEMVs' L2 prefetch of matrices up to 16 M
   decode_8b 60
 }
 
+part119() {  # session 17, call 4: the engine figures on the final code (spec cost, memcheck, failure
+  # matrix, throughput)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  [ -f $M/q8-dflash/config.json ] && [ -f $M/q06-dflash/config.json ] || models_all 150
+  engine_figures
+}
+
 engine_figures() {  # the 8B spec-cost bench, memcheck of the reproducer, the failure matrix, throughput
   stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
     --result-json "$W/spec_cost_8b.json"
