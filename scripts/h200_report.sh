@@ -1825,6 +1825,28 @@ part119() {  # session 17, call 4: the engine figures on the final code (spec co
   engine_figures
 }
 
+part120() {  # session 17, call 5: the drafter's LM head on each block's rows 1..k only (this tree)
+  # against every row (the previous commit's tree, ../.snap0), a rejected DFlash k = 8 round's graphs
+  # at c = 1 and 16 alternately; then the DFlash GPU tests and spec cost from this tree
+  setup
+  facts > "$W/facts.txt" 2>&1
+  [ -f $M/q8-dflash/config.json ] || models_all 150
+  local i d b
+  for i in 1 2; do
+    for d in new:. old:../.snap0; do
+      for b in 1 16; do
+        stage "graph_q8_spec_b${b}_${d%%:*}_$i" 100 bash -c "cd ${d#*:} && PYTHONPATH=.:/tmp/site python3 \
+          scripts/step_kernels.py $M/q8 --spec $M/q8-dflash --k 8 --batch $b --ctx 512 \
+          --json $W/graph_q8_spec_b${b}_${d%%:*}_$i.json"
+      done
+    done
+  done
+  stage dflash_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_dflash_graphs.py \
+    tests/test_gpu_engine.py tests/test_cuda_ops.py -k "dflash or spec or lossless or short_run or graph"
+  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_8b.json"
+}
+
 engine_figures() {  # the 8B spec-cost bench, memcheck of the reproducer, the failure matrix, throughput
   stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
     --result-json "$W/spec_cost_8b.json"

@@ -186,11 +186,43 @@ def test_emulated_graphs_match_eager(monkeypatch, pair):
     # soft-capped, and equal the eager drafter's for the same one-sequence step
     for llm in (eager, graphs):
         llm.generate([PROMPTS[0]], GREEDY)
-    block = graphs.engine.proposer.block
-    a = graphs.engine.proposer.runner.ws.logits[:block]
-    b = eager.engine.proposer.runner.ws.logits[:block]
+    k = graphs.engine.proposer.k  # logits rows of a one-block step (its drafts')
+    a = graphs.engine.proposer.runner.ws.logits[:k]
+    b = eager.engine.proposer.runner.ws.logits[:k]
     assert np.abs(a).max() <= SOFTCAP
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_drafting_steps_compute_logits_for_the_drafts_only(monkeypatch, pair):
+    """A drafting step computes the LM head for each block's rows 1..k only (the drafts; the
+    runner's logits_window), eagerly and in graph replays; those rows' drafts are the ones a
+    drafter asked for every row of the block gives (the first round, same state, k = block - 1)."""
+    target, drafter = pair
+    plain = [o.token_ids for o in LLM(target, device="cpu", max_model_len=256).generate(PROMPTS, GREEDY)]
+    eager = LLM(target, device="cpu", max_model_len=256, max_num_seqs=8, enforce_eager=True,
+                speculative_config=spec(drafter, 3))
+    graphs = emulated_llm(monkeypatch, target, max_num_seqs=8, speculative_config=spec(drafter, 3))
+    block = eager.engine.proposer.block
+    widest = LLM(target, device="cpu", max_model_len=256, enforce_eager=True, speculative_config=spec(drafter, block - 1))
+    first = {}
+    for name, llm in (("eager", eager), ("graphs", graphs), ("widest", widest)):
+        runner, steps = llm.engine.proposer.runner, []
+        forward = runner._forward
+
+        def counted(x, t, r, *a, forward=forward, steps=steps, **kw):
+            steps.append((t, r))
+            return forward(x, t, r, *a, **kw)
+
+        runner._forward = counted
+        rounds = record_drafts(llm)
+        llm.generate([PROMPTS[1]], GREEDY)
+        first[name] = rounds[0]
+        if name != "widest":
+            assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == plain
+        k = llm.engine.proposer.k
+        assert steps and all(t % block == 0 and r == t // block * k for t, r in steps), steps
+    assert graphs.engine.proposer.runner.replays > 0
+    assert first["eager"] == first["graphs"] == first["widest"][:3] and len(first["widest"]) == block - 1
 
 
 def test_verification_graphs_without_the_decode_kernel(monkeypatch, pair):

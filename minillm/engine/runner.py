@@ -117,7 +117,10 @@ class ModelRunner:
 
     causal=False and transform_logits (applied to the logits rows in place before sampling) are
     fixed per runner, not per step, so the function a graph captures is the same one an eager step
-    runs: a DFlash drafter's runner is built with both. after_forward(x, num_tokens), when set,
+    runs: a DFlash drafter's runner is built with both, and with logits_window (first, count): in
+    steps whose every row would give logits, each run gives them only for its rows [first, first +
+    count) (a block's rows 1..k, the drafts; the LM head of the other rows was ~0.2 ms of a 16-block
+    8B round, computed and never read). after_forward(x, num_tokens), when set,
     runs right after each sampled step's forward, inside its graph too (the DFlash context update,
     which reads the hidden states the forward wrote to capture_out).
     """
@@ -132,7 +135,8 @@ class ModelRunner:
 
     def __init__(self, model: Transformer, backend, kv, block_manager: BlockManager,
                  max_tokens: int, max_seqs: int, max_logits: int, max_model_len: int,
-                 causal: bool = True, transform_logits: Callable[[object], None] | None = None):
+                 causal: bool = True, transform_logits: Callable[[object], None] | None = None,
+                 logits_window: tuple[int, int] | None = None):
         self.model = model
         self.backend = backend
         self.kv = kv
@@ -151,6 +155,7 @@ class ModelRunner:
         self.last_inputs: StepInputs | None = None
         self.causal = causal
         self.transform_logits = transform_logits
+        self.logits_window = logits_window
         self.after_forward: Callable[[StepInputs, int], None] | None = None
         self.graphs: dict = {}
         self._spec_k = 0  # rows per sequence of a verification graph, minus one
@@ -177,6 +182,8 @@ class ModelRunner:
                 item.num_logits == item.num_new and not item.seq.num_pending for item in batch)
             t, r = self._prepare_runs(batch) if runs else self._prepare_any(batch)
             self.max_query_len = max(item.num_new for item in batch)  # attention's launch hint
+            if self.logits_window is not None and r:
+                r = self._window_logits(len(batch), t, r)
         h = self.buf.host
         self.num_decode_rows = None
         if self.max_query_len == 1 and DECODE_ORDER:  # the longest contexts' attention starts first
@@ -187,6 +194,28 @@ class ModelRunner:
         if DEBUG:
             self._check(batch, t)
         return t, r
+
+    # the per-logits-row step inputs, which _window_logits keeps for the window's rows only
+    LOGITS_ROW_INPUTS = ("logits_indices", "temperature", "top_p", "top_k", "seeds", "sample_pos",
+                         "draft_tokens", "draft_src")
+
+    def _window_logits(self, B: int, t: int, r: int) -> int:
+        """Keep the logits rows [first, first + count) of every run (logits_window); every row
+        was a logits row (the prepare paths fill them in row order). Returns the new row count."""
+        first, count = self.logits_window
+        h = self.buf.host
+        qs = h["query_start"][: B + 1]
+        if r != t or int(np.diff(qs).min()) < first + count:
+            raise ValueError(f"logits_window {self.logits_window}: every run needs {first + count}+ rows, "
+                             f"all giving logits ({t} rows, {r} logits rows, runs {np.diff(qs).tolist()})")
+        rows = (qs[:-1, None] + first + np.arange(count)).ravel()
+        for name in self.LOGITS_ROW_INPUTS:
+            h[name][: rows.size] = h[name][rows]
+        return int(rows.size)
+
+    def _logits_rows(self, T: int, seqs: int) -> int:
+        """Logits rows of a graph of T token rows over seqs sequences."""
+        return T if self.logits_window is None else seqs * self.logits_window[1]
 
     def _prepare_decode_rows(self, B: int) -> None:
         """A step with long query runs (prefill chunks): attention runs the sequences of at most
@@ -575,9 +604,10 @@ class ModelRunner:
             self._replay(graph, B, t, r)
         else:
             logits = self._eager_forward(B, t, r)
-            if r:
+            if r and self.logits_window is None:  # (a windowed drafter's argmax: its drafts only)
                 self._suppress_stop_tokens(batch, logits)
                 self._adjust_logits(batch, logits)
+            if r:
                 self._sample(logits, r)
         ticket = None
         if readback and r:
@@ -612,16 +642,17 @@ class ModelRunner:
         for rows in rows_per_seq:
             for bk in self.graph_buckets:
                 T = bk * rows
+                R = self._logits_rows(T, bk)
                 if T > self.max_tokens or T > self.max_logits or bk > self.max_seqs:
                     continue
-                self._pad(0, 0, 0, bk, T, T)
+                self._pad(0, 0, 0, bk, T, R)
                 self.buf.upload(bk + 1)
-                self._forward_and_sample(bk + 1, T, T, rows)  # eager once: loads every kernel
+                self._forward_and_sample(bk + 1, T, R, rows)  # eager once: loads every kernel
                 self.graphs[(bk, rows)] = self.backend.capture_graph(
-                    lambda bk=bk, T=T, rows=rows: self._forward_and_sample(bk + 1, T, T, rows))
+                    lambda bk=bk, T=T, R=R, rows=rows: self._forward_and_sample(bk + 1, T, R, rows))
                 if 1 < rows <= self.decode_max_q and self.short_run_max_ctx > 0 and bk >= self.short_run_min_seqs:
                     self.graphs[(bk, rows, SHORT_RUNS)] = self.backend.capture_graph(
-                        lambda bk=bk, T=T, rows=rows: self._forward_and_sample(bk + 1, T, T, rows, True))
+                        lambda bk=bk, T=T, R=R, rows=rows: self._forward_and_sample(bk + 1, T, R, rows, True))
         self.backend.synchronize()
 
     def _graph_for(self, batch: list[ScheduledSeq], t: int):
@@ -685,11 +716,12 @@ class ModelRunner:
     def _replay(self, graph, B: int, t: int, r: int) -> None:
         bk, rows, g = graph
         T = bk * rows
-        self._pad(B, t, r, bk, T, T)
-        self._upload(bk + 1, T, T)
+        R = self._logits_rows(T, bk)
+        self._pad(B, t, r, bk, T, R)
+        self._upload(bk + 1, T, R)
         self.replays += 1
         if self.replay_timer is not None:  # benchmarks: device time of the graph alone
             self.replay_timer(g.replay)
         else:
             g.replay()
-        self.last_inputs, self.last_num_tokens = self._inputs(bk + 1, T, T, rows, seqs=bk), T
+        self.last_inputs, self.last_num_tokens = self._inputs(bk + 1, T, R, rows, seqs=bk), T

@@ -169,7 +169,7 @@ class DFlashProposer:
         self.runner = ModelRunner(self.model, self.backend, self.kv, block_manager,
                                   max_tokens=max(self.max_tokens, self.max_seqs * self.block), max_seqs=self.max_seqs,
                                   max_logits=self.max_seqs * self.block, max_model_len=self.max_model_len + self.block,
-                                  causal=False, transform_logits=transform)
+                                  causal=False, transform_logits=transform, logits_window=(1, self.k))
 
     def capture_graphs(self, buckets: list[int]) -> None:
         """CUDA graphs of the drafting step (block rows per sequence) for each bucket of
@@ -225,7 +225,7 @@ class DFlashProposer:
         if defer:
             for i, (s, k) in enumerate(active):
                 s.draft_ids = [self.mask] * k
-                s.draft_row = i * self.block + 1  # row 0 predicts the known token
+                s.draft_row = i * self.k  # the logits window: each block's rows 1..k
             self._pending = (handle, [(s, k, s.draft_ids) for s, k in active])
         else:
             self._assign(self.runner.collect(handle), [(s, k, None) for s, k in active])
@@ -244,8 +244,7 @@ class DFlashProposer:
         for i, (s, k, held) in enumerate(waiting):
             s.draft_row = -1
             if held is None or s.draft_ids is held:
-                first = i * self.block + 1
-                s.draft_ids = ids[first : first + k]
+                s.draft_ids = ids[i * self.k : i * self.k + k]
 
     def _transform_logits(self, logits) -> None:
         """output_multiplier and final-logit soft-capping, as the checkpoint asks."""
