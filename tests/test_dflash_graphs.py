@@ -203,7 +203,8 @@ def test_drafting_steps_compute_logits_for_the_drafts_only(monkeypatch, pair):
                 speculative_config=spec(drafter, 3))
     graphs = emulated_llm(monkeypatch, target, max_num_seqs=8, speculative_config=spec(drafter, 3))
     block = eager.engine.proposer.block
-    widest = LLM(target, device="cpu", max_model_len=256, enforce_eager=True, speculative_config=spec(drafter, block - 1))
+    widest = LLM(target, device="cpu", max_model_len=256, enforce_eager=True,
+                 speculative_config=spec(drafter, block - 1))
     first = {}
     for name, llm in (("eager", eager), ("graphs", graphs), ("widest", widest)):
         runner, steps = llm.engine.proposer.runner, []
