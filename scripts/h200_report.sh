@@ -1847,6 +1847,15 @@ part120() {  # session 17, call 5: the drafter's LM head on each block's rows 1.
     --result-json "$W/spec_cost_8b.json"
 }
 
+part121() {  # session 17, call 6: the final code (the drafter's logits window, its workspace sized
+  # for it): every GPU test, then the engine figures
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 150
+  gpu_tests_full 220
+  engine_figures
+}
+
 engine_figures() {  # the 8B spec-cost bench, memcheck of the reproducer, the failure matrix, throughput
   stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
     --result-json "$W/spec_cost_8b.json"

@@ -119,8 +119,8 @@ class ModelRunner:
     fixed per runner, not per step, so the function a graph captures is the same one an eager step
     runs: a DFlash drafter's runner is built with both, and with logits_window (first, count): in
     steps whose every row would give logits, each run gives them only for its rows [first, first +
-    count) (a block's rows 1..k, the drafts; the LM head of the other rows was ~0.2 ms of a 16-block
-    8B round, computed and never read). after_forward(x, num_tokens), when set,
+    count) (a block's rows 1..k, the drafts: the LM head of the other rows took 0.11 ms of a
+    16-sequence 8B round, part120, computed and never read). after_forward(x, num_tokens), when set,
     runs right after each sampled step's forward, inside its graph too (the DFlash context update,
     which reads the hidden states the forward wrote to capture_out).
     """
@@ -147,7 +147,10 @@ class ModelRunner:
         self.max_blocks = -(-max_model_len // block_manager.block_size)
         # one spare sequence slot: a CUDA graph's padding sequence
         self.buf = StepBuffers(backend, max_tokens, max_seqs + 1, max_logits, self.max_blocks)
-        self.ws = Workspace(backend, model.cfg, max_tokens, max_logits)
+        # logits_window: a step's logits rows are at most max_seqs x count (a drafter's fp32
+        # logits buffer then holds k rows a sequence, not block_size)
+        logits_rows = max_logits if logits_window is None else min(max_logits, max_seqs * logits_window[1])
+        self.ws = Workspace(backend, model.cfg, max_tokens, logits_rows)
         self.eos_ids = list(model.cfg.eos_token_ids)
         # hidden states after these layers are written to capture_out (a DFlash drafter's context)
         self.capture_layers: tuple[int, ...] = ()
