@@ -27,10 +27,11 @@
 #define GEMV_WARPS 4
 // Matrices of at most this many bytes (the gate_up matrix counted whole) are asked into L2 before
 // the PDL wait, each warp its own rows (weights never depend on the previous kernel): the CTAs
-// placed in the previous kernel's tail start streaming during it. Batch-1 graphs, one machine,
-// session 17 (part117): 0.6B (matrices of 4-12.6 MB) 0.932 -> 0.918 ms; 8B (33.5-201 MB) with every
-// matrix's first 64 MB asked for 4.457 -> 5.125 ms, with the first 8 MB 4.51 ms (there the
-// requests only add traffic beside loads already streaming). 0: never.
+// placed in the previous kernel's tail start streaming during it. Batch-1 graphs, session 17, one
+// machine each: 0.6B (matrices of 4-12.6 MB) 0.934 -> 0.918 ms (part117), 0.916 -> 0.903 (part118,
+// this bound); 8B (33.5-201 MB) with every matrix's first 64 MB asked for 4.457 -> 5.125 ms, the
+// first 8 MB 4.51 ms (part117: there the requests only add traffic beside loads already
+// streaming), so 8B's products are left alone. 0: never.
 #ifndef GEMV_PREFETCH_MAX
 #define GEMV_PREFETCH_MAX (16 << 20)
 #endif
