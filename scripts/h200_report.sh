@@ -1817,7 +1817,7 @@ part118() {  # session 17, call 3: the GEMVs' L2 prefetch of matrices up to 16 M
   decode_8b 60
 }
 
-part119() {  # session 17, call 4: the engine figures on the final code (spec cost, memcheck, failure
+part119() {  # session 17, call 4 (ran at 8105cfd, before the drafter's logits window): the engine figures (spec cost, memcheck, failure
   # matrix, throughput)
   setup
   facts > "$W/facts.txt" 2>&1
