@@ -226,6 +226,50 @@ def test_drafting_steps_compute_logits_for_the_drafts_only(monkeypatch, pair):
     assert first["eager"] == first["graphs"] == first["widest"][:3] and len(first["widest"]) == block - 1
 
 
+def test_block_fill_is_the_generic_fill_of_the_window(pair):
+    """A drafting step's whole-array fill (ModelRunner._prepare_blocks) writes exactly what the
+    generic fills (_prepare_runs, _prepare_any) write for the same blocks, kept to the window's
+    logits rows: checked on every drafting step of a run of one and of several sequences."""
+    from minillm.engine.runner import ModelRunner
+
+    target, drafter = pair
+    llm = LLM(target, device="cpu", max_model_len=256, max_num_seqs=8, enforce_eager=True,
+              speculative_config=spec(drafter, 3))
+    runner = llm.engine.proposer.runner
+    first, count = runner.logits_window
+    rows = ("input_ids", "positions", "slot_mapping", "src_rows")
+    logit_rows = ("logits_indices", "temperature", "top_p", "top_k", "seeds", "sample_pos", "draft_tokens", "draft_src")
+    checked = []
+
+    def compared(batch):
+        h, B = runner.buf.host, len(batch)
+        for generic in (ModelRunner._prepare_runs, ModelRunner._prepare_any):
+            runner.buf.table_rows[:] = -1
+            t, r = generic(runner, batch)
+            assert r == t
+            qs = h["query_start"][: B + 1].copy()
+            window = (qs[:-1, None] + first + np.arange(count)).ravel()
+            want = {name: h[name][:t].copy() for name in rows}
+            want.update({name: h[name][window].copy() for name in logit_rows})
+            want.update(seq_lens=h["seq_lens"][:B].copy(), query_start=qs, tables=h["block_tables"][:B].copy())
+            for name in rows + logit_rows:
+                h[name][:] = 7777  # poisoned: every compared entry must be written
+            runner.buf.table_rows[:] = -1
+            assert runner._prepare_blocks(batch) == (t, window.size)
+            got = {name: h[name][:t] for name in rows}
+            got.update({name: h[name][: window.size] for name in logit_rows})
+            got.update(seq_lens=h["seq_lens"][:B], query_start=h["query_start"][: B + 1], tables=h["block_tables"][:B])
+            for name, v in want.items():
+                np.testing.assert_array_equal(got[name], v, err_msg=name)
+        checked.append(B)
+        return ModelRunner.prepare(runner, batch)
+
+    runner.prepare = compared
+    llm.generate([PROMPTS[0]], GREEDY)
+    llm.generate(PROMPTS, GREEDY)
+    assert 1 in checked and max(checked) >= 4
+
+
 def test_verification_graphs_without_the_decode_kernel(monkeypatch, pair):
     """A backend that sends short runs to a tensor-core kernel (short_run_max_ctx, as the CUDA one)
     gets each verification and drafting graph also without the decode kernel's launch, and a step

@@ -129,6 +129,7 @@ class ModelRunner:
     # others take the prefill kernel (0: the backend does not split, NumPy); set from the backend
     decode_max_q = 0
     num_decode_rows: int | None = None  # prepare(): StepInputs.decode_rows' length
+    logits_window: tuple[int, int] | None = None  # (first, count): see the class docstring
     # a drafter's sampled ids on the device (DFlash; the engine sets it): a verification step
     # takes the drafts of sequences with seq.draft_row >= 0 from there, before its forward
     draft_source = None
@@ -177,7 +178,10 @@ class ModelRunner:
     def prepare(self, batch: list[ScheduledSeq]) -> tuple[int, int]:
         """Fill the host buffers for this step; returns (num_tokens, num_logit_rows)."""
         # from two sequences on, ~15 whole-array ops beat a loop of as many small ones per sequence
-        if len(batch) > 1 and all(item.decode for item in batch):
+        if self.logits_window is not None:  # a drafter's blocks: the only steps such a runner runs
+            t, r = self._prepare_blocks(batch)
+            self.max_query_len = batch[0].num_new
+        elif len(batch) > 1 and all(item.decode for item in batch):
             t = r = self._prepare_decode(batch)
             self.max_query_len = 1
         else:
@@ -185,8 +189,6 @@ class ModelRunner:
                 item.num_logits == item.num_new and not item.seq.num_pending for item in batch)
             t, r = self._prepare_runs(batch) if runs else self._prepare_any(batch)
             self.max_query_len = max(item.num_new for item in batch)  # attention's launch hint
-            if self.logits_window is not None and r:
-                r = self._window_logits(len(batch), t, r)
         h = self.buf.host
         self.num_decode_rows = None
         if self.max_query_len == 1 and DECODE_ORDER:  # the longest contexts' attention starts first
@@ -198,23 +200,55 @@ class ModelRunner:
             self._check(batch, t)
         return t, r
 
-    # the per-logits-row step inputs, which _window_logits keeps for the window's rows only
-    LOGITS_ROW_INPUTS = ("logits_indices", "temperature", "top_p", "top_k", "seeds", "sample_pos",
-                         "draft_tokens", "draft_src")
-
-    def _window_logits(self, B: int, t: int, r: int) -> int:
-        """Keep the logits rows [first, first + count) of every run (logits_window); every row
-        was a logits row (the prepare paths fill them in row order). Returns the new row count."""
-        first, count = self.logits_window
+    def _prepare_blocks(self, batch: list[ScheduledSeq]) -> tuple[int, int]:
+        """prepare() for a windowed runner's step (logits_window): a block of n rows a sequence,
+        its last token then n - 1 draft ids (a DFlash drafter's masks). Fills what _prepare_runs
+        fills for such a step, with the logits rows kept to [first, first + count) of each block,
+        in whole-array ops: this fill is on a speculative round's critical path (the device waits
+        for the drafting step's launch)."""
         h = self.buf.host
-        qs = h["query_start"][: B + 1]
-        if r != t or int(np.diff(qs).min()) < first + count:
-            raise ValueError(f"logits_window {self.logits_window}: every run needs {first + count}+ rows, "
-                             f"all giving logits ({t} rows, {r} logits rows, runs {np.diff(qs).tolist()})")
-        rows = (qs[:-1, None] + first + np.arange(count)).ravel()
-        for name in self.LOGITS_ROW_INPUTS:
-            h[name][: rows.size] = h[name][rows]
-        return int(rows.size)
+        bs = self.bm.block_size
+        B = len(batch)
+        n = batch[0].num_new
+        first, count = self.logits_window
+        seqs = [item.seq for item in batch]
+        if first + count > n or any(item.num_new != n or item.num_draft != n - 1 or item.seq.num_pending
+                                    or item.start != item.seq.num_tokens - 1 for item in batch):
+            raise ValueError(f"logits_window {self.logits_window}: a step of blocks of {first + count}+ rows, "
+                             "each a sequence's last token and its draft ids, was expected")
+        t = B * n
+        starts = np.fromiter((item.start for item in batch), np.int64, B)
+        ids = h["input_ids"][:t].reshape(B, n)
+        ids[:, 0] = [s.token(s.num_tokens - 1) for s in seqs]
+        ids[:, 1:] = [s.draft_ids[: n - 1] for s in seqs]
+        pos = starts[:, None] + np.arange(n)  # [B, n]
+        block = pos // bs
+        lens = np.fromiter((len(s.block_table) for s in seqs), np.int64, B)
+        if (block[:, -1] >= lens).any():
+            raise IndexError("prepare: a position past its sequence's block table")
+        tables = self._fill_block_tables(seqs)
+        h["positions"][:t] = pos.ravel()
+        h["slot_mapping"][:t] = (tables[np.arange(B)[:, None], block] * bs + pos % bs).ravel()
+        h["src_rows"][:t] = -1
+        h["seq_lens"][:B] = starts + n
+        h["query_start"][: B + 1] = np.arange(B + 1) * n
+        # the window's rows: row j of a block samples position start + j + 1 and checks draft j
+        # (the last row none)
+        r = B * count
+        win = np.arange(first, first + count)
+        h["logits_indices"][:r] = (np.arange(B)[:, None] * n + win).ravel()
+        params = [s.params for s in seqs]
+        h["temperature"][:r] = np.repeat(np.fromiter((p.temperature for p in params), np.float32, B), count)
+        h["top_p"][:r] = np.repeat(np.fromiter((p.top_p for p in params), np.float32, B), count)
+        h["top_k"][:r] = np.repeat(np.fromiter((p.top_k for p in params), np.int32, B), count)
+        h["seeds"][:r] = np.repeat(np.fromiter((s.seed for s in seqs), np.uint64, B), count)
+        h["sample_pos"][:r] = (pos[:, first : first + count] + 1).ravel()
+        drafts = ids[:, 1:] if first + count < n else np.c_[ids[:, 1:], np.full(B, -1)]
+        h["draft_tokens"][:r] = drafts[:, first : first + count].ravel()
+        h["draft_src"][:r] = -1
+        self.fills_from_drafts = False
+        self.num_fill = 0
+        return t, r
 
     def _logits_rows(self, T: int, seqs: int) -> int:
         """Logits rows of a graph of T token rows over seqs sequences."""
