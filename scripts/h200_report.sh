@@ -1856,6 +1856,18 @@ part121() {  # session 17, call 6: the final code (the drafter's logits window, 
   engine_figures
 }
 
+part122() {  # prepared in session 17, not yet run: 621b6f5's host-only change (a drafting step's inputs
+  # filled in whole-array ops, ModelRunner._prepare_blocks) on the GPU: every GPU test, the round's
+  # graphs at c = 1 and 16, then the engine figures (spec cost, memcheck, failure matrix, throughput)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 150
+  gpu_tests_full 220
+  spec_round_graph blocks 1 100
+  spec_round_graph blocks 16 100
+  engine_figures
+}
+
 engine_figures() {  # the 8B spec-cost bench, memcheck of the reproducer, the failure matrix, throughput
   stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
     --result-json "$W/spec_cost_8b.json"
