@@ -268,6 +268,10 @@ def test_block_fill_is_the_generic_fill_of_the_window(pair):
     llm.generate([PROMPTS[0]], GREEDY)
     llm.generate(PROMPTS, GREEDY)
     assert 1 in checked and max(checked) >= 4
+    # anything but such blocks is refused, not filled wrongly
+    fresh = Sequence("p", [1, 2, 3], SamplingParams(), 0)
+    with pytest.raises(ValueError, match="logits_window"):
+        runner._prepare_blocks([ScheduledSeq(fresh, 3)])
 
 
 def test_verification_graphs_without_the_decode_kernel(monkeypatch, pair):

@@ -213,7 +213,8 @@ class ModelRunner:
         first, count = self.logits_window
         seqs = [item.seq for item in batch]
         if first + count > n or any(item.num_new != n or item.num_draft != n - 1 or item.seq.num_pending
-                                    or item.start != item.seq.num_tokens - 1 for item in batch):
+                                    or item.start != item.seq.num_tokens - 1 or len(item.seq.draft_ids) < n - 1
+                                    for item in batch):
             raise ValueError(f"logits_window {self.logits_window}: a step of blocks of {first + count}+ rows, "
                              "each a sequence's last token and its draft ids, was expected")
         t = B * n
