@@ -400,9 +400,9 @@ def test_dflash_graphs_match_eager_on_gpu(request, monkeypatch, models):
         assert eng_g.proposer.runner.graphs and eng_g.proposer.runner.replays > 0
         assert eng_g.runner.replays > 0
         if "dtype" not in kw:  # bf16, one sequence: the graphs without the decode kernel ran iff allowed
-            min_seqs = eng_g.backend.short_run_min_seqs
+            assert eng_g.backend.short_run_min_seqs == int(min_seqs or 2)  # the setting took effect
             ran = (eng_g.runner.short_run_replays, eng_g.proposer.runner.short_run_replays)
-            if min_seqs > 1:
+            if eng_g.backend.short_run_min_seqs > 1:
                 assert ran == (0, 0)
             elif models == "pair_d64":
                 assert ran[0] > 0 and ran[1] > 0

@@ -117,10 +117,11 @@ class ModelRunner:
 
     causal=False and transform_logits (applied to the logits rows in place before sampling) are
     fixed per runner, not per step, so the function a graph captures is the same one an eager step
-    runs: a DFlash drafter's runner is built with both, and with logits_window (first, count): in
-    steps whose every row would give logits, each run gives them only for its rows [first, first +
-    count) (a block's rows 1..k, the drafts: the LM head of the other rows took 0.11 ms of a
-    16-sequence 8B round, part120, computed and never read). after_forward(x, num_tokens), when set,
+    runs: a DFlash drafter's runner is built with both, and with logits_window (first, count): its
+    steps are blocks (a sequence's last token, then its draft ids), and each block gives logits only
+    for its rows [first, first + count) (rows 1..k, the drafts: the LM head of the other rows took
+    0.11 ms of a 16-sequence 8B round, part120, computed and never read; _prepare_blocks fills
+    them). after_forward(x, num_tokens), when set,
     runs right after each sampled step's forward, inside its graph too (the DFlash context update,
     which reads the hidden states the forward wrote to capture_out).
     """
@@ -177,10 +178,10 @@ class ModelRunner:
 
     def prepare(self, batch: list[ScheduledSeq]) -> tuple[int, int]:
         """Fill the host buffers for this step; returns (num_tokens, num_logit_rows)."""
-        # from two sequences on, ~15 whole-array ops beat a loop of as many small ones per sequence
         if self.logits_window is not None:  # a drafter's blocks: the only steps such a runner runs
             t, r = self._prepare_blocks(batch)
             self.max_query_len = batch[0].num_new
+        # from two sequences on, ~15 whole-array ops beat a loop of as many small ones per sequence
         elif len(batch) > 1 and all(item.decode for item in batch):
             t = r = self._prepare_decode(batch)
             self.max_query_len = 1
@@ -642,10 +643,10 @@ class ModelRunner:
             self._replay(graph, B, t, r)
         else:
             logits = self._eager_forward(B, t, r)
-            if r and self.logits_window is None:  # (a windowed drafter's argmax: its drafts only)
-                self._suppress_stop_tokens(batch, logits)
-                self._adjust_logits(batch, logits)
             if r:
+                if self.logits_window is None:  # (a windowed drafter's argmax: its drafts only)
+                    self._suppress_stop_tokens(batch, logits)
+                    self._adjust_logits(batch, logits)
                 self._sample(logits, r)
         ticket = None
         if readback and r:
