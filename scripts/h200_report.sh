@@ -1868,6 +1868,34 @@ part122() {  # prepared in session 17, not yet run: 621b6f5's host-only change (
   engine_figures
 }
 
+part123() {  # session 18, call 1: the decode attention asking the layer's next weights into L2 while it
+  # runs (MINILLM_L2_PREFETCH_MB a layer; DEC_PF_EARLY=1 issues it before the PDL wait): batch-1 graphs
+  # of both shapes, each setting twice, alternately; then its GPU tests with the prefetch on
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_q06_q8 150
+  local i v
+  for i in 1 2; do
+    for v in 0 12 22 30; do
+      step_graph_env q06 "pf${v}_$i" 100 MINILLM_L2_PREFETCH_MB=$v
+    done
+    step_graph_env q06 "pfearly22_$i" 100 MINILLM_L2_PREFETCH_MB=22 MINILLM_CUDA_DEFINES=DEC_PF_EARLY=1
+    for v in 0 16 32; do
+      step_graph_env q8 "pf${v}_$i" 100 MINILLM_L2_PREFETCH_MB=$v
+    done
+  done
+  stage prefetch_tests 150 env MINILLM_L2_PREFETCH_MB=30 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs \
+    tests/test_cuda_ops.py tests/test_gpu_engine.py tests/test_cuda_model.py -k "decode or prefetch or graph"
+}
+
+step_graph_env() {  # step_graph_env MODEL TAG TIMEOUT VAR=VALUE...: a batch-1 decode step's graph at 512
+  # tokens of context with those environment settings
+  local m=$1 tag=$2 t=$3
+  shift 3
+  stage "graph_${m}_$tag" "$t" env "$@" python3 scripts/step_kernels.py $M/$m --batch 1 --ctx 512 \
+    --json "$W/graph_${m}_$tag.json"
+}
+
 engine_figures() {  # the 8B spec-cost bench, memcheck of the reproducer, the failure matrix, throughput
   stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
     --result-json "$W/spec_cost_8b.json"
