@@ -59,9 +59,6 @@
 #ifndef DEC_NO_MATH  // scripts/decode_splits.py --variant DEC_NO_MATH=1: loads without the math
 #define DEC_NO_MATH 0
 #endif
-#ifndef DEC_PF_EARLY  // 1: the decode step's L2 weight prefetch issued before the PDL wait
-#define DEC_PF_EARLY 0
-#endif
 #ifndef DEC_CPL  // 16-byte chunks of a K/V row per lane (1: 16 lanes a bf16 d128 row; 2: 8 lanes)
 #define DEC_CPL 1
 #endif
@@ -104,11 +101,6 @@ struct RopeArgs {
   i64 n_slots = 0;
   T* k_cache = nullptr;  // the caches kc / vc, writable
   T* v_cache = nullptr;
-  // weight ranges to pull into L2 while this kernel keeps HBM nearly idle: pf_n (address, bytes)
-  // pairs, 16-byte aligned (the host's l2_prefetch_plan: the layer's o, gate_up and down, then the
-  // next layer's qkv, up to MINILLM_L2_PREFETCH_MB)
-  const unsigned long long* pf = nullptr;
-  int pf_n = 0;
 };
 
 template <typename T, int D, int G, bool ROPE>
@@ -199,20 +191,6 @@ __device__ __forceinline__ void decode_attention_impl(
       pos = ra.positions[t];
     }
   }
-  // the last warp's lane l takes prefetch range blockIdx.x + l x gridDim.x (and every 32nd after):
-  // its address and size are read before the wait (weights do not depend on the previous kernel),
-  // the bulk prefetch issued after it (DEC_PF_EARLY=1: before, overlapping the qkv GEMV's reads)
-  unsigned long long pf_p = 0, pf_b = 0;
-  const int pf_c = blockIdx.x + (tid - (DEC_THREADS - 32)) * gridDim.x;
-  if constexpr (ROPE) {
-    if (tid >= DEC_THREADS - 32 && pf_c < ra.pf_n) {
-      pf_p = ra.pf[2 * pf_c];
-      pf_b = ra.pf[2 * pf_c + 1];
-    }
-  }
-#if DEC_PF_EARLY
-  if (pf_b) minillm::prefetch_l2(reinterpret_cast<const void*>(pf_p), (unsigned)pf_b);
-#endif
 #if PDL_PREWAIT_INDEX
   if (active) {  // L1 warm-up for what the CTA reads right after the wait
     constexpr int W_LINE = 128 / sizeof(T);  // weights a 128-byte line
@@ -233,14 +211,6 @@ __device__ __forceinline__ void decode_attention_impl(
   }
   minillm::pdl_entry();
 #endif
-#if !DEC_PF_EARLY
-  if (pf_b) minillm::prefetch_l2(reinterpret_cast<const void*>(pf_p), (unsigned)pf_b);
-#endif
-  if constexpr (ROPE) {  // ranges past the first 32 x gridDim.x (a plan of more, or a small grid)
-    if (tid >= DEC_THREADS - 32)
-      for (int c = pf_c + 32 * gridDim.x; c < ra.pf_n; c += 32 * gridDim.x)
-        minillm::prefetch_l2(reinterpret_cast<const void*>(ra.pf[2 * c]), (unsigned)ra.pf[2 * c + 1]);
-  }
   if (!active) return;
 
   // ---- ROPE (a decode step's fused q/k norm + RoPE + KV store): every CTA normalises and rotates
@@ -539,10 +509,8 @@ __device__ __forceinline__ void decode_attention_impl(
       i64 o_head, float* part_o, float* part_ml, int* counters, const int* order, int KH,         \
       int block_size, int num_blocks, float scale_log2, int n_splits, int min_part, const T* k,   \
       i64 k_tok, i64 k_head, const T* v, i64 v_tok, i64 v_head, const T* q_w, const T* k_w, float eps,      \
-      const int* positions, const float* cos_sin, int max_pos, const int* slots, i64 n_slots,    \
-      const unsigned long long* pf, int pf_n) {                                                   \
+      const int* positions, const float* cos_sin, int max_pos, const int* slots, i64 n_slots) {  \
     RopeArgs<T> ra;                                                                               \
-    ra.pf = pf; ra.pf_n = pf_n;                                                                   \
     ra.k = k; ra.k_tok = k_tok; ra.k_head = k_head;                                               \
     ra.v = v; ra.v_tok = v_tok; ra.v_head = v_head;                                               \
     ra.q_w = q_w; ra.k_w = k_w; ra.eps = eps;                                                     \

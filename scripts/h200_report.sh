@@ -1868,9 +1868,10 @@ part122() {  # prepared in session 17, not yet run: 621b6f5's host-only change (
   engine_figures
 }
 
-part123() {  # session 18, call 1: the decode attention asking the layer's next weights into L2 while it
-  # runs (MINILLM_L2_PREFETCH_MB a layer; DEC_PF_EARLY=1 issues it before the PDL wait): batch-1 graphs
-  # of both shapes, each setting twice, alternately; then its GPU tests with the prefetch on
+part123() {  # session 18, call 1 (ran at a4e00f6): the decode attention asking the layer's next weights
+  # into L2 while it runs (MINILLM_L2_PREFETCH_MB a layer; DEC_PF_EARLY=1 issues it before the PDL wait):
+  # batch-1 graphs of both shapes, each setting twice, alternately; then its GPU tests with the prefetch
+  # on. Slower in proportion to the bytes prefetched: reverted, so this tree no longer has the setting
   setup
   facts > "$W/facts.txt" 2>&1
   models_q06_q8 150

@@ -728,7 +728,7 @@ def test_decode_step_attention(be, G, D, qk_norm):
         return (a[:, : H * D].reshape(T, H, D), a[:, H * D: (H + KH) * D].reshape(T, KH, D),
                 a[:, (H + KH) * D:].reshape(T, KH, D))
 
-    def run(fused: bool, n_splits=None, order=None, prefetch=None):
+    def run(fused: bool, n_splits=None, order=None):
         dev, kc, vc = be.asarray(qkv), be.asarray(kc0), be.asarray(vc0)
         q, k, v = split(dev)
         w = (be.asarray(qw), be.asarray(kw)) if qk_norm else (None, None)
@@ -737,7 +737,7 @@ def test_decode_step_attention(be, G, D, qk_norm):
         out = poisoned(be, (T, H, D))
         if fused:
             plan = be.decode_step_attention(q, k, v, *w, *rope, *att, D ** -0.5, out, order=order,
-                                            prefetch=prefetch, n_splits=n_splits)
+                                            n_splits=n_splits)
             assert plan["kernel"] == "decode_rope"
         else:
             be.qk_norm_rope_store_kv(q, k, v, *w, *rope)
@@ -751,7 +751,6 @@ def test_decode_step_attention(be, G, D, qk_norm):
     REF.decode_step_attention(*split(ref_q), rounded(be, qw) if qk_norm else None,
                               rounded(be, kw) if qk_norm else None, 1e-6, pos, cs, rk, rv, slots,
                               tables, sl, qs, D ** -0.5, ref)
-    junk = be.asarray(rng.standard_normal(1 << 20))  # what the prefetch check below asks into L2
     for n_splits in (None, 1, 5):
         for _ in range(2):  # twice: split counters reset themselves
             got = run(True, n_splits)
@@ -776,11 +775,6 @@ def test_decode_step_attention(be, G, D, qk_norm):
                     ("the launch order changed the result", fused, n_splits)
         finally:
             be.decode_order_min_ctas, be.decode_order_part = least, parts
-        # an L2 prefetch (a hint) changes no bit: 8,192 ranges of a live buffer, more than the
-        # grid's prefetching lanes, so the kernel's loop past the first 32 x grid runs too
-        pf = np.stack([junk.data.ptr + 256 * np.arange(8192, dtype=np.uint64), np.full(8192, 256, np.uint64)], 1)
-        fetched = run(True, n_splits, prefetch=(be.asarray(pf, dtype=np.uint64), 8192))
-        assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(fetched, got)), n_splits
     limit, be.decode_rope_max_tokens = be.decode_rope_max_tokens, T - 1  # above it: the two ops
     try:
         dev, kc, vc = be.asarray(qkv), be.asarray(kc0), be.asarray(vc0)
@@ -793,35 +787,6 @@ def test_decode_step_attention(be, G, D, qk_norm):
         assert np.array_equal(host(be, kc), got[1]) and rel_err(host(be, out)[: B + 2], ref[: B + 2]) < tol(be)
     finally:
         be.decode_rope_max_tokens = limit
-
-
-def test_l2_prefetch_plan(be, monkeypatch):
-    """Each layer's decode-step prefetch ranges: the layer's o, gate_up and down, then the next
-    layer's qkv, in order, contiguous, 16-byte aligned, in pieces of at most the chunk size, up to
-    MINILLM_L2_PREFETCH_MB a layer; none with 0 or fp32 storage."""
-    from types import SimpleNamespace
-
-    from minillm.backends import cuda_ops
-
-    mats = ("qkv", "o", "gate_up", "down")
-    sizes = {"qkv": (96, 64), "o": (64, 64), "gate_up": (8192, 64), "down": (64, 2048)}
-    layers = [SimpleNamespace(**{m: be.empty(sizes[m]) for m in mats}) for _ in range(3)]
-    monkeypatch.setenv("MINILLM_L2_PREFETCH_MB", "0")
-    assert be.l2_prefetch_plan(layers) == [None] * 3
-    monkeypatch.setenv("MINILLM_L2_PREFETCH_MB", "1")
-    plan = be.l2_prefetch_plan(layers)
-    if be.dtype == np.float32:
-        assert plan == [None] * 3
-        return
-    for i, (table, n) in enumerate(plan):
-        got = host(be, table)[:n]
-        want = [layers[i].o, layers[i].gate_up, layers[i].down] + ([layers[i + 1].qkv] if i < 2 else [])
-        assert got[0, 0] == want[0].data.ptr and (got % 16 == 0).all()
-        assert (got[:, 1] <= cuda_ops._L2_PREFETCH_CHUNK).all()
-        assert int(got[:, 1].sum()) == min(1 << 20, sum(a.nbytes for a in want))
-        starts = {int(a.data.ptr) for a in want}
-        for (p0, b0), (p1, _) in zip(got[:-1], got[1:]):  # each piece follows the last or opens a matrix
-            assert p1 == p0 + b0 or int(p1) in starts
 
 
 # ---- sampling ---------------------------------------------------------------------------------

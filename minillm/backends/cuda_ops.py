@@ -47,8 +47,6 @@ _DECODE_HEAD_DIMS, _DECODE_MAX_G, _DECODE_MAX_SPLITS, _DECODE_MIN_PART = (64, 12
 # decode steps of at most this many rows fold q/k norm + RoPE + KV store into attention
 # (MINILLM_DECODE_ROPE_MAX overrides)
 _DECODE_ROPE_MAX_DEFAULT = 32
-# the decode step's L2 weight prefetch (l2_prefetch_plan): MiB a layer, and bytes per bulk prefetch
-_L2_PREFETCH_MB_DEFAULT, _L2_PREFETCH_CHUNK = 0, 128 << 10
 # a decode step given a launch order (longest context first) whose CTAs fill the GPU without
 # splitting takes splits of this many keys instead of the wave model's even parts (the model
 # assumes every CTA alike). H200: on ragged batches the order with 1,024-key parts read KV at
@@ -931,39 +929,6 @@ class CudaBackend:
         self.stream.synchronize()
         return plan
 
-    def l2_prefetch_plan(self, layers) -> list:
-        """Per layer, what its decode step's attention kernel asks into L2 (decode_step_attention's
-        prefetch): (a device [n, 2] uint64 table of address, bytes; n), or None.
-
-        A decode step's attention over a short context is latency-bound: HBM idles for its ~10 us
-        while the GEMVs after it are bandwidth-bound. So the kernel issues bulk L2 prefetches
-        (cp.async.bulk.prefetch.L2, Hopper) of the layer's o, gate_up and down weights, then the next
-        layer's qkv, up to MINILLM_L2_PREFETCH_MB a layer (0: none; the L2 holds 50 MB), in
-        _L2_PREFETCH_CHUNK pieces spread over the kernel's CTAs. A hint: results do not change."""
-        cap = env_int("MINILLM_L2_PREFETCH_MB", _L2_PREFETCH_MB_DEFAULT, "MiB a layer (0: no prefetch)") << 20
-        if cap == 0 or int(self.props["major"]) < 9 or self.dtype == np.float32:
-            return [None] * len(layers)
-        rows = []
-        for i, lw in enumerate(layers):
-            mats = [lw.o, lw.gate_up, lw.down] + ([layers[i + 1].qkv] if i + 1 < len(layers) else [])
-            chunks, left = [], cap
-            for a in mats:
-                n = min(a.nbytes, left) // 16 * 16
-                if a.data.ptr % 16 or n == 0:
-                    break
-                chunks += [(a.data.ptr + o, min(_L2_PREFETCH_CHUNK, n - o)) for o in range(0, n, _L2_PREFETCH_CHUNK)]
-                left -= n
-            rows.append(chunks)
-        width = max(1, max(len(r) for r in rows))
-        table = np.zeros((len(layers), width, 2), dtype=np.uint64)
-        for i, r in enumerate(rows):
-            if r:
-                table[i, : len(r)] = r
-        with self.arena.label("decode attention: L2 prefetch table"), self.stream:
-            dev = self.cp.asarray(table)
-        self.stream.synchronize()
-        return [(dev[i], len(r)) if r else None for i, r in enumerate(rows)]
-
     def decode_layers(self, plan, residual, hidden, k_cache, v_cache, positions, slot_mapping,
                       block_tables, seq_lens) -> None:
         """Every decoder layer for one new token in one persistent kernel (cuda/decode_layers.cu;
@@ -1000,8 +965,7 @@ class CudaBackend:
 
     def decode_step_attention(self, q, k, v, q_w, k_w, eps: float, positions, cos_sin, k_cache,
                               v_cache, slot_mapping, block_tables, seq_lens, query_start,
-                              scale: float, out, order=None, prefetch=None,
-                              n_splits: int | None = None) -> dict:
+                              scale: float, out, order=None, n_splits: int | None = None) -> dict:
         """qk_norm_rope_store_kv then causal paged_attention, for a step of one new token a
         sequence, in one launch (cuda/decode_attention.cu's paged_decode_rope_*: each CTA rotates
         its own q heads; the one whose split ends at the newest key stores k and v and adds that
@@ -1011,8 +975,7 @@ class CudaBackend:
         many CTAs (H200, part75, one machine: a batch-1 step's graph 1.129 -> 1.094 ms, batch 32
         2.327 -> 2.322, batch 128 5.714 -> 5.873). order (optional, [>= T] int32): the rows in
         the order their CTAs should start, longest context first (the runner's launch hint; see
-        _decode_attention). prefetch: this layer's entry of l2_prefetch_plan (or None), weights
-        the kernel asks into L2 while it runs."""
+        _decode_attention)."""
         T = q.shape[0]
         if T == 0:
             return {}
@@ -1028,8 +991,7 @@ class CudaBackend:
         rope = (k, _i64(k.strides[0] // it), _i64(k.strides[1] // it), v, _i64(v.strides[0] // it),
                 _i64(v.strides[1] // it), q_w if q_w is not None else _NULL,
                 k_w if k_w is not None else _NULL, np.float32(eps), positions, cos_sin,
-                _i32(cos_sin.shape[0]), slot_mapping, _i64(k_cache.shape[0] * k_cache.shape[1]),
-                _NULL if prefetch is None else prefetch[0], _i32(0 if prefetch is None else prefetch[1]))
+                _i32(cos_sin.shape[0]), slot_mapping, _i64(k_cache.shape[0] * k_cache.shape[1]))
         p = self._decode_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start, scale,
                                    out, True, n_splits, None, 1 << 30, rope=rope, order=order)
         return {**p, "kernel": "decode_rope"}

@@ -121,12 +121,11 @@ class NumpyBackend:
 
     def decode_step_attention(self, q, k, v, q_w, k_w, eps: float, positions, cos_sin, k_cache,
                               v_cache, slot_mapping, block_tables, seq_lens, query_start,
-                              scale: float, out, order=None, prefetch=None) -> None:
+                              scale: float, out, order=None) -> None:
         """qk_norm_rope_store_kv then causal paged_attention, for a step of one new token a
         sequence (one kernel on the GPU, which leaves q and k as they were; here they are
         rotated in place, so callers use neither afterwards). order is the GPU's launch order of
-        the rows (longest context first) and prefetch its L2 weight prefetch (l2_prefetch_plan);
-        the result depends on neither."""
+        the rows (longest context first); the result does not depend on it."""
         self.qk_norm_rope_store_kv(q, k, v, q_w, k_w, eps, positions, cos_sin, k_cache, v_cache,
                                    slot_mapping)
         self.paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start, scale, out,
@@ -162,10 +161,6 @@ class NumpyBackend:
         blocks, offsets = np.divmod(slot_mapping[live], bs)
         k_cache[blocks, offsets] = k[live]
         v_cache[blocks, offsets] = v[live]
-
-    def l2_prefetch_plan(self, layers) -> list:
-        """The GPU's per-layer L2 weight prefetch for decode steps; a CPU has none."""
-        return [None] * len(layers)
 
     def decoder_plan(self, cfg, layers, cos_sin, scale: float):
         """What decode_layers needs of a model, made once at startup: its config, layer weights,

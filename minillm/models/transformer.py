@@ -109,8 +109,6 @@ class Transformer:
         # one-token steps run every layer as one op (on the GPU one persistent kernel,
         # cuda/decode_layers.cu); None where the backend has no such path for this model
         self.decoder = backend.decoder_plan(cfg, self.layers, self.cos_sin, self.scale)
-        # per layer, the weights a decode step's attention kernel asks into L2 (None: nothing)
-        self.l2_prefetch = backend.l2_prefetch_plan(self.layers)
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int):
         """K and V pools [layers, num_blocks, block_size, kv_heads, head_dim]."""
@@ -156,7 +154,7 @@ class Transformer:
                 B.decode_step_attention(q, k, v, lw.q_norm, lw.k_norm, c.rms_norm_eps, x.positions,
                                         self.cos_sin, k_cache[i], v_cache[i], x.slot_mapping,
                                         x.block_tables, x.seq_lens, x.query_start, self.scale, out=attn,
-                                        order=x.attn_order, prefetch=self.l2_prefetch[i])
+                                        order=x.attn_order)
             else:
                 # one kernel: normed + rotated q in place, k and v rows into the paged caches
                 B.qk_norm_rope_store_kv(q, k, v, lw.q_norm, lw.k_norm, c.rms_norm_eps, x.positions,
