@@ -1,5 +1,6 @@
-// rows.cu: row copies with an optional row index (embed, gather_rows, copy, store_kv), and the
-// input-id fill of async scheduling (fill_input_ids).
+// rows.cu: row copies with an optional row index (embed, gather_rows, copy, store_kv), the
+// input-id fill of async scheduling (fill_input_ids) and a DFlash drafting step's start set from the
+// verification's accept flags (advance_blocks).
 //
 // Each is a byte copy of whole rows, so one kernel serves every dtype: the host picks the widest
 // unit (16, 4 or 2 bytes) that the row length, the strides and the base pointers are aligned to.
@@ -79,4 +80,43 @@ extern "C" __global__ void fill_input_ids(int* __restrict__ input_ids,
   if (s < 0) return;
   MINILLM_CHECK(s < n_prev);
   input_ids[r] = prev_tokens[s];
+}
+
+// Speculative decoding with a DFlash drafter: the drafting step is launched right behind the
+// verification step, before the host has read which drafts were accepted, so each block's start
+// (its sequence's new last token) is set here, on the device, between the upload of the drafting
+// step's inputs (written as if no draft were accepted) and its forward. Block i of n rows: a = the
+// leading accept flags in accepted[row[i] .. row[i] + drafts[i]), start = min(base[i] + a,
+// limit[i]) (limit: the last start whose block fits the block table; only a sequence that has
+// reached its length limit, so ends, would pass it); its first input id is tokens[row[i] + a]
+// (the correction or bonus token), row j sits at position start + j in the slot its block table
+// gives, seq_lens[i] = start + n, and window rows [first, first + count) sample position p + 1.
+// One thread per row of the step's blocks.
+extern "C" __global__ void advance_blocks(int* __restrict__ input_ids, int* __restrict__ positions,
+                                          int* __restrict__ slot_mapping, int* __restrict__ seq_lens,
+                                          int* __restrict__ sample_pos,
+                                          const int* __restrict__ block_tables, int bt_stride,
+                                          int block_size, const int* __restrict__ tokens,
+                                          const int* __restrict__ accepted, int n_src,
+                                          const int* __restrict__ row, const int* __restrict__ drafts,
+                                          const int* __restrict__ base, const int* __restrict__ limit,
+                                          int n_blocks, int n, int first, int count) {
+  minillm::pdl_entry();
+  const int g = blockIdx.x * blockDim.x + threadIdx.x;
+  if (g >= n_blocks * n) return;
+  const int i = g / n, j = g % n;
+  const int r = row[i], k = drafts[i];
+  MINILLM_CHECK(r >= 0 && k >= 0 && r + k < n_src);
+  int a = 0;
+  while (a < k && accepted[r + a] != 0) ++a;
+  const int start = min(base[i] + a, limit[i]);
+  const int p = start + j;
+  MINILLM_CHECK(p >= 0 && p / block_size < bt_stride);
+  positions[g] = p;
+  slot_mapping[g] = block_tables[(i64)i * bt_stride + p / block_size] * block_size + p % block_size;
+  if (j == 0) {
+    input_ids[g] = tokens[r + a];
+    seq_lens[i] = start + n;
+  }
+  if (j >= first && j < first + count) sample_pos[i * count + j - first] = p + 1;
 }

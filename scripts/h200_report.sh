@@ -1889,6 +1889,27 @@ part123() {  # session 18, call 1 (ran at a4e00f6): the decode attention asking 
     tests/test_cuda_ops.py tests/test_gpu_engine.py tests/test_cuda_model.py -k "decode or prefetch or graph"
 }
 
+part124() {  # session 18, call 3: early drafting (the DFlash drafting step launched right behind the
+  # verification, each block's start set on the device from the accept flags: advance_blocks) against
+  # drafting once the host has read the results (MINILLM_EARLY_DRAFTS=0), the 8B spec-cost bench
+  # alternately, twice; then every GPU test, memcheck of the reproducer, the failure matrix, throughput
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 150
+  local i v
+  for i in 1 2; do
+    for v in 1 0; do
+      stage "spec_cost_8b_early${v}_$i" 150 env MINILLM_EARLY_DRAFTS=$v python3 -m minillm.bench spec-cost $M/q8 \
+        --drafter $M/q8-dflash --k 8 --result-json "$W/spec_cost_8b_early${v}_$i.json"
+    done
+  done
+  gpu_tests_full 220
+  memcheck_reproducer 60
+  stage failure_matrix 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
+    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 100
+  throughput_06b 60
+}
+
 step_graph_env() {  # step_graph_env MODEL TAG TIMEOUT VAR=VALUE...: a batch-1 decode step's graph at 512
   # tokens of context with those environment settings
   local m=$1 tag=$2 t=$3

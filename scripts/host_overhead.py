@@ -67,8 +67,9 @@ def make_engine(model_dir: str, batch: int, max_model_len: int, spec: dict | Non
 def run_spec(model_dir: str, drafter_dir: str, k: int, batch: int, prompt_len: int,
              rounds: int) -> tuple[float, float, float]:
     """Median host microseconds of a rejected DFlash round with `batch` sequences decoding, and of
-    its part between the verification's results reaching the host and the drafting step's launch
-    returning (where a GPU waits for the host): (round, accept + propose, the drafter's launch)."""
+    its part between the verification's results reaching the host and the next launch returning,
+    the drafting step's (or, with early drafting, already launched, the next verification's: the
+    GPU drafts meanwhile): (round, from the results to that launch, the launch itself, which)."""
     spec = {"method": "dflash", "model": drafter_dir, "num_speculative_tokens": k}
     engine = make_engine(model_dir, batch, prompt_len + rounds + 64, spec)
     rng = np.random.default_rng(batch)
@@ -77,30 +78,36 @@ def run_spec(model_dir: str, drafter_dir: str, k: int, batch: int, prompt_len: i
                            SamplingParams(max_tokens=rounds + 16, ignore_eos=True, seed=i), request_id=str(i))
     for _ in range(8):  # prefill and the first rounds
         engine.step()
-    collect, launch = engine.runner.collect, engine.proposer.runner.launch
+    collect = engine.runner.collect
     marks: dict[str, float] = {}
-    between, launching = [], []
+    between, launching, which = [], [], []
 
     def timed_collect(handle):  # shadows the bound method on this instance only
         out = collect(handle)
         marks["results"] = time.perf_counter()
         return out
 
-    def timed_launch(*args, **kwargs):
-        t = time.perf_counter()
-        out = launch(*args, **kwargs)
-        if "results" in marks:
-            between.append(t - marks.pop("results"))
-            launching.append(time.perf_counter() - t)
-        return out
+    def timed(launch, name):
+        def timed_launch(*args, **kwargs):
+            t = time.perf_counter()
+            out = launch(*args, **kwargs)
+            if "results" in marks:
+                between.append(t - marks.pop("results"))
+                launching.append(time.perf_counter() - t)
+                which.append(name)
+            return out
+        return timed_launch
 
-    engine.runner.collect, engine.proposer.runner.launch = timed_collect, timed_launch
+    engine.runner.collect = timed_collect
+    engine.runner.launch = timed(engine.runner.launch, "the next verification")
+    engine.proposer.runner.launch = timed(engine.proposer.runner.launch, "the drafting step")
     times = []
     for _ in range(rounds):
         t0 = time.perf_counter()
         engine.step()
         times.append(time.perf_counter() - t0)
-    return tuple(statistics.median(v) * 1e6 for v in (times, between, launching))
+    return (*(statistics.median(v) * 1e6 for v in (times, between, launching)),
+            max(set(which), key=which.count))
 
 
 def run(model_dir: str, batch: int, prompt_len: int, steps: int, digest) -> tuple[float, float]:
@@ -159,11 +166,12 @@ def main() -> None:
                 pstats.Stats(prof).sort_stats("tottime").print_stats(30)
                 return
             for b in ns.batches:
-                us, between, launching = run_spec(model_dir, drafter_dir, ns.dflash, b, ns.prompt_len, ns.steps)
+                us, between, launching, which = run_spec(model_dir, drafter_dir, ns.dflash, b, ns.prompt_len,
+                                                         ns.steps)
                 print(f"batch {b:4d}: {us:9.1f} us/round host ({us / b:6.2f} us/seq), DFlash k = {ns.dflash}; "
-                      f"from the verification's results to the drafting step launched "
-                      f"{between + launching:7.1f} us (accept + propose {between:6.1f}, the drafter's "
-                      f"launch {launching:6.1f})", flush=True)
+                      f"from the verification's results to {which} launched "
+                      f"{between + launching:7.1f} us (before it {between:6.1f}, the launch {launching:6.1f})",
+                      flush=True)
             return
         if ns.profile:
             prof = cProfile.Profile()

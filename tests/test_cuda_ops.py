@@ -103,6 +103,41 @@ def test_fill_input_ids(be):
         be.fill_input_ids(be.zeros((4,), np.float32), i32(be, prev), i32(be, src))
 
 
+def test_advance_blocks(be):
+    """A drafting step's blocks moved past each sequence's accepted drafts: positions, slots,
+    context lengths, first input ids and the window's sample positions equal the NumPy twin's, bit
+    for bit; rows past the blocks, and the other rows' ids, stay. Sequences with no drafts, all
+    accepted, none, and one clamped to the end of its block table."""
+    rng = np.random.default_rng(12)
+    B, n, bs, width, first, count = 6, 16, 16, 8, 1, 8
+    tables = rng.permutation(200)[: B * width].reshape(B, width).astype(np.int32)
+    r_total = 60
+    tokens = rng.integers(0, 50000, r_total).astype(np.int32)
+    accepted = (rng.random(r_total) < 0.7).astype(np.int32)
+    rows = np.array([0, 9, 18, 27, 36, 45], np.int32)
+    drafts = np.array([8, 8, 0, 8, 5, 8], np.int32)
+    accepted[9:17] = 1  # sequence 1: all 8 accepted
+    accepted[27] = 0  # sequence 3: none
+    base = np.array([3, 40, 17, 100, 64, width * bs - n - 2], np.int32)
+    limit = np.full(B, width * bs - n, np.int32)  # sequence 5 reaches it: its start is clamped
+    accepted[45:53] = 1
+    size = B * n + 7
+    arrays = {name: rng.integers(-5, 5, size if name != "seq_lens" else B + 2).astype(np.int32)
+              for name in ("input_ids", "positions", "slot_mapping", "seq_lens", "sample_pos")}
+    ref = {k: v.copy() for k, v in arrays.items()}
+    REF.advance_blocks(*ref.values(), tables, bs, tokens, accepted, rows, drafts, base, limit, n, first, count)
+    dev = {k: i32(be, v) for k, v in arrays.items()}
+    be.advance_blocks(*dev.values(), i32(be, tables), bs, i32(be, tokens), i32(be, accepted), i32(be, rows),
+                      i32(be, drafts), i32(be, base), i32(be, limit), n, first, count)
+    for k in arrays:
+        assert np.array_equal(be.to_host(dev[k]), ref[k]), k
+    assert ref["positions"][5 * n] == limit[5]  # clamped
+    assert ref["positions"][n] == base[1] + 8 and ref["input_ids"][n] == tokens[9 + 8]
+    assert ref["positions"][3 * n] == base[3] and ref["input_ids"][2 * n] == tokens[18]
+    assert np.array_equal(ref["input_ids"][1:n], arrays["input_ids"][1:n])  # only first ids change
+    assert np.array_equal(ref["positions"][B * n:], arrays["positions"][B * n:])
+
+
 def test_store_kv_skips_padding_rows(be):
     rng = np.random.default_rng(2)
     nb, bs, KH, D, T = 10, 16, 2, 64, 12

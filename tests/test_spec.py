@@ -197,7 +197,7 @@ def test_dflash_lossless_with_preemption_and_deferred_drafts(dflash_pair):
     outs = llm.generate(PROMPTS, params)
     assert [o.token_ids for o in outs] == [b.token_ids for b in base]
     assert llm.engine.stats().preemptions > 0
-    assert llm.engine.runner.draft_fills > 0
+    assert llm.engine.runner.draft_fills > 0 and llm.engine.drafted_behind > 0
 
 
 def test_dflash_device_drafts_are_the_host_drafts(dflash_pair):
@@ -222,6 +222,39 @@ def test_dflash_device_drafts_are_the_host_drafts(dflash_pair):
     eng._verify = checked_verify
     run_engine(eng, PROMPTS[:8], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
     assert sum(checked) > 0 and eng.runner.draft_fills > 0
+
+
+def test_dflash_early_drafts_are_the_late_drafts(dflash_pair):
+    """Early drafting (the drafting step launched right behind the verification, each block's start
+    set on the device from the accept flags) drafts exactly what drafting after the host has read
+    the results does: every verification takes the same drafts at the same position, with prompts
+    of mixed lengths (prefill chunks, decodes and verifications in one step), and the output is
+    plain greedy decoding's."""
+    from minillm.engine.engine import LLMEngine
+
+    target, drafter = dflash_pair
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    plain = run_engine(LLMEngine(model=str(target), device="cpu", max_model_len=128, max_num_seqs=8), PROMPTS, params)
+    runs = []
+    for early in (True, False):
+        eng = LLMEngine(model=str(target), device="cpu", max_model_len=128, max_num_seqs=8,
+                        max_num_batched_tokens=64,
+                        speculative_config={"method": "dflash", "model": str(drafter), "num_speculative_tokens": 5})
+        eng.early_drafts = early
+        verified = []
+        verify = eng._verify
+
+        def recorded(item, row_tokens, r, verify=verify, verified=verified):
+            verified.append((tuple(item.seq.prompt_ids), item.start, tuple(item.seq.draft_ids[: item.num_draft])))
+            return verify(item, row_tokens, r)
+
+        eng._verify = recorded
+        assert run_engine(eng, PROMPTS, params) == plain
+        runs.append((verified, eng.drafted_behind))
+    (early_drafts, behind), (late_drafts, none) = runs
+    assert behind > 0 and none == 0
+    by_request = [sorted(v, key=lambda x: (x[0], x[1])) for v in (early_drafts, late_drafts)]
+    assert len(early_drafts) > 10 and by_request[0] == by_request[1]
 
 
 def run_engine(engine, prompts, params) -> list[tuple]:

@@ -410,7 +410,7 @@ class CudaBackend:
         self._pdl_kernels: set[str] = set()  # kernels that begin with pdl_entry (cuda/common.cuh)
         for mod, names in {
             "rows": ["gather_rows_u16", "gather_rows_u4", "gather_rows_u2",
-                     "store_kv_u16", "store_kv_u4", "store_kv_u2", "fill_input_ids"],
+                     "store_kv_u16", "store_kv_u4", "store_kv_u2", "fill_input_ids", "advance_blocks"],
             "elementwise": ["silu_mul_bf16", "silu_mul_f32", "silu_mul_bf16_vec8", "fill_bias_bf16_bf16",
                             "fill_bias_f32_f32", "fill_bias_f32_bf16", "scale_softcap_bf16",
                             "scale_softcap_f32", "suppress_tokens_bf16", "suppress_tokens_f32",
@@ -623,6 +623,33 @@ class CudaBackend:
             raise ValueError(f"fill_input_ids: {src_rows.shape[0]} src_rows for {n} input ids")
         self._launch("fill_input_ids", (_cdiv(n, 256),), (256,),
                      (input_ids, prev_tokens, src_rows, _i32(n), _i32(prev_tokens.shape[0])))
+
+    def advance_blocks(self, input_ids, positions, slot_mapping, seq_lens, sample_pos, block_tables,
+                       block_size: int, tokens, accepted, row, drafts, base, limit, n: int, first: int,
+                       count: int) -> None:
+        """A drafting step's blocks moved past the drafts the verification accepted, on the device
+        (cuda/rows.cu advance_blocks); twin of NumpyBackend.advance_blocks. B = row.shape[0] blocks
+        of n rows."""
+        B = row.shape[0]
+        if B == 0:
+            return
+        arrays = ((input_ids, "input_ids"), (positions, "positions"), (slot_mapping, "slot_mapping"),
+                  (seq_lens, "seq_lens"), (sample_pos, "sample_pos"), (tokens, "tokens"),
+                  (accepted, "accepted"), (row, "row"), (drafts, "drafts"), (base, "base"), (limit, "limit"))
+        for a, what in arrays:
+            if a.dtype != np.int32 or a.ndim != 1 or a.strides[0] != 4:
+                raise TypeError(f"advance_blocks: {what} must be a contiguous 1-D int32 array")
+        if (block_tables.dtype != np.int32 or block_tables.ndim != 2 or not block_tables.flags.c_contiguous
+                or block_tables.shape[0] < B):
+            raise TypeError(f"advance_blocks: block_tables must be contiguous int32 [>= {B}, blocks]")
+        if (min(input_ids.shape[0], positions.shape[0], slot_mapping.shape[0]) < B * n
+                or seq_lens.shape[0] < B or sample_pos.shape[0] < B * count or tokens.shape[0] != accepted.shape[0]
+                or min(drafts.shape[0], base.shape[0], limit.shape[0]) < B or not 0 <= first <= first + count <= n):
+            raise ValueError(f"advance_blocks: {B} blocks of {n} rows (window {first}+{count}) do not fit its arrays")
+        self._launch("advance_blocks", (_cdiv(B * n, 256),), (256,),
+                     (input_ids, positions, slot_mapping, seq_lens, sample_pos, block_tables,
+                      _i32(block_tables.shape[1]), _i32(block_size), tokens, accepted,
+                      _i32(tokens.shape[0]), row, drafts, base, limit, _i32(B), _i32(n), _i32(first), _i32(count)))
 
     # ---- norms, activation --------------------------------------------------------------
     def rms_norm(self, x, w, eps: float, out, residual=None) -> None:

@@ -245,6 +245,32 @@ class NumpyBackend:
         live = np.flatnonzero(src >= 0)
         input_ids[live] = prev_tokens[src[live]]
 
+    def advance_blocks(self, input_ids, positions, slot_mapping, seq_lens, sample_pos, block_tables,
+                       block_size: int, tokens, accepted, row, drafts, base, limit, n: int, first: int,
+                       count: int) -> None:
+        """A DFlash drafting step launched right behind the verification step, before the host
+        has read its accept flags: move each of its B = len(row) blocks of n rows past the drafts
+        that were accepted. Block i: a = the leading nonzero flags in accepted[row[i] .. row[i] +
+        drafts[i]), start = min(base[i] + a, limit[i]); its first input id becomes tokens[row[i] +
+        a], row j goes to position start + j and the slot its block-table row gives, seq_lens[i]
+        to start + n, and the rows of the window [first, first + count) sample position p + 1 (the
+        inputs were written for a = 0; int32 arrays, updated in place)."""
+        B = row.shape[0]
+        if B == 0:
+            return
+        kmax = max(1, int(drafts.max()))
+        idx = np.minimum(row[:, None] + np.arange(kmax), accepted.shape[0] - 1)
+        ok = (np.arange(kmax) < drafts[:, None]) & (accepted[idx] != 0)
+        a = np.cumprod(ok, axis=1).sum(axis=1)
+        start = np.minimum(base + a, limit)
+        p = start[:, None] + np.arange(n)  # [B, n]
+        positions[: B * n] = p.ravel()
+        slot_mapping[: B * n] = (block_tables[np.arange(B)[:, None], p // block_size] * block_size
+                                 + p % block_size).ravel()
+        input_ids[np.arange(B) * n] = tokens[row + a]
+        seq_lens[:B] = start + n
+        sample_pos[: B * count] = (p[:, first : first + count] + 1).ravel()
+
     def suppress_tokens(self, logits, rows, token_ids) -> None:
         """logits[rows[i], token_ids[i]] = -inf (min_tokens keeps EOS/stop tokens from being drawn)."""
         logits[rows, token_ids] = -np.inf

@@ -99,9 +99,11 @@ def phase_times(engine: LLMEngine, prompts: list[list[int]], out_len: int) -> di
                (engine.proposer, "propose", finish(engine.proposer.propose, "propose", True))]
     for obj, name, timed in wrapped:
         setattr(obj, name, timed)
+    early, engine.early_drafts = engine.early_drafts, False  # the drafter apart from the target step
     try:
         decode_steps(engine, prompts, out_len)
     finally:
+        engine.early_drafts = early
         for obj, name, _ in wrapped:
             delattr(obj, name)  # back to the class's method
     out = {k: 1e3 * float(np.median(v[2:] or v)) for k, v in times.items() if v}

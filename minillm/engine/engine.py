@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import random
 import uuid
 from dataclasses import dataclass, field
@@ -209,6 +210,11 @@ class LLMEngine:
             if getattr(self.proposer, "drafts_on_device", False):
                 # verification steps take the drafts from the drafter's sampled ids on the device
                 self.runner.draft_source = self.proposer.runner.buf.dev["out_tokens"]
+        # early drafting: the drafting step goes on the device right behind the verification step,
+        # before the host reads its results (_draft_behind); MINILLM_EARLY_DRAFTS=0: after (A/B runs)
+        self.early_drafts = (self.runner.draft_source is not None and hasattr(self.proposer, "propose_behind")
+                             and os.environ.get("MINILLM_EARLY_DRAFTS", "1") not in ("", "0"))
+        self.drafted_behind = 0  # drafting steps launched by _draft_behind (tests read it)
         self.spec_stats = SpecStats(k)
         self.profiler = None  # a StepProfiler (minillm/engine/step_profile.py) times step()'s phases
         # overlap_outputs: step() renders a step's text and outputs while the next step runs on the
@@ -330,9 +336,13 @@ class LLMEngine:
             return self._render_unrendered()
         if prof is not None:
             prof.scheduled(sched.scheduled)
-        handle = self.runner.launch(sched.scheduled)
+        # with early drafting, the results are copied behind the step, so collect() does not wait
+        # for the drafting step launched after it
+        handle = self.runner.launch(sched.scheduled, readback=self.early_drafts and not self._sync_requests)
+        behind = False
         if self.runner.draft_source is not None:
             self.proposer.resolve()  # the drafts' ids, while the device verifies them
+            behind = self.early_drafts and self._draft_behind(sched.scheduled)
         earlier = self._render_unrendered() if self.overlap_outputs else []  # overlaps the device
         tokens = self.runner.collect(handle)
         if prof is not None:
@@ -375,7 +385,10 @@ class LLMEngine:
         if self.proposer is not None:
             if prof is not None:
                 prof.proposing()
-            self._propose()
+            if behind:  # the drafting step is already on the device: give its drafts out
+                self.proposer.settle(*self._draft_budgets())
+            else:
+                self._propose()
         if drafts_first:
             # the drafting step is on the device before this step's outputs are rendered
             # (detokenising, stop strings), so the host renders while the device drafts; a stop
@@ -516,8 +529,62 @@ class LLMEngine:
         self.block_manager.truncate(seq, seq.num_computed)
         return new
 
+    def _draft_behind(self, scheduled: list[ScheduledSeq]) -> bool:
+        """Launch the next drafting step now, right behind the verification step just launched,
+        for every sequence this step leaves decoding; each block's start (which depends on how
+        many drafts are accepted) is worked out on the device (proposer.propose_behind). Each
+        sequence's blocks are first made to cover its block wherever it starts. Returns False,
+        launching nothing, where that cannot cover the next step (then _propose drafts after the
+        step's results, as without early drafting): a decoding sequence outside this step, a
+        request whose logits are adjusted or scored, or too few free blocks."""
+        if self._sync_requests:
+            return False
+        seqs, bases, rows, drafts = [], [], [], []
+        r = 0
+        for item in scheduled:
+            seq = item.seq
+            if seq.params.adjusts_logits or item.all_logits:
+                return False
+            m = item.num_logits if item.samples else 0
+            if m and not seq.finished:  # it decodes next step from position base + accepted drafts
+                seqs.append(seq)
+                bases.append(item.start + item.num_new - item.num_draft)
+                rows.append(r if item.num_draft else r + m - 1)
+                drafts.append(item.num_draft)
+            r += m
+        stepping = {id(s) for s in seqs}
+        if not seqs or any(id(s) not in stepping and s.num_computed == s.num_tokens - 1 and not s.finished
+                           for s in self.scheduler.running):
+            return False
+        # a block of block_size rows from base + accepted, at most base + drafts (capped where the
+        # sequence's length limit ends it first: the device then clamps the start to its table)
+        width = self.proposer.block
+        need = [min(b + k + width, self.max_model_len + self.lookahead) for b, k in zip(bases, drafts)]
+        if sum(self.block_manager.blocks_needed(s, n) for s, n in zip(seqs, need)) > self.block_manager.num_free:
+            return False
+        for s, n in zip(seqs, need):
+            self.block_manager.allocate(s, n)
+        d = self.runner.buf.dev
+        self.proposer.propose_behind(seqs, bases, rows, drafts, d["out_tokens"], d["out_accepted"])
+        self.drafted_behind += 1
+        return True
+
     def _propose(self) -> None:
         """Draft for every running sequence that decodes next step, within its limits and the pool."""
+        seqs, ks = self._draft_budgets()
+        if not seqs:
+            return
+        if self.runner.draft_source is not None:
+            # launched without waiting: the next verification step takes the drafts on the device,
+            # unless a penalty needs their ids on the host while that step is prepared
+            defer = not any(s.params.adjusts_logits for s in seqs)
+            self.proposer.propose(seqs, ks, defer=defer)
+        else:
+            self.proposer.propose(seqs, ks)
+
+    def _draft_budgets(self) -> tuple[list[Sequence], list[int]]:
+        """Every running sequence that decodes next step and how many drafts it may verify there
+        (within its length and max_tokens limits and the pool), with the blocks for them."""
         seqs, ks = [], []
         for seq in self.scheduler.running:
             if seq.num_computed != seq.num_tokens - 1:
@@ -531,15 +598,7 @@ class LLMEngine:
                 self.block_manager.allocate(seq, seq.num_tokens + max(k, self.lookahead))
             seqs.append(seq)
             ks.append(max(k, 0))
-        if not seqs:
-            return
-        if self.runner.draft_source is not None:
-            # launched without waiting: the next verification step takes the drafts on the device,
-            # unless a penalty needs their ids on the host while that step is prepared
-            defer = not any(s.params.adjusts_logits for s in seqs)
-            self.proposer.propose(seqs, ks, defer=defer)
-        else:
-            self.proposer.propose(seqs, ks)
+        return seqs, ks
 
     def _accept_tokens(self, seq: Sequence, new: list[int]) -> tuple[list[int], str | None]:
         """Append sampled token ids one by one, stopping exactly where plain decoding would on a stop

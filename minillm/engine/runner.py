@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -31,6 +32,24 @@ RUNS_FILL_MIN = 8
 # one graph a shape, that launch always in it (A/B runs)
 SHORT_RUN_GRAPHS = os.environ.get("MINILLM_SHORT_RUN_GRAPHS", "1") not in ("", "0")
 SHORT_RUNS = "short_runs"  # the third part of such a graph's key
+
+
+@dataclass
+class BlockAdvance:
+    """How a windowed runner's blocks (a DFlash drafting step) follow a verification step the host
+    has not read yet (ModelRunner.launch's advance): the block of sequence i starts where that
+    step leaves it, rows[i] + a of the verification's sampled ids, a its leading accepted drafts
+    among drafts[i] (0 for a plain decode or a prompt's last chunk: rows[i] is then its one
+    logits row). The host fills the step as if a were 0 (first input id `first_id`, a
+    placeholder; the others `fill_id`, the drafter's mask) and the device moves each block by
+    its a (backend.advance_blocks) between the upload and the forward."""
+
+    tokens: object  # the verification's sampled ids (its runner's out_tokens, on the device)
+    accepted: object  # its accept flags (out_accepted, on the device)
+    rows: np.ndarray  # int32 [B]
+    drafts: np.ndarray  # int32 [B]
+    fill_id: int
+    first_id: int = 0
 
 
 class StepBuffers:
@@ -74,6 +93,13 @@ class StepBuffers:
             # their work in (a permutation of every row of the step, padding rows included); in
             # a step with long query runs, the rows of its short ones (StepInputs.decode_rows)
             "attn_order": ((max_seqs,), np.int32),
+            # a drafting step launched behind the verification it follows (BlockAdvance), per
+            # block: the sequence's first logits row in the verification, its drafts there, the
+            # block's start had none been accepted, and the last start its block table fits
+            "adv_row": ((max_seqs,), np.int32),
+            "adv_drafts": ((max_seqs,), np.int32),
+            "adv_base": ((max_seqs,), np.int32),
+            "adv_limit": ((max_seqs,), np.int32),
             # from here on: written on the device by the sampler, never uploaded
             "out_tokens": ((max_logits,), np.int32),
             "out_accepted": ((max_logits,), np.int32),  # 1 where the row's draft was accepted
@@ -134,6 +160,7 @@ class ModelRunner:
     # a drafter's sampled ids on the device (DFlash; the engine sets it): a verification step
     # takes the drafts of sequences with seq.draft_row >= 0 from there, before its forward
     draft_source = None
+    _advance: BlockAdvance | None = None  # the step being launched follows a verification (launch)
 
     def __init__(self, model: Transformer, backend, kv, block_manager: BlockManager,
                  max_tokens: int, max_seqs: int, max_logits: int, max_model_len: int,
@@ -213,21 +240,32 @@ class ModelRunner:
         n = batch[0].num_new
         first, count = self.logits_window
         seqs = [item.seq for item in batch]
+        adv = self._advance  # blocks behind a verification not yet read: their own start unknown
         if first + count > n or any(item.num_new != n or item.num_draft != n - 1 or item.seq.num_pending
-                                    or item.start != item.seq.num_tokens - 1 or len(item.seq.draft_ids) < n - 1
-                                    for item in batch):
+                                    or (adv is None and (item.start != item.seq.num_tokens - 1
+                                                         or len(item.seq.draft_ids) < n - 1))
+                                    for item in batch) or (adv is not None and len(adv.rows) != B):
             raise ValueError(f"logits_window {self.logits_window}: a step of blocks of {first + count}+ rows, "
                              "each a sequence's last token and its draft ids, was expected")
         t = B * n
         starts = np.fromiter((item.start for item in batch), np.int64, B)
         ids = h["input_ids"][:t].reshape(B, n)
-        ids[:, 0] = [s.token(s.num_tokens - 1) for s in seqs]
-        ids[:, 1:] = [s.draft_ids[: n - 1] for s in seqs]
+        if adv is None:
+            ids[:, 0] = [s.token(s.num_tokens - 1) for s in seqs]
+            ids[:, 1:] = [s.draft_ids[: n - 1] for s in seqs]
+        else:  # the device writes each block's first id (advance_blocks)
+            ids[:, 0] = adv.first_id
+            ids[:, 1:] = adv.fill_id
         pos = starts[:, None] + np.arange(n)  # [B, n]
         block = pos // bs
         lens = np.fromiter((len(s.block_table) for s in seqs), np.int64, B)
         if (block[:, -1] >= lens).any():
             raise IndexError("prepare: a position past its sequence's block table")
+        if adv is not None:
+            h["adv_row"][:B] = adv.rows
+            h["adv_drafts"][:B] = adv.drafts
+            h["adv_base"][:B] = starts
+            h["adv_limit"][:B] = lens * bs - n  # the last start whose block the table holds
         tables = self._fill_block_tables(seqs)
         h["positions"][:t] = pos.ravel()
         h["slot_mapping"][:t] = (tables[np.arange(B)[:, None], block] * bs + pos % bs).ravel()
@@ -578,6 +616,13 @@ class ModelRunner:
             self.draft_fills += 1
         elif self.num_fill:
             self.backend.fill_input_ids(d["input_ids"][:t], d["out_tokens"], d["src_rows"][:t])
+        adv = self._advance
+        if adv is not None:  # each block moved past its accepted drafts, read on the device
+            B, (n, (first, count)) = len(adv.rows), (self.max_query_len, self.logits_window)
+            self.backend.advance_blocks(d["input_ids"], d["positions"], d["slot_mapping"], d["seq_lens"],
+                                        d["sample_pos"], d["block_tables"], self.bm.block_size, adv.tokens,
+                                        adv.accepted, d["adv_row"][:B], d["adv_drafts"][:B], d["adv_base"][:B],
+                                        d["adv_limit"][:B], n, first, count)
 
     def _eager_forward(self, B: int, t: int, r: int, after_forward: bool = True):
         """Upload the prepared step and launch its forward (no graph); returns the logits rows."""
@@ -623,15 +668,29 @@ class ModelRunner:
             return self.backend.to_host(logits).astype(np.float32)
         return self.collect(self.launch(batch, greedy))
 
-    def launch(self, batch: list[ScheduledSeq], greedy: bool = False, readback: bool = False) -> tuple:
+    def launch(self, batch: list[ScheduledSeq], greedy: bool = False, readback: bool = False,
+               advance: BlockAdvance | None = None) -> tuple:
         """The device half of a sampling step: prepare, upload, then the forward and the sampler
         (a graph replay or eager launches), without waiting for them. Returns the handle collect()
         takes: (logits rows, whether rows verify drafts, readback ticket or None). Between the two
         the host is free (the engine renders the previous step's text there) while the device runs.
 
-        readback=True (async scheduling) also enqueues the copy of the sampled ids to the host
-        behind the sampler, so collect() waits for this step only, even once later steps have
-        been launched; the ids stay in out_tokens for the next step's fill_input_ids."""
+        readback=True (async scheduling, early drafting) also enqueues the copy of the sampled ids
+        (and a verification's accept flags) to the host behind the sampler, so collect() waits
+        for this step only, even once later steps have been launched; the ids stay in out_tokens
+        for the next step's fill_input_ids.
+
+        advance (a windowed runner's blocks only): the step follows a verification step whose
+        results the host has not read; see BlockAdvance."""
+        if advance is not None and self.logits_window is None:
+            raise ValueError("launch: advance is for a windowed runner's blocks")
+        self._advance = advance
+        try:
+            return self._launch(batch, greedy, readback)
+        finally:
+            self._advance = None
+
+    def _launch(self, batch: list[ScheduledSeq], greedy: bool, readback: bool) -> tuple:
         t, r = self.prepare(batch)
         if greedy:  # a drafter's own step: argmax everywhere, nothing to verify
             self.buf.host["temperature"][:r] = 0.0
@@ -650,9 +709,9 @@ class ModelRunner:
                 self._sample(logits, r)
         ticket = None
         if readback and r:
-            if verifying:
-                raise ValueError("readback: verification steps read their accept flags synchronously")
             ticket = self.readback.start(self.buf.dev["out_tokens"][:r])
+            if verifying:  # and its accept flags, copied behind the same step
+                ticket = (ticket, self.readback.start(self.buf.dev["out_accepted"][:r]))
         return r, verifying, ticket
 
     def collect(self, handle: tuple) -> np.ndarray:
@@ -661,6 +720,10 @@ class ModelRunner:
         if r == 0:
             return np.zeros(0, dtype=np.int32)
         if ticket is not None:
+            if verifying:
+                ids, flags = ticket
+                self.last_accepted = self.readback.wait(flags)
+                return self.readback.wait(ids)
             return self.readback.wait(ticket)
         return self._results(r, verifying)
 

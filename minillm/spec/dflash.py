@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minillm.engine.runner import ModelRunner
+from minillm.engine.runner import BlockAdvance, ModelRunner
 from minillm.engine.scheduler import ScheduledSeq
 from minillm.engine.sequence import Sequence
 from minillm.models.config import ModelConfig
@@ -152,6 +152,7 @@ class DFlashProposer:
         self.ctx = Workspace(backend, dcfg, max_tokens, 1)
         self.ctx_hidden = backend.empty((max_tokens, H))
         self._pending = None  # a drafting step launched by propose(defer=True), not yet resolved
+        self._behind = None  # one launched by propose_behind, not yet settled
         # each layer's k/v projection: the rows of its qkv weight (and bias) past q_size, as views
         qs = dcfg.q_size
         self._kv_proj = [(lw.qkv[qs:], None if lw.qkv_bias is None else lw.qkv_bias[qs:])
@@ -226,9 +227,42 @@ class DFlashProposer:
             for i, (s, k) in enumerate(active):
                 s.draft_ids = [self.mask] * k
                 s.draft_row = i * self.k  # the logits window: each block's rows 1..k
-            self._pending = (handle, [(s, k, s.draft_ids) for s, k in active])
+            self._pending = (handle, [(s, k, s.draft_ids, i) for i, (s, k) in enumerate(active)])
         else:
-            self._assign(self.runner.collect(handle), [(s, k, None) for s, k in active])
+            self._assign(self.runner.collect(handle), [(s, k, None, i) for i, (s, k) in enumerate(active)])
+
+    def propose_behind(self, seqs: list[Sequence], bases: list[int], rows, drafts, tokens, accepted) -> None:
+        """Launch the next drafting step right behind a verification step whose results the host
+        has not read (the engine's early drafting): sequence i's block starts at bases[i] plus the
+        drafts the verification accepts among drafts[i] from its logits row rows[i], worked out
+        on the device (runner.BlockAdvance) from that step's sampled ids and accept flags. So the
+        device goes from verifying to drafting without waiting for the host, which meanwhile
+        accepts the tokens; settle() then says which sequences take how many of the drafts."""
+        self.resolve()
+        for s in seqs:  # no other sequence may take this step's drafts (settle gives them out)
+            s.draft_row = -1
+        items = [ScheduledSeq(s, self.block, num_draft=self.block - 1, start=b) for s, b in zip(seqs, bases)]
+        advance = BlockAdvance(tokens, accepted, np.asarray(rows, np.int32), np.asarray(drafts, np.int32),
+                               fill_id=self.mask)
+        handle = self.runner.launch(items, greedy=True, readback=True, advance=advance)
+        self._behind = (handle, {id(s): i for i, s in enumerate(seqs)})
+
+    def settle(self, seqs: list[Sequence], ks: list[int]) -> None:
+        """After the host has accepted the verification's tokens: each sequence with k > 0 that
+        propose_behind drafted for takes k of its drafts (placeholders and draft_row, as
+        propose(defer=True) leaves them); the others none."""
+        handle, index = self._behind
+        self._behind = None
+        waiting = []
+        for s, k in zip(seqs, ks):
+            i = index.get(id(s), -1)
+            s.draft_ids, s.draft_row = [], -1
+            if k > 0 and i >= 0:
+                s.draft_ids = [self.mask] * k
+                s.draft_row = i * self.k
+                s.draft_computed = s.num_tokens - 1  # the block's noise K/V is not context
+                waiting.append((s, k, s.draft_ids, i))
+        self._pending = (handle, waiting)
 
     def resolve(self) -> None:
         """Wait for a deferred drafting step and give its sequences their draft ids (those whose
@@ -240,8 +274,9 @@ class DFlashProposer:
         self._assign(self.runner.collect(handle), waiting)
 
     def _assign(self, tokens, waiting) -> None:
+        """waiting: (sequence, k, the placeholder list it was given or None, its block's index)."""
         ids = tokens.tolist()  # one conversion, not an int() per draft
-        for i, (s, k, held) in enumerate(waiting):
+        for s, k, held, i in waiting:
             s.draft_row = -1
             if held is None or s.draft_ids is held:
                 s.draft_ids = ids[i * self.k : i * self.k + k]
