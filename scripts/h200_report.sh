@@ -1910,6 +1910,26 @@ part124() {  # session 18, call 3: early drafting (the DFlash drafting step laun
   throughput_06b 60
 }
 
+part125() {  # session 18, call 4: the final code: the DFlash and speculation GPU tests (part124's two
+  # failures were a test helper unpacking the proposer's new 4-tuples), the advance kernel's test, the
+  # round's graphs at c = 1 and 16, and the host's share of a round on this machine's CPU
+  # (scripts/host_overhead.py, device work stubbed out) with early drafting on and off, alternately
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 150
+  stage dflash_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_dflash_graphs.py \
+    tests/test_gpu_engine.py tests/test_cuda_ops.py -k "dflash or spec or lossless or advance or graph or draft"
+  spec_round_graph early 1 100
+  spec_round_graph early 16 100
+  local i v
+  for i in 1 2; do
+    for v in 1 0; do
+      stage "host_overhead_early${v}_$i" 100 env MINILLM_EARLY_DRAFTS=$v python3 scripts/host_overhead.py \
+        --dflash 8 --batches 1 16 --steps 60
+    done
+  done
+}
+
 step_graph_env() {  # step_graph_env MODEL TAG TIMEOUT VAR=VALUE...: a batch-1 decode step's graph at 512
   # tokens of context with those environment settings
   local m=$1 tag=$2 t=$3

@@ -115,7 +115,7 @@ def record_drafts(llm: LLM) -> list:
 
     def assign(tokens, waiting):
         original(tokens, waiting)
-        rounds.extend(list(s.draft_ids) for s, _, _ in waiting)
+        rounds.extend(list(s.draft_ids) for s, *_ in waiting)
 
     proposer._assign = assign
     return rounds
@@ -229,12 +229,15 @@ def test_drafting_steps_compute_logits_for_the_drafts_only(monkeypatch, pair):
 def test_block_fill_is_the_generic_fill_of_the_window(pair):
     """A drafting step's whole-array fill (ModelRunner._prepare_blocks) writes exactly what the
     generic fills (_prepare_runs, _prepare_any) write for the same blocks, kept to the window's
-    logits rows: checked on every drafting step of a run of one and of several sequences."""
+    logits rows: checked on every drafting step of a run of one and of several sequences. (With
+    early drafting the fill is written before the drafts' acceptance is known and moved on the
+    device; test_spec's test_dflash_early_drafts_are_the_late_drafts checks that path's drafts.)"""
     from minillm.engine.runner import ModelRunner
 
     target, drafter = pair
     llm = LLM(target, device="cpu", max_model_len=256, max_num_seqs=8, enforce_eager=True,
               speculative_config=spec(drafter, 3))
+    llm.engine.early_drafts = False  # each drafting step filled from the host's accepted tokens
     runner = llm.engine.proposer.runner
     first, count = runner.logits_window
     rows = ("input_ids", "positions", "slot_mapping", "src_rows")
