@@ -1930,6 +1930,19 @@ part125() {  # session 18, call 4: the final code: the DFlash and speculation GP
   done
 }
 
+part126() {  # session 18, call 5: why early drafting's host round took 1.0-1.2 ms at c = 16 on the lent
+  # machine's CPU in part125 against 0.55 ms drafting late (the development CPU: 652 against 630 us):
+  # scripts/host_overhead.py under cProfile, early drafting on and off, then the timing again
+  setup
+  local v
+  for v in 1 0; do
+    stage "host_profile_early$v" 100 env MINILLM_EARLY_DRAFTS=$v python3 scripts/host_overhead.py --dflash 8 \
+      --profile 16 --steps 60
+    stage "host_overhead_early${v}_3" 100 env MINILLM_EARLY_DRAFTS=$v python3 scripts/host_overhead.py --dflash 8 \
+      --batches 1 16 --steps 60
+  done
+}
+
 step_graph_env() {  # step_graph_env MODEL TAG TIMEOUT VAR=VALUE...: a batch-1 decode step's graph at 512
   # tokens of context with those environment settings
   local m=$1 tag=$2 t=$3
