@@ -1943,6 +1943,18 @@ part126() {  # session 18, call 5: why early drafting's host round took 1.0-1.2 
   done
 }
 
+part127() {  # session 18, call 6: the map for the next session: a rejected DFlash k = 8 round at c = 1 and
+  # 16 (the target's verification graph and the drafter's block graph) and the plain batch-1 step, split
+  # into kernels under ncu, on the final code
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models 150 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
+  step_kernels_spec q8 q8-dflash 1 512 120
+  step_kernels_spec q8 q8-dflash 16 512 120
+  step_kernels q8 1 512 100
+}
+
 step_graph_env() {  # step_graph_env MODEL TAG TIMEOUT VAR=VALUE...: a batch-1 decode step's graph at 512
   # tokens of context with those environment settings
   local m=$1 tag=$2 t=$3
