@@ -40,16 +40,15 @@ class BlockAdvance:
     has not read yet (ModelRunner.launch's advance): the block of sequence i starts where that
     step leaves it, rows[i] + a of the verification's sampled ids, a its leading accepted drafts
     among drafts[i] (0 for a plain decode or a prompt's last chunk: rows[i] is then its one
-    logits row). The host fills the step as if a were 0 (first input id `first_id`, a
-    placeholder; the others `fill_id`, the drafter's mask) and the device moves each block by
-    its a (backend.advance_blocks) between the upload and the forward."""
+    logits row). The host fills the step as if a were 0 (the other rows' ids: `fill_id`, the
+    drafter's mask) and the device moves each block by its a and writes its first id
+    (backend.advance_blocks) between the upload and the forward."""
 
     tokens: object  # the verification's sampled ids (its runner's out_tokens, on the device)
     accepted: object  # its accept flags (out_accepted, on the device)
     rows: np.ndarray  # int32 [B]
     drafts: np.ndarray  # int32 [B]
     fill_id: int
-    first_id: int = 0
 
 
 class StepBuffers:
@@ -254,7 +253,7 @@ class ModelRunner:
             ids[:, 0] = [s.token(s.num_tokens - 1) for s in seqs]
             ids[:, 1:] = [s.draft_ids[: n - 1] for s in seqs]
         else:  # the device writes each block's first id (advance_blocks)
-            ids[:, 0] = adv.first_id
+            ids[:, 0] = 0
             ids[:, 1:] = adv.fill_id
         pos = starts[:, None] + np.arange(n)  # [B, n]
         block = pos // bs

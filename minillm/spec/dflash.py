@@ -239,8 +239,6 @@ class DFlashProposer:
         device goes from verifying to drafting without waiting for the host, which meanwhile
         accepts the tokens; settle() then says which sequences take how many of the drafts."""
         self.resolve()
-        for s in seqs:  # no other sequence may take this step's drafts (settle gives them out)
-            s.draft_row = -1
         items = [ScheduledSeq(s, self.block, num_draft=self.block - 1, start=b) for s, b in zip(seqs, bases)]
         advance = BlockAdvance(tokens, accepted, np.asarray(rows, np.int32), np.asarray(drafts, np.int32),
                                fill_id=self.mask)
