@@ -224,23 +224,49 @@ def test_dflash_device_drafts_are_the_host_drafts(dflash_pair):
     assert sum(checked) > 0 and eng.runner.draft_fills > 0
 
 
+def oracle_drafter(engine, continuations: dict) -> None:
+    """Make engine's DFlash drafter propose, for about three positions in four, the token plain
+    greedy decoding puts there (continuations: prompt ids -> every id of that run), so drafts
+    are accepted and rounds advance by 0 to k: its sampler's ids are overwritten, by each row's
+    sequence (its seed) and the position it drafts for (block row j's mask sits at start + j and
+    is drafted for itself; sample_pos, as the device left it, says start + j + 1)."""
+    runner = engine.proposer.runner
+    original = runner._sample
+
+    def sample(logits, r):
+        original(logits, r)
+        d = runner.buf.dev
+        by_seed = {s.seed: s for s in engine.requests.values()}
+        for row in range(r):
+            seq, pos = by_seed.get(int(d["seeds"][row])), int(d["sample_pos"][row]) - 1
+            ids = continuations.get(tuple(seq.prompt_ids)) if seq is not None else None
+            if ids is not None and pos < len(ids) and (pos * 7 + seq.seed) % 4:
+                d["out_tokens"][row] = ids[pos]
+
+    runner._sample = sample
+
+
 def test_dflash_early_drafts_are_the_late_drafts(dflash_pair):
     """Early drafting (the drafting step launched right behind the verification, each block's start
     set on the device from the accept flags) drafts exactly what drafting after the host has read
     the results does: every verification takes the same drafts at the same position, with prompts
-    of mixed lengths (prefill chunks, decodes and verifications in one step), and the output is
-    plain greedy decoding's."""
+    of mixed lengths (prefill chunks, decodes and verifications in one step) and a drafter right
+    often enough that rounds accept 0 to k drafts; the output is plain greedy decoding's."""
     from minillm.engine.engine import LLMEngine
 
     target, drafter = dflash_pair
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
-    plain = run_engine(LLMEngine(model=str(target), device="cpu", max_model_len=128, max_num_seqs=8), PROMPTS, params)
+    plain_engine = LLMEngine(model=str(target), device="cpu", max_model_len=128, max_num_seqs=8)
+    plain = run_engine(plain_engine, PROMPTS, params)
+    continuations = {tuple(plain_engine.encode_prompt(p)): plain_engine.encode_prompt(p) + list(ids)
+                     for p, (ids, _, _) in zip(PROMPTS, plain)}
     runs = []
     for early in (True, False):
         eng = LLMEngine(model=str(target), device="cpu", max_model_len=128, max_num_seqs=8,
                         max_num_batched_tokens=64,
                         speculative_config={"method": "dflash", "model": str(drafter), "num_speculative_tokens": 5})
         eng.early_drafts = early
+        oracle_drafter(eng, continuations)
         verified = []
         verify = eng._verify
 
@@ -250,9 +276,10 @@ def test_dflash_early_drafts_are_the_late_drafts(dflash_pair):
 
         eng._verify = recorded
         assert run_engine(eng, PROMPTS, params) == plain
-        runs.append((verified, eng.drafted_behind))
-    (early_drafts, behind), (late_drafts, none) = runs
+        runs.append((verified, eng.drafted_behind, eng.stats().spec))
+    (early_drafts, behind, stats), (late_drafts, none, late_stats) = runs
     assert behind > 0 and none == 0
+    assert stats["mean_acceptance_length"] > 2 and stats == late_stats
     by_request = [sorted(v, key=lambda x: (x[0], x[1])) for v in (early_drafts, late_drafts)]
     assert len(early_drafts) > 10 and by_request[0] == by_request[1]
 
