@@ -1955,6 +1955,13 @@ part127() {  # session 18, call 6: the map for the next session: a rejected DFla
   step_kernels q8 1 512 100
 }
 
+part128() {  # session 18, call 7: every GPU test on the session's final code (after part124/125: review
+  # mends in the early path, the early-drafts test with an oracle-like drafter, CPU only)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  gpu_tests_full 220
+}
+
 step_graph_env() {  # step_graph_env MODEL TAG TIMEOUT VAR=VALUE...: a batch-1 decode step's graph at 512
   # tokens of context with those environment settings
   local m=$1 tag=$2 t=$3
