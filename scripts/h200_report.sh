@@ -1962,6 +1962,26 @@ part128() {  # session 18, call 7: every GPU test on the session's final code (a
   gpu_tests_full 220
 }
 
+part129() {  # session 19, call 1: each layer's two RMSNorms folded into the one-row products around
+  # them (cuda/gemv.cu: gemv_residual, gemv_norm, gemv_norm_silu_mul): their GPU tests and the
+  # model's, then both shapes' batch-1 graphs with MINILLM_NORM_FOLD=1 / 0 alternately, twice; decode
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_q06_q8 150
+  stage fold_tests 260 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_cuda_model.py tests/test_gpu_engine.py tests/test_decode_layers.py \
+    -k "(folded or gemv or matmul or chain or model or engine or greedy or lossless or graphs or decode_layers or kernel) and not smollm2"
+  local i v
+  for i in 1 2; do
+    for v in 1 0; do
+      step_graph_env q06 "fold${v}_$i" 100 MINILLM_NORM_FOLD=$v
+      step_graph_env q8 "fold${v}_$i" 100 MINILLM_NORM_FOLD=$v
+    done
+  done
+  decode_06b 100
+  decode_8b 150
+}
+
 step_graph_env() {  # step_graph_env MODEL TAG TIMEOUT VAR=VALUE...: a batch-1 decode step's graph at 512
   # tokens of context with those environment settings
   local m=$1 tag=$2 t=$3
