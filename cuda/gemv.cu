@@ -81,46 +81,43 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
   minillm::pdl_entry();  // before the early return: see cuda/common.cuh
   // RESID: every warp reaches the CTA's barrier below (a warp past N streams row N - 1, unused)
   if (!RESID && n0 >= N) return;
-  float rstd[M];  // NORM: each row's 1 / RMS, the same in every warp (same partials, same order)
-  if constexpr (NORM) {
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const float4* p = reinterpret_cast<const float4*>(nf.sumsq + m * nf.lds);  // P % 4 == 0
-      float ss = 0.f;
-      for (int i = lane; i < nf.P / 4; i += 32) {
-        const float4 v = p[i];  // plain load: the previous kernel wrote it
-        ss += ((v.x + v.y) + v.z) + v.w;
-      }
-      ss = minillm::warp_sum(ss);
-      rstd[m] = rsqrtf(ss / (float)K + nf.eps);  // rms_norm's expression
-    }
-  }
   const int chunks = K / 8;  // 16-byte chunks per row (the host checks K % 8 == 0)
   float acc[R][M];
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
-
-  // Unrolled so the loads of several chunks are in flight per lane: one chunk's R 16-byte loads
-  // were too few to hide HBM latency on the 8B model's matrices (~2.5 of ~4.2 TB/s).
-#pragma unroll 4
-  for (int c = lane; c < chunks; c += 32) {
-    uint4 wv[R];
+  float rstd[M];  // NORM: each row's 1 / RMS, the same in every warp (same partials, same order)
+  // RESID: the residual elements this warp updates, loaded now so their latency hides behind the
+  // stream instead of adding to the kernel's tail
+  float res_in[GEMV_NR][M];
+  if constexpr (RESID) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) {  // issue every row's load before using any
+    for (int r = 0; r < GEMV_NR; ++r)
+#pragma unroll
+      for (int m = 0; m < M; ++m)
+        res_in[r][m] = lane == 0 && n0 + r < N ? minillm::to_f(nf.res[(i64)m * nf.ldr + n0 + r]) : 0.f;
+  }
+
+  auto load_w = [&](int c, uint4* wv) {  // issue every row's load before using any
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
       const int col = min(n0 + r % GEMV_NR, N - 1);
       const int n = r < GEMV_NR ? col : N + col;  // rows past GEMV_NR: the up half (GATED)
       wv[r] = __ldg(reinterpret_cast<const uint4*>(w + (i64)n * K) + c);
     }
+  };
+  // a plain load, not __ldg (data read-only for the whole kernel): under PDL this kernel may be
+  // launched while the one writing x still runs
+  auto load_x = [&](int c, int m) { return reinterpret_cast<const uint4*>(x + (i64)m * ldx)[c]; };
+  // chunk c's products; xv: x's chunks if already loaded, else each row's is loaded here
+  auto fma_chunk = [&](int c, const uint4* wv, const uint4* xv, const uint4& gv) {
     float gf[8];  // NORM: the norm weight's chunk
-    if constexpr (NORM) minillm::unpack_bf16x8(__ldg(reinterpret_cast<const uint4*>(nf.norm_w) + c), gf);
+    if constexpr (NORM) minillm::unpack_bf16x8(gv, gf);
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       float xf[8];
-      // a plain load, not __ldg (data read-only for the whole kernel): under PDL this kernel may
-      // be launched while the one writing x still runs
-      minillm::unpack_bf16x8(reinterpret_cast<const uint4*>(x + (i64)m * ldx)[c], xf);
+      minillm::unpack_bf16x8(xv ? xv[m] : load_x(c, m), xf);
       if constexpr (NORM) {  // rms_norm's output element: (x * rstd) * w, rounded to bf16
 #pragma unroll
         for (int i = 0; i < 8; ++i) xf[i] = __bfloat162float(__float2bfloat16_rn(xf[i] * rstd[m] * gf[i]));
@@ -135,6 +132,43 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
         acc[r][m] = s;
       }
     }
+  };
+
+  int c_begin = lane;
+  if constexpr (NORM) {
+    // the first chunk's loads go out before the partial sums of squares are summed: the two
+    // latencies overlap instead of adding up
+    uint4 wv[R], xv[M], gv = make_uint4(0u, 0u, 0u, 0u);
+    const bool first = lane < chunks;
+    if (first) {
+      load_w(lane, wv);
+      gv = __ldg(reinterpret_cast<const uint4*>(nf.norm_w) + lane);
+#pragma unroll
+      for (int m = 0; m < M; ++m) xv[m] = load_x(lane, m);
+    }
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const float4* p = reinterpret_cast<const float4*>(nf.sumsq + m * nf.lds);  // P % 4 == 0
+      float ss = 0.f;
+      for (int i = lane; i < nf.P / 4; i += 32) {
+        const float4 v = p[i];  // plain load: the previous kernel wrote it
+        ss += ((v.x + v.y) + v.z) + v.w;
+      }
+      ss = minillm::warp_sum(ss);
+      rstd[m] = rsqrtf(ss / (float)K + nf.eps);  // rms_norm's expression
+    }
+    if (first) fma_chunk(lane, wv, xv, gv);
+    c_begin += 32;
+  }
+
+  // Unrolled so the loads of several chunks are in flight per lane: one chunk's R 16-byte loads
+  // were too few to hide HBM latency on the 8B model's matrices (~2.5 of ~4.2 TB/s).
+#pragma unroll 4
+  for (int c = c_begin; c < chunks; c += 32) {
+    uint4 wv[R], gv = make_uint4(0u, 0u, 0u, 0u);
+    load_w(c, wv);
+    if constexpr (NORM) gv = __ldg(reinterpret_cast<const uint4*>(nf.norm_w) + c);
+    fma_chunk(c, wv, nullptr, gv);
   }
   minillm::pdl_release();
   if constexpr (RESID) {
@@ -152,9 +186,8 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
         const float s = minillm::warp_sum(acc[r][m]);
         if (lane == 0 && n < N) {
           const float y = minillm::to_f(minillm::from_f<bf16>(s + (bias ? minillm::to_f(bias[n]) : 0.f)));
-          bf16* rp = nf.res + (i64)m * nf.ldr + n;
-          const float v = minillm::to_f(minillm::from_f<bf16>(minillm::to_f(*rp) + y));
-          *rp = minillm::from_f<bf16>(v);
+          const float v = minillm::to_f(minillm::from_f<bf16>(res_in[r][m] + y));
+          nf.res[(i64)m * nf.ldr + n] = minillm::from_f<bf16>(v);
           ss[m] += v * v;
         }
       }

@@ -1982,6 +1982,25 @@ part129() {  # session 19, call 1: each layer's two RMSNorms folded into the one
   decode_8b 150
 }
 
+part130() {  # session 19, call 2: the folded norms with their latencies overlapped (the o and down
+  # products load their residual elements before the stream; qkv and gate_up issue their first
+  # chunk's loads before summing the partials): the fold tests, then the A/B of part129 again
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_q06_q8 150
+  stage fold_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_gpu_engine.py -k "(folded or gemv or matmul or chain or graphs or greedy or lossless) and not smollm2"
+  local i v
+  for i in 1 2; do
+    for v in 1 0; do
+      step_graph_env q06 "fold${v}_$i" 100 MINILLM_NORM_FOLD=$v
+      step_graph_env q8 "fold${v}_$i" 100 MINILLM_NORM_FOLD=$v
+    done
+  done
+  decode_06b 100
+  decode_8b 150
+}
+
 step_graph_env() {  # step_graph_env MODEL TAG TIMEOUT VAR=VALUE...: a batch-1 decode step's graph at 512
   # tokens of context with those environment settings
   local m=$1 tag=$2 t=$3
