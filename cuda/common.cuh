@@ -157,8 +157,12 @@ __device__ __forceinline__ double warp_sum(double v) {
   return v;
 }
 
-// Eight bf16 values moved as one 16-byte word, converted to and from fp32.
-__device__ __forceinline__ void unpack_bf16x8(const uint4& u, float* f) {
+// Eight bf16 values moved as one 16-byte word, converted to and from fp32. The word is taken by
+// value: given a reference into global memory (unpack_bf16x8(ptr[c], f)), reinterpreting its
+// address as bf16 pairs made nvcc load it as four 4-byte words, so every GEMV's x chunk,
+// rms_norm_vec's rows and silu_mul_bf16_vec8's inputs took four load instructions instead of one
+// (found in session 19 from the PTX; only those 7 kernels' code changed).
+__device__ __forceinline__ void unpack_bf16x8(const uint4 u, float* f) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {

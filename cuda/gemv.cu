@@ -15,21 +15,11 @@
 // into the [M, F] activation. That saves the silu_mul launch (a decode step is bound by its chain
 // of dependent launches) and the round trip of the [M, 2F] gate_up activation through memory.
 //
-// gemv_residual / gemv_norm / gemv_norm_silu_mul fold a decoder layer's two RMSNorms into the
-// products around them (one-row steps; twins NumpyBackend.matmul_residual / rms_norm_matmul /
-// rms_norm_matmul_silu_mul). The product before a norm (o, down) adds its row into the residual
-// stream in place, as rms_norm's residual add would, and each CTA writes the partial sum of
-// squares of the elements it wrote; the product after it (qkv, gate_up) sums those few partials
-// (every warp alike, in a fixed order), so it has the row's RMS at once and normalises each x
-// chunk as it loads it, rounding it to bf16 exactly as rms_norm's output is. No CTA ever reads
-// what another CTA of the same kernel writes, and no kernel makes a pass over the whole row.
-//
 // Tried and measured slower on the H200 (scripts/gemv_bench.py, docs/BENCHMARKS.md): fusing the
-// preceding rms_norm into this kernel with every CTA summing the whole row's squares itself,
-// either in the main loop (+25-35% on the 8B shapes) or staging the normalised rows in shared
-// memory (+1-4 us a call, as much as the rms_norm launch it saves); the last CTA normalising the
-// row after the product (a serial tail); and holding the first weight chunks in registers across
-// the PDL wait (+45% on gate_up: register pressure).
+// preceding rms_norm into this kernel, either summing squares in the main loop (+25-35% on the 8B
+// shapes) or staging the normalised rows in shared memory (+1-4 us a call, as much as the
+// rms_norm launch it saves), and holding the first weight chunks in registers across the PDL
+// wait (+45% on gate_up: register pressure).
 #include "common.cuh"
 
 #define GEMV_MAX_M 8
@@ -48,27 +38,11 @@
 
 namespace {
 
-// The folded RMSNorm's arguments (unused by the plain kernels). NORM: x is the residual stream,
-// normalised on the fly with the RMS from P partial sums of squares a row (sumsq, row stride lds)
-// and the norm weight norm_w [K]. RESID: x @ w.T is added into res [M, N] (row stride ldr) in
-// place instead of written to out, and CTA b writes row m's partial sum of squares to
-// sumsq[m * lds + b].
-struct NormFold {
-  float* sumsq = nullptr;
-  i64 lds = 0;
-  int P = 0;
-  const bf16* norm_w = nullptr;
-  float eps = 0.f;
-  bf16* res = nullptr;
-  i64 ldr = 0;
-};
-
 // GATED: out[m, n] = silu(x[m] . w[n]) * (x[m] . w[N + n]) for n < N (w has 2N rows, no bias).
-template <typename TO, int M, bool GATED, bool NORM = false, bool RESID = false>
+template <typename TO, int M, bool GATED>
 __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
                                           const bf16* __restrict__ w, const bf16* __restrict__ bias,
-                                          TO* __restrict__ out, i64 ldo, int N, int K,
-                                          const NormFold& nf = NormFold()) {
+                                          TO* __restrict__ out, i64 ldo, int N, int K) {
   constexpr int R = GATED ? 2 * GEMV_NR : GEMV_NR;  // weight rows a warp streams at once
   const int lane = threadIdx.x & 31;
   const int warp = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
@@ -79,49 +53,31 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
     if (GATED) minillm::prefetch_l2(w + (i64)(N + n0) * K, bytes);
   }
   minillm::pdl_entry();  // before the early return: see cuda/common.cuh
-  // RESID: every warp reaches the CTA's barrier below (a warp past N streams row N - 1, unused)
-  if (!RESID && n0 >= N) return;
+  if (n0 >= N) return;
   const int chunks = K / 8;  // 16-byte chunks per row (the host checks K % 8 == 0)
   float acc[R][M];
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
-  float rstd[M];  // NORM: each row's 1 / RMS, the same in every warp (same partials, same order)
-  // RESID: the residual elements this warp updates, loaded now so their latency hides behind the
-  // stream instead of adding to the kernel's tail
-  float res_in[GEMV_NR][M];
-  if constexpr (RESID) {
-#pragma unroll
-    for (int r = 0; r < GEMV_NR; ++r)
-#pragma unroll
-      for (int m = 0; m < M; ++m)
-        res_in[r][m] = lane == 0 && n0 + r < N ? minillm::to_f(nf.res[(i64)m * nf.ldr + n0 + r]) : 0.f;
-  }
 
-  auto load_w = [&](int c, uint4* wv) {  // issue every row's load before using any
+  // Unrolled so the loads of several chunks are in flight per lane: one chunk's R 16-byte loads
+  // were too few to hide HBM latency on the 8B model's matrices (~2.5 of ~4.2 TB/s).
+#pragma unroll 4
+  for (int c = lane; c < chunks; c += 32) {
+    uint4 wv[R];
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
+    for (int r = 0; r < R; ++r) {  // issue every row's load before using any
       const int col = min(n0 + r % GEMV_NR, N - 1);
       const int n = r < GEMV_NR ? col : N + col;  // rows past GEMV_NR: the up half (GATED)
       wv[r] = __ldg(reinterpret_cast<const uint4*>(w + (i64)n * K) + c);
     }
-  };
-  // a plain load, not __ldg (data read-only for the whole kernel): under PDL this kernel may be
-  // launched while the one writing x still runs
-  auto load_x = [&](int c, int m) { return reinterpret_cast<const uint4*>(x + (i64)m * ldx)[c]; };
-  // chunk c's products; xv: x's chunks if already loaded, else each row's is loaded here
-  auto fma_chunk = [&](int c, const uint4* wv, const uint4* xv, const uint4& gv) {
-    float gf[8];  // NORM: the norm weight's chunk
-    if constexpr (NORM) minillm::unpack_bf16x8(gv, gf);
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       float xf[8];
-      minillm::unpack_bf16x8(xv ? xv[m] : load_x(c, m), xf);
-      if constexpr (NORM) {  // rms_norm's output element: (x * rstd) * w, rounded to bf16
-#pragma unroll
-        for (int i = 0; i < 8; ++i) xf[i] = __bfloat162float(__float2bfloat16_rn(xf[i] * rstd[m] * gf[i]));
-      }
+      // a plain load, not __ldg (data read-only for the whole kernel): under PDL this kernel may
+      // be launched while the one writing x still runs
+      minillm::unpack_bf16x8(reinterpret_cast<const uint4*>(x + (i64)m * ldx)[c], xf);
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         float wf[8];
@@ -132,91 +88,20 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
         acc[r][m] = s;
       }
     }
-  };
-
-  int c_begin = lane;
-  if constexpr (NORM) {
-    // the first chunk's loads go out before the partial sums of squares are summed: the two
-    // latencies overlap instead of adding up
-    uint4 wv[R], xv[M], gv = make_uint4(0u, 0u, 0u, 0u);
-    const bool first = lane < chunks;
-    if (first) {
-      load_w(lane, wv);
-      gv = __ldg(reinterpret_cast<const uint4*>(nf.norm_w) + lane);
-#pragma unroll
-      for (int m = 0; m < M; ++m) xv[m] = load_x(lane, m);
-    }
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const float4* p = reinterpret_cast<const float4*>(nf.sumsq + m * nf.lds);  // P % 4 == 0
-      float ss = 0.f;
-      for (int i = lane; i < nf.P / 4; i += 32) {
-        const float4 v = p[i];  // plain load: the previous kernel wrote it
-        ss += ((v.x + v.y) + v.z) + v.w;
-      }
-      ss = minillm::warp_sum(ss);
-      rstd[m] = rsqrtf(ss / (float)K + nf.eps);  // rms_norm's expression
-    }
-    if (first) fma_chunk(lane, wv, xv, gv);
-    c_begin += 32;
-  }
-
-  // Unrolled so the loads of several chunks are in flight per lane: one chunk's R 16-byte loads
-  // were too few to hide HBM latency on the 8B model's matrices (~2.5 of ~4.2 TB/s).
-#pragma unroll 4
-  for (int c = c_begin; c < chunks; c += 32) {
-    uint4 wv[R], gv = make_uint4(0u, 0u, 0u, 0u);
-    load_w(c, wv);
-    if constexpr (NORM) gv = __ldg(reinterpret_cast<const uint4*>(nf.norm_w) + c);
-    fma_chunk(c, wv, nullptr, gv);
   }
   minillm::pdl_release();
-  if constexpr (RESID) {
-    // res <- res + round(x . w), rounded again (matmul then rms_norm's residual add), and the
-    // CTA's partial sums of squares of what it wrote, its warps summed in order
-    __shared__ float part_ss[GEMV_WARPS][M];
-    float ss[M];
 #pragma unroll
-    for (int m = 0; m < M; ++m) ss[m] = 0.f;
+  for (int r = 0; r < GEMV_NR; ++r) {
+    const int n = n0 + r;
 #pragma unroll
-    for (int r = 0; r < GEMV_NR; ++r) {
-      const int n = n0 + r;
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        const float s = minillm::warp_sum(acc[r][m]);
-        if (lane == 0 && n < N) {
-          const float y = minillm::to_f(minillm::from_f<bf16>(s + (bias ? minillm::to_f(bias[n]) : 0.f)));
-          const float v = minillm::to_f(minillm::from_f<bf16>(res_in[r][m] + y));
-          nf.res[(i64)m * nf.ldr + n] = minillm::from_f<bf16>(v);
-          ss[m] += v * v;
-        }
-      }
-    }
-    if (lane == 0) {
-#pragma unroll
-      for (int m = 0; m < M; ++m) part_ss[threadIdx.x >> 5][m] = ss[m];
-    }
-    __syncthreads();
-    if (threadIdx.x < M) {
-      float t = 0.f;
-#pragma unroll
-      for (int i = 0; i < GEMV_WARPS; ++i) t += part_ss[i][threadIdx.x];
-      nf.sumsq[threadIdx.x * nf.lds + blockIdx.x] = t;
-    }
-  } else {
-#pragma unroll
-    for (int r = 0; r < GEMV_NR; ++r) {
-      const int n = n0 + r;
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        const float s = minillm::warp_sum(acc[r][m]);
-        const float up = GATED ? minillm::warp_sum(acc[r + GEMV_NR][m]) : 0.f;
-        if (lane == 0 && n < N) {
-          // GATED: silu in fp32 on the unrounded sums (the unfused path rounds gate_up to bf16 first)
-          const float y = GATED ? s / (1.0f + expf(-s)) * up
-                                : s + (bias ? minillm::to_f(bias[n]) : 0.f);
-          out[(i64)m * ldo + n] = minillm::from_f<TO>(y);
-        }
+    for (int m = 0; m < M; ++m) {
+      const float s = minillm::warp_sum(acc[r][m]);
+      const float up = GATED ? minillm::warp_sum(acc[r + GEMV_NR][m]) : 0.f;
+      if (lane == 0 && n < N) {
+        // GATED: silu in fp32 on the unrounded sums (the unfused path rounds gate_up to bf16 first)
+        const float y = GATED ? s / (1.0f + expf(-s)) * up
+                              : s + (bias ? minillm::to_f(bias[n]) : 0.f);
+        out[(i64)m * ldo + n] = minillm::from_f<TO>(y);
       }
     }
   }
@@ -246,60 +131,6 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
 
 MINILLM_GEMV(bf16, bf16)
 MINILLM_GEMV(f32, float)
-
-// The folded norm's kernels take 1-4 rows (the host uses them for one-row steps).
-#define MINILLM_GEMV_FOLD_SWITCH(GATED, NORM, RESID)                                          \
-  switch (M) {                                                                                \
-    case 1: gemv_impl<bf16, 1, GATED, NORM, RESID>(x, ldx, w, bias, out, ldo, N, K, nf); break; \
-    case 2: gemv_impl<bf16, 2, GATED, NORM, RESID>(x, ldx, w, bias, out, ldo, N, K, nf); break; \
-    case 3: gemv_impl<bf16, 3, GATED, NORM, RESID>(x, ldx, w, bias, out, ldo, N, K, nf); break; \
-    default: gemv_impl<bf16, 4, GATED, NORM, RESID>(x, ldx, w, bias, out, ldo, N, K, nf); break; \
-  }
-
-// res [M, N] += x @ w.T in place (each sum rounded to bf16 first), sumsq [M, >= gridDim.x]: the
-// updated rows' partial sums of squares, one a CTA; grid (ceil(N / (GEMV_NR * GEMV_WARPS))).
-extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
-    gemv_residual_bf16(const bf16* x, i64 ldx, const bf16* w, const bf16* bias, bf16* res, i64 ldr,
-                       float* sumsq, i64 lds, int M, int N, int K) {
-  NormFold nf;
-  nf.res = res;
-  nf.ldr = ldr;
-  nf.sumsq = sumsq;
-  nf.lds = lds;
-  bf16* out = nullptr;
-  const i64 ldo = 0;
-  MINILLM_GEMV_FOLD_SWITCH(false, false, true)
-}
-
-// out = (rms_norm(x) * norm_w) @ w.T (+ bias), the norm's statistics from P partial sums of
-// squares a row (gemv_residual's); grid (ceil(N / (GEMV_NR * GEMV_WARPS))).
-extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
-    gemv_norm_bf16(const bf16* x, i64 ldx, const float* sumsq, i64 lds, int P, const bf16* norm_w,
-                   float eps, const bf16* w, const bf16* bias, bf16* out, i64 ldo, int M, int N, int K) {
-  NormFold nf;
-  nf.sumsq = const_cast<float*>(sumsq);  // read only
-  nf.lds = lds;
-  nf.P = P;
-  nf.norm_w = norm_w;
-  nf.eps = eps;
-  MINILLM_GEMV_FOLD_SWITCH(false, true, false)
-}
-
-// gemv_norm's normalised x through gemv_silu_mul's gated product: out [M, F].
-extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
-    gemv_norm_silu_mul_bf16(const bf16* x, i64 ldx, const float* sumsq, i64 lds, int P,
-                            const bf16* norm_w, float eps, const bf16* w, bf16* out, i64 ldo, int M,
-                            int F, int K) {
-  NormFold nf;
-  nf.sumsq = const_cast<float*>(sumsq);
-  nf.lds = lds;
-  nf.P = P;
-  nf.norm_w = norm_w;
-  nf.eps = eps;
-  const bf16* bias = nullptr;
-  const int N = F;
-  MINILLM_GEMV_FOLD_SWITCH(true, true, false)
-}
 
 // out [M, F] = silu(x @ w[:F].T) * (x @ w[F:].T) for the [2F, K] gate_up matrix w; grid
 // (ceil(F / (GEMV_NR * GEMV_WARPS))).

@@ -1962,7 +1962,7 @@ part128() {  # session 18, call 7: every GPU test on the session's final code (a
   gpu_tests_full 220
 }
 
-part129() {  # session 19, call 1: each layer's two RMSNorms folded into the one-row products around
+part129() {  # session 19, call 1 (ran at 2a67819; the fold was then removed: slower): each layer's two RMSNorms folded into the one-row products around
   # them (cuda/gemv.cu: gemv_residual, gemv_norm, gemv_norm_silu_mul): their GPU tests and the
   # model's, then both shapes' batch-1 graphs with MINILLM_NORM_FOLD=1 / 0 alternately, twice; decode
   setup
@@ -1982,7 +1982,7 @@ part129() {  # session 19, call 1: each layer's two RMSNorms folded into the one
   decode_8b 150
 }
 
-part130() {  # session 19, call 2: the folded norms with their latencies overlapped (the o and down
+part130() {  # session 19, call 2 (ran at 6a2b476; removed after): the folded norms with their latencies overlapped (the o and down
   # products load their residual elements before the stream; qkv and gate_up issue their first
   # chunk's loads before summing the partials): the fold tests, then the A/B of part129 again
   setup
@@ -1999,6 +1999,33 @@ part130() {  # session 19, call 2: the folded norms with their latencies overlap
   done
   decode_06b 100
   decode_8b 150
+}
+
+part131() {  # session 19, call 3: unpack_bf16x8 taking its word by value (16-byte loads of the GEMVs'
+  # x chunks, rms_norm_vec's rows and silu_mul's inputs, which nvcc had split into four 4-byte loads)
+  # against the session's start (b2782d5, carried as .snap0), alternately, twice: batch-1 graphs of
+  # both shapes, a rejected DFlash k = 8 round at c = 1 and 16, throughput; then every GPU test
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 150
+  local i t d s b
+  for i in 1 2; do
+    for t in new old; do
+      d=.
+      [ "$t" = old ] && d=../.snap0
+      for s in q06 q8; do
+        stage "graph_${s}_${t}_$i" 100 bash -c "cd $d && PYTHONPATH=.:/tmp/site python3 scripts/step_kernels.py \
+          $M/$s --batch 1 --ctx 512 --json $W/graph_${s}_${t}_$i.json"
+      done
+      for b in 1 16; do
+        stage "graph_q8_spec_b${b}_${t}_$i" 100 bash -c "cd $d && PYTHONPATH=.:/tmp/site python3 \
+          scripts/step_kernels.py $M/q8 --spec $M/q8-dflash --k 8 --batch $b --ctx 512 \
+          --json $W/graph_q8_spec_b${b}_${t}_$i.json"
+      done
+    done
+  done
+  throughput_vs_old
+  gpu_tests_full 220
 }
 
 step_graph_env() {  # step_graph_env MODEL TAG TIMEOUT VAR=VALUE...: a batch-1 decode step's graph at 512

@@ -69,14 +69,12 @@ class Case:
     def decode(self, p: int, one_op: bool, x: StepInputs | None = None):
         """Decode position p; returns (logits, residual, hidden, K rows, V rows of every layer)."""
         plan = self.model.decoder
-        if not one_op:  # the op-by-op sequence the decoder stands for: norms unfolded, hidden written
+        if not one_op:
             self.model.decoder = None
-            self.be.folds_norms = lambda rows, hidden: False
         try:
             logits = self.model.forward(x or self.inputs(p, 1), 1, 1, self.kv, self.ws)
         finally:
             self.model.decoder = plan
-            self.be.__dict__.pop("folds_norms", None)
         h = self.be.to_host
         blk, off = divmod(self.slot(p), self.bs)
         return (h(logits).astype(np.float32), h(self.ws.residual[:1]).astype(np.float32),

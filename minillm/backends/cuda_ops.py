@@ -125,9 +125,6 @@ _GEMV_PREFERRED_M = 1
 # the GEMV's loss on small matrices (0.6B gate_up: 4.8 us vs 3.3 + 2.5) but not on large ones
 # (8B gate_up at 4 rows: 63.9 us vs 48.6 + 2.5): above this many weights 3-4 rows go unfused
 _GATED_GEMV_MAX_W = 32 << 20
-# rows up to which a step folds its RMSNorms into the products (folds_norms); the kernels take 1-4,
-# but from 2 rows the skinny tensor-core GEMM is the faster product
-_NORM_FOLD_MAX_M = 1
 
 
 def small_product_kernel(M: int, N: int, K: int) -> str | None:
@@ -427,8 +424,7 @@ class CudaBackend:
                                  for t in ("bf16", "f32") for d in _DECODE_HEAD_DIMS
                                  for g in range(1, _DECODE_MAX_G + 1)],
             "sampling": ["sample_tokens"],
-            "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemm_skinny_bf16", "gemm_skinny_f32",
-                     "gemv_residual_bf16", "gemv_norm_bf16", "gemv_norm_silu_mul_bf16"],
+            "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemm_skinny_bf16", "gemm_skinny_f32"],
         }.items():
             for n in names:
                 k[n] = kc.get_kernel(mod, n, self.debug)
@@ -466,7 +462,6 @@ class CudaBackend:
         self.wide_gemm_possible = (int(self.props["major"]) >= 9 and self.dtype != np.float32
                                    and wide_gemm_smem(max(_GW_MT)) <= self.max_smem)
         self.wide_gemm = self.wide_gemm_possible and os.environ.get("MINILLM_GEMM", "") == "wide"
-        self.norm_fold = env_int("MINILLM_NORM_FOLD", 1, "0: one-row steps keep their rms_norm launches") == 1
         self.k = k
 
     # ---- memory -------------------------------------------------------------------------
@@ -902,79 +897,6 @@ class CudaBackend:
             return
         self.matmul(x, w_gate_up, out=gate_up)
         self.silu_mul(gate_up, out=out)
-
-    # ---- a layer's RMSNorms folded into the products around them (cuda/gemv.cu) ------------
-    def folds_norms(self, rows: int, hidden: int) -> bool:
-        """Whether a step of `rows` rows runs matmul_residual / rms_norm_matmul(_silu_mul) instead
-        of rms_norm launches: bf16 one-row steps (two launches a layer fewer; MINILLM_NORM_FOLD=0
-        keeps them, for A/B runs)."""
-        return (self.norm_fold and self.dtype != np.float32 and 1 <= rows <= _NORM_FOLD_MAX_M
-                and hidden % (4 * _GEMV_COLS_PER_CTA) == 0)
-
-    def norm_partials(self, hidden: int) -> int:
-        """Width of the sumsq rows matmul_residual writes for rows of `hidden` features: one
-        partial sum of squares per GEMV CTA."""
-        return _cdiv(hidden, _GEMV_COLS_PER_CTA)
-
-    def matmul_residual(self, x, w, residual, sumsq, bias=None) -> None:
-        """residual <- residual + x @ w.T (+ bias), the product rounded to storage first (matmul
-        then rms_norm's residual add), and sumsq [rows, >= norm_partials(N)]: partial sums of the
-        updated rows' squares (one a CTA), what rms_norm_matmul normalises with."""
-        M, ldx = _rows(x, "matmul_residual x")
-        N, K = w.shape
-        _, ldr = _rows(residual, "matmul_residual residual")
-        _, lds = _rows(sumsq, "matmul_residual sumsq")
-        self._check_fold("matmul_residual", x, w, bias, M, K, ldx, residual, N, sumsq, lds, N)
-        self._launch("gemv_residual_bf16", (_cdiv(N, _GEMV_COLS_PER_CTA),), (_GEMV_THREADS,),
-                     (x, _i64(ldx), w, bias if bias is not None else _NULL, residual, _i64(ldr), sumsq,
-                      _i64(lds), _i32(M), _i32(N), _i32(K)))
-
-    def rms_norm_matmul(self, x, sumsq, norm_w, eps: float, w, out, bias=None) -> None:
-        """out = (rms_norm(x) * norm_w) @ w.T (+ bias), the norm's statistics from sumsq
-        (matmul_residual's partials), each normalised element rounded to storage as rms_norm's
-        output is; one kernel, no normalised copy of x."""
-        M, ldx = _rows(x, "rms_norm_matmul x")
-        N, K = w.shape
-        _, ldo = _rows(out, "rms_norm_matmul out")
-        _, lds = _rows(sumsq, "rms_norm_matmul sumsq")
-        self._check_fold("rms_norm_matmul", x, w, bias, M, K, ldx, out, N, sumsq, lds, K, norm_w)
-        self._launch("gemv_norm_bf16", (_cdiv(N, _GEMV_COLS_PER_CTA),), (_GEMV_THREADS,),
-                     (x, _i64(ldx), sumsq, _i64(lds), _i32(self.norm_partials(K)), norm_w, np.float32(eps), w,
-                      bias if bias is not None else _NULL, out, _i64(ldo), _i32(M), _i32(N), _i32(K)))
-
-    def rms_norm_matmul_silu_mul(self, x, sumsq, norm_w, eps: float, w_gate_up, out) -> None:
-        """out = silu(xn @ gate.T) * (xn @ up.T) for xn = rms_norm(x) * norm_w as in
-        rms_norm_matmul, w_gate_up = [gate; up] ([2F, K]); one kernel."""
-        M, ldx = _rows(x, "rms_norm_matmul_silu_mul x")
-        N2, K = w_gate_up.shape
-        F = N2 // 2
-        _, ldo = _rows(out, "rms_norm_matmul_silu_mul out")
-        _, lds = _rows(sumsq, "rms_norm_matmul_silu_mul sumsq")
-        if N2 % 2:
-            raise ValueError(f"rms_norm_matmul_silu_mul: gate_up {w_gate_up.shape} has an odd row count")
-        self._check_fold("rms_norm_matmul_silu_mul", x, w_gate_up, None, M, K, ldx, out, F, sumsq, lds, K,
-                         norm_w)
-        self._launch("gemv_norm_silu_mul_bf16", (_cdiv(F, _GEMV_COLS_PER_CTA),), (_GEMV_THREADS,),
-                     (x, _i64(ldx), sumsq, _i64(lds), _i32(self.norm_partials(K)), norm_w, np.float32(eps),
-                      w_gate_up, out, _i64(ldo), _i32(M), _i32(F), _i32(K)))
-
-    def _check_fold(self, what: str, x, w, bias, M: int, K: int, ldx: int, y, N: int, sumsq, lds: int,
-                    hidden: int, norm_w=None) -> None:
-        """What the folded-norm kernels take: the GEMV's rows and alignment, y [M, N] (out or the
-        residual), sumsq float32 [M, norm_partials(hidden)] with 16-byte rows, norm_w [K]."""
-        if (x.shape[-1] != K or y.shape != (M, N) or not w.flags.c_contiguous or y.dtype != self.dtype
-                or not self._gemv_fits(x, w, y, bias, M, K, ldx, max_m=_NORM_FOLD_MAX_M)
-                or hidden % (4 * _GEMV_COLS_PER_CTA)):
-            raise ValueError(f"{what}: x {x.shape} @ w {w.shape}.T -> {y.shape} is not a product of at most "
-                             f"{_NORM_FOLD_MAX_M} aligned {np.dtype(self.dtype).name} rows (folds_norms says "
-                             "which steps take it)")
-        if (sumsq.dtype != np.float32 or sumsq.shape[0] < M or sumsq.shape[-1] < self.norm_partials(hidden)
-                or lds % 4 or sumsq.data.ptr % 16):
-            raise ValueError(f"{what}: sumsq must be float32 [{M}, {self.norm_partials(hidden)}] with "
-                             f"16-byte rows, got {sumsq.dtype} {sumsq.shape}")
-        if norm_w is not None and (norm_w.shape != (K,) or norm_w.dtype != self.dtype):
-            raise ValueError(f"{what}: norm weight must be [{K}] {np.dtype(self.dtype).name}, got "
-                             f"{norm_w.dtype} {norm_w.shape}")
 
     def _gemv_fits(self, x, w, out, bias, M: int, K: int, ldx: int, max_m: int | None = None) -> bool:
         """At most max_m rows of bf16 with 16-byte aligned rows: what cuda/gemv.cu's kernels take

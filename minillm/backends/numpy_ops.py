@@ -151,43 +151,6 @@ class NumpyBackend:
         self.matmul(x, w_gate_up, out=gate_up)
         self.silu_mul(gate_up, out=out)
 
-    # A layer's RMSNorms folded into the products around them (one kernel each on the GPU). Here
-    # they are the unfused ops' very arithmetic, so a folded step equals an unfused one exactly.
-    def folds_norms(self, rows: int, hidden: int) -> bool:
-        """Whether a step of `rows` rows folds its norms (as the GPU does: one-row steps)."""
-        return rows == 1
-
-    def norm_partials(self, hidden: int) -> int:
-        """Width of the sumsq rows matmul_residual writes (the GPU: one per CTA; here 1)."""
-        return 1
-
-    def matmul_residual(self, x, w, residual, sumsq, bias=None) -> None:
-        """residual <- residual + x @ w.T (+ bias) (the product stored first: matmul, then
-        rms_norm's residual add), and sumsq [rows, P]: partial sums of squares of the updated
-        rows, whose row sums are the rows' sums of squares (here all of it in column 0)."""
-        y = np.empty((x.shape[0], w.shape[0]), dtype=residual.dtype)
-        self.matmul(x, w, out=y, bias=bias)
-        residual += y
-        sumsq[...] = 0
-        sumsq[:, 0] = np.sum(np.square(residual), axis=-1)
-
-    def rms_norm_matmul(self, x, sumsq, norm_w, eps: float, w, out, bias=None) -> None:
-        """out = (rms_norm(x) * norm_w) @ w.T (+ bias), the norm's statistics from sumsq
-        (matmul_residual's partials) instead of a pass over x."""
-        self.matmul(self._normed(x, sumsq, norm_w, eps), w, out=out, bias=bias)
-
-    def rms_norm_matmul_silu_mul(self, x, sumsq, norm_w, eps: float, w_gate_up, out) -> None:
-        """out = silu(xn @ gate.T) * (xn @ up.T) for xn = rms_norm(x) * norm_w, as rms_norm_matmul."""
-        xn = self._normed(x, sumsq, norm_w, eps)
-        self.matmul_silu_mul(xn, w_gate_up, out=out, gate_up=np.empty((x.shape[0], w_gate_up.shape[0]), x.dtype))
-
-    @staticmethod
-    def _normed(x, sumsq, w, eps: float) -> np.ndarray:
-        # rms_norm's expression; its mean divides as np.mean does (float64, rounded back)
-        var = np.sum(sumsq[: x.shape[0]], axis=-1, keepdims=True)
-        np.true_divide(var, np.intp(x.shape[-1]), out=var, casting="unsafe")
-        return np.multiply(x * (1.0 / np.sqrt(var + eps)), w)
-
     def store_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
         """Write each token's k/v to its physical slot (block * block_size + offset).
 

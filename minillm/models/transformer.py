@@ -52,9 +52,6 @@ class StepInputs:
     short_runs: bool = True
 
 
-_FOLD_ROWS = 4  # the most rows a backend's folded-norm products take (cuda/gemv.cu)
-
-
 class Workspace:
     """Activation buffers for up to max_tokens rows and max_logits logits rows, made once."""
 
@@ -62,9 +59,7 @@ class Workspace:
     def nbytes(cfg: ModelConfig, max_tokens: int, max_logits: int, dtype_bytes: int) -> int:
         """What __init__ allocates, for planning memory before it exists."""
         per_token = 3 * cfg.hidden_size + cfg.q_size + 2 * cfg.kv_size + cfg.q_size + 3 * cfg.intermediate_size
-        sumsq = 4 * _FOLD_ROWS * cfg.hidden_size  # at least norm_partials(hidden) floats a row
-        return (dtype_bytes * (max_tokens * per_token + max_logits * cfg.hidden_size)
-                + 4 * max_logits * cfg.vocab_size + sumsq)
+        return dtype_bytes * (max_tokens * per_token + max_logits * cfg.hidden_size) + 4 * max_logits * cfg.vocab_size
 
     def __init__(self, backend, cfg: ModelConfig, max_tokens: int, max_logits: int):
         e = backend.empty
@@ -79,8 +74,6 @@ class Workspace:
         self.act = e((max_tokens, cfg.intermediate_size))
         self.last = e((max_logits, cfg.hidden_size))
         self.logits = e((max_logits, cfg.vocab_size), dtype=np.float32)
-        # partial sums of squares of the residual rows, for steps that fold their norms
-        self.sumsq = e((_FOLD_ROWS, backend.norm_partials(cfg.hidden_size)), dtype=np.float32)
 
 
 class Transformer:
@@ -145,26 +138,18 @@ class Transformer:
         # one new token a sequence (the runner's hint): no row attends to another row's new key,
         # so each layer's q/k rotation and KV store fold into its attention kernel
         decode_step = x.max_query_len == 1 and causal
-        # few rows: each RMSNorm folds into the products around it (the o and down products add
-        # into the residual and leave its sums of squares; qkv and gate_up normalise as they load)
-        fold = not one_op and not capture_layers and B.folds_norms(T, hs)
-        sumsq = ws.sumsq[:T] if fold else None
         if one_op:
             B.decode_layers(self.decoder, residual, hidden, k_cache, v_cache, x.positions, x.slot_mapping,
                             x.block_tables, x.seq_lens)
         for i, lw in enumerate(() if one_op else self.layers):
             if i == 0:
                 B.rms_norm(residual, lw.attn_norm, c.rms_norm_eps, out=normed)
-                B.matmul(normed, lw.qkv, out=qkv, bias=lw.qkv_bias)
-            elif fold:
-                B.rms_norm_matmul(residual, sumsq, lw.attn_norm, c.rms_norm_eps, lw.qkv, out=qkv,
-                                  bias=lw.qkv_bias)
             else:
                 B.rms_norm(hidden, lw.attn_norm, c.rms_norm_eps, out=normed, residual=residual)
                 if i - 1 in capture_layers:
                     j = capture_layers.index(i - 1)
                     B.copy(residual, out=capture_out[:T, j * hs : (j + 1) * hs])
-                B.matmul(normed, lw.qkv, out=qkv, bias=lw.qkv_bias)
+            B.matmul(normed, lw.qkv, out=qkv, bias=lw.qkv_bias)
             if decode_step:  # one kernel: q/k norm + RoPE, k and v into the caches, attention
                 B.decode_step_attention(q, k, v, lw.q_norm, lw.k_norm, c.rms_norm_eps, x.positions,
                                         self.cos_sin, k_cache[i], v_cache[i], x.slot_mapping,
@@ -178,21 +163,12 @@ class Transformer:
                                   x.query_start, self.scale, out=attn, causal=causal,
                                   max_query_len=x.max_query_len, decode_rows=x.decode_rows,
                                   short_runs=x.short_runs)
-            if fold:
-                B.matmul_residual(attn.reshape(T, c.q_size), lw.o, residual, sumsq)
-                B.rms_norm_matmul_silu_mul(residual, sumsq, lw.mlp_norm, c.rms_norm_eps, lw.gate_up,
-                                           out=ws.act[:T])
-                B.matmul_residual(ws.act[:T], lw.down, residual, sumsq)
-                continue
             B.matmul(attn.reshape(T, c.q_size), lw.o, out=hidden)
             B.rms_norm(hidden, lw.mlp_norm, c.rms_norm_eps, out=normed, residual=residual)
             # gate_up GEMV and SiLU-and-multiply in one kernel when few rows (ws.gate_up unused then)
             B.matmul_silu_mul(normed, lw.gate_up, out=ws.act[:T], gate_up=ws.gate_up[:T])
             B.matmul(ws.act[:T], lw.down, out=hidden)
-        if fold:  # the residual already holds the last layer's sum
-            B.rms_norm(residual, self.norm, c.rms_norm_eps, out=normed)
-        else:
-            B.rms_norm(hidden, self.norm, c.rms_norm_eps, out=normed, residual=residual)
+        B.rms_norm(hidden, self.norm, c.rms_norm_eps, out=normed, residual=residual)
         last_layer = c.num_layers - 1
         if last_layer in capture_layers:  # as in HF's hidden_states, the last one is after the final norm
             j = capture_layers.index(last_layer)
