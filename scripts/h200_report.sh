@@ -2004,7 +2004,7 @@ part130() {  # session 19, call 2 (ran at 6a2b476; removed after): the folded no
 part131() {  # session 19, call 3: unpack_bf16x8 taking its word by value (16-byte loads of the GEMVs'
   # x chunks, rms_norm_vec's rows and silu_mul's inputs, which nvcc had split into four 4-byte loads)
   # against the session's start (b2782d5, carried as .snap0), alternately, twice: batch-1 graphs of
-  # both shapes, a rejected DFlash k = 8 round at c = 1 and 16, throughput; then every GPU test
+  # both shapes, a rejected DFlash k = 8 round at c = 1 and 16, throughput
   setup
   facts > "$W/facts.txt" 2>&1
   models_all 150
@@ -2025,7 +2025,6 @@ part131() {  # session 19, call 3: unpack_bf16x8 taking its word by value (16-by
     done
   done
   throughput_vs_old
-  gpu_tests_full 220
 }
 
 step_graph_env() {  # step_graph_env MODEL TAG TIMEOUT VAR=VALUE...: a batch-1 decode step's graph at 512
