@@ -32,6 +32,9 @@
 // this bound); 8B (33.5-201 MB) with every matrix's first 64 MB asked for 4.457 -> 5.125 ms, the
 // first 8 MB 4.51 ms (part117: there the requests only add traffic beside loads already
 // streaming), so 8B's products are left alone. 0: never.
+#ifndef GEMV_STAGED  // 0: one row takes the unrolled loop too (for A/B runs: h200_report.sh part132)
+#define GEMV_STAGED 1
+#endif
 #ifndef GEMV_PREFETCH_MAX
 #define GEMV_PREFETCH_MAX (16 << 20)
 #endif
@@ -61,23 +64,23 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
 
-  // Unrolled so the loads of several chunks are in flight per lane: one chunk's R 16-byte loads
-  // were too few to hide HBM latency on the 8B model's matrices (~2.5 of ~4.2 TB/s).
-#pragma unroll 4
-  for (int c = lane; c < chunks; c += 32) {
-    uint4 wv[R];
+  auto load_w = [&](int c, uint4* wv) {  // issue every row's load before using any
 #pragma unroll
-    for (int r = 0; r < R; ++r) {  // issue every row's load before using any
+    for (int r = 0; r < R; ++r) {
       const int col = min(n0 + r % GEMV_NR, N - 1);
       const int n = r < GEMV_NR ? col : N + col;  // rows past GEMV_NR: the up half (GATED)
       wv[r] = __ldg(reinterpret_cast<const uint4*>(w + (i64)n * K) + c);
     }
+  };
+  // x is written by the previous kernel: read only after pdl_entry (cuda/common.cuh), and with a
+  // plain load, not __ldg
+  auto load_x = [&](int c, int m) { return reinterpret_cast<const uint4*>(x + (i64)m * ldx)[c]; };
+  // chunk c's products, in c order; xv: x's chunks if loaded already, else loaded here row by row
+  auto fma_chunk = [&](int c, const uint4* wv, const uint4* xv) {
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       float xf[8];
-      // a plain load, not __ldg (data read-only for the whole kernel): under PDL this kernel may
-      // be launched while the one writing x still runs
-      minillm::unpack_bf16x8(reinterpret_cast<const uint4*>(x + (i64)m * ldx)[c], xf);
+      minillm::unpack_bf16x8(xv ? xv[m] : load_x(c, m), xf);
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         float wf[8];
@@ -87,6 +90,36 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
         for (int i = 0; i < 8; ++i) s = fmaf(xf[i], wf[i], s);
         acc[r][m] = s;
       }
+    }
+  };
+  if (GEMV_STAGED && M == 1) {
+    // One row: 4 chunks a lane in flight, every load of the group issued into registers before
+    // any is used. Written as one unrolled loop (load, then multiply, chunk by chunk), ptxas
+    // interleaved the loads with the FMAs, so the first FMA's wait held back the next chunks'
+    // loads and about one chunk was in flight (session 19, from the SASS). Chunks past the end
+    // reload the last one, unused. The sums keep their order: the results are the same bits.
+    constexpr int U = 4;
+    for (int c0 = lane; c0 < chunks; c0 += 32 * U) {
+      uint4 wv[U][R], xv[U][M];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int c = min(c0 + 32 * u, chunks - 1);
+        load_w(c, wv[u]);
+#pragma unroll
+        for (int m = 0; m < M; ++m) xv[u][m] = load_x(c, m);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (c0 + 32 * u < chunks) fma_chunk(c0 + 32 * u, wv[u], xv[u]);
+    }
+  } else {
+    // Unrolled so the loads of several chunks are in flight per lane: one chunk's R 16-byte
+    // loads were too few to hide HBM latency on the 8B model's matrices (~2.5 of ~4.2 TB/s).
+#pragma unroll 4
+    for (int c = lane; c < chunks; c += 32) {
+      uint4 wv[R];
+      load_w(c, wv);
+      fma_chunk(c, wv, nullptr);
     }
   }
   minillm::pdl_release();
@@ -132,6 +165,17 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
 MINILLM_GEMV(bf16, bf16)
 MINILLM_GEMV(f32, float)
 
+// One row (a batch-1 decode step): its own kernels, so the staged loop's registers do not raise
+// the many-row cases' and theirs do not lower this one's occupancy.
+extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
+    gemv1_bf16(const bf16* x, i64 ldx, const bf16* w, const bf16* bias, bf16* out, i64 ldo, int N, int K) {
+  gemv_impl<bf16, 1, false>(x, ldx, w, bias, out, ldo, N, K);
+}
+extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
+    gemv1_f32(const bf16* x, i64 ldx, const bf16* w, const bf16* bias, float* out, i64 ldo, int N, int K) {
+  gemv_impl<float, 1, false>(x, ldx, w, bias, out, ldo, N, K);
+}
+
 // out [M, F] = silu(x @ w[:F].T) * (x @ w[F:].T) for the [2F, K] gate_up matrix w; grid
 // (ceil(F / (GEMV_NR * GEMV_WARPS))).
 extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
@@ -140,6 +184,10 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
   const bf16* bias = nullptr;
   const int N = F;
   MINILLM_GEMV_SWITCH(bf16, true)
+}
+extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
+    gemv1_silu_mul_bf16(const bf16* x, i64 ldx, const bf16* w, bf16* out, i64 ldo, int F, int K) {
+  gemv_impl<bf16, 1, true>(x, ldx, w, nullptr, out, ldo, F, K);
 }
 
 // ---- gemm_skinny: 2-16 rows of x on tensor cores ---------------------------------------------

@@ -2027,6 +2027,21 @@ part131() {  # session 19, call 3: unpack_bf16x8 taking its word by value (16-by
   throughput_vs_old
 }
 
+part132() {  # session 19, call 4: one-row GEMVs with four chunks' loads issued before any FMA
+  # (gemv1_*, GEMV_STAGED) against the unrolled loop (GEMV_STAGED=0), both shapes' batch-1 graphs
+  # alternately, twice; decode of both shapes; the new kernels' tests under memcheck; every GPU test
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 150
+  step_graph_ab staged GEMV_STAGED 1 0
+  decode_06b 100
+  decode_8b 150
+  stage memcheck_gemv 150 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py \
+    -k "bfloat16 and (one_row_gemv or test_matmul[ or matmul_silu_mul or rms_norm or silu_mul)"
+  gpu_tests_full 240
+}
+
 step_graph_env() {  # step_graph_env MODEL TAG TIMEOUT VAR=VALUE...: a batch-1 decode step's graph at 512
   # tokens of context with those environment settings
   local m=$1 tag=$2 t=$3

@@ -318,7 +318,8 @@ def test_logit_transforms(be):
 
 # ---- matmul -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("M,K,N", [(1, 64, 96), (7, 200, 1000), (64, 512, 384), (300, 128, 4096),
-                                   (3, 1024, 1537), (8, 4096, 260), (9, 64, 33)])  # M <= 4: cuda/gemv.cu
+                                   (3, 1024, 1537), (8, 4096, 260), (9, 64, 33), (1, 1000, 1537),
+                                   (1, 4104, 300)])  # M <= 4: cuda/gemv.cu (1: gemv1, the last group partial)
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("out_f32", [False, True])
 def test_matmul(be, M, K, N, bias, out_f32):
@@ -497,6 +498,36 @@ def test_matmul_silu_mul(be, M, K, F):
     g = be.capture_graph(lambda: be.matmul_silu_mul(xd, wd, out2, gate_up))
     g.replay()
     assert np.array_equal(host(be, out2), got)
+
+
+@pytest.mark.parametrize("K,N", [(64, 96), (1000, 1537), (1024, 4096), (4104, 300)])
+def test_one_row_gemv_staged_loads_same_bits(be, K, N):
+    """gemv1_* (one row: four chunks' loads issued before any FMA) against the same kernels built
+    with GEMV_STAGED=0 (the unrolled loop): the same sums in the same order, so the same bits, the
+    gated product included; chunk counts that leave the last group partial."""
+    if be.dtype == np.float32:
+        pytest.skip("the GEMV is the bf16 path")
+    from minillm.backends import compile as kc
+
+    rng = np.random.default_rng(K + N)
+    x = be.asarray(rng.standard_normal((1, K)).astype(np.float32))
+    w = be.asarray((rng.standard_normal((2 * N, K)) / np.sqrt(K)).astype(np.float32))
+    b = be.asarray(rng.standard_normal(2 * N).astype(np.float32))
+    outs = []
+    for defines in ((), ("GEMV_STAGED=0",)):
+        plain, gated = poisoned(be, (1, 2 * N)), poisoned(be, (1, N))
+        args = (x, np.int64(K), w, b, plain, np.int64(2 * N), np.int32(2 * N), np.int32(K))
+        with be.stream:
+            kc.get_kernel("gemv", "gemv1_bf16", False, defines)(((2 * N + 7) // 8,), (128,), args)
+            kc.get_kernel("gemv", "gemv1_silu_mul_bf16", False, defines)(
+                ((N + 7) // 8,), (128,), (x, np.int64(K), w, gated, np.int64(N), np.int32(N), np.int32(K)))
+        be.synchronize()
+        outs.append((host(be, plain), host(be, gated)))
+    (p1, g1), (p0, g0) = outs
+    assert not np.isnan(p1).any() and not np.isnan(g1).any()
+    assert np.array_equal(p1, p0) and np.array_equal(g1, g0)
+    ref = rounded(be, host(be, x)).astype(np.float64) @ host(be, w).astype(np.float64).T + host(be, b)
+    assert rel_err(p1, ref) < tol(be)
 
 
 def test_dependent_chain_in_a_graph_matches_eager(be):

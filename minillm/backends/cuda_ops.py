@@ -424,7 +424,8 @@ class CudaBackend:
                                  for t in ("bf16", "f32") for d in _DECODE_HEAD_DIMS
                                  for g in range(1, _DECODE_MAX_G + 1)],
             "sampling": ["sample_tokens"],
-            "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemm_skinny_bf16", "gemm_skinny_f32"],
+            "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemm_skinny_bf16", "gemm_skinny_f32",
+                     "gemv1_bf16", "gemv1_f32", "gemv1_silu_mul_bf16"],
         }.items():
             for n in names:
                 k[n] = kc.get_kernel(mod, n, self.debug)
@@ -819,10 +820,11 @@ class CudaBackend:
         if x.shape[-1] != K or out.shape[-1] != N or out.shape[0] != M or not w.flags.c_contiguous:
             raise ValueError(f"matmul: x {x.shape} @ w {w.shape}.T -> out {out.shape} does not fit")
         kernel = small_product_kernel(M, N, K) if self._gemv_fits(x, w, out, bias, M, K, ldx) else None
-        if kernel == "gemv":
-            self._launch("gemv_" + _suffix(out.dtype), (_cdiv(N, _GEMV_COLS_PER_CTA),), (_GEMV_THREADS,),
-                         (x, _i64(ldx), w, bias if bias is not None else _NULL, out, _i64(ldo), _i32(M),
-                          _i32(N), _i32(K)))
+        if kernel == "gemv":  # one row: its own kernel (cuda/gemv.cu's staged loads)
+            rows = () if M == 1 else (_i32(M),)
+            self._launch(("gemv1_" if M == 1 else "gemv_") + _suffix(out.dtype), (_cdiv(N, _GEMV_COLS_PER_CTA),),
+                         (_GEMV_THREADS,), (x, _i64(ldx), w, bias if bias is not None else _NULL, out, _i64(ldo))
+                         + rows + (_i32(N), _i32(K)))
             return
         if kernel == "skinny":
             self._launch("gemm_skinny_" + _suffix(out.dtype), (_cdiv(N, _SKINNY_COLS_PER_CTA),),
@@ -892,8 +894,9 @@ class CudaBackend:
                              f"{gate_up.shape} -> out {out.shape} does not fit")
         if (out.dtype == self.dtype and self._gemv_fits(x, w_gate_up, out, None, M, K, ldx, max_m=_GEMV_MAX_M)
                 and (M <= 2 or N2 * K <= _GATED_GEMV_MAX_W or K % _SKINNY_K)):
-            self._launch("gemv_silu_mul_bf16", (_cdiv(F, _GEMV_COLS_PER_CTA),), (_GEMV_THREADS,),
-                         (x, _i64(ldx), w_gate_up, out, _i64(ldo), _i32(M), _i32(F), _i32(K)))
+            rows = () if M == 1 else (_i32(M),)
+            self._launch("gemv1_silu_mul_bf16" if M == 1 else "gemv_silu_mul_bf16", (_cdiv(F, _GEMV_COLS_PER_CTA),),
+                         (_GEMV_THREADS,), (x, _i64(ldx), w_gate_up, out, _i64(ldo)) + rows + (_i32(F), _i32(K)))
             return
         self.matmul(x, w_gate_up, out=gate_up)
         self.silu_mul(gate_up, out=out)
