@@ -2028,18 +2028,37 @@ part131() {  # session 19, call 3: unpack_bf16x8 taking its word by value (16-by
 }
 
 part132() {  # session 19, call 4: one-row GEMVs with four chunks' loads issued before any FMA
-  # (gemv1_*, GEMV_STAGED) against the unrolled loop (GEMV_STAGED=0), both shapes' batch-1 graphs
-  # alternately, twice; decode of both shapes; the new kernels' tests under memcheck; every GPU test
+  # (gemv1_*; GEMV_STAGED=0: the unrolled loop) on both shapes' batch-1 graphs, and gemm_skinny
+  # software-pipelined (SKINNY_PIPELINED=0: the unrolled loop) on the 8B rejected DFlash round at
+  # c = 1 (9-row qkv and o) and batch-4 graphs of both shapes, each alternately, twice; then decode
   setup
   facts > "$W/facts.txt" 2>&1
   models_all 150
   step_graph_ab staged GEMV_STAGED 1 0
+  local i v s
+  for i in 1 2; do
+    for v in 1 0; do
+      spec_round_graph "pipe${v}_$i" 1 100 MINILLM_CUDA_DEFINES="SKINNY_PIPELINED=$v"
+      for s in q06 q8; do
+        stage "graph_${s}_b4_pipe${v}_$i" 100 env MINILLM_CUDA_DEFINES="SKINNY_PIPELINED=$v" python3 \
+          scripts/step_kernels.py $M/$s --batch 4 --ctx 512 --json "$W/graph_${s}_b4_pipe${v}_$i.json"
+      done
+    done
+  done
   decode_06b 100
   decode_8b 150
-  stage memcheck_gemv 150 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+}
+
+part133() {  # session 19, call 5: the final code: the load-order kernels' tests under memcheck, every
+  # GPU test, throughput
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_q06_q8 150
+  stage memcheck_gemv 200 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
     python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py \
-    -k "bfloat16 and (one_row_gemv or test_matmul[ or matmul_silu_mul or rms_norm or silu_mul)"
-  gpu_tests_full 240
+    -k "bfloat16 and (load_orders or test_matmul[)"
+  gpu_tests_full 260
+  throughput_06b 60
 }
 
 step_graph_env() {  # step_graph_env MODEL TAG TIMEOUT VAR=VALUE...: a batch-1 decode step's graph at 512
