@@ -32,7 +32,7 @@
 // this bound); 8B (33.5-201 MB) with every matrix's first 64 MB asked for 4.457 -> 5.125 ms, the
 // first 8 MB 4.51 ms (part117: there the requests only add traffic beside loads already
 // streaming), so 8B's products are left alone. 0: never.
-#ifndef GEMV_STAGED  // 0: one row takes the unrolled loop too (for A/B runs: h200_report.sh part132)
+#ifndef GEMV_STAGED  // 0: one row takes the unrolled loop too (A/B runs: h200_report.sh part132)
 #define GEMV_STAGED 1
 #endif
 #ifndef GEMV_PREFETCH_MAX
@@ -205,11 +205,16 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
 // meets the same physical k in both operands, so the dot products are exact permutations of the
 // plain ones. The 8 warps of a CTA take interleaved 64-wide k blocks of the same 16 columns and
 // are summed through shared memory at the end.
+//
+// Its unrolled loop issues each k block's loads only after the previous block's MMAs (ptxas's
+// schedule; the SASS shows it), so about one block a warp is in flight, as gemv1 had. Software-
+// pipelined (the next block's loads before this block's MMAs; session 19, part132, 09bd3fd) it
+// took 102 registers instead of 70, 2 CTAs an SM instead of 3: the 8B DFlash round at c = 1 (9-row
+// qkv and o) 6.267 -> 6.191 ms, but batch-4 steps slower (0.6B 1.271 -> 1.282 ms, 8B 4.635 ->
+// 4.797). Not kept; a kernel of its own for 9-16 rows (two tiles) would keep the first without
+// the second (not measured yet).
 #define SKINNY_WARPS 8
 #define SKINNY_KB 64
-#ifndef SKINNY_PIPELINED  // 0: the unrolled loop (A/B runs: scripts/h200_report.sh part132)
-#define SKINNY_PIPELINED 1
-#endif
 
 namespace {
 
@@ -239,64 +244,28 @@ __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64
   for (int i = 0; i < TILES; ++i) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.f;
 
   const int blocks = K / SKINNY_KB;
-  // A k block's loads: weight rows g and g + 8 (lo/hi: its two 16-byte halves) and each tile's x
-  // row g; rows of x past M count as zeros. x: plain loads, under PDL the kernel writing it may
-  // still run until pdl_entry (cuda/common.cuh).
-  struct Block {
-    uint4 w0_lo, w0_hi, w8_lo, w8_hi, x_lo[TILES], x_hi[TILES];
-  };
-  auto load_block = [&](int kb, Block& b) {
-    const int k = kb * SKINNY_KB;
-    b.w0_lo = __ldg(reinterpret_cast<const uint4*>(w0 + k));
-    b.w0_hi = __ldg(reinterpret_cast<const uint4*>(w0 + k + 8));
-    b.w8_lo = __ldg(reinterpret_cast<const uint4*>(w8 + k));
-    b.w8_hi = __ldg(reinterpret_cast<const uint4*>(w8 + k + 8));
-#pragma unroll
-    for (int i = 0; i < TILES; ++i) {
-      b.x_lo[i] = b.x_hi[i] = make_uint4(0u, 0u, 0u, 0u);
-      if (live[i]) {
-        b.x_lo[i] = reinterpret_cast<const uint4*>(xr[i] + k)[0];
-        b.x_hi[i] = reinterpret_cast<const uint4*>(xr[i] + k + 8)[0];
-      }
-    }
-  };
-  auto mma_block = [&](const Block& b) {
-#pragma unroll
-    for (int i = 0; i < TILES; ++i) {
-      // A registers: (row g, k pair), (row g + 8, k pair), (row g, k pair + 8), (row g + 8, k
-      // pair + 8); B: (k pair, x row g), (k pair + 8, x row g). w0/w8: weight rows g / g + 8
-      minillm::mma_bf16_16816(c[i], b.w0_lo.x, b.w8_lo.x, b.w0_lo.y, b.w8_lo.y, b.x_lo[i].x, b.x_lo[i].y);
-      minillm::mma_bf16_16816(c[i], b.w0_lo.z, b.w8_lo.z, b.w0_lo.w, b.w8_lo.w, b.x_lo[i].z, b.x_lo[i].w);
-      minillm::mma_bf16_16816(c[i], b.w0_hi.x, b.w8_hi.x, b.w0_hi.y, b.w8_hi.y, b.x_hi[i].x, b.x_hi[i].y);
-      minillm::mma_bf16_16816(c[i], b.w0_hi.z, b.w8_hi.z, b.w0_hi.w, b.w8_hi.w, b.x_hi[i].z, b.x_hi[i].w);
-    }
-  };
-#if SKINNY_PIPELINED
-  // Software-pipelined: each block's loads go out before the previous block's MMAs, so two blocks
-  // a warp are in flight. Written as one unrolled loop (load, then MMA, block by block), ptxas
-  // issued each block's loads after the previous block's MMAs, which wait for their own loads:
-  // about one block in flight (session 19, from the SASS). 102 registers instead of 70 (2 CTAs an
-  // SM instead of 3). The warp's last block is loaded once more at the end, unused; the MMAs keep
-  // their order, so the sums are the same bits.
-  if (warp < blocks) {
-    const int last = blocks - 1 - (blocks - 1 - warp) % SKINNY_WARPS;  // this warp's last block
-    Block cur;
-    load_block(warp, cur);
-    for (int kb = warp; kb < blocks; kb += SKINNY_WARPS) {
-      Block nxt;
-      load_block(min(kb + SKINNY_WARPS, last), nxt);
-      mma_block(cur);
-      cur = nxt;
-    }
-  }
-#else
 #pragma unroll 2
   for (int kb = warp; kb < blocks; kb += SKINNY_WARPS) {
-    Block b;
-    load_block(kb, b);
-    mma_block(b);
+    const int k = kb * SKINNY_KB;
+    const uint4 w0_lo = __ldg(reinterpret_cast<const uint4*>(w0 + k));
+    const uint4 w0_hi = __ldg(reinterpret_cast<const uint4*>(w0 + k + 8));
+    const uint4 w8_lo = __ldg(reinterpret_cast<const uint4*>(w8 + k));
+    const uint4 w8_hi = __ldg(reinterpret_cast<const uint4*>(w8 + k + 8));
+#pragma unroll
+    for (int i = 0; i < TILES; ++i) {
+      uint4 x_lo = make_uint4(0u, 0u, 0u, 0u), x_hi = x_lo;
+      if (live[i]) {  // plain loads: under PDL the kernel writing x may still run (common.cuh)
+        x_lo = reinterpret_cast<const uint4*>(xr[i] + k)[0];
+        x_hi = reinterpret_cast<const uint4*>(xr[i] + k + 8)[0];
+      }
+      // A registers: (row g, k pair), (row g + 8, k pair), (row g, k pair + 8), (row g + 8, k
+      // pair + 8); B: (k pair, x row g), (k pair + 8, x row g). w0/w8: weight rows g / g + 8
+      minillm::mma_bf16_16816(c[i], w0_lo.x, w8_lo.x, w0_lo.y, w8_lo.y, x_lo.x, x_lo.y);
+      minillm::mma_bf16_16816(c[i], w0_lo.z, w8_lo.z, w0_lo.w, w8_lo.w, x_lo.z, x_lo.w);
+      minillm::mma_bf16_16816(c[i], w0_hi.x, w8_hi.x, w0_hi.y, w8_hi.y, x_hi.x, x_hi.y);
+      minillm::mma_bf16_16816(c[i], w0_hi.z, w8_hi.z, w0_hi.w, w8_hi.w, x_hi.z, x_hi.w);
+    }
   }
-#endif
   minillm::pdl_release();
   if (warp > 0) {
 #pragma unroll

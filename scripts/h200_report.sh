@@ -2049,14 +2049,14 @@ part132() {  # session 19, call 4: one-row GEMVs with four chunks' loads issued 
   decode_8b 150
 }
 
-part133() {  # session 19, call 5: the final code: the load-order kernels' tests under memcheck, every
-  # GPU test, throughput
+part133() {  # session 19, call 5: the final code (gemm_skinny back to its unrolled loop after
+  # part132): the one-row GEMVs' tests under memcheck, every GPU test, throughput
   setup
   facts > "$W/facts.txt" 2>&1
   models_q06_q8 150
   stage memcheck_gemv 200 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
     python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py \
-    -k "bfloat16 and (load_orders or test_matmul[)"
+    -k "bfloat16 and (one_row_gemv or test_matmul[ or matmul_silu_mul)"
   gpu_tests_full 260
   throughput_06b 60
 }
