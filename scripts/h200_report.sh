@@ -2054,10 +2054,10 @@ part133() {  # session 19, call 5: the final code (gemm_skinny back to its unrol
   setup
   facts > "$W/facts.txt" 2>&1
   models_q06_q8 150
-  stage memcheck_gemv 200 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+  stage memcheck_gemv 150 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
     python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py \
     -k "bfloat16 and (one_row_gemv or test_matmul[ or matmul_silu_mul)"
-  gpu_tests_full 260
+  gpu_tests_full 250
   throughput_06b 60
 }
 
