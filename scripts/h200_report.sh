@@ -2061,6 +2061,16 @@ part133() {  # session 19, call 5: the final code (gemm_skinny back to its unrol
   throughput_06b 60
 }
 
+part134() {  # session 19, call 6: the 8B spec-cost bench on the final code (its plain step now has the
+  # one-row GEMVs)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models 150 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
+  stage spec_cost_8b 200 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_8b.json"
+}
+
 step_graph_env() {  # step_graph_env MODEL TAG TIMEOUT VAR=VALUE...: a batch-1 decode step's graph at 512
   # tokens of context with those environment settings
   local m=$1 tag=$2 t=$3
