@@ -2071,6 +2071,26 @@ part134() {  # session 19, call 6: the 8B spec-cost bench on the final code (its
     --result-json "$W/spec_cost_8b.json"
 }
 
+part135() {  # session 19, call 7: the final code against the session's start (b2782d5, .snap0) on one
+  # machine, alternately, twice: both shapes' batch-1 graphs; then decode of both shapes
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_q06_q8 150
+  local i t d s
+  for i in 1 2; do
+    for t in new old; do
+      d=.
+      [ "$t" = old ] && d=../.snap0
+      for s in q06 q8; do
+        stage "graph_${s}_${t}_$i" 100 bash -c "cd $d && PYTHONPATH=.:/tmp/site python3 scripts/step_kernels.py \
+          $M/$s --batch 1 --ctx 512 --json $W/graph_${s}_${t}_$i.json"
+      done
+    done
+  done
+  decode_06b 60
+  decode_8b 60
+}
+
 step_graph_env() {  # step_graph_env MODEL TAG TIMEOUT VAR=VALUE...: a batch-1 decode step's graph at 512
   # tokens of context with those environment settings
   local m=$1 tag=$2 t=$3
