@@ -18,8 +18,11 @@
 // Tried and measured slower on the H200 (scripts/gemv_bench.py, docs/BENCHMARKS.md): fusing the
 // preceding rms_norm into this kernel, either summing squares in the main loop (+25-35% on the 8B
 // shapes) or staging the normalised rows in shared memory (+1-4 us a call, as much as the
-// rms_norm launch it saves), and holding the first weight chunks in registers across the PDL
-// wait (+45% on gate_up: register pressure).
+// rms_norm launch it saves); folding both of a layer's norms into one-row products (session 19:
+// o and down adding into the residual and writing per-CTA partial sums of squares, qkv and
+// gate_up normalising each x chunk as they load it, two launches a layer fewer): batch-1 graphs
+// 0.6B +7%, 8B +3% to +13% (part129/part130); and holding the first weight chunks in registers
+// across the PDL wait (+45% on gate_up: register pressure).
 #include "common.cuh"
 
 #define GEMV_MAX_M 8
@@ -73,7 +76,9 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
     }
   };
   // x is written by the previous kernel: read only after pdl_entry (cuda/common.cuh), and with a
-  // plain load, not __ldg
+  // plain load, not __ldg. (Before session 19 nvcc read it through the read-only path anyway, for
+  // the const __restrict__ pointer; this lambda's load is plain. part132's A/B of the staged
+  // loads had plain x loads on both sides; the read-only path with them is not measured yet.)
   auto load_x = [&](int c, int m) { return reinterpret_cast<const uint4*>(x + (i64)m * ldx)[c]; };
   // chunk c's products, in c order; xv: x's chunks if loaded already, else loaded here row by row
   auto fma_chunk = [&](int c, const uint4* wv, const uint4* xv) {
@@ -98,6 +103,9 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
     // interleaved the loads with the FMAs, so the first FMA's wait held back the next chunks'
     // loads and about one chunk was in flight (session 19, from the SASS). Chunks past the end
     // reload the last one, unused. The sums keep their order: the results are the same bits.
+    // Measured on the H200: batch-1 graphs 0.6B -9.0%, 8B -4.7% against GEMV_STAGED=0 (part132),
+    // but that build's x loads had left the read-only path too; the session's whole change
+    // (this, gemv1_*, unpack_bf16x8 by value) against its start: 0.6B -1.8%, 8B -2.2% (part135).
     constexpr int U = 4;
     for (int c0 = lane; c0 < chunks; c0 += 32 * U) {
       uint4 wv[U][R], xv[U][M];
