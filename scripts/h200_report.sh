@@ -1962,15 +1962,7 @@ part128() {  # session 18, call 7: every GPU test on the session's final code (a
   gpu_tests_full 220
 }
 
-part129() {  # session 19, call 1 (ran at 2a67819; the fold was then removed: slower): each layer's two RMSNorms folded into the one-row products around
-  # them (cuda/gemv.cu: gemv_residual, gemv_norm, gemv_norm_silu_mul): their GPU tests and the
-  # model's, then both shapes' batch-1 graphs with MINILLM_NORM_FOLD=1 / 0 alternately, twice; decode
-  setup
-  facts > "$W/facts.txt" 2>&1
-  models_q06_q8 150
-  stage fold_tests 260 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
-    tests/test_cuda_model.py tests/test_gpu_engine.py tests/test_decode_layers.py \
-    -k "(folded or gemv or matmul or chain or model or engine or greedy or lossless or graphs or decode_layers or kernel) and not smollm2"
+fold_ab() {  # both shapes' batch-1 graphs with MINILLM_NORM_FOLD=1 / 0 alternately, twice; decode
   local i v
   for i in 1 2; do
     for v in 1 0; do
@@ -1982,23 +1974,28 @@ part129() {  # session 19, call 1 (ran at 2a67819; the fold was then removed: sl
   decode_8b 150
 }
 
-part130() {  # session 19, call 2 (ran at 6a2b476; removed after): the folded norms with their latencies overlapped (the o and down
-  # products load their residual elements before the stream; qkv and gate_up issue their first
-  # chunk's loads before summing the partials): the fold tests, then the A/B of part129 again
+part129() {  # session 19, call 1 (ran at 2a67819; the fold was then removed: slower): each
+  # layer's two RMSNorms folded into the one-row products around them (cuda/gemv.cu then:
+  # gemv_residual, gemv_norm, gemv_norm_silu_mul): their GPU tests and the model's, then fold_ab
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_q06_q8 150
+  stage fold_tests 260 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_cuda_model.py tests/test_gpu_engine.py tests/test_decode_layers.py \
+    -k "(folded or gemv or matmul or chain or model or engine or greedy or lossless or graphs or decode_layers or kernel) and not smollm2"
+  fold_ab
+}
+
+part130() {  # session 19, call 2 (ran at 6a2b476; removed after): the folded norms with their
+  # latencies overlapped (the o and down products load their residual elements before the stream;
+  # qkv and gate_up issue their first chunk's loads before summing the partials): the fold tests,
+  # then fold_ab again
   setup
   facts > "$W/facts.txt" 2>&1
   models_q06_q8 150
   stage fold_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
     tests/test_gpu_engine.py -k "(folded or gemv or matmul or chain or graphs or greedy or lossless) and not smollm2"
-  local i v
-  for i in 1 2; do
-    for v in 1 0; do
-      step_graph_env q06 "fold${v}_$i" 100 MINILLM_NORM_FOLD=$v
-      step_graph_env q8 "fold${v}_$i" 100 MINILLM_NORM_FOLD=$v
-    done
-  done
-  decode_06b 100
-  decode_8b 150
+  fold_ab
 }
 
 part131() {  # session 19, call 3: unpack_bf16x8 taking its word by value (16-byte loads of the GEMVs'
@@ -2008,19 +2005,12 @@ part131() {  # session 19, call 3: unpack_bf16x8 taking its word by value (16-by
   setup
   facts > "$W/facts.txt" 2>&1
   models_all 150
-  local i t d s b
+  local i t b
   for i in 1 2; do
     for t in new old; do
-      d=.
-      [ "$t" = old ] && d=../.snap0
-      for s in q06 q8; do
-        stage "graph_${s}_${t}_$i" 100 bash -c "cd $d && PYTHONPATH=.:/tmp/site python3 scripts/step_kernels.py \
-          $M/$s --batch 1 --ctx 512 --json $W/graph_${s}_${t}_$i.json"
-      done
+      graphs_in_tree "$t" "$i"
       for b in 1 16; do
-        stage "graph_q8_spec_b${b}_${t}_$i" 100 bash -c "cd $d && PYTHONPATH=.:/tmp/site python3 \
-          scripts/step_kernels.py $M/q8 --spec $M/q8-dflash --k 8 --batch $b --ctx 512 \
-          --json $W/graph_q8_spec_b${b}_${t}_$i.json"
+        graph_in "$(tree_of $t)" "graph_q8_spec_b${b}_${t}_$i" $M/q8 --spec $M/q8-dflash --k 8 --batch $b --ctx 512
       done
     done
   done
@@ -2076,19 +2066,31 @@ part135() {  # session 19, call 7: the final code against the session's start (b
   setup
   facts > "$W/facts.txt" 2>&1
   models_q06_q8 150
-  local i t d s
+  local i t
   for i in 1 2; do
     for t in new old; do
-      d=.
-      [ "$t" = old ] && d=../.snap0
-      for s in q06 q8; do
-        stage "graph_${s}_${t}_$i" 100 bash -c "cd $d && PYTHONPATH=.:/tmp/site python3 scripts/step_kernels.py \
-          $M/$s --batch 1 --ctx 512 --json $W/graph_${s}_${t}_$i.json"
-      done
+      graphs_in_tree "$t" "$i"
     done
   done
   decode_06b 60
   decode_8b 60
+}
+
+tree_of() {  # tree_of new|old: this tree, or the session's starting tree carried as ../.snap0
+  if [ "$1" = old ]; then echo ../.snap0; else echo .; fi
+}
+
+graph_in() {  # graph_in DIR NAME ARGS...: scripts/step_kernels.py ARGS run from the tree at DIR, as stage NAME
+  local d=$1 name=$2
+  shift 2
+  stage "$name" 100 bash -c "cd $d && PYTHONPATH=.:/tmp/site python3 scripts/step_kernels.py $* --json $W/$name.json"
+}
+
+graphs_in_tree() {  # graphs_in_tree new|old I: both shapes' batch-1 graphs from that tree (run I)
+  local s
+  for s in q06 q8; do
+    graph_in "$(tree_of "$1")" "graph_${s}_$1_$2" $M/$s --batch 1 --ctx 512
+  done
 }
 
 step_graph_env() {  # step_graph_env MODEL TAG TIMEOUT VAR=VALUE...: a batch-1 decode step's graph at 512
