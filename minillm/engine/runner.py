@@ -276,11 +276,7 @@ class ModelRunner:
         r = B * count
         win = np.arange(first, first + count)
         h["logits_indices"][:r] = (np.arange(B)[:, None] * n + win).ravel()
-        params = [s.params for s in seqs]
-        h["temperature"][:r] = np.repeat(np.fromiter((p.temperature for p in params), np.float32, B), count)
-        h["top_p"][:r] = np.repeat(np.fromiter((p.top_p for p in params), np.float32, B), count)
-        h["top_k"][:r] = np.repeat(np.fromiter((p.top_k for p in params), np.int32, B), count)
-        h["seeds"][:r] = np.repeat(np.fromiter((s.seed for s in seqs), np.uint64, B), count)
+        self._fill_sampling(seqs, r, count)
         h["sample_pos"][:r] = (pos[:, first : first + count] + 1).ravel()
         drafts = ids[:, 1:] if first + count < n else np.c_[ids[:, 1:], np.full(B, -1)]
         h["draft_tokens"][:r] = drafts[:, first : first + count].ravel()
@@ -342,14 +338,20 @@ class ModelRunner:
         h["sample_pos"][:B] = pos  # where each sample goes
         h["query_start"][: B + 1] = iota[: B + 1]
         h["logits_indices"][:B] = iota[:B]
-        h["temperature"][:B] = [s.params.temperature for s in seqs]
-        h["top_p"][:B] = [s.params.top_p for s in seqs]
-        h["top_k"][:B] = [s.params.top_k for s in seqs]
-        h["seeds"][:B] = [s.seed for s in seqs]
+        self._fill_sampling(seqs, B, 1)
         h["draft_tokens"][:B] = -1
         h["draft_src"][:B] = -1
         self.fills_from_drafts = False
         return B
+
+    def _fill_sampling(self, seqs: list, rows: int, each) -> None:
+        """The sampling parameters of `rows` logits rows: `each` consecutive rows a sequence (an
+        int, or one count a sequence), in whole-array ops (the whole-array fills' shared part)."""
+        h, B = self.buf.host, len(seqs)
+        h["temperature"][:rows] = np.repeat(np.fromiter((s.params.temperature for s in seqs), np.float32, B), each)
+        h["top_p"][:rows] = np.repeat(np.fromiter((s.params.top_p for s in seqs), np.float32, B), each)
+        h["top_k"][:rows] = np.repeat(np.fromiter((s.params.top_k for s in seqs), np.int32, B), each)
+        h["seeds"][:rows] = np.repeat(np.fromiter((s.seed for s in seqs), np.uint64, B), each)
 
     def _fill_block_tables(self, seqs: list) -> np.ndarray:
         """Host block-table rows 0..B-1 for seqs (the whole-array fills'). A sequence's table
@@ -422,10 +424,7 @@ class ModelRunner:
         h["seq_lens"][:B] = starts + n
         h["query_start"][: B + 1] = qs
         h["logits_indices"][:t] = np.arange(t)
-        h["temperature"][:t] = np.repeat([s.params.temperature for s in seqs], n)
-        h["top_p"][:t] = np.repeat([s.params.top_p for s in seqs], n)
-        h["top_k"][:t] = np.repeat([s.params.top_k for s in seqs], n)
-        h["seeds"][:t] = np.repeat(np.fromiter((s.seed for s in seqs), np.uint64, B), n)
+        self._fill_sampling(seqs, t, n)
         h["sample_pos"][:t] = pos + 1  # where each sample goes
         h["draft_tokens"][:t] = drafts
         self.num_fill = 0

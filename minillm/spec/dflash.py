@@ -224,10 +224,7 @@ class DFlashProposer:
         for s, _ in active:
             s.draft_computed = s.num_tokens - 1  # the block's noise K/V is not context
         if defer:
-            for i, (s, k) in enumerate(active):
-                s.draft_ids = [self.mask] * k
-                s.draft_row = i * self.k  # the logits window: each block's rows 1..k
-            self._pending = (handle, [(s, k, s.draft_ids, i) for i, (s, k) in enumerate(active)])
+            self._pending = (handle, [self._hold(s, k, i) for i, (s, k) in enumerate(active)])
         else:
             self._assign(self.runner.collect(handle), [(s, k, None, i) for i, (s, k) in enumerate(active)])
 
@@ -256,11 +253,17 @@ class DFlashProposer:
             i = index.get(id(s), -1)
             s.draft_ids, s.draft_row = [], -1
             if k > 0 and i >= 0:
-                s.draft_ids = [self.mask] * k
-                s.draft_row = i * self.k
                 s.draft_computed = s.num_tokens - 1  # the block's noise K/V is not context
-                waiting.append((s, k, s.draft_ids, i))
+                waiting.append(self._hold(s, k, i))
         self._pending = (handle, waiting)
+
+    def _hold(self, s: Sequence, k: int, i: int) -> tuple:
+        """Give s k placeholder drafts and draft_row where block i's drafts start in the sampled
+        ids (the logits window: each block's rows 1..k), so a verification step takes them on the
+        device; returns its entry for _assign."""
+        s.draft_ids = [self.mask] * k
+        s.draft_row = i * self.k
+        return (s, k, s.draft_ids, i)
 
     def resolve(self) -> None:
         """Wait for a deferred drafting step and give its sequences their draft ids (those whose
