@@ -2076,6 +2076,58 @@ part135() {  # session 19, call 7: the final code against the session's start (b
   decode_8b 60
 }
 
+part136() {  # session 20, call 1: the one-row GEMVs' variants (GEMV1_PRE=1: the first group of weights
+  # copied into shared memory before the PDL wait; GEMV1_X_RO=1: x through the read-only path) against
+  # the default, on both shapes' batch-1 graphs, alternately, twice; first the same-bits tests of
+  # every gemv.cu variant (the skinny GEMM's cp.async ring included)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage same_bits_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py \
+    -k "bfloat16 and (same_bits or test_matmul[ or matmul_silu_mul)"
+  models_q06_q8 150
+  local i v m
+  local -A defs=([base]="" [pre]="GEMV1_PRE=1" [ro]="GEMV1_X_RO=1")
+  for i in 1 2; do
+    for v in base pre ro; do
+      for m in q06 q8; do step_graph $m "${v}_$i" "${defs[$v]}" 100; done
+    done
+  done
+  graph_summary
+}
+
+part137() {  # session 20, call 2: the skinny GEMM's weights through a per-warp cp.async ring
+  # (SKINNY_STAGES=3 / 0) on the 8B rejected DFlash round at c = 1 (9-row products) and batch-4 / 8
+  # graphs, alternately, twice
+  setup
+  facts > "$W/facts.txt" 2>&1
+  [ -f $M/q8-dflash/config.json ] || models_all 200
+  local i v s b
+  for i in 1 2; do
+    for v in 3 0; do
+      spec_round_graph "ring${v}_$i" 1 100 MINILLM_CUDA_DEFINES="SKINNY_STAGES=$v"
+      for s in q06 q8; do
+        for b in 4 8; do
+          stage "graph_${s}_b${b}_ring${v}_$i" 100 env MINILLM_CUDA_DEFINES="SKINNY_STAGES=$v" python3 \
+            scripts/step_kernels.py $M/$s --batch $b --ctx 512 --json "$W/graph_${s}_b${b}_ring${v}_$i.json"
+        done
+      done
+    done
+  done
+  graph_summary
+}
+
+graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name
+  python3 - "$W" <<'PY' | tee "$W/graph_summary.txt"
+import glob, json, os, sys
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "graph_*.json"))):
+    try:
+        print(f"{os.path.basename(f)[:-5]:44s} {json.load(open(f)).get('graph_ms')}")
+    except (OSError, ValueError) as e:
+        print(f"{os.path.basename(f)[:-5]:44s} unreadable: {e}")
+PY
+  pack
+}
+
 tree_of() {  # tree_of new|old: this tree, or the session's starting tree carried as ../.snap0
   if [ "$1" = old ]; then echo ../.snap0; else echo .; fi
 }
