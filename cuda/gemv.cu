@@ -21,8 +21,10 @@
 // rms_norm launch it saves); folding both of a layer's norms into one-row products (session 19:
 // o and down adding into the residual and writing per-CTA partial sums of squares, qkv and
 // gate_up normalising each x chunk as they load it, two launches a layer fewer): batch-1 graphs
-// 0.6B +7%, 8B +3% to +13% (part129/part130); and holding the first weight chunks in registers
-// across the PDL wait (+45% on gate_up: register pressure).
+// 0.6B +7%, 8B +3% to +13% (part129/part130); holding the first weight chunks in registers
+// across the PDL wait (+45% on gate_up: register pressure); and (session 20, part136, c76d122)
+// copying each lane's first four chunks a row into shared memory with cp.async before the wait
+// instead (16 / 32 KB a CTA): batch-1 graphs 0.6B +0.5%, 8B +0.3%.
 #include "common.cuh"
 
 #define GEMV_MAX_M 8
@@ -41,57 +43,26 @@
 #ifndef GEMV_PREFETCH_MAX
 #define GEMV_PREFETCH_MAX (16 << 20)
 #endif
-// One-row kernels only (gemv1_*), A/B switches of session 20 (h200_report.sh part136):
-// GEMV1_X_RO=1 reads x through the read-only path (__ldg), as nvcc did before session 19 for the
-// old loop's const __restrict__ pointer; GEMV1_PRE=1 copies each lane's first group of weight
-// chunks (4 a row) into shared memory with cp.async before the PDL wait, so the CTAs placed in the
-// previous kernel's tail have them on chip when the wait returns (16 KB a CTA, 32 KB gated).
-#ifndef GEMV1_X_RO
-#define GEMV1_X_RO 0
-#endif
-#ifndef GEMV1_PRE
-#define GEMV1_PRE 0
-#endif
 
 namespace {
 
 // GATED: out[m, n] = silu(x[m] . w[n]) * (x[m] . w[N + n]) for n < N (w has 2N rows, no bias).
-// ONE: the one-row kernels (gemv1_*), which take the staged loop.
-template <typename TO, int M, bool GATED, bool ONE = false>
+template <typename TO, int M, bool GATED>
 __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
                                           const bf16* __restrict__ w, const bf16* __restrict__ bias,
                                           TO* __restrict__ out, i64 ldo, int N, int K) {
   constexpr int R = GATED ? 2 * GEMV_NR : GEMV_NR;  // weight rows a warp streams at once
-  constexpr bool STAGED = ONE && GEMV_STAGED;
-  constexpr int U = 4;  // the staged loop's chunks a row in flight
-  constexpr bool PRE = STAGED && GEMV1_PRE;
   const int lane = threadIdx.x & 31;
   const int warp = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
   const int n0 = warp * GEMV_NR;
-  const int chunks = K / 8;  // 16-byte chunks per row (the host checks K % 8 == 0)
-  auto row_ptr = [&](int r) {  // weight row r of this warp's R; rows past GEMV_NR: the up half (GATED)
-    const int col = min(n0 + r % GEMV_NR, N - 1);
-    return reinterpret_cast<const uint4*>(w + (i64)(r < GEMV_NR ? col : N + col) * K);
-  };
   if ((i64)N * K * (GATED ? 4 : 2) <= (i64)GEMV_PREFETCH_MAX && lane == 0 && n0 < N) {
     const unsigned bytes = (unsigned)(min(GEMV_NR, N - n0) * K * 2);  // this warp's rows, contiguous
     minillm::prefetch_l2(w + (i64)n0 * K, bytes);
     if (GATED) minillm::prefetch_l2(w + (i64)(N + n0) * K, bytes);
   }
-  // PRE: slot (u, r) of this lane at pre_w[(u * R + r) * 32]: its chunk lane + 32 u of row r
-  __shared__ uint4 pre[PRE ? GEMV_WARPS * U * R * 32 : 1];
-  uint4* pre_w = pre + (PRE ? (threadIdx.x >> 5) * U * R * 32 + lane : 0);
-  if (PRE && n0 < N) {  // weights never depend on the previous kernel: copy before the wait
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-        minillm::cp_async_16(minillm::smem_u32(pre_w + (u * R + r) * 32),
-                             row_ptr(r) + min(lane + 32 * u, chunks - 1), 16);
-    asm volatile("cp.async.commit_group;\n" ::);
-  }
   minillm::pdl_entry();  // before the early return: see cuda/common.cuh
   if (n0 >= N) return;
+  const int chunks = K / 8;  // 16-byte chunks per row (the host checks K % 8 == 0)
   float acc[R][M];
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -100,15 +71,18 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
 
   auto load_w = [&](int c, uint4* wv) {  // issue every row's load before using any
 #pragma unroll
-    for (int r = 0; r < R; ++r) wv[r] = __ldg(row_ptr(r) + c);
+    for (int r = 0; r < R; ++r) {
+      const int col = min(n0 + r % GEMV_NR, N - 1);
+      const int n = r < GEMV_NR ? col : N + col;  // rows past GEMV_NR: the up half (GATED)
+      wv[r] = __ldg(reinterpret_cast<const uint4*>(w + (i64)n * K) + c);
+    }
   };
-  // x is written by the previous kernel: read only after pdl_entry (cuda/common.cuh), with a plain
-  // load (or GEMV1_X_RO: __ldg; nothing of x's lines is read before the wait). Before session 19
-  // nvcc read it through the read-only path for the old loop's const __restrict__ pointer.
-  auto load_x = [&](int c, int m) {
-    const uint4* p = reinterpret_cast<const uint4*>(x + (i64)m * ldx) + c;
-    return ONE && GEMV1_X_RO ? __ldg(p) : *p;
-  };
+  // x is written by the previous kernel: read only after pdl_entry (cuda/common.cuh), and with a
+  // plain load, not __ldg (ld.global.nc asks for data read-only for the kernel's lifetime, which
+  // under PDL overlaps the writer's). Before session 19 nvcc read it through the read-only path
+  // anyway, for the const __restrict__ pointer. With the staged loop, __ldg measured 0.6B -0.4%,
+  // 8B -0.1% (session 20, part136): not worth leaving the contract for.
+  auto load_x = [&](int c, int m) { return reinterpret_cast<const uint4*>(x + (i64)m * ldx)[c]; };
   // chunk c's products, in c order; xv: x's chunks if loaded already, else loaded here row by row
   auto fma_chunk = [&](int c, const uint4* wv, const uint4* xv) {
 #pragma unroll
@@ -126,7 +100,7 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
       }
     }
   };
-  if (STAGED) {
+  if (GEMV_STAGED && M == 1) {
     // One row: 4 chunks a lane in flight, every load of the group issued into registers before
     // any is used. Written as one unrolled loop (load, then multiply, chunk by chunk), ptxas
     // interleaved the loads with the FMAs, so the first FMA's wait held back the next chunks'
@@ -135,22 +109,15 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
     // Measured on the H200: batch-1 graphs 0.6B -9.0%, 8B -4.7% against GEMV_STAGED=0 (part132),
     // but that build's x loads had left the read-only path too; the session's whole change
     // (this, gemv1_*, unpack_bf16x8 by value) against its start: 0.6B -1.8%, 8B -2.2% (part135).
-    // PRE: the first group's weights are in shared memory already (x's loads issued first).
+    constexpr int U = 4;
     for (int c0 = lane; c0 < chunks; c0 += 32 * U) {
       uint4 wv[U][R], xv[U][M];
 #pragma unroll
-      for (int u = 0; u < U; ++u)
+      for (int u = 0; u < U; ++u) {
+        const int c = min(c0 + 32 * u, chunks - 1);
+        load_w(c, wv[u]);
 #pragma unroll
-        for (int m = 0; m < M; ++m) xv[u][m] = load_x(min(c0 + 32 * u, chunks - 1), m);
-      if (PRE && c0 == lane) {
-        asm volatile("cp.async.wait_all;\n" ::: "memory");
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-          for (int r = 0; r < R; ++r) wv[u][r] = pre_w[(u * R + r) * 32];
-      } else {
-#pragma unroll
-        for (int u = 0; u < U; ++u) load_w(min(c0 + 32 * u, chunks - 1), wv[u]);
+        for (int m = 0; m < M; ++m) xv[u][m] = load_x(c, m);
       }
 #pragma unroll
       for (int u = 0; u < U; ++u)
@@ -213,11 +180,11 @@ MINILLM_GEMV(f32, float)
 // the many-row cases' and theirs do not lower this one's occupancy.
 extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
     gemv1_bf16(const bf16* x, i64 ldx, const bf16* w, const bf16* bias, bf16* out, i64 ldo, int N, int K) {
-  gemv_impl<bf16, 1, false, true>(x, ldx, w, bias, out, ldo, N, K);
+  gemv_impl<bf16, 1, false>(x, ldx, w, bias, out, ldo, N, K);
 }
 extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
     gemv1_f32(const bf16* x, i64 ldx, const bf16* w, const bf16* bias, float* out, i64 ldo, int N, int K) {
-  gemv_impl<float, 1, false, true>(x, ldx, w, bias, out, ldo, N, K);
+  gemv_impl<float, 1, false>(x, ldx, w, bias, out, ldo, N, K);
 }
 
 // out [M, F] = silu(x @ w[:F].T) * (x @ w[F:].T) for the [2F, K] gate_up matrix w; grid
@@ -231,7 +198,7 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
 }
 extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
     gemv1_silu_mul_bf16(const bf16* x, i64 ldx, const bf16* w, bf16* out, i64 ldo, int F, int K) {
-  gemv_impl<bf16, 1, true, true>(x, ldx, w, nullptr, out, ldo, F, K);
+  gemv_impl<bf16, 1, true>(x, ldx, w, nullptr, out, ldo, F, K);
 }
 
 // ---- gemm_skinny: 2-16 rows of x on tensor cores ---------------------------------------------
@@ -256,38 +223,24 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
 // took 102 registers instead of 70, 2 CTAs an SM instead of 3: the 8B DFlash round at c = 1 (9-row
 // qkv and o) 6.267 -> 6.191 ms, but batch-4 steps slower (0.6B 1.271 -> 1.282 ms, 8B 4.635 ->
 // 4.797). Not kept; a kernel of its own for 9-16 rows (two tiles) would keep the first without
-// the second (not measured yet).
+// the second (not measured yet). Streaming the weights through a per-warp ring of three
+// shared-memory slots with cp.async instead (no registers held in flight, the first two blocks
+// issued before the PDL wait; the same bits) was far slower (session 20, part137, c76d122): the
+// round 6.32 -> 7.68 ms, batch 4 0.6B 1.26 -> 1.59, 8B 4.81 -> 8.94 (48 KB of shared memory a
+// CTA; cause not isolated).
 #define SKINNY_WARPS 8
 #define SKINNY_KB 64
-// SKINNY_STAGES=S >= 2 (session 20's A/B, part136): each warp streams its k blocks' weights through
-// a ring of S shared-memory slots with cp.async (every lane its own 64 bytes a slot, read back only
-// by itself, so no barrier), S - 1 blocks in flight, the first of them issued before the PDL wait.
-// The copies hold no registers while in flight, which the pipelined register loop above needed
-// (102). 0: the unrolled register loop. S = 3 fills the 48 KB of static shared memory.
-#ifndef SKINNY_STAGES
-#define SKINNY_STAGES 0
-#endif
 
 namespace {
 
 // TILES: groups of 8 rows of x (1 for M <= 8, 2 for M <= 16).
-constexpr int SKINNY_RED_BYTES = (SKINNY_WARPS - 1) * 2 * 4 * 32 * 4;  // two tiles' cross-warp sums
-constexpr int SKINNY_RING_BYTES = SKINNY_STAGES * SKINNY_WARPS * 4 * 32 * 16;
-// the kernel's shared memory (both instances): the ring (SKINNY_STAGES > 0), then the sums
-constexpr int SKINNY_SMEM =
-    SKINNY_RING_BYTES > SKINNY_RED_BYTES ? SKINNY_RING_BYTES : SKINNY_RED_BYTES;
-
 template <typename TO, int TILES>
 __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64 ldx,
                                                  const bf16* __restrict__ w,
                                                  const bf16* __restrict__ bias,
-                                                 TO* __restrict__ out, i64 ldo, int M, int N, int K,
-                                                 unsigned char* smem) {
-  constexpr int S = SKINNY_STAGES;
-  static_assert(S == 0 || (S >= 2 && S <= 3), "SKINNY_STAGES: 0, 2 or 3");
-  constexpr int SLOTS = S > 0 ? S : 1;  // (the ring's branch is compiled, unused, for S = 0)
-  if constexpr (S == 0) minillm::pdl_entry();
-  auto red = reinterpret_cast<float (*)[TILES * 4][32]>(smem);
+                                                 TO* __restrict__ out, i64 ldo, int M, int N, int K) {
+  minillm::pdl_entry();
+  __shared__ float red[SKINNY_WARPS - 1][TILES * 4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int n0 = blockIdx.x * 16;
@@ -306,70 +259,27 @@ __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64
   for (int i = 0; i < TILES; ++i) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.f;
 
   const int blocks = K / SKINNY_KB;
-  // tile i's x chunks of the block at k (lo, hi): plain loads, since under PDL the kernel writing
-  // x may still run until the wait (common.cuh)
-  auto load_x = [&](int i, int k, uint4* xv) {
-    xv[0] = xv[1] = make_uint4(0u, 0u, 0u, 0u);
-    if (live[i]) {
-      xv[0] = reinterpret_cast<const uint4*>(xr[i] + k)[0];
-      xv[1] = reinterpret_cast<const uint4*>(xr[i] + k + 8)[0];
-    }
-  };
-  // tile i's MMAs of a block, given its weights (w0 rows g, w8 rows g + 8: lo and hi 16-byte
-  // chunks) and x. A registers: (row g, k pair), (row g + 8, k pair), (row g, k pair + 8), (row
-  // g + 8, k pair + 8); B: (k pair, x row g), (k pair + 8, x row g)
-  auto mma_tile = [&](int i, uint4 w0_lo, uint4 w0_hi, uint4 w8_lo, uint4 w8_hi, const uint4* xv) {
-    const uint4 x_lo = xv[0], x_hi = xv[1];
-    minillm::mma_bf16_16816(c[i], w0_lo.x, w8_lo.x, w0_lo.y, w8_lo.y, x_lo.x, x_lo.y);
-    minillm::mma_bf16_16816(c[i], w0_lo.z, w8_lo.z, w0_lo.w, w8_lo.w, x_lo.z, x_lo.w);
-    minillm::mma_bf16_16816(c[i], w0_hi.x, w8_hi.x, w0_hi.y, w8_hi.y, x_hi.x, x_hi.y);
-    minillm::mma_bf16_16816(c[i], w0_hi.z, w8_hi.z, w0_hi.w, w8_hi.w, x_hi.z, x_hi.w);
-  };
-  if constexpr (S == 0) {
 #pragma unroll 2
-    for (int kb = warp; kb < blocks; kb += SKINNY_WARPS) {
-      const int k = kb * SKINNY_KB;
-      const uint4 w0_lo = __ldg(reinterpret_cast<const uint4*>(w0 + k));
-      const uint4 w0_hi = __ldg(reinterpret_cast<const uint4*>(w0 + k + 8));
-      const uint4 w8_lo = __ldg(reinterpret_cast<const uint4*>(w8 + k));
-      const uint4 w8_hi = __ldg(reinterpret_cast<const uint4*>(w8 + k + 8));
+  for (int kb = warp; kb < blocks; kb += SKINNY_WARPS) {
+    const int k = kb * SKINNY_KB;
+    const uint4 w0_lo = __ldg(reinterpret_cast<const uint4*>(w0 + k));
+    const uint4 w0_hi = __ldg(reinterpret_cast<const uint4*>(w0 + k + 8));
+    const uint4 w8_lo = __ldg(reinterpret_cast<const uint4*>(w8 + k));
+    const uint4 w8_hi = __ldg(reinterpret_cast<const uint4*>(w8 + k + 8));
 #pragma unroll
-      for (int i = 0; i < TILES; ++i) {
-        uint4 xv[2];
-        load_x(i, k, xv);
-        mma_tile(i, w0_lo, w0_hi, w8_lo, w8_hi, xv);
+    for (int i = 0; i < TILES; ++i) {
+      uint4 x_lo = make_uint4(0u, 0u, 0u, 0u), x_hi = x_lo;
+      if (live[i]) {  // plain loads: under PDL the kernel writing x may still run (common.cuh)
+        x_lo = reinterpret_cast<const uint4*>(xr[i] + k)[0];
+        x_hi = reinterpret_cast<const uint4*>(xr[i] + k + 8)[0];
       }
+      // A registers: (row g, k pair), (row g + 8, k pair), (row g, k pair + 8), (row g + 8, k
+      // pair + 8); B: (k pair, x row g), (k pair + 8, x row g). w0/w8: weight rows g / g + 8
+      minillm::mma_bf16_16816(c[i], w0_lo.x, w8_lo.x, w0_lo.y, w8_lo.y, x_lo.x, x_lo.y);
+      minillm::mma_bf16_16816(c[i], w0_lo.z, w8_lo.z, w0_lo.w, w8_lo.w, x_lo.z, x_lo.w);
+      minillm::mma_bf16_16816(c[i], w0_hi.x, w8_hi.x, w0_hi.y, w8_hi.y, x_hi.x, x_hi.y);
+      minillm::mma_bf16_16816(c[i], w0_hi.z, w8_hi.z, w0_hi.w, w8_hi.w, x_hi.z, x_hi.w);
     }
-  } else {
-    // this lane's part p of slot s: ring[(s * 4 + p) * 32]; j-th block of this warp: kb = warp + 8 j
-    uint4* ring = reinterpret_cast<uint4*>(smem) + warp * S * 4 * 32 + lane;
-    const int nb = blocks > warp ? (blocks - warp + SKINNY_WARPS - 1) / SKINNY_WARPS : 0;
-    auto issue = [&](int j) {  // block j into slot j % S; a group every call, empty past the end
-      if (j < nb) {
-        const int k = (warp + SKINNY_WARPS * j) * SKINNY_KB;
-        uint4* slot = ring + (j % SLOTS) * 4 * 32;
-        minillm::cp_async_16(minillm::smem_u32(slot), w0 + k, 16);
-        minillm::cp_async_16(minillm::smem_u32(slot + 32), w0 + k + 8, 16);
-        minillm::cp_async_16(minillm::smem_u32(slot + 64), w8 + k, 16);
-        minillm::cp_async_16(minillm::smem_u32(slot + 96), w8 + k + 8, 16);
-      }
-      asm volatile("cp.async.commit_group;\n" ::);
-    };
-#pragma unroll
-    for (int j = 0; j < S - 1; ++j) issue(j);  // weights never depend on the previous kernel
-    minillm::pdl_entry();
-    for (int j = 0; j < nb; ++j) {
-      issue(j + S - 1);  // into the slot block j - 1 was read from (by this lane, into registers)
-      uint4 xv[TILES][2];
-#pragma unroll
-      for (int i = 0; i < TILES; ++i) load_x(i, (warp + SKINNY_WARPS * j) * SKINNY_KB, xv[i]);
-      asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 1) : "memory");
-      const uint4* slot = ring + (j % SLOTS) * 4 * 32;
-#pragma unroll
-      for (int i = 0; i < TILES; ++i) mma_tile(i, slot[0], slot[32], slot[64], slot[96], xv[i]);
-    }
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-    __syncthreads();  // red below overlaps other warps' slots
   }
   minillm::pdl_release();
   if (warp > 0) {
@@ -401,9 +311,8 @@ __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64
   extern "C" __global__ void __launch_bounds__(32 * SKINNY_WARPS) gemm_skinny_##SUFFIX(            \
       const bf16* x, i64 ldx, const bf16* w, const bf16* bias, TO* out, i64 ldo, int M, int N,    \
       int K) {                                                                                     \
-    __shared__ __align__(16) unsigned char smem[SKINNY_SMEM];                                      \
-    if (M <= 8) gemm_skinny_impl<TO, 1>(x, ldx, w, bias, out, ldo, M, N, K, smem);               \
-    else gemm_skinny_impl<TO, 2>(x, ldx, w, bias, out, ldo, M, N, K, smem);                      \
+    if (M <= 8) gemm_skinny_impl<TO, 1>(x, ldx, w, bias, out, ldo, M, N, K);                     \
+    else gemm_skinny_impl<TO, 2>(x, ldx, w, bias, out, ldo, M, N, K);                            \
   }
 
 MINILLM_SKINNY(bf16, bf16)

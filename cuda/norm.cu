@@ -130,6 +130,16 @@ MINILLM_NORM(f32, float)
 // in registers between the sum of squares and the scaling, and moves them with 16-byte loads and
 // stores. A decode step calls rms_norm twice per layer on one short row, where the scalar kernel's
 // dependent 2-byte loads made it latency-bound (ncu: ~8.7 us a call for 1024 values).
+// NORM_RELEASE (session 20's A/B, part138): where rms_norm_vec releases its dependents (the next
+// GEMV). 0: after the row's loads (common.cuh's rule for the chain). 1: right after its wait. 2:
+// before its wait. A norm is one CTA a row, so at decode batch sizes its grid is placed at once
+// and an early release cannot take slots it still needs (what made early release slow for the
+// GEMVs); the GEMV's CTAs are then placed, and ask L2 for their weights, during the norm. The
+// chain stays at most three grids deep, since the GEMV releases only after its own main loop.
+#ifndef NORM_RELEASE
+#define NORM_RELEASE 0
+#endif
+
 namespace {
 
 template <int C>
@@ -149,7 +159,9 @@ __device__ __forceinline__ void rms_norm_vec_impl(const bf16* x, i64 xs, bf16* r
     const int i = threadIdx.x + c * blockDim.x;
     wv[c] = i < chunks ? __ldg(wr + i) : make_uint4(0u, 0u, 0u, 0u);
   }
+  if (NORM_RELEASE == 2) minillm::pdl_release();
   minillm::pdl_entry();
+  if (NORM_RELEASE == 1) minillm::pdl_release();
   if (row >= rows) return;
   const uint4* xr = reinterpret_cast<const uint4*>(x + (i64)row * xs);
   uint4* rr = res ? reinterpret_cast<uint4*>(res + (i64)row * rs) : nullptr;
@@ -173,7 +185,7 @@ __device__ __forceinline__ void rms_norm_vec_impl(const bf16* x, i64 xs, bf16* r
       for (int j = 0; j < 8; ++j) ss += v[c][j] * v[c][j];
     }
   }
-  minillm::pdl_release();
+  if (NORM_RELEASE == 0) minillm::pdl_release();
   ss = minillm::block_sum(ss, scratch);
   const float rstd = rsqrtf(ss / (float)N + eps);
   uint4* orow = reinterpret_cast<uint4*>(out + (i64)row * os);

@@ -2116,6 +2116,27 @@ part137() {  # session 20, call 2: the skinny GEMM's weights through a per-warp 
   graph_summary
 }
 
+part138() {  # session 20, call 3: where rms_norm_vec releases its dependents (NORM_RELEASE=0: after the
+  # row's loads, the default; 1: right after its wait; 2: before its wait): the graph and PDL-chain
+  # GPU tests built with NORM_RELEASE=2, then batch-1 graphs of both shapes, the 0.6B batch-4 graph
+  # and the 8B DFlash round at c = 1, each setting in turn, twice
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage release2_tests 200 env MINILLM_CUDA_DEFINES=NORM_RELEASE=2 python3 -m pytest -q -m gpu \
+    -p no:cacheprovider tests/test_gpu_engine.py tests/test_cuda_ops.py -k "graph or chain or rms_norm"
+  models_all 200
+  local i v m
+  for i in 1 2; do
+    for v in 0 1 2; do
+      for m in q06 q8; do step_graph $m "rel${v}_$i" "NORM_RELEASE=$v" 100; done
+      stage "graph_q06_b4_rel${v}_$i" 100 env MINILLM_CUDA_DEFINES="NORM_RELEASE=$v" python3 \
+        scripts/step_kernels.py $M/q06 --batch 4 --ctx 512 --json "$W/graph_q06_b4_rel${v}_$i.json"
+      spec_round_graph "rel${v}_$i" 1 100 MINILLM_CUDA_DEFINES="NORM_RELEASE=$v"
+    done
+  done
+  graph_summary
+}
+
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name
   python3 - "$W" <<'PY' | tee "$W/graph_summary.txt"
 import glob, json, os, sys
