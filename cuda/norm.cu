@@ -130,14 +130,19 @@ MINILLM_NORM(f32, float)
 // in registers between the sum of squares and the scaling, and moves them with 16-byte loads and
 // stores. A decode step calls rms_norm twice per layer on one short row, where the scalar kernel's
 // dependent 2-byte loads made it latency-bound (ncu: ~8.7 us a call for 1024 values).
-// NORM_RELEASE (session 20's A/B, part138): where rms_norm_vec releases its dependents (the next
-// GEMV). 0: after the row's loads (common.cuh's rule for the chain). 1: right after its wait. 2:
-// before its wait. A norm is one CTA a row, so at decode batch sizes its grid is placed at once
-// and an early release cannot take slots it still needs (what made early release slow for the
-// GEMVs); the GEMV's CTAs are then placed, and ask L2 for their weights, during the norm. The
-// chain stays at most three grids deep, since the GEMV releases only after its own main loop.
-#ifndef NORM_RELEASE
-#define NORM_RELEASE 0
+// Where rms_norm_vec releases its dependents (the next product). A norm is one CTA a row, so at
+// decode batch sizes its grid is placed at once and an early release cannot take slots it still
+// needs (what made early release slow for the GEMVs, common.cuh). From NORM_EARLY_MIN_ROWS rows
+// it releases before its wait, so the next kernel's CTAs are placed during the norm; with fewer,
+// after the row's loads, as the rest of the chain. Measured on the H200 (session 20, part138;
+// release before the wait / right after it / after the loads, batch-k graphs at 512 keys):
+// 0.6B batch 4 1.259 -> 1.233 ms (-2.0%), the 8B DFlash round at c = 1 (9-row norms) 6.309 ->
+// 6.297 (-0.2%), 8B batch 1 4.414 -> 4.406 (-0.2%), but 0.6B batch 1 0.886 -> 0.979 (+10%; right
+// after the wait +12%): there the one-row GEMVs ask L2 for their weights before their wait
+// (gemv.cu), and placed early that traffic goes out while the norm still loads its row. The
+// chain stays at most three grids deep: the product releases only after its own main loop.
+#ifndef NORM_EARLY_MIN_ROWS
+#define NORM_EARLY_MIN_ROWS 2
 #endif
 
 namespace {
@@ -159,9 +164,9 @@ __device__ __forceinline__ void rms_norm_vec_impl(const bf16* x, i64 xs, bf16* r
     const int i = threadIdx.x + c * blockDim.x;
     wv[c] = i < chunks ? __ldg(wr + i) : make_uint4(0u, 0u, 0u, 0u);
   }
-  if (NORM_RELEASE == 2) minillm::pdl_release();
+  const bool early = rows >= NORM_EARLY_MIN_ROWS;
+  if (early) minillm::pdl_release();
   minillm::pdl_entry();
-  if (NORM_RELEASE == 1) minillm::pdl_release();
   if (row >= rows) return;
   const uint4* xr = reinterpret_cast<const uint4*>(x + (i64)row * xs);
   uint4* rr = res ? reinterpret_cast<uint4*>(res + (i64)row * rs) : nullptr;
@@ -185,7 +190,7 @@ __device__ __forceinline__ void rms_norm_vec_impl(const bf16* x, i64 xs, bf16* r
       for (int j = 0; j < 8; ++j) ss += v[c][j] * v[c][j];
     }
   }
-  if (NORM_RELEASE == 0) minillm::pdl_release();
+  if (!early) minillm::pdl_release();
   ss = minillm::block_sum(ss, scratch);
   const float rstd = rsqrtf(ss / (float)N + eps);
   uint4* orow = reinterpret_cast<uint4*>(out + (i64)row * os);

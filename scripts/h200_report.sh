@@ -2137,6 +2137,31 @@ part138() {  # session 20, call 3: where rms_norm_vec releases its dependents (N
   graph_summary
 }
 
+part139() {  # session 20, call 4: rms_norm_vec releasing before its wait from 2 rows (the new default)
+  # against never (NORM_EARLY_MIN_ROWS=1000000, the old release point for every batch) on batch-4/8/16
+  # graphs of both shapes and the 8B DFlash round at c = 16, alternately, twice; then every GPU test
+  # and throughput on the final code
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 200
+  local i v s b
+  local -A defs=([rows2]="" [never]="NORM_EARLY_MIN_ROWS=1000000")
+  for i in 1 2; do
+    for v in rows2 never; do
+      for s in q06 q8; do
+        for b in 4 8 16; do
+          stage "graph_${s}_b${b}_${v}_$i" 100 env MINILLM_CUDA_DEFINES="${defs[$v]}" python3 \
+            scripts/step_kernels.py $M/$s --batch $b --ctx 512 --json "$W/graph_${s}_b${b}_${v}_$i.json"
+        done
+      done
+      spec_round_graph "${v}_$i" 16 100 MINILLM_CUDA_DEFINES="${defs[$v]}"
+    done
+  done
+  graph_summary
+  gpu_tests_full 280
+  throughput_06b 60
+}
+
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name
   python3 - "$W" <<'PY' | tee "$W/graph_summary.txt"
 import glob, json, os, sys
