@@ -2162,6 +2162,18 @@ part139() {  # session 20, call 4: rms_norm_vec releasing before its wait from 2
   throughput_06b 60
 }
 
+part140() {  # session 20, call 5: throughput with rms_norm_vec's early release from 2 rows (the default)
+  # and never (NORM_EARLY_MIN_ROWS=1000000), alternately, twice
+  setup
+  facts > "$W/facts.txt" 2>&1
+  [ -f $M/q06/config.json ] || models_q06_dflash 100
+  local i
+  for i in 1 2; do
+    throughput_06b_env "throughput_06b_rows2_$i" MINILLM_CUDA_DEFINES=
+    throughput_06b_env "throughput_06b_never_$i" MINILLM_CUDA_DEFINES=NORM_EARLY_MIN_ROWS=1000000
+  done
+}
+
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name
   python3 - "$W" <<'PY' | tee "$W/graph_summary.txt"
 import glob, json, os, sys
