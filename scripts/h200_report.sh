@@ -2174,6 +2174,20 @@ part140() {  # session 20, call 5: throughput with rms_norm_vec's early release 
   done
 }
 
+part141() {  # session 20, call 7: 0.6B batch-1 graphs, the one-row GEMVs' L2 prefetch before their wait
+  # (GEMV_PREFETCH_MAX=0: none) crossed with rms_norm_vec's early release for one row too
+  # (NORM_EARLY_MIN_ROWS=1), alternately, twice: is the +10% of an early release the prefetch's traffic?
+  setup
+  [ -f $M/q06/config.json ] || stage models 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  local i v
+  local -A defs=([base]="" [nopf]="GEMV_PREFETCH_MAX=0" [early]="NORM_EARLY_MIN_ROWS=1"
+    [nopf_early]="GEMV_PREFETCH_MAX=0,NORM_EARLY_MIN_ROWS=1")
+  for i in 1 2; do
+    for v in base nopf early nopf_early; do step_graph q06 "${v}_$i" "${defs[$v]}" 80; done
+  done
+  graph_summary
+}
+
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name
   python3 - "$W" <<'PY' | tee "$W/graph_summary.txt"
 import glob, json, os, sys
