@@ -65,7 +65,9 @@ __device__ __forceinline__ void pdl_entry() {
 // one's CTAs finish (reductions, merges, stores), into slots they give back, and its launch no
 // longer waits for this grid's last CTA to exit: batch-1 decode graphs at 512 keys 0.984 -> 0.932
 // ms (0.6B) and 4.530 -> 4.490 ms (8B) on one machine (session 15, part105). Still at most two
-// grids in flight: a grid releases only after its own wait. The same call measured work before
+// grids past their waits: a grid releases only after its own wait, except rms_norm_vec with 2 or
+// more rows, which releases before it (cuda/norm.cu), so its product's CTAs may sit in their
+// pre-wait work while the kernel before the norm still runs. The same call measured work before
 // the wait on top of it: the GEMVs' first 4 MB of weights into L2 (0.6B +0.7%, 8B -0.3%) and
 // the decode CTAs' old keys into L2 (0.6B +4.5%: the block-table lookups it needs come before the
 // wait, on the critical path); neither was kept. PDL_LATE=0 restores release at exit.

@@ -130,6 +130,7 @@ MINILLM_NORM(f32, float)
 // in registers between the sum of squares and the scaling, and moves them with 16-byte loads and
 // stores. A decode step calls rms_norm twice per layer on one short row, where the scalar kernel's
 // dependent 2-byte loads made it latency-bound (ncu: ~8.7 us a call for 1024 values).
+//
 // Where rms_norm_vec releases its dependents (the next product). A norm is one CTA a row, so at
 // decode batch sizes its grid is placed at once and an early release cannot take slots it still
 // needs (what made early release slow for the GEMVs, common.cuh). From NORM_EARLY_MIN_ROWS rows
@@ -138,9 +139,14 @@ MINILLM_NORM(f32, float)
 // release before the wait / right after it / after the loads, batch-k graphs at 512 keys):
 // 0.6B batch 4 1.259 -> 1.233 ms (-2.0%), the 8B DFlash round at c = 1 (9-row norms) 6.309 ->
 // 6.297 (-0.2%), 8B batch 1 4.414 -> 4.406 (-0.2%), but 0.6B batch 1 0.886 -> 0.979 (+10%; right
-// after the wait +12%): there the one-row GEMVs ask L2 for their weights before their wait
-// (gemv.cu), and placed early that traffic goes out while the norm still loads its row. The
-// chain stays at most three grids deep: the product releases only after its own main loop.
+// after the wait +12%). Against never releasing early (part139, one machine): 0.6B batch 4 / 8 /
+// 16 -2.0 / -1.0 / -0.9%, 8B batch 4 / 8 -0.1 / -0.3%, batch 16 and the c = 16 round within
+// their runs' spread. At one row the likely cause, not yet isolated: the one-row GEMVs ask L2 for their
+// weights before their wait (gemv.cu), and placed early that traffic goes out while the norm
+// still loads its row (part141, cut short: without the prefetch 0.6B is only 0.2% slower; the
+// early release without it did not run). The chain stays at most three grids deep: the product
+// releases only after its own main loop. Products of 17+ rows are cuBLAS's, plain graph edges,
+// on which the release does nothing.
 #ifndef NORM_EARLY_MIN_ROWS
 #define NORM_EARLY_MIN_ROWS 2
 #endif

@@ -32,6 +32,8 @@
 #   part53-part58: session 8 (decode-attention variants, the chunked softmax, the FlashAttention-2-
 #   style prefill kernel; final: failure matrix, memcheck, GPU tests, spec cost); part59: cuBLASLt's
 #   candidate algorithms against GemmEx (at most 1.10x: not wired in). part50 is still prepared.
+#   part136-part141: session 20 (one-row GEMV and skinny-GEMM variants, all removed again; where
+#   rms_norm_vec releases its dependents; every GPU test, throughput; part141 was cut short).
 #   part15-part21: session 4 (ncu kernel split of a decode step; decode-attention split sweeps and
 #                  variants; async scheduling; final failure matrix, memcheck, synccheck/initcheck;
 #                  spec cost; skinny GEMM bench and racecheck). part21 is the one-call rerun.
@@ -2076,7 +2078,7 @@ part135() {  # session 19, call 7: the final code against the session's start (b
   decode_8b 60
 }
 
-part136() {  # session 20, call 1: the one-row GEMVs' variants (GEMV1_PRE=1: the first group of weights
+part136() {  # session 20, call 1 (ran at c76d122; its switches were then removed): the one-row GEMVs' variants (GEMV1_PRE=1: the first group of weights
   # copied into shared memory before the PDL wait; GEMV1_X_RO=1: x through the read-only path) against
   # the default, on both shapes' batch-1 graphs, alternately, twice; first the same-bits tests of
   # every gemv.cu variant (the skinny GEMM's cp.async ring included)
@@ -2095,7 +2097,7 @@ part136() {  # session 20, call 1: the one-row GEMVs' variants (GEMV1_PRE=1: the
   graph_summary
 }
 
-part137() {  # session 20, call 2: the skinny GEMM's weights through a per-warp cp.async ring
+part137() {  # session 20, call 2 (ran at c76d122; SKINNY_STAGES was then removed): the skinny GEMM's weights through a per-warp cp.async ring
   # (SKINNY_STAGES=3 / 0) on the 8B rejected DFlash round at c = 1 (9-row products) and batch-4 / 8
   # graphs, alternately, twice
   setup
@@ -2116,7 +2118,7 @@ part137() {  # session 20, call 2: the skinny GEMM's weights through a per-warp 
   graph_summary
 }
 
-part138() {  # session 20, call 3: where rms_norm_vec releases its dependents (NORM_RELEASE=0: after the
+part138() {  # session 20, call 3 (ran at f8bd5cf; NORM_RELEASE then became NORM_EARLY_MIN_ROWS): where rms_norm_vec releases its dependents (NORM_RELEASE=0: after the
   # row's loads, the default; 1: right after its wait; 2: before its wait): the graph and PDL-chain
   # GPU tests built with NORM_RELEASE=2, then batch-1 graphs of both shapes, the 0.6B batch-4 graph
   # and the 8B DFlash round at c = 1, each setting in turn, twice
