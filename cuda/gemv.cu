@@ -27,7 +27,14 @@
 // instead (16 / 32 KB a CTA): batch-1 graphs 0.6B +0.5%, 8B +0.3%.
 #include "common.cuh"
 
-#define GEMV_MAX_M 8
+// The many-row kernels (gemv_*) take 1 to GEMV_MAX_M rows (the host sends 2 to 4: above that the
+// skinny GEMM or cuBLAS win, cuda_ops.py). Their register count is set by the largest case: with
+// 8 row cases gemv_silu_mul_bf16 took 143 registers (3 CTAs an SM) and gemv_bf16 96; with 4, 128
+// (4 CTAs an SM) and 80 (ptxas, session 20; the effect on 2-4-row steps is not measured yet:
+// h200_report.sh part142 runs GEMV_MAX_M=8 against it).
+#ifndef GEMV_MAX_M
+#define GEMV_MAX_M 4
+#endif
 #define GEMV_NR 2
 #define GEMV_WARPS 4
 // Matrices of at most this many bytes (the gate_up matrix counted whole) are asked into L2 before
@@ -153,24 +160,32 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
 
 }  // namespace
 
-// grid (ceil(N / (GEMV_NR * GEMV_WARPS))), block 32 * GEMV_WARPS; M selects the instantiation.
-#define MINILLM_GEMV_SWITCH(TO, GATED)                                          \
-  switch (M) {                                                                  \
-    case 1: gemv_impl<TO, 1, GATED>(x, ldx, w, bias, out, ldo, N, K); break;   \
-    case 2: gemv_impl<TO, 2, GATED>(x, ldx, w, bias, out, ldo, N, K); break;   \
-    case 3: gemv_impl<TO, 3, GATED>(x, ldx, w, bias, out, ldo, N, K); break;   \
-    case 4: gemv_impl<TO, 4, GATED>(x, ldx, w, bias, out, ldo, N, K); break;   \
-    case 5: gemv_impl<TO, 5, GATED>(x, ldx, w, bias, out, ldo, N, K); break;   \
-    case 6: gemv_impl<TO, 6, GATED>(x, ldx, w, bias, out, ldo, N, K); break;   \
-    case 7: gemv_impl<TO, 7, GATED>(x, ldx, w, bias, out, ldo, N, K); break;   \
-    default: gemv_impl<TO, 8, GATED>(x, ldx, w, bias, out, ldo, N, K); break;  \
+// grid (ceil(N / (GEMV_NR * GEMV_WARPS))), block 32 * GEMV_WARPS; M selects the instantiation
+// (M above GEMV_MAX_M is never sent: the host's _GEMV_MAX_M).
+template <typename TO, bool GATED>
+__device__ __forceinline__ void gemv_rows(const bf16* x, i64 ldx, const bf16* w, const bf16* bias,
+                                          TO* out, i64 ldo, int M, int N, int K) {
+  switch (M) {
+    case 1: gemv_impl<TO, 1, GATED>(x, ldx, w, bias, out, ldo, N, K); break;
+    case 2: gemv_impl<TO, 2, GATED>(x, ldx, w, bias, out, ldo, N, K); break;
+    case 3: gemv_impl<TO, 3, GATED>(x, ldx, w, bias, out, ldo, N, K); break;
+#if GEMV_MAX_M > 4
+    case 4: gemv_impl<TO, 4, GATED>(x, ldx, w, bias, out, ldo, N, K); break;
+    case 5: gemv_impl<TO, 5, GATED>(x, ldx, w, bias, out, ldo, N, K); break;
+    case 6: gemv_impl<TO, 6, GATED>(x, ldx, w, bias, out, ldo, N, K); break;
+    case 7: gemv_impl<TO, 7, GATED>(x, ldx, w, bias, out, ldo, N, K); break;
+    default: gemv_impl<TO, 8, GATED>(x, ldx, w, bias, out, ldo, N, K); break;
+#else
+    default: gemv_impl<TO, 4, GATED>(x, ldx, w, bias, out, ldo, N, K); break;
+#endif
   }
+}
 
 #define MINILLM_GEMV(SUFFIX, TO)                                                                 \
   extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_##SUFFIX(                 \
       const bf16* x, i64 ldx, const bf16* w, const bf16* bias, TO* out, i64 ldo, int M, int N, \
       int K) {                                                                                 \
-    MINILLM_GEMV_SWITCH(TO, false)                                                             \
+    gemv_rows<TO, false>(x, ldx, w, bias, out, ldo, M, N, K);                                  \
   }
 
 MINILLM_GEMV(bf16, bf16)
@@ -192,9 +207,7 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
 extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
     gemv_silu_mul_bf16(const bf16* x, i64 ldx, const bf16* w, bf16* out, i64 ldo, int M, int F,
                        int K) {
-  const bf16* bias = nullptr;
-  const int N = F;
-  MINILLM_GEMV_SWITCH(bf16, true)
+  gemv_rows<bf16, true>(x, ldx, w, nullptr, out, ldo, M, F, K);
 }
 extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
     gemv1_silu_mul_bf16(const bf16* x, i64 ldx, const bf16* w, bf16* out, i64 ldo, int F, int K) {

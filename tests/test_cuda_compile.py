@@ -144,15 +144,23 @@ def release_before_wait(source: str) -> list[str]:
     return bad
 
 
+# The one kernel allowed to release its dependents before its own wait (cuda/norm.cu, from
+# NORM_EARLY_MIN_ROWS rows; session 20: 0.6B batch 4 -2%). Its successors (the products of
+# gemv.cu and gemm.cu, the row copies of rows.cu, cuBLAS without a programmatic edge) do nothing
+# before their own wait but read weights, so nothing races the kernel before the norm, still running.
+EARLY_RELEASE = {"norm.cu": ["rms_norm_vec_impl"]}
+
+
 def test_kernels_release_dependents_only_after_their_own_wait():
-    """cuda/common.cuh's late release keeps at most two grids in flight only if every kernel
-    releases after its own griddepcontrol.wait: a release before it would let the grid after next
-    start while the previous one still runs, and work done before a wait would race two kernels."""
+    """cuda/common.cuh's late release keeps at most two grids past their waits only if every
+    kernel releases after its own griddepcontrol.wait: a release before it lets the grid after next
+    start while the previous one still runs, and work done before a wait could race two kernels.
+    One exception, named above; a new one fails here until it is argued and listed."""
     calls = 0
     for src in SOURCES:
         text = src.read_text()
         calls += text.count("pdl_release();")
-        assert release_before_wait(text) == [], src.name
+        assert release_before_wait(text) == EARLY_RELEASE.get(src.name, []), src.name
     assert calls >= 4  # the GEMVs, the skinny GEMM, rms_norm, decode attention
     early = "__device__ void f() {\n  minillm::pdl_release();\n  minillm::pdl_entry();\n}\n"
     assert release_before_wait(early) == ["f"]
