@@ -2190,6 +2190,36 @@ part141() {  # session 20, call 7: 0.6B batch-1 graphs, the one-row GEMVs' L2 pr
   graph_summary
 }
 
+part142() {  # prepared in session 20, not yet run: (1) the GEMV tests on ffed2fb's kernels (many-row
+  # GEMVs instantiated for 1-4 rows); (2) part141's crossed run on both shapes: batch-1 graphs with the
+  # one-row GEMVs' L2 prefetch off (GEMV_PREFETCH_MAX=0) and/or the norm's early release at one row
+  # (NORM_EARLY_MIN_ROWS=1; ~9-10 minutes on a fresh machine: split it if a stage runs long);
+  # (3) GEMV_MAX_M=8 (the old instantiations) against the default on the
+  # 2-4-row steps that take the many-row GEMVs (0.6B gate_up at 2-4 rows, 8B gate_up at 2); alternately, twice
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage gemv_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py \
+    -k "bfloat16 and (gemv or test_matmul[ or matmul_silu_mul or chain)"
+  models_q06_q8 150
+  local i v m b
+  local -A defs=([base]="" [nopf]="GEMV_PREFETCH_MAX=0"
+    [nopf_early]="GEMV_PREFETCH_MAX=0,NORM_EARLY_MIN_ROWS=1" [m8]="GEMV_MAX_M=8")
+  for i in 1 2; do
+    for v in base nopf nopf_early; do  # (the early release alone: part138, part141)
+      for m in q06 q8; do step_graph $m "${v}_$i" "${defs[$v]}" 100; done
+    done
+    for v in base m8; do
+      for b in 2 3 4; do
+        stage "graph_q06_b${b}_${v}_$i" 100 env MINILLM_CUDA_DEFINES="${defs[$v]}" python3 \
+          scripts/step_kernels.py $M/q06 --batch $b --ctx 512 --json "$W/graph_q06_b${b}_${v}_$i.json"
+      done
+      stage "graph_q8_b2_${v}_$i" 100 env MINILLM_CUDA_DEFINES="${defs[$v]}" python3 \
+        scripts/step_kernels.py $M/q8 --batch 2 --ctx 512 --json "$W/graph_q8_b2_${v}_$i.json"
+    done
+  done
+  graph_summary
+}
+
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name
   python3 - "$W" <<'PY' | tee "$W/graph_summary.txt"
 import glob, json, os, sys

@@ -4,11 +4,15 @@ kernel takes a product of a few rows (small_product_kernel) and cuda/gemm.cu's l
 17-256 rows (wide_product_plan); the GPU side (every split count gives the same
 attention) is tests/test_cuda_ops.py's, the timing of each scripts/decode_splits.py's."""
 
+import re
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from minillm.backends.cuda_ops import (
+    _GEMV_MAX_M,
     decode_rope_max_tokens,
     decode_splits,
     env_int,
@@ -58,6 +62,11 @@ def test_small_products_choose_their_kernel():
     assert small_product_kernel(8, 24576, 4096) == "skinny"
     assert small_product_kernel(9, 24576, 4096) is None
     assert [small_product_kernel(m, 1000, 200) for m in (1, 4, 5)] == ["gemv", "gemv", None]
+    # and the GEMV never gets more rows than cuda/gemv.cu instantiates (GEMV_MAX_M)
+    src = (Path(__file__).resolve().parents[1] / "cuda" / "gemv.cu").read_text()
+    assert int(re.search(r"#define GEMV_MAX_M (\d+)", src).group(1)) == _GEMV_MAX_M
+    assert all(small_product_kernel(m, n, k) != "gemv" for m in range(_GEMV_MAX_M + 1, 40)
+               for n, k in ((1000, 200), (4096, 1024), (24576, 4096)))
 
 
 @given(st.integers(1, 300), st.sampled_from([64, 192, 1024, 4096, 6144, 24576, 100]),

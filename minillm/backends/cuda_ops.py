@@ -37,7 +37,7 @@ except ImportError:  # pragma: no cover - ml_dtypes is a dependency
 
 _ATT_THREADS = 128  # cuda/attention.cu
 _SAMPLE_THREADS = 512  # cuda/sampling.cu
-# cuda/gemv.cu's GEMV takes products of at most _GEMV_MAX_M rows (the kernel handles 8). Measured on
+# cuda/gemv.cu's GEMV takes products of at most _GEMV_MAX_M rows (its GEMV_MAX_M, the same). Measured on
 # the H200 (docs/BENCHMARKS.md, spec-cost): an 8-sequence decode step of the 8B shape took 11.5 ms
 # with 8-row GEMVs against 7.3 ms for 16 sequences through cuBLAS, so above 4 rows the GEMV is not
 # used (gemm_skinny, on tensor cores, takes 2-16 rows; cuBLAS more: small_product_kernel).
