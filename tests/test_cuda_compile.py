@@ -148,7 +148,8 @@ def release_before_wait(source: str) -> list[str]:
 # The one kernel allowed to release its dependents before its own wait (cuda/norm.cu, from
 # NORM_EARLY_MIN_ROWS rows; session 20: 0.6B batch 4 -2%). Its successors (the products of
 # gemv.cu and gemm.cu, the row copies of rows.cu, cuBLAS without a programmatic edge) do nothing
-# before their own wait but read weights, so nothing races the kernel before the norm, still running.
+# before their own wait but read weights, so nothing races the kernel before the norm, still
+# running.
 EARLY_RELEASE = {"norm.cu": ["rms_norm_vec_impl"]}
 
 
