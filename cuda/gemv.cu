@@ -240,7 +240,10 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
 // shared-memory slots with cp.async instead (no registers held in flight, the first two blocks
 // issued before the PDL wait; the same bits) was far slower (session 20, part137, c76d122): the
 // round 6.32 -> 7.68 ms, batch 4 0.6B 1.26 -> 1.59, 8B 4.81 -> 8.94 (48 KB of shared memory a
-// CTA; cause not isolated).
+// CTA). The likely cause, from its SASS, not tested on the GPU: cp.async.cg compiles to
+// LDGSTS.E.BYPASS, so a lane's lo and hi 16-byte copies, the two halves of one 32-byte sector,
+// went to L2 as two requests, where this loop's LDG.E.128.CONSTANT serves the hi half from L1.
+// A ring to try again: cp.async.ca, or one lane copying a whole sector.
 #define SKINNY_WARPS 8
 #define SKINNY_KB 64
 
