@@ -2220,6 +2220,21 @@ part142() {  # prepared in session 20, not yet run: (1) the GEMV tests on ffed2f
   graph_summary
 }
 
+part143() {  # prepared in session 20, not yet run: the DFlash drafter drafting from the first 32,768 ids
+  # (draft_vocab_size: its LM head a slice of the target's rows), its GPU tests, then the 8B spec-cost
+  # bench with it and without, one after the other on one machine
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage draft_vocab_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_dflash_graphs.py \
+    -k "draft_vocab or graphs_match_eager"
+  stage models 150 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
+  stage spec_cost_8b_dv32k 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --draft-vocab-size 32768 --result-json "$W/spec_cost_8b_dv32k.json"
+  stage spec_cost_8b_full 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_8b_full.json"
+}
+
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name
   python3 - "$W" <<'PY' | tee "$W/graph_summary.txt"
 import glob, json, os, sys

@@ -153,6 +153,12 @@ def test_spec_cost_bench_on_the_cpu(tiny, tmp_path):
     assert all(s["lossless"] and s["verify_path_equals_plain_decode"] for s in curve.values())
     for c in (1, 3):  # all right: 3 drafts + a bonus token a round (the last rounds are cut short)
         assert curve[(c, 0.0)]["tokens_per_step"] == 1.0 and curve[(c, 1.0)]["tokens_per_step"] > 2.5
+    # the drafter drafting from the first 16 ids only (draft_vocab_size): still the plain tokens
+    assert spec_cost_main([str(tiny), "--drafter", str(drafter), "--device", "cpu", "--k", "3",
+                           "--concurrency", "1", "--input-len", "24", "--output-len", "20", "--accept", "0",
+                           "--draft-vocab-size", "16", "--result-json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["draft_vocab_size"] == 16 and r["cost"][0]["same_as_plain_decode"]
 
 
 def test_percentiles_and_means():

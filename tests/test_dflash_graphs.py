@@ -164,14 +164,20 @@ def test_graph_for_selects_the_drafter_graph(monkeypatch, pair):
     assert llm.engine.runner._graph_for([ScheduledSeq(s, 4, num_draft=3)], 4)[:2] == (1, 4)
 
 
-def test_emulated_graphs_match_eager(monkeypatch, pair):
+@pytest.mark.parametrize("draft_vocab", [False, True])
+def test_emulated_graphs_match_eager(monkeypatch, pair, draft_vocab):
     """Same tokens, same drafts round by round, same drafted logits, with graphs and without;
-    both runners really replayed."""
+    both runners really replayed. draft_vocab: the drafter's LM head a quarter of the target's
+    rows (draft_vocab_size)."""
     target, drafter = pair
-    plain = [o.token_ids for o in LLM(target, device="cpu", max_model_len=256).generate(PROMPTS, GREEDY)]
+    plain_llm = LLM(target, device="cpu", max_model_len=256)
+    plain = [o.token_ids for o in plain_llm.generate(PROMPTS, GREEDY)]
+    cfg = spec(drafter, 5)
+    if draft_vocab:
+        cfg["draft_vocab_size"] = plain_llm.engine.config.vocab_size // 4
     eager = LLM(target, device="cpu", max_model_len=256, max_num_seqs=8, enforce_eager=True,
-                speculative_config=spec(drafter, 5))
-    graphs = emulated_llm(monkeypatch, target, max_num_seqs=8, speculative_config=spec(drafter, 5))
+                speculative_config=cfg)
+    graphs = emulated_llm(monkeypatch, target, max_num_seqs=8, speculative_config=cfg)
     drafts = {}
     for name, llm in (("eager", eager), ("graphs", graphs)):
         drafts[name] = record_drafts(llm)
@@ -414,3 +420,23 @@ def test_dflash_graphs_match_eager_on_gpu(request, monkeypatch, models):
             differ = sum(a != b for a, b in zip(drafts_g, drafts_e))
             assert drafts_e and len(drafts_g) == len(drafts_e) and not differ, (
                 f"{differ} of {len(drafts_e)} full-k rounds drafted other tokens with graphs")
+
+
+@pytest.mark.gpu
+def test_dflash_draft_vocab_graphs_match_eager_on_gpu(pair):
+    """draft_vocab_size on the GPU: the drafting graphs' LM head is a slice of the target's rows;
+    graphs give eager's tokens and drafts (one sequence: the same shapes, so the same bits), every
+    draft lies below the slice, and the graphs really ran."""
+    target, drafter = pair
+    vocab = LLM(target, device="cpu", max_model_len=64).engine.config.vocab_size
+    cfg = {**spec(drafter, 5), "draft_vocab_size": vocab // 4}
+    runs = {}
+    for eager in (True, False):
+        llm = LLM(target, device="cuda", max_model_len=256, enforce_eager=eager, max_num_seqs=1,
+                  speculative_config=cfg)
+        rounds = record_drafts(llm)
+        runs[eager] = ([o.token_ids for o in llm.generate(PROMPTS[:3], GREEDY)], rounds, llm.engine)
+    (tok_e, drafts_e, _), (tok_g, drafts_g, eng_g) = runs[True], runs[False]
+    assert tok_g == tok_e and drafts_g == drafts_e
+    assert eng_g.proposer.runner.replays > 0
+    assert max(t for d in drafts_g for t in d) < cfg["draft_vocab_size"]

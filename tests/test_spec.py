@@ -185,6 +185,34 @@ def test_dflash_greedy_lossless(dflash_pair, k):
     assert llm.engine.stats().spec["draft_tokens"] > 0
 
 
+@pytest.mark.parametrize("k,frac", [(3, 4), (8, 4), (8, 0)])
+def test_dflash_draft_vocab_is_lossless(dflash_pair, monkeypatch, k, frac):
+    """draft_vocab_size: the drafter's LM head is the first V' rows of the target's, so every draft
+    is an id below V' (frac 0: V' = 1, every draft is id 0); the output is still plain greedy
+    decoding's, token for token."""
+    from minillm.spec.dflash import DFlashProposer
+
+    target, drafter = dflash_pair
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    base = LLM(str(target), device="cpu", max_model_len=256).generate(PROMPTS[:6], params)
+    drafted = []
+    assign = DFlashProposer._assign
+    monkeypatch.setattr(DFlashProposer, "_assign",
+                        lambda self, tokens, waiting: (drafted.extend(np.asarray(tokens).tolist()),
+                                                       assign(self, tokens, waiting)))
+    vocab = LLM(str(target), device="cpu", max_model_len=256).engine.config.vocab_size
+    dv = vocab // frac if frac else 1
+    llm = LLM(str(target), device="cpu", max_model_len=256, speculative_config={
+        "method": "dflash", "model": str(drafter), "num_speculative_tokens": k, "draft_vocab_size": dv})
+    assert llm.engine.proposer.model.lm_head.shape[0] == dv == llm.engine.proposer.draft_vocab_size
+    outs = llm.generate(PROMPTS[:6], params)
+    assert [o.token_ids for o in outs] == [b.token_ids for b in base]
+    assert llm.engine.stats().spec["draft_tokens"] > 0
+    assert drafted and max(drafted) < dv
+    if not frac:
+        assert set(drafted) == {0}
+
+
 def test_dflash_lossless_with_preemption_and_deferred_drafts(dflash_pair):
     """A pool small enough to preempt while drafts are still on the device (each round's drafting
     step is launched without waiting, and the next verification takes its drafts there): output
@@ -372,6 +400,13 @@ def test_invalid_speculative_configs(models, dflash_pair):
     for cfg, msg in bad:
         with pytest.raises(ValueError, match=msg):
             LLM(target, device="cpu", speculative_config=cfg)
+    dflash = {"method": "dflash", "model": str(dflash_pair[1]), "num_speculative_tokens": 2}
+    for cfg, msg in [({**dflash, "draft_vocab_size": 0}, "draft_vocab_size must be an integer >= 1"),
+                     ({**dflash, "draft_vocab_size": 10**9}, r"draft_vocab_size 1000000000 must be in \[1, "),
+                     ({"method": "ngram", "num_speculative_tokens": 2, "draft_vocab_size": 8},
+                      "draft_vocab_size applies to method \"dflash\"")]:
+        with pytest.raises(ValueError, match=msg):
+            LLM(str(dflash_pair[0]), device="cpu", speculative_config=cfg)
     # a drafter with another vocabulary
     with pytest.raises(ValueError, match="vocabulary"):
         LLM(str(dflash_pair[0]), device="cpu",

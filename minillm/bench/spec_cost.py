@@ -153,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="step token budget (default: every prompt prefills in one step, so no "
                         "sequence verifies in a step that prefills another)")
+    p.add_argument("--draft-vocab-size", type=int, default=None,
+                   help="the DFlash drafter drafts from the first N token ids only (draft_vocab_size)")
     p.add_argument("--result-json", default=None)
     ns = p.parse_args(argv)
     cs = [int(c) for c in ns.concurrency.split(",")]
@@ -165,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     vocab = min(plain.config.vocab_size, plain.tokenizer.vocab_size)
     prompts = [rng.integers(0, vocab, ns.input_len).tolist() for _ in range(max(cs))]
     result: dict = {"model": ns.model, "k": ns.k, "input_len": ns.input_len, "output_len": ns.output_len,
-                    "cost": [], "speedup": []}
+                    "draft_vocab_size": ns.draft_vocab_size, "cost": [], "speedup": []}
     base_steps, reference = {}, {}
     for c in cs:
         step, _, outs = decode_steps(plain, prompts[:c], ns.output_len)
@@ -173,8 +175,10 @@ def main(argv: list[str] | None = None) -> int:
         reference.update({f"r{i}": outs[f"r{i}"] for i in range(c)})
     del plain
     cost_cs = cs if ns.drafter else []  # without a drafter: the speedup half only
-    spec = None if not ns.drafter else LLMEngine(**common, speculative_config={"method": "dflash", "model": ns.drafter,
-                                                    "num_speculative_tokens": ns.k})
+    dflash = {"method": "dflash", "model": ns.drafter, "num_speculative_tokens": ns.k}
+    if ns.draft_vocab_size is not None:
+        dflash["draft_vocab_size"] = ns.draft_vocab_size
+    spec = None if not ns.drafter else LLMEngine(**common, speculative_config=dflash)
     for c in cost_cs:
         step, per_step, outs = decode_steps(spec, prompts[:c], ns.output_len)
         same = all(outs[f"r{i}"] == reference[f"r{i}"] for i in range(c))

@@ -14,10 +14,14 @@ class SpeculativeConfig:
     model: str | None = None
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
+    # dflash only: draft from the first draft_vocab_size token ids (a slice of the target's LM head
+    # rows); None: the whole vocabulary. Verification stays lossless whatever the drafts are.
+    draft_vocab_size: int | None = None
 
     @classmethod
     def from_dict(cls, d: dict) -> SpeculativeConfig:
-        known = {"method", "num_speculative_tokens", "model", "prompt_lookup_min", "prompt_lookup_max"}
+        known = {"method", "num_speculative_tokens", "model", "prompt_lookup_min", "prompt_lookup_max",
+                 "draft_vocab_size"}
         unknown = set(d) - known
         if unknown:
             raise ValueError(
@@ -31,8 +35,14 @@ class SpeculativeConfig:
         k = d.get("num_speculative_tokens")
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise ValueError(f"--speculative-config: num_speculative_tokens must be an integer >= 1, got {k!r}")
+        dv = d.get("draft_vocab_size")
+        if dv is not None and (not isinstance(dv, int) or isinstance(dv, bool) or dv < 1):
+            raise ValueError(f"--speculative-config: draft_vocab_size must be an integer >= 1, got {dv!r}")
+        if dv is not None and method != "dflash":
+            raise ValueError("--speculative-config: draft_vocab_size applies to method \"dflash\" (whose draft "
+                             f"logits come from the target's LM head), not {method!r}")
         cfg = cls(method, k, d.get("model"), int(d.get("prompt_lookup_min", 1)),
-                  int(d.get("prompt_lookup_max", 4)))
+                  int(d.get("prompt_lookup_max", 4)), dv)
         if method in ("draft_model", "dflash") and not cfg.model:
             raise ValueError(f"--speculative-config: method {method!r} needs \"model\": the drafter's path")
         if method == "ngram" and not 1 <= cfg.prompt_lookup_min <= cfg.prompt_lookup_max:

@@ -15,6 +15,7 @@ drafter is a `Transformer` sharing the target's embedding and LM head.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -122,8 +123,21 @@ class DFlashProposer:
     drafts_on_device = True  # propose(defer=True): the target takes the drafts on the device
 
     def __init__(self, path, target: Transformer, backend, k: int, max_tokens: int, max_seqs: int,
-                 max_model_len: int):
+                 max_model_len: int, draft_vocab_size: int | None = None):
         dcfg, weights, st = load_dflash(path, target.cfg)
+        # Drafts from the first draft_vocab_size ids only: the LM head is a slice of the target's
+        # rows, so a drafting step reads that many rows instead of the whole vocabulary (the 8B
+        # shape's head is 1.24 GB of a k = 8 round's ~3.2 GB of drafter weights). Drafts are the
+        # argmax and verification is exact, so the output is the same; only acceptance can drop,
+        # where the target's token lies outside the slice. In byte-level BPE vocabularies (Qwen,
+        # Llama 3) ids follow merge order, which roughly follows frequency.
+        V = dcfg.vocab_size
+        if draft_vocab_size is not None:
+            if not 1 <= draft_vocab_size <= V:
+                raise ValueError(f"--speculative-config: draft_vocab_size {draft_vocab_size} must be in [1, {V}] "
+                                 "(the target's vocabulary size)")
+            dcfg = replace(dcfg, vocab_size=draft_vocab_size)
+        self.draft_vocab_size = dcfg.vocab_size
         if st["input_embedding_scale"] != 1.0:
             raise ValueError(f"{path}: input_embedding_scale != 1 is not supported yet")
         self.block = st["block_size"]
@@ -142,7 +156,7 @@ class DFlashProposer:
         weights["embed"] = np.zeros((1, dcfg.hidden_size), np.float32)  # replaced by the target's below
         self.model = Transformer(dcfg, weights, backend, max_model_len + self.block)
         self.model.embed = target.embed
-        self.model.lm_head = target.lm_head
+        self.model.lm_head = target.lm_head if dcfg.vocab_size == V else target.lm_head[: dcfg.vocab_size]
         self.fc = backend.asarray(fc)
         self.hidden_norm = backend.asarray(hidden_norm)
         self.max_tokens, self.max_seqs, self.max_model_len = max_tokens, max_seqs, max_model_len

@@ -85,4 +85,4 @@ def _dflash(engine):
 
     spec, r = engine.spec, engine.runner_args
     return DFlashProposer(spec.model, engine.model, engine.backend, spec.num_speculative_tokens,
-                          r["max_tokens"], r["max_seqs"], engine.max_model_len)
+                          r["max_tokens"], r["max_seqs"], engine.max_model_len, spec.draft_vocab_size)
