@@ -62,6 +62,28 @@ def test_greedy_lossless(models, greedy_reference, method, k):
         assert spec["acceptance_rate"] == 1.0
 
 
+@pytest.mark.parametrize("method", ["draft_model", "self_draft"])
+def test_draft_model_draft_vocab_is_lossless(models, greedy_reference, method):
+    """draft_vocab_size with a drafter model: its LM head keeps the first 64 rows, so every draft
+    is an id below 64, and the output is still plain greedy decoding's. The model drafting for
+    itself then accepts only where its own next token is below 64."""
+    cfg = {**spec_configs(models, 3)[method], "draft_vocab_size": 64}
+    llm = LLM(str(models[0]), device="cpu", max_num_seqs=16, max_model_len=128, speculative_config=cfg)
+    proposer = llm.engine.proposer
+    assert proposer.model.lm_head.shape[0] == 64 == proposer.draft_vocab_size
+    drafted = []
+    propose = proposer.propose
+    proposer.propose = lambda seqs, ks: (propose(seqs, ks), drafted.extend(t for s in seqs for t in s.draft_ids))
+    outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    assert [o.token_ids for o in outs] == greedy_reference
+    assert drafted and max(drafted) < 64
+    spec = llm.engine.stats().spec
+    if method == "self_draft":
+        below = sum(t < 64 for ids in greedy_reference for t in ids)
+        assert 0 < spec["accepted_tokens"] <= below
+        assert spec["acceptance_rate"] < 1.0 or below == sum(map(len, greedy_reference))
+
+
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
 def test_greedy_lossless_with_preemption(models, greedy_reference, method):
     # 16 sequences of up to 128 tokens need 128 blocks of 16; 24 blocks force preemption
@@ -404,7 +426,7 @@ def test_invalid_speculative_configs(models, dflash_pair):
     for cfg, msg in [({**dflash, "draft_vocab_size": 0}, "draft_vocab_size must be an integer >= 1"),
                      ({**dflash, "draft_vocab_size": 10**9}, r"draft_vocab_size 1000000000 must be in \[1, "),
                      ({"method": "ngram", "num_speculative_tokens": 2, "draft_vocab_size": 8},
-                      "draft_vocab_size applies to method \"dflash\"")]:
+                      "draft_vocab_size applies to a drafter model")]:
         with pytest.raises(ValueError, match=msg):
             LLM(str(dflash_pair[0]), device="cpu", speculative_config=cfg)
     # a drafter with another vocabulary

@@ -14,8 +14,9 @@ class SpeculativeConfig:
     model: str | None = None
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
-    # dflash only: draft from the first draft_vocab_size token ids (a slice of the target's LM head
-    # rows); None: the whole vocabulary. Verification stays lossless whatever the drafts are.
+    # draft_model / dflash: draft from the first draft_vocab_size token ids (the drafter's LM head
+    # cut to those rows); None: the whole vocabulary. Verification stays lossless whatever the
+    # drafts are: only acceptance can drop (draft_vocab_size below).
     draft_vocab_size: int | None = None
 
     @classmethod
@@ -38,9 +39,9 @@ class SpeculativeConfig:
         dv = d.get("draft_vocab_size")
         if dv is not None and (not isinstance(dv, int) or isinstance(dv, bool) or dv < 1):
             raise ValueError(f"--speculative-config: draft_vocab_size must be an integer >= 1, got {dv!r}")
-        if dv is not None and method != "dflash":
-            raise ValueError("--speculative-config: draft_vocab_size applies to method \"dflash\" (whose draft "
-                             f"logits come from the target's LM head), not {method!r}")
+        if dv is not None and method == "ngram":
+            raise ValueError("--speculative-config: draft_vocab_size applies to a drafter model (methods "
+                             "\"draft_model\" and \"dflash\"), not to \"ngram\"")
         cfg = cls(method, k, d.get("model"), int(d.get("prompt_lookup_min", 1)),
                   int(d.get("prompt_lookup_max", 4)), dv)
         if method in ("draft_model", "dflash") and not cfg.model:
@@ -51,3 +52,19 @@ class SpeculativeConfig:
                 f"{cfg.prompt_lookup_min} and {cfg.prompt_lookup_max}"
             )
         return cfg
+
+
+def draft_vocab_size(requested: int | None, vocab: int) -> int:
+    """The drafter's vocabulary: the first `requested` token ids, or all `vocab` of them.
+
+    Drafters draft the argmax of their logits and the target verifies exactly, so a drafter whose
+    LM head keeps only the first N rows gives the same output and reads N / vocab of the head's
+    bytes a drafting step (the 8B shape's 151,936-row head is 1.24 GB); acceptance drops where the
+    target's token lies past N. Byte-level BPE vocabularies (Qwen, Llama 3) number tokens in merge
+    order, which roughly follows frequency, so the first ids are the common ones."""
+    if requested is None:
+        return vocab
+    if not 1 <= requested <= vocab:
+        raise ValueError(f"--speculative-config: draft_vocab_size {requested} must be in [1, {vocab}] "
+                         "(the target's vocabulary size)")
+    return requested

@@ -27,6 +27,7 @@ from minillm.models.config import ModelConfig
 from minillm.models.hf_loader import canonical_name, check_weights
 from minillm.models.safetensors_io import iter_safetensors
 from minillm.models.transformer import Transformer, Workspace
+from minillm.spec.config import draft_vocab_size as draft_vocab
 
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
@@ -125,18 +126,10 @@ class DFlashProposer:
     def __init__(self, path, target: Transformer, backend, k: int, max_tokens: int, max_seqs: int,
                  max_model_len: int, draft_vocab_size: int | None = None):
         dcfg, weights, st = load_dflash(path, target.cfg)
-        # Drafts from the first draft_vocab_size ids only: the LM head is a slice of the target's
-        # rows, so a drafting step reads that many rows instead of the whole vocabulary (the 8B
-        # shape's head is 1.24 GB of a k = 8 round's ~3.2 GB of drafter weights). Drafts are the
-        # argmax and verification is exact, so the output is the same; only acceptance can drop,
-        # where the target's token lies outside the slice. In byte-level BPE vocabularies (Qwen,
-        # Llama 3) ids follow merge order, which roughly follows frequency.
+        # the LM head is the target's, or its first rows (config.draft_vocab_size: on the 8B shape
+        # the whole head is ~1.24 GB of the ~3.2 GB a k = 8 drafting step reads)
         V = dcfg.vocab_size
-        if draft_vocab_size is not None:
-            if not 1 <= draft_vocab_size <= V:
-                raise ValueError(f"--speculative-config: draft_vocab_size {draft_vocab_size} must be in [1, {V}] "
-                                 "(the target's vocabulary size)")
-            dcfg = replace(dcfg, vocab_size=draft_vocab_size)
+        dcfg = replace(dcfg, vocab_size=draft_vocab(draft_vocab_size, V))
         self.draft_vocab_size = dcfg.vocab_size
         if st["input_embedding_scale"] != 1.0:
             raise ValueError(f"{path}: input_embedding_scale != 1 is not supported yet")

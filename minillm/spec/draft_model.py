@@ -8,20 +8,30 @@ accepted last round), then drafts k tokens one at a time, each step batched acro
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from minillm.engine.runner import ModelRunner
 from minillm.engine.scheduler import ScheduledSeq
 from minillm.engine.sequence import Sequence
 from minillm.models.transformer import Transformer
+from minillm.spec.config import draft_vocab_size as draft_vocab
 
 
 class DraftModelProposer:
     needs_kv = True
     lookahead = 0  # its KV stays within the target's next-step positions
 
-    def __init__(self, loaded, backend, k: int, max_tokens: int, max_seqs: int, max_model_len: int):
+    def __init__(self, loaded, backend, k: int, max_tokens: int, max_seqs: int, max_model_len: int,
+                 draft_vocab_size: int | None = None):
         self.k = k
         self.config = loaded.config
-        self.model = Transformer(loaded.config, loaded.weights, backend, max_model_len + 1)
+        # drafting from the first draft_vocab_size ids (config.draft_vocab_size): its logits and LM
+        # head keep only those rows; the embedding keeps every id, since any token can be an input
+        V = loaded.config.vocab_size
+        dv = self.draft_vocab_size = draft_vocab(draft_vocab_size, V)
+        self.model = Transformer(replace(loaded.config, vocab_size=dv), loaded.weights, backend, max_model_len + 1)
+        if dv < V:
+            self.model.lm_head = self.model.lm_head[:dv]
         loaded.weights = {}
         self.max_tokens, self.max_seqs, self.max_model_len = max_tokens, max_seqs, max_model_len
         self.backend = backend

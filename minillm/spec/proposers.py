@@ -76,7 +76,7 @@ def build_proposer(engine):
         from minillm.spec.draft_model import DraftModelProposer
 
         return DraftModelProposer(loaded, engine.backend, spec.num_speculative_tokens,
-                                  r["max_tokens"], r["max_seqs"], r["max_model_len"])
+                                  r["max_tokens"], r["max_seqs"], r["max_model_len"], spec.draft_vocab_size)
     raise AssertionError(spec.method)
 
 
