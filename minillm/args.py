@@ -86,7 +86,9 @@ def add_engine_args(p: argparse.ArgumentParser, model_positional: bool = True) -
     p.add_argument("--gpu-memory-utilization", type=float, default=d["gpu_memory_utilization"].default)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--speculative-config", type=str, default=None,
-                   help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\'')
+                   help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\'; keys: method '
+                        '(ngram, draft_model, dflash), num_speculative_tokens, model, prompt_lookup_min, '
+                        'prompt_lookup_max, draft_vocab_size')
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     p.add_argument("--seed", type=int, default=d["seed"].default)
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
