@@ -33,7 +33,8 @@
 #   style prefill kernel; final: failure matrix, memcheck, GPU tests, spec cost); part59: cuBLASLt's
 #   candidate algorithms against GemmEx (at most 1.10x: not wired in). part50 is still prepared.
 #   part136-part141: session 20 (one-row GEMV and skinny-GEMM variants, all removed again; where
-#   rms_norm_vec releases its dependents; every GPU test, throughput; part141 was cut short).
+#   rms_norm_vec releases its dependents; every GPU test, throughput; part141 was cut short);
+#   part142 and part143 are prepared for session 21 (not yet run; see each function).
 #   part15-part21: session 4 (ncu kernel split of a decode step; decode-attention split sweeps and
 #                  variants; async scheduling; final failure matrix, memcheck, synccheck/initcheck;
 #                  spec cost; skinny GEMM bench and racecheck). part21 is the one-call rerun.
