@@ -146,6 +146,8 @@ def test_spec_cost_bench_on_the_cpu(tiny, tmp_path):
                            "--concurrency", "1,3", "--input-len", "24", "--output-len", "20",
                            "--accept", "0,1", "--result-json", str(out)]) == 0
     r = json.loads(out.read_text())
+    floor = r["bytes_floor"]
+    assert floor == (r["target_weight_bytes"] + r["drafter_weight_bytes"]) / r["target_weight_bytes"] > 1
     assert [c["concurrency"] for c in r["cost"]] == [1, 3]
     assert all(c["same_as_plain_decode"] and c["spec_step_ms"] > 0 for c in r["cost"])
     curve = {(s["concurrency"], s["accept_prob"]): s for s in r["speedup"]}
@@ -159,6 +161,7 @@ def test_spec_cost_bench_on_the_cpu(tiny, tmp_path):
                            "--draft-vocab-size", "16", "--result-json", str(out)]) == 0
     r = json.loads(out.read_text())
     assert r["draft_vocab_size"] == 16 and r["cost"][0]["same_as_plain_decode"]
+    assert 1 < r["bytes_floor"] < floor  # the drafter's LM head is 16 rows of the target's
 
 
 def test_percentiles_and_means():

@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 
+from minillm.bench.decode import weight_bytes
 from minillm.bench.report import write_json
 from minillm.engine.engine import LLMEngine
 from minillm.sampling_params import SamplingParams
@@ -64,6 +65,21 @@ def decode_steps(engine: LLMEngine, prompts: list[list[int]], out_len: int) -> t
             steps.append((dt, sum(len(o.new_token_ids) for o in outs) / len(outs)))
     steps = steps[2:] or steps
     return float(np.median([s for s, _ in steps])), float(np.mean([n for _, n in steps])), outputs
+
+
+def round_bytes_floor(engine: LLMEngine) -> dict:
+    """The weight bytes a rejected DFlash round reads against a plain decode step's: the
+    verification reads the target's weights once, as a plain step does; the drafting step reads the
+    drafter's layers and its LM head (a slice of the target's with draft_vocab_size); the context
+    update reads fc, the hidden norm and every drafter layer's k/v rows. Their ratio is what the
+    round would cost at bandwidth with KV reads and compute free: the floor under the measured
+    price (decode.weight_bytes counts a step's weights the same way)."""
+    p = engine.proposer
+    target = weight_bytes(engine.model)
+    drafter = weight_bytes(p.model) + p.fc.nbytes + p.hidden_norm.nbytes + sum(
+        w.nbytes + (0 if b is None else b.nbytes) for w, b in p._kv_proj)
+    return {"target_weight_bytes": target, "drafter_weight_bytes": int(drafter),
+            "bytes_floor": (target + drafter) / target}
 
 
 def phase_times(engine: LLMEngine, prompts: list[list[int]], out_len: int) -> dict[str, float]:
@@ -179,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     if ns.draft_vocab_size is not None:
         dflash["draft_vocab_size"] = ns.draft_vocab_size
     spec = None if not ns.drafter else LLMEngine(**common, speculative_config=dflash)
+    if spec is not None:
+        result.update(round_bytes_floor(spec))
+        print(f"weights a rejected round reads: target {result['target_weight_bytes'] / 1e9:.3f} GB + drafter "
+              f"{result['drafter_weight_bytes'] / 1e9:.3f} GB: a floor of {result['bytes_floor']:.2f}x a plain "
+              "step's at bandwidth", flush=True)
     for c in cost_cs:
         step, per_step, outs = decode_steps(spec, prompts[:c], ns.output_len)
         same = all(outs[f"r{i}"] == reference[f"r{i}"] for i in range(c))
