@@ -34,7 +34,7 @@
 #   candidate algorithms against GemmEx (at most 1.10x: not wired in). part50 is still prepared.
 #   part136-part141: session 20 (one-row GEMV and skinny-GEMM variants, all removed again; where
 #   rms_norm_vec releases its dependents; every GPU test, throughput; part141 was cut short);
-#   part142 and part143 are prepared for session 21 (not yet run; see each function).
+#   part142, part143 and part144 are prepared for session 21 (not yet run; see each function).
 #   part15-part21: session 4 (ncu kernel split of a decode step; decode-attention split sweeps and
 #                  variants; async scheduling; final failure matrix, memcheck, synccheck/initcheck;
 #                  spec cost; skinny GEMM bench and racecheck). part21 is the one-call rerun.
@@ -2234,6 +2234,17 @@ part143() {  # prepared in session 20, not yet run: the DFlash drafter drafting 
     --draft-vocab-size 32768 --result-json "$W/spec_cost_8b_dv32k.json"
   stage spec_cost_8b_full 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
     --result-json "$W/spec_cost_8b_full.json"
+}
+
+part144() {  # prepared in session 20, not yet run: the failure matrix and the memcheck of its fastest
+  # reproducer on the code with rms_norm_vec's early release (multi-row steps' kernel order changed
+  # since session 18's last run of both)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_q06_dflash 100
+  memcheck_reproducer 150
+  stage failure_matrix 300 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
+    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 100
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name
