@@ -2033,8 +2033,7 @@ part132() {  # session 19, call 4: one-row GEMVs with four chunks' loads issued 
     for v in 1 0; do
       spec_round_graph "pipe${v}_$i" 1 100 MINILLM_CUDA_DEFINES="SKINNY_PIPELINED=$v"
       for s in q06 q8; do
-        stage "graph_${s}_b4_pipe${v}_$i" 100 env MINILLM_CUDA_DEFINES="SKINNY_PIPELINED=$v" python3 \
-          scripts/step_kernels.py $M/$s --batch 4 --ctx 512 --json "$W/graph_${s}_b4_pipe${v}_$i.json"
+        step_graph_batch $s 4 "pipe${v}_$i" "SKINNY_PIPELINED=$v" 100
       done
     done
   done
@@ -2110,8 +2109,7 @@ part137() {  # session 20, call 2 (ran at c76d122; SKINNY_STAGES was then remove
       spec_round_graph "ring${v}_$i" 1 100 MINILLM_CUDA_DEFINES="SKINNY_STAGES=$v"
       for s in q06 q8; do
         for b in 4 8; do
-          stage "graph_${s}_b${b}_ring${v}_$i" 100 env MINILLM_CUDA_DEFINES="SKINNY_STAGES=$v" python3 \
-            scripts/step_kernels.py $M/$s --batch $b --ctx 512 --json "$W/graph_${s}_b${b}_ring${v}_$i.json"
+          step_graph_batch $s $b "ring${v}_$i" "SKINNY_STAGES=$v" 100
         done
       done
     done
@@ -2132,8 +2130,7 @@ part138() {  # session 20, call 3 (ran at f8bd5cf; NORM_RELEASE then became NORM
   for i in 1 2; do
     for v in 0 1 2; do
       for m in q06 q8; do step_graph $m "rel${v}_$i" "NORM_RELEASE=$v" 100; done
-      stage "graph_q06_b4_rel${v}_$i" 100 env MINILLM_CUDA_DEFINES="NORM_RELEASE=$v" python3 \
-        scripts/step_kernels.py $M/q06 --batch 4 --ctx 512 --json "$W/graph_q06_b4_rel${v}_$i.json"
+      step_graph_batch q06 4 "rel${v}_$i" "NORM_RELEASE=$v" 100
       spec_round_graph "rel${v}_$i" 1 100 MINILLM_CUDA_DEFINES="NORM_RELEASE=$v"
     done
   done
@@ -2153,8 +2150,7 @@ part139() {  # session 20, call 4: rms_norm_vec releasing before its wait from 2
     for v in rows2 never; do
       for s in q06 q8; do
         for b in 4 8 16; do
-          stage "graph_${s}_b${b}_${v}_$i" 100 env MINILLM_CUDA_DEFINES="${defs[$v]}" python3 \
-            scripts/step_kernels.py $M/$s --batch $b --ctx 512 --json "$W/graph_${s}_b${b}_${v}_$i.json"
+          step_graph_batch $s $b "${v}_$i" "${defs[$v]}" 100
         done
       done
       spec_round_graph "${v}_$i" 16 100 MINILLM_CUDA_DEFINES="${defs[$v]}"
@@ -2211,11 +2207,9 @@ part142() {  # prepared in session 20, not yet run: (1) the GEMV tests on ffed2f
     done
     for v in base m8; do
       for b in 2 3 4; do
-        stage "graph_q06_b${b}_${v}_$i" 100 env MINILLM_CUDA_DEFINES="${defs[$v]}" python3 \
-          scripts/step_kernels.py $M/q06 --batch $b --ctx 512 --json "$W/graph_q06_b${b}_${v}_$i.json"
+        step_graph_batch q06 $b "${v}_$i" "${defs[$v]}" 100
       done
-      stage "graph_q8_b2_${v}_$i" 100 env MINILLM_CUDA_DEFINES="${defs[$v]}" python3 \
-        scripts/step_kernels.py $M/q8 --batch 2 --ctx 512 --json "$W/graph_q8_b2_${v}_$i.json"
+      step_graph_batch q8 2 "${v}_$i" "${defs[$v]}" 100
     done
   done
   graph_summary
@@ -2314,6 +2308,13 @@ step_graph_ab() {  # step_graph_ab TAG DEFINE A B: both shapes' batch-1 graphs b
       step_graph q8 "$1${v}_$i" "$2=$v" 100
     done
   done
+}
+
+step_graph_batch() {  # step_graph_batch MODEL BATCH TAG DEFINES TIMEOUT: a BATCH-sequence decode step's graph
+  # at 512 tokens of context, the kernels built with MINILLM_CUDA_DEFINES=DEFINES, as stage
+  # graph_MODEL_bBATCH_TAG
+  stage "graph_$1_b$2_$3" "$5" env MINILLM_CUDA_DEFINES="$4" python3 scripts/step_kernels.py $M/$1 --batch $2 \
+    --ctx 512 --json "$W/graph_$1_b$2_$3.json"
 }
 
 step_graph() {  # step_graph MODEL TAG DEFINES TIMEOUT: a batch-1 decode step's graph at 512 tokens of

@@ -216,14 +216,14 @@ def test_dflash_draft_vocab_is_lossless(dflash_pair, monkeypatch, k, frac):
 
     target, drafter = dflash_pair
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    base = LLM(str(target), device="cpu", max_model_len=256).generate(PROMPTS[:6], params)
+    plain = LLM(str(target), device="cpu", max_model_len=256)
+    base = plain.generate(PROMPTS[:6], params)
     drafted = []
     assign = DFlashProposer._assign
     monkeypatch.setattr(DFlashProposer, "_assign",
                         lambda self, tokens, waiting: (drafted.extend(np.asarray(tokens).tolist()),
                                                        assign(self, tokens, waiting)))
-    vocab = LLM(str(target), device="cpu", max_model_len=256).engine.config.vocab_size
-    dv = vocab // frac if frac else 1
+    dv = plain.engine.config.vocab_size // frac if frac else 1
     llm = LLM(str(target), device="cpu", max_model_len=256, speculative_config={
         "method": "dflash", "model": str(drafter), "num_speculative_tokens": k, "draft_vocab_size": dv})
     assert llm.engine.proposer.model.lm_head.shape[0] == dv == llm.engine.proposer.draft_vocab_size

@@ -76,8 +76,7 @@ def round_bytes_floor(engine: LLMEngine) -> dict:
     price (decode.weight_bytes counts a step's weights the same way)."""
     p = engine.proposer
     target = weight_bytes(engine.model)
-    drafter = weight_bytes(p.model) + p.fc.nbytes + p.hidden_norm.nbytes + sum(
-        w.nbytes + (0 if b is None else b.nbytes) for w, b in p._kv_proj)
+    drafter = weight_bytes(p.model) + sum(a.nbytes for a in p.context_weights())
     return {"target_weight_bytes": target, "drafter_weight_bytes": int(drafter),
             "bytes_floor": (target + drafter) / target}
 

@@ -168,6 +168,11 @@ class DFlashProposer:
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         return self.cfg.kv_bytes_per_token(dtype_bytes)
 
+    def context_weights(self) -> list:
+        """The weights every target step's context update reads: fc, the hidden norm and each
+        drafter layer's k/v rows (bench spec-cost counts them in a round's bytes)."""
+        return [self.fc, self.hidden_norm] + [a for wb in self._kv_proj for a in wb if a is not None]
+
     def attach(self, block_manager) -> None:
         """Allocate the context K/V pool (the target's geometry) and the block-draft step buffers."""
         self.kv = self.model.allocate_kv_cache(block_manager.num_blocks, block_manager.block_size)
