@@ -2187,24 +2187,35 @@ part141() {  # session 20, call 7: 0.6B batch-1 graphs, the one-row GEMVs' L2 pr
   graph_summary
 }
 
-part142() {  # prepared in session 20, not yet run: (1) the GEMV tests on ffed2fb's kernels (many-row
+part142() {  # prepared in session 20, run in session 21: (1) the GEMV tests on ffed2fb's kernels (many-row
   # GEMVs instantiated for 1-4 rows); (2) part141's crossed run on both shapes: batch-1 graphs with the
   # one-row GEMVs' L2 prefetch off (GEMV_PREFETCH_MAX=0) and/or the norm's early release at one row
-  # (NORM_EARLY_MIN_ROWS=1; ~9-10 minutes on a fresh machine: split it if a stage runs long);
-  # (3) GEMV_MAX_M=8 (the old instantiations) against the default on the
-  # 2-4-row steps that take the many-row GEMVs (0.6B gate_up at 2-4 rows, 8B gate_up at 2); alternately, twice
+  # (NORM_EARLY_MIN_ROWS=1), alternately, twice. Session 21 split the GEMV_MAX_M half out into part145
+  # (the whole was ~9-10 minutes on a fresh machine)
   setup
   facts > "$W/facts.txt" 2>&1
   stage gemv_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py \
     -k "bfloat16 and (gemv or test_matmul[ or matmul_silu_mul or chain)"
   models_q06_q8 150
-  local i v m b
-  local -A defs=([base]="" [nopf]="GEMV_PREFETCH_MAX=0"
-    [nopf_early]="GEMV_PREFETCH_MAX=0,NORM_EARLY_MIN_ROWS=1" [m8]="GEMV_MAX_M=8")
+  local i v m
+  local -A defs=([base]="" [nopf]="GEMV_PREFETCH_MAX=0" [nopf_early]="GEMV_PREFETCH_MAX=0,NORM_EARLY_MIN_ROWS=1")
   for i in 1 2; do
     for v in base nopf nopf_early; do  # (the early release alone: part138, part141)
       for m in q06 q8; do step_graph $m "${v}_$i" "${defs[$v]}" 100; done
     done
+  done
+  graph_summary
+}
+
+part145() {  # session 21, part142's second half: GEMV_MAX_M=8 (the old instantiations) against the
+  # default 4 on the 2-4-row steps that take the many-row GEMVs (0.6B gate_up at 2-4 rows, 8B gate_up
+  # at 2), alternately, twice; the models are reused when a call before left them on this machine
+  setup
+  facts > "$W/facts.txt" 2>&1
+  [ -f $M/q06/config.json ] && [ -f $M/q8/config.json ] || models_q06_q8 150
+  local i v b
+  local -A defs=([base]="" [m8]="GEMV_MAX_M=8")
+  for i in 1 2; do
     for v in base m8; do
       for b in 2 3 4; do
         step_graph_batch q06 $b "${v}_$i" "${defs[$v]}" 100
