@@ -2252,6 +2252,48 @@ part144() {  # prepared in session 20, not yet run: the failure matrix and the m
     --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 100
 }
 
+part146() {  # session 21: with the many-row GEMVs at 128 / 80 registers (GEMV_MAX_M=4, part145: 0.6B
+  # batch 4 -10%), is the routing of 2-4-row products still right? (1) 8B gate_up at 3-4 rows through
+  # the fused gate_up GEMV instead of the skinny GEMM + silu_mul (_GATED_GEMV_MAX_W unbounded);
+  # (2) 2-row products through the GEMV instead of the skinny GEMM (_GEMV_PREFERRED_M=2); alternately,
+  # twice; then nano-vllm's throughput workload twice on the default code
+  setup
+  facts > "$W/facts.txt" 2>&1
+  [ -f $M/q06/config.json ] && [ -f $M/q8/config.json ] || models_q06_q8 150
+  local i v b
+  local -A fused=([base]="" [fused]="_GATED_GEMV_MAX_W=1099511627776")
+  local -A two=([base]="" [gemv2]="_GEMV_PREFERRED_M=2")
+  for i in 1 2; do
+    for v in base fused; do
+      for b in 3 4; do step_graph_route q8 $b "${v}_$i" ${fused[$v]}; done
+    done
+    for v in base gemv2; do
+      step_graph_route q06 2 "${v}_$i" ${two[$v]}
+      step_graph_route q8 2 "${v}_$i" ${two[$v]}
+    done
+  done
+  graph_summary
+  throughput_06b_env throughput_06b_1 MINILLM_UNUSED=0
+  throughput_06b_env throughput_06b_2 MINILLM_UNUSED=0
+}
+
+step_graph_route() {  # step_graph_route MODEL BATCH TAG [NAME=INT...]: a BATCH-sequence decode step's graph at
+  # 512 tokens of context with those module constants of minillm.backends.cuda_ops set (the routing
+  # of small products), as stage graph_MODEL_bBATCH_TAG
+  local m=$1 b=$2 tag=$3
+  shift 3
+  stage "graph_${m}_b${b}_$tag" 100 python3 -c "
+import runpy, sys
+import minillm.backends.cuda_ops as ops
+for kv in sys.argv[1].split():
+    name, value = kv.split('=')
+    assert hasattr(ops, name), name
+    setattr(ops, name, int(value))
+sys.argv = ['scripts/step_kernels.py'] + sys.argv[2:]
+runpy.run_path('scripts/step_kernels.py', run_name='__main__')" "$*" $M/$m --batch $b --ctx 512 \
+    --json "$W/graph_${m}_b${b}_$tag.json"
+}
+
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name
   python3 - "$W" <<'PY' | tee "$W/graph_summary.txt"
 import glob, json, os, sys
