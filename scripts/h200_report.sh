@@ -2277,6 +2277,23 @@ part146() {  # session 21: with the many-row GEMVs at 128 / 80 registers (GEMV_M
   throughput_06b_env throughput_06b_2 MINILLM_UNUSED=0
 }
 
+part147() {  # session 21, after part146 (2-row products through the GEMV: 0.6B -3%, 8B -1.5%): 3 and 4
+  # rows through it too? batch 3 with _GEMV_PREFERRED_M 2 / 3, batch 4 with 2 / 4, both shapes,
+  # alternately, twice
+  setup
+  facts > "$W/facts.txt" 2>&1
+  [ -f $M/q06/config.json ] && [ -f $M/q8/config.json ] || models_q06_q8 150
+  local i b v m
+  for i in 1 2; do
+    for b in 3 4; do
+      for v in 2 $b; do
+        for m in q06 q8; do step_graph_route $m $b "p${v}_$i" _GEMV_PREFERRED_M=$v; done
+      done
+    done
+  done
+  graph_summary
+}
+
 step_graph_route() {  # step_graph_route MODEL BATCH TAG [NAME=INT...]: a BATCH-sequence decode step's graph at
   # 512 tokens of context with those module constants of minillm.backends.cuda_ops set (the routing
   # of small products), as stage graph_MODEL_bBATCH_TAG
