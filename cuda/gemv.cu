@@ -30,8 +30,10 @@
 // The many-row kernels (gemv_*) take 1 to GEMV_MAX_M rows (the host sends 2 to 4: above that the
 // skinny GEMM or cuBLAS win, cuda_ops.py). Their register count is set by the largest case: with
 // 8 row cases gemv_silu_mul_bf16 took 143 registers (3 CTAs an SM) and gemv_bf16 96; with 4, 128
-// (4 CTAs an SM) and 80 (ptxas, session 20; the effect on 2-4-row steps is not measured yet:
-// h200_report.sh part142 runs GEMV_MAX_M=8 against it).
+// (4 CTAs an SM) and 80 (ptxas, session 20). Decode steps' graphs on the H200, GEMV_MAX_M 4 against
+// 8 (session 21, part145): 0.6B batch 4 (gate_up on gemv_silu_mul) 1.230 -> 1.105 ms (-10%),
+// batches 2-3 and 8B batch 2 within 0.5%. With it, 2-row products moved from the skinny GEMM to
+// gemv_bf16 (cuda_ops.py's _GEMV_PREFERRED_M, part146).
 #ifndef GEMV_MAX_M
 #define GEMV_MAX_M 4
 #endif

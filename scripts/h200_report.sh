@@ -34,7 +34,9 @@
 #   candidate algorithms against GemmEx (at most 1.10x: not wired in). part50 is still prepared.
 #   part136-part141: session 20 (one-row GEMV and skinny-GEMM variants, all removed again; where
 #   rms_norm_vec releases its dependents; every GPU test, throughput; part141 was cut short);
-#   part142, part143 and part144 are prepared for session 21 (not yet run; see each function).
+#   part142-part148: session 21 (GEMV_MAX_M 4 against 8, the L2 prefetch crossed with the norm's
+#   early release at one row, a 32K draft vocabulary's spec cost, the failure matrix and memcheck,
+#   the routing of 2-4-row products; part148 is the final code's run).
 #   part15-part21: session 4 (ncu kernel split of a decode step; decode-attention split sweeps and
 #                  variants; async scheduling; final failure matrix, memcheck, synccheck/initcheck;
 #                  spec cost; skinny GEMM bench and racecheck). part21 is the one-call rerun.
@@ -2292,6 +2294,24 @@ part147() {  # session 21, after part146 (2-row products through the GEMV: 0.6B 
     done
   done
   graph_summary
+}
+
+part148() {  # session 21's final code (2-row products on the GEMV, 3-16 on the skinny GEMM): every GPU
+  # test, batch-2 graphs, the 8B spec-cost bench, memcheck of the reproducer, the failure matrix,
+  # throughput twice
+  setup
+  facts > "$W/facts.txt" 2>&1
+  gpu_tests_full 300
+  models_all 150
+  local m
+  for m in q06 q8; do step_graph_batch $m 2 final "" 100; done
+  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_8b.json"
+  memcheck_reproducer 100
+  stage failure_matrix 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
+    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 100
+  throughput_06b_env throughput_06b_1 MINILLM_UNUSED=0
+  throughput_06b_env throughput_06b_2 MINILLM_UNUSED=0
 }
 
 step_graph_route() {  # step_graph_route MODEL BATCH TAG [NAME=INT...]: a BATCH-sequence decode step's graph at

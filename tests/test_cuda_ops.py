@@ -380,12 +380,12 @@ def test_cublaslt_candidates(be, M, K, N):
         lt.close()
 
 
-@pytest.mark.parametrize("M", [2, 4, 5, 8, 9, 16])
+@pytest.mark.parametrize("M", [3, 4, 5, 8, 9, 16])  # (2 rows go to the GEMV: _GEMV_PREFERRED_M)
 @pytest.mark.parametrize("K,N", [(64, 16), (576, 1000), (1024, 4096), (3072, 1030)])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("out_f32", [False, True])
 def test_matmul_skinny(be, M, K, N, bias, out_f32):
-    """2-16 bf16 rows go to cuda/gemv.cu's tensor-core kernel (its permuted k order must give the
+    """3-16 bf16 rows go to cuda/gemv.cu's tensor-core kernel (its permuted k order must give the
     plain dot products), x rows inside a wider buffer; also replayed in a graph."""
     if be.dtype == np.float32:
         pytest.skip("the tensor-core kernel is the bf16 path")

@@ -53,11 +53,11 @@ def test_never_slower_than_no_split_by_its_model(work, resident, ctx, max_splits
 
 
 def test_small_products_choose_their_kernel():
-    # one row: the GEMV; 2-16 rows with K % 64 == 0: the tensor-core skinny GEMM (measured faster
-    # at 2-4 rows in 23 of 24 measured cases); 9-16 rows of a weight over 32 M elements and anything
-    # above 16 rows: cuBLAS; a K the skinny kernel cannot tile keeps the GEMV up to 4 rows
-    assert small_product_kernel(1, 4096, 1024) == "gemv"
-    assert [small_product_kernel(m, 4096, 1024) for m in (2, 4, 8, 9, 16)] == ["skinny"] * 5
+    # 1-2 rows: the GEMV; 3-16 rows with K % 64 == 0: the tensor-core skinny GEMM (faster at 3-4
+    # rows, part147); 9-16 rows of a weight over 32 M elements and anything above 16 rows: cuBLAS;
+    # a K the skinny kernel cannot tile keeps the GEMV up to 4 rows
+    assert [small_product_kernel(m, 4096, 1024) for m in (1, 2)] == ["gemv"] * 2
+    assert [small_product_kernel(m, 4096, 1024) for m in (3, 4, 8, 9, 16)] == ["skinny"] * 5
     assert small_product_kernel(17, 4096, 1024) is None
     assert small_product_kernel(8, 24576, 4096) == "skinny"
     assert small_product_kernel(9, 24576, 4096) is None

@@ -40,7 +40,7 @@ _SAMPLE_THREADS = 512  # cuda/sampling.cu
 # cuda/gemv.cu's GEMV takes products of at most _GEMV_MAX_M rows (its GEMV_MAX_M, the same). Measured on
 # the H200 (docs/BENCHMARKS.md, spec-cost): an 8-sequence decode step of the 8B shape took 11.5 ms
 # with 8-row GEMVs against 7.3 ms for 16 sequences through cuBLAS, so above 4 rows the GEMV is not
-# used (gemm_skinny, on tensor cores, takes 2-16 rows; cuBLAS more: small_product_kernel).
+# used (gemm_skinny, on tensor cores, takes 3-16 rows; cuBLAS more: small_product_kernel).
 # cuda/decode_attention.cu: instantiated head dims and query heads per KV head; at most
 # _DECODE_MAX_SPLITS splits of at least _DECODE_MIN_PART keys each.
 _DECODE_HEAD_DIMS, _DECODE_MAX_G, _DECODE_MAX_SPLITS, _DECODE_MIN_PART = (64, 128), 8, 64, 64
@@ -110,17 +110,20 @@ def _prefill_smem(D: int) -> int:
 
 
 _GEMV_MAX_M, _GEMV_THREADS, _GEMV_COLS_PER_CTA = 4, 128, 2 * 4  # GEMV_NR * GEMV_WARPS in gemv.cu
-# cuda/gemv.cu's gemm_skinny: tensor-core products of 2-16 rows, K % 64 == 0. Measured on the H200
-# (scripts/skinny_bench.py, docs/BENCHMARKS.md): 1.0-2.9x cuBLAS on the 0.6B shapes and 1.1-1.4x
+# cuda/gemv.cu's gemm_skinny: tensor-core products of 2-16 rows (sent 3-16), K % 64 == 0. Measured
+# on the H200 (scripts/skinny_bench.py, docs/BENCHMARKS.md): 1.0-2.9x cuBLAS on the 0.6B shapes and 1.1-1.4x
 # on the 8B ones up to 8 rows; with 9-16 rows (two tiles of x, each CTA reading all of x again
 # from L2) 0.91-0.95x cuBLAS on the 8B gate_up and down (50-100 M weights) but still 1.1-1.3x on
 # its qkv and o, so 9-16 rows take it only for weights up to _SKINNY_TWO_TILE_MAX_W. At 2-4 rows
 # it beat the GEMV in 23 of 24 measured (shape, rows) cases (session 5, part22; 1.3-1.9x at 4
-# rows, where the GEMV's per-row FMAs on CUDA cores outgrow its loads; the one loss 0.98x), so
-# the GEMV keeps 1 row (_GEMV_PREFERRED_M) and the rows whose K the skinny kernel cannot take.
+# rows, where the GEMV's per-row FMAs on CUDA cores outgrow its loads; the one loss 0.98x). Since
+# the GEMV takes at most 4 rows (fewer registers, session 20), 2 rows are faster on it: decode
+# steps' graphs at batch 2, 0.6B 1.005 -> 0.976 ms, 8B 4.710 -> 4.638 (session 21, part146); at 3
+# and 4 rows it still loses (0.6B +6% / +14%, 8B +6% / +13%, part147). So the GEMV keeps 1-2 rows
+# (_GEMV_PREFERRED_M) and the rows whose K the skinny kernel cannot take.
 _SKINNY_MAX_M, _SKINNY_THREADS, _SKINNY_COLS_PER_CTA, _SKINNY_K = 16, 256, 16, 64
 _SKINNY_TWO_TILE_MAX_W = 32 << 20  # weight elements
-_GEMV_PREFERRED_M = 1
+_GEMV_PREFERRED_M = 2
 # the fused gate_up GEMV + SiLU saves the silu_mul launch (~2.5 us), which at 3-4 rows outweighs
 # the GEMV's loss on small matrices (0.6B gate_up: 4.8 us vs 3.3 + 2.5) but not on large ones
 # (8B gate_up at 4 rows: 63.9 us vs 48.6 + 2.5): above this many weights 3-4 rows go unfused
