@@ -36,7 +36,7 @@
 #   rms_norm_vec releases its dependents; every GPU test, throughput; part141 was cut short);
 #   part142-part148: session 21 (GEMV_MAX_M 4 against 8, the L2 prefetch crossed with the norm's
 #   early release at one row, a 32K draft vocabulary's spec cost, the failure matrix and memcheck,
-#   the routing of 2-4-row products; part148 is the final code's run).
+#   the routing of 2-4-row products; part148 is the final code's run, part149 its decode).
 #   part15-part21: session 4 (ncu kernel split of a decode step; decode-attention split sweeps and
 #                  variants; async scheduling; final failure matrix, memcheck, synccheck/initcheck;
 #                  spec cost; skinny GEMM bench and racecheck). part21 is the one-call rerun.
@@ -2312,6 +2312,15 @@ part148() {  # session 21's final code (2-row products on the GEMV, 3-16 on the 
     --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 100
   throughput_06b_env throughput_06b_1 MINILLM_UNUSED=0
   throughput_06b_env throughput_06b_2 MINILLM_UNUSED=0
+}
+
+part149() {  # session 21: single-stream decode of both shapes on the final code (batch-1 kernels as
+  # session 19's part135; the report's figures from this session's machine)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_q06_q8 150
+  decode_06b 90
+  decode_8b 120
 }
 
 step_graph_route() {  # step_graph_route MODEL BATCH TAG [NAME=INT...]: a BATCH-sequence decode step's graph at
