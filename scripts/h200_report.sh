@@ -36,7 +36,8 @@
 #   rms_norm_vec releases its dependents; every GPU test, throughput; part141 was cut short);
 #   part142-part148: session 21 (GEMV_MAX_M 4 against 8, the L2 prefetch crossed with the norm's
 #   early release at one row, a 32K draft vocabulary's spec cost, the failure matrix and memcheck,
-#   the routing of 2-4-row products; part148 is the final code's run, part149 its decode).
+#   the routing of 2-4-row products; part148 is the final code's run, part149 its decode,
+#   part150 the products' tests with a 2-row case added).
 #   part15-part21: session 4 (ncu kernel split of a decode step; decode-attention split sweeps and
 #                  variants; async scheduling; final failure matrix, memcheck, synccheck/initcheck;
 #                  spec cost; skinny GEMM bench and racecheck). part21 is the one-call rerun.
@@ -2321,6 +2322,14 @@ part149() {  # session 21: single-stream decode of both shapes on the final code
   models_q06_q8 150
   decode_06b 90
   decode_8b 120
+}
+
+part150() {  # session 21: the products' GPU tests after test_matmul gained a 2-row case with K % 64 == 0
+  # (the 2-row GEMV route, gemv_bf16 / gemv_f32 at 2 rows) and test_matmul_skinny moved to 3-16 rows
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage product_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    -k "test_matmul or gemv or small_product"
 }
 
 step_graph_route() {  # step_graph_route MODEL BATCH TAG [NAME=INT...]: a BATCH-sequence decode step's graph at

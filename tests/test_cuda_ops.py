@@ -319,7 +319,8 @@ def test_logit_transforms(be):
 # ---- matmul -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("M,K,N", [(1, 64, 96), (7, 200, 1000), (64, 512, 384), (300, 128, 4096),
                                    (3, 1024, 1537), (8, 4096, 260), (9, 64, 33), (1, 1000, 1537),
-                                   (1, 4104, 300)])  # M <= 4: cuda/gemv.cu (1: gemv1, the last group partial)
+                                   (1, 4104, 300), (2, 1024, 1537)])
+# M <= 4: cuda/gemv.cu (1: gemv1, the last group partial; 2 rows even where K suits the skinny GEMM)
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("out_f32", [False, True])
 def test_matmul(be, M, K, N, bias, out_f32):
