@@ -52,6 +52,17 @@
 #ifndef GEMV_PREFETCH_MAX
 #define GEMV_PREFETCH_MAX (16 << 20)
 #endif
+// Chunks a lane of a one-row GEMV loads before its first FMA (the staged loop below): gemv1_bf16 /
+// gemv1_f32 (2 weight rows a warp) and gemv1_silu_mul_bf16 (4). The sums keep their order for any
+// value, so every build gives the same bits. Not measured above 4 yet: a one-row product of the 8B
+// shape is grid-bound at ~16 warps an SM (down: 512 CTAs), so each warp's bytes in flight are what
+// more of them would raise (h200_report.sh part151 times 6 and 8).
+#ifndef GEMV1_U
+#define GEMV1_U 4
+#endif
+#ifndef GEMV1_U_GATED
+#define GEMV1_U_GATED 4
+#endif
 
 namespace {
 
@@ -118,7 +129,7 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
     // Measured on the H200: batch-1 graphs 0.6B -9.0%, 8B -4.7% against GEMV_STAGED=0 (part132),
     // but that build's x loads had left the read-only path too; the session's whole change
     // (this, gemv1_*, unpack_bf16x8 by value) against its start: 0.6B -1.8%, 8B -2.2% (part135).
-    constexpr int U = 4;
+    constexpr int U = GATED ? GEMV1_U_GATED : GEMV1_U;
     for (int c0 = lane; c0 < chunks; c0 += 32 * U) {
       uint4 wv[U][R], xv[U][M];
 #pragma unroll

@@ -37,7 +37,7 @@
 #   part142-part148: session 21 (GEMV_MAX_M 4 against 8, the L2 prefetch crossed with the norm's
 #   early release at one row, a 32K draft vocabulary's spec cost, the failure matrix and memcheck,
 #   the routing of 2-4-row products; part148 is the final code's run, part149 its decode,
-#   part150 the products' tests with a 2-row case added).
+#   part150 the products' tests with a 2-row case added); part151 is prepared for session 22.
 #   part15-part21: session 4 (ncu kernel split of a decode step; decode-attention split sweeps and
 #                  variants; async scheduling; final failure matrix, memcheck, synccheck/initcheck;
 #                  spec cost; skinny GEMM bench and racecheck). part21 is the one-call rerun.
@@ -2330,6 +2330,24 @@ part150() {  # session 21: the products' GPU tests after test_matmul gained a 2-
   facts > "$W/facts.txt" 2>&1
   stage product_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
     -k "test_matmul or gemv or small_product"
+}
+
+part151() {  # prepared in session 21, not yet run: the one-row GEMVs with more chunks a lane in flight
+  # (GEMV1_U, default 4: 72 registers; 6: 96; 8: 124, by ptxas). First the same-bits test (the
+  # staged loop at 4 and 8 chunks and the unrolled loop give the same bits), then batch-1 graphs of
+  # both shapes at 4 / 6 / 8, alternately, twice
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage same_bits_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py \
+    -k "one_row_gemv_staged_loads_same_bits"
+  models_q06_q8 150
+  local i u m
+  for i in 1 2; do
+    for u in 4 6 8; do
+      for m in q06 q8; do step_graph $m "u${u}_$i" "GEMV1_U=$u" 100; done
+    done
+  done
+  graph_summary
 }
 
 step_graph_route() {  # step_graph_route MODEL BATCH TAG [NAME=INT...]: a BATCH-sequence decode step's graph at

@@ -504,8 +504,9 @@ def test_matmul_silu_mul(be, M, K, F):
 @pytest.mark.parametrize("K,N", [(64, 96), (1000, 1537), (1024, 4096), (4104, 300)])
 def test_one_row_gemv_staged_loads_same_bits(be, K, N):
     """gemv1_* (one row: four chunks' loads issued before any FMA) against the same kernels built
-    with GEMV_STAGED=0 (the plain unrolled loop): the same sums in the same order, so the same
-    bits, the gated product included; chunk counts that leave the last group partial."""
+    with GEMV_STAGED=0 (the plain unrolled loop) and with eight chunks in flight (GEMV1_U=8,
+    GEMV1_U_GATED=8): the same sums in the same order, so the same bits, the gated product
+    included; chunk counts that leave the last group partial."""
     if be.dtype == np.float32:
         pytest.skip("cuda/gemv.cu is the bf16 path")
     from minillm.backends import compile as kc
@@ -515,7 +516,7 @@ def test_one_row_gemv_staged_loads_same_bits(be, K, N):
     w = be.asarray((rng.standard_normal((2 * N, K)) / np.sqrt(K)).astype(np.float32))
     b = be.asarray(rng.standard_normal(2 * N).astype(np.float32))
     outs = []
-    for defines in ((), ("GEMV_STAGED=0",)):
+    for defines in ((), ("GEMV_STAGED=0",), ("GEMV1_U=8", "GEMV1_U_GATED=8")):
         plain, gated = poisoned(be, (1, 2 * N)), poisoned(be, (1, N))
         with be.stream:
             kc.get_kernel("gemv", "gemv1_bf16", False, defines)(
@@ -525,9 +526,10 @@ def test_one_row_gemv_staged_loads_same_bits(be, K, N):
                 ((N + 7) // 8,), (128,), (x, np.int64(K), w, gated, np.int64(N), np.int32(N), np.int32(K)))
         be.synchronize()
         outs.append((host(be, plain), host(be, gated)))
-    (p1, g1), (p0, g0) = outs
+    (p1, g1), (p0, g0), (p8, g8) = outs
     assert not np.isnan(p1).any() and not np.isnan(g1).any()
     assert np.array_equal(p1, p0) and np.array_equal(g1, g0)
+    assert np.array_equal(p1, p8) and np.array_equal(g1, g8)
     ref = rounded(be, host(be, x)).astype(np.float64) @ host(be, w).astype(np.float64).T + host(be, b)
     assert rel_err(p1, ref) < tol(be)
 
