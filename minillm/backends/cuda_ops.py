@@ -126,7 +126,9 @@ _SKINNY_TWO_TILE_MAX_W = 32 << 20  # weight elements
 _GEMV_PREFERRED_M = 2
 # the fused gate_up GEMV + SiLU saves the silu_mul launch (~2.5 us), which at 3-4 rows outweighs
 # the GEMV's loss on small matrices (0.6B gate_up: 4.8 us vs 3.3 + 2.5) but not on large ones
-# (8B gate_up at 4 rows: 63.9 us vs 48.6 + 2.5): above this many weights 3-4 rows go unfused
+# (8B gate_up at 4 rows: 63.9 us vs 48.6 + 2.5): above this many weights 3-4 rows go unfused. With
+# the 128-register gated kernel (GEMV_MAX_M 4) fusing them still lost: 8B batch-3 / 4 graphs +0.8%
+# / +2.3% (session 21, part146)
 _GATED_GEMV_MAX_W = 32 << 20
 
 
