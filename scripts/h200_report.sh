@@ -37,7 +37,7 @@
 #   part142-part148: session 21 (GEMV_MAX_M 4 against 8, the L2 prefetch crossed with the norm's
 #   early release at one row, a 32K draft vocabulary's spec cost, the failure matrix and memcheck,
 #   the routing of 2-4-row products; part148 is the final code's run, part149 its decode,
-#   part150 the products' tests with a 2-row case added); part151 is prepared for session 22.
+#   part150 the products' tests with a 2-row case added); part151 and part152 are prepared for session 22.
 #   part15-part21: session 4 (ncu kernel split of a decode step; decode-attention split sweeps and
 #                  variants; async scheduling; final failure matrix, memcheck, synccheck/initcheck;
 #                  spec cost; skinny GEMM bench and racecheck). part21 is the one-call rerun.
@@ -2345,6 +2345,26 @@ part151() {  # prepared in session 21, not yet run: the one-row GEMVs with more 
   for i in 1 2; do
     for u in 4 6 8; do
       for m in q06 q8; do step_graph $m "u${u}_$i" "GEMV1_U=$u" 100; done
+    done
+  done
+  graph_summary
+}
+
+part152() {  # prepared in session 21, not yet run: one-row GEMVs splitting each column's K range over
+  # 2-4 warps where the launch is too small to fill the GPU (GEMV1_MAX_PARTS=4; the host's
+  # one_row_k_parts picks 2 parts for 0.6B's o, 3 for its down, none for 8B's products). First the
+  # GEMV tests built that way, then batch-1 graphs of both shapes, default / GEMV1_MAX_PARTS=4,
+  # alternately, twice
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage k_parts_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py \
+    -k "one_row_gemv and bfloat16"
+  models_q06_q8 150
+  local i v m
+  local -A defs=([base]="" [parts]="GEMV1_MAX_PARTS=4")
+  for i in 1 2; do
+    for v in base parts; do
+      for m in q06 q8; do step_graph $m "${v}_$i" "${defs[$v]}" 100; done
     done
   done
   graph_summary
