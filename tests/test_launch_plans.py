@@ -12,10 +12,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from minillm.backends.cuda_ops import (
+    _GEMV1_MAX_PARTS,
     _GEMV_MAX_M,
     decode_rope_max_tokens,
     decode_splits,
     env_int,
+    gemv1_max_parts,
     one_row_k_parts,
     small_product_kernel,
     wide_product_plan,
@@ -69,6 +71,17 @@ def test_one_row_k_parts():
     # a kernel built without parts (GEMV1_MAX_PARTS=1: 128-thread launch bound) never splits
     assert one_row_k_parts(128, 3072, 1, resident) == 1
     assert one_row_k_parts(64, 12288, 2, resident) == 2
+
+
+def test_one_row_gemv_parts_follow_the_build(monkeypatch):
+    # the host's default is cuda/gemv.cu's (1: the kernels take no parts, the launch path asks the GPU
+    # nothing), and MINILLM_CUDA_DEFINES raises both together
+    src = (Path(__file__).resolve().parents[1] / "cuda" / "gemv.cu").read_text()
+    assert int(re.search(r"#define GEMV1_MAX_PARTS (\d+)", src).group(1)) == _GEMV1_MAX_PARTS
+    monkeypatch.delenv("MINILLM_CUDA_DEFINES", raising=False)
+    assert gemv1_max_parts() == _GEMV1_MAX_PARTS
+    monkeypatch.setenv("MINILLM_CUDA_DEFINES", "GEMV1_U=8, GEMV1_MAX_PARTS=4")
+    assert gemv1_max_parts() == 4
 
 
 def test_small_products_choose_their_kernel():

@@ -132,9 +132,20 @@ _GEMV_PREFERRED_M = 2
 _GATED_GEMV_MAX_W = 32 << 20
 
 
-# A one-row GEMV's K range in parts (cuda/gemv.cu's GEMV1_MAX_PARTS): each part at least one staged
-# group of every lane (32 lanes x 4 chunks of 16 bytes)
-_GEMV1_PART_MIN_CHUNKS = 128
+# A one-row GEMV's K range in parts: at most cuda/gemv.cu's GEMV1_MAX_PARTS (its default, the same
+# here; MINILLM_CUDA_DEFINES may raise it), each part at least one staged group of every lane (32
+# lanes x 4 chunks of 16 bytes)
+_GEMV1_MAX_PARTS, _GEMV1_PART_MIN_CHUNKS = 1, 128
+
+
+def gemv1_max_parts() -> int:
+    """The most K parts the one-row GEMVs are built for: GEMV1_MAX_PARTS from MINILLM_CUDA_DEFINES,
+    else cuda/gemv.cu's default."""
+    for d in kc.extra_defines():
+        name, _, value = d.partition("=")
+        if name.strip() == "GEMV1_MAX_PARTS":
+            return max(1, int(value))
+    return _GEMV1_MAX_PARTS
 
 
 def one_row_k_parts(ctas: int, K: int, max_parts: int, resident_ctas) -> int:
@@ -400,6 +411,7 @@ class CudaBackend:
             cupy.cuda.runtime.memsetAsync(self._blas_ws.data.ptr, 0, cublas_workspace_bytes, self.stream.ptr)
         self._capturing = False
         self._resident: dict[tuple[int, int], int] = {}  # decode CTAs the GPU holds, by (D, G)
+        self._gemv1_max_parts = gemv1_max_parts()
         self._gemv1_parts: dict[tuple[str, int, int], int] = {}  # by (kernel, CTAs, K)
         self.pdl = None  # graphs launch pdl_entry kernels through it (Hopper and later)
         if pdl_enabled() and int(self.props["major"]) >= 9:
@@ -929,8 +941,10 @@ class CudaBackend:
         self.silu_mul(gate_up, out=out)
 
     def _one_row_parts(self, name: str, ctas: int, K: int) -> int:
-        """K parts of a one-row GEMV launch (one_row_k_parts), from what the kernel was built for
-        (its maximum block size: GEMV1_MAX_PARTS) and its occupancy at each block size."""
+        """K parts of a one-row GEMV launch (one_row_k_parts), from what the kernels were built for
+        (gemv1_max_parts; never more than the kernel's launch bound allows) and their occupancy."""
+        if self._gemv1_max_parts == 1:  # the default build: the kernels take no parts
+            return 1
         key = (name, ctas, K)
         if key not in self._gemv1_parts:
             from cupy_backends.cuda.api import driver
@@ -940,7 +954,8 @@ class CudaBackend:
                 per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(kern.kernel.ptr, _GEMV_THREADS * parts, 0)
                 return self.num_sms * per_sm
 
-            self._gemv1_parts[key] = one_row_k_parts(ctas, K, kern.max_threads_per_block // _GEMV_THREADS, resident)
+            most = min(self._gemv1_max_parts, kern.max_threads_per_block // _GEMV_THREADS)
+            self._gemv1_parts[key] = one_row_k_parts(ctas, K, most, resident)
         return self._gemv1_parts[key]
 
     def _gemv_fits(self, x, w, out, bias, M: int, K: int, ldx: int, max_m: int | None = None) -> bool:
