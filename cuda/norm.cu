@@ -141,12 +141,12 @@ MINILLM_NORM(f32, float)
 // 6.297 (-0.2%), 8B batch 1 4.414 -> 4.406 (-0.2%), but 0.6B batch 1 0.886 -> 0.979 (+10%; right
 // after the wait +12%). Against never releasing early (part139, one machine): 0.6B batch 4 / 8 /
 // 16 -2.0 / -1.0 / -0.9%, 8B batch 4 / 8 -0.1 / -0.3%, batch 16 and the c = 16 round within
-// their runs' spread. At one row the likely cause, not yet isolated: the one-row GEMVs ask L2
-// for their weights before their wait (gemv.cu), and placed early that traffic goes out while
-// the norm still loads its row (part141, cut short: without the prefetch 0.6B is only 0.2%
-// slower; the early release without it did not run; part142 is prepared to). The chain stays
-// at most three grids deep: the product releases only after its own main loop. Products of 17+
-// rows are cuBLAS's, plain graph edges, on which the release does nothing.
+// their runs' spread. At one row the cause is the one-row GEMVs asking L2 for their weights
+// before their wait (gemv.cu): placed early, that traffic goes out while the norm still loads its
+// row. With the prefetch off the early release cost nothing, and gained nothing either (session
+// 21, part142: 0.6B batch 1 0.882 ms with and without it), so one row keeps the late release.
+// The chain stays at most three grids deep: the product releases only after its own main loop.
+// Products of 17+ rows are cuBLAS's, plain graph edges, on which the release does nothing.
 #ifndef NORM_EARLY_MIN_ROWS
 #define NORM_EARLY_MIN_ROWS 2
 #endif

@@ -2090,13 +2090,7 @@ part136() {  # session 20, call 1 (ran at c76d122; its switches were then remove
   stage same_bits_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py \
     -k "bfloat16 and (same_bits or test_matmul[ or matmul_silu_mul)"
   models_q06_q8 150
-  local i v m
-  local -A defs=([base]="" [pre]="GEMV1_PRE=1" [ro]="GEMV1_X_RO=1")
-  for i in 1 2; do
-    for v in base pre ro; do
-      for m in q06 q8; do step_graph $m "${v}_$i" "${defs[$v]}" 100; done
-    done
-  done
+  both_shapes_ab base= pre=GEMV1_PRE=1 ro=GEMV1_X_RO=1
   graph_summary
 }
 
@@ -2200,13 +2194,8 @@ part142() {  # prepared in session 20, run in session 21: (1) the GEMV tests on 
   stage gemv_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py \
     -k "bfloat16 and (gemv or test_matmul[ or matmul_silu_mul or chain)"
   models_q06_q8 150
-  local i v m
-  local -A defs=([base]="" [nopf]="GEMV_PREFETCH_MAX=0" [nopf_early]="GEMV_PREFETCH_MAX=0,NORM_EARLY_MIN_ROWS=1")
-  for i in 1 2; do
-    for v in base nopf nopf_early; do  # (the early release alone: part138, part141)
-      for m in q06 q8; do step_graph $m "${v}_$i" "${defs[$v]}" 100; done
-    done
-  done
+  # (the early release alone: part138, part141)
+  both_shapes_ab base= nopf=GEMV_PREFETCH_MAX=0 nopf_early=GEMV_PREFETCH_MAX=0,NORM_EARLY_MIN_ROWS=1
   graph_summary
 }
 
@@ -2229,7 +2218,7 @@ part145() {  # session 21, part142's second half: GEMV_MAX_M=8 (the old instanti
   graph_summary
 }
 
-part143() {  # prepared in session 20, not yet run: the DFlash drafter drafting from the first 32,768 ids
+part143() {  # prepared in session 20, run in session 21 (b575c43): the DFlash drafter drafting from the first 32,768 ids
   # (draft_vocab_size: its LM head a slice of the target's rows), its GPU tests, then the 8B spec-cost
   # bench with it and without, one after the other on one machine
   setup
@@ -2244,7 +2233,7 @@ part143() {  # prepared in session 20, not yet run: the DFlash drafter drafting 
     --result-json "$W/spec_cost_8b_full.json"
 }
 
-part144() {  # prepared in session 20, not yet run: the failure matrix and the memcheck of its fastest
+part144() {  # prepared in session 20, run in session 21 (b575c43): the failure matrix and the memcheck of its fastest
   # reproducer on the code with rms_norm_vec's early release (multi-row steps' kernel order changed
   # since session 18's last run of both)
   setup
@@ -2341,12 +2330,7 @@ part151() {  # prepared in session 21, not yet run: the one-row GEMVs with more 
   stage same_bits_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py \
     -k "one_row_gemv_staged_loads_same_bits"
   models_q06_q8 150
-  local i u m
-  for i in 1 2; do
-    for u in 4 6 8; do
-      for m in q06 q8; do step_graph $m "u${u}_$i" "GEMV1_U=$u" 100; done
-    done
-  done
+  both_shapes_ab u4=GEMV1_U=4 u6=GEMV1_U=6 u8=GEMV1_U=8
   graph_summary
 }
 
@@ -2360,13 +2344,7 @@ part152() {  # prepared in session 21, not yet run: one-row GEMVs splitting each
   stage k_parts_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py \
     -k "one_row_gemv and bfloat16"
   models_q06_q8 150
-  local i v m
-  local -A defs=([base]="" [parts]="GEMV1_MAX_PARTS=4")
-  for i in 1 2; do
-    for v in base parts; do
-      for m in q06 q8; do step_graph $m "${v}_$i" "${defs[$v]}" 100; done
-    done
-  done
+  both_shapes_ab base= parts=GEMV1_MAX_PARTS=4
   graph_summary
 }
 
@@ -2447,11 +2425,15 @@ spec_round_ab() {  # spec_round_ab TAG VAR A B [BATCH...]: spec_round_graph at e
 }
 
 step_graph_ab() {  # step_graph_ab TAG DEFINE A B: both shapes' batch-1 graphs built with DEFINE=A, =B, A, B
-  local i v
+  both_shapes_ab "$1$3=$2=$3" "$1$4=$2=$4"
+}
+
+both_shapes_ab() {  # both_shapes_ab NAME=DEFINES...: both shapes' batch-1 graphs with the kernels built
+  # with each NAME's DEFINES (stage graph_MODEL_NAME_i), the settings alternately, twice
+  local i kv m
   for i in 1 2; do
-    for v in "$3" "$4"; do
-      step_graph q06 "$1${v}_$i" "$2=$v" 100
-      step_graph q8 "$1${v}_$i" "$2=$v" 100
+    for kv in "$@"; do
+      for m in q06 q8; do step_graph $m "${kv%%=*}_$i" "${kv#*=}" 100; done
     done
   done
 }
