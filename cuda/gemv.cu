@@ -52,56 +52,26 @@
 #ifndef GEMV_PREFETCH_MAX
 #define GEMV_PREFETCH_MAX (16 << 20)
 #endif
-// Chunks a lane of a one-row GEMV loads before its first FMA (the staged loop below): gemv1_bf16 /
-// gemv1_f32 (2 weight rows a warp) and gemv1_silu_mul_bf16 (4). The sums keep their order for any
-// value, so every build gives the same bits. Not measured above 4 yet: a one-row product of the 8B
-// shape is grid-bound at ~16 warps an SM (down: 512 CTAs), so each warp's bytes in flight are what
-// more of them would raise (h200_report.sh part151 times 6 and 8).
-#ifndef GEMV1_U
-#define GEMV1_U 4
-#endif
-#ifndef GEMV1_U_GATED
-#define GEMV1_U_GATED 4
-#endif
-// Warps a one-row GEMV may split each column's K range over (the host picks the parts per shape
-// through the block size: 32 * GEMV_WARPS * parts threads; cuda_ops.py's one_row_k_parts). A
-// 0.6B one-row o or down product is 128 CTAs of 4 warps, under one CTA an SM, and each lane walks
-// 2-3 staged groups one after the other; with its K range in 2-3 parts every lane walks one. Part 0
-// adds the other parts' per-lane sums in part order, so a shape's result does not vary from run to
-// run (it differs from the unsplit sums). 1: the kernels are built as before, no parts (the
-// host then never splits); prepared in session 21, not measured yet (h200_report.sh part152).
-#ifndef GEMV1_MAX_PARTS
-#define GEMV1_MAX_PARTS 1
-#endif
 
 namespace {
 
 // GATED: out[m, n] = silu(x[m] . w[n]) * (x[m] . w[N + n]) for n < N (w has 2N rows, no bias).
-// MAXP > 1 (one row only): blockDim.x = 32 * GEMV_WARPS * parts, each column's K range in parts.
-template <typename TO, int M, bool GATED, int MAXP = 1>
+template <typename TO, int M, bool GATED>
 __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
                                           const bf16* __restrict__ w, const bf16* __restrict__ bias,
                                           TO* __restrict__ out, i64 ldo, int N, int K) {
   constexpr int R = GATED ? 2 * GEMV_NR : GEMV_NR;  // weight rows a warp streams at once
   const int lane = threadIdx.x & 31;
-  static_assert(MAXP == 1 || M == 1, "only one-row products split K");
-  // warp i of the CTA takes warp slot i % GEMV_WARPS's columns, K part i / GEMV_WARPS
-  const int parts = MAXP > 1 ? (int)(blockDim.x / (32 * GEMV_WARPS)) : 1;
-  const int wid = threadIdx.x >> 5;
-  const int slot = MAXP > 1 ? wid % GEMV_WARPS : wid, part = MAXP > 1 ? wid / GEMV_WARPS : 0;
-  const int warp = blockIdx.x * GEMV_WARPS + slot;
+  const int warp = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
   const int n0 = warp * GEMV_NR;
-  if ((i64)N * K * (GATED ? 4 : 2) <= (i64)GEMV_PREFETCH_MAX && lane == 0 && n0 < N && part == 0) {
+  if ((i64)N * K * (GATED ? 4 : 2) <= (i64)GEMV_PREFETCH_MAX && lane == 0 && n0 < N) {
     const unsigned bytes = (unsigned)(min(GEMV_NR, N - n0) * K * 2);  // this warp's rows, contiguous
     minillm::prefetch_l2(w + (i64)n0 * K, bytes);
     if (GATED) minillm::prefetch_l2(w + (i64)(N + n0) * K, bytes);
   }
   minillm::pdl_entry();  // before the early return: see cuda/common.cuh
-  // (split: no early return, every warp meets the barrier below; past-the-end columns read row N - 1)
-  if (n0 >= N && parts == 1) return;
+  if (n0 >= N) return;
   const int chunks = K / 8;  // 16-byte chunks per row (the host checks K % 8 == 0)
-  const int per_part = (chunks + parts - 1) / parts;  // this warp's chunks: [c_lo, c_hi)
-  const int c_lo = part * per_part, c_hi = min(chunks, c_lo + per_part);
   float acc[R][M];
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -148,43 +118,36 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
     // Measured on the H200: batch-1 graphs 0.6B -9.0%, 8B -4.7% against GEMV_STAGED=0 (part132),
     // but that build's x loads had left the read-only path too; the session's whole change
     // (this, gemv1_*, unpack_bf16x8 by value) against its start: 0.6B -1.8%, 8B -2.2% (part135).
-    constexpr int U = GATED ? GEMV1_U_GATED : GEMV1_U;
-    for (int c0 = c_lo + lane; c0 < c_hi; c0 += 32 * U) {
+    // More chunks in flight gained nothing (session 22, part151, batch-1 graphs): 6 / 8 chunks took
+    // 0.6B 0.880-0.884 -> 0.888-0.892 / 0.898-0.906 ms and 8B 4.353-4.358 -> 4.407-4.417 /
+    // 4.352-4.355, so 8B's slower qkv / o / down are not short of bytes in flight. Splitting a
+    // column's K range over 2-3 warps (to fill the GPU with 0.6B's 128-CTA o and down) did not
+    // either: 0.6B 0.885 -> 0.887-0.890 (part152); both were removed.
+    constexpr int U = 4;
+    for (int c0 = lane; c0 < chunks; c0 += 32 * U) {
       uint4 wv[U][R], xv[U][M];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const int c = min(c0 + 32 * u, c_hi - 1);
+        const int c = min(c0 + 32 * u, chunks - 1);
         load_w(c, wv[u]);
 #pragma unroll
         for (int m = 0; m < M; ++m) xv[u][m] = load_x(c, m);
       }
 #pragma unroll
       for (int u = 0; u < U; ++u)
-        if (c0 + 32 * u < c_hi) fma_chunk(c0 + 32 * u, wv[u], xv[u]);
+        if (c0 + 32 * u < chunks) fma_chunk(c0 + 32 * u, wv[u], xv[u]);
     }
   } else {
     // Unrolled so the loads of several chunks are in flight per lane: one chunk's R 16-byte
     // loads were too few to hide HBM latency on the 8B model's matrices (~2.5 of ~4.2 TB/s).
 #pragma unroll 4
-    for (int c = c_lo + lane; c < c_hi; c += 32) {
+    for (int c = lane; c < chunks; c += 32) {
       uint4 wv[R];
       load_w(c, wv);
       fma_chunk(c, wv, nullptr);
     }
   }
   minillm::pdl_release();
-  if (MAXP > 1 && parts > 1) {  // part 0's lanes add the other parts' per-lane sums, in part order
-    __shared__ float red[MAXP > 1 ? MAXP - 1 : 1][GEMV_WARPS][R][32];
-    if (part > 0) {
-#pragma unroll
-      for (int r = 0; r < R; ++r) red[part - 1][slot][r][lane] = acc[r][0];
-    }
-    __syncthreads();
-    if (part > 0) return;
-    for (int p = 1; p < parts; ++p)
-#pragma unroll
-      for (int r = 0; r < R; ++r) acc[r][0] += red[p - 1][slot][r][lane];
-  }
 #pragma unroll
   for (int r = 0; r < GEMV_NR; ++r) {
     const int n = n0 + r;
@@ -237,13 +200,13 @@ MINILLM_GEMV(f32, float)
 
 // One row (a batch-1 decode step): its own kernels, so the staged loop's registers do not raise
 // the many-row cases' and theirs do not lower this one's occupancy.
-extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS * GEMV1_MAX_PARTS)
+extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
     gemv1_bf16(const bf16* x, i64 ldx, const bf16* w, const bf16* bias, bf16* out, i64 ldo, int N, int K) {
-  gemv_impl<bf16, 1, false, GEMV1_MAX_PARTS>(x, ldx, w, bias, out, ldo, N, K);
+  gemv_impl<bf16, 1, false>(x, ldx, w, bias, out, ldo, N, K);
 }
-extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS * GEMV1_MAX_PARTS)
+extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
     gemv1_f32(const bf16* x, i64 ldx, const bf16* w, const bf16* bias, float* out, i64 ldo, int N, int K) {
-  gemv_impl<float, 1, false, GEMV1_MAX_PARTS>(x, ldx, w, bias, out, ldo, N, K);
+  gemv_impl<float, 1, false>(x, ldx, w, bias, out, ldo, N, K);
 }
 
 // out [M, F] = silu(x @ w[:F].T) * (x @ w[F:].T) for the [2F, K] gate_up matrix w; grid
@@ -253,9 +216,9 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
                        int K) {
   gemv_rows<bf16, true>(x, ldx, w, nullptr, out, ldo, M, F, K);
 }
-extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS * GEMV1_MAX_PARTS)
+extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
     gemv1_silu_mul_bf16(const bf16* x, i64 ldx, const bf16* w, bf16* out, i64 ldo, int F, int K) {
-  gemv_impl<bf16, 1, true, GEMV1_MAX_PARTS>(x, ldx, w, nullptr, out, ldo, F, K);
+  gemv_impl<bf16, 1, true>(x, ldx, w, nullptr, out, ldo, F, K);
 }
 
 // ---- gemm_skinny: 2-16 rows of x on tensor cores ---------------------------------------------

@@ -108,12 +108,10 @@ def test_pdl_kernel_args_are_typed():
 
 
 # compile-time variants that scripts/decode_splits.py measures (--variant), the release-at-exit
-# build of the A/B runs (PDL_LATE=0, cuda/common.cuh), MINILLM_PDL_PREFILL's and the one-row GEMVs'
-# prepared ones (h200_report.sh part151 / part152), so they do not rot
+# build of the A/B runs (PDL_LATE=0, cuda/common.cuh) and MINILLM_PDL_PREFILL's, so they do not rot
 VARIANTS = [("decode_attention", ["-DDEC_NO_MATH=1"]),
             ("decode_attention", ["-DDEC_CPL=2", "-DDEC_U=2", "-DPDL_PREWAIT_INDEX=0"]),
             ("gemv", ["-DPDL_LATE=0", "-DGEMV_PREFETCH_MAX=0", "-DGEMV_MAX_M=8"]),
-            ("gemv", ["-DGEMV1_U=8", "-DGEMV1_U_GATED=6", "-DGEMV1_MAX_PARTS=4"]),
             ("norm", ["-DNORM_EARLY_MIN_ROWS=1000000"]), ("prefill_attention", ["-DPF_PDL=1"]),
             ("prefill_attention", ["-DPF_PDL=1", "-DPDL_PREWAIT_INDEX=0"])]
 

@@ -12,13 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from minillm.backends.cuda_ops import (
-    _GEMV1_MAX_PARTS,
     _GEMV_MAX_M,
     decode_rope_max_tokens,
     decode_splits,
     env_int,
-    gemv1_max_parts,
-    one_row_k_parts,
     small_product_kernel,
     wide_product_plan,
 )
@@ -53,35 +50,6 @@ def test_never_slower_than_no_split_by_its_model(work, resident, ctx, max_splits
     assert waves_time(work, resident, ctx, s) <= waves_time(work, resident, ctx, 1)
     assert all(waves_time(work, resident, ctx, s) <= waves_time(work, resident, ctx, t) * 1.001
                for t in range(1, max_splits + 1))
-
-
-def test_one_row_k_parts():
-    # 132 SMs; a CTA of p parts (128 p threads at 72 registers) fits 28 // (4 p) times an SM
-    def resident(p):
-        return 132 * (28 // (4 * p))
-
-    # 0.6B o (K 2048: 256 chunks) and down (K 3072: 384 chunks), 128 CTAs: as many parts as whole
-    # staged groups of 128 chunks; qkv / gate_up (K 1024) one group: no split
-    assert one_row_k_parts(128, 2048, 4, resident) == 2
-    assert one_row_k_parts(128, 3072, 4, resident) == 3
-    assert one_row_k_parts(512, 1024, 4, resident) == 1
-    # 8B o / down (512 CTAs): 2 parts would leave a second wave (3 CTAs an SM x 132 < 512)
-    assert one_row_k_parts(512, 4096, 4, resident) == 1
-    assert one_row_k_parts(512, 12288, 4, resident) == 1
-    # a kernel built without parts (GEMV1_MAX_PARTS=1: 128-thread launch bound) never splits
-    assert one_row_k_parts(128, 3072, 1, resident) == 1
-    assert one_row_k_parts(64, 12288, 2, resident) == 2
-
-
-def test_one_row_gemv_parts_follow_the_build(monkeypatch):
-    # the host's default is cuda/gemv.cu's (1: the kernels take no parts, the launch path asks the GPU
-    # nothing), and MINILLM_CUDA_DEFINES raises both together
-    src = (Path(__file__).resolve().parents[1] / "cuda" / "gemv.cu").read_text()
-    assert int(re.search(r"#define GEMV1_MAX_PARTS (\d+)", src).group(1)) == _GEMV1_MAX_PARTS
-    monkeypatch.delenv("MINILLM_CUDA_DEFINES", raising=False)
-    assert gemv1_max_parts() == _GEMV1_MAX_PARTS
-    monkeypatch.setenv("MINILLM_CUDA_DEFINES", "GEMV1_U=8, GEMV1_MAX_PARTS=4")
-    assert gemv1_max_parts() == 4
 
 
 def test_small_products_choose_their_kernel():

@@ -132,35 +132,6 @@ _GEMV_PREFERRED_M = 2
 _GATED_GEMV_MAX_W = 32 << 20
 
 
-# A one-row GEMV's K range in parts: at most cuda/gemv.cu's GEMV1_MAX_PARTS (its default, the same
-# here; MINILLM_CUDA_DEFINES may raise it), each part at least one staged group of every lane (32
-# lanes x 4 chunks of 16 bytes)
-_GEMV1_MAX_PARTS, _GEMV1_PART_MIN_CHUNKS = 1, 128
-
-
-def gemv1_max_parts() -> int:
-    """The most K parts the one-row GEMVs are built for: GEMV1_MAX_PARTS from MINILLM_CUDA_DEFINES,
-    else cuda/gemv.cu's default."""
-    for d in kc.extra_defines():
-        name, _, value = d.partition("=")
-        if name.strip() == "GEMV1_MAX_PARTS":
-            return max(1, int(value))
-    return _GEMV1_MAX_PARTS
-
-
-def one_row_k_parts(ctas: int, K: int, max_parts: int, resident_ctas) -> int:
-    """Warps a one-row GEMV of `ctas` CTAs splits each column's K range over: the most, up to
-    max_parts (what the kernel was built for), that leave every part a whole staged group and keep
-    the launch one wave (resident_ctas(p): CTAs of p parts the GPU holds at once). Splitting adds
-    warps to a launch too small to fill the GPU (0.6B's o and down: 128 CTAs); one that fills it
-    already only gets fewer CTAs in flight. Depends on the shape only, never on the batch."""
-    best = 1
-    for p in range(2, max_parts + 1):
-        if K // 8 >= p * _GEMV1_PART_MIN_CHUNKS and ctas <= resident_ctas(p):
-            best = p
-    return best
-
-
 def small_product_kernel(M: int, N: int, K: int) -> str | None:
     """Which cuda/gemv.cu kernel computes a bf16 product of M rows of x with an [N, K] weight:
     "gemv", "skinny", or None for cuBLAS (the caller checks dtypes and alignment)."""
@@ -411,8 +382,6 @@ class CudaBackend:
             cupy.cuda.runtime.memsetAsync(self._blas_ws.data.ptr, 0, cublas_workspace_bytes, self.stream.ptr)
         self._capturing = False
         self._resident: dict[tuple[int, int], int] = {}  # decode CTAs the GPU holds, by (D, G)
-        self._gemv1_max_parts = gemv1_max_parts()
-        self._gemv1_parts: dict[tuple[str, int, int], int] = {}  # by (kernel, CTAs, K)
         self.pdl = None  # graphs launch pdl_entry kernels through it (Hopper and later)
         if pdl_enabled() and int(self.props["major"]) >= 9:
             try:
@@ -857,11 +826,10 @@ class CudaBackend:
             raise ValueError(f"matmul: x {x.shape} @ w {w.shape}.T -> out {out.shape} does not fit")
         kernel = small_product_kernel(M, N, K) if self._gemv_fits(x, w, out, bias, M, K, ldx) else None
         if kernel == "gemv":  # one row: its own kernel (cuda/gemv.cu's staged loads)
-            name, ctas = ("gemv1_" if M == 1 else "gemv_") + _suffix(out.dtype), _cdiv(N, _GEMV_COLS_PER_CTA)
             rows = () if M == 1 else (_i32(M),)
-            threads = _GEMV_THREADS * (self._one_row_parts(name, ctas, K) if M == 1 else 1)
-            self._launch(name, (ctas,), (threads,), (x, _i64(ldx), w, bias if bias is not None else _NULL, out,
-                                                      _i64(ldo)) + rows + (_i32(N), _i32(K)))
+            self._launch(("gemv1_" if M == 1 else "gemv_") + _suffix(out.dtype), (_cdiv(N, _GEMV_COLS_PER_CTA),),
+                         (_GEMV_THREADS,), (x, _i64(ldx), w, bias if bias is not None else _NULL, out, _i64(ldo))
+                         + rows + (_i32(N), _i32(K)))
             return
         if kernel == "skinny":
             self._launch("gemm_skinny_" + _suffix(out.dtype), (_cdiv(N, _SKINNY_COLS_PER_CTA),),
@@ -931,32 +899,12 @@ class CudaBackend:
                              f"{gate_up.shape} -> out {out.shape} does not fit")
         if (out.dtype == self.dtype and self._gemv_fits(x, w_gate_up, out, None, M, K, ldx, max_m=_GEMV_MAX_M)
                 and (M <= 2 or N2 * K <= _GATED_GEMV_MAX_W or K % _SKINNY_K)):
-            name, ctas = "gemv1_silu_mul_bf16" if M == 1 else "gemv_silu_mul_bf16", _cdiv(F, _GEMV_COLS_PER_CTA)
             rows = () if M == 1 else (_i32(M),)
-            threads = _GEMV_THREADS * (self._one_row_parts(name, ctas, K) if M == 1 else 1)
-            self._launch(name, (ctas,), (threads,), (x, _i64(ldx), w_gate_up, out, _i64(ldo)) + rows
-                         + (_i32(F), _i32(K)))
+            self._launch("gemv1_silu_mul_bf16" if M == 1 else "gemv_silu_mul_bf16", (_cdiv(F, _GEMV_COLS_PER_CTA),),
+                         (_GEMV_THREADS,), (x, _i64(ldx), w_gate_up, out, _i64(ldo)) + rows + (_i32(F), _i32(K)))
             return
         self.matmul(x, w_gate_up, out=gate_up)
         self.silu_mul(gate_up, out=out)
-
-    def _one_row_parts(self, name: str, ctas: int, K: int) -> int:
-        """K parts of a one-row GEMV launch (one_row_k_parts), from what the kernels were built for
-        (gemv1_max_parts; never more than the kernel's launch bound allows) and their occupancy."""
-        if self._gemv1_max_parts == 1:  # the default build: the kernels take no parts
-            return 1
-        key = (name, ctas, K)
-        if key not in self._gemv1_parts:
-            from cupy_backends.cuda.api import driver
-            kern = self.k[name]
-
-            def resident(parts: int) -> int:
-                per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(kern.kernel.ptr, _GEMV_THREADS * parts, 0)
-                return self.num_sms * per_sm
-
-            most = min(self._gemv1_max_parts, kern.max_threads_per_block // _GEMV_THREADS)
-            self._gemv1_parts[key] = one_row_k_parts(ctas, K, most, resident)
-        return self._gemv1_parts[key]
 
     def _gemv_fits(self, x, w, out, bias, M: int, K: int, ldx: int, max_m: int | None = None) -> bool:
         """At most max_m rows of bf16 with 16-byte aligned rows: what cuda/gemv.cu's kernels take
