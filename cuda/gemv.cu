@@ -256,20 +256,24 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
 
 namespace {
 
-// TILES: groups of 8 rows of x (1 for M <= 8, 2 for M <= 16).
-template <typename TO, int TILES>
+// TILES: groups of 8 rows of x (1 for M <= 8, 2 for M <= 16). GATED: out[m, n] = silu(x[m] .
+// w[n]) * (x[m] . w[N + n]) for n < N (w is the [2N, K] gate_up matrix, no bias): each warp streams
+// the 16 gate rows and the 16 up rows of its columns and multiplies both by the same x fragments.
+template <typename TO, int TILES, bool GATED>
 __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64 ldx,
                                                  const bf16* __restrict__ w,
                                                  const bf16* __restrict__ bias,
                                                  TO* __restrict__ out, i64 ldo, int M, int N, int K) {
+  constexpr int NW = GATED ? 2 : 1;  // weight tiles a warp: gate and up, or the product's own
   minillm::pdl_entry();
-  __shared__ float red[SKINNY_WARPS - 1][TILES * 4][32];
+  __shared__ float red[SKINNY_WARPS - 1][NW * TILES * 4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int n0 = blockIdx.x * 16;
   // rows past N read row N - 1 (valid memory); their sums are never written
   const bf16* w0 = w + (i64)min(n0 + g, N - 1) * K + 16 * t;
   const bf16* w8 = w + (i64)min(n0 + g + 8, N - 1) * K + 16 * t;
+  const i64 up = (i64)N * K;  // GATED: the up rows, N rows past the gate rows
   const bf16* xr[TILES];
   bool live[TILES];
 #pragma unroll
@@ -277,9 +281,13 @@ __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64
     live[i] = i * 8 + g < M;
     xr[i] = x + (i64)(live[i] ? i * 8 + g : 0) * ldx + 16 * t;
   }
-  float c[TILES][4];
+  float c[TILES][4], cu[GATED ? TILES : 1][4];  // cu: GATED's up sums
 #pragma unroll
   for (int i = 0; i < TILES; ++i) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.f;
+  if constexpr (GATED) {
+#pragma unroll
+    for (int i = 0; i < TILES; ++i) cu[i][0] = cu[i][1] = cu[i][2] = cu[i][3] = 0.f;
+  }
 
   const int blocks = K / SKINNY_KB;
 #pragma unroll 2
@@ -289,6 +297,13 @@ __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64
     const uint4 w0_hi = __ldg(reinterpret_cast<const uint4*>(w0 + k + 8));
     const uint4 w8_lo = __ldg(reinterpret_cast<const uint4*>(w8 + k));
     const uint4 w8_hi = __ldg(reinterpret_cast<const uint4*>(w8 + k + 8));
+    uint4 u0_lo, u0_hi, u8_lo, u8_hi;  // GATED: the same k range of the up rows
+    if constexpr (GATED) {
+      u0_lo = __ldg(reinterpret_cast<const uint4*>(w0 + up + k));
+      u0_hi = __ldg(reinterpret_cast<const uint4*>(w0 + up + k + 8));
+      u8_lo = __ldg(reinterpret_cast<const uint4*>(w8 + up + k));
+      u8_hi = __ldg(reinterpret_cast<const uint4*>(w8 + up + k + 8));
+    }
 #pragma unroll
     for (int i = 0; i < TILES; ++i) {
       uint4 x_lo = make_uint4(0u, 0u, 0u, 0u), x_hi = x_lo;
@@ -302,6 +317,12 @@ __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64
       minillm::mma_bf16_16816(c[i], w0_lo.z, w8_lo.z, w0_lo.w, w8_lo.w, x_lo.z, x_lo.w);
       minillm::mma_bf16_16816(c[i], w0_hi.x, w8_hi.x, w0_hi.y, w8_hi.y, x_hi.x, x_hi.y);
       minillm::mma_bf16_16816(c[i], w0_hi.z, w8_hi.z, w0_hi.w, w8_hi.w, x_hi.z, x_hi.w);
+      if constexpr (GATED) {
+        minillm::mma_bf16_16816(cu[i], u0_lo.x, u8_lo.x, u0_lo.y, u8_lo.y, x_lo.x, x_lo.y);
+        minillm::mma_bf16_16816(cu[i], u0_lo.z, u8_lo.z, u0_lo.w, u8_lo.w, x_lo.z, x_lo.w);
+        minillm::mma_bf16_16816(cu[i], u0_hi.x, u8_hi.x, u0_hi.y, u8_hi.y, x_hi.x, x_hi.y);
+        minillm::mma_bf16_16816(cu[i], u0_hi.z, u8_hi.z, u0_hi.w, u8_hi.w, x_hi.z, x_hi.w);
+      }
     }
   }
   minillm::pdl_release();
@@ -309,7 +330,10 @@ __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64
 #pragma unroll
     for (int i = 0; i < TILES; ++i)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) red[warp - 1][i * 4 + e][lane] = c[i][e];
+      for (int e = 0; e < 4; ++e) {
+        red[warp - 1][i * 4 + e][lane] = c[i][e];
+        if constexpr (GATED) red[warp - 1][(TILES + i) * 4 + e][lane] = cu[i][e];
+      }
   }
   __syncthreads();
   if (warp != 0) return;
@@ -317,13 +341,20 @@ __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64
   for (int i = 0; i < TILES; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {  // C: rows (out columns) g, g + 8; cols (x rows) 2t, 2t + 1
-      float s = c[i][e];
+      float s = c[i][e], su = 0.f;
 #pragma unroll
       for (int r = 0; r < SKINNY_WARPS - 1; ++r) s += red[r][i * 4 + e][lane];
+      if constexpr (GATED) {
+        su = cu[i][e];
+#pragma unroll
+        for (int r = 0; r < SKINNY_WARPS - 1; ++r) su += red[r][(TILES + i) * 4 + e][lane];
+      }
       const int m = i * 8 + 2 * t + (e & 1);
       const int n = n0 + g + (e >= 2 ? 8 : 0);
-      if (m < M && n < N)
-        out[(i64)m * ldo + n] = minillm::from_f<TO>(s + (bias ? minillm::to_f(bias[n]) : 0.f));
+      if (m < M && n < N) {  // GATED: silu in fp32 on the unrounded sums, as gemv_silu_mul
+        const float y = GATED ? s / (1.0f + expf(-s)) * su : s + (bias ? minillm::to_f(bias[n]) : 0.f);
+        out[(i64)m * ldo + n] = minillm::from_f<TO>(y);
+      }
     }
 }
 
@@ -334,9 +365,20 @@ __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64
   extern "C" __global__ void __launch_bounds__(32 * SKINNY_WARPS) gemm_skinny_##SUFFIX(            \
       const bf16* x, i64 ldx, const bf16* w, const bf16* bias, TO* out, i64 ldo, int M, int N,    \
       int K) {                                                                                     \
-    if (M <= 8) gemm_skinny_impl<TO, 1>(x, ldx, w, bias, out, ldo, M, N, K);                     \
-    else gemm_skinny_impl<TO, 2>(x, ldx, w, bias, out, ldo, M, N, K);                            \
+    if (M <= 8) gemm_skinny_impl<TO, 1, false>(x, ldx, w, bias, out, ldo, M, N, K);              \
+    else gemm_skinny_impl<TO, 2, false>(x, ldx, w, bias, out, ldo, M, N, K);                     \
   }
 
 MINILLM_SKINNY(bf16, bf16)
 MINILLM_SKINNY(f32, float)
+
+// out [M, F] = silu(x @ w[:F].T) * (x @ w[F:].T) for 2-16 rows, K % 64 == 0 (NumPy twin: matmul
+// then silu_mul, which rounds gate_up to bf16 first): gemv_silu_mul's product on the skinny GEMM,
+// so 3-16-row gate_up products skip the silu_mul launch and the [M, 2F] round trip; each x
+// fragment feeds twice the weight rows it does in gemm_skinny. Grid (ceil(F / 16)).
+extern "C" __global__ void __launch_bounds__(32 * SKINNY_WARPS)
+    gemm_skinny_silu_mul_bf16(const bf16* x, i64 ldx, const bf16* w, bf16* out, i64 ldo, int M, int F,
+                              int K) {
+  if (M <= 8) gemm_skinny_impl<bf16, 1, true>(x, ldx, w, nullptr, out, ldo, M, F, K);
+  else gemm_skinny_impl<bf16, 2, true>(x, ldx, w, nullptr, out, ldo, M, F, K);
+}

@@ -37,7 +37,9 @@
 #   part142-part148: session 21 (GEMV_MAX_M 4 against 8, the L2 prefetch crossed with the norm's
 #   early release at one row, a 32K draft vocabulary's spec cost, the failure matrix and memcheck,
 #   the routing of 2-4-row products; part148 is the final code's run, part149 its decode,
-#   part150 the products' tests with a 2-row case added); part151 and part152 are prepared for session 22.
+#   part150 the products' tests with a 2-row case added).
+#   part151-part153: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
+#   both then removed; part153: the gated skinny GEMM's routing).
 #   part15-part21: session 4 (ncu kernel split of a decode step; decode-attention split sweeps and
 #                  variants; async scheduling; final failure matrix, memcheck, synccheck/initcheck;
 #                  spec cost; skinny GEMM bench and racecheck). part21 is the one-call rerun.
@@ -2321,7 +2323,7 @@ part150() {  # session 21: the products' GPU tests after test_matmul gained a 2-
     -k "test_matmul or gemv or small_product"
 }
 
-part151() {  # prepared in session 21, not yet run: the one-row GEMVs with more chunks a lane in flight
+part151() {  # session 22, call 1 (ran at afd2c00; GEMV1_U was then removed, no gain): the one-row GEMVs with more chunks a lane in flight
   # (GEMV1_U, default 4: 72 registers; 6: 96; 8: 124, by ptxas). First the same-bits test (the
   # staged loop at 4 and 8 chunks and the unrolled loop give the same bits), then batch-1 graphs of
   # both shapes at 4 / 6 / 8, alternately, twice
@@ -2334,7 +2336,7 @@ part151() {  # prepared in session 21, not yet run: the one-row GEMVs with more 
   graph_summary
 }
 
-part152() {  # prepared in session 21, not yet run: one-row GEMVs splitting each column's K range over
+part152() {  # session 22, call 2 (ran at afd2c00; GEMV1_MAX_PARTS was then removed, no gain): one-row GEMVs splitting each column's K range over
   # 2-4 warps where the launch is too small to fill the GPU (GEMV1_MAX_PARTS=4; the host's
   # one_row_k_parts picks 2 parts for 0.6B's o, 3 for its down, none for 8B's products). First the
   # GEMV tests built that way, then batch-1 graphs of both shapes, default / GEMV1_MAX_PARTS=4,
@@ -2353,7 +2355,22 @@ step_graph_route() {  # step_graph_route MODEL BATCH TAG [NAME=INT...]: a BATCH-
   # of small products), as stage graph_MODEL_bBATCH_TAG
   local m=$1 b=$2 tag=$3
   shift 3
-  stage "graph_${m}_b${b}_$tag" 100 python3 -c "
+  routed_step_kernels "graph_${m}_b${b}_$tag" "$*" $M/$m --batch $b --ctx 512
+}
+
+spec_round_route() {  # spec_round_route BATCH TAG [NAME=INT...]: a rejected DFlash k = 8 round's graphs
+  # (8B shape, 512 keys) with those module constants of minillm.backends.cuda_ops set, as stage
+  # graph_q8_spec_bBATCH_TAG
+  local b=$1 tag=$2
+  shift 2
+  routed_step_kernels "graph_q8_spec_b${b}_$tag" "$*" $M/q8 --spec $M/q8-dflash --k 8 --batch $b --ctx 512
+}
+
+routed_step_kernels() {  # routed_step_kernels STAGE "NAME=INT ..." ARGS...: scripts/step_kernels.py ARGS
+  # --json STAGE.json with those module constants of minillm.backends.cuda_ops set first
+  local name=$1 consts=$2
+  shift 2
+  stage "$name" 100 python3 -c "
 import runpy, sys
 import minillm.backends.cuda_ops as ops
 for kv in sys.argv[1].split():
@@ -2361,8 +2378,30 @@ for kv in sys.argv[1].split():
     assert hasattr(ops, name), name
     setattr(ops, name, int(value))
 sys.argv = ['scripts/step_kernels.py'] + sys.argv[2:]
-runpy.run_path('scripts/step_kernels.py', run_name='__main__')" "$*" $M/$m --batch $b --ctx 512 \
-    --json "$W/graph_${m}_b${b}_$tag.json"
+runpy.run_path('scripts/step_kernels.py', run_name='__main__')" "$consts" "$@" --json "$W/$name.json"
+}
+
+part153() {  # session 22: gate_up + SiLU on the skinny GEMM (gemm_skinny_silu_mul) for 3-16 rows, against
+  # the routing before it (_GATED_SKINNY_MAX_M=0: gemv_silu_mul at 3-4 rows up to 32 M weights,
+  # else gemm_skinny / cuBLAS, then silu_mul). Its GPU tests, decode-step graphs at batch 3 / 4 / 8
+  # of both shapes, and the rejected DFlash round at c = 1 (9-row verification; with the 9-row down
+  # product on the skinny GEMM too: _SKINNY_TWO_TILE_MAX_W 64 M), alternately, twice
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage gated_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py \
+    -k "matmul_silu_mul or matmul_skinny or test_matmul"
+  models_all 150
+  local i v b m
+  local -A route=([off]="_GATED_SKINNY_MAX_M=0" [on]="" [on_tt64]="_SKINNY_TWO_TILE_MAX_W=67108864")
+  for i in 1 2; do
+    for v in off on; do
+      for b in 3 4 8; do
+        for m in q06 q8; do step_graph_route $m $b "${v}_$i" ${route[$v]}; done
+      done
+    done
+    for v in off on on_tt64; do spec_round_route 1 "${v}_$i" ${route[$v]}; done
+  done
+  graph_summary
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name

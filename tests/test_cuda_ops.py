@@ -473,13 +473,16 @@ def test_gemv_strided_rows_and_graph(be):
     assert np.array_equal(host(be, out2), host(be, out))
 
 
-@pytest.mark.parametrize("M,K,F", [(1, 64, 96), (3, 1024, 1537), (4, 4096, 260), (2, 200, 50),
-                                   (8, 512, 300), (33, 256, 1000),
-                                   (3, 4096, 4100)])  # bf16 M <= 4: cuda/gemv.cu, fused up to 32 M weights
+@pytest.mark.parametrize("M,K,F", [(1, 64, 96), (2, 200, 50), (3, 200, 70),  # gemv_silu_mul
+                                   (3, 1024, 1537), (4, 4096, 260), (8, 512, 300), (3, 4096, 4100),
+                                   (9, 1024, 1000), (12, 256, 33), (16, 4096, 520),  # gemm_skinny_silu_mul
+                                   (33, 256, 1000), (5, 200, 70)])  # unfused: cuBLAS, then silu_mul
 def test_matmul_silu_mul(be, M, K, F):
-    """The fused gate_up GEMV + SiLU-and-multiply against the oracle, x rows inside a wider buffer
-    (the model's views); a fused launch leaves the gate_up buffer unwritten, and replays in a graph.
-    3-4 rows of a large gate_up go unfused (gemm_skinny, then silu_mul)."""
+    """The fused gate_up products + SiLU-and-multiply against the oracle, x rows inside a wider
+    buffer (the model's views): gemv_silu_mul for 1-2 rows (3-4 where K % 64 != 0),
+    gemm_skinny_silu_mul for 3-16 rows with K % 64 == 0 (one and two 8-row tiles, F not a
+    multiple of 16); a fused launch leaves the gate_up buffer unwritten, and replays in a graph.
+    Other shapes go unfused (a product into gate_up, then silu_mul)."""
     if F * K > (1 << 22) and be.dtype == np.float32:
         pytest.skip("the large gate_up is a bf16 dispatch case")
     rng = np.random.default_rng(M * F + K)
@@ -493,7 +496,12 @@ def test_matmul_silu_mul(be, M, K, F):
     REF.silu_mul(gu, ref)
     got = host(be, out)
     assert rel_err(got, ref) < tol(be)
-    fused = be.dtype != np.float32 and M <= 4 and K % 8 == 0 and (M <= 2 or 2 * F * K <= 32 << 20)
+    from minillm.backends.cuda_ops import gated_product_kernel
+    kernel = gated_product_kernel(M, F, K) if be.dtype != np.float32 else None
+    if be.dtype != np.float32:  # the cases above cover each route
+        assert kernel == ("gemv" if M <= 2 or (M <= 4 and K % 64) else
+                          "skinny" if M <= 16 and K % 64 == 0 else None)
+    fused = kernel is not None
     assert np.isnan(host(be, gate_up)).all() == fused
     out2 = poisoned(be, (M, F))
     g = be.capture_graph(lambda: be.matmul_silu_mul(xd, wd, out2, gate_up))

@@ -1,6 +1,7 @@
 """Launch plans that are pure functions of static sizes, so they are checked here on the CPU: the
 decode attention's split count (minillm.backends.cuda_ops.decode_splits), which cuda/gemv.cu
-kernel takes a product of a few rows (small_product_kernel) and cuda/gemm.cu's launch shape for
+kernel takes a product of a few rows (small_product_kernel, gated_product_kernel for the gate_up
+product with SiLU) and cuda/gemm.cu's launch shape for
 17-256 rows (wide_product_plan); the GPU side (every split count gives the same
 attention) is tests/test_cuda_ops.py's, the timing of each scripts/decode_splits.py's."""
 
@@ -11,11 +12,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from minillm.backends import cuda_ops
 from minillm.backends.cuda_ops import (
     _GEMV_MAX_M,
     decode_rope_max_tokens,
     decode_splits,
     env_int,
+    gated_product_kernel,
     small_product_kernel,
     wide_product_plan,
 )
@@ -67,6 +70,21 @@ def test_small_products_choose_their_kernel():
     assert int(re.search(r"#define GEMV_MAX_M (\d+)", src).group(1)) == _GEMV_MAX_M
     assert all(small_product_kernel(m, n, k) != "gemv" for m in range(_GEMV_MAX_M + 1, 40)
                for n, k in ((1000, 200), (4096, 1024), (24576, 4096)))
+
+
+def test_gated_products_choose_their_kernel(monkeypatch):
+    # gate_up + SiLU fused: 1-2 rows on gemv_silu_mul; 3-16 rows with K % 64 == 0 on
+    # gemm_skinny_silu_mul, whatever the matrix's size; 3-4 rows with another K on gemv_silu_mul;
+    # the rest unfused (a product, then silu_mul)
+    assert [gated_product_kernel(m, 3072, 1024) for m in (1, 2)] == ["gemv"] * 2
+    assert [gated_product_kernel(m, 12288, 4096) for m in (3, 4, 8, 9, 16)] == ["skinny"] * 5
+    assert [gated_product_kernel(m, 1000, 200) for m in (3, 4, 5)] == ["gemv", "gemv", None]
+    assert gated_product_kernel(17, 3072, 1024) is None
+    # with the skinny route off, the routing before it: 3-4 rows fused on the GEMV up to 32 M
+    # weights, unfused above (the 8B gate_up: 100 M)
+    monkeypatch.setattr(cuda_ops, "_GATED_SKINNY_MAX_M", 0)
+    assert [gated_product_kernel(m, 3072, 1024) for m in (3, 4, 5)] == ["gemv", "gemv", None]
+    assert gated_product_kernel(3, 12288, 4096) is None
 
 
 @given(st.integers(1, 300), st.sampled_from([64, 192, 1024, 4096, 6144, 24576, 100]),

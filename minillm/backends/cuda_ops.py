@@ -130,6 +130,23 @@ _GEMV_PREFERRED_M = 2
 # the 128-register gated kernel (GEMV_MAX_M 4) fusing them still lost: 8B batch-3 / 4 graphs +0.8%
 # / +2.3% (session 21, part146)
 _GATED_GEMV_MAX_W = 32 << 20
+# gemm_skinny_silu_mul (the gate_up product + SiLU on the skinny GEMM, one launch) takes gate_up
+# products of _GATED_SKINNY_MIN_M.._GATED_SKINNY_MAX_M rows (0: never; then 3-16 rows run
+# gemm_skinny or cuBLAS, then silu_mul). Session 22 prepared it; part153 measures the routing.
+_GATED_SKINNY_MIN_M, _GATED_SKINNY_MAX_M = 3, 16
+
+
+def gated_product_kernel(M: int, F: int, K: int) -> str | None:
+    """Which cuda/gemv.cu kernel computes a bf16 gate_up product of M rows with SiLU-and-multiply
+    fused ([2F, K] weights): "gemv" (gemv_silu_mul), "skinny" (gemm_skinny_silu_mul), or None:
+    matmul into gate_up, then silu_mul (the caller checks dtypes and alignment)."""
+    if M <= min(_GEMV_PREFERRED_M, _GEMV_MAX_M):
+        return "gemv"
+    if _GATED_SKINNY_MIN_M <= M <= _GATED_SKINNY_MAX_M and M <= _SKINNY_MAX_M and K % _SKINNY_K == 0:
+        return "skinny"
+    if M <= _GEMV_MAX_M and (2 * F * K <= _GATED_GEMV_MAX_W or K % _SKINNY_K):
+        return "gemv"
+    return None
 
 
 def small_product_kernel(M: int, N: int, K: int) -> str | None:
@@ -886,7 +903,8 @@ class CudaBackend:
 
     def matmul_silu_mul(self, x, w_gate_up, out, gate_up) -> None:
         """out = silu(x @ gate.T) * (x @ up.T), w_gate_up = [gate; up] [2F, K]. Few bf16 rows: one
-        cuda/gemv.cu kernel that leaves gate_up unwritten; else matmul into gate_up, silu_mul."""
+        cuda/gemv.cu kernel that leaves gate_up unwritten (gated_product_kernel); else matmul into
+        gate_up, silu_mul."""
         M, ldx = _rows(x, "matmul_silu_mul x")
         if M == 0:
             return
@@ -897,11 +915,16 @@ class CudaBackend:
                 or not w_gate_up.flags.c_contiguous):
             raise ValueError(f"matmul_silu_mul: x {x.shape} @ w {w_gate_up.shape}.T -> gate_up "
                              f"{gate_up.shape} -> out {out.shape} does not fit")
-        if (out.dtype == self.dtype and self._gemv_fits(x, w_gate_up, out, None, M, K, ldx, max_m=_GEMV_MAX_M)
-                and (M <= 2 or N2 * K <= _GATED_GEMV_MAX_W or K % _SKINNY_K)):
+        kernel = (gated_product_kernel(M, F, K) if out.dtype == self.dtype
+                  and self._gemv_fits(x, w_gate_up, out, None, M, K, ldx) else None)
+        if kernel == "gemv":
             rows = () if M == 1 else (_i32(M),)
             self._launch("gemv1_silu_mul_bf16" if M == 1 else "gemv_silu_mul_bf16", (_cdiv(F, _GEMV_COLS_PER_CTA),),
                          (_GEMV_THREADS,), (x, _i64(ldx), w_gate_up, out, _i64(ldo)) + rows + (_i32(F), _i32(K)))
+            return
+        if kernel == "skinny":
+            self._launch("gemm_skinny_silu_mul_bf16", (_cdiv(F, _SKINNY_COLS_PER_CTA),), (_SKINNY_THREADS,),
+                         (x, _i64(ldx), w_gate_up, out, _i64(ldo), _i32(M), _i32(F), _i32(K)))
             return
         self.matmul(x, w_gate_up, out=gate_up)
         self.silu_mul(gate_up, out=out)
