@@ -447,7 +447,7 @@ class CudaBackend:
                                  for g in range(1, _DECODE_MAX_G + 1)],
             "sampling": ["sample_tokens"],
             "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemm_skinny_bf16", "gemm_skinny_f32",
-                     "gemv1_bf16", "gemv1_f32", "gemv1_silu_mul_bf16"],
+                     "gemm_skinny_silu_mul_bf16", "gemv1_bf16", "gemv1_f32", "gemv1_silu_mul_bf16"],
         }.items():
             for n in names:
                 k[n] = kc.get_kernel(mod, n, self.debug)
