@@ -39,7 +39,8 @@
 #   the routing of 2-4-row products; part148 is the final code's run, part149 its decode,
 #   part150 the products' tests with a 2-row case added).
 #   part151-part153: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
-#   both then removed; part153: the gated skinny GEMM's routing).
+#   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every GPU test,
+#   throughput).
 #   part15-part21: session 4 (ncu kernel split of a decode step; decode-attention split sweeps and
 #                  variants; async scheduling; final failure matrix, memcheck, synccheck/initcheck;
 #                  spec cost; skinny GEMM bench and racecheck). part21 is the one-call rerun.
@@ -2402,6 +2403,26 @@ part153() {  # session 22: gate_up + SiLU on the skinny GEMM (gemm_skinny_silu_m
     for v in off on on_tt64; do spec_round_route 1 "${v}_$i" ${route[$v]}; done
   done
   graph_summary
+}
+
+part154() {  # session 22: the gated skinny GEMM's final routing (3-8 rows, 9-16 up to 32 M weights): 0.6B
+  # batch 12 / 16 graphs on and off (_GATED_SKINNY_MAX_M=0) alternately, twice; every GPU test;
+  # the gated products' tests under memcheck; throughput
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_q06_dflash 100
+  local i v b
+  local -A route=([off]="_GATED_SKINNY_MAX_M=0" [on]="")
+  for i in 1 2; do
+    for v in off on; do
+      for b in 12 16; do step_graph_route q06 $b "${v}_$i" ${route[$v]}; done
+    done
+  done
+  graph_summary
+  gpu_tests_full 300
+  stage memcheck_gated 120 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "matmul_silu_mul and bfloat16"
+  throughput_06b_env throughput_06b_1 MINILLM_UNUSED=0
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name

@@ -73,11 +73,13 @@ def test_small_products_choose_their_kernel():
 
 
 def test_gated_products_choose_their_kernel(monkeypatch):
-    # gate_up + SiLU fused: 1-2 rows on gemv_silu_mul; 3-16 rows with K % 64 == 0 on
-    # gemm_skinny_silu_mul, whatever the matrix's size; 3-4 rows with another K on gemv_silu_mul;
-    # the rest unfused (a product, then silu_mul)
+    # gate_up + SiLU fused: 1-2 rows on gemv_silu_mul; 3-8 rows with K % 64 == 0 on
+    # gemm_skinny_silu_mul, 9-16 rows there too up to 32 M weights (the 8B gate_up's 100 M go to
+    # cuBLAS, then silu_mul, part153); 3-4 rows with another K on gemv_silu_mul; the rest unfused
     assert [gated_product_kernel(m, 3072, 1024) for m in (1, 2)] == ["gemv"] * 2
-    assert [gated_product_kernel(m, 12288, 4096) for m in (3, 4, 8, 9, 16)] == ["skinny"] * 5
+    assert [gated_product_kernel(m, 3072, 1024) for m in (3, 4, 8, 9, 16)] == ["skinny"] * 5
+    assert [gated_product_kernel(m, 12288, 4096) for m in (3, 4, 8)] == ["skinny"] * 3
+    assert [gated_product_kernel(m, 12288, 4096) for m in (9, 16)] == [None] * 2
     assert [gated_product_kernel(m, 1000, 200) for m in (3, 4, 5)] == ["gemv", "gemv", None]
     assert gated_product_kernel(17, 3072, 1024) is None
     # with the skinny route off, the routing before it: 3-4 rows fused on the GEMV up to 32 M

@@ -131,8 +131,11 @@ _GEMV_PREFERRED_M = 2
 # / +2.3% (session 21, part146)
 _GATED_GEMV_MAX_W = 32 << 20
 # gemm_skinny_silu_mul (the gate_up product + SiLU on the skinny GEMM, one launch) takes gate_up
-# products of _GATED_SKINNY_MIN_M.._GATED_SKINNY_MAX_M rows (0: never; then 3-16 rows run
-# gemm_skinny or cuBLAS, then silu_mul). Session 22 prepared it; part153 measures the routing.
+# products of _GATED_SKINNY_MIN_M.._GATED_SKINNY_MAX_M rows (0: never), 9-16 rows only of weights
+# gemm_skinny takes them for (_SKINNY_TWO_TILE_MAX_W). Decode-step graphs on the H200 against
+# gemv_silu_mul (3-4 rows) / gemm_skinny + silu_mul (session 22, part153): 0.6B batch 3 / 4 / 8
+# -5.5% / -7.3% / -4.2%, 8B -1.0% / -0.9% / -0.7%; at 9-16 rows of the 8B gate_up (100 M weights)
+# it lost to cuBLAS + silu_mul (the c = 1 DFlash round +1.4%), as gemm_skinny does there.
 _GATED_SKINNY_MIN_M, _GATED_SKINNY_MAX_M = 3, 16
 
 
@@ -142,7 +145,8 @@ def gated_product_kernel(M: int, F: int, K: int) -> str | None:
     matmul into gate_up, then silu_mul (the caller checks dtypes and alignment)."""
     if M <= min(_GEMV_PREFERRED_M, _GEMV_MAX_M):
         return "gemv"
-    if _GATED_SKINNY_MIN_M <= M <= _GATED_SKINNY_MAX_M and M <= _SKINNY_MAX_M and K % _SKINNY_K == 0:
+    if (_GATED_SKINNY_MIN_M <= M <= min(_GATED_SKINNY_MAX_M, _SKINNY_MAX_M) and K % _SKINNY_K == 0
+            and (M <= 8 or 2 * F * K <= _SKINNY_TWO_TILE_MAX_W)):
         return "skinny"
     if M <= _GEMV_MAX_M and (2 * F * K <= _GATED_GEMV_MAX_W or K % _SKINNY_K):
         return "gemv"
