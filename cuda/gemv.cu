@@ -55,6 +55,18 @@
 
 namespace {
 
+// The gated kernels' activation of one column: its gate and up sums rounded to bf16 first, then
+// elementwise.cu's silu_mul arithmetic, so a fused product gives what the unfused path (a product
+// into the bf16 gate_up, then silu_mul) gives for the same sums. Decode steps and speculative
+// verification of the same row take different kernels by row count, and greedy speculation must
+// not see them differ by more than the sums' order: on the unrounded sums the GPU engine's
+// lossless tests (a 6-row decode on gemm_skinny_silu_mul, 30-row verification on cuBLAS +
+// silu_mul) flipped tokens (session 22, part154).
+__device__ __forceinline__ float gated_act(float gate, float up) {
+  const float g = minillm::to_f(minillm::from_f<bf16>(gate)), u = minillm::to_f(minillm::from_f<bf16>(up));
+  return g / (1.0f + expf(-g)) * u;
+}
+
 // GATED: out[m, n] = silu(x[m] . w[n]) * (x[m] . w[N + n]) for n < N (w has 2N rows, no bias).
 template <typename TO, int M, bool GATED>
 __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
@@ -156,9 +168,7 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
       const float s = minillm::warp_sum(acc[r][m]);
       const float up = GATED ? minillm::warp_sum(acc[r + GEMV_NR][m]) : 0.f;
       if (lane == 0 && n < N) {
-        // GATED: silu in fp32 on the unrounded sums (the unfused path rounds gate_up to bf16 first)
-        const float y = GATED ? s / (1.0f + expf(-s)) * up
-                              : s + (bias ? minillm::to_f(bias[n]) : 0.f);
+        const float y = GATED ? gated_act(s, up) : s + (bias ? minillm::to_f(bias[n]) : 0.f);
         out[(i64)m * ldo + n] = minillm::from_f<TO>(y);
       }
     }
@@ -351,8 +361,8 @@ __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64
       }
       const int m = i * 8 + 2 * t + (e & 1);
       const int n = n0 + g + (e >= 2 ? 8 : 0);
-      if (m < M && n < N) {  // GATED: silu in fp32 on the unrounded sums, as gemv_silu_mul
-        const float y = GATED ? s / (1.0f + expf(-s)) * su : s + (bias ? minillm::to_f(bias[n]) : 0.f);
+      if (m < M && n < N) {
+        const float y = GATED ? gated_act(s, su) : s + (bias ? minillm::to_f(bias[n]) : 0.f);
         out[(i64)m * ldo + n] = minillm::from_f<TO>(y);
       }
     }

@@ -40,7 +40,7 @@
 #   part150 the products' tests with a 2-row case added).
 #   part151-part153: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every GPU test,
-#   throughput).
+#   throughput; part155: the final code's GPU tests and graphs).
 #   part15-part21: session 4 (ncu kernel split of a decode step; decode-attention split sweeps and
 #                  variants; async scheduling; final failure matrix, memcheck, synccheck/initcheck;
 #                  spec cost; skinny GEMM bench and racecheck). part21 is the one-call rerun.
@@ -2423,6 +2423,20 @@ part154() {  # session 22: the gated skinny GEMM's final routing (3-8 rows, 9-16
   stage memcheck_gated 120 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
     python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "matmul_silu_mul and bfloat16"
   throughput_06b_env throughput_06b_1 MINILLM_UNUSED=0
+}
+
+part155() {  # session 22's final code (the gated kernels round gate and up to bf16 before SiLU, as the
+  # unfused path): every GPU test, the gated products' tests under memcheck, batch-1 and batch-4
+  # graphs of both shapes
+  setup
+  facts > "$W/facts.txt" 2>&1
+  gpu_tests_full 300
+  stage memcheck_gated 120 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "matmul_silu_mul and bfloat16"
+  models_q06_q8 150
+  local m
+  for m in q06 q8; do step_graph $m final "" 100; step_graph_batch $m 4 final "" 100; done
+  graph_summary
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name

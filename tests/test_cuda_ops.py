@@ -501,7 +501,8 @@ def test_matmul_silu_mul(be, M, K, F):
     kernel = gated_product_kernel(M, F, K) if be.dtype != np.float32 else None
     if be.dtype != np.float32:  # the cases above cover each route
         assert kernel == ("gemv" if M <= 2 or (M <= 4 and K % 64) else
-                          "skinny" if M <= 16 and K % 64 == 0 and 2 * F * K <= 32 << 20 else None)
+                          "skinny" if K % 64 == 0 and (M <= 8 or (M <= 16 and 2 * F * K <= 32 << 20))
+                          else None)
     fused = kernel is not None
     assert np.isnan(host(be, gate_up)).all() == fused
     out2 = poisoned(be, (M, F))
