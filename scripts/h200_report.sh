@@ -38,9 +38,10 @@
 #   early release at one row, a 32K draft vocabulary's spec cost, the failure matrix and memcheck,
 #   the routing of 2-4-row products; part148 is the final code's run, part149 its decode,
 #   part150 the products' tests with a 2-row case added).
-#   part151-part153: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
-#   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every GPU test,
-#   throughput; part155: the final code's GPU tests and graphs).
+#   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
+#   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
+#   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 prepared, not
+#   run: the final code's decode, spec cost, memcheck, failure matrix, throughput).
 #   part15-part21: session 4 (ncu kernel split of a decode step; decode-attention split sweeps and
 #                  variants; async scheduling; final failure matrix, memcheck, synccheck/initcheck;
 #                  spec cost; skinny GEMM bench and racecheck). part21 is the one-call rerun.
@@ -2437,6 +2438,23 @@ part155() {  # session 22's final code (the gated kernels round gate and up to b
   local m
   for m in q06 q8; do step_graph $m final "" 100; step_graph_batch $m 4 final "" 100; done
   graph_summary
+}
+
+part156() {  # prepared in session 22, not yet run: the figures session 22 did not rerun on its final code
+  # (413fe03's gated kernels): decode of both shapes, the 8B spec-cost bench, memcheck of the
+  # server reproducer, the failure matrix, throughput twice (~7 minutes on a fresh machine)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 150
+  decode_06b 90
+  decode_8b 120
+  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_8b.json"
+  memcheck_reproducer 100
+  stage failure_matrix 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
+    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 100
+  throughput_06b_env throughput_06b_1 MINILLM_UNUSED=0
+  throughput_06b_env throughput_06b_2 MINILLM_UNUSED=0
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name
