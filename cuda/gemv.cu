@@ -383,9 +383,10 @@ MINILLM_SKINNY(bf16, bf16)
 MINILLM_SKINNY(f32, float)
 
 // out [M, F] = silu(x @ w[:F].T) * (x @ w[F:].T) for 2-16 rows, K % 64 == 0 (NumPy twin: matmul
-// then silu_mul, which rounds gate_up to bf16 first): gemv_silu_mul's product on the skinny GEMM,
-// so 3-16-row gate_up products skip the silu_mul launch and the [M, 2F] round trip; each x
-// fragment feeds twice the weight rows it does in gemm_skinny. Grid (ceil(F / 16)).
+// then silu_mul; gated_act rounds as it does): gemv_silu_mul's product on the skinny GEMM, so the
+// gate_up products the host sends here (3-8 rows, 9-16 of up to 32 M weights: cuda_ops.py's
+// gated_product_kernel) skip the silu_mul launch and the [M, 2F] round trip; each x fragment feeds
+// twice the weight rows it does in gemm_skinny. Grid (ceil(F / 16)).
 extern "C" __global__ void __launch_bounds__(32 * SKINNY_WARPS)
     gemm_skinny_silu_mul_bf16(const bf16* x, i64 ldx, const bf16* w, bf16* out, i64 ldo, int M, int F,
                               int K) {
