@@ -2448,12 +2448,7 @@ part156() {  # prepared in session 22, not yet run: the figures session 22 did n
   models_all 150
   decode_06b 90
   decode_8b 120
-  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --result-json "$W/spec_cost_8b.json"
-  memcheck_reproducer 100
-  stage failure_matrix 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
-    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 100
-  throughput_06b_env throughput_06b_1 MINILLM_UNUSED=0
+  engine_figures
   throughput_06b_env throughput_06b_2 MINILLM_UNUSED=0
 }
 
