@@ -40,8 +40,9 @@
 #   part150 the products' tests with a 2-row case added).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
-#   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 prepared, not
-#   run: the final code's decode, spec cost, memcheck, failure matrix, throughput).
+#   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
+#   prepared, not run: the final code's decode, spec cost, memcheck, failure matrix, throughput;
+#   its c = 1 round and batch-1/4 steps split into kernels under ncu).
 #   part15-part21: session 4 (ncu kernel split of a decode step; decode-attention split sweeps and
 #                  variants; async scheduling; final failure matrix, memcheck, synccheck/initcheck;
 #                  spec cost; skinny GEMM bench and racecheck). part21 is the one-call rerun.
@@ -2450,6 +2451,18 @@ part156() {  # prepared in session 22, not yet run: the figures session 22 did n
   decode_8b 120
   engine_figures
   throughput_06b_env throughput_06b_2 MINILLM_UNUSED=0
+}
+
+part157() {  # prepared in session 22, not yet run: the map for the next session on the final code: the
+  # rejected DFlash k = 8 round at c = 1 (9-row verification) and the plain 8B batch-1 / batch-4 and
+  # 0.6B batch-4 steps, split into kernels under ncu (~5 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 150
+  step_kernels_spec q8 q8-dflash 1 512 120
+  step_kernels q8 1 512 100
+  step_kernels q8 4 512 100
+  step_kernels q06 4 512 100
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name
