@@ -2384,6 +2384,11 @@ sys.argv = ['scripts/step_kernels.py'] + sys.argv[2:]
 runpy.run_path('scripts/step_kernels.py', run_name='__main__')" "$consts" "$@" --json "$W/$name.json"
 }
 
+memcheck_gated() {  # the gated products' GPU tests (gemv_silu_mul, gemm_skinny_silu_mul) under memcheck
+  stage memcheck_gated 120 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "matmul_silu_mul and bfloat16"
+}
+
 part153() {  # session 22: gate_up + SiLU on the skinny GEMM (gemm_skinny_silu_mul) for 3-16 rows, against
   # the routing before it (_GATED_SKINNY_MAX_M=0: gemv_silu_mul at 3-4 rows up to 32 M weights,
   # else gemm_skinny / cuBLAS, then silu_mul). Its GPU tests, decode-step graphs at batch 3 / 4 / 8
@@ -2422,8 +2427,7 @@ part154() {  # session 22: the gated skinny GEMM's final routing (3-8 rows, 9-16
   done
   graph_summary
   gpu_tests_full 300
-  stage memcheck_gated 120 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
-    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "matmul_silu_mul and bfloat16"
+  memcheck_gated
   throughput_06b_env throughput_06b_1 MINILLM_UNUSED=0
 }
 
@@ -2433,8 +2437,7 @@ part155() {  # session 22's final code (the gated kernels round gate and up to b
   setup
   facts > "$W/facts.txt" 2>&1
   gpu_tests_full 300
-  stage memcheck_gated 120 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
-    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "matmul_silu_mul and bfloat16"
+  memcheck_gated
   models_q06_q8 150
   local m
   for m in q06 q8; do step_graph $m final "" 100; step_graph_batch $m 4 final "" 100; done

@@ -139,14 +139,19 @@ _GATED_GEMV_MAX_W = 32 << 20
 _GATED_SKINNY_MIN_M, _GATED_SKINNY_MAX_M = 3, 16
 
 
+def _skinny_takes(M: int, N: int, K: int) -> bool:
+    """gemm_skinny (and its gated twin) can take M rows of an [N, K] weight, and is not slower
+    than cuBLAS there: K in whole 64-wide blocks, at most 16 rows, 9-16 only of smaller weights."""
+    return K % _SKINNY_K == 0 and M <= _SKINNY_MAX_M and (M <= 8 or N * K <= _SKINNY_TWO_TILE_MAX_W)
+
+
 def gated_product_kernel(M: int, F: int, K: int) -> str | None:
     """Which cuda/gemv.cu kernel computes a bf16 gate_up product of M rows with SiLU-and-multiply
     fused ([2F, K] weights): "gemv" (gemv_silu_mul), "skinny" (gemm_skinny_silu_mul), or None:
     matmul into gate_up, then silu_mul (the caller checks dtypes and alignment)."""
     if M <= min(_GEMV_PREFERRED_M, _GEMV_MAX_M):
         return "gemv"
-    if (_GATED_SKINNY_MIN_M <= M <= min(_GATED_SKINNY_MAX_M, _SKINNY_MAX_M) and K % _SKINNY_K == 0
-            and (M <= 8 or 2 * F * K <= _SKINNY_TWO_TILE_MAX_W)):
+    if _GATED_SKINNY_MIN_M <= M <= _GATED_SKINNY_MAX_M and _skinny_takes(M, 2 * F, K):
         return "skinny"
     if M <= _GEMV_MAX_M and (2 * F * K <= _GATED_GEMV_MAX_W or K % _SKINNY_K):
         return "gemv"
@@ -156,8 +161,7 @@ def gated_product_kernel(M: int, F: int, K: int) -> str | None:
 def small_product_kernel(M: int, N: int, K: int) -> str | None:
     """Which cuda/gemv.cu kernel computes a bf16 product of M rows of x with an [N, K] weight:
     "gemv", "skinny", or None for cuBLAS (the caller checks dtypes and alignment)."""
-    skinny = (K % _SKINNY_K == 0 and M <= _SKINNY_MAX_M
-              and (M <= 8 or N * K <= _SKINNY_TWO_TILE_MAX_W))
+    skinny = _skinny_takes(M, N, K)
     if M <= (min(_GEMV_PREFERRED_M, _GEMV_MAX_M) if skinny else _GEMV_MAX_M):
         return "gemv"
     return "skinny" if skinny else None
