@@ -38,6 +38,8 @@
 #   early release at one row, a 32K draft vocabulary's spec cost, the failure matrix and memcheck,
 #   the routing of 2-4-row products; part148 is the final code's run, part149 its decode,
 #   part150 the products' tests with a 2-row case added).
+#   part158-: session 23 (part158: the batch-1 decode attention's keys staged before its PDL wait
+#   and the qkv GEMV's early release: every GPU test, memcheck, the A/B, decode).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -2466,6 +2468,38 @@ part157() {  # prepared in session 22, not yet run: the map for the next session
   step_kernels q8 1 512 100
   step_kernels q8 4 512 100
   step_kernels q06 4 512 100
+}
+
+memcheck_staged() {  # the staged decode step's and early-release product's GPU tests under memcheck
+  stage memcheck_staged 200 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "staged and bfloat16 or release_early"
+}
+
+stage_ab() {  # batch-1 graphs of both shapes: base, the qkv product's early release alone, the staged
+  # attention alone, both (cuda_ops' _QKV_EARLY_RELEASE / _DECODE_STAGE_MAX_T), alternately, twice
+  local i m
+  for i in 1 2; do
+    for m in q06 q8; do
+      step_graph_route $m 1 base_$i _DECODE_STAGE_MAX_T=0 _QKV_EARLY_RELEASE=0
+      step_graph_route $m 1 rel_$i _DECODE_STAGE_MAX_T=0 _QKV_EARLY_RELEASE=1
+      step_graph_route $m 1 stage_$i _DECODE_STAGE_MAX_T=1 _QKV_EARLY_RELEASE=0
+      step_graph_route $m 1 both_$i _DECODE_STAGE_MAX_T=1 _QKV_EARLY_RELEASE=1
+    done
+  done
+  graph_summary
+}
+
+part158() {  # session 23: the batch-1 decode attention's cached keys copied to shared memory before its
+  # PDL wait (paged_decode_rope_stage_*), its qkv product releasing it right after its own wait
+  # (gemv1_rel_bf16): every GPU test, memcheck of the new kernels' tests, the A/B, decode
+  setup
+  facts > "$W/facts.txt" 2>&1
+  gpu_tests_full 400
+  memcheck_staged
+  models_all 150
+  stage_ab
+  decode_06b 90
+  decode_8b 120
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name

@@ -876,6 +876,81 @@ def test_decode_step_attention(be, G, D, qk_norm):
         be.decode_rope_max_tokens = limit
 
 
+@pytest.mark.parametrize("G", [1, 2, 4, 8])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("bs", [16, 32])
+def test_decode_step_attention_staged(be, G, D, bs, monkeypatch):
+    """A one-sequence decode step on paged_decode_rope_stage_* (its first cached keys copied to
+    shared memory before the PDL wait) gives the same bits as paged_decode_rope_* in the output
+    and both caches, and the oracle's values: contexts from the newest key alone to past what a
+    split stages (a split's keys all staged, partly, and the newest key staged-range adjacent),
+    with the default splits, one, and several."""
+    from minillm.backends import cuda_ops
+
+    rng = np.random.default_rng(G * 10 + D + bs)
+    KH = 2
+    H = KH * G
+    cs, qkv, qw, kw, _ = rope_case(rng, 1, H, KH, D)
+
+    def split(a):
+        return (a[:, : H * D].reshape(1, H, D), a[:, H * D: (H + KH) * D].reshape(1, KH, D),
+                a[:, (H + KH) * D:].reshape(1, KH, D))
+
+    def run(case, stage_max_t: int, n_splits):
+        pos, slots, tables, sl, qs, kc0, vc0 = case
+        monkeypatch.setattr(cuda_ops, "_DECODE_STAGE_MAX_T", stage_max_t)
+        dev, kc, vc = be.asarray(qkv), be.asarray(kc0), be.asarray(vc0)
+        out = poisoned(be, (1, H, D))
+        plan = be.decode_step_attention(*split(dev), be.asarray(qw), be.asarray(kw), 1e-6, i32(be, pos),
+                                        be.asarray(cs, dtype=np.float32), kc, vc, i32(be, slots),
+                                        i32(be, tables), i32(be, sl), i32(be, qs), D ** -0.5, out,
+                                        n_splits=n_splits)
+        staged = stage_max_t >= 1 and be.dtype != np.float32
+        assert plan["kernel"] == ("decode_rope_stage" if staged else "decode_rope")
+        return host(be, out), host(be, kc), host(be, vc)
+
+    for n in (1, 2, 31, 64, 65, 129, 512, 700, 3000):
+        nbps = -(-n // bs)
+        nb = nbps + 3
+        tables = rng.permutation(nb)[:nbps].reshape(1, nbps).astype(np.int32)
+        sl, qs, pos = np.asarray([n], np.int32), np.asarray([0, 1], np.int32), np.asarray([n - 1], np.int32)
+        slots = np.asarray([tables[0, (n - 1) // bs] * bs + (n - 1) % bs], np.int32)
+        kc0 = rng.standard_normal((nb, bs, KH, D)).astype(np.float32)
+        vc0 = rng.standard_normal((nb, bs, KH, D)).astype(np.float32)
+        case = (pos, slots, tables, sl, qs, kc0, vc0)
+        ref = np.full((1, H, D), np.nan, np.float32)
+        rk, rv = rounded(be, kc0).copy(), rounded(be, vc0).copy()
+        REF.decode_step_attention(*split(rounded(be, qkv).copy()), rounded(be, qw), rounded(be, kw), 1e-6,
+                                  pos, cs, rk, rv, slots, tables, sl, qs, D ** -0.5, ref)
+        for n_splits in (None, 1, 3):
+            for _ in range(2):  # twice: split counters reset themselves
+                got, plain = run(case, 1, n_splits), run(case, 0, n_splits)
+                assert all(np.array_equal(a, b) for a, b in zip(got, plain)), ("staged differs", n, n_splits)
+                assert rel_err(got[0], ref) < tol(be), (n, n_splits)
+                assert rel_err(got[1], rk) < tol(be) and rel_err(got[2], rv) < tol(be)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_matmul_release_early_same_bits(be, bias):
+    """matmul(release_early=True) (gemv1_rel_bf16 for one bf16 row: the next grid released right
+    after the PDL wait) computes the same bits as without; more rows ignore the hint."""
+    rng = np.random.default_rng(11 + bias)
+    for M, K, N in ((1, 1024, 4096), (1, 4104, 300), (2, 1024, 1537)):
+        x = be.asarray(rng.standard_normal((M, K)).astype(np.float32))
+        w = be.asarray((rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32))
+        b = be.asarray(rng.standard_normal(N).astype(np.float32)) if bias else None
+        outs = []
+        for early in (True, False):
+            out = poisoned(be, (M, N))
+            be.matmul(x, w, out, bias=b, release_early=early)
+            outs.append(host(be, out))
+        assert np.array_equal(outs[0], outs[1]), (M, K, N)
+        ref = host(be, x).astype(np.float64) @ host(be, w).astype(np.float64).T
+        if bias:
+            ref += host(be, b)
+        assert rel_err(outs[0], ref) < tol(be)
+
+
 # ---- sampling ---------------------------------------------------------------------------------
 def run_sampler(be, logits, temp, top_p, top_k, seeds, pos):
     B = logits.shape[0]
