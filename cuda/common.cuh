@@ -70,7 +70,10 @@ __device__ __forceinline__ void pdl_entry() {
 // pre-wait work while the kernel before the norm still runs. The same call measured work before
 // the wait on top of it: the GEMVs' first 4 MB of weights into L2 (0.6B +0.7%, 8B -0.3%) and
 // the decode CTAs' old keys into L2 (0.6B +4.5%: the block-table lookups it needs come before the
-// wait, on the critical path); neither was kept. PDL_LATE=0 restores release at exit.
+// wait, on the critical path); neither was kept. Releasing right after the wait in the batch-1
+// qkv GEMV alone, so the decode attention's CTAs could copy their cached keys during it: 0.6B
+// 0.88 -> 0.98 ms, 8B 4.42 -> 4.48 (session 23, part158); not kept. PDL_LATE=0 restores release
+// at exit.
 #ifndef PDL_LATE
 #define PDL_LATE 1
 #endif

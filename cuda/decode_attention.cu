@@ -19,6 +19,11 @@
 // Session 16 (docs/results/h200_session16_ab.txt): finding the CTA's work before the PDL wait
 // (PDL_PREWAIT_INDEX) took 8B's graph 4.534 -> 4.501 ms, 0.6B unchanged; kept. Warps with a second
 // head (8B's fresh CTA: k, v) prefetching its row into L1 before the first pass: no change; removed.
+// Session 23 (part158, docs/results/h200_session23_ab.txt): at batch 1, the split's first 64 cached
+// keys copied into shared memory (cp.async) before the PDL wait, with the qkv GEMV releasing this
+// grid right after its own wait so the copies overlap its weight stream: the copies alone changed
+// nothing (0.6B 0.881-0.887 against 0.883-0.891 ms, 8B 4.409-4.419 against 4.416-4.422), the early
+// release made both graphs slower (0.6B 0.98, 8B 4.48 ms; 0.967 / 4.49 with the copies); removed.
 //
 // Splits (flash-decoding): split s takes keys [s * part, (s + 1) * part) of this token's own
 // context, part = max(min_part, ceil(len / n_splits)) rounded to 16, so a short context in a
@@ -58,9 +63,6 @@
 #endif
 #ifndef DEC_NO_MATH  // scripts/decode_splits.py --variant DEC_NO_MATH=1: loads without the math
 #define DEC_NO_MATH 0
-#endif
-#ifndef DEC_STAGE_IT  // paged_decode_rope_stage_*: key-loop iterations copied before the PDL wait
-#define DEC_STAGE_IT 2
 #endif
 #ifndef DEC_CPL  // 16-byte chunks of a K/V row per lane (1: 16 lanes a bf16 d128 row; 2: 8 lanes)
 #define DEC_CPL 1
@@ -106,7 +108,7 @@ struct RopeArgs {
   T* v_cache = nullptr;
 };
 
-template <typename T, int D, int G, bool ROPE, int STAGE>
+template <typename T, int D, int G, bool ROPE>
 __device__ __forceinline__ void decode_attention_impl(
     const T* __restrict__ q, i64 q_tok, i64 q_head,
     const T* __restrict__ kc, const T* __restrict__ vc,  // [num_blocks, bs, KH, D]
@@ -125,12 +127,7 @@ __device__ __forceinline__ void decode_attention_impl(
   constexpr int NG = DEC_THREADS / LPK;
   static_assert(LPK >= 2 && LPK <= 32 && (32 % LPK) == 0, "head_dim must give 2..32 lanes a row");
   __shared__ float s_ml[NG][G][2];
-  // the key groups' partial sums for the merge; with STAGE, the same bytes first hold the keys
-  // copied before the PDL wait (s_kv[it][u][j][k or v][tid], read back by the thread that copied)
-  constexpr int ACC_BYTES = NG * G * D * 4, STAGE_BYTES = STAGE * DEC_U * CPL * 2 * DEC_THREADS * 16;
-  __shared__ __align__(16) unsigned char s_raw[ACC_BYTES > STAGE_BYTES ? ACC_BYTES : STAGE_BYTES];
-  auto s_acc = reinterpret_cast<float (*)[G][D]>(s_raw);
-  auto s_kv = reinterpret_cast<uint4 (*)[DEC_U][CPL][2][DEC_THREADS]>(s_raw);
+  __shared__ float s_acc[NG][G][D];
   __shared__ float s_w[G][64];  // the merging CTA's per-split weights (n_splits <= 64)
   __shared__ float s_den[G];
   __shared__ int s_last;
@@ -193,40 +190,10 @@ __device__ __forceinline__ void decode_attention_impl(
   const int* bt = block_tables + (i64)b * bt_stride;
   i64 slot = -1;
   int pos = 0;
-  bool fresh = false;  // ROPE: this CTA stores and appends the newest key (uniform over the CTA)
   if constexpr (ROPE) {
     if (active) {
       slot = ra.slots[t];
       pos = ra.positions[t];
-      if constexpr (STAGE > 0) fresh = slot >= 0 && k_hi == L && L > 0 && k_end == k_hi;  // else after the wait
-    }
-  }
-  // ---- STAGE: the split's first STAGE * NG * DEC_U cached keys (not the newest one, written in
-  // this launch) start moving into s_kv now, before the PDL wait: the cache rows of earlier steps
-  // and the block table do not depend on the kernel before this one. Keys [k_lo, stage_end).
-  int stage_end = k_lo;
-  if constexpr (STAGE > 0) {
-    if (active) {
-      stage_end = min(k_end - (fresh ? 1 : 0), k_lo + STAGE * NG * DEC_U);
-#pragma unroll
-      for (int it = 0; it < STAGE; ++it)
-#pragma unroll
-        for (int u = 0; u < DEC_U; ++u) {
-          const int key = k_lo + it * NG * DEC_U + grp * DEC_U + u;
-          if (key < stage_end) {
-            const int lb = key / block_size;
-            MINILLM_CHECK(lb < bt_stride);
-            const int phys = bt[lb];
-            MINILLM_CHECK(phys >= 0 && phys < num_blocks);
-            const i64 off = (((i64)phys * block_size + (key - lb * block_size)) * KH + kh) * D + kl * VEC;
-#pragma unroll
-            for (int j = 0; j < CPL; ++j) {
-              minillm::cp_async_16(minillm::smem_u32(&s_kv[it][u][j][0][tid]), kc + off + j * LPK * VEC, 16);
-              minillm::cp_async_16(minillm::smem_u32(&s_kv[it][u][j][1][tid]), vc + off + j * LPK * VEC, 16);
-            }
-          }
-        }
-      asm volatile("cp.async.commit_group;\n" ::: "memory");
     }
   }
 #if PDL_PREWAIT_INDEX
@@ -255,10 +222,11 @@ __device__ __forceinline__ void decode_attention_impl(
   // its G q heads (warp per head, norm.cu's arithmetic); the CTA whose split ends at the newest
   // key also does the token's k head, stores k and v to the token's slot, and adds that key from
   // shared memory after its loop (no CTA ever reads a cache row written in this launch).
+  bool fresh = false;  // this CTA stores and appends the newest key (uniform over the CTA)
   if constexpr (ROPE) {
     MINILLM_CHECK(nq == 1 || L == 0);  // one new token a sequence: no other row needs this key
     MINILLM_CHECK(slot < ra.n_slots);
-    if constexpr (STAGE == 0) fresh = slot >= 0 && k_hi == L && L > 0 && k_end == k_hi;
+    fresh = slot >= 0 && k_hi == L && L > 0 && k_end == k_hi;
     MINILLM_CHECK(pos >= 0 && pos < ra.max_pos);
     const float* cs = ra.cos_sin + (i64)pos * D;
     const int warp = tid >> 5, lane = tid & 31;
@@ -287,8 +255,6 @@ __device__ __forceinline__ void decode_attention_impl(
     __syncthreads();
     if (fresh) --k_end;  // the newest key comes from s_rot after the loop
   }
-
-  if constexpr (STAGE > 0) asm volatile("cp.async.wait_all;\n" ::: "memory");  // s_kv: this thread's copies
 
   // ---- this token's G query heads, pre-scaled by softmax scale * log2(e). Lane kl holds the
   // CPL 16-byte chunks kl, kl + LPK, ... of each row (so LPK lanes read a row's 16 * LPK bytes
@@ -329,14 +295,7 @@ __device__ __forceinline__ void decode_attention_impl(
       const int key = k0 + u;
 #pragma unroll
       for (int j = 0; j < CPL; ++j) kr[u][j] = vr[u][j] = make_uint4(0u, 0u, 0u, 0u);
-      if (STAGE > 0 && key < stage_end) {  // copied before the wait (the same iteration's slots)
-        const int it = (base - k_lo) / (NG * DEC_U);
-#pragma unroll
-        for (int j = 0; j < CPL; ++j) {
-          kr[u][j] = s_kv[it][u][j][0][tid];
-          vr[u][j] = s_kv[it][u][j][1][tid];
-        }
-      } else if (key < k_end) {
+      if (key < k_end) {
         const int lb = key / block_size;
         MINILLM_CHECK(lb < bt_stride);
         const int phys = bt[lb];
@@ -448,7 +407,6 @@ __device__ __forceinline__ void decode_attention_impl(
   }
 
   minillm::pdl_release();  // the next kernel is placed while this CTA merges (common.cuh)
-  if constexpr (STAGE > 0) __syncthreads();  // s_acc reuses s_kv's bytes: every thread is done reading
   // ---- merge the key groups of this CTA
 #pragma unroll
   for (int g = 0; g < G; ++g) {
@@ -540,7 +498,7 @@ __device__ __forceinline__ void decode_attention_impl(
       i64 o_tok, i64 o_head, float* part_o, float* part_ml, int* counters, const int* order,      \
       int KH, int block_size, int num_blocks, float scale_log2, int causal, int n_splits,         \
       int min_part, int max_nq, int short_max_ctx) {                                              \
-    decode_attention_impl<T, D, G, false, 0>(q, q_tok, q_head, kc, vc, block_tables, bt_stride, seq_lens,   \
+    decode_attention_impl<T, D, G, false>(q, q_tok, q_head, kc, vc, block_tables, bt_stride, seq_lens,   \
                                    query_start, B, n_tokens, out, o_tok, o_head, part_o, part_ml, \
                                    counters, order, KH, block_size, num_blocks, scale_log2, causal, \
                                    n_splits, min_part, max_nq, short_max_ctx, RopeArgs<T>());     \
@@ -549,8 +507,8 @@ __device__ __forceinline__ void decode_attention_impl(
 // paged_decode_rope_<dtype>_d<D>_g<G>: the same grid, on a decode step (one new token a
 // sequence): q is the raw q rows; the q/k norm + RoPE and the KV store of norm.cu's
 // qk_norm_rope_store_kv happen inside (its k rows are not updated in place).
-#define MINILLM_DECODE_ROPE(NAME, STAGE, SUFFIX, T, D, G)                                         \
-  extern "C" __global__ void __launch_bounds__(DEC_THREADS, (G) <= 2 ? DEC_MIN_BLOCKS_SMALL_G : (G) <= 4 ? DEC_MIN_BLOCKS_MID_G : DEC_MIN_BLOCKS) NAME##_##SUFFIX##_d##D##_g##G( \
+#define MINILLM_DECODE_ROPE(SUFFIX, T, D, G)                                                      \
+  extern "C" __global__ void __launch_bounds__(DEC_THREADS, (G) <= 2 ? DEC_MIN_BLOCKS_SMALL_G : (G) <= 4 ? DEC_MIN_BLOCKS_MID_G : DEC_MIN_BLOCKS) paged_decode_rope_##SUFFIX##_d##D##_g##G( \
       const T* q, i64 q_tok, i64 q_head, T* kc, T* vc, const int* block_tables, int bt_stride,   \
       const int* seq_lens, const int* query_start, int B, int n_tokens, T* out, i64 o_tok,       \
       i64 o_head, float* part_o, float* part_ml, int* counters, const int* order, int KH,         \
@@ -563,31 +521,24 @@ __device__ __forceinline__ void decode_attention_impl(
     ra.q_w = q_w; ra.k_w = k_w; ra.eps = eps;                                                     \
     ra.positions = positions; ra.cos_sin = cos_sin; ra.max_pos = max_pos;                         \
     ra.slots = slots; ra.n_slots = n_slots; ra.k_cache = kc; ra.v_cache = vc;                     \
-    decode_attention_impl<T, D, G, true, STAGE>(q, q_tok, q_head, kc, vc, block_tables, bt_stride,       \
+    decode_attention_impl<T, D, G, true>(q, q_tok, q_head, kc, vc, block_tables, bt_stride,       \
                                          seq_lens, query_start, B, n_tokens, out, o_tok, o_head,  \
                                          part_o, part_ml, counters, order, KH, block_size,        \
                                          num_blocks, scale_log2, 1, n_splits, min_part, 1 << 30,  \
                                          0, ra);                                                  \
   }
 
-// NAME STAGE: paged_decode_rope 0, or paged_decode_rope_stage DEC_STAGE_IT (keys copied to shared
-// memory before the PDL wait; bf16 only, for batch-1 steps: cuda_ops.py's _DECODE_STAGE_MAX_T)
-#define MINILLM_DECODE_ROPE_G(NAME, STAGE, SUFFIX, T, D)                                         \
-  MINILLM_DECODE_ROPE(NAME, STAGE, SUFFIX, T, D, 1) MINILLM_DECODE_ROPE(NAME, STAGE, SUFFIX, T, D, 2) \
-  MINILLM_DECODE_ROPE(NAME, STAGE, SUFFIX, T, D, 3) MINILLM_DECODE_ROPE(NAME, STAGE, SUFFIX, T, D, 4) \
-  MINILLM_DECODE_ROPE(NAME, STAGE, SUFFIX, T, D, 5) MINILLM_DECODE_ROPE(NAME, STAGE, SUFFIX, T, D, 6) \
-  MINILLM_DECODE_ROPE(NAME, STAGE, SUFFIX, T, D, 7) MINILLM_DECODE_ROPE(NAME, STAGE, SUFFIX, T, D, 8)
-
 #define MINILLM_DECODE_G(SUFFIX, T, D)                                                   \
   MINILLM_DECODE(SUFFIX, T, D, 1) MINILLM_DECODE(SUFFIX, T, D, 2)                       \
   MINILLM_DECODE(SUFFIX, T, D, 3) MINILLM_DECODE(SUFFIX, T, D, 4)                       \
   MINILLM_DECODE(SUFFIX, T, D, 5) MINILLM_DECODE(SUFFIX, T, D, 6)                       \
   MINILLM_DECODE(SUFFIX, T, D, 7) MINILLM_DECODE(SUFFIX, T, D, 8)                       \
-  MINILLM_DECODE_ROPE_G(paged_decode_rope, 0, SUFFIX, T, D)
+  MINILLM_DECODE_ROPE(SUFFIX, T, D, 1) MINILLM_DECODE_ROPE(SUFFIX, T, D, 2)             \
+  MINILLM_DECODE_ROPE(SUFFIX, T, D, 3) MINILLM_DECODE_ROPE(SUFFIX, T, D, 4)             \
+  MINILLM_DECODE_ROPE(SUFFIX, T, D, 5) MINILLM_DECODE_ROPE(SUFFIX, T, D, 6)             \
+  MINILLM_DECODE_ROPE(SUFFIX, T, D, 7) MINILLM_DECODE_ROPE(SUFFIX, T, D, 8)
 
 MINILLM_DECODE_G(bf16, bf16, 64)
 MINILLM_DECODE_G(bf16, bf16, 128)
 MINILLM_DECODE_G(f32, float, 64)
 MINILLM_DECODE_G(f32, float, 128)
-MINILLM_DECODE_ROPE_G(paged_decode_rope_stage, DEC_STAGE_IT, bf16, bf16, 64)
-MINILLM_DECODE_ROPE_G(paged_decode_rope_stage, DEC_STAGE_IT, bf16, bf16, 128)

@@ -68,8 +68,7 @@ __device__ __forceinline__ float gated_act(float gate, float up) {
 }
 
 // GATED: out[m, n] = silu(x[m] . w[n]) * (x[m] . w[N + n]) for n < N (w has 2N rows, no bias).
-// EARLY: release the next grid right after the PDL wait instead of after the main loop (gemv1_rel_*).
-template <typename TO, int M, bool GATED, bool EARLY = false>
+template <typename TO, int M, bool GATED>
 __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
                                           const bf16* __restrict__ w, const bf16* __restrict__ bias,
                                           TO* __restrict__ out, i64 ldo, int N, int K) {
@@ -83,7 +82,6 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
     if (GATED) minillm::prefetch_l2(w + (i64)(N + n0) * K, bytes);
   }
   minillm::pdl_entry();  // before the early return: see cuda/common.cuh
-  if (EARLY) minillm::pdl_release();
   if (n0 >= N) return;
   const int chunks = K / 8;  // 16-byte chunks per row (the host checks K % 8 == 0)
   float acc[R][M];
@@ -161,7 +159,7 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
       fma_chunk(c, wv, nullptr);
     }
   }
-  if (!EARLY) minillm::pdl_release();
+  minillm::pdl_release();
 #pragma unroll
   for (int r = 0; r < GEMV_NR; ++r) {
     const int n = n0 + r;
@@ -215,13 +213,6 @@ MINILLM_GEMV(f32, float)
 extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
     gemv1_bf16(const bf16* x, i64 ldx, const bf16* w, const bf16* bias, bf16* out, i64 ldo, int N, int K) {
   gemv_impl<bf16, 1, false>(x, ldx, w, bias, out, ldo, N, K);
-}
-// The one-row product before a batch-1 step's attention (the qkv projection): it lets the next
-// grid start at once, so paged_decode_rope_stage_* copies its cached keys into shared memory while
-// this kernel streams its weights (cuda/decode_attention.cu; cuda_ops.py's _DECODE_STAGE_MAX_T).
-extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
-    gemv1_rel_bf16(const bf16* x, i64 ldx, const bf16* w, const bf16* bias, bf16* out, i64 ldo, int N, int K) {
-  gemv_impl<bf16, 1, false, true>(x, ldx, w, bias, out, ldo, N, K);
 }
 extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
     gemv1_f32(const bf16* x, i64 ldx, const bf16* w, const bf16* bias, float* out, i64 ldo, int N, int K) {

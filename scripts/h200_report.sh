@@ -39,7 +39,8 @@
 #   the routing of 2-4-row products; part148 is the final code's run, part149 its decode,
 #   part150 the products' tests with a 2-row case added).
 #   part158-: session 23 (part158: the batch-1 decode attention's keys staged before its PDL wait
-#   and the qkv GEMV's early release: every GPU test, memcheck, the A/B, decode).
+#   and the qkv GEMV's early release: every GPU test, memcheck, the A/B, decode; part159: the batch-1
+#   decode attention under ncu).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -2489,9 +2490,11 @@ stage_ab() {  # batch-1 graphs of both shapes: base, the qkv product's early rel
   graph_summary
 }
 
-part158() {  # session 23: the batch-1 decode attention's cached keys copied to shared memory before its
-  # PDL wait (paged_decode_rope_stage_*), its qkv product releasing it right after its own wait
-  # (gemv1_rel_bf16): every GPU test, memcheck of the new kernels' tests, the A/B, decode
+part158() {  # session 23, run at c676267: the batch-1 decode attention's cached keys copied to shared
+  # memory before its PDL wait (paged_decode_rope_stage_*), its qkv product releasing it right after
+  # its own wait (gemv1_rel_bf16): every GPU test, memcheck of the new kernels' tests, the A/B, decode.
+  # Both were then removed (no gain; docs/results/h200_session23_ab.txt), with the switches stage_ab
+  # and memcheck_staged set or select: they run only on c676267
   setup
   facts > "$W/facts.txt" 2>&1
   gpu_tests_full 400
@@ -2500,6 +2503,25 @@ part158() {  # session 23: the batch-1 decode attention's cached keys copied to 
   stage_ab
   decode_06b 90
   decode_8b 120
+}
+
+att_profile() {  # att_profile MODEL: the batch-1 step's fused decode attention (one launch, 512 keys) under
+  # ncu: warp states, scheduler, SASS-level stall samples (report, details page, SASS csv)
+  local m=$1
+  stage "ncu_att_$m" 150 ncu --profile-from-start off --clock-control none -k regex:paged_decode_rope \
+    --launch-skip 5 --launch-count 1 --section SpeedOfLight --section LaunchStats --section Occupancy \
+    --section WarpStateStats --section SchedulerStats --section SourceCounters -f -o "$W/att_$m" \
+    python3 scripts/step_kernels.py $M/$m --batch 1 --ctx 512 --under-ncu
+  stage "ncu_att_${m}_pages" 60 bash -c "ncu --import $W/att_$m.ncu-rep --page details > $W/att_${m}_details.txt;
+    ncu --import $W/att_$m.ncu-rep --page source --print-source sass --csv > $W/att_${m}_sass.csv"
+}
+
+part159() {  # session 23: where the batch-1 decode attention's 11-14 us go (both shapes, under ncu)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_q06_q8 150
+  att_profile q06
+  att_profile q8
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name

@@ -47,13 +47,6 @@ _DECODE_HEAD_DIMS, _DECODE_MAX_G, _DECODE_MAX_SPLITS, _DECODE_MIN_PART = (64, 12
 # decode steps of at most this many rows fold q/k norm + RoPE + KV store into attention
 # (MINILLM_DECODE_ROPE_MAX overrides)
 _DECODE_ROPE_MAX_DEFAULT = 32
-# ... and steps of at most this many rows (bf16) take paged_decode_rope_stage_*, whose CTAs copy
-# their first cached keys into shared memory before the PDL wait; their qkv product, asked with
-# matmul(release_early=True), is gemv1_rel_* (while _QKV_EARLY_RELEASE), which lets the attention
-# grid start right after its own wait instead of after its main loop, so the copies overlap the
-# product's weight stream. 0: neither (the A/B switches of scripts/h200_report.sh)
-_DECODE_STAGE_MAX_T = 1
-_QKV_EARLY_RELEASE = 1
 # a decode step given a launch order (longest context first) whose CTAs fill the GPU without
 # splitting takes splits of this many keys instead of the wave model's even parts (the model
 # assumes every CTA alike). H200: on ragged batches the order with 1,024-key parts read KV at
@@ -459,13 +452,10 @@ class CudaBackend:
                           "attention_combine_bf16", "attention_combine_f32"],
             "decode_attention": [f"paged_decode{r}_{t}_d{d}_g{g}" for r in ("", "_rope")
                                  for t in ("bf16", "f32") for d in _DECODE_HEAD_DIMS
-                                 for g in range(1, _DECODE_MAX_G + 1)]
-                                + [f"paged_decode_rope_stage_bf16_d{d}_g{g}" for d in _DECODE_HEAD_DIMS
-                                   for g in range(1, _DECODE_MAX_G + 1)],
+                                 for g in range(1, _DECODE_MAX_G + 1)],
             "sampling": ["sample_tokens"],
             "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemm_skinny_bf16", "gemm_skinny_f32",
-                     "gemm_skinny_silu_mul_bf16", "gemv1_bf16", "gemv1_rel_bf16", "gemv1_f32",
-                     "gemv1_silu_mul_bf16"],
+                     "gemm_skinny_silu_mul_bf16", "gemv1_bf16", "gemv1_f32", "gemv1_silu_mul_bf16"],
         }.items():
             for n in names:
                 k[n] = kc.get_kernel(mod, n, self.debug)
@@ -848,12 +838,10 @@ class CudaBackend:
                           _i32(n), _i32(R), _i32(logits.shape[-1])))
 
     # ---- matmul -------------------------------------------------------------------------
-    def matmul(self, x, w, out, bias=None, release_early: bool = False) -> None:
+    def matmul(self, x, w, out, bias=None) -> None:
         """out = x @ w.T (+ bias), w [out_features, in_features], fp32 sums: cuda/gemv.cu for up to
         16 bf16 rows (small_product_kernel: its GEMV or its tensor-core skinny GEMM), cuBLAS beyond
-        (or cuda/gemm.cu for 17-256 rows under MINILLM_GEMM=wide: wide_product_plan).
-        release_early: the next op is a decode step's attention, which prefetches before its PDL
-        wait; a one-row bf16 product then lets it start at once (gemv1_rel_bf16, the same bits)."""
+        (or cuda/gemm.cu for 17-256 rows under MINILLM_GEMM=wide: wide_product_plan)."""
         M, ldx = _rows(x, "matmul x")
         N, K = w.shape
         if M == 0:
@@ -864,8 +852,7 @@ class CudaBackend:
         kernel = small_product_kernel(M, N, K) if self._gemv_fits(x, w, out, bias, M, K, ldx) else None
         if kernel == "gemv":  # one row: its own kernel (cuda/gemv.cu's staged loads)
             rows = () if M == 1 else (_i32(M),)
-            rel = "rel_" if M == 1 and release_early and _QKV_EARLY_RELEASE and out.dtype == BF16 else ""
-            self._launch(("gemv1_" + rel if M == 1 else "gemv_") + _suffix(out.dtype), (_cdiv(N, _GEMV_COLS_PER_CTA),),
+            self._launch(("gemv1_" if M == 1 else "gemv_") + _suffix(out.dtype), (_cdiv(N, _GEMV_COLS_PER_CTA),),
                          (_GEMV_THREADS,), (x, _i64(ldx), w, bias if bias is not None else _NULL, out, _i64(ldo))
                          + rows + (_i32(N), _i32(K)))
             return
@@ -1071,11 +1058,9 @@ class CudaBackend:
                 _i64(v.strides[1] // it), q_w if q_w is not None else _NULL,
                 k_w if k_w is not None else _NULL, np.float32(eps), positions, cos_sin,
                 _i32(cos_sin.shape[0]), slot_mapping, _i64(k_cache.shape[0] * k_cache.shape[1]))
-        stage = T <= _DECODE_STAGE_MAX_T and q.dtype == BF16
         p = self._decode_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start, scale,
-                                   out, True, n_splits, None, 1 << 30, rope=rope, order=order,
-                                   stage=stage)
-        return {**p, "kernel": "decode_rope_stage" if stage else "decode_rope"}
+                                   out, True, n_splits, None, 1 << 30, rope=rope, order=order)
+        return {**p, "kernel": "decode_rope"}
 
     def attention_plan(self, T: int, B: int, H: int, KH: int, D: int, max_ctx: int, itemsize: int,
                        bq: int | None = None, n_splits: int | None = None) -> dict:
@@ -1290,7 +1275,7 @@ class CudaBackend:
     def _decode_attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start,
                           scale: float, out, causal: bool, n_splits: int | None, part: int | None,
                           max_nq: int, rope: tuple | None = None, order=None,
-                          rows: int | None = None, short_max_ctx: int = 0, stage: bool = False) -> dict:
+                          rows: int | None = None, short_max_ctx: int = 0) -> dict:
         """cuda/decode_attention.cu's paged_decode_* or, given rope (the decode step's k and v
         rows, norm weights, positions, cos/sin table and slots, as kernel arguments; causal and
         one query a sequence), paged_decode_rope_*: the same leading arguments either way.
@@ -1302,8 +1287,7 @@ class CudaBackend:
         tail. The result is the same for any order. The order is dropped for steps whose CTAs
         fit one wave unsplit (decode_order_min_ctas; None: the GPU's resident CTAs), and an
         ordered step takes decode_order_part keys a split unless n_splits or part is given.
-        rows (with order): launch only the rows order[:rows], a subset (attention's decode_rows).
-        stage (with rope, bf16): paged_decode_rope_stage_*, the same bits."""
+        rows (with order): launch only the rows order[:rows], a subset (attention's decode_rows)."""
         T, H, D = q.shape
         _, bs, KH, _ = k_cache.shape
         B = seq_lens.shape[0]
@@ -1336,7 +1320,7 @@ class CudaBackend:
             args += (_i32(1 if causal else 0), _i32(ns), _i32(p["min_part"]), _i32(max_nq),
                      _i32(short_max_ctx))
         else:
-            name = "paged_decode_rope_stage_" if stage else "paged_decode_rope_"
+            name = "paged_decode_rope_"
             args += (_i32(ns), _i32(p["min_part"])) + rope
         self._launch(f"{name}{_suffix(q.dtype)}_d{D}_g{H // KH}", ((T if rows is None else rows) * KH * ns,),
                      (_ATT_THREADS,), args)

@@ -131,9 +131,8 @@ class NumpyBackend:
         self.paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start, scale, out,
                              causal=True, max_query_len=1)
 
-    def matmul(self, x, w, out, bias=None, release_early: bool = False) -> None:
-        """out = x @ w.T (+ bias); w in [out_features, in_features] layout. release_early: a
-        scheduling hint for the CUDA twin (the next op is a decode step's attention); no effect here."""
+    def matmul(self, x, w, out, bias=None) -> None:
+        """out = x @ w.T (+ bias); w in [out_features, in_features] layout."""
         self._blas_threads(1 if x.shape[0] < self.SINGLE_THREAD_ROWS else self._max_threads)
         np.matmul(x, w.T, out=out)
         if bias is not None:

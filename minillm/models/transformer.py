@@ -149,8 +149,7 @@ class Transformer:
                 if i - 1 in capture_layers:
                     j = capture_layers.index(i - 1)
                     B.copy(residual, out=capture_out[:T, j * hs : (j + 1) * hs])
-            # a decode step's attention starts during this product (its cached keys do not depend on it)
-            B.matmul(normed, lw.qkv, out=qkv, bias=lw.qkv_bias, release_early=decode_step)
+            B.matmul(normed, lw.qkv, out=qkv, bias=lw.qkv_bias)
             if decode_step:  # one kernel: q/k norm + RoPE, k and v into the caches, attention
                 B.decode_step_attention(q, k, v, lw.q_norm, lw.k_norm, c.rms_norm_eps, x.positions,
                                         self.cos_sin, k_cache[i], v_cache[i], x.slot_mapping,
