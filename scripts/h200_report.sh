@@ -40,7 +40,8 @@
 #   part150 the products' tests with a 2-row case added).
 #   part158-: session 23 (part158: the batch-1 decode attention's keys staged before its PDL wait
 #   and the qkv GEMV's early release: every GPU test, memcheck, the A/B, decode; part159: the batch-1
-#   decode attention under ncu).
+#   decode attention under ncu; part160: decode steps and the c = 1 verification graph as timelines
+#   of their kernels, scripts/step_timeline.py).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -2522,6 +2523,25 @@ part159() {  # session 23: where the batch-1 decode attention's 11-14 us go (bot
   models_q06_q8 150
   att_profile q06
   att_profile q8
+}
+
+timeline() {  # timeline TAG ARGS...: scripts/step_timeline.py ARGS (kernels built with MINILLM_TIMELINE=1)
+  local tag=$1
+  shift
+  stage "timeline_$tag" 200 python3 scripts/step_timeline.py "$@" --json "$W/timeline_$tag.json"
+}
+
+part160() {  # session 23: batch-1 decode steps (both shapes), a batch-4 one and the c = 1 verification
+  # graph as timelines of their kernels' work and hand-offs, beside the uninstrumented graphs
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 150
+  step_graph q06 plain "" 100
+  step_graph q8 plain "" 100
+  timeline q06_b1 $M/q06 --batch 1 --ctx 512
+  timeline q8_b1 $M/q8 --batch 1 --ctx 512
+  timeline q06_b4 $M/q06 --batch 4 --ctx 512
+  timeline q8_spec_b1 $M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name

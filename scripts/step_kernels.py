@@ -44,12 +44,11 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run_step(model: str, batch: int, ctx: int, profiling: bool, warmup: int = 4, replays: int = 20,
-             temperature: float = 0.0, drafter: str | None = None, k: int = 8) -> dict:
-    import cupy
-
+def warm_engine(model: str, batch: int, ctx: int, warmup: int = 4, temperature: float = 0.0,
+                drafter: str | None = None, k: int = 8):
+    """A CUDA engine with `batch` sequences of `ctx`-token random prompts, prefilled, after
+    `warmup` decode steps (graphs captured): the state every measurement here starts from."""
     from minillm.args import EngineArgs
-    from minillm.bench.gpu_timing import record_replays, replay_ms
     from minillm.engine.engine import LLMEngine
     from minillm.sampling_params import SamplingParams
 
@@ -70,6 +69,16 @@ def run_step(model: str, batch: int, ctx: int, profiling: bool, warmup: int = 4,
     for _ in range(warmup):
         engine.step()
     engine.backend.synchronize()
+    return engine
+
+
+def run_step(model: str, batch: int, ctx: int, profiling: bool, warmup: int = 4, replays: int = 20,
+             temperature: float = 0.0, drafter: str | None = None, k: int = 8) -> dict:
+    import cupy
+
+    from minillm.bench.gpu_timing import record_replays, replay_ms
+
+    engine = warm_engine(model, batch, ctx, warmup, temperature, drafter, k)
     times: list = []
     if profiling:
         cupy.cuda.profiler.start()

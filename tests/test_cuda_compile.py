@@ -112,7 +112,8 @@ def test_pdl_kernel_args_are_typed():
 VARIANTS = [("decode_attention", ["-DDEC_NO_MATH=1"]),
             ("decode_attention", ["-DDEC_CPL=2", "-DDEC_U=2", "-DPDL_PREWAIT_INDEX=0"]),
             ("gemv", ["-DPDL_LATE=0", "-DGEMV_PREFETCH_MAX=0", "-DGEMV_MAX_M=8"]),
-            ("norm", ["-DNORM_EARLY_MIN_ROWS=1000000"]), ("prefill_attention", ["-DPF_PDL=1"]),
+            ("norm", ["-DNORM_EARLY_MIN_ROWS=1000000"]), ("norm", ["-DMINILLM_TIMELINE=1"]),
+            ("prefill_attention", ["-DPF_PDL=1"]),
             ("prefill_attention", ["-DPF_PDL=1", "-DPDL_PREWAIT_INDEX=0"])]
 
 

@@ -1,0 +1,163 @@
+"""One decode step's CUDA graph as a timeline of its kernels, from timestamps the kernels record.
+
+    python scripts/step_timeline.py MODEL --batch 1 --ctx 512 [--json F]
+    python scripts/step_timeline.py MODEL --spec DRAFTER --k 8 --batch 1   # the verification graph
+
+The kernels are built with MINILLM_TIMELINE=1 (cuda/common.cuh): thread 0 of every CTA of a PDL
+kernel records its grid's launch id (%gridid), grid and block size, SM, and the global timer at
+pdl_entry, when the PDL wait returned and at pdl_release. One replay of the step's graph is read
+back, its grids ordered by their first CTA's start, and the step split kernel by kernel into
+
+  work      from the kernel's first CTA's wait returning to its last CTA's release (main loops);
+  hand-off  from the previous kernel's last release to this kernel's first wait returning: the
+            previous kernel's tail after its release (reductions, merges, stores), its completion
+            and the memory flush the wait needs.
+
+Kernels are labelled by launch shape (grid x block); a layer repeats its shapes, so the summary
+gives each shape's count and medians. Kernels outside the PDL modules record nothing (the gap
+they leave shows up as one long hand-off). Recording costs a little: the instrumented graph's
+time is printed beside its split, so read the split, not the absolute times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import defaultdict
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+TL_CAP = 1 << 17  # MINILLM_TL_CAP in cuda/common.cuh
+
+
+def timeline_buffers(cupy, modules) -> list:
+    """(count, records) device views of every loaded module's minillm_tl_n / minillm_tl."""
+    out = []
+    for mod in modules:
+        try:
+            n_ptr, rec_ptr = mod.get_global("minillm_tl_n"), mod.get_global("minillm_tl")
+        except Exception:  # noqa: BLE001 - a module built without MINILLM_TIMELINE
+            continue
+        out.append((cupy.ndarray((1,), cupy.uint32, memptr=n_ptr),
+                    cupy.ndarray((TL_CAP, 8), cupy.uint64, memptr=rec_ptr)))
+    return out
+
+
+def grids_of(records: np.ndarray) -> list[dict]:
+    """Per launch (gridid): its shape, CTAs recorded and the first / last times (ns), by start."""
+    by = defaultdict(list)
+    for r in records:
+        by[int(r[0])].append(r)
+    grids = []
+    for gid, rs in by.items():
+        a = np.asarray(rs, dtype=np.uint64)
+        rel = a[:, 5][a[:, 5] > 0]
+        grids.append({"gridid": gid, "shape": f"{int(a[0, 1] >> 32)}x{int(a[0, 2] >> 32)}", "ctas": len(rs),
+                      "entry": int(a[:, 3].min()), "wait_first": int(a[:, 4].min()), "wait_last": int(a[:, 4].max()),
+                      "release_last": int(rel.max()) if rel.size else 0, "released": int(rel.size)})
+    return sorted(grids, key=lambda g: g["entry"])
+
+
+def split(grids: list[dict]) -> dict:
+    """Each grid's work and hand-off (us), per-shape medians, and the step's totals."""
+    t0 = grids[0]["entry"]
+    rows, by_shape = [], defaultdict(lambda: {"work": [], "handoff": [], "placed": []})
+    for i, g in enumerate(grids):
+        work = (g["release_last"] - g["wait_first"]) / 1e3 if g["release_last"] else None
+        prev = grids[i - 1]["release_last"] if i else 0
+        handoff = (g["wait_first"] - prev) / 1e3 if prev else None
+        placed = (g["entry"] - prev) / 1e3 if prev else None
+        rows.append({"shape": g["shape"], "ctas": g["ctas"], "start_us": (g["entry"] - t0) / 1e3,
+                     "work_us": work, "handoff_us": handoff, "placed_after_release_us": placed,
+                     "wait_spread_us": (g["wait_last"] - g["wait_first"]) / 1e3})
+        for key, v in (("work", work), ("handoff", handoff), ("placed", placed)):
+            if v is not None:
+                by_shape[g["shape"]][key].append(v)
+    end = max(g["release_last"] for g in grids)
+    shapes = {s: {"count": len(v["work"]) or len(v["handoff"]),
+                  **{f"{k}_us_median": round(float(np.median(x)), 2) for k, x in v.items() if x},
+                  **{f"{k}_us_total": round(float(np.sum(x)), 1) for k, x in v.items() if x}}
+              for s, v in by_shape.items()}
+    return {"grids": len(grids), "span_us": round((end - t0) / 1e3, 1),
+            "work_us": round(sum(r["work_us"] or 0 for r in rows), 1),
+            "handoff_us": round(sum(r["handoff_us"] or 0 for r in rows), 1),
+            "shapes": shapes, "timeline": rows}
+
+
+def run(model: str, batch: int, ctx: int, replays: int = 10, drafter: str | None = None, k: int = 8) -> dict:
+    defines = os.environ.get("MINILLM_CUDA_DEFINES", "")
+    os.environ["MINILLM_CUDA_DEFINES"] = ",".join(d for d in (defines, "MINILLM_TIMELINE=1") if d)
+    import cupy
+    from step_kernels import warm_engine
+
+    from minillm.backends import compile as kc
+    from minillm.bench.gpu_timing import record_replays, replay_ms
+
+    engine = warm_engine(model, batch, ctx, drafter=drafter, k=k)
+    backend = engine.backend
+    bufs = timeline_buffers(cupy, list(kc._modules.values()))
+    if not bufs:
+        raise SystemExit("no module was built with MINILLM_TIMELINE=1")
+    got: list = []
+
+    def read_one(replay) -> None:  # zero every module's count, replay once, read the records
+        for n, _ in bufs:
+            cupy.cuda.runtime.memsetAsync(n.data.ptr, 0, 4, backend.stream.ptr)
+        replay()
+        backend.synchronize()
+        for n, rec in bufs:
+            count = int(n.get()[0])
+            got.append((count, rec[: min(count, TL_CAP)].get()))
+
+    engine.runner.replay_timer = read_one
+    engine.step()
+    times = record_replays(engine.runner, backend)
+    for _ in range(replays):
+        engine.step()
+    engine.runner.replay_timer = None
+    backend.synchronize()
+    asked = sum(count for count, _ in got)
+    records = np.concatenate([r for _, r in got]) if got else np.zeros((0, 8), np.uint64)
+    kept = int(records.shape[0])
+    out = {"model": model, "batch": batch, "ctx": ctx, "drafter": drafter, "k": k if drafter else None,
+           "records": kept, "dropped": asked - kept,
+           "instrumented_graph_ms": float(np.median(replay_ms(backend, times)))}
+    return {**out, **split(grids_of(records))}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--ctx", type=int, default=512)
+    p.add_argument("--spec", default=None, metavar="DRAFTER",
+                   help="speculate with this DFlash drafter: the target's verification graph is read")
+    p.add_argument("--k", type=int, default=8, help="drafts a round with --spec")
+    p.add_argument("--json", default=None)
+    ns = p.parse_args()
+    r = run(ns.model, ns.batch, ns.ctx, drafter=ns.spec, k=ns.k)
+    print(f"{r['grids']} grids recorded ({r['records']} CTA records, {r['dropped']} dropped); instrumented graph "
+          f"{r['instrumented_graph_ms']:.3f} ms; recorded span {r['span_us']:.1f} us = work {r['work_us']:.1f} "
+          f"+ hand-offs {r['handoff_us']:.1f} (+ the first grid's wait)")
+    print(f"{'shape (grid x block)':22s} {'count':>5s} {'work med':>9s} {'hand-off med':>12s} {'placed med':>10s} "
+          f"{'work sum':>9s} {'hand-off sum':>12s}")
+    for s, v in sorted(r["shapes"].items(), key=lambda kv: -kv[1].get("work_us_total", 0)):
+        print(f"{s:22s} {v['count']:5d} {v.get('work_us_median', float('nan')):9.2f} "
+              f"{v.get('handoff_us_median', float('nan')):12.2f} {v.get('placed_us_median', float('nan')):10.2f} "
+              f"{v.get('work_us_total', 0):9.1f} {v.get('handoff_us_total', 0):12.1f}")
+    print("first 16 grids: shape, CTAs recorded, start, work, hand-off, placed after the previous release (us)")
+    for row in r["timeline"][:16]:
+        print(f"  {row['shape']:18s} {row['ctas']:5d} {row['start_us']:8.2f} {row['work_us'] or 0:7.2f} "
+              f"{row['handoff_us'] or 0:7.2f} {row['placed_after_release_us'] or 0:7.2f}")
+    if ns.json:
+        from minillm.bench.report import write_json
+
+        write_json(ns.json, r)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""scripts/step_timeline.py's split of a graph's recorded CTAs (cuda/common.cuh MINILLM_TIMELINE) into
+each kernel's work and the hand-offs between kernels, on records written by hand."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "step_timeline.py"
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("step_timeline", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    return mod
+
+
+def record(gid, grid, cta, block, entry, wait, release):
+    """One CTA's record as the kernel writes it: [gridid, grid << 32 | CTA, block << 32 | SM, t0, t1, t2]."""
+    return [gid, (grid << 32) | cta, (block << 32) | 3, entry, wait, release, 0, 0]
+
+
+def test_work_and_handoffs():
+    st = load()
+    # grid 7 (3 CTAs of 128): the last release at 1600; grid 9 (2 CTAs of 256) placed at 1550 (a
+    # CTA of grid 7 without a release record does not count), its first wait back at 1700
+    rows = [record(9, 2, 1, 256, 1560, 1710, 2000), record(7, 3, 0, 128, 1000, 1100, 1500),
+            record(7, 3, 1, 128, 1010, 1150, 1600), record(7, 3, 2, 128, 1020, 1120, 0),
+            record(9, 2, 0, 256, 1550, 1700, 1900)]
+    grids = st.grids_of(np.asarray(rows, dtype=np.uint64))
+    assert [g["gridid"] for g in grids] == [7, 9]
+    assert grids[0]["shape"] == "3x128" and grids[0]["ctas"] == 3 and grids[0]["released"] == 2
+    r = st.split(grids)
+    first, second = r["timeline"]
+    assert first["work_us"] == pytest.approx(0.5) and first["handoff_us"] is None
+    assert second["work_us"] == pytest.approx(0.3)
+    assert second["handoff_us"] == pytest.approx(0.1)
+    assert second["placed_after_release_us"] == pytest.approx(-0.05)
+    assert second["wait_spread_us"] == pytest.approx(0.01)
+    assert r["span_us"] == pytest.approx(1.0) and r["work_us"] == pytest.approx(0.8)
+    assert r["handoff_us"] == pytest.approx(0.1)
+    assert r["shapes"]["2x256"]["handoff_us_median"] == pytest.approx(0.1)
+    assert r["shapes"]["3x128"]["count"] == 1
