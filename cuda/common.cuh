@@ -129,9 +129,13 @@ __device__ __forceinline__ void pdl_entry() {
 #define PDL_LATE 1
 #endif
 __device__ __forceinline__ void pdl_release() {
-#if MINILLM_TIMELINE  // only after this CTA's pdl_entry (rms_norm_vec may release before it)
-  if (threadIdx.x == 0 && threadIdx.y == 0 && minillm_tl_mark == MINILLM_TL_MAGIC && minillm_tl_slot < MINILLM_TL_CAP)
-    minillm_tl[minillm_tl_slot][5] = timeline_ns();
+#if MINILLM_TIMELINE  // only after this CTA's pdl_entry (rms_norm_vec may release before it; shared
+  // memory keeps an earlier CTA's mark, so the record's launch id must be this grid's too)
+  if (threadIdx.x == 0 && threadIdx.y == 0 && minillm_tl_mark == MINILLM_TL_MAGIC && minillm_tl_slot < MINILLM_TL_CAP) {
+    unsigned long long gid;
+    asm volatile("mov.u64 %0, %%gridid;" : "=l"(gid));
+    if (minillm_tl[minillm_tl_slot][0] == gid) minillm_tl[minillm_tl_slot][5] = timeline_ns();
+  }
 #endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && PDL_LATE
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -263,6 +267,29 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned* r, unsigned addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
+}
+
+// ---- thread-block clusters (Hopper): gemm.cu's K-slice sums, decode_attention.cu's split merge
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+
+// Every thread of every CTA of the cluster; shared-memory writes before it are visible after it.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// A float at shared-memory address addr (this CTA's window) of the cluster's CTA `rank`. Volatile
+// (kept in program order after cluster_sync) but no memory clobber, so a run of them is issued
+// before the first result is used (with the clobber each waited for the last: part63).
+__device__ __forceinline__ float ld_cluster_f32(unsigned addr, unsigned rank) {
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote));
+  return v;
 }
 
 // 16 bytes global -> shared, asynchronously (cp.async groups); src_bytes 0 writes zeros.

@@ -41,7 +41,8 @@
 #   part158-: session 23 (part158: the batch-1 decode attention's keys staged before its PDL wait
 #   and the qkv GEMV's early release: every GPU test, memcheck, the A/B, decode; part159: the batch-1
 #   decode attention under ncu; part160: decode steps and the c = 1 verification graph as timelines
-#   of their kernels, scripts/step_timeline.py).
+#   of their kernels, scripts/step_timeline.py; part161: the decode attention's split merge through
+#   thread-block clusters: every GPU test, memcheck, the A/B, decode).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -2542,6 +2543,33 @@ part160() {  # session 23: batch-1 decode steps (both shapes), a batch-4 one and
   timeline q8_b1 $M/q8 --batch 1 --ctx 512
   timeline q06_b4 $M/q06 --batch 4 --ctx 512
   timeline q8_spec_b1 $M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512
+}
+
+cluster_ab() {  # decode-step graphs at batch 1 and 4 of both shapes, the attention's splits merged in
+  # clusters (cuda_ops._DECODE_CLUSTER_MAX_T=4) or through global partials (0), alternately, twice
+  local i m b
+  for i in 1 2; do
+    for b in 1 4; do
+      for m in q06 q8; do
+        step_graph_route $m $b cl_$i _DECODE_CLUSTER_MAX_T=4
+        step_graph_route $m $b global_$i _DECODE_CLUSTER_MAX_T=0
+      done
+    done
+  done
+  graph_summary
+}
+
+part161() {  # session 23: the fused decode attention's split merge through thread-block clusters
+  # (paged_decode_rope_cl_*): every GPU test, memcheck of its tests, the A/B, decode of both shapes
+  setup
+  facts > "$W/facts.txt" 2>&1
+  gpu_tests_full 400
+  stage memcheck_cluster 150 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "cluster and bfloat16 and 128"
+  models_q06_q8 150
+  cluster_ab
+  decode_06b 90
+  decode_8b 120
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name

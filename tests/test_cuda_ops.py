@@ -876,6 +876,75 @@ def test_decode_step_attention(be, G, D, qk_norm):
         be.decode_rope_max_tokens = limit
 
 
+def decode_step_case(rng, lens: list[int], H: int, KH: int, D: int, bs: int) -> dict:
+    """One new token for each of len(lens) sequences of those lengths (0: a padding sequence, slot -1):
+    the fused decode step's inputs on the host."""
+    T = len(lens)
+    cs, qkv, qw, kw, _ = rope_case(rng, T, H, KH, D)
+    nbps = -(-max(lens) // bs)
+    nb = T * nbps + 2
+    tables = rng.permutation(nb)[: T * nbps].reshape(T, nbps).astype(np.int32)
+    slots = [tables[b, (n - 1) // bs] * bs + (n - 1) % bs if n else -1 for b, n in enumerate(lens)]
+    return dict(T=T, H=H, KH=KH, D=D, cs=cs, qkv=qkv, qw=qw, kw=kw, tables=tables,
+                sl=np.asarray(lens, np.int32), qs=np.arange(T + 1, dtype=np.int32),
+                pos=np.maximum(np.asarray(lens, np.int32) - 1, 0).astype(np.int32), slots=np.asarray(slots, np.int32),
+                kc=rng.standard_normal((nb, bs, KH, D)).astype(np.float32),
+                vc=rng.standard_normal((nb, bs, KH, D)).astype(np.float32))
+
+
+def split_qkv(c: dict, a):
+    T, H, KH, D = c["T"], c["H"], c["KH"], c["D"]
+    return (a[:, : H * D].reshape(T, H, D), a[:, H * D: (H + KH) * D].reshape(T, KH, D),
+            a[:, (H + KH) * D:].reshape(T, KH, D))
+
+
+def run_decode_step(be, c: dict, n_splits):
+    """The backend's decode_step_attention on case c: its plan, output, and both caches (host)."""
+    dev, kc, vc = be.asarray(c["qkv"]), be.asarray(c["kc"]), be.asarray(c["vc"])
+    out = poisoned(be, (c["T"], c["H"], c["D"]))
+    plan = be.decode_step_attention(*split_qkv(c, dev), be.asarray(c["qw"]), be.asarray(c["kw"]), 1e-6,
+                                    i32(be, c["pos"]), be.asarray(c["cs"], dtype=np.float32), kc, vc,
+                                    i32(be, c["slots"]), i32(be, c["tables"]), i32(be, c["sl"]), i32(be, c["qs"]),
+                                    c["D"] ** -0.5, out, n_splits=n_splits)
+    return plan, host(be, out), host(be, kc), host(be, vc)
+
+
+@pytest.mark.parametrize("G", [1, 2, 4, 8])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("bs", [16, 32])
+def test_decode_step_attention_cluster(be, G, D, bs, monkeypatch):
+    """Small decode steps on paged_decode_rope_cl_* (each (token, KV head)'s splits in clusters of
+    8 CTAs that merge through distributed shared memory; several clusters merge through global
+    partials) against the oracle and against paged_decode_rope_*: caches bit for bit, attention to
+    tolerance. One sequence and three (one a padding sequence of length 0, slot -1), contexts from
+    the newest key alone to 3,000 keys, with the planned splits, 8 (one cluster) and 24 (three)."""
+    from minillm.backends import cuda_ops
+
+    rng = np.random.default_rng(G * 10 + D + bs + 7)
+    KH = 2
+    for lens in ([1], [700], [3000], [65, 0, 1500], [2, 0, 129]):
+        c = decode_step_case(rng, lens, KH * G, KH, D, bs)
+        ref = np.full((c["T"], KH * G, D), np.nan, np.float32)
+        rk, rv = rounded(be, c["kc"]).copy(), rounded(be, c["vc"]).copy()
+        REF.decode_step_attention(*split_qkv(c, rounded(be, c["qkv"]).copy()), rounded(be, c["qw"]),
+                                  rounded(be, c["kw"]), 1e-6, c["pos"], c["cs"], rk, rv, c["slots"], c["tables"],
+                                  c["sl"], c["qs"], D ** -0.5, ref)
+        on = be.dtype != np.float32 and be.cluster_launch
+        for n_splits in (None, 8, 24):
+            for _ in range(2):  # twice: the merge counters reset themselves
+                monkeypatch.setattr(cuda_ops, "_DECODE_CLUSTER_MAX_T", 4)
+                plan, *got = run_decode_step(be, c, n_splits)
+                assert plan["kernel"] == ("decode_rope_cl" if on else "decode_rope")
+                assert not on or plan["n_splits"] % 8 == 0
+                monkeypatch.setattr(cuda_ops, "_DECODE_CLUSTER_MAX_T", 0)
+                plan, *plain = run_decode_step(be, c, n_splits)
+                assert plan["kernel"] == "decode_rope"
+                assert np.array_equal(got[1], plain[1]) and np.array_equal(got[2], plain[2]), "caches differ"
+                assert rel_err(got[0], ref) < tol(be), (lens, n_splits)
+                assert rel_err(got[0], plain[0]) < tol(be), (lens, n_splits)
+                assert rel_err(got[1], rk) < tol(be) and rel_err(got[2], rv) < tol(be)
+
+
 # ---- sampling ---------------------------------------------------------------------------------
 def run_sampler(be, logits, temp, top_p, top_k, seeds, pos):
     B = logits.shape[0]
