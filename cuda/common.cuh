@@ -269,29 +269,6 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned* r, unsigned addr) {
                : "r"(addr));
 }
 
-// ---- thread-block clusters (Hopper): gemm.cu's K-slice sums, decode_attention.cu's split merge
-__device__ __forceinline__ unsigned cluster_rank() {
-  unsigned r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-
-// Every thread of every CTA of the cluster; shared-memory writes before it are visible after it.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
-// A float at shared-memory address addr (this CTA's window) of the cluster's CTA `rank`. Volatile
-// (kept in program order after cluster_sync) but no memory clobber, so a run of them is issued
-// before the first result is used (with the clobber each waited for the last: part63).
-__device__ __forceinline__ float ld_cluster_f32(unsigned addr, unsigned rank) {
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote));
-  return v;
-}
-
 // 16 bytes global -> shared, asynchronously (cp.async groups); src_bytes 0 writes zeros.
 __device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));

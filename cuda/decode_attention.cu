@@ -24,6 +24,13 @@
 // grid right after its own wait so the copies overlap its weight stream: the copies alone changed
 // nothing (0.6B 0.881-0.887 against 0.883-0.891 ms, 8B 4.409-4.419 against 4.416-4.422), the early
 // release made both graphs slower (0.6B 0.98, 8B 4.48 ms; 0.967 / 4.49 with the copies); removed.
+// The same session timed a batch-1 graph's kernels from inside (scripts/step_timeline.py, part160):
+// this kernel works 4.7 (0.6B) / 5.2 us (8B) from its wait to its release, and the o product's wait
+// returns 4.9 / 7.1 us after that release, against ~1 us after the other kernels' releases: the
+// merge below (partials, fence, atomic, the last CTA's dependent L2 reads) is most of the kernel.
+// Merging a token's splits in clusters of 8 CTAs through distributed shared memory instead (no
+// global partials, fences or atomics; part161, 652e735) was slower: batch-1 graphs 0.6B 0.890 ->
+// 0.903 ms, 8B 4.428 -> 4.509; batch 4 1.022 -> 1.069, 4.741 -> 4.977; removed.
 //
 // Splits (flash-decoding): split s takes keys [s * part, (s + 1) * part) of this token's own
 // context, part = max(min_part, ceil(len / n_splits)) rounded to 16, so a short context in a
@@ -63,9 +70,6 @@
 #endif
 #ifndef DEC_NO_MATH  // scripts/decode_splits.py --variant DEC_NO_MATH=1: loads without the math
 #define DEC_NO_MATH 0
-#endif
-#ifndef DEC_CL  // paged_decode_rope_cl_*: CTAs a cluster (the splits merged through shared memory)
-#define DEC_CL 8
 #endif
 #ifndef DEC_CPL  // 16-byte chunks of a K/V row per lane (1: 16 lanes a bf16 d128 row; 2: 8 lanes)
 #define DEC_CPL 1
@@ -111,7 +115,7 @@ struct RopeArgs {
   T* v_cache = nullptr;
 };
 
-template <typename T, int D, int G, bool ROPE, int CL>
+template <typename T, int D, int G, bool ROPE>
 __device__ __forceinline__ void decode_attention_impl(
     const T* __restrict__ q, i64 q_tok, i64 q_head,
     const T* __restrict__ kc, const T* __restrict__ vc,  // [num_blocks, bs, KH, D]
@@ -137,9 +141,6 @@ __device__ __forceinline__ void decode_attention_impl(
   // ROPE: the G q heads and the new k, v rows after norm + RoPE (rounded to storage), and scratch
   __shared__ float s_rot[ROPE ? G + 2 : 1][ROPE ? D : 1];
   __shared__ float s_tmp[ROPE ? DEC_THREADS / 32 : 1][ROPE ? D : 1];
-  // CL: this CTA's merged partial, read by the other CTAs of its cluster (distributed shared memory)
-  __shared__ float s_clo[CL ? G * D : 1];
-  __shared__ float s_clml[CL ? G : 1][2];
 
   const int tid = threadIdx.x, kl = tid % LPK, grp = tid / LPK;
   // CTA i of the 1-D grid -> (token, KV head, split). The hardware starts CTAs in index order, so
@@ -150,11 +151,7 @@ __device__ __forceinline__ void decode_attention_impl(
   int t, kh, split;
   {
     const int lin = blockIdx.x;
-    if constexpr (CL > 0) {  // splits fastest: a cluster is CL consecutive splits of one (token, KV head)
-      split = lin % n_splits;
-      t = (lin / n_splits) % n_tokens;
-      kh = lin / (n_splits * n_tokens);
-    } else if (order == nullptr) {
+    if (order == nullptr) {
       t = lin % n_tokens;
       kh = (lin / n_tokens) % KH;
       split = lin / (n_tokens * KH);
@@ -191,17 +188,7 @@ __device__ __forceinline__ void decode_attention_impl(
       int part = (k_hi + n_splits - 1) / n_splits;
       part = max(min_part, (part + 15) / 16 * 16);
       n_active = max(1, (k_hi + part - 1) / part);
-      if (split >= n_active) {  // uniform over the CTA, before any barrier
-        // CL: a CTA past the active splits in a cluster that has some still joins its barriers,
-        // with no keys (k_lo = k_end = 0: never the fresh key's CTA, whose k_end is L > 0)
-        if constexpr (CL > 0) {
-          if (split - split % CL < n_active) {
-            k_lo = k_end = 0;
-            active = true;
-          }
-        }
-        break;
-      }
+      if (split >= n_active) break;  // uniform over the CTA, before any barrier
       k_lo = split * part;
       k_end = min(k_hi, k_lo + part);
     }
@@ -453,13 +440,7 @@ __device__ __forceinline__ void decode_attention_impl(
       }
     }
     const int h = kh * G + g;
-    if constexpr (CL > 0) {  // into shared memory, for the cluster's merge below
-      s_clo[e] = o;
-      if (d == 0) {
-        s_clml[g][0] = M;
-        s_clml[g][1] = den;
-      }
-    } else if (n_active == 1) {  // the whole context in one CTA: no partials, no merge
+    if (n_active == 1) {  // the whole context in one CTA: no partials, no merge
       out[(i64)t * o_tok + (i64)h * o_head + d] = minillm::from_f<T>(den > 0.f ? o / den : 0.f);
     } else {  // every active split writes its partial: the merge reads all of them
       const i64 p = ((i64)t * H + h) * n_splits + split;
@@ -470,73 +451,26 @@ __device__ __forceinline__ void decode_attention_impl(
       }
     }
   }
-  // the partials the global merge below combines: one a split, or with CL one a cluster
-  int n_parts = n_splits, n_merge = n_active;
-  if constexpr (CL > 0) {
-    // ---- the cluster's splits merged through distributed shared memory: CTA r of the cluster
-    // combines elements [r, r + 1) * G * D / CL of the CL partials (split order) and writes them
-    // out, or, when the context spans several clusters, the cluster's partial to global memory
-    minillm::cluster_sync();  // every CTA's partial is in its shared memory
-    const int cq = split / CL, in_cl = min(CL, n_active - cq * CL);
-    const unsigned rank = minillm::cluster_rank();
-    n_parts = n_splits / CL;
-    n_merge = (n_active + CL - 1) / CL;
-    constexpr int PER = G * D / CL;
-    static_assert(PER * CL == G * D, "G * D must split evenly over the cluster");
-    for (int e = (int)rank * PER + tid; e < ((int)rank + 1) * PER; e += DEC_THREADS) {
-      const int g = e / D, d = e - g * D;
-      float ms[CL], M = minillm::neg_inf();
-#pragma unroll
-      for (int r = 0; r < CL; ++r) {
-        ms[r] = r < in_cl ? minillm::ld_cluster_f32(minillm::smem_u32(&s_clml[g][0]), (unsigned)r) : minillm::neg_inf();
-        M = fmaxf(M, ms[r]);
-      }
-      float den = 0.f, o = 0.f;
-#pragma unroll
-      for (int r = 0; r < CL; ++r) {
-        if (r < in_cl && ms[r] != minillm::neg_inf()) {
-          const float w = exp2f(ms[r] - M);
-          den = fmaf(w, minillm::ld_cluster_f32(minillm::smem_u32(&s_clml[g][1]), (unsigned)r), den);
-          o = fmaf(w, minillm::ld_cluster_f32(minillm::smem_u32(&s_clo[e]), (unsigned)r), o);
-        }
-      }
-      const int h = kh * G + g;
-      if (n_merge == 1) {
-        out[(i64)t * o_tok + (i64)h * o_head + d] = minillm::from_f<T>(den > 0.f ? o / den : 0.f);
-      } else {
-        const i64 p = ((i64)t * H + h) * n_parts + cq;
-        part_o[p * D + d] = o;
-        if (d == 0) {
-          part_ml[2 * p] = M;
-          part_ml[2 * p + 1] = den;
-        }
-      }
-    }
-    if (n_merge > 1) __threadfence();  // this CTA's share of the cluster partial, before the count
-    minillm::cluster_sync();  // no CTA leaves while another may still read its shared memory
-    if (n_merge == 1 || rank != 0) return;  // one CTA a cluster counts it in
-  } else if (n_active == 1) {
-    return;
-  }
+  if (n_active == 1) return;
 
-  // ---- the last split (CL: cluster) of this (token, KV head) to finish merges the partials
+  // ---- the last split of this (token, KV head) to finish merges the partials
   __threadfence();
   __syncthreads();
   if (tid == 0) {
     const int prev = atomicAdd(counters + (i64)t * KH + kh, 1);
-    s_last = prev == n_merge - 1;
+    s_last = prev == n_active - 1;
   }
   __syncthreads();
   if (!s_last) return;
   __threadfence();
   for (int g = tid >> 5; g < G; g += DEC_THREADS / 32) {  // warp per head: split weights
     const int lane = tid & 31;
-    const i64 p0 = ((i64)t * H + kh * G + g) * n_parts;
+    const i64 p0 = ((i64)t * H + kh * G + g) * n_splits;
     float M = minillm::neg_inf();
-    for (int s = lane; s < n_merge; s += 32) M = fmaxf(M, __ldcg(part_ml + 2 * (p0 + s)));
+    for (int s = lane; s < n_active; s += 32) M = fmaxf(M, __ldcg(part_ml + 2 * (p0 + s)));
     M = minillm::warp_max(M);
     float den = 0.f;
-    for (int s = lane; s < n_merge; s += 32) {
+    for (int s = lane; s < n_active; s += 32) {
       const float ms = __ldcg(part_ml + 2 * (p0 + s));
       const float w = ms == minillm::neg_inf() ? 0.f : exp2f(ms - M);
       s_w[g][s] = w;
@@ -549,9 +483,9 @@ __device__ __forceinline__ void decode_attention_impl(
   for (int e = tid; e < G * D; e += DEC_THREADS) {
     const int g = e / D, d = e - g * D;
     const int h = kh * G + g;
-    const i64 p0 = ((i64)t * H + h) * n_parts;
+    const i64 p0 = ((i64)t * H + h) * n_splits;
     float o = 0.f;
-    for (int s = 0; s < n_merge; ++s) {
+    for (int s = 0; s < n_active; ++s) {
       const float w = s_w[g][s];
       if (w > 0.f) o = fmaf(w, __ldcg(part_o + (p0 + s) * D + d), o);
     }
@@ -571,7 +505,7 @@ __device__ __forceinline__ void decode_attention_impl(
       i64 o_tok, i64 o_head, float* part_o, float* part_ml, int* counters, const int* order,      \
       int KH, int block_size, int num_blocks, float scale_log2, int causal, int n_splits,         \
       int min_part, int max_nq, int short_max_ctx) {                                              \
-    decode_attention_impl<T, D, G, false, 0>(q, q_tok, q_head, kc, vc, block_tables, bt_stride, seq_lens,   \
+    decode_attention_impl<T, D, G, false>(q, q_tok, q_head, kc, vc, block_tables, bt_stride, seq_lens,   \
                                    query_start, B, n_tokens, out, o_tok, o_head, part_o, part_ml, \
                                    counters, order, KH, block_size, num_blocks, scale_log2, causal, \
                                    n_splits, min_part, max_nq, short_max_ctx, RopeArgs<T>());     \
@@ -580,8 +514,8 @@ __device__ __forceinline__ void decode_attention_impl(
 // paged_decode_rope_<dtype>_d<D>_g<G>: the same grid, on a decode step (one new token a
 // sequence): q is the raw q rows; the q/k norm + RoPE and the KV store of norm.cu's
 // qk_norm_rope_store_kv happen inside (its k rows are not updated in place).
-#define MINILLM_DECODE_ROPE(NAME, CL, ATTR, SUFFIX, T, D, G)                                      \
-  extern "C" __global__ void ATTR __launch_bounds__(DEC_THREADS, (G) <= 2 ? DEC_MIN_BLOCKS_SMALL_G : (G) <= 4 ? DEC_MIN_BLOCKS_MID_G : DEC_MIN_BLOCKS) NAME##_##SUFFIX##_d##D##_g##G( \
+#define MINILLM_DECODE_ROPE(SUFFIX, T, D, G)                                                      \
+  extern "C" __global__ void __launch_bounds__(DEC_THREADS, (G) <= 2 ? DEC_MIN_BLOCKS_SMALL_G : (G) <= 4 ? DEC_MIN_BLOCKS_MID_G : DEC_MIN_BLOCKS) paged_decode_rope_##SUFFIX##_d##D##_g##G( \
       const T* q, i64 q_tok, i64 q_head, T* kc, T* vc, const int* block_tables, int bt_stride,   \
       const int* seq_lens, const int* query_start, int B, int n_tokens, T* out, i64 o_tok,       \
       i64 o_head, float* part_o, float* part_ml, int* counters, const int* order, int KH,         \
@@ -594,33 +528,24 @@ __device__ __forceinline__ void decode_attention_impl(
     ra.q_w = q_w; ra.k_w = k_w; ra.eps = eps;                                                     \
     ra.positions = positions; ra.cos_sin = cos_sin; ra.max_pos = max_pos;                         \
     ra.slots = slots; ra.n_slots = n_slots; ra.k_cache = kc; ra.v_cache = vc;                     \
-    decode_attention_impl<T, D, G, true, CL>(q, q_tok, q_head, kc, vc, block_tables, bt_stride,       \
+    decode_attention_impl<T, D, G, true>(q, q_tok, q_head, kc, vc, block_tables, bt_stride,       \
                                          seq_lens, query_start, B, n_tokens, out, o_tok, o_head,  \
                                          part_o, part_ml, counters, order, KH, block_size,        \
                                          num_blocks, scale_log2, 1, n_splits, min_part, 1 << 30,  \
                                          0, ra);                                                  \
   }
 
-// paged_decode_rope 0, or paged_decode_rope_cl DEC_CL with clusters of DEC_CL CTAs (bf16: the
-// small decode steps cuda_ops.py's _DECODE_CLUSTER_MAX_T sends; n_splits a multiple of DEC_CL)
-#define MINILLM_DECODE_ROPE_G(NAME, CL, ATTR, SUFFIX, T, D)                                      \
-  MINILLM_DECODE_ROPE(NAME, CL, ATTR, SUFFIX, T, D, 1) MINILLM_DECODE_ROPE(NAME, CL, ATTR, SUFFIX, T, D, 2) \
-  MINILLM_DECODE_ROPE(NAME, CL, ATTR, SUFFIX, T, D, 3) MINILLM_DECODE_ROPE(NAME, CL, ATTR, SUFFIX, T, D, 4) \
-  MINILLM_DECODE_ROPE(NAME, CL, ATTR, SUFFIX, T, D, 5) MINILLM_DECODE_ROPE(NAME, CL, ATTR, SUFFIX, T, D, 6) \
-  MINILLM_DECODE_ROPE(NAME, CL, ATTR, SUFFIX, T, D, 7) MINILLM_DECODE_ROPE(NAME, CL, ATTR, SUFFIX, T, D, 8)
-
 #define MINILLM_DECODE_G(SUFFIX, T, D)                                                   \
   MINILLM_DECODE(SUFFIX, T, D, 1) MINILLM_DECODE(SUFFIX, T, D, 2)                       \
   MINILLM_DECODE(SUFFIX, T, D, 3) MINILLM_DECODE(SUFFIX, T, D, 4)                       \
   MINILLM_DECODE(SUFFIX, T, D, 5) MINILLM_DECODE(SUFFIX, T, D, 6)                       \
   MINILLM_DECODE(SUFFIX, T, D, 7) MINILLM_DECODE(SUFFIX, T, D, 8)                       \
-  MINILLM_DECODE_ROPE_G(paged_decode_rope, 0, , SUFFIX, T, D)
+  MINILLM_DECODE_ROPE(SUFFIX, T, D, 1) MINILLM_DECODE_ROPE(SUFFIX, T, D, 2)             \
+  MINILLM_DECODE_ROPE(SUFFIX, T, D, 3) MINILLM_DECODE_ROPE(SUFFIX, T, D, 4)             \
+  MINILLM_DECODE_ROPE(SUFFIX, T, D, 5) MINILLM_DECODE_ROPE(SUFFIX, T, D, 6)             \
+  MINILLM_DECODE_ROPE(SUFFIX, T, D, 7) MINILLM_DECODE_ROPE(SUFFIX, T, D, 8)
 
 MINILLM_DECODE_G(bf16, bf16, 64)
 MINILLM_DECODE_G(bf16, bf16, 128)
 MINILLM_DECODE_G(f32, float, 64)
 MINILLM_DECODE_G(f32, float, 128)
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // clusters: Hopper on (the host asks for them there only)
-MINILLM_DECODE_ROPE_G(paged_decode_rope_cl, DEC_CL, __cluster_dims__(DEC_CL, 1, 1), bf16, bf16, 64)
-MINILLM_DECODE_ROPE_G(paged_decode_rope_cl, DEC_CL, __cluster_dims__(DEC_CL, 1, 1), bf16, bf16, 128)
-#endif

@@ -2559,8 +2559,10 @@ cluster_ab() {  # decode-step graphs at batch 1 and 4 of both shapes, the attent
   graph_summary
 }
 
-part161() {  # session 23: the fused decode attention's split merge through thread-block clusters
-  # (paged_decode_rope_cl_*): every GPU test, memcheck of its tests, the A/B, decode of both shapes
+part161() {  # session 23, run at 652e735: the fused decode attention's split merge through thread-block
+  # clusters (paged_decode_rope_cl_*): every GPU test, memcheck of its tests, the A/B, decode of both
+  # shapes. Slower, then removed (docs/results/h200_session23_ab.txt): cluster_ab and the memcheck's
+  # selection run only on 652e735
   setup
   facts > "$W/facts.txt" 2>&1
   gpu_tests_full 400

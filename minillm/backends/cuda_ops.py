@@ -47,11 +47,6 @@ _DECODE_HEAD_DIMS, _DECODE_MAX_G, _DECODE_MAX_SPLITS, _DECODE_MIN_PART = (64, 12
 # decode steps of at most this many rows fold q/k norm + RoPE + KV store into attention
 # (MINILLM_DECODE_ROPE_MAX overrides)
 _DECODE_ROPE_MAX_DEFAULT = 32
-# ... and steps of at most this many rows (bf16) take paged_decode_rope_cl_*: a (token, KV head)'s
-# splits run as clusters of _DECODE_CL CTAs that merge their partials through distributed shared
-# memory, not through global partials, a fence and an atomic (0: never)
-_DECODE_CLUSTER_MAX_T = 4
-_DECODE_CL = 8  # DEC_CL in cuda/decode_attention.cu
 # a decode step given a launch order (longest context first) whose CTAs fill the GPU without
 # splitting takes splits of this many keys instead of the wave model's even parts (the model
 # assumes every CTA alike). H200: on ragged batches the order with 1,024-key parts read KV at
@@ -443,7 +438,6 @@ class CudaBackend:
     def _load_kernels(self) -> None:
         k = {}
         self._pdl_kernels: set[str] = set()  # kernels that begin with pdl_entry (cuda/common.cuh)
-        self.cluster_launch = int(self.props["major"]) >= 9  # thread-block clusters: Hopper on
         for mod, names in {
             "rows": ["gather_rows_u16", "gather_rows_u4", "gather_rows_u2",
                      "store_kv_u16", "store_kv_u4", "store_kv_u2", "fill_input_ids", "advance_blocks"],
@@ -458,9 +452,7 @@ class CudaBackend:
                           "attention_combine_bf16", "attention_combine_f32"],
             "decode_attention": [f"paged_decode{r}_{t}_d{d}_g{g}" for r in ("", "_rope")
                                  for t in ("bf16", "f32") for d in _DECODE_HEAD_DIMS
-                                 for g in range(1, _DECODE_MAX_G + 1)]
-                                + [f"paged_decode_rope_cl_bf16_d{d}_g{g}" for d in _DECODE_HEAD_DIMS
-                                   for g in range(1, _DECODE_MAX_G + 1) if self.cluster_launch],
+                                 for g in range(1, _DECODE_MAX_G + 1)],
             "sampling": ["sample_tokens"],
             "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemm_skinny_bf16", "gemm_skinny_f32",
                      "gemm_skinny_silu_mul_bf16", "gemv1_bf16", "gemv1_f32", "gemv1_silu_mul_bf16"],
@@ -1066,11 +1058,9 @@ class CudaBackend:
                 _i64(v.strides[1] // it), q_w if q_w is not None else _NULL,
                 k_w if k_w is not None else _NULL, np.float32(eps), positions, cos_sin,
                 _i32(cos_sin.shape[0]), slot_mapping, _i64(k_cache.shape[0] * k_cache.shape[1]))
-        cluster = T <= _DECODE_CLUSTER_MAX_T and q.dtype == BF16 and self.cluster_launch
         p = self._decode_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start, scale,
-                                   out, True, n_splits, None, 1 << 30, rope=rope, order=order,
-                                   cluster=cluster)
-        return {**p, "kernel": "decode_rope_cl" if p.get("cluster") else "decode_rope"}
+                                   out, True, n_splits, None, 1 << 30, rope=rope, order=order)
+        return {**p, "kernel": "decode_rope"}
 
     def attention_plan(self, T: int, B: int, H: int, KH: int, D: int, max_ctx: int, itemsize: int,
                        bq: int | None = None, n_splits: int | None = None) -> dict:
@@ -1285,7 +1275,7 @@ class CudaBackend:
     def _decode_attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start,
                           scale: float, out, causal: bool, n_splits: int | None, part: int | None,
                           max_nq: int, rope: tuple | None = None, order=None,
-                          rows: int | None = None, short_max_ctx: int = 0, cluster: bool = False) -> dict:
+                          rows: int | None = None, short_max_ctx: int = 0) -> dict:
         """cuda/decode_attention.cu's paged_decode_* or, given rope (the decode step's k and v
         rows, norm weights, positions, cos/sin table and slots, as kernel arguments; causal and
         one query a sequence), paged_decode_rope_*: the same leading arguments either way.
@@ -1297,9 +1287,7 @@ class CudaBackend:
         tail. The result is the same for any order. The order is dropped for steps whose CTAs
         fit one wave unsplit (decode_order_min_ctas; None: the GPU's resident CTAs), and an
         ordered step takes decode_order_part keys a split unless n_splits or part is given.
-        rows (with order): launch only the rows order[:rows], a subset (attention's decode_rows).
-        cluster (with rope, bf16, no order): paged_decode_rope_cl_*, its splits rounded up to a
-        multiple of _DECODE_CL (the partials of a token's clusters fit where its splits' did)."""
+        rows (with order): launch only the rows order[:rows], a subset (attention's decode_rows)."""
         T, H, D = q.shape
         _, bs, KH, _ = k_cache.shape
         B = seq_lens.shape[0]
@@ -1317,8 +1305,6 @@ class CudaBackend:
         p = self.decode_plan(T, H, KH, D, block_tables.shape[1] * bs, n_splits, part)
         if rows == 0:
             return p  # no short sequence in the step: nothing to launch
-        if cluster and rope is not None and order is None and T * KH <= self._att_counters.size:
-            p = {**p, "n_splits": _cdiv(p["n_splits"], _DECODE_CL) * _DECODE_CL, "cluster": True}
         ns = p["n_splits"]
         it = q.itemsize
         part_o = self._att_scratch
@@ -1334,7 +1320,7 @@ class CudaBackend:
             args += (_i32(1 if causal else 0), _i32(ns), _i32(p["min_part"]), _i32(max_nq),
                      _i32(short_max_ctx))
         else:
-            name = "paged_decode_rope_cl_" if p.get("cluster") else "paged_decode_rope_"
+            name = "paged_decode_rope_"
             args += (_i32(ns), _i32(p["min_part"])) + rope
         self._launch(f"{name}{_suffix(q.dtype)}_d{D}_g{H // KH}", ((T if rows is None else rows) * KH * ns,),
                      (_ATT_THREADS,), args)
