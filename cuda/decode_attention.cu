@@ -71,6 +71,9 @@
 #ifndef DEC_NO_MATH  // scripts/decode_splits.py --variant DEC_NO_MATH=1: loads without the math
 #define DEC_NO_MATH 0
 #endif
+#ifndef DEC_MERGE_FLIGHT  // the last split's merge: splits whose partials are loaded at once (0: one by one)
+#define DEC_MERGE_FLIGHT 0
+#endif
 #ifndef DEC_CPL  // 16-byte chunks of a K/V row per lane (1: 16 lanes a bf16 d128 row; 2: 8 lanes)
 #define DEC_CPL 1
 #endif
@@ -463,6 +466,72 @@ __device__ __forceinline__ void decode_attention_impl(
   __syncthreads();
   if (!s_last) return;
   __threadfence();
+#if DEC_MERGE_FLIGHT
+  // The same sums in the same order as below, with fewer dependent L2 round trips: each lane's
+  // (m, l) pairs loaded once, and every partial of DEC_MERGE_FLIGHT splits x a thread's elements
+  // loaded before any is added (below: the weights' pass reloads m, and each element's loads wait
+  // for the previous element's).
+  for (int g = tid >> 5; g < G; g += DEC_THREADS / 32) {  // warp per head: split weights
+    const int lane = tid & 31;
+    const i64 p0 = ((i64)t * H + kh * G + g) * n_splits;
+    float2 ml[2];  // splits lane and lane + 32 (n_splits <= 64)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int sp = lane + 32 * i;
+      ml[i] = sp < n_active ? __ldcg(reinterpret_cast<const float2*>(part_ml) + p0 + sp)
+                            : make_float2(minillm::neg_inf(), 0.f);
+    }
+    const float M = minillm::warp_max(fmaxf(fmaxf(minillm::neg_inf(), ml[0].x), ml[1].x));
+    float den = 0.f;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int sp = lane + 32 * i;
+      if (sp < n_active) {
+        const float w = ml[i].x == minillm::neg_inf() ? 0.f : exp2f(ml[i].x - M);
+        s_w[g][sp] = w;
+        den = fmaf(w, ml[i].y, den);
+      }
+    }
+    den = minillm::warp_sum(den);
+    if (lane == 0) s_den[g] = den;
+  }
+  __syncthreads();
+  {
+    constexpr int EPT = (G * D + DEC_THREADS - 1) / DEC_THREADS, FL = DEC_MERGE_FLIGHT;
+    float o[EPT];
+#pragma unroll
+    for (int k = 0; k < EPT; ++k) o[k] = 0.f;
+    for (int s0 = 0; s0 < n_active; s0 += FL) {
+      float x[FL][EPT];
+#pragma unroll
+      for (int i = 0; i < FL; ++i)
+#pragma unroll
+        for (int k = 0; k < EPT; ++k) {
+          const int e = tid + k * DEC_THREADS, g = e / D, d = e - g * D;
+          x[i][k] = s0 + i < n_active && e < G * D
+                        ? __ldcg(part_o + (((i64)t * H + kh * G + g) * n_splits + s0 + i) * D + d) : 0.f;
+        }
+#pragma unroll
+      for (int i = 0; i < FL; ++i)
+#pragma unroll
+        for (int k = 0; k < EPT; ++k) {
+          const int e = tid + k * DEC_THREADS;
+          if (s0 + i < n_active && e < G * D) {
+            const float w = s_w[e / D][s0 + i];
+            if (w > 0.f) o[k] = fmaf(w, x[i][k], o[k]);
+          }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < EPT; ++k) {
+      const int e = tid + k * DEC_THREADS, g = e / D, d = e - g * D;
+      if (e < G * D) {
+        const float den = s_den[g];
+        out[(i64)t * o_tok + (i64)(kh * G + g) * o_head + d] = minillm::from_f<T>(den > 0.f ? o[k] / den : 0.f);
+      }
+    }
+  }
+#else
   for (int g = tid >> 5; g < G; g += DEC_THREADS / 32) {  // warp per head: split weights
     const int lane = tid & 31;
     const i64 p0 = ((i64)t * H + kh * G + g) * n_splits;
@@ -492,6 +561,7 @@ __device__ __forceinline__ void decode_attention_impl(
     const float den = s_den[g];
     out[(i64)t * o_tok + (i64)h * o_head + d] = minillm::from_f<T>(den > 0.f ? o / den : 0.f);
   }
+#endif
   if (tid == 0) counters[(i64)t * KH + kh] = 0;  // ready for the next step (or graph replay)
 }
 

@@ -42,7 +42,8 @@
 #   and the qkv GEMV's early release: every GPU test, memcheck, the A/B, decode; part159: the batch-1
 #   decode attention under ncu; part160: decode steps and the c = 1 verification graph as timelines
 #   of their kernels, scripts/step_timeline.py; part161: the decode attention's split merge through
-#   thread-block clusters: every GPU test, memcheck, the A/B, decode).
+#   thread-block clusters: every GPU test, memcheck, the A/B, decode; part162 prepared, not run:
+#   the last split's merge with its loads in flight, DEC_MERGE_FLIGHT).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -2572,6 +2573,30 @@ part161() {  # session 23, run at 652e735: the fused decode attention's split me
   cluster_ab
   decode_06b 90
   decode_8b 120
+}
+
+part162() {  # prepared in session 23, not yet run: the decode kernel's last-split merge with its partials'
+  # loads in flight (DEC_MERGE_FLIGHT=4 / 8, the same sums in the same order) against the default: the
+  # decode-attention tests with it, batch-1 graphs of both shapes, batch-4 graphs and the c = 1 round,
+  # alternately twice, and the batch-1 timelines with it (the hand-off into the o product) (~6 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage flight_tests 300 env MINILLM_CUDA_DEFINES=DEC_MERGE_FLIGHT=8 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    tests/test_cuda_ops.py tests/test_gpu_engine.py -k "decode or paged_attention or greedy or lossless"
+  models_all 150
+  both_shapes_ab base= flight4=DEC_MERGE_FLIGHT=4 flight8=DEC_MERGE_FLIGHT=8
+  local i m
+  for i in 1 2; do
+    for m in q06 q8; do
+      step_graph_batch $m 4 base_$i "" 100
+      step_graph_batch $m 4 flight8_$i DEC_MERGE_FLIGHT=8 100
+    done
+    spec_round_graph base_$i 1 100 MINILLM_CUDA_DEFINES=
+    spec_round_graph flight8_$i 1 100 MINILLM_CUDA_DEFINES=DEC_MERGE_FLIGHT=8
+  done
+  graph_summary
+  MINILLM_CUDA_DEFINES=DEC_MERGE_FLIGHT=8 timeline q06_b1_flight8 $M/q06 --batch 1 --ctx 512
+  MINILLM_CUDA_DEFINES=DEC_MERGE_FLIGHT=8 timeline q8_b1_flight8 $M/q8 --batch 1 --ctx 512
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name
