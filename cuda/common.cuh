@@ -41,17 +41,27 @@ typedef __nv_bfloat16 bf16;
 typedef long long i64;
 typedef unsigned long long u64;
 
-// MINILLM_TIMELINE=1 (diagnostics; see pdl_entry below): each module's CTA records, in the global
-// namespace, so unmangled for the host's RawModule.get_global (scripts/step_timeline.py).
+// MINILLM_TIMELINE=1 (diagnostics only: scripts/step_timeline.py builds with it): thread 0 of every
+// CTA of a PDL kernel records, in its module's minillm_tl, its grid's launch id (%gridid), grid and
+// block size, SM, and the global-timer ns at pdl_entry, when the wait returned and at pdl_release
+// (below). From them the script splits a graph's step into each kernel's work (wait returned ->
+// released) and the hand-offs between kernels (released -> the next kernel's wait returned). The
+// record's slot is taken (an atomic) before the wait, where a chained kernel has slack; it costs a
+// few percent. In the global namespace, so unmangled for the host's RawModule.get_global.
 #ifndef MINILLM_TIMELINE
 #define MINILLM_TIMELINE 0
 #endif
 #if MINILLM_TIMELINE
-#define MINILLM_TL_CAP (1 << 17)  // records a module holds (8 words each); later CTAs are counted, not kept
+#define MINILLM_TL_CAP (1 << 18)  // records a module holds (8 words each); later CTAs are counted, not kept
 #define MINILLM_TL_MAGIC 0x7e1a5u
 __device__ unsigned long long minillm_tl[MINILLM_TL_CAP][8];
 __device__ unsigned minillm_tl_n;  // records asked for (zeroed by the host before the step it reads)
 __shared__ unsigned minillm_tl_slot, minillm_tl_mark;  // this CTA's record, and that it took one
+__device__ __forceinline__ unsigned long long timeline_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
 #endif
 
 namespace minillm {
@@ -67,20 +77,6 @@ namespace minillm {
 // resident, waiting). Right after the wait: 0.6B 0.99 -> 1.07 ms, 8B 4.64 -> 4.72 ms (the next
 // grid's CTAs took slots while this grid still had CTAs to place); with the GEMVs' L2 prefetch of
 // their weights before the wait on top, slower still (session 13, part93).
-// MINILLM_TIMELINE=1 (diagnostics only: scripts/step_timeline.py builds with it): thread 0 of every
-// CTA records, in this module's minillm_tl, its grid's launch id (%gridid), grid and block size,
-// SM, and the global-timer ns at pdl_entry, when the wait returned and at pdl_release. From them
-// the script splits a graph's step into each kernel's work (wait returned -> released) and the
-// hand-offs between kernels (released -> the next kernel's wait returned). The record's slot is
-// taken (an atomic) before the wait, where a chained kernel has slack; it costs a few percent.
-#if MINILLM_TIMELINE
-__device__ __forceinline__ unsigned long long timeline_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-#endif
-
 __device__ __forceinline__ void pdl_entry() {
 #if MINILLM_TIMELINE
   const bool rec = threadIdx.x == 0 && threadIdx.y == 0;
@@ -131,7 +127,8 @@ __device__ __forceinline__ void pdl_entry() {
 __device__ __forceinline__ void pdl_release() {
 #if MINILLM_TIMELINE  // only after this CTA's pdl_entry (rms_norm_vec may release before it; shared
   // memory keeps an earlier CTA's mark, so the record's launch id must be this grid's too)
-  if (threadIdx.x == 0 && threadIdx.y == 0 && minillm_tl_mark == MINILLM_TL_MAGIC && minillm_tl_slot < MINILLM_TL_CAP) {
+  if (threadIdx.x == 0 && threadIdx.y == 0 && minillm_tl_mark == MINILLM_TL_MAGIC &&
+      minillm_tl_slot < MINILLM_TL_CAP) {
     unsigned long long gid;
     asm volatile("mov.u64 %0, %%gridid;" : "=l"(gid));
     if (minillm_tl[minillm_tl_slot][0] == gid) minillm_tl[minillm_tl_slot][5] = timeline_ns();

@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-TL_CAP = 1 << 17  # MINILLM_TL_CAP in cuda/common.cuh
+TL_CAP = 1 << 18  # MINILLM_TL_CAP in cuda/common.cuh
 
 
 def timeline_buffers(cupy, modules) -> list:
@@ -63,6 +63,8 @@ def grids_of(records: np.ndarray) -> list[dict]:
 
 def split(grids: list[dict]) -> dict:
     """Each grid's work and hand-off (us), per-shape medians, and the step's totals."""
+    if not grids:
+        raise ValueError("no CTA records: did the step replay a graph of kernels built with MINILLM_TIMELINE=1?")
     t0 = grids[0]["entry"]
     rows, by_shape = [], defaultdict(lambda: {"work": [], "handoff": [], "placed": []})
     for i, g in enumerate(grids):

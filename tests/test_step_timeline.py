@@ -50,3 +50,9 @@ def test_work_and_handoffs():
     assert r["handoff_us"] == pytest.approx(0.1)
     assert r["shapes"]["2x256"]["handoff_us_median"] == pytest.approx(0.1)
     assert r["shapes"]["3x128"]["count"] == 1
+
+
+def test_no_records_is_an_error():
+    st = load()
+    with pytest.raises(ValueError, match="no CTA records"):
+        st.split(st.grids_of(np.zeros((0, 8), dtype=np.uint64)))
