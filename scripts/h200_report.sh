@@ -2583,6 +2583,9 @@ part162() {  # prepared in session 23, not yet run: the decode kernel's last-spl
   facts > "$W/facts.txt" 2>&1
   stage flight_tests 300 env MINILLM_CUDA_DEFINES=DEC_MERGE_FLIGHT=8 python3 -m pytest -q -m gpu -p no:cacheprovider \
     tests/test_cuda_ops.py tests/test_gpu_engine.py -k "decode or paged_attention or greedy or lossless"
+  stage memcheck_flight 150 env MINILLM_CUDA_DEFINES=DEC_MERGE_FLIGHT=8 compute-sanitizer --tool memcheck \
+    --error-exitcode 3 --print-limit 20 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py \
+    -k "decode_step_attention and bfloat16"
   models_all 150
   both_shapes_ab base= flight4=DEC_MERGE_FLIGHT=4 flight8=DEC_MERGE_FLIGHT=8
   local i m
