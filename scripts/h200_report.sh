@@ -43,7 +43,8 @@
 #   decode attention under ncu; part160: decode steps and the c = 1 verification graph as timelines
 #   of their kernels, scripts/step_timeline.py; part161: the decode attention's split merge through
 #   thread-block clusters: every GPU test, memcheck, the A/B, decode; part162 prepared, not run:
-#   the last split's merge with its loads in flight, DEC_MERGE_FLIGHT).
+#   the last split's merge with its loads in flight, DEC_MERGE_FLIGHT; part163 prepared, not run:
+#   batch-4 and c = 1 verification timelines).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -2600,6 +2601,17 @@ part162() {  # prepared in session 23, not yet run: the decode kernel's last-spl
   graph_summary
   MINILLM_CUDA_DEFINES=DEC_MERGE_FLIGHT=8 timeline q06_b1_flight8 $M/q06 --batch 1 --ctx 512
   MINILLM_CUDA_DEFINES=DEC_MERGE_FLIGHT=8 timeline q8_b1_flight8 $M/q8 --batch 1 --ctx 512
+}
+
+part163() {  # prepared in session 23, not yet run: the timelines part160 could not read (its batch-4 and
+  # c = 1 verification records were spoiled by early-releasing rms_norm_vec CTAs, since fixed): 0.6B
+  # and 8B batch 4 and the rejected DFlash round's verification graph at c = 1 (~3 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 150
+  timeline q06_b4 $M/q06 --batch 4 --ctx 512
+  timeline q8_b4 $M/q8 --batch 4 --ctx 512
+  timeline q8_spec_b1 $M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name
