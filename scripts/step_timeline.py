@@ -86,7 +86,34 @@ def split(grids: list[dict]) -> dict:
     return {"grids": len(grids), "span_us": round((end - t0) / 1e3, 1),
             "work_us": round(sum(r["work_us"] or 0 for r in rows), 1),
             "handoff_us": round(sum(r["handoff_us"] or 0 for r in rows), 1),
-            "shapes": shapes, "timeline": rows}
+            "shapes": shapes, "layer": layer_positions(rows), "timeline": rows}
+
+
+def layer_positions(rows: list[dict], max_period: int = 16) -> dict | None:
+    """The step's repeating layer: the shortest period p (2..max_period) at which >= 90% of the grids'
+    shapes repeat, from the first grid where the pattern holds for three periods; per position of
+    the layer, its shape and the medians of its work and hand-off over the full layers. None if the
+    shapes do not repeat."""
+    shapes = [r["shape"] for r in rows]
+    n = len(shapes)
+    for p in range(2, max_period + 1):
+        if n < 3 * p or sum(shapes[i] == shapes[i + p] for i in range(n - p)) < 0.9 * (n - p):
+            continue
+        start = next((i for i in range(n - 3 * p + 1)
+                      if shapes[i:i + p] == shapes[i + p:i + 2 * p] == shapes[i + 2 * p:i + 3 * p]), None)
+        if start is None:
+            continue
+        layers = [rows[i:i + p] for i in range(start, n - p + 1, p) if [r["shape"] for r in rows[i:i + p]]
+                  == shapes[start:start + p]]
+        positions = []
+        for j in range(p):
+            pos = {"shape": shapes[start + j]}
+            for key in ("work_us", "handoff_us"):
+                v = [layer[j][key] for layer in layers if layer[j][key] is not None]
+                pos[f"{key}_median"] = round(float(np.median(v)), 2) if v else None
+            positions.append(pos)
+        return {"period": p, "start": start, "layers": len(layers), "positions": positions}
+    return None
 
 
 def run(model: str, batch: int, ctx: int, replays: int = 10, drafter: str | None = None, k: int = 8) -> dict:
@@ -150,6 +177,12 @@ def main() -> int:
         print(f"{s:22s} {v['count']:5d} {v.get('work_us_median', float('nan')):9.2f} "
               f"{v.get('handoff_us_median', float('nan')):12.2f} {v.get('placed_us_median', float('nan')):10.2f} "
               f"{v.get('work_us_total', 0):9.1f} {v.get('handoff_us_total', 0):12.1f}")
+    layer = r["layer"]
+    if layer:
+        print(f"a layer: {layer['period']} kernels from grid {layer['start']}, {layer['layers']} layers; by position "
+              "(shape, work median, hand-off-in median, us):")
+        for j, pos in enumerate(layer["positions"]):
+            print(f"  {j:2d} {pos['shape']:18s} {pos['work_us_median'] or 0:8.2f} {pos['handoff_us_median'] or 0:8.2f}")
     print("first 16 grids: shape, CTAs recorded, start, work, hand-off, placed after the previous release (us)")
     for row in r["timeline"][:16]:
         print(f"  {row['shape']:18s} {row['ctas']:5d} {row['start_us']:8.2f} {row['work_us'] or 0:7.2f} "

@@ -56,3 +56,20 @@ def test_no_records_is_an_error():
     st = load()
     with pytest.raises(ValueError, match="no CTA records"):
         st.split(st.grids_of(np.zeros((0, 8), dtype=np.uint64)))
+
+
+def test_layer_positions_find_the_repeating_layer():
+    """Two lead-in grids, then five layers of three kernels: the layer is found with its medians."""
+    st = load()
+    rows = [{"shape": "1x128", "work_us": 0.3, "handoff_us": None},
+            {"shape": "1x128", "work_us": 0.4, "handoff_us": 1.0}]
+    for layer in range(5):
+        rows += [{"shape": "512x128", "work_us": 3.0 + layer, "handoff_us": 1.0},
+                 {"shape": "88x128", "work_us": 5.0, "handoff_us": 2.0},
+                 {"shape": "128x128", "work_us": 2.0, "handoff_us": 4.0 + layer}]
+    found = st.layer_positions(rows)
+    assert found["period"] == 3 and found["layers"] == 5
+    assert [p["shape"] for p in found["positions"]] == ["512x128", "88x128", "128x128"]
+    assert found["positions"][0]["work_us_median"] == pytest.approx(5.0)
+    assert found["positions"][2]["handoff_us_median"] == pytest.approx(6.0)
+    assert st.layer_positions(rows[:4]) is None
