@@ -90,18 +90,16 @@ def split(grids: list[dict]) -> dict:
 
 
 def layer_positions(rows: list[dict], max_period: int = 16) -> dict | None:
-    """The step's repeating layer: the shortest period p (2..max_period) at which >= 90% of the grids'
-    shapes repeat, from the first grid where the pattern holds for three periods; per position of
-    the layer, its shape and the medians of its work and hand-off over the full layers. None if the
-    shapes do not repeat."""
+    """The step's repeating layer: the shortest period p (2..max_period) whose pattern holds for three
+    periods from some first grid and, from there on, for >= 90% of the grids' shapes; per position
+    of the layer, its shape and the medians of its work and hand-off over the full layers. None if
+    the shapes do not repeat."""
     shapes = [r["shape"] for r in rows]
     n = len(shapes)
     for p in range(2, max_period + 1):
-        if n < 3 * p or sum(shapes[i] == shapes[i + p] for i in range(n - p)) < 0.9 * (n - p):
-            continue
         start = next((i for i in range(n - 3 * p + 1)
                       if shapes[i:i + p] == shapes[i + p:i + 2 * p] == shapes[i + 2 * p:i + 3 * p]), None)
-        if start is None:
+        if start is None or sum(shapes[i] == shapes[i + p] for i in range(start, n - p)) < 0.9 * (n - p - start):
             continue
         layers = [rows[i:i + p] for i in range(start, n - p + 1, p) if [r["shape"] for r in rows[i:i + p]]
                   == shapes[start:start + p]]
