@@ -2391,9 +2391,16 @@ sys.argv = ['scripts/step_kernels.py'] + sys.argv[2:]
 runpy.run_path('scripts/step_kernels.py', run_name='__main__')" "$consts" "$@" --json "$W/$name.json"
 }
 
+memcheck_ops() {  # memcheck_ops NAME TIMEOUT SELECTION [VAR=VALUE ...]: tests/test_cuda_ops.py's GPU tests
+  # matching SELECTION (pytest -k) under compute-sanitizer memcheck, with those settings, as stage NAME
+  local name=$1 t=$2 sel=$3
+  shift 3
+  stage "$name" "$t" env "$@" compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "$sel"
+}
+
 memcheck_gated() {  # the gated products' GPU tests (gemv_silu_mul, gemm_skinny_silu_mul) under memcheck
-  stage memcheck_gated 120 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
-    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "matmul_silu_mul and bfloat16"
+  memcheck_ops memcheck_gated 120 "matmul_silu_mul and bfloat16"
 }
 
 part153() {  # session 22: gate_up + SiLU on the skinny GEMM (gemm_skinny_silu_mul) for 3-16 rows, against
@@ -2475,20 +2482,19 @@ part157() {  # prepared in session 22, not yet run: the map for the next session
   step_kernels q06 4 512 100
 }
 
-memcheck_staged() {  # the staged decode step's and early-release product's GPU tests under memcheck
-  stage memcheck_staged 200 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
-    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "staged and bfloat16 or release_early"
-}
 
-stage_ab() {  # batch-1 graphs of both shapes: base, the qkv product's early release alone, the staged
-  # attention alone, both (cuda_ops' _QKV_EARLY_RELEASE / _DECODE_STAGE_MAX_T), alternately, twice
-  local i m
+route_ab() {  # route_ab "BATCHES" TAG:"NAME=INT ..." ...: decode-step graphs of both shapes at each batch
+  # with each TAG's module constants of minillm.backends.cuda_ops (stage graph_MODEL_bBATCH_TAG_i), the
+  # settings alternately, twice
+  local i b m v
   for i in 1 2; do
-    for m in q06 q8; do
-      step_graph_route $m 1 base_$i _DECODE_STAGE_MAX_T=0 _QKV_EARLY_RELEASE=0
-      step_graph_route $m 1 rel_$i _DECODE_STAGE_MAX_T=0 _QKV_EARLY_RELEASE=1
-      step_graph_route $m 1 stage_$i _DECODE_STAGE_MAX_T=1 _QKV_EARLY_RELEASE=0
-      step_graph_route $m 1 both_$i _DECODE_STAGE_MAX_T=1 _QKV_EARLY_RELEASE=1
+    for b in $1; do
+      for m in q06 q8; do
+        for v in "${@:2}"; do
+          # shellcheck disable=SC2086  # the constants are separate words
+          step_graph_route $m $b "${v%%:*}_$i" ${v#*:}
+        done
+      done
     done
   done
   graph_summary
@@ -2497,14 +2503,15 @@ stage_ab() {  # batch-1 graphs of both shapes: base, the qkv product's early rel
 part158() {  # session 23, run at c676267: the batch-1 decode attention's cached keys copied to shared
   # memory before its PDL wait (paged_decode_rope_stage_*), its qkv product releasing it right after
   # its own wait (gemv1_rel_bf16): every GPU test, memcheck of the new kernels' tests, the A/B, decode.
-  # Both were then removed (no gain; docs/results/h200_session23_ab.txt), with the switches stage_ab
-  # and memcheck_staged set or select: they run only on c676267
+  # Both were then removed (no gain; docs/results/h200_session23_ab.txt), with the switches its A/B
+  # sets and the tests its memcheck selects: it runs only on c676267
   setup
   facts > "$W/facts.txt" 2>&1
   gpu_tests_full 400
-  memcheck_staged
+  memcheck_ops memcheck_staged 200 "staged and bfloat16 or release_early"
   models_all 150
-  stage_ab
+  route_ab 1 "base:_DECODE_STAGE_MAX_T=0 _QKV_EARLY_RELEASE=0" "rel:_DECODE_STAGE_MAX_T=0 _QKV_EARLY_RELEASE=1" \
+    "stage:_DECODE_STAGE_MAX_T=1 _QKV_EARLY_RELEASE=0" "both:_DECODE_STAGE_MAX_T=1 _QKV_EARLY_RELEASE=1"
   decode_06b 90
   decode_8b 120
 }
@@ -2547,31 +2554,16 @@ part160() {  # session 23: batch-1 decode steps (both shapes), a batch-4 one and
   timeline q8_spec_b1 $M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512
 }
 
-cluster_ab() {  # decode-step graphs at batch 1 and 4 of both shapes, the attention's splits merged in
-  # clusters (cuda_ops._DECODE_CLUSTER_MAX_T=4) or through global partials (0), alternately, twice
-  local i m b
-  for i in 1 2; do
-    for b in 1 4; do
-      for m in q06 q8; do
-        step_graph_route $m $b cl_$i _DECODE_CLUSTER_MAX_T=4
-        step_graph_route $m $b global_$i _DECODE_CLUSTER_MAX_T=0
-      done
-    done
-  done
-  graph_summary
-}
-
 part161() {  # session 23, run at 652e735: the fused decode attention's split merge through thread-block
   # clusters (paged_decode_rope_cl_*): every GPU test, memcheck of its tests, the A/B, decode of both
-  # shapes. Slower, then removed (docs/results/h200_session23_ab.txt): cluster_ab and the memcheck's
-  # selection run only on 652e735
+  # shapes. Slower, then removed (docs/results/h200_session23_ab.txt): its A/B's switch and the
+  # memcheck's selection run only on 652e735
   setup
   facts > "$W/facts.txt" 2>&1
   gpu_tests_full 400
-  stage memcheck_cluster 150 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
-    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "cluster and bfloat16 and 128"
+  memcheck_ops memcheck_cluster 150 "cluster and bfloat16 and 128"
   models_q06_q8 150
-  cluster_ab
+  route_ab "1 4" "cl:_DECODE_CLUSTER_MAX_T=4" "global:_DECODE_CLUSTER_MAX_T=0"
   decode_06b 90
   decode_8b 120
 }
@@ -2579,14 +2571,13 @@ part161() {  # session 23, run at 652e735: the fused decode attention's split me
 part162() {  # prepared in session 23, not yet run: the decode kernel's last-split merge with its partials'
   # loads in flight (DEC_MERGE_FLIGHT=4 / 8, the same sums in the same order) against the default: the
   # decode-attention tests with it, batch-1 graphs of both shapes, batch-4 graphs and the c = 1 round,
-  # alternately twice, and the batch-1 timelines with it (the hand-off into the o product) (~6 minutes)
+  # alternately twice, and the batch-1 timelines with it (the hand-off into the o product) (~8-9 minutes
+  # on a fresh machine, near the 10-minute limit: each stage is packed as it ends)
   setup
   facts > "$W/facts.txt" 2>&1
   stage flight_tests 300 env MINILLM_CUDA_DEFINES=DEC_MERGE_FLIGHT=8 python3 -m pytest -q -m gpu -p no:cacheprovider \
     tests/test_cuda_ops.py tests/test_gpu_engine.py -k "decode or paged_attention or greedy or lossless"
-  stage memcheck_flight 150 env MINILLM_CUDA_DEFINES=DEC_MERGE_FLIGHT=8 compute-sanitizer --tool memcheck \
-    --error-exitcode 3 --print-limit 20 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py \
-    -k "decode_step_attention and bfloat16"
+  memcheck_ops memcheck_flight 150 "decode_step_attention and bfloat16" MINILLM_CUDA_DEFINES=DEC_MERGE_FLIGHT=8
   models_all 150
   both_shapes_ab base= flight4=DEC_MERGE_FLIGHT=4 flight8=DEC_MERGE_FLIGHT=8
   local i m
