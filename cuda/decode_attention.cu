@@ -31,6 +31,11 @@
 // Merging a token's splits in clusters of 8 CTAs through distributed shared memory instead (no
 // global partials, fences or atomics; part161, 652e735) was slower: batch-1 graphs 0.6B 0.890 ->
 // 0.903 ms, 8B 4.428 -> 4.509; batch 4 1.022 -> 1.069, 4.741 -> 4.977; removed.
+// Session 24 (part162, docs/results/h200_session24_ab.txt): the merge's loads batched (each lane's
+// (m, l) once, the partials of 8 splits x a thread's elements before any add; the sums and their
+// order unchanged) against one split's partials per element at a time: batch-1 graphs 0.6B 0.885
+// -> 0.866-0.873 ms, 8B 4.363 -> 4.313-4.323, batch 4 1.025 -> 1.013, 4.694 -> 4.656, the DFlash
+// c = 1 round 6.214 -> 6.101; the o product's wait 4.86 -> 4.10 us (0.6B), 7.07 -> 5.55 (8B); kept.
 //
 // Splits (flash-decoding): split s takes keys [s * part, (s + 1) * part) of this token's own
 // context, part = max(min_part, ceil(len / n_splits)) rounded to 16, so a short context in a
@@ -71,8 +76,11 @@
 #ifndef DEC_NO_MATH  // scripts/decode_splits.py --variant DEC_NO_MATH=1: loads without the math
 #define DEC_NO_MATH 0
 #endif
-#ifndef DEC_MERGE_FLIGHT  // the last split's merge: splits whose partials are loaded at once (0: one by one)
-#define DEC_MERGE_FLIGHT 0
+#ifndef DEC_MERGE_FLIGHT  // the last split's merge: splits whose partials are loaded at once
+#define DEC_MERGE_FLIGHT 8
+#endif
+#ifndef DEC_MERGE_EARLY  // 1: the merge's first partials loaded with its (m, l), one acq_rel arrival
+#define DEC_MERGE_EARLY 0
 #endif
 #ifndef DEC_CPL  // 16-byte chunks of a K/V row per lane (1: 16 lanes a bf16 d128 row; 2: 8 lanes)
 #define DEC_CPL 1
@@ -456,7 +464,22 @@ __device__ __forceinline__ void decode_attention_impl(
   }
   if (n_active == 1) return;
 
-  // ---- the last split of this (token, KV head) to finish merges the partials
+  // ---- the last split of this (token, KV head) to finish merges the partials. Its chain after the
+  // release (fence, counter, then the partials' loads) is the o product's wait (see the header), so
+  // the loads are batched: each lane's (m, l) pairs in one 8-byte load, and every partial of
+  // DEC_MERGE_FLIGHT splits x a thread's elements loaded before any is added.
+#if DEC_MERGE_EARLY
+  // one thread arrives, with release and acquire order (the barrier orders the CTA's partials
+  // before its atom, as in a grid barrier): no fence in every thread
+  __syncthreads();
+  if (tid == 0) {
+    int prev;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(prev) : "l"(counters + (i64)t * KH + kh) : "memory");
+    s_last = prev == n_active - 1;
+  }
+  __syncthreads();
+  if (!s_last) return;
+#else
   __threadfence();
   __syncthreads();
   if (tid == 0) {
@@ -466,11 +489,22 @@ __device__ __forceinline__ void decode_attention_impl(
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-#if DEC_MERGE_FLIGHT
-  // The same sums in the same order as below, with fewer dependent L2 round trips: each lane's
-  // (m, l) pairs loaded once, and every partial of DEC_MERGE_FLIGHT splits x a thread's elements
-  // loaded before any is added (below: the weights' pass reloads m, and each element's loads wait
-  // for the previous element's).
+#endif
+  constexpr int EPT = (G * D + DEC_THREADS - 1) / DEC_THREADS, FL = DEC_MERGE_FLIGHT;
+  float x[FL][EPT];  // the partials of splits [s0, s0 + FL) for this thread's elements
+  auto load_partials = [&](int s0) {
+#pragma unroll
+    for (int i = 0; i < FL; ++i)
+#pragma unroll
+      for (int k = 0; k < EPT; ++k) {
+        const int e = tid + k * DEC_THREADS, g = e / D, d = e - g * D;
+        x[i][k] = s0 + i < n_active && e < G * D
+                      ? __ldcg(part_o + (((i64)t * H + kh * G + g) * n_splits + s0 + i) * D + d) : 0.f;
+      }
+  };
+#if DEC_MERGE_EARLY
+  load_partials(0);  // in flight with the (m, l) loads below: they do not depend on the weights
+#endif
   for (int g = tid >> 5; g < G; g += DEC_THREADS / 32) {  // warp per head: split weights
     const int lane = tid & 31;
     const i64 p0 = ((i64)t * H + kh * G + g) * n_splits;
@@ -496,72 +530,34 @@ __device__ __forceinline__ void decode_attention_impl(
     if (lane == 0) s_den[g] = den;
   }
   __syncthreads();
-  {
-    constexpr int EPT = (G * D + DEC_THREADS - 1) / DEC_THREADS, FL = DEC_MERGE_FLIGHT;
-    float o[EPT];
+  float o[EPT];
 #pragma unroll
-    for (int k = 0; k < EPT; ++k) o[k] = 0.f;
-    for (int s0 = 0; s0 < n_active; s0 += FL) {
-      float x[FL][EPT];
-#pragma unroll
-      for (int i = 0; i < FL; ++i)
-#pragma unroll
-        for (int k = 0; k < EPT; ++k) {
-          const int e = tid + k * DEC_THREADS, g = e / D, d = e - g * D;
-          x[i][k] = s0 + i < n_active && e < G * D
-                        ? __ldcg(part_o + (((i64)t * H + kh * G + g) * n_splits + s0 + i) * D + d) : 0.f;
-        }
-#pragma unroll
-      for (int i = 0; i < FL; ++i)
-#pragma unroll
-        for (int k = 0; k < EPT; ++k) {
-          const int e = tid + k * DEC_THREADS;
-          if (s0 + i < n_active && e < G * D) {
-            const float w = s_w[e / D][s0 + i];
-            if (w > 0.f) o[k] = fmaf(w, x[i][k], o[k]);
-          }
-        }
-    }
-#pragma unroll
-    for (int k = 0; k < EPT; ++k) {
-      const int e = tid + k * DEC_THREADS, g = e / D, d = e - g * D;
-      if (e < G * D) {
-        const float den = s_den[g];
-        out[(i64)t * o_tok + (i64)(kh * G + g) * o_head + d] = minillm::from_f<T>(den > 0.f ? o[k] / den : 0.f);
-      }
-    }
-  }
+  for (int k = 0; k < EPT; ++k) o[k] = 0.f;
+  for (int s0 = 0; s0 < n_active; s0 += FL) {
+#if DEC_MERGE_EARLY
+    if (s0 > 0) load_partials(s0);
 #else
-  for (int g = tid >> 5; g < G; g += DEC_THREADS / 32) {  // warp per head: split weights
-    const int lane = tid & 31;
-    const i64 p0 = ((i64)t * H + kh * G + g) * n_splits;
-    float M = minillm::neg_inf();
-    for (int s = lane; s < n_active; s += 32) M = fmaxf(M, __ldcg(part_ml + 2 * (p0 + s)));
-    M = minillm::warp_max(M);
-    float den = 0.f;
-    for (int s = lane; s < n_active; s += 32) {
-      const float ms = __ldcg(part_ml + 2 * (p0 + s));
-      const float w = ms == minillm::neg_inf() ? 0.f : exp2f(ms - M);
-      s_w[g][s] = w;
-      den = fmaf(w, __ldcg(part_ml + 2 * (p0 + s) + 1), den);
-    }
-    den = minillm::warp_sum(den);
-    if (lane == 0) s_den[g] = den;
-  }
-  __syncthreads();
-  for (int e = tid; e < G * D; e += DEC_THREADS) {
-    const int g = e / D, d = e - g * D;
-    const int h = kh * G + g;
-    const i64 p0 = ((i64)t * H + h) * n_splits;
-    float o = 0.f;
-    for (int s = 0; s < n_active; ++s) {
-      const float w = s_w[g][s];
-      if (w > 0.f) o = fmaf(w, __ldcg(part_o + (p0 + s) * D + d), o);
-    }
-    const float den = s_den[g];
-    out[(i64)t * o_tok + (i64)h * o_head + d] = minillm::from_f<T>(den > 0.f ? o / den : 0.f);
-  }
+    load_partials(s0);
 #endif
+#pragma unroll
+    for (int i = 0; i < FL; ++i)
+#pragma unroll
+      for (int k = 0; k < EPT; ++k) {
+        const int e = tid + k * DEC_THREADS;
+        if (s0 + i < n_active && e < G * D) {
+          const float w = s_w[e / D][s0 + i];
+          if (w > 0.f) o[k] = fmaf(w, x[i][k], o[k]);
+        }
+      }
+  }
+#pragma unroll
+  for (int k = 0; k < EPT; ++k) {
+    const int e = tid + k * DEC_THREADS, g = e / D, d = e - g * D;
+    if (e < G * D) {
+      const float den = s_den[g];
+      out[(i64)t * o_tok + (i64)(kh * G + g) * o_head + d] = minillm::from_f<T>(den > 0.f ? o[k] / den : 0.f);
+    }
+  }
   if (tid == 0) counters[(i64)t * KH + kh] = 0;  // ready for the next step (or graph replay)
 }
 

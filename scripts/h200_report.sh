@@ -42,9 +42,12 @@
 #   and the qkv GEMV's early release: every GPU test, memcheck, the A/B, decode; part159: the batch-1
 #   decode attention under ncu; part160: decode steps and the c = 1 verification graph as timelines
 #   of their kernels, scripts/step_timeline.py; part161: the decode attention's split merge through
-#   thread-block clusters: every GPU test, memcheck, the A/B, decode; part162 prepared, not run:
-#   the last split's merge with its loads in flight, DEC_MERGE_FLIGHT; part163 prepared, not run:
-#   batch-4 and c = 1 verification timelines).
+#   thread-block clusters: every GPU test, memcheck, the A/B, decode; part162 (run in session 24):
+#   the last split's merge with its loads in flight, DEC_MERGE_FLIGHT; part163 prepared, never run:
+#   batch-4 and c = 1 verification timelines, which part165 took over).
+#   part164-: session 24 (part164: DEC_MERGE_FLIGHT=8 as the default, every GPU test; the merge's
+#   early loads and single acq_rel arrival, DEC_MERGE_EARLY; part165: the final code's figures and
+#   timelines).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -2568,7 +2571,7 @@ part161() {  # session 23, run at 652e735: the fused decode attention's split me
   decode_8b 120
 }
 
-part162() {  # prepared in session 23, not yet run: the decode kernel's last-split merge with its partials'
+part162() {  # session 23 (ran in session 24 at 4569d99): the decode kernel's last-split merge with its partials'
   # loads in flight (DEC_MERGE_FLIGHT=4 / 8, the same sums in the same order) against the default: the
   # decode-attention tests with it, batch-1 graphs of both shapes, batch-4 graphs and the c = 1 round,
   # alternately twice, and the batch-1 timelines with it (the hand-off into the o product) (~8-9 minutes
@@ -2594,12 +2597,49 @@ part162() {  # prepared in session 23, not yet run: the decode kernel's last-spl
   MINILLM_CUDA_DEFINES=DEC_MERGE_FLIGHT=8 timeline q8_b1_flight8 $M/q8 --batch 1 --ctx 512
 }
 
-part163() {  # prepared in session 23, not yet run: the timelines part160 could not read (its batch-4 and
+part163() {  # prepared in session 23, never run (part165 runs its timelines on the final code): the timelines part160 could not read (its batch-4 and
   # c = 1 verification records were spoiled by early-releasing rms_norm_vec CTAs, since fixed): 0.6B
   # and 8B batch 4 and the rejected DFlash round's verification graph at c = 1 (~3 minutes)
   setup
   facts > "$W/facts.txt" 2>&1
   models_all 150
+  timeline q06_b4 $M/q06 --batch 4 --ctx 512
+  timeline q8_b4 $M/q8 --batch 4 --ctx 512
+  timeline q8_spec_b1 $M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512
+}
+
+part164() {  # session 24: DEC_MERGE_FLIGHT=8 made the default (part162): every GPU test on it; the merge's
+  # first partials loaded with its (m, l) and one acq_rel arrival instead of two fences in every
+  # thread (DEC_MERGE_EARLY=1): its decode tests, memcheck, and batch-1 graphs of both shapes and the
+  # c = 1 round against the default, alternately twice (~7 minutes on a fresh machine)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  gpu_tests_full 400
+  stage early_tests 300 env MINILLM_CUDA_DEFINES=DEC_MERGE_EARLY=1 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    tests/test_cuda_ops.py tests/test_gpu_engine.py -k "decode or paged_attention or greedy or lossless"
+  memcheck_ops memcheck_early 150 "decode_step_attention and bfloat16" MINILLM_CUDA_DEFINES=DEC_MERGE_EARLY=1
+  models_all 150
+  both_shapes_ab base= early=DEC_MERGE_EARLY=1
+  local i
+  for i in 1 2; do
+    spec_round_graph base_$i 1 100 MINILLM_CUDA_DEFINES=
+    spec_round_graph early_$i 1 100 MINILLM_CUDA_DEFINES=DEC_MERGE_EARLY=1
+  done
+  graph_summary
+}
+
+part165() {  # session 24: the figures on the final code: decode of both shapes, the 8B spec-cost bench,
+  # memcheck of the reproducer, the failure matrix, throughput twice, and the timelines of batch-1 and
+  # batch-4 steps and the c = 1 verification graph (part163's, which had not run) (~7 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 150
+  decode_06b 90
+  decode_8b 120
+  engine_figures
+  throughput_06b_env throughput_06b_2 MINILLM_UNUSED=0
+  timeline q06_b1 $M/q06 --batch 1 --ctx 512
+  timeline q8_b1 $M/q8 --batch 1 --ctx 512
   timeline q06_b4 $M/q06 --batch 4 --ctx 512
   timeline q8_b4 $M/q8 --batch 4 --ctx 512
   timeline q8_spec_b1 $M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512
