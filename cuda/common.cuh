@@ -66,6 +66,24 @@ __device__ __forceinline__ unsigned long long timeline_ns() {
 
 namespace minillm {
 
+// Records the global timer in word `word` of this CTA's timeline record (5: pdl_release; 6 and 7:
+// a kernel's own phases after it, e.g. the decode attention's arrival at its split counter and the
+// end of the last split's merge); nothing without MINILLM_TIMELINE. Only after this CTA's
+// pdl_entry (rms_norm_vec may release before it; shared memory keeps an earlier CTA's mark, so the
+// record's launch id must be this grid's too).
+__device__ __forceinline__ void timeline_stamp(int word) {
+#if MINILLM_TIMELINE
+  if (threadIdx.x == 0 && threadIdx.y == 0 && minillm_tl_mark == MINILLM_TL_MAGIC &&
+      minillm_tl_slot < MINILLM_TL_CAP) {
+    unsigned long long gid;
+    asm volatile("mov.u64 %0, %%gridid;" : "=l"(gid));
+    if (minillm_tl[minillm_tl_slot][0] == gid) minillm_tl[minillm_tl_slot][word] = timeline_ns();
+  }
+#else
+  (void)word;
+#endif
+}
+
 // Programmatic dependent launch (Hopper). Inside a CUDA graph the backend may launch these kernels
 // with the programmatic-serialization attribute (minillm/backends/pdl.py). pdl_entry() waits until
 // the previous grid has completed and its writes are visible; every PDL kernel calls it before
@@ -95,7 +113,7 @@ __device__ __forceinline__ void pdl_entry() {
              (blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
       r[2] = ((unsigned long long)(blockDim.x * blockDim.y * blockDim.z) << 32) | smid;
       r[3] = t0;
-      r[5] = 0;
+      r[5] = r[6] = r[7] = 0;
     }
   }
 #endif
@@ -125,15 +143,7 @@ __device__ __forceinline__ void pdl_entry() {
 #define PDL_LATE 1
 #endif
 __device__ __forceinline__ void pdl_release() {
-#if MINILLM_TIMELINE  // only after this CTA's pdl_entry (rms_norm_vec may release before it; shared
-  // memory keeps an earlier CTA's mark, so the record's launch id must be this grid's too)
-  if (threadIdx.x == 0 && threadIdx.y == 0 && minillm_tl_mark == MINILLM_TL_MAGIC &&
-      minillm_tl_slot < MINILLM_TL_CAP) {
-    unsigned long long gid;
-    asm volatile("mov.u64 %0, %%gridid;" : "=l"(gid));
-    if (minillm_tl[minillm_tl_slot][0] == gid) minillm_tl[minillm_tl_slot][5] = timeline_ns();
-  }
-#endif
+  timeline_stamp(5);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && PDL_LATE
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif

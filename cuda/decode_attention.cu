@@ -79,9 +79,6 @@
 #ifndef DEC_MERGE_FLIGHT  // the last split's merge: splits whose partials are loaded at once
 #define DEC_MERGE_FLIGHT 8
 #endif
-#ifndef DEC_MERGE_EARLY  // 1: the merge's first partials loaded with its (m, l), one acq_rel arrival
-#define DEC_MERGE_EARLY 0
-#endif
 #ifndef DEC_CPL  // 16-byte chunks of a K/V row per lane (1: 16 lanes a bf16 d128 row; 2: 8 lanes)
 #define DEC_CPL 1
 #endif
@@ -468,43 +465,17 @@ __device__ __forceinline__ void decode_attention_impl(
   // release (fence, counter, then the partials' loads) is the o product's wait (see the header), so
   // the loads are batched: each lane's (m, l) pairs in one 8-byte load, and every partial of
   // DEC_MERGE_FLIGHT splits x a thread's elements loaded before any is added.
-#if DEC_MERGE_EARLY
-  // one thread arrives, with release and acquire order (the barrier orders the CTA's partials
-  // before its atom, as in a grid barrier): no fence in every thread
-  __syncthreads();
-  if (tid == 0) {
-    int prev;
-    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(prev) : "l"(counters + (i64)t * KH + kh) : "memory");
-    s_last = prev == n_active - 1;
-  }
-  __syncthreads();
-  if (!s_last) return;
-#else
   __threadfence();
   __syncthreads();
   if (tid == 0) {
     const int prev = atomicAdd(counters + (i64)t * KH + kh, 1);
     s_last = prev == n_active - 1;
+    minillm::timeline_stamp(6);  // arrived (scripts/step_timeline.py: the tail's phases)
   }
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-#endif
   constexpr int EPT = (G * D + DEC_THREADS - 1) / DEC_THREADS, FL = DEC_MERGE_FLIGHT;
-  float x[FL][EPT];  // the partials of splits [s0, s0 + FL) for this thread's elements
-  auto load_partials = [&](int s0) {
-#pragma unroll
-    for (int i = 0; i < FL; ++i)
-#pragma unroll
-      for (int k = 0; k < EPT; ++k) {
-        const int e = tid + k * DEC_THREADS, g = e / D, d = e - g * D;
-        x[i][k] = s0 + i < n_active && e < G * D
-                      ? __ldcg(part_o + (((i64)t * H + kh * G + g) * n_splits + s0 + i) * D + d) : 0.f;
-      }
-  };
-#if DEC_MERGE_EARLY
-  load_partials(0);  // in flight with the (m, l) loads below: they do not depend on the weights
-#endif
   for (int g = tid >> 5; g < G; g += DEC_THREADS / 32) {  // warp per head: split weights
     const int lane = tid & 31;
     const i64 p0 = ((i64)t * H + kh * G + g) * n_splits;
@@ -534,11 +505,15 @@ __device__ __forceinline__ void decode_attention_impl(
 #pragma unroll
   for (int k = 0; k < EPT; ++k) o[k] = 0.f;
   for (int s0 = 0; s0 < n_active; s0 += FL) {
-#if DEC_MERGE_EARLY
-    if (s0 > 0) load_partials(s0);
-#else
-    load_partials(s0);
-#endif
+    float x[FL][EPT];  // the partials of splits [s0, s0 + FL) for this thread's elements
+#pragma unroll
+    for (int i = 0; i < FL; ++i)
+#pragma unroll
+      for (int k = 0; k < EPT; ++k) {
+        const int e = tid + k * DEC_THREADS, g = e / D, d = e - g * D;
+        x[i][k] = s0 + i < n_active && e < G * D
+                      ? __ldcg(part_o + (((i64)t * H + kh * G + g) * n_splits + s0 + i) * D + d) : 0.f;
+      }
 #pragma unroll
     for (int i = 0; i < FL; ++i)
 #pragma unroll
@@ -558,7 +533,10 @@ __device__ __forceinline__ void decode_attention_impl(
       out[(i64)t * o_tok + (i64)(kh * G + g) * o_head + d] = minillm::from_f<T>(den > 0.f ? o[k] / den : 0.f);
     }
   }
-  if (tid == 0) counters[(i64)t * KH + kh] = 0;  // ready for the next step (or graph replay)
+  if (tid == 0) {
+    counters[(i64)t * KH + kh] = 0;  // ready for the next step (or graph replay)
+    minillm::timeline_stamp(7);      // merged (thread 0's stores issued)
+  }
 }
 
 }  // namespace

@@ -46,8 +46,8 @@
 #   the last split's merge with its loads in flight, DEC_MERGE_FLIGHT; part163 prepared, never run:
 #   batch-4 and c = 1 verification timelines, which part165 took over).
 #   part164-: session 24 (part164: DEC_MERGE_FLIGHT=8 as the default, every GPU test; the merge's
-#   early loads and single acq_rel arrival, DEC_MERGE_EARLY; part165: the final code's figures and
-#   timelines).
+#   early loads and single acq_rel arrival, DEC_MERGE_EARLY, since removed; part165: figures and
+#   timelines; part166: the final code's GPU tests and the attention's tail split by its stamps).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -2643,6 +2643,21 @@ part165() {  # session 24: the figures on the final code: decode of both shapes,
   timeline q06_b4 $M/q06 --batch 4 --ctx 512
   timeline q8_b4 $M/q8 --batch 4 --ctx 512
   timeline q8_spec_b1 $M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512
+}
+
+part166() {  # session 24: the final code (DEC_MERGE_EARLY removed, the decode attention's tail stamped in
+  # the timeline build): every GPU test, memcheck of the fused decode step, both shapes' batch-1
+  # graphs, and their timelines with the tail split into arrival, merge and hand-off (~4 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  gpu_tests_full 400
+  memcheck_ops memcheck_decode_step 150 "decode_step_attention and bfloat16"
+  models_q06_q8 150
+  step_graph q06 final "" 100
+  step_graph q8 final "" 100
+  graph_summary
+  timeline q06_b1 $M/q06 --batch 1 --ctx 512
+  timeline q8_b1 $M/q8 --batch 1 --ctx 512
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name

@@ -13,6 +13,15 @@ back, its grids ordered by their first CTA's start, and the step split kernel by
             previous kernel's tail after its release (reductions, merges, stores), its completion
             and the memory flush the wait needs.
 
+A kernel may stamp its own phases after the release (cuda/common.cuh timeline_stamp: words 6 and 7).
+The decode attention stamps each CTA's arrival at its split counter and the end of the last split's
+merge, so its hand-off splits into
+
+  to arrival  from its last release to its last CTA's arrival (partials written, fence, counter);
+  merge       from that arrival to the last merge's end (the merging CTA's loads and stores);
+  to wait     from the last merge's end to the next kernel's first wait returning (the grid's
+              completion and memory flush).
+
 Kernels are labelled by launch shape (grid x block); a layer repeats its shapes, so the summary
 gives each shape's count and medians. Kernels outside the PDL modules record nothing (the gap
 they leave shows up as one long hand-off). Recording costs a little: the instrumented graph's
@@ -54,10 +63,12 @@ def grids_of(records: np.ndarray) -> list[dict]:
     grids = []
     for gid, rs in by.items():
         a = np.asarray(rs, dtype=np.uint64)
-        rel = a[:, 5][a[:, 5] > 0]
+        rel, arrived, merged = (a[:, w][a[:, w] > 0] for w in (5, 6, 7))
         grids.append({"gridid": gid, "shape": f"{int(a[0, 1] >> 32)}x{int(a[0, 2] >> 32)}", "ctas": len(rs),
                       "entry": int(a[:, 3].min()), "wait_first": int(a[:, 4].min()), "wait_last": int(a[:, 4].max()),
-                      "release_last": int(rel.max()) if rel.size else 0, "released": int(rel.size)})
+                      "release_last": int(rel.max()) if rel.size else 0, "released": int(rel.size),
+                      "arrive_last": int(arrived.max()) if arrived.size else 0,
+                      "merged_last": int(merged.max()) if merged.size else 0})
     return sorted(grids, key=lambda g: g["entry"])
 
 
@@ -74,7 +85,8 @@ def split(grids: list[dict]) -> dict:
         placed = (g["entry"] - prev) / 1e3 if prev else None
         rows.append({"shape": g["shape"], "ctas": g["ctas"], "start_us": (g["entry"] - t0) / 1e3,
                      "work_us": work, "handoff_us": handoff, "placed_after_release_us": placed,
-                     "wait_spread_us": (g["wait_last"] - g["wait_first"]) / 1e3})
+                     "wait_spread_us": (g["wait_last"] - g["wait_first"]) / 1e3,
+                     **tail_phases(g, grids[i + 1] if i + 1 < len(grids) else None)})
         for key, v in (("work", work), ("handoff", handoff), ("placed", placed)):
             if v is not None:
                 by_shape[g["shape"]][key].append(v)
@@ -87,6 +99,18 @@ def split(grids: list[dict]) -> dict:
             "work_us": round(sum(r["work_us"] or 0 for r in rows), 1),
             "handoff_us": round(sum(r["handoff_us"] or 0 for r in rows), 1),
             "shapes": shapes, "layer": layer_positions(rows), "timeline": rows}
+
+
+TAIL_KEYS = ("to_arrival_us", "merge_us", "to_wait_us")
+
+
+def tail_phases(g: dict, nxt: dict | None) -> dict:
+    """The grid's hand-off split by its own stamps (module docstring), or {} if it stamps none."""
+    if not (g["release_last"] and g["arrive_last"] and g["merged_last"]):
+        return {}
+    return {"to_arrival_us": (g["arrive_last"] - g["release_last"]) / 1e3,
+            "merge_us": (g["merged_last"] - g["arrive_last"]) / 1e3,
+            "to_wait_us": (nxt["wait_first"] - g["merged_last"]) / 1e3 if nxt else None}
 
 
 def layer_positions(rows: list[dict], max_period: int = 16) -> dict | None:
@@ -106,9 +130,10 @@ def layer_positions(rows: list[dict], max_period: int = 16) -> dict | None:
         positions = []
         for j in range(p):
             pos = {"shape": shapes[start + j]}
-            for key in ("work_us", "handoff_us"):
-                v = [layer[j][key] for layer in layers if layer[j][key] is not None]
-                pos[f"{key}_median"] = round(float(np.median(v)), 2) if v else None
+            for key in ("work_us", "handoff_us", *TAIL_KEYS):
+                v = [layer[j][key] for layer in layers if layer[j].get(key) is not None]
+                if v or key in ("work_us", "handoff_us"):
+                    pos[f"{key}_median"] = round(float(np.median(v)), 2) if v else None
             positions.append(pos)
         return {"period": p, "start": start, "layers": len(layers), "positions": positions}
     return None
@@ -180,7 +205,10 @@ def main() -> int:
         print(f"a layer: {layer['period']} kernels from grid {layer['start']}, {layer['layers']} layers; by position "
               "(shape, work median, hand-off-in median, us):")
         for j, pos in enumerate(layer["positions"]):
-            print(f"  {j:2d} {pos['shape']:18s} {pos['work_us_median'] or 0:8.2f} {pos['handoff_us_median'] or 0:8.2f}")
+            tail = ", then: " + ", ".join(f"{k[:-3].replace('_', ' ')} {pos[k + '_median']:.2f}" for k in TAIL_KEYS
+                                          if pos.get(k + "_median") is not None) if "merge_us_median" in pos else ""
+            print(f"  {j:2d} {pos['shape']:18s} {pos['work_us_median'] or 0:8.2f} {pos['handoff_us_median'] or 0:8.2f}"
+                  f"{tail}")
     print("first 16 grids: shape, CTAs recorded, start, work, hand-off, placed after the previous release (us)")
     for row in r["timeline"][:16]:
         print(f"  {row['shape']:18s} {row['ctas']:5d} {row['start_us']:8.2f} {row['work_us'] or 0:7.2f} "

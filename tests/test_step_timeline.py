@@ -24,9 +24,10 @@ def load():
     return mod
 
 
-def record(gid, grid, cta, block, entry, wait, release):
-    """One CTA's record as the kernel writes it: [gridid, grid << 32 | CTA, block << 32 | SM, t0, t1, t2]."""
-    return [gid, (grid << 32) | cta, (block << 32) | 3, entry, wait, release, 0, 0]
+def record(gid, grid, cta, block, entry, wait, release, arrived=0, merged=0):
+    """One CTA's record as the kernel writes it: [gridid, grid << 32 | CTA, block << 32 | SM, t0, t1, t2,
+    and the kernel's own stamps after its release]."""
+    return [gid, (grid << 32) | cta, (block << 32) | 3, entry, wait, release, arrived, merged]
 
 
 def test_work_and_handoffs():
@@ -52,6 +53,22 @@ def test_work_and_handoffs():
     assert r["shapes"]["3x128"]["count"] == 1
 
 
+def test_a_stamped_tail_splits_the_hand_off():
+    """The attention-like grid 7 stamps its CTAs' arrivals and its merging CTA's end: its hand-off into
+    grid 9 splits into release -> last arrival -> last merge end -> grid 9's first wait; an unstamped
+    grid has no such split."""
+    st = load()
+    rows = [record(7, 2, 0, 128, 1000, 1100, 1500, arrived=1900),
+            record(7, 2, 1, 128, 1010, 1150, 1600, arrived=2100, merged=2600),
+            record(9, 1, 0, 256, 1550, 3000, 3200)]
+    r = st.split(st.grids_of(np.asarray(rows, dtype=np.uint64)))
+    first, second = r["timeline"]
+    assert first["to_arrival_us"] == pytest.approx(0.5) and first["merge_us"] == pytest.approx(0.5)
+    assert first["to_wait_us"] == pytest.approx(0.4)
+    assert second["handoff_us"] == pytest.approx(1.4)  # = 0.5 + 0.5 + 0.4
+    assert "merge_us" not in second
+
+
 def test_no_records_is_an_error():
     st = load()
     with pytest.raises(ValueError, match="no CTA records"):
@@ -72,4 +89,9 @@ def test_layer_positions_find_the_repeating_layer():
     assert [p["shape"] for p in found["positions"]] == ["512x128", "88x128", "128x128"]
     assert found["positions"][0]["work_us_median"] == pytest.approx(5.0)
     assert found["positions"][2]["handoff_us_median"] == pytest.approx(6.0)
+    assert "merge_us_median" not in found["positions"][1]
+    for layer in range(5):
+        rows[3 + 3 * layer].update(to_arrival_us=1.0, merge_us=2.0 + layer, to_wait_us=0.5)
+    stamped = st.layer_positions(rows)["positions"][1]
+    assert stamped["merge_us_median"] == pytest.approx(4.0) and stamped["to_wait_us_median"] == pytest.approx(0.5)
     assert st.layer_positions(rows[:4]) is None
