@@ -36,6 +36,10 @@
 // order unchanged) against one split's partials per element at a time: batch-1 graphs 0.6B 0.885
 // -> 0.866-0.873 ms, 8B 4.363 -> 4.313-4.323, batch 4 1.025 -> 1.013, 4.694 -> 4.656, the DFlash
 // c = 1 round 6.214 -> 6.101; the o product's wait 4.86 -> 4.10 us (0.6B), 7.07 -> 5.55 (8B); kept.
+// On top of it, the first 8 splits' partials loaded with the (m, l) pairs and one thread arriving
+// with an acq_rel atom instead of a fence in every thread (part164, 84819a2): 0.6B 0.865 -> 0.862,
+// 8B 4.355 -> 4.367, the c = 1 round 6.192 -> 6.220; removed. The timeline build stamps this
+// kernel's arrival and merge end (scripts/step_timeline.py splits the o product's wait by them).
 //
 // Splits (flash-decoding): split s takes keys [s * part, (s + 1) * part) of this token's own
 // context, part = max(min_part, ceil(len / n_splits)) rounded to 16, so a short context in a
