@@ -83,6 +83,12 @@
 #ifndef DEC_MERGE_FLIGHT  // the last split's merge: splits whose partials are loaded at once
 #define DEC_MERGE_FLIGHT 8
 #endif
+#ifndef DEC_MERGE_WREG  // 1: the merge's weights read as float4s into registers, its adds as selects
+#define DEC_MERGE_WREG 0
+#endif
+#ifndef DEC_MERGE_ACQREL  // 1: the merge's two fences release / acquire (fence.acq_rel.gpu, MEMBAR.ALL)
+#define DEC_MERGE_ACQREL 0  // rather than __threadfence's sequentially consistent fence.sc (MEMBAR.SC)
+#endif
 #ifndef DEC_CPL  // 16-byte chunks of a K/V row per lane (1: 16 lanes a bf16 d128 row; 2: 8 lanes)
 #define DEC_CPL 1
 #endif
@@ -106,6 +112,16 @@ struct Vec16<float> {
     f[3] = __uint_as_float(u.w);
   }
 };
+
+// The split counter's fences: the partials before the arrival (release), the arrival before the
+// merge's loads (acquire). Release / acquire is all the pattern needs; __threadfence is stronger.
+__device__ __forceinline__ void merge_fence() {
+#if DEC_MERGE_ACQREL
+  asm volatile("fence.acq_rel.gpu;" ::: "memory");
+#else
+  __threadfence();
+#endif
+}
 
 // What the fused decode step (paged_decode_rope_*) needs beyond attention: the step's raw k and v
 // rows, Qwen3's q/k norm weights (null: no norm), RoPE's cos/sin table and the KV slot per token.
@@ -147,7 +163,7 @@ __device__ __forceinline__ void decode_attention_impl(
   static_assert(LPK >= 2 && LPK <= 32 && (32 % LPK) == 0, "head_dim must give 2..32 lanes a row");
   __shared__ float s_ml[NG][G][2];
   __shared__ float s_acc[NG][G][D];
-  __shared__ float s_w[G][64];  // the merging CTA's per-split weights (n_splits <= 64)
+  __shared__ __align__(16) float s_w[G][64];  // the merging CTA's per-split weights (n_splits <= 64)
   __shared__ float s_den[G];
   __shared__ int s_last;
   // ROPE: the G q heads and the new k, v rows after norm + RoPE (rounded to storage), and scratch
@@ -469,7 +485,7 @@ __device__ __forceinline__ void decode_attention_impl(
   // release (fence, counter, then the partials' loads) is the o product's wait (see the header), so
   // the loads are batched: each lane's (m, l) pairs in one 8-byte load, and every partial of
   // DEC_MERGE_FLIGHT splits x a thread's elements loaded before any is added.
-  __threadfence();
+  merge_fence();
   __syncthreads();
   if (tid == 0) {
     const int prev = atomicAdd(counters + (i64)t * KH + kh, 1);
@@ -478,7 +494,7 @@ __device__ __forceinline__ void decode_attention_impl(
   }
   __syncthreads();
   if (!s_last) return;
-  __threadfence();
+  merge_fence();
   constexpr int EPT = (G * D + DEC_THREADS - 1) / DEC_THREADS, FL = DEC_MERGE_FLIGHT;
   for (int g = tid >> 5; g < G; g += DEC_THREADS / 32) {  // warp per head: split weights
     const int lane = tid & 31;
@@ -499,6 +515,8 @@ __device__ __forceinline__ void decode_attention_impl(
         const float w = ml[i].x == minillm::neg_inf() ? 0.f : exp2f(ml[i].x - M);
         s_w[g][sp] = w;
         den = fmaf(w, ml[i].y, den);
+      } else if (DEC_MERGE_WREG) {
+        s_w[g][sp] = 0.f;  // read, as no weight, by the last batch of FL splits below
       }
     }
     den = minillm::warp_sum(den);
@@ -518,6 +536,26 @@ __device__ __forceinline__ void decode_attention_impl(
         x[i][k] = s0 + i < n_active && e < G * D
                       ? __ldcg(part_o + (((i64)t * H + kh * G + g) * n_splits + s0 + i) * D + d) : 0.f;
       }
+#if DEC_MERGE_WREG
+    // Measured in part166's timeline: the merge (last arrival to its end) takes 2.7 (0.6B) / 4.1 us
+    // (8B); in the SASS below each add waited for its own shared-memory weight behind a branch. The
+    // same adds in the same order, the weights loaded first, 4 splits a load.
+    static_assert(FL % 4 == 0, "DEC_MERGE_WREG reads the weights 4 splits at a time");
+    float w[FL][EPT];
+#pragma unroll
+    for (int k = 0; k < EPT; ++k) {
+      const int g = min((tid + k * DEC_THREADS) / D, G - 1);
+#pragma unroll
+      for (int q = 0; q < FL / 4; ++q) {
+        const float4 v = *reinterpret_cast<const float4*>(&s_w[g][s0 + 4 * q]);
+        w[4 * q][k] = v.x, w[4 * q + 1][k] = v.y, w[4 * q + 2][k] = v.z, w[4 * q + 3][k] = v.w;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < FL; ++i)
+#pragma unroll
+      for (int k = 0; k < EPT; ++k) o[k] = w[i][k] > 0.f ? fmaf(w[i][k], x[i][k], o[k]) : o[k];
+#else
 #pragma unroll
     for (int i = 0; i < FL; ++i)
 #pragma unroll
@@ -528,6 +566,7 @@ __device__ __forceinline__ void decode_attention_impl(
           if (w > 0.f) o[k] = fmaf(w, x[i][k], o[k]);
         }
       }
+#endif
   }
 #pragma unroll
   for (int k = 0; k < EPT; ++k) {
