@@ -86,6 +86,9 @@
 #ifndef DEC_MERGE_WREG  // 1: the merge's weights read as float4s into registers, its adds as selects
 #define DEC_MERGE_WREG 0
 #endif
+#ifndef DEC_MERGE_PRELOAD  // 1: the merge's first DEC_MERGE_FLIGHT splits' partials loaded before its weights
+#define DEC_MERGE_PRELOAD 0  // pass, in flight with the (m, l) loads (they do not need the weights)
+#endif
 #ifndef DEC_MERGE_ACQREL  // 1: the merge's two fences release / acquire (fence.acq_rel.gpu, MEMBAR.ALL)
 #define DEC_MERGE_ACQREL 0  // rather than __threadfence's sequentially consistent fence.sc (MEMBAR.SC)
 #endif
@@ -121,6 +124,20 @@ __device__ __forceinline__ void merge_fence() {
 #else
   __threadfence();
 #endif
+}
+
+// The merge's partials of splits [s0, s0 + FL) for this thread's EPT elements (0 past n_active):
+// every load issued before any is used. head0: the KV head's first query head, t * H + kh * G.
+template <int D, int G, int FL, int EPT>
+__device__ __forceinline__ void load_partials(float (&x)[FL][EPT], const float* part_o, i64 head0, int n_splits,
+                                              int s0, int n_active, int tid) {
+#pragma unroll
+  for (int i = 0; i < FL; ++i)
+#pragma unroll
+    for (int k = 0; k < EPT; ++k) {
+      const int e = tid + k * DEC_THREADS, g = e / D, d = e - g * D;
+      x[i][k] = s0 + i < n_active && e < G * D ? __ldcg(part_o + ((head0 + g) * n_splits + s0 + i) * D + d) : 0.f;
+    }
 }
 
 // What the fused decode step (paged_decode_rope_*) needs beyond attention: the step's raw k and v
@@ -496,6 +513,10 @@ __device__ __forceinline__ void decode_attention_impl(
   if (!s_last) return;
   merge_fence();
   constexpr int EPT = (G * D + DEC_THREADS - 1) / DEC_THREADS, FL = DEC_MERGE_FLIGHT;
+#if DEC_MERGE_PRELOAD
+  float x_first[FL][EPT];
+  load_partials<D, G>(x_first, part_o, (i64)t * H + kh * G, n_splits, 0, n_active, tid);
+#endif
   for (int g = tid >> 5; g < G; g += DEC_THREADS / 32) {  // warp per head: split weights
     const int lane = tid & 31;
     const i64 p0 = ((i64)t * H + kh * G + g) * n_splits;
@@ -528,14 +549,15 @@ __device__ __forceinline__ void decode_attention_impl(
   for (int k = 0; k < EPT; ++k) o[k] = 0.f;
   for (int s0 = 0; s0 < n_active; s0 += FL) {
     float x[FL][EPT];  // the partials of splits [s0, s0 + FL) for this thread's elements
+#if DEC_MERGE_PRELOAD
+    if (s0 == 0) {
 #pragma unroll
-    for (int i = 0; i < FL; ++i)
+      for (int i = 0; i < FL; ++i)
 #pragma unroll
-      for (int k = 0; k < EPT; ++k) {
-        const int e = tid + k * DEC_THREADS, g = e / D, d = e - g * D;
-        x[i][k] = s0 + i < n_active && e < G * D
-                      ? __ldcg(part_o + (((i64)t * H + kh * G + g) * n_splits + s0 + i) * D + d) : 0.f;
-      }
+        for (int k = 0; k < EPT; ++k) x[i][k] = x_first[i][k];
+    } else
+#endif
+      load_partials<D, G>(x, part_o, (i64)t * H + kh * G, n_splits, s0, n_active, tid);
 #if DEC_MERGE_WREG
     // Measured in part166's timeline: the merge (last arrival to its end) takes 2.7 (0.6B) / 4.1 us
     // (8B); in the SASS below each add waited for its own shared-memory weight behind a branch. The

@@ -48,7 +48,7 @@
 #   part164-: session 24 (part164: DEC_MERGE_FLIGHT=8 as the default, every GPU test; the merge's
 #   early loads and single acq_rel arrival, DEC_MERGE_EARLY, since removed; part165: figures and
 #   timelines; part166: the final code's GPU tests and the attention's tail split by its stamps;
-#   part167 prepared, not run: the merge's weights in registers and acq_rel fences).
+#   part167 prepared, not run: the merge's weights in registers, acq_rel fences, preloaded partials).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -2663,26 +2663,27 @@ part166() {  # session 24: the final code (DEC_MERGE_EARLY removed, the decode a
 
 part167() {  # prepared in session 24, not yet run: the decode attention's merge, which part166's timeline
   # put at 2.7 (0.6B) / 4.1 us (8B) from the last arrival to its end: its weights read as float4s
-  # into registers with the adds as selects (DEC_MERGE_WREG=1; the same sums in the same order) and
-  # its two fences release / acquire instead of sequentially consistent (DEC_MERGE_ACQREL=1): the
-  # decode tests and memcheck with both, batch-1 graphs of both shapes with each and both against
-  # the default alternately twice, the c = 1 round with both, and the timelines with both (~7.5
-  # minutes on a fresh machine)
+  # into registers with the adds as selects (DEC_MERGE_WREG=1; the same sums in the same order), its
+  # two fences release / acquire instead of sequentially consistent (DEC_MERGE_ACQREL=1), and all
+  # (those two and the first partials loaded before the weights pass, DEC_MERGE_PRELOAD=1): the
+  # decode tests and memcheck with all, batch-1 graphs of both shapes with each against the default
+  # alternately twice, the c = 1 round with all, and the timelines with all (~8.5 minutes on a
+  # fresh machine)
   setup
   facts > "$W/facts.txt" 2>&1
-  local both="DEC_MERGE_WREG=1,DEC_MERGE_ACQREL=1" i
-  stage merge_tests 300 env MINILLM_CUDA_DEFINES=$both python3 -m pytest -q -m gpu -p no:cacheprovider \
+  local all="DEC_MERGE_WREG=1,DEC_MERGE_ACQREL=1,DEC_MERGE_PRELOAD=1" i
+  stage merge_tests 300 env MINILLM_CUDA_DEFINES=$all python3 -m pytest -q -m gpu -p no:cacheprovider \
     tests/test_cuda_ops.py tests/test_gpu_engine.py -k "decode or paged_attention or greedy or lossless"
-  memcheck_ops memcheck_merge 150 "decode_step_attention and bfloat16" MINILLM_CUDA_DEFINES=$both
+  memcheck_ops memcheck_merge 150 "decode_step_attention and bfloat16" MINILLM_CUDA_DEFINES=$all
   models_all 150
-  both_shapes_ab base= wreg=DEC_MERGE_WREG=1 acqrel=DEC_MERGE_ACQREL=1 both=$both
+  both_shapes_ab base= wreg=DEC_MERGE_WREG=1 acqrel=DEC_MERGE_ACQREL=1 all=$all
   for i in 1 2; do
     spec_round_graph base_$i 1 100 MINILLM_CUDA_DEFINES=
-    spec_round_graph both_$i 1 100 MINILLM_CUDA_DEFINES=$both
+    spec_round_graph all_$i 1 100 MINILLM_CUDA_DEFINES=$all
   done
   graph_summary
-  MINILLM_CUDA_DEFINES=$both timeline q06_b1_both $M/q06 --batch 1 --ctx 512
-  MINILLM_CUDA_DEFINES=$both timeline q8_b1_both $M/q8 --batch 1 --ctx 512
+  MINILLM_CUDA_DEFINES=$all timeline q06_b1_all $M/q06 --batch 1 --ctx 512
+  MINILLM_CUDA_DEFINES=$all timeline q8_b1_all $M/q8 --batch 1 --ctx 512
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name
