@@ -2572,15 +2572,20 @@ part161() {  # session 23, run at 652e735: the fused decode attention's split me
   decode_8b 120
 }
 
-part162() {  # session 23 (ran in session 24 at 4569d99): the decode kernel's last-split merge with its partials'
-  # loads in flight (DEC_MERGE_FLIGHT=4 / 8, the same sums in the same order) against the default: the
-  # decode-attention tests with it, batch-1 graphs of both shapes, batch-4 graphs and the c = 1 round,
-  # alternately twice, and the batch-1 timelines with it (the hand-off into the o product) (~8-9 minutes
-  # on a fresh machine, near the 10-minute limit: each stage is packed as it ends)
+decode_tests_with() {  # decode_tests_with NAME DEFINES: the decode-attention and engine GPU tests (decode,
+  # paged attention, greedy agreement, lossless speculation) with the kernels built with DEFINES
+  stage "$1" 300 env MINILLM_CUDA_DEFINES="$2" python3 -m pytest -q -m gpu -p no:cacheprovider \
+    tests/test_cuda_ops.py tests/test_gpu_engine.py -k "decode or paged_attention or greedy or lossless"
+}
+
+part162() {  # session 23, run in session 24 at 4569d99: the decode kernel's last-split merge with its
+  # partials' loads in flight (DEC_MERGE_FLIGHT=4 / 8, the same sums in the same order) against the
+  # default: the decode-attention tests with it, batch-1 graphs of both shapes, batch-4 graphs and
+  # the c = 1 round, alternately twice, and the batch-1 timelines with it (the hand-off into the o
+  # product) (~8 minutes on a fresh machine: each stage is packed as it ends)
   setup
   facts > "$W/facts.txt" 2>&1
-  stage flight_tests 300 env MINILLM_CUDA_DEFINES=DEC_MERGE_FLIGHT=8 python3 -m pytest -q -m gpu -p no:cacheprovider \
-    tests/test_cuda_ops.py tests/test_gpu_engine.py -k "decode or paged_attention or greedy or lossless"
+  decode_tests_with flight_tests "DEC_MERGE_FLIGHT=8"
   memcheck_ops memcheck_flight 150 "decode_step_attention and bfloat16" MINILLM_CUDA_DEFINES=DEC_MERGE_FLIGHT=8
   models_all 150
   both_shapes_ab base= flight4=DEC_MERGE_FLIGHT=4 flight8=DEC_MERGE_FLIGHT=8
@@ -2598,9 +2603,10 @@ part162() {  # session 23 (ran in session 24 at 4569d99): the decode kernel's la
   MINILLM_CUDA_DEFINES=DEC_MERGE_FLIGHT=8 timeline q8_b1_flight8 $M/q8 --batch 1 --ctx 512
 }
 
-part163() {  # prepared in session 23, never run (part165 runs its timelines on the final code): the timelines part160 could not read (its batch-4 and
-  # c = 1 verification records were spoiled by early-releasing rms_norm_vec CTAs, since fixed): 0.6B
-  # and 8B batch 4 and the rejected DFlash round's verification graph at c = 1 (~3 minutes)
+part163() {  # prepared in session 23, never run (part165 took its timelines over): the timelines
+  # part160 could not read (its batch-4 and c = 1 verification records were spoiled by
+  # early-releasing rms_norm_vec CTAs, since fixed): 0.6B and 8B batch 4 and the rejected DFlash
+  # round's verification graph at c = 1 (~3 minutes)
   setup
   facts > "$W/facts.txt" 2>&1
   models_all 150
@@ -2609,15 +2615,15 @@ part163() {  # prepared in session 23, never run (part165 runs its timelines on 
   timeline q8_spec_b1 $M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512
 }
 
-part164() {  # session 24: DEC_MERGE_FLIGHT=8 made the default (part162): every GPU test on it; the merge's
-  # first partials loaded with its (m, l) and one acq_rel arrival instead of two fences in every
-  # thread (DEC_MERGE_EARLY=1): its decode tests, memcheck, and batch-1 graphs of both shapes and the
-  # c = 1 round against the default, alternately twice (~7 minutes on a fresh machine)
+part164() {  # session 24, runs only at 84819a2 (DEC_MERGE_EARLY was then removed): DEC_MERGE_FLIGHT=8
+  # made the default (part162): every GPU test on it; the merge's first partials loaded with its
+  # (m, l) and one acq_rel arrival instead of two fences in every thread (DEC_MERGE_EARLY=1): its
+  # decode tests, memcheck, and batch-1 graphs of both shapes and the c = 1 round against the
+  # default, alternately twice (~6 minutes on a fresh machine)
   setup
   facts > "$W/facts.txt" 2>&1
   gpu_tests_full 400
-  stage early_tests 300 env MINILLM_CUDA_DEFINES=DEC_MERGE_EARLY=1 python3 -m pytest -q -m gpu -p no:cacheprovider \
-    tests/test_cuda_ops.py tests/test_gpu_engine.py -k "decode or paged_attention or greedy or lossless"
+  decode_tests_with early_tests "DEC_MERGE_EARLY=1"
   memcheck_ops memcheck_early 150 "decode_step_attention and bfloat16" MINILLM_CUDA_DEFINES=DEC_MERGE_EARLY=1
   models_all 150
   both_shapes_ab base= early=DEC_MERGE_EARLY=1
@@ -2672,8 +2678,7 @@ part167() {  # prepared in session 24, not yet run: the decode attention's merge
   setup
   facts > "$W/facts.txt" 2>&1
   local all="DEC_MERGE_WREG=1,DEC_MERGE_ACQREL=1,DEC_MERGE_PRELOAD=1" i
-  stage merge_tests 300 env MINILLM_CUDA_DEFINES=$all python3 -m pytest -q -m gpu -p no:cacheprovider \
-    tests/test_cuda_ops.py tests/test_gpu_engine.py -k "decode or paged_attention or greedy or lossless"
+  decode_tests_with merge_tests "$all"
   memcheck_ops memcheck_merge 150 "decode_step_attention and bfloat16" MINILLM_CUDA_DEFINES=$all
   models_all 150
   both_shapes_ab base= wreg=DEC_MERGE_WREG=1 acqrel=DEC_MERGE_ACQREL=1 all=$all
