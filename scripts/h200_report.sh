@@ -2462,16 +2462,22 @@ part155() {  # session 22's final code (the gated kernels round gate and up to b
   graph_summary
 }
 
-part156() {  # prepared in session 22, not yet run: the figures session 22 did not rerun on its final code
-  # (413fe03's gated kernels): decode of both shapes, the 8B spec-cost bench, memcheck of the
-  # server reproducer, the failure matrix, throughput twice (~7 minutes on a fresh machine)
-  setup
-  facts > "$W/facts.txt" 2>&1
+final_figures() {  # the figures every session reruns on its final code: both random-weight shapes and
+  # drafters, decode of both shapes, the 8B spec-cost bench, memcheck of the server reproducer, the
+  # failure matrix, throughput twice
   models_all 150
   decode_06b 90
   decode_8b 120
   engine_figures
   throughput_06b_env throughput_06b_2 MINILLM_UNUSED=0
+}
+
+part156() {  # prepared in session 22, not yet run: the figures session 22 did not rerun on its final code
+  # (413fe03's gated kernels): decode of both shapes, the 8B spec-cost bench, memcheck of the
+  # server reproducer, the failure matrix, throughput twice (~7 minutes on a fresh machine)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  final_figures
 }
 
 part157() {  # prepared in session 22, not yet run: the map for the next session on the final code: the
@@ -2640,11 +2646,7 @@ part165() {  # session 24: the figures on the final code: decode of both shapes,
   # batch-4 steps and the c = 1 verification graph (part163's, which had not run) (~7 minutes)
   setup
   facts > "$W/facts.txt" 2>&1
-  models_all 150
-  decode_06b 90
-  decode_8b 120
-  engine_figures
-  throughput_06b_env throughput_06b_2 MINILLM_UNUSED=0
+  final_figures
   timeline q06_b1 $M/q06 --batch 1 --ctx 512
   timeline q8_b1 $M/q8 --batch 1 --ctx 512
   timeline q06_b4 $M/q06 --batch 4 --ctx 512
