@@ -48,7 +48,8 @@
 #   part164-: session 24 (part164: DEC_MERGE_FLIGHT=8 as the default, every GPU test; the merge's
 #   early loads and single acq_rel arrival, DEC_MERGE_EARLY, since removed; part165: figures and
 #   timelines; part166: the final code's GPU tests and the attention's tail split by its stamps;
-#   part167 prepared, not run: the merge's weights in registers, acq_rel fences, preloaded partials).
+#   part167 prepared, not run: the merge's weights in registers, acq_rel fences, preloaded partials;
+#   part168 prepared, not run: the merge's partials of 16 splits in flight).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -2584,6 +2585,23 @@ decode_tests_with() {  # decode_tests_with NAME DEFINES: the decode-attention an
     tests/test_cuda_ops.py tests/test_gpu_engine.py -k "decode or paged_attention or greedy or lossless"
 }
 
+merge_variant_ab() {  # merge_variant_ab TAG DEFINES [NAME=DEFINES...]: the decode tests and memcheck of the
+  # fused decode step's tests with the kernels built with DEFINES (stages TAG_tests, memcheck_TAG),
+  # then batch-1 graphs of both shapes (base, the NAMEs, TAG) and the c = 1 round (base, TAG),
+  # alternately twice
+  local tag=$1 defs=$2 i
+  shift 2
+  decode_tests_with "${tag}_tests" "$defs"
+  memcheck_ops "memcheck_$tag" 150 "decode_step_attention and bfloat16" MINILLM_CUDA_DEFINES="$defs"
+  models_all 150
+  both_shapes_ab base= "$@" "$tag=$defs"
+  for i in 1 2; do
+    spec_round_graph "base_$i" 1 100 MINILLM_CUDA_DEFINES=
+    spec_round_graph "${tag}_$i" 1 100 MINILLM_CUDA_DEFINES="$defs"
+  done
+  graph_summary
+}
+
 part162() {  # session 23, run in session 24 at 4569d99: the decode kernel's last-split merge with its
   # partials' loads in flight (DEC_MERGE_FLIGHT=4 / 8, the same sums in the same order) against the
   # default: the decode-attention tests with it, batch-1 graphs of both shapes, batch-4 graphs and
@@ -2629,16 +2647,7 @@ part164() {  # session 24, runs only at 84819a2 (DEC_MERGE_EARLY was then remove
   setup
   facts > "$W/facts.txt" 2>&1
   gpu_tests_full 400
-  decode_tests_with early_tests "DEC_MERGE_EARLY=1"
-  memcheck_ops memcheck_early 150 "decode_step_attention and bfloat16" MINILLM_CUDA_DEFINES=DEC_MERGE_EARLY=1
-  models_all 150
-  both_shapes_ab base= early=DEC_MERGE_EARLY=1
-  local i
-  for i in 1 2; do
-    spec_round_graph base_$i 1 100 MINILLM_CUDA_DEFINES=
-    spec_round_graph early_$i 1 100 MINILLM_CUDA_DEFINES=DEC_MERGE_EARLY=1
-  done
-  graph_summary
+  merge_variant_ab early DEC_MERGE_EARLY=1
 }
 
 part165() {  # session 24: the figures on the final code: decode of both shapes, the 8B spec-cost bench,
@@ -2679,18 +2688,22 @@ part167() {  # prepared in session 24, not yet run: the decode attention's merge
   # fresh machine)
   setup
   facts > "$W/facts.txt" 2>&1
-  local all="DEC_MERGE_WREG=1,DEC_MERGE_ACQREL=1,DEC_MERGE_PRELOAD=1" i
-  decode_tests_with merge_tests "$all"
-  memcheck_ops memcheck_merge 150 "decode_step_attention and bfloat16" MINILLM_CUDA_DEFINES=$all
-  models_all 150
-  both_shapes_ab base= wreg=DEC_MERGE_WREG=1 acqrel=DEC_MERGE_ACQREL=1 all=$all
-  for i in 1 2; do
-    spec_round_graph base_$i 1 100 MINILLM_CUDA_DEFINES=
-    spec_round_graph all_$i 1 100 MINILLM_CUDA_DEFINES=$all
-  done
-  graph_summary
+  local all="DEC_MERGE_WREG=1,DEC_MERGE_ACQREL=1,DEC_MERGE_PRELOAD=1"
+  merge_variant_ab all "$all" wreg=DEC_MERGE_WREG=1 acqrel=DEC_MERGE_ACQREL=1
   MINILLM_CUDA_DEFINES=$all timeline q06_b1_all $M/q06 --batch 1 --ctx 512
   MINILLM_CUDA_DEFINES=$all timeline q8_b1_all $M/q8 --batch 1 --ctx 512
+}
+
+part168() {  # prepared in session 24, not yet run: the merge's partials of 16 splits in flight instead of 8
+  # (DEC_MERGE_FLIGHT=16): a batch-1 step at ~517 keys has 9 active splits of 64 keys, so with 8 its
+  # merge loads a second batch for one split (registers: G <= 4 unchanged, 128 / 80; G >= 6 up to
+  # 255): the decode tests and memcheck with it, batch-1 graphs of both shapes and the c = 1 round
+  # against the default alternately twice, and its timelines (~6 minutes on a fresh machine)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  merge_variant_ab flight16 DEC_MERGE_FLIGHT=16
+  MINILLM_CUDA_DEFINES=DEC_MERGE_FLIGHT=16 timeline q06_b1_flight16 $M/q06 --batch 1 --ctx 512
+  MINILLM_CUDA_DEFINES=DEC_MERGE_FLIGHT=16 timeline q8_b1_flight16 $M/q8 --batch 1 --ctx 512
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name

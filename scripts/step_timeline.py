@@ -83,7 +83,8 @@ def split(grids: list[dict]) -> dict:
         prev = grids[i - 1]["release_last"] if i else 0
         handoff = (g["wait_first"] - prev) / 1e3 if prev else None
         placed = (g["entry"] - prev) / 1e3 if prev else None
-        rows.append({"shape": g["shape"], "ctas": g["ctas"], "start_us": (g["entry"] - t0) / 1e3,
+        rows.append({"shape": g["shape"], "ctas": g["ctas"], "released": g["released"],
+                     "start_us": (g["entry"] - t0) / 1e3,
                      "work_us": work, "handoff_us": handoff, "placed_after_release_us": placed,
                      "wait_spread_us": (g["wait_last"] - g["wait_first"]) / 1e3,
                      **tail_phases(g, grids[i + 1] if i + 1 < len(grids) else None)})
@@ -209,10 +210,11 @@ def main() -> int:
                                           if pos.get(k + "_median") is not None) if "merge_us_median" in pos else ""
             print(f"  {j:2d} {pos['shape']:18s} {pos['work_us_median'] or 0:8.2f} {pos['handoff_us_median'] or 0:8.2f}"
                   f"{tail}")
-    print("first 16 grids: shape, CTAs recorded, start, work, hand-off, placed after the previous release (us)")
+    print("first 16 grids: shape, CTAs recorded, CTAs that released (the others exited first: e.g. the decode "
+          "attention's inactive splits), start, work, hand-off, placed after the previous release (us)")
     for row in r["timeline"][:16]:
-        print(f"  {row['shape']:18s} {row['ctas']:5d} {row['start_us']:8.2f} {row['work_us'] or 0:7.2f} "
-              f"{row['handoff_us'] or 0:7.2f} {row['placed_after_release_us'] or 0:7.2f}")
+        print(f"  {row['shape']:18s} {row['ctas']:5d} {row['released']:5d} {row['start_us']:8.2f} "
+              f"{row['work_us'] or 0:7.2f} {row['handoff_us'] or 0:7.2f} {row['placed_after_release_us'] or 0:7.2f}")
     if ns.json:
         from minillm.bench.report import write_json
 

@@ -43,6 +43,7 @@ def test_work_and_handoffs():
     r = st.split(grids)
     first, second = r["timeline"]
     assert first["work_us"] == pytest.approx(0.5) and first["handoff_us"] is None
+    assert (first["released"], second["released"]) == (2, 2)
     assert second["work_us"] == pytest.approx(0.3)
     assert second["handoff_us"] == pytest.approx(0.1)
     assert second["placed_after_release_us"] == pytest.approx(-0.05)
