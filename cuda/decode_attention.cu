@@ -89,6 +89,9 @@
 #ifndef DEC_MERGE_PRELOAD  // 1: the merge's first DEC_MERGE_FLIGHT splits' partials loaded before its weights
 #define DEC_MERGE_PRELOAD 0  // pass, in flight with the (m, l) loads (they do not need the weights)
 #endif
+#ifndef DEC_PREWAIT_HOIST  // 1: the fused step's slot and position loads issued with query_start's, not
+#define DEC_PREWAIT_HOIST 0  // after the row's sequence is known (one dependent load fewer before the wait)
+#endif
 #ifndef DEC_MERGE_ACQREL  // 1: the merge's two fences release / acquire (fence.acq_rel.gpu, MEMBAR.ALL)
 #define DEC_MERGE_ACQREL 0  // rather than __threadfence's sequentially consistent fence.sc (MEMBAR.SC)
 #endif
@@ -213,6 +216,18 @@ __device__ __forceinline__ void decode_attention_impl(
   // (cuda/common.cuh) this runs before the PDL wait, during the previous kernel's tail, and the
   // lines this CTA reads next (its block-table entries, the RoPE row, the q/k norm weights) are
   // pulled into L1 there too. The wait comes before any return.
+#if DEC_PREWAIT_HOIST
+  // part165/166's batch-1 timelines: this kernel's entry stamp comes a median 1.5 us (0.6B) / 1.0
+  // us (8B) after the qkv product's release (the other kernels 0.1-0.7 us), behind three dependent
+  // loads (query_start[B], the row's sequence, then its slot and position), and the wait into it
+  // is 1.9 / 1.5-1.7 us (others ~1). The slot and position depend on t alone: the step's input
+  // buffers are zeroed at startup and have a row for every t < n_tokens.
+  int slot_t = -1, pos_t = 0;
+  if constexpr (ROPE) {
+    slot_t = ra.slots[t];
+    pos_t = ra.positions[t];
+  }
+#endif
   bool active = false;
   int b = 0, nq = 1, L = 0, j = 0, k_hi = 0, k_lo = 0, k_end = 0;
   int n_active = 1;  // splits that hold keys of this token; the others exit
@@ -244,8 +259,13 @@ __device__ __forceinline__ void decode_attention_impl(
   int pos = 0;
   if constexpr (ROPE) {
     if (active) {
+#if DEC_PREWAIT_HOIST
+      slot = slot_t;
+      pos = pos_t;
+#else
       slot = ra.slots[t];
       pos = ra.positions[t];
+#endif
     }
   }
 #if PDL_PREWAIT_INDEX

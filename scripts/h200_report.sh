@@ -49,7 +49,8 @@
 #   early loads and single acq_rel arrival, DEC_MERGE_EARLY, since removed; part165: figures and
 #   timelines; part166: the final code's GPU tests and the attention's tail split by its stamps;
 #   part167 prepared, not run: the merge's weights in registers, acq_rel fences, preloaded partials;
-#   part168 prepared, not run: the merge's partials of 16 splits in flight).
+#   part168 prepared, not run: the merge's partials of 16 splits in flight, the fused step's slot
+#   and position loads hoisted before its wait).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -2694,16 +2695,22 @@ part167() {  # prepared in session 24, not yet run: the decode attention's merge
   MINILLM_CUDA_DEFINES=$all timeline q8_b1_all $M/q8 --batch 1 --ctx 512
 }
 
-part168() {  # prepared in session 24, not yet run: the merge's partials of 16 splits in flight instead of 8
-  # (DEC_MERGE_FLIGHT=16): a batch-1 step at ~517 keys has 9 active splits of 64 keys, so with 8 its
-  # merge loads a second batch for one split (registers: G <= 4 unchanged, 128 / 80; G >= 6 up to
-  # 255): the decode tests and memcheck with it, batch-1 graphs of both shapes and the c = 1 round
-  # against the default alternately twice, and its timelines (~6 minutes on a fresh machine)
+part168() {  # prepared in session 24, not yet run: two changes to the batch-1 decode attention. The merge's
+  # partials of 16 splits in flight instead of 8 (DEC_MERGE_FLIGHT=16): a batch-1 step at ~517 keys
+  # has 9 active splits of 64 keys, so with 8 its merge loads a second batch for one split
+  # (registers: G <= 4 unchanged, 128 / 80; G >= 6 up to 255). And the fused step's slot and
+  # position loads issued before the PDL wait with query_start's (DEC_PREWAIT_HOIST=1): the kernel's
+  # entry came a median 1.5 / 1.0 us after the qkv product's release, behind three dependent loads
+  # (the other kernels 0.1-0.7 us). The decode
+  # tests and memcheck with both, batch-1 graphs of both shapes with each and both against the
+  # default and the c = 1 round with both, alternately twice, and the timelines with both (~8.5
+  # minutes on a fresh machine)
   setup
   facts > "$W/facts.txt" 2>&1
-  merge_variant_ab flight16 DEC_MERGE_FLIGHT=16
-  MINILLM_CUDA_DEFINES=DEC_MERGE_FLIGHT=16 timeline q06_b1_flight16 $M/q06 --batch 1 --ctx 512
-  MINILLM_CUDA_DEFINES=DEC_MERGE_FLIGHT=16 timeline q8_b1_flight16 $M/q8 --batch 1 --ctx 512
+  local both="DEC_MERGE_FLIGHT=16,DEC_PREWAIT_HOIST=1"
+  merge_variant_ab both "$both" flight16=DEC_MERGE_FLIGHT=16 hoist=DEC_PREWAIT_HOIST=1
+  MINILLM_CUDA_DEFINES=$both timeline q06_b1_both $M/q06 --batch 1 --ctx 512
+  MINILLM_CUDA_DEFINES=$both timeline q8_b1_both $M/q8 --batch 1 --ctx 512
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name

@@ -109,7 +109,8 @@ def test_pdl_kernel_args_are_typed():
 
 # compile-time variants that scripts/decode_splits.py measures (--variant), the release-at-exit
 # build of the A/B runs (PDL_LATE=0, cuda/common.cuh) and MINILLM_PDL_PREFILL's, so they do not rot
-VARIANTS = [("decode_attention", ["-DDEC_NO_MATH=1", "-DDEC_MERGE_FLIGHT=4", "-DMINILLM_TIMELINE=1"]),
+VARIANTS = [("decode_attention", ["-DDEC_NO_MATH=1", "-DDEC_MERGE_FLIGHT=4", "-DMINILLM_TIMELINE=1",
+                                  "-DDEC_PREWAIT_HOIST=1"]),
             ("decode_attention", ["-DDEC_CPL=2", "-DDEC_U=2", "-DPDL_PREWAIT_INDEX=0", "-DDEC_MERGE_WREG=1",
                                   "-DDEC_MERGE_ACQREL=1", "-DDEC_MERGE_PRELOAD=1"]),
             ("gemv", ["-DPDL_LATE=0", "-DGEMV_PREFETCH_MAX=0", "-DGEMV_MAX_M=8"]),
