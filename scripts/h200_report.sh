@@ -2603,6 +2603,16 @@ merge_variant_ab() {  # merge_variant_ab TAG DEFINES [NAME=DEFINES...]: the deco
   graph_summary
 }
 
+merge_variant_call() {  # merge_variant_call TAG DEFINES [NAME=DEFINES...]: a whole call of merge_variant_ab,
+  # then batch-1 timelines of both shapes with DEFINES (stages timeline_MODEL_b1_TAG)
+  local tag=$1 defs=$2
+  setup
+  facts > "$W/facts.txt" 2>&1
+  merge_variant_ab "$@"
+  MINILLM_CUDA_DEFINES=$defs timeline "q06_b1_$tag" $M/q06 --batch 1 --ctx 512
+  MINILLM_CUDA_DEFINES=$defs timeline "q8_b1_$tag" $M/q8 --batch 1 --ctx 512
+}
+
 part162() {  # session 23, run in session 24 at 4569d99: the decode kernel's last-split merge with its
   # partials' loads in flight (DEC_MERGE_FLIGHT=4 / 8, the same sums in the same order) against the
   # default: the decode-attention tests with it, batch-1 graphs of both shapes, batch-4 graphs and
@@ -2687,30 +2697,21 @@ part167() {  # prepared in session 24, not yet run: the decode attention's merge
   # decode tests and memcheck with all, batch-1 graphs of both shapes with each against the default
   # alternately twice, the c = 1 round with all, and the timelines with all (~8.5 minutes on a
   # fresh machine)
-  setup
-  facts > "$W/facts.txt" 2>&1
-  local all="DEC_MERGE_WREG=1,DEC_MERGE_ACQREL=1,DEC_MERGE_PRELOAD=1"
-  merge_variant_ab all "$all" wreg=DEC_MERGE_WREG=1 acqrel=DEC_MERGE_ACQREL=1
-  MINILLM_CUDA_DEFINES=$all timeline q06_b1_all $M/q06 --batch 1 --ctx 512
-  MINILLM_CUDA_DEFINES=$all timeline q8_b1_all $M/q8 --batch 1 --ctx 512
+  merge_variant_call all "DEC_MERGE_WREG=1,DEC_MERGE_ACQREL=1,DEC_MERGE_PRELOAD=1" wreg=DEC_MERGE_WREG=1 \
+    acqrel=DEC_MERGE_ACQREL=1
 }
 
-part168() {  # prepared in session 24, not yet run: two changes to the batch-1 decode attention. The merge's
-  # partials of 16 splits in flight instead of 8 (DEC_MERGE_FLIGHT=16): a batch-1 step at ~517 keys
-  # has 9 active splits of 64 keys, so with 8 its merge loads a second batch for one split
+part168() {  # prepared in session 24, not yet run: two changes to the batch-1 decode attention. The
+  # merge's partials of 16 splits in flight instead of 8 (DEC_MERGE_FLIGHT=16): a batch-1 step at
+  # ~517 keys has 9 active splits of 64 keys, so with 8 its merge loads a second batch for one split
   # (registers: G <= 4 unchanged, 128 / 80; G >= 6 up to 255). And the fused step's slot and
-  # position loads issued before the PDL wait with query_start's (DEC_PREWAIT_HOIST=1): the kernel's
-  # entry came a median 1.5 / 1.0 us after the qkv product's release, behind three dependent loads
-  # (the other kernels 0.1-0.7 us). The decode
-  # tests and memcheck with both, batch-1 graphs of both shapes with each and both against the
-  # default and the c = 1 round with both, alternately twice, and the timelines with both (~8.5
-  # minutes on a fresh machine)
-  setup
-  facts > "$W/facts.txt" 2>&1
-  local both="DEC_MERGE_FLIGHT=16,DEC_PREWAIT_HOIST=1"
-  merge_variant_ab both "$both" flight16=DEC_MERGE_FLIGHT=16 hoist=DEC_PREWAIT_HOIST=1
-  MINILLM_CUDA_DEFINES=$both timeline q06_b1_both $M/q06 --batch 1 --ctx 512
-  MINILLM_CUDA_DEFINES=$both timeline q8_b1_both $M/q8 --batch 1 --ctx 512
+  # position loads issued before the PDL wait with query_start's (DEC_PREWAIT_HOIST=1): the
+  # kernel's entry came a median 1.5 / 1.0 us after the qkv product's release, behind three
+  # dependent loads (the other kernels 0.1-0.7 us). The decode tests and memcheck with both,
+  # batch-1 graphs of both shapes with each and both against the default and the c = 1 round with
+  # both, alternately twice, and the timelines with both (~8.5 minutes on a fresh machine)
+  merge_variant_call both "DEC_MERGE_FLIGHT=16,DEC_PREWAIT_HOIST=1" flight16=DEC_MERGE_FLIGHT=16 \
+    hoist=DEC_PREWAIT_HOIST=1
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name
