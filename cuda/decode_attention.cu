@@ -224,8 +224,10 @@ __device__ __forceinline__ void decode_attention_impl(
   // buffers are zeroed at startup and have a row for every t < n_tokens.
   int slot_t = -1, pos_t = 0;
   if constexpr (ROPE) {
-    slot_t = ra.slots[t];
-    pos_t = ra.positions[t];
+    if (t < n_tokens) {
+      slot_t = ra.slots[t];
+      pos_t = ra.positions[t];
+    }
   }
 #endif
   bool active = false;
