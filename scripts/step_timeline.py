@@ -62,13 +62,11 @@ def grids_of(records: np.ndarray) -> list[dict]:
         by[int(r[0])].append(r)
     grids = []
     for gid, rs in by.items():
-        a = np.asarray(rs, dtype=np.uint64)
-        rel, arrived, merged = (a[:, w][a[:, w] > 0] for w in (5, 6, 7))
+        a = np.asarray(rs, dtype=np.uint64)  # words 5-7 are 0 where a CTA did not stamp them
         grids.append({"gridid": gid, "shape": f"{int(a[0, 1] >> 32)}x{int(a[0, 2] >> 32)}", "ctas": len(rs),
                       "entry": int(a[:, 3].min()), "wait_first": int(a[:, 4].min()), "wait_last": int(a[:, 4].max()),
-                      "release_last": int(rel.max()) if rel.size else 0, "released": int(rel.size),
-                      "arrive_last": int(arrived.max()) if arrived.size else 0,
-                      "merged_last": int(merged.max()) if merged.size else 0})
+                      "release_last": int(a[:, 5].max()), "released": int(np.count_nonzero(a[:, 5])),
+                      "arrive_last": int(a[:, 6].max()), "merged_last": int(a[:, 7].max())})
     return sorted(grids, key=lambda g: g["entry"])
 
 
