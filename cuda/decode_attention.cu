@@ -84,16 +84,10 @@
 #define DEC_MERGE_FLIGHT 8
 #endif
 #ifndef DEC_MERGE_WREG  // 1: the merge's weights read as float4s into registers, its adds as selects
-#define DEC_MERGE_WREG 0
-#endif
-#ifndef DEC_MERGE_PRELOAD  // 1: the merge's first DEC_MERGE_FLIGHT splits' partials loaded before its weights
-#define DEC_MERGE_PRELOAD 0  // pass, in flight with the (m, l) loads (they do not need the weights)
+#define DEC_MERGE_WREG 1  // (0: the old path, kept for part169's A/B only)
 #endif
 #ifndef DEC_PREWAIT_HOIST  // 1: the fused step's slot and position loads issued with query_start's, not
 #define DEC_PREWAIT_HOIST 0  // after the row's sequence is known (one dependent load fewer before the wait)
-#endif
-#ifndef DEC_MERGE_ACQREL  // 1: the merge's two fences release / acquire (fence.acq_rel.gpu, MEMBAR.ALL)
-#define DEC_MERGE_ACQREL 0  // rather than __threadfence's sequentially consistent fence.sc (MEMBAR.SC)
 #endif
 #ifndef DEC_CPL  // 16-byte chunks of a K/V row per lane (1: 16 lanes a bf16 d128 row; 2: 8 lanes)
 #define DEC_CPL 1
@@ -120,14 +114,8 @@ struct Vec16<float> {
 };
 
 // The split counter's fences: the partials before the arrival (release), the arrival before the
-// merge's loads (acquire). Release / acquire is all the pattern needs; __threadfence is stronger.
-__device__ __forceinline__ void merge_fence() {
-#if DEC_MERGE_ACQREL
-  asm volatile("fence.acq_rel.gpu;" ::: "memory");
-#else
-  __threadfence();
-#endif
-}
+// merge's loads (acquire). fence.acq_rel.gpu in place of __threadfence measured the same (part167).
+__device__ __forceinline__ void merge_fence() { __threadfence(); }
 
 // The merge's partials of splits [s0, s0 + FL) for this thread's EPT elements (0 past n_active):
 // every load issued before any is used. head0: the KV head's first query head, t * H + kh * G.
@@ -535,10 +523,6 @@ __device__ __forceinline__ void decode_attention_impl(
   if (!s_last) return;
   merge_fence();
   constexpr int EPT = (G * D + DEC_THREADS - 1) / DEC_THREADS, FL = DEC_MERGE_FLIGHT;
-#if DEC_MERGE_PRELOAD
-  float x_first[FL][EPT];
-  load_partials<D, G>(x_first, part_o, (i64)t * H + kh * G, n_splits, 0, n_active, tid);
-#endif
   for (int g = tid >> 5; g < G; g += DEC_THREADS / 32) {  // warp per head: split weights
     const int lane = tid & 31;
     const i64 p0 = ((i64)t * H + kh * G + g) * n_splits;
@@ -571,15 +555,7 @@ __device__ __forceinline__ void decode_attention_impl(
   for (int k = 0; k < EPT; ++k) o[k] = 0.f;
   for (int s0 = 0; s0 < n_active; s0 += FL) {
     float x[FL][EPT];  // the partials of splits [s0, s0 + FL) for this thread's elements
-#if DEC_MERGE_PRELOAD
-    if (s0 == 0) {
-#pragma unroll
-      for (int i = 0; i < FL; ++i)
-#pragma unroll
-        for (int k = 0; k < EPT; ++k) x[i][k] = x_first[i][k];
-    } else
-#endif
-      load_partials<D, G>(x, part_o, (i64)t * H + kh * G, n_splits, s0, n_active, tid);
+    load_partials<D, G>(x, part_o, (i64)t * H + kh * G, n_splits, s0, n_active, tid);
 #if DEC_MERGE_WREG
     // Measured in part166's timeline: the merge (last arrival to its end) takes 2.7 (0.6B) / 4.1 us
     // (8B); in the SASS below each add waited for its own shared-memory weight behind a branch. The

@@ -48,9 +48,11 @@
 #   part164-: session 24 (part164: DEC_MERGE_FLIGHT=8 as the default, every GPU test; the merge's
 #   early loads and single acq_rel arrival, DEC_MERGE_EARLY, since removed; part165: figures and
 #   timelines; part166: the final code's GPU tests and the attention's tail split by its stamps;
-#   part167 prepared, not run: the merge's weights in registers, acq_rel fences, preloaded partials;
-#   part168 prepared, not run: the merge's partials of 16 splits in flight, the fused step's slot
-#   and position loads hoisted before its wait).
+#   part167 (run in session 25): the merge's weights in registers, acq_rel fences, preloaded
+#   partials; part168 (run in session 25): the merge's partials of 16 splits in flight, the fused
+#   step's slot and position loads hoisted before its wait).
+#   part169-: session 25 (part169: DEC_MERGE_WREG the default, every GPU test, memcheck, and
+#   DEC_MERGE_FLIGHT=16 with DEC_PREWAIT_HOIST on top of it; part170: the figures on it).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -2712,6 +2714,42 @@ part168() {  # prepared in session 24, not yet run: two changes to the batch-1 d
   # both, alternately twice, and the timelines with both (~8.5 minutes on a fresh machine)
   merge_variant_call both "DEC_MERGE_FLIGHT=16,DEC_PREWAIT_HOIST=1" flight16=DEC_MERGE_FLIGHT=16 \
     hoist=DEC_PREWAIT_HOIST=1
+}
+
+part169() {  # session 25, call 3 (fresh machine): the merge's weights in registers (DEC_MERGE_WREG=1,
+  # part167's winner) the default: every GPU test and memcheck of the fused decode step's tests with
+  # it; part168's pair (16 splits in flight and the hoisted pre-wait loads) on top of it: its decode
+  # tests, batch-1 graphs of both shapes and the c = 1 round against the new default, and the round
+  # with the old merge (DEC_MERGE_WREG=0, not in part167), alternately twice (~7 minutes)
+  local fh="DEC_MERGE_FLIGHT=16,DEC_PREWAIT_HOIST=1" i m
+  setup
+  facts > "$W/facts.txt" 2>&1
+  gpu_tests_full 400
+  memcheck_ops memcheck_decode_step 150 "decode_step_attention and bfloat16"
+  models_all 150
+  decode_tests_with fh_tests "$fh"
+  for i in 1 2; do
+    for m in q06 q8; do
+      step_graph $m "wreg_$i" "" 100
+      step_graph $m "fh_$i" "$fh" 100
+    done
+    spec_round_graph "wreg_$i" 1 100 MINILLM_CUDA_DEFINES=
+    spec_round_graph "fh_$i" 1 100 MINILLM_CUDA_DEFINES="$fh"
+    spec_round_graph "nowreg_$i" 1 100 MINILLM_CUDA_DEFINES=DEC_MERGE_WREG=0
+  done
+  graph_summary
+}
+
+part170() {  # session 25, call 4 (part169's warm machine, its models kept): the figures on the
+  # DEC_MERGE_WREG default: decode of both shapes, the 8B spec-cost bench, memcheck of the
+  # reproducer, the failure matrix, throughput twice (~4 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  [ -f $M/q8-dflash/config.json ] && [ -f $M/q06-dflash/config.json ] || models_all 150
+  decode_06b 90
+  decode_8b 120
+  engine_figures
+  throughput_06b_env throughput_06b_2 MINILLM_UNUSED=0
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name
