@@ -83,9 +83,6 @@
 #ifndef DEC_MERGE_FLIGHT  // the last split's merge: splits whose partials are loaded at once
 #define DEC_MERGE_FLIGHT 8
 #endif
-#ifndef DEC_MERGE_WREG  // 1: the merge's weights read as float4s into registers, its adds as selects
-#define DEC_MERGE_WREG 1  // (0: the old path, kept for part169's A/B only)
-#endif
 #ifndef DEC_PREWAIT_HOIST  // 1: the fused step's slot and position loads issued with query_start's, not
 #define DEC_PREWAIT_HOIST 0  // after the row's sequence is known (one dependent load fewer before the wait)
 #endif
@@ -542,7 +539,7 @@ __device__ __forceinline__ void decode_attention_impl(
         const float w = ml[i].x == minillm::neg_inf() ? 0.f : exp2f(ml[i].x - M);
         s_w[g][sp] = w;
         den = fmaf(w, ml[i].y, den);
-      } else if (DEC_MERGE_WREG) {
+      } else {
         s_w[g][sp] = 0.f;  // read, as no weight, by the last batch of FL splits below
       }
     }
@@ -556,11 +553,12 @@ __device__ __forceinline__ void decode_attention_impl(
   for (int s0 = 0; s0 < n_active; s0 += FL) {
     float x[FL][EPT];  // the partials of splits [s0, s0 + FL) for this thread's elements
     load_partials<D, G>(x, part_o, (i64)t * H + kh * G, n_splits, s0, n_active, tid);
-#if DEC_MERGE_WREG
-    // Measured in part166's timeline: the merge (last arrival to its end) takes 2.7 (0.6B) / 4.1 us
-    // (8B); in the SASS below each add waited for its own shared-memory weight behind a branch. The
-    // same adds in the same order, the weights loaded first, 4 splits a load.
-    static_assert(FL % 4 == 0, "DEC_MERGE_WREG reads the weights 4 splits at a time");
+    // The weights of the batch into registers first, 4 splits a load, then the adds as selects: when
+    // each add read its own weight from shared memory behind a branch, the merge (last arrival to
+    // its end) took 2.7 (0.6B) / 4.1 us (8B) in part166's timeline; this is 2.1% / 1.1% off the
+    // batch-1 steps (part167). Splits past n_active read weight 0 (zeroed above), and the select skips
+    // every zero weight as the branch did.
+    static_assert(FL % 4 == 0 && 64 % FL == 0, "the weights are read 4 splits at a time, within s_w's 64");
     float w[FL][EPT];
 #pragma unroll
     for (int k = 0; k < EPT; ++k) {
@@ -575,18 +573,6 @@ __device__ __forceinline__ void decode_attention_impl(
     for (int i = 0; i < FL; ++i)
 #pragma unroll
       for (int k = 0; k < EPT; ++k) o[k] = w[i][k] > 0.f ? fmaf(w[i][k], x[i][k], o[k]) : o[k];
-#else
-#pragma unroll
-    for (int i = 0; i < FL; ++i)
-#pragma unroll
-      for (int k = 0; k < EPT; ++k) {
-        const int e = tid + k * DEC_THREADS;
-        if (s0 + i < n_active && e < G * D) {
-          const float w = s_w[e / D][s0 + i];
-          if (w > 0.f) o[k] = fmaf(w, x[i][k], o[k]);
-        }
-      }
-#endif
   }
 #pragma unroll
   for (int k = 0; k < EPT; ++k) {

@@ -2691,36 +2691,37 @@ part166() {  # session 24: the final code (DEC_MERGE_EARLY removed, the decode a
   timeline q8_b1 $M/q8 --batch 1 --ctx 512
 }
 
-part167() {  # prepared in session 24, not yet run: the decode attention's merge, which part166's timeline
-  # put at 2.7 (0.6B) / 4.1 us (8B) from the last arrival to its end: its weights read as float4s
-  # into registers with the adds as selects (DEC_MERGE_WREG=1; the same sums in the same order), its
-  # two fences release / acquire instead of sequentially consistent (DEC_MERGE_ACQREL=1), and all
-  # (those two and the first partials loaded before the weights pass, DEC_MERGE_PRELOAD=1): the
+part167() {  # prepared in session 24, run in session 25 at 05b264b: the decode attention's merge, which
+  # part166's timeline put at 2.7 (0.6B) / 4.1 us (8B) from the last arrival to its end: its weights read
+  # as float4s into registers with the adds as selects (DEC_MERGE_WREG=1; the same sums in the same
+  # order), its two fences release / acquire instead of sequentially consistent (DEC_MERGE_ACQREL=1), and
+  # all (those two and the first partials loaded before the weights pass, DEC_MERGE_PRELOAD=1): the
   # decode tests and memcheck with all, batch-1 graphs of both shapes with each against the default
-  # alternately twice, the c = 1 round with all, and the timelines with all (~8.5 minutes on a
-  # fresh machine)
+  # alternately twice, the c = 1 round with all, and the timelines with all (~8.5 minutes on a fresh
+  # machine). Runs only at 05b264b: WREG became the only merge, ACQREL and PRELOAD were removed
   merge_variant_call all "DEC_MERGE_WREG=1,DEC_MERGE_ACQREL=1,DEC_MERGE_PRELOAD=1" wreg=DEC_MERGE_WREG=1 \
     acqrel=DEC_MERGE_ACQREL=1
 }
 
-part168() {  # prepared in session 24, not yet run: two changes to the batch-1 decode attention. The
-  # merge's partials of 16 splits in flight instead of 8 (DEC_MERGE_FLIGHT=16): a batch-1 step at
-  # ~517 keys has 9 active splits of 64 keys, so with 8 its merge loads a second batch for one split
-  # (registers: G <= 4 unchanged, 128 / 80; G >= 6 up to 255). And the fused step's slot and
-  # position loads issued before the PDL wait with query_start's (DEC_PREWAIT_HOIST=1): the
-  # kernel's entry came a median 1.5 / 1.0 us after the qkv product's release, behind three
-  # dependent loads (the other kernels 0.1-0.7 us). The decode tests and memcheck with both,
-  # batch-1 graphs of both shapes with each and both against the default and the c = 1 round with
-  # both, alternately twice, and the timelines with both (~8.5 minutes on a fresh machine)
+part168() {  # prepared in session 24, run in session 25 at 05b264b: two changes to the batch-1 decode
+  # attention. The merge's partials of 16 splits in flight instead of 8 (DEC_MERGE_FLIGHT=16): a batch-1
+  # step at ~517 keys has 9 active splits of 64 keys, so with 8 its merge loads a second batch for one
+  # split (registers: G <= 4 unchanged, 128 / 80; G >= 6 up to 255). And the fused step's slot and
+  # position loads issued before the PDL wait with query_start's (DEC_PREWAIT_HOIST=1): the kernel's
+  # entry came a median 1.5 / 1.0 us after the qkv product's release, behind three dependent loads (the
+  # other kernels 0.1-0.7 us). The decode tests and memcheck with both, batch-1 graphs of both shapes
+  # with each and both against the default and the c = 1 round with both, alternately twice, and the
+  # timelines with both (~8.5 minutes on a fresh machine)
   merge_variant_call both "DEC_MERGE_FLIGHT=16,DEC_PREWAIT_HOIST=1" flight16=DEC_MERGE_FLIGHT=16 \
     hoist=DEC_PREWAIT_HOIST=1
 }
 
-part169() {  # session 25, call 3 (fresh machine): the merge's weights in registers (DEC_MERGE_WREG=1,
-  # part167's winner) the default: every GPU test and memcheck of the fused decode step's tests with
-  # it; part168's pair (16 splits in flight and the hoisted pre-wait loads) on top of it: its decode
-  # tests, batch-1 graphs of both shapes and the c = 1 round against the new default, and the round
-  # with the old merge (DEC_MERGE_WREG=0, not in part167), alternately twice (~7 minutes)
+part169() {  # session 25, call 3 (fresh machine), ran at 5cc1066 (DEC_MERGE_WREG=0, the old merge, was
+  # removed after it: the default build's SASS is unchanged): the merge's weights in registers
+  # (DEC_MERGE_WREG=1, part167's winner) the default: every GPU test and memcheck of the fused decode
+  # step's tests with it; part168's pair (16 splits in flight and the hoisted pre-wait loads) on top of
+  # it: its decode tests, batch-1 graphs of both shapes and the c = 1 round against the new default, and
+  # the round with the old merge (DEC_MERGE_WREG=0, not in part167), alternately twice (~7 minutes)
   local fh="DEC_MERGE_FLIGHT=16,DEC_PREWAIT_HOIST=1" i m
   setup
   facts > "$W/facts.txt" 2>&1
@@ -2740,8 +2741,8 @@ part169() {  # session 25, call 3 (fresh machine): the merge's weights in regist
   graph_summary
 }
 
-part170() {  # session 25, call 4 (part169's warm machine, its models kept): the figures on the
-  # DEC_MERGE_WREG default: decode of both shapes, the 8B spec-cost bench, memcheck of the
+part170() {  # session 25, call 4 (part169's warm machine, its models kept), ran at 5cc1066: the figures
+  # on the DEC_MERGE_WREG default: decode of both shapes, the 8B spec-cost bench, memcheck of the
   # reproducer, the failure matrix, throughput twice (~4 minutes)
   setup
   facts > "$W/facts.txt" 2>&1
