@@ -40,6 +40,13 @@
 // with an acq_rel atom instead of a fence in every thread (part164, 84819a2): 0.6B 0.865 -> 0.862,
 // 8B 4.355 -> 4.367, the c = 1 round 6.192 -> 6.220; removed. The timeline build stamps this
 // kernel's arrival and merge end (scripts/step_timeline.py splits the o product's wait by them).
+// Session 25 (docs/results/h200_session25_ab.txt): each batch's weights read as float4s into
+// registers and the adds as selects (part167): 0.6B 0.865 -> 0.847 ms, 8B 4.309 -> 4.260; the
+// c = 1 round 6.181 -> 6.150 (part169); kept. fence.acq_rel.gpu for __threadfence: no change; with
+// it and the first partials loaded before the weights pass, 8B kept only 4.309 -> 4.304 and the
+// round went 6.102 -> 6.115; both removed. 16 splits in flight (DEC_MERGE_FLIGHT=16) with the
+// pre-wait slot / position loads (DEC_PREWAIT_HOIST=1) on top (part169): 0.6B -0.77%, 8B -0.11%,
+// the round +0.30%; opt-in.
 //
 // Splits (flash-decoding): split s takes keys [s * part, (s + 1) * part) of this token's own
 // context, part = max(min_part, ceil(len / n_splits)) rounded to 16, so a short context in a
