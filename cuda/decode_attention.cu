@@ -90,6 +90,9 @@
 #ifndef DEC_MERGE_FLIGHT  // the last split's merge: splits whose partials are loaded at once
 #define DEC_MERGE_FLIGHT 8
 #endif
+#ifndef DEC_MERGE_FLIGHT_ROPE  // the same for the fused decode step (paged_decode_rope_*) alone: 16
+#define DEC_MERGE_FLIGHT_ROPE DEC_MERGE_FLIGHT  // there leaves verification's kernel at 8 (part171)
+#endif
 #ifndef DEC_PREWAIT_HOIST  // 1: the fused step's slot and position loads issued with query_start's, not
 #define DEC_PREWAIT_HOIST 0  // after the row's sequence is known (one dependent load fewer before the wait)
 #endif
@@ -526,7 +529,7 @@ __device__ __forceinline__ void decode_attention_impl(
   __syncthreads();
   if (!s_last) return;
   merge_fence();
-  constexpr int EPT = (G * D + DEC_THREADS - 1) / DEC_THREADS, FL = DEC_MERGE_FLIGHT;
+  constexpr int EPT = (G * D + DEC_THREADS - 1) / DEC_THREADS, FL = ROPE ? DEC_MERGE_FLIGHT_ROPE : DEC_MERGE_FLIGHT;
   for (int g = tid >> 5; g < G; g += DEC_THREADS / 32) {  // warp per head: split weights
     const int lane = tid & 31;
     const i64 p0 = ((i64)t * H + kh * G + g) * n_splits;

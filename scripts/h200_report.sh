@@ -52,7 +52,8 @@
 #   partials; part168 (run in session 25): the merge's partials of 16 splits in flight, the fused
 #   step's slot and position loads hoisted before its wait).
 #   part169-: session 25 (part169: DEC_MERGE_WREG the default, every GPU test, memcheck, and
-#   DEC_MERGE_FLIGHT=16 with DEC_PREWAIT_HOIST on top of it; part170: the figures on it).
+#   DEC_MERGE_FLIGHT=16 with DEC_PREWAIT_HOIST on top of it; part170: the figures on it; part171:
+#   16 splits in flight for the fused decode step's kernel alone, with the hoisted loads).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -2751,6 +2752,30 @@ part170() {  # session 25, call 4 (part169's warm machine, its models kept), ran
   decode_8b 120
   engine_figures
   throughput_06b_env throughput_06b_2 MINILLM_UNUSED=0
+}
+
+part171() {  # session 25, call 5 (fresh machine, the session's last ~4 device minutes): 16 splits'
+  # partials in flight for the fused decode step's kernel alone (DEC_MERGE_FLIGHT_ROPE=16) with its
+  # pre-wait slot / position loads hoisted (DEC_PREWAIT_HOIST=1); part169's pair slowed the c = 1
+  # round, whose verification runs the other kernel, which this leaves at 8 (its SASS is the
+  # default's). Batch-1 graphs of both shapes against the default, alternately twice, then the round
+  # once each (~3 minutes; the kernels of the variant are SASS-identical to part169's tested ones)
+  local rf="DEC_MERGE_FLIGHT_ROPE=16,DEC_PREWAIT_HOIST=1" i m
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models 120 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
+  for i in 1 2; do
+    for m in q06 q8; do
+      step_graph $m "base_$i" "" 100
+      step_graph $m "rf_$i" "$rf" 100
+    done
+  done
+  graph_summary
+  spec_round_graph base_1 1 100 MINILLM_CUDA_DEFINES=
+  spec_round_graph rf_1 1 100 MINILLM_CUDA_DEFINES="$rf"
+  graph_summary
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name
