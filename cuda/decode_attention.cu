@@ -45,8 +45,10 @@
 // c = 1 round 6.181 -> 6.150 (part169); kept. fence.acq_rel.gpu for __threadfence: no change; with
 // it and the first partials loaded before the weights pass, 8B kept only 4.309 -> 4.304 and the
 // round went 6.102 -> 6.115; both removed. 16 splits in flight (DEC_MERGE_FLIGHT=16) with the
-// pre-wait slot / position loads (DEC_PREWAIT_HOIST=1) on top (part169): 0.6B -0.77%, 8B -0.11%,
-// the round +0.30%; opt-in.
+// fused step's slot / position loads issued before the PDL wait on top (part169): 0.6B -0.77%, 8B
+// -0.11%, the c = 1 round +0.30%; the same with 16 for the fused step's kernel alone
+// (DEC_MERGE_FLIGHT_ROPE; the round, whose graphs run only the other kernel, keeps 8; part171): 0.6B
+// 0.8495 -> 0.8401 ms (-1.1%), 8B 4.273 -> 4.260 (one run each, -0.3%); kept, both.
 //
 // Splits (flash-decoding): split s takes keys [s * part, (s + 1) * part) of this token's own
 // context, part = max(min_part, ceil(len / n_splits)) rounded to 16, so a short context in a
@@ -90,11 +92,8 @@
 #ifndef DEC_MERGE_FLIGHT  // the last split's merge: splits whose partials are loaded at once
 #define DEC_MERGE_FLIGHT 8
 #endif
-#ifndef DEC_MERGE_FLIGHT_ROPE  // the same for the fused decode step (paged_decode_rope_*) alone: 16
-#define DEC_MERGE_FLIGHT_ROPE DEC_MERGE_FLIGHT  // there leaves verification's kernel at 8 (part171)
-#endif
-#ifndef DEC_PREWAIT_HOIST  // 1: the fused step's slot and position loads issued with query_start's, not
-#define DEC_PREWAIT_HOIST 0  // after the row's sequence is known (one dependent load fewer before the wait)
+#ifndef DEC_MERGE_FLIGHT_ROPE  // the same for the fused decode step (paged_decode_rope_*): a batch-1
+#define DEC_MERGE_FLIGHT_ROPE 16  // step near 512 keys has 9 active splits (part171); verification keeps 8
 #endif
 #ifndef DEC_CPL  // 16-byte chunks of a K/V row per lane (1: 16 lanes a bf16 d128 row; 2: 8 lanes)
 #define DEC_CPL 1
@@ -211,12 +210,11 @@ __device__ __forceinline__ void decode_attention_impl(
   // (cuda/common.cuh) this runs before the PDL wait, during the previous kernel's tail, and the
   // lines this CTA reads next (its block-table entries, the RoPE row, the q/k norm weights) are
   // pulled into L1 there too. The wait comes before any return.
-#if DEC_PREWAIT_HOIST
-  // part165/166's batch-1 timelines: this kernel's entry stamp comes a median 1.5 us (0.6B) / 1.0
-  // us (8B) after the qkv product's release (the other kernels 0.1-0.7 us), behind three dependent
-  // loads (query_start[B], the row's sequence, then its slot and position), and the wait into it
-  // is 1.9 / 1.5-1.7 us (others ~1). The slot and position depend on t alone: the step's input
-  // buffers are zeroed at startup and have a row for every t < n_tokens.
+  // The fused step's slot and position are loaded with query_start's, not after the row's sequence
+  // is known: part165/166's batch-1 timelines had this kernel's entry stamp a median 1.5 us (0.6B)
+  // / 1.0 us (8B) after the qkv product's release (the other kernels 0.1-0.7 us), behind three
+  // dependent loads. They depend on t alone: the step's input buffers are zeroed at startup and
+  // have a row for every t < n_tokens.
   int slot_t = -1, pos_t = 0;
   if constexpr (ROPE) {
     if (t < n_tokens) {
@@ -224,7 +222,6 @@ __device__ __forceinline__ void decode_attention_impl(
       pos_t = ra.positions[t];
     }
   }
-#endif
   bool active = false;
   int b = 0, nq = 1, L = 0, j = 0, k_hi = 0, k_lo = 0, k_end = 0;
   int n_active = 1;  // splits that hold keys of this token; the others exit
@@ -256,13 +253,8 @@ __device__ __forceinline__ void decode_attention_impl(
   int pos = 0;
   if constexpr (ROPE) {
     if (active) {
-#if DEC_PREWAIT_HOIST
       slot = slot_t;
       pos = pos_t;
-#else
-      slot = ra.slots[t];
-      pos = ra.positions[t];
-#endif
     }
   }
 #if PDL_PREWAIT_INDEX

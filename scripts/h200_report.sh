@@ -53,7 +53,8 @@
 #   step's slot and position loads hoisted before its wait).
 #   part169-: session 25 (part169: DEC_MERGE_WREG the default, every GPU test, memcheck, and
 #   DEC_MERGE_FLIGHT=16 with DEC_PREWAIT_HOIST on top of it; part170: the figures on it; part171:
-#   16 splits in flight for the fused decode step's kernel alone, with the hoisted loads).
+#   16 splits in flight for the fused decode step's kernel alone, with the hoisted loads, made the
+#   default after it).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -2754,8 +2755,9 @@ part170() {  # session 25, call 4 (part169's warm machine, its models kept), ran
   throughput_06b_env throughput_06b_2 MINILLM_UNUSED=0
 }
 
-part171() {  # session 25, call 5 (fresh machine, the session's last ~4 device minutes): 16 splits'
-  # partials in flight for the fused decode step's kernel alone (DEC_MERGE_FLIGHT_ROPE=16) with its
+part171() {  # session 25, call 5 (fresh machine, the session's last ~4 device minutes), ran at 6111996
+  # and was cut short by the budget after the second 0.6B pair (the second 8B pair and the round did
+  # not run); both settings are the default since. 16 splits' partials in flight for the fused decode step's kernel alone (DEC_MERGE_FLIGHT_ROPE=16) with its
   # pre-wait slot / position loads hoisted (DEC_PREWAIT_HOIST=1); part169's pair slowed the c = 1
   # round, whose verification runs the other kernel, which this leaves at 8 (its SASS is the
   # default's). Batch-1 graphs of both shapes against the default, alternately twice, then the round
