@@ -54,7 +54,7 @@
 #   part169-: session 25 (part169: DEC_MERGE_WREG the default, every GPU test, memcheck, and
 #   DEC_MERGE_FLIGHT=16 with DEC_PREWAIT_HOIST on top of it; part170: the figures on it; part171:
 #   16 splits in flight for the fused decode step's kernel alone, with the hoisted loads, made the
-#   default after it).
+#   default after it; part172 prepared, not run: every GPU test, memcheck and the figures on it).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -2778,6 +2778,20 @@ part171() {  # session 25, call 5 (fresh machine, the session's last ~4 device m
   spec_round_graph base_1 1 100 MINILLM_CUDA_DEFINES=
   spec_round_graph rf_1 1 100 MINILLM_CUDA_DEFINES="$rf"
   graph_summary
+}
+
+part172() {  # prepared in session 25, not yet run: the session's final default (the fused decode step's
+  # kernel merging 16 splits at a time, its slot / position loads before the PDL wait), which part171
+  # timed only as batch-1 graphs: every GPU test, memcheck of the fused decode step's tests, then
+  # final_figures (decode of both shapes, the 8B spec-cost bench, memcheck of the reproducer, the
+  # failure matrix, throughput twice) and both shapes' batch-1 timelines (~8 minutes on a fresh machine)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  gpu_tests_full 400
+  memcheck_ops memcheck_decode_step 150 "decode_step_attention and bfloat16"
+  final_figures
+  timeline q06_b1 $M/q06 --batch 1 --ctx 512
+  timeline q8_b1 $M/q8 --batch 1 --ctx 512
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name
