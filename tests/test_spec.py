@@ -207,6 +207,34 @@ def test_dflash_greedy_lossless(dflash_pair, k):
     assert llm.engine.stats().spec["draft_tokens"] > 0
 
 
+def test_dflash_rounds_never_run_the_fused_decode_step(dflash_pair, monkeypatch):
+    """decode_step_attention (one kernel: q/k norm + RoPE, KV store, attention) sees one new token a
+    sequence, so a verification step (k + 1 rows a sequence) and the non-causal DFlash drafter must
+    take the separate ops. cuda/decode_attention.cu tunes the fused kernel's merge apart from
+    verification's on this (DEC_MERGE_FLIGHT_ROPE, session 25): plain decoding calls it with runs of
+    one row only, a DFlash run not at all."""
+    from minillm.backends.numpy_ops import NumpyBackend
+
+    target, drafter = dflash_pair
+    runs: list[list[int]] = []
+    fused = NumpyBackend.decode_step_attention
+
+    def recorded(self, *args, **kwargs):
+        runs.append(np.diff(np.asarray(args[13])).tolist())  # query_start
+        return fused(self, *args, **kwargs)
+
+    monkeypatch.setattr(NumpyBackend, "decode_step_attention", recorded)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    LLM(str(target), device="cpu", max_model_len=256).generate(PROMPTS[:3], params)
+    assert runs and all(set(r) == {1} for r in runs)
+    runs.clear()
+    llm = LLM(str(target), device="cpu", max_model_len=256, speculative_config={
+        "method": "dflash", "model": str(drafter), "num_speculative_tokens": 3})
+    llm.generate(PROMPTS[:3], params)
+    assert llm.engine.stats().spec["draft_tokens"] > 0
+    assert runs == []
+
+
 @pytest.mark.parametrize("k,frac", [(3, 4), (8, 4), (8, 0)])
 def test_dflash_draft_vocab_is_lossless(dflash_pair, monkeypatch, k, frac):
     """draft_vocab_size: the drafter's LM head is the first V' rows of the target's, so every draft
