@@ -54,7 +54,8 @@
 #   part169-: session 25 (part169: DEC_MERGE_WREG the default, every GPU test, memcheck, and
 #   DEC_MERGE_FLIGHT=16 with DEC_PREWAIT_HOIST on top of it; part170: the figures on it; part171:
 #   16 splits in flight for the fused decode step's kernel alone, with the hoisted loads, made the
-#   default after it; part172 prepared, not run: every GPU test, memcheck and the figures on it).
+#   default after it; part172 prepared, not run: every GPU test, memcheck and the figures on it;
+#   part173 prepared, not run: the 8B one-row products' weights asked into L2 before their wait).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -2792,6 +2793,32 @@ part172() {  # prepared in session 25, not yet run: the session's final default 
   final_figures
   timeline q06_b1 $M/q06 --batch 1 --ctx 512
   timeline q8_b1 $M/q8 --batch 1 --ctx 512
+}
+
+part173() {  # prepared in session 25, not yet run: the one-row products ask matrices of at most
+  # GEMV_PREFETCH_MAX bytes (16 MB: every 0.6B matrix, no 8B one) into L2 before their PDL wait. The 8B o
+  # product (33.5 MB) waits ~5.6 us a layer for the attention's tail while HBM idles, then streams at
+  # ~3.7 TB/s (part168's timeline); 40 MB asks for it alone, 64 MB also for qkv (50.3 MB, after the
+  # rms_norm). Session 17 measured only every matrix's first 64 / 8 MB (part117: 8B slower, with gate_up
+  # and down's requests beside loads already streaming). 8B batch-1 graphs with 40 and 64 MB and batch-2
+  # graphs (2-row products take the same gemv kernels) with 40 MB against the default, alternately twice,
+  # 0.6B once each as the control (no 0.6B matrix is in 16-64 MB), and the 8B batch-1 timeline with 40 MB
+  # (~5 minutes)
+  local pf40=GEMV_PREFETCH_MAX=41943040 pf64=GEMV_PREFETCH_MAX=67108864 i
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_q06_q8 150
+  for i in 1 2; do
+    step_graph q8 "base_$i" "" 100
+    step_graph q8 "pf40_$i" "$pf40" 100
+    step_graph q8 "pf64_$i" "$pf64" 100
+    step_graph_batch q8 2 "base_$i" "" 100
+    step_graph_batch q8 2 "pf40_$i" "$pf40" 100
+  done
+  step_graph q06 base_1 "" 100
+  step_graph q06 pf40_1 "$pf40" 100
+  graph_summary
+  MINILLM_CUDA_DEFINES=$pf40 timeline q8_b1_pf40 $M/q8 --batch 1 --ctx 512
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name
