@@ -2757,12 +2757,13 @@ part170() {  # session 25, call 4 (part169's warm machine, its models kept), ran
 }
 
 part171() {  # session 25, call 5 (fresh machine, the session's last ~4 device minutes), ran at 6111996
-  # and was cut short by the budget after the second 0.6B pair (the second 8B pair and the round did
-  # not run); both settings are the default since. 16 splits' partials in flight for the fused decode step's kernel alone (DEC_MERGE_FLIGHT_ROPE=16) with its
-  # pre-wait slot / position loads hoisted (DEC_PREWAIT_HOIST=1); part169's pair slowed the c = 1
-  # round, whose verification runs the other kernel, which this leaves at 8 (its SASS is the
-  # default's). Batch-1 graphs of both shapes against the default, alternately twice, then the round
-  # once each (~3 minutes; the kernels of the variant are SASS-identical to part169's tested ones)
+  # and was cut short by the budget after the second 0.6B pair (the second 8B pair and the round did not
+  # run); both settings are the default since. 16 splits' partials in flight for the fused decode step's
+  # kernel alone (DEC_MERGE_FLIGHT_ROPE=16) with its pre-wait slot / position loads hoisted
+  # (DEC_PREWAIT_HOIST=1); part169's pair slowed the c = 1 round, whose verification runs the other
+  # kernel, which this leaves at 8 (its SASS is the default's). Batch-1 graphs of both shapes against the
+  # default, alternately twice, then the round once each (~3 minutes; the kernels of the variant are
+  # SASS-identical to part169's tested ones)
   local rf="DEC_MERGE_FLIGHT_ROPE=16,DEC_PREWAIT_HOIST=1" i m
   setup
   facts > "$W/facts.txt" 2>&1
