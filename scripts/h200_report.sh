@@ -2822,7 +2822,9 @@ part173() {  # prepared in session 25, not yet run: the one-row products ask mat
   MINILLM_CUDA_DEFINES=$pf40 timeline q8_b1_pf40 $M/q8 --batch 1 --ctx 512
 }
 
-graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name
+graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name; then
+  # scripts/ab_table.py's table of them (means, changes against the "base" setting) in ab_table.txt
+  python3 scripts/ab_table.py "$W" > "$W/ab_table.txt" 2>&1
   python3 - "$W" <<'PY' | tee "$W/graph_summary.txt"
 import glob, json, os, sys
 for f in sorted(glob.glob(os.path.join(sys.argv[1], "graph_*.json"))):
