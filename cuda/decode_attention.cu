@@ -119,10 +119,6 @@ struct Vec16<float> {
   }
 };
 
-// The split counter's fences: the partials before the arrival (release), the arrival before the
-// merge's loads (acquire). fence.acq_rel.gpu in place of __threadfence measured the same (part167).
-__device__ __forceinline__ void merge_fence() { __threadfence(); }
-
 // The merge's partials of splits [s0, s0 + FL) for this thread's EPT elements (0 past n_active):
 // every load issued before any is used. head0: the KV head's first query head, t * H + kh * G.
 template <int D, int G, int FL, int EPT>
@@ -509,9 +505,11 @@ __device__ __forceinline__ void decode_attention_impl(
 
   // ---- the last split of this (token, KV head) to finish merges the partials. Its chain after the
   // release (fence, counter, then the partials' loads) is the o product's wait (see the header), so
-  // the loads are batched: each lane's (m, l) pairs in one 8-byte load, and every partial of
-  // DEC_MERGE_FLIGHT splits x a thread's elements loaded before any is added.
-  merge_fence();
+  // the loads are batched: each lane's (m, l) pairs in one 8-byte load, and every partial of FL
+  // splits x a thread's elements loaded before any is added. The fences: the partials before the
+  // arrival (release), the arrival before the merge's loads (acquire); fence.acq_rel.gpu in place
+  // of __threadfence measured the same (part167).
+  __threadfence();
   __syncthreads();
   if (tid == 0) {
     const int prev = atomicAdd(counters + (i64)t * KH + kh, 1);
@@ -520,7 +518,7 @@ __device__ __forceinline__ void decode_attention_impl(
   }
   __syncthreads();
   if (!s_last) return;
-  merge_fence();
+  __threadfence();
   constexpr int EPT = (G * D + DEC_THREADS - 1) / DEC_THREADS, FL = ROPE ? DEC_MERGE_FLIGHT_ROPE : DEC_MERGE_FLIGHT;
   for (int g = tid >> 5; g < G; g += DEC_THREADS / 32) {  // warp per head: split weights
     const int lane = tid & 31;

@@ -51,7 +51,8 @@ def collect(directory: str) -> tuple[list[Setting], list[str]]:
         stem = os.path.basename(path)[:-5]
         parsed = parse_name(stem)
         try:
-            ms = float(json.load(open(path))["graph_ms"])
+            with open(path) as f:
+                ms = float(json.load(f)["graph_ms"])
         except (OSError, ValueError, KeyError, TypeError):
             parsed = None
         if parsed is None:

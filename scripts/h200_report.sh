@@ -2470,9 +2470,13 @@ part155() {  # session 22's final code (the gated kernels round gate and up to b
 }
 
 final_figures() {  # the figures every session reruns on its final code: both random-weight shapes and
-  # drafters, decode of both shapes, the 8B spec-cost bench, memcheck of the server reproducer, the
-  # failure matrix, throughput twice
+  # drafters, then figures_on_models
   models_all 150
+  figures_on_models
+}
+
+figures_on_models() {  # decode of both shapes, the 8B spec-cost bench, memcheck of the server reproducer,
+  # the failure matrix, throughput twice (the models of models_all in $M)
   decode_06b 90
   decode_8b 120
   engine_figures
@@ -2750,10 +2754,7 @@ part170() {  # session 25, call 4 (part169's warm machine, its models kept), ran
   setup
   facts > "$W/facts.txt" 2>&1
   [ -f $M/q8-dflash/config.json ] && [ -f $M/q06-dflash/config.json ] || models_all 150
-  decode_06b 90
-  decode_8b 120
-  engine_figures
-  throughput_06b_env throughput_06b_2 MINILLM_UNUSED=0
+  figures_on_models
 }
 
 part171() {  # session 25, call 5 (fresh machine, the session's last ~4 device minutes), ran at 6111996
