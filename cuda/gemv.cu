@@ -261,15 +261,39 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
 // LDGSTS.E.BYPASS, so a lane's lo and hi 16-byte copies, the two halves of one 32-byte sector,
 // went to L2 as two requests, where this loop's LDG.E.128.CONSTANT serves the hi half from L1.
 // A ring to try again: cp.async.ca, or one lane copying a whole sector.
+//
+// 9-16 rows (two tiles) take kernels of their own, gemm_skinny2_*, so each keeps its own register
+// count: one kernel with both tile cases takes the larger's (70 registers, 3 CTAs an SM; gated 88,
+// 2 CTAs), the one-tile kernels alone 46 (5 CTAs; gated 64, 4 CTAs; ptxas 13.0, session 26), and
+// the two-tile kernels can afford the software-pipelined loop (SKINNY2_PIPELINED: 102 registers,
+// gated 106, 2 CTAs) that cost the one-tile case its occupancy.
 #define SKINNY_WARPS 8
 #define SKINNY_KB 64
+#ifndef SKINNY_ONE_TILE  // 0: gemm_skinny_* keep the two-tile case too, as before session 26 (A/B runs)
+#define SKINNY_ONE_TILE 1
+#endif
+#ifndef SKINNY2_PIPELINED  // 0: gemm_skinny2_* run the one-tile kernels' loop (A/B runs)
+#define SKINNY2_PIPELINED 1
+#endif
 
 namespace {
+
+// One 8-row tile's share of a 64-wide k block: 4 MMAs. A registers: (row g, k pair), (row g + 8,
+// k pair), (row g, k pair + 8), (row g + 8, k pair + 8); B: (k pair, x row g), (k pair + 8, x row
+// g). a0 / a8: weight rows g / g + 8, lo / hi: the two 16-byte halves of the lane's 16 k values.
+__device__ __forceinline__ void skinny_mma_block(float* c, uint4 a0_lo, uint4 a0_hi, uint4 a8_lo, uint4 a8_hi,
+                                                 uint4 x_lo, uint4 x_hi) {
+  minillm::mma_bf16_16816(c, a0_lo.x, a8_lo.x, a0_lo.y, a8_lo.y, x_lo.x, x_lo.y);
+  minillm::mma_bf16_16816(c, a0_lo.z, a8_lo.z, a0_lo.w, a8_lo.w, x_lo.z, x_lo.w);
+  minillm::mma_bf16_16816(c, a0_hi.x, a8_hi.x, a0_hi.y, a8_hi.y, x_hi.x, x_hi.y);
+  minillm::mma_bf16_16816(c, a0_hi.z, a8_hi.z, a0_hi.w, a8_hi.w, x_hi.z, x_hi.w);
+}
 
 // TILES: groups of 8 rows of x (1 for M <= 8, 2 for M <= 16). GATED: out[m, n] = silu(x[m] .
 // w[n]) * (x[m] . w[N + n]) for n < N (w is the [2N, K] gate_up matrix, no bias): each warp streams
 // the 16 gate rows and the 16 up rows of its columns and multiplies both by the same x fragments.
-template <typename TO, int TILES, bool GATED>
+// PIPE: the software-pipelined loop (below).
+template <typename TO, int TILES, bool GATED, bool PIPE = false>
 __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64 ldx,
                                                  const bf16* __restrict__ w,
                                                  const bf16* __restrict__ bias,
@@ -300,38 +324,76 @@ __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64
   }
 
   const int blocks = K / SKINNY_KB;
-#pragma unroll 2
-  for (int kb = warp; kb < blocks; kb += SKINNY_WARPS) {
-    const int k = kb * SKINNY_KB;
-    const uint4 w0_lo = __ldg(reinterpret_cast<const uint4*>(w0 + k));
-    const uint4 w0_hi = __ldg(reinterpret_cast<const uint4*>(w0 + k + 8));
-    const uint4 w8_lo = __ldg(reinterpret_cast<const uint4*>(w8 + k));
-    const uint4 w8_hi = __ldg(reinterpret_cast<const uint4*>(w8 + k + 8));
-    uint4 u0_lo, u0_hi, u8_lo, u8_hi;  // GATED: the same k range of the up rows
-    if constexpr (GATED) {
-      u0_lo = __ldg(reinterpret_cast<const uint4*>(w0 + up + k));
-      u0_hi = __ldg(reinterpret_cast<const uint4*>(w0 + up + k + 8));
-      u8_lo = __ldg(reinterpret_cast<const uint4*>(w8 + up + k));
-      u8_hi = __ldg(reinterpret_cast<const uint4*>(w8 + up + k + 8));
-    }
-#pragma unroll
-    for (int i = 0; i < TILES; ++i) {
-      uint4 x_lo = make_uint4(0u, 0u, 0u, 0u), x_hi = x_lo;
-      if (live[i]) {  // plain loads: under PDL the kernel writing x may still run (common.cuh)
-        x_lo = reinterpret_cast<const uint4*>(xr[i] + k)[0];
-        x_hi = reinterpret_cast<const uint4*>(xr[i] + k + 8)[0];
-      }
-      // A registers: (row g, k pair), (row g + 8, k pair), (row g, k pair + 8), (row g + 8, k
-      // pair + 8); B: (k pair, x row g), (k pair + 8, x row g). w0/w8: weight rows g / g + 8
-      minillm::mma_bf16_16816(c[i], w0_lo.x, w8_lo.x, w0_lo.y, w8_lo.y, x_lo.x, x_lo.y);
-      minillm::mma_bf16_16816(c[i], w0_lo.z, w8_lo.z, w0_lo.w, w8_lo.w, x_lo.z, x_lo.w);
-      minillm::mma_bf16_16816(c[i], w0_hi.x, w8_hi.x, w0_hi.y, w8_hi.y, x_hi.x, x_hi.y);
-      minillm::mma_bf16_16816(c[i], w0_hi.z, w8_hi.z, w0_hi.w, w8_hi.w, x_hi.z, x_hi.w);
+  if constexpr (PIPE) {
+    // Software-pipelined: each k block's loads go out before the previous block's MMAs, so two
+    // blocks a warp are in flight (the loop below issues a block's loads only after the previous
+    // block's MMAs, which wait for their own loads: about one block in flight, from the SASS,
+    // session 19). The warp's last block is loaded once more at the end, unused; the MMAs keep
+    // their order, so the sums are the same bits.
+    struct Block {  // weight rows g, g + 8 (GATED: and their up rows), each tile's x row g
+      uint4 w0_lo, w0_hi, w8_lo, w8_hi, u0_lo, u0_hi, u8_lo, u8_hi, x_lo[TILES], x_hi[TILES];
+    };
+    auto load_block = [&](int kb, Block& b) {
+      const int k = kb * SKINNY_KB;
+      b.w0_lo = __ldg(reinterpret_cast<const uint4*>(w0 + k));
+      b.w0_hi = __ldg(reinterpret_cast<const uint4*>(w0 + k + 8));
+      b.w8_lo = __ldg(reinterpret_cast<const uint4*>(w8 + k));
+      b.w8_hi = __ldg(reinterpret_cast<const uint4*>(w8 + k + 8));
       if constexpr (GATED) {
-        minillm::mma_bf16_16816(cu[i], u0_lo.x, u8_lo.x, u0_lo.y, u8_lo.y, x_lo.x, x_lo.y);
-        minillm::mma_bf16_16816(cu[i], u0_lo.z, u8_lo.z, u0_lo.w, u8_lo.w, x_lo.z, x_lo.w);
-        minillm::mma_bf16_16816(cu[i], u0_hi.x, u8_hi.x, u0_hi.y, u8_hi.y, x_hi.x, x_hi.y);
-        minillm::mma_bf16_16816(cu[i], u0_hi.z, u8_hi.z, u0_hi.w, u8_hi.w, x_hi.z, x_hi.w);
+        b.u0_lo = __ldg(reinterpret_cast<const uint4*>(w0 + up + k));
+        b.u0_hi = __ldg(reinterpret_cast<const uint4*>(w0 + up + k + 8));
+        b.u8_lo = __ldg(reinterpret_cast<const uint4*>(w8 + up + k));
+        b.u8_hi = __ldg(reinterpret_cast<const uint4*>(w8 + up + k + 8));
+      }
+#pragma unroll
+      for (int i = 0; i < TILES; ++i) {
+        b.x_lo[i] = b.x_hi[i] = make_uint4(0u, 0u, 0u, 0u);
+        if (live[i]) {  // plain loads, as below
+          b.x_lo[i] = reinterpret_cast<const uint4*>(xr[i] + k)[0];
+          b.x_hi[i] = reinterpret_cast<const uint4*>(xr[i] + k + 8)[0];
+        }
+      }
+    };
+    if (warp < blocks) {
+      const int last = blocks - 1 - (blocks - 1 - warp) % SKINNY_WARPS;  // this warp's last block
+      Block cur;
+      load_block(warp, cur);
+      for (int kb = warp; kb < blocks; kb += SKINNY_WARPS) {
+        Block nxt;
+        load_block(min(kb + SKINNY_WARPS, last), nxt);
+#pragma unroll
+        for (int i = 0; i < TILES; ++i) {
+          skinny_mma_block(c[i], cur.w0_lo, cur.w0_hi, cur.w8_lo, cur.w8_hi, cur.x_lo[i], cur.x_hi[i]);
+          if constexpr (GATED)
+            skinny_mma_block(cu[i], cur.u0_lo, cur.u0_hi, cur.u8_lo, cur.u8_hi, cur.x_lo[i], cur.x_hi[i]);
+        }
+        cur = nxt;
+      }
+    }
+  } else {
+#pragma unroll 2
+    for (int kb = warp; kb < blocks; kb += SKINNY_WARPS) {
+      const int k = kb * SKINNY_KB;
+      const uint4 w0_lo = __ldg(reinterpret_cast<const uint4*>(w0 + k));
+      const uint4 w0_hi = __ldg(reinterpret_cast<const uint4*>(w0 + k + 8));
+      const uint4 w8_lo = __ldg(reinterpret_cast<const uint4*>(w8 + k));
+      const uint4 w8_hi = __ldg(reinterpret_cast<const uint4*>(w8 + k + 8));
+      uint4 u0_lo, u0_hi, u8_lo, u8_hi;  // GATED: the same k range of the up rows
+      if constexpr (GATED) {
+        u0_lo = __ldg(reinterpret_cast<const uint4*>(w0 + up + k));
+        u0_hi = __ldg(reinterpret_cast<const uint4*>(w0 + up + k + 8));
+        u8_lo = __ldg(reinterpret_cast<const uint4*>(w8 + up + k));
+        u8_hi = __ldg(reinterpret_cast<const uint4*>(w8 + up + k + 8));
+      }
+#pragma unroll
+      for (int i = 0; i < TILES; ++i) {
+        uint4 x_lo = make_uint4(0u, 0u, 0u, 0u), x_hi = x_lo;
+        if (live[i]) {  // plain loads: under PDL the kernel writing x may still run (common.cuh)
+          x_lo = reinterpret_cast<const uint4*>(xr[i] + k)[0];
+          x_hi = reinterpret_cast<const uint4*>(xr[i] + k + 8)[0];
+        }
+        skinny_mma_block(c[i], w0_lo, w0_hi, w8_lo, w8_hi, x_lo, x_hi);
+        if constexpr (GATED) skinny_mma_block(cu[i], u0_lo, u0_hi, u8_lo, u8_hi, x_lo, x_hi);
       }
     }
   }
@@ -368,28 +430,43 @@ __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64
     }
 }
 
+// gemm_skinny_* (2-8 rows; with SKINNY_ONE_TILE=0 also 9-16) and gemm_skinny2_* (9-16 rows).
+template <typename TO, bool GATED, bool TWO>
+__device__ __forceinline__ void gemm_skinny_rows(const bf16* x, i64 ldx, const bf16* w, const bf16* bias,
+                                                 TO* out, i64 ldo, int M, int N, int K) {
+  MINILLM_CHECK(M <= (TWO || !SKINNY_ONE_TILE ? 16 : 8));
+  if (TWO) gemm_skinny_impl<TO, 2, GATED, SKINNY2_PIPELINED>(x, ldx, w, bias, out, ldo, M, N, K);
+  else if (SKINNY_ONE_TILE || M <= 8) gemm_skinny_impl<TO, 1, GATED>(x, ldx, w, bias, out, ldo, M, N, K);
+  else gemm_skinny_impl<TO, 2, GATED>(x, ldx, w, bias, out, ldo, M, N, K);
+}
+
 }  // namespace
 
 // grid (ceil(N / 16)), block 32 * SKINNY_WARPS.
-#define MINILLM_SKINNY(SUFFIX, TO)                                                                   \
-  extern "C" __global__ void __launch_bounds__(32 * SKINNY_WARPS) gemm_skinny_##SUFFIX(            \
-      const bf16* x, i64 ldx, const bf16* w, const bf16* bias, TO* out, i64 ldo, int M, int N,    \
-      int K) {                                                                                     \
-    if (M <= 8) gemm_skinny_impl<TO, 1, false>(x, ldx, w, bias, out, ldo, M, N, K);              \
-    else gemm_skinny_impl<TO, 2, false>(x, ldx, w, bias, out, ldo, M, N, K);                     \
+#define MINILLM_SKINNY(NAME, TO, TWO)                                                              \
+  extern "C" __global__ void __launch_bounds__(32 * SKINNY_WARPS)                                 \
+      NAME(const bf16* x, i64 ldx, const bf16* w, const bf16* bias, TO* out, i64 ldo, int M, int N, \
+           int K) {                                                                                \
+    gemm_skinny_rows<TO, false, TWO>(x, ldx, w, bias, out, ldo, M, N, K);                          \
   }
 
-MINILLM_SKINNY(bf16, bf16)
-MINILLM_SKINNY(f32, float)
+MINILLM_SKINNY(gemm_skinny_bf16, bf16, false)
+MINILLM_SKINNY(gemm_skinny_f32, float, false)
+MINILLM_SKINNY(gemm_skinny2_bf16, bf16, true)
+MINILLM_SKINNY(gemm_skinny2_f32, float, true)
 
 // out [M, F] = silu(x @ w[:F].T) * (x @ w[F:].T) for 2-16 rows, K % 64 == 0 (NumPy twin: matmul
 // then silu_mul; gated_act rounds as it does): gemv_silu_mul's product on the skinny GEMM, so the
 // gate_up products the host sends here (3-8 rows, 9-16 of up to 32 M weights: cuda_ops.py's
 // gated_product_kernel) skip the silu_mul launch and the [M, 2F] round trip; each x fragment feeds
-// twice the weight rows it does in gemm_skinny. Grid (ceil(F / 16)).
+// twice the weight rows it does in gemm_skinny. Grid (ceil(F / 16)); 9-16 rows: the skinny2 kernel.
 extern "C" __global__ void __launch_bounds__(32 * SKINNY_WARPS)
     gemm_skinny_silu_mul_bf16(const bf16* x, i64 ldx, const bf16* w, bf16* out, i64 ldo, int M, int F,
                               int K) {
-  if (M <= 8) gemm_skinny_impl<bf16, 1, true>(x, ldx, w, nullptr, out, ldo, M, F, K);
-  else gemm_skinny_impl<bf16, 2, true>(x, ldx, w, nullptr, out, ldo, M, F, K);
+  gemm_skinny_rows<bf16, true, false>(x, ldx, w, nullptr, out, ldo, M, F, K);
+}
+extern "C" __global__ void __launch_bounds__(32 * SKINNY_WARPS)
+    gemm_skinny2_silu_mul_bf16(const bf16* x, i64 ldx, const bf16* w, bf16* out, i64 ldo, int M, int F,
+                               int K) {
+  gemm_skinny_rows<bf16, true, true>(x, ldx, w, nullptr, out, ldo, M, F, K);
 }

@@ -56,6 +56,8 @@
 #   16 splits in flight for the fused decode step's kernel alone, with the hoisted loads, made the
 #   default after it; part172 prepared, not run: every GPU test, memcheck and the figures on it;
 #   part173 prepared, not run: the 8B one-row products' weights asked into L2 before their wait).
+#   part174-: session 26 (part172 and part173 ran first; part174: the skinny GEMM's one- and
+#   two-tile kernels apart, the two-tile one software-pipelined, against the session's start).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -2821,6 +2823,37 @@ part173() {  # prepared in session 25, not yet run: the one-row products ask mat
   step_graph q06 pf40_1 "$pf40" 100
   graph_summary
   MINILLM_CUDA_DEFINES=$pf40 timeline q8_b1_pf40 $M/q8 --batch 1 --ctx 512
+}
+
+part174() {  # session 26: the skinny GEMM's one-tile (2-8 rows) and two-tile (9-16 rows) cases as
+  # kernels of their own (gemm_skinny_* at 46-64 registers instead of 70-88; gemm_skinny2_* with the
+  # software-pipelined loop, SKINNY2_PIPELINED) against the session's starting tree (../.snap0, as
+  # "base"): every GPU test on the new default first; then the c = 1 DFlash round (9-row verification
+  # products) with the new default, with SKINNY2_PIPELINED=0, and with 9-16-row products of up to
+  # 128 M weights on gemm_skinny2 (the 8B gate_up and down too: _SKINNY_TWO_TILE_MAX_W), and plain
+  # steps at batch 4 (one-tile kernels) and 16 (two-tile) of both shapes, base and new alternately
+  # twice (~9 minutes on a fresh machine)
+  local i b m big=_SKINNY_TWO_TILE_MAX_W=134217728
+  setup
+  facts > "$W/facts.txt" 2>&1
+  gpu_tests_full 300
+  models_all 150
+  for i in 1 2; do
+    graph_in ../.snap0 "graph_q8_spec_b1_base_$i" $M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512
+    spec_round_graph "new_$i" 1 100
+    spec_round_graph "nopipe_$i" 1 100 MINILLM_CUDA_DEFINES=SKINNY2_PIPELINED=0
+    spec_round_route 1 "big_$i" $big
+  done
+  graph_summary
+  for i in 1 2; do
+    for b in 4 16; do
+      for m in q06 q8; do
+        graph_in ../.snap0 "graph_${m}_b${b}_base_$i" $M/$m --batch $b --ctx 512
+        step_graph_batch $m $b "new_$i" "" 100
+      done
+    done
+  done
+  graph_summary
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name; then

@@ -412,6 +412,46 @@ def test_matmul_skinny(be, M, K, N, bias, out_f32):
     assert np.array_equal(host(be, out2), host(be, out))
 
 
+def skinny_products(be, x, w, b, M: int, defines=()):
+    """gemm_skinny(2)_bf16 of x[:M] with all 2N rows of w (+ b) and gemm_skinny(2)_silu_mul_bf16 with
+    w as [gate; up] (the two-tile kernels past 8 rows, as the host sends them), built with defines."""
+    from minillm.backends import compile as kc
+    from minillm.backends.cuda_ops import _skinny_prefix
+
+    K, N = x.shape[1], w.shape[0] // 2
+    plain, gated = poisoned(be, (M, 2 * N)), poisoned(be, (M, N))
+    pre = _skinny_prefix(M)
+    with be.stream:
+        kc.get_kernel("gemv", pre + "bf16", False, defines)(
+            ((2 * N + 15) // 16,), (256,),
+            (x, np.int64(K), w, b, plain, np.int64(2 * N), np.int32(M), np.int32(2 * N), np.int32(K)))
+        kc.get_kernel("gemv", pre + "silu_mul_bf16", False, defines)(
+            ((N + 15) // 16,), (256,), (x, np.int64(K), w, gated, np.int64(N), np.int32(M), np.int32(N), np.int32(K)))
+    be.synchronize()
+    return host(be, plain), host(be, gated)
+
+
+@pytest.mark.parametrize("M", [3, 8, 9, 13, 16])
+@pytest.mark.parametrize("K,N", [(64, 40), (576, 1000), (4096, 520)])
+def test_skinny_kernel_builds_same_bits(be, M, K, N):
+    """The skinny kernels' loop variants keep every sum's order: the default build (the one-tile
+    kernels without the two-tile case, the two-tile kernels software-pipelined) gives the bits of
+    the build with SKINNY_ONE_TILE=0 and SKINNY2_PIPELINED=0 (session 25's loops), plain and gated,
+    with warps that get no k block (K = 64) and fewer blocks than warps."""
+    if be.dtype == np.float32:
+        pytest.skip("the tensor-core kernel is the bf16 path")
+    rng = np.random.default_rng(M * K + N)
+    x = be.asarray(rng.standard_normal((16, K)).astype(np.float32))
+    w = be.asarray((rng.standard_normal((2 * N, K)) / np.sqrt(K)).astype(np.float32))
+    b = be.asarray(rng.standard_normal(2 * N).astype(np.float32))
+    new = skinny_products(be, x, w, b, M)
+    old = skinny_products(be, x, w, b, M, ("SKINNY_ONE_TILE=0", "SKINNY2_PIPELINED=0"))
+    assert not np.isnan(new[0]).any() and not np.isnan(new[1]).any()
+    assert np.array_equal(new[0], old[0]) and np.array_equal(new[1], old[1])
+    ref = rounded(be, host(be, x)[:M]).astype(np.float64) @ host(be, w).astype(np.float64).T + host(be, b)
+    assert rel_err(new[0], ref) < tol(be)
+
+
 @pytest.mark.parametrize("M", [17, 40, 64, 65, 128, 150, 192, 256])
 @pytest.mark.parametrize("K,N", [(128, 64), (512, 192), (2048, 1024), (1024, 4096), (3072, 1024)])
 @pytest.mark.parametrize("bias", [False, True])

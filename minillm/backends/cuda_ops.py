@@ -145,6 +145,12 @@ def _skinny_takes(M: int, N: int, K: int) -> bool:
     return K % _SKINNY_K == 0 and M <= _SKINNY_MAX_M and (M <= 8 or N * K <= _SKINNY_TWO_TILE_MAX_W)
 
 
+def _skinny_prefix(M: int) -> str:
+    """The cuda/gemv.cu skinny kernels for M rows: gemm_skinny_* take 2-8 rows (one tile of x), the
+    two-tile gemm_skinny2_* 9-16 (kernels of their own, so each has its own register count)."""
+    return "gemm_skinny_" if M <= 8 else "gemm_skinny2_"
+
+
 def gated_product_kernel(M: int, F: int, K: int) -> str | None:
     """Which cuda/gemv.cu kernel computes a bf16 gate_up product of M rows with SiLU-and-multiply
     fused ([2F, K] weights): "gemv" (gemv_silu_mul), "skinny" (gemm_skinny_silu_mul), or None:
@@ -454,8 +460,8 @@ class CudaBackend:
                                  for t in ("bf16", "f32") for d in _DECODE_HEAD_DIMS
                                  for g in range(1, _DECODE_MAX_G + 1)],
             "sampling": ["sample_tokens"],
-            "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemm_skinny_bf16", "gemm_skinny_f32",
-                     "gemm_skinny_silu_mul_bf16", "gemv1_bf16", "gemv1_f32", "gemv1_silu_mul_bf16"],
+            "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemv1_bf16", "gemv1_f32", "gemv1_silu_mul_bf16"]
+            + [f"gemm_skinny{t}_{k}" for t in ("", "2") for k in ("bf16", "f32", "silu_mul_bf16")],
         }.items():
             for n in names:
                 k[n] = kc.get_kernel(mod, n, self.debug)
@@ -857,7 +863,7 @@ class CudaBackend:
                          + rows + (_i32(N), _i32(K)))
             return
         if kernel == "skinny":
-            self._launch("gemm_skinny_" + _suffix(out.dtype), (_cdiv(N, _SKINNY_COLS_PER_CTA),),
+            self._launch(_skinny_prefix(M) + _suffix(out.dtype), (_cdiv(N, _SKINNY_COLS_PER_CTA),),
                          (_SKINNY_THREADS,), (x, _i64(ldx), w, bias if bias is not None else _NULL, out,
                                               _i64(ldo), _i32(M), _i32(N), _i32(K)))
             return
@@ -931,7 +937,7 @@ class CudaBackend:
                          (_GEMV_THREADS,), (x, _i64(ldx), w_gate_up, out, _i64(ldo)) + rows + (_i32(F), _i32(K)))
             return
         if kernel == "skinny":
-            self._launch("gemm_skinny_silu_mul_bf16", (_cdiv(F, _SKINNY_COLS_PER_CTA),), (_SKINNY_THREADS,),
+            self._launch(_skinny_prefix(M) + "silu_mul_bf16", (_cdiv(F, _SKINNY_COLS_PER_CTA),), (_SKINNY_THREADS,),
                          (x, _i64(ldx), w_gate_up, out, _i64(ldo), _i32(M), _i32(F), _i32(K)))
             return
         self.matmul(x, w_gate_up, out=gate_up)
