@@ -262,16 +262,17 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
 // went to L2 as two requests, where this loop's LDG.E.128.CONSTANT serves the hi half from L1.
 // A ring to try again: cp.async.ca, or one lane copying a whole sector.
 //
-// 9-16 rows (two tiles) take kernels of their own, gemm_skinny2_*, so each keeps its own register
-// count: one kernel with both tile cases takes the larger's (70 registers, 3 CTAs an SM; gated 88,
-// 2 CTAs), the one-tile kernels alone 46 (5 CTAs; gated 64, 4 CTAs; ptxas 13.0, session 26), and
-// the two-tile kernels can afford the software-pipelined loop (SKINNY2_PIPELINED: 102 registers,
-// gated 106, 2 CTAs) that cost the one-tile case its occupancy.
+// 9-16 rows (two tiles) take kernels of their own, gemm_skinny2_*, with the software-pipelined
+// loop (SKINNY2_PIPELINED: 102 registers, gated 106, 2 CTAs an SM; ptxas 13.0). gemm_skinny_*
+// keep the two-tile case though the host no longer sends it: without it they took 46 registers
+// (gated 64) instead of 70 (88), and batch-4 steps were slower (0.6B +4.6%, 8B +3.2%; session 26,
+// part174, H200, against the session's start; the cause was not looked into).
+// Measured (part174): the pipelined two-tile kernels took the c = 1 DFlash round (9-row qkv and o)
+// -0.7% against the old loop's +0.1%, 16-row steps 0.6B -3.8%, 8B +0.6%; with the 8B gate_up and
+// down at 9-16 rows sent here too (cuda_ops.py's _SKINNY_TWO_TILE_MAX_W 32 -> 128 M weights,
+// instead of cuBLAS + silu_mul and cuBLAS's split-K down) the round -3.0%.
 #define SKINNY_WARPS 8
 #define SKINNY_KB 64
-#ifndef SKINNY_ONE_TILE  // 0: gemm_skinny_* keep the two-tile case too, as before session 26 (A/B runs)
-#define SKINNY_ONE_TILE 1
-#endif
 #ifndef SKINNY2_PIPELINED  // 0: gemm_skinny2_* run the one-tile kernels' loop (A/B runs)
 #define SKINNY2_PIPELINED 1
 #endif
@@ -370,7 +371,7 @@ __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64
         cur = nxt;
       }
     }
-  } else {
+  } else {  // the loop as written before session 26 (the same SASS)
 #pragma unroll 2
     for (int kb = warp; kb < blocks; kb += SKINNY_WARPS) {
       const int k = kb * SKINNY_KB;
@@ -392,8 +393,18 @@ __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64
           x_lo = reinterpret_cast<const uint4*>(xr[i] + k)[0];
           x_hi = reinterpret_cast<const uint4*>(xr[i] + k + 8)[0];
         }
-        skinny_mma_block(c[i], w0_lo, w0_hi, w8_lo, w8_hi, x_lo, x_hi);
-        if constexpr (GATED) skinny_mma_block(cu[i], u0_lo, u0_hi, u8_lo, u8_hi, x_lo, x_hi);
+        // A registers: (row g, k pair), (row g + 8, k pair), (row g, k pair + 8), (row g + 8, k
+        // pair + 8); B: (k pair, x row g), (k pair + 8, x row g). w0/w8: weight rows g / g + 8
+        minillm::mma_bf16_16816(c[i], w0_lo.x, w8_lo.x, w0_lo.y, w8_lo.y, x_lo.x, x_lo.y);
+        minillm::mma_bf16_16816(c[i], w0_lo.z, w8_lo.z, w0_lo.w, w8_lo.w, x_lo.z, x_lo.w);
+        minillm::mma_bf16_16816(c[i], w0_hi.x, w8_hi.x, w0_hi.y, w8_hi.y, x_hi.x, x_hi.y);
+        minillm::mma_bf16_16816(c[i], w0_hi.z, w8_hi.z, w0_hi.w, w8_hi.w, x_hi.z, x_hi.w);
+        if constexpr (GATED) {
+          minillm::mma_bf16_16816(cu[i], u0_lo.x, u8_lo.x, u0_lo.y, u8_lo.y, x_lo.x, x_lo.y);
+          minillm::mma_bf16_16816(cu[i], u0_lo.z, u8_lo.z, u0_lo.w, u8_lo.w, x_lo.z, x_lo.w);
+          minillm::mma_bf16_16816(cu[i], u0_hi.x, u8_hi.x, u0_hi.y, u8_hi.y, x_hi.x, x_hi.y);
+          minillm::mma_bf16_16816(cu[i], u0_hi.z, u8_hi.z, u0_hi.w, u8_hi.w, x_hi.z, x_hi.w);
+        }
       }
     }
   }
@@ -430,13 +441,12 @@ __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64
     }
 }
 
-// gemm_skinny_* (2-8 rows; with SKINNY_ONE_TILE=0 also 9-16) and gemm_skinny2_* (9-16 rows).
+// gemm_skinny_* (2-16 rows; the host sends them 2-8) and gemm_skinny2_* (9-16 rows).
 template <typename TO, bool GATED, bool TWO>
 __device__ __forceinline__ void gemm_skinny_rows(const bf16* x, i64 ldx, const bf16* w, const bf16* bias,
                                                  TO* out, i64 ldo, int M, int N, int K) {
-  MINILLM_CHECK(M <= (TWO || !SKINNY_ONE_TILE ? 16 : 8));
   if (TWO) gemm_skinny_impl<TO, 2, GATED, SKINNY2_PIPELINED>(x, ldx, w, bias, out, ldo, M, N, K);
-  else if (SKINNY_ONE_TILE || M <= 8) gemm_skinny_impl<TO, 1, GATED>(x, ldx, w, bias, out, ldo, M, N, K);
+  else if (M <= 8) gemm_skinny_impl<TO, 1, GATED>(x, ldx, w, bias, out, ldo, M, N, K);
   else gemm_skinny_impl<TO, 2, GATED>(x, ldx, w, bias, out, ldo, M, N, K);
 }
 
@@ -457,7 +467,7 @@ MINILLM_SKINNY(gemm_skinny2_f32, float, true)
 
 // out [M, F] = silu(x @ w[:F].T) * (x @ w[F:].T) for 2-16 rows, K % 64 == 0 (NumPy twin: matmul
 // then silu_mul; gated_act rounds as it does): gemv_silu_mul's product on the skinny GEMM, so the
-// gate_up products the host sends here (3-8 rows, 9-16 of up to 32 M weights: cuda_ops.py's
+// gate_up products the host sends here (3-8 rows, 9-16 of up to 128 M weights: cuda_ops.py's
 // gated_product_kernel) skip the silu_mul launch and the [M, 2F] round trip; each x fragment feeds
 // twice the weight rows it does in gemm_skinny. Grid (ceil(F / 16)); 9-16 rows: the skinny2 kernel.
 extern "C" __global__ void __launch_bounds__(32 * SKINNY_WARPS)

@@ -57,7 +57,8 @@
 #   default after it; part172 prepared, not run: every GPU test, memcheck and the figures on it;
 #   part173 prepared, not run: the 8B one-row products' weights asked into L2 before their wait).
 #   part174-: session 26 (part172 and part173 ran first; part174: the skinny GEMM's one- and
-#   two-tile kernels apart, the two-tile one software-pipelined, against the session's start).
+#   two-tile kernels apart, the two-tile one software-pipelined, against the session's start;
+#   part175: the final routing of 9-16-row products against the previous one, their tests, memcheck).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -2854,6 +2855,28 @@ part174() {  # session 26: the skinny GEMM's one-tile (2-8 rows) and two-tile (9
     done
   done
   graph_summary
+}
+
+part175() {  # session 26: the final code (gemm_skinny_* as at the session's start, the pipelined
+  # gemm_skinny2_* for 9-16 rows, and 9-16-row products of up to 128 M weights sent to them, the 8B
+  # gate_up and down included): the c = 1 DFlash round and 16-row 8B steps with that routing ("wide")
+  # against the previous bound of 32 M ("base", the same kernels), alternately twice; then the skinny
+  # and gated products' GPU tests and memcheck of the two-tile kernels' tests (~4.5 minutes on a
+  # fresh machine: the last of the session's device time)
+  local i narrow=_SKINNY_TWO_TILE_MAX_W=33554432
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 150
+  for i in 1 2; do
+    spec_round_graph "wide_$i" 1 100
+    spec_round_route 1 "base_$i" $narrow
+    step_graph_batch q8 16 "wide_$i" "" 100
+    step_graph_route q8 16 "base_$i" $narrow
+  done
+  graph_summary
+  stage gpu_tests_skinny 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    -k "skinny or silu_mul or matmul"
+  memcheck_ops memcheck_skinny2 120 "skinny2 and bfloat16"
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name; then

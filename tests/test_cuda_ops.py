@@ -412,44 +412,42 @@ def test_matmul_skinny(be, M, K, N, bias, out_f32):
     assert np.array_equal(host(be, out2), host(be, out))
 
 
-def skinny_products(be, x, w, b, M: int, defines=()):
-    """gemm_skinny(2)_bf16 of x[:M] with all 2N rows of w (+ b) and gemm_skinny(2)_silu_mul_bf16 with
-    w as [gate; up] (the two-tile kernels past 8 rows, as the host sends them), built with defines."""
+def skinny_products(be, x, w, b, M: int, prefix: str):
+    """prefix + "bf16" (gemm_skinny_ or gemm_skinny2_) of x[:M] with all 2N rows of w (+ b), and
+    prefix + "silu_mul_bf16" with w as [gate; up]: the two outputs."""
     from minillm.backends import compile as kc
-    from minillm.backends.cuda_ops import _skinny_prefix
 
     K, N = x.shape[1], w.shape[0] // 2
     plain, gated = poisoned(be, (M, 2 * N)), poisoned(be, (M, N))
-    pre = _skinny_prefix(M)
     with be.stream:
-        kc.get_kernel("gemv", pre + "bf16", False, defines)(
+        kc.get_kernel("gemv", prefix + "bf16", False)(
             ((2 * N + 15) // 16,), (256,),
             (x, np.int64(K), w, b, plain, np.int64(2 * N), np.int32(M), np.int32(2 * N), np.int32(K)))
-        kc.get_kernel("gemv", pre + "silu_mul_bf16", False, defines)(
+        kc.get_kernel("gemv", prefix + "silu_mul_bf16", False)(
             ((N + 15) // 16,), (256,), (x, np.int64(K), w, gated, np.int64(N), np.int32(M), np.int32(N), np.int32(K)))
     be.synchronize()
     return host(be, plain), host(be, gated)
 
 
-@pytest.mark.parametrize("M", [3, 8, 9, 13, 16])
-@pytest.mark.parametrize("K,N", [(64, 40), (576, 1000), (4096, 520)])
-def test_skinny_kernel_builds_same_bits(be, M, K, N):
-    """The skinny kernels' loop variants keep every sum's order: the default build (the one-tile
-    kernels without the two-tile case, the two-tile kernels software-pipelined) gives the bits of
-    the build with SKINNY_ONE_TILE=0 and SKINNY2_PIPELINED=0 (session 25's loops), plain and gated,
-    with warps that get no k block (K = 64) and fewer blocks than warps."""
+@pytest.mark.parametrize("M", [9, 13, 16])
+@pytest.mark.parametrize("K,N", [(64, 40), (576, 1000), (12288, 520)])
+def test_skinny2_same_bits_as_skinny(be, M, K, N):
+    """9-16 rows: gemm_skinny2_* (the two-tile kernels, software-pipelined loads) give the bits of
+    gemm_skinny_*'s two-tile case (the unpipelined loop, which the host sent them to before session
+    26): the same sums in the same order, plain and gated, with warps that get no k block (K = 64)
+    and fewer blocks than warps, and a down-sized K."""
     if be.dtype == np.float32:
         pytest.skip("the tensor-core kernel is the bf16 path")
     rng = np.random.default_rng(M * K + N)
     x = be.asarray(rng.standard_normal((16, K)).astype(np.float32))
     w = be.asarray((rng.standard_normal((2 * N, K)) / np.sqrt(K)).astype(np.float32))
     b = be.asarray(rng.standard_normal(2 * N).astype(np.float32))
-    new = skinny_products(be, x, w, b, M)
-    old = skinny_products(be, x, w, b, M, ("SKINNY_ONE_TILE=0", "SKINNY2_PIPELINED=0"))
-    assert not np.isnan(new[0]).any() and not np.isnan(new[1]).any()
-    assert np.array_equal(new[0], old[0]) and np.array_equal(new[1], old[1])
+    two = skinny_products(be, x, w, b, M, "gemm_skinny2_")
+    one = skinny_products(be, x, w, b, M, "gemm_skinny_")
+    assert not np.isnan(two[0]).any() and not np.isnan(two[1]).any()
+    assert np.array_equal(two[0], one[0]) and np.array_equal(two[1], one[1])
     ref = rounded(be, host(be, x)[:M]).astype(np.float64) @ host(be, w).astype(np.float64).T + host(be, b)
-    assert rel_err(new[0], ref) < tol(be)
+    assert rel_err(two[0], ref) < tol(be)
 
 
 @pytest.mark.parametrize("M", [17, 40, 64, 65, 128, 150, 192, 256])
@@ -516,6 +514,7 @@ def test_gemv_strided_rows_and_graph(be):
 @pytest.mark.parametrize("M,K,F", [(1, 64, 96), (2, 200, 50), (3, 200, 70),  # gemv_silu_mul
                                    (3, 1024, 1537), (4, 4096, 260), (8, 512, 300), (3, 4096, 4100),
                                    (9, 1024, 1000), (12, 256, 33), (16, 4096, 520),  # gemm_skinny_silu_mul
+                                   (9, 4096, 12288),  # gemm_skinny2_silu_mul: the 8B gate_up (session 26)
                                    (33, 256, 1000), (5, 200, 70)])  # unfused: cuBLAS, then silu_mul
 def test_matmul_silu_mul(be, M, K, F):
     """The fused gate_up products + SiLU-and-multiply against the oracle, x rows inside a wider
@@ -537,11 +536,11 @@ def test_matmul_silu_mul(be, M, K, F):
     REF.silu_mul(gu, ref)
     got = host(be, out)
     assert rel_err(got, ref) < tol(be)
-    from minillm.backends.cuda_ops import gated_product_kernel
+    from minillm.backends.cuda_ops import _SKINNY_TWO_TILE_MAX_W, gated_product_kernel
     kernel = gated_product_kernel(M, F, K) if be.dtype != np.float32 else None
     if be.dtype != np.float32:  # the cases above cover each route
         assert kernel == ("gemv" if M <= 2 or (M <= 4 and K % 64) else
-                          "skinny" if K % 64 == 0 and (M <= 8 or (M <= 16 and 2 * F * K <= 32 << 20))
+                          "skinny" if K % 64 == 0 and (M <= 8 or (M <= 16 and 2 * F * K <= _SKINNY_TWO_TILE_MAX_W))
                           else None)
     fused = kernel is not None
     assert np.isnan(host(be, gate_up)).all() == fused

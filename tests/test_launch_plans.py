@@ -57,13 +57,14 @@ def test_never_slower_than_no_split_by_its_model(work, resident, ctx, max_splits
 
 def test_small_products_choose_their_kernel():
     # 1-2 rows: the GEMV; 3-16 rows with K % 64 == 0: the tensor-core skinny GEMM (faster at 3-4
-    # rows, part147); 9-16 rows of a weight over 32 M elements and anything above 16 rows: cuBLAS;
-    # a K the skinny kernel cannot tile keeps the GEMV up to 4 rows
+    # rows, part147); 9-16 rows of a weight over 128 M elements (the 8B LM head's 622 M) and
+    # anything above 16 rows: cuBLAS; a K the skinny kernel cannot tile keeps the GEMV up to 4 rows
     assert [small_product_kernel(m, 4096, 1024) for m in (1, 2)] == ["gemv"] * 2
     assert [small_product_kernel(m, 4096, 1024) for m in (3, 4, 8, 9, 16)] == ["skinny"] * 5
     assert small_product_kernel(17, 4096, 1024) is None
     assert small_product_kernel(8, 24576, 4096) == "skinny"
-    assert small_product_kernel(9, 24576, 4096) is None
+    assert [small_product_kernel(m, 24576, 4096) for m in (9, 16)] == ["skinny"] * 2  # the 8B gate_up
+    assert small_product_kernel(9, 151936, 4096) is None
     assert [small_product_kernel(m, 1000, 200) for m in (1, 4, 5)] == ["gemv", "gemv", None]
     # and the GEMV never gets more rows than cuda/gemv.cu instantiates (GEMV_MAX_M)
     src = (Path(__file__).resolve().parents[1] / "cuda" / "gemv.cu").read_text()
@@ -74,12 +75,13 @@ def test_small_products_choose_their_kernel():
 
 def test_gated_products_choose_their_kernel(monkeypatch):
     # gate_up + SiLU fused: 1-2 rows on gemv_silu_mul; 3-8 rows with K % 64 == 0 on
-    # gemm_skinny_silu_mul, 9-16 rows there too up to 32 M weights (the 8B gate_up's 100 M go to
-    # cuBLAS, then silu_mul, part153); 3-4 rows with another K on gemv_silu_mul; the rest unfused
+    # gemm_skinny_silu_mul, 9-16 rows on gemm_skinny2_silu_mul up to 128 M weights (the 8B gate_up's
+    # 100 M too since session 26, part174); 3-4 rows with another K on gemv_silu_mul; the rest unfused
     assert [gated_product_kernel(m, 3072, 1024) for m in (1, 2)] == ["gemv"] * 2
     assert [gated_product_kernel(m, 3072, 1024) for m in (3, 4, 8, 9, 16)] == ["skinny"] * 5
     assert [gated_product_kernel(m, 12288, 4096) for m in (3, 4, 8)] == ["skinny"] * 3
-    assert [gated_product_kernel(m, 12288, 4096) for m in (9, 16)] == [None] * 2
+    assert [gated_product_kernel(m, 12288, 4096) for m in (9, 16)] == ["skinny"] * 2
+    assert [gated_product_kernel(m, 40000, 4096) for m in (9, 16)] == [None] * 2
     assert [gated_product_kernel(m, 1000, 200) for m in (3, 4, 5)] == ["gemv", "gemv", None]
     assert gated_product_kernel(17, 3072, 1024) is None
     # with the skinny route off, the routing before it: 3-4 rows fused on the GEMV up to 32 M

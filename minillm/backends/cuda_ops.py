@@ -114,7 +114,10 @@ _GEMV_MAX_M, _GEMV_THREADS, _GEMV_COLS_PER_CTA = 4, 128, 2 * 4  # GEMV_NR * GEMV
 # on the H200 (scripts/skinny_bench.py, docs/BENCHMARKS.md): 1.0-2.9x cuBLAS on the 0.6B shapes and 1.1-1.4x
 # on the 8B ones up to 8 rows; with 9-16 rows (two tiles of x, each CTA reading all of x again
 # from L2) 0.91-0.95x cuBLAS on the 8B gate_up and down (50-100 M weights) but still 1.1-1.3x on
-# its qkv and o, so 9-16 rows take it only for weights up to _SKINNY_TWO_TILE_MAX_W. At 2-4 rows
+# its qkv and o, so 9-16 rows took it only for weights up to 32 M. Since 9-16 rows take the
+# software-pipelined gemm_skinny2_* (session 26), the 8B gate_up and down go there too: the c = 1
+# DFlash round (9-row verification) -3.0% against cuBLAS + silu_mul (part174), hence
+# _SKINNY_TWO_TILE_MAX_W 128 M (the LM heads' 155-622 M stay on cuBLAS). At 2-4 rows
 # it beat the GEMV in 23 of 24 measured (shape, rows) cases (session 5, part22; 1.3-1.9x at 4
 # rows, where the GEMV's per-row FMAs on CUDA cores outgrow its loads; the one loss 0.98x). Since
 # the GEMV takes at most 4 rows (fewer registers, session 20), 2 rows are faster on it: decode
@@ -122,7 +125,7 @@ _GEMV_MAX_M, _GEMV_THREADS, _GEMV_COLS_PER_CTA = 4, 128, 2 * 4  # GEMV_NR * GEMV
 # and 4 rows it still loses (0.6B +6% / +14%, 8B +6% / +13%, part147). So the GEMV keeps 1-2 rows
 # (_GEMV_PREFERRED_M) and the rows whose K the skinny kernel cannot take.
 _SKINNY_MAX_M, _SKINNY_THREADS, _SKINNY_COLS_PER_CTA, _SKINNY_K = 16, 256, 16, 64
-_SKINNY_TWO_TILE_MAX_W = 32 << 20  # weight elements
+_SKINNY_TWO_TILE_MAX_W = 128 << 20  # weight elements
 _GEMV_PREFERRED_M = 2
 # the fused gate_up GEMV + SiLU saves the silu_mul launch (~2.5 us), which at 3-4 rows outweighs
 # the GEMV's loss on small matrices (0.6B gate_up: 4.8 us vs 3.3 + 2.5) but not on large ones
@@ -135,7 +138,8 @@ _GATED_GEMV_MAX_W = 32 << 20
 # gemm_skinny takes them for (_SKINNY_TWO_TILE_MAX_W). Decode-step graphs on the H200 against
 # gemv_silu_mul (3-4 rows) / gemm_skinny + silu_mul (session 22, part153): 0.6B batch 3 / 4 / 8
 # -5.5% / -7.3% / -4.2%, 8B -1.0% / -0.9% / -0.7%; at 9-16 rows of the 8B gate_up (100 M weights)
-# it lost to cuBLAS + silu_mul (the c = 1 DFlash round +1.4%), as gemm_skinny does there.
+# it lost to cuBLAS + silu_mul (the c = 1 DFlash round +1.4%) until the two-tile case was pipelined
+# (gemm_skinny2_silu_mul, session 26: with the down product, -3.0%).
 _GATED_SKINNY_MIN_M, _GATED_SKINNY_MAX_M = 3, 16
 
 
