@@ -45,7 +45,9 @@
 // machine each: 0.6B (matrices of 4-12.6 MB) 0.934 -> 0.918 ms (part117), 0.916 -> 0.903 (part118,
 // this bound); 8B (33.5-201 MB) with every matrix's first 64 MB asked for 4.457 -> 5.125 ms, the
 // first 8 MB 4.51 ms (part117: there the requests only add traffic beside loads already
-// streaming), so 8B's products are left alone. 0: never.
+// streaming), so 8B's products are left alone; 40 MB (the 8B o product, 33.5 MB, asked for during
+// the attention's tail) +1.5%, 64 MB (and qkv) +3.6% (session 26, part173: the attention's tail
+// slowed 2.5 us a layer, more than the o product gained). 0: never.
 #ifndef GEMV_STAGED  // 0: one row takes the unrolled loop too (A/B runs: h200_report.sh part132)
 #define GEMV_STAGED 1
 #endif
