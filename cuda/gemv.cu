@@ -292,7 +292,7 @@ __device__ __forceinline__ void skinny_mma_block(float* c, uint4 a0_lo, uint4 a0
   minillm::mma_bf16_16816(c, a0_hi.z, a8_hi.z, a0_hi.w, a8_hi.w, x_hi.z, x_hi.w);
 }
 
-// TILES: groups of 8 rows of x (1 for M <= 8, 2 for M <= 16). GATED: out[m, n] = silu(x[m] .
+// TILES: groups of 8 rows of x (1 for M <= 8, 2 for M <= 16, 4 for M <= 32). GATED: out[m, n] = silu(x[m] .
 // w[n]) * (x[m] . w[N + n]) for n < N (w is the [2N, K] gate_up matrix, no bias): each warp streams
 // the 16 gate rows and the 16 up rows of its columns and multiplies both by the same x fragments.
 // PIPE: the software-pipelined loop (below).
@@ -443,11 +443,12 @@ __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64
     }
 }
 
-// gemm_skinny_* (2-16 rows; the host sends them 2-8) and gemm_skinny2_* (9-16 rows).
-template <typename TO, bool GATED, bool TWO>
+// TILES 0: gemm_skinny_* (2-16 rows; the host sends them 2-8); 2: gemm_skinny2_* (9-16 rows); 4:
+// gemm_skinny4_* (17-32 rows), both pipelined unless SKINNY2_PIPELINED=0.
+template <typename TO, bool GATED, int TILES>
 __device__ __forceinline__ void gemm_skinny_rows(const bf16* x, i64 ldx, const bf16* w, const bf16* bias,
                                                  TO* out, i64 ldo, int M, int N, int K) {
-  if (TWO) gemm_skinny_impl<TO, 2, GATED, SKINNY2_PIPELINED>(x, ldx, w, bias, out, ldo, M, N, K);
+  if (TILES) gemm_skinny_impl<TO, TILES ? TILES : 1, GATED, SKINNY2_PIPELINED>(x, ldx, w, bias, out, ldo, M, N, K);
   else if (M <= 8) gemm_skinny_impl<TO, 1, GATED>(x, ldx, w, bias, out, ldo, M, N, K);
   else gemm_skinny_impl<TO, 2, GATED>(x, ldx, w, bias, out, ldo, M, N, K);
 }
@@ -455,30 +456,33 @@ __device__ __forceinline__ void gemm_skinny_rows(const bf16* x, i64 ldx, const b
 }  // namespace
 
 // grid (ceil(N / 16)), block 32 * SKINNY_WARPS.
-#define MINILLM_SKINNY(NAME, TO, TWO)                                                              \
+#define MINILLM_SKINNY(NAME, TO, TILES)                                                            \
   extern "C" __global__ void __launch_bounds__(32 * SKINNY_WARPS)                                 \
       NAME(const bf16* x, i64 ldx, const bf16* w, const bf16* bias, TO* out, i64 ldo, int M, int N, \
            int K) {                                                                                \
-    gemm_skinny_rows<TO, false, TWO>(x, ldx, w, bias, out, ldo, M, N, K);                          \
+    gemm_skinny_rows<TO, false, TILES>(x, ldx, w, bias, out, ldo, M, N, K);                        \
+  }
+#define MINILLM_SKINNY_SILU_MUL(NAME, TILES)                                                               \
+  extern "C" __global__ void __launch_bounds__(32 * SKINNY_WARPS)                                         \
+      NAME(const bf16* x, i64 ldx, const bf16* w, bf16* out, i64 ldo, int M, int F, int K) {              \
+    gemm_skinny_rows<bf16, true, TILES>(x, ldx, w, nullptr, out, ldo, M, F, K);                            \
   }
 
-MINILLM_SKINNY(gemm_skinny_bf16, bf16, false)
-MINILLM_SKINNY(gemm_skinny_f32, float, false)
-MINILLM_SKINNY(gemm_skinny2_bf16, bf16, true)
-MINILLM_SKINNY(gemm_skinny2_f32, float, true)
+MINILLM_SKINNY(gemm_skinny_bf16, bf16, 0)
+MINILLM_SKINNY(gemm_skinny_f32, float, 0)
+MINILLM_SKINNY(gemm_skinny2_bf16, bf16, 2)
+MINILLM_SKINNY(gemm_skinny2_f32, float, 2)
+// 17-32 rows (four tiles): opt-in, the host sends them only with cuda_ops.py's _SKINNY_MAX_M raised
+// to 32 (not measured yet: h200_report.sh part176).
+MINILLM_SKINNY(gemm_skinny4_bf16, bf16, 4)
+MINILLM_SKINNY(gemm_skinny4_f32, float, 4)
 
 // out [M, F] = silu(x @ w[:F].T) * (x @ w[F:].T) for 2-16 rows, K % 64 == 0 (NumPy twin: matmul
 // then silu_mul; gated_act rounds as it does): gemv_silu_mul's product on the skinny GEMM, so the
 // gate_up products the host sends here (3-8 rows, 9-16 of up to 128 M weights: cuda_ops.py's
 // gated_product_kernel) skip the silu_mul launch and the [M, 2F] round trip; each x fragment feeds
-// twice the weight rows it does in gemm_skinny. Grid (ceil(F / 16)); 9-16 rows: the skinny2 kernel.
-extern "C" __global__ void __launch_bounds__(32 * SKINNY_WARPS)
-    gemm_skinny_silu_mul_bf16(const bf16* x, i64 ldx, const bf16* w, bf16* out, i64 ldo, int M, int F,
-                              int K) {
-  gemm_skinny_rows<bf16, true, false>(x, ldx, w, nullptr, out, ldo, M, F, K);
-}
-extern "C" __global__ void __launch_bounds__(32 * SKINNY_WARPS)
-    gemm_skinny2_silu_mul_bf16(const bf16* x, i64 ldx, const bf16* w, bf16* out, i64 ldo, int M, int F,
-                               int K) {
-  gemm_skinny_rows<bf16, true, true>(x, ldx, w, nullptr, out, ldo, M, F, K);
-}
+// twice the weight rows it does in gemm_skinny. Grid (ceil(F / 16)); 9-16 rows: the skinny2 kernel
+// (17-32: skinny4, opt-in as above).
+MINILLM_SKINNY_SILU_MUL(gemm_skinny_silu_mul_bf16, 0)
+MINILLM_SKINNY_SILU_MUL(gemm_skinny2_silu_mul_bf16, 2)
+MINILLM_SKINNY_SILU_MUL(gemm_skinny4_silu_mul_bf16, 4)

@@ -58,7 +58,9 @@
 #   part173 prepared, not run: the 8B one-row products' weights asked into L2 before their wait).
 #   part174-: session 26 (part172 and part173 ran first; part174: the skinny GEMM's one- and
 #   two-tile kernels apart, the two-tile one software-pipelined, against the session's start;
-#   part175: the final routing of 9-16-row products against the previous one, their tests, memcheck).
+#   part175: the final routing of 9-16-row products against the previous one, their tests, memcheck;
+#   part176 prepared, not run: the opt-in four-tile skinny kernels' tests and A/B (17-32 rows), then
+#   the figures on the final code).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -2877,6 +2879,36 @@ part175() {  # session 26: the final code (gemm_skinny_* as at the session's sta
   stage gpu_tests_skinny 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
     -k "skinny or silu_mul or matmul"
   memcheck_ops memcheck_skinny2 120 "skinny2 and bfloat16"
+}
+
+part176() {  # prepared in session 26, not yet run: the four-tile skinny kernels (gemm_skinny4_*,
+  # 17-32 rows, pipelined like gemm_skinny2_*; opt-in through cuda_ops.py's _SKINNY_MAX_M and
+  # _GATED_SKINNY_MAX_M) first get their GPU tests and memcheck; then the c = 2 DFlash round (18-row
+  # verification, the drafter's 32-row block) and 24- / 32-row steps of both shapes with them ("four")
+  # against cuBLAS ("base"), alternated twice; then the figures on the final code (bbcfa4c onward:
+  # decode, spec cost, memcheck of the reproducer, the failure matrix, throughput), which session 26
+  # had no device time left for (~8 minutes on a fresh machine)
+  local i b m four="_SKINNY_MAX_M=32 _GATED_SKINNY_MAX_M=32"
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage gpu_tests_skinny 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    -k "skinny or silu_mul or matmul"
+  memcheck_ops memcheck_skinny4 120 "skinny4 and bfloat16"
+  models_all 150
+  for i in 1 2; do
+    spec_round_route 2 "base_$i" _SKINNY_MAX_M=16
+    # shellcheck disable=SC2086  # the constants are separate words
+    spec_round_route 2 "four_$i" $four
+    for b in 24 32; do
+      for m in q06 q8; do
+        step_graph_route $m $b "base_$i" _SKINNY_MAX_M=16
+        # shellcheck disable=SC2086
+        step_graph_route $m $b "four_$i" $four
+      done
+    done
+  done
+  graph_summary
+  figures_on_models
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name; then

@@ -450,6 +450,61 @@ def test_skinny2_same_bits_as_skinny(be, M, K, N):
     assert rel_err(two[0], ref) < tol(be)
 
 
+@pytest.mark.parametrize("M", [17, 24, 32])
+@pytest.mark.parametrize("K,N", [(64, 40), (576, 1000), (4096, 520)])
+def test_skinny4_rows_are_skinny2s(be, M, K, N):
+    """17-32 rows: gemm_skinny4_* (four 8-row tiles, opt-in) give, row for row, the bits of
+    gemm_skinny2_* on the first 16 rows and on the rest: each row's sums run over the same k blocks
+    in the same order whatever tile it sits in, plain and gated; and the oracle's values."""
+    if be.dtype == np.float32:
+        pytest.skip("the tensor-core kernel is the bf16 path")
+    rng = np.random.default_rng(M * K + N + 4)
+    x = be.asarray(rng.standard_normal((32, K)).astype(np.float32))
+    w = be.asarray((rng.standard_normal((2 * N, K)) / np.sqrt(K)).astype(np.float32))
+    b = be.asarray(rng.standard_normal(2 * N).astype(np.float32))
+    four = skinny_products(be, x, w, b, M, "gemm_skinny4_")
+    head = skinny_products(be, x, w, b, 16, "gemm_skinny2_")
+    tail = skinny_products(be, x[16:], w, b, M - 16, "gemm_skinny2_")
+    for i in range(2):  # plain, gated
+        assert not np.isnan(four[i]).any()
+        assert np.array_equal(four[i][:16], head[i]) and np.array_equal(four[i][16:], tail[i])
+    ref = rounded(be, host(be, x)[:M]).astype(np.float64) @ host(be, w).astype(np.float64).T + host(be, b)
+    assert rel_err(four[0], ref) < tol(be)
+
+
+@pytest.mark.parametrize("M", [17, 26, 32])
+def test_matmul_routes_17_to_32_rows_to_skinny4_when_raised(be, M, monkeypatch):
+    """With _SKINNY_MAX_M and _GATED_SKINNY_MAX_M raised to 32 (the opt-in route), the backend's
+    matmul and matmul_silu_mul send 17-32 rows to gemm_skinny4_* (the fused product leaves gate_up
+    unwritten): the oracle's values, x rows inside a wider buffer, and a graph replay's bits."""
+    if be.dtype == np.float32:
+        pytest.skip("the tensor-core kernel is the bf16 path")
+    from minillm.backends import cuda_ops
+
+    monkeypatch.setattr(cuda_ops, "_SKINNY_MAX_M", 32)
+    monkeypatch.setattr(cuda_ops, "_GATED_SKINNY_MAX_M", 32)
+    K, N, F = 1024, 1000, 520
+    rng = np.random.default_rng(M)
+    big = rng.standard_normal((M, K + 64)).astype(np.float32)
+    w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
+    wg = (2 * rng.standard_normal((2 * F, K)) / np.sqrt(K)).astype(np.float32)
+    xd, wd, wgd = be.asarray(big)[:, 64:], be.asarray(w), be.asarray(wg)
+    assert cuda_ops.small_product_kernel(M, N, K) == "skinny" and cuda_ops.gated_product_kernel(M, F, K) == "skinny"
+    out, act, gate_up = poisoned(be, (M, N)), poisoned(be, (M, F)), poisoned(be, (M, 2 * F))
+    be.matmul(xd, wd, out)
+    be.matmul_silu_mul(xd, wgd, act, gate_up)
+    xr = rounded(be, big[:, 64:]).astype(np.float64)
+    assert rel_err(host(be, out), xr @ rounded(be, w).astype(np.float64).T) < tol(be)
+    ref = np.empty((M, F))
+    REF.silu_mul(xr @ rounded(be, wg).astype(np.float64).T, ref)
+    assert rel_err(host(be, act), ref) < tol(be)
+    assert np.isnan(host(be, gate_up)).all()
+    out2, act2 = poisoned(be, (M, N)), poisoned(be, (M, F))
+    g = be.capture_graph(lambda: (be.matmul(xd, wd, out2), be.matmul_silu_mul(xd, wgd, act2, gate_up)))
+    g.replay()
+    assert np.array_equal(host(be, out2), host(be, out)) and np.array_equal(host(be, act2), host(be, act))
+
+
 @pytest.mark.parametrize("M", [17, 40, 64, 65, 128, 150, 192, 256])
 @pytest.mark.parametrize("K,N", [(128, 64), (512, 192), (2048, 1024), (1024, 4096), (3072, 1024)])
 @pytest.mark.parametrize("bias", [False, True])

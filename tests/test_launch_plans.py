@@ -73,6 +73,20 @@ def test_small_products_choose_their_kernel():
                for n, k in ((1000, 200), (4096, 1024), (24576, 4096)))
 
 
+def test_skinny_kernels_by_rows(monkeypatch):
+    """2-8 rows take gemm_skinny_*, 9-16 the two-tile gemm_skinny2_*, 17-32 the four-tile
+    gemm_skinny4_*, which the routing reaches only with _SKINNY_MAX_M raised (opt-in, session 26),
+    and never past the kernels' 32 rows."""
+    assert [cuda_ops._skinny_prefix(m) for m in (2, 8, 9, 16, 17, 32)] == (
+        ["gemm_skinny_"] * 2 + ["gemm_skinny2_"] * 2 + ["gemm_skinny4_"] * 2)
+    assert small_product_kernel(24, 4096, 1024) is None and gated_product_kernel(24, 3072, 1024) is None
+    monkeypatch.setattr(cuda_ops, "_SKINNY_MAX_M", 64)
+    monkeypatch.setattr(cuda_ops, "_GATED_SKINNY_MAX_M", 64)
+    assert [small_product_kernel(m, 4096, 1024) for m in (17, 32, 33)] == ["skinny", "skinny", None]
+    assert [gated_product_kernel(m, 3072, 1024) for m in (17, 32, 33)] == ["skinny", "skinny", None]
+    assert small_product_kernel(24, 151936, 4096) is None  # the LM head: over the weight bound
+
+
 def test_gated_products_choose_their_kernel(monkeypatch):
     # gate_up + SiLU fused: 1-2 rows on gemv_silu_mul; 3-8 rows with K % 64 == 0 on
     # gemm_skinny_silu_mul, 9-16 rows on gemm_skinny2_silu_mul up to 128 M weights (the 8B gate_up's

@@ -124,7 +124,11 @@ _GEMV_MAX_M, _GEMV_THREADS, _GEMV_COLS_PER_CTA = 4, 128, 2 * 4  # GEMV_NR * GEMV
 # steps' graphs at batch 2, 0.6B 1.005 -> 0.976 ms, 8B 4.710 -> 4.638 (session 21, part146); at 3
 # and 4 rows it still loses (0.6B +6% / +14%, 8B +6% / +13%, part147). So the GEMV keeps 1-2 rows
 # (_GEMV_PREFERRED_M) and the rows whose K the skinny kernel cannot take.
+# 17-32 rows (the c = 2 DFlash round's 18-row verification, its drafter's 32-row block) fit
+# gemm_skinny4_*, but stay on cuBLAS until measured: _SKINNY_MAX_M = _GATED_SKINNY_MAX_M = 32 sends
+# them there (h200_report.sh part176 prepared, session 26).
 _SKINNY_MAX_M, _SKINNY_THREADS, _SKINNY_COLS_PER_CTA, _SKINNY_K = 16, 256, 16, 64
+_SKINNY_KERNEL_MAX_M = 32  # gemm_skinny4_*'s four 8-row tiles
 _SKINNY_TWO_TILE_MAX_W = 128 << 20  # weight elements
 _GEMV_PREFERRED_M = 2
 # the fused gate_up GEMV + SiLU saves the silu_mul launch (~2.5 us), which at 3-4 rows outweighs
@@ -145,14 +149,17 @@ _GATED_SKINNY_MIN_M, _GATED_SKINNY_MAX_M = 3, 16
 
 def _skinny_takes(M: int, N: int, K: int) -> bool:
     """gemm_skinny (and its gated twin) can take M rows of an [N, K] weight, and is not slower
-    than cuBLAS there: K in whole 64-wide blocks, at most 16 rows, 9-16 only of smaller weights."""
-    return K % _SKINNY_K == 0 and M <= _SKINNY_MAX_M and (M <= 8 or N * K <= _SKINNY_TWO_TILE_MAX_W)
+    than cuBLAS there: K in whole 64-wide blocks, at most _SKINNY_MAX_M rows (and never more than
+    the kernels' 32), past 8 only of weights up to _SKINNY_TWO_TILE_MAX_W."""
+    return (K % _SKINNY_K == 0 and M <= min(_SKINNY_MAX_M, _SKINNY_KERNEL_MAX_M)
+            and (M <= 8 or N * K <= _SKINNY_TWO_TILE_MAX_W))
 
 
 def _skinny_prefix(M: int) -> str:
     """The cuda/gemv.cu skinny kernels for M rows: gemm_skinny_* take 2-8 rows (one tile of x), the
-    two-tile gemm_skinny2_* 9-16 (kernels of their own, so each has its own register count)."""
-    return "gemm_skinny_" if M <= 8 else "gemm_skinny2_"
+    two-tile gemm_skinny2_* 9-16 and the four-tile gemm_skinny4_* 17-32 (kernels of their own, so each
+    has its own register count; 17-32 rows only with _SKINNY_MAX_M raised)."""
+    return "gemm_skinny_" if M <= 8 else "gemm_skinny2_" if M <= 16 else "gemm_skinny4_"
 
 
 def gated_product_kernel(M: int, F: int, K: int) -> str | None:
@@ -465,7 +472,7 @@ class CudaBackend:
                                  for g in range(1, _DECODE_MAX_G + 1)],
             "sampling": ["sample_tokens"],
             "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemv1_bf16", "gemv1_f32", "gemv1_silu_mul_bf16"]
-            + [f"gemm_skinny{t}_{k}" for t in ("", "2") for k in ("bf16", "f32", "silu_mul_bf16")],
+            + [f"gemm_skinny{t}_{k}" for t in ("", "2", "4") for k in ("bf16", "f32", "silu_mul_bf16")],
         }.items():
             for n in names:
                 k[n] = kc.get_kernel(mod, n, self.debug)
