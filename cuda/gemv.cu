@@ -275,7 +275,7 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
 // instead of cuBLAS + silu_mul and cuBLAS's split-K down) the round -3.0%.
 #define SKINNY_WARPS 8
 #define SKINNY_KB 64
-#ifndef SKINNY2_PIPELINED  // 0: gemm_skinny2_* run the one-tile kernels' loop (A/B runs)
+#ifndef SKINNY2_PIPELINED  // 0: gemm_skinny2_* / gemm_skinny4_* run gemm_skinny_*'s loop (A/B runs)
 #define SKINNY2_PIPELINED 1
 #endif
 
@@ -284,17 +284,19 @@ namespace {
 // One 8-row tile's share of a 64-wide k block: 4 MMAs. A registers: (row g, k pair), (row g + 8,
 // k pair), (row g, k pair + 8), (row g + 8, k pair + 8); B: (k pair, x row g), (k pair + 8, x row
 // g). a0 / a8: weight rows g / g + 8, lo / hi: the two 16-byte halves of the lane's 16 k values.
-__device__ __forceinline__ void skinny_mma_block(float* c, uint4 a0_lo, uint4 a0_hi, uint4 a8_lo, uint4 a8_hi,
-                                                 uint4 x_lo, uint4 x_hi) {
+// (unused in a SKINNY2_PIPELINED=0 build)
+[[maybe_unused]] __device__ __forceinline__ void skinny_mma_block(float* c, uint4 a0_lo, uint4 a0_hi, uint4 a8_lo,
+                                                                  uint4 a8_hi, uint4 x_lo, uint4 x_hi) {
   minillm::mma_bf16_16816(c, a0_lo.x, a8_lo.x, a0_lo.y, a8_lo.y, x_lo.x, x_lo.y);
   minillm::mma_bf16_16816(c, a0_lo.z, a8_lo.z, a0_lo.w, a8_lo.w, x_lo.z, x_lo.w);
   minillm::mma_bf16_16816(c, a0_hi.x, a8_hi.x, a0_hi.y, a8_hi.y, x_hi.x, x_hi.y);
   minillm::mma_bf16_16816(c, a0_hi.z, a8_hi.z, a0_hi.w, a8_hi.w, x_hi.z, x_hi.w);
 }
 
-// TILES: groups of 8 rows of x (1 for M <= 8, 2 for M <= 16, 4 for M <= 32). GATED: out[m, n] = silu(x[m] .
-// w[n]) * (x[m] . w[N + n]) for n < N (w is the [2N, K] gate_up matrix, no bias): each warp streams
-// the 16 gate rows and the 16 up rows of its columns and multiplies both by the same x fragments.
+// TILES: groups of 8 rows of x (1 for M <= 8, 2 for M <= 16, 4 for M <= 32). GATED: out[m, n] =
+// silu(x[m] . w[n]) * (x[m] . w[N + n]) for n < N (w is the [2N, K] gate_up matrix, no bias): each
+// warp streams the 16 gate rows and the 16 up rows of its columns and multiplies both by the same x
+// fragments.
 // PIPE: the software-pipelined loop (below).
 template <typename TO, int TILES, bool GATED, bool PIPE = false>
 __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64 ldx,
@@ -373,7 +375,9 @@ __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64
         cur = nxt;
       }
     }
-  } else {  // the loop as written before session 26 (the same SASS)
+  } else {
+    // The loop as written before session 26, its MMAs spelled out: through skinny_mma_block ptxas
+    // scheduled gemm_skinny_* differently (SASS md5), and these kernels were measured as they are.
 #pragma unroll 2
     for (int kb = warp; kb < blocks; kb += SKINNY_WARPS) {
       const int k = kb * SKINNY_KB;
@@ -448,7 +452,8 @@ __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64
 template <typename TO, bool GATED, int TILES>
 __device__ __forceinline__ void gemm_skinny_rows(const bf16* x, i64 ldx, const bf16* w, const bf16* bias,
                                                  TO* out, i64 ldo, int M, int N, int K) {
-  if (TILES) gemm_skinny_impl<TO, TILES ? TILES : 1, GATED, SKINNY2_PIPELINED>(x, ldx, w, bias, out, ldo, M, N, K);
+  constexpr bool PIPE = SKINNY2_PIPELINED;
+  if constexpr (TILES > 0) gemm_skinny_impl<TO, TILES, GATED, PIPE>(x, ldx, w, bias, out, ldo, M, N, K);
   else if (M <= 8) gemm_skinny_impl<TO, 1, GATED>(x, ldx, w, bias, out, ldo, M, N, K);
   else gemm_skinny_impl<TO, 2, GATED>(x, ldx, w, bias, out, ldo, M, N, K);
 }
@@ -456,16 +461,16 @@ __device__ __forceinline__ void gemm_skinny_rows(const bf16* x, i64 ldx, const b
 }  // namespace
 
 // grid (ceil(N / 16)), block 32 * SKINNY_WARPS.
-#define MINILLM_SKINNY(NAME, TO, TILES)                                                            \
-  extern "C" __global__ void __launch_bounds__(32 * SKINNY_WARPS)                                 \
+#define MINILLM_SKINNY(NAME, TO, TILES)                                                              \
+  extern "C" __global__ void __launch_bounds__(32 * SKINNY_WARPS)                                   \
       NAME(const bf16* x, i64 ldx, const bf16* w, const bf16* bias, TO* out, i64 ldo, int M, int N, \
-           int K) {                                                                                \
-    gemm_skinny_rows<TO, false, TILES>(x, ldx, w, bias, out, ldo, M, N, K);                        \
+           int K) {                                                                                  \
+    gemm_skinny_rows<TO, false, TILES>(x, ldx, w, bias, out, ldo, M, N, K);                          \
   }
-#define MINILLM_SKINNY_SILU_MUL(NAME, TILES)                                                               \
-  extern "C" __global__ void __launch_bounds__(32 * SKINNY_WARPS)                                         \
-      NAME(const bf16* x, i64 ldx, const bf16* w, bf16* out, i64 ldo, int M, int F, int K) {              \
-    gemm_skinny_rows<bf16, true, TILES>(x, ldx, w, nullptr, out, ldo, M, F, K);                            \
+#define MINILLM_SKINNY_SILU_MUL(NAME, TILES)                                                         \
+  extern "C" __global__ void __launch_bounds__(32 * SKINNY_WARPS)                                   \
+      NAME(const bf16* x, i64 ldx, const bf16* w, bf16* out, i64 ldo, int M, int F, int K) {        \
+    gemm_skinny_rows<bf16, true, TILES>(x, ldx, w, nullptr, out, ldo, M, F, K);                      \
   }
 
 MINILLM_SKINNY(gemm_skinny_bf16, bf16, 0)

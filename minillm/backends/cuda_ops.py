@@ -857,7 +857,7 @@ class CudaBackend:
     # ---- matmul -------------------------------------------------------------------------
     def matmul(self, x, w, out, bias=None) -> None:
         """out = x @ w.T (+ bias), w [out_features, in_features], fp32 sums: cuda/gemv.cu for up to
-        16 bf16 rows (small_product_kernel: its GEMV or its tensor-core skinny GEMM), cuBLAS beyond
+        _SKINNY_MAX_M bf16 rows (small_product_kernel: its GEMV or its tensor-core skinny GEMMs), cuBLAS beyond
         (or cuda/gemm.cu for 17-256 rows under MINILLM_GEMM=wide: wide_product_plan)."""
         M, ldx = _rows(x, "matmul x")
         N, K = w.shape
