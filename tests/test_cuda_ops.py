@@ -413,7 +413,7 @@ def test_matmul_skinny(be, M, K, N, bias, out_f32):
 
 
 def skinny_products(be, x, w, b, M: int, prefix: str):
-    """prefix + "bf16" (gemm_skinny_ or gemm_skinny2_) of x[:M] with all 2N rows of w (+ b), and
+    """prefix + "bf16" (gemm_skinny_, gemm_skinny2_ or gemm_skinny4_) of x[:M] with all 2N rows of w (+ b), and
     prefix + "silu_mul_bf16" with w as [gate; up]: the two outputs."""
     from minillm.backends import compile as kc
 
@@ -434,8 +434,8 @@ def skinny_products(be, x, w, b, M: int, prefix: str):
 def test_skinny2_same_bits_as_skinny(be, M, K, N):
     """9-16 rows: gemm_skinny2_* (the two-tile kernels, software-pipelined loads) give the bits of
     gemm_skinny_*'s two-tile case (the unpipelined loop, which the host sent them to before session
-    26): the same sums in the same order, plain and gated, with warps that get no k block (K = 64)
-    and fewer blocks than warps, and a down-sized K."""
+    26): the same sums in the same order, plain and gated, with warps that get no k block (K = 64),
+    fewer blocks than warps, and the 8B down product's K (12,288)."""
     if be.dtype == np.float32:
         pytest.skip("the tensor-core kernel is the bf16 path")
     rng = np.random.default_rng(M * K + N)
