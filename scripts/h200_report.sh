@@ -60,7 +60,8 @@
 #   two-tile kernels apart, the two-tile one software-pipelined, against the session's start;
 #   part175: the final routing of 9-16-row products against the previous one, their tests, memcheck;
 #   part176 prepared, not run: the opt-in four-tile skinny kernels' tests and A/B (17-32 rows), then
-#   the figures on the final code).
+#   the figures on the final code; part177 prepared, not run: the c = 4 / 16 rounds' kernels under
+#   ncu and the c = 16 round's timeline).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -2909,6 +2910,19 @@ part176() {  # prepared in session 26, not yet run: the four-tile skinny kernels
   done
   graph_summary
   figures_on_models
+}
+
+part177() {  # prepared in session 26, not yet run: where the rejected DFlash round goes at c = 4 and
+  # 16 on the final code, for a verification attention shaped for 9 x G query rows (part127, session
+  # 18, found the tensor-core short-run attention ~20% of the c = 16 round, 44.6 us a layer, with a
+  # 9-query run filling 36 of a CTA's 64 query rows at G = 4): both rounds' graphs and kernels under
+  # ncu, and the c = 16 round's timeline (~5 minutes on a fresh machine)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 150
+  step_kernels_spec q8 q8-dflash 4 512 200
+  step_kernels_spec q8 q8-dflash 16 512 200
+  timeline q8_spec_b16 $M/q8 --spec $M/q8-dflash --k 8 --batch 16 --ctx 512
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name; then
