@@ -213,6 +213,8 @@ def test_dflash_rounds_never_run_the_fused_decode_step(dflash_pair, monkeypatch)
     take the separate ops. cuda/decode_attention.cu tunes the fused kernel's merge apart from
     verification's on this (DEC_MERGE_FLIGHT_ROPE, session 25): plain decoding calls it with runs of
     one row only, a DFlash run not at all."""
+    import inspect
+
     from minillm.backends.numpy_ops import NumpyBackend
 
     target, drafter = dflash_pair
@@ -220,7 +222,8 @@ def test_dflash_rounds_never_run_the_fused_decode_step(dflash_pair, monkeypatch)
     fused = NumpyBackend.decode_step_attention
 
     def recorded(self, *args, **kwargs):
-        runs.append(np.diff(np.asarray(args[13])).tolist())  # query_start
+        query_start = inspect.signature(fused).bind(self, *args, **kwargs).arguments["query_start"]
+        runs.append(np.diff(np.asarray(query_start)).tolist())
         return fused(self, *args, **kwargs)
 
     monkeypatch.setattr(NumpyBackend, "decode_step_attention", recorded)
