@@ -86,7 +86,13 @@ __device__ __forceinline__ int short_run_splits(int L, int max_splits) {
   return max(1, (L + part - 1) / part);
 }
 
-template <int D>
+// Q_IN_STAGE (paged_prefill_short_bf16_d*): Q is staged in the second K/V stage's K half and read
+// into registers before that stage is first filled, so a CTA takes two stages of shared memory
+// instead of Q + two, and with at most 168 registers (__launch_bounds__(PF_THREADS, 3)) three CTAs
+// fit an SM instead of two: a c = 16 round's short runs (16 x 8 KV heads x 3 splits = 384 CTAs)
+// then start in one wave of 396 instead of two of 264 (part177's timeline: a CTA lives ~14 us,
+// the launch spans ~34).
+template <int D, bool Q_IN_STAGE = false>
 __device__ __forceinline__ void prefill_attention_impl(
     const bf16* __restrict__ q, i64 q_tok, i64 q_head,
     const bf16* __restrict__ kc, const bf16* __restrict__ vc,  // [num_blocks, bs, KH, D]
@@ -102,8 +108,9 @@ __device__ __forceinline__ void prefill_attention_impl(
   constexpr int NT = PF_BK / 8;   // 8-key column tiles of S
   constexpr int DT = D / 8;       // 8-dim column tiles of O
   extern __shared__ __align__(128) unsigned char pf_smem[];
-  bf16* Qs = reinterpret_cast<bf16*>(pf_smem);  // [PF_ROWS][LDQ]
-  bf16* KVs = Qs + PF_ROWS * Ly::LDQ;           // stage s: K at KVs + s * STAGE, V after it
+  bf16* const smem = reinterpret_cast<bf16*>(pf_smem);
+  bf16* KVs = Q_IN_STAGE ? smem : smem + PF_ROWS * Ly::LDQ;  // stage s: K at KVs + s * STAGE, V after it
+  bf16* Qs = Q_IN_STAGE ? KVs + Ly::STAGE : smem;             // [PF_ROWS][LDQ]
   __shared__ int s_b, s_q0, s_split, s_nsplit, s_last;
   // Under PF_PDL the wait comes before anything another kernel writes is read and before any
   // return (cuda/common.cuh); with PDL_PREWAIT_INDEX, after the CTA has found its work from the
@@ -232,6 +239,7 @@ __device__ __forceinline__ void prefill_attention_impl(
   for (int kk = 0; kk < KS; ++kk)
     ldmatrix_x4(qa[kk], smem_u32(Qs + (r0 + (lane & 7) + ((lane >> 3) & 1) * 8) * Ly::LDQ + kk * 16 +
                                  (lane >> 4) * 8));
+  if (Q_IN_STAGE) __syncthreads();  // every warp holds Q before the loop first fills stage 1
   int lim[2];  // keys < lim are visible to fragment row g8 (+ 8); 0 for rows outside the tile
   int warp_lim = 0;
 #pragma unroll
@@ -447,3 +455,22 @@ __device__ __forceinline__ void prefill_attention_impl(
 
 MINILLM_PREFILL(64)
 MINILLM_PREFILL(128)
+
+// paged_prefill_short_bf16_d<D>: the same kernel with Q in the second stage (Q_IN_STAGE above),
+// three CTAs an SM, 2 * STAGE bf16 elements of dynamic shared memory; the host launches it for
+// short runs split over CTAs (short_splits > 0). Same arithmetic in the same order: same bits.
+#define MINILLM_PREFILL_SHORT(D)                                                               \
+  extern "C" __global__ void __launch_bounds__(PF_THREADS, 3) paged_prefill_short_bf16_d##D(   \
+      const bf16* q, i64 q_tok, i64 q_head, const bf16* kc, const bf16* vc,                    \
+      const int* block_tables, int bt_stride, const int* seq_lens, const int* query_start,     \
+      int B, bf16* out, i64 o_tok, i64 o_head, int KH, int G, int block_size, int num_blocks,  \
+      float scale_log2, int causal, int bq, int min_nq, int short_max_ctx, int short_splits,   \
+      float* part_o, float* part_ml, int* counters) {                                          \
+    prefill_attention_impl<D, true>(q, q_tok, q_head, kc, vc, block_tables, bt_stride,         \
+                                    seq_lens, query_start, B, out, o_tok, o_head, KH, G,       \
+                                    block_size, num_blocks, scale_log2, causal, bq, min_nq,    \
+                                    short_max_ctx, short_splits, part_o, part_ml, counters);   \
+  }
+
+MINILLM_PREFILL_SHORT(64)
+MINILLM_PREFILL_SHORT(128)

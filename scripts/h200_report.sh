@@ -61,7 +61,8 @@
 #   part175: the final routing of 9-16-row products against the previous one, their tests, memcheck;
 #   part176 prepared, not run: the opt-in four-tile skinny kernels' tests and A/B (17-32 rows), then
 #   the figures on the final code; part177 prepared, not run: the c = 4 / 16 rounds' kernels under
-#   ncu and the c = 16 round's timeline).
+#   ncu and the c = 16 round's timeline). part176-: session 27 (part176 and part177 ran first;
+#   part178: split short runs on the three-CTAs-an-SM attention kernel against two).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -2923,6 +2924,32 @@ part177() {  # prepared in session 26, not yet run: where the rejected DFlash ro
   step_kernels_spec q8 q8-dflash 4 512 200
   step_kernels_spec q8 q8-dflash 16 512 200
   timeline q8_spec_b16 $M/q8 --spec $M/q8-dflash --k 8 --batch 16 --ctx 512
+}
+
+part178() {  # session 27: split short runs (verification blocks) on paged_prefill_short_bf16_d* (Q in
+  # the second K/V stage, three CTAs an SM; MINILLM_SHORT_RUN_3CTA=1) against the two-CTA kernel:
+  # their tests and memcheck, then a rejected DFlash k = 8 round's graphs at c = 2 / 4 / 8 / 16
+  # alternated twice, and with 5 splits of 128 keys (PF_SHORT_KEYS=64, up to 8 splits) on top at
+  # c = 2 / 4 / 16 (~7 minutes on a fresh machine)
+  local i b on="MINILLM_SHORT_RUN_3CTA=1" off="MINILLM_SHORT_RUN_3CTA=0"
+  local s8="MINILLM_CUDA_DEFINES=PF_SHORT_KEYS=64 MINILLM_SHORT_RUN_SPLITS=8"
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage gpu_tests_short 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    -k "short_runs or batch_invariant or prefill"
+  memcheck_ops memcheck_short3 150 "short_runs and bfloat16" $on
+  models_all 150
+  for i in 1 2; do
+    for b in 2 4 8 16; do
+      spec_round_graph "base_$i" $b 100 $off
+      spec_round_graph "three_$i" $b 100 $on
+    done
+    for b in 2 4 16; do
+      # shellcheck disable=SC2086  # the settings are separate words
+      spec_round_graph "three_s8_$i" $b 100 $on $s8
+    done
+  done
+  graph_summary
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name; then

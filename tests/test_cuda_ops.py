@@ -811,17 +811,20 @@ def test_attention_batch_invariant(be):
     assert np.array_equal(host(be, prefill)[18:], host(be, mixed)[18:])
 
 
+@pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [True, False])
-def test_short_runs_on_tensor_cores(be, causal):
+def test_short_runs_on_tensor_cores(be, causal, D):
     """Runs of 2-16 queries (verification blocks; DFlash blocks, non-causal) with at most
     short_run_max_ctx keys take the tensor-core kernel, longer contexts and single queries the
     decode kernel, in one step: every row matches the oracle, with the short runs' keys split over
     up to 4 CTAs (merged by the last) or not; unsplit, each sequence's rows are bit-identical to
-    its kernel run alone. With the limit at 0 the decode kernel takes them all."""
+    its kernel run alone; split, the three-CTAs-an-SM kernel (paged_prefill_short_*, Q in the
+    second K/V stage) gives the same bits as the two-CTA one. With the limit at 0 the decode
+    kernel takes them all."""
     if be.dtype == np.float32:
         pytest.skip("the tensor-core kernel is the bf16 path")
-    rng = np.random.default_rng(5 + causal)
-    H, KH, D, bs = 16, 4, 128, 16
+    rng = np.random.default_rng(5 + causal + D)
+    H, KH, bs = 16, 4, 16
     # (queries, context): short runs under and over the limit, a decode row, a run at the limit
     q_lens, ctx = [9, 9, 1, 16, 2], [300, 3000, 500, 2048, 40]
     case = make_attention_case(rng, q_lens, ctx, H, KH, D, bs)
@@ -836,7 +839,7 @@ def test_short_runs_on_tensor_cores(be, causal):
         plan = be.attention(*args, out, causal=causal, **kw)
         return host(be, out), plan
 
-    limit, most = be.short_run_max_ctx, be.short_run_max_splits
+    limit, most, three = be.short_run_max_ctx, be.short_run_max_splits, be.short_run_three_ctas
     try:
         be.short_run_max_ctx = 2048
         on_tc, _ = run(kernel="prefill")
@@ -848,6 +851,12 @@ def test_short_runs_on_tensor_cores(be, causal):
             assert rel_err(got, ref) < tol(be), splits
             again, _ = run(max_query_len=16)  # the merge counters reset themselves
             assert np.array_equal(got, again)
+            if splits > 1:  # the other kernel for split short runs: the same bits
+                be.short_run_three_ctas = not three
+                other, plan = run(max_query_len=16)
+                be.short_run_three_ctas = three
+                assert plan["short_run_three_ctas"] == (not three)
+                assert np.array_equal(other, got), "three CTAs an SM"
             for b, tensor_cores in enumerate([True, False, False, True, True]):
                 rows = slice(qs[b], qs[b + 1])
                 if not tensor_cores:
@@ -858,7 +867,7 @@ def test_short_runs_on_tensor_cores(be, causal):
         off, plan = run(max_query_len=16)
         assert plan["kernel"] == "decode" and np.array_equal(off, alone)
     finally:
-        be.short_run_max_ctx, be.short_run_max_splits = limit, most
+        be.short_run_max_ctx, be.short_run_max_splits, be.short_run_three_ctas = limit, most, three
 
 
 @pytest.mark.parametrize("bs", [16, 32])

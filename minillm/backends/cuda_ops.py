@@ -63,6 +63,9 @@ _SHORT_RUN_MAX_CTX_DEFAULT = 2048
 # ... its keys split over up to this many CTAs (one a 128 keys), so a step of few sequences still
 # fills the GPU (8B, one sequence of 512: 8 CTAs unsplit). MINILLM_SHORT_RUN_SPLITS overrides
 _SHORT_RUN_SPLITS_DEFAULT = 4
+# ... on cuda/prefill_attention.cu's paged_prefill_short_* (Q_IN_STAGE: three CTAs an SM) when 1.
+# MINILLM_SHORT_RUN_3CTA overrides
+_SHORT_RUN_3CTA_DEFAULT = 0
 # a decode CTA's fixed cost (loading q, merging key groups, writing and merging a partial), in keys'
 # worth of streaming: what makes one more split not free. Fitted on the H200 (decode_splits)
 _DECODE_SPLIT_COST_KEYS = 128
@@ -102,11 +105,12 @@ class _CudaDecoderPlan:
     prof: object = None  # [layers * 5, SMs, 2] uint64 barrier timestamps (scripts/decode_layers_profile.py)
 
 
-def _prefill_smem(D: int) -> int:
+def _prefill_smem(D: int, q_in_stage: bool = False) -> int:
     """Dynamic shared memory of cuda/prefill_attention.cu's kernel (its PfLayout): Q, then two
-    stages of K and V tiles, bf16 rows padded by 8 elements."""
+    stages of K and V tiles, bf16 rows padded by 8 elements; the short-run kernel
+    (paged_prefill_short_*) keeps Q in the second stage, so the two stages alone."""
     ldq = D + 8
-    return 2 * (_PF_ROWS * ldq + 2 * 2 * _PF_BK * ldq)
+    return 2 * ((0 if q_in_stage else _PF_ROWS * ldq) + 2 * 2 * _PF_BK * ldq)
 
 
 _GEMV_MAX_M, _GEMV_THREADS, _GEMV_COLS_PER_CTA = 4, 128, 2 * 4  # GEMV_NR * GEMV_WARPS in gemv.cu
@@ -439,6 +443,10 @@ class CudaBackend:
                                          "most context keys of a 2-16-query run on the tensor-core kernel")
         self.short_run_max_splits = env_int("MINILLM_SHORT_RUN_SPLITS", _SHORT_RUN_SPLITS_DEFAULT,
                                             "most CTAs a short run's keys are split over")
+        # split short runs on paged_prefill_short_* (Q in the second K/V stage, three CTAs an SM)
+        # rather than paged_prefill_* (two): the same bits; 0 for A/B runs
+        self.short_run_three_ctas = env_int("MINILLM_SHORT_RUN_3CTA", _SHORT_RUN_3CTA_DEFAULT,
+                                            "1: split short runs on the three-CTAs-an-SM kernel") == 1
         # steps of fewer sequences keep short runs on the decode kernel (the runner's hint): at one
         # sequence it is faster (a rejected 8B DFlash k = 8 round's graphs 6.440 -> 6.223 ms, part116;
         # c = 2 the same either way), from two on the tensor cores win (part115). 1: never
@@ -484,10 +492,11 @@ class CudaBackend:
         pf_pdl = env_int("MINILLM_PDL_PREFILL", 1, "0: the tensor-core attention launched without PDL") == 1
         try:  # tensor-core prefill: needs the toolkit's mma.h, which not every install has
             for d in _DECODE_HEAD_DIMS:
-                name = f"paged_prefill_bf16_d{d}"
-                k[name] = kc.get_kernel("prefill_attention", name, self.debug, ("PF_PDL=1",) if pf_pdl else ())
-                if pf_pdl:
-                    self._pdl_kernels.add(name)
+                for name in (f"paged_prefill_bf16_d{d}", f"paged_prefill_short_bf16_d{d}"):
+                    k[name] = kc.get_kernel("prefill_attention", name, self.debug,
+                                            ("PF_PDL=1",) if pf_pdl else ())
+                    if pf_pdl:
+                        self._pdl_kernels.add(name)
             self.prefill_unavailable = None
         except Exception as e:  # noqa: BLE001 - NVRTC reports a missing header as a compile error
             self.prefill_unavailable = f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"
@@ -500,7 +509,7 @@ class CudaBackend:
                 "MaxSharedMemoryPerBlockOptin", 48 << 10)
         self.max_smem = int(optin) - 1024  # the kernel's static shared memory lives there too
         for n in ("paged_attention_bf16", "paged_attention_f32",
-                  *(f"paged_prefill_bf16_d{d}" for d in _DECODE_HEAD_DIMS)):
+                  *(f"paged_prefill{v}_bf16_d{d}" for v in ("", "_short") for d in _DECODE_HEAD_DIMS)):
             if n in k:
                 k[n].max_dynamic_shared_size_bytes = self.max_smem
         # cuda/gemm.cu for 17-256 rows, only with MINILLM_GEMM=wide (scripts/gemm_bench.py switches
@@ -1230,15 +1239,16 @@ class CudaBackend:
             part_ml = self._att_scratch[T * H * splits * D:] if splits > 1 else self._att_scratch
 
             def prefill(tiles: int, min_nq: int, short_max_ctx: int, short_splits: int) -> None:
+                three = short_splits > 0 and self.short_run_three_ctas  # split short runs alone
                 self._launch(
-                    f"paged_prefill_bf16_d{D}", (tiles, KH), (_ATT_THREADS,),
+                    f"paged_prefill{'_short' if three else ''}_bf16_d{D}", (tiles, KH), (_ATT_THREADS,),
                     (q, _i64(q.strides[0] // it), _i64(q.strides[1] // it), k_cache, v_cache,
                      block_tables, _i32(block_tables.shape[1]), seq_lens, query_start, _i32(B), out,
                      _i64(out.strides[0] // it), _i64(out.strides[1] // it), _i32(KH), _i32(G), _i32(bs),
                      _i32(k_cache.shape[0]), np.float32(scale * math.log2(math.e)),
                      _i32(1 if causal else 0), _i32(bq), _i32(min_nq), _i32(short_max_ctx),
                      _i32(short_splits), self._att_scratch, part_ml, self._att_counters),
-                    shared_mem=_prefill_smem(D),
+                    shared_mem=_prefill_smem(D, three),
                 )
 
             if kernel == "prefill":
@@ -1265,6 +1275,7 @@ class CudaBackend:
                                        short_max_ctx=smc)
             if smc:
                 p["short_run_splits"] = splits
+                p["short_run_three_ctas"] = splits > 1 and self.short_run_three_ctas
             return {**p, "kernel": kernel}
         p = self.attention_plan(T, B, H, KH, D, block_tables.shape[1] * bs, q.itemsize, bq, n_splits)
         it = q.itemsize
