@@ -62,7 +62,8 @@
 #   part176 prepared, not run: the opt-in four-tile skinny kernels' tests and A/B (17-32 rows), then
 #   the figures on the final code; part177 prepared, not run: the c = 4 / 16 rounds' kernels under
 #   ncu and the c = 16 round's timeline). part176-: session 27 (part176 and part177 ran first;
-#   part178: split short runs on the three-CTAs-an-SM attention kernel against two).
+#   part178: split short runs on the three-CTAs-an-SM attention kernel against two; part179: that
+#   kernel past one wave of the two-CTA one, the default, its tests, spec cost, matrix, throughput).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -2950,6 +2951,24 @@ part178() {  # session 27: split short runs (verification blocks) on paged_prefi
     done
   done
   graph_summary
+}
+
+part179() {  # session 27: split short runs on the three-CTAs-an-SM kernel past one wave of the two-CTA
+  # one (MINILLM_SHORT_RUN_3CTA=1, the default after part178) against never (=0): the short-run and
+  # DFlash / speculative GPU tests, a rejected round's graphs at c = 12 / 16, then the 8B spec-cost
+  # bench, memcheck of the reproducer, the failure matrix and throughput (~6 minutes on a fresh machine)
+  local b
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage gpu_tests_spec 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_dflash_graphs.py tests/test_gpu_engine.py -k "short_runs or batch_invariant or dflash or spec or lossless"
+  models_all 150
+  for b in 12 16; do
+    spec_round_graph "base" $b 100 MINILLM_SHORT_RUN_3CTA=0
+    spec_round_graph "wave" $b 100 MINILLM_SHORT_RUN_3CTA=1
+  done
+  graph_summary
+  engine_figures
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name; then

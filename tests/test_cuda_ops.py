@@ -851,12 +851,14 @@ def test_short_runs_on_tensor_cores(be, causal, D):
             assert rel_err(got, ref) < tol(be), splits
             again, _ = run(max_query_len=16)  # the merge counters reset themselves
             assert np.array_equal(got, again)
-            if splits > 1:  # the other kernel for split short runs: the same bits
-                be.short_run_three_ctas = not three
-                other, plan = run(max_query_len=16)
-                be.short_run_three_ctas = three
-                assert plan["short_run_three_ctas"] == (not three)
-                assert np.array_equal(other, got), "three CTAs an SM"
+            if splits > 1:  # split short runs on either kernel: the same bits
+                assert plan["short_run_three_ctas"] == (three == 2)  # 1: this small launch is one wave
+                for mode in (0, 2):
+                    be.short_run_three_ctas = mode
+                    other, plan = run(max_query_len=16)
+                    be.short_run_three_ctas = three
+                    assert plan["short_run_three_ctas"] == (mode == 2)
+                    assert np.array_equal(other, got), f"MINILLM_SHORT_RUN_3CTA={mode}"
             for b, tensor_cores in enumerate([True, False, False, True, True]):
                 rows = slice(qs[b], qs[b + 1])
                 if not tensor_cores:

@@ -63,9 +63,12 @@ _SHORT_RUN_MAX_CTX_DEFAULT = 2048
 # ... its keys split over up to this many CTAs (one a 128 keys), so a step of few sequences still
 # fills the GPU (8B, one sequence of 512: 8 CTAs unsplit). MINILLM_SHORT_RUN_SPLITS overrides
 _SHORT_RUN_SPLITS_DEFAULT = 4
-# ... on cuda/prefill_attention.cu's paged_prefill_short_* (Q_IN_STAGE: three CTAs an SM) when 1.
-# MINILLM_SHORT_RUN_3CTA overrides
-_SHORT_RUN_3CTA_DEFAULT = 0
+# ... on cuda/prefill_attention.cu's paged_prefill_short_* (Q_IN_STAGE: three CTAs an SM instead of
+# two, the same bits) when the launch has more CTAs than the GPU holds of the two-CTA kernel (1), never
+# (0) or always (2). A rejected 8B DFlash k = 8 round's graphs at 512 keys (part178, H200): c = 16
+# (384 live CTAs, a grid of 512) -4.1%; on for every launch, c = 2 / 4 / 8 +0.1 / +0.4 / +1.9% (the
+# kernel spills a few registers at 168). MINILLM_SHORT_RUN_3CTA overrides
+_SHORT_RUN_3CTA_DEFAULT = 1
 # a decode CTA's fixed cost (loading q, merging key groups, writing and merging a partial), in keys'
 # worth of streaming: what makes one more split not free. Fitted on the H200 (decode_splits)
 _DECODE_SPLIT_COST_KEYS = 128
@@ -427,7 +430,7 @@ class CudaBackend:
         if self.mark_blas_outputs:
             cupy.cuda.runtime.memsetAsync(self._blas_ws.data.ptr, 0, cublas_workspace_bytes, self.stream.ptr)
         self._capturing = False
-        self._resident: dict[tuple[int, int], int] = {}  # decode CTAs the GPU holds, by (D, G)
+        self._resident: dict[tuple, int] = {}  # CTAs the GPU holds: decode by (D, G), prefill ("prefill", D)
         self.pdl = None  # graphs launch pdl_entry kernels through it (Hopper and later)
         if pdl_enabled() and int(self.props["major"]) >= 9:
             try:
@@ -444,9 +447,14 @@ class CudaBackend:
         self.short_run_max_splits = env_int("MINILLM_SHORT_RUN_SPLITS", _SHORT_RUN_SPLITS_DEFAULT,
                                             "most CTAs a short run's keys are split over")
         # split short runs on paged_prefill_short_* (Q in the second K/V stage, three CTAs an SM)
-        # rather than paged_prefill_* (two): the same bits; 0 for A/B runs
+        # rather than paged_prefill_* (two): the same bits. 1: when the launch needs more than one
+        # wave of the two-CTA kernel, 0: never, 2: always
         self.short_run_three_ctas = env_int("MINILLM_SHORT_RUN_3CTA", _SHORT_RUN_3CTA_DEFAULT,
-                                            "1: split short runs on the three-CTAs-an-SM kernel") == 1
+                                            "split short runs on the three-CTAs-an-SM kernel: "
+                                            "0 never, 1 past a wave, 2 always")
+        if self.short_run_three_ctas not in (0, 1, 2):
+            raise ValueError(f"MINILLM_SHORT_RUN_3CTA={self.short_run_three_ctas}: use 0 (never), "
+                             "1 (when the launch needs more than one wave of the two-CTA kernel) or 2 (always)")
         # steps of fewer sequences keep short runs on the decode kernel (the runner's hint): at one
         # sequence it is faster (a rejected 8B DFlash k = 8 round's graphs 6.440 -> 6.223 ms, part116;
         # c = 2 the same either way), from two on the tensor cores win (part115). 1: never
@@ -1174,6 +1182,21 @@ class CudaBackend:
         fit = self._att_scratch.size // max(1, T * H * (D + 2))
         return max(1, min(self.short_run_max_splits, _PF_MAX_SPLITS, fit))
 
+    def _short_run_on_three(self, ctas: int, D: int) -> bool:
+        """Whether a launch of split short runs (a grid of ctas, an upper bound: each run's split
+        count is its own length's, on the device) takes paged_prefill_short_* (three CTAs an SM):
+        short_run_three_ctas 2 always, 0 never, 1 when ctas exceed what the GPU holds of the
+        two-CTA kernel at once."""
+        if self.short_run_three_ctas != 1:
+            return self.short_run_three_ctas == 2
+        key = ("prefill", D)
+        if key not in self._resident:
+            from cupy_backends.cuda.api import driver
+            per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(
+                self.k[f"paged_prefill_bf16_d{D}"].kernel.ptr, _ATT_THREADS, _prefill_smem(D))
+            self._resident[key] = max(1, per_sm) * self.num_sms
+        return ctas > self._resident[key]
+
     def _decode_resident(self, D: int, G: int) -> int:
         """CTAs of the decode kernel (the backend's dtype) for (head_dim, group) the GPU holds at once."""
         key = (D, G)
@@ -1229,6 +1252,7 @@ class CudaBackend:
         # a split step's short-run rule and split count, passed to both kernels
         smc = self.short_run_max_ctx if split and short_runs else 0
         splits = self._short_run_splits(T, H, D, KH) if smc else 1
+        three = False  # split short runs launched on paged_prefill_short_*
         if kernel in ("prefill", "split"):
             if not self._prefill_kernel_fits(q, k_cache, out):
                 raise ValueError(f"paged_attention: the prefill kernel does not take q {q.shape} "
@@ -1238,8 +1262,8 @@ class CudaBackend:
             it = q.itemsize
             part_ml = self._att_scratch[T * H * splits * D:] if splits > 1 else self._att_scratch
 
-            def prefill(tiles: int, min_nq: int, short_max_ctx: int, short_splits: int) -> None:
-                three = short_splits > 0 and self.short_run_three_ctas  # split short runs alone
+            def prefill(tiles: int, min_nq: int, short_max_ctx: int, short_splits: int) -> bool:
+                three = short_splits > 0 and self._short_run_on_three(tiles * KH, D)  # split short runs
                 self._launch(
                     f"paged_prefill{'_short' if three else ''}_bf16_d{D}", (tiles, KH), (_ATT_THREADS,),
                     (q, _i64(q.strides[0] // it), _i64(q.strides[1] // it), k_cache, v_cache,
@@ -1250,6 +1274,7 @@ class CudaBackend:
                      _i32(short_splits), self._att_scratch, part_ml, self._att_counters),
                     shared_mem=_prefill_smem(D, three),
                 )
+                return three
 
             if kernel == "prefill":
                 prefill(_cdiv(T, bq) + B, 0, 0, 0)
@@ -1261,7 +1286,7 @@ class CudaBackend:
                     prefill(_cdiv(T, bq) + B, _DECODE_MAX_Q + 1, 0, 0)
                 runs = min(B, T // 2)  # a short run has at least 2 of the T rows
                 if runs:
-                    prefill(runs * _cdiv(_DECODE_MAX_Q, bq) * splits, 1 << 30, smc, splits)
+                    three = prefill(runs * _cdiv(_DECODE_MAX_Q, bq) * splits, 1 << 30, smc, splits)
         if kernel in ("decode", "split"):
             if not self._decode_kernel_fits(q, k_cache, out):
                 raise ValueError(f"paged_attention: the decode kernel does not take q {q.shape} "
@@ -1275,7 +1300,7 @@ class CudaBackend:
                                        short_max_ctx=smc)
             if smc:
                 p["short_run_splits"] = splits
-                p["short_run_three_ctas"] = splits > 1 and self.short_run_three_ctas
+                p["short_run_three_ctas"] = three
             return {**p, "kernel": kernel}
         p = self.attention_plan(T, B, H, KH, D, block_tables.shape[1] * bs, q.itemsize, bq, n_splits)
         it = q.itemsize
