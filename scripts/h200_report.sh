@@ -2954,21 +2954,23 @@ part178() {  # session 27: split short runs (verification blocks) on paged_prefi
 }
 
 part179() {  # session 27: split short runs on the three-CTAs-an-SM kernel past one wave of the two-CTA
-  # one (MINILLM_SHORT_RUN_3CTA=1, the default after part178) against never (=0): the short-run and
-  # DFlash / speculative GPU tests, a rejected round's graphs at c = 12 / 16, then the 8B spec-cost
-  # bench, memcheck of the reproducer, the failure matrix and throughput (~6 minutes on a fresh machine)
-  local b
+  # one (MINILLM_SHORT_RUN_3CTA=1, the default after part178) against never (=0): a rejected round's
+  # graphs at c = 16, then the 8B spec-cost bench, memcheck of the reproducer, the failure matrix
+  # (its c = 16 rungs take the three-CTA kernel), then the short-run and DFlash / speculative GPU
+  # tests (~5 minutes on a fresh machine; ordered for the ~8 device minutes left)
   setup
   facts > "$W/facts.txt" 2>&1
+  models_all 150
+  spec_round_graph "base" 16 100 MINILLM_SHORT_RUN_3CTA=0
+  spec_round_graph "wave" 16 100 MINILLM_SHORT_RUN_3CTA=1
+  graph_summary
+  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_8b.json"
+  memcheck_reproducer 60
+  stage failure_matrix 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
+    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 100
   stage gpu_tests_spec 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
     tests/test_dflash_graphs.py tests/test_gpu_engine.py -k "short_runs or batch_invariant or dflash or spec or lossless"
-  models_all 150
-  for b in 12 16; do
-    spec_round_graph "base" $b 100 MINILLM_SHORT_RUN_3CTA=0
-    spec_round_graph "wave" $b 100 MINILLM_SHORT_RUN_3CTA=1
-  done
-  graph_summary
-  engine_figures
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name; then
