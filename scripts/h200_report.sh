@@ -63,7 +63,8 @@
 #   the figures on the final code; part177 prepared, not run: the c = 4 / 16 rounds' kernels under
 #   ncu and the c = 16 round's timeline). part176-: session 27 (part176 and part177 ran first;
 #   part178: split short runs on the three-CTAs-an-SM attention kernel against two; part179: that
-#   kernel past one wave of the two-CTA one, the default, its tests, spec cost, matrix, throughput).
+#   kernel past one wave of the two-CTA one, the default, its tests, spec cost, matrix; part180
+#   prepared, not run: the c = 16 round's timelines and the three-CTA kernel under ncu).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -2971,6 +2972,27 @@ part179() {  # session 27: split short runs on the three-CTAs-an-SM kernel past 
     --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 100
   stage gpu_tests_spec 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
     tests/test_dflash_graphs.py tests/test_gpu_engine.py -k "short_runs or batch_invariant or dflash or spec or lossless"
+}
+
+part180() {  # prepared in session 27, not yet run: where the short-run attention's time goes now, for
+  # the next kernel (part103's stall samples, session 14, were of the two-CTA kernel: 0.27 issued warps
+  # a scheduler, stalls on fixed-latency dependencies, loads and barriers): the c = 16 round's timeline
+  # with the three-CTA kernel (the default) and without, and the three-CTA kernel's warp states and hot
+  # SASS at c = 16 under ncu (~4 minutes on a fresh machine)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 150
+  timeline q8_spec_b16 $M/q8 --spec $M/q8-dflash --k 8 --batch 16 --ctx 512
+  stage timeline_q8_spec_b16_two 200 env MINILLM_SHORT_RUN_3CTA=0 python3 scripts/step_timeline.py $M/q8 \
+    --spec $M/q8-dflash --k 8 --batch 16 --ctx 512 --json "$W/timeline_q8_spec_b16_two.json"
+  stage ncu_sass_short3_b16 150 ncu --profile-from-start off --section SourceCounters --section WarpStateStats \
+    --page source --csv --print-source sass -k regex:paged_prefill_short -c 1 python3 scripts/step_kernels.py \
+    $M/q8 --spec $M/q8-dflash --k 8 --batch 16 --ctx 512 --under-ncu
+  python3 scripts/ncu_hot_sass.py "$W/ncu_sass_short3_b16.log" --top 45 | tee "$W/hot_sass_short3_b16.txt"
+  stage ncu_stalls_short3_b16 150 ncu --profile-from-start off --section WarpStateStats --print-details all \
+    -k regex:paged_prefill_short -c 1 python3 scripts/step_kernels.py $M/q8 --spec $M/q8-dflash --k 8 \
+    --batch 16 --ctx 512 --under-ncu
+  pack
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name; then
