@@ -1,5 +1,6 @@
 """Launch plans that are pure functions of static sizes, so they are checked here on the CPU: the
-decode attention's split count (minillm.backends.cuda_ops.decode_splits), which cuda/gemv.cu
+decode attention's split count (minillm.backends.cuda_ops.decode_splits), which kernel takes a
+launch of split short runs (short_run_on_three), which cuda/gemv.cu
 kernel takes a product of a few rows (small_product_kernel, gated_product_kernel for the gate_up
 product with SiLU) and cuda/gemm.cu's launch shape for
 17-256 rows (wide_product_plan); the GPU side (every split count gives the same
@@ -19,6 +20,8 @@ from minillm.backends.cuda_ops import (
     decode_splits,
     env_int,
     gated_product_kernel,
+    short_run_on_three,
+    short_run_three_mode,
     small_product_kernel,
     wide_product_plan,
 )
@@ -146,3 +149,24 @@ def test_decode_env_integers_refuse_bad_values(monkeypatch, raw):
     assert env_int("MINILLM_DECODE_ORDER_PART", 1024, "keys per split") == 0
     monkeypatch.delenv("MINILLM_DECODE_ORDER_PART")
     assert env_int("MINILLM_DECODE_ORDER_PART", 1024, "keys per split") == 1024
+
+
+def test_split_short_runs_take_three_ctas_an_sm_past_one_wave(monkeypatch):
+    """MINILLM_SHORT_RUN_3CTA: by default (1) a launch of split short runs takes the three-CTA kernel
+    only when its grid exceeds one wave of the two-CTA kernel: the 8B round's verification at c = 16
+    (16 sequences x 4 splits x 8 KV heads = 512 CTAs against 2 x 132; part177's launch had 544, a
+    padding sequence's too; part178/part179: -4.1%), not at c = 8 (256; always on there: +1.9%).
+    0 never, 2 always; other values are refused."""
+    monkeypatch.delenv("MINILLM_SHORT_RUN_3CTA", raising=False)
+    mode = short_run_three_mode()
+    assert mode == 1
+    assert short_run_on_three(mode, 16 * 4 * 8, 2 * 132)
+    assert not short_run_on_three(mode, 8 * 4 * 8, 2 * 132)
+    assert not short_run_on_three(0, 16 * 4 * 8, 2 * 132) and short_run_on_three(2, 8, 2 * 132)
+    for raw, ok in (("0", 0), ("2", 2)):
+        monkeypatch.setenv("MINILLM_SHORT_RUN_3CTA", raw)
+        assert short_run_three_mode() == ok
+    for raw in ("3", "-1", "yes"):
+        monkeypatch.setenv("MINILLM_SHORT_RUN_3CTA", raw)
+        with pytest.raises(ValueError, match="MINILLM_SHORT_RUN_3CTA"):
+            short_run_three_mode()

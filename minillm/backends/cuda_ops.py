@@ -375,6 +375,24 @@ def decode_rope_max_tokens() -> int:
     return env_int("MINILLM_DECODE_ROPE_MAX", _DECODE_ROPE_MAX_DEFAULT, "a row count; 0 never fuses")
 
 
+def short_run_three_mode() -> int:
+    """MINILLM_SHORT_RUN_3CTA: which kernel takes a launch of split short runs (short_run_on_three)."""
+    mode = env_int("MINILLM_SHORT_RUN_3CTA", _SHORT_RUN_3CTA_DEFAULT,
+                   "split short runs on the three-CTAs-an-SM kernel: 0 never, 1 past a wave, 2 always")
+    if mode not in (0, 1, 2):
+        raise ValueError(f"MINILLM_SHORT_RUN_3CTA={mode}: use 0 (never), 1 (when the launch needs more "
+                         "than one wave of the two-CTA kernel) or 2 (always)")
+    return mode
+
+
+def short_run_on_three(mode: int, ctas: int, resident_two: int) -> bool:
+    """Whether a launch of split short runs with a grid of ctas CTAs (an upper bound: each run's
+    split count is its own length's, on the device) takes paged_prefill_short_* (three CTAs an SM)
+    rather than paged_prefill_* (two; the same bits): mode 2 always, 0 never, 1 when the grid
+    exceeds resident_two, what the GPU holds of the two-CTA kernel at once."""
+    return mode == 2 or (mode == 1 and ctas > resident_two)
+
+
 class CapturedGraph:
     """A CUDA graph recorded from one call of a function; replay() reruns it on the stream."""
 
@@ -446,15 +464,7 @@ class CudaBackend:
                                          "most context keys of a 2-16-query run on the tensor-core kernel")
         self.short_run_max_splits = env_int("MINILLM_SHORT_RUN_SPLITS", _SHORT_RUN_SPLITS_DEFAULT,
                                             "most CTAs a short run's keys are split over")
-        # split short runs on paged_prefill_short_* (Q in the second K/V stage, three CTAs an SM)
-        # rather than paged_prefill_* (two): the same bits. 1: when the launch needs more than one
-        # wave of the two-CTA kernel, 0: never, 2: always
-        self.short_run_three_ctas = env_int("MINILLM_SHORT_RUN_3CTA", _SHORT_RUN_3CTA_DEFAULT,
-                                            "split short runs on the three-CTAs-an-SM kernel: "
-                                            "0 never, 1 past a wave, 2 always")
-        if self.short_run_three_ctas not in (0, 1, 2):
-            raise ValueError(f"MINILLM_SHORT_RUN_3CTA={self.short_run_three_ctas}: use 0 (never), "
-                             "1 (when the launch needs more than one wave of the two-CTA kernel) or 2 (always)")
+        self.short_run_three_ctas = short_run_three_mode()  # 0 never, 1 past a wave, 2 always
         # steps of fewer sequences keep short runs on the decode kernel (the runner's hint): at one
         # sequence it is faster (a rejected 8B DFlash k = 8 round's graphs 6.440 -> 6.223 ms, part116;
         # c = 2 the same either way), from two on the tensor cores win (part115). 1: never
@@ -1183,19 +1193,14 @@ class CudaBackend:
         return max(1, min(self.short_run_max_splits, _PF_MAX_SPLITS, fit))
 
     def _short_run_on_three(self, ctas: int, D: int) -> bool:
-        """Whether a launch of split short runs (a grid of ctas, an upper bound: each run's split
-        count is its own length's, on the device) takes paged_prefill_short_* (three CTAs an SM):
-        short_run_three_ctas 2 always, 0 never, 1 when ctas exceed what the GPU holds of the
-        two-CTA kernel at once."""
-        if self.short_run_three_ctas != 1:
-            return self.short_run_three_ctas == 2
+        """short_run_on_three for this GPU: the two-CTA kernel's resident CTAs from the occupancy API."""
         key = ("prefill", D)
-        if key not in self._resident:
+        if self.short_run_three_ctas == 1 and key not in self._resident:
             from cupy_backends.cuda.api import driver
             per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(
                 self.k[f"paged_prefill_bf16_d{D}"].kernel.ptr, _ATT_THREADS, _prefill_smem(D))
             self._resident[key] = max(1, per_sm) * self.num_sms
-        return ctas > self._resident[key]
+        return short_run_on_three(self.short_run_three_ctas, ctas, self._resident.get(key, 0))
 
     def _decode_resident(self, D: int, G: int) -> int:
         """CTAs of the decode kernel (the backend's dtype) for (head_dim, group) the GPU holds at once."""
