@@ -66,7 +66,7 @@ _SHORT_RUN_SPLITS_DEFAULT = 4
 # ... on cuda/prefill_attention.cu's paged_prefill_short_* (Q_IN_STAGE: three CTAs an SM instead of
 # two, the same bits) when the launch has more CTAs than the GPU holds of the two-CTA kernel (1), never
 # (0) or always (2). A rejected 8B DFlash k = 8 round's graphs at 512 keys (part178, H200): c = 16
-# (384 live CTAs, a grid of 512) -4.1%; on for every launch, c = 2 / 4 / 8 +0.1 / +0.4 / +1.9% (the
+# (384 live CTAs, a grid of 544) -4.1%; on for every launch, c = 2 / 4 / 8 +0.1 / +0.4 / +1.9% (the
 # kernel spills a few registers at 168). MINILLM_SHORT_RUN_3CTA overrides
 _SHORT_RUN_3CTA_DEFAULT = 1
 # a decode CTA's fixed cost (loading q, merging key groups, writing and merging a partial), in keys'
@@ -1268,18 +1268,18 @@ class CudaBackend:
             part_ml = self._att_scratch[T * H * splits * D:] if splits > 1 else self._att_scratch
 
             def prefill(tiles: int, min_nq: int, short_max_ctx: int, short_splits: int) -> bool:
-                three = short_splits > 0 and self._short_run_on_three(tiles * KH, D)  # split short runs
+                on_three = short_splits > 0 and self._short_run_on_three(tiles * KH, D)  # split short runs
                 self._launch(
-                    f"paged_prefill{'_short' if three else ''}_bf16_d{D}", (tiles, KH), (_ATT_THREADS,),
+                    f"paged_prefill{'_short' if on_three else ''}_bf16_d{D}", (tiles, KH), (_ATT_THREADS,),
                     (q, _i64(q.strides[0] // it), _i64(q.strides[1] // it), k_cache, v_cache,
                      block_tables, _i32(block_tables.shape[1]), seq_lens, query_start, _i32(B), out,
                      _i64(out.strides[0] // it), _i64(out.strides[1] // it), _i32(KH), _i32(G), _i32(bs),
                      _i32(k_cache.shape[0]), np.float32(scale * math.log2(math.e)),
                      _i32(1 if causal else 0), _i32(bq), _i32(min_nq), _i32(short_max_ctx),
                      _i32(short_splits), self._att_scratch, part_ml, self._att_counters),
-                    shared_mem=_prefill_smem(D, three),
+                    shared_mem=_prefill_smem(D, on_three),
                 )
-                return three
+                return on_three
 
             if kernel == "prefill":
                 prefill(_cdiv(T, bq) + B, 0, 0, 0)
