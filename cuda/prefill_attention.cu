@@ -439,38 +439,27 @@ __device__ __forceinline__ void prefill_attention_impl(
 }  // namespace
 
 // paged_prefill_bf16_d<D>: grid (query tiles, KH), PF_THREADS threads, PfLayout<D>'s bf16 elements
-// (PF_ROWS * LDQ + 2 * STAGE) of dynamic shared memory.
-#define MINILLM_PREFILL(D)                                                                     \
-  extern "C" __global__ void __launch_bounds__(PF_THREADS) paged_prefill_bf16_d##D(            \
+// (PF_ROWS * LDQ + 2 * STAGE) of dynamic shared memory. paged_prefill_short_bf16_d<D>: the same
+// kernel with Q in the second stage (Q_IN_STAGE above), three CTAs an SM, 2 * STAGE elements; the
+// host launches it for short runs split over CTAs (short_splits > 0). Same arithmetic in the same
+// order: same bits.
+// BOUNDS: __launch_bounds__'s arguments, in parentheses (a minimum of one CTA an SM spelled out
+// changes the two-CTA kernel's SASS, so it is left out there).
+#define MINILLM_PREFILL(NAME, D, BOUNDS, Q_IN_STAGE)                                           \
+  extern "C" __global__ void __launch_bounds__ BOUNDS NAME(                                    \
       const bf16* q, i64 q_tok, i64 q_head, const bf16* kc, const bf16* vc,                    \
       const int* block_tables, int bt_stride, const int* seq_lens, const int* query_start,     \
       int B, bf16* out, i64 o_tok, i64 o_head, int KH, int G, int block_size, int num_blocks,  \
       float scale_log2, int causal, int bq, int min_nq, int short_max_ctx, int short_splits,   \
       float* part_o, float* part_ml, int* counters) {                                          \
-    prefill_attention_impl<D>(q, q_tok, q_head, kc, vc, block_tables, bt_stride, seq_lens,     \
-                              query_start, B, out, o_tok, o_head, KH, G, block_size,           \
-                              num_blocks, scale_log2, causal, bq, min_nq, short_max_ctx,       \
-                              short_splits, part_o, part_ml, counters);                        \
+    prefill_attention_impl<D, Q_IN_STAGE>(q, q_tok, q_head, kc, vc, block_tables, bt_stride,   \
+                                          seq_lens, query_start, B, out, o_tok, o_head, KH, G, \
+                                          block_size, num_blocks, scale_log2, causal, bq,      \
+                                          min_nq, short_max_ctx, short_splits, part_o,         \
+                                          part_ml, counters);                                  \
   }
 
-MINILLM_PREFILL(64)
-MINILLM_PREFILL(128)
-
-// paged_prefill_short_bf16_d<D>: the same kernel with Q in the second stage (Q_IN_STAGE above),
-// three CTAs an SM, 2 * STAGE bf16 elements of dynamic shared memory; the host launches it for
-// short runs split over CTAs (short_splits > 0). Same arithmetic in the same order: same bits.
-#define MINILLM_PREFILL_SHORT(D)                                                               \
-  extern "C" __global__ void __launch_bounds__(PF_THREADS, 3) paged_prefill_short_bf16_d##D(   \
-      const bf16* q, i64 q_tok, i64 q_head, const bf16* kc, const bf16* vc,                    \
-      const int* block_tables, int bt_stride, const int* seq_lens, const int* query_start,     \
-      int B, bf16* out, i64 o_tok, i64 o_head, int KH, int G, int block_size, int num_blocks,  \
-      float scale_log2, int causal, int bq, int min_nq, int short_max_ctx, int short_splits,   \
-      float* part_o, float* part_ml, int* counters) {                                          \
-    prefill_attention_impl<D, true>(q, q_tok, q_head, kc, vc, block_tables, bt_stride,         \
-                                    seq_lens, query_start, B, out, o_tok, o_head, KH, G,       \
-                                    block_size, num_blocks, scale_log2, causal, bq, min_nq,    \
-                                    short_max_ctx, short_splits, part_o, part_ml, counters);   \
-  }
-
-MINILLM_PREFILL_SHORT(64)
-MINILLM_PREFILL_SHORT(128)
+MINILLM_PREFILL(paged_prefill_bf16_d64, 64, (PF_THREADS), false)
+MINILLM_PREFILL(paged_prefill_bf16_d128, 128, (PF_THREADS), false)
+MINILLM_PREFILL(paged_prefill_short_bf16_d64, 64, (PF_THREADS, 3), true)
+MINILLM_PREFILL(paged_prefill_short_bf16_d128, 128, (PF_THREADS, 3), true)
