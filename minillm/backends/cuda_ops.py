@@ -66,8 +66,8 @@ _SHORT_RUN_SPLITS_DEFAULT = 4
 # ... on cuda/prefill_attention.cu's paged_prefill_short_* (Q_IN_STAGE: three CTAs an SM instead of
 # two, the same bits) when the launch has more CTAs than the GPU holds of the two-CTA kernel (1), never
 # (0) or always (2). A rejected 8B DFlash k = 8 round's graphs at 512 keys (part178, H200): c = 16
-# (384 live CTAs, a grid of 544) -4.1%; on for every launch, c = 2 / 4 / 8 +0.1 / +0.4 / +1.9% (the
-# kernel spills a few registers at 168). MINILLM_SHORT_RUN_3CTA overrides
+# (384 live CTAs, a grid of 544) -4.1%; on for every launch, c = 2 / 4 / 8 +0.1 / +0.4 / +1.9% (its
+# 168-register build spills 60 bytes; not measured apart). MINILLM_SHORT_RUN_3CTA overrides
 _SHORT_RUN_3CTA_DEFAULT = 1
 # a decode CTA's fixed cost (loading q, merging key groups, writing and merging a partial), in keys'
 # worth of streaming: what makes one more split not free. Fitted on the H200 (decode_splits)
