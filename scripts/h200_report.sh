@@ -2978,7 +2978,9 @@ part180() {  # prepared in session 27, not yet run: where the short-run attentio
   # the next kernel (part103's stall samples, session 14, were of the two-CTA kernel: 0.27 issued warps
   # a scheduler, stalls on fixed-latency dependencies, loads and barriers): the c = 16 round's timeline
   # with the three-CTA kernel (the default) and without, and the three-CTA kernel's warp states and hot
-  # SASS at c = 16 under ncu (~4 minutes on a fresh machine)
+  # SASS at c = 16 under ncu; then the c = 2 round split into kernels (it costs ~0.84 ms more than
+  # c = 1 with the same plain step: 18-row products on cuBLAS, 48 attention CTAs) (~5 minutes on a
+  # fresh machine)
   setup
   facts > "$W/facts.txt" 2>&1
   models_all 150
@@ -2992,6 +2994,7 @@ part180() {  # prepared in session 27, not yet run: where the short-run attentio
   stage ncu_stalls_short3_b16 150 ncu --profile-from-start off --section WarpStateStats --print-details all \
     -k regex:paged_prefill_short -c 1 python3 scripts/step_kernels.py $M/q8 --spec $M/q8-dflash --k 8 \
     --batch 16 --ctx 512 --under-ncu
+  step_kernels_spec q8 q8-dflash 2 512 200
   pack
 }
 
