@@ -153,16 +153,16 @@ def test_decode_env_integers_refuse_bad_values(monkeypatch, raw):
 
 def test_split_short_runs_take_three_ctas_an_sm_past_one_wave(monkeypatch):
     """MINILLM_SHORT_RUN_3CTA: by default (1) a launch of split short runs takes the three-CTA kernel
-    only when its grid exceeds one wave of the two-CTA kernel: the 8B round's verification at c = 16
-    (16 sequences x 4 splits x 8 KV heads = 512 CTAs against 2 x 132; part177's launch had 544, a
-    padding sequence's too; part178/part179: -4.1%), not at c = 8 (256; always on there: +1.9%).
-    0 never, 2 always; other values are refused."""
+    when its grid exceeds one wave of that kernel (3 x 132 on the H200): the 8B round's verification
+    graph at c = 16 ((16 + a padding sequence) x 4 splits x 8 KV heads = 544; part178/part179:
+    -4.1% / -4.2%), not at c = 8 (9 x 4 x 8 = 288; the three-CTA kernel there: +1.9%). 0 never,
+    2 always; other values are refused."""
     monkeypatch.delenv("MINILLM_SHORT_RUN_3CTA", raising=False)
     mode = short_run_three_mode()
     assert mode == 1
-    assert short_run_on_three(mode, 16 * 4 * 8, 2 * 132)
-    assert not short_run_on_three(mode, 8 * 4 * 8, 2 * 132)
-    assert not short_run_on_three(0, 16 * 4 * 8, 2 * 132) and short_run_on_three(2, 8, 2 * 132)
+    assert short_run_on_three(mode, 17 * 4 * 8, 3 * 132)
+    assert not short_run_on_three(mode, 9 * 4 * 8, 3 * 132)
+    assert not short_run_on_three(0, 17 * 4 * 8, 3 * 132) and short_run_on_three(2, 8, 3 * 132)
     for raw, ok in (("0", 0), ("2", 2)):
         monkeypatch.setenv("MINILLM_SHORT_RUN_3CTA", raw)
         assert short_run_three_mode() == ok

@@ -64,10 +64,13 @@ _SHORT_RUN_MAX_CTX_DEFAULT = 2048
 # fills the GPU (8B, one sequence of 512: 8 CTAs unsplit). MINILLM_SHORT_RUN_SPLITS overrides
 _SHORT_RUN_SPLITS_DEFAULT = 4
 # ... on cuda/prefill_attention.cu's paged_prefill_short_* (Q_IN_STAGE: three CTAs an SM instead of
-# two, the same bits) when the launch has more CTAs than the GPU holds of the two-CTA kernel (1), never
-# (0) or always (2). A rejected 8B DFlash k = 8 round's graphs at 512 keys (part178, H200): c = 16
-# (384 live CTAs, a grid of 544) -4.1%; on for every launch, c = 2 / 4 / 8 +0.1 / +0.4 / +1.9% (its
-# 168-register build spills 60 bytes; not measured apart). MINILLM_SHORT_RUN_3CTA overrides
+# two, the same bits) when the launch's grid exceeds one wave of that kernel (1), never (0) or always
+# (2). A rejected 8B DFlash k = 8 round's graphs at 512 keys (part178, H200): c = 16 (a grid of 544,
+# 384 CTAs with work) -4.1%; on for every launch, c = 2 / 4 / 8 +0.1 / +0.4 / +1.9% (c = 8: a grid of
+# 288, 192 with work; its 168-register build spills 60 bytes, not measured apart). The grid is an upper
+# bound (up to 4 splits a run where 512 keys make 3, and a CUDA graph's padding sequence), so it is
+# held against the larger wave, 3 x SMs: 288 stays on two CTAs an SM, 544 takes three; no bucket
+# between them was measured. MINILLM_SHORT_RUN_3CTA overrides
 _SHORT_RUN_3CTA_DEFAULT = 1
 # a decode CTA's fixed cost (loading q, merging key groups, writing and merging a partial), in keys'
 # worth of streaming: what makes one more split not free. Fitted on the H200 (decode_splits)
@@ -385,12 +388,13 @@ def short_run_three_mode() -> int:
     return mode
 
 
-def short_run_on_three(mode: int, ctas: int, resident_two: int) -> bool:
+def short_run_on_three(mode: int, ctas: int, resident_three: int) -> bool:
     """Whether a launch of split short runs with a grid of ctas CTAs (an upper bound: each run's
-    split count is its own length's, on the device) takes paged_prefill_short_* (three CTAs an SM)
-    rather than paged_prefill_* (two; the same bits): mode 2 always, 0 never, 1 when the grid
-    exceeds resident_two, what the GPU holds of the two-CTA kernel at once."""
-    return mode == 2 or (mode == 1 and ctas > resident_two)
+    split count is its own length's, on the device, and a graph's padding sequence counts) takes
+    paged_prefill_short_* (three CTAs an SM) rather than paged_prefill_* (two; the same bits):
+    mode 2 always, 0 never, 1 when the grid exceeds resident_three, what the GPU holds of the
+    three-CTA kernel at once (_SHORT_RUN_3CTA_DEFAULT says why that one)."""
+    return mode == 2 or (mode == 1 and ctas > resident_three)
 
 
 class CapturedGraph:
@@ -448,7 +452,7 @@ class CudaBackend:
         if self.mark_blas_outputs:
             cupy.cuda.runtime.memsetAsync(self._blas_ws.data.ptr, 0, cublas_workspace_bytes, self.stream.ptr)
         self._capturing = False
-        self._resident: dict[tuple, int] = {}  # CTAs the GPU holds: decode by (D, G), prefill ("prefill", D)
+        self._resident: dict[tuple, int] = {}  # CTAs the GPU holds: decode by (D, G), ("prefill_short", D)
         self.pdl = None  # graphs launch pdl_entry kernels through it (Hopper and later)
         if pdl_enabled() and int(self.props["major"]) >= 9:
             try:
@@ -464,7 +468,7 @@ class CudaBackend:
                                          "most context keys of a 2-16-query run on the tensor-core kernel")
         self.short_run_max_splits = env_int("MINILLM_SHORT_RUN_SPLITS", _SHORT_RUN_SPLITS_DEFAULT,
                                             "most CTAs a short run's keys are split over")
-        self.short_run_three_ctas = short_run_three_mode()  # 0 never, 1 past a wave, 2 always
+        self.short_run_three_ctas = short_run_three_mode()  # 0 never, 1 past a wave of it, 2 always
         # steps of fewer sequences keep short runs on the decode kernel (the runner's hint): at one
         # sequence it is faster (a rejected 8B DFlash k = 8 round's graphs 6.440 -> 6.223 ms, part116;
         # c = 2 the same either way), from two on the tensor cores win (part115). 1: never
@@ -1193,12 +1197,12 @@ class CudaBackend:
         return max(1, min(self.short_run_max_splits, _PF_MAX_SPLITS, fit))
 
     def _short_run_on_three(self, ctas: int, D: int) -> bool:
-        """short_run_on_three for this GPU: the two-CTA kernel's resident CTAs from the occupancy API."""
-        key = ("prefill", D)
+        """short_run_on_three for this GPU: the three-CTA kernel's resident CTAs from the occupancy API."""
+        key = ("prefill_short", D)
         if self.short_run_three_ctas == 1 and key not in self._resident:
             from cupy_backends.cuda.api import driver
             per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(
-                self.k[f"paged_prefill_bf16_d{D}"].kernel.ptr, _ATT_THREADS, _prefill_smem(D))
+                self.k[f"paged_prefill_short_bf16_d{D}"].kernel.ptr, _ATT_THREADS, _prefill_smem(D, True))
             self._resident[key] = max(1, per_sm) * self.num_sms
         return short_run_on_three(self.short_run_three_ctas, ctas, self._resident.get(key, 0))
 
