@@ -383,8 +383,8 @@ def short_run_three_mode() -> int:
     mode = env_int("MINILLM_SHORT_RUN_3CTA", _SHORT_RUN_3CTA_DEFAULT,
                    "split short runs on the three-CTAs-an-SM kernel: 0 never, 1 past a wave, 2 always")
     if mode not in (0, 1, 2):
-        raise ValueError(f"MINILLM_SHORT_RUN_3CTA={mode}: use 0 (never), 1 (when the launch needs more "
-                         "than one wave of the two-CTA kernel) or 2 (always)")
+        raise ValueError(f"MINILLM_SHORT_RUN_3CTA={mode}: use 0 (never), 1 (when the launch's grid "
+                         "exceeds one wave of the three-CTA kernel) or 2 (always)")
     return mode
 
 
