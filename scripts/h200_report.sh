@@ -2979,11 +2979,18 @@ part180() {  # prepared in session 27, not yet run: where the short-run attentio
   # a scheduler, stalls on fixed-latency dependencies, loads and barriers): the c = 16 round's timeline
   # with the three-CTA kernel (the default) and without, and the three-CTA kernel's warp states and hot
   # SASS at c = 16 under ncu; then the c = 2 round split into kernels (it costs ~0.84 ms more than
-  # c = 1 with the same plain step: 18-row products on cuBLAS, 48 attention CTAs) (~5 minutes on a
-  # fresh machine)
+  # c = 1 with the same plain step: 18-row products on cuBLAS, 48 attention CTAs). First, the final
+  # rule (adaff74, set after part179: the three-CTA kernel past one wave of itself) against never at
+  # c = 8 (expected: the same kernel, the same time) and c = 16 (~6 minutes on a fresh machine)
+  local b
   setup
   facts > "$W/facts.txt" 2>&1
   models_all 150
+  for b in 8 16; do
+    spec_round_graph "base" $b 100 MINILLM_SHORT_RUN_3CTA=0
+    spec_round_graph "wave3" $b 100 MINILLM_SHORT_RUN_3CTA=1
+  done
+  graph_summary
   timeline q8_spec_b16 $M/q8 --spec $M/q8-dflash --k 8 --batch 16 --ctx 512
   stage timeline_q8_spec_b16_two 200 env MINILLM_SHORT_RUN_3CTA=0 python3 scripts/step_timeline.py $M/q8 \
     --spec $M/q8-dflash --k 8 --batch 16 --ctx 512 --json "$W/timeline_q8_spec_b16_two.json"
