@@ -478,7 +478,7 @@ MINILLM_SKINNY(gemm_skinny_f32, float, 0)
 MINILLM_SKINNY(gemm_skinny2_bf16, bf16, 2)
 MINILLM_SKINNY(gemm_skinny2_f32, float, 2)
 // 17-32 rows (four tiles): opt-in, the host sends them only with cuda_ops.py's _SKINNY_MAX_M raised
-// to 32 (not measured yet: h200_report.sh part176).
+// to 32 (slower than cuBLAS there: the c = 2 DFlash round +3.9%, 8B 24-row steps +8.9%; part176).
 MINILLM_SKINNY(gemm_skinny4_bf16, bf16, 4)
 MINILLM_SKINNY(gemm_skinny4_f32, float, 4)
 

@@ -135,8 +135,8 @@ _GEMV_MAX_M, _GEMV_THREADS, _GEMV_COLS_PER_CTA = 4, 128, 2 * 4  # GEMV_NR * GEMV
 # and 4 rows it still loses (0.6B +6% / +14%, 8B +6% / +13%, part147). So the GEMV keeps 1-2 rows
 # (_GEMV_PREFERRED_M) and the rows whose K the skinny kernel cannot take.
 # 17-32 rows (the c = 2 DFlash round's 18-row verification, its drafter's 32-row block) fit
-# gemm_skinny4_*, but stay on cuBLAS until measured: _SKINNY_MAX_M = _GATED_SKINNY_MAX_M = 32 sends
-# them there (h200_report.sh part176 prepared, session 26).
+# gemm_skinny4_*, but stay on cuBLAS: with _SKINNY_MAX_M = _GATED_SKINNY_MAX_M = 32 sending them there
+# the c = 2 round was +3.9%, 8B 24- / 32-row steps +8.9% / +6.4% (session 27, part176, H200).
 _SKINNY_MAX_M, _SKINNY_THREADS, _SKINNY_COLS_PER_CTA, _SKINNY_K = 16, 256, 16, 64
 _SKINNY_KERNEL_MAX_M = 32  # gemm_skinny4_*'s four 8-row tiles
 _SKINNY_TWO_TILE_MAX_W = 128 << 20  # weight elements
@@ -452,7 +452,7 @@ class CudaBackend:
         if self.mark_blas_outputs:
             cupy.cuda.runtime.memsetAsync(self._blas_ws.data.ptr, 0, cublas_workspace_bytes, self.stream.ptr)
         self._capturing = False
-        self._resident: dict[tuple, int] = {}  # CTAs the GPU holds: decode by (D, G), ("prefill_short", D)
+        self._resident: dict[str, int] = {}  # CTAs of a kernel the GPU holds at once, by name (_resident_ctas)
         self.pdl = None  # graphs launch pdl_entry kernels through it (Hopper and later)
         if pdl_enabled() and int(self.props["major"]) >= 9:
             try:
@@ -1196,25 +1196,24 @@ class CudaBackend:
         fit = self._att_scratch.size // max(1, T * H * (D + 2))
         return max(1, min(self.short_run_max_splits, _PF_MAX_SPLITS, fit))
 
+    def _resident_ctas(self, name: str, smem: int = 0) -> int:
+        """CTAs of kernel name (_ATT_THREADS threads, smem bytes of dynamic shared memory) the GPU
+        holds at once, from the occupancy API, cached."""
+        if name not in self._resident:
+            from cupy_backends.cuda.api import driver
+            per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(self.k[name].kernel.ptr, _ATT_THREADS, smem)
+            self._resident[name] = max(1, per_sm) * self.num_sms
+        return self._resident[name]
+
     def _short_run_on_three(self, ctas: int, D: int) -> bool:
         """short_run_on_three for this GPU: the three-CTA kernel's resident CTAs from the occupancy API."""
-        key = ("prefill_short", D)
-        if self.short_run_three_ctas == 1 and key not in self._resident:
-            from cupy_backends.cuda.api import driver
-            per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(
-                self.k[f"paged_prefill_short_bf16_d{D}"].kernel.ptr, _ATT_THREADS, _prefill_smem(D, True))
-            self._resident[key] = max(1, per_sm) * self.num_sms
-        return short_run_on_three(self.short_run_three_ctas, ctas, self._resident.get(key, 0))
+        mode = self.short_run_three_ctas
+        resident = self._resident_ctas(f"paged_prefill_short_bf16_d{D}", _prefill_smem(D, True)) if mode == 1 else 0
+        return short_run_on_three(mode, ctas, resident)
 
     def _decode_resident(self, D: int, G: int) -> int:
         """CTAs of the decode kernel (the backend's dtype) for (head_dim, group) the GPU holds at once."""
-        key = (D, G)
-        if key not in self._resident:
-            from cupy_backends.cuda.api import driver
-            name = f"paged_decode_{self._sfx}_d{D}_g{G}"
-            per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(self.k[name].kernel.ptr, _ATT_THREADS, 0)
-            self._resident[key] = max(1, per_sm) * self.num_sms
-        return self._resident[key]
+        return self._resident_ctas(f"paged_decode_{self._sfx}_d{D}_g{G}")
 
     def attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start, scale: float,
                   out, causal: bool = True, bq: int | None = None,
