@@ -64,7 +64,9 @@
 #   ncu and the c = 16 round's timeline). part176-: session 27 (part176 and part177 ran first;
 #   part178: split short runs on the three-CTAs-an-SM attention kernel against two; part179: that
 #   kernel past one wave of the two-CTA one, the default, its tests, spec cost, matrix; part180
-#   prepared, not run: the c = 16 round's timelines and the three-CTA kernel under ncu).
+#   prepared, run in session 28: the final rule at c = 8 / 16, the c = 16 round's timelines, the
+#   three-CTA kernel under ncu, the c = 2 round's kernels). part181-: session 28 (part181: the
+#   four-tile skinny kernels per weight against cuBLAS, and the c = 2 round's routes).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -3003,6 +3005,26 @@ part180() {  # prepared in session 27, not yet run: where the short-run attentio
     --batch 16 --ctx 512 --under-ncu
   step_kernels_spec q8 q8-dflash 2 512 200
   pack
+}
+
+part181() {  # session 28: why the c = 2 round costs ~0.7 ms more than c = 1 (part180: its 18-row
+  # products on cuBLAS, the o product 17 us a call for 33.5 MB, split-K reductions; its attention on
+  # the tensor-core kernel, 48 CTAs). Each 8B / 0.6B weight at 9-32 rows on the skinny kernels against
+  # cuBLAS (scripts/skinny_bench.py), then the c = 2 round alternately twice: the default; the
+  # four-tile kernels for weights up to 17 M elements (the 8B o, and the drafter's); its short runs
+  # on the decode kernel (MINILLM_SHORT_RUN_MIN_SEQS=3; part115 measured that +1% in session 16,
+  # before both attention kernels changed) (~4 minutes on a fresh machine)
+  local i
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 150
+  stage skinny4_bench 240 python3 scripts/skinny_bench.py --rows 9,16,17,18,24,32 --json "$W/skinny4_bench.json"
+  for i in 1 2; do
+    spec_round_route 2 "base_$i"
+    spec_round_route 2 "four17m_$i" _SKINNY_MAX_M=32 _GATED_SKINNY_MAX_M=32 _SKINNY_FOUR_TILE_MAX_W=17000000
+    spec_round_graph "decode_$i" 2 100 MINILLM_SHORT_RUN_MIN_SEQS=3
+  done
+  graph_summary
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name; then

@@ -8,6 +8,9 @@ chains of 20 launches in a graph (CUDA events, median of 10 replays): microsecon
 weight bytes per second. Rows both kernels can take (1-4) are also timed through the other one
 (`small_product_kernel` in minillm/backends/cuda_ops.py decides from these figures). Speculative
 verification at concurrency 1 (k = 8) runs 9 rows, decode buckets 8 and 16 their sizes.
+`--rows 17,18,24,32` times the four-tile gemm_skinny4_* (17-32 rows, which the default routing
+leaves to cuBLAS) with the routing's row bounds raised to 32 for "ours": the c = 2 DFlash round
+verifies 18 rows, its drafter 32.
 """
 
 from __future__ import annotations
@@ -33,7 +36,17 @@ ROWS = (1, 2, 3, 4, 5, 8, 9, 16)
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None)
+    ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="comma-separated row counts (1-32)")
+    ap.add_argument("--shapes", default=None, help="comma-separated SHAPES names (default: all)")
     a = ap.parse_args()
+    rows_list = [int(r) for r in a.rows.split(",")]
+    if not all(1 <= r <= cuda_ops._SKINNY_KERNEL_MAX_M for r in rows_list):
+        ap.error(f"--rows: each count must be 1-{cuda_ops._SKINNY_KERNEL_MAX_M}, got {a.rows}")
+    shapes = SHAPES if a.shapes is None else {n: SHAPES[n] for n in a.shapes.split(",") if n in SHAPES}
+    if a.shapes is not None and len(shapes) != len(a.shapes.split(",")):
+        ap.error(f"--shapes: names are {', '.join(SHAPES)}")
+    if max(rows_list) > cuda_ops._SKINNY_MAX_M:  # 17-32 rows: the opt-in four-tile kernels for "ours"
+        cuda_ops._SKINNY_MAX_M = cuda_ops._GATED_SKINNY_MAX_M = cuda_ops._SKINNY_KERNEL_MAX_M
 
     be = CudaBackend(dtype=ml_dtypes.bfloat16)
     rng = np.random.default_rng(0)
@@ -41,9 +54,9 @@ def main() -> None:
     rows = []
     print(f"{'weight':14s} {'M':>3s} {'kernel':>8s} {'us':>8s} {'TB/s':>6s} {'cuBLAS us':>10s} {'TB/s':>6s} "
           f"{'ratio':>6s}")
-    for name, (K, N) in SHAPES.items():
+    for name, (K, N) in shapes.items():
         w = be.asarray((rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32))
-        for M in ROWS:
+        for M in rows_list:
             x = be.asarray(rng.standard_normal((M, K)).astype(np.float32))
             out = be.empty((M, N))
             ours = graph_us(be, lambda x=x, w=w, out=out: be.matmul(x, w, out))

@@ -88,6 +88,11 @@ def test_skinny_kernels_by_rows(monkeypatch):
     assert [small_product_kernel(m, 4096, 1024) for m in (17, 32, 33)] == ["skinny", "skinny", None]
     assert [gated_product_kernel(m, 3072, 1024) for m in (17, 32, 33)] == ["skinny", "skinny", None]
     assert small_product_kernel(24, 151936, 4096) is None  # the LM head: over the weight bound
+    # _SKINNY_FOUR_TILE_MAX_W keeps 17-32 rows of larger weights on cuBLAS, 9-16 rows unaffected
+    monkeypatch.setattr(cuda_ops, "_SKINNY_FOUR_TILE_MAX_W", 4096 * 4096)
+    assert [small_product_kernel(18, n, 4096) for n in (4096, 6144)] == ["skinny", None]
+    assert [small_product_kernel(16, n, 4096) for n in (4096, 6144)] == ["skinny", "skinny"]
+    assert gated_product_kernel(18, 12288, 4096) is None and gated_product_kernel(18, 1024, 1024) == "skinny"
 
 
 def test_gated_products_choose_their_kernel(monkeypatch):

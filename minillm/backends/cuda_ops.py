@@ -140,6 +140,9 @@ _GEMV_MAX_M, _GEMV_THREADS, _GEMV_COLS_PER_CTA = 4, 128, 2 * 4  # GEMV_NR * GEMV
 _SKINNY_MAX_M, _SKINNY_THREADS, _SKINNY_COLS_PER_CTA, _SKINNY_K = 16, 256, 16, 64
 _SKINNY_KERNEL_MAX_M = 32  # gemm_skinny4_*'s four 8-row tiles
 _SKINNY_TWO_TILE_MAX_W = 128 << 20  # weight elements
+# 17-32 rows (reached only with _SKINNY_MAX_M raised) only of weights up to this many elements:
+# part176 routed every weight there; this bound lets an A/B route the small ones alone
+_SKINNY_FOUR_TILE_MAX_W = 128 << 20
 _GEMV_PREFERRED_M = 2
 # the fused gate_up GEMV + SiLU saves the silu_mul launch (~2.5 us), which at 3-4 rows outweighs
 # the GEMV's loss on small matrices (0.6B gate_up: 4.8 us vs 3.3 + 2.5) but not on large ones
@@ -160,9 +163,11 @@ _GATED_SKINNY_MIN_M, _GATED_SKINNY_MAX_M = 3, 16
 def _skinny_takes(M: int, N: int, K: int) -> bool:
     """gemm_skinny (and its gated twin) can take M rows of an [N, K] weight, and is not slower
     than cuBLAS there: K in whole 64-wide blocks, at most _SKINNY_MAX_M rows (and never more than
-    the kernels' 32), past 8 only of weights up to _SKINNY_TWO_TILE_MAX_W."""
+    the kernels' 32), past 8 only of weights up to _SKINNY_TWO_TILE_MAX_W, past 16 only up to
+    _SKINNY_FOUR_TILE_MAX_W."""
     return (K % _SKINNY_K == 0 and M <= min(_SKINNY_MAX_M, _SKINNY_KERNEL_MAX_M)
-            and (M <= 8 or N * K <= _SKINNY_TWO_TILE_MAX_W))
+            and (M <= 8 or N * K <= _SKINNY_TWO_TILE_MAX_W)
+            and (M <= 16 or N * K <= _SKINNY_FOUR_TILE_MAX_W))
 
 
 def _skinny_prefix(M: int) -> str:
