@@ -66,7 +66,8 @@
 #   kernel past one wave of the two-CTA one, the default, its tests, spec cost, matrix; part180
 #   prepared, run in session 28: the final rule at c = 8 / 16, the c = 16 round's timelines, the
 #   three-CTA kernel under ncu, the c = 2 round's kernels). part181-: session 28 (part181: the
-#   four-tile skinny kernels per weight against cuBLAS, and the c = 2 round's routes).
+#   four-tile skinny kernels per weight against cuBLAS, and the c = 2 round's routes; part182: those
+#   routes as defaults, A/B, their tests, spec cost, throughput).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -3025,6 +3026,38 @@ part181() {  # session 28: why the c = 2 round costs ~0.7 ms more than c = 1 (pa
     spec_round_graph "decode_$i" 2 100 MINILLM_SHORT_RUN_MIN_SEQS=3
   done
   graph_summary
+}
+
+part182() {  # session 28: the c = 2 round's routes as defaults (17-32-row narrowing products, o and
+  # down, on gemm_skinny4_*: _SKINNY_NARROW_MAX_M; two-sequence steps' short runs on the decode
+  # kernel: MINILLM_SHORT_RUN_MIN_SEQS=3) against the session's start (NARROW 16, MIN_SEQS 2), the 8B o
+  # alone (part181's route) and the narrow route alone, alternately twice; the plain 24- / 32-row steps
+  # of both shapes the narrow route reaches, against it off; then the speculative and four-tile GPU
+  # tests, the 8B spec-cost bench and throughput on the new defaults (~9 minutes on a fresh machine)
+  local i b m
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 150
+  for i in 1 2; do
+    MINILLM_SHORT_RUN_MIN_SEQS=2 spec_round_route 2 "base_$i" _SKINNY_NARROW_MAX_M=16
+    MINILLM_SHORT_RUN_MIN_SEQS=2 spec_round_route 2 "o17m_$i" _SKINNY_FOUR_TILE_MAX_W=17000000
+    MINILLM_SHORT_RUN_MIN_SEQS=2 spec_round_route 2 "narrow_$i"
+    spec_round_route 2 "new_$i"
+  done
+  for i in 1 2; do
+    for b in 24 32; do
+      for m in q06 q8; do
+        step_graph_route $m $b "base_$i" _SKINNY_NARROW_MAX_M=16
+        step_graph_route $m $b "new_$i"
+      done
+    done
+  done
+  graph_summary
+  stage gpu_tests_spec 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_dflash_graphs.py tests/test_gpu_engine.py -k "short_runs or batch_invariant or dflash or spec or lossless or skinny4"
+  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_8b.json"
+  throughput_06b 150
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name; then

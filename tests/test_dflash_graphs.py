@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from minillm import LLM, SamplingParams
+from minillm.backends import cuda_ops
 from minillm.backends.numpy_ops import NumpyBackend
 from minillm.engine.engine import graph_buckets
 from minillm.engine.scheduler import ScheduledSeq
@@ -409,7 +410,8 @@ def test_dflash_graphs_match_eager_on_gpu(request, monkeypatch, models):
         assert eng_g.proposer.runner.graphs and eng_g.proposer.runner.replays > 0
         assert eng_g.runner.replays > 0
         if "dtype" not in kw:  # bf16, one sequence: the graphs without the decode kernel ran iff allowed
-            assert eng_g.backend.short_run_min_seqs == int(min_seqs or 2)  # the setting took effect
+            default = cuda_ops._SHORT_RUN_MIN_SEQS_DEFAULT
+            assert eng_g.backend.short_run_min_seqs == int(min_seqs or default)  # the setting took effect
             ran = (eng_g.runner.short_run_replays, eng_g.proposer.runner.short_run_replays)
             if eng_g.backend.short_run_min_seqs > 1:
                 assert ran == (0, 0)

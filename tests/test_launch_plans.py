@@ -78,11 +78,17 @@ def test_small_products_choose_their_kernel():
 
 def test_skinny_kernels_by_rows(monkeypatch):
     """2-8 rows take gemm_skinny_*, 9-16 the two-tile gemm_skinny2_*, 17-32 the four-tile
-    gemm_skinny4_*, which the routing reaches only with _SKINNY_MAX_M raised (opt-in, session 26),
-    and never past the kernels' 32 rows."""
+    gemm_skinny4_*, which the routing gives narrowing products (N <= K: o, down) by default and the
+    others only with _SKINNY_MAX_M raised (opt-in, session 26), and never past the kernels' 32 rows."""
     assert [cuda_ops._skinny_prefix(m) for m in (2, 8, 9, 16, 17, 32)] == (
         ["gemm_skinny_"] * 2 + ["gemm_skinny2_"] * 2 + ["gemm_skinny4_"] * 2)
     assert small_product_kernel(24, 4096, 1024) is None and gated_product_kernel(24, 3072, 1024) is None
+    # the 8B o and down, the 0.6B o and down: 17-32 rows on the four-tile kernel, 33 on cuBLAS
+    for n, k in ((4096, 4096), (4096, 12288), (1024, 2048), (1024, 3072)):
+        assert [small_product_kernel(m, n, k) for m in (17, 18, 32, 33)] == ["skinny"] * 3 + [None]
+    monkeypatch.setattr(cuda_ops, "_SKINNY_NARROW_MAX_M", 16)  # off: cuBLAS again
+    assert small_product_kernel(18, 4096, 4096) is None and small_product_kernel(16, 4096, 4096) == "skinny"
+    monkeypatch.setattr(cuda_ops, "_SKINNY_NARROW_MAX_M", 32)
     monkeypatch.setattr(cuda_ops, "_SKINNY_MAX_M", 64)
     monkeypatch.setattr(cuda_ops, "_GATED_SKINNY_MAX_M", 64)
     assert [small_product_kernel(m, 4096, 1024) for m in (17, 32, 33)] == ["skinny", "skinny", None]

@@ -63,6 +63,9 @@ _SHORT_RUN_MAX_CTX_DEFAULT = 2048
 # ... its keys split over up to this many CTAs (one a 128 keys), so a step of few sequences still
 # fills the GPU (8B, one sequence of 512: 8 CTAs unsplit). MINILLM_SHORT_RUN_SPLITS overrides
 _SHORT_RUN_SPLITS_DEFAULT = 4
+# ... for steps of at least this many sequences; fewer keep their short runs on the decode kernel
+# (MINILLM_SHORT_RUN_MIN_SEQS overrides; the backend's short_run_min_seqs says why)
+_SHORT_RUN_MIN_SEQS_DEFAULT = 3
 # ... on cuda/prefill_attention.cu's paged_prefill_short_* (Q_IN_STAGE: three CTAs an SM instead of
 # two, the same bits) when the launch's grid exceeds one wave of that kernel (1), never (0) or always
 # (2). A rejected 8B DFlash k = 8 round's graphs at 512 keys (part178, H200): c = 16 (a grid of 544,
@@ -135,13 +138,19 @@ _GEMV_MAX_M, _GEMV_THREADS, _GEMV_COLS_PER_CTA = 4, 128, 2 * 4  # GEMV_NR * GEMV
 # and 4 rows it still loses (0.6B +6% / +14%, 8B +6% / +13%, part147). So the GEMV keeps 1-2 rows
 # (_GEMV_PREFERRED_M) and the rows whose K the skinny kernel cannot take.
 # 17-32 rows (the c = 2 DFlash round's 18-row verification, its drafter's 32-row block) fit
-# gemm_skinny4_*, but stay on cuBLAS: with _SKINNY_MAX_M = _GATED_SKINNY_MAX_M = 32 sending them there
-# the c = 2 round was +3.9%, 8B 24- / 32-row steps +8.9% / +6.4% (session 27, part176, H200).
+# gemm_skinny4_*. Sending every such product there (_SKINNY_MAX_M = _GATED_SKINNY_MAX_M = 32) lost:
+# the c = 2 round +3.9%, 8B 24- / 32-row steps +8.9% / +6.4% (session 27, part176, H200). Timed one
+# weight at a time (session 28, part181, scripts/skinny_bench.py --rows), cuBLAS streams the wide
+# products (qkv, gate_up: N > K, many output tiles) at 3.4-4.1 TB/s and the four-tile kernel loses
+# there (0.63-0.85x at 18 rows), but on the narrowing ones (o, down: N <= K, few output tiles, which
+# cuBLAS splits over K and reduces in a second kernel) it is even or ahead (8B o 1.04x, 0.6B o / down
+# 1.11x / 1.28x at 18 rows); in the c = 2 round's graph the 8B o alone on it took 1.6% off. So 17 to
+# _SKINNY_NARROW_MAX_M rows take it for narrowing products only (16: never).
 _SKINNY_MAX_M, _SKINNY_THREADS, _SKINNY_COLS_PER_CTA, _SKINNY_K = 16, 256, 16, 64
 _SKINNY_KERNEL_MAX_M = 32  # gemm_skinny4_*'s four 8-row tiles
+_SKINNY_NARROW_MAX_M = 32
 _SKINNY_TWO_TILE_MAX_W = 128 << 20  # weight elements
-# 17-32 rows (reached only with _SKINNY_MAX_M raised) only of weights up to this many elements:
-# part176 routed every weight there; this bound lets an A/B route the small ones alone
+# past 16 rows only weights up to this many elements (A/B runs: part181 sent the 8B o alone, 17 M)
 _SKINNY_FOUR_TILE_MAX_W = 128 << 20
 _GEMV_PREFERRED_M = 2
 # the fused gate_up GEMV + SiLU saves the silu_mul launch (~2.5 us), which at 3-4 rows outweighs
@@ -162,10 +171,11 @@ _GATED_SKINNY_MIN_M, _GATED_SKINNY_MAX_M = 3, 16
 
 def _skinny_takes(M: int, N: int, K: int) -> bool:
     """gemm_skinny (and its gated twin) can take M rows of an [N, K] weight, and is not slower
-    than cuBLAS there: K in whole 64-wide blocks, at most _SKINNY_MAX_M rows (and never more than
-    the kernels' 32), past 8 only of weights up to _SKINNY_TWO_TILE_MAX_W, past 16 only up to
-    _SKINNY_FOUR_TILE_MAX_W."""
-    return (K % _SKINNY_K == 0 and M <= min(_SKINNY_MAX_M, _SKINNY_KERNEL_MAX_M)
+    than cuBLAS there: K in whole 64-wide blocks, at most _SKINNY_MAX_M rows, or
+    _SKINNY_NARROW_MAX_M of a narrowing product (N <= K), never more than the kernels' 32; past 8
+    rows only of weights up to _SKINNY_TWO_TILE_MAX_W, past 16 only up to _SKINNY_FOUR_TILE_MAX_W."""
+    rows_ok = M <= _SKINNY_MAX_M or (N <= K and M <= _SKINNY_NARROW_MAX_M)
+    return (K % _SKINNY_K == 0 and rows_ok and M <= _SKINNY_KERNEL_MAX_M
             and (M <= 8 or N * K <= _SKINNY_TWO_TILE_MAX_W)
             and (M <= 16 or N * K <= _SKINNY_FOUR_TILE_MAX_W))
 
@@ -475,9 +485,10 @@ class CudaBackend:
                                             "most CTAs a short run's keys are split over")
         self.short_run_three_ctas = short_run_three_mode()  # 0 never, 1 past a wave of it, 2 always
         # steps of fewer sequences keep short runs on the decode kernel (the runner's hint): at one
-        # sequence it is faster (a rejected 8B DFlash k = 8 round's graphs 6.440 -> 6.223 ms, part116;
-        # c = 2 the same either way), from two on the tensor cores win (part115). 1: never
-        self.short_run_min_seqs = env_int("MINILLM_SHORT_RUN_MIN_SEQS", 2,
+        # sequence it is faster (a rejected 8B DFlash k = 8 round's graphs 6.440 -> 6.223 ms, part116),
+        # at two too since both kernels changed (6.724 -> 6.689, -0.5%, part181), from four on the
+        # tensor cores win (part115: c = 4 7.07 against 7.63 ms). 1: never
+        self.short_run_min_seqs = env_int("MINILLM_SHORT_RUN_MIN_SEQS", _SHORT_RUN_MIN_SEQS_DEFAULT,
                                           "fewest sequences of a step whose short runs take the tensor cores")
         self.decode_min_part = env_int("MINILLM_DECODE_MIN_PART", _DECODE_MIN_PART,
                                        "fewest keys in a split of the decode kernel")
