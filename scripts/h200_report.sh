@@ -67,7 +67,8 @@
 #   prepared, run in session 28: the final rule at c = 8 / 16, the c = 16 round's timelines, the
 #   three-CTA kernel under ncu, the c = 2 round's kernels). part181-: session 28 (part181: the
 #   four-tile skinny kernels per weight against cuBLAS, and the c = 2 round's routes; part182: those
-#   routes as defaults, A/B, their tests, spec cost, throughput).
+#   routes as defaults, A/B, their tests, spec cost, throughput, where the row gate still kept 17-32
+#   rows off the skinny kernels; part183: the same with the gate fixed).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -3058,6 +3059,40 @@ part182() {  # session 28: the c = 2 round's routes as defaults (17-32-row narro
   stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
     --result-json "$W/spec_cost_8b.json"
   throughput_06b 150
+}
+
+part183() {  # session 28: part182 again with the row gate fixed (CudaBackend._gemv_fits still sent
+  # every product of more than 16 rows to cuBLAS, so part182's narrow / o17m settings ran the base
+  # route; its "new" measured MINILLM_SHORT_RUN_MIN_SEQS=3 alone): the c = 2 round's routes, the plain
+  # 24- / 32-row steps, the speculative and four-tile GPU tests, spec cost, throughput twice
+  # (~7 minutes on a fresh machine)
+  local i b m
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 150
+  for i in 1 2; do
+    MINILLM_SHORT_RUN_MIN_SEQS=2 spec_round_route 2 "base_$i" _SKINNY_NARROW_MAX_M=16
+    MINILLM_SHORT_RUN_MIN_SEQS=2 spec_round_route 2 "o17m_$i" _SKINNY_FOUR_TILE_MAX_W=17000000
+    MINILLM_SHORT_RUN_MIN_SEQS=2 spec_round_route 2 "narrow_$i"
+    spec_round_route 2 "new_$i"
+  done
+  for i in 1 2; do
+    for b in 24 32; do
+      for m in q06 q8; do
+        step_graph_route $m $b "base_$i" _SKINNY_NARROW_MAX_M=16
+        step_graph_route $m $b "new_$i"
+      done
+    done
+  done
+  graph_summary
+  stage gpu_tests_spec 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_dflash_graphs.py tests/test_gpu_engine.py -k "short_runs or batch_invariant or dflash or spec or lossless or skinny4"
+  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_8b.json"
+  stage throughput_06b_1 150 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
+    --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b_1.json"
+  stage throughput_06b_2 150 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
+    --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b_2.json"
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name; then

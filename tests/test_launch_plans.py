@@ -89,6 +89,23 @@ def test_skinny_kernels_by_rows(monkeypatch):
     monkeypatch.setattr(cuda_ops, "_SKINNY_NARROW_MAX_M", 16)  # off: cuBLAS again
     assert small_product_kernel(18, 4096, 4096) is None and small_product_kernel(16, 4096, 4096) == "skinny"
     monkeypatch.setattr(cuda_ops, "_SKINNY_NARROW_MAX_M", 32)
+
+
+@pytest.mark.parametrize("narrow,raised", [(16, 16), (32, 16), (16, 32), (32, 32)])
+def test_small_products_get_past_the_row_gate(monkeypatch, narrow, raised):
+    """The backend's matmul sends a product to the routing only when its rows are at most
+    small_product_max_m() (CudaBackend._gemv_fits); every row count the routing gives a
+    cuda/gemv.cu kernel must pass that gate. Session 28's first A/B of the narrowing route
+    (part182) measured nothing because the gate still stopped at 16 rows."""
+    monkeypatch.setattr(cuda_ops, "_SKINNY_NARROW_MAX_M", narrow)
+    monkeypatch.setattr(cuda_ops, "_SKINNY_MAX_M", raised)
+    monkeypatch.setattr(cuda_ops, "_GATED_SKINNY_MAX_M", raised)
+    gate = cuda_ops.small_product_max_m()
+    for n, k in ((4096, 4096), (4096, 12288), (6144, 4096), (1024, 3072), (1000, 200)):
+        routed = [m for m in range(1, 40) if small_product_kernel(m, n, k) is not None
+                  or gated_product_kernel(m, n, k) is not None]
+        assert routed and max(routed) <= gate
+    assert gate == max(narrow, raised)
     monkeypatch.setattr(cuda_ops, "_SKINNY_MAX_M", 64)
     monkeypatch.setattr(cuda_ops, "_GATED_SKINNY_MAX_M", 64)
     assert [small_product_kernel(m, 4096, 1024) for m in (17, 32, 33)] == ["skinny", "skinny", None]

@@ -200,6 +200,12 @@ def gated_product_kernel(M: int, F: int, K: int) -> str | None:
     return None
 
 
+def small_product_max_m() -> int:
+    """The most rows of x any cuda/gemv.cu product kernel is sent (larger products go straight to
+    cuBLAS): the GEMV's, the skinny kernels' and their narrowing route's bounds."""
+    return max(_GEMV_MAX_M, min(max(_SKINNY_MAX_M, _SKINNY_NARROW_MAX_M), _SKINNY_KERNEL_MAX_M))
+
+
 def small_product_kernel(M: int, N: int, K: int) -> str | None:
     """Which cuda/gemv.cu kernel computes a bf16 product of M rows of x with an [N, K] weight:
     "gemv", "skinny", or None for cuBLAS (the caller checks dtypes and alignment)."""
@@ -1004,7 +1010,7 @@ class CudaBackend:
     def _gemv_fits(self, x, w, out, bias, M: int, K: int, ldx: int, max_m: int | None = None) -> bool:
         """At most max_m rows of bf16 with 16-byte aligned rows: what cuda/gemv.cu's kernels take
         (small_product_kernel chooses among them)."""
-        max_m = max(_GEMV_MAX_M, _SKINNY_MAX_M) if max_m is None else max_m
+        max_m = small_product_max_m() if max_m is None else max_m
         bf = self.dtype if self.dtype != np.float32 else None
         return (bf is not None and M <= max_m and x.dtype == bf and w.dtype == bf and K % 8 == 0
                 and x.data.ptr % 16 == 0 and (ldx * x.itemsize) % 16 == 0 and w.data.ptr % 16 == 0
