@@ -68,7 +68,8 @@
 #   three-CTA kernel under ncu, the c = 2 round's kernels). part181-: session 28 (part181: the
 #   four-tile skinny kernels per weight against cuBLAS, and the c = 2 round's routes; part182: those
 #   routes as defaults, A/B, their tests, spec cost, throughput, where the row gate still kept 17-32
-#   rows off the skinny kernels; part183: the same with the gate fixed).
+#   rows off the skinny kernels; part183: the same with the gate fixed; part184 prepared, not run:
+#   the final route, set from part183's figures, against the session's start).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -3093,6 +3094,28 @@ part183() {  # session 28: part182 again with the row gate fixed (CudaBackend._g
     --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b_1.json"
   stage throughput_06b_2 150 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
     --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b_2.json"
+}
+
+part184() {  # prepared in session 28, not yet run: the final route (17-20 rows of narrowing products of
+  # at least 16 M weights, the 8B o and down, on gemm_skinny4_*; two-sequence steps' short runs on the
+  # decode kernel), set after part183 from its settings, against the session's start at c = 2; 8B
+  # 32-row plain steps with the narrowing route raised to 32 rows (part183: -1.9%, but 24 rows +1.3%),
+  # against the final route; then the speculative GPU tests and the 8B spec-cost bench (~5 minutes)
+  local i
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 150
+  for i in 1 2; do
+    MINILLM_SHORT_RUN_MIN_SEQS=2 spec_round_route 2 "base_$i" _SKINNY_NARROW_MAX_M=16
+    spec_round_route 2 "final_$i"
+    step_graph_route q8 32 "base_$i"
+    step_graph_route q8 32 "narrow32_$i" _SKINNY_NARROW_MAX_M=32
+  done
+  graph_summary
+  stage gpu_tests_spec 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_dflash_graphs.py tests/test_gpu_engine.py -k "short_runs or batch_invariant or dflash or spec or lossless or skinny4"
+  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_8b.json"
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name; then

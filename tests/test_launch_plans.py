@@ -78,20 +78,24 @@ def test_small_products_choose_their_kernel():
 
 def test_skinny_kernels_by_rows(monkeypatch):
     """2-8 rows take gemm_skinny_*, 9-16 the two-tile gemm_skinny2_*, 17-32 the four-tile
-    gemm_skinny4_*, which the routing gives narrowing products (N <= K: o, down) by default and the
-    others only with _SKINNY_MAX_M raised (opt-in, session 26), and never past the kernels' 32 rows."""
+    gemm_skinny4_*, which the routing gives 17-20 rows of large narrowing products (N <= K and at
+    least 16 M weights: the 8B o and down) by default and the others only with _SKINNY_MAX_M raised
+    (opt-in, session 26), and never past the kernels' 32 rows."""
     assert [cuda_ops._skinny_prefix(m) for m in (2, 8, 9, 16, 17, 32)] == (
         ["gemm_skinny_"] * 2 + ["gemm_skinny2_"] * 2 + ["gemm_skinny4_"] * 2)
     assert small_product_kernel(24, 4096, 1024) is None and gated_product_kernel(24, 3072, 1024) is None
-    # the 8B o and down, the 0.6B o and down: 17-32 rows on the four-tile kernel, 33 on cuBLAS
-    for n, k in ((4096, 4096), (4096, 12288), (1024, 2048), (1024, 3072)):
-        assert [small_product_kernel(m, n, k) for m in (17, 18, 32, 33)] == ["skinny"] * 3 + [None]
+    # the 8B o and down: 17-20 rows on the four-tile kernel, 21+ on cuBLAS; the 0.6B o and down
+    # (under 16 M weights) and the 8B qkv (wide) on cuBLAS at every row count past 16
+    for n, k in ((4096, 4096), (4096, 12288)):
+        assert [small_product_kernel(m, n, k) for m in (17, 18, 20, 21, 24, 32)] == ["skinny"] * 3 + [None] * 3
+    for n, k in ((1024, 2048), (1024, 3072), (6144, 4096)):
+        assert [small_product_kernel(m, n, k) for m in (16, 17, 18, 20)] == ["skinny"] + [None] * 3
     monkeypatch.setattr(cuda_ops, "_SKINNY_NARROW_MAX_M", 16)  # off: cuBLAS again
     assert small_product_kernel(18, 4096, 4096) is None and small_product_kernel(16, 4096, 4096) == "skinny"
-    monkeypatch.setattr(cuda_ops, "_SKINNY_NARROW_MAX_M", 32)
+    monkeypatch.setattr(cuda_ops, "_SKINNY_NARROW_MAX_M", 20)
 
 
-@pytest.mark.parametrize("narrow,raised", [(16, 16), (32, 16), (16, 32), (32, 32)])
+@pytest.mark.parametrize("narrow,raised", [(16, 16), (20, 16), (32, 16), (16, 32), (32, 32)])
 def test_small_products_get_past_the_row_gate(monkeypatch, narrow, raised):
     """The backend's matmul sends a product to the routing only when its rows are at most
     small_product_max_m() (CudaBackend._gemv_fits); every row count the routing gives a

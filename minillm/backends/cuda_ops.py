@@ -144,13 +144,17 @@ _GEMV_MAX_M, _GEMV_THREADS, _GEMV_COLS_PER_CTA = 4, 128, 2 * 4  # GEMV_NR * GEMV
 # products (qkv, gate_up: N > K, many output tiles) at 3.4-4.1 TB/s and the four-tile kernel loses
 # there (0.63-0.85x at 18 rows), but on the narrowing ones (o, down: N <= K, few output tiles, which
 # cuBLAS splits over K and reduces in a second kernel) it is even or ahead (8B o 1.04x, 0.6B o / down
-# 1.11x / 1.28x at 18 rows); in the c = 2 round's graph the 8B o alone on it took 1.6% off. So 17 to
-# _SKINNY_NARROW_MAX_M rows take it for narrowing products only (16: never).
+# 1.11x / 1.28x at 18 rows). In graphs (part183, A/B on one machine): the c = 2 round's 18-row
+# verification with the 8B o and down there -1.3% (the o alone -1.3%); but plain steps of 24 rows
+# +2.7% (0.6B) / +1.3% (8B), of 32 rows +1.7% / -1.9%. So 17 to _SKINNY_NARROW_MAX_M rows (the c = 2
+# verification up to k = 9) take it for narrowing products of at least _SKINNY_NARROW_MIN_W weights
+# (the 8B o and down; the 0.6B's were not measured in a graph at these rows) and nothing else.
 _SKINNY_MAX_M, _SKINNY_THREADS, _SKINNY_COLS_PER_CTA, _SKINNY_K = 16, 256, 16, 64
 _SKINNY_KERNEL_MAX_M = 32  # gemm_skinny4_*'s four 8-row tiles
-_SKINNY_NARROW_MAX_M = 32
+_SKINNY_NARROW_MAX_M, _SKINNY_NARROW_MIN_W = 20, 16 << 20  # 16: never
 _SKINNY_TWO_TILE_MAX_W = 128 << 20  # weight elements
-# past 16 rows only weights up to this many elements (A/B runs: part181 sent the 8B o alone, 17 M)
+# past 16 rows only weights up to this many elements (A/B runs: part181 / part183 sent the 8B o
+# alone, 17 M)
 _SKINNY_FOUR_TILE_MAX_W = 128 << 20
 _GEMV_PREFERRED_M = 2
 # the fused gate_up GEMV + SiLU saves the silu_mul launch (~2.5 us), which at 3-4 rows outweighs
@@ -172,9 +176,11 @@ _GATED_SKINNY_MIN_M, _GATED_SKINNY_MAX_M = 3, 16
 def _skinny_takes(M: int, N: int, K: int) -> bool:
     """gemm_skinny (and its gated twin) can take M rows of an [N, K] weight, and is not slower
     than cuBLAS there: K in whole 64-wide blocks, at most _SKINNY_MAX_M rows, or
-    _SKINNY_NARROW_MAX_M of a narrowing product (N <= K), never more than the kernels' 32; past 8
-    rows only of weights up to _SKINNY_TWO_TILE_MAX_W, past 16 only up to _SKINNY_FOUR_TILE_MAX_W."""
-    rows_ok = M <= _SKINNY_MAX_M or (N <= K and M <= _SKINNY_NARROW_MAX_M)
+    _SKINNY_NARROW_MAX_M of a large narrowing product (N <= K, at least _SKINNY_NARROW_MIN_W
+    weights), never more than the kernels' 32; past 8 rows only of weights up to
+    _SKINNY_TWO_TILE_MAX_W, past 16 only up to _SKINNY_FOUR_TILE_MAX_W."""
+    narrow = N <= K and N * K >= _SKINNY_NARROW_MIN_W
+    rows_ok = M <= _SKINNY_MAX_M or (narrow and M <= _SKINNY_NARROW_MAX_M)
     return (K % _SKINNY_K == 0 and rows_ok and M <= _SKINNY_KERNEL_MAX_M
             and (M <= 8 or N * K <= _SKINNY_TWO_TILE_MAX_W)
             and (M <= 16 or N * K <= _SKINNY_FOUR_TILE_MAX_W))
