@@ -3096,6 +3096,20 @@ part183() {  # session 28: part182 again with the row gate fixed (CudaBackend._g
     --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b_2.json"
 }
 
+part184a() {  # session 28's last ~4 device minutes: part184's first check alone, the final route against
+  # the session's start in the c = 2 round's graphs, alternately twice (~3 minutes on a fresh machine)
+  local i
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models 100 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
+  for i in 1 2; do
+    MINILLM_SHORT_RUN_MIN_SEQS=2 spec_round_route 2 "base_$i" _SKINNY_NARROW_MAX_M=16
+    spec_round_route 2 "final_$i"
+  done
+  graph_summary
+}
+
 part184() {  # prepared in session 28, not yet run: the final route (17-20 rows of narrowing products of
   # at least 16 M weights, the 8B o and down, on gemm_skinny4_*; two-sequence steps' short runs on the
   # decode kernel), set after part183 from its settings, against the session's start at c = 2; 8B
