@@ -477,8 +477,10 @@ MINILLM_SKINNY(gemm_skinny_bf16, bf16, 0)
 MINILLM_SKINNY(gemm_skinny_f32, float, 0)
 MINILLM_SKINNY(gemm_skinny2_bf16, bf16, 2)
 MINILLM_SKINNY(gemm_skinny2_f32, float, 2)
-// 17-32 rows (four tiles): opt-in, the host sends them only with cuda_ops.py's _SKINNY_MAX_M raised
-// to 32 (slower than cuBLAS there: the c = 2 DFlash round +3.9%, 8B 24-row steps +8.9%; part176).
+// 17-32 rows (four tiles): the host sends 17-20 rows of the large narrowing products (the 8B o and
+// down of the c = 2 DFlash round's verification: the round -2.3% with session 28's other change,
+// part184a) and, with cuda_ops.py's _SKINNY_MAX_M raised to 32, everything (slower than cuBLAS
+// there: the c = 2 round +3.9%, 8B 24-row steps +8.9%; part176).
 MINILLM_SKINNY(gemm_skinny4_bf16, bf16, 4)
 MINILLM_SKINNY(gemm_skinny4_f32, float, 4)
 
@@ -487,7 +489,7 @@ MINILLM_SKINNY(gemm_skinny4_f32, float, 4)
 // gate_up products the host sends here (3-8 rows, 9-16 of up to 128 M weights: cuda_ops.py's
 // gated_product_kernel) skip the silu_mul launch and the [M, 2F] round trip; each x fragment feeds
 // twice the weight rows it does in gemm_skinny. Grid (ceil(F / 16)); 9-16 rows: the skinny2 kernel
-// (17-32: skinny4, opt-in as above).
+// (17-32: skinny4, only with _GATED_SKINNY_MAX_M raised: gate_up is never a narrowing product).
 MINILLM_SKINNY_SILU_MUL(gemm_skinny_silu_mul_bf16, 0)
 MINILLM_SKINNY_SILU_MUL(gemm_skinny2_silu_mul_bf16, 2)
 MINILLM_SKINNY_SILU_MUL(gemm_skinny4_silu_mul_bf16, 4)

@@ -189,7 +189,8 @@ def _skinny_takes(M: int, N: int, K: int) -> bool:
 def _skinny_prefix(M: int) -> str:
     """The cuda/gemv.cu skinny kernels for M rows: gemm_skinny_* take 2-8 rows (one tile of x), the
     two-tile gemm_skinny2_* 9-16 and the four-tile gemm_skinny4_* 17-32 (kernels of their own, so each
-    has its own register count; 17-32 rows only with _SKINNY_MAX_M raised)."""
+    has its own register count; 17-32 rows by default only of the large narrowing products,
+    _skinny_takes)."""
     return "gemm_skinny_" if M <= 8 else "gemm_skinny2_" if M <= 16 else "gemm_skinny4_"
 
 
