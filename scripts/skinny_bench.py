@@ -8,9 +8,9 @@ chains of 20 launches in a graph (CUDA events, median of 10 replays): microsecon
 weight bytes per second. Rows both kernels can take (1-4) are also timed through the other one
 (`small_product_kernel` in minillm/backends/cuda_ops.py decides from these figures). Speculative
 verification at concurrency 1 (k = 8) runs 9 rows, decode buckets 8 and 16 their sizes.
-`--rows 17,18,24,32` times the four-tile gemm_skinny4_* (17-32 rows, which the default routing
-leaves to cuBLAS) with the routing's row bounds raised to 32 for "ours": the c = 2 DFlash round
-verifies 18 rows, its drafter 32.
+`--rows 17,18,24,32` times the four-tile gemm_skinny4_* (17-32 rows; the default routing sends it
+only 17-20 rows of the large narrowing products) for every weight, the routing's row bounds raised
+to 32 for "ours": the c = 2 DFlash round verifies 18 rows, its drafter 32.
 """
 
 from __future__ import annotations

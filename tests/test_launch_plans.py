@@ -92,7 +92,16 @@ def test_skinny_kernels_by_rows(monkeypatch):
         assert [small_product_kernel(m, n, k) for m in (16, 17, 18, 20)] == ["skinny"] + [None] * 3
     monkeypatch.setattr(cuda_ops, "_SKINNY_NARROW_MAX_M", 16)  # off: cuBLAS again
     assert small_product_kernel(18, 4096, 4096) is None and small_product_kernel(16, 4096, 4096) == "skinny"
-    monkeypatch.setattr(cuda_ops, "_SKINNY_NARROW_MAX_M", 20)
+    monkeypatch.setattr(cuda_ops, "_SKINNY_MAX_M", 64)
+    monkeypatch.setattr(cuda_ops, "_GATED_SKINNY_MAX_M", 64)
+    assert [small_product_kernel(m, 4096, 1024) for m in (17, 32, 33)] == ["skinny", "skinny", None]
+    assert [gated_product_kernel(m, 3072, 1024) for m in (17, 32, 33)] == ["skinny", "skinny", None]
+    assert small_product_kernel(24, 151936, 4096) is None  # the LM head: over the weight bound
+    # _SKINNY_FOUR_TILE_MAX_W keeps 17-32 rows of larger weights on cuBLAS, 9-16 rows unaffected
+    monkeypatch.setattr(cuda_ops, "_SKINNY_FOUR_TILE_MAX_W", 4096 * 4096)
+    assert [small_product_kernel(18, n, 4096) for n in (4096, 6144)] == ["skinny", None]
+    assert [small_product_kernel(16, n, 4096) for n in (4096, 6144)] == ["skinny", "skinny"]
+    assert gated_product_kernel(18, 12288, 4096) is None and gated_product_kernel(18, 1024, 1024) == "skinny"
 
 
 @pytest.mark.parametrize("narrow,raised", [(16, 16), (20, 16), (32, 16), (16, 32), (32, 32)])
@@ -110,16 +119,6 @@ def test_small_products_get_past_the_row_gate(monkeypatch, narrow, raised):
                   or gated_product_kernel(m, n, k) is not None]
         assert routed and max(routed) <= gate
     assert gate == max(narrow, raised)
-    monkeypatch.setattr(cuda_ops, "_SKINNY_MAX_M", 64)
-    monkeypatch.setattr(cuda_ops, "_GATED_SKINNY_MAX_M", 64)
-    assert [small_product_kernel(m, 4096, 1024) for m in (17, 32, 33)] == ["skinny", "skinny", None]
-    assert [gated_product_kernel(m, 3072, 1024) for m in (17, 32, 33)] == ["skinny", "skinny", None]
-    assert small_product_kernel(24, 151936, 4096) is None  # the LM head: over the weight bound
-    # _SKINNY_FOUR_TILE_MAX_W keeps 17-32 rows of larger weights on cuBLAS, 9-16 rows unaffected
-    monkeypatch.setattr(cuda_ops, "_SKINNY_FOUR_TILE_MAX_W", 4096 * 4096)
-    assert [small_product_kernel(18, n, 4096) for n in (4096, 6144)] == ["skinny", None]
-    assert [small_product_kernel(16, n, 4096) for n in (4096, 6144)] == ["skinny", "skinny"]
-    assert gated_product_kernel(18, 12288, 4096) is None and gated_product_kernel(18, 1024, 1024) == "skinny"
 
 
 def test_gated_products_choose_their_kernel(monkeypatch):
