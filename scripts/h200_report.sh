@@ -3030,16 +3030,13 @@ part181() {  # session 28: why the c = 2 round costs ~0.7 ms more than c = 1 (pa
   graph_summary
 }
 
-part182() {  # session 28: the c = 2 round's routes as defaults (17-32-row narrowing products, o and
-  # down, on gemm_skinny4_*: _SKINNY_NARROW_MAX_M; two-sequence steps' short runs on the decode
-  # kernel: MINILLM_SHORT_RUN_MIN_SEQS=3) against the session's start (NARROW 16, MIN_SEQS 2), the 8B o
-  # alone (part181's route) and the narrow route alone, alternately twice; the plain 24- / 32-row steps
-  # of both shapes the narrow route reaches, against it off; then the speculative and four-tile GPU
-  # tests, the 8B spec-cost bench and throughput on the new defaults (~9 minutes on a fresh machine)
+c2_routes_ab() {  # part182 / part183: the c = 2 round at the session's start (NARROW 16, MIN_SEQS 2), with
+  # the 8B o alone on the four-tile kernel, the narrowing route, and both defaults, alternately twice;
+  # plain 24- / 32-row steps of both shapes with the route off and on; the speculative and four-tile
+  # GPU tests; the 8B spec-cost bench. "narrow" / "new" take the defaults of the tree they run from
+  # (when part182 / part183 ran: 17-32 rows of every narrowing product; since 7e443fd 17-20 rows of
+  # those of at least 16 M weights)
   local i b m
-  setup
-  facts > "$W/facts.txt" 2>&1
-  models_all 150
   for i in 1 2; do
     MINILLM_SHORT_RUN_MIN_SEQS=2 spec_round_route 2 "base_$i" _SKINNY_NARROW_MAX_M=16
     MINILLM_SHORT_RUN_MIN_SEQS=2 spec_round_route 2 "o17m_$i" _SKINNY_FOUR_TILE_MAX_W=17000000
@@ -3059,6 +3056,18 @@ part182() {  # session 28: the c = 2 round's routes as defaults (17-32-row narro
     tests/test_dflash_graphs.py tests/test_gpu_engine.py -k "short_runs or batch_invariant or dflash or spec or lossless or skinny4"
   stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
     --result-json "$W/spec_cost_8b.json"
+}
+
+part182() {  # session 28: the c = 2 round's routes as defaults (17-32-row narrowing products, o and
+  # down, on gemm_skinny4_*: _SKINNY_NARROW_MAX_M; two-sequence steps' short runs on the decode
+  # kernel: MINILLM_SHORT_RUN_MIN_SEQS=3) against the session's start (NARROW 16, MIN_SEQS 2), the 8B o
+  # alone (part181's route) and the narrow route alone, alternately twice; the plain 24- / 32-row steps
+  # of both shapes the narrow route reaches, against it off; then the speculative and four-tile GPU
+  # tests, the 8B spec-cost bench and throughput on the new defaults (~9 minutes on a fresh machine)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 150
+  c2_routes_ab
   throughput_06b 150
 }
 
@@ -3067,29 +3076,10 @@ part183() {  # session 28: part182 again with the row gate fixed (CudaBackend._g
   # route; its "new" measured MINILLM_SHORT_RUN_MIN_SEQS=3 alone): the c = 2 round's routes, the plain
   # 24- / 32-row steps, the speculative and four-tile GPU tests, spec cost, throughput twice
   # (~7 minutes on a fresh machine)
-  local i b m
   setup
   facts > "$W/facts.txt" 2>&1
   models_all 150
-  for i in 1 2; do
-    MINILLM_SHORT_RUN_MIN_SEQS=2 spec_round_route 2 "base_$i" _SKINNY_NARROW_MAX_M=16
-    MINILLM_SHORT_RUN_MIN_SEQS=2 spec_round_route 2 "o17m_$i" _SKINNY_FOUR_TILE_MAX_W=17000000
-    MINILLM_SHORT_RUN_MIN_SEQS=2 spec_round_route 2 "narrow_$i"
-    spec_round_route 2 "new_$i"
-  done
-  for i in 1 2; do
-    for b in 24 32; do
-      for m in q06 q8; do
-        step_graph_route $m $b "base_$i" _SKINNY_NARROW_MAX_M=16
-        step_graph_route $m $b "new_$i"
-      done
-    done
-  done
-  graph_summary
-  stage gpu_tests_spec 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
-    tests/test_dflash_graphs.py tests/test_gpu_engine.py -k "short_runs or batch_invariant or dflash or spec or lossless or skinny4"
-  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --result-json "$W/spec_cost_8b.json"
+  c2_routes_ab
   stage throughput_06b_1 150 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
     --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b_1.json"
   stage throughput_06b_2 150 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
