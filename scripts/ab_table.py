@@ -7,6 +7,12 @@ h200_report.sh's graph stages write graph_<shape>_<setting>[_<run>].json (script
 graph_q8_spec_b1_wreg_2.json: shape q8_spec_b1, setting wreg, run 2. This prints, per shape, each
 setting's runs, their mean and the mean's change against the base setting's mean of the same shape,
 so the percentages in docs/ are computed by one tool rather than by hand.
+
+Where the files carry step_kernels.py's graph_launches (every kernel the captured graphs launched,
+by name), a setting whose record equals its base's is marked "same launches as base": the setting
+changed no kernel, so its change is noise (session 28's part182 measured a route that an earlier
+gate kept from ever running). Settings inside a kernel (compile-time defines) leave the names as
+they are and are not marked.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ class Setting:
     shape: str
     name: str
     runs: dict[int, float] = field(default_factory=dict)
+    launches: dict[str, int] | None = None  # the first run's graph_launches, where recorded
 
     @property
     def mean(self) -> float:
@@ -52,14 +59,18 @@ def collect(directory: str) -> tuple[list[Setting], list[str]]:
         parsed = parse_name(stem)
         try:
             with open(path) as f:
-                ms = float(json.load(f)["graph_ms"])
+                data = json.load(f)
+            ms = float(data["graph_ms"])
         except (OSError, ValueError, KeyError, TypeError):
             parsed = None
         if parsed is None:
             skipped.append(stem)
             continue
         shape, name, run = parsed
-        settings.setdefault((shape, name), Setting(shape, name)).runs[run] = ms
+        setting = settings.setdefault((shape, name), Setting(shape, name))
+        setting.runs[run] = ms
+        if setting.launches is None and isinstance(data.get("graph_launches"), dict):
+            setting.launches = data["graph_launches"]
     return list(settings.values()), skipped
 
 
@@ -71,10 +82,14 @@ def table(settings: list[Setting], base: str) -> list[str]:
     lines.append(head + f"{'mean':>9s}  vs {base}")
     for shape in sorted({s.shape for s in settings}):
         group = sorted((s for s in settings if s.shape == shape), key=lambda s: (s.name != base, s.name))
-        ref = next((s.mean for s in group if s.name == base), None)
+        ref_setting = next((s for s in group if s.name == base), None)
+        ref = ref_setting.mean if ref_setting else None
         for s in group:
             runs = "".join(f"{s.runs[r]:9.4f}" if r in s.runs else f"{'-':>9s}" for r in range(1, n_runs + 1))
             change = "" if ref is None or s.name == base else f"{100 * (s.mean / ref - 1):+.2f}%"
+            if (change and s.launches is not None and ref_setting.launches is not None
+                    and s.launches == ref_setting.launches):
+                change += f"  (same launches as {base})"
             lines.append(f"{shape + ' ' + s.name:34s}{runs}{s.mean:9.4f}  {change}")
     return lines
 

@@ -97,7 +97,10 @@ def run_step(model: str, batch: int, ctx: int, profiling: bool, warmup: int = 4,
             engine.proposer.runner.replay_timer = None
         engine.backend.synchronize()
     graph_ms = float(np.median(replay_ms(engine.backend, times))) if times else None
-    out = {"model": model, "batch": batch, "ctx": ctx, "temperature": temperature, "graph_ms": graph_ms}
+    out = {"model": model, "batch": batch, "ctx": ctx, "temperature": temperature, "graph_ms": graph_ms,
+           # what every captured graph launched (all buckets, target and drafter): scripts/ab_table.py
+           # flags a setting whose record equals its base's
+           "graph_launches": dict(sorted(engine.backend.captured_launches.items()))}
     if drafter:
         draft_ms = float(np.median(replay_ms(engine.backend, draft_times))) if draft_times else None
         out.update(drafter=drafter, k=k, target_ms=graph_ms, drafter_ms=draft_ms,

@@ -58,3 +58,21 @@ def test_other_base_and_empty_dir(tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
     assert ab_table.main([str(empty)]) == 1
+
+
+def test_settings_that_changed_no_kernel_are_marked(tmp_path, capsys):
+    """A setting whose graphs launched what the base's did (step_kernels.py's graph_launches) is
+    marked: its change is noise. Another record, or none, is not."""
+    base = {"gemm_skinny2_bf16": 72, "cublas": 180}
+    records = [("graph_q8_spec_b2_base_1", 6.70, base), ("graph_q8_spec_b2_base_2", 6.72, base),
+               ("graph_q8_spec_b2_void_1", 6.71, dict(base)),
+               ("graph_q8_spec_b2_route_1", 6.60, {"gemm_skinny2_bf16": 72, "gemm_skinny4_bf16": 41, "cublas": 139}),
+               ("graph_q8_spec_b2_old_1", 6.69, None)]
+    for stem, ms, launches in records:
+        data = {"graph_ms": ms} if launches is None else {"graph_ms": ms, "graph_launches": launches}
+        (tmp_path / f"{stem}.json").write_text(json.dumps(data))
+    assert ab_table.main([str(tmp_path)]) == 0
+    out = {line.split()[1]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert out["void"].endswith("(same launches as base)")
+    assert "same launches" not in out["route"] and "same launches" not in out["old"]
+    assert "same launches" not in out["base"]

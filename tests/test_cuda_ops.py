@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -500,9 +501,16 @@ def test_matmul_routes_17_to_32_rows_to_skinny4_when_raised(be, M, monkeypatch):
     assert rel_err(host(be, act), ref) < tol(be)
     assert np.isnan(host(be, gate_up)).all()
     out2, act2 = poisoned(be, (M, N)), poisoned(be, (M, F))
+    before = Counter(be.captured_launches)
     g = be.capture_graph(lambda: (be.matmul(xd, wd, out2), be.matmul_silu_mul(xd, wgd, act2, gate_up)))
     g.replay()
     assert np.array_equal(host(be, out2), host(be, out)) and np.array_equal(host(be, act2), host(be, act))
+    # the graph's record of its launches (scripts/ab_table.py compares settings by it)
+    assert be.captured_launches - before == Counter({"gemm_skinny4_bf16": 1, "gemm_skinny4_silu_mul_bf16": 1})
+    monkeypatch.setattr(cuda_ops, "_SKINNY_MAX_M", 16)
+    before = Counter(be.captured_launches)
+    be.capture_graph(lambda: be.matmul(xd, wd, out2))
+    assert be.captured_launches - before == Counter({"cublas": 1})
 
 
 @pytest.mark.parametrize("M", [17, 40, 64, 65, 128, 150, 192, 256])

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -480,6 +481,9 @@ class CudaBackend:
         if self.mark_blas_outputs:
             cupy.cuda.runtime.memsetAsync(self._blas_ws.data.ptr, 0, cublas_workspace_bytes, self.stream.ptr)
         self._capturing = False
+        # every launch recorded into a graph, by kernel name ("cublas" for cuBLAS's products): a
+        # route or setting A/B whose record equals the base's changed no kernel (scripts/ab_table.py)
+        self.captured_launches: Counter[str] = Counter()
         self._resident: dict[str, int] = {}  # CTAs of a kernel the GPU holds at once, by name (_resident_ctas)
         self.pdl = None  # graphs launch pdl_entry kernels through it (Hopper and later)
         if pdl_enabled() and int(self.props["major"]) >= 9:
@@ -653,6 +657,8 @@ class CudaBackend:
         return CapturedGraph(graph, self.stream)
 
     def _launch(self, name: str, grid, block, args, shared_mem: int = 0) -> None:
+        if self._capturing:
+            self.captured_launches[name] += 1
         if self._capturing and self.pdl is not None and name in self._pdl_kernels:
             self.pdl.launch(self.k[name].kernel.ptr, grid, block, args, shared_mem)
             return
@@ -957,6 +963,8 @@ class CudaBackend:
             # every read of a GEMM's output is reported, values right), so under it the output is
             # zeroed first, a write it does see; the GEMM (beta = 0) then overwrites every element
             self._zero_rows(out, M, N, ldo)
+        if self._capturing:
+            self.captured_launches["cublas"] += 1
         with self.stream:
             self.blas.gemm_xwt(M, N, K, x.data.ptr, cuda_dtype(x.dtype), ldx, w.data.ptr,
                                cuda_dtype(w.dtype), K, out.data.ptr, cuda_dtype(out.dtype), ldo, beta)
