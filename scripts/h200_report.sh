@@ -69,7 +69,9 @@
 #   four-tile skinny kernels per weight against cuBLAS, and the c = 2 round's routes; part182: those
 #   routes as defaults, A/B, their tests, spec cost, throughput, where the row gate still kept 17-32
 #   rows off the skinny kernels; part183: the same with the gate fixed; part184 prepared, not run:
-#   the final route, set from part183's figures, against the session's start).
+#   the final route, set from part183's figures, against the session's start, more route A/Bs;
+#   part184a: its first check alone; part185 prepared, not run: decode, memcheck, matrix and
+#   throughput on the final code).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -3102,9 +3104,12 @@ part184a() {  # session 28's last ~4 device minutes: part184's first check alone
 
 part184() {  # prepared in session 28, not yet run: the final route (17-20 rows of narrowing products of
   # at least 16 M weights, the 8B o and down, on gemm_skinny4_*; two-sequence steps' short runs on the
-  # decode kernel), set after part183 from its settings, against the session's start at c = 2; 8B
-  # 32-row plain steps with the narrowing route raised to 32 rows (part183: -1.9%, but 24 rows +1.3%),
-  # against the final route; then the speculative GPU tests and the 8B spec-cost bench (~5 minutes)
+  # decode kernel) against the session's start at c = 2 (part184a ran this alone: -2.3%); 8B 32-row
+  # plain steps with the narrowing route raised to 32 rows (part183: -1.9%, but 24 rows +1.3%); the
+  # c = 4 round with its short runs on the decode kernel too (MINILLM_SHORT_RUN_MIN_SEQS=5; part115,
+  # session 16, measured that +8%, before both kernels changed); ab_table.py now marks a setting
+  # whose graphs launched what the base's did. Then the speculative GPU tests and the 8B spec-cost
+  # bench (~5 minutes on a fresh machine)
   local i
   setup
   facts > "$W/facts.txt" 2>&1
@@ -3114,12 +3119,31 @@ part184() {  # prepared in session 28, not yet run: the final route (17-20 rows 
     spec_round_route 2 "final_$i"
     step_graph_route q8 32 "base_$i"
     step_graph_route q8 32 "narrow32_$i" _SKINNY_NARROW_MAX_M=32
+    spec_round_graph "base_$i" 4 100
+    spec_round_graph "decode_$i" 4 100 MINILLM_SHORT_RUN_MIN_SEQS=5
   done
   graph_summary
   stage gpu_tests_spec 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
     tests/test_dflash_graphs.py tests/test_gpu_engine.py -k "short_runs or batch_invariant or dflash or spec or lossless or skinny4"
   stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
     --result-json "$W/spec_cost_8b.json"
+}
+
+part185() {  # prepared in session 28, not yet run: the figures on session 28's final code, which
+  # part182-part184a did not take: decode of both shapes, memcheck of the reproducer, the failure
+  # matrix, throughput twice (~8 minutes on a fresh machine)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 150
+  decode_06b 90
+  decode_8b 120
+  memcheck_reproducer 60
+  stage failure_matrix 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
+    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 100
+  stage throughput_06b_1 150 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
+    --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b_1.json"
+  stage throughput_06b_2 150 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
+    --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b_2.json"
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name; then
