@@ -142,11 +142,12 @@ _GEMV_MAX_M, _GEMV_THREADS, _GEMV_COLS_PER_CTA = 4, 128, 2 * 4  # GEMV_NR * GEMV
 # gemm_skinny4_*. Sending every such product there (_SKINNY_MAX_M = _GATED_SKINNY_MAX_M = 32) lost:
 # the c = 2 round +3.9%, 8B 24- / 32-row steps +8.9% / +6.4% (session 27, part176, H200). Timed one
 # weight at a time (session 28, part181, scripts/skinny_bench.py --rows), cuBLAS streams the wide
-# products (qkv, gate_up: N > K, many output tiles) at 3.4-4.1 TB/s and the four-tile kernel loses
-# there (0.63-0.85x at 18 rows), but on the narrowing ones (o, down: N <= K, few output tiles, which
-# cuBLAS splits over K and reduces in a second kernel) it is even or ahead (8B o 1.04x, 0.6B o / down
-# 1.11x / 1.28x at 18 rows). In graphs (part183, A/B on one machine): the c = 2 round's 18-row
-# verification with the 8B o and down there -1.3% (the o alone -1.3%); but plain steps of 24 rows
+# products (qkv, gate_up: N > K, many output tiles) at 3.4-4.1 TB/s on the 8B shapes and the
+# four-tile kernel loses there (0.63-0.97x at 18 rows, both shapes), but on the narrowing ones (o,
+# down: N <= K, few output tiles, which cuBLAS splits over K and reduces in a second kernel) it is
+# even or ahead (8B o 1.04x, down 0.99x, 0.6B o / down 1.11x / 1.28x at 18 rows). In graphs
+# (part183, A/B on one machine): the c = 2 round's 18-row verification with the 8B o and down there
+# -1.3% (the o alone -1.3%); but plain steps of 24 rows
 # +2.7% (0.6B) / +1.3% (8B), of 32 rows +1.7% / -1.9%. So 17 to _SKINNY_NARROW_MAX_M rows (the c = 2
 # verification up to k = 9) take it for narrowing products of at least _SKINNY_NARROW_MIN_W weights
 # (the 8B o and down; the 0.6B's were not measured in a graph at these rows) and nothing else.
