@@ -147,10 +147,10 @@ _GEMV_MAX_M, _GEMV_THREADS, _GEMV_COLS_PER_CTA = 4, 128, 2 * 4  # GEMV_NR * GEMV
 # down: N <= K, few output tiles, which cuBLAS splits over K and reduces in a second kernel) it is
 # even or ahead (8B o 1.04x, down 0.99x, 0.6B o / down 1.11x / 1.28x at 18 rows). In graphs
 # (part183, A/B on one machine): the c = 2 round's 18-row verification with the 8B o and down there
-# -1.3% (the o alone -1.3%); but plain steps of 24 rows
-# +2.7% (0.6B) / +1.3% (8B), of 32 rows +1.7% / -1.9%. So 17 to _SKINNY_NARROW_MAX_M rows (the c = 2
-# verification up to k = 9) take it for narrowing products of at least _SKINNY_NARROW_MIN_W weights
-# (the 8B o and down; the 0.6B's were not measured in a graph at these rows) and nothing else.
+# -1.3% (the o alone -1.3%); but plain steps of 24 rows +2.7% (0.6B) / +1.3% (8B), of 32 rows
+# +1.7% / -1.9%. So 17 to _SKINNY_NARROW_MAX_M rows (the c = 2 verification up to k = 9) take it
+# for narrowing products of at least _SKINNY_NARROW_MIN_W weights (the 8B o and down; the 0.6B's
+# were not measured in a graph at these rows) and nothing else.
 _SKINNY_MAX_M, _SKINNY_THREADS, _SKINNY_COLS_PER_CTA, _SKINNY_K = 16, 256, 16, 64
 _SKINNY_KERNEL_MAX_M = 32  # gemm_skinny4_*'s four 8-row tiles
 _SKINNY_NARROW_MAX_M, _SKINNY_NARROW_MIN_W = 20, 16 << 20  # 16: never
