@@ -76,11 +76,13 @@ class LLM:
         return results
 
     def chat(self, messages, sampling_params: SamplingParams | None = None, add_generation_prompt: bool = True,
-             chat_template_kwargs: dict | None = None) -> list[CompletionOutput]:
+             chat_template_kwargs: dict | None = None, continue_final_message: bool = False) -> list[CompletionOutput]:
         """Chat through the model's template: one conversation (a list of dicts) or a list of them;
-        chat_template_kwargs are extra template variables (Qwen3's {"enable_thinking": False}), as
-        in vLLM's LLM.chat."""
+        chat_template_kwargs are extra template variables (Qwen3's {"enable_thinking": False}), and
+        continue_final_message leaves the last message open for the model to continue (no generation
+        prompt), as in vLLM's LLM.chat."""
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [self.tokenizer.encode_chat(m, add_generation_prompt, template_kwargs=chat_template_kwargs)
+        prompts = [self.tokenizer.encode_chat(m, add_generation_prompt, template_kwargs=chat_template_kwargs,
+                                              continue_final_message=continue_final_message)
                    for m in convs]
         return self.generate(prompts, sampling_params)

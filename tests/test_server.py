@@ -486,6 +486,51 @@ def test_tokenize_chat_matches_the_chat_endpoint(server):
     assert r.usage.prompt_tokens == bare["count"]
 
 
+def test_continue_final_message(server):
+    """continue_final_message (vLLM's): the last message is left open, cut right after its text,
+    and no generation prompt follows, in /tokenize and the chat endpoint alike; add_generation_prompt
+    may be left out or false."""
+    cl, name = server.client(), model_name(server)
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure, the"}]
+    tok = httpx.post(f"{server.url}/tokenize", json={"messages": msgs, "continue_final_message": True}).json()
+    text = httpx.post(f"{server.url}/detokenize", json={"tokens": tok["tokens"]}).json()["prompt"]
+    assert text == "<user>hi\n<assistant>Sure, the"  # the template's "\n" after the message is gone
+    closed = httpx.post(f"{server.url}/tokenize", json={"messages": msgs, "add_generation_prompt": False}).json()
+    assert closed["tokens"][:tok["count"]] == tok["tokens"] and closed["count"] == tok["count"] + 1
+    for extra in ({"continue_final_message": True}, {"continue_final_message": True, "add_generation_prompt": False}):
+        r = cl.chat.completions.create(model=name, messages=msgs, max_tokens=2, extra_body=extra)
+        assert r.usage.prompt_tokens == tok["count"] and r.choices[0].message.role == "assistant"
+
+
+def test_continue_final_message_finds_the_text(model_dir):
+    """The cut follows the final message's text as the template writes it: verbatim (trailing
+    spaces kept), stripped when the template strips it, the last occurrence when it repeats;
+    a template that rewrites the text cannot be left open and says so (a 400 at the protocol)."""
+    from minillm import LLM, SamplingParams
+    from minillm.models.tokenizer import Tokenizer
+    from minillm.server import protocol
+
+    llm = LLM(str(model_dir), device="cpu", max_model_len=64, max_num_seqs=2)
+    tok: Tokenizer = llm.tokenizer
+    info = protocol.ModelInfo(names=["m"], max_model_len=64, vocab_size=tok.vocab_size, tokenizer=tok)
+    say = [{"role": "user", "content": "ab"}, {"role": "assistant", "content": "ab "}]
+    for template, want in [
+        ("{% for m in messages %}<{{ m.role }}>{{ m.content }}|{% endfor %}"
+         "{% if add_generation_prompt %}<assistant>{% endif %}", "<user>ab|<assistant>ab "),
+        ("{% for m in messages %}<{{ m.role }}>{{ m.content | trim }}|{% endfor %}", "<user>ab|<assistant>ab"),
+    ]:
+        tok.chat_template, tok._template = template, None
+        assert tok.apply_chat_template(say, continue_final_message=True) == want
+        assert tok.apply_chat_template(say, add_generation_prompt=True, continue_final_message=True) == want
+        ids = protocol.chat_prompt({"messages": say, "continue_final_message": True}, info)
+        assert ids == tok.encode(want)
+        out = llm.chat(say, SamplingParams(temperature=0, max_tokens=1), continue_final_message=True)
+        assert out[0].prompt_token_ids == ids
+    tok.chat_template, tok._template = "{% for m in messages %}{{ m.content | upper }}{% endfor %}", None
+    with pytest.raises(protocol.ProtocolError, match="verbatim"):
+        protocol.chat_prompt({"messages": say, "continue_final_message": True}, info)
+
+
 def test_chat_template_kwargs(model_dir):
     """chat_template_kwargs reach the template as variables (Qwen3's enable_thinking), through the
     server's protocol and the offline LLM.chat, as in vLLM."""

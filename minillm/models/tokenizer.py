@@ -104,7 +104,11 @@ class Tokenizer:
 
     # ---- chat ---------------------------------------------------------------------------
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            **kwargs) -> str:
+                            continue_final_message: bool = False, **kwargs) -> str:
+        """The template's rendering of messages. continue_final_message leaves the last message open
+        (vLLM's and transformers' option: the rendering is cut right after that message's text, so
+        the model continues it, e.g. an assistant reply begun by the caller) and adds no generation
+        prompt."""
         if not self.chat_template:
             raise ValueError(
                 "this model has no chat template (tokenizer_config.json chat_template or GGUF "
@@ -117,21 +121,49 @@ class Tokenizer:
             env.globals["raise_exception"] = _raise_exception
             env.globals["strftime_now"] = _strftime_now
             self._template = env.from_string(self.chat_template)
-        return self._template.render(
+        text = self._template.render(
             messages=messages,
-            add_generation_prompt=add_generation_prompt,
+            add_generation_prompt=add_generation_prompt and not continue_final_message,
             bos_token=self.bos_token or "",
             eos_token=self.eos_token or "",
             **kwargs,
         )
+        return _open_final_message(text, messages) if continue_final_message else text
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
-                    add_special_tokens: bool = False, template_kwargs: dict | None = None) -> list[int]:
+                    add_special_tokens: bool = False, template_kwargs: dict | None = None,
+                    continue_final_message: bool = False) -> list[int]:
         """The template's rendering of messages as ids; template_kwargs are extra template variables
         (Qwen3's enable_thinking, ...). The template writes any BOS itself, so by default no special
         tokens are added on top."""
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt, **(template_kwargs or {})),
-                           add_special_tokens=add_special_tokens)
+        text = self.apply_chat_template(messages, add_generation_prompt, continue_final_message,
+                                        **(template_kwargs or {}))
+        return self.encode(text, add_special_tokens=add_special_tokens)
+
+
+def final_message_text(messages: list[dict]) -> str:
+    """The text continue_final_message continues: the last message's content, or the last text part
+    of a content array; ValueError when there is none."""
+    content = messages[-1].get("content") if messages and isinstance(messages[-1], dict) else None
+    if isinstance(content, list):
+        texts = [p.get("text") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        content = texts[-1] if texts else None
+    if not isinstance(content, str) or not content.strip():
+        raise ValueError("continue_final_message needs a final message with text to continue")
+    return content
+
+
+def _open_final_message(text: str, messages: list[dict]) -> str:
+    """text cut right after the final message's text: what follows it there (the template's
+    end-of-turn marker) is dropped. Templates that strip the content are matched by its stripped
+    form; one that does not write it verbatim gets a ValueError."""
+    final = final_message_text(messages)
+    for needle in (final, final.strip()):
+        at = text.rfind(needle)
+        if at >= 0:
+            return text[:at + len(needle)]
+    raise ValueError("continue_final_message: the chat template does not write the final message's text "
+                     "verbatim, so it cannot be left open")
 
 
 class IncrementalDecoder:

@@ -17,6 +17,7 @@ from typing import Any
 import jinja2
 
 from minillm.engine.logprobs import MAX_LOGPROBS, TokenLogprob
+from minillm.models.tokenizer import final_message_text
 from minillm.sampling_params import SamplingParams
 
 CHAT_ROLES = ("system", "developer", "user", "assistant")
@@ -207,7 +208,14 @@ def chat_template_kwargs(body: dict) -> dict:
 def chat_prompt(body: dict, info: ModelInfo, add_generation_prompt: bool = True,
                 add_special_tokens: bool = False) -> list[int]:
     """The ids of body['messages'] rendered by the chat template (what the chat endpoint prefills),
-    with body's chat_template_kwargs."""
+    with body's chat_template_kwargs and continue_final_message (vLLM's: the last message left open
+    for the model to continue, no generation prompt; with add_generation_prompt given as true too, a
+    400 as in vLLM)."""
+    cont = _get(body, "continue_final_message", bool, False)
+    if cont and body.get("add_generation_prompt") is True:
+        raise ProtocolError("'continue_final_message' and 'add_generation_prompt' cannot both be true: the "
+                            "final message is either continued or answered; set add_generation_prompt to false",
+                            "continue_final_message")
     msgs = body.get("messages")
     if msgs is None:
         raise ProtocolError("'messages' is required", "messages")
@@ -221,8 +229,14 @@ def chat_prompt(body: dict, info: ModelInfo, add_generation_prompt: bool = True,
             raise ProtocolError(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}; got "
                                 f"{json.dumps(m.get('role'))[:40]}", f"messages[{i}].role")
         clean.append({"role": m["role"], "content": _content(m, i)})
+    if cont:
+        try:
+            final_message_text(clean)
+        except ValueError as e:
+            raise ProtocolError(f"{e}; messages[{len(clean) - 1}] has none", "continue_final_message") from None
     try:
-        ids = info.tokenizer.encode_chat(clean, add_generation_prompt, add_special_tokens, chat_template_kwargs(body))
+        ids = info.tokenizer.encode_chat(clean, add_generation_prompt, add_special_tokens, chat_template_kwargs(body),
+                                         continue_final_message=cont)
     except (jinja2.TemplateError, ValueError) as e:  # the template's own raise_exception, or no template
         raise ProtocolError(f"the chat template rejected the messages: {e}", "messages") from None
     if not ids:
@@ -242,8 +256,6 @@ def tokenize_response(body: dict, info: ModelInfo) -> dict:
     if has_prompt and has_messages:
         raise ProtocolError("give either 'prompt' (text) or 'messages' (a chat), not both", "prompt")
     if has_messages:
-        if _get(body, "continue_final_message", bool, False):
-            raise ProtocolError("'continue_final_message' is not supported yet", "continue_final_message")
         _refuse(body, "chat_template", (None,), "a chat template given in the request")
         _refuse(body, "tools", (None,), "tool definitions")
         ids = chat_prompt(body, info, _get(body, "add_generation_prompt", bool, True),
