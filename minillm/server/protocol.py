@@ -314,6 +314,12 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool) -> S
     if not 1 <= n <= MAX_N:
         raise ProtocolError(f"'n' must be between 1 and {MAX_N}, got {n}", "n")
     _refuse(body, "best_of", (None, 1, n), "best_of other than n (choosing among more samples)")
+    # vLLM's extensions that change what is sampled: refused by name rather than silently ignored
+    _refuse(body, "min_p", (None, 0, 0.0), "min_p sampling; use top_p or top_k")
+    _refuse(body, "use_beam_search", (None, False), "beam search")
+    _refuse(body, "truncate_prompt_tokens", (None,), "truncating the prompt; shorten it instead")
+    for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"):
+        _refuse(body, name, (None,), "constrained decoding")
     if chat:
         top = _get(body, "top_logprobs", int, None)
         if _get(body, "logprobs", bool, False):
