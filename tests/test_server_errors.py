@@ -167,6 +167,7 @@ CHAT_CASES = [
      "continue_final_message"),
     ({"messages": MSG, "response_format": {"type": "json_object"}}, "response_format"),
     ({"messages": MSG, "guided_choice": ["yes", "no"]}, "guided_choice"),
+    ({"messages": MSG, "tool_choice": "required"}, "tool_choice"),
     ({"messages": MSG, "structured_outputs": {"regex": "a+"}}, "structured_outputs"),
     ({"messages": MSG, "min_p": 0.05}, "min_p"),
     ({"messages": MSG, "temperature": -1}, "temperature"),

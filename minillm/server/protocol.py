@@ -330,6 +330,7 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool) -> S
             logprobs = None
         lp_name = "top_logprobs"
         _refuse(body, "tools", (None,), "tool calling")
+        _refuse(body, "tool_choice", (None, "none", "auto"), "tool calling")
         rf = body.get("response_format")
         if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
             raise ProtocolError("'response_format' other than {\"type\": \"text\"} is not supported yet",
