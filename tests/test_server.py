@@ -121,6 +121,33 @@ def test_completion_stream_matches_non_stream(server):
     assert all(c.id == chunks[0].id for c in chunks) and chunks[0].id.startswith("cmpl-")
 
 
+def test_continuous_usage_stats(server):
+    """vLLM's stream_options.continuous_usage_stats: every chunk carries its choice's usage so far
+    (its prompt's tokens, its completion tokens, their sum), rising to what the final usage chunk
+    and the non-streamed response say; chat's role chunk says 0 completion tokens."""
+    cl, name = server.client(), model_name(server)
+    opts = {"include_usage": True, "continuous_usage_stats": True}
+    ref = cl.completions.create(model=name, prompt="The quick brown fox", max_tokens=9, temperature=0,
+                                extra_body={"ignore_eos": True})
+    chunks = list(cl.completions.create(model=name, prompt="The quick brown fox", max_tokens=9, temperature=0,
+                                        stream=True, stream_options=opts, extra_body={"ignore_eos": True}))
+    *body, last = chunks
+    assert last.choices == [] and last.usage.completion_tokens == 9 == ref.usage.completion_tokens
+    seen = [c.usage.completion_tokens for c in body]
+    assert seen == sorted(seen) and seen[-1] == 9 and seen[0] >= 1
+    assert all(c.usage.prompt_tokens == ref.usage.prompt_tokens
+               and c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens for c in body)
+    chat = list(cl.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                           temperature=0, stream=True, stream_options=opts,
+                                           extra_body={"ignore_eos": True}))
+    assert chat[0].choices[0].delta.role == "assistant" and chat[0].usage.completion_tokens == 0
+    assert [c.usage.completion_tokens for c in chat[:-1]][-1] == 4 == chat[-1].usage.completion_tokens
+    # include_usage alone: null in every chunk but the last (as before)
+    plain = list(cl.completions.create(model=name, prompt="hi", max_tokens=3, stream=True,
+                                       stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+    assert all(c.usage is None for c in plain[:-1]) and plain[-1].usage.completion_tokens == 3
+
+
 def test_n_choices(server):
     """n > 1: n engine requests sharing the prompt; choice i samples with seed + i, so choice 0 is
     the n = 1 answer, a repeated request repeats all n, and usage counts every choice's tokens."""

@@ -130,6 +130,8 @@ COMPLETION_CASES = [
     ({**OK, "stream": "yes"}, "stream"),
     ({**OK, "stream": True, "stream_options": {"include_usage": "yes"}}, "include_usage"),
     ({**OK, "stream_options": []}, "stream_options"),
+    ({**OK, "stream_options": {"include_usage": True}}, "stream_options"),
+    ({**OK, "stream": True, "stream_options": {"continuous_usage_stats": 1}}, "continuous_usage_stats"),
     ({**OK, "model": 5}, "model"),
     ({"prompt": [65] * 257}, "prompt"),
     ({"prompt": [65] * 256}, "prompt"),

@@ -283,6 +283,14 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         created, model, n_prompt = protocol.now(), parsed.model, parsed.num_prompt_tokens
         usage_null = {"usage": None} if parsed.include_usage else {}
 
+        def usage_of(i: int) -> dict:
+            """What choice i's chunk says of usage: with continuous_usage_stats (vLLM's) its prompt's
+            tokens and its completion tokens so far, with include_usage alone null (the totals come
+            in a chunk of their own at the end), else nothing."""
+            if parsed.continuous_usage:
+                return {"usage": protocol.usage(len(parsed.choices[i][0]), n_outs[i])}
+            return usage_null
+
         want_logprobs = parsed.logprobs
         sent_chars = [0] * len(parsed.choices)  # completions' text_offset of each choice's next token
 
@@ -292,13 +300,13 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
             if chat:
                 delta = {} if text is None else {"content": text}
                 lp = protocol.chat_logprobs(lps, token_text) if lps else None
-                return sse({**protocol.chat_chunk(rid, created, model, delta, finish, i, lp, plp), **usage_null})
+                return sse({**protocol.chat_chunk(rid, created, model, delta, finish, i, lp, plp), **usage_of(i)})
             lp = (protocol.completion_logprobs(lps, token_text, sent_chars[i], ids, parsed.top_logprobs)
                   if lps else None)
             if lp:
                 sent_chars[i] = lp["text_offset"][-1] + len(lp["tokens"][-1])
             return sse({**protocol.completion_chunk(rid, created, model, text or "", finish, i, lp, plp),
-                        **usage_null})
+                        **usage_of(i)})
 
         # the request enters the engine only once the body is being sent: a client gone before that
         # (or a generator never started) leaves nothing running
@@ -319,7 +327,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
             if chat:  # the first chat chunk of each choice carries the role, as OpenAI's does
                 for i in range(n):
                     yield sse({**protocol.chat_chunk(rid, created, model, {"role": "assistant", "content": ""},
-                                                     None, i), **usage_null})
+                                                     None, i), **usage_of(i)})
             async for i, out in choice_outputs(streams):
                 timer.tokens(len(out.new_token_ids))
                 n_outs[i] = len(out.token_ids)

@@ -62,6 +62,8 @@ class ParsedRequest:
     num_prompt_tokens: int  # every prompt's tokens, counted once (usage)
     stream: bool = False
     include_usage: bool = False
+    # vLLM's stream_options.continuous_usage_stats: every chunk carries its choice's usage so far
+    continuous_usage: bool = False
     # completions' echo: each choice's text (and, with logprobs, its logprobs) starts with its
     # prompt's; echo_texts[k] is choice k's prompt text. echo_only: max_tokens 0, the prompt alone
     # (the engine generates one token, which is dropped, as vLLM does)
@@ -405,6 +407,10 @@ def parse_request(body: dict, info: ModelInfo, chat: bool) -> ParsedRequest:
     stream = _get(body, "stream", bool, False)
     opts = _get(body, "stream_options", dict, {})
     include_usage = _get(opts, "include_usage", bool, False)
+    continuous_usage = _get(opts, "continuous_usage_stats", bool, False)
+    if (include_usage or continuous_usage) and not stream:
+        raise ProtocolError("'stream_options' is only for streamed requests: set 'stream': true, or leave it out "
+                            "(a response that is not streamed carries its usage anyway)", "stream_options")
     given = ([(chat_prompt(body, info, _get(body, "add_generation_prompt", bool, True)), None)] if chat
              else completion_prompts(body, info))
     prompts = [ids for ids, _ in given]
@@ -415,7 +421,7 @@ def parse_request(body: dict, info: ModelInfo, chat: bool) -> ParsedRequest:
                             "n")
     choices = [(ids, choice_params(p, i)) for ids, p in zip(prompts, params) for i in range(n)]
     parsed = ParsedRequest(model, choices, sum(len(ids) for ids in prompts), stream, include_usage,
-                           prompt_logprobs=_get(body, "prompt_logprobs", int, None))
+                           continuous_usage, prompt_logprobs=_get(body, "prompt_logprobs", int, None))
     if not chat and _get(body, "echo", bool, False):  # (chat's echo is not OpenAI's: left alone)
         parsed.echo = True
         parsed.echo_only = body.get("max_tokens") == 0
