@@ -16,6 +16,7 @@ to 32 for "ours": the c = 2 DFlash round verifies 18 rows, its drafter 32.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 
 import ml_dtypes
@@ -31,6 +32,23 @@ SHAPES = {  # name: (K, N)
     "8B gate_up": (4096, 24576), "8B down": (12288, 4096),
 }
 ROWS = (1, 2, 3, 4, 5, 8, 9, 16)
+
+
+# the routing constants that keep every product off the skinny kernels (the narrowing route too)
+_NO_SKINNY = {"_SKINNY_MAX_M": 0, "_SKINNY_NARROW_MAX_M": 0}
+
+
+@contextlib.contextmanager
+def routes(**values: int):
+    """minillm.backends.cuda_ops's routing constants set to values inside the block, restored after."""
+    saved = {k: getattr(cuda_ops, k) for k in values}
+    for k, v in values.items():
+        setattr(cuda_ops, k, v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(cuda_ops, k, v)
 
 
 def main() -> None:
@@ -59,24 +77,17 @@ def main() -> None:
         for M in rows_list:
             x = be.asarray(rng.standard_normal((M, K)).astype(np.float32))
             out = be.empty((M, N))
-            ours = graph_us(be, lambda x=x, w=w, out=out: be.matmul(x, w, out))
-            saved = cuda_ops._GEMV_MAX_M, cuda_ops._SKINNY_MAX_M
-            cuda_ops._GEMV_MAX_M = cuda_ops._SKINNY_MAX_M = 0  # every product to cuBLAS
-            try:
-                blas = graph_us(be, lambda x=x, w=w, out=out: be.matmul(x, w, out))
-            finally:
-                cuda_ops._GEMV_MAX_M, cuda_ops._SKINNY_MAX_M = saved
+            def timed(x=x, w=w, out=out) -> float:
+                return graph_us(be, lambda: be.matmul(x, w, out))
+
+            ours = timed()
+            with routes(_GEMV_MAX_M=0, **_NO_SKINNY):  # every product to cuBLAS
+                blas = timed()
             kernel = cuda_ops.small_product_kernel(M, N, K) or "cuBLAS"
             forced = None  # the other cuda/gemv.cu kernel where both could take these rows
-            if M <= saved[0]:
-                if kernel == "gemv":
-                    cuda_ops._GEMV_MAX_M = 0
-                else:
-                    cuda_ops._SKINNY_MAX_M = 0
-                try:
-                    forced = graph_us(be, lambda x=x, w=w, out=out: be.matmul(x, w, out))
-                finally:
-                    cuda_ops._GEMV_MAX_M, cuda_ops._SKINNY_MAX_M = saved
+            if M <= cuda_ops._GEMV_MAX_M:
+                with routes(**({"_GEMV_MAX_M": 0} if kernel == "gemv" else _NO_SKINNY)):
+                    forced = timed()
             nbytes = N * K * 2
             rows.append(dict(weight=name, M=M, K=K, N=N, kernel=kernel, us=ours, cublas_us=blas,
                              tbps=nbytes / ours / 1e6, cublas_tbps=nbytes / blas / 1e6, other_kernel_us=forced))

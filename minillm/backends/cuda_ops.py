@@ -660,9 +660,9 @@ class CudaBackend:
     def _launch(self, name: str, grid, block, args, shared_mem: int = 0) -> None:
         if self._capturing:
             self.captured_launches[name] += 1
-        if self._capturing and self.pdl is not None and name in self._pdl_kernels:
-            self.pdl.launch(self.k[name].kernel.ptr, grid, block, args, shared_mem)
-            return
+            if self.pdl is not None and name in self._pdl_kernels:
+                self.pdl.launch(self.k[name].kernel.ptr, grid, block, args, shared_mem)
+                return
         with self.stream:
             self.k[name](grid, block, args, shared_mem=shared_mem)
 
