@@ -3131,9 +3131,11 @@ part184() {  # prepared in session 28, not yet run: the final route (17-20 rows 
 
 part185() {  # prepared in session 28, not yet run: the figures on session 28's final code, which
   # part182-part184a did not take: decode of both shapes, memcheck of the reproducer, the failure
-  # matrix, throughput twice (~8 minutes on a fresh machine)
+  # matrix, throughput twice (~8 minutes on a fresh machine); first the four-tile kernels' GPU tests,
+  # whose launch-record assertions (session 28) had not run on a GPU
   setup
   facts > "$W/facts.txt" 2>&1
+  stage gpu_tests_skinny4 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k skinny4
   models_all 150
   decode_06b 90
   decode_8b 120
