@@ -228,6 +228,49 @@ __device__ __forceinline__ double warp_sum(double v) {
   return v;
 }
 
+// ---- flash-decoding splits, shared by decode_attention.cu (which writes them) and gemv.cu's
+// gemv1_merge_* (the batch-1 o product, which can merge them itself): both count and weigh the
+// splits through these, so the merged rows are the same bits whichever kernel merges.
+
+// Keys a split of a decode row with k_hi keys: ceil(k_hi / n_splits) rounded up to 16, at least
+// min_part (n_splits > 1). Splits holding keys: max(1, ceil(k_hi / part)).
+__device__ __forceinline__ int decode_split_part(int k_hi, int n_splits, int min_part) {
+  const int part = (k_hi + n_splits - 1) / n_splits;
+  return max(min_part, (part + 15) / 16 * 16);
+}
+
+// One warp's share of a merge: head's split weights w[s] = 2^(m_s - M) (0 for a split without
+// keys, m_s = -inf) into w_row[0, 64) (0 from n_active on), from its (m, l) pairs at ml (two a
+// lane: n_active <= 64); returns sum_s w_s * l_s, the denominator, to every lane.
+__device__ __forceinline__ float split_weights(const float2* ml, int n_active, int lane, float* w_row) {
+  float2 v[2];  // splits lane and lane + 32
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int sp = lane + 32 * i;
+    v[i] = sp < n_active ? __ldcg(ml + sp) : make_float2(neg_inf(), 0.f);
+  }
+  const float M = warp_max(fmaxf(fmaxf(neg_inf(), v[0].x), v[1].x));
+  float den = 0.f;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int sp = lane + 32 * i;
+    if (sp < n_active) {
+      const float w = v[i].x == neg_inf() ? 0.f : exp2f(v[i].x - M);
+      w_row[sp] = w;
+      den = fmaf(w, v[i].y, den);
+    } else {
+      w_row[sp] = 0.f;  // read as no weight
+    }
+  }
+  return warp_sum(den);
+}
+
+// The merge of one element: sum_s w_s * x_s in split order, zero weights skipped, divided by den
+// and rounded to storage (0 without keys).
+__device__ __forceinline__ float merge_add(float o, float w, float x) { return w > 0.f ? fmaf(w, x, o) : o; }
+template <typename T>
+__device__ __forceinline__ T merge_result(float o, float den) { return from_f<T>(den > 0.f ? o / den : 0.f); }
+
 // Eight bf16 values moved as one 16-byte word, converted to and from fp32. The word is taken by
 // value: given a reference into global memory (unpack_bf16x8(ptr[c], f)), reinterpreting its
 // address as bf16 pairs made nvcc load it as four 4-byte words, so every GEMV's x chunk,
@@ -279,6 +322,28 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned* r, unsigned addr) {
 // 16 bytes global -> shared, asynchronously (cp.async groups); src_bytes 0 writes zeros.
 __device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+
+// ---- thread-block clusters (Hopper)
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+
+// Every thread of every CTA of the cluster; shared-memory writes before it are visible after it.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// 16 bytes at shared-memory address addr (this CTA's window) of the cluster's CTA `rank`.
+__device__ __forceinline__ uint4 ld_cluster_u4(unsigned addr, unsigned rank) {
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+  uint4 v;
+  asm volatile("ld.shared::cluster.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(remote));
+  return v;
 }
 
 // warp_qk_norm_rope for D = 32 N with N even: lane l holds elements l + 32 m (m < N) in

@@ -162,7 +162,8 @@ __device__ __forceinline__ void decode_attention_impl(
     T* __restrict__ out, i64 o_tok, i64 o_head,
     float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counters,
     const int* __restrict__ order, int KH, int block_size, int num_blocks, float scale_log2,
-    int causal, int n_splits, int min_part, int max_nq, int short_max_ctx, const RopeArgs<T>& ra) {
+    int causal, int n_splits, int min_part, int max_nq, int short_max_ctx, const RopeArgs<T>& ra,
+    int defer_max) {
 #if !PDL_PREWAIT_INDEX
   minillm::pdl_entry();
 #endif
@@ -235,8 +236,7 @@ __device__ __forceinline__ void decode_attention_impl(
     k_hi = max(0, min(k_hi, L));
     k_end = k_hi;
     if (n_splits > 1) {
-      int part = (k_hi + n_splits - 1) / n_splits;
-      part = max(min_part, (part + 15) / 16 * 16);
+      const int part = minillm::decode_split_part(k_hi, n_splits, min_part);
       n_active = max(1, (k_hi + part - 1) / part);
       if (split >= n_active) break;  // uniform over the CTA, before any barrier
       k_lo = split * part;
@@ -490,8 +490,8 @@ __device__ __forceinline__ void decode_attention_impl(
       }
     }
     const int h = kh * G + g;
-    if (n_active == 1) {  // the whole context in one CTA: no partials, no merge
-      out[(i64)t * o_tok + (i64)h * o_head + d] = minillm::from_f<T>(den > 0.f ? o / den : 0.f);
+    if (n_active == 1 && n_active > defer_max) {  // the whole context in one CTA: no partials, no merge
+      out[(i64)t * o_tok + (i64)h * o_head + d] = minillm::merge_result<T>(o, den);
     } else {  // every active split writes its partial: the merge reads all of them
       const i64 p = ((i64)t * H + h) * n_splits + split;
       part_o[p * D + d] = o;
@@ -501,7 +501,9 @@ __device__ __forceinline__ void decode_attention_impl(
       }
     }
   }
-  if (n_active == 1) return;
+  // a row of at most defer_max splits is merged by the next kernel (gemv.cu's gemv1_merge_*, the
+  // batch-1 o product): no fence, counter or merge here, and even one split leaves its partial
+  if (n_active == 1 || n_active <= defer_max) return;
 
   // ---- the last split of this (token, KV head) to finish merges the partials. Its chain after the
   // release (fence, counter, then the partials' loads) is the o product's wait (see the header), so
@@ -521,30 +523,9 @@ __device__ __forceinline__ void decode_attention_impl(
   __threadfence();
   constexpr int EPT = (G * D + DEC_THREADS - 1) / DEC_THREADS, FL = ROPE ? DEC_MERGE_FLIGHT_ROPE : DEC_MERGE_FLIGHT;
   for (int g = tid >> 5; g < G; g += DEC_THREADS / 32) {  // warp per head: split weights
-    const int lane = tid & 31;
     const i64 p0 = ((i64)t * H + kh * G + g) * n_splits;
-    float2 ml[2];  // splits lane and lane + 32 (n_splits <= 64)
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int sp = lane + 32 * i;
-      ml[i] = sp < n_active ? __ldcg(reinterpret_cast<const float2*>(part_ml) + p0 + sp)
-                            : make_float2(minillm::neg_inf(), 0.f);
-    }
-    const float M = minillm::warp_max(fmaxf(fmaxf(minillm::neg_inf(), ml[0].x), ml[1].x));
-    float den = 0.f;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int sp = lane + 32 * i;
-      if (sp < n_active) {
-        const float w = ml[i].x == minillm::neg_inf() ? 0.f : exp2f(ml[i].x - M);
-        s_w[g][sp] = w;
-        den = fmaf(w, ml[i].y, den);
-      } else {
-        s_w[g][sp] = 0.f;  // read, as no weight, by the last batch of FL splits below
-      }
-    }
-    den = minillm::warp_sum(den);
-    if (lane == 0) s_den[g] = den;
+    const float den = minillm::split_weights(reinterpret_cast<const float2*>(part_ml) + p0, n_active, tid & 31, s_w[g]);
+    if ((tid & 31) == 0) s_den[g] = den;
   }
   __syncthreads();
   float o[EPT];
@@ -572,14 +553,13 @@ __device__ __forceinline__ void decode_attention_impl(
 #pragma unroll
     for (int i = 0; i < FL; ++i)
 #pragma unroll
-      for (int k = 0; k < EPT; ++k) o[k] = w[i][k] > 0.f ? fmaf(w[i][k], x[i][k], o[k]) : o[k];
+      for (int k = 0; k < EPT; ++k) o[k] = minillm::merge_add(o[k], w[i][k], x[i][k]);
   }
 #pragma unroll
   for (int k = 0; k < EPT; ++k) {
     const int e = tid + k * DEC_THREADS, g = e / D, d = e - g * D;
     if (e < G * D) {
-      const float den = s_den[g];
-      out[(i64)t * o_tok + (i64)(kh * G + g) * o_head + d] = minillm::from_f<T>(den > 0.f ? o[k] / den : 0.f);
+      out[(i64)t * o_tok + (i64)(kh * G + g) * o_head + d] = minillm::merge_result<T>(o[k], s_den[g]);
     }
   }
   if (tid == 0) {
@@ -601,7 +581,7 @@ __device__ __forceinline__ void decode_attention_impl(
     decode_attention_impl<T, D, G, false>(q, q_tok, q_head, kc, vc, block_tables, bt_stride, seq_lens,   \
                                    query_start, B, n_tokens, out, o_tok, o_head, part_o, part_ml, \
                                    counters, order, KH, block_size, num_blocks, scale_log2, causal, \
-                                   n_splits, min_part, max_nq, short_max_ctx, RopeArgs<T>());     \
+                                   n_splits, min_part, max_nq, short_max_ctx, RopeArgs<T>(), 0);  \
   }
 
 // paged_decode_rope_<dtype>_d<D>_g<G>: the same grid, on a decode step (one new token a
@@ -614,7 +594,8 @@ __device__ __forceinline__ void decode_attention_impl(
       i64 o_head, float* part_o, float* part_ml, int* counters, const int* order, int KH,         \
       int block_size, int num_blocks, float scale_log2, int n_splits, int min_part, const T* k,   \
       i64 k_tok, i64 k_head, const T* v, i64 v_tok, i64 v_head, const T* q_w, const T* k_w, float eps,      \
-      const int* positions, const float* cos_sin, int max_pos, const int* slots, i64 n_slots) {  \
+      const int* positions, const float* cos_sin, int max_pos, const int* slots, i64 n_slots,    \
+      int defer_max) {                                                                            \
     RopeArgs<T> ra;                                                                               \
     ra.k = k; ra.k_tok = k_tok; ra.k_head = k_head;                                               \
     ra.v = v; ra.v_tok = v_tok; ra.v_head = v_head;                                               \
@@ -625,7 +606,7 @@ __device__ __forceinline__ void decode_attention_impl(
                                          seq_lens, query_start, B, n_tokens, out, o_tok, o_head,  \
                                          part_o, part_ml, counters, order, KH, block_size,        \
                                          num_blocks, scale_log2, 1, n_splits, min_part, 1 << 30,  \
-                                         0, ra);                                                  \
+                                         0, ra, defer_max);                                       \
   }
 
 #define MINILLM_DECODE_G(SUFFIX, T, D)                                                   \

@@ -44,20 +44,11 @@
 
 namespace {
 
+using minillm::cluster_rank;
+using minillm::cluster_sync;
 using minillm::cp_async_16;
 using minillm::ldmatrix_x4;
 using minillm::smem_u32;
-
-__device__ __forceinline__ unsigned cluster_rank() {
-  unsigned r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-
-// Every thread of every CTA of the cluster; shared-memory writes before it are visible after it.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
 
 // A float at shared-memory address addr (this CTA's window) of the cluster's CTA `rank`. Volatile
 // (kept in program order after cluster_sync) but no memory clobber, so a run of them is issued

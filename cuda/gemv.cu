@@ -69,21 +69,32 @@ __device__ __forceinline__ float gated_act(float gate, float up) {
   return g / (1.0f + expf(-g)) * u;
 }
 
+// Before the PDL wait: a small matrix's rows of this warp asked into L2 (GEMV_PREFETCH_MAX).
+template <bool GATED, int WARPS>
+__device__ __forceinline__ void gemv_prefetch(const bf16* w, int N, int K) {
+  const int n0 = (blockIdx.x * WARPS + (threadIdx.x >> 5)) * GEMV_NR;
+  if ((i64)N * K * (GATED ? 4 : 2) <= (i64)GEMV_PREFETCH_MAX && (threadIdx.x & 31) == 0 && n0 < N) {
+    const unsigned bytes = (unsigned)(min(GEMV_NR, N - n0) * K * 2);  // this warp's rows, contiguous
+    minillm::prefetch_l2(w + (i64)n0 * K, bytes);
+    if (GATED) minillm::prefetch_l2(w + (i64)(N + n0) * K, bytes);
+  }
+}
+
 // GATED: out[m, n] = silu(x[m] . w[n]) * (x[m] . w[N + n]) for n < N (w has 2N rows, no bias).
-template <typename TO, int M, bool GATED>
+// WARPS: warps a CTA (GEMV_NR columns each). WAITED: the caller has prefetched and passed the PDL
+// wait (gemv1_merge_*, whose x is its own shared memory).
+template <typename TO, int M, bool GATED, int WARPS = GEMV_WARPS, bool WAITED = false>
 __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
                                           const bf16* __restrict__ w, const bf16* __restrict__ bias,
                                           TO* __restrict__ out, i64 ldo, int N, int K) {
   constexpr int R = GATED ? 2 * GEMV_NR : GEMV_NR;  // weight rows a warp streams at once
   const int lane = threadIdx.x & 31;
-  const int warp = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+  const int warp = blockIdx.x * WARPS + (threadIdx.x >> 5);
   const int n0 = warp * GEMV_NR;
-  if ((i64)N * K * (GATED ? 4 : 2) <= (i64)GEMV_PREFETCH_MAX && lane == 0 && n0 < N) {
-    const unsigned bytes = (unsigned)(min(GEMV_NR, N - n0) * K * 2);  // this warp's rows, contiguous
-    minillm::prefetch_l2(w + (i64)n0 * K, bytes);
-    if (GATED) minillm::prefetch_l2(w + (i64)(N + n0) * K, bytes);
+  if constexpr (!WAITED) {
+    gemv_prefetch<GATED, WARPS>(w, N, K);
+    minillm::pdl_entry();  // before the early return: see cuda/common.cuh
   }
-  minillm::pdl_entry();  // before the early return: see cuda/common.cuh
   if (n0 >= N) return;
   const int chunks = K / 8;  // 16-byte chunks per row (the host checks K % 8 == 0)
   float acc[R][M];
@@ -232,6 +243,114 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
     gemv1_silu_mul_bf16(const bf16* x, i64 ldx, const bf16* w, bf16* out, i64 ldo, int F, int K) {
   gemv_impl<bf16, 1, true>(x, ldx, w, nullptr, out, ldo, F, K);
 }
+
+// ---- gemv1_merge: a batch-1 decode step's o product, merging the attention's splits itself ------
+// out [1, N] = attention row @ w.T (+ bias), K = H * D. Given defer_max, the decode kernel
+// (paged_decode_rope_*) leaves a row of at most defer_max active splits unmerged: every split writes
+// its unnormalised partial and (m, l) pair and exits, with no fence, no split counter and no last CTA
+// reading the others' partials back from L2 while this product waits (that tail was the batch-1
+// step's largest hand-off: 4.1 us (0.6B) / 5.6 us (8B) a layer, part165; 2.7 / 4.1 us of it the merge,
+// part166). Here, after the PDL wait, the partials are copied into shared memory (cp.async, 16 bytes
+// a copy, all in flight while warps weigh the splits), merged as the decode kernel merges
+// (common.cuh's split_weights / merge_add / merge_result: the same bits) into the row x, kept in
+// shared memory, and gemv1's loop runs over it. CTA 0 writes x to x_out (the attention's output,
+// as the unmerged path leaves it). A row of more splits (a long context: every CTA would read them
+// all) was merged by the decode kernel as before; then x is read from x_out. Both kernels count
+// the splits from the row's length alike (decode_split_part), so they agree on which it was.
+// CL > 1: clusters of CL CTAs (grid a multiple of CL); each merges H / CL heads and takes the rest
+// of x from its peers' shared memory (distributed shared memory), so the partials are read from
+// L2 by CL times fewer CTAs.
+// Grid >= ceil(N / (GEMV_NR * WARPS)) (the host picks WARPS for one wave), WARPS * 32 threads,
+// dynamic shared memory: x (K bf16), weights [H][64], denominators [H] (padded to 4), then room for
+// the partials of (heads a CTA merges) x defer_max x D floats.
+template <int WARPS, int CL>
+__device__ __forceinline__ void gemv1_merge_impl(const float* __restrict__ part_o,
+                                                 const float* __restrict__ part_ml,
+                                                 const int* __restrict__ seq_lens,
+                                                 const int* __restrict__ query_start, int B, int n_splits,
+                                                 int min_part, int defer_max, int H, int D,
+                                                 const bf16* __restrict__ w, const bf16* __restrict__ bias,
+                                                 bf16* __restrict__ out, int N, int K, bf16* __restrict__ x_out) {
+  extern __shared__ __align__(16) unsigned char merge_smem[];
+  bf16* s_x = reinterpret_cast<bf16*>(merge_smem);        // [K], the row (K % 8 == 0)
+  float* s_w = reinterpret_cast<float*>(s_x + K);         // [H][64] split weights
+  float* s_den = s_w + H * 64;                            // [H]
+  float* s_part = s_den + (H + 3) / 4 * 4;                // this CTA's heads' partials
+  constexpr int NT = 32 * WARPS;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  gemv_prefetch<false, WARPS>(w, N, K);
+  minillm::pdl_entry();
+  // row 0's splits (one new token: its keys are its sequence's L), counted as the decode kernel does
+  int n_active = 0;  // 0: no sequence owns row 0 (x is zeros)
+  if (query_start[B] > 0) {
+    const int L = seq_lens[0], part = minillm::decode_split_part(L, n_splits, min_part);
+    n_active = n_splits > 1 ? max(1, (L + part - 1) / part) : 1;
+  }
+  if (n_active > defer_max) {  // merged by the decode kernel, into x_out
+    for (int c = tid; c < K / 8; c += NT) reinterpret_cast<uint4*>(s_x)[c] = reinterpret_cast<const uint4*>(x_out)[c];
+    __syncthreads();
+    gemv_impl<bf16, 1, false, WARPS, true>(s_x, 0, w, bias, out, 0, N, K);
+    return;
+  }
+  MINILLM_CHECK(n_active <= 64 && D % 4 == 0);
+  const int rank = CL > 1 ? (int)minillm::cluster_rank() : 0;
+  const int hpc = (H + CL - 1) / CL, h0 = min(H, rank * hpc), h1 = min(H, h0 + hpc);  // heads this CTA merges
+  const int per_head = n_active * D, q4 = per_head / 4;  // floats of one head's partials, contiguous
+  for (int i = tid; i < (h1 - h0) * q4; i += NT) {
+    const int hl = i / q4, r = i - hl * q4;
+    minillm::cp_async_16(minillm::smem_u32(s_part + hl * per_head + 4 * r),
+                         part_o + (i64)(h0 + hl) * n_splits * D + 4 * r, 16);
+  }
+  asm volatile("cp.async.commit_group;\n" ::);
+  for (int h = h0 + warp; h < h1; h += WARPS) {  // warp per head, while the copies fly
+    const float den = minillm::split_weights(reinterpret_cast<const float2*>(part_ml) + (i64)h * n_splits,
+                                             n_active, lane, s_w + h * 64);
+    if (lane == 0) s_den[h] = den;
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::);
+  __syncthreads();
+  for (int e = h0 * D + tid; e < h1 * D; e += NT) {
+    const int h = e / D, d = e - h * D;
+    const float* x = s_part + (h - h0) * per_head + d;
+    const float* ws = s_w + h * 64;
+    float o = 0.f;
+    for (int sp = 0; sp < n_active; ++sp) o = minillm::merge_add(o, ws[sp], x[sp * D]);
+    s_x[e] = minillm::merge_result<bf16>(o, s_den[h]);
+  }
+  if constexpr (CL > 1) {
+    minillm::cluster_sync();  // every CTA's heads merged
+    const int c_per = hpc * D / 8;  // 16-byte chunks of a CTA's heads (D % 8 == 0)
+    for (int c = tid; c < K / 8; c += NT) {
+      const int owner = c / c_per;
+      if (owner != rank) {
+        const uint4 v = minillm::ld_cluster_u4(minillm::smem_u32(reinterpret_cast<uint4*>(s_x) + c), owner);
+        reinterpret_cast<uint4*>(s_x)[c] = v;
+      }
+    }
+    // no CTA leaves (its shared memory with it) while a peer may still read it
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+  }
+  __syncthreads();
+  if (blockIdx.x == 0 && x_out != nullptr)
+    for (int c = tid; c < K / 8; c += NT) reinterpret_cast<uint4*>(x_out)[c] = reinterpret_cast<const uint4*>(s_x)[c];
+  gemv_impl<bf16, 1, false, WARPS, true>(s_x, 0, w, bias, out, 0, N, K);
+  if constexpr (CL > 1) asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+#define MINILLM_GEMV1_MERGE(NAME, WARPS, CL, ATTR)                                                      \
+  extern "C" __global__ void __launch_bounds__(32 * WARPS) ATTR NAME(                                 \
+      const float* part_o, const float* part_ml, const int* seq_lens, const int* query_start, int B,  \
+      int n_splits, int min_part, int defer_max, int H, int D, const bf16* w, const bf16* bias,       \
+      bf16* out, int N, int K, bf16* x_out) {                                                         \
+    gemv1_merge_impl<WARPS, CL>(part_o, part_ml, seq_lens, query_start, B, n_splits, min_part,        \
+                                defer_max, H, D, w, bias, out, N, K, x_out);                          \
+  }
+MINILLM_GEMV1_MERGE(gemv1_merge_bf16_w4, 4, 1, )
+MINILLM_GEMV1_MERGE(gemv1_merge_bf16_w8, 8, 1, )
+MINILLM_GEMV1_MERGE(gemv1_merge_bf16_w16, 16, 1, )
+MINILLM_GEMV1_MERGE(gemv1_merge_cl8_bf16_w4, 4, 8, __cluster_dims__(8, 1, 1))
+MINILLM_GEMV1_MERGE(gemv1_merge_cl8_bf16_w8, 8, 8, __cluster_dims__(8, 1, 1))
+MINILLM_GEMV1_MERGE(gemv1_merge_cl8_bf16_w16, 16, 8, __cluster_dims__(8, 1, 1))
 
 // ---- gemm_skinny: 2-16 rows of x on tensor cores ---------------------------------------------
 // out = x @ w.T (+ bias) for M in [2, 16], K % 64 == 0 (NumPy twin: NumpyBackend.matmul; the host's

@@ -3148,6 +3148,35 @@ part185() {  # prepared in session 28, not yet run: the figures on session 28's 
     --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b_2.json"
 }
 
+part186() {  # session 29: a batch-1 step's o product merging the attention's splits itself (cuda/gemv.cu's
+  # gemv1_merge_*; MINILLM_O_MERGE 1: every CTA merges the row, 2: clusters of 8 share the merge):
+  # its GPU tests and the fused step's, batch-1 graphs of both shapes alternated twice against 0,
+  # the tiny-model engine tests under each, memcheck of its tests, timelines (~8 minutes)
+  local i m
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage gpu_tests_o_merge 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    -k "o_merge or (decode_step_attention and bfloat16)"
+  models_q06_q8 60
+  for i in 1 2; do
+    for m in q06 q8; do
+      step_graph_env $m "base_$i" 100 MINILLM_O_MERGE=0
+      step_graph_env $m "merge_$i" 100 MINILLM_O_MERGE=1
+      step_graph_env $m "cluster_$i" 100 MINILLM_O_MERGE=2
+    done
+  done
+  graph_summary
+  stage gpu_engine_merge 150 env MINILLM_O_MERGE=1 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs \
+    tests/test_gpu_engine.py -k "identical_tokens or greedy_matches or speculation_lossless"
+  stage gpu_engine_cluster 150 env MINILLM_O_MERGE=2 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs \
+    tests/test_gpu_engine.py -k "identical_tokens or greedy_matches or speculation_lossless"
+  memcheck_ops memcheck_o_merge 150 "o_merge and bfloat16"
+  for m in q06 q8; do
+    stage "timeline_${m}_merge" 120 env MINILLM_O_MERGE=1 python3 scripts/step_timeline.py $M/$m --batch 1 \
+      --ctx 512 --json "$W/timeline_${m}_merge.json"
+  done
+}
+
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name; then
   # scripts/ab_table.py's table of them (means, changes against the "base" setting) in ab_table.txt
   python3 scripts/ab_table.py "$W" > "$W/ab_table.txt" 2>&1

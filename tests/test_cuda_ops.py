@@ -989,6 +989,82 @@ def test_decode_step_attention(be, G, D, qk_norm):
         be.decode_rope_max_tokens = limit
 
 
+
+def o_merge_step(be, case: dict, merge: int, graph: bool):
+    """One row's decode_step_attention with its o product under MINILLM_O_MERGE=merge, eagerly or
+    replayed from a graph: (attention row, o product, plan, the graph's launches or None)."""
+    H, KH, D, N, L = case["H"], case["KH"], case["D"], case["N"], case["L"]
+    be.o_merge = merge
+    dev, kc, vc = be.asarray(case["qkv"]), be.asarray(case["kc"]), be.asarray(case["vc"])
+    q = dev[:, : H * D].reshape(1, H, D)
+    k = dev[:, H * D: (H + KH) * D].reshape(1, KH, D)
+    v = dev[:, (H + KH) * D:].reshape(1, KH, D)
+    args = (q, k, v, be.asarray(case["qw"]), be.asarray(case["kw"]), 1e-6, i32(be, case["pos"]),
+            be.asarray(case["cs"], dtype=np.float32), kc, vc, i32(be, case["slots"]), i32(be, case["table"]),
+            i32(be, np.asarray([L], np.int32)), i32(be, np.asarray([0, 1], np.int32)), D ** -0.5)
+    out, o, wd = poisoned(be, (1, H, D)), poisoned(be, (1, N)), be.asarray(case["w"])
+    if not graph:
+        plan = be.decode_step_attention(*args, out, o_proj=wd, o_out=o)
+        return host(be, out), host(be, o), plan, None
+    plan = {}  # capturing runs nothing: the replay writes the poisoned outputs
+    before = Counter(be.captured_launches)
+    g = be.capture_graph(lambda: plan.update(be.decode_step_attention(*args, out, o_proj=wd, o_out=o)))
+    launched = be.captured_launches - before
+    g.replay()
+    return host(be, out), host(be, o), plan, launched
+
+
+@pytest.mark.parametrize("G,D", [(2, 128), (4, 128), (2, 64), (8, 64)])
+@pytest.mark.parametrize("mode", [1, 2])
+def test_decode_step_o_merge(be, G, D, mode, monkeypatch):
+    """A one-row decode step given its o product (decode_step_attention's o_proj / o_out): with
+    MINILLM_O_MERGE (1: every CTA of gemv1_merge_* merges the attention's splits, 2: clusters share
+    it) the attention's output and the o product are the same bits as the unmerged path's
+    (attention merging its own splits, then gemv1), eagerly and replayed from a graph; the o
+    product matches the oracle. Contexts of one key (one split, still left to the product), a few
+    splits, and more splits than the merge's shared memory is given room for (merged by the
+    attention, as without it)."""
+    if be.dtype == np.float32:
+        pytest.skip("the merge is the bf16 path")
+    from minillm.backends import cuda_ops
+
+    rng = np.random.default_rng(G * 10 + D + mode)
+    KH, bs, N = 2, 16, 384
+    H = KH * G
+    # room for 20 splits (1,280 keys): 3,000 keys (47 splits) are merged by the attention
+    cl = cuda_ops._O_MERGE_CLUSTER if mode == 2 else 1
+    room = H * D * 2 + H * 64 * 4 + -(-H // 4) * 16 + -(-H // cl) * D * 4 * 20
+    monkeypatch.setattr(cuda_ops, "_O_MERGE_MAX_SMEM", room)
+    nbps = -(-3000 // bs)
+    w = (rng.standard_normal((N, H * D)) / np.sqrt(H * D)).astype(np.float32)
+    for L in [1, 17, 300, 700, 3000]:
+        cs, qkv, qw, kw, pos = rope_case(rng, 1, H, KH, D)
+        table = rng.permutation(nbps + 1)[:nbps].reshape(1, nbps).astype(np.int32)
+        pos[:] = L - 1
+        case = dict(H=H, KH=KH, D=D, N=N, L=L, cs=cs, qkv=qkv, qw=qw, kw=kw, pos=pos, table=table, w=w,
+                    slots=np.asarray([table[0, (L - 1) // bs] * bs + (L - 1) % bs], np.int32),
+                    kc=rng.standard_normal((nbps + 1, bs, KH, D)).astype(np.float32),
+                    vc=rng.standard_normal((nbps + 1, bs, KH, D)).astype(np.float32))
+        try:
+            base_att, base_o, base_plan, _ = o_merge_step(be, case, 0, False)
+            assert "o_merge" not in base_plan
+            for graph in (False, True):
+                att, o, plan, launched = o_merge_step(be, case, mode, graph)
+                merge, ns = plan["o_merge"], plan["n_splits"]
+                assert merge["kernel"].startswith("gemv1_merge_cl8" if mode == 2 else "gemv1_merge_bf16")
+                assert merge["defer_max"] == min(20, ns), (merge, plan)
+                part = max(plan["min_part"], (-(-L // ns) + 15) // 16 * 16)
+                assert ((-(-L // part) if ns > 1 else 1) <= 20) == (L <= 700), (L, plan)
+                if launched is not None:
+                    assert launched[merge["kernel"]] == 1 and launched["gemv1_bf16"] == 0, launched
+                assert np.array_equal(att, base_att), (L, graph, "the attention's row differs")
+                assert np.array_equal(o, base_o), (L, graph, "the o product differs")
+        finally:
+            be.o_merge = 0
+        assert not np.isnan(base_att).any()
+        ref = rounded(be, base_att).astype(np.float64).reshape(1, -1) @ rounded(be, w).astype(np.float64).T
+        assert rel_err(base_o, ref) < tol(be)
+
 # ---- sampling ---------------------------------------------------------------------------------
 def run_sampler(be, logits, temp, top_p, top_k, seeds, pos):
     B = logits.shape[0]

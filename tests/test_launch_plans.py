@@ -2,7 +2,8 @@
 decode attention's split count (minillm.backends.cuda_ops.decode_splits), which kernel takes a
 launch of split short runs (short_run_on_three), which cuda/gemv.cu
 kernel takes a product of a few rows (small_product_kernel, gated_product_kernel for the gate_up
-product with SiLU) and cuda/gemm.cu's launch shape for
+product with SiLU), the batch-1 o product that merges the attention's splits (o_merge_plan) and
+cuda/gemm.cu's launch shape for
 17-256 rows (wide_product_plan); the GPU side (every split count gives the same
 attention) is tests/test_cuda_ops.py's, the timing of each scripts/decode_splits.py's."""
 
@@ -20,6 +21,7 @@ from minillm.backends.cuda_ops import (
     decode_splits,
     env_int,
     gated_product_kernel,
+    o_merge_plan,
     short_run_on_three,
     short_run_three_mode,
     small_product_kernel,
@@ -201,3 +203,38 @@ def test_split_short_runs_take_three_ctas_an_sm_past_one_wave(monkeypatch):
         monkeypatch.setenv("MINILLM_SHORT_RUN_3CTA", raw)
         with pytest.raises(ValueError, match="MINILLM_SHORT_RUN_3CTA"):
             short_run_three_mode()
+
+
+H200_SMEM = 227 * 1024 - 1024  # the backend's max_smem on the H200
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+def test_o_merge_plans_of_the_qwen3_shapes(mode):
+    """The batch-1 o product that merges the attention's splits (gemv1_merge_*): one wave of CTAs
+    on 132 SMs (every CTA, or cluster, merges the whole row), GEMV_NR = 2 columns a warp, shared
+    memory for the row, the weights and the partials of defer_max splits within the cap, and
+    defer_max covering a 512-token prompt's 256 new tokens on 0.6B (12 splits of 64 keys)."""
+    cl = 8 if mode == 2 else 1
+    for name, N, H, D, warps in (("0.6B", 1024, 16, 128, 4), ("8B", 4096, 32, 128, 16)):
+        K = H * D
+        p = o_merge_plan(mode, N, K, H, D, 64, 132, H200_SMEM)
+        assert p["kernel"] == f"gemv1_merge{'_cl8' if mode == 2 else ''}_bf16_w{warps}", name
+        assert p["threads"] == 32 * warps and p["grid"] % cl == 0
+        assert p["grid"] * 2 * warps >= N and p["grid"] <= 132, (name, p)
+        fixed = K * 2 + H * 64 * 4 + -(-H // 4) * 16
+        split_bytes = -(-H // cl) * D * 4
+        assert p["smem"] == fixed + split_bytes * p["defer_max"] <= cuda_ops._O_MERGE_MAX_SMEM
+        assert p["defer_max"] == min(64, (cuda_ops._O_MERGE_MAX_SMEM - fixed) // split_bytes)
+        if name == "0.6B" or mode == 2:
+            assert p["defer_max"] >= 12
+    # 8B, every CTA merging: 11 splits (704 keys) fit, its bench's 512 + 128 tokens need 10
+    assert o_merge_plan(1, 4096, 4096, 32, 128, 64, 132, H200_SMEM)["defer_max"] == 11
+
+
+def test_o_merge_plan_limits():
+    assert o_merge_plan(0, 1024, 2048, 16, 128, 64, 132, H200_SMEM) is None  # off
+    assert o_merge_plan(1, 1024, 2000, 16, 125, 64, 132, H200_SMEM) is None  # K % 8
+    assert o_merge_plan(1, 1024, 2048, 16, 128, 9, 132, H200_SMEM)["defer_max"] == 9  # the launch's splits
+    assert o_merge_plan(1, 1024, 2048, 16, 128, 64, 132, 10_000) is None  # not one split's room
+    # more outputs than 16 warps a CTA cover in one wave: still 16 warps, more than one wave
+    assert o_merge_plan(1, 8192, 2048, 16, 128, 64, 132, H200_SMEM)["kernel"].endswith("_w16")

@@ -76,6 +76,12 @@ _SHORT_RUN_MIN_SEQS_DEFAULT = 3
 # held against the larger wave, 3 x SMs: 288 stays on two CTAs an SM, 544 takes three; no bucket
 # between them was measured. MINILLM_SHORT_RUN_3CTA overrides
 _SHORT_RUN_3CTA_DEFAULT = 1
+# cuda/gemv.cu's gemv1_merge_*: a batch-1 decode step's o product merging the attention's splits
+# itself, so the attention leaves its partials unmerged (decode_step_attention given o_proj).
+# MINILLM_O_MERGE: 0 off, 1 every CTA merges the whole row, 2 clusters of _O_MERGE_CLUSTER CTAs
+# share the merge. Its dynamic shared memory is at most _O_MERGE_MAX_SMEM (its CTAs wait beside the
+# attention's): rows of more splits than fit are merged by the attention as before (o_merge_plan)
+_O_MERGE_DEFAULT, _O_MERGE_CLUSTER, _O_MERGE_MAX_SMEM = 0, 8, 200 << 10
 # a decode CTA's fixed cost (loading q, merging key groups, writing and merging a partial), in keys'
 # worth of streaming: what makes one more split not free. Fitted on the H200 (decode_splits)
 _DECODE_SPLIT_COST_KEYS = 128
@@ -274,6 +280,31 @@ def decode_splits(work: int, resident: int, ctx: int, max_splits: int,
         if cost < best_cost * 0.999:  # a tie keeps fewer splits
             best, best_cost = s, cost
     return best
+
+
+def o_merge_plan(mode: int, N: int, K: int, H: int, D: int, n_splits: int, num_sms: int,
+                 max_smem: int) -> dict | None:
+    """gemv1_merge_*'s launch for a batch-1 o product of N outputs over K = H x D inputs after a
+    decode launch of n_splits splits (mode: MINILLM_O_MERGE), or None where it does not apply.
+
+    Warps a CTA: the fewest of 4 / 8 / 16 that make the grid one wave (GEMV_NR = 2 columns a
+    warp), since every CTA merges the row (or its cluster does). Shared memory: the row (K bf16),
+    split weights [H][64] and denominators, then the partials of the heads a CTA merges for up to
+    defer_max splits, as many as fit _O_MERGE_MAX_SMEM (rows of more splits are merged by the
+    attention, as without it; both kernels decide that from the row's length on the device)."""
+    if mode == 0 or K != H * D or K % 8 or D % 8:
+        return None
+    cl = _O_MERGE_CLUSTER if mode == 2 else 1
+    warps = next((w for w in (4, 8, 16) if _cdiv(N, 2 * w) <= num_sms), 16)
+    fixed = K * 2 + H * 64 * 4 + _cdiv(H, 4) * 16
+    head_split = _cdiv(H, cl) * D * 4  # one split's partials of a CTA's heads
+    defer_max = min(n_splits, _DECODE_MAX_SPLITS, (min(max_smem, _O_MERGE_MAX_SMEM) - fixed) // head_split)
+    if defer_max < 1:
+        return None
+    cluster = f"_cl{cl}" if cl > 1 else ""
+    return dict(kernel=f"gemv1_merge{cluster}_bf16_w{warps}",
+                grid=_cdiv(_cdiv(N, 2 * warps), cl) * cl, threads=32 * warps,
+                smem=fixed + head_split * defer_max, defer_max=defer_max)
 
 
 def cuda_unavailable_reason() -> str | None:
@@ -510,6 +541,12 @@ class CudaBackend:
                                           "fewest sequences of a step whose short runs take the tensor cores")
         self.decode_min_part = env_int("MINILLM_DECODE_MIN_PART", _DECODE_MIN_PART,
                                        "fewest keys in a split of the decode kernel")
+        self.o_merge = env_int("MINILLM_O_MERGE", _O_MERGE_DEFAULT,
+                               "a batch-1 step's o product merges the attention's splits: 0 off, 1 each CTA, "
+                               "2 in clusters")
+        if self.o_merge not in (0, 1, 2):
+            raise ValueError(f"MINILLM_O_MERGE={self.o_merge}: use 0 (off), 1 (every CTA of the o product "
+                             "merges the row) or 2 (clusters of CTAs share the merge)")
         self._staging = cupy.cuda.alloc_pinned_memory(staging_bytes)
         self._staging_cap = staging_bytes
         self._staging_off = 0
@@ -536,7 +573,8 @@ class CudaBackend:
                                  for g in range(1, _DECODE_MAX_G + 1)],
             "sampling": ["sample_tokens"],
             "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemv1_bf16", "gemv1_f32", "gemv1_silu_mul_bf16"]
-            + [f"gemm_skinny{t}_{k}" for t in ("", "2", "4") for k in ("bf16", "f32", "silu_mul_bf16")],
+            + [f"gemm_skinny{t}_{k}" for t in ("", "2", "4") for k in ("bf16", "f32", "silu_mul_bf16")]
+            + [f"gemv1_merge{c}_bf16_w{w}" for c in ("", f"_cl{_O_MERGE_CLUSTER}") for w in (4, 8, 16)],
         }.items():
             for n in names:
                 k[n] = kc.get_kernel(mod, n, self.debug)
@@ -568,6 +606,9 @@ class CudaBackend:
                   *(f"paged_prefill{v}_bf16_d{d}" for v in ("", "_short") for d in _DECODE_HEAD_DIMS)):
             if n in k:
                 k[n].max_dynamic_shared_size_bytes = self.max_smem
+        for n in k:
+            if n.startswith("gemv1_merge"):
+                k[n].max_dynamic_shared_size_bytes = min(self.max_smem, _O_MERGE_MAX_SMEM)
         # cuda/gemm.cu for 17-256 rows, only with MINILLM_GEMM=wide (scripts/gemm_bench.py switches
         # it per call): measured 0.2-0.9x cuBLAS on the H200 (part63-65, docs/BENCHMARKS.md), so
         # cuBLAS stays the default and its module is compiled on first use (_wide_kernel); the
@@ -1117,7 +1158,8 @@ class CudaBackend:
 
     def decode_step_attention(self, q, k, v, q_w, k_w, eps: float, positions, cos_sin, k_cache,
                               v_cache, slot_mapping, block_tables, seq_lens, query_start,
-                              scale: float, out, order=None, n_splits: int | None = None) -> dict:
+                              scale: float, out, order=None, n_splits: int | None = None,
+                              o_proj=None, o_out=None) -> dict:
         """qk_norm_rope_store_kv then causal paged_attention, for a step of one new token a
         sequence, in one launch (cuda/decode_attention.cu's paged_decode_rope_*: each CTA rotates
         its own q heads; the one whose split ends at the newest key stores k and v and adds that
@@ -1127,15 +1169,22 @@ class CudaBackend:
         many CTAs (H200, part75, one machine: a batch-1 step's graph 1.129 -> 1.094 ms, batch 32
         2.327 -> 2.322, batch 128 5.714 -> 5.873). order (optional, [>= T] int32): the rows in
         the order their CTAs should start, longest context first (the runner's launch hint; see
-        _decode_attention)."""
+        _decode_attention). o_proj / o_out (optional, together): also o_out = out @ o_proj.T, the
+        attention's output projection; a one-row step under MINILLM_O_MERGE then leaves the
+        attention's splits to that product to merge (cuda/gemv.cu's gemv1_merge_*: the same bits)."""
         T = q.shape[0]
+        if (o_proj is None) != (o_out is None):
+            raise ValueError("decode_step_attention: o_proj and o_out go together")
         if T == 0:
             return {}
         if T > self.decode_rope_max_tokens or not self._decode_kernel_fits(q, k_cache, out):
             self.qk_norm_rope_store_kv(q, k, v, q_w, k_w, eps, positions, cos_sin, k_cache, v_cache,
                                        slot_mapping)
-            return self.attention(q, k_cache, v_cache, block_tables, seq_lens, query_start, scale,
-                                  out, True, max_query_len=1, order=order)
+            p = self.attention(q, k_cache, v_cache, block_tables, seq_lens, query_start, scale,
+                               out, True, max_query_len=1, order=order)
+            if o_proj is not None:
+                self.matmul(out.reshape(T, -1), o_proj, o_out)
+            return p
         what = "decode_step_attention"
         self._check_store_kv(what, q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping)
         self._check_paged(what, q, k_cache, v_cache, block_tables, seq_lens, query_start, out)
@@ -1144,9 +1193,41 @@ class CudaBackend:
                 _i64(v.strides[1] // it), q_w if q_w is not None else _NULL,
                 k_w if k_w is not None else _NULL, np.float32(eps), positions, cos_sin,
                 _i32(cos_sin.shape[0]), slot_mapping, _i64(k_cache.shape[0] * k_cache.shape[1]))
+        H, D = q.shape[1], q.shape[2]
+        merge = None
+        if o_proj is not None and T == 1 and self._o_merge_fits(out, o_proj, o_out):
+            KH, bs = k_cache.shape[2], k_cache.shape[1]
+            ns = self.decode_plan(T, H, KH, D, block_tables.shape[1] * bs, n_splits,
+                                  self._decode_order(T, H, KH, D, order, n_splits, None)[1])["n_splits"]
+            merge = o_merge_plan(self.o_merge, o_proj.shape[0], H * D, H, D, ns, self.num_sms, self.max_smem)
         p = self._decode_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start, scale,
-                                   out, True, n_splits, None, 1 << 30, rope=rope, order=order)
-        return {**p, "kernel": "decode_rope"}
+                                   out, True, n_splits, None, 1 << 30, order=order,
+                                   rope=rope + (_i32(merge["defer_max"] if merge else 0),))
+        if merge is not None and p["n_splits"] != ns:  # both kernels must count the same splits
+            raise AssertionError(f"decode_step_attention: o merge planned for {ns} splits, launched {p['n_splits']}")
+        if merge is None:
+            if o_proj is not None:
+                self.matmul(out.reshape(T, -1), o_proj, o_out)
+            return {**p, "kernel": "decode_rope"}
+        N, K = o_proj.shape
+        self._launch(merge["kernel"], (merge["grid"],), (merge["threads"],),
+                     (self._att_scratch, self._att_scratch[H * p["n_splits"] * D:], seq_lens, query_start,
+                      _i32(seq_lens.shape[0]), _i32(p["n_splits"]), _i32(p["min_part"]), _i32(merge["defer_max"]),
+                      _i32(H), _i32(D), o_proj, _NULL, o_out, _i32(N), _i32(K), out),
+                     shared_mem=merge["smem"])
+        return {**p, "kernel": "decode_rope", "o_merge": merge}
+
+    def _o_merge_fits(self, out, o_proj, o_out) -> bool:
+        """gemv1_merge_* takes the o product of a one-row step: bf16, the attention's row contiguous
+        (it is rewritten whole), o_out a bf16 row, and a product gemv1 would take anyway."""
+        if self.o_merge == 0 or self.dtype == np.float32:
+            return False
+        K = out.shape[1] * out.shape[2]
+        x = out.reshape(1, K) if out.flags.c_contiguous else None
+        return (x is not None and o_proj.shape[1] == K and o_out.shape == (1, o_proj.shape[0])
+                and o_out.dtype == self.dtype and o_out.flags.c_contiguous
+                and self._gemv_fits(x, o_proj, o_out, None, 1, K, K)
+                and small_product_kernel(1, o_proj.shape[0], K) == "gemv")
 
     def attention_plan(self, T: int, B: int, H: int, KH: int, D: int, max_ctx: int, itemsize: int,
                        bq: int | None = None, n_splits: int | None = None) -> dict:
@@ -1371,6 +1452,17 @@ class CudaBackend:
             )
         return p
 
+    def _decode_order(self, T: int, H: int, KH: int, D: int, order, n_splits: int | None,
+                      part: int | None) -> tuple:
+        """The launch order a decode launch keeps (None: dropped) and the split length it takes
+        with it (_decode_attention says when)."""
+        least = self.decode_order_min_ctas
+        if order is not None and T * KH < (self._decode_resident(D, H // KH) if least is None else least):
+            order = None  # one wave even unsplit: the order's extra load at each CTA's start buys nothing
+        if order is not None and n_splits is None and part is None and self.decode_order_part:
+            part = self.decode_order_part  # longest first: fixed parts (_DECODE_ORDER_PART_DEFAULT)
+        return order, part
+
     def _decode_attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start,
                           scale: float, out, causal: bool, n_splits: int | None, part: int | None,
                           max_nq: int, rope: tuple | None = None, order=None,
@@ -1395,11 +1487,7 @@ class CudaBackend:
             raise ValueError(f"decode attention: an order must be int32 [>= {T}], decode_rows int32 "
                              f"[<= {T}]; got {order.dtype} {order.shape}")
         if rows is None:
-            least = self.decode_order_min_ctas
-            if order is not None and T * KH < (self._decode_resident(D, H // KH) if least is None else least):
-                order = None  # one wave even unsplit: the order's extra load at each CTA's start buys nothing
-            if order is not None and n_splits is None and part is None and self.decode_order_part:
-                part = self.decode_order_part  # longest first: fixed parts (_DECODE_ORDER_PART_DEFAULT)
+            order, part = self._decode_order(T, H, KH, D, order, n_splits, part)
         # planned on T even with rows: the splits (so the bits) of a row do not depend on the hint
         p = self.decode_plan(T, H, KH, D, block_tables.shape[1] * bs, n_splits, part)
         if rows == 0:

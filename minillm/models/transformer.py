@@ -150,11 +150,12 @@ class Transformer:
                     j = capture_layers.index(i - 1)
                     B.copy(residual, out=capture_out[:T, j * hs : (j + 1) * hs])
             B.matmul(normed, lw.qkv, out=qkv, bias=lw.qkv_bias)
-            if decode_step:  # one kernel: q/k norm + RoPE, k and v into the caches, attention
+            if decode_step:  # one kernel: q/k norm + RoPE, k and v into the caches, attention;
+                # then the o product (which at batch 1 can merge the attention's splits itself)
                 B.decode_step_attention(q, k, v, lw.q_norm, lw.k_norm, c.rms_norm_eps, x.positions,
                                         self.cos_sin, k_cache[i], v_cache[i], x.slot_mapping,
                                         x.block_tables, x.seq_lens, x.query_start, self.scale, out=attn,
-                                        order=x.attn_order)
+                                        order=x.attn_order, o_proj=lw.o, o_out=hidden)
             else:
                 # one kernel: normed + rotated q in place, k and v rows into the paged caches
                 B.qk_norm_rope_store_kv(q, k, v, lw.q_norm, lw.k_norm, c.rms_norm_eps, x.positions,
@@ -163,7 +164,7 @@ class Transformer:
                                   x.query_start, self.scale, out=attn, causal=causal,
                                   max_query_len=x.max_query_len, decode_rows=x.decode_rows,
                                   short_runs=x.short_runs)
-            B.matmul(attn.reshape(T, c.q_size), lw.o, out=hidden)
+                B.matmul(attn.reshape(T, c.q_size), lw.o, out=hidden)
             B.rms_norm(hidden, lw.mlp_norm, c.rms_norm_eps, out=normed, residual=residual)
             # gate_up GEMV and SiLU-and-multiply in one kernel when few rows (ws.gate_up unused then)
             B.matmul_silu_mul(normed, lw.gate_up, out=ws.act[:T], gate_up=ws.gate_up[:T])
