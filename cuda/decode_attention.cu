@@ -55,7 +55,10 @@
 // long-context bucket uses few splits and the rest exit at once (a context that fits one part
 // is written by its one CTA directly). Each active split writes an unnormalised partial; the
 // last of a (token, KV head) to finish (an atomic counter, which that CTA resets to 0 for the
-// next step) merges them, so no second kernel is launched.
+// next step) merges them, so no second kernel is launched. The fused step's kernel given defer_max
+// > 0 (a one-row step whose o product is gemv.cu's gemv1_merge_*) instead leaves a row of at most
+// defer_max active splits unmerged, even a row of one split: that product merges the partials
+// itself, with the same arithmetic (common.cuh's split helpers).
 // Tokens of sequences with more than max_nq new queries, and short runs that
 // minillm::short_run_on_tensor_cores gives it (short_max_ctx), are left to prefill_attention.cu: the
 // kernel is chosen per sequence, not per batch, so a token's attention is computed the same way
