@@ -3,14 +3,19 @@
 // Greedy (temperature <= 0) is argmax with the first index winning ties, like np.argmax.
 // Otherwise the row is filtered and sampled exactly as probs_from_logits + sample_from_probs do,
 // in float64 like the NumPy code, with the same splitmix64 counter-based uniform (identical bits):
-//   x = logit / T;  top-k keeps x >= (k-th largest x);  p = softmax(x);
+//   x = logit / T;  top-k keeps x >= (k-th largest x);  min-p keeps x >= M + ln(min_p) (M = max x:
+//   p >= min_p * p_max, vLLM's min_p);  p = softmax(x);
 //   top-p keeps the smallest prefix of tokens in (p descending, index ascending) order whose
 //   mass reaches top_p;  renormalise;  inverse CDF over tokens in index order at u * total.
 // Nothing is sorted: since x and p are monotone in the fp32 logit, the k-th largest logit and the
 // top-p cut-off are found by radix select over the logits' order-preserving 32-bit keys (digits of
 // 12, 12 and 8 bits, integer histograms in shared memory: counts for top-k, each token's weight in
-// fixed point for top-p). Results can differ from the NumPy sampler only where sums taken in
-// another order (or in fixed point) fall on the other side of a boundary (near-ties).
+// fixed point for top-p). Top-k and min-p both keep the keys at or above a floor, so they fold
+// into one (the larger key): min-p's is the smallest key whose x reaches the threshold, found by a
+// binary search over the 2^32 keys (32 float64 divisions, no pass over the row: min_p_key).
+// Results can differ from the NumPy sampler only where sums taken in another order (or in fixed
+// point) fall on the other side of a boundary (near-ties), or where log(min_p) rounds differently
+// from NumPy's at a token's x exactly on min-p's threshold.
 //
 // Speculative verification rides along (draft[row] = d >= 0): the drafters propose their argmax,
 // so q is one-hot and rejection sampling reduces to: accept d with probability p(d) (greedy: d
@@ -183,6 +188,22 @@ __device__ __forceinline__ void for_each_logit(const float* __restrict__ lg, int
     done = 4 * V4;
   }
   for (int i = done + tid; i < V; i += NT) f(i, lg[i]);
+}
+
+// Min-p's floor: the smallest key whose float l has (double)l / t >= thr (the test the NumPy sampler
+// makes on x). Correctly rounded division is monotone, so over the keys of -inf .. +inf that test
+// is false then true, and the tokens it keeps are exactly those whose key is at or above the
+// floor: a binary search over the keys finds it, exactly, whatever the row. The floor need not be
+// a token's key; for a key k >= it, (double)key_float(k) / t >= thr, so x >= key_float(floor) / t
+// (the serial draw's test) keeps the same tokens as key >= floor. thr <= M, so the max logit's key
+// is always kept; thr = -inf (every logit -inf) keeps all.
+__device__ __forceinline__ unsigned min_p_key(double thr, double t) {
+  unsigned lo = float_key(minillm::neg_inf()), hi = float_key(-minillm::neg_inf());  // NaNs outside
+  while (lo < hi) {  // the test holds at hi (+inf >= thr)
+    const unsigned mid = lo + (hi - lo) / 2;
+    if ((double)key_float(mid) / t >= thr) hi = mid; else lo = mid + 1;
+  }
+  return lo;
 }
 
 // (value, index) argmax over the warp; the first index wins ties.
@@ -408,7 +429,8 @@ __device__ void sample_from_tiles(const float* __restrict__ lg, int V, unsigned 
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 2)
 sample_tokens(const float* __restrict__ logits, i64 stride, int V,
               const float* __restrict__ temperature, const float* __restrict__ top_p,
-              const int* __restrict__ top_k, const void* __restrict__ seeds, int seed_bytes,
+              const int* __restrict__ top_k, const float* __restrict__ min_p,
+              const void* __restrict__ seeds, int seed_bytes,
               const int* __restrict__ positions, int* __restrict__ out,
               const int* __restrict__ draft, int* __restrict__ accepted, int n_rows) {
   __shared__ double dscratch[32];
@@ -477,6 +499,18 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
     kth_x = (double)key_float(kth_key) / t;
   }
 
+  // ---- min-p (min_p null or 0: off): keep x >= M + ln(min_p), the keys at or above min_p_key.
+  // Like top-k's it is a floor on the key, so the two fold into one: the stricter (larger) wins,
+  // and everything below (top-p's radix select over key >= kth_key, the draws' key >= min_key or
+  // x >= kth_x) filters by it alike.
+  const float mp = min_p ? min_p[row] : 0.f;
+  const bool use_minp = mp > 0.f;
+  if (use_minp) {
+    kth_key = max(kth_key, min_p_key(M + log((double)mp), t));
+    kth_x = (double)key_float(kth_key) / t;
+  }
+  const bool use_floor = use_topk || use_minp;  // kth_key filters the row
+
   const double tp = (double)top_p[row];
   const bool use_topp = tp < 1.0;
   const bool tiled = V <= SAMPLE_TILE * SAMPLE_MAX_TILES;
@@ -535,7 +569,7 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
     tie_cut = n_tie < (int)cnt;
   }
 
-  // ---- softmax normaliser over the top-k survivors, for the serial draw only
+  // ---- softmax normaliser over the top-k / min-p survivors, for the serial draw only
   double S = 0.0;
   if (tie_cut || !tiled) {  // uniform over the block
     for (int i = tid; i < V; i += NT) {
@@ -548,8 +582,8 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
   const u64 seed = seed_bytes == 8 ? reinterpret_cast<const u64*>(seeds)[row]
                                    : (u64)(i64)reinterpret_cast<const int*>(seeds)[row];
   const i64 pos = positions[row];
-  if (tiled && !tie_cut) {  // keep key >= cut-off (top-p, after top-k) or >= the k-th (top-k)
-    const unsigned min_key = use_topp ? cut_key : use_topk ? kth_key : 0u;
+  if (tiled && !tie_cut) {  // keep key >= cut-off (top-p, after top-k / min-p) or >= the floor
+    const unsigned min_key = use_topp ? cut_key : use_floor ? kth_key : 0u;
     sample_from_tiles(lg, V, min_key, inv_t, Mt, d, seed, pos, bi, out, accepted, row, s_tile, s_warp,
                       s_exp2);
     return;

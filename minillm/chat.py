@@ -27,6 +27,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=None, help="default: the model's, else 0.7")
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--min-p", type=float, default=None, help="vLLM's min_p (default: the model's, else 0: off)")
     return p.parse_args(argv)
 
 
@@ -42,6 +43,7 @@ class Chat:
             temperature=ns.temperature if ns.temperature is not None else float(d.get("temperature", 0.7)),
             top_p=ns.top_p if ns.top_p is not None else float(d.get("top_p", 1.0)),
             top_k=ns.top_k if ns.top_k is not None else int(d.get("top_k", -1)),
+            min_p=ns.min_p if ns.min_p is not None else float(d.get("min_p") or 0.0),
         )
         self.max_tokens = ns.max_tokens
 

@@ -20,6 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--min-p", type=float, default=0.0, help="vLLM's min_p: keep tokens with p >= MIN_P x the top p")
     p.add_argument("--min-tokens", type=int, default=0)
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true")
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         params = SamplingParams(max_tokens=ns.max_tokens, temperature=ns.temperature, top_p=ns.top_p,
-                                top_k=ns.top_k, min_tokens=ns.min_tokens, stop=ns.stop,
+                                top_k=ns.top_k, min_p=ns.min_p, min_tokens=ns.min_tokens, stop=ns.stop,
                                 ignore_eos=ns.ignore_eos, seed=ns.request_seed,
                                 presence_penalty=ns.presence_penalty, frequency_penalty=ns.frequency_penalty,
                                 repetition_penalty=ns.repetition_penalty, logprobs=ns.logprobs,

@@ -11,6 +11,8 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1  # -1 or 0: no top-k
+    # vLLM's min_p: after temperature, keep only tokens with p >= min_p * (the top token's p); 0: off
+    min_p: float = 0.0
     min_tokens: int = 0
     stop: list[str] | str | None = None
     stop_token_ids: list[int] = field(default_factory=list)
@@ -57,6 +59,8 @@ class SamplingParams:
              f"top_p must be in (0, 1], got {self.top_p!r}")
         need(isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and -1 <= self.top_k < 2**31,
              f"top_k must be an integer in [-1, 2**31) (-1 or 0 disables it), got {self.top_k!r}")
+        need(isinstance(self.min_p, (int, float)) and not isinstance(self.min_p, bool) and 0 <= self.min_p <= 1,
+             f"min_p must be in [0, 1] (0 disables it), got {self.min_p!r}")
         need(isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= self.max_tokens,
              f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
         need(all(isinstance(s, str) and s for s in self.stop),

@@ -50,7 +50,7 @@ def make_engine(model_dir: str, batch: int, max_model_len: int, spec: dict | Non
         model.forward = forward
 
     def sample(logits, temperature, top_p, top_k, seeds, positions, out_tokens, draft_tokens=None,
-               out_accepted=None):
+               out_accepted=None, min_p=None):
         # ids of ordinary tokens, a function of (seed, position) only, so outputs do not depend on batching
         out_tokens[:] = (seeds % 997 + positions.astype(np.uint64) * 31) % 3000 + 10
         if out_accepted is not None:

@@ -120,3 +120,21 @@ def test_ctrl_d_exits(model_dir):
     finally:
         if repl.proc.poll() is None:
             repl.proc.kill()
+
+
+def test_min_p_flag_and_the_models_default():
+    """--min-p like --top-p: the flag, else the model's generation_config, else 0 (off)."""
+    from types import SimpleNamespace
+
+    from minillm.chat import Chat, parse_args
+
+    eng = SimpleNamespace(loaded=SimpleNamespace(generation_defaults={"min_p": 0.1, "top_p": 0.9}))
+    assert Chat(eng, parse_args([])).sampling["min_p"] == 0.1
+    assert Chat(eng, parse_args(["--min-p", "0.3"])).sampling["min_p"] == 0.3
+    assert Chat(SimpleNamespace(loaded=None), parse_args([])).sampling["min_p"] == 0.0
+
+
+def test_bad_min_p_is_one_line_error(model_dir):
+    r = subprocess.run([sys.executable, "-m", "minillm.chat", str(model_dir), "--device", "cpu", "--min-p", "2"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert r.returncode == 2 and r.stderr.startswith("error: min_p") and "Traceback" not in r.stderr

@@ -1066,33 +1066,49 @@ def test_decode_step_o_merge(be, G, D, mode, monkeypatch):
         assert rel_err(base_o, ref) < tol(be)
 
 # ---- sampling ---------------------------------------------------------------------------------
-def run_sampler(be, logits, temp, top_p, top_k, seeds, pos):
+def run_sampler(be, logits, temp, top_p, top_k, seeds, pos, min_p=None):
     B = logits.shape[0]
     out = be.empty((B,), dtype=np.int32)
     be.copy_from_host(out, np.full(B, -7, np.int32))
     be.sample(be.asarray(logits, dtype=np.float32), be.asarray(temp, dtype=np.float32),
               be.asarray(top_p, dtype=np.float32), i32(be, top_k),
-              be.asarray(seeds, dtype=seeds.dtype), i32(be, pos), out)
+              be.asarray(seeds, dtype=seeds.dtype), i32(be, pos), out,
+              min_p=None if min_p is None else be.asarray(min_p, dtype=np.float32))
     got = be.to_host(out)
     ref = np.zeros(B, np.int32)
-    np_sampler.sample(logits, temp, top_p, top_k, seeds, pos, ref)
+    np_sampler.sample(logits, temp, top_p, top_k, seeds, pos, ref, min_p=min_p)
     return got, ref
 
 
-def near_tie(logits, t, tp, k, seed, pos, token) -> bool:
+def near_tie(logits, t, tp, k, seed, pos, token, mp=0.0) -> bool:
     """Whether the NumPy sampler's choice sits within float64 noise of a boundary."""
-    p = np_sampler.probs_from_logits(logits, t, tp, k)
+    p = np_sampler.probs_from_logits(logits, t, tp, k, mp)
     cum = np.cumsum(p)
     target = np_sampler.hash_uniform(seed, pos) * cum[-1]
     near_cdf = min(abs(cum[token] - target), abs((cum[token - 1] if token else 0) - target)) < 1e-9
-    order = np.sort(np_sampler.probs_from_logits(logits, t, 1.0, k))[::-1]
+    order = np.sort(np_sampler.probs_from_logits(logits, t, 1.0, k, mp))[::-1]
     near_topp = tp < 1 and np.min(np.abs(np.cumsum(order) - tp)) < 1e-9
-    return bool(near_cdf or near_topp)
+    # min-p's threshold M + ln(min_p): the device's log may round it an ulp off NumPy's
+    x = logits.astype(np.float64) / t
+    near_minp = mp > 0 and np.min(np.abs(x - (x.max() + np.log(mp)))) < 1e-12 * max(1.0, abs(x.max()))
+    return bool(near_cdf or near_topp or near_minp)
 
 
 @pytest.mark.parametrize("V", [1000, 151936])
 @pytest.mark.parametrize("kind", ["normal", "integer-ties", "peaked", "flat"])
 def test_sampler_matches_numpy(be, V, kind):
+    check_sampler_matches_numpy(be, V, kind, 0.0)
+
+
+# a test of its own, so the ids that scripts select (-k "sampler_matches and bfloat16-normal-1000") stay one test
+@pytest.mark.parametrize("min_p", [0.05, 0.3])
+@pytest.mark.parametrize("V", [1000, 151936])
+@pytest.mark.parametrize("kind", ["normal", "integer-ties", "peaked", "flat"])
+def test_sampler_min_p_matches_numpy(be, V, kind, min_p):
+    check_sampler_matches_numpy(be, V, kind, min_p)
+
+
+def check_sampler_matches_numpy(be, V, kind, min_p):
     rng = np.random.default_rng(V + len(kind))
     B = 24
     if kind == "integer-ties":
@@ -1105,16 +1121,27 @@ def test_sampler_matches_numpy(be, V, kind):
     top_k = rng.choice([0, 1, 5, 50, V], B).astype(np.int32)
     seeds = rng.integers(-(2**62), 2**62, B).astype(np.int64)
     pos = rng.integers(0, 100000, B).astype(np.int32)
-    got, ref = run_sampler(be, logits, temp, top_p, top_k, seeds, pos)
+    mp = None  # min_p 0: the rows above exactly, no min_p array (a null pointer to the kernel)
+    if min_p:  # most rows min_p (beside the drawn top-k / top-p); rows 0-9 pin it alone, with
+        # top-k, with top-p, with both, at two temperatures; the rest keep their draws, greedy included
+        mp = np.where(rng.random(B) < 0.85, min_p, 0.0).astype(np.float32)
+        mp[:10] = min_p
+        temp[:10] = np.tile(np.float32([1.0, 0.3]), 5)
+        top_k[:10] = [0, 0, 0, 0, 50, 5, 0, 0, 50, 5]
+        top_p[:10] = np.float32([1, 1, 1, 1, 1, 1, 0.61, 0.93, 0.93, 0.61])
+    got, ref = run_sampler(be, logits, temp, top_p, top_k, seeds, pos, mp)
     greedy = temp == 0
     assert np.array_equal(got[greedy], ref[greedy]), "greedy must be exact"
     for b in np.nonzero(got != ref)[0]:
+        m = 0.0 if mp is None else float(mp[b])
         assert near_tie(logits[b], float(temp[b]), float(top_p[b]), int(top_k[b]), int(seeds[b]),
-                        int(pos[b]), int(ref[b])), (
-            f"row {b}: device {got[b]} vs numpy {ref[b]} (T={temp[b]}, top_p={top_p[b]}, top_k={top_k[b]})")
+                        int(pos[b]), int(ref[b]), m), (
+            f"row {b}: device {got[b]} vs numpy {ref[b]} (T={temp[b]}, top_p={top_p[b]}, top_k={top_k[b]}, "
+            f"min_p={m})")
 
 
-def test_sampler_distribution_follows_seeds(be):
+@pytest.mark.parametrize("min_p", [0.0, 0.1])
+def test_sampler_distribution_follows_seeds(be, min_p):
     """Same logits, many seeds: the device draws equal the NumPy draws seed by seed."""
     rng = np.random.default_rng(9)
     B, V = 256, 50
@@ -1124,13 +1151,24 @@ def test_sampler_distribution_follows_seeds(be):
     top_k = np.full(B, 20, np.int32)
     seeds = np.arange(B, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
     pos = np.full(B, 3, np.int32)
-    got, ref = run_sampler(be, logits, temp, top_p, top_k, seeds, pos)
+    got, ref = run_sampler(be, logits, temp, top_p, top_k, seeds, pos,
+                           np.full(B, min_p, np.float32) if min_p else None)
     assert (got == ref).mean() > 0.99
     assert len(set(got.tolist())) > 3
 
 
 @pytest.mark.parametrize("V", [1000, 151936])
 def test_sampler_verifies_drafts_like_numpy(be, V):
+    check_sampler_verifies_drafts(be, V, 0.0)
+
+
+@pytest.mark.parametrize("V", [1000, 151936])
+def test_sampler_min_p_verifies_drafts_like_numpy(be, V):
+    """With min_p 0.05 on every row the unlikely drafts are ones it filters out: never accepted."""
+    check_sampler_verifies_drafts(be, V, 0.05)
+
+
+def check_sampler_verifies_drafts(be, V, min_p):
     """Rows carrying a draft: the accept flag and the (draft or residual) token equal NumPy's."""
     rng = np.random.default_rng(V + 5)
     B = 48
@@ -1145,15 +1183,16 @@ def test_sampler_verifies_drafts_like_numpy(be, V):
     draft = np.where(rng.random(B) < 0.3, order[:, 0], np.where(rng.random(B) < 0.5, order[:, 2],
                                                                   order[:, V // 2])).astype(np.int32)
     draft[rng.random(B) < 0.15] = -1
+    mp = np.full(B, min_p, np.float32) if min_p else None
     out, acc = be.empty((B,), dtype=np.int32), be.empty((B,), dtype=np.int32)
     be.copy_from_host(out, np.full(B, -7, np.int32))
     be.copy_from_host(acc, np.full(B, -7, np.int32))
     be.sample(be.asarray(logits, dtype=np.float32), be.asarray(temp, dtype=np.float32),
               be.asarray(top_p, dtype=np.float32), i32(be, top_k), be.asarray(seeds, dtype=np.int64),
-              i32(be, pos), out, i32(be, draft), acc)
+              i32(be, pos), out, i32(be, draft), acc, None if mp is None else be.asarray(mp, dtype=np.float32))
     got, got_acc = be.to_host(out), be.to_host(acc)
     ref, ref_acc = np.zeros(B, np.int32), np.zeros(B, np.int32)
-    np_sampler.sample(logits, temp, top_p, top_k, seeds, pos, ref, draft, ref_acc)
+    np_sampler.sample(logits, temp, top_p, top_k, seeds, pos, ref, draft, ref_acc, mp)
     assert set(ref_acc[draft >= 0].tolist()) == {0, 1}, "the case should both accept and reject"
     greedy = temp == 0
     assert np.array_equal(got[greedy], ref[greedy]) and np.array_equal(got_acc[greedy], ref_acc[greedy])
@@ -1161,6 +1200,11 @@ def test_sampler_verifies_drafts_like_numpy(be, V):
     differ = np.nonzero((got != ref) | (got_acc != ref_acc))[0]
     assert len(differ) <= 1, f"rows {differ}: device {got[differ]}/{got_acc[differ]} vs " \
                              f"numpy {ref[differ]}/{ref_acc[differ]}"  # one near-tie at most
+    if min_p:  # a sampled row's draft below M + ln(min_p) is never accepted
+        rows = np.nonzero((draft >= 0) & (temp > 0))[0]
+        x = logits[rows].astype(np.float64) / temp[rows, None]
+        out = x[np.arange(len(rows)), draft[rows]] < x.max(1) + np.log(np.float64(mp[0]))
+        assert out.any() and not got_acc[rows[out]].any()
 
 
 # ---- arena and graphs -------------------------------------------------------------------------

@@ -46,9 +46,19 @@ def test_json_with_prompt_logprobs(tiny, capsys):
             assert [i for i, _ in lp["top"]] == np.argsort(-row, kind="stable")[:3].tolist()
 
 
+def test_min_p_one_is_greedy(tiny, capsys):
+    """--min-p 1 keeps only the top token: a hot run prints the greedy run's ids."""
+    args = [str(tiny), "--device", "cpu", "--max-model-len", "128", "--prompt", "hello", "--max-tokens", "6",
+            "--ignore-eos", "--json"]
+    assert main(args) == 0
+    greedy = json.loads(capsys.readouterr().out)["token_ids"]
+    assert main([*args, "--temperature", "1.5", "--min-p", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == greedy
+
+
 def test_bad_values_are_one_line_errors(tiny, capsys):
     for flag, value in (("--logprobs", "21"), ("--prompt-logprobs", "21"), ("--prompt-logprobs", "-1"),
-                        ("--repetition-penalty", "0"), ("--frequency-penalty", "9")):
+                        ("--repetition-penalty", "0"), ("--frequency-penalty", "9"), ("--min-p", "1.5")):
         rc = main([str(tiny), "--device", "cpu", "--prompt", "x", flag, value])
         err = capsys.readouterr().err
         assert rc == 2 and err.startswith("error: ") and flag[2:].replace("-", "_") in err

@@ -205,12 +205,13 @@ def test_yarn_rope_scaling_and_sampling_defaults(tmp_path):
     cfg = tiny_config("qwen3")
     meta = {"qwen3.rope.scaling.type": "yarn", "qwen3.rope.scaling.factor": 4.0,
             "qwen3.rope.scaling.original_context_length": 32768,
-            "general.sampling.temp": 0.6, "general.sampling.top_p": 0.95, "general.sampling.top_k": 20}
+            "general.sampling.temp": 0.6, "general.sampling.top_p": 0.95, "general.sampling.top_k": 20,
+            "general.sampling.min_p": 0.05}
     path, _ = write_model(tmp_path / "m.gguf", cfg, random_weights(cfg), extra_metadata=meta)
     got_cfg, _, _, gen = load_gguf(path)
     rs = got_cfg.rope_scaling
     assert (rs.kind, rs.factor, rs.original_max_position_embeddings) == ("yarn", 4.0, 32768)
-    assert gen == {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
+    assert gen == {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.05}
 
 
 # ---- errors name the file and the item ------------------------------------------------------------

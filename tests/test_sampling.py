@@ -1,4 +1,5 @@
-"""Sampling semantics on the NumPy backend: filters, seeds, min_tokens, stop conditions."""
+"""Sampling semantics on the NumPy backend: filters (top-k, min-p, top-p), seeds, min_tokens, stop
+conditions."""
 
 from __future__ import annotations
 
@@ -14,24 +15,95 @@ from hf_models import make_tiny
 
 
 @given(st.lists(st.floats(-5, 5), min_size=2, max_size=40), st.integers(-1, 45), st.floats(0.05, 1.0),
-       st.floats(0.2, 3.0))
-@settings(max_examples=200, deadline=None)
-def test_probs_filters(logits, top_k, top_p, temperature):
+       st.floats(0.2, 3.0), st.sampled_from([0.0, 0.0, 1e-6, 0.05, 0.3, 0.9, 1.0]))
+@settings(max_examples=300, deadline=None)
+def test_probs_filters(logits, top_k, top_p, temperature, min_p):
     x = np.array(logits, dtype=np.float32)
-    p = probs_from_logits(x, temperature, top_p, top_k)
+    p = probs_from_logits(x, temperature, top_p, top_k, min_p)
     assert abs(p.sum() - 1) < 1e-9 and (p >= 0).all()
     kept = np.nonzero(p)[0]
     if 0 < top_k < len(x):  # nothing outside the k largest (ties at the k-th value may stay)
         assert (x[kept] >= np.sort(x)[-top_k]).all()
+    # min-p keeps only tokens with p >= min_p * max p, p after temperature alone
+    plain = probs_from_logits(x, temperature, 1.0, -1)
+    assert (plain[kept] >= min_p * plain.max() * (1 - 1e-12)).all()
+    if min_p == 0:  # off: the same bits as leaving it out
+        assert np.array_equal(p, probs_from_logits(x, temperature, top_p, top_k))
     # top-p keeps the smallest high-probability set reaching top_p: dropping its least likely member
-    # would fall below top_p
-    full = probs_from_logits(x, temperature, 1.0, top_k)
+    # would fall below top_p (of the mass top-k and min-p leave, renormalised)
+    full = probs_from_logits(x, temperature, 1.0, top_k, min_p)
     mass = full[kept].sum()
     assert mass >= top_p - 1e-9 or len(kept) == np.count_nonzero(full)
     assert mass - full[kept].min() < top_p + 1e-9
     # the kept tokens are the most likely ones
     if len(kept) < np.count_nonzero(full):
         assert full[kept].min() >= full[np.setdiff1d(np.nonzero(full)[0], kept)].max() - 1e-12
+
+
+def test_min_p_keeps_tokens_within_min_p_of_the_top():
+    """vLLM's min_p by hand: p >= min_p * p_max after temperature, renormalised."""
+    x = np.array([2.0, 4.0, 3.0, 1.5, 0.0, -1.0], np.float32)  # p / p_max = e^(x - 4) at T = 1
+    rel = np.exp(x.astype(np.float64) - 4.0)  # 0.135, 1, 0.368, 0.082, 0.018, 0.0067
+
+    def only(keep, t=1.0):
+        w = np.where(keep, np.exp((x.astype(np.float64) - 4.0) / t), 0.0)
+        return w / w.sum()
+
+    for min_p, keep in [(0.1, rel >= 0.1), (0.3, rel >= 0.3), (0.01, rel >= 0.01), (1.0, x == 4)]:
+        assert np.allclose(probs_from_logits(x, 1.0, 1.0, -1, min_p), only(keep), rtol=1e-12, atol=0)
+        assert np.count_nonzero(probs_from_logits(x, 1.0, 1.0, -1, min_p)) == keep.sum()
+    # after temperature: T = 2 flattens e^(x - 4) to its square root, so 0.3 keeps 0.368 ** 0.5 and 0.135 ** 0.5
+    assert np.allclose(probs_from_logits(x, 2.0, 1.0, -1, 0.3), only(np.sqrt(rel) >= 0.3, 2.0), rtol=1e-12, atol=0)
+    assert np.count_nonzero(probs_from_logits(x, 2.0, 1.0, -1, 0.3)) == 3
+    # ties at the top all stay with min_p = 1
+    tied = np.array([3.0, 1.0, 3.0, 0.0], np.float32)
+    assert probs_from_logits(tied, 0.7, 1.0, -1, 1.0).tolist() == [0.5, 0.0, 0.5, 0.0]
+
+
+def test_min_p_composes_with_top_k_and_top_p():
+    x = np.array([2.0, 4.0, 3.0, 1.5, 0.0, -1.0], np.float32)
+    # min_p 0.1 keeps 3 tokens: top_k 2 is stricter and wins, top_k 5 is looser and min_p wins
+    assert np.array_equal(probs_from_logits(x, 1.0, 1.0, 2, 0.1), probs_from_logits(x, 1.0, 1.0, 2))
+    assert np.array_equal(probs_from_logits(x, 1.0, 1.0, 5, 0.1), probs_from_logits(x, 1.0, 1.0, -1, 0.1))
+    # top_p applies to min_p's survivors renormalised: over the full distribution the two largest
+    # hold 0.849 < 0.85, so top_p 0.85 keeps 3; over min_p 0.1's three they hold 0.910: 2 kept
+    assert np.count_nonzero(probs_from_logits(x, 1.0, 0.85, -1)) == 3
+    got = probs_from_logits(x, 1.0, 0.85, -1, 0.1)
+    w = np.exp(np.array([0.0, 4.0, 3.0, 0, 0, 0]) - 4.0) * [0, 1, 1, 0, 0, 0]
+    assert np.allclose(got, w / w.sum(), rtol=1e-12, atol=0)
+    # and all three: top_k 2 and min_p 0.1 leave 2, top_p 0.7 of those (0.731 on the top one) keeps 1
+    assert probs_from_logits(x, 1.0, 0.7, 2, 0.1).tolist() == [0, 1, 0, 0, 0, 0]
+
+
+def test_min_p_sampling_never_draws_a_filtered_token():
+    from minillm.engine.sampler import sample
+
+    rng = np.random.default_rng(3)
+    V, n = 40, 4000
+    logits = np.tile((rng.standard_normal(V) * 0.5).astype(np.float32), (n, 1))
+    temp, top_p, top_k = np.full(n, 0.8, np.float32), np.ones(n, np.float32), np.full(n, -1, np.int32)
+    seeds, pos = np.arange(n, dtype=np.uint64), np.full(n, 9, np.int32)
+    for mp in (0.05, 0.3):
+        min_p = np.full(n, mp, np.float32)
+        x = logits[0].astype(np.float64) / float(temp[0])  # in float64, from the float32 row values
+        allowed = x >= x.max() + np.log(np.float64(min_p[0]))
+        assert 1 < allowed.sum() < V
+        out = np.zeros(n, np.int32)
+        sample(logits, temp, top_p, top_k, seeds, pos, out, min_p=min_p)
+        assert allowed[out].all() and len(set(out.tolist())) == allowed.sum()
+        # with drafts (the verification rows): a filtered draft is never accepted, nor drawn
+        draft = rng.integers(0, V, n).astype(np.int32)
+        acc = np.zeros(n, np.int32)
+        sample(logits, temp, top_p, top_k, seeds, pos, out, draft, acc, min_p)
+        assert allowed[out].all() and not acc[~allowed[draft]].any() and acc[allowed[draft]].any()
+    # min_p off (None or zeros) draws what it drew before; greedy ignores min_p
+    ref, off = np.zeros(n, np.int32), np.zeros(n, np.int32)
+    sample(logits, temp, top_p, top_k, seeds, pos, ref)
+    sample(logits, temp, top_p, top_k, seeds, pos, off, min_p=np.zeros(n, np.float32))
+    assert np.array_equal(ref, off)
+    greedy = np.zeros(n, np.int32)
+    sample(logits, np.zeros(n, np.float32), top_p, top_k, seeds, pos, greedy, min_p=np.ones(n, np.float32))
+    assert (greedy == np.argmax(logits[0])).all()
 
 
 def test_inverse_cdf_draw_matches_probabilities():
@@ -48,10 +120,12 @@ def llm(tmp_path_factory):
     return LLM(str(path), device="cpu", max_num_seqs=8, max_model_len=128)
 
 
+@pytest.mark.parametrize("min_p", [0.0, 0.1])
 @pytest.mark.parametrize("draft_rank", [0, 1, 7])
-def test_verifying_a_draft_leaves_the_distribution_exact(draft_rank):
+def test_verifying_a_draft_leaves_the_distribution_exact(draft_rank, min_p):
     """A draft row's output (the draft if accepted, else the residual draw) is distributed as p:
-    P(d) = p(d) and P(x) = (1 - p(d)) p(x) / (1 - p(d)) = p(x), whichever token was drafted."""
+    P(d) = p(d) and P(x) = (1 - p(d)) p(x) / (1 - p(d)) = p(x), whichever token was drafted
+    (one min-p filters out too: never accepted)."""
     from scipy.stats import chisquare
 
     from minillm.engine.sampler import sample
@@ -60,11 +134,11 @@ def test_verifying_a_draft_leaves_the_distribution_exact(draft_rank):
     V, n = 12, 20_000
     logits = np.tile(rng.standard_normal(V).astype(np.float32) * 2, (n, 1))
     temp, top_p, top_k = np.full(n, 0.9, np.float32), np.full(n, 0.95, np.float32), np.full(n, 8, np.int32)
-    p = probs_from_logits(logits[0], 0.9, 0.95, 8)
+    p = probs_from_logits(logits[0], 0.9, 0.95, 8, float(np.float32(min_p)))
     draft = np.full(n, int(np.argsort(-p, kind="stable")[draft_rank]), np.int32)
     out, accepted = np.zeros(n, np.int32), np.zeros(n, np.int32)
     sample(logits, temp, top_p, top_k, np.arange(n, dtype=np.uint64), np.full(n, 5, np.int32), out,
-           draft, accepted)
+           draft, accepted, np.full(n, min_p, np.float32))
     assert np.array_equal(accepted == 1, out == draft)
     assert abs(accepted.mean() - p[draft[0]]) < 4 * np.sqrt(p[draft[0]] * (1 - p[draft[0]]) / n) + 1e-9
     support = np.nonzero(p)[0]
@@ -84,6 +158,22 @@ def test_seeded_sampling_is_independent_of_the_batch(llm):
     different = llm.generate([prompt], SamplingParams(temperature=1.0, top_p=0.9, max_tokens=12,
                                                       ignore_eos=True, seed=99))[0].token_ids
     assert different != alone
+
+
+def test_min_p_through_the_engine(llm):
+    """min_p reaches the runner's sampling rows: min_p 1 keeps only the top token, so a hot
+    sampled run is the greedy one; batched beside other requests a seeded min_p run is unchanged."""
+    prompt = [5, 6, 7, 8, 9]
+    greedy = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0].token_ids
+    hot = SamplingParams(temperature=1.5, min_p=1.0, max_tokens=12, ignore_eos=True, seed=3)
+    assert llm.generate([prompt], hot)[0].token_ids == greedy
+    assert llm.generate([prompt], SamplingParams(temperature=0, min_p=0.5, max_tokens=12,
+                                                 ignore_eos=True))[0].token_ids == greedy
+    params = SamplingParams(temperature=1.0, min_p=0.05, max_tokens=12, ignore_eos=True, seed=77)
+    alone = llm.generate([prompt], params)[0].token_ids
+    others = [SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True, seed=s) for s in range(3)]
+    batched = llm.generate([[1, 2, 3], prompt, [40, 41], [7]], [others[0], params, others[1], others[2]])
+    assert batched[1].token_ids == alone
 
 
 def test_min_tokens_and_stop_token_ids(llm):
@@ -113,6 +203,8 @@ def test_invalid_sampling_params_are_refused():
     for kw, msg in [({"max_tokens": 0}, "max_tokens"), ({"temperature": -1}, "temperature"),
                     ({"top_p": 0}, "top_p"), ({"top_k": -2}, "top_k"), ({"min_tokens": 5, "max_tokens": 2},
                                                                          "min_tokens"),
-                    ({"stop": [""]}, "stop"), ({"seed": 1.5}, "seed")]:
+                    ({"stop": [""]}, "stop"), ({"seed": 1.5}, "seed"), ({"min_p": -0.1}, "min_p"),
+                    ({"min_p": 1.5}, "min_p"), ({"min_p": float("nan")}, "min_p"), ({"min_p": "0.1"}, "min_p"),
+                    ({"min_p": True}, "min_p")]:
         with pytest.raises(ValueError, match=msg):
             SamplingParams(**kw)

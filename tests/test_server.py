@@ -433,6 +433,49 @@ def test_penalties(server):
     assert len(forced) == 24 and len(set(forced)) == 1  # one token, 24 times (one byte each)
 
 
+def test_min_p(server):
+    """vLLM's min_p through the official client (extra_body): min_p 1 keeps only the top token, so a
+    hot seeded run is the greedy one, streamed or not, completions and chat; a value outside [0, 1]
+    is a 400 naming it."""
+    cl, name = server.client(), model_name(server)
+    kw = dict(model=name, prompt="once upon a time", max_tokens=16)
+    greedy = cl.completions.create(**kw, temperature=0, extra_body={"ignore_eos": True}).choices[0].text
+    free = cl.completions.create(**kw, temperature=1.5, seed=5, extra_body={"ignore_eos": True}).choices[0].text
+    assert free != greedy  # without min_p this run leaves the greedy path
+    hot = dict(temperature=1.5, seed=5, extra_body={"ignore_eos": True, "min_p": 1.0})
+    assert cl.completions.create(**kw, **hot).choices[0].text == greedy
+    assert "".join(c.choices[0].text for c in cl.completions.create(**kw, **hot, stream=True)) == greedy
+    some = dict(temperature=1.0, seed=9, extra_body={"ignore_eos": True, "min_p": 0.1})
+    assert cl.completions.create(**kw, **some).choices[0].text == cl.completions.create(**kw, **some).choices[0].text
+    msgs = [{"role": "user", "content": "hi"}]
+    chat = dict(model=name, messages=msgs, max_tokens=8)
+    g = cl.chat.completions.create(**chat, temperature=0, extra_body={"ignore_eos": True})
+    h = cl.chat.completions.create(**chat, temperature=1.5, seed=1, extra_body={"ignore_eos": True, "min_p": 1})
+    assert h.choices[0].message.content == g.choices[0].message.content
+    for bad in (1.5, -0.1, "0.1"):
+        with pytest.raises(openai.BadRequestError, match="min_p") as e:
+            cl.completions.create(**kw, extra_body={"min_p": bad})
+        assert e.value.body["param"] == "min_p", e.value.body
+    with pytest.raises(openai.BadRequestError, match=r"min_p must be in \[0, 1\]"):
+        cl.chat.completions.create(**chat, extra_body={"min_p": 2})
+
+
+def test_min_p_default_is_the_models():
+    """The model's generation_config (or GGUF general.sampling.min_p) fills min_p as it does top_p;
+    the request's own value wins."""
+    from minillm.server import protocol
+
+    info = protocol.ModelInfo(names=["m"], max_model_len=64, vocab_size=256, tokenizer=None,
+                              generation_defaults={"min_p": 0.05, "top_p": 0.9})
+    for chat in (False, True):
+        p = protocol.sampling_params({}, 4, info, chat)
+        assert (p.min_p, p.top_p) == (0.05, 0.9)
+        assert protocol.sampling_params({"min_p": 0}, 4, info, chat).min_p == 0
+        assert protocol.sampling_params({"min_p": 0.5}, 4, info, chat).min_p == 0.5
+    info.generation_defaults = {"min_p": None}  # a null in generation_config.json: off
+    assert protocol.sampling_params({}, 4, info, False).min_p == 0
+
+
 def test_chat(server):
     cl, name = server.client(), model_name(server)
     msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]

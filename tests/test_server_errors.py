@@ -115,7 +115,11 @@ COMPLETION_CASES = [
     ({**OK, "max_tokens": 0, "echo": True, "min_tokens": 1}, "min_tokens"),
     ({"prompt": [65] * 256, "max_tokens": 0, "echo": True, "logprobs": 1}, "prompt"),
     ({**OK, "best_of": 3}, "best_of"),
-    ({**OK, "min_p": 0.1}, "min_p"),
+    ({**OK, "min_p": 1.5}, "min_p"),
+    ({**OK, "min_p": -0.1}, "min_p"),
+    ({**OK, "min_p": "0.1"}, "min_p"),
+    ({**OK, "min_p": True}, "min_p"),
+    ({**OK, "min_p": [0.1]}, "min_p"),
     ({**OK, "use_beam_search": True}, "use_beam_search"),
     ({**OK, "truncate_prompt_tokens": 4}, "truncate_prompt_tokens"),
     ({**OK, "guided_json": {"type": "object"}}, "guided_json"),
@@ -171,7 +175,8 @@ CHAT_CASES = [
     ({"messages": MSG, "guided_choice": ["yes", "no"]}, "guided_choice"),
     ({"messages": MSG, "tool_choice": "required"}, "tool_choice"),
     ({"messages": MSG, "structured_outputs": {"regex": "a+"}}, "structured_outputs"),
-    ({"messages": MSG, "min_p": 0.05}, "min_p"),
+    ({"messages": MSG, "min_p": 2}, "min_p"),
+    ({"messages": MSG, "min_p": "high"}, "min_p"),
     ({"messages": MSG, "temperature": -1}, "temperature"),
     ({"messages": [{"role": "user", "content": "x" * 300}]}, "messages"),
     ({"messages": MSG, "max_tokens": 250}, "max_tokens"),
@@ -385,7 +390,8 @@ def test_serve_refuses_missing_model():
     {**OK, "seed": -1}, {**OK, "seed": 2**64 - 1}, {**OK, "top_k": 2**40},
     b'{"prompt": "hi", "max_tokens": 2, "temperature": 1e999}', {**OK, "temperature": 1e-320},
     {**OK, "top_p": 1e-320}, {**OK, "min_tokens": 2, "stop_token_ids": [2]}, {**OK, "stop": list("abcdefgh")},
-    {**OK, "min_p": 0, "use_beam_search": False, "guided_json": None},  # refused fields at their neutral values
+    {**OK, "use_beam_search": False, "guided_json": None},  # refused fields at their neutral values
+    {**OK, "min_p": 0}, {**OK, "min_p": 1}, {**OK, "min_p": 1e-320, "temperature": 2.0},
 ])
 def test_edge_values_are_served_and_the_engine_survives(server, body):
     r = post(server, "/v1/completions", body)

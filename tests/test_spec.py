@@ -62,6 +62,20 @@ def test_greedy_lossless(models, greedy_reference, method, k):
         assert spec["acceptance_rate"] == 1.0
 
 
+@pytest.mark.parametrize("method", ["ngram", "self_draft"])
+def test_min_p_reaches_the_verification_rows(models, greedy_reference, method):
+    """min_p 1 keeps only each row's top token, so hot sampling with drafts verified is greedy
+    decoding: the verification rows (accept, residual, bonus) filter by min_p as plain rows do."""
+    llm = LLM(str(models[0]), device="cpu", max_num_seqs=16, max_model_len=128,
+              speculative_config=spec_configs(models, 3)[method])
+    params = [SamplingParams(temperature=1.7, min_p=1.0, max_tokens=24, ignore_eos=True, seed=s)
+              for s in range(len(PROMPTS))]
+    assert [o.token_ids for o in llm.generate(PROMPTS, params)] == greedy_reference
+    spec = llm.engine.stats().spec
+    assert 0 < spec["accepted_tokens"] < spec["draft_tokens"] or method == "self_draft"
+    assert spec["acceptance_rate"] == 1.0 or method == "ngram"  # the model drafting for itself is right
+
+
 @pytest.mark.parametrize("method", ["draft_model", "self_draft"])
 def test_draft_model_draft_vocab_is_lossless(models, greedy_reference, method):
     """draft_vocab_size with a drafter model: its LM head keeps the first 64 rows, so every draft
@@ -136,14 +150,16 @@ def test_stop_string_inside_accepted_run(models):
 
 
 def exact_two_token_distribution(llm, prompt, params):
-    """P(t1, t2) under the target with params' temperature and top-k, from its logits."""
+    """P(t1, t2) under the target with params' temperature and filters, from its logits."""
     from minillm.engine.sampler import probs_from_logits
 
-    first = probs_from_logits(llm.engine.score([prompt])[0][-1], params.temperature, params.top_p, params.top_k)
+    # the sampler sees each parameter as a float32 row value
+    filters = (float(np.float32(params.temperature)), float(np.float32(params.top_p)), params.top_k,
+               float(np.float32(params.min_p)))
+    first = probs_from_logits(llm.engine.score([prompt])[0][-1], *filters)
     joint = {}
     for t1 in np.nonzero(first)[0]:
-        second = probs_from_logits(llm.engine.score([prompt + [int(t1)]])[0][-1], params.temperature,
-                                   params.top_p, params.top_k)
+        second = probs_from_logits(llm.engine.score([prompt + [int(t1)]])[0][-1], *filters)
         for t2 in np.nonzero(second)[0]:
             joint[(int(t1), int(t2))] = first[t1] * second[t2]
     return joint

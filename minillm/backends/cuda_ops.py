@@ -1515,9 +1515,10 @@ class CudaBackend:
 
     # ---- sampling -----------------------------------------------------------------------
     def sample(self, logits, temperature, top_p, top_k, seeds, positions, out_tokens,
-               draft_tokens=None, out_accepted=None) -> None:
+               draft_tokens=None, out_accepted=None, min_p=None) -> None:
         """One token per logits row on the device (and verification of drafted tokens where
-        draft_tokens >= 0); twin of minillm.engine.sampler.sample."""
+        draft_tokens >= 0); twin of minillm.engine.sampler.sample. min_p None: off for every row
+        (the kernel gets a null pointer)."""
         B, stride = _rows(logits, "sample logits")
         if B == 0:
             return
@@ -1528,6 +1529,8 @@ class CudaBackend:
             raise ValueError("sample: draft_tokens and out_accepted go together")
         if draft_tokens is not None:
             checks += ((draft_tokens, np.int32, "draft_tokens"), (out_accepted, np.int32, "out_accepted"))
+        if min_p is not None:
+            checks += ((min_p, np.float32, "min_p"),)
         for a, dt, n in checks:
             if a.dtype != dt:
                 raise TypeError(f"sample: {n} must be {np.dtype(dt)}, got {a.dtype}")
@@ -1535,8 +1538,8 @@ class CudaBackend:
             raise TypeError(f"sample: seeds must be int64/uint64/int32, got {seeds.dtype}")
         self._launch(
             "sample_tokens", (B,), (_SAMPLE_THREADS,),
-            (logits, _i64(stride), _i32(logits.shape[-1]), temperature, top_p, top_k, seeds,
-             _i32(seeds.itemsize), positions, out_tokens,
+            (logits, _i64(stride), _i32(logits.shape[-1]), temperature, top_p, top_k,
+             _NULL if min_p is None else min_p, seeds, _i32(seeds.itemsize), positions, out_tokens,
              _NULL if draft_tokens is None else draft_tokens,
              _NULL if out_accepted is None else out_accepted, _i32(B)),
         )

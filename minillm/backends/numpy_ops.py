@@ -297,6 +297,6 @@ class NumpyBackend:
         x *= cap
 
     def sample(self, logits, temperature, top_p, top_k, seeds, positions, out_tokens,
-               draft_tokens=None, out_accepted=None) -> None:
+               draft_tokens=None, out_accepted=None, min_p=None) -> None:
         _sample(logits, temperature, top_p, top_k, seeds, positions, out_tokens, draft_tokens,
-                out_accepted)
+                out_accepted, min_p)

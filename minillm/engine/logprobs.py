@@ -5,7 +5,7 @@ A request that asks for logprobs makes its steps synchronous (the engine falls b
 async scheduling while one is running), so after a step's sampled ids arrive the logits
 buffer still holds that step's rows: each wanted row is copied to the host and reduced there.
 The values are the model's own distribution, log_softmax of the logits (vLLM's default
-"raw_logprobs"): before temperature, top-k and top-p; after what changes the logits themselves
+"raw_logprobs"): before temperature, top-k, min-p and top-p; after what changes the logits themselves
 (min_tokens' masking, penalties, logit_bias).
 
 Prompt tokens need the logits of every prompt row, while a step computes logits only for the rows

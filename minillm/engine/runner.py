@@ -79,6 +79,7 @@ class StepBuffers:
             "temperature": ((max_logits,), np.float32),
             "top_p": ((max_logits,), np.float32),
             "top_k": ((max_logits,), np.int32),
+            "min_p": ((max_logits,), np.float32),  # 0: off
             "sample_pos": ((max_logits,), np.int32),
             "draft_tokens": ((max_logits,), np.int32),  # a drafted token to verify per row, or -1
             # per token row: where to take its input id from in the previous step's out_tokens
@@ -351,6 +352,7 @@ class ModelRunner:
         h["temperature"][:rows] = np.repeat(np.fromiter((s.params.temperature for s in seqs), np.float32, B), each)
         h["top_p"][:rows] = np.repeat(np.fromiter((s.params.top_p for s in seqs), np.float32, B), each)
         h["top_k"][:rows] = np.repeat(np.fromiter((s.params.top_k for s in seqs), np.int32, B), each)
+        h["min_p"][:rows] = np.repeat(np.fromiter((s.params.min_p for s in seqs), np.float32, B), each)
         h["seeds"][:rows] = np.repeat(np.fromiter((s.seed for s in seqs), np.uint64, B), each)
 
     def _fill_block_tables(self, seqs: list) -> np.ndarray:
@@ -472,6 +474,7 @@ class ModelRunner:
                 h["temperature"][r : r + m] = p.temperature
                 h["top_p"][r : r + m] = p.top_p
                 h["top_k"][r : r + m] = p.top_k
+                h["min_p"][r : r + m] = p.min_p
                 h["seeds"][r : r + m] = seq.seed
                 h["sample_pos"][r : r + m] = np.arange(end - m + 1, end + 1)  # where each sample goes
                 # verification rows: row j checks draft j; the last row samples the bonus token
@@ -645,7 +648,7 @@ class ModelRunner:
         d = self.buf.dev
         self.backend.sample(logits, d["temperature"][:r], d["top_p"][:r], d["top_k"][:r],
                             d["seeds"][:r], d["sample_pos"][:r], d["out_tokens"][:r],
-                            d["draft_tokens"][:r], d["out_accepted"][:r])
+                            d["draft_tokens"][:r], d["out_accepted"][:r], min_p=d["min_p"][:r])
 
     def _results(self, r: int, verifying: bool) -> np.ndarray:
         """The sampled tokens (host); after a verification step also self.last_accepted."""
@@ -805,6 +808,7 @@ class ModelRunner:
         h["temperature"][r:R] = 0.0
         h["top_p"][r:R] = 1.0
         h["top_k"][r:R] = -1
+        h["min_p"][r:R] = 0.0
         h["seeds"][r:R] = 0
         h["sample_pos"][r:R] = 0
         h["draft_tokens"][r:R] = -1

@@ -1,4 +1,4 @@
-"""Token sampling: greedy, temperature, top-k, top-p, with a counter-based per-request RNG.
+"""Token sampling: greedy, temperature, top-k, min-p, top-p, with a counter-based per-request RNG.
 
 The random number for a token depends only on (request seed, position of the token, stream),
 never on what else is in the batch, so seeded output is reproducible under any batching. The
@@ -32,9 +32,13 @@ def hash_uniform(seed: int, position: int, stream: int = STREAM_SAMPLE) -> float
     return (h >> 40) / float(1 << 24)
 
 
-def probs_from_logits(logits: np.ndarray, temperature: float, top_p: float, top_k: int) -> np.ndarray:
-    """The distribution sampled from: softmax(logits / T) restricted to top-k then top-p.
+def probs_from_logits(logits: np.ndarray, temperature: float, top_p: float, top_k: int,
+                      min_p: float = 0.0) -> np.ndarray:
+    """The distribution sampled from: softmax(logits / T) restricted to top-k and min-p, then top-p.
 
+    min_p (vLLM's) keeps the tokens with p >= min_p * max p, i.e. x >= max x + ln(min_p) for
+    x = logits / T; like top-k it keeps the tokens at or above a threshold of x, so the two
+    together keep the stricter one's set. top-p then applies to the renormalised survivors.
     Returns float64 probabilities over the whole vocabulary (zeros outside the kept set).
     """
     x = logits.astype(np.float64) / temperature
@@ -42,6 +46,8 @@ def probs_from_logits(logits: np.ndarray, temperature: float, top_p: float, top_
     if 0 < top_k < vocab:
         kth = np.partition(x, vocab - top_k)[vocab - top_k]
         x = np.where(x >= kth, x, -np.inf)
+    if min_p > 0.0:  # the threshold in float64, as cuda/sampling.cu computes it
+        x = np.where(x >= x.max() + np.log(np.float64(min_p)), x, -np.inf)
     x = x - x.max()
     p = np.exp(x)
     p /= p.sum()
@@ -68,11 +74,12 @@ def sample_from_probs(p: np.ndarray, u: float) -> int:
 
 
 def sample(logits, temperature, top_p, top_k, seeds, positions, out_tokens, draft_tokens=None,
-           out_accepted=None) -> None:
+           out_accepted=None, min_p=None) -> None:
     """Sample one token per row of logits [B, V] into out_tokens [B].
 
-    temperature[b] == 0 selects greedy argmax. positions[b] is the position the sampled token
-    will occupy, the counter of the request's RNG.
+    temperature[b] == 0 selects greedy argmax (every filter ignored). positions[b] is the position
+    the sampled token will occupy, the counter of the request's RNG. min_p [B] (None: 0 for every
+    row, off) comes last so that callers without it keep their argument order.
 
     Speculative verification in the same pass: where draft_tokens[b] = d >= 0, row b is the
     target's distribution p at a drafted position and the drafter proposed d deterministically
@@ -93,7 +100,8 @@ def sample(logits, temperature, top_p, top_k, seeds, positions, out_tokens, draf
             if out_accepted is not None:
                 out_accepted[b] = int(d >= 0 and out_tokens[b] == d)
             continue
-        p = probs_from_logits(logits[b], t, float(top_p[b]), int(top_k[b]))
+        p = probs_from_logits(logits[b], t, float(top_p[b]), int(top_k[b]),
+                              0.0 if min_p is None else float(min_p[b]))
         seed, pos = int(seeds[b]), int(positions[b])
         if d < 0:
             out_tokens[b] = sample_from_probs(p, hash_uniform(seed, pos))

@@ -317,7 +317,6 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool) -> S
         raise ProtocolError(f"'n' must be between 1 and {MAX_N}, got {n}", "n")
     _refuse(body, "best_of", (None, 1, n), "best_of other than n (choosing among more samples)")
     # vLLM's extensions that change what is sampled: refused by name rather than silently ignored
-    _refuse(body, "min_p", (None, 0, 0.0), "min_p sampling; use top_p or top_k")
     _refuse(body, "use_beam_search", (None, False), "beam search")
     _refuse(body, "truncate_prompt_tokens", (None,), "truncating the prompt; shorten it instead")
     for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"):
@@ -371,6 +370,7 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool) -> S
     temperature = _get(body, "temperature", float, float(d.get("temperature", 1.0)))
     top_p = _get(body, "top_p", float, float(d.get("top_p", 1.0)))
     top_k = _get(body, "top_k", int, int(d.get("top_k", -1)))
+    min_p = _get(body, "min_p", float, float(d.get("min_p") or 0.0))  # vLLM's extension field
     stop = body.get("stop")
     if stop is not None and not (isinstance(stop, str) or (isinstance(stop, list)
                                                            and all(isinstance(s, str) for s in stop))):
@@ -385,7 +385,7 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool) -> S
             raise ProtocolError(f"'seed' must be a 64-bit integer, got {seed}", "seed")
         seed &= (1 << 64) - 1  # the engine's sampler takes an unsigned 64-bit seed
     kwargs = dict(
-        max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+        max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
         min_tokens=_get(body, "min_tokens", int, 0), stop=stop, stop_token_ids=stop_ids,
         ignore_eos=_get(body, "ignore_eos", bool, False), seed=seed,
         skip_special_tokens=_get(body, "skip_special_tokens", bool, True), logprobs=logprobs,
