@@ -1037,6 +1037,7 @@ def test_decode_step_o_merge(be, G, D, mode, monkeypatch):
     monkeypatch.setattr(cuda_ops, "_O_MERGE_MAX_SMEM", room)
     nbps = -(-3000 // bs)
     w = (rng.standard_normal((N, H * D)) / np.sqrt(H * D)).astype(np.float32)
+    default = be.o_merge
     for L in [1, 17, 300, 700, 3000]:
         cs, qkv, qw, kw, pos = rope_case(rng, 1, H, KH, D)
         table = rng.permutation(nbps + 1)[:nbps].reshape(1, nbps).astype(np.int32)
@@ -1060,7 +1061,7 @@ def test_decode_step_o_merge(be, G, D, mode, monkeypatch):
                 assert np.array_equal(att, base_att), (L, graph, "the attention's row differs")
                 assert np.array_equal(o, base_o), (L, graph, "the o product differs")
         finally:
-            be.o_merge = 0
+            be.o_merge = default
         assert not np.isnan(base_att).any()
         ref = rounded(be, base_att).astype(np.float64).reshape(1, -1) @ rounded(be, w).astype(np.float64).T
         assert rel_err(base_o, ref) < tol(be)
