@@ -3151,8 +3151,9 @@ part185() {  # prepared in session 28, not yet run: the figures on session 28's 
 part186() {  # session 29: a batch-1 step's o product merging the attention's splits itself (cuda/gemv.cu's
   # gemv1_merge_*; MINILLM_O_MERGE 1: every CTA merges the row, 2: clusters of 8 share the merge):
   # its GPU tests and the fused step's, batch-1 graphs of both shapes alternated twice against 0,
-  # single-stream decode of both under 0 / 1 / 2, the tiny-model engine tests under each, memcheck
-  # of its tests, the sampler's GPU tests (min_p, new), timelines (~9 minutes)
+  # single-stream decode of both under 0 / 1 / 2, the sampler's GPU tests (min_p, new), the
+  # tiny-model engine tests under 1 and 2, memcheck of its tests, timelines (~9 minutes; most
+  # needed first: a short device budget cuts the tail)
   local i m
   setup
   facts > "$W/facts.txt" 2>&1
@@ -3167,6 +3168,7 @@ part186() {  # session 29: a batch-1 step's o product merging the attention's sp
     done
   done
   graph_summary
+  stage gpu_tests_sampler 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k sampler
   for i in 0 1 2; do
     stage "decode_06b_merge$i" 60 env MINILLM_O_MERGE=$i python3 -m minillm.bench decode $M/q06 --device cuda \
       --input-len 512 --output-len 256 --result-json "$W/decode_06b_merge$i.json"
@@ -3178,7 +3180,6 @@ part186() {  # session 29: a batch-1 step's o product merging the attention's sp
   stage gpu_engine_cluster 150 env MINILLM_O_MERGE=2 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs \
     tests/test_gpu_engine.py -k "identical_tokens or greedy_matches or speculation_lossless"
   memcheck_ops memcheck_o_merge 150 "o_merge and bfloat16"
-  stage gpu_tests_sampler 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k sampler
   for m in q06 q8; do
     stage "timeline_${m}_merge" 120 env MINILLM_O_MERGE=1 python3 scripts/step_timeline.py $M/$m --batch 1 \
       --ctx 512 --json "$W/timeline_${m}_merge.json"
