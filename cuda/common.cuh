@@ -239,25 +239,31 @@ __device__ __forceinline__ int decode_split_part(int k_hi, int n_splits, int min
   return max(min_part, (part + 15) / 16 * 16);
 }
 
-// One warp's share of a merge: head's split weights w[s] = 2^(m_s - M) (0 for a split without
-// keys, m_s = -inf) into w_row[0, 64) (0 from n_active on), from its (m, l) pairs at ml (two a
-// lane: n_active <= 64); returns sum_s w_s * l_s, the denominator, to every lane.
-__device__ __forceinline__ float split_weights(const float2* ml, int n_active, int lane, float* w_row) {
+// One warp's share of a merge: a head's split weights w[s] = 2^(m_s - M) (0 for a split without
+// keys, m_s = -inf) into w_row[0, 64) (0 from n_active on), from its (m, l) pairs (two a lane:
+// n_active <= 64, loaded by split_pairs); returns sum_s w_s * l_s, the denominator, to every lane.
+struct SplitPairs {
   float2 v[2];  // splits lane and lane + 32
+};
+__device__ __forceinline__ SplitPairs split_pairs(const float2* ml, int n_active, int lane) {
+  SplitPairs p;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int sp = lane + 32 * i;
-    v[i] = sp < n_active ? __ldcg(ml + sp) : make_float2(neg_inf(), 0.f);
+    p.v[i] = sp < n_active ? __ldcg(ml + sp) : make_float2(neg_inf(), 0.f);
   }
-  const float M = warp_max(fmaxf(fmaxf(neg_inf(), v[0].x), v[1].x));
+  return p;
+}
+__device__ __forceinline__ float split_weights(const SplitPairs& p, int n_active, int lane, float* w_row) {
+  const float M = warp_max(fmaxf(fmaxf(neg_inf(), p.v[0].x), p.v[1].x));
   float den = 0.f;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int sp = lane + 32 * i;
     if (sp < n_active) {
-      const float w = v[i].x == neg_inf() ? 0.f : exp2f(v[i].x - M);
+      const float w = p.v[i].x == neg_inf() ? 0.f : exp2f(p.v[i].x - M);
       w_row[sp] = w;
-      den = fmaf(w, v[i].y, den);
+      den = fmaf(w, p.v[i].y, den);
     } else {
       w_row[sp] = 0.f;  // read as no weight
     }

@@ -527,7 +527,8 @@ __device__ __forceinline__ void decode_attention_impl(
   constexpr int EPT = (G * D + DEC_THREADS - 1) / DEC_THREADS, FL = ROPE ? DEC_MERGE_FLIGHT_ROPE : DEC_MERGE_FLIGHT;
   for (int g = tid >> 5; g < G; g += DEC_THREADS / 32) {  // warp per head: split weights
     const i64 p0 = ((i64)t * H + kh * G + g) * n_splits;
-    const float den = minillm::split_weights(reinterpret_cast<const float2*>(part_ml) + p0, n_active, tid & 31, s_w[g]);
+    const minillm::SplitPairs pairs = minillm::split_pairs(reinterpret_cast<const float2*>(part_ml) + p0, n_active, tid & 31);
+    const float den = minillm::split_weights(pairs, n_active, tid & 31, s_w[g]);
     if ((tid & 31) == 0) s_den[g] = den;
   }
   __syncthreads();

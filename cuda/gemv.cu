@@ -51,6 +51,9 @@
 #ifndef GEMV_STAGED  // 0: one row takes the unrolled loop too (A/B runs: h200_report.sh part132)
 #define GEMV_STAGED 1
 #endif
+#ifndef MERGE_STAGGER  // gemv1_merge_*: each CTA copies the partials from its own offset
+#define MERGE_STAGGER 1
+#endif
 #ifndef GEMV_PREFETCH_MAX
 #define GEMV_PREFETCH_MAX (16 << 20)
 #endif
@@ -296,16 +299,33 @@ __device__ __forceinline__ void gemv1_merge_impl(const float* __restrict__ part_
   const int rank = CL > 1 ? (int)minillm::cluster_rank() : 0;
   const int hpc = (H + CL - 1) / CL, h0 = min(H, rank * hpc), h1 = min(H, h0 + hpc);  // heads this CTA merges
   const int per_head = n_active * D, q4 = per_head / 4;  // floats of one head's partials, contiguous
-  for (int i = tid; i < (h1 - h0) * q4; i += NT) {
+  // Every CTA (or every cluster's same rank) reads the same lines: each starts at its own offset
+  // (2 KB steps) so they do not all ask the same L2 slice at once (MERGE_STAGGER=0: all at 0).
+  const int total = (h1 - h0) * q4;
+  const int rot = MERGE_STAGGER && total > 0 ? (int)(((unsigned)blockIdx.x / CL * 128u) % (unsigned)total) : 0;
+  for (int j = tid; j < total; j += NT) {
+    const int i = j + rot < total ? j + rot : j + rot - total;
     const int hl = i / q4, r = i - hl * q4;
     minillm::cp_async_16(minillm::smem_u32(s_part + hl * per_head + 4 * r),
                          part_o + (i64)(h0 + hl) * n_splits * D + 4 * r, 16);
   }
   asm volatile("cp.async.commit_group;\n" ::);
-  for (int h = h0 + warp; h < h1; h += WARPS) {  // warp per head, while the copies fly
-    const float den = minillm::split_weights(reinterpret_cast<const float2*>(part_ml) + (i64)h * n_splits,
-                                             n_active, lane, s_w + h * 64);
-    if (lane == 0) s_den[h] = den;
+  // warp per head, while the copies fly; a warp's (m, l) loads for up to 4 heads issued at once
+  for (int hb = h0 + warp; hb < h1; hb += 4 * WARPS) {
+    minillm::SplitPairs pairs[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int h = hb + u * WARPS;
+      if (h < h1) pairs[u] = minillm::split_pairs(reinterpret_cast<const float2*>(part_ml) + (i64)h * n_splits, n_active, lane);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int h = hb + u * WARPS;
+      if (h < h1) {
+        const float den = minillm::split_weights(pairs[u], n_active, lane, s_w + h * 64);
+        if (lane == 0) s_den[h] = den;
+      }
+    }
   }
   asm volatile("cp.async.wait_group 0;\n" ::);
   __syncthreads();

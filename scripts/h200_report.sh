@@ -3186,6 +3186,27 @@ part186() {  # session 29: a batch-1 step's o product merging the attention's sp
   done
 }
 
+part187() {  # session 29, last call: gemv1_merge_* after part186 (its merge took ~10 us of a CTA's 13 us:
+  # every CTA read the same partials in the same order) with each CTA's copies staggered and a warp's
+  # (m, l) loads batched: its tests, then batch-1 graphs of both shapes against 0, alternated twice;
+  # the 0.6B timeline with clusters (~4 minutes)
+  local i m
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage gpu_tests_o_merge 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k o_merge
+  models_q06_q8 60
+  for i in 1 2; do
+    for m in q06 q8; do
+      step_graph_env $m "base_$i" 100 MINILLM_O_MERGE=0
+      step_graph_env $m "merge_$i" 100 MINILLM_O_MERGE=1
+      step_graph_env $m "cluster_$i" 100 MINILLM_O_MERGE=2
+    done
+  done
+  graph_summary
+  stage timeline_q06_cluster 120 env MINILLM_O_MERGE=2 python3 scripts/step_timeline.py $M/q06 --batch 1 \
+    --ctx 512 --json "$W/timeline_q06_cluster.json"
+}
+
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name; then
   # scripts/ab_table.py's table of them (means, changes against the "base" setting) in ab_table.txt
   python3 scripts/ab_table.py "$W" > "$W/ab_table.txt" 2>&1
