@@ -263,6 +263,15 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
 // CL > 1: clusters of CL CTAs (grid a multiple of CL); each merges H / CL heads and takes the rest
 // of x from its peers' shared memory (distributed shared memory), so the partials are read from
 // L2 by CL times fewer CTAs.
+// Measured slower, so opt-in (MINILLM_O_MERGE; session 29, H200, batch-1 graphs at 512 keys,
+// docs/results/h200_session29_ab.txt): every CTA merging, 0.6B +25-27%, 8B +3.7-4.4%; clusters of 8,
+// 0.6B +3.4-6.5%, 8B +1.6-1.8% (part186, part187). The hand-off into the o product fell as meant
+// (0.6B 3.6 -> 1.3 us a layer, 8B 4.8 -> 1.4; part172 -> part186), but its work grew more: 0.6B
+// 2.3 -> 13.1 us (every CTA) / 5.7 us (clusters), 8B 9.2 -> 20.5 us: 128 CTAs each reading the
+// row's 64 KB (0.6B) of partials from L2, or a cluster barrier and DSMEM reads after a smaller
+// copy, cost more than the one merging CTA a KV head did. Staggering each CTA's copies and batching the (m, l) loads
+// changed nothing (part187). Not tried: the partials multicast to a cluster by TMA
+// (cp.async.bulk ... multicast::cluster: one L2 read a cluster).
 // Grid >= ceil(N / (GEMV_NR * WARPS)) (the host picks WARPS for one wave), WARPS * 32 threads,
 // dynamic shared memory: x (K bf16), weights [H][64], denominators [H] (padded to 4), then room for
 // the partials of (heads a CTA merges) x defer_max x D floats.
@@ -316,7 +325,8 @@ __device__ __forceinline__ void gemv1_merge_impl(const float* __restrict__ part_
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int h = hb + u * WARPS;
-      if (h < h1) pairs[u] = minillm::split_pairs(reinterpret_cast<const float2*>(part_ml) + (i64)h * n_splits, n_active, lane);
+      if (h < h1)
+        pairs[u] = minillm::split_pairs(reinterpret_cast<const float2*>(part_ml) + (i64)h * n_splits, n_active, lane);
     }
 #pragma unroll
     for (int u = 0; u < 4; ++u) {

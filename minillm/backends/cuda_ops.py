@@ -80,7 +80,9 @@ _SHORT_RUN_3CTA_DEFAULT = 1
 # itself, so the attention leaves its partials unmerged (decode_step_attention given o_proj).
 # MINILLM_O_MERGE: 0 off, 1 every CTA merges the whole row, 2 clusters of _O_MERGE_CLUSTER CTAs
 # share the merge. Its dynamic shared memory is at most _O_MERGE_MAX_SMEM (its CTAs wait beside the
-# attention's): rows of more splits than fit are merged by the attention as before (o_merge_plan)
+# attention's): rows of more splits than fit are merged by the attention as before (o_merge_plan).
+# Off: slower on both shapes in either form (H200, session 29: batch-1 graphs 0.6B +25% / +3-7%,
+# 8B +4% / +2%; cuda/gemv.cu says why)
 _O_MERGE_DEFAULT, _O_MERGE_CLUSTER, _O_MERGE_MAX_SMEM = 0, 8, 200 << 10
 # a decode CTA's fixed cost (loading q, merging key groups, writing and merging a partial), in keys'
 # worth of streaming: what makes one more split not free. Fitted on the H200 (decode_splits)
