@@ -70,8 +70,10 @@
 #   routes as defaults, A/B, their tests, spec cost, throughput, where the row gate still kept 17-32
 #   rows off the skinny kernels; part183: the same with the gate fixed; part184 prepared, not run:
 #   the final route, set from part183's figures, against the session's start, more route A/Bs;
-#   part184a: its first check alone; part185 prepared, not run: decode, memcheck, matrix and
-#   throughput on the final code).
+#   part184a: its first check alone; part185 prepared there, run in session 29: decode, memcheck,
+#   matrix and throughput on the final code). part186-: session 29 (part186: the batch-1 o product
+#   merging the attention's splits, MINILLM_O_MERGE 1 / 2, against 0, its tests, the min_p
+#   sampler's GPU tests; part187: the merge with staggered copies; both slower, left opt-in).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
