@@ -3150,6 +3150,19 @@ part185() {  # prepared in session 28, not yet run: the figures on session 28's 
     --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b_2.json"
 }
 
+o_merge_graphs() {  # batch-1 graphs of both shapes with MINILLM_O_MERGE 0 / 1 / 2, alternated twice, then
+  # their table (session 29)
+  local i m
+  for i in 1 2; do
+    for m in q06 q8; do
+      step_graph_env $m "base_$i" 100 MINILLM_O_MERGE=0
+      step_graph_env $m "merge_$i" 100 MINILLM_O_MERGE=1
+      step_graph_env $m "cluster_$i" 100 MINILLM_O_MERGE=2
+    done
+  done
+  graph_summary
+}
+
 part186() {  # session 29: a batch-1 step's o product merging the attention's splits itself (cuda/gemv.cu's
   # gemv1_merge_*; MINILLM_O_MERGE 1: every CTA merges the row, 2: clusters of 8 share the merge):
   # its GPU tests and the fused step's, batch-1 graphs of both shapes alternated twice against 0,
@@ -3162,14 +3175,7 @@ part186() {  # session 29: a batch-1 step's o product merging the attention's sp
   stage gpu_tests_o_merge 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
     -k "o_merge or (decode_step_attention and bfloat16)"
   models_q06_q8 60
-  for i in 1 2; do
-    for m in q06 q8; do
-      step_graph_env $m "base_$i" 100 MINILLM_O_MERGE=0
-      step_graph_env $m "merge_$i" 100 MINILLM_O_MERGE=1
-      step_graph_env $m "cluster_$i" 100 MINILLM_O_MERGE=2
-    done
-  done
-  graph_summary
+  o_merge_graphs
   stage gpu_tests_sampler 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k sampler
   for i in 0 1 2; do
     stage "decode_06b_merge$i" 60 env MINILLM_O_MERGE=$i python3 -m minillm.bench decode $M/q06 --device cuda \
@@ -3192,19 +3198,11 @@ part187() {  # session 29, last call: gemv1_merge_* after part186 (its merge too
   # every CTA read the same partials in the same order) with each CTA's copies staggered and a warp's
   # (m, l) loads batched: its tests, then batch-1 graphs of both shapes against 0, alternated twice;
   # the 0.6B timeline with clusters (~4 minutes)
-  local i m
   setup
   facts > "$W/facts.txt" 2>&1
   stage gpu_tests_o_merge 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k o_merge
   models_q06_q8 60
-  for i in 1 2; do
-    for m in q06 q8; do
-      step_graph_env $m "base_$i" 100 MINILLM_O_MERGE=0
-      step_graph_env $m "merge_$i" 100 MINILLM_O_MERGE=1
-      step_graph_env $m "cluster_$i" 100 MINILLM_O_MERGE=2
-    done
-  done
-  graph_summary
+  o_merge_graphs
   stage timeline_q06_cluster 120 env MINILLM_O_MERGE=2 python3 scripts/step_timeline.py $M/q06 --batch 1 \
     --ctx 512 --json "$W/timeline_q06_cluster.json"
 }
