@@ -423,3 +423,57 @@ def test_serve_ladder_stops_at_a_void_rung(server, tmp_path, capsys):
     assert res["rungs"][0]["failed"] == 2 and res["rungs"][0]["errors"][0].startswith("HTTP 4")
     assert "VOID" in capsys.readouterr().out
     np.testing.assert_equal(res["rungs"][0]["ok"], 0)
+
+
+def test_per_op_times_charge_nested_ops_once():
+    """bench decode's eager split by op: an op that calls another timed op (decode_step_attention
+    its o product's matmul) is charged its own time only. A stand-in clock replaces CUDA events
+    (the arithmetic is what is checked; the GPU run records the real split)."""
+    from minillm.bench.decode import OPS, per_op_times
+
+    clock = [0.0]  # ms
+
+    class Event:
+        def record(self, stream):
+            self.t = clock[0]
+
+    class Backend:
+        cp = SimpleNamespace(cuda=SimpleNamespace(Event=Event, get_elapsed_time=lambda s, e: e.t - s.t))
+        stream = None
+
+        def synchronize(self):
+            pass
+
+        def matmul(self, *a, **kw):
+            clock[0] += 0.002
+
+        def decode_step_attention(self, *a, **kw):
+            clock[0] += 0.005
+            self.matmul()  # the o product, inside
+            clock[0] += 0.001
+
+        def rms_norm(self, *a, **kw):
+            clock[0] += 0.003
+
+    be = Backend()
+    for name in OPS:  # the ops this stand-in lacks: free
+        if not hasattr(be, name):
+            setattr(be, name, lambda *a, **kw: None)
+
+    class Engine:
+        backend = be
+        runner = SimpleNamespace(graphs={"g": 1})
+
+        def step(self):
+            be.rms_norm()
+            be.decode_step_attention()
+            be.matmul()
+
+    eng = Engine()
+    times = per_op_times(eng)
+    assert eng.runner.graphs == {"g": 1}  # restored
+    assert abs(times["decode_step_attention"] - 6.0) < 1e-6  # 5 + 1 us, not the matmul's 2
+    assert abs(times["matmul"] - 4.0) < 1e-6  # both products
+    assert abs(times["rms_norm"] - 3.0) < 1e-6
+    assert abs(sum(times.values()) - 13.0) < 1e-6  # the step's span, counted once
+    assert be.matmul.__func__ is Backend.matmul  # the timing wrappers are gone

@@ -65,23 +65,30 @@ def weight_bytes(model) -> int:
 
 
 def per_op_times(engine) -> dict[str, float]:
-    """Time one eager decode step op by op with CUDA events: {op: microseconds}."""
+    """Time one eager decode step op by op with CUDA events: {op: microseconds}. An op that calls
+    another timed op (decode_step_attention its o product's matmul) is charged its own time only,
+    the inner op the rest, so no time counts twice."""
     be = engine.backend
     cp = be.cp
     totals: dict[str, float] = defaultdict(float)
     originals = {}
-    pending = []
+    pending = []  # (name, start, end, index of the enclosing call or -1)
+    open_calls: list[int] = []
 
     def wrap(name):
         fn = getattr(be, name)
 
         def timed(*a, **kw):
             s, e = cp.cuda.Event(), cp.cuda.Event()
+            i = len(pending)
+            pending.append((name, s, e, open_calls[-1] if open_calls else -1))
+            open_calls.append(i)
             s.record(be.stream)
-            out = fn(*a, **kw)
-            e.record(be.stream)
-            pending.append((name, s, e))
-            return out
+            try:
+                return fn(*a, **kw)
+            finally:
+                e.record(be.stream)
+                open_calls.pop()
         return timed
 
     for name in OPS:
@@ -95,8 +102,13 @@ def per_op_times(engine) -> dict[str, float]:
         engine.runner.graphs = graphs
         for name, fn in originals.items():
             setattr(be, name, fn)
-    for name, s, e in pending:
-        totals[name] += cp.cuda.get_elapsed_time(s, e) * 1e3
+    spans = [cp.cuda.get_elapsed_time(s, e) * 1e3 for _, s, e, _ in pending]
+    own = list(spans)
+    for i, (_, _, _, parent) in enumerate(pending):
+        if parent >= 0:
+            own[parent] -= spans[i]
+    for (name, _, _, _), t in zip(pending, own):
+        totals[name] += t
     return dict(totals)
 
 
