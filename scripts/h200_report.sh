@@ -73,7 +73,8 @@
 #   part184a: its first check alone; part185 prepared there, run in session 29: decode, memcheck,
 #   matrix and throughput on the final code). part186-: session 29 (part186: the batch-1 o product
 #   merging the attention's splits, MINILLM_O_MERGE 1 / 2, against 0, its tests, the min_p
-#   sampler's GPU tests; part187: the merge with staggered copies; both slower, left opt-in).
+#   sampler's GPU tests; part187: the merge with staggered copies; both slower, left opt-in;
+#   part188 prepared, not run: every GPU test on the final code, spec cost, decode).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -3148,6 +3149,19 @@ part185() {  # prepared in session 28, not yet run: the figures on session 28's 
     --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b_1.json"
   stage throughput_06b_2 150 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
     --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b_2.json"
+}
+
+part188() {  # prepared in session 29, not yet run: every GPU test in one process on session 29's final
+  # code (the shared merge helpers, min_p in the sampler), then the 8B spec-cost bench and decode of
+  # both shapes (~9 minutes on a fresh machine; part184's route A/Bs are still to run apart)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  gpu_tests_full 330
+  models_all 150
+  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_8b.json"
+  decode_06b 90
+  decode_8b 120
 }
 
 o_merge_graphs() {  # batch-1 graphs of both shapes with MINILLM_O_MERGE 0 / 1 / 2, alternated twice, then
