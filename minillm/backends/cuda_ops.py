@@ -1184,9 +1184,20 @@ class CudaBackend:
                                        slot_mapping)
             p = self.attention(q, k_cache, v_cache, block_tables, seq_lens, query_start, scale,
                                out, True, max_query_len=1, order=order)
-            if o_proj is not None:
-                self.matmul(out.reshape(T, -1), o_proj, o_out)
-            return p
+        else:
+            p = self._fused_decode_step(q, k, v, q_w, k_w, eps, positions, cos_sin, k_cache, v_cache,
+                                        slot_mapping, block_tables, seq_lens, query_start, scale, out,
+                                        order, n_splits, o_proj, o_out)
+        if o_proj is not None and "o_merge" not in p:  # not merged into the product: run it here
+            self.matmul(out.reshape(T, -1), o_proj, o_out)
+        return p
+
+    def _fused_decode_step(self, q, k, v, q_w, k_w, eps, positions, cos_sin, k_cache, v_cache,
+                           slot_mapping, block_tables, seq_lens, query_start, scale, out, order,
+                           n_splits, o_proj, o_out) -> dict:
+        """decode_step_attention's one-launch path (paged_decode_rope_*), and gemv1_merge_* after it
+        where the o product merges the splits (then the plan carries "o_merge")."""
+        T = q.shape[0]
         what = "decode_step_attention"
         self._check_store_kv(what, q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping)
         self._check_paged(what, q, k_cache, v_cache, block_tables, seq_lens, query_start, out)
@@ -1205,12 +1216,10 @@ class CudaBackend:
         p = self._decode_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start, scale,
                                    out, True, n_splits, None, 1 << 30, order=order,
                                    rope=rope + (_i32(merge["defer_max"] if merge else 0),))
-        if merge is not None and p["n_splits"] != ns:  # both kernels must count the same splits
-            raise AssertionError(f"decode_step_attention: o merge planned for {ns} splits, launched {p['n_splits']}")
         if merge is None:
-            if o_proj is not None:
-                self.matmul(out.reshape(T, -1), o_proj, o_out)
             return {**p, "kernel": "decode_rope"}
+        if p["n_splits"] != ns:  # both kernels must count the same splits
+            raise AssertionError(f"decode_step_attention: o merge planned for {ns} splits, launched {p['n_splits']}")
         N, K = o_proj.shape
         self._launch(merge["kernel"], (merge["grid"],), (merge["threads"],),
                      (self._att_scratch, self._att_scratch[H * p["n_splits"] * D:], seq_lens, query_start,
