@@ -93,11 +93,18 @@ __device__ __forceinline__ u64 global_ns() {
   return t;
 }
 
-// sync[] layout (u32): the arrival count and the exit count on separate 128-byte lines, then one
-// merge counter per KV head.
+// sync[] layout (u32): the arrival count and the exit count on separate 128-byte lines, one merge
+// counter per KV head, then (DL_FLAG_BARRIER) one arrival flag per CTA.
 #define DL_ARRIVE 0
 #define DL_EXIT 32
 #define DL_HEADS 96
+#define DL_FLAGS 256
+#ifndef DL_FLAG_BARRIER
+#define DL_FLAG_BARRIER 0  // 1: grid barriers on per-CTA flags (a store each, every flag polled), no shared counter
+#endif
+#ifndef DL_WARP_ARRIVE
+#define DL_WARP_ARRIVE 0  // 1: a ring slot is released by one arrival a warp (after __syncwarp), not one a thread
+#endif
 
 // Grid-wide barrier number k of this launch. The arrival count only grows during a launch, so
 // barrier k is complete once it reaches (k + 1) * gridDim.x: one atomic per CTA, then a spin on
@@ -105,8 +112,27 @@ __device__ __forceinline__ u64 global_ns() {
 // 1.3 us when the last arrival raised a separate flag). grid_done() zeroes it for the next
 // launch. prof (null unless profiling) gets each CTA's arrival and release times:
 // [barrier][CTA][2] ns.
+// DL_FLAG_BARRIER: CTA i stores k + 1 into its own flag (a release store: its CTA's writes, ordered
+// before it by the CTA barrier, go first), and warp 0 polls every flag (a few lines, read by all
+// CTAs alike) until each is past k: no atomic on one shared word that every CTA's arrival queues on.
 __device__ __forceinline__ void grid_sync(unsigned* bar, int k, u64* prof) {
   cta_sync();
+#if DL_FLAG_BARRIER
+  if (threadIdx.x < 32) {
+    const unsigned want = (unsigned)(k + 1);
+    if (threadIdx.x == 0) {
+      if (prof) prof[((i64)k * gridDim.x + blockIdx.x) * 2] = global_ns();
+      asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(bar + DL_FLAGS + blockIdx.x), "r"(want) : "memory");
+    }
+    bool done;
+    do {
+      unsigned low = want;
+      for (int i = threadIdx.x; i < (int)gridDim.x; i += 32) low = min(low, ld_acquire(bar + DL_FLAGS + i));
+      done = __all_sync(0xffffffffu, low >= want);
+    } while (!done);
+    if (prof && threadIdx.x == 0) prof[((i64)k * gridDim.x + blockIdx.x) * 2 + 1] = global_ns();
+  }
+#else
   if (threadIdx.x == 0) {
     if (prof) prof[((i64)k * gridDim.x + blockIdx.x) * 2] = global_ns();
     const unsigned target = (unsigned)(k + 1) * gridDim.x;
@@ -116,6 +142,7 @@ __device__ __forceinline__ void grid_sync(unsigned* bar, int k, u64* prof) {
     }
     if (prof) prof[((i64)k * gridDim.x + blockIdx.x) * 2 + 1] = global_ns();
   }
+#endif
   cta_sync();
 }
 
@@ -124,6 +151,8 @@ __device__ __forceinline__ void grid_sync(unsigned* bar, int k, u64* prof) {
 __device__ __forceinline__ void grid_done(unsigned* bar) {
   if (threadIdx.x == 0 && atomicAdd(bar + DL_EXIT, 1u) == gridDim.x - 1) {
     atomicExch(bar + DL_ARRIVE, 0u);
+    if (DL_FLAG_BARRIER)
+      for (int i = 0; i < (int)gridDim.x; ++i) atomicExch(bar + DL_FLAGS + i, 0u);
     atomicExch(bar + DL_EXIT, 0u);
   }
 }
@@ -291,7 +320,8 @@ __device__ void ring_produce(const Ring& g) {
 __device__ void ring_init(const Ring& g) {
   for (int i = 0; i < g.n; ++i) {
     mbar_init(g.full + 8u * i, 1);  // the producer's arrive (with the bytes it expects)
-    mbar_init(g.empty + 8u * i, DL_THREADS);  // every compute thread arrives once it has read the slot
+    // every compute thread (or warp) arrives once it has read the slot
+    mbar_init(g.empty + 8u * i, DL_WARP_ARRIVE ? DL_WARPS : DL_THREADS);
   }
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
@@ -421,8 +451,15 @@ __device__ void gemv_stage(const Ring& g, int s, int& j, float* xs, bf16* xh, co
       }
     }
     // every thread arrives: an arrive releases only its own thread's reads (part39's racecheck
-    // flagged lane 0 arriving for its warp after a __syncwarp)
-    mbar_arrive(g.empty + 8u * (j % g.n));
+    // flagged lane 0 arriving for its warp after a __syncwarp). DL_WARP_ARRIVE: lane 0 arrives
+    // after __syncwarp, which orders the warp's reads before it (480 arrivals a tile cost 8B +40%:
+    // 6.1 -> 8.5 ms, session 6's part34 -> part41)
+    if (DL_WARP_ARRIVE) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(g.empty + 8u * (j % g.n));
+    } else {
+      mbar_arrive(g.empty + 8u * (j % g.n));
+    }
   }
   cta_sync();  // red[] complete
   lap(DL_PH_TILES);
@@ -715,7 +752,8 @@ __device__ void attention_stage(const AttnArgs& a, float* sm, Pre pre) {
 // residual [H] holds the embedded token on entry and the residual stream before the last layer's
 // down output on exit; hidden [H] that output (what rms_norm(hidden, residual=residual) expects).
 // table: [n_layers, 9] LayerPtrs; k_cache / v_cache: layer 0 of [layers, blocks, block_size, NKV,
-// D], layer_stride elements apart. sync: [96 + NKV] zeros on first use, left zero after each run.
+// D], layer_stride elements apart. sync: [256 + gridDim.x] zeros on first use (NKV <= 160), left zero after each
+// run.
 // prof: null, or [5 * n_layers - 1][gridDim.x][2] u64 for grid_sync's timestamps (barrier b ends
 // stage b % 5 of qkv, attention, o, gate_up, down; the profile script reads them), then
 // [gridDim.x][4][DL_PHASES] ns thread 0 spent in the phases of the qkv, o, gate_up and down stages.

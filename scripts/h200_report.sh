@@ -74,7 +74,9 @@
 #   matrix and throughput on the final code). part186-: session 29 (part186: the batch-1 o product
 #   merging the attention's splits, MINILLM_O_MERGE 1 / 2, against 0, its tests, the min_p
 #   sampler's GPU tests; part187: the merge with staggered copies; both slower, left opt-in;
-#   part188 prepared, not run: every GPU test on the final code, spec cost, decode).
+#   part188 prepared, not run: every GPU test on the final code, spec cost, decode). part189-:
+#   session 30 (part189: the one-kernel decoder revisited: per-CTA flag barriers and one slot
+#   release a warp, its tests and profiles against the default and DL_NO_GEMV, both shapes).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -3162,6 +3164,24 @@ part188() {  # prepared in session 29, not yet run: every GPU test in one proces
     --result-json "$W/spec_cost_8b.json"
   decode_06b 90
   decode_8b 120
+}
+
+part189() {  # session 30, call 1: the one-kernel decoder (MINILLM_FUSED_DECODE=1, last profiled in
+  # session 6) with grid barriers on per-CTA flags (DL_FLAG_BARRIER) and a weight slot released by one
+  # arrival a warp (DL_WARP_ARRIVE): its variant tests (each launched twice), then its profile per
+  # stage against the default and against DL_NO_GEMV (the ring without GEMV work), both shapes, and
+  # the op-by-op batch-1 graphs on the same machine (~7 minutes on a fresh machine)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_q06_q8 100
+  stage decode_layers_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_decode_layers.py \
+    -k "variant or graph_replays or (matches_op_by_op and 700)"
+  local v="--variant DL_WARP_ARRIVE=1 --variant DL_FLAG_BARRIER=1 --variant DL_FLAG_BARRIER=1,DL_WARP_ARRIVE=1"
+  v="$v --variant DL_NO_GEMV=1 --variant DL_NO_GEMV=1,DL_FLAG_BARRIER=1,DL_WARP_ARRIVE=1"
+  stage profile_06b 150 python3 scripts/decode_layers_profile.py $M/q06 $v
+  stage profile_8b 200 python3 scripts/decode_layers_profile.py $M/q8 $v
+  step_graph_env q06 opbyop 60 MINILLM_FUSED_DECODE=0
+  step_graph_env q8 opbyop 70 MINILLM_FUSED_DECODE=0
 }
 
 o_merge_graphs() {  # batch-1 graphs of both shapes with MINILLM_O_MERGE 0 / 1 / 2, alternated twice, then

@@ -136,8 +136,9 @@ def test_one_kernel_matches_op_by_op(arch, ctx, bs):
     be.close()
 
 
-# compile-time alternatives of the kernel (cuda/decode_layers.cu), each checked like the default
-VARIANTS = ["DL_MMA_B=1"]
+# compile-time alternatives of the kernel (cuda/decode_layers.cu; comma-separated defines), each
+# checked like the default
+VARIANTS = ["DL_MMA_B=1", "DL_FLAG_BARRIER=1", "DL_WARP_ARRIVE=1", "DL_FLAG_BARRIER=1,DL_WARP_ARRIVE=1"]
 
 
 @pytest.mark.gpu
@@ -153,11 +154,16 @@ def test_kernel_variant_matches_op_by_op(variant, arch, ctx, bs):
     case = Case(be, cfg, w, ctx, bs, extra=0, seed=ctx + bs)
     plan = case.model.decoder
     assert plan is not None, "the kernel should take this model"
-    defines = (f"DL_D={cfg.head_dim}", f"DL_G={cfg.num_heads // cfg.num_kv_heads}", variant)
+    defines = (f"DL_D={cfg.head_dim}", f"DL_G={cfg.num_heads // cfg.num_kv_heads}", *variant.split(","))
     kern = kc.get_kernel("decode_layers", "decode_layers", be.debug, defines)
     kern.max_dynamic_shared_size_bytes = plan.smem
     be.k[plan.name] = kern
-    check_one_kernel(case, ctx)
+    got = check_one_kernel(case, ctx)
+    # a second launch on the same inputs: the same bits (the sums' order is fixed), so the first
+    # left its barrier and merge state reset (stale flags would let barriers pass early)
+    again = case.decode(ctx, one_op=True)
+    for name, g, r in zip(("logits", "residual", "hidden", "K row", "V row"), again, got):
+        assert np.array_equal(g, r), f"{name}: a second launch differs"
     be.close()
 
 
