@@ -45,7 +45,9 @@
 #endif
 #define DL_THREADS 480  // the compute warps; one more warp produces the weight ring
 #define DL_WARPS (DL_THREADS / 32)
+#ifndef DL_MIN_PART
 #define DL_MIN_PART 32        // fewest keys an attention split takes
+#endif
 #define DL_MAX_S 32           // most splits of one KV head (the host sizes the partials for it)
 #define DL_RED 2048           // GEMV partial sums a CTA holds (the host checks rows per CTA)
 #define DL_U 2                // keys per key group in flight
@@ -187,6 +189,12 @@ __device__ __forceinline__ void load_row(const bf16* src, float* dst, int n) {
 
 #ifndef DL_ATT_PRE
 #define DL_ATT_PRE 0  // 1: attention's first K/V loads before the barrier (measured 10% slower on 0.6B)
+#endif
+#ifndef DL_ATT_L2PRE
+#define DL_ATT_L2PRE 0  // 1: the first item's K/V rows asked into L2 before the barrier (bulk prefetch)
+#endif
+#ifndef DL_FAST_MERGE
+#define DL_FAST_MERGE 0  // 1: the last split's merge with every partial load in flight at once
 #endif
 // ---- the weight ring ----------------------------------------------------------------------------
 // Weights never depend on the step's activations, so a CTA knows, before the step starts, every
@@ -523,6 +531,41 @@ __device__ __forceinline__ void norm_rope_head(const bf16* src, const bf16* __re
   }
 }
 
+// DL_FAST_MERGE: the last split of a KV head merges its S partials ([S][G][D + 2]: sums, then m
+// and l) into out[G][D]. Each (g, d) thread issues its first 16 splits' sums at once while warp g
+// loads head g's (m, l) pairs and weighs them (scratch: [G][DL_MAX_S] weights, [G] denominators):
+// about one L2 round trip, against the loop's several.
+__device__ __noinline__ void fast_merge(const float* ph, int S, bf16* out, float* scratch) {
+  constexpr int D = DL_D, G = DL_G, HALF = DL_MAX_S / 2;
+  const int t = threadIdx.x, warp = t >> 5, lane = t & 31;
+  float* wts = scratch;
+  float* den = scratch + G * DL_MAX_S;
+  const bool mine = t < G * D;
+  const int g = mine ? t / D : 0, d = t % D;
+  float av[HALF];
+#pragma unroll
+  for (int s = 0; s < HALF; ++s) av[s] = mine && s < S ? __ldcg(ph + (s * G + g) * (D + 2) + d) : 0.f;
+  if (warp < G) {
+    const float* q = ph + (lane * G + warp) * (D + 2) + D;
+    const float m = lane < S ? __ldcg(q) : minillm::neg_inf(), l = lane < S ? __ldcg(q + 1) : 0.f;
+    const float M = minillm::warp_max(m);
+    const float w = m == minillm::neg_inf() ? 0.f : exp2f(m - M);
+    wts[warp * DL_MAX_S + lane] = w;
+    const float L = minillm::warp_sum(w * l);
+    if (lane == 0) den[warp] = L;
+  }
+  cta_sync();
+  if (mine) {
+    float A = 0.f;
+#pragma unroll
+    for (int s = 0; s < HALF; ++s)
+      if (s < S) A = fmaf(av[s], wts[g * DL_MAX_S + s], A);
+    for (int s = HALF; s < S; ++s) A = fmaf(__ldcg(ph + (s * G + g) * (D + 2) + d), wts[g * DL_MAX_S + s], A);
+    const float L = den[g];
+    out[g * D + d] = __float2bfloat16_rn(L > 0.f ? A / L : 0.f);
+  }
+}
+
 struct AttnArgs {
   const bf16* qkv;
   const bf16* q_norm;
@@ -579,6 +622,15 @@ __device__ void attention_stage(const AttnArgs& a, float* sm, Pre pre) {
   if (DL_ATT_PRE && blockIdx.x < items) {
     const int j0 = (blockIdx.x % S) * part_len, j1 = min(a.ctx, j0 + part_len);
     if (j0 < j1) load_keys(blockIdx.x / S, j0, j1, j0);
+  }
+  if (DL_ATT_L2PRE && blockIdx.x < items) {  // one bulk L2 prefetch a cached K or V row of the first item
+    const int h = blockIdx.x / S, j0 = (blockIdx.x % S) * part_len, j1 = min(a.ctx - 1, j0 + part_len);
+    for (int t = threadIdx.x; t < 2 * (j1 - j0); t += DL_THREADS) {
+      const int j = j0 + t / 2, blk = a.block_table[j / a.block_size];
+      if (blk >= 0 && blk < a.num_blocks)
+        minillm::prefetch_l2((t & 1 ? a.vc : a.kc) + (((i64)blk * a.block_size + j % a.block_size) * a.NKV + h) * D,
+                             2u * D);
+    }
   }
   pre();
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
@@ -719,7 +771,11 @@ __device__ void attention_stage(const AttnArgs& a, float* sm, Pre pre) {
       cta_sync();
       if (threadIdx.x == 0) s_last = atomicAdd(a.head_cnt + h, 1u) == (unsigned)(S - 1);
       cta_sync();
-      if (s_last) {
+      if (s_last && DL_FAST_MERGE) {
+        __threadfence();
+        fast_merge(a.part + (i64)h * DL_MAX_S * G * (D + 2), S, a.attn + h * G * D, wacc);
+        if (threadIdx.x == 0) atomicExch(a.head_cnt + h, 0u);
+      } else if (s_last) {
         __threadfence();
         const float* ph = a.part + (i64)h * DL_MAX_S * G * (D + 2);
         for (int t = threadIdx.x; t < G * D; t += DL_THREADS) {

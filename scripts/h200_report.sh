@@ -3168,16 +3168,19 @@ part188() {  # prepared in session 29, not yet run: every GPU test in one proces
 
 part189() {  # session 30, call 1: the one-kernel decoder (MINILLM_FUSED_DECODE=1, last profiled in
   # session 6) with grid barriers on per-CTA flags (DL_FLAG_BARRIER) and a weight slot released by one
-  # arrival a warp (DL_WARP_ARRIVE): its variant tests (each launched twice), then its profile per
-  # stage against the default and against DL_NO_GEMV (the ring without GEMV work), both shapes, and
-  # the op-by-op batch-1 graphs on the same machine (~7 minutes on a fresh machine)
+  # arrival a warp (DL_WARP_ARRIVE), the last split's merge with its loads in flight (DL_FAST_MERGE),
+  # the first keys asked into L2 before the barrier (DL_ATT_L2PRE): the variant tests of all four
+  # (each launched twice), then the profile per stage of each added in turn against the default, and
+  # of all with DL_NO_GEMV (the ring without GEMV work), both shapes, and the op-by-op batch-1 graphs
+  # on the same machine (~7 minutes on a fresh machine)
   setup
   facts > "$W/facts.txt" 2>&1
   models_q06_q8 100
   stage decode_layers_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_decode_layers.py \
-    -k "variant or graph_replays or (matches_op_by_op and 700)"
+    -k "(variant and ATT_L2PRE) or graph_replays or (one_kernel and 700)"
+  local all=DL_FLAG_BARRIER=1,DL_WARP_ARRIVE=1,DL_FAST_MERGE=1
   local v="--variant DL_WARP_ARRIVE=1 --variant DL_FLAG_BARRIER=1 --variant DL_FLAG_BARRIER=1,DL_WARP_ARRIVE=1"
-  v="$v --variant DL_NO_GEMV=1 --variant DL_NO_GEMV=1,DL_FLAG_BARRIER=1,DL_WARP_ARRIVE=1"
+  v="$v --variant $all --variant $all,DL_ATT_L2PRE=1 --variant $all,DL_ATT_L2PRE=1,DL_NO_GEMV=1"
   stage profile_06b 150 python3 scripts/decode_layers_profile.py $M/q06 $v
   stage profile_8b 200 python3 scripts/decode_layers_profile.py $M/q8 $v
   step_graph_env q06 opbyop 60 MINILLM_FUSED_DECODE=0
