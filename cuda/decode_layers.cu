@@ -28,6 +28,12 @@
 // (about what the op-by-op CUDA graph spends on its layers) and the 8B one 6.1 ms against ~4.4. So
 // the host builds it only with MINILLM_FUSED_DECODE=1. scripts/decode_layers_profile.py times each
 // stage, barrier and GEMV phase from timestamps the kernel records.
+// Profiled again in session 30 (part189, op-by-op graphs 0.840 / 4.299 ms on the same machine): the
+// kernel 986 us (0.6B) / 6,227 us (8B); 918 / 4,681 with its GEMV work switched off (DL_NO_GEMV),
+// so the chain of barriers, x loads and attention alone costs more than the op-by-op step's
+// hand-offs: its five grid barriers take 8 us a layer (0.8-2.3 us each, the ones while the ring
+// refills slowest). Per-CTA flags polled by every CTA instead of one counter made them 15 us
+// (removed); one slot release a warp (DL_WARP_ARRIVE) took 2.2% / 2.4% off.
 //
 // All CTAs must be resident at once (the barrier spins): the host launches one per SM with more
 // than half an SM's shared memory, so no two share an SM and none waits for a slot. A CTA is 15
@@ -95,15 +101,11 @@ __device__ __forceinline__ u64 global_ns() {
   return t;
 }
 
-// sync[] layout (u32): the arrival count and the exit count on separate 128-byte lines, one merge
-// counter per KV head, then (DL_FLAG_BARRIER) one arrival flag per CTA.
+// sync[] layout (u32): the arrival count and the exit count on separate 128-byte lines, then one
+// merge counter per KV head.
 #define DL_ARRIVE 0
 #define DL_EXIT 32
 #define DL_HEADS 96
-#define DL_FLAGS 256
-#ifndef DL_FLAG_BARRIER
-#define DL_FLAG_BARRIER 0  // 1: grid barriers on per-CTA flags (a store each, every flag polled), no shared counter
-#endif
 #ifndef DL_WARP_ARRIVE
 #define DL_WARP_ARRIVE 0  // 1: a ring slot is released by one arrival a warp (after __syncwarp), not one a thread
 #endif
@@ -114,27 +116,8 @@ __device__ __forceinline__ u64 global_ns() {
 // 1.3 us when the last arrival raised a separate flag). grid_done() zeroes it for the next
 // launch. prof (null unless profiling) gets each CTA's arrival and release times:
 // [barrier][CTA][2] ns.
-// DL_FLAG_BARRIER: CTA i stores k + 1 into its own flag (a release store: its CTA's writes, ordered
-// before it by the CTA barrier, go first), and warp 0 polls every flag (a few lines, read by all
-// CTAs alike) until each is past k: no atomic on one shared word that every CTA's arrival queues on.
 __device__ __forceinline__ void grid_sync(unsigned* bar, int k, u64* prof) {
   cta_sync();
-#if DL_FLAG_BARRIER
-  if (threadIdx.x < 32) {
-    const unsigned want = (unsigned)(k + 1);
-    if (threadIdx.x == 0) {
-      if (prof) prof[((i64)k * gridDim.x + blockIdx.x) * 2] = global_ns();
-      asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(bar + DL_FLAGS + blockIdx.x), "r"(want) : "memory");
-    }
-    bool done;
-    do {
-      unsigned low = want;
-      for (int i = threadIdx.x; i < (int)gridDim.x; i += 32) low = min(low, ld_acquire(bar + DL_FLAGS + i));
-      done = __all_sync(0xffffffffu, low >= want);
-    } while (!done);
-    if (prof && threadIdx.x == 0) prof[((i64)k * gridDim.x + blockIdx.x) * 2 + 1] = global_ns();
-  }
-#else
   if (threadIdx.x == 0) {
     if (prof) prof[((i64)k * gridDim.x + blockIdx.x) * 2] = global_ns();
     const unsigned target = (unsigned)(k + 1) * gridDim.x;
@@ -144,7 +127,6 @@ __device__ __forceinline__ void grid_sync(unsigned* bar, int k, u64* prof) {
     }
     if (prof) prof[((i64)k * gridDim.x + blockIdx.x) * 2 + 1] = global_ns();
   }
-#endif
   cta_sync();
 }
 
@@ -153,8 +135,6 @@ __device__ __forceinline__ void grid_sync(unsigned* bar, int k, u64* prof) {
 __device__ __forceinline__ void grid_done(unsigned* bar) {
   if (threadIdx.x == 0 && atomicAdd(bar + DL_EXIT, 1u) == gridDim.x - 1) {
     atomicExch(bar + DL_ARRIVE, 0u);
-    if (DL_FLAG_BARRIER)
-      for (int i = 0; i < (int)gridDim.x; ++i) atomicExch(bar + DL_FLAGS + i, 0u);
     atomicExch(bar + DL_EXIT, 0u);
   }
 }
@@ -190,12 +170,7 @@ __device__ __forceinline__ void load_row(const bf16* src, float* dst, int n) {
 #ifndef DL_ATT_PRE
 #define DL_ATT_PRE 0  // 1: attention's first K/V loads before the barrier (measured 10% slower on 0.6B)
 #endif
-#ifndef DL_ATT_L2PRE
-#define DL_ATT_L2PRE 0  // 1: the first item's K/V rows asked into L2 before the barrier (bulk prefetch)
-#endif
-#ifndef DL_FAST_MERGE
-#define DL_FAST_MERGE 0  // 1: the last split's merge with every partial load in flight at once
-#endif
+
 // ---- the weight ring ----------------------------------------------------------------------------
 // Weights never depend on the step's activations, so a CTA knows, before the step starts, every
 // byte of weight it will read and in which order: its rows of the qkv, o, gate_up and down
@@ -531,38 +506,43 @@ __device__ __forceinline__ void norm_rope_head(const bf16* src, const bf16* __re
   }
 }
 
-// DL_FAST_MERGE: the last split of a KV head merges its S partials ([S][G][D + 2]: sums, then m
-// and l) into out[G][D]. Each (g, d) thread issues its first 16 splits' sums at once while warp g
-// loads head g's (m, l) pairs and weighs them (scratch: [G][DL_MAX_S] weights, [G] denominators):
-// about one L2 round trip, against the loop's several.
-__device__ __noinline__ void fast_merge(const float* ph, int S, bf16* out, float* scratch) {
+// The last split of a KV head to finish merges its S partials ([S][G][D + 2]: sums, then m and l)
+// into out[G][D]. Each (g, d) its thread's first 16 splits' sums are loaded at once while warp g loads
+// head g's (m, l) pairs and weighs them (scratch: [G][DL_MAX_S] weights, [G] denominators): about one
+// L2 round trip, where a loop over the splits took several. Not inlined: inside attention_stage its
+// 16 sums spilled. Session 30 (part189, DL_FAST_MERGE then): the attention stage 0.6B 6.64 -> 5.86 us
+// a layer, 8B 11.54 -> 8.42.
+__device__ __noinline__ void last_split_merge(const float* ph, int S, bf16* out, float* scratch) {
   constexpr int D = DL_D, G = DL_G, HALF = DL_MAX_S / 2;
-  const int t = threadIdx.x, warp = t >> 5, lane = t & 31;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float* wts = scratch;
   float* den = scratch + G * DL_MAX_S;
-  const bool mine = t < G * D;
-  const int g = mine ? t / D : 0, d = t % D;
-  float av[HALF];
+  for (int t0 = 0; t0 < G * D; t0 += DL_THREADS) {  // two rounds when G * D > DL_THREADS (D 64, G 8)
+    const int t = t0 + threadIdx.x;
+    const bool mine = t < G * D;
+    const int g = mine ? t / D : 0, d = t % D;
+    float av[HALF];
 #pragma unroll
-  for (int s = 0; s < HALF; ++s) av[s] = mine && s < S ? __ldcg(ph + (s * G + g) * (D + 2) + d) : 0.f;
-  if (warp < G) {
-    const float* q = ph + (lane * G + warp) * (D + 2) + D;
-    const float m = lane < S ? __ldcg(q) : minillm::neg_inf(), l = lane < S ? __ldcg(q + 1) : 0.f;
-    const float M = minillm::warp_max(m);
-    const float w = m == minillm::neg_inf() ? 0.f : exp2f(m - M);
-    wts[warp * DL_MAX_S + lane] = w;
-    const float L = minillm::warp_sum(w * l);
-    if (lane == 0) den[warp] = L;
-  }
-  cta_sync();
-  if (mine) {
-    float A = 0.f;
+    for (int s = 0; s < HALF; ++s) av[s] = mine && s < S ? __ldcg(ph + (s * G + g) * (D + 2) + d) : 0.f;
+    if (t0 == 0 && warp < G) {
+      const float* q = ph + (lane * G + warp) * (D + 2) + D;
+      const float m = lane < S ? __ldcg(q) : minillm::neg_inf(), l = lane < S ? __ldcg(q + 1) : 0.f;
+      const float M = minillm::warp_max(m);
+      const float w = m == minillm::neg_inf() ? 0.f : exp2f(m - M);
+      wts[warp * DL_MAX_S + lane] = w;
+      const float L = minillm::warp_sum(w * l);
+      if (lane == 0) den[warp] = L;
+    }
+    if (t0 == 0) cta_sync();
+    if (mine) {
+      float A = 0.f;
 #pragma unroll
-    for (int s = 0; s < HALF; ++s)
-      if (s < S) A = fmaf(av[s], wts[g * DL_MAX_S + s], A);
-    for (int s = HALF; s < S; ++s) A = fmaf(__ldcg(ph + (s * G + g) * (D + 2) + d), wts[g * DL_MAX_S + s], A);
-    const float L = den[g];
-    out[g * D + d] = __float2bfloat16_rn(L > 0.f ? A / L : 0.f);
+      for (int s = 0; s < HALF; ++s)
+        if (s < S) A = fmaf(av[s], wts[g * DL_MAX_S + s], A);
+      for (int s = HALF; s < S; ++s) A = fmaf(__ldcg(ph + (s * G + g) * (D + 2) + d), wts[g * DL_MAX_S + s], A);
+      const float L = den[g];
+      out[g * D + d] = __float2bfloat16_rn(L > 0.f ? A / L : 0.f);
+    }
   }
 }
 
@@ -622,15 +602,6 @@ __device__ void attention_stage(const AttnArgs& a, float* sm, Pre pre) {
   if (DL_ATT_PRE && blockIdx.x < items) {
     const int j0 = (blockIdx.x % S) * part_len, j1 = min(a.ctx, j0 + part_len);
     if (j0 < j1) load_keys(blockIdx.x / S, j0, j1, j0);
-  }
-  if (DL_ATT_L2PRE && blockIdx.x < items) {  // one bulk L2 prefetch a cached K or V row of the first item
-    const int h = blockIdx.x / S, j0 = (blockIdx.x % S) * part_len, j1 = min(a.ctx - 1, j0 + part_len);
-    for (int t = threadIdx.x; t < 2 * (j1 - j0); t += DL_THREADS) {
-      const int j = j0 + t / 2, blk = a.block_table[j / a.block_size];
-      if (blk >= 0 && blk < a.num_blocks)
-        minillm::prefetch_l2((t & 1 ? a.vc : a.kc) + (((i64)blk * a.block_size + j % a.block_size) * a.NKV + h) * D,
-                             2u * D);
-    }
   }
   pre();
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
@@ -771,28 +742,9 @@ __device__ void attention_stage(const AttnArgs& a, float* sm, Pre pre) {
       cta_sync();
       if (threadIdx.x == 0) s_last = atomicAdd(a.head_cnt + h, 1u) == (unsigned)(S - 1);
       cta_sync();
-      if (s_last && DL_FAST_MERGE) {
+      if (s_last) {
         __threadfence();
-        fast_merge(a.part + (i64)h * DL_MAX_S * G * (D + 2), S, a.attn + h * G * D, wacc);
-        if (threadIdx.x == 0) atomicExch(a.head_cnt + h, 0u);
-      } else if (s_last) {
-        __threadfence();
-        const float* ph = a.part + (i64)h * DL_MAX_S * G * (D + 2);
-        for (int t = threadIdx.x; t < G * D; t += DL_THREADS) {
-          const int g = t / D, d = t % D;
-          float M = minillm::neg_inf();
-          for (int s = 0; s < S; ++s) M = fmaxf(M, __ldcg(ph + (s * G + g) * (D + 2) + D));
-          float L = 0.f, A = 0.f;
-          if (M != minillm::neg_inf())
-            for (int s = 0; s < S; ++s) {
-              const float* q = ph + (s * G + g) * (D + 2);
-              const float ms = __ldcg(q + D);
-              const float x = ms == minillm::neg_inf() ? 0.f : exp2f(ms - M);
-              L += __ldcg(q + D + 1) * x;
-              A += __ldcg(q + d) * x;
-            }
-          a.attn[(h * G + g) * D + d] = __float2bfloat16_rn(L > 0.f ? A / L : 0.f);
-        }
+        last_split_merge(a.part + (i64)h * DL_MAX_S * G * (D + 2), S, a.attn + h * G * D, wacc);
         if (threadIdx.x == 0) atomicExch(a.head_cnt + h, 0u);
       }
     }
@@ -808,8 +760,7 @@ __device__ void attention_stage(const AttnArgs& a, float* sm, Pre pre) {
 // residual [H] holds the embedded token on entry and the residual stream before the last layer's
 // down output on exit; hidden [H] that output (what rms_norm(hidden, residual=residual) expects).
 // table: [n_layers, 9] LayerPtrs; k_cache / v_cache: layer 0 of [layers, blocks, block_size, NKV,
-// D], layer_stride elements apart. sync: [256 + gridDim.x] zeros on first use (NKV <= 160), left zero after each
-// run.
+// D], layer_stride elements apart. sync: [96 + NKV] zeros on first use, left zero after each run.
 // prof: null, or [5 * n_layers - 1][gridDim.x][2] u64 for grid_sync's timestamps (barrier b ends
 // stage b % 5 of qkv, attention, o, gate_up, down; the profile script reads them), then
 // [gridDim.x][4][DL_PHASES] ns thread 0 spent in the phases of the qkv, o, gate_up and down stages.

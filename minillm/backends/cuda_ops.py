@@ -98,7 +98,6 @@ _DL_THREADS, _DL_WARPS, _DL_RED, _DL_MAX_S, _DL_MAX_G = 480, 15, 2048, 32, 8
 # its weight ring: at most this many slots (DL_MAX_SLOTS), each at least this many bytes
 _DL_MAX_SLOTS, _DL_MIN_SLOT = 8, 16384
 _DL_SYNC_HEADS = 96  # DL_HEADS: where the per-KV-head merge counters start in its sync buffer
-_DL_SYNC_FLAGS = 256  # DL_FLAGS: where the per-CTA barrier flags start (the DL_FLAG_BARRIER build)
 
 
 @dataclass
@@ -1086,8 +1085,7 @@ class CudaBackend:
         docs/BENCHMARKS.md, session 6), so one-token steps run op by op unless asked."""
         D, NQ, NKV, H, F = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.hidden_size, cfg.intermediate_size
         if (self.dtype == np.float32 or os.environ.get("MINILLM_FUSED_DECODE", "0") != "1"
-                or D not in (64, 128) or NQ % NKV or NQ // NKV > _DL_MAX_G or H % 8 or F % 8
-                or _DL_SYNC_HEADS + NKV > _DL_SYNC_FLAGS):
+                or D not in (64, 128) or NQ % NKV or NQ // NKV > _DL_MAX_G or H % 8 or F % 8):
             return None
         G, QS, KVS = NQ // NKV, NQ * D, NKV * D
         att = G * D + 2 * D + 2 * _DL_WARPS * G + _DL_WARPS * G * D  # attention_stage's shared scratch
@@ -1122,7 +1120,7 @@ class CudaBackend:
                 table=cp.asarray(table), qkv=cp.empty(QS + 2 * KVS, dtype=self.dtype),
                 attn=cp.empty(QS, dtype=self.dtype), act=cp.empty(F, dtype=self.dtype),
                 part=cp.empty(NKV * _DL_MAX_S * G * (D + 2), dtype=np.float32),
-                sync=cp.zeros(_DL_SYNC_FLAGS + self.num_sms, dtype=np.uint32))  # left zero after each run
+                sync=cp.zeros(_DL_SYNC_HEADS + NKV, dtype=np.uint32))  # left zero after each run
         self.stream.synchronize()
         return plan
 
