@@ -76,7 +76,8 @@
 #   sampler's GPU tests; part187: the merge with staggered copies; both slower, left opt-in;
 #   part188 prepared, not run: every GPU test on the final code, spec cost, decode). part189-:
 #   session 30 (part189: the one-kernel decoder revisited: per-CTA flag barriers and one slot
-#   release a warp, its tests and profiles against the default and DL_NO_GEMV, both shapes).
+#   release a warp, its tests and profiles against the default and DL_NO_GEMV, both shapes; part190:
+#   every test of the decoder with its new merge, run after session 28's part184 in one call).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -3185,6 +3186,12 @@ part189() {  # session 30, call 1: the one-kernel decoder (MINILLM_FUSED_DECODE=
   stage profile_8b 200 python3 scripts/decode_layers_profile.py $M/q8 $v
   step_graph_env q06 opbyop 60 MINILLM_FUSED_DECODE=0
   step_graph_env q8 opbyop 70 MINILLM_FUSED_DECODE=0
+}
+
+part190() {  # session 30: every test of the one-kernel decoder with its merge rewritten after part189
+  # (last_split_merge), run after part184 on the same machine (~3 minutes)
+  setup
+  stage decode_layers_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_decode_layers.py
 }
 
 o_merge_graphs() {  # batch-1 graphs of both shapes with MINILLM_O_MERGE 0 / 1 / 2, alternated twice, then
