@@ -77,7 +77,9 @@
 #   part188 prepared, not run: every GPU test on the final code, spec cost, decode). part189-:
 #   session 30 (part189: the one-kernel decoder revisited: per-CTA flag barriers and one slot
 #   release a warp, its tests and profiles against the default and DL_NO_GEMV, both shapes; part190:
-#   every test of the decoder with its new merge, run after session 28's part184 in one call).
+#   every test of the decoder with its new merge, run after session 28's part184 in one call;
+#   part191: every GPU test and decode of both shapes on the final code, racecheck of the decoder's
+#   one-release-a-warp variant).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -3192,6 +3194,20 @@ part190() {  # session 30: every test of the one-kernel decoder with its merge r
   # (last_split_merge), run after part184 on the same machine (~3 minutes)
   setup
   stage decode_layers_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_decode_layers.py
+}
+
+part191() {  # session 30's last call: every GPU test in one process and decode of both shapes on the
+  # final code (its default path is session 29's: this session changed the opt-in decoder only; the
+  # spec-cost bench ran on it in part184), then racecheck of the decoder's DL_WARP_ARRIVE variant
+  # test, which session 6's racecheck flagged (part39) (~8 minutes on a fresh machine)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  gpu_tests_full 330
+  models_q06_q8 100
+  decode_06b 90
+  decode_8b 120
+  stage racecheck_warp_arrive 100 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_decode_layers.py -k "WARP_ARRIVE and qwen3-d128-g2 and 40"
 }
 
 o_merge_graphs() {  # batch-1 graphs of both shapes with MINILLM_O_MERGE 0 / 1 / 2, alternated twice, then
