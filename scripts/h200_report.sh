@@ -79,7 +79,8 @@
 #   release a warp, its tests and profiles against the default and DL_NO_GEMV, both shapes; part190:
 #   every test of the decoder with its new merge, run after session 28's part184 in one call;
 #   part191: every GPU test and decode of both shapes on the final code, racecheck of the decoder's
-#   one-release-a-warp variant).
+#   one-release-a-warp variant; part192: memcheck of the reproducer, the failure matrix and
+#   throughput on the final code).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -3208,6 +3209,18 @@ part191() {  # session 30's last call: every GPU test in one process and decode 
   decode_8b 120
   stage racecheck_warp_arrive 100 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
     python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_decode_layers.py -k "WARP_ARRIVE and qwen3-d128-g2 and 40"
+}
+
+part192() {  # session 30: the figures part191 did not take, on the same final code: memcheck of the
+  # reproducer, the failure matrix, throughput (~7 minutes on a fresh machine)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_q06_dflash 60
+  memcheck_reproducer 60
+  stage failure_matrix 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
+    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 100
+  stage throughput_06b 150 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
+    --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b.json"
 }
 
 o_merge_graphs() {  # batch-1 graphs of both shapes with MINILLM_O_MERGE 0 / 1 / 2, alternated twice, then
