@@ -57,6 +57,15 @@
 #ifndef GEMV_PREFETCH_MAX
 #define GEMV_PREFETCH_MAX (16 << 20)
 #endif
+// A/B knobs (session 30): 0 leaves out the narrowing products (N < K: o, down), whose prefetch runs
+// during a latency-bound tail (the attention's merge, the gated product's end) / every product but
+// the gated one.
+#ifndef GEMV_PREFETCH_NARROW
+#define GEMV_PREFETCH_NARROW 1
+#endif
+#ifndef GEMV_PREFETCH_UNGATED
+#define GEMV_PREFETCH_UNGATED 1
+#endif
 
 namespace {
 
@@ -76,7 +85,8 @@ __device__ __forceinline__ float gated_act(float gate, float up) {
 template <bool GATED, int WARPS>
 __device__ __forceinline__ void gemv_prefetch(const bf16* w, int N, int K) {
   const int n0 = (blockIdx.x * WARPS + (threadIdx.x >> 5)) * GEMV_NR;
-  if ((i64)N * K * (GATED ? 4 : 2) <= (i64)GEMV_PREFETCH_MAX && (threadIdx.x & 31) == 0 && n0 < N) {
+  const bool wanted = GATED || (GEMV_PREFETCH_UNGATED && (GEMV_PREFETCH_NARROW || N > K));
+  if (wanted && (i64)N * K * (GATED ? 4 : 2) <= (i64)GEMV_PREFETCH_MAX && (threadIdx.x & 31) == 0 && n0 < N) {
     const unsigned bytes = (unsigned)(min(GEMV_NR, N - n0) * K * 2);  // this warp's rows, contiguous
     minillm::prefetch_l2(w + (i64)n0 * K, bytes);
     if (GATED) minillm::prefetch_l2(w + (i64)(N + n0) * K, bytes);

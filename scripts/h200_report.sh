@@ -80,7 +80,8 @@
 #   every test of the decoder with its new merge, run after session 28's part184 in one call;
 #   part191: every GPU test and decode of both shapes on the final code, racecheck of the decoder's
 #   one-release-a-warp variant; part192: memcheck of the reproducer, the failure matrix and
-#   throughput on the final code).
+#   throughput on the final code; part193: the 0.6B batch-1 graph with the GEMVs' L2 prefetch left
+#   out of the narrowing products, or of all but gate_up).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -3221,6 +3222,22 @@ part192() {  # session 30: the figures part191 did not take, on the same final c
     --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 100
   stage throughput_06b 150 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
     --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b.json"
+}
+
+part193() {  # session 30: the one-row GEMVs' pre-wait L2 prefetch (every 0.6B matrix, GEMV_PREFETCH_MAX)
+  # runs during the previous kernel's tail; left out of the narrowing products (o, down: their
+  # prefetch overlaps the attention's merge and gate_up's end) or of all but gate_up, 0.6B batch-1
+  # graphs alternated three times (~4 minutes on a fresh machine)
+  local i
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  for i in 1 2 3; do
+    step_graph_env q06 "base_$i" 90 MINILLM_CUDA_DEFINES=
+    step_graph_env q06 "narrow0_$i" 90 MINILLM_CUDA_DEFINES=GEMV_PREFETCH_NARROW=0
+    step_graph_env q06 "gatedonly_$i" 90 MINILLM_CUDA_DEFINES=GEMV_PREFETCH_UNGATED=0
+  done
+  graph_summary
 }
 
 o_merge_graphs() {  # batch-1 graphs of both shapes with MINILLM_O_MERGE 0 / 1 / 2, alternated twice, then
