@@ -47,7 +47,9 @@
 // first 8 MB 4.51 ms (part117: there the requests only add traffic beside loads already
 // streaming), so 8B's products are left alone; 40 MB (the 8B o product, 33.5 MB, asked for during
 // the attention's tail) +1.5%, 64 MB (and qkv) +3.6% (session 26, part173: the attention's tail
-// slowed 2.5 us a layer, more than the o product gained). 0: never.
+// slowed 2.5 us a layer, more than the o product gained). 0: never. Leaving the 0.6B's narrowing
+// products (o, down) out, whose requests overlap the attention's merge and gate_up's end, made its
+// batch-1 graph slower, +1.4%, and prefetching gate_up alone +1.2% (session 30, part193).
 #ifndef GEMV_STAGED  // 0: one row takes the unrolled loop too (A/B runs: h200_report.sh part132)
 #define GEMV_STAGED 1
 #endif
@@ -56,15 +58,6 @@
 #endif
 #ifndef GEMV_PREFETCH_MAX
 #define GEMV_PREFETCH_MAX (16 << 20)
-#endif
-// A/B knobs (session 30): 0 leaves out the narrowing products (N < K: o, down), whose prefetch runs
-// during a latency-bound tail (the attention's merge, the gated product's end) / every product but
-// the gated one.
-#ifndef GEMV_PREFETCH_NARROW
-#define GEMV_PREFETCH_NARROW 1
-#endif
-#ifndef GEMV_PREFETCH_UNGATED
-#define GEMV_PREFETCH_UNGATED 1
 #endif
 
 namespace {
@@ -85,8 +78,7 @@ __device__ __forceinline__ float gated_act(float gate, float up) {
 template <bool GATED, int WARPS>
 __device__ __forceinline__ void gemv_prefetch(const bf16* w, int N, int K) {
   const int n0 = (blockIdx.x * WARPS + (threadIdx.x >> 5)) * GEMV_NR;
-  const bool wanted = GATED || (GEMV_PREFETCH_UNGATED && (GEMV_PREFETCH_NARROW || N > K));
-  if (wanted && (i64)N * K * (GATED ? 4 : 2) <= (i64)GEMV_PREFETCH_MAX && (threadIdx.x & 31) == 0 && n0 < N) {
+  if ((i64)N * K * (GATED ? 4 : 2) <= (i64)GEMV_PREFETCH_MAX && (threadIdx.x & 31) == 0 && n0 < N) {
     const unsigned bytes = (unsigned)(min(GEMV_NR, N - n0) * K * 2);  // this warp's rows, contiguous
     minillm::prefetch_l2(w + (i64)n0 * K, bytes);
     if (GATED) minillm::prefetch_l2(w + (i64)(N + n0) * K, bytes);

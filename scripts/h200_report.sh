@@ -81,7 +81,7 @@
 #   part191: every GPU test and decode of both shapes on the final code, racecheck of the decoder's
 #   one-release-a-warp variant; part192: memcheck of the reproducer, the failure matrix and
 #   throughput on the final code; part193: the 0.6B batch-1 graph with the GEMVs' L2 prefetch left
-#   out of the narrowing products, or of all but gate_up).
+#   out of the narrowing products, or of all but gate_up: both slower, the knobs removed).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
