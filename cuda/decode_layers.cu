@@ -170,7 +170,6 @@ __device__ __forceinline__ void load_row(const bf16* src, float* dst, int n) {
 #ifndef DL_ATT_PRE
 #define DL_ATT_PRE 0  // 1: attention's first K/V loads before the barrier (measured 10% slower on 0.6B)
 #endif
-
 // ---- the weight ring ----------------------------------------------------------------------------
 // Weights never depend on the step's activations, so a CTA knows, before the step starts, every
 // byte of weight it will read and in which order: its rows of the qkv, o, gate_up and down
@@ -507,9 +506,9 @@ __device__ __forceinline__ void norm_rope_head(const bf16* src, const bf16* __re
 }
 
 // The last split of a KV head to finish merges its S partials ([S][G][D + 2]: sums, then m and l)
-// into out[G][D]. Each (g, d) its thread's first 16 splits' sums are loaded at once while warp g loads
-// head g's (m, l) pairs and weighs them (scratch: [G][DL_MAX_S] weights, [G] denominators): about one
-// L2 round trip, where a loop over the splits took several. Not inlined: inside attention_stage its
+// into out[G][D]. The thread of each (g, d) loads its first 16 splits' sums at once while warp g
+// loads head g's (m, l) pairs and weighs them (scratch: [G][DL_MAX_S] weights, [G] denominators):
+// about one L2 round trip, where a loop over the splits took several. Not inlined: inside attention_stage its
 // 16 sums spilled. Session 30 (part189, DL_FAST_MERGE then): the attention stage 0.6B 6.64 -> 5.86 us
 // a layer, 8B 11.54 -> 8.42.
 __device__ __noinline__ void last_split_merge(const float* ph, int S, bf16* out, float* scratch) {

@@ -160,7 +160,7 @@ def test_kernel_variant_matches_op_by_op(variant, arch, ctx, bs):
     be.k[plan.name] = kern
     got = check_one_kernel(case, ctx)
     # a second launch on the same inputs: the same bits (the sums' order is fixed), so the first
-    # left its barrier and merge state reset (stale flags would let barriers pass early)
+    # left its barrier and merge counters at zero (a stale count would let barriers pass early)
     again = case.decode(ctx, one_op=True)
     for name, g, r in zip(("logits", "residual", "hidden", "K row", "V row"), again, got):
         assert np.array_equal(g, r), f"{name}: a second launch differs"
