@@ -3177,7 +3177,8 @@ part189() {  # session 30, call 1: the one-kernel decoder (MINILLM_FUSED_DECODE=
   # the first keys asked into L2 before the barrier (DL_ATT_L2PRE): the variant tests of all four
   # (each launched twice), then the profile per stage of each added in turn against the default, and
   # of all with DL_NO_GEMV (the ring without GEMV work), both shapes, and the op-by-op batch-1 graphs
-  # on the same machine (~7 minutes on a fresh machine)
+  # on the same machine (ran in ~3 minutes; kept as it ran: 16723e6 then removed DL_FLAG_BARRIER and
+  # DL_ATT_L2PRE and made the merge the only one, so a rerun builds without those defines)
   setup
   facts > "$W/facts.txt" 2>&1
   models_q06_q8 100
@@ -3201,7 +3202,7 @@ part190() {  # session 30: every test of the one-kernel decoder with its merge r
 part191() {  # session 30's last call: every GPU test in one process and decode of both shapes on the
   # final code (its default path is session 29's: this session changed the opt-in decoder only; the
   # spec-cost bench ran on it in part184), then racecheck of the decoder's DL_WARP_ARRIVE variant
-  # test, which session 6's racecheck flagged (part39) (~8 minutes on a fresh machine)
+  # test, which session 6's racecheck flagged (part39) (ran in ~3 minutes)
   setup
   facts > "$W/facts.txt" 2>&1
   gpu_tests_full 330
@@ -3213,7 +3214,7 @@ part191() {  # session 30's last call: every GPU test in one process and decode 
 }
 
 part192() {  # session 30: the figures part191 did not take, on the same final code: memcheck of the
-  # reproducer, the failure matrix, throughput (~7 minutes on a fresh machine)
+  # reproducer, the failure matrix, throughput (ran in ~2.5 minutes)
   setup
   facts > "$W/facts.txt" 2>&1
   models_q06_dflash 60
@@ -3227,7 +3228,8 @@ part192() {  # session 30: the figures part191 did not take, on the same final c
 part193() {  # session 30: the one-row GEMVs' pre-wait L2 prefetch (every 0.6B matrix, GEMV_PREFETCH_MAX)
   # runs during the previous kernel's tail; left out of the narrowing products (o, down: their
   # prefetch overlaps the attention's merge and gate_up's end) or of all but gate_up, 0.6B batch-1
-  # graphs alternated three times (~4 minutes on a fresh machine)
+  # graphs alternated three times (ran in ~3 minutes; both slower, so 5cc64fd removed the two
+  # defines and a rerun builds the default three times)
   local i
   setup
   facts > "$W/facts.txt" 2>&1
