@@ -1960,8 +1960,7 @@ part124() {  # session 18, call 3: early drafting (the DFlash drafting step laun
   done
   gpu_tests_full 220
   memcheck_reproducer 60
-  stage failure_matrix 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
-    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 100
+  failure_matrix_q06 150
   throughput_06b 60
 }
 
@@ -3219,10 +3218,8 @@ part192() {  # session 30: the figures part191 did not take, on the same final c
   facts > "$W/facts.txt" 2>&1
   models_q06_dflash 60
   memcheck_reproducer 60
-  stage failure_matrix 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
-    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 100
-  stage throughput_06b 150 python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 \
-    --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b.json"
+  failure_matrix_q06 150
+  throughput_06b 150
 }
 
 part193() {  # session 30: the one-row GEMVs' pre-wait L2 prefetch (every 0.6B matrix, GEMV_PREFETCH_MAX)
@@ -3342,9 +3339,13 @@ engine_figures() {  # the 8B spec-cost bench, memcheck of the reproducer, the fa
   stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
     --result-json "$W/spec_cost_8b.json"
   memcheck_reproducer 60
-  stage failure_matrix 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
-    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 100
+  failure_matrix_q06 150
   throughput_06b 60
+}
+
+failure_matrix_q06() {  # the served failure matrix (0.6B shape, DFlash k = 8) (timeout in seconds)
+  stage failure_matrix "$1" python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
+    --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 100
 }
 
 spec_round_ab() {  # spec_round_ab TAG VAR A B [BATCH...]: spec_round_graph at each batch (default 1
