@@ -81,7 +81,8 @@
 #   part191: every GPU test and decode of both shapes on the final code, racecheck of the decoder's
 #   one-release-a-warp variant; part192: memcheck of the reproducer, the failure matrix and
 #   throughput on the final code; part193: the 0.6B batch-1 graph with the GEMVs' L2 prefetch left
-#   out of the narrowing products, or of all but gate_up: both slower, the knobs removed).
+#   out of the narrowing products, or of all but gate_up: both slower, the knobs removed; part194:
+#   scripts/stream_bench.py, the 8B products against a plain read of their bytes).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -3237,6 +3238,13 @@ part193() {  # session 30: the one-row GEMVs' pre-wait L2 prefetch (every 0.6B m
     step_graph_env q06 "gatedonly_$i" 90 MINILLM_CUDA_DEFINES=GEMV_PREFETCH_UNGATED=0
   done
   graph_summary
+}
+
+part194() {  # session 30: each 8B batch-1 product (and gate_up without its gate/up pairing) against a
+  # plain read of the same bytes, chains of 20 in a graph, scripts/stream_bench.py (~2 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage stream_bench 150 python3 scripts/stream_bench.py --json "$W/stream_bench.json"
 }
 
 o_merge_graphs() {  # batch-1 graphs of both shapes with MINILLM_O_MERGE 0 / 1 / 2, alternated twice, then
