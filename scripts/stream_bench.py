@@ -30,16 +30,38 @@ SHAPES = {"qkv": (4096, 6144, False), "o": (4096, 4096, False), "gate_up": (4096
 READ_SRC = r"""
 extern "C" __global__ void stream_read(const uint4* __restrict__ p, long long n16, unsigned* sink) {
   long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  const long long stride = (long long)gridDim.x * blockDim.x;
+  const long long s = (long long)gridDim.x * blockDim.x;
   unsigned acc = 0;
-  for (; i + 3 * stride < n16; i += 4 * stride) {
-    const uint4 a = __ldg(p + i), b = __ldg(p + i + stride), c = __ldg(p + i + 2 * stride), d = __ldg(p + i + 3 * stride);
+  for (; i + 3 * s < n16; i += 4 * s) {
+    const uint4 a = __ldg(p + i), b = __ldg(p + i + s), c = __ldg(p + i + 2 * s), d = __ldg(p + i + 3 * s);
     acc ^= a.x ^ b.y ^ c.z ^ d.w;
   }
-  for (; i < n16; i += stride) acc ^= __ldg(p + i).x;
+  for (; i < n16; i += s) acc ^= __ldg(p + i).x;
   if (acc == 0x9e3779b9u) sink[0] = acc;  // keeps the loads; practically never taken
 }
 """
+
+
+def measure(be, read, sink, K: int, N: int, gated: bool) -> dict[str, float]:
+    """Microseconds a call of each way over one product's weights."""
+    NW = 2 * N if gated else N
+    w, x = be.zeros((NW, K)), be.zeros((1, K))  # the values do not change the time
+    nbytes = NW * K * 2
+    got = {}
+    if gated:
+        act, gu = be.zeros((1, N)), be.zeros((1, NW))
+        got["product"] = graph_us(be, lambda: be.matmul_silu_mul(x, w, out=act, gate_up=gu))
+        got["ungated"] = graph_us(be, lambda: be.matmul(x, w, out=gu))
+    else:
+        out = be.zeros((1, N))
+        got["product"] = graph_us(be, lambda: be.matmul(x, w, out=out))
+
+    def read_all():
+        with be.stream:
+            read((8 * be.num_sms,), (256,), (w, np.int64(nbytes // 16), sink))
+
+    got["read"] = graph_us(be, read_all)
+    return got
 
 
 def main() -> None:
@@ -51,36 +73,13 @@ def main() -> None:
     be = CudaBackend(dtype=ml_dtypes.bfloat16)
     read = cupy.RawModule(code=READ_SRC, options=("-std=c++17",)).get_function("stream_read")
     sink = cupy.zeros(1, dtype=np.uint32)
-    grid = (8 * be.num_sms,)
     rows = []
-
-    def report(name: str, way: str, us: float, nbytes: int) -> None:
-        tbs = nbytes / (us * 1e-6) / 1e12
-        rows.append({"shape": name, "way": way, "us": round(us, 2), "TB/s": round(tbs, 3)})
-        print(f"{name:8s} {way:16s} {us:8.2f} us  {tbs:5.3f} TB/s", flush=True)
-
     for name, (K, N, gated) in SHAPES.items():
-        NW = 2 * N if gated else N
-        w = be.zeros((NW, K))  # the values do not change the time
-        x = be.zeros((1, K))
-        nbytes = NW * K * 2
-        if gated:
-            act, gu = be.zeros((1, N)), be.zeros((1, NW))
-            us = graph_us(be, lambda: be.matmul_silu_mul(x, w, out=act, gate_up=gu))
-            report(name, "product", us, nbytes)
-            us = graph_us(be, lambda: be.matmul(x, w, out=gu))
-            report(name, "ungated", us, nbytes)
-        else:
-            out = be.zeros((1, N))
-            us = graph_us(be, lambda: be.matmul(x, w, out=out))
-            report(name, "product", us, nbytes)
-
-        def read_all(w=w):
-            with be.stream:
-                read(grid, (256,), (w, np.int64(nbytes // 16), sink))
-
-        report(name, "read", graph_us(be, read_all), nbytes)
-        del w
+        nbytes = (2 * N if gated else N) * K * 2
+        for way, us in measure(be, read, sink, K, N, gated).items():
+            tbs = nbytes / (us * 1e-6) / 1e12
+            rows.append({"shape": name, "way": way, "us": round(us, 2), "TB/s": round(tbs, 3)})
+            print(f"{name:8s} {way:10s} {us:8.2f} us  {tbs:5.3f} TB/s", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
 
