@@ -67,6 +67,7 @@ def measure(be, read, sink, K: int, N: int, gated: bool) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None)
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="which products (comma-separated)")
     a = ap.parse_args()
     import cupy
 
@@ -74,7 +75,8 @@ def main() -> None:
     read = cupy.RawModule(code=READ_SRC, options=("-std=c++17",)).get_function("stream_read")
     sink = cupy.zeros(1, dtype=np.uint32)
     rows = []
-    for name, (K, N, gated) in SHAPES.items():
+    for name in a.shapes.split(","):
+        K, N, gated = SHAPES[name]
         nbytes = (2 * N if gated else N) * K * 2
         for way, us in measure(be, read, sink, K, N, gated).items():
             tbs = nbytes / (us * 1e-6) / 1e12
