@@ -82,7 +82,8 @@
 #   one-release-a-warp variant; part192: memcheck of the reproducer, the failure matrix and
 #   throughput on the final code; part193: the 0.6B batch-1 graph with the GEMVs' L2 prefetch left
 #   out of the narrowing products, or of all but gate_up: both slower, the knobs removed; part194:
-#   scripts/stream_bench.py, the 8B products against a plain read of their bytes).
+#   scripts/stream_bench.py, the 8B products against a plain read of their bytes; part195 prepared,
+#   not run: the one-row gated product with 2 / 3 chunks a lane in flight, GEMV1_GATED_U).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -3245,6 +3246,29 @@ part194() {  # session 30: each 8B batch-1 product (and gate_up without its gate
   setup
   facts > "$W/facts.txt" 2>&1
   stage stream_bench 150 python3 scripts/stream_bench.py --json "$W/stream_bench.json"
+}
+
+part195() {  # prepared in session 30, not run: part194 found the one-row gated product (gemv1_silu_mul,
+  # 118 registers: 4 CTAs an SM) streaming the 8B gate_up at 4.02 TB/s where the same matrix as one
+  # plain product (gemv1_bf16, 72 registers: 7 CTAs an SM) streams at 4.31 and a plain read at 4.43.
+  # GEMV1_GATED_U=2 / 3 keeps 2 / 3 chunks a lane in flight instead of 4 (72 / 94 registers, ptxas):
+  # stream_bench's gate_up and down, then the batch-1 graphs of both shapes, alternated twice
+  # (~5 minutes on a fresh machine)
+  local i u tag
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_q06_q8 100
+  for i in 1 2; do
+    for u in 4 2 3; do
+      tag=u$u
+      [ "$u" = 4 ] && tag=base
+      stage "stream_${tag}_$i" 60 env MINILLM_CUDA_DEFINES=GEMV1_GATED_U=$u python3 scripts/stream_bench.py \
+        --shapes gate_up,down --json "$W/stream_${tag}_$i.json"
+      step_graph_env q8 "${tag}_$i" 90 MINILLM_CUDA_DEFINES=GEMV1_GATED_U=$u
+      step_graph_env q06 "${tag}_$i" 90 MINILLM_CUDA_DEFINES=GEMV1_GATED_U=$u
+    done
+  done
+  graph_summary
 }
 
 o_merge_graphs() {  # batch-1 graphs of both shapes with MINILLM_O_MERGE 0 / 1 / 2, alternated twice, then
