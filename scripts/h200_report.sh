@@ -83,7 +83,8 @@
 #   throughput on the final code; part193: the 0.6B batch-1 graph with the GEMVs' L2 prefetch left
 #   out of the narrowing products, or of all but gate_up: both slower, the knobs removed; part194:
 #   scripts/stream_bench.py, the 8B products against a plain read of their bytes; part195 prepared,
-#   not run: the one-row gated product with 2 / 3 chunks a lane in flight, GEMV1_GATED_U).
+#   not run: the one-row gated product with 2 / 3 chunks a lane in flight, GEMV1_GATED_U, or
+#   unfused, MINILLM_GATED1_UNFUSED_MIN_W).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -3252,8 +3253,9 @@ part195() {  # prepared in session 30, not run: part194 found the one-row gated 
   # 118 registers: 4 CTAs an SM) streaming the 8B gate_up at 4.02 TB/s where the same matrix as one
   # plain product (gemv1_bf16, 72 registers: 7 CTAs an SM) streams at 4.31 and a plain read at 4.43.
   # GEMV1_GATED_U=2 / 3 keeps 2 / 3 chunks a lane in flight instead of 4 (72 / 94 registers, ptxas):
-  # stream_bench's gate_up and down, then the batch-1 graphs of both shapes, alternated twice
-  # (~5 minutes on a fresh machine)
+  # stream_bench's gate_up and down, then the batch-1 graphs of both shapes; and the 8B graph with
+  # its one-row gate_up unfused (MINILLM_GATED1_UNFUSED_MIN_W: a plain product, then silu_mul);
+  # alternated twice (~5 minutes on a fresh machine)
   local i u tag
   setup
   facts > "$W/facts.txt" 2>&1
@@ -3267,6 +3269,7 @@ part195() {  # prepared in session 30, not run: part194 found the one-row gated 
       step_graph_env q8 "${tag}_$i" 90 MINILLM_CUDA_DEFINES=GEMV1_GATED_U=$u
       step_graph_env q06 "${tag}_$i" 90 MINILLM_CUDA_DEFINES=GEMV1_GATED_U=$u
     done
+    step_graph_env q8 "unfused_$i" 90 MINILLM_GATED1_UNFUSED_MIN_W=67108864
   done
   graph_summary
 }
