@@ -3255,10 +3255,11 @@ part195() {  # prepared in session 30, not run: part194 found the one-row gated 
   # GEMV1_GATED_U=2 / 3 keeps 2 / 3 chunks a lane in flight instead of 4 (72 / 94 registers, ptxas):
   # stream_bench's gate_up and down, then the batch-1 graphs of both shapes; and the 8B graph with
   # its one-row gate_up unfused (MINILLM_GATED1_UNFUSED_MIN_W: a plain product, then silu_mul);
-  # alternated twice (~5 minutes on a fresh machine)
+  # alternated twice, after both routes' same-bits tests (~6 minutes on a fresh machine)
   local i u tag
   setup
   facts > "$W/facts.txt" 2>&1
+  stage gpu_tests_gated 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k same_bits
   models_q06_q8 100
   for i in 1 2; do
     for u in 4 2 3; do

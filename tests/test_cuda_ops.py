@@ -651,6 +651,30 @@ def test_one_row_gemv_staged_loads_same_bits(be, K, N):
     assert np.array_equal(p1, p0) and np.array_equal(g1, g0)
     ref = rounded(be, host(be, x)).astype(np.float64) @ host(be, w).astype(np.float64).T + host(be, b)
     assert rel_err(p1, ref) < tol(be)
+    # the gated product with 2 or 3 chunks a lane in flight (GEMV1_GATED_U, an A/B knob): each lane
+    # still adds its chunks in order, so the same bits
+    for u in (2, 3):
+        assert np.array_equal(one_row_gemvs(be, x, w, b, (f"GEMV1_GATED_U={u}",))[1], g1), u
+
+
+def test_one_row_gated_product_unfused_same_bits(be):
+    """MINILLM_GATED1_UNFUSED_MIN_W's route (a one-row gate_up product as a plain product into
+    gate_up, then silu_mul) gives the fused kernel's bits, and writes gate_up where the fused one
+    leaves it alone."""
+    x, w, _ = one_row_inputs(be, 1024, 1536)
+    saved = be.gated1_unfused_min_w
+    outs = []
+    try:
+        for min_w in (0, 1):
+            be.gated1_unfused_min_w = min_w
+            out, gate_up = poisoned(be, (1, 1536)), poisoned(be, (1, 3072))
+            be.matmul_silu_mul(x, w, out, gate_up)
+            outs.append((host(be, out), host(be, gate_up)))
+    finally:
+        be.gated1_unfused_min_w = saved
+    (fused, gu0), (unfused, gu1) = outs
+    assert not np.isnan(fused).any() and np.isnan(gu0).all() and not np.isnan(gu1).any()
+    assert np.array_equal(fused, unfused)
 
 
 def test_dependent_chain_in_a_graph_matches_eager(be):
