@@ -53,6 +53,9 @@
 #ifndef GEMV1_GATED_U  // chunks a lane has in flight per row in the one-row gated product (A/B knob)
 #define GEMV1_GATED_U 4
 #endif
+#ifndef GEMV1_PLAIN_U  // the same for the other one-row products (A/B knob; 6 / 8 for all of them and the
+#define GEMV1_PLAIN_U 4  // gated one together measured no gain, part151)
+#endif
 #ifndef GEMV_STAGED  // 0: one row takes the unrolled loop too (A/B runs: h200_report.sh part132)
 #define GEMV_STAGED 1
 #endif
@@ -156,7 +159,7 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
     // 4.352-4.355, so 8B's slower qkv / o / down are not short of bytes in flight. Splitting a
     // column's K range over 2-3 warps (to fill the GPU with 0.6B's 128-CTA o and down) did not
     // either: 0.6B 0.885 -> 0.887-0.890 (part152); both were removed.
-    constexpr int U = GATED ? GEMV1_GATED_U : 4;
+    constexpr int U = GATED ? GEMV1_GATED_U : GEMV1_PLAIN_U;
     for (int c0 = lane; c0 < chunks; c0 += 32 * U) {
       uint4 wv[U][R], xv[U][M];
 #pragma unroll

@@ -83,8 +83,8 @@
 #   throughput on the final code; part193: the 0.6B batch-1 graph with the GEMVs' L2 prefetch left
 #   out of the narrowing products, or of all but gate_up: both slower, the knobs removed; part194:
 #   scripts/stream_bench.py, the 8B products against a plain read of their bytes; part195 prepared,
-#   not run: the one-row gated product with 2 / 3 chunks a lane in flight, GEMV1_GATED_U, or
-#   unfused, MINILLM_GATED1_UNFUSED_MIN_W).
+#   not run: the one-row gated product with 2 chunks a lane in flight, GEMV1_GATED_U, or unfused,
+#   MINILLM_GATED1_UNFUSED_MIN_W; the other one-row products with 8, GEMV1_PLAIN_U).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -3251,26 +3251,31 @@ part194() {  # session 30: each 8B batch-1 product (and gate_up without its gate
 
 part195() {  # prepared in session 30, not run: part194 found the one-row gated product (gemv1_silu_mul,
   # 118 registers: 4 CTAs an SM) streaming the 8B gate_up at 4.02 TB/s where the same matrix as one
-  # plain product (gemv1_bf16, 72 registers: 7 CTAs an SM) streams at 4.31 and a plain read at 4.43.
-  # GEMV1_GATED_U=2 / 3 keeps 2 / 3 chunks a lane in flight instead of 4 (72 / 94 registers, ptxas):
-  # stream_bench's gate_up and down, then the batch-1 graphs of both shapes; and the 8B graph with
-  # its one-row gate_up unfused (MINILLM_GATED1_UNFUSED_MIN_W: a plain product, then silu_mul);
-  # alternated twice, after both routes' same-bits tests (~6 minutes on a fresh machine)
-  local i u tag
+  # plain product (gemv1_bf16, 72 registers: 7 CTAs an SM) streams at 4.31 and a plain read at 4.43,
+  # and the 8B down at 3.97 against a read's 4.25. Arms, each against the default build: the gated
+  # product with 2 chunks a lane in flight instead of 4 (GEMV1_GATED_U=2: 72 registers, ptxas); the
+  # one-row gate_up unfused (MINILLM_GATED1_UNFUSED_MIN_W: a plain product, then silu_mul); the
+  # plain one-row products with 8 chunks in flight (GEMV1_PLAIN_U=8: 124 registers; session 22's
+  # part151 raised both kernels' at once). stream_bench and the batch-1 graphs, alternated twice,
+  # after the same-bits tests of every variant (~6 minutes on a fresh machine: each define set
+  # recompiles every module once)
+  local i
   setup
   facts > "$W/facts.txt" 2>&1
-  stage gpu_tests_gated 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k same_bits
+  stage gpu_tests_gated 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k same_bits
   models_q06_q8 100
   for i in 1 2; do
-    for u in 4 2 3; do
-      tag=u$u
-      [ "$u" = 4 ] && tag=base
-      stage "stream_${tag}_$i" 60 env MINILLM_CUDA_DEFINES=GEMV1_GATED_U=$u python3 scripts/stream_bench.py \
-        --shapes gate_up,down --json "$W/stream_${tag}_$i.json"
-      step_graph_env q8 "${tag}_$i" 90 MINILLM_CUDA_DEFINES=GEMV1_GATED_U=$u
-      step_graph_env q06 "${tag}_$i" 90 MINILLM_CUDA_DEFINES=GEMV1_GATED_U=$u
-    done
+    stage "stream_base_$i" 60 python3 scripts/stream_bench.py --json "$W/stream_base_$i.json"
+    step_graph_env q8 "base_$i" 90 MINILLM_CUDA_DEFINES=
+    step_graph_env q06 "base_$i" 90 MINILLM_CUDA_DEFINES=
+    stage "stream_gated2_$i" 60 env MINILLM_CUDA_DEFINES=GEMV1_GATED_U=2 python3 scripts/stream_bench.py \
+      --shapes gate_up --json "$W/stream_gated2_$i.json"
+    step_graph_env q8 "gated2_$i" 90 MINILLM_CUDA_DEFINES=GEMV1_GATED_U=2
+    step_graph_env q06 "gated2_$i" 90 MINILLM_CUDA_DEFINES=GEMV1_GATED_U=2
     step_graph_env q8 "unfused_$i" 90 MINILLM_GATED1_UNFUSED_MIN_W=67108864
+    stage "stream_plain8_$i" 60 env MINILLM_CUDA_DEFINES=GEMV1_PLAIN_U=8 python3 scripts/stream_bench.py \
+      --shapes qkv,o,down --json "$W/stream_plain8_$i.json"
+    step_graph_env q8 "plain8_$i" 90 MINILLM_CUDA_DEFINES=GEMV1_PLAIN_U=8
   done
   graph_summary
 }

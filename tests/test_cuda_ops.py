@@ -655,6 +655,8 @@ def test_one_row_gemv_staged_loads_same_bits(be, K, N):
     # still adds its chunks in order, so the same bits
     for u in (2, 3):
         assert np.array_equal(one_row_gemvs(be, x, w, b, (f"GEMV1_GATED_U={u}",))[1], g1), u
+    for u in (6, 8):  # and the plain products with more (GEMV1_PLAIN_U)
+        assert np.array_equal(one_row_gemvs(be, x, w, b, (f"GEMV1_PLAIN_U={u}",))[0], p1), u
 
 
 def test_one_row_gated_product_unfused_same_bits(be):
