@@ -74,7 +74,8 @@
 #   matrix and throughput on the final code). part186-: session 29 (part186: the batch-1 o product
 #   merging the attention's splits, MINILLM_O_MERGE 1 / 2, against 0, its tests, the min_p
 #   sampler's GPU tests; part187: the merge with staggered copies; both slower, left opt-in;
-#   part188 prepared, not run: every GPU test on the final code, spec cost, decode). part189-:
+#   part188 prepared, not run: every GPU test on the final code, spec cost, decode; session 30's
+#   part191 and part184 took it over). part189-:
 #   session 30 (part189: the one-kernel decoder revisited: per-CTA flag barriers and one slot
 #   release a warp, its tests and profiles against the default and DL_NO_GEMV, both shapes; part190:
 #   every test of the decoder with its new merge, run after session 28's part184 in one call;
@@ -3160,7 +3161,7 @@ part185() {  # prepared in session 28, not yet run: the figures on session 28's 
     --max-model-len 2048 --max-num-batched-tokens 8192 --result-json "$W/throughput_06b_2.json"
 }
 
-part188() {  # prepared in session 29, not yet run: every GPU test in one process on session 29's final
+part188() {  # prepared in session 29, never run (session 30's part191 and part184 took it over): every GPU test in one process on session 29's final
   # code (the shared merge helpers, min_p in the sampler), then the 8B spec-cost bench and decode of
   # both shapes (~9 minutes on a fresh machine; part184's route A/Bs are still to run apart)
   setup
