@@ -3,7 +3,7 @@
     PYTHONPATH=. python scripts/stream_bench.py [--json F]
 
 For each Qwen3-8B product (the one-row GEMVs a batch-1 decode step runs: qkv, o, gate_up with its
-SiLU, down), three ways over the same weight bytes, each a chain of 20 launches in one CUDA graph
+SiLU, down, the LM head; and the 0.6B shape's LM head), up to three ways over the same weight bytes, each a chain of 20 launches in one CUDA graph
 (graph_us: 3 warm-up replays, the median of 10):
   - product: the backend's own call (CudaBackend.matmul / matmul_silu_mul, as the model makes it);
   - gate_up ungated: the [2F, K] gate_up matrix as one plain product (no gate/up row pairing);
@@ -25,7 +25,8 @@ from minillm.backends.cuda_ops import CudaBackend
 from minillm.bench.gpu_timing import graph_us
 
 SHAPES = {"qkv": (4096, 6144, False), "o": (4096, 4096, False), "gate_up": (4096, 12288, True),
-          "down": (12288, 4096, False)}  # name: (K, N, gated), Qwen3-8B
+          "down": (12288, 4096, False), "lm_head": (4096, 151936, False),  # name: (K, N, gated), Qwen3-8B
+          "lm_head_06b": (1024, 151936, False)}  # the LM heads write fp32 logits, as the model's
 
 READ_SRC = r"""
 extern "C" __global__ void stream_read(const uint4* __restrict__ p, long long n16, unsigned* sink) {
@@ -53,7 +54,7 @@ def measure(be, read, sink, K: int, N: int, gated: bool) -> dict[str, float]:
         got["product"] = graph_us(be, lambda: be.matmul_silu_mul(x, w, out=act, gate_up=gu))
         got["ungated"] = graph_us(be, lambda: be.matmul(x, w, out=gu))
     else:
-        out = be.zeros((1, N))
+        out = be.zeros((1, N), dtype=np.float32) if N > 100_000 else be.zeros((1, N))
         got["product"] = graph_us(be, lambda: be.matmul(x, w, out=out))
 
     def read_all():
