@@ -1,10 +1,11 @@
 """How close the batch-1 products come to a plain read of the same bytes (a GPU diagnostic).
 
-    PYTHONPATH=. python scripts/stream_bench.py [--json F]
+    PYTHONPATH=. python scripts/stream_bench.py [--shapes gate_up,down] [--json F]
 
 For each Qwen3-8B product (the one-row GEMVs a batch-1 decode step runs: qkv, o, gate_up with its
-SiLU, down, the LM head; and the 0.6B shape's LM head), up to three ways over the same weight bytes, each a chain of 20 launches in one CUDA graph
-(graph_us: 3 warm-up replays, the median of 10):
+SiLU, down, the LM head; and the 0.6B shape's LM head), up to three ways over the same weight
+bytes, each a chain of 20 launches in one CUDA graph (graph_us: 3 warm-up replays, the median of
+10):
   - product: the backend's own call (CudaBackend.matmul / matmul_silu_mul, as the model makes it);
   - gate_up ungated: the [2F, K] gate_up matrix as one plain product (no gate/up row pairing);
   - read: every byte loaded once with 16-byte loads, grid-stride over 8 CTAs an SM, nothing computed.
