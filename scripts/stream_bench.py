@@ -25,9 +25,10 @@ import numpy as np
 from minillm.backends.cuda_ops import CudaBackend
 from minillm.bench.gpu_timing import graph_us
 
-SHAPES = {"qkv": (4096, 6144, False), "o": (4096, 4096, False), "gate_up": (4096, 12288, True),
-          "down": (12288, 4096, False), "lm_head": (4096, 151936, False),  # name: (K, N, gated), Qwen3-8B
-          "lm_head_06b": (1024, 151936, False)}  # the LM heads write fp32 logits, as the model's
+# name: (K, N, gated, fp32 out), Qwen3-8B but the last; the LM heads write fp32 logits, as the model's
+SHAPES = {"qkv": (4096, 6144, False, False), "o": (4096, 4096, False, False), "gate_up": (4096, 12288, True, False),
+          "down": (12288, 4096, False, False), "lm_head": (4096, 151936, False, True),
+          "lm_head_06b": (1024, 151936, False, True)}
 
 READ_SRC = r"""
 extern "C" __global__ void stream_read(const uint4* __restrict__ p, long long n16, unsigned* sink) {
@@ -44,7 +45,7 @@ extern "C" __global__ void stream_read(const uint4* __restrict__ p, long long n1
 """
 
 
-def measure(be, read, sink, K: int, N: int, gated: bool) -> dict[str, float]:
+def measure(be, read, sink, K: int, N: int, gated: bool, f32_out: bool) -> dict[str, float]:
     """Microseconds a call of each way over one product's weights."""
     NW = 2 * N if gated else N
     w, x = be.zeros((NW, K)), be.zeros((1, K))  # the values do not change the time
@@ -55,7 +56,7 @@ def measure(be, read, sink, K: int, N: int, gated: bool) -> dict[str, float]:
         got["product"] = graph_us(be, lambda: be.matmul_silu_mul(x, w, out=act, gate_up=gu))
         got["ungated"] = graph_us(be, lambda: be.matmul(x, w, out=gu))
     else:
-        out = be.zeros((1, N), dtype=np.float32) if N > 100_000 else be.zeros((1, N))
+        out = be.zeros((1, N), dtype=np.float32 if f32_out else None)
         got["product"] = graph_us(be, lambda: be.matmul(x, w, out=out))
 
     def read_all():
@@ -78,9 +79,9 @@ def main() -> None:
     sink = cupy.zeros(1, dtype=np.uint32)
     rows = []
     for name in a.shapes.split(","):
-        K, N, gated = SHAPES[name]
+        K, N, gated, f32_out = SHAPES[name]
         nbytes = (2 * N if gated else N) * K * 2
-        for way, us in measure(be, read, sink, K, N, gated).items():
+        for way, us in measure(be, read, sink, K, N, gated, f32_out).items():
             tbs = nbytes / (us * 1e-6) / 1e12
             rows.append({"shape": name, "way": way, "us": round(us, 2), "TB/s": round(tbs, 3)})
             print(f"{name:8s} {way:10s} {us:8.2f} us  {tbs:5.3f} TB/s", flush=True)
