@@ -56,6 +56,9 @@
 #ifndef GEMV1_PLAIN_U  // the same for the other one-row products (A/B knob; 6 / 8 for all of them and the
 #define GEMV1_PLAIN_U 4  // gated one together measured no gain, part151)
 #endif
+#ifndef GEMV1_DEEP_U  // gemv1_deep_bf16's chunks in flight (124 registers at 8: 4 CTAs an SM, ptxas)
+#define GEMV1_DEEP_U 8
+#endif
 #ifndef GEMV_STAGED  // 0: one row takes the unrolled loop too (A/B runs: h200_report.sh part132)
 #define GEMV_STAGED 1
 #endif
@@ -81,32 +84,47 @@ __device__ __forceinline__ float gated_act(float gate, float up) {
 }
 
 // Before the PDL wait: a small matrix's rows of this warp asked into L2 (GEMV_PREFETCH_MAX).
+// gemv_prefetch_rows: rows n0.. of w (N rows) when the whole matrix is at most that many bytes.
+__device__ __forceinline__ void gemv_prefetch_rows(const bf16* w, int n0, int N, int K, i64 matrix_bytes) {
+  if (matrix_bytes <= (i64)GEMV_PREFETCH_MAX && (threadIdx.x & 31) == 0 && n0 < N)
+    minillm::prefetch_l2(w + (i64)n0 * K, (unsigned)(min(GEMV_NR, N - n0) * K * 2));  // contiguous
+}
 template <bool GATED, int WARPS>
 __device__ __forceinline__ void gemv_prefetch(const bf16* w, int N, int K) {
   const int n0 = (blockIdx.x * WARPS + (threadIdx.x >> 5)) * GEMV_NR;
-  if ((i64)N * K * (GATED ? 4 : 2) <= (i64)GEMV_PREFETCH_MAX && (threadIdx.x & 31) == 0 && n0 < N) {
-    const unsigned bytes = (unsigned)(min(GEMV_NR, N - n0) * K * 2);  // this warp's rows, contiguous
-    minillm::prefetch_l2(w + (i64)n0 * K, bytes);
-    if (GATED) minillm::prefetch_l2(w + (i64)(N + n0) * K, bytes);
-  }
+  const i64 bytes = (i64)N * K * (GATED ? 4 : 2);
+  gemv_prefetch_rows(w, n0, N, K, bytes);
+  if (GATED) gemv_prefetch_rows(w + (i64)N * K, n0, N, K, bytes);
 }
 
 // GATED: out[m, n] = silu(x[m] . w[n]) * (x[m] . w[N + n]) for n < N (w has 2N rows, no bias).
 // WARPS: warps a CTA (GEMV_NR columns each). WAITED: the caller has prefetched and passed the PDL
-// wait (gemv1_merge_*, whose x is its own shared memory).
-template <typename TO, int M, bool GATED, int WARPS = GEMV_WARPS, bool WAITED = false>
+// wait (gemv1_merge_*, whose x is its own shared memory). U1: chunks a lane has in flight a row in
+// the one-row loop (0: GEMV1_GATED_U / GEMV1_PLAIN_U). SPLIT (GATED, one row): the CTA's first half
+// of warps streams the gate rows and its second half the matching up rows, GEMV_NR rows a warp as
+// the plain product does; the up sums reach the gate warps through shared memory (gemv1_silu_mul_split).
+template <typename TO, int M, bool GATED, int WARPS = GEMV_WARPS, bool WAITED = false, int U1 = 0,
+          bool SPLIT = false>
 __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
                                           const bf16* __restrict__ w, const bf16* __restrict__ bias,
                                           TO* __restrict__ out, i64 ldo, int N, int K) {
-  constexpr int R = GATED ? 2 * GEMV_NR : GEMV_NR;  // weight rows a warp streams at once
+  static_assert(!SPLIT || (GATED && M == 1 && WARPS % 2 == 0), "SPLIT: one gated row, warps in pairs");
+  constexpr int R = GATED && !SPLIT ? 2 * GEMV_NR : GEMV_NR;  // weight rows a warp streams at once
+  constexpr int COL_WARPS = SPLIT ? WARPS / 2 : WARPS;  // warps a CTA whose columns differ
   const int lane = threadIdx.x & 31;
-  const int warp = blockIdx.x * WARPS + (threadIdx.x >> 5);
-  const int n0 = warp * GEMV_NR;
+  const int wib = threadIdx.x >> 5;  // warp in the CTA
+  const bool up_warp = SPLIT && wib >= COL_WARPS;
+  const int n0 = (blockIdx.x * COL_WARPS + wib % COL_WARPS) * GEMV_NR;
+  const i64 row0 = up_warp ? N : 0;  // SPLIT: the up warps' rows start at N
   if constexpr (!WAITED) {
-    gemv_prefetch<GATED, WARPS>(w, N, K);
+    if constexpr (SPLIT)
+      gemv_prefetch_rows(w + row0 * K, n0, N, K, (i64)N * K * 4);
+    else
+      gemv_prefetch<GATED, WARPS>(w, N, K);
     minillm::pdl_entry();  // before the early return: see cuda/common.cuh
   }
-  if (n0 >= N) return;
+  // SPLIT keeps every warp to the CTA barrier below: past N they reload row N - 1, unused
+  if (!SPLIT && n0 >= N) return;
   const int chunks = K / 8;  // 16-byte chunks per row (the host checks K % 8 == 0)
   float acc[R][M];
 #pragma unroll
@@ -118,7 +136,7 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const int col = min(n0 + r % GEMV_NR, N - 1);
-      const int n = r < GEMV_NR ? col : N + col;  // rows past GEMV_NR: the up half (GATED)
+      const i64 n = SPLIT ? row0 + col : r < GEMV_NR ? col : N + col;  // rows past GEMV_NR: the up half
       wv[r] = __ldg(reinterpret_cast<const uint4*>(w + (i64)n * K) + c);
     }
   };
@@ -159,7 +177,7 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
     // 4.352-4.355, so 8B's slower qkv / o / down are not short of bytes in flight. Splitting a
     // column's K range over 2-3 warps (to fill the GPU with 0.6B's 128-CTA o and down) did not
     // either: 0.6B 0.885 -> 0.887-0.890 (part152); both were removed.
-    constexpr int U = GATED ? GEMV1_GATED_U : GEMV1_PLAIN_U;
+    constexpr int U = U1 ? U1 : GATED && !SPLIT ? GEMV1_GATED_U : GEMV1_PLAIN_U;
     for (int c0 = lane; c0 < chunks; c0 += 32 * U) {
       uint4 wv[U][R], xv[U][M];
 #pragma unroll
@@ -184,16 +202,31 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
     }
   }
   minillm::pdl_release();
+  if constexpr (SPLIT) {
+    __shared__ float up_sums[COL_WARPS][GEMV_NR];
 #pragma unroll
-  for (int r = 0; r < GEMV_NR; ++r) {
-    const int n = n0 + r;
+    for (int r = 0; r < GEMV_NR; ++r) {
+      const float s = minillm::warp_sum(acc[r][0]);
+      if (up_warp && lane == 0) up_sums[wib % COL_WARPS][r] = s;
+      acc[r][0] = s;
+    }
+    __syncthreads();
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const float s = minillm::warp_sum(acc[r][m]);
-      const float up = GATED ? minillm::warp_sum(acc[r + GEMV_NR][m]) : 0.f;
-      if (lane == 0 && n < N) {
-        const float y = GATED ? gated_act(s, up) : s + (bias ? minillm::to_f(bias[n]) : 0.f);
-        out[(i64)m * ldo + n] = minillm::from_f<TO>(y);
+    for (int r = 0; r < GEMV_NR; ++r)
+      if (!up_warp && lane == 0 && n0 + r < N)
+        out[n0 + r] = minillm::from_f<TO>(gated_act(acc[r][0], up_sums[wib][r]));
+  } else {
+#pragma unroll
+    for (int r = 0; r < GEMV_NR; ++r) {
+      const int n = n0 + r;
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        const float s = minillm::warp_sum(acc[r][m]);
+        const float up = GATED ? minillm::warp_sum(acc[r + GEMV_NR][m]) : 0.f;
+        if (lane == 0 && n < N) {
+          const float y = GATED ? gated_act(s, up) : s + (bias ? minillm::to_f(bias[n]) : 0.f);
+          out[(i64)m * ldo + n] = minillm::from_f<TO>(y);
+        }
       }
     }
   }
@@ -253,6 +286,24 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
 extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
     gemv1_silu_mul_bf16(const bf16* x, i64 ldx, const bf16* w, bf16* out, i64 ldo, int F, int K) {
   gemv_impl<bf16, 1, true>(x, ldx, w, nullptr, out, ldo, F, K);
+}
+// The same product with the gate and up rows on different warps of a CTA (SPLIT above): each warp
+// holds GEMV_NR rows' sums, not 2 x GEMV_NR, so it has gemv1_bf16's registers and occupancy (the
+// fused kernel's 118 registers allow 4 CTAs an SM; session 30's stream_bench.py streamed the 8B
+// gate_up at 4.02 TB/s through it and 4.31 as one plain product, part194). Grid
+// (ceil(F / (GEMV_NR * GEMV_WARPS / 2))): twice gemv1_silu_mul_bf16's. The same sums in the same
+// order: the same bits.
+extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
+    gemv1_silu_mul_split_bf16(const bf16* x, i64 ldx, const bf16* w, bf16* out, i64 ldo, int F, int K) {
+  gemv_impl<bf16, 1, true, GEMV_WARPS, false, 0, true>(x, ldx, w, nullptr, out, ldo, F, K);
+}
+// gemv1_bf16 with GEMV1_DEEP_U chunks a lane in flight, for long rows whose grid fits one wave at
+// its occupancy (the host's rule, cuda_ops.py's one_row_product_kernel): session 31's part195 ran
+// every one-row product with 8 and the 8B down streamed 3.96 -> 4.10 TB/s, o 5.71 -> 5.79, but
+// qkv (768 CTAs: more than one wave of 4 CTAs an SM) 4.49 -> 4.13.
+extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
+    gemv1_deep_bf16(const bf16* x, i64 ldx, const bf16* w, const bf16* bias, bf16* out, i64 ldo, int N, int K) {
+  gemv_impl<bf16, 1, false, GEMV_WARPS, false, GEMV1_DEEP_U>(x, ldx, w, bias, out, ldo, N, K);
 }
 
 // ---- gemv1_merge: a batch-1 decode step's o product, merging the attention's splits itself ------

@@ -85,7 +85,9 @@
 #   out of the narrowing products, or of all but gate_up: both slower, the knobs removed; part194:
 #   scripts/stream_bench.py, the 8B products against a plain read of their bytes; part195 prepared,
 #   not run: the one-row gated product with 2 chunks a lane in flight, GEMV1_GATED_U, or unfused,
-#   MINILLM_GATED1_UNFUSED_MIN_W; the other one-row products with 8, GEMV1_PLAIN_U).
+#   MINILLM_GATED1_UNFUSED_MIN_W; the other one-row products with 8, GEMV1_PLAIN_U; run in session 31).
+#   part196: session 31 (the one-row gate_up with gate and up rows on different warps,
+#   MINILLM_GATED1_SPLIT; long one-wave rows with 8 chunks in flight, MINILLM_GEMV1_DEEP_MIN_K).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -3279,6 +3281,36 @@ part195() {  # prepared in session 30, not run: part194 found the one-row gated 
     step_graph_env q8 "plain8_$i" 90 MINILLM_CUDA_DEFINES=GEMV1_PLAIN_U=8
   done
   graph_summary
+}
+
+part196() {  # session 31: part195 found GEMV1_PLAIN_U=8 (every plain one-row product with 8 chunks in
+  # flight) speeding the 8B down and o but slowing qkv (past one wave at 4 CTAs an SM), and the 8B
+  # gate_up unfused only -0.2% in the graph. Arms, each a routing knob of the one build: the one-row
+  # gate_up on gemv1_silu_mul_split_bf16 (gate and up rows on different warps: 70 registers, not 118;
+  # MINILLM_GATED1_SPLIT=1), long rows within one wave on gemv1_deep_bf16 (8 chunks in flight;
+  # MINILLM_GEMV1_DEEP_MIN_K 4096 / 2048), both. Their same-bits tests, stream_bench and the batch-1
+  # graphs alternated twice, then every GPU test with both on (~7 minutes on a fresh machine)
+  local i
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage gpu_tests_routes 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    -k "split_and_deep or routes_same_bits"
+  models_q06_q8 100
+  for i in 1 2; do
+    stage "stream_base_$i" 60 python3 scripts/stream_bench.py --shapes o,gate_up,down --json "$W/stream_base_$i.json"
+    stage "stream_split_deep_$i" 60 env MINILLM_GATED1_SPLIT=1 MINILLM_GEMV1_DEEP_MIN_K=4096 \
+      python3 scripts/stream_bench.py --shapes o,gate_up,down --json "$W/stream_split_deep_$i.json"
+    step_graph_env q8 "base_$i" 90 MINILLM_GATED1_SPLIT=0
+    step_graph_env q8 "split_$i" 90 MINILLM_GATED1_SPLIT=1
+    step_graph_env q8 "deep_$i" 90 MINILLM_GEMV1_DEEP_MIN_K=4096
+    step_graph_env q8 "split_deep_$i" 90 MINILLM_GATED1_SPLIT=1 MINILLM_GEMV1_DEEP_MIN_K=4096
+    step_graph_env q06 "base_$i" 90 MINILLM_GATED1_SPLIT=0
+    step_graph_env q06 "split_$i" 90 MINILLM_GATED1_SPLIT=1
+    step_graph_env q06 "deep2k_$i" 90 MINILLM_GEMV1_DEEP_MIN_K=2048
+    step_graph_env q06 "split_deep2k_$i" 90 MINILLM_GATED1_SPLIT=1 MINILLM_GEMV1_DEEP_MIN_K=2048
+  done
+  graph_summary
+  MINILLM_GATED1_SPLIT=1 MINILLM_GEMV1_DEEP_MIN_K=4096 gpu_tests_full 300
 }
 
 o_merge_graphs() {  # batch-1 graphs of both shapes with MINILLM_O_MERGE 0 / 1 / 2, alternated twice, then

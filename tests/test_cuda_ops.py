@@ -659,24 +659,67 @@ def test_one_row_gemv_staged_loads_same_bits(be, K, N):
         assert np.array_equal(one_row_gemvs(be, x, w, b, (f"GEMV1_PLAIN_U={u}",))[0], p1), u
 
 
-def test_one_row_gated_product_unfused_same_bits(be):
-    """MINILLM_GATED1_UNFUSED_MIN_W's route (a one-row gate_up product as a plain product into
-    gate_up, then silu_mul) gives the fused kernel's bits, and writes gate_up where the fused one
-    leaves it alone."""
-    x, w, _ = one_row_inputs(be, 1024, 1536)
-    saved = be.gated1_unfused_min_w
-    outs = []
+@pytest.mark.parametrize("K,N", [(64, 96), (1000, 1537), (4104, 300), (4096, 2050)])
+def test_one_row_split_and_deep_kernels_same_bits(be, K, N):
+    """gemv1_silu_mul_split_bf16 (gate and up rows on different warps of a CTA) gives
+    gemv1_silu_mul_bf16's bits and gemv1_deep_bf16 (8 chunks a lane in flight) gemv1_bf16's: the
+    same sums in the same order. Column counts that leave a CTA's last warps past the end (they
+    must still reach the split kernel's barrier) and chunk counts that leave the last group partial."""
+    from minillm.backends import compile as kc
+
+    x, w, b = one_row_inputs(be, K, N)
+    plain, gated = one_row_gemvs(be, x, w, b)
+    split, deep = poisoned(be, (1, N)), poisoned(be, (1, 2 * N))
+    with be.stream:
+        kc.get_kernel("gemv", "gemv1_silu_mul_split_bf16", False)(
+            ((N + 3) // 4,), (128,), (x, np.int64(K), w, split, np.int64(N), np.int32(N), np.int32(K)))
+        kc.get_kernel("gemv", "gemv1_deep_bf16", False)(
+            ((2 * N + 7) // 8,), (128,),
+            (x, np.int64(K), w, b, deep, np.int64(2 * N), np.int32(2 * N), np.int32(K)))
+    be.synchronize()
+    assert not np.isnan(gated).any() and not np.isnan(plain).any()
+    assert np.array_equal(host(be, split), gated)
+    assert np.array_equal(host(be, deep), plain)
+
+
+def test_one_row_gated_product_routes_same_bits(be):
+    """The one-row gate_up product's other routes give the fused kernel's bits: unfused
+    (MINILLM_GATED1_UNFUSED_MIN_W: a plain product into gate_up, which it writes, then silu_mul)
+    and split (MINILLM_GATED1_SPLIT), each launching the kernels it names, in a graph too; and
+    a one-row product on gemv1_deep_bf16 (MINILLM_GEMV1_DEEP_MIN_K) gives gemv1_bf16's."""
+    x, w, b = one_row_inputs(be, 1024, 1536)
+    saved = be.gated1_unfused_min_w, be.gated1_split, be.gemv1_deep_min_k
+    outs, launched = {}, {}
     try:
-        for min_w in (0, 1):
-            be.gated1_unfused_min_w = min_w
+        for route, min_w, split in (("fused", 0, 0), ("unfused", 1, 0), ("split", 0, 1)):
+            be.gated1_unfused_min_w, be.gated1_split = min_w, split
             out, gate_up = poisoned(be, (1, 1536)), poisoned(be, (1, 3072))
             be.matmul_silu_mul(x, w, out, gate_up)
-            outs.append((host(be, out), host(be, gate_up)))
+            outs[route] = host(be, out), host(be, gate_up)
+            before = Counter(be.captured_launches)
+            out2 = poisoned(be, (1, 1536))
+            be.capture_graph(lambda o=out2, g=gate_up: be.matmul_silu_mul(x, w, o, g)).replay()
+            launched[route] = be.captured_launches - before
+            assert np.array_equal(host(be, out2), outs[route][0]), route
+        for min_k in (0, 1024):
+            be.gemv1_deep_min_k = min_k
+            be.matmul(x, w, poisoned(be, (1, 3072)), bias=b)  # eagerly first, as capture_graph asks
+            out = poisoned(be, (1, 3072))
+            before = Counter(be.captured_launches)
+            be.capture_graph(lambda o=out: be.matmul(x, w, o, bias=b)).replay()
+            launched[min_k] = be.captured_launches - before
+            outs[min_k] = host(be, out)
     finally:
-        be.gated1_unfused_min_w = saved
-    (fused, gu0), (unfused, gu1) = outs
-    assert not np.isnan(fused).any() and np.isnan(gu0).all() and not np.isnan(gu1).any()
-    assert np.array_equal(fused, unfused)
+        be.gated1_unfused_min_w, be.gated1_split, be.gemv1_deep_min_k = saved
+    fused, gu0 = outs["fused"]
+    assert not np.isnan(fused).any() and np.isnan(gu0).all() and not np.isnan(outs["unfused"][1]).any()
+    assert np.isnan(outs["split"][1]).all()
+    assert np.array_equal(fused, outs["unfused"][0]) and np.array_equal(fused, outs["split"][0])
+    assert launched["fused"] == Counter(gemv1_silu_mul_bf16=1), launched
+    assert launched["unfused"] == Counter(gemv1_bf16=1, silu_mul_bf16_vec8=1), launched
+    assert launched["split"] == Counter(gemv1_silu_mul_split_bf16=1), launched
+    assert launched[0] == Counter(gemv1_bf16=1) and launched[1024] == Counter(gemv1_deep_bf16=1), launched
+    assert not np.isnan(outs[0]).any() and np.array_equal(outs[0], outs[1024])
 
 
 def test_dependent_chain_in_a_graph_matches_eager(be):

@@ -22,6 +22,7 @@ from minillm.backends.cuda_ops import (
     env_int,
     gated_product_kernel,
     o_merge_plan,
+    one_row_product_kernel,
     short_run_on_three,
     short_run_three_mode,
     small_product_kernel,
@@ -116,6 +117,22 @@ def test_one_row_gated_product_unfused_from_a_weight_count():
     assert gated_product_kernel(1, *small, unfused_min_w=64 << 20) == "gemv"
     assert gated_product_kernel(2, *big, unfused_min_w=64 << 20) == gated_product_kernel(2, *big)
     assert gated_product_kernel(1, *big, unfused_min_w=2 * 12288 * 4096) is None  # the bound itself
+
+
+def test_one_row_product_deep_kernel_from_a_row_length_within_one_wave():
+    """MINILLM_GEMV1_DEEP_MIN_K (0: never): a one-row bf16 product of rows at least that long
+    takes gemv1_deep_bf16 when its grid (8 columns a CTA) fits one wave of 4 CTAs an SM; the
+    Qwen3-8B qkv (768 CTAs on 132 SMs), the LM heads (fp32 logits) and shorter rows keep theirs."""
+    sms = 132
+    assert one_row_product_kernel(4096, 12288, False, sms, 0) == "gemv1_bf16"
+    assert one_row_product_kernel(4096, 12288, False, sms, 4096) == "gemv1_deep_bf16"  # 8B down
+    assert one_row_product_kernel(4096, 4096, False, sms, 4096) == "gemv1_deep_bf16"  # 8B o
+    assert one_row_product_kernel(6144, 4096, False, sms, 4096) == "gemv1_bf16"  # 8B qkv: 768 CTAs
+    assert one_row_product_kernel(8 * 4 * sms, 4096, False, sms, 4096) == "gemv1_deep_bf16"  # one wave
+    assert one_row_product_kernel(8 * 4 * sms + 1, 4096, False, sms, 4096) == "gemv1_bf16"
+    assert one_row_product_kernel(1024, 3072, False, sms, 4096) == "gemv1_bf16"  # 0.6B down: short
+    assert one_row_product_kernel(1024, 3072, False, sms, 2048) == "gemv1_deep_bf16"
+    assert one_row_product_kernel(1024, 4096, True, sms, 4096) == "gemv1_f32"
 
 
 @pytest.mark.parametrize("narrow,raised", [(16, 16), (20, 16), (32, 16), (16, 32), (32, 32)])

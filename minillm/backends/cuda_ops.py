@@ -132,6 +132,11 @@ def _prefill_smem(D: int, q_in_stage: bool = False) -> int:
 
 
 _GEMV_MAX_M, _GEMV_THREADS, _GEMV_COLS_PER_CTA = 4, 128, 2 * 4  # GEMV_NR * GEMV_WARPS in gemv.cu
+# cuda/gemv.cu's gemv1_deep_bf16 (8 chunks a lane in flight): 124 registers (ptxas), so 4 CTAs of 128
+# threads an SM; it takes a one-row product whose grid fits one wave of that (one_row_product_kernel)
+_GEMV1_DEEP_CTAS_PER_SM = 4
+_GEMV1_DEEP_MIN_K_DEFAULT = 0  # MINILLM_GEMV1_DEEP_MIN_K; 0 never (an A/B knob until measured)
+_GATED1_SPLIT_DEFAULT = 0  # MINILLM_GATED1_SPLIT: gemv1_silu_mul_split_bf16 for one-row gate_up (A/B)
 # cuda/gemv.cu's gemm_skinny: tensor-core products of 2-16 rows (sent 3-16), K % 64 == 0. Measured
 # on the H200 (scripts/skinny_bench.py, docs/BENCHMARKS.md): 1.0-2.9x cuBLAS on the 0.6B shapes and 1.1-1.4x
 # on the 8B ones up to 8 rows; with 9-16 rows (two tiles of x, each CTA reading all of x again
@@ -221,6 +226,18 @@ def gated_product_kernel(M: int, F: int, K: int, unfused_min_w: int = 0) -> str 
     if M <= _GEMV_MAX_M and (2 * F * K <= _GATED_GEMV_MAX_W or K % _SKINNY_K):
         return "gemv"
     return None
+
+
+def one_row_product_kernel(N: int, K: int, f32_out: bool, num_sms: int, deep_min_k: int) -> str:
+    """The cuda/gemv.cu kernel of a one-row product of N outputs over K: gemv1_deep_bf16 (8 chunks a
+    lane in flight) for rows of at least deep_min_k (0: never) whose grid fits one wave of its 4 CTAs
+    an SM, else gemv1_bf16 / gemv1_f32 (4 in flight, 7 CTAs an SM). Session 31's part195 ran every
+    one-row product with 8: the 8B down (512 CTAs) streamed 3.96 -> 4.10 TB/s, o (512) 5.71 -> 5.79,
+    qkv (768: past a wave) 4.49 -> 4.13 (scripts/stream_bench.py)."""
+    if (not f32_out and deep_min_k and K >= deep_min_k
+            and _cdiv(N, _GEMV_COLS_PER_CTA) <= _GEMV1_DEEP_CTAS_PER_SM * num_sms):
+        return "gemv1_deep_bf16"
+    return "gemv1_f32" if f32_out else "gemv1_bf16"
 
 
 def small_product_max_m() -> int:
@@ -551,6 +568,10 @@ class CudaBackend:
                                        "fewest keys in a split of the decode kernel")
         self.gated1_unfused_min_w = env_int("MINILLM_GATED1_UNFUSED_MIN_W", 0,
                                             "weights from which a one-row gate_up product runs unfused; 0 never")
+        self.gated1_split = env_int("MINILLM_GATED1_SPLIT", _GATED1_SPLIT_DEFAULT,
+                                    "1: a one-row gate_up product streams gate and up rows on different warps")
+        self.gemv1_deep_min_k = env_int("MINILLM_GEMV1_DEEP_MIN_K", _GEMV1_DEEP_MIN_K_DEFAULT,
+                                        "shortest row a one-row product keeps 8 chunks a lane in flight for; 0 never")
         self.o_merge = env_int("MINILLM_O_MERGE", _O_MERGE_DEFAULT,
                                "a batch-1 step's o product merges the attention's splits: 0 off, 1 each CTA, "
                                "2 in clusters")
@@ -582,7 +603,8 @@ class CudaBackend:
                                  for t in ("bf16", "f32") for d in _DECODE_HEAD_DIMS
                                  for g in range(1, _DECODE_MAX_G + 1)],
             "sampling": ["sample_tokens"],
-            "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemv1_bf16", "gemv1_f32", "gemv1_silu_mul_bf16"]
+            "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemv1_bf16", "gemv1_f32", "gemv1_silu_mul_bf16",
+                     "gemv1_silu_mul_split_bf16", "gemv1_deep_bf16"]
             + [f"gemm_skinny{t}_{k}" for t in ("", "2", "4") for k in ("bf16", "f32", "silu_mul_bf16")]
             + [f"gemv1_merge{c}_bf16_w{w}" for c in ("", f"_cl{_O_MERGE_CLUSTER}") for w in (4, 8, 16)],
         }.items():
@@ -985,9 +1007,11 @@ class CudaBackend:
         if x.shape[-1] != K or out.shape[-1] != N or out.shape[0] != M or not w.flags.c_contiguous:
             raise ValueError(f"matmul: x {x.shape} @ w {w.shape}.T -> out {out.shape} does not fit")
         kernel = small_product_kernel(M, N, K) if self._gemv_fits(x, w, out, bias, M, K, ldx) else None
-        if kernel == "gemv":  # one row: its own kernel (cuda/gemv.cu's staged loads)
+        if kernel == "gemv":  # one row: its own kernels (cuda/gemv.cu's staged loads)
             rows = () if M == 1 else (_i32(M),)
-            self._launch(("gemv1_" if M == 1 else "gemv_") + _suffix(out.dtype), (_cdiv(N, _GEMV_COLS_PER_CTA),),
+            name = (one_row_product_kernel(N, K, out.dtype == np.float32, self.num_sms, self.gemv1_deep_min_k)
+                    if M == 1 else "gemv_" + _suffix(out.dtype))
+            self._launch(name, (_cdiv(N, _GEMV_COLS_PER_CTA),),
                          (_GEMV_THREADS,), (x, _i64(ldx), w, bias if bias is not None else _NULL, out, _i64(ldo))
                          + rows + (_i32(N), _i32(K)))
             return
@@ -1064,7 +1088,9 @@ class CudaBackend:
                   and self._gemv_fits(x, w_gate_up, out, None, M, K, ldx) else None)
         if kernel == "gemv":
             rows = () if M == 1 else (_i32(M),)
-            self._launch("gemv1_silu_mul_bf16" if M == 1 else "gemv_silu_mul_bf16", (_cdiv(F, _GEMV_COLS_PER_CTA),),
+            split = M == 1 and self.gated1_split  # gate and up rows on different warps: half the columns a CTA
+            name = "gemv1_silu_mul_split_bf16" if split else "gemv1_silu_mul_bf16" if M == 1 else "gemv_silu_mul_bf16"
+            self._launch(name, (_cdiv(F, _GEMV_COLS_PER_CTA // 2 if split else _GEMV_COLS_PER_CTA),),
                          (_GEMV_THREADS,), (x, _i64(ldx), w_gate_up, out, _i64(ldo)) + rows + (_i32(F), _i32(K)))
             return
         if kernel == "skinny":
