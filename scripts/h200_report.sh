@@ -3289,8 +3289,9 @@ part196() {  # session 31: part195 found GEMV1_PLAIN_U=8 (every plain one-row pr
   # gate_up on gemv1_silu_mul_split_bf16 (gate and up rows on different warps: 70 registers, not 118;
   # MINILLM_GATED1_SPLIT=1), long rows within one wave on gemv1_deep_bf16 (8 chunks in flight;
   # MINILLM_GEMV1_DEEP_MIN_K 4096 / 2048), both. Their same-bits tests, stream_bench and the batch-1
-  # graphs alternated twice, then every GPU test with both on (~7 minutes on a fresh machine)
-  local i
+  # graphs alternated twice, then every GPU test with both on, and decode of both shapes off and on,
+  # alternated twice (~7 minutes on a fresh machine)
+  local i v
   setup
   facts > "$W/facts.txt" 2>&1
   stage gpu_tests_routes 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
@@ -3311,6 +3312,14 @@ part196() {  # session 31: part195 found GEMV1_PLAIN_U=8 (every plain one-row pr
   done
   graph_summary
   MINILLM_GATED1_SPLIT=1 MINILLM_GEMV1_DEEP_MIN_K=4096 gpu_tests_full 300
+  for i in 1 2; do  # single-stream decode (section 1's command) off and with both on, alternated
+    for v in "base:MINILLM_GATED1_SPLIT=0" "split_deep:MINILLM_GATED1_SPLIT=1 MINILLM_GEMV1_DEEP_MIN_K=4096"; do
+      stage "decode_06b_${v%%:*}_$i" 60 env ${v#*:} python3 -m minillm.bench decode $M/q06 --device cuda \
+        --input-len 512 --output-len 256 --result-json "$W/decode_06b_${v%%:*}_$i.json"
+      stage "decode_8b_${v%%:*}_$i" 60 env ${v#*:} python3 -m minillm.bench decode $M/q8 --device cuda \
+        --input-len 512 --output-len 128 --result-json "$W/decode_8b_${v%%:*}_$i.json"
+    done
+  done
 }
 
 o_merge_graphs() {  # batch-1 graphs of both shapes with MINILLM_O_MERGE 0 / 1 / 2, alternated twice, then
