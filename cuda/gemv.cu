@@ -292,7 +292,9 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
 // fused kernel's 118 registers allow 4 CTAs an SM; session 30's stream_bench.py streamed the 8B
 // gate_up at 4.02 TB/s through it and 4.31 as one plain product, part194). Grid
 // (ceil(F / (GEMV_NR * GEMV_WARPS / 2))): twice gemv1_silu_mul_bf16's. The same sums in the same
-// order: the same bits.
+// order: the same bits. The host's default for one row (MINILLM_GATED1_SPLIT): batch-1 graphs 8B
+// -1.2%, 0.6B -1.0% against the fused kernel (session 31, part196), though chained alone in
+// stream_bench.py it streamed the 8B gate_up no faster (4.07 against 4.14 TB/s).
 extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
     gemv1_silu_mul_split_bf16(const bf16* x, i64 ldx, const bf16* w, bf16* out, i64 ldo, int F, int K) {
   gemv_impl<bf16, 1, true, GEMV_WARPS, false, 0, true>(x, ldx, w, nullptr, out, ldo, F, K);

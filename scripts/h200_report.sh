@@ -87,7 +87,8 @@
 #   not run: the one-row gated product with 2 chunks a lane in flight, GEMV1_GATED_U, or unfused,
 #   MINILLM_GATED1_UNFUSED_MIN_W; the other one-row products with 8, GEMV1_PLAIN_U; run in session 31).
 #   part196: session 31 (the one-row gate_up with gate and up rows on different warps,
-#   MINILLM_GATED1_SPLIT; long one-wave rows with 8 chunks in flight, MINILLM_GEMV1_DEEP_MIN_K).
+#   MINILLM_GATED1_SPLIT; long one-wave rows with 8 chunks in flight, MINILLM_GEMV1_DEEP_MIN_K);
+#   part197: session 31's final code (both routes the default): every GPU test, decode, graphs.
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -3320,6 +3321,19 @@ part196() {  # session 31: part195 found GEMV1_PLAIN_U=8 (every plain one-row pr
         --input-len 512 --output-len 128 --result-json "$W/decode_8b_${v%%:*}_$i.json"
     done
   done
+}
+
+part197() {  # session 31: the final code, the split gate_up and deep one-row routes its default: every GPU
+  # test, decode of both shapes, their batch-1 graphs (~4 minutes on a fresh machine)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_q06_q8 100
+  gpu_tests_full 300
+  decode_06b 60
+  decode_8b 60
+  step_graph_env q8 final 90 MINILLM_GATED1_SPLIT=1
+  step_graph_env q06 final 90 MINILLM_GATED1_SPLIT=1
+  graph_summary
 }
 
 o_merge_graphs() {  # batch-1 graphs of both shapes with MINILLM_O_MERGE 0 / 1 / 2, alternated twice, then

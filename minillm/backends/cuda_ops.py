@@ -135,8 +135,13 @@ _GEMV_MAX_M, _GEMV_THREADS, _GEMV_COLS_PER_CTA = 4, 128, 2 * 4  # GEMV_NR * GEMV
 # cuda/gemv.cu's gemv1_deep_bf16 (8 chunks a lane in flight): 124 registers (ptxas), so 4 CTAs of 128
 # threads an SM; it takes a one-row product whose grid fits one wave of that (one_row_product_kernel)
 _GEMV1_DEEP_CTAS_PER_SM = 4
-_GEMV1_DEEP_MIN_K_DEFAULT = 0  # MINILLM_GEMV1_DEEP_MIN_K; 0 never (an A/B knob until measured)
-_GATED1_SPLIT_DEFAULT = 0  # MINILLM_GATED1_SPLIT: gemv1_silu_mul_split_bf16 for one-row gate_up (A/B)
+# MINILLM_GEMV1_DEEP_MIN_K (0: never) and MINILLM_GATED1_SPLIT (gemv1_silu_mul_split_bf16 for a
+# one-row gate_up, 0: the fused gemv1_silu_mul_bf16). Batch-1 graphs alternated twice on one H200
+# (session 31, part196): 8B 4.339 ms -> deep 4.282 (-1.3%: its o and down), split 4.287 (-1.2%),
+# both 4.273 (-1.5%); 0.6B 0.8375 -> split 0.8292 (-1.0%), deep from 2048 (its o and down) 0.8462
+# (+1.0%), so deep starts at 4096 and leaves the 0.6B shape alone.
+_GEMV1_DEEP_MIN_K_DEFAULT = 4096
+_GATED1_SPLIT_DEFAULT = 1
 # cuda/gemv.cu's gemm_skinny: tensor-core products of 2-16 rows (sent 3-16), K % 64 == 0. Measured
 # on the H200 (scripts/skinny_bench.py, docs/BENCHMARKS.md): 1.0-2.9x cuBLAS on the 0.6B shapes and 1.1-1.4x
 # on the 8B ones up to 8 rows; with 9-16 rows (two tiles of x, each CTA reading all of x again
