@@ -50,12 +50,12 @@
 // slowed 2.5 us a layer, more than the o product gained). 0: never. Leaving the 0.6B's narrowing
 // products (o, down) out, whose requests overlap the attention's merge and gate_up's end, made its
 // batch-1 graph slower, +1.4%, and prefetching gate_up alone +1.2% (session 30, part193).
-#ifndef GEMV1_GATED_U  // chunks a lane has in flight per row in the one-row gated product (A/B knob)
-#define GEMV1_GATED_U 4
-#endif
-#ifndef GEMV1_PLAIN_U  // the same for the other one-row products (A/B knob; 6 / 8 for all of them and the
-#define GEMV1_PLAIN_U 4  // gated one together measured no gain, part151)
-#endif
+// Chunks a lane has in flight a row in the one-row loop: GEMV1_U, and GEMV1_DEEP_U in gemv1_deep_bf16.
+// Session 31's part195 A/B'd knobs that set them apart for the fused gated product and for every
+// plain one: the gated one at 2 (72 registers) 8B +0.6%, 0.6B -0.7%; the plain ones at 8, 8B -0.4%
+// (o and down faster, qkv, past one wave, slower: gemv1_deep's routing keeps the gain). 6 / 8 for
+// all of them together measured no gain (session 22, part151). The knobs were removed.
+#define GEMV1_U 4
 #ifndef GEMV1_DEEP_U  // gemv1_deep_bf16's chunks in flight (124 registers at 8: 4 CTAs an SM, ptxas)
 #define GEMV1_DEEP_U 8
 #endif
@@ -100,7 +100,7 @@ __device__ __forceinline__ void gemv_prefetch(const bf16* w, int N, int K) {
 // GATED: out[m, n] = silu(x[m] . w[n]) * (x[m] . w[N + n]) for n < N (w has 2N rows, no bias).
 // WARPS: warps a CTA (GEMV_NR columns each). WAITED: the caller has prefetched and passed the PDL
 // wait (gemv1_merge_*, whose x is its own shared memory). U1: chunks a lane has in flight a row in
-// the one-row loop (0: GEMV1_GATED_U / GEMV1_PLAIN_U). SPLIT (GATED, one row): the CTA's first half
+// the one-row loop (0: GEMV1_U). SPLIT (GATED, one row): the CTA's first half
 // of warps streams the gate rows and its second half the matching up rows, GEMV_NR rows a warp as
 // the plain product does; the up sums reach the gate warps through shared memory (gemv1_silu_mul_split).
 template <typename TO, int M, bool GATED, int WARPS = GEMV_WARPS, bool WAITED = false, int U1 = 0,
@@ -177,7 +177,7 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
     // 4.352-4.355, so 8B's slower qkv / o / down are not short of bytes in flight. Splitting a
     // column's K range over 2-3 warps (to fill the GPU with 0.6B's 128-CTA o and down) did not
     // either: 0.6B 0.885 -> 0.887-0.890 (part152); both were removed.
-    constexpr int U = U1 ? U1 : GATED && !SPLIT ? GEMV1_GATED_U : GEMV1_PLAIN_U;
+    constexpr int U = U1 ? U1 : GEMV1_U;
     for (int c0 = lane; c0 < chunks; c0 += 32 * U) {
       uint4 wv[U][R], xv[U][M];
 #pragma unroll

@@ -89,6 +89,7 @@
 #   part196: session 31 (the one-row gate_up with gate and up rows on different warps,
 #   MINILLM_GATED1_SPLIT; long one-wave rows with 8 chunks in flight, MINILLM_GEMV1_DEEP_MIN_K);
 #   part197: session 31's final code (both routes the default): every GPU test, decode, graphs.
+#   part198: session 31, the one-row products' GPU tests after the knobs part195 measured were removed.
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -3253,7 +3254,7 @@ part194() {  # session 30: each 8B batch-1 product (and gate_up without its gate
   stage stream_bench 150 python3 scripts/stream_bench.py --json "$W/stream_bench.json"
 }
 
-part195() {  # prepared in session 30, not run: part194 found the one-row gated product (gemv1_silu_mul,
+part195() {  # prepared in session 30, run in session 31 (its knobs were removed after it): part194 found the one-row gated product (gemv1_silu_mul,
   # 118 registers: 4 CTAs an SM) streaming the 8B gate_up at 4.02 TB/s where the same matrix as one
   # plain product (gemv1_bf16, 72 registers: 7 CTAs an SM) streams at 4.31 and a plain read at 4.43,
   # and the 8B down at 3.97 against a read's 4.25. Arms, each against the default build: the gated
@@ -3334,6 +3335,12 @@ part197() {  # session 31: the final code, the split gate_up and deep one-row ro
   step_graph_env q8 final 90 MINILLM_GATED1_SPLIT=1
   step_graph_env q06 final 90 MINILLM_GATED1_SPLIT=1
   graph_summary
+}
+
+part198() {  # session 31: the one-row products' GPU tests after the A/B knobs part195 measured were removed
+  # (GEMV1_GATED_U / GEMV1_PLAIN_U, MINILLM_GATED1_UNFUSED_MIN_W) (~2.5 minutes on a fresh machine)
+  setup
+  stage gpu_tests_one_row 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k one_row
 }
 
 o_merge_graphs() {  # batch-1 graphs of both shapes with MINILLM_O_MERGE 0 / 1 / 2, alternated twice, then

@@ -651,12 +651,6 @@ def test_one_row_gemv_staged_loads_same_bits(be, K, N):
     assert np.array_equal(p1, p0) and np.array_equal(g1, g0)
     ref = rounded(be, host(be, x)).astype(np.float64) @ host(be, w).astype(np.float64).T + host(be, b)
     assert rel_err(p1, ref) < tol(be)
-    # the gated product with 2 or 3 chunks a lane in flight (GEMV1_GATED_U, an A/B knob): each lane
-    # still adds its chunks in order, so the same bits
-    for u in (2, 3):
-        assert np.array_equal(one_row_gemvs(be, x, w, b, (f"GEMV1_GATED_U={u}",))[1], g1), u
-    for u in (6, 8):  # and the plain products with more (GEMV1_PLAIN_U)
-        assert np.array_equal(one_row_gemvs(be, x, w, b, (f"GEMV1_PLAIN_U={u}",))[0], p1), u
 
 
 @pytest.mark.parametrize("K,N", [(64, 96), (1000, 1537), (4104, 300), (4096, 2050)])
@@ -683,16 +677,15 @@ def test_one_row_split_and_deep_kernels_same_bits(be, K, N):
 
 
 def test_one_row_gated_product_routes_same_bits(be):
-    """The one-row gate_up product's other routes give the fused kernel's bits: unfused
-    (MINILLM_GATED1_UNFUSED_MIN_W: a plain product into gate_up, which it writes, then silu_mul)
-    and split (MINILLM_GATED1_SPLIT), each launching the kernels it names, in a graph too; and
-    a one-row product on gemv1_deep_bf16 (MINILLM_GEMV1_DEEP_MIN_K) gives gemv1_bf16's."""
+    """The one-row gate_up product's routes, fused and split (MINILLM_GATED1_SPLIT), give the same
+    bits, leave gate_up unwritten and launch the kernel they name, in a graph too; and a one-row
+    product on gemv1_deep_bf16 (MINILLM_GEMV1_DEEP_MIN_K) gives gemv1_bf16's."""
     x, w, b = one_row_inputs(be, 1024, 1536)
-    saved = be.gated1_unfused_min_w, be.gated1_split, be.gemv1_deep_min_k
+    saved = be.gated1_split, be.gemv1_deep_min_k
     outs, launched = {}, {}
     try:
-        for route, min_w, split in (("fused", 0, 0), ("unfused", 1, 0), ("split", 0, 1)):
-            be.gated1_unfused_min_w, be.gated1_split = min_w, split
+        for route, split in (("fused", 0), ("split", 1)):
+            be.gated1_split = split
             out, gate_up = poisoned(be, (1, 1536)), poisoned(be, (1, 3072))
             be.matmul_silu_mul(x, w, out, gate_up)
             outs[route] = host(be, out), host(be, gate_up)
@@ -710,13 +703,11 @@ def test_one_row_gated_product_routes_same_bits(be):
             launched[min_k] = be.captured_launches - before
             outs[min_k] = host(be, out)
     finally:
-        be.gated1_unfused_min_w, be.gated1_split, be.gemv1_deep_min_k = saved
+        be.gated1_split, be.gemv1_deep_min_k = saved
     fused, gu0 = outs["fused"]
-    assert not np.isnan(fused).any() and np.isnan(gu0).all() and not np.isnan(outs["unfused"][1]).any()
-    assert np.isnan(outs["split"][1]).all()
-    assert np.array_equal(fused, outs["unfused"][0]) and np.array_equal(fused, outs["split"][0])
+    assert not np.isnan(fused).any() and np.isnan(gu0).all() and np.isnan(outs["split"][1]).all()
+    assert np.array_equal(fused, outs["split"][0])
     assert launched["fused"] == Counter(gemv1_silu_mul_bf16=1), launched
-    assert launched["unfused"] == Counter(gemv1_bf16=1, silu_mul_bf16_vec8=1), launched
     assert launched["split"] == Counter(gemv1_silu_mul_split_bf16=1), launched
     assert launched[0] == Counter(gemv1_bf16=1) and launched[1024] == Counter(gemv1_deep_bf16=1), launched
     assert not np.isnan(outs[0]).any() and np.array_equal(outs[0], outs[1024])

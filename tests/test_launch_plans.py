@@ -107,18 +107,6 @@ def test_skinny_kernels_by_rows(monkeypatch):
     assert gated_product_kernel(18, 12288, 4096) is None and gated_product_kernel(18, 1024, 1024) == "skinny"
 
 
-def test_one_row_gated_product_unfused_from_a_weight_count():
-    """MINILLM_GATED1_UNFUSED_MIN_W (an A/B knob, 0 by default): a one-row gate_up product of at
-    least that many weights runs as a plain product and silu_mul; smaller ones, and 2+ rows, keep
-    their routes."""
-    big, small = (12288, 4096), (3072, 1024)  # Qwen3-8B's and 0.6B's [2F, K] / 2
-    assert gated_product_kernel(1, *big) == "gemv" and gated_product_kernel(1, *small) == "gemv"
-    assert gated_product_kernel(1, *big, unfused_min_w=64 << 20) is None
-    assert gated_product_kernel(1, *small, unfused_min_w=64 << 20) == "gemv"
-    assert gated_product_kernel(2, *big, unfused_min_w=64 << 20) == gated_product_kernel(2, *big)
-    assert gated_product_kernel(1, *big, unfused_min_w=2 * 12288 * 4096) is None  # the bound itself
-
-
 def test_one_row_product_deep_kernel_from_a_row_length_within_one_wave():
     """MINILLM_GEMV1_DEEP_MIN_K (0: never): a one-row bf16 product of rows at least that long
     takes gemv1_deep_bf16 when its grid (8 columns a CTA) fits one wave of 4 CTAs an SM; the

@@ -214,16 +214,12 @@ def _skinny_prefix(M: int) -> str:
     return "gemm_skinny_" if M <= 8 else "gemm_skinny2_" if M <= 16 else "gemm_skinny4_"
 
 
-def gated_product_kernel(M: int, F: int, K: int, unfused_min_w: int = 0) -> str | None:
+def gated_product_kernel(M: int, F: int, K: int) -> str | None:
     """Which cuda/gemv.cu kernel computes a bf16 gate_up product of M rows with SiLU-and-multiply
-    fused ([2F, K] weights): "gemv" (gemv_silu_mul), "skinny" (gemm_skinny_silu_mul), or None:
-    matmul into gate_up, then silu_mul (the caller checks dtypes and alignment). unfused_min_w
-    (MINILLM_GATED1_UNFUSED_MIN_W, an A/B knob; 0 never): one row of at least that many weights
-    goes unfused too, a plain one-row product and silu_mul (the same bits: the fused kernel rounds
-    both sums to bf16 first). Session 30's stream_bench.py (part194) streamed the 8B gate_up at 4.02
-    TB/s fused and 4.31 as a plain product; the silu_mul launch this adds is not in that figure."""
-    if M == 1 and unfused_min_w and 2 * F * K >= unfused_min_w:
-        return None
+    fused ([2F, K] weights): "gemv" (gemv_silu_mul; one row: gemv1_silu_mul, split or not), "skinny"
+    (gemm_skinny_silu_mul), or None: matmul into gate_up, then silu_mul (the caller checks dtypes and
+    alignment). One row unfused (a plain product, then silu_mul: the same bits) took the 8B batch-1
+    graph -0.22% (session 31, part195), the split kernel -1.2% (part196); that route was removed."""
     if M <= min(_GEMV_PREFERRED_M, _GEMV_MAX_M):
         return "gemv"
     if _GATED_SKINNY_MIN_M <= M <= _GATED_SKINNY_MAX_M and _skinny_takes(M, 2 * F, K):
@@ -571,8 +567,6 @@ class CudaBackend:
                                           "fewest sequences of a step whose short runs take the tensor cores")
         self.decode_min_part = env_int("MINILLM_DECODE_MIN_PART", _DECODE_MIN_PART,
                                        "fewest keys in a split of the decode kernel")
-        self.gated1_unfused_min_w = env_int("MINILLM_GATED1_UNFUSED_MIN_W", 0,
-                                            "weights from which a one-row gate_up product runs unfused; 0 never")
         self.gated1_split = env_int("MINILLM_GATED1_SPLIT", _GATED1_SPLIT_DEFAULT,
                                     "1: a one-row gate_up product streams gate and up rows on different warps")
         self.gemv1_deep_min_k = env_int("MINILLM_GEMV1_DEEP_MIN_K", _GEMV1_DEEP_MIN_K_DEFAULT,
@@ -1089,7 +1083,7 @@ class CudaBackend:
                 or not w_gate_up.flags.c_contiguous):
             raise ValueError(f"matmul_silu_mul: x {x.shape} @ w {w_gate_up.shape}.T -> gate_up "
                              f"{gate_up.shape} -> out {out.shape} does not fit")
-        kernel = (gated_product_kernel(M, F, K, self.gated1_unfused_min_w) if out.dtype == self.dtype
+        kernel = (gated_product_kernel(M, F, K) if out.dtype == self.dtype
                   and self._gemv_fits(x, w_gate_up, out, None, M, K, ldx) else None)
         if kernel == "gemv":
             rows = () if M == 1 else (_i32(M),)
