@@ -20,6 +20,7 @@ from minillm.backends.cuda_ops import (
     decode_rope_max_tokens,
     decode_splits,
     env_int,
+    gated1_split_mode,
     gated_product_kernel,
     o_merge_plan,
     one_row_product_kernel,
@@ -121,6 +122,19 @@ def test_one_row_product_deep_kernel_from_a_row_length_within_one_wave():
     assert one_row_product_kernel(1024, 3072, False, sms, 4096) == "gemv1_bf16"  # 0.6B down: short
     assert one_row_product_kernel(1024, 3072, False, sms, 2048) == "gemv1_deep_bf16"
     assert one_row_product_kernel(1024, 4096, True, sms, 4096) == "gemv1_f32"
+
+
+def test_gated_split_mode_from_the_environment(monkeypatch):
+    """MINILLM_GATED1_SPLIT: 1 by default (part196: batch-1 graphs 8B -1.2%, 0.6B -1.0%), 0 the
+    fused kernel; any other value is refused with the variable's name."""
+    monkeypatch.delenv("MINILLM_GATED1_SPLIT", raising=False)
+    assert gated1_split_mode() == 1
+    monkeypatch.setenv("MINILLM_GATED1_SPLIT", "0")
+    assert gated1_split_mode() == 0
+    for raw in ("2", "-1", "on"):
+        monkeypatch.setenv("MINILLM_GATED1_SPLIT", raw)
+        with pytest.raises(ValueError, match="MINILLM_GATED1_SPLIT"):
+            gated1_split_mode()
 
 
 @pytest.mark.parametrize("narrow,raised", [(16, 16), (20, 16), (32, 16), (16, 32), (32, 32)])

@@ -475,6 +475,17 @@ def short_run_three_mode() -> int:
     return mode
 
 
+def gated1_split_mode() -> int:
+    """MINILLM_GATED1_SPLIT: 1 (default) a one-row gate_up product on gemv1_silu_mul_split_bf16,
+    0 on the fused gemv1_silu_mul_bf16."""
+    mode = env_int("MINILLM_GATED1_SPLIT", _GATED1_SPLIT_DEFAULT,
+                   "1: a one-row gate_up product streams gate and up rows on different warps")
+    if mode not in (0, 1):
+        raise ValueError(f"MINILLM_GATED1_SPLIT={mode}: use 1 (a one-row gate_up product's gate and up rows "
+                         "on different warps, the default) or 0 (both on the same warps)")
+    return mode
+
+
 def short_run_on_three(mode: int, ctas: int, resident_three: int) -> bool:
     """Whether a launch of split short runs with a grid of ctas CTAs (an upper bound: each run's
     split count is its own length's, on the device, and a graph's padding sequence counts) takes
@@ -567,8 +578,7 @@ class CudaBackend:
                                           "fewest sequences of a step whose short runs take the tensor cores")
         self.decode_min_part = env_int("MINILLM_DECODE_MIN_PART", _DECODE_MIN_PART,
                                        "fewest keys in a split of the decode kernel")
-        self.gated1_split = env_int("MINILLM_GATED1_SPLIT", _GATED1_SPLIT_DEFAULT,
-                                    "1: a one-row gate_up product streams gate and up rows on different warps")
+        self.gated1_split = gated1_split_mode()
         self.gemv1_deep_min_k = env_int("MINILLM_GEMV1_DEEP_MIN_K", _GEMV1_DEEP_MIN_K_DEFAULT,
                                         "shortest row a one-row product keeps 8 chunks a lane in flight for; 0 never")
         self.o_merge = env_int("MINILLM_O_MERGE", _O_MERGE_DEFAULT,
