@@ -100,15 +100,15 @@ __device__ __forceinline__ void gemv_prefetch(const bf16* w, int N, int K) {
 // GATED: out[m, n] = silu(x[m] . w[n]) * (x[m] . w[N + n]) for n < N (w has 2N rows, no bias).
 // WARPS: warps a CTA (GEMV_NR columns each). WAITED: the caller has prefetched and passed the PDL
 // wait (gemv1_merge_*, whose x is its own shared memory). U1: chunks a lane has in flight a row in
-// the one-row loop (0: GEMV1_U). SPLIT (GATED, one row): the CTA's first half
-// of warps streams the gate rows and its second half the matching up rows, GEMV_NR rows a warp as
-// the plain product does; the up sums reach the gate warps through shared memory (gemv1_silu_mul_split).
+// the one-row loop (0: GEMV1_U). SPLIT (GATED): the CTA's first half of warps streams the gate rows
+// and its second half the matching up rows, GEMV_NR rows a warp as the plain product does; the up
+// sums reach the gate warps through shared memory (gemv1_silu_mul_split, gemv_silu_mul_split).
 template <typename TO, int M, bool GATED, int WARPS = GEMV_WARPS, bool WAITED = false, int U1 = 0,
           bool SPLIT = false>
 __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
                                           const bf16* __restrict__ w, const bf16* __restrict__ bias,
                                           TO* __restrict__ out, i64 ldo, int N, int K) {
-  static_assert(!SPLIT || (GATED && M == 1 && WARPS % 2 == 0), "SPLIT: one gated row, warps in pairs");
+  static_assert(!SPLIT || (GATED && WARPS % 2 == 0), "SPLIT: a gated product, warps in pairs");
   constexpr int R = GATED && !SPLIT ? 2 * GEMV_NR : GEMV_NR;  // weight rows a warp streams at once
   constexpr int COL_WARPS = SPLIT ? WARPS / 2 : WARPS;  // warps a CTA whose columns differ
   const int lane = threadIdx.x & 31;
@@ -203,18 +203,22 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
   }
   minillm::pdl_release();
   if constexpr (SPLIT) {
-    __shared__ float up_sums[COL_WARPS][GEMV_NR];
+    __shared__ float up_sums[COL_WARPS][GEMV_NR][M];
 #pragma unroll
-    for (int r = 0; r < GEMV_NR; ++r) {
-      const float s = minillm::warp_sum(acc[r][0]);
-      if (up_warp && lane == 0) up_sums[wib % COL_WARPS][r] = s;
-      acc[r][0] = s;
-    }
+    for (int r = 0; r < GEMV_NR; ++r)
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        const float s = minillm::warp_sum(acc[r][m]);
+        if (up_warp && lane == 0) up_sums[wib % COL_WARPS][r][m] = s;
+        acc[r][m] = s;
+      }
     __syncthreads();
 #pragma unroll
     for (int r = 0; r < GEMV_NR; ++r)
-      if (!up_warp && lane == 0 && n0 + r < N)
-        out[n0 + r] = minillm::from_f<TO>(gated_act(acc[r][0], up_sums[wib][r]));
+#pragma unroll
+      for (int m = 0; m < M; ++m)
+        if (!up_warp && lane == 0 && n0 + r < N)
+          out[(i64)m * ldo + n0 + r] = minillm::from_f<TO>(gated_act(acc[r][m], up_sums[wib][r][m]));
   } else {
 #pragma unroll
     for (int r = 0; r < GEMV_NR; ++r) {
@@ -298,6 +302,17 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
 extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
     gemv1_silu_mul_split_bf16(const bf16* x, i64 ldx, const bf16* w, bf16* out, i64 ldo, int F, int K) {
   gemv_impl<bf16, 1, true, GEMV_WARPS, false, 0, true>(x, ldx, w, nullptr, out, ldo, F, K);
+}
+// The 2-4-row gated product split the same way (gemv_silu_mul_bf16 holds 2 x GEMV_NR rows' sums of
+// every row of x: 128 registers); the host sends it rows up to MINILLM_GATED_SPLIT_MAX_M (an A/B
+// knob, default 1: never). Grid (ceil(F / (GEMV_NR * GEMV_WARPS / 2))).
+extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
+    gemv_silu_mul_split_bf16(const bf16* x, i64 ldx, const bf16* w, bf16* out, i64 ldo, int M, int F, int K) {
+  switch (M) {
+    case 2: gemv_impl<bf16, 2, true, GEMV_WARPS, false, 0, true>(x, ldx, w, nullptr, out, ldo, F, K); break;
+    case 3: gemv_impl<bf16, 3, true, GEMV_WARPS, false, 0, true>(x, ldx, w, nullptr, out, ldo, F, K); break;
+    default: gemv_impl<bf16, 4, true, GEMV_WARPS, false, 0, true>(x, ldx, w, nullptr, out, ldo, F, K); break;
+  }
 }
 // gemv1_bf16 with GEMV1_DEEP_U chunks a lane in flight, for long rows whose grid fits one wave at
 // its occupancy (the host's rule, cuda_ops.py's one_row_product_kernel): session 31's part195 ran

@@ -90,6 +90,7 @@
 #   MINILLM_GATED1_SPLIT; long one-wave rows with 8 chunks in flight, MINILLM_GEMV1_DEEP_MIN_K);
 #   part197: session 31's final code (both routes the default): every GPU test, decode, graphs.
 #   part198: session 31, the one-row products' GPU tests after the knobs part195 measured were removed.
+#   part199: session 31, the 2-row gate_up split over gate and up warps (MINILLM_GATED_SPLIT_MAX_M).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -3341,6 +3342,26 @@ part198() {  # session 31: the one-row products' GPU tests after the A/B knobs p
   # (GEMV1_GATED_U / GEMV1_PLAIN_U, MINILLM_GATED1_UNFUSED_MIN_W) (~2.5 minutes on a fresh machine)
   setup
   stage gpu_tests_one_row 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k one_row
+}
+
+part199() {  # session 31: the 2-4-row gate_up split over gate and up warps (gemv_silu_mul_split_bf16, 80
+  # registers against gemv_silu_mul_bf16's 128; MINILLM_GATED_SPLIT_MAX_M, default 1: off). Of the real
+  # shapes only batch-2 steps reach it: their graphs alternated twice against the default, then its
+  # tests (~3.5 minutes on a fresh machine)
+  local i m
+  setup
+  models_q06_q8 100
+  for i in 1 2; do
+    for m in q06 q8; do
+      stage "graph_${m}b2_base_$i" 90 env MINILLM_GATED_SPLIT_MAX_M=1 python3 scripts/step_kernels.py $M/$m \
+        --batch 2 --ctx 512 --json "$W/graph_${m}b2_base_$i.json"
+      stage "graph_${m}b2_split_$i" 90 env MINILLM_GATED_SPLIT_MAX_M=2 python3 scripts/step_kernels.py $M/$m \
+        --batch 2 --ctx 512 --json "$W/graph_${m}b2_split_$i.json"
+    done
+  done
+  graph_summary
+  stage gpu_tests_split_rows 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    -k "gated_split_kernel or one_row"
 }
 
 o_merge_graphs() {  # batch-1 graphs of both shapes with MINILLM_O_MERGE 0 / 1 / 2, alternated twice, then

@@ -142,6 +142,10 @@ _GEMV1_DEEP_CTAS_PER_SM = 4
 # (+1.0%), so deep starts at 4096 and leaves the 0.6B shape alone.
 _GEMV1_DEEP_MIN_K_DEFAULT = 4096
 _GATED1_SPLIT_DEFAULT = 1
+# MINILLM_GATED_SPLIT_MAX_M: 2-4-row gate_up products up to this many rows on gemv_silu_mul_split_bf16
+# (80 registers) instead of gemv_silu_mul_bf16 (128); an A/B knob, unmeasured: 1 keeps them off it.
+# Of the real shapes only 2-row products reach it (3-4 rows take gemm_skinny_silu_mul: K % 64 == 0)
+_GATED_SPLIT_MAX_M_DEFAULT = 1
 # cuda/gemv.cu's gemm_skinny: tensor-core products of 2-16 rows (sent 3-16), K % 64 == 0. Measured
 # on the H200 (scripts/skinny_bench.py, docs/BENCHMARKS.md): 1.0-2.9x cuBLAS on the 0.6B shapes and 1.1-1.4x
 # on the 8B ones up to 8 rows; with 9-16 rows (two tiles of x, each CTA reading all of x again
@@ -579,6 +583,8 @@ class CudaBackend:
         self.decode_min_part = env_int("MINILLM_DECODE_MIN_PART", _DECODE_MIN_PART,
                                        "fewest keys in a split of the decode kernel")
         self.gated1_split = gated1_split_mode()
+        self.gated_split_max_m = env_int("MINILLM_GATED_SPLIT_MAX_M", _GATED_SPLIT_MAX_M_DEFAULT,
+                                         "most rows (2-4) of a gate_up product split over gate and up warps")
         self.gemv1_deep_min_k = env_int("MINILLM_GEMV1_DEEP_MIN_K", _GEMV1_DEEP_MIN_K_DEFAULT,
                                         "shortest row a one-row product keeps 8 chunks a lane in flight for; 0 never")
         self.o_merge = env_int("MINILLM_O_MERGE", _O_MERGE_DEFAULT,
@@ -613,7 +619,7 @@ class CudaBackend:
                                  for g in range(1, _DECODE_MAX_G + 1)],
             "sampling": ["sample_tokens"],
             "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemv1_bf16", "gemv1_f32", "gemv1_silu_mul_bf16",
-                     "gemv1_silu_mul_split_bf16", "gemv1_deep_bf16"]
+                     "gemv1_silu_mul_split_bf16", "gemv_silu_mul_split_bf16", "gemv1_deep_bf16"]
             + [f"gemm_skinny{t}_{k}" for t in ("", "2", "4") for k in ("bf16", "f32", "silu_mul_bf16")]
             + [f"gemv1_merge{c}_bf16_w{w}" for c in ("", f"_cl{_O_MERGE_CLUSTER}") for w in (4, 8, 16)],
         }.items():
@@ -1097,8 +1103,9 @@ class CudaBackend:
                   and self._gemv_fits(x, w_gate_up, out, None, M, K, ldx) else None)
         if kernel == "gemv":
             rows = () if M == 1 else (_i32(M),)
-            split = M == 1 and self.gated1_split  # gate and up rows on different warps: half the columns a CTA
-            name = "gemv1_silu_mul_split_bf16" if split else "gemv1_silu_mul_bf16" if M == 1 else "gemv_silu_mul_bf16"
+            # gate and up rows on different warps: half the columns a CTA
+            split = self.gated1_split if M == 1 else M <= self.gated_split_max_m
+            name = ("gemv1_" if M == 1 else "gemv_") + ("silu_mul_split_bf16" if split else "silu_mul_bf16")
             self._launch(name, (_cdiv(F, _GEMV_COLS_PER_CTA // 2 if split else _GEMV_COLS_PER_CTA),),
                          (_GEMV_THREADS,), (x, _i64(ldx), w_gate_up, out, _i64(ldo)) + rows + (_i32(F), _i32(K)))
             return
