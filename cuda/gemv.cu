@@ -14,6 +14,8 @@
 // together, so it holds both dot products of output column n and writes silu(gate) * up straight
 // into the [M, F] activation. That saves the silu_mul launch (a decode step is bound by its chain
 // of dependent launches) and the round trip of the [M, 2F] gate_up activation through memory.
+// One row takes gemv1_silu_mul_split by default instead: a CTA's gate rows and up rows on different
+// warps, so a warp holds half the sums (fewer registers, more CTAs an SM); see that kernel.
 //
 // Tried and measured slower on the H200 (scripts/gemv_bench.py, docs/BENCHMARKS.md): fusing the
 // preceding rms_norm into this kernel, either summing squares in the main loop (+25-35% on the 8B

@@ -3255,10 +3255,11 @@ part194() {  # session 30: each 8B batch-1 product (and gate_up without its gate
   stage stream_bench 150 python3 scripts/stream_bench.py --json "$W/stream_bench.json"
 }
 
-part195() {  # prepared in session 30, run in session 31 (its knobs were removed after it): part194 found the one-row gated product (gemv1_silu_mul,
-  # 118 registers: 4 CTAs an SM) streaming the 8B gate_up at 4.02 TB/s where the same matrix as one
-  # plain product (gemv1_bf16, 72 registers: 7 CTAs an SM) streams at 4.31 and a plain read at 4.43,
-  # and the 8B down at 3.97 against a read's 4.25. Arms, each against the default build: the gated
+part195() {  # prepared in session 30, run in session 31 (its knobs were removed after it): part194
+  # found the one-row gated product (gemv1_silu_mul, 118 registers: 4 CTAs an SM) streaming the 8B
+  # gate_up at 4.02 TB/s where the same matrix as one plain product (gemv1_bf16, 72 registers: 7
+  # CTAs an SM) streams at 4.31 and a plain read at 4.43, and the 8B down at 3.97 against a read's
+  # 4.25. Arms, each against the default build: the gated
   # product with 2 chunks a lane in flight instead of 4 (GEMV1_GATED_U=2: 72 registers, ptxas); the
   # one-row gate_up unfused (MINILLM_GATED1_UNFUSED_MIN_W: a plain product, then silu_mul); the
   # plain one-row products with 8 chunks in flight (GEMV1_PLAIN_U=8: 124 registers; session 22's
