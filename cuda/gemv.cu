@@ -298,16 +298,16 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
 // fused kernel's 118 registers allow 4 CTAs an SM; session 30's stream_bench.py streamed the 8B
 // gate_up at 4.02 TB/s through it and 4.31 as one plain product, part194). Grid
 // (ceil(F / (GEMV_NR * GEMV_WARPS / 2))): twice gemv1_silu_mul_bf16's. The same sums in the same
-// order: the same bits. The host's default for one row (MINILLM_GATED1_SPLIT): batch-1 graphs 8B
-// -1.2%, 0.6B -1.0% against the fused kernel (session 31, part196), though chained alone in
+// order: the same bits. The host's default for one row (MINILLM_GATED_SPLIT_MAX_M >= 1): batch-1
+// graphs 8B -1.2%, 0.6B -1.0% against the fused kernel (session 31, part196), though chained alone in
 // stream_bench.py it streamed the 8B gate_up no faster (4.07 against 4.14 TB/s).
 extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
     gemv1_silu_mul_split_bf16(const bf16* x, i64 ldx, const bf16* w, bf16* out, i64 ldo, int F, int K) {
   gemv_impl<bf16, 1, true, GEMV_WARPS, false, 0, true>(x, ldx, w, nullptr, out, ldo, F, K);
 }
 // The 2-4-row gated product split the same way (gemv_silu_mul_bf16 holds 2 x GEMV_NR rows' sums of
-// every row of x: 128 registers); the host sends it rows up to MINILLM_GATED_SPLIT_MAX_M (an A/B
-// knob, default 1: never). Grid (ceil(F / (GEMV_NR * GEMV_WARPS / 2))).
+// every row of x: 128 registers); the host sends it rows up to MINILLM_GATED_SPLIT_MAX_M (default
+// 2: batch-2 graphs 0.6B -2.4%, 8B -1.5%, session 32, part199). Grid (ceil(F / (GEMV_NR * GEMV_WARPS / 2))).
 extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
     gemv_silu_mul_split_bf16(const bf16* x, i64 ldx, const bf16* w, bf16* out, i64 ldo, int M, int F, int K) {
   switch (M) {

@@ -679,8 +679,9 @@ def test_one_row_split_and_deep_kernels_same_bits(be, K, N):
 @pytest.mark.parametrize("M,K,F", [(2, 1024, 1536), (2, 72, 96), (3, 1000, 1537), (4, 4104, 300), (4, 72, 96)])
 def test_gated_split_kernel_rows_same_bits(be, M, K, F):
     """gemv_silu_mul_split_bf16 (2-4 rows, gate and up rows on different warps) gives
-    gemv_silu_mul_bf16's bits, through the backend's route under MINILLM_GATED_SPLIT_MAX_M (which
-    launches it, in a graph too), on column counts that leave a CTA's last warps past the end.
+    gemv_silu_mul_bf16's bits, through the backend's route under MINILLM_GATED_SPLIT_MAX_M (M rows
+    and up take the split kernel, fewer the fused one; in a graph too), on column counts that leave a
+    CTA's last warps past the end.
     (3-4 rows reach the GEMV only when K is not a multiple of 64: else the skinny kernel takes them.)"""
     if be.dtype == np.float32:
         pytest.skip("cuda/gemv.cu is the bf16 path")
@@ -690,7 +691,7 @@ def test_gated_split_kernel_rows_same_bits(be, M, K, F):
     saved = be.gated_split_max_m
     outs, launched = {}, {}
     try:
-        for max_m in (1, 4):
+        for max_m in (M - 1, M):
             be.gated_split_max_m = max_m
             gate_up = poisoned(be, (M, 2 * F))
             be.matmul_silu_mul(x, w, poisoned(be, (M, F)), gate_up)  # eagerly first, as capture_graph asks
@@ -701,21 +702,21 @@ def test_gated_split_kernel_rows_same_bits(be, M, K, F):
             outs[max_m] = host(be, out)
     finally:
         be.gated_split_max_m = saved
-    assert launched[1] == Counter(gemv_silu_mul_bf16=1), launched
-    assert launched[4] == Counter(gemv_silu_mul_split_bf16=1), launched
-    assert not np.isnan(outs[1]).any() and np.array_equal(outs[1], outs[4])
+    assert launched[M - 1] == Counter(gemv_silu_mul_bf16=1), launched
+    assert launched[M] == Counter(gemv_silu_mul_split_bf16=1), launched
+    assert not np.isnan(outs[M - 1]).any() and np.array_equal(outs[M - 1], outs[M])
 
 
 def test_one_row_gated_product_routes_same_bits(be):
-    """The one-row gate_up product's routes, fused and split (MINILLM_GATED1_SPLIT), give the same
+    """The one-row gate_up product's routes, fused and split (MINILLM_GATED_SPLIT_MAX_M 0 / 1), give the same
     bits, leave gate_up unwritten and launch the kernel they name, in a graph too; and a one-row
     product on gemv1_deep_bf16 (MINILLM_GEMV1_DEEP_MIN_K) gives gemv1_bf16's."""
     x, w, b = one_row_inputs(be, 1024, 1536)
-    saved = be.gated1_split, be.gemv1_deep_min_k
+    saved = be.gated_split_max_m, be.gemv1_deep_min_k
     outs, launched = {}, {}
     try:
         for route, split in (("fused", 0), ("split", 1)):
-            be.gated1_split = split
+            be.gated_split_max_m = split
             out, gate_up = poisoned(be, (1, 1536)), poisoned(be, (1, 3072))
             be.matmul_silu_mul(x, w, out, gate_up)
             outs[route] = host(be, out), host(be, gate_up)
@@ -733,7 +734,7 @@ def test_one_row_gated_product_routes_same_bits(be):
             launched[min_k] = be.captured_launches - before
             outs[min_k] = host(be, out)
     finally:
-        be.gated1_split, be.gemv1_deep_min_k = saved
+        be.gated_split_max_m, be.gemv1_deep_min_k = saved
     fused, gu0 = outs["fused"]
     assert not np.isnan(fused).any() and np.isnan(gu0).all() and np.isnan(outs["split"][1]).all()
     assert np.array_equal(fused, outs["split"][0])

@@ -20,8 +20,8 @@ from minillm.backends.cuda_ops import (
     decode_rope_max_tokens,
     decode_splits,
     env_int,
-    gated1_split_mode,
     gated_product_kernel,
+    gated_split_max_rows,
     o_merge_plan,
     one_row_product_kernel,
     short_run_on_three,
@@ -125,16 +125,18 @@ def test_one_row_product_deep_kernel_from_a_row_length_within_one_wave():
 
 
 def test_gated_split_mode_from_the_environment(monkeypatch):
-    """MINILLM_GATED1_SPLIT: 1 by default (part196: batch-1 graphs 8B -1.2%, 0.6B -1.0%), 0 the
-    fused kernel; any other value is refused with the variable's name."""
-    monkeypatch.delenv("MINILLM_GATED1_SPLIT", raising=False)
-    assert gated1_split_mode() == 1
-    monkeypatch.setenv("MINILLM_GATED1_SPLIT", "0")
-    assert gated1_split_mode() == 0
-    for raw in ("2", "-1", "on"):
-        monkeypatch.setenv("MINILLM_GATED1_SPLIT", raw)
-        with pytest.raises(ValueError, match="MINILLM_GATED1_SPLIT"):
-            gated1_split_mode()
+    """MINILLM_GATED_SPLIT_MAX_M: 2 by default (part196: batch-1 graphs 8B -1.2%, 0.6B -1.0%; part199:
+    batch-2 graphs 8B -1.5%, 0.6B -2.4%), 0 to 4 (the GEMV's rows) accepted; any other value is
+    refused with the variable's name."""
+    monkeypatch.delenv("MINILLM_GATED_SPLIT_MAX_M", raising=False)
+    assert gated_split_max_rows() == 2
+    for rows in range(5):
+        monkeypatch.setenv("MINILLM_GATED_SPLIT_MAX_M", str(rows))
+        assert gated_split_max_rows() == rows
+    for raw in ("5", "-1", "on"):
+        monkeypatch.setenv("MINILLM_GATED_SPLIT_MAX_M", raw)
+        with pytest.raises(ValueError, match="MINILLM_GATED_SPLIT_MAX_M"):
+            gated_split_max_rows()
 
 
 @pytest.mark.parametrize("narrow,raised", [(16, 16), (20, 16), (32, 16), (16, 32), (32, 32)])

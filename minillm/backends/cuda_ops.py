@@ -135,17 +135,19 @@ _GEMV_MAX_M, _GEMV_THREADS, _GEMV_COLS_PER_CTA = 4, 128, 2 * 4  # GEMV_NR * GEMV
 # cuda/gemv.cu's gemv1_deep_bf16 (8 chunks a lane in flight): 124 registers (ptxas), so 4 CTAs of 128
 # threads an SM; it takes a one-row product whose grid fits one wave of that (one_row_product_kernel)
 _GEMV1_DEEP_CTAS_PER_SM = 4
-# MINILLM_GEMV1_DEEP_MIN_K (0: never) and MINILLM_GATED1_SPLIT (gemv1_silu_mul_split_bf16 for a
-# one-row gate_up, 0: the fused gemv1_silu_mul_bf16). Batch-1 graphs alternated twice on one H200
-# (session 31, part196): 8B 4.339 ms -> deep 4.282 (-1.3%: its o and down), split 4.287 (-1.2%),
-# both 4.273 (-1.5%); 0.6B 0.8375 -> split 0.8292 (-1.0%), deep from 2048 (its o and down) 0.8462
-# (+1.0%), so deep starts at 4096 and leaves the 0.6B shape alone.
+# MINILLM_GEMV1_DEEP_MIN_K (0: never) and the one-row gate_up split (gemv1_silu_mul_split_bf16, not the
+# fused gemv1_silu_mul_bf16). Batch-1 graphs alternated twice on one H200 (session 31, part196): 8B
+# 4.339 ms -> deep 4.282 (-1.3%: its o and down), split 4.287 (-1.2%), both 4.273 (-1.5%); 0.6B
+# 0.8375 -> split 0.8292 (-1.0%), deep from 2048 (its o and down) 0.8462 (+1.0%), so deep starts at
+# 4096 and leaves the 0.6B shape alone.
 _GEMV1_DEEP_MIN_K_DEFAULT = 4096
-_GATED1_SPLIT_DEFAULT = 1
-# MINILLM_GATED_SPLIT_MAX_M: 2-4-row gate_up products up to this many rows on gemv_silu_mul_split_bf16
-# (80 registers) instead of gemv_silu_mul_bf16 (128); an A/B knob, unmeasured: 1 keeps them off it.
-# Of the real shapes only 2-row products reach it (3-4 rows take gemm_skinny_silu_mul: K % 64 == 0)
-_GATED_SPLIT_MAX_M_DEFAULT = 1
+# MINILLM_GATED_SPLIT_MAX_M: gate_up products of up to this many rows (at most 4, the GEMV's) stream
+# gate and up rows on different warps of a CTA (gemv1_silu_mul_split_bf16 for one row, 70 registers
+# against 118; gemv_silu_mul_split_bf16 for 2-4, 80 against 128; the same bits); 0: never. Of the
+# real shapes only 1- and 2-row products reach the GEMV (3-4 rows take gemm_skinny_silu_mul when
+# K % 64 == 0). Batch-2 graphs alternated twice on one H200 (session 32, part199): 0.6B 0.9304 ->
+# 0.9079 ms (-2.4%), 8B 4.5463 -> 4.4792 (-1.5%) with 2 against 1.
+_GATED_SPLIT_MAX_M_DEFAULT = 2
 # cuda/gemv.cu's gemm_skinny: tensor-core products of 2-16 rows (sent 3-16), K % 64 == 0. Measured
 # on the H200 (scripts/skinny_bench.py, docs/BENCHMARKS.md): 1.0-2.9x cuBLAS on the 0.6B shapes and 1.1-1.4x
 # on the 8B ones up to 8 rows; with 9-16 rows (two tiles of x, each CTA reading all of x again
@@ -479,15 +481,15 @@ def short_run_three_mode() -> int:
     return mode
 
 
-def gated1_split_mode() -> int:
-    """MINILLM_GATED1_SPLIT: 1 (default) a one-row gate_up product on gemv1_silu_mul_split_bf16,
-    0 on the fused gemv1_silu_mul_bf16."""
-    mode = env_int("MINILLM_GATED1_SPLIT", _GATED1_SPLIT_DEFAULT,
-                   "1: a one-row gate_up product streams gate and up rows on different warps")
-    if mode not in (0, 1):
-        raise ValueError(f"MINILLM_GATED1_SPLIT={mode}: use 1 (a one-row gate_up product's gate and up rows "
-                         "on different warps, the default) or 0 (both on the same warps)")
-    return mode
+def gated_split_max_rows() -> int:
+    """MINILLM_GATED_SPLIT_MAX_M: the most rows (0-4) of a gate_up GEMV whose CTAs stream gate and up
+    rows on different warps (gemv1_silu_mul_split_bf16 / gemv_silu_mul_split_bf16); 0 never."""
+    rows = env_int("MINILLM_GATED_SPLIT_MAX_M", _GATED_SPLIT_MAX_M_DEFAULT,
+                   "most rows of a gate_up product split over gate and up warps")
+    if rows > _GEMV_MAX_M:
+        raise ValueError(f"MINILLM_GATED_SPLIT_MAX_M={rows}: use 0 (never) to {_GEMV_MAX_M} (the GEMV's "
+                         f"most rows); the default is {_GATED_SPLIT_MAX_M_DEFAULT}")
+    return rows
 
 
 def short_run_on_three(mode: int, ctas: int, resident_three: int) -> bool:
@@ -582,9 +584,7 @@ class CudaBackend:
                                           "fewest sequences of a step whose short runs take the tensor cores")
         self.decode_min_part = env_int("MINILLM_DECODE_MIN_PART", _DECODE_MIN_PART,
                                        "fewest keys in a split of the decode kernel")
-        self.gated1_split = gated1_split_mode()
-        self.gated_split_max_m = env_int("MINILLM_GATED_SPLIT_MAX_M", _GATED_SPLIT_MAX_M_DEFAULT,
-                                         "most rows (2-4) of a gate_up product split over gate and up warps")
+        self.gated_split_max_m = gated_split_max_rows()
         self.gemv1_deep_min_k = env_int("MINILLM_GEMV1_DEEP_MIN_K", _GEMV1_DEEP_MIN_K_DEFAULT,
                                         "shortest row a one-row product keeps 8 chunks a lane in flight for; 0 never")
         self.o_merge = env_int("MINILLM_O_MERGE", _O_MERGE_DEFAULT,
@@ -1104,7 +1104,7 @@ class CudaBackend:
         if kernel == "gemv":
             rows = () if M == 1 else (_i32(M),)
             # gate and up rows on different warps: half the columns a CTA
-            split = self.gated1_split if M == 1 else M <= self.gated_split_max_m
+            split = M <= self.gated_split_max_m
             name = ("gemv1_" if M == 1 else "gemv_") + ("silu_mul_split_bf16" if split else "silu_mul_bf16")
             self._launch(name, (_cdiv(F, _GEMV_COLS_PER_CTA // 2 if split else _GEMV_COLS_PER_CTA),),
                          (_GEMV_THREADS,), (x, _i64(ldx), w_gate_up, out, _i64(ldo)) + rows + (_i32(F), _i32(K)))
