@@ -91,6 +91,7 @@
 #   part197: session 31's final code (both routes the default): every GPU test, decode, graphs.
 #   part198: session 31, the one-row products' GPU tests after the knobs part195 measured were removed.
 #   part199: session 31, the 2-row gate_up split over gate and up warps (MINILLM_GATED_SPLIT_MAX_M).
+#   part200: session 32, short runs on the decode kernel with q/k norm + RoPE + KV store inside.
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -3420,6 +3421,31 @@ part187() {  # session 29, last call: gemv1_merge_* after part186 (its merge too
   o_merge_graphs
   stage timeline_q06_cluster 120 env MINILLM_O_MERGE=2 python3 scripts/step_timeline.py $M/q06 --batch 1 \
     --ctx 512 --json "$W/timeline_q06_cluster.json"
+}
+
+part200() {  # session 32: a step of short runs on the decode kernel with the q/k norm + RoPE + KV store
+  # inside (paged_decode_run_rope_*, MINILLM_DECODE_ROPE_RUNS): its tests and the fused decode step's
+  # first, then a rejected DFlash k = 8 round's graphs at c = 1 and 2 (the rounds whose verification
+  # stays on the decode kernel) against the two launches, alternated twice; the spec-cost bench; the
+  # engine's GPU tests of identical tokens and lossless speculation (~7 minutes on a fresh machine)
+  local i b
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage gpu_tests_run_rope 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    -k "decode_run_rope or decode_step_attention"
+  stage models 100 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
+  for i in 1 2; do
+    for b in 1 2; do
+      spec_round_graph "base_$i" $b 100 MINILLM_DECODE_ROPE_RUNS=0
+      spec_round_graph "runs_$i" $b 100 MINILLM_DECODE_ROPE_RUNS=1
+    done
+  done
+  graph_summary
+  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_8b.json"
+  stage gpu_engine 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py \
+    -k "identical_tokens or greedy_matches or speculation_lossless"
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name; then

@@ -1105,6 +1105,109 @@ def o_merge_step(be, case: dict, merge: int, graph: bool):
     return host(be, out), host(be, o), plan, launched
 
 
+@pytest.mark.parametrize("G", [1, 2, 4, 8])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_decode_run_rope_same_bits_as_two_ops(be, G, D, qk_norm):
+    """A step of short runs on the decode kernel with q/k norm + RoPE + KV store inside
+    (paged_decode_run_rope_*, decode_step_attention given max_query_len > 1 and short_runs off)
+    gives the two launches' bits (qk_norm_rope_store_kv, then the decode kernel): outputs and
+    caches, eagerly and in a graph, for any split count; and the oracle's values. Runs of 9, 1, 16
+    and 3 new tokens over 521, 40, 16 and 3 keys (the last two all new, the first crossing split
+    bounds), a padding sequence of two rows (seq_len 0, slot -1) and a row outside every sequence,
+    which stays unwritten. Off the route (MINILLM_DECODE_ROPE_RUNS=0, or short runs the tensor
+    cores may take) the step runs the two launches."""
+    if be.dtype == np.float32 and (G in (1, 8) or not qk_norm):
+        pytest.skip("fp32 storage: a representative subset is enough")
+    rng = np.random.default_rng(G * 1000 + D + qk_norm)
+    KH, bs = 2, 16
+    H = KH * G
+    nq, lens = [9, 1, 16, 3], [521, 40, 16, 3]
+    B = len(lens)
+    n_real = sum(nq)
+    T = n_real + 3  # the runs' rows, the padding sequence's two, one unused row
+    cs, qkv, qw, kw, pos = rope_case(rng, T, H, KH, D)
+    nbps = -(-max(lens) // bs)
+    nb = B * nbps + 2
+    tables = rng.permutation(nb)[: B * nbps].reshape(B, nbps).astype(np.int32)
+    tables = np.vstack([tables, np.zeros((1, nbps), np.int32)])
+    sl = np.asarray(lens + [0], np.int32)
+    qs = np.asarray([0] + list(np.cumsum(nq)) + [n_real + 2], np.int32)
+    slots = np.full(T, -1, np.int32)
+    pos[n_real:] = 0
+    for b, (n, L) in enumerate(zip(nq, lens)):
+        for j in range(n):
+            p = L - n + j
+            pos[qs[b] + j] = p
+            slots[qs[b] + j] = tables[b, p // bs] * bs + p % bs
+    kc0 = rng.standard_normal((nb, bs, KH, D)).astype(np.float32)
+    vc0 = rng.standard_normal((nb, bs, KH, D)).astype(np.float32)
+    scale = D ** -0.5
+
+    def split(a):
+        return (a[:, : H * D].reshape(T, H, D), a[:, H * D: (H + KH) * D].reshape(T, KH, D),
+                a[:, (H + KH) * D:].reshape(T, KH, D))
+
+    def inputs():
+        dev, kc, vc = be.asarray(qkv), be.asarray(kc0), be.asarray(vc0)
+        w = (be.asarray(qw), be.asarray(kw)) if qk_norm else (None, None)
+        rope = (1e-6, i32(be, pos), be.asarray(cs, dtype=np.float32), kc, vc, i32(be, slots))
+        return split(dev), w, rope, (i32(be, tables), i32(be, sl), i32(be, qs)), kc, vc
+
+    def fused(n_splits, short_runs=False, graph=False):
+        qkv_d, w, rope, att, kc, vc = inputs()
+        out = poisoned(be, (T, H, D))
+
+        def step():
+            return be.decode_step_attention(*qkv_d, *w, *rope, *att, scale, out, n_splits=n_splits,
+                                            max_query_len=max(nq), short_runs=short_runs)
+        plan = step()
+        if graph:  # the caches hold the step's rows already: the replay rewrites the same values
+            out = poisoned(be, (T, H, D))
+            be.capture_graph(step).replay()
+        return plan, (host(be, out), host(be, kc), host(be, vc))
+
+    def two_ops(n_splits):
+        (q, k, v), w, rope, att, kc, vc = inputs()
+        out = poisoned(be, (T, H, D))
+        be.qk_norm_rope_store_kv(q, k, v, *w, *rope)
+        be.attention(q, kc, vc, *att, scale, out, kernel="decode", n_splits=n_splits)
+        return host(be, out), host(be, kc), host(be, vc)
+
+    ref_q = rounded(be, qkv).copy()
+    rk, rv = rounded(be, kc0).copy(), rounded(be, vc0).copy()
+    ref = np.full((T, H, D), np.nan, np.float32)
+    REF.decode_step_attention(*split(ref_q), rounded(be, qw) if qk_norm else None,
+                              rounded(be, kw) if qk_norm else None, 1e-6, pos, cs, rk, rv, slots,
+                              tables, sl, qs, scale, ref, max_query_len=max(nq))
+    limit, be.decode_rope_max_tokens = be.decode_rope_max_tokens, T
+    try:
+        for n_splits in (None, 1, 5):
+            plan, got = fused(n_splits)
+            assert plan["kernel"] == "decode_run_rope", plan
+            two = two_ops(n_splits)
+            for name, a, b in zip(("out", "k cache", "v cache"), got, two):
+                assert np.array_equal(a, b, equal_nan=True), (name, n_splits)
+            assert rel_err(got[0][: n_real + 2], ref[: n_real + 2]) < tol(be), n_splits
+            assert np.isnan(got[0][n_real + 2:]).all(), "the unused row must stay untouched"
+            assert rel_err(got[1], rk) < tol(be) and rel_err(got[2], rv) < tol(be)
+            _, in_graph = fused(n_splits, graph=True)
+            assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(in_graph, got)), n_splits
+        runs_on = be.decode_rope_runs
+        be.decode_rope_runs = False
+        try:
+            plan, off = fused(None)
+        finally:
+            be.decode_rope_runs = runs_on
+        assert plan["kernel"] == "decode" and all(np.array_equal(a, b, equal_nan=True)
+                                                  for a, b in zip(off, two_ops(None)))
+        if be.dtype != np.float32:  # the tensor-core kernel is bf16's: short runs may go there
+            plan, _ = fused(None, short_runs=True)
+            assert plan["kernel"] != "decode_run_rope", plan
+    finally:
+        be.decode_rope_max_tokens = limit
+
+
 @pytest.mark.parametrize("G,D", [(2, 128), (4, 128), (2, 64), (8, 64)])
 @pytest.mark.parametrize("mode", [1, 2])
 def test_decode_step_o_merge(be, G, D, mode, monkeypatch):
