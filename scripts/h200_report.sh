@@ -92,6 +92,7 @@
 #   part198: session 31, the one-row products' GPU tests after the knobs part195 measured were removed.
 #   part199: session 31, the 2-row gate_up split over gate and up warps (MINILLM_GATED_SPLIT_MAX_M).
 #   part200: session 32, short runs on the decode kernel with q/k norm + RoPE + KV store inside.
+#   part201: session 32, the final code's GPU tests, sanitizers, decode, failure matrix, throughput.
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -3446,6 +3447,24 @@ part200() {  # session 32: a step of short runs on the decode kernel with the q/
     --result-json "$W/spec_cost_8b.json"
   stage gpu_engine 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py \
     -k "identical_tokens or greedy_matches or speculation_lossless"
+}
+
+part201() {  # session 32, the final code: every GPU test, the short-run fused step's op tests under memcheck
+  # and racecheck, decode of both shapes, memcheck of the server reproducer (its c <= 2 tails verify on
+  # the new kernel), the failure matrix, throughput; most needed first (~9 minutes on a fresh machine)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 150
+  gpu_tests_full 300
+  stage memcheck_run_rope 150 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "decode_run_rope and bfloat16"
+  stage racecheck_run_rope 150 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "decode_run_rope and bfloat16 and 128-4"
+  decode_06b 60
+  decode_8b 60
+  memcheck_reproducer 100
+  failure_matrix_q06 150
+  throughput_06b 150
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name; then
