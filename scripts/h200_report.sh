@@ -92,7 +92,7 @@
 #   part198: session 31, the one-row products' GPU tests after the knobs part195 measured were removed.
 #   part199: session 31, the 2-row gate_up split over gate and up warps (MINILLM_GATED_SPLIT_MAX_M).
 #   part200: session 32, short runs on the decode kernel with q/k norm + RoPE + KV store inside.
-#   part201: session 32, the final code's GPU tests, sanitizers, decode, failure matrix, throughput.
+#   part201: session 32, what part200 leaves: racecheck, decode, failure matrix, throughput.
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -3427,15 +3427,16 @@ part187() {  # session 29, last call: gemv1_merge_* after part186 (its merge too
 part200() {  # session 32: a step of short runs on the decode kernel with the q/k norm + RoPE + KV store
   # inside (paged_decode_run_rope_*, MINILLM_DECODE_ROPE_RUNS): its tests and the fused decode step's
   # first, then a rejected DFlash k = 8 round's graphs at c = 1 and 2 (the rounds whose verification
-  # stays on the decode kernel) against the two launches, alternated twice; the spec-cost bench; the
-  # engine's GPU tests of identical tokens and lossless speculation (~7 minutes on a fresh machine)
+  # stays on the decode kernel) against the two launches, alternated twice; the spec-cost bench; every
+  # GPU test; the new kernel's tests under memcheck; memcheck of the server reproducer (its c <= 2
+  # tails verify on the new kernel). Most needed first: the device's 10 minutes may cut the tail
+  # (~10 minutes on a fresh machine; part201 has the rest)
   local i b
   setup
   facts > "$W/facts.txt" 2>&1
   stage gpu_tests_run_rope 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
     -k "decode_run_rope or decode_step_attention"
-  stage models 100 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
-    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
+  models_all 150
   for i in 1 2; do
     for b in 1 2; do
       spec_round_graph "base_$i" $b 100 MINILLM_DECODE_ROPE_RUNS=0
@@ -3445,24 +3446,21 @@ part200() {  # session 32: a step of short runs on the decode kernel with the q/
   graph_summary
   stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
     --result-json "$W/spec_cost_8b.json"
-  stage gpu_engine 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py \
-    -k "identical_tokens or greedy_matches or speculation_lossless"
-}
-
-part201() {  # session 32, the final code: every GPU test, the short-run fused step's op tests under memcheck
-  # and racecheck, decode of both shapes, memcheck of the server reproducer (its c <= 2 tails verify on
-  # the new kernel), the failure matrix, throughput; most needed first (~9 minutes on a fresh machine)
-  setup
-  facts > "$W/facts.txt" 2>&1
-  models_all 150
   gpu_tests_full 300
   stage memcheck_run_rope 150 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
     python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "decode_run_rope and bfloat16"
+  memcheck_reproducer 100
+}
+
+part201() {  # session 32, what part200 leaves: racecheck of the new kernel's tests, decode of both shapes,
+  # the failure matrix, throughput (~5 minutes on a fresh machine)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 150
   stage racecheck_run_rope 150 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
     python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "decode_run_rope and bfloat16 and 128-4"
   decode_06b 60
   decode_8b 60
-  memcheck_reproducer 100
   failure_matrix_q06 150
   throughput_06b 150
 }
