@@ -3453,10 +3453,10 @@ part200() {  # session 32: a step of short runs on the decode kernel with the q/
 }
 
 part201() {  # session 32, what part200 leaves: racecheck of the new kernel's tests, decode of both shapes,
-  # the failure matrix, throughput (~5 minutes on a fresh machine)
+  # the failure matrix, throughput (~5 minutes on a fresh machine; on part200's, still warm, its models)
   setup
   facts > "$W/facts.txt" 2>&1
-  models_all 150
+  if [ ! -f $M/q8-dflash/config.json ] || [ ! -f $M/q06-dflash/config.json ]; then models_all 150; fi
   stage racecheck_run_rope 150 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
     python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "decode_run_rope and bfloat16 and 128-4"
   decode_06b 60
