@@ -1193,7 +1193,8 @@ def test_decode_run_rope_same_bits_as_two_ops(be, G, D, qk_norm):
         return host(be, out), host(be, kc), host(be, vc)
 
     ref, rk, rv = c.oracle(be, qk_norm, scale, max(nq))
-    limit, be.decode_rope_max_tokens = be.decode_rope_max_tokens, T
+    limit, runs_on = be.decode_rope_max_tokens, be.decode_rope_runs
+    be.decode_rope_max_tokens, be.decode_rope_runs = T, True
     try:
         for n_splits in (None, 1, 5):
             plan, got = fused(n_splits)
@@ -1206,19 +1207,16 @@ def test_decode_run_rope_same_bits_as_two_ops(be, G, D, qk_norm):
             assert rel_err(got[1], rk) < tol(be) and rel_err(got[2], rv) < tol(be)
             _, in_graph = fused(n_splits, graph=True)
             assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(in_graph, got)), n_splits
-        runs_on = be.decode_rope_runs
         be.decode_rope_runs = False
-        try:
-            plan, off = fused(None)
-        finally:
-            be.decode_rope_runs = runs_on
+        plan, off = fused(None)
+        be.decode_rope_runs = True
         assert plan["kernel"] == "decode" and all(np.array_equal(a, b, equal_nan=True)
                                                   for a, b in zip(off, two_ops(None)))
         if be.dtype != np.float32:  # the tensor-core kernel is bf16's: short runs may go there
             plan, _ = fused(None, short_runs=True)
             assert plan["kernel"] != "decode_run_rope", plan
     finally:
-        be.decode_rope_max_tokens = limit
+        be.decode_rope_max_tokens, be.decode_rope_runs = limit, runs_on
 
 
 @pytest.mark.parametrize("G,D", [(2, 128), (4, 128), (2, 64), (8, 64)])
