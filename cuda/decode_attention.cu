@@ -68,13 +68,6 @@
 // paged_decode_rope_* is the same kernel for a decode step (one new token a sequence) that also
 // does norm.cu's qk_norm_rope_store_kv: the twin of NumpyBackend.decode_step_attention, one launch
 // a layer fewer (the backend uses it for steps of at most MINILLM_DECODE_ROPE_MAX rows).
-// paged_decode_run_rope_* does the same for steps of short runs (up to DEC_RUN_NEW new tokens a
-// sequence: speculative verification of one or two sequences, whose runs stay on this kernel).
-// A CTA's keys from this step (the run's own, at most DEC_RUN_NEW) are normalised and rotated by
-// the CTA itself from the raw k rows into shared memory, rounded to storage, and the key loop reads
-// them from there instead of the cache: the same values in the same order as the two launches
-// (qk_norm_rope_store_kv, then paged_decode_*), so the same bits. Each token's own k and v rows go
-// to its slot from the last split of its row (no CTA reads a cache row written in this launch).
 #include "common.cuh"
 
 #define DEC_THREADS 128
@@ -108,10 +101,6 @@
 #ifndef DEC_CPL  // 16-byte chunks of a K/V row per lane (1: 16 lanes a bf16 d128 row; 2: 8 lanes)
 #define DEC_CPL 1
 #endif
-// paged_decode_run_rope_*: the most new tokens of a sequence (its run), so of this step's keys in one
-// CTA; rows of longer runs are skipped (the host sends such steps to the two launches). The
-// backend's _DECODE_MAX_Q.
-#define DEC_RUN_NEW 16
 
 namespace {
 
@@ -167,9 +156,7 @@ struct RopeArgs {
   T* v_cache = nullptr;
 };
 
-// ROPE: the fused q/k norm + RoPE + KV store (RopeArgs); RUN (with ROPE): of short runs, each
-// CTA's keys of this step rotated into shared memory (the header's paged_decode_run_rope_*).
-template <typename T, int D, int G, bool ROPE, bool RUN = false>
+template <typename T, int D, int G, bool ROPE>
 __device__ __forceinline__ void decode_attention_impl(
     const T* __restrict__ q, i64 q_tok, i64 q_head,
     const T* __restrict__ kc, const T* __restrict__ vc,  // [num_blocks, bs, KH, D]
@@ -188,14 +175,8 @@ __device__ __forceinline__ void decode_attention_impl(
   constexpr int LPK = D / VEC / CPL;  // lanes per key row
   constexpr int NG = DEC_THREADS / LPK;
   static_assert(LPK >= 2 && LPK <= 32 && (32 % LPK) == 0, "head_dim must give 2..32 lanes a row");
-  static_assert(!RUN || ROPE, "a run's keys are rotated by the fused step");
   __shared__ float s_ml[NG][G][2];
-  // the key groups' sums after the loop; RUN: before that, the step's keys of this CTA, rotated
-  // (k rows [DEC_RUN_NEW][D], then v rows, in T), which the loop reads (a barrier in between)
-  constexpr int ACC_F = NG * G * D, NEW_F = RUN ? 2 * DEC_RUN_NEW * D * (int)sizeof(T) / 4 : 0;
-  __shared__ __align__(16) float s_acc_buf[ACC_F > NEW_F ? ACC_F : NEW_F];
-  float (*const s_acc)[G][D] = reinterpret_cast<float (*)[G][D]>(s_acc_buf);
-  T* const s_new = reinterpret_cast<T*>(s_acc_buf);
+  __shared__ float s_acc[NG][G][D];
   __shared__ __align__(16) float s_w[G][64];  // the merging CTA's per-split weights (n_splits <= 64)
   __shared__ float s_den[G];
   __shared__ int s_last;
@@ -242,12 +223,12 @@ __device__ __forceinline__ void decode_attention_impl(
     }
   }
   bool active = false;
-  int b = 0, qs = 0, nq = 1, L = 0, j = 0, k_hi = 0, k_lo = 0, k_end = 0;
+  int b = 0, nq = 1, L = 0, j = 0, k_hi = 0, k_lo = 0, k_end = 0;
   int n_active = 1;  // splits that hold keys of this token; the others exit
   do {
     if (t >= n_tokens || t >= query_start[B]) break;  // rows outside every sequence: untouched
     b = minillm::seq_of_row(query_start, B, t);
-    qs = query_start[b];
+    const int qs = query_start[b];
     nq = query_start[b + 1] - qs;
     L = seq_lens[b];
     MINILLM_CHECK(nq >= 1 && L >= 0 && L <= bt_stride * block_size);
@@ -302,48 +283,7 @@ __device__ __forceinline__ void decode_attention_impl(
   // key also does the token's k head, stores k and v to the token's slot, and adds that key from
   // shared memory after its loop (no CTA ever reads a cache row written in this launch).
   bool fresh = false;  // this CTA stores and appends the newest key (uniform over the CTA)
-  // RUN: keys [f_lo, k_end) of this CTA are the step's (its run's tokens L - nq ..), read from s_new
-  int f_lo = k_end;
-  if constexpr (RUN) {
-    f_lo = min(k_end, max(k_lo, L - nq));
-    const int n_new = k_end - f_lo;
-    MINILLM_CHECK(n_new <= nq && nq <= DEC_RUN_NEW && slot < ra.n_slots);
-    // the last split of the row holds the token's own key, k_hi - 1 = L - nq + j: it stores k and v
-    const bool own = slot >= 0 && n_new > 0 && k_end == k_hi;
-    MINILLM_CHECK(pos >= 0 && pos < ra.max_pos);
-    const int warp = tid >> 5, lane = tid & 31;
-    for (int hh = warp; hh < G + n_new; hh += DEC_THREADS / 32) {  // warp-uniform
-      if (hh < G) {  // a q head, into s_rot as the decode step's
-        const T* x = q + (i64)t * q_tok + (i64)(kh * G + hh) * q_head;
-        float* dst = s_rot[hh];
-        minillm::warp_qk_norm_rope<T>(x, ra.q_w, ra.eps, ra.cos_sin + (i64)pos * D, s_tmp[warp], D, lane,
-                                      [&](int i, T o) { dst[i] = minillm::to_f(o); });
-        __syncwarp();  // s_tmp[warp] is the next head's scratch
-        continue;
-      }
-      const int f = hh - G, key = f_lo + f, tk = qs + key - (L - nq);  // the key's token
-      const int pk = ra.positions[tk];
-      MINILLM_CHECK(tk >= qs && tk <= t && pk >= 0 && pk < ra.max_pos);
-      const bool store = own && key == k_hi - 1;  // tk == t
-      T* krow = store ? ra.k_cache + (slot * KH + kh) * D : nullptr;
-      T* kn = s_new + f * D;
-      minillm::warp_qk_norm_rope<T>(ra.k + (i64)tk * ra.k_tok + (i64)kh * ra.k_head, ra.k_w, ra.eps,
-                                    ra.cos_sin + (i64)pk * D, s_tmp[warp], D, lane, [&](int i, T o) {
-                                      kn[i] = o;
-                                      if (krow) krow[i] = o;
-                                    });
-      __syncwarp();
-      const T* src = ra.v + (i64)tk * ra.v_tok + (i64)kh * ra.v_head;
-      T* vn = s_new + (DEC_RUN_NEW + f) * D;
-      T* vrow = store ? ra.v_cache + (slot * KH + kh) * D : nullptr;
-      for (int i = lane; i < D; i += 32) {
-        const T x = src[i];
-        vn[i] = x;
-        if (vrow) vrow[i] = x;
-      }
-    }
-    __syncthreads();
-  } else if constexpr (ROPE) {
+  if constexpr (ROPE) {
     MINILLM_CHECK(nq == 1 || L == 0);  // one new token a sequence: no other row needs this key
     MINILLM_CHECK(slot < ra.n_slots);
     fresh = slot >= 0 && k_hi == L && L > 0 && k_end == k_hi;
@@ -415,15 +355,7 @@ __device__ __forceinline__ void decode_attention_impl(
       const int key = k0 + u;
 #pragma unroll
       for (int j = 0; j < CPL; ++j) kr[u][j] = vr[u][j] = make_uint4(0u, 0u, 0u, 0u);
-      if (RUN && key >= f_lo && key < k_end) {  // this step's key, rotated above
-        const T* kn = s_new + (key - f_lo) * D + kl * VEC;
-        const T* vn = s_new + (DEC_RUN_NEW + key - f_lo) * D + kl * VEC;
-#pragma unroll
-        for (int j = 0; j < CPL; ++j) {
-          kr[u][j] = *reinterpret_cast<const uint4*>(kn + j * LPK * VEC);
-          vr[u][j] = *reinterpret_cast<const uint4*>(vn + j * LPK * VEC);
-        }
-      } else if (key < k_end) {
+      if (key < k_end) {
         const int lb = key / block_size;
         MINILLM_CHECK(lb < bt_stride);
         const int phys = bt[lb];
@@ -501,7 +433,7 @@ __device__ __forceinline__ void decode_attention_impl(
 
   // ---- ROPE: key group 0 adds the newest key (its k and v in s_rot) to its running softmax;
   // the whole first warp runs the shuffles, the other groups in it discard the result
-  if constexpr (ROPE && !RUN) {
+  if constexpr (ROPE) {
     if (fresh && tid < 32) {
       float sc[G];
 #pragma unroll
@@ -535,7 +467,6 @@ __device__ __forceinline__ void decode_attention_impl(
   }
 
   minillm::pdl_release();  // the next kernel is placed while this CTA merges (common.cuh)
-  if constexpr (RUN) __syncthreads();  // every group is done with s_new before s_acc overwrites it
   // ---- merge the key groups of this CTA
 #pragma unroll
   for (int g = 0; g < G; ++g) {
@@ -593,7 +524,7 @@ __device__ __forceinline__ void decode_attention_impl(
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  constexpr int EPT = (G * D + DEC_THREADS - 1) / DEC_THREADS, FL = ROPE && !RUN ? DEC_MERGE_FLIGHT_ROPE : DEC_MERGE_FLIGHT;
+  constexpr int EPT = (G * D + DEC_THREADS - 1) / DEC_THREADS, FL = ROPE ? DEC_MERGE_FLIGHT_ROPE : DEC_MERGE_FLIGHT;
   for (int g = tid >> 5; g < G; g += DEC_THREADS / 32) {  // warp per head: split weights
     const i64 p0 = ((i64)t * H + kh * G + g) * n_splits;
     const minillm::SplitPairs pairs = minillm::split_pairs(reinterpret_cast<const float2*>(part_ml) + p0, n_active, tid & 31);
@@ -660,10 +591,8 @@ __device__ __forceinline__ void decode_attention_impl(
 // paged_decode_rope_<dtype>_d<D>_g<G>: the same grid, on a decode step (one new token a
 // sequence): q is the raw q rows; the q/k norm + RoPE and the KV store of norm.cu's
 // qk_norm_rope_store_kv happen inside (its k rows are not updated in place).
-// paged_decode_run_rope_<dtype>_d<D>_g<G>: the same arguments, on a step of short runs (at most
-// DEC_RUN_NEW new tokens a sequence; defer_max is not used: 0).
-#define MINILLM_DECODE_ROPE_KERNEL(NAME, T, D, G, RUN)                                            \
-  extern "C" __global__ void __launch_bounds__(DEC_THREADS, (G) <= 2 ? DEC_MIN_BLOCKS_SMALL_G : (G) <= 4 ? DEC_MIN_BLOCKS_MID_G : DEC_MIN_BLOCKS) NAME( \
+#define MINILLM_DECODE_ROPE(SUFFIX, T, D, G)                                                      \
+  extern "C" __global__ void __launch_bounds__(DEC_THREADS, (G) <= 2 ? DEC_MIN_BLOCKS_SMALL_G : (G) <= 4 ? DEC_MIN_BLOCKS_MID_G : DEC_MIN_BLOCKS) paged_decode_rope_##SUFFIX##_d##D##_g##G( \
       const T* q, i64 q_tok, i64 q_head, T* kc, T* vc, const int* block_tables, int bt_stride,   \
       const int* seq_lens, const int* query_start, int B, int n_tokens, T* out, i64 o_tok,       \
       i64 o_head, float* part_o, float* part_ml, int* counters, const int* order, int KH,         \
@@ -677,16 +606,12 @@ __device__ __forceinline__ void decode_attention_impl(
     ra.q_w = q_w; ra.k_w = k_w; ra.eps = eps;                                                     \
     ra.positions = positions; ra.cos_sin = cos_sin; ra.max_pos = max_pos;                         \
     ra.slots = slots; ra.n_slots = n_slots; ra.k_cache = kc; ra.v_cache = vc;                     \
-    decode_attention_impl<T, D, G, true, RUN>(q, q_tok, q_head, kc, vc, block_tables, bt_stride,  \
-                                              seq_lens, query_start, B, n_tokens, out, o_tok,     \
-                                              o_head, part_o, part_ml, counters, order, KH,       \
-                                              block_size, num_blocks, scale_log2, 1, n_splits,    \
-                                              min_part, RUN ? DEC_RUN_NEW : 1 << 30, 0, ra,       \
-                                              RUN ? 0 : defer_max);                               \
+    decode_attention_impl<T, D, G, true>(q, q_tok, q_head, kc, vc, block_tables, bt_stride,       \
+                                         seq_lens, query_start, B, n_tokens, out, o_tok, o_head,  \
+                                         part_o, part_ml, counters, order, KH, block_size,        \
+                                         num_blocks, scale_log2, 1, n_splits, min_part, 1 << 30,  \
+                                         0, ra, defer_max);                                       \
   }
-#define MINILLM_DECODE_ROPE(SUFFIX, T, D, G)                                            \
-  MINILLM_DECODE_ROPE_KERNEL(paged_decode_rope_##SUFFIX##_d##D##_g##G, T, D, G, false) \
-  MINILLM_DECODE_ROPE_KERNEL(paged_decode_run_rope_##SUFFIX##_d##D##_g##G, T, D, G, true)
 
 #define MINILLM_DECODE_G(SUFFIX, T, D)                                                   \
   MINILLM_DECODE(SUFFIX, T, D, 1) MINILLM_DECODE(SUFFIX, T, D, 2)                       \

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import textwrap
 from collections import Counter
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -985,70 +984,6 @@ def test_paged_attention_long_context(be, bs):
                                      ("prefill", None, None)])
 
 
-@dataclass
-class RopeAttentionCase:
-    """A causal step of runs over paged caches with the fused q/k norm + RoPE + KV store's inputs:
-    runs of nq[b] new tokens ending sequences of lens[b] keys (at positions lens[b] - nq[b] ..),
-    then a padding sequence of two rows (seq_len 0, slot -1) and one row outside every sequence."""
-
-    T: int
-    H: int
-    KH: int
-    D: int
-    n_real: int  # rows of the runs; then the padding sequence's two and the unused row
-    cs: np.ndarray
-    qkv: np.ndarray
-    qw: np.ndarray
-    kw: np.ndarray
-    pos: np.ndarray
-    slots: np.ndarray
-    tables: np.ndarray
-    sl: np.ndarray
-    qs: np.ndarray
-    kc0: np.ndarray
-    vc0: np.ndarray
-
-    def split(self, a):
-        """q [T, H, D], k and v [T, KH, D] of a fused qkv activation."""
-        H, KH, D = self.H, self.KH, self.D
-        return (a[:, : H * D].reshape(self.T, H, D), a[:, H * D: (H + KH) * D].reshape(self.T, KH, D),
-                a[:, (H + KH) * D:].reshape(self.T, KH, D))
-
-    def oracle(self, be, qk_norm: bool, scale: float, max_query_len: int) -> tuple:
-        """REF's decode_step_attention on the inputs as the device holds them: (out, k cache, v cache)."""
-        # copies: for fp32 storage rounded() returns its argument, which the oracle rotates in place
-        ref_q = rounded(be, self.qkv).copy()
-        rk, rv = rounded(be, self.kc0).copy(), rounded(be, self.vc0).copy()
-        ref = np.full((self.T, self.H, self.D), np.nan, np.float32)
-        REF.decode_step_attention(*self.split(ref_q), rounded(be, self.qw) if qk_norm else None,
-                                  rounded(be, self.kw) if qk_norm else None, 1e-6, self.pos, self.cs, rk, rv,
-                                  self.slots, self.tables, self.sl, self.qs, scale, ref,
-                                  max_query_len=max_query_len)
-        return ref, rk, rv
-
-
-def rope_attention_case(rng, nq: list[int], lens: list[int], H: int, KH: int, D: int, bs: int) -> RopeAttentionCase:
-    B, n_real = len(lens), sum(nq)
-    T = n_real + 3
-    cs, qkv, qw, kw, pos = rope_case(rng, T, H, KH, D)
-    nbps = -(-max(lens) // bs)
-    nb = B * nbps + 2
-    tables = rng.permutation(nb)[: B * nbps].reshape(B, nbps).astype(np.int32)
-    tables = np.vstack([tables, np.zeros((1, nbps), np.int32)])
-    sl = np.asarray(lens + [0], np.int32)
-    qs = np.asarray([0] + list(np.cumsum(nq)) + [n_real + 2], np.int32)
-    slots = np.full(T, -1, np.int32)
-    pos[n_real:] = 0
-    for b, (n, L) in enumerate(zip(nq, lens)):
-        for j in range(n):
-            p = L - n + j
-            pos[qs[b] + j] = p
-            slots[qs[b] + j] = tables[b, p // bs] * bs + p % bs
-    kc0 = rng.standard_normal((nb, bs, KH, D)).astype(np.float32)
-    vc0 = rng.standard_normal((nb, bs, KH, D)).astype(np.float32)
-    return RopeAttentionCase(T, H, KH, D, n_real, cs, qkv, qw, kw, pos, slots, tables, sl, qs, kc0, vc0)
-
-
 @pytest.mark.parametrize("G", [1, 2, 4, 8])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("qk_norm", [False, True])
@@ -1060,12 +995,29 @@ def test_decode_step_attention(be, G, D, qk_norm):
     (longest context first, the runner's hint) must change no bit of the outputs."""
     if be.dtype == np.float32 and (G in (2, 8) or not qk_norm):
         pytest.skip("fp32 storage: a representative subset is enough")
+    rng = np.random.default_rng(G * 100 + D + qk_norm)
+    KH, bs = 2, 16
+    H = KH * G
     lens = [1, 17, 64, 65, 300, 700]
-    B = len(lens)  # B decode rows, the padding sequence's two rows, one unused row
-    c = rope_attention_case(np.random.default_rng(G * 100 + D + qk_norm), [1] * B, lens, 2 * G, 2, D, 16)
-    T, H, split = c.T, c.H, c.split
-    qkv, qw, kw, pos, cs, slots, tables, sl, qs = c.qkv, c.qw, c.kw, c.pos, c.cs, c.slots, c.tables, c.sl, c.qs
-    kc0, vc0 = c.kc0, c.vc0
+    B = len(lens)
+    T = B + 3  # B decode rows, the padding sequence's two rows, one unused row
+    cs, qkv, qw, kw, pos = rope_case(rng, T, H, KH, D)
+    nbps = -(-max(lens) // bs)
+    nb = B * nbps + 2
+    tables = rng.permutation(nb)[: B * nbps].reshape(B, nbps).astype(np.int32)
+    tables = np.vstack([tables, np.zeros((1, nbps), np.int32)])
+    sl = np.asarray(lens + [0], np.int32)
+    qs = np.asarray(list(range(B + 1)) + [B + 2], np.int32)
+    pos[:B] = sl[:B] - 1
+    pos[B:] = 0
+    slots = np.full(T, -1, np.int32)
+    slots[:B] = [tables[b, (n - 1) // bs] * bs + (n - 1) % bs for b, n in enumerate(lens)]
+    kc0 = rng.standard_normal((nb, bs, KH, D)).astype(np.float32)
+    vc0 = rng.standard_normal((nb, bs, KH, D)).astype(np.float32)
+
+    def split(a):
+        return (a[:, : H * D].reshape(T, H, D), a[:, H * D: (H + KH) * D].reshape(T, KH, D),
+                a[:, (H + KH) * D:].reshape(T, KH, D))
 
     def run(fused: bool, n_splits=None, order=None):
         dev, kc, vc = be.asarray(qkv), be.asarray(kc0), be.asarray(vc0)
@@ -1083,7 +1035,13 @@ def test_decode_step_attention(be, G, D, qk_norm):
             be.attention(q, kc, vc, *att, D ** -0.5, out, kernel="decode", n_splits=n_splits, order=order)
         return host(be, out), host(be, kc), host(be, vc)
 
-    ref, rk, rv = c.oracle(be, qk_norm, D ** -0.5, 1)
+    # copies: for fp32 storage rounded() returns its argument, which the oracle rotates in place
+    ref_q = rounded(be, qkv).copy()
+    rk, rv = rounded(be, kc0).copy(), rounded(be, vc0).copy()
+    ref = np.full((T, H, D), np.nan, np.float32)
+    REF.decode_step_attention(*split(ref_q), rounded(be, qw) if qk_norm else None,
+                              rounded(be, kw) if qk_norm else None, 1e-6, pos, cs, rk, rv, slots,
+                              tables, sl, qs, D ** -0.5, ref)
     for n_splits in (None, 1, 5):
         for _ in range(2):  # twice: split counters reset themselves
             got = run(True, n_splits)
@@ -1145,78 +1103,6 @@ def o_merge_step(be, case: dict, merge: int, graph: bool):
     launched = be.captured_launches - before
     g.replay()
     return host(be, out), host(be, o), plan, launched
-
-
-@pytest.mark.parametrize("G", [1, 2, 4, 8])
-@pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("qk_norm", [False, True])
-def test_decode_run_rope_same_bits_as_two_ops(be, G, D, qk_norm):
-    """A step of short runs on the decode kernel with q/k norm + RoPE + KV store inside
-    (paged_decode_run_rope_*, decode_step_attention given max_query_len > 1 and short_runs off)
-    gives the two launches' bits (qk_norm_rope_store_kv, then the decode kernel): outputs and
-    caches, eagerly and in a graph, for any split count; and the oracle's values. Runs of 9, 1, 16
-    and 3 new tokens over 521, 40, 16 and 3 keys (the last two all new, the first crossing split
-    bounds), a padding sequence of two rows (seq_len 0, slot -1) and a row outside every sequence,
-    which stays unwritten. Off the route (MINILLM_DECODE_ROPE_RUNS=0, or short runs the tensor
-    cores may take) the step runs the two launches."""
-    if be.dtype == np.float32 and (G in (1, 8) or not qk_norm):
-        pytest.skip("fp32 storage: a representative subset is enough")
-    nq = [9, 1, 16, 3]
-    c = rope_attention_case(np.random.default_rng(G * 1000 + D + qk_norm), nq, [521, 40, 16, 3], 2 * G, 2, D, 16)
-    T, H, n_real = c.T, c.H, c.n_real
-    scale = D ** -0.5
-
-    def inputs():
-        dev, kc, vc = be.asarray(c.qkv), be.asarray(c.kc0), be.asarray(c.vc0)
-        w = (be.asarray(c.qw), be.asarray(c.kw)) if qk_norm else (None, None)
-        rope = (1e-6, i32(be, c.pos), be.asarray(c.cs, dtype=np.float32), kc, vc, i32(be, c.slots))
-        return c.split(dev), w, rope, (i32(be, c.tables), i32(be, c.sl), i32(be, c.qs)), kc, vc
-
-    def fused(n_splits, short_runs=False, graph=False):
-        qkv_d, w, rope, att, kc, vc = inputs()
-        out = poisoned(be, (T, H, D))
-
-        def step():
-            return be.decode_step_attention(*qkv_d, *w, *rope, *att, scale, out, n_splits=n_splits,
-                                            max_query_len=max(nq), short_runs=short_runs)
-        plan = step()
-        if graph:  # the caches hold the step's rows already: the replay rewrites the same values
-            out = poisoned(be, (T, H, D))
-            be.capture_graph(step).replay()
-        return plan, (host(be, out), host(be, kc), host(be, vc))
-
-    def two_ops(n_splits):
-        (q, k, v), w, rope, att, kc, vc = inputs()
-        out = poisoned(be, (T, H, D))
-        be.qk_norm_rope_store_kv(q, k, v, *w, *rope)
-        be.attention(q, kc, vc, *att, scale, out, kernel="decode", n_splits=n_splits)
-        return host(be, out), host(be, kc), host(be, vc)
-
-    ref, rk, rv = c.oracle(be, qk_norm, scale, max(nq))
-    limit, runs_on = be.decode_rope_max_tokens, be.decode_rope_runs
-    be.decode_rope_max_tokens, be.decode_rope_runs = T, True
-    try:
-        for n_splits in (None, 1, 5):
-            plan, got = fused(n_splits)
-            assert plan["kernel"] == "decode_run_rope", plan
-            two = two_ops(n_splits)
-            for name, a, b in zip(("out", "k cache", "v cache"), got, two):
-                assert np.array_equal(a, b, equal_nan=True), (name, n_splits)
-            assert rel_err(got[0][: n_real + 2], ref[: n_real + 2]) < tol(be), n_splits
-            assert np.isnan(got[0][n_real + 2:]).all(), "the unused row must stay untouched"
-            assert rel_err(got[1], rk) < tol(be) and rel_err(got[2], rv) < tol(be)
-            _, in_graph = fused(n_splits, graph=True)
-            assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(in_graph, got)), n_splits
-        be.decode_rope_runs = False
-        plan, off = fused(None)
-        be.decode_rope_runs = True
-        assert plan["kernel"] == "decode" and all(np.array_equal(a, b, equal_nan=True)
-                                                  for a, b in zip(off, two_ops(None)))
-        if be.dtype != np.float32:  # the tensor-core kernel is bf16's: short runs may go there
-            plan, _ = fused(None, short_runs=True)
-            assert plan["kernel"] != "decode_run_rope", plan
-    finally:
-        be.decode_rope_max_tokens, be.decode_rope_runs = limit, runs_on
 
 
 @pytest.mark.parametrize("G,D", [(2, 128), (4, 128), (2, 64), (8, 64)])

@@ -223,50 +223,35 @@ def test_dflash_greedy_lossless(dflash_pair, k):
     assert llm.engine.stats().spec["draft_tokens"] > 0
 
 
-def test_fused_decode_attention_takes_decode_steps_and_few_sequences_verification(dflash_pair, monkeypatch):
-    """decode_step_attention (one kernel on the GPU: q/k norm + RoPE, KV store, attention) takes
-    decode steps (one new token a sequence) and the steps whose short runs stay on the decode
-    kernel: with fewer sequences than the backend's short_run_min_seqs (the GPU's default 3), a
-    verification step of k + 1 rows a sequence, which cuda/decode_attention.cu's
-    paged_decode_run_rope_* computes with the two launches' bits. Never the non-causal DFlash
-    drafter, and no verification step whose runs may take the tensor cores (the NumPy backend has
-    no short_run_min_seqs: every step's short runs may). The output is plain greedy decoding's."""
+def test_dflash_rounds_never_run_the_fused_decode_step(dflash_pair, monkeypatch):
+    """decode_step_attention (one kernel: q/k norm + RoPE, KV store, attention) sees one new token a
+    sequence, so a verification step (k + 1 rows a sequence) and the non-causal DFlash drafter must
+    take the separate ops. cuda/decode_attention.cu tunes the fused kernel's merge apart from
+    verification's on this (DEC_MERGE_FLIGHT_ROPE, session 25): plain decoding calls it with runs of
+    one row only, a DFlash run not at all."""
     import inspect
 
     from minillm.backends.numpy_ops import NumpyBackend
 
     target, drafter = dflash_pair
-    calls: list[tuple[list[int], int, bool]] = []
+    runs: list[list[int]] = []
     fused = NumpyBackend.decode_step_attention
 
     def recorded(self, *args, **kwargs):
-        a = inspect.signature(fused).bind(self, *args, **kwargs)
-        a.apply_defaults()
-        a = a.arguments
-        calls.append((np.diff(np.asarray(a["query_start"])).tolist(), a["max_query_len"], a["short_runs"]))
+        query_start = inspect.signature(fused).bind(self, *args, **kwargs).arguments["query_start"]
+        runs.append(np.diff(np.asarray(query_start)).tolist())
         return fused(self, *args, **kwargs)
 
     monkeypatch.setattr(NumpyBackend, "decode_step_attention", recorded)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    base = LLM(str(target), device="cpu", max_model_len=256).generate(PROMPTS[:3], params)
-    assert calls and all(set(r) == {1} and m == 1 for r, m, _ in calls)
-    k = 3
-    spec = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": k}
-    for min_seqs in (None, 4):
-        calls.clear()
-        if min_seqs is not None:  # the GPU's rule: steps of fewer sequences keep runs off the tensor cores
-            monkeypatch.setattr(NumpyBackend, "short_run_min_seqs", min_seqs, raising=False)
-        llm = LLM(str(target), device="cpu", max_model_len=256, speculative_config=spec)
-        outs = llm.generate(PROMPTS[:3], params)
-        assert [o.token_ids for o in outs] == [b.token_ids for b in base]
-        assert llm.engine.stats().spec["draft_tokens"] > 0
-        runs = [(r, m) for r, m, short in calls if m != 1]
-        if min_seqs is None:
-            assert runs == [], "verification with short runs the tensor cores may take"
-        else:
-            assert all(not short for r, m, short in calls if m != 1)
-            assert any(m == k + 1 and set(r) == {k + 1} for r, m in runs), runs  # a verification step
-        assert all(m == 1 or max(r) <= m for r, m, _ in calls)
+    LLM(str(target), device="cpu", max_model_len=256).generate(PROMPTS[:3], params)
+    assert runs and all(set(r) == {1} for r in runs)
+    runs.clear()
+    llm = LLM(str(target), device="cpu", max_model_len=256, speculative_config={
+        "method": "dflash", "model": str(drafter), "num_speculative_tokens": 3})
+    llm.generate(PROMPTS[:3], params)
+    assert llm.engine.stats().spec["draft_tokens"] > 0
+    assert runs == []
 
 
 @pytest.mark.parametrize("k,frac", [(3, 4), (8, 4), (8, 0)])

@@ -48,10 +48,6 @@ _DECODE_HEAD_DIMS, _DECODE_MAX_G, _DECODE_MAX_SPLITS, _DECODE_MIN_PART = (64, 12
 # decode steps of at most this many rows fold q/k norm + RoPE + KV store into attention
 # (MINILLM_DECODE_ROPE_MAX overrides)
 _DECODE_ROPE_MAX_DEFAULT = 32
-# ... and so do steps of short runs the decode kernel takes whole, within that many rows
-# (paged_decode_run_rope_*: speculative verification of one or two sequences; the same bits as
-# the two launches). MINILLM_DECODE_ROPE_RUNS=0 launches them apart, for A/B runs.
-_DECODE_ROPE_RUNS_DEFAULT = 1
 # a decode step given a launch order (longest context first) whose CTAs fill the GPU without
 # splitting takes splits of this many keys instead of the wave model's even parts (the model
 # assumes every CTA alike). H200: on ragged batches the order with 1,024-key parts read KV at
@@ -572,8 +568,6 @@ class CudaBackend:
                 print(f"minillm: programmatic dependent launch unavailable ({type(e).__name__}: {e}); "
                       "graphs launch kernels plainly", file=sys.stderr)
         self.decode_rope_max_tokens = decode_rope_max_tokens()
-        self.decode_rope_runs = env_int("MINILLM_DECODE_ROPE_RUNS", _DECODE_ROPE_RUNS_DEFAULT,
-                                        "1: short runs on the decode kernel rotate their own q and k") > 0
         self.decode_order_min_ctas: int | None = None  # an ordered step's least CTAs (None: one wave; tests: 0)
         self.decode_order_part = env_int("MINILLM_DECODE_ORDER_PART", _DECODE_ORDER_PART_DEFAULT,
                                          "keys per split of an ordered decode step (0: the wave model)")
@@ -620,7 +614,7 @@ class CudaBackend:
                      "rms_norm_vec1_bf16", "rms_norm_vec2_bf16", "rms_norm_vec4_bf16"],
             "attention": ["paged_attention_bf16", "paged_attention_f32",
                           "attention_combine_bf16", "attention_combine_f32"],
-            "decode_attention": [f"paged_decode{r}_{t}_d{d}_g{g}" for r in ("", "_rope", "_run_rope")
+            "decode_attention": [f"paged_decode{r}_{t}_d{d}_g{g}" for r in ("", "_rope")
                                  for t in ("bf16", "f32") for d in _DECODE_HEAD_DIMS
                                  for g in range(1, _DECODE_MAX_G + 1)],
             "sampling": ["sample_tokens"],
@@ -1217,19 +1211,12 @@ class CudaBackend:
     def decode_step_attention(self, q, k, v, q_w, k_w, eps: float, positions, cos_sin, k_cache,
                               v_cache, slot_mapping, block_tables, seq_lens, query_start,
                               scale: float, out, order=None, n_splits: int | None = None,
-                              o_proj=None, o_out=None, max_query_len: int | None = 1,
-                              short_runs: bool = True, decode_rows=None) -> dict:
-        """qk_norm_rope_store_kv then causal paged_attention, in one launch where the decode kernel
-        takes the step. A step of one new token a sequence (max_query_len 1, a host hint):
-        cuda/decode_attention.cu's paged_decode_rope_* (each CTA rotates its own q heads; the one
-        whose split ends at the newest key stores k and v and adds that key from shared memory).
-        A step of short runs the decode kernel takes whole (at most _DECODE_MAX_Q queries a
-        sequence, short_runs False: speculative verification of one or two sequences; under
-        MINILLM_DECODE_ROPE_RUNS): paged_decode_run_rope_*, each CTA rotating the step's keys it
-        reads into shared memory, the same bits as the two ops. q and k are not updated in place.
-        Other steps run the two ops, with max_query_len, short_runs and decode_rows passed to
-        paged_attention. Steps of more than decode_rope_max_tokens rows, and shapes the decode
-        kernel does not take, run the two ops too:
+                              o_proj=None, o_out=None) -> dict:
+        """qk_norm_rope_store_kv then causal paged_attention, for a step of one new token a
+        sequence, in one launch (cuda/decode_attention.cu's paged_decode_rope_*: each CTA rotates
+        its own q heads; the one whose split ends at the newest key stores k and v and adds that
+        key from shared memory). q and k are not updated in place. Steps of more than
+        decode_rope_max_tokens rows, and shapes the decode kernel does not take, run the two ops:
         every CTA rotating its own q heads costs more than the launch it saves once there are
         many CTAs (H200, part75, one machine: a batch-1 step's graph 1.129 -> 1.094 ms, batch 32
         2.327 -> 2.322, batch 128 5.714 -> 5.873). order (optional, [>= T] int32): the rows in
@@ -1242,30 +1229,24 @@ class CudaBackend:
             raise ValueError("decode_step_attention: o_proj and o_out go together")
         if T == 0:
             return {}
-        most_q = T if max_query_len is None else max_query_len
-        runs = most_q > 1  # a run takes the decode kernel whole only off the tensor cores
-        if (T > self.decode_rope_max_tokens or not self._decode_kernel_fits(q, k_cache, out)
-                or (runs and not (self.decode_rope_runs and most_q <= _DECODE_MAX_Q
-                                  and not self._short_runs_on_tensor_cores(q, k_cache, out, short_runs)))):
+        if T > self.decode_rope_max_tokens or not self._decode_kernel_fits(q, k_cache, out):
             self.qk_norm_rope_store_kv(q, k, v, q_w, k_w, eps, positions, cos_sin, k_cache, v_cache,
                                        slot_mapping)
             p = self.attention(q, k_cache, v_cache, block_tables, seq_lens, query_start, scale,
-                               out, True, max_query_len=max_query_len, order=order,
-                               decode_rows=decode_rows, short_runs=short_runs)
+                               out, True, max_query_len=1, order=order)
         else:
             p = self._fused_decode_step(q, k, v, q_w, k_w, eps, positions, cos_sin, k_cache, v_cache,
                                         slot_mapping, block_tables, seq_lens, query_start, scale, out,
-                                        order, n_splits, o_proj, o_out, runs)
+                                        order, n_splits, o_proj, o_out)
         if o_proj is not None and "o_merge" not in p:  # not merged into the product: run it here
             self.matmul(out.reshape(T, -1), o_proj, o_out)
         return p
 
     def _fused_decode_step(self, q, k, v, q_w, k_w, eps, positions, cos_sin, k_cache, v_cache,
                            slot_mapping, block_tables, seq_lens, query_start, scale, out, order,
-                           n_splits, o_proj, o_out, runs: bool = False) -> dict:
-        """decode_step_attention's one-launch path (paged_decode_rope_*, or paged_decode_run_rope_*
-        for runs), and gemv1_merge_* after it where the o product merges the splits (then the plan
-        carries "o_merge")."""
+                           n_splits, o_proj, o_out) -> dict:
+        """decode_step_attention's one-launch path (paged_decode_rope_*), and gemv1_merge_* after it
+        where the o product merges the splits (then the plan carries "o_merge")."""
         T = q.shape[0]
         what = "decode_step_attention"
         self._check_store_kv(what, q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping)
@@ -1277,16 +1258,16 @@ class CudaBackend:
                 _i32(cos_sin.shape[0]), slot_mapping, _i64(k_cache.shape[0] * k_cache.shape[1]))
         H, D = q.shape[1], q.shape[2]
         merge = None
-        if o_proj is not None and T == 1 and not runs and self._o_merge_fits(out, o_proj, o_out):
+        if o_proj is not None and T == 1 and self._o_merge_fits(out, o_proj, o_out):
             KH, bs = k_cache.shape[2], k_cache.shape[1]
             ns = self.decode_plan(T, H, KH, D, block_tables.shape[1] * bs, n_splits,
                                   self._decode_order(T, H, KH, D, order, n_splits, None)[1])["n_splits"]
             merge = o_merge_plan(self.o_merge, o_proj.shape[0], H * D, H, D, ns, self.num_sms, self.max_smem)
         p = self._decode_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start, scale,
                                    out, True, n_splits, None, 1 << 30, order=order,
-                                   rope=rope + (_i32(merge["defer_max"] if merge else 0),), runs=runs)
+                                   rope=rope + (_i32(merge["defer_max"] if merge else 0),))
         if merge is None:
-            return {**p, "kernel": "decode_run_rope" if runs else "decode_rope"}
+            return {**p, "kernel": "decode_rope"}
         if p["n_splits"] != ns:  # both kernels must count the same splits
             raise AssertionError(f"decode_step_attention: o merge planned for {ns} splits, launched {p['n_splits']}")
         N, K = o_proj.shape
@@ -1361,11 +1342,6 @@ class CudaBackend:
                 and q.data.ptr % 16 == 0 and k_cache.data.ptr % 16 == 0
                 and (q.strides[0] % 16, q.strides[1] % 16) == (0, 0)
                 and q.dtype in (BF16, np.float32) and q.dtype == out.dtype)
-
-    def _short_runs_on_tensor_cores(self, q, k_cache, out, short_runs: bool) -> bool:
-        """Whether a step's short runs may go to the tensor-core kernel (by their context, decided
-        on the device): not when the host hint short_runs is off or the kernel cannot take them."""
-        return short_runs and self.short_run_max_ctx > 0 and self._prefill_kernel_fits(q, k_cache, out)
 
     def _prefill_kernel_fits(self, q, k_cache, out) -> bool:
         """cuda/prefill_attention.cu: bf16 tensor cores, head dims 64/128, 16-byte q rows."""
@@ -1449,7 +1425,8 @@ class CudaBackend:
         most_q = max_query_len if max_query_len is not None else T
         short = most_q <= _DECODE_MAX_Q
         # runs of 2+ queries may go to the tensor-core kernel (by their context, on the device)
-        short_on_tc = most_q >= 2 and self._short_runs_on_tensor_cores(q, k_cache, out, short_runs)
+        short_on_tc = (short_runs and most_q >= 2 and self.short_run_max_ctx > 0
+                       and self._prefill_kernel_fits(q, k_cache, out))
         if kernel is None:
             if bq is None and short and not short_on_tc and self._decode_kernel_fits(q, k_cache, out):
                 kernel = "decode"
@@ -1550,11 +1527,10 @@ class CudaBackend:
     def _decode_attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start,
                           scale: float, out, causal: bool, n_splits: int | None, part: int | None,
                           max_nq: int, rope: tuple | None = None, order=None,
-                          rows: int | None = None, short_max_ctx: int = 0, runs: bool = False) -> dict:
+                          rows: int | None = None, short_max_ctx: int = 0) -> dict:
         """cuda/decode_attention.cu's paged_decode_* or, given rope (the decode step's k and v
         rows, norm weights, positions, cos/sin table and slots, as kernel arguments; causal and
-        one query a sequence), paged_decode_rope_*, or with runs (short runs of at most
-        _DECODE_MAX_Q queries a sequence) paged_decode_run_rope_*: the same leading arguments.
+        one query a sequence), paged_decode_rope_*: the same leading arguments either way.
 
         order (None, or [>= T] int32 whose first T entries are a permutation of 0..T-1): the rows
         whose CTAs start first. The GPU starts a grid's CTAs in index order; with an order the
@@ -1591,8 +1567,8 @@ class CudaBackend:
             name = "paged_decode_"
             args += (_i32(1 if causal else 0), _i32(ns), _i32(p["min_part"]), _i32(max_nq),
                      _i32(short_max_ctx))
-        else:  # runs: paged_decode_run_rope_* (short runs, the same arguments)
-            name = "paged_decode_run_rope_" if runs else "paged_decode_rope_"
+        else:
+            name = "paged_decode_rope_"
             args += (_i32(ns), _i32(p["min_part"])) + rope
         self._launch(f"{name}{_suffix(q.dtype)}_d{D}_g{H // KH}", ((T if rows is None else rows) * KH * ns,),
                      (_ATT_THREADS,), args)

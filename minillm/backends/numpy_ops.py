@@ -121,23 +121,19 @@ class NumpyBackend:
 
     def decode_step_attention(self, q, k, v, q_w, k_w, eps: float, positions, cos_sin, k_cache,
                               v_cache, slot_mapping, block_tables, seq_lens, query_start,
-                              scale: float, out, order=None, o_proj=None, o_out=None,
-                              max_query_len: int | None = 1, short_runs: bool = True,
-                              decode_rows=None) -> None:
-        """qk_norm_rope_store_kv then causal paged_attention (one kernel on the GPU for decode
-        steps and for short runs the decode kernel takes whole, which leaves q and k as they
-        were; here they are rotated in place, so callers use neither afterwards). order is the
-        GPU's launch order of the rows (longest context first); max_query_len, short_runs and
-        decode_rows are paged_attention's host hints; the result depends on none of them.
-        o_proj / o_out (together): then o_out = out @ o_proj.T, the output projection (on the GPU
-        a one-row step's o product can merge the attention's splits itself)."""
+                              scale: float, out, order=None, o_proj=None, o_out=None) -> None:
+        """qk_norm_rope_store_kv then causal paged_attention, for a step of one new token a
+        sequence (one kernel on the GPU, which leaves q and k as they were; here they are
+        rotated in place, so callers use neither afterwards). order is the GPU's launch order of
+        the rows (longest context first); the result does not depend on it. o_proj / o_out
+        (together): then o_out = out @ o_proj.T, the output projection (on the GPU a one-row
+        step's o product can merge the attention's splits itself)."""
         if (o_proj is None) != (o_out is None):
             raise ValueError("decode_step_attention: o_proj and o_out go together")
         self.qk_norm_rope_store_kv(q, k, v, q_w, k_w, eps, positions, cos_sin, k_cache, v_cache,
                                    slot_mapping)
         self.paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start, scale, out,
-                             causal=True, max_query_len=max_query_len, decode_rows=decode_rows,
-                             short_runs=short_runs)
+                             causal=True, max_query_len=1)
         if o_proj is not None:
             self.matmul(out.reshape(out.shape[0], -1), o_proj, o_out)
 

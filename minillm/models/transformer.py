@@ -135,10 +135,9 @@ class Transformer:
 
         B.embed(x.input_ids, self.embed, out=residual)
         one_op = T == 1 and self.decoder is not None and causal and not capture_layers
-        # one new token a sequence (the runner's hint), or short runs that stay off the tensor-core
-        # attention (speculative verification of few sequences): each layer's q/k rotation and KV
-        # store fold into its attention kernel where the backend can (decode_step_attention)
-        decode_step = causal and (x.max_query_len == 1 or not x.short_runs)
+        # one new token a sequence (the runner's hint): no row attends to another row's new key,
+        # so each layer's q/k rotation and KV store fold into its attention kernel
+        decode_step = x.max_query_len == 1 and causal
         if one_op:
             B.decode_layers(self.decoder, residual, hidden, k_cache, v_cache, x.positions, x.slot_mapping,
                             x.block_tables, x.seq_lens)
@@ -156,9 +155,7 @@ class Transformer:
                 B.decode_step_attention(q, k, v, lw.q_norm, lw.k_norm, c.rms_norm_eps, x.positions,
                                         self.cos_sin, k_cache[i], v_cache[i], x.slot_mapping,
                                         x.block_tables, x.seq_lens, x.query_start, self.scale, out=attn,
-                                        order=x.attn_order, o_proj=lw.o, o_out=hidden,
-                                        max_query_len=x.max_query_len, short_runs=x.short_runs,
-                                        decode_rows=x.decode_rows)
+                                        order=x.attn_order, o_proj=lw.o, o_out=hidden)
             else:
                 # one kernel: normed + rotated q in place, k and v rows into the paged caches
                 B.qk_norm_rope_store_kv(q, k, v, lw.q_norm, lw.k_norm, c.rms_norm_eps, x.positions,
