@@ -91,8 +91,10 @@
 #   part197: session 31's final code (both routes the default): every GPU test, decode, graphs.
 #   part198: session 31, the one-row products' GPU tests after the knobs part195 measured were removed.
 #   part199: session 31, the 2-row gate_up split over gate and up warps (MINILLM_GATED_SPLIT_MAX_M).
-#   part200: session 32, short runs on the decode kernel with q/k norm + RoPE + KV store inside.
+#   part200: session 32, short runs on the decode kernel with q/k norm + RoPE + KV store inside
+#   (run in session 33: slower, the kernel then removed; MINILLM_DECODE_ROPE_RUNS is now ignored).
 #   part201: session 32, what part200 leaves: racecheck, decode, failure matrix, throughput.
+#   part202: session 33's final code (the run kernel removed): every GPU test, spec cost, memcheck.
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -3463,6 +3465,18 @@ part201() {  # session 32, what part200 leaves: racecheck of the new kernel's te
   decode_8b 60
   failure_matrix_q06 150
   throughput_06b 150
+}
+
+part202() {  # session 33's final code, the run kernel removed (its c <= 2 verification back on the
+  # two launches): every GPU test, the 8B spec-cost bench, memcheck of the server reproducer
+  # (~4 minutes on a fresh machine)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  gpu_tests_full 300
+  models_all 150
+  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_8b.json"
+  memcheck_reproducer 100
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name; then
