@@ -4,6 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# The runner holds temperature, top_p, min_p and the penalties as float32 (its per-row device
+# buffers), so a value must survive that: a temperature past float32's largest turns infinite, a
+# top_p or repetition_penalty under its smallest normal turns 0 (top-p then keeps no token; 1 / 0
+# is an infinite logit scale), both giving NaN or arbitrary tokens rather than an error.
+F32_MAX = 3.4028234663852886e38
+F32_TINY = 1.1754943508222875e-38
+# repetition_penalty divides positive logits: at 1e-30 a logit up to 3e8 stays finite in float32
+MIN_REPETITION_PENALTY = 1e-30
+
 
 @dataclass
 class SamplingParams:
@@ -53,10 +62,11 @@ class SamplingParams:
 
         need(isinstance(self.max_tokens, int) and not isinstance(self.max_tokens, bool)
              and self.max_tokens >= 1, f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        need(isinstance(self.temperature, (int, float)) and self.temperature >= 0,
-             f"temperature must be a number >= 0, got {self.temperature!r}")
-        need(isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1,
-             f"top_p must be in (0, 1], got {self.top_p!r}")
+        need(isinstance(self.temperature, (int, float)) and 0 <= self.temperature <= F32_MAX,
+             f"temperature must be a number in [0, {F32_MAX:.4g}] (float32's largest), got {self.temperature!r}")
+        need(isinstance(self.top_p, (int, float)) and F32_TINY <= self.top_p <= 1,
+             f"top_p must be in (0, 1] and at least {F32_TINY:.4g} (float32's smallest normal; for the top "
+             f"token alone use top_k=1 or temperature=0), got {self.top_p!r}")
         need(isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and -1 <= self.top_k < 2**31,
              f"top_k must be an integer in [-1, 2**31) (-1 or 0 disables it), got {self.top_k!r}")
         need(isinstance(self.min_p, (int, float)) and not isinstance(self.min_p, bool) and 0 <= self.min_p <= 1,
@@ -79,8 +89,9 @@ class SamplingParams:
             need(isinstance(v, (int, float)) and not isinstance(v, bool) and -2 <= v <= 2,
                  f"{name} must be a number in [-2, 2], got {v!r}")
         need(isinstance(self.repetition_penalty, (int, float)) and not isinstance(self.repetition_penalty, bool)
-             and 0 < self.repetition_penalty <= 2,
-             f"repetition_penalty must be a number in (0, 2], got {self.repetition_penalty!r}")
+             and MIN_REPETITION_PENALTY <= self.repetition_penalty <= 2,
+             f"repetition_penalty must be a number in [{MIN_REPETITION_PENALTY:g}, 2] (1 is off), got "
+             f"{self.repetition_penalty!r}")
         need(self.logit_bias is None or all(
             isinstance(t, int) and not isinstance(t, bool) and t >= 0 and isinstance(v, (int, float))
             and not isinstance(v, bool) and -100 <= v <= 100 for t, v in self.logit_bias.items()),

@@ -98,7 +98,8 @@ def test_with_speculation_equal_to_plain_decoding(tiny, drafter, llm, method):
 
 
 def test_out_of_range():
-    for bad in (dict(presence_penalty=3.0), dict(frequency_penalty=-2.5), dict(repetition_penalty=0.0)):
+    for bad in (dict(presence_penalty=3.0), dict(frequency_penalty=-2.5), dict(repetition_penalty=0.0),
+                dict(repetition_penalty=1e-300), dict(repetition_penalty=float("nan"))):  # 1e-300: 0 in float32
         with pytest.raises(ValueError, match=next(iter(bad))):
             SamplingParams(**bad)
 

@@ -205,6 +205,12 @@ def test_invalid_sampling_params_are_refused():
                                                                          "min_tokens"),
                     ({"stop": [""]}, "stop"), ({"seed": 1.5}, "seed"), ({"min_p": -0.1}, "min_p"),
                     ({"min_p": 1.5}, "min_p"), ({"min_p": float("nan")}, "min_p"), ({"min_p": "0.1"}, "min_p"),
-                    ({"min_p": True}, "min_p")]:
+                    ({"min_p": True}, "min_p"),
+                    # values the runner's float32 buffers would turn into infinity or 0
+                    ({"temperature": float("inf")}, "temperature"), ({"temperature": 1e39}, "temperature"),
+                    ({"temperature": float("nan")}, "temperature"), ({"top_p": 1e-100}, "top_p"),
+                    ({"top_p": float("nan")}, "top_p")]:
         with pytest.raises(ValueError, match=msg):
             SamplingParams(**kw)
+    # their float32 limits themselves are served
+    SamplingParams(temperature=3.4028234663852886e38, top_p=1.1754943508222875e-38, repetition_penalty=1e-30)

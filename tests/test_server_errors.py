@@ -5,6 +5,7 @@ and `python -m minillm.serve` refusing bad flags with one line and exit code 2.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -126,6 +127,15 @@ COMPLETION_CASES = [
     ({**OK, "presence_penalty": 2.5}, "presence_penalty"),
     ({**OK, "frequency_penalty": "x"}, "frequency_penalty"),
     ({**OK, "repetition_penalty": 0}, "repetition_penalty"),
+    ({**OK, "repetition_penalty": 1e-300}, "repetition_penalty"),  # 0 in float32: 1 / 0 logit scale
+    (b'{"prompt": "hi", "max_tokens": 2, "temperature": 1e999}', "temperature"),  # inf
+    ({**OK, "temperature": 1e39}, "temperature"),  # infinite in float32
+    ({**OK, "top_p": 1e-320}, "top_p"),  # 0 in float32: top-p would keep no token
+    ({**OK, "logit_bias": {"\u00b2": 5}}, "logit_bias"),  # str.isdigit, but not a token id
+    ({**OK, "logit_bias": {"\uff11": 5}}, "logit_bias"),  # a fullwidth 1: int() takes it, JSON keys must be ASCII
+    (b'{"prompt": "a\\ud800b", "max_tokens": 2}', "prompt"),  # a lone surrogate: not text
+    (b'{"prompt": "hi", "max_tokens": 2, "stop": ["\\udc00"]}', "stop"),
+    (b'{"prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}", "?"),  # deeper than the JSON parser recurses
     ({**OK, "logit_bias": {"x": 5}}, "logit_bias"),
     ({**OK, "logit_bias": {"1": 101}}, "logit_bias"),
     ({**OK, "logit_bias": {"1": True}}, "logit_bias"),
@@ -148,6 +158,7 @@ CHAT_CASES = [
     ({"messages": []}, "messages"),
     ({"messages": "hi"}, "messages"),
     ({"messages": [1]}, "messages[0]"),
+    (b'{"messages": [{"role": "user", "content": "a\\udfffb"}]}', "messages"),  # a lone surrogate
     ({"messages": [{"content": "hi"}]}, "messages[0].role"),
     ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
@@ -190,6 +201,7 @@ UTILITY_CASES = [
     ("/tokenize", b"[1, 2]", None),
     ("/tokenize", b"\xff\xfe", None),
     ("/tokenize", b"", None),
+    ("/tokenize", b'{"prompt": "\\udc00"}', "prompt"),
     ("/tokenize", {}, "prompt"),
     ("/tokenize", {"prompt": None, "messages": None}, "prompt"),
     ("/tokenize", {"prompt": "hi", "messages": MSG}, "prompt"),
@@ -388,14 +400,17 @@ def test_serve_refuses_missing_model():
 
 @pytest.mark.parametrize("body", [
     {**OK, "seed": -1}, {**OK, "seed": 2**64 - 1}, {**OK, "top_k": 2**40},
-    b'{"prompt": "hi", "max_tokens": 2, "temperature": 1e999}', {**OK, "temperature": 1e-320},
-    {**OK, "top_p": 1e-320}, {**OK, "min_tokens": 2, "stop_token_ids": [2]}, {**OK, "stop": list("abcdefgh")},
+    {**OK, "temperature": 1e-320}, {**OK, "temperature": 1e38}, {**OK, "top_p": 1.2e-38},
+    {**OK, "repetition_penalty": 1e-30, "logprobs": 2}, {**OK, "repetition_penalty": 2, "logprobs": 2},
+    {**OK, "min_tokens": 2, "stop_token_ids": [2]}, {**OK, "stop": list("abcdefgh")},
+    b'{"prompt": "\\ud83d\\ude00 hi", "max_tokens": 2}',  # a surrogate pair: one character, fine
     {**OK, "use_beam_search": False, "guided_json": None},  # refused fields at their neutral values
     {**OK, "min_p": 0}, {**OK, "min_p": 1}, {**OK, "min_p": 1e-320, "temperature": 2.0},
 ])
 def test_edge_values_are_served_and_the_engine_survives(server, body):
     r = post(server, "/v1/completions", body)
     assert r.status_code == 200, r.text
+    assert not re.search(r"\b(NaN|-?Infinity)\b", r.text), r.text  # not JSON: strict parsers refuse them
     assert httpx.get(f"{server.url}/health").status_code == 200
 
 

@@ -86,6 +86,14 @@ def test_smollm_drops_bytes_it_has_no_token_for(smollm_pair):
     assert ours.decode(ours.encode(text)) == "a\ufffd\ufffd\ufffdbc"
 
 
+def test_lone_surrogates_are_refused_by_name(smollm_pair):
+    """JSON can carry an unpaired "\\ud800"; the tokenizers library fails on it with a bare TypeError."""
+    ours, hf = smollm_pair
+    with pytest.raises(ValueError, match=r"lone surrogate '\\ud800' at character 1"):
+        ours.encode("a\ud800b")
+    assert ours.encode("a\U0001F600b") == hf.encode("a\U0001F600b")  # a whole character outside the BMP
+
+
 @fast
 @given(text=texts)
 def test_smollm_decodes_back_to_the_text(smollm_pair, text):

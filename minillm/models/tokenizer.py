@@ -87,6 +87,12 @@ class Tokenizer:
     # ---- text <-> ids -------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of text, as the HF fast tokenizer gives them."""
+        if not text.isascii():  # the tokenizers library refuses lone surrogates with a bare TypeError
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise ValueError(f"the text is not valid Unicode: a lone surrogate {text[e.start]!a} at "
+                                 f"character {e.start}") from None
         ids = self.tok.encode(text, add_special_tokens=add_special_tokens).ids
         if (
             add_special_tokens and self.add_bos_token and self.bos_token_id is not None

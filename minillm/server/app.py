@@ -88,6 +88,33 @@ def _error(status: int, message: str, type: str, param: str | None = None, code:
     return _json(error_body(message, type, param, code), status)
 
 
+CLIENT_GONE = "minillm.client_gone"  # the scope key of watch_disconnects' event
+
+
+def watch_disconnects(asgi_app):
+    """ASGI middleware: each HTTP request's scope gets an asyncio.Event (scope[CLIENT_GONE]) set
+    when the server reports the client gone (`http.disconnect`). Quart cancels the handler then,
+    but a cancellation that lands while the handler awaits the body as it completes is lost
+    (Python 3.11's asyncio.wait_for returns the finished result and drops it): a client that
+    sent a request and closed at once had it generate to the end. The handler checks the event
+    before it hands the request to the engine."""
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return await asgi_app(scope, receive, send)
+        gone = scope[CLIENT_GONE] = asyncio.Event()
+
+        async def watched_receive():
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                gone.set()
+            return message
+
+        return await asgi_app(scope, watched_receive, send)
+
+    return app
+
+
 def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, api_key: str | None = None,
               test_hooks: bool = False, max_body_bytes: int = MAX_BODY_BYTES) -> Quart:
     eng = engine.engine
@@ -105,6 +132,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
     app.url_map.converters["model_id"] = ModelIdConverter
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
     app.extensions["minillm"] = {"engine": engine, "metrics": metrics, "info": info}
+    app.asgi_app = watch_disconnects(app.asgi_app)
 
     @app.before_serving
     async def start_engine() -> None:
@@ -214,8 +242,12 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         parsed = await asyncio.to_thread(lambda: protocol.parse_request(protocol.parse_body(raw), info, chat))
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         timer = metrics.timer()
+        gone = request.scope.get(CLIENT_GONE) or asyncio.Event()  # absent: not served through asgi_app
+        if gone.is_set():  # closed while we parsed: no engine work, counted as an abort
+            timer.done("abort")
+            return Response(b"", status=499)  # nginx's "client closed request"; nobody reads it
         if parsed.stream:
-            resp = Response(_sse_events(parsed, rid, chat, timer), mimetype="text/event-stream",
+            resp = Response(_sse_events(parsed, rid, chat, timer, gone), mimetype="text/event-stream",
                             headers={"Cache-Control": "no-cache"})
             resp.timeout = None  # streams run as long as generation does
             return resp
@@ -279,7 +311,8 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
             raise
         return streams
 
-    async def _sse_events(parsed: ParsedRequest, rid: str, chat: bool, timer: RequestTimer) -> AsyncIterator[bytes]:
+    async def _sse_events(parsed: ParsedRequest, rid: str, chat: bool, timer: RequestTimer,
+                          gone: asyncio.Event) -> AsyncIterator[bytes]:
         created, model, n_prompt = protocol.now(), parsed.model, parsed.num_prompt_tokens
         usage_null = {"usage": None} if parsed.include_usage else {}
 
@@ -310,6 +343,9 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
 
         # the request enters the engine only once the body is being sent: a client gone before that
         # (or a generator never started) leaves nothing running
+        if gone.is_set():
+            timer.done("abort")
+            return
         try:
             streams = add_choices(rid, parsed)
         except EngineUnavailable as e:

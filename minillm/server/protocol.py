@@ -129,9 +129,33 @@ def parse_body(raw: bytes) -> dict:
         body = json.loads(raw, parse_constant=no_constants)
     except (ValueError, UnicodeDecodeError) as e:
         raise ProtocolError(f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ProtocolError("the request body is nested too deeply to parse") from None
     if not isinstance(body, dict):
         raise ProtocolError("the request body must be a JSON object")
+    _check_unicode(body)
     return body
+
+
+def _check_unicode(body: dict) -> None:
+    """Refuse strings with a lone surrogate (JSON's "\\ud800" escape unpaired): they are not text,
+    and the tokenizer, templates and stop matching would fail on them deep inside the engine."""
+    stack: list[tuple[str, Any]] = [(k, v) for k, v in body.items()]
+    stack += [(k, k) for k in body]  # the keys too
+    while stack:  # iterative: the body's depth is only bounded by the JSON parser's recursion
+        where, v = stack.pop()
+        if isinstance(v, str):
+            if not v.isascii():
+                try:
+                    v.encode("utf-8")
+                except UnicodeEncodeError as e:
+                    raise ProtocolError(f"'{where}' holds a string that is not valid Unicode (a lone surrogate "
+                                        f"{v[e.start]!a} at character {e.start}); send text as UTF-8, or "
+                                        "escape characters outside the BMP as surrogate pairs", where) from None
+        elif isinstance(v, dict):
+            stack += [(where, x) for x in v.values()] + [(where, k) for k in v]
+        elif isinstance(v, list):
+            stack += [(where, x) for x in v]
 
 
 # ---- prompts ------------------------------------------------------------------------------
@@ -357,7 +381,7 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool) -> S
             raise ProtocolError(f"'logit_bias' may name at most 300 tokens, got {len(bias)}", "logit_bias")
         parsed_bias = {}
         for k, v in bias.items():
-            if not (isinstance(k, str) and k.isdigit() and int(k) < info.vocab_size):
+            if not (isinstance(k, str) and k.isascii() and k.isdigit() and int(k) < info.vocab_size):
                 raise ProtocolError(f"'logit_bias' keys must be token ids below {info.vocab_size}, got {k!r}",
                                     "logit_bias")
             if not (isinstance(v, (int, float)) and not isinstance(v, bool) and -100 <= v <= 100):
