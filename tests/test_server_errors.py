@@ -299,6 +299,15 @@ def test_messages_name_the_problem(server):
     assert err["message"] == "'logprobs' must be between 0 and 20, got 21"
     err = check_error(post(server, "/v1/completions", {"prompt": LONG, "max_tokens": 7}), 400)
     assert err["code"] == "context_length_exceeded" and "256" in err["message"]
+    err = check_error(post(server, "/v1/completions", {"prompt": ["hi", LONG], "max_tokens": 7}), 400, "max_tokens")
+    assert "prompt 1 of the batch has 250" in err["message"]  # which of a batch's prompts is too long
+    err = check_error(post(server, "/v1/completions", {"prompt": [[65], [65] * 256]}), 400, "prompt")
+    assert err["message"].startswith("prompt 1 of the batch has 256 tokens")
+    err = check_error(post(server, "/v1/chat/completions", {"messages": [{"role": "user"}]}), 400,
+                      "messages[0].content")
+    assert "missing" in err["message"]
+    err = check_error(post(server, "/v1/completions", {**OK, "top_p": 1e-100}), 400, "top_p")
+    assert "float32" in err["message"] and "top_k=1" in err["message"]
     err = check_error(post(server, "/v1/completions", {**OK, "top_p": 1.5}), 400)
     assert "(0, 1]" in err["message"]
     err = check_error(post(server, "/v1/chat/completions", {"messages": MSG, "prompt_logprobs": 21}), 400)

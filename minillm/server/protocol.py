@@ -205,6 +205,9 @@ def _content(m: dict, i: int) -> str:
                                     "are supported", f"messages[{i}].content")
             parts.append(part["text"])
         return "\n".join(parts)
+    if c is None:
+        raise ProtocolError(f"messages[{i}].content is missing (or null): a {m['role']} message needs its text, "
+                            "a string or an array of text parts", f"messages[{i}].content")
     raise ProtocolError(f"messages[{i}].content must be a string or an array of text parts",
                         f"messages[{i}].content")
 
@@ -313,11 +316,15 @@ def detokenize_response(body: dict, info: ModelInfo) -> dict:
 
 
 # ---- sampling -----------------------------------------------------------------------------
-def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool) -> SamplingParams:
+def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool,
+                    index: int | None = None) -> SamplingParams:
+    """The request's SamplingParams for one prompt of n_prompt tokens (index: its place in a batch of
+    prompts, named in the errors that depend on its length)."""
     prompt_param = "messages" if chat else "prompt"
+    the_prompt = "the prompt" if index is None else f"prompt {index} of the batch"
     room = info.max_model_len - n_prompt
     if room < 1:
-        raise ProtocolError(f"the prompt has {n_prompt} tokens; this model's maximum context length is "
+        raise ProtocolError(f"{the_prompt} has {n_prompt} tokens; this model's maximum context length is "
                             f"{info.max_model_len} tokens, which leaves no room for output", prompt_param,
                             code="context_length_exceeded")
     name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
@@ -332,7 +339,7 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool) -> S
     elif max_tokens < 1:
         raise ProtocolError(f"'{name}' must be >= 1{'' if chat else ' (or 0 with echo)'}, got {max_tokens}", name)
     elif max_tokens > room:
-        raise ProtocolError(f"this model's maximum context length is {info.max_model_len} tokens; the prompt "
+        raise ProtocolError(f"this model's maximum context length is {info.max_model_len} tokens; {the_prompt} "
                             f"has {n_prompt} and {name} asks for {max_tokens} more; lower {name} to at most "
                             f"{room}", name, code="context_length_exceeded")
 
@@ -438,7 +445,8 @@ def parse_request(body: dict, info: ModelInfo, chat: bool) -> ParsedRequest:
     given = ([(chat_prompt(body, info, _get(body, "add_generation_prompt", bool, True)), None)] if chat
              else completion_prompts(body, info))
     prompts = [ids for ids, _ in given]
-    params = [sampling_params(body, len(ids), info, chat) for ids in prompts]  # max_tokens' room: each its own
+    params = [sampling_params(body, len(ids), info, chat, k if len(prompts) > 1 else None)  # each its own room
+              for k, ids in enumerate(prompts)]
     n = _get(body, "n", int, 1)
     if len(prompts) * n > MAX_CHOICES:
         raise ProtocolError(f"{len(prompts)} prompts x n = {n} is more than {MAX_CHOICES} choices in one request",
