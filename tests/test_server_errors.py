@@ -370,7 +370,9 @@ def test_api_key(server):
 
 def test_http_level_errors(server):
     check_error(httpx.get(f"{server.url}/v1/nope", headers=AUTH), 404)
-    check_error(httpx.get(f"{server.url}/v1/completions", headers=AUTH), 405)
+    r = httpx.get(f"{server.url}/v1/completions", headers=AUTH)
+    check_error(r, 405)
+    assert "POST" in r.headers["Allow"]  # what the route takes
     check_error(httpx.get(f"{server.url}/tokenize"), 405)
     check_error(httpx.post(f"{server.url}/version"), 405)
     check_error(httpx.post(f"{server.url}/v1/models/tiny", headers=AUTH), 405)

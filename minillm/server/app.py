@@ -155,7 +155,10 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
     async def on_http(e: HTTPException) -> Response:
         msg = (f"the request body is larger than {max_body_bytes} bytes" if e.code == 413
                else f"{e.name}: {request.method} {request.path}")
-        return _error(e.code or 500, msg, "not_found_error" if e.code == 404 else "invalid_request_error")
+        resp = _error(e.code or 500, msg, "not_found_error" if e.code == 404 else "invalid_request_error")
+        if getattr(e, "valid_methods", None):  # a 405 says what the route takes (RFC 9110)
+            resp.headers["Allow"] = ", ".join(e.valid_methods)
+        return resp
 
     @app.errorhandler(Exception)
     async def on_bug(e: Exception) -> Response:
