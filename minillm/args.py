@@ -14,6 +14,10 @@ DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
+# What building an engine from user input raises for the user's or the machine's reasons (bad flags,
+# a model path or file, sizing, no GPU, no memory): the CLIs print one "error:" line and exit 2
+STARTUP_ERRORS = (ValueError, OSError, NotImplementedError, ImportError, RuntimeError, MemoryError)
+
 @dataclass
 class EngineArgs:
     model: str | None = None

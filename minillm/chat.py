@@ -13,7 +13,7 @@ import signal
 import sys
 import time
 
-from minillm.args import EngineArgs, add_engine_args
+from minillm.args import STARTUP_ERRORS, EngineArgs, add_engine_args
 from minillm.sampling_params import SamplingParams
 
 HELP = "commands: /reset  /system TEXT  /exit (or Ctrl-D); Ctrl-C stops an answer"
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         engine = LLMEngine(EngineArgs.from_cli(ns))
     # user and environment errors (flags, model path, sizing, no GPU, no memory): one line, no traceback
-    except (ValueError, OSError, NotImplementedError, ImportError, RuntimeError, MemoryError) as e:
+    except STARTUP_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

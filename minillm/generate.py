@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from minillm.args import EngineArgs, add_engine_args
+from minillm.args import STARTUP_ERRORS, EngineArgs, add_engine_args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +48,10 @@ def main(argv: list[str] | None = None) -> int:
                                 prompt_logprobs=ns.prompt_logprobs)
         args = EngineArgs.from_cli(ns)
         fields = {k: v for k, v in vars(args).items() if k != "model"}
-        llm = LLM(args.model, **fields)
+        try:
+            llm = LLM(args.model, **fields)
+        except STARTUP_ERRORS as e:
+            raise ValueError(str(e)) from None
         if ns.chat:
             prompts = [llm.tokenizer.encode_chat([{"role": "user", "content": t}]) for t in ns.prompt]
         else:

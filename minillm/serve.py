@@ -12,11 +12,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import signal
 import sys
 
-from minillm.args import EngineArgs, add_engine_args
+from minillm.args import STARTUP_ERRORS, EngineArgs, add_engine_args
 
 log = logging.getLogger("minillm.server")
 
@@ -42,6 +43,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         # `--served-model-name NAME MODEL` swallows MODEL as a second name (nargs="+", as in vLLM)
         p.error("MODEL was read as a --served-model-name; put MODEL before the flags")
     return ns
+
+
+def server_flag_problem(ns: argparse.Namespace) -> str | None:
+    """What is wrong with the server's own flags (the engine's are EngineArgs' to check), or None."""
+    if not (math.isfinite(ns.step_timeout) and ns.step_timeout > 0):
+        return f"--step-timeout must be a positive number of seconds, got {ns.step_timeout}"
+    if not (math.isfinite(ns.shutdown_grace) and ns.shutdown_grace >= 0):
+        return f"--shutdown-grace must be a number of seconds >= 0, got {ns.shutdown_grace}"
+    if ns.api_key is not None and not ns.api_key.strip():
+        return ("--api-key (or $MINILLM_API_KEY) is empty: give a key, or leave both out to serve without one")
+    if ns.served_model_name is not None and not all(n.strip() for n in ns.served_model_name):
+        return "--served-model-name takes non-empty names"
+    if not ns.host.strip():
+        return "--host is empty: give an address (127.0.0.1 for this machine, 0.0.0.0 for every interface)"
+    return None
 
 
 def _hypercorn_config(host: str, port: int):
@@ -82,6 +98,9 @@ async def _serve(app, aeng, config, sockets, grace: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ns = parse_args(argv)
+    if problem := server_flag_problem(ns):
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = _hypercorn_config(ns.host, ns.port)
     try:
@@ -99,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             args.async_scheduling = True
         engine = LLMEngine(args)
     # user and environment errors (flags, model path, sizing, no GPU, no memory): one line, no traceback
-    except (ValueError, OSError, NotImplementedError, ImportError, RuntimeError, MemoryError) as e:
+    except STARTUP_ERRORS as e:
         log.debug("engine construction failed", exc_info=True)
         print(f"error: {e}", file=sys.stderr)
         return 2

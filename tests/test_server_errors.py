@@ -392,6 +392,12 @@ def test_http_level_errors(server):
     (["--block-size", "12"], "--block-size"),
     (["--speculative-config", "{not json"], "--speculative-config"),
     (["--dtype", "bfloat16"], "--dtype"),
+    (["--step-timeout", "0"], "--step-timeout"),  # every step would count as hung: the first request kills it
+    (["--step-timeout", "nan"], "--step-timeout"),
+    (["--shutdown-grace", "-5"], "--shutdown-grace"),
+    (["--api-key", ""], "--api-key"),  # would look like auth on, and let every request in
+    (["--host", ""], "--host"),
+    (["--served-model-name", ""], "--served-model-name"),
 ])
 def test_serve_refuses_bad_config_with_one_line(model_dir, flags, words):
     r = subprocess.run([sys.executable, "-m", "minillm.serve", str(model_dir), "--device", "cpu", "--port", "0",

@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from minillm.args import EngineArgs, add_engine_args
+from minillm.args import STARTUP_ERRORS, EngineArgs, add_engine_args
 from minillm.bench.dataset import allowed_token_ids, nano_vllm_workload
 from minillm.bench.report import write_json
 
@@ -76,7 +76,13 @@ def run(ns: argparse.Namespace) -> dict:
     from minillm import LLM, SamplingParams
 
     args = EngineArgs.from_cli(ns)
-    llm = LLM(args.model, **{k: v for k, v in vars(args).items() if k != "model"})
+    if ns.num_seqs < 1 or ns.min_len < 1 or ns.max_len < ns.min_len:
+        raise ValueError(f"--num-seqs must be >= 1 and 1 <= --min-len <= --max-len, got {ns.num_seqs}, "
+                         f"{ns.min_len}, {ns.max_len}")
+    try:
+        llm = LLM(args.model, **{k: v for k, v in vars(args).items() if k != "model"})
+    except STARTUP_ERRORS as e:
+        raise ValueError(str(e)) from None
     vocab = min(llm.tokenizer.vocab_size, llm.engine.config.vocab_size)
     allowed = [int(i) for i in allowed_token_ids(llm.tokenizer) if i < vocab]
     prompts, out_lens = nano_vllm_workload(allowed, ns.num_seqs, ns.min_len, ns.max_len, ns.seed)

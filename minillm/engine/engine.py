@@ -262,8 +262,9 @@ class LLMEngine:
         bad = [t for t in prompt_ids if not (isinstance(t, (int, np.integer)) and 0 <= t < self.config.vocab_size)]
         if bad:
             raise ValueError(f"prompt token ids must be integers in [0, {self.config.vocab_size}); got {bad[:5]}")
-        if n > self.max_model_len:
-            raise ValueError(f"the prompt has {n} tokens, more than max_model_len {self.max_model_len}")
+        if n >= self.max_model_len:
+            raise ValueError(f"the prompt has {n} tokens; max_model_len {self.max_model_len} leaves no room for "
+                             "output: shorten the prompt or raise max_model_len")
         bad = [t for t in (params.logit_bias or {}) if t >= self.config.vocab_size]
         if bad:
             raise ValueError(f"logit_bias token ids must be below the vocabulary size {self.config.vocab_size}; "

@@ -37,12 +37,42 @@ _LAYER_NAMES = {
 
 
 def read_json(path: Path) -> dict:
+    """A JSON object from path; a missing file, bad JSON or another JSON value is a clear error."""
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: missing (an HF model directory needs config.json)") from None
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: must be a JSON object, got a JSON {type(data).__name__}")
+    return data
+
+
+def config_int(cfg: dict, key: str, where: str, default: int | None = None) -> int:
+    """cfg[key] as a positive integer; absent or null gives default, or an error when there is none."""
+    v = cfg.get(key)
+    if v is None:
+        if default is None:
+            raise ValueError(f"{where}: '{key}' is missing; a model's config needs it")
+        return default
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{where}: '{key}' must be a positive integer, got {json.dumps(v)[:40]}")
+    return v
+
+
+def attention_shape(cfg: dict, where: str) -> tuple[int, int, int, int]:
+    """(hidden_size, heads, KV heads, head_dim) of a config, checked to fit together."""
+    hidden, heads = config_int(cfg, "hidden_size", where), config_int(cfg, "num_attention_heads", where)
+    kv_heads = config_int(cfg, "num_key_value_heads", where, heads)
+    if heads % kv_heads:
+        raise ValueError(f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+    if cfg.get("head_dim"):
+        return hidden, heads, kv_heads, config_int(cfg, "head_dim", where)
+    if hidden % heads:
+        raise ValueError(f"{where}: hidden_size {hidden} is not a multiple of num_attention_heads {heads} "
+                         "(and no head_dim is given)")
+    return hidden, heads, kv_heads, hidden // heads
 
 
 def rope_scaling_from(d: dict | None) -> RopeScaling:
@@ -61,14 +91,26 @@ def rope_scaling_from(d: dict | None) -> RopeScaling:
 
 
 def config_from_hf(cfg: dict, where: str) -> ModelConfig:
+    """The ModelConfig of an HF config.json's object; a field missing or of the wrong kind is a
+    ValueError naming the file and the field (never a KeyError or TypeError from deep inside)."""
+    try:
+        return _config_from_hf(cfg, where)
+    except (TypeError, ValueError, AttributeError) as e:
+        if str(e).startswith(where):
+            raise
+        raise ValueError(f"{where}: a field has a value of the wrong kind ({e})") from None
+
+
+def _config_from_hf(cfg: dict, where: str) -> ModelConfig:
     archs = cfg.get("architectures") or []
-    arch = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
+    if not isinstance(archs, list):
+        raise ValueError(f"{where}: 'architectures' must be a list of names, got {json.dumps(archs)[:40]}")
+    arch = next((ARCHITECTURES[a] for a in archs if isinstance(a, str) and a in ARCHITECTURES), None)
     if arch is None:
         raise ValueError(
             f"{where}: unsupported architectures {archs}; supported: {', '.join(ARCHITECTURES)}"
         )
-    heads = cfg["num_attention_heads"]
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    hidden, heads, kv_heads, head_dim = attention_shape(cfg, where)
     rope_params = cfg.get("rope_scaling") or cfg.get("rope_parameters")
     rope_theta = cfg.get("rope_theta")
     if rope_theta is None and isinstance(rope_params, dict):
@@ -78,17 +120,17 @@ def config_from_hf(cfg: dict, where: str) -> ModelConfig:
     eos = cfg.get("eos_token_id")
     return ModelConfig(
         arch=arch,
-        vocab_size=cfg["vocab_size"],
-        hidden_size=cfg["hidden_size"],
-        num_layers=cfg["num_hidden_layers"],
+        vocab_size=config_int(cfg, "vocab_size", where),
+        hidden_size=hidden,
+        num_layers=config_int(cfg, "num_hidden_layers", where),
         num_heads=heads,
-        num_kv_heads=cfg.get("num_key_value_heads") or heads,
+        num_kv_heads=kv_heads,
         head_dim=head_dim,
-        intermediate_size=cfg["intermediate_size"],
-        rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+        intermediate_size=config_int(cfg, "intermediate_size", where),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         rope_theta=float(rope_theta or 10000.0),
         rope_scaling=rope_scaling_from(rope_params),
-        max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+        max_position_embeddings=config_int(cfg, "max_position_embeddings", where, 4096),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
         qk_norm=arch == "qwen3",
@@ -102,7 +144,10 @@ def config_from_hf(cfg: dict, where: str) -> ModelConfig:
 def _tensor_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.exists():
-        files = sorted(set(read_json(index)["weight_map"].values()))
+        weight_map = read_json(index).get("weight_map")
+        if not (isinstance(weight_map, dict) and all(isinstance(f, str) for f in weight_map.values())):
+            raise ValueError(f"{index}: needs a 'weight_map' object of tensor name -> shard file name")
+        files = sorted(set(weight_map.values()))
         missing = [f for f in files if not (path / f).exists()]
         if missing:
             raise FileNotFoundError(f"{index}: lists shards that are missing: {missing}")

@@ -14,7 +14,6 @@ drafter is a `Transformer` sharing the target's embedding and LM head.
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from minillm.engine.runner import BlockAdvance, ModelRunner
 from minillm.engine.scheduler import ScheduledSeq
 from minillm.engine.sequence import Sequence
 from minillm.models.config import ModelConfig
-from minillm.models.hf_loader import canonical_name, check_weights
+from minillm.models.hf_loader import attention_shape, canonical_name, check_weights, config_int, read_json
 from minillm.models.safetensors_io import iter_safetensors
 from minillm.models.transformer import Transformer, Workspace
 from minillm.spec.config import draft_vocab_size as draft_vocab
@@ -36,10 +35,11 @@ def dflash_block_size(path: str | Path) -> int:
     """The drafter's block size, read before anything is sized (it sets the KV lookahead)."""
     cfg_file = Path(path) / "config.json"
     try:
-        cfg = json.loads(cfg_file.read_text())
+        cfg = read_json(cfg_file)
     except FileNotFoundError:
         raise FileNotFoundError(f"{cfg_file}: missing; a DFlash drafter is an HF directory with config.json") from None
-    return int((cfg.get("dflash_config") or {}).get("block_size", cfg.get("block_size", 16)))
+    dc = cfg.get("dflash_config") or {}
+    return config_int(dc if isinstance(dc, dict) and "block_size" in dc else cfg, "block_size", str(cfg_file), 16)
 
 
 def load_dflash(path: str | Path, target: ModelConfig) -> tuple[ModelConfig, dict, dict]:
@@ -48,7 +48,10 @@ def load_dflash(path: str | Path, target: ModelConfig) -> tuple[ModelConfig, dic
     cfg_file = path / "config.json"
     if not cfg_file.exists():
         raise FileNotFoundError(f"{cfg_file}: missing; a DFlash drafter is an HF directory with config.json")
-    cfg = json.loads(cfg_file.read_text())
+    cfg = read_json(cfg_file)
+    where = str(cfg_file)
+    if not isinstance(cfg.get("dflash_config") or {}, dict):
+        raise ValueError(f"{where}: dflash_config must be a JSON object")
     dc = dict(cfg.get("dflash_config") or {})
     archs = cfg.get("architectures") or []
     if any("DFlash2" in a for a in archs) or any(k in dc or k in cfg for k in DFLASH2_KEYS):
@@ -56,9 +59,10 @@ def load_dflash(path: str | Path, target: ModelConfig) -> tuple[ModelConfig, dic
                          "use a DFlash (v1) checkpoint")
     if "dflash_config" not in cfg:
         raise ValueError(f"{cfg_file}: no dflash_config: not a DFlash drafter checkpoint")
-    n_layers = cfg["num_hidden_layers"]
+    n_layers = config_int(cfg, "num_hidden_layers", where)
+    hidden, heads, kv_heads, head_dim = attention_shape(cfg, where)
     settings = {
-        "block_size": int(dc.get("block_size", cfg.get("block_size", 16))),
+        "block_size": config_int(dc if "block_size" in dc else cfg, "block_size", where, 16),
         "mask_token_id": dc.get("mask_token_id", cfg.get("mask_token_id")),
         "target_layer_ids": list(dc.get("target_layer_ids") or cfg.get("target_layer_ids") or []),
         "output_multiplier": float(dc.get("output_multiplier", cfg.get("output_multiplier", 1.0)) or 1.0),
@@ -69,16 +73,16 @@ def load_dflash(path: str | Path, target: ModelConfig) -> tuple[ModelConfig, dic
         raise ValueError(f"{cfg_file}: dflash_config.mask_token_id is missing")
     if not settings["target_layer_ids"]:
         raise ValueError(f"{cfg_file}: dflash_config.target_layer_ids is missing")
-    bad = [i for i in settings["target_layer_ids"] if not 0 <= i < target.num_layers]
+    bad = [i for i in settings["target_layer_ids"] if isinstance(i, bool) or not isinstance(i, int)
+           or not 0 <= i < target.num_layers]
     if bad:
         raise ValueError(f"{cfg_file}: target_layer_ids {bad} outside the target's {target.num_layers} layers")
-    if cfg["hidden_size"] != target.hidden_size:
-        raise ValueError(f"{cfg_file}: hidden_size {cfg['hidden_size']} differs from the target's {target.hidden_size}")
-    heads = cfg["num_attention_heads"]
+    if hidden != target.hidden_size:
+        raise ValueError(f"{cfg_file}: hidden_size {hidden} differs from the target's {target.hidden_size}")
     dcfg = ModelConfig(
-        arch="qwen3", vocab_size=target.vocab_size, hidden_size=cfg["hidden_size"], num_layers=n_layers,
-        num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads") or heads,
-        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads, intermediate_size=cfg["intermediate_size"],
+        arch="qwen3", vocab_size=target.vocab_size, hidden_size=hidden, num_layers=n_layers,
+        num_heads=heads, num_kv_heads=kv_heads,
+        head_dim=head_dim, intermediate_size=config_int(cfg, "intermediate_size", where),
         rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=float(cfg.get("rope_theta", target.rope_theta)),
         rope_scaling=target.rope_scaling if cfg.get("rope_scaling") is None else target.rope_scaling,
         max_position_embeddings=cfg.get("max_position_embeddings", target.max_position_embeddings),

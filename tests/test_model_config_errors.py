@@ -1,0 +1,103 @@
+"""A model directory whose config.json (or shard index) is malformed is refused with a ValueError naming
+the file and the field, never a KeyError / TypeError / ZeroDivisionError from deep inside the loader;
+the CLIs turn it into one "error:" line and exit code 2. Also the CLIs' own startup failures."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_server import ROOT
+
+from minillm.models.hf_loader import load_hf_dir
+
+from hf_models import make_tiny
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("tiny-llama")
+    make_tiny("llama", path)
+    return path
+
+
+def broken_copy(tiny: Path, tmp_path: Path, edit) -> Path:
+    """A copy of the tiny model with config.json replaced by edit(its dict) (a str is written as is)."""
+    out = tmp_path / "model"
+    shutil.copytree(tiny, out)
+    cfg = json.loads((out / "config.json").read_text())
+    new = edit(cfg)
+    (out / "config.json").write_text(new if isinstance(new, str) else json.dumps(new))
+    return out
+
+
+def drop(key):
+    return lambda c: {k: v for k, v in c.items() if k != key}
+
+
+def put(key, value):
+    return lambda c: {**c, key: value}
+
+
+@pytest.mark.parametrize("edit,words", [
+    (lambda c: "[]", "must be a JSON object"),
+    (lambda c: '{"architectures": ', "not valid JSON"),
+    (drop("num_attention_heads"), "'num_attention_heads' is missing"),
+    (drop("vocab_size"), "'vocab_size' is missing"),
+    (put("num_attention_heads", 0), "'num_attention_heads' must be a positive integer"),
+    (put("hidden_size", "64"), "'hidden_size' must be a positive integer"),
+    (put("num_hidden_layers", 2.5), "'num_hidden_layers' must be a positive integer"),
+    (put("num_key_value_heads", 3), "not a multiple of num_key_value_heads"),
+    (lambda c: {**drop("head_dim")(c), "hidden_size": 66}, "not a multiple of num_attention_heads"),
+    (put("architectures", "LlamaForCausalLM"), "'architectures' must be a list"),
+    (put("rope_theta", "fast"), "wrong kind"),
+    (put("rope_scaling", {"rope_type": "llama3", "factor": [2]}), "wrong kind"),
+])
+def test_malformed_config_is_a_value_error_naming_the_field(tiny, tmp_path, edit, words):
+    path = broken_copy(tiny, tmp_path, edit)
+    with pytest.raises(ValueError) as e:
+        load_hf_dir(path)
+    assert str(e.value).startswith(str(path / "config.json")) and words in str(e.value), e.value
+
+
+def test_shard_index_without_weight_map(tiny, tmp_path):
+    path = broken_copy(tiny, tmp_path, lambda c: c)
+    (path / "model.safetensors.index.json").write_text('{"metadata": {}}')
+    with pytest.raises(ValueError, match="needs a 'weight_map' object"):
+        load_hf_dir(path)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def one_error_line(r: subprocess.CompletedProcess, words: str) -> None:
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and words in lines[0], r.stderr
+
+
+def test_clis_refuse_a_malformed_config_with_one_line(tiny, tmp_path):
+    path = broken_copy(tiny, tmp_path, drop("intermediate_size"))
+    one_error_line(cli("minillm.serve", str(path), "--device", "cpu", "--port", "0"), "'intermediate_size'")
+    one_error_line(cli("minillm.generate", str(path), "--device", "cpu", "--prompt", "hi"), "'intermediate_size'")
+    spec = json.dumps({"method": "draft_model", "model": str(path), "num_speculative_tokens": 2})
+    one_error_line(cli("minillm.generate", str(tiny), "--device", "cpu", "--prompt", "hi", "--speculative-config",
+                       spec), "'intermediate_size'")
+
+
+def test_bench_throughput_refuses_an_empty_workload(tiny):
+    one_error_line(cli("minillm.bench", "throughput", str(tiny), "--device", "cpu", "--num-seqs", "0"), "--num-seqs")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="CuPy is here: device='cuda' may work")
+def test_clis_say_no_gpu_in_one_line(tiny):
+    for args in (("minillm.generate", str(tiny), "--prompt", "hi"),
+                 ("minillm.bench", "throughput", str(tiny), "--num-seqs", "2")):
+        one_error_line(cli(*args, "--device", "cuda"), "needs an NVIDIA GPU")
