@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from minillm.args import EngineArgs
 from minillm.engine.engine import LLMEngine
 from minillm.engine.logprobs import TokenLogprob
@@ -34,13 +36,21 @@ class LLM:
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  ) -> list[CompletionOutput]:
         """Generate for a prompt or a list of prompts (strings or token-id lists), batched."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, np.ndarray):
+            prompts = prompts.tolist()
+        if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
+                                        and isinstance(prompts[0], (int, np.integer))):
             prompts = [prompts]
+        if not isinstance(prompts, (list, tuple)):
+            raise ValueError("prompts must be a string, a list of token ids, or a list of either; got "
+                             f"{type(prompts).__name__}")
         params = sampling_params or SamplingParams()
         if not isinstance(params, list):
             params = [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
+        if not all(isinstance(p, SamplingParams) for p in params):
+            raise ValueError("sampling_params must be a SamplingParams or a list of them, one per prompt")
         engine = self.engine
         ids = []
         prompt_ids = []
@@ -66,6 +76,10 @@ class LLM:
                         done[out.request_id] = CompletionOutput([], out.text, out.token_ids, out.finish_reason,
                                                                 logprobs.pop(out.request_id, None),
                                                                 prompt_logprobs.pop(out.request_id, None))
+        except BaseException:  # Ctrl-C or a failure: leave none of ours for the next call to run first
+            for rid in ids:
+                engine.abort_request(rid)
+            raise
         finally:
             engine.overlap_outputs = False
         results = []
@@ -81,8 +95,34 @@ class LLM:
         chat_template_kwargs are extra template variables (Qwen3's {"enable_thinking": False}), and
         continue_final_message leaves the last message open for the model to continue (no generation
         prompt), as in vLLM's LLM.chat."""
+        if not isinstance(messages, list):
+            raise ValueError("messages must be a list of {'role', 'content'} dicts (one conversation) or a list "
+                             f"of such lists; got {type(messages).__name__}")
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
+        convs = [_conversation(conv, i) for i, conv in enumerate(convs)]
+        if not isinstance(chat_template_kwargs, (dict, type(None))):
+            raise ValueError(f"chat_template_kwargs must be a dict, got {type(chat_template_kwargs).__name__}")
         prompts = [self.tokenizer.encode_chat(m, add_generation_prompt, template_kwargs=chat_template_kwargs,
                                               continue_final_message=continue_final_message)
                    for m in convs]
         return self.generate(prompts, sampling_params)
+
+
+def _conversation(conv, i: int) -> list[dict]:
+    """Conversation i as the chat template renders it: each message's content a string (text parts
+    joined by newlines, as the server does; an assistant's null as ""). A ValueError names what is
+    wrong, where the template would fail with a bare TypeError or UndefinedError."""
+    if not isinstance(conv, list) or not conv:
+        raise ValueError(f"conversation {i} must be a non-empty list of message dicts")
+    for j, m in enumerate(conv):
+        where = f"conversation {i}, message {j}"
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ValueError(f"{where}: a message is a dict with a string 'role' and its 'content'")
+        c = m.get("content")
+        text_parts = isinstance(c, list) and all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in c)
+        if not (isinstance(c, str) or text_parts or (c is None and m["role"] == "assistant")):
+            raise ValueError(f"{where}: 'content' must be a string or a list of text parts "
+                             "({'type': 'text', 'text': ...}); got " + type(c).__name__)
+    return [{**m, "content": "\n".join(p["text"] for p in m["content"]) if isinstance(m.get("content"), list)
+             else m.get("content") or ""} for m in conv]

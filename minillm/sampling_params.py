@@ -48,6 +48,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if not isinstance(self.stop, (list, tuple, type(None))):
+            raise ValueError(f"stop must be a non-empty string or a list of non-empty strings, got {self.stop!r}")
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
         self.logit_bias = dict(self.logit_bias) if self.logit_bias else None
@@ -62,16 +64,18 @@ class SamplingParams:
 
         need(isinstance(self.max_tokens, int) and not isinstance(self.max_tokens, bool)
              and self.max_tokens >= 1, f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        need(isinstance(self.temperature, (int, float)) and 0 <= self.temperature <= F32_MAX,
+        need(isinstance(self.temperature, (int, float)) and not isinstance(self.temperature, bool)
+             and 0 <= self.temperature <= F32_MAX,
              f"temperature must be a number in [0, {F32_MAX:.4g}] (float32's largest), got {self.temperature!r}")
-        need(isinstance(self.top_p, (int, float)) and F32_TINY <= self.top_p <= 1,
+        need(isinstance(self.top_p, (int, float)) and not isinstance(self.top_p, bool) and F32_TINY <= self.top_p <= 1,
              f"top_p must be in (0, 1] and at least {F32_TINY:.4g} (float32's smallest normal; for the top "
              f"token alone use top_k=1 or temperature=0), got {self.top_p!r}")
         need(isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and -1 <= self.top_k < 2**31,
              f"top_k must be an integer in [-1, 2**31) (-1 or 0 disables it), got {self.top_k!r}")
         need(isinstance(self.min_p, (int, float)) and not isinstance(self.min_p, bool) and 0 <= self.min_p <= 1,
              f"min_p must be in [0, 1] (0 disables it), got {self.min_p!r}")
-        need(isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= self.max_tokens,
+        need(isinstance(self.min_tokens, int) and not isinstance(self.min_tokens, bool)
+             and 0 <= self.min_tokens <= self.max_tokens,
              f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
         need(all(isinstance(s, str) and s for s in self.stop),
              f"stop must be a non-empty string or a list of non-empty strings, got {self.stop!r}")

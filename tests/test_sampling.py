@@ -209,8 +209,35 @@ def test_invalid_sampling_params_are_refused():
                     # values the runner's float32 buffers would turn into infinity or 0
                     ({"temperature": float("inf")}, "temperature"), ({"temperature": 1e39}, "temperature"),
                     ({"temperature": float("nan")}, "temperature"), ({"top_p": 1e-100}, "top_p"),
-                    ({"top_p": float("nan")}, "top_p")]:
+                    ({"top_p": float("nan")}, "top_p"), ({"temperature": True}, "temperature"),
+                    ({"min_tokens": True}, "min_tokens"), ({"stop": 5}, "stop")]:
         with pytest.raises(ValueError, match=msg):
             SamplingParams(**kw)
     # their float32 limits themselves are served
     SamplingParams(temperature=3.4028234663852886e38, top_p=1.1754943508222875e-38, repetition_penalty=1e-30)
+
+
+def test_generate_refuses_bad_prompts_and_leaves_nothing_behind(llm, monkeypatch):
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    ref = llm.generate([[5, 6, 7]], params)[0].token_ids
+    for bad in (None, 5, [None], [[True, False]]):
+        with pytest.raises(ValueError, match="prompt"):
+            llm.generate(bad, params)
+    with pytest.raises(ValueError, match="sampling_params"):
+        llm.generate([[5, 6, 7]], {"max_tokens": 2})
+    assert llm.generate(np.array([5, 6, 7]), params)[0].token_ids == ref  # numpy ids are ids
+    # interrupted mid-generation (Ctrl-C): its requests are aborted, not run first by the next call
+    step, calls = llm.engine.step, []
+
+    def interrupted_step():
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return step()
+
+    monkeypatch.setattr(llm.engine, "step", interrupted_step)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate([[9, 10, 11]] * 3, SamplingParams(temperature=0, max_tokens=60, ignore_eos=True))
+    monkeypatch.undo()
+    assert not llm.engine.requests  # none of the interrupted ones is left to run
+    assert llm.generate([[5, 6, 7]], params)[0].token_ids == ref

@@ -626,6 +626,29 @@ def test_chat_template_kwargs(model_dir):
     assert llm.chat(msgs, greedy)[0].prompt_token_ids == tok.encode("[hi]")
 
 
+def test_llm_chat_checks_and_flattens_messages(model_dir):
+    """LLM.chat takes what the chat endpoint takes (text parts joined as the server joins them, an
+    assistant's null content) and names what is malformed instead of a template's TypeError."""
+    from minillm import LLM, SamplingParams
+    from minillm.server import protocol
+
+    llm = LLM(str(model_dir), device="cpu", max_model_len=64, max_num_seqs=2)
+    tok = llm.tokenizer
+    tok.chat_template, tok._template = "{% for m in messages %}[{{ m.content }}]{% endfor %}", None
+    info = protocol.ModelInfo(names=["m"], max_model_len=64, vocab_size=tok.vocab_size, tokenizer=tok)
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "assistant", "content": None}, {"role": "user", "content": "c"}]
+    greedy = SamplingParams(temperature=0, max_tokens=1)
+    assert llm.chat(msgs, greedy)[0].prompt_token_ids == protocol.chat_prompt({"messages": msgs}, info)
+    for bad, words in [({"role": "user", "content": "hi"}, "list of"), ([[]], "non-empty"),
+                       ([{"content": "hi"}], "message 0: a message is a dict"),
+                       ([{"role": "user"}], "message 0: 'content'"), ([{"role": "user", "content": 5}], "got int")]:
+        with pytest.raises(ValueError, match=words):
+            llm.chat(bad, greedy)
+    with pytest.raises(ValueError, match="chat_template_kwargs"):
+        llm.chat(msgs, greedy, chat_template_kwargs=[1])
+
+
 def test_tokenize_bos_at_the_protocol(model_dir):
     """add_special_tokens with a tokenizer that adds a BOS (the tiny one does not): the prompt form
     adds it by default and not with false; the chat form adds it only when asked (the template writes

@@ -252,6 +252,10 @@ class LLMEngine:
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
+        if isinstance(prompt, np.ndarray):
+            prompt = prompt.tolist()
+        if not isinstance(prompt, (list, tuple)):
+            raise ValueError(f"a prompt is a string or a list of token ids; got {type(prompt).__name__}")
         return list(prompt)
 
     def validate_prompt(self, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -259,7 +263,8 @@ class LLMEngine:
         n = len(prompt_ids)
         if n == 0:
             raise ValueError("the prompt is empty: give at least one token")
-        bad = [t for t in prompt_ids if not (isinstance(t, (int, np.integer)) and 0 <= t < self.config.vocab_size)]
+        bad = [t for t in prompt_ids if isinstance(t, bool)
+               or not (isinstance(t, (int, np.integer)) and 0 <= t < self.config.vocab_size)]
         if bad:
             raise ValueError(f"prompt token ids must be integers in [0, {self.config.vocab_size}); got {bad[:5]}")
         if n >= self.max_model_len:
