@@ -72,7 +72,8 @@ class Chat:
             return
         if ids is None:
             self.history.pop()
-            print(f"(message too long for max_model_len {eng.max_model_len}; not sent)", file=out)
+            with_system = " with the system prompt (/system to change it)" if self.system else ""
+            print(f"(message{with_system} too long for max_model_len {eng.max_model_len}; not sent)", file=out)
             return
         params = SamplingParams(max_tokens=min(self.max_tokens, eng.max_model_len - len(ids)), **self.sampling)
         rid = eng.add_request(ids, params)
@@ -143,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if hasattr(sys.stdin, "reconfigure"):  # undecodable bytes arrive as surrogates, not a UnicodeDecodeError
+        sys.stdin.reconfigure(errors="surrogateescape")
     print(f"minillm chat: {engine.model_name} on {engine.backend.name}, max_model_len {engine.max_model_len}")
     print(HELP)
     while True:
@@ -153,6 +156,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if not line:
             continue
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError:  # stdin's undecodable bytes arrive as lone surrogates
+            line = line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+            print("(the line had bytes that are not UTF-8: each is sent as U+FFFD)")
         if line.startswith("/"):
             if not chat.command(line):
                 return 0

@@ -30,12 +30,12 @@ def _own_terminal() -> None:
 
 
 class Repl:
-    def __init__(self, *args: str):
+    def __init__(self, *args: str, env: dict | None = None):
         self.master, slave = pty.openpty()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "minillm.chat", *args],
             cwd=ROOT, stdin=slave, stdout=slave, stderr=slave, close_fds=True, preexec_fn=_own_terminal,
-            env={**os.environ, "TERM": "dumb"})
+            env={**os.environ, "TERM": "dumb", **(env or {})})
         os.close(slave)
         self.buf = ""
 
@@ -102,6 +102,23 @@ def test_two_turns_system_reset_exit(model_dir):
         assert p3 == len("<system>be brief\n<user>hello\n<assistant>")
         repl.send("/reset\n")
         repl.expect(r"conversation reset")
+        repl.expect(">>> ")
+        repl.send("/exit\n")
+        assert repl.close() == 0
+    finally:
+        if repl.proc.poll() is None:
+            repl.proc.kill()
+
+
+@pytest.mark.parametrize("lang", ["C", "C.UTF-8"])  # stdin decodes with surrogateescape / strictly
+def test_bytes_that_are_not_utf8_are_replaced(model_dir, lang):
+    repl = Repl(str(model_dir), "--device", "cpu", "--max-tokens", "8", env={"LC_ALL": lang, "LANG": lang})
+    try:
+        repl.expect(">>> ")
+        os.write(repl.master, b"a\xffb\n")
+        repl.expect(r"not UTF-8: each is sent as U\+FFFD")
+        m = repl.expect(STATS.pattern)
+        assert int(m.group(3)) == len("<user>a\ufffdb\n<assistant>".encode())  # one token a byte
         repl.expect(">>> ")
         repl.send("/exit\n")
         assert repl.close() == 0
