@@ -18,6 +18,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 # a model path or file, sizing, no GPU, no memory): the CLIs print one "error:" line and exit 2
 STARTUP_ERRORS = (ValueError, OSError, NotImplementedError, ImportError, RuntimeError, MemoryError)
 
+
 @dataclass
 class EngineArgs:
     model: str | None = None
@@ -50,6 +51,17 @@ class EngineArgs:
             if not cond:
                 raise ValueError(msg)
 
+        def count(name: str, v, allow_none: bool = False) -> None:  # an int, never a bool, float or str
+            need((allow_none and v is None) or (isinstance(v, int) and not isinstance(v, bool)),
+                 f"--{name.replace('_', '-')} must be an integer, got {v!r}")
+
+        for name in ("max_num_seqs", "block_size", "seed"):
+            count(name, getattr(self, name))
+        for name in ("max_model_len", "max_num_batched_tokens", "num_blocks"):
+            count(name, getattr(self, name), allow_none=True)
+        gmu = self.gpu_memory_utilization
+        need(isinstance(gmu, (int, float)) and not isinstance(gmu, bool),
+             f"--gpu-memory-utilization must be a number, got {gmu!r}")
         need(self.device in DEVICES, f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         need(self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         need(self.max_num_seqs >= 1, f"--max-num-seqs must be >= 1, got {self.max_num_seqs}")

@@ -1,6 +1,7 @@
 """A model directory whose config.json (or shard index) is malformed is refused with a ValueError naming
 the file and the field, never a KeyError / TypeError / ZeroDivisionError from deep inside the loader;
-the CLIs turn it into one "error:" line and exit code 2. Also the CLIs' own startup failures."""
+the CLIs turn it into one "error:" line and exit code 2. Also the CLIs' own startup failures and
+engine arguments of the wrong kind."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 from test_server import ROOT
 
+from minillm.args import EngineArgs
 from minillm.models.hf_loader import load_hf_dir
 
 from hf_models import make_tiny
@@ -101,3 +103,14 @@ def test_clis_say_no_gpu_in_one_line(tiny):
     for args in (("minillm.generate", str(tiny), "--prompt", "hi"),
                  ("minillm.bench", "throughput", str(tiny), "--num-seqs", "2")):
         one_error_line(cli(*args, "--device", "cuda"), "needs an NVIDIA GPU")
+
+
+@pytest.mark.parametrize("kw,flag", [
+    (dict(seed=1.5), "--seed"), (dict(max_num_seqs="4"), "--max-num-seqs"),
+    (dict(max_model_len=64.5), "--max-model-len"),
+    (dict(block_size=16.0), "--block-size"), (dict(num_blocks=True), "--num-blocks"),
+    (dict(gpu_memory_utilization="0.5"), "--gpu-memory-utilization"),
+])
+def test_engine_args_of_the_wrong_kind_are_named(kw, flag):
+    with pytest.raises(ValueError, match=f"{flag} must be"):
+        EngineArgs(**kw)

@@ -465,10 +465,15 @@ def test_invalid_speculative_configs(models, dflash_pair):
         ({"method": "draft_model", "num_speculative_tokens": 2}, "needs \"model\""),
         ({"method": "dflash", "model": str(dflash_pair[1]), "num_speculative_tokens": 16}, "block size minus one"),
         ({"method": "ngram", "num_speculative_tokens": 2, "bogus": 1}, "unknown keys"),
+        ({}, "method must be one of"),  # not silently "no speculation"
     ]
     for cfg, msg in bad:
         with pytest.raises(ValueError, match=msg):
             LLM(target, device="cpu", speculative_config=cfg)
+    for method in ("draft_model", "dflash"):  # a missing drafter says it is the drafter
+        with pytest.raises(FileNotFoundError, match=r'"model" \(the drafter\)'):
+            LLM(target, device="cpu", speculative_config={"method": method, "model": "/nonexistent/drafter",
+                                                          "num_speculative_tokens": 2})
     dflash = {"method": "dflash", "model": str(dflash_pair[1]), "num_speculative_tokens": 2}
     for cfg, msg in [({**dflash, "draft_vocab_size": 0}, "draft_vocab_size must be an integer >= 1"),
                      ({**dflash, "draft_vocab_size": 10**9}, r"draft_vocab_size 1000000000 must be in \[1, "),

@@ -171,7 +171,8 @@ class LLMEngine:
                 f"(max_position_embeddings {cfg.max_position_embeddings}); lower it"
             )
         self.block_size = args.block_size
-        self.spec = SpeculativeConfig.from_dict(args.speculative_config) if args.speculative_config else None
+        spec = args.speculative_config  # {} is a config without a method (refused), null is none
+        self.spec = SpeculativeConfig.from_dict(spec) if spec is not None else None
         self.num_speculative_tokens = k = self.spec.num_speculative_tokens if self.spec else 0
         self.lookahead = lookahead(self.spec)  # KV positions a drafter may write past the last token
         self.max_num_batched_tokens = args.max_num_batched_tokens or max(2048, args.max_num_seqs * (1 + k))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from minillm.models.loader import load_model
 
 
@@ -44,7 +46,8 @@ def lookahead(spec) -> int:
     if spec.method == "dflash":
         from minillm.spec.dflash import dflash_block_size
 
-        bs = dflash_block_size(spec.model)
+        with drafter_errors():
+            bs = dflash_block_size(spec.model)
         if spec.num_speculative_tokens > bs - 1:
             raise ValueError(f"--speculative-config: num_speculative_tokens {spec.num_speculative_tokens} is above "
                              f"the DFlash block size minus one ({bs - 1})")
@@ -65,7 +68,8 @@ def build_proposer(engine):
         return NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
     if spec.method == "dflash":
         return _dflash(engine)
-    loaded = load_model(spec.model)
+    with drafter_errors():
+        loaded = load_model(spec.model)
     if loaded.config.vocab_size != engine.config.vocab_size:
         raise ValueError(
             f"--speculative-config: the drafter {spec.model} has vocabulary size {loaded.config.vocab_size}, "
@@ -84,5 +88,19 @@ def _dflash(engine):
     from minillm.spec.dflash import DFlashProposer
 
     spec, r = engine.spec, engine.runner_args
-    return DFlashProposer(spec.model, engine.model, engine.backend, spec.num_speculative_tokens,
-                          r["max_tokens"], r["max_seqs"], engine.max_model_len, spec.draft_vocab_size)
+    with drafter_errors():
+        return DFlashProposer(spec.model, engine.model, engine.backend, spec.num_speculative_tokens,
+                              r["max_tokens"], r["max_seqs"], engine.max_model_len, spec.draft_vocab_size)
+
+
+@contextmanager
+def drafter_errors():
+    """A missing or malformed drafter says it is the drafter (the target's errors read the same)."""
+    try:
+        yield
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f'--speculative-config "model" (the drafter): {e}') from None
+    except ValueError as e:
+        if str(e).startswith("--speculative-config"):
+            raise
+        raise ValueError(f'--speculative-config "model" (the drafter): {e}') from None
