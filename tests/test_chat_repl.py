@@ -60,6 +60,13 @@ class Repl:
     def send(self, text: str) -> None:
         os.write(self.master, text.encode())
 
+    def __enter__(self) -> Repl:
+        return self
+
+    def __exit__(self, *exc) -> None:  # a failed test leaves no REPL behind
+        if self.proc.poll() is None:
+            self.proc.kill()
+
     def close(self) -> int:
         try:
             return self.proc.wait(20)
@@ -86,8 +93,7 @@ def turn(repl: Repl, text: str) -> tuple[int, int]:
 
 
 def test_two_turns_system_reset_exit(model_dir):
-    repl = Repl(str(model_dir), "--device", "cpu", "--max-tokens", "8")
-    try:
+    with Repl(str(model_dir), "--device", "cpu", "--max-tokens", "8") as repl:
         repl.expect(r"minillm chat: .* on numpy")
         repl.expect(">>> ")
         _, p1 = turn(repl, "hello")
@@ -105,15 +111,11 @@ def test_two_turns_system_reset_exit(model_dir):
         repl.expect(">>> ")
         repl.send("/exit\n")
         assert repl.close() == 0
-    finally:
-        if repl.proc.poll() is None:
-            repl.proc.kill()
 
 
 @pytest.mark.parametrize("lang", ["C", "C.UTF-8"])  # stdin decodes with surrogateescape / strictly
 def test_bytes_that_are_not_utf8_are_replaced(model_dir, lang):
-    repl = Repl(str(model_dir), "--device", "cpu", "--max-tokens", "8", env={"LC_ALL": lang, "LANG": lang})
-    try:
+    with Repl(str(model_dir), "--device", "cpu", "--max-tokens", "8", env={"LC_ALL": lang, "LANG": lang}) as repl:
         repl.expect(">>> ")
         os.write(repl.master, b"a\xffb\n")
         repl.expect(r"not UTF-8: each is sent as U\+FFFD")
@@ -122,21 +124,14 @@ def test_bytes_that_are_not_utf8_are_replaced(model_dir, lang):
         repl.expect(">>> ")
         repl.send("/exit\n")
         assert repl.close() == 0
-    finally:
-        if repl.proc.poll() is None:
-            repl.proc.kill()
 
 
 def test_ctrl_d_exits(model_dir):
-    repl = Repl(str(model_dir), "--device", "cpu", "--max-tokens", "8")
-    try:
+    with Repl(str(model_dir), "--device", "cpu", "--max-tokens", "8") as repl:
         repl.expect(">>> ")
         turn(repl, "hi")
         repl.send("\x04")  # Ctrl-D at the prompt: EOF
         assert repl.close() == 0
-    finally:
-        if repl.proc.poll() is None:
-            repl.proc.kill()
 
 
 def test_min_p_flag_and_the_models_default():
