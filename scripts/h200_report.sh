@@ -95,6 +95,7 @@
 #   (run in session 33: slower, the kernel then removed; MINILLM_DECODE_ROPE_RUNS is now ignored).
 #   part201: session 32, what part200 leaves: racecheck, decode, failure matrix, throughput.
 #   part202: session 33's final code (the run kernel removed): every GPU test, spec cost, memcheck.
+#   part203: session 33, every GPU test after its host-side input checks (server, LLM, loaders).
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -3477,6 +3478,13 @@ part202() {  # session 33's final code, the run kernel removed (its c <= 2 verif
   stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
     --result-json "$W/spec_cost_8b.json"
   memcheck_reproducer 100
+}
+
+part203() {  # session 33's last code: every GPU test after the host-side input checks (the server's,
+  # LLM.generate / chat, the loaders'); no kernel changed since part202 (~3 minutes on a fresh machine)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  gpu_tests_full 300
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name; then
