@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
                                 presence_penalty=ns.presence_penalty, frequency_penalty=ns.frequency_penalty,
                                 repetition_penalty=ns.repetition_penalty, logprobs=ns.logprobs,
                                 prompt_logprobs=ns.prompt_logprobs)
+        if (ns.logprobs is not None or ns.prompt_logprobs is not None) and not ns.json:
+            raise ValueError("--logprobs and --prompt-logprobs print with --json only: add --json")
         args = EngineArgs.from_cli(ns)
         fields = {k: v for k, v in vars(args).items() if k != "model"}
         try:

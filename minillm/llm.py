@@ -54,9 +54,12 @@ class LLM:
         engine = self.engine
         ids = []
         prompt_ids = []
-        for prompt, p in zip(prompts, params):
-            toks = engine.encode_prompt(prompt)
-            engine.validate_prompt(toks, p)  # all-or-nothing: check every prompt before adding any
+        for i, (prompt, p) in enumerate(zip(prompts, params)):
+            try:
+                toks = engine.encode_prompt(prompt)
+                engine.validate_prompt(toks, p)  # all-or-nothing: check every prompt before adding any
+            except ValueError as e:
+                raise ValueError(f"prompt {i}: {e}" if len(prompts) > 1 else str(e)) from None
             prompt_ids.append(toks)
         for toks, p in zip(prompt_ids, params):
             ids.append(engine.add_request(toks, p))

@@ -59,6 +59,13 @@ def test_min_p_one_is_greedy(tiny, capsys):
 def test_bad_values_are_one_line_errors(tiny, capsys):
     for flag, value in (("--logprobs", "21"), ("--prompt-logprobs", "21"), ("--prompt-logprobs", "-1"),
                         ("--repetition-penalty", "0"), ("--frequency-penalty", "9"), ("--min-p", "1.5")):
-        rc = main([str(tiny), "--device", "cpu", "--prompt", "x", flag, value])
+        rc = main([str(tiny), "--device", "cpu", "--prompt", "x", "--json", flag, value])
         err = capsys.readouterr().err
         assert rc == 2 and err.startswith("error: ") and flag[2:].replace("-", "_") in err
+
+
+def test_refusals_name_the_problem(tiny, capsys):
+    assert main([str(tiny), "--device", "cpu", "--prompt", "hi", "--logprobs", "2"]) == 2
+    assert "add --json" in capsys.readouterr().err  # the text output has no place for logprobs
+    assert main([str(tiny), "--device", "cpu", "--max-model-len", "128", "--prompt", "hi", "--prompt", ""]) == 2
+    assert "error: prompt 1: the prompt is empty" in capsys.readouterr().err  # which of the prompts
