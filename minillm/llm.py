@@ -9,6 +9,7 @@ import numpy as np
 from minillm.args import EngineArgs
 from minillm.engine.engine import LLMEngine
 from minillm.engine.logprobs import TokenLogprob
+from minillm.models.tokenizer import content_text
 from minillm.sampling_params import SamplingParams
 
 
@@ -113,19 +114,19 @@ class LLM:
 
 def _conversation(conv, i: int) -> list[dict]:
     """Conversation i as the chat template renders it: each message's content a string (text parts
-    joined by newlines, as the server does; an assistant's null as ""). A ValueError names what is
-    wrong, where the template would fail with a bare TypeError or UndefinedError."""
+    joined as the server joins them, tokenizer.content_text; an assistant's null as ""). A ValueError
+    names what is wrong, where the template would fail with a bare TypeError or UndefinedError."""
     if not isinstance(conv, list) or not conv:
         raise ValueError(f"conversation {i} must be a non-empty list of message dicts")
+    out = []
     for j, m in enumerate(conv):
         where = f"conversation {i}, message {j}"
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ValueError(f"{where}: a message is a dict with a string 'role' and its 'content'")
         c = m.get("content")
-        text_parts = isinstance(c, list) and all(
-            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in c)
-        if not (isinstance(c, str) or text_parts or (c is None and m["role"] == "assistant")):
+        text = "" if c is None and m["role"] == "assistant" else content_text(c)
+        if text is None:
             raise ValueError(f"{where}: 'content' must be a string or a list of text parts "
                              "({'type': 'text', 'text': ...}); got " + type(c).__name__)
-    return [{**m, "content": "\n".join(p["text"] for p in m["content"]) if isinstance(m.get("content"), list)
-             else m.get("content") or ""} for m in conv]
+        out.append({**m, "content": text})
+    return out

@@ -147,6 +147,18 @@ class Tokenizer:
         return self.encode(text, add_special_tokens=add_special_tokens)
 
 
+def content_text(content) -> str | None:
+    """A chat message's content as the template gets it: a string as is, an array of text parts
+    ({"type": "text", "text": ...}) joined by newlines; None for anything else (the caller says
+    what is wrong). The server's protocol and LLM.chat both flatten through this."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "\n".join(p["text"] for p in content)
+    return None
+
+
 def final_message_text(messages: list[dict]) -> str:
     """The text continue_final_message continues: the last message's content, or the last text part
     of a content array; ValueError when there is none."""

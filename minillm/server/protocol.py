@@ -17,7 +17,7 @@ from typing import Any
 import jinja2
 
 from minillm.engine.logprobs import MAX_LOGPROBS, TokenLogprob
-from minillm.models.tokenizer import final_message_text
+from minillm.models.tokenizer import content_text, final_message_text
 from minillm.sampling_params import SamplingParams
 
 CHAT_ROLES = ("system", "developer", "user", "assistant")
@@ -195,16 +195,11 @@ def _content(m: dict, i: int) -> str:
     c = m.get("content")
     if c is None and m["role"] == "assistant":
         return ""
-    if isinstance(c, str):
-        return c
+    if (text := content_text(c)) is not None:
+        return text
     if isinstance(c, list):
-        parts = []
-        for part in c:
-            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-                raise ProtocolError(f"messages[{i}].content: only text parts ({{\"type\": \"text\", \"text\": ...}}) "
-                                    "are supported", f"messages[{i}].content")
-            parts.append(part["text"])
-        return "\n".join(parts)
+        raise ProtocolError(f"messages[{i}].content: only text parts ({{\"type\": \"text\", \"text\": ...}}) "
+                            "are supported", f"messages[{i}].content")
     if c is None:
         raise ProtocolError(f"messages[{i}].content is missing (or null): a {m['role']} message needs its text, "
                             "a string or an array of text parts", f"messages[{i}].content")

@@ -38,8 +38,13 @@ def dflash_block_size(path: str | Path) -> int:
         cfg = read_json(cfg_file)
     except FileNotFoundError:
         raise FileNotFoundError(f"{cfg_file}: missing; a DFlash drafter is an HF directory with config.json") from None
+    return _block_size(cfg, str(cfg_file))
+
+
+def _block_size(cfg: dict, where: str) -> int:
+    """dflash_config.block_size, else a top-level block_size, else 16."""
     dc = cfg.get("dflash_config") or {}
-    return config_int(dc if isinstance(dc, dict) and "block_size" in dc else cfg, "block_size", str(cfg_file), 16)
+    return config_int(dc if isinstance(dc, dict) and "block_size" in dc else cfg, "block_size", where, 16)
 
 
 def load_dflash(path: str | Path, target: ModelConfig) -> tuple[ModelConfig, dict, dict]:
@@ -62,7 +67,7 @@ def load_dflash(path: str | Path, target: ModelConfig) -> tuple[ModelConfig, dic
     n_layers = config_int(cfg, "num_hidden_layers", where)
     hidden, heads, kv_heads, head_dim = attention_shape(cfg, where)
     settings = {
-        "block_size": config_int(dc if "block_size" in dc else cfg, "block_size", where, 16),
+        "block_size": _block_size(cfg, where),
         "mask_token_id": dc.get("mask_token_id", cfg.get("mask_token_id")),
         "target_layer_ids": list(dc.get("target_layer_ids") or cfg.get("target_layer_ids") or []),
         "output_multiplier": float(dc.get("output_multiplier", cfg.get("output_multiplier", 1.0)) or 1.0),
