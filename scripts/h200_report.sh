@@ -96,6 +96,11 @@
 #   part201: session 32, what part200 leaves: racecheck, decode, failure matrix, throughput.
 #   part202: session 33's final code (the run kernel removed): every GPU test, spec cost, memcheck.
 #   part203: session 33, every GPU test after its host-side input checks (server, LLM, loaders).
+#   part204: session 34, what a kernel hand-off costs: scripts/handoff_bench.py's synthetic chains
+#   of the batch-1 layers' kernel shapes (plain / PDL / flag waits; without the norm kernels; the
+#   norms folded into the products' last CTA). Run then as direct device calls; this restates them.
+#   part205: session 34, batch-1 graphs with the decode attention's fewest keys a split at 64 (the
+#   default), 256 and 512 (MINILLM_DECODE_MIN_PART): fewer splits, less merge at 512 keys.
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -3485,6 +3490,44 @@ part203() {  # session 33's last code: every GPU test after the host-side input 
   setup
   facts > "$W/facts.txt" 2>&1
   gpu_tests_full 300
+}
+
+part204() {  # session 34: synthetic kernel chains with the batch-1 layers' shapes, three ways of waiting
+  # (scripts/handoff_bench.py; under a minute). Each line is one chain: 0.6B's seven kernels a layer,
+  # bytes or none, one-CTA-only and 128-CTA-only floors, without the two norm kernels, with them
+  # folded into the o / down products' last CTA; then 8B's the same three ways.
+  setup
+  facts > "$W/facts.txt" 2>&1
+  local B="python3 scripts/handoff_bench.py" L8="--layers 36"
+  stage handoff_06b 60 $B --json "$W/handoff_06b.json"
+  stage handoff_06b_nobytes 60 $B --no-weights --json "$W/handoff_06b_nobytes.json"
+  stage handoff_floor1 60 $B --ctas 1,1,1,1,1,1,1 --no-weights --json "$W/handoff_floor1.json"
+  stage handoff_floor128 60 $B --ctas 128,128,128,128,128,128,128 --no-weights --json "$W/handoff_floor128.json"
+  stage handoff_06b_nonorm 60 $B --ctas 512,88,128,384,128 --mb 8.4,2,4.2,12.6,6.3 --json "$W/handoff_06b_nonorm.json"
+  stage handoff_06b_fold 60 $B --ctas 512,88,128,384,128 --mb 8.4,2,4.2,12.6,6.3 --fold 0,0,1,0,1 \
+    --json "$W/handoff_06b_fold.json"
+  stage handoff_8b 60 $B $L8 --ctas 1,768,88,512,1,1536,512 --mb 0,50.3,2,33.5,0,201.3,100.7 --json "$W/handoff_8b.json"
+  stage handoff_8b_nonorm 60 $B $L8 --ctas 768,88,512,1536,512 --mb 50.3,2,33.5,201.3,100.7 \
+    --json "$W/handoff_8b_nonorm.json"
+  stage handoff_8b_fold 60 $B $L8 --ctas 768,88,512,1536,512 --mb 50.3,2,33.5,201.3,100.7 --fold 0,0,1,0,1 \
+    --json "$W/handoff_8b_fold.json"
+}
+
+part205() {  # session 34: batch-1 graphs of both shapes at 512 keys with the decode attention's fewest keys
+  # a split (MINILLM_DECODE_MIN_PART) 64 (the default: 9 active splits), 512 (one or two) alternately
+  # twice, then 256 (two or three) once (~6 minutes on a fresh machine)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models 200 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  local i m v
+  for i in 1 2; do
+    for v in 64 512; do
+      for m in q06 q8; do step_graph_env $m "part${v}_$i" 100 MINILLM_DECODE_MIN_PART=$v; done
+    done
+  done
+  for m in q06 q8; do step_graph_env $m part256_1 100 MINILLM_DECODE_MIN_PART=256; done
+  graph_summary
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name; then

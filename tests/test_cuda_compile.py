@@ -40,6 +40,25 @@ def assert_nvcc_compiles(src: Path, tmp_path: Path, extra: list[str]) -> None:
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}"
 
 
+# GPU diagnostics in scripts/ that carry their own kernel source (device runs only; compiled here so
+# a broken one fails CI rather than a device call)
+INLINE_SOURCES = {"handoff_bench": "SRC", "stream_bench": "READ_SRC"}
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (CI installs CUDA 13.0)")
+@pytest.mark.parametrize("script", sorted(INLINE_SOURCES))
+def test_scripts_inline_kernels_compile(script: str, tmp_path: Path):
+    import importlib.util
+
+    path = CUDA_DIR.parent / "scripts" / f"{script}.py"
+    spec = importlib.util.spec_from_file_location(f"_inline_{script}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    src = tmp_path / f"{script}.cu"
+    src.write_text(getattr(mod, INLINE_SOURCES[script]))
+    assert_nvcc_compiles(src, tmp_path, [])
+
+
 def test_cache_key_covers_headers(tmp_path, monkeypatch):
     from minillm.backends import compile as kc
 
