@@ -5,6 +5,8 @@ Also checks the DFlash drafter against the `dflash` reference package on the sam
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -96,6 +98,25 @@ def test_draft_model_draft_vocab_is_lossless(models, greedy_reference, method):
         below = sum(t < 64 for ids in greedy_reference for t in ids)
         assert 0 < spec["accepted_tokens"] <= below
         assert spec["acceptance_rate"] < 1.0 or below == sum(map(len, greedy_reference))
+
+
+def test_draft_vocab_with_logit_adjustments(models):
+    """Requests whose logits are adjusted (min_tokens banning stop ids, logit_bias, penalties) on
+    ids past a drafter's draft_vocab_size: the drafter's own steps skip those ids (its logits stop
+    at 64 columns) and the output is non-speculative decoding's; the LLM API's stop ids past the
+    vocabulary are no-ops there too. These killed the engine with an IndexError."""
+    target = str(models[0])
+    cfg = {**spec_configs(models, 3)["self_draft"], "draft_vocab_size": 64}
+    spec = LLM(target, device="cpu", max_num_seqs=4, max_model_len=128, speculative_config=cfg)
+    plain = LLM(target, device="cpu", max_num_seqs=4, max_model_len=128)
+    vocab = plain.engine.model.cfg.vocab_size
+    prompts = [[1, 2, 3, 200], [5, 100, 7]]  # ids past 64 in the prompts (repetition penalty)
+    for params in (SamplingParams(temperature=0, max_tokens=8, min_tokens=4, stop_token_ids=[vocab + 5]),
+                   SamplingParams(temperature=0, max_tokens=8, logit_bias={150: 5.0, 3: 1.0}),
+                   SamplingParams(temperature=0, max_tokens=8, repetition_penalty=1.3, presence_penalty=0.5)):
+        want = [o.token_ids for o in plain.generate(prompts, params)]
+        assert [o.token_ids for o in spec.generate(prompts, params)] == want
+    assert spec.engine.stats().spec["draft_tokens"] > 0
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
@@ -466,6 +487,12 @@ def test_invalid_speculative_configs(models, dflash_pair):
         ({"method": "dflash", "model": str(dflash_pair[1]), "num_speculative_tokens": 16}, "block size minus one"),
         ({"method": "ngram", "num_speculative_tokens": 2, "bogus": 1}, "unknown keys"),
         ({}, "method must be one of"),  # not silently "no speculation"
+        ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": None}, "prompt_lookup_min must be"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": "4"}, "prompt_lookup_max must be"),
+        ({"method": "draft_model", "model": 123, "num_speculative_tokens": 2}, "model must be a path"),
+        ({"method": "ngram", "num_speculative_tokens": 10**6}, "below --max-model-len"),
+        ({"method": "dflash", "model": str(dflash_pair[1] / "config.json"), "num_speculative_tokens": 2},
+         r'the drafter\).*a drafter is a directory'),
     ]
     for cfg, msg in bad:
         with pytest.raises(ValueError, match=msg):
@@ -481,6 +508,19 @@ def test_invalid_speculative_configs(models, dflash_pair):
                       "draft_vocab_size applies to a drafter model")]:
         with pytest.raises(ValueError, match=msg):
             LLM(str(dflash_pair[0]), device="cpu", speculative_config=cfg)
+    # a mask token outside the target's vocabulary (the first request used to kill the engine)
+    import json
+    bad_mask = dflash_pair[1].parent / (dflash_pair[1].name + "_badmask")
+    bad_mask.mkdir(exist_ok=True)
+    conf = json.loads((dflash_pair[1] / "config.json").read_text())
+    for name in os.listdir(dflash_pair[1]):
+        if name.endswith(".safetensors") and not (bad_mask / name).exists():
+            os.symlink(dflash_pair[1] / name, bad_mask / name)
+    for mask in (10**6, -1, 3.5):
+        conf["dflash_config"]["mask_token_id"] = mask
+        (bad_mask / "config.json").write_text(json.dumps(conf))
+        with pytest.raises(ValueError, match="mask_token_id must be a token id in"):
+            LLM(str(dflash_pair[0]), device="cpu", speculative_config={**dflash, "model": str(bad_mask)})
     # a drafter with another vocabulary
     with pytest.raises(ValueError, match="vocabulary"):
         LLM(str(dflash_pair[0]), device="cpu",

@@ -174,6 +174,9 @@ class LLMEngine:
         spec = args.speculative_config  # {} is a config without a method (refused), null is none
         self.spec = SpeculativeConfig.from_dict(spec) if spec is not None else None
         self.num_speculative_tokens = k = self.spec.num_speculative_tokens if self.spec else 0
+        if k >= self.max_model_len:  # a round's k + 1 positions could never fit a sequence
+            raise ValueError(f"--speculative-config: num_speculative_tokens {k} must be below --max-model-len "
+                             f"{self.max_model_len}")
         self.lookahead = lookahead(self.spec)  # KV positions a drafter may write past the last token
         self.max_num_batched_tokens = args.max_num_batched_tokens or max(2048, args.max_num_seqs * (1 + k))
         if self.max_num_batched_tokens < args.max_num_seqs * (1 + k):

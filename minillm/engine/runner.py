@@ -530,7 +530,9 @@ class ModelRunner:
                     ids += banned
                 r += 1
         if rows:
-            self.backend.suppress_tokens(logits, np.asarray(rows, np.int32), np.asarray(ids, np.int32))
+            rows, ids = np.asarray(rows, np.int32), np.asarray(ids, np.int32)
+            keep = ids < logits.shape[-1]  # past a row's vocabulary (a drafter's draft_vocab_size): never sampled
+            self.backend.suppress_tokens(logits, rows[keep], ids[keep])
 
     def _adjust_logits(self, batch: list[ScheduledSeq], logits) -> None:
         """Penalties and logit_bias (SamplingParams) on the rows of sequences that ask for them.
@@ -547,6 +549,9 @@ class ModelRunner:
                 for j in range(item.num_logits):
                     if j == 0 or p.penalized:  # a logit bias alone is the same on every row
                         ids, pos, neg, sub = self._adjustments(item.seq, item.seq.draft_ids[:j])
+                        # ids past the logits' vocabulary (a drafter's draft_vocab_size) are never sampled
+                        keep = ids < logits.shape[-1]
+                        ids, pos, neg, sub = ids[keep], pos[keep], neg[keep], sub[keep]
                     parts.append((np.full(ids.shape[0], r + j, np.int32), ids, pos, neg, sub))
             r += item.num_logits
         if parts:

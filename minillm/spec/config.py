@@ -42,8 +42,16 @@ class SpeculativeConfig:
         if dv is not None and method == "ngram":
             raise ValueError("--speculative-config: draft_vocab_size applies to a drafter model (methods "
                              "\"draft_model\" and \"dflash\"), not to \"ngram\"")
-        cfg = cls(method, k, d.get("model"), int(d.get("prompt_lookup_min", 1)),
-                  int(d.get("prompt_lookup_max", 4)), dv)
+        lookup = {}
+        for key, default in (("prompt_lookup_min", 1), ("prompt_lookup_max", 4)):
+            v = d.get(key, default)
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise ValueError(f"--speculative-config: {key} must be an integer, got {v!r}")
+            lookup[key] = v
+        model = d.get("model")
+        if model is not None and not isinstance(model, str):
+            raise ValueError(f"--speculative-config: model must be a path (a string), got {model!r}")
+        cfg = cls(method, k, model, lookup["prompt_lookup_min"], lookup["prompt_lookup_max"], dv)
         if method in ("draft_model", "dflash") and not cfg.model:
             raise ValueError(f"--speculative-config: method {method!r} needs \"model\": the drafter's path")
         if method == "ngram" and not 1 <= cfg.prompt_lookup_min <= cfg.prompt_lookup_max:

@@ -74,8 +74,12 @@ def load_dflash(path: str | Path, target: ModelConfig) -> tuple[ModelConfig, dic
         "final_logit_softcapping": dc.get("final_logit_softcapping", cfg.get("final_logit_softcapping")),
         "input_embedding_scale": float(dc.get("input_embedding_scale", cfg.get("input_embedding_scale", 1.0))),
     }
-    if settings["mask_token_id"] is None:
+    mask = settings["mask_token_id"]
+    if mask is None:
         raise ValueError(f"{cfg_file}: dflash_config.mask_token_id is missing")
+    if isinstance(mask, bool) or not isinstance(mask, int) or not 0 <= mask < target.vocab_size:
+        raise ValueError(f"{cfg_file}: dflash_config.mask_token_id must be a token id in [0, "
+                         f"{target.vocab_size}) (the target's vocabulary), got {mask!r}")
     if not settings["target_layer_ids"]:
         raise ValueError(f"{cfg_file}: dflash_config.target_layer_ids is missing")
     bad = [i for i in settings["target_layer_ids"] if isinstance(i, bool) or not isinstance(i, int)

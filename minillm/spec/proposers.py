@@ -100,6 +100,9 @@ def drafter_errors():
         yield
     except FileNotFoundError as e:
         raise FileNotFoundError(f'--speculative-config "model" (the drafter): {e}') from None
+    except NotADirectoryError as e:  # a file given where the drafter's directory belongs
+        raise ValueError(f'--speculative-config "model" (the drafter): {e}: a drafter is a directory '
+                         "(config.json and *.safetensors)") from None
     except ValueError as e:
         if str(e).startswith("--speculative-config"):
             raise
