@@ -99,18 +99,125 @@ __device__ __forceinline__ void gemv_prefetch(const bf16* w, int N, int K) {
   if (GATED) gemv_prefetch_rows(w + (i64)N * K, n0, N, K, bytes);
 }
 
+// ---- the RMSNorm before a one-row product, folded into it (NORM > 0) ----------------------------
+// A batch-1 layer runs rms_norm_vec (one CTA) between the o / down product and the qkv / gate_up
+// product. Folded, every CTA of the consumer computes the norm of the row itself right after its
+// PDL wait: h = x + res rounded to bf16 (x: the previous product's output, res: the residual
+// stream; CTA 0 writes h to res_out, a buffer other than res, since the other CTAs still read res),
+// then h * rsqrt(mean(h^2) + eps) * w rounded to bf16, into shared memory, and the product's loop
+// reads x from there. The arithmetic is rms_norm_vec's to the bit: its threads' chunk order and its
+// block_sum's reduction tree are replayed on this CTA's 128 threads (NORM = chunks a thread: 1 for
+// K <= 1024, rms_norm_vec's 128 threads; 2 / 4 for K <= 2048 / 4096, its 256 threads with 1 / 2
+// chunks each, thread t's work done by thread t % 128). A layer saves two launches and their
+// hand-offs; each CTA reads the row and residual (2-8 KB, from L2) and sums it once.
+// Why: scripts/handoff_bench.py (session 34) timed chains with the batch-1 layer's grids on the
+// H200: seven kernels a layer 25.4 us (0.6B) / 106.9 us (8B), five whose products normalise their
+// x themselves 19.1 / 101.3. Session 19's fold (the producers writing per-CTA partial sums of
+// squares, the consumers summing them) measured slower; this one reads no partials.
+struct NormArgs {
+  const bf16* res;  // added to x first; the rounded sum is what is normalised (null: x alone)
+  const bf16* w;    // the norm's weight [K]
+  bf16* res_out;    // CTA 0 writes the rounded sum here (null: nowhere); never res
+  float eps;
+};
+
+// The norm weight's chunks this thread will scale (they never depend on another kernel: loaded
+// before the PDL wait). Chunk k of thread r is rms_norm_vec's chunk c of its thread t, where
+// v = k / VC, c = k % VC, t = r + 128 v: index t + c * VT.
+template <int NORM>
+__device__ __forceinline__ void norm_chunks(const bf16* p, int chunks, uint4 (&out)[NORM]) {
+  constexpr int VPR = NORM == 1 ? 1 : 2, VC = NORM / VPR, VT = 128 * VPR;
+#pragma unroll
+  for (int k = 0; k < NORM; ++k) {
+    const int i = threadIdx.x + 128 * (k / VC) + (k % VC) * VT;
+    out[k] = i < chunks ? __ldg(reinterpret_cast<const uint4*>(p) + i) : make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+// After the PDL wait: the normalised row into xs (K bf16, 16-byte aligned), as rms_norm_vec
+// computes it; ends with a CTA barrier. Every thread of the CTA (128) takes part.
+template <int NORM>
+__device__ __forceinline__ void norm_row(const bf16* __restrict__ x, const NormArgs& na, int K,
+                                         const uint4 (&wv)[NORM], bf16* xs) {
+  constexpr int VPR = NORM == 1 ? 1 : 2, VC = NORM / VPR, VT = 128 * VPR;
+  __shared__ float scratch[VT / 32];
+  const int chunks = K / 8, lane = threadIdx.x & 31;
+  const uint4* xr = reinterpret_cast<const uint4*>(x);
+  const uint4* rr = reinterpret_cast<const uint4*>(na.res);
+  uint4 hv[NORM], rv[NORM];
+#pragma unroll
+  for (int k = 0; k < NORM; ++k) {  // every load issued before any is used
+    const int i = threadIdx.x + 128 * (k / VC) + (k % VC) * VT;
+    hv[k] = i < chunks ? xr[i] : make_uint4(0u, 0u, 0u, 0u);
+    if (rr) rv[k] = i < chunks ? rr[i] : make_uint4(0u, 0u, 0u, 0u);
+  }
+  float ss[VPR];
+#pragma unroll
+  for (int v = 0; v < VPR; ++v) {
+    ss[v] = 0.f;
+#pragma unroll
+    for (int c = 0; c < VC; ++c) {
+      const int k = v * VC + c, i = threadIdx.x + 128 * v + c * VT;
+      if (i < chunks) {
+        float h[8];
+        minillm::unpack_bf16x8(hv[k], h);
+        if (rr) {  // residual <- x + residual, rounded to bf16: that rounded sum is normalised
+          float r[8];
+          minillm::unpack_bf16x8(rv[k], r);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) r[j] += h[j];
+          hv[k] = minillm::pack_bf16x8(r);
+          if (na.res_out && blockIdx.x == 0) reinterpret_cast<uint4*>(na.res_out)[i] = hv[k];
+          minillm::unpack_bf16x8(hv[k], h);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) ss[v] += h[j] * h[j];
+      }
+    }
+  }
+  // rms_norm_vec's block_sum over VT threads: warp w's sum of thread t's values goes to scratch[t / 32]
+#pragma unroll
+  for (int v = 0; v < VPR; ++v) {
+    const float s = minillm::warp_sum(ss[v]);
+    if (lane == 0) scratch[(threadIdx.x >> 5) + 4 * v] = s;
+  }
+  __syncthreads();
+  const float total = minillm::warp_sum(lane < VT / 32 ? scratch[lane] : 0.f);
+  const float rstd = rsqrtf(total / (float)K + na.eps);
+  uint4* xo = reinterpret_cast<uint4*>(xs);
+#pragma unroll
+  for (int k = 0; k < NORM; ++k) {
+    const int i = threadIdx.x + 128 * (k / VC) + (k % VC) * VT;
+    if (i < chunks) {
+      float h[8], wf[8], o[8];
+      minillm::unpack_bf16x8(hv[k], h);
+      minillm::unpack_bf16x8(wv[k], wf);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) o[j] = h[j] * rstd * wf[j];
+      xo[i] = minillm::pack_bf16x8(o);
+    }
+  }
+  __syncthreads();
+}
+
 // GATED: out[m, n] = silu(x[m] . w[n]) * (x[m] . w[N + n]) for n < N (w has 2N rows, no bias).
 // WARPS: warps a CTA (GEMV_NR columns each). WAITED: the caller has prefetched and passed the PDL
 // wait (gemv1_merge_*, whose x is its own shared memory). U1: chunks a lane has in flight a row in
 // the one-row loop (0: GEMV1_U). SPLIT (GATED): the CTA's first half of warps streams the gate rows
 // and its second half the matching up rows, GEMV_NR rows a warp as the plain product does; the up
 // sums reach the gate warps through shared memory (gemv1_silu_mul_split, gemv_silu_mul_split).
+// NORM > 0: x is normalised first, in shared memory (norm_row above; na: its inputs).
 template <typename TO, int M, bool GATED, int WARPS = GEMV_WARPS, bool WAITED = false, int U1 = 0,
-          bool SPLIT = false>
+          bool SPLIT = false, int NORM = 0>
 __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
                                           const bf16* __restrict__ w, const bf16* __restrict__ bias,
-                                          TO* __restrict__ out, i64 ldo, int N, int K) {
+                                          TO* __restrict__ out, i64 ldo, int N, int K,
+                                          const NormArgs& na = NormArgs{}) {
   static_assert(!SPLIT || (GATED && WARPS % 2 == 0), "SPLIT: a gated product, warps in pairs");
+  static_assert(NORM == 0 || (M == 1 && WARPS * 32 == 128 && !WAITED), "NORM: one row, 128 threads");
+  __shared__ __align__(16) bf16 xs_norm[NORM ? NORM * 1024 : 8];  // K <= NORM * 1024 (the host)
+  uint4 norm_w[NORM ? NORM : 1];
+  if constexpr (NORM > 0) norm_chunks<NORM>(na.w, K / 8, norm_w);
   constexpr int R = GATED && !SPLIT ? 2 * GEMV_NR : GEMV_NR;  // weight rows a warp streams at once
   constexpr int COL_WARPS = SPLIT ? WARPS / 2 : WARPS;  // warps a CTA whose columns differ
   const int lane = threadIdx.x & 31;
@@ -125,6 +232,7 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
       gemv_prefetch<GATED, WARPS>(w, N, K);
     minillm::pdl_entry();  // before the early return: see cuda/common.cuh
   }
+  if constexpr (NORM > 0) norm_row<NORM>(x, na, K, norm_w, xs_norm);  // every thread, before any returns
   // SPLIT keeps every warp to the CTA barrier below: past N they reload row N - 1, unused
   if (!SPLIT && n0 >= N) return;
   const int chunks = K / 8;  // 16-byte chunks per row (the host checks K % 8 == 0)
@@ -147,7 +255,10 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
   // under PDL overlaps the writer's). Before session 19 nvcc read it through the read-only path
   // anyway, for the const __restrict__ pointer. With the staged loop, __ldg measured 0.6B -0.4%,
   // 8B -0.1% (session 20, part136): not worth leaving the contract for.
-  auto load_x = [&](int c, int m) { return reinterpret_cast<const uint4*>(x + (i64)m * ldx)[c]; };
+  auto load_x = [&](int c, int m) {
+    if constexpr (NORM > 0) return reinterpret_cast<const uint4*>(xs_norm)[c];
+    else return reinterpret_cast<const uint4*>(x + (i64)m * ldx)[c];
+  };
   // chunk c's products, in c order; xv: x's chunks if loaded already, else loaded here row by row
   auto fma_chunk = [&](int c, const uint4* wv, const uint4* xv) {
 #pragma unroll
@@ -316,6 +427,27 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
     default: gemv_impl<bf16, 4, true, GEMV_WARPS, false, 0, true>(x, ldx, w, nullptr, out, ldo, F, K); break;
   }
 }
+// The one-row qkv / gate_up products with the RMSNorm before them folded in (norm_row above;
+// NumPy twins: NumpyBackend.rms_norm_matmul / rms_norm_matmul_silu_mul). NORM: 1, 2 or 4 chunks a
+// thread (K <= 1024 / 2048 / 4096). x: the previous product's output row; res / res_out / nw / eps:
+// NormArgs. Grids as gemv1_bf16's / gemv1_silu_mul_split_bf16's.
+#define MINILLM_GEMV1_NORM(NORM)                                                                     \
+  extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv1_norm##NORM##_bf16(             \
+      const bf16* x, const bf16* res, const bf16* nw, float eps, bf16* res_out, const bf16* w,      \
+      const bf16* bias, bf16* out, int N, int K) {                                                  \
+    gemv_impl<bf16, 1, false, GEMV_WARPS, false, 0, false, NORM>(x, 0, w, bias, out, 0, N, K,       \
+                                                                 NormArgs{res, nw, res_out, eps});  \
+  }                                                                                                 \
+  extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv1_silu_mul_split_norm##NORM##_bf16( \
+      const bf16* x, const bf16* res, const bf16* nw, float eps, bf16* res_out, const bf16* w,      \
+      bf16* out, int F, int K) {                                                                    \
+    gemv_impl<bf16, 1, true, GEMV_WARPS, false, 0, true, NORM>(x, 0, w, nullptr, out, 0, F, K,      \
+                                                               NormArgs{res, nw, res_out, eps});    \
+  }
+MINILLM_GEMV1_NORM(1)
+MINILLM_GEMV1_NORM(2)
+MINILLM_GEMV1_NORM(4)
+
 // gemv1_bf16 with GEMV1_DEEP_U chunks a lane in flight, for long rows whose grid fits one wave at
 // its occupancy (the host's rule, cuda_ops.py's one_row_product_kernel): session 31's part195 ran
 // every one-row product with 8 and the 8B down streamed 3.96 -> 4.10 TB/s, o 5.71 -> 5.79, but

@@ -101,6 +101,8 @@
 #   norms folded into the products' last CTA). Run then as direct device calls; this restates them.
 #   part205: session 34, batch-1 graphs with the decode attention's fewest keys a split at 64 (the
 #   default), 256 and 512 (MINILLM_DECODE_MIN_PART): fewer splits, less merge at 512 keys.
+#   part206: session 34, one-row steps with the RMSNorms folded into the qkv / gate_up products
+#   (MINILLM_FOLD_NORMS): their tests and memcheck, batch-1 graphs 1 / 0 alternately, decode.
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -3528,6 +3530,28 @@ part205() {  # session 34: batch-1 graphs of both shapes at 512 keys with the de
   done
   for m in q06 q8; do step_graph_env $m part256_1 100 MINILLM_DECODE_MIN_PART=256; done
   graph_summary
+}
+
+part206() {  # session 34: one-row steps with each RMSNorm folded into the product after it (cuda/gemv.cu's
+  # norm_row, MINILLM_FOLD_NORMS): the fold's tests, them under memcheck, batch-1 graphs of both shapes
+  # with it on / off alternately twice, then decode of both shapes (~7 minutes on a fresh machine)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage fold_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_cuda_model.py -k "fold or one_row or rms_norm or gated"
+  stage memcheck_fold 150 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "folded and bfloat16"
+  stage models 200 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  local i m v
+  for i in 1 2; do
+    for v in 0 1; do
+      for m in q06 q8; do step_graph_env $m "fold${v}_$i" 100 MINILLM_FOLD_NORMS=$v; done
+    done
+  done
+  graph_summary
+  decode_06b 120
+  decode_8b 150
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name; then

@@ -16,6 +16,8 @@ product's bytes after its wait, 8.4 / 2 / 4.2 / 12.6 / 6.3 MB) three ways, one C
     CTAs are past their spin once kernel i is launched).
 With --fold, a kernel's last CTA to finish (a counter, __threadfence + atomicAdd) also does a one-CTA
 kernel's work on the whole vector it wrote, the way a product could take the RMSNorm after it.
+With --dep, a kernel's weight sums wait on one element of the previous vector (1: a product's x)
+or on the CTA's sum of all of it (2: a product normalising its own x, the norm folded forward).
 Each kernel reads the whole previous vector (4 KB) and writes its slice of the next, so a wrong
 order changes the result: every way's final vector is checked against plain's, bit for bit.
 Reports the median replay per kernel and per layer (3 warm-up replays, median of 20).
@@ -35,10 +37,24 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
+// every thread gets the CTA's sum (red: 32 floats)
+__device__ __forceinline__ float block_sum(float s, float* red) {
+  for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
+  __syncthreads();
+  float t = (threadIdx.x & 31) < (blockDim.x >> 5) ? red[threadIdx.x & 31] : 0.f;
+  for (int o = 16; o; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+  __syncthreads();
+  return t;
+}
+// dep: what the weight stream's sums wait on: nothing (0), this thread's element of src (1, as a
+// product's FMAs wait on its x chunks), the CTA's sum of all of src (2, as a product that
+// normalises its x itself would wait on the sum of squares)
 template <int MODE>
 __device__ __forceinline__ void step(const float* src, float* dst, int n, unsigned* cnt, int me, int prev,
                                      unsigned need, int reset, const uint4* w, long long w16, int fold,
-                                     unsigned* fcnt) {
+                                     unsigned* fcnt, int dep) {
   __shared__ float red[32];
   __shared__ bool last;
   if (MODE == 1) asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -51,28 +67,35 @@ __device__ __forceinline__ void step(const float* src, float* dst, int n, unsign
   }
   float s = 0.f;
   for (int j = threadIdx.x; j < n; j += blockDim.x) s += src[j];
+  float x = 0.f;
+  if (dep == 2) {
+    s = block_sum(s, red);
+    x = s;
+  } else if (dep == 1) {
+    x = src[threadIdx.x % n];
+  }
   // this CTA's share of the kernel's weight bytes, 4 loads in flight a thread
   unsigned acc = 0;
+  float facc = 0.f;  // the weights are zero: stays +0
   const long long per = (w16 + gridDim.x - 1) / gridDim.x, lo = per * blockIdx.x;
   const long long hi = lo + per < w16 ? lo + per : w16;
   long long i = lo + threadIdx.x;
   for (; i + 3 * blockDim.x < hi; i += 4 * blockDim.x) {
     const uint4 a = __ldg(w + i), b = __ldg(w + i + blockDim.x), c = __ldg(w + i + 2 * blockDim.x),
                 d = __ldg(w + i + 3 * blockDim.x);
-    acc ^= a.x ^ b.y ^ c.z ^ d.w;
+    if (dep) {
+      facc = fmaf(__uint_as_float(a.x), x, facc);
+      facc = fmaf(__uint_as_float(b.y), x, facc);
+      facc = fmaf(__uint_as_float(c.z), x, facc);
+      facc = fmaf(__uint_as_float(d.w), x, facc);
+    } else {
+      acc ^= a.x ^ b.y ^ c.z ^ d.w;
+    }
   }
   for (; i < hi; i += blockDim.x) acc ^= __ldg(w + i).x;
   if (acc == 0x9e3779b9u) s += 1.f;  // keeps the loads; never taken on the zero weights
-  for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    float t = threadIdx.x < (blockDim.x >> 5) ? red[threadIdx.x] : 0.f;
-    for (int o = 16; o; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-    if (threadIdx.x == 0) red[0] = t;
-  }
-  __syncthreads();
-  s = red[0];
+  if (dep != 2) s = block_sum(s, red);
+  s += facc;
   if (MODE == 1) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x)
     dst[j] = src[j] * 0.5f + s * 1e-3f;
@@ -87,16 +110,7 @@ __device__ __forceinline__ void step(const float* src, float* dst, int n, unsign
       __threadfence();
       float t = 0.f;
       for (int j = threadIdx.x; j < n; j += blockDim.x) t += __ldcg(dst + j);
-      for (int o = 16; o; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-      if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = t;
-      __syncthreads();
-      if (threadIdx.x < 32) {
-        float u = threadIdx.x < (blockDim.x >> 5) ? red[threadIdx.x] : 0.f;
-        for (int o = 16; o; o >>= 1) u += __shfl_xor_sync(0xffffffffu, u, o);
-        if (threadIdx.x == 0) red[1] = u;
-      }
-      __syncthreads();
-      t = red[1];
+      t = block_sum(t, red);
       for (int j = threadIdx.x; j < n; j += blockDim.x) dst[j] = __ldcg(dst + j) * 0.5f + t * 1e-3f;
       if (threadIdx.x == 0) fcnt[me] = 0u;
     }
@@ -112,8 +126,8 @@ __device__ __forceinline__ void step(const float* src, float* dst, int n, unsign
 #define K(MODE)                                                                                      \
   extern "C" __global__ void __launch_bounds__(128) step##MODE(                                      \
       const float* src, float* dst, int n, unsigned* cnt, int me, int prev, unsigned need, int reset, \
-      const uint4* w, long long w16, int fold, unsigned* fcnt) {                                     \
-    step<MODE>(src, dst, n, cnt, me, prev, need, reset, w, w16, fold, fcnt);                         \
+      const uint4* w, long long w16, int fold, unsigned* fcnt, int dep) {                            \
+    step<MODE>(src, dst, n, cnt, me, prev, need, reset, w, w16, fold, fcnt, dep);                    \
   }
 K(0)
 K(1)
@@ -133,6 +147,9 @@ def main() -> None:
     ap.add_argument("--mb", default=",".join(map(str, LAYER_MB)), help="a layer's kernels' weight MB")
     ap.add_argument("--fold", default=None, help="a layer's kernels whose last CTA does a one-CTA kernel's "
                     "work after them (0/1 each; default none)")
+    ap.add_argument("--dep", default=None, help="a layer's kernels' dependence of their weight sums: 0 none, "
+                    "1 a src element (a product's x), 2 the CTA's sum of src (a product normalising x itself); "
+                    "default 0 each")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     import cupy
@@ -151,7 +168,11 @@ def main() -> None:
     layer_fold = [int(f) for f in a.fold.split(",")] if a.fold else [0] * len(layer_ctas)
     if len(layer_fold) != len(layer_ctas):
         raise SystemExit("--fold needs one entry per kernel of a layer")
+    layer_dep = [int(d) for d in a.dep.split(",")] if a.dep else [0] * len(layer_ctas)
+    if len(layer_dep) != len(layer_ctas) or any(d not in (0, 1, 2) for d in layer_dep):
+        raise SystemExit("--dep needs one entry of 0, 1 or 2 per kernel of a layer")
     ctas = [c for _ in range(a.layers) for c in layer_ctas]
+    deps = [d for _ in range(a.layers) for d in layer_dep]
     folds = [f for _ in range(a.layers) for f in layer_fold]
     mbs = [0.0 if a.no_weights else m for _ in range(a.layers) for m in layer_mb]
     nk = len(ctas)
@@ -166,7 +187,7 @@ def main() -> None:
             src = x0 if i == 0 else bufs[(i - 1) % 2]
             args = (src, bufs[i % 2], np.int32(n), cnt, np.int32(i), np.int32(i - 1),
                     np.int32(ctas[i - 1] if i else 0), np.int32((i - 2) % nk), w,
-                    np.int64(int(mbs[i] * 1e6) // 16), np.int32(folds[i]), fcnt)
+                    np.int64(int(mbs[i] * 1e6) // 16), np.int32(folds[i]), fcnt, np.int32(deps[i]))
             if mode == 0:
                 with stream:
                     fns[0]((ctas[i],), (128,), args)
@@ -199,7 +220,7 @@ def main() -> None:
         row = {"way": name, "graph_us": round(us, 2), "per_kernel_us": round(us / nk, 3),
                "per_layer_us": round(us / a.layers, 2), "same_bits_as_plain": same,
                "weights": not a.no_weights, "kernels": nk, "layer_ctas": layer_ctas, "layer_mb": layer_mb,
-               "layer_fold": layer_fold}
+               "layer_fold": layer_fold, "layer_dep": layer_dep}
         rows.append(row)
         print(json.dumps(row), flush=True)
     if a.json:

@@ -166,3 +166,58 @@ def test_model_prefill_then_decode_matches_numpy(arch, dtype):
     finally:
         be.unseal()
         be.close()
+
+
+@pytest.mark.parametrize("arch", list(CONFIGS))
+def test_one_sequence_decode_with_folded_norms_same_bits(arch):
+    """A one-sequence decode step runs each layer's norms inside the qkv / gate_up products
+    (MINILLM_FOLD_NORMS, the default): its logits are the unfolded step's to the bit, eagerly and
+    replayed from a graph whose only rms_norm launch is the final norm, and match NumPy's
+    (Qwen2's qkv bias included)."""
+    import ml_dtypes
+
+    from minillm.backends.cuda_ops import CudaBackend
+
+    rng = np.random.default_rng(100 + len(arch))
+    cfg = ModelConfig(**CONFIGS[arch])
+    weights = random_weights(cfg, rng)
+    be = CudaBackend(dtype=ml_dtypes.bfloat16)
+    try:
+        folded, unfolded, ref = Driver(be, cfg, weights), Driver(be, cfg, weights), Driver(NumpyBackend(), cfg, weights)
+        tables = rng.permutation(NUM_BLOCKS)[:MAX_BLOCKS].reshape(1, MAX_BLOCKS).astype(np.int32)
+        L = 21
+        ids = rng.integers(0, cfg.vocab_size, L)
+        args = (ids, *layout([L], [L], tables)[:2], tables, [L], *layout([L], [L], tables)[2:])
+        for d in (folded, unfolded, ref):
+            lr = d.step(d.inputs(*args), L, 1)
+        graph = None
+        for step in range(4):
+            L += 1
+            pos, slots, qs, li = layout([L], [1], tables)
+            args = ([int(lr.argmax())], pos, slots, tables, [L], qs, li)
+            got = {}
+            for fold, d in ((True, folded), (False, unfolded)):
+                be.fold_norms = fold
+                x = d.inputs(*args)
+                x.max_query_len = 1
+                if fold and step == 2:  # a graph of the folded step, replayed
+                    from collections import Counter
+
+                    before = Counter(be.captured_launches)
+                    graph = be.capture_graph(lambda d=d, x=x: d.model.forward(x, 1, 1, d.kv, d.ws))
+                    launched = be.captured_launches - before
+                    assert sum(n for k, n in launched.items() if "norm" in k and "gemv1" in k) == 2 * cfg.num_layers
+                    assert sum(n for k, n in launched.items() if k.startswith("rms_norm")) == 1, launched
+                    graph.replay()  # capture only records: this runs the step
+                    got[fold] = np.asarray(be.to_host(d.ws.logits[:1]), np.float32)
+                else:
+                    got[fold] = d.step(x, 1, 1)
+            x_ref = ref.inputs(*args)
+            x_ref.max_query_len = 1
+            lr = ref.step(x_ref, 1, 1)
+            assert np.array_equal(got[True], got[False]), f"step {step}"
+            assert rel(got[True], lr) < 2e-2, f"decode step {step}: rel err {rel(got[True], lr)}"
+            greedy_agree(got[True], lr)
+    finally:
+        be.fold_norms = True
+        be.close()

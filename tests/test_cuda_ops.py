@@ -676,6 +676,100 @@ def test_one_row_split_and_deep_kernels_same_bits(be, K, N):
     assert np.array_equal(host(be, deep), plain)
 
 
+@pytest.mark.parametrize("K,N,with_res,bias", [(64, 96, False, False), (64, 96, True, True),
+                                               (1024, 4096, True, False),  # 0.6B qkv: one chunk a thread
+                                               (1000, 1537, True, True), (2048, 300, True, False),  # two chunks
+                                               (2560, 2050, True, False), (4096, 6144, True, True),  # four (8B qkv)
+                                               (4096, 1000, False, False)])
+def test_rms_norm_matmul_folded_same_bits(be, K, N, with_res, bias):
+    """The one-row qkv / gate_up products with the RMSNorm folded in (gemv1_norm{C}_bf16,
+    gemv1_silu_mul_split_norm{C}_bf16) give the unfolded path's bits (rms_norm_vec, then the
+    product: MINILLM_FOLD_NORMS=0's route): the product's output, and the residual sum in
+    residual_out, residual itself untouched; in a graph too, launching only the folded kernel
+    (normed and gate_up left unwritten). Every chunk count a thread replays (1 / 2 / 4), a row
+    shorter than the CTA, the last chunk group partial, with and without a residual and a bias."""
+    if be.dtype == np.float32:
+        pytest.skip("cuda/gemv.cu is the bf16 path")
+    from minillm.backends.cuda_ops import norm_fold_chunks
+
+    rng = np.random.default_rng(K + N)
+    x = be.asarray(rng.standard_normal((1, K)).astype(np.float32))
+    res = be.asarray(rng.standard_normal((1, K)).astype(np.float32)) if with_res else None
+    nw = be.asarray((1 + 0.1 * rng.standard_normal(K)).astype(np.float32))
+    w = be.asarray((rng.standard_normal((2 * N, K)) / np.sqrt(K)).astype(np.float32))
+    b = be.asarray(rng.standard_normal(2 * N).astype(np.float32)) if bias else None
+    res_before = host(be, res) if with_res else None
+    got = {}
+    saved = be.fold_norms
+    try:
+        for fold in (False, True):
+            be.fold_norms = fold
+            assert be.folds_norms(1, K) == fold and norm_fold_chunks(K) is not None
+            runs = []
+            for graph in (False, True):
+                out, act, res_out = poisoned(be, (1, 2 * N)), poisoned(be, (1, N)), poisoned(be, (1, K))
+                normed, gate_up = poisoned(be, (1, K)), poisoned(be, (1, 2 * N))
+
+                def call(out=out, act=act, ro=res_out if with_res else None, normed=normed, gate_up=gate_up):
+                    be.rms_norm_matmul(x, res, nw, 1e-6, w, out, ro, normed, bias=b)
+                    be.rms_norm_matmul_silu_mul(x, res, nw, 1e-6, w, act, ro, normed, gate_up)
+                if graph:
+                    before = Counter(be.captured_launches)
+                    be.capture_graph(call).replay()
+                    launched = be.captured_launches - before
+                    if fold:
+                        c = norm_fold_chunks(K)
+                        assert launched == Counter({f"gemv1_norm{c}_bf16": 1,
+                                                    f"gemv1_silu_mul_split_norm{c}_bf16": 1}), launched
+                        assert np.isnan(host(be, normed)).all() and np.isnan(host(be, gate_up)).all()
+                else:
+                    call()
+                runs.append((host(be, out), host(be, act), host(be, res_out)))
+            assert all(np.array_equal(a, c) for a, c in zip(runs[0][:2], runs[1][:2]))
+            got[fold] = runs[0]
+    finally:
+        be.fold_norms = saved
+    for a, c in zip(got[False][:2], got[True][:2]):
+        assert not np.isnan(a).any() and np.array_equal(a, c)
+    if with_res:
+        assert np.array_equal(got[False][2], got[True][2]) and not np.isnan(got[True][2]).any()
+        assert np.array_equal(host(be, res), res_before)  # every CTA read it: never written
+        h = rounded(be, host(be, x) + res_before)
+        assert np.array_equal(got[True][2], h)
+    else:
+        h = host(be, x)
+    n = rounded(be, h / np.sqrt(np.mean(h.astype(np.float64) ** 2) + 1e-6) * host(be, nw))
+    ref = n.astype(np.float64) @ host(be, w).astype(np.float64).T + (host(be, b) if bias else 0)
+    assert rel_err(got[True][0], ref) < tol(be)
+
+
+def test_rms_norm_matmul_unfolded_routes(be):
+    """Rows the folded kernels do not take (two rows, more than 4,096 values, fp32 storage) run
+    rms_norm then the product and give the same results as those two ops: residual_out holds the
+    sum, residual is untouched; residual_out aliasing residual is refused."""
+    rng = np.random.default_rng(7)
+    for M, K, N in ((2, 256, 96), (1, 4104, 64)):
+        x = be.asarray(rng.standard_normal((M, K)).astype(np.float32))
+        res = be.asarray(rng.standard_normal((M, K)).astype(np.float32))
+        nw = be.asarray((1 + 0.1 * rng.standard_normal(K)).astype(np.float32))
+        w = be.asarray((rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32))
+        assert not be.folds_norms(M, K)
+        res_before = host(be, res)
+        out, res_out, normed = poisoned(be, (M, N)), poisoned(be, (M, K)), poisoned(be, (M, K))
+        be.rms_norm_matmul(x, res, nw, 1e-6, w, out, res_out, normed)
+        res2, normed2, out2 = be.asarray(res_before), poisoned(be, (M, K)), poisoned(be, (M, N))
+        be.rms_norm(x, nw, 1e-6, out=normed2, residual=res2)
+        be.matmul(normed2, w, out=out2)
+        assert np.array_equal(host(be, out), host(be, out2)) and not np.isnan(host(be, out)).any()
+        assert np.array_equal(host(be, res_out), host(be, res2))
+        assert np.array_equal(host(be, res), res_before)
+    with pytest.raises(ValueError, match="must not be residual"):
+        x1 = be.asarray(rng.standard_normal((1, 64)).astype(np.float32))
+        r1 = be.asarray(rng.standard_normal((1, 64)).astype(np.float32))
+        be.rms_norm_matmul(x1, r1, be.asarray(np.ones(64, np.float32)), 1e-6,
+                           be.asarray(np.ones((8, 64), np.float32)), poisoned(be, (1, 8)), r1, poisoned(be, (1, 64)))
+
+
 @pytest.mark.parametrize("M,K,F", [(2, 1024, 1536), (2, 72, 96), (3, 1000, 1537), (4, 4104, 300), (4, 72, 96)])
 def test_gated_split_kernel_rows_same_bits(be, M, K, F):
     """gemv_silu_mul_split_bf16 (2-4 rows, gate and up rows on different warps) gives

@@ -60,3 +60,72 @@ def test_matmul_silu_mul_is_matmul_then_silu_mul():
     g = x.astype(np.float64) @ w[:F].T.astype(np.float64)
     u = x.astype(np.float64) @ w[F:].T.astype(np.float64)
     assert np.allclose(out, g / (1 + np.exp(-g)) * u, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_matmul_is_rms_norm_then_matmul(with_residual):
+    """The folded-norm products' twins: rms_norm (updating a copy of the residual, which is left
+    as it was) then the product, bit for bit; residual_out gets the sum."""
+    rng = np.random.default_rng(11)
+    K, N, F = 96, 40, 30
+    x = rng.standard_normal((1, K)).astype(np.float32)
+    res = rng.standard_normal((1, K)).astype(np.float32) if with_residual else None
+    nw = (1 + 0.1 * rng.standard_normal(K)).astype(np.float32)
+    w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
+    wg = (rng.standard_normal((2 * F, K)) / np.sqrt(K)).astype(np.float32)
+    bias = rng.standard_normal(N).astype(np.float32)
+    res_before = None if res is None else res.copy()
+    out, act = np.empty((1, N), np.float32), np.empty((1, F), np.float32)
+    res_out, res_out2 = np.full((1, K), np.nan, np.float32), np.full((1, K), np.nan, np.float32)
+    scratch, gu = np.empty((1, K), np.float32), np.empty((1, 2 * F), np.float32)
+    REF.rms_norm_matmul(x, res, nw, 1e-6, w, out, res_out if with_residual else None, scratch, bias=bias)
+    REF.rms_norm_matmul_silu_mul(x, res, nw, 1e-6, wg, act, res_out2 if with_residual else None, scratch, gu)
+
+    r = None if res is None else res.copy()
+    normed, ref, ref_act = np.empty((1, K), np.float32), np.empty((1, N), np.float32), np.empty((1, F), np.float32)
+    REF.rms_norm(x, nw, 1e-6, out=normed, residual=r)
+    REF.matmul(normed, w, out=ref, bias=bias)
+    REF.matmul_silu_mul(normed, wg, out=ref_act, gate_up=np.empty((1, 2 * F), np.float32))
+    assert np.array_equal(out, ref) and np.array_equal(act, ref_act)
+    if with_residual:
+        assert np.array_equal(res, res_before)  # the folded kernels' CTAs all read it: never written
+        assert np.array_equal(res_out, r) and np.array_equal(res_out2, r)
+    else:
+        assert np.isnan(res_out).all()
+
+
+def test_one_row_steps_with_folded_norms_match_unfolded(tmp_path, monkeypatch):
+    """One-row steps run each layer's norms inside the products after them (Transformer.forward,
+    the residual stream alternating between two rows); the engine's greedy tokens and logprobs are
+    those of the unfolded layer order, through decode steps and a prefix-cached prompt. (The CPU
+    normally runs one-row steps through decode_layers, the one-kernel decoder's twin: switched off
+    here, as the GPU has it by default.)"""
+    from minillm import LLM, SamplingParams
+    from minillm.tools import random_model as rm
+
+    model = rm.write_random_model(tmp_path / "tiny", "tiny", seed=5)
+    calls = {"rms_norm_matmul": 0, "rms_norm_matmul_silu_mul": 0}
+    def counting(name):
+        op = getattr(NumpyBackend, name)
+
+        def counted(self, *a, **kw):
+            calls[name] += 1
+            return op(self, *a, **kw)
+        return counted
+    for name in calls:
+        monkeypatch.setattr(NumpyBackend, name, counting(name))
+    monkeypatch.setattr(NumpyBackend, "decoder_plan", lambda self, *a: None)
+    prompts = ["the quick brown fox", "the quick brown fox jumps over"]
+    params = SamplingParams(temperature=0, max_tokens=12, logprobs=3)
+    got = {}
+    for fold in (True, False):
+        monkeypatch.setattr(NumpyBackend, "folds_norms", lambda self, rows, hidden, f=fold: f and rows == 1)
+        llm = LLM(str(model), device="cpu", max_num_seqs=1, max_model_len=64, enable_prefix_caching=True)
+        outs = llm.generate(prompts, params)
+        got[fold] = [(o.token_ids, [(lp.token_id, lp.logprob, lp.top) for lp in o.logprobs])
+                     for o in outs]
+        if fold:
+            folded = dict(calls)
+    assert got[True] == got[False]
+    L = rm.PRESETS["tiny"]["num_hidden_layers"]
+    assert folded["rms_norm_matmul"] >= 11 * L and folded["rms_norm_matmul_silu_mul"] >= 11 * L

@@ -132,6 +132,17 @@ def _prefill_smem(D: int, q_in_stage: bool = False) -> int:
 
 
 _GEMV_MAX_M, _GEMV_THREADS, _GEMV_COLS_PER_CTA = 4, 128, 2 * 4  # GEMV_NR * GEMV_WARPS in gemv.cu
+# cuda/gemv.cu's gemv1_norm{C}_bf16 / gemv1_silu_mul_split_norm{C}_bf16: rms_norm_vec's chunks a thread
+# replayed on 128 threads, C = 1 / 2 / 4 for rows of at most 1,024 / 2,048 / 4,096 values
+_NORM_FOLD_CHUNKS = (1, 2, 4)
+
+
+def norm_fold_chunks(K: int) -> int | None:
+    """C of the folded-norm product kernels for rows of K values (K % 8 == 0), or None past 4,096:
+    rms_norm_vec takes 128 threads of one 8-value chunk up to 1,024 values, then 256 threads of 1, 2
+    (or 4) chunks; C is the chunks each of the product's 128 threads takes over."""
+    chunks = K // 8
+    return next((c for c in _NORM_FOLD_CHUNKS if chunks <= 128 * c), None)
 # cuda/gemv.cu's gemv1_deep_bf16 (8 chunks a lane in flight): 124 registers (ptxas), so 4 CTAs of 128
 # threads an SM; it takes a one-row product whose grid fits one wave of that (one_row_product_kernel)
 _GEMV1_DEEP_CTAS_PER_SM = 4
@@ -585,6 +596,8 @@ class CudaBackend:
         self.decode_min_part = env_int("MINILLM_DECODE_MIN_PART", _DECODE_MIN_PART,
                                        "fewest keys in a split of the decode kernel")
         self.gated_split_max_m = gated_split_max_rows()
+        self.fold_norms = env_int("MINILLM_FOLD_NORMS", 1, "one-row steps normalise inside the qkv / gate_up "
+                                  "products (1) or in rms_norm launches (0)") == 1
         self.gemv1_deep_min_k = env_int("MINILLM_GEMV1_DEEP_MIN_K", _GEMV1_DEEP_MIN_K_DEFAULT,
                                         "shortest row a one-row product keeps 8 chunks a lane in flight for; 0 never")
         self.o_merge = env_int("MINILLM_O_MERGE", _O_MERGE_DEFAULT,
@@ -620,6 +633,7 @@ class CudaBackend:
             "sampling": ["sample_tokens"],
             "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemv1_bf16", "gemv1_f32", "gemv1_silu_mul_bf16",
                      "gemv1_silu_mul_split_bf16", "gemv_silu_mul_split_bf16", "gemv1_deep_bf16"]
+            + [f"gemv1_{k}norm{c}_bf16" for k in ("", "silu_mul_split_") for c in _NORM_FOLD_CHUNKS]
             + [f"gemm_skinny{t}_{k}" for t in ("", "2", "4") for k in ("bf16", "f32", "silu_mul_bf16")]
             + [f"gemv1_merge{c}_bf16_w{w}" for c in ("", f"_cl{_O_MERGE_CLUSTER}") for w in (4, 8, 16)],
         }.items():
@@ -1115,6 +1129,71 @@ class CudaBackend:
             return
         self.matmul(x, w_gate_up, out=gate_up)
         self.silu_mul(gate_up, out=out)
+
+    # ---- a layer's RMSNorm folded into the one-row product after it -----------------------
+    def folds_norms(self, rows: int, hidden: int) -> bool:
+        """Whether steps of `rows` rows run each layer's RMSNorms inside the products after them
+        (rms_norm_matmul / rms_norm_matmul_silu_mul, cuda/gemv.cu's norm_row): one bf16 row of at
+        most 4,096 values, unless MINILLM_FOLD_NORMS=0."""
+        return (self.fold_norms and rows == 1 and self.dtype != np.float32 and hidden % 8 == 0
+                and norm_fold_chunks(hidden) is not None)
+
+    def _norm_fold_args(self, what: str, x, residual, norm_w, w, residual_out, K: int):
+        """The folded-norm kernels' row arguments, or None where they do not apply (the caller then
+        runs rms_norm and the product)."""
+        rows = [a for a in (x, residual, residual_out) if a is not None]
+        if residual is not None and residual_out is not None and residual.data.ptr == residual_out.data.ptr:
+            raise ValueError(f"{what}: residual_out must not be residual (every CTA reads residual)")
+        if (not self.folds_norms(x.shape[0], K) or x.shape[-1] != K or norm_w.shape != (K,)
+                or any(a.dtype != self.dtype or a.shape != (1, K) or a.data.ptr % 16 for a in rows)
+                or norm_w.dtype != self.dtype or norm_w.data.ptr % 16 or w.dtype != self.dtype
+                or w.data.ptr % 16 or not w.flags.c_contiguous):
+            return None
+        return (x, residual if residual is not None else _NULL, norm_w)
+
+    def _norm_then(self, x, residual, norm_w, eps: float, residual_out, normed) -> None:
+        """The unfolded path: residual_out <- x + residual, normed = its RMSNorm (residual unchanged)."""
+        if residual is None:
+            self.rms_norm(x, norm_w, eps, out=normed)
+            return
+        self.copy(residual, out=residual_out)
+        self.rms_norm(x, norm_w, eps, out=normed, residual=residual_out)
+
+    def rms_norm_matmul(self, x, residual, norm_w, eps: float, w, out, residual_out, normed, bias=None) -> None:
+        """out = (rms_norm(x [+ residual]) * norm_w) @ w.T (+ bias); with residual, residual_out <-
+        x + residual (rounded), residual unchanged. One row on the folded kernel (normed left
+        unwritten), else rms_norm then matmul through normed."""
+        N, K = w.shape
+        if out.shape != (x.shape[0], N) or (residual is not None and residual_out is None):
+            raise ValueError(f"rms_norm_matmul: x {x.shape} @ w {w.shape}.T -> out {out.shape} does not fit "
+                             "(or residual without residual_out)")
+        a = self._norm_fold_args("rms_norm_matmul", x, residual, norm_w, w, residual_out, K)
+        if a is None or out.dtype != self.dtype or (bias is not None and bias.dtype != self.dtype):
+            self._norm_then(x, residual, norm_w, eps, residual_out, normed)
+            self.matmul(normed, w, out=out, bias=bias)
+            return
+        self._launch(f"gemv1_norm{norm_fold_chunks(K)}_bf16", (_cdiv(N, _GEMV_COLS_PER_CTA),), (_GEMV_THREADS,),
+                     a + (np.float32(eps), residual_out if residual is not None else _NULL, w,
+                          bias if bias is not None else _NULL, out, _i32(N), _i32(K)))
+
+    def rms_norm_matmul_silu_mul(self, x, residual, norm_w, eps: float, w_gate_up, out, residual_out, normed,
+                                 gate_up) -> None:
+        """out = silu(n @ gate.T) * (n @ up.T) for n = rms_norm(x [+ residual]) * norm_w; with
+        residual, residual_out <- x + residual (rounded), residual unchanged. One row on the folded
+        kernel (normed and gate_up left unwritten), else rms_norm then matmul_silu_mul."""
+        N2, K = w_gate_up.shape
+        F = N2 // 2
+        if N2 % 2 or out.shape != (x.shape[0], F) or (residual is not None and residual_out is None):
+            raise ValueError(f"rms_norm_matmul_silu_mul: x {x.shape} @ w {w_gate_up.shape}.T -> out {out.shape} "
+                             "does not fit (or residual without residual_out)")
+        a = self._norm_fold_args("rms_norm_matmul_silu_mul", x, residual, norm_w, w_gate_up, residual_out, K)
+        if a is None or out.dtype != self.dtype:
+            self._norm_then(x, residual, norm_w, eps, residual_out, normed)
+            self.matmul_silu_mul(normed, w_gate_up, out=out, gate_up=gate_up)
+            return
+        self._launch(f"gemv1_silu_mul_split_norm{norm_fold_chunks(K)}_bf16", (_cdiv(F, _GEMV_COLS_PER_CTA // 2),),
+                     (_GEMV_THREADS,), a + (np.float32(eps), residual_out if residual is not None else _NULL,
+                                            w_gate_up, out, _i32(F), _i32(K)))
 
     def _gemv_fits(self, x, w, out, bias, M: int, K: int, ldx: int, max_m: int | None = None) -> bool:
         """At most max_m rows of bf16 with 16-byte aligned rows: what cuda/gemv.cu's kernels take

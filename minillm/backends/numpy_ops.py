@@ -157,6 +157,32 @@ class NumpyBackend:
         self.matmul(x, w_gate_up, out=gate_up)
         self.silu_mul(gate_up, out=out)
 
+    def folds_norms(self, rows: int, hidden: int) -> bool:
+        """Whether steps of `rows` rows run each layer's RMSNorms inside the products after them
+        (rms_norm_matmul / rms_norm_matmul_silu_mul). Here one-row steps do, so the CPU runs the
+        layer order the GPU's batch-1 steps run (the results are the unfolded ones either way)."""
+        return rows == 1
+
+    def rms_norm_matmul(self, x, residual, norm_w, eps: float, w, out, residual_out, normed, bias=None) -> None:
+        """out = (rms_norm(x [+ residual]) * norm_w) @ w.T (+ bias); with residual, residual_out <-
+        x + residual first (residual unchanged). normed: the normalised rows (scratch: the GPU's
+        folded kernel leaves it unwritten)."""
+        if residual is not None:
+            np.add(residual, x, out=residual_out)
+            x = residual_out
+        self.rms_norm(x, norm_w, eps, out=normed)
+        self.matmul(normed, w, out=out, bias=bias)
+
+    def rms_norm_matmul_silu_mul(self, x, residual, norm_w, eps: float, w_gate_up, out, residual_out, normed,
+                                 gate_up) -> None:
+        """out = silu(n @ gate.T) * (n @ up.T) for n = rms_norm(x [+ residual]) * norm_w; residual
+        as rms_norm_matmul's. normed, gate_up: scratch (the GPU's folded kernel leaves them unwritten)."""
+        if residual is not None:
+            np.add(residual, x, out=residual_out)
+            x = residual_out
+        self.rms_norm(x, norm_w, eps, out=normed)
+        self.matmul_silu_mul(normed, w_gate_up, out=out, gate_up=gate_up)
+
     def store_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
         """Write each token's k/v to its physical slot (block * block_size + offset).
 

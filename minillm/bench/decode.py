@@ -26,8 +26,8 @@ from minillm.bench.gpu_timing import record_replays, replay_ms
 from minillm.bench.report import write_json
 
 OPS = ("embed", "rms_norm", "qk_norm_rope", "qk_norm_rope_store_kv", "decode_step_attention", "matmul",
-       "matmul_silu_mul", "silu_mul", "store_kv", "paged_attention", "gather_rows", "copy", "sample",
-       "decode_layers")
+       "matmul_silu_mul", "rms_norm_matmul", "rms_norm_matmul_silu_mul", "silu_mul", "store_kv", "paged_attention",
+       "gather_rows", "copy", "sample", "decode_layers")
 
 
 def copy_bandwidth(backend, nbytes: int = 2 << 30) -> float:

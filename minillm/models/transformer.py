@@ -59,13 +59,17 @@ class Workspace:
     def nbytes(cfg: ModelConfig, max_tokens: int, max_logits: int, dtype_bytes: int) -> int:
         """What __init__ allocates, for planning memory before it exists."""
         per_token = 3 * cfg.hidden_size + cfg.q_size + 2 * cfg.kv_size + cfg.q_size + 3 * cfg.intermediate_size
-        return dtype_bytes * (max_tokens * per_token + max_logits * cfg.hidden_size) + 4 * max_logits * cfg.vocab_size
+        return (dtype_bytes * (max_tokens * per_token + (max_logits + 1) * cfg.hidden_size)
+                + 4 * max_logits * cfg.vocab_size)
 
     def __init__(self, backend, cfg: ModelConfig, max_tokens: int, max_logits: int):
         e = backend.empty
         self.max_tokens = max_tokens
         self.max_logits = max_logits
         self.residual = e((max_tokens, cfg.hidden_size))
+        # one-row steps with the norms folded into the products (Transformer.forward) alternate the
+        # residual stream between residual[:1] and this row: each folded norm reads one, writes the other
+        self.residual_alt = e((1, cfg.hidden_size))
         self.hidden = e((max_tokens, cfg.hidden_size))
         self.normed = e((max_tokens, cfg.hidden_size))
         self.qkv = e((max_tokens, cfg.q_size + 2 * cfg.kv_size))
@@ -141,15 +145,29 @@ class Transformer:
         if one_op:
             B.decode_layers(self.decoder, residual, hidden, k_cache, v_cache, x.positions, x.slot_mapping,
                             x.block_tables, x.seq_lens)
+        # one row: each RMSNorm runs inside the product after it (one launch a norm fewer), so the
+        # residual stream alternates between two rows (res, then spare) instead of updating in place
+        fold = not one_op and not capture_layers and B.folds_norms(T, hs)
+        res, spare = residual, ws.residual_alt[:T] if fold else None
+        eps = c.rms_norm_eps
         for i, lw in enumerate(() if one_op else self.layers):
-            if i == 0:
-                B.rms_norm(residual, lw.attn_norm, c.rms_norm_eps, out=normed)
+            if fold:
+                if i == 0:
+                    B.rms_norm_matmul(residual, None, lw.attn_norm, eps, lw.qkv, out=qkv, residual_out=None,
+                                      normed=normed, bias=lw.qkv_bias)
+                else:
+                    B.rms_norm_matmul(hidden, res, lw.attn_norm, eps, lw.qkv, out=qkv, residual_out=spare,
+                                      normed=normed, bias=lw.qkv_bias)
+                    res, spare = spare, res
             else:
-                B.rms_norm(hidden, lw.attn_norm, c.rms_norm_eps, out=normed, residual=residual)
-                if i - 1 in capture_layers:
-                    j = capture_layers.index(i - 1)
-                    B.copy(residual, out=capture_out[:T, j * hs : (j + 1) * hs])
-            B.matmul(normed, lw.qkv, out=qkv, bias=lw.qkv_bias)
+                if i == 0:
+                    B.rms_norm(residual, lw.attn_norm, eps, out=normed)
+                else:
+                    B.rms_norm(hidden, lw.attn_norm, eps, out=normed, residual=residual)
+                    if i - 1 in capture_layers:
+                        j = capture_layers.index(i - 1)
+                        B.copy(residual, out=capture_out[:T, j * hs : (j + 1) * hs])
+                B.matmul(normed, lw.qkv, out=qkv, bias=lw.qkv_bias)
             if decode_step:  # one kernel: q/k norm + RoPE, k and v into the caches, attention;
                 # then the o product (which at batch 1 can merge the attention's splits itself)
                 B.decode_step_attention(q, k, v, lw.q_norm, lw.k_norm, c.rms_norm_eps, x.positions,
@@ -165,11 +183,16 @@ class Transformer:
                                   max_query_len=x.max_query_len, decode_rows=x.decode_rows,
                                   short_runs=x.short_runs)
                 B.matmul(attn.reshape(T, c.q_size), lw.o, out=hidden)
-            B.rms_norm(hidden, lw.mlp_norm, c.rms_norm_eps, out=normed, residual=residual)
-            # gate_up GEMV and SiLU-and-multiply in one kernel when few rows (ws.gate_up unused then)
-            B.matmul_silu_mul(normed, lw.gate_up, out=ws.act[:T], gate_up=ws.gate_up[:T])
+            if fold:
+                B.rms_norm_matmul_silu_mul(hidden, res, lw.mlp_norm, eps, lw.gate_up, out=ws.act[:T],
+                                           residual_out=spare, normed=normed, gate_up=ws.gate_up[:T])
+                res, spare = spare, res
+            else:
+                B.rms_norm(hidden, lw.mlp_norm, eps, out=normed, residual=residual)
+                # gate_up GEMV and SiLU-and-multiply in one kernel when few rows (ws.gate_up unused then)
+                B.matmul_silu_mul(normed, lw.gate_up, out=ws.act[:T], gate_up=ws.gate_up[:T])
             B.matmul(ws.act[:T], lw.down, out=hidden)
-        B.rms_norm(hidden, self.norm, c.rms_norm_eps, out=normed, residual=residual)
+        B.rms_norm(hidden, self.norm, eps, out=normed, residual=res)
         last_layer = c.num_layers - 1
         if last_layer in capture_layers:  # as in HF's hidden_states, the last one is after the final norm
             j = capture_layers.index(last_layer)
