@@ -102,7 +102,8 @@
 #   part205: session 34, batch-1 graphs with the decode attention's fewest keys a split at 64 (the
 #   default), 256 and 512 (MINILLM_DECODE_MIN_PART): fewer splits, less merge at 512 keys.
 #   part206: session 34, one-row steps with the RMSNorms folded into the qkv / gate_up products
-#   (MINILLM_FOLD_NORMS): their tests and memcheck, batch-1 graphs 1 / 0 alternately, decode.
+#   (run on b723884 as MINILLM_FOLD_NORMS=1 / 0; now MINILLM_FOLD_NORMS_MAX_K=4096 / 0): their tests and
+#   memcheck, batch-1 graphs folded / not alternately, decode.
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -3533,7 +3534,7 @@ part205() {  # session 34: batch-1 graphs of both shapes at 512 keys with the de
 }
 
 part206() {  # session 34: one-row steps with each RMSNorm folded into the product after it (cuda/gemv.cu's
-  # norm_row, MINILLM_FOLD_NORMS): the fold's tests, them under memcheck, batch-1 graphs of both shapes
+  # norm_row; run on b723884, whose MINILLM_FOLD_NORMS=1 / 0 is MINILLM_FOLD_NORMS_MAX_K=4096 / 0): the fold's tests, them under memcheck, batch-1 graphs of both shapes
   # with it on / off alternately twice, then decode of both shapes (~7 minutes on a fresh machine)
   setup
   facts > "$W/facts.txt" 2>&1
@@ -3546,7 +3547,7 @@ part206() {  # session 34: one-row steps with each RMSNorm folded into the produ
   local i m v
   for i in 1 2; do
     for v in 0 1; do
-      for m in q06 q8; do step_graph_env $m "fold${v}_$i" 100 MINILLM_FOLD_NORMS=$v; done
+      for m in q06 q8; do step_graph_env $m "fold${v}_$i" 100 MINILLM_FOLD_NORMS_MAX_K=$((v * 4096)); done
     done
   done
   graph_summary

@@ -684,7 +684,7 @@ def test_one_row_split_and_deep_kernels_same_bits(be, K, N):
 def test_rms_norm_matmul_folded_same_bits(be, K, N, with_res, bias):
     """The one-row qkv / gate_up products with the RMSNorm folded in (gemv1_norm{C}_bf16,
     gemv1_silu_mul_split_norm{C}_bf16) give the unfolded path's bits (rms_norm_vec, then the
-    product: MINILLM_FOLD_NORMS=0's route): the product's output, and the residual sum in
+    product: MINILLM_FOLD_NORMS_MAX_K=0's route): the product's output, and the residual sum in
     residual_out, residual itself untouched; in a graph too, launching only the folded kernel
     (normed and gate_up left unwritten). Every chunk count a thread replays (1 / 2 / 4), a row
     shorter than the CTA, the last chunk group partial, with and without a residual and a bias."""
@@ -700,10 +700,10 @@ def test_rms_norm_matmul_folded_same_bits(be, K, N, with_res, bias):
     b = be.asarray(rng.standard_normal(2 * N).astype(np.float32)) if bias else None
     res_before = host(be, res) if with_res else None
     got = {}
-    saved = be.fold_norms
+    saved = be.fold_norms_max_k
     try:
         for fold in (False, True):
-            be.fold_norms = fold
+            be.fold_norms_max_k = 4096 if fold else 0
             assert be.folds_norms(1, K) == fold and norm_fold_chunks(K) is not None
             runs = []
             for graph in (False, True):
@@ -728,7 +728,7 @@ def test_rms_norm_matmul_folded_same_bits(be, K, N, with_res, bias):
             assert all(np.array_equal(a, c) for a, c in zip(runs[0][:2], runs[1][:2]))
             got[fold] = runs[0]
     finally:
-        be.fold_norms = saved
+        be.fold_norms_max_k = saved
     for a, c in zip(got[False][:2], got[True][:2]):
         assert not np.isnan(a).any() and np.array_equal(a, c)
     if with_res:

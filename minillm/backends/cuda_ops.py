@@ -135,6 +135,11 @@ _GEMV_MAX_M, _GEMV_THREADS, _GEMV_COLS_PER_CTA = 4, 128, 2 * 4  # GEMV_NR * GEMV
 # cuda/gemv.cu's gemv1_norm{C}_bf16 / gemv1_silu_mul_split_norm{C}_bf16: rms_norm_vec's chunks a thread
 # replayed on 128 threads, C = 1 / 2 / 4 for rows of at most 1,024 / 2,048 / 4,096 values
 _NORM_FOLD_CHUNKS = (1, 2, 4)
+# MINILLM_FOLD_NORMS_MAX_K: one-row steps of models this wide or narrower fold their norms. H200,
+# session 34 (part206, batch-1 graphs at 512 keys, alternated twice): 0.6B (1,024) 0.8325 -> 0.8224 ms
+# (-1.2%), 8B (4,096) 4.2701 -> 4.3158 ms (+1.1%): each of the 8B gate_up's 3,072 CTAs reads the 16 KB
+# row and residual before its first weight load, which costs more than the two launches saved
+_FOLD_NORMS_MAX_K_DEFAULT = 1024
 
 
 def norm_fold_chunks(K: int) -> int | None:
@@ -596,8 +601,12 @@ class CudaBackend:
         self.decode_min_part = env_int("MINILLM_DECODE_MIN_PART", _DECODE_MIN_PART,
                                        "fewest keys in a split of the decode kernel")
         self.gated_split_max_m = gated_split_max_rows()
-        self.fold_norms = env_int("MINILLM_FOLD_NORMS", 1, "one-row steps normalise inside the qkv / gate_up "
-                                  "products (1) or in rms_norm launches (0)") == 1
+        self.fold_norms_max_k = env_int("MINILLM_FOLD_NORMS_MAX_K", _FOLD_NORMS_MAX_K_DEFAULT,
+                                        "longest row (0: none; at most 4,096) a one-row step normalises inside "
+                                        "the qkv / gate_up products instead of an rms_norm launch")
+        if not 0 <= self.fold_norms_max_k <= 128 * max(_NORM_FOLD_CHUNKS) * 8:
+            raise ValueError(f"MINILLM_FOLD_NORMS_MAX_K={self.fold_norms_max_k}: use 0 (never) to 4096; "
+                             f"the default is {_FOLD_NORMS_MAX_K_DEFAULT}")
         self.gemv1_deep_min_k = env_int("MINILLM_GEMV1_DEEP_MIN_K", _GEMV1_DEEP_MIN_K_DEFAULT,
                                         "shortest row a one-row product keeps 8 chunks a lane in flight for; 0 never")
         self.o_merge = env_int("MINILLM_O_MERGE", _O_MERGE_DEFAULT,
@@ -1134,8 +1143,8 @@ class CudaBackend:
     def folds_norms(self, rows: int, hidden: int) -> bool:
         """Whether steps of `rows` rows run each layer's RMSNorms inside the products after them
         (rms_norm_matmul / rms_norm_matmul_silu_mul, cuda/gemv.cu's norm_row): one bf16 row of at
-        most 4,096 values, unless MINILLM_FOLD_NORMS=0."""
-        return (self.fold_norms and rows == 1 and self.dtype != np.float32 and hidden % 8 == 0
+        most MINILLM_FOLD_NORMS_MAX_K values (default 1,024; the kernels take up to 4,096)."""
+        return (rows == 1 and self.dtype != np.float32 and hidden % 8 == 0 and hidden <= self.fold_norms_max_k
                 and norm_fold_chunks(hidden) is not None)
 
     def _norm_fold_args(self, what: str, x, residual, norm_w, w, residual_out, K: int):
