@@ -18,8 +18,11 @@ With --fold, a kernel's last CTA to finish (a counter, __threadfence + atomicAdd
 kernel's work on the whole vector it wrote, the way a product could take the RMSNorm after it.
 With --dep, a kernel's weight sums wait on one element of the previous vector (1: a product's x)
 or on the CTA's sum of all of it (2: a product normalising its own x, the norm folded forward).
-Each kernel reads the whole previous vector (4 KB) and writes its slice of the next, so a wrong
-order changes the result: every way's final vector is checked against plain's, bit for bit.
+Each kernel reads the whole previous vector (4 KB) and writes its slice of the next (half of each
+value, half the mean, and a term of its own, so values stay bounded and a stale read shows), so a
+wrong order changes the result: every way's final vector is checked against plain's, bit for bit.
+(Until session 34's last call the update grew the values until long chains overflowed: the 8B
+--dep chain then reported a mismatch for every way, plain included.)
 Reports the median replay per kernel and per layer (3 warm-up replays, median of 20).
 """
 
@@ -98,7 +101,7 @@ __device__ __forceinline__ void step(const float* src, float* dst, int n, unsign
   s += facc;
   if (MODE == 1) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x)
-    dst[j] = src[j] * 0.5f + s * 1e-3f;
+    dst[j] = src[j] * 0.5f + s * (0.5f / n) + 1e-3f * (float)((me * 31 + j) % 17);  // bounded, per kernel
   if (fold) {  // the CTA that arrives last does a one-CTA kernel's work on the whole vector
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -111,7 +114,8 @@ __device__ __forceinline__ void step(const float* src, float* dst, int n, unsign
       float t = 0.f;
       for (int j = threadIdx.x; j < n; j += blockDim.x) t += __ldcg(dst + j);
       t = block_sum(t, red);
-      for (int j = threadIdx.x; j < n; j += blockDim.x) dst[j] = __ldcg(dst + j) * 0.5f + t * 1e-3f;
+      for (int j = threadIdx.x; j < n; j += blockDim.x)
+        dst[j] = __ldcg(dst + j) * 0.5f + t * (0.5f / n) + 1e-3f * (float)((me * 7 + j) % 13);
       if (threadIdx.x == 0) fcnt[me] = 0u;
     }
   }
