@@ -113,7 +113,10 @@ __device__ __forceinline__ void gemv_prefetch(const bf16* w, int N, int K) {
 // Why: scripts/handoff_bench.py (session 34) timed chains with the batch-1 layer's grids on the
 // H200: seven kernels a layer 25.4 us (0.6B) / 106.9 us (8B), five whose products normalise their
 // x themselves 19.1 / 101.3. Session 19's fold (the producers writing per-CTA partial sums of
-// squares, the consumers summing them) measured slower; this one reads no partials.
+// squares, the consumers summing them) measured slower; this one reads no partials. Measured
+// (part206, batch-1 graphs): 0.6B -1.2%, 8B +1.1%, far from the chains' promise: a CTA's first
+// weight loads wait for the prologue, and the 8B gate_up's 3,072 CTAs each read a 16 KB row and
+// residual. So the host folds rows of at most MINILLM_FOLD_NORMS_MAX_K (1,024) values.
 struct NormArgs {
   const bf16* res;  // added to x first; the rounded sum is what is normalised (null: x alone)
   const bf16* w;    // the norm's weight [K]
