@@ -104,6 +104,8 @@
 #   part206: session 34, one-row steps with the RMSNorms folded into the qkv / gate_up products
 #   (run on b723884 as MINILLM_FOLD_NORMS=1 / 0; now MINILLM_FOLD_NORMS_MAX_K=4096 / 0): their tests and
 #   memcheck, batch-1 graphs folded / not alternately, decode.
+#   part207: session 34's final code: every GPU test; the folded products loading their first
+#   weights before the norm (GEMV_NORM_EARLY_W=1): its tests and batch-1 graphs against the default.
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -3553,6 +3555,25 @@ part206() {  # session 34: one-row steps with each RMSNorm folded into the produ
   graph_summary
   decode_06b 120
   decode_8b 150
+}
+
+part207() {  # session 34's final code: every GPU test, then the folded-norm products with their first weight
+  # loads before the norm's prologue (MINILLM_CUDA_DEFINES=GEMV_NORM_EARLY_W=1): the fold's same-bits
+  # tests built so, and batch-1 graphs against the default build (8B folded too) (~8 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  gpu_tests_full 330
+  stage early_w_tests 120 env MINILLM_CUDA_DEFINES=GEMV_NORM_EARLY_W=1 python3 -m pytest -q -m gpu \
+    -p no:cacheprovider -rfEs tests/test_cuda_ops.py tests/test_cuda_model.py -k "folded and not float32"
+  stage models 120 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  local v
+  for v in 0 1; do
+    step_graph_env q06 "earlyw${v}" 100 MINILLM_CUDA_DEFINES=GEMV_NORM_EARLY_W=$v
+    step_graph_env q8 "earlyw${v}" 100 MINILLM_CUDA_DEFINES=GEMV_NORM_EARLY_W=$v MINILLM_FOLD_NORMS_MAX_K=4096
+  done
+  step_graph_env q8 "unfolded" 100 MINILLM_FOLD_NORMS_MAX_K=0
+  graph_summary
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name; then
