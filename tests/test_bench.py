@@ -477,3 +477,194 @@ def test_per_op_times_charge_nested_ops_once():
     assert abs(times["rms_norm"] - 3.0) < 1e-6
     assert abs(sum(times.values()) - 13.0) < 1e-6  # the step's span, counted once
     assert be.matmul.__func__ is Backend.matmul  # the timing wrappers are gone
+
+
+# ---- bad input: one "error:" line and exit status 2, before any work --------------------------------
+def _refused(capsys, main, argv: list[str], flag: str) -> None:
+    """main(argv) refuses with exit status 2 and a single "error: ..." line that names `flag`."""
+    rc = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("error: ") and len(err.splitlines()) == 1 and flag in err, err
+
+
+def _closed_url() -> str:
+    return f"http://127.0.0.1:{_free_port()}"  # nothing listens: a check that comes too late fails on it
+
+
+@pytest.mark.parametrize("command", ["serve", "throughput", "decode", "spec", "hf", "hf-batch", "spec-cost"])
+def test_an_unwritable_result_json_is_refused_before_the_run(tiny, tmp_path, capsys, command):
+    """The run would execute and then lose its results to a FileNotFoundError at the end."""
+    from minillm.bench.__main__ import main
+
+    small = {"serve": ["--base-url", _closed_url()],
+             "throughput": [str(tiny), "--device", "cpu", "--num-seqs", "2", "--min-len", "4", "--max-len", "8"],
+             "decode": [str(tiny), "--device", "cpu", "--input-len", "8", "--output-len", "12"],
+             "spec": [str(tiny), "--max-tokens", "4"],
+             "hf": [str(tiny), "--input-len", "8", "--output-len", "4"],
+             "hf-batch": [str(tiny), "--device", "cpu", "--num-seqs", "2", "--min-len", "4", "--max-len", "8"],
+             "spec-cost": [str(tiny), "--device", "cpu", "--input-len", "8", "--output-len", "4",
+                           "--concurrency", "1", "--accept", "0"]}[command]
+    _refused(capsys, main, [command, *small, "--result-json", str(tmp_path / "missing" / "r.json")], "--result-json")
+    _refused(capsys, main, [command, *small, "--result-json", str(tmp_path)], "is a directory")
+
+
+def test_a_result_json_that_fails_at_the_end_is_printed_instead(tiny, tmp_path, capsys, monkeypatch):
+    """check_output_path passed, but the write fails anyway (a full disk): the result goes to stdout."""
+    from minillm.bench.throughput import main
+
+    def full_disk(path, obj):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(report, "write_json", full_disk)
+    rc = main([str(tiny), "--device", "cpu", "--num-seqs", "2", "--min-len", "4", "--max-len", "8",
+               "--result-json", str(tmp_path / "tp.json")])
+    printed = capsys.readouterr()
+    assert rc == 2 and "error: cannot write --result-json" in printed.err and "No space left" in printed.err
+    result = json.loads(printed.out[printed.out.index("{"):])
+    assert result["benchmark"] == "throughput" and result["output_tokens"] > 0
+    assert not (tmp_path / "tp.json").exists()
+
+
+@pytest.mark.parametrize("flags, flag", [
+    (["--timeout", "0"], "--timeout"), (["--timeout", "-1"], "--timeout"), (["--timeout", "nan"], "--timeout"),
+    (["--temperature", "nan"], "--temperature"), (["--temperature", "-0.5"], "--temperature"),
+    (["--seed", "-1"], "--seed"), (["--warmup", "-1"], "--warmup"),
+    (["--burstiness", "inf", "--request-rate", "5"], "--burstiness"), (["--burstiness", "0"], "--burstiness"),
+    (["--input-len", "0"], "--input-len"), (["--output-len", "0"], "--output-len"),
+    (["--range-ratio", "nan"], "--range-ratio"), (["--plot", "/nonexistent-dir/p.png"], "--plot"),
+])
+def test_serve_refuses_bad_numeric_flags_before_any_request(capsys, flags, flag):
+    from minillm.bench.serve import main
+
+    _refused(capsys, main, ["--base-url", _closed_url(), *flags], flag)
+
+
+def test_serve_refuses_a_request_rate_that_would_never_finish(capsys):
+    """1e-300 requests/s would wait ~1e300 s for the second request: rates below MIN_REQUEST_RATE
+    are refused by the flag's parser (exit status 2, the flag named)."""
+    from minillm.bench.serve import MIN_REQUEST_RATE, main, rate_list
+
+    assert rate_list(f"{MIN_REQUEST_RATE},inf") == [MIN_REQUEST_RATE, float("inf")]
+    for bad in ("1e-300", f"{MIN_REQUEST_RATE / 2}", "5,1e-9"):
+        with pytest.raises(argparse.ArgumentTypeError, match="requests/s"):
+            rate_list(bad)
+    with pytest.raises(SystemExit) as e:
+        main(["--base-url", _closed_url(), "--request-rate", "1e-300"])
+    assert e.value.code == 2 and "--request-rate" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("usage, reason", [
+    ({"prompt_tokens": 5, "completion_tokens": None}, "completion_tokens is None"),
+    ({"prompt_tokens": 5, "completion_tokens": "3"}, "completion_tokens is '3'"),
+    ({"prompt_tokens": None, "completion_tokens": 3}, "prompt_tokens is None"),
+    ({"prompt_tokens": 5, "completion_tokens": -1}, "completion_tokens is -1"),
+    (["not", "an", "object"], "not an object"),
+])
+@pytest.mark.parametrize("expect", [3, None])
+def test_client_fails_a_request_whose_usage_counts_are_not_counts(usage, reason, expect):
+    body = _sse(_chunk("a"), _chunk("b"), _chunk("c"), "data: " + json.dumps({"choices": [], "usage": usage}),
+                "data: [DONE]")
+    r = _send(200, body, expect=expect)
+    assert not r.ok and "bad usage chunk" in r.error and reason in r.error
+    assert isinstance(r.output_tokens, int) and isinstance(r.prompt_len, int)
+
+
+@pytest.fixture
+def null_usage_server():
+    """A streaming completions server whose usage chunk says completion_tokens: null."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.end_headers()
+            usage = {"prompt_tokens": 5, "completion_tokens": None}
+            self.wfile.write(_sse(*[_chunk("x")] * body["max_tokens"],
+                                  "data: " + json.dumps({"choices": [], "usage": usage}), "data: [DONE]"))
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_port}"
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_serve_ladder_survives_a_malformed_usage_chunk(null_usage_server, tiny, tmp_path, capsys):
+    """A bad count fails its request (the rung is VOID, exit status 1), not the whole run."""
+    pytest.importorskip("httpx")
+    from minillm.bench.serve import main
+
+    out = tmp_path / "r.json"
+    rc = main(["--base-url", null_usage_server, "--model", "fake", "--tokenizer", str(tiny), "--input-len", "8",
+               "--output-len", "4", "--concurrency", "1", "--num-prompts", "2", "--warmup", "0",
+               "--result-json", str(out)])
+    assert rc == 1, capsys.readouterr().err
+    rung = json.loads(out.read_text())["rungs"][0]
+    assert rung["void"] and (rung["ok"], rung["failed"]) == (0, 2)
+    assert "bad usage chunk: usage.completion_tokens is None" in rung["errors"][0]
+
+
+@pytest.mark.parametrize("flags, flag", [
+    (["--input-len", "0"], "--input-len"), (["--input-len", "-4"], "--input-len"),
+    (["--output-len", "8"], "--output-len"), (["--output-len", "0"], "--output-len"),
+])
+def test_decode_bench_refuses_lengths_it_cannot_time(tiny, capsys, flags, flag):
+    """--output-len at or below the 8 warm-up steps leaves no timed step (a division by zero)."""
+    from minillm.bench.decode import main
+
+    _refused(capsys, main, [str(tiny), "--device", "cpu", "--input-len", "8", *flags], flag)
+
+
+def test_decode_bench_reports_a_tokenizer_it_cannot_read(tiny, tmp_path, capsys):
+    """An OSError while loading (here tokenizer_config.json is a directory) is a startup error too."""
+    import shutil
+
+    from minillm.bench.decode import main
+
+    model = shutil.copytree(tiny, tmp_path / "model")
+    (model / "tokenizer_config.json").unlink()
+    (model / "tokenizer_config.json").mkdir()
+    _refused(capsys, main, [str(model), "--device", "cpu", "--input-len", "8", "--output-len", "12"],
+             "tokenizer_config.json")
+
+
+@pytest.mark.parametrize("command, flags, flag", [
+    ("spec", ["--k", "0"], "--k"), ("spec", ["--max-tokens", "0"], "--max-tokens"),
+    ("hf", ["--input-len", "0"], "--input-len"), ("hf", ["--output-len", "1"], "--output-len"),
+    ("hf-batch", ["--num-seqs", "0"], "--num-seqs"), ("hf-batch", ["--min-len", "0"], "--min-len"),
+    ("hf-batch", ["--timeout", "-1"], "--timeout"), ("hf-batch", ["--temperature", "nan"], "--temperature"),
+    ("spec-cost", ["--k", "0"], "--k"), ("spec-cost", ["--input-len", "0"], "--input-len"),
+    ("spec-cost", ["--output-len", "1"], "--output-len"), ("spec-cost", ["--concurrency", "0"], "--concurrency"),
+    ("spec-cost", ["--concurrency", "1,x"], "--concurrency"), ("spec-cost", ["--accept", "1.5"], "--accept"),
+    ("spec-cost", ["--draft-vocab-size", "0"], "--draft-vocab-size"),
+])
+def test_bench_commands_refuse_bad_flags_in_one_line(tiny, capsys, command, flags, flag):
+    from minillm.bench.__main__ import main
+
+    device = ["--device", "cpu"]
+    _refused(capsys, main, [command, str(tiny), *device, *flags], flag)
+
+
+def test_spec_bench_reports_a_bad_model_or_device_in_one_line(tmp_path, capsys):
+    from minillm.bench.spec import main
+
+    _refused(capsys, main, [str(tmp_path / "no-such-model"), "--max-tokens", "4"], "no-such-model")
+    with pytest.raises(SystemExit) as e:
+        main(["--device", "bogus"])
+    assert e.value.code == 2 and "--device" in capsys.readouterr().err
+
+
+def test_spec_bench_on_the_cpu(tiny, tmp_path, capsys):
+    """`python -m minillm.bench spec` end to end on the tiny model: lossless, and the JSON written."""
+    from minillm.bench.spec import main
+
+    out = tmp_path / "spec.json"
+    assert main([str(tiny), "--device", "cpu", "--k", "2", "--max-tokens", "6", "--result-json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert set(r) == {"none", "ngram", "self-draft"} and all(v["lossless"] for v in r.values())

@@ -21,9 +21,9 @@ from collections import defaultdict
 
 import numpy as np
 
-from minillm.args import EngineArgs, add_engine_args
+from minillm.args import STARTUP_ERRORS, EngineArgs, add_engine_args
 from minillm.bench.gpu_timing import record_replays, replay_ms
-from minillm.bench.report import write_json
+from minillm.bench.report import check_output_path, need, save_json
 
 OPS = ("embed", "rms_norm", "qk_norm_rope", "qk_norm_rope_store_kv", "decode_step_attention", "matmul",
        "matmul_silu_mul", "rms_norm_matmul", "rms_norm_matmul_silu_mul", "silu_mul", "store_kv", "paged_attention",
@@ -184,26 +184,40 @@ def add_roofline(result: dict, weight_bytes: int, kv_bytes: int, bandwidth: floa
         result["pipelined_fraction_of_roofline"] = result["pipelined_tok_per_s"] / roofline
 
 
+WARMUP_STEPS = 8  # decode steps of each pass dropped before timing
+
+
+def check_args(ns: argparse.Namespace) -> None:
+    """Refuse lengths the run cannot time: with --output-len at or below the warm-up steps no
+    timed step is left (a median of nothing, a division by zero tokens)."""
+    need(ns.input_len >= 1, f"--input-len must be >= 1, got {ns.input_len}")
+    need(ns.output_len > WARMUP_STEPS,
+         f"--output-len must be > {WARMUP_STEPS} (the warm-up steps dropped before timing), got {ns.output_len}")
+    check_output_path(ns.result_json, "--result-json")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m minillm.bench decode", description=__doc__)
     add_engine_args(p)
     p.add_argument("--input-len", type=int, default=512)
-    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--output-len", type=int, default=256,
+                   help=f"decode steps (> {WARMUP_STEPS}: the first {WARMUP_STEPS} are not timed)")
     p.add_argument("--result-json", default=None)
     ns = p.parse_args(argv)
-    args = EngineArgs.from_cli(ns)
-    if args.max_num_seqs == EngineArgs.max_num_seqs:
-        args.max_num_seqs = 1
-    if args.max_model_len is None:
-        args.max_model_len = ns.input_len + ns.output_len + 16
     from minillm.engine.engine import LLMEngine
 
     try:
+        check_args(ns)
+        args = EngineArgs.from_cli(ns)
+        if args.max_num_seqs == EngineArgs.max_num_seqs:
+            args.max_num_seqs = 1
+        if args.max_model_len is None:
+            args.max_model_len = ns.input_len + ns.output_len + 16
         engine = LLMEngine(args)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
+    except STARTUP_ERRORS as e:  # bad flags, a bad model or tokenizer, no GPU
         print(f"error: {e}", file=sys.stderr)
         return 2
-    r = run(engine, ns.input_len, ns.output_len, async_pass=args.async_scheduling is not False)
+    r = run(engine, ns.input_len, ns.output_len, WARMUP_STEPS, async_pass=args.async_scheduling is not False)
     r["model"] = engine.model_name
     line = f"{r['model']}: {r['tok_per_s']:.1f} tok/s (median step {r['median_step_ms']:.3f} ms"
     line += f", of which the CUDA graph {r['median_graph_ms']:.3f} ms)" if "median_graph_ms" in r else ")"
@@ -220,8 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         line += "\n  eager step by op (us): " + ", ".join(
             f"{k} {v:.0f} ({100 * v / total:.0f}%)" for k, v in sorted(ops.items(), key=lambda kv: -kv[1]))
     print(line)
-    if ns.result_json:
-        write_json(ns.result_json, r)
+    if ns.result_json and not save_json(ns.result_json, r):
+        return 2
     return 0
 
 

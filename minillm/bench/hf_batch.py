@@ -12,11 +12,24 @@ Needs torch and transformers (the [test] extra).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 
+from minillm.args import STARTUP_ERRORS
 from minillm.bench.dataset import allowed_token_ids, load_tokenizer, nano_vllm_workload
-from minillm.bench.report import write_json
+from minillm.bench.report import check_output_path, need, save_json
+
+
+def check_args(ns: argparse.Namespace) -> None:
+    """Refuse flags the run cannot use before loading anything (a ValueError naming the flag)."""
+    need(ns.num_seqs >= 1 and 1 <= ns.min_len <= ns.max_len,
+         f"--num-seqs must be >= 1 and 1 <= --min-len <= --max-len, got {ns.num_seqs}, {ns.min_len}, {ns.max_len}")
+    need(math.isfinite(ns.temperature) and ns.temperature >= 0,
+         f"--temperature must be a finite number >= 0, got {ns.temperature}")
+    need(math.isfinite(ns.timeout) and ns.timeout > 0,
+         f"--timeout must be a finite number of seconds > 0, got {ns.timeout}")
+    check_output_path(ns.result_json, "--result-json")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,13 +45,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
     p.add_argument("--result-json", default=None)
     ns = p.parse_args(argv)
+    try:
+        check_args(ns)
+        import torch
+        from transformers import AutoModelForCausalLM, GenerationConfig
 
-    import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
+        from minillm.models.loader import resolve_model_path
 
-    from minillm.models.loader import resolve_model_path
-
-    path = resolve_model_path(ns.model)
+        path = resolve_model_path(ns.model)
+    except STARTUP_ERRORS as e:  # bad flags, no torch / transformers, no such model
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     dtype = torch.float32 if ns.device == "cpu" else torch.bfloat16
     # the paged SDPA implementation's name changed across transformers 5.x releases
     for attn in dict.fromkeys([ns.attn_implementation, "paged|sdpa", "sdpa_paged", "sdpa"]):
@@ -85,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
               "total_tok_s": (in_tok + out_tok) / dt}
     print(f"transformers continuous batching {path.name} on {ns.device}: {done}/{len(prompts)} "
           f"finished, {out_tok} tokens in {dt:.2f} s: {out_tok / dt:.1f} output tok/s")
-    if ns.result_json:
-        write_json(ns.result_json, result)
+    if ns.result_json and not save_json(ns.result_json, result):
+        return 2
     return 0 if done == len(prompts) and not failed else 1
 
 

@@ -13,34 +13,50 @@ import argparse
 import sys
 import time
 
-from minillm.bench.report import write_json
+import numpy as np
+
+from minillm.args import STARTUP_ERRORS
+from minillm.bench.report import check_output_path, need, save_json
+
+
+def check_args(ns: argparse.Namespace) -> None:
+    """Refuse flags the run cannot use before loading torch (a ValueError naming the flag)."""
+    need(ns.input_len >= 1, f"--input-len must be >= 1, got {ns.input_len}")
+    # the decode speed is output_len - 1 tokens over the time a 1-token run does not take
+    need(ns.output_len >= 2, f"--output-len must be >= 2, got {ns.output_len}")
+    check_output_path(ns.result_json, "--result-json")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m minillm.bench hf", description=__doc__)
     p.add_argument("model", nargs="?", default=None, help="HF directory or .gguf (default: embedded SmolLM2)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    p.add_argument("--dtype", default=None, help="float32 on cpu, bfloat16 on cuda by default")
+    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
+                   help="float32 on cpu, bfloat16 on cuda by default")
     p.add_argument("--input-len", type=int, default=512)
-    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=128,
+                   help="tokens generated (>= 2: the first comes from the prefill)")
     p.add_argument("--static-cache", action="store_true")
     p.add_argument("--compile", action="store_true")
     p.add_argument("--compile-mode", default="default",
                    help="torch.compile mode (reduce-overhead failed inside the static cache on the H200)")
     p.add_argument("--result-json", default=None)
     ns = p.parse_args(argv)
+    try:
+        check_args(ns)
+        import torch
+        from transformers import AutoModelForCausalLM
 
-    import numpy as np
-    import torch
-    from transformers import AutoModelForCausalLM
+        from minillm.models.loader import resolve_model_path
 
-    from minillm.models.loader import resolve_model_path
-
-    path = resolve_model_path(ns.model)
-    dtype = getattr(torch, ns.dtype or ("float32" if ns.device == "cpu" else "bfloat16"))
-    kw = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
-    model = AutoModelForCausalLM.from_pretrained(path.parent if kw else path, dtype=dtype, **kw)
-    model = model.to(ns.device).eval()
+        path = resolve_model_path(ns.model)
+        dtype = getattr(torch, ns.dtype or ("float32" if ns.device == "cpu" else "bfloat16"))
+        kw = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
+        model = AutoModelForCausalLM.from_pretrained(path.parent if kw else path, dtype=dtype, **kw)
+        model = model.to(ns.device).eval()
+    except STARTUP_ERRORS as e:  # bad flags, no torch / transformers, a model they cannot load, no GPU
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if ns.compile:
         model.forward = torch.compile(model.forward, mode=ns.compile_mode)
     vocab = model.config.vocab_size
@@ -68,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
               "static_cache": ns.static_cache, "compile": ns.compile and ns.compile_mode, "input_len": ns.input_len,
               "output_len": ns.output_len, "decode_tok_per_s": tok_s}
     print(f"transformers {path.name} on {ns.device}: {tok_s:.1f} tok/s decode")
-    if ns.result_json:
-        write_json(ns.result_json, result)
+    if ns.result_json and not save_json(ns.result_json, result):
+        return 2
     return 0
 
 

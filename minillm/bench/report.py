@@ -11,6 +11,7 @@ failed request is VOID: its figures describe a server that dropped work, so they
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,6 +124,40 @@ def format_table(rungs: list[dict]) -> str:
 def write_json(path: str | Path, obj: dict | list) -> None:
     # NaN is not JSON; the statistics use None for "no data" instead
     Path(path).write_text(json.dumps(obj, indent=2, allow_nan=False) + "\n")
+
+
+def need(ok: bool, message: str) -> None:
+    """A flag check: each command's main prints the ValueError as one "error:" line and exits 2."""
+    if not ok:
+        raise ValueError(message)
+
+
+def check_output_path(path: str | Path | None, flag: str) -> None:
+    """Refuse an output file that cannot be written before the benchmark runs (ValueError naming
+    the flag): finding out at the end would throw the run's results away."""
+    if path is None:
+        return
+    p = Path(path)
+    folder = p.parent
+    if p.is_dir():
+        raise ValueError(f"{flag} {path} is a directory")
+    if not folder.is_dir():
+        raise ValueError(f"{flag} {path}: the directory {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise ValueError(f"{flag} {path} is not writable")
+
+
+def save_json(path: str | Path, obj: dict | list, flag: str = "--result-json") -> bool:
+    """write_json at the end of a run; if it fails anyway (the disk filled, the directory went away
+    since check_output_path), print the error and the result on stdout so that it is not lost.
+    True when written."""
+    try:
+        write_json(path, obj)
+    except OSError as e:
+        print(f"error: cannot write {flag} {path}: {e}; the result follows", file=sys.stderr)
+        print(json.dumps(obj, indent=2))
+        return False
+    return True
 
 
 def plot_ladder(rungs: list[dict], path: str | Path, title: str = "") -> bool:

@@ -8,8 +8,10 @@ Like `vllm bench serve` with `--dataset random` and `--max-concurrency`: each ru
 streams every response and times it. With --request-rate the requests also arrive over time, as
 `vllm bench serve --request-rate R --burstiness B` sends them (gamma-distributed gaps, mean 1 / R).
 A request fails on a non-200 status, an SSE error event, a
-broken or unterminated stream, a timeout, or (with --ignore-eos) fewer tokens than max_tokens. A rung
-with any failure is VOID and ends the ladder unless --keep-going; the exit status is then 1.
+broken or unterminated stream, a usage chunk whose counts are not counts, a timeout, or (with
+--ignore-eos) fewer tokens than max_tokens. A rung with any failure is VOID and ends the ladder
+unless --keep-going; the exit status is then 1. Bad flags (and a --result-json or --plot that
+cannot be written) are refused before any request: one "error:" line, exit status 2.
 """
 
 from __future__ import annotations
@@ -17,24 +19,31 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from minillm.args import STARTUP_ERRORS
 from minillm.bench.dataset import BenchRequest, load_tokenizer, random_requests
 from minillm.bench.report import (
     RequestResult,
+    check_output_path,
     format_table,
     itl_from_timestamps,
     ladder_continues,
+    need,
     plot_ladder,
     rung_stats,
-    write_json,
+    save_json,
 )
 
 ENDPOINTS = {"openai": "/v1/completions", "openai-chat": "/v1/chat/completions"}
+# The slowest --request-rate taken: a mean gap of 1000 s between requests. Below it a rung would
+# in effect never finish (1e-300 requests/s waits ~1e300 s for its second request).
+MIN_REQUEST_RATE = 1e-3
 
 
 def int_list(text: str) -> list[int]:
@@ -48,13 +57,13 @@ def int_list(text: str) -> list[int]:
 
 
 def rate_list(text: str) -> list[float]:
-    """--request-rate: comma-separated requests per second (> 0), or inf (all at once)."""
+    """--request-rate: comma-separated requests per second (>= MIN_REQUEST_RATE), or inf (all at once)."""
     try:
         values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated rates (requests/s) or inf, got {text!r}") from None
-    if not values or min(values) <= 0 or any(v != v for v in values):
-        raise argparse.ArgumentTypeError(f"expected rates > 0 (or inf), got {text!r}")
+    if not values or not all(v >= MIN_REQUEST_RATE for v in values):  # nan fails every comparison
+        raise argparse.ArgumentTypeError(f"expected rates >= {MIN_REQUEST_RATE:g} requests/s (or inf), got {text!r}")
     return values
 
 
@@ -89,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated, one per rung, or one for all rungs")
     p.add_argument("--request-rate", type=rate_list, default=[float("inf")],
                    help="requests per second arriving at each rung (one per rung, or one for all; inf: all "
-                        "at once), still at most --concurrency in flight; with one --concurrency, a rung per rate")
+                        f"at once; at least {MIN_REQUEST_RATE:g}), still at most --concurrency in flight; with "
+                        "one --concurrency, a rung per rate")
     p.add_argument("--burstiness", type=float, default=1.0,
                    help="gamma shape of the arrival gaps (1: Poisson; smaller is burstier)")
     p.add_argument("--ignore-eos", action="store_true",
@@ -102,6 +112,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--result-json", default=None)
     p.add_argument("--plot", default=None, help="PNG of output tok/s and TPOT vs concurrency")
     return p
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse the numeric flags the run cannot use before any request is sent: a nan temperature
+    breaks the JSON body, a timeout <= 0 fails every request as if the server were at fault, and an
+    infinite burstiness turns the arrival gaps into nan (every request sent at once under a finite
+    --request-rate). A ValueError names the flag and what it takes."""
+    need(args.input_len >= 1, f"--input-len must be >= 1, got {args.input_len}")
+    need(args.output_len >= 1, f"--output-len must be >= 1, got {args.output_len}")
+    need(0 <= args.range_ratio < 1, f"--range-ratio must be in [0, 1), got {args.range_ratio}")
+    need(math.isfinite(args.timeout) and args.timeout > 0,
+         f"--timeout must be a finite number of seconds > 0, got {args.timeout}")
+    need(math.isfinite(args.temperature) and args.temperature >= 0,
+         f"--temperature must be a finite number >= 0, got {args.temperature}")
+    need(args.seed >= 0, f"--seed must be >= 0, got {args.seed}")  # numpy's generators take no negative seed
+    need(args.warmup >= 0, f"--warmup must be >= 0, got {args.warmup}")
+    need(math.isfinite(args.burstiness) and args.burstiness > 0,
+         f"--burstiness must be a finite number > 0, got {args.burstiness}")
+    check_output_path(args.result_json, "--result-json")
+    check_output_path(args.plot, "--plot")
 
 
 # ---- one request --------------------------------------------------------------------------------
@@ -128,6 +158,20 @@ def _chunk_has_output(backend: str, choice: dict) -> bool:
     if text:
         return True
     return text is not None and backend == "openai" and choice.get("finish_reason") is None
+
+
+def usage_count(usage: object, key: str, default: int) -> int:
+    """A token count from the stream's usage chunk, `default` without one (or without that key). A
+    count that is not a non-negative integer (null, a string) raises ValueError: the caller fails
+    that request only, instead of the statistics failing on it later and taking the run down."""
+    if usage is None:
+        return default
+    if not isinstance(usage, dict):
+        raise ValueError(f"usage is {usage!r}, not an object")
+    value = usage.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"usage.{key} is {value!r}, not a token count")
+    return value
 
 
 async def send_request(client, url: str, backend: str, body: dict, prompt_len: int,
@@ -171,9 +215,11 @@ async def send_request(client, url: str, backend: str, body: dict, prompt_len: i
     if not done:
         return RequestResult(False, prompt_len, error="stream ended without data: [DONE]")
     ttft, itl = itl_from_timestamps(start, chunk_times)
-    # the usage chunk is exact; without it each output chunk is taken as one token
-    n_out = usage.get("completion_tokens", len(chunk_times)) if usage else len(chunk_times)
-    n_in = usage.get("prompt_tokens", prompt_len) if usage else prompt_len
+    try:  # the usage chunk is exact; without it each output chunk is taken as one token
+        n_out = usage_count(usage, "completion_tokens", len(chunk_times))
+        n_in = usage_count(usage, "prompt_tokens", prompt_len)
+    except ValueError as e:
+        return RequestResult(False, prompt_len, error=f"bad usage chunk: {e}")
     result = RequestResult(True, n_in, n_out, ttft, end - start, itl)
     if expect_tokens is not None and n_out < expect_tokens:
         result.ok = False
@@ -283,8 +329,6 @@ def run_ladder(args: argparse.Namespace) -> dict:
     if len(rates) != len(rungs_c):
         raise ValueError(f"--request-rate has {len(rates)} values for {len(rungs_c)} --concurrency rungs; "
                          "give one per rung or a single one")
-    if not args.burstiness > 0:
-        raise ValueError(f"--burstiness must be > 0, got {args.burstiness}")
     model = args.model or first_model_id(args.base_url, min(args.timeout, 30.0))
     tok_src = tokenizer_source(args.tokenizer, model)
     if tok_src is None:
@@ -331,19 +375,25 @@ def run_ladder(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        check_args(args)
         result = run_ladder(args)
-    except (RuntimeError, ValueError, FileNotFoundError) as e:
+    except STARTUP_ERRORS as e:  # bad flags, no server, no tokenizer
         print(f"error: {e}", file=sys.stderr)
         return 2
     if result["rungs"]:
         print(format_table(result["rungs"]))
     if args.result_json:
-        write_json(args.result_json, result)
+        if not save_json(args.result_json, result):
+            return 2
         print(f"wrote {args.result_json}")
     if args.plot and result["rungs"]:
         title = f"{result['model']} via {args.backend}: in {args.input_len}, out {args.output_len}"
-        if plot_ladder(result["rungs"], args.plot, title):
-            print(f"wrote {args.plot}")
+        try:
+            if plot_ladder(result["rungs"], args.plot, title):
+                print(f"wrote {args.plot}")
+        except OSError as e:  # checked up front, but the disk may fill; the table and JSON stand
+            print(f"error: cannot write --plot {args.plot}: {e}", file=sys.stderr)
+            return 2
     return 1 if result["void"] else 0
 
 

@@ -9,9 +9,11 @@ gives output tok/s, the speedup over no speculation, and the mean acceptance len
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
+
+from minillm.args import DEVICES, STARTUP_ERRORS
+from minillm.bench.report import check_output_path, need, save_json
 
 PASSAGE = (
     "The paged KV cache splits every sequence's keys and values into fixed-size blocks. A block "
@@ -40,7 +42,10 @@ PROMPTS = [
 def run(model: str | None, spec: dict | None, max_tokens: int, device: str) -> dict:
     from minillm import LLM, SamplingParams
 
-    llm = LLM(model, device=device, max_model_len=1024, speculative_config=spec)
+    try:
+        llm = LLM(model, device=device, max_model_len=1024, speculative_config=spec)
+    except STARTUP_ERRORS as e:  # a bad model path or device: main prints one "error:" line
+        raise ValueError(str(e)) from None
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     prompts = [llm.tokenizer.encode_chat(m) for m in PROMPTS]
     llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4))  # warm-up
@@ -55,8 +60,8 @@ def run(model: str | None, spec: dict | None, max_tokens: int, device: str) -> d
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m minillm.bench spec", description=__doc__)
     p.add_argument("model", nargs="?", default=None)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--device", default="cpu", choices=DEVICES)
+    p.add_argument("--k", type=int, default=4, help="draft tokens a round (>= 1)")
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--result-json", default=None)
     ns = p.parse_args(argv)
@@ -65,8 +70,15 @@ def main(argv: list[str] | None = None) -> int:
                ("ngram", {"method": "ngram", "num_speculative_tokens": ns.k, "prompt_lookup_max": 4}),
                ("self-draft", {"method": "draft_model", "model": target, "num_speculative_tokens": ns.k})]
     results = {}
-    for name, spec in configs:
-        results[name] = run(ns.model, spec, ns.max_tokens, ns.device)
+    try:
+        need(ns.k >= 1, f"--k must be >= 1, got {ns.k}")
+        need(ns.max_tokens >= 1, f"--max-tokens must be >= 1, got {ns.max_tokens}")
+        check_output_path(ns.result_json, "--result-json")
+        for name, spec in configs:
+            results[name] = run(ns.model, spec, ns.max_tokens, ns.device)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     base = results["none"]
     print(f"{'method':<12}{'tok/s':>8}{'speedup':>9}{'accept len':>12}{'accept rate':>13}  lossless")
     for name, r in results.items():
@@ -77,9 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         r["lossless"] = same
         r["speedup"] = r["tok_per_s"] / base["tok_per_s"]
     if ns.result_json:
-        with open(ns.result_json, "w") as f:
-            json.dump({k: {kk: vv for kk, vv in v.items() if kk != "token_ids"} for k, v in results.items()}, f,
-                      indent=2)
+        saved = {k: {kk: vv for kk, vv in v.items() if kk != "token_ids"} for k, v in results.items()}
+        if not save_json(ns.result_json, saved):
+            return 2
     return 0 if all(r["lossless"] for r in results.values()) else 1
 
 

@@ -18,8 +18,9 @@ import time
 
 import numpy as np
 
+from minillm.args import STARTUP_ERRORS
 from minillm.bench.decode import weight_bytes
-from minillm.bench.report import write_json
+from minillm.bench.report import check_output_path, need, save_json
 from minillm.engine.engine import LLMEngine
 from minillm.sampling_params import SamplingParams
 
@@ -153,6 +154,33 @@ def context_update_ms(engine: LLMEngine, num_tokens: int, reps: int = 50) -> flo
     return 1e3 * (time.perf_counter() - t) / reps
 
 
+def number_list(text: str, flag: str, kind=int) -> list:
+    """A comma-separated flag's values; ValueError naming the flag when one is not a `kind`."""
+    try:
+        values = [kind(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        noun = "integers" if kind is int else "numbers"
+        raise ValueError(f"{flag} must be comma-separated {noun}, got {text!r}") from None
+    need(bool(values), f"{flag} is empty")
+    return values
+
+
+def check_args(ns: argparse.Namespace) -> tuple[list[int], list[float]]:
+    """Refuse flags the run cannot use before building an engine; (concurrencies, accept probabilities)."""
+    need(ns.k >= 1, f"--k must be >= 1, got {ns.k}")
+    need(ns.input_len >= 1, f"--input-len must be >= 1, got {ns.input_len}")
+    # decode_steps times the steps after a sequence's prefill: its first token comes from the prefill
+    need(ns.output_len >= 2, f"--output-len must be >= 2, got {ns.output_len}")
+    cs = number_list(ns.concurrency, "--concurrency")
+    need(min(cs) >= 1, f"--concurrency values must be >= 1, got {ns.concurrency!r}")
+    accept = number_list(ns.accept, "--accept", float)
+    need(all(0 <= a <= 1 for a in accept), f"--accept values must be probabilities in [0, 1], got {ns.accept!r}")
+    need(ns.draft_vocab_size is None or ns.draft_vocab_size >= 1,
+         f"--draft-vocab-size must be >= 1, got {ns.draft_vocab_size}")
+    check_output_path(ns.result_json, "--result-json")
+    return cs, accept
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m minillm.bench spec-cost", description=__doc__)
     p.add_argument("model")
@@ -172,13 +200,21 @@ def main(argv: list[str] | None = None) -> int:
                    help="the DFlash drafter drafts from the first N token ids only (draft_vocab_size)")
     p.add_argument("--result-json", default=None)
     ns = p.parse_args(argv)
-    cs = [int(c) for c in ns.concurrency.split(",")]
+    try:
+        cs, accept = check_args(ns)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     budget = ns.max_num_batched_tokens or max(2048, max(cs) * (ns.input_len + ns.k + 1))
     common = dict(model=ns.model, device=ns.device, max_num_seqs=max(cs), seed=0,
                   max_model_len=ns.input_len + ns.output_len + 32, enable_prefix_caching=False,
                   enforce_eager=ns.enforce_eager, dtype=ns.dtype, max_num_batched_tokens=budget)
     rng = np.random.default_rng(0)
-    plain = LLMEngine(**common)
+    try:  # the target (and its flags: device, dtype, budget) fails here if it fails at all
+        plain = LLMEngine(**common)
+    except STARTUP_ERRORS as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     vocab = min(plain.config.vocab_size, plain.tokenizer.vocab_size)
     prompts = [rng.integers(0, vocab, ns.input_len).tolist() for _ in range(max(cs))]
     result: dict = {"model": ns.model, "k": ns.k, "input_len": ns.input_len, "output_len": ns.output_len,
@@ -193,7 +229,11 @@ def main(argv: list[str] | None = None) -> int:
     dflash = {"method": "dflash", "model": ns.drafter, "num_speculative_tokens": ns.k}
     if ns.draft_vocab_size is not None:
         dflash["draft_vocab_size"] = ns.draft_vocab_size
-    spec = None if not ns.drafter else LLMEngine(**common, speculative_config=dflash)
+    try:
+        spec = None if not ns.drafter else LLMEngine(**common, speculative_config=dflash)
+    except STARTUP_ERRORS as e:  # a bad --drafter or --draft-vocab-size
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if spec is not None:
         result.update(round_bytes_floor(spec))
         print(f"weights a rejected round reads: target {result['target_weight_bytes'] / 1e9:.3f} GB + drafter "
@@ -223,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         oracle.proposer = OracleProposer(reference, 0.0, vocab)
         _, _, own = decode_steps(oracle, prompts[:c], ns.output_len)
         same_as_plain = all(own[f"r{i}"] == reference[f"r{i}"] for i in range(c))
-        for p_ok in [float(x) for x in ns.accept.split(",")]:
+        for p_ok in accept:
             oracle.proposer = OracleProposer(own, p_ok, vocab)
             step, per_step, outs = decode_steps(oracle, prompts[:c], ns.output_len)
             same = all(outs[f"r{i}"] == own[f"r{i}"] for i in range(c))
@@ -233,8 +273,8 @@ def main(argv: list[str] | None = None) -> int:
                                       "verify_path_equals_plain_decode": same_as_plain})
             print(f"p={p_ok:.1f} c={c:>2}: {per_step:.2f} tokens/step, step {1e3 * step:.2f} ms, "
                   f"speedup {speedup:.2f}x, lossless {same}", flush=True)
-    if ns.result_json:
-        write_json(ns.result_json, result)
+    if ns.result_json and not save_json(ns.result_json, result):
+        return 2
     return 0
 
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from minillm.args import STARTUP_ERRORS, EngineArgs, add_engine_args
 from minillm.bench.dataset import allowed_token_ids, nano_vllm_workload
-from minillm.bench.report import write_json
+from minillm.bench.report import check_output_path, save_json
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,6 +79,8 @@ def run(ns: argparse.Namespace) -> dict:
     if ns.num_seqs < 1 or ns.min_len < 1 or ns.max_len < ns.min_len:
         raise ValueError(f"--num-seqs must be >= 1 and 1 <= --min-len <= --max-len, got {ns.num_seqs}, "
                          f"{ns.min_len}, {ns.max_len}")
+    check_output_path(ns.result_json, "--result-json")
+    check_output_path(ns.profile_json, "--profile-json")
     try:
         llm = LLM(args.model, **{k: v for k, v in vars(args).items() if k != "model"})
     except STARTUP_ERRORS as e:
@@ -125,7 +127,9 @@ def run(ns: argparse.Namespace) -> dict:
     if profiler is not None:
         result["step_profile"] = profiler.summary(dt)
         if ns.profile_json:
-            write_json(ns.profile_json, {"summary": result["step_profile"], "steps": profiler.step_table()})
+            steps = {"summary": result["step_profile"], "steps": profiler.step_table()}
+            if save_json(ns.profile_json, steps, "--profile-json"):
+                print(f"wrote {ns.profile_json}")
     return result
 
 
@@ -148,13 +152,12 @@ def main(argv: list[str] | None = None) -> int:
         from minillm.engine.step_profile import format_summary
 
         print(format_summary(result["step_profile"]))
-        if ns.profile_json:
-            print(f"wrote {ns.profile_json}")
     if result["short_sequences"]:
         print(f"error: {result['short_sequences']} sequences stopped before max_tokens although eos is "
               "ignored", file=sys.stderr)
     if ns.result_json:
-        write_json(ns.result_json, result)
+        if not save_json(ns.result_json, result):
+            return 2
         print(f"wrote {ns.result_json}")
     return 1 if result["short_sequences"] else 0
 
