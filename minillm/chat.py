@@ -39,11 +39,14 @@ class Chat:
         self.system: str | None = ns.system
         self.history: list[dict] = []
         d = getattr(engine.loaded, "generation_defaults", None) or {}
+
+        def pick(flag, key: str, fallback):  # the flag, else the model's default, else ours
+            return flag if flag is not None else fallback if d.get(key) is None else d[key]
+
+        # taken as they are (no float()/int() that could raise here): main() checks them with SamplingParams
         self.sampling = dict(
-            temperature=ns.temperature if ns.temperature is not None else float(d.get("temperature", 0.7)),
-            top_p=ns.top_p if ns.top_p is not None else float(d.get("top_p", 1.0)),
-            top_k=ns.top_k if ns.top_k is not None else int(d.get("top_k", -1)),
-            min_p=ns.min_p if ns.min_p is not None else float(d.get("min_p") or 0.0),
+            temperature=pick(ns.temperature, "temperature", 0.7), top_p=pick(ns.top_p, "top_p", 1.0),
+            top_k=pick(ns.top_k, "top_k", -1), min_p=pick(ns.min_p, "min_p", 0.0),
         )
         self.max_tokens = ns.max_tokens
 
@@ -138,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     if ns.max_tokens < 1:
         print(f"error: --max-tokens must be >= 1, got {ns.max_tokens}", file=sys.stderr)
         return 2
-    chat = Chat(engine, ns)
     try:
+        chat = Chat(engine, ns)
         SamplingParams(**chat.sampling)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

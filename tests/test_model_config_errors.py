@@ -57,14 +57,42 @@ def put(key, value):
     (put("num_key_value_heads", 3), "not a multiple of num_key_value_heads"),
     (lambda c: {**drop("head_dim")(c), "hidden_size": 66}, "not a multiple of num_attention_heads"),
     (put("architectures", "LlamaForCausalLM"), "'architectures' must be a list"),
-    (put("rope_theta", "fast"), "wrong kind"),
-    (put("rope_scaling", {"rope_type": "llama3", "factor": [2]}), "wrong kind"),
+    (put("rope_theta", "fast"), "'rope_theta' must be a positive number"),
+    (put("rope_scaling", {"rope_type": "llama3", "factor": [2]}), "'factor' must be a positive number"),
+    # values that used to load a silently wrong model (a string "false" is true; theta 0 became 10000)
+    (put("tie_word_embeddings", "false"), "'tie_word_embeddings' must be true or false"),
+    (put("attention_bias", "false"), "'attention_bias' must be true or false"),
+    (put("rope_theta", 0), "'rope_theta' must be a positive number"),
+    (put("rms_norm_eps", float("nan")), "'rms_norm_eps' must be a positive number, got NaN"),
+    (put("rms_norm_eps", -1e-6), "'rms_norm_eps' must be a positive number"),
+    (put("eos_token_id", "x"), "'eos_token_id' must be a token id or a list of token ids"),
+    (put("eos_token_id", 2.5), "'eos_token_id' must be a token id"),
+    (put("eos_token_id", [2, 256]), "below the vocabulary size 256"),
+    # rope_scaling checked at load, not when the RoPE table is built
+    (put("rope_scaling", {"rope_type": "yarn", "factor": 0}), "'factor' must be a positive number"),
+    (put("rope_scaling", {"rope_type": "weird", "factor": 2.0}), 'rope_scaling type "weird" is not supported'),
+    (put("rope_scaling", [1]), "'rope_scaling' must be an object"),
+    (put("head_dim", 0), "'head_dim' must be a positive integer"),
 ])
 def test_malformed_config_is_a_value_error_naming_the_field(tiny, tmp_path, edit, words):
     path = broken_copy(tiny, tmp_path, edit)
     with pytest.raises(ValueError) as e:
         load_hf_dir(path)
     assert str(e.value).startswith(str(path / "config.json")) and words in str(e.value), e.value
+
+
+def test_more_layers_of_tensors_than_the_config_says(tiny, tmp_path):
+    path = broken_copy(tiny, tmp_path, put("num_hidden_layers", 1))
+    with pytest.raises(ValueError, match=r"has tensors of layer\(s\) 1 but num_hidden_layers is 1") as e:
+        load_hf_dir(path)
+    assert str(path) in str(e.value)
+
+
+def test_old_style_rope_scaling_type_is_honoured(tiny, tmp_path):
+    """{"type": "linear"} (no "rope_type") used to be read as plain RoPE."""
+    path = broken_copy(tiny, tmp_path, put("rope_scaling", {"type": "linear", "factor": 2.0}))
+    rs = load_hf_dir(path)[0].rope_scaling
+    assert (rs.kind, rs.factor) == ("linear", 2.0)
 
 
 def test_shard_index_without_weight_map(tiny, tmp_path):

@@ -29,7 +29,18 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from minillm.models.config import SUPPORTED_ARCHITECTURES, ModelConfig, RopeScaling
-from minillm.models.hf_loader import check_weights, expected_shapes
+from minillm.models.hf_loader import (
+    SAMPLING_DEFAULTS,
+    attention_shape,
+    check_sampling_default,
+    check_weights,
+    config_bool,
+    config_float,
+    config_int,
+    expected_shapes,
+    regular_file,
+    shown,
+)
 from minillm.models.tokenizer import Tokenizer
 
 _Q = GGMLQuantizationType
@@ -127,10 +138,33 @@ def _f32(x: float) -> float:
     return float(str(np.float32(x)))
 
 
-def _require(meta: dict, key: str, where: str) -> Any:
-    if key not in meta:
-        raise ValueError(f"{where}: metadata key {key!r} is missing (needed to build the model config)")
-    return meta[key]
+def _string(meta: dict, key: str, where: str) -> str | None:
+    """A string-typed metadata value, None when absent."""
+    v = meta.get(key)
+    if v is not None and not isinstance(v, str):
+        raise ValueError(f"{where}: metadata '{key}' must be a string, got {shown(v)}")
+    return v
+
+
+def _array(meta: dict, key: str, kind: type | tuple, where: str, length: int | None = None) -> list | None:
+    """An array-typed metadata value of `kind` items (and `length` of them, if given); None when absent."""
+    v = meta.get(key)
+    if v is None:
+        return None
+    if not (isinstance(v, list) and (length is None or len(v) == length)
+            and all(isinstance(x, kind) and not isinstance(x, bool) for x in v)):
+        what = {str: "strings", int: "integers"}.get(kind, "numbers")
+        count = f"{length} " if length is not None else ""
+        raise ValueError(f"{where}: metadata '{key}' must be an array of {count}{what}, got {shown(v)}")
+    return v
+
+
+def _token_id(meta: dict, key: str, n_tokens: int, where: str) -> int | None:
+    """A special token's id, None when absent; it must name one of the n_tokens tokens."""
+    i = meta.get(key)
+    if i is not None and (isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_tokens):
+        raise ValueError(f"{where}: metadata '{key}' must be a token id below {n_tokens}, got {shown(i)}")
+    return i
 
 
 # ---- tensors ----------------------------------------------------------------------------------
@@ -229,8 +263,9 @@ def _rope_scaling(meta: dict, arch: str, head_dim: int, theta: float,
                   extra: dict[str, np.ndarray], where: str) -> RopeScaling:
     p = f"{arch}.rope.scaling."
     kind = meta.get(p + "type", "none")
-    factor = _f32(meta.get(p + "factor", meta.get(f"{arch}.rope.scale_linear", 1.0)))
-    original_ctx = int(meta.get(p + "original_context_length", 8192))
+    factor_key = p + "factor" if p + "factor" in meta else f"{arch}.rope.scale_linear"
+    factor = _f32(config_float(meta, factor_key, where, 1.0))
+    original_ctx = config_int(meta, p + "original_context_length", where, 8192)
     if "rope_freqs.weight" in extra:
         return _llama3_scaling_from_factors(
             extra["rope_freqs.weight"].astype(np.float64), head_dim, theta, original_ctx, where)
@@ -245,55 +280,52 @@ def _rope_scaling(meta: dict, arch: str, head_dim: int, theta: float,
         )
     rs = RopeScaling(kind=kind, factor=factor, original_max_position_embeddings=original_ctx)
     if p + "yarn_beta_fast" in meta:
-        rs.beta_fast = _f32(meta[p + "yarn_beta_fast"])
+        rs.beta_fast = _f32(config_float(meta, p + "yarn_beta_fast", where))
     if p + "yarn_beta_slow" in meta:
-        rs.beta_slow = _f32(meta[p + "yarn_beta_slow"])
+        rs.beta_slow = _f32(config_float(meta, p + "yarn_beta_slow", where))
     if p + "attn_factor" in meta:
-        rs.attention_factor = _f32(meta[p + "attn_factor"])
+        rs.attention_factor = _f32(config_float(meta, p + "attn_factor", where))
     return rs
 
 
 def config_from_gguf(meta: dict, weights: dict[str, np.ndarray], extra: dict[str, np.ndarray],
                      where: str) -> ModelConfig:
-    """ModelConfig from `{arch}.*` metadata; vocab size from the embedding it must index."""
+    """ModelConfig from `{arch}.*` metadata; vocab size from the embedding it must index. Values are
+    checked with the HF loader's helpers, so errors name the file and the metadata key."""
     arch = architecture(meta, where)
-
-    def need(key: str) -> Any:
-        return _require(meta, f"{arch}.{key}", where)
-
-    hidden = int(need("embedding_length"))
-    heads = int(need("attention.head_count"))
-    kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", heads))
-    head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))
+    keys = ("embedding_length", "attention.head_count", "attention.head_count_kv", "attention.key_length")
+    hidden, heads, kv_heads, head_dim = attention_shape(meta, where, tuple(f"{arch}.{k}" for k in keys))
     rope_dims = meta.get(f"{arch}.rope.dimension_count")
-    if rope_dims is not None and int(rope_dims) != head_dim:
+    if rope_dims is not None and config_int(meta, f"{arch}.rope.dimension_count", where) != head_dim:
         raise ValueError(
             f"{where}: {arch}.rope.dimension_count = {rope_dims} rotates only part of each head "
             f"(head_dim {head_dim}); minillm supports full-head RoPE only"
         )
     if "embed" not in weights:
         raise ValueError(f"{where}: tensor 'token_embd.weight' (the embedding) is missing")
-    theta = _f32(meta.get(f"{arch}.rope.freq_base", 10000.0))
+    theta = _f32(config_float(meta, f"{arch}.rope.freq_base", where, 10000.0))
     has_bias = any(name.endswith(".q_bias") for name in weights)
+    vocab_size = int(weights["embed"].shape[0])
+    eos = _token_id(meta, "tokenizer.ggml.eos_token_id", vocab_size, where)
     return ModelConfig(
         arch=arch,
-        vocab_size=int(weights["embed"].shape[0]),
+        vocab_size=vocab_size,
         hidden_size=hidden,
-        num_layers=int(need("block_count")),
+        num_layers=config_int(meta, f"{arch}.block_count", where),
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        intermediate_size=int(need("feed_forward_length")),
-        rms_norm_eps=_f32(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+        intermediate_size=config_int(meta, f"{arch}.feed_forward_length", where),
+        rms_norm_eps=_f32(config_float(meta, f"{arch}.attention.layer_norm_rms_epsilon", where, 1e-6)),
         rope_theta=theta,
         rope_scaling=_rope_scaling(meta, arch, head_dim, theta, extra, where),
-        max_position_embeddings=int(meta.get(f"{arch}.context_length", 4096)),
+        max_position_embeddings=config_int(meta, f"{arch}.context_length", where, 4096),
         tie_word_embeddings="lm_head" not in weights,
         attention_bias=arch == "qwen2" or has_bias,
         qk_norm=arch == "qwen3",
         torch_dtype="float32",  # dequantised on load; the file's types are per tensor
-        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-        eos_token_ids=[int(meta["tokenizer.ggml.eos_token_id"])] if "tokenizer.ggml.eos_token_id" in meta else [],
+        bos_token_id=_token_id(meta, "tokenizer.ggml.bos_token_id", vocab_size, where),
+        eos_token_ids=[] if eos is None else [eos],
         pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
     )
 
@@ -315,12 +347,18 @@ def _bytes_to_unicode() -> dict[int, str]:
     return table
 
 
-def _merges_from_file(meta: dict, where: str) -> list[tuple[str, str]]:
+def _merges_from_file(meta: dict, vocab: dict[str, int], where: str) -> list[tuple[str, str]]:
+    """tokenizer.ggml.merges as pairs, each naming tokens of the vocabulary (the tokenizers library
+    would refuse any other with a bare Exception)."""
     merges = []
-    for m in meta["tokenizer.ggml.merges"]:
+    for m in _array(meta, "tokenizer.ggml.merges", str, where):
         left, sep, right = m.partition(" ")
         if not sep:
             raise ValueError(f"{where}: tokenizer.ggml.merges entry {m!r} is not 'left right'")
+        unknown = next((t for t in (left, right, left + right) if t not in vocab), None)
+        if unknown is not None:
+            raise ValueError(f"{where}: tokenizer.ggml.merges entry {m!r} names {unknown!r}, which is not in "
+                             "tokenizer.ggml.tokens")
         merges.append((left, right))
     return merges
 
@@ -345,9 +383,9 @@ def _byte_level_bpe(meta: dict, where: str) -> tuple[HFTokenizer, dict[str, int]
     vocab: dict[str, int] = {}
     for i, t in enumerate(tokens):
         vocab[byte_spelled(t)] = i  # a later duplicate wins, as when building a dict in transformers
-    tok = HFTokenizer(models.BPE(vocab=vocab, merges=_merges_from_file(meta, where), dropout=None,
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=_merges_from_file(meta, vocab, where), dropout=None,
                                  continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False))
-    split = PRE_TOKENIZER_SPLITS.get(meta.get("tokenizer.ggml.pre"))
+    split = PRE_TOKENIZER_SPLITS.get(_string(meta, "tokenizer.ggml.pre", where))
     if split is None:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     else:
@@ -385,15 +423,15 @@ def _sentencepiece_bpe(meta: dict, where: str) -> tuple[HFTokenizer, dict[str, i
     default), and characters outside the vocabulary fall back to <0xXX> byte tokens.
     """
     tokens: list[str] = meta["tokenizer.ggml.tokens"]
+    vocab = {t: i for i, t in enumerate(tokens)}
     if "tokenizer.ggml.merges" in meta:
-        merges = _merges_from_file(meta, where)
+        merges = _merges_from_file(meta, vocab, where)
     elif "tokenizer.ggml.scores" in meta:
-        merges = _merges_from_scores(tokens, meta["tokenizer.ggml.scores"])
+        merges = _merges_from_scores(tokens, _array(meta, "tokenizer.ggml.scores", (int, float), where, len(tokens)))
     else:
         raise ValueError(f"{where}: a 'llama' tokenizer needs tokenizer.ggml.scores or tokenizer.ggml.merges")
-    vocab = {t: i for i, t in enumerate(tokens)}
     tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, dropout=None, fuse_unk=True, byte_fallback=True))
-    prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+    prefix = config_bool(meta, "tokenizer.ggml.add_space_prefix", where, True)
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first" if prefix else "never",
                                                  split=False)
     steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
@@ -403,7 +441,8 @@ def _sentencepiece_bpe(meta: dict, where: str) -> tuple[HFTokenizer, dict[str, i
     return tok, vocab, None
 
 
-def _add_whole_tokens(tok: HFTokenizer, meta: dict, vocab: dict[str, int], alphabet: set[str] | None) -> None:
+def _add_whole_tokens(tok: HFTokenizer, meta: dict, vocab: dict[str, int], alphabet: set[str] | None,
+                      where: str) -> None:
     """Register the tokens that must match whole, before pre-tokenizing.
 
     Control tokens (<|im_start|>, </s>) are special; user-defined ones (<think>) match whole but
@@ -413,7 +452,7 @@ def _add_whole_tokens(tok: HFTokenizer, meta: dict, vocab: dict[str, int], alpha
     whatever their type, as transformers registers them.
     """
     tokens = meta["tokenizer.ggml.tokens"]
-    types = meta.get("tokenizer.ggml.token_type") or []
+    types = _array(meta, "tokenizer.ggml.token_type", int, where, len(tokens)) or []
     special = [t for t, ty in zip(tokens, types) if ty == _CONTROL and (alphabet is None or set(t) <= alphabet)]
     for key in _SPECIAL_TOKEN_IDS:
         i = meta.get(key)
@@ -438,31 +477,33 @@ def tokenizer_from_gguf(meta: dict, where: str) -> Tokenizer:
             f"{where}: no tokenizer in the file (metadata 'tokenizer.ggml.model' / "
             "'tokenizer.ggml.tokens' missing); minillm needs the tokenizer embedded in the GGUF"
         )
-    if kind not in _TOKENIZER_BUILDERS:
+    if not isinstance(kind, str) or kind not in _TOKENIZER_BUILDERS:
         raise ValueError(
             f"{where}: tokenizer.ggml.model = {kind!r} is not supported; supported: "
             f"{', '.join(SUPPORTED_TOKENIZERS)} (byte-level BPE and SentencePiece BPE); "
             "use the model's HF directory instead"
         )
+    tokens = _array(meta, "tokenizer.ggml.tokens", str, where)
+    if not tokens:
+        raise ValueError(f"{where}: metadata 'tokenizer.ggml.tokens' is empty")
     tok, vocab, alphabet = _TOKENIZER_BUILDERS[kind](meta, where)
-    _add_whole_tokens(tok, meta, vocab, alphabet)
-    tokens = meta["tokenizer.ggml.tokens"]
+    _add_whole_tokens(tok, meta, vocab, alphabet, where)
 
     def token(key: str) -> str | None:
-        i = meta.get(key)
-        return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else None
+        i = _token_id(meta, key, len(tokens), where)
+        return None if i is None else tokens[i]
 
     # llama.cpp stops at end-of-generation tokens: eos, and end-of-turn / end-of-message if set.
     eos_ids = []
     for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
-        i = meta.get(key)
-        if isinstance(i, int) and 0 <= i < len(tokens) and i not in eos_ids:
+        i = _token_id(meta, key, len(tokens), where)
+        if i is not None and i not in eos_ids:
             eos_ids.append(i)
     # SentencePiece files that do not say add BOS, as llama.cpp and transformers assume
-    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", kind == "llama"))
+    add_bos = config_bool(meta, "tokenizer.ggml.add_bos_token", where, kind == "llama")
     return Tokenizer(
         tok,
-        chat_template=meta.get("tokenizer.chat_template"),
+        chat_template=_string(meta, "tokenizer.chat_template", where),
         bos_token=token("tokenizer.ggml.bos_token_id"),
         eos_token=token("tokenizer.ggml.eos_token_id"),
         eos_token_ids=eos_ids,
@@ -482,13 +523,18 @@ _SAMPLING_KEYS = {
 }
 
 
-def generation_defaults_from(meta: dict) -> dict:
-    """Sampling defaults the file carries (often none), as generation_config.json keys."""
+def generation_defaults_from(meta: dict, where: str) -> dict:
+    """Sampling defaults the file carries (often none), as generation_config.json keys; checked as
+    the HF loader checks generation_config.json's, with the error naming the metadata key."""
     out: dict[str, Any] = {}
     for key, name in _SAMPLING_KEYS.items():
         if key in meta:
             value = meta[key]
-            out[name] = int(value) if name == "top_k" else _f32(value)
+            if name in SAMPLING_DEFAULTS:
+                check_sampling_default(name, value, key, where)
+            else:
+                config_float(meta, key, where)
+            out[name] = value if name == "top_k" else _f32(value)
     return out
 
 
@@ -500,7 +546,7 @@ def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray], Tok
     """
     path = Path(path)
     where = str(path)
-    if not path.is_file():
+    if not regular_file(path).is_file():
         raise FileNotFoundError(f"{where}: no such GGUF file")
     try:
         reader = GGUFReader(path)
@@ -512,10 +558,12 @@ def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray], Tok
     weights, extra = read_tensors(reader, where)
     cfg = config_from_gguf(meta, weights, extra, where)
     try:
-        check_weights(weights, cfg, where)
+        check_weights(weights, cfg, where, f"{cfg.arch}.block_count")
     except ValueError as e:  # add the name the user can look for in the file
-        bad = next(n for n, s in expected_shapes(cfg).items()
-                   if n not in weights or tuple(weights[n].shape) != s)
+        bad = next((n for n, s in expected_shapes(cfg).items()
+                    if n not in weights or tuple(weights[n].shape) != s), None)
+        if bad is None:  # not one tensor's fault: layers past block_count
+            raise
         raise ValueError(f"{e}; in the file: {gguf_tensor_name(bad)!r}") from None
     n_tokens = len(meta["tokenizer.ggml.tokens"])
     if n_tokens > cfg.vocab_size:
@@ -532,4 +580,4 @@ def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray], Tok
     for i in tokenizer.eos_token_ids:
         if i not in cfg.eos_token_ids:
             cfg.eos_token_ids.append(i)
-    return cfg, weights, tokenizer, generation_defaults_from(meta)
+    return cfg, weights, tokenizer, generation_defaults_from(meta, where)

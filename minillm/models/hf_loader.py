@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 
 from minillm.models.config import ModelConfig, RopeScaling
+from minillm.models.rope import SUPPORTED_ROPE_SCALING
 from minillm.models.safetensors_io import iter_safetensors
 from minillm.models.tokenizer import Tokenizer
+from minillm.sampling_params import SamplingParams
 
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -36,10 +39,24 @@ _LAYER_NAMES = {
 }
 
 
+def shown(v) -> str:
+    """A value as it reads in its file, cut short for an error message."""
+    return json.dumps(v, default=str, ensure_ascii=False)[:40]
+
+
+def regular_file(path: Path) -> Path:
+    """path, unless it exists and is not a regular file: reading a FIFO waits for a writer forever
+    (and a device may never end), so those are refused. A missing path is left to the caller."""
+    if path.exists() and not path.is_file():
+        kind = "a directory" if path.is_dir() else "a FIFO, socket or device"
+        raise ValueError(f"{path}: is {kind}, not a regular file")
+    return path
+
+
 def read_json(path: Path) -> dict:
     """A JSON object from path; a missing file, bad JSON or another JSON value is a clear error."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(regular_file(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: missing (an HF model directory needs config.json)") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -57,36 +74,106 @@ def config_int(cfg: dict, key: str, where: str, default: int | None = None) -> i
             raise ValueError(f"{where}: '{key}' is missing; a model's config needs it")
         return default
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{where}: '{key}' must be a positive integer, got {json.dumps(v)[:40]}")
+        raise ValueError(f"{where}: '{key}' must be a positive integer, got {shown(v)}")
     return v
 
 
-def attention_shape(cfg: dict, where: str) -> tuple[int, int, int, int]:
-    """(hidden_size, heads, KV heads, head_dim) of a config, checked to fit together."""
-    hidden, heads = config_int(cfg, "hidden_size", where), config_int(cfg, "num_attention_heads", where)
-    kv_heads = config_int(cfg, "num_key_value_heads", where, heads)
+def config_float(cfg: dict, key: str, where: str, default: float | None = None) -> float:
+    """cfg[key] as a positive finite number (an epsilon, a RoPE base or factor: 0, a negative or NaN
+    one gives a model that computes NaN or garbage); absent or null gives default, or an error."""
+    v = cfg.get(key)
+    if v is None:
+        if default is None:
+            raise ValueError(f"{where}: '{key}' is missing; a model's config needs it")
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v > 0 and math.isfinite(v)):
+        raise ValueError(f"{where}: '{key}' must be a positive number, got {shown(v)}")
+    return float(v)
+
+
+def config_bool(cfg: dict, key: str, where: str, default: bool) -> bool:
+    """cfg[key] as a bool; absent or null gives default. Only a real bool is taken: the string
+    "false" would otherwise read as true."""
+    v = cfg.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise ValueError(f"{where}: '{key}' must be true or false, got {shown(v)}")
+    return v
+
+
+def token_ids(cfg: dict, key: str, where: str, vocab_size: int) -> list[int] | None:
+    """cfg[key], a token id or a list of them, as a list; None when absent or null."""
+    v = cfg.get(key)
+    if v is None:
+        return None
+    ids = v if isinstance(v, list) else [v]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab_size for i in ids):
+        raise ValueError(f"{where}: '{key}' must be a token id or a list of token ids below the "
+                         f"vocabulary size {vocab_size}, got {shown(v)}")
+    return list(ids)
+
+
+# The sampling defaults the server and the chat REPL fill requests from, checked at load as a
+# request's would be (a bad one would otherwise fail every request, or the REPL, later)
+SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p")
+
+
+def check_sampling_default(name: str, value, key: str, where: str) -> None:
+    """value as SamplingParams takes `name`; the error names `key`, how the file spells it."""
+    try:
+        SamplingParams(**{name: value})
+    except ValueError as e:
+        raise ValueError(f"{where}: '{key}': {e}") from None
+
+
+def generation_defaults(gen: dict, where: str) -> dict:
+    """generation_config.json's object with its sampling defaults checked; a null one means unset."""
+    gen = {k: v for k, v in gen.items() if not (k in SAMPLING_DEFAULTS and v is None)}
+    for name in SAMPLING_DEFAULTS:
+        if name in gen:
+            check_sampling_default(name, gen[name], name, where)
+    return gen
+
+
+HF_ATTENTION_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim")
+
+
+def attention_shape(cfg: dict, where: str, keys: tuple[str, ...] = HF_ATTENTION_KEYS) -> tuple[int, int, int, int]:
+    """(hidden_size, heads, KV heads, head_dim) of a config, checked to fit together; keys are how
+    cfg spells those four (a GGUF file: {arch}.embedding_length, ...)."""
+    hidden_key, heads_key, kv_key, dim_key = keys
+    hidden, heads = config_int(cfg, hidden_key, where), config_int(cfg, heads_key, where)
+    kv_heads = config_int(cfg, kv_key, where, heads)
     if heads % kv_heads:
-        raise ValueError(f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
-    if cfg.get("head_dim"):
-        return hidden, heads, kv_heads, config_int(cfg, "head_dim", where)
+        raise ValueError(f"{where}: {heads_key} {heads} is not a multiple of {kv_key} {kv_heads}")
+    if cfg.get(dim_key) is not None:
+        return hidden, heads, kv_heads, config_int(cfg, dim_key, where)
     if hidden % heads:
-        raise ValueError(f"{where}: hidden_size {hidden} is not a multiple of num_attention_heads {heads} "
-                         "(and no head_dim is given)")
+        raise ValueError(f"{where}: {hidden_key} {hidden} is not a multiple of {heads_key} {heads} "
+                         f"(and no {dim_key} is given)")
     return hidden, heads, kv_heads, hidden // heads
 
 
-def rope_scaling_from(d: dict | None) -> RopeScaling:
+def rope_scaling_from(d, where: str) -> RopeScaling:
+    """rope_scaling (or rope_parameters), checked here rather than when the RoPE table is built:
+    a kind minillm implements, positive factors. Both "rope_type" and the older "type" name it."""
     if not d:
         return RopeScaling()
+    if not isinstance(d, dict):
+        raise ValueError(f"{where}: 'rope_scaling' must be an object, got {shown(d)}")
     kind = d.get("rope_type", d.get("type", "default"))
-    rs = RopeScaling(kind=kind, factor=float(d.get("factor", 1.0)))
-    for key in ("low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow"):
-        if key in d:
-            setattr(rs, key, float(d[key]))
-    if "original_max_position_embeddings" in d:
-        rs.original_max_position_embeddings = int(d["original_max_position_embeddings"])
-    if d.get("attention_factor") is not None:
-        rs.attention_factor = float(d["attention_factor"])
+    if kind == "default":
+        return RopeScaling()
+    if kind not in SUPPORTED_ROPE_SCALING:
+        raise ValueError(f"{where}: rope_scaling type {shown(kind)} is not supported; supported: "
+                         f"{', '.join(SUPPORTED_ROPE_SCALING)}")
+    rs = RopeScaling(kind=kind, factor=config_float(d, "factor", where, 1.0))
+    for key in ("low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow", "attention_factor"):
+        if d.get(key) is not None:
+            setattr(rs, key, config_float(d, key, where))
+    rs.original_max_position_embeddings = config_int(d, "original_max_position_embeddings", where,
+                                                     rs.original_max_position_embeddings)
     return rs
 
 
@@ -111,32 +198,29 @@ def _config_from_hf(cfg: dict, where: str) -> ModelConfig:
             f"{where}: unsupported architectures {archs}; supported: {', '.join(ARCHITECTURES)}"
         )
     hidden, heads, kv_heads, head_dim = attention_shape(cfg, where)
+    vocab_size = config_int(cfg, "vocab_size", where)
     rope_params = cfg.get("rope_scaling") or cfg.get("rope_parameters")
-    rope_theta = cfg.get("rope_theta")
-    if rope_theta is None and isinstance(rope_params, dict):
-        rope_theta = rope_params.get("rope_theta")
-    if isinstance(rope_params, dict) and rope_params.get("rope_type", "default") == "default":
-        rope_params = None
-    eos = cfg.get("eos_token_id")
+    # transformers v5 moves rope_theta into rope_parameters
+    theta_in = rope_params if cfg.get("rope_theta") is None and isinstance(rope_params, dict) else cfg
     return ModelConfig(
         arch=arch,
-        vocab_size=config_int(cfg, "vocab_size", where),
+        vocab_size=vocab_size,
         hidden_size=hidden,
         num_layers=config_int(cfg, "num_hidden_layers", where),
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
         intermediate_size=config_int(cfg, "intermediate_size", where),
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(rope_theta or 10000.0),
-        rope_scaling=rope_scaling_from(rope_params),
+        rms_norm_eps=config_float(cfg, "rms_norm_eps", where, 1e-6),
+        rope_theta=config_float(theta_in, "rope_theta", where, 10000.0),
+        rope_scaling=rope_scaling_from(rope_params, where),
         max_position_embeddings=config_int(cfg, "max_position_embeddings", where, 4096),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
+        tie_word_embeddings=config_bool(cfg, "tie_word_embeddings", where, False),
+        attention_bias=arch == "qwen2" or config_bool(cfg, "attention_bias", where, False),
         qk_norm=arch == "qwen3",
         torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"),
         bos_token_id=cfg.get("bos_token_id"),
-        eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
+        eos_token_ids=token_ids(cfg, "eos_token_id", where, vocab_size) or [],
         pad_token_id=cfg.get("pad_token_id"),
     )
 
@@ -195,8 +279,10 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_weights(weights: dict[str, np.ndarray], cfg: ModelConfig, where: str) -> None:
-    """Every expected tensor present with its expected shape, or a message naming it."""
+def check_weights(weights: dict[str, np.ndarray], cfg: ModelConfig, where: str,
+                  layers_key: str = "num_hidden_layers") -> None:
+    """Every expected tensor present with its expected shape, or a message naming it; and no layer
+    past the config's count (the model would silently run without it). layers_key names the count."""
     for name, shape in expected_shapes(cfg).items():
         if name not in weights:
             raise ValueError(f"{where}: tensor {name!r} is missing (expected shape {shape})")
@@ -204,6 +290,11 @@ def check_weights(weights: dict[str, np.ndarray], cfg: ModelConfig, where: str) 
             raise ValueError(
                 f"{where}: tensor {name!r} has shape {tuple(weights[name].shape)}, expected {shape}"
             )
+    layers = {str(i) for i in range(cfg.num_layers)}
+    extra = sorted({n.split(".")[1] for n in weights if n.startswith("layers.")} - layers)
+    if extra:
+        raise ValueError(f"{where}: has tensors of layer(s) {', '.join(extra[:5])} but {layers_key} is "
+                         f"{cfg.num_layers}; the weights and the config disagree")
 
 
 def load_safetensors(files: list[Path]) -> dict[str, np.ndarray]:
@@ -223,11 +314,12 @@ def load_hf_dir(path: str | Path):
     path = Path(path)
     cfg = config_from_hf(read_json(path / "config.json"), str(path / "config.json"))
     gen = {}
-    if (path / "generation_config.json").exists():
-        gen = read_json(path / "generation_config.json")
-        eos = gen.get("eos_token_id")
+    gen_path = path / "generation_config.json"
+    if gen_path.exists():
+        gen = generation_defaults(read_json(gen_path), str(gen_path))
+        eos = token_ids(gen, "eos_token_id", str(gen_path), cfg.vocab_size)
         if eos is not None:
-            cfg.eos_token_ids = [eos] if isinstance(eos, int) else list(eos)
+            cfg.eos_token_ids = eos
     weights = load_safetensors(_tensor_files(path))
     check_weights(weights, cfg, str(path))
     tokenizer = Tokenizer.from_hf_dir(path, eos_token_ids=cfg.eos_token_ids)

@@ -53,35 +53,40 @@ class Tokenizer:
     # ---- construction -------------------------------------------------------------------
     @classmethod
     def from_hf_dir(cls, path: str | Path, eos_token_ids: list[int] | None = None) -> Tokenizer:
+        """tokenizer.json plus tokenizer_config.json (chat template, bos/eos, add_bos_token) or
+        chat_template.jinja; a file or value of the wrong kind is a ValueError naming it."""
+        # imported here: hf_loader imports this module
+        from minillm.models.hf_loader import config_bool, read_json, regular_file
+
         path = Path(path)
         tj = path / "tokenizer.json"
         if not tj.exists():
             raise FileNotFoundError(
                 f"{tj}: missing; minillm needs a fast-tokenizer tokenizer.json beside config.json"
             )
-        tok = HFTokenizer.from_file(str(tj))
-        cfg = {}
+        regular_file(tj)
+        try:
+            tok = HFTokenizer.from_file(str(tj))
+        except Exception as e:  # the tokenizers library raises a bare Exception for any bad file
+            raise ValueError(f"{tj}: not a valid tokenizer.json ({e})") from None
         tc = path / "tokenizer_config.json"
-        if tc.exists():
-            cfg = json.loads(tc.read_text())
-        template = cfg.get("chat_template")
+        cfg = read_json(tc) if tc.exists() else {}
+        template = _chat_template(cfg.get("chat_template"), str(tc))
         ct = path / "chat_template.jinja"
         if template is None and ct.exists():
-            template = ct.read_text()
-        if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
-            named = {t.get("name"): t.get("template") for t in template}
-            template = named.get("default") or next(iter(named.values()), None)
-
-        def tok_str(v):
-            return v.get("content") if isinstance(v, dict) else v
-
+            try:
+                template = regular_file(ct).read_text(encoding="utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{ct}: not UTF-8 text ({e})") from None
+        # minillm never appends EOS itself; the key is checked so a broken file is still refused
+        config_bool(cfg, "add_eos_token", str(tc), False)
         return cls(
             tok,
             chat_template=template,
-            bos_token=tok_str(cfg.get("bos_token")),
-            eos_token=tok_str(cfg.get("eos_token")),
+            bos_token=_token_text(cfg, "bos_token", str(tc)),
+            eos_token=_token_text(cfg, "eos_token", str(tc)),
             eos_token_ids=eos_token_ids,
-            add_bos_token=bool(cfg.get("add_bos_token", False)),
+            add_bos_token=config_bool(cfg, "add_bos_token", str(tc), False),
         )
 
     # ---- text <-> ids -------------------------------------------------------------------
@@ -145,6 +150,28 @@ class Tokenizer:
         text = self.apply_chat_template(messages, add_generation_prompt, continue_final_message,
                                         **(template_kwargs or {}))
         return self.encode(text, add_special_tokens=add_special_tokens)
+
+
+def _chat_template(v, where: str) -> str | None:
+    """tokenizer_config.json's chat_template: a string, or a list of {"name", "template"} objects
+    (the one named "default", else the first)."""
+    if v is None or isinstance(v, str):
+        return v
+    if isinstance(v, list) and all(isinstance(t, dict) and isinstance(t.get("template"), str) for t in v):
+        named = {t.get("name"): t["template"] for t in v}
+        return named.get("default") or next(iter(named.values()), None)
+    raise ValueError(f"{where}: 'chat_template' must be a string or a list of {{\"name\", \"template\"}} "
+                     f"objects, got {json.dumps(v)[:40]}")
+
+
+def _token_text(cfg: dict, key: str, where: str) -> str | None:
+    """bos_token / eos_token: a string, or an AddedToken object whose "content" is one."""
+    v = cfg.get(key)
+    text = v.get("content") if isinstance(v, dict) else v
+    if v is not None and not isinstance(text, str):
+        raise ValueError(f"{where}: '{key}' must be a string or an object with a string \"content\", "
+                         f"got {json.dumps(v)[:40]}")
+    return text
 
 
 def content_text(content) -> str | None:

@@ -1,0 +1,291 @@
+"""A model with a broken file beside config.json (tokenizer files, generation_config.json, safetensors)
+or broken GGUF metadata is refused at load with a ValueError naming the file and the key or field: never
+a bare Exception or TypeError from deep inside, a hang on a FIFO, or a model that loads silently wrong.
+(config.json itself: test_model_config_errors.py.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from test_model_config_errors import ROOT, one_error_line
+
+from minillm.chat import Chat
+from minillm.models.gguf_loader import load_gguf
+from minillm.models.hf_loader import load_hf_dir
+from minillm.sampling_params import SamplingParams
+from minillm.tools import random_model
+
+from gguf_util import random_weights, tiny_config, write_model
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return random_model.write_random_model(tmp_path_factory.mktemp("tiny"), "tiny", seed=0)
+
+
+def copy_of(tiny: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "model"
+    shutil.copytree(tiny, out)
+    return out
+
+
+def edit_json(path: Path, name: str, edit) -> Path:
+    """path/name replaced by edit(its dict); a str or bytes result is written as is."""
+    new = edit(json.loads((path / name).read_text()))
+    if isinstance(new, bytes):
+        (path / name).write_bytes(new)
+    else:
+        (path / name).write_text(new if isinstance(new, str) else json.dumps(new))
+    return path
+
+
+def refused(path: Path, file: str, *words: str) -> str:
+    """load_hf_dir(path) raises a ValueError that starts with path/file and holds every word."""
+    with pytest.raises(ValueError) as e:
+        load_hf_dir(path)
+    msg = str(e.value)
+    assert msg.startswith(str(path / file)) and all(w in msg for w in words), msg
+    return msg
+
+
+def put(key, value):
+    return lambda d: {**d, key: value}
+
+
+def drop(key):
+    return lambda d: {k: v for k, v in d.items() if k != key}
+
+
+# ---- tokenizer.json, tokenizer_config.json, chat_template.jinja --------------------------------------
+def test_truncated_tokenizer_json(tiny, tmp_path):
+    path = copy_of(tiny, tmp_path)
+    text = (path / "tokenizer.json").read_text()
+    (path / "tokenizer.json").write_text(text[: len(text) // 2])  # the tokenizers library: a bare Exception
+    refused(path, "tokenizer.json", "not a valid tokenizer.json")
+
+
+@pytest.mark.parametrize("edit,words", [
+    (lambda c: "[1]", "must be a JSON object"),
+    (lambda c: '{"chat_template": ', "not valid JSON"),
+    (lambda c: b"\xff\xfe\x00garbage", "not valid JSON"),
+    (put("chat_template", 5), "'chat_template' must be a string or a list"),
+    (put("chat_template", {"a": 1}), "'chat_template' must be a string or a list"),
+    (put("chat_template", ["x", "y"]), "'chat_template' must be a string or a list"),
+    (put("bos_token", 5), "'bos_token' must be a string"),
+    (put("eos_token", ["a"]), "'eos_token' must be a string"),
+    (put("eos_token", {"content": 3}), "'eos_token' must be a string"),
+    (put("add_bos_token", "false"), "'add_bos_token' must be true or false"),
+    (put("add_eos_token", "false"), "'add_eos_token' must be true or false"),
+])
+def test_bad_tokenizer_config(tiny, tmp_path, edit, words):
+    refused(edit_json(copy_of(tiny, tmp_path), "tokenizer_config.json", edit), "tokenizer_config.json", words)
+
+
+def test_added_token_objects_and_named_templates_are_read(tiny, tmp_path):
+    path = edit_json(copy_of(tiny, tmp_path), "tokenizer_config.json", lambda c: {
+        **c, "eos_token": {"content": "<|im_end|>", "special": True},
+        "chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]})
+    tok = load_hf_dir(path)[2]
+    assert tok.eos_token == "<|im_end|>" and tok.chat_template == "D"
+
+
+def test_chat_template_jinja_not_utf8(tiny, tmp_path):
+    path = edit_json(copy_of(tiny, tmp_path), "tokenizer_config.json", drop("chat_template"))
+    (path / "chat_template.jinja").write_bytes(b"\xff\xfe{{ x }}")
+    refused(path, "chat_template.jinja", "not UTF-8")
+
+
+# ---- generation_config.json --------------------------------------------------------------------------
+@pytest.mark.parametrize("edit,words", [
+    (put("temperature", "hot"), "'temperature': temperature must be a number"),
+    (put("temperature", float("nan")), "'temperature'"),
+    (put("temperature", -1), "'temperature'"),
+    (put("top_p", [1]), "'top_p': top_p must be in (0, 1]"),
+    (put("top_k", "x"), "'top_k': top_k must be an integer"),
+    (put("min_p", "x"), "'min_p': min_p must be in [0, 1]"),
+    (put("eos_token_id", 2.5), "'eos_token_id' must be a token id"),
+    (put("eos_token_id", ["a"]), "'eos_token_id' must be a token id"),
+    (put("eos_token_id", -1), "'eos_token_id' must be a token id"),
+    (put("eos_token_id", 10**12), "'eos_token_id' must be a token id"),
+])
+def test_bad_generation_config(tiny, tmp_path, edit, words):
+    path = edit_json(copy_of(tiny, tmp_path), "generation_config.json", edit)
+    refused(path, "generation_config.json", words)
+
+
+def test_null_sampling_default_means_unset(tiny, tmp_path):
+    path = edit_json(copy_of(tiny, tmp_path), "generation_config.json", put("temperature", None))
+    assert "temperature" not in load_hf_dir(path)[3]
+
+
+def test_chat_repl_reads_bad_defaults_without_a_traceback():
+    """Defaults that bypassed the loaders' checks reach SamplingParams' ValueError (main prints it)."""
+    engine = SimpleNamespace(loaded=SimpleNamespace(generation_defaults={"top_p": [1], "temperature": None}))
+    ns = SimpleNamespace(system=None, max_tokens=8, temperature=None, top_p=None, top_k=None, min_p=None)
+    chat = Chat(engine, ns)
+    assert chat.sampling["temperature"] == 0.7
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(**chat.sampling)
+
+
+# ---- safetensors ---------------------------------------------------------------------------------------
+def read_st(path: Path) -> tuple[dict, bytes]:
+    raw = (path / "model.safetensors").read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    return json.loads(raw[8:8 + n]), raw[8 + n:]
+
+
+def write_st(path: Path, header, data: bytes) -> Path:
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)
+    (path / "model.safetensors").write_bytes(struct.pack("<Q", len(blob)) + blob + data)
+    return path
+
+
+def first_tensor(header: dict) -> str:
+    return min((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][0])
+
+
+def with_entry(**fields):
+    """An edit of the first tensor's header entry: fields set (None: removed)."""
+    def edit(h):
+        e = {**h[first_tensor(h)], **fields}
+        h[first_tensor(h)] = {k: v for k, v in e.items() if v is not None}
+        return h
+    return edit
+
+
+def shifted(h):
+    """The second tensor made to start 2 bytes into the first one (same length): they share bytes."""
+    names = sorted((k for k in h if k != "__metadata__"), key=lambda k: h[k]["data_offsets"][0])
+    begin, end = h[names[1]]["data_offsets"]
+    h[names[1]]["data_offsets"] = [begin - 2, end - 2]
+    return h
+
+
+@pytest.mark.parametrize("edit,words", [
+    (lambda h: [1, 2, 3], "the header is a JSON list"),
+    (lambda h: {**h, "__metadata__": [1]}, "'__metadata__' must be an object"),
+    (lambda h: {**h, first_tensor(h): [1, 2]}, "header entry must be an object"),
+    (with_entry(data_offsets=None), "'data_offsets' must be [begin, end]"),
+    (with_entry(data_offsets="0,10"), "'data_offsets' must be [begin, end]"),
+    (with_entry(shape="64x64"), "'shape' must be a list of non-negative integers"),
+    (with_entry(shape=[-1, 4]), "'shape' must be a list of non-negative integers"),
+    (with_entry(data_offsets=[-100, 10]), "do not lie within"),
+    (with_entry(dtype="F32"), "bytes, but shape"),  # bf16 bytes read as half as many float32s
+    (shifted, "no gap or overlap"),
+])
+def test_bad_safetensors_header(tiny, tmp_path, edit, words):
+    path = copy_of(tiny, tmp_path)
+    header, data = read_st(path)
+    refused(write_st(path, edit(header), data), "model.safetensors", words)
+
+
+def test_truncated_safetensors(tiny, tmp_path):
+    path = copy_of(tiny, tmp_path)
+    raw = (path / "model.safetensors").read_bytes()
+    (path / "model.safetensors").write_bytes(raw[:-1])
+    refused(path, "model.safetensors", "do not lie within", "a truncated file?")
+
+
+def test_safetensors_with_bytes_no_tensor_owns(tiny, tmp_path):
+    path = copy_of(tiny, tmp_path)
+    header, data = read_st(path)
+    refused(write_st(path, header, data + b"\0" * 8), "model.safetensors", "bytes no tensor owns")
+
+
+# ---- FIFOs must not hang the load ----------------------------------------------------------------------
+def finishes(fn, timeout: float = 60):
+    """fn()'s exception; fails (rather than hangs) when fn does not return within timeout."""
+    box = []
+
+    def run():
+        try:
+            fn()
+        except BaseException as e:  # noqa: B036  (handed to the test)
+            box.append(e)
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), "the load hung"
+    return box[0] if box else None
+
+
+@pytest.mark.parametrize("name", ["config.json", "tokenizer.json", "generation_config.json", "model.safetensors"])
+def test_fifo_in_a_model_directory_is_refused(tiny, tmp_path, name):
+    path = copy_of(tiny, tmp_path)
+    (path / name).unlink()
+    os.mkfifo(path / name)
+    e = finishes(lambda: load_hf_dir(path))
+    assert isinstance(e, ValueError) and str(path / name) in str(e) and "not a regular file" in str(e), e
+
+
+def test_fifo_gguf_is_refused(tmp_path):
+    os.mkfifo(tmp_path / "m.gguf")
+    e = finishes(lambda: load_gguf(tmp_path / "m.gguf"))
+    assert isinstance(e, ValueError) and "not a regular file" in str(e), e
+
+
+# ---- GGUF metadata -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("meta,words", [
+    ({"llama.attention.head_count": 0}, "'llama.attention.head_count' must be a positive integer"),
+    ({"llama.attention.head_count_kv": 0}, "'llama.attention.head_count_kv' must be a positive integer"),
+    ({"llama.attention.head_count_kv": [2, 2]}, "'llama.attention.head_count_kv' must be a positive integer"),
+    ({"llama.attention.head_count_kv": 3}, "llama.attention.head_count 4 is not a multiple of"),
+    ({"llama.embedding_length": "x"}, "'llama.embedding_length' must be a positive integer"),
+    ({"llama.block_count": 0}, "'llama.block_count' must be a positive integer"),
+    ({"llama.block_count": 1}, "has tensors of layer(s) 1 but llama.block_count is 1"),
+    ({"llama.context_length": 0}, "'llama.context_length' must be a positive integer"),
+    ({"llama.rope.freq_base": 0.0}, "'llama.rope.freq_base' must be a positive number"),
+    ({"llama.rope.freq_base": float("nan")}, "'llama.rope.freq_base' must be a positive number"),
+    ({"llama.attention.layer_norm_rms_epsilon": -1.0}, "'llama.attention.layer_norm_rms_epsilon' must be"),
+    ({"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 0.0},
+     "'llama.rope.scaling.factor' must be a positive number"),
+    ({"tokenizer.ggml.add_bos_token": "false"}, "'tokenizer.ggml.add_bos_token' must be true or false"),
+    ({"tokenizer.ggml.tokens": "abc"}, "'tokenizer.ggml.tokens' must be an array of strings"),
+    ({"tokenizer.ggml.tokens": list(range(271))}, "'tokenizer.ggml.tokens' must be an array of strings"),
+    ({"tokenizer.ggml.merges": "Ġ t"}, "'tokenizer.ggml.merges' must be an array of strings"),
+    ({"tokenizer.ggml.merges": ["Ġ t", "zz qq"]}, "entry 'zz qq' names 'zz', which is not in tokenizer.ggml.tokens"),
+    ({"tokenizer.ggml.token_type": 3}, "'tokenizer.ggml.token_type' must be an array of 271 integers"),
+    ({"tokenizer.ggml.pre": 3}, "'tokenizer.ggml.pre' must be a string"),
+    ({"tokenizer.ggml.eos_token_id": [2, 0]}, "'tokenizer.ggml.eos_token_id' must be a token id"),
+    ({"tokenizer.ggml.eos_token_id": 2.5}, "'tokenizer.ggml.eos_token_id' must be a token id"),
+    ({"tokenizer.ggml.bos_token_id": "x"}, "'tokenizer.ggml.bos_token_id' must be a token id"),
+    ({"tokenizer.chat_template": 5}, "'tokenizer.chat_template' must be a string"),
+    ({"general.sampling.temp": "hot"}, "'general.sampling.temp': temperature must be"),
+    ({"general.sampling.temp": float("nan")}, "'general.sampling.temp': temperature must be"),
+    ({"general.sampling.top_p": 2.0}, "'general.sampling.top_p': top_p must be"),
+    ({"general.sampling.top_k": "x"}, "'general.sampling.top_k': top_k must be"),
+    ({"general.sampling.min_p": "x"}, "'general.sampling.min_p': min_p must be"),
+])
+def test_bad_gguf_metadata(tmp_path, meta, words):
+    cfg = tiny_config("llama")
+    path, _ = write_model(tmp_path / "m.gguf", cfg, random_weights(cfg), extra_metadata=meta)
+    with pytest.raises(ValueError) as e:
+        load_gguf(path)
+    assert str(e.value).startswith(str(path)) and words in str(e.value), e.value
+
+
+# ---- the CLIs: one error line --------------------------------------------------------------------------
+def test_clis_refuse_a_broken_tokenizer_with_one_line(tiny, tmp_path):
+    path = copy_of(tiny, tmp_path)
+    (path / "tokenizer.json").write_text('{"version": "1.0", "model": ')
+    r = subprocess.run([sys.executable, "-m", "minillm.generate", str(path), "--device", "cpu", "--prompt", "hi"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    one_error_line(r, "not a valid tokenizer.json")
+
+
+def test_chat_refuses_bad_sampling_defaults_with_one_line(tiny, tmp_path):
+    path = edit_json(copy_of(tiny, tmp_path), "generation_config.json", put("top_p", [1]))
+    r = subprocess.run([sys.executable, "-m", "minillm.chat", str(path), "--device", "cpu"], input="hi\n",
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    one_error_line(r, "'top_p'")
