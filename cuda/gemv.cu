@@ -70,9 +70,6 @@
 #ifndef GEMV_PREFETCH_MAX
 #define GEMV_PREFETCH_MAX (16 << 20)
 #endif
-#ifndef GEMV_NORM_EARLY_W  // 1: the folded-norm products load their first weights before the norm
-#define GEMV_NORM_EARLY_W 0
-#endif
 
 namespace {
 
@@ -238,25 +235,10 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
       gemv_prefetch<GATED, WARPS>(w, N, K);
     minillm::pdl_entry();  // before the early return: see cuda/common.cuh
   }
-  const int chunks = K / 8;  // 16-byte chunks per row (the host checks K % 8 == 0)
-  constexpr int U = U1 ? U1 : GEMV1_U;  // the one-row loop's chunks a lane in flight
-  // GEMV_NORM_EARLY_W (NORM): the first chunk group's weight loads go out before the norm's
-  // prologue, so their latency overlaps its row read and reduction (opt-in, for A/B runs)
-  constexpr bool EARLY_W = NORM > 0 && GEMV_NORM_EARLY_W && GEMV_STAGED;
-  uint4 w_first[EARLY_W ? U : 1][R];
-  if constexpr (EARLY_W) {
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const int col = min(n0 + r % GEMV_NR, N - 1);
-        const i64 n = SPLIT ? row0 + col : r < GEMV_NR ? col : N + col;
-        w_first[u][r] = __ldg(reinterpret_cast<const uint4*>(w + (i64)n * K) + min(lane + 32 * u, chunks - 1));
-      }
-  }
   if constexpr (NORM > 0) norm_row<NORM>(x, na, K, norm_w, xs_norm);  // every thread, before any returns
   // SPLIT keeps every warp to the CTA barrier below: past N they reload row N - 1, unused
   if (!SPLIT && n0 >= N) return;
+  const int chunks = K / 8;  // 16-byte chunks per row (the host checks K % 8 == 0)
   float acc[R][M];
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -311,17 +293,13 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
     // 4.352-4.355, so 8B's slower qkv / o / down are not short of bytes in flight. Splitting a
     // column's K range over 2-3 warps (to fill the GPU with 0.6B's 128-CTA o and down) did not
     // either: 0.6B 0.885 -> 0.887-0.890 (part152); both were removed.
+    constexpr int U = U1 ? U1 : GEMV1_U;
     for (int c0 = lane; c0 < chunks; c0 += 32 * U) {
       uint4 wv[U][R], xv[U][M];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int c = min(c0 + 32 * u, chunks - 1);
-        if (EARLY_W && c0 == lane) {
-#pragma unroll
-          for (int r = 0; r < R; ++r) wv[u][r] = w_first[u][r];
-        } else {
-          load_w(c, wv[u]);
-        }
+        load_w(c, wv[u]);
 #pragma unroll
         for (int m = 0; m < M; ++m) xv[u][m] = load_x(c, m);
       }

@@ -105,7 +105,8 @@
 #   (run on b723884 as MINILLM_FOLD_NORMS=1 / 0; now MINILLM_FOLD_NORMS_MAX_K=4096 / 0): their tests and
 #   memcheck, batch-1 graphs folded / not alternately, decode.
 #   part207: session 34's final code: every GPU test; the folded products loading their first
-#   weights before the norm (GEMV_NORM_EARLY_W=1): its tests and batch-1 graphs against the default.
+#   weights before the norm (GEMV_NORM_EARLY_W=1, 16ac088; removed after it): its tests and batch-1
+#   graphs against the default.
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157

@@ -128,4 +128,4 @@ def test_one_row_steps_with_folded_norms_match_unfolded(tmp_path, monkeypatch):
             folded = dict(calls)
     assert got[True] == got[False]
     L = rm.PRESETS["tiny"]["num_hidden_layers"]
-    assert folded["rms_norm_matmul"] >= 11 * L and folded["rms_norm_matmul_silu_mul"] >= 11 * L
+    assert folded["rms_norm_matmul"] >= 11 * L and folded["rms_norm_matmul_silu_mul"] >= 11 * (L - 1)

@@ -183,16 +183,18 @@ class Transformer:
                                   max_query_len=x.max_query_len, decode_rows=x.decode_rows,
                                   short_runs=x.short_runs)
                 B.matmul(attn.reshape(T, c.q_size), lw.o, out=hidden)
-            if fold:
+            # the last layer's MLP norm stays a launch, updating res in place: 2L - 2 alternations,
+            # an even count, so the stream ends in ws.residual as the unfolded layers leave it
+            if fold and i < c.num_layers - 1:
                 B.rms_norm_matmul_silu_mul(hidden, res, lw.mlp_norm, eps, lw.gate_up, out=ws.act[:T],
                                            residual_out=spare, normed=normed, gate_up=ws.gate_up[:T])
                 res, spare = spare, res
             else:
-                B.rms_norm(hidden, lw.mlp_norm, eps, out=normed, residual=residual)
+                B.rms_norm(hidden, lw.mlp_norm, eps, out=normed, residual=res)
                 # gate_up GEMV and SiLU-and-multiply in one kernel when few rows (ws.gate_up unused then)
                 B.matmul_silu_mul(normed, lw.gate_up, out=ws.act[:T], gate_up=ws.gate_up[:T])
             B.matmul(ws.act[:T], lw.down, out=hidden)
-        B.rms_norm(hidden, self.norm, eps, out=normed, residual=res)
+        B.rms_norm(hidden, self.norm, eps, out=normed, residual=residual)
         last_layer = c.num_layers - 1
         if last_layer in capture_layers:  # as in HF's hidden_states, the last one is after the final norm
             j = capture_layers.index(last_layer)
