@@ -191,7 +191,7 @@ def config_from_hf(cfg: dict, where: str) -> ModelConfig:
 def _config_from_hf(cfg: dict, where: str) -> ModelConfig:
     archs = cfg.get("architectures") or []
     if not isinstance(archs, list):
-        raise ValueError(f"{where}: 'architectures' must be a list of names, got {json.dumps(archs)[:40]}")
+        raise ValueError(f"{where}: 'architectures' must be a list of names, got {shown(archs)}")
     arch = next((ARCHITECTURES[a] for a in archs if isinstance(a, str) and a in ARCHITECTURES), None)
     if arch is None:
         raise ValueError(

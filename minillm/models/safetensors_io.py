@@ -69,9 +69,9 @@ def _tensor_entries(header: dict, data_len: int, path: Path) -> dict[str, tuple]
 
 def iter_safetensors(path: str | Path) -> Iterator[tuple[str, np.ndarray]]:
     """(name, read-only array view) for every tensor in the file."""
-    path = Path(path)
-    if path.exists() and not path.is_file():  # opening a FIFO would wait for a writer forever
-        raise ValueError(f"{path}: not a regular file; expected a safetensors file")
+    from minillm.models.hf_loader import regular_file  # imported here: hf_loader imports this module
+
+    path = regular_file(Path(path))  # opening a FIFO would wait for a writer forever
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size < 8:  # (mmap refuses an empty file with a message that names no file)

@@ -6,7 +6,6 @@ Built from an HF directory (tokenizer.json + tokenizer_config.json) or from GGUF
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from pathlib import Path
 
@@ -152,6 +151,12 @@ class Tokenizer:
         return self.encode(text, add_special_tokens=add_special_tokens)
 
 
+def _shown(v) -> str:
+    from minillm.models.hf_loader import shown  # imported here: hf_loader imports this module
+
+    return shown(v)
+
+
 def _chat_template(v, where: str) -> str | None:
     """tokenizer_config.json's chat_template: a string, or a list of {"name", "template"} objects
     (the one named "default", else the first)."""
@@ -161,7 +166,7 @@ def _chat_template(v, where: str) -> str | None:
         named = {t.get("name"): t["template"] for t in v}
         return named.get("default") or next(iter(named.values()), None)
     raise ValueError(f"{where}: 'chat_template' must be a string or a list of {{\"name\", \"template\"}} "
-                     f"objects, got {json.dumps(v)[:40]}")
+                     f"objects, got {_shown(v)}")
 
 
 def _token_text(cfg: dict, key: str, where: str) -> str | None:
@@ -170,7 +175,7 @@ def _token_text(cfg: dict, key: str, where: str) -> str | None:
     text = v.get("content") if isinstance(v, dict) else v
     if v is not None and not isinstance(text, str):
         raise ValueError(f"{where}: '{key}' must be a string or an object with a string \"content\", "
-                         f"got {json.dumps(v)[:40]}")
+                         f"got {_shown(v)}")
     return text
 
 
