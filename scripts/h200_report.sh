@@ -107,6 +107,7 @@
 #   part207: session 34's final code: every GPU test; the folded products loading their first
 #   weights before the norm (GEMV_NORM_EARLY_W=1, 16ac088; removed after it): its tests and batch-1
 #   graphs against the default.
+#   part208: session 35's start, session 34's final code: every GPU test, decode of both shapes.
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
 #   GPU test, throughput; part155: the final code's GPU tests and graphs; part156 and part157
@@ -3575,6 +3576,17 @@ part207() {  # session 34's final code: every GPU test, then the folded-norm pro
   done
   step_graph_env q8 "unfolded" 100 MINILLM_FOLD_NORMS_MAX_K=0
   graph_summary
+}
+
+part208() {  # session 35's start (17d14b5, session 34's final code): every GPU test (session 34 changed
+  # a host-side layer order after its last GPU run), then decode of both shapes (~8 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  gpu_tests_full 330
+  stage models 120 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  decode_06b 60
+  decode_8b 90
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name; then
