@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from dataclasses import dataclass, fields
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -55,10 +56,25 @@ class EngineArgs:
             need((allow_none and v is None) or (isinstance(v, int) and not isinstance(v, bool)),
                  f"--{name.replace('_', '-')} must be an integer, got {v!r}")
 
+        # "" would load the current directory and report its missing config.json, naming no path
+        path = os.fspath(self.model) if isinstance(self.model, (str, os.PathLike)) else None
+        need(self.model is None or (isinstance(path, str) and path != ""),
+             f"the model must be a non-empty path (an HF model directory or a .gguf file) or an alias, got "
+             f"{self.model!r}; leave it out for the embedded default")
         for name in ("max_num_seqs", "block_size", "seed"):
             count(name, getattr(self, name))
         for name in ("max_model_len", "max_num_batched_tokens", "num_blocks"):
             count(name, getattr(self, name), allow_none=True)
+        # the device holds positions, token counts, sequence rows and block ids as int32: larger values
+        # would otherwise fail deep in numpy ("Maximum allowed dimension exceeded"), naming no flag
+        for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens", "num_blocks"):
+            v = getattr(self, name)
+            need(v is None or v < 2**31, f"--{name.replace('_', '-')} must be below 2**31, got {v}")
+        # a truthy string such as "false" would otherwise turn the feature on
+        for name in ("enable_prefix_caching", "enforce_eager", "async_scheduling"):
+            v = getattr(self, name)
+            need(isinstance(v, bool) or (name == "async_scheduling" and v is None),
+                 f"{name} must be True or False{' or None' if name == 'async_scheduling' else ''}, got {v!r}")
         gmu = self.gpu_memory_utilization
         need(isinstance(gmu, (int, float)) and not isinstance(gmu, bool),
              f"--gpu-memory-utilization must be a number, got {gmu!r}")

@@ -1,0 +1,50 @@
+"""EngineArgs: values that parse but cannot mean anything are refused up front, naming the flag."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from minillm.args import EngineArgs
+
+
+@pytest.mark.parametrize("model", ["", 5, b"model.gguf"])
+def test_model_must_be_a_non_empty_path(model):
+    with pytest.raises(ValueError, match="the model must be a non-empty path"):
+        EngineArgs(model=model)
+
+
+def test_model_paths_and_the_default_pass():
+    for model in (None, "smollm2-135m-instruct", "dir", Path("model.gguf")):
+        EngineArgs(model=model)
+
+
+@pytest.mark.parametrize("name", ["max_num_seqs", "max_model_len", "max_num_batched_tokens", "num_blocks"])
+@pytest.mark.parametrize("value", [2**31, 2**63, 10**20])
+def test_sizes_past_int32_name_the_flag(name, value):
+    with pytest.raises(ValueError, match=f"--{name.replace('_', '-')} must be below 2\\*\\*31"):
+        EngineArgs(**{name: value})
+
+
+@pytest.mark.parametrize("name", ["enable_prefix_caching", "enforce_eager", "async_scheduling"])
+@pytest.mark.parametrize("value", ["false", "no", 0, 1])
+def test_switches_must_be_bools(name, value):
+    """LLM(enforce_eager="false") must not turn eager mode on because the string is truthy."""
+    with pytest.raises(ValueError, match=f"{name} must be True or False"):
+        EngineArgs(**{name: value})
+
+
+def test_switches_accept_bools_and_async_none():
+    EngineArgs(enable_prefix_caching=False, enforce_eager=True, async_scheduling=None)
+    EngineArgs(async_scheduling=False)
+    with pytest.raises(ValueError, match="enable_prefix_caching must be True or False, got None"):
+        EngineArgs(enable_prefix_caching=None)
+
+
+def test_empty_model_on_the_command_line(capsys):
+    from minillm.generate import main
+
+    assert main(["", "--device", "cpu", "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the model must be a non-empty path") and err.count("\n") == 1
