@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -55,7 +56,15 @@ def main(argv: list[str] | None = None) -> int:
         except STARTUP_ERRORS as e:
             raise ValueError(str(e)) from None
         if ns.chat:
-            prompts = [llm.tokenizer.encode_chat([{"role": "user", "content": t}]) for t in ns.prompt]
+            prompts = []
+            for i, t in enumerate(ns.prompt):
+                try:
+                    prompts.append(llm.tokenizer.encode_chat([{"role": "user", "content": t}]))
+                except ValueError:  # no template, text that is not valid Unicode: already says what is wrong
+                    raise
+                except Exception as e:  # the template's own raise_exception or a TypeError inside it
+                    raise ValueError(f"prompt {i}: the model's chat template refused it ({type(e).__name__}: {e}); "
+                                     "drop --chat for a plain completion") from None
         else:
             prompts = ns.prompt
         t0 = time.perf_counter()
@@ -64,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if hasattr(sys.stdout, "reconfigure"):  # a terminal that cannot show a character gets '?', not a traceback
+        sys.stdout.reconfigure(errors="replace")
     for out in outs:
         if ns.json:
             rec = {"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason}
@@ -85,4 +96,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        rc = main()
+        sys.stdout.flush()  # a closed pipe raises here, not in the exit's own flush
+        sys.exit(rc)
+    except KeyboardInterrupt:  # Ctrl-C: stop quietly, as the chat does while loading
+        sys.exit(130)
+    except BrokenPipeError:  # the reader went away (| head): stop quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # or the exit's flush raises again
+        sys.exit(141)  # 128 + SIGPIPE, what a shell reports for cat

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 
 from minillm.generate import main
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_json_with_logprobs_and_penalties(tiny, capsys):
@@ -69,3 +77,61 @@ def test_refusals_name_the_problem(tiny, capsys):
     assert "add --json" in capsys.readouterr().err  # the text output has no place for logprobs
     assert main([str(tiny), "--device", "cpu", "--max-model-len", "128", "--prompt", "hi", "--prompt", ""]) == 2
     assert "error: prompt 1: the prompt is empty" in capsys.readouterr().err  # which of the prompts
+
+
+def _with_template(tiny, tmp_path, template: str):
+    """A copy of `tiny` whose tokenizer_config.json has this chat template."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny, model)
+    cfg = json.loads((model / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = template
+    (model / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return model
+
+
+def test_a_chat_template_that_refuses_is_one_line_error(tiny, tmp_path, capsys):
+    """A template's raise_exception (a jinja2 TemplateError) or a TypeError inside it: one line, no traceback."""
+    for template, why in (("{{ raise_exception('a system message is required') }}", "a system message is required"),
+                          ("{{ messages[0].content + 1 }}", "TypeError")):
+        model = _with_template(tiny, tmp_path / why.replace(" ", "_"), template)
+        rc = main([str(model), "--device", "cpu", "--max-model-len", "128", "--prompt", "hi", "--chat"])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.startswith("error: prompt 0: the model's chat template refused it") and why in err
+        assert "drop --chat" in err and err.count("\n") == 1
+
+
+def _cli(*args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "minillm.generate", *args], cwd=ROOT, stdin=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_a_closed_stdout_stops_quietly(tiny):
+    """| head that has read enough: exit as cat does (141), without a BrokenPipeError traceback."""
+    r, w = os.pipe()
+    os.close(r)  # nobody reads: the first write fails with EPIPE
+    p = _cli(str(tiny), "--device", "cpu", "--max-model-len", "128", "--prompt", "hi", "--max-tokens", "2",
+             stdout=w)
+    os.close(w)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 141 and err == ""
+
+
+def test_text_the_terminal_cannot_encode_is_replaced(tiny):
+    """An ASCII-only stdout gets '?' for the U+FFFD in this output, not a UnicodeEncodeError."""
+    p = _cli(str(tiny), "--device", "cpu", "--max-model-len", "128", "--prompt", "hello", "--max-tokens", "4",
+             "--ignore-eos", stdout=subprocess.PIPE, env={**os.environ, "PYTHONIOENCODING": "ascii"})
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0 and "Traceback" not in err and "?" in out, (out, err)
+
+
+def test_ctrl_c_stops_quietly(tiny):
+    """SIGINT mid-generation: exit 130 without a KeyboardInterrupt traceback."""
+    p = _cli(str(tiny), "--device", "cpu", *("--prompt", "hello") * 16, "--max-tokens", "4000", "--ignore-eos",
+             stdout=subprocess.PIPE)
+    time.sleep(3)  # past the imports and the load (about a second), well before the end (many seconds)
+    assert p.poll() is None
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and err == "" and out == ""
