@@ -97,6 +97,21 @@ __device__ __forceinline__ void suppress_tokens_impl(T* logits, i64 stride, cons
   logits[(i64)r * stride + t] = minillm::from_f<T>(minillm::neg_inf());
 }
 
+// logits[rows[i], t] = -inf for every t < V whose bit is clear in mask row i (structured outputs'
+// allowed tokens, minillm/engine/structured.py: int32 words, bit t % 32 of word t / 32; tokens at or
+// past 32 * words are banned too). Grid (ceil(V / 256), rows), block 256.
+template <typename T>
+__device__ __forceinline__ void mask_logits_impl(T* logits, i64 stride, const int* rows, const unsigned* mask,
+                                                 int words, int n_rows, int V) {
+  minillm::pdl_entry();
+  const int i = blockIdx.y, t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= V) return;
+  const int r = rows[i];
+  MINILLM_CHECK(r >= 0 && r < n_rows);
+  const bool allowed = t < 32 * words && ((mask[(i64)i * words + (t >> 5)] >> (t & 31)) & 1u);
+  if (!allowed) logits[(i64)r * stride + t] = minillm::from_f<T>(minillm::neg_inf());
+}
+
 // logits[rows[i], ids[i]] = (x > 0 ? x * scale_pos[i] : x * scale_neg[i]) - subtract[i] for i < n
 // (repetition, presence and frequency penalties; the host lists each (row, token) once).
 template <typename T>
@@ -121,6 +136,10 @@ __device__ __forceinline__ void penalize_logits_impl(T* logits, i64 stride, cons
   extern "C" __global__ void suppress_tokens_##SUFFIX(T* logits, i64 stride, const int* rows,  \
                                                       const int* ids, int n, int n_rows, int V) { \
     suppress_tokens_impl<T>(logits, stride, rows, ids, n, n_rows, V);                          \
+  }                                                                                            \
+  extern "C" __global__ void mask_logits_##SUFFIX(T* logits, i64 stride, const int* rows,      \
+                                                  const unsigned* mask, int words, int n_rows, int V) { \
+    mask_logits_impl<T>(logits, stride, rows, mask, words, n_rows, V);                         \
   }                                                                                            \
   extern "C" __global__ void penalize_logits_##SUFFIX(                                         \
       T* logits, i64 stride, const int* rows, const int* ids, const float* scale_pos,          \

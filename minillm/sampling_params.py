@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 # The runner holds temperature, top_p, min_p and the penalties as float32 (its per-row device
@@ -12,6 +13,63 @@ F32_MAX = 3.4028234663852886e38
 F32_TINY = 1.1754943508222875e-38
 # repetition_penalty divides positive logits: at 1e-30 a logit up to 3e8 stays finite in float32
 MIN_REPETITION_PENALTY = 1e-30
+
+
+@dataclass
+class StructuredOutputsParams:
+    """vLLM's structured outputs: exactly one constraint on what a request may generate, enforced
+    token by token (minillm/engine/structured.py bans every token that would leave it)."""
+
+    json: dict | str | None = None  # a JSON schema (an object, or its JSON text)
+    regex: str | None = None  # a regular expression the whole output matches (Rust regex syntax)
+    choice: list[str] | None = None  # the output is exactly one of these strings
+    grammar: str | None = None  # a context-free grammar: Lark (llguidance's dialect) or GBNF
+    json_object: bool = False  # any JSON object (OpenAI's response_format {"type": "json_object"})
+    # JSON without whitespace between tokens (by default the model may put any between them)
+    disable_any_whitespace: bool = False
+
+    def __post_init__(self) -> None:
+        for k in ("json_object", "disable_any_whitespace"):
+            if not isinstance(getattr(self, k), bool):
+                raise ValueError(f"structured_outputs {k} must be true or false, got {getattr(self, k)!r}")
+        set_ = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None]
+        set_ += ["json_object"] if self.json_object else []
+        if len(set_) != 1:
+            raise ValueError("structured_outputs must set exactly one of json, regex, choice, grammar, json_object; "
+                             f"got {', '.join(set_) if set_ else 'none'}")
+        if self.json is not None:
+            if isinstance(self.json, str):
+                try:
+                    self.json = json.loads(self.json)
+                except ValueError as e:
+                    raise ValueError(f"structured_outputs json must be a JSON schema; its text is not JSON: "
+                                     f"{e}") from None
+            if not isinstance(self.json, dict):
+                raise ValueError(f"structured_outputs json must be a JSON schema object, got {self.json!r:.80}")
+        for k in ("regex", "grammar"):
+            v = getattr(self, k)
+            if v is not None and not (isinstance(v, str) and v):
+                raise ValueError(f"structured_outputs {k} must be a non-empty string, got {v!r:.80}")
+        if self.disable_any_whitespace and self.json is None and not self.json_object:
+            raise ValueError("structured_outputs disable_any_whitespace applies to json and json_object only")
+        if self.choice is not None and not (isinstance(self.choice, (list, tuple)) and self.choice
+                                            and all(isinstance(c, str) and c for c in self.choice)):
+            raise ValueError(f"structured_outputs choice must be a non-empty list of non-empty strings, "
+                             f"got {self.choice!r:.80}")
+
+    def grammar_source(self) -> tuple[str, str]:
+        """(llguidance's grammar format, its text) for llguidance.grammar_from."""
+        if self.json is not None or self.json_object:
+            schema = dict(self.json) if self.json is not None else {"type": "object"}
+            if self.disable_any_whitespace:  # llguidance's own schema extension
+                extra = schema.get("x-guidance")
+                schema["x-guidance"] = {**(extra if isinstance(extra, dict) else {}), "whitespace_flexible": False}
+            return "json_schema", json.dumps(schema)
+        if self.regex is not None:
+            return "regex", self.regex
+        if self.choice is not None:
+            return "choice", json.dumps(list(self.choice))
+        return "grammar", self.grammar  # Lark, or GBNF converted to it
 
 
 @dataclass
@@ -44,6 +102,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     # OpenAI's logit_bias: {token id: value in [-100, 100]} added to the logits before sampling
     logit_bias: dict[int, float] | None = None
+    # vLLM's structured outputs (a JSON schema, regex, choice list or grammar the output must follow;
+    # a dict is taken as StructuredOutputsParams' fields)
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -53,6 +114,8 @@ class SamplingParams:
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
         self.logit_bias = dict(self.logit_bias) if self.logit_bias else None
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
         self.validate()
 
     def validate(self) -> None:
@@ -103,6 +166,12 @@ class SamplingParams:
         need(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)
                                    and -(2**63) <= self.seed < 2**64),
              f"seed must be a 64-bit integer, got {self.seed!r}")
+        need(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
+             f"structured_outputs must be a StructuredOutputsParams or a dict of its fields, got "
+             f"{self.structured_outputs!r:.80}")
+        # the grammar decides when the output may end; min_tokens would ban the end it allows
+        need(not (self.structured_outputs and self.min_tokens),
+             "min_tokens cannot be combined with structured_outputs: the grammar decides where the output ends")
 
     @property
     def greedy(self) -> bool:
@@ -114,6 +183,13 @@ class SamplingParams:
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1)
 
     @property
+    def needs_history(self) -> bool:
+        """Penalties or structured outputs: what a step may sample depends on the tokens so far, so
+        the engine keeps steps synchronous while such a request runs."""
+        return self.penalized or self.structured_outputs is not None
+
+    @property
     def adjusts_logits(self) -> bool:
-        """Penalties or a logit bias: the runner changes this request's logits before sampling."""
-        return self.penalized or bool(self.logit_bias)
+        """Penalties, a logit bias or structured outputs: the runner changes this request's logits
+        before sampling (eager steps)."""
+        return self.penalized or bool(self.logit_bias) or self.structured_outputs is not None

@@ -317,6 +317,26 @@ def test_logit_transforms(be):
     assert rel_err(host(be, d), logits - 1) < 1e-6
 
 
+@pytest.mark.parametrize("V", [500, 4096, 151936])
+def test_mask_logits(be, V):
+    """Structured outputs' bans: random bitmasks on some rows, a mask narrower than the logits
+    (tokens past it banned), and more rows than one scratch load takes at V = 151,936."""
+    rng = np.random.default_rng(V)
+    n_rows = 40 if V == 151936 else 6
+    x = rng.standard_normal((n_rows, V)).astype(np.float32)
+    rows = rng.permutation(n_rows)[: n_rows - 1].astype(np.int32)
+    words = (V + 31) // 32 - (1 if V == 4096 else 0)  # at 4096: the last 32 tokens lie past the mask
+    bitmask = rng.integers(-(2**31), 2**31, size=(rows.size, words), dtype=np.int64).astype(np.int32)
+    d = be.asarray(x, dtype=np.float32)
+    be.mask_logits(d, rows, bitmask)
+    ref = x.copy()
+    REF.mask_logits(ref, rows, bitmask)
+    got = host(be, d)
+    assert np.array_equal(np.isneginf(got), np.isneginf(ref))
+    assert np.array_equal(got[np.isfinite(ref)], ref[np.isfinite(ref)])
+    assert np.isfinite(ref[[r for r in range(n_rows) if r not in rows]]).all()  # unmasked rows untouched
+
+
 # ---- matmul -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("M,K,N", [(1, 64, 96), (7, 200, 1000), (64, 512, 384), (300, 128, 4096),
                                    (3, 1024, 1537), (8, 4096, 260), (9, 64, 33), (1, 1000, 1537),

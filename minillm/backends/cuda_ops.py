@@ -630,7 +630,8 @@ class CudaBackend:
             "elementwise": ["silu_mul_bf16", "silu_mul_f32", "silu_mul_bf16_vec8", "fill_bias_bf16_bf16",
                             "fill_bias_f32_f32", "fill_bias_f32_bf16", "scale_softcap_bf16",
                             "scale_softcap_f32", "suppress_tokens_bf16", "suppress_tokens_f32",
-                            "penalize_logits_bf16", "penalize_logits_f32"],
+                            "penalize_logits_bf16", "penalize_logits_f32", "mask_logits_bf16",
+                            "mask_logits_f32"],
             "norm": ["rms_norm_bf16", "rms_norm_f32", "qk_norm_rope_bf16", "qk_norm_rope_f32",
                      "qk_norm_rope_store_kv_bf16", "qk_norm_rope_store_kv_f32",
                      "rms_norm_vec1_bf16", "rms_norm_vec2_bf16", "rms_norm_vec4_bf16"],
@@ -1014,6 +1015,27 @@ class CudaBackend:
         self._launch("suppress_tokens_" + _suffix(logits.dtype), (_cdiv(n, 256),), (256,),
                      (logits, _i64(stride), rows, token_ids, _i32(n), _i32(R),
                       _i32(logits.shape[-1])))
+
+    def mask_logits(self, logits, rows, bitmask) -> None:
+        """Twin of NumpyBackend.mask_logits; rows and the bitmask come from the host and go through
+        the preallocated scratch (the rows in its first row, the words in its second), as many
+        mask rows at a time as fit."""
+        R, stride = _rows(logits, "mask_logits logits")
+        n, words = bitmask.shape
+        cap = self._idx_scratch.shape[1]
+        if words > cap:
+            raise ValueError(f"mask_logits: {words} words a row, at most {cap}")
+        per = cap // words
+        for lo in range(0, n, per):
+            hi = min(n, lo + per)
+            m = hi - lo
+            self.copy_from_host(self._idx_scratch[0, :m], np.asarray(rows[lo:hi], np.int32))
+            self.copy_from_host(self._idx_scratch[1, : m * words],
+                                np.ascontiguousarray(bitmask[lo:hi], np.int32).reshape(-1))
+            V = logits.shape[-1]
+            self._launch("mask_logits_" + _suffix(logits.dtype), (_cdiv(V, 256), m), (256,),
+                         (logits, _i64(stride), self._idx_scratch[0, :m], self._idx_scratch[1, : m * words],
+                          _i32(words), _i32(R), _i32(V)))
 
     def penalize_logits(self, logits, rows, token_ids, scale_pos, scale_neg, subtract) -> None:
         """Twin of NumpyBackend.penalize_logits; the entries come from the host (NumPy arrays) and

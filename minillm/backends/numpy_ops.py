@@ -307,6 +307,20 @@ class NumpyBackend:
         """logits[rows[i], token_ids[i]] = -inf (min_tokens keeps EOS/stop tokens from being drawn)."""
         logits[rows, token_ids] = -np.inf
 
+    def mask_logits(self, logits, rows, bitmask) -> None:
+        """logits[rows[i], t] = -inf for every token t whose bit is clear in bitmask[i] (int32
+        words, bit t % 32 of word t // 32; tokens past the mask's 32 x words are banned too):
+        structured outputs' allowed tokens (minillm/engine/structured.py)."""
+        V = logits.shape[-1]
+        words = np.ascontiguousarray(bitmask, dtype=np.int32)
+        bits = np.unpackbits(words.view(np.uint8).reshape(words.shape[0], -1), axis=1, bitorder="little")
+        allowed = np.zeros((words.shape[0], V), dtype=bool)
+        n = min(V, bits.shape[1])
+        allowed[:, :n] = bits[:, :n].astype(bool)
+        block = logits[rows]
+        block[~allowed] = -np.inf
+        logits[rows] = block
+
     def penalize_logits(self, logits, rows, token_ids, scale_pos, scale_neg, subtract) -> None:
         """For each entry i (no (row, token) twice): x = logits[rows[i], token_ids[i]] becomes
         (x * scale_pos[i] if x > 0 else x * scale_neg[i]) - subtract[i] (repetition, presence and

@@ -27,6 +27,7 @@ from minillm.engine.logprobs import TokenLogprob, prompt_logprobs, token_logprob
 from minillm.engine.runner import ModelRunner
 from minillm.engine.scheduler import ScheduledSeq, Scheduler
 from minillm.engine.sequence import Sequence
+from minillm.engine.structured import GrammarCompiler
 from minillm.models.loader import LoadedModel, load_model
 from minillm.models.tokenizer import IncrementalDecoder
 from minillm.models.transformer import Transformer, Workspace
@@ -239,6 +240,8 @@ class LLMEngine:
         self.stats_prompt_tokens = 0
         self.stats_generation_tokens = 0
         self.eos_ids = frozenset(cfg.eos_token_ids)
+        self.grammars = GrammarCompiler(self.tokenizer, cfg.vocab_size, sorted(self.eos_ids))
+        self.runner.grammars = self.grammars
         if hasattr(self.backend, "capture_graph") and not args.enforce_eager:
             self.runner._spec_k = k
             rows = [1] + ([1 + k] if k else [])
@@ -295,9 +298,11 @@ class LLMEngine:
         # the runner keeps seeds in a uint64 buffer: a negative seed would raise there, mid-step
         seed = params.seed % 2**64 if params.seed is not None else self.rng.getrandbits(63)
         seq = Sequence(request_id, prompt_ids, params, seed)
+        if params.structured_outputs is not None:  # ValueError: the constraint does not compile
+            seq.grammar = self.grammars.matcher(params.structured_outputs)
         seq.max_output_len = min(params.max_tokens, self.max_model_len - len(prompt_ids))
         seq.decoder = IncrementalDecoder(self.tokenizer)
-        if params.logprobs is not None or params.penalized or params.prompt_logprobs is not None:
+        if params.logprobs is not None or params.needs_history or params.prompt_logprobs is not None:
             if params.logprobs is not None:
                 seq.output_logprobs = []
             if params.prompt_logprobs is not None:
@@ -631,6 +636,10 @@ class LLMEngine:
             if n_out >= max_tokens:
                 reason = "length"
                 break
+            if seq.grammar is not None and self._grammar_ends(seq, tok):
+                reason = "stop"
+                seq.ended_by_grammar = True
+                break
         self.stats_generation_tokens += len(accepted)
         if seq.output_logprobs is not None:  # the step computed them for its ids (_logits_row)
             seq.output_logprobs.extend(seq.new_logprobs[: len(accepted)])
@@ -638,6 +647,17 @@ class LLMEngine:
         if reason is not None:
             self.scheduler.finish(seq, reason)
         return accepted, reason
+
+    @staticmethod
+    def _grammar_ends(seq: Sequence, tok: int) -> bool:
+        """Feed an accepted token to the sequence's structured-output matcher; True when the
+        constraint is complete (nothing but EOS could follow: the output ends here, as it would one
+        EOS later) or, never expected since the runner masked what was sampled, refused the token."""
+        if not seq.grammar.consume_token(tok):
+            log.error("request %s: structured output refused token %d (%s); ending it", seq.request_id, tok,
+                      seq.grammar.get_error())
+            return True
+        return seq.grammar.is_stopped()
 
     def _prompt_rows(self, scheduled: list[ScheduledSeq]) -> list[tuple[Sequence, int, int, int]]:
         """(seq, step row of position lo, lo, hi) for each sequence of the step whose prompt
@@ -666,7 +686,7 @@ class LLMEngine:
             p = seq.params
             seq.prompt_logprobs.extend(prompt_logprobs(self.runner, row, seq.prompt_ids[lo + 1 : hi + 1],
                                                        p.prompt_logprobs))
-            if len(seq.prompt_logprobs) == seq.num_prompt_tokens and p.logprobs is None and not p.penalized:
+            if len(seq.prompt_logprobs) == seq.num_prompt_tokens and p.logprobs is None and not p.needs_history:
                 self._sync_requests.discard(seq.request_id)
 
     def _logits_row(self, r: int) -> np.ndarray:
@@ -686,7 +706,8 @@ class LLMEngine:
         p = seq.params
         longest_stop = max(len(s) for s in p.stop) if p.stop else 0
         n0 = len(seq.output_ids) - len(accepted)  # output tokens before these
-        text_ids = accepted[:-1] if reason == "stop" else accepted  # a stop token is not text
+        # a stop token is not text; a structured output's last token is
+        text_ids = accepted[:-1] if reason == "stop" and not seq.ended_by_grammar else accepted
         for i, tok in enumerate(text_ids):
             before = len(seq.text)
             seq.text += seq.decoder.push([tok])

@@ -188,6 +188,9 @@ class ModelRunner:
         self.causal = causal
         self.transform_logits = transform_logits
         self.logits_window = logits_window
+        # the target's structured-output masks (engine/structured.py's GrammarCompiler; set by the
+        # engine, None in a drafter's runner: drafts ignore the constraint, verification applies it)
+        self.grammars = None
         self.after_forward: Callable[[StepInputs, int], None] | None = None
         self.graphs: dict = {}
         self._spec_k = 0  # rows per sequence of a verification graph, minus one
@@ -557,6 +560,24 @@ class ModelRunner:
         if parts:
             self.backend.penalize_logits(logits, *(np.concatenate(c) for c in zip(*parts)))
 
+    def _constrain_logits(self, batch: list[ScheduledSeq], logits) -> None:
+        """Structured outputs: every sampling row of a constrained sequence keeps only the tokens
+        its grammar allows there, after the penalties and bias (nothing can lift a ban); row j of a
+        verification step as if drafts 0 .. j - 1 were accepted. The engine keeps such steps
+        synchronous and eager, so a matcher has consumed every token before the step."""
+        if self.grammars is None or not any(item.seq.grammar is not None for item in batch):
+            return
+        rows, masks = [], []
+        r = 0
+        for item in batch:
+            g = item.seq.grammar
+            if g is not None and item.samples and item.num_logits:
+                masks.append(self.grammars.next_token_masks(g, item.seq.draft_ids[: item.num_draft]))
+                rows.extend(range(r, r + item.num_logits))
+            r += item.num_logits
+        if rows:
+            self.backend.mask_logits(logits, np.asarray(rows, np.int32), np.concatenate(masks))
+
     @staticmethod
     def _adjustments(seq, drafted: list[int] = ()) -> tuple[np.ndarray, ...]:
         """(token ids, scale of a positive logit, of a negative one, amount subtracted), each token
@@ -712,6 +733,7 @@ class ModelRunner:
                 if self.logits_window is None:  # (a windowed drafter's argmax: its drafts only)
                     self._suppress_stop_tokens(batch, logits)
                     self._adjust_logits(batch, logits)
+                    self._constrain_logits(batch, logits)
                 self._sample(logits, r)
         ticket = None
         if readback and r:

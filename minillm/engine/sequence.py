@@ -62,6 +62,10 @@ class Sequence:
         # by chunk as the prefill computes the rows before them; its length is also where the rows
         # still wanted start (the prefix cache may not skip them: BlockManager.match_prefix)
         self.prompt_logprobs: list | None = None
+        # SamplingParams.structured_outputs: llguidance's matcher of the constraint, fed every
+        # accepted token (minillm/engine/structured.py); None without one
+        self.grammar = None
+        self.ended_by_grammar = False  # the output ended where the constraint did (its last token is text)
         # detokenisation state (owned by the engine)
         self.text = ""
         self.sent_text_len = 0

@@ -17,8 +17,9 @@ from typing import Any
 import jinja2
 
 from minillm.engine.logprobs import MAX_LOGPROBS, TokenLogprob
+from minillm.engine.structured import compile_grammar
 from minillm.models.tokenizer import content_text, final_message_text
-from minillm.sampling_params import SamplingParams
+from minillm.sampling_params import SamplingParams, StructuredOutputsParams
 
 CHAT_ROLES = ("system", "developer", "user", "assistant")
 MAX_N = 64  # choices per request: each is its own engine request (its own prefill of the prompt,
@@ -345,8 +346,7 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool,
     # vLLM's extensions that change what is sampled: refused by name rather than silently ignored
     _refuse(body, "use_beam_search", (None, False), "beam search")
     _refuse(body, "truncate_prompt_tokens", (None,), "truncating the prompt; shorten it instead")
-    for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"):
-        _refuse(body, name, (None,), "constrained decoding")
+    structured = structured_outputs(body)
     if chat:
         top = _get(body, "top_logprobs", int, None)
         if _get(body, "logprobs", bool, False):
@@ -358,10 +358,6 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool,
         lp_name = "top_logprobs"
         _refuse(body, "tools", (None,), "tool calling")
         _refuse(body, "tool_choice", (None, "none", "auto"), "tool calling")
-        rf = body.get("response_format")
-        if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
-            raise ProtocolError("'response_format' other than {\"type\": \"text\"} is not supported yet",
-                                "response_format")
     else:
         logprobs = _get(body, "logprobs", int, None)
         lp_name = "logprobs"
@@ -416,7 +412,7 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool,
         ignore_eos=_get(body, "ignore_eos", bool, False), seed=seed,
         skip_special_tokens=_get(body, "skip_special_tokens", bool, True), logprobs=logprobs,
         include_stop_str_in_output=_get(body, "include_stop_str_in_output", bool, False),
-        prompt_logprobs=prompt_logprobs, **adjust,
+        prompt_logprobs=prompt_logprobs, structured_outputs=structured, **adjust,
     )
     try:
         params = SamplingParams(**kwargs)
@@ -424,6 +420,59 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool,
         msg = str(e)
         param = msg.split(" ", 1)[0]
         raise ProtocolError(msg, param if param in kwargs else None) from None
+    return params
+
+
+# vLLM's older request fields for structured outputs, and the StructuredOutputsParams field each sets
+GUIDED_FIELDS = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
+                 "guided_grammar": "grammar"}
+
+
+def structured_outputs(body: dict) -> StructuredOutputsParams | None:
+    """The request's output constraint, from whichever one of OpenAI's `response_format`
+    ({"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}), vLLM's
+    `structured_outputs` object or its older `guided_json` / `guided_regex` / `guided_choice` /
+    `guided_grammar` it sets; checked here (the grammar compiled) so a bad one is a 400 naming it."""
+    given = [name for name in ("response_format", "structured_outputs", *GUIDED_FIELDS)
+             if body.get(name) is not None]
+    rf = body.get("response_format")
+    if isinstance(rf, dict) and rf.get("type") == "text" and set(rf) <= {"type"}:
+        given.remove("response_format")  # the neutral value
+    if not given:
+        return None
+    if len(given) > 1:
+        raise ProtocolError(f"give one output constraint, not {' and '.join(given)}", given[1])
+    name = given[0]
+    if name == "response_format":
+        kind = rf.get("type") if isinstance(rf, dict) else None
+        if kind == "json_object":
+            fields = {"json_object": True}
+        elif kind == "json_schema":
+            js = rf.get("json_schema")
+            if not isinstance(js, dict) or not isinstance(js.get("schema"), dict):
+                raise ProtocolError("'response_format' of type json_schema needs 'json_schema': {\"name\": ..., "
+                                    "\"schema\": {a JSON schema object}}", name)
+            fields = {"json": js["schema"]}
+        else:
+            raise ProtocolError("'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                                "{\"type\": \"json_schema\", \"json_schema\": {...}}, got " + json.dumps(rf)[:80], name)
+    elif name == "structured_outputs":
+        so = body[name]
+        if not isinstance(so, dict):
+            raise ProtocolError(f"'structured_outputs' must be an object, got {json.dumps(so)[:80]}", name)
+        known = {f.name for f in dataclasses.fields(StructuredOutputsParams)}
+        unknown = sorted(set(so) - known)
+        if unknown:
+            raise ProtocolError(f"'structured_outputs' has unknown fields {unknown}; it takes one of "
+                                f"{sorted(known)}", name)
+        fields = {k: v for k, v in so.items() if v is not None and v is not False}
+    else:
+        fields = {GUIDED_FIELDS[name]: body[name]}
+    try:
+        params = StructuredOutputsParams(**fields)
+        compile_grammar(params)
+    except ValueError as e:
+        raise ProtocolError(f"'{name}': {e}", name) from None
     return params
 
 

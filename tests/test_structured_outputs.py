@@ -1,0 +1,167 @@
+"""Structured outputs (SamplingParams.structured_outputs; the server's response_format, structured_outputs
+and guided_* fields): every output follows its constraint, other requests of the batch are untouched,
+speculation stays lossless under a constraint, and constraints that cannot work are refused by name.
+
+Real parts: llguidance's matcher over the embedded SmolLM2's BPE tokenizer and model (multi-character
+tokens are where a mask can go wrong), and a random tiny model with a byte tokenizer, whose
+arbitrary choices walk the grammar far from what a trained model would pick.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from minillm import LLM, SamplingParams
+from minillm.backends.numpy_ops import NumpyBackend
+from minillm.sampling_params import StructuredOutputsParams as SO
+
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+          "properties": {"name": {"type": "string", "maxLength": 12},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120}}}
+# a schema a random model finishes quickly: two keys, small values, no free whitespace
+SMALL = {"type": "object", "additionalProperties": False, "required": ["a", "b"],
+         "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}, "b": {"enum": ["x", "yz"]}}}
+QUESTION = [{"role": "user", "content": "Give a person as JSON with a name and an age. Who is it?"}]
+
+
+def check_person(text: str) -> None:
+    v = json.loads(text)
+    assert set(v) == {"name", "age"} and isinstance(v["name"], str) and len(v["name"]) <= 12
+    assert isinstance(v["age"], int) and not isinstance(v["age"], bool) and 0 <= v["age"] <= 120
+
+
+def test_mask_logits_twin():
+    """NumpyBackend.mask_logits against the bit layout spelled out: bit t % 32 of word t // 32,
+    tokens past the mask banned, rows not named untouched."""
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((4, 70)).astype(np.float32)
+    rows = np.array([2, 0], np.int32)
+    mask = rng.integers(-(2**31), 2**31, size=(2, 2), dtype=np.int64).astype(np.int32)  # 64 tokens: 64..69 banned
+    want = logits.copy()
+    for i, r in enumerate(rows):
+        for t in range(70):
+            if t >= 64 or not (int(mask[i, t // 32]) >> (t % 32)) & 1:
+                want[r, t] = -np.inf
+    NumpyBackend().mask_logits(logits, rows, mask)
+    assert np.array_equal(logits, want)
+
+
+@pytest.fixture(scope="module")
+def smol():
+    return LLM(device="cpu", max_model_len=512, max_num_seqs=8)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_json_schema(smol, temperature):
+    outs = smol.chat([QUESTION] * 3, SamplingParams(temperature=temperature, seed=7, max_tokens=48,
+                                                      structured_outputs=SO(json=PERSON)))
+    for o in outs:
+        assert o.finish_reason == "stop", o.text
+        check_person(o.text)
+
+
+def test_each_kind_of_constraint(smol):
+    """regex, choice, GBNF grammar, json_object and a compact JSON schema, in one batch with an
+    unconstrained request, which gives what it gives alone."""
+    free = SamplingParams(temperature=0, max_tokens=12)
+    alone = smol.chat([QUESTION], free)[0].text
+    kinds = [SO(regex=r"(yes|no), because [a-z ]{1,20}\."), SO(choice=["Paris", "London", "Rome"]),
+             SO(grammar='root ::= "The answer is " ("red" | "blue") "."'), SO(json_object=True),
+             SO(json=PERSON, disable_any_whitespace=True)]
+    params = [SamplingParams(temperature=0, max_tokens=48, structured_outputs=so) for so in kinds] + [free]
+    outs = smol.chat([QUESTION] * len(params), params)
+    regex, choice, grammar, obj, compact, unconstrained = (o.text for o in outs)
+    assert re.fullmatch(r"(yes|no), because [a-z ]{1,20}\.", regex), regex
+    assert choice in ("Paris", "London", "Rome")
+    assert grammar in ("The answer is red.", "The answer is blue.")
+    assert isinstance(json.loads(obj), dict), obj
+    check_person(compact)
+    assert compact == json.dumps(json.loads(compact), separators=(",", ":"), ensure_ascii=False)  # no whitespace
+    assert unconstrained == alone
+    assert all(o.finish_reason == "stop" for o in outs[:-1])
+    assert choice != alone  # the constraint changed what was generated
+
+
+def test_masks_follow_drafts(smol):
+    """A verification step's row j gets the mask after drafts 0 .. j - 1: each row equals a fresh
+    matcher's after those tokens, rows past a draft the grammar refuses repeat the last reachable
+    row, and the matcher is left where it was."""
+    eng = smol.engine
+    g = eng.grammars
+    so = SO(json=PERSON)
+    tok = eng.tokenizer
+    good = tok.encode('{"name": "Al', add_special_tokens=False)
+    bad = tok.encode("hello", add_special_tokens=False)[:1]
+    m = g.matcher(so)
+    m.consume_token(good[0])
+    drafts = good[1:3] + bad + good[3:4]
+    masks = g.next_token_masks(m, drafts)
+    assert masks.shape == (len(drafts) + 1, (eng.config.vocab_size + 31) // 32)
+    for j in range(3):  # rows reachable: after 0, 1, 2 drafts (the third draft is refused)
+        fresh = g.matcher(so)
+        for t in good[: 1 + j]:
+            assert fresh.consume_token(t)
+        want = g.next_token_masks(fresh, [])[0]
+        assert np.array_equal(masks[j], want), j
+    assert np.array_equal(masks[3], masks[2]) and np.array_equal(masks[4], masks[2])
+    assert not (int(masks[2][bad[0] >> 5]) >> (bad[0] & 31)) & 1  # the refused draft is banned in its row
+    again = g.next_token_masks(m, [])  # m consumed only good[0], as before the call
+    assert np.array_equal(again[0], masks[0])
+
+
+def test_speculative_is_lossless_under_a_constraint(smol):
+    """Greedy outputs with the model drafting for itself (acceptance near k, so masks after several
+    drafts decide) and with n-gram drafts (often refused by the grammar) equal plain decoding's,
+    constrained the same way."""
+    params = [SamplingParams(temperature=0, max_tokens=24, structured_outputs=SO(json=PERSON)),
+              SamplingParams(temperature=0, max_tokens=12, structured_outputs=SO(regex=r"[A-Z][a-z]+( [a-z]+){2,6}\."))]
+    prompts = [QUESTION, [{"role": "user", "content": "Say something about cats."}]]
+    want = [o.token_ids for o in smol.chat(prompts, params)]
+    from minillm.models.loader import default_model_path
+    for spec in ({"method": "draft_model", "model": str(default_model_path()), "num_speculative_tokens": 3},
+                 {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}):
+        llm = LLM(device="cpu", max_model_len=512, max_num_seqs=4, speculative_config=spec)
+        got = [o.token_ids for o in llm.chat(prompts, params)]
+        assert got == want, spec["method"]
+        if spec["method"] == "draft_model":
+            assert llm.engine.spec_stats.accepted > 0  # drafts were verified under the masks
+
+
+def test_random_model_follows_the_constraint(tiny):
+    """A random model with a byte tokenizer: every sample at temperature 1 still parses."""
+    llm = LLM(str(tiny), device="cpu", max_model_len=128, max_num_seqs=8)
+    outs = llm.generate(["hello"] * 8, [SamplingParams(temperature=1.0, seed=s, max_tokens=40,
+                                                       structured_outputs=SO(json=SMALL, disable_any_whitespace=True))
+                                        for s in range(8)])
+    seen = set()
+    for o in outs:
+        v = json.loads(o.text)
+        assert set(v) == {"a", "b"} and 0 <= v["a"] <= 9 and v["b"] in ("x", "yz"), o.text
+        seen.add(o.text)
+    assert len(seen) > 1  # the seeds sampled different outputs, each inside the constraint
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(json={"type": "objec"}), "does not compile"),
+    (dict(json="{not json"), "not JSON"),
+    (dict(regex="[a-"), "does not compile"),
+    (dict(grammar="start: foo"), "does not compile"),
+    (dict(choice=[]), "non-empty list"),
+    (dict(regex="a+", choice=["a"]), "exactly one"),
+    (dict(), "exactly one"),
+    (dict(regex="a+", disable_any_whitespace=True), "json and json_object only"),
+    (dict(json_object=1), "true or false"),
+])
+def test_bad_constraints_are_refused(smol, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        smol.generate(["hi"], SamplingParams(max_tokens=4, structured_outputs=kwargs))
+    assert not smol.engine.has_unfinished()  # nothing was left half-admitted
+
+
+def test_min_tokens_with_a_constraint_is_refused():
+    with pytest.raises(ValueError, match="min_tokens cannot be combined"):
+        SamplingParams(min_tokens=2, structured_outputs=SO(regex="a+"))
