@@ -498,6 +498,45 @@ def test_chat(server):
     assert chunks[-1].usage.total_tokens == r.usage.total_tokens
 
 
+def test_structured_outputs(server):
+    """OpenAI's response_format (json_schema, json_object) on chat, vLLM's structured_outputs and
+    guided_* fields on completions, streamed and not: the random model's every output follows its
+    constraint, and a streamed one equals the response that is not."""
+    import json
+    import re
+
+    cl, name = server.client(), model_name(server)
+    schema = {"type": "object", "additionalProperties": False, "required": ["n", "ok"],
+              "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}, "ok": {"type": "boolean"}},
+              "x-guidance": {"whitespace_flexible": False}}  # llguidance's extension: no free whitespace
+    msgs = [{"role": "user", "content": "hi"}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema, "strict": True}}
+    for seed in range(3):
+        r = cl.chat.completions.create(model=name, messages=msgs, max_tokens=40, seed=seed, response_format=fmt)
+        v = json.loads(r.choices[0].message.content)
+        assert set(v) == {"n", "ok"} and 0 <= v["n"] <= 99 and isinstance(v["ok"], bool)
+        assert r.choices[0].finish_reason == "stop"
+    streamed = "".join(c.choices[0].delta.content or "" for c in cl.chat.completions.create(
+        model=name, messages=msgs, max_tokens=40, seed=0, response_format=fmt, stream=True) if c.choices)
+    again = cl.chat.completions.create(model=name, messages=msgs, max_tokens=40, seed=0, response_format=fmt)
+    assert streamed == again.choices[0].message.content
+    obj = cl.chat.completions.create(model=name, messages=msgs, max_tokens=200, temperature=0,
+                                     response_format={"type": "json_object"}).choices[0].message.content
+    assert obj.startswith("{")  # a greedy random walk may not close the object within max_tokens
+
+    kw = dict(model=name, prompt="pick one: ", max_tokens=20, temperature=1.0)
+    picks = {cl.completions.create(**kw, seed=s, extra_body={"guided_choice": ["cat", "dog", "a bird"]})
+             .choices[0].text for s in range(6)}
+    assert picks <= {"cat", "dog", "a bird"} and len(picks) > 1
+    c = cl.completions.create(**kw, seed=1, n=3, extra_body={"structured_outputs": {"regex": "[0-9]{3}-[a-c]{2}"}})
+    assert all(re.fullmatch("[0-9]{3}-[a-c]{2}", ch.text) for ch in c.choices)
+    v = json.loads(cl.completions.create(**{**kw, "max_tokens": 40}, seed=2, extra_body={
+        "structured_outputs": {"json": schema, "disable_any_whitespace": True}}).choices[0].text)
+    assert set(v) == {"n", "ok"}
+    with pytest.raises(openai.BadRequestError, match="does not compile"):
+        cl.completions.create(**kw, extra_body={"guided_regex": "(unclosed"})
+
+
 # ---- vLLM's utility endpoints: /tokenize, /detokenize, /version, /v1/models/{id} -------------
 def test_tokenize_detokenize_round_trip(server, model_dir):
     from tokenizers import Tokenizer as HFTokenizer
