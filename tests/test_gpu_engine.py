@@ -89,6 +89,40 @@ def test_penalties_on_the_gpu(tiny):
             assert x[tok] >= x.max() - 0.05
 
 
+SMALL_JSON = {"type": "object", "additionalProperties": False, "required": ["a", "b"],
+              "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}, "b": {"enum": ["x", "yz"]}}}
+
+
+def test_structured_outputs_on_the_gpu(tiny):
+    """Constrained greedy decoding on the GPU (cuda mask_logits between forward and sampler) takes,
+    at every step, the best token the grammar allows in the same model's scored logits (up to bf16
+    ties), parses, and stays lossless under n-gram and self-drafted speculation."""
+    import json
+
+    gpu = LLM(tiny, device="cuda", max_num_seqs=64, max_model_len=256)  # 64: score() takes the outputs
+    so = {"json": SMALL_JSON, "disable_any_whitespace": True}
+    p = SamplingParams(temperature=0, max_tokens=40, structured_outputs=so)
+    outs = gpu.generate(PROMPTS[:3], p)
+    grammars = gpu.engine.grammars
+    for prompt, out in zip(PROMPTS[:3], outs):
+        v = json.loads(out.text)
+        assert set(v) == {"a", "b"} and out.finish_reason == "stop"
+        raw = gpu.engine.score([prompt + out.token_ids[:-1]])[0].astype(np.float64)
+        m = grammars.matcher(SamplingParams(structured_outputs=so).structured_outputs)
+        for j, tok in enumerate(out.token_ids):
+            bits = grammars.next_token_masks(m, [])[0]
+            allowed = (np.unpackbits(bits.view(np.uint8), bitorder="little")[: raw.shape[1]]).astype(bool)
+            x = np.where(allowed, raw[len(prompt) - 1 + j], -np.inf)
+            assert allowed[tok] and x[tok] >= x.max() - 0.05, j
+            m.consume_token(tok)
+    sampled = [SamplingParams(temperature=1.0, seed=s, max_tokens=40, structured_outputs=so) for s in range(6)]
+    assert all(set(json.loads(o.text)) == {"a", "b"} for o in gpu.generate(PROMPTS, sampled))
+    for spec in ({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1},
+                 {"method": "draft_model", "model": tiny, "num_speculative_tokens": 4}):
+        llm = LLM(tiny, device="cuda", max_num_seqs=8, max_model_len=256, speculative_config=spec)
+        assert [o.token_ids for o in llm.generate(PROMPTS[:3], p)] == [o.token_ids for o in outs], spec["method"]
+
+
 def test_allocation_in_step_loop_raises(tiny):
     import cupy
 
