@@ -107,6 +107,7 @@
 #   part207: session 34's final code: every GPU test; the folded products loading their first
 #   weights before the norm (GEMV_NORM_EARLY_W=1, 16ac088; removed after it): its tests and batch-1
 #   graphs against the default.
+#   part209: session 35: structured outputs on the GPU (mask kernel, engine tests, memcheck, their cost).
 #   part208: session 35's start, session 34's final code: every GPU test, decode of both shapes.
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
 #   both then removed; part153: the gated skinny GEMM's routing; part154: its final routing, every
@@ -3587,6 +3588,24 @@ part208() {  # session 35's start (17d14b5, session 34's final code): every GPU 
     python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
   decode_06b 60
   decode_8b 90
+}
+
+part209() {  # session 35: structured outputs on the GPU: the mask kernel against its twin, constrained
+  # decoding in the engine (the best allowed token, lossless speculation), both under memcheck, then
+  # what a constraint costs a decode (scripts/structured_bench.py, both shapes) (~7 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage so_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_gpu_engine.py -k "mask_logits or structured"
+  stage memcheck_so 200 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py tests/test_gpu_engine.py \
+    -k "(mask_logits and bfloat16) or structured"
+  stage models 120 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  stage structured_06b 150 python3 scripts/structured_bench.py $M/q06 --device cuda --batch 1,8 --tokens 128 \
+    --json "$W/structured_06b.json"
+  stage structured_8b 150 python3 scripts/structured_bench.py $M/q8 --device cuda --batch 1,8 --tokens 64 \
+    --json "$W/structured_8b.json"
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name; then
