@@ -508,6 +508,7 @@ def tokenizer_from_gguf(meta: dict, where: str) -> Tokenizer:
         eos_token=token("tokenizer.ggml.eos_token_id"),
         eos_token_ids=eos_ids,
         add_bos_token=add_bos,
+        chat_template_where=f"{where}: metadata 'tokenizer.chat_template'",
     )
 
 

@@ -199,6 +199,7 @@ def _config_from_hf(cfg: dict, where: str) -> ModelConfig:
         )
     hidden, heads, kv_heads, head_dim = attention_shape(cfg, where)
     vocab_size = config_int(cfg, "vocab_size", where)
+    bos = token_ids(cfg, "bos_token_id", where, vocab_size)
     rope_params = cfg.get("rope_scaling") or cfg.get("rope_parameters")
     # transformers v5 moves rope_theta into rope_parameters
     theta_in = rope_params if cfg.get("rope_theta") is None and isinstance(rope_params, dict) else cfg
@@ -219,7 +220,7 @@ def _config_from_hf(cfg: dict, where: str) -> ModelConfig:
         attention_bias=arch == "qwen2" or config_bool(cfg, "attention_bias", where, False),
         qk_norm=arch == "qwen3",
         torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"),
-        bos_token_id=cfg.get("bos_token_id"),
+        bos_token_id=bos[0] if bos else None,
         eos_token_ids=token_ids(cfg, "eos_token_id", where, vocab_size) or [],
         pad_token_id=cfg.get("pad_token_id"),
     )
@@ -231,6 +232,12 @@ def _tensor_files(path: Path) -> list[Path]:
         weight_map = read_json(index).get("weight_map")
         if not (isinstance(weight_map, dict) and all(isinstance(f, str) for f in weight_map.values())):
             raise ValueError(f"{index}: needs a 'weight_map' object of tensor name -> shard file name")
+        # a shard is read from the model directory only: "../x" or "/x" would load weights from
+        # wherever the index says (and path / "/x" is "/x")
+        for name, f in weight_map.items():
+            if Path(f).is_absolute() or ".." in Path(f).parts:
+                raise ValueError(f"{index}: weight_map maps {shown(name)} to {f!r}, outside the model directory; "
+                                 f"shard names must be file names relative to {path}")
         files = sorted(set(weight_map.values()))
         missing = [f for f in files if not (path / f).exists()]
         if missing:
@@ -320,9 +327,11 @@ def load_hf_dir(path: str | Path):
         eos = token_ids(gen, "eos_token_id", str(gen_path), cfg.vocab_size)
         if eos is not None:
             cfg.eos_token_ids = eos
+        # not used, but one past the vocabulary says the files do not belong together
+        token_ids(gen, "bos_token_id", str(gen_path), cfg.vocab_size)
     weights = load_safetensors(_tensor_files(path))
     check_weights(weights, cfg, str(path))
-    tokenizer = Tokenizer.from_hf_dir(path, eos_token_ids=cfg.eos_token_ids)
+    tokenizer = Tokenizer.from_hf_dir(path, eos_token_ids=cfg.eos_token_ids, vocab_size=cfg.vocab_size)
     for i in tokenizer.eos_token_ids:
         if i not in cfg.eos_token_ids:
             cfg.eos_token_ids.append(i)

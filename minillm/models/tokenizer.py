@@ -6,6 +6,8 @@ Built from an HF directory (tokenizer.json + tokenizer_config.json) or from GGUF
 
 from __future__ import annotations
 
+import json
+import re
 from datetime import datetime
 from pathlib import Path
 
@@ -23,6 +25,22 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+def compile_chat_template(template: str, where: str | None = None) -> jinja2.Template:
+    """template compiled in the sandbox it renders in; one that does not compile is a ValueError naming
+    where it came from (`where`) and jinja's message and line, raised at load rather than at the first
+    chat request."""
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    try:
+        return env.from_string(template)
+    except jinja2.TemplateSyntaxError as e:  # unknown tags and filters too (TemplateAssertionError)
+        raise ValueError(f"{where or 'the chat template'} does not compile: {e.message} (line {e.lineno} of "
+                         "the template); fix the template") from None
+
+
 class Tokenizer:
     def __init__(
         self,
@@ -32,7 +50,9 @@ class Tokenizer:
         eos_token: str | None = None,
         eos_token_ids: list[int] | None = None,
         add_bos_token: bool = False,
+        chat_template_where: str | None = None,
     ):
+        """chat_template_where names the template's source in the error when it does not compile."""
         self.tok = tok
         self.chat_template = chat_template
         self.bos_token = bos_token
@@ -47,13 +67,16 @@ class Tokenizer:
         self.special_token_ids = {
             i for i, t in tok.get_added_tokens_decoder().items() if t.special
         }
-        self._template = None
+        self.chat_template_where = chat_template_where
+        self._template = compile_chat_template(chat_template, chat_template_where) if chat_template else None
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
-    def from_hf_dir(cls, path: str | Path, eos_token_ids: list[int] | None = None) -> Tokenizer:
+    def from_hf_dir(cls, path: str | Path, eos_token_ids: list[int] | None = None,
+                    vocab_size: int | None = None) -> Tokenizer:
         """tokenizer.json plus tokenizer_config.json (chat template, bos/eos, add_bos_token) or
-        chat_template.jinja; a file or value of the wrong kind is a ValueError naming it."""
+        chat_template.jinja; a file or value of the wrong kind is a ValueError naming it. With
+        vocab_size (the model's embedding rows), a token id at or past it is refused too."""
         # imported here: hf_loader imports this module
         from minillm.models.hf_loader import config_bool, read_json, regular_file
 
@@ -71,14 +94,19 @@ class Tokenizer:
         tc = path / "tokenizer_config.json"
         cfg = read_json(tc) if tc.exists() else {}
         template = _chat_template(cfg.get("chat_template"), str(tc))
+        template_where = f"{tc}: 'chat_template'"
         ct = path / "chat_template.jinja"
         if template is None and ct.exists():
+            template_where = f"{ct}: the chat template"
             try:
                 template = regular_file(ct).read_text(encoding="utf-8")
             except UnicodeDecodeError as e:
                 raise ValueError(f"{ct}: not UTF-8 text ({e})") from None
         # minillm never appends EOS itself; the key is checked so a broken file is still refused
         config_bool(cfg, "add_eos_token", str(tc), False)
+        added = _added_tokens_decoder(cfg, str(tc))
+        if vocab_size is not None:
+            _check_ids_below(vocab_size, tok, _listed_added_tokens(tj), added, str(tj), str(tc))
         return cls(
             tok,
             chat_template=template,
@@ -86,6 +114,7 @@ class Tokenizer:
             eos_token=_token_text(cfg, "eos_token", str(tc)),
             eos_token_ids=eos_token_ids,
             add_bos_token=config_bool(cfg, "add_bos_token", str(tc), False),
+            chat_template_where=template_where,
         )
 
     # ---- text <-> ids -------------------------------------------------------------------
@@ -124,13 +153,8 @@ class Tokenizer:
                 "this model has no chat template (tokenizer_config.json chat_template or GGUF "
                 "tokenizer.chat_template); use a plain completion prompt instead"
             )
-        if self._template is None:
-            env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-                trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
-            )
-            env.globals["raise_exception"] = _raise_exception
-            env.globals["strftime_now"] = _strftime_now
-            self._template = env.from_string(self.chat_template)
+        if self._template is None:  # a template set after construction
+            self._template = compile_chat_template(self.chat_template, self.chat_template_where)
         text = self._template.render(
             messages=messages,
             add_generation_prompt=add_generation_prompt and not continue_final_message,
@@ -167,6 +191,62 @@ def _chat_template(v, where: str) -> str | None:
         return named.get("default") or next(iter(named.values()), None)
     raise ValueError(f"{where}: 'chat_template' must be a string or a list of {{\"name\", \"template\"}} "
                      f"objects, got {_shown(v)}")
+
+
+def _added_tokens_decoder(cfg: dict, where: str) -> dict[int, str]:
+    """tokenizer_config.json's added_tokens_decoder ({"<id>": {"content": ...}}) as id -> token.
+    tokenizer.json's added tokens are the ones minillm encodes with; this copy is read for transformers,
+    which adds its tokens on top, so it is checked against the embedding too."""
+    v = cfg.get("added_tokens_decoder")
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise ValueError(f"{where}: 'added_tokens_decoder' must be an object of token id -> token, got {_shown(v)}")
+    bad = next((k for k in v if not (k.isascii() and k.isdigit())), None)
+    if bad is not None:
+        raise ValueError(f"{where}: 'added_tokens_decoder' keys must be token ids (\"151643\"), got {_shown(bad)}")
+    return {int(k): t.get("content") if isinstance(t, dict) else t for k, t in v.items()}
+
+
+_ADDED_TOKENS_KEY = re.compile(r'"added_tokens"\s*:\s*')
+
+
+def _listed_added_tokens(tj: Path) -> list:
+    """tokenizer.json's "added_tokens" as the file writes them (ids included; the file has already
+    loaded, so it is valid JSON). Decoded alone from its key, which comes before the vocabulary: the
+    whole file is megabytes, a third of a second to parse for a 150k vocabulary. When that does not
+    give a list (a hand-ordered file, a vocabulary token spelled "added_tokens"), the file is parsed
+    whole."""
+    text = tj.read_text(encoding="utf-8")
+    key = _ADDED_TOKENS_KEY.search(text)
+    listed = json.JSONDecoder().raw_decode(text, key.end())[0] if key else None
+    if not isinstance(listed, list):
+        listed = json.loads(text).get("added_tokens")
+    return listed if isinstance(listed, list) else []
+
+
+def _check_ids_below(vocab_size: int, tok: HFTokenizer, listed: list, added: dict[int, str],
+                     tj: str, tc: str) -> None:
+    """Every id the tokenizer files give must be an embedding row: a prompt holding a larger one
+    cannot run (and a renumbered one runs as the wrong token). Fewer ids than rows is common and fine:
+    embeddings are padded to a round size (Qwen: 151,665 tokens, 151,936 rows)."""
+    enc = tok.encode("", add_special_tokens=True)  # what the post-processor adds to every prompt
+    sources = [
+        (tj, ((i, t) for t, i in tok.get_vocab(with_added_tokens=True).items())),
+        # the file's own ids: the tokenizers library quietly renumbers an added token whose id
+        # leaves a gap, so the id the model was trained with is only seen here
+        (tj, ((t["id"], t.get("content")) for t in listed if isinstance(t, dict) and isinstance(t.get("id"), int))),
+        (tj, zip(enc.ids, enc.tokens)),
+        (tc, added.items()),
+    ]
+    largest = [(max(pairs, key=lambda p: p[0], default=(-1, None)), where) for where, pairs in sources]
+    (i, token), where = max(largest, key=lambda p: p[0][0])
+    if i >= vocab_size:
+        raise ValueError(
+            f"{where}: token {_shown(token)} has id {i}, but config.json's vocab_size is {vocab_size} (the "
+            f"embedding's rows), so every id must be below it: these tokenizer files do not belong to these "
+            "weights; use the model's own tokenizer files"
+        )
 
 
 def _token_text(cfg: dict, key: str, where: str) -> str | None:
