@@ -278,6 +278,39 @@ def test_client_failure_rules(status, body, broken, reason):
     assert not r.ok and reason in r.error
 
 
+def _data(obj) -> str:
+    return "data: " + json.dumps(obj)
+
+
+@pytest.mark.parametrize("backend, bad, reason", [
+    ("openai-chat", _data({"choices": [{"index": 0, "delta": None}]}), "chunk 3: choices[0].delta is null"),
+    ("openai-chat", _data({"choices": [{"delta": ["hi"]}]}), 'chunk 3: choices[0].delta is ["hi"], not an object'),
+    ("openai-chat", _data({"choices": [{"delta": {"content": 5}}]}),
+     "chunk 3: choices[0].delta.content is 5, not a string"),
+    ("openai", _data({"choices": [{"text": None, "finish_reason": "length"}, {"text": 5}]}),
+     "chunk 3: choices[1].text is 5, not a string"),
+    ("openai", _data({"choices": {"text": "a"}}), 'chunk 3: choices is {"text": "a"}, not a list'),
+    ("openai", _data({"id": "x", "object": "text_completion"}), "chunk 3: choices is missing"),
+    ("openai", _data({"choices": [None]}), "chunk 3: choices[0] is null, not an object"),
+    ("openai", _data(["a"]), 'chunk 3: is ["a"], not an object'),
+    ("openai", "data: {not json", "chunk 3: not JSON"),
+])
+def test_client_names_what_is_wrong_with_a_malformed_chunk(backend, bad, reason):
+    """The request fails with the chunk's number and the field (it used to be a vague 'broken stream')."""
+    good = _data({"choices": [{"delta": {"content": "a"}}]}) if backend == "openai-chat" else _chunk("a")
+    r = _send(200, _sse(good, good, bad, good, "data: [DONE]"), expect=None, backend=backend)
+    assert not r.ok and reason in r.error and "broken stream" not in r.error, r.error
+
+
+def test_client_takes_a_usage_chunk_without_choices_and_a_closing_chunk_without_delta():
+    """Leniencies real servers need: usage alone in its chunk, a chat closing chunk with no delta."""
+    tok = _data({"choices": [{"delta": {"content": "hi"}}]})
+    close = _data({"choices": [{"index": 0, "finish_reason": "stop"}]})
+    usage = _data({"usage": {"prompt_tokens": 5, "completion_tokens": 2}})
+    r = _send(200, _sse(tok, tok, close, usage, "data: [DONE]"), expect=None, backend="openai-chat")
+    assert r.ok and r.output_tokens == 2, r.error
+
+
 def test_chat_role_only_delta_is_not_the_first_token():
     role = "data: " + json.dumps({"choices": [{"delta": {"role": "assistant", "content": ""}}]})
     tok = "data: " + json.dumps({"choices": [{"delta": {"content": "hi"}}]})
@@ -569,9 +602,10 @@ def test_client_fails_a_request_whose_usage_counts_are_not_counts(usage, reason,
     assert isinstance(r.output_tokens, int) and isinstance(r.prompt_len, int)
 
 
-@pytest.fixture
-def null_usage_server():
-    """A streaming completions server whose usage chunk says completion_tokens: null."""
+@pytest.fixture(params=["null usage", "bad text"])
+def null_usage_server(request):
+    """A streaming completions server whose usage chunk says completion_tokens: null, or whose second
+    chunk's text is a number (param)."""
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -584,30 +618,36 @@ def null_usage_server():
             self.send_response(200)
             self.send_header("content-type", "text/event-stream")
             self.end_headers()
-            usage = {"prompt_tokens": 5, "completion_tokens": None}
-            self.wfile.write(_sse(*[_chunk("x")] * body["max_tokens"],
-                                  "data: " + json.dumps({"choices": [], "usage": usage}), "data: [DONE]"))
+            null_usage = request.param == "null usage"
+            usage = {"prompt_tokens": 5, "completion_tokens": None if null_usage else body["max_tokens"]}
+            chunks = [_chunk("x")] * body["max_tokens"]
+            if not null_usage:
+                chunks[1] = _data({"choices": [{"index": 0, "text": 7, "finish_reason": None}]})
+            self.wfile.write(_sse(*chunks, "data: " + json.dumps({"choices": [], "usage": usage}), "data: [DONE]"))
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_port}"
+    yield f"http://127.0.0.1:{srv.server_port}", request.param
     srv.shutdown()
     srv.server_close()
 
 
 def test_serve_ladder_survives_a_malformed_usage_chunk(null_usage_server, tiny, tmp_path, capsys):
-    """A bad count fails its request (the rung is VOID, exit status 1), not the whole run."""
+    """A bad count or chunk fails its request (the rung is VOID, exit status 1), not the whole run."""
     pytest.importorskip("httpx")
     from minillm.bench.serve import main
 
+    url, kind = null_usage_server
     out = tmp_path / "r.json"
-    rc = main(["--base-url", null_usage_server, "--model", "fake", "--tokenizer", str(tiny), "--input-len", "8",
+    rc = main(["--base-url", url, "--model", "fake", "--tokenizer", str(tiny), "--input-len", "8",
                "--output-len", "4", "--concurrency", "1", "--num-prompts", "2", "--warmup", "0",
                "--result-json", str(out)])
     assert rc == 1, capsys.readouterr().err
     rung = json.loads(out.read_text())["rungs"][0]
     assert rung["void"] and (rung["ok"], rung["failed"]) == (0, 2)
-    assert "bad usage chunk: usage.completion_tokens is None" in rung["errors"][0]
+    reason = ("bad usage chunk: usage.completion_tokens is None" if kind == "null usage"
+              else "chunk 2: choices[0].text is 7, not a string")
+    assert reason in rung["errors"][0], rung["errors"]
 
 
 @pytest.mark.parametrize("flags, flag", [

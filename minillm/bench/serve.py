@@ -8,7 +8,8 @@ Like `vllm bench serve` with `--dataset random` and `--max-concurrency`: each ru
 streams every response and times it. With --request-rate the requests also arrive over time, as
 `vllm bench serve --request-rate R --burstiness B` sends them (gamma-distributed gaps, mean 1 / R).
 A request fails on a non-200 status, an SSE error event, a
-broken or unterminated stream, a usage chunk whose counts are not counts, a timeout, or (with
+broken or unterminated stream, a malformed chunk (its number and field named: "chunk 3:
+choices[0].delta is null"), a usage chunk whose counts are not counts, a timeout, or (with
 --ignore-eos) fewer tokens than max_tokens. A rung with any failure is VOID and ends the ladder
 unless --keep-going; the exit status is then 1. Bad flags (and a --result-json or --plot that
 cannot be written) are refused before any request: one "error:" line, exit status 2.
@@ -39,6 +40,7 @@ from minillm.bench.report import (
     rung_stats,
     save_json,
 )
+from minillm.models.hf_loader import shown
 
 ENDPOINTS = {"openai": "/v1/completions", "openai-chat": "/v1/chat/completions"}
 # The slowest --request-rate taken: a mean gap of 1000 s between requests. Below it a rung would
@@ -147,17 +149,46 @@ def request_payload(backend: str, model: str, req: BenchRequest, args: argparse.
     return body
 
 
-def _chunk_has_output(backend: str, choice: dict) -> bool:
-    """Whether a streamed choice carries generated output (and so timestamps a token).
+def _choice_has_output(backend: str, choice, name: str) -> bool:
+    """Whether a streamed choice (`name`, e.g. "choices[0]") carries generated output (and so
+    timestamps a token); ValueError naming the field when it is not shaped as the API says.
 
     A chat role-only delta ({"role": "assistant"}) may be sent before any token, and a closing chunk
-    with only finish_reason comes after the last; neither counts. An empty completions text with no
-    finish_reason does count: the server stepped, but held back an incomplete UTF-8 sequence.
+    with only finish_reason (its delta empty or left out) comes after the last; neither counts. An
+    empty completions text with no finish_reason does count: the server stepped, but held back an
+    incomplete UTF-8 sequence.
     """
-    text = choice.get("delta", {}).get("content") if backend == "openai-chat" else choice.get("text")
+    if not isinstance(choice, dict):
+        raise ValueError(f"{name} is {shown(choice)}, not an object")
+    if backend == "openai-chat":
+        delta = choice.get("delta", {})
+        if not isinstance(delta, dict):
+            raise ValueError(f"{name}.delta is {shown(delta)}, not an object")
+        text, field = delta.get("content"), f"{name}.delta.content"
+    else:
+        text, field = choice.get("text"), f"{name}.text"
+    if text is not None and not isinstance(text, str):  # a number would count as a token
+        raise ValueError(f"{field} is {shown(text)}, not a string")
     if text:
         return True
     return text is not None and backend == "openai" and choice.get("finish_reason") is None
+
+
+def chunk_has_output(backend: str, chunk) -> bool:
+    """Whether a streamed chunk (parsed JSON) carries generated output; ValueError naming what is
+    wrong with a malformed one, so the caller fails that request with it rather than with whatever
+    the first bad lookup raised. Every choice is checked. A chunk with usage and no choices (the
+    closing usage chunk of some servers) carries none."""
+    if not isinstance(chunk, dict):
+        raise ValueError(f"is {shown(chunk)}, not an object")
+    choices = chunk.get("choices")
+    if choices is None and "usage" in chunk:
+        return False
+    if choices is None:
+        raise ValueError("choices is missing" if "choices" not in chunk else "choices is null")
+    if not isinstance(choices, list):
+        raise ValueError(f"choices is {shown(choices)}, not a list")
+    return any([_choice_has_output(backend, c, f"choices[{i}]") for i, c in enumerate(choices)])
 
 
 def usage_count(usage: object, key: str, default: int) -> int:
@@ -181,6 +212,7 @@ async def send_request(client, url: str, backend: str, body: dict, prompt_len: i
     chunk_times: list[float] = []
     usage: dict | None = None
     done = False
+    n_chunks = 0
     try:
         async with client.stream("POST", url, json=body) as resp:
             if resp.status_code != 200:
@@ -200,14 +232,22 @@ async def send_request(client, url: str, backend: str, body: dict, prompt_len: i
                 if data == "[DONE]":
                     done = True
                     break
-                obj = json.loads(data)
+                n_chunks += 1
+                try:
+                    obj = json.loads(data)
+                except json.JSONDecodeError as e:
+                    return RequestResult(False, prompt_len, error=f"chunk {n_chunks}: not JSON ({e}): {data[:100]}")
                 if event == "error" or (isinstance(obj, dict) and "error" in obj):
-                    err = obj.get("error", obj)
+                    err = obj.get("error", obj) if isinstance(obj, dict) else obj
                     msg = err.get("message", err) if isinstance(err, dict) else err
                     return RequestResult(False, prompt_len, error=f"SSE error event: {msg}")
+                try:
+                    has_output = chunk_has_output(backend, obj)
+                except ValueError as e:
+                    return RequestResult(False, prompt_len, error=f"chunk {n_chunks}: {e} (the chunk: {data[:100]})")
                 if obj.get("usage"):
                     usage = obj["usage"]
-                if any(_chunk_has_output(backend, c) for c in obj.get("choices") or []):
+                if has_output:
                     chunk_times.append(time.perf_counter())
     except Exception as e:  # a reset connection, a read timeout, bad JSON: the stream is broken
         return RequestResult(False, prompt_len, error=f"broken stream: {type(e).__name__}: {e}")
