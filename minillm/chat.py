@@ -2,13 +2,14 @@
 
 Each turn goes through the model's chat template and is streamed token by token straight from
 the LLMEngine (no server). Commands: /reset (forget the conversation), /system TEXT (set the
-system prompt and reset), /exit or Ctrl-D. Ctrl-C stops an answer mid-way. With no MODEL it
-loads the embedded SmolLM2-135M-Instruct.
+system prompt and reset), /exit or Ctrl-D. Ctrl-C stops an answer mid-way (at the prompt it drops
+the line, not the conversation). With no MODEL it loads the embedded SmolLM2-135M-Instruct.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
@@ -65,6 +66,17 @@ class Chat:
         return ids if len(ids) < self.engine.max_model_len else None
 
     def answer(self, text: str) -> None:
+        # Ctrl-C only raises a flag, for the whole turn: interrupting step() half-way would leave the
+        # engine inconsistent, and a KeyboardInterrupt between add_request and the end of the turn would
+        # leave a request in the engine and an unanswered message in the history
+        interrupted: list[bool] = []
+        previous = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
+        try:
+            self._answer(text, interrupted)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _answer(self, text: str, interrupted: list[bool]) -> None:
         eng, out = self.engine, self.out
         self.history.append({"role": "user", "content": text})
         try:
@@ -81,19 +93,13 @@ class Chat:
         params = SamplingParams(max_tokens=min(self.max_tokens, eng.max_model_len - len(ids)), **self.sampling)
         rid = eng.add_request(ids, params)
         reply, n, reason = "", 0, None
-        # Ctrl-C only raises a flag: interrupting step() half-way would leave the engine inconsistent
-        interrupted: list[bool] = []
-        previous = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
         t0 = time.perf_counter()
-        try:
-            while eng.has_unfinished() and not interrupted:
-                for o in eng.step():
-                    out.write(o.new_text)
-                    out.flush()
-                    reply, n, reason = o.text, len(o.token_ids), o.finish_reason
-        finally:
-            signal.signal(signal.SIGINT, previous)
-        if interrupted:
+        while eng.has_unfinished() and not interrupted:
+            for o in eng.step():
+                out.write(o.new_text)
+                out.flush()
+                reply, n, reason = o.text, len(o.token_ids), o.finish_reason
+        if interrupted and reason is None:  # a Ctrl-C that came after the last token changes nothing
             eng.abort_request(rid)
             reason = "interrupted"
         dt = time.perf_counter() - t0
@@ -118,8 +124,29 @@ class Chat:
         return True
 
 
+def utf8(text: str) -> tuple[str, bool]:
+    """text with each byte that was not UTF-8 (a lone surrogate, from surrogateescape) as U+FFFD,
+    and whether there was one: the tokenizer refuses lone surrogates."""
+    try:
+        text.encode("utf-8")
+        return text, False
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace"), True
+
+
 def main(argv: list[str] | None = None) -> int:
     ns = parse_args(argv)
+    if sys.stdin is None:  # started with stdin closed (<&-): input() would raise RuntimeError
+        print("error: stdin is closed; the chat reads your messages from it (python -m minillm.generate "
+              "--prompt TEXT needs none)", file=sys.stderr)
+        return 2
+    if ns.max_tokens < 1:  # before the model loads: a flag error should not wait for it
+        print(f"error: --max-tokens must be >= 1, got {ns.max_tokens}", file=sys.stderr)
+        return 2
+    if ns.system is not None:  # argv's undecodable bytes arrive as surrogates, as stdin's do
+        ns.system, replaced = utf8(ns.system)
+        if replaced:
+            print("(--system had bytes that are not UTF-8: each is sent as U+FFFD)")
     try:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:
@@ -138,9 +165,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {engine.model_name} has no chat template; use python -m minillm.generate for plain "
               "completions", file=sys.stderr)
         return 2
-    if ns.max_tokens < 1:
-        print(f"error: --max-tokens must be >= 1, got {ns.max_tokens}", file=sys.stderr)
-        return 2
     try:
         chat = Chat(engine, ns)
         SamplingParams(**chat.sampling)
@@ -149,27 +173,39 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if hasattr(sys.stdin, "reconfigure"):  # undecodable bytes arrive as surrogates, not a UnicodeDecodeError
         sys.stdin.reconfigure(errors="surrogateescape")
+    if hasattr(sys.stdout, "reconfigure"):  # a terminal that cannot show a character gets '?', not a traceback
+        sys.stdout.reconfigure(errors="replace")
     print(f"minillm chat: {engine.model_name} on {engine.backend.name}, max_model_len {engine.max_model_len}")
     print(HELP)
     while True:
         try:
             line = input(">>> ").strip()
-        except (EOFError, KeyboardInterrupt):
+            if not line:
+                continue
+            line, replaced = utf8(line)  # stdin's undecodable bytes arrive as lone surrogates
+            if replaced:
+                print("(the line had bytes that are not UTF-8: each is sent as U+FFFD)")
+            if line.startswith("/"):
+                if not chat.command(line):
+                    return 0
+                continue
+            chat.answer(line)
+        except EOFError:
             print()
             return 0
-        if not line:
-            continue
-        try:
-            line.encode("utf-8")
-        except UnicodeEncodeError:  # stdin's undecodable bytes arrive as lone surrogates
-            line = line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-            print("(the line had bytes that are not UTF-8: each is sent as U+FFFD)")
-        if line.startswith("/"):
-            if not chat.command(line):
-                return 0
-            continue
-        chat.answer(line)
+        # Ctrl-C outside an answer, often one meant for an answer that had just ended: the session
+        # stays (answer() keeps its own turn consistent); Ctrl-D and /exit are the ways out
+        except KeyboardInterrupt:
+            print("\n(Ctrl-D or /exit to quit)")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        rc = main()
+        sys.stdout.flush()  # a closed pipe raises here, not in the exit's own flush
+        sys.exit(rc)
+    except KeyboardInterrupt:  # Ctrl-C while importing, before the REPL: stop quietly
+        sys.exit(130)
+    except BrokenPipeError:  # the reader went away (| head): stop quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # or the exit's flush raises again
+        sys.exit(141)  # 128 + SIGPIPE, what a shell reports for cat

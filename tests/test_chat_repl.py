@@ -150,3 +150,80 @@ def test_bad_min_p_is_one_line_error(model_dir):
     r = subprocess.run([sys.executable, "-m", "minillm.chat", str(model_dir), "--device", "cpu", "--min-p", "2"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert r.returncode == 2 and r.stderr.startswith("error: min_p") and "Traceback" not in r.stderr
+
+
+def test_ctrl_c_at_the_prompt_keeps_the_conversation(model_dir):
+    """A Ctrl-C that lands after an answer ended (a user stopping it a moment late) must not end the
+    session and lose the conversation: Ctrl-D and /exit are the ways out."""
+    with Repl(str(model_dir), "--device", "cpu", "--max-tokens", "8") as repl:
+        repl.expect(">>> ")
+        _, p1 = turn(repl, "hello")
+        repl.send("\x03")
+        repl.expect(r"\(Ctrl-D or /exit to quit\)")
+        repl.expect(">>> ")
+        _, p2 = turn(repl, "again")
+        assert p2 >= p1 + len("\n<user>again\n<assistant>")  # the first turn is still in the conversation
+        repl.send("/exit\n")
+        assert repl.close() == 0
+
+
+def _piped(*args, stdin: bytes = b"/exit\n", **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "minillm.chat", *args], cwd=ROOT, input=stdin, timeout=120,
+                          capture_output=True, **kw)
+
+
+def test_system_flag_bytes_that_are_not_utf8_are_replaced(model_dir):
+    """--system from argv with a byte that is not UTF-8 (a surrogate) is cleaned as a typed line is;
+    it was kept, and the template then refused every turn of the session."""
+    r = _piped(str(model_dir), "--device", "cpu", "--max-tokens", "2", "--system", b"a\xffb", stdin=b"hi\n")
+    out = r.stdout.decode()
+    assert r.returncode == 0 and "--system had bytes that are not UTF-8" in out and "refused" not in out
+    assert int(STATS.search(out).group(3)) == len("<system>a\ufffdb\n<user>hi\n<assistant>".encode())
+
+
+def test_a_closed_stdout_stops_quietly(model_dir):
+    """| head that has read enough: exit as cat does (141), without a BrokenPipeError traceback."""
+    r, w = os.pipe()
+    os.close(r)
+    p = subprocess.run([sys.executable, "-m", "minillm.chat", str(model_dir), "--device", "cpu", "--max-tokens", "2"],
+                       cwd=ROOT, input=b"hi\n", stdout=w, stderr=subprocess.PIPE, timeout=120)
+    os.close(w)
+    assert p.returncode == 141 and p.stderr == b""
+
+
+def test_text_the_terminal_cannot_encode_is_replaced(model_dir):
+    """An ASCII-only stdout gets '?' for what it cannot show (here the model's name), not a traceback."""
+    model = model_dir.parent / "mod\u00e8le"
+    if not model.exists():
+        model.symlink_to(model_dir)
+    r = _piped(str(model), "--device", "cpu", "--max-tokens", "2", env={**os.environ, "PYTHONIOENCODING": "ascii"})
+    assert r.returncode == 0 and b"mod?le" in r.stdout and b"Traceback" not in r.stderr
+
+
+def test_closed_stdin_is_one_line_error(model_dir):
+    r = subprocess.run([sys.executable, "-m", "minillm.chat", str(model_dir), "--device", "cpu"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120, preexec_fn=lambda: os.close(0))
+    assert r.returncode == 2 and r.stderr.startswith("error: stdin is closed") and r.stderr.count("\n") == 1
+
+
+def test_bad_max_tokens_is_refused_before_loading():
+    """A flag error says so at once: no model is loaded (the path does not even exist)."""
+    r = _piped("/no/such/model", "--max-tokens", "0")
+    assert r.returncode == 2 and r.stderr.decode() == "error: --max-tokens must be >= 1, got 0\n"
+
+
+def test_ctrl_c_stops_an_answer_and_keeps_the_session(tiny):
+    """Ctrl-C mid-answer: that reply stops (marked interrupted), the next turn runs as usual."""
+    with Repl(str(tiny), "--device", "cpu", "--max-tokens", "4000", "--temperature", "0") as repl:
+        repl.expect(">>> ")
+        repl.send("hello\n")
+        repl.expect(r"hello\r?\n")  # the terminal's echo: a Ctrl-C before input() read the line would drop it
+        repl.expect(r"\S")  # the answer has begun (4000 tokens take seconds)
+        repl.send("\x03")
+        m = repl.expect(STATS.pattern + r", interrupted\]")
+        assert int(m.group(1)) < 4000
+        repl.expect(">>> ")
+        repl.send("/reset\n")
+        repl.expect(">>> ")
+        repl.send("/exit\n")
+        assert repl.close() == 0
