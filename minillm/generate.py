@@ -58,13 +58,14 @@ def main(argv: list[str] | None = None) -> int:
         if ns.chat:
             prompts = []
             for i, t in enumerate(ns.prompt):
+                which = f"prompt {i}: " if len(ns.prompt) > 1 else ""  # named as LLM.generate names them
                 try:
                     prompts.append(llm.tokenizer.encode_chat([{"role": "user", "content": t}]))
-                except ValueError:  # no template, text that is not valid Unicode: already says what is wrong
-                    raise
+                except ValueError as e:  # no template, text that is not valid Unicode
+                    raise ValueError(f"{which}{e}") from None
                 except Exception as e:  # the template's own raise_exception or a TypeError inside it
-                    raise ValueError(f"prompt {i}: the model's chat template refused it ({type(e).__name__}: {e}); "
-                                     "drop --chat for a plain completion") from None
+                    raise ValueError(f"{which}the model's chat template refused the prompt ({type(e).__name__}: "
+                                     f"{e}); drop --chat for a plain completion") from None
         else:
             prompts = ns.prompt
         t0 = time.perf_counter()

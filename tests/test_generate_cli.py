@@ -98,8 +98,11 @@ def test_a_chat_template_that_refuses_is_one_line_error(tiny, tmp_path, capsys):
         model = _with_template(tiny, tmp_path / why.replace(" ", "_"), template)
         rc = main([str(model), "--device", "cpu", "--max-model-len", "128", "--prompt", "hi", "--chat"])
         err = capsys.readouterr().err
-        assert rc == 2 and err.startswith("error: prompt 0: the model's chat template refused it") and why in err
+        assert rc == 2 and err.startswith("error: the model's chat template refused the prompt") and why in err
         assert "drop --chat" in err and err.count("\n") == 1
+    rc = main([str(model), "--device", "cpu", "--max-model-len", "128", "--prompt", "hi", "--prompt", "a\udcffb",
+               "--chat"])
+    assert rc == 2 and capsys.readouterr().err.startswith("error: prompt 0: the model's chat template refused")
 
 
 def _cli(*args: str, **kw) -> subprocess.Popen:
