@@ -107,6 +107,7 @@
 #   part207: session 34's final code: every GPU test; the folded products loading their first
 #   weights before the norm (GEMV_NORM_EARLY_W=1, 16ac088; removed after it): its tests and batch-1
 #   graphs against the default.
+#   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
 #   part209: session 35: structured outputs on the GPU (mask kernel, engine tests, memcheck, their cost).
 #   part208: session 35's start, session 34's final code: every GPU test, decode of both shapes.
 #   part151-part156: session 22 (part151/part152: the one-row GEMVs' chunks in flight and K parts,
@@ -3606,6 +3607,31 @@ part209() {  # session 35: structured outputs on the GPU: the mask kernel agains
     --json "$W/structured_06b.json"
   stage structured_8b 150 python3 scripts/structured_bench.py $M/q8 --device cuda --batch 1,8 --tokens 64 \
     --json "$W/structured_8b.json"
+}
+
+part210() {  # session 35: decode steps whose logits change before sampling (penalties, bias, min_tokens,
+  # structured outputs) replay graphs that stop at the logits: the GPU tests of those paths, what a
+  # constraint costs now (against part209's eager steps), startup with the extra graphs against the
+  # session's start (.snap0), decode of both shapes (~8 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage so_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_gpu_engine.py -k "mask_logits or structured or penalties or graphs_and_eager or logprobs or speculation"
+  stage models 120 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  stage structured_06b 150 python3 scripts/structured_bench.py $M/q06 --device cuda --batch 1,8 --tokens 128 \
+    --json "$W/structured_06b.json"
+  stage structured_8b 150 python3 scripts/structured_bench.py $M/q8 --device cuda --batch 1,8 --tokens 64 \
+    --json "$W/structured_8b.json"
+  local d
+  for d in . ../.snap0 . ../.snap0; do
+    stage "startup_$(basename $d)" 120 bash -c "cd $d && python3 -c \"
+import time; t = time.time(); from minillm import LLM
+llm = LLM('$M/q06', device='cuda', max_num_seqs=256, max_model_len=2048)
+print('startup s', round(time.time() - t, 2), 'graphs', len(llm.engine.runner.graphs))\""
+  done
+  decode_06b 60
+  decode_8b 90
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name; then

@@ -19,6 +19,7 @@ from minillm import LLM, SamplingParams
 from minillm.backends import cuda_ops
 from minillm.backends.numpy_ops import NumpyBackend
 from minillm.engine.engine import graph_buckets
+from minillm.engine.runner import FORWARD_ONLY
 from minillm.engine.scheduler import ScheduledSeq
 from minillm.engine.sequence import Sequence
 from minillm.tools.random_model import write_dflash_drafter, write_random_model
@@ -129,7 +130,8 @@ def test_drafter_graphs_are_captured_per_bucket(monkeypatch, pair):
     block = eng.proposer.block
     buckets = graph_buckets(4)
     assert set(eng.proposer.runner.graphs) == {(b, block) for b in buckets}
-    assert set(eng.runner.graphs) == {(b, r) for b in buckets for r in (1, 4)}
+    assert set(eng.runner.graphs) == ({(b, r) for b in buckets for r in (1, 4)}
+                                      | {(b, 1, FORWARD_ONLY) for b in buckets})  # decode steps also stop at logits
     assert eng.runner.after_forward == eng.proposer.update_context
     # enforce_eager: no graphs for either model
     eager = LLM(target, device="cpu", max_model_len=256, max_num_seqs=4, enforce_eager=True,
@@ -154,15 +156,17 @@ def test_graph_for_selects_the_drafter_graph(monkeypatch, pair):
 
     for n_seqs, bucket in ((1, 1), (2, 2), (3, 4), (4, 4)):
         items = [drafting(seq(5)) for _ in range(n_seqs)]
-        bk, rows, g = runner._graph_for(items, n_seqs * block)
-        assert (bk, rows) == (bucket, block) and g is runner.graphs[(bucket, block)]
+        pick = runner._graph_for(items, n_seqs * block)
+        assert (pick.bucket, pick.rows) == (bucket, block) and pick.graph is runner.graphs[(bucket, block)]
     fresh = Sequence("p", [1, 2, 3], SamplingParams(), 0)
     assert runner._graph_for([ScheduledSeq(fresh, 3)], 3) is None  # a prefill chunk: eager
-    assert runner._graph_for([drafting(seq(5, min_tokens=4))], block) is None  # min_tokens: eager
+    assert runner._graph_for([drafting(seq(5, min_tokens=4))], block) is None  # min_tokens: eager (no
+    # FORWARD_ONLY graph for blocks)
     # the target runner picks its verification graphs, never a drafter-shaped one
     s = seq(5)
     s.draft_ids = [0, 0, 0]
-    assert llm.engine.runner._graph_for([ScheduledSeq(s, 4, num_draft=3)], 4)[:2] == (1, 4)
+    pick = llm.engine.runner._graph_for([ScheduledSeq(s, 4, num_draft=3)], 4)
+    assert (pick.bucket, pick.rows, pick.samples) == (1, 4, True)
 
 
 @pytest.mark.parametrize("draft_vocab", [False, True])
@@ -301,7 +305,7 @@ def test_verification_graphs_without_the_decode_kernel(monkeypatch, pair):
     llm = LLM(target, device="cpu", max_model_len=256, max_num_seqs=8, speculative_config=spec(drafter, 3))
     runner, drafting = llm.engine.runner, llm.engine.proposer.runner
     buckets = graph_buckets(8)
-    assert {g for g in runner.graphs if len(g) == 3} == {(b, 4, SHORT_RUNS) for b in buckets}
+    assert {g for g in runner.graphs if SHORT_RUNS in g} == {(b, 4, SHORT_RUNS) for b in buckets}
     block = llm.engine.proposer.block
     assert {g for g in drafting.graphs if len(g) == 3} == {(b, block, SHORT_RUNS) for b in buckets}
     seen = []  # (short graph taken, least queries a run, most keys, padding rows) of each step

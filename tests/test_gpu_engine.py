@@ -110,11 +110,12 @@ def test_structured_outputs_on_the_gpu(tiny):
         raw = gpu.engine.score([prompt + out.token_ids[:-1]])[0].astype(np.float64)
         m = grammars.matcher(SamplingParams(structured_outputs=so).structured_outputs)
         for j, tok in enumerate(out.token_ids):
-            bits = grammars.next_token_masks(m, [])[0]
+            bits = grammars.next_token_masks([(m, [])])[0]
             allowed = (np.unpackbits(bits.view(np.uint8), bitorder="little")[: raw.shape[1]]).astype(bool)
             x = np.where(allowed, raw[len(prompt) - 1 + j], -np.inf)
             assert allowed[tok] and x[tok] >= x.max() - 0.05, j
             m.consume_token(tok)
+    assert gpu.engine.runner.forward_only_replays > 0  # decode steps replayed graphs that stop at the logits
     sampled = [SamplingParams(temperature=1.0, seed=s, max_tokens=40, structured_outputs=so) for s in range(6)]
     assert all(set(json.loads(o.text)) == {"a", "b"} for o in gpu.generate(PROMPTS, sampled))
     for spec in ({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1},

@@ -86,10 +86,12 @@ def test_each_kind_of_constraint(smol):
     assert choice != alone  # the constraint changed what was generated
 
 
-def test_masks_follow_drafts(smol):
+@pytest.mark.parametrize("parallel_min", [1, 1000])
+def test_masks_follow_drafts(smol, monkeypatch, parallel_min):
     """A verification step's row j gets the mask after drafts 0 .. j - 1: each row equals a fresh
     matcher's after those tokens, rows past a draft the grammar refuses repeat the last reachable
-    row, and the matcher is left where it was."""
+    row, and the matcher is left where it was; computed by llguidance's threads or one by one."""
+    monkeypatch.setattr("minillm.engine.structured.MASK_PARALLEL_MIN", parallel_min)
     eng = smol.engine
     g = eng.grammars
     so = SO(json=PERSON)
@@ -99,18 +101,21 @@ def test_masks_follow_drafts(smol):
     m = g.matcher(so)
     m.consume_token(good[0])
     drafts = good[1:3] + bad + good[3:4]
-    masks = g.next_token_masks(m, drafts)
+    other = g.matcher(SO(regex="[0-9]+"))
+    masks, digits = np.split(g.next_token_masks([(m, drafts), (other, [])]), [len(drafts) + 1])
     assert masks.shape == (len(drafts) + 1, (eng.config.vocab_size + 31) // 32)
     for j in range(3):  # rows reachable: after 0, 1, 2 drafts (the third draft is refused)
         fresh = g.matcher(so)
         for t in good[: 1 + j]:
             assert fresh.consume_token(t)
-        want = g.next_token_masks(fresh, [])[0]
+        want = g.next_token_masks([(fresh, [])])[0]
         assert np.array_equal(masks[j], want), j
     assert np.array_equal(masks[3], masks[2]) and np.array_equal(masks[4], masks[2])
     assert not (int(masks[2][bad[0] >> 5]) >> (bad[0] & 31)) & 1  # the refused draft is banned in its row
-    again = g.next_token_masks(m, [])  # m consumed only good[0], as before the call
+    again = g.next_token_masks([(m, [])])  # m consumed only good[0], as before the call
     assert np.array_equal(again[0], masks[0])
+    nine = tok.encode("9", add_special_tokens=False)[0]
+    assert (int(digits[0][nine >> 5]) >> (nine & 31)) & 1 and not (int(digits[0][bad[0] >> 5]) >> (bad[0] & 31)) & 1
 
 
 def test_speculative_is_lossless_under_a_constraint(smol):
@@ -165,3 +170,32 @@ def test_bad_constraints_are_refused(smol, kwargs, match):
 def test_min_tokens_with_a_constraint_is_refused():
     with pytest.raises(ValueError, match="min_tokens cannot be combined"):
         SamplingParams(min_tokens=2, structured_outputs=SO(regex="a+"))
+
+
+def test_changed_logits_replay_graphs_that_stop_at_the_logits(monkeypatch, tiny):
+    """Decode steps whose logits change before sampling (penalties, logit_bias, min_tokens, a
+    grammar) replay a FORWARD_ONLY graph and run the changes and the sampler after it (on the
+    NumPy backend with graphs emulated: replay reruns the captured Python, and a host transfer
+    inside it raises), giving the tokens of eager steps; batches with none of them keep the
+    sampling graphs."""
+    from test_dflash_graphs import GraphEmulatingBackend
+
+    class OpByOp(GraphEmulatingBackend):  # the model op by op, as on the GPU (NumPy's one-op decoder
+        def decoder_plan(self, *a, **kw):  # plans one sequence, not a graph's bucket + padding slot)
+            return None
+
+    kinds = [dict(presence_penalty=1.0, repetition_penalty=1.3), dict(logit_bias={7: 5.0, 9: -100.0}),
+             dict(min_tokens=6), dict(structured_outputs=SO(json=SMALL, disable_any_whitespace=True)), {}]
+    params = [SamplingParams(temperature=t, seed=3, max_tokens=12, **kw) for kw in kinds for t in (0.0, 0.8)]
+    prompts = [[5 + i, 17, 99, 3 + i] for i in range(len(params))]
+    want = [o.token_ids for o in LLM(str(tiny), device="cpu", max_model_len=128).generate(prompts, params)]
+    monkeypatch.setattr("minillm.engine.engine.select_backend", lambda device, dtype: OpByOp())
+    llm = LLM(str(tiny), device="cpu", max_model_len=128, max_num_seqs=16)
+    runner = llm.engine.runner
+    assert [o.token_ids for o in llm.generate(prompts, params)] == want  # one batch, all kinds
+    assert runner.forward_only_replays > 0
+    for p, prompt, w in zip(params, prompts, want):  # each kind alone
+        assert llm.generate([prompt], p)[0].token_ids == w
+    before = runner.forward_only_replays, runner.replays
+    llm.generate(prompts[-2:], params[-2:])  # nothing changes logits: the sampling graphs
+    assert runner.forward_only_replays == before[0] and runner.replays > before[1]

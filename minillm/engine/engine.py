@@ -245,7 +245,7 @@ class LLMEngine:
         if hasattr(self.backend, "capture_graph") and not args.enforce_eager:
             self.runner._spec_k = k
             rows = [1] + ([1 + k] if k else [])
-            self.runner.capture_graphs(graph_buckets(args.max_num_seqs), rows)
+            self.runner.capture_graphs(graph_buckets(args.max_num_seqs), rows, forward_only=True)
             if hasattr(self.proposer, "capture_graphs"):  # a DFlash drafter's drafting step
                 self.proposer.capture_graphs(graph_buckets(args.max_num_seqs))
         if hasattr(self.backend, "seal"):

@@ -32,6 +32,21 @@ RUNS_FILL_MIN = 8
 # one graph a shape, that launch always in it (A/B runs)
 SHORT_RUN_GRAPHS = os.environ.get("MINILLM_SHORT_RUN_GRAPHS", "1") not in ("", "0")
 SHORT_RUNS = "short_runs"  # the third part of such a graph's key
+# decode graphs that stop at the logits (the third part of their key): steps whose logits are
+# changed before sampling (penalties, logit_bias, min_tokens, structured outputs) replay one and
+# run the changes and the sampler eagerly after it, instead of the whole step eagerly
+FORWARD_ONLY = "forward_only"
+
+
+@dataclass
+class GraphPick:
+    """The graph a step replays (Runner._graph_for): its bucket, rows a sequence, and whether it
+    samples (False: a FORWARD_ONLY graph, the sampler left to the caller)."""
+
+    bucket: int
+    rows: int
+    graph: object
+    samples: bool = True
 
 
 @dataclass
@@ -205,6 +220,7 @@ class ModelRunner:
         self.short_run_max_ctx = int(getattr(backend, "short_run_max_ctx", 0)) if SHORT_RUN_GRAPHS else 0
         self.short_run_min_seqs = int(getattr(backend, "short_run_min_seqs", 1))  # StepInputs.short_runs
         self.short_run_replays = 0  # replays of graphs without the decode kernel (tests read it)
+        self.forward_only_replays = 0  # replays of FORWARD_ONLY graphs (tests read it)
 
     def prepare(self, batch: list[ScheduledSeq]) -> tuple[int, int]:
         """Fill the host buffers for this step; returns (num_tokens, num_logit_rows)."""
@@ -567,16 +583,16 @@ class ModelRunner:
         synchronous and eager, so a matcher has consumed every token before the step."""
         if self.grammars is None or not any(item.seq.grammar is not None for item in batch):
             return
-        rows, masks = [], []
+        rows, jobs = [], []
         r = 0
         for item in batch:
             g = item.seq.grammar
             if g is not None and item.samples and item.num_logits:
-                masks.append(self.grammars.next_token_masks(g, item.seq.draft_ids[: item.num_draft]))
+                jobs.append((g, item.seq.draft_ids[: item.num_draft]))
                 rows.extend(range(r, r + item.num_logits))
             r += item.num_logits
         if rows:
-            self.backend.mask_logits(logits, np.asarray(rows, np.int32), np.concatenate(masks))
+            self.backend.mask_logits(logits, np.asarray(rows, np.int32), self.grammars.next_token_masks(jobs))
 
     @staticmethod
     def _adjustments(seq, drafted: list[int] = ()) -> tuple[np.ndarray, ...]:
@@ -659,15 +675,18 @@ class ModelRunner:
         self.last_inputs, self.last_num_tokens = x, t
         return logits
 
-    def _forward_and_sample(self, B: int, t: int, r: int, max_query_len: int, short_runs_only: bool = False):
+    def _forward_and_sample(self, B: int, t: int, r: int, max_query_len: int, short_runs_only: bool = False,
+                            sample: bool = True):
         """The device work of a decode step: exactly what a CUDA graph captures and replays.
         short_runs_only: every run takes the tensor-core attention kernel (an empty decode_rows
-        hint: no decode-kernel launch; _short_runs_only says when a step may replay such a graph)."""
+        hint: no decode-kernel launch; _short_runs_only says when a step may replay such a graph).
+        sample=False: up to the logits (a FORWARD_ONLY graph)."""
         x = self._inputs(B, t, r, max_query_len, seqs=B - 1)  # B - 1: the bucket (+ padding slot)
         if short_runs_only:
             x.decode_rows = self.buf.dev["attn_order"][:0]
         logits = self._forward(x, t, r)
-        self._sample(logits, r)
+        if sample:
+            self._sample(logits, r)
         return x, logits
 
     def _sample(self, logits, r: int) -> None:
@@ -724,23 +743,30 @@ class ModelRunner:
             self.buf.host["draft_tokens"][:r] = -1
         verifying = not greedy and any(item.num_draft for item in batch)
         B = len(batch)
-        graph = self._graph_for(batch, t)
-        if graph is not None:
-            self._replay(graph, B, t, r)
+        pick = self._graph_for(batch, t)
+        if pick is not None:
+            self._replay(pick, B, t, r)
+            if not pick.samples:
+                self._change_and_sample(batch, self.ws.logits[:r], r)
         else:
             logits = self._eager_forward(B, t, r)
             if r:
-                if self.logits_window is None:  # (a windowed drafter's argmax: its drafts only)
-                    self._suppress_stop_tokens(batch, logits)
-                    self._adjust_logits(batch, logits)
-                    self._constrain_logits(batch, logits)
-                self._sample(logits, r)
+                self._change_and_sample(batch, logits, r)
         ticket = None
         if readback and r:
             ticket = self.readback.start(self.buf.dev["out_tokens"][:r])
             if verifying:  # and its accept flags, copied behind the same step
                 ticket = (ticket, self.readback.start(self.buf.dev["out_accepted"][:r]))
         return r, verifying, ticket
+
+    def _change_and_sample(self, batch: list[ScheduledSeq], logits, r: int) -> None:
+        """min_tokens, penalties, logit_bias and structured outputs on the step's logits, then the
+        sampler (eager launches, after an eager forward or a FORWARD_ONLY graph)."""
+        if self.logits_window is None:  # (a windowed drafter's argmax: its drafts only)
+            self._suppress_stop_tokens(batch, logits)
+            self._adjust_logits(batch, logits)
+            self._constrain_logits(batch, logits)
+        self._sample(logits, r)
 
     def collect(self, handle: tuple) -> np.ndarray:
         """Wait for a launched step; its sampled tokens (host int32), accept flags in last_accepted."""
@@ -762,10 +788,11 @@ class ModelRunner:
     # -1) that takes the leftover rows, then empty ones. Every per-step value is read from the step
     # buffers, so one capture replays for any batch that fits its bucket.
 
-    def capture_graphs(self, buckets: list[int], rows_per_seq: list[int]) -> None:
+    def capture_graphs(self, buckets: list[int], rows_per_seq: list[int], forward_only: bool = False) -> None:
         """Capture a graph per bucket and rows per sequence (1: decode; 1 + k: a verification
         step, or a DFlash drafter's block of 1 + k rows), where the step buffers hold it; runs of
-        2+ rows also get a graph without the decode kernel's launch (_short_runs_only)."""
+        2+ rows also get a graph without the decode kernel's launch (_short_runs_only), and with
+        forward_only (the target's runner) decode steps also one that stops at the logits."""
         self.graphs: dict[tuple, object] = {}
         self.graph_buckets = sorted(buckets)
         self._spec_k = max(rows_per_seq) - 1  # the row count _graph_for gives items with drafts
@@ -783,13 +810,17 @@ class ModelRunner:
                 if 1 < rows <= self.decode_max_q and self.short_run_max_ctx > 0 and bk >= self.short_run_min_seqs:
                     self.graphs[(bk, rows, SHORT_RUNS)] = self.backend.capture_graph(
                         lambda bk=bk, T=T, R=R, rows=rows: self._forward_and_sample(bk + 1, T, R, rows, True))
+                if forward_only and rows == 1:
+                    self.graphs[(bk, rows, FORWARD_ONLY)] = self.backend.capture_graph(
+                        lambda bk=bk, T=T, R=R, rows=rows: self._forward_and_sample(bk + 1, T, R, rows, sample=False))
         self.backend.synchronize()
 
-    def _graph_for(self, batch: list[ScheduledSeq], t: int):
+    def _graph_for(self, batch: list[ScheduledSeq], t: int) -> GraphPick | None:
         graphs = getattr(self, "graphs", None)
         if not graphs:
             return None
         rows = 1
+        changed = False  # some row's logits change between forward and sampler
         for item in batch:
             if item.all_logits or not item.samples or item.num_new != 1 + item.num_draft:
                 return None  # prefill chunks run eagerly
@@ -797,17 +828,23 @@ class ModelRunner:
                 if item.num_draft > self._spec_k:
                     return None  # more rows than any graph has (the attention hint would be short)
                 rows = 1 + self._spec_k
-            if len(item.seq.output_ids) + item.seq.num_pending < item.seq.params.min_tokens:
-                return None  # min_tokens masks logits between forward and sample: eager
-            if item.seq.params.adjusts_logits:
-                return None  # so do penalties and logit_bias
+            # min_tokens bans stop tokens; penalties, a bias or a grammar change logits too
+            if (len(item.seq.output_ids) + item.seq.num_pending < item.seq.params.min_tokens
+                    or item.seq.params.adjusts_logits):
+                changed = True
         bk = next((b for b in self.graph_buckets if b >= len(batch) and (b, rows) in graphs), None)
         if bk is None or t > bk * rows:
             return None
+        if changed:  # a graph that stops at the logits, or (none captured for these rows) eager
+            g = graphs.get((bk, rows, FORWARD_ONLY))
+            if g is None:
+                return None
+            self.forward_only_replays += 1
+            return GraphPick(bk, rows, g, samples=False)
         if (bk, rows, SHORT_RUNS) in graphs and self._short_runs_only(len(batch), t, bk * rows):
             self.short_run_replays += 1
-            return bk, rows, graphs[(bk, rows, SHORT_RUNS)]
-        return bk, rows, graphs[(bk, rows)]
+            return GraphPick(bk, rows, graphs[(bk, rows, SHORT_RUNS)])
+        return GraphPick(bk, rows, graphs[(bk, rows)])
 
     def _short_runs_only(self, B: int, t: int, T: int) -> bool:
         """Whether every run of the prepared step, the graph's padding run included, goes to the
@@ -844,8 +881,8 @@ class ModelRunner:
         lo, hi = (min(i, h["attn_order"].shape[0]) for i in (t, T))
         h["attn_order"][lo:hi] = self.buf.iota[lo:hi]  # padding rows last, as they come
 
-    def _replay(self, graph, B: int, t: int, r: int) -> None:
-        bk, rows, g = graph
+    def _replay(self, pick: GraphPick, B: int, t: int, r: int) -> None:
+        bk, rows, g = pick.bucket, pick.rows, pick.graph
         T = bk * rows
         R = self._logits_rows(T, bk)
         self._pad(B, t, r, bk, T, R)

@@ -10,9 +10,16 @@ follows drafts 0 .. j - 1, so speculation stays lossless under a constraint.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from minillm.sampling_params import StructuredOutputsParams
+
+# rows a step from which llguidance's executor threads compute the masks; below it, this thread
+# one matcher after another (the pool's hand-off costs ~100 us on a 2-core machine, where a mask
+# after a few tokens takes ~5-40 us: scripts/structured_bench.py measures a step's masks)
+MASK_PARALLEL_MIN = int(os.environ.get("MINILLM_MASK_PARALLEL_MIN", "4"))
 
 
 def _llguidance():
@@ -48,6 +55,7 @@ class GrammarCompiler:
         self.vocab_size = vocab_size  # the logits' width: tokens past the tokenizer's are banned
         self.eos_ids = list(eos_ids)
         self._lltok = None
+        self._executor = None
 
     @property
     def words(self) -> int:
@@ -65,24 +73,46 @@ class GrammarCompiler:
             raise ValueError(f"structured_outputs: {m.get_error()}")
         return m
 
-    def next_token_masks(self, m, drafts: list[int]) -> np.ndarray:
-        """[len(drafts) + 1, words] int32: row j allows the tokens m accepts after drafts[:j]. Rows
-        past a draft the grammar refuses copy the row before them (a verification step can never
-        accept a token there). m is left as it was. A row with nothing allowed (a constraint no
-        token can continue, e.g. an unsatisfiable schema) allows EOS, so the request ends."""
-        llg = _llguidance()
-        out = np.zeros((len(drafts) + 1, self.words), np.int32)
-        ok = m.validate_tokens(drafts) if drafts else 0  # how many drafts the grammar takes in order
-        for j in range(len(drafts) + 1):
-            if j > ok:
-                out[j] = out[ok]
-                continue
-            if j:
-                m.consume_token(drafts[j - 1])
-            llg.numpy.fill_next_token_bitmask(m, out, j)
-            if not out[j].any():
-                for t in self.eos_ids:
-                    out[j, t >> 5] |= np.int32(np.uint32(1 << (t & 31)).view(np.int32))
-        if ok:
-            m.rollback(ok)
+    def next_token_masks(self, jobs: list[tuple[object, list[int]]]) -> np.ndarray:
+        """The masks of a step's constrained sampling rows (from MASK_PARALLEL_MIN rows on, computed
+        in parallel by llguidance's executor threads): for each (matcher m, drafts), len(drafts) + 1 rows where row
+        j allows the tokens m accepts after drafts[:j]. Rows past a draft the grammar refuses copy
+        the row before them (a verification step can never accept a token there). Each m is left
+        as it was. A row with nothing allowed (a constraint no token continues, e.g. an
+        unsatisfiable schema) allows EOS, so the request ends."""
+        n = sum(len(d) + 1 for _, d in jobs)
+        out = np.zeros((n, self.words), np.int32)
+        plain, drafted, at = [], [], 0
+        for m, drafts in jobs:
+            if drafts:
+                drafted.append((m, at, list(drafts)))
+            else:
+                plain.append((m, at))
+            at += len(drafts) + 1
+        ptr, row_bytes = out.ctypes.data, self.words * 4
+        if n >= MASK_PARALLEL_MIN:
+            if self._executor is None:
+                self._executor = _llguidance().LLExecutor()
+            if plain:
+                self._executor.unsafe_compute_mask_ptr(plain, ptr, row_bytes, n)
+            if drafted:  # (llguidance refuses an empty draft list here)
+                self._executor.unsafe_compute_mask_ptr_with_draft_token(drafted, ptr, row_bytes, n)
+        else:
+            for m, at in plain:
+                m.unsafe_compute_mask_ptr(ptr + at * row_bytes, row_bytes)
+            for m, at, drafts in drafted:  # row j after drafts[:j], up to the first one refused
+                ok = m.validate_tokens(drafts)
+                for j in range(ok + 1):
+                    if j:
+                        m.consume_token(drafts[j - 1])
+                    m.unsafe_compute_mask_ptr(ptr + (at + j) * row_bytes, row_bytes)
+                if ok:
+                    m.rollback(ok)
+        for m, at, drafts in drafted:  # rows past a refused draft: never reached, a copy
+            ok = m.validate_tokens(drafts)
+            out[at + ok + 1 : at + len(drafts) + 1] = out[at + ok]
+        empty = ~out.any(axis=1)
+        if empty.any():
+            for t in self.eos_ids:
+                out[empty, t >> 5] |= np.uint32(1 << (t & 31)).view(np.int32)
         return out
