@@ -158,6 +158,9 @@ def test_ctrl_c_at_the_prompt_keeps_the_conversation(model_dir):
     with Repl(str(model_dir), "--device", "cpu", "--max-tokens", "8") as repl:
         repl.expect(">>> ")
         _, p1 = turn(repl, "hello")
+        # as a person would, after the prompt is up: readline shows it before it waits for keys, and
+        # CPython's readline loop only notices a signal that interrupts that wait
+        time.sleep(0.5)
         repl.send("\x03")
         repl.expect(r"\(Ctrl-D or /exit to quit\)")
         repl.expect(">>> ")
