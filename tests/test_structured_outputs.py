@@ -167,6 +167,24 @@ def test_bad_constraints_are_refused(smol, kwargs, match):
     assert not smol.engine.has_unfinished()  # nothing was left half-admitted
 
 
+def test_compiled_constraints_are_reused(smol):
+    """n choices and repeated requests copy one compiled matcher (a copy starts where the template
+    does, and what one copy consumes does not move another)."""
+    g = smol.engine.grammars
+    so = SO(json=PERSON)
+    a = g.matcher(so)
+    b = g.matcher(SO(json=dict(PERSON)))  # an equal schema: the same template
+    assert len([k for k in g._templates if k == so.grammar_source()]) == 1
+    tok = smol.engine.tokenizer.encode('{"name"', add_special_tokens=False)
+    assert all(a.consume_token(t) for t in tok)
+    fresh = g.next_token_masks([(b, [])])[0]
+    assert np.array_equal(fresh, g.next_token_masks([(g.matcher(so), [])])[0])
+    assert not np.array_equal(fresh, g.next_token_masks([(a, [])])[0])
+    outs = smol.chat([QUESTION] * 3, SamplingParams(temperature=1.0, seed=1, max_tokens=48, structured_outputs=so))
+    for o in outs:
+        check_person(o.text)
+
+
 def test_min_tokens_with_a_constraint_is_refused():
     with pytest.raises(ValueError, match="min_tokens cannot be combined"):
         SamplingParams(min_tokens=2, structured_outputs=SO(regex="a+"))
