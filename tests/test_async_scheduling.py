@@ -86,6 +86,36 @@ def test_async_outputs_equal_synchronous(tiny, drafter, name):
         assert async_engine.stats().preemptions > 0 and sync_engine.stats().preemptions > 0
 
 
+@pytest.mark.parametrize("graphs", [False, True])
+def test_history_dependent_requests_pipeline(tiny, monkeypatch, graphs):
+    """Penalties and grammars need every id before a step's own: such a step's forward is launched
+    while the previous step is in flight and its changes and sampler once that step's ids are in
+    (Runner.launch(defer_sampling=True), finish_sampling), eagerly or after a FORWARD_ONLY graph
+    (the NumPy backend with graphs emulated); outputs equal the synchronous engine's."""
+    if graphs:
+        from test_dflash_graphs import GraphEmulatingBackend
+
+        class OpByOp(GraphEmulatingBackend):  # (NumPy's one-op decoder plans one sequence, not a bucket)
+            def decoder_plan(self, *a, **kw):
+                return None
+
+        monkeypatch.setattr("minillm.engine.engine.select_backend", lambda device, dtype: OpByOp())
+    small = {"type": "object", "additionalProperties": False, "required": ["a"],
+             "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 999}}}
+    kinds = [dict(presence_penalty=1.2, frequency_penalty=0.4, repetition_penalty=1.3),
+             dict(structured_outputs={"json": small, "disable_any_whitespace": True}),
+             dict(structured_outputs={"regex": "[a-z]{3,20}"}), dict(logit_bias={5: 3.0}), {}]
+    params = [SamplingParams(temperature=t, seed=i, max_tokens=14, **kw)
+              for i, (kw, t) in enumerate((k, t) for k in kinds for t in (0.0, 0.8))]
+    prompts = [[11 + i, 12, 13 + 2 * i] for i in range(len(params))]
+    kw = dict(device="cpu", max_model_len=128, max_num_seqs=16)
+    sync, asynchronous, _, async_engine = both(tiny, kw, prompts, params)
+    assert asynchronous == sync
+    assert async_engine.num_pipelined_steps > 0
+    if graphs:
+        assert async_engine.runner.forward_only_replays > 0
+
+
 def test_pipelined_path_covers_the_decode_steps(tiny):
     """Plain decoding: after the first step every step is launched while the previous one is in
     flight, and the sequences' limits are known ahead, so no row is launched only to be dropped."""

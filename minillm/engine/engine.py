@@ -229,9 +229,9 @@ class LLMEngine:
         # back (see _step_async); None in EngineArgs means the driver decides (LLM turns it on)
         self.async_scheduling = bool(args.async_scheduling)
         self._inflight: _Inflight | None = None  # the launched step whose ids are not accepted yet
-        # requests asking for logprobs or penalties: while any runs, steps are synchronous (a step's
-        # logits are read after its ids arrive, before the next step overwrites them; penalties
-        # need every id sampled so far)
+        # requests asking for logprobs: while any runs, steps are synchronous (a step's logits are
+        # read after its ids arrive, before the next step overwrites them). Penalties and grammars,
+        # which need every id sampled so far, pipeline: see _step_async's deferred sampling
         self._sync_requests: set[str] = set()
         self.num_pipelined_steps = 0  # steps launched while another was in flight (tests read it)
         self._unrendered: list[tuple[Sequence, list[int], str | None]] = []
@@ -302,7 +302,7 @@ class LLMEngine:
             seq.grammar = self.grammars.matcher(params.structured_outputs)
         seq.max_output_len = min(params.max_tokens, self.max_model_len - len(prompt_ids))
         seq.decoder = IncrementalDecoder(self.tokenizer)
-        if params.logprobs is not None or params.needs_history or params.prompt_logprobs is not None:
+        if params.logprobs is not None or params.prompt_logprobs is not None:
             if params.logprobs is not None:
                 seq.output_logprobs = []
             if params.prompt_logprobs is not None:
@@ -457,7 +457,10 @@ class LLMEngine:
         assert not sched.preempted or prev is None, "_can_schedule_ahead let a preemption through"
         if prof is not None:
             prof.scheduled(sched.scheduled)
-        handle = self.runner.launch(sched.scheduled, readback=True)
+        # a step whose logits depend on ids not on the host yet (penalties, a grammar) launches its
+        # forward now and its changes and sampler once step n's ids are accepted, below
+        defer = any(item.seq.params.needs_history for item in sched.scheduled)
+        handle = self.runner.launch(sched.scheduled, readback=True, defer_sampling=defer)
         # what the step will have done once it completes, recorded now (the next schedule plans on it)
         r = 0
         for item in sched.scheduled:
@@ -473,6 +476,8 @@ class LLMEngine:
                 prof.collecting()
         self._inflight = _Inflight(sched.scheduled, handle)
         num_sampled = self._collect(prev) if prev is not None else 0
+        if defer:  # the matchers have consumed step n's ids and the penalties see them
+            self._inflight.handle = self.runner.finish_sampling(handle)
         if prof is not None:
             prof.executed()
         outputs = self._render_unrendered()  # step n's text, while step n + 1 runs
@@ -686,7 +691,7 @@ class LLMEngine:
             p = seq.params
             seq.prompt_logprobs.extend(prompt_logprobs(self.runner, row, seq.prompt_ids[lo + 1 : hi + 1],
                                                        p.prompt_logprobs))
-            if len(seq.prompt_logprobs) == seq.num_prompt_tokens and p.logprobs is None and not p.needs_history:
+            if len(seq.prompt_logprobs) == seq.num_prompt_tokens and p.logprobs is None:
                 self._sync_requests.discard(seq.request_id)
 
     def _logits_row(self, r: int) -> np.ndarray:

@@ -36,6 +36,7 @@ SHORT_RUNS = "short_runs"  # the third part of such a graph's key
 # changed before sampling (penalties, logit_bias, min_tokens, structured outputs) replay one and
 # run the changes and the sampler eagerly after it, instead of the whole step eagerly
 FORWARD_ONLY = "forward_only"
+DEFERRED = "deferred"  # the first part of a launch handle whose sampling finish_sampling() runs
 
 
 @dataclass
@@ -715,7 +716,7 @@ class ModelRunner:
         return self.collect(self.launch(batch, greedy))
 
     def launch(self, batch: list[ScheduledSeq], greedy: bool = False, readback: bool = False,
-               advance: BlockAdvance | None = None) -> tuple:
+               advance: BlockAdvance | None = None, defer_sampling: bool = False) -> tuple:
         """The device half of a sampling step: prepare, upload, then the forward and the sampler
         (a graph replay or eager launches), without waiting for them. Returns the handle collect()
         takes: (logits rows, whether rows verify drafts, readback ticket or None). Between the two
@@ -727,16 +728,32 @@ class ModelRunner:
         for the next step's fill_input_ids.
 
         advance (a windowed runner's blocks only): the step follows a verification step whose
-        results the host has not read; see BlockAdvance."""
+        results the host has not read; see BlockAdvance.
+
+        defer_sampling=True: a step whose logits change before sampling (a FORWARD_ONLY graph or an
+        eager forward) stops after the forward and returns a handle for finish_sampling(), which
+        applies the changes and samples: async scheduling launches such a step's forward before
+        the previous step's ids reach the host, and its penalties and grammar masks, which need
+        those ids, once they have."""
         if advance is not None and self.logits_window is None:
             raise ValueError("launch: advance is for a windowed runner's blocks")
         self._advance = advance
         try:
-            return self._launch(batch, greedy, readback)
+            return self._launch(batch, greedy, readback, defer_sampling)
         finally:
             self._advance = None
 
-    def _launch(self, batch: list[ScheduledSeq], greedy: bool, readback: bool) -> tuple:
+    def finish_sampling(self, handle: tuple) -> tuple:
+        """The rest of a launch(defer_sampling=True): the logit changes (which now read every id
+        before this step's) and the sampler; returns the handle collect() takes. A launch that
+        sampled already returns its handle unchanged."""
+        if handle[0] != DEFERRED:
+            return handle
+        _, batch, logits, r, verifying, readback = handle
+        self._change_and_sample(batch, logits, r)
+        return r, verifying, self._start_readback(r, verifying) if readback else None
+
+    def _launch(self, batch: list[ScheduledSeq], greedy: bool, readback: bool, defer: bool = False) -> tuple:
         t, r = self.prepare(batch)
         if greedy:  # a drafter's own step: argmax everywhere, nothing to verify
             self.buf.host["temperature"][:r] = 0.0
@@ -744,20 +761,25 @@ class ModelRunner:
         verifying = not greedy and any(item.num_draft for item in batch)
         B = len(batch)
         pick = self._graph_for(batch, t)
+        logits = None  # set where the changes and the sampler are still to run
         if pick is not None:
             self._replay(pick, B, t, r)
             if not pick.samples:
-                self._change_and_sample(batch, self.ws.logits[:r], r)
+                logits = self.ws.logits[:r]
         else:
             logits = self._eager_forward(B, t, r)
-            if r:
-                self._change_and_sample(batch, logits, r)
-        ticket = None
-        if readback and r:
-            ticket = self.readback.start(self.buf.dev["out_tokens"][:r])
-            if verifying:  # and its accept flags, copied behind the same step
-                ticket = (ticket, self.readback.start(self.buf.dev["out_accepted"][:r]))
-        return r, verifying, ticket
+        if logits is not None and r:
+            if defer:
+                return DEFERRED, batch, logits, r, verifying, readback
+            self._change_and_sample(batch, logits, r)
+        return r, verifying, self._start_readback(r, verifying) if readback and r else None
+
+    def _start_readback(self, r: int, verifying: bool):
+        """The copy of the sampled ids (and a verification's accept flags) to the host, behind the sampler."""
+        ticket = self.readback.start(self.buf.dev["out_tokens"][:r])
+        if verifying:  # and its accept flags, copied behind the same step
+            ticket = (ticket, self.readback.start(self.buf.dev["out_accepted"][:r]))
+        return ticket
 
     def _change_and_sample(self, batch: list[ScheduledSeq], logits, r: int) -> None:
         """min_tokens, penalties, logit_bias and structured outputs on the step's logits, then the
@@ -770,6 +792,8 @@ class ModelRunner:
 
     def collect(self, handle: tuple) -> np.ndarray:
         """Wait for a launched step; its sampled tokens (host int32), accept flags in last_accepted."""
+        if handle[0] == DEFERRED:
+            raise RuntimeError("collect: the step's sampling was deferred; finish_sampling() it first")
         r, verifying, ticket = handle
         if r == 0:
             return np.zeros(0, dtype=np.int32)
