@@ -57,7 +57,7 @@ class LLM:
         prompt_ids = []
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             try:
-                toks = engine.encode_prompt(prompt)
+                toks = engine.encode_prompt(prompt, p)  # truncated as p.truncate_prompt_tokens asks
                 engine.validate_prompt(toks, p)  # all-or-nothing: check every prompt before adding any
             except ValueError as e:
                 raise ValueError(f"prompt {i}: {e}" if len(prompts) > 1 else str(e)) from None

@@ -105,6 +105,11 @@ class SamplingParams:
     # vLLM's structured outputs (a JSON schema, regex, choice list or grammar the output must follow;
     # a dict is taken as StructuredOutputsParams' fields)
     structured_outputs: StructuredOutputsParams | None = None
+    # vLLM's truncate_prompt_tokens: None keeps the whole prompt; k >= 1 keeps only its last k tokens
+    # (left truncation: the end, nearest the output, stays; a prompt of k tokens or fewer is kept
+    # whole); -1 keeps as many as the context leaves room for beside max_tokens (the last
+    # max_model_len - max_tokens), as vLLM's -1 does (its max_input_tokens). See truncated_prompt
+    truncate_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -169,9 +174,18 @@ class SamplingParams:
         need(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
              f"structured_outputs must be a StructuredOutputsParams or a dict of its fields, got "
              f"{self.structured_outputs!r:.80}")
+        need(self.truncate_prompt_tokens is None
+             or (isinstance(self.truncate_prompt_tokens, int) and not isinstance(self.truncate_prompt_tokens, bool)
+                 and (self.truncate_prompt_tokens >= 1 or self.truncate_prompt_tokens == -1)),
+             f"truncate_prompt_tokens must be None, an integer >= 1 (keep the prompt's last k tokens) or -1 (as "
+             f"many as max_model_len leaves beside max_tokens), got {self.truncate_prompt_tokens!r}")
         # the grammar decides when the output may end; min_tokens would ban the end it allows
         need(not (self.structured_outputs and self.min_tokens),
              "min_tokens cannot be combined with structured_outputs: the grammar decides where the output ends")
+
+    def truncated_prompt(self, prompt_ids: list[int], max_model_len: int) -> list[int]:
+        """prompt_ids as truncate_prompt_tokens leaves them (the list itself when it keeps all)."""
+        return truncate_prompt(prompt_ids, self.truncate_prompt_tokens, max_model_len, self.max_tokens)
 
     @property
     def greedy(self) -> bool:
@@ -193,3 +207,21 @@ class SamplingParams:
         """Penalties, a logit bias or structured outputs: the runner changes this request's logits
         before sampling (eager steps)."""
         return self.penalized or bool(self.logit_bias) or self.structured_outputs is not None
+
+
+def truncate_prompt(prompt_ids: list[int], truncate_prompt_tokens: int | None, max_model_len: int,
+                    max_tokens: int, max_tokens_name: str = "max_tokens") -> list[int]:
+    """vLLM's truncate_prompt_tokens applied to a prompt's ids: None keeps them all, k >= 1 the last k
+    (left truncation, as vLLM's default truncation side), -1 the last max_model_len - max_tokens
+    (what vLLM's -1 maps to: the context less the output asked for). The list itself when nothing
+    is cut. ValueError, naming both fields, when -1 leaves no token (max_tokens fills the context)."""
+    k = truncate_prompt_tokens
+    if k is None:
+        return prompt_ids
+    if k == -1:
+        k = max_model_len - max_tokens
+        if k < 1:
+            raise ValueError(f"truncate_prompt_tokens -1 keeps max_model_len {max_model_len} - {max_tokens_name} "
+                             f"{max_tokens} = {k} prompt tokens: lower {max_tokens_name} to at most "
+                             f"{max_model_len - 1}")
+    return prompt_ids if len(prompt_ids) <= k else list(prompt_ids[-k:])

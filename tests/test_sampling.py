@@ -241,3 +241,50 @@ def test_generate_refuses_bad_prompts_and_leaves_nothing_behind(llm, monkeypatch
     monkeypatch.undo()
     assert not llm.engine.requests  # none of the interrupted ones is left to run
     assert llm.generate([[5, 6, 7]], params)[0].token_ids == ref
+
+
+def test_truncate_prompt_tokens(llm):
+    """vLLM's truncate_prompt_tokens in LLM.generate / LLM.chat / add_request: k keeps the prompt's
+    last k tokens (what that tail alone gives; prompt_token_ids and prompt_logprobs are the tail's),
+    a prompt of k or fewer is kept whole, -1 keeps max_model_len - max_tokens (so a prompt longer
+    than the context runs); anything but an integer >= 1 or -1 is refused naming the field."""
+    params = dict(temperature=0, max_tokens=4, ignore_eos=True)
+    ids = [5 + i % 50 for i in range(40)]
+    ref = llm.generate([ids[-9:]], SamplingParams(**params, prompt_logprobs=1))[0]
+    out = llm.generate([ids], SamplingParams(**params, prompt_logprobs=1, truncate_prompt_tokens=9))[0]
+    assert out.prompt_token_ids == ids[-9:] and out.token_ids == ref.token_ids
+    assert len(out.prompt_logprobs) == 9 and out.prompt_logprobs[0] is None
+    assert [lp.logprob for lp in out.prompt_logprobs[1:]] == pytest.approx(
+        [lp.logprob for lp in ref.prompt_logprobs[1:]], abs=1e-5)
+    whole = llm.generate([ids], SamplingParams(**params))[0]
+    for k in (40, 1000):
+        same = llm.generate([ids], SamplingParams(**params, truncate_prompt_tokens=k))[0]
+        assert same.prompt_token_ids == ids and same.token_ids == whole.token_ids
+    text = llm.tokenizer.decode(ids)
+    assert llm.generate(text, SamplingParams(**params, truncate_prompt_tokens=9))[0].prompt_token_ids == \
+        llm.tokenizer.encode(text)[-9:]
+
+    # longer than max_model_len (128): -1 keeps 128 - max_tokens, refused without it
+    long = [5 + i % 50 for i in range(300)]
+    out = llm.generate([long, ids], SamplingParams(**params, truncate_prompt_tokens=-1))
+    assert out[0].prompt_token_ids == long[-124:] and len(out[0].token_ids) == 4
+    assert out[0].token_ids == llm.generate([long[-124:]], SamplingParams(**params))[0].token_ids
+    assert out[1].prompt_token_ids == ids
+    with pytest.raises(ValueError, match="prompt 0: the prompt has 300 tokens"):
+        llm.generate([long, ids], SamplingParams(**params))
+    with pytest.raises(ValueError, match="truncate_prompt_tokens -1 keeps max_model_len 128 - max_tokens 128"):
+        llm.generate([ids], SamplingParams(temperature=0, max_tokens=128, truncate_prompt_tokens=-1))
+    # the engine's own entry point (the chat REPL's and the server's)
+    eng = llm.engine
+    rid = eng.add_request(long, SamplingParams(**params, truncate_prompt_tokens=100))
+    assert eng.requests[rid].prompt_ids == long[-100:]
+    eng.abort_request(rid)
+    # LLM.chat: the rendered conversation's last k tokens
+    msgs = [{"role": "user", "content": "hello there, how are you"}]
+    full = llm.chat(msgs, SamplingParams(**params))[0].prompt_token_ids
+    cut = llm.chat(msgs, SamplingParams(**params, truncate_prompt_tokens=6))[0]
+    assert cut.prompt_token_ids == full[-6:] and len(full) > 6
+
+    for bad in (0, -2, 1.5, True, "4", [4]):
+        with pytest.raises(ValueError, match="truncate_prompt_tokens must be None, an integer >= 1"):
+            SamplingParams(truncate_prompt_tokens=bad)

@@ -418,6 +418,85 @@ def test_prompt_logprobs(server, oracle):
         check_prompt_logprobs(mine[1].model_extra["prompt_logprobs"], cids, rows, 2, text)
 
 
+def test_truncate_prompt_tokens(server, oracle):
+    """vLLM's truncate_prompt_tokens: k keeps the prompt's last k tokens (what that tail alone gives;
+    usage counts it; a prompt of k or fewer is kept whole), -1 the last max_model_len - max_tokens
+    (max_model_len - 1 without max_tokens); the room for max_tokens is the truncated prompt's; batched
+    strings and token ids, streamed, echo (the tail's text and logprobs), prompt_logprobs, chat."""
+    cl, name = server.client(), model_name(server)
+    tok, rows = oracle
+
+    def text(i: int) -> str:
+        return tok.decode([i], skip_special_tokens=False)
+
+    kw = dict(model=name, max_tokens=5, temperature=0)
+    eos = {"ignore_eos": True}
+    prompt = "The quick brown fox jumps"  # the byte tokenizer: one token a character
+    tail = cl.completions.create(prompt=prompt[-9:], **kw, extra_body=eos)
+    c = cl.completions.create(prompt=prompt, **kw, extra_body={**eos, "truncate_prompt_tokens": 9})
+    assert c.choices[0].text == tail.choices[0].text and c.usage.prompt_tokens == 9
+    whole = cl.completions.create(prompt=prompt, **kw, extra_body=eos)
+    for k in (len(prompt), 1000):  # a prompt of k tokens or fewer: unchanged
+        same = cl.completions.create(prompt=prompt, **kw, extra_body={**eos, "truncate_prompt_tokens": k})
+        assert same.choices[0].text == whole.choices[0].text and same.usage.prompt_tokens == len(prompt)
+    streamed = cl.completions.create(prompt=prompt, **kw, stream=True, stream_options={"include_usage": True},
+                                     extra_body={**eos, "truncate_prompt_tokens": 9})
+    *chunks, last = list(streamed)
+    assert "".join(x.choices[0].text for x in chunks) == c.choices[0].text and last.usage.prompt_tokens == 9
+
+    # batched strings and token ids, n = 2: each prompt cut alone
+    b = cl.completions.create(prompt=[prompt, [70, 71, 72, 73, 74]], n=2, **kw,
+                              extra_body={**eos, "truncate_prompt_tokens": 3})
+    alone = cl.completions.create(prompt=[prompt[-3:], [72, 73, 74]], n=2, **kw, extra_body=eos)
+    assert [x.text for x in b.choices] == [x.text for x in alone.choices] and b.usage.prompt_tokens == 6
+
+    # longer than the context (512): -1 keeps max_model_len - max_tokens, or max_model_len - 1 (one
+    # token of room) without max_tokens; k leaves max_model_len - k for max_tokens
+    ids = [40 + i % 200 for i in range(600)]
+    m = cl.completions.create(model=name, prompt=ids, max_tokens=12, temperature=0,
+                              extra_body={**eos, "truncate_prompt_tokens": -1})
+    assert (m.usage.prompt_tokens, m.usage.completion_tokens) == (500, 12)
+    ref = cl.completions.create(model=name, prompt=ids[-500:], max_tokens=12, temperature=0, extra_body=eos)
+    assert m.choices[0].text == ref.choices[0].text
+    d = cl.completions.create(model=name, prompt=ids, temperature=0, extra_body={**eos, "truncate_prompt_tokens": -1})
+    assert (d.usage.prompt_tokens, d.usage.completion_tokens) == (511, 1)
+    r = cl.completions.create(model=name, prompt=ids, max_tokens=12, temperature=0,
+                              extra_body={**eos, "truncate_prompt_tokens": 500})
+    assert r.choices[0].text == ref.choices[0].text and r.usage.prompt_tokens == 500
+    with pytest.raises(openai.BadRequestError, match="has 500 and max_tokens asks for 13 more"):
+        cl.completions.create(model=name, prompt=ids, max_tokens=13, extra_body={"truncate_prompt_tokens": 500})
+    with pytest.raises(openai.BadRequestError, match="prompt has 600 tokens"):  # without it: refused
+        cl.completions.create(model=name, prompt=ids, max_tokens=12)
+
+    # echo: the kept tail's text and its tokens' logprobs (the first null: nothing before it ran)
+    e = cl.completions.create(model=name, prompt="Once upon a time", max_tokens=0, temperature=0, logprobs=1,
+                              echo=True, extra_body={"truncate_prompt_tokens": 4})
+    ch = e.choices[0]
+    assert ch.text == "time" and ch.logprobs.tokens == list("time") and ch.logprobs.token_logprobs[0] is None
+    assert e.usage.prompt_tokens == 4
+    alone = cl.completions.create(model=name, prompt="time", max_tokens=0, temperature=0, logprobs=1, echo=True)
+    assert ch.logprobs.token_logprobs[1:] == pytest.approx(alone.choices[0].logprobs.token_logprobs[1:], abs=1e-5)
+    ekw = dict(model=name, prompt=tok.encode("Once up"), max_tokens=2, temperature=0, echo=True,
+               extra_body={**eos, "truncate_prompt_tokens": 2})  # ids: "Once up", of which "up" is kept
+    whole = cl.completions.create(**ekw).choices[0].text
+    se = [x for x in cl.completions.create(**ekw, stream=True) if x.choices]
+    assert whole.startswith("up") and se[0].choices[0].text.startswith("up")
+    assert "".join(x.choices[0].text for x in se) == whole
+
+    # prompt_logprobs cover the kept tokens; chat keeps the rendered template's last k tokens
+    pids = tok.encode(prompt)
+    p = cl.completions.create(prompt=prompt, **kw, extra_body={"truncate_prompt_tokens": 6, "prompt_logprobs": 2})
+    check_prompt_logprobs(p.choices[0].model_extra["prompt_logprobs"], pids[-6:], rows, 2, text)
+    msgs = [{"role": "user", "content": "hello there"}]
+    cids = tok.encode_chat(msgs)
+    r = cl.chat.completions.create(model=name, messages=msgs, max_tokens=4, temperature=0,
+                                   extra_body={**eos, "truncate_prompt_tokens": 7, "prompt_logprobs": 1})
+    assert r.usage.prompt_tokens == 7 < len(cids)
+    check_prompt_logprobs(r.model_extra["prompt_logprobs"], cids[-7:], rows, 1, text)
+    same = cl.completions.create(model=name, prompt=cids[-7:], max_tokens=4, temperature=0, extra_body=eos)
+    assert r.choices[0].message.content == same.choices[0].text
+
+
 def test_penalties(server):
     """presence/frequency (OpenAI) and repetition (vLLM) penalties reach the sampler: a greedy run
     that repeats itself without them does not with them; streamed equals non-streamed."""

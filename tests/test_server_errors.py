@@ -122,7 +122,16 @@ COMPLETION_CASES = [
     ({**OK, "min_p": True}, "min_p"),
     ({**OK, "min_p": [0.1]}, "min_p"),
     ({**OK, "use_beam_search": True}, "use_beam_search"),
-    ({**OK, "truncate_prompt_tokens": 4}, "truncate_prompt_tokens"),
+    ({**OK, "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),  # vLLM's: an integer >= 1 or -1
+    ({**OK, "truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
+    ({**OK, "truncate_prompt_tokens": 1.5}, "truncate_prompt_tokens"),
+    ({**OK, "truncate_prompt_tokens": 4.0}, "truncate_prompt_tokens"),
+    ({**OK, "truncate_prompt_tokens": True}, "truncate_prompt_tokens"),
+    ({**OK, "truncate_prompt_tokens": "4"}, "truncate_prompt_tokens"),
+    ({**OK, "truncate_prompt_tokens": [4]}, "truncate_prompt_tokens"),
+    ({**OK, "max_tokens": 256, "truncate_prompt_tokens": -1}, "max_tokens"),  # -1 would keep no prompt token
+    ({"prompt": LONG, "max_tokens": 7, "truncate_prompt_tokens": 250}, "max_tokens"),  # k keeps it all: no room
+    ({"prompt": [[65], LONG], "max_tokens": 8, "truncate_prompt_tokens": 249}, "max_tokens"),
     ({**OK, "guided_json": {"type": "objec"}}, "guided_json"),  # structured outputs: constraints that do not compile
     ({**OK, "guided_json": "{not json"}, "guided_json"),
     ({**OK, "guided_json": [1]}, "guided_json"),
@@ -209,6 +218,9 @@ CHAT_CASES = [
     ({"messages": MSG, "temperature": -1}, "temperature"),
     ({"messages": [{"role": "user", "content": "x" * 300}]}, "messages"),
     ({"messages": MSG, "max_tokens": 250}, "max_tokens"),
+    ({"messages": MSG, "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+    ({"messages": MSG, "truncate_prompt_tokens": False}, "truncate_prompt_tokens"),
+    ({"messages": MSG, "max_completion_tokens": 300, "truncate_prompt_tokens": -1}, "max_completion_tokens"),
 ]
 
 
@@ -324,6 +336,15 @@ def test_messages_name_the_problem(server):
     err = check_error(post(server, "/v1/chat/completions", {"messages": [{"role": "user"}]}), 400,
                       "messages[0].content")
     assert "missing" in err["message"]
+    err = check_error(post(server, "/v1/completions", {**OK, "truncate_prompt_tokens": 0}), 400)
+    assert err["message"].startswith("'truncate_prompt_tokens' must be an integer >= 1") and "-1" in err["message"]
+    err = check_error(post(server, "/v1/completions", {**OK, "max_tokens": 300, "truncate_prompt_tokens": -1}), 400)
+    assert err["message"].startswith("truncate_prompt_tokens -1 keeps max_model_len 256 - max_tokens 300")
+    assert err["code"] == "context_length_exceeded"
+    # the room for max_tokens is what the truncated prompt leaves: 256 - 249 = 7
+    err = check_error(post(server, "/v1/completions", {"prompt": LONG, "max_tokens": 8, "truncate_prompt_tokens": 249}),
+                      400, "max_tokens")
+    assert "has 249 and max_tokens asks for 8" in err["message"] and "at most 7" in err["message"]
     err = check_error(post(server, "/v1/completions", {**OK, "top_p": 1e-100}), 400, "top_p")
     assert "float32" in err["message"] and "top_k=1" in err["message"]
     err = check_error(post(server, "/v1/completions", {**OK, "top_p": 1.5}), 400)

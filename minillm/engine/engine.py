@@ -256,14 +256,18 @@ class LLMEngine:
                  self.num_blocks, self.block_size)
 
     # ---- requests -------------------------------------------------------------------------
-    def encode_prompt(self, prompt: str | list[int]) -> list[int]:
+    def encode_prompt(self, prompt: str | list[int], params: SamplingParams | None = None) -> list[int]:
+        """The prompt's token ids, as params.truncate_prompt_tokens leaves them (its last k tokens; -1:
+        the last max_model_len - max_tokens), so every later check and count sees what runs."""
         if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt)
-        if isinstance(prompt, np.ndarray):
-            prompt = prompt.tolist()
-        if not isinstance(prompt, (list, tuple)):
-            raise ValueError(f"a prompt is a string or a list of token ids; got {type(prompt).__name__}")
-        return list(prompt)
+            ids = self.tokenizer.encode(prompt)
+        else:
+            if isinstance(prompt, np.ndarray):
+                prompt = prompt.tolist()
+            if not isinstance(prompt, (list, tuple)):
+                raise ValueError(f"a prompt is a string or a list of token ids; got {type(prompt).__name__}")
+            ids = list(prompt)
+        return params.truncated_prompt(ids, self.max_model_len) if params is not None else ids
 
     def validate_prompt(self, prompt_ids: list[int], params: SamplingParams) -> None:
         """Reject at admission what could never run: the server maps ValueError to HTTP 400."""
@@ -290,7 +294,7 @@ class LLMEngine:
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None) -> str:
         params = params or SamplingParams()
-        prompt_ids = self.encode_prompt(prompt)
+        prompt_ids = self.encode_prompt(prompt, params)  # truncated as params.truncate_prompt_tokens asks
         self.validate_prompt(prompt_ids, params)
         request_id = request_id or uuid.uuid4().hex
         if request_id in self.requests:

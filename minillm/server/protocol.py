@@ -19,7 +19,7 @@ import jinja2
 from minillm.engine.logprobs import MAX_LOGPROBS, TokenLogprob
 from minillm.engine.structured import compile_grammar
 from minillm.models.tokenizer import content_text, final_message_text
-from minillm.sampling_params import SamplingParams, StructuredOutputsParams
+from minillm.sampling_params import SamplingParams, StructuredOutputsParams, truncate_prompt
 
 CHAT_ROLES = ("system", "developer", "user", "assistant")
 MAX_N = 64  # choices per request: each is its own engine request (its own prefill of the prompt,
@@ -345,7 +345,6 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool,
     _refuse(body, "best_of", (None, 1, n), "best_of other than n (choosing among more samples)")
     # vLLM's extensions that change what is sampled: refused by name rather than silently ignored
     _refuse(body, "use_beam_search", (None, False), "beam search")
-    _refuse(body, "truncate_prompt_tokens", (None,), "truncating the prompt; shorten it instead")
     structured = structured_outputs(body)
     if chat:
         top = _get(body, "top_logprobs", int, None)
@@ -488,7 +487,7 @@ def parse_request(body: dict, info: ModelInfo, chat: bool) -> ParsedRequest:
                             "(a response that is not streamed carries its usage anyway)", "stream_options")
     given = ([(chat_prompt(body, info, _get(body, "add_generation_prompt", bool, True)), None)] if chat
              else completion_prompts(body, info))
-    prompts = [ids for ids, _ in given]
+    prompts = truncated_prompts(body, [ids for ids, _ in given], info, chat)
     params = [sampling_params(body, len(ids), info, chat, k if len(prompts) > 1 else None)  # each its own room
               for k, ids in enumerate(prompts)]
     n = _get(body, "n", int, 1)
@@ -502,10 +501,34 @@ def parse_request(body: dict, info: ModelInfo, chat: bool) -> ParsedRequest:
         parsed.echo = True
         parsed.echo_only = body.get("max_tokens") == 0
         # a prompt given as ids echoes as their text, special tokens included
-        texts = [text if text is not None else info.tokenizer.decode(ids, skip_special_tokens=False)
-                 for ids, text in given]
+        # (and a prompt truncate_prompt_tokens cut echoes what is left of it: the tokens that ran)
+        texts = [text if text is not None and len(ids) == len(full) else
+                 info.tokenizer.decode(ids, skip_special_tokens=False) for ids, (full, text) in zip(prompts, given)]
         parsed.echo_texts = [text for text in texts for _ in range(n)]
     return parsed
+
+
+def truncated_prompts(body: dict, prompts: list[list[int]], info: ModelInfo, chat: bool) -> list[list[int]]:
+    """vLLM's truncate_prompt_tokens on each prompt's ids: k >= 1 keeps its last k tokens (a shorter
+    prompt is kept whole), -1 the last max_model_len - max_tokens (max_model_len - 1 when max_tokens
+    is not given, leaving room for one token: vLLM's -1 then keeps max_model_len and the request
+    fails). Everything after sees the truncated prompt: the room left for max_tokens, usage, echo,
+    prompt_logprobs. A value that is not an integer >= 1 or -1 is a 400 naming the field."""
+    k = body.get("truncate_prompt_tokens")
+    if k is None:
+        return prompts
+    if isinstance(k, bool) or not isinstance(k, int) or not (k >= 1 or k == -1):
+        raise ProtocolError("'truncate_prompt_tokens' must be an integer >= 1 (keep the prompt's last k tokens) or "
+                            f"-1 (as many as the context leaves beside max_tokens), got {json.dumps(k)[:40]}",
+                            "truncate_prompt_tokens")
+    name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _get(body, name, int, None)
+    # not given, or 0 with echo (one token is generated and dropped): room for one token
+    max_tokens = 1 if max_tokens is None or max_tokens < 1 else max_tokens
+    try:
+        return [truncate_prompt(ids, k, info.max_model_len, max_tokens, name) for ids in prompts]
+    except ValueError as e:
+        raise ProtocolError(str(e), name, code="context_length_exceeded") from None
 
 
 def choice_params(params: SamplingParams, i: int) -> SamplingParams:
