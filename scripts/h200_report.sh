@@ -107,6 +107,7 @@
 #   part207: session 34's final code: every GPU test; the folded products loading their first
 #   weights before the norm (GEMV_NORM_EARLY_W=1, 16ac088; removed after it): its tests and batch-1
 #   graphs against the default.
+#   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
 #   part209: session 35: structured outputs on the GPU (mask kernel, engine tests, memcheck, their cost).
 #   part208: session 35's start, session 34's final code: every GPU test, decode of both shapes.
@@ -3630,6 +3631,22 @@ import time; t = time.time(); from minillm import LLM
 llm = LLM('$M/q06', device='cuda', max_num_seqs=256, max_model_len=2048)
 print('startup s', round(time.time() - t, 2), 'graphs', len(llm.engine.runner.graphs))\""
   done
+  decode_06b 60
+  decode_8b 90
+}
+
+part211() {  # session 35's final code: every GPU test, then what a grammar, a bias and a penalty cost a
+  # decode with their sampling deferred behind the previous step's ids (scripts/structured_bench.py, both
+  # shapes), decode of both shapes (~8 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  gpu_tests_full 330
+  stage models 120 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  stage structured_06b 150 python3 scripts/structured_bench.py $M/q06 --device cuda --batch 1,8 --tokens 128 \
+    --json "$W/structured_06b.json"
+  stage structured_8b 150 python3 scripts/structured_bench.py $M/q8 --device cuda --batch 1,8 --tokens 64 \
+    --json "$W/structured_8b.json"
   decode_06b 60
   decode_8b 90
 }

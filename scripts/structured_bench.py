@@ -6,10 +6,12 @@ For each batch size, B prompts of 64 random token ids generate --tokens tokens e
 three ways, each run twice and the faster kept (the first run of each also warms its paths):
   - free: no constraint (graphs and asynchronous scheduling where the engine takes them);
   - regex: `[a-z ]+` (the matcher allows the vocabulary's lower-case-and-space tokens, and EOS, which
-    a request sampling it ends on), which makes the steps synchronous, each replaying a graph that
-    stops at the logits (FORWARD_ONLY; before session 35 the whole step ran eagerly);
-  - bias: a one-token logit_bias, which takes the same graphs but asks the matcher for nothing, so
-    regex against bias separates the matcher's and mask's cost from that of the split step.
+    a request sampling it ends on): each step replays a graph that stops at the logits (FORWARD_ONLY;
+    before session 35 the whole step ran eagerly), and its mask and sampler wait for the previous
+    step's ids while that forward runs (before, the steps were synchronous);
+  - bias: a one-token logit_bias: the same graphs, nothing to wait for, no matcher;
+  - penalty: presence_penalty 0.5: the same graphs, and the wait for the previous step's ids;
+so regex against penalty is the matcher's and the mask's cost.
 (A counted regex such as `[a-z ]{20000}` costs llguidance ~3.4 ms a mask over a 151k vocabulary
 against ~35 us for `[a-z ]+`: part209 measured that one.)
 Reported: output tokens a second and each constrained way as a ratio of free, and the matcher's mask
@@ -77,14 +79,16 @@ def main() -> None:
         regex, regex_len = run(llm, prompts, SamplingParams(**base, structured_outputs={"regex": REGEX}))
         per_mask_us = 1e6 * mask_s[0] / max(mask_s[1], 1)
         bias, _ = run(llm, prompts, SamplingParams(**base, logit_bias={0: -1.0}))
+        penalty, _ = run(llm, prompts, SamplingParams(**base, presence_penalty=0.5))
         row = dict(batch=b, tokens=a.tokens, free_tok_s=round(free, 1), regex_tok_s=round(regex, 1),
                    regex_mean_tokens=round(regex_len, 1), bias_tok_s=round(bias, 1),
-                   regex_ratio=round(regex / free, 3), bias_ratio=round(bias / free, 3),
-                   mask_us_a_step=round(per_mask_us, 1))
+                   penalty_tok_s=round(penalty, 1), regex_ratio=round(regex / free, 3),
+                   bias_ratio=round(bias / free, 3), penalty_ratio=round(penalty / free, 3),
+                   mask_us_a_step=round(per_mask_us, 1), pipelined_steps=llm.engine.num_pipelined_steps)
         rows.append(row)
         print(f"batch {b}: free {free:.1f} tok/s; regex {regex:.1f} ({regex / free:.2f}x, {regex_len:.0f} tokens "
-              f"a request); with a bias {bias:.1f} ({bias / free:.2f}x); the matcher's masks {per_mask_us:.0f} us "
-              "a step (host)")
+              f"a request); with a bias {bias:.1f} ({bias / free:.2f}x); with a penalty {penalty:.1f} "
+              f"({penalty / free:.2f}x); the matcher's masks {per_mask_us:.0f} us a step (host)")
     if a.json:
         a.json.write_text(json.dumps(dict(model=a.model, device=a.device, regex=REGEX, rows=rows), indent=1) + "\n")
 
