@@ -30,7 +30,6 @@ MASK_PARALLEL_MIN = int(os.environ.get("MINILLM_MASK_PARALLEL_MIN", "4"))
 def _llguidance():
     try:
         import llguidance
-        import llguidance.numpy
     except ImportError as e:  # an install without it: say how to get it
         raise ValueError(f"structured outputs need the llguidance package ({e}); pip install llguidance") from None
     return llguidance
