@@ -3637,7 +3637,7 @@ print('startup s', round(time.time() - t, 2), 'graphs', len(llm.engine.runner.gr
 
 part211() {  # session 35's final code: every GPU test, then what a grammar, a bias and a penalty cost a
   # decode with their sampling deferred behind the previous step's ids (scripts/structured_bench.py, both
-  # shapes), decode of both shapes (~8 minutes)
+  # shapes), decode of both shapes, the 8B spec-cost bench (~8 minutes)
   setup
   facts > "$W/facts.txt" 2>&1
   gpu_tests_full 330
@@ -3649,6 +3649,9 @@ part211() {  # session 35's final code: every GPU test, then what a grammar, a b
     --json "$W/structured_8b.json"
   decode_06b 60
   decode_8b 90
+  stage dflash_model 60 python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force
+  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_8b.json"
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name; then
