@@ -10,6 +10,7 @@ follows drafts 0 .. j - 1, so speculation stays lossless under a constraint.
 
 from __future__ import annotations
 
+import json
 import os
 from collections import OrderedDict
 
@@ -35,18 +36,45 @@ def _llguidance():
     return llguidance
 
 
+def _source(so: StructuredOutputsParams) -> tuple[str, str]:
+    try:
+        return so.grammar_source()
+    except RecursionError:  # json.dumps of a schema nested past Python's recursion limit
+        raise ValueError("structured_outputs: the JSON schema is nested too deeply (llguidance takes at most "
+                         "~100 levels)") from None
+
+
+def _what(fmt: str) -> str:
+    return {"json_schema": "JSON schema", "regex": "regex", "choice": "choice list", "grammar": "grammar"}[fmt]
+
+
+def _message(error: str) -> str:
+    """llguidance's error without what it appends for its own developers (a Rust backtrace)."""
+    return error.split("\n<")[0].strip()
+
+
+def _limits():
+    # llguidance's default limits, but errors that do not append the whole grammar and parser
+    # state: a large schema failing mid-output would put megabytes into one log line
+    return _llguidance().LLParserLimits(verbose_errors=False)
+
+
 def compile_grammar(so: StructuredOutputsParams) -> str:
     """The constraint as an llguidance grammar, checked; ValueError names what is wrong with it."""
     llg = _llguidance()
-    fmt, text = so.grammar_source()
-    what = {"json_schema": "JSON schema", "regex": "regex", "choice": "choice list", "grammar": "grammar"}[fmt]
+    fmt, text = _source(so)
+    what = _what(fmt)
+    if fmt == "choice":
+        # one lexer terminal: llguidance's own choice grammar makes each string an item of a parser
+        # row, and a row of over 2,000 items fails after the output's first token
+        fmt, text = "lark", "start: CHOICE\nCHOICE: " + " | ".join(json.dumps(c) for c in json.loads(text))
     try:
         grammar = llg.grammar_from(fmt, text)
     except (ValueError, RuntimeError) as e:
         raise ValueError(f"structured_outputs: the {what} does not compile: {e}") from None
-    is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, None)
+    is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, None, limits=_limits())
     if is_error:
-        raise ValueError(f"structured_outputs: the {what} does not compile: {messages[0].strip()}")
+        raise ValueError(f"structured_outputs: the {what} does not compile: {_message(messages[0])}")
     return grammar
 
 
@@ -70,16 +98,25 @@ class GrammarCompiler:
 
     def matcher(self, so: StructuredOutputsParams):
         """A fresh matcher for one sequence (ValueError: the constraint does not compile)."""
-        key = so.grammar_source()
+        key = _source(so)
         template = self._templates.get(key)
         if template is None:
             llg = _llguidance()
             if self._lltok is None:
                 self._lltok = llg.LLTokenizer(self.tokenizer.tok.to_str(), n_vocab=self.vocab_size,
                                               eos_token=self.eos_ids or None)
-            template = llg.LLMatcher(self._lltok, compile_grammar(so), log_level=0)
+            template = llg.LLMatcher(self._lltok, compile_grammar(so), log_level=0, limits=_limits())
+            if not template.is_error():
+                # the first mask: a constraint that no text matches (an empty character class, a
+                # $ref cycle, a rule that never ends) errs here, where it would otherwise end every
+                # output empty with finish reason "stop"
+                template.compute_bitmask()
             if template.is_error():
-                raise ValueError(f"structured_outputs: {template.get_error()}")
+                error = _message(template.get_error())
+                if error.startswith("NoExtension"):
+                    error = ("no text matches it (look for an impossible character class, a $ref cycle "
+                             "or a rule that never ends)")
+                raise ValueError(f"structured_outputs: the {_what(key[0])} cannot be followed: {error}")
             self._templates[key] = template
             if len(self._templates) > TEMPLATES:
                 self._templates.popitem(last=False)
