@@ -277,7 +277,7 @@ def test_more_tokens_than_embedding_rows(tmp_path):
 def test_not_a_gguf_file(tmp_path):
     path = tmp_path / "junk.gguf"
     path.write_bytes(b"not a gguf file at all" * 10)
-    assert "not a readable GGUF" in load_error(path)
+    assert "not a GGUF file: it starts with b'not ', not GGUF's magic b'GGUF'" in load_error(path)
 
 
 def test_file_without_tokenizer(tmp_path):

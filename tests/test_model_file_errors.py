@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -273,6 +274,74 @@ def test_bad_gguf_metadata(tmp_path, meta, words):
     with pytest.raises(ValueError) as e:
         load_gguf(path)
     assert str(e.value).startswith(str(path)) and words in str(e.value), e.value
+
+
+# ---- GGUF files cut short, or not GGUF at all -----------------------------------------------------------
+@pytest.fixture(scope="module")
+def gguf_bytes(tmp_path_factory) -> bytes:
+    cfg = tiny_config("llama")
+    path, _ = write_model(tmp_path_factory.mktemp("gguf") / "m.gguf", cfg, random_weights(cfg))
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("cut", [2, 23])
+def test_gguf_cut_inside_its_header(tmp_path, gguf_bytes, cut):
+    path = tmp_path / "m.gguf"
+    path.write_bytes(gguf_bytes[:cut])
+    with pytest.raises(ValueError) as e:
+        load_gguf(path)
+    assert str(e.value) == (f"{path}: the GGUF file is truncated: {cut} bytes, fewer than the 24 of its header; "
+                            "the download or copy did not finish?")
+
+
+@pytest.mark.parametrize("cut", [24, 100, 1000])
+def test_gguf_cut_inside_its_metadata(tmp_path, gguf_bytes, cut):
+    path = tmp_path / "m.gguf"
+    path.write_bytes(gguf_bytes[:cut])
+    with pytest.raises(ValueError) as e:
+        load_gguf(path)
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: the GGUF file is truncated (or its metadata is corrupt): it is {cut} bytes but "
+                          "its header and metadata read on to byte "), msg
+    assert int(msg.split("read on to byte ")[1].split(";")[0]) > cut and "dtype" not in msg
+
+
+@pytest.mark.parametrize("part", ["half", "all but one byte"])
+def test_gguf_cut_inside_its_tensor_data(tmp_path, gguf_bytes, part):
+    size = len(gguf_bytes) // 2 if part == "half" else len(gguf_bytes) - 1
+    path = tmp_path / "m.gguf"
+    path.write_bytes(gguf_bytes[:size])
+    with pytest.raises(ValueError) as e:
+        load_gguf(path)
+    assert re.fullmatch(
+        rf"{re.escape(str(path))}: the GGUF file is truncated: it is {size} bytes but its tensor data ends at byte "
+        rf"{len(gguf_bytes)} \({len(gguf_bytes) - size} byte\(s\) missing; the cut is in tensor 'blk\.\d+\.\w+"
+        r"\.weight'\); the download or copy did not finish\?", str(e.value)), e.value
+    path.write_bytes(gguf_bytes)  # whole again: it loads
+    load_gguf(path)
+
+
+@pytest.mark.parametrize("data,words", [
+    (b"", "the file is empty (0 bytes), not a GGUF model"),
+    (b"PK\x03\x04" + b"\0" * 60, "not a GGUF file: it starts with b'PK\\x03\\x04', not GGUF's magic b'GGUF'"),
+    (b"{}", "not a GGUF file: it starts with b'{}', not GGUF's magic b'GGUF'"),
+], ids=["empty", "zip", "json"])
+def test_not_gguf(tmp_path, data, words):
+    path = tmp_path / "m.gguf"
+    path.write_bytes(data)
+    with pytest.raises(ValueError) as e:
+        load_gguf(path)
+    assert str(e.value) == f"{path}: {words}"
+
+
+def test_a_cut_gguf_through_the_cli(tmp_path, gguf_bytes, capsys):
+    from minillm.generate import main
+
+    path = tmp_path / "m.gguf"
+    path.write_bytes(gguf_bytes[:100])
+    assert main([str(path), "--device", "cpu", "--prompt", "x"]) != 0
+    err = capsys.readouterr().err
+    assert "the GGUF file is truncated" in err and str(path) in err and "Traceback" not in err
 
 
 # ---- the CLIs: one error line --------------------------------------------------------------------------

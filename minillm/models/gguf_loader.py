@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
 from gguf.quants import dequantize
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
@@ -539,6 +539,83 @@ def generation_defaults_from(meta: dict, where: str) -> dict:
     return out
 
 
+# ---- reading the file -------------------------------------------------------------------------
+GGUF_MAGIC = b"GGUF"
+GGUF_HEADER_BYTES = 24  # magic, version (uint32), tensor count and metadata count (uint64 each)
+
+
+class _ShortRead(Exception):
+    """A read of bytes [start, end) of a file that ends before end; in the tensor data, where the
+    last tensor's data ends (data_end) and the first tensor cut (cut_tensor), where known."""
+
+    def __init__(self, start: int, end: int):
+        super().__init__(start, end)
+        self.start, self.end = start, end
+        self.data_end: int | None = None
+        self.cut_tensor: str | None = None
+
+
+class _CheckedReader(GGUFReader):
+    """GGUFReader, whose reads past the end of a cut-short file fail with numpy's "When changing to
+    a larger dtype, its size must be a divisor ..." (or a bare reshape error), raising _ShortRead
+    with the bytes it wanted instead; and noting where the tensors' data should end."""
+
+    def _get(self, offset, dtype, count=1, override_order=None):
+        end = offset + np.dtype(dtype).itemsize * int(count)
+        if end > len(self.data):
+            raise _ShortRead(offset, end)
+        return super()._get(offset, dtype, count, override_order)
+
+    def _build_tensors(self, start_offs, fields):
+        try:
+            super()._build_tensors(start_offs, fields)
+        except _ShortRead as e:  # where each tensor's data ends, from its info (as the reader sizes it)
+            try:
+                ends = []
+                for field in fields:
+                    _, name, _, dims, raw_dtype, offset = field.parts
+                    block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(int(raw_dtype[0]))]
+                    n = 1
+                    for d in dims.tolist():
+                        n *= int(d)
+                    ends.append((int(start_offs) + int(offset[0]) + n * type_size // block,
+                                 bytes(name).decode("utf-8", "replace")))
+                e.data_end = max(end for end, _ in ends)
+                e.cut_tensor = min(((end, name) for end, name in ends if end > len(self.data)), default=(0, None))[1]
+            except Exception:  # (a tensor info the reader took but we cannot size: the bare numbers)
+                pass
+            raise
+
+
+def open_gguf(path: Path, where: str) -> GGUFReader:
+    """The gguf library's reader over path, with a file that is not GGUF (no magic) or cut short
+    (fewer bytes than its header, metadata or tensor data need) refused as such, with the sizes."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(len(GGUF_MAGIC))
+    if size == 0:
+        raise ValueError(f"{where}: the file is empty (0 bytes), not a GGUF model")
+    if head != GGUF_MAGIC[: len(head)]:
+        raise ValueError(f"{where}: not a GGUF file: it starts with {head!r}, not GGUF's magic {GGUF_MAGIC!r}")
+    if size < GGUF_HEADER_BYTES:
+        raise ValueError(f"{where}: the GGUF file is truncated: {size} bytes, fewer than the "
+                         f"{GGUF_HEADER_BYTES} of its header; the download or copy did not finish?")
+    try:
+        return _CheckedReader(path)
+    except _ShortRead as e:
+        if e.data_end is not None:  # the header and metadata are whole: the tensors' data is cut
+            raise ValueError(
+                f"{where}: the GGUF file is truncated: it is {size} bytes but its tensor data ends at byte "
+                f"{e.data_end} ({e.data_end - size} byte(s) missing"
+                + (f"; the cut is in tensor {e.cut_tensor!r}" if e.cut_tensor else "")
+                + "); the download or copy did not finish?") from None
+        raise ValueError(
+            f"{where}: the GGUF file is truncated (or its metadata is corrupt): it is {size} bytes but its "
+            f"header and metadata read on to byte {e.end}; the download or copy did not finish?") from None
+    except Exception as e:  # the reader raises bare ValueErrors/struct errors on bad files
+        raise ValueError(f"{where}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+
+
 # ---- entry point ------------------------------------------------------------------------------
 def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray], Tokenizer, dict]:
     """(ModelConfig, float32 weights under canonical names, Tokenizer, generation defaults).
@@ -549,10 +626,7 @@ def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray], Tok
     where = str(path)
     if not regular_file(path).is_file():
         raise FileNotFoundError(f"{where}: no such GGUF file")
-    try:
-        reader = GGUFReader(path)
-    except Exception as e:  # the reader raises bare ValueErrors/struct errors on bad files
-        raise ValueError(f"{where}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+    reader = open_gguf(path, where)
     meta = read_metadata(reader)
     architecture(meta, where)  # refuse early: before the (slow) dequantisation
     tokenizer = tokenizer_from_gguf(meta, where)
