@@ -41,6 +41,8 @@ class StructuredOutputsParams:
             if isinstance(self.json, str):
                 try:
                     self.json = json.loads(self.json)
+                except RecursionError:  # nested past Python's limit (~1,000 levels)
+                    raise ValueError("structured_outputs json: the schema is nested too deeply") from None
                 except ValueError as e:
                     raise ValueError(f"structured_outputs json must be a JSON schema; its text is not JSON: "
                                      f"{e}") from None
@@ -171,9 +173,10 @@ class SamplingParams:
         need(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)
                                    and -(2**63) <= self.seed < 2**64),
              f"seed must be a 64-bit integer, got {self.seed!r}")
-        need(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
-             f"structured_outputs must be a StructuredOutputsParams or a dict of its fields, got "
-             f"{self.structured_outputs!r:.80}")
+        if not (self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams)):
+            # (the message only when it fails: the repr of a large schema is long to build)
+            need(False, f"structured_outputs must be a StructuredOutputsParams or a dict of its fields, got "
+                        f"{type(self.structured_outputs).__name__}")
         need(self.truncate_prompt_tokens is None
              or (isinstance(self.truncate_prompt_tokens, int) and not isinstance(self.truncate_prompt_tokens, bool)
                  and (self.truncate_prompt_tokens >= 1 or self.truncate_prompt_tokens == -1)),

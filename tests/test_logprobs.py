@@ -96,7 +96,7 @@ def test_out_of_range(tiny):
 def test_token_logprob_ties_and_top_larger_than_vocab():
     row = np.array([0.0, 1.0, 1.0, -np.inf], np.float32)
     lp = token_logprob(row, 2, 10)
-    assert [i for i, _ in lp.top] == [1, 2, 0, 3]  # ties by id; -inf last
+    assert [i for i, _ in lp.top] == [1, 2, 0]  # ties by id; a banned (-inf) token is no alternative
     assert abs(sum(np.exp(v) for _, v in lp.top) - 1) < 1e-12 and lp.logprob == lp.top[1][1]
 
 

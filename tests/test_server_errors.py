@@ -148,6 +148,8 @@ COMPLETION_CASES = [
     ({**OK, "structured_outputs": {"json_object": "yes"}}, "structured_outputs"),
     ({**OK, "response_format": {"type": "json_schema"}}, "response_format"),
     ({**OK, "guided_regex": "a+", "min_tokens": 2}, "min_tokens"),  # the grammar decides where output ends
+    ({**OK, "guided_regex": "[^\\s\\S]"}, "guided_regex"),  # no text matches: found with the tokenizer
+    ({**OK, "stream": True, "guided_regex": "[^\\s\\S]"}, "guided_regex"),  # a 400, not an error event
     ({**OK, "presence_penalty": 2.5}, "presence_penalty"),
     ({**OK, "frequency_penalty": "x"}, "frequency_penalty"),
     ({**OK, "repetition_penalty": 0}, "repetition_penalty"),

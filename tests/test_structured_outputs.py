@@ -185,6 +185,19 @@ def test_compiled_constraints_are_reused(smol):
         check_person(o.text)
 
 
+def test_logprobs_list_no_banned_alternatives(tiny):
+    """top logprobs of a constrained row list only tokens the constraint allows (a banned one is -inf,
+    which JSON would show as -9999): two choices starting with different bytes, two alternatives."""
+    llm = LLM(str(tiny), device="cpu", max_model_len=128)
+    out = llm.generate(["hi"], SamplingParams(temperature=0, max_tokens=8, logprobs=5,
+                                              structured_outputs=SO(choice=["yes", "no"])))[0]
+    assert out.text in ("yes", "no")
+    first = out.logprobs[0]
+    assert len(first.top) == 2 and all(np.isfinite(v) for _, v in first.top)
+    assert {llm.engine.tokenizer.decode([i]) for i, _ in first.top} == {"y", "n"}
+    assert all(len(lp.top) == 1 for lp in out.logprobs[1:])  # one way to go on
+
+
 def test_min_tokens_with_a_constraint_is_refused():
     with pytest.raises(ValueError, match="min_tokens cannot be combined"):
         SamplingParams(min_tokens=2, structured_outputs=SO(regex="a+"))

@@ -6,7 +6,8 @@ async scheduling while one is running), so after a step's sampled ids arrive the
 buffer still holds that step's rows: each wanted row is copied to the host and reduced there.
 The values are the model's own distribution, log_softmax of the logits (vLLM's default
 "raw_logprobs"): before temperature, top-k, min-p and top-p; after what changes the logits themselves
-(min_tokens' masking, penalties, logit_bias).
+(min_tokens' masking, penalties, logit_bias, a structured output's mask). A banned token (-inf) is
+never listed among the alternatives, so a row with fewer than N allowed tokens lists fewer.
 
 Prompt tokens need the logits of every prompt row, while a step computes logits only for the rows
 it samples from (the workspace's logits buffer holds max_logits rows). The final hidden states of
@@ -49,7 +50,7 @@ def token_logprob(logits_row: np.ndarray, token: int, top: int) -> TokenLogprob:
         k = min(top, row.shape[0])
         idx = np.argpartition(-row, k - 1)[:k]
         idx = idx[np.lexsort((idx, -row[idx]))]  # by value, then id: a stable order
-        best = [(int(i), float(row[i] - lse)) for i in idx]
+        best = [(int(i), float(row[i] - lse)) for i in idx if row[i] > -np.inf]
     return TokenLogprob(int(token), float(row[token] - lse), best)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -90,6 +91,9 @@ class GrammarCompiler:
         self._lltok = None
         self._executor = None
         self._templates: OrderedDict[tuple[str, str], object] = OrderedDict()
+        # the server compiles in its request threads (matcher() from protocol.py) and the engine
+        # thread copies: the cache and the tokenizer's build are shared, compiles run unlocked
+        self._lock = threading.Lock()
 
     @property
     def words(self) -> int:
@@ -97,32 +101,40 @@ class GrammarCompiler:
         return (self.vocab_size + 31) // 32
 
     def matcher(self, so: StructuredOutputsParams):
-        """A fresh matcher for one sequence (ValueError: the constraint does not compile)."""
+        """A fresh matcher for one sequence (ValueError: the constraint does not compile). Thread-safe:
+        the server calls it from its request threads first, so the engine thread only copies."""
         key = _source(so)
-        template = self._templates.get(key)
-        if template is None:
-            llg = _llguidance()
-            if self._lltok is None:
-                self._lltok = llg.LLTokenizer(self.tokenizer.tok.to_str(), n_vocab=self.vocab_size,
-                                              eos_token=self.eos_ids or None)
-            template = llg.LLMatcher(self._lltok, compile_grammar(so), log_level=0, limits=_limits())
-            if not template.is_error():
-                # the first mask: a constraint that no text matches (an empty character class, a
-                # $ref cycle, a rule that never ends) errs here, where it would otherwise end every
-                # output empty with finish reason "stop"
-                template.compute_bitmask()
-            if template.is_error():
-                error = _message(template.get_error())
-                if error.startswith("NoExtension"):
-                    error = ("no text matches it (look for an impossible character class, a $ref cycle "
-                             "or a rule that never ends)")
-                raise ValueError(f"structured_outputs: the {_what(key[0])} cannot be followed: {error}")
+        with self._lock:
+            template = self._templates.get(key)
+            if template is not None:
+                self._templates.move_to_end(key)
+                return template.deep_copy()
+        template = self._compile(so, key)  # unlocked: a long compile holds up no other request's copy
+        with self._lock:
             self._templates[key] = template
             if len(self._templates) > TEMPLATES:
                 self._templates.popitem(last=False)
-        else:
-            self._templates.move_to_end(key)
         return template.deep_copy()
+
+    def _compile(self, so: StructuredOutputsParams, key: tuple[str, str]):
+        llg = _llguidance()
+        with self._lock:
+            if self._lltok is None:
+                self._lltok = llg.LLTokenizer(self.tokenizer.tok.to_str(), n_vocab=self.vocab_size,
+                                              eos_token=self.eos_ids or None)
+        template = llg.LLMatcher(self._lltok, compile_grammar(so), log_level=0, limits=_limits())
+        if not template.is_error():
+            # the first mask: a constraint that no text matches (an empty character class, a
+            # $ref cycle, a rule that never ends) errs here, where it would otherwise end every
+            # output empty with finish reason "stop"
+            template.compute_bitmask()
+        if template.is_error():
+            error = _message(template.get_error())
+            if error.startswith("NoExtension"):
+                error = ("no text matches it (look for an impossible character class, a $ref cycle "
+                         "or a rule that never ends)")
+            raise ValueError(f"structured_outputs: the {_what(key[0])} cannot be followed: {error}")
+        return template
 
     def next_token_masks(self, jobs: list[tuple[object, list[int]]]) -> np.ndarray:
         """The masks of a step's constrained sampling rows (from MASK_PARALLEL_MIN rows on, computed

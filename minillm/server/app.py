@@ -122,6 +122,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         names=list(served_model_names or [eng.model_name]), max_model_len=eng.max_model_len,
         vocab_size=eng.config.vocab_size, tokenizer=eng.tokenizer,
         generation_defaults=dict(getattr(eng.loaded, "generation_defaults", None) or {}),
+        grammars=getattr(eng, "grammars", None),
     )
     metrics = Metrics(engine)
 

@@ -53,6 +53,9 @@ class ModelInfo:
     vocab_size: int
     tokenizer: Any
     generation_defaults: dict = field(default_factory=dict)
+    # the engine's GrammarCompiler (engine/structured.py, thread-safe): a request's constraint is
+    # compiled in the request's thread, so the engine thread only copies it; None: checked alone
+    grammars: Any = None
 
 
 @dataclass
@@ -345,7 +348,7 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool,
     _refuse(body, "best_of", (None, 1, n), "best_of other than n (choosing among more samples)")
     # vLLM's extensions that change what is sampled: refused by name rather than silently ignored
     _refuse(body, "use_beam_search", (None, False), "beam search")
-    structured = structured_outputs(body)
+    structured = structured_outputs(body, info.grammars)
     if chat:
         top = _get(body, "top_logprobs", int, None)
         if _get(body, "logprobs", bool, False):
@@ -427,11 +430,12 @@ GUIDED_FIELDS = {"guided_json": "json", "guided_regex": "regex", "guided_choice"
                  "guided_grammar": "grammar"}
 
 
-def structured_outputs(body: dict) -> StructuredOutputsParams | None:
+def structured_outputs(body: dict, grammars=None) -> StructuredOutputsParams | None:
     """The request's output constraint, from whichever one of OpenAI's `response_format`
     ({"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}), vLLM's
     `structured_outputs` object or its older `guided_json` / `guided_regex` / `guided_choice` /
-    `guided_grammar` it sets; checked here (the grammar compiled) so a bad one is a 400 naming it."""
+    `guided_grammar` it sets; checked here (the grammar compiled, with the model's tokenizer when
+    `grammars`, the engine's GrammarCompiler, is given) so a bad one is a 400 naming it."""
     given = [name for name in ("response_format", "structured_outputs", *GUIDED_FIELDS)
              if body.get(name) is not None]
     rf = body.get("response_format")
@@ -469,7 +473,10 @@ def structured_outputs(body: dict) -> StructuredOutputsParams | None:
         fields = {GUIDED_FIELDS[name]: body[name]}
     try:
         params = StructuredOutputsParams(**fields)
-        compile_grammar(params)
+        if grammars is not None:
+            grammars.matcher(params)  # compiled into its cache: the engine thread copies it
+        else:
+            compile_grammar(params)
     except ValueError as e:
         raise ProtocolError(f"'{name}': {e}", name) from None
     return params
