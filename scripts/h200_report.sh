@@ -192,6 +192,11 @@ decode_step_sanitizers() {  # the fused decode step's op tests under memcheck, t
     python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "decode_step_attention and bfloat16 and 128"
 }
 
+models_both() {  # models_both TIMEOUT: random Qwen3-0.6B and Qwen3-8B shapes in $M/q06 and $M/q8
+  stage models "$1" bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+}
+
 decode_06b() {  # single stream after a 512-token prompt, against the roofline
   stage decode_06b "$1" python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
     --result-json "$W/decode_06b.json"
@@ -3586,8 +3591,7 @@ part208() {  # session 35's start (17d14b5, session 34's final code): every GPU 
   setup
   facts > "$W/facts.txt" 2>&1
   gpu_tests_full 330
-  stage models 120 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  models_both 120
   decode_06b 60
   decode_8b 90
 }
@@ -3602,8 +3606,7 @@ part209() {  # session 35: structured outputs on the GPU: the mask kernel agains
   stage memcheck_so 200 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
     python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py tests/test_gpu_engine.py \
     -k "(mask_logits and bfloat16) or structured"
-  stage models 120 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  models_both 120
   stage structured_06b 150 python3 scripts/structured_bench.py $M/q06 --device cuda --batch 1,8 --tokens 128 \
     --json "$W/structured_06b.json"
   stage structured_8b 150 python3 scripts/structured_bench.py $M/q8 --device cuda --batch 1,8 --tokens 64 \
@@ -3618,8 +3621,7 @@ part210() {  # session 35: decode steps whose logits change before sampling (pen
   facts > "$W/facts.txt" 2>&1
   stage so_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
     tests/test_gpu_engine.py -k "mask_logits or structured or penalties or graphs_and_eager or logprobs or speculation"
-  stage models 120 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  models_both 120
   stage structured_06b 150 python3 scripts/structured_bench.py $M/q06 --device cuda --batch 1,8 --tokens 128 \
     --json "$W/structured_06b.json"
   stage structured_8b 150 python3 scripts/structured_bench.py $M/q8 --device cuda --batch 1,8 --tokens 64 \
@@ -3641,8 +3643,7 @@ part211() {  # session 35's final code: every GPU test, then what a grammar, a b
   setup
   facts > "$W/facts.txt" 2>&1
   gpu_tests_full 330
-  stage models 120 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  models_both 120
   stage structured_06b 150 python3 scripts/structured_bench.py $M/q06 --device cuda --batch 1,8 --tokens 128 \
     --json "$W/structured_06b.json"
   stage structured_8b 150 python3 scripts/structured_bench.py $M/q8 --device cuda --batch 1,8 --tokens 64 \
