@@ -202,13 +202,14 @@ class SamplingParams:
     @property
     def needs_history(self) -> bool:
         """Penalties or structured outputs: what a step may sample depends on the tokens so far, so
-        the engine keeps steps synchronous while such a request runs."""
+        its logit changes wait for the previous step's ids (async scheduling launches the forward
+        first and defers the changes and the sampler: Runner.finish_sampling)."""
         return self.penalized or self.structured_outputs is not None
 
     @property
     def adjusts_logits(self) -> bool:
         """Penalties, a logit bias or structured outputs: the runner changes this request's logits
-        before sampling (eager steps)."""
+        before sampling (after a FORWARD_ONLY graph or an eager forward)."""
         return self.penalized or bool(self.logit_bias) or self.structured_outputs is not None
 
 

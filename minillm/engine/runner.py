@@ -580,8 +580,9 @@ class ModelRunner:
     def _constrain_logits(self, batch: list[ScheduledSeq], logits) -> None:
         """Structured outputs: every sampling row of a constrained sequence keeps only the tokens
         its grammar allows there, after the penalties and bias (nothing can lift a ban); row j of a
-        verification step as if drafts 0 .. j - 1 were accepted. The engine keeps such steps
-        synchronous and eager, so a matcher has consumed every token before the step."""
+        verification step as if drafts 0 .. j - 1 were accepted. The changes run once the previous
+        step's ids are accepted (a synchronous step, or async scheduling's finish_sampling), so a
+        matcher has consumed every token before this step's."""
         if self.grammars is None or not any(item.seq.grammar is not None for item in batch):
             return
         rows, jobs = [], []
