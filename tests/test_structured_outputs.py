@@ -198,6 +198,20 @@ def test_logprobs_list_no_banned_alternatives(tiny):
     assert all(len(lp.top) == 1 for lp in out.logprobs[1:])  # one way to go on
 
 
+def test_a_constraint_completed_at_max_tokens_stops(tiny):
+    """The token that completes the constraint is also the last max_tokens allows: the output is
+    whole, so its finish reason is "stop" (it was "length")."""
+    llm = LLM(str(tiny), device="cpu", max_model_len=128)
+    so = SO(json=SMALL, disable_any_whitespace=True)
+    full = llm.generate(["hi"], SamplingParams(temperature=0, max_tokens=60, structured_outputs=so))[0]
+    assert full.finish_reason == "stop"
+    n = len(full.token_ids)
+    exact = llm.generate(["hi"], SamplingParams(temperature=0, max_tokens=n, structured_outputs=so))[0]
+    assert (exact.text, exact.finish_reason) == (full.text, "stop")
+    short = llm.generate(["hi"], SamplingParams(temperature=0, max_tokens=n - 1, structured_outputs=so))[0]
+    assert short.finish_reason == "length" and full.text.startswith(short.text)
+
+
 def test_min_tokens_with_a_constraint_is_refused():
     with pytest.raises(ValueError, match="min_tokens cannot be combined"):
         SamplingParams(min_tokens=2, structured_outputs=SO(regex="a+"))

@@ -656,12 +656,13 @@ class LLMEngine:
             if n_out >= p.min_tokens and (tok in eos_ids or tok in p.stop_token_ids):
                 reason = "stop"  # the stop token is returned in token_ids but is not text
                 break
-            if n_out >= max_tokens:
-                reason = "length"
-                break
+            # a constraint completed by the last token max_tokens allows ends as "stop": the output is whole
             if seq.grammar is not None and self._grammar_ends(seq, tok):
                 reason = "stop"
                 seq.ended_by_grammar = True
+                break
+            if n_out >= max_tokens:
+                reason = "length"
                 break
         self.stats_generation_tokens += len(accepted)
         if seq.output_logprobs is not None:  # the step computed them for its ids (_logits_row)
