@@ -107,6 +107,7 @@
 #   part207: session 34's final code: every GPU test; the folded products loading their first
 #   weights before the norm (GEMV_NORM_EARLY_W=1, 16ac088; removed after it): its tests and batch-1
 #   graphs against the default.
+#   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
 #   part209: session 35: structured outputs on the GPU (mask kernel, engine tests, memcheck, their cost).
@@ -3653,6 +3654,23 @@ part211() {  # session 35's final code: every GPU test, then what a grammar, a b
   stage dflash_model 60 python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force
   stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
     --result-json "$W/spec_cost_8b.json"
+}
+
+part212() {  # session 35: a step's structured-output masks from llguidance's threads (from 4 rows, the
+  # default) against one by one (MINILLM_MASK_PARALLEL_MIN=1000), alternately twice, 0.6B and 8B at
+  # batch 8 (scripts/structured_bench.py) (~4 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_both 120
+  local i v m
+  for i in 1 2; do
+    for v in 4 1000; do
+      for m in q06 q8; do
+        stage "masks_${m}_min${v}_$i" 120 env MINILLM_MASK_PARALLEL_MIN=$v python3 scripts/structured_bench.py \
+          $M/$m --device cuda --batch 8 --tokens 64 --json "$W/masks_${m}_min${v}_$i.json"
+      done
+    done
+  done
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name; then
