@@ -106,8 +106,11 @@ def test_a_chat_template_that_refuses_is_one_line_error(tiny, tmp_path, capsys):
 
 
 def _cli(*args: str, **kw) -> subprocess.Popen:
+    # SIGINT's default action in the child: a test run started in the background of a non-interactive
+    # shell (as CI may be) inherits SIGINT ignored, and Python then never raises KeyboardInterrupt
     return subprocess.Popen([sys.executable, "-m", "minillm.generate", *args], cwd=ROOT, stdin=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, **kw)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **kw)
 
 
 def test_a_closed_stdout_stops_quietly(tiny):

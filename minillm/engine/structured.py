@@ -24,9 +24,11 @@ from minillm.sampling_params import StructuredOutputsParams
 TEMPLATES = 16
 
 # rows a step from which llguidance's executor threads compute the masks; below it, this thread
-# one matcher after another (the pool's hand-off costs ~100 us on a 2-core machine, where a mask
-# after a few tokens takes ~5-40 us: scripts/structured_bench.py measures a step's masks)
-MASK_PARALLEL_MIN = int(os.environ.get("MINILLM_MASK_PARALLEL_MIN", "4"))
+# one matcher after another. A mask after a few tokens takes ~5-80 us, and the pool's hand-off
+# costs more than it saves at 8 rows: on the H200's host (16 cores), a batch-8 step's masks of
+# `[a-z ]+` took 335-565 us one by one against 588-653 us on the threads (part212,
+# scripts/structured_bench.py, alternated twice, 0.6B and 8B)
+MASK_PARALLEL_MIN = int(os.environ.get("MINILLM_MASK_PARALLEL_MIN", "16"))
 
 
 def _llguidance():
