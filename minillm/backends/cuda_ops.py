@@ -1025,14 +1025,13 @@ class CudaBackend:
         cap = self._idx_scratch.shape[1]
         if words > cap:
             raise ValueError(f"mask_logits: {words} words a row, at most {cap}")
-        per = cap // words
+        per, V = cap // words, logits.shape[-1]
         for lo in range(0, n, per):
             hi = min(n, lo + per)
             m = hi - lo
             self.copy_from_host(self._idx_scratch[0, :m], np.asarray(rows[lo:hi], np.int32))
             self.copy_from_host(self._idx_scratch[1, : m * words],
                                 np.ascontiguousarray(bitmask[lo:hi], np.int32).reshape(-1))
-            V = logits.shape[-1]
             self._launch("mask_logits_" + _suffix(logits.dtype), (_cdiv(V, 256), m), (256,),
                          (logits, _i64(stride), self._idx_scratch[0, :m], self._idx_scratch[1, : m * words],
                           _i32(words), _i32(R), _i32(V)))

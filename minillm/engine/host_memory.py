@@ -115,7 +115,6 @@ def check_host_memory(args: EngineArgs, parts: dict[str, int], available: tuple[
     )
 
 
-
 def plan_host_pool(args: EngineArgs, cfg, num_blocks: int, kv_bytes_per_token: int, max_tokens: int, max_logits: int,
                    max_model_len: int, lookahead: int, dtype_bytes: int) -> int:
     """The KV blocks the CPU backend allocates: num_blocks (engine.plan_kv_pool's) when startup's
@@ -124,12 +123,9 @@ def plan_host_pool(args: EngineArgs, cfg, num_blocks: int, kv_bytes_per_token: i
     bs = args.block_size
     block_bytes = kv_bytes_per_token * bs
     total_len = max_model_len + lookahead
-
-    def parts(blocks: int) -> dict[str, int]:
-        return host_startup_bytes(cfg, blocks, bs, kv_bytes_per_token, max_tokens, args.max_num_seqs, max_logits,
-                                  total_len, dtype_bytes)
-
-    need, available = parts(num_blocks), host_memory_available()
+    need = host_startup_bytes(cfg, num_blocks, bs, kv_bytes_per_token, max_tokens, args.max_num_seqs, max_logits,
+                              total_len, dtype_bytes)
+    available = host_memory_available()
     if available is None or sum(need.values()) <= available[0]:
         return num_blocks
     per_seq = -(-total_len // bs)

@@ -147,10 +147,11 @@ class GrammarCompiler:
         unsatisfiable schema) allows EOS, so the request ends."""
         n = sum(len(d) + 1 for _, d in jobs)
         out = np.zeros((n, self.words), np.int32)
-        plain, drafted, at = [], [], 0
+        plain, drafted, taken, at = [], [], [], 0
         for m, drafts in jobs:
             if drafts:
                 drafted.append((m, at, list(drafts)))
+                taken.append(m.validate_tokens(drafts))  # how many drafts the grammar takes, in order
             else:
                 plain.append((m, at))
             at += len(drafts) + 1
@@ -165,16 +166,14 @@ class GrammarCompiler:
         else:
             for m, at in plain:
                 m.unsafe_compute_mask_ptr(ptr + at * row_bytes, row_bytes)
-            for m, at, drafts in drafted:  # row j after drafts[:j], up to the first one refused
-                ok = m.validate_tokens(drafts)
+            for (m, at, drafts), ok in zip(drafted, taken):  # row j after drafts[:j], up to the first refused
                 for j in range(ok + 1):
                     if j:
                         m.consume_token(drafts[j - 1])
                     m.unsafe_compute_mask_ptr(ptr + (at + j) * row_bytes, row_bytes)
                 if ok:
                     m.rollback(ok)
-        for m, at, drafts in drafted:  # rows past a refused draft: never reached, a copy
-            ok = m.validate_tokens(drafts)
+        for (_, at, drafts), ok in zip(drafted, taken):  # rows past a refused draft: never reached, a copy
             out[at + ok + 1 : at + len(drafts) + 1] = out[at + ok]
         empty = ~out.any(axis=1)
         if empty.any():
