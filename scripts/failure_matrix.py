@@ -5,7 +5,8 @@ For each --max-model-len it starts a real server with the report's flags (--max-
 runs the concurrency ladder (1024 prompt / 512 output tokens by default, eos ignored), records
 every rung, and stops the server with SIGTERM. With --sanitize the server runs (eagerly) under
 `compute-sanitizer --tool memcheck` (--sanitize-tools memcheck,racecheck,initcheck,synccheck runs
-the point once under each) and each sanitizer's summary is kept.
+the point once under each) and each sanitizer's summary is kept; --sanitizer-args passes more flags
+(racecheck and synccheck instrument cuBLAS's kernels too, and a step under them can take minutes).
 
 The exit status is 1 when any rung has a failed request, any point could not run, or any
 sanitizer reported an error or a hazard (or wrote no summary), else 0.
@@ -108,7 +109,7 @@ def run_point(args, mml: int, out: Path, tool: str | None = None) -> dict:
     sanitizer_log = out / ("sanitizer-" + (f"{mml}" if tool == "memcheck" else tag) + ".log")
     if tool:
         cmd = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "3",
-               "--log-file", str(sanitizer_log)] + cmd + ["--enforce-eager"]
+               "--log-file", str(sanitizer_log)] + args.sanitizer_args.split() + cmd + ["--enforce-eager"]
     log = open(out / f"server-{tag}.log", "w")
     t0 = time.time()
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=server_env(tool))
@@ -163,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sanitize", action="store_true", help="the server under compute-sanitizer memcheck")
     p.add_argument("--sanitize-tools", default=None,
                    help="comma-separated compute-sanitizer tools, each a run of every point (implies --sanitize)")
+    p.add_argument("--sanitizer-args", default="",
+                   help="more compute-sanitizer flags, e.g. --kernel-name-exclude kns=nvjet (cuBLAS's kernels, "
+                        "which are not ours to check, run uninstrumented and much faster)")
     p.add_argument("--server-args", default="", help="more flags for minillm.serve, e.g. --no-async-scheduling")
     p.add_argument("--startup-timeout", type=float, default=300)
     p.add_argument("--request-timeout", type=float, default=600)

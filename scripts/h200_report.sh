@@ -107,6 +107,8 @@
 #   part207: session 34's final code: every GPU test; the folded products loading their first
 #   weights before the norm (GEMV_NORM_EARLY_W=1, 16ac088; removed after it): its tests and batch-1
 #   graphs against the default.
+#   part213-part215: session 36: the server reproducer's bounds under racecheck, synccheck, initcheck
+#   (cuBLAS's kernels uninstrumented) and memcheck; the c = 16 oracle points' departures explained.
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -3671,6 +3673,68 @@ part212() {  # session 35: a step's structured-output masks from llguidance's th
       done
     done
   done
+}
+
+sanitizer_filter() {  # SAN_EXCLUDE: the flags that leave cuBLAS's kernels (nvjet_*, splitKreduce) uninstrumented,
+  # if this compute-sanitizer takes them (checked on a cuBLAS product under racecheck); else empty
+  compute-sanitizer --help > "$W/sanitizer_help.txt" 2>&1
+  SAN_EXCLUDE=""
+  local flags
+  for flags in "--kernel-name-exclude kns=nvjet --kernel-name-exclude kns=splitKreduce" \
+               "--kernel-name-exclude kns=nvjet"; do
+    # shellcheck disable=SC2086
+    if timeout 90 compute-sanitizer --tool racecheck --error-exitcode 3 $flags python3 -c \
+        "import cupy as cp; a = cp.ones((512, 512), cp.float32); print('product', float((a @ a).sum()))" \
+        > "$W/sanitizer_filter.log" 2>&1; then
+      SAN_EXCLUDE=$flags
+      break
+    fi
+  done
+  echo "sanitizer filter: ${SAN_EXCLUDE:-none}" | tee -a "$W/stages.txt"
+}
+
+sanitize_load() {  # sanitize_load TOOL SECONDS: the server reproducer's bounds (c = 8, max_model_len 4096,
+  # DFlash k = 8) with a short load (256-token prompts, 8 tokens out) under TOOL, cuBLAS's kernels left
+  # out by SAN_EXCLUDE, all within SECONDS (startup 120 s, stopping the server 60 s)
+  local t=$2
+  stage "sanitize_load_$1" "$t" python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash \
+    --out "$W/sanitize_$1" --max-model-len 4096 --concurrency 8 --num-prompts 8 --input-len 256 --output-len 8 \
+    --sanitize-tools "$1" --sanitizer-args="$SAN_EXCLUDE" --startup-timeout 120 --ladder-timeout $((t - 190)) \
+    --request-timeout $((t - 200)) --server-args="--step-timeout $((t - 200))"
+}
+
+part213() {  # session 36: the server reproducer's bounds under racecheck, then synccheck with the time left
+  # (neither had finished a serving load since session 7: a step under them took over 100 s with
+  # cuBLAS's kernels instrumented too) (~9.5 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  sanitizer_filter
+  models_q06_dflash 40
+  sanitize_load racecheck 330
+  local left=$((565 - SECONDS))
+  if [ "$left" -ge 220 ]; then sanitize_load synccheck "$left"; fi
+}
+
+part214() {  # session 36: the same short load under synccheck (if part213 had no time for it) and
+  # initcheck (MINILLM_INITCHECK=1: cuBLAS's outputs and workspace zeroed first), then memcheck of the
+  # reproducer as in every session (~9.5 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  sanitizer_filter
+  models_q06_dflash 40
+  [ "${SKIP_SYNCCHECK:-0}" = 1 ] || sanitize_load synccheck 250
+  sanitize_load initcheck 250
+  local left=$((570 - SECONDS))
+  if [ "$left" -ge 120 ]; then memcheck_reproducer "$left"; fi
+}
+
+part215() {  # session 36: the oracle points that were not lossless at c = 16 (every spec-cost run since
+  # session 16), explained: where each departs, each token's logprob gap in both runs (~6 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models_8b 120 python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force
+  stage spec_explain_8b 400 python3 -m minillm.bench spec-cost $M/q8 --k 8 --concurrency 1,16 \
+    --accept 0.5,0.7,0.9 --explain --result-json "$W/spec_explain_8b.json"
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name; then

@@ -708,3 +708,34 @@ def test_spec_bench_on_the_cpu(tiny, tmp_path, capsys):
     assert main([str(tiny), "--device", "cpu", "--k", "2", "--max-tokens", "6", "--result-json", str(out)]) == 0
     r = json.loads(out.read_text())
     assert set(r) == {"none", "ngram", "self-draft"} and all(v["lossless"] for v in r.values())
+
+
+def test_spec_cost_explains_a_departure(tiny):
+    """explain_divergence reruns both paths with logprobs and reports, at the first token where an
+    oracle run left the all-rejected run, each token's logprob gap in each run. Float32 on the CPU
+    never departs, so the oracle's output here is the greedy path with one token swapped for the
+    runner-up: the reruns reproduce the greedy path (not the swapped one), and the gap is the
+    greedy token's lead over the runner-up in both."""
+    from minillm.bench.spec_cost import OracleProposer, decode_steps, explain_divergence, logprob_paths
+    from minillm.engine.engine import LLMEngine
+
+    engine = LLMEngine(model=str(tiny), device="cpu", max_num_seqs=2, seed=0, max_model_len=64,
+                       enable_prefix_caching=False, speculative_config={"method": "ngram",
+                                                                         "num_speculative_tokens": 3})
+    vocab = engine.config.vocab_size
+    prompts = [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]]
+    engine.proposer = OracleProposer({"r0": [], "r1": []}, 0.0, vocab)  # every draft wrong
+    _, _, greedy = decode_steps(engine, prompts, 8)
+    engine.proposer = OracleProposer(greedy, 0.0, vocab)
+    lps = logprob_paths(engine, prompts, 8)["r1"][1]
+    runner_up = lps[4].top[1][0]
+    outs = {"r0": greedy["r0"], "r1": greedy["r1"][:4] + [runner_up] + greedy["r1"][5:]}
+    found = explain_divergence(engine, prompts, greedy, outs, 0.5, vocab, 8)
+    assert len(found) == 1
+    d = found[0]
+    assert (d["request"], d["position"], d["all_rejected_token"], d["oracle_token"]) == \
+        ("r1", 4, greedy["r1"][4], runner_up)
+    lead = lps[4].logprob - lps[4].top[1][1]
+    assert lead > 0
+    assert d["gap_all_rejected_run"] == pytest.approx(lead) and d["gap_oracle_run"] == pytest.approx(lead)
+    assert d["reproduced"] is False  # the oracle's rerun follows the greedy path, not the swapped one

@@ -68,6 +68,52 @@ def decode_steps(engine: LLMEngine, prompts: list[list[int]], out_len: int) -> t
     return float(np.median([s for s, _ in steps])), float(np.mean([n for _, n in steps])), outputs
 
 
+def logprob_paths(engine: LLMEngine, prompts: list[list[int]], out_len: int,
+                  top: int = 2) -> dict[str, tuple[list[int], list]]:
+    """Run the prompts greedily with `top` logprobs a token; {request id: (tokens, TokenLogprobs)}."""
+    params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True, logprobs=top)
+    ids = [engine.add_request(p, params, request_id=f"r{i}") for i, p in enumerate(prompts)]
+    paths: dict[str, tuple[list[int], list]] = {i: ([], []) for i in ids}
+    while engine.has_unfinished():
+        for o in engine.step():
+            paths[o.request_id][0].extend(o.new_token_ids)
+            paths[o.request_id][1].extend(o.new_logprobs or [])
+    return paths
+
+
+def logprob_gap(lps: list, i: int, a: int, b: int) -> float | None:
+    """Token a's logprob minus token b's at output position i (None: either is not in that row's list)."""
+    if i >= len(lps):
+        return None
+    scores = dict(lps[i].top)
+    scores[lps[i].token_id] = lps[i].logprob
+    return scores[a] - scores[b] if a in scores and b in scores else None
+
+
+def explain_divergence(engine: LLMEngine, prompts: list[list[int]], own: dict, outs: dict, p_ok: float,
+                       vocab: int, out_len: int) -> list[dict]:
+    """Where an oracle run's greedy output left the all-rejected run's: both runs again with their
+    top-2 logprobs, and at each sequence's first differing position the two tokens' logprobs in
+    each run. Both paths share every earlier token, so the position's logits come from the same
+    prefix; a gap of a few hundredths that changes sign between the runs is a bf16 near-tie that
+    the two runs' differently shaped verification steps round apart, not a lost or wrong token."""
+    engine.proposer = OracleProposer(own, 0.0, vocab)
+    base = logprob_paths(engine, prompts, out_len)
+    engine.proposer = OracleProposer(own, p_ok, vocab)
+    spec = logprob_paths(engine, prompts, out_len)
+    found = []
+    for rid in sorted(own, key=lambda r: int(r[1:])):
+        if rid not in outs or outs[rid] == own[rid]:
+            continue
+        i = next(j for j, (a, b) in enumerate(zip(own[rid], outs[rid])) if a != b)
+        a, b = own[rid][i], outs[rid][i]
+        found.append({"request": rid, "position": i, "all_rejected_token": a, "oracle_token": b,
+                      "gap_all_rejected_run": logprob_gap(base[rid][1], i, a, b),
+                      "gap_oracle_run": logprob_gap(spec[rid][1], i, a, b),
+                      "reproduced": base[rid][0] == own[rid] and spec[rid][0] == outs[rid]})
+    return found
+
+
 def round_bytes_floor(engine: LLMEngine) -> dict:
     """The weight bytes a rejected DFlash round reads against a plain decode step's: the
     verification reads the target's weights once, as a plain step does; the drafting step reads the
@@ -154,6 +200,10 @@ def context_update_ms(engine: LLMEngine, num_tokens: int, reps: int = 50) -> flo
     return 1e3 * (time.perf_counter() - t) / reps
 
 
+def fmt_gap(gap: float | None) -> str:
+    return "not in the top 2" if gap is None else f"{gap:+.4f}"
+
+
 def number_list(text: str, flag: str, kind=int) -> list:
     """A comma-separated flag's values; ValueError naming the flag when one is not a `kind`."""
     try:
@@ -198,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
                         "sequence verifies in a step that prefills another)")
     p.add_argument("--draft-vocab-size", type=int, default=None,
                    help="the DFlash drafter drafts from the first N token ids only (draft_vocab_size)")
+    p.add_argument("--explain", action="store_true",
+                   help="where an oracle point's output departs from the all-rejected run's, rerun both "
+                        "with logprobs and print the two tokens' logprob gap there (a bf16 near-tie or not)")
     p.add_argument("--result-json", default=None)
     ns = p.parse_args(argv)
     try:
@@ -273,6 +326,14 @@ def main(argv: list[str] | None = None) -> int:
                                       "verify_path_equals_plain_decode": same_as_plain})
             print(f"p={p_ok:.1f} c={c:>2}: {per_step:.2f} tokens/step, step {1e3 * step:.2f} ms, "
                   f"speedup {speedup:.2f}x, lossless {same}", flush=True)
+            if not same and ns.explain:
+                found = explain_divergence(oracle, prompts[:c], own, outs, p_ok, vocab, ns.output_len)
+                result["speedup"][-1]["divergences"] = found
+                for d in found:
+                    print(f"    {d['request']} departs at token {d['position']}: "
+                          f"{d['all_rejected_token']} (all rejected) / {d['oracle_token']} (oracle); logprob of the "
+                          f"first minus the second: {fmt_gap(d['gap_all_rejected_run'])} in the all-rejected run, "
+                          f"{fmt_gap(d['gap_oracle_run'])} in the oracle's; reproduced {d['reproduced']}", flush=True)
     if ns.result_json and not save_json(ns.result_json, result):
         return 2
     return 0
