@@ -3715,17 +3715,25 @@ part213() {  # session 36: the server reproducer's bounds under racecheck, then 
   if [ "$left" -ge 220 ]; then sanitize_load synccheck "$left"; fi
 }
 
-part214() {  # session 36: the same short load under synccheck (if part213 had no time for it) and
-  # initcheck (MINILLM_INITCHECK=1: cuBLAS's outputs and workspace zeroed first), then memcheck of the
-  # reproducer as in every session (~9.5 minutes)
+part214() {  # session 36: part213's racecheck stopped at the first prefill with "The Sanitizer failed to
+  # handle a hardware exception" (cuBLAS's kernels uninstrumented; the engine saw the next cuBLAS call
+  # fail). Which kernel: the same with CUDA_LAUNCH_BLOCKING=1 (each launch returns its own kernel's
+  # failure); the same load under memcheck; racecheck with cuBLAS instrumented too (no filter), as long
+  # as time allows; then initcheck (~9.5 minutes)
   setup
   facts > "$W/facts.txt" 2>&1
   sanitizer_filter
   models_q06_dflash 40
-  [ "${SKIP_SYNCCHECK:-0}" = 1 ] || sanitize_load synccheck 250
-  sanitize_load initcheck 250
+  CUDA_LAUNCH_BLOCKING=1 sanitize_load racecheck 200
+  mv "$W/sanitize_racecheck" "$W/sanitize_racecheck_blocking"
+  mv "$W/sanitize_load_racecheck.log" "$W/sanitize_load_racecheck_blocking.log"
+  sanitize_load memcheck 200
+  local keep=$SAN_EXCLUDE
+  SAN_EXCLUDE=""
+  CUDA_LAUNCH_BLOCKING=1 sanitize_load racecheck 230
+  SAN_EXCLUDE=$keep
   local left=$((570 - SECONDS))
-  if [ "$left" -ge 120 ]; then memcheck_reproducer "$left"; fi
+  if [ "$left" -ge 200 ]; then sanitize_load initcheck "$left"; fi
 }
 
 part215() {  # session 36: the oracle points that were not lossless at c = 16 (every spec-cost run since
