@@ -3695,12 +3695,13 @@ sanitizer_filter() {  # SAN_EXCLUDE: the flags that leave cuBLAS's kernels (nvje
 
 sanitize_load() {  # sanitize_load TOOL SECONDS: the server reproducer's bounds (c = 8, max_model_len 4096,
   # DFlash k = 8) with a short load (256-token prompts, 8 tokens out) under TOOL, cuBLAS's kernels left
-  # out by SAN_EXCLUDE, all within SECONDS (startup 120 s, stopping the server 60 s)
-  local t=$2
+  # out by SAN_EXCLUDE, all within SECONDS (at least 200: startup <= 100 s, stopping the server <= 60 s;
+  # the ladder gets the rest, a request 10 s less, an engine step 20 s less)
+  local t=$2 ladder=$(($2 - 160))
   stage "sanitize_load_$1" "$t" python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash \
     --out "$W/sanitize_$1" --max-model-len 4096 --concurrency 8 --num-prompts 8 --input-len 256 --output-len 8 \
-    --sanitize-tools "$1" --sanitizer-args="$SAN_EXCLUDE" --startup-timeout 120 --ladder-timeout $((t - 190)) \
-    --request-timeout $((t - 200)) --server-args="--step-timeout $((t - 200))"
+    --sanitize-tools "$1" --sanitizer-args="$SAN_EXCLUDE" --startup-timeout 100 --ladder-timeout $ladder \
+    --request-timeout $((ladder - 10)) --server-args="--step-timeout $((ladder - 20))"
 }
 
 part213() {  # session 36: the server reproducer's bounds under racecheck, then synccheck with the time left
@@ -3734,6 +3735,21 @@ part214() {  # session 36: part213's racecheck stopped at the first prefill with
   SAN_EXCLUDE=$keep
   local left=$((570 - SECONDS))
   if [ "$left" -ge 200 ]; then sanitize_load initcheck "$left"; fi
+}
+
+part216() {  # session 36: part214 again with working timeouts (its step timeout came to 0 s): which kernel
+  # raises racecheck's hardware exception (cuBLAS uninstrumented, CUDA_LAUNCH_BLOCKING=1: each launch
+  # returns its own kernel's failure); the prefill attention's shapes test under racecheck; the load under
+  # initcheck with every kernel instrumented, as part78 ran it (~9.5 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  sanitizer_filter
+  models_q06_dflash 40
+  CUDA_LAUNCH_BLOCKING=1 sanitize_load racecheck 220
+  stage racecheck_prefill 90 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "paged_attention_shapes and bfloat16-16-128-2"
+  SAN_EXCLUDE=""
+  sanitize_load initcheck $((570 - SECONDS))
 }
 
 part215() {  # session 36: the oracle points that were not lossless at c = 16 (every spec-cost run since
