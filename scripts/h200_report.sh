@@ -3752,6 +3752,20 @@ part216() {  # session 36: part214 again with working timeouts (its step timeout
   sanitize_load initcheck $((570 - SECONDS))
 }
 
+part217() {  # session 36: part216's initcheck reports (243,712 4-byte reads in paged_prefill_bf16_d128,
+  # all at one PC, every kernel instrumented): the short-run unit test under initcheck, then the load
+  # with the debug build (-lineinfo: the report names the source line) (~7 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage initcheck_short_runs 120 compute-sanitizer --tool initcheck --error-exitcode 3 --print-limit 10 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "short_runs_on_tensor_cores and bfloat16"
+  models_q06_dflash 40
+  stage initcheck_load_debug 300 env MINILLM_CUDA_DEBUG=1 python3 scripts/failure_matrix.py $M/q06 \
+    --drafter $M/q06-dflash --out "$W/initcheck_debug" --max-model-len 4096 --concurrency 8 --num-prompts 8 \
+    --input-len 256 --output-len 8 --sanitize-tools initcheck --sanitizer-args="--print-limit 10" \
+    --startup-timeout 180 --ladder-timeout 60 --request-timeout 50 --server-args="--step-timeout 40"
+}
+
 part215() {  # session 36: the oracle points that were not lossless at c = 16 (every spec-cost run since
   # session 16), explained: where each departs, each token's logprob gap in both runs (~6 minutes)
   setup
