@@ -972,6 +972,31 @@ def test_paged_attention_shapes(be, G, D, bs):
             check_attention(be, case, causal, VARIANTS)
 
 
+def test_attention_counter_check(be):
+    """MINILLM_CHECK_ATT_COUNTERS's check: split attention (decode splits and split short runs on
+    the tensor-core kernel) leaves every split counter at 0, and a counter left set is reported
+    with its token and KV head."""
+    rng = np.random.default_rng(11)
+    H, KH, D, bs = 8, 2, 128, 16
+    case = make_attention_case(rng, [1, 9, 1, 5], [700, 300, 64, 900], H, KH, D, bs)
+    q, kc, vc, bt, sl, qs = case
+    args = (be.asarray(q), be.asarray(kc), be.asarray(vc), i32(be, bt), i32(be, sl), i32(be, qs), D ** -0.5)
+    check, limit = be.check_att_counters, be.short_run_max_ctx
+    try:
+        be.check_att_counters = True
+        if be.dtype != np.float32:
+            be.short_run_max_ctx = 2048
+        for kernel in ("decode", None):
+            be.attention(*args, poisoned(be, q.shape), kernel=kernel, max_query_len=9)
+        be._att_counters[3 * KH + 1] = 2  # as a merge that never ran would leave it
+        left = r"left 1 split counter\(s\) set: \(token, KV head, count\) \[\(3, 1, 2\)\]"
+        with pytest.raises(RuntimeError, match=left):
+            be.attention(*args, poisoned(be, q.shape), kernel="decode", max_query_len=9)
+    finally:
+        be._att_counters.fill(0)
+        be.check_att_counters, be.short_run_max_ctx = check, limit
+
+
 @pytest.mark.parametrize("part", [64, 112, 512])
 def test_decode_fixed_parts(be, part):
     """Keys split in parts of a fixed size: a token takes ceil(len / part) splits, the rest of

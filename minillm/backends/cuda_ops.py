@@ -569,6 +569,10 @@ class CudaBackend:
         # not see cuBLAS's writes, so each cuBLAS output is zeroed before its GEMM (matmul) and the
         # cuBLAS workspace once here (cuBLAS's split-K reduction reads partial sums it wrote there)
         self.mark_blas_outputs = os.environ.get("MINILLM_INITCHECK", "0") == "1"
+        # MINILLM_CHECK_ATT_COUNTERS=1 (a debug check, eager steps): after every attention call the
+        # split counters must all be 0 again (each merge resets its own); one left set would make the
+        # next launch that uses it merge before its splits have written (_check_att_counters)
+        self.check_att_counters = os.environ.get("MINILLM_CHECK_ATT_COUNTERS", "0") == "1"
         if self.mark_blas_outputs:
             cupy.cuda.runtime.memsetAsync(self._blas_ws.data.ptr, 0, cublas_workspace_bytes, self.stream.ptr)
         self._capturing = False
@@ -1347,6 +1351,8 @@ class CudaBackend:
             p = self._fused_decode_step(q, k, v, q_w, k_w, eps, positions, cos_sin, k_cache, v_cache,
                                         slot_mapping, block_tables, seq_lens, query_start, scale, out,
                                         order, n_splits, o_proj, o_out)
+            if self.check_att_counters and not self._capturing:
+                self._check_att_counters(p, k_cache.shape[2], seq_lens, query_start, True)
         if o_proj is not None and "o_merge" not in p:  # not merged into the product: run it here
             self.matmul(out.reshape(T, -1), o_proj, o_out)
         return p
@@ -1509,6 +1515,29 @@ class CudaBackend:
                   n_splits: int | None = None, kernel: str | None = None,
                   max_query_len: int | None = None, part: int | None = None, order=None,
                   decode_rows=None, short_runs: bool = True) -> dict:
+        plan = self._attention(q, k_cache, v_cache, block_tables, seq_lens, query_start, scale, out, causal,
+                               bq, n_splits, kernel, max_query_len, part, order, decode_rows, short_runs)
+        if self.check_att_counters and not self._capturing:
+            self._check_att_counters(plan, k_cache.shape[2], seq_lens, query_start, causal)
+        return plan
+
+    def _check_att_counters(self, plan: dict, KH: int, seq_lens, query_start, causal: bool) -> None:
+        """MINILLM_CHECK_ATT_COUNTERS: raise, with the step's shape, if an attention call left a
+        split counter set."""
+        counts = self.to_host(self._att_counters)
+        left = np.flatnonzero(counts)
+        if left.size:
+            raise RuntimeError(
+                f"attention left {left.size} split counter(s) set: (token, KV head, count) "
+                f"{[(int(i) // KH, int(i) % KH, int(counts[i])) for i in left[:8]]}; plan {plan}; "
+                f"causal {causal}; query_start {self.to_host(query_start).tolist()}; "
+                f"seq_lens {self.to_host(seq_lens).tolist()}")
+
+    def _attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start, scale: float,
+                   out, causal: bool = True, bq: int | None = None,
+                   n_splits: int | None = None, kernel: str | None = None,
+                   max_query_len: int | None = None, part: int | None = None, order=None,
+                   decode_rows=None, short_runs: bool = True) -> dict:
         """paged_attention with an optional forced kernel and launch shape (the tests run every
         variant): "decode" (cuda/decode_attention.cu) or "prefill" (cuda/prefill_attention.cu,
         bf16 tensor cores) for every sequence, "split" (each sequence by its own query count:
