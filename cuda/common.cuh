@@ -183,8 +183,15 @@ __device__ __forceinline__ void prefetch_l1(const void* p) {
 // the GPU full where one CTA a KV head would not. One rule for both kernels, depending on the
 // sequence alone, so a row's kernel never depends on what shares its step (its split count only
 // on the step's size, where the partials would not fit the scratch: steps of thousands of rows).
+// A short run has at most MINILLM_SHORT_RUN_MAX_Q queries (cuda_ops.py's _DECODE_MAX_Q): the host
+// sizes the short-run launch's grid for runs of at most that many. Without the bound a prefill chunk
+// with at most short_max_ctx keys also counted as one there, so the (tile, split) pairs outran the
+// grid: the last tile reached could run only some of its splits, leaving its merge counter set, and
+// a later launch's merge at that counter then read partials not yet written (session 36: initcheck's
+// reports in the load, MINILLM_CHECK_ATT_COUNTERS).
+#define MINILLM_SHORT_RUN_MAX_Q 16
 __device__ __forceinline__ bool short_run_on_tensor_cores(int nq, int L, int short_max_ctx) {
-  return short_max_ctx > 0 && nq >= 2 && L <= short_max_ctx;
+  return short_max_ctx > 0 && nq >= 2 && nq <= MINILLM_SHORT_RUN_MAX_Q && L <= short_max_ctx;
 }
 
 // The sequence owning row t of a step: the last b with query_start[b] <= t (so empty sequences

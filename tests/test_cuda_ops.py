@@ -974,27 +974,37 @@ def test_paged_attention_shapes(be, G, D, bs):
 
 def test_attention_counter_check(be):
     """MINILLM_CHECK_ATT_COUNTERS's check: split attention (decode splits and split short runs on
-    the tensor-core kernel) leaves every split counter at 0, and a counter left set is reported
-    with its token and KV head."""
+    the tensor-core kernel) leaves every split counter at 0, also in a step whose prefill chunks
+    have fewer keys than short_run_max_ctx beside verification runs (before session 36 the
+    short-run launch counted such chunks as short runs too: its grid ran out, the last run's rows
+    were never written and a merge counter stayed set); a counter left set is reported with its
+    token and KV head."""
     rng = np.random.default_rng(11)
     H, KH, D, bs = 8, 2, 128, 16
-    case = make_attention_case(rng, [1, 9, 1, 5], [700, 300, 64, 900], H, KH, D, bs)
-    q, kc, vc, bt, sl, qs = case
-    args = (be.asarray(q), be.asarray(kc), be.asarray(vc), i32(be, bt), i32(be, sl), i32(be, qs), D ** -0.5)
-    check, limit = be.check_att_counters, be.short_run_max_ctx
+    check, limit, most = be.check_att_counters, be.short_run_max_ctx, be.short_run_max_splits
     try:
         be.check_att_counters = True
         if be.dtype != np.float32:
-            be.short_run_max_ctx = 2048
-        for kernel in ("decode", None):
-            be.attention(*args, poisoned(be, q.shape), kernel=kernel, max_query_len=9)
+            be.short_run_max_ctx, be.short_run_max_splits = 2048, 4
+        for q_lens, ctx, most_q in (([1, 9, 1, 5], [700, 300, 64, 900], 9),
+                                    ([40, 9, 100, 9], [300, 300, 300, 200], 100)):
+            q, kc, vc, bt, sl, qs = make_attention_case(rng, q_lens, ctx, H, KH, D, bs)
+            ref = np.full(q.shape, np.nan, np.float32)
+            REF.paged_attention(rounded(be, q), rounded(be, kc), rounded(be, vc), bt, sl, qs, D ** -0.5, ref)
+            args = (be.asarray(q), be.asarray(kc), be.asarray(vc), i32(be, bt), i32(be, sl), i32(be, qs),
+                    D ** -0.5)
+            for kernel in ("decode", None):
+                out = poisoned(be, q.shape)
+                be.attention(*args, out, kernel=kernel, max_query_len=most_q)
+                got = host(be, out)
+                assert rel_err(got, ref) < tol(be), (q_lens, kernel)  # NaN (a row never written) fails
         be._att_counters[3 * KH + 1] = 2  # as a merge that never ran would leave it
         left = r"left 1 split counter\(s\) set: \(token, KV head, count\) \[\(3, 1, 2\)\]"
         with pytest.raises(RuntimeError, match=left):
-            be.attention(*args, poisoned(be, q.shape), kernel="decode", max_query_len=9)
+            be.attention(*args, poisoned(be, q.shape), kernel="decode", max_query_len=100)
     finally:
         be._att_counters.fill(0)
-        be.check_att_counters, be.short_run_max_ctx = check, limit
+        be.check_att_counters, be.short_run_max_ctx, be.short_run_max_splits = check, limit, most
 
 
 @pytest.mark.parametrize("part", [64, 112, 512])

@@ -271,3 +271,14 @@ def test_o_merge_plan_limits():
     assert o_merge_plan(1, 1024, 2048, 16, 128, 64, 132, 10_000) is None  # not one split's room
     # more outputs than 16 warps a CTA cover in one wave: still 16 warps, more than one wave
     assert o_merge_plan(1, 8192, 2048, 16, 128, 64, 132, H200_SMEM)["kernel"].endswith("_w16")
+
+
+def test_short_run_bound_is_the_same_on_host_and_device():
+    """The short-run launch's grid (cuda_ops) is sized for runs of at most _DECODE_MAX_Q queries;
+    the device's rule (cuda/common.cuh short_run_on_tensor_cores) must count no longer run, or a
+    prefill chunk's (tile, split) pairs outrun the grid and leave a merge counter set."""
+    src = (Path(__file__).resolve().parents[1] / "cuda" / "common.cuh").read_text()
+    bound = re.search(r"#define MINILLM_SHORT_RUN_MAX_Q (\d+)", src)
+    assert bound and int(bound.group(1)) == cuda_ops._DECODE_MAX_Q
+    rule = re.search(r"bool short_run_on_tensor_cores\(.*?\{(.*?)\}", src, re.S).group(1)
+    assert "nq <= MINILLM_SHORT_RUN_MAX_Q" in rule

@@ -57,6 +57,7 @@ _DECODE_ROPE_MAX_DEFAULT = 32
 # 768 / 1,536 were slower. MINILLM_DECODE_ORDER_PART overrides (0: the wave model).
 _DECODE_ORDER_PART_DEFAULT = 2048
 _DECODE_MAX_Q = 16  # sequences with at most this many new queries in a step take the decode kernel
+# (cuda/common.cuh's MINILLM_SHORT_RUN_MAX_Q is the same bound, on the device)
 # ... except runs of 2..16 queries (speculative verification, DFlash blocks) whose context is at
 # most this many keys: the tensor-core prefill kernel reads each K/V tile once for all of them
 # (cuda/common.cuh short_run_on_tensor_cores). MINILLM_SHORT_RUN_MAX_CTX overrides (0: never)
