@@ -3766,6 +3766,24 @@ part217() {  # session 36: part216's initcheck reports (243,712 4-byte reads in 
     --startup-timeout 180 --ladder-timeout 60 --request-timeout 50 --server-args="--step-timeout 40"
 }
 
+part218() {  # session 36, on the fix (cuda/common.cuh: a short run has at most 16 queries; before it, the
+  # short-run launch counted prefill chunks with few keys as short runs, ran out of grid, and left merge
+  # counters set: part216/217's initcheck reports): the attention tests, the load eagerly with
+  # MINILLM_CHECK_ATT_COUNTERS=1 (every attention call checks every counter after it), then the load
+  # under initcheck with every kernel instrumented, as part216 ran it (~6.5 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_q06_dflash 40
+  stage attention_tests 130 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    -k "counter_check or short_runs_on_tensor_cores or paged_attention_shapes or batch_invariant"
+  stage load_counters 100 env MINILLM_CHECK_ATT_COUNTERS=1 python3 scripts/failure_matrix.py $M/q06 \
+    --drafter $M/q06-dflash --out "$W/load_counters" --max-model-len 4096 --concurrency 8 --num-prompts 8 \
+    --input-len 256 --output-len 64 --startup-timeout 50 --ladder-timeout 40 --server-args="--enforce-eager"
+  grep -h "split counter" "$W"/load_counters/server-*.log | head -3
+  SAN_EXCLUDE=""
+  sanitize_load initcheck $((400 - SECONDS))
+}
+
 part215() {  # session 36: the oracle points that were not lossless at c = 16 (every spec-cost run since
   # session 16), explained: where each departs, each token's logprob gap in both runs (~6 minutes)
   setup
