@@ -3781,7 +3781,7 @@ part218() {  # session 36, on the fix (cuda/common.cuh: a short run has at most 
     --input-len 256 --output-len 64 --startup-timeout 50 --ladder-timeout 40 --server-args="--enforce-eager"
   grep -h "split counter" "$W"/load_counters/server-*.log | head -3
   SAN_EXCLUDE=""
-  sanitize_load initcheck $((400 - SECONDS))
+  sanitize_load initcheck 220
 }
 
 part215() {  # session 36: the oracle points that were not lossless at c = 16 (every spec-cost run since
