@@ -315,14 +315,22 @@ def test_verification_graphs_without_the_decode_kernel(monkeypatch, pair):
         def record(B, t, T, r=r, check=check):
             h = r.buf.host
             ok = check(B, t, T)
-            seen.append((ok, int(np.diff(h["query_start"][: B + 1]).min()), int(h["seq_lens"][:B].max()), T - t))
+            # a drafting step behind a verification: the device moves each block past up to its
+            # drafts' count of accepted ids, so the keys it sees reach the host's + drafts
+            adv = r._advance
+            host_keys = h["seq_lens"][:B]
+            keys = host_keys if adv is None else host_keys + adv.drafts
+            seen.append((ok, int(np.diff(h["query_start"][: B + 1]).min()), int(keys.max()), T - t,
+                         int(keys.max() - host_keys.max())))
             return ok
         r._short_runs_only = record
     for i in (2, 5):  # 3 prompt tokens: the short graphs, the drafter's until its context passes 40
         assert llm.generate([PROMPTS[i]], GREEDY)[0].token_ids == plain[i]  # 40: full graphs
     # a padding run of one row (a sequence short of its k drafts) is the decode kernel's too
-    assert all(ok == (nq >= 2 and keys <= 40 and pad != 1) for ok, nq, keys, pad in seen)
-    assert any(pad == 1 for *_, pad in seen)
+    assert all(ok == (nq >= 2 and keys <= 40 and pad != 1) for ok, nq, keys, pad, _ in seen)
+    assert any(pad == 1 for *_, pad, _ in seen)
+    # and some drafting step behind a verification was refused the short graph by its drafts alone
+    assert any(not ok and keys - extra <= 40 < keys and nq >= 2 and pad != 1 for ok, nq, keys, pad, extra in seen)
     for r in (runner, drafting):
         assert 0 < r.short_run_replays < r.replays  # both kinds of graph were replayed
 

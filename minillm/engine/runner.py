@@ -872,15 +872,19 @@ class ModelRunner:
         return GraphPick(bk, rows, graphs[(bk, rows)])
 
     def _short_runs_only(self, B: int, t: int, T: int) -> bool:
-        """Whether every run of the prepared step, the graph's padding run included, goes to the
-        tensor-core attention kernel (2+ queries, at most short_run_max_ctx keys: the device's
-        rule, cuda/common.cuh short_run_on_tensor_cores), so its graph may leave out the decode
+        """Whether every real run of the prepared step goes to the tensor-core attention kernel (2+
+        queries, at most short_run_max_ctx keys: the device's rule, cuda/common.cuh
+        short_run_on_tensor_cores, on the keys the device will see), and the padding run is not a
+        one-row run (the decode kernel's; a padding run of more than 16 rows may be no kernel's and
+        keep what Workspace.attn held, which only padding rows read), so its graph may leave out the decode
         kernel's launch, whose CTAs would all exit (36 launches of ~3 us in an 8B verification
         step, docs/BENCHMARKS.md)."""
         h = self.buf.host
         nq = np.diff(h["query_start"][: B + 1])
-        return (T - t != 1 and int(nq.min()) >= 2
-                and int(h["seq_lens"][:B].max()) <= self.short_run_max_ctx)
+        keys = h["seq_lens"][:B]
+        if self._advance is not None:  # a drafting step behind a verification: the device moves each
+            keys = keys + self._advance.drafts  # block past up to drafts[i] accepted ids (advance_blocks)
+        return (T - t != 1 and int(nq.min()) >= 2 and int(keys.max()) <= self.short_run_max_ctx)
 
     def _pad(self, B: int, t: int, r: int, bk: int, T: int, R: int) -> None:
         """Fill slots [B, bk + 1) and rows [t, T), [r, R) of the host buffers with padding."""
@@ -890,7 +894,7 @@ class ModelRunner:
         h["slot_mapping"][t:T] = -1  # padding rows write no KV
         h["block_tables"][B : bk + 1] = 0
         self.buf.table_rows[B : bk + 1] = -1
-        h["seq_lens"][B : bk + 1] = 0  # attention writes zeros for them
+        h["seq_lens"][B : bk + 1] = 0  # no keys: attention writes zeros for a run of 1-16 rows
         h["query_start"][B + 1] = T  # the padding sequence takes every leftover row
         h["query_start"][B + 2 : bk + 2] = T
         h["logits_indices"][r:R] = 0

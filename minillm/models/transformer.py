@@ -73,7 +73,11 @@ class Workspace:
         self.hidden = e((max_tokens, cfg.hidden_size))
         self.normed = e((max_tokens, cfg.hidden_size))
         self.qkv = e((max_tokens, cfg.q_size + 2 * cfg.kv_size))
-        self.attn = e((max_tokens, cfg.num_heads, cfg.head_dim))
+        # zeroed once: a graph's padding run of more than 16 rows (runner._pad; no keys) is a short
+        # run to no attention kernel (cuda/common.cuh bounds those at 16 queries) and a long run to
+        # none in a step without long runs, so its rows keep what they held: finite, and never read
+        # by a real row (every later op is row by row; padding rows have no logits and store no KV)
+        self.attn = backend.zeros((max_tokens, cfg.num_heads, cfg.head_dim))
         self.gate_up = e((max_tokens, 2 * cfg.intermediate_size))
         self.act = e((max_tokens, cfg.intermediate_size))
         self.last = e((max_logits, cfg.hidden_size))
