@@ -108,7 +108,8 @@
 #   weights before the norm (GEMV_NORM_EARLY_W=1, 16ac088; removed after it): its tests and batch-1
 #   graphs against the default.
 #   part213-part215: session 36: the server reproducer's bounds under racecheck, synccheck, initcheck
-#   (cuBLAS's kernels uninstrumented) and memcheck; the c = 16 oracle points' departures explained.
+#   (cuBLAS's kernels uninstrumented) and memcheck; the c = 16 oracle points' departures explained;
+#   part219/part220 prepared for the next session: every GPU test and the figures on its final code.
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -3782,6 +3783,33 @@ part218() {  # session 36, on the fix (cuda/common.cuh: a short run has at most 
   grep -h "split counter" "$W"/load_counters/server-*.log | head -3
   SAN_EXCLUDE=""
   sanitize_load initcheck 200
+}
+
+part219() {  # prepared in session 36 (not run): every GPU test on its final code (the short-run bound, the
+  # counter check, the drafting steps' graph rule), then the reproducer's bounds under initcheck and with
+  # the counter check (~9 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  gpu_tests_full 360
+  models_q06_dflash 40
+  stage load_counters 90 env MINILLM_CHECK_ATT_COUNTERS=1 python3 scripts/failure_matrix.py $M/q06 \
+    --drafter $M/q06-dflash --out "$W/load_counters" --max-model-len 4096 --concurrency 8 --num-prompts 8 \
+    --input-len 256 --output-len 64 --startup-timeout 50 --ladder-timeout 40 --server-args="--enforce-eager"
+  SAN_EXCLUDE=""
+  sanitize_load initcheck 200
+}
+
+part220() {  # prepared in session 36 (not run): the figures on its final code: memcheck of the reproducer,
+  # decode of both shapes, the 8B spec cost with the c = 16 oracle points explained, throughput (~9.5 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 120
+  memcheck_reproducer 120
+  decode_06b 60
+  decode_8b 90
+  stage spec_cost_8b 200 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 --explain \
+    --result-json "$W/spec_cost_8b.json"
+  throughput_06b 60
 }
 
 part215() {  # session 36: the oracle points that were not lossless at c = 16 (every spec-cost run since
