@@ -199,7 +199,7 @@ CHAT_CASES = [
     ({"messages": MSG, "prompt_logprobs": 21}, "prompt_logprobs"),
     ({"messages": MSG, "prompt_logprobs": [1]}, "prompt_logprobs"),
     ({"messages": MSG, "stream": True, "prompt_logprobs": -3}, "prompt_logprobs"),
-    ({"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"messages": MSG, "tools": [{"type": "retrieval"}]}, "tools"),  # (tool calling: tests/test_tool_calling.py)
     ({"messages": MSG, "chat_template_kwargs": "enable_thinking"}, "chat_template_kwargs"),
     ({"messages": MSG, "chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs"),
     ({"messages": MSG, "chat_template_kwargs": {"not a name": 1}}, "chat_template_kwargs"),
@@ -228,6 +228,7 @@ CHAT_CASES = [
 
 # vLLM's utility routes (outside /v1: no API key, as in vLLM)
 TOOLS = [{"type": "function", "function": {"name": "f"}}]
+BAD_TOOLS = [{"type": "function", "function": {"name": "f g"}}]
 UTILITY_CASES = [
     ("/tokenize", b'{"prompt": "hi", ', None),
     ("/tokenize", b"[1, 2]", None),
@@ -260,7 +261,7 @@ UTILITY_CASES = [
     ("/tokenize", {"messages": MSG, "chat_template": "{{ messages }}"}, "chat_template"),
     ("/tokenize", {"messages": MSG, "chat_template_kwargs": [1]}, "chat_template_kwargs"),
     ("/tokenize", {"messages": MSG, "chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
-    ("/tokenize", {"messages": MSG, "tools": TOOLS}, "tools"),
+    ("/tokenize", {"messages": MSG, "tools": BAD_TOOLS}, "tools"),
     ("/detokenize", b"not json", None),
     ("/detokenize", b'{"tokens": [1, NaN]}', None),
     ("/detokenize", b'"tokens"', None),
@@ -307,8 +308,8 @@ def test_tokenize_errors_name_the_problem(server):
     assert err["message"] == "give either 'prompt' (text) or 'messages' (a chat), not both"
     err = check_error(post(server, "/tokenize", {"model": "tiny"}), 400)
     assert err["message"] == "'prompt' (text) or 'messages' (a chat) is required"
-    err = check_error(post(server, "/tokenize", {"messages": MSG, "tools": TOOLS}), 400)
-    assert err["message"] == "'tools' is not supported yet: tool definitions"
+    err = check_error(post(server, "/tokenize", {"messages": MSG, "tools": BAD_TOOLS}), 400)
+    assert err["message"] == "tools[0].function.name must be 1-64 letters, digits, underscores or dashes, got \"f g\""
     err = check_error(post(server, "/detokenize", {"tokens": [65, 256]}), 400)
     assert err["message"] == "'tokens' token ids must be integers in [0, 256); got 256"
     err = check_error(post(server, "/detokenize", {}), 400)

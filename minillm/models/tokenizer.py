@@ -25,6 +25,12 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+def _tojson(x, ensure_ascii: bool = False, indent=None, separators=None, sort_keys: bool = False) -> str:
+    """transformers' tojson filter, which templates are written against (tools and tool-call arguments
+    are rendered with it): jinja's own sorts keys and escapes <, >, & and ' as HTML."""
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
 def compile_chat_template(template: str, where: str | None = None) -> jinja2.Template:
     """template compiled in the sandbox it renders in; one that does not compile is a ValueError naming
     where it came from (`where`) and jinja's message and line, raised at load rather than at the first
@@ -32,6 +38,7 @@ def compile_chat_template(template: str, where: str | None = None) -> jinja2.Tem
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
     )
+    env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     try:

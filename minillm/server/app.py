@@ -23,7 +23,7 @@ from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import PathConverter
 
-from minillm.server import protocol
+from minillm.server import protocol, tools
 from minillm.server.async_engine import AsyncEngine, EngineFailure, EngineUnavailable
 from minillm.server.metrics import Metrics, RequestTimer
 from minillm.server.protocol import ModelInfo, ParsedRequest, ProtocolError, error_body, sse
@@ -296,9 +296,16 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         if parsed.prompt_logprobs is not None:  # chat: one prompt, in the response; completions: each choice's
             plps = [protocol.prompt_logprobs_body(prompt_lps[i], token_text, parsed.prompt_logprobs)
                     for i in range(1 if chat else n)]
-        build = protocol.chat_response if chat else protocol.completion_response
-        return _json(build(rid, protocol.now(), parsed.model, list(zip(texts, reasons, bodies)),
-                           parsed.num_prompt_tokens, sum(n_outs), plps[0] if chat and plps else plps))
+        if chat:
+            messages = None
+            if parsed.tools:  # each choice's output read for tool calls: its message and finish reason
+                replies = [tools.complete_message(parsed.tools.parser(), texts[i], reasons[i]) for i in range(n)]
+                messages, reasons = [msg for msg, _ in replies], [why for _, why in replies]
+            return _json(protocol.chat_response(rid, protocol.now(), parsed.model, list(zip(texts, reasons, bodies)),
+                                                parsed.num_prompt_tokens, sum(n_outs), plps[0] if plps else None,
+                                                messages))
+        return _json(protocol.completion_response(rid, protocol.now(), parsed.model, list(zip(texts, reasons, bodies)),
+                                                  parsed.num_prompt_tokens, sum(n_outs), plps))
 
     def add_choices(rid: str, parsed: ParsedRequest) -> list:
         """One engine request a choice (ids rid, or rid-0, rid-1, ... for several); all or none
@@ -332,10 +339,12 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         sent_chars = [0] * len(parsed.choices)  # completions' text_offset of each choice's next token
 
         def chunk(i: int, text: str | None, finish: str | None = None, lps: list | None = None,
-                  ids: list[int] | None = None, plps: list | None = None) -> bytes:
+                  ids: list[int] | None = None, plps: list | None = None, calls: list | None = None) -> bytes:
             plp = None if plps is None else protocol.prompt_logprobs_body(plps, token_text, parsed.prompt_logprobs)
             if chat:
                 delta = {} if text is None else {"content": text}
+                if calls:
+                    delta["tool_calls"] = [c.body() for c in calls]
                 lp = protocol.chat_logprobs(lps, token_text) if lps else None
                 return sse({**protocol.chat_chunk(rid, created, model, delta, finish, i, lp, plp), **usage_of(i)})
             lp = (protocol.completion_logprobs(lps, token_text, sent_chars[i], ids, parsed.top_logprobs)
@@ -363,6 +372,8 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         # whether choice i's prompt_logprobs went out (in its first chunk after the role's, as its first
         # output carries them; that chunk goes out even with no text, held back by a stop string)
         scored = [parsed.prompt_logprobs is None] * n
+        # tool calling: each choice's output goes through its parser (content held back, calls as deltas)
+        parsers = [parsed.tools.parser() for _ in range(n)] if parsed.tools else None
         try:
             if chat:  # the first chat chunk of each choice carries the role, as OpenAI's does
                 for i in range(n):
@@ -375,6 +386,10 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
                 lps = out.new_logprobs if want_logprobs else None
                 if parsed.echo_only:  # max_tokens 0: the token the engine generated is dropped
                     text, ids, lps, n_outs[i] = "", [], [], 0
+                calls = None
+                if parsers:
+                    piece = parsers[i].feed(text) + (parsers[i].finish() if out.finished else tools.Piece())
+                    text, calls = piece.content, piece.calls
                 plps = None
                 if not scored[i]:
                     scored[i], plps = True, out.prompt_logprobs or []
@@ -385,11 +400,13 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
                         lps = (out.prompt_logprobs or []) + lps
                         ids = parsed.choices[i][0] + ids
                     yield chunk(i, text, None, lps, ids, plps)
-                elif text or lps or plps is not None:  # tokens held back by a stop string still send their logprobs
-                    yield chunk(i, text, None, lps, ids, plps)
+                elif text or calls or lps or plps is not None:  # held-back tokens still send their logprobs
+                    yield chunk(i, text if text or not calls else None, None, lps, ids, plps, calls)
                 if out.finished:
                     reasons[i] = "length" if parsed.echo_only else out.finish_reason or "stop"
-                    yield chunk(i, None, reasons[i])
+                    # (the metrics keep the engine's reason: "tool_calls" is the client's name for a stop)
+                    why = tools.finish_reason(reasons[i], parsers[i].calls > 0) if parsers else reasons[i]
+                    yield chunk(i, None, why)
             if parsed.include_usage:
                 yield sse(protocol.usage_chunk(rid, created, model, chat, n_prompt, sum(n_outs)))
             yield sse("[DONE]")

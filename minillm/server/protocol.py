@@ -20,8 +20,10 @@ from minillm.engine.logprobs import MAX_LOGPROBS, TokenLogprob
 from minillm.engine.structured import compile_grammar
 from minillm.models.tokenizer import content_text, final_message_text
 from minillm.sampling_params import SamplingParams, StructuredOutputsParams, truncate_prompt
+from minillm.server import tools as tool_calling
+from minillm.server.tools import ToolRequest
 
-CHAT_ROLES = ("system", "developer", "user", "assistant")
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_N = 64  # choices per request: each is its own engine request (its own prefill of the prompt,
 # unless the prefix cache already holds it)
 MAX_CHOICES = 256  # prompts x n of one completions request
@@ -77,6 +79,8 @@ class ParsedRequest:
     # vLLM's prompt_logprobs (completions and chat): each choice's prompt tokens' logprobs with the
     # N best (None: not asked). The engine computes max(N, logprobs) with echo (see sampling_params)
     prompt_logprobs: int | None = None
+    # chat's tool calling, when its output is read for calls (tool_choice other than "none")
+    tools: ToolRequest | None = None
 
     @property
     def logprobs(self) -> bool:
@@ -233,12 +237,20 @@ def chat_template_kwargs(body: dict) -> dict:
     return kw
 
 
+def tool_fields(fn, *args):
+    """fn(*args) from minillm/server/tools.py, its ToolError as a ProtocolError."""
+    try:
+        return fn(*args)
+    except tool_calling.ToolError as e:
+        raise ProtocolError(e.message, e.param) from None
+
+
 def chat_prompt(body: dict, info: ModelInfo, add_generation_prompt: bool = True,
-                add_special_tokens: bool = False) -> list[int]:
+                add_special_tokens: bool = False, tools: list[dict] | None = None) -> list[int]:
     """The ids of body['messages'] rendered by the chat template (what the chat endpoint prefills),
     with body's chat_template_kwargs and continue_final_message (vLLM's: the last message left open
     for the model to continue, no generation prompt; with add_generation_prompt given as true too, a
-    400 as in vLLM)."""
+    400 as in vLLM), and `tools` (the checked function list) as the template's `tools`."""
     cont = _get(body, "continue_final_message", bool, False)
     if cont and body.get("add_generation_prompt") is True:
         raise ProtocolError("'continue_final_message' and 'add_generation_prompt' cannot both be true: the "
@@ -256,14 +268,17 @@ def chat_prompt(body: dict, info: ModelInfo, add_generation_prompt: bool = True,
         if m.get("role") not in CHAT_ROLES:
             raise ProtocolError(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}; got "
                                 f"{json.dumps(m.get('role'))[:40]}", f"messages[{i}].role")
-        clean.append({"role": m["role"], "content": _content(m, i)})
+        clean.append({"role": m["role"], "content": _content(m, i), **tool_fields(tool_calling.history_fields, m, i)})
     if cont:
         try:
             final_message_text(clean)
         except ValueError as e:
             raise ProtocolError(f"{e}; messages[{len(clean) - 1}] has none", "continue_final_message") from None
+    template_kwargs = chat_template_kwargs(body)
+    if tools is not None:
+        template_kwargs = {**template_kwargs, "tools": tools}
     try:
-        ids = info.tokenizer.encode_chat(clean, add_generation_prompt, add_special_tokens, chat_template_kwargs(body),
+        ids = info.tokenizer.encode_chat(clean, add_generation_prompt, add_special_tokens, template_kwargs,
                                          continue_final_message=cont)
     except (jinja2.TemplateError, ValueError) as e:  # the template's own raise_exception, or no template
         raise ProtocolError(f"the chat template rejected the messages: {e}", "messages") from None
@@ -285,9 +300,8 @@ def tokenize_response(body: dict, info: ModelInfo) -> dict:
         raise ProtocolError("give either 'prompt' (text) or 'messages' (a chat), not both", "prompt")
     if has_messages:
         _refuse(body, "chat_template", (None,), "a chat template given in the request")
-        _refuse(body, "tools", (None,), "tool definitions")
         ids = chat_prompt(body, info, _get(body, "add_generation_prompt", bool, True),
-                          _get(body, "add_special_tokens", bool, False))
+                          _get(body, "add_special_tokens", bool, False), tool_fields(tool_calling.parse_tools, body))
     elif has_prompt:
         prompt = body["prompt"]
         if not isinstance(prompt, str):
@@ -316,9 +330,10 @@ def detokenize_response(body: dict, info: ModelInfo) -> dict:
 
 # ---- sampling -----------------------------------------------------------------------------
 def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool,
-                    index: int | None = None) -> SamplingParams:
+                    index: int | None = None, tools: ToolRequest | None = None) -> SamplingParams:
     """The request's SamplingParams for one prompt of n_prompt tokens (index: its place in a batch of
-    prompts, named in the errors that depend on its length)."""
+    prompts, named in the errors that depend on its length); tools: chat's tool calling, whose
+    "required" or named tool_choice constrains the output."""
     prompt_param = "messages" if chat else "prompt"
     the_prompt = "the prompt" if index is None else f"prompt {index} of the batch"
     room = info.max_model_len - n_prompt
@@ -349,6 +364,10 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool,
     # vLLM's extensions that change what is sampled: refused by name rather than silently ignored
     _refuse(body, "use_beam_search", (None, False), "beam search")
     structured = structured_outputs(body, info.grammars)
+    skip_special = True
+    if tools is not None:
+        structured = tool_constraint(tools, structured, info)
+        skip_special = not (tools.choice == "auto" and _special_tag(info))
     if chat:
         top = _get(body, "top_logprobs", int, None)
         if _get(body, "logprobs", bool, False):
@@ -358,8 +377,6 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool,
         else:
             logprobs = None
         lp_name = "top_logprobs"
-        _refuse(body, "tools", (None,), "tool calling")
-        _refuse(body, "tool_choice", (None, "none", "auto"), "tool calling")
     else:
         logprobs = _get(body, "logprobs", int, None)
         lp_name = "logprobs"
@@ -412,7 +429,7 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool,
         max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
         min_tokens=_get(body, "min_tokens", int, 0), stop=stop, stop_token_ids=stop_ids,
         ignore_eos=_get(body, "ignore_eos", bool, False), seed=seed,
-        skip_special_tokens=_get(body, "skip_special_tokens", bool, True), logprobs=logprobs,
+        skip_special_tokens=_get(body, "skip_special_tokens", bool, skip_special), logprobs=logprobs,
         include_stop_str_in_output=_get(body, "include_stop_str_in_output", bool, False),
         prompt_logprobs=prompt_logprobs, structured_outputs=structured, **adjust,
     )
@@ -423,6 +440,36 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool,
         param = msg.split(" ", 1)[0]
         raise ProtocolError(msg, param if param in kwargs else None) from None
     return params
+
+
+def tool_constraint(tools: ToolRequest, structured: StructuredOutputsParams | None,
+                    info: ModelInfo) -> StructuredOutputsParams | None:
+    """The output constraint of a request with tools: a "required" or named tool_choice's JSON
+    schema (compiled here, so a schema llguidance refuses is a 400 naming 'tools'), else the
+    request's own (`structured`, which cannot be combined with a forced call)."""
+    forced = tool_fields(tools.constraint)
+    if forced is None:
+        return structured
+    if structured is not None:
+        raise ProtocolError("a 'tool_choice' that forces a call (\"required\" or a named function) already constrains "
+                            "the output: leave out response_format / structured_outputs, or use tool_choice \"auto\"",
+                            "tool_choice")
+    try:
+        if info.grammars is not None:
+            info.grammars.matcher(forced)
+        else:
+            compile_grammar(forced)
+    except ValueError as e:
+        what = f"function {tools.function!r}'s parameters" if tools.function else "the functions' parameters"
+        raise ProtocolError(f"'tools': {what} cannot be used as a JSON schema: {e}", "tools") from None
+    return forced
+
+
+def _special_tag(info: ModelInfo) -> bool:
+    """Whether the tokenizer has <tool_call> as one special token (Hermes-2-Pro), which decoding would
+    drop by default: "auto" then keeps special tokens, as vLLM's Hermes parser does."""
+    ids = info.tokenizer.encode(tool_calling.OPEN, add_special_tokens=False)
+    return len(ids) == 1 and ids[0] in getattr(info.tokenizer, "special_token_ids", ())
 
 
 # vLLM's older request fields for structured outputs, and the StructuredOutputsParams field each sets
@@ -492,10 +539,12 @@ def parse_request(body: dict, info: ModelInfo, chat: bool) -> ParsedRequest:
     if (include_usage or continuous_usage) and not stream:
         raise ProtocolError("'stream_options' is only for streamed requests: set 'stream': true, or leave it out "
                             "(a response that is not streamed carries its usage anyway)", "stream_options")
-    given = ([(chat_prompt(body, info, _get(body, "add_generation_prompt", bool, True)), None)] if chat
+    tools = tool_fields(tool_calling.parse_tool_request, body) if chat else None
+    given = ([(chat_prompt(body, info, _get(body, "add_generation_prompt", bool, True),
+                           tools=tools.tools if tools else None), None)] if chat
              else completion_prompts(body, info))
     prompts = truncated_prompts(body, [ids for ids, _ in given], info, chat)
-    params = [sampling_params(body, len(ids), info, chat, k if len(prompts) > 1 else None)  # each its own room
+    params = [sampling_params(body, len(ids), info, chat, k if len(prompts) > 1 else None, tools)  # each its own room
               for k, ids in enumerate(prompts)]
     n = _get(body, "n", int, 1)
     if len(prompts) * n > MAX_CHOICES:
@@ -503,7 +552,8 @@ def parse_request(body: dict, info: ModelInfo, chat: bool) -> ParsedRequest:
                             "n")
     choices = [(ids, choice_params(p, i)) for ids, p in zip(prompts, params) for i in range(n)]
     parsed = ParsedRequest(model, choices, sum(len(ids) for ids in prompts), stream, include_usage,
-                           continuous_usage, prompt_logprobs=_get(body, "prompt_logprobs", int, None))
+                           continuous_usage, prompt_logprobs=_get(body, "prompt_logprobs", int, None),
+                           tools=tools if tools is not None and tools.parses else None)
     if not chat and _get(body, "echo", bool, False):  # (chat's echo is not OpenAI's: left alone)
         parsed.echo = True
         parsed.echo_only = body.get("max_tokens") == 0
@@ -565,12 +615,15 @@ def completion_response(rid: str, created: int, model: str, choices: list[tuple[
 
 
 def chat_response(rid: str, created: int, model: str, choices: list[tuple[str, str | None, dict | None]],
-                  n_prompt: int, n_out: int, prompt_logprobs: list | None = None) -> dict:
+                  n_prompt: int, n_out: int, prompt_logprobs: list | None = None,
+                  messages: list[dict] | None = None) -> dict:
     """prompt_logprobs: the prompt_logprobs body of the (one) prompt, if asked: vLLM puts it in the
-    response, beside the choices."""
+    response, beside the choices. messages: each choice's message, where it is not the plain text
+    (tool calls: tools.complete_message)."""
+    messages = messages or [{"role": "assistant", "content": text} for text, _, _ in choices]
     body = {"id": rid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": i, "message": {"role": "assistant", "content": text}, "logprobs": lp,
-                         "finish_reason": finish} for i, (text, finish, lp) in enumerate(choices)],
+            "choices": [{"index": i, "message": msg, "logprobs": lp, "finish_reason": finish}
+                        for i, ((_, finish, lp), msg) in enumerate(zip(choices, messages))],
             "usage": usage(n_prompt, n_out)}
     if prompt_logprobs is not None:
         body["prompt_logprobs"] = prompt_logprobs

@@ -1,0 +1,516 @@
+"""OpenAI tool calling on the chat endpoint: the request's `tools` / `tool_choice` /
+`parallel_tool_calls` checked, the constraint that forces a call, and the model's output turned back
+into tool calls, whole or as it streams.
+
+- "none": the tools are still rendered into the prompt (as vLLM does); the output is plain content.
+- "auto": the model decides; its output is read for Hermes-style calls, `<tool_call>{"name": ...,
+  "arguments": {...}}</tool_call>` (the format of Qwen2.5 / Qwen3 / Hermes chat templates).
+- "required" and a named function: the output is forced with a JSON schema (structured outputs):
+  a named function's output is its arguments object; "required" gives an array of
+  {"name", "arguments"} objects, one a call.
+
+Every parser takes text as it arrives (`feed`) and says what it adds to the reply: content to
+show and tool-call deltas (OpenAI's streamed `delta.tool_calls` entries). A reply that is not
+streamed is the same parser fed the whole text, so both forms always agree.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+
+from minillm.sampling_params import StructuredOutputsParams
+
+TOOL_CHOICES = ("none", "auto", "required")
+MAX_TOOLS = 128  # OpenAI's limit
+NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+# forced calls are written as json.dumps writes JSON (and Hermes templates show calls): no free
+# whitespace, which a model can otherwise repeat until max_tokens (llguidance's schema extension)
+COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+class ToolError(ValueError):
+    """A client error in the tool fields: protocol.py turns it into a 400 naming `param`."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.message, self.param = message, param
+
+
+def _shown(v) -> str:
+    return json.dumps(v)[:80]
+
+
+# ---- the request ---------------------------------------------------------------------------
+def parse_tools(body: dict) -> list[dict] | None:
+    """body['tools'] checked: a list of {"type": "function", "function": {"name", "description"?,
+    "parameters"? (an object schema)}} with distinct names; None when absent, null or empty. The
+    list is what the chat template gets (HF templates take these dicts as `tools`)."""
+    tools = body.get("tools")
+    if tools is None or tools == []:
+        return None
+    if not isinstance(tools, list):
+        raise ToolError(f"'tools' must be an array of {{\"type\": \"function\", \"function\": {{...}}}} objects, "
+                        f"got {_shown(tools)}", "tools")
+    if len(tools) > MAX_TOOLS:
+        raise ToolError(f"'tools' may list at most {MAX_TOOLS} functions, got {len(tools)}", "tools")
+    seen: set[str] = set()
+    out = []
+    for i, t in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(t, dict):
+            raise ToolError(f"{where} must be an object {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, "
+                            f"got {_shown(t)}", "tools")
+        if t.get("type", "function") != "function":
+            raise ToolError(f"{where}.type must be \"function\" (the only kind of tool served), got "
+                            f"{_shown(t.get('type'))}", "tools")
+        f = t.get("function")
+        if not isinstance(f, dict):
+            raise ToolError(f"{where}.function must be an object {{\"name\": ..., \"description\": ..., "
+                            f"\"parameters\": {{a JSON schema}}}}, got {_shown(f)}", "tools")
+        name = f.get("name")
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise ToolError(f"{where}.function.name must be 1-64 letters, digits, underscores or dashes, got "
+                            f"{_shown(name)}", "tools")
+        if name in seen:
+            raise ToolError(f"{where}.function.name {name!r} is listed twice: each function needs its own name",
+                            "tools")
+        seen.add(name)
+        if f.get("description") is not None and not isinstance(f["description"], str):
+            raise ToolError(f"{where}.function.description must be a string, got {_shown(f['description'])}", "tools")
+        params = f.get("parameters")
+        if params is not None and not (isinstance(params, dict) and params.get("type", "object") == "object"):
+            raise ToolError(f"{where}.function.parameters must be a JSON schema of an object ({{\"type\": \"object\", "
+                            f"\"properties\": {{...}}}}): a function's arguments are a JSON object; got "
+                            f"{_shown(params)}", "tools")
+        if f.get("strict") is not None and not isinstance(f["strict"], bool):
+            raise ToolError(f"{where}.function.strict must be true or false, got {_shown(f['strict'])}", "tools")
+        out.append({"type": "function", "function": f})
+    return out
+
+
+@dataclass
+class ToolRequest:
+    """A chat request's tool calling: its tools (as the template gets them), and how it calls them."""
+
+    tools: list[dict]
+    choice: str  # "none", "auto", "required", or "function" (the named `function`)
+    function: str | None = None
+    parallel: bool = True
+
+    @property
+    def parses(self) -> bool:
+        """Whether the output is read for tool calls ("none": it is plain content)."""
+        return self.choice != "none"
+
+    def schema(self, name: str) -> dict:
+        """The named function's parameters schema ({"type": "object"} when it has none)."""
+        f = next(t["function"] for t in self.tools if t["function"]["name"] == name)
+        return f.get("parameters") or {"type": "object"}
+
+    def constraint(self) -> StructuredOutputsParams | None:
+        """The JSON schema that forces the output ("required" and named functions), else None."""
+        if self.choice == "function":
+            schema = dict(self.schema(self.function))
+        elif self.choice == "required":
+            schema = self._array_schema()
+        else:
+            return None
+        extra = schema.get("x-guidance")
+        schema["x-guidance"] = {**COMPACT, **(extra if isinstance(extra, dict) else {})}  # the caller's win
+        return StructuredOutputsParams(json=schema)
+
+    def _array_schema(self) -> dict:
+        """[{"name": f, "arguments": f's parameters}, ...]: anyOf over the tools, at least one call
+        (exactly one without parallel_tool_calls). A parameters schema's $defs / definitions move to
+        the top, where its "#/$defs/..." references point once it sits inside the array."""
+        defs: dict[str, dict] = {}
+        items = []
+        for t in self.tools:
+            f = t["function"]
+            params = dict(self.schema(f["name"]))
+            for key in ("$defs", "definitions"):
+                for k, v in (params.pop(key, None) or {}).items():
+                    if defs.setdefault(key, {}).setdefault(k, v) != v:
+                        raise ToolError(f"function {f['name']!r}'s parameters define {key}/{k} unlike another "
+                                        "function's: with tool_choice \"required\" every function's definitions "
+                                        "share one namespace; rename one", "tools")
+            items.append({"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+                          "properties": {"name": {"enum": [f["name"]]}, "arguments": params}})
+        schema: dict = {"type": "array", "minItems": 1, "items": {"anyOf": items}}
+        if not self.parallel:
+            schema["maxItems"] = 1
+        return {**schema, **defs}
+
+    def parser(self) -> ToolCallParser | None:
+        """A fresh parser for one choice's output (None: "none", the output is content)."""
+        if self.choice == "function":
+            return NamedParser(self.function)
+        if self.choice == "required":
+            return RequiredParser()
+        if self.choice == "auto":
+            return HermesParser(self.parallel)
+        return None
+
+
+def parse_tool_request(body: dict) -> ToolRequest | None:
+    """A chat body's tools, tool_choice and parallel_tool_calls, checked; None without tools (and a
+    tool_choice of "none" or null). tool_choice defaults to "auto" when tools are given."""
+    tools = parse_tools(body)
+    choice = body.get("tool_choice")
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise ToolError(f"'parallel_tool_calls' must be true or false, got {_shown(parallel)}", "parallel_tool_calls")
+    if tools is None:
+        if choice is None or choice == "none":
+            return None
+        raise ToolError(f"'tool_choice' {_shown(choice)} needs 'tools': list the functions the model may call, or "
+                        "leave tool_choice out", "tool_choice")
+    named = None
+    if choice is None:
+        choice = "auto"
+    elif isinstance(choice, dict):
+        f = choice.get("function")
+        if choice.get("type") != "function" or not isinstance(f, dict) or not isinstance(f.get("name"), str):
+            raise ToolError("'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                            f"\"function\": {{\"name\": ...}}}}, got {_shown(choice)}", "tool_choice")
+        names = [t["function"]["name"] for t in tools]
+        if f["name"] not in names:
+            raise ToolError(f"'tool_choice' names function {f['name']!r}, which is not in 'tools' (it lists "
+                            f"{', '.join(names)})", "tool_choice")
+        choice, named = "function", f["name"]
+    elif choice not in TOOL_CHOICES:
+        raise ToolError("'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                        f"\"function\": {{\"name\": ...}}}}, got {_shown(choice)}", "tool_choice")
+    return ToolRequest(tools, choice, named, True if parallel is None else parallel)
+
+
+def history_fields(m: dict, i: int) -> dict:
+    """The tool fields of chat history message i, as templates read them: an assistant's
+    `tool_calls` (each call's arguments as an object: HF templates write them with `| tojson`), a
+    tool message's `tool_call_id` (required, as OpenAI's) and `name`."""
+    where = f"messages[{i}]"
+    if m["role"] == "tool":
+        tcid = m.get("tool_call_id")
+        if not isinstance(tcid, str):
+            raise ToolError(f"{where}.tool_call_id must be a string, the id of the call this message answers; got "
+                            f"{_shown(tcid)}", f"{where}.tool_call_id")
+        out = {"tool_call_id": tcid}
+        if m.get("name") is not None:
+            if not isinstance(m["name"], str):
+                raise ToolError(f"{where}.name must be a string, got {_shown(m['name'])}", f"{where}.name")
+            out["name"] = m["name"]
+        return out
+    calls = m.get("tool_calls")
+    if m["role"] != "assistant" or calls is None or calls == []:
+        if calls is not None and calls != []:
+            raise ToolError(f"{where}.tool_calls: only assistant messages carry tool calls", f"{where}.tool_calls")
+        return {}
+    if not isinstance(calls, list):
+        raise ToolError(f"{where}.tool_calls must be an array of {{\"id\", \"type\": \"function\", \"function\": "
+                        f"{{\"name\", \"arguments\"}}}} objects, got {_shown(calls)}", f"{where}.tool_calls")
+    out_calls = []
+    for j, c in enumerate(calls):
+        at = f"{where}.tool_calls[{j}]"
+        f = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not f["name"]:
+            raise ToolError(f"{at} must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", "
+                            f"\"arguments\"}}}}, got {_shown(c)}", at)
+        if c.get("type", "function") != "function":
+            raise ToolError(f"{at}.type must be \"function\", got {_shown(c.get('type'))}", at)
+        if not isinstance(c.get("id"), str):
+            raise ToolError(f"{at}.id must be a string (the id a tool message answers), got {_shown(c.get('id'))}", at)
+        args = f.get("arguments")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError as e:
+                raise ToolError(f"{at}.function.arguments is not JSON ({e}): give the arguments object as a JSON "
+                                "string, as the API returned it", at) from None
+        elif args is None:
+            args = {}
+        elif not isinstance(args, dict):
+            raise ToolError(f"{at}.function.arguments must be a JSON string (or an object), got {_shown(args)}", at)
+        out_calls.append({"id": c["id"], "type": "function", "function": {"name": f["name"], "arguments": args}})
+    return {"tool_calls": out_calls}
+
+
+# ---- the output ----------------------------------------------------------------------------
+def call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass
+class ToolCallDelta:
+    """One streamed `delta.tool_calls` entry: a call's first carries its id and name."""
+
+    index: int
+    arguments: str = ""
+    id: str | None = None
+    name: str | None = None
+
+    def body(self) -> dict:
+        if self.id is None:
+            return {"index": self.index, "function": {"arguments": self.arguments}}
+        return {"index": self.index, "id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass
+class Piece:
+    """What some output adds to the reply: content text and tool-call deltas."""
+
+    content: str = ""
+    calls: list[ToolCallDelta] = field(default_factory=list)
+
+    def __add__(self, other: Piece) -> Piece:
+        return Piece(self.content + other.content, _merge(self.calls + other.calls))
+
+
+def _merge(deltas: list[ToolCallDelta]) -> list[ToolCallDelta]:
+    """Adjacent deltas of one call as one (its arguments joined)."""
+    out: list[ToolCallDelta] = []
+    for d in deltas:
+        if out and out[-1].index == d.index and d.id is None:
+            out[-1] = ToolCallDelta(d.index, out[-1].arguments + d.arguments, out[-1].id, out[-1].name)
+        else:
+            out.append(ToolCallDelta(d.index, d.arguments, d.id, d.name))
+    return out
+
+
+class ToolCallParser:
+    """Output text in (`feed`, as it arrives, then `finish`), reply pieces out."""
+
+    def __init__(self):
+        self.calls = 0  # tool calls begun so far
+
+    def feed(self, text: str) -> Piece:
+        raise NotImplementedError
+
+    def finish(self) -> Piece:
+        return Piece()
+
+
+class NamedParser(ToolCallParser):
+    """A named tool_choice: the whole output is the function's arguments object."""
+
+    def __init__(self, name: str):
+        super().__init__()
+        self.name = name
+
+    def feed(self, text: str) -> Piece:
+        if not text:
+            return Piece()
+        if self.calls:
+            return Piece(calls=[ToolCallDelta(0, text)])
+        self.calls = 1
+        return Piece(calls=[ToolCallDelta(0, text, call_id(), self.name)])
+
+    def finish(self) -> Piece:
+        if self.calls:
+            return Piece()
+        self.calls = 1  # nothing was written (max_tokens ran out first): the call, with no arguments yet
+        return Piece(calls=[ToolCallDelta(0, "", call_id(), self.name)])
+
+
+class _JsonDepth:
+    """Nesting depth of JSON text read one character at a time (strings and escapes skipped)."""
+
+    def __init__(self):
+        self.depth, self.in_string, self.escaped = 0, False, False
+
+    def step(self, ch: str) -> None:
+        if self.in_string:
+            if self.escaped:
+                self.escaped = False
+            elif ch == "\\":
+                self.escaped = True
+            elif ch == '"':
+                self.in_string = False
+        elif ch == '"':
+            self.in_string = True
+        elif ch in "[{":
+            self.depth += 1
+        elif ch in "]}":
+            self.depth -= 1
+
+
+# an array element's text up to its arguments' value (the schema puts "name" first)
+_HEAD = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*', re.S)
+
+
+class RequiredParser(ToolCallParser):
+    """tool_choice "required": the output is [{"name": ..., "arguments": {...}}, ...]. A call's
+    header goes out once its name is read, its arguments as they are written."""
+
+    def __init__(self):
+        super().__init__()
+        self.json = _JsonDepth()
+        self.element: str | None = None  # the array element being read
+        self.state = ""  # "head" (before the arguments), "args", "tail", "whole" (keys in another order)
+
+    def feed(self, text: str) -> Piece:
+        deltas: list[ToolCallDelta] = []
+        for ch in text:
+            before = self.json.depth
+            self.json.step(ch)
+            if self.element is None:
+                if before == 1 and ch == "{":
+                    self.element, self.state = "{", "head"
+                continue
+            self.element += ch
+            if self.state == "head" and ch == "{" and before == 2 and self.json.depth == 3:
+                m = _HEAD.fullmatch(self.element[:-1])
+                if m:
+                    deltas.append(ToolCallDelta(self.calls, "{", call_id(), json.loads(m.group(1))))
+                    self.calls += 1
+                    self.state = "args"
+                else:
+                    self.state = "whole"
+            elif self.state == "args":
+                deltas.append(ToolCallDelta(self.calls - 1, ch))
+                if self.json.depth == 2:
+                    self.state = "tail"
+            if self.json.depth == 1 and ch == "}":  # the element ends
+                if self.state in ("head", "whole"):
+                    deltas += self._whole(self.element)
+                self.element = None
+        return Piece(calls=_merge(deltas))
+
+    def _whole(self, text: str) -> list[ToolCallDelta]:
+        try:
+            v = json.loads(text)
+        except ValueError:
+            return []
+        if not isinstance(v, dict) or not isinstance(v.get("name"), str):
+            return []
+        self.calls += 1
+        return [ToolCallDelta(self.calls - 1, json.dumps(v.get("arguments", {}), ensure_ascii=False), call_id(),
+                              v["name"])]
+
+
+def _parse_call(text: str) -> tuple[str, str] | None:
+    """(name, arguments JSON) of the JSON inside a <tool_call> tag; None when it is not a call."""
+    try:
+        v = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(v, dict) or not isinstance(v.get("name"), str) or not v["name"]:
+        return None
+    args = v.get("arguments", {})
+    if isinstance(args, str):  # some models write the arguments as a JSON string
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return v["name"], json.dumps(args, ensure_ascii=False)
+
+
+def _tag_prefix(text: str) -> int:
+    """Length of the longest end of text that could be the start of OPEN."""
+    for k in range(min(len(OPEN) - 1, len(text)), 0, -1):
+        if OPEN.startswith(text[-k:]):
+            return k
+    return 0
+
+
+class HermesParser(ToolCallParser):
+    """tool_choice "auto": content streams as it comes, except text that may be the start of a
+    <tool_call> tag (held until it is clear) and whitespace that may come before a tag. A call goes
+    out when its closing tag arrives (or the output ends with it open); one whose JSON is not a call
+    stays in the content, verbatim. The whitespace around calls is dropped, but for the whitespace
+    before a run of calls when text follows them ("Before. <tool_call>..</tool_call> after." gives
+    "Before. after."). Without parallel_tool_calls, calls after the first are dropped. When no call
+    is read, the content is exactly the output."""
+
+    def __init__(self, parallel: bool = True):
+        super().__init__()
+        self.parallel = parallel
+        self.buf = ""  # text not yet given out
+        self.inside = False  # buf is a call's text, after its opening tag
+        self.lead = ""  # the whitespace before the open tag (content again if the call is malformed)
+        self.after_call = False  # whitespace right after a call is dropped
+        self.shown = False  # whether any content went out
+        self.sep: str | None = None  # the whitespace before the calls since the last content, if any
+
+    def _text(self, text: str) -> str:
+        """Content going out, after the separator that the calls before it took the place of."""
+        if not text:
+            return ""
+        sep, self.sep, self.shown = self.sep or "", None, True
+        return sep + text
+
+    def feed(self, text: str) -> Piece:
+        self.buf += text
+        out = Piece()
+        while True:
+            if self.inside:
+                j = self.buf.find(CLOSE)
+                if j < 0:
+                    return out
+                raw, self.buf, self.inside = self.buf[:j], self.buf[j + len(CLOSE):], False
+                out += self._call(raw, CLOSE)
+                continue
+            if self.after_call:
+                self.buf = self.buf.lstrip()
+                if not self.buf:
+                    return out
+                self.after_call = False
+            j = self.buf.find(OPEN)
+            if j >= 0:
+                before = self.buf[:j]
+                text_part = before.rstrip()
+                out.content += self._text(text_part)
+                self.lead, self.buf, self.inside = before[len(text_part):], self.buf[j + len(OPEN):], True
+                continue
+            keep = _tag_prefix(self.buf)
+            shown = self.buf[:len(self.buf) - keep].rstrip()  # trailing whitespace waits: a tag may follow it
+            out.content += self._text(shown)
+            self.buf = self.buf[len(shown):]
+            return out
+
+    def _call(self, raw: str, close: str) -> Piece:
+        call = _parse_call(raw.strip())
+        if call is None:  # not a call: the text as it was
+            return Piece(self._text(self.lead + OPEN + raw + close))
+        if self.sep is None:
+            self.sep = self.lead if self.shown else ""
+        self.after_call = True
+        if self.calls and not self.parallel:
+            return Piece()
+        self.calls += 1
+        return Piece(calls=[ToolCallDelta(self.calls - 1, call[1], call_id(), call[0])])
+
+    def finish(self) -> Piece:
+        if self.inside:  # the output ended inside a tag: a call if its JSON is one (some models stop there)
+            raw, self.buf, self.inside = self.buf, "", False
+            return self._call(raw, "")
+        rest, self.buf = ("" if self.after_call else self.buf), ""
+        return Piece(self._text(rest))
+
+
+# ---- the reply -----------------------------------------------------------------------------
+def finish_reason(reason: str | None, called: bool) -> str | None:
+    """"tool_calls" for an output that ended by itself with calls made; else the engine's reason
+    (a call cut by max_tokens is "length", as OpenAI says)."""
+    return "tool_calls" if called and reason == "stop" else reason
+
+
+def complete_message(parser: ToolCallParser, text: str, reason: str | None) -> tuple[dict, str | None]:
+    """The response message of a whole output and its finish reason (the parser fed it at once)."""
+    piece = parser.feed(text) + parser.finish()
+    calls = [{"id": d.id, "type": "function", "function": {"name": d.name, "arguments": d.arguments}}
+             for d in piece.calls if d.id is not None]
+    for d in piece.calls:  # (_merge joined each call's deltas into its first)
+        if d.id is None:
+            calls[d.index]["function"]["arguments"] += d.arguments
+    message: dict = {"role": "assistant", "content": piece.content}
+    if calls:
+        message["content"] = piece.content if piece.content.strip() else None
+        message["tool_calls"] = calls
+    return message, finish_reason(reason, bool(calls))

@@ -1,0 +1,433 @@
+"""OpenAI tool calling on /v1/chat/completions (minillm/server/tools.py): the Hermes-style parser
+on strings (whole and streamed in pieces), then the real server on a tiny random model driven by
+the official openai client: named and "required" tool_choice forced by a JSON schema, "auto"
+parsing the model's <tool_call> tags (the random model is steered into writing them with a
+structured-outputs choice), streaming, history with tool calls and tool results rendered by a
+template that shows them, "none", and every malformed tool field a 400 naming it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from test_server import Server
+
+from minillm.server import tools
+from minillm.server.tools import HermesParser, NamedParser, Piece, RequiredParser
+
+from hf_models import make_tiny
+
+
+def run(parser, chunks: list[str]) -> Piece:
+    """The parser fed chunks one by one, then finished: everything it gave, merged."""
+    out = Piece()
+    for c in chunks:
+        out += parser.feed(c)
+    return out + parser.finish()
+
+
+def calls_of(piece: Piece) -> list[tuple[str, dict]]:
+    return [(d.name, json.loads(d.arguments)) for d in piece.calls]
+
+
+def pieces(text: str, n: int) -> list[str]:
+    return [text[k:k + n] for k in range(0, len(text), n)]
+
+
+# ---- the auto parser on strings ------------------------------------------------------------
+ONE = 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+TWO = ('<tool_call>{"name": "a", "arguments": {"x": 1}}</tool_call>\n'
+       '<tool_call>{"name": "b", "arguments": {"y": "<tool_call>"}}</tool_call>\n')
+
+
+@pytest.mark.parametrize("size", [len(ONE) + len(TWO), 1, 2, 3, 5, 11])
+def test_hermes_parser_same_in_any_pieces(size):
+    """One call after text; two calls (a tag inside a string argument stays an argument); split
+    anywhere, even inside the tags, the parser gives what it gives for the whole text."""
+    one = run(HermesParser(), pieces(ONE, size))
+    assert one.content == "Let me look." and calls_of(one) == [("get_weather", {"city": "Paris"})]
+    two = run(HermesParser(), pieces(TWO, size))
+    assert two.content == "" and calls_of(two) == [("a", {"x": 1}), ("b", {"y": "<tool_call>"})]
+    assert [d.index for d in two.calls] == [0, 1] and all(d.id.startswith("call_") for d in two.calls)
+    assert len({d.id for d in two.calls}) == 2
+
+
+def test_hermes_parser_text_around_calls():
+    text = 'Before. <tool_call>{"name": "f", "arguments": {}}</tool_call> between <tool_call>{"name": "g", ' \
+           '"arguments": "{\\"k\\": [1, 2]}"}</tool_call> after.'
+    p = run(HermesParser(), pieces(text, 4))
+    assert p.content == "Before. between after."  # the whitespace before each run of calls, once
+    assert calls_of(p) == [("f", {}), ("g", {"k": [1, 2]})]  # arguments written as a JSON string: parsed
+
+
+@pytest.mark.parametrize("text", [
+    'x <tool_call>{"name": "f", "arguments": {"a": 1}</tool_call> y',  # unbalanced
+    'x <tool_call>{"arguments": {}}</tool_call> y',  # no name
+    'x <tool_call>{"name": "f", "arguments": [1]}</tool_call> y',  # arguments not an object
+    'x <tool_call>not json</tool_call>',
+    "x <tool_call> never closed, not json",
+    "a < b and <tool_ but no tag <",
+    "  spaces stay  \n",
+])
+def test_hermes_parser_malformed_stays_content(text):
+    """No call read: the content is the output exactly, whole or in one-character pieces."""
+    for size in (len(text), 1):
+        p = run(HermesParser(), pieces(text, size))
+        assert p.calls == [] and p.content == text
+
+
+def test_hermes_parser_holds_back_only_a_possible_tag():
+    p = HermesParser()
+    assert p.feed("Hello <to").content == "Hello"  # "<to" may open a tag; the space may precede one
+    assert p.feed("day").content == " <today"
+    assert p.feed(" <tool_call>").content == ""
+    assert p.feed('{"name": "f", "arguments": {}}').calls == []  # nothing until the tag closes
+    done = p.feed("</tool_call> done")
+    assert done.content == " done" and calls_of(done) == [("f", {})]
+    # an output that ends inside a call's tag is still a call (models often stop there)
+    end = run(HermesParser(), ['<tool_call>{"name": "f", "arguments": {"a": 2}}'])
+    assert calls_of(end) == [("f", {"a": 2})]
+
+
+def test_hermes_parser_without_parallel_calls_keeps_the_first():
+    p = run(HermesParser(parallel=False), [TWO])
+    assert calls_of(p) == [("a", {"x": 1})] and p.content == ""
+
+
+def test_complete_message():
+    msg, why = tools.complete_message(HermesParser(), "\n" + TWO, "stop")
+    assert msg["content"] is None and why == "tool_calls"
+    assert [c["function"]["name"] for c in msg["tool_calls"]] == ["a", "b"]
+    assert msg["tool_calls"][0]["type"] == "function" and json.loads(msg["tool_calls"][1]["function"]["arguments"])
+    msg, why = tools.complete_message(HermesParser(), "plain <b>text</b>", "length")
+    assert msg == {"role": "assistant", "content": "plain <b>text</b>"} and why == "length"
+    msg, why = tools.complete_message(HermesParser(), ONE, "length")  # a call, but cut: OpenAI says length
+    assert msg["content"] == "Let me look." and len(msg["tool_calls"]) == 1 and why == "length"
+
+
+def test_required_and_named_parsers():
+    text = '[{"name": "f", "arguments": {"s": "}]{\\"[", "n": [1, {"m": 2}]}}, {"name": "g", "arguments": {}}]'
+    whole = run(RequiredParser(), [text])
+    assert calls_of(whole) == [("f", {"s": '}]{"[', "n": [1, {"m": 2}]}), ("g", {})]
+    for size in (1, 3, 7):
+        p = RequiredParser()
+        deltas = [p.feed(c) for c in pieces(text, size)] + [p.finish()]
+        heads = [d for piece in deltas for d in piece.calls if d.id is not None]
+        assert [d.name for d in heads] == ["f", "g"]
+        merged = Piece()
+        for piece in deltas:
+            merged += piece
+        assert calls_of(merged) == calls_of(whole)
+    # the arguments go out as they are written, not at the end of the call
+    p = RequiredParser()
+    first = p.feed('[{"name": "f", "arguments": {"s": "ab')
+    assert first.calls[0].name == "f" and first.calls[0].arguments == '{"s": "ab'
+    assert p.feed('c"}}').calls[0].arguments == 'c"}'  # the call's own closing brace is not its arguments'
+    # keys in the other order: the call goes out whole when its object closes
+    assert calls_of(run(RequiredParser(), ['[{"arguments": {"a": 1}, "name": "h"}]'])) == [("h", {"a": 1})]
+
+    named = NamedParser("f")
+    a, b = named.feed('{"x"'), named.feed(": 1}")
+    assert (a.calls[0].name, a.calls[0].arguments, a.calls[0].index) == ("f", '{"x"', 0) and a.calls[0].id
+    assert b.calls[0].id is None and b.calls[0].arguments == ": 1}"
+    assert named.finish().calls == []
+    cut = NamedParser("f").finish()  # nothing written (max_tokens): the call still has its header
+    assert cut.calls[0].name == "f" and cut.calls[0].arguments == ""
+
+
+def test_request_checks_and_schemas():
+    t = [{"type": "function", "function": {"name": "a", "parameters": {
+              "type": "object", "properties": {"p": {"$ref": "#/$defs/P"}}, "$defs": {"P": {"type": "integer"}}}}},
+         {"type": "function", "function": {"name": "b"}}]
+    req = tools.parse_tool_request({"tools": t, "tool_choice": "required", "parallel_tool_calls": False})
+    schema = req.constraint().json
+    assert schema["maxItems"] == 1 and schema["minItems"] == 1 and schema["$defs"] == {"P": {"type": "integer"}}
+    assert [i["properties"]["name"] for i in schema["items"]["anyOf"]] == [{"enum": ["a"]}, {"enum": ["b"]}]
+    assert schema["items"]["anyOf"][1]["properties"]["arguments"] == {"type": "object"}
+    for ok in ([{"name": "a", "arguments": {"p": 3}}], [{"name": "b", "arguments": {}}]):
+        jsonschema.validate(ok, schema)
+    for bad in ([], [{"name": "a", "arguments": {"p": "x"}}], [{"name": "c", "arguments": {}}],
+                [{"name": "b", "arguments": {}}] * 2):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+    named = tools.parse_tool_request({"tools": t, "tool_choice": {"type": "function", "function": {"name": "b"}}})
+    assert (named.choice, named.function) == ("function", "b") and named.constraint().json["type"] == "object"
+    assert tools.parse_tool_request({"tools": t}).choice == "auto"
+    assert tools.parse_tool_request({"tools": t}).constraint() is None
+    assert tools.parse_tool_request({"tool_choice": "none"}) is None
+    assert tools.parse_tool_request({"tools": [], "parallel_tool_calls": True}) is None
+
+
+# ---- the server ------------------------------------------------------------------------------
+# a template that shows what it is given: the tools, and the history's tool calls and results
+TEMPLATE = (
+    "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}\n{% endfor %}</tools>\n{% endif %}"
+    "{% for m in messages %}<{{ m.role }}>"
+    "{% if m.tool_calls %}{{ m.content }}{% for c in m.tool_calls %}<tool_call>{{ c.id }} {{ c.function.name }} "
+    "{{ c.function.arguments | tojson }}</tool_call>{% endfor %}"
+    "{% elif m.role == 'tool' %}[{{ m.tool_call_id }}] {{ m.content }}"
+    "{% else %}{{ m.content }}{% endif %}{{ '\\n' }}{% endfor %}"  # (trim_blocks eats a newline after a tag)
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+DIGIT = {"type": "object", "additionalProperties": False, "required": ["unit", "n"],
+         "properties": {"unit": {"enum": ["c", "f"]}, "n": {"type": "integer", "minimum": 0, "maximum": 9}}}
+FLAG = {"type": "object", "additionalProperties": False, "required": ["on"], "properties": {"on": {"type": "boolean"}}}
+TOOLS = [{"type": "function", "function": {"name": "temp", "description": "a reading", "parameters": DIGIT}},
+         {"type": "function", "function": {"name": "switch", "parameters": FLAG}}]
+SCHEMAS = {"temp": DIGIT, "switch": FLAG}
+MSGS = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-tools")
+    make_tiny("llama", path, max_position_embeddings=1024)
+    (path / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    srv = Server(model_dir, tmp_path_factory.mktemp("log") / "server.log", "--served-model-name", "tiny")
+    yield srv
+    assert srv.stop() == 0, srv.text()
+    assert "Traceback" not in srv.text()
+
+
+def chat(server, **kw):
+    return server.client().chat.completions.create(model="tiny", messages=kw.pop("messages", MSGS), **kw)
+
+
+def stream(server, **kw) -> list:
+    return list(chat(server, stream=True, stream_options={"include_usage": True}, **kw))
+
+
+def streamed_calls(chunks) -> tuple[list[dict], str, str | None]:
+    """(calls, content, finish_reason) put together from a stream's deltas, checking that each call's
+    first delta carries its id, type and name and the later ones only arguments."""
+    calls: list[dict] = []
+    content, finish = "", None
+    for c in chunks:
+        if not c.choices:
+            continue
+        ch = c.choices[0]
+        content += ch.delta.content or ""
+        finish = ch.finish_reason or finish
+        for d in ch.delta.tool_calls or []:
+            if d.index == len(calls):
+                assert d.id.startswith("call_") and d.type == "function" and d.function.name
+                calls.append({"id": d.id, "name": d.function.name, "arguments": d.function.arguments or ""})
+            else:
+                assert d.index == len(calls) - 1 and d.id is None and d.function.name is None
+                calls[-1]["arguments"] += d.function.arguments
+    return calls, content, finish
+
+
+def check_call(call, name: str | None = None) -> dict:
+    """A response's tool call: a function of TOOLS, arguments that parse and follow its schema."""
+    assert call.type == "function" and call.id.startswith("call_") and len(call.id) > 10
+    assert call.function.name == name if name else call.function.name in SCHEMAS
+    args = json.loads(call.function.arguments)
+    jsonschema.validate(args, SCHEMAS[call.function.name])
+    return args
+
+
+def test_named_tool_choice(server):
+    named = {"type": "function", "function": {"name": "temp"}}
+    for seed in range(3):
+        r = chat(server, tools=TOOLS, tool_choice=named, max_tokens=40, seed=seed)
+        msg = r.choices[0].message
+        assert r.choices[0].finish_reason == "tool_calls" and msg.content is None and len(msg.tool_calls) == 1
+        check_call(msg.tool_calls[0], "temp")
+    # streamed: a header delta, then argument fragments, the same arguments as the response's
+    chunks = stream(server, tools=TOOLS, tool_choice=named, max_tokens=40, seed=0)
+    calls, content, finish = streamed_calls(chunks)
+    ref = chat(server, tools=TOOLS, tool_choice=named, max_tokens=40, seed=0).choices[0].message.tool_calls
+    assert len(calls) == 1 and calls[0]["name"] == "temp" and finish == "tool_calls" and content == ""
+    assert calls[0]["arguments"] == ref[0].function.arguments
+    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.tool_calls) > 2  # in pieces
+    assert chunks[-1].usage.completion_tokens > 5 and chunks[-1].choices == []
+    # cut by max_tokens: the call as far as it got, finish_reason length (as OpenAI)
+    cut = chat(server, tools=TOOLS, tool_choice=named, max_tokens=3, seed=0).choices[0]
+    assert cut.finish_reason == "length" and cut.message.tool_calls[0].function.name == "temp"
+    assert len(cut.message.tool_calls[0].function.arguments) <= 3
+
+
+def test_required_tool_choice(server):
+    """An array of calls, each one of the two functions with arguments that follow its schema;
+    over a few seeds (a hot temperature: the random model leans hard on one name) both functions
+    and a reply of several calls turn up. A reply cut by max_tokens keeps its finished calls."""
+    names, most = set(), 0
+    for seed in range(12):
+        r = chat(server, tools=TOOLS, tool_choice="required", max_tokens=150, seed=seed, temperature=2.0)
+        ch = r.choices[0]
+        assert ch.finish_reason in ("tool_calls", "length") and ch.message.content is None
+        done = ch.message.tool_calls if ch.finish_reason == "tool_calls" else ch.message.tool_calls[:-1]
+        assert ch.message.tool_calls and [check_call(c) for c in done]
+        names |= {c.function.name for c in done}
+        most = max(most, len(done))
+        if names == set(SCHEMAS) and most > 1:
+            break
+    assert names == set(SCHEMAS) and most > 1, (names, most)
+    kw = dict(tools=TOOLS, tool_choice="required", max_tokens=150, seed=seed, temperature=2.0)
+    calls, content, finish = streamed_calls(stream(server, **kw))
+    ref = chat(server, **kw).choices[0]
+    assert finish == ref.finish_reason and content == ""
+    assert [(c["name"], c["arguments"]) for c in calls] == [(c.function.name, c.function.arguments)
+                                                            for c in ref.message.tool_calls]
+
+
+def test_parallel_tool_calls_false_gives_one_call(server):
+    for seed in range(4):
+        r = chat(server, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, max_tokens=150, seed=seed,
+                 temperature=2.0)
+        assert len(r.choices[0].message.tool_calls) == 1 and r.choices[0].finish_reason == "tool_calls"
+        check_call(r.choices[0].message.tool_calls[0])
+
+
+CALL_TEXT = ('Checking. <tool_call>{"name": "temp", "arguments": {"unit": "c", "n": 4}}</tool_call>\n'
+             '<tool_call>{"name": "switch", "arguments": {"on": true}}</tool_call>')
+
+
+def test_auto_parses_tool_calls(server):
+    """The random model made to write Hermes tags (a structured-outputs choice): the non-streamed
+    reply and the streamed deltas both give the two calls and the text before them; the tags,
+    which the byte tokenizer sends a character at a time, never reach the streamed content."""
+    force = {"structured_outputs": {"choice": [CALL_TEXT]}}
+    r = chat(server, tools=TOOLS, max_tokens=200, extra_body=force)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls" and ch.message.content == "Checking."
+    assert [check_call(c) for c in ch.message.tool_calls] == [{"unit": "c", "n": 4}, {"on": True}]
+    assert [c.function.name for c in ch.message.tool_calls] == ["temp", "switch"]
+    chunks = stream(server, tools=TOOLS, tool_choice="auto", max_tokens=200, extra_body=force)
+    calls, content, finish = streamed_calls(chunks)
+    assert content == "Checking." and finish == "tool_calls"
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [("temp", {"unit": "c", "n": 4}),
+                                                                       ("switch", {"on": True})]
+    assert not any("<" in (c.choices[0].delta.content or "") for c in chunks if c.choices)
+    assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+    # parallel_tool_calls false: the first call only
+    one = chat(server, tools=TOOLS, parallel_tool_calls=False, max_tokens=200, extra_body=force).choices[0]
+    assert [c.function.name for c in one.message.tool_calls] == ["temp"]
+    # no call in the output, or a malformed one: plain content, finish_reason stop
+    bad = "Nope <tool_call>{\"name\": \"temp\", \"arguments\": {]}</tool_call>"
+    r = chat(server, tools=TOOLS, max_tokens=200, extra_body={"structured_outputs": {"choice": [bad]}})
+    assert r.choices[0].message.content == bad and not r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "stop"
+    calls, content, finish = streamed_calls(stream(server, tools=TOOLS, max_tokens=200,
+                                                   extra_body={"structured_outputs": {"choice": [bad]}}))
+    assert (calls, content, finish) == ([], bad, "stop")
+
+
+def test_tool_choice_none(server):
+    """"none": the tools are rendered into the prompt, but the output is plain content even when
+    it looks like a call."""
+    r = chat(server, tools=TOOLS, tool_choice="none", max_tokens=200,
+             extra_body={"structured_outputs": {"choice": [CALL_TEXT]}})
+    assert r.choices[0].message.content == CALL_TEXT and not r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "stop"
+    count = httpx.post(f"{server.url}/tokenize", json={"messages": MSGS, "tools": TOOLS}).json()["count"]
+    plain = chat(server, max_tokens=1).usage.prompt_tokens
+    assert r.usage.prompt_tokens == count > plain + 100  # the tools' JSON, one token a byte
+
+
+def test_history_with_tool_calls_renders(server):
+    """An assistant message with tool_calls (content null, arguments a JSON string) and a tool
+    message reach the template as it expects them: arguments as an object, the tool's call id."""
+    history = [*MSGS,
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "call_1", "type": "function", "function": {"name": "temp",
+                                                                     "arguments": '{"unit": "c", "n": 4}'}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "4 C"}]
+    ids = httpx.post(f"{server.url}/tokenize", json={"messages": history, "tools": TOOLS[1:]}).json()["tokens"]
+    text = httpx.post(f"{server.url}/detokenize", json={"tokens": ids}).json()["prompt"]
+    tool = json.dumps(TOOLS[1])  # transformers' tojson: keys in order, nothing escaped
+    assert text == (f"<tools>{tool}\n</tools>\n<user>hi\n"
+                    '<assistant><tool_call>call_1 temp {"unit": "c", "n": 4}</tool_call>\n'
+                    "<tool>[call_1] 4 C\n<assistant>")
+    r = chat(server, messages=history, tools=TOOLS[1:], max_tokens=2)
+    assert r.usage.prompt_tokens == len(ids) and r.choices[0].finish_reason == "length"
+
+
+BAD = [
+    ({"tools": {"name": "f"}}, "tools", "must be an array"),
+    ({"tools": ["f"]}, "tools", "tools[0] must be an object"),
+    ({"tools": [{"type": "retrieval", "function": {"name": "f"}}]}, "tools", "tools[0].type must be \"function\""),
+    ({"tools": [{"type": "function"}]}, "tools", "tools[0].function must be an object"),
+    ({"tools": [{"type": "function", "function": {"description": "x"}}]}, "tools", "tools[0].function.name"),
+    ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools", "letters, digits"),
+    ({"tools": [{"type": "function", "function": {"name": "x" * 65}}]}, "tools", "1-64"),
+    ({"tools": [TOOLS[0], TOOLS[0]]}, "tools", "tools[1].function.name 'temp' is listed twice"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]}, "tools",
+     "tools[0].function.parameters must be a JSON schema of an object"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": [1]}}]}, "tools", "parameters"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "description": 5}}]}, "tools", "description"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}] * 129}, "tools", "at most 128"),
+    ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice", "\"none\", \"auto\", \"required\""),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
+     "'nope', which is not in 'tools' (it lists temp, switch)"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "name": "temp"}}, "tool_choice", "{\"type\": \"function\""),
+    ({"tool_choice": "required"}, "tool_choice", "needs 'tools'"),
+    ({"tool_choice": {"type": "function", "function": {"name": "temp"}}}, "tool_choice", "needs 'tools'"),
+    ({"tool_choice": "auto", "tools": []}, "tool_choice", "needs 'tools'"),
+    ({"tools": TOOLS, "parallel_tool_calls": "no"}, "parallel_tool_calls", "true or false"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice",
+     "already constrains the output"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "wrong"}}}}}], "tool_choice": "required"}, "tools",
+     "cannot be used as a JSON schema"),
+    ({"messages": [{"role": "tool", "content": "4 C"}]}, "messages[0].tool_call_id", "tool_call_id must be a string"),
+    ({"messages": [{"role": "tool", "tool_call_id": "c"}]}, "messages[0].content", "content is missing"),
+    ({"messages": [{"role": "assistant", "tool_calls": {"id": "c"}}]}, "messages[0].tool_calls", "must be an array"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "function": {"arguments": "{}"}}]}]},
+     "messages[0].tool_calls[0]", "must be {\"id\""),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}]},
+     "messages[0].tool_calls[0]", ".id must be a string"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f",
+                                                                                 "arguments": "{oops"}}]}]},
+     "messages[0].tool_calls[0]", "arguments is not JSON"),
+    ({"messages": [{"role": "user", "content": "hi", "tool_calls": [{"id": "c"}]}]}, "messages[0].tool_calls",
+     "only assistant messages"),
+]
+
+
+@pytest.mark.parametrize("body,param,message", BAD, ids=[str(i) for i in range(len(BAD))])
+def test_bad_tool_fields_are_400(server, body, param, message):
+    for extra in ({}, {"stream": True}):  # a stream is refused before it starts
+        r = httpx.post(f"{server.url}/v1/chat/completions",
+                       json={"model": "tiny", "messages": MSGS, "max_tokens": 4, **body, **extra})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == param and message in err["message"], err
+
+
+def test_errors_leave_the_server_serving(server):
+    with pytest.raises(openai.BadRequestError, match="tool_choice"):
+        chat(server, tool_choice="required", max_tokens=2)
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    assert chat(server, max_tokens=2).choices[0].message.tool_calls is None
+
+
+def test_smollm2_template_ignores_tools():
+    """What the embedded default model's chat template does with tool calling: it renders no tools
+    and drops an assistant's tool calls (its text, empty, stays), and a tool message is one more
+    turn. So "auto" has little to go on with it; "required" and named calls still hold."""
+    from minillm.models.gguf_loader import open_gguf, read_metadata, tokenizer_from_gguf
+    from minillm.models.loader import default_model_path
+    from minillm.server import protocol
+
+    path = default_model_path()
+    tok = tokenizer_from_gguf(read_metadata(open_gguf(path, str(path))), str(path))
+    info = protocol.ModelInfo(names=["m"], max_model_len=2048, vocab_size=tok.vocab_size, tokenizer=tok)
+    history = [*MSGS, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "temp", "arguments": '{"unit": "c", "n": 4}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "4 C"}]
+    with_tools = protocol.chat_prompt({"messages": history}, info, tools=TOOLS)
+    assert with_tools == protocol.chat_prompt({"messages": history}, info)
+    text = tok.decode(with_tools, skip_special_tokens=False)
+    assert "temp" not in text and text.endswith(
+        "<|im_start|>assistant\n<|im_end|>\n<|im_start|>tool\n4 C<|im_end|>\n<|im_start|>assistant\n")
