@@ -380,6 +380,8 @@ BAD = [
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"a": {"type": "wrong"}}}}}], "tool_choice": "required"}, "tools",
      "cannot be used as a JSON schema"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "$defs": [1]}}}],
+      "tool_choice": "required"}, "tools", "$defs must be an object"),
     ({"messages": [{"role": "tool", "content": "4 C"}]}, "messages[0].tool_call_id", "tool_call_id must be a string"),
     ({"messages": [{"role": "tool", "tool_call_id": "c"}]}, "messages[0].content", "content is missing"),
     ({"messages": [{"role": "assistant", "tool_calls": {"id": "c"}}]}, "messages[0].tool_calls", "must be an array"),
@@ -412,16 +414,20 @@ def test_errors_leave_the_server_serving(server):
     assert chat(server, max_tokens=2).choices[0].message.tool_calls is None
 
 
-def test_smollm2_template_ignores_tools():
+@pytest.fixture(scope="module")
+def smol():
+    from minillm import LLM
+
+    return LLM(device="cpu", max_model_len=1024, max_num_seqs=4)
+
+
+def test_smollm2_template_ignores_tools(smol):
     """What the embedded default model's chat template does with tool calling: it renders no tools
     and drops an assistant's tool calls (its text, empty, stays), and a tool message is one more
-    turn. So "auto" has little to go on with it; "required" and named calls still hold."""
-    from minillm.models.gguf_loader import open_gguf, read_metadata, tokenizer_from_gguf
-    from minillm.models.loader import default_model_path
+    turn. So "auto" has little to go on with it; "required" and named calls still hold (below)."""
     from minillm.server import protocol
 
-    path = default_model_path()
-    tok = tokenizer_from_gguf(read_metadata(open_gguf(path, str(path))), str(path))
+    tok = smol.tokenizer
     info = protocol.ModelInfo(names=["m"], max_model_len=2048, vocab_size=tok.vocab_size, tokenizer=tok)
     history = [*MSGS, {"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_1", "type": "function", "function": {"name": "temp", "arguments": '{"unit": "c", "n": 4}'}}]},
@@ -431,3 +437,27 @@ def test_smollm2_template_ignores_tools():
     text = tok.decode(with_tools, skip_special_tokens=False)
     assert "temp" not in text and text.endswith(
         "<|im_start|>assistant\n<|im_end|>\n<|im_start|>tool\n4 C<|im_end|>\n<|im_start|>assistant\n")
+
+
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+               "type": "object", "additionalProperties": False, "required": ["city", "unit"],
+               "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}}}}},
+           {"type": "function", "function": {"name": "get_time", "parameters": {
+               "type": "object", "required": ["tz"], "properties": {"tz": {"type": "string", "maxLength": 20}}}}}]
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_smollm2_forced_calls(smol, choice):
+    """The forcing schemas on a trained model with a BPE vocabulary (multi-character tokens across
+    the compact separators): greedy, SmolLM2 calls get_weather for Paris."""
+    from minillm import SamplingParams
+
+    req = tools.parse_tool_request({"tools": WEATHER, "tool_choice": choice})
+    q = [{"role": "user", "content": "What's the weather in Paris, in celsius?"}]
+    out = smol.chat([q], SamplingParams(temperature=0, max_tokens=80, structured_outputs=req.constraint()))[0]
+    msg, why = tools.complete_message(req.parser(), out.text, out.finish_reason)
+    assert why == "tool_calls" and msg["content"] is None and len(msg["tool_calls"]) == 1, out.text
+    call = msg["tool_calls"][0]["function"]
+    args = json.loads(call["arguments"])
+    jsonschema.validate(args, WEATHER[0]["function"]["parameters"])
+    assert call["name"] == "get_weather" and args["city"] == "Paris"

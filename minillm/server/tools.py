@@ -133,7 +133,11 @@ class ToolRequest:
             f = t["function"]
             params = dict(self.schema(f["name"]))
             for key in ("$defs", "definitions"):
-                for k, v in (params.pop(key, None) or {}).items():
+                given = params.pop(key, None) or {}
+                if not isinstance(given, dict):
+                    raise ToolError(f"function {f['name']!r}'s parameters: {key} must be an object of named "
+                                    f"schemas, got {_shown(given)}", "tools")
+                for k, v in given.items():
                     if defs.setdefault(key, {}).setdefault(k, v) != v:
                         raise ToolError(f"function {f['name']!r}'s parameters define {key}/{k} unlike another "
                                         "function's: with tool_choice \"required\" every function's definitions "
@@ -227,7 +231,7 @@ def history_fields(m: dict, i: int) -> dict:
         if isinstance(args, str):
             try:
                 args = json.loads(args) if args.strip() else {}
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:
                 raise ToolError(f"{at}.function.arguments is not JSON ({e}): give the arguments object as a JSON "
                                 "string, as the API returned it", at) from None
         elif args is None:
@@ -383,7 +387,7 @@ class RequiredParser(ToolCallParser):
     def _whole(self, text: str) -> list[ToolCallDelta]:
         try:
             v = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             return []
         if not isinstance(v, dict) or not isinstance(v.get("name"), str):
             return []
@@ -396,7 +400,7 @@ def _parse_call(text: str) -> tuple[str, str] | None:
     """(name, arguments JSON) of the JSON inside a <tool_call> tag; None when it is not a call."""
     try:
         v = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # (nested past Python's limit: not a call either)
         return None
     if not isinstance(v, dict) or not isinstance(v.get("name"), str) or not v["name"]:
         return None
@@ -404,7 +408,7 @@ def _parse_call(text: str) -> tuple[str, str] | None:
     if isinstance(args, str):  # some models write the arguments as a JSON string
         try:
             args = json.loads(args)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
     if not isinstance(args, dict):
         return None
