@@ -22,6 +22,10 @@ class CompletionOutput:
     logprobs: list[TokenLogprob] | None = None  # one per token id, with SamplingParams.logprobs
     # with SamplingParams.prompt_logprobs: one per prompt token id, None for the first
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    # finish_reason "error": the structured output's matcher failed mid-output (a limit of
+    # llguidance's, or a refused token); text and token_ids hold what it accepted before. The other
+    # prompts of the batch run on unaffected.
+    error: str | None = None
 
 
 class LLM:
@@ -79,7 +83,8 @@ class LLM:
                     if out.finished:
                         done[out.request_id] = CompletionOutput([], out.text, out.token_ids, out.finish_reason,
                                                                 logprobs.pop(out.request_id, None),
-                                                                prompt_logprobs.pop(out.request_id, None))
+                                                                prompt_logprobs.pop(out.request_id, None),
+                                                                out.error)
         except BaseException:  # Ctrl-C or a failure: leave none of ours for the next call to run first
             for rid in ids:
                 engine.abort_request(rid)

@@ -28,7 +28,7 @@ from minillm.engine.logprobs import TokenLogprob, prompt_logprobs, token_logprob
 from minillm.engine.runner import ModelRunner
 from minillm.engine.scheduler import ScheduledSeq, Scheduler
 from minillm.engine.sequence import Sequence
-from minillm.engine.structured import GrammarCompiler
+from minillm.engine.structured import GrammarCompiler, matcher_error
 from minillm.models.loader import LoadedModel, load_model
 from minillm.models.tokenizer import IncrementalDecoder
 from minillm.models.transformer import Transformer, Workspace
@@ -67,6 +67,8 @@ class RequestOutput:
     # with SamplingParams.prompt_logprobs, on the request's first output only: one entry per prompt
     # token, None for the first (nothing predicts it), else None
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    # finish_reason "error" (a structured output's matcher failed mid-output): what went wrong
+    error: str | None = None
 
     @property
     def token_ids(self) -> list[int]:
@@ -642,14 +644,24 @@ class LLMEngine:
         """Append sampled token ids one by one, stopping exactly where plain decoding would on a stop
         token, max_tokens or max_model_len, even inside an accepted speculative run (stop strings
         are the renderer's: they need the text). A sequence that ends is retired at once, so the
-        next step never schedules it. Returns (the appended ids, the finish reason or None)."""
+        next step never schedules it. Returns (the appended ids, the finish reason or None).
+
+        A structured output whose matcher failed (a limit of llguidance's hit while this step's mask
+        was computed, or a token it refused) ends with reason "error" and seq.error: a step whose
+        mask failed has all its ids dropped (the failed row allows EOS alone, and a speculative
+        step's rows cannot be told apart once the matcher failed), a refused id is dropped, so the
+        output keeps a prefix the constraint accepted."""
         p = seq.params
         out_ids = seq.output_ids
         accepted: list[int] = []
         reason = None
         eos_ids = () if p.ignore_eos else self.eos_ids
         max_tokens = min(p.max_tokens, self.max_model_len - len(seq.prompt_ids))  # either limit
+        g = seq.grammar
         for tok in new:
+            if g is not None and g.is_error():  # this step's mask failed: tok was sampled from EOS alone
+                reason = self._grammar_failed(seq, tok)
+                break
             out_ids.append(tok)
             accepted.append(tok)
             n_out = len(out_ids)
@@ -657,10 +669,16 @@ class LLMEngine:
                 reason = "stop"  # the stop token is returned in token_ids but is not text
                 break
             # a constraint completed by the last token max_tokens allows ends as "stop": the output is whole
-            if seq.grammar is not None and self._grammar_ends(seq, tok):
-                reason = "stop"
-                seq.ended_by_grammar = True
-                break
+            if g is not None:
+                if not g.consume_token(tok) or g.is_error():  # refused: never expected, the mask allowed it
+                    out_ids.pop()
+                    accepted.pop()
+                    reason = self._grammar_failed(seq, tok)
+                    break
+                if g.is_stopped():  # nothing but EOS could follow: the output ends here, as one EOS later
+                    reason = "stop"
+                    seq.ended_by_grammar = True
+                    break
             if n_out >= max_tokens:
                 reason = "length"
                 break
@@ -673,15 +691,12 @@ class LLMEngine:
         return accepted, reason
 
     @staticmethod
-    def _grammar_ends(seq: Sequence, tok: int) -> bool:
-        """Feed an accepted token to the sequence's structured-output matcher; True when the
-        constraint is complete (nothing but EOS could follow: the output ends here, as it would one
-        EOS later) or, never expected since the runner masked what was sampled, refused the token."""
-        if not seq.grammar.consume_token(tok):
-            log.error("request %s: structured output refused token %d (%s); ending it", seq.request_id, tok,
-                      seq.grammar.get_error())
-            return True
-        return seq.grammar.is_stopped()
+    def _grammar_failed(seq: Sequence, tok: int) -> str:
+        """Record why seq's structured output failed (its matcher's error) and return the reason."""
+        seq.error = matcher_error(seq.grammar) or "structured output failed mid-output: the matcher stopped"
+        log.error("request %s: %s (at output token %d, sampled id %d); ending it with finish reason 'error'",
+                  seq.request_id, seq.error, len(seq.output_ids), tok)
+        return "error"
 
     def _prompt_rows(self, scheduled: list[ScheduledSeq]) -> list[tuple[Sequence, int, int, int]]:
         """(seq, step row of position lo, lo, hi) for each sequence of the step whose prompt
@@ -764,7 +779,8 @@ class LLMEngine:
         logprobs = None if seq.output_logprobs is None else seq.output_logprobs[n0 : n0 + len(accepted)]
         return RequestOutput(seq.request_id, accepted, delta, seq.output_ids, len(seq.output_ids), seq.text,
                              len(seq.prompt_ids), reason is not None, reason, new_logprobs=logprobs,
-                             prompt_logprobs=seq.prompt_logprobs if n0 == 0 else None)
+                             prompt_logprobs=seq.prompt_logprobs if n0 == 0 else None,
+                             error=seq.error if reason == "error" else None)
 
     @staticmethod
     def _find_stop(text: str, stops: list[str], start: int = 0) -> tuple[int, int] | None:

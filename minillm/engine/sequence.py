@@ -66,6 +66,9 @@ class Sequence:
         # accepted token (minillm/engine/structured.py); None without one
         self.grammar = None
         self.ended_by_grammar = False  # the output ended where the constraint did (its last token is text)
+        # why a sequence ended with finish reason "error" (its matcher failed mid-output:
+        # structured.matcher_error), else None
+        self.error: str | None = None
         # detokenisation state (owned by the engine)
         self.text = ""
         self.sent_text_len = 0

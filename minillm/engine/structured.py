@@ -58,8 +58,27 @@ def _message(error: str) -> str:
 
 def _limits():
     # llguidance's default limits, but errors that do not append the whole grammar and parser
-    # state: a large schema failing mid-output would put megabytes into one log line
-    return _llguidance().LLParserLimits(verbose_errors=False)
+    # state: a large schema failing mid-output would put megabytes into one log line.
+    # MINILLM_GRAMMAR_FUEL=N (a test hook, read at each compile) sets the lexer fuel one mask may
+    # burn (step_lexer_fuel, llguidance's default 200,000): a tight value makes a real limit fail
+    # mid-output (tests/test_structured_errors.py)
+    fuel = os.environ.get("MINILLM_GRAMMAR_FUEL")
+    kwargs = {"step_lexer_fuel": int(fuel)} if fuel else {}
+    return _llguidance().LLParserLimits(verbose_errors=False, **kwargs)
+
+
+def matcher_error(m) -> str | None:
+    """A matcher's error (None while it has none), as the client is told it.
+
+    llguidance 1.9 (measured, tests/test_structured_errors.py): a limit hit while computing a mask
+    (e.g. "lexer error: too many expressions constructed" past step_lexer_fuel) puts the matcher
+    in an error state for good (is_error(), get_error(); rollback fails, later masks too) and the
+    mask it returns allows EOS alone, so the output would end as if complete; a token it refuses
+    (consume_token False) does the same. The engine ends such a sequence with finish reason
+    "error" instead (engine._accept_tokens)."""
+    if not m.is_error():
+        return None
+    return f"structured output failed mid-output: {_message(m.get_error())}"
 
 
 def compile_grammar(so: StructuredOutputsParams) -> str:

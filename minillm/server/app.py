@@ -57,6 +57,23 @@ async def choice_outputs(streams: list) -> AsyncIterator[tuple]:
             fut.cancel()
 
 
+def choice_failed(out, index: int, n: int) -> EngineFailure:
+    """A choice the engine ended with finish reason "error" (its structured output's matcher failed
+    mid-output: a limit of llguidance's, RequestOutput.error says which), as the failure the
+    response reports: a non-streamed response is a 500 with an OpenAI error body naming the
+    problem, a stream sends it as an error event, then [DONE] (the paths an engine failure takes).
+
+    vLLM does the same with a finish reason "error" (its serving layer raises GenerationError: a
+    500 body, or an error event in a stream): an OpenAI client has no finish reason for it, and a
+    200 whose choice stops early would be read as a complete output (with a constraint, one that
+    fails to parse). A 500, not a 400: the request was valid and compiled; the limit was met while
+    generating. The other choices of the request are aborted (their output is not returned)."""
+    what = out.error or "structured output failed mid-output"
+    if n > 1:
+        what = f"choice {index}: {what}"
+    return EngineFailure(f"{what} (after {len(out.token_ids)} output tokens)", "internal_server_error", 500)
+
+
 def package_version() -> str:
     """minillm's version: the installed distribution's, else setup.cfg's beside the package (a
     source tree on sys.path), else the package's __version__."""
@@ -266,6 +283,8 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
                 timer.tokens(len(out.new_token_ids))
                 texts[i], n_outs[i] = out.text, len(out.token_ids)
                 reasons[i] = out.finish_reason or reasons[i]
+                if out.finish_reason == "error":  # the others are aborted below (finally)
+                    raise choice_failed(out, i, n)
                 if out.new_logprobs:
                     lps[i].extend(out.new_logprobs)
                     out_ids[i].extend(out.new_token_ids)
@@ -402,6 +421,8 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
                     yield chunk(i, text, None, lps, ids, plps)
                 elif text or calls or lps or plps is not None:  # held-back tokens still send their logprobs
                     yield chunk(i, text if text or not calls else None, None, lps, ids, plps, calls)
+                if out.finished and out.finish_reason == "error":  # its text so far went out above
+                    raise choice_failed(out, i, n)
                 if out.finished:
                     reasons[i] = "length" if parsed.echo_only else out.finish_reason or "stop"
                     # (the metrics keep the engine's reason: "tool_calls" is the client's name for a stop)
