@@ -86,6 +86,22 @@ __device__ __forceinline__ int short_run_splits(int L, int max_splits) {
   return max(1, (L + part - 1) / part);
 }
 
+// The work units sequence i gives this launch (its query tiles, or (tile, split) pairs in a
+// short-run launch), and its splits in *ns. The host sizes the grid as an upper bound on their
+// sum from its own rule (cuda_ops.py's attention): the two must agree (see MINILLM_SHORT_RUN_MAX_Q).
+__device__ __forceinline__ int seq_work_units(const int* query_start, const int* seq_lens, int i, int bq,
+                                              int min_nq, int short_max_ctx, int short_splits, int* ns) {
+  const int nq_i = query_start[i + 1] - query_start[i];
+  const int L_i = seq_lens[i];
+  const bool short_run = minillm::short_run_on_tensor_cores(nq_i, L_i, short_max_ctx);
+  if (short_splits > 0) {
+    *ns = short_run_splits(L_i, short_splits);
+    return short_run ? (nq_i + bq - 1) / bq * *ns : 0;
+  }
+  *ns = 1;  // other short runs: decode_attention.cu
+  return nq_i >= min_nq || short_run ? (nq_i + bq - 1) / bq : 0;
+}
+
 // Q_IN_STAGE (paged_prefill_short_bf16_d*): Q is staged in the second K/V stage's K half and read
 // into registers before that stage is first filled, so a CTA takes two stages of shared memory
 // instead of Q + two, and with at most 168 registers (__launch_bounds__(PF_THREADS, 3)) three CTAs
@@ -132,17 +148,7 @@ __device__ __forceinline__ void prefill_attention_impl(
     for (int base = 0; base < B; base += 32) {
       const int i = base + lane;
       int n = 0, ns_i = 1;
-      if (i < B) {
-        const int nq_i = query_start[i + 1] - query_start[i];
-        const int L_i = seq_lens[i];
-        const bool short_run = minillm::short_run_on_tensor_cores(nq_i, L_i, short_max_ctx);
-        if (short_splits > 0) {
-          ns_i = short_run_splits(L_i, short_splits);
-          n = short_run ? (nq_i + bq - 1) / bq * ns_i : 0;
-        } else {  // other short runs: decode_attention.cu
-          n = nq_i >= min_nq || short_run ? (nq_i + bq - 1) / bq : 0;
-        }
-      }
+      if (i < B) n = seq_work_units(query_start, seq_lens, i, bq, min_nq, short_max_ctx, short_splits, &ns_i);
       int inc = n;  // tiles of sequences base..i
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {
@@ -167,6 +173,20 @@ __device__ __forceinline__ void prefill_attention_impl(
       s_split = split;
       s_nsplit = ns;
     }
+#if MINILLM_CUDA_DEBUG
+    // debug build: the grid must hold every work unit of the step; one that does not would leave
+    // rows unwritten and a split's merge counter set (session 36's bug). The last CTA counts them.
+    if (blockIdx.x == 0) {
+      int total = 0;
+      for (int i = lane; i < B; i += 32) {
+        int ns_i;
+        total += seq_work_units(query_start, seq_lens, i, bq, min_nq, short_max_ctx, short_splits, &ns_i);
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
+      MINILLM_CHECK(total <= (int)gridDim.x);
+    }
+#endif
   }
   __syncthreads();
   const int b = s_b, q0 = s_q0, split = s_split, n_split = s_nsplit;

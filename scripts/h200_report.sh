@@ -109,7 +109,8 @@
 #   graphs against the default.
 #   part213-part215: session 36: the server reproducer's bounds under racecheck, synccheck, initcheck
 #   (cuBLAS's kernels uninstrumented) and memcheck; the c = 16 oracle points' departures explained;
-#   part219/part220 prepared for the next session: every GPU test and the figures on its final code.
+#   part219-part221 prepared for the next session: every GPU test and the figures on its final code,
+#   the debug build's new grid check in the tensor-core attention, the short load's sanitizers again.
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -3786,17 +3787,27 @@ part218() {  # session 36, on the fix (cuda/common.cuh: a short run has at most 
 }
 
 part219() {  # prepared in session 36 (not run): every GPU test on its final code (the short-run bound, the
-  # counter check, the drafting steps' graph rule), then the reproducer's bounds under initcheck and with
-  # the counter check (~9 minutes)
+  # counter check, the drafting steps' graph rule), then the debug build's new grid check in the
+  # tensor-core attention (every work unit has a CTA), never run yet (~9 minutes)
   setup
   facts > "$W/facts.txt" 2>&1
   gpu_tests_full 360
+  stage debug_attention 150 env MINILLM_CUDA_DEBUG=1 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs \
+    tests/test_cuda_ops.py -k "bfloat16 and (short_runs_on_tensor_cores or counter_check or paged_attention_shapes)"
+}
+
+part221() {  # prepared in session 36 (not run): the reproducer's bounds (short ladder) with the counter check
+  # and under initcheck on the final code, and under racecheck with every kernel instrumented and the
+  # rest of the call's time (~9.5 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
   models_q06_dflash 40
   stage load_counters 90 env MINILLM_CHECK_ATT_COUNTERS=1 python3 scripts/failure_matrix.py $M/q06 \
     --drafter $M/q06-dflash --out "$W/load_counters" --max-model-len 4096 --concurrency 8 --num-prompts 8 \
     --input-len 256 --output-len 64 --startup-timeout 50 --ladder-timeout 40 --server-args="--enforce-eager"
   SAN_EXCLUDE=""
   sanitize_load initcheck 200
+  sanitize_load racecheck $((570 - SECONDS))
 }
 
 part220() {  # prepared in session 36 (not run): the figures on its final code: memcheck of the reproducer,
