@@ -3706,6 +3706,14 @@ sanitize_load() {  # sanitize_load TOOL SECONDS: the server reproducer's bounds 
     --request-timeout $((ladder - 10)) --server-args="--step-timeout $((ladder - 20))"
 }
 
+load_counters() {  # the reproducer's bounds (short ladder, 64 tokens out) eagerly with MINILLM_CHECK_ATT_COUNTERS=1:
+  # every attention call checks that it left no split counter set (the server's error names the step)
+  stage load_counters 90 env MINILLM_CHECK_ATT_COUNTERS=1 python3 scripts/failure_matrix.py $M/q06 \
+    --drafter $M/q06-dflash --out "$W/load_counters" --max-model-len 4096 --concurrency 8 --num-prompts 8 \
+    --input-len 256 --output-len 64 --startup-timeout 50 --ladder-timeout 40 --server-args="--enforce-eager"
+  grep -h "split counter" "$W"/load_counters/server-*.log | head -3
+}
+
 part213() {  # session 36: the server reproducer's bounds under racecheck, then synccheck with the time left
   # (neither had finished a serving load since session 7: a step under them took over 100 s with
   # cuBLAS's kernels instrumented too) (~9.5 minutes)
@@ -3778,10 +3786,7 @@ part218() {  # session 36, on the fix (cuda/common.cuh: a short run has at most 
   models_q06_dflash 40
   stage attention_tests 110 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
     -k "counter_check or short_runs_on_tensor_cores or batch_invariant"
-  stage load_counters 90 env MINILLM_CHECK_ATT_COUNTERS=1 python3 scripts/failure_matrix.py $M/q06 \
-    --drafter $M/q06-dflash --out "$W/load_counters" --max-model-len 4096 --concurrency 8 --num-prompts 8 \
-    --input-len 256 --output-len 64 --startup-timeout 50 --ladder-timeout 40 --server-args="--enforce-eager"
-  grep -h "split counter" "$W"/load_counters/server-*.log | head -3
+  load_counters
   SAN_EXCLUDE=""
   sanitize_load initcheck 200
 }
@@ -3802,9 +3807,7 @@ part221() {  # prepared in session 36 (not run): the reproducer's bounds (short 
   setup
   facts > "$W/facts.txt" 2>&1
   models_q06_dflash 40
-  stage load_counters 90 env MINILLM_CHECK_ATT_COUNTERS=1 python3 scripts/failure_matrix.py $M/q06 \
-    --drafter $M/q06-dflash --out "$W/load_counters" --max-model-len 4096 --concurrency 8 --num-prompts 8 \
-    --input-len 256 --output-len 64 --startup-timeout 50 --ladder-timeout 40 --server-args="--enforce-eager"
+  load_counters
   SAN_EXCLUDE=""
   sanitize_load initcheck 200
   sanitize_load racecheck $((570 - SECONDS))
