@@ -111,6 +111,8 @@
 #   (cuBLAS's kernels uninstrumented) and memcheck; the c = 16 oracle points' departures explained;
 #   part219-part221 prepared for the next session: every GPU test and the figures on its final code,
 #   the debug build's new grid check in the tensor-core attention, the short load's sanitizers again.
+#   part219-part221 ran in session 37; part222: session 37: the c = 16 oracle points with top-20
+#   logprobs; racecheck of a load that runs only the project's kernels (MINILLM_GEMM=wide, c = 1).
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -3833,6 +3835,30 @@ part215() {  # session 36: the oracle points that were not lossless at c = 16 (e
   stage models_8b 120 python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force
   stage spec_explain_8b 400 python3 -m minillm.bench spec-cost $M/q8 --k 8 --concurrency 1,16 \
     --accept 0.5,0.7,0.9 --explain --result-json "$W/spec_explain_8b.json"
+}
+
+part222() {  # session 37: the c = 16 oracle points again with each run's top 20 logprobs (part220's r9 had
+  # the all-rejected token outside the oracle run's top 2); then the reproducer's model under racecheck
+  # with no cuBLAS kernel at all (racecheck fails on cuBLAS's, instrumented or not: part214, part216,
+  # part221): one sequence at a time (verification 9 rows, drafting 16: cuda/gemv.cu), prefill chunks of
+  # at most 256 rows on cuda/gemm.cu (MINILLM_GEMM=wide), every kernel instrumented (~9 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
+  stage spec_explain_8b 150 python3 -m minillm.bench spec-cost $M/q8 --k 8 --concurrency 16 \
+    --accept 0.5,0.7,0.9 --explain --result-json "$W/spec_explain_8b.json"
+  racecheck_own_kernels $((560 - SECONDS))
+}
+
+racecheck_own_kernels() {  # racecheck_own_kernels SECONDS: part222's load (2 prompts of 256 tokens, 16 out,
+  # c = 1, DFlash k = 8, max_model_len 4096) under racecheck with only the project's kernels
+  local t=$1 ladder=$(($1 - 190))
+  stage racecheck_own "$t" env MINILLM_GEMM=wide CUDA_LAUNCH_BLOCKING=1 python3 scripts/failure_matrix.py $M/q06 \
+    --drafter $M/q06-dflash --out "$W/racecheck_own" --max-model-len 4096 --concurrency 1 --num-prompts 2 \
+    --input-len 256 --output-len 16 --sanitize-tools racecheck --startup-timeout 120 --ladder-timeout $ladder \
+    --request-timeout $((ladder - 10)) --server-args="--max-num-batched-tokens 256 --step-timeout $((ladder - 20))"
 }
 
 graph_summary() {  # every graph_*.json of this call: its graph_ms, one line each, sorted by name; then

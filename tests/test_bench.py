@@ -727,7 +727,7 @@ def test_spec_cost_explains_a_departure(tiny):
     engine.proposer = OracleProposer({"r0": [], "r1": []}, 0.0, vocab)  # every draft wrong
     _, _, greedy = decode_steps(engine, prompts, 8)
     engine.proposer = OracleProposer(greedy, 0.0, vocab)
-    lps = logprob_paths(engine, prompts, 8)["r1"][1]
+    lps = logprob_paths(engine, prompts, 8, 20)["r1"][1]
     runner_up = lps[4].top[1][0]
     outs = {"r0": greedy["r0"], "r1": greedy["r1"][:4] + [runner_up] + greedy["r1"][5:]}
     found = explain_divergence(engine, prompts, greedy, outs, 0.5, vocab, 8)
@@ -738,4 +738,7 @@ def test_spec_cost_explains_a_departure(tiny):
     lead = lps[4].logprob - lps[4].top[1][1]
     assert lead > 0
     assert d["gap_all_rejected_run"] == pytest.approx(lead) and d["gap_oracle_run"] == pytest.approx(lead)
+    for top in (d["top_all_rejected_run"], d["top_oracle_run"]):  # each run's three best, best first
+        assert [t for t, _ in top] == [t for t, _ in lps[4].top[:3]]
+        assert top[0][0] == greedy["r1"][4] and top[1][0] == runner_up and top[0][1] >= top[1][1] >= top[2][1]
     assert d["reproduced"] is False  # the oracle's rerun follows the greedy path, not the swapped one

@@ -81,6 +81,9 @@ def logprob_paths(engine: LLMEngine, prompts: list[list[int]], out_len: int,
     return paths
 
 
+EXPLAIN_TOP = 20  # logprobs a token in --explain's reruns: the most SamplingParams allows
+
+
 def logprob_gap(lps: list, i: int, a: int, b: int) -> float | None:
     """Token a's logprob minus token b's at output position i (None: either is not in that row's list)."""
     if i >= len(lps):
@@ -90,17 +93,24 @@ def logprob_gap(lps: list, i: int, a: int, b: int) -> float | None:
     return scores[a] - scores[b] if a in scores and b in scores else None
 
 
+def top_of(lps: list, i: int, n: int = 3) -> list[list]:
+    """The n best [token, logprob] pairs at output position i, best first ([] past the end)."""
+    if i >= len(lps):
+        return []
+    return [[int(t), float(v)] for t, v in list(lps[i].top)[:n]]
+
+
 def explain_divergence(engine: LLMEngine, prompts: list[list[int]], own: dict, outs: dict, p_ok: float,
                        vocab: int, out_len: int) -> list[dict]:
     """Where an oracle run's greedy output left the all-rejected run's: both runs again with their
-    top-2 logprobs, and at each sequence's first differing position the two tokens' logprobs in
-    each run. Both paths share every earlier token, so the position's logits come from the same
+    top-20 logprobs, and at each sequence's first differing position the two tokens' logprobs in
+    each run, and each run's three best tokens there. Both paths share every earlier token, so the position's logits come from the same
     prefix; a gap of a few hundredths that changes sign between the runs is a bf16 near-tie that
     the two runs' differently shaped verification steps round apart, not a lost or wrong token."""
     engine.proposer = OracleProposer(own, 0.0, vocab)
-    base = logprob_paths(engine, prompts, out_len)
+    base = logprob_paths(engine, prompts, out_len, EXPLAIN_TOP)
     engine.proposer = OracleProposer(own, p_ok, vocab)
-    spec = logprob_paths(engine, prompts, out_len)
+    spec = logprob_paths(engine, prompts, out_len, EXPLAIN_TOP)
     found = []
     for rid in sorted(own, key=lambda r: int(r[1:])):
         if rid not in outs or outs[rid] == own[rid]:
@@ -110,6 +120,7 @@ def explain_divergence(engine: LLMEngine, prompts: list[list[int]], own: dict, o
         found.append({"request": rid, "position": i, "all_rejected_token": a, "oracle_token": b,
                       "gap_all_rejected_run": logprob_gap(base[rid][1], i, a, b),
                       "gap_oracle_run": logprob_gap(spec[rid][1], i, a, b),
+                      "top_all_rejected_run": top_of(base[rid][1], i), "top_oracle_run": top_of(spec[rid][1], i),
                       "reproduced": base[rid][0] == own[rid] and spec[rid][0] == outs[rid]})
     return found
 
@@ -201,7 +212,11 @@ def context_update_ms(engine: LLMEngine, num_tokens: int, reps: int = 50) -> flo
 
 
 def fmt_gap(gap: float | None) -> str:
-    return "not in the top 2" if gap is None else f"{gap:+.4f}"
+    return f"not in the top {EXPLAIN_TOP}" if gap is None else f"{gap:+.4f}"
+
+
+def fmt_top(top: list[list]) -> str:
+    return ", ".join(f"{t} {v:.4f}" for t, v in top) or "none"
 
 
 def number_list(text: str, flag: str, kind=int) -> list:
@@ -333,7 +348,9 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"    {d['request']} departs at token {d['position']}: "
                           f"{d['all_rejected_token']} (all rejected) / {d['oracle_token']} (oracle); logprob of the "
                           f"first minus the second: {fmt_gap(d['gap_all_rejected_run'])} in the all-rejected run, "
-                          f"{fmt_gap(d['gap_oracle_run'])} in the oracle's; reproduced {d['reproduced']}", flush=True)
+                          f"{fmt_gap(d['gap_oracle_run'])} in the oracle's; reproduced {d['reproduced']}; best three "
+                          f"(token, logprob): {fmt_top(d['top_all_rejected_run'])} / {fmt_top(d['top_oracle_run'])}",
+                          flush=True)
     if ns.result_json and not save_json(ns.result_json, result):
         return 2
     return 0
