@@ -112,7 +112,8 @@
 #   part219-part221 prepared for the next session: every GPU test and the figures on its final code,
 #   the debug build's new grid check in the tensor-core attention, the short load's sanitizers again.
 #   part219-part221 ran in session 37; part222: session 37: the c = 16 oracle points with top-20
-#   logprobs; racecheck of a load that runs only the project's kernels (MINILLM_GEMM=wide, c = 1).
+#   logprobs; racecheck of a load that runs only the project's kernels (MINILLM_GEMM=wide, c = 1);
+#   part223: the same racecheck with steps of at most 16 rows (one sequence, prefill chunks of 16).
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -3850,6 +3851,21 @@ part222() {  # session 37: the c = 16 oracle points again with each run's top 20
   stage spec_explain_8b 150 python3 -m minillm.bench spec-cost $M/q8 --k 8 --concurrency 16 \
     --accept 0.5,0.7,0.9 --explain --result-json "$W/spec_explain_8b.json"
   racecheck_own_kernels $((560 - SECONDS))
+}
+
+part223() {  # session 37: part222's racecheck did not finish the first 256-row prefill step in 228 s
+  # (cuda/gemm.cu's wide product under racecheck); the same with one sequence and steps of at most 16
+  # rows (prefill chunks of 16 on cuda/gemv.cu's skinny kernels, verification 9 rows), 64-token prompts
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_q06_dflash 40
+  local t=$((550 - SECONDS))
+  local ladder=$((t - 150))
+  stage racecheck_own "$t" env CUDA_LAUNCH_BLOCKING=1 python3 scripts/failure_matrix.py $M/q06 \
+    --drafter $M/q06-dflash --out "$W/racecheck_own" --max-model-len 4096 --concurrency 1 --num-prompts 2 \
+    --input-len 64 --output-len 16 --sanitize-tools racecheck --startup-timeout 90 --ladder-timeout $ladder \
+    --request-timeout $((ladder - 10)) \
+    --server-args="--max-num-seqs 1 --max-num-batched-tokens 16 --step-timeout $((ladder - 20))"
 }
 
 racecheck_own_kernels() {  # racecheck_own_kernels SECONDS: part222's load (2 prompts of 256 tokens, 16 out,
