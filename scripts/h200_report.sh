@@ -113,7 +113,8 @@
 #   the debug build's new grid check in the tensor-core attention, the short load's sanitizers again.
 #   part219-part221 ran in session 37; part222: session 37: the c = 16 oracle points with top-20
 #   logprobs; racecheck of a load that runs only the project's kernels (MINILLM_GEMM=wide, c = 1);
-#   part223: the same racecheck with steps of at most 16 rows (one sequence, prefill chunks of 16).
+#   part223: the same racecheck with steps of at most 16 rows (one sequence, prefill chunks of 16);
+#   part224: the bf16 kernel tests under racecheck.
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -3866,6 +3867,16 @@ part223() {  # session 37: part222's racecheck did not finish the first 256-row 
     --input-len 64 --output-len 16 --sanitize-tools racecheck --startup-timeout 90 --ladder-timeout $ladder \
     --request-timeout $((ladder - 10)) \
     --server-args="--max-num-seqs 1 --max-num-batched-tokens 16 --step-timeout $((ladder - 20))"
+}
+
+part224() {  # session 37: part223's server died under racecheck with nothing in its log or the
+  # sanitizer's, on the project's kernels alone: the bf16 kernel tests under racecheck, verbose, so the
+  # last test printed names the kernel if the tool kills the process again (~6 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage racecheck_kernel_tests 360 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -v -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k bfloat16
+  tail -5 "$W/racecheck_kernel_tests.log"
 }
 
 racecheck_own_kernels() {  # racecheck_own_kernels SECONDS: part222's load (2 prompts of 256 tokens, 16 out,
