@@ -3,7 +3,9 @@
 Binds the port first (a busy port fails fast), builds the engine (user errors: one line, exit 2),
 then serves the Quart app with Hypercorn and logs one line with the URL when it is ready.
 SIGTERM or SIGINT: stop admitting (503), let open requests finish for --shutdown-grace seconds,
-cut the rest with an error event, exit 0; a second signal cuts them at once.
+cut the rest with an error event, exit 0; a second signal cuts them at once. SIGUSR1 prints every
+thread's Python stack to stderr and serves on; a native crash (SIGSEGV, SIGABRT, SIGBUS, SIGFPE,
+SIGILL) prints them before the process dies (faulthandler), so no death is silent.
 Engine flags are EngineArgs' under vLLM's names (see `--help`). Test hooks: minillm/server/__init__.py.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import logging
 import math
 import os
@@ -60,6 +63,16 @@ def server_flag_problem(ns: argparse.Namespace) -> str | None:
     return None
 
 
+def install_stack_dumps() -> None:
+    """Every thread's Python stack to stderr on a native crash, and on SIGUSR1 on demand (the
+    process goes on). A crash inside CuPy, a driver or an injected tool otherwise kills the server
+    with no trace of where each thread was (../shared/field-report.md); SIGUSR1 is for a hang:
+    `kill -USR1 PID` shows the engine thread's frame without stopping anything."""
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    if hasattr(signal, "SIGUSR1"):  # not on Windows
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+
+
 def _hypercorn_config(host: str, port: int):
     from hypercorn.config import Config
 
@@ -102,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    install_stack_dumps()
     config = _hypercorn_config(ns.host, ns.port)
     try:
         sockets = config.create_sockets()

@@ -1053,6 +1053,39 @@ def test_hung_step_fails_open_streams_and_health(model_dir, tmp_path):
         srv.stop()
 
 
+def wait_for_log(srv: Server, needle: str, timeout: float = 10) -> str:
+    deadline = time.monotonic() + timeout
+    while needle not in (text := srv.text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return text
+
+
+def test_sigusr1_prints_every_thread_and_serves_on(server):
+    """kill -USR1: each thread's Python stack in the log (the engine thread's loop among them), and
+    the server keeps serving."""
+    before = len(server.text())
+    server.proc.send_signal(signal.SIGUSR1)
+    dump = wait_for_log(server, "async_engine.py", 10)[before:]
+    assert "most recent call first" in dump and "async_engine.py" in dump and "serve.py" in dump, dump
+    c = server.client().completions.create(model=model_name(server), prompt="still here", max_tokens=3,
+                                           temperature=0, extra_body={"ignore_eos": True})
+    assert c.usage.completion_tokens == 3 and server.proc.poll() is None
+
+
+def test_native_crash_prints_every_thread_before_dying(model_dir, tmp_path):
+    """A segmentation fault (here a real SIGSEGV, as a fault in native code raises) kills the server,
+    but not silently: faulthandler names the fault and prints where every thread was, the engine's too."""
+    srv = Server(model_dir, tmp_path / "crash.log")
+    try:
+        srv.proc.send_signal(signal.SIGSEGV)
+        assert srv.proc.wait(15) != 0
+        text = srv.text()
+        assert "Fatal Python error: Segmentation fault" in text, text
+        assert "async_engine.py" in text and "serve.py" in text, text
+    finally:
+        srv.stop()
+
+
 def test_stream_cut_by_fault_raises_in_openai_client(model_dir, tmp_path):
     srv = Server(model_dir, tmp_path / "fault2.log",
                  env={"MINILLM_TEST_FAULTS": "1", "MINILLM_TEST_STEP_DELAY": "0.01"})

@@ -104,9 +104,10 @@ def explain_divergence(engine: LLMEngine, prompts: list[list[int]], own: dict, o
                        vocab: int, out_len: int) -> list[dict]:
     """Where an oracle run's greedy output left the all-rejected run's: both runs again with their
     top-20 logprobs, and at each sequence's first differing position the two tokens' logprobs in
-    each run, and each run's three best tokens there. Both paths share every earlier token, so the position's logits come from the same
-    prefix; a gap of a few hundredths that changes sign between the runs is a bf16 near-tie that
-    the two runs' differently shaped verification steps round apart, not a lost or wrong token."""
+    each run and each run's three best tokens there. Both paths share every earlier token, so the
+    position's logits come from the same prefix; a gap of a few hundredths that changes sign
+    between the runs is a bf16 near-tie that the two runs' differently shaped verification steps
+    round apart, not a lost or wrong token."""
     engine.proposer = OracleProposer(own, 0.0, vocab)
     base = logprob_paths(engine, prompts, out_len, EXPLAIN_TOP)
     engine.proposer = OracleProposer(own, p_ok, vocab)
