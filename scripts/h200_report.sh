@@ -114,7 +114,8 @@
 #   part219-part221 ran in session 37; part222: session 37: the c = 16 oracle points with top-20
 #   logprobs; racecheck of a load that runs only the project's kernels (MINILLM_GEMM=wide, c = 1);
 #   part223: the same racecheck with steps of at most 16 rows (one sequence, prefill chunks of 16);
-#   part224: the bf16 kernel tests under racecheck.
+#   part224: the bf16 kernel tests under racecheck; part225 prepared: the tests it did not reach, and
+#   part223's load on the server with faulthandler.
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -3860,8 +3861,13 @@ part223() {  # session 37: part222's racecheck did not finish the first 256-row 
   setup
   facts > "$W/facts.txt" 2>&1
   models_q06_dflash 40
-  local t=$((550 - SECONDS))
-  local ladder=$((t - 150))
+  racecheck_small_load $((550 - SECONDS)) 150
+}
+
+racecheck_small_load() {  # racecheck_small_load SECONDS SPARE: the reproducer's model under racecheck with
+  # steps of at most 16 rows (one sequence; 2 prompts of 64 tokens, 16 out; DFlash k = 8): only the
+  # project's kernels run (no cuBLAS, no wide GEMM); the ladder gets SECONDS - SPARE
+  local t=$1 ladder=$(($1 - $2))
   stage racecheck_own "$t" env CUDA_LAUNCH_BLOCKING=1 python3 scripts/failure_matrix.py $M/q06 \
     --drafter $M/q06-dflash --out "$W/racecheck_own" --max-model-len 4096 --concurrency 1 --num-prompts 2 \
     --input-len 64 --output-len 16 --sanitize-tools racecheck --startup-timeout 90 --ladder-timeout $ladder \
@@ -3877,6 +3883,21 @@ part224() {  # session 37: part223's server died under racecheck with nothing in
   stage racecheck_kernel_tests 360 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
     python3 -m pytest -v -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k bfloat16
   tail -5 "$W/racecheck_kernel_tests.log"
+}
+
+part225() {  # prepared in session 37 (not run): the bf16 kernel tests part224 did not reach under racecheck
+  # (it was cut in test_paged_attention_shapes), then part223's load again on the server with faulthandler
+  # (a native crash now prints every thread's stack: part221 and part223's servers died under racecheck with
+  # nothing in either log) (~9.5 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage racecheck_kernel_tests_rest 330 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -v -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "bfloat16 and (counter_check or \
+    decode_fixed_parts or batch_invariant or short_runs_on_tensor_cores or long_context or decode_step or sampler \
+    or captured_graph)"
+  models_q06_dflash 40
+  racecheck_small_load $((570 - SECONDS)) 100
+  grep -h -A30 "Fatal Python error" "$W"/racecheck_own/server-*.log | head -60
 }
 
 racecheck_own_kernels() {  # racecheck_own_kernels SECONDS: part222's load (2 prompts of 256 tokens, 16 out,
