@@ -3885,19 +3885,35 @@ part224() {  # session 37: part223's server died under racecheck with nothing in
   tail -5 "$W/racecheck_kernel_tests.log"
 }
 
-part225() {  # prepared in session 37 (not run): the bf16 kernel tests part224 did not reach under racecheck
-  # (it was cut in test_paged_attention_shapes), then part223's load again on the server with faulthandler
-  # (a native crash now prints every thread's stack: part221 and part223's servers died under racecheck with
-  # nothing in either log) (~9.5 minutes)
+part225() {  # prepared in session 37 (not run): part223's load again on the server with faulthandler (a
+  # native crash now prints every thread's stack; part221's and part223's servers died under racecheck ~50 s
+  # into the requests with nothing in either log) and the host's memory sampled every 2 s beside it (a
+  # SIGKILL from the OOM killer would also leave nothing); then the bf16 kernel tests part224 did not reach
+  # under racecheck (it was cut in test_paged_attention_shapes) (~9.5 minutes)
   setup
   facts > "$W/facts.txt" 2>&1
-  stage racecheck_kernel_tests_rest 330 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
-    python3 -m pytest -v -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "bfloat16 and (counter_check or \
-    decode_fixed_parts or batch_invariant or short_runs_on_tensor_cores or long_context or decode_step or sampler \
-    or captured_graph)"
   models_q06_dflash 40
-  racecheck_small_load $((570 - SECONDS)) 100
+  host_memory_log "$W/host_memory.log" &
+  local mon=$!
+  racecheck_small_load 260 100
+  kill "$mon" 2>/dev/null
   grep -h -A30 "Fatal Python error" "$W"/racecheck_own/server-*.log | head -60
+  tail -4 "$W/host_memory.log"
+  dmesg 2>&1 | tail -20 > "$W/dmesg.txt"
+  tail -3 "$W/dmesg.txt"
+  stage racecheck_kernel_tests_rest $((575 - SECONDS)) compute-sanitizer --tool racecheck --error-exitcode 3 \
+    --print-limit 20 python3 -m pytest -v -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "bfloat16 and \
+    (counter_check or decode_fixed_parts or batch_invariant or short_runs_on_tensor_cores or long_context or \
+    decode_step or sampler or captured_graph)"
+}
+
+host_memory_log() {  # host_memory_log FILE: every 2 s, the host's used / available memory (MiB) and the
+  # three processes with the largest resident sets, until killed
+  while true; do
+    { date +%T; free -m | awk 'NR == 2 {print "used", $3, "available", $7}'
+      ps -eo pid,rss,etimes,comm --sort=-rss | head -4; } >> "$1"
+    sleep 2
+  done
 }
 
 racecheck_own_kernels() {  # racecheck_own_kernels SECONDS: part222's load (2 prompts of 256 tokens, 16 out,
