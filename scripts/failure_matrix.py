@@ -78,11 +78,12 @@ def sanitizer_clean(text: str) -> tuple[bool, list[str]]:
 
 
 def point_ok(point: dict) -> bool:
-    """Every rung ran and every request succeeded, and the sanitizer (if any) is clean."""
+    """Every rung ran and every request succeeded, the server lived through the ladder, and the
+    sanitizer (if any) is clean."""
     rungs = point.get("ladder", {}).get("rungs", [])
     ok = bool(rungs) and "error" not in point and all(r.get("failed", 1) == 0 and r.get("ok") == r.get("num_prompts")
                                                       for r in rungs)
-    return ok and point.get("sanitizer_clean", True)
+    return ok and point.get("server_alive_after_ladder", True) and point.get("sanitizer_clean", True)
 
 
 def server_env(tool: str | None) -> dict[str, str]:
@@ -130,6 +131,8 @@ def run_point(args, mml: int, out: Path, tool: str | None = None) -> dict:
     except Exception as e:  # a point that cannot run is recorded, and the matrix goes on
         point["error"] = f"{type(e).__name__}: {e}"
     finally:
+        # a server that died under the load (a sanitizer's kill, the OOM killer) is gone before we stop it
+        point["server_alive_after_ladder"] = bool(children(proc.pid)) if tool else proc.poll() is None
         if proc.poll() is None:
             # under compute-sanitizer, stop the server itself so the sanitizer exits normally and
             # writes its ERROR SUMMARY (signalling the sanitizer would cut the summary)
@@ -188,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
             line = f"max_model_len {mml}: {summary or point.get('error', 'no result')}"
             if tool:
                 line += f"; {tool}: {' / '.join(point['sanitizer_summary']) or 'no summary'}"
+            if not point.get("server_alive_after_ladder", True):
+                line += "; the server died during the ladder (see its log)"
             print(line, flush=True)
             (out / "matrix.json").write_text(json.dumps(points, indent=2))
     failed = [pt["max_model_len"] for pt in points if not point_ok(pt)]

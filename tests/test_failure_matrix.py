@@ -8,8 +8,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,7 @@ while [ $# -gt 0 ]; do
   case "$1" in --tool) shift 2;; --error-exitcode) shift 2;; --log-file) log=$2; shift 2;; *) break;; esac
 done
 "$@" &
+[ -n "$FAKE_PIDFILE" ] && echo $! > "$FAKE_PIDFILE"
 wait $!
 printf '========= COMPUTE-SANITIZER\\n%s\\n' "${FAKE_SUMMARY:-========= ERROR SUMMARY: 0 errors}" > "$log"
 """
@@ -54,21 +57,27 @@ def test_only_initcheck_runs_mark_cublas_outputs(monkeypatch):
         assert env(tool)["PYTHONUNBUFFERED"] == "1"
 
 
-def run_matrix(tiny, tmp_path, tools: str, summary: str | None = None):
+def fake_sanitizer_env(tmp_path, **extra: str) -> dict:
+    """The environment with the compute-sanitizer stand-in first on PATH; extra: its FAKE_* settings."""
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
     fake = bindir / "compute-sanitizer"
     fake.write_text(FAKE)
     fake.chmod(0o755)
-    env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(ROOT)}
-    if summary:
-        env["FAKE_SUMMARY"] = summary
+    return {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(ROOT), **extra}
+
+
+def matrix_cmd(tiny, out: Path, tools: str, output_len: int = 4) -> list[str]:
+    return [sys.executable, str(SCRIPT), str(tiny), "--device", "cpu", "--out", str(out),
+            "--num-blocks", "64", "--max-model-len", "256", "--concurrency", "1,2",
+            "--num-prompts", "2", "--input-len", "24", "--output-len", str(output_len),
+            "--sanitize-tools", tools, "--startup-timeout", "120", "--ladder-timeout", "120"]
+
+
+def run_matrix(tiny, tmp_path, tools: str, summary: str | None = None):
+    env = fake_sanitizer_env(tmp_path, **({"FAKE_SUMMARY": summary} if summary else {}))
     out = tmp_path / tools.replace(",", "_")
-    r = subprocess.run([sys.executable, str(SCRIPT), str(tiny), "--device", "cpu", "--out", str(out),
-                        "--num-blocks", "64", "--max-model-len", "256", "--concurrency", "1,2",
-                        "--num-prompts", "2", "--input-len", "24", "--output-len", "4",
-                        "--sanitize-tools", tools, "--startup-timeout", "120", "--ladder-timeout", "120"],
-                       capture_output=True, text=True, env=env, timeout=600)
+    r = subprocess.run(matrix_cmd(tiny, out, tools), capture_output=True, text=True, env=env, timeout=600)
     return r, json.loads((out / "matrix.json").read_text())
 
 
@@ -89,3 +98,29 @@ def test_a_reported_error_fails_the_run(tiny, tmp_path):
     assert "FAILED" in r.stdout
     assert points[0]["sanitizer_clean"] is False
     assert all(g["failed"] == 0 for g in points[0]["ladder"]["rungs"])  # the requests themselves were fine
+
+
+@pytest.mark.slow
+def test_a_server_that_dies_under_the_load_fails_the_run(tiny, tmp_path):
+    """A sanitizer or the OOM killer can kill the server mid-ladder with nothing in its log (session
+    37's racecheck runs): the point records that the server did not live through the ladder, the
+    line says so, and the run fails. Here the server is killed (SIGKILL) once it is serving."""
+    pidfile, out = tmp_path / "server.pid", tmp_path / "died"
+    env = fake_sanitizer_env(tmp_path, FAKE_PIDFILE=str(pidfile), MINILLM_TEST_STEP_DELAY="0.05")
+    proc = subprocess.Popen(matrix_cmd(tiny, out, "racecheck", output_len=100), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        log = out / "server-racecheck-256.log"
+        deadline = time.monotonic() + 120
+        while not (log.exists() and "minillm ready" in log.read_text(errors="replace")):
+            assert time.monotonic() < deadline and proc.poll() is None, "the server did not start"
+            time.sleep(0.1)
+        time.sleep(1.0)  # the ladder's first requests are in flight (100 tokens at 0.05 s a step)
+        os.kill(int(pidfile.read_text()), signal.SIGKILL)
+        text, _ = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    point = json.loads((out / "matrix.json").read_text())[0]
+    assert point["server_alive_after_ladder"] is False
+    assert "the server died during the ladder" in text and "FAILED" in text, text
+    assert proc.returncode == 1
