@@ -1053,9 +1053,10 @@ def test_hung_step_fails_open_streams_and_health(model_dir, tmp_path):
         srv.stop()
 
 
-def wait_for_log(srv: Server, needle: str, timeout: float = 10) -> str:
+def wait_for_log(srv: Server, needle: str, start: int = 0, timeout: float = 10) -> str:
+    """The server's log from character `start` on, once it holds needle (or after timeout)."""
     deadline = time.monotonic() + timeout
-    while needle not in (text := srv.text()) and time.monotonic() < deadline:
+    while needle not in (text := srv.text()[start:]) and time.monotonic() < deadline:
         time.sleep(0.05)
     return text
 
@@ -1065,7 +1066,7 @@ def test_sigusr1_prints_every_thread_and_serves_on(server):
     the server keeps serving."""
     before = len(server.text())
     server.proc.send_signal(signal.SIGUSR1)
-    dump = wait_for_log(server, "async_engine.py", 10)[before:]
+    dump = wait_for_log(server, "async_engine.py", start=before)
     assert "most recent call first" in dump and "async_engine.py" in dump and "serve.py" in dump, dump
     c = server.client().completions.create(model=model_name(server), prompt="still here", max_tokens=3,
                                            temperature=0, extra_body={"ignore_eos": True})
