@@ -21,6 +21,7 @@ import signal
 import sys
 
 from minillm.args import STARTUP_ERRORS, EngineArgs, add_engine_args
+from minillm.server.reasoning import PARSERS as REASONING_PARSERS
 
 log = logging.getLogger("minillm.server")
 
@@ -39,6 +40,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--step-timeout", type=float, default=120.0,
                    help="seconds one engine step may take before the engine counts as hung: open streams "
                         "get an error event, /health turns 503, and the log shows where the engine was")
+    p.add_argument("--reasoning-parser", default=None, choices=REASONING_PARSERS,
+                   help="return chat outputs' <think>...</think> text apart from the answer, as "
+                        "reasoning_content (qwen3: only an output that opens with <think> or holds </think> "
+                        "thinks; deepseek_r1: every output starts in thinking)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     ns = p.parse_args(argv)
     names = ns.served_model_name or []
@@ -142,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     aeng = AsyncEngine(engine, step_delay=float(os.environ.get("MINILLM_TEST_STEP_DELAY") or 0),
                        step_timeout=ns.step_timeout)
     names = ns.served_model_name or [engine.model_name]
-    app = build_app(aeng, names, ns.api_key, test_hooks=os.environ.get("MINILLM_TEST_FAULTS") == "1")
+    app = build_app(aeng, names, ns.api_key, test_hooks=os.environ.get("MINILLM_TEST_FAULTS") == "1",
+                    reasoning_parser=ns.reasoning_parser)
     for sock in sockets.insecure_sockets:
         sock.listen(config.backlog)  # connections queue from here on, so the ready line is true at once
     host, port = sockets.insecure_sockets[0].getsockname()[:2]

@@ -4,6 +4,8 @@ GET /v1/models, GET /v1/models/{id}, POST /v1/completions, POST /v1/chat/complet
 SSE or not), GET /health (200 while the engine loop runs and admits, 503 otherwise), GET /metrics,
 and vLLM's utility routes POST /tokenize, POST /detokenize, GET /version (outside /v1, so, as in
 vLLM, they need no API key).
+With a reasoning parser (reasoning.py), chat replies carry the model's thinking apart from its
+answer, as `reasoning_content`.
 Every error, ours or the client's, is an OpenAI error body `{"error": {message, type, param, code}}`.
 """
 
@@ -27,6 +29,7 @@ from minillm.server import protocol, tools
 from minillm.server.async_engine import AsyncEngine, EngineFailure, EngineUnavailable
 from minillm.server.metrics import Metrics, RequestTimer
 from minillm.server.protocol import ModelInfo, ParsedRequest, ProtocolError, error_body, sse
+from minillm.server.reasoning import Delta, ReasoningSplitter, check_parser, split_reasoning
 
 log = logging.getLogger("minillm.server")
 
@@ -133,8 +136,13 @@ def watch_disconnects(asgi_app):
 
 
 def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, api_key: str | None = None,
-              test_hooks: bool = False, max_body_bytes: int = MAX_BODY_BYTES) -> Quart:
+              test_hooks: bool = False, max_body_bytes: int = MAX_BODY_BYTES,
+              reasoning_parser: str | None = None) -> Quart:
+    """reasoning_parser: "qwen3" or "deepseek_r1" (reasoning.PARSERS) to return chat outputs' thinking
+    as reasoning_content; None leaves outputs whole (no reasoning_content key)."""
     eng = engine.engine
+    if reasoning_parser is not None:
+        check_parser(reasoning_parser)
     info = ModelInfo(
         names=list(served_model_names or [eng.model_name]), max_model_len=eng.max_model_len,
         vocab_size=eng.config.vocab_size, tokenizer=eng.tokenizer,
@@ -317,14 +325,32 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
                     for i in range(1 if chat else n)]
         if chat:
             messages = None
-            if parsed.tools:  # each choice's output read for tool calls: its message and finish reason
-                replies = [tools.complete_message(parsed.tools.parser(), texts[i], reasons[i]) for i in range(n)]
+            if parsed.tools or reasoning_parser:  # each choice's output read for reasoning and tool calls
+                replies = [chat_message(parsed, texts[i], reasons[i]) for i in range(n)]
                 messages, reasons = [msg for msg, _ in replies], [why for _, why in replies]
             return _json(protocol.chat_response(rid, protocol.now(), parsed.model, list(zip(texts, reasons, bodies)),
                                                 parsed.num_prompt_tokens, sum(n_outs), plps[0] if plps else None,
                                                 messages))
         return _json(protocol.completion_response(rid, protocol.now(), parsed.model, list(zip(texts, reasons, bodies)),
                                                   parsed.num_prompt_tokens, sum(n_outs), plps))
+
+    def splits_reasoning(parsed: ParsedRequest) -> bool:
+        """Whether a chat output is split into reasoning and content: with a parser, unless a forced
+        tool call ("required", a named function) holds it to the call's JSON from its first token,
+        where there is no thinking to find (and a "</think>" would be inside an argument)."""
+        return reasoning_parser is not None and not (parsed.tools and parsed.tools.choice != "auto")
+
+    def chat_message(parsed: ParsedRequest, text: str, reason: str | None) -> tuple[dict, str | None]:
+        """A whole chat output's message and finish reason: its reasoning apart, tool calls read from
+        the content alone (a <tool_call> written while thinking is not a call)."""
+        thought, content = split_reasoning(text, reasoning_parser) if splits_reasoning(parsed) else (None, text)
+        if parsed.tools and content is not None:
+            message, reason = tools.complete_message(parsed.tools.parser(), content, reason)
+        else:
+            message = {"role": "assistant", "content": content}
+        if reasoning_parser and parsed.include_reasoning:
+            message["reasoning_content"] = thought
+        return message, reason
 
     def add_choices(rid: str, parsed: ParsedRequest) -> list:
         """One engine request a choice (ids rid, or rid-0, rid-1, ... for several); all or none
@@ -358,10 +384,13 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         sent_chars = [0] * len(parsed.choices)  # completions' text_offset of each choice's next token
 
         def chunk(i: int, text: str | None, finish: str | None = None, lps: list | None = None,
-                  ids: list[int] | None = None, plps: list | None = None, calls: list | None = None) -> bytes:
+                  ids: list[int] | None = None, plps: list | None = None, calls: list | None = None,
+                  thought: str = "") -> bytes:
             plp = None if plps is None else protocol.prompt_logprobs_body(plps, token_text, parsed.prompt_logprobs)
             if chat:
                 delta = {} if text is None else {"content": text}
+                if thought:
+                    delta["reasoning_content"] = thought
                 if calls:
                     delta["tool_calls"] = [c.body() for c in calls]
                 lp = protocol.chat_logprobs(lps, token_text) if lps else None
@@ -393,6 +422,9 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         scored = [parsed.prompt_logprobs is None] * n
         # tool calling: each choice's output goes through its parser (content held back, calls as deltas)
         parsers = [parsed.tools.parser() for _ in range(n)] if parsed.tools else None
+        # reasoning: each choice's output split first (the tool parser reads only the content)
+        splitters = ([ReasoningSplitter(reasoning_parser) for _ in range(n)]
+                     if chat and splits_reasoning(parsed) else None)
         try:
             if chat:  # the first chat chunk of each choice carries the role, as OpenAI's does
                 for i in range(n):
@@ -405,7 +437,10 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
                 lps = out.new_logprobs if want_logprobs else None
                 if parsed.echo_only:  # max_tokens 0: the token the engine generated is dropped
                     text, ids, lps, n_outs[i] = "", [], [], 0
-                calls = None
+                calls, thought = None, ""
+                if splitters:
+                    delta = splitters[i].feed(text) + (splitters[i].finish() if out.finished else Delta())
+                    text, thought = delta.content, delta.reasoning if parsed.include_reasoning else ""
                 if parsers:
                     piece = parsers[i].feed(text) + (parsers[i].finish() if out.finished else tools.Piece())
                     text, calls = piece.content, piece.calls
@@ -419,8 +454,9 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
                         lps = (out.prompt_logprobs or []) + lps
                         ids = parsed.choices[i][0] + ids
                     yield chunk(i, text, None, lps, ids, plps)
-                elif text or calls or lps or plps is not None:  # held-back tokens still send their logprobs
-                    yield chunk(i, text if text or not calls else None, None, lps, ids, plps, calls)
+                elif text or calls or thought or lps or plps is not None:  # held-back tokens still send logprobs
+                    yield chunk(i, text if text or not (calls or thought) else None, None, lps, ids, plps, calls,
+                                thought)
                 if out.finished and out.finish_reason == "error":  # its text so far went out above
                     raise choice_failed(out, i, n)
                 if out.finished:

@@ -81,6 +81,9 @@ class ParsedRequest:
     prompt_logprobs: int | None = None
     # chat's tool calling, when its output is read for calls (tool_choice other than "none")
     tools: ToolRequest | None = None
+    # vLLM's include_reasoning (chat): with a --reasoning-parser, false leaves reasoning_content out
+    # of the reply (the content is still the answer alone)
+    include_reasoning: bool = True
 
     @property
     def logprobs(self) -> bool:
@@ -553,7 +556,8 @@ def parse_request(body: dict, info: ModelInfo, chat: bool) -> ParsedRequest:
     choices = [(ids, choice_params(p, i)) for ids, p in zip(prompts, params) for i in range(n)]
     parsed = ParsedRequest(model, choices, sum(len(ids) for ids in prompts), stream, include_usage,
                            continuous_usage, prompt_logprobs=_get(body, "prompt_logprobs", int, None),
-                           tools=tools if tools is not None and tools.parses else None)
+                           tools=tools if tools is not None and tools.parses else None,
+                           include_reasoning=_get(body, "include_reasoning", bool, True) if chat else True)
     if not chat and _get(body, "echo", bool, False):  # (chat's echo is not OpenAI's: left alone)
         parsed.echo = True
         parsed.echo_only = body.get("max_tokens") == 0

@@ -1,0 +1,140 @@
+"""Reasoning output on the chat endpoint (`--reasoning-parser`, vLLM's flag): a thinking model's
+`<think>...</think>` text returned apart from its answer, as `reasoning_content`.
+
+The split is made on the output's text, not its token ids, so it works whether the tags are one
+added token each (Qwen3) or several (a byte-level tokenizer):
+
+- With `</think>` in the output: the text before the first one is the reasoning (one leading
+  `<think>` removed, newlines around it stripped), the text after it the content (its leading
+  newlines stripped; null when nothing is left).
+- Without it, `qwen3`: an output that opens with `<think>` (after optional whitespace) is all
+  reasoning, thinking cut short (max_tokens); any other output is all content (thinking off:
+  Qwen3's template with enable_thinking false puts an empty think block in the prompt).
+- Without it, `deepseek_r1`: all reasoning (its template puts `<think>` in the prompt, so
+  thinking is always on and the output may not repeat the tag).
+
+`split_reasoning` splits a whole output; `ReasoningSplitter` splits it as it streams, holding back
+only what is still undecided (a possible tag, newlines that may turn out to be trailing), so its
+deltas always add up to `split_reasoning`'s answer, however the text is cut.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PARSERS = ("deepseek_r1", "qwen3")
+START, END = "<think>", "</think>"
+
+
+def check_parser(parser: str) -> str:
+    if parser not in PARSERS:
+        raise ValueError(f"unknown reasoning parser {parser!r}; choose one of {', '.join(PARSERS)}")
+    return parser
+
+
+def split_reasoning(text: str, parser: str) -> tuple[str | None, str | None]:
+    """(reasoning, content) of a whole output. reasoning is None when the output has no thinking
+    part (qwen3, thinking off); content is None when the output is all thinking."""
+    check_parser(parser)
+    end = text.find(END)
+    head = text if end < 0 else text[:end]
+    body = head.lstrip()
+    opened = body.startswith(START)
+    if opened:
+        head = body[len(START):]
+    if end >= 0:
+        return head.strip("\n"), text[end + len(END):].lstrip("\n") or None
+    if opened or parser == "deepseek_r1":  # thinking that never ended: cut short by max_tokens
+        return head.strip("\n"), None
+    return None, text
+
+
+@dataclass
+class Delta:
+    """What some output adds to the reply: reasoning text and content text (either may be empty)."""
+
+    reasoning: str = ""
+    content: str = ""
+
+    def __add__(self, other: Delta) -> Delta:
+        return Delta(self.reasoning + other.reasoning, self.content + other.content)
+
+
+def _tag_prefix(text: str, tag: str) -> int:
+    """Length of the longest end of text that could be the start of tag."""
+    for k in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-k:]):
+            return k
+    return 0
+
+
+class ReasoningSplitter:
+    """One choice's output text in as it arrives (`feed`, then `finish`), reasoning and content
+    deltas out. States: "head" (whether the output opens with <think> is not known yet),
+    "reasoning" (inside the thinking: text goes out but for a possible </think> prefix), "unsure"
+    (qwen3, no <think>: the text is reasoning if a </think> comes, else content, so it is all held)
+    and "content" (after </think>: text goes out as it comes)."""
+
+    def __init__(self, parser: str):
+        self.parser = check_parser(parser)
+        self.state = "head"
+        self.buf = ""  # text not yet given out
+        self.scanned = 0  # "unsure": buf[:scanned] holds no </think> (so a long held text is searched once)
+        self.reasoning_shown = False  # leading newlines of the reasoning are dropped
+        self.newlines = ""  # the reasoning's newlines so far at its end: they go out if more reasoning follows
+        self.content_shown = False  # leading newlines of the content are dropped
+
+    def _reasoning(self, text: str) -> str:
+        if not self.reasoning_shown:
+            text = text.lstrip("\n")
+        body = text.rstrip("\n")
+        if not body:
+            self.newlines += text
+            return ""
+        out, self.newlines, self.reasoning_shown = self.newlines + body, text[len(body):], True
+        return out
+
+    def _content(self, text: str) -> str:
+        if not self.content_shown:
+            text = text.lstrip("\n")
+            self.content_shown = bool(text)
+        return text
+
+    def feed(self, text: str) -> Delta:
+        self.buf += text
+        out = Delta()
+        while True:
+            if self.state == "head":
+                body = self.buf.lstrip()
+                if len(body) < len(START) and START.startswith(body):  # may still be <think> (or blank so far)
+                    return out
+                if body.startswith(START):
+                    self.buf, self.state = body[len(START):], "reasoning"
+                else:
+                    self.state = "reasoning" if self.parser == "deepseek_r1" else "unsure"
+                continue
+            if self.state == "content":
+                out.content += self._content(self.buf)
+                self.buf = ""
+                return out
+            end = self.buf.find(END, self.scanned)
+            if end >= 0:  # the thinking ends: its held newlines at the end are dropped with the tag
+                out.reasoning += self._reasoning(self.buf[:end])
+                self.buf, self.state = self.buf[end + len(END):], "content"
+                continue
+            keep = _tag_prefix(self.buf, END)
+            if self.state == "unsure":
+                self.scanned = len(self.buf) - keep
+                return out
+            out.reasoning += self._reasoning(self.buf[:len(self.buf) - keep])
+            self.buf = self.buf[len(self.buf) - keep:]
+            return out
+
+    def finish(self) -> Delta:
+        """What the held text turns out to be once the output has ended."""
+        rest, self.buf = self.buf, ""
+        if self.state in ("head", "unsure") and self.parser == "qwen3":  # never thought: all content
+            return Delta(content=rest)
+        if self.state == "content":
+            return Delta(content=self._content(rest))
+        return Delta(reasoning=self._reasoning(rest))  # (its trailing newlines stay held: dropped)
