@@ -42,8 +42,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "get an error event, /health turns 503, and the log shows where the engine was")
     p.add_argument("--reasoning-parser", default=None, choices=REASONING_PARSERS,
                    help="return chat outputs' <think>...</think> text apart from the answer, as "
-                        "reasoning_content (qwen3: only an output that opens with <think> or holds </think> "
-                        "thinks; deepseek_r1: every output starts in thinking)")
+                        "reasoning_content (qwen3: an output that opens with <think> thinks, any other is the "
+                        "answer; deepseek_r1: every output starts in thinking, its <think> in the prompt)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     ns = p.parse_args(argv)
     names = ns.served_model_name or []

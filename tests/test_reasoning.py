@@ -35,19 +35,15 @@ def stream_split(parser: str, chunks: list[str]) -> tuple[list[Delta], Delta]:
 
 
 # ---- the split of a whole output -----------------------------------------------------------
-BOTH = [  # (output, reasoning, content), the same for both parsers: the output holds </think>
+BOTH = [  # (output, reasoning, content), the same for both parsers: the output opens with <think>
     ("<think>\nplan it\n</think>\n\nThe answer.", "plan it", "The answer."),
     ("  \n<think>plan</think>answer", "plan", "answer"),  # whitespace before the open tag
-    ("plan</think>\nanswer", "plan", "answer"),  # the open tag in the prompt (Qwen3-Thinking, R1)
     ("<think>plan</think>", "plan", None),  # nothing after the thinking: content null
     ("<think>plan</think>\n\n", "plan", None),
     ("<think>\n\n</think>\n\nanswer", "", "answer"),  # an empty think block
     ("<think>a</think>b</think>c", "a", "b</think>c"),  # only the first end tag splits
     ("<think><think>a</think>b", "<think>a", "b"),  # one open tag removed
     ("<think> a \n\n</think>  b\n", " a ", "  b\n"),  # only newlines are stripped
-    ("x <think>a</think>b", "x <think>a", "b"),  # an open tag after text is text
-    ("</think>answer", "", "answer"),
-    ("<think</think>x", "<think", "x"),
 ]
 
 
@@ -58,6 +54,12 @@ def test_split_with_end_tag(parser, text, reasoning, content):
 
 
 @pytest.mark.parametrize("text,qwen3,deepseek_r1", [
+    # not opening with <think>: qwen3 reads it as the answer, as it is; deepseek_r1 as thinking
+    # whose open tag was in the prompt (Qwen3-Thinking-2507, R1)
+    ("plan</think>\nanswer", (None, "plan</think>\nanswer"), ("plan", "answer")),
+    ("x <think>a</think>b", (None, "x <think>a</think>b"), ("x <think>a", "b")),  # an open tag after text
+    ("</think>answer", (None, "</think>answer"), ("", "answer")),
+    ("<think</think>x", (None, "<think</think>x"), ("<think", "x")),
     # thinking cut short (max_tokens): all reasoning for both
     ("<think>\nstill thinking\n", ("still thinking", None), ("still thinking", None)),
     (" <think>", ("", None), ("", None)),
@@ -68,7 +70,7 @@ def test_split_with_end_tag(parser, text, reasoning, content):
     ("\n<think", (None, "\n<think"), ("<think", None)),
     ("a <think>b", (None, "a <think>b"), ("a <think>b", None)),
 ])
-def test_split_without_end_tag(text, qwen3, deepseek_r1):
+def test_split_by_parser(text, qwen3, deepseek_r1):
     assert split_reasoning(text, "qwen3") == qwen3
     assert split_reasoning(text, "deepseek_r1") == deepseek_r1
 
@@ -92,12 +94,12 @@ def test_splitter_holds_back_only_a_possible_tag():
     assert s.feed("\nan") == Delta(content="an")
     assert s.feed("swer</think>") == Delta(content="swer</think>")  # content goes out as it comes
     assert s.finish() == Delta()
-    # qwen3 without <think>: reasoning if a </think> comes, content if not, so it is held to the end
+    # qwen3 without <think>: the answer, streamed as it comes (a </think> in it is text)
     s = ReasoningSplitter("qwen3")
-    assert s.feed("plain") == Delta() and s.feed(" answer") == Delta()
-    assert s.finish() == Delta(content="plain answer")
+    assert s.feed("\npl") == Delta(content="\npl") and s.feed("ain</th") == Delta(content="ain</th")
+    assert s.feed("ink>x") == Delta(content="ink>x") and s.finish() == Delta()
     s = ReasoningSplitter("qwen3")
-    assert s.feed("prefix") == Delta() and s.feed("ed</think>x") == Delta("prefixed", "x")
+    assert s.feed(" <") == Delta() and s.feed("a") == Delta(content=" <a")  # held only while it may open
     # deepseek_r1 thinks from the start: reasoning streams at once
     s = ReasoningSplitter("deepseek_r1")
     assert s.feed("plan") == Delta("plan") and s.feed(" more</th") == Delta(" more")

@@ -4,14 +4,17 @@
 The split is made on the output's text, not its token ids, so it works whether the tags are one
 added token each (Qwen3) or several (a byte-level tokenizer):
 
-- With `</think>` in the output: the text before the first one is the reasoning (one leading
-  `<think>` removed, newlines around it stripped), the text after it the content (its leading
-  newlines stripped; null when nothing is left).
-- Without it, `qwen3`: an output that opens with `<think>` (after optional whitespace) is all
-  reasoning, thinking cut short (max_tokens); any other output is all content (thinking off:
-  Qwen3's template with enable_thinking false puts an empty think block in the prompt).
-- Without it, `deepseek_r1`: all reasoning (its template puts `<think>` in the prompt, so
-  thinking is always on and the output may not repeat the tag).
+- `qwen3`: an output that opens with `<think>` (after optional whitespace) thinks; any other is
+  all content, as it comes (thinking off: Qwen3's template with enable_thinking false puts an
+  empty think block in the prompt). Deciding at the start keeps a stream live: an output that
+  does not open with the tag is never held back. Models whose template puts `<think>` in the
+  prompt (Qwen3 Thinking-2507) want `deepseek_r1`, as in vLLM.
+- `deepseek_r1`: every output thinks (its template puts `<think>` in the prompt, so the output
+  may not repeat the tag).
+- A thinking output: the text before its first `</think>` is the reasoning (one leading `<think>`
+  removed, newlines around it stripped), the text after it the content (its leading newlines
+  stripped; null when nothing is left). Without `</think>` it is all reasoning, thinking cut
+  short (max_tokens).
 
 `split_reasoning` splits a whole output; `ReasoningSplitter` splits it as it streams, holding back
 only what is still undecided (a possible tag, newlines that may turn out to be trailing), so its
@@ -36,17 +39,15 @@ def split_reasoning(text: str, parser: str) -> tuple[str | None, str | None]:
     """(reasoning, content) of a whole output. reasoning is None when the output has no thinking
     part (qwen3, thinking off); content is None when the output is all thinking."""
     check_parser(parser)
-    end = text.find(END)
-    head = text if end < 0 else text[:end]
-    body = head.lstrip()
+    body = text.lstrip()
     opened = body.startswith(START)
-    if opened:
-        head = body[len(START):]
-    if end >= 0:
-        return head.strip("\n"), text[end + len(END):].lstrip("\n") or None
-    if opened or parser == "deepseek_r1":  # thinking that never ended: cut short by max_tokens
-        return head.strip("\n"), None
-    return None, text
+    if not opened and parser == "qwen3":  # thinking off
+        return None, text
+    thought = body[len(START):] if opened else text
+    end = thought.find(END)
+    if end < 0:  # thinking that never ended: cut short by max_tokens
+        return thought.strip("\n"), None
+    return thought[:end].strip("\n"), thought[end + len(END):].lstrip("\n") or None
 
 
 @dataclass
@@ -71,15 +72,14 @@ def _tag_prefix(text: str, tag: str) -> int:
 class ReasoningSplitter:
     """One choice's output text in as it arrives (`feed`, then `finish`), reasoning and content
     deltas out. States: "head" (whether the output opens with <think> is not known yet),
-    "reasoning" (inside the thinking: text goes out but for a possible </think> prefix), "unsure"
-    (qwen3, no <think>: the text is reasoning if a </think> comes, else content, so it is all held)
-    and "content" (after </think>: text goes out as it comes)."""
+    "reasoning" (inside the thinking: text goes out but for a possible </think> prefix), "answer"
+    (qwen3 that did not open with <think>: all content, as it comes) and "content" (after
+    </think>: text goes out as it comes, less its leading newlines)."""
 
     def __init__(self, parser: str):
         self.parser = check_parser(parser)
         self.state = "head"
         self.buf = ""  # text not yet given out
-        self.scanned = 0  # "unsure": buf[:scanned] holds no </think> (so a long held text is searched once)
         self.reasoning_shown = False  # leading newlines of the reasoning are dropped
         self.newlines = ""  # the reasoning's newlines so far at its end: they go out if more reasoning follows
         self.content_shown = False  # leading newlines of the content are dropped
@@ -111,21 +111,21 @@ class ReasoningSplitter:
                 if body.startswith(START):
                     self.buf, self.state = body[len(START):], "reasoning"
                 else:
-                    self.state = "reasoning" if self.parser == "deepseek_r1" else "unsure"
+                    self.state = "reasoning" if self.parser == "deepseek_r1" else "answer"
                 continue
+            if self.state == "answer":
+                out.content, self.buf = out.content + self.buf, ""
+                return out
             if self.state == "content":
                 out.content += self._content(self.buf)
                 self.buf = ""
                 return out
-            end = self.buf.find(END, self.scanned)
+            end = self.buf.find(END)
             if end >= 0:  # the thinking ends: its held newlines at the end are dropped with the tag
                 out.reasoning += self._reasoning(self.buf[:end])
                 self.buf, self.state = self.buf[end + len(END):], "content"
                 continue
             keep = _tag_prefix(self.buf, END)
-            if self.state == "unsure":
-                self.scanned = len(self.buf) - keep
-                return out
             out.reasoning += self._reasoning(self.buf[:len(self.buf) - keep])
             self.buf = self.buf[len(self.buf) - keep:]
             return out
@@ -133,7 +133,7 @@ class ReasoningSplitter:
     def finish(self) -> Delta:
         """What the held text turns out to be once the output has ended."""
         rest, self.buf = self.buf, ""
-        if self.state in ("head", "unsure") and self.parser == "qwen3":  # never thought: all content
+        if self.state == "answer" or (self.state == "head" and self.parser == "qwen3"):  # never thought
             return Delta(content=rest)
         if self.state == "content":
             return Delta(content=self._content(rest))
