@@ -175,7 +175,7 @@ __device__ __forceinline__ void prefill_attention_impl(
     }
 #if MINILLM_CUDA_DEBUG
     // debug build: the grid must hold every work unit of the step; one that does not would leave
-    // rows unwritten and a split's merge counter set (session 36's bug). The last CTA counts them.
+    // rows unwritten and a split's merge counter set (session 36's bug). CTA 0 counts them.
     if (blockIdx.x == 0) {
       int total = 0;
       for (int i = lane; i < B; i += 32) {
