@@ -3864,15 +3864,15 @@ part223() {  # session 37: part222's racecheck did not finish the first 256-row 
   racecheck_small_load $((550 - SECONDS)) 150
 }
 
-racecheck_small_load() {  # racecheck_small_load SECONDS SPARE: the reproducer's model under racecheck with
-  # steps of at most 16 rows (one sequence; 2 prompts of 64 tokens, 16 out; DFlash k = 8): only the
-  # project's kernels run (no cuBLAS, no wide GEMM); the ladder gets SECONDS - SPARE
-  local t=$1 ladder=$(($1 - $2))
+racecheck_small_load() {  # racecheck_small_load SECONDS SPARE [SERVER_ARGS]: the reproducer's model under
+  # racecheck with steps of at most 16 rows (one sequence; 2 prompts of 64 tokens, 16 out; DFlash k = 8):
+  # only the project's kernels run (no cuBLAS, no wide GEMM); the ladder gets SECONDS - SPARE
+  local t=$1 ladder=$(($1 - $2)) extra=${3:-}
   stage racecheck_own "$t" env CUDA_LAUNCH_BLOCKING=1 python3 scripts/failure_matrix.py $M/q06 \
     --drafter $M/q06-dflash --out "$W/racecheck_own" --max-model-len 4096 --concurrency 1 --num-prompts 2 \
     --input-len 64 --output-len 16 --sanitize-tools racecheck --startup-timeout 90 --ladder-timeout $ladder \
     --request-timeout $((ladder - 10)) \
-    --server-args="--max-num-seqs 1 --max-num-batched-tokens 16 --step-timeout $((ladder - 20))"
+    --server-args="--max-num-seqs 1 --max-num-batched-tokens 16 --step-timeout $((ladder - 20)) $extra"
 }
 
 part224() {  # session 37: part223's server died under racecheck with nothing in its log or the
@@ -3905,6 +3905,25 @@ part225() {  # prepared in session 37 (not run): part223's load again on the ser
     --print-limit 20 python3 -m pytest -v -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "bfloat16 and \
     (counter_check or decode_fixed_parts or batch_invariant or short_runs_on_tensor_cores or long_context or \
     decode_step or sampler or captured_graph)"
+}
+
+part226() {  # session 38: part225 found why the server dies under racecheck: the host's OOM killer (its
+  # resident set grew ~3.3 GB a second once requests ran, 129.7 GB when killed, on an 8.9 GiB device
+  # arena). The same load with --enforce-eager: do the CUDA graphs' replays make the tool's host memory
+  # grow? (~6 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_q06_dflash 40
+  host_memory_log "$W/host_memory.log" &
+  local mon=$!
+  racecheck_small_load 330 80 --enforce-eager
+  kill "$mon" 2>/dev/null
+  grep -h -A30 "Fatal Python error" "$W"/racecheck_own/server-*.log | head -60
+  awk '/^used/' "$W/host_memory.log" | awk 'NR % 5 == 1' | tail -30
+  dmesg 2>&1 | grep -i -E "oom|killed" | tail -5 > "$W/dmesg.txt"
+  cat "$W/dmesg.txt"
+  grep -c "POST /v1" "$W"/racecheck_own/server-*.log
+  pack
 }
 
 host_memory_log() {  # host_memory_log FILE: every 2 s, the host's used / available memory (MiB) and the
