@@ -3926,6 +3926,27 @@ part226() {  # session 38: part225 found why the server dies under racecheck: th
   pack
 }
 
+part227() {  # session 38: part226's load grew the host's memory as fast without graphs: bisect by kernel. The
+  # load with the paged attention kernels left out of racecheck, then with only them instrumented, the
+  # host's memory beside each (~5 minutes)
+  setup
+  models_q06_dflash 40
+  local mode
+  for mode in exclude kernel; do
+    host_memory_log "$W/host_memory_$mode.log" &
+    local mon=$!
+    stage racecheck_$mode 140 env CUDA_LAUNCH_BLOCKING=1 python3 scripts/failure_matrix.py $M/q06 \
+      --drafter $M/q06-dflash --out "$W/racecheck_$mode" --max-model-len 4096 --concurrency 1 --num-prompts 2 \
+      --input-len 64 --output-len 16 --sanitize-tools racecheck --startup-timeout 90 --ladder-timeout 45 \
+      --request-timeout 40 --sanitizer-args="--kernel-name-$mode kns=paged" \
+      --server-args="--max-num-seqs 1 --max-num-batched-tokens 16 --step-timeout 40"
+    kill "$mon" 2>/dev/null
+    awk '/^used/' "$W/host_memory_$mode.log" | awk 'NR % 4 == 1' | tail -12 | tr '\n' ';'; echo
+  done
+  dmesg 2>&1 | grep -i -E "Killed process" | tail -5
+  pack
+}
+
 host_memory_log() {  # host_memory_log FILE: every 2 s, the host's used / available memory (MiB) and the
   # three processes with the largest resident sets, until killed
   while true; do
