@@ -3927,21 +3927,21 @@ part226() {  # session 38: part225 found why the server dies under racecheck: th
 }
 
 part227() {  # session 38: part226's load grew the host's memory as fast without graphs: bisect by kernel. The
-  # load with the paged attention kernels left out of racecheck, then with only them instrumented, the
-  # host's memory beside each (~5 minutes)
+  # load with the sampler, the paged attention or the products left out of racecheck, the host's memory
+  # beside each (~6 minutes)
   setup
   models_q06_dflash 40
-  local mode
-  for mode in exclude kernel; do
-    host_memory_log "$W/host_memory_$mode.log" &
+  local name
+  for name in sample paged gemv; do
+    host_memory_log "$W/host_memory_$name.log" &
     local mon=$!
-    stage racecheck_$mode 140 env CUDA_LAUNCH_BLOCKING=1 python3 scripts/failure_matrix.py $M/q06 \
-      --drafter $M/q06-dflash --out "$W/racecheck_$mode" --max-model-len 4096 --concurrency 1 --num-prompts 2 \
-      --input-len 64 --output-len 16 --sanitize-tools racecheck --startup-timeout 90 --ladder-timeout 45 \
-      --request-timeout 40 --sanitizer-args="--kernel-name-$mode kns=paged" \
-      --server-args="--max-num-seqs 1 --max-num-batched-tokens 16 --step-timeout 40"
+    stage racecheck_no_$name 115 env CUDA_LAUNCH_BLOCKING=1 python3 scripts/failure_matrix.py $M/q06 \
+      --drafter $M/q06-dflash --out "$W/racecheck_no_$name" --max-model-len 4096 --concurrency 1 --num-prompts 2 \
+      --input-len 64 --output-len 16 --sanitize-tools racecheck --startup-timeout 80 --ladder-timeout 30 \
+      --request-timeout 25 --sanitizer-args="--kernel-name-exclude kns=$name" \
+      --server-args="--max-num-seqs 1 --max-num-batched-tokens 16 --step-timeout 25"
     kill "$mon" 2>/dev/null
-    awk '/^used/' "$W/host_memory_$mode.log" | awk 'NR % 4 == 1' | tail -12 | tr '\n' ';'; echo
+    echo "without $name: $(awk '/^used/ {print $2}' "$W/host_memory_$name.log" | tr '\n' ' ')"
   done
   dmesg 2>&1 | grep -i -E "Killed process" | tail -5
   pack
