@@ -107,6 +107,12 @@ class SamplingParams:
     # vLLM's structured outputs (a JSON schema, regex, choice list or grammar the output must follow;
     # a dict is taken as StructuredOutputsParams' fields)
     structured_outputs: StructuredOutputsParams | None = None
+    # (<think> id or None, </think> id): structured outputs hold only after a thinking model's thinking,
+    # as vLLM's do with a reasoning parser (the server sets it from --reasoning-parser when both tags
+    # are single tokens). None as the first: the output thinks from its first token (deepseek_r1);
+    # an id: an output whose first token is that id thinks, any other is constrained from its start
+    # (qwen3). The thinking ends with the </think> token; the constraint applies to what follows
+    think_token_ids: tuple[int | None, int] | None = None
     # vLLM's truncate_prompt_tokens: None keeps the whole prompt; k >= 1 keeps only its last k tokens
     # (left truncation: the end, nearest the output, stays; a prompt of k tokens or fewer is kept
     # whole); -1 keeps as many as the context leaves room for beside max_tokens (the last
@@ -121,6 +127,8 @@ class SamplingParams:
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
         self.logit_bias = dict(self.logit_bias) if self.logit_bias else None
+        if isinstance(self.think_token_ids, list):
+            self.think_token_ids = tuple(self.think_token_ids)
         if isinstance(self.structured_outputs, dict):
             self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
         self.validate()
@@ -177,6 +185,11 @@ class SamplingParams:
             # (the message only when it fails: the repr of a large schema is long to build)
             need(False, f"structured_outputs must be a StructuredOutputsParams or a dict of its fields, got "
                         f"{type(self.structured_outputs).__name__}")
+        t = self.think_token_ids
+        need(t is None or (isinstance(t, tuple) and len(t) == 2 and all(
+            (i is None and k == 0) or (isinstance(i, int) and not isinstance(i, bool) and i >= 0)
+            for k, i in enumerate(t)) and t[0] != t[1]),
+            f"think_token_ids must be None or (<think> id or None, </think> id), two different token ids, got {t!r}")
         need(self.truncate_prompt_tokens is None
              or (isinstance(self.truncate_prompt_tokens, int) and not isinstance(self.truncate_prompt_tokens, bool)
                  and (self.truncate_prompt_tokens >= 1 or self.truncate_prompt_tokens == -1)),

@@ -55,3 +55,15 @@ def write_byte_tokenizer(path: Path) -> None:
         '{"chat_template": "{% for m in messages %}<{{ m.role }}>{{ m.content }}\\n{% endfor %}'
         '{% if add_generation_prompt %}<assistant>{% endif %}"}'
     )
+
+
+def add_think_tokens(path: Path) -> tuple[int, int]:
+    """Give write_byte_tokenizer's tokenizer <think> and </think> as one added token each (ids 256
+    and 257, not special: decoded text keeps them, as Qwen3's does); the model needs vocab_size 258.
+    Returns their ids."""
+    from tokenizers import AddedToken, Tokenizer
+
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    tok.add_tokens([AddedToken("<think>", special=False), AddedToken("</think>", special=False)])
+    tok.save(str(path / "tokenizer.json"))
+    return tok.token_to_id("<think>"), tok.token_to_id("</think>")

@@ -28,7 +28,7 @@ from minillm.engine.logprobs import TokenLogprob, prompt_logprobs, token_logprob
 from minillm.engine.runner import ModelRunner
 from minillm.engine.scheduler import ScheduledSeq, Scheduler
 from minillm.engine.sequence import Sequence
-from minillm.engine.structured import GrammarCompiler, matcher_error
+from minillm.engine.structured import GrammarCompiler, ThinkState, matcher_error
 from minillm.models.loader import LoadedModel, load_model
 from minillm.models.tokenizer import IncrementalDecoder
 from minillm.models.transformer import Transformer, Workspace
@@ -298,8 +298,10 @@ class LLMEngine:
             raise ValueError(f"the prompt has {n} tokens; max_model_len {self.max_model_len} leaves no room for "
                              "output: shorten the prompt or raise max_model_len")
         bad = [t for t in (params.logit_bias or {}) if t >= self.config.vocab_size]
+        bad += [t for t in (params.think_token_ids or ()) if t is not None and t >= self.config.vocab_size]
         if bad:
-            raise ValueError(f"logit_bias token ids must be below the vocabulary size {self.config.vocab_size}; "
+            raise ValueError(f"logit_bias and think_token_ids token ids must be below the vocabulary size "
+                             f"{self.config.vocab_size}; "
                              f"got {bad[:5]}")
         if n + params.max_tokens > self.max_model_len:
             raise ValueError(
@@ -320,6 +322,7 @@ class LLMEngine:
         seq = Sequence(request_id, prompt_ids, params, seed)
         if params.structured_outputs is not None:  # ValueError: the constraint does not compile
             seq.grammar = self.grammars.matcher(params.structured_outputs)
+            seq.think_state = ThinkState.initial(params)
         seq.max_output_len = min(params.max_tokens, self.max_model_len - len(prompt_ids))
         seq.decoder = IncrementalDecoder(self.tokenizer)
         if params.logprobs is not None or params.prompt_logprobs is not None:
@@ -659,7 +662,8 @@ class LLMEngine:
         max_tokens = min(p.max_tokens, self.max_model_len - len(seq.prompt_ids))  # either limit
         g = seq.grammar
         for tok in new:
-            if g is not None and g.is_error():  # this step's mask failed: tok was sampled from EOS alone
+            if g is not None and seq.think_state != ThinkState.THINKING and g.is_error():
+                # this step's mask failed: tok was sampled from EOS alone
                 reason = self._grammar_failed(seq, tok)
                 break
             out_ids.append(tok)
@@ -669,7 +673,10 @@ class LLMEngine:
                 reason = "stop"  # the stop token is returned in token_ids but is not text
                 break
             # a constraint completed by the last token max_tokens allows ends as "stop": the output is whole
-            if g is not None:
+            consume = g is not None
+            if consume and seq.think_state is not None:  # a thinking model's own tokens, up to </think>
+                seq.think_state, consume = ThinkState.after(seq.think_state, tok, p.think_token_ids)
+            if consume:
                 if not g.consume_token(tok) or g.is_error():  # refused: never expected, the mask allowed it
                     out_ids.pop()
                     accepted.pop()

@@ -17,6 +17,7 @@ import numpy as np
 from minillm.engine.block_manager import BlockManager
 from minillm.engine.readback import TokenReadback
 from minillm.engine.scheduler import ScheduledSeq
+from minillm.engine.structured import ThinkState, add_token
 from minillm.models.transformer import StepInputs, Transformer, Workspace
 
 DEBUG = os.environ.get("MINILLM_DEBUG", "") not in ("", "0")
@@ -582,19 +583,31 @@ class ModelRunner:
         its grammar allows there, after the penalties and bias (nothing can lift a ban); row j of a
         verification step as if drafts 0 .. j - 1 were accepted. The changes run once the previous
         step's ids are accepted (a synchronous step, or async scheduling's finish_sampling), so a
-        matcher has consumed every token before this step's."""
+        matcher has consumed every token before this step's. Rows of a thinking model's thinking
+        (structured.ThinkState) are left alone; a row that may open the thinking allows <think> too."""
         if self.grammars is None or not any(item.seq.grammar is not None for item in batch):
             return
-        rows, jobs = [], []
+        rows, jobs, first_rows, opens = [], [], [], []  # first_rows, opens: rows that may open a thinking
         r = 0
         for item in batch:
-            g = item.seq.grammar
+            g, seq = item.seq.grammar, item.seq
             if g is not None and item.samples and item.num_logits:
-                jobs.append((g, item.seq.draft_ids[: item.num_draft]))
-                rows.extend(range(r, r + item.num_logits))
+                drafts = seq.draft_ids[: item.num_draft]
+                a, may_open = ThinkState.rows(seq.think_state, drafts, seq.params.think_token_ids)
+                if a is not None:
+                    jobs.append((g, drafts[a:]))
+                    rows.extend(range(r + a, r + item.num_logits))
+                if may_open:
+                    (opens if a == 0 else first_rows).append((r, g, seq.params.think_token_ids[0]))
             r += item.num_logits
+        masks = self.grammars.next_token_masks(jobs) if jobs else np.zeros((0, self.grammars.words), np.int32)
+        if first_rows:  # row 0 of a step whose later rows think: the matcher's first mask, apart
+            masks = np.concatenate([masks, self.grammars.next_token_masks([(g, []) for _, g, _ in first_rows])])
+            rows.extend(r0 for r0, _, _ in first_rows)
+        for r0, _, start in opens + first_rows:
+            add_token(masks, rows.index(r0), start)
         if rows:
-            self.backend.mask_logits(logits, np.asarray(rows, np.int32), self.grammars.next_token_masks(jobs))
+            self.backend.mask_logits(logits, np.asarray(rows, np.int32), masks)
 
     @staticmethod
     def _adjustments(seq, drafted: list[int] = ()) -> tuple[np.ndarray, ...]:

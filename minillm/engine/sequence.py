@@ -65,6 +65,9 @@ class Sequence:
         # SamplingParams.structured_outputs: llguidance's matcher of the constraint, fed every
         # accepted token (minillm/engine/structured.py); None without one
         self.grammar = None
+        # with SamplingParams.think_token_ids: where the output stands against its thinking
+        # (structured.ThinkState; None: the constraint holds)
+        self.think_state: str | None = None
         self.ended_by_grammar = False  # the output ended where the constraint did (its last token is text)
         # why a sequence ended with finish reason "error" (its matcher failed mid-output:
         # structured.matcher_error), else None

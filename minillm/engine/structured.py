@@ -6,6 +6,10 @@ each sequence holds a matcher that consumes the tokens it accepts, and before a 
 runner asks it for a bitmask of the allowed next tokens (bit t of word t // 32) and bans the rest
 on the device (backend.mask_logits). A verification row j of a speculative step gets the mask that
 follows drafts 0 .. j - 1, so speculation stays lossless under a constraint.
+
+With SamplingParams.think_token_ids (a thinking model behind a reasoning parser) the constraint
+holds only after the thinking, as vLLM's does: the tokens up to the </think> token are the model's
+own and the matcher first sees the token after it. ThinkState is where an output stands.
 """
 
 from __future__ import annotations
@@ -65,6 +69,50 @@ def _limits():
     fuel = os.environ.get("MINILLM_GRAMMAR_FUEL")
     kwargs = {"step_lexer_fuel": int(fuel)} if fuel else {}
     return _llguidance().LLParserLimits(verbose_errors=False, **kwargs)
+
+
+class ThinkState:
+    """Where a constrained output stands against its thinking (Sequence.think_state; None: the
+    constraint holds)."""
+
+    MAY_OPEN = "may_open"  # no token yet; the first may be <think> (qwen3), or is constrained
+    THINKING = "thinking"  # unconstrained until the </think> token
+
+    @staticmethod
+    def initial(params) -> str | None:
+        if params.structured_outputs is None or params.think_token_ids is None:
+            return None
+        return ThinkState.THINKING if params.think_token_ids[0] is None else ThinkState.MAY_OPEN
+
+    @staticmethod
+    def after(state: str | None, tok: int, think_ids) -> tuple[str | None, bool]:
+        """(the state after token tok, whether the matcher consumes tok)."""
+        if state == ThinkState.THINKING:
+            return (None if tok == think_ids[1] else ThinkState.THINKING), False
+        if state == ThinkState.MAY_OPEN and tok == think_ids[0]:
+            return ThinkState.THINKING, False
+        return None, True
+
+    @staticmethod
+    def rows(state: str | None, drafts: list[int], think_ids) -> tuple[int | None, bool]:
+        """For a step's sampling rows 0 .. len(drafts) of one sequence (row j follows drafts[:j]):
+        (a, opens). Rows a, a + 1, ... are constrained, the matcher as it stands taking drafts[a:]
+        (a None: no row is; rows before a are thinking); opens: row 0 also allows <think>, and when
+        a > 0 it wants a mask of its own (the matcher's first)."""
+        if state is None:
+            return 0, False
+        opens = state == ThinkState.MAY_OPEN
+        if opens and not (drafts and drafts[0] == think_ids[0]):
+            return 0, True  # the first token decides; drafts after a non-<think> one are constrained
+        for j in range(1 if opens else 0, len(drafts)):
+            if drafts[j] == think_ids[1]:
+                return j + 1, opens
+        return None, opens
+
+
+def add_token(masks: np.ndarray, row: int, tok: int) -> None:
+    """Allow token tok in masks[row] (bit tok % 32 of word tok // 32)."""
+    masks[row, tok >> 5] |= np.uint32(1 << (tok & 31)).view(np.int32)
 
 
 def matcher_error(m) -> str | None:
@@ -194,8 +242,7 @@ class GrammarCompiler:
                     m.rollback(ok)
         for (_, at, drafts), ok in zip(drafted, taken):  # rows past a refused draft: never reached, a copy
             out[at + ok + 1 : at + len(drafts) + 1] = out[at + ok]
-        empty = ~out.any(axis=1)
-        if empty.any():
+        for row in np.flatnonzero(~out.any(axis=1)):
             for t in self.eos_ids:
-                out[empty, t >> 5] |= np.uint32(1 << (t & 31)).view(np.int32)
+                add_token(out, row, t)
         return out

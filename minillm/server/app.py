@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import configparser
+import dataclasses
 import hmac
 import importlib.metadata
 import json
@@ -29,7 +30,7 @@ from minillm.server import protocol, tools
 from minillm.server.async_engine import AsyncEngine, EngineFailure, EngineUnavailable
 from minillm.server.metrics import Metrics, RequestTimer
 from minillm.server.protocol import ModelInfo, ParsedRequest, ProtocolError, error_body, sse
-from minillm.server.reasoning import Delta, ReasoningSplitter, check_parser, split_reasoning
+from minillm.server.reasoning import Delta, ReasoningSplitter, split_reasoning, think_token_ids
 
 log = logging.getLogger("minillm.server")
 
@@ -141,8 +142,8 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
     """reasoning_parser: "qwen3" or "deepseek_r1" (reasoning.PARSERS) to return chat outputs' thinking
     as reasoning_content; None leaves outputs whole (no reasoning_content key)."""
     eng = engine.engine
-    if reasoning_parser is not None:
-        check_parser(reasoning_parser)
+    # structured outputs wait for the thinking to end when the tags are tokens (reasoning.think_token_ids)
+    think_ids = think_token_ids(eng.tokenizer, reasoning_parser) if reasoning_parser is not None else None
     info = ModelInfo(
         names=list(served_model_names or [eng.model_name]), max_model_len=eng.max_model_len,
         vocab_size=eng.config.vocab_size, tokenizer=eng.tokenizer,
@@ -269,6 +270,9 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         engine.check_admitting()  # 503 before any work when shutting down or failed
         # JSON, tokenising and templating can take a while for long inputs: keep them off the event loop
         parsed = await asyncio.to_thread(lambda: protocol.parse_request(protocol.parse_body(raw), info, chat))
+        if chat and think_ids and splits_reasoning(parsed):  # a constraint holds from the answer on
+            parsed.choices = [(ids, dataclasses.replace(p, think_token_ids=think_ids) if p.structured_outputs else p)
+                              for ids, p in parsed.choices]
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         timer = metrics.timer()
         gone = request.scope.get(CLIENT_GONE) or asyncio.Event()  # absent: not served through asgi_app

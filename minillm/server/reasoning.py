@@ -35,6 +35,22 @@ def check_parser(parser: str) -> str:
     return parser
 
 
+def think_token_ids(tokenizer, parser: str) -> tuple[int | None, int] | None:
+    """SamplingParams.think_token_ids for a parser's constrained requests: (<think>'s id, or None for
+    deepseek_r1, whose outputs all think; </think>'s id), so a constraint holds only after the
+    thinking. None when a tag the parser needs is not one token of the vocabulary: the constraint
+    then holds from the output's first token, as without a parser."""
+    def one_token(tag: str) -> int | None:
+        ids = tokenizer.encode(tag, add_special_tokens=False)
+        return ids[0] if len(ids) == 1 and tokenizer.decode(ids, skip_special_tokens=False) == tag else None
+
+    end = one_token(END)
+    start = one_token(START) if check_parser(parser) == "qwen3" else None
+    if end is None or (parser == "qwen3" and start is None):
+        return None
+    return start, end
+
+
 def split_reasoning(text: str, parser: str) -> tuple[str | None, str | None]:
     """(reasoning, content) of a whole output. reasoning is None when the output has no thinking
     part (qwen3, thinking off); content is None when the output is all thinking."""
