@@ -144,6 +144,10 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
     eng = engine.engine
     # structured outputs wait for the thinking to end when the tags are tokens (reasoning.think_token_ids)
     think_ids = think_token_ids(eng.tokenizer, reasoning_parser) if reasoning_parser is not None else None
+    if reasoning_parser is not None:
+        log.info("reasoning parser %s: output constraints hold %s", reasoning_parser,
+                 f"after the thinking (token ids {think_ids})" if think_ids else
+                 "from the first token (<think> / </think> are not one token each in this vocabulary)")
     info = ModelInfo(
         names=list(served_model_names or [eng.model_name]), max_model_len=eng.max_model_len,
         vocab_size=eng.config.vocab_size, tokenizer=eng.tokenizer,
