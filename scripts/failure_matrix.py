@@ -113,7 +113,8 @@ def run_point(args, mml: int, out: Path, tool: str | None = None) -> dict:
                "--log-file", str(sanitizer_log)] + args.sanitizer_args.split() + cmd + ["--enforce-eager"]
     log = open(out / f"server-{tag}.log", "w")
     t0 = time.time()
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=server_env(tool))
+    # its own process group, so a stop that has to kill takes the server under the sanitizer with it
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=server_env(tool), start_new_session=True)
     point = {"max_model_len": mml, "cmd": " ".join(cmd), **({"sanitizer": tool} if tool else {})}
     try:
         wait_ready(url, proc, args.startup_timeout)
@@ -139,10 +140,15 @@ def run_point(args, mml: int, out: Path, tool: str | None = None) -> dict:
             for pid in (children(proc.pid) if tool else []) or [proc.pid]:
                 os.kill(pid, signal.SIGTERM)
             try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+                proc.wait(timeout=args.stop_timeout)
+            except subprocess.TimeoutExpired:  # e.g. a step stuck under racecheck: SIGTERM is not enough
+                point["server_killed"] = True
+                os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+        try:  # whatever is left of the group (killing only the sanitizer once left the server running,
+            os.killpg(proc.pid, signal.SIGKILL)  # its host memory growing until the OOM killer came: part227)
+        except ProcessLookupError:
+            pass
         point["server_rc"] = proc.returncode
         log.close()
     if tool:
@@ -174,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--startup-timeout", type=float, default=300)
     p.add_argument("--request-timeout", type=float, default=600)
     p.add_argument("--ladder-timeout", type=float, default=1200)
+    p.add_argument("--stop-timeout", type=float, default=60,
+                   help="seconds the server has to stop after SIGTERM before it (and the sanitizer) is killed")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -193,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
                 line += f"; {tool}: {' / '.join(point['sanitizer_summary']) or 'no summary'}"
             if not point.get("server_alive_after_ladder", True):
                 line += "; the server died during the ladder (see its log)"
+            if point.get("server_killed"):
+                line += f"; the server did not stop within {args.stop_timeout:g} s of SIGTERM and was killed"
             print(line, flush=True)
             (out / "matrix.json").write_text(json.dumps(points, indent=2))
     failed = [pt["max_model_len"] for pt in points if not point_ok(pt)]

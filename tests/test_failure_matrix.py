@@ -124,3 +124,28 @@ def test_a_server_that_dies_under_the_load_fails_the_run(tiny, tmp_path):
     assert point["server_alive_after_ladder"] is False
     assert "the server died during the ladder" in text and "FAILED" in text, text
     assert proc.returncode == 1
+
+
+@pytest.mark.slow
+def test_a_server_that_does_not_stop_is_killed_with_its_sanitizer(tiny, tmp_path):
+    """A server stuck in a step (a kernel under racecheck) does not stop on SIGTERM: after
+    --stop-timeout the matrix kills its process group, the server under the sanitizer included. Killing
+    only the sanitizer left part227's servers running, their host memory growing, into the next point.
+    Here each step sleeps 30 s, so the ladder times out and SIGTERM cannot stop the server in time."""
+    pidfile, out = tmp_path / "server.pid", tmp_path / "stuck"
+    env = fake_sanitizer_env(tmp_path, FAKE_PIDFILE=str(pidfile), MINILLM_TEST_STEP_DELAY="30")
+    cmd = matrix_cmd(tiny, out, "racecheck")
+    cmd[cmd.index("--ladder-timeout") + 1] = "4"
+    t0 = time.monotonic()
+    r = subprocess.run(cmd + ["--stop-timeout", "2"], capture_output=True, text=True, env=env, timeout=300)
+    assert time.monotonic() - t0 < 120, "the matrix waited for the stuck step"
+    point = json.loads((out / "matrix.json").read_text())[0]
+    assert point["server_killed"] is True
+    assert "was killed" in r.stdout and r.returncode == 1, r.stdout + r.stderr
+    pid = int(pidfile.read_text())
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return  # the server is gone
+    status = Path(f"/proc/{pid}/status").read_text() if Path(f"/proc/{pid}").exists() else ""
+    assert "zombie" in status, f"the server {pid} outlived the matrix"
