@@ -3928,7 +3928,9 @@ part226() {  # session 38: part225 found why the server dies under racecheck: th
 
 part227() {  # session 38: part226's load grew the host's memory as fast without graphs: bisect by kernel. The
   # load with the sampler, the paged attention or the products left out of racecheck, the host's memory
-  # beside each (~6 minutes)
+  # beside each (~6 minutes). Run: without the sampler instrumented the memory grew as fast (~4 GB a
+  # second); the other two stages are void: failure_matrix then killed only the sanitizer when the server
+  # did not stop, so the first stage's server ran on into them (fixed since: it kills the process group)
   setup
   models_q06_dflash 40
   local name
@@ -3945,6 +3947,46 @@ part227() {  # session 38: part226's load grew the host's memory as fast without
   done
   dmesg 2>&1 | grep -i -E "Killed process" | tail -5
   pack
+}
+
+part228() {  # prepared in session 38 (not run): part227's bisection again, each stage on a clean host: the
+  # matrix kills the server's process group when it does not stop, and a guard kills the server once the
+  # host has used 48 GB (the tool's memory grew ~4 GB a second; the OOM killer came at ~128 GB). Which
+  # kernels' instrumentation makes racecheck's host memory grow: the products, the paged attention, or
+  # the norms, RoPE and the rest (~8 minutes)
+  setup
+  models_q06_dflash 40
+  local name
+  for name in gemv paged norm; do
+    host_memory_log "$W/host_memory_$name.log" &
+    local mon=$!
+    host_memory_guard 48000 "$W/guard_$name.log" &
+    local guard=$!
+    stage racecheck_no_$name 140 env CUDA_LAUNCH_BLOCKING=1 python3 scripts/failure_matrix.py $M/q06 \
+      --drafter $M/q06-dflash --out "$W/racecheck_no_$name" --max-model-len 4096 --concurrency 1 --num-prompts 2 \
+      --input-len 64 --output-len 16 --sanitize-tools racecheck --startup-timeout 80 --ladder-timeout 45 \
+      --request-timeout 40 --stop-timeout 5 --sanitizer-args="--kernel-name-exclude kns=$name" \
+      --server-args="--max-num-seqs 1 --max-num-batched-tokens 16 --step-timeout 40"
+    kill "$mon" "$guard" 2>/dev/null
+    echo "without $name: $(awk '/^used/ {print $2}' "$W/host_memory_$name.log" | tr '\n' ' ')"
+    cat "$W/guard_$name.log" 2>/dev/null
+  done
+  pack
+}
+
+host_memory_guard() {  # host_memory_guard LIMIT_MB LOG: kill -9 the python3 with the largest resident set
+  # once the host has used LIMIT_MB (a sanitizer's memory growing toward the OOM killer), until killed
+  while true; do
+    local used
+    used=$(free -m | awk 'NR == 2 {print $3}')
+    if [ "$used" -gt "$1" ]; then
+      local pid
+      pid=$(ps -C python3 -o pid=,rss= --sort=-rss | awk 'NR == 1 {print $1}')
+      echo "$(date +%T) host used ${used} MiB: killed python3 $pid" >> "$2"
+      kill -9 "$pid" 2>/dev/null
+    fi
+    sleep 1
+  done
 }
 
 host_memory_log() {  # host_memory_log FILE: every 2 s, the host's used / available memory (MiB) and the
