@@ -104,6 +104,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     # OpenAI's logit_bias: {token id: value in [-100, 100]} added to the logits before sampling
     logit_bias: dict[int, float] | None = None
+    # vLLM's allowed_token_ids: sampling keeps only these tokens (every other is banned, EOS too
+    # unless listed: the output then runs to max_tokens or a stop string)
+    allowed_token_ids: list[int] | None = None
     # vLLM's structured outputs (a JSON schema, regex, choice list or grammar the output must follow;
     # a dict is taken as StructuredOutputsParams' fields)
     structured_outputs: StructuredOutputsParams | None = None
@@ -127,6 +130,8 @@ class SamplingParams:
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
         self.logit_bias = dict(self.logit_bias) if self.logit_bias else None
+        if isinstance(self.allowed_token_ids, tuple):
+            self.allowed_token_ids = list(self.allowed_token_ids)
         if isinstance(self.think_token_ids, list):
             self.think_token_ids = tuple(self.think_token_ids)
         if isinstance(self.structured_outputs, dict):
@@ -185,6 +190,10 @@ class SamplingParams:
             # (the message only when it fails: the repr of a large schema is long to build)
             need(False, f"structured_outputs must be a StructuredOutputsParams or a dict of its fields, got "
                         f"{type(self.structured_outputs).__name__}")
+        a = self.allowed_token_ids
+        need(a is None or (isinstance(a, list) and a and all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in a)),
+            f"allowed_token_ids must be None or a non-empty list of token ids (integers >= 0), got {a!r:.80}")
         t = self.think_token_ids
         need(t is None or (isinstance(t, tuple) and len(t) == 2 and all(
             (i is None and k == 0) or (isinstance(i, int) and not isinstance(i, bool) and i >= 0)
@@ -195,6 +204,10 @@ class SamplingParams:
                  and (self.truncate_prompt_tokens >= 1 or self.truncate_prompt_tokens == -1)),
              f"truncate_prompt_tokens must be None, an integer >= 1 (keep the prompt's last k tokens) or -1 (as "
              f"many as max_model_len leaves beside max_tokens), got {self.truncate_prompt_tokens!r}")
+        # a token outside the list but the grammar's only one would leave a row with nothing to sample
+        need(not (self.structured_outputs and self.allowed_token_ids is not None),
+             "allowed_token_ids cannot be combined with structured_outputs: write the restriction into the "
+             "constraint (e.g. a regex or choice over the allowed text)")
         # the grammar decides when the output may end; min_tokens would ban the end it allows
         need(not (self.structured_outputs and self.min_tokens),
              "min_tokens cannot be combined with structured_outputs: the grammar decides where the output ends")
@@ -221,9 +234,10 @@ class SamplingParams:
 
     @property
     def adjusts_logits(self) -> bool:
-        """Penalties, a logit bias or structured outputs: the runner changes this request's logits
-        before sampling (after a FORWARD_ONLY graph or an eager forward)."""
-        return self.penalized or bool(self.logit_bias) or self.structured_outputs is not None
+        """Penalties, a logit bias, allowed token ids or structured outputs: the runner changes this
+        request's logits before sampling (after a FORWARD_ONLY graph or an eager forward)."""
+        return (self.penalized or bool(self.logit_bias) or self.allowed_token_ids is not None
+                or self.structured_outputs is not None)
 
 
 def truncate_prompt(prompt_ids: list[int], truncate_prompt_tokens: int | None, max_model_len: int,

@@ -28,7 +28,7 @@ from minillm.engine.logprobs import TokenLogprob, prompt_logprobs, token_logprob
 from minillm.engine.runner import ModelRunner
 from minillm.engine.scheduler import ScheduledSeq, Scheduler
 from minillm.engine.sequence import Sequence
-from minillm.engine.structured import GrammarCompiler, ThinkState, matcher_error
+from minillm.engine.structured import GrammarCompiler, ThinkState, matcher_error, token_mask
 from minillm.models.loader import LoadedModel, load_model
 from minillm.models.tokenizer import IncrementalDecoder
 from minillm.models.transformer import Transformer, Workspace
@@ -299,10 +299,14 @@ class LLMEngine:
                              "output: shorten the prompt or raise max_model_len")
         bad = [t for t in (params.logit_bias or {}) if t >= self.config.vocab_size]
         bad += [t for t in (params.think_token_ids or ()) if t is not None and t >= self.config.vocab_size]
+        bad += [t for t in (params.allowed_token_ids or ()) if t >= self.config.vocab_size]
         if bad:
-            raise ValueError(f"logit_bias and think_token_ids token ids must be below the vocabulary size "
-                             f"{self.config.vocab_size}; "
-                             f"got {bad[:5]}")
+            raise ValueError(f"logit_bias, allowed_token_ids and think_token_ids token ids must be below the "
+                             f"vocabulary size {self.config.vocab_size}; got {bad[:5]}")
+        if params.min_tokens and params.allowed_token_ids is not None and \
+                set(params.allowed_token_ids) <= set(self.eos_ids) | set(params.stop_token_ids):
+            raise ValueError("allowed_token_ids holds only stop tokens, which min_tokens bans until then: "
+                             "allow another token or drop min_tokens")
         if n + params.max_tokens > self.max_model_len:
             raise ValueError(
                 f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) = {n + params.max_tokens} exceeds "
@@ -323,6 +327,8 @@ class LLMEngine:
         if params.structured_outputs is not None:  # ValueError: the constraint does not compile
             seq.grammar = self.grammars.matcher(params.structured_outputs)
             seq.think_state = ThinkState.initial(params)
+        if params.allowed_token_ids is not None:
+            seq.allowed_mask = token_mask(params.allowed_token_ids, self.config.vocab_size)
         seq.max_output_len = min(params.max_tokens, self.max_model_len - len(prompt_ids))
         seq.decoder = IncrementalDecoder(self.tokenizer)
         if params.logprobs is not None or params.prompt_logprobs is not None:

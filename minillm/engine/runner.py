@@ -609,6 +609,21 @@ class ModelRunner:
         if rows:
             self.backend.mask_logits(logits, np.asarray(rows, np.int32), masks)
 
+    def _allow_tokens(self, batch: list[ScheduledSeq], logits) -> None:
+        """allowed_token_ids (SamplingParams): every sampling row of such a sequence keeps only its
+        tokens, through the structured outputs' mask kernel (with a constraint too, a token must
+        pass both)."""
+        rows, masks = [], []
+        r = 0
+        for item in batch:
+            m = item.seq.allowed_mask
+            if m is not None and item.samples and item.num_logits:
+                rows.extend(range(r, r + item.num_logits))
+                masks.extend([m] * item.num_logits)
+            r += item.num_logits
+        if rows:
+            self.backend.mask_logits(logits, np.asarray(rows, np.int32), np.stack(masks))
+
     @staticmethod
     def _adjustments(seq, drafted: list[int] = ()) -> tuple[np.ndarray, ...]:
         """(token ids, scale of a positive logit, of a negative one, amount subtracted), each token
@@ -796,12 +811,13 @@ class ModelRunner:
         return ticket
 
     def _change_and_sample(self, batch: list[ScheduledSeq], logits, r: int) -> None:
-        """min_tokens, penalties, logit_bias and structured outputs on the step's logits, then the
-        sampler (eager launches, after an eager forward or a FORWARD_ONLY graph)."""
+        """min_tokens, penalties, logit_bias, structured outputs and allowed_token_ids on the step's
+        logits, then the sampler (eager launches, after an eager forward or a FORWARD_ONLY graph)."""
         if self.logits_window is None:  # (a windowed drafter's argmax: its drafts only)
             self._suppress_stop_tokens(batch, logits)
             self._adjust_logits(batch, logits)
             self._constrain_logits(batch, logits)
+            self._allow_tokens(batch, logits)
         self._sample(logits, r)
 
     def collect(self, handle: tuple) -> np.ndarray:

@@ -65,6 +65,8 @@ class Sequence:
         # SamplingParams.structured_outputs: llguidance's matcher of the constraint, fed every
         # accepted token (minillm/engine/structured.py); None without one
         self.grammar = None
+        # SamplingParams.allowed_token_ids as one bitmask row (structured.token_mask); None without them
+        self.allowed_mask = None
         # with SamplingParams.think_token_ids: where the output stands against its thinking
         # (structured.ThinkState; None: the constraint holds)
         self.think_state: str | None = None

@@ -115,6 +115,14 @@ def add_token(masks: np.ndarray, row: int, tok: int) -> None:
     masks[row, tok >> 5] |= np.uint32(1 << (tok & 31)).view(np.int32)
 
 
+def token_mask(ids, vocab_size: int) -> np.ndarray:
+    """One bitmask row (int32 words, the layout of mask_logits) allowing exactly the tokens ids."""
+    ids = np.unique(np.asarray(ids, np.int64))
+    row = np.zeros((vocab_size + 31) // 32, np.uint32)
+    np.bitwise_or.at(row, ids >> 5, np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32)))
+    return row.view(np.int32)
+
+
 def matcher_error(m) -> str | None:
     """A matcher's error (None while it has none), as the client is told it.
 

@@ -366,6 +366,8 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool,
     _refuse(body, "best_of", (None, 1, n), "best_of other than n (choosing among more samples)")
     # vLLM's extensions that change what is sampled: refused by name rather than silently ignored
     _refuse(body, "use_beam_search", (None, False), "beam search")
+    _refuse(body, "bad_words", (None,), "banned word sequences")
+    _refuse(body, "logits_processors", (None,), "custom logits processors")
     structured = structured_outputs(body, info.grammars)
     skip_special = True
     if tools is not None:
@@ -421,6 +423,12 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool,
         raise ProtocolError("'stop' must be a string or an array of strings", "stop")
     stop_ids = _get(body, "stop_token_ids", list, [])
     _check_ids(stop_ids, info, "stop_token_ids")
+    allowed = _get(body, "allowed_token_ids", list, None)  # vLLM's extension field
+    if allowed is not None:
+        if not allowed:
+            raise ProtocolError("'allowed_token_ids' must name at least one token (leave it out to allow all)",
+                                "allowed_token_ids")
+        _check_ids(allowed, info, "allowed_token_ids")
     if top_k >= info.vocab_size:
         top_k = -1  # keeps every token anyway; and the engine holds top_k in an int32
     seed = _get(body, "seed", int, None)
@@ -434,7 +442,7 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool,
         ignore_eos=_get(body, "ignore_eos", bool, False), seed=seed,
         skip_special_tokens=_get(body, "skip_special_tokens", bool, skip_special), logprobs=logprobs,
         include_stop_str_in_output=_get(body, "include_stop_str_in_output", bool, False),
-        prompt_logprobs=prompt_logprobs, structured_outputs=structured, **adjust,
+        prompt_logprobs=prompt_logprobs, structured_outputs=structured, allowed_token_ids=allowed, **adjust,
     )
     try:
         params = SamplingParams(**kwargs)
