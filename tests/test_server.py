@@ -232,6 +232,28 @@ def test_logprobs(server):
     assert got == pytest.approx([e.logprob for e in content], abs=1e-5)
 
 
+def test_logprobs_as_token_ids(server):
+    """vLLM's return_tokens_as_token_ids: each logprobs token is named "token_id:<id>", so the
+    tiny model's byte tokens that read alike stay apart; the values are the plain body's."""
+    cl, name = server.client(), model_name(server)
+    kw = dict(model=name, prompt="Once upon", max_tokens=6, temperature=0, logprobs=2)
+    plain = cl.completions.create(**kw).choices[0].logprobs
+    lp = cl.completions.create(**kw, extra_body={"return_tokens_as_token_ids": True}).choices[0].logprobs
+    assert lp.token_logprobs == pytest.approx(plain.token_logprobs, abs=1e-5)
+    ids = [int(t.removeprefix("token_id:")) for t in lp.tokens]
+    assert all(t.startswith("token_id:") for t in lp.tokens) and all(0 <= i < 256 for i in ids)
+    assert all(len(top) == 2 and top[tok] == v for tok, v, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs))
+    streamed = [ch.choices[0].logprobs for ch in cl.completions.create(
+        stream=True, **kw, extra_body={"return_tokens_as_token_ids": True}) if ch.choices and ch.choices[0].logprobs]
+    assert sum((s.tokens for s in streamed), []) == lp.tokens
+    r = cl.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                   temperature=0, logprobs=True, top_logprobs=3,
+                                   extra_body={"return_tokens_as_token_ids": True})
+    for e in r.choices[0].logprobs.content:
+        assert e.token.startswith("token_id:") and bytes(e.bytes).decode() == e.token
+        assert len({t.token for t in e.top_logprobs}) == 3 and e.top_logprobs[0].token == e.token
+
+
 def test_echo(server):
     """echo on /v1/completions: the prompt's text first and, with logprobs, its tokens' logprobs
     first (the first token's null), then the completion's; max_tokens 0 scores the prompt and

@@ -122,6 +122,9 @@ COMPLETION_CASES = [
     ({**OK, "min_p": True}, "min_p"),
     ({**OK, "min_p": [0.1]}, "min_p"),
     ({**OK, "use_beam_search": True}, "use_beam_search"),
+    ({**OK, "priority": 1}, "priority"),  # vLLM's fields that change what runs, refused rather than ignored
+    ({**OK, "guided_json": {"type": "object"}, "guided_whitespace_pattern": " ?"}, "guided_whitespace_pattern"),
+    ({**OK, "return_tokens_as_token_ids": "yes"}, "return_tokens_as_token_ids"),
     ({**OK, "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),  # vLLM's: an integer >= 1 or -1
     ({**OK, "truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
     ({**OK, "truncate_prompt_tokens": 1.5}, "truncate_prompt_tokens"),
@@ -181,6 +184,8 @@ COMPLETION_CASES = [
 MSG = [{"role": "user", "content": "hi"}]
 CHAT_CASES = [
     ({"max_tokens": 2}, "messages"),
+    ({"messages": [{"role": "user", "content": "hi"}], "echo": True}, "echo"),  # vLLM's chat echo: not yet
+    ({"messages": [{"role": "user", "content": "hi"}], "documents": [{"text": "x"}]}, "documents"),
     ({"messages": []}, "messages"),
     ({"messages": "hi"}, "messages"),
     ({"messages": [1]}, "messages[0]"),

@@ -159,6 +159,9 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
     def token_text(token_id: int) -> str:  # a token as logprobs bodies name it
         return info.tokenizer.decode([token_id], skip_special_tokens=False)
 
+    def token_id_text(token_id: int) -> str:  # vLLM's return_tokens_as_token_ids: one name per id
+        return f"token_id:{token_id}"
+
     app = Quart("minillm.server")
     app.url_map.converters["model_id"] = ModelIdConverter
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
@@ -317,13 +320,14 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
             texts, n_outs, lps, out_ids = [""] * n, [0] * n, [[] for _ in range(n)], [[] for _ in range(n)]
             reasons = ["length" for _ in reasons]
         bodies: list[dict | None] = [None] * n
+        name = token_id_text if parsed.tokens_as_ids else token_text  # the sampled tokens in logprobs
         if parsed.logprobs:
-            bodies = [protocol.chat_logprobs(lp, token_text) if chat else protocol.completion_logprobs(lp, token_text)
+            bodies = [protocol.chat_logprobs(lp, name) if chat else protocol.completion_logprobs(lp, name)
                       for lp in lps]
         if parsed.echo:  # the prompt first: its text, and its tokens' logprobs (the first one null)
             texts = [parsed.echo_texts[i] + texts[i] for i in range(n)]
             if parsed.logprobs:
-                bodies = [protocol.completion_logprobs(prompt_lps[i] + lps[i], token_text,
+                bodies = [protocol.completion_logprobs(prompt_lps[i] + lps[i], name,
                                                        token_ids=parsed.choices[i][0] + out_ids[i],
                                                        top=parsed.top_logprobs)
                           for i in range(n)]
@@ -379,6 +383,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
                           gone: asyncio.Event) -> AsyncIterator[bytes]:
         created, model, n_prompt = protocol.now(), parsed.model, parsed.num_prompt_tokens
         usage_null = {"usage": None} if parsed.include_usage else {}
+        name = token_id_text if parsed.tokens_as_ids else token_text
 
         def usage_of(i: int) -> dict:
             """What choice i's chunk says of usage: with continuous_usage_stats (vLLM's) its prompt's
@@ -401,9 +406,9 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
                     delta["reasoning_content"] = thought
                 if calls:
                     delta["tool_calls"] = [c.body() for c in calls]
-                lp = protocol.chat_logprobs(lps, token_text) if lps else None
+                lp = protocol.chat_logprobs(lps, name) if lps else None
                 return sse({**protocol.chat_chunk(rid, created, model, delta, finish, i, lp, plp), **usage_of(i)})
-            lp = (protocol.completion_logprobs(lps, token_text, sent_chars[i], ids, parsed.top_logprobs)
+            lp = (protocol.completion_logprobs(lps, name, sent_chars[i], ids, parsed.top_logprobs)
                   if lps else None)
             if lp:
                 sent_chars[i] = lp["text_offset"][-1] + len(lp["tokens"][-1])

@@ -84,6 +84,9 @@ class ParsedRequest:
     # vLLM's include_reasoning (chat): with a --reasoning-parser, false leaves reasoning_content out
     # of the reply (the content is still the answer alone)
     include_reasoning: bool = True
+    # vLLM's return_tokens_as_token_ids: logprobs name each token "token_id:<id>" (tokens whose
+    # text is not whole, e.g. byte pieces of one character, stay apart)
+    tokens_as_ids: bool = False
 
     @property
     def logprobs(self) -> bool:
@@ -368,6 +371,11 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool,
     _refuse(body, "use_beam_search", (None, False), "beam search")
     _refuse(body, "bad_words", (None,), "banned word sequences")
     _refuse(body, "logits_processors", (None,), "custom logits processors")
+    _refuse(body, "priority", (None, 0), "request priorities (the scheduler is first come, first served)")
+    _refuse(body, "guided_whitespace_pattern", (None,), "a JSON whitespace pattern (disable_any_whitespace is)")
+    if chat:
+        _refuse(body, "echo", (None, False), "vLLM's chat echo (the last message prepended to the reply)")
+        _refuse(body, "documents", (None,), "documents for the chat template")
     structured = structured_outputs(body, info.grammars)
     skip_special = True
     if tools is not None:
@@ -565,7 +573,8 @@ def parse_request(body: dict, info: ModelInfo, chat: bool) -> ParsedRequest:
     parsed = ParsedRequest(model, choices, sum(len(ids) for ids in prompts), stream, include_usage,
                            continuous_usage, prompt_logprobs=_get(body, "prompt_logprobs", int, None),
                            tools=tools if tools is not None and tools.parses else None,
-                           include_reasoning=_get(body, "include_reasoning", bool, True) if chat else True)
+                           include_reasoning=_get(body, "include_reasoning", bool, True) if chat else True,
+                           tokens_as_ids=_get(body, "return_tokens_as_token_ids", bool, False))
     if not chat and _get(body, "echo", bool, False):  # (chat's echo is not OpenAI's: left alone)
         parsed.echo = True
         parsed.echo_only = body.get("max_tokens") == 0
