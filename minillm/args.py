@@ -38,6 +38,8 @@ class EngineArgs:
     # schedule step n + 1 before step n's tokens are back; None: the driver's default (on in
     # LLM.generate and the benchmarks, off in the server)
     async_scheduling: bool | None = None
+    # vLLM's --chat-template: a Jinja file, or the template itself, used instead of the model's own
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.speculative_config, str):
@@ -91,6 +93,8 @@ class EngineArgs:
         need(self.num_blocks is None or self.num_blocks >= 1, f"--num-blocks must be >= 1, got {self.num_blocks}")
         need(0 < self.gpu_memory_utilization <= 1,
              f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        need(self.chat_template is None or (isinstance(self.chat_template, str) and self.chat_template != ""),
+             f"--chat-template must be a template file's path or the template itself, got {self.chat_template!r}")
         need(self.speculative_config is None or isinstance(self.speculative_config, dict),
              "--speculative-config must be a JSON object, e.g. "
              '\'{"method": "ngram", "num_speculative_tokens": 3}\'')
@@ -122,6 +126,9 @@ def add_engine_args(p: argparse.ArgumentParser, model_positional: bool = True) -
                         '(ngram, draft_model, dflash), num_speculative_tokens, model, prompt_lookup_min, '
                         'prompt_lookup_max, draft_vocab_size')
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    p.add_argument("--chat-template", default=None,
+                   help="a Jinja chat template file, or the template itself, instead of the model's own (for a "
+                        "model without one, or to change it); checked at startup")
     p.add_argument("--seed", type=int, default=d["seed"].default)
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="schedule and launch step n+1 before step n's sampled tokens reach the host, so the "

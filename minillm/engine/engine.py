@@ -30,7 +30,7 @@ from minillm.engine.scheduler import ScheduledSeq, Scheduler
 from minillm.engine.sequence import Sequence
 from minillm.engine.structured import GrammarCompiler, ThinkState, matcher_error, token_mask
 from minillm.models.loader import LoadedModel, load_model
-from minillm.models.tokenizer import IncrementalDecoder
+from minillm.models.tokenizer import IncrementalDecoder, read_chat_template
 from minillm.models.transformer import Transformer, Workspace
 from minillm.sampling_params import SamplingParams
 from minillm.spec.config import SpeculativeConfig
@@ -171,10 +171,13 @@ class LLMEngine:
     def __init__(self, args: EngineArgs | None = None, loaded: LoadedModel | None = None, **kwargs):
         args = args or EngineArgs(**kwargs)
         self.args = args
+        template = read_chat_template(args.chat_template) if args.chat_template is not None else None
         self.loaded = loaded or load_model(args.model)
         cfg = self.loaded.config
         self.config = cfg
         self.tokenizer = self.loaded.tokenizer
+        if template is not None:
+            self.tokenizer.set_chat_template(*template)
         self.model_name = self.loaded.name
         self.backend = select_backend(args.device, args.dtype)
 

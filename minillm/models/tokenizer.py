@@ -77,6 +77,11 @@ class Tokenizer:
         self.chat_template_where = chat_template_where
         self._template = compile_chat_template(chat_template, chat_template_where) if chat_template else None
 
+    def set_chat_template(self, template: str, where: str) -> None:
+        """Use template (compiled now: ValueError naming `where` when it does not) for every chat."""
+        self._template = compile_chat_template(template, where)
+        self.chat_template, self.chat_template_where = template, where
+
     # ---- construction -------------------------------------------------------------------
     @classmethod
     def from_hf_dir(cls, path: str | Path, eos_token_ids: list[int] | None = None,
@@ -180,6 +185,28 @@ class Tokenizer:
         text = self.apply_chat_template(messages, add_generation_prompt, continue_final_message,
                                         **(template_kwargs or {}))
         return self.encode(text, add_special_tokens=add_special_tokens)
+
+
+def read_chat_template(value: str) -> tuple[str, str]:
+    """--chat-template (vLLM's): a file holding the template, or the template itself; returns (the
+    template, where it came from, for errors). A value that is neither is a ValueError saying so."""
+    path = Path(value)
+    try:
+        is_file = path.is_file()
+    except (OSError, ValueError):  # a long inline template is not a valid path on every system
+        is_file = False
+    if is_file:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"--chat-template {value}: not UTF-8 text ({e})") from None
+        if not text.strip():
+            raise ValueError(f"--chat-template {value}: the file is empty")
+        return text, f"--chat-template {value}"
+    if "{{" in value or "{%" in value:
+        return value, "--chat-template (the template given inline)"
+    raise ValueError(f"--chat-template {value!r}: no such file, and not a template (it has no {{{{ or {{%); give "
+                     "the path of a Jinja template file or the template itself")
 
 
 def _shown(v) -> str:

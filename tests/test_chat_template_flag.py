@@ -1,0 +1,88 @@
+"""--chat-template (vLLM's flag; LLM(chat_template=...)): a Jinja file or the template itself replaces
+the model's own for every chat, offline, in the generate CLI and in the server (its chat endpoint and
+/tokenize render the same ids); a value that is neither, or a template that does not compile, is
+refused at startup naming the flag.
+
+Real parts: a random tiny model with a byte tokenizer, the NumPy backend, the real server.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from test_server import Server
+
+from minillm import LLM, SamplingParams
+from minillm.generate import main as generate_main
+from minillm.models.tokenizer import read_chat_template
+
+from hf_models import make_tiny
+
+TEMPLATE = ("{% for m in messages %}[{{ m.role }}: {{ m.content }}]{% endfor %}"
+            "{% if add_generation_prompt %}>{% endif %}")
+MSGS = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-template")
+    make_tiny("llama", path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def template_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tpl") / "chat.jinja"
+    path.write_text(TEMPLATE)
+    return path
+
+
+def test_read_a_file_or_the_template(template_file, tmp_path):
+    assert read_chat_template(str(template_file)) == (TEMPLATE, f"--chat-template {template_file}")
+    assert read_chat_template(TEMPLATE)[0] == TEMPLATE
+    with pytest.raises(ValueError, match="no such file, and not a template"):
+        read_chat_template(str(tmp_path / "missing.jinja"))
+    (tmp_path / "empty.jinja").write_text("  \n")
+    with pytest.raises(ValueError, match="the file is empty"):
+        read_chat_template(str(tmp_path / "empty.jinja"))
+    (tmp_path / "latin1.jinja").write_bytes(b"{{ caf\xe9 }}")
+    with pytest.raises(ValueError, match="not UTF-8"):
+        read_chat_template(str(tmp_path / "latin1.jinja"))
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_offline_chat_renders_with_it(tiny_dir, template_file, inline):
+    llm = LLM(str(tiny_dir), device="cpu", max_model_len=128, max_num_seqs=2,
+              chat_template=TEMPLATE if inline else str(template_file))
+    out = llm.chat(MSGS, SamplingParams(max_tokens=2, temperature=0))[0]
+    assert out.prompt_token_ids == llm.engine.tokenizer.encode("[user: hi]>", add_special_tokens=False)
+    own = LLM(str(tiny_dir), device="cpu", max_model_len=128, max_num_seqs=2)  # the model's template otherwise
+    assert own.chat(MSGS, SamplingParams(max_tokens=2))[0].prompt_token_ids != out.prompt_token_ids
+
+
+@pytest.mark.parametrize("value, match", [
+    ("{% for m in messages %}", "--chat-template \\(the template given inline\\) does not compile"),
+    ("chatml", "no such file, and not a template"),
+    ("", "--chat-template must be"),
+])
+def test_bad_templates_are_refused_at_startup(tiny_dir, value, match):
+    with pytest.raises(ValueError, match=match):
+        LLM(str(tiny_dir), device="cpu", max_model_len=128, chat_template=value)
+
+
+def test_the_cli_prints_one_error_line(tiny_dir, capsys):
+    assert generate_main([str(tiny_dir), "--device", "cpu", "--chat", "--prompt", "hi",
+                          "--chat-template", "{% if %}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --chat-template") and "does not compile" in err and err.count("\n") == 1
+
+
+def test_server_chats_and_tokenizes_with_it(tiny_dir, template_file, tmp_path):
+    srv = Server(tiny_dir, tmp_path / "server.log", "--served-model-name", "tiny", "--chat-template",
+                 str(template_file))
+    try:
+        ids = httpx.post(f"{srv.url}/tokenize", json={"messages": MSGS}).json()["tokens"]
+        r = srv.client().chat.completions.create(model="tiny", messages=MSGS, max_tokens=2)
+        assert r.usage.prompt_tokens == len(ids) == len("[user: hi]>")  # the byte tokenizer: a token a byte
+    finally:
+        assert srv.stop() == 0, srv.text()
