@@ -300,12 +300,11 @@ class LLMEngine:
         if n >= self.max_model_len:
             raise ValueError(f"the prompt has {n} tokens; max_model_len {self.max_model_len} leaves no room for "
                              "output: shorten the prompt or raise max_model_len")
-        bad = [t for t in (params.logit_bias or {}) if t >= self.config.vocab_size]
-        bad += [t for t in (params.think_token_ids or ()) if t is not None and t >= self.config.vocab_size]
-        bad += [t for t in (params.allowed_token_ids or ()) if t >= self.config.vocab_size]
-        if bad:
-            raise ValueError(f"logit_bias, allowed_token_ids and think_token_ids token ids must be below the "
-                             f"vocabulary size {self.config.vocab_size}; got {bad[:5]}")
+        for name in ("logit_bias", "allowed_token_ids", "think_token_ids"):
+            bad = [t for t in (getattr(params, name) or ()) if t is not None and t >= self.config.vocab_size]
+            if bad:
+                raise ValueError(f"{name} token ids must be below the vocabulary size {self.config.vocab_size}; "
+                                 f"got {bad[:5]}")
         if params.min_tokens and params.allowed_token_ids is not None and \
                 set(params.allowed_token_ids) <= set(self.eos_ids) | set(params.stop_token_ids):
             raise ValueError("allowed_token_ids holds only stop tokens, which min_tokens bans until then: "
