@@ -22,6 +22,7 @@ import sys
 
 from minillm.args import STARTUP_ERRORS, EngineArgs, add_engine_args
 from minillm.server.reasoning import PARSERS as REASONING_PARSERS
+from minillm.server.tools import TOOL_CALL_PARSERS
 
 log = logging.getLogger("minillm.server")
 
@@ -44,6 +45,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="return chat outputs' <think>...</think> text apart from the answer, as "
                         "reasoning_content (qwen3: an output that opens with <think> thinks, any other is the "
                         "answer; deepseek_r1: every output starts in thinking, its <think> in the prompt)")
+    p.add_argument("--tool-call-parser", default="hermes", choices=TOOL_CALL_PARSERS,
+                   help="how tool_choice \"auto\" reads the model's calls: hermes, <tool_call>{...}</tool_call> "
+                        "(Qwen2.5 / Qwen3 / Hermes templates); llama3_json, an output of {\"name\", \"parameters\"} "
+                        "objects separated by ; (Llama 3.1-3.3 templates)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     ns = p.parse_args(argv)
     names = ns.served_model_name or []
@@ -148,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                        step_timeout=ns.step_timeout)
     names = ns.served_model_name or [engine.model_name]
     app = build_app(aeng, names, ns.api_key, test_hooks=os.environ.get("MINILLM_TEST_FAULTS") == "1",
-                    reasoning_parser=ns.reasoning_parser)
+                    reasoning_parser=ns.reasoning_parser, tool_call_parser=ns.tool_call_parser)
     for sock in sockets.insecure_sockets:
         sock.listen(config.backlog)  # connections queue from here on, so the ready line is true at once
     host, port = sockets.insecure_sockets[0].getsockname()[:2]

@@ -17,7 +17,7 @@ import pytest
 from test_server import Server
 
 from minillm.server import tools
-from minillm.server.tools import HermesParser, NamedParser, Piece, RequiredParser
+from minillm.server.tools import HermesParser, Llama3JsonParser, NamedParser, Piece, RequiredParser
 
 from hf_models import make_tiny
 
@@ -96,6 +96,47 @@ def test_hermes_parser_holds_back_only_a_possible_tag():
 def test_hermes_parser_without_parallel_calls_keeps_the_first():
     p = run(HermesParser(parallel=False), [TWO])
     assert calls_of(p) == [("a", {"x": 1})] and p.content == ""
+
+
+# ---- llama3_json -----------------------------------------------------------------------------
+LLAMA = '<|python_tag|>{"name": "a", "parameters": {"x": 1}}; {"name": "b", "arguments": {"y": "; {"}}'
+
+
+@pytest.mark.parametrize("size", [len(LLAMA), 1, 2, 3, 7])
+def test_llama3_parser_same_in_any_pieces(size):
+    """Calls after the python tag, separated by ";" (a ";" or "{" inside a string is an argument),
+    "parameters" or "arguments"; bare JSON calls too; split anywhere, the same calls and no content."""
+    p = run(Llama3JsonParser(), pieces(LLAMA, size))
+    assert calls_of(p) == [("a", {"x": 1}), ("b", {"y": "; {"})] and p.content == ""
+    assert [d.index for d in p.calls] == [0, 1] and len({d.id for d in p.calls}) == 2
+    bare = run(Llama3JsonParser(), pieces(' \n{"name": "f", "parameters": {}}', size))
+    assert calls_of(bare) == [("f", {})] and bare.content == ""
+
+
+@pytest.mark.parametrize("text", [
+    "The answer is 4.",  # no call: content, streamed as it comes
+    '{"name": "f", "parameters": {}} and more',  # text after the calls: not a call output
+    '{"name": "f", "parameters": [1]}',  # parameters not an object
+    '{"nam": "f", "parameters": {}}',
+    '{"name": "f", "parameters": {}',  # cut short
+    "<|python_tag|>print(1)",  # the tag's other use, code: content
+    "{not json",
+    "<|python",  # what may have been the tag's start
+])
+def test_llama3_parser_anything_else_is_content(text):
+    for size in (len(text), 1, 3):
+        p = run(Llama3JsonParser(), pieces(text, size))
+        assert p.content == text and not p.calls, (text, size)
+
+
+def test_llama3_parser_streams_content_and_holds_calls():
+    p = Llama3JsonParser()
+    assert p.feed("  ") == Piece() and p.feed("Hel") == Piece("  Hel") and p.feed("lo") == Piece("lo")
+    q = Llama3JsonParser()
+    assert q.feed("<|py") == Piece() and q.feed('thon_tag|>{"name": "f", "parameters": {}}') == Piece()
+    assert calls_of(q.finish()) == [("f", {})]
+    one = run(Llama3JsonParser(parallel=False), [LLAMA])
+    assert calls_of(one) == [("a", {"x": 1})]
 
 
 def test_complete_message():
@@ -461,3 +502,23 @@ def test_smollm2_forced_calls(smol, choice):
     args = json.loads(call["arguments"])
     jsonschema.validate(args, WEATHER[0]["function"]["parameters"])
     assert call["name"] == "get_weather" and args["city"] == "Paris"
+
+
+def test_llama3_json_parser_on_the_server(server, model_dir, tmp_path):
+    """--tool-call-parser llama3_json: the random model made to write Llama 3's JSON calls gives
+    tool_calls, streamed and not; the default server reads the same output as content."""
+    text = '{"name": "temp", "parameters": {"unit": "f", "n": 2}}; {"name": "switch", "parameters": {"on": false}}'
+    force = {"structured_outputs": {"choice": [text]}}
+    srv = Server(model_dir, tmp_path / "server.log", "--served-model-name", "tiny", "--tool-call-parser", "llama3_json")
+    try:
+        ch = chat(srv, tools=TOOLS, max_tokens=200, extra_body=force).choices[0]
+        assert ch.finish_reason == "tool_calls" and ch.message.content is None
+        assert [check_call(c) for c in ch.message.tool_calls] == [{"unit": "f", "n": 2}, {"on": False}]
+        calls, content, finish = streamed_calls(stream(srv, tools=TOOLS, max_tokens=200, extra_body=force))
+        assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [("temp", {"unit": "f", "n": 2}),
+                                                                           ("switch", {"on": False})]
+        assert content == "" and finish == "tool_calls"
+    finally:
+        assert srv.stop() == 0, srv.text()
+    plain = chat(server, tools=TOOLS, max_tokens=200, extra_body=force).choices[0]  # hermes reads it as text
+    assert plain.message.content == text and not plain.message.tool_calls and plain.finish_reason == "stop"

@@ -138,9 +138,13 @@ def watch_disconnects(asgi_app):
 
 def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, api_key: str | None = None,
               test_hooks: bool = False, max_body_bytes: int = MAX_BODY_BYTES,
-              reasoning_parser: str | None = None) -> Quart:
+              reasoning_parser: str | None = None, tool_call_parser: str = "hermes") -> Quart:
     """reasoning_parser: "qwen3" or "deepseek_r1" (reasoning.PARSERS) to return chat outputs' thinking
-    as reasoning_content; None leaves outputs whole (no reasoning_content key)."""
+    as reasoning_content; None leaves outputs whole (no reasoning_content key). tool_call_parser: how
+    tool_choice "auto" reads calls (tools.TOOL_CALL_PARSERS)."""
+    if tool_call_parser not in tools.TOOL_CALL_PARSERS:
+        raise ValueError(f"unknown tool call parser {tool_call_parser!r}; choose one of "
+                         f"{', '.join(tools.TOOL_CALL_PARSERS)}")
     eng = engine.engine
     # structured outputs wait for the thinking to end when the tags are tokens (reasoning.think_token_ids)
     think_ids = think_token_ids(eng.tokenizer, reasoning_parser) if reasoning_parser is not None else None
@@ -152,7 +156,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         names=list(served_model_names or [eng.model_name]), max_model_len=eng.max_model_len,
         vocab_size=eng.config.vocab_size, tokenizer=eng.tokenizer,
         generation_defaults=dict(getattr(eng.loaded, "generation_defaults", None) or {}),
-        grammars=getattr(eng, "grammars", None),
+        grammars=getattr(eng, "grammars", None), tool_call_parser=tool_call_parser,
     )
     metrics = Metrics(engine)
 

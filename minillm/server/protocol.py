@@ -58,6 +58,8 @@ class ModelInfo:
     # the engine's GrammarCompiler (engine/structured.py, thread-safe): a request's constraint is
     # compiled in the request's thread, so the engine thread only copies it; None: checked alone
     grammars: Any = None
+    # how tool_choice "auto" reads an output for calls (tools.TOOL_CALL_PARSERS; --tool-call-parser)
+    tool_call_parser: str = "hermes"
 
 
 @dataclass
@@ -559,6 +561,8 @@ def parse_request(body: dict, info: ModelInfo, chat: bool) -> ParsedRequest:
         raise ProtocolError("'stream_options' is only for streamed requests: set 'stream': true, or leave it out "
                             "(a response that is not streamed carries its usage anyway)", "stream_options")
     tools = tool_fields(tool_calling.parse_tool_request, body) if chat else None
+    if tools is not None:
+        tools.auto_parser = info.tool_call_parser
     given = ([(chat_prompt(body, info, _get(body, "add_generation_prompt", bool, True),
                            tools=tools.tools if tools else None), None)] if chat
              else completion_prompts(body, info))

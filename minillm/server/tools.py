@@ -3,8 +3,11 @@
 into tool calls, whole or as it streams.
 
 - "none": the tools are still rendered into the prompt (as vLLM does); the output is plain content.
-- "auto": the model decides; its output is read for Hermes-style calls, `<tool_call>{"name": ...,
-  "arguments": {...}}</tool_call>` (the format of Qwen2.5 / Qwen3 / Hermes chat templates).
+- "auto": the model decides; its output is read for calls in the format `--tool-call-parser` names
+  (vLLM's flag): `hermes` (the default), `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
+  (Qwen2.5 / Qwen3 / Hermes chat templates); `llama3_json`, an output that is one or more
+  `{"name": ..., "parameters": {...}}` objects separated by `;`, optionally after `<|python_tag|>`
+  (Llama 3.1-3.3 templates with JSON tool calling).
 - "required" and a named function: the output is forced with a JSON schema (structured outputs):
   a named function's output is its arguments object; "required" gives an array of
   {"name", "arguments"} objects, one a call.
@@ -24,6 +27,8 @@ from dataclasses import dataclass, field
 from minillm.sampling_params import StructuredOutputsParams
 
 TOOL_CHOICES = ("none", "auto", "required")
+TOOL_CALL_PARSERS = ("hermes", "llama3_json")
+PYTHON_TAG = "<|python_tag|>"
 MAX_TOOLS = 128  # OpenAI's limit
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -100,6 +105,7 @@ class ToolRequest:
     choice: str  # "none", "auto", "required", or "function" (the named `function`)
     function: str | None = None
     parallel: bool = True
+    auto_parser: str = "hermes"  # TOOL_CALL_PARSERS: how "auto" reads the output (the server's flag)
 
     @property
     def parses(self) -> bool:
@@ -156,7 +162,7 @@ class ToolRequest:
         if self.choice == "required":
             return RequiredParser()
         if self.choice == "auto":
-            return HermesParser(self.parallel)
+            return Llama3JsonParser(self.parallel) if self.auto_parser == "llama3_json" else HermesParser(self.parallel)
         return None
 
 
@@ -496,6 +502,71 @@ class HermesParser(ToolCallParser):
             return self._call(raw, "")
         rest, self.buf = ("" if self.after_call else self.buf), ""
         return Piece(self._text(rest))
+
+
+def _llama3_calls(text: str) -> list[tuple[str, str]] | None:
+    """The calls of a whole llama3_json output (after its <|python_tag|>): JSON objects with a string
+    "name" and an object "parameters" (or "arguments"), separated by ";" and whitespace; None when
+    any part is not such a call."""
+    decoder, calls, at = json.JSONDecoder(), [], 0
+    while True:
+        while at < len(text) and (text[at].isspace() or (calls and text[at] == ";")):
+            at += 1
+        if at == len(text):
+            return calls or None
+        try:
+            v, at = decoder.raw_decode(text, at)
+        except (ValueError, RecursionError):
+            return None
+        args = v.get("parameters", v.get("arguments")) if isinstance(v, dict) else None
+        if isinstance(args, str):  # some models write the arguments as a JSON string
+            try:
+                args = json.loads(args)
+            except (ValueError, RecursionError):
+                return None
+        if not (isinstance(v, dict) and isinstance(v.get("name"), str) and v["name"] and isinstance(args, dict)):
+            return None
+        calls.append((v["name"], json.dumps(args, ensure_ascii=False)))
+
+
+class Llama3JsonParser(ToolCallParser):
+    """tool_choice "auto" with `--tool-call-parser llama3_json`: decided at the output's start. One
+    that opens with `{` or `<|python_tag|>` (after whitespace) is read as calls when it ends (held
+    until then); if any part is not a call it is all content, verbatim. Any other output is content,
+    streamed as it comes. Without parallel_tool_calls, calls after the first are dropped."""
+
+    def __init__(self, parallel: bool = True):
+        super().__init__()
+        self.parallel = parallel
+        self.buf = ""
+        self.mode = ""  # "" undecided, "content", "calls"
+
+    def feed(self, text: str) -> Piece:
+        if self.mode == "content":
+            return Piece(text)
+        self.buf += text
+        if self.mode == "calls":
+            return Piece()
+        head = self.buf.lstrip()
+        if not head or (PYTHON_TAG.startswith(head) and head != PYTHON_TAG):
+            return Piece()  # undecided: whitespace, or what may be the start of the tag
+        if head.startswith(("{", PYTHON_TAG)):
+            self.mode = "calls"
+            return Piece()
+        self.mode, out, self.buf = "content", self.buf, ""
+        return Piece(out)
+
+    def finish(self) -> Piece:
+        text, self.buf = self.buf, ""
+        if self.mode != "calls":
+            return Piece(text)
+        head = text.lstrip()
+        calls = _llama3_calls(head[len(PYTHON_TAG):] if head.startswith(PYTHON_TAG) else head)
+        if calls is None:
+            return Piece(text)
+        calls = calls if self.parallel else calls[:1]
+        self.calls = len(calls)
+        return Piece(calls=[ToolCallDelta(i, args, call_id(), name) for i, (name, args) in enumerate(calls)])
 
 
 # ---- the reply -----------------------------------------------------------------------------
