@@ -124,6 +124,36 @@ def test_structured_outputs_on_the_gpu(tiny):
         assert [o.token_ids for o in llm.generate(PROMPTS[:3], p)] == [o.token_ids for o in outs], spec["method"]
 
 
+def test_allowed_tokens_and_thinking_constraints_on_the_gpu(tiny):
+    """allowed_token_ids and a constraint that waits for the thinking (think_token_ids) through the
+    cuda mask kernel: samples stay in the set, the text after the end token is a choice, and greedy
+    outputs are the same under n-gram speculation."""
+    gpu = LLM(tiny, device="cuda", max_num_seqs=8, max_model_len=256)
+    tok = gpu.engine.tokenizer
+    allowed = tok.encode("abc ", add_special_tokens=False)
+    outs = gpu.generate(PROMPTS[:4], [SamplingParams(temperature=1.0, seed=s, max_tokens=24, allowed_token_ids=allowed)
+                                      for s in range(4)])
+    assert all(set(o.token_ids) <= set(allowed) for o in outs)
+    end = tok.encode("%", add_special_tokens=False)[0]  # any id outside the choices' text can end a thinking
+    assert end not in gpu.engine.eos_ids
+    think = [SamplingParams(temperature=1.0, seed=s, max_tokens=60, logit_bias={end: 3.0}, think_token_ids=(None, end),
+                            structured_outputs={"choice": ["yes", "no"]}) for s in range(4)]
+    ended = 0
+    for o in gpu.generate(PROMPTS[:4], think):
+        if end in o.token_ids:
+            k = o.token_ids.index(end)
+            assert tok.decode(o.token_ids[k + 1:]) in ("yes", "no") and o.finish_reason == "stop", o.token_ids
+            ended += 1
+    assert ended >= 2  # at +3 the end token comes within 60 tokens for most seeds
+    greedy = [SamplingParams(temperature=0, max_tokens=24, allowed_token_ids=allowed),
+              SamplingParams(temperature=0, max_tokens=40, logit_bias={end: 1.0}, think_token_ids=(None, end),
+                             structured_outputs={"choice": ["yes", "no"]})]
+    want = [o.token_ids for o in gpu.generate(PROMPTS[:2], greedy)]
+    spec = LLM(tiny, device="cuda", max_num_seqs=8, max_model_len=256,
+               speculative_config={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1})
+    assert [o.token_ids for o in spec.generate(PROMPTS[:2], greedy)] == want
+
+
 def test_allocation_in_step_loop_raises(tiny):
     import cupy
 
