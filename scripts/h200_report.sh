@@ -3974,6 +3974,16 @@ part228() {  # prepared in session 38 (not run): part227's bisection again, each
   pack
 }
 
+part229() {  # prepared in session 38 (not run): every GPU test on its final code (the new test of
+  # allowed_token_ids and the thinking-aware constraint through the cuda mask kernel among them), then
+  # the structured-output and engine tests alone, verbose (~8 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  gpu_tests_full 360
+  stage gpu_engine_tests 100 python3 -m pytest -v -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py
+  tail -5 "$W/gpu_engine_tests.log"
+}
+
 host_memory_guard() {  # host_memory_guard LIMIT_MB LOG: kill -9 the python3 with the largest resident set
   # once the host has used LIMIT_MB (a sanitizer's memory growing toward the OOM killer), until killed
   while true; do
