@@ -204,7 +204,7 @@ class SamplingParams:
                  and (self.truncate_prompt_tokens >= 1 or self.truncate_prompt_tokens == -1)),
              f"truncate_prompt_tokens must be None, an integer >= 1 (keep the prompt's last k tokens) or -1 (as "
              f"many as max_model_len leaves beside max_tokens), got {self.truncate_prompt_tokens!r}")
-        # a token outside the list but the grammar's only one would leave a row with nothing to sample
+        # a row whose grammar allows only tokens outside the list would have nothing left to sample
         need(not (self.structured_outputs and self.allowed_token_ids is not None),
              "allowed_token_ids cannot be combined with structured_outputs: write the restriction into the "
              "constraint (e.g. a regex or choice over the allowed text)")

@@ -579,7 +579,7 @@ def parse_request(body: dict, info: ModelInfo, chat: bool) -> ParsedRequest:
                            tools=tools if tools is not None and tools.parses else None,
                            include_reasoning=_get(body, "include_reasoning", bool, True) if chat else True,
                            tokens_as_ids=_get(body, "return_tokens_as_token_ids", bool, False))
-    if not chat and _get(body, "echo", bool, False):  # (chat's echo is not OpenAI's: left alone)
+    if not chat and _get(body, "echo", bool, False):  # (chat's echo, vLLM's other meaning, is refused above)
         parsed.echo = True
         parsed.echo_only = body.get("max_tokens") == 0
         # a prompt given as ids echoes as their text, special tokens included
