@@ -40,6 +40,9 @@ class EngineArgs:
     async_scheduling: bool | None = None
     # vLLM's --chat-template: a Jinja file, or the template itself, used instead of the model's own
     chat_template: str | None = None
+    # vLLM's --generation-config: "auto" (the model's generation_config.json sets the sampling
+    # defaults), "vllm" (none: temperature 1, top_p 1, ...), or a folder holding a generation_config.json
+    generation_config: str = "auto"
 
     def __post_init__(self) -> None:
         if isinstance(self.speculative_config, str):
@@ -95,6 +98,9 @@ class EngineArgs:
              f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         need(self.chat_template is None or (isinstance(self.chat_template, str) and self.chat_template != ""),
              f"--chat-template must be a template file's path or the template itself, got {self.chat_template!r}")
+        need(isinstance(self.generation_config, str) and self.generation_config != "",
+             f"--generation-config must be auto, vllm or a folder with a generation_config.json, got "
+             f"{self.generation_config!r}")
         need(self.speculative_config is None or isinstance(self.speculative_config, dict),
              "--speculative-config must be a JSON object, e.g. "
              '\'{"method": "ngram", "num_speculative_tokens": 3}\'')
@@ -129,6 +135,10 @@ def add_engine_args(p: argparse.ArgumentParser, model_positional: bool = True) -
     p.add_argument("--chat-template", default=None,
                    help="a Jinja chat template file, or the template itself, instead of the model's own (for a "
                         "model without one, or to change it); checked at startup")
+    p.add_argument("--generation-config", default=d["generation_config"].default,
+                   help="where requests' sampling defaults (temperature, top_p, top_k, min_p) come from: auto, the "
+                        "model's generation_config; vllm, none (temperature 1, top_p 1, ...); or a folder holding a "
+                        "generation_config.json")
     p.add_argument("--seed", type=int, default=d["seed"].default)
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="schedule and launch step n+1 before step n's sampled tokens reach the host, so the "

@@ -39,7 +39,7 @@ class Chat:
         self.engine, self.out = engine, out
         self.system: str | None = ns.system
         self.history: list[dict] = []
-        d = getattr(engine.loaded, "generation_defaults", None) or {}
+        d = engine.generation_defaults
 
         def pick(flag, key: str, fallback):  # the flag, else the model's default, else ours
             return flag if flag is not None else fallback if d.get(key) is None else d[key]

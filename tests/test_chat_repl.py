@@ -145,10 +145,10 @@ def test_min_p_flag_and_the_models_default():
 
     from minillm.chat import Chat, parse_args
 
-    eng = SimpleNamespace(loaded=SimpleNamespace(generation_defaults={"min_p": 0.1, "top_p": 0.9}))
+    eng = SimpleNamespace(generation_defaults={"min_p": 0.1, "top_p": 0.9})
     assert Chat(eng, parse_args([])).sampling["min_p"] == 0.1
     assert Chat(eng, parse_args(["--min-p", "0.3"])).sampling["min_p"] == 0.3
-    assert Chat(SimpleNamespace(loaded=None), parse_args([])).sampling["min_p"] == 0.0
+    assert Chat(SimpleNamespace(generation_defaults={}), parse_args([])).sampling["min_p"] == 0.0
 
 
 def test_bad_min_p_is_one_line_error(model_dir):

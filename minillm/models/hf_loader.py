@@ -136,6 +136,22 @@ def generation_defaults(gen: dict, where: str) -> dict:
     return gen
 
 
+def sampling_defaults(generation_config: str, model_defaults: dict) -> dict:
+    """--generation-config (vLLM's): "auto" keeps the model's own defaults, "vllm" none, and a folder
+    its generation_config.json's (checked as a model's are). Only the sampling keys are kept."""
+    if generation_config == "auto":
+        gen = model_defaults
+    elif generation_config == "vllm":
+        gen = {}
+    else:
+        path = Path(generation_config) / "generation_config.json"
+        if not path.is_file():
+            raise ValueError(f"--generation-config {generation_config}: no generation_config.json there; give auto, "
+                             "vllm or a folder holding one")
+        gen = generation_defaults(read_json(path), str(path))
+    return {k: v for k, v in gen.items() if k in SAMPLING_DEFAULTS and v is not None}
+
+
 HF_ATTENTION_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim")
 
 

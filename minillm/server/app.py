@@ -155,7 +155,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
     info = ModelInfo(
         names=list(served_model_names or [eng.model_name]), max_model_len=eng.max_model_len,
         vocab_size=eng.config.vocab_size, tokenizer=eng.tokenizer,
-        generation_defaults=dict(getattr(eng.loaded, "generation_defaults", None) or {}),
+        generation_defaults=dict(eng.generation_defaults),
         grammars=getattr(eng, "grammars", None), tool_call_parser=tool_call_parser,
     )
     metrics = Metrics(engine)

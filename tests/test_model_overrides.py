@@ -1,12 +1,18 @@
-"""--chat-template (vLLM's flag; LLM(chat_template=...)): a Jinja file or the template itself replaces
-the model's own for every chat, offline, in the generate CLI and in the server (its chat endpoint and
-/tokenize render the same ids); a value that is neither, or a template that does not compile, is
-refused at startup naming the flag.
+"""Flags that override what a model directory says, as vLLM's do:
+
+- --chat-template (LLM(chat_template=...)): a Jinja file or the template itself replaces the model's
+  own for every chat, offline, in the generate CLI and in the server (its chat endpoint and /tokenize
+  render the same ids); a value that is neither, or a template that does not compile, is refused at
+  startup naming the flag.
+- --generation-config: where requests' sampling defaults come from: the model's generation_config
+  ("auto"), none ("vllm"), or another folder's generation_config.json.
 
 Real parts: a random tiny model with a byte tokenizer, the NumPy backend, the real server.
 """
 
 from __future__ import annotations
+
+import json
 
 import httpx
 import pytest
@@ -86,3 +92,51 @@ def test_server_chats_and_tokenizes_with_it(tiny_dir, template_file, tmp_path):
         assert r.usage.prompt_tokens == len(ids) == len("[user: hi]>")  # the byte tokenizer: a token a byte
     finally:
         assert srv.stop() == 0, srv.text()
+
+
+# ---- --generation-config -------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def greedy_dir(tmp_path_factory):
+    """A tiny model whose generation_config asks for greedy decoding."""
+    path = tmp_path_factory.mktemp("tiny-greedy")
+    make_tiny("llama", path)
+    (path / "generation_config.json").write_text(json.dumps({"temperature": 0.0, "top_k": 5, "eos_token_id": 2}))
+    return path
+
+
+def test_generation_config_auto_vllm_or_a_folder(greedy_dir, tiny_dir, tmp_path):
+    def defaults(path, **kw):
+        return LLM(str(path), device="cpu", max_model_len=64, **kw).engine.generation_defaults
+
+    assert defaults(greedy_dir) == {"temperature": 0.0, "top_k": 5}
+    assert defaults(greedy_dir, generation_config="vllm") == {}
+    other = tmp_path / "gen"
+    other.mkdir()
+    (other / "generation_config.json").write_text(json.dumps({"top_p": 0.5, "max_length": 99}))
+    assert defaults(tiny_dir, generation_config=str(other)) == {"top_p": 0.5}
+    with pytest.raises(ValueError, match="no generation_config.json there"):
+        defaults(tiny_dir, generation_config=str(tmp_path / "nowhere"))
+    (other / "generation_config.json").write_text(json.dumps({"temperature": -1}))
+    with pytest.raises(ValueError, match="generation_config.json: 'temperature'"):
+        defaults(tiny_dir, generation_config=str(other))
+
+
+def test_server_fills_requests_from_it(greedy_dir, tmp_path):
+    """The model asks for greedy decoding: with auto, two requests that leave temperature out give
+    the greedy tokens; with vllm they sample at temperature 1 (the seeds differ, so do the texts)."""
+    def texts(srv):
+        cl = srv.client()
+        kw = dict(model="tiny", prompt="hello", max_tokens=24, extra_body={"ignore_eos": True})
+        return [cl.completions.create(**kw).choices[0].text for _ in range(2)], \
+            cl.completions.create(temperature=0, **kw).choices[0].text
+
+    for mode in ("auto", "vllm"):
+        srv = Server(greedy_dir, tmp_path / f"{mode}.log", "--served-model-name", "tiny", "--generation-config", mode)
+        try:
+            (a, b), greedy = texts(srv)
+        finally:
+            assert srv.stop() == 0, srv.text()
+        if mode == "auto":
+            assert a == b == greedy
+        else:
+            assert a != b
