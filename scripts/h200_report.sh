@@ -3952,23 +3952,26 @@ part227() {  # session 38: part226's load grew the host's memory as fast without
 part228() {  # prepared in session 38 (not run): part227's bisection again, each stage on a clean host: the
   # matrix kills the server's process group when it does not stop, and a guard kills the server once the
   # host has used 48 GB (the tool's memory grew ~4 GB a second; the OOM killer came at ~128 GB). Which
-  # kernels' instrumentation makes racecheck's host memory grow: the products, the paged attention, or
-  # the norms, RoPE and the rest (~8 minutes)
+  # kernels' instrumentation makes racecheck's host memory grow: first only the load's first 300 kernel
+  # launches checked (`--launch-count`: a cost that grows with every launch, or one launch's?), then the
+  # products, the paged attention, or the norms (and the norm-fused products) left out (~9 minutes)
   setup
   models_q06_dflash 40
-  local name
-  for name in gemv paged norm; do
+  local name args
+  for name in first300 gemv paged norm; do
+    args="--kernel-name-exclude kns=$name"
+    [ "$name" = first300 ] && args="--launch-count 300"
     host_memory_log "$W/host_memory_$name.log" &
     local mon=$!
     host_memory_guard 48000 "$W/guard_$name.log" &
     local guard=$!
-    stage racecheck_no_$name 140 env CUDA_LAUNCH_BLOCKING=1 python3 scripts/failure_matrix.py $M/q06 \
-      --drafter $M/q06-dflash --out "$W/racecheck_no_$name" --max-model-len 4096 --concurrency 1 --num-prompts 2 \
-      --input-len 64 --output-len 16 --sanitize-tools racecheck --startup-timeout 80 --ladder-timeout 45 \
-      --request-timeout 40 --stop-timeout 5 --sanitizer-args="--kernel-name-exclude kns=$name" \
-      --server-args="--max-num-seqs 1 --max-num-batched-tokens 16 --step-timeout 40"
+    stage racecheck_$name 125 env CUDA_LAUNCH_BLOCKING=1 python3 scripts/failure_matrix.py $M/q06 \
+      --drafter $M/q06-dflash --out "$W/racecheck_$name" --max-model-len 4096 --concurrency 1 --num-prompts 2 \
+      --input-len 64 --output-len 16 --sanitize-tools racecheck --startup-timeout 70 --ladder-timeout 40 \
+      --request-timeout 35 --stop-timeout 5 --sanitizer-args="$args" \
+      --server-args="--max-num-seqs 1 --max-num-batched-tokens 16 --step-timeout 35"
     kill "$mon" "$guard" 2>/dev/null
-    echo "without $name: $(awk '/^used/ {print $2}' "$W/host_memory_$name.log" | tr '\n' ' ')"
+    echo "$name: $(awk '/^used/ {print $2}' "$W/host_memory_$name.log" | tr '\n' ' ')"
     cat "$W/guard_$name.log" 2>/dev/null
   done
   pack
