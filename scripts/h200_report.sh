@@ -3952,15 +3952,15 @@ part227() {  # session 38: part226's load grew the host's memory as fast without
 part228() {  # prepared in session 38 (not run): part227's bisection again, each stage on a clean host: the
   # matrix kills the server's process group when it does not stop, and a guard kills the server once the
   # host has used 48 GB (the tool's memory grew ~4 GB a second; the OOM killer came at ~128 GB). Which
-  # kernels' instrumentation makes racecheck's host memory grow: first only the load's first 300 kernel
-  # launches checked (`--launch-count`: a cost that grows with every launch, or one launch's?), then the
+  # kernels' instrumentation makes racecheck's host memory grow: first only the RMSNorm kernels checked
+  # (small, simple: does every instrumented launch cost memory, or some kernels' launches?), then the
   # products, the paged attention, or the norms (and the norm-fused products) left out (~9 minutes)
   setup
   models_q06_dflash 40
   local name args
-  for name in first300 gemv paged norm; do
+  for name in only_rms_norm gemv paged norm; do
     args="--kernel-name-exclude kns=$name"
-    [ "$name" = first300 ] && args="--launch-count 300"
+    [ "$name" = only_rms_norm ] && args="--kernel-name kns=rms_norm"
     host_memory_log "$W/host_memory_$name.log" &
     local mon=$!
     host_memory_guard 48000 "$W/guard_$name.log" &
