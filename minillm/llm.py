@@ -38,9 +38,15 @@ class LLM:
             self.engine.async_scheduling = True
         self.tokenizer = self.engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What generate() and chat() use when given none (vLLM's method): SamplingParams' defaults with
+        the model's generation_config sampling defaults on top (--generation-config: auto, vllm or a folder)."""
+        return SamplingParams(**self.engine.generation_defaults)
+
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  ) -> list[CompletionOutput]:
-        """Generate for a prompt or a list of prompts (strings or token-id lists), batched."""
+        """Generate for a prompt or a list of prompts (strings or token-id lists), batched; without
+        sampling_params, get_default_sampling_params()."""
         if isinstance(prompts, np.ndarray):
             prompts = prompts.tolist()
         if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
@@ -49,7 +55,7 @@ class LLM:
         if not isinstance(prompts, (list, tuple)):
             raise ValueError("prompts must be a string, a list of token ids, or a list of either; got "
                              f"{type(prompts).__name__}")
-        params = sampling_params or SamplingParams()
+        params = sampling_params or self.get_default_sampling_params()
         if not isinstance(params, list):
             params = [params] * len(prompts)
         if len(params) != len(prompts):

@@ -121,6 +121,17 @@ def test_generation_config_auto_vllm_or_a_folder(greedy_dir, tiny_dir, tmp_path)
         defaults(tiny_dir, generation_config=str(other))
 
 
+def test_offline_defaults_follow_it(greedy_dir):
+    """LLM.generate without sampling params takes get_default_sampling_params(), as vLLM's does."""
+    llm = LLM(str(greedy_dir), device="cpu", max_model_len=64)
+    d = llm.get_default_sampling_params()
+    assert (d.temperature, d.top_k, d.top_p) == (0.0, 5, 1.0)
+    greedy = llm.generate(["hello"], SamplingParams(temperature=0, max_tokens=16))[0].token_ids
+    assert llm.generate(["hello"])[0].token_ids[:16] == greedy
+    plain = LLM(str(greedy_dir), device="cpu", max_model_len=64, generation_config="vllm")
+    assert plain.get_default_sampling_params().temperature == 1.0
+
+
 def test_server_fills_requests_from_it(greedy_dir, tmp_path):
     """The model asks for greedy decoding: with auto, two requests that leave temperature out give
     the greedy tokens; with vllm they sample at temperature 1 (the seeds differ, so do the texts)."""
