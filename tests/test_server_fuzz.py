@@ -24,10 +24,12 @@ COMMON = ["model", "max_tokens", "max_completion_tokens", "temperature", "top_p"
           "stop", "stop_token_ids", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
           "logprobs", "min_tokens", "ignore_eos", "stream", "stream_options", "response_format",
           "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-          "skip_special_tokens", "include_stop_str_in_output", "prompt_logprobs", "user", "truncate_prompt_tokens"]
+          "skip_special_tokens", "include_stop_str_in_output", "prompt_logprobs", "user", "truncate_prompt_tokens",
+          "allowed_token_ids", "return_tokens_as_token_ids", "bad_words", "logits_processors", "priority",
+          "guided_whitespace_pattern"]
 COMPLETION = COMMON + ["prompt", "echo", "suffix", "best_of", "use_beam_search"]
 CHAT = COMMON + ["messages", "tools", "tool_choice", "parallel_tool_calls", "top_logprobs", "chat_template_kwargs",
-                 "add_generation_prompt", "continue_final_message", "include_reasoning", "chat_template"]
+                 "add_generation_prompt", "continue_final_message", "include_reasoning", "chat_template", "documents"]
 
 scalars = (st.none() | st.booleans() | st.integers(-3, 300) | st.integers(-(2 ** 70), 2 ** 70)
            | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12)
