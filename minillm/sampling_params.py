@@ -107,6 +107,9 @@ class SamplingParams:
     # vLLM's allowed_token_ids: sampling keeps only these tokens (every other is banned, EOS too
     # unless listed: the output then runs to max_tokens or a stop string)
     allowed_token_ids: list[int] | None = None
+    # vLLM's bad_words: words the output may not contain. A word's last token is banned wherever the
+    # output so far ends with the tokens before it (each word tokenized alone and after a space)
+    bad_words: list[str] | None = None
     # vLLM's structured outputs (a JSON schema, regex, choice list or grammar the output must follow;
     # a dict is taken as StructuredOutputsParams' fields)
     structured_outputs: StructuredOutputsParams | None = None
@@ -130,6 +133,8 @@ class SamplingParams:
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
         self.logit_bias = dict(self.logit_bias) if self.logit_bias else None
+        if isinstance(self.bad_words, tuple):
+            self.bad_words = list(self.bad_words)
         if isinstance(self.allowed_token_ids, tuple):
             self.allowed_token_ids = list(self.allowed_token_ids)
         if isinstance(self.think_token_ids, list):
@@ -194,6 +199,12 @@ class SamplingParams:
         need(a is None or (isinstance(a, list) and a and all(
             isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in a)),
             f"allowed_token_ids must be None or a non-empty list of token ids (integers >= 0), got {a!r:.80}")
+        need(self.bad_words is None or (isinstance(self.bad_words, list)
+                                        and all(isinstance(w, str) and w.strip() for w in self.bad_words)),
+             f"bad_words must be None or a list of non-empty strings, got {self.bad_words!r:.80}")
+        need(not (self.bad_words and (self.structured_outputs or self.allowed_token_ids is not None)),
+             "bad_words cannot be combined with structured_outputs or allowed_token_ids: a row could be left with "
+             "no token to sample; leave the words out of the constraint or the list instead")
         t = self.think_token_ids
         need(t is None or (isinstance(t, tuple) and len(t) == 2 and all(
             (i is None and k == 0) or (isinstance(i, int) and not isinstance(i, bool) and i >= 0)
@@ -227,17 +238,17 @@ class SamplingParams:
 
     @property
     def needs_history(self) -> bool:
-        """Penalties or structured outputs: what a step may sample depends on the tokens so far, so
-        its logit changes wait for the previous step's ids (async scheduling launches the forward
-        first and defers the changes and the sampler: Runner.finish_sampling)."""
-        return self.penalized or self.structured_outputs is not None
+        """Penalties, structured outputs or bad words: what a step may sample depends on the tokens so
+        far, so its logit changes wait for the previous step's ids (async scheduling launches the
+        forward first and defers the changes and the sampler: Runner.finish_sampling)."""
+        return self.penalized or self.structured_outputs is not None or bool(self.bad_words)
 
     @property
     def adjusts_logits(self) -> bool:
-        """Penalties, a logit bias, allowed token ids or structured outputs: the runner changes this
-        request's logits before sampling (after a FORWARD_ONLY graph or an eager forward)."""
+        """Penalties, a logit bias, allowed token ids, bad words or structured outputs: the runner
+        changes this request's logits before sampling (after a FORWARD_ONLY graph or an eager forward)."""
         return (self.penalized or bool(self.logit_bias) or self.allowed_token_ids is not None
-                or self.structured_outputs is not None)
+                or self.structured_outputs is not None or bool(self.bad_words))
 
 
 def truncate_prompt(prompt_ids: list[int], truncate_prompt_tokens: int | None, max_model_len: int,

@@ -321,6 +321,17 @@ class LLMEngine:
                 f"max_model_len {self.max_model_len}; lower max_tokens to at most {self.max_model_len - n}"
             )
 
+    def _bad_word_ids(self, words: list[str]) -> list[tuple[int, ...]]:
+        """bad_words as token sequences: each word as it stands and after a space (how it reads inside
+        a text), as vLLM tokenizes them; ids past the logits (an untrained tail) dropped."""
+        out = set()
+        for w in words:
+            for text in (w.lstrip(), " " + w.lstrip()):
+                ids = tuple(self.tokenizer.encode(text, add_special_tokens=False))
+                if ids and all(t < self.config.vocab_size for t in ids):
+                    out.add(ids)
+        return sorted(out)
+
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None) -> str:
         params = params or SamplingParams()
@@ -337,6 +348,8 @@ class LLMEngine:
             seq.think_state = ThinkState.initial(params)
         if params.allowed_token_ids is not None:
             seq.allowed_mask = token_mask(params.allowed_token_ids, self.config.vocab_size)
+        if params.bad_words:
+            seq.bad_word_ids = self._bad_word_ids(params.bad_words)
         seq.max_output_len = min(params.max_tokens, self.max_model_len - len(prompt_ids))
         seq.decoder = IncrementalDecoder(self.tokenizer)
         if params.logprobs is not None or params.prompt_logprobs is not None:

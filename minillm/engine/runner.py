@@ -624,6 +624,28 @@ class ModelRunner:
         if rows:
             self.backend.mask_logits(logits, np.asarray(rows, np.int32), np.stack(masks))
 
+    def _ban_bad_words(self, batch: list[ScheduledSeq], logits) -> None:
+        """bad_words (SamplingParams): in each sampling row, a word's last token is banned where the
+        output so far (for verification row j, with drafts 0 .. j - 1) ends with its other tokens."""
+        rows, ids = [], []
+        r = 0
+        for item in batch:
+            words = item.seq.bad_word_ids
+            if words and item.samples:
+                longest = max(len(w) for w in words)
+                tail = list(item.seq.output_ids[-longest:])  # the output's end is all a word can match
+                drafts = [int(t) for t in item.seq.draft_ids[: item.num_draft]]
+                for j in range(item.num_logits):
+                    seen = tail + drafts[:j]
+                    for w in words:
+                        n = len(w) - 1  # the tokens before the banned one
+                        if n == 0 or (len(seen) >= n and tuple(seen[len(seen) - n:]) == w[:-1]):
+                            rows.append(r + j)
+                            ids.append(w[-1])
+            r += item.num_logits
+        if rows:
+            self.backend.suppress_tokens(logits, np.asarray(rows, np.int32), np.asarray(ids, np.int32))
+
     @staticmethod
     def _adjustments(seq, drafted: list[int] = ()) -> tuple[np.ndarray, ...]:
         """(token ids, scale of a positive logit, of a negative one, amount subtracted), each token
@@ -818,6 +840,7 @@ class ModelRunner:
             self._adjust_logits(batch, logits)
             self._constrain_logits(batch, logits)
             self._allow_tokens(batch, logits)
+            self._ban_bad_words(batch, logits)
         self._sample(logits, r)
 
     def collect(self, handle: tuple) -> np.ndarray:

@@ -67,6 +67,8 @@ class Sequence:
         self.grammar = None
         # SamplingParams.allowed_token_ids as one bitmask row (structured.token_mask); None without them
         self.allowed_mask = None
+        # SamplingParams.bad_words as token sequences (each word alone and after a space); None without
+        self.bad_word_ids: list[tuple[int, ...]] | None = None
         # with SamplingParams.think_token_ids: where the output stands against its thinking
         # (structured.ThinkState; None: the constraint holds)
         self.think_state: str | None = None

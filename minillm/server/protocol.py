@@ -371,7 +371,6 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool,
     _refuse(body, "best_of", (None, 1, n), "best_of other than n (choosing among more samples)")
     # vLLM's extensions that change what is sampled: refused by name rather than silently ignored
     _refuse(body, "use_beam_search", (None, False), "beam search")
-    _refuse(body, "bad_words", (None,), "banned word sequences")
     _refuse(body, "logits_processors", (None,), "custom logits processors")
     _refuse(body, "priority", (None, 0), "request priorities (the scheduler is first come, first served)")
     _refuse(body, "guided_whitespace_pattern", (None,), "a JSON whitespace pattern (disable_any_whitespace is)")
@@ -452,7 +451,8 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool,
         ignore_eos=_get(body, "ignore_eos", bool, False), seed=seed,
         skip_special_tokens=_get(body, "skip_special_tokens", bool, skip_special), logprobs=logprobs,
         include_stop_str_in_output=_get(body, "include_stop_str_in_output", bool, False),
-        prompt_logprobs=prompt_logprobs, structured_outputs=structured, allowed_token_ids=allowed, **adjust,
+        prompt_logprobs=prompt_logprobs, structured_outputs=structured, allowed_token_ids=allowed,
+        bad_words=_get(body, "bad_words", list, None) or None, **adjust,
     )
     try:
         params = SamplingParams(**kwargs)

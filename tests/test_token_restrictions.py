@@ -1,7 +1,11 @@
-"""allowed_token_ids (vLLM's sampling field, offline and on both endpoints): sampling keeps only the
-listed tokens, on every row of a speculative step too, and combinations that could leave nothing to
-sample are refused; vLLM's bad_words and logits_processors, which minillm does not implement, are
-refused by name rather than ignored.
+"""What a request may not sample, offline and on both endpoints (vLLM's fields):
+
+- allowed_token_ids: sampling keeps only the listed tokens, on every row of a speculative step too;
+- bad_words: a word's last token is banned wherever the output so far ends with its other tokens,
+  so the output never contains the word's tokens in a row (verification rows follow their drafts);
+
+combinations that could leave a row nothing to sample are refused, and vLLM's logits_processors,
+which minillm does not implement, is refused by name rather than ignored.
 
 Real parts: a random tiny model with a byte tokenizer (its arbitrary choices would leave any small
 set at once), the NumPy backend's mask kernel twin, and the real server with the official openai client.
@@ -86,6 +90,56 @@ def test_bad_values_are_refused(kwargs, match):
         SamplingParams(**kwargs)
 
 
+# ---- bad_words -----------------------------------------------------------------------------------
+def ascii_word(text: str, n: int) -> str:
+    """The first n characters in a row of text that are printable ASCII and not spaces (the byte
+    tokenizer's text of a random model is mostly bytes of no character, which re-encode otherwise)."""
+    ok = [c.isascii() and c.isprintable() and not c.isspace() for c in text]
+    k = next(k for k in range(len(text) - n + 1) if all(ok[k:k + n]))
+    return text[k:k + n]
+
+
+def test_bad_words_never_appear(llm):
+    """Words taken from what greedy decoding writes (one character: a single token; three: a sequence)
+    are gone from the output, which otherwise runs as before up to the first ban."""
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    plain = llm.generate(["hello"], params)[0].text
+    three, one = ascii_word(plain, 3), ascii_word(plain, 1)
+    for word in (three, one):
+        got = llm.generate(["hello"], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True,
+                                                     bad_words=[word]))[0].text
+        assert word not in got and got != plain, (word, plain, got)
+        first = plain.index(word)
+        assert got[:first] == plain[:first]  # nothing changes before the word would have been written
+    sampled = llm.generate(["hello"] * 4, [SamplingParams(temperature=1, seed=s, max_tokens=40, bad_words=[three, one])
+                                           for s in range(4)])
+    assert all(three not in o.text and one not in o.text for o in sampled)
+
+
+def test_speculation_is_lossless_with_bad_words(tiny_dir, llm):
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    plain = llm.generate(["hello", "a b c"], params)
+    words = [ascii_word(plain[0].text, 2), ascii_word(plain[1].text, 1)]
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, bad_words=words)
+    want = [o.token_ids for o in llm.generate(["hello", "a b c"], params)]
+    assert all(w != o.token_ids for w, o in zip(want, plain))  # the words were banned somewhere
+    for spec in ({"method": "draft_model", "model": str(tiny_dir), "num_speculative_tokens": 3},
+                 {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}):
+        spec_llm = LLM(str(tiny_dir), device="cpu", max_model_len=128, max_num_seqs=4, speculative_config=spec)
+        assert [o.token_ids for o in spec_llm.generate(["hello", "a b c"], params)] == want, spec["method"]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(bad_words=[""]), "non-empty strings"),
+    (dict(bad_words=[3]), "non-empty strings"),
+    (dict(bad_words=["a"], allowed_token_ids=[5]), "cannot be combined"),
+    (dict(bad_words=["a"], structured_outputs={"regex": "a+"}), "cannot be combined"),
+])
+def test_bad_bad_words_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(**kwargs)
+
+
 def test_refused_by_the_engine(llm):
     with pytest.raises(ValueError, match="below the vocabulary size 256"):
         llm.generate(["hi"], SamplingParams(allowed_token_ids=[97, 256]))
@@ -100,6 +154,15 @@ def server(tiny_dir, tmp_path_factory):
     yield srv
     assert srv.stop() == 0, srv.text()
     assert "Traceback" not in srv.text()
+
+
+def test_server_honours_bad_words(server, llm):
+    cl = server.client()
+    kw = dict(model="tiny", prompt="hello", max_tokens=30, temperature=0, extra_body={"ignore_eos": True})
+    plain = cl.completions.create(**kw).choices[0].text
+    word = ascii_word(plain, 2)
+    got = cl.completions.create(**{**kw, "extra_body": {"ignore_eos": True, "bad_words": [word]}}).choices[0].text
+    assert word not in got and got != plain
 
 
 @pytest.mark.parametrize("chat", [False, True])
@@ -118,7 +181,8 @@ def test_server_honours_the_set(server, chat, abc_ids):
     ({"allowed_token_ids": []}, "allowed_token_ids"),
     ({"allowed_token_ids": [7, 300]}, "allowed_token_ids"),
     ({"allowed_token_ids": [7], "structured_outputs": {"regex": "a+"}}, "allowed_token_ids"),
-    ({"bad_words": ["ab"]}, "bad_words"),
+    ({"bad_words": [""]}, "bad_words"),
+    ({"bad_words": ["ab"], "allowed_token_ids": [7]}, "bad_words"),
     ({"logits_processors": ["x"]}, "logits_processors"),
 ])
 def test_server_refuses_by_name(server, body, param):
