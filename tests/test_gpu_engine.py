@@ -126,14 +126,23 @@ def test_structured_outputs_on_the_gpu(tiny):
 
 def test_allowed_tokens_and_thinking_constraints_on_the_gpu(tiny):
     """allowed_token_ids and a constraint that waits for the thinking (think_token_ids) through the
-    cuda mask kernel: samples stay in the set, the text after the end token is a choice, and greedy
-    outputs are the same under n-gram speculation."""
+    cuda mask kernel, bad_words through suppress_tokens: samples stay in the set and never hold the
+    word, the text after the end token is a choice, and greedy outputs are the same under n-gram
+    speculation."""
     gpu = LLM(tiny, device="cuda", max_num_seqs=8, max_model_len=256)
     tok = gpu.engine.tokenizer
     allowed = tok.encode("abc ", add_special_tokens=False)
     outs = gpu.generate(PROMPTS[:4], [SamplingParams(temperature=1.0, seed=s, max_tokens=24, allowed_token_ids=allowed)
                                       for s in range(4)])
     assert all(set(o.token_ids) <= set(allowed) for o in outs)
+    a, b = allowed[0], allowed[1]  # bad_words ["ab"]: b may not follow a (a bias makes both likely)
+
+    def pairs(**kw) -> int:
+        outs = gpu.generate(PROMPTS[:4], [SamplingParams(temperature=1.0, seed=s, max_tokens=24,
+                                                         logit_bias={a: 6.0, b: 6.0}, **kw) for s in range(4)])
+        return sum(x == a and y == b for o in outs for x, y in zip(o.token_ids, o.token_ids[1:]))
+
+    assert pairs() > 0 and pairs(bad_words=["ab"]) == 0
     end = tok.encode("%", add_special_tokens=False)[0]  # any id outside the choices' text can end a thinking
     assert end not in gpu.engine.eos_ids
     think = [SamplingParams(temperature=1.0, seed=s, max_tokens=60, logit_bias={end: 3.0}, think_token_ids=(None, end),
