@@ -130,7 +130,7 @@ def test_null_sampling_default_means_unset(tiny, tmp_path):
 
 def test_chat_repl_reads_bad_defaults_without_a_traceback():
     """Defaults that bypassed the loaders' checks reach SamplingParams' ValueError (main prints it)."""
-    engine = SimpleNamespace(loaded=SimpleNamespace(generation_defaults={"top_p": [1], "temperature": None}))
+    engine = SimpleNamespace(generation_defaults={"top_p": [1], "temperature": None})
     ns = SimpleNamespace(system=None, max_tokens=8, temperature=None, top_p=None, top_k=None, min_p=None)
     chat = Chat(engine, ns)
     assert chat.sampling["temperature"] == 0.7
