@@ -49,6 +49,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="how tool_choice \"auto\" reads the model's calls: hermes, <tool_call>{...}</tool_call> "
                         "(Qwen2.5 / Qwen3 / Hermes templates); llama3_json, an output of {\"name\", \"parameters\"} "
                         "objects separated by ; (Llama 3.1-3.3 templates)")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="accepted for vLLM's command lines: tool_choice \"auto\" is always on here")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     ns = p.parse_args(argv)
     names = ns.served_model_name or []

@@ -522,3 +522,15 @@ def test_llama3_json_parser_on_the_server(server, model_dir, tmp_path):
         assert srv.stop() == 0, srv.text()
     plain = chat(server, tools=TOOLS, max_tokens=200, extra_body=force).choices[0]  # hermes reads it as text
     assert plain.message.content == text and not plain.message.tool_calls and plain.finish_reason == "stop"
+
+
+def test_vllm_tool_flags_parse():
+    """vLLM's command line for tools (`--enable-auto-tool-choice --tool-call-parser hermes`) starts a
+    server here too; an unknown parser is refused by argparse, naming the choices."""
+    from minillm.serve import parse_args
+
+    ns = parse_args(["--enable-auto-tool-choice", "--tool-call-parser", "llama3_json"])
+    assert ns.enable_auto_tool_choice and ns.tool_call_parser == "llama3_json"
+    assert parse_args([]).tool_call_parser == "hermes"
+    with pytest.raises(SystemExit):
+        parse_args(["--tool-call-parser", "mistral"])
