@@ -114,8 +114,11 @@ def add_engine_args(p: argparse.ArgumentParser, model_positional: bool = True) -
     """Add every EngineArgs field as a vLLM-named flag."""
     d = EngineArgs.__dataclass_fields__
     if model_positional:
-        p.add_argument("model", nargs="?", default=None,
+        # the positional or vLLM's --model (its older entry point's spelling); the positional's default is
+        # SUPPRESS so that, when it is left out, argparse does not overwrite what --model set
+        p.add_argument("model", nargs="?", default=argparse.SUPPRESS,
                        help="HF model directory, .gguf file, or alias (default: the embedded SmolLM2-135M)")
+        p.add_argument("--model", dest="model", default=None, metavar="MODEL", help="the model, as a flag")
     p.add_argument("--device", choices=DEVICES, default=d["device"].default)
     p.add_argument("--dtype", choices=DTYPES, default=d["dtype"].default,
                    help="compute dtype (auto: float32 on cpu, bfloat16 on cuda)")

@@ -48,3 +48,13 @@ def test_empty_model_on_the_command_line(capsys):
     assert main(["", "--device", "cpu", "--prompt", "hi"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: the model must be a non-empty path") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv, model", [([], None), (["m.gguf"], "m.gguf"), (["--model", "m.gguf"], "m.gguf"),
+                                         (["--port", "0", "--model", "dir"], "dir")])
+def test_model_as_positional_or_flag(argv, model):
+    """vLLM's older entry point spells the model --model; both spellings reach EngineArgs."""
+    from minillm.serve import parse_args
+
+    ns = parse_args(argv)
+    assert ns.model == model and EngineArgs.from_cli(ns).model == model
