@@ -185,6 +185,8 @@ MSG = [{"role": "user", "content": "hi"}]
 CHAT_CASES = [
     ({"max_tokens": 2}, "messages"),
     ({"messages": [{"role": "user", "content": "hi"}], "echo": True}, "echo"),  # vLLM's chat echo: not yet
+    ({"messages": [{"role": "user", "content": "hi"}], "functions": [{"name": "f"}]}, "functions"),  # use tools
+    ({"messages": [{"role": "user", "content": "hi"}], "function_call": "auto"}, "function_call"),
     ({"messages": [{"role": "user", "content": "hi"}], "documents": [{"text": "x"}]}, "documents"),
     ({"messages": []}, "messages"),
     ({"messages": "hi"}, "messages"),

@@ -29,7 +29,8 @@ COMMON = ["model", "max_tokens", "max_completion_tokens", "temperature", "top_p"
           "guided_whitespace_pattern"]
 COMPLETION = COMMON + ["prompt", "echo", "suffix", "best_of", "use_beam_search"]
 CHAT = COMMON + ["messages", "tools", "tool_choice", "parallel_tool_calls", "top_logprobs", "chat_template_kwargs",
-                 "add_generation_prompt", "continue_final_message", "include_reasoning", "chat_template", "documents"]
+                 "add_generation_prompt", "continue_final_message", "include_reasoning", "chat_template", "documents",
+                 "functions", "function_call"]
 
 scalars = (st.none() | st.booleans() | st.integers(-3, 300) | st.integers(-(2 ** 70), 2 ** 70)
            | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12)

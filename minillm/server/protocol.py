@@ -375,6 +375,9 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool,
     _refuse(body, "priority", (None, 0), "request priorities (the scheduler is first come, first served)")
     _refuse(body, "guided_whitespace_pattern", (None,), "a JSON whitespace pattern (disable_any_whitespace is)")
     if chat:
+        # OpenAI's deprecated function calling: its functions would not reach the template, so refuse them
+        _refuse(body, "functions", (None,), "the deprecated functions field; give them as 'tools'")
+        _refuse(body, "function_call", (None, "none"), "the deprecated function_call field; use 'tool_choice'")
         _refuse(body, "echo", (None, False), "vLLM's chat echo (the last message prepended to the reply)")
         _refuse(body, "documents", (None,), "documents for the chat template")
     structured = structured_outputs(body, info.grammars)
