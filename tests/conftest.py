@@ -37,3 +37,14 @@ def drafter(tiny, tmp_path_factory):
     from minillm.tools.random_model import write_dflash_drafter
 
     return write_dflash_drafter(tmp_path_factory.mktemp("dflash"), tiny, seed=2)
+
+
+@pytest.fixture(scope="session")
+def byte_llama(tmp_path_factory):
+    """A tiny random Llama directory (tests/hf_models.py make_tiny, seed 0) with the byte tokenizer, a
+    token a byte: shared, so read-only (a test that changes its files makes its own)."""
+    from hf_models import make_tiny
+
+    path = tmp_path_factory.mktemp("byte-llama")
+    make_tiny("llama", path)
+    return path

@@ -30,13 +30,6 @@ MSGS = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-template")
-    make_tiny("llama", path)
-    return path
-
-
-@pytest.fixture(scope="module")
 def template_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("tpl") / "chat.jinja"
     path.write_text(TEMPLATE)
@@ -57,12 +50,12 @@ def test_read_a_file_or_the_template(template_file, tmp_path):
 
 
 @pytest.mark.parametrize("inline", [False, True])
-def test_offline_chat_renders_with_it(tiny_dir, template_file, inline):
-    llm = LLM(str(tiny_dir), device="cpu", max_model_len=128, max_num_seqs=2,
+def test_offline_chat_renders_with_it(byte_llama, template_file, inline):
+    llm = LLM(str(byte_llama), device="cpu", max_model_len=128, max_num_seqs=2,
               chat_template=TEMPLATE if inline else str(template_file))
     out = llm.chat(MSGS, SamplingParams(max_tokens=2, temperature=0))[0]
     assert out.prompt_token_ids == llm.engine.tokenizer.encode("[user: hi]>", add_special_tokens=False)
-    own = LLM(str(tiny_dir), device="cpu", max_model_len=128, max_num_seqs=2)  # the model's template otherwise
+    own = LLM(str(byte_llama), device="cpu", max_model_len=128, max_num_seqs=2)  # the model's template otherwise
     assert own.chat(MSGS, SamplingParams(max_tokens=2))[0].prompt_token_ids != out.prompt_token_ids
 
 
@@ -71,20 +64,20 @@ def test_offline_chat_renders_with_it(tiny_dir, template_file, inline):
     ("chatml", "no such file, and not a template"),
     ("", "--chat-template must be"),
 ])
-def test_bad_templates_are_refused_at_startup(tiny_dir, value, match):
+def test_bad_templates_are_refused_at_startup(byte_llama, value, match):
     with pytest.raises(ValueError, match=match):
-        LLM(str(tiny_dir), device="cpu", max_model_len=128, chat_template=value)
+        LLM(str(byte_llama), device="cpu", max_model_len=128, chat_template=value)
 
 
-def test_the_cli_prints_one_error_line(tiny_dir, capsys):
-    assert generate_main([str(tiny_dir), "--device", "cpu", "--chat", "--prompt", "hi",
+def test_the_cli_prints_one_error_line(byte_llama, capsys):
+    assert generate_main([str(byte_llama), "--device", "cpu", "--chat", "--prompt", "hi",
                           "--chat-template", "{% if %}"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --chat-template") and "does not compile" in err and err.count("\n") == 1
 
 
-def test_server_chats_and_tokenizes_with_it(tiny_dir, template_file, tmp_path):
-    srv = Server(tiny_dir, tmp_path / "server.log", "--served-model-name", "tiny", "--chat-template",
+def test_server_chats_and_tokenizes_with_it(byte_llama, template_file, tmp_path):
+    srv = Server(byte_llama, tmp_path / "server.log", "--served-model-name", "tiny", "--chat-template",
                  str(template_file))
     try:
         ids = httpx.post(f"{srv.url}/tokenize", json={"messages": MSGS}).json()["tokens"]
@@ -104,7 +97,7 @@ def greedy_dir(tmp_path_factory):
     return path
 
 
-def test_generation_config_auto_vllm_or_a_folder(greedy_dir, tiny_dir, tmp_path):
+def test_generation_config_auto_vllm_or_a_folder(greedy_dir, byte_llama, tmp_path):
     def defaults(path, **kw):
         return LLM(str(path), device="cpu", max_model_len=64, **kw).engine.generation_defaults
 
@@ -113,12 +106,12 @@ def test_generation_config_auto_vllm_or_a_folder(greedy_dir, tiny_dir, tmp_path)
     other = tmp_path / "gen"
     other.mkdir()
     (other / "generation_config.json").write_text(json.dumps({"top_p": 0.5, "max_length": 99}))
-    assert defaults(tiny_dir, generation_config=str(other)) == {"top_p": 0.5}
+    assert defaults(byte_llama, generation_config=str(other)) == {"top_p": 0.5}
     with pytest.raises(ValueError, match="no generation_config.json there"):
-        defaults(tiny_dir, generation_config=str(tmp_path / "nowhere"))
+        defaults(byte_llama, generation_config=str(tmp_path / "nowhere"))
     (other / "generation_config.json").write_text(json.dumps({"temperature": -1}))
     with pytest.raises(ValueError, match="generation_config.json: 'temperature'"):
-        defaults(tiny_dir, generation_config=str(other))
+        defaults(byte_llama, generation_config=str(other))
 
 
 def test_offline_defaults_follow_it(greedy_dir):

@@ -26,8 +26,6 @@ from test_server import Server
 from minillm import LLM, SamplingParams
 from minillm.sampling_params import StructuredOutputsParams as SO
 
-from hf_models import make_tiny
-
 FUEL = "500"
 LIMIT = "too many expressions constructed"
 _rng = random.Random(0)
@@ -46,15 +44,8 @@ def check_failed(text: str, reason: str, error: str | None, prefix: str) -> None
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-llama")
-    make_tiny("llama", path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def tiny(model_dir):
-    return LLM(str(model_dir), device="cpu", max_model_len=256, max_num_seqs=8)
+def tiny(byte_llama):
+    return LLM(str(byte_llama), device="cpu", max_model_len=256, max_num_seqs=8)
 
 
 def test_llguidance_on_a_limit(tiny):
@@ -116,8 +107,8 @@ def test_default_limits_finish(tiny, monkeypatch):
 
 # ---- the server ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def server(model_dir, tmp_path_factory):
-    srv = Server(model_dir, tmp_path_factory.mktemp("log") / "server.log", "--served-model-name", "tiny",
+def server(byte_llama, tmp_path_factory):
+    srv = Server(byte_llama, tmp_path_factory.mktemp("log") / "server.log", "--served-model-name", "tiny",
                  env={"MINILLM_GRAMMAR_FUEL": FUEL})
     yield srv
     assert srv.stop() == 0, srv.text()

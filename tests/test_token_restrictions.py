@@ -22,19 +22,10 @@ from minillm import LLM, SamplingParams
 from minillm.backends.numpy_ops import NumpyBackend
 from minillm.engine.structured import token_mask
 
-from hf_models import make_tiny
-
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-allowed")
-    make_tiny("llama", path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def llm(tiny_dir):
-    return LLM(str(tiny_dir), device="cpu", max_model_len=128, max_num_seqs=8)
+def llm(byte_llama):
+    return LLM(str(byte_llama), device="cpu", max_model_len=128, max_num_seqs=8)
 
 
 @pytest.fixture(scope="module")
@@ -70,12 +61,12 @@ def test_other_requests_in_the_batch_are_untouched(llm, abc_ids):
     assert both[0].token_ids == alone and set(both[1].token_ids) <= set(abc_ids)
 
 
-def test_speculation_is_lossless_under_the_set(tiny_dir, llm, abc_ids):
+def test_speculation_is_lossless_under_the_set(byte_llama, llm, abc_ids):
     params = SamplingParams(temperature=0, max_tokens=30, allowed_token_ids=abc_ids)
     want = [o.token_ids for o in llm.generate(["hello", "a b c"], params)]
-    for spec in ({"method": "draft_model", "model": str(tiny_dir), "num_speculative_tokens": 3},
+    for spec in ({"method": "draft_model", "model": str(byte_llama), "num_speculative_tokens": 3},
                  {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}):
-        spec_llm = LLM(str(tiny_dir), device="cpu", max_model_len=128, max_num_seqs=4, speculative_config=spec)
+        spec_llm = LLM(str(byte_llama), device="cpu", max_model_len=128, max_num_seqs=4, speculative_config=spec)
         assert [o.token_ids for o in spec_llm.generate(["hello", "a b c"], params)] == want, spec["method"]
 
 
@@ -116,16 +107,16 @@ def test_bad_words_never_appear(llm):
     assert all(three not in o.text and one not in o.text for o in sampled)
 
 
-def test_speculation_is_lossless_with_bad_words(tiny_dir, llm):
+def test_speculation_is_lossless_with_bad_words(byte_llama, llm):
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     plain = llm.generate(["hello", "a b c"], params)
     words = [ascii_word(plain[0].text, 2), ascii_word(plain[1].text, 1)]
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, bad_words=words)
     want = [o.token_ids for o in llm.generate(["hello", "a b c"], params)]
     assert all(w != o.token_ids for w, o in zip(want, plain))  # the words were banned somewhere
-    for spec in ({"method": "draft_model", "model": str(tiny_dir), "num_speculative_tokens": 3},
+    for spec in ({"method": "draft_model", "model": str(byte_llama), "num_speculative_tokens": 3},
                  {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}):
-        spec_llm = LLM(str(tiny_dir), device="cpu", max_model_len=128, max_num_seqs=4, speculative_config=spec)
+        spec_llm = LLM(str(byte_llama), device="cpu", max_model_len=128, max_num_seqs=4, speculative_config=spec)
         assert [o.token_ids for o in spec_llm.generate(["hello", "a b c"], params)] == want, spec["method"]
 
 
@@ -149,8 +140,8 @@ def test_refused_by_the_engine(llm):
 
 # ---- the server ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def server(tiny_dir, tmp_path_factory):
-    srv = Server(tiny_dir, tmp_path_factory.mktemp("log") / "server.log", "--served-model-name", "tiny")
+def server(byte_llama, tmp_path_factory):
+    srv = Server(byte_llama, tmp_path_factory.mktemp("log") / "server.log", "--served-model-name", "tiny")
     yield srv
     assert srv.stop() == 0, srv.text()
     assert "Traceback" not in srv.text()
