@@ -3987,6 +3987,40 @@ part229() {  # prepared in session 38 (not run): every GPU test on its final cod
   tail -5 "$W/gpu_engine_tests.log"
 }
 
+part230() {  # session 39: part228 found that with only the RMSNorm kernels instrumented the sanitizer
+  # failed on a hardware exception in cuBLAS's LM head, and that leaving out the products, the paged
+  # attention or the norms each still grew the host's memory ~3.5 GB/s. Left in every stage: cuBLAS's
+  # sm90 kernels (the LM head and the 9-16-row products). Here: the no-cuBLAS route's tests; the load
+  # with every product on the project's kernels (MINILLM_GEMM=own), every kernel instrumented, to its
+  # end; then the default route with only cuBLAS's kernels instrumented (~8 minutes)
+  setup
+  models_q06_dflash 40
+  stage own_route_tests 90 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    -k "own_route or matmul_skinny or matmul_wide"
+  tail -3 "$W/own_route_tests.log"
+  local name
+  for name in own_all nvjet_only; do
+    local pre=() args="" t=300
+    [ "$name" = own_all ] && pre=(MINILLM_GEMM=own)
+    [ "$name" = nvjet_only ] && args="--kernel-name kns=nvjet" && t=75
+    host_memory_log "$W/host_memory_$name.log" &
+    local mon=$!
+    host_memory_guard 48000 "$W/guard_$name.log" &
+    local guard=$!
+    stage racecheck_$name $t env "${pre[@]}" CUDA_LAUNCH_BLOCKING=1 python3 scripts/failure_matrix.py $M/q06 \
+      --drafter $M/q06-dflash --out "$W/racecheck_$name" --max-model-len 4096 --concurrency 1 --num-prompts 2 \
+      --input-len 64 --output-len 16 --sanitize-tools racecheck --startup-timeout 70 --ladder-timeout $((t - 60)) \
+      --request-timeout $((t - 70)) --stop-timeout 5 ${args:+--sanitizer-args="$args"} \
+      --server-args="--max-num-seqs 1 --max-num-batched-tokens 16 --step-timeout $((t - 75))"
+    kill "$mon" "$guard" 2>/dev/null
+    echo "$name: $(awk '/^used/ {print $2}' "$W/host_memory_$name.log" | tr '\n' ' ')"
+    cat "$W/guard_$name.log" 2>/dev/null
+    grep -h "SUMMARY\|Error\|hazard" "$W/racecheck_$name"/sanitizer-*.log 2>/dev/null | head -5
+    tail -3 "$W/racecheck_$name"/server-*.log 2>/dev/null
+  done
+  pack
+}
+
 host_memory_guard() {  # host_memory_guard LIMIT_MB LOG: kill -9 the python3 with the largest resident set
   # once the host has used LIMIT_MB (a sanitizer's memory growing toward the OOM killer), until killed
   while true; do

@@ -576,6 +576,39 @@ def _check_wide_product(be, M, K, N, bias):
     assert np.array_equal(host(be, again), got[:, :N])
 
 
+class _NoBlas:
+    """Stands in for the backend's cuBLAS handle: any product sent to it fails the test."""
+
+    def gemm_xwt(self, *args):
+        raise AssertionError("a product went to cuBLAS under MINILLM_GEMM=own")
+
+
+@pytest.mark.parametrize("M", [5, 9, 16, 24, 32, 40, 100])
+@pytest.mark.parametrize("K,N,out_f32", [(1024, 151_936, True),  # the 0.6B LM head (fp32 logits)
+                                         (1024, 4096, False), (3072, 1000, False), (128, 64, False)])
+def test_matmul_own_route_has_no_cublas(be, M, K, N, out_f32, monkeypatch):
+    """MINILLM_GEMM=own (sanitizer runs): every bf16 product of up to 32 rows goes to the skinny
+    kernels whatever its weight (the LM head's 151,936 rows included), up to 256 rows of bf16 output
+    to cuda/gemm.cu; none reaches cuBLAS, and the values are the oracle's."""
+    if be.dtype == np.float32:
+        pytest.skip("the own kernels are the bf16 path")
+    if out_f32 and M > 32:
+        pytest.skip("fp32 outputs past 32 rows stay on cuBLAS (cuda/gemm.cu writes bf16)")
+    if M > 32 and N % 64:
+        pytest.skip("past 32 rows cuda/gemm.cu takes whole 64-column tiles; the rest stays on cuBLAS")
+    monkeypatch.setattr(be, "own_gemm", True)
+    monkeypatch.setattr(be, "wide_gemm", True)
+    monkeypatch.setattr(be, "blas", _NoBlas())
+    rng = np.random.default_rng(M * 7 + N)
+    big = rng.standard_normal((M, K + 64)).astype(np.float32)
+    w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
+    xd, wd = be.asarray(big)[:, 64:], be.asarray(w)
+    out = poisoned(be, (M, N), dtype=np.float32 if out_f32 else None)
+    be.matmul(xd, wd, out)
+    ref = rounded(be, big[:, 64:]).astype(np.float64) @ rounded(be, w).astype(np.float64).T
+    assert rel_err(host(be, out), ref) < (1e-5 if out_f32 else tol(be))
+
+
 def test_gemv_strided_rows_and_graph(be):
     """Decode-sized products with x rows inside a wider buffer (the model's views), also replayed."""
     rng = np.random.default_rng(5)

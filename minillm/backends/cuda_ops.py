@@ -691,7 +691,16 @@ class CudaBackend:
         # cluster launch needs Hopper
         self.wide_gemm_possible = (int(self.props["major"]) >= 9 and self.dtype != np.float32
                                    and wide_gemm_smem(max(_GW_MT)) <= self.max_smem)
-        self.wide_gemm = self.wide_gemm_possible and os.environ.get("MINILLM_GEMM", "") == "wide"
+        gemm = os.environ.get("MINILLM_GEMM", "")
+        if gemm not in ("", "cublas", "wide", "own"):
+            raise ValueError(f"MINILLM_GEMM={gemm!r}: use cublas (the default), wide (17-256 rows on "
+                             "cuda/gemm.cu) or own (no cuBLAS up to 256 rows; for sanitizer runs)")
+        self.wide_gemm = self.wide_gemm_possible and gemm in ("wide", "own")
+        # MINILLM_GEMM=own: every bf16 product of up to 256 rows on the project's kernels, whatever
+        # their speed there (cuda/gemv.cu's skinny kernels take 5-32 rows of any weight, cuda/gemm.cu
+        # 33-256), so a sanitizer run checks a serving load with no cuBLAS kernel in it: under
+        # racecheck cuBLAS's sm90 kernels grow the host's memory until the OOM killer (session 39)
+        self.own_gemm = self.wide_gemm and gemm == "own"
         self.k = k
 
     # ---- memory -------------------------------------------------------------------------
@@ -1062,7 +1071,8 @@ class CudaBackend:
     def matmul(self, x, w, out, bias=None) -> None:
         """out = x @ w.T (+ bias), w [out_features, in_features], fp32 sums: cuda/gemv.cu for up to
         _SKINNY_MAX_M bf16 rows (small_product_kernel: its GEMV or its tensor-core skinny GEMMs), cuBLAS beyond
-        (or cuda/gemm.cu for 17-256 rows under MINILLM_GEMM=wide: wide_product_plan)."""
+        (or cuda/gemm.cu for 17-256 rows under MINILLM_GEMM=wide: wide_product_plan; under
+        MINILLM_GEMM=own the skinny kernels take every product of 5-32 rows they can)."""
         M, ldx = _rows(x, "matmul x")
         N, K = w.shape
         if M == 0:
@@ -1071,6 +1081,9 @@ class CudaBackend:
         if x.shape[-1] != K or out.shape[-1] != N or out.shape[0] != M or not w.flags.c_contiguous:
             raise ValueError(f"matmul: x {x.shape} @ w {w.shape}.T -> out {out.shape} does not fit")
         kernel = small_product_kernel(M, N, K) if self._gemv_fits(x, w, out, bias, M, K, ldx) else None
+        if (kernel is None and self.own_gemm and K % _SKINNY_K == 0
+                and self._gemv_fits(x, w, out, bias, M, K, ldx, max_m=_SKINNY_KERNEL_MAX_M)):
+            kernel = "gemv" if M <= _GEMV_MAX_M else "skinny"
         if kernel == "gemv":  # one row: its own kernels (cuda/gemv.cu's staged loads)
             rows = () if M == 1 else (_i32(M),)
             name = (one_row_product_kernel(N, K, out.dtype == np.float32, self.num_sms, self.gemv1_deep_min_k)
