@@ -4021,6 +4021,41 @@ part230() {  # session 39: part228 found that with only the RMSNorm kernels inst
   pack
 }
 
+part231() {  # session 39: part230's load on the no-cuBLAS route (MINILLM_GEMM=own) still grew the host's
+  # memory ~3.5 GB/s with every kernel instrumented, so cuBLAS is not the cause. Here: the route's own
+  # tests, then the same load with one family of the project's kernels instrumented at a time
+  # (--kernel-name): the skinny products, the GEMVs, the paged attention, the norms (~7 minutes)
+  setup
+  models_q06_dflash 40
+  stage own_route_tests 60 python3 -m pytest -v -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k own_route
+  grep -c PASSED "$W/own_route_tests.log"; tail -2 "$W/own_route_tests.log"
+  local name
+  for name in skinny gemv paged norm; do
+    racecheck_family "$name" 85 MINILLM_GEMM=own "--kernel-name kns=$name"
+  done
+  pack
+}
+
+racecheck_family() {  # racecheck_family NAME SECONDS ENV SANITIZER_ARGS: part228's small load (c = 1, 2 prompts
+  # of 64 tokens, 16 out, steps of at most 16 rows, DFlash k = 8) under racecheck with the host's memory
+  # logged and a guard that kills the server at 48 GB
+  local name=$1 t=$2 envs=$3 args=$4
+  host_memory_log "$W/host_memory_$name.log" &
+  local mon=$!
+  host_memory_guard 48000 "$W/guard_$name.log" &
+  local guard=$!
+  stage racecheck_$name "$t" env $envs CUDA_LAUNCH_BLOCKING=1 python3 scripts/failure_matrix.py $M/q06 \
+    --drafter $M/q06-dflash --out "$W/racecheck_$name" --max-model-len 4096 --concurrency 1 --num-prompts 2 \
+    --input-len 64 --output-len 16 --sanitize-tools racecheck --startup-timeout 40 --ladder-timeout $((t - 20)) \
+    --request-timeout $((t - 25)) --stop-timeout 5 --sanitizer-args="$args" \
+    --server-args="--max-num-seqs 1 --max-num-batched-tokens 16 --step-timeout $((t - 30))"
+  kill "$mon" "$guard" 2>/dev/null
+  echo "$name: $(awk '/^used/ {print $2}' "$W/host_memory_$name.log" | tr '\n' ' ')"
+  cat "$W/guard_$name.log" 2>/dev/null
+  grep -h "SUMMARY\|Error" "$W/racecheck_$name"/sanitizer-*.log 2>/dev/null | head -4
+  grep -h "engine loop failed\|Error" "$W/racecheck_$name"/server-*.log 2>/dev/null | tail -3
+}
+
 host_memory_guard() {  # host_memory_guard LIMIT_MB LOG: kill -9 the python3 with the largest resident set
   # once the host has used LIMIT_MB (a sanitizer's memory growing toward the OOM killer), until killed
   while true; do
