@@ -4036,6 +4036,37 @@ part231() {  # session 39: part230's load on the no-cuBLAS route (MINILLM_GEMM=o
   pack
 }
 
+part232() {  # session 39: part231 found that with only the one-row GEMVs instrumented the load finishes
+  # (2/2, host memory flat, 0 hazards), while the skinny products, the paged attention or the norms
+  # alone each grow racecheck's host memory (1-4 GB/s): the kernels that use shared memory. Their tests
+  # never grew it. Server or shapes? The same engine offline (minillm.generate, one thread, no server)
+  # with only the norms instrumented, with and without CUDA_LAUNCH_BLOCKING; and the no-cuBLAS route's
+  # tests with time to compile (~6 minutes)
+  setup
+  models_q06_dflash 40
+  local name blocking
+  for name in offline_norm offline_norm_async; do
+    blocking=1
+    [ "$name" = offline_norm_async ] && blocking=0
+    host_memory_log "$W/host_memory_$name.log" &
+    local mon=$!
+    host_memory_guard 48000 "$W/guard_$name.log" &
+    local guard=$!
+    stage racecheck_$name 60 env MINILLM_GEMM=own CUDA_LAUNCH_BLOCKING=$blocking compute-sanitizer --tool racecheck \
+      --kernel-name kns=norm --log-file "$W/sanitizer_$name.log" python3 -m minillm.generate $M/q06 --device cuda \
+      --max-num-seqs 1 --max-num-batched-tokens 16 --max-model-len 4096 --enforce-eager --no-enable-prefix-caching \
+      --speculative-config "{\"method\": \"dflash\", \"model\": \"$M/q06-dflash\", \"num_speculative_tokens\": 8}" \
+      --prompt "$(printf 'the quick brown fox jumps over the lazy dog %.0s' 1 2 3 4 5 6)" --max-tokens 16 --ignore-eos
+    kill "$mon" "$guard" 2>/dev/null
+    echo "$name: $(awk '/^used/ {print $2}' "$W/host_memory_$name.log" | tr '\n' ' ')"
+    cat "$W/guard_$name.log" 2>/dev/null
+    grep -h "SUMMARY\|Error" "$W/sanitizer_$name.log" 2>/dev/null | head -4
+  done
+  stage own_route_tests 200 python3 -m pytest -v -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k own_route
+  grep -c PASSED "$W/own_route_tests.log"; tail -2 "$W/own_route_tests.log"
+  pack
+}
+
 racecheck_family() {  # racecheck_family NAME SECONDS ENV SANITIZER_ARGS: part228's small load (c = 1, 2 prompts
   # of 64 tokens, 16 out, steps of at most 16 rows, DFlash k = 8) under racecheck with the host's memory
   # logged and a guard that kills the server at 48 GB
