@@ -4067,6 +4067,29 @@ part232() {  # session 39: part231 found that with only the one-row GEMVs instru
   pack
 }
 
+part233() {  # session 39: part232's offline runs were void (on a fresh machine the kernels compiled under
+  # the sanitizer for most of the minute). The same offline run once without the sanitizer (the compile
+  # cache filled), then under racecheck with only the norms instrumented, two minutes (~4 minutes)
+  setup
+  models_q06_dflash 40
+  local gen=(python3 -m minillm.generate $M/q06 --device cuda --max-num-seqs 1 --max-num-batched-tokens 16
+    --max-model-len 4096 --enforce-eager --no-enable-prefix-caching
+    --speculative-config "{\"method\": \"dflash\", \"model\": \"$M/q06-dflash\", \"num_speculative_tokens\": 8}"
+    --prompt "$(printf 'the quick brown fox jumps over the lazy dog %.0s' 1 2 3 4 5 6)" --max-tokens 16 --ignore-eos --json)
+  stage offline_plain 60 env MINILLM_GEMM=own "${gen[@]}"
+  host_memory_log "$W/host_memory_offline_norm.log" &
+  local mon=$!
+  host_memory_guard 48000 "$W/guard_offline_norm.log" &
+  local guard=$!
+  stage racecheck_offline_norm 120 env MINILLM_GEMM=own CUDA_LAUNCH_BLOCKING=1 compute-sanitizer --tool racecheck \
+    --kernel-name kns=norm --log-file "$W/sanitizer_offline_norm.log" "${gen[@]}"
+  kill "$mon" "$guard" 2>/dev/null
+  echo "offline_norm: $(awk '/^used/ {print $2}' "$W/host_memory_offline_norm.log" | tr '\n' ' ')"
+  cat "$W/guard_offline_norm.log" 2>/dev/null
+  grep -h "SUMMARY\|Error" "$W/sanitizer_offline_norm.log" 2>/dev/null | head -4
+  pack
+}
+
 racecheck_family() {  # racecheck_family NAME SECONDS ENV SANITIZER_ARGS: part228's small load (c = 1, 2 prompts
   # of 64 tokens, 16 out, steps of at most 16 rows, DFlash k = 8) under racecheck with the host's memory
   # logged and a guard that kills the server at 48 GB
