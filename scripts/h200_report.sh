@@ -4090,6 +4090,30 @@ part233() {  # session 39: part232's offline runs were void (on a fresh machine 
   pack
 }
 
+part234() {  # session 39: part233 showed racecheck's host memory growing in the offline engine too (to
+  # 32 GB over one 16-token request with only the norms instrumented, freed at exit): a per-launch
+  # cost, not the server's. So the racecheck of a serving load on a shallow model: the 0.6B widths with
+  # 2 layers (every kernel at its real size, far fewer launches) and its DFlash drafter, no cuBLAS
+  # (MINILLM_GEMM=own), every kernel instrumented, the guard at 110 GB (~4 minutes)
+  setup
+  stage models 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b --num-layers 2 $M/q06s --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q06s $M/q06s-dflash --force"
+  host_memory_log "$W/host_memory_shallow.log" &
+  local mon=$!
+  host_memory_guard 110000 "$W/guard_shallow.log" &
+  local guard=$!
+  stage racecheck_shallow 200 env MINILLM_GEMM=own CUDA_LAUNCH_BLOCKING=1 python3 scripts/failure_matrix.py $M/q06s \
+    --drafter $M/q06s-dflash --out "$W/racecheck_shallow" --max-model-len 4096 --concurrency 1 --num-prompts 2 \
+    --input-len 64 --output-len 16 --sanitize-tools racecheck --startup-timeout 60 --ladder-timeout 130 \
+    --request-timeout 120 --stop-timeout 5 --server-args="--max-num-seqs 1 --max-num-batched-tokens 16 --step-timeout 110"
+  kill "$mon" "$guard" 2>/dev/null
+  echo "shallow: $(awk '/^used/ {print $2}' "$W/host_memory_shallow.log" | tr '\n' ' ')"
+  cat "$W/guard_shallow.log" 2>/dev/null
+  grep -h "SUMMARY\|Error" "$W/racecheck_shallow"/sanitizer-*.log 2>/dev/null | head -4
+  grep -h "engine loop failed\|Error" "$W/racecheck_shallow"/server-*.log 2>/dev/null | tail -3
+  pack
+}
+
 racecheck_family() {  # racecheck_family NAME SECONDS ENV SANITIZER_ARGS: part228's small load (c = 1, 2 prompts
   # of 64 tokens, 16 out, steps of at most 16 rows, DFlash k = 8) under racecheck with the host's memory
   # logged and a guard that kills the server at 48 GB

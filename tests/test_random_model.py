@@ -158,3 +158,20 @@ def test_cli(tmp_path, capsys):
     assert "config.json" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         rm.main([str(tmp_path / "x")])  # neither --preset nor --dflash-for
+
+
+def test_num_layers_keeps_the_widths(tmp_path, capsys):
+    """--num-layers: the preset's widths with another layer count, loaded as such; a DFlash drafter
+    for the shallow target picks its layers among those; fewer than one layer is refused."""
+    out = tmp_path / "shallow"
+    assert rm.main(["--preset", "tiny", str(out), "--num-layers", "3"]) == 0
+    cfg, weights, _, _ = load_hf_dir(out)
+    assert cfg.num_layers == 3 and cfg.hidden_size == rm.PRESETS["tiny"]["hidden_size"]
+    assert "layers.2.q_norm" in weights and "layers.3.q_norm" not in weights
+    assert json.loads((out / "config.json").read_text())["max_window_layers"] == 3
+    drafter = rm.write_dflash_drafter(tmp_path / "d", out)
+    ids = json.loads((drafter / "config.json").read_text())["dflash_config"]["target_layer_ids"]
+    assert ids and all(0 <= i < 3 for i in ids)
+    capsys.readouterr()
+    assert rm.main(["--preset", "tiny", str(tmp_path / "none"), "--num-layers", "0"]) == 2
+    assert "--num-layers must be at least 1" in capsys.readouterr().err

@@ -401,14 +401,20 @@ def _prepare(out_dir: str | Path, force: bool) -> Path:
 
 
 def write_random_model(out_dir: str | Path, preset: str = "tiny", seed: int = 0, force: bool = False,
-                       workers: int | None = None) -> Path:
-    """Write a random-weight Qwen3 preset as an HF directory; returns the directory."""
+                       workers: int | None = None, num_layers: int | None = None) -> Path:
+    """Write a random-weight Qwen3 preset as an HF directory; returns the directory. num_layers
+    keeps the preset's widths with fewer (or more) layers: a sanitizer's cost grows with the
+    launches, and a shallow model runs every kernel at its real size in far fewer of them."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of: {', '.join(PRESETS)}")
+    if num_layers is not None and num_layers < 1:
+        raise ValueError(f"--num-layers must be at least 1, got {num_layers}")
     out = _prepare(out_dir, force)
     tok = build_tokenizer(PRESETS[preset]["tokenizer_bpe_vocab"])
     eot, im_end = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")
     cfg = qwen3_config(preset, eot, im_end)
+    if num_layers is not None:
+        cfg["num_hidden_layers"] = cfg["max_window_layers"] = num_layers
     if tok.get_vocab_size(with_added_tokens=True) > cfg["vocab_size"]:
         raise ValueError(f"preset {preset}: tokenizer has more ids than vocab_size {cfg['vocab_size']}")
     write_weights(out, qwen3_tensor_specs(cfg), seed, workers)
@@ -452,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="write a random DFlash drafter (5 layers, block 16) for this target instead")
     p.add_argument("--force", action="store_true", help="overwrite a model already in OUT_DIR")
     p.add_argument("--workers", type=int, default=None, help="generator threads (default: CPU count)")
+    p.add_argument("--num-layers", type=int, default=None,
+                   help="the preset's widths with this many layers (e.g. a shallow model for sanitizer runs)")
     args = p.parse_args(argv)
     if (args.preset is None) == (args.dflash_for is None):
         p.error("give exactly one of --preset NAME or --dflash-for TARGET_DIR")
@@ -462,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
                                        workers=args.workers)
         else:
             out = write_random_model(args.out_dir, args.preset, args.seed, force=args.force,
-                                     workers=args.workers)
+                                     workers=args.workers, num_layers=args.num_layers)
     except (FileExistsError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
