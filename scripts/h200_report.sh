@@ -4098,14 +4098,19 @@ part234() {  # session 39: part233 showed racecheck's host memory growing in the
   setup
   stage models 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b --num-layers 2 $M/q06s --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q06s $M/q06s-dflash --force"
+  # the kernels compiled once without the sanitizer (under it a fresh machine's compile outlasts the
+  # server's startup timeout, as part234's first run found)
+  stage compile_plain 60 env MINILLM_GEMM=own python3 -m minillm.generate $M/q06s --device cuda --max-num-seqs 1 \
+    --max-num-batched-tokens 16 --enforce-eager --prompt "hello there" --max-tokens 4 \
+    --speculative-config "{\"method\": \"dflash\", \"model\": \"$M/q06s-dflash\", \"num_speculative_tokens\": 8}"
   host_memory_log "$W/host_memory_shallow.log" &
   local mon=$!
   host_memory_guard 110000 "$W/guard_shallow.log" &
   local guard=$!
-  stage racecheck_shallow 200 env MINILLM_GEMM=own CUDA_LAUNCH_BLOCKING=1 python3 scripts/failure_matrix.py $M/q06s \
+  stage racecheck_shallow 175 env MINILLM_GEMM=own CUDA_LAUNCH_BLOCKING=1 python3 scripts/failure_matrix.py $M/q06s \
     --drafter $M/q06s-dflash --out "$W/racecheck_shallow" --max-model-len 4096 --concurrency 1 --num-prompts 2 \
-    --input-len 64 --output-len 16 --sanitize-tools racecheck --startup-timeout 60 --ladder-timeout 130 \
-    --request-timeout 120 --stop-timeout 5 --server-args="--max-num-seqs 1 --max-num-batched-tokens 16 --step-timeout 110"
+    --input-len 64 --output-len 16 --sanitize-tools racecheck --startup-timeout 40 --ladder-timeout 120 \
+    --request-timeout 110 --stop-timeout 5 --server-args="--max-num-seqs 1 --max-num-batched-tokens 16 --step-timeout 100"
   kill "$mon" "$guard" 2>/dev/null
   echo "shallow: $(awk '/^used/ {print $2}' "$W/host_memory_shallow.log" | tr '\n' ' ')"
   cat "$W/guard_shallow.log" 2>/dev/null
