@@ -4121,45 +4121,25 @@ part234() {  # session 39: part233 showed racecheck's host memory growing in the
 
 part235() {  # prepared in session 39 (not run): racecheck's host memory grows ~2-3.5 GB a second while it
   # checks launches and is freed only at exit (part233), so one serving process cannot hold a c = 8,
-  # long-context load (part234 finished one of two requests before the 110 GB guard). Instead each
-  # scenario in its own offline process on the 2-layer 0.6B-width model, no cuBLAS, every kernel
-  # instrumented: eight sequences batched, a ~3,000-token context (150 x 20 tokens) in 1,024-token chunks, DFlash k = 8
-  # with 256-token chunks, and that again with --show-backtrace no (does the saved host backtrace of
-  # each launch hold the memory?) (~8 minutes)
+  # long-context load (part234 finished one of two requests before the 110 GB guard). Instead
+  # scripts/sanitize_pieces.py: each scenario in its own offline process on the 2-layer 0.6B-width model,
+  # no cuBLAS, every kernel instrumented: eight sequences batched, a ~3,000-token context in 1,024-token
+  # chunks, DFlash k = 8; then DFlash again with --show-backtrace no (does the saved host backtrace of
+  # each launch hold the memory?) (~9 minutes)
   setup
   stage models 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b --num-layers 2 $M/q06s --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q06s $M/q06s-dflash --force"
-  local base=(python3 -m minillm.generate $M/q06s --device cuda --max-model-len 4096 --enforce-eager
-    --no-enable-prefix-caching --ignore-eos --json)
-  local spec=(--speculative-config "{\"method\": \"dflash\", \"model\": \"$M/q06s-dflash\", \"num_speculative_tokens\": 8}")
-  local short long eight=()
-  short="$(printf 'the quick brown fox jumps over the lazy dog %.0s' 1 2 3 4 5 6)"
-  long="$(printf 'the quick brown fox jumps over the lazy dog %.0s' $(seq 150))"  # ~3,000 tokens
-  for i in 1 2 3 4 5 6 7 8; do eight+=(--prompt "$i: $short"); done
-  stage compile_plain 90 env MINILLM_GEMM=own "${base[@]}" "${spec[@]}" --prompt "$short" --max-tokens 4
-  racecheck_offline batch8 110 "" "${base[@]}" --max-num-seqs 8 --max-num-batched-tokens 512 "${eight[@]}" --max-tokens 4
-  racecheck_offline long 110 "" "${base[@]}" --max-num-seqs 1 --max-num-batched-tokens 1024 --prompt "$long" --max-tokens 4
-  racecheck_offline dflash 110 "" "${base[@]}" "${spec[@]}" --max-num-seqs 2 --max-num-batched-tokens 256 \
-    --prompt "$short" --prompt "2: $short" --max-tokens 16
-  racecheck_offline dflash_no_backtrace 110 "--show-backtrace no" "${base[@]}" "${spec[@]}" --max-num-seqs 2 \
-    --max-num-batched-tokens 256 --prompt "$short" --prompt "2: $short" --max-tokens 16
+  local mon
+  host_memory_log "$W/host_memory_pieces.log" &
+  mon=$!
+  stage racecheck_pieces 400 python3 scripts/sanitize_pieces.py $M/q06s --drafter $M/q06s-dflash --out "$W/pieces" \
+    --tool racecheck --no-cublas --host-memory-limit-gb 110 --timeout 100 --pieces batch8,long,dflash
+  stage racecheck_no_backtrace 130 python3 scripts/sanitize_pieces.py $M/q06s --drafter $M/q06s-dflash \
+    --out "$W/pieces_no_backtrace" --tool racecheck --no-cublas --host-memory-limit-gb 110 --timeout 110 \
+    --pieces dflash --no-compile-first --sanitizer-args="--show-backtrace no"
+  kill "$mon" 2>/dev/null
+  cat "$W/racecheck_pieces.log" "$W/racecheck_no_backtrace.log"
   pack
-}
-
-racecheck_offline() {  # racecheck_offline NAME SECONDS SANITIZER_ARGS CMD...: CMD (an offline minillm run) under
-  # racecheck with every kernel instrumented and no cuBLAS, the host's memory logged, a guard at 110 GB
-  local name=$1 t=$2 args=$3
-  shift 3
-  host_memory_log "$W/host_memory_$name.log" &
-  local mon=$!
-  host_memory_guard 110000 "$W/guard_$name.log" &
-  local guard=$!
-  stage racecheck_$name "$t" env MINILLM_GEMM=own CUDA_LAUNCH_BLOCKING=1 compute-sanitizer --tool racecheck \
-    --error-exitcode 3 --log-file "$W/sanitizer_$name.log" $args "$@"
-  kill "$mon" "$guard" 2>/dev/null
-  echo "$name: $(awk '/^used/ {print $2}' "$W/host_memory_$name.log" | tr '\n' ' ')"
-  cat "$W/guard_$name.log" 2>/dev/null
-  grep -h "SUMMARY\|Error" "$W/sanitizer_$name.log" 2>/dev/null | head -4
 }
 
 racecheck_family() {  # racecheck_family NAME SECONDS ENV SANITIZER_ARGS: part228's small load (c = 1, 2 prompts

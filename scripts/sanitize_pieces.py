@@ -1,0 +1,173 @@
+"""A serving load under compute-sanitizer in pieces: each scenario in its own offline process.
+
+compute-sanitizer's racecheck holds host memory for every checked launch of a kernel that uses
+shared memory (~2-3.5 GB a second on the H200's host) and gives it back only when the process exits
+(session 39, docs/gpu-test-report.md), so one serving process under it reaches any host's limit
+within a minute. This runs each piece of the load (`python -m minillm.generate` with that piece's
+flags) in its own process under the tool, watches the process group's resident memory, kills a
+piece that passes --host-memory-limit-gb, and records each piece's summary.
+
+Pieces: batch8 (eight short prompts batched), long (a ~3,000-token prompt in 1,024-token chunks),
+dflash (two prompts with DFlash speculation, needs --drafter), batch8_dflash (eight with DFlash).
+The exit status is 1 unless every piece finished with a clean summary (no error, no hazard), 2 on
+bad arguments.
+
+    python scripts/sanitize_pieces.py MODEL --drafter DIR --out DIR [--tool racecheck] \\
+        [--pieces batch8,long,dflash] [--no-cublas] [--sanitizer-args "--show-backtrace no"]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from failure_matrix import sanitizer_clean, server_env  # noqa: E402 - a sibling script, not a package
+
+TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
+SHORT = "the quick brown fox jumps over the lazy dog " * 6  # ~60 tokens
+LONG = "the quick brown fox jumps over the lazy dog " * 150  # ~3,000 tokens (Qwen3's and the random presets')
+
+
+def piece_args(name: str, drafter: str | None, k: int) -> list[str]:
+    """minillm.generate's flags for one piece (after the model and the common flags)."""
+    spec = (["--speculative-config", json.dumps({"method": "dflash", "model": drafter, "num_speculative_tokens": k})]
+            if drafter else [])
+    eight = [a for i in range(8) for a in ("--prompt", f"{i}: {SHORT}")]
+    pieces = {
+        "batch8": ["--max-num-seqs", "8", "--max-num-batched-tokens", "512", *eight, "--max-tokens", "4"],
+        "long": ["--max-num-seqs", "1", "--max-num-batched-tokens", "1024", "--prompt", LONG, "--max-tokens", "4"],
+        "dflash": [*spec, "--max-num-seqs", "2", "--max-num-batched-tokens", "256", "--prompt", SHORT,
+                   "--prompt", "2: " + SHORT, "--max-tokens", "16"],
+        "batch8_dflash": [*spec, "--max-num-seqs", "8", "--max-num-batched-tokens", "512", *eight,
+                          "--max-tokens", "8"],
+    }
+    return pieces[name]
+
+
+PIECES = ("batch8", "long", "dflash", "batch8_dflash")
+
+
+def group_rss_bytes(pgid: int) -> int:
+    """Resident memory of every process in the process group pgid, from /proc."""
+    total, page = 0, os.sysconf("SC_PAGE_SIZE")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # after the command: state, ppid, pgrp, ..., rss is the 22nd field
+            total += int(fields[21]) * page
+    return total
+
+
+def host_memory_total_gb() -> float:
+    for line in open("/proc/meminfo"):
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) / 2**20
+    raise RuntimeError("/proc/meminfo has no MemTotal")
+
+
+def run_piece(name: str, cmd: list[str], env: dict, out: Path, limit_gb: float, timeout: float) -> dict:
+    """Run cmd (the sanitizer and generate) in its own process group; kill the group at the memory
+    limit or the timeout. The piece's record: outcome, return code, peak memory, summary."""
+    log_path = out / f"{name}.log"
+    t0, peak, outcome = time.time(), 0, None
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        while proc.poll() is None:
+            peak = max(peak, group_rss_bytes(proc.pid))
+            if peak > limit_gb * 2**30:
+                outcome = f"killed at the host memory limit ({limit_gb:g} GB)"
+            elif time.time() - t0 > timeout:
+                outcome = f"killed at the timeout ({timeout:g} s)"
+            if outcome:
+                os.killpg(proc.pid, signal.SIGKILL)
+                break
+            time.sleep(0.25)
+        proc.wait()
+        try:  # whatever the group left behind
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    text = log_path.read_text(errors="replace")
+    finished = proc.returncode == 0 and '"finish_reason"' in text
+    return {"piece": name, "cmd": " ".join(cmd), "rc": proc.returncode, "wall_s": round(time.time() - t0, 1),
+            "peak_rss_gb": round(peak / 2**30, 2), "finished": finished,
+            "outcome": outcome or ("finished" if finished else f"failed (exit {proc.returncode}; see {log_path})")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model")
+    p.add_argument("--drafter", default=None, help="DFlash drafter directory (the dflash pieces need it)")
+    p.add_argument("--k", type=int, default=8, help="speculative tokens a round (default 8)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--tool", default="racecheck", choices=TOOLS)
+    p.add_argument("--pieces", default=None, help=f"comma-separated, of {', '.join(PIECES)} (default: all that "
+                                                  "apply: the dflash ones with --drafter)")
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--sanitizer-args", default="", help='more compute-sanitizer flags, e.g. "--show-backtrace no"')
+    p.add_argument("--no-cublas", action="store_true",
+                   help="MINILLM_GEMM=own: no cuBLAS kernel in the process (under racecheck an uninstrumented "
+                        "one stops the tool)")
+    p.add_argument("--host-memory-limit-gb", type=float, default=None,
+                   help="kill a piece whose processes hold more (default: 85%% of the host's memory)")
+    p.add_argument("--timeout", type=float, default=600, help="seconds a piece may run (default 600)")
+    p.add_argument("--no-compile-first", action="store_true",
+                   help="on cuda the first piece runs once without the sanitizer so the kernels compile outside "
+                        "it (under it a fresh machine's compile takes over a minute); this skips that")
+    args = p.parse_args(argv)
+    names = args.pieces.split(",") if args.pieces else [n for n in PIECES if args.drafter or "dflash" not in n]
+    bad = [n for n in names if n not in PIECES]
+    if bad:
+        p.error(f"--pieces: unknown piece(s) {bad}; choose from {', '.join(PIECES)}")
+    if not args.drafter and any("dflash" in n for n in names):
+        p.error("the dflash pieces need --drafter DIR (a DFlash checkpoint for MODEL)")
+    if args.k < 1:
+        p.error(f"--k must be at least 1, got {args.k}")
+    limit = args.host_memory_limit_gb if args.host_memory_limit_gb is not None else 0.85 * host_memory_total_gb()
+    if limit <= 0:
+        p.error(f"--host-memory-limit-gb must be positive, got {limit:g}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = server_env(args.tool)
+    if args.no_cublas:
+        env["MINILLM_GEMM"] = "own"
+    common = [sys.executable, "-m", "minillm.generate", args.model, "--device", args.device, "--max-model-len",
+              str(args.max_model_len), "--enforce-eager", "--no-enable-prefix-caching", "--ignore-eos", "--json"]
+    if args.device == "cuda" and not args.no_compile_first:
+        first = common + piece_args(names[0], args.drafter, args.k)
+        r = subprocess.run(first, capture_output=True, text=True, env=env, timeout=args.timeout)
+        print(f"compiled (the first piece without the sanitizer): exit {r.returncode}", flush=True)
+    records, ok = [], True
+    for name in names:
+        san_log = out / f"sanitizer-{name}.log"
+        cmd = (["compute-sanitizer", "--tool", args.tool, "--error-exitcode", "3", "--log-file", str(san_log)]
+               + args.sanitizer_args.split() + common + piece_args(name, args.drafter, args.k))
+        rec = run_piece(name, cmd, env, out, limit, args.timeout)
+        text = san_log.read_text(errors="replace") if san_log.exists() else ""
+        rec["sanitizer_clean"], rec["sanitizer_summary"] = sanitizer_clean(text)
+        rec["ok"] = rec["finished"] and rec["sanitizer_clean"]
+        ok = ok and rec["ok"]
+        records.append(rec)
+        (out / "pieces.json").write_text(json.dumps(records, indent=2))
+        print(f"{name}: {rec['outcome']}, {rec['wall_s']} s, peak {rec['peak_rss_gb']} GB; {args.tool}: "
+              f"{' / '.join(rec['sanitizer_summary']) or 'no summary'}", flush=True)
+    if not ok:
+        print(f"FAILED: {[r['piece'] for r in records if not r['ok']]} (not finished, or the sanitizer reported)",
+              flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
