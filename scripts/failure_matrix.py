@@ -25,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -49,6 +50,61 @@ def children(pid: int) -> list[int]:
             if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
                 kids.append(int(entry))
     return kids
+
+
+def group_rss_bytes(pgid: int) -> int:
+    """Resident memory of every process in the process group pgid, from /proc."""
+    total, page = 0, os.sysconf("SC_PAGE_SIZE")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # after the command: state, ppid, pgrp, ..., rss is the 22nd field
+            total += int(fields[21]) * page
+    return total
+
+
+def host_memory_total_gb() -> float:
+    for line in open("/proc/meminfo"):
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) / 2**20
+    raise RuntimeError("/proc/meminfo has no MemTotal")
+
+
+class MemoryWatch:
+    """Polls a process group's resident memory from a thread; past limit_gb it kills the group (a
+    sanitizer's host memory growing toward the OOM killer, whose SIGKILL leaves no message: session 38).
+    peak_gb and killed say what it saw."""
+
+    def __init__(self, pgid: int, limit_gb: float, every_s: float = 0.25):
+        self.pgid, self.limit, self.every = pgid, limit_gb * 2**30, every_s
+        self.peak, self.killed = 0, False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, group_rss_bytes(self.pgid))
+            if self.peak > self.limit:
+                self.killed = True
+                try:
+                    os.killpg(self.pgid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                return
+            self._stop.wait(self.every)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def peak_gb(self) -> float:
+        return round(self.peak / 2**30, 2)
 
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> None:
@@ -83,7 +139,8 @@ def point_ok(point: dict) -> bool:
     rungs = point.get("ladder", {}).get("rungs", [])
     ok = bool(rungs) and "error" not in point and all(r.get("failed", 1) == 0 and r.get("ok") == r.get("num_prompts")
                                                       for r in rungs)
-    return ok and point.get("server_alive_after_ladder", True) and point.get("sanitizer_clean", True)
+    return (ok and point.get("server_alive_after_ladder", True) and point.get("sanitizer_clean", True)
+            and not point.get("memory_limit_killed"))
 
 
 def server_env(tool: str | None) -> dict[str, str]:
@@ -115,6 +172,7 @@ def run_point(args, mml: int, out: Path, tool: str | None = None) -> dict:
     t0 = time.time()
     # its own process group, so a stop that has to kill takes the server under the sanitizer with it
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=server_env(tool), start_new_session=True)
+    watch = MemoryWatch(proc.pid, args.host_memory_limit_gb)
     point = {"max_model_len": mml, "cmd": " ".join(cmd), **({"sanitizer": tool} if tool else {})}
     try:
         wait_ready(url, proc, args.startup_timeout)
@@ -132,6 +190,10 @@ def run_point(args, mml: int, out: Path, tool: str | None = None) -> dict:
     except Exception as e:  # a point that cannot run is recorded, and the matrix goes on
         point["error"] = f"{type(e).__name__}: {e}"
     finally:
+        watch.stop()
+        point["peak_rss_gb"] = watch.peak_gb
+        if watch.killed:
+            point["memory_limit_killed"] = True
         # a server that died under the load (a sanitizer's kill, the OOM killer) is gone before we stop it
         point["server_alive_after_ladder"] = bool(children(proc.pid)) if tool else proc.poll() is None
         if proc.poll() is None:
@@ -180,9 +242,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--startup-timeout", type=float, default=300)
     p.add_argument("--request-timeout", type=float, default=600)
     p.add_argument("--ladder-timeout", type=float, default=1200)
+    p.add_argument("--host-memory-limit-gb", type=float, default=None,
+                   help="kill the server's process group when it holds more host memory (default: 85%% of the "
+                        "host's; racecheck holds GBs a second until its process exits)")
     p.add_argument("--stop-timeout", type=float, default=60,
                    help="seconds the server has to stop after SIGTERM before it (and the sanitizer) is killed")
     args = p.parse_args(argv)
+    if args.host_memory_limit_gb is None:
+        args.host_memory_limit_gb = 0.85 * host_memory_total_gb()
+    if args.host_memory_limit_gb <= 0:
+        p.error(f"--host-memory-limit-gb must be positive, got {args.host_memory_limit_gb:g}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tools = args.sanitize_tools.split(",") if args.sanitize_tools else ["memcheck"] if args.sanitize else [None]
@@ -201,14 +270,17 @@ def main(argv: list[str] | None = None) -> int:
                 line += f"; {tool}: {' / '.join(point['sanitizer_summary']) or 'no summary'}"
             if not point.get("server_alive_after_ladder", True):
                 line += "; the server died during the ladder (see its log)"
+            if point.get("memory_limit_killed"):
+                line += (f"; the server was killed at the host memory limit ({args.host_memory_limit_gb:g} GB, "
+                         "--host-memory-limit-gb)")
             if point.get("server_killed"):
                 line += f"; the server did not stop within {args.stop_timeout:g} s of SIGTERM and was killed"
             print(line, flush=True)
             (out / "matrix.json").write_text(json.dumps(points, indent=2))
     failed = [pt["max_model_len"] for pt in points if not point_ok(pt)]
     if failed:
-        print(f"FAILED: points at max_model_len {failed} (failed requests, no result or sanitizer reports)",
-              flush=True)
+        print(f"FAILED: points at max_model_len {failed} (failed requests, no result, sanitizer reports or "
+              "the memory limit)", flush=True)
     return 1 if failed else 0
 
 

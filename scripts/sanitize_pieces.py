@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from failure_matrix import sanitizer_clean, server_env  # noqa: E402 - a sibling script, not a package
+from failure_matrix import MemoryWatch, host_memory_total_gb, sanitizer_clean, server_env  # noqa: E402 - a sibling script
 
 TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 SHORT = "the quick brown fox jumps over the lazy dog " * 6  # ~60 tokens
@@ -54,54 +54,31 @@ def piece_args(name: str, drafter: str | None, k: int) -> list[str]:
 PIECES = ("batch8", "long", "dflash", "batch8_dflash")
 
 
-def group_rss_bytes(pgid: int) -> int:
-    """Resident memory of every process in the process group pgid, from /proc."""
-    total, page = 0, os.sysconf("SC_PAGE_SIZE")
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:  # after the command: state, ppid, pgrp, ..., rss is the 22nd field
-            total += int(fields[21]) * page
-    return total
-
-
-def host_memory_total_gb() -> float:
-    for line in open("/proc/meminfo"):
-        if line.startswith("MemTotal:"):
-            return int(line.split()[1]) / 2**20
-    raise RuntimeError("/proc/meminfo has no MemTotal")
-
-
 def run_piece(name: str, cmd: list[str], env: dict, out: Path, limit_gb: float, timeout: float) -> dict:
     """Run cmd (the sanitizer and generate) in its own process group; kill the group at the memory
     limit or the timeout. The piece's record: outcome, return code, peak memory, summary."""
     log_path = out / f"{name}.log"
-    t0, peak, outcome = time.time(), 0, None
+    t0 = time.time()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        while proc.poll() is None:
-            peak = max(peak, group_rss_bytes(proc.pid))
-            if peak > limit_gb * 2**30:
-                outcome = f"killed at the host memory limit ({limit_gb:g} GB)"
-            elif time.time() - t0 > timeout:
-                outcome = f"killed at the timeout ({timeout:g} s)"
-            if outcome:
-                os.killpg(proc.pid, signal.SIGKILL)
-                break
-            time.sleep(0.25)
-        proc.wait()
-        try:  # whatever the group left behind
+        watch = MemoryWatch(proc.pid, limit_gb)
+        try:
+            proc.wait(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        watch.stop()
+        try:  # the whole group: at the timeout, and whatever a finished piece left behind
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        proc.wait()
+    outcome = (f"killed at the host memory limit ({limit_gb:g} GB)" if watch.killed
+               else f"killed at the timeout ({timeout:g} s)" if timed_out else None)
     text = log_path.read_text(errors="replace")
     finished = proc.returncode == 0 and '"finish_reason"' in text
     return {"piece": name, "cmd": " ".join(cmd), "rc": proc.returncode, "wall_s": round(time.time() - t0, 1),
-            "peak_rss_gb": round(peak / 2**30, 2), "finished": finished,
+            "peak_rss_gb": watch.peak_gb, "finished": finished,
             "outcome": outcome or ("finished" if finished else f"failed (exit {proc.returncode}; see {log_path})")}
 
 

@@ -149,3 +149,34 @@ def test_a_server_that_does_not_stop_is_killed_with_its_sanitizer(tiny, tmp_path
         return  # the server is gone
     status = Path(f"/proc/{pid}/status").read_text() if Path(f"/proc/{pid}").exists() else ""
     assert "zombie" in status, f"the server {pid} outlived the matrix"
+
+
+def test_a_server_past_the_memory_limit_is_killed(tiny, tmp_path):
+    """--host-memory-limit-gb: a server group holding more host memory is killed at once (racecheck's
+    memory grew to the OOM killer, whose SIGKILL left no message: session 38) and the point fails,
+    saying why. A limit below what any Python server holds makes the fault real."""
+    out = tmp_path / "limit"
+    env = fake_sanitizer_env(tmp_path)
+    r = subprocess.run(matrix_cmd(tiny, out, "racecheck") + ["--host-memory-limit-gb", "0.02"], capture_output=True,
+                       text=True, env=env, timeout=300)
+    point = json.loads((out / "matrix.json").read_text())[0]
+    assert point["memory_limit_killed"] is True and point["peak_rss_gb"] > 0.02
+    assert "killed at the host memory limit (0.02 GB" in r.stdout and r.returncode == 1, r.stdout + r.stderr
+
+
+def test_memory_watch_sees_a_group_and_spares_it_under_the_limit():
+    """MemoryWatch sums the group's resident memory (a child that holds 200 MB is counted) and leaves
+    a group under the limit alone."""
+    mod = load_script()
+    child = subprocess.Popen([sys.executable, "-c", "import time; b = bytearray(200 << 20); time.sleep(3)"],
+                             start_new_session=True)
+    try:
+        time.sleep(1.0)
+        watch = mod.MemoryWatch(child.pid, limit_gb=64)
+        time.sleep(0.6)
+        watch.stop()
+        assert not watch.killed and child.poll() is None
+        assert 0.19 < watch.peak_gb < 1.0
+    finally:
+        child.kill()
+        child.wait()
