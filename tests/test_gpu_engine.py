@@ -243,6 +243,16 @@ def test_dflash_lossless_on_gpu(tmp_path):
               speculative_config={"method": "dflash", "model": str(drafter), "num_speculative_tokens": 8})
     assert [o.token_ids for o in llm.generate(PROMPTS, params)] == base
     assert llm.engine.stats().spec["draft_tokens"] > 0
+    # disable_by_batch_size: plain graph steps while 3+ sequences run, DFlash rounds once fewer do
+    # (outputs of 4-32 tokens); the drafter's context, stored by every target step, stays current
+    mixed = [SamplingParams(temperature=0, max_tokens=4 + 7 * (i % 5), ignore_eos=True) for i in range(len(PROMPTS))]
+    base = [o.token_ids for o in LLM(str(target), device="cuda", max_model_len=256).generate(PROMPTS, mixed)]
+    llm = LLM(str(target), device="cuda", max_model_len=256,
+              speculative_config={"method": "dflash", "model": str(drafter), "num_speculative_tokens": 8,
+                                  "disable_by_batch_size": 3})
+    assert [o.token_ids for o in llm.generate(PROMPTS, mixed)] == base
+    spec = llm.engine.stats().spec
+    assert spec["paused_steps"] > 0 and spec["draft_tokens"] > 0
 
 
 def test_smollm2_greedy_on_gpu_agrees_with_cpu():

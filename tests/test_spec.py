@@ -478,6 +478,47 @@ def test_dflash_matches_reference(dflash_pair):
     assert ours == ref[0, len(prompt):].tolist()
 
 
+def watch_drafting(engine) -> list[tuple[int, int]]:
+    """(running sequences, drafts asked) at every drafting decision of the engine: its late drafting
+    (_draft_budgets) and its early drafting behind a verification step (propose_behind)."""
+    seen = []
+    budgets, behind = engine._draft_budgets, getattr(engine.proposer, "propose_behind", None)
+
+    def _budgets():
+        seqs, ks = budgets()
+        seen.append((len(engine.scheduler.running), sum(ks)))
+        return seqs, ks
+
+    def _behind(seqs, bases, rows, drafts, *rest):
+        seen.append((len(engine.scheduler.running), len(seqs)))
+        return behind(seqs, bases, rows, drafts, *rest)
+
+    engine._draft_budgets = _budgets
+    if behind is not None:  # DFlash only
+        engine.proposer.propose_behind = _behind
+    return seen
+
+
+@pytest.mark.parametrize("method", ["ngram", "self_draft", "dflash"])
+def test_disable_by_batch_size_pauses_drafting_losslessly(models, dflash_pair, method):
+    """vLLM's disable_by_batch_size: while at least 3 sequences run nothing is drafted, and drafting
+    resumes as the batch shrinks (outputs of 4-40 tokens); greedy output is plain decoding's, the
+    drafter's context kept current through the plain steps (DFlash) or caught up (a draft model)."""
+    target = str(dflash_pair[0] if method == "dflash" else models[0])
+    cfg = (spec_configs(models, 3)[method] if method != "dflash"
+           else {"method": "dflash", "model": str(dflash_pair[1]), "num_speculative_tokens": 3})
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (4, 8, 12, 16, 24, 40)]
+    plain = LLM(target, device="cpu", max_model_len=256).generate(PROMPTS[:6], params)
+    llm = LLM(target, device="cpu", max_model_len=256, speculative_config={**cfg, "disable_by_batch_size": 3})
+    seen = watch_drafting(llm.engine)
+    outs = llm.generate(PROMPTS[:6], params)
+    assert [o.token_ids for o in outs] == [p.token_ids for p in plain]
+    assert all(drafts == 0 for running, drafts in seen if running >= 3), seen
+    assert any(drafts > 0 for running, drafts in seen if running < 3), seen
+    spec = llm.engine.stats().spec
+    assert spec["paused_steps"] > 0 and spec["rounds"] > 0
+
+
 def test_invalid_speculative_configs(models, dflash_pair):
     target = str(models[0])
     bad = [
@@ -490,6 +531,8 @@ def test_invalid_speculative_configs(models, dflash_pair):
         ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": None}, "prompt_lookup_min must be"),
         ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": "4"}, "prompt_lookup_max must be"),
         ({"method": "draft_model", "model": 123, "num_speculative_tokens": 2}, "model must be a path"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": 1}, "disable_by_batch_size must"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": "8"}, "disable_by_batch_size must"),
         ({"method": "ngram", "num_speculative_tokens": 10**6}, "below --max-model-len"),
         ({"method": "dflash", "model": str(dflash_pair[1] / "config.json"), "num_speculative_tokens": 2},
          r'the drafter\).*a drafter is a directory'),

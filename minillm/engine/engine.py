@@ -245,6 +245,7 @@ class LLMEngine:
         self.early_drafts = (self.runner.draft_source is not None and hasattr(self.proposer, "propose_behind")
                              and os.environ.get("MINILLM_EARLY_DRAFTS", "1") not in ("", "0"))
         self.drafted_behind = 0  # drafting steps launched by _draft_behind (tests read it)
+        self._spec_paused = False  # this step drafts nothing (disable_by_batch_size)
         self.spec_stats = SpecStats(k)
         self.profiler = None  # a StepProfiler (minillm/engine/step_profile.py) times step()'s phases
         # overlap_outputs: step() renders a step's text and outputs while the next step runs on the
@@ -405,6 +406,8 @@ class LLMEngine:
         # for the drafting step launched after it
         handle = self.runner.launch(sched.scheduled, readback=self.early_drafts and not self._sync_requests)
         behind = False
+        if self.proposer is not None:  # one decision for this step's drafting, early or late
+            self._spec_paused = self._pause_speculation()
         if self.runner.draft_source is not None:
             self.proposer.resolve()  # the drafts' ids, while the device verifies them
             behind = self.early_drafts and self._draft_behind(sched.scheduled)
@@ -607,7 +610,7 @@ class LLMEngine:
         launching nothing, where that cannot cover the next step (then _propose drafts after the
         step's results, as without early drafting): a decoding sequence outside this step, a
         request whose logits are adjusted or scored, or too few free blocks."""
-        if self._sync_requests:
+        if self._sync_requests or self._spec_paused:
             return False
         seqs, bases, rows, drafts = [], [], [], []
         r = 0
@@ -652,6 +655,16 @@ class LLMEngine:
         else:
             self.proposer.propose(seqs, ks)
 
+    def _pause_speculation(self) -> bool:
+        """vLLM's disable_by_batch_size: no drafts for the next step while at least that many
+        sequences run. Each sequence then decodes plainly; a drafter keeps its context current (DFlash
+        through every target step, a draft model by catching up when drafting resumes)."""
+        limit = self.spec.disable_by_batch_size
+        paused = limit is not None and len(self.scheduler.running) >= limit
+        if paused:
+            self.spec_stats.paused_steps += 1
+        return paused
+
     def _draft_budgets(self) -> tuple[list[Sequence], list[int]]:
         """Every running sequence that decodes next step and how many drafts it may verify there
         (within its length and max_tokens limits and the pool), with the blocks for them."""
@@ -659,8 +672,8 @@ class LLMEngine:
         for seq in self.scheduler.running:
             if seq.num_computed != seq.num_tokens - 1:
                 continue  # still prefilling
-            k = min(self.num_speculative_tokens, self.max_model_len - seq.num_tokens,
-                    seq.params.max_tokens - len(seq.output_ids))
+            k = 0 if self._spec_paused else min(self.num_speculative_tokens, self.max_model_len - seq.num_tokens,
+                                                seq.params.max_tokens - len(seq.output_ids))
             # the target writes KV up to position num_tokens + k - 1, a drafter up to its lookahead
             while k > 0 and not self.block_manager.can_allocate(seq, seq.num_tokens + max(k, self.lookahead)):
                 k -= 1

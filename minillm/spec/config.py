@@ -18,11 +18,15 @@ class SpeculativeConfig:
     # cut to those rows); None: the whole vocabulary. Verification stays lossless whatever the
     # drafts are: only acceptance can drop (draft_vocab_size below).
     draft_vocab_size: int | None = None
+    # vLLM's disable_by_batch_size: no drafting while the batch holds at least this many running
+    # sequences (a rejected round costs 1.3-1.5x a plain step on the H200, more at larger batches,
+    # where a step's tokens already fill the GPU); None: always speculate
+    disable_by_batch_size: int | None = None
 
     @classmethod
     def from_dict(cls, d: dict) -> SpeculativeConfig:
         known = {"method", "num_speculative_tokens", "model", "prompt_lookup_min", "prompt_lookup_max",
-                 "draft_vocab_size"}
+                 "draft_vocab_size", "disable_by_batch_size"}
         unknown = set(d) - known
         if unknown:
             raise ValueError(
@@ -42,6 +46,10 @@ class SpeculativeConfig:
         if dv is not None and method == "ngram":
             raise ValueError("--speculative-config: draft_vocab_size applies to a drafter model (methods "
                              "\"draft_model\" and \"dflash\"), not to \"ngram\"")
+        off = d.get("disable_by_batch_size")
+        if off is not None and (not isinstance(off, int) or isinstance(off, bool) or off < 2):
+            raise ValueError("--speculative-config: disable_by_batch_size must be an integer >= 2 (the running "
+                             f"sequences at which drafting stops; 1 would never speculate), got {off!r}")
         lookup = {}
         for key, default in (("prompt_lookup_min", 1), ("prompt_lookup_max", 4)):
             v = d.get(key, default)
@@ -51,7 +59,7 @@ class SpeculativeConfig:
         model = d.get("model")
         if model is not None and not isinstance(model, str):
             raise ValueError(f"--speculative-config: model must be a path (a string), got {model!r}")
-        cfg = cls(method, k, model, lookup["prompt_lookup_min"], lookup["prompt_lookup_max"], dv)
+        cfg = cls(method, k, model, lookup["prompt_lookup_min"], lookup["prompt_lookup_max"], dv, off)
         if method in ("draft_model", "dflash") and not cfg.model:
             raise ValueError(f"--speculative-config: method {method!r} needs \"model\": the drafter's path")
         if method == "ngram" and not 1 <= cfg.prompt_lookup_min <= cfg.prompt_lookup_max:

@@ -17,6 +17,7 @@ class SpecStats:
         self.accepted = 0
         self.accepted_at = [0] * k  # rounds whose draft j was accepted
         self.drafted_at = [0] * k
+        self.paused_steps = 0  # steps that drafted nothing for disable_by_batch_size
 
     def record(self, num_draft: int, num_accepted: int) -> None:
         self.rounds += 1
@@ -36,6 +37,7 @@ class SpecStats:
             "mean_acceptance_length": (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0,
             "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
             "acceptance_rate_per_position": [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)],
+            "paused_steps": self.paused_steps,
         }
 
 
