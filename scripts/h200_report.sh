@@ -4125,8 +4125,11 @@ part235() {  # prepared in session 39 (not run): racecheck's host memory grows ~
   # scripts/sanitize_pieces.py: each scenario in its own offline process on the 2-layer 0.6B-width model,
   # no cuBLAS, every kernel instrumented: eight sequences batched, a ~3,000-token context in 1,024-token
   # chunks, DFlash k = 8; then DFlash again with --show-backtrace no (does the saved host backtrace of
-  # each launch hold the memory?) (~9 minutes)
+  # each launch hold the memory?); first the GPU engine test of DFlash with disable_by_batch_size (new in
+  # session 39) (~9 minutes)
   setup
+  stage dflash_engine_test 90 python3 -m pytest -v -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py -k dflash
+  tail -2 "$W/dflash_engine_test.log"
   stage models 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b --num-layers 2 $M/q06s --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q06s $M/q06s-dflash --force"
   local mon
