@@ -4128,14 +4128,14 @@ part235() {  # prepared in session 39 (not run): racecheck's host memory grows ~
   # each launch hold the memory?); first the GPU engine test of DFlash with disable_by_batch_size (new in
   # session 39) (~9 minutes)
   setup
-  stage dflash_engine_test 70 python3 -m pytest -v -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py -k dflash
+  stage dflash_engine_test 110 python3 -m pytest -v -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py -k dflash
   tail -2 "$W/dflash_engine_test.log"
   stage models 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b --num-layers 2 $M/q06s --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q06s $M/q06s-dflash --force"
   local mon
   host_memory_log "$W/host_memory_pieces.log" &
   mon=$!
-  stage racecheck_pieces 360 python3 scripts/sanitize_pieces.py $M/q06s --drafter $M/q06s-dflash --out "$W/pieces" \
+  stage racecheck_pieces 330 python3 scripts/sanitize_pieces.py $M/q06s --drafter $M/q06s-dflash --out "$W/pieces" \
     --tool racecheck --no-cublas --host-memory-limit-gb 110 --timeout 100 --pieces batch8,long,dflash
   stage racecheck_no_backtrace 100 python3 scripts/sanitize_pieces.py $M/q06s --drafter $M/q06s-dflash \
     --out "$W/pieces_no_backtrace" --tool racecheck --no-cublas --host-memory-limit-gb 110 --timeout 90 \
