@@ -43,6 +43,13 @@ class EngineArgs:
     # vLLM's --generation-config: "auto" (the model's generation_config.json sets the sampling
     # defaults), "vllm" (none: temperature 1, top_p 1, ...), or a folder holding a generation_config.json
     generation_config: str = "auto"
+    # vLLM's parallelism flags, so its usual command lines and LLM(...) calls run here: one GPU, so
+    # only 1 (the default) is taken; anything else is refused rather than silently run on one
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    # vLLM's trust_remote_code: taken and without effect, since no model's own code ever runs here
+    # (the architectures are built in; a checkpoint's auto_map is never imported)
+    trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.speculative_config, str):
@@ -76,7 +83,12 @@ class EngineArgs:
             v = getattr(self, name)
             need(v is None or v < 2**31, f"--{name.replace('_', '-')} must be below 2**31, got {v}")
         # a truthy string such as "false" would otherwise turn the feature on
-        for name in ("enable_prefix_caching", "enforce_eager", "async_scheduling"):
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            v = getattr(self, name)
+            count(name, v)
+            need(v == 1, f"--{name.replace('_', '-')} {v}: minillm runs a model on one GPU, so only 1 is "
+                         "supported; leave the flag out (the model must fit one GPU's memory)")
+        for name in ("enable_prefix_caching", "enforce_eager", "async_scheduling", "trust_remote_code"):
             v = getattr(self, name)
             need(isinstance(v, bool) or (name == "async_scheduling" and v is None),
                  f"{name} must be True or False{' or None' if name == 'async_scheduling' else ''}, got {v!r}")
@@ -133,7 +145,7 @@ def add_engine_args(p: argparse.ArgumentParser, model_positional: bool = True) -
     p.add_argument("--speculative-config", type=str, default=None,
                    help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\'; keys: method '
                         '(ngram, draft_model, dflash), num_speculative_tokens, model, prompt_lookup_min, '
-                        'prompt_lookup_max, draft_vocab_size')
+                        'prompt_lookup_max, draft_vocab_size, disable_by_batch_size')
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     p.add_argument("--chat-template", default=None,
                    help="a Jinja chat template file, or the template itself, instead of the model's own (for a "
@@ -143,6 +155,12 @@ def add_engine_args(p: argparse.ArgumentParser, model_positional: bool = True) -
                         "model's generation_config; vllm, none (temperature 1, top_p 1, ...); or a folder holding a "
                         "generation_config.json")
     p.add_argument("--seed", type=int, default=d["seed"].default)
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=d["tensor_parallel_size"].default,
+                   help="vLLM's flag: only 1 (minillm runs a model on one GPU)")
+    p.add_argument("--pipeline-parallel-size", "-pp", type=int, default=d["pipeline_parallel_size"].default,
+                   help="vLLM's flag: only 1")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="vLLM's flag, accepted: no model's own code ever runs here (the architectures are built in)")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="schedule and launch step n+1 before step n's sampled tokens reach the host, so the "
                         "device never waits for the host between plain decode steps (speculative decoding "

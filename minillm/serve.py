@@ -52,7 +52,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="accepted for vLLM's command lines: tool_choice \"auto\" is always on here")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--disable-log-stats", action="store_true",
+                   help="no periodic stats line (throughput, running / waiting, KV cache use, speculation)")
+    p.add_argument("--log-stats-interval", type=float, default=10.0,
+                   help="seconds between stats lines while the server has work (default 10)")
+    p.add_argument("--enable-log-requests", action="store_true",
+                   help="log each request as it is admitted (id, prompt length, sampling settings; never its "
+                        "text) and as it ends")
+    p.add_argument("--disable-log-requests", action="store_true",
+                   help="accepted for vLLM's older command lines: requests are not logged unless "
+                        "--enable-log-requests")
     ns = p.parse_args(argv)
+    if not (math.isfinite(ns.log_stats_interval) and ns.log_stats_interval > 0):
+        p.error(f"--log-stats-interval must be a positive number of seconds, got {ns.log_stats_interval}")
+    if ns.enable_log_requests and ns.disable_log_requests:
+        p.error("--enable-log-requests and --disable-log-requests contradict each other; give one")
     names = ns.served_model_name or []
     if ns.model is None and any(os.path.exists(n) for n in names[1:]):
         # `--served-model-name NAME MODEL` swallows MODEL as a second name (nargs="+", as in vLLM)
@@ -137,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from minillm.engine.engine import LLMEngine
     from minillm.server import AsyncEngine, build_app
+    from minillm.server.stats_log import log_stats_forever
 
     try:
         args = EngineArgs.from_cli(ns)
@@ -152,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
     aeng = AsyncEngine(engine, step_delay=float(os.environ.get("MINILLM_TEST_STEP_DELAY") or 0),
-                       step_timeout=ns.step_timeout)
+                       step_timeout=ns.step_timeout, log_requests=ns.enable_log_requests)
     names = ns.served_model_name or [engine.model_name]
     app = build_app(aeng, names, ns.api_key, test_hooks=os.environ.get("MINILLM_TEST_FAULTS") == "1",
                     reasoning_parser=ns.reasoning_parser, tool_call_parser=ns.tool_call_parser)
@@ -165,6 +180,15 @@ def main(argv: list[str] | None = None) -> int:
     async def ready() -> None:
         log.info("minillm ready: serving %s at %s/v1 (health %s/health, metrics %s/metrics)",
                  names[0], url, url, url)
+        if not ns.disable_log_stats:
+            app.extensions["minillm"]["stats_log"] = asyncio.get_running_loop().create_task(
+                log_stats_forever(lambda: aeng.stats, ns.log_stats_interval))
+
+    @app.after_serving
+    async def stop_stats_log() -> None:
+        task = app.extensions["minillm"].get("stats_log")
+        if task is not None:
+            task.cancel()
 
     asyncio.run(_serve(app, aeng, config, sockets, ns.shutdown_grace))
     log.info("minillm stopped")

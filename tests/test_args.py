@@ -58,3 +58,28 @@ def test_model_as_positional_or_flag(argv, model):
 
     ns = parse_args(argv)
     assert ns.model == model and EngineArgs.from_cli(ns).model == model
+
+
+def test_vllm_parallelism_and_remote_code_flags():
+    """vLLM's usual command lines and LLM(...) calls carry -tp 1 and --trust-remote-code: taken; a
+    parallel size above 1 (one GPU here) is refused by name rather than run on one GPU."""
+    from minillm.serve import parse_args
+
+    ns = parse_args(["m.gguf", "-tp", "1", "--pipeline-parallel-size", "1", "--trust-remote-code"])
+    args = EngineArgs.from_cli(ns)
+    assert (args.tensor_parallel_size, args.pipeline_parallel_size, args.trust_remote_code) == (1, 1, True)
+    for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+        with pytest.raises(ValueError, match=f"--{name.replace('_', '-')} 2: minillm runs a model on one GPU"):
+            EngineArgs(**{name: 2})
+        with pytest.raises(ValueError, match=f"--{name.replace('_', '-')} must be an integer"):
+            EngineArgs(**{name: "2"})
+    with pytest.raises(ValueError, match="trust_remote_code must be True or False"):
+        EngineArgs(trust_remote_code="yes")
+
+
+def test_tensor_parallel_above_one_fails_the_cli_in_one_line(capsys):
+    from minillm.generate import main
+
+    assert main(["--device", "cpu", "--prompt", "hi", "--tensor-parallel-size", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --tensor-parallel-size 4: minillm runs a model on one GPU") and err.count("\n") == 1

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from minillm.engine.engine import EngineStats, LLMEngine, RequestOutput
 from minillm.sampling_params import SamplingParams
+from minillm.server.stats_log import request_added_line, request_finished_line
 
 log = logging.getLogger("minillm.server")
 
@@ -40,9 +41,11 @@ class EngineFailure(Exception):
 class RequestStream:
     """One request's outputs, consumed with `async for`; close() aborts it if unfinished."""
 
-    def __init__(self, owner: AsyncEngine, request_id: str):
+    def __init__(self, owner: AsyncEngine, request_id: str, num_prompt_tokens: int = 0):
         self.owner = owner
         self.request_id = request_id
+        self.num_prompt_tokens = num_prompt_tokens
+        self.t0 = time.monotonic()
         self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self.finished = False
 
@@ -64,8 +67,10 @@ class RequestStream:
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, step_delay: float = 0.0, step_timeout: float = 120.0):
+    def __init__(self, engine: LLMEngine, step_delay: float = 0.0, step_timeout: float = 120.0,
+                 log_requests: bool = False):
         self.engine = engine
+        self.log_requests = log_requests  # --enable-log-requests: a line as each request starts and ends
         self.step_delay = step_delay  # test hook (MINILLM_TEST_STEP_DELAY): slows each step down
         # a step running longer than this is a hung engine (a stuck GPU, a deadlock): the watchdog
         # logs where the engine thread is, fails every open stream and turns /health 503
@@ -128,14 +133,18 @@ class AsyncEngine:
 
     def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> RequestStream:
         self.check_admitting()
-        stream = RequestStream(self, request_id)
+        stream = RequestStream(self, request_id, len(prompt_ids))
         self._streams[request_id] = stream
+        if self.log_requests:
+            log.info("%s", request_added_line(request_id, len(prompt_ids), params))
         self._submit(("add", request_id, prompt_ids, params))
         return stream
 
     def _release(self, stream: RequestStream) -> None:
         if self._streams.pop(stream.request_id, None) is not None and not stream.finished:
             self._submit(("abort", stream.request_id))  # client gone: the engine frees its blocks now
+            if self.log_requests:
+                log.info("request %s aborted after %.2f s", stream.request_id, time.monotonic() - stream.t0)
 
     def inject_fault(self, after_steps: int = 0) -> None:
         """Test hook: make the engine loop raise after `after_steps` more steps."""
@@ -171,6 +180,9 @@ class AsyncEngine:
             stream = self._streams.get(out.request_id)
             if stream is not None:  # else aborted meanwhile: drop
                 stream.queue.put_nowait(out)
+                if out.finished and self.log_requests:
+                    log.info("%s", request_finished_line(out.request_id, out.finish_reason, stream.num_prompt_tokens,
+                                                         out.output_len, time.monotonic() - stream.t0))
 
     def _reject(self, request_id: str, failure: EngineFailure) -> None:
         stream = self._streams.get(request_id)
