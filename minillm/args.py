@@ -43,6 +43,9 @@ class EngineArgs:
     # vLLM's --generation-config: "auto" (the model's generation_config.json sets the sampling
     # defaults), "vllm" (none: temperature 1, top_p 1, ...), or a folder holding a generation_config.json
     generation_config: str = "auto"
+    # vLLM's --override-generation-config: sampling defaults (temperature, top_p, top_k, min_p) set on
+    # top of what --generation-config gives (merged with the model's under auto, alone under vllm)
+    override_generation_config: dict | str | None = None
     # vLLM's parallelism flags, so its usual command lines and LLM(...) calls run here: one GPU, so
     # only 1 (the default) is taken; anything else is refused rather than silently run on one
     tensor_parallel_size: int = 1
@@ -57,6 +60,11 @@ class EngineArgs:
                 self.speculative_config = json.loads(self.speculative_config)
             except json.JSONDecodeError as e:
                 raise ValueError(f"--speculative-config is not valid JSON: {e}") from None
+        if isinstance(self.override_generation_config, str):
+            try:
+                self.override_generation_config = json.loads(self.override_generation_config)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"--override-generation-config is not valid JSON: {e}") from None
         self.validate()
 
     def validate(self) -> None:
@@ -113,6 +121,11 @@ class EngineArgs:
         need(isinstance(self.generation_config, str) and self.generation_config != "",
              f"--generation-config must be auto, vllm or a folder with a generation_config.json, got "
              f"{self.generation_config!r}")
+        need(self.override_generation_config is None or isinstance(self.override_generation_config, dict),
+             "--override-generation-config must be a JSON object, e.g. '{\"temperature\": 0.5}'")
+        from minillm.models.hf_loader import override_defaults
+
+        override_defaults(self.override_generation_config)  # its keys and values, before any model loads
         need(self.speculative_config is None or isinstance(self.speculative_config, dict),
              "--speculative-config must be a JSON object, e.g. "
              '\'{"method": "ngram", "num_speculative_tokens": 3}\'')
@@ -154,6 +167,9 @@ def add_engine_args(p: argparse.ArgumentParser, model_positional: bool = True) -
                    help="where requests' sampling defaults (temperature, top_p, top_k, min_p) come from: auto, the "
                         "model's generation_config; vllm, none (temperature 1, top_p 1, ...); or a folder holding a "
                         "generation_config.json")
+    p.add_argument("--override-generation-config", default=None,
+                   help='JSON sampling defaults on top of --generation-config\'s, e.g. \'{"temperature": 0.5}\' '
+                        "(keys: temperature, top_p, top_k, min_p)")
     p.add_argument("--seed", type=int, default=d["seed"].default)
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=d["tensor_parallel_size"].default,
                    help="vLLM's flag: only 1 (minillm runs a model on one GPU)")

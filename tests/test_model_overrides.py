@@ -114,6 +114,29 @@ def test_generation_config_auto_vllm_or_a_folder(greedy_dir, byte_llama, tmp_pat
         defaults(byte_llama, generation_config=str(other))
 
 
+def test_override_generation_config(greedy_dir, byte_llama, capsys):
+    """vLLM's --override-generation-config: merged over the model's defaults under auto, alone under
+    vllm; a key other than the sampling ones, or a value a request could not take, is refused by name
+    before any model loads; the CLI takes it as JSON."""
+    def defaults(path, **kw):
+        return LLM(str(path), device="cpu", max_model_len=64, **kw).engine.generation_defaults
+
+    assert defaults(greedy_dir, override_generation_config={"temperature": 0.5, "min_p": 0.1}) == {
+        "temperature": 0.5, "top_k": 5, "min_p": 0.1}
+    assert defaults(greedy_dir, generation_config="vllm", override_generation_config='{"top_p": 0.9}') == {
+        "top_p": 0.9}
+    for bad, match in [({"max_tokens": 5}, r"unknown key\(s\) \['max_tokens'\]"),
+                       ({"temperature": -1}, "--override-generation-config: 'temperature'"),
+                       ("[1]", "must be a JSON object"), ("{temperature", "is not valid JSON")]:
+        with pytest.raises(ValueError, match=match):
+            LLM("/nonexistent/model", device="cpu", override_generation_config=bad)
+    from minillm.generate import main
+
+    assert main([str(byte_llama), "--device", "cpu", "--prompt", "hi", "--override-generation-config",
+                 '{"top_k": "x"}']) == 2
+    assert capsys.readouterr().err.startswith("error: --override-generation-config: 'top_k'")
+
+
 def test_offline_defaults_follow_it(greedy_dir):
     """LLM.generate without sampling params takes get_default_sampling_params(), as vLLM's does."""
     llm = LLM(str(greedy_dir), device="cpu", max_model_len=64)

@@ -29,7 +29,7 @@ from minillm.engine.runner import ModelRunner
 from minillm.engine.scheduler import ScheduledSeq, Scheduler
 from minillm.engine.sequence import Sequence
 from minillm.engine.structured import GrammarCompiler, ThinkState, matcher_error, token_mask
-from minillm.models.hf_loader import sampling_defaults
+from minillm.models.hf_loader import override_defaults, sampling_defaults
 from minillm.models.loader import LoadedModel, load_model
 from minillm.models.tokenizer import IncrementalDecoder, read_chat_template
 from minillm.models.transformer import Transformer, Workspace
@@ -180,10 +180,12 @@ class LLMEngine:
         if template is not None:
             self.tokenizer.set_chat_template(*template)
         # requests' sampling defaults (the server and the chat REPL fill what a request leaves out)
-        self.generation_defaults = sampling_defaults(args.generation_config, self.loaded.generation_defaults)
+        self.generation_defaults = {**sampling_defaults(args.generation_config, self.loaded.generation_defaults),
+                                    **override_defaults(args.override_generation_config)}
         if self.generation_defaults:
-            log.info("sampling defaults from the generation config (--generation-config %s): %s",
-                     args.generation_config, self.generation_defaults)
+            log.info("sampling defaults from the generation config (--generation-config %s%s): %s",
+                     args.generation_config, ", --override-generation-config" if args.override_generation_config
+                     else "", self.generation_defaults)
         self.model_name = self.loaded.name
         self.backend = select_backend(args.device, args.dtype)
 

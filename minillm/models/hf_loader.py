@@ -152,6 +152,20 @@ def sampling_defaults(generation_config: str, model_defaults: dict) -> dict:
     return {k: v for k, v in gen.items() if k in SAMPLING_DEFAULTS and v is not None}
 
 
+def override_defaults(override: dict | None) -> dict:
+    """--override-generation-config (vLLM's): sampling defaults that replace --generation-config's,
+    each checked as a request's value would be; a key other than the sampling ones is refused."""
+    if not override:
+        return {}
+    unknown = sorted(set(override) - set(SAMPLING_DEFAULTS))
+    if unknown:
+        raise ValueError(f"--override-generation-config: unknown key(s) {unknown}; the sampling defaults are "
+                         f"{', '.join(SAMPLING_DEFAULTS)}")
+    for name, value in override.items():
+        check_sampling_default(name, value, name, "--override-generation-config")
+    return dict(override)
+
+
 HF_ATTENTION_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim")
 
 
