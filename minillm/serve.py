@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import faulthandler
+import json
 import logging
 import math
 import os
@@ -25,6 +26,20 @@ from minillm.server.reasoning import PARSERS as REASONING_PARSERS
 from minillm.server.tools import TOOL_CALL_PARSERS
 
 log = logging.getLogger("minillm.server")
+
+
+def _json_strings(flag: str):
+    """An argparse type: a JSON list of strings (vLLM's spelling of its CORS flags)."""
+    def parse(text: str) -> list[str]:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = None
+        if not (isinstance(value, list) and value and all(isinstance(v, str) and v for v in value)):
+            raise argparse.ArgumentTypeError(f"{flag} takes a JSON list of strings, e.g. "
+                                             f"'[\"http://localhost:3000\"]'; got {text!r}")
+        return value
+    return parse
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -62,7 +77,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--disable-log-requests", action="store_true",
                    help="accepted for vLLM's older command lines: requests are not logged unless "
                         "--enable-log-requests")
+    p.add_argument("--allowed-origins", type=_json_strings("--allowed-origins"), default=None,
+                   help='origins whose browser pages may call the API (CORS), as a JSON list, e.g. '
+                        '\'["http://localhost:3000"]\' or \'["*"]\' (default: none, no CORS headers; vLLM allows any)')
+    p.add_argument("--allowed-methods", type=_json_strings("--allowed-methods"), default=["*"],
+                   help='with --allowed-origins: the methods a preflight allows, as a JSON list (default ["*"])')
+    p.add_argument("--allowed-headers", type=_json_strings("--allowed-headers"), default=["*"],
+                   help='with --allowed-origins: the request headers a preflight allows (default ["*"])')
+    p.add_argument("--allow-credentials", action="store_true",
+                   help="with --allowed-origins: allow cookies and HTTP auth (not with the origin \"*\")")
     ns = p.parse_args(argv)
+    if ns.allow_credentials and (ns.allowed_origins is None or "*" in ns.allowed_origins):
+        p.error("--allow-credentials needs --allowed-origins naming the origins: browsers refuse credentials "
+                "with the wildcard origin \"*\"")
     if not (math.isfinite(ns.log_stats_interval) and ns.log_stats_interval > 0):
         p.error(f"--log-stats-interval must be a positive number of seconds, got {ns.log_stats_interval}")
     if ns.enable_log_requests and ns.disable_log_requests:
@@ -170,7 +197,10 @@ def main(argv: list[str] | None = None) -> int:
                        step_timeout=ns.step_timeout, log_requests=ns.enable_log_requests)
     names = ns.served_model_name or [engine.model_name]
     app = build_app(aeng, names, ns.api_key, test_hooks=os.environ.get("MINILLM_TEST_FAULTS") == "1",
-                    reasoning_parser=ns.reasoning_parser, tool_call_parser=ns.tool_call_parser)
+                    reasoning_parser=ns.reasoning_parser, tool_call_parser=ns.tool_call_parser,
+                    cors=None if ns.allowed_origins is None else dict(
+                        allow_origin=ns.allowed_origins, allow_methods=ns.allowed_methods,
+                        allow_headers=ns.allowed_headers, allow_credentials=ns.allow_credentials))
     for sock in sockets.insecure_sockets:
         sock.listen(config.backlog)  # connections queue from here on, so the ready line is true at once
     host, port = sockets.insecure_sockets[0].getsockname()[:2]

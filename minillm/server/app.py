@@ -138,10 +138,12 @@ def watch_disconnects(asgi_app):
 
 def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, api_key: str | None = None,
               test_hooks: bool = False, max_body_bytes: int = MAX_BODY_BYTES,
-              reasoning_parser: str | None = None, tool_call_parser: str = "hermes") -> Quart:
+              reasoning_parser: str | None = None, tool_call_parser: str = "hermes", cors: dict | None = None) -> Quart:
     """reasoning_parser: "qwen3" or "deepseek_r1" (reasoning.PARSERS) to return chat outputs' thinking
     as reasoning_content; None leaves outputs whole (no reasoning_content key). tool_call_parser: how
-    tool_choice "auto" reads calls (tools.TOOL_CALL_PARSERS)."""
+    tool_choice "auto" reads calls (tools.TOOL_CALL_PARSERS). cors: quart_cors.cors's settings
+    (allow_origin, allow_methods, allow_headers, allow_credentials) so browsers on those origins may
+    call the API (vLLM's --allowed-origins); None sends no CORS headers."""
     if tool_call_parser not in tools.TOOL_CALL_PARSERS:
         raise ValueError(f"unknown tool call parser {tool_call_parser!r}; choose one of "
                          f"{', '.join(tools.TOOL_CALL_PARSERS)}")
@@ -203,9 +205,15 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         log.exception("unhandled error in %s %s", request.method, request.path)
         return _error(500, f"internal error: {type(e).__name__}: {e}", "internal_server_error")
 
+    if cors is not None:
+        from quart_cors import cors as add_cors  # only a server that asks for CORS needs the package
+
+        add_cors(app, **cors)
+
     @app.before_request
     async def check_api_key() -> Response | None:
-        if api_key is None or not request.path.startswith("/v1/"):
+        # a browser's CORS preflight (OPTIONS) never carries the key: it is answered, the request after it checked
+        if api_key is None or not request.path.startswith("/v1/") or request.method == "OPTIONS":
             return None
         auth = request.headers.get("Authorization", "")
         token = auth[7:] if auth.startswith("Bearer ") else ""
