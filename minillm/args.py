@@ -158,7 +158,8 @@ def add_engine_args(p: argparse.ArgumentParser, model_positional: bool = True) -
     p.add_argument("--speculative-config", type=str, default=None,
                    help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\'; keys: method '
                         '(ngram, draft_model, dflash), num_speculative_tokens, model, prompt_lookup_min, '
-                        'prompt_lookup_max, draft_vocab_size, disable_by_batch_size')
+                        'prompt_lookup_max, draft_vocab_size, disable_by_batch_size, backoff_after, '
+                        'backoff_max_steps')
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     p.add_argument("--chat-template", default=None,
                    help="a Jinja chat template file, or the template itself, instead of the model's own (for a "

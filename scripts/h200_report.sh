@@ -4145,6 +4145,20 @@ part235() {  # prepared in session 39 (not run): racecheck's host memory grows ~
   pack
 }
 
+part236() {  # prepared in session 39 (not run): speculation's new switches on the H200. The GPU engine
+  # tests of DFlash (disable_by_batch_size and backoff_after among them), then the 8B spec-cost bench with
+  # --backoff-after 2: a random drafter's whole-run decode rate against plain decoding's over 256 tokens a
+  # sequence at c = 1 and 16, beside the rejected round's cost (~6 minutes)
+  setup
+  stage dflash_engine_test 110 python3 -m pytest -v -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py -k dflash
+  tail -2 "$W/dflash_engine_test.log"
+  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
+  stage spec_cost_backoff_8b 300 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --concurrency 1,16 --accept 0 --backoff-after 2 --backoff-output-len 256 --result-json "$W/spec_cost_backoff_8b.json"
+  pack
+}
+
 racecheck_family() {  # racecheck_family NAME SECONDS ENV SANITIZER_ARGS: part228's small load (c = 1, 2 prompts
   # of 64 tokens, 16 out, steps of at most 16 rows, DFlash k = 8) under racecheck with the host's memory
   # logged and a guard that kills the server at 48 GB

@@ -162,6 +162,16 @@ def test_spec_cost_bench_on_the_cpu(tiny, tmp_path):
     r = json.loads(out.read_text())
     assert r["draft_vocab_size"] == 16 and r["cost"][0]["same_as_plain_decode"]
     assert 1 < r["bytes_floor"] < floor  # the drafter's LM head is 16 rows of the target's
+    # --backoff-after: the random drafter backs off; the whole run's rate against plain decoding's,
+    # the same tokens, and far fewer rounds than decode steps
+    assert spec_cost_main([str(tiny), "--drafter", str(drafter), "--device", "cpu", "--k", "3",
+                           "--concurrency", "1,2", "--input-len", "24", "--output-len", "8", "--accept", "0",
+                           "--backoff-after", "1", "--backoff-output-len", "60", "--result-json", str(out)]) == 0
+    runs = json.loads(out.read_text())["backoff"]
+    assert [b["concurrency"] for b in runs] == [1, 2]
+    for b in runs:
+        assert b["same_as_plain_decode"] and b["backoff_tok_s"] > 0 and b["plain_tok_s"] > 0
+        assert 0 < b["rounds"] <= 8 * b["concurrency"] and b["backoff_steps"] > 40 * b["concurrency"], b
 
 
 def test_percentiles_and_means():
@@ -683,6 +693,9 @@ def test_decode_bench_reports_a_tokenizer_it_cannot_read(tiny, tmp_path, capsys)
     ("spec-cost", ["--output-len", "1"], "--output-len"), ("spec-cost", ["--concurrency", "0"], "--concurrency"),
     ("spec-cost", ["--concurrency", "1,x"], "--concurrency"), ("spec-cost", ["--accept", "1.5"], "--accept"),
     ("spec-cost", ["--draft-vocab-size", "0"], "--draft-vocab-size"),
+    ("spec-cost", ["--backoff-after", "0"], "--backoff-after"),
+    ("spec-cost", ["--backoff-after", "2"], "--backoff-after needs --drafter"),
+    ("spec-cost", ["--backoff-output-len", "1"], "--backoff-output-len"),
 ])
 def test_bench_commands_refuse_bad_flags_in_one_line(tiny, capsys, command, flags, flag):
     from minillm.bench.__main__ import main

@@ -253,6 +253,13 @@ def test_dflash_lossless_on_gpu(tmp_path):
     assert [o.token_ids for o in llm.generate(PROMPTS, mixed)] == base
     spec = llm.engine.stats().spec
     assert spec["paused_steps"] > 0 and spec["draft_tokens"] > 0
+    # backoff_after: the random drafter's rounds accept nothing, so sequences back off to plain graph
+    # steps between probe rounds; the tokens stay the same
+    llm = LLM(str(target), device="cuda", max_model_len=256,
+              speculative_config={"method": "dflash", "model": str(drafter), "num_speculative_tokens": 8,
+                                  "backoff_after": 1, "backoff_max_steps": 8})
+    assert [o.token_ids for o in llm.generate(PROMPTS, mixed)] == base
+    assert llm.engine.stats().spec["backoff_steps"] > 0
 
 
 def test_smollm2_greedy_on_gpu_agrees_with_cpu():

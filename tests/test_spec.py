@@ -519,6 +519,33 @@ def test_disable_by_batch_size_pauses_drafting_losslessly(models, dflash_pair, m
     assert spec["paused_steps"] > 0 and spec["rounds"] > 0
 
 
+@pytest.mark.parametrize("method", ["draft_model", "self_draft", "dflash"])
+def test_backoff_is_lossless_and_spares_rounds(models, dflash_pair, method):
+    """backoff_after: a sequence whose rounds accept nothing decodes plainly for 1, 2, 4 ... steps
+    between probe rounds. Greedy output stays plain decoding's; a poor drafter (a 1-layer random
+    model, a random DFlash drafter) runs fewer rounds than without the backoff; the model drafting
+    for itself, always right, never backs off."""
+    target = str(dflash_pair[0] if method == "dflash" else models[0])
+    cfg = (spec_configs(models, 3)[method] if method != "dflash"
+           else {"method": "dflash", "model": str(dflash_pair[1]), "num_speculative_tokens": 3})
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    plain = [o.token_ids for o in LLM(target, device="cpu", max_model_len=256).generate(PROMPTS[:6], params)]
+
+    def run(extra):
+        llm = LLM(target, device="cpu", max_model_len=256, speculative_config={**cfg, **extra})
+        outs = [o.token_ids for o in llm.generate(PROMPTS[:6], params)]
+        return outs, llm.engine.stats().spec
+
+    always, always_stats = run({})
+    backoff, stats = run({"backoff_after": 1, "backoff_max_steps": 8})
+    assert always == plain and backoff == plain
+    assert always_stats["backoff_steps"] == 0
+    if method == "self_draft":
+        assert stats["backoff_steps"] == 0 and stats["rounds"] == always_stats["rounds"]
+    else:
+        assert stats["backoff_steps"] > 0 and stats["rounds"] < always_stats["rounds"], (stats, always_stats)
+
+
 def test_invalid_speculative_configs(models, dflash_pair):
     target = str(models[0])
     bad = [
@@ -533,6 +560,11 @@ def test_invalid_speculative_configs(models, dflash_pair):
         ({"method": "draft_model", "model": 123, "num_speculative_tokens": 2}, "model must be a path"),
         ({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": 1}, "disable_by_batch_size must"),
         ({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": "8"}, "disable_by_batch_size must"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "backoff_after": 0}, "backoff_after must be an integer >= 1"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "backoff_after": 2, "backoff_max_steps": 0},
+         "backoff_max_steps must be an integer >= 1"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "backoff_max_steps": 4},
+         "backoff_max_steps needs backoff_after"),
         ({"method": "ngram", "num_speculative_tokens": 10**6}, "below --max-model-len"),
         ({"method": "dflash", "model": str(dflash_pair[1] / "config.json"), "num_speculative_tokens": 2},
          r'the drafter\).*a drafter is a directory'),

@@ -68,6 +68,27 @@ def decode_steps(engine: LLMEngine, prompts: list[list[int]], out_len: int) -> t
     return float(np.median([s for s, _ in steps])), float(np.mean([n for _, n in steps])), outputs
 
 
+def decode_rate(engine: LLMEngine, prompts: list[list[int]], out_len: int) -> tuple[float, dict]:
+    """Run the prompts to completion; (output tokens a second over the steps after the prefill, outputs).
+    A whole run's rate, not a median step: with backoff the steps are mostly plain and a few rounds."""
+    params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
+    ids = [engine.add_request(p, params, request_id=f"r{i}") for i, p in enumerate(prompts)]
+    outputs: dict[str, list[int]] = {i: [] for i in ids}
+    seconds, tokens = 0.0, 0
+    while engine.has_unfinished():
+        sched = engine.scheduler
+        prefill = bool(sched.waiting) or any(s.num_computed < s.num_prompt_tokens for s in sched.running)
+        t = time.perf_counter()
+        outs = engine.step()
+        dt = time.perf_counter() - t
+        for o in outs:
+            outputs[o.request_id] = o.token_ids
+        if not prefill:
+            seconds += dt
+            tokens += sum(len(o.new_token_ids) for o in outs)
+    return tokens / seconds if seconds else 0.0, outputs
+
+
 def logprob_paths(engine: LLMEngine, prompts: list[list[int]], out_len: int,
                   top: int = 2) -> dict[str, tuple[list[int], list]]:
     """Run the prompts greedily with `top` logprobs a token; {request id: (tokens, TokenLogprobs)}."""
@@ -243,6 +264,9 @@ def check_args(ns: argparse.Namespace) -> tuple[list[int], list[float]]:
     need(all(0 <= a <= 1 for a in accept), f"--accept values must be probabilities in [0, 1], got {ns.accept!r}")
     need(ns.draft_vocab_size is None or ns.draft_vocab_size >= 1,
          f"--draft-vocab-size must be >= 1, got {ns.draft_vocab_size}")
+    need(ns.backoff_after is None or ns.backoff_after >= 1, f"--backoff-after must be >= 1, got {ns.backoff_after}")
+    need(ns.backoff_after is None or ns.drafter is not None, "--backoff-after needs --drafter")
+    need(ns.backoff_output_len >= 2, f"--backoff-output-len must be >= 2, got {ns.backoff_output_len}")
     check_output_path(ns.result_json, "--result-json")
     return cs, accept
 
@@ -267,6 +291,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--explain", action="store_true",
                    help="where an oracle point's output departs from the all-rejected run's, rerun both "
                         "with logprobs and print the two tokens' logprob gap there (a bf16 near-tie or not)")
+    p.add_argument("--backoff-after", type=int, default=None,
+                   help="also the drafter with backoff_after N (plain steps between probe rounds while nothing is "
+                        "accepted): its whole-run decode rate against plain decoding's, the steady-state cost")
+    p.add_argument("--backoff-output-len", type=int, default=512,
+                   help="output tokens a sequence of the --backoff-after runs (default 512)")
     p.add_argument("--result-json", default=None)
     ns = p.parse_args(argv)
     try:
@@ -276,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     budget = ns.max_num_batched_tokens or max(2048, max(cs) * (ns.input_len + ns.k + 1))
     common = dict(model=ns.model, device=ns.device, max_num_seqs=max(cs), seed=0,
-                  max_model_len=ns.input_len + ns.output_len + 32, enable_prefix_caching=False,
+                  max_model_len=ns.input_len + max(ns.output_len, ns.backoff_output_len) + 32,
+                  enable_prefix_caching=False,
                   enforce_eager=ns.enforce_eager, dtype=ns.dtype, max_num_batched_tokens=budget)
     rng = np.random.default_rng(0)
     try:  # the target (and its flags: device, dtype, budget) fails here if it fails at all
@@ -288,11 +318,14 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [rng.integers(0, vocab, ns.input_len).tolist() for _ in range(max(cs))]
     result: dict = {"model": ns.model, "k": ns.k, "input_len": ns.input_len, "output_len": ns.output_len,
                     "draft_vocab_size": ns.draft_vocab_size, "cost": [], "speedup": []}
-    base_steps, reference = {}, {}
+    base_steps, reference, base_rates, long_reference = {}, {}, {}, {}
     for c in cs:
         step, _, outs = decode_steps(plain, prompts[:c], ns.output_len)
         base_steps[c] = step
         reference.update({f"r{i}": outs[f"r{i}"] for i in range(c)})
+        if ns.backoff_after is not None:
+            base_rates[c], long_outs = decode_rate(plain, prompts[:c], ns.backoff_output_len)
+            long_reference[c] = long_outs
     del plain
     cost_cs = cs if ns.drafter else []  # without a drafter: the speedup half only
     dflash = {"method": "dflash", "model": ns.drafter, "num_speculative_tokens": ns.k}
@@ -317,6 +350,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"c={c:>2}: plain step {1e3 * base_steps[c]:.2f} ms, DFlash k={ns.k} step {1e3 * step:.2f} ms "
               f"({step / base_steps[c]:.2f}x), {per_step:.2f} tokens/step, same tokens as plain decode {same}",
               flush=True)
+    if ns.backoff_after is not None:
+        del spec  # one drafter engine at a time
+        spec = LLMEngine(**common, speculative_config={**dflash, "backoff_after": ns.backoff_after})
+        for c in cost_cs:
+            before = spec.stats().spec
+            rate, outs = decode_rate(spec, prompts[:c], ns.backoff_output_len)
+            same = outs == long_reference[c]
+            stats = {key: spec.stats().spec[key] - before[key] for key in ("rounds", "backoff_steps")}
+            result.setdefault("backoff", []).append({
+                "concurrency": c, "backoff_after": ns.backoff_after, "output_len": ns.backoff_output_len,
+                "plain_tok_s": base_rates[c], "backoff_tok_s": rate, "cost": base_rates[c] / rate - 1,
+                "rounds": stats["rounds"], "backoff_steps": stats["backoff_steps"],
+                "same_as_plain_decode": same})
+            print(f"c={c:>2}: with backoff_after {ns.backoff_after}, {ns.backoff_output_len} tokens a sequence: "
+                  f"{rate:.1f} tok/s against plain {base_rates[c]:.1f} ({100 * (base_rates[c] / rate - 1):+.1f}% "
+                  f"time), same tokens as plain decode {same}", flush=True)
+        del spec
+        spec = LLMEngine(**common, speculative_config=dflash)
     for c in (cost_cs[0], cost_cs[-1]) if cost_cs else ():
         phases = phase_times(spec, prompts[:c], ns.output_len)
         result.setdefault("phases_ms", []).append({"concurrency": c, **phases})

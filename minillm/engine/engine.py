@@ -599,6 +599,7 @@ class LLMEngine:
             accepted += 1
         new = seq.draft_ids[:accepted] + [int(row_tokens[accepted])]
         self.spec_stats.record(k, accepted)
+        self._track_backoff(seq, accepted)
         seq.num_computed = item.start + 1 + accepted  # the last token and the accepted drafts
         seq.draft_computed = min(seq.draft_computed, seq.num_computed)
         self.block_manager.truncate(seq, seq.num_computed)
@@ -613,6 +614,8 @@ class LLMEngine:
         step's results, as without early drafting): a decoding sequence outside this step, a
         request whose logits are adjusted or scored, or too few free blocks."""
         if self._sync_requests or self._spec_paused:
+            return False
+        if all(item.seq.spec_skip > 0 for item in scheduled):  # every sequence backs off next step
             return False
         seqs, bases, rows, drafts = [], [], [], []
         r = 0
@@ -657,6 +660,20 @@ class LLMEngine:
         else:
             self.proposer.propose(seqs, ks)
 
+    def _track_backoff(self, seq: Sequence, accepted: int) -> None:
+        """backoff_after: count the rounds in a row that accepted nothing; from the backoff_after-th
+        on, each such round (the probes) sends the sequence to plain steps for 1, 2, 4, ... up to
+        backoff_max_steps steps; a round that accepts a draft ends the backoff."""
+        after = self.spec.backoff_after
+        if after is None:
+            return
+        if accepted:
+            seq.spec_misses = seq.spec_skip = 0
+            return
+        seq.spec_misses += 1
+        if seq.spec_misses >= after:
+            seq.spec_skip = min(self.spec.backoff_max_steps, 2 ** (seq.spec_misses - after))
+
     def _pause_speculation(self) -> bool:
         """vLLM's disable_by_batch_size: no drafts for the next step while at least that many
         sequences run. Each sequence then decodes plainly; a drafter keeps its context current (DFlash
@@ -676,6 +693,10 @@ class LLMEngine:
                 continue  # still prefilling
             k = 0 if self._spec_paused else min(self.num_speculative_tokens, self.max_model_len - seq.num_tokens,
                                                 seq.params.max_tokens - len(seq.output_ids))
+            if k > 0 and seq.spec_skip > 0:  # backing off: a plain step
+                seq.spec_skip -= 1
+                self.spec_stats.backoff_steps += 1
+                k = 0
             # the target writes KV up to position num_tokens + k - 1, a drafter up to its lookahead
             while k > 0 and not self.block_manager.can_allocate(seq, seq.num_tokens + max(k, self.lookahead)):
                 k -= 1

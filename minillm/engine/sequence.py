@@ -54,6 +54,10 @@ class Sequence:
         # their first row in the drafter's sampled ids; draft_ids then holds placeholders of the
         # right length until the drafter's resolve() (ModelRunner reads them on the device)
         self.draft_row = -1
+        # speculation backoff (speculative config backoff_after): verification rounds in a row that
+        # accepted no draft, and plain steps still to go before the next round
+        self.spec_misses = 0
+        self.spec_skip = 0
         # SamplingParams.logprobs: one TokenLogprob per output id (None when not asked for), and
         # those of the step just collected, until its ids are accepted
         self.output_logprobs: list | None = None

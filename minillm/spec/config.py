@@ -22,11 +22,18 @@ class SpeculativeConfig:
     # sequences (a rejected round costs 1.3-1.5x a plain step on the H200, more at larger batches,
     # where a step's tokens already fill the GPU); None: always speculate
     disable_by_batch_size: int | None = None
+    # minillm's backoff for drafts that do not land: after backoff_after verification rounds in a row
+    # that accept no draft, a sequence decodes plainly for 1 step, then 2, 4, ... up to
+    # backoff_max_steps between single probe rounds, until a round accepts a draft. The output is
+    # the same (verification decides it); a drafter that never lands then costs one round in
+    # backoff_max_steps + 1 steps instead of every step. None: never back off
+    backoff_after: int | None = None
+    backoff_max_steps: int = 32
 
     @classmethod
     def from_dict(cls, d: dict) -> SpeculativeConfig:
         known = {"method", "num_speculative_tokens", "model", "prompt_lookup_min", "prompt_lookup_max",
-                 "draft_vocab_size", "disable_by_batch_size"}
+                 "draft_vocab_size", "disable_by_batch_size", "backoff_after", "backoff_max_steps"}
         unknown = set(d) - known
         if unknown:
             raise ValueError(
@@ -50,6 +57,15 @@ class SpeculativeConfig:
         if off is not None and (not isinstance(off, int) or isinstance(off, bool) or off < 2):
             raise ValueError("--speculative-config: disable_by_batch_size must be an integer >= 2 (the running "
                              f"sequences at which drafting stops; 1 would never speculate), got {off!r}")
+        backoff = {}
+        for key, default, low in (("backoff_after", None, 1), ("backoff_max_steps", 32, 1)):
+            v = d.get(key, default)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < low):
+                raise ValueError(f"--speculative-config: {key} must be an integer >= {low}, got {v!r}")
+            backoff[key] = v
+        if "backoff_max_steps" in d and backoff["backoff_after"] is None:
+            raise ValueError("--speculative-config: backoff_max_steps needs backoff_after (the rounds without an "
+                             "accepted draft before a sequence backs off)")
         lookup = {}
         for key, default in (("prompt_lookup_min", 1), ("prompt_lookup_max", 4)):
             v = d.get(key, default)
@@ -59,7 +75,8 @@ class SpeculativeConfig:
         model = d.get("model")
         if model is not None and not isinstance(model, str):
             raise ValueError(f"--speculative-config: model must be a path (a string), got {model!r}")
-        cfg = cls(method, k, model, lookup["prompt_lookup_min"], lookup["prompt_lookup_max"], dv, off)
+        cfg = cls(method, k, model, lookup["prompt_lookup_min"], lookup["prompt_lookup_max"], dv, off,
+                  backoff["backoff_after"], backoff["backoff_max_steps"])
         if method in ("draft_model", "dflash") and not cfg.model:
             raise ValueError(f"--speculative-config: method {method!r} needs \"model\": the drafter's path")
         if method == "ngram" and not 1 <= cfg.prompt_lookup_min <= cfg.prompt_lookup_max:

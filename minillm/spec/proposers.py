@@ -18,6 +18,7 @@ class SpecStats:
         self.accepted_at = [0] * k  # rounds whose draft j was accepted
         self.drafted_at = [0] * k
         self.paused_steps = 0  # steps that drafted nothing for disable_by_batch_size
+        self.backoff_steps = 0  # a sequence's plain decode steps in backoff (backoff_after)
 
     def record(self, num_draft: int, num_accepted: int) -> None:
         self.rounds += 1
@@ -38,6 +39,7 @@ class SpecStats:
             "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
             "acceptance_rate_per_position": [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)],
             "paused_steps": self.paused_steps,
+            "backoff_steps": self.backoff_steps,
         }
 
 
