@@ -168,7 +168,7 @@ def test_memory_watch_sees_a_group_and_spares_it_under_the_limit():
     """MemoryWatch sums the group's resident memory (a child that holds 200 MB is counted) and leaves
     a group under the limit alone."""
     mod = load_script()
-    child = subprocess.Popen([sys.executable, "-c", "import time; b = bytearray(200 << 20); time.sleep(3)"],
+    child = subprocess.Popen([sys.executable, "-c", "import time; b = b'x' * (200 << 20); time.sleep(3)"],
                              start_new_session=True)
     try:
         time.sleep(1.0)
