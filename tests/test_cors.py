@@ -5,12 +5,9 @@ without the flag, get none."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import httpx
 import pytest
-from test_server import ROOT, Server
+from test_server import Server, serve_cli
 
 UI = "http://ui.example"
 
@@ -76,6 +73,5 @@ def test_no_cors_without_the_flag(byte_llama, tmp_path):
     (["--allowed-headers", '[1]'], "--allowed-headers takes a JSON list of strings"),
 ])
 def test_bad_cors_flags_are_refused(flags, message):
-    r = subprocess.run([sys.executable, "-m", "minillm.serve", "--device", "cpu", "--port", "0", *flags],
-                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    r = serve_cli(*flags)
     assert r.returncode == 2 and message in r.stderr, r.stderr

@@ -64,6 +64,12 @@ class Server:
             raise
 
 
+def serve_cli(*flags: str) -> subprocess.CompletedProcess:
+    """`python -m minillm.serve --device cpu --port 0 FLAGS` run to its end: flags it refuses end it at once."""
+    return subprocess.run([sys.executable, "-m", "minillm.serve", "--device", "cpu", "--port", "0", *flags],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("tiny-llama")

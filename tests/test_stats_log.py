@@ -7,12 +7,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import subprocess
-import sys
 import time
 
 import pytest
-from test_server import ROOT, Server
+from test_server import Server, serve_cli
 
 from minillm.engine.engine import EngineStats
 from minillm.sampling_params import SamplingParams
@@ -101,6 +99,5 @@ def test_disable_log_stats(byte_llama, tmp_path):
     (["--enable-log-requests", "--disable-log-requests"], "contradict each other"),
 ])
 def test_bad_log_flags_are_refused(flags, message):
-    r = subprocess.run([sys.executable, "-m", "minillm.serve", "--device", "cpu", "--port", "0", *flags],
-                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    r = serve_cli(*flags)
     assert r.returncode == 2 and message in r.stderr, r.stderr

@@ -48,8 +48,9 @@ class OracleProposer:
             seq.draft_ids = draft
 
 
-def decode_steps(engine: LLMEngine, prompts: list[list[int]], out_len: int) -> tuple[float, float, dict]:
-    """Run the prompts to completion; (median decode step seconds, tokens per step, outputs)."""
+def run_steps(engine: LLMEngine, prompts: list[list[int]], out_len: int) -> tuple[list, dict]:
+    """Run the prompts greedily to completion; each step's (seconds, whether a prompt was still in
+    its prefill, the new tokens of each output), and the outputs."""
     params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
     ids = [engine.add_request(p, params, request_id=f"r{i}") for i, p in enumerate(prompts)]
     outputs: dict[str, list[int]] = {i: [] for i in ids}
@@ -62,30 +63,24 @@ def decode_steps(engine: LLMEngine, prompts: list[list[int]], out_len: int) -> t
         dt = time.perf_counter() - t
         for o in outs:
             outputs[o.request_id] = o.token_ids
-        if not prefill and outs:
-            steps.append((dt, sum(len(o.new_token_ids) for o in outs) / len(outs)))
-    steps = steps[2:] or steps
-    return float(np.median([s for s, _ in steps])), float(np.mean([n for _, n in steps])), outputs
+        steps.append((dt, prefill, [len(o.new_token_ids) for o in outs]))
+    return steps, outputs
+
+
+def decode_steps(engine: LLMEngine, prompts: list[list[int]], out_len: int) -> tuple[float, float, dict]:
+    """Run the prompts to completion; (median decode step seconds, tokens per step, outputs)."""
+    steps, outputs = run_steps(engine, prompts, out_len)
+    decode = [(dt, sum(new) / len(new)) for dt, prefill, new in steps if not prefill and new]
+    decode = decode[2:] or decode
+    return float(np.median([s for s, _ in decode])), float(np.mean([n for _, n in decode])), outputs
 
 
 def decode_rate(engine: LLMEngine, prompts: list[list[int]], out_len: int) -> tuple[float, dict]:
     """Run the prompts to completion; (output tokens a second over the steps after the prefill, outputs).
     A whole run's rate, not a median step: with backoff the steps are mostly plain and a few rounds."""
-    params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
-    ids = [engine.add_request(p, params, request_id=f"r{i}") for i, p in enumerate(prompts)]
-    outputs: dict[str, list[int]] = {i: [] for i in ids}
-    seconds, tokens = 0.0, 0
-    while engine.has_unfinished():
-        sched = engine.scheduler
-        prefill = bool(sched.waiting) or any(s.num_computed < s.num_prompt_tokens for s in sched.running)
-        t = time.perf_counter()
-        outs = engine.step()
-        dt = time.perf_counter() - t
-        for o in outs:
-            outputs[o.request_id] = o.token_ids
-        if not prefill:
-            seconds += dt
-            tokens += sum(len(o.new_token_ids) for o in outs)
+    steps, outputs = run_steps(engine, prompts, out_len)
+    seconds = sum(dt for dt, prefill, _ in steps if not prefill)
+    tokens = sum(sum(new) for _, prefill, new in steps if not prefill)
     return tokens / seconds if seconds else 0.0, outputs
 
 
