@@ -4,16 +4,17 @@ compute-sanitizer's racecheck holds host memory for every checked launch of a ke
 shared memory (~2-3.5 GB a second on the H200's host) and gives it back only when the process exits
 (session 39, docs/gpu-test-report.md), so one serving process under it reaches any host's limit
 within a minute. This runs each piece of the load (`python -m minillm.generate` with that piece's
-flags) in its own process under the tool, watches the process group's resident memory, kills a
-piece that passes --host-memory-limit-gb, and records each piece's summary.
+flags) in its own process under each tool asked for, watches the process group's resident memory,
+kills a piece that passes --host-memory-limit-gb, and records each piece's summary.
 
 Pieces: batch8 (eight short prompts batched), long (a ~3,000-token prompt in 1,024-token chunks),
 dflash (two prompts with DFlash speculation, needs --drafter), batch8_dflash (eight with DFlash).
 The exit status is 1 unless every piece finished with a clean summary (no error, no hazard), 2 on
 bad arguments.
 
-    python scripts/sanitize_pieces.py MODEL --drafter DIR --out DIR [--tool racecheck] \\
-        [--pieces batch8,long,dflash] [--no-cublas] [--sanitizer-args "--show-backtrace no"]
+    python scripts/sanitize_pieces.py MODEL --drafter DIR --out DIR [--no-cublas] \\
+        [--tool memcheck,racecheck,initcheck,synccheck] [--pieces batch8,long,dflash] \\
+        [--sanitizer-args "--show-backtrace no"]
 """
 
 from __future__ import annotations
@@ -89,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=int, default=8, help="speculative tokens a round (default 8)")
     p.add_argument("--out", required=True)
     p.add_argument("--device", default="cuda")
-    p.add_argument("--tool", default="racecheck", choices=TOOLS)
+    p.add_argument("--tool", default="racecheck",
+                   help=f"compute-sanitizer tool(s), comma-separated, of {', '.join(TOOLS)}: every piece runs under "
+                        "each (default racecheck)")
     p.add_argument("--pieces", default=None, help=f"comma-separated, of {', '.join(PIECES)} (default: all that "
                                                   "apply: the dflash ones with --drafter)")
     p.add_argument("--max-model-len", type=int, default=4096)
@@ -104,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="on cuda the first piece runs once without the sanitizer so the kernels compile outside "
                         "it (under it a fresh machine's compile takes over a minute); this skips that")
     args = p.parse_args(argv)
+    tools = args.tool.split(",")
+    if not tools or any(t not in TOOLS for t in tools):
+        p.error(f"--tool: {args.tool!r}; give one or more of {', '.join(TOOLS)}, comma-separated")
     names = args.pieces.split(",") if args.pieces else [n for n in PIECES if args.drafter or "dflash" not in n]
     bad = [n for n in names if n not in PIECES]
     if bad:
@@ -117,29 +123,34 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--host-memory-limit-gb must be positive, got {limit:g}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    env = server_env(args.tool)
-    if args.no_cublas:
-        env["MINILLM_GEMM"] = "own"
     common = [sys.executable, "-m", "minillm.generate", args.model, "--device", args.device, "--max-model-len",
               str(args.max_model_len), "--enforce-eager", "--no-enable-prefix-caching", "--ignore-eos", "--json"]
+    def tool_env(tool: str) -> dict:
+        env = server_env(tool)  # initcheck: cuBLAS's outputs zeroed first (it cannot see cuBLAS's writes)
+        if args.no_cublas:
+            env["MINILLM_GEMM"] = "own"
+        return env
+
     if args.device == "cuda" and not args.no_compile_first:
         first = common + piece_args(names[0], args.drafter, args.k)
-        r = subprocess.run(first, capture_output=True, text=True, env=env, timeout=args.timeout)
+        r = subprocess.run(first, capture_output=True, text=True, env=tool_env(tools[0]), timeout=args.timeout)
         print(f"compiled (the first piece without the sanitizer): exit {r.returncode}", flush=True)
     records, ok = [], True
-    for name in names:
-        san_log = out / f"sanitizer-{name}.log"
-        cmd = (["compute-sanitizer", "--tool", args.tool, "--error-exitcode", "3", "--log-file", str(san_log)]
-               + args.sanitizer_args.split() + common + piece_args(name, args.drafter, args.k))
-        rec = run_piece(name, cmd, env, out, limit, args.timeout)
-        text = san_log.read_text(errors="replace") if san_log.exists() else ""
-        rec["sanitizer_clean"], rec["sanitizer_summary"] = sanitizer_clean(text)
-        rec["ok"] = rec["finished"] and rec["sanitizer_clean"]
-        ok = ok and rec["ok"]
-        records.append(rec)
-        (out / "pieces.json").write_text(json.dumps(records, indent=2))
-        print(f"{name}: {rec['outcome']}, {rec['wall_s']} s, peak {rec['peak_rss_gb']} GB; {args.tool}: "
-              f"{' / '.join(rec['sanitizer_summary']) or 'no summary'}", flush=True)
+    for tool in tools:
+        for name in names:
+            tag = name if len(tools) == 1 else f"{tool}-{name}"
+            san_log = out / f"sanitizer-{tag}.log"
+            cmd = (["compute-sanitizer", "--tool", tool, "--error-exitcode", "3", "--log-file", str(san_log)]
+                   + args.sanitizer_args.split() + common + piece_args(name, args.drafter, args.k))
+            rec = {"tool": tool, **run_piece(tag, cmd, tool_env(tool), out, limit, args.timeout)}
+            text = san_log.read_text(errors="replace") if san_log.exists() else ""
+            rec["sanitizer_clean"], rec["sanitizer_summary"] = sanitizer_clean(text)
+            rec["ok"] = rec["finished"] and rec["sanitizer_clean"]
+            ok = ok and rec["ok"]
+            records.append(rec)
+            (out / "pieces.json").write_text(json.dumps(records, indent=2))
+            print(f"{tag}: {rec['outcome']}, {rec['wall_s']} s, peak {rec['peak_rss_gb']} GB; {tool}: "
+                  f"{' / '.join(rec['sanitizer_summary']) or 'no summary'}", flush=True)
     if not ok:
         print(f"FAILED: {[r['piece'] for r in records if not r['ok']]} (not finished, or the sanitizer reported)",
               flush=True)

@@ -25,6 +25,7 @@ done
 rc=$?
 clean='========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)'
 printf '========= COMPUTE-SANITIZER\\n%s\\n' "${FAKE_SUMMARY:-$clean}" > "$log"
+echo "MINILLM_INITCHECK=${MINILLM_INITCHECK:-}" >> "$log"
 exit $rc
 """
 
@@ -75,12 +76,25 @@ def test_a_piece_past_the_memory_limit_is_killed(tiny, tmp_path):
     assert "long: killed at the host memory limit" in r.stdout
 
 
+def test_each_tool_runs_every_piece(tiny, tmp_path):
+    """--tool memcheck,initcheck: every piece under each tool, its own log and record; initcheck's
+    process gets MINILLM_INITCHECK=1 (cuBLAS's outputs zeroed first), memcheck's does not."""
+    r, pieces = run(tmp_path, str(tiny), "--pieces", "batch8", "--tool", "memcheck,initcheck")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [(p["tool"], p["piece"]) for p in pieces] == [("memcheck", "memcheck-batch8"),
+                                                        ("initcheck", "initcheck-batch8")]
+    assert all(p["ok"] for p in pieces)
+    logs = {tool: (tmp_path / "out" / f"sanitizer-{tool}-batch8.log").read_text() for tool in ("memcheck", "initcheck")}
+    assert "MINILLM_INITCHECK=1" in logs["initcheck"] and "MINILLM_INITCHECK=\n" in logs["memcheck"]
+
+
 @pytest.mark.parametrize("args,message", [
     (["--pieces", "batch8,nope"], "unknown piece(s) ['nope']"),
     (["--pieces", "dflash"], "the dflash pieces need --drafter"),
     (["--k", "0"], "--k must be at least 1"),
     (["--host-memory-limit-gb", "-1"], "--host-memory-limit-gb must be positive"),
-    (["--tool", "leakcheck"], "invalid choice: 'leakcheck'"),
+    (["--tool", "leakcheck"], "--tool: 'leakcheck'"),
+    (["--tool", "memcheck,"], "--tool: 'memcheck,'"),
 ])
 def test_bad_arguments_are_refused(tmp_path, args, message):
     r, _ = run(tmp_path, "MODEL", *args)
