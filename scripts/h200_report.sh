@@ -4038,7 +4038,7 @@ part231() {  # session 39: part230's load on the no-cuBLAS route (MINILLM_GEMM=o
 
 part232() {  # session 39: part231 found that with only the one-row GEMVs instrumented the load finishes
   # (2/2, host memory flat, 0 hazards), while the skinny products, the paged attention or the norms
-  # alone each grow racecheck's host memory (1-4 GB/s): the kernels that use shared memory. Their tests
+  # alone each grow racecheck's host memory (1.5-7 GB/s): the kernels that use shared memory. Their tests
   # never grew it. Server or shapes? The same engine offline (minillm.generate, one thread, no server)
   # with only the norms instrumented, with and without CUDA_LAUNCH_BLOCKING; and the no-cuBLAS route's
   # tests with time to compile (~6 minutes)
@@ -4119,7 +4119,7 @@ part234() {  # session 39: part233 showed racecheck's host memory growing in the
   pack
 }
 
-part235() {  # prepared in session 39 (not run): racecheck's host memory grows ~2-3.5 GB a second while it
+part235() {  # prepared in session 39 (not run): racecheck's host memory grows ~2-7 GB a second while it
   # checks launches and is freed only at exit (part233), so one serving process cannot hold a c = 8,
   # long-context load (part234 finished one of two requests before the 110 GB guard). Instead
   # scripts/sanitize_pieces.py: each scenario in its own offline process on the 2-layer 0.6B-width model,

@@ -1,7 +1,7 @@
 """A serving load under compute-sanitizer in pieces: each scenario in its own offline process.
 
 compute-sanitizer's racecheck holds host memory for every checked launch of a kernel that uses
-shared memory (~2-3.5 GB a second on the H200's host) and gives it back only when the process exits
+shared memory (~2-7 GB a second on the H200's host) and gives it back only when the process exits
 (session 39, docs/gpu-test-report.md), so one serving process under it reaches any host's limit
 within a minute. This runs each piece of the load (`python -m minillm.generate` with that piece's
 flags) in its own process under each tool asked for, watches the process group's resident memory,
