@@ -1015,6 +1015,25 @@ def test_metrics(server):
     assert m["minillm:prompt_tokens_total"] > 0 and m["minillm:e2e_request_latency_seconds_count"] > 0
 
 
+def test_per_request_histograms(server):
+    """vLLM's request_queue_time_seconds, request_prompt_tokens and request_generation_tokens: one
+    observation per engine request, so an n = 3 completion adds three, with exact token sums."""
+    before = server.metrics()
+    cl = server.client()
+    out = cl.completions.create(model=cl.models.list().data[0].id, prompt="count these tokens", max_tokens=5, n=3,
+                                extra_body={"ignore_eos": True})
+    after = server.metrics()
+
+    def added(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    for name in ("request_queue_time_seconds", "request_prompt_tokens", "request_generation_tokens"):
+        assert added(f"minillm:{name}_count") == 3, name
+    assert added("minillm:request_prompt_tokens_sum") == 3 * out.usage.prompt_tokens
+    assert added("minillm:request_generation_tokens_sum") == out.usage.completion_tokens == 15
+    assert 0 <= added("minillm:request_queue_time_seconds_sum") < 30
+
+
 # ---- lifecycle: faults and shutdown -------------------------------------------------------
 async def read_stream(client: httpx.AsyncClient, url: str, body: dict, started: asyncio.Event,
                       events: list[str]) -> None:

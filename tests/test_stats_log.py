@@ -101,3 +101,24 @@ def test_disable_log_stats(byte_llama, tmp_path):
 def test_bad_log_flags_are_refused(flags, message):
     r = serve_cli(*flags)
     assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def test_queue_time_is_the_wait_for_a_slot(byte_llama):
+    """RequestOutput.queued_s, on a request's first output only: with one sequence slot, the second
+    request waits in the queue for the whole of the first."""
+    from minillm.engine.engine import LLMEngine
+
+    engine = LLMEngine(model=str(byte_llama), device="cpu", max_num_seqs=1, max_model_len=64)
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    t0 = time.monotonic()
+    a, b = engine.add_request([1, 2, 3], params), engine.add_request([4, 5, 6], params)
+    queued, first_done = {}, None
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.queued_s is not None:
+                assert out.request_id not in queued, "queued_s on a later output"
+                queued[out.request_id] = out.queued_s
+            if out.request_id == a and out.finished:
+                first_done = time.monotonic() - t0
+    assert set(queued) == {a, b}
+    assert queued[a] < 0.5 * first_done and queued[b] >= 0.5 * first_done, (queued, first_done)

@@ -70,6 +70,8 @@ class RequestOutput:
     prompt_logprobs: list[TokenLogprob | None] | None = None
     # finish_reason "error" (a structured output's matcher failed mid-output): what went wrong
     error: str | None = None
+    # on the request's first output only: seconds from add_request to its first scheduled step
+    queued_s: float | None = None
 
     @property
     def token_ids(self) -> list[int]:
@@ -850,7 +852,9 @@ class LLMEngine:
         return RequestOutput(seq.request_id, accepted, delta, seq.output_ids, len(seq.output_ids), seq.text,
                              len(seq.prompt_ids), reason is not None, reason, new_logprobs=logprobs,
                              prompt_logprobs=seq.prompt_logprobs if n0 == 0 else None,
-                             error=seq.error if reason == "error" else None)
+                             error=seq.error if reason == "error" else None,
+                             queued_s=seq.first_scheduled_at - seq.added_at
+                             if n0 == 0 and seq.first_scheduled_at is not None else None)
 
     @staticmethod
     def _find_stop(text: str, stops: list[str], start: int = 0) -> tuple[int, int] | None:

@@ -18,6 +18,7 @@ max_model_len) gets no row. The engine only schedules ahead when no preemption c
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -134,6 +135,8 @@ class Scheduler:
             self.bm.record_prefix_lookup(seq.num_tokens, hit)
             self.bm.allocate(seq, seq.num_computed + n)
             seq.status = Status.RUNNING
+            if seq.first_scheduled_at is None:  # a resumed (preempted) sequence keeps its first
+                seq.first_scheduled_at = time.monotonic()
             # keep running in arrival order (a resumed sequence goes back to its place), so the
             # newest running sequence is always the last: the one preemption picks
             i = len(self.running)

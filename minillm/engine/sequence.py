@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import time
 
 from minillm.sampling_params import SamplingParams
 
@@ -21,6 +22,9 @@ class Sequence:
     def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams, seed: int):
         self.request_id = request_id
         self.arrival = next(_arrival)  # FCFS order; preempted sequences keep theirs
+        # seconds (time.monotonic) it was added and first scheduled: its time in the queue
+        self.added_at = time.monotonic()
+        self.first_scheduled_at: float | None = None
         self.prompt_ids = list(prompt_ids)
         self.output_ids: list[int] = []
         self.params = params

@@ -311,7 +311,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         prompt_lps: list[list] = [[] for _ in range(n)]
         try:
             async for i, out in choice_outputs(streams):
-                timer.tokens(len(out.new_token_ids))
+                timer.output(out)
                 texts[i], n_outs[i] = out.text, len(out.token_ids)
                 reasons[i] = out.finish_reason or reasons[i]
                 if out.finish_reason == "error":  # the others are aborted below (finally)
@@ -456,7 +456,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
                     yield sse({**protocol.chat_chunk(rid, created, model, {"role": "assistant", "content": ""},
                                                      None, i), **usage_of(i)})
             async for i, out in choice_outputs(streams):
-                timer.tokens(len(out.new_token_ids))
+                timer.output(out)
                 n_outs[i] = len(out.token_ids)
                 text, ids = out.new_text, out.new_token_ids
                 lps = out.new_logprobs if want_logprobs else None

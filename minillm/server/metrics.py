@@ -17,6 +17,7 @@ from minillm.server.async_engine import AsyncEngine
 
 _LATENCY = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
             20.0, 40.0, 80.0)
+_TOKENS = tuple(m * 10**e for e in range(7) for m in (1, 2, 5))  # 1, 2, 5, 10, ... 5e6: vLLM's 1-2-5 steps
 _E2E = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 300.0)
 
 
@@ -63,6 +64,13 @@ class Metrics:
                              buckets=_E2E, registry=r)
         self.finished = Counter("minillm:request_success", "Finished requests by reason",
                                 ["finished_reason"], registry=r)
+        self.queue = Histogram("minillm:request_queue_time_seconds", "Time from a request's admission by the "
+                               "engine to its first scheduled step, per engine request (choice)",
+                               buckets=_LATENCY, registry=r)
+        self.prompt_tokens = Histogram("minillm:request_prompt_tokens", "Prompt tokens per finished engine "
+                                       "request (choice)", buckets=_TOKENS, registry=r)
+        self.generation_tokens = Histogram("minillm:request_generation_tokens", "Generated tokens per finished "
+                                           "engine request (choice)", buckets=_TOKENS, registry=r)
         r.register(_EngineCollector(engine))
 
     def render(self) -> tuple[bytes, str]:
@@ -81,6 +89,16 @@ class RequestTimer:
         self.t_first: float | None = None
         self.n = 0
         self._done = False
+
+    def output(self, out) -> None:
+        """One engine output (RequestOutput) of one of the request's choices: its tokens, its time in
+        the queue (on its first output), its prompt and generated token counts (on its last)."""
+        self.tokens(len(out.new_token_ids))
+        if out.queued_s is not None:
+            self.m.queue.observe(out.queued_s)
+        if out.finished:
+            self.m.prompt_tokens.observe(out.num_prompt_tokens)
+            self.m.generation_tokens.observe(out.output_len)
 
     def tokens(self, n: int) -> None:
         if n and self.t_first is None:
