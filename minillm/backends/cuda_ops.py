@@ -701,7 +701,7 @@ class CudaBackend:
         # 33-256), so a sanitizer run checks a serving load with no cuBLAS kernel in it: under
         # racecheck an uninstrumented cuBLAS kernel stops the tool ("failed to handle a hardware
         # exception", session 39, part228), and an instrumented one is NVIDIA's to check, not ours
-        self.own_gemm = self.wide_gemm and gemm == "own"
+        self.own_gemm = gemm == "own" and self.dtype != np.float32  # the skinny kernels need no Hopper
         self.k = k
 
     # ---- memory -------------------------------------------------------------------------

@@ -345,8 +345,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"c={c:>2}: plain step {1e3 * base_steps[c]:.2f} ms, DFlash k={ns.k} step {1e3 * step:.2f} ms "
               f"({step / base_steps[c]:.2f}x), {per_step:.2f} tokens/step, same tokens as plain decode {same}",
               flush=True)
+    for c in (cost_cs[0], cost_cs[-1]) if cost_cs else ():
+        phases = phase_times(spec, prompts[:c], ns.output_len)
+        result.setdefault("phases_ms", []).append({"concurrency": c, **phases})
+        print(f"c={c:>2}: phases (ms, synchronised): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()),
+              flush=True)
     if ns.backoff_after is not None:
-        del spec  # one drafter engine at a time
+        del spec  # one drafter engine at a time: the backoff runs come last, so it is built once
         spec = LLMEngine(**common, speculative_config={**dflash, "backoff_after": ns.backoff_after})
         for c in cost_cs:
             before = spec.stats().spec
@@ -361,13 +366,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"c={c:>2}: with backoff_after {ns.backoff_after}, {ns.backoff_output_len} tokens a sequence: "
                   f"{rate:.1f} tok/s against plain {base_rates[c]:.1f} ({100 * (base_rates[c] / rate - 1):+.1f}% "
                   f"time), same tokens as plain decode {same}", flush=True)
-        del spec
-        spec = LLMEngine(**common, speculative_config=dflash)
-    for c in (cost_cs[0], cost_cs[-1]) if cost_cs else ():
-        phases = phase_times(spec, prompts[:c], ns.output_len)
-        result.setdefault("phases_ms", []).append({"concurrency": c, **phases})
-        print(f"c={c:>2}: phases (ms, synchronised): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()),
-              flush=True)
     del spec
     oracle = LLMEngine(**common, speculative_config={"method": "ngram", "num_speculative_tokens": ns.k})
     for c in (cs[0], cs[-1]):

@@ -41,11 +41,10 @@ def stats_line(prev: EngineStats, now: EngineStats, seconds: float) -> str | Non
     return line
 
 
-async def log_stats_forever(read_stats, interval: float, clock=None) -> None:
+async def log_stats_forever(read_stats, interval: float) -> None:
     """Log stats_line every `interval` seconds from read_stats() (the engine thread's snapshot),
     until cancelled."""
-    loop = asyncio.get_running_loop()
-    clock = clock or loop.time
+    clock = asyncio.get_running_loop().time
     prev, t0 = read_stats(), clock()
     while True:
         await asyncio.sleep(interval)
