@@ -4150,12 +4150,17 @@ part236() {  # prepared in session 39 (not run): speculation's new switches on t
   # --backoff-after 2: a random drafter's whole-run decode rate against plain decoding's over 256 tokens a
   # sequence at c = 1 and 16, beside the rejected round's cost (~6 minutes)
   setup
-  stage dflash_engine_test 110 python3 -m pytest -v -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py -k dflash
-  tail -2 "$W/dflash_engine_test.log"
+  # (the DFlash engine tests ran in part235 on the same code: 2 passed)
   stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
   stage spec_cost_backoff_8b 300 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
     --concurrency 1,16 --accept 0 --backoff-after 2 --backoff-output-len 256 --result-json "$W/spec_cost_backoff_8b.json"
+  # session 40: part235's DFlash piece passed 110 GB under racecheck with 16 tokens out; again with 5
+  stage models_shallow 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b --num-layers 2 $M/q06s --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q06s $M/q06s-dflash --force"
+  stage racecheck_dflash 150 python3 scripts/sanitize_pieces.py $M/q06s --drafter $M/q06s-dflash --out "$W/pieces" \
+    --tool racecheck --no-cublas --host-memory-limit-gb 110 --timeout 120 --pieces dflash
+  cat "$W/racecheck_dflash.log"
   pack
 }
 
