@@ -4164,6 +4164,34 @@ part236() {  # prepared in session 39 (not run): speculation's new switches on t
   pack
 }
 
+part237() {  # session 40: racecheck of the pieces that combine the load's parts: eight sequences with
+  # DFlash k = 8, and a ~3,000-token context with DFlash (verification over a split context); then the
+  # 8B spec-cost bench's backoff runs over the whole ladder c = 1-16 (~6 minutes)
+  setup
+  stage models_shallow 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b --num-layers 2 $M/q06s --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q06s $M/q06s-dflash --force"
+  stage racecheck_combined 240 python3 scripts/sanitize_pieces.py $M/q06s --drafter $M/q06s-dflash --out "$W/pieces" \
+    --tool racecheck --no-cublas --host-memory-limit-gb 110 --timeout 110 --pieces batch8_dflash,long_dflash
+  cat "$W/racecheck_combined.log"
+  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
+  stage spec_cost_backoff_ladder 200 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --concurrency 1,2,4,8,16 --accept 0 --backoff-after 2 --backoff-output-len 256 \
+    --result-json "$W/spec_cost_backoff_ladder.json"
+  pack
+}
+
+part238() {  # session 40: memcheck, initcheck and synccheck over every piece of the load (offline, each
+  # in its own process, cuBLAS in: these tools see it), the 2-layer 0.6B-width model (~6 minutes)
+  setup
+  stage models_shallow 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b --num-layers 2 $M/q06s --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q06s $M/q06s-dflash --force"
+  stage other_tools 480 python3 scripts/sanitize_pieces.py $M/q06s --drafter $M/q06s-dflash --out "$W/pieces" \
+    --tool memcheck,initcheck,synccheck --host-memory-limit-gb 110 --timeout 120
+  cat "$W/other_tools.log"
+  pack
+}
+
 racecheck_family() {  # racecheck_family NAME SECONDS ENV SANITIZER_ARGS: part228's small load (c = 1, 2 prompts
   # of 64 tokens, 16 out, steps of at most 16 rows, DFlash k = 8) under racecheck with the host's memory
   # logged and a guard that kills the server at 48 GB

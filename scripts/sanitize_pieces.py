@@ -8,7 +8,8 @@ flags) in its own process under each tool asked for, watches the process group's
 kills a piece that passes --host-memory-limit-gb, and records each piece's summary.
 
 Pieces: batch8 (eight short prompts batched), long (a ~3,000-token prompt in 1,024-token chunks),
-dflash (two prompts with DFlash speculation, needs --drafter), batch8_dflash (eight with DFlash).
+dflash (two prompts with DFlash speculation, needs --drafter), batch8_dflash (eight with DFlash),
+long_dflash (the long prompt with DFlash: verification over a split context).
 The exit status is 1 unless every piece finished with a clean summary (no error, no hazard), 2 on
 bad arguments.
 
@@ -49,12 +50,14 @@ def piece_args(name: str, drafter: str | None, k: int) -> list[str]:
         "dflash": [*spec, "--max-num-seqs", "2", "--max-num-batched-tokens", "256", "--prompt", SHORT,
                    "--prompt", "2: " + SHORT, "--max-tokens", "5"],
         "batch8_dflash": [*spec, "--max-num-seqs", "8", "--max-num-batched-tokens", "512", *eight,
-                          "--max-tokens", "8"],
+                          "--max-tokens", "5"],
+        "long_dflash": [*spec, "--max-num-seqs", "1", "--max-num-batched-tokens", "1024", "--prompt", LONG,
+                        "--max-tokens", "4"],
     }
     return pieces[name]
 
 
-PIECES = ("batch8", "long", "dflash", "batch8_dflash")
+PIECES = ("batch8", "long", "dflash", "batch8_dflash", "long_dflash")
 
 
 def run_piece(name: str, cmd: list[str], env: dict, out: Path, limit_gb: float, timeout: float) -> dict:

@@ -50,7 +50,7 @@ def test_every_piece_runs_alone_and_clean_pieces_pass(tiny, drafter, tmp_path):
     clean, and its peak memory recorded."""
     r, pieces = run(tmp_path, str(tiny), "--drafter", str(drafter), "--k", "3")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert [p["piece"] for p in pieces] == ["batch8", "long", "dflash", "batch8_dflash"]
+    assert [p["piece"] for p in pieces] == ["batch8", "long", "dflash", "batch8_dflash", "long_dflash"]
     for p in pieces:
         assert p["ok"] and p["finished"] and p["sanitizer_clean"] and p["rc"] == 0, p
         assert 0 < p["peak_rss_gb"] < 64
