@@ -4192,6 +4192,21 @@ part238() {  # session 40: memcheck, initcheck and synccheck over every piece of
   pack
 }
 
+part239() {  # session 40: a speculative engine's plain steps between rounds (backing off, or paused by
+  # disable_by_batch_size) scheduled asynchronously. Every GPU engine test (the DFlash one runs both
+  # switches through LLM, async on), then the 8B spec-cost bench's backoff runs, plain and backoff
+  # alternated 3 times a concurrency, both engines async as served (~5 minutes)
+  setup
+  stage engine_tests 200 python3 -m pytest -v -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py
+  tail -2 "$W/engine_tests.log"
+  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
+  stage spec_cost_backoff_async 240 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --concurrency 1,4,16 --accept 0 --backoff-after 2 --backoff-output-len 256 --backoff-repeats 3 \
+    --result-json "$W/spec_cost_backoff_async.json"
+  pack
+}
+
 racecheck_family() {  # racecheck_family NAME SECONDS ENV SANITIZER_ARGS: part228's small load (c = 1, 2 prompts
   # of 64 tokens, 16 out, steps of at most 16 rows, DFlash k = 8) under racecheck with the host's memory
   # logged and a guard that kills the server at 48 GB

@@ -166,11 +166,13 @@ def test_spec_cost_bench_on_the_cpu(tiny, tmp_path):
     # the same tokens, and far fewer rounds than decode steps
     assert spec_cost_main([str(tiny), "--drafter", str(drafter), "--device", "cpu", "--k", "3",
                            "--concurrency", "1,2", "--input-len", "24", "--output-len", "8", "--accept", "0",
-                           "--backoff-after", "1", "--backoff-output-len", "60", "--result-json", str(out)]) == 0
+                           "--backoff-after", "1", "--backoff-output-len", "60", "--backoff-repeats", "2",
+                           "--result-json", str(out)]) == 0
     runs = json.loads(out.read_text())["backoff"]
     assert [b["concurrency"] for b in runs] == [1, 2]
     for b in runs:
         assert b["same_as_plain_decode"] and b["backoff_tok_s"] > 0 and b["plain_tok_s"] > 0
+        assert len(b["plain_runs_tok_s"]) == len(b["backoff_runs_tok_s"]) == 2
         assert 0 < b["rounds"] <= 8 * b["concurrency"] and b["backoff_steps"] > 40 * b["concurrency"], b
 
 
@@ -696,6 +698,7 @@ def test_decode_bench_reports_a_tokenizer_it_cannot_read(tiny, tmp_path, capsys)
     ("spec-cost", ["--backoff-after", "0"], "--backoff-after"),
     ("spec-cost", ["--backoff-after", "2"], "--backoff-after needs --drafter"),
     ("spec-cost", ["--backoff-output-len", "1"], "--backoff-output-len"),
+    ("spec-cost", ["--backoff-repeats", "0"], "--backoff-repeats"),
 ])
 def test_bench_commands_refuse_bad_flags_in_one_line(tiny, capsys, command, flags, flag):
     from minillm.bench.__main__ import main

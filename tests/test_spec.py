@@ -517,6 +517,12 @@ def test_disable_by_batch_size_pauses_drafting_losslessly(models, dflash_pair, m
     assert any(drafts > 0 for running, drafts in seen if running < 3), seen
     spec = llm.engine.stats().spec
     assert spec["paused_steps"] > 0 and spec["rounds"] > 0
+    assert llm.engine.num_pipelined_steps > 0  # the paused steps ran ahead (async scheduling)
+    # the same steps paused and the same rounds when every step waits for the last
+    sync = LLM(target, device="cpu", max_model_len=256, speculative_config={**cfg, "disable_by_batch_size": 3},
+               async_scheduling=False)
+    assert [o.token_ids for o in sync.generate(PROMPTS[:6], params)] == [p.token_ids for p in plain]
+    assert sync.engine.stats().spec == spec and sync.engine.num_pipelined_steps == 0
 
 
 @pytest.mark.parametrize("method", ["draft_model", "self_draft", "dflash"])
@@ -531,19 +537,27 @@ def test_backoff_is_lossless_and_spares_rounds(models, dflash_pair, method):
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     plain = [o.token_ids for o in LLM(target, device="cpu", max_model_len=256).generate(PROMPTS[:6], params)]
 
-    def run(extra):
-        llm = LLM(target, device="cpu", max_model_len=256, speculative_config={**cfg, **extra})
+    def run(extra, async_scheduling=None):
+        llm = LLM(target, device="cpu", max_model_len=256, speculative_config={**cfg, **extra},
+                  async_scheduling=async_scheduling)
         outs = [o.token_ids for o in llm.generate(PROMPTS[:6], params)]
-        return outs, llm.engine.stats().spec
+        return outs, {**llm.engine.stats().spec, "pipelined": llm.engine.num_pipelined_steps}
 
     always, always_stats = run({})
     backoff, stats = run({"backoff_after": 1, "backoff_max_steps": 8})
     assert always == plain and backoff == plain
-    assert always_stats["backoff_steps"] == 0
+    # running the plain steps ahead changes when the host works, not what is drafted or verified
+    sync, sync_stats = run({"backoff_after": 1, "backoff_max_steps": 8}, async_scheduling=False)
+    assert sync == plain and sync_stats["pipelined"] == 0
+    assert {k: v for k, v in sync_stats.items() if k != "pipelined"} == \
+        {k: v for k, v in stats.items() if k != "pipelined"}, (sync_stats, stats)
+    assert always_stats["backoff_steps"] == 0 and always_stats["pipelined"] == 0
     if method == "self_draft":
         assert stats["backoff_steps"] == 0 and stats["rounds"] == always_stats["rounds"]
     else:
         assert stats["backoff_steps"] > 0 and stats["rounds"] < always_stats["rounds"], (stats, always_stats)
+        # while every sequence backs off, the plain steps run ahead of the host (async scheduling)
+        assert stats["pipelined"] > 0, stats
 
 
 def test_invalid_speculative_configs(models, dflash_pair):

@@ -84,6 +84,38 @@ def decode_rate(engine: LLMEngine, prompts: list[list[int]], out_len: int) -> tu
     return tokens / seconds if seconds else 0.0, outputs
 
 
+def backoff_runs(common: dict, spec_config: dict, prompts: list[list[int]], cs: list[int], out_len: int,
+                 repeats: int) -> list[dict]:
+    """Whole runs of out_len tokens a sequence, plain and with a backing-off drafter, alternated
+    `repeats` times at each concurrency; the median rates. Both engines schedule asynchronously, as
+    LLM and the server run them: the plain steps between rounds run ahead of the host too."""
+    served = {**common, "async_scheduling": True}
+    plain, spec = LLMEngine(**served), LLMEngine(**served, speculative_config=spec_config)
+    runs = []
+    for c in cs:
+        rates: dict[str, list[float]] = {"plain": [], "backoff": []}
+        same, rounds, backoff_steps = True, 0, 0
+        for _ in range(repeats):
+            rate, reference = decode_rate(plain, prompts[:c], out_len)
+            rates["plain"].append(rate)
+            before = spec.stats().spec
+            rate, outs = decode_rate(spec, prompts[:c], out_len)
+            rates["backoff"].append(rate)
+            after = spec.stats().spec
+            same = same and outs == reference
+            rounds, backoff_steps = after["rounds"] - before["rounds"], after["backoff_steps"] - before["backoff_steps"]
+        base, rate = float(np.median(rates["plain"])), float(np.median(rates["backoff"]))
+        runs.append({"concurrency": c, "backoff_after": spec_config["backoff_after"], "output_len": out_len,
+                     "repeats": repeats, "plain_tok_s": base, "backoff_tok_s": rate, "cost": base / rate - 1,
+                     "plain_runs_tok_s": rates["plain"], "backoff_runs_tok_s": rates["backoff"],
+                     "rounds": rounds, "backoff_steps": backoff_steps, "same_as_plain_decode": same})
+        print(f"c={c:>2}: with backoff_after {spec_config['backoff_after']}, {out_len} tokens a sequence, median of "
+              f"{repeats}: {rate:.1f} tok/s against plain {base:.1f} ({100 * (base / rate - 1):+.1f}% time; "
+              f"{rounds} rounds, {backoff_steps} plain steps of backing-off sequences in the last run), "
+              f"same tokens as plain decode {same}", flush=True)
+    return runs
+
+
 def logprob_paths(engine: LLMEngine, prompts: list[list[int]], out_len: int,
                   top: int = 2) -> dict[str, tuple[list[int], list]]:
     """Run the prompts greedily with `top` logprobs a token; {request id: (tokens, TokenLogprobs)}."""
@@ -262,6 +294,7 @@ def check_args(ns: argparse.Namespace) -> tuple[list[int], list[float]]:
     need(ns.backoff_after is None or ns.backoff_after >= 1, f"--backoff-after must be >= 1, got {ns.backoff_after}")
     need(ns.backoff_after is None or ns.drafter is not None, "--backoff-after needs --drafter")
     need(ns.backoff_output_len >= 2, f"--backoff-output-len must be >= 2, got {ns.backoff_output_len}")
+    need(ns.backoff_repeats >= 1, f"--backoff-repeats must be >= 1, got {ns.backoff_repeats}")
     check_output_path(ns.result_json, "--result-json")
     return cs, accept
 
@@ -291,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
                         "accepted): its whole-run decode rate against plain decoding's, the steady-state cost")
     p.add_argument("--backoff-output-len", type=int, default=512,
                    help="output tokens a sequence of the --backoff-after runs (default 512)")
+    p.add_argument("--backoff-repeats", type=int, default=3,
+                   help="plain and backoff runs alternated this many times a concurrency; medians (default 3)")
     p.add_argument("--result-json", default=None)
     ns = p.parse_args(argv)
     try:
@@ -313,14 +348,11 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [rng.integers(0, vocab, ns.input_len).tolist() for _ in range(max(cs))]
     result: dict = {"model": ns.model, "k": ns.k, "input_len": ns.input_len, "output_len": ns.output_len,
                     "draft_vocab_size": ns.draft_vocab_size, "cost": [], "speedup": []}
-    base_steps, reference, base_rates, long_reference = {}, {}, {}, {}
+    base_steps, reference = {}, {}
     for c in cs:
         step, _, outs = decode_steps(plain, prompts[:c], ns.output_len)
         base_steps[c] = step
         reference.update({f"r{i}": outs[f"r{i}"] for i in range(c)})
-        if ns.backoff_after is not None:
-            base_rates[c], long_outs = decode_rate(plain, prompts[:c], ns.backoff_output_len)
-            long_reference[c] = long_outs
     del plain
     cost_cs = cs if ns.drafter else []  # without a drafter: the speedup half only
     dflash = {"method": "dflash", "model": ns.drafter, "num_speculative_tokens": ns.k}
@@ -350,23 +382,10 @@ def main(argv: list[str] | None = None) -> int:
         result.setdefault("phases_ms", []).append({"concurrency": c, **phases})
         print(f"c={c:>2}: phases (ms, synchronised): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()),
               flush=True)
+    del spec  # one drafter engine at a time
     if ns.backoff_after is not None:
-        del spec  # one drafter engine at a time: the backoff runs come last, so it is built once
-        spec = LLMEngine(**common, speculative_config={**dflash, "backoff_after": ns.backoff_after})
-        for c in cost_cs:
-            before = spec.stats().spec
-            rate, outs = decode_rate(spec, prompts[:c], ns.backoff_output_len)
-            same = outs == long_reference[c]
-            stats = {key: spec.stats().spec[key] - before[key] for key in ("rounds", "backoff_steps")}
-            result.setdefault("backoff", []).append({
-                "concurrency": c, "backoff_after": ns.backoff_after, "output_len": ns.backoff_output_len,
-                "plain_tok_s": base_rates[c], "backoff_tok_s": rate, "cost": base_rates[c] / rate - 1,
-                "rounds": stats["rounds"], "backoff_steps": stats["backoff_steps"],
-                "same_as_plain_decode": same})
-            print(f"c={c:>2}: with backoff_after {ns.backoff_after}, {ns.backoff_output_len} tokens a sequence: "
-                  f"{rate:.1f} tok/s against plain {base_rates[c]:.1f} ({100 * (base_rates[c] / rate - 1):+.1f}% "
-                  f"time), same tokens as plain decode {same}", flush=True)
-    del spec
+        result["backoff"] = backoff_runs(common, {**dflash, "backoff_after": ns.backoff_after}, prompts, cost_cs,
+                                         ns.backoff_output_len, ns.backoff_repeats)
     oracle = LLMEngine(**common, speculative_config={"method": "ngram", "num_speculative_tokens": ns.k})
     for c in (cs[0], cs[-1]):
         # The continuation to propose comes from this engine's own verification-shaped steps (a

@@ -250,6 +250,7 @@ class LLMEngine:
                              and os.environ.get("MINILLM_EARLY_DRAFTS", "1") not in ("", "0"))
         self.drafted_behind = 0  # drafting steps launched by _draft_behind (tests read it)
         self._spec_paused = False  # this step drafts nothing (disable_by_batch_size)
+        self._drafting_decided = False  # _propose has decided the next step's drafts (and counted it)
         self.spec_stats = SpecStats(k)
         self.profiler = None  # a StepProfiler (minillm/engine/step_profile.py) times step()'s phases
         # overlap_outputs: step() renders a step's text and outputs while the next step runs on the
@@ -390,20 +391,26 @@ class LLMEngine:
         step late: its row in the step in flight is dropped, and the tokens are cut exactly where
         a synchronous engine would have stopped.
 
-        With async_scheduling (and no speculative decoding) the step runs ahead instead: see
-        _step_async.
+        With async_scheduling the step runs ahead instead (see _step_async): always without
+        speculative decoding, and with it while the next step drafts for nobody (every sequence
+        backing off, or disable_by_batch_size pausing it; _plain_ahead).
         """
-        if self.async_scheduling and self.proposer is None and not self._sync_requests:
+        if self.async_scheduling and not self._sync_requests and (self.proposer is None or self._plain_ahead()):
             return self._step_async()
-        if self._inflight is not None:  # async scheduling was just turned off: finish its step first
-            self._collect_inflight()
-            return self._render_unrendered()
+        if self._inflight is not None:  # async scheduling was just turned off, or drafting resumes:
+            self._collect_inflight()   # finish its step first
+            outputs = self._render_unrendered()
+            if self.proposer is not None:  # and draft for the next step, as a synchronous step does
+                self._spec_paused = self._pause_speculation()
+                self._propose()
+            return outputs
         prof = self.profiler
         if prof is not None:
             prof.begin()
         sched = self.scheduler.schedule()
         if not sched.scheduled:
             return self._render_unrendered()
+        self._drafting_decided = False  # the last _propose's decision is this step's
         if prof is not None:
             prof.scheduled(sched.scheduled)
         # with early drafting, the results are copied behind the step, so collect() does not wait
@@ -420,8 +427,6 @@ class LLMEngine:
         if prof is not None:
             prof.executed()
         uses_hidden = self.proposer is not None and getattr(self.proposer, "uses_target_hidden", False)
-        # with a drafter sharing the blocks, cache only what both models have computed
-        drafter_kv = self.proposer is not None and self.proposer.needs_kv
         # (a DFlash drafter's context K/V was stored inside runner.launch: its after_forward)
         token_list = tokens.tolist()  # one conversion instead of an int() per sequence
         prompt_rows = self._prompt_rows(sched.scheduled) if self._sync_requests else []
@@ -444,7 +449,7 @@ class LLMEngine:
                 seq.draft_ids = []
             if uses_hidden:
                 seq.draft_computed = seq.num_computed  # context K/V was stored for every computed row
-            self.block_manager.commit_full_blocks(seq, seq.draft_computed if drafter_kv else None)
+            self._commit_blocks(seq)
             if item.samples:
                 accepted, reason = self._accept_tokens(seq, new)
                 num_sampled += len(accepted)
@@ -459,6 +464,7 @@ class LLMEngine:
                 prof.proposing()
             if behind:  # the drafting step is already on the device: give its drafts out
                 self.proposer.settle(*self._draft_budgets())
+                self._drafting_decided = True
             else:
                 self._propose()
         if drafts_first:
@@ -487,8 +493,10 @@ class LLMEngine:
         reached by its token in flight is not scheduled at all.
 
         Falls back to the synchronous order (collect step n, then schedule) when step n + 1 might
-        need to preempt: its victims' state would depend on ids not yet known. Speculative
-        decoding never comes here (step() runs it synchronously: the accepted length is unknown).
+        need to preempt: its victims' state would depend on ids not yet known. A speculative round
+        never comes here (step() runs it synchronously: the accepted length is unknown), but the
+        plain steps between rounds do (_plain_ahead): those of sequences backing off, and those
+        disable_by_batch_size pauses.
         """
         prof = self.profiler
         if prof is not None:
@@ -519,14 +527,19 @@ class LLMEngine:
         defer = any(item.seq.params.needs_history for item in sched.scheduled)
         handle = self.runner.launch(sched.scheduled, readback=True, defer_sampling=defer)
         # what the step will have done once it completes, recorded now (the next schedule plans on it)
+        uses_hidden = self.proposer is not None and getattr(self.proposer, "uses_target_hidden", False)
         r = 0
         for item in sched.scheduled:
             seq = item.seq
             seq.num_computed += item.num_new
+            if uses_hidden:
+                seq.draft_computed = seq.num_computed  # the launch stores context K/V for every row
             if item.samples:
                 seq.num_pending += 1
                 seq.pending_row = r  # where the next step's fill finds this token
                 r += 1
+        if self.proposer is not None:
+            self._count_plain_step(sched.scheduled)
         if prev is not None:
             self.num_pipelined_steps += 1
             if prof is not None:
@@ -576,12 +589,12 @@ class LLMEngine:
                 r += item.samples
                 continue
             if not item.samples:
-                self.block_manager.commit_full_blocks(seq)
+                self._commit_blocks(seq)
                 continue
             seq.num_pending -= 1
             tok = tokens[r]
             r += 1
-            self.block_manager.commit_full_blocks(seq)
+            self._commit_blocks(seq)
             accepted, reason = self._accept_tokens(seq, [tok])
             num_sampled += len(accepted)
             self._unrendered.append((seq, accepted, reason))
@@ -652,6 +665,7 @@ class LLMEngine:
     def _propose(self) -> None:
         """Draft for every running sequence that decodes next step, within its limits and the pool."""
         seqs, ks = self._draft_budgets()
+        self._drafting_decided = True  # the next step's drafts and backoff counts are settled
         if not seqs:
             return
         if self.runner.draft_source is not None:
@@ -675,6 +689,44 @@ class LLMEngine:
         seq.spec_misses += 1
         if seq.spec_misses >= after:
             seq.spec_skip = min(self.spec.backoff_max_steps, 2 ** (seq.spec_misses - after))
+
+    def _commit_blocks(self, seq: Sequence) -> None:
+        """Register seq's completed full blocks in the prefix cache; with a drafter keeping KV in the
+        same blocks, only those both models have computed."""
+        drafter_kv = self.proposer is not None and self.proposer.needs_kv
+        self.block_manager.commit_full_blocks(seq, seq.draft_computed if drafter_kv else None)
+
+    def _plain_ahead(self) -> bool:
+        """With a drafter: whether the next step drafts for nobody, so it may be scheduled and
+        launched before the step in flight is accepted (_step_async). It does when speculation is
+        paused by the batch's size, or when every running sequence is backing off with a plain
+        step still to go and none waits; not when drafts were proposed for it. A sequence that
+        would draft (a probe round, a new sequence) ends the run-ahead: step() collects the step
+        in flight, drafts, and verifies synchronously."""
+        running = self.scheduler.running
+        if any(s.draft_ids for s in running):
+            return False
+        limit = self.spec.disable_by_batch_size
+        if limit is not None and len(running) >= limit:
+            return True  # admitting more keeps it paused
+        # a waiting sequence would draft right after its prefill
+        return bool(running) and not self.scheduler.waiting and all(s.spec_skip > 0 for s in running)
+
+    def _count_plain_step(self, scheduled: list[ScheduledSeq]) -> None:
+        """A plain step of a speculative engine scheduled ahead: one paused step, or one of each
+        backing-off sequence's plain steps (as _draft_budgets counts them in a synchronous step),
+        unless the last _propose already decided this step."""
+        if self._drafting_decided:
+            self._drafting_decided = False
+            return
+        limit = self.spec.disable_by_batch_size
+        if limit is not None and len(self.scheduler.running) >= limit:
+            self.spec_stats.paused_steps += any(item.decode for item in scheduled)
+            return
+        for item in scheduled:
+            if item.decode and item.seq.spec_skip > 0:
+                item.seq.spec_skip -= 1
+                self.spec_stats.backoff_steps += 1
 
     def _pause_speculation(self) -> bool:
         """vLLM's disable_by_batch_size: no drafts for the next step while at least that many
