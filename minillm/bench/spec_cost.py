@@ -76,12 +76,23 @@ def decode_steps(engine: LLMEngine, prompts: list[list[int]], out_len: int) -> t
 
 
 def decode_rate(engine: LLMEngine, prompts: list[list[int]], out_len: int) -> tuple[float, dict]:
-    """Run the prompts to completion; (output tokens a second over the steps after the prefill, outputs).
-    A whole run's rate, not a median step: with backoff the steps are mostly plain and a few rounds."""
-    steps, outputs = run_steps(engine, prompts, out_len)
-    seconds = sum(dt for dt, prefill, _ in steps if not prefill)
-    tokens = sum(sum(new) for _, prefill, new in steps if not prefill)
-    return tokens / seconds if seconds else 0.0, outputs
+    """Run the prompts to completion; (output tokens a second once every sequence has its first token,
+    outputs). A whole run's rate, not a median step: with backoff the steps are mostly plain and a few
+    rounds. The clock starts after the prefill is collected: an asynchronous engine returns a step's
+    tokens one call late, so a per-call split would charge the prefill to the first decode step."""
+    params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
+    ids = [engine.add_request(p, params, request_id=f"r{i}") for i, p in enumerate(prompts)]
+    outputs: dict[str, list[int]] = {i: [] for i in ids}
+    t0, tokens = None, 0
+    while engine.has_unfinished():
+        for o in engine.step():
+            outputs[o.request_id] = o.token_ids
+            if t0 is not None:
+                tokens += len(o.new_token_ids)
+        if t0 is None and all(outputs.values()):
+            t0 = time.perf_counter()
+    seconds = time.perf_counter() - t0 if t0 is not None else 0.0
+    return tokens / seconds if seconds > 0 else 0.0, outputs
 
 
 def backoff_runs(common: dict, spec_config: dict, prompts: list[list[int]], cs: list[int], out_len: int,
