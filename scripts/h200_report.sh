@@ -4219,6 +4219,21 @@ part240() {  # session 40: part239's backoff runs again with the decode clock st
   pack
 }
 
+part241() {  # prepared in session 40 (not run): what running the plain steps between rounds ahead buys.
+  # The 8B spec-cost backoff runs now also time the drafter's engine synchronous in each repeat
+  # (backoff_sync_tok_s) beside async, against async plain decoding; then every GPU engine test with the
+  # llguidance wheel carried (part239's two structured-output failures were its absence) (~6 minutes)
+  setup
+  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
+  stage spec_cost_backoff_ab 300 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --concurrency 1,4,16 --accept 0 --backoff-after 2 --backoff-output-len 256 --backoff-repeats 3 \
+    --result-json "$W/spec_cost_backoff_ab.json"
+  stage engine_tests 200 python3 -m pytest -v -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py
+  tail -2 "$W/engine_tests.log"
+  pack
+}
+
 racecheck_family() {  # racecheck_family NAME SECONDS ENV SANITIZER_ARGS: part228's small load (c = 1, 2 prompts
   # of 64 tokens, 16 out, steps of at most 16 rows, DFlash k = 8) under racecheck with the host's memory
   # logged and a guard that kills the server at 48 GB

@@ -172,7 +172,8 @@ def test_spec_cost_bench_on_the_cpu(tiny, tmp_path):
     assert [b["concurrency"] for b in runs] == [1, 2]
     for b in runs:
         assert b["same_as_plain_decode"] and b["backoff_tok_s"] > 0 and b["plain_tok_s"] > 0
-        assert len(b["plain_runs_tok_s"]) == len(b["backoff_runs_tok_s"]) == 2
+        assert len(b["plain_runs_tok_s"]) == len(b["backoff_runs_tok_s"]) == len(b["backoff_sync_runs_tok_s"]) == 2
+        assert b["backoff_sync_tok_s"] > 0
         assert 0 < b["rounds"] <= 8 * b["concurrency"] and b["backoff_steps"] > 40 * b["concurrency"], b
 
 

@@ -560,6 +560,27 @@ def test_backoff_is_lossless_and_spares_rounds(models, dflash_pair, method):
         assert stats["pipelined"] > 0, stats
 
 
+@pytest.mark.parametrize("method", ["draft_model", "dflash"])
+def test_async_plain_steps_between_rounds_preempt_and_cache(models, dflash_pair, method):
+    """The plain steps of backing-off sequences run ahead (async scheduling) in a pool small enough
+    to preempt and with the prefix cache on: the output is plain decoding's, run for run, and the
+    second run of the same prompts hits blocks the first cached (blocks both models computed)."""
+    target = str(dflash_pair[0] if method == "dflash" else models[0])
+    cfg = (spec_configs(models, 3)[method] if method != "dflash"
+           else {"method": "dflash", "model": str(dflash_pair[1]), "num_speculative_tokens": 3})
+    prompts = [list(range(40, 76)) + [i] for i in range(8)]  # a shared 36-token prefix: two full blocks
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    plain_llm = LLM(target, device="cpu", max_model_len=128, max_num_seqs=8)
+    plain = [o.token_ids for o in plain_llm.generate(prompts, params)]
+    llm = LLM(target, device="cpu", max_model_len=128, max_num_seqs=8, num_blocks=26,
+              speculative_config={**cfg, "backoff_after": 1, "backoff_max_steps": 4})
+    for _ in range(2):
+        assert [o.token_ids for o in llm.generate(prompts, params)] == plain
+    stats = llm.engine.stats()
+    assert stats.preemptions > 0 and stats.spec["backoff_steps"] > 0, stats
+    assert llm.engine.num_pipelined_steps > 0 and stats.prefix_cache_hit_rate > 0, stats
+
+
 def test_invalid_speculative_configs(models, dflash_pair):
     target = str(models[0])
     bad = [

@@ -99,31 +99,37 @@ def backoff_runs(common: dict, spec_config: dict, prompts: list[list[int]], cs: 
                  repeats: int) -> list[dict]:
     """Whole runs of out_len tokens a sequence, plain and with a backing-off drafter, alternated
     `repeats` times at each concurrency; the median rates. Both engines schedule asynchronously, as
-    LLM and the server run them: the plain steps between rounds run ahead of the host too."""
+    LLM and the server run them, so the plain steps between rounds run ahead of the host too; the
+    drafter's engine also runs synchronously in each repeat (`backoff_sync_tok_s`): what running
+    those steps ahead buys."""
     served = {**common, "async_scheduling": True}
     plain, spec = LLMEngine(**served), LLMEngine(**served, speculative_config=spec_config)
     runs = []
     for c in cs:
-        rates: dict[str, list[float]] = {"plain": [], "backoff": []}
+        rates: dict[str, list[float]] = {"plain": [], "backoff": [], "backoff_sync": []}
         same, rounds, backoff_steps = True, 0, 0
         for _ in range(repeats):
             rate, reference = decode_rate(plain, prompts[:c], out_len)
             rates["plain"].append(rate)
-            before = spec.stats().spec
-            rate, outs = decode_rate(spec, prompts[:c], out_len)
-            rates["backoff"].append(rate)
-            after = spec.stats().spec
-            same = same and outs == reference
+            for mode, ahead in (("backoff", True), ("backoff_sync", False)):
+                spec.async_scheduling = ahead
+                before = spec.stats().spec
+                rate, outs = decode_rate(spec, prompts[:c], out_len)
+                rates[mode].append(rate)
+                after = spec.stats().spec
+                same = same and outs == reference
             rounds, backoff_steps = after["rounds"] - before["rounds"], after["backoff_steps"] - before["backoff_steps"]
-        base, rate = float(np.median(rates["plain"])), float(np.median(rates["backoff"]))
+        med = {mode: float(np.median(r)) for mode, r in rates.items()}
+        base, rate, sync = med["plain"], med["backoff"], med["backoff_sync"]
         runs.append({"concurrency": c, "backoff_after": spec_config["backoff_after"], "output_len": out_len,
                      "repeats": repeats, "plain_tok_s": base, "backoff_tok_s": rate, "cost": base / rate - 1,
-                     "plain_runs_tok_s": rates["plain"], "backoff_runs_tok_s": rates["backoff"],
+                     "backoff_sync_tok_s": sync, "sync_cost": base / sync - 1,
+                     **{f"{mode}_runs_tok_s": r for mode, r in rates.items()},
                      "rounds": rounds, "backoff_steps": backoff_steps, "same_as_plain_decode": same})
         print(f"c={c:>2}: with backoff_after {spec_config['backoff_after']}, {out_len} tokens a sequence, median of "
               f"{repeats}: {rate:.1f} tok/s against plain {base:.1f} ({100 * (base / rate - 1):+.1f}% time; "
-              f"{rounds} rounds, {backoff_steps} plain steps of backing-off sequences in the last run), "
-              f"same tokens as plain decode {same}", flush=True)
+              f"synchronous {sync:.1f}, {100 * (base / sync - 1):+.1f}%; {rounds} rounds, {backoff_steps} plain steps "
+              f"of backing-off sequences a run), same tokens as plain decode {same}", flush=True)
     return runs
 
 
