@@ -3,8 +3,9 @@ n + 1 is scheduled and launched before step n's sampled ids are on the host, its
 on the device (fill_input_ids). Every request must come out exactly as from the synchronous
 engine: token ids, text, finish reason, streamed text, token counts, with greedy and seeded
 sampling, stop tokens and strings, min_tokens, max_tokens, max_model_len, eos, preemption, prefix
-caching, chunked prefill, aborts and speculative decoding (which falls back to the synchronous
-path). The counter num_pipelined_steps proves the pipelined path ran."""
+caching, chunked prefill, aborts and speculative decoding (whose rounds fall back to the synchronous
+path; the plain steps between them, backing off or paused, pipeline). The counter
+num_pipelined_steps proves the pipelined path ran."""
 
 from __future__ import annotations
 
@@ -64,7 +65,16 @@ CONFIGS = {
                   speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}),
     "dflash": dict(max_num_seqs=4, max_num_batched_tokens=64,
                    speculative_config={"method": "dflash", "model": "DRAFTER", "num_speculative_tokens": 4}),
+    # the random drafter's rounds fail, so sequences back off to plain steps, which pipeline
+    "dflash_backoff": dict(max_num_seqs=4, max_num_batched_tokens=64,
+                           speculative_config={"method": "dflash", "model": "DRAFTER", "num_speculative_tokens": 4,
+                                               "backoff_after": 1, "backoff_max_steps": 4}),
+    # no drafts while 3 or more run: those plain steps pipeline
+    "ngram_paused": dict(max_num_seqs=4, max_num_batched_tokens=64,
+                         speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+                                             "disable_by_batch_size": 3}),
 }
+PIPELINING_SPEC = ("dflash_backoff", "ngram_paused")
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -74,12 +84,24 @@ def test_async_outputs_equal_synchronous(tiny, drafter, name):
         kw["speculative_config"] = dict(kw["speculative_config"], model=str(drafter))
     prompts, params = workload(tiny, kw)
     sync, asynchronous, sync_engine, async_engine = both(tiny, kw, prompts, params)
+    if name == "ngram_paused":
+        # the batch's size decides the pause, and running ahead admits and retires sequences a step
+        # apart from the synchronous engine, so steps draft at other times; seeded sampling draws
+        # differently in a drafting step (as with speculation on and off), greedy never does
+        greedy = [str(i) for i, p in enumerate(params) if p.temperature == 0]
+        assert asynchronous.keys() == sync.keys()
+        assert {r: asynchronous[r] for r in greedy} == {r: sync[r] for r in greedy}
+        assert async_engine.num_pipelined_steps > 0 and async_engine.stats().spec["paused_steps"] > 0
+        return
     assert asynchronous == sync
     assert {v[2] for v in sync.values()} == {"stop", "length"}
     assert any(p.stop and sync[str(i)][2] == "stop" for i, p in enumerate(params))  # a stop string hit
     assert async_engine.stats().generation_tokens == sync_engine.stats().generation_tokens
-    if "speculative_config" in kw:  # the synchronous path: nothing may be pipelined
-        assert async_engine.num_pipelined_steps == 0 and async_engine.stats().spec["draft_tokens"] > 0
+    if "speculative_config" in kw:
+        assert async_engine.stats().spec["draft_tokens"] > 0
+        assert async_engine.stats().spec == sync_engine.stats().spec  # the same rounds, drafts, plain steps
+        # rounds are synchronous; only the plain steps between them (backing off, paused) pipeline
+        assert (async_engine.num_pipelined_steps > 0) == (name in PIPELINING_SPEC)
     else:
         assert async_engine.num_pipelined_steps > 0
     if "num_blocks" in kw:
@@ -170,6 +192,34 @@ def test_aborts_between_steps(tiny):
     assert asynchronous == sync
     assert sum(v == "aborted" for v in sync.values()) == 3
     assert async_engine.num_pipelined_steps > 0
+
+
+def test_aborts_while_backing_off(tiny, drafter):
+    """Aborts while the plain steps of backing-off sequences run ahead (a step in flight): the other
+    requests come out as from the synchronous engine without aborts (backoff is per sequence, so
+    neither the aborts nor running ahead change what they draft), and every block is given back."""
+    kw = dict(device="cpu", max_model_len=256, max_num_seqs=4, max_num_batched_tokens=64,
+              speculative_config={"method": "dflash", "model": str(drafter), "num_speculative_tokens": 4,
+                                  "backoff_after": 1, "backoff_max_steps": 8})
+    prompts, params = workload(tiny, kw, n=8, seed=4)
+    ref = drive(LLMEngine(model=str(tiny), **kw), prompts, params, False)
+    engine = LLMEngine(model=str(tiny), **kw)
+    engine.async_scheduling = True
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        engine.add_request(p, sp, request_id=str(i))
+    done, aborted = {}, []
+    while engine.has_unfinished():
+        running = [s for s in engine.scheduler.running if not s.finished]
+        if engine._inflight is not None and len(aborted) < 2 and running:
+            aborted.append(running[0].request_id)  # its row is in the step in flight
+            engine.abort_request(aborted[-1])
+        for o in engine.step():
+            if o.finished:
+                done[o.request_id] = (o.token_ids, o.text, o.finish_reason)
+    assert len(aborted) == 2 and not set(aborted) & done.keys()
+    assert done == {r: v[:3] for r, v in ref.items() if r not in aborted}
+    assert engine._inflight is None and not engine.requests and engine.block_manager.num_used == 0
+    assert engine.stats().spec["backoff_steps"] > 0
 
 
 def test_generate_is_async_by_default_and_flag_turns_it_off(tiny):

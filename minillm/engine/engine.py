@@ -251,6 +251,7 @@ class LLMEngine:
         self.drafted_behind = 0  # drafting steps launched by _draft_behind (tests read it)
         self._spec_paused = False  # this step drafts nothing (disable_by_batch_size)
         self._drafting_decided = False  # _propose has decided the next step's drafts (and counted it)
+        self._ahead_paused = False  # _plain_ahead's decision: the step scheduled ahead is a paused one
         self.spec_stats = SpecStats(k)
         self.profiler = None  # a StepProfiler (minillm/engine/step_profile.py) times step()'s phases
         # overlap_outputs: step() renders a step's text and outputs while the next step runs on the
@@ -398,10 +399,11 @@ class LLMEngine:
         if self.async_scheduling and not self._sync_requests and (self.proposer is None or self._plain_ahead()):
             return self._step_async()
         if self._inflight is not None:  # async scheduling was just turned off, or drafting resumes:
-            self._collect_inflight()   # finish its step first
+            if self.proposer is not None:  # finish its step first, deciding the next step's drafting
+                self._spec_paused = self._pause_speculation()  # where a synchronous step does: before
+            self._collect_inflight()                           # its results come in
             outputs = self._render_unrendered()
-            if self.proposer is not None:  # and draft for the next step, as a synchronous step does
-                self._spec_paused = self._pause_speculation()
+            if self.proposer is not None:
                 self._propose()
             return outputs
         prof = self.profiler
@@ -707,8 +709,11 @@ class LLMEngine:
         if any(s.draft_ids for s in running):
             return False
         limit = self.spec.disable_by_batch_size
-        if limit is not None and len(running) >= limit:
-            return True  # admitting more keeps it paused
+        # decided on the sequences of the step in flight, as a synchronous engine decides right after
+        # launching it (admitting more keeps it paused)
+        self._ahead_paused = limit is not None and len(running) >= limit
+        if self._ahead_paused:
+            return True
         # a waiting sequence would draft right after its prefill
         return bool(running) and not self.scheduler.waiting and all(s.spec_skip > 0 for s in running)
 
@@ -719,9 +724,8 @@ class LLMEngine:
         if self._drafting_decided:
             self._drafting_decided = False
             return
-        limit = self.spec.disable_by_batch_size
-        if limit is not None and len(self.scheduler.running) >= limit:
-            self.spec_stats.paused_steps += any(item.decode for item in scheduled)
+        if self._ahead_paused:
+            self.spec_stats.paused_steps += 1
             return
         for item in scheduled:
             if item.decode and item.seq.spec_skip > 0:
