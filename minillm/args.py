@@ -17,6 +17,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 # What building an engine from user input raises for the user's or the machine's reasons (bad flags,
 # a model path or file, sizing, no GPU, no memory): the CLIs print one "error:" line and exit 2
+SCHEDULING_POLICIES = ("fcfs", "priority")
 STARTUP_ERRORS = (ValueError, OSError, NotImplementedError, ImportError, RuntimeError, MemoryError)
 
 
@@ -53,6 +54,9 @@ class EngineArgs:
     # vLLM's trust_remote_code: taken and without effect, since no model's own code ever runs here
     # (the architectures are built in; a checkpoint's auto_map is never imported)
     trust_remote_code: bool = False
+    # vLLM's --scheduling-policy: "fcfs" (first come, first served), or "priority": each request's
+    # priority (an integer, lower first, default 0) orders admission and picks preemption's victim
+    scheduling_policy: str = "fcfs"
 
     def __post_init__(self) -> None:
         if isinstance(self.speculative_config, str):
@@ -106,6 +110,8 @@ class EngineArgs:
         need(self.device in DEVICES, f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         need(self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         need(self.max_num_seqs >= 1, f"--max-num-seqs must be >= 1, got {self.max_num_seqs}")
+        need(self.scheduling_policy in SCHEDULING_POLICIES,
+             f"--scheduling-policy must be one of {', '.join(SCHEDULING_POLICIES)}, got {self.scheduling_policy!r}")
         need(self.max_model_len is None or self.max_model_len >= 1,
              f"--max-model-len must be >= 1, got {self.max_model_len}")
         need(self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1,
@@ -150,6 +156,9 @@ def add_engine_args(p: argparse.ArgumentParser, model_positional: bool = True) -
     p.add_argument("--max-num-seqs", type=int, default=d["max_num_seqs"].default)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default=d["scheduling_policy"].default,
+                   help="fcfs: first come, first served; priority: requests' priority field (lower first, "
+                        "default 0) orders admission and preemption (vLLM's)")
     p.add_argument("--block-size", type=int, default=d["block_size"].default)
     p.add_argument("--num-blocks", type=int, default=None,
                    help="KV pool size in blocks (default: max-num-seqs full-length sequences)")
@@ -180,7 +189,7 @@ def add_engine_args(p: argparse.ArgumentParser, model_positional: bool = True) -
                    help="vLLM's flag, accepted: no model's own code ever runs here (the architectures are built in)")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="schedule and launch step n+1 before step n's sampled tokens reach the host, so the "
-                        "device never waits for the host between plain decode steps (speculative decoding "
+                        "device never waits for the host between plain decode steps (speculative rounds "
                         "and steps that may preempt run synchronously). Default: on for the server, the offline "
                         "API (LLM.generate) and the benchmarks; off for a bare LLMEngine and the chat REPL")
     return p

@@ -44,9 +44,10 @@ class LLM:
         return SamplingParams(**self.engine.generation_defaults)
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 ) -> list[CompletionOutput]:
+                 priority: list[int] | None = None) -> list[CompletionOutput]:
         """Generate for a prompt or a list of prompts (strings or token-id lists), batched; without
-        sampling_params, get_default_sampling_params()."""
+        sampling_params, get_default_sampling_params(). priority (vLLM's): one integer a prompt,
+        lower first, with scheduling_policy="priority"."""
         if isinstance(prompts, np.ndarray):
             prompts = prompts.tolist()
         if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
@@ -63,6 +64,12 @@ class LLM:
         if not all(isinstance(p, SamplingParams) for p in params):
             raise ValueError("sampling_params must be a SamplingParams or a list of them, one per prompt")
         engine = self.engine
+        if priority is None:
+            priority = [0] * len(prompts)
+        if not isinstance(priority, (list, tuple)) or len(priority) != len(prompts):
+            raise ValueError(f"priority must be a list of one integer a prompt ({len(prompts)}), got {priority!r}")
+        for p in priority:
+            engine.check_priority(p)
         ids = []
         prompt_ids = []
         for i, (prompt, p) in enumerate(zip(prompts, params)):
@@ -72,8 +79,8 @@ class LLM:
             except ValueError as e:
                 raise ValueError(f"prompt {i}: {e}" if len(prompts) > 1 else str(e)) from None
             prompt_ids.append(toks)
-        for toks, p in zip(prompt_ids, params):
-            ids.append(engine.add_request(toks, p))
+        for toks, p, prio in zip(prompt_ids, params, priority):
+            ids.append(engine.add_request(toks, p, priority=prio))
         done: dict[str, CompletionOutput] = {}
         logprobs: dict[str, list[TokenLogprob]] = {}
         prompt_logprobs: dict[str, list] = {}

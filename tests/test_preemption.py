@@ -263,3 +263,50 @@ def test_field_report_setup_speculation_on_an_overcommitted_pool(tiny_dir, monke
     assert st.preemptions > 0 and st.spec["accepted_tokens"] > 0
     assert [o.token_ids for o in outs] == alone
     assert st.blocks_used == 0
+
+
+def test_priority_scheduling_end_to_end(tiny_dir, alone_outputs):
+    """scheduling_policy="priority": with one seat, requests finish in priority order (lower first,
+    ties by arrival), each output what it is alone; on a pool too small for the batch the
+    lowest-priority sequences are the ones preempted. Under fcfs a priority is refused."""
+    from minillm.engine.engine import LLMEngine
+
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    prompts = [[11 + i, 12, 13 + i] for i in range(4)]
+    alone = [o.token_ids for o in LLM(tiny_dir, device="cpu", max_model_len=MAX_MODEL_LEN).generate(prompts, params)]
+    eng = LLMEngine(model=tiny_dir, device="cpu", max_model_len=MAX_MODEL_LEN, max_num_seqs=1,
+                    scheduling_policy="priority")
+    for i, prio in enumerate((3, 0, 3, -1)):
+        eng.add_request(prompts[i], params, request_id=str(i), priority=prio)
+    finished, outs = [], {}
+    while eng.has_unfinished():
+        for o in eng.step():
+            if o.finished:
+                finished.append(o.request_id)
+                outs[o.request_id] = o.token_ids
+    assert finished == ["3", "1", "0", "2"]
+    assert [outs[str(i)] for i in range(4)] == alone
+    # a burst on a third of the pool it needs: preemption falls on the low-priority half
+    burst, burst_params = burst_requests()
+    llm = LLM(tiny_dir, device="cpu", max_model_len=MAX_MODEL_LEN, max_num_seqs=C, block_size=BS,
+              num_blocks=SMALL_POOL, scheduling_policy="priority")
+    victims = []
+    schedule = llm.engine.scheduler.schedule
+
+    def watched():
+        out = schedule()
+        victims.extend(s.priority for s in out.preempted)
+        return out
+
+    llm.engine.scheduler.schedule = watched
+    priority = [0 if i % 2 else 5 for i in range(len(burst))]
+    got = llm.generate(burst, burst_params, priority=priority)
+    assert [o.token_ids for o in got] == alone_outputs
+    assert victims and victims.count(5) > victims.count(0), victims
+    fcfs = LLM(tiny_dir, device="cpu", max_model_len=MAX_MODEL_LEN)
+    with pytest.raises(ValueError, match="--scheduling-policy priority"):
+        fcfs.generate(prompts[:1], params, priority=[1])
+    with pytest.raises(ValueError, match="priority must be an integer"):
+        fcfs.engine.add_request(prompts[0], params, priority=True)
+    with pytest.raises(ValueError, match="one integer a prompt"):
+        llm.generate(prompts, params, priority=[0])

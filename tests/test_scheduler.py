@@ -140,6 +140,31 @@ def test_newest_is_preempted_and_resumes_before_newer_requests():
     assert b.output_ids == b2.output_ids
 
 
+def test_priority_orders_admission_and_picks_the_victim():
+    """--scheduling-policy priority: waiting requests are admitted by (priority, arrival), lower
+    first; when the pool runs out, the running sequence with the highest value (then the newest) is
+    preempted, and it waits behind the higher-priority requests but ahead of equal, newer ones."""
+    bm, sched = make(bs=8, num_blocks=6, max_num_seqs=2, budget=64, prefix=False)
+    seqs = {}
+    for name, prio in (("low", 5), ("mid", 1), ("high", -3), ("mid2", 1)):
+        seqs[name] = req(name, 16, max_tokens=30, base=len(seqs) * 100)
+        seqs[name].priority = prio
+        sched.add(seqs[name])
+    assert [s.request_id for s in sched.waiting] == ["high", "mid", "mid2", "low"]
+    out = step(sched)
+    assert [i.seq.request_id for i in out.scheduled] == ["high", "mid"]
+    assert [s.request_id for s in sched.running] == ["high", "mid"]
+    preempted = []
+    for _ in range(40):  # two sequences of 16 tokens growing to 46 in a pool of 48 slots
+        preempted += step(sched).preempted
+        if preempted:
+            break
+    assert preempted and preempted[0] is seqs["mid"], "the lower-priority running sequence is the victim"
+    assert [s.request_id for s in sched.waiting] == ["mid", "mid2", "low"]
+    run(sched)
+    assert all(s.finished for s in seqs.values())
+
+
 def test_overcommitted_pool_only_preempts():
     """A pool that holds exactly one max-length sequence serves many at once, by preemption."""
     bs, max_model_len = 8, 64

@@ -1177,3 +1177,37 @@ def test_sigterm_drains_then_cuts_after_grace(model_dir, tmp_path):
         assert srv.proc.wait(15) == 0
     finally:
         srv.stop()
+
+
+def test_priority_scheduling_through_the_server(model_dir, tmp_path):
+    """--scheduling-policy priority with one seat: while a long request runs, a priority 5 request
+    and then a priority -1 one queue; the -1 gets the seat first (vLLM's priority field, sent by
+    the openai client as an extra body field)."""
+    import threading
+
+    srv = Server(model_dir, tmp_path / "priority.log", "--scheduling-policy", "priority", "--max-num-seqs", "1",
+                 env={"MINILLM_TEST_STEP_DELAY": "0.02"})
+    try:
+        client = srv.client()
+        name = client.models.list().data[0].id
+        done: list[str] = []
+
+        def ask(tag: str, priority: int, max_tokens: int) -> None:
+            client.completions.create(model=name, prompt=f"request {tag}", max_tokens=max_tokens, temperature=0,
+                                      extra_body={"priority": priority, "ignore_eos": True})
+            done.append(tag)
+
+        threads = [threading.Thread(target=ask, args=("long", 0, 40))]
+        threads[0].start()
+        time.sleep(0.3)  # the long request holds the one seat
+        for tag, priority in (("low", 5), ("high", -1)):
+            threads.append(threading.Thread(target=ask, args=(tag, priority, 4)))
+            threads[-1].start()
+            time.sleep(0.1)
+        for t in threads:
+            t.join(60)
+        assert done == ["long", "high", "low"], done
+        with pytest.raises(openai.BadRequestError, match="priority must be an integer|'priority' must be"):
+            client.completions.create(model=name, prompt="x", max_tokens=1, extra_body={"priority": 1.5})
+    finally:
+        assert srv.stop() == 0, srv.text()

@@ -233,6 +233,7 @@ class LLMEngine:
         self.kv = self.model.allocate_kv_cache(self.num_blocks, self.block_size)
         self.block_manager = BlockManager(self.num_blocks, self.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, self.max_num_batched_tokens)
+        self.scheduling_policy = args.scheduling_policy
         self.runner = ModelRunner(self.model, self.backend, self.kv, self.block_manager, **self.runner_args)
         if self.proposer is not None:
             self.proposer.attach(self.block_manager)
@@ -339,9 +340,20 @@ class LLMEngine:
                     out.add(ids)
         return sorted(out)
 
+    def check_priority(self, priority) -> None:
+        """ValueError unless priority is an integer the scheduling policy takes (any under priority,
+        only 0 under fcfs, as vLLM refuses it)."""
+        if not isinstance(priority, (int, np.integer)) or isinstance(priority, bool):
+            raise ValueError(f"priority must be an integer, got {priority!r}")
+        if priority != 0 and self.scheduling_policy != "priority":
+            raise ValueError(f"priority {priority} needs priority scheduling; start the engine with "
+                             "--scheduling-policy priority (scheduling_policy=\"priority\"), or leave priority out")
+
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    request_id: str | None = None) -> str:
+                    request_id: str | None = None, priority: int = 0) -> str:
+        """Queue a request; its id. priority (--scheduling-policy priority only): lower runs first."""
         params = params or SamplingParams()
+        self.check_priority(priority)
         prompt_ids = self.encode_prompt(prompt, params)  # truncated as params.truncate_prompt_tokens asks
         self.validate_prompt(prompt_ids, params)
         request_id = request_id or uuid.uuid4().hex
@@ -350,6 +362,7 @@ class LLMEngine:
         # the runner keeps seeds in a uint64 buffer: a negative seed would raise there, mid-step
         seed = params.seed % 2**64 if params.seed is not None else self.rng.getrandbits(63)
         seq = Sequence(request_id, prompt_ids, params, seed)
+        seq.priority = priority
         if params.structured_outputs is not None:  # ValueError: the constraint does not compile
             seq.grammar = self.grammars.matcher(params.structured_outputs)
             seq.think_state = ThinkState.initial(params)

@@ -4,6 +4,9 @@ Each step has a budget of max_num_batched_tokens and at most max_num_seqs sequen
 sequences go first (oldest first): a decode takes one token (plus its speculative drafts), an
 unfinished prefill takes the next chunk of what the budget leaves. Then waiting sequences are
 admitted first-come first-served, preempted ones (which keep their arrival order) before newer.
+Under --scheduling-policy priority every "oldest" and "newest" here reads "by (priority,
+arrival)": a lower priority value runs first, ties by arrival (vLLM's order); under fcfs every
+priority is 0.
 
 When the pool has no block for a running sequence, the newest running sequence is preempted: its
 blocks are freed and it is recomputed later from its prompt plus the tokens it already produced,
@@ -24,6 +27,11 @@ from dataclasses import dataclass, field
 
 from minillm.engine.block_manager import BlockManager
 from minillm.engine.sequence import Sequence, Status
+
+
+def order(seq: Sequence) -> tuple[int, int]:
+    """A sequence's place in the queues: by priority (lower first), then arrival."""
+    return seq.priority, seq.arrival
 
 
 @dataclass
@@ -70,12 +78,20 @@ class Scheduler:
         self.bm = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []  # in arrival order, oldest first
+        self.waiting: deque[Sequence] = deque()  # in (priority, arrival) order
+        self.running: list[Sequence] = []  # the same order: the last is the one preemption picks
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        self._insert_waiting(seq)
+
+    def _insert_waiting(self, seq: Sequence) -> None:
+        """Into the waiting queue at its place by (priority, arrival): a new sequence of the same
+        priority goes last, a preempted one back before the newer ones."""
+        i = len(self.waiting)
+        while i > 0 and order(self.waiting[i - 1]) > order(seq):
+            i -= 1
+        self.waiting.insert(i, seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -87,11 +103,7 @@ class Scheduler:
         seq.draft_ids = []
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        # resume before newer requests: keep the waiting queue in arrival order
-        i = 0
-        while i < len(self.waiting) and self.waiting[i].arrival < seq.arrival:
-            i += 1
-        self.waiting.insert(i, seq)
+        self._insert_waiting(seq)  # resumes before newer requests
         out.preempted.append(seq)
 
     def schedule(self) -> SchedulerOutput:
@@ -137,10 +149,10 @@ class Scheduler:
             seq.status = Status.RUNNING
             if seq.first_scheduled_at is None:  # a resumed (preempted) sequence keeps its first
                 seq.first_scheduled_at = time.monotonic()
-            # keep running in arrival order (a resumed sequence goes back to its place), so the
-            # newest running sequence is always the last: the one preemption picks
+            # keep running in order (a resumed sequence goes back to its place), so the newest
+            # (or lowest-priority) running sequence is always the last: the one preemption picks
             i = len(self.running)
-            while i > 0 and self.running[i - 1].arrival > seq.arrival:
+            while i > 0 and order(self.running[i - 1]) > order(seq):
                 i -= 1
             self.running.insert(i, seq)
             out.scheduled.append(ScheduledSeq(seq, n))

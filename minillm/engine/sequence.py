@@ -22,6 +22,7 @@ class Sequence:
     def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams, seed: int):
         self.request_id = request_id
         self.arrival = next(_arrival)  # FCFS order; preempted sequences keep theirs
+        self.priority = 0  # --scheduling-policy priority: lower runs first (vLLM's); 0 under fcfs
         # seconds (time.monotonic) it was added and first scheduled: its time in the queue
         self.added_at = time.monotonic()
         self.first_scheduled_at: float | None = None

@@ -159,6 +159,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         vocab_size=eng.config.vocab_size, tokenizer=eng.tokenizer,
         generation_defaults=dict(eng.generation_defaults),
         grammars=getattr(eng, "grammars", None), tool_call_parser=tool_call_parser,
+        scheduling_policy=eng.scheduling_policy,
     )
     metrics = Metrics(engine)
 
@@ -380,11 +381,11 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         """One engine request a choice (ids rid, or rid-0, rid-1, ... for several); all or none
         are added."""
         if len(parsed.choices) == 1:
-            return [engine.add(rid, *parsed.choices[0])]
+            return [engine.add(rid, *parsed.choices[0], priority=parsed.priority)]
         streams = []
         try:
             for k, (ids, params) in enumerate(parsed.choices):
-                streams.append(engine.add(f"{rid}-{k}", ids, params))
+                streams.append(engine.add(f"{rid}-{k}", ids, params, priority=parsed.priority))
         except BaseException:
             for stream in streams:
                 stream.close()

@@ -131,13 +131,13 @@ class AsyncEngine:
         if not self.healthy:
             raise EngineUnavailable(f"the engine loop has stopped ({self.error!r}); see the server log")
 
-    def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> RequestStream:
+    def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams, priority: int = 0) -> RequestStream:
         self.check_admitting()
         stream = RequestStream(self, request_id, len(prompt_ids))
         self._streams[request_id] = stream
         if self.log_requests:
             log.info("%s", request_added_line(request_id, len(prompt_ids), params))
-        self._submit(("add", request_id, prompt_ids, params))
+        self._submit(("add", request_id, prompt_ids, params, priority))
         return stream
 
     def _release(self, stream: RequestStream) -> None:
@@ -210,9 +210,9 @@ class AsyncEngine:
             except queue.Empty:
                 return
             if cmd[0] == "add":
-                _, rid, prompt_ids, params = cmd
+                _, rid, prompt_ids, params, priority = cmd
                 try:
-                    eng.add_request(prompt_ids, params, rid)
+                    eng.add_request(prompt_ids, params, rid, priority)
                 except ValueError as e:  # validated before, so only a race could get here
                     self._post(self._reject, rid, EngineFailure(str(e), "invalid_request_error", 400))
                 except Exception as e:  # a bug in admission: fail this request loudly, keep serving others

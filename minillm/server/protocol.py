@@ -60,6 +60,8 @@ class ModelInfo:
     grammars: Any = None
     # how tool_choice "auto" reads an output for calls (tools.TOOL_CALL_PARSERS; --tool-call-parser)
     tool_call_parser: str = "hermes"
+    # --scheduling-policy: a request's priority field is taken under "priority" only
+    scheduling_policy: str = "fcfs"
 
 
 @dataclass
@@ -89,6 +91,8 @@ class ParsedRequest:
     # vLLM's return_tokens_as_token_ids: logprobs name each token "token_id:<id>" (tokens whose
     # text is not whole, e.g. byte pieces of one character, stay apart)
     tokens_as_ids: bool = False
+    # vLLM's priority (--scheduling-policy priority): lower is admitted first and preempted last
+    priority: int = 0
 
     @property
     def logprobs(self) -> bool:
@@ -372,7 +376,6 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool,
     # vLLM's extensions that change what is sampled: refused by name rather than silently ignored
     _refuse(body, "use_beam_search", (None, False), "beam search")
     _refuse(body, "logits_processors", (None,), "custom logits processors")
-    _refuse(body, "priority", (None, 0), "request priorities (the scheduler is first come, first served)")
     _refuse(body, "guided_whitespace_pattern", (None,), "a JSON whitespace pattern (disable_any_whitespace is)")
     if chat:
         # OpenAI's deprecated function calling: its functions would not reach the template, so refuse them
@@ -581,7 +584,8 @@ def parse_request(body: dict, info: ModelInfo, chat: bool) -> ParsedRequest:
                            continuous_usage, prompt_logprobs=_get(body, "prompt_logprobs", int, None),
                            tools=tools if tools is not None and tools.parses else None,
                            include_reasoning=_get(body, "include_reasoning", bool, True) if chat else True,
-                           tokens_as_ids=_get(body, "return_tokens_as_token_ids", bool, False))
+                           tokens_as_ids=_get(body, "return_tokens_as_token_ids", bool, False),
+                           priority=request_priority(body, info))
     if not chat and _get(body, "echo", bool, False):  # (chat's echo, vLLM's other meaning, is refused above)
         parsed.echo = True
         parsed.echo_only = body.get("max_tokens") == 0
@@ -591,6 +595,15 @@ def parse_request(body: dict, info: ModelInfo, chat: bool) -> ParsedRequest:
                  info.tokenizer.decode(ids, skip_special_tokens=False) for ids, (full, text) in zip(prompts, given)]
         parsed.echo_texts = [text for text in texts for _ in range(n)]
     return parsed
+
+
+def request_priority(body: dict, info: ModelInfo) -> int:
+    """vLLM's priority field: any integer under --scheduling-policy priority; 0 or absent otherwise."""
+    priority = _get(body, "priority", int, 0)
+    if priority != 0 and info.scheduling_policy != "priority":
+        raise ProtocolError(f"'priority' {priority} needs a server started with --scheduling-policy priority (this "
+                            "one serves first come, first served); leave it out or send 0", "priority")
+    return priority
 
 
 def truncated_prompts(body: dict, prompts: list[list[int]], info: ModelInfo, chat: bool) -> list[list[int]]:
