@@ -415,6 +415,62 @@ def test_serve_ladder_end_to_end(server, tiny, tmp_path, backend, capsys):
         assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_serve_ladder_on_a_custom_dataset(server, tiny, tmp_path, capsys):
+    """--dataset custom --dataset-path: the prompts of a JSONL file (vLLM's custom dataset), each
+    rung's in its own seeded order, repeated when the file is shorter than a rung (with a note)."""
+    from minillm.bench.dataset import load_tokenizer
+    from minillm.bench.serve import main
+
+    prompts = ["Summarise the plot of a short story about a lighthouse.", "Write a haiku about rain.",
+               "def fibonacci(n):"]
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p, "id": i}) + "\n" for i, p in enumerate(prompts)) + "\n")
+    out = tmp_path / "r.json"
+    rc = main(["--base-url", server.base, "--dataset", "custom", "--dataset-path", str(data), "--output-len", "5",
+               "--concurrency", "1,2", "--num-prompts", "2,4", "--ignore-eos", "--result-json", str(out),
+               "--timeout", "60"])
+    printed = capsys.readouterr()
+    assert rc == 0, printed.err + server.log.read_text()[-3000:]
+    res = json.loads(out.read_text())
+    assert res["dataset"] == {"name": "custom", "path": str(data), "prompts_in_file": 3, "output_len": 5, "seed": 0}
+    assert "prompts repeat" in printed.err  # the second rung sends 4 of a 3-prompt file
+    tok = load_tokenizer(str(tiny))
+    lengths = sorted(len(tok.encode(p, add_special_tokens=False)) for p in prompts)
+    for rung, n in zip(res["rungs"], [2, 4]):
+        assert (rung["ok"], rung["failed"], rung["output_tokens"]) == (n, 0, 5 * n)
+        assert lengths[0] * n <= rung["input_tokens"] <= lengths[-1] * n
+
+
+@pytest.mark.parametrize("lines, message", [
+    (None, "cannot read it"),
+    ("", "no prompts in it"),
+    ('{"prompt": "ok"}\nnot json\n', "line 2: not JSON"),
+    ('{"text": "no prompt key"}\n', 'line 1: each line must be an object with a non-empty "prompt"'),
+    ('["a list"]\n', 'line 1: each line must be an object'),
+    ('{"prompt": ""}\n', 'non-empty "prompt"'),
+])
+def test_serve_refuses_a_bad_custom_dataset_before_any_request(tmp_path, capsys, lines, message):
+    from minillm.bench.serve import main
+
+    path = tmp_path / "d.jsonl"
+    if lines is not None:
+        path.write_text(lines)
+    # nothing listens on port 9: a request sent would fail differently (and later)
+    assert main(["--base-url", "http://127.0.0.1:9", "--dataset", "custom", "--dataset-path", str(path)]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--dataset", "custom"], "--dataset custom needs --dataset-path"),
+    (["--dataset-path", "x.jsonl"], "--dataset-path is for --dataset custom"),
+])
+def test_serve_custom_dataset_flags_go_together(capsys, flags, message):
+    from minillm.bench.serve import main
+
+    assert main(["--base-url", "http://127.0.0.1:9", *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_arrival_offsets():
     """--request-rate: gamma gaps of mean 1 / rate (burstiness 1: exponential, a Poisson process),
     the first request at 0, the same offsets for the same seed; inf: everything at 0."""

@@ -3,16 +3,20 @@
 - `random_requests`: vLLM's random dataset. Token ids drawn uniformly from the vocabulary without
   special tokens, decoded to text, re-encoded and trimmed/padded until the text encodes to exactly
   the requested number of tokens (so the server, which only sees text, sees that many).
+- `custom_prompts` / `custom_requests`: vLLM's custom dataset, a JSONL file of {"prompt": text}
+  objects, one a line (the serve ladder draws each rung's prompts from it).
 - `nano_vllm_workload`: nano-vllm's offline workload (random token ids, lengths uniform in a range).
 - `load_tokenizer`: just the tokenizer of a model argument minillm understands.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -95,6 +99,41 @@ def random_requests(tok: Tokenizer, num_prompts: int, input_len: int, output_len
             raise RuntimeError(f"could not build a prompt of exactly {n_in} tokens with this tokenizer")
         requests.append(BenchRequest(prompt=found[0], prompt_ids=found[1], output_len=n_out))
     return requests
+
+
+def custom_prompts(path: str) -> list[str]:
+    """vLLM's custom dataset: every line of a JSONL file an object with a non-empty "prompt" string
+    (other keys are ignored; blank lines are skipped). ValueError naming the line otherwise."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"--dataset-path {path}: cannot read it as UTF-8 text ({e})") from None
+    prompts = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--dataset-path {path}, line {n}: not JSON ({e.msg})") from None
+        prompt = obj.get("prompt") if isinstance(obj, dict) else None
+        if not isinstance(prompt, str) or not prompt:
+            raise ValueError(f'--dataset-path {path}, line {n}: each line must be an object with a non-empty '
+                             f'"prompt" string, e.g. {{"prompt": "Summarise: ..."}}')
+        prompts.append(prompt)
+    if not prompts:
+        raise ValueError(f"--dataset-path {path}: no prompts in it (one JSON object a line)")
+    return prompts
+
+
+def custom_requests(tok: Tokenizer, prompts: list[str], num_prompts: int, output_len: int,
+                    seed: int | Sequence[int] = 0) -> list[BenchRequest]:
+    """num_prompts of the dataset's prompts in a seeded random order, each asking output_len tokens;
+    the file is gone through again (prompts repeat) when it holds fewer."""
+    order = np.random.default_rng(seed).permutation(len(prompts))
+    picked = [prompts[order[i % len(prompts)]] for i in range(num_prompts)]
+    return [BenchRequest(prompt=p, prompt_ids=tok.encode(p, add_special_tokens=False), output_len=output_len)
+            for p in picked]
 
 
 def nano_vllm_workload(allowed: list[int], num_seqs: int = 256, min_len: int = 100, max_len: int = 1024,

@@ -5,7 +5,9 @@
 
 Like `vllm bench serve` with `--dataset random` and `--max-concurrency`: each rung sends its prompts
 (fresh ones per rung, so a prefix cache cannot serve one rung from another) with at most c in flight,
-streams every response and times it. With --request-rate the requests also arrive over time, as
+streams every response and times it. `--dataset custom --dataset-path FILE.jsonl` sends real prompts
+instead (one {"prompt": text} a line, each rung in its own seeded order; with a file shorter than a
+rung they repeat). With --request-rate the requests also arrive over time, as
 `vllm bench serve --request-rate R --burstiness B` sends them (gamma-distributed gaps, mean 1 / R).
 A request fails on a non-200 status, an SSE error event, a
 broken or unterminated stream, a malformed chunk (its number and field named: "chunk 3:
@@ -28,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from minillm.args import STARTUP_ERRORS
-from minillm.bench.dataset import BenchRequest, load_tokenizer, random_requests
+from minillm.bench.dataset import BenchRequest, custom_prompts, custom_requests, load_tokenizer, random_requests
 from minillm.bench.report import (
     RequestResult,
     check_output_path,
@@ -89,7 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", default=None,
                    help="model path/alias whose tokenizer builds the prompts (default: --model if it is "
                         "a path, else the embedded default)")
-    p.add_argument("--dataset", choices=["random"], default="random")
+    p.add_argument("--dataset", "--dataset-name", choices=["random", "custom"], default="random",
+                   help="random: prompts of random tokens, --input-len long; custom: the prompts of --dataset-path "
+                        "(vLLM's names)")
+    p.add_argument("--dataset-path", default=None,
+                   help='with --dataset custom: a JSONL file, one {"prompt": text} object a line; each rung '
+                        "draws its prompts from it in a seeded order (repeating them when it holds fewer)")
     p.add_argument("--input-len", type=int, default=1024)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--range-ratio", type=float, default=0.0,
@@ -121,6 +128,11 @@ def check_args(args: argparse.Namespace) -> None:
     breaks the JSON body, a timeout <= 0 fails every request as if the server were at fault, and an
     infinite burstiness turns the arrival gaps into nan (every request sent at once under a finite
     --request-rate). A ValueError names the flag and what it takes."""
+    need((args.dataset == "custom") == (args.dataset_path is not None),
+         "--dataset custom needs --dataset-path FILE.jsonl" if args.dataset == "custom"
+         else "--dataset-path is for --dataset custom")
+    if args.dataset == "custom":  # read and checked before any request is sent
+        args.custom_prompts = custom_prompts(args.dataset_path)
     need(args.input_len >= 1, f"--input-len must be >= 1, got {args.input_len}")
     need(args.output_len >= 1, f"--output-len must be >= 1, got {args.output_len}")
     need(0 <= args.range_ratio < 1, f"--range-ratio must be in [0, 1), got {args.range_ratio}")
@@ -378,14 +390,23 @@ def run_ladder(args: argparse.Namespace) -> dict:
     result = {
         "benchmark": "serve", "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "base_url": args.base_url,
         "backend": args.backend, "model": model, "tokenizer": tok_src or "(embedded default)",
-        "dataset": {"name": args.dataset, "input_len": args.input_len, "output_len": args.output_len,
-                    "range_ratio": args.range_ratio, "seed": args.seed},
+        "dataset": ({"name": args.dataset, "input_len": args.input_len, "output_len": args.output_len,
+                     "range_ratio": args.range_ratio, "seed": args.seed} if args.dataset == "random" else
+                    {"name": "custom", "path": args.dataset_path, "prompts_in_file": len(args.custom_prompts),
+                     "output_len": args.output_len, "seed": args.seed}),
         "ignore_eos": args.ignore_eos, "temperature": args.temperature, "burstiness": args.burstiness,
         "rungs": [], "void": False,
     }
+    def rung_requests(n: int, output_len: int, seed: list[int], range_ratio: float) -> list[BenchRequest]:
+        if args.dataset == "custom":
+            return custom_requests(tok, args.custom_prompts, n, output_len, seed)
+        return random_requests(tok, n, args.input_len, output_len, range_ratio, seed)
+
+    if args.dataset == "custom" and max(nums) > len(args.custom_prompts):
+        print(f"note: {args.dataset_path} holds {len(args.custom_prompts)} prompts and a rung sends up to "
+              f"{max(nums)}: prompts repeat within a rung (a prefix cache then serves the repeats)", file=sys.stderr)
     if args.warmup > 0:
-        warm = random_requests(tok, args.warmup, args.input_len, min(args.output_len, 16), 0.0,
-                               [args.seed, 1 << 20])
+        warm = rung_requests(args.warmup, min(args.output_len, 16), [args.seed, 1 << 20], 0.0)
         results, _ = asyncio.run(run_rung(args.base_url, args.backend, model, warm, 1, args, False))
         failed = [r for r in results if not r.ok]
         if failed:
@@ -394,7 +415,7 @@ def run_ladder(args: argparse.Namespace) -> dict:
             print(f"warm-up request failed: {failed[0].error}", file=sys.stderr)
             return result
     for i, (c, n, rate) in enumerate(zip(rungs_c, nums, rates)):
-        requests = random_requests(tok, n, args.input_len, args.output_len, args.range_ratio, [args.seed, i])
+        requests = rung_requests(n, args.output_len, [args.seed, i], args.range_ratio)
         offsets = arrival_offsets(n, rate, args.burstiness, [args.seed, i, 1])
         results, duration = asyncio.run(run_rung(args.base_url, args.backend, model, requests, c, args,
                                                  offsets=offsets))
