@@ -416,3 +416,38 @@ def test_random_workloads_equal_synchronous(tiny, data):
     sync, asynchronous, _, async_engine = both(tiny, kw, prompts, params)
     assert asynchronous == sync
     assert len(sync) == n
+
+
+@settings(max_examples=int(os.environ.get("MINILLM_ASYNC_SPEC_EXAMPLES", "10")), deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data())
+def test_random_backoff_workloads_equal_synchronous(tiny, drafter, data):
+    """Random workloads on a DFlash engine whose drafter is never right, with random backoff
+    settings (and pools that preempt): the plain steps between probe rounds run ahead, and every
+    request comes out as from synchronous steps, with the same rounds and backoff counts; every
+    block is returned (drive). With disable_by_batch_size too, greedy requests only: the pause
+    follows the batch's size, which running ahead shifts by a step around admissions, and seeded
+    sampling draws differently in a drafting step."""
+    d = data.draw
+    max_num_seqs = d(st.integers(1, 4), "max_num_seqs")
+    spec = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": d(st.integers(1, 4), "k"),
+            "backoff_after": d(st.integers(1, 2), "backoff_after"),
+            "backoff_max_steps": d(st.sampled_from([1, 2, 8]), "backoff_max_steps")}
+    pause = d(st.sampled_from([None, 2, 3]), "disable_by_batch_size")
+    if pause is not None:
+        spec["disable_by_batch_size"] = pause
+    kw = dict(device="cpu", max_model_len=96, max_num_seqs=max_num_seqs,
+              max_num_batched_tokens=max(max_num_seqs * (1 + spec["num_speculative_tokens"]),
+                                         d(st.sampled_from([16, 64]), "budget")),
+              num_blocks=d(st.sampled_from([None, 10, 16]), "num_blocks"),
+              enable_prefix_caching=d(st.booleans(), "prefix_caching"), speculative_config=spec)
+    n = d(st.integers(1, 5), "requests")
+    rng = np.random.default_rng(d(st.integers(0, 2**16), "seed"))
+    prompts = [rng.integers(10, 4000, int(rng.integers(1, 24))).tolist() for _ in range(n)]
+    temperatures = [0.0] if pause is not None else [0.0, 0.9]
+    params = [SamplingParams(max_tokens=int(rng.integers(1, 41)), temperature=float(rng.choice(temperatures)), seed=i,
+                             ignore_eos=True) for i in range(n)]
+    sync, asynchronous, sync_engine, async_engine = both(tiny, kw, prompts, params)
+    assert asynchronous == sync and len(sync) == n
+    if pause is None:
+        assert async_engine.stats().spec == sync_engine.stats().spec
