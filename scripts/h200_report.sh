@@ -4234,6 +4234,23 @@ part241() {  # prepared in session 40 (not run): what running the plain steps be
   pack
 }
 
+part242a() {  # prepared in session 40 (not run): only brings the embedded GGUF's first half to /tmp
+  # (carry .gguf_a: split -n 2 the installed SmolLM2-135M-Instruct.Q4_1.gguf into .gguf_a / .gguf_b)
+  setup
+  ls -l /tmp/gguf_a | tee "$W/gguf_a.txt"
+}
+
+part242() {  # prepared in session 40 (not run), within 30 s of part242a on the same machine, carrying
+  # .gguf_b: issue 5's SmolLM2 figures on the GPU (only the CPU's, session 1, are recorded: no speedup
+  # there, the NumPy backend being compute-bound): `bench spec` with n-gram and self-drafting at k = 4
+  # and 8 on the copy-inviting chat prompts, then the SmolLM2 agreement test (~5 minutes)
+  setup
+  stage spec_smollm2_k4 150 python3 -m minillm.bench spec --device cuda --k 4 --result-json "$W/spec_smollm2_k4.json"
+  stage spec_smollm2_k8 150 python3 -m minillm.bench spec --device cuda --k 8 --result-json "$W/spec_smollm2_k8.json"
+  stage smollm2_gpu 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -s tests/test_gpu_engine.py -k smollm2
+  pack
+}
+
 racecheck_family() {  # racecheck_family NAME SECONDS ENV SANITIZER_ARGS: part228's small load (c = 1, 2 prompts
   # of 64 tokens, 16 out, steps of at most 16 rows, DFlash k = 8) under racecheck with the host's memory
   # logged and a guard that kills the server at 48 GB
