@@ -4151,13 +4151,11 @@ part236() {  # prepared in session 39 (not run): speculation's new switches on t
   # sequence at c = 1 and 16, beside the rejected round's cost (~6 minutes)
   setup
   # (the DFlash engine tests ran in part235 on the same code: 2 passed)
-  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
-    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
+  models_q8_dflash 90
   stage spec_cost_backoff_8b 300 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
     --concurrency 1,16 --accept 0 --backoff-after 2 --backoff-output-len 256 --result-json "$W/spec_cost_backoff_8b.json"
   # session 40: part235's DFlash piece passed 110 GB under racecheck with 16 tokens out; again with 5
-  stage models_shallow 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b --num-layers 2 $M/q06s --force &&
-    python3 -m minillm.tools.random_model --dflash-for $M/q06s $M/q06s-dflash --force"
+  models_shallow 40
   stage racecheck_dflash 150 python3 scripts/sanitize_pieces.py $M/q06s --drafter $M/q06s-dflash --out "$W/pieces" \
     --tool racecheck --no-cublas --host-memory-limit-gb 110 --timeout 120 --pieces dflash
   cat "$W/racecheck_dflash.log"
@@ -4168,13 +4166,11 @@ part237() {  # session 40: racecheck of the pieces that combine the load's parts
   # DFlash k = 8, and a ~3,000-token context with DFlash (verification over a split context); then the
   # 8B spec-cost bench's backoff runs over the whole ladder c = 1-16 (~6 minutes)
   setup
-  stage models_shallow 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b --num-layers 2 $M/q06s --force &&
-    python3 -m minillm.tools.random_model --dflash-for $M/q06s $M/q06s-dflash --force"
+  models_shallow 40
   stage racecheck_combined 240 python3 scripts/sanitize_pieces.py $M/q06s --drafter $M/q06s-dflash --out "$W/pieces" \
     --tool racecheck --no-cublas --host-memory-limit-gb 110 --timeout 110 --pieces batch8_dflash,long_dflash
   cat "$W/racecheck_combined.log"
-  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
-    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
+  models_q8_dflash 90
   stage spec_cost_backoff_ladder 200 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
     --concurrency 1,2,4,8,16 --accept 0 --backoff-after 2 --backoff-output-len 256 \
     --result-json "$W/spec_cost_backoff_ladder.json"
@@ -4184,8 +4180,7 @@ part237() {  # session 40: racecheck of the pieces that combine the load's parts
 part238() {  # session 40: memcheck, initcheck and synccheck over every piece of the load (offline, each
   # in its own process, cuBLAS in: these tools see it), the 2-layer 0.6B-width model (~6 minutes)
   setup
-  stage models_shallow 40 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b --num-layers 2 $M/q06s --force &&
-    python3 -m minillm.tools.random_model --dflash-for $M/q06s $M/q06s-dflash --force"
+  models_shallow 40
   stage other_tools 480 python3 scripts/sanitize_pieces.py $M/q06s --drafter $M/q06s-dflash --out "$W/pieces" \
     --tool memcheck,initcheck,synccheck --host-memory-limit-gb 110 --timeout 120
   cat "$W/other_tools.log"
@@ -4199,11 +4194,8 @@ part239() {  # session 40: a speculative engine's plain steps between rounds (ba
   setup
   stage engine_tests 200 python3 -m pytest -v -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py
   tail -2 "$W/engine_tests.log"
-  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
-    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
-  stage spec_cost_backoff_async 240 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --concurrency 1,4,16 --accept 0 --backoff-after 2 --backoff-output-len 256 --backoff-repeats 3 \
-    --result-json "$W/spec_cost_backoff_async.json"
+  models_q8_dflash 90
+  spec_cost_backoff spec_cost_backoff_async 240
   pack
 }
 
@@ -4211,11 +4203,8 @@ part240() {  # session 40: part239's backoff runs again with the decode clock st
   # has its first token (part239's per-call split charged the async plain engine's prefill to its first
   # decode call: backoff came out 4.6% faster than plain at c = 16) (~3 minutes)
   setup
-  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
-    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
-  stage spec_cost_backoff_async 240 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --concurrency 1,4,16 --accept 0 --backoff-after 2 --backoff-output-len 256 --backoff-repeats 3 \
-    --result-json "$W/spec_cost_backoff_async.json"
+  models_q8_dflash 90
+  spec_cost_backoff spec_cost_backoff_async 240
   pack
 }
 
@@ -4224,11 +4213,8 @@ part241() {  # prepared in session 40 (not run): what running the plain steps be
   # (backoff_sync_tok_s) beside async, against async plain decoding; then every GPU engine test with the
   # llguidance wheel carried (part239's two structured-output failures were its absence) (~6 minutes)
   setup
-  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
-    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
-  stage spec_cost_backoff_ab 300 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --concurrency 1,4,16 --accept 0 --backoff-after 2 --backoff-output-len 256 --backoff-repeats 3 \
-    --result-json "$W/spec_cost_backoff_ab.json"
+  models_q8_dflash 90
+  spec_cost_backoff spec_cost_backoff_ab 300
   stage engine_tests 200 python3 -m pytest -v -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py
   tail -2 "$W/engine_tests.log"
   pack
@@ -4249,6 +4235,22 @@ part242() {  # prepared in session 40 (not run), within 30 s of part242a on the 
   stage spec_smollm2_k8 150 python3 -m minillm.bench spec --device cuda --k 8 --result-json "$W/spec_smollm2_k8.json"
   stage smollm2_gpu 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -s tests/test_gpu_engine.py -k smollm2
   pack
+}
+
+models_q8_dflash() {  # the 8B shape and its random DFlash drafter (timeout in seconds)
+  stage models "$1" bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
+}
+
+models_shallow() {  # a 2-layer model of the 0.6B widths and its DFlash drafter, for sanitizer runs (timeout)
+  stage models_shallow "$1" bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b --num-layers 2 \
+    $M/q06s --force && python3 -m minillm.tools.random_model --dflash-for $M/q06s $M/q06s-dflash --force"
+}
+
+spec_cost_backoff() {  # spec_cost_backoff NAME TIMEOUT: the 8B spec-cost bench, nothing accepted, c = 1, 4, 16,
+  # with backoff_after 2 over 256 tokens a sequence, plain and backoff alternated 3 times
+  stage "$1" "$2" python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 --concurrency 1,4,16 \
+    --accept 0 --backoff-after 2 --backoff-output-len 256 --backoff-repeats 3 --result-json "$W/$1.json"
 }
 
 racecheck_family() {  # racecheck_family NAME SECONDS ENV SANITIZER_ARGS: part228's small load (c = 1, 2 prompts

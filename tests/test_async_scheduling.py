@@ -50,6 +50,16 @@ def drive(engine: LLMEngine, prompts, params, async_scheduling: bool, abort_at: 
     return {rid: v if v == "aborted" else (*v, streamed.get(rid, "")) for rid, v in done.items()}
 
 
+def async_engine_with(tiny, kw, prompts, params) -> LLMEngine:
+    """An engine scheduling asynchronously with the requests added (ids "0", "1", ...), for tests
+    that drive its steps by hand."""
+    engine = LLMEngine(model=str(tiny), **kw)
+    engine.async_scheduling = True
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        engine.add_request(p, sp, request_id=str(i))
+    return engine
+
+
 def both(tiny, kw, prompts, params, **drive_kw):
     sync_engine, async_engine = LLMEngine(model=str(tiny), **kw), LLMEngine(model=str(tiny), **kw)
     sync = drive(sync_engine, prompts, params, False, **drive_kw)
@@ -203,10 +213,7 @@ def test_aborts_while_backing_off(tiny, drafter):
                                   "backoff_after": 1, "backoff_max_steps": 8})
     prompts, params = workload(tiny, kw, n=8, seed=4)
     ref = drive(LLMEngine(model=str(tiny), **kw), prompts, params, False)
-    engine = LLMEngine(model=str(tiny), **kw)
-    engine.async_scheduling = True
-    for i, (p, sp) in enumerate(zip(prompts, params)):
-        engine.add_request(p, sp, request_id=str(i))
+    engine = async_engine_with(tiny, kw, prompts, params)
     done, aborted = {}, []
     while engine.has_unfinished():
         running = [s for s in engine.scheduler.running if not s.finished]
@@ -242,10 +249,7 @@ def test_turning_it_off_mid_run(tiny):
     kw = dict(device="cpu", max_model_len=256, max_num_seqs=4)
     prompts, params = workload(tiny, kw, n=5, seed=6)
     ref = drive(LLMEngine(model=str(tiny), **kw), prompts, params, False)
-    engine = LLMEngine(model=str(tiny), **kw)
-    engine.async_scheduling = True
-    for i, (p, sp) in enumerate(zip(prompts, params)):
-        engine.add_request(p, sp, request_id=str(i))
+    engine = async_engine_with(tiny, kw, prompts, params)
     done = {}
     steps = 0
     while engine.has_unfinished():
