@@ -55,8 +55,9 @@ def bodies(chat: bool):
 def server(tmp_path_factory):
     path: Path = tmp_path_factory.mktemp("tiny-qwen3")
     make_tiny("qwen3", path)
+    # priority scheduling, so that random priorities (huge and negative ones too) reach the scheduler
     srv = Server(path, tmp_path_factory.mktemp("log") / "server.log", "--max-model-len", "128",
-                 "--max-num-seqs", "8", "--reasoning-parser", "qwen3")
+                 "--max-num-seqs", "8", "--reasoning-parser", "qwen3", "--scheduling-policy", "priority")
     yield srv
     assert srv.stop() == 0
     assert "Traceback" not in srv.text()
