@@ -204,6 +204,35 @@ def test_emulated_graphs_match_eager(monkeypatch, pair, draft_vocab):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_backing_off_steps_run_ahead_on_graphs(monkeypatch, pair):
+    """backoff_after on emulated graphs: the plain steps between probe rounds run ahead (async
+    scheduling) as graph replays that fill their input ids on the device and store the drafter's
+    context; tokens, drafts and counts are the eager engine's, and plain decoding's."""
+    target, drafter = pair
+    plain = [o.token_ids for o in LLM(target, device="cpu", max_model_len=256).generate(PROMPTS, GREEDY)]
+    cfg = {**spec(drafter, 3), "backoff_after": 1, "backoff_max_steps": 4}
+    eager = LLM(target, device="cpu", max_model_len=256, max_num_seqs=8, enforce_eager=True,
+                speculative_config=cfg)
+    graphs = emulated_llm(monkeypatch, target, max_num_seqs=8, speculative_config=cfg)
+    eng, ahead = graphs.engine, []
+    run_ahead = eng._step_async
+
+    def step_async():  # the graph replays of each step that ran ahead
+        before = eng.runner.replays
+        out = run_ahead()
+        ahead.append(eng.runner.replays - before)
+        return out
+
+    eng._step_async = step_async
+    drafts = {}
+    for name, llm in (("eager", eager), ("graphs", graphs)):
+        drafts[name] = record_drafts(llm)
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == plain
+    assert drafts["graphs"] == drafts["eager"] and drafts["eager"]
+    assert eng.stats().spec == eager.engine.stats().spec and eng.stats().spec["backoff_steps"] > 0
+    assert eng.num_pipelined_steps > 0 and sum(ahead) > 0, ahead
+
+
 def test_drafting_steps_compute_logits_for_the_drafts_only(monkeypatch, pair):
     """A drafting step computes the LM head for each block's rows 1..k only (the drafts; the
     runner's logits_window), eagerly and in graph replays; those rows' drafts are the ones a
