@@ -216,6 +216,32 @@ def test_rung_stats_on_constructed_timings():
     json.dumps(s, allow_nan=False)
 
 
+def test_goodput_counts_the_requests_that_met_every_slo():
+    """--goodput (vllm bench serve's): TTFTs are 100-400 ms, TPOTs 100 ms, latencies 1.1-1.4 s."""
+    results = _results(4, 1)
+    s = report.rung_stats(results, duration=2.0, concurrency=4, slos_ms={"ttft": 250.0})
+    assert (s["goodput_ok"], s["goodput_requests_s"]) == (2, pytest.approx(1.0))  # 100 and 200 ms
+    s = report.rung_stats(results, 2.0, 4, {"ttft": 1000.0, "tpot": 99.0})
+    assert s["goodput_ok"] == 0  # every TPOT is 100 ms
+    s = report.rung_stats(results, 2.0, 4, {"ttft": 1000.0, "tpot": 100.0, "e2el": 1300.0})
+    assert s["goodput_ok"] == 3  # the 1.4 s request misses e2el; the failed one never counts
+    assert "goodput" in report.format_table([s])
+    assert "goodput_ok" not in report.rung_stats(results, 2.0, 4) and "goodput" not in report.format_table(
+        [report.rung_stats(results, 2.0, 4)])
+    one = RequestResult(True, prompt_len=5, output_tokens=1, ttft=0.05, latency=0.05)  # no TPOT to miss
+    assert report.meets_slos(one, {"tpot": 1.0, "ttft": 60.0})
+
+
+def test_goodput_flag_parsing(capsys):
+    from minillm.bench.serve import main, slo
+
+    assert slo("ttft:200") == ("ttft", 200.0) and slo("e2el:1.5") == ("e2el", 1.5)
+    for bad in ("ttft", "itl:5", "tpot:x", "tpot:0", "tpot:inf", "tpot:nan"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            slo(bad)
+    _refused(capsys, main, ["--base-url", _closed_url(), "--goodput", "ttft:1", "ttft:2"], "--goodput")
+
+
 def test_a_failed_request_voids_the_rung_and_stops_the_ladder():
     s = report.rung_stats(_results(3, 1), duration=1.0, concurrency=4)
     assert (s["ok"], s["failed"], s["void"]) == (3, 1, True)
@@ -428,11 +454,13 @@ def test_serve_ladder_on_a_custom_dataset(server, tiny, tmp_path, capsys):
     out = tmp_path / "r.json"
     rc = main(["--base-url", server.base, "--dataset", "custom", "--dataset-path", str(data), "--output-len", "5",
                "--concurrency", "1,2", "--num-prompts", "2,4", "--ignore-eos", "--result-json", str(out),
-               "--timeout", "60"])
+               "--timeout", "60", "--goodput", "e2el:600000", "ttft:0.001"])
     printed = capsys.readouterr()
     assert rc == 0, printed.err + server.log.read_text()[-3000:]
     res = json.loads(out.read_text())
     assert res["dataset"] == {"name": "custom", "path": str(data), "prompts_in_file": 3, "output_len": 5, "seed": 0}
+    assert res["goodput_slos_ms"] == {"e2el": 600000.0, "ttft": 0.001} and "goodput" in printed.out
+    assert all(r["goodput_ok"] == 0 for r in res["rungs"])  # no first token within a microsecond
     assert "prompts repeat" in printed.err  # the second rung sends 4 of a 3-prompt file
     tok = load_tokenizer(str(tiny))
     lengths = sorted(len(tok.encode(p, add_special_tokens=False)) for p in prompts)

@@ -59,8 +59,20 @@ def _ms(x: float | None) -> float | None:
     return None if x is None else x * 1000.0
 
 
-def rung_stats(results: list[RequestResult], duration: float, concurrency: int) -> dict:
-    """One rung's figures (times in ms). `void` is True when any request failed."""
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")  # vllm bench serve's --goodput keys (values in ms)
+
+
+def meets_slos(r: RequestResult, slos_ms: dict[str, float]) -> bool:
+    """Whether a finished request met every service-level objective (ms): time to first token,
+    time per output token (a one-token output has none to miss), end-to-end latency."""
+    got = {"ttft": r.ttft, "tpot": tpot(r) or 0.0, "e2el": r.latency}
+    return all(got[k] is not None and 1e3 * got[k] <= v for k, v in slos_ms.items())
+
+
+def rung_stats(results: list[RequestResult], duration: float, concurrency: int,
+               slos_ms: dict[str, float] | None = None) -> dict:
+    """One rung's figures (times in ms). `void` is True when any request failed. With slos_ms
+    (vllm bench serve's --goodput), `goodput_requests_s`: the requests a second that met them all."""
     ok = [r for r in results if r.ok]
     failed = len(results) - len(ok)
     out_tok = sum(r.output_tokens for r in ok)
@@ -69,6 +81,10 @@ def rung_stats(results: list[RequestResult], duration: float, concurrency: int) 
     tpots = [t for t in (tpot(r) for r in ok) if t is not None]
     itls = [g for r in ok for g in r.itl]
     errors = list(dict.fromkeys(r.error for r in results if not r.ok))[:5]  # distinct, in order
+    goodput = {}
+    if slos_ms:
+        good = sum(meets_slos(r, slos_ms) for r in ok)
+        goodput = {"goodput_ok": good, "goodput_requests_s": good / duration if duration > 0 else 0.0}
     return {
         "concurrency": concurrency, "num_prompts": len(results), "ok": len(ok), "failed": failed,
         "void": failed > 0, "duration_s": duration,
@@ -81,6 +97,7 @@ def rung_stats(results: list[RequestResult], duration: float, concurrency: int) 
         "tpot_ms_mean": _ms(mean(tpots)), "tpot_ms_p50": _ms(percentile(tpots, 50)),
         "tpot_ms_p99": _ms(percentile(tpots, 99)),
         "itl_ms_mean": _ms(mean(itls)), "itl_ms_p99": _ms(percentile(itls, 99)),
+        **goodput,
         "errors": errors,
     }
 
@@ -109,6 +126,8 @@ def format_table(rungs: list[dict]) -> str:
     columns = list(_COLUMNS)
     if any(r.get("request_rate") is not None for r in rungs):
         columns.insert(1, ("rate", "request_rate", "g"))
+    if any("goodput_requests_s" in r for r in rungs):
+        columns.insert(columns.index(("req/s", "requests_s", ".2f")) + 1, ("goodput", "goodput_requests_s", ".2f"))
     head = [h for h, _, _ in columns] + ["status"]
     rows = [head]
     for r in rungs:

@@ -32,6 +32,7 @@ import numpy as np
 from minillm.args import STARTUP_ERRORS
 from minillm.bench.dataset import BenchRequest, custom_prompts, custom_requests, load_tokenizer, random_requests
 from minillm.bench.report import (
+    GOODPUT_METRICS,
     RequestResult,
     check_output_path,
     format_table,
@@ -69,6 +70,20 @@ def rate_list(text: str) -> list[float]:
     if not values or not all(v >= MIN_REQUEST_RATE for v in values):  # nan fails every comparison
         raise argparse.ArgumentTypeError(f"expected rates >= {MIN_REQUEST_RATE:g} requests/s (or inf), got {text!r}")
     return values
+
+
+def slo(text: str) -> tuple[str, float]:
+    """--goodput's KEY:MS, e.g. ttft:200."""
+    key, _, value = text.partition(":")
+    if key not in GOODPUT_METRICS:
+        raise argparse.ArgumentTypeError(f"expected KEY:MS with KEY one of {', '.join(GOODPUT_METRICS)}, got {text!r}")
+    try:
+        ms = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected KEY:MS with MS a number of milliseconds, got {text!r}") from None
+    if not (math.isfinite(ms) and ms > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number of milliseconds > 0, got {text!r}")
+    return key, ms
 
 
 def arrival_offsets(n: int, rate: float, burstiness: float, seed) -> list[float]:
@@ -118,6 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=1, help="untimed requests before the ladder")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per request")
     p.add_argument("--keep-going", action="store_true", help="run every rung even after a VOID one")
+    p.add_argument("--goodput", nargs="+", type=slo, default=None, metavar="KEY:MS",
+                   help="service-level objectives, e.g. --goodput ttft:200 tpot:50 e2el:5000 (ms; keys "
+                        f"{', '.join(GOODPUT_METRICS)}): each rung also reports the requests a second that met them "
+                        "all (vllm bench serve's request goodput)")
     p.add_argument("--result-json", default=None)
     p.add_argument("--plot", default=None, help="PNG of output tok/s and TPOT vs concurrency")
     return p
@@ -128,6 +147,9 @@ def check_args(args: argparse.Namespace) -> None:
     breaks the JSON body, a timeout <= 0 fails every request as if the server were at fault, and an
     infinite burstiness turns the arrival gaps into nan (every request sent at once under a finite
     --request-rate). A ValueError names the flag and what it takes."""
+    keys = [k for k, _ in args.goodput or []]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    need(not twice, f"--goodput names {', '.join(twice)} more than once")
     need((args.dataset == "custom") == (args.dataset_path is not None),
          "--dataset custom needs --dataset-path FILE.jsonl" if args.dataset == "custom"
          else "--dataset-path is for --dataset custom")
@@ -395,6 +417,7 @@ def run_ladder(args: argparse.Namespace) -> dict:
                     {"name": "custom", "path": args.dataset_path, "prompts_in_file": len(args.custom_prompts),
                      "output_len": args.output_len, "seed": args.seed}),
         "ignore_eos": args.ignore_eos, "temperature": args.temperature, "burstiness": args.burstiness,
+        "goodput_slos_ms": dict(args.goodput) if args.goodput else None,
         "rungs": [], "void": False,
     }
     def rung_requests(n: int, output_len: int, seed: list[int], range_ratio: float) -> list[BenchRequest]:
@@ -419,7 +442,7 @@ def run_ladder(args: argparse.Namespace) -> dict:
         offsets = arrival_offsets(n, rate, args.burstiness, [args.seed, i, 1])
         results, duration = asyncio.run(run_rung(args.base_url, args.backend, model, requests, c, args,
                                                  offsets=offsets))
-        rung = rung_stats(results, duration, c)
+        rung = rung_stats(results, duration, c, dict(args.goodput) if args.goodput else None)
         rung["request_rate"] = None if rate == float("inf") else rate  # JSON has no inf
         result["rungs"].append(rung)
         status = "VOID: " + "; ".join(rung["errors"]) if rung["void"] else "ok"
