@@ -24,6 +24,8 @@ STARTUP_ERRORS = (ValueError, OSError, NotImplementedError, ImportError, Runtime
 @dataclass
 class EngineArgs:
     model: str | None = None
+    # vLLM's --tokenizer: an HF directory whose tokenizer (and chat template) replaces the model's
+    tokenizer: str | None = None
     device: str = "auto"
     dtype: str = "auto"
     max_num_seqs: int = 16
@@ -110,6 +112,8 @@ class EngineArgs:
         need(self.device in DEVICES, f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         need(self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         need(self.max_num_seqs >= 1, f"--max-num-seqs must be >= 1, got {self.max_num_seqs}")
+        need(self.tokenizer is None or (isinstance(self.tokenizer, str) and self.tokenizer != ""),
+             f"--tokenizer must be an HF directory's path, got {self.tokenizer!r}")
         need(self.scheduling_policy in SCHEDULING_POLICIES,
              f"--scheduling-policy must be one of {', '.join(SCHEDULING_POLICIES)}, got {self.scheduling_policy!r}")
         need(self.max_model_len is None or self.max_model_len >= 1,
@@ -150,6 +154,10 @@ def add_engine_args(p: argparse.ArgumentParser, model_positional: bool = True) -
         p.add_argument("model", nargs="?", default=argparse.SUPPRESS,
                        help="HF model directory, .gguf file, or alias (default: the embedded SmolLM2-135M)")
         p.add_argument("--model", dest="model", default=None, metavar="MODEL", help="the model, as a flag")
+    p.add_argument("--tokenizer", default=None, metavar="DIR",
+                   help="an HF directory whose tokenizer.json (and tokenizer_config.json's chat template and special "
+                        "tokens) to use instead of the model's (vLLM's flag): a checkpoint saved without one, or a "
+                        "GGUF file with its base model's tokenizer")
     p.add_argument("--device", choices=DEVICES, default=d["device"].default)
     p.add_argument("--dtype", choices=DTYPES, default=d["dtype"].default,
                    help="compute dtype (auto: float32 on cpu, bfloat16 on cuda)")

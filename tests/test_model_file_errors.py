@@ -358,3 +358,60 @@ def test_chat_refuses_bad_sampling_defaults_with_one_line(tiny, tmp_path):
     r = subprocess.run([sys.executable, "-m", "minillm.chat", str(path), "--device", "cpu"], input="hi\n",
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     one_error_line(r, "'top_p'")
+
+
+# ---- --tokenizer (vLLM's flag): the tokenizer from another HF directory ----------------------------
+def test_tokenizer_flag_supplies_a_checkpoint_without_one(tiny, tmp_path):
+    """A checkpoint saved without tokenizer files: refused with a message that names --tokenizer;
+    with --tokenizer naming the base model's directory it generates what the full directory does,
+    chat template included."""
+    from minillm import LLM
+    from minillm.models.loader import load_model
+
+    bare = copy_of(tiny, tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (bare / name).unlink(missing_ok=True)
+    with pytest.raises(FileNotFoundError, match="--tokenizer"):
+        load_model(str(bare))
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    chat = [{"role": "user", "content": "the quick brown fox"}]
+    want = LLM(str(tiny), device="cpu", max_model_len=128)
+    got = LLM(str(bare), device="cpu", max_model_len=128, tokenizer=str(tiny))
+    text = ["the quick brown fox"]
+    assert got.generate(text, params)[0].text == want.generate(text, params)[0].text
+    assert got.chat(chat, params)[0].token_ids == want.chat(chat, params)[0].token_ids
+
+
+def test_tokenizer_flag_on_a_gguf_and_its_refusals(tmp_path):
+    """A GGUF file takes an HF tokenizer (its chat template too); a tokenizer with ids past the
+    model's embedding, or a --tokenizer that is not a directory, is refused before any weight loads."""
+    from minillm.models.loader import load_model
+
+    from hf_models import write_byte_tokenizer
+
+    cfg = tiny_config("llama")
+    gguf, _ = write_model(tmp_path / "m.gguf", cfg, random_weights(cfg))
+    byte_dir = tmp_path / "bytes"
+    byte_dir.mkdir()
+    write_byte_tokenizer(byte_dir)  # 256 tokens: within the GGUF's 271
+    loaded = load_model(str(gguf), tokenizer=str(byte_dir))
+    assert len(loaded.tokenizer.encode("hi", add_special_tokens=False)) == 2  # one token a byte
+    assert loaded.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}]) == "<user>hi\n<assistant>"
+    big = random_model.write_random_model(tmp_path / "big", "tiny", seed=1)  # 4096 tokens
+    with pytest.raises(ValueError, match="has id 4\\d{3}, but the model.s vocab_size is 271"):
+        load_model(str(gguf), tokenizer=str(big))
+    with pytest.raises(FileNotFoundError, match="--tokenizer .*not a directory"):
+        load_model(str(gguf), tokenizer=str(tmp_path / "nowhere"))
+
+
+def test_tokenizer_flag_on_the_command_line(tiny, tmp_path):
+    """minillm.generate --tokenizer DIR; a bad one is one error line."""
+    bare = copy_of(tiny, tmp_path)
+    (bare / "tokenizer.json").unlink()
+    r = subprocess.run([sys.executable, "-m", "minillm.generate", str(bare), "--device", "cpu", "--tokenizer",
+                        str(tiny), "--prompt", "hello", "--max-tokens", "3", "--ignore-eos", "--json"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and '"finish_reason": "length"' in r.stdout, r.stderr
+    one_error_line(subprocess.run([sys.executable, "-m", "minillm.generate", str(tiny), "--device", "cpu",
+                                   "--tokenizer", str(tmp_path / "nowhere"), "--prompt", "hi"],
+                                  cwd=ROOT, capture_output=True, text=True, timeout=120), "not a directory")

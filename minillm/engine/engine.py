@@ -175,7 +175,7 @@ class LLMEngine:
         args = args or EngineArgs(**kwargs)
         self.args = args
         template = read_chat_template(args.chat_template) if args.chat_template is not None else None
-        self.loaded = loaded or load_model(args.model)
+        self.loaded = loaded or load_model(args.model, tokenizer=args.tokenizer)
         cfg = self.loaded.config
         self.config = cfg
         self.tokenizer = self.loaded.tokenizer

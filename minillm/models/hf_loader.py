@@ -346,8 +346,9 @@ def load_safetensors(files: list[Path]) -> dict[str, np.ndarray]:
     return out
 
 
-def load_hf_dir(path: str | Path):
-    """(ModelConfig, weights, Tokenizer, generation defaults) from an HF directory."""
+def load_hf_dir(path: str | Path, tokenizer_dir: Path | None = None):
+    """(ModelConfig, weights, Tokenizer, generation defaults) from an HF directory; the tokenizer
+    from tokenizer_dir instead when given (--tokenizer)."""
     path = Path(path)
     cfg = config_from_hf(read_json(path / "config.json"), str(path / "config.json"))
     gen = {}
@@ -361,7 +362,8 @@ def load_hf_dir(path: str | Path):
         token_ids(gen, "bos_token_id", str(gen_path), cfg.vocab_size)
     weights = load_safetensors(_tensor_files(path))
     check_weights(weights, cfg, str(path))
-    tokenizer = Tokenizer.from_hf_dir(path, eos_token_ids=cfg.eos_token_ids, vocab_size=cfg.vocab_size)
+    tokenizer = Tokenizer.from_hf_dir(tokenizer_dir or path, eos_token_ids=cfg.eos_token_ids,
+                                      vocab_size=cfg.vocab_size)
     for i in tokenizer.eos_token_ids:
         if i not in cfg.eos_token_ids:
             cfg.eos_token_ids.append(i)

@@ -52,16 +52,32 @@ def resolve_model_path(model: str | None) -> Path:
     return path
 
 
-def load_model(model: str | None = None) -> LoadedModel:
+def tokenizer_dir(tokenizer: str) -> Path:
+    """--tokenizer's directory (vLLM's flag): an HF directory holding tokenizer.json."""
+    path = Path(tokenizer).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(f"--tokenizer {tokenizer!r}: not a directory; give an HF directory holding "
+                                "tokenizer.json (and tokenizer_config.json for the chat template)")
+    return path
+
+
+def load_model(model: str | None = None, tokenizer: str | None = None) -> LoadedModel:
+    """The model's config, weights, tokenizer and generation defaults; tokenizer (vLLM's
+    --tokenizer) takes the tokenizer, its special tokens and chat template from another HF directory."""
     path = resolve_model_path(model)
+    tok_dir = tokenizer_dir(tokenizer) if tokenizer is not None else None  # before any weight is read
     if path.is_dir():
         from minillm.models.hf_loader import load_hf_dir
 
-        cfg, weights, tok, gen = load_hf_dir(path)
+        cfg, weights, tok, gen = load_hf_dir(path, tokenizer_dir=tok_dir)
     elif path.suffix == ".gguf":
         from minillm.models.gguf_loader import load_gguf
+        from minillm.models.tokenizer import Tokenizer
 
         cfg, weights, tok, gen = load_gguf(path)
+        if tok_dir is not None:
+            tok = Tokenizer.from_hf_dir(tok_dir, eos_token_ids=cfg.eos_token_ids, vocab_size=cfg.vocab_size)
+            cfg.eos_token_ids += [i for i in tok.eos_token_ids if i not in cfg.eos_token_ids]
     else:
         raise ValueError(
             f"{path}: not a model; give an HF directory (config.json + *.safetensors) or a .gguf file"

@@ -96,7 +96,8 @@ class Tokenizer:
         tj = path / "tokenizer.json"
         if not tj.exists():
             raise FileNotFoundError(
-                f"{tj}: missing; minillm needs a fast-tokenizer tokenizer.json beside config.json"
+                f"{tj}: missing; minillm needs a fast-tokenizer tokenizer.json beside config.json, or "
+                "--tokenizer naming an HF directory that has one"
             )
         regular_file(tj)
         try:
@@ -277,9 +278,9 @@ def _check_ids_below(vocab_size: int, tok: HFTokenizer, listed: list, added: dic
     (i, token), where = max(largest, key=lambda p: p[0][0])
     if i >= vocab_size:
         raise ValueError(
-            f"{where}: token {_shown(token)} has id {i}, but config.json's vocab_size is {vocab_size} (the "
+            f"{where}: token {_shown(token)} has id {i}, but the model's vocab_size is {vocab_size} (the "
             f"embedding's rows), so every id must be below it: these tokenizer files do not belong to these "
-            "weights; use the model's own tokenizer files"
+            "weights; use the model's own tokenizer files (or a --tokenizer of its base model)"
         )
 
 
