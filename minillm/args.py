@@ -56,6 +56,12 @@ class EngineArgs:
     # vLLM's trust_remote_code: taken and without effect, since no model's own code ever runs here
     # (the architectures are built in; a checkpoint's auto_map is never imported)
     trust_remote_code: bool = False
+    # vLLM's flags for what minillm has one way of doing, so their usual command lines run here: prompts
+    # are always chunked (by max_num_batched_tokens), the KV cache is kept in the compute dtype, and
+    # weights are the checkpoint's floats (a GGUF file's dequantized at load). Other values are refused.
+    enable_chunked_prefill: bool | None = None
+    kv_cache_dtype: str = "auto"
+    quantization: str | None = None
     # vLLM's --scheduling-policy: "fcfs" (first come, first served), or "priority": each request's
     # priority (an integer, lower first, default 0) orders admission and picks preemption's victim
     scheduling_policy: str = "fcfs"
@@ -112,6 +118,16 @@ class EngineArgs:
         need(self.device in DEVICES, f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         need(self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         need(self.max_num_seqs >= 1, f"--max-num-seqs must be >= 1, got {self.max_num_seqs}")
+        need(self.enable_chunked_prefill is not False,
+             "--no-enable-chunked-prefill: minillm always splits a long prompt into chunks of the step's token "
+             "budget; set that budget with --max-num-batched-tokens instead (a prompt fits one step when it is "
+             "at least the prompt's length)")
+        need(self.kv_cache_dtype == "auto",
+             f"--kv-cache-dtype {self.kv_cache_dtype}: the KV cache is kept in the compute dtype (--dtype); only "
+             "auto is supported")
+        need(self.quantization is None or (self.quantization == "gguf" and str(self.model or "").endswith(".gguf")),
+             f"--quantization {self.quantization}: minillm runs a checkpoint's float weights (a GGUF file's are "
+             "dequantized at load, --quantization gguf); leave the flag out")
         need(self.tokenizer is None or (isinstance(self.tokenizer, str) and self.tokenizer != ""),
              f"--tokenizer must be an HF directory's path, got {self.tokenizer!r}")
         need(self.scheduling_policy in SCHEDULING_POLICIES,
@@ -193,6 +209,12 @@ def add_engine_args(p: argparse.ArgumentParser, model_positional: bool = True) -
                    help="vLLM's flag: only 1 (minillm runs a model on one GPU)")
     p.add_argument("--pipeline-parallel-size", "-pp", type=int, default=d["pipeline_parallel_size"].default,
                    help="vLLM's flag: only 1")
+    p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None,
+                   help="vLLM's flag: prompts are always chunked by --max-num-batched-tokens (--no-... is refused)")
+    p.add_argument("--kv-cache-dtype", default=d["kv_cache_dtype"].default,
+                   help="vLLM's flag: only auto (the KV cache is kept in the compute dtype)")
+    p.add_argument("--quantization", "-q", default=None,
+                   help="vLLM's flag: only gguf, with a .gguf model (dequantized at load)")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="vLLM's flag, accepted: no model's own code ever runs here (the architectures are built in)")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,

@@ -66,7 +66,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "objects separated by ; (Llama 3.1-3.3 templates)")
     p.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="accepted for vLLM's command lines: tool_choice \"auto\" is always on here")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-level", "--uvicorn-log-level", default="info",
+                   choices=["trace", "debug", "info", "warning", "error", "critical"],
+                   help="the server's log level (--uvicorn-log-level: vLLM's name; trace is debug here)")
     p.add_argument("--disable-log-stats", action="store_true",
                    help="no periodic stats line (throughput, running / waiting, KV cache use, speculation)")
     p.add_argument("--log-stats-interval", type=float, default=10.0,
@@ -167,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     if problem := server_flag_problem(ns):
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    level = "DEBUG" if ns.log_level == "trace" else ns.log_level.upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_stack_dumps()
     config = _hypercorn_config(ns.host, ns.port)
     try:

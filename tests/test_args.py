@@ -77,6 +77,24 @@ def test_vllm_parallelism_and_remote_code_flags():
         EngineArgs(trust_remote_code="yes")
 
 
+def test_vllm_flags_for_what_minillm_does_one_way():
+    """--enable-chunked-prefill, --kv-cache-dtype auto, --quantization gguf (with a .gguf model) and
+    --uvicorn-log-level are taken from vLLM command lines; what minillm cannot do is refused by name."""
+    from minillm.serve import parse_args
+
+    ns = parse_args(["m.gguf", "--enable-chunked-prefill", "--kv-cache-dtype", "auto", "-q", "gguf",
+                     "--uvicorn-log-level", "warning"])
+    args = EngineArgs.from_cli(ns)
+    assert (args.enable_chunked_prefill, args.kv_cache_dtype, args.quantization) == (True, "auto", "gguf")
+    assert ns.log_level == "warning"
+    for kw, message in ((dict(enable_chunked_prefill=False), "--no-enable-chunked-prefill: minillm always splits"),
+                        (dict(kv_cache_dtype="fp8"), "--kv-cache-dtype fp8: the KV cache is kept in the compute"),
+                        (dict(quantization="awq"), "--quantization awq: minillm runs a checkpoint's float weights"),
+                        (dict(model="dir", quantization="gguf"), "--quantization gguf")):
+        with pytest.raises(ValueError, match=message):
+            EngineArgs(**kw)
+
+
 def test_tensor_parallel_above_one_fails_the_cli_in_one_line(capsys):
     from minillm.generate import main
 
