@@ -125,7 +125,10 @@ class EngineArgs:
         need(self.kv_cache_dtype == "auto",
              f"--kv-cache-dtype {self.kv_cache_dtype}: the KV cache is kept in the compute dtype (--dtype); only "
              "auto is supported")
-        need(self.quantization is None or (self.quantization == "gguf" and str(self.model or "").endswith(".gguf")),
+        from minillm.models.loader import DEFAULT_MODEL_ALIAS
+
+        gguf = self.model in (None, DEFAULT_MODEL_ALIAS) or str(self.model).endswith(".gguf")  # the default is one
+        need(self.quantization is None or (self.quantization == "gguf" and gguf),
              f"--quantization {self.quantization}: minillm runs a checkpoint's float weights (a GGUF file's are "
              "dequantized at load, --quantization gguf); leave the flag out")
         need(self.tokenizer is None or (isinstance(self.tokenizer, str) and self.tokenizer != ""),

@@ -87,6 +87,7 @@ def test_vllm_flags_for_what_minillm_does_one_way():
     args = EngineArgs.from_cli(ns)
     assert (args.enable_chunked_prefill, args.kv_cache_dtype, args.quantization) == (True, "auto", "gguf")
     assert ns.log_level == "warning"
+    assert EngineArgs(quantization="gguf").quantization == "gguf"  # the embedded default model is a GGUF file
     for kw, message in ((dict(enable_chunked_prefill=False), "--no-enable-chunked-prefill: minillm always splits"),
                         (dict(kv_cache_dtype="fp8"), "--kv-cache-dtype fp8: the KV cache is kept in the compute"),
                         (dict(quantization="awq"), "--quantization awq: minillm runs a checkpoint's float weights"),
