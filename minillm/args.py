@@ -15,9 +15,10 @@ DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
+SCHEDULING_POLICIES = ("fcfs", "priority")
+
 # What building an engine from user input raises for the user's or the machine's reasons (bad flags,
 # a model path or file, sizing, no GPU, no memory): the CLIs print one "error:" line and exit 2
-SCHEDULING_POLICIES = ("fcfs", "priority")
 STARTUP_ERRORS = (ValueError, OSError, NotImplementedError, ImportError, RuntimeError, MemoryError)
 
 
