@@ -13,8 +13,6 @@ from dataclasses import dataclass, fields
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-
-
 SCHEDULING_POLICIES = ("fcfs", "priority")
 
 # What building an engine from user input raises for the user's or the machine's reasons (bad flags,
