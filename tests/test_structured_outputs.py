@@ -127,13 +127,14 @@ def test_speculative_is_lossless_under_a_constraint(smol):
     prompts = [QUESTION, [{"role": "user", "content": "Say something about cats."}]]
     want = [o.token_ids for o in smol.chat(prompts, params)]
     from minillm.models.loader import default_model_path
-    for spec in ({"method": "draft_model", "model": str(default_model_path()), "num_speculative_tokens": 3},
-                 {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}):
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
+    for spec in ({"method": "draft_model", "model": str(default_model_path()), "num_speculative_tokens": 3}, ngram):
         llm = LLM(device="cpu", max_model_len=512, max_num_seqs=4, speculative_config=spec)
         got = [o.token_ids for o in llm.chat(prompts, params)]
         assert got == want, spec["method"]
         if spec["method"] == "draft_model":
             assert llm.engine.spec_stats.accepted > 0  # drafts were verified under the masks
+
 
 
 def test_random_model_follows_the_constraint(tiny):
@@ -148,6 +149,28 @@ def test_random_model_follows_the_constraint(tiny):
         assert set(v) == {"a", "b"} and 0 <= v["a"] <= 9 and v["b"] in ("x", "yz"), o.text
         seen.add(o.text)
     assert len(seen) > 1  # the seeds sampled different outputs, each inside the constraint
+
+
+def test_constrained_steps_between_rounds_run_ahead(tiny, drafter):
+    """A random DFlash drafter is never right, so sequences back off; the plain steps between probe
+    rounds run ahead (async), each constrained row's mask taken once the step before is accepted:
+    the outputs are the synchronous engine's (seeded ones too: backoff is decided per sequence),
+    the greedy one plain decoding's, and all parse."""
+    params = [SamplingParams(temperature=t, seed=s, max_tokens=40,
+                             structured_outputs=SO(json=SMALL, disable_any_whitespace=True))
+              for t, s in ((0.0, 0), (1.0, 1), (1.0, 2))]
+    plain = LLM(str(tiny), device="cpu", max_model_len=128).generate(["hello"], params[:1])[0].token_ids
+    spec = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": 3, "backoff_after": 1,
+            "backoff_max_steps": 8}
+    outs = {}
+    for ahead in (False, None):  # None: LLM's default, async scheduling
+        llm = LLM(str(tiny), device="cpu", max_model_len=128, speculative_config=spec, async_scheduling=ahead)
+        outs[ahead] = llm.generate(["hello"] * 3, params)
+        assert llm.engine.spec_stats.backoff_steps > 0
+    assert llm.engine.num_pipelined_steps > 0
+    assert [o.token_ids for o in outs[None]] == [o.token_ids for o in outs[False]]
+    assert outs[None][0].token_ids == plain
+    assert all(set(json.loads(o.text)) == {"a", "b"} for o in outs[None])
 
 
 @pytest.mark.parametrize("kwargs, match", [
