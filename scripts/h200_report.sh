@@ -4237,6 +4237,23 @@ part242() {  # prepared in session 40 (not run), within 30 s of part242a on the 
   pack
 }
 
+part243() {  # prepared in session 40 (not run): part237's batch8_dflash piece (eight sequences with DFlash
+  # k = 8) passed 110 GB of host memory under racecheck with every kernel instrumented; racecheck's memory
+  # grows with the CTAs it checks, so here each of the families that use shared memory (session 39,
+  # part231) is instrumented alone: the skinny products, the one-row GEMVs, the paged attention, the
+  # norms (~7 minutes)
+  setup
+  models_shallow 40
+  local family
+  for family in skinny gemv paged norm; do
+    stage "racecheck_batch8_dflash_$family" 100 python3 scripts/sanitize_pieces.py $M/q06s --drafter $M/q06s-dflash \
+      --out "$W/pieces_$family" --tool racecheck --no-cublas --host-memory-limit-gb 110 --timeout 90 \
+      --pieces batch8_dflash --sanitizer-args="--kernel-name kns=$family" $([ "$family" = skinny ] || echo --no-compile-first)
+    cat "$W/racecheck_batch8_dflash_$family.log"
+  done
+  pack
+}
+
 models_q8_dflash() {  # the 8B shape and its random DFlash drafter (timeout in seconds)
   stage models "$1" bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
