@@ -23,11 +23,12 @@ def test_stats_line_figures():
     prev = EngineStats(prompt_tokens=100, generation_tokens=50)
     now = EngineStats(running=3, waiting=1, blocks_total=200, blocks_used=50, preemptions=2,
                       prefix_cache_hit_rate=0.25, prompt_tokens=300, generation_tokens=90,
-                      spec={"rounds": 10, "acceptance_rate": 0.5, "mean_acceptance_length": 2.5, "paused_steps": 4})
+                      spec={"rounds": 10, "acceptance_rate": 0.5, "mean_acceptance_length": 2.5, "paused_steps": 4,
+                            "backoff_steps": 7})
     line = stats_line(prev, now, 4.0)
     assert line.startswith("engine: prompt 50.0 tok/s, generation 10.0 tok/s, running 3, waiting 1, ")
     assert "KV cache 25.0% used, prefix cache hit rate 25.0%, preemptions 2" in line
-    assert line.endswith("speculation: acceptance 0.50, mean length 2.50, paused 4 steps")
+    assert line.endswith("speculation: acceptance 0.50, mean length 2.50, paused 4 steps, backed off 7 steps")
     # no speculation figures before a round; nothing at all for an idle interval
     assert "speculation" not in stats_line(prev, EngineStats(running=1, spec={"rounds": 0}), 1.0)
     assert stats_line(now, EngineStats(prompt_tokens=300, generation_tokens=90), 10.0) is None

@@ -38,6 +38,8 @@ def stats_line(prev: EngineStats, now: EngineStats, seconds: float) -> str | Non
                  f"{spec['mean_acceptance_length']:.2f}")
         if spec.get("paused_steps"):
             line += f", paused {spec['paused_steps']} steps"
+        if spec.get("backoff_steps"):  # plain steps of sequences whose drafts keep missing (backoff_after)
+            line += f", backed off {spec['backoff_steps']} steps"
     return line
 
 
