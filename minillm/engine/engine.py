@@ -441,7 +441,7 @@ class LLMEngine:
         tokens = self.runner.collect(handle)
         if prof is not None:
             prof.executed()
-        uses_hidden = self.proposer is not None and getattr(self.proposer, "uses_target_hidden", False)
+        uses_hidden = self._drafter_reads_hidden()
         # (a DFlash drafter's context K/V was stored inside runner.launch: its after_forward)
         token_list = tokens.tolist()  # one conversion instead of an int() per sequence
         prompt_rows = self._prompt_rows(sched.scheduled) if self._sync_requests else []
@@ -542,7 +542,7 @@ class LLMEngine:
         defer = any(item.seq.params.needs_history for item in sched.scheduled)
         handle = self.runner.launch(sched.scheduled, readback=True, defer_sampling=defer)
         # what the step will have done once it completes, recorded now (the next schedule plans on it)
-        uses_hidden = self.proposer is not None and getattr(self.proposer, "uses_target_hidden", False)
+        uses_hidden = self._drafter_reads_hidden()
         r = 0
         for item in sched.scheduled:
             seq = item.seq
@@ -705,6 +705,11 @@ class LLMEngine:
         if seq.spec_misses >= after:
             seq.spec_skip = min(self.spec.backoff_max_steps, 2 ** (seq.spec_misses - after))
 
+    def _drafter_reads_hidden(self) -> bool:
+        """A DFlash drafter: each target step stores its context K/V (runner.after_forward), so a
+        computed row is computed for the drafter too."""
+        return self.proposer is not None and getattr(self.proposer, "uses_target_hidden", False)
+
     def _commit_blocks(self, seq: Sequence) -> None:
         """Register seq's completed full blocks in the prefix cache; with a drafter keeping KV in the
         same blocks, only those both models have computed."""
@@ -721,10 +726,9 @@ class LLMEngine:
         running = self.scheduler.running
         if any(s.draft_ids for s in running):
             return False
-        limit = self.spec.disable_by_batch_size
         # decided on the sequences of the step in flight, as a synchronous engine decides right after
         # launching it (admitting more keeps it paused)
-        self._ahead_paused = limit is not None and len(running) >= limit
+        self._ahead_paused = self._batch_pauses()
         if self._ahead_paused:
             return True
         # a waiting sequence would draft right after its prefill
@@ -749,11 +753,15 @@ class LLMEngine:
         """vLLM's disable_by_batch_size: no drafts for the next step while at least that many
         sequences run. Each sequence then decodes plainly; a drafter keeps its context current (DFlash
         through every target step, a draft model by catching up when drafting resumes)."""
-        limit = self.spec.disable_by_batch_size
-        paused = limit is not None and len(self.scheduler.running) >= limit
+        paused = self._batch_pauses()
         if paused:
             self.spec_stats.paused_steps += 1
         return paused
+
+    def _batch_pauses(self) -> bool:
+        """disable_by_batch_size's test on the running sequences (no count; _pause_speculation counts)."""
+        limit = self.spec.disable_by_batch_size
+        return limit is not None and len(self.scheduler.running) >= limit
 
     def _draft_budgets(self) -> tuple[list[Sequence], list[int]]:
         """Every running sequence that decodes next step and how many drafts it may verify there

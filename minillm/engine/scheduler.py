@@ -34,6 +34,15 @@ def order(seq: Sequence) -> tuple[int, int]:
     return seq.priority, seq.arrival
 
 
+def insert_in_order(queue: list[Sequence] | deque[Sequence], seq: Sequence) -> None:
+    """seq into a queue kept in order(), after every sequence that does not come later (searched
+    from the end: a new arrival usually belongs there)."""
+    i = len(queue)
+    while i > 0 and order(queue[i - 1]) > order(seq):
+        i -= 1
+    queue.insert(i, seq)
+
+
 @dataclass
 class ScheduledSeq:
     seq: Sequence
@@ -83,15 +92,7 @@ class Scheduler:
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
-        self._insert_waiting(seq)
-
-    def _insert_waiting(self, seq: Sequence) -> None:
-        """Into the waiting queue at its place by (priority, arrival): a new sequence of the same
-        priority goes last, a preempted one back before the newer ones."""
-        i = len(self.waiting)
-        while i > 0 and order(self.waiting[i - 1]) > order(seq):
-            i -= 1
-        self.waiting.insert(i, seq)
+        insert_in_order(self.waiting, seq)  # last among its priority
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -103,7 +104,7 @@ class Scheduler:
         seq.draft_ids = []
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self._insert_waiting(seq)  # resumes before newer requests
+        insert_in_order(self.waiting, seq)  # resumes before newer requests of its priority
         out.preempted.append(seq)
 
     def schedule(self) -> SchedulerOutput:
@@ -151,10 +152,7 @@ class Scheduler:
                 seq.first_scheduled_at = time.monotonic()
             # keep running in order (a resumed sequence goes back to its place), so the newest
             # (or lowest-priority) running sequence is always the last: the one preemption picks
-            i = len(self.running)
-            while i > 0 and order(self.running[i - 1]) > order(seq):
-                i -= 1
-            self.running.insert(i, seq)
+            insert_in_order(self.running, seq)
             out.scheduled.append(ScheduledSeq(seq, n))
             budget -= n
         return out
