@@ -219,7 +219,8 @@ class NumpyBackend:
             self.matmul(plan.normed, lw.qkv, out=plan.qkv, bias=lw.qkv_bias)
             self.qk_norm_rope_store_kv(q, k, v, lw.q_norm, lw.k_norm, c.rms_norm_eps, positions,
                                        plan.cos_sin, k_cache[i], v_cache[i], slot_mapping)
-            self.paged_attention(q, k_cache[i], v_cache[i], block_tables, seq_lens, plan.query_start,
+            # the first sequence's keys only: a graph's step also holds padding sequences after it
+            self.paged_attention(q, k_cache[i], v_cache[i], block_tables[:1], seq_lens[:1], plan.query_start,
                                  plan.scale, out=plan.attn)
             self.matmul(plan.attn.reshape(1, c.q_size), lw.o, out=hidden)
             self.rms_norm(hidden, lw.mlp_norm, c.rms_norm_eps, out=plan.normed, residual=residual)

@@ -279,7 +279,7 @@ class LLMEngine:
             self.runner._spec_k = k
             rows = [1] + ([1 + k] if k else [])
             self.runner.capture_graphs(graph_buckets(args.max_num_seqs), rows, forward_only=True)
-            if hasattr(self.proposer, "capture_graphs"):  # a DFlash drafter's drafting step
+            if hasattr(self.proposer, "capture_graphs"):  # a drafter's steps (DFlash's block, a draft model's)
                 self.proposer.capture_graphs(graph_buckets(args.max_num_seqs))
         if hasattr(self.backend, "seal"):
             self.backend.seal()  # from here on any device allocation raises, with its call site

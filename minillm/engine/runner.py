@@ -211,6 +211,9 @@ class ModelRunner:
         self.after_forward: Callable[[StepInputs, int], None] | None = None
         self.graphs: dict = {}
         self._spec_k = 0  # rows per sequence of a verification graph, minus one
+        # a draft model's runner: runs of up to 1 + _spec_k new tokens without drafts, sampling
+        # only their last row, also replay the (bucket, 1 + _spec_k) graphs (DraftModelProposer)
+        self.catch_up_graphs = False
         self.replay_timer = None  # a benchmark may wrap graph replays to time them
         self.replays = 0  # graph replays so far (tests check that graphs were used)
         self.num_fill = 0  # rows of the prepared step whose input id comes from the device
@@ -309,6 +312,8 @@ class ModelRunner:
 
     def _logits_rows(self, T: int, seqs: int) -> int:
         """Logits rows of a graph of T token rows over seqs sequences."""
+        if self.catch_up_graphs:  # a draft model's steps sample one row a sequence
+            return seqs
         return T if self.logits_window is None else seqs * self.logits_window[1]
 
     def _prepare_decode_rows(self, B: int) -> None:
@@ -877,7 +882,7 @@ class ModelRunner:
             for bk in self.graph_buckets:
                 T = bk * rows
                 R = self._logits_rows(T, bk)
-                if T > self.max_tokens or T > self.max_logits or bk > self.max_seqs:
+                if T > self.max_tokens or R > self.max_logits or bk > self.max_seqs:
                     continue
                 self._pad(0, 0, 0, bk, T, R)
                 self.buf.upload(bk + 1)
@@ -899,8 +904,14 @@ class ModelRunner:
         rows = 1
         changed = False  # some row's logits change between forward and sampler
         for item in batch:
-            if item.all_logits or not item.samples or item.num_new != 1 + item.num_draft:
+            if item.all_logits or not item.samples:
                 return None  # prefill chunks run eagerly
+            if item.num_new != 1 + item.num_draft:
+                # a draft model's catch-up (catch_up_graphs): its last token and the one before
+                # it, which it drafted but had not seen (every draft accepted), one logits row
+                if not self.catch_up_graphs or item.num_draft or item.num_new > 1 + self._spec_k:
+                    return None  # prefill chunks run eagerly
+                rows = 1 + self._spec_k
             if item.num_draft:
                 if item.num_draft > self._spec_k:
                     return None  # more rows than any graph has (the attention hint would be short)
