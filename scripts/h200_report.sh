@@ -4254,6 +4254,40 @@ part243() {  # prepared in session 40 (not run): part237's batch8_dflash piece (
   pack
 }
 
+part244a() {  # session 41: only brings the embedded GGUF's first half to /tmp (carry .snap/.gguf_a)
+  setup
+  ls -l /tmp/gguf_a | tee "$W/gguf_a.txt"
+}
+
+part244() {  # session 41, within 30 s of part244a, carrying .gguf_b: part242's SmolLM2 `bench spec` again
+  # with the draft model's steps on CUDA graphs (part242: self-drafting 0.10x / 0.08x plain at k = 4 / 8,
+  # every drafter step eager) and each departure from plain decoding judged a bf16 near-tie or not; the
+  # GPU engine tests of speculation and the SmolLM2 agreement (~4 minutes)
+  setup
+  stage spec_smollm2_k4 150 python3 -m minillm.bench spec --device cuda --k 4 --result-json "$W/spec_smollm2_k4.json"
+  stage spec_smollm2_k8 150 python3 -m minillm.bench spec --device cuda --k 8 --result-json "$W/spec_smollm2_k8.json"
+  stage spec_gpu_tests 200 python3 -m pytest -v -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py \
+    -k "speculation or smollm2 or dflash"
+  tail -3 "$W/spec_gpu_tests.log"
+  pack
+}
+
+part245() {  # session 41: part243 again with --no-cublas keeping every step within the project's products'
+  # 256 rows (part243: the 480-row prefill went to cuBLAS, whose uninstrumented kernels stop racecheck under
+  # --kernel-name: "failed to handle a hardware exception"); batch8_dflash under racecheck, one shared-memory
+  # kernel family at a time (~6 minutes)
+  setup
+  models_shallow 40
+  local family
+  for family in skinny gemv paged norm; do
+    stage "racecheck_batch8_dflash_$family" 110 python3 scripts/sanitize_pieces.py $M/q06s --drafter $M/q06s-dflash \
+      --out "$W/pieces_$family" --tool racecheck --no-cublas --host-memory-limit-gb 110 --timeout 100 \
+      --pieces batch8_dflash --sanitizer-args="--kernel-name kns=$family" $([ "$family" = skinny ] || echo --no-compile-first)
+    cat "$W/racecheck_batch8_dflash_$family.log"
+  done
+  pack
+}
+
 models_q8_dflash() {  # the 8B shape and its random DFlash drafter (timeout in seconds)
   stage models "$1" bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"

@@ -37,24 +37,31 @@ SHORT = "the quick brown fox jumps over the lazy dog " * 6  # ~60 tokens
 LONG = "the quick brown fox jumps over the lazy dog " * 150  # ~3,000 tokens (Qwen3's and the random presets')
 
 
-def piece_args(name: str, drafter: str | None, k: int) -> list[str]:
-    """minillm.generate's flags for one piece (after the model and the common flags)."""
+def piece_args(name: str, drafter: str | None, k: int, max_rows: int | None = None) -> list[str]:
+    """minillm.generate's flags for one piece (after the model and the common flags). max_rows: the
+    most token rows a step may hold (--no-cublas: the project's products take at most 256 rows;
+    past that, cuBLAS would)."""
     spec = (["--speculative-config", json.dumps({"method": "dflash", "model": drafter, "num_speculative_tokens": k})]
             if drafter else [])
     eight = [a for i in range(8) for a in ("--prompt", f"{i}: {SHORT}")]
+
+    def budget(n: int) -> list[str]:
+        return ["--max-num-batched-tokens", str(min(n, max_rows or n))]
+
     pieces = {
-        "batch8": ["--max-num-seqs", "8", "--max-num-batched-tokens", "512", *eight, "--max-tokens", "4"],
-        "long": ["--max-num-seqs", "1", "--max-num-batched-tokens", "1024", "--prompt", LONG, "--max-tokens", "4"],
+        "batch8": ["--max-num-seqs", "8", *budget(512), *eight, "--max-tokens", "4"],
+        "long": ["--max-num-seqs", "1", *budget(1024), "--prompt", LONG, "--max-tokens", "4"],
         # five tokens, two or more rounds a sequence: with 16 the piece passed 110 GB of host memory
         # under racecheck before it finished (part235)
-        "dflash": [*spec, "--max-num-seqs", "2", "--max-num-batched-tokens", "256", "--prompt", SHORT,
+        "dflash": [*spec, "--max-num-seqs", "2", *budget(256), "--prompt", SHORT,
                    "--prompt", "2: " + SHORT, "--max-tokens", "5"],
-        "batch8_dflash": [*spec, "--max-num-seqs", "8", "--max-num-batched-tokens", "512", *eight,
-                          "--max-tokens", "5"],
-        "long_dflash": [*spec, "--max-num-seqs", "1", "--max-num-batched-tokens", "1024", "--prompt", LONG,
-                        "--max-tokens", "4"],
+        "batch8_dflash": [*spec, "--max-num-seqs", "8", *budget(512), *eight, "--max-tokens", "5"],
+        "long_dflash": [*spec, "--max-num-seqs", "1", *budget(1024), "--prompt", LONG, "--max-tokens", "4"],
     }
     return pieces[name]
+
+
+OWN_GEMM_MAX_ROWS = 256  # MINILLM_GEMM=own: cuda/gemv.cu and cuda/gemm.cu take products of up to this many rows
 
 
 PIECES = ("batch8", "long", "dflash", "batch8_dflash", "long_dflash")
@@ -103,8 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--sanitizer-args", default="", help='more compute-sanitizer flags, e.g. "--show-backtrace no"')
     p.add_argument("--no-cublas", action="store_true",
-                   help="MINILLM_GEMM=own: no cuBLAS kernel in the process (under racecheck an uninstrumented "
-                        "one stops the tool)")
+                   help=f"MINILLM_GEMM=own and steps of at most {OWN_GEMM_MAX_ROWS} tokens: no cuBLAS kernel in "
+                        "the process (under racecheck an uninstrumented one, e.g. with --kernel-name, stops the tool)")
     p.add_argument("--host-memory-limit-gb", type=float, default=None,
                    help="kill a piece whose processes hold more (default: 85%% of the host's memory)")
     p.add_argument("--timeout", type=float, default=600, help="seconds a piece may run (default 600)")
@@ -130,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     common = [sys.executable, "-m", "minillm.generate", args.model, "--device", args.device, "--max-model-len",
               str(args.max_model_len), "--enforce-eager", "--no-enable-prefix-caching", "--ignore-eos", "--json"]
+    max_rows = OWN_GEMM_MAX_ROWS if args.no_cublas else None
+
     def tool_env(tool: str) -> dict:
         env = server_env(tool)  # initcheck: cuBLAS's outputs zeroed first (it cannot see cuBLAS's writes)
         if args.no_cublas:
@@ -137,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         return env
 
     if args.device == "cuda" and not args.no_compile_first:
-        first = common + piece_args(names[0], args.drafter, args.k)
+        first = common + piece_args(names[0], args.drafter, args.k, max_rows)
         r = subprocess.run(first, capture_output=True, text=True, env=tool_env(tools[0]), timeout=args.timeout)
         print(f"compiled (the first piece without the sanitizer): exit {r.returncode}", flush=True)
     records, ok = [], True
@@ -146,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             tag = name if len(tools) == 1 else f"{tool}-{name}"
             san_log = out / f"sanitizer-{tag}.log"
             cmd = (["compute-sanitizer", "--tool", tool, "--error-exitcode", "3", "--log-file", str(san_log)]
-                   + args.sanitizer_args.split() + common + piece_args(name, args.drafter, args.k))
+                   + args.sanitizer_args.split() + common + piece_args(name, args.drafter, args.k, max_rows))
             rec = {"tool": tool, **run_piece(tag, cmd, tool_env(tool), out, limit, args.timeout)}
             text = san_log.read_text(errors="replace") if san_log.exists() else ""
             rec["sanitizer_clean"], rec["sanitizer_summary"] = sanitizer_clean(text)

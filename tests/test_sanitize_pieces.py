@@ -99,3 +99,21 @@ def test_each_tool_runs_every_piece(tiny, tmp_path):
 def test_bad_arguments_are_refused(tmp_path, args, message):
     r, _ = run(tmp_path, "MODEL", *args)
     assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def test_no_cublas_caps_every_step_at_the_own_products_rows():
+    """--no-cublas: no piece's step holds more token rows than MINILLM_GEMM=own's kernels take (a
+    product past them goes to cuBLAS, whose uninstrumented kernels stop racecheck under
+    --kernel-name: part243); without it the pieces keep their own budgets."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import sanitize_pieces as sp
+
+    def budgets(max_rows):
+        out = []
+        for name in sp.PIECES:
+            args = sp.piece_args(name, "drafter", 8, max_rows)
+            out.append(int(args[args.index("--max-num-batched-tokens") + 1]))
+        return out
+
+    assert max(budgets(None)) == 1024 and 512 in budgets(None)
+    assert max(budgets(sp.OWN_GEMM_MAX_ROWS)) == sp.OWN_GEMM_MAX_ROWS == 256
