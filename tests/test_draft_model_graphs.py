@@ -10,7 +10,6 @@ plumbing: graph selection for the catch-up runs, padding, one logits row a seque
 from __future__ import annotations
 
 import pytest
-from hf_models import make_tiny
 from test_dflash_graphs import emulated_llm
 
 from minillm import LLM, SamplingParams
@@ -18,6 +17,8 @@ from minillm.engine.engine import graph_buckets
 from minillm.engine.runner import FORWARD_ONLY
 from minillm.engine.scheduler import ScheduledSeq
 from minillm.engine.sequence import Sequence
+
+from hf_models import make_tiny
 
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7], list(range(1, 21)) + [1, 2, 3], [9, 9, 9],
            [100, 101, 102, 100, 101], [42], list(range(30, 70))] * 2
