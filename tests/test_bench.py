@@ -809,6 +809,144 @@ def test_spec_bench_on_the_cpu(tiny, tmp_path, capsys):
     assert main([str(tiny), "--device", "cpu", "--k", "2", "--max-tokens", "6", "--result-json", str(out)]) == 0
     r = json.loads(out.read_text())
     assert set(r) == {"none", "ngram", "self-draft"} and all(v["lossless"] for v in r.values())
+    assert all(v["verdict"] == "yes" and v["departures"] == [] for v in r.values())
+    table = capsys.readouterr().out
+    assert table.splitlines()[0].endswith("lossless") and "departs" not in table
+    assert [line.split()[-1] for line in table.splitlines()[1:4]] == ["yes", "yes", "yes"]
+
+
+def test_spec_bench_judge_departure():
+    """A departure is a near-tie when both tokens are in the scoring logits' top 3 and within 2% of
+    the larger logit's magnitude (at least 0.02) of each other, whichever leads."""
+    from minillm.bench.spec import judge_departure
+
+    logits = np.array([10.0, 9.9, 8.0, 9.95, 9.97, -5.0, -5.05, 0.1, 0.09, 0.05], dtype=np.float32)
+    tie = judge_departure(logits, 0, 4)  # runner-up, 0.03 behind: within 0.2
+    assert tie["classification"] == "near-tie" and tie["spec_rank"] == 2
+    assert (tie["base_token"], tie["spec_token"]) == (0, 4)
+    assert tie["base_logit"] == pytest.approx(10.0) and tie["spec_logit"] == pytest.approx(9.97)
+    assert tie["gap"] == pytest.approx(0.03, abs=1e-5)
+    assert judge_departure(logits, 0, 3)["classification"] == "near-tie"  # third, 0.05 behind
+    far = judge_departure(logits, 0, 2)  # 2.0 behind: a wrong token, not rounding
+    assert far["classification"] == "wrong" and far["gap"] == pytest.approx(2.0)
+    fourth = judge_departure(logits, 0, 1)  # 0.1 behind, within the gap, but fourth
+    assert fourth["spec_rank"] == 4 and fourth["classification"] == "wrong"
+    # a negative gap: the scoring logits prefer the speculative token; a near-tie only while the
+    # plain token is close behind it (far behind, the plain run is the suspect one)
+    ahead = judge_departure(logits, 4, 0)
+    assert ahead["gap"] == pytest.approx(-0.03, abs=1e-5) and ahead["spec_rank"] == 1
+    assert ahead["classification"] == "near-tie"
+    assert judge_departure(logits, 5, 0)["classification"] == "wrong"  # gap -15
+    assert judge_departure(logits, 1, 0)["classification"] == "wrong"  # gap -0.1, but the plain token 4th
+    assert judge_departure(logits, 5, 6)["classification"] == "wrong"  # gap 0.05, ranked 7th
+    # the allowed gap scales with the logit's magnitude (a negative one too), with a floor of 1.0
+    small = np.array([0.1, 0.09, 0.05, -1.0])
+    assert judge_departure(small, 0, 1)["classification"] == "near-tie"  # 0.01 <= 0.02 * 1.0
+    assert judge_departure(small, 0, 2)["classification"] == "wrong"  # 0.05 > 0.02 * 1.0
+    negative = np.array([-5.0, -5.09, -5.11, -9.0])
+    assert judge_departure(negative, 0, 1)["classification"] == "near-tie"  # 0.09 <= 0.02 * 5
+    assert judge_departure(negative, 0, 2)["classification"] == "wrong"  # 0.11 > 0.1
+
+
+def _altered_spec_runs(monkeypatch, alter):
+    """Wrap minillm.bench.spec.run so that alter(name, token_ids) edits each speculative run's
+    outputs, as if it had departed (float32 speculation on the CPU never does); returns the plain
+    run's outputs, filled in when it runs."""
+    from minillm.bench import spec
+
+    real, base = spec.run, []
+
+    def run(model, cfg, max_tokens, device):
+        r, llm = real(model, cfg, max_tokens, device)
+        if cfg is None:
+            base.extend(r["token_ids"])
+        else:
+            alter("ngram" if cfg["method"] == "ngram" else "self-draft", r["token_ids"])
+        return r, llm
+
+    monkeypatch.setattr(spec, "run", run)
+    return base
+
+
+def _scorer(tiny):
+    """A plain LLM whose logits buffer takes a whole prompt, so engine.score gives the reference
+    logits (the bench's own LLM scores only the last row)."""
+    from minillm import LLM
+    from minillm.bench.spec import PROMPTS
+
+    llm = LLM(str(tiny), device="cpu", max_model_len=1024, max_num_seqs=256)
+    return llm, [llm.tokenizer.encode_chat(m) for m in PROMPTS]
+
+
+def test_spec_bench_reports_a_wrong_departure(tiny, tmp_path, capsys, monkeypatch):
+    """ngram's second output takes the plain model's least likely token at position 2: a wrong
+    token, so ngram's verdict is NO and the bench exits 1. self-draft's first output stops after
+    3 tokens, a strict prefix of the plain one: its token at 3 is its stop, the likeliest EOS id."""
+    from minillm.bench.spec import main
+
+    ref, prompts = _scorer(tiny)
+
+    def alter(name, ids):
+        if name == "ngram":
+            ids[1] = ids[1][:2] + [int(np.argmin(ref.engine.score([prompts[1] + ids[1][:2]])[0][-1]))]
+        else:
+            ids[0] = ids[0][:3]
+
+    base = _altered_spec_runs(monkeypatch, alter)
+    out = tmp_path / "spec.json"
+    assert main([str(tiny), "--device", "cpu", "--k", "2", "--max-tokens", "6", "--result-json", str(out)]) == 1
+    assert len(base[0]) > 3 and len(base[1]) > 2
+    r = json.loads(out.read_text())
+    assert r["none"]["verdict"] == "yes" and r["none"]["departures"] == []
+    ng = r["ngram"]
+    assert ng["lossless"] is False and ng["verdict"] == "NO" and len(ng["departures"]) == 1
+    d = ng["departures"][0]
+    logits = ref.engine.score([prompts[1] + base[1][:2]])[0][-1]
+    assert (d["prompt"], d["position"], d["base_token"]) == (1, 2, base[1][2])
+    assert d["spec_token"] == int(np.argmin(logits)) and d["spec_rank"] > 3 and d["classification"] == "wrong"
+    assert d["base_logit"] == pytest.approx(float(logits[base[1][2]]), rel=1e-4, abs=1e-4)
+    assert d["gap"] == pytest.approx(d["base_logit"] - d["spec_logit"]) and d["gap"] > 0
+    sd = r["self-draft"]
+    assert sd["lossless"] is False and len(sd["departures"]) == 1
+    d = sd["departures"][0]
+    logits = ref.engine.score([prompts[0] + base[0][:3]])[0][-1]
+    eos = max(ref.engine.eos_ids, key=lambda t: logits[t])
+    assert (d["prompt"], d["position"], d["base_token"], d["spec_token"]) == (0, 3, base[0][3], eos)
+    assert sd["verdict"] == {"near-tie": "near-tie", "wrong": "NO"}[d["classification"]]
+    printed = capsys.readouterr().out
+    rows = {line.split()[0]: line.split()[-1] for line in printed.splitlines()[1:4]}
+    assert rows == {"none": "yes", "ngram": "NO", "self-draft": sd["verdict"]}
+    assert f"ngram departs on prompt 1 at token 2: none {base[1][2]}" in printed
+    assert f"self-draft departs on prompt 0 at token 3: none {base[0][3]}" in printed
+    assert printed.count(" departs on ") == 2 and ": wrong" in printed
+
+
+@pytest.mark.parametrize("scale, rc, verdict", [(1.01, 0, "near-tie"), (0.99, 1, "NO")])
+def test_spec_bench_passes_a_near_tie(tiny, tmp_path, capsys, monkeypatch, scale, rc, verdict):
+    """self-draft's third output takes the plain model's runner-up at position 1, and TIE is set
+    just above that gap (relative to the top logit): a near-tie, so the verdict is near-tie and the
+    bench exits 0. Just below it, the same departure is wrong: NO, and exit 1."""
+    from minillm.bench import spec
+
+    ref, prompts = _scorer(tiny)
+
+    def alter(name, ids):
+        if name == "self-draft":  # judged after every run, so TIE may be set here
+            logits = ref.engine.score([prompts[2] + ids[2][:1]])[0][-1]
+            second, top = np.sort(logits)[-2:]
+            ids[2] = ids[2][:1] + [int(np.argsort(logits)[-2])]
+            monkeypatch.setattr(spec, "TIE", scale * float(top - second) / max(abs(float(top)), 1.0))
+
+    _altered_spec_runs(monkeypatch, alter)
+    out = tmp_path / "spec.json"
+    assert spec.main([str(tiny), "--device", "cpu", "--k", "2", "--max-tokens", "6", "--result-json", str(out)]) == rc
+    r = json.loads(out.read_text())
+    assert spec.TIE != 0.02 and r["ngram"]["verdict"] == "yes"
+    sd = r["self-draft"]
+    assert sd["verdict"] == verdict and sd["lossless"] is False
+    assert [(d["prompt"], d["position"], d["spec_rank"]) for d in sd["departures"]] == [(2, 1, 2)]
+    assert sd["departures"][0]["gap"] > 0
+    assert capsys.readouterr().out.splitlines()[3].split()[-1] == verdict
 
 
 def test_spec_cost_explains_a_departure(tiny):
