@@ -4288,6 +4288,30 @@ part245() {  # session 41: part243 again with --no-cublas keeping every step wit
   pack
 }
 
+part246a() {  # session 41: the embedded GGUF's first half to /tmp again (carry .snap/.gguf_a)
+  setup
+  ls -l /tmp/gguf_a | tee "$W/gguf_a.txt"
+}
+
+part246() {  # session 41, within 30 s of part246a, carrying .gguf_b: part244's k = 8 bench found the plain
+  # SmolLM2 run taking a token the prefill scored 12.7 logits below the best (not a near-tie), and the two
+  # processes' plain runs parting at token 15: plain greedy decoding's self-consistency (repeats in one
+  # process, four schedulings, every token against the prefill's argmax), then initcheck and memcheck of
+  # an eager synchronous run (~6 minutes)
+  setup
+  stage consistency 180 python3 scripts/decode_consistency.py --device cuda --repeats 3 --json "$W/consistency.json"
+  stage consistency_again 100 python3 scripts/decode_consistency.py --device cuda --repeats 3 --configs async,sync \
+    --json "$W/consistency_again.json"
+  stage initcheck_smollm2 150 env MINILLM_INITCHECK=1 compute-sanitizer --tool initcheck --error-exitcode 3 \
+    --log-file "$W/initcheck_smollm2.txt" python3 scripts/decode_consistency.py --device cuda --repeats 1 \
+    --configs eager_sync --max-tokens 64
+  head -30 "$W/initcheck_smollm2.txt"
+  stage memcheck_smollm2 110 compute-sanitizer --tool memcheck --error-exitcode 3 --log-file "$W/memcheck_smollm2.txt" \
+    python3 scripts/decode_consistency.py --device cuda --repeats 1 --configs eager_sync --max-tokens 64
+  head -30 "$W/memcheck_smollm2.txt"
+  pack
+}
+
 models_q8_dflash() {  # the 8B shape and its random DFlash drafter (timeout in seconds)
   stage models "$1" bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
