@@ -4312,6 +4312,32 @@ part246() {  # session 41, within 30 s of part246a, carrying .gguf_b: part244's 
   pack
 }
 
+part247a() {  # session 41: the embedded GGUF's first half to /tmp again (carry .snap/.gguf_a)
+  setup
+  ls -l /tmp/gguf_a | tee "$W/gguf_a.txt"
+}
+
+part247() {  # session 41, within 30 s of part247a, carrying .gguf_b: part246 found plain greedy SmolLM2
+  # runs on CUDA graphs differing between repeats in one process (eager runs never): which knob makes
+  # graph runs repeat? 8 repeats of the three prompts, synchronous graphs, under each (~5 minutes)
+  setup
+  local name envs
+  for name in default no_pdl no_prewait_index no_rope_fusion no_norm_fold pdl_release_at_exit; do
+    case $name in
+      default) envs=MINILLM_PDL=1 ;;
+      no_pdl) envs=MINILLM_PDL=0 ;;
+      no_prewait_index) envs=MINILLM_CUDA_DEFINES=PDL_PREWAIT_INDEX=0 ;;
+      no_rope_fusion) envs=MINILLM_DECODE_ROPE_MAX=0 ;;
+      no_norm_fold) envs=MINILLM_FOLD_NORMS_MAX_K=0 ;;
+      pdl_release_at_exit) envs=MINILLM_CUDA_DEFINES=PDL_LATE=0 ;;
+    esac
+    stage "repeat_$name" 100 env $envs python3 scripts/decode_consistency.py --device cuda --repeats 8 --configs sync \
+      --json "$W/repeat_$name.json"
+  done
+  grep -h "^sync" "$W"/repeat_*.log
+  pack
+}
+
 models_q8_dflash() {  # the 8B shape and its random DFlash drafter (timeout in seconds)
   stage models "$1" bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
