@@ -117,6 +117,9 @@ __device__ __forceinline__ void gemv_prefetch(const bf16* w, int N, int K) {
 // (part206, batch-1 graphs): 0.6B -1.2%, 8B +1.1%, far from the chains' promise: a CTA's first
 // weight loads wait for the prologue, and the 8B gate_up's 3,072 CTAs each read a 16 KB row and
 // residual. So the host folds rows of at most MINILLM_FOLD_NORMS_MAX_K (1,024) values.
+#ifndef NORM_ROW_L2
+#define NORM_ROW_L2 1
+#endif
 struct NormArgs {
   const bf16* res;  // added to x first; the rounded sum is what is normalised (null: x alone)
   const bf16* w;    // the norm's weight [K]
@@ -151,8 +154,17 @@ __device__ __forceinline__ void norm_row(const bf16* __restrict__ x, const NormA
 #pragma unroll
   for (int k = 0; k < NORM; ++k) {  // every load issued before any is used
     const int i = threadIdx.x + 128 * (k / VC) + (k % VC) * VT;
+#if NORM_ROW_L2
+    // From L2 (ld.global.cg), not through L1: under PDL on the H200 the folded products' graphs gave
+    // greedy runs that differed between repeats (SmolLM2, part246/part247), and repeated with the
+    // fold off, with PDL off, or with the release at exit; an L1 line of x or res left by an earlier
+    // kernel on the SM is the suspect (session 41)
+    hv[k] = i < chunks ? __ldcg(xr + i) : make_uint4(0u, 0u, 0u, 0u);
+    if (rr) rv[k] = i < chunks ? __ldcg(rr + i) : make_uint4(0u, 0u, 0u, 0u);
+#else
     hv[k] = i < chunks ? xr[i] : make_uint4(0u, 0u, 0u, 0u);
     if (rr) rv[k] = i < chunks ? rr[i] : make_uint4(0u, 0u, 0u, 0u);
+#endif
   }
   float ss[VPR];
 #pragma unroll

@@ -4338,6 +4338,23 @@ part247() {  # session 41, within 30 s of part247a, carrying .gguf_b: part246 fo
   pack
 }
 
+part248a() {  # session 41: the embedded GGUF's first half to /tmp again (carry .snap/.gguf_a)
+  setup
+  ls -l /tmp/gguf_a | tee "$W/gguf_a.txt"
+}
+
+part248() {  # session 41, within 30 s of part248a, carrying .gguf_b: part247's repeat check with the folded
+  # norms reading x and the residual from L2 (NORM_ROW_L2=1, the new default), then through L1 as before
+  # (NORM_ROW_L2=0, the control on the same machine) (~3 minutes)
+  setup
+  stage repeat_norm_l2 110 python3 scripts/decode_consistency.py --device cuda --repeats 8 --configs sync \
+    --json "$W/repeat_norm_l2.json"
+  stage repeat_norm_l1 110 env MINILLM_CUDA_DEFINES=NORM_ROW_L2=0 python3 scripts/decode_consistency.py --device cuda \
+    --repeats 8 --configs sync --json "$W/repeat_norm_l1.json"
+  grep -h "^sync" "$W"/repeat_norm_l2.log "$W"/repeat_norm_l1.log
+  pack
+}
+
 models_q8_dflash() {  # the 8B shape and its random DFlash drafter (timeout in seconds)
   stage models "$1" bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
