@@ -300,3 +300,33 @@ def test_smollm2_greedy_on_gpu_agrees_with_cpu():
         assert b[n] in top[:3], f"at token {n} the GPU chose {b[n]}, outside the reference's top 3 {top[:3]}"
         assert gap <= 0.02 * max(abs(float(ref[a[n]])), 1.0), f"at token {n} the reference's gap is {gap:.4f}"
     print("SmolLM2 GPU/CPU greedy agreement (tokens):", agree)
+
+
+def test_smollm2_greedy_on_graphs_repeats_and_matches_the_prefill():
+    """Plain greedy decoding on CUDA graphs, the embedded SmolLM2, three prompts six times in one
+    process: every run the same tokens, and every token the prefill's argmax of its prefix or a
+    bf16 near-tie of it (scripts/decode_consistency.py's checks). Session 41 (part246-part248):
+    with the norms folded into the one-row products reading x and the residual through L1, runs
+    differed from repeat to repeat and some tokens were thousands of ranks down the prefill's list;
+    read from L2 (cuda/gemv.cu NORM_ROW_L2), 8 of 8 repeats agreed."""
+    import sys
+    from pathlib import Path
+
+    from minillm.models.loader import default_model_path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import decode_consistency as dc
+
+    try:
+        default_model_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    llm = LLM(device="cuda", max_model_len=1024, max_num_seqs=256, async_scheduling=False)
+    assert llm.engine.runner.graphs
+    prompts = [llm.tokenizer.encode_chat(m) for m in dc.PROMPTS]
+    params = SamplingParams(temperature=0, max_tokens=96)
+    runs = [[llm.generate([p], params)[0].token_ids for p in prompts] for _ in range(6)]
+    assert all(r == runs[0] for r in runs), "greedy runs on graphs differ between repeats"
+    for p, out in zip(prompts, runs[0]):
+        bad = [d for d in dc.teacher_forced(llm, p, out) if d["classification"] == "wrong"]
+        assert not bad, f"tokens the prefill does not rank near the top: {bad}"
