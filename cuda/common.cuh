@@ -167,6 +167,27 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #define PDL_PREWAIT_INDEX 1
 #endif
 
+// A load of what another kernel of the step wrote (activations: a product's x, q, v, gate_up),
+// from L2 (ld.global.cg), never through the read-only path: __ldg, or a plain load of a const
+// __restrict__ pointer, which nvcc makes ld.global.nc. That path may only read data that stays
+// unchanged while the kernel lives, and under PDL a kernel lives beside the one writing its input.
+// Measured on the H200 (session 41, part246-part248): the folded norms read the previous product's
+// output x through it, and SmolLM2's greedy runs on graphs differed between repeats, some tokens
+// thousands of ranks down the prefill's list (a line of x left from the layer before, on the SM);
+// read from L2, 8 of 8 repeats agreed. Weights, unchanged for the engine's life, keep __ldg.
+// ACT_LOADS_NC=1 restores the read-only path, for A/B runs only.
+#ifndef ACT_LOADS_NC
+#define ACT_LOADS_NC 0
+#endif
+template <typename V>
+__device__ __forceinline__ V load_act(const V* p) {
+#if ACT_LOADS_NC
+  return __ldg(p);
+#else
+  return __ldcg(p);
+#endif
+}
+
 // Pulls the 128-byte line holding p into L1 without waiting for it (a hint: nothing is returned,
 // no register is held). For step inputs a kernel reads right after its PDL wait.
 __device__ __forceinline__ void prefetch_l1(const void* p) {

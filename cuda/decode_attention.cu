@@ -95,6 +95,16 @@
 #ifndef DEC_MERGE_FLIGHT  // the last split's merge: splits whose partials are loaded at once
 #define DEC_MERGE_FLIGHT 8
 #endif
+// Keys and values: the fused decode step (ROPE) reads only cache rows older than its launch (it adds
+// the newest key from shared memory), so the read-only path's contract holds and it keeps __ldg.
+// Elsewhere (verification, short runs, steps past MINILLM_DECODE_ROPE_MAX rows) the q/k norm kernel
+// just before stored this step's rows, under PDL while this kernel already lived: they come through
+// load_act (common.cuh), as the read-only path had them before session 41 with KV_LOADS_NC=1 (A/B).
+// Not measured on the H200 yet. Still open: whether a line the read-only path kept from an earlier
+// graph replay can outlive the rewrite of a reused slot (a rejected draft's, a freed block's).
+#ifndef KV_LOADS_NC
+#define KV_LOADS_NC 0
+#endif
 #ifndef DEC_MERGE_FLIGHT_ROPE  // the same for the fused decode step (paged_decode_rope_*): a batch-1
 #define DEC_MERGE_FLIGHT_ROPE 16  // step near 512 keys has 9 active splits (part171); verification keeps 8
 #endif
@@ -330,7 +340,8 @@ __device__ __forceinline__ void decode_attention_impl(
         for (int i = 0; i < VEC; ++i) qv[g][j * VEC + i] = s_rot[g][(kl + j * LPK) * VEC + i];
       } else {
         const T* qp = q + (i64)t * q_tok + (i64)(kh * G + g) * q_head;
-        Vec16<T>::to_f(__ldg(reinterpret_cast<const uint4*>(qp + (kl + j * LPK) * VEC)), qv[g] + j * VEC);
+        // q: the q/k norm kernel just before wrote it (load_act, common.cuh)
+        Vec16<T>::to_f(minillm::load_act(reinterpret_cast<const uint4*>(qp + (kl + j * LPK) * VEC)), qv[g] + j * VEC);
       }
     }
 #pragma unroll
@@ -363,8 +374,15 @@ __device__ __forceinline__ void decode_attention_impl(
         const i64 off = (((i64)phys * block_size + (key - lb * block_size)) * KH + kh) * D + kl * VEC;
 #pragma unroll
         for (int j = 0; j < CPL; ++j) {
-          kr[u][j] = __ldg(reinterpret_cast<const uint4*>(kc + off + j * LPK * VEC));
-          vr[u][j] = __ldg(reinterpret_cast<const uint4*>(vc + off + j * LPK * VEC));
+          const uint4* kp = reinterpret_cast<const uint4*>(kc + off + j * LPK * VEC);
+          const uint4* vp = reinterpret_cast<const uint4*>(vc + off + j * LPK * VEC);
+          if constexpr (ROPE || KV_LOADS_NC) {  // rows older than this launch (see KV_LOADS_NC)
+            kr[u][j] = __ldg(kp);
+            vr[u][j] = __ldg(vp);
+          } else {  // the q/k norm kernel just before stored this step's rows
+            kr[u][j] = minillm::load_act(kp);
+            vr[u][j] = minillm::load_act(vp);
+          }
         }
       }
     }

@@ -14,8 +14,8 @@ __device__ __forceinline__ void silu_mul_impl(const T* __restrict__ gu, i64 gu_s
   const T* g = gu + (i64)r * gu_stride;
   T* o = out + (i64)r * out_stride;
   for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < F; i += gridDim.y * blockDim.x) {
-    const float a = minillm::to_f(g[i]);
-    const float b = minillm::to_f(g[F + i]);
+    const float a = minillm::to_f(minillm::load_act(g + i));
+    const float b = minillm::to_f(minillm::load_act(g + F + i));
     o[i] = minillm::from_f<T>(silu_times(a, b));
   }
 }
@@ -32,8 +32,9 @@ extern "C" __global__ void silu_mul_bf16_vec8(const bf16* __restrict__ gu, i64 g
   bf16* o = out + (i64)r * out_stride;
   for (int i = 8 * (blockIdx.y * blockDim.x + threadIdx.x); i < F; i += 8 * gridDim.y * blockDim.x) {
     float a[8], b[8];
-    minillm::unpack_bf16x8(*reinterpret_cast<const uint4*>(g + i), a);
-    minillm::unpack_bf16x8(*reinterpret_cast<const uint4*>(g + F + i), b);
+    // gate_up: the product just before (load_act: not the read-only path, common.cuh)
+    minillm::unpack_bf16x8(minillm::load_act(reinterpret_cast<const uint4*>(g + i)), a);
+    minillm::unpack_bf16x8(minillm::load_act(reinterpret_cast<const uint4*>(g + F + i)), b);
 #pragma unroll
     for (int e = 0; e < 8; ++e) a[e] = silu_times(a[e], b[e]);
     *reinterpret_cast<uint4*>(o + i) = minillm::pack_bf16x8(a);

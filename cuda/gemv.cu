@@ -155,12 +155,11 @@ __device__ __forceinline__ void norm_row(const bf16* __restrict__ x, const NormA
   for (int k = 0; k < NORM; ++k) {  // every load issued before any is used
     const int i = threadIdx.x + 128 * (k / VC) + (k % VC) * VT;
 #if NORM_ROW_L2
-    // From L2 (ld.global.cg), not through L1: under PDL on the H200 the folded products' graphs gave
-    // greedy runs that differed between repeats (SmolLM2, part246/part247), and repeated with the
-    // fold off, with PDL off, or with the release at exit; an L1 line of x or res left by an earlier
-    // kernel on the SM is the suspect (session 41)
-    hv[k] = i < chunks ? __ldcg(xr + i) : make_uint4(0u, 0u, 0u, 0u);
-    if (rr) rv[k] = i < chunks ? __ldcg(rr + i) : make_uint4(0u, 0u, 0u, 0u);
+    // load_act (common.cuh): x, a const __restrict__ pointer, was read through the read-only path
+    // (ld.global.nc in the PTX), and greedy runs on graphs did not repeat (part246-part248);
+    // NORM_ROW_L2=0 keeps that path, for the control run
+    hv[k] = i < chunks ? minillm::load_act(xr + i) : make_uint4(0u, 0u, 0u, 0u);
+    if (rr) rv[k] = i < chunks ? minillm::load_act(rr + i) : make_uint4(0u, 0u, 0u, 0u);
 #else
     hv[k] = i < chunks ? xr[i] : make_uint4(0u, 0u, 0u, 0u);
     if (rr) rv[k] = i < chunks ? rr[i] : make_uint4(0u, 0u, 0u, 0u);

@@ -80,7 +80,7 @@ __device__ __forceinline__ void qk_norm_rope_impl(
         const int h = head - H - KH;
         const T* src = v + (i64)t * v_tok + (i64)h * v_head;
         T* dst = v_cache + (slot * KH + h) * D;
-        for (int i = lane; i < D; i += 32) dst[i] = src[i];
+        for (int i = lane; i < D; i += 32) dst[i] = minillm::load_act(src + i);  // the qkv product's
       }
       continue;
     }

@@ -246,8 +246,8 @@ __device__ __forceinline__ void prefill_attention_impl(
     const int r = i / CH, c = i - r * CH, j = q0 + r / G;
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
     if (r < rows && j < q_end)
-      v = __ldg(reinterpret_cast<const uint4*>(q + (i64)(qs + j) * q_tok +
-                                               (i64)(kh * G + r % G) * q_head) + c);
+      v = minillm::load_act(reinterpret_cast<const uint4*>(q + (i64)(qs + j) * q_tok +
+                                                        (i64)(kh * G + r % G) * q_head) + c);
     *reinterpret_cast<uint4*>(Qs + r * Ly::LDQ + c * 8) = v;
   }
   __syncthreads();

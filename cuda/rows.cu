@@ -69,8 +69,11 @@ MINILLM_ROWS(u2, unsigned short)
 // n + 1's inputs and its forward: input_ids[r] = prev_tokens[src_rows[r]] where src_rows[r] >= 0
 // (prev_tokens: step n's sampler output, which the upload does not overwrite). int32 ids, one
 // thread per row.
+// prev_tokens and advance_blocks' tokens and accepted: the previous step's sampler output, at the
+// same addresses every step, so plain loads, not the read-only path a const __restrict__ pointer
+// gets (common.cuh load_act: a line it kept could outlive the next step's write)
 extern "C" __global__ void fill_input_ids(int* __restrict__ input_ids,
-                                          const int* __restrict__ prev_tokens,
+                                          const int* prev_tokens,
                                           const int* __restrict__ src_rows, int n_rows,
                                           int n_prev) {
   minillm::pdl_entry();
@@ -96,8 +99,8 @@ extern "C" __global__ void advance_blocks(int* __restrict__ input_ids, int* __re
                                           int* __restrict__ slot_mapping, int* __restrict__ seq_lens,
                                           int* __restrict__ sample_pos,
                                           const int* __restrict__ block_tables, int bt_stride,
-                                          int block_size, const int* __restrict__ tokens,
-                                          const int* __restrict__ accepted, int n_src,
+                                          int block_size, const int* tokens,
+                                          const int* accepted, int n_src,
                                           const int* __restrict__ row, const int* __restrict__ drafts,
                                           const int* __restrict__ base, const int* __restrict__ limit,
                                           int n_blocks, int n, int first, int count) {

@@ -5,7 +5,8 @@
 `bench spec` on the H200 (part244) found SmolLM2's plain greedy run taking, at one token, a token the
 same model scored 12.7 logits below the best when it read the common prefix in one forward: not a
 bf16 near-tie. This runs bench spec's prompts greedily with no speculation, several times in one
-process under each scheduling (async, synchronous, eager async, eager synchronous), and checks:
+process under each scheduling (async, synchronous, eager async, eager synchronous; or with n-gram
+or self-drafting speculation, --configs ngram,self_draft), and checks:
   - repeat: each run's tokens equal the first run's of that configuration (a race or a read of
     unwritten memory shows as runs that differ);
   - across configurations: the tokens equal the first configuration's, or depart at a near-tie;
@@ -29,7 +30,20 @@ from minillm import LLM, SamplingParams
 from minillm.bench.spec import PROMPTS, judge_departure
 
 CONFIGS = {"async": {}, "sync": {"async_scheduling": False}, "eager_async": {"enforce_eager": True},
-           "eager_sync": {"enforce_eager": True, "async_scheduling": False}}
+           "eager_sync": {"enforce_eager": True, "async_scheduling": False},
+           # speculation: verification steps (the attention off the fused decode step, rejected drafts'
+           # slots written again) under the same checks
+           "ngram": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}},
+           "self_draft": {"speculative_config": {"method": "draft_model", "num_speculative_tokens": 4}}}
+
+
+def engine_args(name: str, model: str | None) -> dict:
+    """CONFIGS[name], with the drafter of self_draft set to the model itself."""
+    kw = {k: dict(v) if isinstance(v, dict) else v for k, v in CONFIGS[name].items()}
+    spec = kw.get("speculative_config")
+    if spec is not None and spec["method"] == "draft_model":
+        spec["model"] = model or "smollm2-135m-instruct"
+    return kw
 
 
 def teacher_forced(llm: LLM, prompt: list[int], out: list[int]) -> list[dict]:
@@ -50,14 +64,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}")
+    p.add_argument("--configs", default="async,sync,eager_async,eager_sync",
+                   help=f"comma-separated, of {', '.join(CONFIGS)}")
     p.add_argument("--json", default=None)
     ns = p.parse_args(argv)
+    bad = [n for n in ns.configs.split(",") if n not in CONFIGS]
+    if bad or ns.repeats < 1 or ns.max_tokens < 1:
+        p.error(f"--configs: unknown {bad}, choose from {', '.join(CONFIGS)}" if bad
+                else "--repeats and --max-tokens must be >= 1")
     params = SamplingParams(temperature=0, max_tokens=ns.max_tokens)
     report, ok, first = {}, True, None
     for name in ns.configs.split(","):
         # max_num_seqs 256: score() returns a logits row for every position of prompt + output
-        llm = LLM(ns.model, device=ns.device, max_model_len=1024, max_num_seqs=256, **CONFIGS[name])
+        llm = LLM(ns.model, device=ns.device, max_model_len=1024, max_num_seqs=256, **engine_args(name, ns.model))
         prompts = [llm.tokenizer.encode_chat(m) for m in PROMPTS]
         runs = [[llm.generate([q], params)[0].token_ids for q in prompts] for _ in range(ns.repeats)]
         same = [r == runs[0] for r in runs]

@@ -4355,6 +4355,57 @@ part248() {  # session 41, within 30 s of part248a, carrying .gguf_b: part247's 
   pack
 }
 
+part249a() {  # prepared in session 41 (not run): the embedded GGUF's first half to /tmp (carry .snap/.gguf_a)
+  setup
+  ls -l /tmp/gguf_a | tee "$W/gguf_a.txt"
+}
+
+part249() {  # prepared in session 41 (not run), within 30 s of part249a, carrying .gguf_b: the final code's
+  # activation loads from L2 (common.cuh load_act: the folded norms' x, q, v, gate_up, the verification
+  # attention's keys and values; the read-only path kept only for weights and the fused step's older keys):
+  # SmolLM2's greedy runs, plain and speculative, under the repeat and prefill checks; the speculative
+  # ones again with the verification's keys and values through the read-only path (KV_LOADS_NC=1); the
+  # SmolLM2 bench spec; the GPU engine tests with the new repeat test (~8 minutes)
+  setup
+  stage consistency 200 python3 scripts/decode_consistency.py --device cuda --repeats 6 \
+    --configs async,sync,eager_sync,ngram,self_draft --json "$W/consistency.json"
+  grep -h "^[a-z_]*:" "$W/consistency.log"
+  stage consistency_kv_nc 120 env MINILLM_CUDA_DEFINES=KV_LOADS_NC=1 python3 scripts/decode_consistency.py \
+    --device cuda --repeats 6 --configs ngram,self_draft --json "$W/consistency_kv_nc.json"
+  grep -h "^[a-z_]*:" "$W/consistency_kv_nc.log"
+  stage spec_smollm2_k4 120 python3 -m minillm.bench spec --device cuda --k 4 --result-json "$W/spec_smollm2_k4.json"
+  stage spec_smollm2_k8 120 python3 -m minillm.bench spec --device cuda --k 8 --result-json "$W/spec_smollm2_k8.json"
+  stage engine_tests 200 python3 -m pytest -v -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py
+  tail -3 "$W/engine_tests.log"
+  pack
+}
+
+part250() {  # prepared in session 41 (not run): what the L2 activation loads cost. Batch-1 graphs of both
+  # shapes and the 8B spec cost, alternated with the read-only path restored (ACT_LOADS_NC=1 KV_LOADS_NC=1),
+  # then bench decode on the final code and every GPU test (~9 minutes)
+  setup
+  models_q8_dflash 90
+  stage models06 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  local r tag envs
+  for r in 1 2; do
+    for tag in l2 nc; do
+      envs=MINILLM_PDL=1
+      [ $tag = nc ] && envs=MINILLM_CUDA_DEFINES=ACT_LOADS_NC=1,KV_LOADS_NC=1
+      stage "graph06_${tag}_$r" 90 env $envs python3 scripts/step_kernels.py $M/q06 --batch 1 --ctx 512 \
+        --json "$W/graph06_${tag}_$r.json"
+      stage "graph8_${tag}_$r" 90 env $envs python3 scripts/step_kernels.py $M/q8 --batch 1 --ctx 512 \
+        --json "$W/graph8_${tag}_$r.json"
+    done
+  done
+  stage decode06 120 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
+    --result-json "$W/decode06.json"
+  stage decode8 150 python3 -m minillm.bench decode $M/q8 --device cuda --input-len 512 --output-len 256 \
+    --result-json "$W/decode8.json"
+  stage gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -x tests
+  tail -3 "$W/gpu_tests.log"
+  pack
+}
+
 models_q8_dflash() {  # the 8B shape and its random DFlash drafter (timeout in seconds)
   stage models "$1" bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"

@@ -56,3 +56,13 @@ def test_a_token_the_prefill_ranks_low_is_wrong(tiny, monkeypatch, capsys):
     text = capsys.readouterr().out
     assert "repeats equal [True, False]" in text
     assert "token 2: chose" in text and text.rstrip().endswith("wrong")
+
+
+def test_speculative_configs_pass_on_a_deterministic_backend(tiny):
+    """n-gram and self-drafting runs under the same checks: token-identical to plain decoding on
+    the NumPy backend, every token the prefill's argmax."""
+    assert dc.main([tiny, "--device", "cpu", "--repeats", "1", "--max-tokens", "6", "--configs",
+                    "sync,ngram,self_draft"]) == 0
+    assert dc.engine_args("self_draft", tiny)["speculative_config"]["model"] == tiny
+    assert dc.engine_args("self_draft", None)["speculative_config"]["model"] == "smollm2-135m-instruct"
+    assert "model" not in dc.CONFIGS["self_draft"]["speculative_config"]  # the table stays untouched
