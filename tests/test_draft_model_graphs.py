@@ -120,3 +120,43 @@ def test_drafter_graphs_with_preemption_and_penalties(monkeypatch, models):
     runner = llm.engine.proposer.runner
     assert llm.engine.stats().preemptions > 0
     assert runner.replays > 0 and runner.forward_only_replays > 0
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_drafting_steps_are_chained_on_the_device(monkeypatch, models, graphs):
+    """From the second drafting step of a round on, each step's input (the draft the step before
+    sampled) is filled on the device (ScheduledSeq.src_row): the steps are launched back to back,
+    at most two unread. Self-drafting must still be right every time, and give plain decoding's
+    tokens, eager and on (emulated) graphs."""
+    target, _ = models
+    k = 4
+    plain = [o.token_ids for o in LLM(target, device="cpu", max_model_len=256).generate(PROMPTS, GREEDY)]
+    kw = dict(max_num_seqs=8, speculative_config=draft_spec(target, k))
+    llm = (emulated_llm(monkeypatch, target, **kw) if graphs
+           else LLM(target, device="cpu", max_model_len=256, enforce_eager=True, **kw))
+    runner = llm.engine.proposer.runner
+    fills, unread, most_unread, original = [], [0], [0], runner._upload
+    launch, collect = runner.launch, runner.collect
+
+    def upload(*a):
+        fills.append(runner.num_fill)
+        return original(*a)
+
+    def counted_launch(*a, **kw):
+        unread[0] += 1
+        most_unread[0] = max(most_unread[0], unread[0])
+        return launch(*a, **kw)
+
+    def counted_collect(handle):
+        unread[0] -= 1
+        return collect(handle)
+
+    monkeypatch.setattr(runner, "_upload", upload)
+    monkeypatch.setattr(runner, "launch", counted_launch)
+    monkeypatch.setattr(runner, "collect", counted_collect)
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == plain
+    assert llm.engine.stats().spec["acceptance_rate"] == 1.0  # every chained input was the right draft
+    # rows filled on the device: a sequence's round of k = 4 drafts chains two of its steps (fewer
+    # near max_tokens, where k shrinks)
+    assert sum(fills) >= llm.engine.stats().spec["rounds"]
+    assert most_unread[0] == 2 and unread[0] == 0

@@ -330,3 +330,23 @@ def test_smollm2_greedy_on_graphs_repeats_and_matches_the_prefill():
     for p, out in zip(prompts, runs[0]):
         bad = [d for d in dc.teacher_forced(llm, p, out) if d["classification"] == "wrong"]
         assert not bad, f"tokens the prefill does not rank near the top: {bad}"
+
+
+@pytest.mark.parametrize("spec", [None, "ngram"])
+def test_greedy_on_graphs_repeats_bit_for_bit(tmp_path, spec):
+    """A random model of Qwen3-0.6B's widths (its one-row products fold their norms) with 12 layers:
+    three prompts greedily, one at a time (batch-1 steps: the folded norms' path), six times in one
+    process on CUDA graphs, plain and with n-gram speculation: every repeat gives the first one's
+    tokens. A kernel that reads what the kernel
+    before it wrote through the read-only path under PDL shows here as repeats that differ
+    (session 41: the folded norms, docs/DEVELOPING.md); no sanitizer reports it."""
+    from minillm.tools.random_model import write_random_model
+
+    model = write_random_model(tmp_path / "m", "qwen3-0.6b", seed=1, num_layers=12)
+    kw = {} if spec is None else {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4,
+                                                          "prompt_lookup_max": 3}}
+    llm = LLM(str(model), device="cuda", max_num_seqs=8, max_model_len=512, async_scheduling=False, **kw)
+    assert llm.engine.runner.graphs
+    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    runs = [[llm.generate([p], params)[0].token_ids for p in PROMPTS[:3]] for _ in range(6)]
+    assert all(r == runs[0] for r in runs), [i for i, r in enumerate(runs) if r != runs[0]]

@@ -238,7 +238,7 @@ class ModelRunner:
             self.max_query_len = 1
         else:
             runs = len(batch) >= RUNS_FILL_MIN and all(
-                item.num_logits == item.num_new and not item.seq.num_pending for item in batch)
+                item.num_logits == item.num_new and not item.seq.num_pending and item.src_row < 0 for item in batch)
             t, r = self._prepare_runs(batch) if runs else self._prepare_any(batch)
             self.max_query_len = max(item.num_new for item in batch)  # attention's launch hint
         h = self.buf.host
@@ -480,6 +480,10 @@ class ModelRunner:
                 assert seq.num_pending == 1 and start <= known < end, "one token in flight, computed here"
                 ids.insert(known - start, 0)
                 h["src_rows"][t + known - start] = seq.pending_row
+                fill += 1
+            if item.src_row >= 0:  # a draft model's chained step: its input, the last draft, on the device
+                assert n == 1 and not seq.num_pending, "a chained step computes one known position"
+                h["src_rows"][t] = item.src_row
                 fill += 1
             row = seq.draft_row if on_device and item.num_draft else -1
             if row >= 0:  # its drafts (positions from `total` on) are still on the device

@@ -50,6 +50,9 @@ class ScheduledSeq:
     num_draft: int = 0  # of which the last num_draft are speculative drafts to verify
     all_logits: bool = False  # scoring: logits for every new token, nothing sampled
     start: int = -1  # first position computed; -1: seq.num_computed (a drafter passes its own)
+    # a draft model's chained step (one new token): its input id is row src_row of the previous
+    # step's sampled ids, taken on the device, since the host has not read that step yet; -1: none
+    src_row: int = -1
     # Derived once here, from the sequence as it is when scheduled (tokens appended after the step
     # must not change what the step was), and read several times per item on the hot path:
     # samples: this chunk reaches the end of the sequence (and its drafts), so tokens are sampled;

@@ -4,11 +4,13 @@ Its KV pool has the target's geometry and is addressed by the same block tables,
 manager that sizes, shares and frees the target's blocks does the same for the drafter's. Each
 round first catches the drafter up on the tokens it has not seen (the prompt, then the tokens
 accepted last round), then drafts k tokens one at a time, each step batched across sequences;
-on the GPU those steps replay CUDA graphs (capture_graphs).
+on the GPU those steps replay CUDA graphs (capture_graphs), and from the second draft on each
+step takes its input from the step before on the device, so the k steps run back to back.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import replace
 
 from minillm.engine.runner import ModelRunner
@@ -16,6 +18,9 @@ from minillm.engine.scheduler import ScheduledSeq
 from minillm.engine.sequence import Sequence
 from minillm.models.transformer import Transformer
 from minillm.spec.config import draft_vocab_size as draft_vocab
+
+
+_IN_FLIGHT = 0  # a draft's placeholder while its step runs (a valid id: prepare may read it as one)
 
 
 class DraftModelProposer:
@@ -96,10 +101,28 @@ class DraftModelProposer:
                     it.seq.draft_ids = [tok]
         for s, _ in active:
             s.draft_computed = s.num_tokens
-        # k - 1 more single-token steps, batched over the sequences that still draft
+        # k - 1 more single-token steps, batched over the sequences that still draft. From the second
+        # on, each takes its input (the draft the step before sampled) on the device (src_row), so it
+        # is launched before the host has read that step: the device runs the steps back to back while
+        # the host prepares the next one and reads the one before (two in flight: TokenReadback's slots)
+        inflight: deque = deque()
+        rows: dict[int, int] = {}  # each sequence's logits row in the step just launched
         for j in range(1, max(k for _, k in active)):
-            items = [ScheduledSeq(s, 1, start=s.num_tokens + j - 1) for s, k in active if k > j]
-            tokens = self._run(items)
-            for it, tok in zip(items, tokens):
-                it.seq.draft_ids.append(tok)
+            items = [ScheduledSeq(s, 1, start=s.num_tokens + j - 1, src_row=rows.get(id(s), -1))
+                     for s, k in active if k > j]
+            handle = self.runner.launch(items, greedy=True, readback=True)
+            rows = {}
+            for i, it in enumerate(items):
+                it.seq.draft_ids.append(_IN_FLIGHT)  # read by the next step's prepare, filled on the device
                 it.seq.draft_computed = it.start + 1
+                rows[id(it.seq)] = i
+            inflight.append((items, handle))
+            if len(inflight) == 2:
+                self._collect(*inflight.popleft())
+        while inflight:
+            self._collect(*inflight.popleft())
+
+    def _collect(self, items: list[ScheduledSeq], handle) -> None:
+        """Put a launched step's drafts in place of their placeholders."""
+        for it, tok in zip(items, self.runner.collect(handle).tolist()):
+            it.seq.draft_ids[it.start + 1 - it.seq.num_tokens] = tok
