@@ -4272,20 +4272,10 @@ part244() {  # session 41, within 30 s of part244a, carrying .gguf_b: part242's 
   pack
 }
 
-part245() {  # session 41: part243 again with --no-cublas keeping every step within the project's products'
-  # 256 rows (part243: the 480-row prefill went to cuBLAS, whose uninstrumented kernels stop racecheck under
-  # --kernel-name: "failed to handle a hardware exception"); batch8_dflash under racecheck, one shared-memory
-  # kernel family at a time (~6 minutes)
-  setup
-  models_shallow 40
-  local family
-  for family in skinny gemv paged norm; do
-    stage "racecheck_batch8_dflash_$family" 110 python3 scripts/sanitize_pieces.py $M/q06s --drafter $M/q06s-dflash \
-      --out "$W/pieces_$family" --tool racecheck --no-cublas --host-memory-limit-gb 110 --timeout 100 \
-      --pieces batch8_dflash --sanitizer-args="--kernel-name kns=$family" $([ "$family" = skinny ] || echo --no-compile-first)
-    cat "$W/racecheck_batch8_dflash_$family.log"
-  done
-  pack
+part245() {  # session 41: part243 again, now that `sanitize_pieces.py --no-cublas` keeps every step within the
+  # project's products' 256 rows (part243: the 480-row prefill went to cuBLAS, whose uninstrumented kernels stop
+  # racecheck under --kernel-name: "failed to handle a hardware exception") (~6 minutes)
+  part243
 }
 
 part246a() {  # session 41: the embedded GGUF's first half to /tmp again (carry .snap/.gguf_a)

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import pytest
 from test_dflash_graphs import emulated_llm
+from test_spec import write_models
 
 from minillm import LLM, SamplingParams
 from minillm.engine.engine import graph_buckets
 from minillm.engine.runner import FORWARD_ONLY
 from minillm.engine.scheduler import ScheduledSeq
 from minillm.engine.sequence import Sequence
-
-from hf_models import make_tiny
 
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7], list(range(1, 21)) + [1, 2, 3], [9, 9, 9],
            [100, 101, 102, 100, 101], [42], list(range(30, 70))] * 2
@@ -27,12 +26,8 @@ GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """A tiny Qwen3 target and a poorer one-layer drafter with its tokenizer."""
-    target = tmp_path_factory.mktemp("target")
-    make_tiny("qwen3", target, seed=0)
-    poor = tmp_path_factory.mktemp("poor")
-    make_tiny("qwen3", poor, seed=7, num_hidden_layers=1)
-    return str(target), str(poor)
+    """A tiny Qwen3 target and a poorer one-layer drafter with its tokenizer (test_spec's pair)."""
+    return tuple(str(p) for p in write_models(tmp_path_factory))
 
 
 def draft_spec(model: str, k: int) -> dict:

@@ -26,13 +26,18 @@ PROMPTS = [
 ] * 3  # 18 requests: concurrency up to 16 with some waiting
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
+def write_models(tmp_path_factory) -> tuple:
+    """A tiny Qwen3 target and a poorer one-layer drafter with its tokenizer."""
     target = tmp_path_factory.mktemp("target")
     make_tiny("qwen3", target, seed=0)
     poor = tmp_path_factory.mktemp("poor")
     make_tiny("qwen3", poor, seed=7, num_hidden_layers=1)
     return target, poor
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return write_models(tmp_path_factory)
 
 
 def spec_configs(models, k):

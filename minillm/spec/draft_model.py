@@ -19,7 +19,6 @@ from minillm.engine.sequence import Sequence
 from minillm.models.transformer import Transformer
 from minillm.spec.config import draft_vocab_size as draft_vocab
 
-
 _IN_FLIGHT = 0  # a draft's placeholder while its step runs (a valid id: prepare may read it as one)
 
 
