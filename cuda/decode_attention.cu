@@ -100,8 +100,11 @@
 // Elsewhere (verification, short runs, steps past MINILLM_DECODE_ROPE_MAX rows) the q/k norm kernel
 // just before stored this step's rows, under PDL while this kernel already lived: they come through
 // load_act (common.cuh), as the read-only path had them before session 41 with KV_LOADS_NC=1 (A/B).
-// Not measured on the H200 yet. Still open: whether a line the read-only path kept from an earlier
-// graph replay can outlive the rewrite of a reused slot (a rejected draft's, a freed block's).
+// Not measured on the H200 yet. A line the read-only path kept from an earlier graph replay does not
+// seem to outlive the next launch: every kernel reads the step inputs (positions, slots, seq_lens,
+// block tables) through it at the same addresses each step, rewritten by the host in between, and
+// graph runs of the same step repeat (part247 with the fold off); so the fused step's older keys,
+// rewritten only between launches (a rejected draft's slot, a reused block), keep __ldg.
 #ifndef KV_LOADS_NC
 #define KV_LOADS_NC 0
 #endif
