@@ -392,7 +392,7 @@ __device__ __forceinline__ void warp_qk_norm_rope_regs(const T* x, const T* w, f
   float xv[N], wv[N], c[HN], s[HN];
 #pragma unroll
   for (int m = 0; m < N; ++m) {
-    xv[m] = to_f(x[lane + 32 * m]);
+    xv[m] = to_f(load_act(x + lane + 32 * m));  // the qkv product's rows (the fused decode step read them nc)
     wv[m] = w != nullptr ? to_f(w[lane + 32 * m]) : 0.f;
   }
 #pragma unroll
@@ -432,7 +432,7 @@ __device__ __forceinline__ void warp_qk_norm_rope(const T* x, const T* w, float 
   // explicit roundings (no contraction into fma): the same bits whichever kernel inlines it
   float ss = 0.f;
   for (int i = lane; i < D; i += 32) {
-    const float xi = to_f(x[i]);
+    const float xi = to_f(load_act(x + i));
     b[i] = xi;
     ss = __fadd_rn(ss, __fmul_rn(xi, xi));
   }

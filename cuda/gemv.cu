@@ -726,9 +726,9 @@ __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64
 #pragma unroll
       for (int i = 0; i < TILES; ++i) {
         b.x_lo[i] = b.x_hi[i] = make_uint4(0u, 0u, 0u, 0u);
-        if (live[i]) {  // plain loads, as below
-          b.x_lo[i] = reinterpret_cast<const uint4*>(xr[i] + k)[0];
-          b.x_hi[i] = reinterpret_cast<const uint4*>(xr[i] + k + 8)[0];
+        if (live[i]) {  // not the read-only path: nvcc made these plain loads of x ld.global.nc (load_act)
+          b.x_lo[i] = minillm::load_act(reinterpret_cast<const uint4*>(xr[i] + k));
+          b.x_hi[i] = minillm::load_act(reinterpret_cast<const uint4*>(xr[i] + k + 8));
         }
       }
     };
