@@ -4220,10 +4220,9 @@ part241() {  # prepared in session 40 (not run): what running the plain steps be
   pack
 }
 
-part242a() {  # prepared in session 40 (not run): only brings the embedded GGUF's first half to /tmp
+part242a() {  # prepared in session 40, run in session 41: only brings the embedded GGUF's first half to /tmp
   # (carry .gguf_a: split -n 2 the installed SmolLM2-135M-Instruct.Q4_1.gguf into .gguf_a / .gguf_b)
-  setup
-  ls -l /tmp/gguf_a | tee "$W/gguf_a.txt"
+  gguf_first_half
 }
 
 part242() {  # prepared in session 40 (not run), within 30 s of part242a on the same machine, carrying
@@ -4255,8 +4254,7 @@ part243() {  # prepared in session 40 (not run): part237's batch8_dflash piece (
 }
 
 part244a() {  # session 41: only brings the embedded GGUF's first half to /tmp (carry .snap/.gguf_a)
-  setup
-  ls -l /tmp/gguf_a | tee "$W/gguf_a.txt"
+  gguf_first_half
 }
 
 part244() {  # session 41, within 30 s of part244a, carrying .gguf_b: part242's SmolLM2 `bench spec` again
@@ -4279,8 +4277,7 @@ part245() {  # session 41: part243 again, now that `sanitize_pieces.py --no-cubl
 }
 
 part246a() {  # session 41: the embedded GGUF's first half to /tmp again (carry .snap/.gguf_a)
-  setup
-  ls -l /tmp/gguf_a | tee "$W/gguf_a.txt"
+  gguf_first_half
 }
 
 part246() {  # session 41, within 30 s of part246a, carrying .gguf_b: part244's k = 8 bench found the plain
@@ -4303,8 +4300,7 @@ part246() {  # session 41, within 30 s of part246a, carrying .gguf_b: part244's 
 }
 
 part247a() {  # session 41: the embedded GGUF's first half to /tmp again (carry .snap/.gguf_a)
-  setup
-  ls -l /tmp/gguf_a | tee "$W/gguf_a.txt"
+  gguf_first_half
 }
 
 part247() {  # session 41, within 30 s of part247a, carrying .gguf_b: part246 found plain greedy SmolLM2
@@ -4329,8 +4325,7 @@ part247() {  # session 41, within 30 s of part247a, carrying .gguf_b: part246 fo
 }
 
 part248a() {  # session 41: the embedded GGUF's first half to /tmp again (carry .snap/.gguf_a)
-  setup
-  ls -l /tmp/gguf_a | tee "$W/gguf_a.txt"
+  gguf_first_half
 }
 
 part248() {  # session 41, within 30 s of part248a, carrying .gguf_b: part247's repeat check with the folded
@@ -4346,8 +4341,7 @@ part248() {  # session 41, within 30 s of part248a, carrying .gguf_b: part247's 
 }
 
 part249a() {  # prepared in session 41 (not run): the embedded GGUF's first half to /tmp (carry .snap/.gguf_a)
-  setup
-  ls -l /tmp/gguf_a | tee "$W/gguf_a.txt"
+  gguf_first_half
 }
 
 part249() {  # prepared in session 41 (not run), within 30 s of part249a, carrying .gguf_b: the final code's
@@ -4395,6 +4389,12 @@ part250() {  # prepared in session 41 (not run): what the L2 activation loads co
   stage gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs -x tests
   tail -3 "$W/gpu_tests.log"
   pack
+}
+
+gguf_first_half() {  # a SmolLM2 call's first half: setup copies .gguf_a to /tmp, where the next call's
+  # setup (within 30 s, on the same machine, carrying .gguf_b) reassembles the embedded GGUF
+  setup
+  ls -l /tmp/gguf_a | tee "$W/gguf_a.txt"
 }
 
 models_q8_dflash() {  # the 8B shape and its random DFlash drafter (timeout in seconds)
