@@ -174,7 +174,8 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 // Measured on the H200 (session 41, part246-part248): the folded norms read the previous product's
 // output x through it, and SmolLM2's greedy runs on graphs differed between repeats, some tokens
 // thousands of ranks down the prefill's list (a line of x left from the layer before, on the SM);
-// read from L2, 8 of 8 repeats agreed. Weights, unchanged for the engine's life, keep __ldg.
+// read from L2, 8 of 8 repeats agreed. Weights, unchanged for the engine's life, and the step inputs
+// the host uploads before a launch keep __ldg (scripts/pdl_load_lint.py checks the PTX in CI).
 // ACT_LOADS_NC=1 restores the read-only path, for A/B runs only.
 #ifndef ACT_LOADS_NC
 #define ACT_LOADS_NC 0

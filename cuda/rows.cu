@@ -69,9 +69,9 @@ MINILLM_ROWS(u2, unsigned short)
 // n + 1's inputs and its forward: input_ids[r] = prev_tokens[src_rows[r]] where src_rows[r] >= 0
 // (prev_tokens: step n's sampler output, which the upload does not overwrite). int32 ids, one
 // thread per row.
-// prev_tokens and advance_blocks' tokens and accepted: the previous step's sampler output, at the
-// same addresses every step, so plain loads, not the read-only path a const __restrict__ pointer
-// gets (common.cuh load_act: a line it kept could outlive the next step's write)
+// prev_tokens and advance_blocks' tokens and accepted: the previous step's sampler output, which a
+// kernel writes, so plain loads, not the read-only path a const __restrict__ pointer gets; that path
+// is kept for weights and the inputs the host uploads (common.cuh load_act, scripts/pdl_load_lint.py)
 extern "C" __global__ void fill_input_ids(int* __restrict__ input_ids,
                                           const int* prev_tokens,
                                           const int* __restrict__ src_rows, int n_rows,

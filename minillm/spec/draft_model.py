@@ -103,7 +103,7 @@ class DraftModelProposer:
         # k - 1 more single-token steps, batched over the sequences that still draft. From the second
         # on, each takes its input (the draft the step before sampled) on the device (src_row), so it
         # is launched before the host has read that step: the device runs the steps back to back while
-        # the host prepares the next one and reads the one before (two in flight: TokenReadback's slots)
+        # the host prepares the next one and reads the one before (as many in flight as TokenReadback has slots)
         inflight: deque = deque()
         rows: dict[int, int] = {}  # each sequence's logits row in the step just launched
         for j in range(1, max(k for _, k in active)):
@@ -116,7 +116,7 @@ class DraftModelProposer:
                 it.seq.draft_computed = it.start + 1
                 rows[id(it.seq)] = i
             inflight.append((items, handle))
-            if len(inflight) == 2:
+            if len(inflight) == self.runner.readback.SLOTS:  # every readback slot holds an unread step
                 self._collect(*inflight.popleft())
         while inflight:
             self._collect(*inflight.popleft())
