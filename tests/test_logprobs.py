@@ -113,3 +113,18 @@ def test_logprob_bodies_carry_no_infinity():
               prompt_logprobs_body([None, *ruled_out], str, top=2)]
     text = json.dumps(bodies, allow_nan=False)
     assert "-9999.0" in text
+
+
+def test_score_last_only_is_the_last_row_and_fits_longer_prompts(tiny):
+    """score(last_only=True): each prompt's last row of score(), one logits row a prompt, so a prompt
+    longer than the logits buffer (max_num_seqs rows) can still be scored."""
+    llm = LLM(tiny, device="cpu", max_num_seqs=4, max_model_len=256)
+    short, long = list(range(1, 4)), list(range(1, 40))
+    full = llm.engine.score([short])[0]
+    last = llm.engine.score([short, long], last_only=True)
+    assert [a.shape[0] for a in last] == [1, 1]
+    # float32 sums in another batch shape: equal within rounding, far from any other row's
+    np.testing.assert_allclose(last[0][0], full[-1], rtol=1e-5, atol=1e-5)
+    assert not np.allclose(last[0][0], full[-2], rtol=1e-3, atol=1e-3)
+    with pytest.raises(ValueError, match="do not fit"):
+        llm.engine.score([long])  # 39 rows against a 4-row buffer

@@ -79,19 +79,9 @@ def run(model: str | None, spec: dict | None, max_tokens: int, device: str) -> t
 
 
 def next_logits(llm: LLM, ids: list[int]) -> np.ndarray:
-    """The plain model's logits for the token after ids: engine.score's one forward, keeping only
-    the last row (score returns every row, and the logits buffer holds max_num_seqs of them)."""
-    from minillm.engine.scheduler import ScheduledSeq
-    from minillm.engine.sequence import Sequence
-    from minillm.sampling_params import SamplingParams
-
-    engine = llm.engine
-    seq = Sequence("judge", ids, SamplingParams(), 0)
-    engine.block_manager.allocate(seq, seq.num_tokens)
-    try:
-        return engine.runner.execute([ScheduledSeq(seq, seq.num_tokens)], sample=False)[-1]
-    finally:
-        engine.block_manager.free_sequence(seq)
+    """The plain model's logits for the token after ids (its logits buffer holds max_num_seqs
+    rows, fewer than a prompt has: only the last row is asked for)."""
+    return llm.engine.score([ids], last_only=True)[0][-1]
 
 
 def judge_departure(logits: np.ndarray, base_tok: int, spec_tok: int) -> dict:

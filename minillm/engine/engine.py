@@ -940,14 +940,16 @@ class LLMEngine:
         found = [(i, i + len(s)) for i, s in ((text.find(s, start), s) for s in stops) if i >= 0]
         return min(found, key=lambda f: f[0]) if found else None
 
-    def score(self, prompts: list[list[int]]) -> list[np.ndarray]:
-        """Logits [len, vocab] at every position of each prompt, run as one batch (no sampling).
+    def score(self, prompts: list[list[int]], last_only: bool = False) -> list[np.ndarray]:
+        """Logits [len, vocab] at every position of each prompt, run as one batch (no sampling);
+        last_only: [1, vocab], the last position's (the next token's), so longer prompts fit.
 
         Used to check the model against other implementations; the prompts must fit one step.
         """
         if self.scheduler.has_work():
             raise RuntimeError("score() runs on an idle engine")
-        if sum(len(p) for p in prompts) > min(self.max_num_batched_tokens, self.runner.max_logits):
+        rows = len(prompts) if last_only else sum(len(p) for p in prompts)
+        if sum(len(p) for p in prompts) > self.max_num_batched_tokens or rows > self.runner.max_logits:
             raise ValueError("the prompts do not fit in one step's token and logits budget")
         seqs = [Sequence(f"score-{i}", p, SamplingParams(), 0) for i, p in enumerate(prompts)]
         batch = []
@@ -956,13 +958,13 @@ class LLMEngine:
             if not self.block_manager.can_allocate(seq, seq.num_tokens):
                 raise ValueError("the prompts do not fit in the KV pool at once")
             self.block_manager.allocate(seq, seq.num_tokens)
-            batch.append(ScheduledSeq(seq, seq.num_tokens, all_logits=True))
+            batch.append(ScheduledSeq(seq, seq.num_tokens, all_logits=not last_only))
         try:
             logits = self.runner.execute(batch, sample=False)
         finally:
             for seq in seqs:
                 self.block_manager.free_sequence(seq)
-        bounds = np.cumsum([0] + [len(p) for p in prompts])
+        bounds = np.cumsum([0] + [1 if last_only else len(p) for p in prompts])
         return [logits[bounds[i] : bounds[i + 1]] for i in range(len(prompts))]
 
     # ---- observability --------------------------------------------------------------------
