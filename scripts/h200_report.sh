@@ -4391,6 +4391,21 @@ part250() {  # prepared in session 41 (not run): what the L2 activation loads co
   pack
 }
 
+part251() {  # session 42: part249's repeats that differed (the random 0.6B-width model's plain batch-1 runs in
+  # test_greedy_on_graphs_repeats_bit_for_bit, SmolLM2's self-drafting) differed only between the first run
+  # and the five later ones, which agreed with each other: the pattern of prefix caching, whose later
+  # prefills read the prompt from the cache with other row counts. The repeat check on a random 12-layer
+  # 0.6B-width model, synchronous graphs and self-drafting, with prefix caching on and off (~4 minutes)
+  setup
+  stage model06_12 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b --num-layers 12 $M/q06_12 --force
+  stage repeat_cache_on 150 python3 scripts/decode_consistency.py $M/q06_12 --device cuda --repeats 4 \
+    --max-tokens 64 --configs sync,self_draft --prefix-caching --json "$W/repeat_cache_on.json"
+  stage repeat_cache_off 150 python3 scripts/decode_consistency.py $M/q06_12 --device cuda --repeats 4 \
+    --max-tokens 64 --configs sync,self_draft --json "$W/repeat_cache_off.json"
+  grep -h "^[a-z_]*: repeats" "$W"/repeat_cache_on.log "$W"/repeat_cache_off.log
+  pack
+}
+
 gguf_first_half() {  # a SmolLM2 call's first half: setup copies .gguf_a to /tmp, where the next call's
   # setup (within 30 s, on the same machine, carrying .gguf_b) reassembles the embedded GGUF
   setup

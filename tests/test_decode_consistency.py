@@ -31,6 +31,7 @@ def test_a_deterministic_backend_passes(tiny, tmp_path, capsys):
     for v in r.values():
         assert v["repeats_equal"] == [True, True] and v["not_argmax"] == [[], [], []]
         assert v["first_difference_from_first_config"] == [None, None, None]
+        assert v["prefix_caching"] is False  # repeats must compute what the first run did
         assert all(len(t) == 6 for t in v["token_ids"][0])
 
 
@@ -66,3 +67,10 @@ def test_speculative_configs_pass_on_a_deterministic_backend(tiny):
     assert dc.engine_args("self_draft", tiny)["speculative_config"]["model"] == tiny
     assert dc.engine_args("self_draft", None)["speculative_config"]["model"] == "smollm2-135m-instruct"
     assert "model" not in dc.CONFIGS["self_draft"]["speculative_config"]  # the table stays untouched
+
+
+def test_prefix_caching_only_on_request(tiny, tmp_path):
+    out = tmp_path / "c.json"
+    assert dc.main([tiny, "--device", "cpu", "--repeats", "2", "--max-tokens", "4", "--configs", "sync",
+                    "--prefix-caching", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["sync"]["prefix_caching"] is True
