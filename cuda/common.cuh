@@ -176,7 +176,8 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 // thousands of ranks down the prefill's list (a line of x left from the layer before, on the SM);
 // read from L2, 8 of 8 repeats agreed. Weights, unchanged for the engine's life, and the step inputs
 // the host uploads before a launch keep __ldg (scripts/pdl_load_lint.py checks the PTX in CI).
-// ACT_LOADS_NC=1 restores the read-only path, for A/B runs only.
+// ACT_LOADS_NC=1 restores the read-only path, for A/B runs only; ACT_LOADS_CA=1 loads through L1
+// (ld.global.ca), which the memory model orders after the wait as it does cg.
 #ifndef ACT_LOADS_NC
 #define ACT_LOADS_NC 0
 #endif
@@ -184,6 +185,8 @@ template <typename V>
 __device__ __forceinline__ V load_act(const V* p) {
 #if ACT_LOADS_NC
   return __ldg(p);
+#elif ACT_LOADS_CA
+  return __ldca(p);  // ld.global.ca: through L1, a weak load (A/B runs only, session 42)
 #else
   return __ldcg(p);
 #endif

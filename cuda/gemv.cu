@@ -61,6 +61,9 @@
 #ifndef GEMV1_DEEP_U  // gemv1_deep_bf16's chunks in flight (124 registers at 8: 4 CTAs an SM, ptxas)
 #define GEMV1_DEEP_U 8
 #endif
+#ifndef GEMV_NORM_PRELOAD  // the folded-norm products' first weights into registers before the wait (below)
+#define GEMV_NORM_PRELOAD 1
+#endif
 #ifndef GEMV_STAGED  // 0: one row takes the unrolled loop too (A/B runs: h200_report.sh part132)
 #define GEMV_STAGED 1
 #endif
@@ -239,6 +242,30 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
   const bool up_warp = SPLIT && wib >= COL_WARPS;
   const int n0 = (blockIdx.x * COL_WARPS + wib % COL_WARPS) * GEMV_NR;
   const i64 row0 = up_warp ? N : 0;  // SPLIT: the up warps' rows start at N
+  const int chunks = K / 8;  // 16-byte chunks per row (the host checks K % 8 == 0)
+  auto load_w = [&](int c, uint4* wv) {  // issue every row's load before using any
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int col = min(n0 + r % GEMV_NR, N - 1);
+      const i64 n = SPLIT ? row0 + col : r < GEMV_NR ? col : N + col;  // rows past GEMV_NR: the up half
+      wv[r] = __ldg(reinterpret_cast<const uint4*>(w + (i64)n * K) + c);
+    }
+  };
+  constexpr int U = U1 ? U1 : GEMV1_U;
+  // PRELOAD (the folded-norm products): the first U chunks a lane of the weights, issued into
+  // registers before the PDL wait (weights never depend on the previous kernel), so that after the
+  // wait only x's load and the norm stand between the wait and the first FMA. Without it the weights
+  // are asked for only after norm_row's barrier (session 42: with x read after the wait, as it must
+  // be, the folded products cost the 0.6B step ~7%; part250).
+  // GEMV_NORM_PRELOAD 1: the plain (qkv) product only; 2: the gated (gate_up) one too, whose 106
+  // registers (72 without) leave 4 CTAs an SM, fewer than the 0.6B gate_up's 768 CTAs need for one wave.
+  constexpr bool PRELOAD = NORM > 0 && GEMV_STAGED && M == 1 &&
+                           (GEMV_NORM_PRELOAD == 2 || (GEMV_NORM_PRELOAD == 1 && !GATED));
+  uint4 wpre[PRELOAD ? U : 1][R];
+  if constexpr (PRELOAD) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) load_w(min(lane + 32 * u, chunks - 1), wpre[u]);
+  }
   if constexpr (!WAITED) {
     if constexpr (SPLIT)
       gemv_prefetch_rows(w + row0 * K, n0, N, K, (i64)N * K * 4);
@@ -249,21 +276,12 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
   if constexpr (NORM > 0) norm_row<NORM>(x, na, K, norm_w, xs_norm);  // every thread, before any returns
   // SPLIT keeps every warp to the CTA barrier below: past N they reload row N - 1, unused
   if (!SPLIT && n0 >= N) return;
-  const int chunks = K / 8;  // 16-byte chunks per row (the host checks K % 8 == 0)
   float acc[R][M];
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
 
-  auto load_w = [&](int c, uint4* wv) {  // issue every row's load before using any
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int col = min(n0 + r % GEMV_NR, N - 1);
-      const i64 n = SPLIT ? row0 + col : r < GEMV_NR ? col : N + col;  // rows past GEMV_NR: the up half
-      wv[r] = __ldg(reinterpret_cast<const uint4*>(w + (i64)n * K) + c);
-    }
-  };
   // x is written by the previous kernel: read only after pdl_entry (cuda/common.cuh), and with a
   // plain load, not __ldg (ld.global.nc asks for data read-only for the kernel's lifetime, which
   // under PDL overlaps the writer's). Before session 19 nvcc read it through the read-only path
@@ -304,13 +322,17 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
     // 4.352-4.355, so 8B's slower qkv / o / down are not short of bytes in flight. Splitting a
     // column's K range over 2-3 warps (to fill the GPU with 0.6B's 128-CTA o and down) did not
     // either: 0.6B 0.885 -> 0.887-0.890 (part152); both were removed.
-    constexpr int U = U1 ? U1 : GEMV1_U;
     for (int c0 = lane; c0 < chunks; c0 += 32 * U) {
       uint4 wv[U][R], xv[U][M];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int c = min(c0 + 32 * u, chunks - 1);
-        load_w(c, wv[u]);
+        if (PRELOAD && c0 == lane) {
+#pragma unroll
+          for (int r = 0; r < R; ++r) wv[u][r] = wpre[u][r];
+        } else {
+          load_w(c, wv[u]);
+        }
 #pragma unroll
         for (int m = 0; m < M; ++m) xv[u][m] = load_x(c, m);
       }

@@ -4391,18 +4391,49 @@ part250() {  # prepared in session 41 (not run): what the L2 activation loads co
   pack
 }
 
-part251() {  # session 42: part249's repeats that differed (the random 0.6B-width model's plain batch-1 runs in
-  # test_greedy_on_graphs_repeats_bit_for_bit, SmolLM2's self-drafting) differed only between the first run
-  # and the five later ones, which agreed with each other: the pattern of prefix caching, whose later
-  # prefills read the prompt from the cache with other row counts. The repeat check on a random 12-layer
-  # 0.6B-width model, synchronous graphs and self-drafting, with prefix caching on and off (~4 minutes)
+part251() {  # session 42: part250 found the L2 activation loads cost the 0.6B batch-1 graph 7% (0.830 -> 0.891 ms),
+  # the 8B's nothing; the SASS of the old folded-norm products has x's ld.global.nc hoisted by ptxas
+  # above griddepcontrol.wait (ACQBULK): the old figure read x before its writer finished. The 0.6B
+  # graph alternated twice: the folded products' first weights loaded into registers before the wait
+  # (GEMV_NORM_PRELOAD 1, qkv only: the new default; 2, gate_up too; 0, session 41's code), activations
+  # through L1 (ACT_LOADS_CA=1), the norms not folded (MINILLM_FOLD_NORMS_MAX_K=0), and the old racy
+  # loads for reference; bench decode; then the repeat tests with prefix caching off, on the default
+  # and on the stale-read control NORM_ROW_L2=0 (~8 minutes)
   setup
-  stage model06_12 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b --num-layers 12 $M/q06_12 --force
-  stage repeat_cache_on 150 python3 scripts/decode_consistency.py $M/q06_12 --device cuda --repeats 4 \
-    --max-tokens 64 --configs sync,self_draft --prefix-caching --json "$W/repeat_cache_on.json"
-  stage repeat_cache_off 150 python3 scripts/decode_consistency.py $M/q06_12 --device cuda --repeats 4 \
-    --max-tokens 64 --configs sync,self_draft --json "$W/repeat_cache_off.json"
-  grep -h "^[a-z_]*: repeats" "$W"/repeat_cache_on.log "$W"/repeat_cache_off.log
+  stage models06 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  local r tag envs
+  for r in 1 2; do
+    for tag in pre1 pre0 pre2 ca nofold racy; do
+      case $tag in
+        pre1) envs=MINILLM_PDL=1 ;;
+        pre0) envs=MINILLM_CUDA_DEFINES=GEMV_NORM_PRELOAD=0 ;;
+        pre2) envs=MINILLM_CUDA_DEFINES=GEMV_NORM_PRELOAD=2 ;;
+        ca) envs=MINILLM_CUDA_DEFINES=ACT_LOADS_CA=1 ;;
+        nofold) envs=MINILLM_FOLD_NORMS_MAX_K=0 ;;
+        racy) envs=MINILLM_CUDA_DEFINES=ACT_LOADS_NC=1,KV_LOADS_NC=1,GEMV_NORM_PRELOAD=0 ;;
+      esac
+      stage "graph06_${tag}_$r" 90 env $envs python3 scripts/step_kernels.py $M/q06 --batch 1 --ctx 512 \
+        --json "$W/graph06_${tag}_$r.json"
+    done
+  done
+  for tag in pre1 pre0 pre2 ca nofold racy; do
+    echo "$tag $(grep -ho '"graph_ms": [0-9.]*' "$W"/graph06_${tag}_*.json | tr '\n' ' ')"
+  done
+  stage decode06 120 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
+    --result-json "$W/decode06.json"
+  stage fold_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k "folded or unfolded"
+  stage repeat_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py -k repeats_bit
+  stage repeat_tests_stale 150 env MINILLM_CUDA_DEFINES=NORM_ROW_L2=0 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    -rfEs tests/test_gpu_engine.py -k repeats_bit
+  tail -3 "$W/repeat_tests.log" "$W/repeat_tests_stale.log"
+  pack
+}
+
+part252() {  # session 42: every GPU test on the final code (the jsonschema wheel carried: part250's run stopped
+  # at collection without it) (~6 minutes)
+  setup
+  stage gpu_tests 420 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests
+  tail -3 "$W/gpu_tests.log"
   pack
 }
 
