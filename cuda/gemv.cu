@@ -64,6 +64,9 @@
 #ifndef GEMV_NORM_PRELOAD  // the folded-norm products' first weights into registers before the wait (below)
 #define GEMV_NORM_PRELOAD 1
 #endif
+#ifndef GEMV1_PRELOAD  // gemv1_bf16 preloading its first weights the same way (below)
+#define GEMV1_PRELOAD 0
+#endif
 #ifndef GEMV_STAGED  // 0: one row takes the unrolled loop too (A/B runs: h200_report.sh part132)
 #define GEMV_STAGED 1
 #endif
@@ -259,8 +262,10 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
   // be, the folded products cost the 0.6B step ~7%; part250).
   // GEMV_NORM_PRELOAD 1: the plain (qkv) product only; 2: the gated (gate_up) one too, whose 106
   // registers (72 without) leave 4 CTAs an SM, fewer than the 0.6B gate_up's 768 CTAs need for one wave.
-  constexpr bool PRELOAD = NORM > 0 && GEMV_STAGED && M == 1 &&
-                           (GEMV_NORM_PRELOAD == 2 || (GEMV_NORM_PRELOAD == 1 && !GATED));
+  // GEMV1_PRELOAD=1 (an A/B knob, session 42): gemv1_bf16's too (o and down; x is read after the wait).
+  constexpr bool PRELOAD = GEMV_STAGED && M == 1 && !WAITED &&
+                           (NORM > 0 ? GEMV_NORM_PRELOAD == 2 || (GEMV_NORM_PRELOAD == 1 && !GATED)
+                                     : GEMV1_PRELOAD && !GATED && U1 == 0 && sizeof(TO) == 2);
   uint4 wpre[PRELOAD ? U : 1][R];
   if constexpr (PRELOAD) {
 #pragma unroll

@@ -4430,10 +4430,26 @@ part251() {  # session 42: part250 found the L2 activation loads cost the 0.6B b
 }
 
 part252() {  # session 42: every GPU test on the final code (the jsonschema wheel carried: part250's run stopped
-  # at collection without it) (~6 minutes)
+  # at collection without it), then, while the budget lasts, gemv1_bf16 preloading its first weights
+  # before the wait as the folded qkv product now does (GEMV1_PRELOAD=1: the 0.6B o / down, 128 CTAs;
+  # also the 8B qkv, whose 108 registers leave 4 CTAs an SM for its 768) against the default, batch-1
+  # graphs of both shapes alternated (~9 minutes)
   setup
   stage gpu_tests 420 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests
-  tail -3 "$W/gpu_tests.log"
+  tail -n 3 "$W/gpu_tests.log"
+  stage models 60 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  local r tag envs
+  for r in 1 2; do
+    for tag in base g1pre; do
+      envs=MINILLM_PDL=1
+      [ $tag = g1pre ] && envs=MINILLM_CUDA_DEFINES=GEMV1_PRELOAD=1
+      stage "graph06_${tag}_$r" 90 env $envs python3 scripts/step_kernels.py $M/q06 --batch 1 --ctx 512 \
+        --json "$W/graph06_${tag}_$r.json"
+      stage "graph8_${tag}_$r" 60 env $envs python3 scripts/step_kernels.py $M/q8 --batch 1 --ctx 512 \
+        --json "$W/graph8_${tag}_$r.json"
+    done
+  done
   pack
 }
 
