@@ -64,9 +64,6 @@
 #ifndef GEMV_NORM_PRELOAD  // the folded-norm products' first weights into registers before the wait (below)
 #define GEMV_NORM_PRELOAD 1
 #endif
-#ifndef GEMV1_PRELOAD  // gemv1_bf16 preloading its first weights the same way (below)
-#define GEMV1_PRELOAD 0
-#endif
 #ifndef GEMV_STAGED  // 0: one row takes the unrolled loop too (A/B runs: h200_report.sh part132)
 #define GEMV_STAGED 1
 #endif
@@ -228,7 +225,7 @@ __device__ __forceinline__ void norm_row(const bf16* __restrict__ x, const NormA
 // sums reach the gate warps through shared memory (gemv1_silu_mul_split, gemv_silu_mul_split).
 // NORM > 0: x is normalised first, in shared memory (norm_row above; na: its inputs).
 template <typename TO, int M, bool GATED, int WARPS = GEMV_WARPS, bool WAITED = false, int U1 = 0,
-          bool SPLIT = false, int NORM = 0>
+          bool SPLIT = false, int NORM = 0, bool PRE = false>
 __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
                                           const bf16* __restrict__ w, const bf16* __restrict__ bias,
                                           TO* __restrict__ out, i64 ldo, int N, int K,
@@ -262,10 +259,9 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
   // be, the folded products cost the 0.6B step ~7%; part250).
   // GEMV_NORM_PRELOAD 1: the plain (qkv) product only; 2: the gated (gate_up) one too, whose 106
   // registers (72 without) leave 4 CTAs an SM, fewer than the 0.6B gate_up's 768 CTAs need for one wave.
-  // GEMV1_PRELOAD=1 (an A/B knob, session 42): gemv1_bf16's too (o and down; x is read after the wait).
+  // PRE: a plain one-row product preloading the same way (gemv1_pre_bf16).
   constexpr bool PRELOAD = GEMV_STAGED && M == 1 && !WAITED &&
-                           (NORM > 0 ? GEMV_NORM_PRELOAD == 2 || (GEMV_NORM_PRELOAD == 1 && !GATED)
-                                     : GEMV1_PRELOAD && !GATED && U1 == 0 && sizeof(TO) == 2);
+                           (NORM > 0 ? GEMV_NORM_PRELOAD == 2 || (GEMV_NORM_PRELOAD == 1 && !GATED) : PRE && !GATED);
   uint4 wpre[PRELOAD ? U : 1][R];
   if constexpr (PRELOAD) {
 #pragma unroll
@@ -428,6 +424,14 @@ MINILLM_GEMV(f32, float)
 extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
     gemv1_bf16(const bf16* x, i64 ldx, const bf16* w, const bf16* bias, bf16* out, i64 ldo, int N, int K) {
   gemv_impl<bf16, 1, false>(x, ldx, w, bias, out, ldo, N, K);
+}
+// gemv1_bf16 with its first weights loaded into registers before the PDL wait (gemv_impl's
+// PRELOAD): 108 registers, 4 CTAs an SM, so the host sends it only grids of one such wave
+// (cuda_ops.py one_row_product_kernel). Session 42, part252, batch-1 graphs, every gemv1_bf16
+// launch on it: 0.6B (o, down: 128 CTAs) -0.9%; 8B (qkv: 768 CTAs) +0.8%.
+extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
+    gemv1_pre_bf16(const bf16* x, i64 ldx, const bf16* w, const bf16* bias, bf16* out, i64 ldo, int N, int K) {
+  gemv_impl<bf16, 1, false, GEMV_WARPS, false, 0, false, 0, true>(x, ldx, w, bias, out, ldo, N, K);
 }
 extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
     gemv1_f32(const bf16* x, i64 ldx, const bf16* w, const bf16* bias, float* out, i64 ldo, int N, int K) {

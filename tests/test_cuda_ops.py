@@ -709,24 +709,26 @@ def test_one_row_gemv_staged_loads_same_bits(be, K, N):
 @pytest.mark.parametrize("K,N", [(64, 96), (1000, 1537), (4104, 300), (4096, 2050)])
 def test_one_row_split_and_deep_kernels_same_bits(be, K, N):
     """gemv1_silu_mul_split_bf16 (gate and up rows on different warps of a CTA) gives
-    gemv1_silu_mul_bf16's bits and gemv1_deep_bf16 (8 chunks a lane in flight) gemv1_bf16's: the
-    same sums in the same order. Column counts that leave a CTA's last warps past the end (they
+    gemv1_silu_mul_bf16's bits, and gemv1_deep_bf16 (8 chunks a lane in flight) and gemv1_pre_bf16
+    (its first weights loaded before the PDL wait) gemv1_bf16's: the same sums in the same order. Column counts that leave a CTA's last warps past the end (they
     must still reach the split kernel's barrier) and chunk counts that leave the last group partial."""
     from minillm.backends import compile as kc
 
     x, w, b = one_row_inputs(be, K, N)
     plain, gated = one_row_gemvs(be, x, w, b)
-    split, deep = poisoned(be, (1, N)), poisoned(be, (1, 2 * N))
+    split, deep, pre = poisoned(be, (1, N)), poisoned(be, (1, 2 * N)), poisoned(be, (1, 2 * N))
     with be.stream:
         kc.get_kernel("gemv", "gemv1_silu_mul_split_bf16", False)(
             ((N + 3) // 4,), (128,), (x, np.int64(K), w, split, np.int64(N), np.int32(N), np.int32(K)))
-        kc.get_kernel("gemv", "gemv1_deep_bf16", False)(
-            ((2 * N + 7) // 8,), (128,),
-            (x, np.int64(K), w, b, deep, np.int64(2 * N), np.int32(2 * N), np.int32(K)))
+        for name, out in (("gemv1_deep_bf16", deep), ("gemv1_pre_bf16", pre)):
+            kc.get_kernel("gemv", name, False)(
+                ((2 * N + 7) // 8,), (128,),
+                (x, np.int64(K), w, b, out, np.int64(2 * N), np.int32(2 * N), np.int32(K)))
     be.synchronize()
     assert not np.isnan(gated).any() and not np.isnan(plain).any()
     assert np.array_equal(host(be, split), gated)
     assert np.array_equal(host(be, deep), plain)
+    assert np.array_equal(host(be, pre), plain)
 
 
 @pytest.mark.parametrize("K,N,with_res,bias", [(64, 96, False, False), (64, 96, True, True),
@@ -857,9 +859,10 @@ def test_gated_split_kernel_rows_same_bits(be, M, K, F):
 def test_one_row_gated_product_routes_same_bits(be):
     """The one-row gate_up product's routes, fused and split (MINILLM_GATED_SPLIT_MAX_M 0 / 1), give the same
     bits, leave gate_up unwritten and launch the kernel they name, in a graph too; and a one-row
-    product on gemv1_deep_bf16 (MINILLM_GEMV1_DEEP_MIN_K) gives gemv1_bf16's."""
+    product on gemv1_deep_bf16 (MINILLM_GEMV1_DEEP_MIN_K) or gemv1_pre_bf16 (MINILLM_GEMV1_PRE)
+    gives gemv1_bf16's."""
     x, w, b = one_row_inputs(be, 1024, 1536)
-    saved = be.gated_split_max_m, be.gemv1_deep_min_k
+    saved = be.gated_split_max_m, be.gemv1_deep_min_k, be.gemv1_pre
     outs, launched = {}, {}
     try:
         for route, split in (("fused", 0), ("split", 1)):
@@ -872,16 +875,16 @@ def test_one_row_gated_product_routes_same_bits(be):
             be.capture_graph(lambda o=out2, g=gate_up: be.matmul_silu_mul(x, w, o, g)).replay()
             launched[route] = be.captured_launches - before
             assert np.array_equal(host(be, out2), outs[route][0]), route
-        for min_k in (0, 1024):
-            be.gemv1_deep_min_k = min_k
+        for key, min_k, pre in ((0, 0, 0), (1024, 1024, 0), ("pre", 0, 1)):
+            be.gemv1_deep_min_k, be.gemv1_pre = min_k, pre
             be.matmul(x, w, poisoned(be, (1, 3072)), bias=b)  # eagerly first, as capture_graph asks
             out = poisoned(be, (1, 3072))
             before = Counter(be.captured_launches)
             be.capture_graph(lambda o=out: be.matmul(x, w, o, bias=b)).replay()
-            launched[min_k] = be.captured_launches - before
-            outs[min_k] = host(be, out)
+            launched[key] = be.captured_launches - before
+            outs[key] = host(be, out)
     finally:
-        be.gated_split_max_m, be.gemv1_deep_min_k = saved
+        be.gated_split_max_m, be.gemv1_deep_min_k, be.gemv1_pre = saved
     fused, gu0 = outs["fused"]
     assert not np.isnan(fused).any() and np.isnan(gu0).all() and np.isnan(outs["split"][1]).all()
     assert np.array_equal(fused, outs["split"][0])
@@ -889,6 +892,8 @@ def test_one_row_gated_product_routes_same_bits(be):
     assert launched["split"] == Counter(gemv1_silu_mul_split_bf16=1), launched
     assert launched[0] == Counter(gemv1_bf16=1) and launched[1024] == Counter(gemv1_deep_bf16=1), launched
     assert not np.isnan(outs[0]).any() and np.array_equal(outs[0], outs[1024])
+    assert launched["pre"] == Counter(gemv1_pre_bf16=1), launched  # 384 CTAs: one wave of 4 an SM
+    assert np.array_equal(outs[0], outs["pre"])
 
 
 def test_dependent_chain_in_a_graph_matches_eager(be):

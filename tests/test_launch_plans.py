@@ -124,6 +124,21 @@ def test_one_row_product_deep_kernel_from_a_row_length_within_one_wave():
     assert one_row_product_kernel(1024, 4096, True, sms, 4096) == "gemv1_f32"
 
 
+def test_one_row_product_preloading_kernel_only_within_one_wave():
+    """MINILLM_GEMV1_PRE: one-row bf16 products whose grid fits one wave of 4 CTAs an SM take
+    gemv1_pre_bf16 (the 0.6B o and down); the 8B qkv (768 CTAs), the deep kernel's products and
+    the fp32 LM heads keep theirs; without it nothing does."""
+    sms = 132
+    assert one_row_product_kernel(1024, 2048, False, sms, 4096, pre=True) == "gemv1_pre_bf16"  # 0.6B o
+    assert one_row_product_kernel(1024, 3072, False, sms, 4096, pre=True) == "gemv1_pre_bf16"  # 0.6B down
+    assert one_row_product_kernel(1024, 3072, False, sms, 4096) == "gemv1_bf16"
+    assert one_row_product_kernel(8 * 4 * sms, 1024, False, sms, 4096, pre=True) == "gemv1_pre_bf16"
+    assert one_row_product_kernel(8 * 4 * sms + 1, 1024, False, sms, 4096, pre=True) == "gemv1_bf16"
+    assert one_row_product_kernel(6144, 4096, False, sms, 4096, pre=True) == "gemv1_bf16"  # 8B qkv
+    assert one_row_product_kernel(4096, 12288, False, sms, 4096, pre=True) == "gemv1_deep_bf16"  # 8B down
+    assert one_row_product_kernel(1024, 4096, True, sms, 4096, pre=True) == "gemv1_f32"
+
+
 def test_gated_split_mode_from_the_environment(monkeypatch):
     """MINILLM_GATED_SPLIT_MAX_M: 2 by default (part196: batch-1 graphs 8B -1.2%, 0.6B -1.0%; part199:
     batch-2 graphs 8B -1.5%, 0.6B -2.4%), 0 to 4 (the GEMV's rows) accepted; any other value is

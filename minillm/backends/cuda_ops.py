@@ -152,6 +152,11 @@ def norm_fold_chunks(K: int) -> int | None:
 # cuda/gemv.cu's gemv1_deep_bf16 (8 chunks a lane in flight): 124 registers (ptxas), so 4 CTAs of 128
 # threads an SM; it takes a one-row product whose grid fits one wave of that (one_row_product_kernel)
 _GEMV1_DEEP_CTAS_PER_SM = 4
+# gemv1_pre_bf16 (its first weights loaded before the PDL wait): 108 registers, 4 CTAs an SM too.
+# MINILLM_GEMV1_PRE=1 routes one-wave grids to it; off by default until its tests have run on a GPU
+# (session 42 measured only its graphs: part252, DEVELOPING.md)
+_GEMV1_PRE_CTAS_PER_SM = 4
+_GEMV1_PRE_DEFAULT = 0
 # MINILLM_GEMV1_DEEP_MIN_K (0: never) and the one-row gate_up split (gemv1_silu_mul_split_bf16, not the
 # fused gemv1_silu_mul_bf16). Batch-1 graphs alternated twice on one H200 (session 31, part196): 8B
 # 4.339 ms -> deep 4.282 (-1.3%: its o and down), split 4.287 (-1.2%), both 4.273 (-1.5%); 0.6B
@@ -252,16 +257,22 @@ def gated_product_kernel(M: int, F: int, K: int) -> str | None:
     return None
 
 
-def one_row_product_kernel(N: int, K: int, f32_out: bool, num_sms: int, deep_min_k: int) -> str:
+def one_row_product_kernel(N: int, K: int, f32_out: bool, num_sms: int, deep_min_k: int,
+                           pre: bool = False) -> str:
     """The cuda/gemv.cu kernel of a one-row product of N outputs over K: gemv1_deep_bf16 (8 chunks a
     lane in flight) for rows of at least deep_min_k (0: never) whose grid fits one wave of its 4 CTAs
     an SM, else gemv1_bf16 / gemv1_f32 (4 in flight, 7 CTAs an SM). Session 31's part195 ran every
     one-row product with 8: the 8B down (512 CTAs) streamed 3.96 -> 4.10 TB/s, o (512) 5.71 -> 5.79,
-    qkv (768: past a wave) 4.49 -> 4.13 (scripts/stream_bench.py)."""
-    if (not f32_out and deep_min_k and K >= deep_min_k
-            and _cdiv(N, _GEMV_COLS_PER_CTA) <= _GEMV1_DEEP_CTAS_PER_SM * num_sms):
+    qkv (768: past a wave) 4.49 -> 4.13 (scripts/stream_bench.py). With pre (MINILLM_GEMV1_PRE),
+    other bf16 grids that fit one wave of 4 CTAs an SM take gemv1_pre_bf16 (weights asked for before
+    the PDL wait); on it, every gemv1_bf16 launch of a batch-1 graph measured 0.6B (o, down: 128
+    CTAs) -0.9% and 8B (qkv: 768 CTAs, two waves at 4 an SM) +0.8% (session 42, part252)."""
+    ctas = _cdiv(N, _GEMV_COLS_PER_CTA)
+    if f32_out:
+        return "gemv1_f32"
+    if deep_min_k and K >= deep_min_k and ctas <= _GEMV1_DEEP_CTAS_PER_SM * num_sms:
         return "gemv1_deep_bf16"
-    return "gemv1_f32" if f32_out else "gemv1_bf16"
+    return "gemv1_pre_bf16" if pre and ctas <= _GEMV1_PRE_CTAS_PER_SM * num_sms else "gemv1_bf16"
 
 
 def small_product_max_m() -> int:
@@ -614,6 +625,10 @@ class CudaBackend:
                              f"the default is {_FOLD_NORMS_MAX_K_DEFAULT}")
         self.gemv1_deep_min_k = env_int("MINILLM_GEMV1_DEEP_MIN_K", _GEMV1_DEEP_MIN_K_DEFAULT,
                                         "shortest row a one-row product keeps 8 chunks a lane in flight for; 0 never")
+        self.gemv1_pre = env_int("MINILLM_GEMV1_PRE", _GEMV1_PRE_DEFAULT,
+                                 "1: one-row products of one wave load their first weights before the PDL wait")
+        if self.gemv1_pre not in (0, 1):
+            raise ValueError(f"MINILLM_GEMV1_PRE={self.gemv1_pre}: use 0 or 1")
         self.o_merge = env_int("MINILLM_O_MERGE", _O_MERGE_DEFAULT,
                                "a batch-1 step's o product merges the attention's splits: 0 off, 1 each CTA, "
                                "2 in clusters")
@@ -647,7 +662,8 @@ class CudaBackend:
                                  for g in range(1, _DECODE_MAX_G + 1)],
             "sampling": ["sample_tokens"],
             "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemv1_bf16", "gemv1_f32", "gemv1_silu_mul_bf16",
-                     "gemv1_silu_mul_split_bf16", "gemv_silu_mul_split_bf16", "gemv1_deep_bf16"]
+                     "gemv1_silu_mul_split_bf16", "gemv_silu_mul_split_bf16", "gemv1_deep_bf16",
+                     "gemv1_pre_bf16"]
             + [f"gemv1_{k}norm{c}_bf16" for k in ("", "silu_mul_split_") for c in _NORM_FOLD_CHUNKS]
             + [f"gemm_skinny{t}_{k}" for t in ("", "2", "4") for k in ("bf16", "f32", "silu_mul_bf16")]
             + [f"gemv1_merge{c}_bf16_w{w}" for c in ("", f"_cl{_O_MERGE_CLUSTER}") for w in (4, 8, 16)],
@@ -1087,7 +1103,8 @@ class CudaBackend:
             kernel = "gemv" if M <= _GEMV_MAX_M else "skinny"
         if kernel == "gemv":  # one row: its own kernels (cuda/gemv.cu's staged loads)
             rows = () if M == 1 else (_i32(M),)
-            name = (one_row_product_kernel(N, K, out.dtype == np.float32, self.num_sms, self.gemv1_deep_min_k)
+            name = (one_row_product_kernel(N, K, out.dtype == np.float32, self.num_sms, self.gemv1_deep_min_k,
+                                           bool(self.gemv1_pre))
                     if M == 1 else "gemv_" + _suffix(out.dtype))
             self._launch(name, (_cdiv(N, _GEMV_COLS_PER_CTA),),
                          (_GEMV_THREADS,), (x, _i64(ldx), w, bias if bias is not None else _NULL, out, _i64(ldo))
