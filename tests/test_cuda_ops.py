@@ -710,8 +710,9 @@ def test_one_row_gemv_staged_loads_same_bits(be, K, N):
 def test_one_row_split_and_deep_kernels_same_bits(be, K, N):
     """gemv1_silu_mul_split_bf16 (gate and up rows on different warps of a CTA) gives
     gemv1_silu_mul_bf16's bits, and gemv1_deep_bf16 (8 chunks a lane in flight) and gemv1_pre_bf16
-    (its first weights loaded before the PDL wait) gemv1_bf16's: the same sums in the same order. Column counts that leave a CTA's last warps past the end (they
-    must still reach the split kernel's barrier) and chunk counts that leave the last group partial."""
+    (its first weights loaded before the PDL wait) gemv1_bf16's: the same sums in the same order.
+    Column counts that leave a CTA's last warps past the end (they must still reach the split
+    kernel's barrier) and chunk counts that leave the last group partial."""
     from minillm.backends import compile as kc
 
     x, w, b = one_row_inputs(be, K, N)
