@@ -173,7 +173,8 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 // unchanged while the kernel lives, and under PDL a kernel lives beside the one writing its input.
 // Measured on the H200 (session 41, part246-part248): the folded norms read the previous product's
 // output x through it, and SmolLM2's greedy runs on graphs differed between repeats, some tokens
-// thousands of ranks down the prefill's list (a line of x left from the layer before, on the SM);
+// thousands of ranks down the prefill's list: ptxas had moved that load above griddepcontrol.wait
+// (ACQBULK in the SASS, session 42), free to since the path promises the data never changes;
 // read from L2, 8 of 8 repeats agreed. Weights, unchanged for the engine's life, and the step inputs
 // the host uploads before a launch keep __ldg (scripts/pdl_load_lint.py checks the PTX in CI).
 // ACT_LOADS_NC=1 restores the read-only path, for A/B runs only; ACT_LOADS_CA=1 loads through L1
