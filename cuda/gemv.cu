@@ -252,14 +252,13 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
     }
   };
   constexpr int U = U1 ? U1 : GEMV1_U;
-  // PRELOAD (the folded-norm products): the first U chunks a lane of the weights, issued into
+  // PRELOAD (the folded-norm products; gemv1_pre_bf16 by PRE): the first U chunks a lane of the weights, issued into
   // registers before the PDL wait (weights never depend on the previous kernel), so that after the
   // wait only x's load and the norm stand between the wait and the first FMA. Without it the weights
   // are asked for only after norm_row's barrier (session 42: with x read after the wait, as it must
   // be, the folded products cost the 0.6B step ~7%; part250).
   // GEMV_NORM_PRELOAD 1: the plain (qkv) product only; 2: the gated (gate_up) one too, whose 106
   // registers (72 without) leave 4 CTAs an SM, fewer than the 0.6B gate_up's 768 CTAs need for one wave.
-  // PRE: a plain one-row product preloading the same way (gemv1_pre_bf16).
   constexpr bool PRELOAD = GEMV_STAGED && M == 1 && !WAITED &&
                            (NORM > 0 ? GEMV_NORM_PRELOAD == 2 || (GEMV_NORM_PRELOAD == 1 && !GATED) : PRE && !GATED);
   uint4 wpre[PRELOAD ? U : 1][R];

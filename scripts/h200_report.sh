@@ -4433,7 +4433,8 @@ part252() {  # session 42: every GPU test on the final code (the jsonschema whee
   # at collection without it), then, while the budget lasts, gemv1_bf16 preloading its first weights
   # before the wait as the folded qkv product now does (GEMV1_PRELOAD=1: the 0.6B o / down, 128 CTAs;
   # also the 8B qkv, whose 108 registers leave 4 CTAs an SM for its 768) against the default, batch-1
-  # graphs of both shapes alternated (~9 minutes)
+  # graphs of both shapes alternated (~9 minutes). GEMV1_PRELOAD is gone since: the same code is the
+  # gemv1_pre_bf16 kernel, routed under MINILLM_GEMV1_PRE=1
   setup
   stage gpu_tests 420 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests
   tail -n 3 "$W/gpu_tests.log"

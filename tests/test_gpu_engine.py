@@ -321,7 +321,8 @@ def test_smollm2_greedy_on_graphs_repeats_and_matches_the_prefill():
         default_model_path()
     except FileNotFoundError as e:
         pytest.skip(str(e))
-    # prefix caching off: a repeat would otherwise prefill from the cache, other kernels (docstring above)
+    # prefix caching off: a later repeat would prefill from the cache, with other row counts, other
+    # kernels and another rounding (test_greedy_on_graphs_repeats_bit_for_bit, part249)
     llm = LLM(device="cuda", max_model_len=1024, max_num_seqs=256, async_scheduling=False,
               enable_prefix_caching=False)
     assert llm.engine.runner.graphs
