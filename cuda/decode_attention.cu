@@ -49,6 +49,9 @@
 // -0.11%, the c = 1 round +0.30%; the same with 16 for the fused step's kernel alone
 // (DEC_MERGE_FLIGHT_ROPE; the round, whose graphs run only the other kernel, keeps 8; part171): 0.6B
 // 0.8495 -> 0.8401 ms (-1.1%), 8B 4.273 -> 4.260 (one run each, -0.3%); kept, both.
+// Session 43 (part254 / part255): splits of at least 32 keys instead of 64 at batch 1 (17 active
+// splits at 512 keys, not 9): 0.6B (G = 2) -1.6% / -2.9%, 8B (G = 4) +0.5% / +0.4%; the host takes
+// 32 for one-row steps of G <= 2 only (cuda_ops.decode_min_part). 16 and 48 were slower on both.
 //
 // Splits (flash-decoding): split s takes keys [s * part, (s + 1) * part) of this token's own
 // context, part = max(min_part, ceil(len / n_splits)) rounded to 16, so a short context in a

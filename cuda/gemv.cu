@@ -64,6 +64,9 @@
 #ifndef GEMV_NORM_PRELOAD  // the folded-norm products' first weights into registers before the wait (below)
 #define GEMV_NORM_PRELOAD 1
 #endif
+#ifndef GEMV_GATED_NORM_MIN_BLOCKS  // CTAs an SM the folded gate_up's registers must allow (__launch_bounds__)
+#define GEMV_GATED_NORM_MIN_BLOCKS 1
+#endif
 #ifndef GEMV_STAGED  // 0: one row takes the unrolled loop too (A/B runs: h200_report.sh part132)
 #define GEMV_STAGED 1
 #endif
@@ -482,7 +485,8 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
     gemv_impl<bf16, 1, false, GEMV_WARPS, false, 0, false, NORM>(x, 0, w, bias, out, 0, N, K,       \
                                                                  NormArgs{res, nw, res_out, eps});  \
   }                                                                                                 \
-  extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv1_silu_mul_split_norm##NORM##_bf16( \
+  extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS, GEMV_GATED_NORM_MIN_BLOCKS)                \
+      gemv1_silu_mul_split_norm##NORM##_bf16(                                                       \
       const bf16* x, const bf16* res, const bf16* nw, float eps, bf16* res_out, const bf16* w,      \
       bf16* out, int F, int K) {                                                                    \
     gemv_impl<bf16, 1, true, GEMV_WARPS, false, 0, true, NORM>(x, 0, w, nullptr, out, 0, F, K,      \

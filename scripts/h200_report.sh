@@ -4454,6 +4454,94 @@ part252() {  # session 42: every GPU test on the final code (the jsonschema whee
   pack
 }
 
+part253() {  # session 43: session 42's gemv1_pre_bf16 (the one-row products' first weights into registers
+  # before the PDL wait, one-wave grids only, MINILLM_GEMV1_PRE=1): its same-bits and route tests, then
+  # batch-1 graphs of both shapes alternated with it off / on twice, both shapes' timelines with it on,
+  # bench decode 0.6B with it on (~7 minutes)
+  setup
+  stage pre_tests 200 env MINILLM_GEMV1_PRE=1 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs \
+    tests/test_cuda_ops.py tests/test_launch_plans.py -k "split_and_deep or routes_same_bits or pre"
+  tail -n 3 "$W/pre_tests.log"
+  stage models 60 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  local r tag envs
+  for r in 1 2; do
+    for tag in base pre; do
+      envs=MINILLM_GEMV1_PRE=0
+      [ $tag = pre ] && envs=MINILLM_GEMV1_PRE=1
+      stage "graph06_${tag}_$r" 90 env $envs python3 scripts/step_kernels.py $M/q06 --batch 1 --ctx 512 \
+        --json "$W/graph06_${tag}_$r.json"
+      stage "graph8_${tag}_$r" 60 env $envs python3 scripts/step_kernels.py $M/q8 --batch 1 --ctx 512 \
+        --json "$W/graph8_${tag}_$r.json"
+    done
+  done
+  for tag in base pre; do
+    echo "$tag $(grep -ho '"graph_ms": [0-9.]*' "$W"/graph06_${tag}_*.json "$W"/graph8_${tag}_*.json | tr '\n' ' ')"
+  done
+  stage decode06 120 env MINILLM_GEMV1_PRE=1 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 \
+    --output-len 256 --result-json "$W/decode06.json"
+  MINILLM_GEMV1_PRE=1 timeline q06_b1_pre $M/q06 --batch 1 --ctx 512
+  pack
+}
+
+part254() {  # session 43: knobs against the new default (gemv1_pre_bf16 on): the decode attention's fewest keys
+  # a split at 32 / 48 (MINILLM_DECODE_MIN_PART; 64 the default: 9 active splits at 512 keys, the
+  # attention and its merge ~8.7 us of a ~26 us layer in part253's timeline); the folded gate_up's
+  # first weights before the wait too (GEMV_NORM_PRELOAD=2) with its registers capped for 6 CTAs an
+  # SM (GEMV_GATED_NORM_MIN_BLOCKS=6: 80 registers, 56 bytes spilled; one wave for the 0.6B's 768
+  # CTAs, where part251's 106 registers took two). Batch-1 graphs of both shapes alternated twice (~4 minutes)
+  setup
+  stage models 60 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  local r tag envs
+  for r in 1 2; do
+    for tag in base mp32 mp48 gup6; do
+      case $tag in
+        base) envs=MINILLM_PDL=1 ;;
+        mp32) envs=MINILLM_DECODE_MIN_PART=32 ;;
+        mp48) envs=MINILLM_DECODE_MIN_PART=48 ;;
+        gup6) envs=MINILLM_CUDA_DEFINES=GEMV_NORM_PRELOAD=2,GEMV_GATED_NORM_MIN_BLOCKS=6 ;;
+      esac
+      stage "graph06_${tag}_$r" 90 env $envs python3 scripts/step_kernels.py $M/q06 --batch 1 --ctx 512 \
+        --json "$W/graph06_${tag}_$r.json"
+      stage "graph8_${tag}_$r" 90 env $envs python3 scripts/step_kernels.py $M/q8 --batch 1 --ctx 512 \
+        --json "$W/graph8_${tag}_$r.json"
+    done
+  done
+  for tag in base mp32 mp48 gup6; do
+    echo "$tag $(grep -ho '"graph_ms": [0-9.]*' "$W"/graph06_${tag}_*.json "$W"/graph8_${tag}_*.json | tr '\n' ' ')"
+  done
+  pack
+}
+
+part255() {  # session 43: part254 measured 32 keys a split at least (MINILLM_DECODE_MIN_PART=32) 0.6B -1.6%,
+  # 8B +0.5%, 48 slower on both. At 512 cached keys + the new one that is 17 active splits, one past
+  # the fused step's merge batch of 16 (DEC_MERGE_FLIGHT_ROPE): 32 in flight with it; 16 keys a split
+  # (33 active); batch-1 graphs of both shapes alternated twice against 64 (~4 minutes)
+  setup
+  stage models 60 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  local r tag envs
+  for r in 1 2; do
+    for tag in base mp32 mp32fl32 mp16; do
+      case $tag in
+        base) envs=MINILLM_PDL=1 ;;
+        mp32) envs=MINILLM_DECODE_MIN_PART=32 ;;
+        mp32fl32) envs="MINILLM_DECODE_MIN_PART=32 MINILLM_CUDA_DEFINES=DEC_MERGE_FLIGHT_ROPE=32" ;;
+        mp16) envs=MINILLM_DECODE_MIN_PART=16 ;;
+      esac
+      stage "graph06_${tag}_$r" 90 env $envs python3 scripts/step_kernels.py $M/q06 --batch 1 --ctx 512 \
+        --json "$W/graph06_${tag}_$r.json"
+      stage "graph8_${tag}_$r" 90 env $envs python3 scripts/step_kernels.py $M/q8 --batch 1 --ctx 512 \
+        --json "$W/graph8_${tag}_$r.json"
+    done
+  done
+  for tag in base mp32 mp32fl32 mp16; do
+    echo "$tag $(grep -ho '"graph_ms": [0-9.]*' "$W"/graph06_${tag}_*.json "$W"/graph8_${tag}_*.json | tr '\n' ' ')"
+  done
+  pack
+}
+
 gguf_first_half() {  # a SmolLM2 call's first half: setup copies .gguf_a to /tmp, where the next call's
   # setup (within 30 s, on the same machine, carrying .gguf_b) reassembles the embedded GGUF
   setup

@@ -1302,11 +1302,13 @@ def test_decode_step_o_merge(be, G, D, mode, monkeypatch):
     (attention merging its own splits, then gemv1), eagerly and replayed from a graph; the o
     product matches the oracle. Contexts of one key (one split, still left to the product), a few
     splits, and more splits than the merge's shared memory is given room for (merged by the
-    attention, as without it)."""
+    attention, as without it). Splits of at least 64 keys (MINILLM_DECODE_MIN_PART; one-row steps of
+    G <= 2 take 32 by default), so 700 keys make 11 splits, within the merge's room for 20."""
     if be.dtype == np.float32:
         pytest.skip("the merge is the bf16 path")
     from minillm.backends import cuda_ops
 
+    monkeypatch.setattr(be, "decode_min_part", 64)
     rng = np.random.default_rng(G * 10 + D + mode)
     KH, bs, N = 2, 16, 384
     H = KH * G

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from minillm.backends import cuda_ops
 from minillm.backends.cuda_ops import (
     _GEMV_MAX_M,
+    decode_min_part,
     decode_rope_max_tokens,
     decode_splits,
     env_int,
@@ -29,6 +30,16 @@ from minillm.backends.cuda_ops import (
     small_product_kernel,
     wide_product_plan,
 )
+
+
+def test_decode_min_part_shorter_only_for_one_row_small_groups():
+    """Splits of at least 32 keys for a one-row step whose KV heads serve at most 2 query heads (the
+    0.6B shape, part254 / part255), 64 for every other step (the 8B's G = 4 was slower with 32, and
+    multi-row steps are unmeasured); MINILLM_DECODE_MIN_PART's value, when given, for every step."""
+    assert decode_min_part(1, 1) == decode_min_part(1, 2) == 32
+    assert decode_min_part(1, 4) == decode_min_part(1, 8) == 64
+    assert decode_min_part(2, 2) == decode_min_part(9, 1) == 64
+    assert decode_min_part(1, 2, 64) == 64 and decode_min_part(4, 4, 48) == 48
 
 
 def waves_time(work, resident, ctx, s, cost=128):

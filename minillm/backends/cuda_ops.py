@@ -45,6 +45,9 @@ _SAMPLE_THREADS = 512  # cuda/sampling.cu
 # cuda/decode_attention.cu: instantiated head dims and query heads per KV head; at most
 # _DECODE_MAX_SPLITS splits of at least _DECODE_MIN_PART keys each.
 _DECODE_HEAD_DIMS, _DECODE_MAX_G, _DECODE_MAX_SPLITS, _DECODE_MIN_PART = (64, 128), 8, 64, 64
+# ... and at least _DECODE_MIN_PART_ONE_ROW keys a split in a one-row step whose KV heads serve at most
+# _DECODE_MIN_PART_ONE_ROW_MAX_G query heads each (decode_min_part)
+_DECODE_MIN_PART_ONE_ROW, _DECODE_MIN_PART_ONE_ROW_MAX_G = 32, 2
 # decode steps of at most this many rows fold q/k norm + RoPE + KV store into attention
 # (MINILLM_DECODE_ROPE_MAX overrides)
 _DECODE_ROPE_MAX_DEFAULT = 32
@@ -153,10 +156,11 @@ def norm_fold_chunks(K: int) -> int | None:
 # threads an SM; it takes a one-row product whose grid fits one wave of that (one_row_product_kernel)
 _GEMV1_DEEP_CTAS_PER_SM = 4
 # gemv1_pre_bf16 (its first weights loaded before the PDL wait): 108 registers, 4 CTAs an SM too.
-# MINILLM_GEMV1_PRE=1 routes one-wave grids to it; off by default until its tests have run on a GPU
-# (session 42 measured only its graphs: part252, DEVELOPING.md)
+# One-wave grids take it (MINILLM_GEMV1_PRE=0: never). Batch-1 graphs alternated twice on one H200
+# (session 43, part253): 0.6B 0.8092 -> 0.8018 ms (-0.9%: its o and down), 8B 4.2822 -> 4.2835 (none
+# of its products is routed there); its same-bits and route tests passed there
 _GEMV1_PRE_CTAS_PER_SM = 4
-_GEMV1_PRE_DEFAULT = 0
+_GEMV1_PRE_DEFAULT = 1
 # MINILLM_GEMV1_DEEP_MIN_K (0: never) and the one-row gate_up split (gemv1_silu_mul_split_bf16, not the
 # fused gemv1_silu_mul_bf16). Batch-1 graphs alternated twice on one H200 (session 31, part196): 8B
 # 4.339 ms -> deep 4.282 (-1.3%: its o and down), split 4.287 (-1.2%), both 4.273 (-1.5%); 0.6B
@@ -318,6 +322,20 @@ def wide_product_plan(M: int, N: int, K: int, num_sms: int) -> tuple[int, int] |
         if tiles * s <= num_sms and K % (_GW_BK * s) == 0 and K // s >= 2 * _GW_BK:
             return mt, s
     return mt, 1
+
+
+def decode_min_part(T: int, G: int, override: int = 0) -> int:
+    """Fewest keys in a split of cuda/decode_attention.cu for a step of T rows whose KV heads serve G
+    query heads each: override (MINILLM_DECODE_MIN_PART) when given, else 32 for a one-row step with
+    G <= 2, else 64. A split's keys are a chain of dependent latencies at batch 1, so shorter splits
+    (more CTAs) shorten the attention, until the last split's merge of more partials costs more.
+    Batch-1 graphs at 512 keys alternated twice on one H200 (session 43, part254 / part255): 32 keys
+    (17 active splits) against 64 (9): 0.6B shape (G = 2) -1.6% / -2.9%, 8B shape (G = 4) +0.5% /
+    +0.4%; 48: 0.6B +2.0%, 8B +1.1%; 16: 0.6B +0.6%, 8B +2.2%; 32 with 32 splits' partials in flight in
+    the merge (DEC_MERGE_FLIGHT_ROPE=32) 0.6B -3.0%, 8B +0.9%. Other step shapes are unmeasured and keep 64."""
+    if override:
+        return override
+    return _DECODE_MIN_PART_ONE_ROW if T == 1 and G <= _DECODE_MIN_PART_ONE_ROW_MAX_G else _DECODE_MIN_PART
 
 
 def decode_splits(work: int, resident: int, ctx: int, max_splits: int,
@@ -614,8 +632,8 @@ class CudaBackend:
         # tensor cores win (part115: c = 4 7.07 against 7.63 ms). 1: never
         self.short_run_min_seqs = env_int("MINILLM_SHORT_RUN_MIN_SEQS", _SHORT_RUN_MIN_SEQS_DEFAULT,
                                           "fewest sequences of a step whose short runs take the tensor cores")
-        self.decode_min_part = env_int("MINILLM_DECODE_MIN_PART", _DECODE_MIN_PART,
-                                       "fewest keys in a split of the decode kernel")
+        self.decode_min_part = env_int("MINILLM_DECODE_MIN_PART", 0,
+                                       "fewest keys in a split of the decode kernel, every step (0: the rule)")
         self.gated_split_max_m = gated_split_max_rows()
         self.fold_norms_max_k = env_int("MINILLM_FOLD_NORMS_MAX_K", _FOLD_NORMS_MAX_K_DEFAULT,
                                         "longest row (0: none; at most 4,096) a one-row step normalises inside "
@@ -1502,17 +1520,18 @@ class CudaBackend:
         """Splits for the decode kernel from static sizes only (graph-safe). part: keys per split
         for every token (a token takes ceil(len / part) splits) instead of each token's keys
         divided into n_splits even parts."""
+        min_part = decode_min_part(T, H // KH, self.decode_min_part)
         if n_splits is None and part is not None:
             n_splits = _cdiv(max_ctx, part)
         if n_splits is None:  # full waves of CTAs (decode_splits)
             n_splits = decode_splits(T * KH, self._decode_resident(D, H // KH), max_ctx,
-                                     min(_DECODE_MAX_SPLITS, _cdiv(max_ctx, self.decode_min_part)))
+                                     min(_DECODE_MAX_SPLITS, _cdiv(max_ctx, min_part)))
         if T * KH > self._att_counters.size:
             n_splits = 1
         # the partials of every split must fit the scratch (one split writes none)
         n_splits = min(n_splits, self._att_scratch.size // max(1, T * H * (D + 2)))
         n_splits = max(1, min(n_splits, _DECODE_MAX_SPLITS))
-        return dict(kernel="decode", n_splits=n_splits, min_part=max(self.decode_min_part, part or 0))
+        return dict(kernel="decode", n_splits=n_splits, min_part=max(min_part, part or 0))
 
     def _short_run_splits(self, T: int, H: int, D: int, KH: int) -> int:
         """Most splits of a short run's keys on the tensor-core kernel in a step of T rows (each
