@@ -64,7 +64,10 @@
 #ifndef GEMV_NORM_PRELOAD  // the folded-norm products' first weights into registers before the wait (below)
 #define GEMV_NORM_PRELOAD 1
 #endif
-#ifndef GEMV_GATED_NORM_MIN_BLOCKS  // CTAs an SM the folded gate_up's registers must allow (__launch_bounds__)
+// CTAs an SM the folded gate_up's registers must allow (__launch_bounds__). With GEMV_NORM_PRELOAD=2, 6
+// (80 registers, 56 bytes spilled: one wave for the 0.6B's 768 CTAs) made the 0.6B batch-1 graph 5.3%
+// slower, 8B unchanged (session 43, part254)
+#ifndef GEMV_GATED_NORM_MIN_BLOCKS
 #define GEMV_GATED_NORM_MIN_BLOCKS 1
 #endif
 #ifndef GEMV_STAGED  // 0: one row takes the unrolled loop too (A/B runs: h200_report.sh part132)

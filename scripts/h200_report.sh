@@ -4542,6 +4542,33 @@ part255() {  # session 43: part254 measured 32 keys a split at least (MINILLM_DE
   pack
 }
 
+part256() {  # session 43: the final code (gemv1_pre_bf16 on, 32-key splits for one-row steps of G <= 2): every GPU
+  # test, bench decode of both shapes; then 0.6B batch-2 / batch-4 graphs with 32-key splits
+  # (MINILLM_DECODE_MIN_PART=32) against their default 64, alternated twice; a batch-1 timeline (~9 minutes)
+  setup
+  stage models 60 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  stage gpu_tests 400 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests
+  tail -n 3 "$W/gpu_tests.log"
+  stage decode06 90 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
+    --result-json "$W/decode06.json"
+  stage decode8 90 python3 -m minillm.bench decode $M/q8 --device cuda --input-len 512 --output-len 256 \
+    --result-json "$W/decode8.json"
+  local r b tag envs
+  for r in 1 2; do
+    for tag in base mp32; do
+      envs=MINILLM_PDL=1
+      [ $tag = mp32 ] && envs=MINILLM_DECODE_MIN_PART=32
+      for b in 2 4; do
+        stage "graph06_b${b}_${tag}_$r" 60 env $envs python3 scripts/step_kernels.py $M/q06 --batch $b --ctx 512 \
+          --json "$W/graph06_b${b}_${tag}_$r.json"
+      done
+    done
+  done
+  timeline q06_b1 $M/q06 --batch 1 --ctx 512
+  pack
+}
+
 gguf_first_half() {  # a SmolLM2 call's first half: setup copies .gguf_a to /tmp, where the next call's
   # setup (within 30 s, on the same machine, carrying .gguf_b) reassembles the embedded GGUF
   setup
