@@ -4569,6 +4569,24 @@ part256() {  # session 43: the final code (gemv1_pre_bf16 on, 32-key splits for 
   pack
 }
 
+part256b() {  # session 43: part256's GPU tests stopped at collection (the llguidance wheel not carried): every GPU
+  # test again with it, then part243's racecheck of eight sequences with DFlash k = 8 for the two families
+  # this session changed (the one-row GEMVs: gemv1_pre_bf16 now on; the paged attention: 32-key splits)
+  # (~9 minutes)
+  setup
+  stage gpu_tests 400 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests
+  tail -n 3 "$W/gpu_tests.log"
+  models_shallow 40
+  local family
+  for family in gemv paged; do
+    stage "racecheck_batch8_dflash_$family" 100 python3 scripts/sanitize_pieces.py $M/q06s --drafter $M/q06s-dflash \
+      --out "$W/pieces_$family" --tool racecheck --no-cublas --host-memory-limit-gb 110 --timeout 90 \
+      --pieces batch8_dflash --sanitizer-args="--kernel-name kns=$family" $([ "$family" = gemv ] || echo --no-compile-first)
+    cat "$W/racecheck_batch8_dflash_$family.log"
+  done
+  pack
+}
+
 gguf_first_half() {  # a SmolLM2 call's first half: setup copies .gguf_a to /tmp, where the next call's
   # setup (within 30 s, on the same machine, carrying .gguf_b) reassembles the embedded GGUF
   setup
