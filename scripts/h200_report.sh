@@ -4587,6 +4587,22 @@ part256b() {  # session 43: part256's GPU tests stopped at collection (the llgui
   pack
 }
 
+part256c() {  # session 43: part256b's racecheck with one kernel family instrumented stopped at once ("failed to
+  # handle a hardware exception", CUDA_ERROR_ILLEGAL_ADDRESS at the next call) as part243 did; the same piece
+  # ran clean without the sanitizer. memcheck of that piece on this session's code (a real illegal access
+  # would show there), then racecheck of the dflash piece (one sequence) with the gemv family (~3 minutes)
+  setup
+  models_shallow 40
+  stage memcheck_batch8_dflash 120 python3 scripts/sanitize_pieces.py $M/q06s --drafter $M/q06s-dflash \
+    --out "$W/pieces_memcheck" --tool memcheck --no-cublas --timeout 110 --pieces batch8_dflash
+  cat "$W/memcheck_batch8_dflash.log"
+  stage racecheck_dflash_gemv 100 python3 scripts/sanitize_pieces.py $M/q06s --drafter $M/q06s-dflash \
+    --out "$W/pieces_rc_gemv" --tool racecheck --no-cublas --host-memory-limit-gb 110 --timeout 90 \
+    --pieces dflash --sanitizer-args="--kernel-name kns=gemv" --no-compile-first
+  cat "$W/racecheck_dflash_gemv.log"
+  pack
+}
+
 gguf_first_half() {  # a SmolLM2 call's first half: setup copies .gguf_a to /tmp, where the next call's
   # setup (within 30 s, on the same machine, carrying .gguf_b) reassembles the embedded GGUF
   setup
