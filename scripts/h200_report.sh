@@ -4603,6 +4603,17 @@ part256c() {  # session 43: part256b's racecheck with one kernel family instrume
   pack
 }
 
+part256d() {  # session 43: part256c's memcheck of batch8_dflash was clean and racecheck with one family still
+  # stopped at once: racecheck of the dflash piece with every kernel instrumented, no filter (session 40:
+  # 0 hazards in 52 s), on this session's code (~2 minutes)
+  setup
+  models_shallow 40
+  stage racecheck_dflash_all 150 python3 scripts/sanitize_pieces.py $M/q06s --drafter $M/q06s-dflash \
+    --out "$W/pieces_rc_all" --tool racecheck --no-cublas --host-memory-limit-gb 110 --timeout 140 --pieces dflash
+  cat "$W/racecheck_dflash_all.log"
+  pack
+}
+
 gguf_first_half() {  # a SmolLM2 call's first half: setup copies .gguf_a to /tmp, where the next call's
   # setup (within 30 s, on the same machine, carrying .gguf_b) reassembles the embedded GGUF
   setup
