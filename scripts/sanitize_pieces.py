@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sanitizer-args", default="", help='more compute-sanitizer flags, e.g. "--show-backtrace no"')
     p.add_argument("--no-cublas", action="store_true",
                    help=f"MINILLM_GEMM=own and steps of at most {OWN_GEMM_MAX_ROWS} tokens: no cuBLAS kernel in "
-                        "the process (under racecheck an uninstrumented one, e.g. with --kernel-name, stops the tool)")
+                        "the process (racecheck stops at any uninstrumented kernel: with --kernel-name it stops on the "
+                        "project's own kernels too, session 43's part256b)")
     p.add_argument("--host-memory-limit-gb", type=float, default=None,
                    help="kill a piece whose processes hold more (default: 85%% of the host's memory)")
     p.add_argument("--timeout", type=float, default=600, help="seconds a piece may run (default 600)")
