@@ -4272,7 +4272,8 @@ part244() {  # session 41, within 30 s of part244a, carrying .gguf_b: part242's 
 
 part245() {  # session 41: part243 again, now that `sanitize_pieces.py --no-cublas` keeps every step within the
   # project's products' 256 rows (part243: the 480-row prefill went to cuBLAS, whose uninstrumented kernels stop
-  # racecheck under --kernel-name: "failed to handle a hardware exception") (~6 minutes)
+  # racecheck under --kernel-name: "failed to handle a hardware exception") (~6 minutes). Not worth running:
+  # part256b found any --kernel-name filter stops racecheck the same way on the project's own kernels
   part243
 }
 
