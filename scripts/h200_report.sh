@@ -4615,6 +4615,15 @@ part256d() {  # session 43: part256c's memcheck of batch8_dflash was clean and r
   pack
 }
 
+part257() {  # session 43, with the device budget's last ~4 minutes: the rejected DFlash k = 8 round at c = 1 split
+  # into kernels under ncu on the current code (the last split, part157, is session 23's), then the plain
+  # batch-1 8B step's, for issue 5's next steps (~4 minutes; what finishes comes back)
+  setup
+  models_q8_dflash 90
+  step_kernels_spec q8 q8-dflash 1 512 100
+  step_kernels q8 1 512 80
+}
+
 gguf_first_half() {  # a SmolLM2 call's first half: setup copies .gguf_a to /tmp, where the next call's
   # setup (within 30 s, on the same machine, carrying .gguf_b) reassembles the embedded GGUF
   setup
