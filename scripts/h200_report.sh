@@ -4624,6 +4624,18 @@ part257() {  # session 43, with the device budget's last ~4 minutes: the rejecte
   step_kernels q8 1 512 80
 }
 
+part258() {  # session 43, the budget's last minutes: part257's c = 1 round graph took 6.913 ms where session 33's
+  # took 5.941 (part200): session 41's activation loads through L2 (not the read-only path) are the suspect for
+  # the 9-row products. The same round graph with activations through L1 (ACT_LOADS_CA=1) (~2 minutes)
+  setup
+  models_q8_dflash 60
+  stage graph_q8_spec_b1_ca 150 env MINILLM_CUDA_DEFINES=ACT_LOADS_CA=1 python3 scripts/step_kernels.py $M/q8 \
+    --spec $M/q8-dflash --k 8 --batch 1 --ctx 512 --json "$W/graph_q8_spec_b1_ca.json"
+  stage graph_q8_spec_b1_base 60 python3 scripts/step_kernels.py $M/q8 --spec $M/q8-dflash --k 8 --batch 1 \
+    --ctx 512 --json "$W/graph_q8_spec_b1_base.json"
+  pack
+}
+
 gguf_first_half() {  # a SmolLM2 call's first half: setup copies .gguf_a to /tmp, where the next call's
   # setup (within 30 s, on the same machine, carrying .gguf_b) reassembles the embedded GGUF
   setup
