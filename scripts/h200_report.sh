@@ -4624,15 +4624,45 @@ part257() {  # session 43, with the device budget's last ~4 minutes: the rejecte
   step_kernels q8 1 512 80
 }
 
-part258() {  # session 43, the budget's last minutes: part257's c = 1 round graph took 6.913 ms where session 33's
-  # took 5.941 (part200): session 41's activation loads through L2 (not the read-only path) are the suspect for
-  # the 9-row products. The same round graph with activations through L1 (ACT_LOADS_CA=1) (~2 minutes)
+part258() {  # prepared in session 43 (not run: the device budget ran out). part257's c = 1 round graph took 6.913 ms
+  # (target 5.763 + drafter 1.150) where session 33's took 5.941 (part200), and part241's engine round (bebb69e)
+  # 5.99 ms: session 41 (756f221, 20ab449, never measured on a round) moved every activation load from the
+  # read-only path to L2 (ld.global.cg), the 9-32-row skinny products' x among them, which each warp rereads
+  # per k block, so from L2 in every CTA. Round graphs alternated twice with activations through L1
+  # (ACT_LOADS_CA=1: ld.global.ca, the default caching of a plain load, ordered after griddepcontrol.wait by
+  # the memory model), the old read-only path (ACT_LOADS_NC=1,KV_LOADS_NC=1: racy, reference only) and the
+  # default; then, with ACT_LOADS_CA=1: the repeat tests (the stale-read detector), the skinny and GEMV
+  # same-bits tests (~8 minutes; part259 has the spec-cost bench)
   setup
   models_q8_dflash 60
-  stage graph_q8_spec_b1_ca 150 env MINILLM_CUDA_DEFINES=ACT_LOADS_CA=1 python3 scripts/step_kernels.py $M/q8 \
-    --spec $M/q8-dflash --k 8 --batch 1 --ctx 512 --json "$W/graph_q8_spec_b1_ca.json"
-  stage graph_q8_spec_b1_base 60 python3 scripts/step_kernels.py $M/q8 --spec $M/q8-dflash --k 8 --batch 1 \
-    --ctx 512 --json "$W/graph_q8_spec_b1_base.json"
+  local r tag envs
+  for r in 1 2; do
+    for tag in base ca $([ $r = 1 ] && echo nc); do
+      case $tag in
+        base) envs=MINILLM_PDL=1 ;;
+        ca) envs=MINILLM_CUDA_DEFINES=ACT_LOADS_CA=1 ;;
+        nc) envs=MINILLM_CUDA_DEFINES=ACT_LOADS_NC=1,KV_LOADS_NC=1 ;;
+      esac
+      stage "graph_q8_spec_b1_${tag}_$r" 150 env $envs python3 scripts/step_kernels.py $M/q8 --spec $M/q8-dflash \
+        --k 8 --batch 1 --ctx 512 --json "$W/graph_q8_spec_b1_${tag}_$r.json"
+    done
+  done
+  graph_summary
+  stage repeat_tests_ca 150 env MINILLM_CUDA_DEFINES=ACT_LOADS_CA=1 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    -rfEs tests/test_gpu_engine.py -k repeats_bit
+  stage same_bits_ca 150 env MINILLM_CUDA_DEFINES=ACT_LOADS_CA=1 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    -rfEs tests/test_cuda_ops.py -k "same_bits or skinny"
+  pack
+}
+
+part259() {  # prepared in session 43 (not run): after part258, the spec-cost bench (c = 1, 2, 4, 8, 16) with
+  # activations through L1 and on the default, for issue 5's figure (~6 minutes)
+  setup
+  models_q8_dflash 60
+  stage spec_cost_ca 250 env MINILLM_CUDA_DEFINES=ACT_LOADS_CA=1 python3 -m minillm.bench spec-cost $M/q8 \
+    --drafter $M/q8-dflash --k 8 --result-json "$W/spec_cost_ca.json"
+  stage spec_cost_base 250 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_base.json"
   pack
 }
 
