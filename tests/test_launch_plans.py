@@ -34,8 +34,8 @@ from minillm.backends.cuda_ops import (
 
 def test_decode_min_part_shorter_only_for_one_row_small_groups():
     """Splits of at least 32 keys for a one-row step whose KV heads serve at most 2 query heads (the
-    0.6B shape, part254 / part255), 64 for every other step (the 8B's G = 4 was slower with 32, and
-    multi-row steps are unmeasured); MINILLM_DECODE_MIN_PART's value, when given, for every step."""
+    0.6B shape, part254 / part255), 64 for every other step (the 8B's G = 4 was slower with 32, the 0.6B's
+    batch 4 too, part256); MINILLM_DECODE_MIN_PART's value, when given, for every step."""
     assert decode_min_part(1, 1) == decode_min_part(1, 2) == 32
     assert decode_min_part(1, 4) == decode_min_part(1, 8) == 64
     assert decode_min_part(2, 2) == decode_min_part(9, 1) == 64

@@ -332,7 +332,8 @@ def decode_min_part(T: int, G: int, override: int = 0) -> int:
     Batch-1 graphs at 512 keys alternated twice on one H200 (session 43, part254 / part255): 32 keys
     (17 active splits) against 64 (9): 0.6B shape (G = 2) -1.6% / -2.9%, 8B shape (G = 4) +0.5% /
     +0.4%; 48: 0.6B +2.0%, 8B +1.1%; 16: 0.6B +0.6%, 8B +2.2%; 32 with 32 splits' partials in flight in
-    the merge (DEC_MERGE_FLIGHT_ROPE=32) 0.6B -3.0%, 8B +0.9%. Other step shapes are unmeasured and keep 64."""
+    the merge (DEC_MERGE_FLIGHT_ROPE=32) 0.6B -3.0%, 8B +0.9%. 0.6B batch-2 graphs: 0.0%, batch 4: +4.1%
+    (part256), so steps of more rows keep 64."""
     if override:
         return override
     return _DECODE_MIN_PART_ONE_ROW if T == 1 and G <= _DECODE_MIN_PART_ONE_ROW_MAX_G else _DECODE_MIN_PART
