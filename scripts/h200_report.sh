@@ -4243,13 +4243,7 @@ part243() {  # prepared in session 40 (not run): part237's batch8_dflash piece (
   # norms (~7 minutes)
   setup
   models_shallow 40
-  local family
-  for family in skinny gemv paged norm; do
-    stage "racecheck_batch8_dflash_$family" 100 python3 scripts/sanitize_pieces.py $M/q06s --drafter $M/q06s-dflash \
-      --out "$W/pieces_$family" --tool racecheck --no-cublas --host-memory-limit-gb 110 --timeout 90 \
-      --pieces batch8_dflash --sanitizer-args="--kernel-name kns=$family" $([ "$family" = skinny ] || echo --no-compile-first)
-    cat "$W/racecheck_batch8_dflash_$family.log"
-  done
+  racecheck_families skinny gemv paged norm
   pack
 }
 
@@ -4457,28 +4451,14 @@ part252() {  # session 42: every GPU test on the final code (the jsonschema whee
 
 part253() {  # session 43: session 42's gemv1_pre_bf16 (the one-row products' first weights into registers
   # before the PDL wait, one-wave grids only, MINILLM_GEMV1_PRE=1): its same-bits and route tests, then
-  # batch-1 graphs of both shapes alternated with it off / on twice, both shapes' timelines with it on,
+  # batch-1 graphs of both shapes alternated with it off / on twice, a 0.6B timeline with it on,
   # bench decode 0.6B with it on (~7 minutes)
   setup
   stage pre_tests 200 env MINILLM_GEMV1_PRE=1 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs \
     tests/test_cuda_ops.py tests/test_launch_plans.py -k "split_and_deep or routes_same_bits or pre"
   tail -n 3 "$W/pre_tests.log"
-  stage models 60 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
-  local r tag envs
-  for r in 1 2; do
-    for tag in base pre; do
-      envs=MINILLM_GEMV1_PRE=0
-      [ $tag = pre ] && envs=MINILLM_GEMV1_PRE=1
-      stage "graph06_${tag}_$r" 90 env $envs python3 scripts/step_kernels.py $M/q06 --batch 1 --ctx 512 \
-        --json "$W/graph06_${tag}_$r.json"
-      stage "graph8_${tag}_$r" 60 env $envs python3 scripts/step_kernels.py $M/q8 --batch 1 --ctx 512 \
-        --json "$W/graph8_${tag}_$r.json"
-    done
-  done
-  for tag in base pre; do
-    echo "$tag $(grep -ho '"graph_ms": [0-9.]*' "$W"/graph06_${tag}_*.json "$W"/graph8_${tag}_*.json | tr '\n' ' ')"
-  done
+  models_both 60
+  graphs_env_ab base=MINILLM_GEMV1_PRE=0 pre=MINILLM_GEMV1_PRE=1
   stage decode06 120 env MINILLM_GEMV1_PRE=1 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 \
     --output-len 256 --result-json "$W/decode06.json"
   MINILLM_GEMV1_PRE=1 timeline q06_b1_pre $M/q06 --batch 1 --ctx 512
@@ -4492,26 +4472,9 @@ part254() {  # session 43: knobs against the new default (gemv1_pre_bf16 on): th
   # SM (GEMV_GATED_NORM_MIN_BLOCKS=6: 80 registers, 56 bytes spilled; one wave for the 0.6B's 768
   # CTAs, where part251's 106 registers took two). Batch-1 graphs of both shapes alternated twice (~4 minutes)
   setup
-  stage models 60 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
-  local r tag envs
-  for r in 1 2; do
-    for tag in base mp32 mp48 gup6; do
-      case $tag in
-        base) envs=MINILLM_PDL=1 ;;
-        mp32) envs=MINILLM_DECODE_MIN_PART=32 ;;
-        mp48) envs=MINILLM_DECODE_MIN_PART=48 ;;
-        gup6) envs=MINILLM_CUDA_DEFINES=GEMV_NORM_PRELOAD=2,GEMV_GATED_NORM_MIN_BLOCKS=6 ;;
-      esac
-      stage "graph06_${tag}_$r" 90 env $envs python3 scripts/step_kernels.py $M/q06 --batch 1 --ctx 512 \
-        --json "$W/graph06_${tag}_$r.json"
-      stage "graph8_${tag}_$r" 90 env $envs python3 scripts/step_kernels.py $M/q8 --batch 1 --ctx 512 \
-        --json "$W/graph8_${tag}_$r.json"
-    done
-  done
-  for tag in base mp32 mp48 gup6; do
-    echo "$tag $(grep -ho '"graph_ms": [0-9.]*' "$W"/graph06_${tag}_*.json "$W"/graph8_${tag}_*.json | tr '\n' ' ')"
-  done
+  models_both 60
+  graphs_env_ab base=MINILLM_PDL=1 mp32=MINILLM_DECODE_MIN_PART=32 mp48=MINILLM_DECODE_MIN_PART=48 \
+    gup6=MINILLM_CUDA_DEFINES=GEMV_NORM_PRELOAD=2,GEMV_GATED_NORM_MIN_BLOCKS=6
   pack
 }
 
@@ -4520,26 +4483,9 @@ part255() {  # session 43: part254 measured 32 keys a split at least (MINILLM_DE
   # the fused step's merge batch of 16 (DEC_MERGE_FLIGHT_ROPE): 32 in flight with it; 16 keys a split
   # (33 active); batch-1 graphs of both shapes alternated twice against 64 (~4 minutes)
   setup
-  stage models 60 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
-  local r tag envs
-  for r in 1 2; do
-    for tag in base mp32 mp32fl32 mp16; do
-      case $tag in
-        base) envs=MINILLM_PDL=1 ;;
-        mp32) envs=MINILLM_DECODE_MIN_PART=32 ;;
-        mp32fl32) envs="MINILLM_DECODE_MIN_PART=32 MINILLM_CUDA_DEFINES=DEC_MERGE_FLIGHT_ROPE=32" ;;
-        mp16) envs=MINILLM_DECODE_MIN_PART=16 ;;
-      esac
-      stage "graph06_${tag}_$r" 90 env $envs python3 scripts/step_kernels.py $M/q06 --batch 1 --ctx 512 \
-        --json "$W/graph06_${tag}_$r.json"
-      stage "graph8_${tag}_$r" 90 env $envs python3 scripts/step_kernels.py $M/q8 --batch 1 --ctx 512 \
-        --json "$W/graph8_${tag}_$r.json"
-    done
-  done
-  for tag in base mp32 mp32fl32 mp16; do
-    echo "$tag $(grep -ho '"graph_ms": [0-9.]*' "$W"/graph06_${tag}_*.json "$W"/graph8_${tag}_*.json | tr '\n' ' ')"
-  done
+  models_both 60
+  graphs_env_ab base=MINILLM_PDL=1 mp32=MINILLM_DECODE_MIN_PART=32 \
+    "mp32fl32=MINILLM_DECODE_MIN_PART=32 MINILLM_CUDA_DEFINES=DEC_MERGE_FLIGHT_ROPE=32" mp16=MINILLM_DECODE_MIN_PART=16
   pack
 }
 
@@ -4547,8 +4493,7 @@ part256() {  # session 43: the final code (gemv1_pre_bf16 on, 32-key splits for 
   # test, bench decode of both shapes; then 0.6B batch-2 / batch-4 graphs with 32-key splits
   # (MINILLM_DECODE_MIN_PART=32) against their default 64, alternated twice; a batch-1 timeline (~9 minutes)
   setup
-  stage models 60 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
+  models_both 60
   stage gpu_tests 400 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests
   tail -n 3 "$W/gpu_tests.log"
   stage decode06 90 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
@@ -4578,13 +4523,7 @@ part256b() {  # session 43: part256's GPU tests stopped at collection (the llgui
   stage gpu_tests 400 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests
   tail -n 3 "$W/gpu_tests.log"
   models_shallow 40
-  local family
-  for family in gemv paged; do
-    stage "racecheck_batch8_dflash_$family" 100 python3 scripts/sanitize_pieces.py $M/q06s --drafter $M/q06s-dflash \
-      --out "$W/pieces_$family" --tool racecheck --no-cublas --host-memory-limit-gb 110 --timeout 90 \
-      --pieces batch8_dflash --sanitizer-args="--kernel-name kns=$family" $([ "$family" = gemv ] || echo --no-compile-first)
-    cat "$W/racecheck_batch8_dflash_$family.log"
-  done
+  racecheck_families gemv paged
   pack
 }
 
@@ -4664,6 +4603,40 @@ part259() {  # prepared in session 43 (not run): after part258, the spec-cost be
   stage spec_cost_base 250 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
     --result-json "$W/spec_cost_base.json"
   pack
+}
+
+graphs_env_ab() {  # graphs_env_ab TAG=SETTINGS...: both shapes' batch-1 graphs at 512 keys under each TAG's
+  # environment settings (space-separated VAR=VALUE), the settings alternately, twice (stages
+  # graph06_TAG_i, graph8_TAG_i), then each TAG's graph_ms (0.6B runs, then 8B runs)
+  local r kv tag
+  for r in 1 2; do
+    for kv in "$@"; do
+      tag=${kv%%=*}
+      # shellcheck disable=SC2086  # the settings split into env's arguments
+      stage "graph06_${tag}_$r" 90 env ${kv#*=} python3 scripts/step_kernels.py $M/q06 --batch 1 --ctx 512 \
+        --json "$W/graph06_${tag}_$r.json"
+      # shellcheck disable=SC2086
+      stage "graph8_${tag}_$r" 90 env ${kv#*=} python3 scripts/step_kernels.py $M/q8 --batch 1 --ctx 512 \
+        --json "$W/graph8_${tag}_$r.json"
+    done
+  done
+  for kv in "$@"; do
+    tag=${kv%%=*}
+    echo "$tag $(grep -ho '"graph_ms": [0-9.]*' "$W"/graph06_${tag}_*.json "$W"/graph8_${tag}_*.json | tr '\n' ' ')"
+  done
+}
+
+racecheck_families() {  # racecheck_families FAMILY...: sanitize_pieces.py's batch8_dflash piece under racecheck
+  # with only that kernel family instrumented (--kernel-name kns=FAMILY), one run a family, the first one
+  # compiling outside the sanitizer. Session 43 (part256b): any such filter stops racecheck at once
+  local family first=1
+  for family in "$@"; do
+    stage "racecheck_batch8_dflash_$family" 100 python3 scripts/sanitize_pieces.py $M/q06s --drafter $M/q06s-dflash \
+      --out "$W/pieces_$family" --tool racecheck --no-cublas --host-memory-limit-gb 110 --timeout 90 \
+      --pieces batch8_dflash --sanitizer-args="--kernel-name kns=$family" $([ $first = 1 ] || echo --no-compile-first)
+    cat "$W/racecheck_batch8_dflash_$family.log"
+    first=0
+  done
 }
 
 gguf_first_half() {  # a SmolLM2 call's first half: setup copies .gguf_a to /tmp, where the next call's
