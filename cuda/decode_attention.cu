@@ -170,9 +170,12 @@ struct RopeArgs {
   i64 n_slots = 0;
   T* k_cache = nullptr;  // the caches kc / vc, writable
   T* v_cache = nullptr;
+  // CTAs a KV head is split over (1: one; MINILLM_DECODE_HEAD_CTAS): the launch's KH counts head
+  // groups, KV heads x kv_div, each of G = query heads a KV head / kv_div
+  int kv_div = 1;
 };
 
-template <typename T, int D, int G, bool ROPE>
+template <typename T, int D, int G, bool ROPE, bool KV_DIV = false>
 __device__ __forceinline__ void decode_attention_impl(
     const T* __restrict__ q, i64 q_tok, i64 q_head,
     const T* __restrict__ kc, const T* __restrict__ vc,  // [num_blocks, bs, KH, D]
@@ -221,6 +224,11 @@ __device__ __forceinline__ void decode_attention_impl(
     }
   }
   const int H = KH * G;
+  // KV_DIV (paged_decode_rope_kvd_*, RopeArgs' kv_div): kv_div CTAs share KV head kv = kh / kv_div, each
+  // with its own G query heads kh * G + g; the cache holds n_kv = KH / kv_div heads, and the group
+  // kh == kv * kv_div (the leader) stores the new k and v. Every other kernel: kv = kh, n_kv = KH.
+  const int kv = KV_DIV ? kh / ra.kv_div : kh, n_kv = KV_DIV ? KH / ra.kv_div : KH;
+  const bool kv_leader = !KV_DIV || kh == kv * ra.kv_div;
   // ---- where this CTA works. Only step inputs are read here (query_start, seq_lens, positions,
   // slots, block tables, order: uploaded by the host before the step), so with PDL_PREWAIT_INDEX
   // (cuda/common.cuh) this runs before the PDL wait, during the previous kernel's tail, and the
@@ -309,18 +317,18 @@ __device__ __forceinline__ void decode_attention_impl(
     for (int hh = warp; hh < G + (fresh ? 2 : 0); hh += DEC_THREADS / 32) {  // warp-uniform
       float* dst = s_rot[hh];
       if (hh == G + 1) {  // v: copied as it is
-        const T* src = ra.v + (i64)t * ra.v_tok + (i64)kh * ra.v_head;
-        T* row = ra.v_cache + (slot * KH + kh) * D;
+        const T* src = ra.v + (i64)t * ra.v_tok + (i64)kv * ra.v_head;
+        T* row = ra.v_cache + (slot * n_kv + kv) * D;
         for (int i = lane; i < D; i += 32) {
-          row[i] = src[i];
+          if (!KV_DIV || kv_leader) row[i] = src[i];
           dst[i] = minillm::to_f(src[i]);
         }
         continue;
       }
       const bool is_q = hh < G;
       const T* x = is_q ? q + (i64)t * q_tok + (i64)(kh * G + hh) * q_head
-                        : ra.k + (i64)t * ra.k_tok + (i64)kh * ra.k_head;
-      T* row = is_q ? nullptr : ra.k_cache + (slot * KH + kh) * D;
+                        : ra.k + (i64)t * ra.k_tok + (i64)kv * ra.k_head;
+      T* row = is_q || (KV_DIV && !kv_leader) ? nullptr : ra.k_cache + (slot * n_kv + kv) * D;
       minillm::warp_qk_norm_rope<T>(x, is_q ? ra.q_w : ra.k_w, ra.eps, cs, s_tmp[warp], D, lane,
                                     [&](int i, T o) {
                                       dst[i] = minillm::to_f(o);
@@ -377,7 +385,7 @@ __device__ __forceinline__ void decode_attention_impl(
         MINILLM_CHECK(lb < bt_stride);
         const int phys = bt[lb];
         MINILLM_CHECK(phys >= 0 && phys < num_blocks);
-        const i64 off = (((i64)phys * block_size + (key - lb * block_size)) * KH + kh) * D + kl * VEC;
+        const i64 off = (((i64)phys * block_size + (key - lb * block_size)) * n_kv + kv) * D + kl * VEC;
 #pragma unroll
         for (int j = 0; j < CPL; ++j) {
           const uint4* kp = reinterpret_cast<const uint4*>(kc + off + j * LPK * VEC);
@@ -637,6 +645,32 @@ __device__ __forceinline__ void decode_attention_impl(
                                          0, ra, defer_max);                                       \
   }
 
+// paged_decode_rope_kvd_<dtype>_d<D>_g1: the same with one query head a CTA, kv_div = query heads a KV
+// head (MINILLM_DECODE_HEAD_CTAS, one-row steps): a grid of tokens x (KV heads x kv_div) x n_splits
+// CTAs, KH = KV heads x kv_div; twice (G = 2) the CTAs, each half the q heads and merge elements.
+#define MINILLM_DECODE_ROPE_KVD(SUFFIX, T, D)                                                     \
+  extern "C" __global__ void __launch_bounds__(DEC_THREADS, DEC_MIN_BLOCKS_SMALL_G) paged_decode_rope_kvd_##SUFFIX##_d##D##_g1( \
+      const T* q, i64 q_tok, i64 q_head, T* kc, T* vc, const int* block_tables, int bt_stride,   \
+      const int* seq_lens, const int* query_start, int B, int n_tokens, T* out, i64 o_tok,       \
+      i64 o_head, float* part_o, float* part_ml, int* counters, const int* order, int KH,         \
+      int block_size, int num_blocks, float scale_log2, int n_splits, int min_part, const T* k,   \
+      i64 k_tok, i64 k_head, const T* v, i64 v_tok, i64 v_head, const T* q_w, const T* k_w, float eps, \
+      const int* positions, const float* cos_sin, int max_pos, const int* slots, i64 n_slots,    \
+      int defer_max, int kv_div) {                                                                \
+    RopeArgs<T> ra;                                                                               \
+    ra.k = k; ra.k_tok = k_tok; ra.k_head = k_head;                                               \
+    ra.v = v; ra.v_tok = v_tok; ra.v_head = v_head;                                               \
+    ra.q_w = q_w; ra.k_w = k_w; ra.eps = eps;                                                     \
+    ra.positions = positions; ra.cos_sin = cos_sin; ra.max_pos = max_pos;                         \
+    ra.slots = slots; ra.n_slots = n_slots; ra.k_cache = kc; ra.v_cache = vc;                     \
+    ra.kv_div = kv_div;                                                                           \
+    decode_attention_impl<T, D, 1, true, true>(q, q_tok, q_head, kc, vc, block_tables, bt_stride, \
+                                               seq_lens, query_start, B, n_tokens, out, o_tok,    \
+                                               o_head, part_o, part_ml, counters, order, KH,      \
+                                               block_size, num_blocks, scale_log2, 1, n_splits,   \
+                                               min_part, 1 << 30, 0, ra, defer_max);              \
+  }
+
 #define MINILLM_DECODE_G(SUFFIX, T, D)                                                   \
   MINILLM_DECODE(SUFFIX, T, D, 1) MINILLM_DECODE(SUFFIX, T, D, 2)                       \
   MINILLM_DECODE(SUFFIX, T, D, 3) MINILLM_DECODE(SUFFIX, T, D, 4)                       \
@@ -645,7 +679,8 @@ __device__ __forceinline__ void decode_attention_impl(
   MINILLM_DECODE_ROPE(SUFFIX, T, D, 1) MINILLM_DECODE_ROPE(SUFFIX, T, D, 2)             \
   MINILLM_DECODE_ROPE(SUFFIX, T, D, 3) MINILLM_DECODE_ROPE(SUFFIX, T, D, 4)             \
   MINILLM_DECODE_ROPE(SUFFIX, T, D, 5) MINILLM_DECODE_ROPE(SUFFIX, T, D, 6)             \
-  MINILLM_DECODE_ROPE(SUFFIX, T, D, 7) MINILLM_DECODE_ROPE(SUFFIX, T, D, 8)
+  MINILLM_DECODE_ROPE(SUFFIX, T, D, 7) MINILLM_DECODE_ROPE(SUFFIX, T, D, 8)             \
+  MINILLM_DECODE_ROPE_KVD(SUFFIX, T, D)
 
 MINILLM_DECODE_G(bf16, bf16, 64)
 MINILLM_DECODE_G(bf16, bf16, 128)

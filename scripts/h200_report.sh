@@ -4605,6 +4605,20 @@ part259() {  # prepared in session 43 (not run): after part258, the spec-cost be
   pack
 }
 
+part260() {  # prepared in session 43 (not run): one query head a CTA in a one-row step's fused attention
+  # (MINILLM_DECODE_HEAD_CTAS=1, paged_decode_rope_kvd_*: G CTAs a KV head, each half (G = 2) the q heads
+  # and merge elements; the same SASS for every other kernel). Its GPU test, then batch-1 graphs of both
+  # shapes alternated twice against the default, and a 0.6B timeline with it (~5 minutes)
+  setup
+  stage kvd_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    -k "one_query_head_a_cta or decode_step_attention"
+  tail -n 3 "$W/kvd_tests.log"
+  models_both 60
+  graphs_env_ab base=MINILLM_PDL=1 kvd=MINILLM_DECODE_HEAD_CTAS=1
+  MINILLM_DECODE_HEAD_CTAS=1 timeline q06_b1_kvd $M/q06 --batch 1 --ctx 512
+  pack
+}
+
 graphs_env_ab() {  # graphs_env_ab TAG=SETTINGS...: both shapes' batch-1 graphs at 512 keys under each TAG's
   # environment settings (space-separated VAR=VALUE), the settings alternately, twice (stages
   # graph06_TAG_i, graph8_TAG_i), then each TAG's graph_ms (0.6B runs, then 8B runs)

@@ -1347,6 +1347,71 @@ def test_decode_step_o_merge(be, G, D, mode, monkeypatch):
         ref = rounded(be, base_att).astype(np.float64).reshape(1, -1) @ rounded(be, w).astype(np.float64).T
         assert rel_err(base_o, ref) < tol(be)
 
+def head_ctas_step(be, c: dict, head_ctas: int, graph: bool):
+    """One row's decode_step_attention with MINILLM_DECODE_HEAD_CTAS=head_ctas on case c (as
+    test_decode_step_one_query_head_a_cta builds it), eagerly or replayed from a graph: (attention
+    row, k cache, v cache, the graph's launches or None)."""
+    H, KH, D = c["H"], c["KH"], c["D"]
+    be.decode_head_ctas = head_ctas
+    dev, kc, vc = be.asarray(c["qkv"]), be.asarray(c["kc"]), be.asarray(c["vc"])
+    args = (dev[:, : H * D].reshape(1, H, D), dev[:, H * D: (H + KH) * D].reshape(1, KH, D),
+            dev[:, (H + KH) * D:].reshape(1, KH, D), be.asarray(c["qw"]), be.asarray(c["kw"]), 1e-6,
+            i32(be, c["pos"]), be.asarray(c["cs"], dtype=np.float32), kc, vc, i32(be, c["slots"]),
+            i32(be, c["table"]), i32(be, np.asarray([c["L"]], np.int32)), i32(be, np.asarray([0, 1], np.int32)),
+            D ** -0.5)
+    out = poisoned(be, (1, H, D))
+    launched = None
+    if graph:
+        before = Counter(be.captured_launches)
+        g = be.capture_graph(lambda: be.decode_step_attention(*args, out))
+        launched = be.captured_launches - before
+        g.replay()
+    else:
+        be.decode_step_attention(*args, out)
+    return host(be, out), host(be, kc), host(be, vc), launched
+
+
+@pytest.mark.parametrize("G,D", [(2, 128), (4, 128), (2, 64), (8, 64)])
+def test_decode_step_one_query_head_a_cta(be, G, D):
+    """MINILLM_DECODE_HEAD_CTAS=1: a one-row decode step's fused attention on paged_decode_rope_kvd_*
+    (one query head a CTA, G CTAs sharing a KV head, one of them storing the new k and v) leaves the
+    caches bit for bit as the default kernel does, and its attention matches the oracle and the
+    default to tolerance, eagerly and replayed from a graph (which launches that kernel). Contexts of
+    one key (the newest alone) to many splits."""
+    rng = np.random.default_rng(G * 10 + D + 7)
+    KH, bs = 2, 16
+    H = KH * G
+    nbps = -(-3000 // bs)
+    name = f"paged_decode_rope_kvd_{'f32' if be.dtype == np.float32 else 'bf16'}_d{D}_g1"
+    saved = be.decode_head_ctas
+    try:
+        for L in [1, 17, 64, 65, 300, 700, 3000]:
+            cs, qkv, qw, kw, pos = rope_case(rng, 1, H, KH, D)
+            pos[:] = L - 1
+            table = rng.permutation(nbps + 1)[:nbps].reshape(1, nbps).astype(np.int32)
+            c = dict(H=H, KH=KH, D=D, L=L, cs=cs, qkv=qkv, qw=qw, kw=kw, pos=pos, table=table,
+                     slots=np.asarray([table[0, (L - 1) // bs] * bs + (L - 1) % bs], np.int32),
+                     kc=rng.standard_normal((nbps + 1, bs, KH, D)).astype(np.float32),
+                     vc=rng.standard_normal((nbps + 1, bs, KH, D)).astype(np.float32))
+            rq = rounded(be, qkv).copy()
+            ref = np.full((1, H, D), np.nan, np.float32)
+            REF.decode_step_attention(rq[:, : H * D].reshape(1, H, D), rq[:, H * D: (H + KH) * D].reshape(1, KH, D),
+                                      rq[:, (H + KH) * D:].reshape(1, KH, D), rounded(be, qw), rounded(be, kw), 1e-6,
+                                      pos, cs, rounded(be, c["kc"]).copy(), rounded(be, c["vc"]).copy(), c["slots"],
+                                      table, np.asarray([L], np.int32), np.asarray([0, 1], np.int32), D ** -0.5, ref)
+            base = head_ctas_step(be, c, 0, False)
+            assert rel_err(base[0], ref) < tol(be), L
+            for graph in (False, True):
+                got, kc, vc, launched = head_ctas_step(be, c, 1, graph)
+                assert not np.isnan(got).any(), (L, graph)
+                assert np.array_equal(kc, base[1]) and np.array_equal(vc, base[2]), (L, graph, "caches differ")
+                assert rel_err(got, ref) < tol(be) and rel_err(got, base[0]) < tol(be), (L, graph)
+                if launched is not None:
+                    assert launched[name] == 1, launched
+    finally:
+        be.decode_head_ctas = saved
+
+
 # ---- sampling ---------------------------------------------------------------------------------
 def run_sampler(be, logits, temp, top_p, top_k, seeds, pos, min_p=None):
     B = logits.shape[0]

@@ -633,6 +633,12 @@ class CudaBackend:
         # tensor cores win (part115: c = 4 7.07 against 7.63 ms). 1: never
         self.short_run_min_seqs = env_int("MINILLM_SHORT_RUN_MIN_SEQS", _SHORT_RUN_MIN_SEQS_DEFAULT,
                                           "fewest sequences of a step whose short runs take the tensor cores")
+        # 1: a one-row decode step's fused attention takes one query head a CTA (paged_decode_rope_kvd_*),
+        # KV heads x G CTAs a split instead of KV heads; unmeasured, so off (h200_report.sh part260)
+        self.decode_head_ctas = env_int("MINILLM_DECODE_HEAD_CTAS", 0,
+                                        "1: a one-row decode step's attention takes one query head a CTA")
+        if self.decode_head_ctas not in (0, 1):
+            raise ValueError(f"MINILLM_DECODE_HEAD_CTAS={self.decode_head_ctas}: use 0 or 1")
         self.decode_min_part = env_int("MINILLM_DECODE_MIN_PART", 0,
                                        "fewest keys in a split of the decode kernel, every step (0: the rule)")
         self.gated_split_max_m = gated_split_max_rows()
@@ -678,7 +684,8 @@ class CudaBackend:
                           "attention_combine_bf16", "attention_combine_f32"],
             "decode_attention": [f"paged_decode{r}_{t}_d{d}_g{g}" for r in ("", "_rope")
                                  for t in ("bf16", "f32") for d in _DECODE_HEAD_DIMS
-                                 for g in range(1, _DECODE_MAX_G + 1)],
+                                 for g in range(1, _DECODE_MAX_G + 1)]
+            + [f"paged_decode_rope_kvd_{t}_d{d}_g1" for t in ("bf16", "f32") for d in _DECODE_HEAD_DIMS],
             "sampling": ["sample_tokens"],
             "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemv1_bf16", "gemv1_f32", "gemv1_silu_mul_bf16",
                      "gemv1_silu_mul_split_bf16", "gemv_silu_mul_split_bf16", "gemv1_deep_bf16",
@@ -1429,9 +1436,11 @@ class CudaBackend:
             ns = self.decode_plan(T, H, KH, D, block_tables.shape[1] * bs, n_splits,
                                   self._decode_order(T, H, KH, D, order, n_splits, None)[1])["n_splits"]
             merge = o_merge_plan(self.o_merge, o_proj.shape[0], H * D, H, D, ns, self.num_sms, self.max_smem)
+        # one query head a CTA (MINILLM_DECODE_HEAD_CTAS): one-row steps, not under the o product's merge
+        kv_div = H // k_cache.shape[2] if self.decode_head_ctas and T == 1 and merge is None else 1
         p = self._decode_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start, scale,
                                    out, True, n_splits, None, 1 << 30, order=order,
-                                   rope=rope + (_i32(merge["defer_max"] if merge else 0),))
+                                   rope=rope + (_i32(merge["defer_max"] if merge else 0),), kv_div=kv_div)
         if merge is None:
             return {**p, "kernel": "decode_rope"}
         if p["n_splits"] != ns:  # both kernels must count the same splits
@@ -1717,7 +1726,7 @@ class CudaBackend:
     def _decode_attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start,
                           scale: float, out, causal: bool, n_splits: int | None, part: int | None,
                           max_nq: int, rope: tuple | None = None, order=None,
-                          rows: int | None = None, short_max_ctx: int = 0) -> dict:
+                          rows: int | None = None, short_max_ctx: int = 0, kv_div: int = 1) -> dict:
         """cuda/decode_attention.cu's paged_decode_* or, given rope (the decode step's k and v
         rows, norm weights, positions, cos/sin table and slots, as kernel arguments; causal and
         one query a sequence), paged_decode_rope_*: the same leading arguments either way.
@@ -1729,9 +1738,16 @@ class CudaBackend:
         tail. The result is the same for any order. The order is dropped for steps whose CTAs
         fit one wave unsplit (decode_order_min_ctas; None: the GPU's resident CTAs), and an
         ordered step takes decode_order_part keys a split unless n_splits or part is given.
-        rows (with order): launch only the rows order[:rows], a subset (attention's decode_rows)."""
+        rows (with order): launch only the rows order[:rows], a subset (attention's decode_rows).
+        kv_div > 1 (with rope): paged_decode_rope_kvd_*, kv_div CTAs a KV head, each H / (KV heads x
+        kv_div) query heads (the kernel's KH counts those head groups)."""
         T, H, D = q.shape
         _, bs, KH, _ = k_cache.shape
+        if kv_div > 1:
+            if rope is None or H % (KH * kv_div) or H // (KH * kv_div) != 1:
+                raise ValueError(f"decode attention: kv_div {kv_div} needs the fused step and one query head a CTA "
+                                 f"({H} heads, {KH} KV heads)")
+            KH *= kv_div  # head groups, as the kernel counts them
         B = seq_lens.shape[0]
         if order is not None and (order.dtype != np.int32 or order.ndim != 1
                                   or order.shape[0] < (T if rows is None else rows) or (rows or 0) > T):
@@ -1758,8 +1774,8 @@ class CudaBackend:
             args += (_i32(1 if causal else 0), _i32(ns), _i32(p["min_part"]), _i32(max_nq),
                      _i32(short_max_ctx))
         else:
-            name = "paged_decode_rope_"
-            args += (_i32(ns), _i32(p["min_part"])) + rope
+            name = "paged_decode_rope_kvd_" if kv_div > 1 else "paged_decode_rope_"
+            args += (_i32(ns), _i32(p["min_part"])) + rope + ((_i32(kv_div),) if kv_div > 1 else ())
         self._launch(f"{name}{_suffix(q.dtype)}_d{D}_g{H // KH}", ((T if rows is None else rows) * KH * ns,),
                      (_ATT_THREADS,), args)
         return p
