@@ -622,34 +622,12 @@ __device__ __forceinline__ void decode_attention_impl(
 
 // paged_decode_rope_<dtype>_d<D>_g<G>: the same grid, on a decode step (one new token a
 // sequence): q is the raw q rows; the q/k norm + RoPE and the KV store of norm.cu's
-// qk_norm_rope_store_kv happen inside (its k rows are not updated in place).
-#define MINILLM_DECODE_ROPE(SUFFIX, T, D, G)                                                      \
-  extern "C" __global__ void __launch_bounds__(DEC_THREADS, (G) <= 2 ? DEC_MIN_BLOCKS_SMALL_G : (G) <= 4 ? DEC_MIN_BLOCKS_MID_G : DEC_MIN_BLOCKS) paged_decode_rope_##SUFFIX##_d##D##_g##G( \
-      const T* q, i64 q_tok, i64 q_head, T* kc, T* vc, const int* block_tables, int bt_stride,   \
-      const int* seq_lens, const int* query_start, int B, int n_tokens, T* out, i64 o_tok,       \
-      i64 o_head, float* part_o, float* part_ml, int* counters, const int* order, int KH,         \
-      int block_size, int num_blocks, float scale_log2, int n_splits, int min_part, const T* k,   \
-      i64 k_tok, i64 k_head, const T* v, i64 v_tok, i64 v_head, const T* q_w, const T* k_w, float eps,      \
-      const int* positions, const float* cos_sin, int max_pos, const int* slots, i64 n_slots,    \
-      int defer_max) {                                                                            \
-    RopeArgs<T> ra;                                                                               \
-    ra.k = k; ra.k_tok = k_tok; ra.k_head = k_head;                                               \
-    ra.v = v; ra.v_tok = v_tok; ra.v_head = v_head;                                               \
-    ra.q_w = q_w; ra.k_w = k_w; ra.eps = eps;                                                     \
-    ra.positions = positions; ra.cos_sin = cos_sin; ra.max_pos = max_pos;                         \
-    ra.slots = slots; ra.n_slots = n_slots; ra.k_cache = kc; ra.v_cache = vc;                     \
-    decode_attention_impl<T, D, G, true>(q, q_tok, q_head, kc, vc, block_tables, bt_stride,       \
-                                         seq_lens, query_start, B, n_tokens, out, o_tok, o_head,  \
-                                         part_o, part_ml, counters, order, KH, block_size,        \
-                                         num_blocks, scale_log2, 1, n_splits, min_part, 1 << 30,  \
-                                         0, ra, defer_max);                                       \
-  }
-
+// qk_norm_rope_store_kv happen inside (its k rows are not updated in place). kv_div: 1.
 // paged_decode_rope_kvd_<dtype>_d<D>_g1: the same with one query head a CTA, kv_div = query heads a KV
 // head (MINILLM_DECODE_HEAD_CTAS, one-row steps): a grid of tokens x (KV heads x kv_div) x n_splits
 // CTAs, KH = KV heads x kv_div; twice (G = 2) the CTAs, each half the q heads and merge elements.
-#define MINILLM_DECODE_ROPE_KVD(SUFFIX, T, D)                                                     \
-  extern "C" __global__ void __launch_bounds__(DEC_THREADS, DEC_MIN_BLOCKS_SMALL_G) paged_decode_rope_kvd_##SUFFIX##_d##D##_g1( \
+#define MINILLM_DECODE_ROPE_KERNEL(NAME, T, D, G, MIN_BLOCKS, KVD)                                 \
+  extern "C" __global__ void __launch_bounds__(DEC_THREADS, MIN_BLOCKS) NAME(                     \
       const T* q, i64 q_tok, i64 q_head, T* kc, T* vc, const int* block_tables, int bt_stride,   \
       const int* seq_lens, const int* query_start, int B, int n_tokens, T* out, i64 o_tok,       \
       i64 o_head, float* part_o, float* part_ml, int* counters, const int* order, int KH,         \
@@ -664,12 +642,17 @@ __device__ __forceinline__ void decode_attention_impl(
     ra.positions = positions; ra.cos_sin = cos_sin; ra.max_pos = max_pos;                         \
     ra.slots = slots; ra.n_slots = n_slots; ra.k_cache = kc; ra.v_cache = vc;                     \
     ra.kv_div = kv_div;                                                                           \
-    decode_attention_impl<T, D, 1, true, true>(q, q_tok, q_head, kc, vc, block_tables, bt_stride, \
-                                               seq_lens, query_start, B, n_tokens, out, o_tok,    \
-                                               o_head, part_o, part_ml, counters, order, KH,      \
-                                               block_size, num_blocks, scale_log2, 1, n_splits,   \
-                                               min_part, 1 << 30, 0, ra, defer_max);              \
+    decode_attention_impl<T, D, G, true, KVD>(q, q_tok, q_head, kc, vc, block_tables, bt_stride,  \
+                                              seq_lens, query_start, B, n_tokens, out, o_tok,     \
+                                              o_head, part_o, part_ml, counters, order, KH,       \
+                                              block_size, num_blocks, scale_log2, 1, n_splits,    \
+                                              min_part, 1 << 30, 0, ra, defer_max);               \
   }
+#define MINILLM_DECODE_ROPE(SUFFIX, T, D, G)                                                      \
+  MINILLM_DECODE_ROPE_KERNEL(paged_decode_rope_##SUFFIX##_d##D##_g##G, T, D, G,                  \
+                             (G) <= 2 ? DEC_MIN_BLOCKS_SMALL_G : (G) <= 4 ? DEC_MIN_BLOCKS_MID_G : DEC_MIN_BLOCKS, false)
+#define MINILLM_DECODE_ROPE_KVD(SUFFIX, T, D)                                                     \
+  MINILLM_DECODE_ROPE_KERNEL(paged_decode_rope_kvd_##SUFFIX##_d##D##_g1, T, D, 1, DEC_MIN_BLOCKS_SMALL_G, true)
 
 #define MINILLM_DECODE_G(SUFFIX, T, D)                                                   \
   MINILLM_DECODE(SUFFIX, T, D, 1) MINILLM_DECODE(SUFFIX, T, D, 2)                       \

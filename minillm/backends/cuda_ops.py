@@ -1775,7 +1775,7 @@ class CudaBackend:
                      _i32(short_max_ctx))
         else:
             name = "paged_decode_rope_kvd_" if kv_div > 1 else "paged_decode_rope_"
-            args += (_i32(ns), _i32(p["min_part"])) + rope + ((_i32(kv_div),) if kv_div > 1 else ())
+            args += (_i32(ns), _i32(p["min_part"])) + rope + (_i32(kv_div),)
         self._launch(f"{name}{_suffix(q.dtype)}_d{D}_g{H // KH}", ((T if rows is None else rows) * KH * ns,),
                      (_ATT_THREADS,), args)
         return p
