@@ -4366,17 +4366,7 @@ part250() {  # prepared in session 41 (not run): what the L2 activation loads co
   setup
   models_q8_dflash 90
   stage models06 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
-  local r tag envs
-  for r in 1 2; do
-    for tag in l2 nc; do
-      envs=MINILLM_PDL=1
-      [ $tag = nc ] && envs=MINILLM_CUDA_DEFINES=ACT_LOADS_NC=1,KV_LOADS_NC=1
-      stage "graph06_${tag}_$r" 90 env $envs python3 scripts/step_kernels.py $M/q06 --batch 1 --ctx 512 \
-        --json "$W/graph06_${tag}_$r.json"
-      stage "graph8_${tag}_$r" 90 env $envs python3 scripts/step_kernels.py $M/q8 --batch 1 --ctx 512 \
-        --json "$W/graph8_${tag}_$r.json"
-    done
-  done
+  graphs_env_ab l2=MINILLM_PDL=1 nc=MINILLM_CUDA_DEFINES=ACT_LOADS_NC=1,KV_LOADS_NC=1
   stage decode06 120 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
     --result-json "$W/decode06.json"
   stage decode8 150 python3 -m minillm.bench decode $M/q8 --device cuda --input-len 512 --output-len 256 \
@@ -4433,19 +4423,8 @@ part252() {  # session 42: every GPU test on the final code (the jsonschema whee
   setup
   stage gpu_tests 420 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests
   tail -n 3 "$W/gpu_tests.log"
-  stage models 60 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force"
-  local r tag envs
-  for r in 1 2; do
-    for tag in base g1pre; do
-      envs=MINILLM_PDL=1
-      [ $tag = g1pre ] && envs=MINILLM_CUDA_DEFINES=GEMV1_PRELOAD=1
-      stage "graph06_${tag}_$r" 90 env $envs python3 scripts/step_kernels.py $M/q06 --batch 1 --ctx 512 \
-        --json "$W/graph06_${tag}_$r.json"
-      stage "graph8_${tag}_$r" 60 env $envs python3 scripts/step_kernels.py $M/q8 --batch 1 --ctx 512 \
-        --json "$W/graph8_${tag}_$r.json"
-    done
-  done
+  models_both 60
+  graphs_env_ab base=MINILLM_PDL=1 g1pre=MINILLM_CUDA_DEFINES=GEMV1_PRELOAD=1
   pack
 }
 
