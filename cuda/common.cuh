@@ -177,19 +177,26 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 // (ACQBULK in the SASS, session 42), free to since the path promises the data never changes;
 // read from L2, 8 of 8 repeats agreed. Weights, unchanged for the engine's life, and the step inputs
 // the host uploads before a launch keep __ldg (scripts/pdl_load_lint.py checks the PTX in CI).
-// ACT_LOADS_NC=1 restores the read-only path, for A/B runs only; ACT_LOADS_CA=1 loads through L1
-// (ld.global.ca), which the memory model orders after the wait as it does cg.
+// Through L1 (ld.global.ca, ACT_LOADS_CA=1, the default since session 44), which the memory model
+// orders after the wait as it does an L2 load: the 9-16-row products' CTAs on one SM all read the
+// same x, about half as many bytes as their weights, and L1 serves the later ones. The c = 1 DFlash
+// round's graph (8B, 9-row products) 6.449 -> 6.069 ms against L2 loads (ld.global.cg, ACT_LOADS_CA=0),
+// the repeat tests passing (session 44, part262); batch-1 graphs as part263 records. ACT_LOADS_NC=1
+// restores the read-only path, for A/B runs only.
 #ifndef ACT_LOADS_NC
 #define ACT_LOADS_NC 0
+#endif
+#ifndef ACT_LOADS_CA
+#define ACT_LOADS_CA 1
 #endif
 template <typename V>
 __device__ __forceinline__ V load_act(const V* p) {
 #if ACT_LOADS_NC
   return __ldg(p);
 #elif ACT_LOADS_CA
-  return __ldca(p);  // ld.global.ca: through L1, a weak load (A/B runs only, session 42)
+  return __ldca(p);  // ld.global.ca: through L1 (SASS: LDG.E.128.STRONG.SM)
 #else
-  return __ldcg(p);
+  return __ldcg(p);  // ld.global.cg: L2 only (LDG.E.128.STRONG.GPU)
 #endif
 }
 

@@ -4598,6 +4598,77 @@ part260() {  # prepared in session 43 (not run): one query head a CTA in a one-r
   pack
 }
 
+part261() {  # session 44: where the c = 1 round's other ~0.6 ms went. part258: the round 6.899 / 6.896 ms on the
+  # default, 6.582 / 6.583 with ACT_LOADS_CA=1, 6.566 with the old read-only loads: the L2 loads explain only
+  # 0.32 of the ~0.95 ms since session 33 (5.941, part200). The round's graph from session 33's final tree
+  # (e558243, carried as .snap_s33), session 40's (bebb69e, .snap_s40: the engine's round 5.99 ms in part241)
+  # and this one (default and CA), alternated twice on one machine; then session 33's round and this one's
+  # (CA) under ncu, kernel by kernel (~8 minutes)
+  setup
+  models_q8_dflash 60
+  local r t spec="$M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512"
+  for r in 1 2; do
+    for t in s33 s40; do
+      stage "graph_q8_spec_b1_${t}_$r" 150 bash -c "cd .snap_$t && PYTHONPATH=.:/tmp/site python3 \
+        scripts/step_kernels.py $spec --json $W/graph_q8_spec_b1_${t}_$r.json"
+    done
+    stage "graph_q8_spec_b1_base_$r" 150 python3 scripts/step_kernels.py $spec --json "$W/graph_q8_spec_b1_base_$r.json"
+    stage "graph_q8_spec_b1_ca_$r" 150 env MINILLM_CUDA_DEFINES=ACT_LOADS_CA=1 python3 scripts/step_kernels.py $spec \
+      --json "$W/graph_q8_spec_b1_ca_$r.json"
+  done
+  graph_summary
+  for t in s33 ca; do
+    if [ $t = s33 ]; then
+      stage ncu_spec_$t 120 bash -c "cd .snap_s33 && PYTHONPATH=.:/tmp/site ncu --profile-from-start off \
+        --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --page raw python3 \
+        scripts/step_kernels.py $spec --under-ncu"
+    else
+      stage ncu_spec_$t 120 env MINILLM_CUDA_DEFINES=ACT_LOADS_CA=1 ncu --profile-from-start off --clock-control none \
+        --cache-control none --metrics gpu__time_duration.sum --csv --page raw python3 scripts/step_kernels.py \
+        $spec --under-ncu
+    fi
+    python3 scripts/step_kernels.py --parse "$W/ncu_spec_$t.log" --json "$W/kernels_spec_$t.json" \
+      | tee "$W/kernels_spec_$t.txt"
+  done
+  pack
+}
+
+part262() {  # session 44: part261 found the round 5.885 ms on session 33's and 40's trees, 6.884 on this one's,
+  # 6.564 with ACT_LOADS_CA=1; the 9-row products' SASS had a branch a tile per k block since their x loads
+  # moved to load_act under `if (live[i])` (an asm volatile load cannot be speculated: BSSY 7 -> 12). Now
+  # unconditional (the SASS's branches as session 40's). The round from session 40's tree, this one (L2)
+  # and this one with x through L1 (CA), alternated twice; the skinny / same-bits tests on the default;
+  # the repeat tests and the spec-cost bench (c = 1-16) with CA (~7 minutes)
+  setup
+  models_q8_dflash 60
+  local r spec="$M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512"
+  for r in 1 2; do
+    stage "graph_q8_spec_b1_s40_$r" 150 bash -c "cd .snap_s40 && PYTHONPATH=.:/tmp/site python3 \
+      scripts/step_kernels.py $spec --json $W/graph_q8_spec_b1_s40_$r.json"
+    stage "graph_q8_spec_b1_base_$r" 150 python3 scripts/step_kernels.py $spec --json "$W/graph_q8_spec_b1_base_$r.json"
+    stage "graph_q8_spec_b1_ca_$r" 150 env MINILLM_CUDA_DEFINES=ACT_LOADS_CA=1 python3 scripts/step_kernels.py $spec \
+      --json "$W/graph_q8_spec_b1_ca_$r.json"
+  done
+  graph_summary
+  stage same_bits 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k "same_bits or skinny"
+  stage repeat_tests_ca 150 env MINILLM_CUDA_DEFINES=ACT_LOADS_CA=1 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    -rfEs tests/test_gpu_engine.py -k repeats_bit
+  stage spec_cost_ca 250 env MINILLM_CUDA_DEFINES=ACT_LOADS_CA=1 python3 -m minillm.bench spec-cost $M/q8 \
+    --drafter $M/q8-dflash --k 8 --result-json "$W/spec_cost_ca.json"
+  pack
+}
+
+part263() {  # session 44: the final code (activations through L1 by default, the skinny products' x loads
+  # unconditional): every GPU test, then batch-1 graphs of both shapes against L2 loads (ACT_LOADS_CA=0),
+  # alternated twice (~7 minutes)
+  setup
+  gpu_tests_full 330
+  tail -n 3 "$W/gpu_tests.log"
+  models_both 60
+  graphs_env_ab base=MINILLM_PDL=1 cg=MINILLM_CUDA_DEFINES=ACT_LOADS_CA=0
+  pack
+}
+
 graphs_env_ab() {  # graphs_env_ab TAG=SETTINGS...: both shapes' batch-1 graphs at 512 keys under each TAG's
   # environment settings (space-separated VAR=VALUE), the settings alternately, twice (stages
   # graph06_TAG_i, graph8_TAG_i), then each TAG's graph_ms (0.6B runs, then 8B runs)
