@@ -764,8 +764,10 @@ __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64
       for (int i = 0; i < TILES; ++i) {
         // Not the read-only path: nvcc made plain loads of x ld.global.nc (load_act). Unconditional:
         // a dead row's xr is row 0 (valid memory) and its sums land in columns of C never written,
-        // while a load_act under `if (live[i])` kept a branch per tile in the loop (asm volatile
-        // cannot be speculated): the c = 1 DFlash round's graph +4.9% (session 44, part261/262)
+        // while a load_act under `if (live[i])` kept a branch a tile in the loop (an asm volatile load
+        // is not speculated; BSSY 7 -> 12 in gemm_skinny2_bf16's SASS): the c = 1 DFlash round's graph
+        // was 17.0% (L2 loads) / 11.5% (L1) longer than session 40's tree's on one machine, 8.5% / 2.1%
+        // without the branch (session 44, part261 / part262)
         b.x_lo[i] = minillm::load_act(reinterpret_cast<const uint4*>(xr[i] + k));
         b.x_hi[i] = minillm::load_act(reinterpret_cast<const uint4*>(xr[i] + k + 8));
       }

@@ -4669,6 +4669,19 @@ part263() {  # session 44: the final code (activations through L1 by default, th
   pack
 }
 
+part264() {  # prepared in session 44 (its device budget spent): every GPU test with one query head a CTA in a
+  # one-row step's attention (MINILLM_DECODE_HEAD_CTAS=1; part260: batch-1 graphs 0.6B -0.44%, 8B -0.46%, its
+  # op tests 28 passed), SmolLM2's included when the GGUF is carried, then the repeat tests with it; if all
+  # pass, make it the default (~6 minutes)
+  setup
+  stage gpu_tests_kvd 400 env MINILLM_DECODE_HEAD_CTAS=1 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs \
+    --junitxml="$W/junit_kvd.xml" tests -k "not debug_build"
+  tail -n 3 "$W/gpu_tests_kvd.log"
+  stage repeat_tests_kvd 150 env MINILLM_DECODE_HEAD_CTAS=1 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    -rfEs tests/test_gpu_engine.py -k repeats_bit
+  pack
+}
+
 graphs_env_ab() {  # graphs_env_ab TAG=SETTINGS...: both shapes' batch-1 graphs at 512 keys under each TAG's
   # environment settings (space-separated VAR=VALUE), the settings alternately, twice (stages
   # graph06_TAG_i, graph8_TAG_i), then each TAG's graph_ms (0.6B runs, then 8B runs)

@@ -634,7 +634,9 @@ class CudaBackend:
         self.short_run_min_seqs = env_int("MINILLM_SHORT_RUN_MIN_SEQS", _SHORT_RUN_MIN_SEQS_DEFAULT,
                                           "fewest sequences of a step whose short runs take the tensor cores")
         # 1: a one-row decode step's fused attention takes one query head a CTA (paged_decode_rope_kvd_*),
-        # KV heads x G CTAs a split instead of KV heads; unmeasured, so off (h200_report.sh part260)
+        # KV heads x G CTAs a split instead of KV heads. Batch-1 graphs alternated twice on one H200 (session
+        # 44, part260): 0.6B -0.44%, 8B -0.46%, its op tests passing; off until every GPU test has run with
+        # it on (h200_report.sh part264)
         self.decode_head_ctas = env_int("MINILLM_DECODE_HEAD_CTAS", 0,
                                         "1: a one-row decode step's attention takes one query head a CTA")
         if self.decode_head_ctas not in (0, 1):
