@@ -15,11 +15,13 @@ weights, and step inputs the host uploads before a step), 2 on bad arguments.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 CUDA_DIR = Path(__file__).resolve().parents[1] / "cuda"
@@ -123,17 +125,23 @@ def lint(defines: tuple[str, ...] = (), modules: tuple[str, ...] = tuple(PDL_MOD
     if nvcc is None:
         raise RuntimeError("nvcc is not on PATH")
     found: dict[str, set[str]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
+
+    def run(cmd: list[str]) -> str:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if r.returncode:
+            raise RuntimeError(f"{' '.join(cmd)}\n{r.stderr}")
+        return r.stdout
+
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        runs = {}  # each module's PTX and preprocessed source, all modules' nvcc runs on every core
         for mod in modules:
-            mod_defines = PDL_MODULES[mod]
-            flags = ["-arch=sm_90a", "-std=c++17", f"-I{CUDA_DIR}"] + [f"-D{d}" for d in (*mod_defines, *defines)]
-            src = CUDA_DIR / f"{mod}.cu"
-            ptx = Path(tmp) / f"{mod}.ptx"
-            for cmd in ([nvcc, *flags, "-ptx", str(src), "-o", str(ptx)], [nvcc, *flags, "-E", str(src)]):
-                r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-                if r.returncode:
-                    raise RuntimeError(f"{' '.join(cmd)}\n{r.stderr}")
-            found.update(nc_params(ptx.read_text(), r.stdout))
+            flags = ["-arch=sm_90a", "-std=c++17", f"-I{CUDA_DIR}"] + [f"-D{d}" for d in (*PDL_MODULES[mod], *defines)]
+            src, ptx = CUDA_DIR / f"{mod}.cu", Path(tmp) / f"{mod}.ptx"
+            runs[mod] = (ptx, pool.submit(run, [nvcc, *flags, "-ptx", str(src), "-o", str(ptx)]),
+                         pool.submit(run, [nvcc, *flags, "-E", str(src)]))
+        for ptx, ptx_run, source_run in runs.values():
+            ptx_run.result()
+            found.update(nc_params(ptx.read_text(), source_run.result()))
     return found, violations(found)
 
 

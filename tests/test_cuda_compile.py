@@ -14,10 +14,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from nvcc_jobs import NvccJob, NvccPool
 
 CUDA_DIR = Path(__file__).resolve().parents[1] / "cuda"
 SOURCES = sorted(CUDA_DIR.glob("*.cu"))
 NVCC = shutil.which("nvcc")
+DEBUG_FLAGS = ("-DMINILLM_CUDA_DEBUG=1", "-lineinfo")
 
 
 def test_there_are_kernels():
@@ -29,14 +31,12 @@ def test_there_are_kernels():
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (CI installs CUDA 13.0)")
 @pytest.mark.parametrize("debug", [False, True], ids=["release", "debug"])
 @pytest.mark.parametrize("src", SOURCES, ids=[p.stem for p in SOURCES])
-def test_nvcc_compiles_for_sm90a(src: Path, debug: bool, tmp_path: Path):
-    assert_nvcc_compiles(src, tmp_path, ["-DMINILLM_CUDA_DEBUG=1", "-lineinfo"] if debug else [])
+def test_nvcc_compiles_for_sm90a(src: Path, debug: bool, nvcc_pool: NvccPool):
+    assert_nvcc_compiles(nvcc_pool, f"{src.stem} {'debug' if debug else 'release'}")
 
 
-def assert_nvcc_compiles(src: Path, tmp_path: Path, extra: list[str]) -> None:
-    cmd = [NVCC, "-arch=sm_90a", "-std=c++17", f"-I{CUDA_DIR}", "-c", str(src),
-           "-o", str(tmp_path / (src.stem + ".o")), *extra]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+def assert_nvcc_compiles(pool: NvccPool, name: str) -> None:
+    cmd, r = pool.result(name)
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}"
 
 
@@ -47,16 +47,19 @@ INLINE_SOURCES = {"handoff_bench": "SRC", "stream_bench": "READ_SRC"}
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (CI installs CUDA 13.0)")
 @pytest.mark.parametrize("script", sorted(INLINE_SOURCES))
-def test_scripts_inline_kernels_compile(script: str, tmp_path: Path):
+def test_scripts_inline_kernels_compile(script: str, nvcc_pool: NvccPool):
+    assert_nvcc_compiles(nvcc_pool, f"script {script}")
+
+
+def inline_source(script: str) -> str:
+    """The kernel source a script in scripts/ carries (INLINE_SOURCES names its variable)."""
     import importlib.util
 
     path = CUDA_DIR.parent / "scripts" / f"{script}.py"
     spec = importlib.util.spec_from_file_location(f"_inline_{script}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    src = tmp_path / f"{script}.cu"
-    src.write_text(getattr(mod, INLINE_SOURCES[script]))
-    assert_nvcc_compiles(src, tmp_path, [])
+    return getattr(mod, INLINE_SOURCES[script])
 
 
 def test_cache_key_covers_headers(tmp_path, monkeypatch):
@@ -142,8 +145,23 @@ VARIANTS = [("decode_attention", ["-DDEC_NO_MATH=1", "-DDEC_MERGE_FLIGHT=4", "-D
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (CI installs CUDA 13.0)")
 @pytest.mark.parametrize("name,defines", VARIANTS, ids=[" ".join(d) for _, d in VARIANTS])
-def test_nvcc_compiles_measured_variants(name: str, defines: list[str], tmp_path: Path):
-    assert_nvcc_compiles(CUDA_DIR / f"{name}.cu", tmp_path, defines)
+def test_nvcc_compiles_measured_variants(name: str, defines: list[str], nvcc_pool: NvccPool):
+    assert_nvcc_compiles(nvcc_pool, f"{name} {' '.join(defines)}")
+
+
+@pytest.fixture(scope="module")
+def nvcc_pool():
+    """Every compile of this module's tests, run on all cores from the first one asked for (nvcc_jobs)."""
+    jobs = [NvccJob(f"{src.stem} {kind}", src=src, flags=flags) for src in SOURCES
+            for kind, flags in (("release", ()), ("debug", DEBUG_FLAGS))]
+    jobs += [NvccJob(f"{name} {' '.join(defines)}", src=CUDA_DIR / f"{name}.cu", flags=tuple(defines))
+             for name, defines in VARIANTS]
+    jobs += [NvccJob(f"script {script}", text=inline_source(script)) for script in sorted(INLINE_SOURCES)]
+    # the longest first, so the last to finish is a short one
+    jobs.sort(key=lambda j: 0 if j.src is None else -j.src.stat().st_size)
+    pool = NvccPool(NVCC, CUDA_DIR, jobs)
+    yield pool
+    pool.close()
 
 
 def test_extra_defines_from_the_environment(monkeypatch):
