@@ -4682,6 +4682,25 @@ part264() {  # prepared in session 44 (its device budget spent): every GPU test 
   pack
 }
 
+part265() {  # prepared in session 44: why the 9-row products of the c = 1 round stay 2.1% slower than session
+  # 40's tree's (part262) and stream at ~60% of the bytes roofline (part257's ncu: 5.65 ms for ~13.9 GB) where
+  # the one-row products reach ~90%: one layer's four 9-row products (qkv, o, gate_up, down) under ncu's
+  # throughput, memory, warp-state and occupancy sections, from this tree and from session 40's (bebb69e:
+  # `git archive bebb69e -- cuda minillm scripts | tar -x -C .snap_s40`, carried) (~5 minutes)
+  setup
+  models_q8_dflash 60
+  local t d
+  for t in cur s40; do
+    d=.
+    [ $t = s40 ] && d=.snap_s40
+    stage "ncu_skinny_$t" 200 bash -c "cd $d && PYTHONPATH=.:/tmp/site ncu --profile-from-start off \
+      --clock-control none --cache-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
+      --section WarpStateStats --section Occupancy --section LaunchStats -k regex:gemm_skinny2 -c 4 python3 \
+      scripts/step_kernels.py $M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512 --under-ncu"
+  done
+  pack
+}
+
 graphs_env_ab() {  # graphs_env_ab TAG=SETTINGS...: both shapes' batch-1 graphs at 512 keys under each TAG's
   # environment settings (space-separated VAR=VALUE), the settings alternately, twice (stages
   # graph06_TAG_i, graph8_TAG_i), then each TAG's graph_ms (0.6B runs, then 8B runs)

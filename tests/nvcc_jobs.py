@@ -26,7 +26,8 @@ class NvccJob:
 
 
 class NvccPool:
-    """Runs every job given, on os.cpu_count() workers, from the first result asked for."""
+    """Runs every job given, on os.cpu_count() workers, from the first result asked for; close() drops
+    the ones not started."""
 
     def __init__(self, nvcc: str, include: Path, jobs: list[NvccJob]):
         self.nvcc, self.include = nvcc, include
@@ -34,19 +35,23 @@ class NvccPool:
         assert len(self.jobs) == len(jobs), "job names must be unique"
         self._futures: dict[str, Future] = {}
         self._executor: ThreadPoolExecutor | None = None
-        self._dir = Path(tempfile.mkdtemp(prefix="minillm_nvcc_"))
+        self._tmp = tempfile.TemporaryDirectory(prefix="minillm_nvcc_")
+        self._dir = Path(self._tmp.name)
 
     def result(self, name: str) -> tuple[list[str], subprocess.CompletedProcess]:
         """The command and outcome of job `name` (waiting for it)."""
-        if self._executor is None:
+        if self._executor is None:  # this one first (a run of one test waits for its own), then the rest
             self._executor = ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1))
-            self._futures = {n: self._executor.submit(self._run, j) for n, j in self.jobs.items()}
+            for n in (name, *(n for n in self.jobs if n != name)):
+                self._futures[n] = self._executor.submit(self._run, self.jobs[n])
         return self._futures[name].result()
 
     def close(self) -> None:
-        """Drop the runs not started (a failing test under -x ends the session early)."""
+        """Drop the runs not started (a failing test under -x ends the session early), wait for the
+        ones running, and remove their outputs."""
         if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor.shutdown(wait=True, cancel_futures=True)
+        self._tmp.cleanup()
 
     def _run(self, job: NvccJob) -> tuple[list[str], subprocess.CompletedProcess]:
         work = self._dir / job.name.replace(" ", "_").replace("/", "_")

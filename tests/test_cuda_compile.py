@@ -157,7 +157,7 @@ def nvcc_pool():
     jobs += [NvccJob(f"{name} {' '.join(defines)}", src=CUDA_DIR / f"{name}.cu", flags=tuple(defines))
              for name, defines in VARIANTS]
     jobs += [NvccJob(f"script {script}", text=inline_source(script)) for script in sorted(INLINE_SOURCES)]
-    # the longest first, so the last to finish is a short one
+    # the largest sources first (the longest compiles), so the last to finish is a short one
     jobs.sort(key=lambda j: 0 if j.src is None else -j.src.stat().st_size)
     pool = NvccPool(NVCC, CUDA_DIR, jobs)
     yield pool
