@@ -168,7 +168,7 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #endif
 
 // A load of what another kernel of the step wrote (activations: a product's x, q, v, gate_up),
-// from L2 (ld.global.cg), never through the read-only path: __ldg, or a plain load of a const
+// never through the read-only path: __ldg, or a plain load of a const
 // __restrict__ pointer, which nvcc makes ld.global.nc. That path may only read data that stays
 // unchanged while the kernel lives, and under PDL a kernel lives beside the one writing its input.
 // Measured on the H200 (session 41, part246-part248): the folded norms read the previous product's
@@ -177,12 +177,14 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 // (ACQBULK in the SASS, session 42), free to since the path promises the data never changes;
 // read from L2, 8 of 8 repeats agreed. Weights, unchanged for the engine's life, and the step inputs
 // the host uploads before a launch keep __ldg (scripts/pdl_load_lint.py checks the PTX in CI).
-// Through L1 (ld.global.ca, ACT_LOADS_CA=1, the default since session 44), which the memory model
-// orders after the wait as it does an L2 load: the 9-16-row products' CTAs on one SM all read the
+// Through L1 (ld.global.ca, ACT_LOADS_CA=1, the default since session 44): PTX's default cache
+// operator, so what a plain load of a pointer not known read-only compiles to, and the load CUDA's
+// PDL pattern has after cudaGridDependencySynchronize; the memory model orders it after the wait as
+// it does an L2 load. It pays here because the 9-16-row products' CTAs on one SM all read the
 // same x, about half as many bytes as their weights, and L1 serves the later ones. The c = 1 DFlash
 // round's graph (8B, 9-row products) 6.449 -> 6.069 ms against L2 loads (ld.global.cg, ACT_LOADS_CA=0),
-// the repeat tests passing (session 44, part262); batch-1 graphs as part263 records. ACT_LOADS_NC=1
-// restores the read-only path, for A/B runs only.
+// the repeat tests passing (session 44, part262); batch-1 graphs 0.6B -0.4%, 8B +0.06% (part263).
+// ACT_LOADS_NC=1 restores the read-only path, for A/B runs only.
 #ifndef ACT_LOADS_NC
 #define ACT_LOADS_NC 0
 #endif
