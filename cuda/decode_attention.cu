@@ -320,7 +320,7 @@ __device__ __forceinline__ void decode_attention_impl(
         const T* src = ra.v + (i64)t * ra.v_tok + (i64)kv * ra.v_head;
         T* row = ra.v_cache + (slot * n_kv + kv) * D;
         for (int i = lane; i < D; i += 32) {
-          if (!KV_DIV || kv_leader) row[i] = src[i];
+          if (kv_leader) row[i] = src[i];
           dst[i] = minillm::to_f(src[i]);
         }
         continue;
@@ -328,7 +328,7 @@ __device__ __forceinline__ void decode_attention_impl(
       const bool is_q = hh < G;
       const T* x = is_q ? q + (i64)t * q_tok + (i64)(kh * G + hh) * q_head
                         : ra.k + (i64)t * ra.k_tok + (i64)kv * ra.k_head;
-      T* row = is_q || (KV_DIV && !kv_leader) ? nullptr : ra.k_cache + (slot * n_kv + kv) * D;
+      T* row = is_q || !kv_leader ? nullptr : ra.k_cache + (slot * n_kv + kv) * D;
       minillm::warp_qk_norm_rope<T>(x, is_q ? ra.q_w : ra.k_w, ra.eps, cs, s_tmp[warp], D, lane,
                                     [&](int i, T o) {
                                       dst[i] = minillm::to_f(o);

@@ -4561,8 +4561,7 @@ part258() {  # prepared in session 43 (not run: the device budget ran out). part
         ca) envs=MINILLM_CUDA_DEFINES=ACT_LOADS_CA=1 ;;
         nc) envs=MINILLM_CUDA_DEFINES=ACT_LOADS_NC=1,KV_LOADS_NC=1 ;;
       esac
-      stage "graph_q8_spec_b1_${tag}_$r" 150 env $envs python3 scripts/step_kernels.py $M/q8 --spec $M/q8-dflash \
-        --k 8 --batch 1 --ctx 512 --json "$W/graph_q8_spec_b1_${tag}_$r.json"
+      round_graph_in . "${tag}_$r" $envs
     done
   done
   graph_summary
@@ -4606,27 +4605,20 @@ part261() {  # session 44: where the c = 1 round's other ~0.6 ms went. part258: 
   # (CA) under ncu, kernel by kernel (~8 minutes)
   setup
   models_q8_dflash 60
-  local r t spec="$M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512"
+  local r t d envs
   for r in 1 2; do
-    for t in s33 s40; do
-      stage "graph_q8_spec_b1_${t}_$r" 150 bash -c "cd .snap_$t && PYTHONPATH=.:/tmp/site python3 \
-        scripts/step_kernels.py $spec --json $W/graph_q8_spec_b1_${t}_$r.json"
-    done
-    stage "graph_q8_spec_b1_base_$r" 150 python3 scripts/step_kernels.py $spec --json "$W/graph_q8_spec_b1_base_$r.json"
-    stage "graph_q8_spec_b1_ca_$r" 150 env MINILLM_CUDA_DEFINES=ACT_LOADS_CA=1 python3 scripts/step_kernels.py $spec \
-      --json "$W/graph_q8_spec_b1_ca_$r.json"
+    round_graph_in .snap_s33 "s33_$r"
+    round_graph_in .snap_s40 "s40_$r"
+    round_graph_in . "base_$r"
+    round_graph_in . "ca_$r" MINILLM_CUDA_DEFINES=ACT_LOADS_CA=1
   done
   graph_summary
   for t in s33 ca; do
-    if [ $t = s33 ]; then
-      stage ncu_spec_$t 120 bash -c "cd .snap_s33 && PYTHONPATH=.:/tmp/site ncu --profile-from-start off \
-        --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --page raw python3 \
-        scripts/step_kernels.py $spec --under-ncu"
-    else
-      stage ncu_spec_$t 120 env MINILLM_CUDA_DEFINES=ACT_LOADS_CA=1 ncu --profile-from-start off --clock-control none \
-        --cache-control none --metrics gpu__time_duration.sum --csv --page raw python3 scripts/step_kernels.py \
-        $spec --under-ncu
-    fi
+    d=.snap_s33 envs=
+    [ $t = ca ] && d=. envs=MINILLM_CUDA_DEFINES=ACT_LOADS_CA=1
+    stage ncu_spec_$t 120 bash -c "cd $d && PYTHONPATH=.:/tmp/site env $envs ncu --profile-from-start off \
+      --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --page raw python3 \
+      scripts/step_kernels.py $ROUND_C1 --under-ncu"
     python3 scripts/step_kernels.py --parse "$W/ncu_spec_$t.log" --json "$W/kernels_spec_$t.json" \
       | tee "$W/kernels_spec_$t.txt"
   done
@@ -4641,13 +4633,11 @@ part262() {  # session 44: part261 found the round 5.885 ms on session 33's and 
   # the repeat tests and the spec-cost bench (c = 1-16) with CA (~7 minutes)
   setup
   models_q8_dflash 60
-  local r spec="$M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512"
+  local r
   for r in 1 2; do
-    stage "graph_q8_spec_b1_s40_$r" 150 bash -c "cd .snap_s40 && PYTHONPATH=.:/tmp/site python3 \
-      scripts/step_kernels.py $spec --json $W/graph_q8_spec_b1_s40_$r.json"
-    stage "graph_q8_spec_b1_base_$r" 150 python3 scripts/step_kernels.py $spec --json "$W/graph_q8_spec_b1_base_$r.json"
-    stage "graph_q8_spec_b1_ca_$r" 150 env MINILLM_CUDA_DEFINES=ACT_LOADS_CA=1 python3 scripts/step_kernels.py $spec \
-      --json "$W/graph_q8_spec_b1_ca_$r.json"
+    round_graph_in .snap_s40 "s40_$r"
+    round_graph_in . "base_$r"
+    round_graph_in . "ca_$r" MINILLM_CUDA_DEFINES=ACT_LOADS_CA=1
   done
   graph_summary
   stage same_bits 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k "same_bits or skinny"
@@ -4696,9 +4686,20 @@ part265() {  # prepared in session 44: why the 9-row products of the c = 1 round
     stage "ncu_skinny_$t" 200 bash -c "cd $d && PYTHONPATH=.:/tmp/site ncu --profile-from-start off \
       --clock-control none --cache-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
       --section WarpStateStats --section Occupancy --section LaunchStats -k regex:gemm_skinny2 -c 4 python3 \
-      scripts/step_kernels.py $M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512 --under-ncu"
+      scripts/step_kernels.py $ROUND_C1 --under-ncu"
   done
   pack
+}
+
+# scripts/step_kernels.py's arguments for the 8B target's rejected DFlash k = 8 round at c = 1, 512 keys
+ROUND_C1="$M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512"
+
+round_graph_in() {  # round_graph_in DIR TAG [VAR=VALUE...]: that round's graph from the tree at DIR (. or a
+  # carried snapshot) under those settings, as stage graph_q8_spec_b1_TAG
+  local d=$1 tag=$2
+  shift 2
+  stage "graph_q8_spec_b1_$tag" 150 bash -c "cd $d && PYTHONPATH=.:/tmp/site env $* python3 scripts/step_kernels.py \
+    $ROUND_C1 --json $W/graph_q8_spec_b1_$tag.json"
 }
 
 graphs_env_ab() {  # graphs_env_ab TAG=SETTINGS...: both shapes' batch-1 graphs at 512 keys under each TAG's
