@@ -683,6 +683,13 @@ MINILLM_GEMV1_MERGE(gemv1_merge_cl8_bf16_w16, 16, 8, __cluster_dims__(8, 1, 1))
 // -0.7% against the old loop's +0.1%, 16-row steps 0.6B -3.8%, 8B +0.6%; with the 8B gate_up and
 // down at 9-16 rows sent here too (cuda_ops.py's _SKINNY_TWO_TILE_MAX_W 32 -> 128 M weights,
 // instead of cuBLAS + silu_mul and cuBLAS's split-K down) the round -3.0%.
+// Under ncu (session 45, part266: one layer's 9-row products of that round) they stream 2.5 (qkv),
+// 3.8 (gate_up) and 3.3 TB/s (down), stalled on their loads, 16 warps an SM (2 CTAs at 102
+// registers); the 8B qkv's 384 CTAs are 1.45 waves of that (DRAM 62% busy), hence gemm_skinny2w4_*.
+// Measured and dropped there (the round's graph, alternated twice): each 16-byte load asking whole
+// sectors (a lane's k values [8t, 8t + 8) and [32 + 8t, 32 + 8t + 8): the L1 hit rate 64 -> 29%, two
+// L2 requests a line where there was one) +6.1%, batch-4 steps +2.7%; __launch_bounds__ for 3 CTAs
+// an SM (80 registers, spilling) +2.3% with only the plain kernels bounded, +19% with the gated too.
 #define SKINNY_WARPS 8
 #define SKINNY_KB 64
 #ifndef SKINNY2_PIPELINED  // 0: gemm_skinny2_* / gemm_skinny4_* run gemm_skinny_*'s loop (A/B runs)
@@ -708,14 +715,14 @@ namespace {
 // warp streams the 16 gate rows and the 16 up rows of its columns and multiplies both by the same x
 // fragments.
 // PIPE: the software-pipelined loop (below).
-template <typename TO, int TILES, bool GATED, bool PIPE = false>
+template <typename TO, int TILES, bool GATED, bool PIPE = false, int WARPS = SKINNY_WARPS>
 __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64 ldx,
                                                  const bf16* __restrict__ w,
                                                  const bf16* __restrict__ bias,
                                                  TO* __restrict__ out, i64 ldo, int M, int N, int K) {
   constexpr int NW = GATED ? 2 : 1;  // weight tiles a warp: gate and up, or the product's own
   minillm::pdl_entry();
-  __shared__ float red[SKINNY_WARPS - 1][NW * TILES * 4][32];
+  __shared__ float red[WARPS - 1][NW * TILES * 4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int n0 = blockIdx.x * 16;
@@ -773,12 +780,12 @@ __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64
       }
     };
     if (warp < blocks) {
-      const int last = blocks - 1 - (blocks - 1 - warp) % SKINNY_WARPS;  // this warp's last block
+      const int last = blocks - 1 - (blocks - 1 - warp) % WARPS;  // this warp's last block
       Block cur;
       load_block(warp, cur);
-      for (int kb = warp; kb < blocks; kb += SKINNY_WARPS) {
+      for (int kb = warp; kb < blocks; kb += WARPS) {
         Block nxt;
-        load_block(min(kb + SKINNY_WARPS, last), nxt);
+        load_block(min(kb + WARPS, last), nxt);
 #pragma unroll
         for (int i = 0; i < TILES; ++i) {
           skinny_mma_block(c[i], cur.w0_lo, cur.w0_hi, cur.w8_lo, cur.w8_hi, cur.x_lo[i], cur.x_hi[i]);
@@ -792,7 +799,7 @@ __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64
     // The loop as written before session 26, its MMAs spelled out: through skinny_mma_block ptxas
     // scheduled gemm_skinny_* differently (SASS md5), and these kernels were measured as they are.
 #pragma unroll 2
-    for (int kb = warp; kb < blocks; kb += SKINNY_WARPS) {
+    for (int kb = warp; kb < blocks; kb += WARPS) {
       const int k = kb * SKINNY_KB;
       const uint4 w0_lo = __ldg(reinterpret_cast<const uint4*>(w0 + k));
       const uint4 w0_hi = __ldg(reinterpret_cast<const uint4*>(w0 + k + 8));
@@ -845,11 +852,11 @@ __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64
     for (int e = 0; e < 4; ++e) {  // C: rows (out columns) g, g + 8; cols (x rows) 2t, 2t + 1
       float s = c[i][e], su = 0.f;
 #pragma unroll
-      for (int r = 0; r < SKINNY_WARPS - 1; ++r) s += red[r][i * 4 + e][lane];
+      for (int r = 0; r < WARPS - 1; ++r) s += red[r][i * 4 + e][lane];
       if constexpr (GATED) {
         su = cu[i][e];
 #pragma unroll
-        for (int r = 0; r < SKINNY_WARPS - 1; ++r) su += red[r][(TILES + i) * 4 + e][lane];
+        for (int r = 0; r < WARPS - 1; ++r) su += red[r][(TILES + i) * 4 + e][lane];
       }
       const int m = i * 8 + 2 * t + (e & 1);
       const int n = n0 + g + (e >= 2 ? 8 : 0);
@@ -862,11 +869,11 @@ __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64
 
 // TILES 0: gemm_skinny_* (2-16 rows; the host sends them 2-8); 2: gemm_skinny2_* (9-16 rows); 4:
 // gemm_skinny4_* (17-32 rows), both pipelined unless SKINNY2_PIPELINED=0.
-template <typename TO, bool GATED, int TILES>
+template <typename TO, bool GATED, int TILES, int WARPS = SKINNY_WARPS>
 __device__ __forceinline__ void gemm_skinny_rows(const bf16* x, i64 ldx, const bf16* w, const bf16* bias,
                                                  TO* out, i64 ldo, int M, int N, int K) {
   constexpr bool PIPE = SKINNY2_PIPELINED;
-  if constexpr (TILES > 0) gemm_skinny_impl<TO, TILES, GATED, PIPE>(x, ldx, w, bias, out, ldo, M, N, K);
+  if constexpr (TILES > 0) gemm_skinny_impl<TO, TILES, GATED, PIPE, WARPS>(x, ldx, w, bias, out, ldo, M, N, K);
   else if (M <= 8) gemm_skinny_impl<TO, 1, GATED>(x, ldx, w, bias, out, ldo, M, N, K);
   else gemm_skinny_impl<TO, 2, GATED>(x, ldx, w, bias, out, ldo, M, N, K);
 }
@@ -890,6 +897,18 @@ MINILLM_SKINNY(gemm_skinny_bf16, bf16, 0)
 MINILLM_SKINNY(gemm_skinny_f32, float, 0)
 MINILLM_SKINNY(gemm_skinny2_bf16, bf16, 2)
 MINILLM_SKINNY(gemm_skinny2_f32, float, 2)
+// 9-16 rows on CTAs of 4 warps (grid ceil(N / 16), block 128; the same kernel, each warp twice the k
+// blocks): at 102 registers 4 CTAs an SM fit instead of 2, so a grid of 2-4 CTAs an SM runs in one
+// wave where 8 warps a CTA take 1.45 (the 8B qkv's 384 CTAs, DRAM 62% busy under ncu, part266).
+// Host: cuda_ops.skinny_product_kernel.
+#define MINILLM_SKINNY_W4(NAME, TO)                                                                  \
+  extern "C" __global__ void __launch_bounds__(128)                                                  \
+      NAME(const bf16* x, i64 ldx, const bf16* w, const bf16* bias, TO* out, i64 ldo, int M, int N, \
+           int K) {                                                                                  \
+    gemm_skinny_rows<TO, false, 2, 4>(x, ldx, w, bias, out, ldo, M, N, K);                           \
+  }
+MINILLM_SKINNY_W4(gemm_skinny2w4_bf16, bf16)
+MINILLM_SKINNY_W4(gemm_skinny2w4_f32, float)
 // 17-32 rows (four tiles): the host sends 17-20 rows of the large narrowing products (the 8B o and
 // down of the c = 2 DFlash round's verification: the round -2.3% with session 28's other change,
 // part184a) and, with cuda_ops.py's _SKINNY_MAX_M raised to 32, everything (slower than cuBLAS

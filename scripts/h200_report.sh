@@ -4691,6 +4691,116 @@ part265() {  # prepared in session 44: why the 9-row products of the c = 1 round
   pack
 }
 
+part266() {  # session 45: the skinny products' loads a whole sector an instruction (SKINNY_SECTOR_LOADS=1:
+  # a lane's k values [8t, 8t + 8) and [32 + 8t, ...) instead of [16t, 16t + 16); the same products in
+  # another order, 102 registers either way): one layer's 9-row products of the c = 1 round under ncu's
+  # throughput, memory, warp-state and occupancy sections with and without it (part265's question: why
+  # ~60% of the bytes roofline), the round's graph and 8B batch-4 steps alternated twice, the skinny
+  # tests under it; then the repeat tests with MINILLM_DECODE_HEAD_CTAS=1 (part264's second half) (~8 minutes)
+  setup
+  models_q8_dflash 60
+  local r t envs
+  for t in base sec; do
+    envs=
+    [ $t = sec ] && envs=MINILLM_CUDA_DEFINES=SKINNY_SECTOR_LOADS=1
+    stage "ncu_skinny_$t" 200 env $envs ncu --profile-from-start off --clock-control none --cache-control none \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
+      --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
+      -k regex:gemm_skinny2 -c 4 python3 scripts/step_kernels.py $ROUND_C1 --under-ncu
+  done
+  for r in 1 2; do
+    round_graph_in . "base_$r"
+    round_graph_in . "sec_$r" MINILLM_CUDA_DEFINES=SKINNY_SECTOR_LOADS=1
+    stage "graph_q8_b4_base_$r" 90 python3 scripts/step_kernels.py $M/q8 --batch 4 --ctx 512 \
+      --json "$W/graph_q8_b4_base_$r.json"
+    stage "graph_q8_b4_sec_$r" 90 env MINILLM_CUDA_DEFINES=SKINNY_SECTOR_LOADS=1 python3 scripts/step_kernels.py \
+      $M/q8 --batch 4 --ctx 512 --json "$W/graph_q8_b4_sec_$r.json"
+  done
+  graph_summary
+  stage skinny_tests_sec 150 env MINILLM_CUDA_DEFINES=SKINNY_SECTOR_LOADS=1 python3 -m pytest -q -m gpu \
+    -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k "same_bits or skinny or gated"
+  stage repeat_tests_kvd 150 env MINILLM_DECODE_HEAD_CTAS=1 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    -rfEs tests/test_gpu_engine.py -k repeats_bit
+  pack
+}
+
+part267() {  # session 45: part266 found the qkv product of the c = 1 round (384 CTAs, 2 an SM at 102 registers)
+  # 1.45 waves, DRAM 62% busy. __launch_bounds__ for 3 CTAs an SM (80 registers; ptxas spills 32 bytes of
+  # the plain kernel, 152 of the gated one): the plain 9-16-row kernels alone (lb3p: SKINNY2_MIN_CTAS=3) and
+  # both (lb3: SKINNY2_GATED_MIN_CTAS=3 too) against the default; the round's graph and 8B batch-16 steps,
+  # alternated twice; one layer's products under ncu with lb3; the skinny tests with lb3 (~7 minutes)
+  setup
+  models_q8_dflash 60
+  local r t envs
+  for r in 1 2; do
+    for t in base lb3p lb3; do
+      envs=
+      [ $t = lb3p ] && envs=MINILLM_CUDA_DEFINES=SKINNY2_MIN_CTAS=3
+      [ $t = lb3 ] && envs=MINILLM_CUDA_DEFINES=SKINNY2_MIN_CTAS=3,SKINNY2_GATED_MIN_CTAS=3
+      round_graph_in . "${t}_$r" $envs
+      stage "graph_q8_b16_${t}_$r" 120 env $envs python3 scripts/step_kernels.py $M/q8 --batch 16 --ctx 512 \
+        --json "$W/graph_q8_b16_${t}_$r.json"
+    done
+  done
+  graph_summary
+  stage ncu_skinny_lb3 200 env MINILLM_CUDA_DEFINES=SKINNY2_MIN_CTAS=3,SKINNY2_GATED_MIN_CTAS=3 ncu \
+    --profile-from-start off --clock-control none --cache-control none --section SpeedOfLight \
+    --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
+    -k regex:gemm_skinny2 -c 4 python3 scripts/step_kernels.py $ROUND_C1 --under-ncu
+  stage skinny_tests_lb3 150 env MINILLM_CUDA_DEFINES=SKINNY2_MIN_CTAS=3,SKINNY2_GATED_MIN_CTAS=3 python3 -m pytest \
+    -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k "same_bits or skinny or gated"
+  pack
+}
+
+part268() {  # session 45: 9-16-row products past one wave of 8-warp CTAs on 4-warp ones (MINILLM_SKINNY2_W4=1,
+  # gemm_skinny2w4_*: the 8B qkv's 384 CTAs in one wave of 4 an SM, where part266 found 1.45 waves of 2 an SM
+  # and DRAM 62% busy; part267's 3 CTAs an SM by launch bounds spilled and lost): the round's graph and
+  # 8B batch-16 steps against the default, alternated twice; the qkv under ncu; its tests. Its first run
+  # failed: the kernels were not in cuda_ops's list (KeyError); every GPU test with it and
+  # MINILLM_DECODE_HEAD_CTAS=1 then ran: 12 failed (those KeyErrors), 656 passed (~5 minutes)
+  setup
+  models_q8_dflash 60
+  local r t envs
+  for r in 1 2; do
+    for t in base w4; do
+      envs=
+      [ $t = w4 ] && envs=MINILLM_SKINNY2_W4=1
+      round_graph_in . "${t}_$r" $envs
+      stage "graph_q8_b16_${t}_$r" 120 env $envs python3 scripts/step_kernels.py $M/q8 --batch 16 --ctx 512 \
+        --json "$W/graph_q8_b16_${t}_$r.json"
+    done
+  done
+  graph_summary
+  stage ncu_skinny_w4 120 env MINILLM_SKINNY2_W4=1 ncu --profile-from-start off --clock-control none \
+    --cache-control none --section SpeedOfLight --section Occupancy --section LaunchStats \
+    -k regex:gemm_skinny2 -c 4 python3 scripts/step_kernels.py $ROUND_C1 --under-ncu
+  stage skinny_tests_w4 150 env MINILLM_SKINNY2_W4=1 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs \
+    tests/test_cuda_ops.py -k "skinny or same_bits"
+  pack
+}
+
+part269() {  # session 45's final code (MINILLM_DECODE_HEAD_CTAS=1 and MINILLM_SKINNY2_W4=1 the defaults): every
+  # GPU test but SmolLM2's and the debug build's, then bench decode of both shapes (~8 minutes)
+  setup
+  models_both 40
+  stage gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" tests \
+    -k "not debug_build and not smollm2"
+  tail -n 3 "$W/gpu_tests.log"
+  stage decode06 90 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
+    --result-json "$W/decode06.json"
+  stage decode8 90 python3 -m minillm.bench decode $M/q8 --device cuda --input-len 512 --output-len 256 \
+    --result-json "$W/decode8.json"
+  pack
+}
+
+part270() {  # session 45's final code: the 8B spec-cost bench (a rejected DFlash k = 8 round, c = 1-16) (~2 minutes)
+  setup
+  models_q8_dflash 60
+  stage spec_cost 200 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost.json"
+  pack
+}
+
 # scripts/step_kernels.py's arguments for the 8B target's rejected DFlash k = 8 round at c = 1, 512 keys
 ROUND_C1="$M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512"
 

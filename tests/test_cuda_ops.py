@@ -493,6 +493,41 @@ def test_skinny4_rows_are_skinny2s(be, M, K, N):
     assert rel_err(four[0], ref) < tol(be)
 
 
+@pytest.mark.parametrize("M", [9, 16])
+@pytest.mark.parametrize("K,per_sm,short", [(4096, 3, 0), (576, 3, 40), (1024, 4, 8)])
+@pytest.mark.parametrize("out_f32", [False, True])
+def test_skinny2w4_products(be, M, K, per_sm, short, out_f32, monkeypatch):
+    """MINILLM_SKINNY2_W4: a 9-16-row product whose grid of 16-column CTAs is past 2 an SM and at
+    most 4 (the 8B qkv's 384 CTAs on 132 SMs) takes gemm_skinny2w4_* (4 warps a CTA, each twice the
+    k blocks): the oracle's values with a last CTA's columns cut short, x rows inside a wider buffer,
+    outputs poisoned, a graph replay's bits and its launch record; with the knob off, gemm_skinny2_*."""
+    if be.dtype == np.float32:
+        pytest.skip("the tensor-core kernel is the bf16 path")
+    N = 16 * per_sm * be.num_sms - short
+    rng = np.random.default_rng(M * K + N)
+    big = rng.standard_normal((M, K + 64)).astype(np.float32)
+    w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
+    b = rng.standard_normal(N).astype(np.float32)
+    xd, wd, bd = be.asarray(big)[:, 64:], be.asarray(w), be.asarray(b)
+    dtype = np.float32 if out_f32 else None
+    monkeypatch.setattr(be, "skinny2_w4", 1)
+    out = poisoned(be, (M, N), dtype=dtype)
+    before = Counter(be.captured_launches)
+    g = be.capture_graph(lambda: be.matmul(xd, wd, out, bias=bd))
+    g.replay()
+    kernel = "gemm_skinny2w4_" + ("f32" if out_f32 else "bf16")
+    assert be.captured_launches - before == Counter({kernel: 1})
+    ref = rounded(be, big[:, 64:]).astype(np.float64) @ rounded(be, w).astype(np.float64).T + rounded(be, b)
+    assert rel_err(host(be, out), ref) < (1e-5 if out_f32 else tol(be))
+    out2 = poisoned(be, (M, N), dtype=dtype)
+    be.matmul(xd, wd, out2, bias=bd)
+    assert np.array_equal(host(be, out2), host(be, out))
+    monkeypatch.setattr(be, "skinny2_w4", 0)
+    before = Counter(be.captured_launches)
+    be.capture_graph(lambda: be.matmul(xd, wd, out2, bias=bd))
+    assert be.captured_launches - before == Counter({"gemm_skinny2_" + ("f32" if out_f32 else "bf16"): 1})
+
+
 @pytest.mark.parametrize("M", [17, 26, 32])
 def test_matmul_routes_17_to_32_rows_to_skinny4_when_raised(be, M, monkeypatch):
     """With _SKINNY_MAX_M and _GATED_SKINNY_MAX_M raised to 32 (the opt-in route), the backend's

@@ -91,6 +91,23 @@ def test_small_products_choose_their_kernel():
                for n, k in ((1000, 200), (4096, 1024), (24576, 4096)))
 
 
+def test_skinny2w4_launch_by_grid():
+    """With MINILLM_SKINNY2_W4 on, 9-16 rows of a grid past 2 CTAs an SM and at most 4 take the
+    4-warp gemm_skinny2w4_* on 128 threads (the 8B qkv's 384 CTAs on an H200's 132 SMs); grids of
+    one wave of 8-warp CTAs (the 8B o / down, 256), past 4 an SM (1,536), other row counts, or the
+    knob off keep their kernel on 256 threads."""
+    launch = cuda_ops.skinny_product_launch
+    assert launch(9, 6144, 132, True) == ("gemm_skinny2w4_", 128)
+    assert launch(16, 16 * 528, 132, True) == ("gemm_skinny2w4_", 128)
+    assert launch(16, 16 * 528 + 1, 132, True) == ("gemm_skinny2_", 256)
+    assert launch(9, 16 * 264, 132, True) == ("gemm_skinny2_", 256)
+    assert launch(9, 16 * 264 + 1, 132, True) == ("gemm_skinny2w4_", 128)
+    assert launch(9, 6144, 132, False) == ("gemm_skinny2_", 256)
+    assert launch(8, 6144, 132, True) == ("gemm_skinny_", 256)
+    assert launch(17, 6144, 132, True) == ("gemm_skinny4_", 256)
+    assert launch(9, 6144, 66, True) == ("gemm_skinny2_", 256)  # 384 CTAs past 4 an SM of 66 SMs
+
+
 def test_skinny_kernels_by_rows(monkeypatch):
     """2-8 rows take gemm_skinny_*, 9-16 the two-tile gemm_skinny2_*, 17-32 the four-tile
     gemm_skinny4_*, which the routing gives 17-20 rows of large narrowing products (N <= K and at

@@ -246,6 +246,17 @@ def _skinny_prefix(M: int) -> str:
     return "gemm_skinny_" if M <= 8 else "gemm_skinny2_" if M <= 16 else "gemm_skinny4_"
 
 
+def skinny_product_launch(M: int, N: int, num_sms: int, w4: bool) -> tuple[str, int]:
+    """The skinny kernel's name prefix and threads for a plain product of M rows and N columns:
+    _skinny_prefix's kernels on 8 warps a CTA, or with w4 (MINILLM_SKINNY2_W4), 9-16 rows of a grid
+    past one wave of 2 CTAs an SM (102 registers) that fits one of 4 CTAs of 4 warps an SM on
+    gemm_skinny2w4_* (the 8B qkv's 384 CTAs: 1.45 waves on 8 warps, DRAM 62% busy, part266)."""
+    ctas = _cdiv(N, _SKINNY_COLS_PER_CTA)
+    if w4 and 9 <= M <= 16 and 2 * num_sms < ctas <= 4 * num_sms:
+        return "gemm_skinny2w4_", _SKINNY_THREADS // 2
+    return _skinny_prefix(M), _SKINNY_THREADS
+
+
 def gated_product_kernel(M: int, F: int, K: int) -> str | None:
     """Which cuda/gemv.cu kernel computes a bf16 gate_up product of M rows with SiLU-and-multiply
     fused ([2F, K] weights): "gemv" (gemv_silu_mul; one row: gemv1_silu_mul, split or not), "skinny"
@@ -635,12 +646,19 @@ class CudaBackend:
                                           "fewest sequences of a step whose short runs take the tensor cores")
         # 1: a one-row decode step's fused attention takes one query head a CTA (paged_decode_rope_kvd_*),
         # KV heads x G CTAs a split instead of KV heads. Batch-1 graphs alternated twice on one H200 (session
-        # 44, part260): 0.6B -0.44%, 8B -0.46%, its op tests passing; off until every GPU test has run with
-        # it on (h200_report.sh part264)
-        self.decode_head_ctas = env_int("MINILLM_DECODE_HEAD_CTAS", 0,
+        # 44, part260): 0.6B -0.44%, 8B -0.46%; every GPU test but SmolLM2's passed with it on (session 45,
+        # part268's first run: 656 passed, the 12 failures its new skinny tests' missing kernels), and the
+        # repeat tests (part266). 0: KV heads a split, as before
+        self.decode_head_ctas = env_int("MINILLM_DECODE_HEAD_CTAS", 1,
                                         "1: a one-row decode step's attention takes one query head a CTA")
         if self.decode_head_ctas not in (0, 1):
             raise ValueError(f"MINILLM_DECODE_HEAD_CTAS={self.decode_head_ctas}: use 0 or 1")
+        # 1: 9-16-row products whose grid is past one wave of 8-warp CTAs take 4-warp ones
+        # (skinny_product_launch): the 8B's rejected DFlash k = 8 round at c = 1 -1.07%, 8B batch-16 steps
+        # -1.18% (graphs alternated twice on one H200, session 45, part268). 0: 8 warps a CTA always
+        self.skinny2_w4 = env_int("MINILLM_SKINNY2_W4", 1, "1: 9-16-row products past a wave on 4-warp CTAs")
+        if self.skinny2_w4 not in (0, 1):
+            raise ValueError(f"MINILLM_SKINNY2_W4={self.skinny2_w4}: use 0 or 1")
         self.decode_min_part = env_int("MINILLM_DECODE_MIN_PART", 0,
                                        "fewest keys in a split of the decode kernel, every step (0: the rule)")
         self.gated_split_max_m = gated_split_max_rows()
@@ -694,6 +712,7 @@ class CudaBackend:
                      "gemv1_pre_bf16"]
             + [f"gemv1_{k}norm{c}_bf16" for k in ("", "silu_mul_split_") for c in _NORM_FOLD_CHUNKS]
             + [f"gemm_skinny{t}_{k}" for t in ("", "2", "4") for k in ("bf16", "f32", "silu_mul_bf16")]
+            + ["gemm_skinny2w4_bf16", "gemm_skinny2w4_f32"]
             + [f"gemv1_merge{c}_bf16_w{w}" for c in ("", f"_cl{_O_MERGE_CLUSTER}") for w in (4, 8, 16)],
         }.items():
             for n in names:
@@ -1139,9 +1158,10 @@ class CudaBackend:
                          + rows + (_i32(N), _i32(K)))
             return
         if kernel == "skinny":
-            self._launch(_skinny_prefix(M) + _suffix(out.dtype), (_cdiv(N, _SKINNY_COLS_PER_CTA),),
-                         (_SKINNY_THREADS,), (x, _i64(ldx), w, bias if bias is not None else _NULL, out,
-                                              _i64(ldo), _i32(M), _i32(N), _i32(K)))
+            prefix, threads = skinny_product_launch(M, N, self.num_sms, bool(self.skinny2_w4))
+            self._launch(prefix + _suffix(out.dtype), (_cdiv(N, _SKINNY_COLS_PER_CTA),),
+                         (threads,), (x, _i64(ldx), w, bias if bias is not None else _NULL, out,
+                                      _i64(ldo), _i32(M), _i32(N), _i32(K)))
             return
         plan = (wide_product_plan(M, N, K, self.num_sms) if self.wide_gemm and out.dtype == self.dtype
                 and self._gemv_fits(x, w, out, bias, M, K, ldx, max_m=_WIDE_MAX_M) else None)
