@@ -4801,6 +4801,18 @@ part270() {  # session 45's final code: the 8B spec-cost bench (a rejected DFlas
   pack
 }
 
+part271() {  # prepared in session 45 (no device was lent for it), after a call that copies .gguf_a to /tmp
+  # (carrying .gguf_b and .whl): SmolLM2's GPU tests with its 3 query heads a KV head on the head-a-CTA
+  # attention (MINILLM_DECODE_HEAD_CTAS=2: any G; the default takes only the GPU-tested 2 / 4 / 8), and the
+  # head-a-CTA op tests with G = 3 added; if they pass, add 3 to cuda_ops._HEAD_CTAS_GPU_TESTED_G (~3 minutes)
+  setup
+  stage smollm2_gpu 200 env MINILLM_DECODE_HEAD_CTAS=2 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs \
+    tests/test_gpu_engine.py -k smollm2
+  stage kvd_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    -k "one_query_head_a_cta"
+  pack
+}
+
 # scripts/step_kernels.py's arguments for the 8B target's rejected DFlash k = 8 round at c = 1, 512 keys
 ROUND_C1="$M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512"
 

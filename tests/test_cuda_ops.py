@@ -1406,13 +1406,17 @@ def head_ctas_step(be, c: dict, head_ctas: int, graph: bool):
     return host(be, out), host(be, kc), host(be, vc), launched
 
 
-@pytest.mark.parametrize("G,D", [(2, 128), (4, 128), (2, 64), (8, 64)])
-def test_decode_step_one_query_head_a_cta(be, G, D):
+@pytest.mark.parametrize("G,D", [(2, 128), (4, 128), (2, 64), (3, 64), (8, 64)])  # G = 3, D = 64: SmolLM2's
+def test_decode_step_one_query_head_a_cta(be, G, D, monkeypatch):
     """MINILLM_DECODE_HEAD_CTAS=1: a one-row decode step's fused attention on paged_decode_rope_kvd_*
     (one query head a CTA, G CTAs sharing a KV head, one of them storing the new k and v) leaves the
     caches bit for bit as the default kernel does, and its attention matches the oracle and the
     default to tolerance, eagerly and replayed from a graph (which launches that kernel). Contexts of
-    one key (the newest alone) to many splits."""
+    one key (the newest alone) to many splits. Every G here takes the kernel (the route's list of
+    GPU-tested G, cuda_ops._HEAD_CTAS_GPU_TESTED_G, is what this test extends)."""
+    from minillm.backends import cuda_ops
+
+    monkeypatch.setattr(cuda_ops, "_HEAD_CTAS_GPU_TESTED_G", (G,))
     rng = np.random.default_rng(G * 10 + D + 7)
     KH, bs = 2, 16
     H = KH * G

@@ -91,6 +91,17 @@ def test_small_products_choose_their_kernel():
                for n, k in ((1000, 200), (4096, 1024), (24576, 4096)))
 
 
+def test_head_ctas_kv_div():
+    """One query head a CTA (MINILLM_DECODE_HEAD_CTAS): G CTAs a KV head for one-row steps at the G
+    whose tests ran on the H200 (2, 4, 8: Qwen3-0.6B's 2, 8B's 4); SmolLM2's 3 not until they run
+    there (MINILLM_DECODE_HEAD_CTAS=2 takes any G, for testing one); never for several rows, under the
+    o product's merge, or with the knob off."""
+    kv_div = cuda_ops.head_ctas_kv_div
+    assert [kv_div(g, 1, 1, False) for g in (1, 2, 3, 4, 8, 16)] == [1, 2, 1, 4, 8, 1]
+    assert [kv_div(g, 1, 2, False) for g in (1, 2, 3, 4, 8, 16)] == [1, 2, 3, 4, 8, 16]
+    assert kv_div(2, 2, 1, False) == kv_div(2, 1, 1, True) == kv_div(2, 1, 0, False) == kv_div(3, 2, 2, False) == 1
+
+
 def test_skinny2w4_launch_by_grid():
     """With MINILLM_SKINNY2_W4 on, 9-16 rows of a grid past 2 CTAs an SM and at most 4 take the
     4-warp gemm_skinny2w4_* on 128 threads (the 8B qkv's 384 CTAs on an H200's 132 SMs); grids of

@@ -45,6 +45,11 @@ _SAMPLE_THREADS = 512  # cuda/sampling.cu
 # cuda/decode_attention.cu: instantiated head dims and query heads per KV head; at most
 # _DECODE_MAX_SPLITS splits of at least _DECODE_MIN_PART keys each.
 _DECODE_HEAD_DIMS, _DECODE_MAX_G, _DECODE_MAX_SPLITS, _DECODE_MIN_PART = (64, 128), 8, 64, 64
+# Query heads a KV head that take the one-query-head-a-CTA attention (MINILLM_DECODE_HEAD_CTAS): those whose
+# tests have run on the H200 (the op tests at G = 2 / 4 / 8, the engines at 2 and 4; session 45). G = 3
+# (SmolLM2) is in test_decode_step_one_query_head_a_cta now but has not run on a GPU yet: h200_report.sh's
+# part271 runs it and SmolLM2's GPU tests with MINILLM_DECODE_HEAD_CTAS=2 (any G); add 3 here when they pass.
+_HEAD_CTAS_GPU_TESTED_G = (2, 4, 8)
 # ... and at least _DECODE_MIN_PART_ONE_ROW keys a split in a one-row step whose KV heads serve at most
 # _DECODE_MIN_PART_ONE_ROW_MAX_G query heads each (decode_min_part)
 _DECODE_MIN_PART_ONE_ROW, _DECODE_MIN_PART_ONE_ROW_MAX_G = 32, 2
@@ -244,6 +249,15 @@ def _skinny_prefix(M: int) -> str:
     has its own register count; 17-32 rows by default only of the large narrowing products,
     _skinny_takes)."""
     return "gemm_skinny_" if M <= 8 else "gemm_skinny2_" if M <= 16 else "gemm_skinny4_"
+
+
+def head_ctas_kv_div(G: int, T: int, head_ctas: int, o_merged: bool) -> int:
+    """CTAs sharing a KV head in a decode step's fused attention: G (one query head a CTA,
+    paged_decode_rope_kvd_*) for one-row steps with MINILLM_DECODE_HEAD_CTAS 1, not under the o
+    product's merge, at G whose tests have run on the GPU (_HEAD_CTAS_GPU_TESTED_G), or at any G
+    with MINILLM_DECODE_HEAD_CTAS 2 (for testing another G); else 1."""
+    tested = G in _HEAD_CTAS_GPU_TESTED_G or head_ctas == 2
+    return G if head_ctas and T == 1 and not o_merged and tested else 1
 
 
 def skinny_product_launch(M: int, N: int, num_sms: int, w4: bool) -> tuple[str, int]:
@@ -650,9 +664,10 @@ class CudaBackend:
         # part268's first run: 656 passed, the 12 failures its new skinny tests' missing kernels), and the
         # repeat tests (part266). 0: KV heads a split, as before
         self.decode_head_ctas = env_int("MINILLM_DECODE_HEAD_CTAS", 1,
-                                        "1: a one-row decode step's attention takes one query head a CTA")
-        if self.decode_head_ctas not in (0, 1):
-            raise ValueError(f"MINILLM_DECODE_HEAD_CTAS={self.decode_head_ctas}: use 0 or 1")
+                                        "1: a one-row decode step's attention takes one query head a CTA "
+                                        "at GPU-tested query heads a KV head, 2: at any")
+        if self.decode_head_ctas not in (0, 1, 2):
+            raise ValueError(f"MINILLM_DECODE_HEAD_CTAS={self.decode_head_ctas}: use 0, 1 or 2")
         # 1: 9-16-row products whose grid is past one wave of 8-warp CTAs take 4-warp ones
         # (skinny_product_launch): the 8B's rejected DFlash k = 8 round at c = 1 -1.07%, 8B batch-16 steps
         # -1.18% (graphs alternated twice on one H200, session 45, part268). 0: 8 warps a CTA always
@@ -1458,8 +1473,7 @@ class CudaBackend:
             ns = self.decode_plan(T, H, KH, D, block_tables.shape[1] * bs, n_splits,
                                   self._decode_order(T, H, KH, D, order, n_splits, None)[1])["n_splits"]
             merge = o_merge_plan(self.o_merge, o_proj.shape[0], H * D, H, D, ns, self.num_sms, self.max_smem)
-        # one query head a CTA (MINILLM_DECODE_HEAD_CTAS): one-row steps, not under the o product's merge
-        kv_div = H // k_cache.shape[2] if self.decode_head_ctas and T == 1 and merge is None else 1
+        kv_div = head_ctas_kv_div(H // k_cache.shape[2], T, self.decode_head_ctas, merge is not None)
         p = self._decode_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start, scale,
                                    out, True, n_splits, None, 1 << 30, order=order,
                                    rope=rope + (_i32(merge["defer_max"] if merge else 0),), kv_div=kv_div)
