@@ -900,7 +900,7 @@ MINILLM_SKINNY(gemm_skinny2_f32, float, 2)
 // 9-16 rows on CTAs of 4 warps (grid ceil(N / 16), block 128; the same kernel, each warp twice the k
 // blocks): at 102 registers 4 CTAs an SM fit instead of 2, so a grid of 2-4 CTAs an SM runs in one
 // wave where 8 warps a CTA take 1.45 (the 8B qkv's 384 CTAs, DRAM 62% busy under ncu, part266).
-// Host: cuda_ops.skinny_product_kernel.
+// Host: cuda_ops.skinny_product_launch (MINILLM_SKINNY2_W4).
 #define MINILLM_SKINNY_W4(NAME, TO)                                                                  \
   extern "C" __global__ void __launch_bounds__(128)                                                  \
       NAME(const bf16* x, i64 ldx, const bf16* w, const bf16* bias, TO* out, i64 ldo, int M, int N, \

@@ -4696,7 +4696,8 @@ part266() {  # session 45: the skinny products' loads a whole sector an instruct
   # another order, 102 registers either way): one layer's 9-row products of the c = 1 round under ncu's
   # throughput, memory, warp-state and occupancy sections with and without it (part265's question: why
   # ~60% of the bytes roofline), the round's graph and 8B batch-4 steps alternated twice, the skinny
-  # tests under it; then the repeat tests with MINILLM_DECODE_HEAD_CTAS=1 (part264's second half) (~8 minutes)
+  # tests under it; then the repeat tests with MINILLM_DECODE_HEAD_CTAS=1 (part264's second half) (~8 minutes).
+  # SKINNY_SECTOR_LOADS was removed after this call (+6.1% on the round); part267's SKINNY2_*MIN_CTAS too
   setup
   models_q8_dflash 60
   local r t envs
@@ -4731,18 +4732,8 @@ part267() {  # session 45: part266 found the qkv product of the c = 1 round (384
   # alternated twice; one layer's products under ncu with lb3; the skinny tests with lb3 (~7 minutes)
   setup
   models_q8_dflash 60
-  local r t envs
-  for r in 1 2; do
-    for t in base lb3p lb3; do
-      envs=
-      [ $t = lb3p ] && envs=MINILLM_CUDA_DEFINES=SKINNY2_MIN_CTAS=3
-      [ $t = lb3 ] && envs=MINILLM_CUDA_DEFINES=SKINNY2_MIN_CTAS=3,SKINNY2_GATED_MIN_CTAS=3
-      round_graph_in . "${t}_$r" $envs
-      stage "graph_q8_b16_${t}_$r" 120 env $envs python3 scripts/step_kernels.py $M/q8 --batch 16 --ctx 512 \
-        --json "$W/graph_q8_b16_${t}_$r.json"
-    done
-  done
-  graph_summary
+  round_and_steps_ab 16 base=MINILLM_PDL=1 lb3p=MINILLM_CUDA_DEFINES=SKINNY2_MIN_CTAS=3 \
+    lb3=MINILLM_CUDA_DEFINES=SKINNY2_MIN_CTAS=3,SKINNY2_GATED_MIN_CTAS=3
   stage ncu_skinny_lb3 200 env MINILLM_CUDA_DEFINES=SKINNY2_MIN_CTAS=3,SKINNY2_GATED_MIN_CTAS=3 ncu \
     --profile-from-start off --clock-control none --cache-control none --section SpeedOfLight \
     --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
@@ -4758,19 +4749,10 @@ part268() {  # session 45: 9-16-row products past one wave of 8-warp CTAs on 4-w
   # 8B batch-16 steps against the default, alternated twice; the qkv under ncu; its tests. Its first run
   # failed: the kernels were not in cuda_ops's list (KeyError); every GPU test with it and
   # MINILLM_DECODE_HEAD_CTAS=1 then ran: 12 failed (those KeyErrors), 656 passed (~5 minutes)
+  # (base is now MINILLM_SKINNY2_W4=0: it became the default after this call)
   setup
   models_q8_dflash 60
-  local r t envs
-  for r in 1 2; do
-    for t in base w4; do
-      envs=
-      [ $t = w4 ] && envs=MINILLM_SKINNY2_W4=1
-      round_graph_in . "${t}_$r" $envs
-      stage "graph_q8_b16_${t}_$r" 120 env $envs python3 scripts/step_kernels.py $M/q8 --batch 16 --ctx 512 \
-        --json "$W/graph_q8_b16_${t}_$r.json"
-    done
-  done
-  graph_summary
+  round_and_steps_ab 16 base=MINILLM_SKINNY2_W4=0 w4=MINILLM_SKINNY2_W4=1
   stage ncu_skinny_w4 120 env MINILLM_SKINNY2_W4=1 ncu --profile-from-start off --clock-control none \
     --cache-control none --section SpeedOfLight --section Occupancy --section LaunchStats \
     -k regex:gemm_skinny2 -c 4 python3 scripts/step_kernels.py $ROUND_C1 --under-ncu
@@ -4822,6 +4804,24 @@ round_graph_in() {  # round_graph_in DIR TAG [VAR=VALUE...]: that round's graph 
   shift 2
   stage "graph_q8_spec_b1_$tag" 150 bash -c "cd $d && PYTHONPATH=.:/tmp/site env $* python3 scripts/step_kernels.py \
     $ROUND_C1 --json $W/graph_q8_spec_b1_$tag.json"
+}
+
+round_and_steps_ab() {  # round_and_steps_ab BATCH TAG=SETTINGS...: the c = 1 round's graph (round_graph_in) and
+  # 8B batch-BATCH steps' (stages graph_q8_spec_b1_TAG_i, graph_q8_bBATCH_TAG_i) under each TAG's environment
+  # settings (space-separated VAR=VALUE), the settings alternately, twice; then graph_summary
+  local b=$1 r kv tag
+  shift
+  for r in 1 2; do
+    for kv in "$@"; do
+      tag=${kv%%=*}
+      # shellcheck disable=SC2086  # the settings split into env's arguments
+      round_graph_in . "${tag}_$r" ${kv#*=}
+      # shellcheck disable=SC2086
+      stage "graph_q8_b${b}_${tag}_$r" 120 env ${kv#*=} python3 scripts/step_kernels.py $M/q8 --batch "$b" \
+        --ctx 512 --json "$W/graph_q8_b${b}_${tag}_$r.json"
+    done
+  done
+  graph_summary
 }
 
 graphs_env_ab() {  # graphs_env_ab TAG=SETTINGS...: both shapes' batch-1 graphs at 512 keys under each TAG's
