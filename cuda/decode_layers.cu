@@ -184,35 +184,12 @@ __device__ __forceinline__ void load_row(const bf16* src, float* dst, int n) {
 
 #define DL_MAX_SLOTS 8
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-
-// Arrive on the barrier and announce `bytes` more of asynchronous writes before its phase ends.
-__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-  unsigned done;
-  do {
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-
-// bytes (a multiple of 16, both addresses 16-byte aligned) from global to shared memory by the
-// TMA unit; the barrier's transaction count falls by `bytes` when they have landed.
-__device__ __forceinline__ void bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
+// the TMA / mbarrier helpers: common.cuh
+using minillm::bulk_copy;
+using minillm::mbar_expect_tx;
+using minillm::mbar_init;
+using minillm::mbar_wait;
+using minillm::smem_addr;
 
 // This CTA's share of one GEMV stage; the same in every layer (all layers have one shape). Its
 // weight rows, in the order they pass through the ring ("physical rows" p < P): rows r0 .. r0 +
@@ -308,15 +285,8 @@ __device__ void ring_init(const Ring& g) {
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-
-__device__ __forceinline__ uint4 lds128(unsigned addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-  return v;
-}
+using minillm::lds128;
+using minillm::mbar_arrive;
 
 // DL_MMA_B: one tile on tensor cores. A unit is an 8-row block of the tile over one of ks parts of
 // its K / 16 steps: mma m16n8k16 with A = x[16 k .. 16 k + 16) in all 16 rows and B = the block's

@@ -710,18 +710,103 @@ namespace {
   minillm::mma_bf16_16816(c, a0_hi.z, a8_hi.z, a0_hi.w, a8_hi.w, x_hi.z, x_hi.w);
 }
 
+// ---- the weights through shared memory: gemm_skinny2_ring_* (9-16 rows, MINILLM_SKINNY2_RING) -------
+// The loops above hold a warp's weights in flight in registers: two 64-wide k blocks a warp, 16
+// warps an SM at 102 registers, ~64 KB an SM, and ncu finds the 9-row products stalled on those
+// loads at 2.5-3.8 TB/s (part266). Here a ninth warp streams the CTA's 16 weight rows (GATED: 16
+// gate + 16 up rows) through SKINNY_RING_SLOTS shared-memory slots with TMA bulk copies, one a row
+// a slot, ahead of the 8 compute warps (up to 4 slots = 64 KB a CTA in flight, 3 CTAs an SM), and
+// its first copies go out before the PDL wait (weights are no kernel's output). A slot holds
+// ring_kc k values of each row, RING_PITCH(KC) bytes apart: 16 more than a row, so the lanes of a
+// quarter-warp (rows g, g + 1 at 4 k offsets) read 8 different bank quads. A compute warp takes the
+// same 64-wide k blocks as in gemm_skinny2_* (block kb on warp kb % 8: block w % B of every
+// (8 / B)-th slot, B = ring_kc / 64) and runs the same MMAs in the same order on the same values,
+// so the sums are gemm_skinny2_*'s bits. Not yet run on a GPU (session 45; h200_report.sh part272).
+#define SKINNY_RING_SLOTS 4
+#define SKINNY_RING_KC(GATED) ((GATED) ? 256 : 512)
+#define SKINNY_RING_PITCH(GATED) (SKINNY_RING_KC(GATED) * 2 + 16)
+#define SKINNY_RING_SLOT_BYTES(GATED) (((GATED) ? 32 : 16) * SKINNY_RING_PITCH(GATED))
+
+template <int TILES, bool GATED>
+__device__ __forceinline__ void skinny_ring_loop(const bf16* __restrict__ w, int N, int K, int n0,
+                                                 const bf16* const (&xr)[TILES], float (&c)[TILES][4],
+                                                 float (&cu)[GATED ? TILES : 1][4]) {
+  constexpr int KC = SKINNY_RING_KC(GATED), B = KC / SKINNY_KB, PERIOD = SKINNY_WARPS / B;
+  constexpr int PITCH = SKINNY_RING_PITCH(GATED), SLOT = SKINNY_RING_SLOT_BYTES(GATED), S = SKINNY_RING_SLOTS;
+  extern __shared__ __align__(128) unsigned char skinny_ring[];  // S slots (the launch's dynamic memory)
+  __shared__ __align__(8) unsigned long long ring_bars[2 * S];    // full[s] (bytes landed), empty[s] (read)
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const unsigned slots = minillm::smem_addr(skinny_ring), full = minillm::smem_addr(ring_bars);
+  const unsigned empty = full + 8u * S;
+  const int chunks = (K + KC - 1) / KC, blocks = K / SKINNY_KB;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      minillm::mbar_init(full + 8u * s, 1);   // the producer's arrive, with the bytes it expects
+      minillm::mbar_init(empty + 8u * s, B);  // one arrive from each warp that read the slot
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (warp == SKINNY_WARPS) {  // the producer: slot after slot, each once its last reader is done
+    if (lane == 0) {
+      for (int ch = 0; ch < chunks; ++ch) {
+        const int s = ch % S;
+        if (ch >= S) minillm::mbar_wait(empty + 8u * s, (unsigned)(ch / S - 1) & 1u);
+        const int k0 = ch * KC;
+        const unsigned bytes = 2u * (unsigned)min(KC, K - k0), bar = full + 8u * s, dst = slots + (unsigned)s * SLOT;
+        minillm::mbar_expect_tx(bar, (GATED ? 32u : 16u) * bytes);
+#pragma unroll 1
+        for (int r = 0; r < (GATED ? 32 : 16); ++r) {  // rows past N copy row N - 1, never written out
+          const int row = min(n0 + (r & 15), N - 1) + (r >= 16 ? N : 0);
+          minillm::bulk_copy(dst + (unsigned)r * PITCH, w + (i64)row * K + k0, bytes, bar);
+        }
+      }
+    }
+    __syncwarp();
+    minillm::pdl_entry();
+    return;
+  }
+  minillm::pdl_entry();  // x is the previous kernel's output
+  const int g = lane >> 2, t = lane & 3, lb = warp % B;
+  for (int ch = warp / B; ch < chunks; ch += PERIOD) {
+    const int kb = ch * B + lb;
+    if (kb >= blocks) break;  // the last slot may be short; its later blocks have no reader
+    const int k = kb * SKINNY_KB, s = ch % S;
+    uint4 x_lo[TILES], x_hi[TILES];
+#pragma unroll
+    for (int i = 0; i < TILES; ++i) {  // before the wait: from L1 / L2 while the slot fills
+      x_lo[i] = minillm::load_act(reinterpret_cast<const uint4*>(xr[i] + k));
+      x_hi[i] = minillm::load_act(reinterpret_cast<const uint4*>(xr[i] + k + 8));
+    }
+    minillm::mbar_wait(full + 8u * s, (unsigned)(ch / S) & 1u);
+    const unsigned a = slots + (unsigned)s * SLOT + (unsigned)(lb * SKINNY_KB * 2 + t * 32 + g * PITCH);
+    const uint4 w0_lo = minillm::lds128(a), w0_hi = minillm::lds128(a + 16);
+    const uint4 w8_lo = minillm::lds128(a + 8 * PITCH), w8_hi = minillm::lds128(a + 8 * PITCH + 16);
+#pragma unroll
+    for (int i = 0; i < TILES; ++i) skinny_mma_block(c[i], w0_lo, w0_hi, w8_lo, w8_hi, x_lo[i], x_hi[i]);
+    if constexpr (GATED) {
+      const uint4 u0_lo = minillm::lds128(a + 16 * PITCH), u0_hi = minillm::lds128(a + 16 * PITCH + 16);
+      const uint4 u8_lo = minillm::lds128(a + 24 * PITCH), u8_hi = minillm::lds128(a + 24 * PITCH + 16);
+#pragma unroll
+      for (int i = 0; i < TILES; ++i) skinny_mma_block(cu[i], u0_lo, u0_hi, u8_lo, u8_hi, x_lo[i], x_hi[i]);
+    }
+    __syncwarp();  // every lane's shared-memory reads are in the MMAs above
+    if (lane == 0) minillm::mbar_arrive(empty + 8u * s);
+  }
+}
+
 // TILES: groups of 8 rows of x (1 for M <= 8, 2 for M <= 16, 4 for M <= 32). GATED: out[m, n] =
 // silu(x[m] . w[n]) * (x[m] . w[N + n]) for n < N (w is the [2N, K] gate_up matrix, no bias): each
 // warp streams the 16 gate rows and the 16 up rows of its columns and multiplies both by the same x
 // fragments.
 // PIPE: the software-pipelined loop (below).
-template <typename TO, int TILES, bool GATED, bool PIPE = false, int WARPS = SKINNY_WARPS>
+template <typename TO, int TILES, bool GATED, bool PIPE = false, int WARPS = SKINNY_WARPS, bool RING = false>
 __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64 ldx,
                                                  const bf16* __restrict__ w,
                                                  const bf16* __restrict__ bias,
                                                  TO* __restrict__ out, i64 ldo, int M, int N, int K) {
   constexpr int NW = GATED ? 2 : 1;  // weight tiles a warp: gate and up, or the product's own
-  minillm::pdl_entry();
+  if constexpr (!RING) minillm::pdl_entry();  // RING: skinny_ring_loop waits after its first copies
   __shared__ float red[WARPS - 1][NW * TILES * 4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -746,7 +831,9 @@ __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64
   }
 
   const int blocks = K / SKINNY_KB;
-  if constexpr (PIPE) {
+  if constexpr (RING) {
+    skinny_ring_loop<TILES, GATED>(w, N, K, n0, xr, c, cu);
+  } else if constexpr (PIPE) {
     // Software-pipelined: each k block's loads go out before the previous block's MMAs, so two
     // blocks a warp are in flight (the loop below issues a block's loads only after the previous
     // block's MMAs, which wait for their own loads: about one block in flight, from the SASS,
@@ -835,7 +922,7 @@ __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64
     }
   }
   minillm::pdl_release();
-  if (warp > 0) {
+  if (warp > 0 && (!RING || warp < WARPS)) {  // RING: not the producer warp
 #pragma unroll
     for (int i = 0; i < TILES; ++i)
 #pragma unroll
@@ -909,6 +996,21 @@ MINILLM_SKINNY(gemm_skinny2_f32, float, 2)
   }
 MINILLM_SKINNY_W4(gemm_skinny2w4_bf16, bf16)
 MINILLM_SKINNY_W4(gemm_skinny2w4_f32, float)
+// 9-16 rows with the weights through shared memory (skinny_ring_loop): grid (ceil(N / 16)), block
+// 32 * (SKINNY_WARPS + 1), SKINNY_RING_SLOTS * SKINNY_RING_SLOT_BYTES(false) bytes of dynamic shared
+// memory (the gated one: SKINNY_RING_SLOT_BYTES(true)). Host: cuda_ops.skinny_product_launch.
+#define MINILLM_SKINNY_RING(NAME, TO)                                                                \
+  extern "C" __global__ void __launch_bounds__(32 * (SKINNY_WARPS + 1))                              \
+      NAME(const bf16* x, i64 ldx, const bf16* w, const bf16* bias, TO* out, i64 ldo, int M, int N, \
+           int K) {                                                                                  \
+    gemm_skinny_impl<TO, 2, false, false, SKINNY_WARPS, true>(x, ldx, w, bias, out, ldo, M, N, K);   \
+  }
+MINILLM_SKINNY_RING(gemm_skinny2_ring_bf16, bf16)
+MINILLM_SKINNY_RING(gemm_skinny2_ring_f32, float)
+extern "C" __global__ void __launch_bounds__(32 * (SKINNY_WARPS + 1))
+    gemm_skinny2_ring_silu_mul_bf16(const bf16* x, i64 ldx, const bf16* w, bf16* out, i64 ldo, int M, int F, int K) {
+  gemm_skinny_impl<bf16, 2, true, false, SKINNY_WARPS, true>(x, ldx, w, nullptr, out, ldo, M, F, K);
+}
 // 17-32 rows (four tiles): the host sends 17-20 rows of the large narrowing products (the 8B o and
 // down of the c = 2 DFlash round's verification: the round -2.3% with session 28's other change,
 // part184a) and, with cuda_ops.py's _SKINNY_MAX_M raised to 32, everything (slower than cuBLAS

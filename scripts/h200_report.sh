@@ -4795,6 +4795,27 @@ part271() {  # prepared in session 45 (no device was lent for it), after a call 
   pack
 }
 
+part272() {  # prepared in session 45 (not run: no device was lent after it was written): 9-16-row products with
+  # their weights streamed through shared memory by a producer warp's TMA copies (MINILLM_SKINNY2_RING=1,
+  # gemm_skinny2_ring_*: up to 64 KB a CTA in flight, 3 CTAs an SM, the first slots copied before the PDL
+  # wait; the same bits as gemm_skinny2_*). Its same-bits test and the skinny tests with it; the c = 1 round's
+  # graph and 8B batch-16 steps against the default, alternated twice; its four products under ncu; the
+  # engine's speculative GPU tests with it. If it wins, make it the default and run every GPU test (~7 minutes)
+  setup
+  stage ring_tests 200 env MINILLM_SKINNY2_RING=1 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs \
+    tests/test_cuda_ops.py -k "ring or skinny or same_bits or gated"
+  tail -n 3 "$W/ring_tests.log"
+  models_q8_dflash 60
+  round_and_steps_ab 16 base=MINILLM_SKINNY2_RING=0 ring=MINILLM_SKINNY2_RING=1
+  stage ncu_skinny_ring 120 env MINILLM_SKINNY2_RING=1 ncu --profile-from-start off --clock-control none \
+    --cache-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+    --section Occupancy --section LaunchStats -k regex:gemm_skinny2 -c 4 python3 scripts/step_kernels.py \
+    $ROUND_C1 --under-ncu
+  stage spec_tests_ring 200 env MINILLM_SKINNY2_RING=1 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs \
+    tests/test_gpu_engine.py tests/test_dflash_graphs.py -k "spec or dflash or lossless or repeats_bit"
+  pack
+}
+
 # scripts/step_kernels.py's arguments for the 8B target's rejected DFlash k = 8 round at c = 1, 512 keys
 ROUND_C1="$M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512"
 

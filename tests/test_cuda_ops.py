@@ -528,6 +528,58 @@ def test_skinny2w4_products(be, M, K, per_sm, short, out_f32, monkeypatch):
     assert be.captured_launches - before == Counter({"gemm_skinny2_" + ("f32" if out_f32 else "bf16"): 1})
 
 
+@pytest.mark.parametrize("M", [9, 13, 16])
+@pytest.mark.parametrize("K,N", [(64, 40), (576, 1000), (1024, 6144), (12288, 520)])
+def test_skinny2_ring_same_bits(be, M, K, N, monkeypatch):
+    """MINILLM_SKINNY2_RING: 9-16-row products with the weights streamed through shared memory by a
+    producer warp's TMA copies (gemm_skinny2_ring_*, plain with bias and f32 out, and gated) give
+    gemm_skinny2_*'s bits: the same k blocks on the same warps, the same MMAs in the same order. K of
+    one block, a short last slot (576 = 512 + 64), many slots (12,288: every slot reused), a last CTA
+    cut short; x rows inside a wider buffer, outputs poisoned, eager and replayed from a graph, whose
+    launch record names the ring kernels."""
+    if be.dtype == np.float32:
+        pytest.skip("the tensor-core kernel is the bf16 path")
+    from minillm.backends.cuda_ops import gated_product_kernel, small_product_kernel
+
+    assert small_product_kernel(M, 2 * N, K) == "skinny" and gated_product_kernel(M, N, K) == "skinny"
+    rng = np.random.default_rng(M * K + N + 11)
+    big = rng.standard_normal((M, K + 64)).astype(np.float32)
+    w = (rng.standard_normal((2 * N, K)) / np.sqrt(K)).astype(np.float32)
+    b = rng.standard_normal(2 * N).astype(np.float32)
+    xd, wd, bd = be.asarray(big)[:, 64:], be.asarray(w), be.asarray(b)
+    gate_up = poisoned(be, (M, 2 * N))
+
+    def products(ring: int, graph: bool):
+        monkeypatch.setattr(be, "skinny2_ring", ring)
+        monkeypatch.setattr(be, "skinny2_w4", 0)
+        plain, f32, act = poisoned(be, (M, 2 * N)), poisoned(be, (M, 2 * N), dtype=np.float32), poisoned(be, (M, N))
+
+        def run():
+            be.matmul(xd, wd, plain, bias=bd)
+            be.matmul(xd, wd, f32)
+            be.matmul_silu_mul(xd, wd, act, gate_up)
+
+        before = Counter(be.captured_launches)
+        if graph:
+            be.capture_graph(run).replay()
+        else:
+            run()
+        be.synchronize()
+        return [host(be, a) for a in (plain, f32, act)], be.captured_launches - before
+
+    base, _ = products(0, False)
+    for graph in (False, True):
+        got, launched = products(1, graph)
+        for i, (g, r) in enumerate(zip(got, base)):
+            assert not np.isnan(g).any() and np.array_equal(g, r), (graph, ("plain", "f32", "gated")[i])
+        if graph:
+            assert launched == Counter({"gemm_skinny2_ring_bf16": 1, "gemm_skinny2_ring_f32": 1,
+                                        "gemm_skinny2_ring_silu_mul_bf16": 1})
+    assert np.isnan(host(be, gate_up)).all()  # the gated products never wrote the [M, 2N] buffer
+    ref = rounded(be, big[:, 64:]).astype(np.float64) @ rounded(be, w).astype(np.float64).T
+    assert rel_err(base[1], ref) < 1e-5 and rel_err(base[0], ref + rounded(be, b)) < tol(be)
+
+
 @pytest.mark.parametrize("M", [17, 26, 32])
 def test_matmul_routes_17_to_32_rows_to_skinny4_when_raised(be, M, monkeypatch):
     """With _SKINNY_MAX_M and _GATED_SKINNY_MAX_M raised to 32 (the opt-in route), the backend's

@@ -106,8 +106,13 @@ def test_skinny2w4_launch_by_grid():
     """With MINILLM_SKINNY2_W4 on, 9-16 rows of a grid past 2 CTAs an SM and at most 4 take the
     4-warp gemm_skinny2w4_* on 128 threads (the 8B qkv's 384 CTAs on an H200's 132 SMs); grids of
     one wave of 8-warp CTAs (the 8B o / down, 256), past 4 an SM (1,536), other row counts, or the
-    knob off keep their kernel on 256 threads."""
-    launch = cuda_ops.skinny_product_launch
+    knob off keep their kernel on 256 threads. MINILLM_SKINNY2_RING takes every 9-16-row product to
+    gemm_skinny2_ring_* on 288 threads with its slots of dynamic shared memory, before that rule."""
+    def launch(*a, **kw):
+        prefix, threads, smem = cuda_ops.skinny_product_launch(*a, **kw)
+        assert smem == 0 or prefix == "gemm_skinny2_ring_"
+        return prefix, threads
+
     assert launch(9, 6144, 132, True) == ("gemm_skinny2w4_", 128)
     assert launch(16, 16 * 528, 132, True) == ("gemm_skinny2w4_", 128)
     assert launch(16, 16 * 528 + 1, 132, True) == ("gemm_skinny2_", 256)
@@ -117,6 +122,24 @@ def test_skinny2w4_launch_by_grid():
     assert launch(8, 6144, 132, True) == ("gemm_skinny_", 256)
     assert launch(17, 6144, 132, True) == ("gemm_skinny4_", 256)
     assert launch(9, 6144, 66, True) == ("gemm_skinny2_", 256)  # 384 CTAs past 4 an SM of 66 SMs
+    for m, n in ((9, 6144), (16, 4096), (9, 151936)):
+        assert cuda_ops.skinny_product_launch(m, n, 132, True, ring=True) == (
+            "gemm_skinny2_ring_", 288, cuda_ops.skinny_ring_smem(False))
+    assert launch(8, 6144, 132, True, ring=True) == ("gemm_skinny_", 256)
+    assert launch(17, 6144, 132, True, ring=True) == ("gemm_skinny4_", 256)
+
+
+def test_skinny_ring_shape_matches_the_kernel():
+    """The host's gemm_skinny2_ring_* launch (threads, dynamic shared memory) follows cuda/gemv.cu's
+    SKINNY_RING_* defines: 8 compute warps and a producer, slots of 16 (gated 32) rows of KC k values
+    padded by 16 bytes; 3 plain / 2 gated CTAs an SM fit an H200's 228 KB with the static memory."""
+    src = (Path(__file__).resolve().parents[1] / "cuda" / "gemv.cu").read_text()
+    slots = int(re.search(r"#define SKINNY_RING_SLOTS (\d+)", src).group(1))
+    kc = re.search(r"#define SKINNY_RING_KC\(GATED\) \(\(GATED\) \? (\d+) : (\d+)\)", src)
+    assert (slots, int(kc.group(2)), int(kc.group(1))) == (
+        cuda_ops._SKINNY_RING_SLOTS, cuda_ops._SKINNY_RING_KC, cuda_ops._SKINNY_RING_KC_GATED)
+    assert cuda_ops._SKINNY_RING_THREADS == 32 * (int(re.search(r"#define SKINNY_WARPS (\d+)", src).group(1)) + 1)
+    assert cuda_ops.skinny_ring_smem(False) == 4 * 16 * 1040 and cuda_ops.skinny_ring_smem(True) == 4 * 32 * 528
 
 
 def test_skinny_kernels_by_rows(monkeypatch):

@@ -208,6 +208,8 @@ _GATED_SPLIT_MAX_M_DEFAULT = 2
 # were not measured in a graph at these rows) and nothing else.
 _SKINNY_MAX_M, _SKINNY_THREADS, _SKINNY_COLS_PER_CTA, _SKINNY_K = 16, 256, 16, 64
 _SKINNY_KERNEL_MAX_M = 32  # gemm_skinny4_*'s four 8-row tiles
+# gemm_skinny2_ring_* (cuda/gemv.cu's SKINNY_RING_*): 8 compute warps and a producer, slots, k values a slot
+_SKINNY_RING_THREADS, _SKINNY_RING_SLOTS, _SKINNY_RING_KC, _SKINNY_RING_KC_GATED = 288, 4, 512, 256
 _SKINNY_NARROW_MAX_M, _SKINNY_NARROW_MIN_W = 20, 16 << 20  # 16: never
 _SKINNY_TWO_TILE_MAX_W = 128 << 20  # weight elements
 # past 16 rows only weights up to this many elements (A/B runs: part181 / part183 sent the 8B o
@@ -260,15 +262,26 @@ def head_ctas_kv_div(G: int, T: int, head_ctas: int, o_merged: bool) -> int:
     return G if head_ctas and T == 1 and not o_merged and tested else 1
 
 
-def skinny_product_launch(M: int, N: int, num_sms: int, w4: bool) -> tuple[str, int]:
-    """The skinny kernel's name prefix and threads for a plain product of M rows and N columns:
-    _skinny_prefix's kernels on 8 warps a CTA, or with w4 (MINILLM_SKINNY2_W4), 9-16 rows of a grid
-    past one wave of 2 CTAs an SM (102 registers) that fits one of 4 CTAs of 4 warps an SM on
-    gemm_skinny2w4_* (the 8B qkv's 384 CTAs: 1.45 waves on 8 warps, DRAM 62% busy, part266)."""
+def skinny_ring_smem(gated: bool) -> int:
+    """Dynamic shared memory of gemm_skinny2_ring_* (cuda/gemv.cu's SKINNY_RING_SLOTS slots of 16
+    weight rows, or 16 gate + 16 up rows, of SKINNY_RING_KC k values, each row 16 bytes padded)."""
+    kc = _SKINNY_RING_KC_GATED if gated else _SKINNY_RING_KC
+    return _SKINNY_RING_SLOTS * (32 if gated else 16) * (2 * kc + 16)
+
+
+def skinny_product_launch(M: int, N: int, num_sms: int, w4: bool, ring: bool = False) -> tuple[str, int, int]:
+    """The skinny kernel's name prefix, threads and dynamic shared memory for a plain product of M rows
+    and N columns: _skinny_prefix's kernels on 8 warps a CTA; with ring (MINILLM_SKINNY2_RING), 9-16
+    rows on gemm_skinny2_ring_* (the weights through shared memory by TMA, a ninth warp copying); else
+    with w4 (MINILLM_SKINNY2_W4), 9-16 rows of a grid past one wave of 2 CTAs an SM (102 registers)
+    that fits one of 4 CTAs of 4 warps an SM on gemm_skinny2w4_* (the 8B qkv's 384 CTAs: 1.45 waves
+    on 8 warps, DRAM 62% busy, part266)."""
     ctas = _cdiv(N, _SKINNY_COLS_PER_CTA)
+    if ring and 9 <= M <= 16:
+        return "gemm_skinny2_ring_", _SKINNY_RING_THREADS, skinny_ring_smem(False)
     if w4 and 9 <= M <= 16 and 2 * num_sms < ctas <= 4 * num_sms:
-        return "gemm_skinny2w4_", _SKINNY_THREADS // 2
-    return _skinny_prefix(M), _SKINNY_THREADS
+        return "gemm_skinny2w4_", _SKINNY_THREADS // 2, 0
+    return _skinny_prefix(M), _SKINNY_THREADS, 0
 
 
 def gated_product_kernel(M: int, F: int, K: int) -> str | None:
@@ -674,6 +687,12 @@ class CudaBackend:
         self.skinny2_w4 = env_int("MINILLM_SKINNY2_W4", 1, "1: 9-16-row products past a wave on 4-warp CTAs")
         if self.skinny2_w4 not in (0, 1):
             raise ValueError(f"MINILLM_SKINNY2_W4={self.skinny2_w4}: use 0 or 1")
+        # 1: 9-16-row products (plain and gated) stream their weights through shared memory
+        # (gemm_skinny2_ring_*: TMA copies by a producer warp; the same bits as gemm_skinny2_*). Not yet
+        # run on a GPU (session 45): off until its tests and an A/B have (h200_report.sh part272)
+        self.skinny2_ring = env_int("MINILLM_SKINNY2_RING", 0, "1: 9-16-row products' weights through shared memory")
+        if self.skinny2_ring not in (0, 1):
+            raise ValueError(f"MINILLM_SKINNY2_RING={self.skinny2_ring}: use 0 or 1")
         self.decode_min_part = env_int("MINILLM_DECODE_MIN_PART", 0,
                                        "fewest keys in a split of the decode kernel, every step (0: the rule)")
         self.gated_split_max_m = gated_split_max_rows()
@@ -728,6 +747,7 @@ class CudaBackend:
             + [f"gemv1_{k}norm{c}_bf16" for k in ("", "silu_mul_split_") for c in _NORM_FOLD_CHUNKS]
             + [f"gemm_skinny{t}_{k}" for t in ("", "2", "4") for k in ("bf16", "f32", "silu_mul_bf16")]
             + ["gemm_skinny2w4_bf16", "gemm_skinny2w4_f32"]
+            + [f"gemm_skinny2_ring_{k}" for k in ("bf16", "f32", "silu_mul_bf16")]
             + [f"gemv1_merge{c}_bf16_w{w}" for c in ("", f"_cl{_O_MERGE_CLUSTER}") for w in (4, 8, 16)],
         }.items():
             for n in names:
@@ -763,6 +783,8 @@ class CudaBackend:
         for n in k:
             if n.startswith("gemv1_merge"):
                 k[n].max_dynamic_shared_size_bytes = min(self.max_smem, _O_MERGE_MAX_SMEM)
+            if n.startswith("gemm_skinny2_ring_"):
+                k[n].max_dynamic_shared_size_bytes = skinny_ring_smem("silu_mul" in n)
         # cuda/gemm.cu for 17-256 rows, only with MINILLM_GEMM=wide (scripts/gemm_bench.py switches
         # it per call): measured 0.2-0.9x cuBLAS on the H200 (part63-65, docs/BENCHMARKS.md), so
         # cuBLAS stays the default and its module is compiled on first use (_wide_kernel); the
@@ -1173,10 +1195,11 @@ class CudaBackend:
                          + rows + (_i32(N), _i32(K)))
             return
         if kernel == "skinny":
-            prefix, threads = skinny_product_launch(M, N, self.num_sms, bool(self.skinny2_w4))
+            prefix, threads, smem = skinny_product_launch(M, N, self.num_sms, bool(self.skinny2_w4),
+                                                          bool(self.skinny2_ring))
             self._launch(prefix + _suffix(out.dtype), (_cdiv(N, _SKINNY_COLS_PER_CTA),),
                          (threads,), (x, _i64(ldx), w, bias if bias is not None else _NULL, out,
-                                      _i64(ldo), _i32(M), _i32(N), _i32(K)))
+                                      _i64(ldo), _i32(M), _i32(N), _i32(K)), shared_mem=smem)
             return
         plan = (wide_product_plan(M, N, K, self.num_sms) if self.wide_gemm and out.dtype == self.dtype
                 and self._gemv_fits(x, w, out, bias, M, K, ldx, max_m=_WIDE_MAX_M) else None)
@@ -1253,8 +1276,11 @@ class CudaBackend:
                          (_GEMV_THREADS,), (x, _i64(ldx), w_gate_up, out, _i64(ldo)) + rows + (_i32(F), _i32(K)))
             return
         if kernel == "skinny":
-            self._launch(_skinny_prefix(M) + "silu_mul_bf16", (_cdiv(F, _SKINNY_COLS_PER_CTA),), (_SKINNY_THREADS,),
-                         (x, _i64(ldx), w_gate_up, out, _i64(ldo), _i32(M), _i32(F), _i32(K)))
+            ring = self.skinny2_ring and 9 <= M <= 16  # the weights through shared memory (skinny_product_launch)
+            self._launch(("gemm_skinny2_ring_" if ring else _skinny_prefix(M)) + "silu_mul_bf16",
+                         (_cdiv(F, _SKINNY_COLS_PER_CTA),), (_SKINNY_RING_THREADS if ring else _SKINNY_THREADS,),
+                         (x, _i64(ldx), w_gate_up, out, _i64(ldo), _i32(M), _i32(F), _i32(K)),
+                         shared_mem=skinny_ring_smem(True) if ring else 0)
             return
         self.matmul(x, w_gate_up, out=gate_up)
         self.silu_mul(gate_up, out=out)
