@@ -717,10 +717,10 @@ namespace {
 // gate + 16 up rows) through SKINNY_RING_SLOTS shared-memory slots with TMA bulk copies, one a row
 // a slot, ahead of the 8 compute warps (up to 4 slots = 64 KB a CTA in flight, 3 CTAs an SM), and
 // its first copies go out before the PDL wait (weights are no kernel's output). A slot holds
-// ring_kc k values of each row, RING_PITCH(KC) bytes apart: 16 more than a row, so the lanes of a
-// quarter-warp (rows g, g + 1 at 4 k offsets) read 8 different bank quads. A compute warp takes the
-// same 64-wide k blocks as in gemm_skinny2_* (block kb on warp kb % 8: block w % B of every
-// (8 / B)-th slot, B = ring_kc / 64) and runs the same MMAs in the same order on the same values,
+// SKINNY_RING_KC k values of each row, SKINNY_RING_PITCH bytes apart: 16 more than a row, so the
+// lanes of a quarter-warp (rows g, g + 1 at 4 k offsets) read 8 different bank quads. A compute warp
+// takes the same 64-wide k blocks as in gemm_skinny2_* (block kb on warp kb % 8: block w % B of
+// every (8 / B)-th slot, B = SKINNY_RING_KC / 64) and runs the same MMAs in the same order on the same values,
 // so the sums are gemm_skinny2_*'s bits. Not yet run on a GPU (session 45; h200_report.sh part272).
 #define SKINNY_RING_SLOTS 4
 #define SKINNY_RING_KC(GATED) ((GATED) ? 256 : 512)
