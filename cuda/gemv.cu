@@ -967,18 +967,24 @@ __device__ __forceinline__ void gemm_skinny_rows(const bf16* x, i64 ldx, const b
 
 }  // namespace
 
-// grid (ceil(N / 16)), block 32 * SKINNY_WARPS.
-#define MINILLM_SKINNY(NAME, TO, TILES)                                                              \
-  extern "C" __global__ void __launch_bounds__(32 * SKINNY_WARPS)                                   \
+// The skinny kernels' entry points: a plain product (TO out, bias) or a gated one (bf16 out), on
+// THREADS threads, calling the loop given (a template id, so after the other arguments).
+#define MINILLM_SKINNY_KERNEL(NAME, TO, THREADS, ...)                                                \
+  extern "C" __global__ void __launch_bounds__(THREADS)                                              \
       NAME(const bf16* x, i64 ldx, const bf16* w, const bf16* bias, TO* out, i64 ldo, int M, int N, \
            int K) {                                                                                  \
-    gemm_skinny_rows<TO, false, TILES>(x, ldx, w, bias, out, ldo, M, N, K);                          \
+    __VA_ARGS__(x, ldx, w, bias, out, ldo, M, N, K);                                                 \
   }
-#define MINILLM_SKINNY_SILU_MUL(NAME, TILES)                                                         \
-  extern "C" __global__ void __launch_bounds__(32 * SKINNY_WARPS)                                   \
+#define MINILLM_SKINNY_GATED_KERNEL(NAME, THREADS, ...)                                              \
+  extern "C" __global__ void __launch_bounds__(THREADS)                                              \
       NAME(const bf16* x, i64 ldx, const bf16* w, bf16* out, i64 ldo, int M, int F, int K) {        \
-    gemm_skinny_rows<bf16, true, TILES>(x, ldx, w, nullptr, out, ldo, M, F, K);                      \
+    __VA_ARGS__(x, ldx, w, nullptr, out, ldo, M, F, K);                                              \
   }
+// grid (ceil(N / 16)), block 32 * SKINNY_WARPS.
+#define MINILLM_SKINNY(NAME, TO, TILES) \
+  MINILLM_SKINNY_KERNEL(NAME, TO, 32 * SKINNY_WARPS, gemm_skinny_rows<TO, false, TILES>)
+#define MINILLM_SKINNY_SILU_MUL(NAME, TILES) \
+  MINILLM_SKINNY_GATED_KERNEL(NAME, 32 * SKINNY_WARPS, gemm_skinny_rows<bf16, true, TILES>)
 
 MINILLM_SKINNY(gemm_skinny_bf16, bf16, 0)
 MINILLM_SKINNY(gemm_skinny_f32, float, 0)
@@ -988,29 +994,18 @@ MINILLM_SKINNY(gemm_skinny2_f32, float, 2)
 // blocks): at 102 registers 4 CTAs an SM fit instead of 2, so a grid of 2-4 CTAs an SM runs in one
 // wave where 8 warps a CTA take 1.45 (the 8B qkv's 384 CTAs, DRAM 62% busy under ncu, part266).
 // Host: cuda_ops.skinny_product_launch (MINILLM_SKINNY2_W4).
-#define MINILLM_SKINNY_W4(NAME, TO)                                                                  \
-  extern "C" __global__ void __launch_bounds__(128)                                                  \
-      NAME(const bf16* x, i64 ldx, const bf16* w, const bf16* bias, TO* out, i64 ldo, int M, int N, \
-           int K) {                                                                                  \
-    gemm_skinny_rows<TO, false, 2, 4>(x, ldx, w, bias, out, ldo, M, N, K);                           \
-  }
-MINILLM_SKINNY_W4(gemm_skinny2w4_bf16, bf16)
-MINILLM_SKINNY_W4(gemm_skinny2w4_f32, float)
+MINILLM_SKINNY_KERNEL(gemm_skinny2w4_bf16, bf16, 128, gemm_skinny_rows<bf16, false, 2, 4>)
+MINILLM_SKINNY_KERNEL(gemm_skinny2w4_f32, float, 128, gemm_skinny_rows<float, false, 2, 4>)
 // 9-16 rows with the weights through shared memory (skinny_ring_loop): grid (ceil(N / 16)), block
 // 32 * (SKINNY_WARPS + 1), SKINNY_RING_SLOTS * SKINNY_RING_SLOT_BYTES(false) bytes of dynamic shared
 // memory (the gated one: SKINNY_RING_SLOT_BYTES(true)). Host: cuda_ops.skinny_product_launch.
-#define MINILLM_SKINNY_RING(NAME, TO)                                                                \
-  extern "C" __global__ void __launch_bounds__(32 * (SKINNY_WARPS + 1))                              \
-      NAME(const bf16* x, i64 ldx, const bf16* w, const bf16* bias, TO* out, i64 ldo, int M, int N, \
-           int K) {                                                                                  \
-    gemm_skinny_impl<TO, 2, false, false, SKINNY_WARPS, true>(x, ldx, w, bias, out, ldo, M, N, K);   \
-  }
-MINILLM_SKINNY_RING(gemm_skinny2_ring_bf16, bf16)
-MINILLM_SKINNY_RING(gemm_skinny2_ring_f32, float)
-extern "C" __global__ void __launch_bounds__(32 * (SKINNY_WARPS + 1))
-    gemm_skinny2_ring_silu_mul_bf16(const bf16* x, i64 ldx, const bf16* w, bf16* out, i64 ldo, int M, int F, int K) {
-  gemm_skinny_impl<bf16, 2, true, false, SKINNY_WARPS, true>(x, ldx, w, nullptr, out, ldo, M, F, K);
-}
+#define SKINNY_RING_THREADS (32 * (SKINNY_WARPS + 1))
+MINILLM_SKINNY_KERNEL(gemm_skinny2_ring_bf16, bf16, SKINNY_RING_THREADS,
+                      gemm_skinny_impl<bf16, 2, false, false, SKINNY_WARPS, true>)
+MINILLM_SKINNY_KERNEL(gemm_skinny2_ring_f32, float, SKINNY_RING_THREADS,
+                      gemm_skinny_impl<float, 2, false, false, SKINNY_WARPS, true>)
+MINILLM_SKINNY_GATED_KERNEL(gemm_skinny2_ring_silu_mul_bf16, SKINNY_RING_THREADS,
+                            gemm_skinny_impl<bf16, 2, true, false, SKINNY_WARPS, true>)
 // 17-32 rows (four tiles): the host sends 17-20 rows of the large narrowing products (the 8B o and
 // down of the c = 2 DFlash round's verification: the round -2.3% with session 28's other change,
 // part184a) and, with cuda_ops.py's _SKINNY_MAX_M raised to 32, everything (slower than cuBLAS

@@ -126,6 +126,10 @@ def test_skinny2w4_launch_by_grid():
         assert cuda_ops.skinny_product_launch(m, n, 132, True, ring=True) == (
             "gemm_skinny2_ring_", 288, cuda_ops.skinny_ring_smem(False))
     assert launch(8, 6144, 132, True, ring=True) == ("gemm_skinny_", 256)
+    # gated (gate_up's F columns): the ring with its own slots, never the 4-warp kernel
+    assert cuda_ops.skinny_product_launch(9, 12288, 132, True, ring=True, gated=True) == (
+        "gemm_skinny2_ring_", 288, cuda_ops.skinny_ring_smem(True))
+    assert launch(9, 6144, 132, True, gated=True) == ("gemm_skinny2_", 256)
     assert launch(17, 6144, 132, True, ring=True) == ("gemm_skinny4_", 256)
 
 

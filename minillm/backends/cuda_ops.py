@@ -269,17 +269,19 @@ def skinny_ring_smem(gated: bool) -> int:
     return _SKINNY_RING_SLOTS * (32 if gated else 16) * (2 * kc + 16)
 
 
-def skinny_product_launch(M: int, N: int, num_sms: int, w4: bool, ring: bool = False) -> tuple[str, int, int]:
-    """The skinny kernel's name prefix, threads and dynamic shared memory for a plain product of M rows
-    and N columns: _skinny_prefix's kernels on 8 warps a CTA; with ring (MINILLM_SKINNY2_RING), 9-16
-    rows on gemm_skinny2_ring_* (the weights through shared memory by TMA, a ninth warp copying); else
-    with w4 (MINILLM_SKINNY2_W4), 9-16 rows of a grid past one wave of 2 CTAs an SM (102 registers)
-    that fits one of 4 CTAs of 4 warps an SM on gemm_skinny2w4_* (the 8B qkv's 384 CTAs: 1.45 waves
-    on 8 warps, DRAM 62% busy, part266)."""
+def skinny_product_launch(M: int, N: int, num_sms: int, w4: bool, ring: bool = False,
+                          gated: bool = False) -> tuple[str, int, int]:
+    """The skinny kernel's name prefix, threads and dynamic shared memory for a product of M rows and
+    N columns (gated: N of gate_up's halves, the kernel's name then goes on "silu_mul_bf16"):
+    _skinny_prefix's kernels on 8 warps a CTA; with ring (MINILLM_SKINNY2_RING), 9-16 rows on
+    gemm_skinny2_ring_* (the weights through shared memory by TMA, a ninth warp copying); else with w4
+    (MINILLM_SKINNY2_W4), 9-16 rows of a plain product whose grid is past one wave of 2 CTAs an SM
+    (102 registers) and fits one of 4 CTAs of 4 warps an SM on gemm_skinny2w4_* (the 8B qkv's 384
+    CTAs: 1.45 waves on 8 warps, DRAM 62% busy, part266)."""
     ctas = _cdiv(N, _SKINNY_COLS_PER_CTA)
     if ring and 9 <= M <= 16:
-        return "gemm_skinny2_ring_", _SKINNY_RING_THREADS, skinny_ring_smem(False)
-    if w4 and 9 <= M <= 16 and 2 * num_sms < ctas <= 4 * num_sms:
+        return "gemm_skinny2_ring_", _SKINNY_RING_THREADS, skinny_ring_smem(gated)
+    if w4 and not gated and 9 <= M <= 16 and 2 * num_sms < ctas <= 4 * num_sms:
         return "gemm_skinny2w4_", _SKINNY_THREADS // 2, 0
     return _skinny_prefix(M), _SKINNY_THREADS, 0
 
@@ -1276,11 +1278,10 @@ class CudaBackend:
                          (_GEMV_THREADS,), (x, _i64(ldx), w_gate_up, out, _i64(ldo)) + rows + (_i32(F), _i32(K)))
             return
         if kernel == "skinny":
-            ring = self.skinny2_ring and 9 <= M <= 16  # the weights through shared memory (skinny_product_launch)
-            self._launch(("gemm_skinny2_ring_" if ring else _skinny_prefix(M)) + "silu_mul_bf16",
-                         (_cdiv(F, _SKINNY_COLS_PER_CTA),), (_SKINNY_RING_THREADS if ring else _SKINNY_THREADS,),
-                         (x, _i64(ldx), w_gate_up, out, _i64(ldo), _i32(M), _i32(F), _i32(K)),
-                         shared_mem=skinny_ring_smem(True) if ring else 0)
+            prefix, threads, smem = skinny_product_launch(M, F, self.num_sms, False, bool(self.skinny2_ring),
+                                                          gated=True)
+            self._launch(prefix + "silu_mul_bf16", (_cdiv(F, _SKINNY_COLS_PER_CTA),), (threads,),
+                         (x, _i64(ldx), w_gate_up, out, _i64(ldo), _i32(M), _i32(F), _i32(K)), shared_mem=smem)
             return
         self.matmul(x, w_gate_up, out=gate_up)
         self.silu_mul(gate_up, out=out)
