@@ -118,13 +118,26 @@ def violations(found: dict[str, set[str]]) -> dict[str, set[str]]:
     return bad
 
 
+def module_flags(mod: str, defines: tuple[str, ...] = ()) -> list[str]:
+    """The -D flags of a PDL module's build (its own defines, then `defines`)."""
+    return [f"-D{d}" for d in (*PDL_MODULES[mod], *defines)]
+
+
+def lint_outputs(outputs: list[tuple[str, str]]) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """(every kernel's read-only-path parameters, the ones outside READ_ONLY), from each module's
+    (PTX, preprocessed source)."""
+    found: dict[str, set[str]] = {}
+    for ptx, source in outputs:
+        found.update(nc_params(ptx, source))
+    return found, violations(found)
+
+
 def lint(defines: tuple[str, ...] = (), modules: tuple[str, ...] = tuple(PDL_MODULES)
          ) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
-    """(every PDL kernel's read-only-path parameters, the ones outside READ_ONLY), over modules."""
+    """lint_outputs over the modules, built with nvcc here (every module's runs on every core)."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         raise RuntimeError("nvcc is not on PATH")
-    found: dict[str, set[str]] = {}
 
     def run(cmd: list[str]) -> str:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -133,16 +146,17 @@ def lint(defines: tuple[str, ...] = (), modules: tuple[str, ...] = tuple(PDL_MOD
         return r.stdout
 
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        runs = {}  # each module's PTX and preprocessed source, all modules' nvcc runs on every core
+        runs = []  # each module's PTX file, its nvcc run and its preprocessed source's
         for mod in modules:
-            flags = ["-arch=sm_90a", "-std=c++17", f"-I{CUDA_DIR}"] + [f"-D{d}" for d in (*PDL_MODULES[mod], *defines)]
+            flags = ["-arch=sm_90a", "-std=c++17", f"-I{CUDA_DIR}", *module_flags(mod, defines)]
             src, ptx = CUDA_DIR / f"{mod}.cu", Path(tmp) / f"{mod}.ptx"
-            runs[mod] = (ptx, pool.submit(run, [nvcc, *flags, "-ptx", str(src), "-o", str(ptx)]),
-                         pool.submit(run, [nvcc, *flags, "-E", str(src)]))
-        for ptx, ptx_run, source_run in runs.values():
+            runs.append((ptx, pool.submit(run, [nvcc, *flags, "-ptx", str(src), "-o", str(ptx)]),
+                         pool.submit(run, [nvcc, *flags, "-E", str(src)])))
+        outputs = []
+        for ptx, ptx_run, source_run in runs:
             ptx_run.result()
-            found.update(nc_params(ptx.read_text(), source_run.result()))
-    return found, violations(found)
+            outputs.append((ptx.read_text(), source_run.result()))
+    return lint_outputs(outputs)
 
 
 def main(argv: list[str] | None = None) -> int:

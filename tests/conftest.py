@@ -1,8 +1,14 @@
-"""Shared fixtures and the `gpu` mark: GPU tests skip unless CuPy finds a CUDA device."""
+"""Shared fixtures, the `gpu` mark (GPU tests skip unless CuPy finds a CUDA device), and the nvcc runs
+that start in the background once the tests are collected (tests/nvcc_jobs.py)."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
+from nvcc_jobs import NvccPool, suite_jobs
+
+_NVCC_POOL = pytest.StashKey[NvccPool]()
 
 
 def cuda_available() -> bool:
@@ -15,12 +21,34 @@ def cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    if cuda_available():
-        return
-    skip = pytest.mark.skip(reason="needs an NVIDIA GPU with CuPy")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    if not cuda_available():
+        skip = pytest.mark.skip(reason="needs an NVIDIA GPU with CuPy")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+    # the tests that read nvcc runs go last, and the runs start now, at nice 19, on every core: they
+    # take the core the Python tests leave idle (nvcc_jobs.py)
+    readers = [item for item in items if "nvcc_pool" in getattr(item, "fixturenames", ())]
+    nvcc = shutil.which("nvcc")
+    if readers and nvcc and not config.option.collectonly:
+        items[:] = [item for item in items if item not in readers] + readers
+        pool = config.stash[_NVCC_POOL] = NvccPool(nvcc, suite_jobs())
+        pool.start()
+
+
+def pytest_sessionfinish(session):
+    pool = session.config.stash.get(_NVCC_POOL, None)
+    if pool is not None:
+        pool.close()
+
+
+@pytest.fixture(scope="session")
+def nvcc_pool(request) -> NvccPool:
+    """The suite's nvcc runs (tests/nvcc_jobs.py), started when the tests were collected."""
+    pool = request.config.stash.get(_NVCC_POOL, None)
+    if pool is None:
+        pytest.skip("nvcc is not on PATH (CI installs CUDA 13.0)")
+    return pool
 
 
 @pytest.fixture(scope="session")

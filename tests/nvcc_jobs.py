@@ -1,57 +1,151 @@
-"""nvcc runs for the compile tests, started together on every core: each test then waits for its own.
+"""The test suite's nvcc runs, started in the background when collection finds a test that needs them.
 
 One nvcc is one process on one core, and the kernel sources take minutes between them (one
-decode_attention.cu ~100 s on a CI core), so run one after another they were most of CI's time
-while its second core idled. The runs start when the first test asks for one, so a test's result is
-still its own compile's.
+decode_attention.cu ~120 s on a CI core; every compile and PTX run of the suite ~13 core-minutes).
+Most of the Python tests keep one of CI's two cores busy, so the runs start as soon as the tests are
+collected, at the lowest CPU priority (nice 19: they take the idle core and yield the busy one), and
+conftest.py moves the tests that read them (those using the `nvcc_pool` fixture) to the end of the
+session. A test's result is still its own run's: it waits for that run and checks its outcome.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import tempfile
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+CUDA_DIR = ROOT / "cuda"
+SOURCES = sorted(CUDA_DIR.glob("*.cu"))
+DEBUG_FLAGS = ("-DMINILLM_CUDA_DEBUG=1", "-lineinfo")
+
+# compile-time variants that scripts/decode_splits.py measures (--variant), the release-at-exit
+# build of the A/B runs (PDL_LATE=0, cuda/common.cuh), MINILLM_PDL_PREFILL's, the timeline build
+# (MINILLM_TIMELINE, scripts/step_timeline.py) and the decode attention's merge batch sizes other
+# than the defaults (h200_report.sh's part162 / part168 / part169 measured 4 and 16), the two-tile skinny
+# GEMM's unpipelined loop (part174's A/B), so they do not rot
+VARIANTS = [("decode_attention", ["-DDEC_NO_MATH=1", "-DDEC_MERGE_FLIGHT=4", "-DMINILLM_TIMELINE=1"]),
+            ("decode_attention", ["-DDEC_CPL=2", "-DDEC_U=2", "-DPDL_PREWAIT_INDEX=0", "-DDEC_MERGE_FLIGHT=16",
+                                  "-DDEC_MERGE_FLIGHT_ROPE=4"]),
+            ("gemv", ["-DPDL_LATE=0", "-DGEMV_PREFETCH_MAX=0", "-DGEMV_MAX_M=8", "-DSKINNY2_PIPELINED=0"]),
+            ("norm", ["-DNORM_EARLY_MIN_ROWS=1000000"]), ("norm", ["-DMINILLM_TIMELINE=1"]),
+            ("prefill_attention", ["-DPF_PDL=1"]),
+            ("prefill_attention", ["-DPF_PDL=1", "-DPDL_PREWAIT_INDEX=0"])]
+
+# GPU diagnostics in scripts/ that carry their own kernel source (device runs only; compiled here so
+# a broken one fails CI rather than a device call): script -> the variable holding it
+INLINE_SOURCES = {"handoff_bench": "SRC", "stream_bench": "READ_SRC"}
+
+# the PDL load lint's builds (scripts/pdl_load_lint.py, tests/test_pdl_loads.py): name -> (defines,
+# modules); "stale" is session 41's folded norms as they were, which the lint must catch
+LINT_BUILDS = {"default": ((), None), "stale": (("NORM_ROW_L2=0",), ("gemv",))}
+
+
+def pdl_load_lint():
+    """scripts/pdl_load_lint.py, a script beside the tests."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import pdl_load_lint as lint
+
+    return lint
+
+
+def inline_source(script: str) -> str:
+    """The kernel source a script in scripts/ carries (INLINE_SOURCES names its variable)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_inline_{script}", ROOT / "scripts" / f"{script}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return getattr(mod, INLINE_SOURCES[script])
+
 
 @dataclass(frozen=True)
 class NvccJob:
-    """One nvcc run: a .cu file (or source text written to one) and the flags beyond the common ones."""
+    """One nvcc run: a .cu file (or source text written to one) and the flags beyond the common ones.
+    mode: "c" an object file, "ptx" PTX, "E" the preprocessed source (its stdout)."""
     name: str
     src: Path | None = None
     text: str | None = None
     flags: tuple[str, ...] = ()
+    mode: str = "c"
+
+
+def suite_jobs() -> list[NvccJob]:
+    """Every nvcc run the tests read: each source in release and debug form, the VARIANTS, the scripts'
+    kernels, and the lint's PTX and preprocessed source of each PDL module in each LINT_BUILDS build."""
+    jobs = [NvccJob(f"{src.stem} {kind}", src=src, flags=flags) for src in SOURCES
+            for kind, flags in (("release", ()), ("debug", DEBUG_FLAGS))]
+    jobs += [NvccJob(f"{name} {' '.join(defines)}", src=CUDA_DIR / f"{name}.cu", flags=tuple(defines))
+             for name, defines in VARIANTS]
+    jobs += [NvccJob(f"script {script}", text=inline_source(script)) for script in sorted(INLINE_SOURCES)]
+    lint = pdl_load_lint()
+    for build, (defines, modules) in LINT_BUILDS.items():
+        for mod in modules or lint.PDL_MODULES:
+            flags = tuple(lint.module_flags(mod, defines))
+            jobs += [NvccJob(f"lint {build} {mod} {mode}", src=CUDA_DIR / f"{mod}.cu", flags=flags, mode=mode)
+                     for mode in ("ptx", "E")]
+    return jobs
 
 
 class NvccPool:
-    """Runs every job given, on os.cpu_count() workers, from the first result asked for; close() drops
-    the ones not started."""
+    """Runs every job given on os.cpu_count() workers at nice 19, from start() (or the first result
+    asked for); close() drops the ones not started and stops the ones running."""
 
-    def __init__(self, nvcc: str, include: Path, jobs: list[NvccJob]):
+    def __init__(self, nvcc: str, jobs: list[NvccJob], include: Path = CUDA_DIR):
         self.nvcc, self.include = nvcc, include
+        # the longest runs first (whole compiles of the largest sources), so the last to end is short
+        order = {"c": 0, "ptx": 1, "E": 2}
+        jobs = sorted(jobs, key=lambda j: (order[j.mode], 0 if j.src is None else -j.src.stat().st_size))
         self.jobs = {j.name: j for j in jobs}
         assert len(self.jobs) == len(jobs), "job names must be unique"
         self._futures: dict[str, Future] = {}
         self._executor: ThreadPoolExecutor | None = None
+        self._running: set[subprocess.Popen] = set()
+        self._lock = threading.Lock()
+        self._closed = False
         self._tmp = tempfile.TemporaryDirectory(prefix="minillm_nvcc_")
         self._dir = Path(self._tmp.name)
 
+    def start(self, first: str | None = None) -> None:
+        """Submit every job (`first` ahead of the others) unless already started."""
+        if self._executor is not None:
+            return
+        self._executor = ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1))
+        for n in ([first] if first else []) + [n for n in self.jobs if n != first]:
+            self._futures[n] = self._executor.submit(self._run, self.jobs[n])
+
     def result(self, name: str) -> tuple[list[str], subprocess.CompletedProcess]:
         """The command and outcome of job `name` (waiting for it)."""
-        if self._executor is None:  # this one first (a run of one test waits for its own), then the rest
-            self._executor = ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1))
-            for n in (name, *(n for n in self.jobs if n != name)):
-                self._futures[n] = self._executor.submit(self._run, self.jobs[n])
+        self.start(first=name)  # a run of one test waits for its own compile only
         return self._futures[name].result()
 
+    def output(self, name: str) -> str:
+        """The PTX (mode "ptx") or preprocessed source (mode "E") of job `name`; a failed run raises."""
+        cmd, r = self.result(name)
+        if r.returncode:
+            raise AssertionError(f"{' '.join(cmd)}\n{r.stderr}")
+        return r.stdout if self.jobs[name].mode == "E" else self._out(self.jobs[name]).read_text()
+
     def close(self) -> None:
-        """Drop the runs not started (a failing test under -x ends the session early), wait for the
-        ones running, and remove their outputs."""
+        """Drop the runs not started (a failing test under -x ends the session early), stop the ones
+        running, and remove their outputs."""
+        with self._lock:
+            self._closed = True
+            for p in self._running:
+                p.kill()
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
         self._tmp.cleanup()
+
+    def _out(self, job: NvccJob) -> Path:
+        work = self._dir / job.name.replace(" ", "_").replace("/", "_")
+        src = job.src or work / "source.cu"
+        return work / (src.stem + {"c": ".o", "ptx": ".ptx"}[job.mode])
 
     def _run(self, job: NvccJob) -> tuple[list[str], subprocess.CompletedProcess]:
         work = self._dir / job.name.replace(" ", "_").replace("/", "_")
@@ -60,6 +154,21 @@ class NvccPool:
         if src is None:
             src = work / "source.cu"
             src.write_text(job.text or "")
-        cmd = [self.nvcc, "-arch=sm_90a", "-std=c++17", f"-I{self.include}", "-c", str(src),
-               "-o", str(work / (src.stem + ".o")), *job.flags]
-        return cmd, subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        cmd = [self.nvcc, "-arch=sm_90a", "-std=c++17", f"-I{self.include}", *job.flags]
+        cmd += ["-E", str(src)] if job.mode == "E" else \
+            ["-ptx" if job.mode == "ptx" else "-c", str(src), "-o", str(self._out(job))]
+        with self._lock:
+            if self._closed:
+                return cmd, subprocess.CompletedProcess(cmd, -9, "", "the pool was closed")
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 preexec_fn=lambda: os.nice(19))
+            self._running.add(p)
+        try:
+            out, err = p.communicate(timeout=1800)  # at nice 19 a run may wait for a busy core
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+            err += "\n(nvcc ran past 1800 s and was killed)"
+        with self._lock:
+            self._running.discard(p)
+        return cmd, subprocess.CompletedProcess(cmd, p.returncode, out, err)

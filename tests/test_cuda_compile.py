@@ -14,12 +14,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from nvcc_jobs import NvccJob, NvccPool
+from nvcc_jobs import CUDA_DIR, INLINE_SOURCES, SOURCES, VARIANTS, NvccPool
 
-CUDA_DIR = Path(__file__).resolve().parents[1] / "cuda"
-SOURCES = sorted(CUDA_DIR.glob("*.cu"))
 NVCC = shutil.which("nvcc")
-DEBUG_FLAGS = ("-DMINILLM_CUDA_DEBUG=1", "-lineinfo")
 
 
 def test_there_are_kernels():
@@ -40,26 +37,10 @@ def assert_nvcc_compiles(pool: NvccPool, name: str) -> None:
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}"
 
 
-# GPU diagnostics in scripts/ that carry their own kernel source (device runs only; compiled here so
-# a broken one fails CI rather than a device call)
-INLINE_SOURCES = {"handoff_bench": "SRC", "stream_bench": "READ_SRC"}
-
-
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (CI installs CUDA 13.0)")
 @pytest.mark.parametrize("script", sorted(INLINE_SOURCES))
 def test_scripts_inline_kernels_compile(script: str, nvcc_pool: NvccPool):
     assert_nvcc_compiles(nvcc_pool, f"script {script}")
-
-
-def inline_source(script: str) -> str:
-    """The kernel source a script in scripts/ carries (INLINE_SOURCES names its variable)."""
-    import importlib.util
-
-    path = CUDA_DIR.parent / "scripts" / f"{script}.py"
-    spec = importlib.util.spec_from_file_location(f"_inline_{script}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return getattr(mod, INLINE_SOURCES[script])
 
 
 def test_cache_key_covers_headers(tmp_path, monkeypatch):
@@ -129,39 +110,10 @@ def test_pdl_kernel_args_are_typed():
         kernel_arg(3)
 
 
-# compile-time variants that scripts/decode_splits.py measures (--variant), the release-at-exit
-# build of the A/B runs (PDL_LATE=0, cuda/common.cuh), MINILLM_PDL_PREFILL's, the timeline build
-# (MINILLM_TIMELINE, scripts/step_timeline.py) and the decode attention's merge batch sizes other
-# than the defaults (h200_report.sh's part162 / part168 / part169 measured 4 and 16), the two-tile skinny
-# GEMM's unpipelined loop (part174's A/B), so they do not rot
-VARIANTS = [("decode_attention", ["-DDEC_NO_MATH=1", "-DDEC_MERGE_FLIGHT=4", "-DMINILLM_TIMELINE=1"]),
-            ("decode_attention", ["-DDEC_CPL=2", "-DDEC_U=2", "-DPDL_PREWAIT_INDEX=0", "-DDEC_MERGE_FLIGHT=16",
-                                  "-DDEC_MERGE_FLIGHT_ROPE=4"]),
-            ("gemv", ["-DPDL_LATE=0", "-DGEMV_PREFETCH_MAX=0", "-DGEMV_MAX_M=8", "-DSKINNY2_PIPELINED=0"]),
-            ("norm", ["-DNORM_EARLY_MIN_ROWS=1000000"]), ("norm", ["-DMINILLM_TIMELINE=1"]),
-            ("prefill_attention", ["-DPF_PDL=1"]),
-            ("prefill_attention", ["-DPF_PDL=1", "-DPDL_PREWAIT_INDEX=0"])]
-
-
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (CI installs CUDA 13.0)")
 @pytest.mark.parametrize("name,defines", VARIANTS, ids=[" ".join(d) for _, d in VARIANTS])
 def test_nvcc_compiles_measured_variants(name: str, defines: list[str], nvcc_pool: NvccPool):
     assert_nvcc_compiles(nvcc_pool, f"{name} {' '.join(defines)}")
-
-
-@pytest.fixture(scope="module")
-def nvcc_pool():
-    """Every compile of this module's tests, run on all cores from the first one asked for (nvcc_jobs)."""
-    jobs = [NvccJob(f"{src.stem} {kind}", src=src, flags=flags) for src in SOURCES
-            for kind, flags in (("release", ()), ("debug", DEBUG_FLAGS))]
-    jobs += [NvccJob(f"{name} {' '.join(defines)}", src=CUDA_DIR / f"{name}.cu", flags=tuple(defines))
-             for name, defines in VARIANTS]
-    jobs += [NvccJob(f"script {script}", text=inline_source(script)) for script in sorted(INLINE_SOURCES)]
-    # the largest sources first (the longest compiles), so the last to finish is a short one
-    jobs.sort(key=lambda j: 0 if j.src is None else -j.src.stat().st_size)
-    pool = NvccPool(NVCC, CUDA_DIR, jobs)
-    yield pool
-    pool.close()
 
 
 def test_extra_defines_from_the_environment(monkeypatch):

@@ -6,28 +6,34 @@ it on the H200: greedy runs on graphs that differed between repeats, which no sa
 from __future__ import annotations
 
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
+from nvcc_jobs import LINT_BUILDS, NvccPool, pdl_load_lint
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import pdl_load_lint as lint  # noqa: E402 - a script beside the tests
-
-pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH (CI installs CUDA 13.0)")
+lint = pdl_load_lint()
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH (CI installs CUDA 13.0)")
 
 
-def test_pdl_kernels_read_only_weights_and_step_inputs_through_the_read_only_path():
-    found, bad = lint.lint()
+def lint_build(pool: NvccPool, build: str) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """The lint over one of LINT_BUILDS, from the pool's nvcc runs (tests/nvcc_jobs.py)."""
+    modules = LINT_BUILDS[build][1] or lint.PDL_MODULES
+    return lint.lint_outputs([(pool.output(f"lint {build} {mod} ptx"), pool.output(f"lint {build} {mod} E"))
+                              for mod in modules])
+
+
+@needs_nvcc
+def test_pdl_kernels_read_only_weights_and_step_inputs_through_the_read_only_path(nvcc_pool: NvccPool):
+    found, bad = lint_build(nvcc_pool, "default")
     assert not bad, f"PDL kernels reading another kernel's output through ld.global.nc: {bad}"
     assert len(found) >= 50  # the walk placed the loads of most kernels (weights at least)
     assert "?" not in set().union(*found.values())  # and every one of them
     assert found["gemv1_norm1_bf16"] >= {"w", "nw"} and "x" not in found["gemv1_norm1_bf16"]
 
 
-def test_the_lint_sees_session_41s_stale_read():
+@needs_nvcc
+def test_the_lint_sees_session_41s_stale_read(nvcc_pool: NvccPool):
     """The folded norms' loads as they were (NORM_ROW_L2=0): x through the read-only path."""
-    _, bad = lint.lint(("NORM_ROW_L2=0",), ("gemv",))
+    _, bad = lint_build(nvcc_pool, "stale")
     assert bad.get("gemv1_norm1_bf16") == {"x"} and bad.get("gemv1_silu_mul_split_norm4_bf16") == {"x"}
 
 

@@ -171,6 +171,19 @@ def test_over_long_requests_are_rejected_with_the_numbers(tiny_dir):
     assert len(llm.generate([[3] * 60], SamplingParams(max_tokens=4, ignore_eos=True))[0].token_ids) == 4
 
 
+def test_prompt_ids_outside_the_vocabulary_are_named(tiny_dir):
+    """validate_prompt's fast path (plain ints, min and max in range) and its token-by-token one agree:
+    every id that is not an integer in range is named, NumPy integers pass."""
+    llm = LLM(tiny_dir, device="cpu", max_num_seqs=2, max_model_len=64, block_size=BS)
+    vocab = llm.engine.config.vocab_size
+    one = SamplingParams(max_tokens=1)
+    for bad, named in ([[3, vocab], rf"got \[{vocab}\]"], [[-1, 3], r"got \[-1\]"], [[3, True], r"got \[True\]"],
+                       [[3, 2.0], r"got \[2.0\]"], [[3, "4"], r"got \['4'\]"]):
+        with pytest.raises(ValueError, match=rf"must be integers in \[0, {vocab}\); {named}"):
+            llm.generate([bad], one)
+    assert llm.generate([[np.int64(3), 5, vocab - 1]], one)[0].token_ids
+
+
 def test_startup_refuses_a_pool_that_cannot_hold_one_sequence(tiny_dir):
     with pytest.raises(ValueError) as e:
         LLM(tiny_dir, device="cpu", max_model_len=128, block_size=16, num_blocks=7)

