@@ -822,6 +822,36 @@ def test_tokenize_bos_at_the_protocol(model_dir):
     msgs = {"messages": [{"role": "user", "content": "hi"}]}
     assert protocol.tokenize_response(msgs, info)["tokens"] == ids("[hi]")
     assert protocol.tokenize_response({**msgs, "add_special_tokens": True}, info)["tokens"] == [bos, *ids("[hi]")]
+    # the generation endpoints prefill what /tokenize counts: completions add the BOS unless told not to,
+    # chat only when asked (vLLM's add_special_tokens, default true / false)
+    def prefilled(body: dict, chat: bool) -> list[int]:
+        parsed = protocol.parse_request(protocol.parse_body(json.dumps({**body, "max_tokens": 1}).encode()), info, chat)
+        assert parsed.ignored == []
+        return parsed.choices[0][0]
+
+    assert prefilled({"prompt": "hi"}, False) == with_bos["tokens"]
+    assert prefilled({"prompt": "hi", "add_special_tokens": False}, False) == without["tokens"]
+    assert prefilled(msgs, True) == ids("[hi]")
+    assert prefilled({**msgs, "add_special_tokens": True}, True) == [bos, *ids("[hi]")]
+
+
+def test_ignored_fields_are_named(server):
+    """A field the parser never reads (a misspelt one, say) changes nothing: the request runs, and the
+    server's log names it, as vLLM's does; OpenAI's bookkeeping fields (user, metadata) pass unnamed,
+    and so does every field the parser reads, whatever its value (stream false, n 1, ...)."""
+    def ignored_line(body: dict) -> str:
+        r = httpx.post(f"{server.url}/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        lines = [ln for ln in server.text().splitlines() if r.json()["id"] in ln and "ignored" in ln]
+        assert len(lines) <= 1
+        return lines[0] if lines else ""  # logged before the request ran, so before its response
+
+    body = {"prompt": "hi", "max_tokens": 2, "temprature": 0.5, "user": "u", "metadata": {"a": "b"}, "stream": False,
+            "n": 1, "echo": False, "logprobs": None, "add_special_tokens": True, "stop": None, "seed": 3}
+    assert ignored_line(body).endswith("fields present in the request but ignored: temprature")
+    assert ignored_line({**body, "temprature": None, "frequency_penaltyy": 0}).endswith(
+        "ignored: frequency_penaltyy, temprature")  # sorted; null counts as given
+    assert ignored_line({"prompt": "hi", "max_tokens": 1, "user": "u"}) == ""
 
 
 def test_version(server):

@@ -294,6 +294,8 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
             parsed.choices = [(ids, dataclasses.replace(p, think_token_ids=think_ids) if p.structured_outputs else p)
                               for ids, p in parsed.choices]
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        if parsed.ignored:  # as vLLM warns: a misspelt field would otherwise change nothing, unseen
+            log.warning("%s: fields present in the request but ignored: %s", rid, ", ".join(parsed.ignored))
         timer = metrics.timer()
         gone = request.scope.get(CLIENT_GONE) or asyncio.Event()  # absent: not served through asgi_app
         if gone.is_set():  # closed while we parsed: no engine work, counted as an abort

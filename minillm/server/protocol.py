@@ -2,8 +2,9 @@
 
 Everything a client can get wrong is caught here and raised as ProtocolError (400/404 with the
 OpenAI error body), so bad input never reaches the engine and never becomes a 5xx. Unknown
-fields are ignored, as OpenAI and vLLM do; known fields minillm cannot honour yet are refused
-by name rather than silently dropped.
+fields are ignored, as vLLM does, and named (ParsedRequest.ignored, which the server logs, as vLLM
+does: a misspelt field otherwise changes nothing and goes unseen); known fields minillm cannot honour
+yet are refused by name rather than silently dropped.
 """
 
 from __future__ import annotations
@@ -93,6 +94,8 @@ class ParsedRequest:
     tokens_as_ids: bool = False
     # vLLM's priority (--scheduling-policy priority): lower is admitted first and preempted last
     priority: int = 0
+    # the body's top-level fields the parser never looked at (RequestBody.unread)
+    ignored: list[str] = field(default_factory=list)
 
     @property
     def logprobs(self) -> bool:
@@ -141,7 +144,36 @@ def check_model(body: dict, names: list[str]) -> str:
     return model
 
 
-def parse_body(raw: bytes) -> dict:
+# OpenAI's fields that only label a request for the caller's own records: ignored without a word
+BOOKKEEPING_FIELDS = frozenset({"user", "metadata", "store", "service_tier", "safety_identifier"})
+
+
+class RequestBody(dict):
+    """A request's JSON object that remembers which of its fields the parser looked at (get, [],
+    in), so that the ones it ignored can be named."""
+
+    def __init__(self, body: dict):
+        super().__init__(body)
+        self.looked_at: set = set()
+
+    def get(self, key, default=None):
+        self.looked_at.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key):
+        self.looked_at.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key):
+        self.looked_at.add(key)
+        return super().__contains__(key)
+
+    def unread(self) -> list[str]:
+        """The fields never looked at, bookkeeping ones aside, sorted."""
+        return sorted(k for k in self.keys() if k not in self.looked_at and k not in BOOKKEEPING_FIELDS)
+
+
+def parse_body(raw: bytes) -> RequestBody:
     def no_constants(c: str):
         raise ValueError(f"{c} is not valid JSON")
 
@@ -154,7 +186,7 @@ def parse_body(raw: bytes) -> dict:
     if not isinstance(body, dict):
         raise ProtocolError("the request body must be a JSON object")
     _check_unicode(body)
-    return body
+    return RequestBody(body)
 
 
 def _check_unicode(body: dict) -> None:
@@ -189,7 +221,9 @@ def _check_ids(ids: list, info: ModelInfo, param: str) -> list[int]:
 
 def completion_prompts(body: dict, info: ModelInfo) -> list[tuple[list[int], str | None]]:
     """'prompt': a string, an array of token ids, or a batch (an array of either): the ids of each,
-    with its text where it was given as a string."""
+    with its text where it was given as a string (tokenized with the tokenizer's special tokens, e.g.
+    a BOS, unless vLLM's add_special_tokens is false)."""
+    special = _get(body, "add_special_tokens", bool, True)
     p = body.get("prompt")
     batch = p if isinstance(p, list) and p and all(isinstance(x, (str, list)) for x in p) else [p]
     if len(batch) > MAX_CHOICES:
@@ -197,7 +231,7 @@ def completion_prompts(body: dict, info: ModelInfo) -> list[tuple[list[int], str
     out = []
     for x in batch:
         if isinstance(x, str):
-            ids = info.tokenizer.encode(x)
+            ids = info.tokenizer.encode(x, add_special_tokens=special)
         elif isinstance(x, list):
             ids = _check_ids(x, info, "prompt")
         elif x is None:
@@ -570,7 +604,8 @@ def parse_request(body: dict, info: ModelInfo, chat: bool) -> ParsedRequest:
     if tools is not None:
         tools.auto_parser = info.tool_call_parser
     given = ([(chat_prompt(body, info, _get(body, "add_generation_prompt", bool, True),
-                           tools=tools.tools if tools else None), None)] if chat
+                           _get(body, "add_special_tokens", bool, False), tools=tools.tools if tools else None),
+               None)] if chat
              else completion_prompts(body, info))
     prompts = truncated_prompts(body, [ids for ids, _ in given], info, chat)
     params = [sampling_params(body, len(ids), info, chat, k if len(prompts) > 1 else None, tools)  # each its own room
@@ -594,6 +629,8 @@ def parse_request(body: dict, info: ModelInfo, chat: bool) -> ParsedRequest:
         texts = [text if text is not None and len(ids) == len(full) else
                  info.tokenizer.decode(ids, skip_special_tokens=False) for ids, (full, text) in zip(prompts, given)]
         parsed.echo_texts = [text for text in texts for _ in range(n)]
+    if isinstance(body, RequestBody):
+        parsed.ignored = body.unread()
     return parsed
 
 
