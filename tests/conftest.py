@@ -20,6 +20,7 @@ def cuda_available() -> bool:
         return False
 
 
+@pytest.hookimpl(trylast=True)  # after -m / -k deselection: only the tests that will run count
 def pytest_collection_modifyitems(config, items):
     if not cuda_available():
         skip = pytest.mark.skip(reason="needs an NVIDIA GPU with CuPy")
