@@ -852,6 +852,11 @@ def test_ignored_fields_are_named(server):
     assert ignored_line({**body, "temprature": None, "frequency_penaltyy": 0}).endswith(
         "ignored: frequency_penaltyy, temprature")  # sorted; null counts as given
     assert ignored_line({"prompt": "hi", "max_tokens": 1, "user": "u"}) == ""
+    # stream_options' fields too (a misspelt continuous_usage_stats)
+    chunks = list(server.client().completions.create(model=model_name(server), prompt="hi", max_tokens=2, stream=True,
+                                                     stream_options={"include_usage": True, "continuous_usage": True}))
+    assert [ln for ln in server.text().splitlines() if chunks[0].id in ln and "ignored" in ln][0].endswith(
+        "ignored: stream_options.continuous_usage")
 
 
 def test_version(server):

@@ -94,7 +94,7 @@ class ParsedRequest:
     tokens_as_ids: bool = False
     # vLLM's priority (--scheduling-policy priority): lower is admitted first and preempted last
     priority: int = 0
-    # the body's top-level fields the parser never looked at (RequestBody.unread)
+    # the body's top-level fields (and stream_options') the parser never looked at (RequestBody.unread)
     ignored: list[str] = field(default_factory=list)
 
     @property
@@ -594,7 +594,7 @@ def parse_request(body: dict, info: ModelInfo, chat: bool) -> ParsedRequest:
     """Validate a whole /v1/completions or /v1/chat/completions body."""
     model = check_model(body, info.names)
     stream = _get(body, "stream", bool, False)
-    opts = _get(body, "stream_options", dict, {})
+    opts = RequestBody(_get(body, "stream_options", dict, {}))
     include_usage = _get(opts, "include_usage", bool, False)
     continuous_usage = _get(opts, "continuous_usage_stats", bool, False)
     if (include_usage or continuous_usage) and not stream:
@@ -630,7 +630,7 @@ def parse_request(body: dict, info: ModelInfo, chat: bool) -> ParsedRequest:
                  info.tokenizer.decode(ids, skip_special_tokens=False) for ids, (full, text) in zip(prompts, given)]
         parsed.echo_texts = [text for text in texts for _ in range(n)]
     if isinstance(body, RequestBody):
-        parsed.ignored = body.unread()
+        parsed.ignored = body.unread() + [f"stream_options.{k}" for k in opts.unread()]
     return parsed
 
 
