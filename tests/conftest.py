@@ -27,14 +27,14 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
-    # the tests that read nvcc runs go last, and the runs start now, at nice 19, on every core: they
-    # take the core the Python tests leave idle (nvcc_jobs.py)
+    # the tests that read nvcc runs go last, and the runs they name (their nvcc_jobs marks) start now,
+    # at nice 19, on every core: they take the core the Python tests leave idle (nvcc_jobs.py)
     readers = [item for item in items if "nvcc_pool" in getattr(item, "fixturenames", ())]
     nvcc = shutil.which("nvcc")
     if readers and nvcc and not config.option.collectonly:
         items[:] = [item for item in items if item not in readers] + readers
         pool = config.stash[_NVCC_POOL] = NvccPool(nvcc, suite_jobs())
-        pool.start()
+        pool.start([name for item in readers for mark in item.iter_markers("nvcc_jobs") for name in mark.args])
 
 
 def pytest_sessionfinish(session):

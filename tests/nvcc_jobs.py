@@ -4,13 +4,15 @@ One nvcc is one process on one core, and the kernel sources take minutes between
 decode_attention.cu ~120 s on a CI core; every compile and PTX run of the suite ~13 core-minutes).
 Most of the Python tests keep one of CI's two cores busy, so the runs start as soon as the tests are
 collected, at the lowest CPU priority (nice 19: they take the idle core and yield the busy one), and
-conftest.py moves the tests that read them (those using the `nvcc_pool` fixture) to the end of the
-session. A test's result is still its own run's: it waits for that run and checks its outcome.
+conftest.py moves the tests that read them to the end of the session. Each such test names the runs
+it reads with the `nvcc_jobs` mark, and only the selected tests' runs start (`pytest -k rows` compiles
+rows.cu alone). A test's result is still its own run's: it waits for that run and checks its outcome.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -75,12 +77,28 @@ class NvccJob:
     mode: str = "c"
 
 
+def compile_name(src: Path, debug: bool) -> str:
+    """The job compiling one source in release or debug form."""
+    return f"{src.stem} {'debug' if debug else 'release'}"
+
+
+def variant_name(name: str, defines: list[str]) -> str:
+    """The job compiling a source with VARIANTS' defines."""
+    return f"{name} {' '.join(defines)}"
+
+
+def lint_names(build: str) -> list[str]:
+    """The PTX and preprocessed-source jobs of one LINT_BUILDS build, module by module."""
+    modules = LINT_BUILDS[build][1] or pdl_load_lint().PDL_MODULES
+    return [f"lint {build} {mod} {mode}" for mod in modules for mode in ("ptx", "E")]
+
+
 def suite_jobs() -> list[NvccJob]:
     """Every nvcc run the tests read: each source in release and debug form, the VARIANTS, the scripts'
     kernels, and the lint's PTX and preprocessed source of each PDL module in each LINT_BUILDS build."""
-    jobs = [NvccJob(f"{src.stem} {kind}", src=src, flags=flags) for src in SOURCES
-            for kind, flags in (("release", ()), ("debug", DEBUG_FLAGS))]
-    jobs += [NvccJob(f"{name} {' '.join(defines)}", src=CUDA_DIR / f"{name}.cu", flags=tuple(defines))
+    jobs = [NvccJob(compile_name(src, debug), src=src, flags=DEBUG_FLAGS if debug else ()) for src in SOURCES
+            for debug in (False, True)]
+    jobs += [NvccJob(variant_name(name, defines), src=CUDA_DIR / f"{name}.cu", flags=tuple(defines))
              for name, defines in VARIANTS]
     jobs += [NvccJob(f"script {script}", text=inline_source(script)) for script in sorted(INLINE_SOURCES)]
     lint = pdl_load_lint()
@@ -88,13 +106,13 @@ def suite_jobs() -> list[NvccJob]:
         for mod in modules or lint.PDL_MODULES:
             flags = tuple(lint.module_flags(mod, defines))
             jobs += [NvccJob(f"lint {build} {mod} {mode}", src=CUDA_DIR / f"{mod}.cu", flags=flags, mode=mode)
-                     for mode in ("ptx", "E")]
+                     for mode in ("ptx", "E")]  # lint_names' order
     return jobs
 
 
 class NvccPool:
-    """Runs every job given on os.cpu_count() workers at nice 19, from start() (or the first result
-    asked for); close() drops the ones not started and stops the ones running."""
+    """Runs the jobs asked for on os.cpu_count() workers at nice 19, from start() (every job, if
+    result() comes first); close() drops the ones not started and stops the ones running."""
 
     def __init__(self, nvcc: str, jobs: list[NvccJob], include: Path = CUDA_DIR):
         self.nvcc, self.include = nvcc, include
@@ -107,21 +125,25 @@ class NvccPool:
         self._executor: ThreadPoolExecutor | None = None
         self._running: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
+        self._nice = ["nice", "-n", "19"] if shutil.which("nice") else []
         self._closed = False
         self._tmp = tempfile.TemporaryDirectory(prefix="minillm_nvcc_")
         self._dir = Path(self._tmp.name)
 
-    def start(self, first: str | None = None) -> None:
-        """Submit every job (`first` ahead of the others) unless already started."""
+    def start(self, names: list[str] | None = None) -> None:
+        """Submit the jobs named (every job: None), the longest first, unless already started."""
         if self._executor is not None:
             return
         self._executor = ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1))
-        for n in ([first] if first else []) + [n for n in self.jobs if n != first]:
-            self._futures[n] = self._executor.submit(self._run, self.jobs[n])
+        wanted = set(self.jobs if names is None else names)
+        for n in self.jobs:
+            if n in wanted:
+                self._futures[n] = self._executor.submit(self._run, self.jobs[n])
 
     def result(self, name: str) -> tuple[list[str], subprocess.CompletedProcess]:
         """The command and outcome of job `name` (waiting for it)."""
-        self.start(first=name)  # a run of one test waits for its own compile only
+        self.start()
+        assert name in self._futures, f"nvcc job {name!r} was not started: name it in the test's nvcc_jobs mark"
         return self._futures[name].result()
 
     def output(self, name: str) -> str:
@@ -160,8 +182,8 @@ class NvccPool:
         with self._lock:
             if self._closed:
                 return cmd, subprocess.CompletedProcess(cmd, -9, "", "the pool was closed")
-            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 preexec_fn=lambda: os.nice(19))
+            # nice(1), not preexec_fn (unsafe beside threads): nvcc's cicc and ptxas inherit it
+            p = subprocess.Popen([*self._nice, *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             self._running.add(p)
         try:
             out, err = p.communicate(timeout=1800)  # at nice 19 a run may wait for a busy core

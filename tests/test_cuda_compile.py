@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from nvcc_jobs import CUDA_DIR, INLINE_SOURCES, SOURCES, VARIANTS, NvccPool
+from nvcc_jobs import CUDA_DIR, INLINE_SOURCES, SOURCES, VARIANTS, NvccPool, compile_name, variant_name
 
 NVCC = shutil.which("nvcc")
 
@@ -25,11 +25,17 @@ def test_there_are_kernels():
     assert (CUDA_DIR / "common.cuh").is_file()
 
 
+def job_param(name: str, *values, id: str):
+    """A parameter set whose test reads the nvcc job `name` (the nvcc_jobs mark: conftest.py starts it)."""
+    return pytest.param(*values, marks=pytest.mark.nvcc_jobs(name), id=id)
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (CI installs CUDA 13.0)")
-@pytest.mark.parametrize("debug", [False, True], ids=["release", "debug"])
-@pytest.mark.parametrize("src", SOURCES, ids=[p.stem for p in SOURCES])
+@pytest.mark.parametrize("src,debug", [job_param(compile_name(src, debug), src, debug,
+                                                 id=f"{src.stem}-{'debug' if debug else 'release'}")
+                                       for src in SOURCES for debug in (False, True)])
 def test_nvcc_compiles_for_sm90a(src: Path, debug: bool, nvcc_pool: NvccPool):
-    assert_nvcc_compiles(nvcc_pool, f"{src.stem} {'debug' if debug else 'release'}")
+    assert_nvcc_compiles(nvcc_pool, compile_name(src, debug))
 
 
 def assert_nvcc_compiles(pool: NvccPool, name: str) -> None:
@@ -38,7 +44,8 @@ def assert_nvcc_compiles(pool: NvccPool, name: str) -> None:
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (CI installs CUDA 13.0)")
-@pytest.mark.parametrize("script", sorted(INLINE_SOURCES))
+@pytest.mark.parametrize("script", [job_param(f"script {script}", script, id=script)
+                                    for script in sorted(INLINE_SOURCES)])
 def test_scripts_inline_kernels_compile(script: str, nvcc_pool: NvccPool):
     assert_nvcc_compiles(nvcc_pool, f"script {script}")
 
@@ -111,9 +118,10 @@ def test_pdl_kernel_args_are_typed():
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (CI installs CUDA 13.0)")
-@pytest.mark.parametrize("name,defines", VARIANTS, ids=[" ".join(d) for _, d in VARIANTS])
+@pytest.mark.parametrize("name,defines", [job_param(variant_name(name, defines), name, defines, id=" ".join(defines))
+                                          for name, defines in VARIANTS])
 def test_nvcc_compiles_measured_variants(name: str, defines: list[str], nvcc_pool: NvccPool):
-    assert_nvcc_compiles(nvcc_pool, f"{name} {' '.join(defines)}")
+    assert_nvcc_compiles(nvcc_pool, variant_name(name, defines))
 
 
 def test_extra_defines_from_the_environment(monkeypatch):

@@ -8,20 +8,21 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from nvcc_jobs import LINT_BUILDS, NvccPool, pdl_load_lint
+from nvcc_jobs import NvccPool, lint_names, pdl_load_lint
 
 lint = pdl_load_lint()
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH (CI installs CUDA 13.0)")
 
 
 def lint_build(pool: NvccPool, build: str) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
-    """The lint over one of LINT_BUILDS, from the pool's nvcc runs (tests/nvcc_jobs.py)."""
-    modules = LINT_BUILDS[build][1] or lint.PDL_MODULES
-    return lint.lint_outputs([(pool.output(f"lint {build} {mod} ptx"), pool.output(f"lint {build} {mod} E"))
-                              for mod in modules])
+    """The lint over one of nvcc_jobs.LINT_BUILDS, from the pool's nvcc runs (each module's PTX, then
+    its preprocessed source)."""
+    names = lint_names(build)
+    return lint.lint_outputs([(pool.output(ptx), pool.output(pre)) for ptx, pre in zip(names[::2], names[1::2])])
 
 
 @needs_nvcc
+@pytest.mark.nvcc_jobs(*lint_names("default"))
 def test_pdl_kernels_read_only_weights_and_step_inputs_through_the_read_only_path(nvcc_pool: NvccPool):
     found, bad = lint_build(nvcc_pool, "default")
     assert not bad, f"PDL kernels reading another kernel's output through ld.global.nc: {bad}"
@@ -31,6 +32,7 @@ def test_pdl_kernels_read_only_weights_and_step_inputs_through_the_read_only_pat
 
 
 @needs_nvcc
+@pytest.mark.nvcc_jobs(*lint_names("stale"))
 def test_the_lint_sees_session_41s_stale_read(nvcc_pool: NvccPool):
     """The folded norms' loads as they were (NORM_ROW_L2=0): x through the read-only path."""
     _, bad = lint_build(nvcc_pool, "stale")
