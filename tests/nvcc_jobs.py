@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -159,7 +160,7 @@ class NvccPool:
         with self._lock:
             self._closed = True
             for p in self._running:
-                p.kill()
+                _kill_group(p)
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
         self._tmp.cleanup()
@@ -182,15 +183,25 @@ class NvccPool:
         with self._lock:
             if self._closed:
                 return cmd, subprocess.CompletedProcess(cmd, -9, "", "the pool was closed")
-            # nice(1), not preexec_fn (unsafe beside threads): nvcc's cicc and ptxas inherit it
-            p = subprocess.Popen([*self._nice, *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            # nice(1), not preexec_fn (unsafe beside threads): nvcc's cicc and ptxas inherit it; a session
+            # of its own, so close() stops them with nvcc
+            p = subprocess.Popen([*self._nice, *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 start_new_session=True)
             self._running.add(p)
         try:
             out, err = p.communicate(timeout=1800)  # at nice 19 a run may wait for a busy core
         except subprocess.TimeoutExpired:
-            p.kill()
+            _kill_group(p)
             out, err = p.communicate()
             err += "\n(nvcc ran past 1800 s and was killed)"
         with self._lock:
             self._running.discard(p)
         return cmd, subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+
+def _kill_group(p: subprocess.Popen) -> None:
+    """Stop nvcc and the compilers it started (its process group)."""
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
