@@ -28,7 +28,7 @@ def pytest_collection_modifyitems(config, items):
             if "gpu" in item.keywords:
                 item.add_marker(skip)
     # the tests that read nvcc runs go last, and the runs they name (their nvcc_jobs marks) start now,
-    # at nice 19, on every core: they take the core the Python tests leave idle (nvcc_jobs.py)
+    # at nice 19, on all cores but one: the Python tests keep the other (nvcc_jobs.py)
     readers = [item for item in items if "nvcc_pool" in getattr(item, "fixturenames", ())]
     nvcc = shutil.which("nvcc")
     if readers and nvcc and not config.option.collectonly:

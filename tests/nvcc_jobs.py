@@ -51,7 +51,8 @@ LINT_BUILDS = {"default": ((), None), "stale": (("NORM_ROW_L2=0",), ("gemv",))}
 
 def pdl_load_lint():
     """scripts/pdl_load_lint.py, a script beside the tests."""
-    sys.path.insert(0, str(ROOT / "scripts"))
+    if str(ROOT / "scripts") not in sys.path:
+        sys.path.insert(0, str(ROOT / "scripts"))
     import pdl_load_lint as lint
 
     return lint
@@ -88,10 +89,18 @@ def variant_name(name: str, defines: list[str]) -> str:
     return f"{name} {' '.join(defines)}"
 
 
+def lint_jobs(build: str) -> list[NvccJob]:
+    """The PTX and preprocessed-source runs of one LINT_BUILDS build, module by module."""
+    lint = pdl_load_lint()
+    defines, modules = LINT_BUILDS[build]
+    return [NvccJob(f"lint {build} {mod} {mode}", src=CUDA_DIR / f"{mod}.cu",
+                    flags=tuple(lint.module_flags(mod, defines)), mode=mode)
+            for mod in modules or lint.PDL_MODULES for mode in ("ptx", "E")]
+
+
 def lint_names(build: str) -> list[str]:
-    """The PTX and preprocessed-source jobs of one LINT_BUILDS build, module by module."""
-    modules = LINT_BUILDS[build][1] or pdl_load_lint().PDL_MODULES
-    return [f"lint {build} {mod} {mode}" for mod in modules for mode in ("ptx", "E")]
+    """lint_jobs' names: each module's PTX run, then its preprocessed source's."""
+    return [job.name for job in lint_jobs(build)]
 
 
 def suite_jobs() -> list[NvccJob]:
@@ -102,12 +111,7 @@ def suite_jobs() -> list[NvccJob]:
     jobs += [NvccJob(variant_name(name, defines), src=CUDA_DIR / f"{name}.cu", flags=tuple(defines))
              for name, defines in VARIANTS]
     jobs += [NvccJob(f"script {script}", text=inline_source(script)) for script in sorted(INLINE_SOURCES)]
-    lint = pdl_load_lint()
-    for build, (defines, modules) in LINT_BUILDS.items():
-        for mod in modules or lint.PDL_MODULES:
-            flags = tuple(lint.module_flags(mod, defines))
-            jobs += [NvccJob(f"lint {build} {mod} {mode}", src=CUDA_DIR / f"{mod}.cu", flags=flags, mode=mode)
-                     for mode in ("ptx", "E")]  # lint_names' order
+    jobs += [job for build in LINT_BUILDS for job in lint_jobs(build)]
     return jobs
 
 
