@@ -104,7 +104,8 @@ class MemoryWatch:
 
     @property
     def peak_gb(self) -> float:
-        return round(self.peak / 2**30, 2)
+        # Three decimals: a group killed just past a small limit must not read back as the limit.
+        return round(self.peak / 2**30, 3)
 
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> None:

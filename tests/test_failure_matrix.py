@@ -160,7 +160,9 @@ def test_a_server_past_the_memory_limit_is_killed(tiny, tmp_path):
     r = subprocess.run(matrix_cmd(tiny, out, "racecheck") + ["--host-memory-limit-gb", "0.02"], capture_output=True,
                        text=True, env=env, timeout=300)
     point = json.loads((out / "matrix.json").read_text())[0]
-    assert point["memory_limit_killed"] is True and point["peak_rss_gb"] > 0.02
+    # >=: the watch kills once the group is past the limit, but the recorded peak is rounded, so a
+    # group caught just past 0.02 GiB may read back as 0.02 (CI at stop 53 saw that).
+    assert point["memory_limit_killed"] is True and point["peak_rss_gb"] >= 0.02
     assert "killed at the host memory limit (0.02 GB" in r.stdout and r.returncode == 1, r.stdout + r.stderr
 
 
