@@ -72,6 +72,8 @@ class RequestOutput:
     error: str | None = None
     # on the request's first output only: seconds from add_request to its first scheduled step
     queued_s: float | None = None
+    # on the request's first output only: prompt tokens the prefix cache held when it was first scheduled
+    num_cached_tokens: int | None = None
 
     @property
     def token_ids(self) -> list[int]:
@@ -937,7 +939,8 @@ class LLMEngine:
                              prompt_logprobs=seq.prompt_logprobs if n0 == 0 else None,
                              error=seq.error if reason == "error" else None,
                              queued_s=seq.first_scheduled_at - seq.added_at
-                             if n0 == 0 and seq.first_scheduled_at is not None else None)
+                             if n0 == 0 and seq.first_scheduled_at is not None else None,
+                             num_cached_tokens=seq.num_cached_tokens if n0 == 0 else None)
 
     @staticmethod
     def _find_stop(text: str, stops: list[str], start: int = 0) -> tuple[int, int] | None:

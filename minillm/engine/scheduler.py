@@ -153,6 +153,7 @@ class Scheduler:
             seq.status = Status.RUNNING
             if seq.first_scheduled_at is None:  # a resumed (preempted) sequence keeps its first
                 seq.first_scheduled_at = time.monotonic()
+                seq.num_cached_tokens = hit
             # keep running in order (a resumed sequence goes back to its place), so the newest
             # (or lowest-priority) running sequence is always the last: the one preemption picks
             insert_in_order(self.running, seq)

@@ -26,6 +26,7 @@ class Sequence:
         # seconds (time.monotonic) it was added and first scheduled: its time in the queue
         self.added_at = time.monotonic()
         self.first_scheduled_at: float | None = None
+        self.num_cached_tokens = 0  # prompt tokens the prefix cache held at its first scheduling
         self.prompt_ids = list(prompt_ids)
         self.output_ids: list[int] = []
         self.params = params

@@ -26,7 +26,7 @@ from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import PathConverter
 
-from minillm.server import protocol, tools
+from minillm.server import protocol, responses, tools
 from minillm.server.async_engine import AsyncEngine, EngineFailure, EngineUnavailable
 from minillm.server.metrics import Metrics, RequestTimer
 from minillm.server.protocol import ModelInfo, ParsedRequest, ProtocolError, error_body, sse
@@ -276,6 +276,16 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
     async def chat_completions() -> Response:
         return await _generate(chat=True)
 
+    @app.post("/v1/responses")
+    async def responses_route() -> Response:
+        return await _respond()
+
+    @app.route("/v1/responses/<path:response_id>", methods=["GET", "DELETE", "POST"])
+    async def stored_response(response_id: str) -> Response:  # retrieve, delete, cancel
+        return _error(404, f"response {response_id!r} not found: this server stores no responses (every response "
+                      "says \"store\": false); send the whole conversation as 'input'", "not_found_error",
+                      "response_id")
+
     if test_hooks:
         @app.post("/_test/fault")
         async def inject_fault() -> Response:
@@ -285,15 +295,18 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
             return _json({"armed": True})
 
     # ---- generation ----------------------------------------------------------------------------
-    async def _generate(chat: bool) -> Response:
+    async def _accept(parse, rid: str, chat: bool) -> tuple | Response:
+        """A generation request's body parsed (parse: the body -> a ParsedRequest, or a request holding
+        one as .parsed) -> (what parse gave, its ParsedRequest, a RequestTimer, the client-gone event);
+        a 499 Response when the client closed while we parsed."""
         raw = await request.get_data()
         engine.check_admitting()  # 503 before any work when shutting down or failed
         # JSON, tokenising and templating can take a while for long inputs: keep them off the event loop
-        parsed = await asyncio.to_thread(lambda: protocol.parse_request(protocol.parse_body(raw), info, chat))
+        got = await asyncio.to_thread(lambda: parse(protocol.parse_body(raw)))
+        parsed = got if isinstance(got, ParsedRequest) else got.parsed
         if chat and think_ids and splits_reasoning(parsed):  # a constraint holds from the answer on
             parsed.choices = [(ids, dataclasses.replace(p, think_token_ids=think_ids) if p.structured_outputs else p)
                               for ids, p in parsed.choices]
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         if parsed.ignored:  # as vLLM warns: a misspelt field would otherwise change nothing, unseen
             log.warning("%s: fields present in the request but ignored: %s", rid, ", ".join(parsed.ignored))
         timer = metrics.timer()
@@ -301,6 +314,14 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         if gone.is_set():  # closed while we parsed: no engine work, counted as an abort
             timer.done("abort")
             return Response(b"", status=499)  # nginx's "client closed request"; nobody reads it
+        return got, parsed, timer, gone
+
+    async def _generate(chat: bool) -> Response:
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        accepted = await _accept(lambda body: protocol.parse_request(body, info, chat), rid, chat)
+        if isinstance(accepted, Response):
+            return accepted
+        _, parsed, timer, gone = accepted
         if parsed.stream:
             resp = Response(_sse_events(parsed, rid, chat, timer, gone), mimetype="text/event-stream",
                             headers={"Cache-Control": "no-cache"})
@@ -508,5 +529,104 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
             for stream in streams:  # a client that went away aborts its requests here: blocks freed at once
                 stream.close()
             timer.done(reasons[0])
+
+    # ---- the Responses API (responses.py) --------------------------------------------------------
+    def response_builder(rid: str, parsed: ParsedRequest) -> responses.ResponseBuilder:
+        return responses.ResponseBuilder(rid, ReasoningSplitter(reasoning_parser) if splits_reasoning(parsed) else None,
+                                         parsed.tools.parser() if parsed.tools else None)
+
+    def response_body(req: responses.ResponsesRequest, rid: str, created: int, builder: responses.ResponseBuilder,
+                      status: str, last=None, first=None, error: dict | None = None) -> dict:
+        """The Response object now: its items so far, and with the last output its usage."""
+        use = None
+        if last is not None:
+            ids = last.token_ids
+            n_thought = builder.reasoning_tokens(ids, think_ids[1] if think_ids else None, info.tokenizer)
+            use = responses.usage(req.parsed.num_prompt_tokens, first.num_cached_tokens or 0, len(ids), n_thought)
+        return responses.response_object(rid, created, req.parsed.model, req, status, builder.output, use, error)
+
+    async def _respond() -> Response:
+        rid = f"resp_{uuid.uuid4().hex}"
+        accepted = await _accept(lambda body: responses.parse(body, info), rid, chat=True)
+        if isinstance(accepted, Response):
+            return accepted
+        req, parsed, timer, gone = accepted
+        builder, created = response_builder(rid, parsed), protocol.now()
+        if parsed.stream:
+            resp = Response(_response_events(req, rid, created, builder, timer, gone), mimetype="text/event-stream",
+                            headers={"Cache-Control": "no-cache"})
+            resp.timeout = None
+            return resp
+        streams = add_choices(rid, parsed)
+        reason, first, last = "abort", None, None
+        try:
+            async for _, out in choice_outputs(streams):
+                timer.output(out)
+                first, last = first or out, out
+                if out.finish_reason == "error":
+                    raise choice_failed(out, 0, 1)
+                builder.feed(out.new_text, out.finished)
+                reason = out.finish_reason or reason
+        except EngineFailure as e:
+            reason = "error"
+            return _error(e.status, e.message, e.type)
+        finally:
+            for stream in streams:
+                stream.close()
+            timer.done(reason)
+        builder.finish(reason != "length")
+        status = "incomplete" if reason == "length" else "completed"
+        return _json(response_body(req, rid, created, builder, status, last, first))
+
+    async def _response_events(req: responses.ResponsesRequest, rid: str, created: int,
+                               builder: responses.ResponseBuilder, timer: RequestTimer,
+                               gone: asyncio.Event) -> AsyncIterator[bytes]:
+        """A streamed response: response.created, in_progress, each item's events as its text comes,
+        then response.completed (or .incomplete at max_output_tokens); a failure is an error event
+        and response.failed, as OpenAI sends them."""
+        if gone.is_set():
+            timer.done("abort")
+            return
+        try:
+            streams = add_choices(rid, req.parsed)
+        except EngineUnavailable as e:
+            timer.done("error")
+            yield responses.event_bytes({"type": "error", "sequence_number": 0, "code": "engine_unavailable",
+                                         "message": str(e), "param": None})
+            return
+        reason, first = "abort", None
+        try:
+            builder.emit("response.created", response=response_body(req, rid, created, builder, "in_progress"))
+            builder.emit("response.in_progress", response=response_body(req, rid, created, builder, "in_progress"))
+            async for _, out in choice_outputs(streams):
+                timer.output(out)
+                first = first or out
+                if out.finish_reason == "error":  # its text so far went out before
+                    raise choice_failed(out, 0, 1)
+                builder.feed(out.new_text, out.finished)
+                if out.finished:
+                    reason = out.finish_reason or "stop"
+                    builder.finish(reason != "length")
+                    status = "incomplete" if reason == "length" else "completed"
+                    builder.emit(f"response.{status}", response=response_body(req, rid, created, builder, status,
+                                                                             out, first))
+                for event in builder.take_events():
+                    yield responses.event_bytes(event)
+        except Exception as e:
+            if isinstance(e, EngineFailure):
+                message, code = e.message, e.type
+            else:  # a bug of ours: the client still gets the failure, the log a traceback
+                log.exception("stream %s failed", rid)
+                message, code = f"internal error: {type(e).__name__}: {e}", "internal_server_error"
+            reason = "error"
+            builder.emit("error", code=code, message=message, param=None)
+            builder.emit("response.failed", response=response_body(req, rid, created, builder, "failed",
+                                                                   error=responses.failure(message, code)))
+            for event in builder.take_events():
+                yield responses.event_bytes(event)
+        finally:
+            for stream in streams:
+                stream.close()
+            timer.done(reason)
 
     return app

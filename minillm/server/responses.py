@@ -1,0 +1,414 @@
+"""OpenAI's Responses API (POST /v1/responses) over the chat path.
+
+A Responses body is rewritten as the chat body it means: `instructions` and `input` items become
+messages, `max_output_tokens` max_completion_tokens, `text.format` response_format, the flat
+function tools chat's nested ones. So it is validated, templated and sampled exactly as
+/v1/chat/completions is, and an error that chat's parser raises is renamed into the Responses
+fields the client sent (`input[2]`, not `messages[3]`).
+
+The output goes through the same reasoning splitter and tool-call parser; ResponseBuilder turns
+what they give into output items (a reasoning item, a message, function calls) and, streamed, into
+the typed events OpenAI's SDK reads (response.created ... response.completed), numbered in order.
+
+Nothing is stored: `previous_response_id` and `conversation` are refused (send the conversation as
+`input`, as a client with store false does), and the response says `"store": false`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+
+from minillm.server.protocol import ModelInfo, ParsedRequest, ProtocolError, RequestBody, error_body, parse_request
+from minillm.server.reasoning import Delta, ReasoningSplitter
+from minillm.server.tools import Piece, ToolCallDelta, ToolCallParser
+
+INPUT_ROLES = ("user", "system", "developer", "assistant")
+# sampling fields a Responses body may carry as the chat endpoint reads them (OpenAI's two, and
+# vLLM's extensions, which its Responses endpoint takes too)
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty",
+                   "repetition_penalty", "logit_bias", "min_tokens", "bad_words", "allowed_token_ids",
+                   "include_stop_str_in_output", "ignore_eos", "skip_special_tokens", "stop_token_ids",
+                   "structured_outputs", "chat_template_kwargs", "include_reasoning", "priority",
+                   "parallel_tool_calls", "stream", "model")
+# OpenAI fields that ask for what a stateless text server does not do: refused unless neutral
+REFUSED = {
+    "previous_response_id": ((None,), "this server stores no responses; send the whole conversation as 'input'"),
+    "conversation": ((None,), "this server stores no conversations; send the whole conversation as 'input'"),
+    "background": ((None, False), "background responses (this server answers each request on its connection)"),
+    "prompt": ((None,), "stored prompt templates; send the text as 'instructions' and 'input'"),
+    "include": ((None,), "extra output data ('include')"),
+    "top_logprobs": ((None, 0), "logprobs in Responses output; /v1/chat/completions returns them"),
+    "reasoning": ((None,), "reasoning settings; Qwen3's thinking is switched with "
+                           "chat_template_kwargs {\"enable_thinking\": false}"),
+    "truncation": ((None, "disabled"), "truncation 'auto' (dropping the conversation's start)"),
+    "max_tool_calls": ((None,), "a limit on tool calls; parallel_tool_calls false allows one"),
+    "context_management": ((None,), "context management"),
+}
+# chat's names in its parser's errors -> the Responses fields they came from
+RENAMED = (("'max_completion_tokens'", "'max_output_tokens'"), ("max_completion_tokens", "max_output_tokens"),
+           ("'response_format'", "'text.format'"), ("response_format", "text.format"), (".function.", "."))
+
+
+def _shown(v) -> str:
+    return json.dumps(v)[:80]
+
+
+@dataclass
+class ResponsesRequest:
+    """A Responses body as chat sees it, and what the response object echoes back."""
+
+    chat: RequestBody  # the chat body it means
+    where: list[str]  # where chat message i came from: "instructions" or "input[k]"
+    echo: dict  # the request's settings as the response object repeats them
+    parsed: ParsedRequest | None = None
+
+    def rename(self, e: ProtocolError) -> ProtocolError:
+        """chat's error in the Responses fields the client sent."""
+        def fix(text: str) -> str:
+            text = re.sub(r"messages\[(\d+)\]", lambda m: self.where[int(m.group(1))]
+                          if int(m.group(1)) < len(self.where) else m.group(0), text)
+            for old, new in RENAMED:
+                text = text.replace(old, new)
+            return text.replace("'messages'", "'input'").replace("messages", "input")
+        return ProtocolError(fix(e.message), fix(e.param) if e.param else None, e.status, e.type, e.code)
+
+
+def _text_parts(content, where: str, kinds: tuple[str, ...]) -> list[dict] | str:
+    """An input message's content (where: "input[k].content"), or a call output's: a string, or its
+    text parts as chat's text parts."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ProtocolError(f"{where} must be a string or an array of text parts, got {_shown(content)}", where)
+    parts = []
+    for j, p in enumerate(content):
+        kind = p.get("type") if isinstance(p, dict) else None
+        if kind == "refusal" and isinstance(p.get("refusal"), str):
+            parts.append({"type": "text", "text": p["refusal"]})
+        elif kind in kinds and isinstance(p.get("text"), str):
+            parts.append({"type": "text", "text": p["text"]})
+        else:
+            raise ProtocolError(f"{where}[{j}]: only text parts ({' or '.join(kinds)}, with 'text') are "
+                                f"supported, got {_shown(p)}", where)
+    return parts
+
+
+def _messages(body: RequestBody) -> tuple[list[dict], list[str]]:
+    """instructions + input as chat messages, and where each came from. Consecutive function_call
+    items join the assistant message before them (chat holds a turn's calls in one message);
+    reasoning items are left out, as chat templates drop earlier turns' thinking."""
+    msgs: list[dict] = []
+    where: list[str] = []
+    instructions = body.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise ProtocolError(f"'instructions' must be a string, got {_shown(instructions)}", "instructions")
+        msgs.append({"role": "system", "content": instructions})
+        where.append("instructions")
+    given = body.get("input")
+    if given is None:
+        raise ProtocolError("'input' is required: a string, or an array of input items", "input")
+    if isinstance(given, str):
+        return msgs + [{"role": "user", "content": given}], where + ["input"]
+    if not isinstance(given, list) or not given:
+        raise ProtocolError("'input' must be a string or a non-empty array of input items "
+                            "({\"role\": \"user\", \"content\": ...}, function_call, function_call_output)", "input")
+    for k, item in enumerate(given):
+        at = f"input[{k}]"
+        if not isinstance(item, dict):
+            raise ProtocolError(f"{at} must be an object, got {_shown(item)}", at)
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "message":
+            role = item.get("role")
+            if role not in INPUT_ROLES:
+                raise ProtocolError(f"{at}.role must be one of {', '.join(INPUT_ROLES)}, got {_shown(role)}",
+                                    f"{at}.role")
+            kinds = ("output_text",) if role == "assistant" else ("input_text",)
+            msgs.append({"role": role, "content": _text_parts(item.get("content"), f"{at}.content", kinds + ("text",))})
+            where.append(at)
+        elif kind == "function_call":
+            for key in ("call_id", "name", "arguments"):
+                if not isinstance(item.get(key), str):
+                    raise ProtocolError(f"{at}.{key} must be a string, got {_shown(item.get(key))}", f"{at}.{key}")
+            try:
+                json.loads(item["arguments"]) if item["arguments"].strip() else None
+            except (ValueError, RecursionError) as e:
+                raise ProtocolError(f"{at}.arguments is not JSON ({e}): give the call's arguments as the JSON string "
+                                    "the response had", f"{at}.arguments") from None
+            call = {"id": item["call_id"], "type": "function",
+                    "function": {"name": item["name"], "arguments": item["arguments"]}}
+            if msgs and msgs[-1]["role"] == "assistant" and where[-1] != "instructions":
+                msgs[-1].setdefault("tool_calls", []).append(call)
+            else:
+                msgs.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                where.append(at)
+        elif kind == "function_call_output":
+            if not isinstance(item.get("call_id"), str):
+                raise ProtocolError(f"{at}.call_id must be a string, the call_id of the call it answers; got "
+                                    f"{_shown(item.get('call_id'))}", f"{at}.call_id")
+            msgs.append({"role": "tool", "tool_call_id": item["call_id"],
+                         "content": _text_parts(item.get("output"), f"{at}.output", ("input_text",))})
+            where.append(at)
+        elif kind == "reasoning":
+            continue
+        elif kind == "item_reference":
+            raise ProtocolError(f"{at}: item references need stored responses, and this server stores none; send "
+                                "the item itself", at)
+        else:
+            raise ProtocolError(f"{at}.type {_shown(kind)} is not supported: input items are messages, "
+                                "function_call, function_call_output and reasoning", f"{at}.type")
+    return msgs, where
+
+
+def _tools(body: RequestBody) -> tuple[list | None, object]:
+    """The flat function tools and tool_choice as chat's: {"type": "function", "function": {...}}."""
+    tools = body.get("tools")
+    choice = body.get("tool_choice")
+    out = None
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise ProtocolError(f"'tools' must be an array of function tools, got {_shown(tools)}", "tools")
+        out = []
+        for i, t in enumerate(tools):
+            if not isinstance(t, dict) or t.get("type") != "function":
+                kind = t.get("type") if isinstance(t, dict) else t
+                raise ProtocolError(f"tools[{i}]: only function tools ({{\"type\": \"function\", \"name\": ..., "
+                                    f"\"parameters\": {{...}}}}) are served, got type {_shown(kind)}", "tools")
+            out.append({"type": "function",
+                        "function": {k: t[k] for k in ("name", "description", "parameters", "strict") if k in t}})
+    if isinstance(choice, dict):
+        if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
+            raise ProtocolError("'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                                f"\"name\": ...}}, got {_shown(choice)}", "tool_choice")
+        choice = {"type": "function", "function": {"name": choice["name"]}}
+    return out, choice
+
+
+def _text_format(body: RequestBody) -> dict | None:
+    """text.format as chat's response_format (None: plain text)."""
+    text = body.get("text")
+    if text is None:
+        return None
+    if not isinstance(text, dict):
+        raise ProtocolError(f"'text' must be an object {{\"format\": {{...}}}}, got {_shown(text)}", "text")
+    if text.get("verbosity") not in (None, "medium"):
+        raise ProtocolError(f"'text.verbosity' {_shown(text['verbosity'])} is not supported yet: the model writes "
+                            "as it does", "text.verbosity")
+    fmt = text.get("format")
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if fmt is None or kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        return {"type": "json_schema", "json_schema": {"name": fmt.get("name"), "schema": fmt.get("schema"),
+                                                       "strict": fmt.get("strict")}}
+    raise ProtocolError("'text.format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or {\"type\": "
+                        f"\"json_schema\", \"name\": ..., \"schema\": {{...}}}}, got {_shown(fmt)}", "text.format")
+
+
+def chat_request(body: RequestBody) -> ResponsesRequest:
+    """The chat body a Responses body means (its Responses-only fields checked here)."""
+    for name, (neutral, what) in REFUSED.items():
+        v = body.get(name)
+        if not (v in neutral or (isinstance(v, (list, dict)) and not v)):
+            raise ProtocolError(f"'{name}' is not supported: {what}", name)
+    opts = body.get("stream_options")
+    if opts is not None and not (isinstance(opts, dict) and set(opts) <= {"include_obfuscation"}):
+        raise ProtocolError(f"'stream_options' takes only include_obfuscation, got {_shown(opts)}", "stream_options")
+    msgs, where = _messages(body)
+    tools, choice = _tools(body)
+    chat = {k: body[k] for k in SAMPLING_FIELDS if body.get(k) is not None}
+    chat["messages"] = msgs
+    if body.get("max_output_tokens") is not None:
+        chat["max_completion_tokens"] = body["max_output_tokens"]
+    if (fmt := _text_format(body)) is not None:
+        chat["response_format"] = fmt
+    if tools is not None:
+        chat["tools"] = tools
+    if choice is not None:
+        chat["tool_choice"] = choice
+    metadata = body.get("metadata")
+    echo = {"instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
+            "metadata": metadata if isinstance(metadata, dict) else {},
+            "text": {"format": (body.get("text") or {}).get("format") or {"type": "text"}},
+            "tool_choice": body.get("tool_choice") or ("auto" if tools else "none"), "tools": body.get("tools") or [],
+            "parallel_tool_calls": body.get("parallel_tool_calls") is not False, "user": body.get("user")}
+    return ResponsesRequest(RequestBody(chat), where, echo)
+
+
+def parse(body: RequestBody, info: ModelInfo) -> ResponsesRequest:
+    """Validate a whole /v1/responses body: its own fields here, the rest as chat's parser does."""
+    req = chat_request(body)
+    try:
+        req.parsed = parse_request(req.chat, info, chat=True)
+    except ProtocolError as e:
+        raise req.rename(e) from None
+    req.parsed.ignored = sorted(body.unread() + req.parsed.ignored)
+    return req
+
+
+def usage(n_prompt: int, n_cached: int, n_out: int, n_reasoning: int) -> dict:
+    return {"input_tokens": n_prompt, "input_tokens_details": {"cached_tokens": n_cached},
+            "output_tokens": n_out, "output_tokens_details": {"reasoning_tokens": n_reasoning},
+            "total_tokens": n_prompt + n_out}
+
+
+def event_bytes(event: dict) -> bytes:
+    """One SSE event as OpenAI sends them: its type as the event name, then the JSON."""
+    return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
+
+
+@dataclass
+class _Item:
+    body: dict  # the output item as it ends up (text and arguments filled in as they come)
+    index: int  # its place in the response's output
+
+
+@dataclass
+class ResponseBuilder:
+    """One output in (`feed` each RequestOutput, then the finish), output items and stream events out.
+
+    Items open as their first text arrives and close when another kind begins: reasoning (from the
+    splitter), a message (content; blank content between items is held until something else is
+    known, so it opens no item of its own), function calls (one item a call). `events` collects
+    what a stream sends, each numbered; a response that is not streamed reads `output`."""
+
+    rid: str
+    splitter: ReasoningSplitter | None = None
+    parser: ToolCallParser | None = None
+    output: list[dict] = field(default_factory=list)
+    events: list[dict] = field(default_factory=list)
+    seq: int = 0
+    _open: _Item | None = None
+    _blank: str = ""  # content held back: blank text outside a message
+
+    def emit(self, kind: str, **fields) -> None:
+        # a copy: items go on growing after their event, which must say what they were then
+        self.events.append({"type": kind, "sequence_number": self.seq, **copy.deepcopy(fields)})
+        self.seq += 1
+
+    def take_events(self) -> list[dict]:
+        out, self.events = self.events, []
+        return out
+
+    def feed(self, text: str, finished: bool) -> None:
+        """Output text in; the items it adds (or extends) out, as events."""
+        d = Delta(content=text)
+        if self.splitter is not None:
+            d = self.splitter.feed(text) + (self.splitter.finish() if finished else Delta())
+        if d.reasoning:
+            self._reasoning(d.reasoning)
+        piece = Piece(d.content)
+        if self.parser is not None:
+            piece = self.parser.feed(d.content) + (self.parser.finish() if finished else Piece())
+        if piece.content:
+            self._content(piece.content)
+        for call in piece.calls:
+            self._call(call)
+
+    def reasoning_tokens(self, out_ids: list[int], end_id: int | None, tokenizer) -> int:
+        """How many output tokens were thinking: those up to the end tag where it is one token (end_id),
+        else the reasoning text's tokens."""
+        thought = [p["text"] for item in self.output if item["type"] == "reasoning" for p in item["content"]]
+        if not thought:
+            return 0
+        if end_id is not None:
+            return out_ids.index(end_id) + 1 if end_id in out_ids else len(out_ids)
+        return len(tokenizer.encode("".join(thought), add_special_tokens=False))
+
+    # ---- items -----------------------------------------------------------------------------
+    def _begin(self, body: dict, part: dict | None) -> _Item:
+        self._close("completed")
+        item = self._open = _Item(body, len(self.output))
+        self.output.append(body)
+        self.emit("response.output_item.added", output_index=item.index, item=body)
+        if part is not None:
+            body["content"].append(part)
+            self.emit("response.content_part.added", item_id=body["id"], output_index=item.index, content_index=0,
+                      part=part)
+        return item
+
+    def _reasoning(self, text: str) -> None:
+        item = self._open
+        if item is None or item.body["type"] != "reasoning":
+            item = self._begin({"id": f"rs_{uuid.uuid4().hex}", "type": "reasoning", "summary": [], "content": [],
+                                "status": "in_progress"}, {"type": "reasoning_text", "text": ""})
+        item.body["content"][0]["text"] += text
+        self.emit("response.reasoning_text.delta", item_id=item.body["id"], output_index=item.index, content_index=0,
+                  delta=text)
+
+    def _content(self, text: str, force: bool = False) -> None:
+        item = self._open
+        if item is None or item.body["type"] != "message":
+            if not (text.strip() or force):
+                self._blank += text
+                return
+            text, self._blank = self._blank + text, ""
+            item = self._begin({"id": f"msg_{uuid.uuid4().hex}", "type": "message", "status": "in_progress",
+                                "role": "assistant", "content": []},
+                               {"type": "output_text", "text": "", "annotations": [], "logprobs": []})
+        if not text:
+            return
+        item.body["content"][0]["text"] += text
+        self.emit("response.output_text.delta", item_id=item.body["id"], output_index=item.index, content_index=0,
+                  delta=text, logprobs=[])
+
+    def _call(self, call: ToolCallDelta) -> None:
+        item = self._open
+        if call.id is not None:  # a call's first delta: its own item
+            self._blank = ""
+            item = self._begin({"id": f"fc_{uuid.uuid4().hex}", "type": "function_call", "status": "in_progress",
+                                "call_id": call.id, "name": call.name, "arguments": ""}, None)
+        if call.arguments and item is not None and item.body["type"] == "function_call":
+            item.body["arguments"] += call.arguments
+            self.emit("response.function_call_arguments.delta", item_id=item.body["id"], output_index=item.index,
+                      delta=call.arguments)
+
+    def _close(self, status: str) -> None:
+        item, self._open = self._open, None
+        if item is None:
+            return
+        body = item.body
+        body["status"] = status
+        if body["type"] == "function_call":
+            self.emit("response.function_call_arguments.done", item_id=body["id"], output_index=item.index,
+                      name=body["name"], arguments=body["arguments"])
+        else:
+            part = body["content"][0]
+            kind = "response.reasoning_text.done" if part["type"] == "reasoning_text" else "response.output_text.done"
+            extra = {"logprobs": []} if part["type"] == "output_text" else {}
+            self.emit(kind, item_id=body["id"], output_index=item.index, content_index=0, text=part["text"], **extra)
+            self.emit("response.content_part.done", item_id=body["id"], output_index=item.index, content_index=0,
+                      part=part)
+        self.emit("response.output_item.done", output_index=item.index, item=body)
+
+    def finish(self, complete: bool) -> None:
+        """The output ended (complete: by itself, not cut by max_output_tokens). An output with no
+        item at all still gets its (empty, or blank) message, as a chat reply has its content; one
+        that only thought has its reasoning item alone, as OpenAI's cut short while reasoning."""
+        if not self.output:
+            self._content("", force=True)  # (with the blank text held back, if any)
+        self._close("completed" if complete else "incomplete")
+
+
+def response_object(rid: str, created: int, model: str, req: ResponsesRequest, status: str,
+                    output: list[dict], usage: dict | None, error: dict | None = None) -> dict:
+    """The Response object: the request's settings, its output items and usage."""
+    params = req.parsed.choices[0][1] if req.parsed is not None else None
+    return {"id": rid, "object": "response", "created_at": created, "status": status,
+            "background": False, "error": error,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "model": model, "output": output,
+            "temperature": params.temperature if params else None, "top_p": params.top_p if params else None,
+            "previous_response_id": None, "reasoning": None, "store": False, "truncation": "disabled",
+            "max_tool_calls": None, "top_logprobs": 0, "usage": usage, **req.echo}
+
+
+def failure(message: str, code: str = "server_error") -> dict:
+    """A failed response's error field, and the body a request that is not streamed gets."""
+    return error_body(message, "internal_server_error", None, code)["error"]

@@ -1,0 +1,359 @@
+"""OpenAI's Responses API (POST /v1/responses, minillm/server/responses.py).
+
+On strings: the request rewritten as its chat body, and ResponseBuilder giving the same items
+whether the output arrives whole or a character at a time. Then a real server on a tiny random
+model with the qwen3 reasoning parser, driven by the official openai client: the output (steered
+with a structured-outputs choice) as reasoning, message and function_call items, streamed events in
+order that add up to the non-streamed response, a conversation with calls and their outputs
+prefilling exactly what the chat endpoint prefills, incomplete at max_output_tokens, JSON schema
+output, every malformed field a 400 naming it, and a failure mid-stream as an error event and
+response.failed.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from test_server import Server
+
+from minillm.server import responses
+from minillm.server.protocol import ProtocolError, RequestBody
+from minillm.server.reasoning import ReasoningSplitter
+from minillm.server.tools import HermesParser
+
+from hf_models import make_tiny
+
+THOUGHT = "<think>\nI ought to greet.\n</think>\n\nHello there!"
+CALL = 'Let me look.\n<tool_call>{"name": "temp", "arguments": {"n": 4}}</tool_call>'
+TEMP = {"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}}
+TOOLS = [{"type": "function", "name": "temp", "description": "a temperature", "parameters": TEMP}]
+
+
+def forced(text: str) -> dict:
+    return {"structured_outputs": {"choice": [text]}}
+
+
+# ---- the request as chat's ------------------------------------------------------------------
+def test_request_becomes_its_chat_body():
+    body = RequestBody({
+        "model": "m", "instructions": "Be brief.", "max_output_tokens": 9, "temperature": 0.5, "top_k": 3,
+        "text": {"format": {"type": "json_schema", "name": "t", "schema": TEMP}}, "tools": TOOLS,
+        "tool_choice": {"type": "function", "name": "temp"}, "n": 3,
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": "a"},
+                                               {"type": "input_text", "text": "b"}]},
+                  {"type": "reasoning", "id": "rs_1", "summary": []},
+                  {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "c"}]},
+                  {"type": "function_call", "call_id": "c1", "name": "temp", "arguments": '{"n": 1}'},
+                  {"type": "function_call", "call_id": "c2", "name": "temp", "arguments": ""},
+                  {"type": "function_call_output", "call_id": "c1", "output": "20"},
+                  {"type": "function_call", "call_id": "c3", "name": "temp", "arguments": "{}"}]})
+    req = responses.chat_request(body)
+    chat = dict(req.chat)
+    assert chat["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "c"}], "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "temp", "arguments": '{"n": 1}'}},
+            {"id": "c2", "type": "function", "function": {"name": "temp", "arguments": ""}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "20"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c3", "type": "function", "function": {"name": "temp", "arguments": "{}"}}]}]
+    assert req.where == ["instructions", "input[0]", "input[2]", "input[5]", "input[6]"]
+    assert chat["max_completion_tokens"] == 9 and (chat["temperature"], chat["top_k"]) == (0.5, 3)
+    assert chat["response_format"] == {"type": "json_schema", "json_schema": {"name": "t", "schema": TEMP,
+                                                                              "strict": None}}
+    assert chat["tools"] == [{"type": "function", "function": {"name": "temp", "description": "a temperature",
+                                                              "parameters": TEMP}}]
+    assert chat["tool_choice"] == {"type": "function", "function": {"name": "temp"}}
+    assert "n" not in chat and body.unread() == ["n"]  # not a Responses field: named as ignored
+    # a chat error comes back in the client's fields
+    e = req.rename(ProtocolError("messages[3].content must be a string; 'max_completion_tokens' too", "messages[3]"))
+    assert (e.message, e.param) == ("input[5].content must be a string; 'max_output_tokens' too", "input[5]")
+
+
+@pytest.mark.parametrize("body, param, words", [
+    ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id", "stores no responses"),
+    ({"input": "x", "background": True}, "background", "background"),
+    ({"input": "x", "include": ["reasoning.encrypted_content"]}, "include", "not supported"),
+    ({"input": "x", "reasoning": {"effort": "high"}}, "reasoning", "enable_thinking"),
+    ({"input": "x", "truncation": "auto"}, "truncation", "auto"),
+    ({"input": "x", "top_logprobs": 3}, "top_logprobs", "chat/completions"),
+    ({"input": "x", "stream_options": {"include_usage": True}}, "stream_options", "include_obfuscation"),
+    ({}, "input", "required"),
+    ({"input": []}, "input", "non-empty"),
+    ({"input": [3]}, "input[0]", "must be an object"),
+    ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role", "one of user"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]}, "input[0].content",
+     "only text parts"),
+    ({"input": [{"role": "user", "content": None}]}, "input[0].content", "a string or an array"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input[0].arguments", "must be a string"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{oops"}]}, "input[0].arguments",
+     "not JSON"),
+    ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id", "the call it answers"),
+    ({"input": [{"type": "function_call_output", "call_id": "c", "output": 5}]}, "input[0].output", "a string"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]", "stores none"),
+    ({"input": [{"type": "web_search_call"}]}, "input[0].type", "not supported"),
+    ({"input": "x", "instructions": ["a"]}, "instructions", "a string"),
+    ({"input": "x", "tools": [{"type": "web_search"}]}, "tools", "only function tools"),
+    ({"input": "x", "tools": {"type": "function"}}, "tools", "an array"),
+    ({"input": "x", "tool_choice": {"type": "file_search"}}, "tool_choice", "\"required\""),
+    ({"input": "x", "text": {"format": {"type": "xml"}}}, "text.format", "json_schema"),
+    ({"input": "x", "text": "json"}, "text", "an object"),
+    ({"input": "x", "text": {"verbosity": "low"}}, "text.verbosity", "not supported"),
+])
+def test_responses_only_fields_checked(body, param, words):
+    with pytest.raises(ProtocolError) as e:
+        responses.chat_request(RequestBody({"model": "m", **body}))
+    assert e.value.param == param and words in e.value.message, e.value.message
+
+
+# ---- the output as items ----------------------------------------------------------------------
+def build(text: str, size: int, reasoning: bool = True, tools: bool = True, complete: bool = True):
+    b = responses.ResponseBuilder("resp_x", ReasoningSplitter("qwen3") if reasoning else None,
+                                  HermesParser() if tools else None)
+    pieces = [text[k:k + size] for k in range(0, len(text), size)] or [""]
+    for k, piece in enumerate(pieces):
+        b.feed(piece, k == len(pieces) - 1)
+    b.finish(complete)
+    return b
+
+
+def shape(output: list[dict]) -> list[tuple]:
+    """The items without their random ids."""
+    out = []
+    for item in output:
+        if item["type"] == "function_call":
+            out.append(("function_call", item["name"], item["arguments"], item["status"]))
+        else:
+            out.append((item["type"], item["content"][0]["text"], item["status"]))
+    return out
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, 1000])
+def test_items_same_in_any_pieces(size):
+    text = THOUGHT.replace("Hello there!", CALL + "\n")
+    b = build(text, size)
+    assert shape(b.output) == [("reasoning", "I ought to greet.", "completed"),
+                               ("message", "Let me look.", "completed"),
+                               ("function_call", "temp", '{"n": 4}', "completed")]
+    events = b.take_events()
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    # what the deltas add up to is each item's text
+    texts: dict[str, str] = {}
+    for e in events:
+        if e["type"].endswith(".delta"):
+            texts[e["item_id"]] = texts.get(e["item_id"], "") + e["delta"]
+    assert [texts[item["id"]] for item in b.output] == [
+        "I ought to greet.", "Let me look.", '{"n": 4}']
+    kinds = [e["type"] for e in events if not e["type"].endswith(".delta")]
+    assert kinds == ["response.output_item.added", "response.content_part.added", "response.reasoning_text.done",
+                     "response.content_part.done", "response.output_item.done",
+                     "response.output_item.added", "response.content_part.added", "response.output_text.done",
+                     "response.content_part.done", "response.output_item.done",
+                     "response.output_item.added", "response.function_call_arguments.done",
+                     "response.output_item.done"]
+    added = [e["item"] for e in events if e["type"] == "response.output_item.added"]
+    assert [a["status"] for a in added] == ["in_progress"] * 3 and added[1]["content"] == []
+
+
+def test_blank_content_opens_no_item_and_an_empty_output_gets_its_message():
+    b = build('<tool_call>{"name": "a", "arguments": {}}</tool_call>\n\n<tool_call>{"name": "b", "arguments": {}}'
+              '</tool_call>\n', 3, reasoning=False)
+    assert shape(b.output) == [("function_call", "a", "{}", "completed"), ("function_call", "b", "{}", "completed")]
+    assert shape(build("", 1).output) == [("message", "", "completed")]
+    assert shape(build("  \n", 1, tools=False).output) == [("message", "  \n", "completed")]
+    # cut short: the item open at the end is incomplete, the ones before it complete
+    assert shape(build("<think>\nhmm</think>Hel", 2, complete=False).output) == [
+        ("reasoning", "hmm", "completed"), ("message", "Hel", "incomplete")]
+
+
+# ---- the server ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-responses")
+    make_tiny("llama", path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    srv = Server(model_dir, tmp_path_factory.mktemp("log") / "server.log", "--served-model-name", "tiny",
+                 "--reasoning-parser", "qwen3")
+    yield srv
+    assert srv.stop() == 0, srv.text()
+    assert "Traceback" not in srv.text()
+
+
+def create(server, **kw):
+    return server.client().responses.create(model="tiny", **{"input": "hi", "max_output_tokens": 80, **kw})
+
+
+def streamed(server, **kw) -> tuple[list, dict]:
+    """The stream's events (as dicts) and the response its last event carries."""
+    events = [e.model_dump(exclude_none=True) for e in create(server, stream=True, **kw)]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[0]["type"] == "response.created" and events[0]["response"]["status"] == "in_progress"
+    assert events[0]["response"]["output"] == [] and events[1]["type"] == "response.in_progress"
+    return events, events[-1]["response"]
+
+
+def test_reasoning_and_message_items(server):
+    r = create(server, extra_body=forced(THOUGHT))
+    assert r.status == "completed" and r.error is None and r.incomplete_details is None
+    assert r.id.startswith("resp_") and r.object == "response" and r.model == "tiny"
+    assert [o.type for o in r.output] == ["reasoning", "message"] and r.output_text == "Hello there!"
+    assert r.output[0].content[0].text == "I ought to greet."
+    # usage: the same prompt and output tokens as the chat endpoint's for the same request
+    chat = server.client().chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                   max_completion_tokens=80, extra_body=forced(THOUGHT))
+    assert chat.choices[0].message.content == "Hello there!"
+    u = r.usage
+    assert (u.input_tokens, u.output_tokens) == (chat.usage.prompt_tokens, chat.usage.completion_tokens)
+    assert u.total_tokens == u.input_tokens + u.output_tokens
+    assert 0 < u.output_tokens_details.reasoning_tokens < u.output_tokens
+    assert u.input_tokens_details.cached_tokens >= 0
+    body = r.model_dump()
+    assert (body["store"], body["tools"], body["tool_choice"], body["max_output_tokens"]) == (False, [], "none", 80)
+
+
+def test_stream_adds_up_to_the_response(server):
+    whole = create(server, extra_body=forced(THOUGHT)).model_dump(exclude_none=True)
+    events, final = streamed(server, extra_body=forced(THOUGHT))
+    assert events[-1]["type"] == "response.completed" and final["status"] == "completed"
+    strip = [{k: v for k, v in item.items() if k != "id"} for item in final["output"]]
+    assert strip == [{k: v for k, v in item.items() if k != "id"} for item in whole["output"]]
+    assert final["usage"] == whole["usage"]
+    deltas = [e for e in events if e["type"] in ("response.reasoning_text.delta", "response.output_text.delta")]
+    assert len(deltas) > 6  # a token at a time
+    assert "".join(e["delta"] for e in deltas if "reasoning" in e["type"]) == "I ought to greet."
+    assert "".join(e["delta"] for e in deltas if "output_text" in e["type"]) == "Hello there!"
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert [d["id"] for d in done] == [item["id"] for item in final["output"]]
+
+
+def test_instructions_are_the_system_message(server):
+    r = create(server, instructions="Answer in French.", max_output_tokens=2)
+    chat = server.client().chat.completions.create(model="tiny", max_tokens=2, messages=[
+        {"role": "system", "content": "Answer in French."}, {"role": "user", "content": "hi"}])
+    assert r.usage.input_tokens == chat.usage.prompt_tokens
+    assert r.usage.input_tokens > create(server, max_output_tokens=2).usage.input_tokens
+    assert r.instructions == "Answer in French."
+
+
+def test_incomplete_at_max_output_tokens(server):
+    r = create(server, max_output_tokens=12, extra_body=forced(THOUGHT))
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert [(o.type, o.status) for o in r.output] == [("reasoning", "incomplete")]
+    events, final = streamed(server, max_output_tokens=12, extra_body=forced(THOUGHT))
+    assert events[-1]["type"] == "response.incomplete"
+    assert final["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert final["usage"]["output_tokens"] == 12
+
+
+def test_function_calls_and_the_next_turn(server):
+    r = create(server, tools=TOOLS, max_output_tokens=200, extra_body=forced(CALL))
+    assert [o.type for o in r.output] == ["message", "function_call"] and r.output_text == "Let me look."
+    call = r.output[1]
+    assert (call.name, json.loads(call.arguments), call.status) == ("temp", {"n": 4}, "completed")
+    assert call.call_id.startswith("call_") and call.id.startswith("fc_")
+    events, final = streamed(server, tools=TOOLS, max_output_tokens=200, extra_body=forced(CALL))
+    assert [o["type"] for o in final["output"]] == ["message", "function_call"]
+    args = "".join(e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta")
+    assert json.loads(args) == {"n": 4}
+    # the next turn: the output items sent back, and the call's result
+    turn = [{"role": "user", "content": "hi"}, *[o.model_dump(exclude_none=True) for o in r.output],
+            {"type": "function_call_output", "call_id": call.call_id, "output": "21 C"}]
+    r2 = create(server, input=turn, tools=TOOLS, max_output_tokens=3)
+    chat = server.client().chat.completions.create(
+        model="tiny", max_tokens=3, tools=[{"type": "function", "function": {k: v for k, v in TOOLS[0].items()
+                                                                               if k != "type"}}],
+        messages=[{"role": "user", "content": "hi"},
+                  {"role": "assistant", "content": "Let me look.", "tool_calls": [
+                      {"id": call.call_id, "type": "function", "function": {"name": "temp",
+                                                                            "arguments": call.arguments}}]},
+                  {"role": "tool", "tool_call_id": call.call_id, "content": "21 C"}])
+    assert r2.usage.input_tokens == chat.usage.prompt_tokens
+
+
+def test_forced_function_call_follows_its_schema(server):
+    r = create(server, tools=TOOLS, tool_choice={"type": "function", "name": "temp"}, max_output_tokens=200)
+    assert r.output[-1].type == "function_call" and r.output[-1].name == "temp"
+    if r.status == "completed":  # (a random model may write digits until max_output_tokens)
+        jsonschema.validate(json.loads(r.output[-1].arguments), TEMP)
+    assert r.model_dump()["tool_choice"] == {"type": "function", "name": "temp"}
+
+
+def test_json_schema_text_format(server):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    r = create(server, text={"format": {"type": "json_schema", "name": "answer", "schema": schema}})
+    assert r.status == "completed"
+    jsonschema.validate(json.loads(r.output_text), schema)
+
+
+def test_bad_requests_name_the_field(server):
+    """Through the server: the Responses fields named, chat's checks renamed into them."""
+    cases = [
+        ({"input": "hi", "max_output_tokens": 100000}, "max_output_tokens", "lower max_output_tokens"),
+        ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens", "'max_output_tokens' must be >= 1"),
+        ({"input": "x " * 600}, "input", "maximum context length"),
+        ({"input": "hi", "temperature": "hot"}, "temperature", "must be a number"),
+        ({"input": "hi", "tools": [{"type": "function", "name": "bad name"}]}, "tools", "tools[0].name must be"),
+        ({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format", "'text.format'"),
+        ({"input": [{"role": "user", "content": "a"}, {"type": "function_call_output", "call_id": 7}]},
+         "input[1].call_id", "must be a string"),
+        ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id", "stores no responses"),
+        ({"input": "hi", "model": "other"}, "model", "does not exist"),
+    ]
+    for body, param, words in cases:
+        for stream in (False, True):
+            r = httpx.post(f"{server.url}/v1/responses", json={"model": "tiny", "stream": stream, **body})
+            err = r.json()["error"]
+            assert r.status_code in (400, 404) and err["param"] == param and words in err["message"], r.text
+    with pytest.raises(openai.BadRequestError, match="stores no responses"):
+        create(server, previous_response_id="resp_1")
+    r = httpx.get(f"{server.url}/v1/responses/resp_123")
+    assert r.status_code == 404 and "stores no responses" in r.json()["error"]["message"]
+
+
+def test_unknown_fields_are_named_in_the_log(server):
+    r = httpx.post(f"{server.url}/v1/responses", json={"model": "tiny", "input": "hi", "max_output_tokens": 2,
+                                                       "n": 2, "temprature": 0.1, "metadata": {"k": "v"}})
+    assert r.status_code == 200 and r.json()["metadata"] == {"k": "v"}
+    assert f"{r.json()['id']}: fields present in the request but ignored: n, temprature" in server.text()
+
+
+def test_failure_mid_stream(model_dir, tmp_path):
+    """The engine failing mid-stream: an error event, then response.failed carrying the error; a
+    response that is not streamed is a 500 with an error body."""
+    srv = Server(model_dir, tmp_path / "fault.log", "--served-model-name", "tiny",
+                 env={"MINILLM_TEST_FAULTS": "1", "MINILLM_TEST_STEP_DELAY": "0.01"})
+    try:
+        stream = create(srv, stream=True, max_output_tokens=300, extra_body={"ignore_eos": True})
+        it = iter(stream)
+        first = [next(it), next(it), next(it)]
+        assert [e.type for e in first[:2]] == ["response.created", "response.in_progress"]
+        httpx.post(f"{srv.url}/_test/fault", json={})
+        rest = list(it)
+        assert [e.type for e in rest[-2:]] == ["error", "response.failed"]
+        assert "injected test fault" in rest[-2].message
+        failed = rest[-1].response
+        assert failed.status == "failed" and "injected test fault" in failed.error.message
+        r = httpx.post(f"{srv.url}/v1/responses", json={"model": "tiny", "input": "x", "max_output_tokens": 2})
+        assert r.status_code == 503 and r.json()["error"]["type"] == "service_unavailable"
+    finally:
+        assert srv.stop() == 0
+
+
+def test_cached_tokens_are_the_prefix_cache_hit(server):
+    """usage.input_tokens_details.cached_tokens: the prompt tokens the prefix cache held (whole
+    16-token blocks, the last prompt token always computed), none the first time."""
+    text = "a long shared instruction that fills a few blocks of the cache " * 3
+    first = create(server, instructions=text, input="one", max_output_tokens=2).usage
+    again = create(server, instructions=text, input="one", max_output_tokens=2).usage
+    assert first.input_tokens_details.cached_tokens == 0
+    assert again.input_tokens_details.cached_tokens == (again.input_tokens - 1) // 16 * 16 > 0
