@@ -1,4 +1,5 @@
-"""Stream a chat completion from a running `python -m minillm.serve` with the official openai client.
+"""Stream a chat completion, then a response (the Responses API), from a running `python -m minillm.serve`
+with the official openai client.
 
     make serve            # in another terminal
     python examples/openai_stream.py
@@ -20,3 +21,11 @@ for chunk in stream:
         print(chunk.choices[0].delta.content, end="", flush=True)
     if chunk.usage:
         print(f"\n[{chunk.usage.completion_tokens} tokens]")
+
+# The same through the Responses API: typed events, the text in response.output_text.delta
+for event in client.responses.create(model=model, input="Now one about CUDA graphs.", max_output_tokens=64,
+                                     stream=True):
+    if event.type == "response.output_text.delta":
+        print(event.delta, end="", flush=True)
+    elif event.type in ("response.completed", "response.incomplete"):
+        print(f"\n[{event.response.usage.output_tokens} tokens, {event.response.status}]")

@@ -1,9 +1,10 @@
 """The Quart app: OpenAI-compatible routes over an AsyncEngine.
 
-GET /v1/models, GET /v1/models/{id}, POST /v1/completions, POST /v1/chat/completions (streamed as
-SSE or not), GET /health (200 while the engine loop runs and admits, 503 otherwise), GET /metrics,
-and vLLM's utility routes POST /tokenize, POST /detokenize, GET /version (outside /v1, so, as in
-vLLM, they need no API key).
+GET /v1/models, GET /v1/models/{id}, POST /v1/completions, POST /v1/chat/completions, POST
+/v1/responses (responses.py: the chat path underneath; each streamed as SSE or not), GET /health
+(200 while the engine loop runs and admits, 503 otherwise), GET /metrics, and vLLM's utility
+routes POST /tokenize, POST /detokenize, GET /version (outside /v1, so, as in vLLM, they need no
+API key).
 With a reasoning parser (reasoning.py), chat replies carry the model's thinking apart from its
 answer, as `reasoning_content`.
 Every error, ours or the client's, is an OpenAI error body `{"error": {message, type, param, code}}`.

@@ -127,8 +127,8 @@ def _messages(body: RequestBody) -> tuple[list[dict], list[str]]:
             if role not in INPUT_ROLES:
                 raise ProtocolError(f"{at}.role must be one of {', '.join(INPUT_ROLES)}, got {_shown(role)}",
                                     f"{at}.role")
-            kinds = ("output_text",) if role == "assistant" else ("input_text",)
-            msgs.append({"role": role, "content": _text_parts(item.get("content"), f"{at}.content", kinds + ("text",))})
+            msgs.append({"role": role, "content": _text_parts(item.get("content"), f"{at}.content",
+                                                              ("input_text", "output_text", "text"))})
             where.append(at)
         elif kind == "function_call":
             for key in ("call_id", "name", "arguments"):
