@@ -1,10 +1,11 @@
-"""Random request bodies against the real server (hypothesis): a valid completions or chat request
-with one to three fields set to random JSON values (the API's own field names, nested lists and
-objects, unicode, huge and negative numbers, NaN and Infinity as Python's json writes them), sent
-streamed or not. Whatever comes in, the answer is a 4xx with the OpenAI error body or a 200 whose
-body parses (a stream ends with [DONE]); never a 5xx, a hang or a dead engine, and the server
-still answers a plain request after all of it. tests/test_server_errors.py names each bad field's
-400; this is the net under what nobody listed.
+"""Random request bodies against the real server (hypothesis): a valid completions, chat or
+Responses request with one to three fields set to random JSON values (the API's own field names,
+nested lists and objects, unicode, huge and negative numbers, NaN and Infinity as Python's json
+writes them), and Responses input items with random fields, sent streamed or not. Whatever comes
+in, the answer is a 4xx with the OpenAI error body or a 200 whose body parses (a stream ends with
+[DONE], a Responses stream with its response's last event); never a 5xx, a hang or a dead engine,
+and the server still answers a plain request after all of it. tests/test_server_errors.py names
+each bad field's 400; this is the net under what nobody listed.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ COMPLETION = COMMON + ["prompt", "echo", "suffix", "best_of", "use_beam_search"]
 CHAT = COMMON + ["messages", "tools", "tool_choice", "parallel_tool_calls", "top_logprobs", "chat_template_kwargs",
                  "add_generation_prompt", "continue_final_message", "include_reasoning", "chat_template", "documents",
                  "functions", "function_call"]
+RESPONSES = ["model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+             "stream", "stream_options", "text", "tools", "tool_choice", "parallel_tool_calls", "metadata",
+             "previous_response_id", "reasoning", "include", "truncation", "top_logprobs", "background", "store",
+             "structured_outputs", "chat_template_kwargs", "logit_bias", "min_tokens", "priority", "n"]
+INPUT_ITEM = ["type", "role", "content", "call_id", "name", "arguments", "output", "id", "status"]
 
 scalars = (st.none() | st.booleans() | st.integers(-3, 300) | st.integers(-(2 ** 70), 2 ** 70)
            | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12)
@@ -39,15 +45,19 @@ scalars = (st.none() | st.booleans() | st.integers(-3, 300) | st.integers(-(2 **
 values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
                       | st.dictionaries(st.sampled_from(["type", "role", "content", "name", "json", "regex",
                                                          "choice", "schema", "function", "parameters",
-                                                         "include_usage", "tool_calls", "x"]) | st.text(max_size=6),
+                                                         "include_usage", "tool_calls", "x", "format", *INPUT_ITEM])
+                                        | st.text(max_size=6),
                                         inner, max_size=4), max_leaves=10)
 
 
-def bodies(chat: bool):
-    base = ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3} if chat
-            else {"prompt": "hi", "max_tokens": 3})
-    edits = st.lists(st.tuples(st.sampled_from(CHAT if chat else COMPLETION) | st.text(max_size=8), values),
-                     min_size=1, max_size=3)
+def bodies(chat: bool, responses: bool = False):
+    if responses:
+        base, fields = {"input": "hi", "max_output_tokens": 3}, RESPONSES
+    elif chat:
+        base, fields = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}, CHAT
+    else:
+        base, fields = {"prompt": "hi", "max_tokens": 3}, COMPLETION
+    edits = st.lists(st.tuples(st.sampled_from(fields) | st.text(max_size=8), values), min_size=1, max_size=3)
     return edits.map(lambda kv: {**base, **dict(kv)})
 
 
@@ -72,9 +82,17 @@ def check_answer(r: httpx.Response, body: dict) -> None:
         return
     if r.headers["content-type"].startswith("text/event-stream"):
         events = [ln[6:] for ln in r.text.splitlines() if ln.startswith("data: ")]
+        if "/v1/responses" in str(r.url):  # typed events, the last one the response as it ended
+            last = json.loads(events[-1])
+            assert last["type"] in ("response.completed", "response.incomplete"), where
+            assert [json.loads(e)["sequence_number"] for e in events] == list(range(len(events))), where
+            return
         assert events and events[-1] == "[DONE]", where
         for e in events[:-1]:
             json.loads(e)
+        return
+    if "/v1/responses" in str(r.url):
+        assert r.json()["status"] in ("completed", "incomplete") and r.json()["output"], where
         return
     assert isinstance(r.json()["choices"], list), where
 
@@ -97,8 +115,18 @@ def test_random_chat_bodies(server, body):
     check_answer(send(server, "/v1/chat/completions", body), body)
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(body=bodies(chat=True, responses=True) | st.builds(lambda items: {"input": items, "max_output_tokens": 3},
+                                                          st.lists(st.dictionaries(st.sampled_from(INPUT_ITEM),
+                                                                                   values, max_size=5),
+                                                                   min_size=1, max_size=3)))
+def test_random_responses_bodies(server, body):
+    """Random Responses fields, and random input items (their own keys, random values)."""
+    check_answer(send(server, "/v1/responses", body), body)
+
+
 def test_still_serving_after_the_fuzz(server):
-    """Runs after the two above (file order): the engine took all of it and still generates."""
+    """Runs after the three above (file order): the engine took all of it and still generates."""
     assert httpx.get(f"{server.url}/health").status_code == 200
     r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 4, "ignore_eos": True},
                    timeout=60)
