@@ -79,7 +79,7 @@ def test_request_becomes_its_chat_body():
     ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id", "stores no responses"),
     ({"input": "x", "background": True}, "background", "background"),
     ({"input": "x", "include": ["reasoning.encrypted_content"]}, "include", "not supported"),
-    ({"input": "x", "reasoning": {"effort": "high"}}, "reasoning", "enable_thinking"),
+    ({"input": "x", "reasoning": {"effort": "high", "summary": None}}, "reasoning", "enable_thinking"),
     ({"input": "x", "truncation": "auto"}, "truncation", "auto"),
     ({"input": "x", "top_logprobs": 3}, "top_logprobs", "chat/completions"),
     ({"input": "x", "stream_options": {"include_usage": True}}, "stream_options", "include_obfuscation"),
@@ -109,6 +109,15 @@ def test_responses_only_fields_checked(body, param, words):
     with pytest.raises(ProtocolError) as e:
         responses.chat_request(RequestBody({"model": "m", **body}))
     assert e.value.param == param and words in e.value.message, e.value.message
+
+
+def test_neutral_values_pass():
+    """What a client sends when it asks for nothing: accepted."""
+    responses.chat_request(RequestBody({
+        "model": "m", "input": "x", "previous_response_id": None, "background": False, "include": [],
+        "reasoning": {"effort": None, "summary": None}, "truncation": "disabled", "top_logprobs": 0, "store": True,
+        "stream_options": {"include_obfuscation": False}, "text": {"format": {"type": "text"}, "verbosity": "medium"},
+        "tools": [], "metadata": {"a": "b"}}))
 
 
 # ---- the output as items ----------------------------------------------------------------------

@@ -27,9 +27,9 @@ from minillm.server.reasoning import Delta, ReasoningSplitter
 from minillm.server.tools import Piece, ToolCallDelta, ToolCallParser
 
 INPUT_ROLES = ("user", "system", "developer", "assistant")
-# sampling fields a Responses body may carry as the chat endpoint reads them (OpenAI's two, and
-# vLLM's extensions, which its Responses endpoint takes too)
-SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty",
+# fields a Responses body passes to chat as they are: model, stream, OpenAI's sampling fields and
+# vLLM's sampling extensions (which its Responses endpoint takes too)
+PASSED_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty",
                    "repetition_penalty", "logit_bias", "min_tokens", "bad_words", "allowed_token_ids",
                    "include_stop_str_in_output", "ignore_eos", "skip_special_tokens", "stop_token_ids",
                    "structured_outputs", "chat_template_kwargs", "include_reasoning", "priority",
@@ -215,14 +215,15 @@ def chat_request(body: RequestBody) -> ResponsesRequest:
     """The chat body a Responses body means (its Responses-only fields checked here)."""
     for name, (neutral, what) in REFUSED.items():
         v = body.get(name)
-        if not (v in neutral or (isinstance(v, (list, dict)) and not v)):
+        empty = isinstance(v, list) and not v or isinstance(v, dict) and all(x is None for x in v.values())
+        if not (empty or v in neutral):
             raise ProtocolError(f"'{name}' is not supported: {what}", name)
     opts = body.get("stream_options")
     if opts is not None and not (isinstance(opts, dict) and set(opts) <= {"include_obfuscation"}):
         raise ProtocolError(f"'stream_options' takes only include_obfuscation, got {_shown(opts)}", "stream_options")
     msgs, where = _messages(body)
     tools, choice = _tools(body)
-    chat = {k: body[k] for k in SAMPLING_FIELDS if body.get(k) is not None}
+    chat = {k: body[k] for k in PASSED_FIELDS if body.get(k) is not None}
     chat["messages"] = msgs
     if body.get("max_output_tokens") is not None:
         chat["max_completion_tokens"] = body["max_output_tokens"]
