@@ -17,6 +17,7 @@ import json
 import httpx
 import jsonschema
 import openai
+import pydantic
 import pytest
 from test_server import Server
 
@@ -273,6 +274,12 @@ def test_function_calls_and_the_next_turn(server):
     assert [o["type"] for o in final["output"]] == ["message", "function_call"]
     args = "".join(e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta")
     assert json.loads(args) == {"n": 4}
+    # the SDK's stream manager builds the response from the events and checks their order as it goes
+    with server.client().responses.stream(model="tiny", input="hi", tools=TOOLS, max_output_tokens=200,
+                                          extra_body=forced(CALL)) as stream:
+        built = stream.get_final_response()
+    assert [(o.type, o.status) for o in built.output] == [("message", "completed"), ("function_call", "completed")]
+    assert built.output_text == "Let me look." and json.loads(built.output[1].arguments) == {"n": 4}
     # the next turn: the output items sent back, and the call's result
     turn = [{"role": "user", "content": "hi"}, *[o.model_dump(exclude_none=True) for o in r.output],
             {"type": "function_call_output", "call_id": call.call_id, "output": "21 C"}]
@@ -302,6 +309,13 @@ def test_json_schema_text_format(server):
     r = create(server, text={"format": {"type": "json_schema", "name": "answer", "schema": schema}})
     assert r.status == "completed"
     jsonschema.validate(json.loads(r.output_text), schema)
+
+    class Answer(pydantic.BaseModel):  # the SDK's parse helper: a pydantic model as the schema, parsed back
+        ok: bool
+        n: int
+
+    parsed = server.client().responses.parse(model="tiny", input="hi", text_format=Answer, max_output_tokens=80)
+    assert parsed.status == "completed" and isinstance(parsed.output_parsed, Answer)
 
 
 def test_bad_requests_name_the_field(server):
