@@ -13,6 +13,7 @@ response.failed.
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import jsonschema
@@ -191,8 +192,9 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
+    # the step delay keeps a long request in flight for the disconnect tests
     srv = Server(model_dir, tmp_path_factory.mktemp("log") / "server.log", "--served-model-name", "tiny",
-                 "--reasoning-parser", "qwen3")
+                 "--reasoning-parser", "qwen3", env={"MINILLM_TEST_STEP_DELAY": "0.003"})
     yield srv
     assert srv.stop() == 0, srv.text()
     assert "Traceback" not in srv.text()
@@ -348,6 +350,29 @@ def test_unknown_fields_are_named_in_the_log(server):
                                                        "n": 2, "temprature": 0.1, "metadata": {"k": "v"}})
     assert r.status_code == 200 and r.json()["metadata"] == {"k": "v"}
     assert f"{r.json()['id']}: fields present in the request but ignored: n, temprature" in server.text()
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_disconnect_aborts_the_request(server, stream):
+    """A client that goes away mid-response: its request is aborted (blocks freed at once), not run
+    to its 480 tokens."""
+    before = server.metrics()
+    body = {"model": "tiny", "input": "a long one", "max_output_tokens": 480, "ignore_eos": True, "stream": stream}
+    if stream:
+        with httpx.stream("POST", f"{server.url}/v1/responses", json=body) as r:
+            lines = r.iter_lines()
+            got = [next(lines) for _ in range(12)]  # a few events in: the request is mid-flight
+            assert sum(g.startswith("data: ") for g in got) >= 4
+    else:
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
+            httpx.post(f"{server.url}/v1/responses", json=body, timeout=0.3)
+    deadline = time.monotonic() + 5
+    while (m := server.metrics())["minillm:num_requests_running"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert m["minillm:kv_cache_blocks_used"] == 0 and m["minillm:num_requests_running"] == 0
+    abort = 'minillm:request_success_total{finished_reason="abort"}'
+    assert m[abort] == before.get(abort, 0) + 1
+    assert m["minillm:generation_tokens_total"] - before["minillm:generation_tokens_total"] < 240
 
 
 def test_failure_mid_stream(model_dir, tmp_path):
