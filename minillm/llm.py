@@ -112,11 +112,14 @@ class LLM:
         return results
 
     def chat(self, messages, sampling_params: SamplingParams | None = None, add_generation_prompt: bool = True,
-             chat_template_kwargs: dict | None = None, continue_final_message: bool = False) -> list[CompletionOutput]:
+             chat_template_kwargs: dict | None = None, continue_final_message: bool = False,
+             tools: list[dict] | None = None) -> list[CompletionOutput]:
         """Chat through the model's template: one conversation (a list of dicts) or a list of them;
-        chat_template_kwargs are extra template variables (Qwen3's {"enable_thinking": False}), and
+        chat_template_kwargs are extra template variables (Qwen3's {"enable_thinking": False}),
         continue_final_message leaves the last message open for the model to continue (no generation
-        prompt), as in vLLM's LLM.chat."""
+        prompt), and tools (OpenAI's {"type": "function", "function": {...}} list, checked as the
+        server checks it) go to the template as its `tools`, as in vLLM's LLM.chat. The output is
+        the model's text: reading calls from it is the caller's (minillm.server.tools has parsers)."""
         if not isinstance(messages, list):
             raise ValueError("messages must be a list of {'role', 'content'} dicts (one conversation) or a list "
                              f"of such lists; got {type(messages).__name__}")
@@ -124,6 +127,15 @@ class LLM:
         convs = [_conversation(conv, i) for i, conv in enumerate(convs)]
         if not isinstance(chat_template_kwargs, (dict, type(None))):
             raise ValueError(f"chat_template_kwargs must be a dict, got {type(chat_template_kwargs).__name__}")
+        if tools is not None:
+            from minillm.server.tools import ToolError, parse_tools  # (the server package imports Quart)
+
+            try:
+                checked = parse_tools({"tools": tools})
+            except ToolError as e:
+                raise ValueError(e.message) from None
+            if checked:
+                chat_template_kwargs = {**(chat_template_kwargs or {}), "tools": checked}
         prompts = [self.tokenizer.encode_chat(m, add_generation_prompt, template_kwargs=chat_template_kwargs,
                                               continue_final_message=continue_final_message)
                    for m in convs]

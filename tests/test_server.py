@@ -793,6 +793,16 @@ def test_llm_chat_checks_and_flattens_messages(model_dir):
             llm.chat(bad, greedy)
     with pytest.raises(ValueError, match="chat_template_kwargs"):
         llm.chat(msgs, greedy, chat_template_kwargs=[1])
+    # tools reach the template as the server's chat endpoint gives them, checked alike
+    tok.chat_template, tok._template = ("{% for t in tools or [] %}<{{ t.function.name }}>{% endfor %}"
+                                        "{% for m in messages %}[{{ m.content }}]{% endfor %}"), None
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
+    ids = llm.chat(msgs, greedy, tools=tools)[0].prompt_token_ids
+    assert ids == protocol.chat_prompt({"messages": msgs}, info, tools=tools)
+    assert ids != llm.chat(msgs, greedy)[0].prompt_token_ids
+    assert tok.decode(ids).startswith("<get_time>[a\nb]")
+    with pytest.raises(ValueError, match="tools\\[0\\].function.name must be"):
+        llm.chat(msgs, greedy, tools=[{"type": "function", "function": {"name": "bad name"}}])
 
 
 def test_tokenize_bos_at_the_protocol(model_dir):
