@@ -69,6 +69,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--log-level", "--uvicorn-log-level", default="info",
                    choices=["trace", "debug", "info", "warning", "error", "critical"],
                    help="the server's log level (--uvicorn-log-level: vLLM's name; trace is debug here)")
+    p.add_argument("--enable-prompt-tokens-details", action="store_true",
+                   help="chat and completions usage carries prompt_tokens_details.cached_tokens: the prompt tokens "
+                        "the prefix cache held (vLLM's flag)")
     p.add_argument("--disable-log-stats", action="store_true",
                    help="no periodic stats line (throughput, running / waiting, KV cache use, speculation)")
     p.add_argument("--log-stats-interval", type=float, default=10.0,
@@ -201,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     names = ns.served_model_name or [engine.model_name]
     app = build_app(aeng, names, ns.api_key, test_hooks=os.environ.get("MINILLM_TEST_FAULTS") == "1",
                     reasoning_parser=ns.reasoning_parser, tool_call_parser=ns.tool_call_parser,
+                    prompt_tokens_details=ns.enable_prompt_tokens_details,
                     cors=None if ns.allowed_origins is None else dict(
                         allow_origin=ns.allowed_origins, allow_methods=ns.allowed_methods,
                         allow_headers=ns.allowed_headers, allow_credentials=ns.allow_credentials))

@@ -405,3 +405,7 @@ def test_cached_tokens_are_the_prefix_cache_hit(server):
     again = create(server, instructions=text, input="one", max_output_tokens=2).usage
     assert first.input_tokens_details.cached_tokens == 0
     assert again.input_tokens_details.cached_tokens == (again.input_tokens - 1) // 16 * 16 > 0
+    # (chat's usage says it only when served with --enable-prompt-tokens-details, as vLLM's)
+    chat = server.client().chat.completions.create(model="tiny", max_tokens=2, messages=[
+        {"role": "system", "content": text}, {"role": "user", "content": "one"}])
+    assert chat.usage.prompt_tokens == again.input_tokens and chat.usage.prompt_tokens_details is None

@@ -80,7 +80,7 @@ def model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
     # the step delay keeps long requests in flight for the disconnect test, at little cost elsewhere
-    srv = Server(model_dir, tmp_path_factory.mktemp("log") / "server.log",
+    srv = Server(model_dir, tmp_path_factory.mktemp("log") / "server.log", "--enable-prompt-tokens-details",
                  env={"MINILLM_TEST_STEP_DELAY": "0.003"})
     yield srv
     assert srv.stop() == 0, srv.text()
@@ -112,6 +112,28 @@ def test_completion_token_ids_and_default_max_tokens(server):
                                            temperature=0, extra_body={"ignore_eos": True})
     assert c.usage.prompt_tokens == 460 and c.usage.completion_tokens == 52
     assert c.choices[0].finish_reason == "length"
+
+
+def test_prompt_tokens_details(server):
+    """--enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens is the prompt tokens
+    the prefix cache held (whole 16-token blocks; the last prompt token is always computed): none the
+    first time a prompt is seen, the blocks before its last token the next time; each prompt counted
+    once with n > 1, as prompt_tokens is; streamed in the usage chunk and per choice."""
+    cl, name = server.client(), model_name(server)
+    prompt = [7 + i % 50 for i in range(70)]  # 4 whole blocks before the last token
+    kw = dict(model=name, max_tokens=2, extra_body={"ignore_eos": True})
+    first = cl.completions.create(prompt=prompt, **kw).usage
+    assert first.prompt_tokens_details.cached_tokens == 0
+    assert cl.completions.create(prompt=prompt, **kw).usage.prompt_tokens_details.cached_tokens == 64
+    two = cl.completions.create(prompt=[prompt, prompt[:40]], n=2, **kw).usage
+    assert (two.prompt_tokens, two.prompt_tokens_details.cached_tokens) == (110, 64 + 32)
+    every = {"include_usage": True, "continuous_usage_stats": True}
+    chunks = list(cl.completions.create(prompt=prompt, stream=True, stream_options=every, **kw))
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 64
+    assert all(c.usage.prompt_tokens_details.cached_tokens == 64 for c in chunks)
+    msgs = [{"role": "user", "content": "the same question, asked twice over " * 3}]
+    chat = [cl.chat.completions.create(model=name, messages=msgs, max_tokens=2).usage for _ in range(2)]
+    assert chat[1].prompt_tokens_details.cached_tokens == (chat[1].prompt_tokens - 1) // 16 * 16 > 0
 
 
 def test_completion_stream_matches_non_stream(server):

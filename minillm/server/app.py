@@ -139,12 +139,15 @@ def watch_disconnects(asgi_app):
 
 def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, api_key: str | None = None,
               test_hooks: bool = False, max_body_bytes: int = MAX_BODY_BYTES,
-              reasoning_parser: str | None = None, tool_call_parser: str = "hermes", cors: dict | None = None) -> Quart:
+              reasoning_parser: str | None = None, tool_call_parser: str = "hermes", cors: dict | None = None,
+              prompt_tokens_details: bool = False) -> Quart:
     """reasoning_parser: "qwen3" or "deepseek_r1" (reasoning.PARSERS) to return chat outputs' thinking
     as reasoning_content; None leaves outputs whole (no reasoning_content key). tool_call_parser: how
     tool_choice "auto" reads calls (tools.TOOL_CALL_PARSERS). cors: quart_cors.cors's settings
     (allow_origin, allow_methods, allow_headers, allow_credentials) so browsers on those origins may
-    call the API (vLLM's --allowed-origins); None sends no CORS headers."""
+    call the API (vLLM's --allowed-origins); None sends no CORS headers. prompt_tokens_details: chat
+    and completions usage carries prompt_tokens_details.cached_tokens, the prompt tokens the prefix
+    cache held (vLLM's --enable-prompt-tokens-details; the Responses API's usage always does)."""
     if tool_call_parser not in tools.TOOL_CALL_PARSERS:
         raise ValueError(f"unknown tool call parser {tool_call_parser!r}; choose one of "
                          f"{', '.join(tools.TOOL_CALL_PARSERS)}")
@@ -169,6 +172,13 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
 
     def token_id_text(token_id: int) -> str:  # vLLM's return_tokens_as_token_ids: one name per id
         return f"token_id:{token_id}"
+
+    def with_cached(use: dict, cached: list[int], choices: range) -> dict:
+        """usage with prompt_tokens_details (when served with it): the cached prompt tokens of the
+        given choices (each prompt's first, as usage counts each prompt's tokens once)."""
+        if prompt_tokens_details:
+            use["prompt_tokens_details"] = {"cached_tokens": sum(cached[i] for i in choices)}
+        return use
 
     app = Quart("minillm.server")
     app.url_map.converters["model_id"] = ModelIdConverter
@@ -330,13 +340,14 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
             return resp
         streams = add_choices(rid, parsed)
         n = len(streams)
-        texts, reasons, n_outs = [""] * n, ["abort"] * n, [0] * n
+        texts, reasons, n_outs, cached = [""] * n, ["abort"] * n, [0] * n, [0] * n
         lps: list[list] = [[] for _ in range(n)]
         out_ids: list[list[int]] = [[] for _ in range(n)]
         prompt_lps: list[list] = [[] for _ in range(n)]
         try:
             async for i, out in choice_outputs(streams):
                 timer.output(out)
+                cached[i] = out.num_cached_tokens if out.num_cached_tokens is not None else cached[i]
                 texts[i], n_outs[i] = out.text, len(out.token_ids)
                 reasons[i] = out.finish_reason or reasons[i]
                 if out.finish_reason == "error":  # the others are aborted below (finally)
@@ -377,11 +388,13 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
             if parsed.tools or reasoning_parser:  # each choice's output read for reasoning and tool calls
                 replies = [chat_message(parsed, texts[i], reasons[i]) for i in range(n)]
                 messages, reasons = [msg for msg, _ in replies], [why for _, why in replies]
-            return _json(protocol.chat_response(rid, protocol.now(), parsed.model, list(zip(texts, reasons, bodies)),
-                                                parsed.num_prompt_tokens, sum(n_outs), plps[0] if plps else None,
-                                                messages))
-        return _json(protocol.completion_response(rid, protocol.now(), parsed.model, list(zip(texts, reasons, bodies)),
-                                                  parsed.num_prompt_tokens, sum(n_outs), plps))
+            body = protocol.chat_response(rid, protocol.now(), parsed.model, list(zip(texts, reasons, bodies)),
+                                          parsed.num_prompt_tokens, sum(n_outs), plps[0] if plps else None, messages)
+        else:
+            body = protocol.completion_response(rid, protocol.now(), parsed.model, list(zip(texts, reasons, bodies)),
+                                                parsed.num_prompt_tokens, sum(n_outs), plps)
+        with_cached(body["usage"], cached, range(0, n, parsed.n))
+        return _json(body)
 
     def splits_reasoning(parsed: ParsedRequest) -> bool:
         """Whether a chat output is split into reasoning and content: with a parser, unless a forced
@@ -427,7 +440,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
             tokens and its completion tokens so far, with include_usage alone null (the totals come
             in a chunk of their own at the end), else nothing."""
             if parsed.continuous_usage:
-                return {"usage": protocol.usage(len(parsed.choices[i][0]), n_outs[i])}
+                return {"usage": with_cached(protocol.usage(len(parsed.choices[i][0]), n_outs[i]), cached, [i])}
             return usage_null
 
         want_logprobs = parsed.logprobs
@@ -465,7 +478,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
             yield sse("[DONE]")
             return
         n = len(streams)
-        reasons, n_outs = ["abort"] * n, [0] * n
+        reasons, n_outs, cached = ["abort"] * n, [0] * n, [0] * n
         echoed = [not parsed.echo] * n  # whether choice i's prompt went out (in its first chunk)
         # whether choice i's prompt_logprobs went out (in its first chunk after the role's, as its first
         # output carries them; that chunk goes out even with no text, held back by a stop string)
@@ -483,6 +496,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
             async for i, out in choice_outputs(streams):
                 timer.output(out)
                 n_outs[i] = len(out.token_ids)
+                cached[i] = out.num_cached_tokens if out.num_cached_tokens is not None else cached[i]
                 text, ids = out.new_text, out.new_token_ids
                 lps = out.new_logprobs if want_logprobs else None
                 if parsed.echo_only:  # max_tokens 0: the token the engine generated is dropped
@@ -515,7 +529,9 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
                     why = tools.finish_reason(reasons[i], parsers[i].calls > 0) if parsers else reasons[i]
                     yield chunk(i, None, why)
             if parsed.include_usage:
-                yield sse(protocol.usage_chunk(rid, created, model, chat, n_prompt, sum(n_outs)))
+                last = protocol.usage_chunk(rid, created, model, chat, n_prompt, sum(n_outs))
+                with_cached(last["usage"], cached, range(0, n, parsed.n))
+                yield sse(last)
             yield sse("[DONE]")
         except EngineFailure as e:
             reasons[0] = "error"

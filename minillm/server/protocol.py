@@ -94,6 +94,7 @@ class ParsedRequest:
     tokens_as_ids: bool = False
     # vLLM's priority (--scheduling-policy priority): lower is admitted first and preempted last
     priority: int = 0
+    n: int = 1  # choices per prompt (choices k*n .. k*n + n - 1 are prompt k's)
     # the body's top-level fields (and stream_options') the parser never looked at (RequestBody.unread)
     ignored: list[str] = field(default_factory=list)
 
@@ -620,7 +621,7 @@ def parse_request(body: dict, info: ModelInfo, chat: bool) -> ParsedRequest:
                            tools=tools if tools is not None and tools.parses else None,
                            include_reasoning=_get(body, "include_reasoning", bool, True) if chat else True,
                            tokens_as_ids=_get(body, "return_tokens_as_token_ids", bool, False),
-                           priority=request_priority(body, info))
+                           priority=request_priority(body, info), n=n)
     if not chat and _get(body, "echo", bool, False):  # (chat's echo, vLLM's other meaning, is refused above)
         parsed.echo = True
         parsed.echo_only = body.get("max_tokens") == 0
