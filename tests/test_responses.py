@@ -80,8 +80,10 @@ def test_request_becomes_its_chat_body():
 @pytest.mark.parametrize("body, param, words", [
     ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id", "stores no responses"),
     ({"input": "x", "background": True}, "background", "background"),
-    ({"input": "x", "include": ["reasoning.encrypted_content"]}, "include", "not supported"),
-    ({"input": "x", "reasoning": {"effort": "high", "summary": None}}, "reasoning", "enable_thinking"),
+    ({"input": "x", "include": ["message.output_text.logprobs"]}, "include", "not supported"),
+    ({"input": "x", "include": "all"}, "include", "an array of strings"),
+    ({"input": "x", "reasoning": "high"}, "reasoning", "must be an object"),
+    ({"input": "x", "reasoning": {"effort": 3}}, "reasoning.effort", "must be a string"),
     ({"input": "x", "truncation": "auto"}, "truncation", "auto"),
     ({"input": "x", "top_logprobs": 3}, "top_logprobs", "chat/completions"),
     ({"input": "x", "stream_options": {"include_usage": True}}, "stream_options", "include_obfuscation"),
@@ -111,6 +113,33 @@ def test_responses_only_fields_checked(body, param, words):
     with pytest.raises(ProtocolError) as e:
         responses.chat_request(RequestBody({"model": "m", **body}))
     assert e.value.param == param and words in e.value.message, e.value.message
+
+
+def test_reasoning_effort_goes_to_the_template():
+    """reasoning.effort reaches the chat template as reasoning_effort (beside the caller's own
+    template variables); a summary setting and include values that ask for nothing made here are
+    taken and named as ignored."""
+    req = responses.chat_request(RequestBody({
+        "model": "m", "input": "x", "reasoning": {"effort": "low", "summary": "auto"},
+        "chat_template_kwargs": {"enable_thinking": True}, "include": ["reasoning.encrypted_content"]}))
+    assert req.chat["chat_template_kwargs"] == {"reasoning_effort": "low", "enable_thinking": True}
+    assert req.effort == "low" and req.echo["reasoning"] == {"effort": "low", "summary": "auto"}
+    assert req.ignored == ["include: reasoning.encrypted_content", "reasoning.summary"]
+
+
+def test_template_reads():
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers.models import WordLevel
+
+    from minillm.models.tokenizer import Tokenizer
+
+    hf = HFTokenizer(WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    tok = Tokenizer(hf, chat_template="{% if reasoning_effort %}{{ reasoning_effort }}{% endif %}"
+                                      "{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert tok.template_reads("reasoning_effort") and tok.template_reads("messages")
+    assert not tok.template_reads("tools") and not tok.template_reads("m")  # (m is the loop's own)
+    tok.chat_template, tok._template = "{% for t in tools %}{{ t }}{% endfor %}", None  # set afterwards
+    assert tok.template_reads("tools") and not tok.template_reads("reasoning_effort")
 
 
 def test_neutral_values_pass():
@@ -313,8 +342,7 @@ def test_json_schema_text_format(server):
     jsonschema.validate(json.loads(r.output_text), schema)
 
     class Answer(pydantic.BaseModel):  # the SDK's parse helper: a pydantic model as the schema, parsed back
-        ok: bool
-        n: int
+        ok: bool  # (a random model may write an integer's digits until max_output_tokens: no integers here)
 
     parsed = server.client().responses.parse(model="tiny", input="hi", text_format=Answer, max_output_tokens=80)
     assert parsed.status == "completed" and isinstance(parsed.output_parsed, Answer)
@@ -350,6 +378,13 @@ def test_unknown_fields_are_named_in_the_log(server):
                                                        "n": 2, "temprature": 0.1, "metadata": {"k": "v"}})
     assert r.status_code == 200 and r.json()["metadata"] == {"k": "v"}
     assert f"{r.json()['id']}: fields present in the request but ignored: n, temprature" in server.text()
+    # what an agent client sends: taken, and what is not acted on named
+    r = create(server, max_output_tokens=2, reasoning={"effort": "high", "summary": "auto"},
+               include=["reasoning.encrypted_content"], extra_body={"prompt_cache_key": "k1"})
+    assert r.status in ("completed", "incomplete") and r.reasoning.effort == "high"
+    assert (f"{r.id}: fields present in the request but ignored: prompt_cache_key, include: "
+            "reasoning.encrypted_content, reasoning.summary, reasoning.effort (this model's chat template does not "
+            "read reasoning_effort)") in server.text()
 
 
 @pytest.mark.parametrize("stream", [True, False])

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 import jinja2.sandbox
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -76,6 +77,7 @@ class Tokenizer:
         }
         self.chat_template_where = chat_template_where
         self._template = compile_chat_template(chat_template, chat_template_where) if chat_template else None
+        self._read_vars: tuple[str | None, set] = (None, set())  # template_reads' (template, variables)
 
     def set_chat_template(self, template: str, where: str) -> None:
         """Use template (compiled now: ValueError naming `where` when it does not) for every chat."""
@@ -176,6 +178,18 @@ class Tokenizer:
             **kwargs,
         )
         return _open_final_message(text, messages) if continue_final_message else text
+
+    def template_reads(self, name: str) -> bool:
+        """Whether the chat template reads the variable `name` (jinja2.meta over its source): which
+        optional inputs a request can give it that it acts on (tools, reasoning_effort, ...)."""
+        if not self.chat_template:
+            return False
+        if self._template is None:
+            self._template = compile_chat_template(self.chat_template, self.chat_template_where)
+        if self._read_vars[0] != self.chat_template:  # cached per template (it may be set after construction)
+            parsed = self._template.environment.parse(self.chat_template)
+            self._read_vars = (self.chat_template, jinja2.meta.find_undeclared_variables(parsed))
+        return name in self._read_vars[1]
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
                     add_special_tokens: bool = False, template_kwargs: dict | None = None,

@@ -40,10 +40,7 @@ REFUSED = {
     "conversation": ((None,), "this server stores no conversations; send the whole conversation as 'input'"),
     "background": ((None, False), "background responses (this server answers each request on its connection)"),
     "prompt": ((None,), "stored prompt templates; send the text as 'instructions' and 'input'"),
-    "include": ((None,), "extra output data ('include')"),
     "top_logprobs": ((None, 0), "logprobs in Responses output; /v1/chat/completions returns them"),
-    "reasoning": ((None,), "reasoning settings; Qwen3's thinking is switched with "
-                           "chat_template_kwargs {\"enable_thinking\": false}"),
     "truncation": ((None, "disabled"), "truncation 'auto' (dropping the conversation's start)"),
     "max_tool_calls": ((None,), "a limit on tool calls; parallel_tool_calls false allows one"),
     "context_management": ((None,), "context management"),
@@ -65,6 +62,8 @@ class ResponsesRequest:
     where: list[str]  # where chat message i came from: "instructions" or "input[k]"
     echo: dict  # the request's settings as the response object repeats them
     parsed: ParsedRequest | None = None
+    effort: str | None = None  # reasoning.effort, given to the template as reasoning_effort
+    ignored: list[str] = field(default_factory=list)  # nested settings taken but not acted on
 
     def rename(self, e: ProtocolError) -> ProtocolError:
         """chat's error in the Responses fields the client sent."""
@@ -211,6 +210,41 @@ def _text_format(body: RequestBody) -> dict | None:
                         f"\"json_schema\", \"name\": ..., \"schema\": {{...}}}}, got {_shown(fmt)}", "text.format")
 
 
+def _include(body: RequestBody) -> list[str]:
+    """include's values, checked; those that ask for nothing this server makes are named as ignored
+    (results of hosted tools and image URLs: no such items are ever made; reasoning's encrypted
+    content: reasoning items carry their text, nothing is encrypted)."""
+    include = body.get("include")
+    if include is None:
+        return []
+    if not isinstance(include, list) or not all(isinstance(x, str) for x in include):
+        raise ProtocolError(f"'include' must be an array of strings, got {_shown(include)}", "include")
+    if "message.output_text.logprobs" in include:
+        raise ProtocolError("'include' value message.output_text.logprobs is not supported: logprobs in Responses "
+                            "output; /v1/chat/completions returns them", "include")
+    return [f"include: {x}" for x in include]
+
+
+def _reasoning(body: RequestBody, chat: dict) -> tuple[str | None, list[str]]:
+    """reasoning {effort, summary}: the effort goes to the chat template as `reasoning_effort` (as
+    vLLM gives it; a template that reads it acts on it, parse names it as ignored otherwise); no
+    summaries are written, so a summary setting is named as ignored."""
+    reasoning = body.get("reasoning")
+    if reasoning is None:
+        return None, []
+    if not isinstance(reasoning, dict):
+        raise ProtocolError(f"'reasoning' must be an object {{\"effort\": ..., \"summary\": ...}}, got "
+                            f"{_shown(reasoning)}", "reasoning")
+    effort = reasoning.get("effort")
+    if effort is not None:
+        if not isinstance(effort, str):
+            raise ProtocolError(f"'reasoning.effort' must be a string, got {_shown(effort)}", "reasoning.effort")
+        kw = chat.get("chat_template_kwargs")
+        if kw is None or isinstance(kw, dict):  # (anything else is chat's to refuse)
+            chat["chat_template_kwargs"] = {"reasoning_effort": effort, **(kw or {})}
+    return effort, [f"reasoning.{k}" for k, v in reasoning.items() if k != "effort" and v is not None]
+
+
 def chat_request(body: RequestBody) -> ResponsesRequest:
     """The chat body a Responses body means (its Responses-only fields checked here)."""
     for name, (neutral, what) in REFUSED.items():
@@ -233,13 +267,16 @@ def chat_request(body: RequestBody) -> ResponsesRequest:
         chat["tools"] = tools
     if choice is not None:
         chat["tool_choice"] = choice
+    ignored = _include(body)
+    effort, unused = _reasoning(body, chat)
     metadata = body.get("metadata")
     echo = {"instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
             "metadata": metadata if isinstance(metadata, dict) else {},
             "text": {"format": (body.get("text") or {}).get("format") or {"type": "text"}},
             "tool_choice": body.get("tool_choice") or ("auto" if tools else "none"), "tools": body.get("tools") or [],
-            "parallel_tool_calls": body.get("parallel_tool_calls") is not False, "user": body.get("user")}
-    return ResponsesRequest(RequestBody(chat), where, echo)
+            "parallel_tool_calls": body.get("parallel_tool_calls") is not False, "user": body.get("user"),
+            "reasoning": body.get("reasoning") or None}
+    return ResponsesRequest(RequestBody(chat), where, echo, effort=effort, ignored=ignored + unused)
 
 
 def parse(body: RequestBody, info: ModelInfo) -> ResponsesRequest:
@@ -249,7 +286,9 @@ def parse(body: RequestBody, info: ModelInfo) -> ResponsesRequest:
         req.parsed = parse_request(req.chat, info, chat=True)
     except ProtocolError as e:
         raise req.rename(e) from None
-    req.parsed.ignored = sorted(body.unread() + req.parsed.ignored)
+    if req.effort is not None and not info.tokenizer.template_reads("reasoning_effort"):
+        req.ignored.append("reasoning.effort (this model's chat template does not read reasoning_effort)")
+    req.parsed.ignored = sorted(body.unread() + req.parsed.ignored) + req.ignored
     return req
 
 
@@ -406,7 +445,7 @@ def response_object(rid: str, created: int, model: str, req: ResponsesRequest, s
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "model": model, "output": output,
             "temperature": params.temperature if params else None, "top_p": params.top_p if params else None,
-            "previous_response_id": None, "reasoning": None, "store": False, "truncation": "disabled",
+            "previous_response_id": None, "store": False, "truncation": "disabled",
             "max_tool_calls": None, "top_logprobs": 0, "usage": usage, **req.echo}
 
 
