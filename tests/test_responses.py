@@ -23,7 +23,7 @@ import pytest
 from test_server import Server
 
 from minillm.server import responses
-from minillm.server.protocol import ProtocolError, RequestBody
+from minillm.server.protocol import ModelInfo, ProtocolError, RequestBody, chat_prompt
 from minillm.server.reasoning import ReasoningSplitter
 from minillm.server.tools import HermesParser
 
@@ -83,7 +83,6 @@ def test_request_becomes_its_chat_body():
     ({"input": "x", "include": ["message.output_text.logprobs"]}, "include", "not supported"),
     ({"input": "x", "include": "all"}, "include", "an array of strings"),
     ({"input": "x", "reasoning": "high"}, "reasoning", "must be an object"),
-    ({"input": "x", "reasoning": {"effort": 3}}, "reasoning.effort", "must be a string"),
     ({"input": "x", "truncation": "auto"}, "truncation", "auto"),
     ({"input": "x", "top_logprobs": 3}, "top_logprobs", "chat/completions"),
     ({"input": "x", "stream_options": {"include_usage": True}}, "stream_options", "include_obfuscation"),
@@ -116,15 +115,26 @@ def test_responses_only_fields_checked(body, param, words):
 
 
 def test_reasoning_effort_goes_to_the_template():
-    """reasoning.effort reaches the chat template as reasoning_effort (beside the caller's own
-    template variables); a summary setting and include values that ask for nothing made here are
-    taken and named as ignored."""
+    """reasoning.effort is chat's reasoning_effort, which reaches the chat template as a variable
+    (beside the caller's own: theirs win); a summary setting and include values that ask for nothing
+    made here are taken and named as ignored."""
     req = responses.chat_request(RequestBody({
         "model": "m", "input": "x", "reasoning": {"effort": "low", "summary": "auto"},
-        "chat_template_kwargs": {"enable_thinking": True}, "include": ["reasoning.encrypted_content"]}))
-    assert req.chat["chat_template_kwargs"] == {"reasoning_effort": "low", "enable_thinking": True}
-    assert req.effort == "low" and req.echo["reasoning"] == {"effort": "low", "summary": "auto"}
+        "include": ["reasoning.encrypted_content"]}))
+    assert req.chat["reasoning_effort"] == "low" and req.echo["reasoning"] == {"effort": "low", "summary": "auto"}
     assert req.ignored == ["include: reasoning.encrypted_content", "reasoning.summary"]
+    seen = []
+
+    class Tok:  # records what the template is given
+        def encode_chat(self, messages, add_generation_prompt, add_special_tokens, template_kwargs, **kw):
+            seen.append(template_kwargs)
+            return [1]
+
+    info = ModelInfo(names=["m"], max_model_len=64, vocab_size=8, tokenizer=Tok())
+    chat_prompt({"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "low"}, info)
+    chat_prompt({"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "low",
+                 "chat_template_kwargs": {"reasoning_effort": "high", "enable_thinking": False}}, info)
+    assert seen == [{"reasoning_effort": "low"}, {"reasoning_effort": "high", "enable_thinking": False}]
 
 
 def test_template_reads():
@@ -361,6 +371,7 @@ def test_bad_requests_name_the_field(server):
          "input[1].call_id", "must be a string"),
         ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id", "stores no responses"),
         ({"input": "hi", "model": "other"}, "model", "does not exist"),
+        ({"input": "hi", "reasoning": {"effort": 3}}, "reasoning.effort", "'reasoning.effort' must be a string"),
     ]
     for body, param, words in cases:
         for stream in (False, True):
@@ -382,9 +393,8 @@ def test_unknown_fields_are_named_in_the_log(server):
     r = create(server, max_output_tokens=2, reasoning={"effort": "high", "summary": "auto"},
                include=["reasoning.encrypted_content"], extra_body={"prompt_cache_key": "k1"})
     assert r.status in ("completed", "incomplete") and r.reasoning.effort == "high"
-    assert (f"{r.id}: fields present in the request but ignored: prompt_cache_key, include: "
-            "reasoning.encrypted_content, reasoning.summary, reasoning.effort (this model's chat template does not "
-            "read reasoning_effort)") in server.text()
+    assert (f"{r.id}: fields present in the request but ignored: prompt_cache_key, reasoning.effort (this model's "
+            "chat template does not read it), include: reasoning.encrypted_content, reasoning.summary") in server.text()
 
 
 @pytest.mark.parametrize("stream", [True, False])

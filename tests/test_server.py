@@ -889,6 +889,11 @@ def test_ignored_fields_are_named(server):
                                                      stream_options={"include_usage": True, "continuous_usage": True}))
     assert [ln for ln in server.text().splitlines() if chunks[0].id in ln and "ignored" in ln][0].endswith(
         "ignored: stream_options.continuous_usage")
+    # chat's reasoning_effort goes to the template, which here does not read it: named
+    c = server.client().chat.completions.create(model=model_name(server), max_tokens=1, reasoning_effort="low",
+                                                messages=[{"role": "user", "content": "hi"}])
+    assert [ln for ln in server.text().splitlines() if c.id in ln and "ignored" in ln][0].endswith(
+        "ignored: reasoning_effort (this model's chat template does not read it)")
 
 
 def test_version(server):

@@ -324,6 +324,9 @@ def chat_prompt(body: dict, info: ModelInfo, add_generation_prompt: bool = True,
     template_kwargs = chat_template_kwargs(body)
     if tools is not None:
         template_kwargs = {**template_kwargs, "tools": tools}
+    effort = _get(body, "reasoning_effort", str, None)  # OpenAI's; a template variable, as vLLM gives it
+    if effort is not None:
+        template_kwargs = {"reasoning_effort": effort, **template_kwargs}
     try:
         ids = info.tokenizer.encode_chat(clean, add_generation_prompt, add_special_tokens, template_kwargs,
                                          continue_final_message=cont)
@@ -632,6 +635,8 @@ def parse_request(body: dict, info: ModelInfo, chat: bool) -> ParsedRequest:
         parsed.echo_texts = [text for text in texts for _ in range(n)]
     if isinstance(body, RequestBody):
         parsed.ignored = body.unread() + [f"stream_options.{k}" for k in opts.unread()]
+    if chat and body.get("reasoning_effort") is not None and not info.tokenizer.template_reads("reasoning_effort"):
+        parsed.ignored.append("reasoning_effort (this model's chat template does not read it)")
     return parsed
 
 

@@ -47,7 +47,8 @@ REFUSED = {
 }
 # chat's names in its parser's errors -> the Responses fields they came from
 RENAMED = (("'max_completion_tokens'", "'max_output_tokens'"), ("max_completion_tokens", "max_output_tokens"),
-           ("'response_format'", "'text.format'"), ("response_format", "text.format"), (".function.", "."))
+           ("'response_format'", "'text.format'"), ("response_format", "text.format"), (".function.", "."),
+           ("reasoning_effort", "reasoning.effort"))
 
 
 def _shown(v) -> str:
@@ -62,18 +63,20 @@ class ResponsesRequest:
     where: list[str]  # where chat message i came from: "instructions" or "input[k]"
     echo: dict  # the request's settings as the response object repeats them
     parsed: ParsedRequest | None = None
-    effort: str | None = None  # reasoning.effort, given to the template as reasoning_effort
     ignored: list[str] = field(default_factory=list)  # nested settings taken but not acted on
+
+    def rename_text(self, text: str) -> str:
+        """A text of chat's in the Responses fields the client sent."""
+        text = re.sub(r"messages\[(\d+)\]", lambda m: self.where[int(m.group(1))]
+                      if int(m.group(1)) < len(self.where) else m.group(0), text)
+        for old, new in RENAMED:
+            text = text.replace(old, new)
+        return text.replace("'messages'", "'input'")
 
     def rename(self, e: ProtocolError) -> ProtocolError:
         """chat's error in the Responses fields the client sent."""
-        def fix(text: str) -> str:
-            text = re.sub(r"messages\[(\d+)\]", lambda m: self.where[int(m.group(1))]
-                          if int(m.group(1)) < len(self.where) else m.group(0), text)
-            for old, new in RENAMED:
-                text = text.replace(old, new)
-            return text.replace("'messages'", "'input'").replace("messages", "input")
-        return ProtocolError(fix(e.message), fix(e.param) if e.param else None, e.status, e.type, e.code)
+        param = "input" if e.param == "messages" else self.rename_text(e.param) if e.param else None
+        return ProtocolError(self.rename_text(e.message), param, e.status, e.type, e.code)
 
 
 def _text_parts(content, where: str, kinds: tuple[str, ...]) -> list[dict] | str:
@@ -225,24 +228,17 @@ def _include(body: RequestBody) -> list[str]:
     return [f"include: {x}" for x in include]
 
 
-def _reasoning(body: RequestBody, chat: dict) -> tuple[str | None, list[str]]:
-    """reasoning {effort, summary}: the effort goes to the chat template as `reasoning_effort` (as
-    vLLM gives it; a template that reads it acts on it, parse names it as ignored otherwise); no
-    summaries are written, so a summary setting is named as ignored."""
+def _reasoning(body: RequestBody) -> tuple[object, list[str]]:
+    """reasoning {effort, summary}: the effort is chat's reasoning_effort (a chat template variable,
+    named as ignored where the template does not read it); no summaries are written, so a summary
+    setting is named as ignored."""
     reasoning = body.get("reasoning")
     if reasoning is None:
         return None, []
     if not isinstance(reasoning, dict):
         raise ProtocolError(f"'reasoning' must be an object {{\"effort\": ..., \"summary\": ...}}, got "
                             f"{_shown(reasoning)}", "reasoning")
-    effort = reasoning.get("effort")
-    if effort is not None:
-        if not isinstance(effort, str):
-            raise ProtocolError(f"'reasoning.effort' must be a string, got {_shown(effort)}", "reasoning.effort")
-        kw = chat.get("chat_template_kwargs")
-        if kw is None or isinstance(kw, dict):  # (anything else is chat's to refuse)
-            chat["chat_template_kwargs"] = {"reasoning_effort": effort, **(kw or {})}
-    return effort, [f"reasoning.{k}" for k, v in reasoning.items() if k != "effort" and v is not None]
+    return reasoning.get("effort"), [f"reasoning.{k}" for k, v in reasoning.items() if k != "effort" and v is not None]
 
 
 def chat_request(body: RequestBody) -> ResponsesRequest:
@@ -268,7 +264,9 @@ def chat_request(body: RequestBody) -> ResponsesRequest:
     if choice is not None:
         chat["tool_choice"] = choice
     ignored = _include(body)
-    effort, unused = _reasoning(body, chat)
+    effort, unused = _reasoning(body)
+    if effort is not None:
+        chat["reasoning_effort"] = effort
     metadata = body.get("metadata")
     echo = {"instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
             "metadata": metadata if isinstance(metadata, dict) else {},
@@ -276,7 +274,7 @@ def chat_request(body: RequestBody) -> ResponsesRequest:
             "tool_choice": body.get("tool_choice") or ("auto" if tools else "none"), "tools": body.get("tools") or [],
             "parallel_tool_calls": body.get("parallel_tool_calls") is not False, "user": body.get("user"),
             "reasoning": body.get("reasoning") or None}
-    return ResponsesRequest(RequestBody(chat), where, echo, effort=effort, ignored=ignored + unused)
+    return ResponsesRequest(RequestBody(chat), where, echo, ignored=ignored + unused)
 
 
 def parse(body: RequestBody, info: ModelInfo) -> ResponsesRequest:
@@ -286,9 +284,7 @@ def parse(body: RequestBody, info: ModelInfo) -> ResponsesRequest:
         req.parsed = parse_request(req.chat, info, chat=True)
     except ProtocolError as e:
         raise req.rename(e) from None
-    if req.effort is not None and not info.tokenizer.template_reads("reasoning_effort"):
-        req.ignored.append("reasoning.effort (this model's chat template does not read reasoning_effort)")
-    req.parsed.ignored = sorted(body.unread() + req.parsed.ignored) + req.ignored
+    req.parsed.ignored = sorted(body.unread() + [req.rename_text(x) for x in req.parsed.ignored]) + req.ignored
     return req
 
 
