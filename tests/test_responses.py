@@ -12,6 +12,7 @@ response.failed.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import time
 
@@ -80,11 +81,9 @@ def test_request_becomes_its_chat_body():
 @pytest.mark.parametrize("body, param, words", [
     ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id", "stores no responses"),
     ({"input": "x", "background": True}, "background", "background"),
-    ({"input": "x", "include": ["message.output_text.logprobs"]}, "include", "not supported"),
     ({"input": "x", "include": "all"}, "include", "an array of strings"),
     ({"input": "x", "reasoning": "high"}, "reasoning", "must be an object"),
     ({"input": "x", "truncation": "auto"}, "truncation", "auto"),
-    ({"input": "x", "top_logprobs": 3}, "top_logprobs", "chat/completions"),
     ({"input": "x", "stream_options": {"include_usage": True}}, "stream_options", "include_obfuscation"),
     ({}, "input", "required"),
     ({"input": []}, "input", "non-empty"),
@@ -372,6 +371,7 @@ def test_bad_requests_name_the_field(server):
         ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id", "stores no responses"),
         ({"input": "hi", "model": "other"}, "model", "does not exist"),
         ({"input": "hi", "reasoning": {"effort": 3}}, "reasoning.effort", "'reasoning.effort' must be a string"),
+        ({"input": "hi", "top_logprobs": 25}, "top_logprobs", "between 0 and 20"),
     ]
     for body, param, words in cases:
         for stream in (False, True):
@@ -420,26 +420,63 @@ def test_disconnect_aborts_the_request(server, stream):
     assert m["minillm:generation_tokens_total"] - before["minillm:generation_tokens_total"] < 240
 
 
-def test_failure_mid_stream(model_dir, tmp_path):
-    """The engine failing mid-stream: an error event, then response.failed carrying the error; a
-    response that is not streamed is a 500 with an error body."""
-    srv = Server(model_dir, tmp_path / "fault.log", "--served-model-name", "tiny",
+@pytest.fixture(scope="module")
+def plain(model_dir, tmp_path_factory):
+    """A server without a reasoning parser, whose test hook fails the engine (the module's last test)."""
+    srv = Server(model_dir, tmp_path_factory.mktemp("log") / "plain.log", "--served-model-name", "tiny",
                  env={"MINILLM_TEST_FAULTS": "1", "MINILLM_TEST_STEP_DELAY": "0.01"})
-    try:
-        stream = create(srv, stream=True, max_output_tokens=300, extra_body={"ignore_eos": True})
+    yield srv
+    assert srv.stop() == 0
+
+
+def test_logprobs(plain, server):
+    """include message.output_text.logprobs with top_logprobs: every token's logprob and its best
+    alternatives in the message's text part, the chat endpoint's for the same greedy request;
+    streamed, the deltas carry them. Refused where the output is read for reasoning or calls, whose
+    tokens are not all the message's."""
+    ask = dict(max_output_tokens=8, temperature=0, top_logprobs=2, include=["message.output_text.logprobs"],
+               extra_body={"ignore_eos": True})
+    with pytest.raises(openai.BadRequestError, match="reasoning"):
+        create(server, **ask)
+    with pytest.raises(openai.BadRequestError, match="tool calls"):
+        create(plain, tools=TOOLS, **ask)
+    r = create(plain, **ask)
+    lps = r.output[0].content[0].logprobs
+    assert len(lps) == 8 and all(len(lp.top_logprobs) == 2 for lp in lps)
+    assert "".join(lp.token for lp in lps) == r.output_text
+    chat = plain.client().chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                  max_tokens=8, temperature=0, logprobs=True, top_logprobs=2,
+                                                  extra_body={"ignore_eos": True})
+    want = chat.choices[0].logprobs.content
+    assert [(lp.token, lp.logprob, [t.token for t in lp.top_logprobs]) for lp in lps] == \
+        [(lp.token, lp.logprob, [t.token for t in lp.top_logprobs]) for lp in want]
+    events = [e.model_dump() for e in create(plain, stream=True, **ask)]
+    deltas = [lp["token"] for e in events if e["type"] == "response.output_text.delta" for lp in e["logprobs"]]
+    done = next(e for e in events if e["type"] == "response.output_text.done")
+    assert deltas == [lp["token"] for lp in done["logprobs"]] == [lp.token for lp in lps]
+    assert create(plain, max_output_tokens=2).output[0].content[0].logprobs == []  # not asked: none
+
+
+def test_failure_mid_stream(plain):
+    """The engine failing mid-response: a stream gets an error event, then response.failed carrying
+    the error; a response that is not streamed is a 500 with an error body; later ones a 503."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        whole = pool.submit(httpx.post, f"{plain.url}/v1/responses", timeout=60, json={
+            "model": "tiny", "input": "y", "max_output_tokens": 300, "ignore_eos": True})
+        stream = create(plain, stream=True, max_output_tokens=300, extra_body={"ignore_eos": True})
         it = iter(stream)
         first = [next(it), next(it), next(it)]
         assert [e.type for e in first[:2]] == ["response.created", "response.in_progress"]
-        httpx.post(f"{srv.url}/_test/fault", json={})
+        httpx.post(f"{plain.url}/_test/fault", json={})
         rest = list(it)
         assert [e.type for e in rest[-2:]] == ["error", "response.failed"]
         assert "injected test fault" in rest[-2].message
         failed = rest[-1].response
         assert failed.status == "failed" and "injected test fault" in failed.error.message
-        r = httpx.post(f"{srv.url}/v1/responses", json={"model": "tiny", "input": "x", "max_output_tokens": 2})
-        assert r.status_code == 503 and r.json()["error"]["type"] == "service_unavailable"
-    finally:
-        assert srv.stop() == 0
+        r = whole.result()
+    assert r.status_code == 500 and "injected test fault" in r.json()["error"]["message"], r.text
+    r = httpx.post(f"{plain.url}/v1/responses", json={"model": "tiny", "input": "x", "max_output_tokens": 2})
+    assert r.status_code == 503 and r.json()["error"]["type"] == "service_unavailable"
 
 
 def test_cached_tokens_are_the_prefix_cache_hit(server):

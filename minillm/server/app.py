@@ -552,6 +552,11 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         return responses.ResponseBuilder(rid, ReasoningSplitter(reasoning_parser) if splits_reasoning(parsed) else None,
                                          parsed.tools.parser() if parsed.tools else None)
 
+    def response_logprobs(out) -> list[dict] | None:
+        """An output's tokens' logprobs as the Responses API's entries (chat's: token, logprob, bytes,
+        top_logprobs), when asked."""
+        return protocol.chat_logprobs(out.new_logprobs, token_text)["content"] if out.new_logprobs else None
+
     def response_body(req: responses.ResponsesRequest, rid: str, created: int, builder: responses.ResponseBuilder,
                       status: str, last=None, first=None, error: dict | None = None) -> dict:
         """The Response object now: its items so far, and with the last output its usage."""
@@ -562,9 +567,18 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
             use = responses.usage(req.parsed.num_prompt_tokens, first.num_cached_tokens or 0, len(ids), n_thought)
         return responses.response_object(rid, created, req.parsed.model, req, status, builder.output, use, error)
 
+    def parse_response_request(body: protocol.RequestBody) -> responses.ResponsesRequest:
+        req = responses.parse(body, info)
+        if req.parsed.logprobs and (splits_reasoning(req.parsed) or req.parsed.tools):
+            raise ProtocolError("logprobs in a response are served for output that is all message text: this one "
+                                "would be read for " + ("reasoning (--reasoning-parser)" if splits_reasoning(req.parsed)
+                                                        else "tool calls") +
+                                "; /v1/chat/completions returns every token's", "include")
+        return req
+
     async def _respond() -> Response:
         rid = f"resp_{uuid.uuid4().hex}"
-        accepted = await _accept(lambda body: responses.parse(body, info), rid, chat=True)
+        accepted = await _accept(parse_response_request, rid, chat=True)
         if isinstance(accepted, Response):
             return accepted
         req, parsed, timer, gone = accepted
@@ -582,7 +596,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
                 first, last = first or out, out
                 if out.finish_reason == "error":
                     raise choice_failed(out, 0, 1)
-                builder.feed(out.new_text, out.finished)
+                builder.feed(out.new_text, out.finished, response_logprobs(out))
                 reason = out.finish_reason or reason
         except EngineFailure as e:
             reason = "error"
@@ -620,7 +634,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
                 first = first or out
                 if out.finish_reason == "error":  # its text so far went out before
                     raise choice_failed(out, 0, 1)
-                builder.feed(out.new_text, out.finished)
+                builder.feed(out.new_text, out.finished, response_logprobs(out))
                 if out.finished:
                     reason = out.finish_reason or "stop"
                     builder.finish(reason != "length")

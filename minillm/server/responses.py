@@ -40,7 +40,6 @@ REFUSED = {
     "conversation": ((None,), "this server stores no conversations; send the whole conversation as 'input'"),
     "background": ((None, False), "background responses (this server answers each request on its connection)"),
     "prompt": ((None,), "stored prompt templates; send the text as 'instructions' and 'input'"),
-    "top_logprobs": ((None, 0), "logprobs in Responses output; /v1/chat/completions returns them"),
     "truncation": ((None, "disabled"), "truncation 'auto' (dropping the conversation's start)"),
     "max_tool_calls": ((None,), "a limit on tool calls; parallel_tool_calls false allows one"),
     "context_management": ((None,), "context management"),
@@ -213,19 +212,24 @@ def _text_format(body: RequestBody) -> dict | None:
                         f"\"json_schema\", \"name\": ..., \"schema\": {{...}}}}, got {_shown(fmt)}", "text.format")
 
 
-def _include(body: RequestBody) -> list[str]:
-    """include's values, checked; those that ask for nothing this server makes are named as ignored
-    (results of hosted tools and image URLs: no such items are ever made; reasoning's encrypted
-    content: reasoning items carry their text, nothing is encrypted)."""
+LOGPROBS = "message.output_text.logprobs"
+
+
+def _include(body: RequestBody, chat: dict) -> list[str]:
+    """include's values, checked. message.output_text.logprobs (or top_logprobs above 0) asks chat
+    for logprobs; those that ask for nothing this server makes are named as ignored (results of
+    hosted tools and image URLs: no such items are ever made; reasoning's encrypted content:
+    reasoning items carry their text, nothing is encrypted)."""
     include = body.get("include")
-    if include is None:
-        return []
-    if not isinstance(include, list) or not all(isinstance(x, str) for x in include):
+    if include is not None and not (isinstance(include, list) and all(isinstance(x, str) for x in include)):
         raise ProtocolError(f"'include' must be an array of strings, got {_shown(include)}", "include")
-    if "message.output_text.logprobs" in include:
-        raise ProtocolError("'include' value message.output_text.logprobs is not supported: logprobs in Responses "
-                            "output; /v1/chat/completions returns them", "include")
-    return [f"include: {x}" for x in include]
+    include = include or []
+    top = body.get("top_logprobs")
+    if LOGPROBS in include or (top is not None and top != 0):
+        chat["logprobs"] = True
+        if top is not None:
+            chat["top_logprobs"] = top
+    return [f"include: {x}" for x in include if x != LOGPROBS]
 
 
 def _reasoning(body: RequestBody) -> tuple[object, list[str]]:
@@ -263,7 +267,7 @@ def chat_request(body: RequestBody) -> ResponsesRequest:
         chat["tools"] = tools
     if choice is not None:
         chat["tool_choice"] = choice
-    ignored = _include(body)
+    ignored = _include(body, chat)
     effort, unused = _reasoning(body)
     if effort is not None:
         chat["reasoning_effort"] = effort
@@ -273,7 +277,7 @@ def chat_request(body: RequestBody) -> ResponsesRequest:
             "text": {"format": (body.get("text") or {}).get("format") or {"type": "text"}},
             "tool_choice": body.get("tool_choice") or ("auto" if tools else "none"), "tools": body.get("tools") or [],
             "parallel_tool_calls": body.get("parallel_tool_calls") is not False, "user": body.get("user"),
-            "reasoning": body.get("reasoning") or None}
+            "reasoning": body.get("reasoning") or None, "top_logprobs": body.get("top_logprobs") or 0}
     return ResponsesRequest(RequestBody(chat), where, echo, ignored=ignored + unused)
 
 
@@ -322,6 +326,7 @@ class ResponseBuilder:
     seq: int = 0
     _open: _Item | None = None
     _blank: str = ""  # content held back: blank text outside a message
+    _logprobs: list[dict] = field(default_factory=list)  # tokens' logprobs not given out yet
 
     def emit(self, kind: str, **fields) -> None:
         # a copy: items go on growing after their event, which must say what they were then
@@ -332,8 +337,11 @@ class ResponseBuilder:
         out, self.events = self.events, []
         return out
 
-    def feed(self, text: str, finished: bool) -> None:
-        """Output text in; the items it adds (or extends) out, as events."""
+    def feed(self, text: str, finished: bool, logprobs: list[dict] | None = None) -> None:
+        """Output text in (and, when asked, its tokens' logprobs as the API's entries: only for output
+        that is neither split nor parsed, so that every token is the message's); the items it adds
+        (or extends) out, as events."""
+        self._logprobs += logprobs or []
         d = Delta(content=text)
         if self.splitter is not None:
             d = self.splitter.feed(text) + (self.splitter.finish() if finished else Delta())
@@ -390,9 +398,11 @@ class ResponseBuilder:
                                {"type": "output_text", "text": "", "annotations": [], "logprobs": []})
         if not text:
             return
-        item.body["content"][0]["text"] += text
+        part, lps, self._logprobs = item.body["content"][0], self._logprobs, []
+        part["text"] += text
+        part["logprobs"] += lps
         self.emit("response.output_text.delta", item_id=item.body["id"], output_index=item.index, content_index=0,
-                  delta=text, logprobs=[])
+                  delta=text, logprobs=lps)
 
     def _call(self, call: ToolCallDelta) -> None:
         item = self._open
@@ -417,7 +427,10 @@ class ResponseBuilder:
         else:
             part = body["content"][0]
             kind = "response.reasoning_text.done" if part["type"] == "reasoning_text" else "response.output_text.done"
-            extra = {"logprobs": []} if part["type"] == "output_text" else {}
+            extra = {}
+            if part["type"] == "output_text":  # tokens whose text was held back and dropped (a stop string) too
+                part["logprobs"] += self._logprobs
+                self._logprobs, extra = [], {"logprobs": part["logprobs"]}
             self.emit(kind, item_id=body["id"], output_index=item.index, content_index=0, text=part["text"], **extra)
             self.emit("response.content_part.done", item_id=body["id"], output_index=item.index, content_index=0,
                       part=part)
@@ -442,7 +455,7 @@ def response_object(rid: str, created: int, model: str, req: ResponsesRequest, s
             "model": model, "output": output,
             "temperature": params.temperature if params else None, "top_p": params.top_p if params else None,
             "previous_response_id": None, "store": False, "truncation": "disabled",
-            "max_tool_calls": None, "top_logprobs": 0, "usage": usage, **req.echo}
+            "max_tool_calls": None, "usage": usage, **req.echo}
 
 
 def failure(message: str, code: str = "server_error") -> dict:
