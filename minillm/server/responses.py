@@ -2,7 +2,8 @@
 
 A Responses body is rewritten as the chat body it means: `instructions` and `input` items become
 messages, `max_output_tokens` max_completion_tokens, `text.format` response_format, the flat
-function tools chat's nested ones. So it is validated, templated and sampled exactly as
+function tools chat's nested ones, `reasoning.effort` reasoning_effort, logprobs asked through
+`include` chat's logprobs. So it is validated, templated and sampled exactly as
 /v1/chat/completions is, and an error that chat's parser raises is renamed into the Responses
 fields the client sent (`input[2]`, not `messages[3]`).
 
@@ -30,10 +31,10 @@ INPUT_ROLES = ("user", "system", "developer", "assistant")
 # fields a Responses body passes to chat as they are: model, stream, OpenAI's sampling fields and
 # vLLM's sampling extensions (which its Responses endpoint takes too)
 PASSED_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty",
-                   "repetition_penalty", "logit_bias", "min_tokens", "bad_words", "allowed_token_ids",
-                   "include_stop_str_in_output", "ignore_eos", "skip_special_tokens", "stop_token_ids",
-                   "structured_outputs", "chat_template_kwargs", "include_reasoning", "priority",
-                   "parallel_tool_calls", "stream", "model")
+                 "repetition_penalty", "logit_bias", "min_tokens", "bad_words", "allowed_token_ids",
+                 "include_stop_str_in_output", "ignore_eos", "skip_special_tokens", "stop_token_ids",
+                 "structured_outputs", "chat_template_kwargs", "include_reasoning", "priority",
+                 "parallel_tool_calls", "stream", "model")
 # OpenAI fields that ask for what a stateless text server does not do: refused unless neutral
 REFUSED = {
     "previous_response_id": ((None,), "this server stores no responses; send the whole conversation as 'input'"),
@@ -136,13 +137,14 @@ def _messages(body: RequestBody) -> tuple[list[dict], list[str]]:
                 if not isinstance(item.get(key), str):
                     raise ProtocolError(f"{at}.{key} must be a string, got {_shown(item.get(key))}", f"{at}.{key}")
             try:
-                json.loads(item["arguments"]) if item["arguments"].strip() else None
+                if item["arguments"].strip():
+                    json.loads(item["arguments"])
             except (ValueError, RecursionError) as e:
                 raise ProtocolError(f"{at}.arguments is not JSON ({e}): give the call's arguments as the JSON string "
                                     "the response had", f"{at}.arguments") from None
             call = {"id": item["call_id"], "type": "function",
                     "function": {"name": item["name"], "arguments": item["arguments"]}}
-            if msgs and msgs[-1]["role"] == "assistant" and where[-1] != "instructions":
+            if msgs and msgs[-1]["role"] == "assistant":
                 msgs[-1].setdefault("tool_calls", []).append(call)
             else:
                 msgs.append({"role": "assistant", "content": None, "tool_calls": [call]})
