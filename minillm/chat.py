@@ -92,13 +92,14 @@ class Chat:
             return
         params = SamplingParams(max_tokens=min(self.max_tokens, eng.max_model_len - len(ids)), **self.sampling)
         rid = eng.add_request(ids, params)
-        reply, n, reason = "", 0, None
+        last, reason = None, None
         t0 = time.perf_counter()
         while eng.has_unfinished() and not interrupted:
             for o in eng.step():
                 out.write(o.new_text)
                 out.flush()
-                reply, n, reason = o.text, len(o.token_ids), o.finish_reason
+                last, reason = o, o.finish_reason
+        reply, n = (last.text, last.output_len) if last is not None else ("", 0)  # (the text joined once)
         if interrupted and reason is None:  # a Ctrl-C that came after the last token changes nothing
             eng.abort_request(rid)
             reason = "interrupted"

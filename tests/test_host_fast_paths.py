@@ -1,7 +1,8 @@
 """The host-side shortcuts of a step give what the general code gives: the runner's vectorised
 decode fill matches its per-sequence loop byte for byte (also step after step, with the block-table
-rows it keeps from earlier steps), and RequestOutput.token_ids (copied lazily) is still the
-snapshot of its own step when read after later steps."""
+rows it keeps from earlier steps), RequestOutput.token_ids (copied lazily) and .text (joined when
+read) are still the snapshots of their own step when read after later steps, and the text folded
+into its head reads as it does whole."""
 
 from __future__ import annotations
 
@@ -272,6 +273,40 @@ def test_request_output_token_ids_are_a_snapshot_of_their_step(tmp_path):
     first = outs[0].token_ids
     first.append(-1)  # a caller's copy: the engine's sequence and later reads are unaffected
     assert outs[0].token_ids is first and outs[1].token_ids == outs[-1].token_ids[:2]
+    # text too: each output's text is its step's, read after the last step
+    assert [o.text for o in outs] == ["".join(x.new_text for x in outs[: k + 1]) for k in range(6)]
+
+
+def test_text_folded_into_its_head_reads_the_same(tmp_path, monkeypatch):
+    """A sequence's text moves into its head every TEXT_FOLD characters (engine._render: appending to
+    one long str is quadratic). With a fold every few characters, every output (its delta, its text
+    read after the last step, its ids and finish) is what it is unfolded, with stop strings that
+    straddle the folds, kept in the output or not."""
+    from minillm.engine import engine as engine_mod
+    from minillm.engine.engine import LLMEngine
+    from minillm.tools.random_model import write_random_model
+
+    model = write_random_model(tmp_path / "tiny", "tiny", seed=0)
+    engine = LLMEngine(model=str(model), device="cpu", max_num_seqs=4, max_model_len=256)
+
+    def run(fold: int, **params) -> list[tuple]:
+        monkeypatch.setattr(engine_mod, "TEXT_FOLD", fold)
+        engine.add_request([5, 6, 7], SamplingParams(max_tokens=150, ignore_eos=True, temperature=0, **params),
+                           request_id="a")
+        outs = []
+        while engine.has_unfinished():
+            outs += engine.step()
+        return [(o.new_text, o.text, o.token_ids, o.finish_reason) for o in outs]
+
+    whole = run(10**9)
+    text = whole[-1][1]
+    assert len(text) > 100 and "".join(o[0] for o in whole) == text
+    for params in ({}, {"stop": [text[90:93]]}, {"stop": [text[60:75], "never there"]},
+                   {"stop": [text[95:99]], "include_stop_str_in_output": True}):
+        want = run(10**9, **params)
+        assert run(8, **params) == want and run(3, **params) == want, params
+        if params:
+            assert want[-1][3] == "stop" and len(want[-1][1]) < len(text)
 
 
 @settings(max_examples=50, deadline=None)

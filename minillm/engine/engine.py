@@ -58,7 +58,9 @@ class RequestOutput:
     new_text: str
     output_ids: list[int] = field(repr=False)  # the sequence's own list: read token_ids instead
     output_len: int
-    text: str
+    # the output's text so far is text_head + text_end (Sequence.text_head): read text instead
+    text_head: str = field(repr=False)
+    text_end: str = field(repr=False)
     num_prompt_tokens: int
     finished: bool = False
     finish_reason: str | None = None
@@ -80,6 +82,11 @@ class RequestOutput:
         if self._token_ids is None:  # first read: a copy, as the sequence's list grows on
             self._token_ids = self.output_ids[: self.output_len]
         return self._token_ids
+
+    @property
+    def text(self) -> str:
+        """The output's text so far (joined when read: most consumers read it once, at the end)."""
+        return self.text_head + self.text_end if self.text_head else self.text_end
 
 
 @dataclass
@@ -103,6 +110,9 @@ class _Inflight:
 
     scheduled: list[ScheduledSeq]
     handle: tuple
+
+
+TEXT_FOLD = 4096  # characters of a sequence's text kept apart from its head (_render)
 
 
 def graph_buckets(max_num_seqs: int) -> list[int]:
@@ -904,6 +914,8 @@ class LLMEngine:
         n0 = len(seq.output_ids) - len(accepted)  # output tokens before these
         # a stop token is not text; a structured output's last token is
         text_ids = accepted[:-1] if reason == "stop" and not seq.ended_by_grammar else accepted
+        # seq.text is the text's end, after seq.text_head (offsets below are into it; sent_text_len is whole)
+        head = len(seq.text_head)
         for i, tok in enumerate(text_ids):
             before = len(seq.text)
             seq.text += seq.decoder.push([tok])
@@ -930,17 +942,27 @@ class LLMEngine:
             hold = 0
         else:
             hold = longest_stop - 1 if longest_stop else 0  # may be the start of a stop string
-        end = max(seq.sent_text_len, len(seq.text) - hold)
-        delta = seq.text[seq.sent_text_len : end]
+        end = max(seq.sent_text_len, head + len(seq.text) - hold)
+        delta = seq.text[seq.sent_text_len - head : end - head]
         seq.sent_text_len = end
         logprobs = None if seq.output_logprobs is None else seq.output_logprobs[n0 : n0 + len(accepted)]
-        return RequestOutput(seq.request_id, accepted, delta, seq.output_ids, len(seq.output_ids), seq.text,
-                             len(seq.prompt_ids), reason is not None, reason, new_logprobs=logprobs,
-                             prompt_logprobs=seq.prompt_logprobs if n0 == 0 else None,
-                             error=seq.error if reason == "error" else None,
-                             queued_s=seq.first_scheduled_at - seq.added_at
-                             if n0 == 0 and seq.first_scheduled_at is not None else None,
-                             num_cached_tokens=seq.num_cached_tokens if n0 == 0 else None)
+        out = RequestOutput(seq.request_id, accepted, delta, seq.output_ids, len(seq.output_ids), seq.text_head,
+                            seq.text, len(seq.prompt_ids), reason is not None, reason, new_logprobs=logprobs,
+                            prompt_logprobs=seq.prompt_logprobs if n0 == 0 else None,
+                            error=seq.error if reason == "error" else None,
+                            queued_s=seq.first_scheduled_at - seq.added_at
+                            if n0 == 0 and seq.first_scheduled_at is not None else None,
+                            num_cached_tokens=seq.num_cached_tokens if n0 == 0 else None)
+        if len(seq.text) > TEXT_FOLD and reason is None:
+            # A str grown with += is copied whole on every append (CPython appends in place only to
+            # a local variable): an output of n tokens cost O(n^2) here, ~28 us a token at 100k
+            # tokens. So the text's end moves into its head once past TEXT_FOLD characters, keeping
+            # what a stop string or the held-back delta can still reach; the head is copied once
+            # every ~TEXT_FOLD characters, and the appends above copy only the end.
+            cut = len(seq.text) - max(longest_stop, TEXT_FOLD // 4)
+            if cut > 0:
+                seq.text_head, seq.text = seq.text_head + seq.text[:cut], seq.text[cut:]
+        return out
 
     @staticmethod
     def _find_stop(text: str, stops: list[str], start: int = 0) -> tuple[int, int] | None:

@@ -348,7 +348,9 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
             async for i, out in choice_outputs(streams):
                 timer.output(out)
                 cached[i] = out.num_cached_tokens if out.num_cached_tokens is not None else cached[i]
-                texts[i], n_outs[i] = out.text, len(out.token_ids)
+                n_outs[i] = out.output_len
+                if out.finished:  # (the whole text is joined once, at the end)
+                    texts[i] = out.text
                 reasons[i] = out.finish_reason or reasons[i]
                 if out.finish_reason == "error":  # the others are aborted below (finally)
                     raise choice_failed(out, i, n)
@@ -495,7 +497,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
                                                      None, i), **usage_of(i)})
             async for i, out in choice_outputs(streams):
                 timer.output(out)
-                n_outs[i] = len(out.token_ids)
+                n_outs[i] = out.output_len  # (not len(token_ids): that copies the ids)
                 cached[i] = out.num_cached_tokens if out.num_cached_tokens is not None else cached[i]
                 text, ids = out.new_text, out.new_token_ids
                 lps = out.new_logprobs if want_logprobs else None
@@ -565,7 +567,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
             ids = last.token_ids
             n_thought = builder.reasoning_tokens(ids, think_ids[1] if think_ids else None, info.tokenizer)
             use = responses.usage(req.parsed.num_prompt_tokens, first.num_cached_tokens or 0, len(ids), n_thought)
-        return responses.response_object(rid, created, req.parsed.model, req, status, builder.output, use, error)
+        return responses.response_object(rid, created, req.parsed.model, req, status, builder.items(), use, error)
 
     def parse_response_request(body: protocol.RequestBody) -> responses.ResponsesRequest:
         req = responses.parse(body, info)

@@ -307,8 +307,18 @@ def event_bytes(event: dict) -> bytes:
 
 @dataclass
 class _Item:
-    body: dict  # the output item as it ends up (text and arguments filled in as they come)
+    body: dict  # the output item as it ends up (its text or arguments written in by sync)
     index: int  # its place in the response's output
+    pieces: list[str] = field(default_factory=list)  # its text so far (joined once, not grown: that is quadratic)
+
+    def sync(self) -> dict:
+        """The body with its text (a message's or reasoning's part) or arguments (a call's) so far."""
+        text = "".join(self.pieces)
+        if self.body["type"] == "function_call":
+            self.body["arguments"] = text
+        else:
+            self.body["content"][0]["text"] = text
+        return self.body
 
 
 @dataclass
@@ -331,8 +341,9 @@ class ResponseBuilder:
     _logprobs: list[dict] = field(default_factory=list)  # tokens' logprobs not given out yet
 
     def emit(self, kind: str, **fields) -> None:
-        # a copy: items go on growing after their event, which must say what they were then
-        self.events.append({"type": kind, "sequence_number": self.seq, **copy.deepcopy(fields)})
+        """An event; what it holds must not change after (items go on growing: their added events
+        hold copies)."""
+        self.events.append({"type": kind, "sequence_number": self.seq, **fields})
         self.seq += 1
 
     def take_events(self) -> list[dict]:
@@ -360,23 +371,29 @@ class ResponseBuilder:
     def reasoning_tokens(self, out_ids: list[int], end_id: int | None, tokenizer) -> int:
         """How many output tokens were thinking: those up to the end tag where it is one token (end_id),
         else the reasoning text's tokens."""
-        thought = [p["text"] for item in self.output if item["type"] == "reasoning" for p in item["content"]]
+        thought = [p["text"] for item in self.items() if item["type"] == "reasoning" for p in item["content"]]
         if not thought:
             return 0
         if end_id is not None:
             return out_ids.index(end_id) + 1 if end_id in out_ids else len(out_ids)
         return len(tokenizer.encode("".join(thought), add_special_tokens=False))
 
+    def items(self) -> list[dict]:
+        """The output items so far (the open one's text written in)."""
+        if self._open is not None:
+            self._open.sync()
+        return self.output
+
     # ---- items -----------------------------------------------------------------------------
     def _begin(self, body: dict, part: dict | None) -> _Item:
         self._close("completed")
         item = self._open = _Item(body, len(self.output))
         self.output.append(body)
-        self.emit("response.output_item.added", output_index=item.index, item=body)
+        self.emit("response.output_item.added", output_index=item.index, item=copy.deepcopy(body))
         if part is not None:
             body["content"].append(part)
             self.emit("response.content_part.added", item_id=body["id"], output_index=item.index, content_index=0,
-                      part=part)
+                      part=copy.deepcopy(part))
         return item
 
     def _reasoning(self, text: str) -> None:
@@ -384,7 +401,7 @@ class ResponseBuilder:
         if item is None or item.body["type"] != "reasoning":
             item = self._begin({"id": f"rs_{uuid.uuid4().hex}", "type": "reasoning", "summary": [], "content": [],
                                 "status": "in_progress"}, {"type": "reasoning_text", "text": ""})
-        item.body["content"][0]["text"] += text
+        item.pieces.append(text)
         self.emit("response.reasoning_text.delta", item_id=item.body["id"], output_index=item.index, content_index=0,
                   delta=text)
 
@@ -400,9 +417,9 @@ class ResponseBuilder:
                                {"type": "output_text", "text": "", "annotations": [], "logprobs": []})
         if not text:
             return
-        part, lps, self._logprobs = item.body["content"][0], self._logprobs, []
-        part["text"] += text
-        part["logprobs"] += lps
+        lps, self._logprobs = self._logprobs, []
+        item.pieces.append(text)
+        item.body["content"][0]["logprobs"] += lps
         self.emit("response.output_text.delta", item_id=item.body["id"], output_index=item.index, content_index=0,
                   delta=text, logprobs=lps)
 
@@ -413,7 +430,7 @@ class ResponseBuilder:
             item = self._begin({"id": f"fc_{uuid.uuid4().hex}", "type": "function_call", "status": "in_progress",
                                 "call_id": call.id, "name": call.name, "arguments": ""}, None)
         if call.arguments and item is not None and item.body["type"] == "function_call":
-            item.body["arguments"] += call.arguments
+            item.pieces.append(call.arguments)
             self.emit("response.function_call_arguments.delta", item_id=item.body["id"], output_index=item.index,
                       delta=call.arguments)
 
@@ -421,7 +438,7 @@ class ResponseBuilder:
         item, self._open = self._open, None
         if item is None:
             return
-        body = item.body
+        body = item.sync()
         body["status"] = status
         if body["type"] == "function_call":
             self.emit("response.function_call_arguments.done", item_id=body["id"], output_index=item.index,
@@ -436,7 +453,7 @@ class ResponseBuilder:
             self.emit(kind, item_id=body["id"], output_index=item.index, content_index=0, text=part["text"], **extra)
             self.emit("response.content_part.done", item_id=body["id"], output_index=item.index, content_index=0,
                       part=part)
-        self.emit("response.output_item.done", output_index=item.index, item=body)
+        self.emit("response.output_item.done", output_index=item.index, item=body)  # (done: it changes no more)
 
     def finish(self, complete: bool) -> None:
         """The output ended (complete: by itself, not cut by max_output_tokens). An output with no
@@ -454,7 +471,7 @@ def response_object(rid: str, created: int, model: str, req: ResponsesRequest, s
     return {"id": rid, "object": "response", "created_at": created, "status": status,
             "background": False, "error": error,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-            "model": model, "output": output,
+            "model": model, "output": copy.deepcopy(output),  # (the items may grow after)
             "temperature": params.temperature if params else None, "top_p": params.top_p if params else None,
             "previous_response_id": None, "store": False, "truncation": "disabled",
             "max_tool_calls": None, "usage": usage, **req.echo}
