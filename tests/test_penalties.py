@@ -1,11 +1,14 @@
 """Presence, frequency and repetition penalties (SamplingParams): the op against its definition,
 greedy decoding against an oracle built from the engine's own unpenalised logits (LLMEngine.score),
-and logit_bias. (Async scheduling's fallback for penalties: tests/test_async_scheduling.py.)"""
+the incremental history penalties read against a recount, and logit_bias. (Async scheduling's
+fallback for penalties: tests/test_async_scheduling.py.)"""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minillm import LLM, SamplingParams
 from minillm.backends.numpy_ops import NumpyBackend
@@ -68,14 +71,39 @@ def test_verification_rows_follow_their_drafts():
 
     runner = SimpleNamespace(backend=NumpyBackend(), _adjustments=ModelRunner._adjustments)
     p = SamplingParams(presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.4)
-    verifying = SimpleNamespace(params=p, prompt_ids=[1, 2], output_ids=[3, 3], draft_ids=[4, 3, 5])
-    plain = SimpleNamespace(params=p, prompt_ids=[6], output_ids=[4], draft_ids=[])
+    verifying = SimpleNamespace(params=p, prompt_ids=[1, 2], output_ids=[3, 3], draft_ids=[4, 3, 5],
+                                penalty_history=None)
+    plain = SimpleNamespace(params=p, prompt_ids=[6], output_ids=[4], draft_ids=[], penalty_history=None)
     batch = [SimpleNamespace(seq=verifying, num_logits=4), SimpleNamespace(seq=plain, num_logits=1)]
     logits = np.random.default_rng(1).standard_normal((5, 12)).astype(np.float32)
     want = [penalised(logits[j], [1, 2], [3, 3, *[4, 3, 5][:j]], p) for j in range(4)]
     want.append(penalised(logits[4], [6], [4], p))
     ModelRunner._adjust_logits(runner, batch, logits)
     assert np.allclose(logits, np.array(want), atol=1e-5)
+
+
+@settings(max_examples=300, deadline=None)
+@given(prompt=st.lists(st.integers(0, 40), max_size=20), rep=st.booleans(),
+       steps=st.lists(st.tuples(st.lists(st.integers(0, 40), max_size=24), st.integers(0, 60)), max_size=8),
+       drafted=st.lists(st.integers(0, 40), max_size=5))
+def test_penalty_history_is_the_recount(prompt, rep, steps, drafted):
+    """PenaltyHistory (updated as the output grows, a token or many at a time, or cut) holds what
+    counting every id again gives: the output's distinct ids and counts, and with the repetition
+    penalty those of prompt and output; with a verification row's drafts on top."""
+    from minillm.engine.penalty_history import PenaltyHistory
+
+    hist, out = PenaltyHistory(prompt, rep), []
+    for new, keep in steps:
+        out = (out + new)[: keep if keep < 50 else None]  # sometimes cut, as a stop string does
+        hist.update(out)
+        for extra in ([], drafted):
+            ids, counts, seen = hist.with_drafts(extra)
+            want_ids, want_counts = np.unique(np.asarray(out + extra, np.int64), return_counts=True)
+            assert ids.tolist() == want_ids.tolist() and counts.tolist() == want_counts.tolist()
+            assert (seen is None) == (not rep)
+            if rep:
+                assert seen.tolist() == sorted(set(prompt) | set(out) | set(extra))
+        assert hist.with_drafts([])[1].tolist() == np.unique(np.asarray(out, np.int64), return_counts=True)[1].tolist()
 
 
 @pytest.mark.parametrize("method", ["ngram", "self_draft", "dflash"])

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from minillm.engine.block_manager import BlockManager
+from minillm.engine.penalty_history import NONE, PenaltyHistory
 from minillm.engine.readback import TokenReadback
 from minillm.engine.scheduler import ScheduledSeq
 from minillm.engine.structured import ThinkState, add_token
@@ -662,18 +663,33 @@ class ModelRunner:
         `drafted`, the drafts a verification row follows), then the logit bias (subtracting its
         negative)."""
         p = seq.params
-        none = np.zeros(0, np.int64)
-        out_ids, counts = np.unique(np.asarray([*seq.output_ids, *drafted], np.int64), return_counts=True) \
-            if p.penalized else (none, none)
-        rep_ids = np.union1d(out_ids, np.asarray(seq.prompt_ids, np.int64)) if p.repetition_penalty != 1 else none
+        out_ids = counts = rep_ids = NONE
+        if p.penalized:  # the sequence's history, updated with the tokens since the last step (not rebuilt)
+            if seq.penalty_history is None:
+                seq.penalty_history = PenaltyHistory(seq.prompt_ids, p.repetition_penalty != 1)
+            seq.penalty_history.update(seq.output_ids)
+            out_ids, counts, seen = seq.penalty_history.with_drafts(drafted)
+            if seen is not None:
+                rep_ids = seen  # prompt and output ids: every output id among them
         bias_ids = np.fromiter(p.logit_bias or {}, np.int64)
-        ids = np.union1d(np.union1d(out_ids, rep_ids), bias_ids)
+        ids = rep_ids if rep_ids.size else out_ids
+        if bias_ids.size:
+            ids = np.union1d(ids, bias_ids)
         pos, neg = np.ones(ids.shape[0], np.float32), np.ones(ids.shape[0], np.float32)
         if rep_ids.size:
-            seen = np.isin(ids, rep_ids)
-            pos[seen], neg[seen] = 1 / np.float32(p.repetition_penalty), np.float32(p.repetition_penalty)
-        sub = np.zeros(ids.shape[0], np.float32)
-        sub[np.searchsorted(ids, out_ids)] += p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
+            if ids is rep_ids:
+                pos[:], neg[:] = 1 / np.float32(p.repetition_penalty), np.float32(p.repetition_penalty)
+            else:
+                at = np.minimum(np.searchsorted(rep_ids, ids), rep_ids.shape[0] - 1)
+                seen = rep_ids[at] == ids
+                pos[seen], neg[seen] = 1 / np.float32(p.repetition_penalty), np.float32(p.repetition_penalty)
+        if p.frequency_penalty or p.presence_penalty:
+            amount = (p.frequency_penalty * counts + p.presence_penalty * (counts > 0)).astype(np.float32)
+            sub = amount if ids is out_ids else np.zeros(ids.shape[0], np.float32)
+            if ids is not out_ids:
+                sub[np.searchsorted(ids, out_ids)] = amount
+        else:
+            sub = np.zeros(ids.shape[0], np.float32)
         if p.logit_bias:
             sub[np.searchsorted(ids, bias_ids)] -= np.fromiter(p.logit_bias.values(), np.float32)
         return ids.astype(np.int32), pos, neg, sub

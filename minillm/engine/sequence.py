@@ -87,6 +87,8 @@ class Sequence:
         # structured.matcher_error), else None
         self.error: str | None = None
         # detokenisation state (owned by the engine)
+        # presence / frequency / repetition penalties' view of the tokens (engine/penalty_history.py)
+        self.penalty_history = None
         self.text = ""  # the text's end: the whole text is text_head + text (engine._render)
         self.text_head = ""
         self.sent_text_len = 0
