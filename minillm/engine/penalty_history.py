@@ -54,7 +54,8 @@ class PenaltyHistory:
             self.n = len(output_ids)
 
     def with_drafts(self, drafted: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """(output ids, counts, seen) as a verification row that follows drafted sees them (copies)."""
+        """(output ids, counts, seen) as a verification row that follows drafted sees them: new arrays
+        with drafts, else the history's own (to read, not to write)."""
         if not drafted:
             return self.ids, self.counts, self.seen
         ids, counts = _add(self.ids, self.counts.copy(), list(drafted))
