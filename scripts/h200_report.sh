@@ -116,6 +116,8 @@
 #   part223: the same racecheck with steps of at most 16 rows (one sequence, prefill chunks of 16);
 #   part224: the bf16 kernel tests under racecheck; part225 prepared: the tests it did not reach, and
 #   part223's load on the server with faulthandler.
+#   part273-part274 prepared in session 47 (after part271 / part272, prepared in session 45): every
+#   GPU test and decode on session 47's final code; long outputs' host cost before and after it.
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -4813,6 +4815,27 @@ part272() {  # prepared in session 45 (not run: no device was lent after it was 
     $ROUND_C1 --under-ncu
   stage spec_tests_ring 200 env MINILLM_SKINNY2_RING=1 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs \
     tests/test_gpu_engine.py tests/test_dflash_graphs.py -k "spec or dflash or lossless or repeats_bit"
+  pack
+}
+
+part273() {  # prepared in session 47 (no device was lent): session 47's final code, whose engine changed on
+  # every path (a sequence's text folded into a head, penalties read from an incremental history, the
+  # Responses API): every GPU test but SmolLM2's and the debug build's, then bench decode of both shapes
+  # (~8 minutes). Run it after part271 / part272, or first if they are skipped.
+  part269
+}
+
+part274() {  # prepared in session 47: what long outputs cost the host before and after session 47 (text
+  # appended to one str, penalties recounted every step, against the folded text and the incremental
+  # history): scripts/structured_bench.py on 0.6B at batch 8, 2,048 tokens a request (free, regex, bias,
+  # presence penalty), this tree against .snap_s47 (72444c2, session 46's final code:
+  # `mkdir .snap_s47 && git archive 72444c2 -- cuda minillm scripts | tar -x -C .snap_s47`, carried) (~6 minutes)
+  setup
+  models_both 40
+  stage long_new 240 python3 scripts/structured_bench.py $M/q06 --device cuda --batch 8 --tokens 2048 \
+    --json "$W/long_new.json"
+  stage long_old 240 bash -c "cd .snap_s47 && PYTHONPATH=.:/tmp/site python3 scripts/structured_bench.py \
+    $M/q06 --device cuda --batch 8 --tokens 2048 --json $W/long_old.json"
   pack
 }
 
