@@ -357,6 +357,42 @@ def test_chat_role_only_delta_is_not_the_first_token():
     assert r.ok and r.output_tokens == 2 and len(r.itl) == 1
 
 
+def _event(kind: str, **fields) -> str:
+    return f"event: {kind}\n" + _data({"type": kind, **fields})
+
+
+RESPONSE_DONE = _event("response.completed", response={"status": "completed", "usage": {
+    "input_tokens": 5, "output_tokens": 3, "total_tokens": 8}})
+
+
+def test_client_reads_a_responses_stream():
+    """--backend openai-responses: the output deltas are the tokens (reasoning and call arguments too;
+    the item and part events are not), the usage is the final response's, and the stream ends there."""
+    created = _event("response.created", response={"status": "in_progress", "output": []})
+    added = _event("response.output_item.added", output_index=0, item={"type": "message"})
+    tok = _event("response.output_text.delta", delta="hi", item_id="m", output_index=0, content_index=0)
+    think = _event("response.reasoning_text.delta", delta="hm", item_id="r", output_index=0, content_index=0)
+    r = _send(200, _sse(created, think, added, tok, tok, RESPONSE_DONE), backend="openai-responses")
+    assert r.ok and (r.prompt_len, r.output_tokens) == (5, 3) and len(r.itl) == 2, r.error
+    cut = _event("response.incomplete", response={"usage": {"input_tokens": 5, "output_tokens": 1}})
+    r = _send(200, _sse(created, tok, cut), expect=None, backend="openai-responses")
+    assert r.ok and r.output_tokens == 1
+
+
+@pytest.mark.parametrize("bad, reason", [
+    (_event("response.failed", response={"status": "failed", "error": {"message": "engine fault"}}),
+     "response.failed: engine fault"),
+    ('event: error\ndata: {"type": "error", "message": "injected", "code": "x"}', "SSE error event: injected"),
+    (_event("response.output_text.delta", delta=5), "delta is 5, not a string"),
+    (_data({"delta": "x"}), "type is null, not an event type"),
+    ("", "stream ended without response.completed"),
+])
+def test_client_responses_failure_rules(bad, reason):
+    tok = _event("response.output_text.delta", delta="a")
+    r = _send(200, _sse(tok, *([bad] if bad else [])), expect=None, backend="openai-responses")
+    assert not r.ok and reason in r.error, r.error
+
+
 # ---- offline throughput through minillm.LLM -----------------------------------------------------
 def test_throughput_command(tiny, tmp_path, capsys):
     from minillm.bench.throughput import main
@@ -413,7 +449,7 @@ def server(tiny, tmp_path_factory):
         proc.kill()
 
 
-@pytest.mark.parametrize("backend", ["openai", "openai-chat"])
+@pytest.mark.parametrize("backend", ["openai", "openai-chat", "openai-responses"])
 def test_serve_ladder_end_to_end(server, tiny, tmp_path, backend, capsys):
     from minillm.bench.serve import main
 

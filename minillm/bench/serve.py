@@ -9,7 +9,9 @@ streams every response and times it. `--dataset custom --dataset-path FILE.jsonl
 instead (one {"prompt": text} a line, each rung in its own seeded order; with a file shorter than a
 rung they repeat). With --request-rate the requests also arrive over time, as
 `vllm bench serve --request-rate R --burstiness B` sends them (gamma-distributed gaps, mean 1 / R).
-A request fails on a non-200 status, an SSE error event, a
+--backend picks the route: /v1/completions (openai), /v1/chat/completions (openai-chat) or
+/v1/responses (openai-responses: its output deltas are the tokens, its usage the final response's).
+A request fails on a non-200 status, an SSE error event (or response.failed), a
 broken or unterminated stream, a malformed chunk (its number and field named: "chunk 3:
 choices[0].delta is null"), a usage chunk whose counts are not counts, a timeout, or (with
 --ignore-eos) fewer tokens than max_tokens. A rung with any failure is VOID and ends the ladder
@@ -45,7 +47,11 @@ from minillm.bench.report import (
 )
 from minillm.models.hf_loader import shown
 
-ENDPOINTS = {"openai": "/v1/completions", "openai-chat": "/v1/chat/completions"}
+ENDPOINTS = {"openai": "/v1/completions", "openai-chat": "/v1/chat/completions", "openai-responses": "/v1/responses"}
+# the Responses API's stream: the events that carry output, and those that end it with the response
+RESPONSES_DELTAS = ("response.output_text.delta", "response.reasoning_text.delta",
+                    "response.function_call_arguments.delta")
+RESPONSES_ENDS = ("response.completed", "response.incomplete")
 # The slowest --request-rate taken: a mean gap of 1000 s between requests. Below it a rung would
 # in effect never finish (1e-300 requests/s waits ~1e300 s for its second request).
 MIN_REQUEST_RATE = 1e-3
@@ -101,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Concurrency ladder against an OpenAI-compatible server.")
     p.add_argument("--base-url", default="http://127.0.0.1:8000")
     p.add_argument("--backend", choices=sorted(ENDPOINTS), default="openai",
-                   help="openai: /v1/completions; openai-chat: /v1/chat/completions (both streamed)")
+                   help="openai: /v1/completions; openai-chat: /v1/chat/completions; openai-responses: "
+                        "/v1/responses (each streamed)")
     p.add_argument("--model", default=None, help="model name to request (default: first id of /v1/models)")
     p.add_argument("--tokenizer", default=None,
                    help="model path/alias whose tokenizer builds the prompts (default: --model if it is "
@@ -176,7 +183,10 @@ def request_payload(backend: str, model: str, req: BenchRequest, args: argparse.
             "stream": True, "stream_options": {"include_usage": True}}
     if args.ignore_eos:
         body["ignore_eos"] = True
-    if backend == "openai-chat":
+    if backend == "openai-responses":  # (its usage comes in the response that ends the stream)
+        body = {"model": model, "input": req.prompt, "max_output_tokens": req.output_len,
+                "temperature": args.temperature, "stream": True, **({"ignore_eos": True} if args.ignore_eos else {})}
+    elif backend == "openai-chat":
         body["messages"] = [{"role": "user", "content": req.prompt}]
     else:
         body["prompt"] = req.prompt
@@ -215,6 +225,14 @@ def chunk_has_output(backend: str, chunk) -> bool:
     closing usage chunk of some servers) carries none."""
     if not isinstance(chunk, dict):
         raise ValueError(f"is {shown(chunk)}, not an object")
+    if backend == "openai-responses":  # typed events: the output's deltas count, the rest do not
+        if not isinstance(chunk.get("type"), str):
+            raise ValueError(f"type is {shown(chunk.get('type'))}, not an event type")
+        if chunk["type"] not in RESPONSES_DELTAS:
+            return False
+        if not isinstance(chunk.get("delta"), str):
+            raise ValueError(f"{chunk['type']}'s delta is {shown(chunk.get('delta'))}, not a string")
+        return bool(chunk["delta"])
     choices = chunk.get("choices")
     if choices is None and "usage" in chunk:
         return False
@@ -271,7 +289,12 @@ async def send_request(client, url: str, backend: str, body: dict, prompt_len: i
                     obj = json.loads(data)
                 except json.JSONDecodeError as e:
                     return RequestResult(False, prompt_len, error=f"chunk {n_chunks}: not JSON ({e}): {data[:100]}")
-                if event == "error" or (isinstance(obj, dict) and "error" in obj):
+                kind = obj.get("type") if isinstance(obj, dict) and backend == "openai-responses" else None
+                if kind == "response.failed":
+                    err = (obj.get("response") or {}).get("error") or obj
+                    msg = err.get("message", err) if isinstance(err, dict) else err
+                    return RequestResult(False, prompt_len, error=f"response.failed: {msg}")
+                if event == "error" or (isinstance(obj, dict) and "error" in obj and kind is None):
                     err = obj.get("error", obj) if isinstance(obj, dict) else obj
                     msg = err.get("message", err) if isinstance(err, dict) else err
                     return RequestResult(False, prompt_len, error=f"SSE error event: {msg}")
@@ -279,15 +302,22 @@ async def send_request(client, url: str, backend: str, body: dict, prompt_len: i
                     has_output = chunk_has_output(backend, obj)
                 except ValueError as e:
                     return RequestResult(False, prompt_len, error=f"chunk {n_chunks}: {e} (the chunk: {data[:100]})")
-                if obj.get("usage"):
-                    usage = obj["usage"]
                 if has_output:
                     chunk_times.append(time.perf_counter())
+                if kind in RESPONSES_ENDS:  # the whole response, its usage in the Responses API's names
+                    use = (obj.get("response") or {}).get("usage")
+                    usage = ({"prompt_tokens": use.get("input_tokens"), "completion_tokens": use.get("output_tokens")}
+                             if isinstance(use, dict) else use)
+                    done = True
+                    break
+                if obj.get("usage") and kind is None:
+                    usage = obj["usage"]
     except Exception as e:  # a reset connection, a read timeout, bad JSON: the stream is broken
         return RequestResult(False, prompt_len, error=f"broken stream: {type(e).__name__}: {e}")
     end = time.perf_counter()
     if not done:
-        return RequestResult(False, prompt_len, error="stream ended without data: [DONE]")
+        return RequestResult(False, prompt_len, error="stream ended without " + (
+            "response.completed" if backend == "openai-responses" else "data: [DONE]"))
     ttft, itl = itl_from_timestamps(start, chunk_times)
     try:  # the usage chunk is exact; without it each output chunk is taken as one token
         n_out = usage_count(usage, "completion_tokens", len(chunk_times))
