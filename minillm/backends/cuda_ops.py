@@ -46,10 +46,9 @@ _SAMPLE_THREADS = 512  # cuda/sampling.cu
 # _DECODE_MAX_SPLITS splits of at least _DECODE_MIN_PART keys each.
 _DECODE_HEAD_DIMS, _DECODE_MAX_G, _DECODE_MAX_SPLITS, _DECODE_MIN_PART = (64, 128), 8, 64, 64
 # Query heads a KV head that take the one-query-head-a-CTA attention (MINILLM_DECODE_HEAD_CTAS): those whose
-# tests have run on the H200 (the op tests at G = 2 / 4 / 8, the engines at 2 and 4; session 45). G = 3
-# (SmolLM2) is in test_decode_step_one_query_head_a_cta now but has not run on a GPU yet: h200_report.sh's
-# part271 runs it and SmolLM2's GPU tests with MINILLM_DECODE_HEAD_CTAS=2 (any G); add 3 here when they pass.
-_HEAD_CTAS_GPU_TESTED_G = (2, 4, 8)
+# tests have run on the H200 (the op tests at G = 2 / 4 / 8, the engines at 2 and 4; session 45; G = 3, the op
+# tests and SmolLM2's GPU tests with MINILLM_DECODE_HEAD_CTAS=2, part271 in session 47).
+_HEAD_CTAS_GPU_TESTED_G = (2, 3, 4, 8)
 # ... and at least _DECODE_MIN_PART_ONE_ROW keys a split in a one-row step whose KV heads serve at most
 # _DECODE_MIN_PART_ONE_ROW_MAX_G query heads each (decode_min_part)
 _DECODE_MIN_PART_ONE_ROW, _DECODE_MIN_PART_ONE_ROW_MAX_G = 32, 2
