@@ -50,6 +50,13 @@ class Server:
     def client(self, **kw) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=kw.pop("api_key", "none"), max_retries=0, **kw)
 
+    def wait_idle(self, timeout: float = 5) -> dict[str, float]:
+        """The metrics once no request runs (or after timeout seconds): what an aborted request left."""
+        deadline = time.monotonic() + timeout
+        while (m := self.metrics())["minillm:num_requests_running"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return m
+
     def metrics(self) -> dict[str, float]:
         text = httpx.get(f"{self.url}/metrics").text
         return {k: float(v) for k, v in re.findall(r"^(minillm:[^\s]+) ([-+.e0-9]+)$", text, re.M)}
@@ -1054,9 +1061,7 @@ def test_disconnect_before_the_response(server, stream):
     # a request sent after it is served; by its end the closed one, had it been admitted, would be running
     r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 4, "ignore_eos": True})
     assert r.status_code == 200, r.text
-    deadline = time.monotonic() + 5
-    while (m := server.metrics())["minillm:num_requests_running"] and time.monotonic() < deadline:
-        time.sleep(0.02)
+    m = server.wait_idle()
     assert m["minillm:kv_cache_blocks_used"] == 0 and m["minillm:num_requests_running"] == 0
     length = 'minillm:request_success_total{finished_reason="length"}'
     assert m[length] == before.get(length, 0) + 1  # the later request's alone: the closed one never finished
@@ -1068,9 +1073,7 @@ def test_disconnect_non_streamed(server):
     body = {"prompt": "a long one", "max_tokens": 480, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
         httpx.post(f"{server.url}/v1/completions", json=body, timeout=0.3)
-    deadline = time.monotonic() + 5
-    while (m := server.metrics())["minillm:num_requests_running"] and time.monotonic() < deadline:
-        time.sleep(0.02)
+    m = server.wait_idle()
     assert m["minillm:kv_cache_blocks_used"] == 0 and m["minillm:num_requests_running"] == 0
     assert m["minillm:generation_tokens_total"] - before["minillm:generation_tokens_total"] < 240
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from minillm.server.protocol import ModelInfo, ParsedRequest, ProtocolError, RequestBody, error_body, parse_request
 from minillm.server.reasoning import Delta, ReasoningSplitter
-from minillm.server.tools import Piece, ToolCallDelta, ToolCallParser
+from minillm.server.tools import Piece, ToolCallDelta, ToolCallParser, _shown
 
 INPUT_ROLES = ("user", "system", "developer", "assistant")
 # fields a Responses body passes to chat as they are: model, stream, OpenAI's sampling fields and
@@ -49,10 +49,6 @@ REFUSED = {
 RENAMED = (("'max_completion_tokens'", "'max_output_tokens'"), ("max_completion_tokens", "max_output_tokens"),
            ("'response_format'", "'text.format'"), ("response_format", "text.format"), (".function.", "."),
            ("reasoning_effort", "reasoning.effort"))
-
-
-def _shown(v) -> str:
-    return json.dumps(v)[:80]
 
 
 @dataclass
