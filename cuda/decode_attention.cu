@@ -114,6 +114,15 @@
 #ifndef DEC_MERGE_FLIGHT_ROPE  // the same for the fused decode step (paged_decode_rope_*): a batch-1
 #define DEC_MERGE_FLIGHT_ROPE 16  // step near 512 keys has 9 active splits (part171); verification keeps 8
 #endif
+// The last split's merge in one L2 round trip for one query head a CTA (G = 1: the one-row step's
+// head-a-CTA kernel, paged_decode_rope_kvd_*): every warp loads the head's (m, l) pairs together with
+// its threads' partials of up to 32 splits and computes the split weights itself, where the default
+// has warp 0 load the pairs, weigh them into shared memory and a barrier before any partial is asked
+// for (and a second round of loads past DEC_MERGE_FLIGHT_ROPE splits: a batch-1 step at 512 keys has
+// 17). The same weights (split_weights), the same adds in the same order: the same bits.
+#ifndef DEC_MERGE_ONE_TRIP
+#define DEC_MERGE_ONE_TRIP 0
+#endif
 #ifndef DEC_CPL  // 16-byte chunks of a K/V row per lane (1: 16 lanes a bf16 d128 row; 2: 8 lanes)
 #define DEC_CPL 1
 #endif
@@ -197,6 +206,8 @@ __device__ __forceinline__ void decode_attention_impl(
   __shared__ float s_ml[NG][G][2];
   __shared__ float s_acc[NG][G][D];
   __shared__ __align__(16) float s_w[G][64];  // the merging CTA's per-split weights (n_splits <= 64)
+  constexpr bool ONE_TRIP = DEC_MERGE_ONE_TRIP && G == 1 && KV_DIV;
+  __shared__ float s_w_warp[ONE_TRIP ? DEC_THREADS / 32 : 1][ONE_TRIP ? 64 : 1];  // ONE_TRIP: a warp's copy
   __shared__ float s_den[G];
   __shared__ int s_last;
   // ROPE: the G q heads and the new k, v rows after norm + RoPE (rounded to storage), and scratch
@@ -556,6 +567,28 @@ __device__ __forceinline__ void decode_attention_impl(
   __syncthreads();
   if (!s_last) return;
   __threadfence();
+  if constexpr (ONE_TRIP) {  // G = 1: thread tid merges element tid of the head (D <= DEC_THREADS)
+    static_assert(D <= DEC_THREADS, "one element a thread");
+    const int lane = tid & 31, warp = tid >> 5;
+    const i64 p0 = ((i64)t * H + kh) * n_splits;
+    const minillm::SplitPairs pairs = minillm::split_pairs(reinterpret_cast<const float2*>(part_ml) + p0, n_active, lane);
+    float x[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) x[i] = i < n_active && tid < D ? __ldcg(part_o + (p0 + i) * D + tid) : 0.f;
+    const float den = minillm::split_weights(pairs, n_active, lane, s_w_warp[warp]);
+    __syncwarp();
+    float o = 0.f;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o = minillm::merge_add(o, s_w_warp[warp][i], x[i]);
+    for (int i = 32; i < n_active; ++i)  // past 32 splits (long contexts): one at a time
+      o = minillm::merge_add(o, s_w_warp[warp][i], tid < D ? __ldcg(part_o + (p0 + i) * D + tid) : 0.f);
+    if (tid < D) out[(i64)t * o_tok + (i64)kh * o_head + tid] = minillm::merge_result<T>(o, den);
+    if (tid == 0) {
+      counters[(i64)t * KH + kh] = 0;  // ready for the next step (or graph replay)
+      minillm::timeline_stamp(7);
+    }
+    return;
+  }
   constexpr int EPT = (G * D + DEC_THREADS - 1) / DEC_THREADS, FL = ROPE ? DEC_MERGE_FLIGHT_ROPE : DEC_MERGE_FLIGHT;
   for (int g = tid >> 5; g < G; g += DEC_THREADS / 32) {  // warp per head: split weights
     const i64 p0 = ((i64)t * H + kh * G + g) * n_splits;

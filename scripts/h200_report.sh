@@ -118,6 +118,8 @@
 #   part223's load on the server with faulthandler.
 #   part273-part274 prepared in session 47 (after part271 / part272, prepared in session 45): every
 #   GPU test and decode on session 47's final code; long outputs' host cost before and after it.
+#   part275-: session 48 (part275: the head-a-CTA attention's merge in one L2 round trip, A/B and
+#   timelines).
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -4836,6 +4838,41 @@ part274() {  # prepared in session 47: what long outputs cost the host before an
     --json "$W/long_new.json"
   stage long_old 240 bash -c "cd .snap_s47 && PYTHONPATH=.:/tmp/site python3 scripts/structured_bench.py \
     $M/q06 --device cuda --batch 8 --tokens 2048 --json $W/long_old.json"
+  pack
+}
+
+graphs_b1_ab() {  # graphs_b1_ab TAG=SETTINGS...: both shapes' batch-1 graphs at 512 keys under each TAG's
+  # environment settings (space-separated VAR=VALUE), alternately, twice, as graph_q06_TAG_i / graph_q8_TAG_i
+  # (scripts/ab_table.py's names); then graph_summary
+  local r kv tag s
+  for r in 1 2; do
+    for kv in "$@"; do
+      tag=${kv%%=*}
+      for s in q06 q8; do
+        # shellcheck disable=SC2086  # the settings split into env's arguments
+        stage "graph_${s}_${tag}_$r" 120 env ${kv#*=} python3 scripts/step_kernels.py $M/$s --batch 1 --ctx 512 \
+          --json "$W/graph_${s}_${tag}_$r.json"
+      done
+    done
+  done
+  graph_summary
+}
+
+part275() {  # session 48: the last split's merge in one L2 round trip in the head-a-CTA attention
+  # (DEC_MERGE_ONE_TRIP=1: every warp loads the (m, l) pairs with its partials of up to 32 splits and weighs
+  # them itself; the default loads the pairs, weighs them, a barrier, then the partials 16 splits at a time;
+  # the same bits): its op tests, batch-1 graphs of both shapes against the default (and with 32-key splits on
+  # 8B, MINILLM_DECODE_MIN_PART=32), alternated twice; timelines of both shapes with it and 8B's without (the
+  # last 8B timeline is part166's, before the head-a-CTA kernel) (~8 minutes)
+  setup
+  stage trip_tests 200 env MINILLM_CUDA_DEFINES=DEC_MERGE_ONE_TRIP=1 python3 -m pytest -q -m gpu \
+    -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k "one_query_head_a_cta or decode_step_attention"
+  models_both 60
+  graphs_b1_ab base=MINILLM_PDL=1 trip=MINILLM_CUDA_DEFINES=DEC_MERGE_ONE_TRIP=1 \
+    trip32="MINILLM_CUDA_DEFINES=DEC_MERGE_ONE_TRIP=1 MINILLM_DECODE_MIN_PART=32"
+  MINILLM_CUDA_DEFINES=DEC_MERGE_ONE_TRIP=1 timeline q06_b1_trip $M/q06 --batch 1 --ctx 512
+  MINILLM_CUDA_DEFINES=DEC_MERGE_ONE_TRIP=1 timeline q8_b1_trip $M/q8 --batch 1 --ctx 512
+  timeline q8_b1 $M/q8 --batch 1 --ctx 512
   pack
 }
 
