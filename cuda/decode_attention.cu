@@ -119,9 +119,17 @@
 // its threads' partials of up to 32 splits and computes the split weights itself, where the default
 // has warp 0 load the pairs, weigh them into shared memory and a barrier before any partial is asked
 // for (and a second round of loads past DEC_MERGE_FLIGHT_ROPE splits: a batch-1 step at 512 keys has
-// 17). The same weights (split_weights), the same adds in the same order: the same bits.
+// 17). The same weights (split_weights), the same adds in the same order: the same bits. Session 48
+// (part275, batch-1 graphs at 512 keys alternated twice, docs/results/h200_session48_ab.txt): 0.6B
+// 0.7652 -> 0.7563 ms (-1.16%), 8B 4.2492 -> 4.2308 (-0.43%); the merge 1.82 -> 1.41 us (0.6B), 2.02 ->
+// 1.58 (8B) in the timelines; its op tests 30 passed. The default since.
 #ifndef DEC_MERGE_ONE_TRIP
-#define DEC_MERGE_ONE_TRIP 0
+#define DEC_MERGE_ONE_TRIP 1
+#endif
+// Diagnostics (scripts/step_timeline.py --phases): thread 0 of every CTA stamps timeline words 6 and 7
+// after the q/k norm + RoPE and after its keys (before its release) instead of its arrival and merge.
+#ifndef DEC_TL_PHASES
+#define DEC_TL_PHASES 0
 #endif
 #ifndef DEC_CPL  // 16-byte chunks of a K/V row per lane (1: 16 lanes a bf16 d128 row; 2: 8 lanes)
 #define DEC_CPL 1
@@ -350,6 +358,9 @@ __device__ __forceinline__ void decode_attention_impl(
     __syncthreads();
     if (fresh) --k_end;  // the newest key comes from s_rot after the loop
   }
+#if DEC_TL_PHASES
+  minillm::timeline_stamp(6);
+#endif
 
   // ---- this token's G query heads, pre-scaled by softmax scale * log2(e). Lane kl holds the
   // CPL 16-byte chunks kl, kl + LPK, ... of each row (so LPK lanes read a row's 16 * LPK bytes
@@ -509,6 +520,9 @@ __device__ __forceinline__ void decode_attention_impl(
     }
   }
 
+#if DEC_TL_PHASES
+  minillm::timeline_stamp(7);
+#endif
   minillm::pdl_release();  // the next kernel is placed while this CTA merges (common.cuh)
   // ---- merge the key groups of this CTA
 #pragma unroll
@@ -562,7 +576,9 @@ __device__ __forceinline__ void decode_attention_impl(
   if (tid == 0) {
     const int prev = atomicAdd(counters + (i64)t * KH + kh, 1);
     s_last = prev == n_active - 1;
+#if !DEC_TL_PHASES
     minillm::timeline_stamp(6);  // arrived (scripts/step_timeline.py: the tail's phases)
+#endif
   }
   __syncthreads();
   if (!s_last) return;
@@ -585,7 +601,9 @@ __device__ __forceinline__ void decode_attention_impl(
     if (tid < D) out[(i64)t * o_tok + (i64)kh * o_head + tid] = minillm::merge_result<T>(o, den);
     if (tid == 0) {
       counters[(i64)t * KH + kh] = 0;  // ready for the next step (or graph replay)
+#if !DEC_TL_PHASES
       minillm::timeline_stamp(7);
+#endif
     }
     return;
   }
@@ -633,7 +651,9 @@ __device__ __forceinline__ void decode_attention_impl(
   }
   if (tid == 0) {
     counters[(i64)t * KH + kh] = 0;  // ready for the next step (or graph replay)
-    minillm::timeline_stamp(7);      // merged (thread 0's stores issued)
+#if !DEC_TL_PHASES
+    minillm::timeline_stamp(7);  // merged (thread 0's stores issued)
+#endif
   }
 }
 

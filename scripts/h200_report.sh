@@ -119,7 +119,7 @@
 #   part273-part274 prepared in session 47 (after part271 / part272, prepared in session 45): every
 #   GPU test and decode on session 47's final code; long outputs' host cost before and after it.
 #   part275-: session 48 (part275: the head-a-CTA attention's merge in one L2 round trip, A/B and
-#   timelines).
+#   timelines; part276: the batch-1 attention's phases).
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -4873,6 +4873,15 @@ part275() {  # session 48: the last split's merge in one L2 round trip in the he
   MINILLM_CUDA_DEFINES=DEC_MERGE_ONE_TRIP=1 timeline q06_b1_trip $M/q06 --batch 1 --ctx 512
   MINILLM_CUDA_DEFINES=DEC_MERGE_ONE_TRIP=1 timeline q8_b1_trip $M/q8 --batch 1 --ctx 512
   timeline q8_b1 $M/q8 --batch 1 --ctx 512
+  pack
+}
+
+part276() {  # session 48: where the batch-1 attention's work goes: timelines of both shapes with its phase
+  # stamps (DEC_TL_PHASES=1: each CTA's end of RoPE and of its keys), the merge in one trip the default (~3 min)
+  setup
+  models_both 60
+  MINILLM_CUDA_DEFINES=DEC_TL_PHASES=1 timeline q06_b1_phases $M/q06 --batch 1 --ctx 512
+  MINILLM_CUDA_DEFINES=DEC_TL_PHASES=1 timeline q8_b1_phases $M/q8 --batch 1 --ctx 512
   pack
 }
 

@@ -22,6 +22,10 @@ merge, so its hand-off splits into
   to wait     from the last merge's end to the next kernel's first wait returning (the grid's
               completion and memory flush).
 
+With MINILLM_CUDA_DEFINES=DEC_TL_PHASES=1 the decode attention stamps, instead, each CTA's end of the
+q/k norm + RoPE and of its keys (before its release), and its rows get the medians of those phases
+(attention_phases).
+
 Kernels are labelled by launch shape (grid x block); a layer repeats its shapes, so the summary
 gives each shape's count and medians. Kernels outside the PDL modules record nothing (the gap
 they leave shows up as one long hand-off). Recording costs a little: the instrumented graph's
@@ -55,19 +59,41 @@ def timeline_buffers(cupy, modules) -> list:
     return out
 
 
-def grids_of(records: np.ndarray) -> list[dict]:
-    """Per launch (gridid): its shape, CTAs recorded and the first / last times (ns), by start."""
+def grids_of(records: np.ndarray, phases: bool = False) -> list[dict]:
+    """Per launch (gridid): its shape, CTAs recorded and the first / last times (ns), by start. phases:
+    words 6 and 7 are the decode attention's DEC_TL_PHASES stamps (after RoPE, after its keys), not its
+    arrival and merge: each grid that has them gets phase_medians (attention_phases)."""
     by = defaultdict(list)
     for r in records:
         by[int(r[0])].append(r)
     grids = []
     for gid, rs in by.items():
         a = np.asarray(rs, dtype=np.uint64)  # words 5-7 are 0 where a CTA did not stamp them
-        grids.append({"gridid": gid, "shape": f"{int(a[0, 1] >> 32)}x{int(a[0, 2] >> 32)}", "ctas": len(rs),
-                      "entry": int(a[:, 3].min()), "wait_first": int(a[:, 4].min()), "wait_last": int(a[:, 4].max()),
-                      "release_last": int(a[:, 5].max()), "released": int(np.count_nonzero(a[:, 5])),
-                      "arrive_last": int(a[:, 6].max()), "merged_last": int(a[:, 7].max())})
+        g = {"gridid": gid, "shape": f"{int(a[0, 1] >> 32)}x{int(a[0, 2] >> 32)}", "ctas": len(rs),
+             "entry": int(a[:, 3].min()), "wait_first": int(a[:, 4].min()), "wait_last": int(a[:, 4].max()),
+             "release_last": int(a[:, 5].max()), "released": int(np.count_nonzero(a[:, 5])),
+             "arrive_last": 0 if phases else int(a[:, 6].max()), "merged_last": 0 if phases else int(a[:, 7].max())}
+        if phases:
+            g.update(attention_phases(a))
+        grids.append(g)
     return sorted(grids, key=lambda g: g["entry"])
+
+
+PHASE_KEYS = ("rope_us", "keys_us", "to_release_us", "last_rope_us", "last_keys_us")
+
+
+def attention_phases(a: np.ndarray) -> dict:
+    """The decode attention's CTAs under DEC_TL_PHASES, us: the medians over its working CTAs of wait ->
+    RoPE done (rope), RoPE -> keys done (keys), keys -> release (to release: its key groups' merge in
+    shared memory is after the release), and from the grid's first wait to its last CTA's RoPE / keys
+    (last rope, last keys). {} for a grid without the stamps."""
+    w = a[(a[:, 4] > 0) & (a[:, 5] > 0) & (a[:, 6] > 0) & (a[:, 7] > 0)].astype(np.int64)
+    if not len(w):
+        return {}
+    first = int(a[:, 4][a[:, 4] > 0].min())
+    return {"rope_us": float(np.median(w[:, 6] - w[:, 4])) / 1e3, "keys_us": float(np.median(w[:, 7] - w[:, 6])) / 1e3,
+            "to_release_us": float(np.median(w[:, 5] - w[:, 7])) / 1e3,
+            "last_rope_us": (int(w[:, 6].max()) - first) / 1e3, "last_keys_us": (int(w[:, 7].max()) - first) / 1e3}
 
 
 def split(grids: list[dict]) -> dict:
@@ -85,7 +111,8 @@ def split(grids: list[dict]) -> dict:
                      "start_us": (g["entry"] - t0) / 1e3,
                      "work_us": work, "handoff_us": handoff, "placed_after_release_us": placed,
                      "wait_spread_us": (g["wait_last"] - g["wait_first"]) / 1e3,
-                     **tail_phases(g, grids[i + 1] if i + 1 < len(grids) else None)})
+                     **tail_phases(g, grids[i + 1] if i + 1 < len(grids) else None),
+                     **{k: g[k] for k in PHASE_KEYS if k in g}})
         for key, v in (("work", work), ("handoff", handoff), ("placed", placed)):
             if v is not None:
                 by_shape[g["shape"]][key].append(v)
@@ -129,7 +156,7 @@ def layer_positions(rows: list[dict], max_period: int = 16) -> dict | None:
         positions = []
         for j in range(p):
             pos = {"shape": shapes[start + j]}
-            for key in ("work_us", "handoff_us", *TAIL_KEYS):
+            for key in ("work_us", "handoff_us", *TAIL_KEYS, *PHASE_KEYS):
                 v = [layer[j][key] for layer in layers if layer[j].get(key) is not None]
                 if v or key in ("work_us", "handoff_us"):
                     pos[f"{key}_median"] = round(float(np.median(v)), 2) if v else None
@@ -176,7 +203,8 @@ def run(model: str, batch: int, ctx: int, replays: int = 10, drafter: str | None
     out = {"model": model, "batch": batch, "ctx": ctx, "drafter": drafter, "k": k if drafter else None,
            "records": kept, "dropped": asked - kept,
            "instrumented_graph_ms": float(np.median(replay_ms(backend, times)))}
-    return {**out, **split(grids_of(records))}
+    phases = "DEC_TL_PHASES=1" in os.environ["MINILLM_CUDA_DEFINES"].split(",")
+    return {**out, **split(grids_of(records, phases=phases))}
 
 
 def main() -> int:
@@ -204,8 +232,9 @@ def main() -> int:
         print(f"a layer: {layer['period']} kernels from grid {layer['start']}, {layer['layers']} layers; by position "
               "(shape, work median, hand-off-in median, us):")
         for j, pos in enumerate(layer["positions"]):
-            tail = ", then: " + ", ".join(f"{k[:-3].replace('_', ' ')} {pos[k + '_median']:.2f}" for k in TAIL_KEYS
-                                          if pos.get(k + "_median") is not None) if "merge_us_median" in pos else ""
+            extra = [k for k in (*TAIL_KEYS, *PHASE_KEYS) if pos.get(k + "_median") is not None]
+            tail = ", then: " + ", ".join(f"{k[:-3].replace('_', ' ')} {pos[k + '_median']:.2f}" for k in extra) \
+                if extra else ""
             print(f"  {j:2d} {pos['shape']:18s} {pos['work_us_median'] or 0:8.2f} {pos['handoff_us_median'] or 0:8.2f}"
                   f"{tail}")
     print("first 16 grids: shape, CTAs recorded, CTAs that released (the others exited first: e.g. the decode "

@@ -70,6 +70,23 @@ def test_a_stamped_tail_splits_the_hand_off():
     assert "merge_us" not in second
 
 
+def test_attention_phases_from_its_stamps():
+    """Under DEC_TL_PHASES words 6 and 7 are each CTA's RoPE and keys ends: the grid gets their medians
+    and the last CTA's, and no tail split (those words are not an arrival and a merge)."""
+    st = load()
+    rows = [record(7, 3, 0, 128, 1000, 1100, 1500, arrived=1200, merged=1400),
+            record(7, 3, 1, 128, 1010, 1150, 1700, arrived=1300, merged=1650),
+            record(7, 3, 2, 128, 1020, 1120, 0),  # an inactive split: no stamps, not counted
+            record(9, 1, 0, 256, 1550, 3000, 3200)]
+    r = st.split(st.grids_of(np.asarray(rows, dtype=np.uint64), phases=True))
+    first, second = r["timeline"]
+    assert first["rope_us"] == pytest.approx(0.125)  # median of 100 and 150 ns
+    assert first["keys_us"] == pytest.approx(0.275)  # of 200 and 350
+    assert first["to_release_us"] == pytest.approx(0.075)  # of 100 and 50
+    assert first["last_rope_us"] == pytest.approx(0.2) and first["last_keys_us"] == pytest.approx(0.55)
+    assert "merge_us" not in first and "rope_us" not in second
+
+
 def test_no_records_is_an_error():
     st = load()
     with pytest.raises(ValueError, match="no CTA records"):
