@@ -4882,6 +4882,9 @@ part276() {  # session 48: where the batch-1 attention's work goes: timelines of
   models_both 60
   MINILLM_CUDA_DEFINES=DEC_TL_PHASES=1 timeline q06_b1_phases $M/q06 --batch 1 --ctx 512
   MINILLM_CUDA_DEFINES=DEC_TL_PHASES=1 timeline q8_b1_phases $M/q8 --batch 1 --ctx 512
+  # and 8B with the norms folded into the products (off for 8B: +1.1%, part206): what each CTA's
+  # prologue (the row and residual from L2, the block sum) costs its qkv and gate_up products
+  MINILLM_FOLD_NORMS_MAX_K=4096 timeline q8_b1_fold $M/q8 --batch 1 --ctx 512
   pack
 }
 
