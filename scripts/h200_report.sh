@@ -119,7 +119,8 @@
 #   part273-part274 prepared in session 47 (after part271 / part272, prepared in session 45): every
 #   GPU test and decode on session 47's final code; long outputs' host cost before and after it.
 #   part275-: session 48 (part275: the head-a-CTA attention's merge in one L2 round trip, A/B and
-#   timelines; part276: the batch-1 attention's phases).
+#   timelines; part276: the batch-1 attention's phases, prepared, taken over by part277: those and the
+#   folded norms' scale after the product).
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -4885,6 +4886,25 @@ part276() {  # session 48: where the batch-1 attention's work goes: timelines of
   # and 8B with the norms folded into the products (off for 8B: +1.1%, part206): what each CTA's
   # prologue (the row and residual from L2, the block sum) costs its qkv and gate_up products
   MINILLM_FOLD_NORMS_MAX_K=4096 timeline q8_b1_fold $M/q8 --batch 1 --ctx 512
+  pack
+}
+
+part277() {  # session 48: part276's timelines (not run: no device was lent), with the folded norms' scale
+  # after the product (MINILLM_NORM_POST=1, gemv1_normpost*: no block sum between the row's loads and the
+  # weights): its op tests, batch-1 graphs of both shapes alternated twice: the default, norm-post, and on
+  # 8B the fold (MINILLM_FOLD_NORMS_MAX_K=4096) without and with it; an 8B timeline of each (~8 minutes)
+  setup
+  stage post_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    -k "norm_post or folded_same_bits"
+  tail -n 3 "$W/post_tests.log"
+  models_both 60
+  graphs_b1_ab base=MINILLM_PDL=1 post=MINILLM_NORM_POST=1 fold8=MINILLM_FOLD_NORMS_MAX_K=4096 \
+    fold8post="MINILLM_FOLD_NORMS_MAX_K=4096 MINILLM_NORM_POST=1"
+  MINILLM_CUDA_DEFINES=DEC_TL_PHASES=1 timeline q06_b1_phases $M/q06 --batch 1 --ctx 512
+  MINILLM_CUDA_DEFINES=DEC_TL_PHASES=1 timeline q8_b1_phases $M/q8 --batch 1 --ctx 512
+  MINILLM_FOLD_NORMS_MAX_K=4096 timeline q8_b1_fold $M/q8 --batch 1 --ctx 512
+  MINILLM_FOLD_NORMS_MAX_K=4096 MINILLM_NORM_POST=1 timeline q8_b1_foldpost $M/q8 --batch 1 --ctx 512
+  MINILLM_NORM_POST=1 timeline q06_b1_post $M/q06 --batch 1 --ctx 512
   pack
 }
 
