@@ -126,6 +126,15 @@
 #ifndef DEC_MERGE_ONE_TRIP
 #define DEC_MERGE_ONE_TRIP 1
 #endif
+// The head-a-CTA kernel (KV_DIV) loads its first DEC_U keys a key group (the split's first NG x DEC_U
+// cached keys) into registers before its PDL wait, where the default asks for them only after the
+// wait, the q row's load and the q norm + RoPE: those keys are rows older than the launch (the newest
+// key comes from shared memory), read-only for the kernel's life (KV_LOADS_NC above), and the
+// previous kernel (the qkv product) never writes the caches. Session 23's cp.async copy of the first
+// 64 keys before the wait (two q heads a CTA, 64-key splits) changed nothing (part158).
+#ifndef DEC_KV_PREWAIT
+#define DEC_KV_PREWAIT 0
+#endif
 // Diagnostics (scripts/step_timeline.py --phases): thread 0 of every CTA stamps timeline words 6 and 7
 // after the q/k norm + RoPE and after its keys (before its release) instead of its arrival and merge.
 #ifndef DEC_TL_PHASES
@@ -299,6 +308,49 @@ __device__ __forceinline__ void decode_attention_impl(
       pos = pos_t;
     }
   }
+  // keys [k0, k0 + DEC_U) of this lane's key group, its chunks of them (zero past k_stop): every
+  // key's block-table entry first, then every K / V load, so the U loads are in flight together
+  uint4 kr[DEC_U][CPL], vr[DEC_U][CPL];
+  auto load_keys = [&](int k0, int k_stop) {
+    int phys[DEC_U];
+#pragma unroll
+    for (int u = 0; u < DEC_U; ++u) {
+      const int key = k0 + u, lb = key / block_size;
+      MINILLM_CHECK(key >= k_stop || lb < bt_stride);
+      phys[u] = key < k_stop ? bt[lb] : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < DEC_U; ++u) {
+      const int key = k0 + u;
+#pragma unroll
+      for (int j = 0; j < CPL; ++j) kr[u][j] = vr[u][j] = make_uint4(0u, 0u, 0u, 0u);
+      if (key < k_stop) {
+        MINILLM_CHECK(phys[u] >= 0 && phys[u] < num_blocks);
+        const i64 off = (((i64)phys[u] * block_size + (key % block_size)) * n_kv + kv) * D + kl * VEC;
+#pragma unroll
+        for (int j = 0; j < CPL; ++j) {
+          const uint4* kp = reinterpret_cast<const uint4*>(kc + off + j * LPK * VEC);
+          const uint4* vp = reinterpret_cast<const uint4*>(vc + off + j * LPK * VEC);
+          if constexpr (ROPE || KV_LOADS_NC) {  // rows older than this launch (see KV_LOADS_NC)
+            kr[u][j] = __ldg(kp);
+            vr[u][j] = __ldg(vp);
+          } else {  // the q/k norm kernel just before stored this step's rows
+            kr[u][j] = minillm::load_act(kp);
+            vr[u][j] = minillm::load_act(vp);
+          }
+        }
+      }
+    }
+  };
+  // DEC_KV_PREWAIT (head-a-CTA kernel): the first keys of this group, before the wait. The newest key
+  // (the fresh CTA's last) is not among them: it comes from shared memory after the loop.
+  constexpr bool KV_PRE = DEC_KV_PREWAIT && ROPE && KV_DIV;
+  if constexpr (KV_PRE) {
+    if (active) {
+      const bool fresh_pre = slot >= 0 && k_hi == L && L > 0 && k_end == k_hi;
+      load_keys(k_lo + grp * DEC_U, fresh_pre ? k_end - 1 : k_end);
+    }
+  }
 #if PDL_PREWAIT_INDEX
   if (active) {  // L1 warm-up for what the CTA reads right after the wait
     constexpr int W_LINE = 128 / sizeof(T);  // weights a 128-byte line
@@ -396,32 +448,7 @@ __device__ __forceinline__ void decode_attention_impl(
   // load nothing and update nothing.
   for (int base = k_lo; base < k_end; base += NG * DEC_U) {
     const int k0 = base + grp * DEC_U;
-    uint4 kr[DEC_U][CPL], vr[DEC_U][CPL];
-#pragma unroll
-    for (int u = 0; u < DEC_U; ++u) {
-      const int key = k0 + u;
-#pragma unroll
-      for (int j = 0; j < CPL; ++j) kr[u][j] = vr[u][j] = make_uint4(0u, 0u, 0u, 0u);
-      if (key < k_end) {
-        const int lb = key / block_size;
-        MINILLM_CHECK(lb < bt_stride);
-        const int phys = bt[lb];
-        MINILLM_CHECK(phys >= 0 && phys < num_blocks);
-        const i64 off = (((i64)phys * block_size + (key - lb * block_size)) * n_kv + kv) * D + kl * VEC;
-#pragma unroll
-        for (int j = 0; j < CPL; ++j) {
-          const uint4* kp = reinterpret_cast<const uint4*>(kc + off + j * LPK * VEC);
-          const uint4* vp = reinterpret_cast<const uint4*>(vc + off + j * LPK * VEC);
-          if constexpr (ROPE || KV_LOADS_NC) {  // rows older than this launch (see KV_LOADS_NC)
-            kr[u][j] = __ldg(kp);
-            vr[u][j] = __ldg(vp);
-          } else {  // the q/k norm kernel just before stored this step's rows
-            kr[u][j] = minillm::load_act(kp);
-            vr[u][j] = minillm::load_act(vp);
-          }
-        }
-      }
-    }
+    if (!(KV_PRE && base == k_lo)) load_keys(k0, k_end);  // KV_PRE: the first keys are in already
 #if DEC_NO_MATH  // memory only: every loaded word feeds one sum (the loads' ceiling, not attention)
 #pragma unroll
     for (int u = 0; u < DEC_U; ++u)
