@@ -120,7 +120,8 @@
 #   GPU test and decode on session 47's final code; long outputs' host cost before and after it.
 #   part275-: session 48 (part275: the head-a-CTA attention's merge in one L2 round trip, A/B and
 #   timelines; part276: the batch-1 attention's phases, prepared, taken over by part277: those and the
-#   folded norms' scale after the product).
+#   folded norms' scale after the product, and the attention's first keys before its wait; part278: the
+#   final code's GPU tests, SmolLM2's among them, and decode).
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -4907,6 +4908,23 @@ part277() {  # session 48: part276's timelines (not run: no device was lent), wi
   MINILLM_CUDA_DEFINES=DEC_TL_PHASES=1 timeline q06_b1_phases $M/q06 --batch 1 --ctx 512
   MINILLM_CUDA_DEFINES=DEC_TL_PHASES=1 timeline q8_b1_phases $M/q8 --batch 1 --ctx 512
   MINILLM_FOLD_NORMS_MAX_K=4096 MINILLM_NORM_POST=1 timeline q8_b1_foldpost $M/q8 --batch 1 --ctx 512
+  pack
+}
+
+part278() {  # session 48's final code, run right after part277 (which carried .gguf_a; this call carries
+  # .gguf_b and .whl): SmolLM2's GPU tests, every other GPU test but the debug build's, bench decode of both
+  # shapes and the 8B spec-cost bench, under the environment the call is given (the settings part277
+  # found faster, before they become the defaults in the code) (~9 minutes)
+  setup
+  models_both 40
+  stage smollm2_gpu 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py -k smollm2
+  stage gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" tests \
+    -k "not debug_build and not smollm2"
+  tail -n 3 "$W/gpu_tests.log"
+  stage decode06 90 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
+    --result-json "$W/decode06.json"
+  stage decode8 90 python3 -m minillm.bench decode $M/q8 --device cuda --input-len 512 --output-len 256 \
+    --result-json "$W/decode8.json"
   pack
 }
 
