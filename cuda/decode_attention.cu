@@ -131,9 +131,14 @@
 // wait, the q row's load and the q norm + RoPE: those keys are rows older than the launch (the newest
 // key comes from shared memory), read-only for the kernel's life (KV_LOADS_NC above), and the
 // previous kernel (the qkv product) never writes the caches. Session 23's cp.async copy of the first
-// 64 keys before the wait (two q heads a CTA, 64-key splits) changed nothing (part158).
+// 64 keys before the wait (two q heads a CTA, 64-key splits) changed nothing (part158). Session 48: the
+// phase stamps (DEC_TL_PHASES) had a CTA's 32 keys take 2.5 us (0.6B) / 2.9 us (8B) from the end of
+// its RoPE, its q norm + RoPE 0.8 / 1.6 us from the wait (part277); with these loads before the wait
+// batch-1 graphs 0.6B 0.7875 -> 0.7792 ms (-1.05%), 8B 4.2186 -> 4.2032 (-0.37%), alternated twice
+// (docs/results/h200_session48_ab.txt); its op tests and every GPU test passed with it (part278). The
+// default since.
 #ifndef DEC_KV_PREWAIT
-#define DEC_KV_PREWAIT 0
+#define DEC_KV_PREWAIT 1
 #endif
 // Diagnostics (scripts/step_timeline.py --phases): thread 0 of every CTA stamps timeline words 6 and 7
 // after the q/k norm + RoPE and after its keys (before its release) instead of its arrival and merge.

@@ -126,6 +126,12 @@ __device__ __forceinline__ void gemv_prefetch(const bf16* w, int N, int K) {
 // (part206, batch-1 graphs): 0.6B -1.2%, 8B +1.1%, far from the chains' promise: a CTA's first
 // weight loads wait for the prologue, and the 8B gate_up's 3,072 CTAs each read a 16 KB row and
 // residual. So the host folds rows of at most MINILLM_FOLD_NORMS_MAX_K (1,024) values.
+// Session 48 (part277, docs/results/h200_session48_ab.txt) took the block sum out of the prologue: each
+// CTA wrote h * w to shared memory and each thread's sum of squares beside it, one barrier, the loop,
+// and the outputs scaled by rsqrt(mean(h^2) + eps) at the end (one rounding moved; as close to the
+// float64 oracle as the unfolded path in its GPU test). Batch-1 graphs, alternated twice: 0.6B 0.7875 ->
+// 0.7992 ms (+1.49%); 8B folded with it 4.2186 -> 4.3621 (+3.40%, against the unfolded default).
+// Slower on both, so the prologue's sum is not what costs the fold; removed.
 #ifndef NORM_ROW_L2
 #define NORM_ROW_L2 1
 #endif
@@ -223,77 +229,15 @@ __device__ __forceinline__ void norm_row(const bf16* __restrict__ x, const NormA
   __syncthreads();
 }
 
-// The folded norm with its scale applied after the product (gemv1_normpost*: POST): the product of the
-// normalised row n = h * rstd * w with a weight row is rstd times the product of h * w with it, and
-// h * w needs no sum of the row. So after the PDL wait each CTA writes h * w (rounded to bf16) to
-// shared memory and each thread's sum of squares of h beside it, one barrier, and the product's loop
-// starts; the sums are added (post_rstd) while the weights stream, and the outputs are scaled at the
-// end. norm_row's prologue has a block sum, a barrier and the scaling between the row's loads and the
-// loop. h (and res_out) are norm_row's bits; the outputs are not (one rounding moves: h * w where the
-// unfolded path rounds h * rstd * w), as close to the exact norm as the unfolded path (the GPU tests).
-template <int NORM>
-__device__ __forceinline__ void norm_row_post(const bf16* __restrict__ x, const NormArgs& na, int K,
-                                              const uint4 (&wv)[NORM], bf16* xs, float* ss_part) {
-  constexpr int VPR = NORM == 1 ? 1 : 2, VC = NORM / VPR, VT = 128 * VPR;
-  const int chunks = K / 8;
-  const uint4* xr = reinterpret_cast<const uint4*>(x);
-  const uint4* rr = reinterpret_cast<const uint4*>(na.res);
-  uint4 hv[NORM], rv[NORM];
-#pragma unroll
-  for (int k = 0; k < NORM; ++k) {  // every load issued before any is used
-    const int i = threadIdx.x + 128 * (k / VC) + (k % VC) * VT;
-    hv[k] = i < chunks ? minillm::load_act(xr + i) : make_uint4(0u, 0u, 0u, 0u);
-    if (rr) rv[k] = i < chunks ? minillm::load_act(rr + i) : make_uint4(0u, 0u, 0u, 0u);
-  }
-  float ss = 0.f;
-  uint4* xo = reinterpret_cast<uint4*>(xs);
-#pragma unroll
-  for (int k = 0; k < NORM; ++k) {
-    const int i = threadIdx.x + 128 * (k / VC) + (k % VC) * VT;
-    if (i < chunks) {
-      float h[8], wf[8], o[8];
-      minillm::unpack_bf16x8(hv[k], h);
-      if (rr) {  // residual <- x + residual, rounded to bf16 (norm_row's sum, bit for bit)
-        float r[8];
-        minillm::unpack_bf16x8(rv[k], r);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) r[j] += h[j];
-        hv[k] = minillm::pack_bf16x8(r);
-        if (na.res_out && blockIdx.x == 0) reinterpret_cast<uint4*>(na.res_out)[i] = hv[k];
-        minillm::unpack_bf16x8(hv[k], h);
-      }
-      minillm::unpack_bf16x8(wv[k], wf);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        ss += h[j] * h[j];
-        o[j] = h[j] * wf[j];
-      }
-      xo[i] = minillm::pack_bf16x8(o);
-    }
-  }
-  ss_part[threadIdx.x] = ss;
-  __syncthreads();
-}
-
-// rsqrt(mean(h^2) + eps) from norm_row_post's 128 partial sums: the same order in every warp and CTA.
-__device__ __forceinline__ float post_rstd(const float* ss_part, int K, float eps) {
-  const int lane = threadIdx.x & 31;
-  float t = 0.f;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) t += ss_part[lane + 32 * j];
-  return rsqrtf(minillm::warp_sum(t) / (float)K + eps);
-}
-
 // GATED: out[m, n] = silu(x[m] . w[n]) * (x[m] . w[N + n]) for n < N (w has 2N rows, no bias).
 // WARPS: warps a CTA (GEMV_NR columns each). WAITED: the caller has prefetched and passed the PDL
 // wait (gemv1_merge_*, whose x is its own shared memory). U1: chunks a lane has in flight a row in
 // the one-row loop (0: GEMV1_U). SPLIT (GATED): the CTA's first half of warps streams the gate rows
 // and its second half the matching up rows, GEMV_NR rows a warp as the plain product does; the up
 // sums reach the gate warps through shared memory (gemv1_silu_mul_split, gemv_silu_mul_split).
-// NORM > 0: x is normalised first, in shared memory (norm_row above; na: its inputs); with POST, scaled
-// by the norm's weight only, and the outputs by rstd (norm_row_post).
+// NORM > 0: x is normalised first, in shared memory (norm_row above; na: its inputs).
 template <typename TO, int M, bool GATED, int WARPS = GEMV_WARPS, bool WAITED = false, int U1 = 0,
-          bool SPLIT = false, int NORM = 0, bool PRE = false, bool POST = false>
+          bool SPLIT = false, int NORM = 0, bool PRE = false>
 __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
                                           const bf16* __restrict__ w, const bf16* __restrict__ bias,
                                           TO* __restrict__ out, i64 ldo, int N, int K,
@@ -301,8 +245,6 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
   static_assert(!SPLIT || (GATED && WARPS % 2 == 0), "SPLIT: a gated product, warps in pairs");
   static_assert(NORM == 0 || (M == 1 && WARPS * 32 == 128 && !WAITED), "NORM: one row, 128 threads");
   __shared__ __align__(16) bf16 xs_norm[NORM ? NORM * 1024 : 8];  // K <= NORM * 1024 (the host)
-  __shared__ float ss_part[POST ? 128 : 1];                         // POST: each thread's sum of h^2
-  static_assert(!POST || NORM > 0, "POST: a folded norm");
   uint4 norm_w[NORM ? NORM : 1];
   if constexpr (NORM > 0) norm_chunks<NORM>(na.w, K / 8, norm_w);
   constexpr int R = GATED && !SPLIT ? 2 * GEMV_NR : GEMV_NR;  // weight rows a warp streams at once
@@ -343,8 +285,7 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
       gemv_prefetch<GATED, WARPS>(w, N, K);
     minillm::pdl_entry();  // before the early return: see cuda/common.cuh
   }
-  if constexpr (POST) norm_row_post<NORM>(x, na, K, norm_w, xs_norm, ss_part);  // every thread, as below
-  else if constexpr (NORM > 0) norm_row<NORM>(x, na, K, norm_w, xs_norm);  // every thread, before any returns
+  if constexpr (NORM > 0) norm_row<NORM>(x, na, K, norm_w, xs_norm);  // every thread, before any returns
   // SPLIT keeps every warp to the CTA barrier below: past N they reload row N - 1, unused
   if (!SPLIT && n0 >= N) return;
   float acc[R][M];
@@ -422,15 +363,13 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
     }
   }
   minillm::pdl_release();
-  float rstd = 1.f;  // POST: the outputs' scale
-  if constexpr (POST) rstd = post_rstd(ss_part, K, na.eps);
   if constexpr (SPLIT) {
     __shared__ float up_sums[COL_WARPS][GEMV_NR][M];
 #pragma unroll
     for (int r = 0; r < GEMV_NR; ++r)
 #pragma unroll
       for (int m = 0; m < M; ++m) {
-        const float s = POST ? minillm::warp_sum(acc[r][m]) * rstd : minillm::warp_sum(acc[r][m]);
+        const float s = minillm::warp_sum(acc[r][m]);
         if (up_warp && lane == 0) up_sums[wib % COL_WARPS][r][m] = s;
         acc[r][m] = s;
       }
@@ -447,8 +386,8 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
       const int n = n0 + r;
 #pragma unroll
       for (int m = 0; m < M; ++m) {
-        const float s = POST ? minillm::warp_sum(acc[r][m]) * rstd : minillm::warp_sum(acc[r][m]);
-        const float up = GATED ? minillm::warp_sum(acc[r + GEMV_NR][m]) * rstd : 0.f;
+        const float s = minillm::warp_sum(acc[r][m]);
+        const float up = GATED ? minillm::warp_sum(acc[r + GEMV_NR][m]) : 0.f;
         if (lane == 0 && n < N) {
           const float y = GATED ? gated_act(s, up) : s + (bias ? minillm::to_f(bias[n]) : 0.f);
           out[(i64)m * ldo + n] = minillm::from_f<TO>(y);
@@ -565,25 +504,6 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
 MINILLM_GEMV1_NORM(1)
 MINILLM_GEMV1_NORM(2)
 MINILLM_GEMV1_NORM(4)
-// The same with the norm's scale after the product (norm_row_post; MINILLM_NORM_POST=1): not the
-// unfolded path's bits. Grids and arguments as above.
-#define MINILLM_GEMV1_NORMPOST(NORM)                                                                 \
-  extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv1_normpost##NORM##_bf16(         \
-      const bf16* x, const bf16* res, const bf16* nw, float eps, bf16* res_out, const bf16* w,      \
-      const bf16* bias, bf16* out, int N, int K) {                                                  \
-    gemv_impl<bf16, 1, false, GEMV_WARPS, false, 0, false, NORM, false, true>(                      \
-        x, 0, w, bias, out, 0, N, K, NormArgs{res, nw, res_out, eps});                              \
-  }                                                                                                 \
-  extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS, GEMV_GATED_NORM_MIN_BLOCKS)                \
-      gemv1_silu_mul_split_normpost##NORM##_bf16(                                                   \
-      const bf16* x, const bf16* res, const bf16* nw, float eps, bf16* res_out, const bf16* w,      \
-      bf16* out, int F, int K) {                                                                    \
-    gemv_impl<bf16, 1, true, GEMV_WARPS, false, 0, true, NORM, false, true>(                        \
-        x, 0, w, nullptr, out, 0, F, K, NormArgs{res, nw, res_out, eps});                           \
-  }
-MINILLM_GEMV1_NORMPOST(1)
-MINILLM_GEMV1_NORMPOST(2)
-MINILLM_GEMV1_NORMPOST(4)
 
 // gemv1_bf16 with GEMV1_DEEP_U chunks a lane in flight, for long rows whose grid fits one wave at
 // its occupancy (the host's rule, cuda_ops.py's one_row_product_kernel): session 31's part195 ran

@@ -4894,7 +4894,9 @@ part277() {  # session 48: part276's timelines (not run: no device was lent), wi
   # after the product (MINILLM_NORM_POST=1, gemv1_normpost*: no block sum between the row's loads and the
   # weights): its op tests, batch-1 graphs of both shapes alternated twice: the default, norm-post, and on
   # 8B the fold (MINILLM_FOLD_NORMS_MAX_K=4096, +1.1% in part206) with it
-  # And the head-a-CTA attention's first keys loaded before its PDL wait (DEC_KV_PREWAIT=1) (~8 minutes)
+  # And the head-a-CTA attention's first keys loaded before its PDL wait (DEC_KV_PREWAIT=1) (~5 minutes).
+  # Run at 9ec4495; MINILLM_NORM_POST (gemv1_normpost*) was removed after it (slower), DEC_KV_PREWAIT=1
+  # became the default
   setup
   stage post_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
     -k "norm_post or folded_same_bits"
@@ -4913,7 +4915,9 @@ part277() {  # session 48: part276's timelines (not run: no device was lent), wi
 part278() {  # session 48's final code, run right after part277 (which carried .gguf_a; this call carries
   # .gguf_b and .whl): SmolLM2's GPU tests, every other GPU test but the debug build's, bench decode of both
   # shapes and the 8B spec-cost bench, under the environment the call is given (the settings part277
-  # found faster, before they become the defaults in the code) (~9 minutes)
+  # found faster, before they become the defaults in the code) (~5 minutes). Run with
+  # MINILLM_CUDA_DEFINES=DEC_KV_PREWAIT=1 (the default since), without the GGUF (the tree and .gguf_a were
+  # over the 64 MiB a call carries): SmolLM2's tests skipped
   setup
   models_both 40
   stage smollm2_gpu 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py -k smollm2

@@ -703,10 +703,6 @@ class CudaBackend:
         if not 0 <= self.fold_norms_max_k <= 128 * max(_NORM_FOLD_CHUNKS) * 8:
             raise ValueError(f"MINILLM_FOLD_NORMS_MAX_K={self.fold_norms_max_k}: use 0 (never) to 4096; "
                              f"the default is {_FOLD_NORMS_MAX_K_DEFAULT}")
-        self.norm_post = env_int("MINILLM_NORM_POST", 0, "1: the folded norms scale the products' outputs "
-                                 "(gemv1_normpost*: no block sum before the weights)")
-        if self.norm_post not in (0, 1):
-            raise ValueError(f"MINILLM_NORM_POST={self.norm_post}: use 0 or 1")
         self.gemv1_deep_min_k = env_int("MINILLM_GEMV1_DEEP_MIN_K", _GEMV1_DEEP_MIN_K_DEFAULT,
                                         "shortest row a one-row product keeps 8 chunks a lane in flight for; 0 never")
         self.gemv1_pre = env_int("MINILLM_GEMV1_PRE", _GEMV1_PRE_DEFAULT,
@@ -749,8 +745,7 @@ class CudaBackend:
             "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemv1_bf16", "gemv1_f32", "gemv1_silu_mul_bf16",
                      "gemv1_silu_mul_split_bf16", "gemv_silu_mul_split_bf16", "gemv1_deep_bf16",
                      "gemv1_pre_bf16"]
-            + [f"gemv1_{k}norm{p}{c}_bf16" for k in ("", "silu_mul_split_") for p in ("", "post")
-               for c in _NORM_FOLD_CHUNKS]
+            + [f"gemv1_{k}norm{c}_bf16" for k in ("", "silu_mul_split_") for c in _NORM_FOLD_CHUNKS]
             + [f"gemm_skinny{t}_{k}" for t in ("", "2", "4") for k in ("bf16", "f32", "silu_mul_bf16")]
             + ["gemm_skinny2w4_bf16", "gemm_skinny2w4_f32"]
             + [f"gemm_skinny2_ring_{k}" for k in ("bf16", "f32", "silu_mul_bf16")]
@@ -1322,8 +1317,7 @@ class CudaBackend:
     def rms_norm_matmul(self, x, residual, norm_w, eps: float, w, out, residual_out, normed, bias=None) -> None:
         """out = (rms_norm(x [+ residual]) * norm_w) @ w.T (+ bias); with residual, residual_out <-
         x + residual (rounded), residual unchanged. One row on the folded kernel (normed left
-        unwritten; MINILLM_NORM_POST=1: gemv1_normpost*, the norm's scale after the product), else
-        rms_norm then matmul through normed."""
+        unwritten), else rms_norm then matmul through normed."""
         N, K = w.shape
         if out.shape != (x.shape[0], N) or (residual is not None and residual_out is None):
             raise ValueError(f"rms_norm_matmul: x {x.shape} @ w {w.shape}.T -> out {out.shape} does not fit "
@@ -1333,8 +1327,7 @@ class CudaBackend:
             self._norm_then(x, residual, norm_w, eps, residual_out, normed)
             self.matmul(normed, w, out=out, bias=bias)
             return
-        post = "post" if self.norm_post else ""
-        self._launch(f"gemv1_norm{post}{norm_fold_chunks(K)}_bf16", (_cdiv(N, _GEMV_COLS_PER_CTA),), (_GEMV_THREADS,),
+        self._launch(f"gemv1_norm{norm_fold_chunks(K)}_bf16", (_cdiv(N, _GEMV_COLS_PER_CTA),), (_GEMV_THREADS,),
                      a + (np.float32(eps), residual_out if residual is not None else _NULL, w,
                           bias if bias is not None else _NULL, out, _i32(N), _i32(K)))
 
@@ -1353,8 +1346,7 @@ class CudaBackend:
             self._norm_then(x, residual, norm_w, eps, residual_out, normed)
             self.matmul_silu_mul(normed, w_gate_up, out=out, gate_up=gate_up)
             return
-        post = "post" if self.norm_post else ""
-        self._launch(f"gemv1_silu_mul_split_norm{post}{norm_fold_chunks(K)}_bf16", (_cdiv(F, _GEMV_COLS_PER_CTA // 2),),
+        self._launch(f"gemv1_silu_mul_split_norm{norm_fold_chunks(K)}_bf16", (_cdiv(F, _GEMV_COLS_PER_CTA // 2),),
                      (_GEMV_THREADS,), a + (np.float32(eps), residual_out if residual is not None else _NULL,
                                             w_gate_up, out, _i32(F), _i32(K)))
 
