@@ -4917,18 +4917,10 @@ part278() {  # session 48's final code, run right after part277 (which carried .
   # shapes and the 8B spec-cost bench, under the environment the call is given (the settings part277
   # found faster, before they become the defaults in the code) (~5 minutes). Run with
   # MINILLM_CUDA_DEFINES=DEC_KV_PREWAIT=1 (the default since), without the GGUF (the tree and .gguf_a were
-  # over the 64 MiB a call carries): SmolLM2's tests skipped
+  # over the 64 MiB a call carries): SmolLM2's tests skipped. (As run, the models came first.)
   setup
-  models_both 40
   stage smollm2_gpu 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py -k smollm2
-  stage gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" tests \
-    -k "not debug_build and not smollm2"
-  tail -n 3 "$W/gpu_tests.log"
-  stage decode06 90 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
-    --result-json "$W/decode06.json"
-  stage decode8 90 python3 -m minillm.bench decode $M/q8 --device cuda --input-len 512 --output-len 256 \
-    --result-json "$W/decode8.json"
-  pack
+  part269
 }
 
 # scripts/step_kernels.py's arguments for the 8B target's rejected DFlash k = 8 round at c = 1, 512 keys
