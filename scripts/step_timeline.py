@@ -62,7 +62,7 @@ def timeline_buffers(cupy, modules) -> list:
 def grids_of(records: np.ndarray, phases: bool = False) -> list[dict]:
     """Per launch (gridid): its shape, CTAs recorded and the first / last times (ns), by start. phases:
     words 6 and 7 are the decode attention's DEC_TL_PHASES stamps (after RoPE, after its keys), not its
-    arrival and merge: each grid that has them gets phase_medians (attention_phases)."""
+    arrival and merge: each grid that has them gets attention_phases' medians."""
     by = defaultdict(list)
     for r in records:
         by[int(r[0])].append(r)
