@@ -179,14 +179,13 @@ def check_args(args: argparse.Namespace) -> None:
 
 # ---- one request --------------------------------------------------------------------------------
 def request_payload(backend: str, model: str, req: BenchRequest, args: argparse.Namespace) -> dict:
-    body = {"model": model, "max_tokens": req.output_len, "temperature": args.temperature,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {"model": model, "temperature": args.temperature, "stream": True}
     if args.ignore_eos:
         body["ignore_eos"] = True
-    if backend == "openai-responses":  # (its usage comes in the response that ends the stream)
-        body = {"model": model, "input": req.prompt, "max_output_tokens": req.output_len,
-                "temperature": args.temperature, "stream": True, **({"ignore_eos": True} if args.ignore_eos else {})}
-    elif backend == "openai-chat":
+    if backend == "openai-responses":  # its usage comes in the response that ends the stream
+        return {**body, "input": req.prompt, "max_output_tokens": req.output_len}
+    body.update(max_tokens=req.output_len, stream_options={"include_usage": True})
+    if backend == "openai-chat":
         body["messages"] = [{"role": "user", "content": req.prompt}]
     else:
         body["prompt"] = req.prompt
