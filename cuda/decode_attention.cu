@@ -140,6 +140,15 @@
 #ifndef DEC_KV_PREWAIT
 #define DEC_KV_PREWAIT 1
 #endif
+// The head-a-CTA kernel's work found before its PDL wait in one trip of loads (guessed; see
+// decode_attention_impl). Why: in every batch-1 timeline since session 23 this kernel's first CTA
+// reaches its wait 1.5-1.9 us (0.6B) / 0.9-1.2 us (8B) after the qkv product's last release, the
+// other kernels 0.5-0.9 us after their producers', and its wait returns 0.4 us after that (0.6B):
+// the pre-wait loads (query_start[B], then the sequence's bounds and length, then the block-table
+// entries, each waiting on the one before) are on the step's critical path. Not measured yet.
+#ifndef DEC_INDEX_GUESS
+#define DEC_INDEX_GUESS 0
+#endif
 // Diagnostics (scripts/step_timeline.py --phases): thread 0 of every CTA stamps timeline words 6 and 7
 // after the q/k norm + RoPE and after its keys (before its release) instead of its arrival and merge.
 #ifndef DEC_TL_PHASES
@@ -282,12 +291,40 @@ __device__ __forceinline__ void decode_attention_impl(
   bool active = false;
   int b = 0, nq = 1, L = 0, j = 0, k_hi = 0, k_lo = 0, k_end = 0;
   int n_active = 1;  // splits that hold keys of this token; the others exit
+  // DEC_INDEX_GUESS (the head-a-CTA kernel, with DEC_KV_PREWAIT): the loads below in one trip, by
+  // guessing that row t is sequence t (a decode step: one query a sequence) and that its split is
+  // min_part keys long (a batch-1 step near 512 keys): its sequence's bounds and length and this key
+  // group's block-table entries are asked for together with the slot and position, where the default
+  // asks for query_start[B], then the sequence's bounds and length, then (after the split is known)
+  // the entries: three dependent trips before this CTA's keys can be asked for. Each guess is checked
+  // against what was loaded; a wrong one takes the default's loads (the same values, a trip later).
+  constexpr bool KV_PRE = DEC_KV_PREWAIT && ROPE && KV_DIV;
+  constexpr bool GUESS = DEC_INDEX_GUESS && KV_PRE;
+  const int bg = min(t, B - 1);  // the guessed sequence (in bounds whenever B >= 1)
+  int g_qb = 0, g_q0 = 0, g_q1 = 0, g_len = 0, g_phys[GUESS ? DEC_U : 1] = {};
+  if constexpr (GUESS) {
+    if (t < n_tokens && bg >= 0) {
+      g_qb = query_start[B];
+      g_q0 = query_start[bg];
+      g_q1 = query_start[bg + 1];
+      g_len = seq_lens[bg];
+      const int* bt_g = block_tables + (i64)bg * bt_stride;
+#pragma unroll
+      for (int u = 0; u < DEC_U; ++u) {
+        const int lb = (split * min_part + grp * DEC_U + u) / block_size;
+        g_phys[u] = lb < bt_stride ? bt_g[lb] : 0;
+      }
+    }
+  }
+  bool guessed = false;
   do {
-    if (t >= n_tokens || t >= query_start[B]) break;  // rows outside every sequence: untouched
-    b = minillm::seq_of_row(query_start, B, t);
-    const int qs = query_start[b];
-    nq = query_start[b + 1] - qs;
-    L = seq_lens[b];
+    // rows outside every sequence: untouched
+    if (t >= n_tokens || t >= (GUESS && bg >= 0 ? g_qb : query_start[B])) break;
+    guessed = GUESS && g_q0 <= t && t < g_q1;  // then bg is the last sequence starting at or before t
+    b = guessed ? bg : minillm::seq_of_row(query_start, B, t);
+    const int qs = guessed ? g_q0 : query_start[b];
+    nq = (guessed ? g_q1 : query_start[b + 1]) - qs;
+    L = guessed ? g_len : seq_lens[b];
     MINILLM_CHECK(nq >= 1 && L >= 0 && L <= bt_stride * block_size);
     // a long query run, or a short one on tensor cores: prefill_attention.cu's (same launch step)
     if (nq > max_nq || minillm::short_run_on_tensor_cores(nq, L, short_max_ctx)) break;
@@ -314,16 +351,18 @@ __device__ __forceinline__ void decode_attention_impl(
     }
   }
   // keys [k0, k0 + DEC_U) of this lane's key group, its chunks of them (zero past k_stop): every
-  // key's block-table entry first, then every K / V load, so the U loads are in flight together
+  // key's block-table entry first (load_table), then every K / V load (load_kv), so the U loads are
+  // in flight together
   uint4 kr[DEC_U][CPL], vr[DEC_U][CPL];
-  auto load_keys = [&](int k0, int k_stop) {
-    int phys[DEC_U];
+  auto load_table = [&](int k0, int k_stop, int (&phys)[DEC_U]) {
 #pragma unroll
     for (int u = 0; u < DEC_U; ++u) {
       const int key = k0 + u, lb = key / block_size;
       MINILLM_CHECK(key >= k_stop || lb < bt_stride);
       phys[u] = key < k_stop ? bt[lb] : 0;
     }
+  };
+  auto load_kv = [&](int k0, int k_stop, const int (&phys)[DEC_U]) {
 #pragma unroll
     for (int u = 0; u < DEC_U; ++u) {
       const int key = k0 + u;
@@ -347,13 +386,26 @@ __device__ __forceinline__ void decode_attention_impl(
       }
     }
   };
+  auto load_keys = [&](int k0, int k_stop) {
+    int phys[DEC_U];
+    load_table(k0, k_stop, phys);
+    load_kv(k0, k_stop, phys);
+  };
   // DEC_KV_PREWAIT (head-a-CTA kernel): the first keys of this group, before the wait. The newest key
   // (the fresh CTA's last) is not among them: it comes from shared memory after the loop.
-  constexpr bool KV_PRE = DEC_KV_PREWAIT && ROPE && KV_DIV;
   if constexpr (KV_PRE) {
     if (active) {
       const bool fresh_pre = slot >= 0 && k_hi == L && L > 0 && k_end == k_hi;
-      load_keys(k_lo + grp * DEC_U, fresh_pre ? k_end - 1 : k_end);
+      const int k0 = k_lo + grp * DEC_U, k_stop = fresh_pre ? k_end - 1 : k_end;
+      if constexpr (GUESS) {
+        if (guessed && k_lo == split * min_part) {  // the entries loaded with the guess are these keys'
+          load_kv(k0, k_stop, g_phys);
+        } else {
+          load_keys(k0, k_stop);
+        }
+      } else {
+        load_keys(k0, k_stop);
+      }
     }
   }
 #if PDL_PREWAIT_INDEX

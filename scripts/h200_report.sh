@@ -122,6 +122,9 @@
 #   timelines; part276: the batch-1 attention's phases, prepared, taken over by part277: those and the
 #   folded norms' scale after the product, and the attention's first keys before its wait; part278: the
 #   final code's GPU tests, SmolLM2's among them, and decode).
+#   part279a-part280 prepared in session 49 (no device was lent): the GGUF's first half to /tmp; SmolLM2's
+#   GPU tests and the head-a-CTA attention's pre-wait loads in one guessed trip (DEC_INDEX_GUESS), A/B and
+#   timelines; every GPU test and decode under the setting part279 finds faster.
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -4227,7 +4230,7 @@ part241() {  # prepared in session 40 (not run): what running the plain steps be
 }
 
 part242a() {  # prepared in session 40, run in session 41: only brings the embedded GGUF's first half to /tmp
-  # (carry .gguf_a: split -n 2 the installed SmolLM2-135M-Instruct.Q4_1.gguf into .gguf_a / .gguf_b)
+  # (carry .gguf_a alone: `python scripts/gguf_parts.py` cuts the installed GGUF into .gguf_a / .gguf_b)
   gguf_first_half
 }
 
@@ -4920,6 +4923,39 @@ part278() {  # session 48's final code, run right after part277 (which carried .
   # over the 64 MiB a call carries): SmolLM2's tests skipped. (As run, the models came first.)
   setup
   stage smollm2_gpu 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py -k smollm2
+  part269
+}
+
+part279a() {  # prepared in session 49 (no device was lent): the embedded GGUF's first half to /tmp (carry
+  # .gguf_a alone, cut by scripts/gguf_parts.py); part279 follows within 30 s carrying .gguf_b and .whl
+  gguf_first_half
+}
+
+part279() {  # prepared in session 49: SmolLM2's GPU tests (skipped in part278: the even cut of the GGUF left a
+  # call over the 64 MiB limit), then the head-a-CTA attention's pre-wait loads in one guessed trip
+  # (DEC_INDEX_GUESS=1: row t taken for sequence t and its split for min_part keys, both checked): its op tests,
+  # batch-1 graphs of both shapes against the default alternated twice, and timelines of both with and without
+  # it. What to read: the attention row's placed_after_release_us and handoff_us (0.6B ~1.9 / 2.3 us in
+  # part275/part277, 8B ~1.1 / 1.7), which the guess should bring toward the other kernels' ~0.6-0.9 / ~1.0-1.3
+  # (~8 minutes)
+  setup
+  stage smollm2_gpu 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py -k smollm2
+  tail -n 3 "$W/smollm2_gpu.log"
+  stage guess_tests 200 env MINILLM_CUDA_DEFINES=DEC_INDEX_GUESS=1 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    -rfEs tests/test_cuda_ops.py -k "one_query_head_a_cta or decode_step_attention"
+  tail -n 3 "$W/guess_tests.log"
+  models_both 60
+  graphs_b1_ab base=MINILLM_PDL=1 guess=MINILLM_CUDA_DEFINES=DEC_INDEX_GUESS=1
+  timeline q06_b1 $M/q06 --batch 1 --ctx 512
+  MINILLM_CUDA_DEFINES=DEC_INDEX_GUESS=1 timeline q06_b1_guess $M/q06 --batch 1 --ctx 512
+  timeline q8_b1 $M/q8 --batch 1 --ctx 512
+  MINILLM_CUDA_DEFINES=DEC_INDEX_GUESS=1 timeline q8_b1_guess $M/q8 --batch 1 --ctx 512
+  pack
+}
+
+part280() {  # prepared in session 49: every GPU test but SmolLM2's and the debug build's, and bench decode of
+  # both shapes, under the environment the call is given: MINILLM_CUDA_DEFINES=DEC_INDEX_GUESS=1 if part279
+  # found it faster (before it becomes the default), else none (~8 minutes)
   part269
 }
 
