@@ -70,6 +70,18 @@
 #ifndef GEMV_GATED_NORM_MIN_BLOCKS
 #define GEMV_GATED_NORM_MIN_BLOCKS 1
 #endif
+// CTAs an SM the folded plain product's registers must allow (gemv1_norm*: the 0.6B's qkv); 0: no bound
+// (106-109 registers, 4 CTAs an SM). 5 takes it to 96 registers without spills (ptxas, session 49), so
+// that a CTA of the next kernel fits beside its four: the one-row attention's (80 registers) before the
+// qkv product completes, the down product's (108) beside the qkv's CTAs. Not yet measured (part279)
+#ifndef GEMV_NORM_MIN_BLOCKS
+#define GEMV_NORM_MIN_BLOCKS 0
+#endif
+#if GEMV_NORM_MIN_BLOCKS
+#define GEMV_NORM_BOUNDS __launch_bounds__(32 * GEMV_WARPS, GEMV_NORM_MIN_BLOCKS)
+#else
+#define GEMV_NORM_BOUNDS __launch_bounds__(32 * GEMV_WARPS)
+#endif
 #ifndef GEMV_STAGED  // 0: one row takes the unrolled loop too (A/B runs: h200_report.sh part132)
 #define GEMV_STAGED 1
 #endif
@@ -488,7 +500,7 @@ extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)
 // thread (K <= 1024 / 2048 / 4096). x: the previous product's output row; res / res_out / nw / eps:
 // NormArgs. Grids as gemv1_bf16's / gemv1_silu_mul_split_bf16's.
 #define MINILLM_GEMV1_NORM(NORM)                                                                     \
-  extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv1_norm##NORM##_bf16(             \
+  extern "C" __global__ void GEMV_NORM_BOUNDS gemv1_norm##NORM##_bf16(                                \
       const bf16* x, const bf16* res, const bf16* nw, float eps, bf16* res_out, const bf16* w,      \
       const bf16* bias, bf16* out, int N, int K) {                                                  \
     gemv_impl<bf16, 1, false, GEMV_WARPS, false, 0, false, NORM>(x, 0, w, bias, out, 0, N, K,       \

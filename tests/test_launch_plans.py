@@ -28,6 +28,7 @@ from minillm.backends.cuda_ops import (
     short_run_on_three,
     short_run_three_mode,
     small_product_kernel,
+    smem_carveout,
     wide_product_plan,
 )
 
@@ -218,6 +219,22 @@ def test_gated_split_mode_from_the_environment(monkeypatch):
         monkeypatch.setenv("MINILLM_GATED_SPLIT_MAX_M", raw)
         with pytest.raises(ValueError, match="MINILLM_GATED_SPLIT_MAX_M"):
             gated_split_max_rows()
+
+
+def test_smem_carveout_from_the_environment(monkeypatch):
+    """MINILLM_SMEM_CARVEOUT: unset (or empty) leaves the driver's choice per kernel (None); 0 to 100
+    percent is set on every kernel; anything else is refused with the variable's name and the range."""
+    monkeypatch.delenv("MINILLM_SMEM_CARVEOUT", raising=False)
+    assert smem_carveout() is None
+    monkeypatch.setenv("MINILLM_SMEM_CARVEOUT", "")
+    assert smem_carveout() is None
+    for v in (0, 50, 100):
+        monkeypatch.setenv("MINILLM_SMEM_CARVEOUT", str(v))
+        assert smem_carveout() == v
+    for raw, what in (("101", "from 0"), ("-1", "integer >= 0"), ("max", "integer >= 0")):
+        monkeypatch.setenv("MINILLM_SMEM_CARVEOUT", raw)
+        with pytest.raises(ValueError, match=f"MINILLM_SMEM_CARVEOUT.*{what}"):
+            smem_carveout()
 
 
 @pytest.mark.parametrize("narrow,raised", [(16, 16), (20, 16), (32, 16), (16, 32), (32, 32)])

@@ -578,6 +578,25 @@ def gated_split_max_rows() -> int:
     return rows
 
 
+def smem_carveout() -> int | None:
+    """MINILLM_SMEM_CARVEOUT: the shared-memory share of each SM's unified L1 / shared memory, in percent
+    (0-100; the driver takes the next supported capacity up), set on every kernel the backend launches;
+    unset, the driver chooses per kernel. Why (not yet measured, session 49): in isolation the driver
+    gave the decode chain's kernels different capacities (ncu: 32 KB for gemm_skinny2_bf16, 64 for its
+    gated twin, 132 for the decode attention, 196 for the tensor-core attention), and an SM holding one
+    kernel's CTAs cannot change its capacity for the next kernel's; the batch-1 timelines place the
+    kernels that use shared memory after ones that use none 0.8-1.9 us after their producers' release,
+    the others 0-0.6 us. One capacity for all would let PDL's next grid onto every SM at once."""
+    raw = os.environ.get("MINILLM_SMEM_CARVEOUT", "")
+    if raw == "":
+        return None
+    v = env_int("MINILLM_SMEM_CARVEOUT", 0, "percent of the unified L1 / shared memory given to shared memory")
+    if v > 100:
+        raise ValueError(f"MINILLM_SMEM_CARVEOUT={v}: give a percent from 0 (the most L1) to 100 (the most "
+                         "shared memory), or leave it unset for the driver's choice per kernel")
+    return v
+
+
 def short_run_on_three(mode: int, ctas: int, resident_three: int) -> bool:
     """Whether a launch of split short runs with a grid of ctas CTAs (an upper bound: each run's
     split count is its own length's, on the device, and a graph's padding sequence counts) takes
@@ -722,6 +741,7 @@ class CudaBackend:
         self.stream.synchronize()
 
     def _load_kernels(self) -> None:
+        self.carveout = smem_carveout()  # None: the driver's choice per kernel
         k = {}
         self._pdl_kernels: set[str] = set()  # kernels that begin with pdl_entry (cuda/common.cuh)
         for mod, names in {
@@ -803,6 +823,9 @@ class CudaBackend:
         # racecheck an uninstrumented cuBLAS kernel stops the tool ("failed to handle a hardware
         # exception", session 39, part228), and an instrumented one is NVIDIA's to check, not ours
         self.own_gemm = gemm == "own" and self.dtype != np.float32  # the skinny kernels need no Hopper
+        if self.carveout is not None:
+            for kern in k.values():
+                kern.preferred_shared_memory_carveout = self.carveout
         self.k = k
 
     # ---- memory -------------------------------------------------------------------------
@@ -1233,6 +1256,8 @@ class CudaBackend:
         if name not in self.k:
             kern = kc.get_kernel(module, kernel, self.debug, defines)
             kern.max_dynamic_shared_size_bytes = smem
+            if self.carveout is not None:
+                kern.preferred_shared_memory_carveout = self.carveout
             self.k[name] = kern
             self._pdl_kernels.add(name)
         return name
