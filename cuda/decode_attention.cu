@@ -149,6 +149,22 @@
 #ifndef DEC_INDEX_GUESS
 #define DEC_INDEX_GUESS 0
 #endif
+// The head-a-CTA kernel's threads, keys a key group has in flight, and CTAs an SM its registers must
+// allow (the host launches it with the threads its build allows: cuda_ops.py). Why: one split a query
+// head and no merge at batch 1 (MINILLM_DECODE_MIN_PART=1024) would take the attention's tail (the
+// partials, fence, counter and the last split's merge: 3.1 us of the 0.6B layer's hand-off into the
+// o product, part275) off the step, but 128 threads with 4 keys a group in flight walk 512 keys in 16
+// dependent rounds: +69% on the 0.6B step (part205). 512 threads with 8 keys a group (DEC_KVD_THREADS=512,
+// DEC_KVD_U=8, DEC_KVD_MIN_BLOCKS=1) have 256 keys in flight, two rounds. Not yet measured (part279).
+#ifndef DEC_KVD_THREADS
+#define DEC_KVD_THREADS DEC_THREADS
+#endif
+#ifndef DEC_KVD_U
+#define DEC_KVD_U DEC_U
+#endif
+#ifndef DEC_KVD_MIN_BLOCKS
+#define DEC_KVD_MIN_BLOCKS DEC_MIN_BLOCKS_SMALL_G
+#endif
 // Diagnostics (scripts/step_timeline.py --phases): thread 0 of every CTA stamps timeline words 6 and 7
 // after the q/k norm + RoPE and after its keys (before its release) instead of its arrival and merge.
 #ifndef DEC_TL_PHASES
@@ -180,14 +196,14 @@ struct Vec16<float> {
 
 // The merge's partials of splits [s0, s0 + FL) for this thread's EPT elements (0 past n_active):
 // every load issued before any is used. head0: the KV head's first query head, t * H + kh * G.
-template <int D, int G, int FL, int EPT>
+template <int D, int G, int FL, int EPT, int THREADS>
 __device__ __forceinline__ void load_partials(float (&x)[FL][EPT], const float* part_o, i64 head0, int n_splits,
                                               int s0, int n_active, int tid) {
 #pragma unroll
   for (int i = 0; i < FL; ++i)
 #pragma unroll
     for (int k = 0; k < EPT; ++k) {
-      const int e = tid + k * DEC_THREADS, g = e / D, d = e - g * D;
+      const int e = tid + k * THREADS, g = e / D, d = e - g * D;
       x[i][k] = s0 + i < n_active && e < G * D ? __ldcg(part_o + ((head0 + g) * n_splits + s0 + i) * D + d) : 0.f;
     }
 }
@@ -215,7 +231,7 @@ struct RopeArgs {
   int kv_div = 1;
 };
 
-template <typename T, int D, int G, bool ROPE, bool KV_DIV = false>
+template <typename T, int D, int G, bool ROPE, bool KV_DIV = false, int THREADS = DEC_THREADS, int U = DEC_U>
 __device__ __forceinline__ void decode_attention_impl(
     const T* __restrict__ q, i64 q_tok, i64 q_head,
     const T* __restrict__ kc, const T* __restrict__ vc,  // [num_blocks, bs, KH, D]
@@ -232,18 +248,18 @@ __device__ __forceinline__ void decode_attention_impl(
   constexpr int VEC = Vec16<T>::N;
   constexpr int CPL = DEC_CPL;   // 16-byte chunks of a row per lane
   constexpr int LPK = D / VEC / CPL;  // lanes per key row
-  constexpr int NG = DEC_THREADS / LPK;
+  constexpr int NG = THREADS / LPK;
   static_assert(LPK >= 2 && LPK <= 32 && (32 % LPK) == 0, "head_dim must give 2..32 lanes a row");
   __shared__ float s_ml[NG][G][2];
   __shared__ float s_acc[NG][G][D];
   __shared__ __align__(16) float s_w[G][64];  // the merging CTA's per-split weights (n_splits <= 64)
   constexpr bool ONE_TRIP = DEC_MERGE_ONE_TRIP && G == 1 && KV_DIV;
-  __shared__ float s_w_warp[ONE_TRIP ? DEC_THREADS / 32 : 1][ONE_TRIP ? 64 : 1];  // ONE_TRIP: a warp's copy
+  __shared__ float s_w_warp[ONE_TRIP ? THREADS / 32 : 1][ONE_TRIP ? 64 : 1];  // ONE_TRIP: a warp's copy
   __shared__ float s_den[G];
   __shared__ int s_last;
   // ROPE: the G q heads and the new k, v rows after norm + RoPE (rounded to storage), and scratch
   __shared__ float s_rot[ROPE ? G + 2 : 1][ROPE ? D : 1];
-  __shared__ float s_tmp[ROPE ? DEC_THREADS / 32 : 1][ROPE ? D : 1];
+  __shared__ float s_tmp[ROPE ? THREADS / 32 : 1][ROPE ? D : 1];
 
   const int tid = threadIdx.x, kl = tid % LPK, grp = tid / LPK;
   // CTA i of the 1-D grid -> (token, KV head, split). The hardware starts CTAs in index order, so
@@ -301,7 +317,7 @@ __device__ __forceinline__ void decode_attention_impl(
   constexpr bool KV_PRE = DEC_KV_PREWAIT && ROPE && KV_DIV;
   constexpr bool GUESS = DEC_INDEX_GUESS && KV_PRE;
   const int bg = min(t, B - 1);  // the guessed sequence (in bounds whenever B >= 1)
-  int g_qb = 0, g_q0 = 0, g_q1 = 0, g_len = 0, g_phys[GUESS ? DEC_U : 1] = {};
+  int g_qb = 0, g_q0 = 0, g_q1 = 0, g_len = 0, g_phys[GUESS ? U : 1] = {};
   if constexpr (GUESS) {
     if (t < n_tokens && bg >= 0) {
       g_qb = query_start[B];
@@ -310,8 +326,8 @@ __device__ __forceinline__ void decode_attention_impl(
       g_len = seq_lens[bg];
       const int* bt_g = block_tables + (i64)bg * bt_stride;
 #pragma unroll
-      for (int u = 0; u < DEC_U; ++u) {
-        const int lb = (split * min_part + grp * DEC_U + u) / block_size;
+      for (int u = 0; u < U; ++u) {
+        const int lb = (split * min_part + grp * U + u) / block_size;
         g_phys[u] = lb < bt_stride ? bt_g[lb] : 0;
       }
     }
@@ -350,21 +366,21 @@ __device__ __forceinline__ void decode_attention_impl(
       pos = pos_t;
     }
   }
-  // keys [k0, k0 + DEC_U) of this lane's key group, its chunks of them (zero past k_stop): every
+  // keys [k0, k0 + U) of this lane's key group, its chunks of them (zero past k_stop): every
   // key's block-table entry first (load_table), then every K / V load (load_kv), so the U loads are
   // in flight together
-  uint4 kr[DEC_U][CPL], vr[DEC_U][CPL];
-  auto load_table = [&](int k0, int k_stop, int (&phys)[DEC_U]) {
+  uint4 kr[U][CPL], vr[U][CPL];
+  auto load_table = [&](int k0, int k_stop, int (&phys)[U]) {
 #pragma unroll
-    for (int u = 0; u < DEC_U; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int key = k0 + u, lb = key / block_size;
       MINILLM_CHECK(key >= k_stop || lb < bt_stride);
       phys[u] = key < k_stop ? bt[lb] : 0;
     }
   };
-  auto load_kv = [&](int k0, int k_stop, const int (&phys)[DEC_U]) {
+  auto load_kv = [&](int k0, int k_stop, const int (&phys)[U]) {
 #pragma unroll
-    for (int u = 0; u < DEC_U; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int key = k0 + u;
 #pragma unroll
       for (int j = 0; j < CPL; ++j) kr[u][j] = vr[u][j] = make_uint4(0u, 0u, 0u, 0u);
@@ -387,7 +403,7 @@ __device__ __forceinline__ void decode_attention_impl(
     }
   };
   auto load_keys = [&](int k0, int k_stop) {
-    int phys[DEC_U];
+    int phys[U];
     load_table(k0, k_stop, phys);
     load_kv(k0, k_stop, phys);
   };
@@ -396,7 +412,7 @@ __device__ __forceinline__ void decode_attention_impl(
   if constexpr (KV_PRE) {
     if (active) {
       const bool fresh_pre = slot >= 0 && k_hi == L && L > 0 && k_end == k_hi;
-      const int k0 = k_lo + grp * DEC_U, k_stop = fresh_pre ? k_end - 1 : k_end;
+      const int k0 = k_lo + grp * U, k_stop = fresh_pre ? k_end - 1 : k_end;
       if constexpr (GUESS) {
         if (guessed && k_lo == split * min_part) {  // the entries loaded with the guess are these keys'
           load_kv(k0, k_stop, g_phys);
@@ -442,7 +458,7 @@ __device__ __forceinline__ void decode_attention_impl(
     MINILLM_CHECK(pos >= 0 && pos < ra.max_pos);
     const float* cs = ra.cos_sin + (i64)pos * D;
     const int warp = tid >> 5, lane = tid & 31;
-    for (int hh = warp; hh < G + (fresh ? 2 : 0); hh += DEC_THREADS / 32) {  // warp-uniform
+    for (int hh = warp; hh < G + (fresh ? 2 : 0); hh += THREADS / 32) {  // warp-uniform
       float* dst = s_rot[hh];
       if (hh == G + 1) {  // v: copied as it is
         const T* src = ra.v + (i64)t * ra.v_tok + (i64)kv * ra.v_head;
@@ -503,12 +519,12 @@ __device__ __forceinline__ void decode_attention_impl(
 
   // The loop bound is uniform over the CTA (shuffles below need whole warps); keys past k_end
   // load nothing and update nothing.
-  for (int base = k_lo; base < k_end; base += NG * DEC_U) {
-    const int k0 = base + grp * DEC_U;
+  for (int base = k_lo; base < k_end; base += NG * U) {
+    const int k0 = base + grp * U;
     if (!(KV_PRE && base == k_lo)) load_keys(k0, k_end);  // KV_PRE: the first keys are in already
 #if DEC_NO_MATH  // memory only: every loaded word feeds one sum (the loads' ceiling, not attention)
 #pragma unroll
-    for (int u = 0; u < DEC_U; ++u)
+    for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int j = 0; j < CPL; ++j) {
         const uint4 a = kr[u][j], c = vr[u][j];
@@ -518,9 +534,9 @@ __device__ __forceinline__ void decode_attention_impl(
       }
     continue;
 #endif
-    float s[DEC_U][G];  // scores, complete after the shuffles
+    float s[U][G];  // scores, complete after the shuffles
 #pragma unroll
-    for (int u = 0; u < DEC_U; ++u) {
+    for (int u = 0; u < U; ++u) {
       float kf[E];
 #pragma unroll
       for (int j = 0; j < CPL; ++j) Vec16<T>::to_f(kr[u][j], kf + j * VEC);
@@ -536,14 +552,14 @@ __device__ __forceinline__ void decode_attention_impl(
 #pragma unroll
         for (int g = 0; g < G; ++g) s[u][g] += __shfl_xor_sync(0xffffffffu, s[u][g], o);
     }
-    // one softmax rescale per DEC_U keys: the running max moves once a chunk, so acc and l are
+    // one softmax rescale per U keys: the running max moves once a chunk, so acc and l are
     // scaled once and each key adds p * v (validity is uniform within a key group)
     if (k0 < k_end) {
 #pragma unroll
       for (int g = 0; g < G; ++g) {
         float m_new = m[g];
 #pragma unroll
-        for (int u = 0; u < DEC_U; ++u)
+        for (int u = 0; u < U; ++u)
           if (k0 + u < k_end) m_new = fmaxf(m_new, s[u][g]);
         const float alpha = exp2f(m[g] - m_new);  // 0 while m is still -inf; m_new is finite
         l[g] *= alpha;
@@ -552,7 +568,7 @@ __device__ __forceinline__ void decode_attention_impl(
         m[g] = m_new;
       }
 #pragma unroll
-      for (int u = 0; u < DEC_U; ++u) {
+      for (int u = 0; u < U; ++u) {
         if (k0 + u < k_end) {
           float vf[E];
 #pragma unroll
@@ -621,7 +637,7 @@ __device__ __forceinline__ void decode_attention_impl(
       for (int i = 0; i < VEC; ++i) s_acc[grp][g][(kl + j * LPK) * VEC + i] = acc[g][j * VEC + i];
   }
   __syncthreads();
-  for (int e = tid; e < G * D; e += DEC_THREADS) {
+  for (int e = tid; e < G * D; e += THREADS) {
     const int g = e / D, d = e - g * D;
     float M = minillm::neg_inf();
     for (int r = 0; r < NG; ++r) M = fmaxf(M, s_ml[r][g][0]);
@@ -667,8 +683,8 @@ __device__ __forceinline__ void decode_attention_impl(
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  if constexpr (ONE_TRIP) {  // G = 1: thread tid merges element tid of the head (D <= DEC_THREADS)
-    static_assert(D <= DEC_THREADS, "one element a thread");
+  if constexpr (ONE_TRIP) {  // G = 1: thread tid merges element tid of the head (D <= THREADS)
+    static_assert(D <= THREADS, "one element a thread");
     const int lane = tid & 31, warp = tid >> 5;
     const i64 p0 = ((i64)t * H + kh) * n_splits;
     const minillm::SplitPairs pairs = minillm::split_pairs(reinterpret_cast<const float2*>(part_ml) + p0, n_active, lane);
@@ -691,8 +707,8 @@ __device__ __forceinline__ void decode_attention_impl(
     }
     return;
   }
-  constexpr int EPT = (G * D + DEC_THREADS - 1) / DEC_THREADS, FL = ROPE ? DEC_MERGE_FLIGHT_ROPE : DEC_MERGE_FLIGHT;
-  for (int g = tid >> 5; g < G; g += DEC_THREADS / 32) {  // warp per head: split weights
+  constexpr int EPT = (G * D + THREADS - 1) / THREADS, FL = ROPE ? DEC_MERGE_FLIGHT_ROPE : DEC_MERGE_FLIGHT;
+  for (int g = tid >> 5; g < G; g += THREADS / 32) {  // warp per head: split weights
     const i64 p0 = ((i64)t * H + kh * G + g) * n_splits;
     const minillm::SplitPairs pairs = minillm::split_pairs(reinterpret_cast<const float2*>(part_ml) + p0, n_active, tid & 31);
     const float den = minillm::split_weights(pairs, n_active, tid & 31, s_w[g]);
@@ -704,7 +720,7 @@ __device__ __forceinline__ void decode_attention_impl(
   for (int k = 0; k < EPT; ++k) o[k] = 0.f;
   for (int s0 = 0; s0 < n_active; s0 += FL) {
     float x[FL][EPT];  // the partials of splits [s0, s0 + FL) for this thread's elements
-    load_partials<D, G>(x, part_o, (i64)t * H + kh * G, n_splits, s0, n_active, tid);
+    load_partials<D, G, FL, EPT, THREADS>(x, part_o, (i64)t * H + kh * G, n_splits, s0, n_active, tid);
     // The weights of the batch into registers first, 4 splits a load, then the adds as selects: when
     // each add read its own weight from shared memory behind a branch, the merge (last arrival to
     // its end) took 2.7 (0.6B) / 4.1 us (8B) in part166's timeline; this is 2.1% / 1.1% off the
@@ -714,7 +730,7 @@ __device__ __forceinline__ void decode_attention_impl(
     float w[FL][EPT];
 #pragma unroll
     for (int k = 0; k < EPT; ++k) {
-      const int g = min((tid + k * DEC_THREADS) / D, G - 1);
+      const int g = min((tid + k * THREADS) / D, G - 1);
 #pragma unroll
       for (int q = 0; q < FL / 4; ++q) {
         const float4 v = *reinterpret_cast<const float4*>(&s_w[g][s0 + 4 * q]);
@@ -728,7 +744,7 @@ __device__ __forceinline__ void decode_attention_impl(
   }
 #pragma unroll
   for (int k = 0; k < EPT; ++k) {
-    const int e = tid + k * DEC_THREADS, g = e / D, d = e - g * D;
+    const int e = tid + k * THREADS, g = e / D, d = e - g * D;
     if (e < G * D) {
       out[(i64)t * o_tok + (i64)(kh * G + g) * o_head + d] = minillm::merge_result<T>(o[k], s_den[g]);
     }
@@ -763,8 +779,8 @@ __device__ __forceinline__ void decode_attention_impl(
 // paged_decode_rope_kvd_<dtype>_d<D>_g1: the same with one query head a CTA, kv_div = query heads a KV
 // head (MINILLM_DECODE_HEAD_CTAS, one-row steps): a grid of tokens x (KV heads x kv_div) x n_splits
 // CTAs, KH = KV heads x kv_div; twice (G = 2) the CTAs, each half the q heads and merge elements.
-#define MINILLM_DECODE_ROPE_KERNEL(NAME, T, D, G, MIN_BLOCKS, KVD)                                 \
-  extern "C" __global__ void __launch_bounds__(DEC_THREADS, MIN_BLOCKS) NAME(                     \
+#define MINILLM_DECODE_ROPE_KERNEL(NAME, T, D, G, MIN_BLOCKS, KVD, THREADS, U)                    \
+  extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) NAME(                         \
       const T* q, i64 q_tok, i64 q_head, T* kc, T* vc, const int* block_tables, int bt_stride,   \
       const int* seq_lens, const int* query_start, int B, int n_tokens, T* out, i64 o_tok,       \
       i64 o_head, float* part_o, float* part_ml, int* counters, const int* order, int KH,         \
@@ -779,7 +795,8 @@ __device__ __forceinline__ void decode_attention_impl(
     ra.positions = positions; ra.cos_sin = cos_sin; ra.max_pos = max_pos;                         \
     ra.slots = slots; ra.n_slots = n_slots; ra.k_cache = kc; ra.v_cache = vc;                     \
     ra.kv_div = kv_div;                                                                           \
-    decode_attention_impl<T, D, G, true, KVD>(q, q_tok, q_head, kc, vc, block_tables, bt_stride,  \
+    decode_attention_impl<T, D, G, true, KVD, THREADS, U>(q, q_tok, q_head, kc, vc, block_tables,  \
+                                              bt_stride,                                          \
                                               seq_lens, query_start, B, n_tokens, out, o_tok,     \
                                               o_head, part_o, part_ml, counters, order, KH,       \
                                               block_size, num_blocks, scale_log2, 1, n_splits,    \
@@ -787,9 +804,11 @@ __device__ __forceinline__ void decode_attention_impl(
   }
 #define MINILLM_DECODE_ROPE(SUFFIX, T, D, G)                                                      \
   MINILLM_DECODE_ROPE_KERNEL(paged_decode_rope_##SUFFIX##_d##D##_g##G, T, D, G,                  \
-                             (G) <= 2 ? DEC_MIN_BLOCKS_SMALL_G : (G) <= 4 ? DEC_MIN_BLOCKS_MID_G : DEC_MIN_BLOCKS, false)
+                             (G) <= 2 ? DEC_MIN_BLOCKS_SMALL_G : (G) <= 4 ? DEC_MIN_BLOCKS_MID_G : DEC_MIN_BLOCKS, false, \
+                             DEC_THREADS, DEC_U)
 #define MINILLM_DECODE_ROPE_KVD(SUFFIX, T, D)                                                     \
-  MINILLM_DECODE_ROPE_KERNEL(paged_decode_rope_kvd_##SUFFIX##_d##D##_g1, T, D, 1, DEC_MIN_BLOCKS_SMALL_G, true)
+  MINILLM_DECODE_ROPE_KERNEL(paged_decode_rope_kvd_##SUFFIX##_d##D##_g1, T, D, 1, DEC_KVD_MIN_BLOCKS, true, \
+                             DEC_KVD_THREADS, DEC_KVD_U)
 
 #define MINILLM_DECODE_G(SUFFIX, T, D)                                                   \
   MINILLM_DECODE(SUFFIX, T, D, 1) MINILLM_DECODE(SUFFIX, T, D, 2)                       \

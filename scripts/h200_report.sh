@@ -123,10 +123,11 @@
 #   folded norms' scale after the product, and the attention's first keys before its wait; part278: the
 #   final code's GPU tests, SmolLM2's among them, and decode).
 #   part279a-part280 prepared in session 49 (no device was lent): the GGUF's first half to /tmp; SmolLM2's
-#   GPU tests, then where batch-1 kernels start: the attention's pre-wait loads in one guessed trip
-#   (DEC_INDEX_GUESS), one shared-memory capacity for every kernel (MINILLM_SMEM_CARVEOUT), the folded qkv
-#   product at 96 registers (GEMV_NORM_MIN_BLOCKS=5): op tests and A/B (part279), timelines (part279b);
-#   every GPU test and decode under the settings part279 finds faster (part280).
+#   GPU tests and op tests (part279) of four batch-1 changes: the attention's pre-wait loads in one guessed
+#   trip (DEC_INDEX_GUESS), one shared-memory capacity for every kernel (MINILLM_SMEM_CARVEOUT), the folded
+#   qkv product at 96 registers (GEMV_NORM_MIN_BLOCKS=5), the head-a-CTA attention on 512 threads with one
+#   split a head (DEC_KVD_THREADS); their A/B (part279c) and timelines (part279b); every GPU test and decode
+#   under the settings found faster (part280).
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -4934,45 +4935,67 @@ part279a() {  # prepared in session 49 (no device was lent): the embedded GGUF's
 }
 
 part279() {  # prepared in session 49: SmolLM2's GPU tests (skipped in part278: the even cut of the GGUF left a
-  # call over the 64 MiB limit), then three changes aimed at where batch-1 kernels start, all off by default
+  # call over the 64 MiB limit), then the op tests of four changes aimed at batch-1 steps, all off by default
   # and not yet run on a GPU: (guess) the head-a-CTA attention's pre-wait loads in one guessed trip
-  # (DEC_INDEX_GUESS=1); (carve100) one shared-memory capacity for every kernel (MINILLM_SMEM_CARVEOUT=100:
-  # the driver gives each its own, and an SM cannot change it while another kernel's CTAs live there);
-  # (minb5) the 0.6B's folded qkv product at 96 registers (GEMV_NORM_MIN_BLOCKS=5) so an attention CTA fits
-  # beside four of its CTAs; and all three. Their op tests, then batch-1 graphs of both shapes alternated
-  # twice (~6 minutes)
+  # (DEC_INDEX_GUESS=1); (minb5) the 0.6B's folded qkv product at 96 registers (GEMV_NORM_MIN_BLOCKS=5), so an
+  # attention CTA fits beside four of its CTAs; (kvd512) the head-a-CTA attention on 512 threads with 8 keys a
+  # key group in flight (KVD512 below), alone and with one split a head (MINILLM_DECODE_MIN_PART=1024: no
+  # merge); (carve100, no op test: a hint to the driver) one shared-memory capacity for every kernel
+  # (MINILLM_SMEM_CARVEOUT=100). part279c A/Bs them, part279b takes timelines (~5 minutes)
   setup
   stage smollm2_gpu 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py -k smollm2
   tail -n 3 "$W/smollm2_gpu.log"
+  local kvd_tests=(tests/test_cuda_ops.py -k "one_query_head_a_cta or decode_step_attention")
   stage guess_tests 200 env MINILLM_CUDA_DEFINES=DEC_INDEX_GUESS=1 python3 -m pytest -q -m gpu -p no:cacheprovider \
-    -rfEs tests/test_cuda_ops.py -k "one_query_head_a_cta or decode_step_attention"
+    -rfEs "${kvd_tests[@]}"
   tail -n 3 "$W/guess_tests.log"
   stage minb5_tests 200 env MINILLM_CUDA_DEFINES=GEMV_NORM_MIN_BLOCKS=5 python3 -m pytest -q -m gpu \
     -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k "folded_same_bits"
   tail -n 3 "$W/minb5_tests.log"
-  models_both 60
-  graphs_b1_ab base=MINILLM_PDL=1 guess=MINILLM_CUDA_DEFINES=DEC_INDEX_GUESS=1 carve100=MINILLM_SMEM_CARVEOUT=100 \
-    minb5=MINILLM_CUDA_DEFINES=GEMV_NORM_MIN_BLOCKS=5 \
-    all="MINILLM_CUDA_DEFINES=DEC_INDEX_GUESS=1,GEMV_NORM_MIN_BLOCKS=5 MINILLM_SMEM_CARVEOUT=100"
+  stage kvd512_tests 200 env "MINILLM_CUDA_DEFINES=$KVD512" python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs \
+    "${kvd_tests[@]}"
+  tail -n 3 "$W/kvd512_tests.log"
+  stage kvd512_one_split_tests 200 env "MINILLM_CUDA_DEFINES=$KVD512" MINILLM_DECODE_MIN_PART=1024 python3 -m pytest \
+    -q -m gpu -p no:cacheprovider -rfEs "${kvd_tests[@]}"
+  tail -n 3 "$W/kvd512_one_split_tests.log"
   pack
 }
 
-part279b() {  # prepared in session 49, after part279 on the same machine: timelines of both shapes' batch-1
-  # steps with and without part279's three changes. What to read: each kernel's placed_after_release_us
-  # (0.6B: the attention ~1.9 us, the folded qkv and gate_up ~0.85, the others 0-0.6 in part275/part277) and
-  # handoff_us, and the qkv's wait_spread_us (1.6 us) (~4 minutes)
+# part279's kvd512 build: the head-a-CTA attention on 512 threads, 8 keys a key group in flight (256 keys a round)
+KVD512=DEC_KVD_THREADS=512,DEC_KVD_U=8,DEC_KVD_MIN_BLOCKS=1
+
+part279c() {  # prepared in session 49, after part279 on the same machine (its builds are in CuPy's cache): batch-1
+  # graphs of both shapes alternated twice: the default against each of part279's changes, kvd512 with one split
+  # a head and with two, and the three that touch where kernels start together (~6 minutes)
   setup
   models_both 60
-  timeline q06_b1 $M/q06 --batch 1 --ctx 512
-  MINILLM_CUDA_DEFINES=DEC_INDEX_GUESS=1,GEMV_NORM_MIN_BLOCKS=5 MINILLM_SMEM_CARVEOUT=100 \
-    timeline q06_b1_all $M/q06 --batch 1 --ctx 512
-  timeline q8_b1 $M/q8 --batch 1 --ctx 512
-  MINILLM_CUDA_DEFINES=DEC_INDEX_GUESS=1 MINILLM_SMEM_CARVEOUT=100 timeline q8_b1_all $M/q8 --batch 1 --ctx 512
+  graphs_b1_ab base=MINILLM_PDL=1 guess=MINILLM_CUDA_DEFINES=DEC_INDEX_GUESS=1 carve100=MINILLM_SMEM_CARVEOUT=100 \
+    minb5=MINILLM_CUDA_DEFINES=GEMV_NORM_MIN_BLOCKS=5 \
+    kvd512="MINILLM_CUDA_DEFINES=$KVD512 MINILLM_DECODE_MIN_PART=1024" \
+    kvd512s2="MINILLM_CUDA_DEFINES=$KVD512 MINILLM_DECODE_MIN_PART=256" \
+    all3="MINILLM_CUDA_DEFINES=DEC_INDEX_GUESS=1,GEMV_NORM_MIN_BLOCKS=5 MINILLM_SMEM_CARVEOUT=100"
+  pack
+}
+
+part279b() {  # prepared in session 49, after part279c on the same machine: timelines of both shapes' batch-1
+  # steps: the default, part279c's all3 and kvd512 (one split a head). What to read: each kernel's
+  # placed_after_release_us (0.6B: the attention ~1.9 us, the folded qkv and gate_up ~0.85, the others 0-0.6
+  # in part275/part277), handoff_us and wait_spread_us (the qkv's 1.6 us), and with kvd512 the attention's
+  # work against the default's work plus the o product's hand-off (~6 minutes)
+  setup
+  models_both 60
+  local s
+  for s in q06 q8; do
+    timeline ${s}_b1 $M/$s --batch 1 --ctx 512
+    MINILLM_CUDA_DEFINES=DEC_INDEX_GUESS=1,GEMV_NORM_MIN_BLOCKS=5 MINILLM_SMEM_CARVEOUT=100 \
+      timeline ${s}_b1_all3 $M/$s --batch 1 --ctx 512
+    MINILLM_CUDA_DEFINES=$KVD512 MINILLM_DECODE_MIN_PART=1024 timeline ${s}_b1_kvd512 $M/$s --batch 1 --ctx 512
+  done
   pack
 }
 
 part280() {  # prepared in session 49: every GPU test but SmolLM2's and the debug build's, and bench decode of
-  # both shapes, under the environment the call is given: the settings part279 found faster
+  # both shapes, under the environment the call is given: the settings part279c found faster
   # (MINILLM_CUDA_DEFINES=..., MINILLM_SMEM_CARVEOUT=...) before they become the defaults, else none (~8 minutes)
   part269
 }

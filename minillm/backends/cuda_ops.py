@@ -826,6 +826,10 @@ class CudaBackend:
         if self.carveout is not None:
             for kern in k.values():
                 kern.preferred_shared_memory_carveout = self.carveout
+        # the head-a-CTA attention's threads are its build's (DEC_KVD_THREADS, cuda/decode_attention.cu: 128
+        # unless MINILLM_CUDA_DEFINES asks for more): the launch takes the bound the kernel was compiled with
+        kvd = k[f"paged_decode_rope_kvd_{self._sfx}_d{_DECODE_HEAD_DIMS[0]}_g1"]
+        self._kvd_threads = int(kvd.max_threads_per_block)
         self.k = k
 
     # ---- memory -------------------------------------------------------------------------
@@ -1864,7 +1868,7 @@ class CudaBackend:
             name = "paged_decode_rope_kvd_" if kv_div > 1 else "paged_decode_rope_"
             args += (_i32(ns), _i32(p["min_part"])) + rope + (_i32(kv_div),)
         self._launch(f"{name}{_suffix(q.dtype)}_d{D}_g{H // KH}", ((T if rows is None else rows) * KH * ns,),
-                     (_ATT_THREADS,), args)
+                     (self._kvd_threads if kv_div > 1 else _ATT_THREADS,), args)
         return p
 
     # ---- sampling -----------------------------------------------------------------------
