@@ -140,8 +140,8 @@
 #ifndef DEC_KV_PREWAIT
 #define DEC_KV_PREWAIT 1
 #endif
-// The head-a-CTA kernel's work found before its PDL wait in one trip of loads (guessed; see
-// decode_attention_impl). Why: in every batch-1 timeline since session 23 this kernel's first CTA
+// The fused decode step's kernels find their work before the PDL wait in one trip of loads (guessed;
+// see decode_attention_impl). Why: in every batch-1 timeline since session 23 this kernel's first CTA
 // reaches its wait 1.5-1.9 us (0.6B) / 0.9-1.2 us (8B) after the qkv product's last release, the
 // other kernels 0.5-0.9 us after their producers', and its wait returns 0.4 us after that (0.6B):
 // the pre-wait loads (query_start[B], then the sequence's bounds and length, then the block-table
@@ -307,15 +307,16 @@ __device__ __forceinline__ void decode_attention_impl(
   bool active = false;
   int b = 0, nq = 1, L = 0, j = 0, k_hi = 0, k_lo = 0, k_end = 0;
   int n_active = 1;  // splits that hold keys of this token; the others exit
-  // DEC_INDEX_GUESS (the head-a-CTA kernel, with DEC_KV_PREWAIT): the loads below in one trip, by
-  // guessing that row t is sequence t (a decode step: one query a sequence) and that its split is
-  // min_part keys long (a batch-1 step near 512 keys): its sequence's bounds and length and this key
-  // group's block-table entries are asked for together with the slot and position, where the default
-  // asks for query_start[B], then the sequence's bounds and length, then (after the split is known)
-  // the entries: three dependent trips before this CTA's keys can be asked for. Each guess is checked
-  // against what was loaded; a wrong one takes the default's loads (the same values, a trip later).
+  // DEC_INDEX_GUESS (the fused decode step's kernels): the loads below in one trip, by guessing that row
+  // t is sequence t (a decode step: one query a sequence) and, in the head-a-CTA kernel (KV_PRE), that
+  // its split is min_part keys long (a batch-1 step near 512 keys): the sequence's bounds and length and
+  // this key group's block-table entries are asked for together with the slot and position, where the
+  // default asks for query_start[B], then the sequence's bounds and length, then (after the split is
+  // known) the entries: three dependent trips before this CTA's keys can be asked for. Each guess is
+  // checked against what was loaded; a wrong one (a padding row, a longer split) takes the default's
+  // loads (the same values, a trip later).
   constexpr bool KV_PRE = DEC_KV_PREWAIT && ROPE && KV_DIV;
-  constexpr bool GUESS = DEC_INDEX_GUESS && KV_PRE;
+  constexpr bool GUESS = DEC_INDEX_GUESS && ROPE;  // the entries only with KV_PRE (the keys before the wait)
   const int bg = min(t, B - 1);  // the guessed sequence (in bounds whenever B >= 1)
   int g_qb = 0, g_q0 = 0, g_q1 = 0, g_len = 0, g_phys[GUESS ? U : 1] = {};
   if constexpr (GUESS) {
@@ -324,11 +325,13 @@ __device__ __forceinline__ void decode_attention_impl(
       g_q0 = query_start[bg];
       g_q1 = query_start[bg + 1];
       g_len = seq_lens[bg];
-      const int* bt_g = block_tables + (i64)bg * bt_stride;
+      if constexpr (KV_PRE) {
+        const int* bt_g = block_tables + (i64)bg * bt_stride;
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int lb = (split * min_part + grp * U + u) / block_size;
-        g_phys[u] = lb < bt_stride ? bt_g[lb] : 0;
+        for (int u = 0; u < U; ++u) {
+          const int lb = (split * min_part + grp * U + u) / block_size;
+          g_phys[u] = lb < bt_stride ? bt_g[lb] : 0;
+        }
       }
     }
   }
