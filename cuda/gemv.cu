@@ -66,14 +66,18 @@
 #endif
 // CTAs an SM the folded gate_up's registers must allow (__launch_bounds__). With GEMV_NORM_PRELOAD=2, 6
 // (80 registers, 56 bytes spilled: one wave for the 0.6B's 768 CTAs) made the 0.6B batch-1 graph 5.3%
-// slower, 8B unchanged (session 43, part254)
+// slower, 8B unchanged (session 43, part254). At GEMV_NORM_PRELOAD=1 (74 registers), 8 takes it to 64
+// without spills (ptxas, session 49): six of its CTAs then fit beside one of the o product's (108
+// registers), where five do now, and the 0.6B timelines have its CTAs' waits returning over 1.8 us (a
+// sixth an SM placed only as the o product leaves). Not yet measured (part279)
 #ifndef GEMV_GATED_NORM_MIN_BLOCKS
 #define GEMV_GATED_NORM_MIN_BLOCKS 1
 #endif
 // CTAs an SM the folded plain product's registers must allow (gemv1_norm*: the 0.6B's qkv); 0: no bound
 // (106-109 registers, 4 CTAs an SM). 5 takes it to 96 registers without spills (ptxas, session 49), so
-// that a CTA of the next kernel fits beside its four: the one-row attention's (80 registers) before the
-// qkv product completes, the down product's (108) beside the qkv's CTAs. Not yet measured (part279)
+// that four of its CTAs fit beside one of the down product's (108 registers; three do now, and the 0.6B
+// timelines have its CTAs' waits returning over 1.6 us) and one of the attention's (80) beside its four
+// before it completes. Not yet measured (part279)
 #ifndef GEMV_NORM_MIN_BLOCKS
 #define GEMV_NORM_MIN_BLOCKS 0
 #endif

@@ -4937,8 +4937,9 @@ part279a() {  # prepared in session 49 (no device was lent): the embedded GGUF's
 part279() {  # prepared in session 49: SmolLM2's GPU tests (skipped in part278: the even cut of the GGUF left a
   # call over the 64 MiB limit), then the op tests of four changes aimed at batch-1 steps, all off by default
   # and not yet run on a GPU: (guess) the head-a-CTA attention's pre-wait loads in one guessed trip
-  # (DEC_INDEX_GUESS=1); (minb5) the 0.6B's folded qkv product at 96 registers (GEMV_NORM_MIN_BLOCKS=5), so an
-  # attention CTA fits beside four of its CTAs; (kvd512) the head-a-CTA attention on 512 threads with 8 keys a
+  # (DEC_INDEX_GUESS=1); (regs) the 0.6B's folded qkv at 96 registers and folded gate_up at 64 (REGS below), so
+  # that all of their CTAs fit beside the down / o product's before it completes (the timelines have their waits
+  # returning over 1.6 / 1.8 us); (kvd512) the head-a-CTA attention on 512 threads with 8 keys a
   # key group in flight (KVD512 below), alone and with one split a head (MINILLM_DECODE_MIN_PART=1024: no
   # merge); (carve100, no op test: a hint to the driver) one shared-memory capacity for every kernel
   # (MINILLM_SMEM_CARVEOUT=100). part279c A/Bs them, part279b takes timelines (~5 minutes)
@@ -4949,9 +4950,9 @@ part279() {  # prepared in session 49: SmolLM2's GPU tests (skipped in part278: 
   stage guess_tests 200 env MINILLM_CUDA_DEFINES=DEC_INDEX_GUESS=1 python3 -m pytest -q -m gpu -p no:cacheprovider \
     -rfEs "${kvd_tests[@]}"
   tail -n 3 "$W/guess_tests.log"
-  stage minb5_tests 200 env MINILLM_CUDA_DEFINES=GEMV_NORM_MIN_BLOCKS=5 python3 -m pytest -q -m gpu \
+  stage regs_tests 200 env MINILLM_CUDA_DEFINES=$REGS python3 -m pytest -q -m gpu \
     -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k "folded_same_bits"
-  tail -n 3 "$W/minb5_tests.log"
+  tail -n 3 "$W/regs_tests.log"
   stage kvd512_tests 200 env "MINILLM_CUDA_DEFINES=$KVD512" python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs \
     "${kvd_tests[@]}"
   tail -n 3 "$W/kvd512_tests.log"
@@ -4961,8 +4962,10 @@ part279() {  # prepared in session 49: SmolLM2's GPU tests (skipped in part278: 
   pack
 }
 
-# part279's kvd512 build: the head-a-CTA attention on 512 threads, 8 keys a key group in flight (256 keys a round)
+# part279's kvd512 build: the head-a-CTA attention on 512 threads, 8 keys a key group in flight (256 keys a round);
+# its regs build: the 0.6B's folded qkv at 96 registers and folded gate_up at 64 (no spills, ptxas)
 KVD512=DEC_KVD_THREADS=512,DEC_KVD_U=8,DEC_KVD_MIN_BLOCKS=1
+REGS=GEMV_NORM_MIN_BLOCKS=5,GEMV_GATED_NORM_MIN_BLOCKS=8
 
 part279c() {  # prepared in session 49, after part279 on the same machine (its builds are in CuPy's cache): batch-1
   # graphs of both shapes alternated twice: the default against each of part279's changes, kvd512 with one split
@@ -4970,25 +4973,25 @@ part279c() {  # prepared in session 49, after part279 on the same machine (its b
   setup
   models_both 60
   graphs_b1_ab base=MINILLM_PDL=1 guess=MINILLM_CUDA_DEFINES=DEC_INDEX_GUESS=1 carve100=MINILLM_SMEM_CARVEOUT=100 \
-    minb5=MINILLM_CUDA_DEFINES=GEMV_NORM_MIN_BLOCKS=5 \
+    regs=MINILLM_CUDA_DEFINES=$REGS \
     kvd512="MINILLM_CUDA_DEFINES=$KVD512 MINILLM_DECODE_MIN_PART=1024" \
     kvd512s2="MINILLM_CUDA_DEFINES=$KVD512 MINILLM_DECODE_MIN_PART=256" \
-    all3="MINILLM_CUDA_DEFINES=DEC_INDEX_GUESS=1,GEMV_NORM_MIN_BLOCKS=5 MINILLM_SMEM_CARVEOUT=100"
+    all3="MINILLM_CUDA_DEFINES=DEC_INDEX_GUESS=1,$REGS MINILLM_SMEM_CARVEOUT=100"
   pack
 }
 
 part279b() {  # prepared in session 49, after part279c on the same machine: timelines of both shapes' batch-1
   # steps: the default, part279c's all3 and kvd512 (one split a head). What to read: each kernel's
   # placed_after_release_us (0.6B: the attention ~1.9 us, the folded qkv and gate_up ~0.85, the others 0-0.6
-  # in part275/part277), handoff_us and wait_spread_us (the qkv's 1.6 us), and with kvd512 the attention's
-  # work against the default's work plus the o product's hand-off (~6 minutes)
+  # in part275/part277), handoff_us and wait_spread_us (the qkv's 1.6 us, the gate_up's 1.8), and with kvd512
+  # the attention's work against the default's work plus the o product's hand-off (~6 minutes)
   setup
   models_both 60
   local s
   for s in q06 q8; do
     timeline ${s}_b1 $M/$s --batch 1 --ctx 512
-    MINILLM_CUDA_DEFINES=DEC_INDEX_GUESS=1,GEMV_NORM_MIN_BLOCKS=5 MINILLM_SMEM_CARVEOUT=100 \
-      timeline ${s}_b1_all3 $M/$s --batch 1 --ctx 512
+    MINILLM_CUDA_DEFINES=DEC_INDEX_GUESS=1,$REGS MINILLM_SMEM_CARVEOUT=100 timeline ${s}_b1_all3 $M/$s --batch 1 \
+      --ctx 512
     MINILLM_CUDA_DEFINES=$KVD512 MINILLM_DECODE_MIN_PART=1024 timeline ${s}_b1_kvd512 $M/$s --batch 1 --ctx 512
   done
   pack

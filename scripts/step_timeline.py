@@ -2,6 +2,7 @@
 
     python scripts/step_timeline.py MODEL --batch 1 --ctx 512 [--json F]
     python scripts/step_timeline.py MODEL --spec DRAFTER --k 8 --batch 1   # the verification graph
+    python scripts/step_timeline.py --saved docs/results/h200_timeline_q06_b1_*.json   # saved results' layers
 
 The kernels are built with MINILLM_TIMELINE=1 (cuda/common.cuh): thread 0 of every CTA of a PDL
 kernel records its grid's launch id (%gridid), grid and block size, SM, and the global timer at
@@ -128,6 +129,9 @@ def split(grids: list[dict]) -> dict:
 
 
 TAIL_KEYS = ("to_arrival_us", "merge_us", "to_wait_us")
+# where a kernel starts: its first CTA's entry (pdl_entry, after any pre-wait work) after the previous
+# kernel's last release, and the spread of its CTAs' waits returning (CTAs placed late widen it)
+START_KEYS = ("placed_after_release_us", "wait_spread_us")
 
 
 def tail_phases(g: dict, nxt: dict | None) -> dict:
@@ -142,8 +146,8 @@ def tail_phases(g: dict, nxt: dict | None) -> dict:
 def layer_positions(rows: list[dict], max_period: int = 16) -> dict | None:
     """The step's repeating layer: the shortest period p (2..max_period) whose pattern holds for three
     periods from some first grid and, from there on, for >= 90% of the grids' shapes; per position
-    of the layer, its shape and the medians of its work and hand-off over the full layers. None if
-    the shapes do not repeat."""
+    of the layer, its shape and the medians of its work, hand-off, placement and wait spread (and of
+    its stamped phases) over the full layers. None if the shapes do not repeat."""
     shapes = [r["shape"] for r in rows]
     n = len(shapes)
     for p in range(2, max_period + 1):
@@ -156,7 +160,7 @@ def layer_positions(rows: list[dict], max_period: int = 16) -> dict | None:
         positions = []
         for j in range(p):
             pos = {"shape": shapes[start + j]}
-            for key in ("work_us", "handoff_us", *TAIL_KEYS, *PHASE_KEYS):
+            for key in ("work_us", "handoff_us", *START_KEYS, *TAIL_KEYS, *PHASE_KEYS):
                 v = [layer[j][key] for layer in layers if layer[j].get(key) is not None]
                 if v or key in ("work_us", "handoff_us"):
                     pos[f"{key}_median"] = round(float(np.median(v)), 2) if v else None
@@ -207,9 +211,38 @@ def run(model: str, batch: int, ctx: int, replays: int = 10, drafter: str | None
     return {**out, **split(grids_of(records, phases=phases))}
 
 
+def print_layer(layer: dict | None) -> None:
+    """layer_positions' table: a line a kernel of the layer."""
+    if not layer:
+        print("no repeating layer")
+        return
+    print(f"a layer: {layer['period']} kernels from grid {layer['start']}, {layer['layers']} layers; by position "
+          "(shape, medians in us: work, hand-off in, placed after the previous release, wait spread):")
+    for j, pos in enumerate(layer["positions"]):
+        extra = [k for k in (*TAIL_KEYS, *PHASE_KEYS) if pos.get(k + "_median") is not None]
+        tail = ", then: " + ", ".join(f"{k[:-3].replace('_', ' ')} {pos[k + '_median']:.2f}" for k in extra) \
+            if extra else ""
+        cols = [pos.get(k + "_median") for k in ("work_us", "handoff_us", *START_KEYS)]
+        print(f"  {j:2d} {pos['shape']:18s}" + "".join(f" {c or 0:8.2f}" for c in cols) + tail)
+
+
+def print_saved(paths: list[str]) -> None:
+    """The layer table of each saved --json result, its positions computed again from its timeline rows
+    (results saved before a median was added to layer_positions get it too)."""
+    import json
+
+    for path in paths:
+        with open(path) as f:
+            r = json.load(f)
+        print(f"{path}: {r.get('model')} batch {r.get('batch')} ctx {r.get('ctx')}, instrumented graph "
+              f"{r.get('instrumented_graph_ms', float('nan')):.3f} ms")
+        print_layer(layer_positions(r["timeline"]))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model")
+    p.add_argument("model", nargs="?", help="the model to time (not with --saved)")
+    p.add_argument("--saved", nargs="+", metavar="JSON", help="print the layer tables of saved --json results")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--ctx", type=int, default=512)
     p.add_argument("--spec", default=None, metavar="DRAFTER",
@@ -217,6 +250,13 @@ def main() -> int:
     p.add_argument("--k", type=int, default=8, help="drafts a round with --spec")
     p.add_argument("--json", default=None)
     ns = p.parse_args()
+    if ns.saved:
+        if ns.model:
+            p.error("give a model or --saved, not both")
+        print_saved(ns.saved)
+        return 0
+    if not ns.model:
+        p.error("give a model to time, or --saved JSON... to read saved results")
     r = run(ns.model, ns.batch, ns.ctx, drafter=ns.spec, k=ns.k)
     print(f"{r['grids']} grids recorded ({r['records']} CTA records, {r['dropped']} dropped); instrumented graph "
           f"{r['instrumented_graph_ms']:.3f} ms; recorded span {r['span_us']:.1f} us = work {r['work_us']:.1f} "
@@ -227,16 +267,7 @@ def main() -> int:
         print(f"{s:22s} {v['count']:5d} {v.get('work_us_median', float('nan')):9.2f} "
               f"{v.get('handoff_us_median', float('nan')):12.2f} {v.get('placed_us_median', float('nan')):10.2f} "
               f"{v.get('work_us_total', 0):9.1f} {v.get('handoff_us_total', 0):12.1f}")
-    layer = r["layer"]
-    if layer:
-        print(f"a layer: {layer['period']} kernels from grid {layer['start']}, {layer['layers']} layers; by position "
-              "(shape, work median, hand-off-in median, us):")
-        for j, pos in enumerate(layer["positions"]):
-            extra = [k for k in (*TAIL_KEYS, *PHASE_KEYS) if pos.get(k + "_median") is not None]
-            tail = ", then: " + ", ".join(f"{k[:-3].replace('_', ' ')} {pos[k + '_median']:.2f}" for k in extra) \
-                if extra else ""
-            print(f"  {j:2d} {pos['shape']:18s} {pos['work_us_median'] or 0:8.2f} {pos['handoff_us_median'] or 0:8.2f}"
-                  f"{tail}")
+    print_layer(r["layer"])
     print("first 16 grids: shape, CTAs recorded, CTAs that released (the others exited first: e.g. the decode "
           "attention's inactive splits), start, work, hand-off, placed after the previous release (us)")
     for row in r["timeline"][:16]:

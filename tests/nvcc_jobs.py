@@ -34,7 +34,7 @@ DEBUG_FLAGS = ("-DMINILLM_CUDA_DEBUG=1", "-lineinfo")
 # two-trip form (DEC_MERGE_ONE_TRIP=0), its keys after the PDL wait (DEC_KV_PREWAIT=0), its phase
 # stamps (DEC_TL_PHASES), its pre-wait loads in one guessed trip (DEC_INDEX_GUESS) and its head-a-CTA form on
 # 512 threads (DEC_KVD_THREADS), the two-tile skinny
-# GEMM's unpipelined loop (part174's A/B) and the folded products' register bound (GEMV_NORM_MIN_BLOCKS), so
+# GEMM's unpipelined loop (part174's A/B) and the folded products' register bounds (GEMV_*NORM_MIN_BLOCKS), so
 # they do not rot
 VARIANTS = [("decode_attention", ["-DDEC_NO_MATH=1", "-DDEC_MERGE_FLIGHT=4", "-DMINILLM_TIMELINE=1",
                                   "-DDEC_TL_PHASES=1", "-DDEC_INDEX_GUESS=1", "-DDEC_KVD_THREADS=512",
@@ -42,7 +42,7 @@ VARIANTS = [("decode_attention", ["-DDEC_NO_MATH=1", "-DDEC_MERGE_FLIGHT=4", "-D
             ("decode_attention", ["-DDEC_CPL=2", "-DDEC_U=2", "-DPDL_PREWAIT_INDEX=0", "-DDEC_MERGE_FLIGHT=16",
                                   "-DDEC_MERGE_FLIGHT_ROPE=4", "-DDEC_MERGE_ONE_TRIP=0", "-DDEC_KV_PREWAIT=0"]),
             ("gemv", ["-DPDL_LATE=0", "-DGEMV_PREFETCH_MAX=0", "-DGEMV_MAX_M=8", "-DSKINNY2_PIPELINED=0",
-                      "-DGEMV_NORM_MIN_BLOCKS=5"]),
+                      "-DGEMV_NORM_MIN_BLOCKS=5", "-DGEMV_GATED_NORM_MIN_BLOCKS=8"]),
             ("norm", ["-DNORM_EARLY_MIN_ROWS=1000000"]), ("norm", ["-DMINILLM_TIMELINE=1"]),
             ("prefill_attention", ["-DPF_PDL=1"]),
             ("prefill_attention", ["-DPF_PDL=1", "-DPDL_PREWAIT_INDEX=0"])]

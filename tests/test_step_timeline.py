@@ -113,3 +113,28 @@ def test_layer_positions_find_the_repeating_layer():
     stamped = st.layer_positions(rows)["positions"][1]
     assert stamped["merge_us_median"] == pytest.approx(4.0) and stamped["to_wait_us_median"] == pytest.approx(0.5)
     assert st.layer_positions(rows[:4]) is None
+
+
+def test_layer_positions_carry_where_each_kernel_starts(tmp_path, capsys):
+    """Per position of the layer, the medians of placed_after_release_us and wait_spread_us (where its
+    first CTA entered after the previous kernel's last release, and over how long its CTAs' waits
+    returned); --saved recomputes them from a saved result's timeline rows and prints the table."""
+    import json
+
+    st = load()
+    rows = []
+    for layer in range(4):
+        rows += [{"shape": "512x128", "work_us": 3.0, "handoff_us": 1.8, "placed_after_release_us": 0.8 + layer,
+                  "wait_spread_us": 1.6},
+                 {"shape": "336x128", "work_us": 3.5, "handoff_us": 2.2, "placed_after_release_us": 1.9,
+                  "wait_spread_us": 0.6 * layer}]
+    pos = st.layer_positions(rows)["positions"]
+    assert pos[0]["placed_after_release_us_median"] == pytest.approx(2.3)
+    assert pos[1]["wait_spread_us_median"] == pytest.approx(0.9)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"model": "m", "batch": 1, "ctx": 512, "instrumented_graph_ms": 0.8,
+                                "timeline": rows}))
+    st.print_saved([str(path)])
+    out = capsys.readouterr().out
+    assert "a layer: 2 kernels" in out
+    assert "512x128" in out and "2.30" in out and "0.90" in out
