@@ -4968,12 +4968,13 @@ KVD512=DEC_KVD_THREADS=512,DEC_KVD_U=8,DEC_KVD_MIN_BLOCKS=1
 REGS=GEMV_NORM_MIN_BLOCKS=5,GEMV_GATED_NORM_MIN_BLOCKS=8
 
 part279c() {  # prepared in session 49, after part279 on the same machine (its builds are in CuPy's cache): batch-1
-  # graphs of both shapes alternated twice: the default against each of part279's changes, kvd512 with one split
-  # a head and with two, and the three that touch where kernels start together (~6 minutes)
+  # graphs of both shapes alternated twice: the default against each of part279's changes (the carveout at 100%
+  # and at 25%, 64 KB: enough for the batch-1 chain, more L1 left to the products' streams), kvd512 with one
+  # split a head and with two, and the three that touch where kernels start together (~7 minutes)
   setup
   models_both 60
   graphs_b1_ab base=MINILLM_PDL=1 guess=MINILLM_CUDA_DEFINES=DEC_INDEX_GUESS=1 carve100=MINILLM_SMEM_CARVEOUT=100 \
-    regs=MINILLM_CUDA_DEFINES=$REGS \
+    carve25=MINILLM_SMEM_CARVEOUT=25 regs=MINILLM_CUDA_DEFINES=$REGS \
     kvd512="MINILLM_CUDA_DEFINES=$KVD512 MINILLM_DECODE_MIN_PART=1024" \
     kvd512s2="MINILLM_CUDA_DEFINES=$KVD512 MINILLM_DECODE_MIN_PART=256" \
     all3="MINILLM_CUDA_DEFINES=DEC_INDEX_GUESS=1,$REGS MINILLM_SMEM_CARVEOUT=100"
