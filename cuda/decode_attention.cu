@@ -141,7 +141,7 @@
 #define DEC_KV_PREWAIT 1
 #endif
 // The fused decode step's kernels find their work before the PDL wait in one trip of loads (guessed;
-// see decode_attention_impl). Why: in every batch-1 timeline since session 23 this kernel's first CTA
+// see decode_attention_impl). Why: in every batch-1 timeline since session 23 the attention's first CTA
 // reaches its wait 1.5-1.9 us (0.6B) / 0.9-1.2 us (8B) after the qkv product's last release, the
 // other kernels 0.5-0.9 us after their producers', and its wait returns 0.4 us after that (0.6B):
 // the pre-wait loads (query_start[B], then the sequence's bounds and length, then the block-table
