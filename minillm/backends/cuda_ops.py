@@ -586,7 +586,8 @@ def smem_carveout() -> int | None:
     gated twin, 132 for the decode attention, 196 for the tensor-core attention), and an SM holding one
     kernel's CTAs cannot change its capacity for the next kernel's; the batch-1 timelines place the
     kernels that use shared memory after ones that use none 0.8-1.9 us after their producers' release,
-    the others 0-0.6 us. One capacity for all would let PDL's next grid onto every SM at once."""
+    the others 0-0.6 us. If capacities are what holds them back (registers are the other candidate:
+    cuda/gemv.cu's GEMV_*NORM_MIN_BLOCKS), one for all lets PDL's next grid onto every SM at once."""
     raw = os.environ.get("MINILLM_SMEM_CARVEOUT", "")
     if raw == "":
         return None
