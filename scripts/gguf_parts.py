@@ -36,13 +36,13 @@ class Plan:
         return LIMIT - max(self.first, self.second)
 
 
-def plan_cut(gguf: int, tree: int, wheels: int, limit: int = LIMIT) -> Plan:
-    """The cut that leaves both calls the same room under limit; ValueError when none fits both."""
-    lo = gguf - (limit - tree - wheels)  # .gguf_a at least this, for the second call to fit
-    hi = limit - tree                    # at most this, for the first
+def plan_cut(gguf: int, tree: int, wheels: int) -> Plan:
+    """The cut that leaves both calls the same room under LIMIT; ValueError when none fits both."""
+    lo = gguf - (LIMIT - tree - wheels)  # .gguf_a at least this, for the second call to fit
+    hi = LIMIT - tree                    # at most this, for the first
     if lo > hi:
         raise ValueError(f"no cut fits: the tree ({mib(tree)}) twice, .whl ({mib(wheels)}) and the GGUF "
-                         f"({mib(gguf)}) exceed two calls of {mib(limit)}; carry .whl in a third call or "
+                         f"({mib(gguf)}) exceed two calls of {mib(LIMIT)}; carry .whl in a third call or "
                          "shrink the tree")
     cut = max(1, min(gguf - 1, (lo + hi) // 2))
     return Plan(cut, tree + cut, tree + wheels + gguf - cut)
