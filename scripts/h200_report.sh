@@ -125,7 +125,7 @@
 #   part279a-part280 prepared in session 49 (no device was lent): the GGUF's first half to /tmp; SmolLM2's
 #   GPU tests and op tests (part279) of four batch-1 changes: the attention's pre-wait loads in one guessed
 #   trip (DEC_INDEX_GUESS), one shared-memory capacity for every kernel (MINILLM_SMEM_CARVEOUT), the folded
-#   qkv product at 96 registers (GEMV_NORM_MIN_BLOCKS=5), the head-a-CTA attention on 512 threads with one
+#   qkv / gate_up products at 96 / 64 registers (REGS), the head-a-CTA attention on 512 threads with one
 #   split a head (DEC_KVD_THREADS); their A/B (part279c) and timelines (part279b); every GPU test and decode
 #   under the settings found faster (part280).
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
@@ -4936,7 +4936,7 @@ part279a() {  # prepared in session 49 (no device was lent): the embedded GGUF's
 
 part279() {  # prepared in session 49: SmolLM2's GPU tests (skipped in part278: the even cut of the GGUF left a
   # call over the 64 MiB limit), then the op tests of four changes aimed at batch-1 steps, all off by default
-  # and not yet run on a GPU: (guess) the head-a-CTA attention's pre-wait loads in one guessed trip
+  # and not yet run on a GPU: (guess) the fused decode step attention's pre-wait loads in one guessed trip
   # (DEC_INDEX_GUESS=1); (regs) the 0.6B's folded qkv at 96 registers and folded gate_up at 64 (REGS below), so
   # that all of their CTAs fit beside the down / o product's before it completes (the timelines have their waits
   # returning over 1.6 / 1.8 us); (kvd512) the head-a-CTA attention on 512 threads with 8 keys a
