@@ -41,3 +41,18 @@ def test_greedy_chat_matches_transformers_for_32_tokens(pair):
             ref = model.generate(torch.tensor([ids]), max_new_tokens=32, min_new_tokens=32, do_sample=False,
                                  pad_token_id=tok.eos_token_id)[0, len(ids):].tolist()
         assert out.token_ids == ref
+
+
+def test_skip_special_tokens_false_keeps_their_text(pair):
+    """vLLM's skip_special_tokens=False: the special tokens the model samples stay in the text as
+    transformers' decode(skip_special_tokens=False) writes them; by default they are left out. With
+    ignore_eos, SmolLM2's greedy answer runs on past its <|im_end|> into the next turn's <|im_start|>."""
+    tok, _, llm = pair
+    prompt = llm.tokenizer.encode_chat([{"role": "user", "content": "Hi"}])
+    kept, skipped = (llm.generate([prompt], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True,
+                                                          skip_special_tokens=skip))[0]
+                     for skip in (False, True))
+    assert kept.token_ids == skipped.token_ids
+    assert {1, 2} <= set(kept.token_ids)  # <|im_start|>, <|im_end|> among them
+    assert kept.text == tok.decode(kept.token_ids, skip_special_tokens=False)
+    assert skipped.text == tok.decode(kept.token_ids, skip_special_tokens=True) != kept.text

@@ -223,3 +223,44 @@ def test_sentencepiece_pieces(spm_pair):
     assert pieces == ["▁the", "▁", "▁the", "r", "e", "▁", "12", "▁", "<0xC3>", "<0xA9>", "<think>"]
     assert ours.decode(ours.encode("the  there 12 \u00e9")) == "the  there 12 \u00e9"
     assert ours.add_bos_token and ours.bos_token == "<s>" and ours.eos_token_ids == [2]
+
+
+def test_incremental_decoder_keeps_special_tokens_when_asked(smollm_pair):
+    ours, hf = smollm_pair
+    ids = ours.encode("<|im_start|>user\nhi<|im_end|>")
+    kept = IncrementalDecoder(ours, skip_special_tokens=False)
+    text = "".join(kept.push([i]) for i in ids)
+    assert text == hf.decode(ids, skip_special_tokens=False) == "<|im_start|>user\nhi<|im_end|>"
+    assert "".join(IncrementalDecoder(ours).push([i]) for i in ids) == hf.decode(ids, skip_special_tokens=True)
+
+
+def test_long_text_encodes_the_same_and_lets_other_threads_run(smollm_pair):
+    """Texts of 64K characters and more go through encode_batch, which releases the GIL (encode holds it
+    throughout: a 7 MB prompt stopped the server's event loop for 5 s). The ids are transformers'; and
+    while a 2 MB text encodes in a worker thread, this thread keeps running: its longest pause is a
+    small part of the encode's time, where holding the GIL would make it all of it."""
+    import threading
+    import time
+
+    ours, hf = smollm_pair
+    text = "Hello world, this is a long prompt. " * 2000  # 72K characters
+    assert ours.encode(text) == hf.encode(text)
+    big = "a fairly long sentence with some words in it. " * 45000
+    done, span = threading.Event(), []
+
+    def work():
+        t0 = time.perf_counter()
+        ours.encode(big)
+        span.append(time.perf_counter() - t0)
+        done.set()
+
+    worker = threading.Thread(target=work)
+    last, longest = time.perf_counter(), 0.0
+    worker.start()
+    while not done.is_set():
+        time.sleep(0.002)
+        now = time.perf_counter()
+        longest, last = max(longest, now - last), now
+    worker.join()
+    assert span[0] > 0.2, "the text encoded too fast to tell"
+    assert longest < span[0] / 2, (longest, span[0])

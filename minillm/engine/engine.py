@@ -389,7 +389,7 @@ class LLMEngine:
         if params.bad_words:
             seq.bad_word_ids = self._bad_word_ids(params.bad_words)
         seq.max_output_len = min(params.max_tokens, self.max_model_len - len(prompt_ids))
-        seq.decoder = IncrementalDecoder(self.tokenizer)
+        seq.decoder = IncrementalDecoder(self.tokenizer, params.skip_special_tokens)
         if params.logprobs is not None or params.prompt_logprobs is not None:
             if params.logprobs is not None:
                 seq.output_logprobs = []

@@ -49,6 +49,12 @@ def compile_chat_template(template: str, where: str | None = None) -> jinja2.Tem
                          "the template); fix the template") from None
 
 
+# Texts this long (characters) are encoded through encode_batch, which lets other Python threads run
+# while it works (the server tokenizes in worker threads beside its event loop); shorter ones take
+# plain encode, microseconds either way.
+_LONG_TEXT = 1 << 16
+
+
 class Tokenizer:
     def __init__(
         self,
@@ -141,7 +147,10 @@ class Tokenizer:
             except UnicodeEncodeError as e:
                 raise ValueError(f"the text is not valid Unicode: a lone surrogate {text[e.start]!a} at "
                                  f"character {e.start}") from None
-        ids = self.tok.encode(text, add_special_tokens=add_special_tokens).ids
+        if len(text) < _LONG_TEXT:
+            ids = self.tok.encode(text, add_special_tokens=add_special_tokens).ids
+        else:  # encode holds the GIL throughout: a 7 MB prompt stopped every stream's thread for 5 s
+            ids = self.tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         if (
             add_special_tokens and self.add_bos_token and self.bos_token_id is not None
             and (not ids or ids[0] != self.bos_token_id)
@@ -355,11 +364,13 @@ class IncrementalDecoder:
     the engine's host time at batch 256 (scripts/host_overhead.py).
     """
 
-    def __init__(self, tokenizer: Tokenizer):
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
+        """skip_special_tokens False (a request's, as in vLLM) keeps special tokens' text
+        (<|im_start|>, a Hermes <tool_call>) in the deltas."""
         from tokenizers.decoders import DecodeStream
 
         self._tok = tokenizer.tok
-        self._stream = DecodeStream(skip_special_tokens=True)
+        self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
 
     def push(self, new_ids: list[int]) -> str:
         """Append tokens; return the newly completed text."""
