@@ -19,6 +19,7 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     finish_reason: str | None
+    stop_reason: int | str | None = None  # the stop string or stop_token_ids id that ended it (vLLM's)
     logprobs: list[TokenLogprob] | None = None  # one per token id, with SamplingParams.logprobs
     # with SamplingParams.prompt_logprobs: one per prompt token id, None for the first
     prompt_logprobs: list[TokenLogprob | None] | None = None
@@ -95,6 +96,7 @@ class LLM:
                         prompt_logprobs[out.request_id] = out.prompt_logprobs
                     if out.finished:
                         done[out.request_id] = CompletionOutput([], out.text, out.token_ids, out.finish_reason,
+                                                                out.stop_reason,
                                                                 logprobs.pop(out.request_id, None),
                                                                 prompt_logprobs.pop(out.request_id, None),
                                                                 out.error)

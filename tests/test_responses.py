@@ -266,7 +266,7 @@ def test_reasoning_and_message_items(server):
     assert 0 < u.output_tokens_details.reasoning_tokens < u.output_tokens
     assert u.input_tokens_details.cached_tokens >= 0
     body = r.model_dump()
-    assert (body["store"], body["tools"], body["tool_choice"], body["max_output_tokens"]) == (False, [], "none", 80)
+    assert (body["store"], body["tools"], body["tool_choice"], body["max_output_tokens"]) == (False, [], "auto", 80)
 
 
 def test_stream_adds_up_to_the_response(server):

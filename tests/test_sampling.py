@@ -181,7 +181,7 @@ def test_min_tokens_and_stop_token_ids(llm):
     greedy = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))[0].token_ids
     stop = greedy[0]
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[stop]))[0]
-    assert out.token_ids == [stop] and out.finish_reason == "stop"
+    assert out.token_ids == [stop] and (out.finish_reason, out.stop_reason) == ("stop", stop)  # vLLM's stop_reason
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=20, min_tokens=4,
                                                 stop_token_ids=[stop], ignore_eos=True))[0]
     assert stop not in out.token_ids[:4] and len(out.token_ids) >= 4
@@ -194,9 +194,9 @@ def test_stop_strings_cut_the_text_before_them(llm):
     assert len(text) > 6
     stop = text[3:6]
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop=[stop]))[0]
-    assert out.finish_reason == "stop" and out.text == text[: text.index(stop)]
+    assert out.finish_reason == "stop" and out.text == text[: text.index(stop)] and out.stop_reason == stop
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))[0]
-    assert out.finish_reason == "length" and len(out.token_ids) == 5
+    assert out.finish_reason == "length" and len(out.token_ids) == 5 and out.stop_reason is None
 
 
 def test_invalid_sampling_params_are_refused():

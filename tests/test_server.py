@@ -102,6 +102,7 @@ def model_name(server) -> str:
 def test_models_and_health(server, model_dir):
     models = server.client().models.list().data
     assert [m.id for m in models] == [str(model_dir)]
+    assert 0 < models[0].created <= time.time()  # when the server started, as vLLM's cards say
     assert httpx.get(f"{server.url}/health").status_code == 200
 
 
@@ -966,10 +967,28 @@ def test_stop_strings(server):
     r = cl.completions.create(model=name, prompt=prompt, max_tokens=40, temperature=0, stop=[stop, "\x00never"],
                               extra_body={"ignore_eos": True})
     assert (r.choices[0].text, r.choices[0].finish_reason) == (want, "stop")
+    assert r.choices[0].stop_reason == stop  # vLLM's: the stop string that ended it
     chunks = list(cl.completions.create(model=name, prompt=prompt, max_tokens=40, temperature=0, stop=stop,
                                         stream=True, extra_body={"ignore_eos": True}))
     assert "".join(c.choices[0].text for c in chunks) == want
-    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert (chunks[-1].choices[0].finish_reason, chunks[-1].choices[0].stop_reason) == ("stop", stop)
+    assert all(c.choices[0].stop_reason is None for c in chunks[:-1])
+    # a stop token id is the stop_reason (chat too); ending at max_tokens leaves it null
+    ids = cl.completions.create(model=name, prompt=prompt, max_tokens=8, temperature=0, logprobs=0,
+                                extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True})
+    assert ids.choices[0].stop_reason is None and ids.choices[0].finish_reason == "length"
+    token = int(ids.choices[0].logprobs.tokens[3].removeprefix("token_id:"))
+    r = cl.completions.create(model=name, prompt=prompt, max_tokens=8, temperature=0,
+                              extra_body={"ignore_eos": True, "stop_token_ids": [token]})
+    assert (r.choices[0].finish_reason, r.choices[0].stop_reason) == ("stop", token)
+    chat = cl.chat.completions.create(model=name, messages=[{"role": "user", "content": prompt}], max_tokens=8,
+                                      temperature=0, logprobs=True,
+                                      extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True})
+    assert chat.choices[0].stop_reason is None
+    token = int(chat.choices[0].logprobs.content[2].token.removeprefix("token_id:"))
+    chat = cl.chat.completions.create(model=name, messages=[{"role": "user", "content": prompt}], max_tokens=8,
+                                      temperature=0, extra_body={"ignore_eos": True, "stop_token_ids": [token]})
+    assert (chat.choices[0].finish_reason, chat.choices[0].stop_reason) == ("stop", token)
     # vLLM's include_stop_str_in_output: the stop string stays, streamed or not
     kept = want + stop
     r = cl.completions.create(model=name, prompt=prompt, max_tokens=40, temperature=0, stop=[stop, "\x00never"],

@@ -188,6 +188,7 @@ CHAT_CASES = [
     ({"messages": [{"role": "user", "content": "hi"}], "functions": [{"name": "f"}]}, "functions"),  # use tools
     ({"messages": [{"role": "user", "content": "hi"}], "function_call": "auto"}, "function_call"),
     ({"messages": [{"role": "user", "content": "hi"}], "documents": [{"text": "x"}]}, "documents"),
+    ({"messages": MSG, "chat_template": "{{ messages[0].content }}"}, "chat_template"),  # --chat-template's
     ({"messages": []}, "messages"),
     ({"messages": "hi"}, "messages"),
     ({"messages": [1]}, "messages[0]"),
@@ -308,6 +309,14 @@ def test_bad_chat_requests(server, body, param):
 @pytest.mark.parametrize("path,body,param", UTILITY_CASES, ids=[str(i) for i in range(len(UTILITY_CASES))])
 def test_bad_tokenize_requests(server, path, body, param):
     check_error(post(server, path, body, headers={}), 400, param)
+
+
+def test_constraint_errors_name_the_field_once(server):
+    for field in ("guided_regex", "structured_outputs"):
+        value = "[a-" if field == "guided_regex" else {"regex": "[a-"}
+        err = check_error(post(server, "/v1/completions", {**OK, field: value}), 400, field)
+        assert err["message"].startswith(f"'{field}': the regex does not compile") and "structured_outputs:" not in \
+            err["message"], err["message"]
 
 
 def test_tokenize_errors_name_the_problem(server):

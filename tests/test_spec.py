@@ -146,7 +146,7 @@ def test_stop_inside_accepted_run(models):
                                                                  stop_token_ids=[stop], ignore_eos=True))[0]
         first = b.token_ids.index(stop)
         if first < 7:
-            assert out.token_ids == b.token_ids[: first + 1] and out.finish_reason == "stop"
+            assert out.token_ids == b.token_ids[: first + 1] and (out.finish_reason, out.stop_reason) == ("stop", stop)
         else:
             assert out.token_ids == b.token_ids[:7] and out.finish_reason == "length"
 
@@ -165,7 +165,7 @@ def test_stop_string_inside_accepted_run(models):
         params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop])
         a = plain.generate([prompt], params)[0]
         b = spec.generate([prompt], params)[0]
-        assert (b.token_ids, b.text, b.finish_reason) == (a.token_ids, a.text, "stop")
+        assert (b.token_ids, b.text, b.finish_reason, b.stop_reason) == (a.token_ids, a.text, "stop", stop)
         assert len(b.token_ids) < 40
         kept = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop],
                               include_stop_str_in_output=True)

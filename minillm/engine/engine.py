@@ -64,6 +64,8 @@ class RequestOutput:
     num_prompt_tokens: int
     finished: bool = False
     finish_reason: str | None = None
+    # finish_reason "stop" by a stop string or a stop_token_ids id: which (vLLM's stop_reason); else None
+    stop_reason: int | str | None = None
     _token_ids: list[int] | None = field(default=None, repr=False)
     # with SamplingParams.logprobs: one TokenLogprob per entry of new_token_ids, else None
     new_logprobs: list[TokenLogprob] | None = None
@@ -831,6 +833,7 @@ class LLMEngine:
             n_out = len(out_ids)
             if n_out >= p.min_tokens and (tok in eos_ids or tok in p.stop_token_ids):
                 reason = "stop"  # the stop token is returned in token_ids but is not text
+                seq.stop_reason = None if tok in eos_ids else tok  # as vLLM: EOS names no stop
                 break
             # a constraint completed by the last token max_tokens allows ends as "stop": the output is whole
             consume = g is not None
@@ -922,6 +925,7 @@ class LLMEngine:
             if p.stop and n0 + i + 1 >= p.min_tokens and len(seq.text) > before:
                 found = self._find_stop(seq.text, p.stop, max(0, before - longest_stop + 1))
                 if found is not None:  # the text ends before the stop string, or after it if asked
+                    seq.stop_reason = seq.text[found[0] : found[1]]
                     seq.text = seq.text[: found[1] if p.include_stop_str_in_output else found[0]]
                     dropped = len(accepted) - (i + 1)
                     if dropped:  # later ids of an accepted run: plain decoding never made them
@@ -947,7 +951,8 @@ class LLMEngine:
         seq.sent_text_len = end
         logprobs = None if seq.output_logprobs is None else seq.output_logprobs[n0 : n0 + len(accepted)]
         out = RequestOutput(seq.request_id, accepted, delta, seq.output_ids, len(seq.output_ids), seq.text_head,
-                            seq.text, len(seq.prompt_ids), reason is not None, reason, new_logprobs=logprobs,
+                            seq.text, len(seq.prompt_ids), reason is not None, reason,
+                            stop_reason=seq.stop_reason if reason == "stop" else None, new_logprobs=logprobs,
                             prompt_logprobs=seq.prompt_logprobs if n0 == 0 else None,
                             error=seq.error if reason == "error" else None,
                             queued_s=seq.first_scheduled_at - seq.added_at

@@ -33,6 +33,8 @@ class Sequence:
         self.seed = seed
         self.status = Status.WAITING
         self.finish_reason: str | None = None
+        # vLLM's stop_reason: the stop string or stop_token_ids id that ended the output (None for EOS)
+        self.stop_reason: int | str | None = None
         # KV state: tokens [0, num_computed) have their K/V in the blocks of block_table
         self.num_computed = 0
         # async scheduling: tokens sampled by steps in flight whose ids are not on the host yet.

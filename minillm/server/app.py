@@ -19,6 +19,7 @@ import hmac
 import importlib.metadata
 import json
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -249,8 +250,10 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
 
     version = package_version()
 
-    def model_card(name: str) -> dict:
-        return {"id": name, "object": "model", "created": 0, "owned_by": "minillm", "root": eng.model_name,
+    started = int(time.time())
+
+    def model_card(name: str) -> dict:  # created: when this server started, as vLLM's cards give it
+        return {"id": name, "object": "model", "created": started, "owned_by": "minillm", "root": eng.model_name,
                 "max_model_len": info.max_model_len}
 
     @app.get("/v1/models")
@@ -341,6 +344,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         streams = add_choices(rid, parsed)
         n = len(streams)
         texts, reasons, n_outs, cached = [""] * n, ["abort"] * n, [0] * n, [0] * n
+        stops: list[int | str | None] = [None] * n
         lps: list[list] = [[] for _ in range(n)]
         out_ids: list[list[int]] = [[] for _ in range(n)]
         prompt_lps: list[list] = [[] for _ in range(n)]
@@ -350,7 +354,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
                 cached[i] = out.num_cached_tokens if out.num_cached_tokens is not None else cached[i]
                 n_outs[i] = out.output_len
                 if out.finished:  # (the whole text is joined once, at the end)
-                    texts[i] = out.text
+                    texts[i], stops[i] = out.text, out.stop_reason
                 reasons[i] = out.finish_reason or reasons[i]
                 if out.finish_reason == "error":  # the others are aborted below (finally)
                     raise choice_failed(out, i, n)
@@ -368,7 +372,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
             timer.done(reasons[0])
         if parsed.echo_only:  # max_tokens 0: the token the engine generated is dropped
             texts, n_outs, lps, out_ids = [""] * n, [0] * n, [[] for _ in range(n)], [[] for _ in range(n)]
-            reasons = ["length" for _ in reasons]
+            reasons, stops = ["length" for _ in reasons], [None] * n
         bodies: list[dict | None] = [None] * n
         name = token_id_text if parsed.tokens_as_ids else token_text  # the sampled tokens in logprobs
         if parsed.logprobs:
@@ -391,10 +395,11 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
                 replies = [chat_message(parsed, texts[i], reasons[i]) for i in range(n)]
                 messages, reasons = [msg for msg, _ in replies], [why for _, why in replies]
             body = protocol.chat_response(rid, protocol.now(), parsed.model, list(zip(texts, reasons, bodies)),
-                                          parsed.num_prompt_tokens, sum(n_outs), plps[0] if plps else None, messages)
+                                          parsed.num_prompt_tokens, sum(n_outs), plps[0] if plps else None, messages,
+                                          stops)
         else:
             body = protocol.completion_response(rid, protocol.now(), parsed.model, list(zip(texts, reasons, bodies)),
-                                                parsed.num_prompt_tokens, sum(n_outs), plps)
+                                                parsed.num_prompt_tokens, sum(n_outs), plps, stops)
         with_cached(body["usage"], cached, range(0, n, parsed.n))
         return _json(body)
 
@@ -450,7 +455,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
 
         def chunk(i: int, text: str | None, finish: str | None = None, lps: list | None = None,
                   ids: list[int] | None = None, plps: list | None = None, calls: list | None = None,
-                  thought: str = "") -> bytes:
+                  thought: str = "", stop: int | str | None = None) -> bytes:
             plp = None if plps is None else protocol.prompt_logprobs_body(plps, token_text, parsed.prompt_logprobs)
             if chat:
                 delta = {} if text is None else {"content": text}
@@ -459,12 +464,12 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
                 if calls:
                     delta["tool_calls"] = [c.body() for c in calls]
                 lp = protocol.chat_logprobs(lps, name) if lps else None
-                return sse({**protocol.chat_chunk(rid, created, model, delta, finish, i, lp, plp), **usage_of(i)})
+                return sse({**protocol.chat_chunk(rid, created, model, delta, finish, i, lp, plp, stop), **usage_of(i)})
             lp = (protocol.completion_logprobs(lps, name, sent_chars[i], ids, parsed.top_logprobs)
                   if lps else None)
             if lp:
                 sent_chars[i] = lp["text_offset"][-1] + len(lp["tokens"][-1])
-            return sse({**protocol.completion_chunk(rid, created, model, text or "", finish, i, lp, plp),
+            return sse({**protocol.completion_chunk(rid, created, model, text or "", finish, i, lp, plp, stop),
                         **usage_of(i)})
 
         # the request enters the engine only once the body is being sent: a client gone before that
@@ -529,7 +534,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
                     reasons[i] = "length" if parsed.echo_only else out.finish_reason or "stop"
                     # (the metrics keep the engine's reason: "tool_calls" is the client's name for a stop)
                     why = tools.finish_reason(reasons[i], parsers[i].calls > 0) if parsers else reasons[i]
-                    yield chunk(i, None, why)
+                    yield chunk(i, None, why, stop=None if parsed.echo_only else out.stop_reason)
             if parsed.include_usage:
                 last = protocol.usage_chunk(rid, created, model, chat, n_prompt, sum(n_outs))
                 with_cached(last["usage"], cached, range(0, n, parsed.n))

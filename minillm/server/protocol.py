@@ -298,6 +298,10 @@ def chat_prompt(body: dict, info: ModelInfo, add_generation_prompt: bool = True,
     with body's chat_template_kwargs and continue_final_message (vLLM's: the last message left open
     for the model to continue, no generation prompt; with add_generation_prompt given as true too, a
     400 as in vLLM), and `tools` (the checked function list) as the template's `tools`."""
+    # vLLM refuses a request's own template unless started with --trust-request-chat-template; this
+    # server has no such flag: its template is the model's or --chat-template's
+    _refuse(body, "chat_template", (None,), "a request's own chat template; start the server with "
+            "--chat-template to use another")
     cont = _get(body, "continue_final_message", bool, False)
     if cont and body.get("add_generation_prompt") is True:
         raise ProtocolError("'continue_final_message' and 'add_generation_prompt' cannot both be true: the "
@@ -589,8 +593,8 @@ def structured_outputs(body: dict, grammars=None) -> StructuredOutputsParams | N
             grammars.matcher(params)  # compiled into its cache: the engine thread copies it
         else:
             compile_grammar(params)
-    except ValueError as e:
-        raise ProtocolError(f"'{name}': {e}", name) from None
+    except ValueError as e:  # the engine's message names structured_outputs; the request may not have
+        raise ProtocolError(f"'{name}': {str(e).removeprefix('structured_outputs: ')}", name) from None
     return params
 
 
@@ -686,12 +690,15 @@ def usage(n_prompt: int, n_completion: int) -> dict:
 
 
 def completion_response(rid: str, created: int, model: str, choices: list[tuple[str, str | None, dict | None]],
-                        n_prompt: int, n_out: int, prompt_logprobs: list | None = None) -> dict:
+                        n_prompt: int, n_out: int, prompt_logprobs: list | None = None,
+                        stop_reasons: list | None = None) -> dict:
     """choices: (text, finish reason, logprobs body or None) of each; n_out: completion tokens of all;
-    prompt_logprobs: each choice's prompt_logprobs body (vLLM puts them in the choice), if asked."""
+    prompt_logprobs: each choice's prompt_logprobs body (vLLM puts them in the choice), if asked;
+    stop_reasons: each choice's stop string or stop token id (vLLM's stop_reason), None where none."""
+    stops = stop_reasons or [None] * len(choices)
     body = {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": i, "text": text, "logprobs": lp, "finish_reason": finish}
-                        for i, (text, finish, lp) in enumerate(choices)],
+            "choices": [{"index": i, "text": text, "logprobs": lp, "finish_reason": finish, "stop_reason": stop}
+                        for i, ((text, finish, lp), stop) in enumerate(zip(choices, stops))],
             "usage": usage(n_prompt, n_out)}
     for choice, plp in zip(body["choices"], prompt_logprobs or []):
         choice["prompt_logprobs"] = plp
@@ -700,14 +707,15 @@ def completion_response(rid: str, created: int, model: str, choices: list[tuple[
 
 def chat_response(rid: str, created: int, model: str, choices: list[tuple[str, str | None, dict | None]],
                   n_prompt: int, n_out: int, prompt_logprobs: list | None = None,
-                  messages: list[dict] | None = None) -> dict:
+                  messages: list[dict] | None = None, stop_reasons: list | None = None) -> dict:
     """prompt_logprobs: the prompt_logprobs body of the (one) prompt, if asked: vLLM puts it in the
     response, beside the choices. messages: each choice's message, where it is not the plain text
-    (tool calls: tools.complete_message)."""
+    (tool calls: tools.complete_message). stop_reasons: as completion_response's."""
     messages = messages or [{"role": "assistant", "content": text} for text, _, _ in choices]
+    stops = stop_reasons or [None] * len(choices)
     body = {"id": rid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": i, "message": msg, "logprobs": lp, "finish_reason": finish}
-                        for i, ((_, finish, lp), msg) in enumerate(zip(choices, messages))],
+            "choices": [{"index": i, "message": msg, "logprobs": lp, "finish_reason": finish, "stop_reason": stop}
+                        for i, ((_, finish, lp), msg, stop) in enumerate(zip(choices, messages, stops))],
             "usage": usage(n_prompt, n_out)}
     if prompt_logprobs is not None:
         body["prompt_logprobs"] = prompt_logprobs
@@ -715,17 +723,20 @@ def chat_response(rid: str, created: int, model: str, choices: list[tuple[str, s
 
 
 def completion_chunk(rid: str, created: int, model: str, text: str, finish: str | None = None,
-                     index: int = 0, logprobs: dict | None = None, prompt_logprobs: list | None = None) -> dict:
-    choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+                     index: int = 0, logprobs: dict | None = None, prompt_logprobs: list | None = None,
+                     stop_reason: int | str | None = None) -> dict:
+    choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish, "stop_reason": stop_reason}
     if prompt_logprobs is not None:  # each choice's first chunk, where they were asked for
         choice["prompt_logprobs"] = prompt_logprobs
     return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
 
 
 def chat_chunk(rid: str, created: int, model: str, delta: dict, finish: str | None = None,
-               index: int = 0, logprobs: dict | None = None, prompt_logprobs: list | None = None) -> dict:
+               index: int = 0, logprobs: dict | None = None, prompt_logprobs: list | None = None,
+               stop_reason: int | str | None = None) -> dict:
     body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
+            "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish,
+                         "stop_reason": stop_reason}]}
     if prompt_logprobs is not None:  # each choice's first content chunk, where they were asked for
         body["prompt_logprobs"] = prompt_logprobs
     return body

@@ -273,7 +273,7 @@ def chat_request(body: RequestBody) -> ResponsesRequest:
     echo = {"instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
             "metadata": metadata if isinstance(metadata, dict) else {},
             "text": {"format": (body.get("text") or {}).get("format") or {"type": "text"}},
-            "tool_choice": body.get("tool_choice") or ("auto" if tools else "none"), "tools": body.get("tools") or [],
+            "tool_choice": body.get("tool_choice") or "auto", "tools": body.get("tools") or [],
             "parallel_tool_calls": body.get("parallel_tool_calls") is not False, "user": body.get("user"),
             "reasoning": body.get("reasoning") or None, "top_logprobs": body.get("top_logprobs") or 0}
     return ResponsesRequest(RequestBody(chat), where, echo, ignored=ignored + unused)
