@@ -17,7 +17,7 @@ import time
 from minillm.args import STARTUP_ERRORS, EngineArgs, add_engine_args
 from minillm.sampling_params import SamplingParams
 
-HELP = "commands: /reset  /system TEXT  /exit (or Ctrl-D); Ctrl-C stops an answer"
+HELP = "commands: /reset  /system TEXT  /help  /exit (or Ctrl-D); Ctrl-C stops an answer"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -51,19 +51,26 @@ class Chat:
         )
         self.max_tokens = ns.max_tokens
 
-    def messages(self) -> list[dict]:
+    def messages(self, history: list[dict] | None = None) -> list[dict]:
         sys_msg = [{"role": "system", "content": self.system}] if self.system else []
-        return sys_msg + self.history
+        return sys_msg + (self.history if history is None else history)
 
     def prompt_ids(self) -> list[int] | None:
-        """The templated conversation; drops the oldest turns while it leaves no room to answer."""
-        enc = self.engine.tokenizer.encode_chat
-        ids = enc(self.messages())
-        while len(ids) >= self.engine.max_model_len and len(self.history) > 1:
-            self.history = self.history[2:] if len(self.history) > 2 else self.history[-1:]
-            print("(context full: dropped the oldest turn)", file=self.out)
-            ids = enc(self.messages())
-        return ids if len(ids) < self.engine.max_model_len else None
+        """The templated conversation, the oldest turns dropped while it leaves no room to answer; None,
+        with the history as it was, when the last message leaves none even alone."""
+        enc, limit = self.engine.tokenizer.encode_chat, self.engine.max_model_len
+        history = self.history
+        ids = enc(self.messages(history))
+        while len(ids) >= limit and len(history) > 1:
+            history = history[2:] if len(history) > 2 else history[-1:]
+            ids = enc(self.messages(history))
+        if len(ids) >= limit:
+            return None
+        if len(history) < len(self.history):
+            dropped = (len(self.history) - len(history) + 1) // 2
+            print(f"(context full: dropped the oldest {'turn' if dropped == 1 else f'{dropped} turns'})", file=self.out)
+            self.history = history
+        return ids
 
     def answer(self, text: str) -> None:
         # Ctrl-C only raises a flag, for the whole turn: interrupting step() half-way would leave the
@@ -92,21 +99,27 @@ class Chat:
             return
         params = SamplingParams(max_tokens=min(self.max_tokens, eng.max_model_len - len(ids)), **self.sampling)
         rid = eng.add_request(ids, params)
-        last, reason = None, None
+        last, reason, t_first = None, None, None
         t0 = time.perf_counter()
         while eng.has_unfinished() and not interrupted:
             for o in eng.step():
                 out.write(o.new_text)
                 out.flush()
                 last, reason = o, o.finish_reason
+                if t_first is None and o.new_token_ids:
+                    t_first = time.perf_counter()
         reply, n = (last.text, last.output_len) if last is not None else ("", 0)  # (the text joined once)
         if interrupted and reason is None:  # a Ctrl-C that came after the last token changes nothing
             eng.abort_request(rid)
             reason = "interrupted"
-        dt = time.perf_counter() - t0
+        t_end = time.perf_counter()
         self.history.append({"role": "assistant", "content": reply})
         note = f", {reason}" if reason in ("length", "interrupted") else ""
-        print(f"\n[{n} tokens, {n / dt if dt > 0 else 0.0:.1f} tok/s, prompt {len(ids)} tokens{note}]", file=out)
+        # the rate of the tokens after the first (the prompt's prefill is the first token's wait)
+        span = t_end - t_first if t_first is not None and n > 1 else t_end - t0
+        rate = (n - 1 if t_first is not None and n > 1 else n) / span if span > 0 else 0.0
+        first = f"; first token after {t_first - t0:.2f} s" if t_first is not None else ""
+        print(f"\n[{n} tokens, {rate:.1f} tok/s, prompt {len(ids)} tokens{note}{first}]", file=out)
 
     def command(self, line: str) -> bool:
         """Handle a /command; False means exit."""
@@ -116,6 +129,8 @@ class Chat:
         if cmd == "/reset":
             self.history = []
             print("(conversation reset)", file=self.out)
+        elif cmd in ("/help", "/?"):
+            print(f"({HELP})", file=self.out)
         elif cmd == "/system":
             self.system = arg.strip() or None
             self.history = []

@@ -118,6 +118,24 @@ def test_two_turns_system_reset_exit(model_dir):
         assert repl.close() == 0
 
 
+def test_a_message_too_long_to_send_keeps_the_conversation(model_dir):
+    """A message that cannot fit max_model_len even alone is refused, and the turns before it stay (they
+    used to be dropped one by one looking for room); /help lists the commands."""
+    with Repl(str(model_dir), "--device", "cpu", "--max-tokens", "8", "--max-model-len", "128") as repl:
+        repl.expect(">>> ")
+        _, p1 = turn(repl, "hello")
+        repl.send("x" * 200 + "\n")
+        repl.expect(r"too long for max_model_len 128; not sent")
+        repl.expect(">>> ")
+        _, p2 = turn(repl, "again")
+        assert p2 >= p1 + len("\n<user>again\n<assistant>")  # the first turn is still there
+        repl.send("/help\n")
+        repl.expect(r"\(commands: /reset .* /exit")
+        repl.expect(">>> ")
+        repl.send("/exit\n")
+        assert repl.close() == 0
+
+
 @pytest.mark.parametrize("lang", ["C", "C.UTF-8"])  # stdin decodes with surrogateescape / strictly
 def test_bytes_that_are_not_utf8_are_replaced(model_dir, lang):
     with Repl(str(model_dir), "--device", "cpu", "--max-tokens", "8", env={"LC_ALL": lang, "LANG": lang}) as repl:
@@ -236,7 +254,7 @@ def test_ctrl_c_stops_an_answer_and_keeps_the_session(tiny):
         repl.expect(r"hello\r?\n")  # the terminal's echo: a Ctrl-C before input() read the line would drop it
         repl.expect(r"\S")  # the answer has begun (4000 tokens take seconds)
         repl.send("\x03")
-        m = repl.expect(STATS.pattern + r", interrupted\]")
+        m = repl.expect(STATS.pattern + r", interrupted[;\]]")
         assert int(m.group(1)) < 4000
         repl.expect(">>> ")
         repl.send("/reset\n")
