@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -357,6 +358,21 @@ def test_chat_role_only_delta_is_not_the_first_token():
     assert r.ok and r.output_tokens == 2 and len(r.itl) == 1
 
 
+def test_an_output_ended_by_its_first_token_has_a_ttft():
+    """A first token that ends the output (EOS) sends no text, only the finishing chunk: its arrival is
+    the TTFT, as vLLM's bench times the first chunk with choices (these, the fastest requests, were
+    left out of the TTFT statistics). The chat role chunk before it is still not the token."""
+    usage1 = _data({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 1}})
+    r = _send(200, _sse(_chunk("", "stop"), usage1, "data: [DONE]"), expect=None)
+    assert r.ok and r.output_tokens == 1 and r.ttft is not None and r.itl == []
+    role = _data({"choices": [{"delta": {"role": "assistant", "content": ""}}]})
+    close = _data({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    r = _send(200, _sse(role, close, usage1, "data: [DONE]"), expect=None, backend="openai-chat")
+    assert r.ok and r.output_tokens == 1 and r.ttft is not None and r.itl == []
+    r = _send(200, _sse(role, "data: [DONE]"), expect=None, backend="openai-chat")
+    assert r.ok and r.ttft is None  # nothing finished: no token came
+
+
 def _event(kind: str, **fields) -> str:
     return f"event: {kind}\n" + _data({"type": kind, **fields})
 
@@ -475,6 +491,27 @@ def test_serve_ladder_end_to_end(server, tiny, tmp_path, backend, capsys):
         assert "matplotlib is not installed" in printed.err
     else:
         assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_ctrl_c_reports_the_rungs_that_finished(server, tmp_path):
+    """SIGINT mid-ladder: the finished rungs' table and JSON, exit 130, no traceback."""
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, "-m", "minillm.bench", "serve", "--base-url", server.base, "--input-len", "16",
+           "--output-len", "4", "--concurrency", "1,1", "--num-prompts", "2,400", "--ignore-eos",
+           "--result-json", str(out), "--timeout", "60"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = ""
+    while "c=1 n=2:" not in seen:  # the first rung's line: the second (400 requests) has begun
+        line = proc.stderr.readline()
+        assert line, f"the ladder ended early: {seen}{proc.stdout.read()}"
+        seen += line
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (seen, stderr)
+    assert "Traceback" not in stderr and "interrupted during c=1: reporting the 1 rung(s) that finished" in stderr
+    assert "TPOT" in stdout
+    res = json.loads(out.read_text())
+    assert res["interrupted"] and [r["num_prompts"] for r in res["rungs"]] == [2]
 
 
 def test_serve_ladder_on_a_custom_dataset(server, tiny, tmp_path, capsys):

@@ -42,4 +42,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C outside a ladder's rungs (which report what finished): stop quietly
+        sys.exit(130)

@@ -242,6 +242,15 @@ def chunk_has_output(backend: str, chunk) -> bool:
     return any([_choice_has_output(backend, c, f"choices[{i}]") for i, c in enumerate(choices)])
 
 
+def chunk_finishes(backend: str, chunk: dict) -> bool:
+    """Whether a checked chunk (chunk_has_output passed it) ends a choice or the response: where the
+    output's first token ended it (an EOS), this chunk is that token's arrival, as vLLM's bench
+    times the first chunk with choices."""
+    if backend == "openai-responses":
+        return chunk["type"] in RESPONSES_ENDS
+    return any(c.get("finish_reason") is not None for c in chunk.get("choices") or ())
+
+
 def usage_count(usage: object, key: str, default: int) -> int:
     """A token count from the stream's usage chunk, `default` without one (or without that key). A
     count that is not a non-negative integer (null, a string) raises ValueError: the caller fails
@@ -264,6 +273,7 @@ async def send_request(client, url: str, backend: str, body: dict, prompt_len: i
     usage: dict | None = None
     done = False
     n_chunks = 0
+    finish_at: float | None = None  # when the first chunk carrying a finish reason came
     try:
         async with client.stream("POST", url, json=body) as resp:
             if resp.status_code != 200:
@@ -303,6 +313,8 @@ async def send_request(client, url: str, backend: str, body: dict, prompt_len: i
                     return RequestResult(False, prompt_len, error=f"chunk {n_chunks}: {e} (the chunk: {data[:100]})")
                 if has_output:
                     chunk_times.append(time.perf_counter())
+                elif finish_at is None and chunk_finishes(backend, obj):
+                    finish_at = time.perf_counter()
                 if kind in RESPONSES_ENDS:  # the whole response, its usage in the Responses API's names
                     use = (obj.get("response") or {}).get("usage")
                     usage = ({"prompt_tokens": use.get("input_tokens"), "completion_tokens": use.get("output_tokens")}
@@ -317,6 +329,8 @@ async def send_request(client, url: str, backend: str, body: dict, prompt_len: i
     if not done:
         return RequestResult(False, prompt_len, error="stream ended without " + (
             "response.completed" if backend == "openai-responses" else "data: [DONE]"))
+    if not chunk_times and finish_at is not None:  # the first token ended it (EOS): no text, but a token
+        chunk_times = [finish_at]
     ttft, itl = itl_from_timestamps(start, chunk_times)
     try:  # the usage chunk is exact; without it each output chunk is taken as one token
         n_out = usage_count(usage, "completion_tokens", len(chunk_times))
@@ -467,10 +481,16 @@ def run_ladder(args: argparse.Namespace) -> dict:
             print(f"warm-up request failed: {failed[0].error}", file=sys.stderr)
             return result
     for i, (c, n, rate) in enumerate(zip(rungs_c, nums, rates)):
-        requests = rung_requests(n, args.output_len, [args.seed, i], args.range_ratio)
-        offsets = arrival_offsets(n, rate, args.burstiness, [args.seed, i, 1])
-        results, duration = asyncio.run(run_rung(args.base_url, args.backend, model, requests, c, args,
-                                                 offsets=offsets))
+        try:
+            requests = rung_requests(n, args.output_len, [args.seed, i], args.range_ratio)
+            offsets = arrival_offsets(n, rate, args.burstiness, [args.seed, i, 1])
+            results, duration = asyncio.run(run_rung(args.base_url, args.backend, model, requests, c, args,
+                                                     offsets=offsets))
+        except KeyboardInterrupt:  # Ctrl-C: this rung's requests are cancelled, the finished rungs reported
+            print(f"interrupted during c={c}: reporting the {len(result['rungs'])} rung(s) that finished",
+                  file=sys.stderr)
+            result["interrupted"] = True
+            break
         rung = rung_stats(results, duration, c, dict(args.goodput) if args.goodput else None)
         rung["request_rate"] = None if rate == float("inf") else rate  # JSON has no inf
         result["rungs"].append(rung)
@@ -507,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as e:  # checked up front, but the disk may fill; the table and JSON stand
             print(f"error: cannot write --plot {args.plot}: {e}", file=sys.stderr)
             return 2
-    return 1 if result["void"] else 0
+    return 130 if result.get("interrupted") else 1 if result["void"] else 0
 
 
 if __name__ == "__main__":
