@@ -181,8 +181,8 @@ class SamplingParams:
             need(isinstance(v, (int, float)) and not isinstance(v, bool) and -2 <= v <= 2,
                  f"{name} must be a number in [-2, 2], got {v!r}")
         need(isinstance(self.repetition_penalty, (int, float)) and not isinstance(self.repetition_penalty, bool)
-             and MIN_REPETITION_PENALTY <= self.repetition_penalty <= 2,
-             f"repetition_penalty must be a number in [{MIN_REPETITION_PENALTY:g}, 2] (1 is off), got "
+             and MIN_REPETITION_PENALTY <= self.repetition_penalty <= F32_MAX,  # vLLM's: any above 0
+             f"repetition_penalty must be a number in [{MIN_REPETITION_PENALTY:g}, {F32_MAX:.4g}] (1 is off), got "
              f"{self.repetition_penalty!r}")
         need(self.logit_bias is None or all(
             isinstance(t, int) and not isinstance(t, bool) and t >= 0 and isinstance(v, (int, float))

@@ -157,6 +157,7 @@ COMPLETION_CASES = [
     ({**OK, "frequency_penalty": "x"}, "frequency_penalty"),
     ({**OK, "repetition_penalty": 0}, "repetition_penalty"),
     ({**OK, "repetition_penalty": 1e-300}, "repetition_penalty"),  # 0 in float32: 1 / 0 logit scale
+    ({**OK, "repetition_penalty": 1e39}, "repetition_penalty"),  # infinite in float32
     (b'{"prompt": "hi", "max_tokens": 2, "temperature": 1e999}', "temperature"),  # inf
     ({**OK, "temperature": 1e39}, "temperature"),  # infinite in float32
     ({**OK, "top_p": 1e-320}, "top_p"),  # 0 in float32: top-p would keep no token
@@ -477,6 +478,7 @@ def test_serve_refuses_missing_model():
     {**OK, "seed": -1}, {**OK, "seed": 2**64 - 1}, {**OK, "top_k": 2**40},
     {**OK, "temperature": 1e-320}, {**OK, "temperature": 1e38}, {**OK, "top_p": 1.2e-38},
     {**OK, "repetition_penalty": 1e-30, "logprobs": 2}, {**OK, "repetition_penalty": 2, "logprobs": 2},
+    {**OK, "repetition_penalty": 1e6, "logprobs": 2}, {**OK, "repetition_penalty": 3.4e38, "logprobs": 2},
     {**OK, "min_tokens": 2, "stop_token_ids": [2]}, {**OK, "stop": list("abcdefgh")},
     b'{"prompt": "\\ud83d\\ude00 hi", "max_tokens": 2}',  # a surrogate pair: one character, fine
     {**OK, "use_beam_search": False, "guided_json": None},  # refused fields at their neutral values
