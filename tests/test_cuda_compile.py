@@ -68,7 +68,7 @@ def test_cuda_backend_without_gpu_fails_clearly():
     if cuda_available():
         pytest.skip("a GPU is present")
     assert cuda_unavailable_reason()
-    with pytest.raises(RuntimeError, match="device='cuda' needs an NVIDIA GPU"):
+    with pytest.raises(RuntimeError, match=r"\(device='cuda'\) needs an NVIDIA GPU"):
         CudaBackend()
 
 

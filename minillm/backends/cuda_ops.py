@@ -629,8 +629,8 @@ class CudaBackend:
         reason = cuda_unavailable_reason()
         if reason is not None:
             raise RuntimeError(
-                f"device='cuda' needs an NVIDIA GPU visible to CuPy: {reason}. "
-                "Use device='cpu' (the NumPy backend) on machines without one."
+                f"--device cuda (device='cuda') needs an NVIDIA GPU visible to CuPy: {reason}. "
+                "Use --device cpu or auto (the NumPy backend) on machines without one."
             )
         import cupy
 
