@@ -20,6 +20,18 @@ SCHEDULING_POLICIES = ("fcfs", "priority")
 STARTUP_ERRORS = (ValueError, OSError, NotImplementedError, ImportError, RuntimeError, MemoryError)
 
 
+class CliParser(argparse.ArgumentParser):
+    """Every minillm command line's parser: a flag is taken by its whole name only (argparse would read
+    --max-num-seq as --max-num-seqs), and a bad one is one "error:" line and exit 2, as the
+    engine's own refusals are, not the ~40 lines of usage before argparse's message."""
+
+    def __init__(self, **kwargs):
+        super().__init__(allow_abbrev=False, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (python -m {self.prog.removeprefix('python -m ')} --help lists the flags)\n")
+
+
 @dataclass
 class EngineArgs:
     model: str | None = None

@@ -14,14 +14,14 @@ import signal
 import sys
 import time
 
-from minillm.args import STARTUP_ERRORS, EngineArgs, add_engine_args
+from minillm.args import STARTUP_ERRORS, CliParser, EngineArgs, add_engine_args
 from minillm.sampling_params import SamplingParams
 
 HELP = "commands: /reset  /system TEXT  /help  /exit (or Ctrl-D); Ctrl-C stops an answer"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m minillm.chat", description=__doc__.split("\n")[0])
+    p = CliParser(prog="python -m minillm.chat", description=__doc__.split("\n")[0])
     add_engine_args(p)
     p.add_argument("--system", default=None, help="system prompt")
     p.add_argument("--max-tokens", type=int, default=512, help="longest answer, in tokens")

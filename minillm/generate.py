@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
 
-from minillm.args import STARTUP_ERRORS, EngineArgs, add_engine_args
+from minillm.args import STARTUP_ERRORS, CliParser, EngineArgs, add_engine_args
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m minillm.generate", description=__doc__)
+    p = CliParser(prog="python -m minillm.generate", description=__doc__)
     add_engine_args(p)
     p.add_argument("--prompt", action="append", required=True,
                    help="prompt text; repeat the flag for several prompts, run batched")

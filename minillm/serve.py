@@ -21,7 +21,7 @@ import os
 import signal
 import sys
 
-from minillm.args import STARTUP_ERRORS, EngineArgs, add_engine_args
+from minillm.args import STARTUP_ERRORS, CliParser, EngineArgs, add_engine_args
 from minillm.server.reasoning import PARSERS as REASONING_PARSERS
 from minillm.server.tools import TOOL_CALL_PARSERS
 
@@ -43,7 +43,7 @@ def _json_strings(flag: str):
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m minillm.serve", description=__doc__.split("\n")[0])
+    p = CliParser(prog="python -m minillm.serve", description=__doc__.split("\n")[0])
     add_engine_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free port)")

@@ -102,3 +102,35 @@ def test_tensor_parallel_above_one_fails_the_cli_in_one_line(capsys):
     assert main(["--device", "cpu", "--prompt", "hi", "--tensor-parallel-size", "4"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --tensor-parallel-size 4: minillm runs a model on one GPU") and err.count("\n") == 1
+
+
+FLAG_ERRORS = [
+    (dict(speculative_config={"method": "nope"}), "method must be one of"),
+    (dict(speculative_config={"method": "draft_model", "num_speculative_tokens": 2, "model": "/nonexistent/drafter"}),
+     "--speculative-config \"model\" \\(the drafter\\): model '/nonexistent/drafter': no such file"),
+    (dict(max_num_batched_tokens=4, max_num_seqs=8), "--max-num-batched-tokens 4 is below"),
+    (dict(generation_config="/nonexistent"), "no generation_config.json there"),
+    (dict(override_generation_config={"bogus": 1}), "unknown key"),
+    (dict(chat_template="{% for m in messages %}"), "does not compile"),
+    (dict(tokenizer="/nonexistent"), "--tokenizer '/nonexistent': not a directory"),
+    (dict(device="cpu", dtype="float16"), "dtype"),
+    (dict(device="cuda"), "needs an NVIDIA GPU"),
+]
+
+
+@pytest.mark.parametrize("kw, message", FLAG_ERRORS, ids=[str(i) for i in range(len(FLAG_ERRORS))])
+def test_flag_errors_come_before_the_weights_load(monkeypatch, kw, message):
+    """What the flags alone decide is refused before the model loads (minutes for a large one)."""
+    from conftest import cuda_available
+
+    import minillm.engine.engine as engine_module
+
+    if kw.get("device") == "cuda" and cuda_available():
+        pytest.skip("a GPU is here: --device cuda is no error")
+
+    def no_load(*_, **__):
+        raise AssertionError("the weights were loaded before the flags were checked")
+
+    monkeypatch.setattr(engine_module, "load_model", no_load)
+    with pytest.raises((ValueError, RuntimeError, OSError), match=message):
+        engine_module.LLMEngine(EngineArgs(**kw))

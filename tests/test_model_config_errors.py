@@ -142,3 +142,13 @@ def test_clis_say_no_gpu_in_one_line(tiny):
 def test_engine_args_of_the_wrong_kind_are_named(kw, flag):
     with pytest.raises(ValueError, match=f"{flag} must be"):
         EngineArgs(**kw)
+
+
+@pytest.mark.parametrize("module, extra", [("minillm.serve", ()), ("minillm.generate", ("--prompt", "hi")),
+                                           ("minillm.chat", ())])
+def test_a_shortened_flag_is_not_taken_for_a_longer_one(module, extra):
+    """argparse would read --max-num-seq as --max-num-seqs; a misspelt flag is refused instead, in one line
+    (not argparse's usage block) that says where the flags are listed."""
+    r = cli(module, "--device", "cpu", "--max-num-seq", "4", *extra)
+    one_error_line(r, f"unrecognized arguments: --max-num-seq (python -m {module} --help lists the flags)")
+    assert r.stderr.count("\n") == 1 and r.stdout == ""

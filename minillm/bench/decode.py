@@ -21,7 +21,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from minillm.args import STARTUP_ERRORS, EngineArgs, add_engine_args
+from minillm.args import STARTUP_ERRORS, CliParser, EngineArgs, add_engine_args
 from minillm.bench.gpu_timing import record_replays, replay_ms
 from minillm.bench.report import check_output_path, need, save_json
 
@@ -197,7 +197,7 @@ def check_args(ns: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m minillm.bench decode", description=__doc__)
+    p = CliParser(prog="python -m minillm.bench decode", description=__doc__)
     add_engine_args(p)
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=256,

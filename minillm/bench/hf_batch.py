@@ -16,7 +16,7 @@ import math
 import sys
 import time
 
-from minillm.args import STARTUP_ERRORS
+from minillm.args import STARTUP_ERRORS, CliParser
 from minillm.bench.dataset import allowed_token_ids, load_tokenizer, nano_vllm_workload
 from minillm.bench.report import check_output_path, need, save_json
 
@@ -33,7 +33,7 @@ def check_args(ns: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m minillm.bench hf-batch", description=__doc__)
+    p = CliParser(prog="python -m minillm.bench hf-batch", description=__doc__)
     p.add_argument("model", nargs="?", default=None, help="HF directory (default: embedded SmolLM2)")
     p.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
     p.add_argument("--num-seqs", type=int, default=256)

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from minillm.args import STARTUP_ERRORS
+from minillm.args import STARTUP_ERRORS, CliParser
 from minillm.bench.report import check_output_path, need, save_json
 
 
@@ -28,7 +28,7 @@ def check_args(ns: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m minillm.bench hf", description=__doc__)
+    p = CliParser(prog="python -m minillm.bench hf", description=__doc__)
     p.add_argument("model", nargs="?", default=None, help="HF directory or .gguf (default: embedded SmolLM2)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minillm.args import STARTUP_ERRORS
+from minillm.args import STARTUP_ERRORS, CliParser
 from minillm.bench.dataset import BenchRequest, custom_prompts, custom_requests, load_tokenizer, random_requests
 from minillm.bench.report import (
     GOODPUT_METRICS,
@@ -103,7 +103,7 @@ def arrival_offsets(n: int, rate: float, burstiness: float, seed) -> list[float]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m minillm.bench serve",
+    p = CliParser(prog="python -m minillm.bench serve",
                                 description="Concurrency ladder against an OpenAI-compatible server.")
     p.add_argument("--base-url", default="http://127.0.0.1:8000")
     p.add_argument("--backend", choices=sorted(ENDPOINTS), default="openai",

@@ -18,7 +18,6 @@ column says yes (identical), near-tie (every departure is one) or NO, and the co
 
 from __future__ import annotations
 
-import argparse
 import gc
 import sys
 import time
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from minillm.args import DEVICES, STARTUP_ERRORS
+from minillm.args import DEVICES, STARTUP_ERRORS, CliParser
 from minillm.bench.report import check_output_path, need, save_json
 
 if TYPE_CHECKING:
@@ -115,7 +114,7 @@ def departures(llm: LLM, prompts: list[list[int]], base: list[list[int]], outs: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m minillm.bench spec", description=__doc__)
+    p = CliParser(prog="python -m minillm.bench spec", description=__doc__)
     p.add_argument("model", nargs="?", default=None)
     p.add_argument("--device", default="cpu", choices=DEVICES)
     p.add_argument("--k", type=int, default=4, help="draft tokens a round (>= 1)")

@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from minillm.args import STARTUP_ERRORS
+from minillm.args import STARTUP_ERRORS, CliParser
 from minillm.bench.decode import weight_bytes
 from minillm.bench.report import check_output_path, need, save_json
 from minillm.engine.engine import LLMEngine
@@ -317,7 +317,7 @@ def check_args(ns: argparse.Namespace) -> tuple[list[int], list[float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m minillm.bench spec-cost", description=__doc__)
+    p = CliParser(prog="python -m minillm.bench spec-cost", description=__doc__)
     p.add_argument("model")
     p.add_argument("--drafter", default=None, help="DFlash drafter directory (the cost half)")
     p.add_argument("--k", type=int, default=8)

@@ -25,13 +25,13 @@ import time
 
 import numpy as np
 
-from minillm.args import STARTUP_ERRORS, EngineArgs, add_engine_args
+from minillm.args import STARTUP_ERRORS, CliParser, EngineArgs, add_engine_args
 from minillm.bench.dataset import allowed_token_ids, nano_vllm_workload
 from minillm.bench.report import check_output_path, save_json
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m minillm.bench throughput",
+    p = CliParser(prog="python -m minillm.bench throughput",
                                 description="Offline throughput through minillm.LLM (nano-vllm's workload).")
     add_engine_args(p)
     p.add_argument("--num-seqs", type=int, default=256)

@@ -30,12 +30,12 @@ from minillm.engine.scheduler import ScheduledSeq, Scheduler
 from minillm.engine.sequence import Sequence
 from minillm.engine.structured import GrammarCompiler, ThinkState, matcher_error, token_mask
 from minillm.models.hf_loader import override_defaults, sampling_defaults
-from minillm.models.loader import LoadedModel, load_model
-from minillm.models.tokenizer import IncrementalDecoder, read_chat_template
+from minillm.models.loader import LoadedModel, load_model, resolve_model_path, tokenizer_dir
+from minillm.models.tokenizer import IncrementalDecoder, compile_chat_template, read_chat_template
 from minillm.models.transformer import Transformer, Workspace
 from minillm.sampling_params import SamplingParams
 from minillm.spec.config import SpeculativeConfig
-from minillm.spec.proposers import SpecStats, build_proposer, lookahead
+from minillm.spec.proposers import SpecStats, build_proposer, drafter_errors, lookahead
 
 log = logging.getLogger("minillm")
 
@@ -188,7 +188,29 @@ class LLMEngine:
     def __init__(self, args: EngineArgs | None = None, loaded: LoadedModel | None = None, **kwargs):
         args = args or EngineArgs(**kwargs)
         self.args = args
+        # what the flags alone decide is checked before the weights load (minutes for a large model)
         template = read_chat_template(args.chat_template) if args.chat_template is not None else None
+        if template is not None:
+            compile_chat_template(*template)
+        overrides = override_defaults(args.override_generation_config)
+        if args.generation_config not in ("auto", "vllm"):
+            sampling_defaults(args.generation_config, {})  # its folder and file
+        spec = args.speculative_config  # {} is a config without a method (refused), null is none
+        self.spec = SpeculativeConfig.from_dict(spec) if spec is not None else None
+        self.num_speculative_tokens = k = self.spec.num_speculative_tokens if self.spec else 0
+        if self.spec is not None and self.spec.model:
+            with drafter_errors():  # a missing drafter, before the target loads
+                resolve_model_path(self.spec.model)
+        if args.tokenizer is not None:
+            tokenizer_dir(args.tokenizer)
+        self.max_num_batched_tokens = args.max_num_batched_tokens or max(2048, args.max_num_seqs * (1 + k))
+        if self.max_num_batched_tokens < args.max_num_seqs * (1 + k):
+            raise ValueError(
+                f"--max-num-batched-tokens {self.max_num_batched_tokens} is below max_num_seqs x (1 + k) = "
+                f"{args.max_num_seqs * (1 + k)}: a full decode step would not fit"
+            )
+        self.backend = select_backend(args.device, args.dtype)
+
         self.loaded = loaded or load_model(args.model, tokenizer=args.tokenizer)
         cfg = self.loaded.config
         self.config = cfg
@@ -197,13 +219,12 @@ class LLMEngine:
             self.tokenizer.set_chat_template(*template)
         # requests' sampling defaults (the server and the chat REPL fill what a request leaves out)
         self.generation_defaults = {**sampling_defaults(args.generation_config, self.loaded.generation_defaults),
-                                    **override_defaults(args.override_generation_config)}
+                                    **overrides}
         if self.generation_defaults:
             log.info("sampling defaults from the generation config (--generation-config %s%s): %s",
                      args.generation_config, ", --override-generation-config" if args.override_generation_config
                      else "", self.generation_defaults)
         self.model_name = self.loaded.name
-        self.backend = select_backend(args.device, args.dtype)
 
         self.max_model_len = args.max_model_len or min(cfg.max_position_embeddings, 4096)
         if self.max_model_len > cfg.max_position_embeddings:
@@ -212,19 +233,10 @@ class LLMEngine:
                 f"(max_position_embeddings {cfg.max_position_embeddings}); lower it"
             )
         self.block_size = args.block_size
-        spec = args.speculative_config  # {} is a config without a method (refused), null is none
-        self.spec = SpeculativeConfig.from_dict(spec) if spec is not None else None
-        self.num_speculative_tokens = k = self.spec.num_speculative_tokens if self.spec else 0
         if k >= self.max_model_len:  # a round's k + 1 positions could never fit a sequence
             raise ValueError(f"--speculative-config: num_speculative_tokens {k} must be below --max-model-len "
                              f"{self.max_model_len}")
         self.lookahead = lookahead(self.spec)  # KV positions a drafter may write past the last token
-        self.max_num_batched_tokens = args.max_num_batched_tokens or max(2048, args.max_num_seqs * (1 + k))
-        if self.max_num_batched_tokens < args.max_num_seqs * (1 + k):
-            raise ValueError(
-                f"--max-num-batched-tokens {self.max_num_batched_tokens} is below max_num_seqs x (1 + k) = "
-                f"{args.max_num_seqs * (1 + k)}: a full decode step would not fit"
-            )
         self.model = Transformer(cfg, self.loaded.weights, self.backend, self.max_model_len + self.lookahead + 1)
         self.loaded.weights = {}  # the backend holds its own copy now
         max_logits = args.max_num_seqs * (1 + k)

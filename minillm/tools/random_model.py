@@ -23,7 +23,6 @@ depend on the seed. Nothing here touches the network. Generated weights are neve
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
@@ -38,6 +37,8 @@ from pathlib import Path
 
 import ml_dtypes
 import numpy as np
+
+from minillm.args import CliParser
 
 WEIGHT_STD = 0.02
 BF16_ONE = 0x3F80  # bit pattern of 1.0 in bfloat16
@@ -450,7 +451,8 @@ def write_dflash_drafter(out_dir: str | Path, target_dir: str | Path, seed: int 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m minillm.tools.random_model", description=__doc__.split("\n")[0])
+    p = CliParser(prog="python -m minillm.tools.random_model",
+                                description=__doc__.split("\n")[0])
     p.add_argument("out_dir", help="directory to write (created if missing)")
     p.add_argument("--preset", choices=sorted(PRESETS), help="model shape to write")
     p.add_argument("--seed", type=int, default=0, help="weights are a pure function of the seed (default 0)")
