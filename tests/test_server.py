@@ -58,8 +58,14 @@ class Server:
         return m
 
     def metrics(self) -> dict[str, float]:
+        """Each minillm series by its name and labels, the model_name label every series carries left
+        out (test_metrics checks it): {'minillm:request_success_total{finished_reason="stop"}': 3.0, ...}."""
         text = httpx.get(f"{self.url}/metrics").text
-        return {k: float(v) for k, v in re.findall(r"^(minillm:[^\s]+) ([-+.e0-9]+)$", text, re.M)}
+        out = {}
+        for name, labels, value in re.findall(r"^(minillm:[^\s{]+)(?:\{(.*)\})? ([-+.e0-9]+)$", text, re.M):
+            rest = ",".join(lb for lb in re.findall(r'\w+="[^"]*"', labels) if not lb.startswith("model_name="))
+            out[f"{name}{{{rest}}}" if rest else name] = float(value)
+        return out
 
     def stop(self, timeout: float = 30) -> int:
         if self.proc.poll() is None:
@@ -1107,6 +1113,14 @@ def test_metrics(server):
         assert key in m, key
     assert m["minillm:kv_cache_blocks_total"] == 512 and m["minillm:engine_healthy"] == 1
     assert m["minillm:prompt_tokens_total"] > 0 and m["minillm:e2e_request_latency_seconds_count"] > 0
+    # vLLM's prefix-cache counters (tokens), whose ratio is the hit rate
+    assert 0 <= m["minillm:prefix_cache_hits_total"] <= m["minillm:prefix_cache_queries_total"]
+    assert m["minillm:prefix_cache_hits_total"] / m["minillm:prefix_cache_queries_total"] == pytest.approx(
+        m["minillm:prefix_cache_hit_rate"])
+    # every series carries vLLM's model_name label: the served name
+    text = httpx.get(f"{server.url}/metrics").text
+    samples = [ln for ln in text.splitlines() if ln.startswith("minillm:")]
+    assert samples and all(f'model_name="{model_name(server)}"' in ln for ln in samples), samples
 
 
 def test_per_request_histograms(server):

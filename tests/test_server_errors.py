@@ -514,6 +514,12 @@ def test_logprobs_and_penalties_served_with_speculation(model_dir, tmp_path):
         assert r.json()["choices"][0]["logprobs"]["token_logprobs"][0] is None
         r = post(srv, "/v1/chat/completions", {"messages": MSG, "prompt_logprobs": 2, "logprobs": True}, headers={})
         assert r.json()["prompt_logprobs"][0] is None and r.json()["choices"][0]["logprobs"]["content"]
+        # vLLM's speculation counters: the accepted tokens by draft position add up to the accepted tokens
+        m = srv.metrics()
+        per_pos = [v for k, v in m.items() if k.startswith("minillm:spec_decode_num_accepted_tokens_per_pos_total")]
+        assert m["minillm:spec_decode_num_drafts_total"] == m["minillm:spec_decode_rounds"] > 0
+        assert m["minillm:spec_decode_num_draft_tokens_total"] >= m["minillm:spec_decode_num_accepted_tokens_total"]
+        assert len(per_pos) == 2 and sum(per_pos) == m["minillm:spec_decode_num_accepted_tokens_total"]
     finally:
         assert srv.stop() == 0
     assert "Traceback" not in srv.text()

@@ -101,6 +101,8 @@ class EngineStats:
     blocks_cached: int = 0
     preemptions: int = 0
     prefix_cache_hit_rate: float = 0.0
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache since start
+    prefix_cache_hits: int = 0  # and found there
     prompt_tokens: int = 0
     generation_tokens: int = 0
     spec: dict = field(default_factory=dict)
@@ -1022,6 +1024,7 @@ class LLMEngine:
             running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
             blocks_total=bm.num_blocks, blocks_used=bm.num_used, blocks_free=len(bm.free),
             blocks_cached=bm.num_cached, preemptions=self.scheduler.num_preemptions,
-            prefix_cache_hit_rate=bm.hit_rate, prompt_tokens=self.stats_prompt_tokens,
+            prefix_cache_hit_rate=bm.hit_rate, prefix_cache_queries=bm.prefix_queries,
+            prefix_cache_hits=bm.prefix_hits, prompt_tokens=self.stats_prompt_tokens,
             generation_tokens=self.stats_generation_tokens, spec=self.spec_stats.as_dict(),
         )

@@ -166,7 +166,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         grammars=getattr(eng, "grammars", None), tool_call_parser=tool_call_parser,
         scheduling_policy=eng.scheduling_policy,
     )
-    metrics = Metrics(engine)
+    metrics = Metrics(engine, info.names[0])
 
     def token_text(token_id: int) -> str:  # a token as logprobs bodies name it
         return info.tokenizer.decode([token_id], skip_special_tokens=False)

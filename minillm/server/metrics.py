@@ -22,17 +22,21 @@ _E2E = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.
 
 
 class _EngineCollector(Collector):
-    def __init__(self, engine: AsyncEngine):
-        self.engine = engine
+    def __init__(self, engine: AsyncEngine, model_name: str):
+        self.engine, self.model_name = engine, model_name
 
     def collect(self):
-        s = self.engine.stats
+        s, label = self.engine.stats, [self.model_name]
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            return GaugeMetricFamily(f"minillm:{name}", doc, value=value)
+            g = GaugeMetricFamily(f"minillm:{name}", doc, labels=["model_name"])
+            g.add_metric(label, value)
+            return g
 
         def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            return CounterMetricFamily(f"minillm:{name}", doc, value=value)
+            c = CounterMetricFamily(f"minillm:{name}", doc, labels=["model_name"])
+            c.add_metric(label, value)
+            return c
 
         yield gauge("engine_healthy", "1 while the engine loop runs", float(self.engine.healthy))
         yield gauge("num_requests_running", "Requests in the running batch", s.running)
@@ -43,35 +47,54 @@ class _EngineCollector(Collector):
         yield gauge("kv_cache_usage_perc", "Fraction of KV blocks held by requests",
                     s.blocks_used / s.blocks_total if s.blocks_total else 0.0)
         yield gauge("prefix_cache_hit_rate", "Prefix-cache hits / queries since start", s.prefix_cache_hit_rate)
+        # vLLM's: prompt tokens looked up in the prefix cache, and those found (a hit rate over any window)
+        yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache", s.prefix_cache_queries)
+        yield counter("prefix_cache_hits", "Prompt tokens found in the prefix cache", s.prefix_cache_hits)
         yield counter("num_preemptions", "Preemptions (requests recomputed after their KV was taken)",
                       s.preemptions)
         yield counter("prompt_tokens", "Prompt tokens admitted", s.prompt_tokens)
         yield counter("generation_tokens", "Tokens generated", s.generation_tokens)
-        for key, value in sorted((s.spec or {}).items()):  # speculative decoding, when enabled
+        spec = s.spec or {}
+        for key, value in sorted(spec.items()):  # speculative decoding, when enabled: minillm's own figures
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 yield gauge(f"spec_decode_{key}", f"Speculative decoding: {key}", value)
+        if spec:  # and vLLM's counters
+            yield counter("spec_decode_num_drafts", "Speculative rounds", spec["rounds"])
+            yield counter("spec_decode_num_draft_tokens", "Draft tokens proposed", spec["draft_tokens"])
+            yield counter("spec_decode_num_accepted_tokens", "Draft tokens accepted", spec["accepted_tokens"])
+            per_pos = CounterMetricFamily("minillm:spec_decode_num_accepted_tokens_per_pos",
+                                          "Draft tokens accepted at each draft position",
+                                          labels=["model_name", "position"])
+            for pos, n in enumerate(spec["accepted_tokens_per_position"]):
+                per_pos.add_metric([self.model_name, str(pos)], n)
+            yield per_pos
 
 
 class Metrics:
-    def __init__(self, engine: AsyncEngine):
+    """Every series carries vLLM's model_name label (the first served name), so its dashboards,
+    which filter on it, read these."""
+
+    def __init__(self, engine: AsyncEngine, model_name: str):
         self.registry = CollectorRegistry()
-        r = self.registry
-        self.ttft = Histogram("minillm:time_to_first_token_seconds", "Time to first token",
-                              buckets=_LATENCY, registry=r)
-        self.tpot = Histogram("minillm:time_per_output_token_seconds", "Mean time per output token after the "
-                              "first, per request", buckets=_LATENCY, registry=r)
-        self.e2e = Histogram("minillm:e2e_request_latency_seconds", "Request latency, arrival to last token",
-                             buckets=_E2E, registry=r)
+        r, name = self.registry, ["model_name"]
+
+        def histogram(metric: str, doc: str, buckets: tuple) -> Histogram:
+            return Histogram(f"minillm:{metric}", doc, name, buckets=buckets, registry=r).labels(model_name)
+
+        self.ttft = histogram("time_to_first_token_seconds", "Time to first token", _LATENCY)
+        self.tpot = histogram("time_per_output_token_seconds", "Mean time per output token after the first, "
+                              "per request", _LATENCY)
+        self.e2e = histogram("e2e_request_latency_seconds", "Request latency, arrival to last token", _E2E)
+        self.model_name = model_name
         self.finished = Counter("minillm:request_success", "Finished requests by reason",
-                                ["finished_reason"], registry=r)
-        self.queue = Histogram("minillm:request_queue_time_seconds", "Time from a request's admission by the "
-                               "engine to its first scheduled step, per engine request (choice)",
-                               buckets=_LATENCY, registry=r)
-        self.prompt_tokens = Histogram("minillm:request_prompt_tokens", "Prompt tokens per finished engine "
-                                       "request (choice)", buckets=_TOKENS, registry=r)
-        self.generation_tokens = Histogram("minillm:request_generation_tokens", "Generated tokens per finished "
-                                           "engine request (choice)", buckets=_TOKENS, registry=r)
-        r.register(_EngineCollector(engine))
+                                ["model_name", "finished_reason"], registry=r)
+        self.queue = histogram("request_queue_time_seconds", "Time from a request's admission by the engine to "
+                               "its first scheduled step, per engine request (choice)", _LATENCY)
+        self.prompt_tokens = histogram("request_prompt_tokens", "Prompt tokens per finished engine request "
+                                       "(choice)", _TOKENS)
+        self.generation_tokens = histogram("request_generation_tokens", "Generated tokens per finished engine "
+                                           "request (choice)", _TOKENS)
+        r.register(_EngineCollector(engine, model_name))
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
@@ -111,7 +134,7 @@ class RequestTimer:
             return
         self._done = True
         t = time.perf_counter()
-        self.m.finished.labels(reason).inc()
+        self.m.finished.labels(self.m.model_name, reason).inc()
         if reason in ("stop", "length"):
             self.m.e2e.observe(t - self.t0)
             if self.n > 1 and self.t_first is not None:

@@ -38,6 +38,7 @@ class SpecStats:
             "mean_acceptance_length": (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0,
             "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
             "acceptance_rate_per_position": [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)],
+            "accepted_tokens_per_position": list(self.accepted_at),
             "paused_steps": self.paused_steps,
             "backoff_steps": self.backoff_steps,
         }
