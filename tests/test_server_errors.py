@@ -410,9 +410,12 @@ def test_served_names_and_unknown_fields(server):
 
 
 def test_api_key(server):
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}, {"Authorization": f"Basic {KEY}"},
+                    {"Authorization": f"Bearer{KEY}"}):
         err = check_error(post(server, "/v1/completions", OK, headers=headers), 401)
         assert err["code"] == "invalid_api_key"
+    # the scheme's name is case-insensitive (RFC 9110)
+    assert post(server, "/v1/completions", OK, headers={"Authorization": f"bearer {KEY}"}).status_code == 200
     check_error(httpx.get(f"{server.url}/v1/models"), 401)
     check_error(httpx.get(f"{server.url}/v1/models/tiny"), 401)
     with pytest.raises(openai.AuthenticationError):

@@ -229,7 +229,8 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         if api_key is None or not request.path.startswith("/v1/") or request.method == "OPTIONS":
             return None
         auth = request.headers.get("Authorization", "")
-        token = auth[7:] if auth.startswith("Bearer ") else ""
+        scheme, _, token = auth.partition(" ")
+        token = token.strip() if scheme.lower() == "bearer" else ""  # the scheme is case-insensitive (RFC 9110)
         if not hmac.compare_digest(token.encode(), api_key.encode()):
             return _error(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
                           "invalid_request_error", code="invalid_api_key")
