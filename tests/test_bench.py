@@ -499,7 +499,10 @@ def test_ctrl_c_reports_the_rungs_that_finished(server, tmp_path):
     cmd = [sys.executable, "-m", "minillm.bench", "serve", "--base-url", server.base, "--input-len", "16",
            "--output-len", "4", "--concurrency", "1,1", "--num-prompts", "2,400", "--ignore-eos",
            "--result-json", str(out), "--timeout", "60"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT's default action in the child: a test run in the background of a non-interactive shell (as CI
+    # may be) inherits it ignored, and Python then never raises KeyboardInterrupt
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = ""
     while "c=1 n=2:" not in seen:  # the first rung's line: the second (400 requests) has begun
         line = proc.stderr.readline()

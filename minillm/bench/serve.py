@@ -104,7 +104,7 @@ def arrival_offsets(n: int, rate: float, burstiness: float, seed) -> list[float]
 
 def build_parser() -> argparse.ArgumentParser:
     p = CliParser(prog="python -m minillm.bench serve",
-                                description="Concurrency ladder against an OpenAI-compatible server.")
+                  description="Concurrency ladder against an OpenAI-compatible server.")
     p.add_argument("--base-url", default="http://127.0.0.1:8000")
     p.add_argument("--backend", choices=sorted(ENDPOINTS), default="openai",
                    help="openai: /v1/completions; openai-chat: /v1/chat/completions; openai-responses: "

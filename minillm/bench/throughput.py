@@ -32,7 +32,7 @@ from minillm.bench.report import check_output_path, save_json
 
 def build_parser() -> argparse.ArgumentParser:
     p = CliParser(prog="python -m minillm.bench throughput",
-                                description="Offline throughput through minillm.LLM (nano-vllm's workload).")
+                  description="Offline throughput through minillm.LLM (nano-vllm's workload).")
     add_engine_args(p)
     p.add_argument("--num-seqs", type=int, default=256)
     p.add_argument("--min-len", type=int, default=100, help="shortest prompt and output (tokens)")
