@@ -509,7 +509,12 @@ def test_ctrl_c_reports_the_rungs_that_finished(server, tmp_path):
         assert line, f"the ladder ended early: {seen}{proc.stdout.read()}"
         seen += line
     proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=60)
+    try:  # (not communicate(): it reads the pipes' descriptors and would miss what readline buffered)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stdout, stderr = proc.stdout.read(), proc.stderr.read()
     assert proc.returncode == 130, (seen, stderr)
     assert "Traceback" not in stderr and "interrupted during c=1: reporting the 1 rung(s) that finished" in stderr
     assert "TPOT" in stdout
