@@ -516,7 +516,7 @@ def test_ctrl_c_reports_the_rungs_that_finished(server, tmp_path):
             proc.kill()
     stdout, stderr = proc.stdout.read(), proc.stderr.read()
     assert proc.returncode == 130, (seen, stderr)
-    assert "Traceback" not in stderr and "interrupted during c=1: reporting the 1 rung(s) that finished" in stderr
+    assert "Traceback" not in stderr and "interrupted: reporting the 1 rung(s) that finished" in stderr
     assert "TPOT" in stdout
     res = json.loads(out.read_text())
     assert res["interrupted"] and [r["num_prompts"] for r in res["rungs"]] == [2]

@@ -480,28 +480,26 @@ def run_ladder(args: argparse.Namespace) -> dict:
             result["warmup_error"] = failed[0].error
             print(f"warm-up request failed: {failed[0].error}", file=sys.stderr)
             return result
-    for i, (c, n, rate) in enumerate(zip(rungs_c, nums, rates)):
-        try:
+    try:  # Ctrl-C: the rung running is cancelled, the ones that finished are reported (anywhere in the loop)
+        for i, (c, n, rate) in enumerate(zip(rungs_c, nums, rates)):
             requests = rung_requests(n, args.output_len, [args.seed, i], args.range_ratio)
             offsets = arrival_offsets(n, rate, args.burstiness, [args.seed, i, 1])
             results, duration = asyncio.run(run_rung(args.base_url, args.backend, model, requests, c, args,
                                                      offsets=offsets))
-        except KeyboardInterrupt:  # Ctrl-C: this rung's requests are cancelled, the finished rungs reported
-            print(f"interrupted during c={c}: reporting the {len(result['rungs'])} rung(s) that finished",
-                  file=sys.stderr)
-            result["interrupted"] = True
-            break
-        rung = rung_stats(results, duration, c, dict(args.goodput) if args.goodput else None)
-        rung["request_rate"] = None if rate == float("inf") else rate  # JSON has no inf
-        result["rungs"].append(rung)
-        status = "VOID: " + "; ".join(rung["errors"]) if rung["void"] else "ok"
-        print(f"c={c} n={n}{'' if rate == float('inf') else f' rate={rate:g}/s'}: "
-              f"{rung['output_tok_s']:.1f} out tok/s, {rung['ok']} ok, "
-              f"{rung['failed']} failed ({status})", file=sys.stderr)
-        result["void"] |= rung["void"]
-        if not ladder_continues(rung, args.keep_going):
-            print("stopping the ladder at a VOID rung (pass --keep-going to run the rest)", file=sys.stderr)
-            break
+            rung = rung_stats(results, duration, c, dict(args.goodput) if args.goodput else None)
+            rung["request_rate"] = None if rate == float("inf") else rate  # JSON has no inf
+            result["rungs"].append(rung)
+            status = "VOID: " + "; ".join(rung["errors"]) if rung["void"] else "ok"
+            print(f"c={c} n={n}{'' if rate == float('inf') else f' rate={rate:g}/s'}: "
+                  f"{rung['output_tok_s']:.1f} out tok/s, {rung['ok']} ok, "
+                  f"{rung['failed']} failed ({status})", file=sys.stderr)
+            result["void"] |= rung["void"]
+            if not ladder_continues(rung, args.keep_going):
+                print("stopping the ladder at a VOID rung (pass --keep-going to run the rest)", file=sys.stderr)
+                break
+    except KeyboardInterrupt:
+        print(f"interrupted: reporting the {len(result['rungs'])} rung(s) that finished", file=sys.stderr)
+        result["interrupted"] = True
     return result
 
 
