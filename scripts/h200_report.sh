@@ -128,6 +128,8 @@
 #   qkv / gate_up products at 96 / 64 registers (REGS), the head-a-CTA attention on 512 threads with one
 #   split a head (DEC_KVD_THREADS); their A/B (part279c) and timelines (part279b); every GPU test and decode
 #   under the settings found faster (part280).
+#   part281/part282 (session 50): part279c's A/B cut to six settings for one call, then part279's op tests
+#   without SmolLM2's: the shortest route to the same answer when a device comes late in a session.
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -5002,6 +5004,30 @@ part280() {  # prepared in session 49: every GPU test but SmolLM2's and the debu
   # both shapes, under the environment the call is given: the settings part279c found faster
   # (MINILLM_CUDA_DEFINES=..., MINILLM_SMEM_CARVEOUT=...) before they become the defaults, else none (~8 minutes)
   part269
+}
+
+part281() {  # session 50 (a device came in its last 40 minutes): part279c cut to fit one call with its builds
+  # compiled in it: batch-1 graphs of both shapes alternated twice, the default against the guessed index loads,
+  # the 96 / 64-register folded products, the 512-thread attention with one split a head, the 100% carveout,
+  # and the three that touch where kernels start together
+  setup
+  models_both 90
+  graphs_b1_ab base=MINILLM_PDL=1 guess=MINILLM_CUDA_DEFINES=DEC_INDEX_GUESS=1 regs=MINILLM_CUDA_DEFINES=$REGS \
+    kvd512="MINILLM_CUDA_DEFINES=$KVD512 MINILLM_DECODE_MIN_PART=1024" carve100=MINILLM_SMEM_CARVEOUT=100 \
+    all3="MINILLM_CUDA_DEFINES=DEC_INDEX_GUESS=1,$REGS MINILLM_SMEM_CARVEOUT=100"
+  pack
+}
+
+part282() {  # session 50, after part281 on the same machine: part279's op tests of those changes (SmolLM2's left out)
+  setup
+  local kvd_tests=(tests/test_cuda_ops.py -k "one_query_head_a_cta or decode_step_attention")
+  stage guess_tests 150 env MINILLM_CUDA_DEFINES=DEC_INDEX_GUESS=1 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    -rfEs "${kvd_tests[@]}"
+  stage regs_tests 150 env MINILLM_CUDA_DEFINES=$REGS python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs \
+    tests/test_cuda_ops.py -k "folded_same_bits"
+  stage kvd512_one_split_tests 150 env "MINILLM_CUDA_DEFINES=$KVD512" MINILLM_DECODE_MIN_PART=1024 python3 -m pytest \
+    -q -m gpu -p no:cacheprovider -rfEs "${kvd_tests[@]}"
+  pack
 }
 
 # scripts/step_kernels.py's arguments for the 8B target's rejected DFlash k = 8 round at c = 1, 512 keys
