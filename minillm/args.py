@@ -29,7 +29,7 @@ class CliParser(argparse.ArgumentParser):
         super().__init__(allow_abbrev=False, **kwargs)
 
     def error(self, message: str):
-        self.exit(2, f"error: {message} (python -m {self.prog.removeprefix('python -m ')} --help lists the flags)\n")
+        self.exit(2, f"error: {message} ({self.prog} --help lists the flags)\n")
 
 
 @dataclass

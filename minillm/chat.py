@@ -116,8 +116,8 @@ class Chat:
         self.history.append({"role": "assistant", "content": reply})
         note = f", {reason}" if reason in ("length", "interrupted") else ""
         # the rate of the tokens after the first (the prompt's prefill is the first token's wait)
-        span = t_end - t_first if t_first is not None and n > 1 else t_end - t0
-        rate = (n - 1 if t_first is not None and n > 1 else n) / span if span > 0 else 0.0
+        count, span = (n - 1, t_end - t_first) if t_first is not None and n > 1 else (n, t_end - t0)
+        rate = count / span if span > 0 else 0.0
         first = f"; first token after {t_first - t0:.2f} s" if t_first is not None else ""
         print(f"\n[{n} tokens, {rate:.1f} tok/s, prompt {len(ids)} tokens{note}{first}]", file=out)
 

@@ -195,8 +195,9 @@ class LLMEngine:
         if template is not None:
             compile_chat_template(*template)
         overrides = override_defaults(args.override_generation_config)
-        if args.generation_config not in ("auto", "vllm"):
-            sampling_defaults(args.generation_config, {})  # its folder and file
+        # a folder's generation_config.json (read once, here) replaces the model's defaults: it needs no model
+        folder_defaults = (sampling_defaults(args.generation_config, {})
+                           if args.generation_config not in ("auto", "vllm") else None)
         spec = args.speculative_config  # {} is a config without a method (refused), null is none
         self.spec = SpeculativeConfig.from_dict(spec) if spec is not None else None
         self.num_speculative_tokens = k = self.spec.num_speculative_tokens if self.spec else 0
@@ -220,8 +221,9 @@ class LLMEngine:
         if template is not None:
             self.tokenizer.set_chat_template(*template)
         # requests' sampling defaults (the server and the chat REPL fill what a request leaves out)
-        self.generation_defaults = {**sampling_defaults(args.generation_config, self.loaded.generation_defaults),
-                                    **overrides}
+        if folder_defaults is None:
+            folder_defaults = sampling_defaults(args.generation_config, self.loaded.generation_defaults)
+        self.generation_defaults = {**folder_defaults, **overrides}
         if self.generation_defaults:
             log.info("sampling defaults from the generation config (--generation-config %s%s): %s",
                      args.generation_config, ", --override-generation-config" if args.override_generation_config

@@ -562,8 +562,8 @@ class _CheckedReader(GGUFReader):
 
     def _get(self, offset, dtype, count=1, override_order=None):
         # the same pages as a plain array: the reader slices the metadata ~250k times for a vocabulary,
-        # and np.memmap's hooks on each slice took 9.5 s of the embedded GGUF's opening, 2.9 s without
-        # (the development machine, busy)
+        # and np.memmap's hooks on each slice made the embedded GGUF's opening take 6.6 s, 2.8 s without
+        # (scripts/startup_time.py, the 2-core CPU machine; docs/BENCHMARKS.md, session 50)
         if type(self.data) is np.memmap:
             self.data = self.data.view(np.ndarray)
         end = offset + np.dtype(dtype).itemsize * int(count)

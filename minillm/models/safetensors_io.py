@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-# "BF16" is ml_dtypes.bfloat16, looked up when a file holds one (_dtype): importing ml_dtypes took
-# ~1.5 s of every CPU process's start on the development machine, which reads GGUF files
+# "BF16" is ml_dtypes.bfloat16, looked up when a file holds one (_dtype): importing it was most of
+# `import minillm`'s 1.6 s on the 2-core CPU machine, 0.3 s without (scripts/startup_time.py; BENCHMARKS.md)
 DTYPES = {
     "F32": np.float32, "F16": np.float16, "BF16": None, "F64": np.float64,
     "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_,

@@ -28,15 +28,16 @@ class _EngineCollector(Collector):
     def collect(self):
         s, label = self.engine.stats, [self.model_name]
 
+        def family(kind, name: str, doc: str, value: float):
+            f = kind(f"minillm:{name}", doc, labels=["model_name"])
+            f.add_metric(label, value)
+            return f
+
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(f"minillm:{name}", doc, labels=["model_name"])
-            g.add_metric(label, value)
-            return g
+            return family(GaugeMetricFamily, name, doc, value)
 
         def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            c = CounterMetricFamily(f"minillm:{name}", doc, labels=["model_name"])
-            c.add_metric(label, value)
-            return c
+            return family(CounterMetricFamily, name, doc, value)
 
         yield gauge("engine_healthy", "1 while the engine loop runs", float(self.engine.healthy))
         yield gauge("num_requests_running", "Requests in the running batch", s.running)
@@ -76,6 +77,7 @@ class Metrics:
 
     def __init__(self, engine: AsyncEngine, model_name: str):
         self.registry = CollectorRegistry()
+        self.model_name = model_name
         r, name = self.registry, ["model_name"]
 
         def histogram(metric: str, doc: str, buckets: tuple) -> Histogram:
@@ -85,7 +87,6 @@ class Metrics:
         self.tpot = histogram("time_per_output_token_seconds", "Mean time per output token after the first, "
                               "per request", _LATENCY)
         self.e2e = histogram("e2e_request_latency_seconds", "Request latency, arrival to last token", _E2E)
-        self.model_name = model_name
         self.finished = Counter("minillm:request_success", "Finished requests by reason",
                                 ["model_name", "finished_reason"], registry=r)
         self.queue = histogram("request_queue_time_seconds", "Time from a request's admission by the engine to "
