@@ -13,6 +13,7 @@ Real parts: a random tiny model with a byte tokenizer, the NumPy backend, the re
 from __future__ import annotations
 
 import json
+import logging
 
 import httpx
 import pytest
@@ -67,6 +68,19 @@ def test_offline_chat_renders_with_it(byte_llama, template_file, inline):
 def test_bad_templates_are_refused_at_startup(byte_llama, value, match):
     with pytest.raises(ValueError, match=match):
         LLM(str(byte_llama), device="cpu", max_model_len=128, chat_template=value)
+
+
+def test_a_template_that_fails_every_chat_is_reported_at_startup(byte_llama, caplog):
+    """It compiles, so it starts; the log says the template is at fault before any request blames its messages."""
+    with caplog.at_level(logging.WARNING, logger="minillm"):
+        LLM(str(byte_llama), device="cpu", max_model_len=128, chat_template="{{ raise_exception('no chats here') }}")
+    warned = [r.getMessage() for r in caplog.records if "fails on a one-message" in r.getMessage()]
+    assert len(warned) == 1 and "no chats here" in warned[0]
+    assert "--chat-template (the template given inline)" in warned[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="minillm"):
+        LLM(str(byte_llama), device="cpu", max_model_len=128, chat_template=TEMPLATE)
+    assert not [r for r in caplog.records if "fails on a one-message" in r.getMessage()]
 
 
 def test_the_cli_prints_one_error_line(byte_llama, capsys):

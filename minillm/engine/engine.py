@@ -125,6 +125,13 @@ def graph_buckets(max_num_seqs: int) -> list[int]:
     return sizes + [max_num_seqs]
 
 
+# The step's token budget when --max-num-batched-tokens is not given. On the CPU a prompt's chunk is
+# computed in one NumPy step that holds every other stream: 512 tokens keep a step near a second on 2
+# cores, and a 1,500-token prompt prefilled in 512-token chunks took 5.9 s against 8.0 s in one
+# 2,048-token step (less of the causal score matrix is computed; BENCHMARKS.md, session 51).
+DEFAULT_TOKEN_BUDGET = {"numpy": 512, "cuda": 2048}
+
+
 def select_backend(device: str, dtype: str):
     """The op table for a device: NumPy on the CPU, CUDA when CuPy finds a GPU."""
     if device == "auto":
@@ -206,13 +213,14 @@ class LLMEngine:
                 resolve_model_path(self.spec.model)
         if args.tokenizer is not None:
             tokenizer_dir(args.tokenizer)
-        self.max_num_batched_tokens = args.max_num_batched_tokens or max(2048, args.max_num_seqs * (1 + k))
-        if self.max_num_batched_tokens < args.max_num_seqs * (1 + k):
+        if args.max_num_batched_tokens is not None and args.max_num_batched_tokens < args.max_num_seqs * (1 + k):
             raise ValueError(
-                f"--max-num-batched-tokens {self.max_num_batched_tokens} is below max_num_seqs x (1 + k) = "
+                f"--max-num-batched-tokens {args.max_num_batched_tokens} is below max_num_seqs x (1 + k) = "
                 f"{args.max_num_seqs * (1 + k)}: a full decode step would not fit"
             )
         self.backend = select_backend(args.device, args.dtype)
+        self.max_num_batched_tokens = args.max_num_batched_tokens or max(
+            DEFAULT_TOKEN_BUDGET[self.backend.name], args.max_num_seqs * (1 + k))
 
         self.loaded = loaded or load_model(args.model, tokenizer=args.tokenizer)
         cfg = self.loaded.config
@@ -220,6 +228,10 @@ class LLMEngine:
         self.tokenizer = self.loaded.tokenizer
         if template is not None:
             self.tokenizer.set_chat_template(*template)
+        if (error := self.tokenizer.chat_template_error()) is not None:
+            log.warning("the chat template (%s) fails on a one-message user conversation: %s; chat requests will "
+                        "fail with it (--chat-template gives another)",
+                        self.tokenizer.chat_template_where or "the model's", error)
         # requests' sampling defaults (the server and the chat REPL fill what a request leaves out)
         if folder_defaults is None:
             folder_defaults = sampling_defaults(args.generation_config, self.loaded.generation_defaults)

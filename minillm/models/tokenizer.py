@@ -188,6 +188,18 @@ class Tokenizer:
         )
         return _open_final_message(text, messages) if continue_final_message else text
 
+    def chat_template_error(self) -> str | None:
+        """What rendering a one-message conversation raises, or None. A template is only compiled at
+        startup, so one that fails on every conversation would otherwise surface as each chat request's
+        400 blaming its messages."""
+        if not self.chat_template:
+            return None
+        try:
+            self.apply_chat_template([{"role": "user", "content": "Hello"}])
+        except Exception as e:  # whatever the template raises (raise_exception, undefined names, type errors)
+            return f"{type(e).__name__}: {e}"
+        return None
+
     def template_reads(self, name: str) -> bool:
         """Whether the chat template reads the variable `name` (jinja2.meta over its source): which
         optional inputs a request can give it that it acts on (tools, reasoning_effort, ...)."""
