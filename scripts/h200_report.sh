@@ -5030,6 +5030,41 @@ part282() {  # session 50, after part281 on the same machine: part279's op tests
   pack
 }
 
+part283() {  # session 51, after part281 on the same machine (an H100): the guessed index loads' op tests and the GPU
+  # engine's greedy and graph tests under them. (As run, by hand, a stray `source` of this script first ran part1
+  # for ~4 minutes: its GPU tests timed out at 150 s, its decode figures are the old default's.)
+  setup
+  stage guess_tests 250 env MINILLM_CUDA_DEFINES=DEC_INDEX_GUESS=1 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    -rfEs tests/test_cuda_ops.py -k "one_query_head_a_cta or decode_step_attention"
+  stage guess_engine 200 env MINILLM_CUDA_DEFINES=DEC_INDEX_GUESS=1 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    -rfEs tests/test_gpu_engine.py -k "not smollm2 and not debug_build and (greedy or graph)"
+  pack
+}
+
+part284() {  # session 51, after part283: bench decode of both shapes, the old default (DEC_INDEX_GUESS=0) and the
+  # guess alternated, 0.6B twice and 8B once (as run, by hand, with the defines unset for base: then the default)
+  setup
+  models_both 60
+  local r d
+  for r in 1 2; do
+    for d in 0 1; do
+      stage "decode06_g${d}_$r" 60 env MINILLM_CUDA_DEFINES=DEC_INDEX_GUESS=$d python3 -m minillm.bench decode $M/q06 \
+        --device cuda --input-len 512 --output-len 256 --result-json "$W/decode06_g${d}_$r.json"
+      [ $r = 1 ] && stage "decode8_g$d" 80 env MINILLM_CUDA_DEFINES=DEC_INDEX_GUESS=$d python3 -m minillm.bench \
+        decode $M/q8 --device cuda --input-len 512 --output-len 128 --result-json "$W/decode8_g$d.json"
+    done
+  done
+  pack
+}
+
+part285() {  # session 51, after part284: every GPU test but SmolLM2's and the debug build's with the guess (as run,
+  # .whl lacked jsonschema: test_responses.py and test_tool_calling.py did not import; bring its wheel)
+  setup
+  stage gpu_tests 420 env MINILLM_CUDA_DEFINES=DEC_INDEX_GUESS=1 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs \
+    --continue-on-collection-errors --junitxml="$W/junit.xml" tests -k "not debug_build and not smollm2"
+  pack
+}
+
 # scripts/step_kernels.py's arguments for the 8B target's rejected DFlash k = 8 round at c = 1, 512 keys
 ROUND_C1="$M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512"
 

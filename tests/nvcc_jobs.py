@@ -32,12 +32,12 @@ DEBUG_FLAGS = ("-DMINILLM_CUDA_DEBUG=1", "-lineinfo")
 # (MINILLM_TIMELINE, scripts/step_timeline.py) and the decode attention's merge batch sizes other
 # than the defaults (h200_report.sh's part162 / part168 / part169 measured 4 and 16) with its merge's
 # two-trip form (DEC_MERGE_ONE_TRIP=0), its keys after the PDL wait (DEC_KV_PREWAIT=0), its phase
-# stamps (DEC_TL_PHASES), its pre-wait loads in one guessed trip (DEC_INDEX_GUESS) and its head-a-CTA form on
+# stamps (DEC_TL_PHASES), its pre-wait loads in three dependent trips (DEC_INDEX_GUESS=0) and its head-a-CTA form on
 # 512 threads (DEC_KVD_THREADS), the two-tile skinny
 # GEMM's unpipelined loop (part174's A/B) and the folded products' register bounds (GEMV_*NORM_MIN_BLOCKS), so
 # they do not rot
 VARIANTS = [("decode_attention", ["-DDEC_NO_MATH=1", "-DDEC_MERGE_FLIGHT=4", "-DMINILLM_TIMELINE=1",
-                                  "-DDEC_TL_PHASES=1", "-DDEC_INDEX_GUESS=1", "-DDEC_KVD_THREADS=512",
+                                  "-DDEC_TL_PHASES=1", "-DDEC_INDEX_GUESS=0", "-DDEC_KVD_THREADS=512",
                                   "-DDEC_KVD_U=8", "-DDEC_KVD_MIN_BLOCKS=1"]),
             ("decode_attention", ["-DDEC_CPL=2", "-DDEC_U=2", "-DPDL_PREWAIT_INDEX=0", "-DDEC_MERGE_FLIGHT=16",
                                   "-DDEC_MERGE_FLIGHT_ROPE=4", "-DDEC_MERGE_ONE_TRIP=0", "-DDEC_KV_PREWAIT=0"]),
