@@ -100,9 +100,11 @@ class LLM:
                                                                 logprobs.pop(out.request_id, None),
                                                                 prompt_logprobs.pop(out.request_id, None),
                                                                 out.error)
-        except BaseException:  # Ctrl-C or a failure: leave none of ours for the next call to run first
+        except BaseException as e:  # Ctrl-C or a failure: leave none of ours for the next call to run first
             for rid in ids:
                 engine.abort_request(rid)
+            if isinstance(e, KeyboardInterrupt):  # the step in flight finishes on the device (a failed step is
+                engine.settle()                   # the failure's to report, not waited on again)
             raise
         finally:
             engine.overlap_outputs = False

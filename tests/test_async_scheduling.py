@@ -455,3 +455,29 @@ def test_random_backoff_workloads_equal_synchronous(tiny, drafter, data):
     assert asynchronous == sync and len(sync) == n
     if pause is None:
         assert async_engine.stats().spec == sync_engine.stats().spec
+
+
+def test_an_interrupted_generate_leaves_no_step_in_flight(tiny, monkeypatch):
+    """Ctrl-C between two steps of LLM.generate: its requests are aborted, the step already launched is
+    taken off the device, and the engine is left idle; the next call's outputs are a fresh call's."""
+    llm = LLM(str(tiny), device="cpu", max_model_len=256)
+    prompts = [[3, 4, 5, 6], [7, 8, 9]]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    ref = [o.token_ids for o in llm.generate(prompts, params)]
+    free = llm.engine.block_manager.num_free
+    real_step, calls = llm.engine.step, []
+
+    def interrupted_step():
+        calls.append(1)
+        if len(calls) == 4:  # after three steps: one is in flight
+            raise KeyboardInterrupt
+        return real_step()
+
+    monkeypatch.setattr(llm.engine, "step", interrupted_step)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(prompts, params)
+    assert llm.engine.num_pipelined_steps > 0
+    assert not llm.engine.has_unfinished() and not llm.engine.requests
+    assert llm.engine.block_manager.num_free == free
+    monkeypatch.undo()
+    assert [o.token_ids for o in llm.generate(prompts, params)] == ref

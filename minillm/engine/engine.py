@@ -438,6 +438,14 @@ class LLMEngine:
         if seq is not None and not seq.finished:
             self.scheduler.finish(seq, "abort")
 
+    def settle(self) -> None:
+        """After a driver loop stopped between steps (Ctrl-C in LLM.generate, which aborts its requests):
+        take the step in flight's results and drop what is left to render of requests no longer here, so
+        the engine holds no work of theirs and the next caller's first step is its own."""
+        if self._inflight is not None:
+            self._collect_inflight()
+        self._unrendered = [u for u in self._unrendered if u[0].request_id in self.requests]
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work() or bool(self._unrendered) or self._inflight is not None
 
