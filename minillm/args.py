@@ -41,7 +41,7 @@ class EngineArgs:
     dtype: str = "auto"
     max_num_seqs: int = 16
     max_model_len: int | None = None  # default: min(model's context, 4096)
-    max_num_batched_tokens: int | None = None  # default: max(512 on the CPU, 2048 on CUDA; max_num_seqs * (1 + k))
+    max_num_batched_tokens: int | None = None  # default: max(256 on the CPU, 2048 on CUDA; max_num_seqs * (1 + k))
     block_size: int = 16
     num_blocks: int | None = None  # default: max_num_seqs full-length sequences
     gpu_memory_utilization: float = 0.9

@@ -137,14 +137,14 @@ def test_flag_errors_come_before_the_weights_load(monkeypatch, kw, message):
 
 
 def test_default_token_budget_follows_the_backend(tiny):
-    """Without --max-num-batched-tokens a CPU step computes at most 512 tokens (a prompt's chunk holds every
+    """Without --max-num-batched-tokens a CPU step computes at most 256 tokens (a prompt's chunk holds every
     other stream for the whole NumPy step), or one full decode step when that is more; a given budget is kept."""
     from minillm.engine.engine import LLMEngine
 
     def budget(**kw):
         return LLMEngine(model=str(tiny), device="cpu", max_model_len=128, **kw).max_num_batched_tokens
 
-    assert budget() == 512
+    assert budget() == 256
     assert budget(max_num_seqs=600) == 600
     assert budget(max_num_seqs=100, speculative_config={"method": "ngram", "num_speculative_tokens": 7}) == 800
     assert budget(max_num_batched_tokens=4096) == 4096

@@ -126,10 +126,12 @@ def graph_buckets(max_num_seqs: int) -> list[int]:
 
 
 # The step's token budget when --max-num-batched-tokens is not given. On the CPU a prompt's chunk is
-# computed in one NumPy step that holds every other stream: 512 tokens keep a step near a second on 2
-# cores, and a 1,500-token prompt prefilled in 512-token chunks took 5.9 s against 8.0 s in one
-# 2,048-token step (less of the causal score matrix is computed; BENCHMARKS.md, session 51).
-DEFAULT_TOKEN_BUDGET = {"numpy": 512, "cuda": 2048}
+# computed in one NumPy step that holds every other stream: with a 1,500-token prompt beside a decoding
+# stream (scripts/cpu_long_prompt.py, 2 cores, medians of 3) 256-token chunks gave the prompt's first token
+# in 7.5 s and the stream a longest pause of 1.4 s, against 10.6 s and 10.6 s in one 2,048-token step
+# (less of the causal score matrix is computed, in cache-sized pieces); 16 short requests took 4% longer
+# (BENCHMARKS.md, session 51).
+DEFAULT_TOKEN_BUDGET = {"numpy": 256, "cuda": 2048}
 
 
 def select_backend(device: str, dtype: str):
