@@ -130,6 +130,10 @@
 #   under the settings found faster (part280).
 #   part281/part282 (session 50): part279c's A/B cut to six settings for one call, then part279's op tests
 #   without SmolLM2's: the shortest route to the same answer when a device comes late in a session.
+#   part281, part283-part285 (session 51, an H100): part281's A/B ran (the guess won and is the default);
+#   part283-part285 ran by hand: the guess's op and engine tests, bench decode against the old default, every
+#   GPU test under it. part286 (prepared): the final code on an H200 after part279a: SmolLM2's GPU tests,
+#   every GPU test, decode of both shapes.
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -5063,6 +5067,16 @@ part285() {  # session 51, after part284: every GPU test but SmolLM2's and the d
   stage gpu_tests 420 env MINILLM_CUDA_DEFINES=DEC_INDEX_GUESS=1 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs \
     --continue-on-collection-errors --junitxml="$W/junit.xml" tests -k "not debug_build and not smollm2"
   pack
+}
+
+part286() {  # prepared in session 51 (its device was an H100): on an H200 (name the kind nvidia-h200), after part279a
+  # (the GGUF's first half to /tmp; carry .gguf_b and .whl, jsonschema's wheels in it): SmolLM2's GPU tests, every
+  # other GPU test and bench decode of both shapes on the final code (DEC_INDEX_GUESS=1 the default): the
+  # targets' first H200 figures since part278 (~7 minutes)
+  setup
+  stage smollm2_gpu 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py -k smollm2
+  tail -n 3 "$W/smollm2_gpu.log"
+  part269
 }
 
 # scripts/step_kernels.py's arguments for the 8B target's rejected DFlash k = 8 round at c = 1, 512 keys

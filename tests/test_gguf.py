@@ -288,3 +288,23 @@ def test_file_without_tokenizer(tmp_path):
     path = write_gguf(tmp_path / "m.gguf", "qwen3", model_metadata(cfg),
                       {gguf_name(n): (a, None) for n, a in w.items()})
     assert "no tokenizer" in load_error(path)
+
+
+def test_the_checked_reader_reads_what_the_library_reads():
+    """open_gguf's reader (a plain array under the metadata, its own view per read) gives every field
+    and tensor of the embedded GGUF as gguf's own GGUFReader does: the same parts, dtypes and bytes."""
+    from minillm.models.gguf_loader import open_gguf
+
+    path = default_model_path()
+    ours, theirs = open_gguf(path, str(path)), GGUFReader(path)
+    assert list(ours.fields) == list(theirs.fields) and len(ours.fields) > 20
+    for name, field in theirs.fields.items():
+        mine = ours.fields[name]
+        assert (mine.offset, mine.types, mine.data) == (field.offset, field.types, field.data), name
+        assert len(mine.parts) == len(field.parts), name
+        for a, b in zip(mine.parts, field.parts):
+            assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), name
+    assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+    for a, b in zip(ours.tensors, theirs.tensors):
+        assert (a.tensor_type, a.shape.tolist(), a.data_offset) == (b.tensor_type, b.shape.tolist(), b.data_offset)
+        assert np.array_equal(np.asarray(a.data), np.asarray(b.data)), a.name

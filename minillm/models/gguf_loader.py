@@ -560,16 +560,24 @@ class _CheckedReader(GGUFReader):
     a larger dtype, its size must be a divisor ..." (or a bare reshape error), raising _ShortRead
     with the bytes it wanted instead; and noting where the tensors' data should end."""
 
+    _dtypes: dict = {}  # (dtype, byte order) -> the numpy dtype a read is viewed as
+
     def _get(self, offset, dtype, count=1, override_order=None):
-        # the same pages as a plain array: the reader slices the metadata ~250k times for a vocabulary,
-        # and np.memmap's hooks on each slice made the embedded GGUF's opening take 6.6 s, 2.8 s without
-        # (scripts/startup_time.py, the 2-core CPU machine; docs/BENCHMARKS.md, session 50)
-        if type(self.data) is np.memmap:
-            self.data = self.data.view(np.ndarray)
-        end = offset + np.dtype(dtype).itemsize * int(count)
-        if end > len(self.data):
+        # GGUFReader._get's view, with less work a call: the reader slices the metadata ~250k times for a
+        # vocabulary. A plain array over the same pages: np.memmap's hooks on each slice made the embedded
+        # GGUF's opening take 6.6 s, 2.8 s without (session 50); the byte-ordered dtype looked up, not
+        # built, each time (BENCHMARKS.md, session 51)
+        data = self.data
+        if type(data) is np.memmap:
+            data = self.data = data.view(np.ndarray)
+        order = self.byte_order if override_order is None else override_order
+        dt = self._dtypes.get((dtype, order))
+        if dt is None:
+            dt = self._dtypes[(dtype, order)] = np.dtype(dtype).newbyteorder(order)
+        end = offset + dt.itemsize * int(count)
+        if end > len(data):
             raise _ShortRead(offset, end)
-        return super()._get(offset, dtype, count, override_order)
+        return data[offset:end].view(dt)
 
     def _build_tensors(self, start_offs, fields):
         try:
