@@ -328,9 +328,9 @@ class LLMEngine:
         if hasattr(self.backend, "seal"):
             self.backend.seal()  # from here on any device allocation raises, with its call site
             log.info("%s", self.backend.memory_plan())
-        log.info("engine ready: %s on %s, max_model_len %d, max_num_seqs %d, %d KV blocks of %d",
-                 self.model_name, self.backend.name, self.max_model_len, args.max_num_seqs,
-                 self.num_blocks, self.block_size)
+        log.info("engine ready: %s on %s, max_model_len %d, max_num_seqs %d, max_num_batched_tokens %d, "
+                 "%d KV blocks of %d", self.model_name, self.backend.name, self.max_model_len, args.max_num_seqs,
+                 self.max_num_batched_tokens, self.num_blocks, self.block_size)
 
     # ---- requests -------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | list[int], params: SamplingParams | None = None) -> list[int]:
