@@ -451,8 +451,7 @@ def write_dflash_drafter(out_dir: str | Path, target_dir: str | Path, seed: int 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = CliParser(prog="python -m minillm.tools.random_model",
-                                description=__doc__.split("\n")[0])
+    p = CliParser(prog="python -m minillm.tools.random_model", description=__doc__.split("\n")[0])
     p.add_argument("out_dir", help="directory to write (created if missing)")
     p.add_argument("--preset", choices=sorted(PRESETS), help="model shape to write")
     p.add_argument("--seed", type=int, default=0, help="weights are a pure function of the seed (default 0)")
