@@ -5076,7 +5076,15 @@ part286() {  # prepared in session 51 (its device was an H100): on an H200 (name
   setup
   stage smollm2_gpu 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py -k smollm2
   tail -n 3 "$W/smollm2_gpu.log"
-  part269
+  models_both 40
+  stage gpu_tests 330 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" tests \
+    -k "not debug_build and not smollm2"
+  tail -n 3 "$W/gpu_tests.log"
+  stage decode06 60 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
+    --result-json "$W/decode06.json"
+  stage decode8 70 python3 -m minillm.bench decode $M/q8 --device cuda --input-len 512 --output-len 256 \
+    --result-json "$W/decode8.json"
+  pack
 }
 
 # scripts/step_kernels.py's arguments for the 8B target's rejected DFlash k = 8 round at c = 1, 512 keys
