@@ -5087,6 +5087,19 @@ part286() {  # prepared in session 51 (its device was an H100): on an H200 (name
   pack
 }
 
+part287() {  # session 52, after part286 (carry .whl): the targets that had not been rerun on the final code: the
+  # served failure matrix (0.6B shape, DFlash k = 8), nano-vllm's throughput workload, and the 8B rejected-round
+  # cost (~8 minutes on a fresh machine)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 150
+  failure_matrix_q06 170
+  throughput_06b 90
+  stage spec_cost_8b 170 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_8b.json"
+  pack
+}
+
 # scripts/step_kernels.py's arguments for the 8B target's rejected DFlash k = 8 round at c = 1, 512 keys
 ROUND_C1="$M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512"
 
