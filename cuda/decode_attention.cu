@@ -320,7 +320,7 @@ __device__ __forceinline__ void decode_attention_impl(
   constexpr bool KV_PRE = DEC_KV_PREWAIT && ROPE && KV_DIV;
   constexpr bool GUESS = DEC_INDEX_GUESS && ROPE;  // the entries only with KV_PRE (the keys before the wait)
   const int bg = min(t, B - 1);  // the guessed sequence (in bounds whenever B >= 1)
-  int g_qb = 0, g_q0 = 0, g_q1 = 0, g_len = 0, g_phys[GUESS ? U : 1] = {};
+  int g_qb = 0, g_q0 = 0, g_q1 = 0, g_len = 0, g_phys[GUESS ? U : 1] = {}, g_inb[GUESS ? U : 1] = {};
   if constexpr (GUESS) {
     if (t < n_tokens && bg >= 0) {
       g_qb = query_start[B];
@@ -331,8 +331,9 @@ __device__ __forceinline__ void decode_attention_impl(
         const int* bt_g = block_tables + (i64)bg * bt_stride;
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-          const int lb = (split * min_part + grp * U + u) / block_size;
+          const int key = split * min_part + grp * U + u, lb = key / block_size;
           g_phys[u] = lb < bt_stride ? bt_g[lb] : 0;
+          g_inb[u] = key - lb * block_size;
         }
       }
     }
@@ -373,17 +374,22 @@ __device__ __forceinline__ void decode_attention_impl(
   }
   // keys [k0, k0 + U) of this lane's key group, its chunks of them (zero past k_stop): every
   // key's block-table entry first (load_table), then every K / V load (load_kv), so the U loads are
-  // in flight together
+  // in flight together. One integer division a key (block_size is a runtime value, so it is a
+  // ~20-instruction sequence): load_table keeps each key's row in its block (inb) beside its entry.
+  // Session 48's split of the loads had load_kv take key % block_size, a second division a key, in
+  // every decode kernel: nano-vllm's 256-sequence throughput run 24,162 -> 21,644 tok/s on one H200
+  // (part287's bisection, session 52), where the attention is most of a step.
   uint4 kr[U][CPL], vr[U][CPL];
-  auto load_table = [&](int k0, int k_stop, int (&phys)[U]) {
+  auto load_table = [&](int k0, int k_stop, int (&phys)[U], int (&inb)[U]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int key = k0 + u, lb = key / block_size;
       MINILLM_CHECK(key >= k_stop || lb < bt_stride);
       phys[u] = key < k_stop ? bt[lb] : 0;
+      inb[u] = key - lb * block_size;
     }
   };
-  auto load_kv = [&](int k0, int k_stop, const int (&phys)[U]) {
+  auto load_kv = [&](int k0, int k_stop, const int (&phys)[U], const int (&inb)[U]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int key = k0 + u;
@@ -391,7 +397,7 @@ __device__ __forceinline__ void decode_attention_impl(
       for (int j = 0; j < CPL; ++j) kr[u][j] = vr[u][j] = make_uint4(0u, 0u, 0u, 0u);
       if (key < k_stop) {
         MINILLM_CHECK(phys[u] >= 0 && phys[u] < num_blocks);
-        const i64 off = (((i64)phys[u] * block_size + (key % block_size)) * n_kv + kv) * D + kl * VEC;
+        const i64 off = (((i64)phys[u] * block_size + inb[u]) * n_kv + kv) * D + kl * VEC;
 #pragma unroll
         for (int j = 0; j < CPL; ++j) {
           const uint4* kp = reinterpret_cast<const uint4*>(kc + off + j * LPK * VEC);
@@ -408,9 +414,9 @@ __device__ __forceinline__ void decode_attention_impl(
     }
   };
   auto load_keys = [&](int k0, int k_stop) {
-    int phys[U];
-    load_table(k0, k_stop, phys);
-    load_kv(k0, k_stop, phys);
+    int phys[U], inb[U];
+    load_table(k0, k_stop, phys, inb);
+    load_kv(k0, k_stop, phys, inb);
   };
   // DEC_KV_PREWAIT (head-a-CTA kernel): the first keys of this group, before the wait. The newest key
   // (the fresh CTA's last) is not among them: it comes from shared memory after the loop.
@@ -420,7 +426,7 @@ __device__ __forceinline__ void decode_attention_impl(
       const int k0 = k_lo + grp * U, k_stop = fresh_pre ? k_end - 1 : k_end;
       if constexpr (GUESS) {
         if (guessed && k_lo == split * min_part) {  // the entries loaded with the guess are these keys'
-          load_kv(k0, k_stop, g_phys);
+          load_kv(k0, k_stop, g_phys, g_inb);
         } else {
           load_keys(k0, k_stop);
         }
