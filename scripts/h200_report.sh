@@ -5100,6 +5100,32 @@ part287() {  # session 52, after part286 (carry .whl): the targets that had not 
   pack
 }
 
+part288() {  # prepared in session 52 (carry .whl and .snap0 = `git archive ba2a141`, the commit before the fix): the
+  # decode kernels' one division a key again, measured. part287 found nano-vllm's throughput at 21,385 tok/s (part220:
+  # 24,156); its bisection on one H200 put the loss in 69dd019 (session 48: 548b5cb 23,887, 69dd019 21,644). Runs
+  # throughput from .snap0 and from this tree alternated twice, then both shapes' batch-1 graphs from each tree
+  # alternated twice (the fused step's kernels changed registers too) (~8 minutes on a fresh machine)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_both 60
+  local r
+  for r in 1 2; do
+    throughput_in .snap0 "throughput_before_$r"
+    throughput_in . "throughput_fix_$r"
+  done
+  grep -h "Throughput:" "$W"/throughput_*.log
+  for r in 1 2; do
+    for s in q06 q8; do
+      stage "graph_${s}_before_$r" 100 bash -c "cd .snap0 && PYTHONPATH=.:/tmp/site python3 scripts/step_kernels.py \
+        $M/$s --batch 1 --ctx 512 --json $W/graph_${s}_before_$r.json"
+      stage "graph_${s}_fix_$r" 100 python3 scripts/step_kernels.py $M/$s --batch 1 --ctx 512 \
+        --json "$W/graph_${s}_fix_$r.json"
+    done
+  done
+  graph_summary
+  pack
+}
+
 # scripts/step_kernels.py's arguments for the 8B target's rejected DFlash k = 8 round at c = 1, 512 keys
 ROUND_C1="$M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512"
 
