@@ -57,7 +57,7 @@ class LLM:
         if not isinstance(prompts, (list, tuple)):
             raise ValueError("prompts must be a string, a list of token ids, or a list of either; got "
                              f"{type(prompts).__name__}")
-        params = sampling_params or self.get_default_sampling_params()
+        params = self.get_default_sampling_params() if sampling_params is None else sampling_params
         if not isinstance(params, list):
             params = [params] * len(prompts)
         if len(params) != len(prompts):
@@ -80,14 +80,19 @@ class LLM:
             except ValueError as e:
                 raise ValueError(f"prompt {i}: {e}" if len(prompts) > 1 else str(e)) from None
             prompt_ids.append(toks)
-        for toks, p, prio in zip(prompt_ids, params, priority):
-            ids.append(engine.add_request(toks, p, priority=prio))
         done: dict[str, CompletionOutput] = {}
         logprobs: dict[str, list[TokenLogprob]] = {}
         prompt_logprobs: dict[str, list] = {}
         # offline, nobody reads a step's text at once: render it while the next step runs
         engine.overlap_outputs = True
         try:
+            # inside the try: a request refused when added (a structured-output constraint that does not
+            # compile is found only there) takes the ones added before it out again
+            for i, (toks, p, prio) in enumerate(zip(prompt_ids, params, priority)):
+                try:
+                    ids.append(engine.add_request(toks, p, priority=prio))
+                except ValueError as e:
+                    raise ValueError(f"prompt {i}: {e}" if len(prompts) > 1 else str(e)) from None
             while engine.has_unfinished():
                 for out in engine.step():
                     if out.new_logprobs is not None:

@@ -124,6 +124,8 @@ class SamplingParams:
     # whole); -1 keeps as many as the context leaves room for beside max_tokens (the last
     # max_model_len - max_tokens), as vLLM's -1 does (its max_input_tokens). See truncated_prompt
     truncate_prompt_tokens: int | None = None
+    # vLLM's n (choices a prompt): 1 only offline; the server's n runs each choice as its own request
+    n: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -131,7 +133,11 @@ class SamplingParams:
         if not isinstance(self.stop, (list, tuple, type(None))):
             raise ValueError(f"stop must be a non-empty string or a list of non-empty strings, got {self.stop!r}")
         self.stop = list(self.stop or [])
+        if not isinstance(self.stop_token_ids, (list, tuple, type(None))):
+            raise ValueError(f"stop_token_ids must be a list of token ids, got {self.stop_token_ids!r:.80}")
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.logit_bias and not isinstance(self.logit_bias, dict):
+            raise ValueError(f"logit_bias must be a dict of token id -> bias, got {self.logit_bias!r:.80}")
         self.logit_bias = dict(self.logit_bias) if self.logit_bias else None
         if isinstance(self.bad_words, tuple):
             self.bad_words = list(self.bad_words)
@@ -140,6 +146,11 @@ class SamplingParams:
         if isinstance(self.think_token_ids, list):
             self.think_token_ids = tuple(self.think_token_ids)
         if isinstance(self.structured_outputs, dict):
+            fields = StructuredOutputsParams.__dataclass_fields__
+            unknown = sorted(str(k) for k in self.structured_outputs if k not in fields)
+            if unknown:
+                raise ValueError(f"structured_outputs: unknown field(s) {', '.join(unknown)}; the fields are "
+                                 f"{', '.join(fields)}")
             self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
         self.validate()
 
@@ -167,8 +178,14 @@ class SamplingParams:
              f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
         need(all(isinstance(s, str) and s for s in self.stop),
              f"stop must be a non-empty string or a list of non-empty strings, got {self.stop!r}")
-        need(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+        need(all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids),
              f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+        # a truthy string such as "false" would otherwise turn the switch on
+        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
+            need(isinstance(getattr(self, name), bool), f"{name} must be True or False, got {getattr(self, name)!r}")
+        need(isinstance(self.n, int) and not isinstance(self.n, bool) and self.n == 1,
+             f"n must be 1 here (got {self.n!r}): for several samples of a prompt, pass it several times (the "
+             f"server's n does that)")
         need(self.logprobs is None or (isinstance(self.logprobs, int) and not isinstance(self.logprobs, bool)
                                        and 0 <= self.logprobs <= 20),
              f"logprobs must be None or an integer in [0, 20], got {self.logprobs!r}")

@@ -210,7 +210,14 @@ def test_invalid_sampling_params_are_refused():
                     ({"temperature": float("inf")}, "temperature"), ({"temperature": 1e39}, "temperature"),
                     ({"temperature": float("nan")}, "temperature"), ({"top_p": 1e-100}, "top_p"),
                     ({"top_p": float("nan")}, "top_p"), ({"temperature": True}, "temperature"),
-                    ({"min_tokens": True}, "min_tokens"), ({"stop": 5}, "stop")]:
+                    ({"min_tokens": True}, "min_tokens"), ({"stop": 5}, "stop"),
+                    # switches take booleans only: "false" would turn one on
+                    ({"ignore_eos": "false"}, "ignore_eos must be True or False"),
+                    ({"skip_special_tokens": "false"}, "skip_special_tokens"),
+                    ({"include_stop_str_in_output": 1}, "include_stop_str_in_output"),
+                    ({"stop_token_ids": 5}, "stop_token_ids"), ({"stop_token_ids": [True]}, "stop_token_ids"),
+                    ({"logit_bias": [1, 2]}, "logit_bias must be a dict"), ({"n": 2}, "n must be 1"),
+                    ({"structured_outputs": {"bogus": 1}}, "unknown field.*bogus")]:
         with pytest.raises(ValueError, match=msg):
             SamplingParams(**kw)
     # their float32 limits themselves are served
@@ -225,6 +232,17 @@ def test_generate_refuses_bad_prompts_and_leaves_nothing_behind(llm, monkeypatch
             llm.generate(bad, params)
     with pytest.raises(ValueError, match="sampling_params"):
         llm.generate([[5, 6, 7]], {"max_tokens": 2})
+    with pytest.raises(ValueError, match="got 0 sampling params for 1 prompts"):  # [] is not "none given"
+        llm.generate([[5, 6, 7]], [])
+    vocab = llm.engine.config.vocab_size
+    with pytest.raises(ValueError, match=f"stop_token_ids token ids must be below the vocabulary size {vocab}"):
+        llm.generate([[5, 6, 7]], SamplingParams(stop_token_ids=[vocab]))
+    # a constraint refused only when its request is added (it does not compile) takes the batch's
+    # earlier requests out with it
+    bad = SamplingParams(max_tokens=2, structured_outputs={"regex": "(("})
+    with pytest.raises(ValueError, match="prompt 2: structured_outputs"):
+        llm.generate([[5, 6, 7]] * 3, [params, params, bad])
+    assert not llm.engine.requests and not llm.engine.has_unfinished()
     assert llm.generate(np.array([5, 6, 7]), params)[0].token_ids == ref  # numpy ids are ids
     # interrupted mid-generation (Ctrl-C): its requests are aborted, not run first by the next call
     step, calls = llm.engine.step, []
