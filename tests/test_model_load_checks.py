@@ -190,3 +190,15 @@ def test_shard_names_outside_the_model_directory_are_refused(tiny, tmp_path, whe
         return "model.safetensors"
     with_index(path, shard_for)
     refused(path, "model.safetensors.index.json", repr(shard), "outside the model directory")
+
+
+def test_layer_tensors_the_config_does_not_use_are_refused(tiny, tmp_path):
+    """A Qwen3 checkpoint (q/k norms) under a Llama config: the norms would be dropped and the model
+    run without them, so the load names them and the disagreement."""
+    path = edit_json(copy_of(tiny, tmp_path), "config.json",
+                     lambda c: {**c, "architectures": ["LlamaForCausalLM"], "model_type": "llama"})
+    with pytest.raises(ValueError) as e:
+        load_hf_dir(path)
+    msg = str(e.value)
+    assert msg.startswith(str(path)) and "k_norm, q_norm" in msg and "'llama'" in msg, msg
+    assert "the weights and the config disagree" in msg

@@ -318,9 +318,11 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 def check_weights(weights: dict[str, np.ndarray], cfg: ModelConfig, where: str,
                   layers_key: str = "num_hidden_layers") -> None:
-    """Every expected tensor present with its expected shape, or a message naming it; and no layer
-    past the config's count (the model would silently run without it). layers_key names the count."""
-    for name, shape in expected_shapes(cfg).items():
+    """Every expected tensor present with its expected shape, or a message naming it; no layer past
+    the config's count, and no layer tensor the config does not use (q/k norms or q/k/v biases of a
+    config without them): the model would silently run without it. layers_key names the count."""
+    expected = expected_shapes(cfg)
+    for name, shape in expected.items():
         if name not in weights:
             raise ValueError(f"{where}: tensor {name!r} is missing (expected shape {shape})")
         if tuple(weights[name].shape) != shape:
@@ -332,6 +334,16 @@ def check_weights(weights: dict[str, np.ndarray], cfg: ModelConfig, where: str,
     if extra:
         raise ValueError(f"{where}: has tensors of layer(s) {', '.join(extra[:5])} but {layers_key} is "
                          f"{cfg.num_layers}; the weights and the config disagree")
+    unused = sorted({n.split(".", 2)[2] for n in weights if n.startswith("layers.") and n not in expected})
+    if unused:
+        why = {"q_norm": "q/k norms (Qwen3's), but the config's architecture has none",
+               "k_norm": "q/k norms (Qwen3's), but the config's architecture has none",
+               "q_bias": "q/k/v biases, but the config's attention_bias is off",
+               "k_bias": "q/k/v biases, but the config's attention_bias is off",
+               "v_bias": "q/k/v biases, but the config's attention_bias is off"}
+        reasons = sorted({why.get(u, "tensors the config does not use") for u in unused})
+        raise ValueError(f"{where}: its layers hold {', '.join(unused)}: {'; '.join(reasons)} (model_type "
+                         f"{cfg.arch!r}). The model would run without them: the weights and the config disagree")
 
 
 def load_safetensors(files: list[Path]) -> dict[str, np.ndarray]:
