@@ -182,6 +182,17 @@ def test_min_tokens_and_stop_token_ids(llm):
     stop = greedy[0]
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[stop]))[0]
     assert out.token_ids == [stop] and (out.finish_reason, out.stop_reason) == ("stop", stop)  # vLLM's stop_reason
+    # a stop token is not text, unless include_stop_str_in_output asks for it (as in vLLM): then the text
+    # is what the same ids give when the output is cut there by max_tokens instead. Stopped on the first
+    # greedy token (a first occurrence) that adds text
+    def text(n):
+        return llm.generate([prompt], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))[0].text
+
+    i = next(i for i in range(1, len(greedy)) if greedy[i] not in greedy[:i] and text(i) != text(i + 1))
+    for include, want in ((False, text(i)), (True, text(i + 1))):
+        out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[greedy[i]],
+                                                    include_stop_str_in_output=include))[0]
+        assert out.token_ids == greedy[: i + 1] and out.text == want, (include, out.text, want)
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=20, min_tokens=4,
                                                 stop_token_ids=[stop], ignore_eos=True))[0]
     assert stop not in out.token_ids[:4] and len(out.token_ids) >= 4

@@ -953,8 +953,10 @@ class LLMEngine:
         p = seq.params
         longest_stop = max(len(s) for s in p.stop) if p.stop else 0
         n0 = len(seq.output_ids) - len(accepted)  # output tokens before these
-        # a stop token is not text; a structured output's last token is
-        text_ids = accepted[:-1] if reason == "stop" and not seq.ended_by_grammar else accepted
+        # a stop token is not text (unless include_stop_str_in_output asks for it, as vLLM's detokenizer
+        # does: EOS then still vanishes with skip_special_tokens); a structured output's last token is
+        stop_token = reason == "stop" and not seq.ended_by_grammar and not p.include_stop_str_in_output
+        text_ids = accepted[:-1] if stop_token else accepted
         # seq.text is the text's end, after seq.text_head (offsets below are into it; sent_text_len is whole)
         head = len(seq.text_head)
         for i, tok in enumerate(text_ids):
