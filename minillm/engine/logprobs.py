@@ -4,9 +4,10 @@
 A request that asks for logprobs makes its steps synchronous (the engine falls back from
 async scheduling while one is running), so after a step's sampled ids arrive the logits
 buffer still holds that step's rows: each wanted row is copied to the host and reduced there.
-The values are the model's own distribution, log_softmax of the logits (vLLM's default
-"raw_logprobs"): before temperature, top-k, min-p and top-p; after what changes the logits themselves
-(min_tokens' masking, penalties, logit_bias, a structured output's mask). A banned token (-inf) is
+The values are log_softmax of the logits the sampler draws from: before temperature, top-k, min-p
+and top-p; after what changes the logits themselves (min_tokens' masking, penalties, logit_bias,
+allowed_token_ids, bad words, a structured output's mask), which vLLM's default ("raw_logprobs")
+leaves out; without those the two agree. A banned token (-inf) is
 never listed among the alternatives, so a row with fewer than N allowed tokens lists fewer.
 
 Prompt tokens need the logits of every prompt row, while a step computes logits only for the rows
