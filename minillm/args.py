@@ -142,6 +142,8 @@ class EngineArgs:
         need(self.quantization is None or (self.quantization == "gguf" and gguf),
              f"--quantization {self.quantization}: minillm runs a checkpoint's float weights (a GGUF file's are "
              "dequantized at load, --quantization gguf); leave the flag out")
+        if isinstance(self.tokenizer, os.PathLike):  # a Path, as the model may be
+            self.tokenizer = os.fspath(self.tokenizer)
         need(self.tokenizer is None or (isinstance(self.tokenizer, str) and self.tokenizer != ""),
              f"--tokenizer must be an HF directory's path, got {self.tokenizer!r}")
         need(self.scheduling_policy in SCHEDULING_POLICIES,

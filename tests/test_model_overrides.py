@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import httpx
 import pytest
@@ -48,6 +49,8 @@ def test_read_a_file_or_the_template(template_file, tmp_path):
     (tmp_path / "latin1.jinja").write_bytes(b"{{ caf\xe9 }}")
     with pytest.raises(ValueError, match="not UTF-8"):
         read_chat_template(str(tmp_path / "latin1.jinja"))
+    with pytest.raises(ValueError, match="a directory; give the path of a Jinja template file in it"):
+        read_chat_template(str(tmp_path))
 
 
 @pytest.mark.parametrize("inline", [False, True])
@@ -123,6 +126,10 @@ def test_generation_config_auto_vllm_or_a_folder(greedy_dir, byte_llama, tmp_pat
     assert defaults(byte_llama, generation_config=str(other)) == {"top_p": 0.5}
     with pytest.raises(ValueError, match="no generation_config.json there"):
         defaults(byte_llama, generation_config=str(tmp_path / "nowhere"))
+    with pytest.raises(ValueError, match=f"a file; give the folder holding generation_config.json \\({other}\\)"):
+        defaults(byte_llama, generation_config=str(other / "generation_config.json"))
+    # a Path is a path, for the tokenizer as for the model
+    assert LLM(byte_llama, tokenizer=Path(byte_llama), device="cpu", max_model_len=64).engine is not None
     (other / "generation_config.json").write_text(json.dumps({"temperature": -1}))
     with pytest.raises(ValueError, match="generation_config.json: 'temperature'"):
         defaults(byte_llama, generation_config=str(other))

@@ -328,7 +328,8 @@ class NumpyBackend:
         (x * scale_pos[i] if x > 0 else x * scale_neg[i]) - subtract[i] (repetition, presence and
         frequency penalties, SamplingParams)."""
         x = logits[rows, token_ids]
-        logits[rows, token_ids] = np.where(x > 0, x * scale_pos, x * scale_neg) - subtract
+        with np.errstate(over="ignore"):  # a huge repetition_penalty takes a negative logit to -inf, as on the GPU
+            logits[rows, token_ids] = np.where(x > 0, x * scale_pos, x * scale_neg) - subtract
 
     def scale(self, x, factor: float) -> None:
         x *= factor

@@ -144,6 +144,9 @@ def sampling_defaults(generation_config: str, model_defaults: dict) -> dict:
     elif generation_config == "vllm":
         gen = {}
     else:
+        if Path(generation_config).is_file():  # the file itself: vLLM's flag takes its folder
+            raise ValueError(f"--generation-config {generation_config}: a file; give the folder holding "
+                             f"generation_config.json ({Path(generation_config).parent}), auto or vllm")
         path = Path(generation_config) / "generation_config.json"
         if not path.is_file():
             raise ValueError(f"--generation-config {generation_config}: no generation_config.json there; give auto, "

@@ -241,6 +241,13 @@ def read_chat_template(value: str) -> tuple[str, str]:
         return text, f"--chat-template {value}"
     if "{{" in value or "{%" in value:
         return value, "--chat-template (the template given inline)"
+    try:
+        is_dir = path.is_dir()
+    except (OSError, ValueError):
+        is_dir = False
+    if is_dir:
+        raise ValueError(f"--chat-template {value}: a directory; give the path of a Jinja template file in it, or the "
+                         "template itself")
     raise ValueError(f"--chat-template {value!r}: no such file, and not a template (it has no {{{{ or {{%); give "
                      "the path of a Jinja template file or the template itself")
 
