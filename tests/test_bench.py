@@ -750,6 +750,15 @@ def test_serve_refuses_bad_numeric_flags_before_any_request(capsys, flags, flag)
     _refused(capsys, main, ["--base-url", _closed_url(), *flags], flag)
 
 
+def test_serve_names_a_bad_tokenizer_before_any_request(tmp_path, capsys):
+    """--tokenizer's errors name the flag (they read "model '/nonexistent'", and came only after the
+    server was asked for its model)."""
+    from minillm.bench.serve import main
+
+    for bad in ("/nonexistent", "", str(tmp_path)):  # tmp_path: a directory without tokenizer.json
+        _refused(capsys, main, ["--base-url", _closed_url(), "--tokenizer", bad], "--tokenizer")
+
+
 def test_serve_refuses_a_request_rate_that_would_never_finish(capsys):
     """1e-300 requests/s would wait ~1e300 s for the second request: rates below MIN_REQUEST_RATE
     are refused by the flag's parser (exit status 2, the flag named)."""
@@ -852,6 +861,10 @@ def test_decode_bench_reports_a_tokenizer_it_cannot_read(tiny, tmp_path, capsys)
              "tokenizer_config.json")
 
 
+# a spec-cost run small enough that a flag checked only after it (or not at all) fails the test quickly
+SMALL_SPEC_COST = ["--input-len", "8", "--output-len", "4", "--concurrency", "1", "--accept", "0"]
+
+
 @pytest.mark.parametrize("command, flags, flag", [
     ("spec", ["--k", "0"], "--k"), ("spec", ["--max-tokens", "0"], "--max-tokens"),
     ("hf", ["--input-len", "0"], "--input-len"), ("hf", ["--output-len", "1"], "--output-len"),
@@ -865,6 +878,13 @@ def test_decode_bench_reports_a_tokenizer_it_cannot_read(tiny, tmp_path, capsys)
     ("spec-cost", ["--backoff-after", "2"], "--backoff-after needs --drafter"),
     ("spec-cost", ["--backoff-output-len", "1"], "--backoff-output-len"),
     ("spec-cost", ["--backoff-repeats", "0"], "--backoff-repeats"),
+    # 0 was replaced by the default budget; a budget below a verification step failed after the plain runs
+    ("spec-cost", ["--max-num-batched-tokens", "0", *SMALL_SPEC_COST], "--max-num-batched-tokens"),
+    ("spec-cost", [*SMALL_SPEC_COST, "--max-num-batched-tokens", "8", "--concurrency", "2", "--k", "4"],
+     "--max-num-batched-tokens"),
+    # a missing drafter failed after the plain runs, named as --speculative-config; "" meant no drafter
+    ("spec-cost", ["--drafter", "/nonexistent", *SMALL_SPEC_COST], "--drafter"),
+    ("spec-cost", ["--drafter", "", *SMALL_SPEC_COST], "--drafter"),
 ])
 def test_bench_commands_refuse_bad_flags_in_one_line(tiny, capsys, command, flags, flag):
     from minillm.bench.__main__ import main

@@ -4,6 +4,8 @@ function of the seed, shards like HF, and its DFlash drafter loads in the dflash
 from __future__ import annotations
 
 import json
+import shutil
+from types import SimpleNamespace
 
 import ml_dtypes  # noqa: F401 - registers bfloat16 with numpy: safe_open(framework="numpy") needs it
 import numpy as np
@@ -172,6 +174,51 @@ def test_num_layers_keeps_the_widths(tmp_path, capsys):
     drafter = rm.write_dflash_drafter(tmp_path / "d", out)
     ids = json.loads((drafter / "config.json").read_text())["dflash_config"]["target_layer_ids"]
     assert ids and all(0 <= i < 3 for i in ids)
+    # with --dflash-for, the drafter's own layer count (it used to be ignored: always 5)
+    assert rm.main(["--dflash-for", str(out), str(tmp_path / "d2"), "--num-layers", "2"]) == 0
+    assert json.loads((tmp_path / "d2" / "config.json").read_text())["num_hidden_layers"] == 2
     capsys.readouterr()
     assert rm.main(["--preset", "tiny", str(tmp_path / "none"), "--num-layers", "0"]) == 2
     assert "--num-layers must be at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--preset", "tiny", ""], "OUT_DIR is empty"),  # used to write the model into the current directory
+    (["--preset", "tiny", "OUT", "--seed", "-1"], "--seed must be >= 0"),  # numpy's error, after a partial write
+    (["--preset", "tiny", "OUT", "--workers", "-1"], "--workers must be at least 1"),
+    (["--preset", "tiny", "OUT", "--workers", "0"], "--workers must be at least 1"),  # silently the CPU count
+    (["--dflash-for", "TARGET", "OUT", "--num-layers", "0"], "--num-layers must be at least 1"),
+    (["--dflash-for", "", "OUT"], "--dflash-for is empty"),
+])
+def test_bad_flags_are_refused_before_anything_is_written(tiny, tmp_path, monkeypatch, capsys, flags, message):
+    """One error line naming the flag, exit status 2, and nothing written: not OUT_DIR, not the
+    current directory, so that a corrected rerun needs no --force."""
+    monkeypatch.chdir(tmp_path)
+    argv = [{"OUT": str(tmp_path / "out"), "TARGET": str(tiny)}.get(a, a) for a in flags]
+    assert rm.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and len(err.splitlines()) == 1 and message in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_refuses_a_model_its_filesystem_cannot_hold(tmp_path, monkeypatch, capsys):
+    """The weights' bytes, counted from the config before anything is written, against the free
+    space of the output's filesystem (a --num-layers typo wrote gigabytes until the disk filled)."""
+    out = rm.write_random_model(tmp_path / "m", "tiny", num_layers=3)
+    cfg = {**rm.qwen3_config("tiny", 0, 1), "num_hidden_layers": 3}
+    written = sum(2 * int(np.prod(shape)) for _, shape, _ in rm.qwen3_tensor_specs(cfg))
+    free = rm.SPACE_MARGIN + written - 1
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: SimpleNamespace(free=free))
+    assert rm.main(["--preset", "tiny", str(tmp_path / "a" / "b"), "--num-layers", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "--preset tiny with 3 layers takes" in err and str(tmp_path) in err and "GB free" in err, err
+    assert not (tmp_path / "a").exists()
+    # a drafter's size too, whatever its layer count (its target layers are not listed 10**12 times)
+    assert rm.main(["--dflash-for", str(out), str(tmp_path / "d"), "--num-layers", str(10**12)]) == 2
+    assert "a 1000000000000-layer DFlash drafter takes" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
+    # with --force, the weights it replaces are deleted first: their space counts as free
+    assert rm.main(["--preset", "tiny", str(out), "--num-layers", "3", "--force"]) == 0
+    assert rm.weight_bytes(rm.qwen3_tensor_specs, cfg) == written
+    assert written < (out / "model.safetensors").stat().st_size < written + 4096  # + the header
+    assert rm.weight_bytes(rm.qwen3_tensor_specs, {**cfg, "num_hidden_layers": 10**12}) > 10**16  # counted, not listed

@@ -175,6 +175,17 @@ def check_args(args: argparse.Namespace) -> None:
          f"--burstiness must be a finite number > 0, got {args.burstiness}")
     check_output_path(args.result_json, "--result-json")
     check_output_path(args.plot, "--plot")
+    if args.tokenizer is not None:  # read before any request, its errors named as the flag's (not a model's)
+        from minillm.models.loader import DEFAULT_MODEL_ALIAS
+
+        found = args.tokenizer != "" and Path(args.tokenizer).expanduser().exists()
+        need(found or args.tokenizer == DEFAULT_MODEL_ALIAS,
+             f"--tokenizer {args.tokenizer!r}: no such file or directory; give a model path (an HF directory with "
+             f"tokenizer.json, or a .gguf file) or {DEFAULT_MODEL_ALIAS!r}")
+        try:
+            args.prompt_tokenizer = load_tokenizer(args.tokenizer)
+        except STARTUP_ERRORS as e:
+            raise ValueError(f"--tokenizer {args.tokenizer}: {e}") from None
 
 
 # ---- one request --------------------------------------------------------------------------------
@@ -451,7 +462,7 @@ def run_ladder(args: argparse.Namespace) -> dict:
     if tok_src is None:
         print(f"note: model {model!r} is not a local path; building prompts with the embedded default "
               "tokenizer (pass --tokenizer for exact prompt lengths)", file=sys.stderr)
-    tok = load_tokenizer(tok_src)
+    tok = args.prompt_tokenizer if args.tokenizer is not None else load_tokenizer(tok_src)
     result = {
         "benchmark": "serve", "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "base_url": args.base_url,
         "backend": args.backend, "model": model, "tokenizer": tok_src or "(embedded default)",

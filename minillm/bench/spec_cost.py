@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -310,6 +311,15 @@ def check_args(ns: argparse.Namespace) -> tuple[list[int], list[float]]:
          f"--draft-vocab-size must be >= 1, got {ns.draft_vocab_size}")
     need(ns.backoff_after is None or ns.backoff_after >= 1, f"--backoff-after must be >= 1, got {ns.backoff_after}")
     need(ns.backoff_after is None or ns.drafter is not None, "--backoff-after needs --drafter")
+    # 0 would otherwise mean the default budget, and a budget below a verification step of every
+    # sequence is refused by the speculative engines only, built after the plain runs
+    need(ns.max_num_batched_tokens is None or ns.max_num_batched_tokens >= max(cs) * (1 + ns.k),
+         f"--max-num-batched-tokens must be >= the largest --concurrency x (1 + --k) = {max(cs) * (1 + ns.k)} "
+         f"(a verification step of every sequence), got {ns.max_num_batched_tokens}")
+    # the drafter's engine is built after the plain runs: a mistyped path would cost them first
+    need(ns.drafter is None or (ns.drafter != "" and (Path(ns.drafter).expanduser() / "config.json").is_file()),
+         f"--drafter {ns.drafter!r}: not a drafter directory (no config.json there); give a DFlash drafter's "
+         "HF directory (python -m minillm.tools.random_model --dflash-for TARGET DIR writes a random one)")
     need(ns.backoff_output_len >= 2, f"--backoff-output-len must be >= 2, got {ns.backoff_output_len}")
     need(ns.backoff_repeats >= 1, f"--backoff-repeats must be >= 1, got {ns.backoff_repeats}")
     check_output_path(ns.result_json, "--result-json")
@@ -350,7 +360,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    budget = ns.max_num_batched_tokens or max(2048, max(cs) * (ns.input_len + ns.k + 1))
+    budget = ns.max_num_batched_tokens
+    if budget is None:
+        budget = max(2048, max(cs) * (ns.input_len + ns.k + 1))
     common = dict(model=ns.model, device=ns.device, max_num_seqs=max(cs), seed=0,
                   max_model_len=ns.input_len + max(ns.output_len, ns.backoff_output_len) + 32,
                   enable_prefix_caching=False,

@@ -27,6 +27,7 @@ import functools
 import json
 import os
 import random
+import shutil
 import struct
 import sys
 import time
@@ -45,6 +46,8 @@ BF16_ONE = 0x3F80  # bit pattern of 1.0 in bfloat16
 SHARD_BYTES = 4 * 10**9  # shard above this, like the real Qwen3-8B checkpoint (~4 GB shards)
 CHUNK = 1 << 23  # elements generated per task: bounds memory and makes seeding thread-count free
 TRAINED_BPE_VOCAB = 4000  # tokens learnt from the synthetic corpus; larger vocabularies are extended
+# room kept beside the weights for the safetensors headers, configs and tokenizer.json (12 MB for Qwen3's)
+SPACE_MARGIN = 64 << 20
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
@@ -266,9 +269,8 @@ def dflash_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> li
     if num_draft_layers == 1:
         return [num_target_layers // 2]
     start, end = 1, num_target_layers - 3
-    ids = [round(start + i * (end - start) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
-    if end - start >= num_draft_layers - 1:
-        return ids
+    if end - start >= num_draft_layers - 1:  # tested first: a huge --num-layers lists at most the target's
+        return [round(start + i * (end - start) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
     n = min(num_draft_layers, num_target_layers)
     return sorted({round(i * (num_target_layers - 1) / max(n - 1, 1)) for i in range(n)})
 
@@ -307,6 +309,14 @@ def dflash_tensor_specs(cfg: dict) -> list[tuple[str, tuple[int, ...], str]]:
     specs += [("norm.weight", (h,), "ones"), ("fc.weight", (h, n_ctx * h), "normal"),
               ("hidden_norm.weight", (h,), "ones")]
     return specs
+
+
+def weight_bytes(specs_of, cfg: dict) -> int:
+    """Bytes of the bf16 tensors specs_of(cfg) lists, counted from one layer: listing every layer of a
+    mistyped --num-layers (10**9) would take longer and more memory than refusing it."""
+    one = sum(2 * int(np.prod(shape)) for _, shape, _ in specs_of({**cfg, "num_hidden_layers": 1}))
+    layer = sum(2 * int(np.prod(shape)) for _, shape, _ in _layer_specs("", cfg))
+    return one + (cfg["num_hidden_layers"] - 1) * layer
 
 
 # ---- weights --------------------------------------------------------------------------------
@@ -393,6 +403,34 @@ def _write_json(path: Path, obj: dict) -> None:
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
 
 
+def _check_args(out_dir: str | Path, seed: int, workers: int | None, num_layers: int | None) -> None:
+    """Refuse what would otherwise fail part-way through the weights (a partial model left behind)
+    or write somewhere else than asked; ValueError naming the flag."""
+    if os.fspath(out_dir) == "":
+        raise ValueError("OUT_DIR is empty (it would write into the current directory); give the directory to write")
+    if seed < 0:
+        raise ValueError(f"--seed must be >= 0 (numpy seeds are non-negative), got {seed}")
+    if workers is not None and workers < 1:
+        raise ValueError(f"--workers must be at least 1 (leave it out for one a CPU), got {workers}")
+    if num_layers is not None and num_layers < 1:
+        raise ValueError(f"--num-layers must be at least 1, got {num_layers}")
+
+
+def _check_space(out: Path, nbytes: int, force: bool, what: str) -> None:
+    """Refuse a model the output's filesystem cannot hold before writing any of it: a full disk
+    stops the run part-way and leaves a partial model that a rerun refuses without --force."""
+    folder = out
+    while not folder.exists():  # out and its parents are created later
+        folder = folder.parent
+    free = shutil.disk_usage(folder).free
+    if force and out.is_dir():  # write_weights deletes the old weights first
+        free += sum(f.stat().st_size for f in out.glob("*.safetensors"))
+    if nbytes + SPACE_MARGIN > free:
+        raise ValueError(f"{what} takes {nbytes / 1e9:.2f} GB (+ {SPACE_MARGIN >> 20} MiB for the other files) but "
+                         f"the filesystem of {os.path.abspath(folder)} has {free / 1e9:.2f} GB free; free some space, "
+                         "write to another OUT_DIR, or ask for a smaller model (--num-layers)")
+
+
 def _prepare(out_dir: str | Path, force: bool) -> Path:
     out = Path(out_dir)
     if out.exists() and not force and ((out / "config.json").exists() or any(out.glob("*.safetensors"))):
@@ -408,9 +446,7 @@ def write_random_model(out_dir: str | Path, preset: str = "tiny", seed: int = 0,
     launches, and a shallow model runs every kernel at its real size in far fewer of them."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of: {', '.join(PRESETS)}")
-    if num_layers is not None and num_layers < 1:
-        raise ValueError(f"--num-layers must be at least 1, got {num_layers}")
-    out = _prepare(out_dir, force)
+    _check_args(out_dir, seed, workers, num_layers)
     tok = build_tokenizer(PRESETS[preset]["tokenizer_bpe_vocab"])
     eot, im_end = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")
     cfg = qwen3_config(preset, eot, im_end)
@@ -418,6 +454,9 @@ def write_random_model(out_dir: str | Path, preset: str = "tiny", seed: int = 0,
         cfg["num_hidden_layers"] = cfg["max_window_layers"] = num_layers
     if tok.get_vocab_size(with_added_tokens=True) > cfg["vocab_size"]:
         raise ValueError(f"preset {preset}: tokenizer has more ids than vocab_size {cfg['vocab_size']}")
+    _check_space(Path(out_dir), weight_bytes(qwen3_tensor_specs, cfg), force,
+                 f"--preset {preset} with {cfg['num_hidden_layers']} layers")
+    out = _prepare(out_dir, force)
     write_weights(out, qwen3_tensor_specs(cfg), seed, workers)
     _write_json(out / "config.json", cfg)
     _write_json(out / "generation_config.json", generation_config(eot, im_end))
@@ -431,6 +470,9 @@ def write_dflash_drafter(out_dir: str | Path, target_dir: str | Path, seed: int 
     """Write a random DFlash drafter for the HF model in target_dir; returns the directory."""
     from tokenizers import Tokenizer
 
+    _check_args(out_dir, seed, workers, num_layers)
+    if os.fspath(target_dir) == "":
+        raise ValueError("--dflash-for is empty; give the target's HF model directory")
     target = Path(target_dir)
     try:
         target_cfg = json.loads((target / "config.json").read_text())
@@ -443,8 +485,9 @@ def write_dflash_drafter(out_dir: str | Path, target_dir: str | Path, seed: int 
     mask = Tokenizer.from_file(str(tj)).get_vocab_size(with_added_tokens=True) if tj.exists() else None
     if mask is None or mask >= target_cfg["vocab_size"]:
         mask = target_cfg["vocab_size"] - 1
-    out = _prepare(out_dir, force)
     cfg = dflash_config(target_cfg, mask, num_layers, block_size)
+    _check_space(Path(out_dir), weight_bytes(dflash_tensor_specs, cfg), force, f"a {num_layers}-layer DFlash drafter")
+    out = _prepare(out_dir, force)
     write_weights(out, dflash_tensor_specs(cfg), seed, workers)
     _write_json(out / "config.json", cfg)
     return out
@@ -456,19 +499,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", choices=sorted(PRESETS), help="model shape to write")
     p.add_argument("--seed", type=int, default=0, help="weights are a pure function of the seed (default 0)")
     p.add_argument("--dflash-for", metavar="TARGET_DIR", default=None,
-                   help="write a random DFlash drafter (5 layers, block 16) for this target instead")
+                   help="write a random DFlash drafter (block 16; 5 layers, or --num-layers) for this target instead")
     p.add_argument("--force", action="store_true", help="overwrite a model already in OUT_DIR")
-    p.add_argument("--workers", type=int, default=None, help="generator threads (default: CPU count)")
+    p.add_argument("--workers", type=int, default=None, help="generator threads, >= 1 (default: CPU count)")
     p.add_argument("--num-layers", type=int, default=None,
-                   help="the preset's widths with this many layers (e.g. a shallow model for sanitizer runs)")
+                   help="the preset's widths with this many layers (e.g. a shallow model for sanitizer runs); "
+                        "with --dflash-for, the drafter's layers (default 5)")
     args = p.parse_args(argv)
     if (args.preset is None) == (args.dflash_for is None):
         p.error("give exactly one of --preset NAME or --dflash-for TARGET_DIR")
     t0 = time.perf_counter()
     try:
-        if args.dflash_for:
+        if args.dflash_for is not None:
+            layers = {} if args.num_layers is None else {"num_layers": args.num_layers}
             out = write_dflash_drafter(args.out_dir, args.dflash_for, args.seed, force=args.force,
-                                       workers=args.workers)
+                                       workers=args.workers, **layers)
         else:
             out = write_random_model(args.out_dir, args.preset, args.seed, force=args.force,
                                      workers=args.workers, num_layers=args.num_layers)
