@@ -218,7 +218,8 @@ class SamplingParams:
             f"allowed_token_ids must be None or a non-empty list of token ids (integers >= 0), got {a!r:.80}")
         need(self.bad_words is None or (isinstance(self.bad_words, list)
                                         and all(isinstance(w, str) and w.strip() for w in self.bad_words)),
-             f"bad_words must be None or a list of non-empty strings, got {self.bad_words!r:.80}")
+             f"bad_words must be None or a list of words with text (not empty, not only whitespace), got "
+             f"{self.bad_words!r:.80}")
         need(not (self.bad_words and (self.structured_outputs or self.allowed_token_ids is not None)),
              "bad_words cannot be combined with structured_outputs or allowed_token_ids: a row could be left with "
              "no token to sample; leave the words out of the constraint or the list instead")

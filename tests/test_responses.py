@@ -371,6 +371,9 @@ def test_bad_requests_name_the_field(server):
         ({"input": "hi", "model": "other"}, "model", "does not exist"),
         ({"input": "hi", "reasoning": {"effort": 3}}, "reasoning.effort", "'reasoning.effort' must be a string"),
         ({"input": "hi", "top_logprobs": 25}, "top_logprobs", "between 0 and 20"),
+        # not "must be a non-empty array": it is one, of reasoning items only
+        ({"input": [{"type": "reasoning", "summary": []}]}, "input", "holds no message, only reasoning items"),
+        ({"input": "hi", "logit_bias": {"9" * 5000: 1}}, "logit_bias", "token ids below"),  # was a 500
     ]
     for body, param, words in cases:
         for stream in (False, True):

@@ -171,6 +171,19 @@ COMPLETION_CASES = [
     ({**OK, "logit_bias": {"1": True}}, "logit_bias"),
     ({**OK, "logit_bias": {"99999999": 1}}, "logit_bias"),
     ({**OK, "logit_bias": [1]}, "logit_bias"),
+    ({**OK, "logit_bias": {"9" * 5000: 1}}, "logit_bias"),  # int() refuses over 4,300 digits: was a 500
+    ({**OK, "best_of": True}, "best_of"),  # == 1, but not an integer
+    ({**OK, "best_of": 1.0}, "best_of"),
+    ({**OK, "best_of": []}, "best_of"),
+    ({**OK, "best_of": {}}, "best_of"),
+    ({**OK, "best_of": "1"}, "best_of"),
+    ({**OK, "bad_words": [" "]}, "bad_words"),
+    # constraints that compile, and whose first mask is fine, but whose first token meets a limit of
+    # llguidance's (the bytes it forces after it): was a 500 "failed mid-output (after 0 output tokens)"
+    ({**OK, "guided_grammar": 'root ::= "x" root'}, "guided_grammar"),
+    ({**OK, "guided_regex": "(a{1000}){1000}"}, "guided_regex"),
+    ({**OK, "structured_outputs": {"regex": "(a{1000}){1000}"}}, "structured_outputs"),
+    ({**OK, "stream": True, "guided_grammar": 'root ::= "x" root'}, "guided_grammar"),
     ({**OK, "stream": "yes"}, "stream"),
     ({**OK, "stream": True, "stream_options": {"include_usage": "yes"}}, "include_usage"),
     ({**OK, "stream_options": []}, "stream_options"),
@@ -225,6 +238,10 @@ CHAT_CASES = [
     ({"messages": MSG, "response_format": {"type": "json_object"}, "guided_choice": ["a"]}, "guided_choice"),
     ({"messages": MSG, "tool_choice": "required"}, "tool_choice"),
     ({"messages": MSG, "min_p": 2}, "min_p"),
+    ({"messages": MSG, "logit_bias": {"9" * 5000: 1}}, "logit_bias"),
+    ({"messages": MSG, "guided_grammar": 'root ::= "x" root'}, "guided_grammar"),
+    ({"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "string", "pattern": "^(a{1000}){1000}$"}}}}, "response_format"),
     ({"messages": MSG, "min_p": "high"}, "min_p"),
     ({"messages": MSG, "temperature": -1}, "temperature"),
     ({"messages": [{"role": "user", "content": "x" * 300}]}, "messages"),
@@ -318,6 +335,33 @@ def test_constraint_errors_name_the_field_once(server):
         err = check_error(post(server, "/v1/completions", {**OK, field: value}), 400, field)
         assert err["message"].startswith(f"'{field}': the regex does not compile") and "structured_outputs:" not in \
             err["message"], err["message"]
+
+
+def test_audit_messages_say_what_is_wrong(server):
+    """Messages that named the wrong problem, or echoed a 5,000-character key whole."""
+    err = check_error(post(server, "/v1/completions", {**OK, "best_of": "1"}), 400, "best_of")
+    assert err["message"] == "'best_of' must be an integer, got \"1\""  # not "best_of other than n"
+    err = check_error(post(server, "/v1/completions", {**OK, "best_of": True}), 400, "best_of")
+    assert err["message"] == "'best_of' must be an integer, got true"
+    err = check_error(post(server, "/v1/completions", {**OK, "n": 2, "best_of": 3}), 400, "best_of")
+    assert "best_of other than n" in err["message"]
+    assert post(server, "/v1/completions", {**OK, "n": 2, "best_of": 2}).status_code == 200
+    err = check_error(post(server, "/v1/completions", {**OK, "bad_words": ["ok", " "]}), 400, "bad_words")
+    assert "only whitespace" in err["message"] and "non-empty" not in err["message"], err["message"]
+    err = check_error(post(server, "/v1/completions", {**OK, "logit_bias": {"9" * 5000: 1}}), 400, "logit_bias")
+    assert err["message"].startswith("'logit_bias' keys must be token ids below 256") and len(err["message"]) < 120
+    token = post(server, "/detokenize", {"tokens": [65]}).json()["prompt"]
+    for key in ("65", "0065", "0" * 5000 + "65"):  # leading zeros: token 65, however many
+        r = post(server, "/v1/completions", {**OK, "logit_bias": {key: 100}, "temperature": 0})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == token * 2, r.text
+    for field, value, what in (("guided_grammar", 'root ::= "x" root', "Too many items"),
+                               ("guided_regex", "(a{1000}){1000}", "too many expressions")):
+        err = check_error(post(server, "/v1/completions", {**OK, field: value}), 400, field)
+        assert err["message"].startswith(f"'{field}': the ") and what in err["message"], err["message"]
+        assert "first token" in err["message"] and err["type"] == "invalid_request_error"
+    # a constraint that is fine on its first token still serves
+    r = post(server, "/v1/completions", {**OK, "guided_grammar": 'root ::= "x" "y"*', "max_tokens": 3})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"].startswith("x"), r.text
 
 
 def test_tokenize_errors_name_the_problem(server):

@@ -121,8 +121,8 @@ def test_speculation_is_lossless_with_bad_words(byte_llama, llm):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(bad_words=[""]), "non-empty strings"),
-    (dict(bad_words=[3]), "non-empty strings"),
+    (dict(bad_words=[""]), "words with text"),
+    (dict(bad_words=[3]), "words with text"),
     (dict(bad_words=["a"], allowed_token_ids=[5]), "cannot be combined"),
     (dict(bad_words=["a"], structured_outputs={"regex": "a+"}), "cannot be combined"),
 ])

@@ -186,9 +186,11 @@ def test_request_checks_and_schemas():
          {"type": "function", "function": {"name": "b"}}]
     req = tools.parse_tool_request({"tools": t, "tool_choice": "required", "parallel_tool_calls": False})
     schema = req.constraint().json
-    assert schema["maxItems"] == 1 and schema["minItems"] == 1 and schema["$defs"] == {"P": {"type": "integer"}}
+    # each function's parameters under the wrapper's $defs, their own references rebased onto them
+    assert schema["maxItems"] == 1 and schema["minItems"] == 1 and schema["$defs"] == {"b": {"type": "object"}, "a": {
+        "type": "object", "properties": {"p": {"$ref": "#/$defs/a/$defs/P"}}, "$defs": {"P": {"type": "integer"}}}}
     assert [i["properties"]["name"] for i in schema["items"]["anyOf"]] == [{"enum": ["a"]}, {"enum": ["b"]}]
-    assert schema["items"]["anyOf"][1]["properties"]["arguments"] == {"type": "object"}
+    assert schema["items"]["anyOf"][1]["properties"]["arguments"] == {"$ref": "#/$defs/b"}
     for ok in ([{"name": "a", "arguments": {"p": 3}}], [{"name": "b", "arguments": {}}]):
         jsonschema.validate(ok, schema)
     for bad in ([], [{"name": "a", "arguments": {"p": "x"}}], [{"name": "c", "arguments": {}}],
@@ -328,6 +330,73 @@ def test_parallel_tool_calls_false_gives_one_call(server):
                  temperature=2.0)
         assert len(r.choices[0].message.tool_calls) == 1 and r.choices[0].finish_reason == "tool_calls"
         check_call(r.choices[0].message.tool_calls[0])
+
+
+# parameters as pydantic writes them (model_json_schema): the nested model under $defs, by its
+# class name, which two functions may share with different fields
+def pydantic_like(fields: dict) -> dict:
+    item = {"type": "object", "additionalProperties": False, "required": list(fields), "properties": fields}
+    return {"type": "object", "additionalProperties": False, "required": ["item"],
+            "properties": {"item": {"$ref": "#/$defs/Item"}}, "$defs": {"Item": item}}
+
+
+REF_SCHEMAS = {
+    "put": pydantic_like({"x": {"type": "integer", "minimum": 0, "maximum": 9}}),
+    "flip": pydantic_like({"on": {"type": "boolean"}}),
+    # a linked list: "#" is the parameters schema itself
+    "chain": {"type": "object", "additionalProperties": False, "required": ["next"],
+              "properties": {"next": {"anyOf": [{"type": "null"}, {"$ref": "#"}]}}},
+}
+REF_TOOLS = [{"type": "function", "function": {"name": n, "parameters": p}} for n, p in REF_SCHEMAS.items()]
+
+
+def test_parameters_with_refs(server):
+    """$ref in a function's parameters resolves against those parameters, as in the schema alone,
+    with tool_choice "required" (where they sit inside the array of calls: "#" once meant the
+    array, a 500 after 0 tokens; two functions' $defs/Item clashed, a 400) and named."""
+    def check(call) -> dict:
+        args = json.loads(call.function.arguments)
+        jsonschema.validate(args, REF_SCHEMAS[call.function.name])
+        return args
+
+    for name in REF_SCHEMAS:
+        named = {"type": "function", "function": {"name": name}}
+        for seed in range(2):
+            ch = chat(server, tools=REF_TOOLS, tool_choice=named, max_tokens=60, seed=seed, temperature=2.0).choices[0]
+            assert ch.finish_reason == "tool_calls", ch
+            check(ch.message.tool_calls[0])
+    names = set()
+    for seed in range(16):
+        ch = chat(server, tools=REF_TOOLS, tool_choice="required", max_tokens=100, seed=seed,
+                  temperature=2.0).choices[0]
+        assert ch.finish_reason in ("tool_calls", "length") and ch.message.tool_calls, ch
+        done = ch.message.tool_calls if ch.finish_reason == "tool_calls" else ch.message.tool_calls[:-1]
+        for c in done:
+            check(c)
+            names.add(c.function.name)
+        if names == set(REF_SCHEMAS):
+            break
+    assert names == set(REF_SCHEMAS), names
+    # response_format takes the same schemas: its $refs point into the schema itself
+    for schema in REF_SCHEMAS.values():
+        fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+        ch = chat(server, response_format=fmt, max_tokens=60, seed=0, temperature=2.0).choices[0]
+        assert ch.finish_reason == "stop", ch
+        jsonschema.validate(json.loads(ch.message.content), schema)
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "loop"}}])
+def test_parameters_with_a_ref_loop_are_400(server, choice):
+    """Parameters that are a reference to themselves and nothing else: no arguments match them. A
+    400 naming the function, from a "required" tool_choice too (there it once failed mid-output)."""
+    loop = [*TOOLS, {"type": "function", "function": {"name": "loop", "parameters": {"$ref": "#"}}}]
+    for stream in (False, True):
+        r = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "tiny", "messages": MSGS, "tools": loop,
+                                                                  "tool_choice": choice, "stream": stream})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == "tools" and "function 'loop''s parameters" in err["message"], err
+        assert "no text matches it" in err["message"] and "structured_outputs:" not in err["message"], err
 
 
 CALL_TEXT = ('Checking. <tool_call>{"name": "temp", "arguments": {"unit": "c", "n": 4}}</tool_call>\n'

@@ -123,6 +123,15 @@ def token_mask(ids, vocab_size: int) -> np.ndarray:
     return row.view(np.int32)
 
 
+def _first_token(mask: bytes, eos_ids: list[int]) -> int | None:
+    """The lowest token id a bitmask (compute_bitmask's bytes, bit t % 8 of byte t // 8) allows
+    other than EOS; None when it allows EOS alone."""
+    bits = np.unpackbits(np.frombuffer(mask, np.uint8), bitorder="little")
+    bits[[t for t in eos_ids if t < len(bits)]] = 0
+    allowed = np.flatnonzero(bits)
+    return int(allowed[0]) if len(allowed) else None
+
+
 def matcher_error(m) -> str | None:
     """A matcher's error (None while it has none), as the client is told it.
 
@@ -200,17 +209,30 @@ class GrammarCompiler:
                 self._lltok = llg.LLTokenizer(self.tokenizer.tok.to_str(), n_vocab=self.vocab_size,
                                               eos_token=self.eos_ids or None)
         template = llg.LLMatcher(self._lltok, compile_grammar(so), log_level=0, limits=_limits())
+        first = None
         if not template.is_error():
             # the first mask: a constraint that no text matches (an empty character class, a
             # $ref cycle, a rule that never ends) errs here, where it would otherwise end every
             # output empty with finish reason "stop"
-            template.compute_bitmask()
+            first = _first_token(template.compute_bitmask(), self.eos_ids)
         if template.is_error():
             error = _message(template.get_error())
             if error.startswith("NoExtension"):
                 error = ("no text matches it (look for an impossible character class, a $ref cycle "
                          "or a rule that never ends)")
             raise ValueError(f"structured_outputs: the {_what(key[0])} cannot be followed: {error}")
+        if first is not None:
+            # and the first token, on a copy: consuming it computes the bytes the constraint forces
+            # after it, where a limit of llguidance's can be met before any output (`root ::= "x"
+            # root`: "Too many items"; `(a{1000}){1000}`: "too many expressions constructed"), which
+            # would fail every request mid-output with a 500. Checked once a compile (the template
+            # is cached) and on one token, the lowest id the mask allows: a limit that only some
+            # first tokens meet still fails mid-output (engine._accept_tokens)
+            probe = template.deep_copy()
+            if not probe.consume_token(first) or probe.is_error():
+                raise ValueError(f"structured_outputs: the {_what(key[0])} cannot be followed: "
+                                 f"{_message(probe.get_error())} (a limit of llguidance's, met on the "
+                                 "output's first token; simplify the constraint)")
         return template
 
     def next_token_masks(self, jobs: list[tuple[object, list[int]]]) -> np.ndarray:

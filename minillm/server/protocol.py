@@ -414,7 +414,9 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool,
     n = _get(body, "n", int, 1)
     if not 1 <= n <= MAX_N:
         raise ProtocolError(f"'n' must be between 1 and {MAX_N}, got {n}", "n")
-    _refuse(body, "best_of", (None, 1, n), "best_of other than n (choosing among more samples)")
+    # checked as an integer first: _refuse alone takes true (== 1), 1.0 and empty arrays as neutral
+    if _get(body, "best_of", int, None) not in (None, 1, n):
+        _refuse(body, "best_of", (None,), "best_of other than n (choosing among more samples)")
     # vLLM's extensions that change what is sampled: refused by name rather than silently ignored
     _refuse(body, "use_beam_search", (None, False), "beam search")
     _refuse(body, "logits_processors", (None,), "custom logits processors")
@@ -460,13 +462,15 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool,
             raise ProtocolError(f"'logit_bias' may name at most 300 tokens, got {len(bias)}", "logit_bias")
         parsed_bias = {}
         for k, v in bias.items():
-            if not (isinstance(k, str) and k.isascii() and k.isdigit() and int(k) < info.vocab_size):
-                raise ProtocolError(f"'logit_bias' keys must be token ids below {info.vocab_size}, got {k!r}",
-                                    "logit_bias")
+            # the digits counted before int(): CPython's int() refuses a string of over 4,300 digits
+            digits = (k.lstrip("0") or "0") if isinstance(k, str) and k.isascii() and k.isdigit() else ""
+            if not (digits and len(digits) <= len(str(info.vocab_size)) and int(digits) < info.vocab_size):
+                raise ProtocolError(f"'logit_bias' keys must be token ids below {info.vocab_size}, got "
+                                    f"{json.dumps(k)[:40]}", "logit_bias")
             if not (isinstance(v, (int, float)) and not isinstance(v, bool) and -100 <= v <= 100):
                 raise ProtocolError(f"'logit_bias' values must be numbers in [-100, 100], got {json.dumps(v)[:40]}",
                                     "logit_bias")
-            parsed_bias[int(k)] = float(v)
+            parsed_bias[int(digits)] = float(v)
         adjust["logit_bias"] = parsed_bias
 
     d = info.generation_defaults  # the model's generation_config fills what the request leaves out
@@ -493,6 +497,12 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool,
         if not -(1 << 63) <= seed < (1 << 64):
             raise ProtocolError(f"'seed' must be a 64-bit integer, got {seed}", "seed")
         seed &= (1 << 64) - 1  # the engine's sampler takes an unsigned 64-bit seed
+    bad_words = _get(body, "bad_words", list, None) or None
+    blank = next((w for w in bad_words or () if isinstance(w, str) and w and not w.strip()), None)
+    if blank is not None:  # (SamplingParams' own message would call it empty)
+        raise ProtocolError(f"'bad_words' holds {json.dumps(blank)[:40]}, which is only whitespace: a word is matched "
+                            "with its leading whitespace stripped (as vLLM tokenizes it), which leaves nothing to ban; "
+                            "give words with text", "bad_words")
     kwargs = dict(
         max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
         min_tokens=_get(body, "min_tokens", int, 0), stop=stop, stop_token_ids=stop_ids,
@@ -500,7 +510,7 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool,
         skip_special_tokens=_get(body, "skip_special_tokens", bool, skip_special), logprobs=logprobs,
         include_stop_str_in_output=_get(body, "include_stop_str_in_output", bool, False),
         prompt_logprobs=prompt_logprobs, structured_outputs=structured, allowed_token_ids=allowed,
-        bad_words=_get(body, "bad_words", list, None) or None, **adjust,
+        bad_words=bad_words, **adjust,
     )
     try:
         params = SamplingParams(**kwargs)
@@ -523,14 +533,16 @@ def tool_constraint(tools: ToolRequest, structured: StructuredOutputsParams | No
         raise ProtocolError("a 'tool_choice' that forces a call (\"required\" or a named function) already constrains "
                             "the output: leave out response_format / structured_outputs, or use tool_choice \"auto\"",
                             "tool_choice")
-    try:
-        if info.grammars is not None:
-            info.grammars.matcher(forced)
-        else:
-            compile_grammar(forced)
-    except ValueError as e:
-        what = f"function {tools.function!r}'s parameters" if tools.function else "the functions' parameters"
-        raise ProtocolError(f"'tools': {what} cannot be used as a JSON schema: {e}", "tools") from None
+    for function, so in tool_fields(tools.alone) + [(tools.function, forced)]:
+        try:
+            if info.grammars is not None:
+                info.grammars.matcher(so)
+            else:
+                compile_grammar(so)
+        except ValueError as e:
+            what = f"function {function!r}'s parameters" if function else "the functions' parameters"
+            raise ProtocolError(f"'tools': {what} cannot be used as a JSON schema: "
+                                f"{str(e).removeprefix('structured_outputs: ')}", "tools") from None
     return forced
 
 

@@ -160,6 +160,9 @@ def _messages(body: RequestBody) -> tuple[list[dict], list[str]]:
         else:
             raise ProtocolError(f"{at}.type {_shown(kind)} is not supported: input items are messages, "
                                 "function_call, function_call_output and reasoning", f"{at}.type")
+    if not msgs:  # reasoning items alone: chat's "must be a non-empty array" would read as wrong
+        raise ProtocolError("'input' holds no message, only reasoning items (which are left out of the prompt): add "
+                            "the conversation's messages, e.g. {\"role\": \"user\", \"content\": ...}", "input")
     return msgs, where
 
 

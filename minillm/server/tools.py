@@ -129,31 +129,51 @@ class ToolRequest:
         schema["x-guidance"] = {**COMPACT, **(extra if isinstance(extra, dict) else {})}  # the caller's win
         return StructuredOutputsParams(json=schema)
 
+    def alone(self) -> list[tuple[str, StructuredOutputsParams]]:
+        """For "required": each function whose parameters hold a local $ref, and the constraint a
+        named tool_choice of it gives, to be compiled before the array's. A reference with nothing
+        to write ({"$ref": "#"}) fails a named call's first token, but only mid-output inside the
+        array, once a call of that function is written. (Cached as a named call's constraint.)"""
+        if self.choice != "required":
+            return []
+        out = []
+        for t in self.tools:
+            name = t["function"]["name"]
+            try:  # (a "$ref": "#..." inside a string is taken too: one compile more, nothing wrong)
+                refers = '"$ref": "#' in json.dumps(self.schema(name))
+            except RecursionError:
+                refers = True  # the compile says it is too deep
+            if refers:
+                out.append((name, ToolRequest(self.tools, "function", name).constraint()))
+        return out
+
     def _array_schema(self) -> dict:
         """[{"name": f, "arguments": f's parameters}, ...]: anyOf over the tools, at least one call
-        (exactly one without parallel_tool_calls). A parameters schema's $defs / definitions move to
-        the top, where its "#/$defs/..." references point once it sits inside the array."""
+        (exactly one without parallel_tool_calls). Each function's parameters schema sits under the
+        wrapper's $defs, by the function's name (letters, digits, _ and -: nothing to escape in a
+        JSON pointer), and its arguments are a $ref to it: the schema's own local references ("#",
+        "#/$defs/X", "#/definitions/X", any "#/..." pointer) are rebased onto that copy, so each
+        resolves as it does against the schema alone (inlined, they would point into the wrapper)."""
         defs: dict[str, dict] = {}
         items = []
         for t in self.tools:
-            f = t["function"]
-            params = dict(self.schema(f["name"]))
+            name = t["function"]["name"]
+            params = self.schema(name)
             for key in ("$defs", "definitions"):
-                given = params.pop(key, None) or {}
-                if not isinstance(given, dict):
-                    raise ToolError(f"function {f['name']!r}'s parameters: {key} must be an object of named "
-                                    f"schemas, got {_shown(given)}", "tools")
-                for k, v in given.items():
-                    if defs.setdefault(key, {}).setdefault(k, v) != v:
-                        raise ToolError(f"function {f['name']!r}'s parameters define {key}/{k} unlike another "
-                                        "function's: with tool_choice \"required\" every function's definitions "
-                                        "share one namespace; rename one", "tools")
+                if not isinstance(params.get(key) or {}, dict):
+                    raise ToolError(f"function {name!r}'s parameters: {key} must be an object of named schemas, "
+                                    f"got {_shown(params[key])}", "tools")
+            try:
+                defs[name] = _rebased(params, f"#/$defs/{name}")
+            except RecursionError:
+                raise ToolError(f"function {name!r}'s parameters are nested too deeply (llguidance takes at most "
+                                "~100 levels)", "tools") from None
             items.append({"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-                          "properties": {"name": {"enum": [f["name"]]}, "arguments": params}})
+                          "properties": {"name": {"enum": [name]}, "arguments": {"$ref": f"#/$defs/{name}"}}})
         schema: dict = {"type": "array", "minItems": 1, "items": {"anyOf": items}}
         if not self.parallel:
             schema["maxItems"] = 1
-        return {**schema, **defs}
+        return {**schema, "$defs": defs}
 
     def parser(self) -> ToolCallParser | None:
         """A fresh parser for one choice's output (None: "none", the output is content)."""
@@ -164,6 +184,32 @@ class ToolRequest:
         if self.choice == "auto":
             return Llama3JsonParser(self.parallel) if self.auto_parser == "llama3_json" else HermesParser(self.parallel)
         return None
+
+
+# a schema's keywords whose values are data, not schemas (a "$ref" key there is not a reference),
+# and those whose values map names to schemas (a property may be named "$ref" or "enum")
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+
+
+def _rebased(schema, base: str):
+    """A copy of schema whose local references ("#" and "#/...") point into base (a JSON pointer
+    fragment, "#/$defs/f") instead of the document's root; other references are left as they are."""
+    if isinstance(schema, list):
+        return [_rebased(s, base) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for k, v in schema.items():
+        if k == "$ref" and isinstance(v, str) and (v == "#" or v.startswith("#/")):
+            out[k] = base + v[1:]
+        elif k in _DATA_KEYWORDS:
+            out[k] = v
+        elif k in _SCHEMA_MAPS and isinstance(v, dict):
+            out[k] = {name: _rebased(s, base) for name, s in v.items()}
+        else:
+            out[k] = _rebased(v, base)
+    return out
 
 
 def parse_tool_request(body: dict) -> ToolRequest | None:
