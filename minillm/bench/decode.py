@@ -199,6 +199,7 @@ def check_args(ns: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = CliParser(prog="python -m minillm.bench decode", description=__doc__)
     add_engine_args(p)
+    p.set_defaults(max_num_seqs=1)  # one stream; an explicit --max-num-seqs is kept (a graph bucket's size)
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=256,
                    help=f"decode steps (> {WARMUP_STEPS}: the first {WARMUP_STEPS} are not timed)")
@@ -209,8 +210,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_args(ns)
         args = EngineArgs.from_cli(ns)
-        if args.max_num_seqs == EngineArgs.max_num_seqs:
-            args.max_num_seqs = 1
         if args.max_model_len is None:
             args.max_model_len = ns.input_len + ns.output_len + 16
         engine = LLMEngine(args)

@@ -121,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--result-json", default=None)
     ns = p.parse_args(argv)
+    if ns.model == "":  # "" would otherwise quietly mean the default
+        p.error("the model must be a non-empty path or alias; leave it out for the embedded SmolLM2")
     target = ns.model or "smollm2-135m-instruct"
     configs = [("none", None),
                ("ngram", {"method": "ngram", "num_speculative_tokens": ns.k, "prompt_lookup_max": 4}),
