@@ -4782,13 +4782,18 @@ part268() {  # session 45: 9-16-row products past one wave of 8-warp CTAs on 4-w
 part269() {  # session 45's final code (MINILLM_DECODE_HEAD_CTAS=1 and MINILLM_SKINNY2_W4=1 the defaults): every
   # GPU test but SmolLM2's and the debug build's, then bench decode of both shapes (~8 minutes)
   setup
+  gpu_tests_and_decode 300 90 90
+}
+
+gpu_tests_and_decode() {  # gpu_tests_and_decode TESTS_T DECODE06_T DECODE8_T (timeouts in seconds): both shapes,
+  # every GPU test but SmolLM2's and the debug build's, then bench decode of both shapes
   models_both 40
-  stage gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" tests \
+  stage gpu_tests "$1" python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" tests \
     -k "not debug_build and not smollm2"
   tail -n 3 "$W/gpu_tests.log"
-  stage decode06 90 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
+  stage decode06 "$2" python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
     --result-json "$W/decode06.json"
-  stage decode8 90 python3 -m minillm.bench decode $M/q8 --device cuda --input-len 512 --output-len 256 \
+  stage decode8 "$3" python3 -m minillm.bench decode $M/q8 --device cuda --input-len 512 --output-len 256 \
     --result-json "$W/decode8.json"
   pack
 }
@@ -5076,15 +5081,7 @@ part286() {  # prepared in session 51 (its device was an H100): on an H200 (name
   setup
   stage smollm2_gpu 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py -k smollm2
   tail -n 3 "$W/smollm2_gpu.log"
-  models_both 40
-  stage gpu_tests 330 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" tests \
-    -k "not debug_build and not smollm2"
-  tail -n 3 "$W/gpu_tests.log"
-  stage decode06 60 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
-    --result-json "$W/decode06.json"
-  stage decode8 70 python3 -m minillm.bench decode $M/q8 --device cuda --input-len 512 --output-len 256 \
-    --result-json "$W/decode8.json"
-  pack
+  gpu_tests_and_decode 330 60 70
 }
 
 part287() {  # session 52, after part286 (carry .whl): the targets that had not been rerun on the final code: the
