@@ -364,7 +364,8 @@ class LLMEngine:
         if n >= self.max_model_len:
             raise ValueError(f"the prompt has {n} tokens; max_model_len {self.max_model_len} leaves no room for "
                              "output: shorten the prompt or raise max_model_len")
-        for name in ("logit_bias", "allowed_token_ids", "think_token_ids", "stop_token_ids"):
+        # (stop_token_ids past the vocabulary are no-ops offline, as in vLLM; the server refuses them)
+        for name in ("logit_bias", "allowed_token_ids", "think_token_ids"):
             bad = [t for t in (getattr(params, name) or ()) if t is not None and t >= self.config.vocab_size]
             if bad:
                 raise ValueError(f"{name} token ids must be below the vocabulary size {self.config.vocab_size}; "
