@@ -27,9 +27,28 @@ class CliParser(argparse.ArgumentParser):
 
     def __init__(self, **kwargs):
         super().__init__(allow_abbrev=False, **kwargs)
+        self.model_spellings: list[tuple[str, str]] = []  # (how, value) of each model given (_ModelGiven)
+
+    def parse_known_args(self, args=None, namespace=None):
+        self.model_spellings = []
+        out = super().parse_known_args(args, namespace)
+        given = dict(self.model_spellings)
+        if len(set(given.values())) > 1:  # otherwise the last spelling would silently win
+            self.error(f"the model is given twice: {given['MODEL']!r} as MODEL and {given['--model']!r} as --model; "
+                       "give it once")
+        return out
 
     def error(self, message: str):
         self.exit(2, f"error: {message} ({self.prog} --help lists the flags)\n")
+
+
+class _ModelGiven(argparse.Action):
+    """Stores the model and notes how it was given (the positional MODEL or --model) on a CliParser."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        if isinstance(parser, CliParser):
+            parser.model_spellings.append(("--model" if option_string else "MODEL", values))
 
 
 @dataclass
@@ -183,9 +202,10 @@ def add_engine_args(p: argparse.ArgumentParser, model_positional: bool = True) -
     if model_positional:
         # the positional or vLLM's --model (its older entry point's spelling); the positional's default is
         # SUPPRESS so that, when it is left out, argparse does not overwrite what --model set
-        p.add_argument("model", nargs="?", default=argparse.SUPPRESS,
+        p.add_argument("model", nargs="?", default=argparse.SUPPRESS, action=_ModelGiven,
                        help="HF model directory, .gguf file, or alias (default: the embedded SmolLM2-135M)")
-        p.add_argument("--model", dest="model", default=None, metavar="MODEL", help="the model, as a flag")
+        p.add_argument("--model", dest="model", default=None, metavar="MODEL", action=_ModelGiven,
+                       help="the model, as a flag")
     p.add_argument("--tokenizer", default=None, metavar="DIR",
                    help="an HF directory whose tokenizer.json (and tokenizer_config.json's chat template and special "
                         "tokens) to use instead of the model's (vLLM's flag): a checkpoint saved without one, or a "

@@ -60,6 +60,19 @@ def test_model_as_positional_or_flag(argv, model):
     assert ns.model == model and EngineArgs.from_cli(ns).model == model
 
 
+def test_model_given_twice_is_refused_in_one_line(capsys):
+    """Both spellings with different models: argparse would keep whichever came last, silently."""
+    from minillm.serve import parse_args
+
+    for argv in (["/nonexistent", "--model", "tiny"], ["--model", "tiny", "/nonexistent"]):
+        with pytest.raises(SystemExit) as e:
+            parse_args(argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1
+        assert "the model is given twice: '/nonexistent' as MODEL and 'tiny' as --model" in err
+    assert parse_args(["m.gguf", "--model", "m.gguf"]).model == "m.gguf"  # the same one twice is one model
+
+
 def test_vllm_parallelism_and_remote_code_flags():
     """vLLM's usual command lines and LLM(...) calls carry -tp 1 and --trust-remote-code: taken; a
     parallel size above 1 (one GPU here) is refused by name rather than run on one GPU."""
