@@ -308,3 +308,17 @@ def test_the_checked_reader_reads_what_the_library_reads():
     for a, b in zip(ours.tensors, theirs.tensors):
         assert (a.tensor_type, a.shape.tolist(), a.data_offset) == (b.tensor_type, b.shape.tolist(), b.data_offset)
         assert np.array_equal(np.asarray(a.data), np.asarray(b.data)), a.name
+
+
+@pytest.mark.parametrize("qtype", [Q.F32, Q.F16, Q.Q8_0])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_weights_are_refused(tmp_path, qtype, bad):
+    """Damaged bytes decode to NaN or infinite weights, which would run and give token 0 every step:
+    the load names the tensor (in a quantised type, a block's scale carries it to the whole block)."""
+    cfg = tiny_config()
+    w = random_weights(cfg)
+    w["layers.1.down"][3, 5] = bad
+    with np.errstate(invalid="ignore"):  # (gguf's quantiser casting the NaN block)
+        path, _ = write_model(tmp_path / "m.gguf", cfg, w, qtype=qtype)
+    with pytest.raises(ValueError, match=r"tensor 'blk.1.ffn_down.weight' holds \d+ NaN or infinite values"):
+        load_gguf(path)

@@ -204,7 +204,16 @@ def _dequantized(t, where: str) -> np.ndarray:
     if values.size != math.prod(shape):
         raise ValueError(f"{where}: tensor {t.name!r}: {values.size} values for shape {shape}")
     # F32 tensors come back as read-only views of the file's memory map: copy those into memory
-    return np.array(values.reshape(shape), dtype=np.float32, order="C", copy=not values.flags.owndata)
+    out = np.array(values.reshape(shape), dtype=np.float32, order="C", copy=not values.flags.owndata)
+    # corrupt bytes (a damaged download) decode to NaN or infinite weights, which run without an error
+    # and give token 0 every step: a sum (NaN and inf carry through it, ~1 ms a million values) finds
+    # them, and isfinite, only then, counts them (a sum could also overflow, which is not an error)
+    if not math.isfinite(float(out.sum(dtype=np.float32))):
+        bad = int(out.size - np.count_nonzero(np.isfinite(out)))
+        if bad:
+            raise ValueError(f"{where}: tensor {t.name!r} holds {bad} NaN or infinite values once dequantised: the "
+                             "file is damaged (download it again)")
+    return out
 
 
 def read_tensors(reader: GGUFReader, where: str) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
