@@ -893,6 +893,20 @@ def test_bench_commands_refuse_bad_flags_in_one_line(tiny, capsys, command, flag
     _refused(capsys, main, [command, str(tiny), *device, *flags], flag)
 
 
+def test_spec_cost_checks_k_against_the_drafters_block_first(tiny, tmp_path, capsys):
+    """--k past the drafter's block (and a drafter config.json that does not parse) failed only once the
+    plain runs were done; the drafter's config is read before them."""
+    from minillm.bench.__main__ import main
+
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    (drafter / "config.json").write_text(json.dumps({"dflash_config": {"block_size": 4}}))
+    argv = ["spec-cost", str(tiny), "--device", "cpu", "--drafter", str(drafter), *SMALL_SPEC_COST]
+    _refused(capsys, main, [*argv, "--k", "4"], "--k 4 is past the drafter's block: at most its block_size - 1 = 3")
+    (drafter / "config.json").write_text("{")
+    _refused(capsys, main, [*argv, "--k", "2"], f"--drafter {drafter}")
+
+
 def test_spec_bench_reports_a_bad_model_or_device_in_one_line(tmp_path, capsys):
     from minillm.bench.spec import main
 

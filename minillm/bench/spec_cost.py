@@ -320,6 +320,14 @@ def check_args(ns: argparse.Namespace) -> tuple[list[int], list[float]]:
     need(ns.drafter is None or (ns.drafter != "" and (Path(ns.drafter).expanduser() / "config.json").is_file()),
          f"--drafter {ns.drafter!r}: not a drafter directory (no config.json there); give a DFlash drafter's "
          "HF directory (python -m minillm.tools.random_model --dflash-for TARGET DIR writes a random one)")
+    if ns.drafter is not None:  # its block bounds --k; read (and its config.json checked) before the plain runs
+        from minillm.spec.dflash import dflash_block_size
+
+        try:
+            block = dflash_block_size(Path(ns.drafter).expanduser())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"--drafter {ns.drafter}: {e}") from None
+        need(ns.k <= block - 1, f"--k {ns.k} is past the drafter's block: at most its block_size - 1 = {block - 1}")
     need(ns.backoff_output_len >= 2, f"--backoff-output-len must be >= 2, got {ns.backoff_output_len}")
     need(ns.backoff_repeats >= 1, f"--backoff-repeats must be >= 1, got {ns.backoff_repeats}")
     check_output_path(ns.result_json, "--result-json")
