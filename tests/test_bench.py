@@ -743,6 +743,7 @@ def test_a_result_json_that_fails_at_the_end_is_printed_instead(tiny, tmp_path, 
     (["--burstiness", "inf", "--request-rate", "5"], "--burstiness"), (["--burstiness", "0"], "--burstiness"),
     (["--input-len", "0"], "--input-len"), (["--output-len", "0"], "--output-len"),
     (["--range-ratio", "nan"], "--range-ratio"), (["--plot", "/nonexistent-dir/p.png"], "--plot"),
+    (["--model", ""], "--model"),  # "" quietly meant: ask the server
 ])
 def test_serve_refuses_bad_numeric_flags_before_any_request(capsys, flags, flag):
     from minillm.bench.serve import main

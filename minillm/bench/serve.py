@@ -154,6 +154,8 @@ def check_args(args: argparse.Namespace) -> None:
     breaks the JSON body, a timeout <= 0 fails every request as if the server were at fault, and an
     infinite burstiness turns the arrival gaps into nan (every request sent at once under a finite
     --request-rate). A ValueError names the flag and what it takes."""
+    # "" would quietly mean "ask the server for its model" (leave the flag out for that)
+    need(args.model != "", "--model must be the served model's name; leave it out to ask the server for its first")
     keys = [k for k, _ in args.goodput or []]
     twice = sorted({k for k in keys if keys.count(k) > 1})
     need(not twice, f"--goodput names {', '.join(twice)} more than once")
