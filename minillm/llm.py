@@ -71,6 +71,9 @@ class LLM:
             raise ValueError(f"priority must be a list of one integer a prompt ({len(prompts)}), got {priority!r}")
         for p in priority:
             engine.check_priority(p)
+        def refused(i: int, e: ValueError) -> ValueError:  # prompt i's error, named when there are several
+            return ValueError(f"prompt {i}: {e}" if len(prompts) > 1 else str(e))
+
         ids = []
         prompt_ids = []
         for i, (prompt, p) in enumerate(zip(prompts, params)):
@@ -78,7 +81,7 @@ class LLM:
                 toks = engine.encode_prompt(prompt, p)  # truncated as p.truncate_prompt_tokens asks
                 engine.validate_prompt(toks, p)  # all-or-nothing: check every prompt before adding any
             except ValueError as e:
-                raise ValueError(f"prompt {i}: {e}" if len(prompts) > 1 else str(e)) from None
+                raise refused(i, e) from None
             prompt_ids.append(toks)
         done: dict[str, CompletionOutput] = {}
         logprobs: dict[str, list[TokenLogprob]] = {}
@@ -92,7 +95,7 @@ class LLM:
                 try:
                     ids.append(engine.add_request(toks, p, priority=prio))
                 except ValueError as e:
-                    raise ValueError(f"prompt {i}: {e}" if len(prompts) > 1 else str(e)) from None
+                    raise refused(i, e) from None
             while engine.has_unfinished():
                 for out in engine.step():
                     if out.new_logprobs is not None:

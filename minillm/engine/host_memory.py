@@ -94,7 +94,7 @@ def check_host_memory(args: EngineArgs, parts: dict[str, int], available: tuple[
     kv_flags = (f"--num-blocks {num_blocks}" if args.num_blocks is not None else
                 f"--max-num-seqs {args.max_num_seqs} x --max-model-len {max_model_len}")
     batched = ("--max-num-batched-tokens" if args.max_num_batched_tokens is not None else
-               "--max-num-batched-tokens (default 256 on the CPU, 2048 on CUDA, at least --max-num-seqs x (1 + k))")
+               "--max-num-batched-tokens (its default on this backend)")
     why = {"KV cache": f"{num_blocks} blocks x {bs} tokens x {block_bytes // bs} bytes, set by {kv_flags}",
            "workspace": f"{max_num_batched_tokens} token rows by {batched}, "
                         f"{args.max_num_seqs} logits rows by --max-num-seqs",

@@ -339,11 +339,9 @@ def check_weights(weights: dict[str, np.ndarray], cfg: ModelConfig, where: str,
                          f"{cfg.num_layers}; the weights and the config disagree")
     unused = sorted({n.split(".", 2)[2] for n in weights if n.startswith("layers.") and n not in expected})
     if unused:
-        why = {"q_norm": "q/k norms (Qwen3's), but the config's architecture has none",
-               "k_norm": "q/k norms (Qwen3's), but the config's architecture has none",
-               "q_bias": "q/k/v biases, but the config's attention_bias is off",
-               "k_bias": "q/k/v biases, but the config's attention_bias is off",
-               "v_bias": "q/k/v biases, but the config's attention_bias is off"}
+        norms = "q/k norms (Qwen3's), but the config's architecture has none"
+        biases = "q/k/v biases, but the config's attention_bias is off"
+        why = {"q_norm": norms, "k_norm": norms, "q_bias": biases, "k_bias": biases, "v_bias": biases}
         reasons = sorted({why.get(u, "tensors the config does not use") for u in unused})
         raise ValueError(f"{where}: its layers hold {', '.join(unused)}: {'; '.join(reasons)} (model_type "
                          f"{cfg.arch!r}). The model would run without them: the weights and the config disagree")

@@ -228,9 +228,9 @@ def read_chat_template(value: str) -> tuple[str, str]:
     template, where it came from, for errors). A value that is neither is a ValueError saying so."""
     path = Path(value)
     try:
-        is_file = path.is_file()
+        is_file, is_dir = path.is_file(), path.is_dir()
     except (OSError, ValueError):  # a long inline template is not a valid path on every system
-        is_file = False
+        is_file = is_dir = False
     if is_file:
         try:
             text = path.read_text(encoding="utf-8")
@@ -241,10 +241,6 @@ def read_chat_template(value: str) -> tuple[str, str]:
         return text, f"--chat-template {value}"
     if "{{" in value or "{%" in value:
         return value, "--chat-template (the template given inline)"
-    try:
-        is_dir = path.is_dir()
-    except (OSError, ValueError):
-        is_dir = False
     if is_dir:
         raise ValueError(f"--chat-template {value}: a directory; give the path of a Jinja template file in it, or the "
                          "template itself")
