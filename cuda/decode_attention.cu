@@ -372,51 +372,52 @@ __device__ __forceinline__ void decode_attention_impl(
       pos = pos_t;
     }
   }
-  // keys [k0, k0 + U) of this lane's key group, its chunks of them (zero past k_stop): every
-  // key's block-table entry first (load_table), then every K / V load (load_kv), so the U loads are
-  // in flight together. One integer division a key (block_size is a runtime value, so it is a
-  // ~20-instruction sequence): load_table keeps each key's row in its block (inb) beside its entry.
-  // Session 48's split of the loads had load_kv take key % block_size, a second division a key, in
-  // every decode kernel: nano-vllm's 256-sequence throughput run 24,162 -> 21,644 tok/s on one H200
-  // (part287's bisection, session 52), where the attention is most of a step.
+  // keys [k0, k0 + U) of this lane's key group, its chunks of them (zero past k_stop). One integer
+  // division a key (block_size is a runtime value, so it is a ~20-instruction sequence). load_keys
+  // finds each key's entry and asks for its rows key by key, as the loop did before session 48; the
+  // pre-wait path (load_kv) takes entries and rows in their blocks found before (the guess's). Session
+  // 48 split every key group's loads into all entries, then all rows, and took key % block_size a
+  // second time in the rows' offsets: nano-vllm's 256-sequence throughput run 24,162 -> 21,644 tok/s on
+  // one H200 (part287's bisection, session 52), where the attention is most of a step. Dropping the
+  // second division won back about half of it on an H100 (part288: 548b5cb 19,763, ba2a141 18,862,
+  // d493560 19,233 tok/s, two runs each); this key-by-key order is the rest's suspect (part289).
   uint4 kr[U][CPL], vr[U][CPL];
-  auto load_table = [&](int k0, int k_stop, int (&phys)[U], int (&inb)[U]) {
+  auto load_row = [&](int u, int phys, int inb) {  // key u's chunks: block phys, row inb of it
+    MINILLM_CHECK(phys >= 0 && phys < num_blocks);
+    const i64 off = (((i64)phys * block_size + inb) * n_kv + kv) * D + kl * VEC;
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int key = k0 + u, lb = key / block_size;
-      MINILLM_CHECK(key >= k_stop || lb < bt_stride);
-      phys[u] = key < k_stop ? bt[lb] : 0;
-      inb[u] = key - lb * block_size;
+    for (int j = 0; j < CPL; ++j) {
+      const uint4* kp = reinterpret_cast<const uint4*>(kc + off + j * LPK * VEC);
+      const uint4* vp = reinterpret_cast<const uint4*>(vc + off + j * LPK * VEC);
+      if constexpr (ROPE || KV_LOADS_NC) {  // rows older than this launch (see KV_LOADS_NC)
+        kr[u][j] = __ldg(kp);
+        vr[u][j] = __ldg(vp);
+      } else {  // the q/k norm kernel just before stored this step's rows
+        kr[u][j] = minillm::load_act(kp);
+        vr[u][j] = minillm::load_act(vp);
+      }
     }
   };
   auto load_kv = [&](int k0, int k_stop, const int (&phys)[U], const int (&inb)[U]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+#pragma unroll
+      for (int j = 0; j < CPL; ++j) kr[u][j] = vr[u][j] = make_uint4(0u, 0u, 0u, 0u);
+      if (k0 + u < k_stop) load_row(u, phys[u], inb[u]);
+    }
+  };
+  auto load_keys = [&](int k0, int k_stop) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int key = k0 + u;
 #pragma unroll
       for (int j = 0; j < CPL; ++j) kr[u][j] = vr[u][j] = make_uint4(0u, 0u, 0u, 0u);
       if (key < k_stop) {
-        MINILLM_CHECK(phys[u] >= 0 && phys[u] < num_blocks);
-        const i64 off = (((i64)phys[u] * block_size + inb[u]) * n_kv + kv) * D + kl * VEC;
-#pragma unroll
-        for (int j = 0; j < CPL; ++j) {
-          const uint4* kp = reinterpret_cast<const uint4*>(kc + off + j * LPK * VEC);
-          const uint4* vp = reinterpret_cast<const uint4*>(vc + off + j * LPK * VEC);
-          if constexpr (ROPE || KV_LOADS_NC) {  // rows older than this launch (see KV_LOADS_NC)
-            kr[u][j] = __ldg(kp);
-            vr[u][j] = __ldg(vp);
-          } else {  // the q/k norm kernel just before stored this step's rows
-            kr[u][j] = minillm::load_act(kp);
-            vr[u][j] = minillm::load_act(vp);
-          }
-        }
+        const int lb = key / block_size;
+        MINILLM_CHECK(lb < bt_stride);
+        load_row(u, bt[lb], key - lb * block_size);
       }
     }
-  };
-  auto load_keys = [&](int k0, int k_stop) {
-    int phys[U], inb[U];
-    load_table(k0, k_stop, phys, inb);
-    load_kv(k0, k_stop, phys, inb);
   };
   // DEC_KV_PREWAIT (head-a-CTA kernel): the first keys of this group, before the wait. The newest key
   // (the fresh CTA's last) is not among them: it comes from shared memory after the loop.

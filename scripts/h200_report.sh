@@ -5123,6 +5123,41 @@ part288() {  # prepared in session 52 (carry .whl and .snap0 = `git archive ba2a
   pack
 }
 
+part289() {  # prepared in session 53 (carry .whl, .snap1 = `git archive 548b5cb`, .snap2 = `git archive d493560`):
+  # part288 (an H100) had d493560's fix win back about half of 69dd019's throughput loss (548b5cb 19,763,
+  # ba2a141 18,862, d493560 19,233 tok/s); this tree asks for each key's entry and rows key by key again,
+  # as 548b5cb did. nano-vllm's throughput from the three trees alternated twice, then both shapes'
+  # batch-1 graphs from d493560 and this tree alternated twice (~8 minutes on a fresh machine)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_both 60
+  local r s
+  for r in 1 2; do
+    throughput_in .snap1 "throughput_548b5cb_$r"
+    throughput_in .snap2 "throughput_d493560_$r"
+    throughput_in . "throughput_keyorder_$r"
+  done
+  grep -H "Throughput:" "$W"/throughput_*.log
+  for r in 1 2; do
+    for s in q06 q8; do
+      stage "graph_${s}_d493560_$r" 100 bash -c "cd .snap2 && PYTHONPATH=.:/tmp/site python3 scripts/step_kernels.py \
+        $M/$s --batch 1 --ctx 512 --json $W/graph_${s}_d493560_$r.json"
+      stage "graph_${s}_keyorder_$r" 100 python3 scripts/step_kernels.py $M/$s --batch 1 --ctx 512 \
+        --json "$W/graph_${s}_keyorder_$r.json"
+    done
+  done
+  graph_summary
+  pack
+}
+
+part289b() {  # the same warm machine, right after part289: the decode attention's op tests and the GPU engine's
+  setup
+  stage op_tests 400 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_gpu_engine.py -k "decode or attention or paged or engine"
+  tail -3 "$W/op_tests.log"
+  pack
+}
+
 # scripts/step_kernels.py's arguments for the 8B target's rejected DFlash k = 8 round at c = 1, 512 keys
 ROUND_C1="$M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512"
 
