@@ -380,7 +380,8 @@ __device__ __forceinline__ void decode_attention_impl(
   // second time in the rows' offsets: nano-vllm's 256-sequence throughput run 24,162 -> 21,644 tok/s on
   // one H200 (part287's bisection, session 52), where the attention is most of a step. Dropping the
   // second division won back about half of it on an H100 (part288: 548b5cb 19,763, ba2a141 18,862,
-  // d493560 19,233 tok/s, two runs each); this key-by-key order is the rest's suspect (part289).
+  // d493560 19,233 tok/s, two runs each); this key-by-key order took back the rest (part289, another
+  // H100: 548b5cb 19,578, d493560 19,245, key by key 19,732), batch-1 graphs unchanged.
   uint4 kr[U][CPL], vr[U][CPL];
   auto load_row = [&](int u, int phys, int inb) {  // key u's chunks: block phys, row inb of it
     MINILLM_CHECK(phys >= 0 && phys < num_blocks);

@@ -5127,7 +5127,8 @@ part289() {  # prepared in session 53 (carry .whl, .snap1 = `git archive 548b5cb
   # part288 (an H100) had d493560's fix win back about half of 69dd019's throughput loss (548b5cb 19,763,
   # ba2a141 18,862, d493560 19,233 tok/s); this tree asks for each key's entry and rows key by key again,
   # as 548b5cb did. nano-vllm's throughput from the three trees alternated twice, then both shapes'
-  # batch-1 graphs from d493560 and this tree alternated twice (~8 minutes on a fresh machine)
+  # batch-1 graphs from d493560 and this tree alternated twice (~8 minutes on a fresh machine). Ran in session 53 on
+  # an H100 (548b5cb 19,578, d493560 19,245, 36329c3 19,732 tok/s, medians); still to run on an H200
   setup
   facts > "$W/facts.txt" 2>&1
   models_both 60
