@@ -185,8 +185,9 @@ def test_num_layers_keeps_the_widths(tmp_path, capsys):
 @pytest.mark.parametrize("flags, message", [
     (["--preset", "tiny", ""], "OUT_DIR is empty"),  # used to write the model into the current directory
     (["--preset", "tiny", "OUT", "--seed", "-1"], "--seed must be >= 0"),  # numpy's error, after a partial write
-    (["--preset", "tiny", "OUT", "--workers", "-1"], "--workers must be at least 1"),
-    (["--preset", "tiny", "OUT", "--workers", "0"], "--workers must be at least 1"),  # silently the CPU count
+    (["--preset", "tiny", "OUT", "--workers", "-1"], "--workers must be 1 to 256"),
+    (["--preset", "tiny", "OUT", "--workers", "0"], "--workers must be 1 to 256"),  # silently the CPU count
+    (["--preset", "tiny", "OUT", "--workers", "100000"], "--workers must be 1 to 256"),  # ~3 TB of chunks queued
     (["--dflash-for", "TARGET", "OUT", "--num-layers", "0"], "--num-layers must be at least 1"),
     (["--dflash-for", "", "OUT"], "--dflash-for is empty"),
 ])
@@ -222,3 +223,27 @@ def test_refuses_a_model_its_filesystem_cannot_hold(tmp_path, monkeypatch, capsy
     assert rm.weight_bytes(rm.qwen3_tensor_specs, cfg) == written
     assert written < (out / "model.safetensors").stat().st_size < written + 4096  # + the header
     assert rm.weight_bytes(rm.qwen3_tensor_specs, {**cfg, "num_hidden_layers": 10**12}) > 10**16  # counted, not listed
+
+
+def test_an_interrupted_write_leaves_no_weights_file(tmp_path, monkeypatch):
+    """A run stopped part-way through the weights (here: the generator fails on its third chunk)
+    leaves neither a truncated model.safetensors nor its temporary file, so a rerun needs no
+    --force and writes the whole model."""
+    real = rm._chunk_bf16
+    calls = []
+
+    def failing(*args):
+        calls.append(args)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(rm, "_chunk_bf16", failing)
+    out = tmp_path / "m"
+    with pytest.raises(KeyboardInterrupt):
+        rm.write_random_model(out, "tiny", workers=1)
+    assert len(calls) >= 3
+    assert not list(out.glob("*.safetensors*")), sorted(p.name for p in out.iterdir())
+    monkeypatch.setattr(rm, "_chunk_bf16", real)
+    rm.write_random_model(out, "tiny", workers=1)
+    assert (out / "model.safetensors").is_file() and not list(out.glob("*.partial"))

@@ -48,6 +48,9 @@ CHUNK = 1 << 23  # elements generated per task: bounds memory and makes seeding 
 TRAINED_BPE_VOCAB = 4000  # tokens learnt from the synthetic corpus; larger vocabularies are extended
 # room kept beside the weights for the safetensors headers, configs and tokenizer.json (12 MB for Qwen3's)
 SPACE_MARGIN = 64 << 20
+# Generator threads at most: each keeps two CHUNK-element chunks (16 MB of bf16 each) waiting to be
+# written, so --workers 100000 asked for ~3 TB of host memory; past the cores, threads gain nothing
+MAX_WORKERS = 256
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
@@ -349,16 +352,23 @@ def write_safetensors(path: Path, specs, seed: int, pool: ThreadPoolExecutor, ah
         offset += nbytes
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)  # safetensors pads the header so the data is 8-byte aligned
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(blob)))
-        f.write(blob)
-        pending: list[Future] = []
-        for job in _chunks(specs):
-            pending.append(pool.submit(_chunk_bf16, seed, *job))
-            if len(pending) >= ahead:
-                f.write(pending.pop(0).result())
-        for fut in pending:
-            f.write(fut.result())
+    # written under a temporary name and renamed when whole: an interrupted run (Ctrl-C, a full disk)
+    # leaves no truncated file under the real name for a loader to read as a model
+    partial = path.with_name(path.name + ".partial")
+    try:
+        with open(partial, "wb") as f:
+            f.write(struct.pack("<Q", len(blob)))
+            f.write(blob)
+            pending: list[Future] = []
+            for job in _chunks(specs):
+                pending.append(pool.submit(_chunk_bf16, seed, *job))
+                if len(pending) >= ahead:
+                    f.write(pending.pop(0).result())
+            for fut in pending:
+                f.write(fut.result())
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def _shard(specs, limit: int | None = None) -> list[list]:
@@ -377,8 +387,9 @@ def _shard(specs, limit: int | None = None) -> list[list]:
 def write_weights(out_dir: Path, specs, seed: int, workers: int | None = None) -> list[Path]:
     """model.safetensors, or model-0000k-of-0000n.safetensors + index when above SHARD_BYTES."""
     shards = _shard(specs)
-    workers = workers or os.cpu_count() or 1
-    for old in [*out_dir.glob("*.safetensors"), out_dir / "model.safetensors.index.json"]:
+    workers = workers or min(os.cpu_count() or 1, MAX_WORKERS)
+    for old in [*out_dir.glob("*.safetensors"), *out_dir.glob("*.safetensors.partial"),
+                out_dir / "model.safetensors.index.json"]:
         old.unlink(missing_ok=True)  # a stale shard or index from an earlier run would be read too
     files = []
     with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -410,8 +421,9 @@ def _check_args(out_dir: str | Path, seed: int, workers: int | None, num_layers:
         raise ValueError("OUT_DIR is empty (it would write into the current directory); give the directory to write")
     if seed < 0:
         raise ValueError(f"--seed must be >= 0 (numpy seeds are non-negative), got {seed}")
-    if workers is not None and workers < 1:
-        raise ValueError(f"--workers must be at least 1 (leave it out for one a CPU), got {workers}")
+    if workers is not None and not 1 <= workers <= MAX_WORKERS:
+        raise ValueError(f"--workers must be 1 to {MAX_WORKERS} (each thread holds two 16 MB chunks; leave it "
+                         f"out for one a CPU), got {workers}")
     if num_layers is not None and num_layers < 1:
         raise ValueError(f"--num-layers must be at least 1, got {num_layers}")
 
@@ -501,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dflash-for", metavar="TARGET_DIR", default=None,
                    help="write a random DFlash drafter (block 16; 5 layers, or --num-layers) for this target instead")
     p.add_argument("--force", action="store_true", help="overwrite a model already in OUT_DIR")
-    p.add_argument("--workers", type=int, default=None, help="generator threads, >= 1 (default: CPU count)")
+    p.add_argument("--workers", type=int, default=None, help=f"generator threads, 1 to {MAX_WORKERS} (default: CPU count)")
     p.add_argument("--num-layers", type=int, default=None,
                    help="the preset's widths with this many layers (e.g. a shallow model for sanitizer runs); "
                         "with --dflash-for, the drafter's layers (default 5)")
