@@ -133,7 +133,7 @@ def test_decode_bench_on_the_cpu_and_its_roofline(tiny, tmp_path):
     assert r["pipelined_fraction_of_roofline"] == pytest.approx(0.9)
 
 
-def test_spec_cost_bench_on_the_cpu(tiny, tmp_path):
+def test_spec_cost_bench_on_the_cpu(tiny, tmp_path, capsys):
     """`python -m minillm.bench spec-cost` end to end on the NumPy engine: a random DFlash drafter's
     rounds emit exactly the plain greedy tokens, and the oracle drafter's curve is lossless with
     more tokens a step the more often it is right (float32: no rounding differences between a
@@ -163,6 +163,14 @@ def test_spec_cost_bench_on_the_cpu(tiny, tmp_path):
     r = json.loads(out.read_text())
     assert r["draft_vocab_size"] == 16 and r["cost"][0]["same_as_plain_decode"]
     assert 1 < r["bytes_floor"] < floor  # the drafter's LM head is 16 rows of the target's
+    # past the target's vocabulary: refused before the plain runs (no result written, no steps timed)
+    out.unlink()
+    capsys.readouterr()
+    assert spec_cost_main([str(tiny), "--drafter", str(drafter), "--device", "cpu", "--k", "3",
+                           "--concurrency", "1", "--draft-vocab-size", "10000000", "--result-json", str(out)]) == 2
+    err = capsys.readouterr()
+    assert "--draft-vocab-size 10000000 is past the target's vocabulary" in err.err and "c= 1" not in err.out
+    assert not out.exists()
     # --backoff-after: the random drafter backs off; the whole run's rate against plain decoding's,
     # the same tokens, and far fewer rounds than decode steps
     assert spec_cost_main([str(tiny), "--drafter", str(drafter), "--device", "cpu", "--k", "3",

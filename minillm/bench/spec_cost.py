@@ -381,6 +381,10 @@ def main(argv: list[str] | None = None) -> int:
     except STARTUP_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if ns.draft_vocab_size is not None and ns.draft_vocab_size > plain.config.vocab_size:  # before the plain runs
+        print(f"error: --draft-vocab-size {ns.draft_vocab_size} is past the target's vocabulary "
+              f"({plain.config.vocab_size} ids); give at most that", file=sys.stderr)
+        return 2
     vocab = min(plain.config.vocab_size, plain.tokenizer.vocab_size)
     prompts = [rng.integers(0, vocab, ns.input_len).tolist() for _ in range(max(cs))]
     result: dict = {"model": ns.model, "k": ns.k, "input_len": ns.input_len, "output_len": ns.output_len,
