@@ -5159,6 +5159,18 @@ part289b() {  # the same warm machine, right after part289: the decode attention
   pack
 }
 
+part291() {  # session 53 (carry .whl): after 36329c3 changed every decode kernel's key loads, the served failure
+  # matrix (0.6B shape, DFlash k = 8: the field report's concurrency x context ladder), then the 8B rejected-round
+  # cost (~7 minutes on a fresh machine; each stage packed as it ends)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_all 150
+  failure_matrix_q06 170
+  stage spec_cost_8b 170 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_8b.json"
+  pack
+}
+
 # scripts/step_kernels.py's arguments for the 8B target's rejected DFlash k = 8 round at c = 1, 512 keys
 ROUND_C1="$M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512"
 
