@@ -15,9 +15,12 @@ bucket shape.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import sys
+import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +31,8 @@ from minillm.backends import compile as kc
 from minillm.backends.arena import Arena
 from minillm.backends.cublas import Cublas, cuda_dtype
 from minillm.backends.pdl import PdlLauncher, pdl_enabled
+
+log = logging.getLogger("minillm")
 
 try:
     import ml_dtypes
@@ -645,7 +650,7 @@ class CudaBackend:
         self.arena.install()
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.debug = kc.debug_enabled() if debug is None else debug
-        self._load_kernels()
+        self._load_kernels_logged()
         with self.arena.label("backend: cuBLAS workspace + attention split scratch"), self.stream:
             self._blas_ws = cupy.empty(cublas_workspace_bytes, dtype=np.uint8)
             self._att_scratch = cupy.empty(attention_scratch_bytes // 4, dtype=np.float32)
@@ -740,6 +745,30 @@ class CudaBackend:
         self._staging_off = 0
         self._staging_event = cupy.cuda.Event(disable_timing=True)
         self.stream.synchronize()
+
+    def _load_kernels_logged(self, quiet_s: float = 5.0) -> None:
+        """_load_kernels, saying so when it takes long. A first start in an environment compiles every
+        module (~75 s on an H100, session 53) and printed nothing meanwhile: a server seemed hung, and
+        the failure matrix's 60 s start-up wait gave up on it. Warm starts read CuPy's on-disk cache
+        in a second or two and log nothing here."""
+        t0 = time.perf_counter()
+        try:
+            from cupy.cuda.compiler import get_cache_dir
+
+            where = f" (cached in {get_cache_dir()})"
+        except (ImportError, AttributeError):
+            where = ""
+        note = threading.Timer(quiet_s, lambda: log.info(
+            "compiling the CUDA kernels: a first start in this environment takes about a minute; later starts "
+            "read the compiled kernels back%s", where))
+        note.daemon = True
+        note.start()
+        try:
+            self._load_kernels()
+        finally:
+            note.cancel()
+        if (took := time.perf_counter() - t0) > quiet_s:
+            log.info("CUDA kernels ready in %.0f s", took)
 
     def _load_kernels(self) -> None:
         self.carveout = smem_carveout()  # None: the driver's choice per kernel

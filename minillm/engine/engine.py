@@ -16,6 +16,7 @@ import importlib.util
 import logging
 import os
 import random
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -224,7 +225,11 @@ class LLMEngine:
         self.max_num_batched_tokens = args.max_num_batched_tokens or max(
             DEFAULT_TOKEN_BUDGET[self.backend.name], args.max_num_seqs * (1 + k))
 
-        self.loaded = loaded or load_model(args.model, tokenizer=args.tokenizer)
+        if loaded is None:
+            t0 = time.perf_counter()
+            loaded = load_model(args.model, tokenizer=args.tokenizer)
+            log.info("loaded %s in %.1f s", loaded.name, time.perf_counter() - t0)
+        self.loaded = loaded
         cfg = self.loaded.config
         self.config = cfg
         self.tokenizer = self.loaded.tokenizer
