@@ -513,7 +513,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dflash-for", metavar="TARGET_DIR", default=None,
                    help="write a random DFlash drafter (block 16; 5 layers, or --num-layers) for this target instead")
     p.add_argument("--force", action="store_true", help="overwrite a model already in OUT_DIR")
-    p.add_argument("--workers", type=int, default=None, help=f"generator threads, 1 to {MAX_WORKERS} (default: CPU count)")
+    p.add_argument("--workers", type=int, default=None,
+                   help=f"generator threads, 1 to {MAX_WORKERS} (default: CPU count)")
     p.add_argument("--num-layers", type=int, default=None,
                    help="the preset's widths with this many layers (e.g. a shallow model for sanitizer runs); "
                         "with --dflash-for, the drafter's layers (default 5)")
