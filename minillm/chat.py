@@ -2,8 +2,9 @@
 
 Each turn goes through the model's chat template and is streamed token by token straight from
 the LLMEngine (no server). Commands: /reset (forget the conversation), /system TEXT (set the
-system prompt and reset), /exit or Ctrl-D. Ctrl-C stops an answer mid-way (at the prompt it drops
-the line, not the conversation). With no MODEL it loads the embedded SmolLM2-135M-Instruct.
+system prompt and reset), /exit or Ctrl-D; //TEXT sends /TEXT, a message that begins with a slash. Ctrl-C
+stops an answer mid-way (at the prompt it drops the line, not the conversation). With no MODEL it loads
+the embedded SmolLM2-135M-Instruct.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from minillm.args import STARTUP_ERRORS, CliParser, EngineArgs, add_engine_args
 from minillm.sampling_params import SamplingParams
 
 HELP = "commands: /reset  /system TEXT  /help  /exit (or Ctrl-D); Ctrl-C stops an answer"
+SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -50,6 +52,20 @@ class Chat:
             top_k=pick(ns.top_k, "top_k", -1), min_p=pick(ns.min_p, "min_p", 0.0),
         )
         self.max_tokens = ns.max_tokens
+
+    def system_refused(self, system: str) -> str | None:
+        """Why the chat template refuses this system prompt (some, Gemma's, take no system role), else None:
+        checked when it is set, or every turn would be refused after /system had reset the conversation."""
+        enc, user = self.engine.tokenizer.encode_chat, {"role": "user", "content": "hi"}
+        try:
+            enc([user])
+        except Exception:  # the template fails without a system prompt too: not the system prompt's fault
+            return None
+        try:
+            enc([{"role": "system", "content": system}, user])
+        except Exception as e:
+            return f"{e}" or type(e).__name__
+        return None
 
     def messages(self, history: list[dict] | None = None) -> list[dict]:
         sys_msg = [{"role": "system", "content": self.system}] if self.system else []
@@ -123,7 +139,7 @@ class Chat:
 
     def command(self, line: str) -> bool:
         """Handle a /command; False means exit."""
-        cmd, _, arg = line.partition(" ")
+        cmd, _, arg = line.replace("\t", " ").partition(" ")  # (a tab after the command too)
         if cmd in ("/exit", "/quit"):
             return False
         if cmd == "/reset":
@@ -132,11 +148,17 @@ class Chat:
         elif cmd in ("/help", "/?"):
             print(f"({HELP})", file=self.out)
         elif cmd == "/system":
-            self.system = arg.strip() or None
+            system = arg.strip() or None
+            if system is not None and (why := self.system_refused(system)) is not None:
+                print(f"(the chat template refuses a system prompt: {why}; the previous one and the conversation "
+                      "are kept)", file=self.out)
+                return True
+            self.system = system
             self.history = []
             print(f"(system prompt {'set' if self.system else 'cleared'}; conversation reset)", file=self.out)
         else:
-            print(f"(unknown command {cmd}; {HELP})", file=self.out)
+            print(f"(unknown command {cmd}; {HELP}; to send a message that begins with /, type it as //...)",
+                  file=self.out)
         return True
 
 
@@ -159,6 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     if ns.max_tokens < 1:  # before the model loads: a flag error should not wait for it
         print(f"error: --max-tokens must be >= 1, got {ns.max_tokens}", file=sys.stderr)
         return 2
+    try:  # the sampling flags given, as well (the model's defaults for the others are checked once it loads)
+        SamplingParams(**{k: getattr(ns, k) for k in SAMPLING_FLAGS if getattr(ns, k) is not None})
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if ns.system is not None:  # argv's undecodable bytes arrive as surrogates, as stdin's do
         ns.system, replaced = utf8(ns.system)
         if replaced:
@@ -178,12 +205,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     if not engine.tokenizer.chat_template:
-        print(f"error: {engine.model_name} has no chat template; use python -m minillm.generate for plain "
-              "completions", file=sys.stderr)
+        print(f"error: {engine.model_name} has no chat template; give one with --chat-template FILE, or use "
+              "python -m minillm.generate for plain completions", file=sys.stderr)
         return 2
     try:
         chat = Chat(engine, ns)
         SamplingParams(**chat.sampling)
+        if chat.system is not None and (why := chat.system_refused(chat.system)) is not None:
+            raise ValueError(f"--system: the chat template refuses a system prompt ({why}); leave --system out")
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -201,7 +230,9 @@ def main(argv: list[str] | None = None) -> int:
             line, replaced = utf8(line)  # stdin's undecodable bytes arrive as lone surrogates
             if replaced:
                 print("(the line had bytes that are not UTF-8: each is sent as U+FFFD)")
-            if line.startswith("/"):
+            if line.startswith("//"):  # an escaped slash: a message that begins with one
+                line = line[1:]
+            elif line.startswith("/"):
                 if not chat.command(line):
                     return 0
                 continue

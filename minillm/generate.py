@@ -38,6 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     ns = p.parse_args(argv)
 
     from minillm import LLM, SamplingParams
+    from minillm.chat import utf8
+
+    # argv's bytes that are not UTF-8 arrive as lone surrogates, which the tokenizer refuses naming a
+    # "lone surrogate" at a position in the templated text; the chat sends each as U+FFFD, and so does this
+    cleaned = [utf8(t) for t in ns.prompt]
+    ns.prompt, replaced = [t for t, _ in cleaned], any(r for _, r in cleaned)
 
     try:
         params = SamplingParams(max_tokens=ns.max_tokens, temperature=ns.temperature, top_p=ns.top_p,
@@ -55,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
         except STARTUP_ERRORS as e:
             raise ValueError(str(e)) from None
         if ns.chat:
+            if not llm.tokenizer.chat_template:
+                tok = f"--tokenizer {args.tokenizer}" if args.tokenizer else llm.engine.model_name
+                raise ValueError(f"--chat: {tok} has no chat template; give one with --chat-template FILE, or drop "
+                                 "--chat for a plain completion")
             prompts = []
             for i, t in enumerate(ns.prompt):
                 which = f"prompt {i}: " if len(ns.prompt) > 1 else ""  # named as LLM.generate names them
@@ -70,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         outs = llm.generate(prompts, params)
         dt = time.perf_counter() - t0
+        if replaced:  # said once the run has gone ahead: a refusal stays one "error:" line
+            print("(--prompt had bytes that are not UTF-8: each is sent as U+FFFD)", file=sys.stderr)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -261,3 +261,57 @@ def test_ctrl_c_stops_an_answer_and_keeps_the_session(tiny):
         repl.expect(">>> ")
         repl.send("/exit\n")
         assert repl.close() == 0
+
+
+def test_bad_sampling_flag_is_refused_before_loading():
+    """A sampling flag the engine refuses says so at once, as --max-tokens does: it was checked only
+    after the model had loaded (seconds on the CPU, a minute with a cold CUDA build); the path does not
+    even exist here, and the flag is what gets named."""
+    for flag, value, name in (("--temperature", "nan", "temperature"), ("--top-p", "0", "top_p"),
+                              ("--top-k", "-2", "top_k")):
+        r = _piped("/no/such/model", flag, value)
+        err = r.stderr.decode()
+        assert r.returncode == 2 and err.startswith(f"error: {name} ") and err.count("\n") == 1, err
+
+
+def test_a_message_that_begins_with_a_slash(model_dir):
+    """//TEXT sends /TEXT (a path, say): a line that began with / could never be sent; an unknown
+    command says how. A tab after /system works as a space does (it was an unknown command)."""
+    r = _piped(str(model_dir), "--device", "cpu", "--max-tokens", "2",
+               stdin=b"//etc/hosts\n/etc/hosts\n/system\tbe brief\nhi\n/exit\n")
+    out = r.stdout.decode()
+    assert r.returncode == 0 and "unknown command /etc/hosts" in out and "type it as //" in out
+    assert "system prompt set" in out
+    prompts = [int(m.group(3)) for m in STATS.finditer(out)]
+    assert prompts == [len("<user>/etc/hosts\n<assistant>"), len("<system>be brief\n<user>hi\n<assistant>")]
+
+
+NO_SYSTEM = ("{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('System role not supported') }}"
+             "{% endif %}<{{ m.role }}>{{ m.content }}\n{% endfor %}<assistant>")
+
+
+def test_a_system_prompt_the_template_refuses_keeps_the_conversation(model_dir):
+    """A template with no system role (Gemma's): /system TEXT is refused when given, and the conversation
+    stays; it used to say "set", reset the conversation, and then every turn was refused. --system is
+    refused at startup."""
+    r = _piped(str(model_dir), "--device", "cpu", "--max-tokens", "2", "--chat-template", NO_SYSTEM,
+               stdin=b"hi\n/system be brief\nagain\n/exit\n")
+    out = r.stdout.decode()
+    assert r.returncode == 0 and "the chat template refuses a system prompt: System role not supported" in out
+    assert "conversation reset" not in out and "refused the conversation" not in out
+    p1, p2 = (int(m.group(3)) for m in STATS.finditer(out))
+    assert p1 == len("<user>hi\n<assistant>") and p2 > p1 + len("\n<user>again\n<assistant>")  # the first turn too
+    r = _piped(str(model_dir), "--device", "cpu", "--chat-template", NO_SYSTEM, "--system", "be brief")
+    err = r.stderr.decode()
+    assert r.returncode == 2 and err.startswith("error: --system: the chat template refuses a system prompt"), err
+
+
+def test_no_chat_template_names_the_flag_that_gives_one(model_dir, tmp_path):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(model_dir, model)
+    (model / "tokenizer_config.json").write_text("{}")
+    r = _piped(str(model), "--device", "cpu")
+    err = r.stderr.decode()
+    assert r.returncode == 2 and "has no chat template; give one with --chat-template FILE" in err, err

@@ -141,3 +141,32 @@ def test_ctrl_c_stops_quietly(tiny):
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 130 and err == "" and out == ""
+
+
+def test_chat_without_a_template_names_the_fix(tiny, tmp_path, capsys):
+    """--chat on a model with no chat template names the two ways out (it said "use a plain completion
+    prompt", naming neither --chat nor --chat-template)."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny, model)
+    cfg = json.loads((model / "tokenizer_config.json").read_text())
+    del cfg["chat_template"]
+    (model / "tokenizer_config.json").write_text(json.dumps(cfg))
+    assert main([str(model), "--device", "cpu", "--max-model-len", "128", "--prompt", "hi", "--chat"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --chat: ") and "--chat-template FILE" in err and "drop --chat" in err, err
+
+
+def test_prompt_bytes_that_are_not_utf8_are_replaced(tiny, capsys):
+    """--prompt from argv with a byte that is not UTF-8 (a lone surrogate, as Python decodes argv) is
+    sent with U+FFFD, as the chat does; it was refused as "a lone surrogate '\\udcff' at character N",
+    N counted in the templated text under --chat."""
+    for chat in ([], ["--chat"]):
+        args = [str(tiny), "--device", "cpu", "--max-model-len", "128", "--max-tokens", "3", "--ignore-eos",
+                "--json", *chat, "--prompt"]
+        assert main([*args, "a\ufffdb"]) == 0
+        want = json.loads(capsys.readouterr().out)["token_ids"]
+        assert main([*args, "a\udcffb"]) == 0
+        out, err = capsys.readouterr()
+        assert json.loads(out)["token_ids"] == want and "--prompt had bytes that are not UTF-8" in err
