@@ -330,6 +330,24 @@ def _data(obj) -> str:
     return "data: " + json.dumps(obj)
 
 
+@pytest.mark.parametrize("backend", ["openai", "openai-chat"])
+@pytest.mark.parametrize("reason", ["abort", "error"])
+def test_client_fails_a_choice_the_server_gave_up_on(backend, reason):
+    """finish_reason abort or error (vLLM's FinishReason.ABORT / ERROR): the output stopped because
+    the server gave up, and without --ignore-eos the request passed as a success with fewer tokens."""
+    if backend == "openai-chat":
+        tok = _data({"choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": None}]})
+        end = _data({"choices": [{"index": 0, "delta": {}, "finish_reason": reason}]})
+    else:
+        tok, end = _chunk("a"), _chunk("", reason)
+    usage = _data({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2}})
+    r = _send(200, _sse(tok, tok, end, usage, "data: [DONE]"), expect=None, backend=backend)
+    assert not r.ok and f"chunk 3: finish_reason '{reason}'" in r.error, r.error
+    r = _send(200, _sse(tok, tok, end.replace(f'"{reason}"', '"stop"'), usage, "data: [DONE]"), expect=None,
+              backend=backend)
+    assert r.ok and r.output_tokens == 2, r.error  # an ordinary stop still passes
+
+
 @pytest.mark.parametrize("backend, bad, reason", [
     ("openai-chat", _data({"choices": [{"index": 0, "delta": None}]}), "chunk 3: choices[0].delta is null"),
     ("openai-chat", _data({"choices": [{"delta": ["hi"]}]}), 'chunk 3: choices[0].delta is ["hi"], not an object'),
@@ -565,6 +583,11 @@ def test_serve_ladder_on_a_custom_dataset(server, tiny, tmp_path, capsys):
     ('{"text": "no prompt key"}\n', 'line 1: each line must be an object with a non-empty "prompt"'),
     ('["a list"]\n', 'line 1: each line must be an object'),
     ('{"prompt": ""}\n', 'non-empty "prompt"'),
+    # a JSON list, pretty-printed: its first line "[" is not JSON; the message says the file is JSONL
+    ('[\n  {"prompt": "a"}\n]\n', "line 1: not JSON (Expecting value); the file is read as JSONL"),
+    # JSON's \ud800 escape: a lone surrogate, which the tokenizer refused in the middle of the ladder
+    # (its error naming neither the file nor the line, and the rungs already measured lost)
+    ('{"prompt": "ok"}\n{"prompt": "a \\ud800 b"}\n', 'line 2: the "prompt" is not valid Unicode (a lone surrogate'),
 ])
 def test_serve_refuses_a_bad_custom_dataset_before_any_request(tmp_path, capsys, lines, message):
     from minillm.bench.serve import main
@@ -575,6 +598,16 @@ def test_serve_refuses_a_bad_custom_dataset_before_any_request(tmp_path, capsys,
     # nothing listens on port 9: a request sent would fail differently (and later)
     assert main(["--base-url", "http://127.0.0.1:9", "--dataset", "custom", "--dataset-path", str(path)]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_custom_dataset_takes_a_file_with_a_byte_order_mark(tmp_path):
+    """A JSONL file saved by a Windows editor starts with a BOM: line 1 was refused as "not JSON"."""
+    from minillm.bench.dataset import custom_prompts
+
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"prompt": "first"}\n{"prompt": "second"}\n', encoding="utf-8-sig")
+    assert path.read_bytes()[:3] == b"\xef\xbb\xbf"
+    assert custom_prompts(str(path)) == ["first", "second"]
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -752,11 +785,46 @@ def test_a_result_json_that_fails_at_the_end_is_printed_instead(tiny, tmp_path, 
     (["--input-len", "0"], "--input-len"), (["--output-len", "0"], "--output-len"),
     (["--range-ratio", "nan"], "--range-ratio"), (["--plot", "/nonexistent-dir/p.png"], "--plot"),
     (["--model", ""], "--model"),  # "" quietly meant: ask the server
+    (["--base-url", "127.0.0.1:8000"], "--base-url must start with http:// or https://"),  # failed every request
 ])
 def test_serve_refuses_bad_numeric_flags_before_any_request(capsys, flags, flag):
     from minillm.bench.serve import main
 
     _refused(capsys, main, ["--base-url", _closed_url(), *flags], flag)
+
+
+def test_serve_refuses_a_base_url_ending_in_v1(capsys):
+    """An OpenAI client's base_url (http://host:port/v1): the routes became /v1/v1/..., a 404 per request."""
+    from minillm.bench.serve import main
+
+    _refused(capsys, main, ["--base-url", _closed_url() + "/v1/", "--model", "m"], "ends in /v1")
+
+
+def test_serve_refuses_a_plot_matplotlib_cannot_write(tmp_path, capsys):
+    """--plot r.xyz raised matplotlib's ValueError (a traceback) after the whole ladder had run; --plot r
+    was written as r.png while "wrote r" was printed."""
+    pytest.importorskip("matplotlib")
+    from minillm.bench.serve import main
+
+    for bad, reason in (("r.xyz", "cannot write .xyz images"), ("r", "no extension")):
+        _refused(capsys, main, ["--base-url", _closed_url(), "--plot", str(tmp_path / bad)], reason)
+    assert not list(tmp_path.iterdir())
+
+
+def test_serve_refuses_an_output_that_would_overwrite_an_input(tmp_path, capsys):
+    """--result-json naming the --dataset-path file wrote the result over the dataset (after the run,
+    reported as "wrote"); --plot naming the --result-json file wrote the PNG over the JSON."""
+    from minillm.bench.serve import main
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "hi"}\n')
+    (tmp_path / "link.jsonl").symlink_to(data)
+    custom = ["--base-url", _closed_url(), "--dataset", "custom", "--dataset-path", str(data)]
+    _refused(capsys, main, [*custom, "--result-json", str(data)], "is the file of --dataset-path")
+    _refused(capsys, main, [*custom, "--result-json", str(tmp_path / "link.jsonl")], "is the file of --dataset-path")
+    _refused(capsys, main, [*custom, "--result-json", str(tmp_path / "r.json"), "--plot", str(tmp_path / "r.json")],
+             "--plot")
+    assert data.read_text() == '{"prompt": "hi"}\n' and not (tmp_path / "r.json").exists()
 
 
 def test_serve_names_a_bad_tokenizer_before_any_request(tmp_path, capsys):
@@ -844,6 +912,22 @@ def test_serve_ladder_survives_a_malformed_usage_chunk(null_usage_server, tiny, 
     reason = ("bad usage chunk: usage.completion_tokens is None" if kind == "null usage"
               else "chunk 2: choices[0].text is 7, not a string")
     assert reason in rung["errors"][0], rung["errors"]
+
+
+def test_an_error_building_a_later_rung_keeps_the_rungs_measured(server, tmp_path, capsys):
+    """The second rung's 10**15 prompts cannot be allocated: main printed that error alone (exit 2) and
+    threw away the first rung, measured and never written. Now the finished rungs are reported."""
+    from minillm.bench.serve import main
+
+    out = tmp_path / "r.json"
+    rc = main(["--base-url", server.base, "--input-len", "8", "--output-len", "2", "--concurrency", "1,1",
+               "--num-prompts", f"2,{10**15}", "--warmup", "0", "--result-json", str(out), "--timeout", "60"])
+    printed = capsys.readouterr()
+    assert rc == 2, printed.err
+    assert "reporting the 1 rung(s) that finished" in printed.err and "TPOT" in printed.out
+    res = json.loads(out.read_text())
+    assert [(r["num_prompts"], r["ok"]) for r in res["rungs"]] == [(2, 2)]
+    assert res["void"] and "allocate" in res["error"]
 
 
 @pytest.mark.parametrize("flags, flag", [

@@ -103,9 +103,10 @@ def random_requests(tok: Tokenizer, num_prompts: int, input_len: int, output_len
 
 def custom_prompts(path: str) -> list[str]:
     """vLLM's custom dataset: every line of a JSONL file an object with a non-empty "prompt" string
-    (other keys are ignored; blank lines are skipped). ValueError naming the line otherwise."""
+    of valid Unicode (other keys are ignored; blank lines are skipped). ValueError naming the line
+    otherwise."""
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        lines = Path(path).read_text(encoding="utf-8-sig").splitlines()  # -sig: a leading BOM (Windows editors)
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"--dataset-path {path}: cannot read it as UTF-8 text ({e})") from None
     prompts = []
@@ -115,11 +116,17 @@ def custom_prompts(path: str) -> list[str]:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ValueError(f"--dataset-path {path}, line {n}: not JSON ({e.msg})") from None
+            raise ValueError(f"--dataset-path {path}, line {n}: not JSON ({e.msg}); the file is read as JSONL, "
+                             "one JSON object a line") from None
         prompt = obj.get("prompt") if isinstance(obj, dict) else None
         if not isinstance(prompt, str) or not prompt:
             raise ValueError(f'--dataset-path {path}, line {n}: each line must be an object with a non-empty '
                              f'"prompt" string, e.g. {{"prompt": "Summarise: ..."}}')
+        try:  # JSON's "\ud800" escape parses to a lone surrogate: the tokenizer refused it mid-ladder
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f'--dataset-path {path}, line {n}: the "prompt" is not valid Unicode (a lone surrogate '
+                             f"{prompt[e.start]!r} at character {e.start})") from None
         prompts.append(prompt)
     if not prompts:
         raise ValueError(f"--dataset-path {path}: no prompts in it (one JSON object a line)")

@@ -166,6 +166,24 @@ def check_output_path(path: str | Path | None, flag: str) -> None:
         raise ValueError(f"{flag} {path} is not writable")
 
 
+def check_plot_path(path: str | Path | None, flag: str = "--plot") -> None:
+    """Refuse a plot whose extension matplotlib cannot write before the run (it raised ValueError in
+    savefig, after the measuring), and one with no extension (savefig appended .png, so the file
+    named as written was not there). Without matplotlib the plot is skipped with a note instead."""
+    if path is None:
+        return
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        return
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if suffix not in kinds:
+        raise ValueError(f"{flag} {path}: " + (f"matplotlib cannot write .{suffix} images" if suffix else
+                                               "no extension to name the image type") +
+                         f"; end it in .png (or .{', .'.join(sorted(k for k in kinds if k != 'png'))})")
+
+
 def save_json(path: str | Path, obj: dict | list, flag: str = "--result-json") -> bool:
     """write_json at the end of a run; if it fails anyway (the disk filled, the directory went away
     since check_output_path), print the error and the result on stdout so that it is not lost.

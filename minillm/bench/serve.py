@@ -11,12 +11,13 @@ rung they repeat). With --request-rate the requests also arrive over time, as
 `vllm bench serve --request-rate R --burstiness B` sends them (gamma-distributed gaps, mean 1 / R).
 --backend picks the route: /v1/completions (openai), /v1/chat/completions (openai-chat) or
 /v1/responses (openai-responses: its output deltas are the tokens, its usage the final response's).
-A request fails on a non-200 status, an SSE error event (or response.failed), a
-broken or unterminated stream, a malformed chunk (its number and field named: "chunk 3:
-choices[0].delta is null"), a usage chunk whose counts are not counts, a timeout, or (with
---ignore-eos) fewer tokens than max_tokens. A rung with any failure is VOID and ends the ladder
-unless --keep-going; the exit status is then 1. Bad flags (and a --result-json or --plot that
-cannot be written) are refused before any request: one "error:" line, exit status 2.
+A request fails on a non-200 status, an SSE error event (or response.failed), a choice finished
+with finish_reason "abort" or "error", a broken or unterminated stream, a malformed chunk (its
+number and field named: "chunk 3: choices[0].delta is null"), a usage chunk whose counts are not
+counts, a timeout, or (with --ignore-eos) fewer tokens than max_tokens. A rung with any failure is
+VOID and ends the ladder unless --keep-going; the exit status is then 1. Bad flags (and a
+--result-json or --plot that cannot be written, or would overwrite --dataset-path or each other)
+are refused before any request: one "error:" line, exit status 2.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -37,6 +39,7 @@ from minillm.bench.report import (
     GOODPUT_METRICS,
     RequestResult,
     check_output_path,
+    check_plot_path,
     format_table,
     itl_from_timestamps,
     ladder_continues,
@@ -105,7 +108,8 @@ def arrival_offsets(n: int, rate: float, burstiness: float, seed) -> list[float]
 def build_parser() -> argparse.ArgumentParser:
     p = CliParser(prog="python -m minillm.bench serve",
                   description="Concurrency ladder against an OpenAI-compatible server.")
-    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    p.add_argument("--base-url", default="http://127.0.0.1:8000",
+                   help="the server's root URL, without /v1 (--backend adds the route)")
     p.add_argument("--backend", choices=sorted(ENDPOINTS), default="openai",
                    help="openai: /v1/completions; openai-chat: /v1/chat/completions; openai-responses: "
                         "/v1/responses (each streamed)")
@@ -149,6 +153,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def same_file(a: str, b: str) -> bool:
+    """Whether two paths name one file (a link to it, or a file not written yet at the same place)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return Path(a).resolve() == Path(b).resolve()
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Refuse the numeric flags the run cannot use before any request is sent: a nan temperature
     breaks the JSON body, a timeout <= 0 fails every request as if the server were at fault, and an
@@ -156,6 +168,13 @@ def check_args(args: argparse.Namespace) -> None:
     --request-rate). A ValueError names the flag and what it takes."""
     # "" would quietly mean "ask the server for its model" (leave the flag out for that)
     need(args.model != "", "--model must be the served model's name; leave it out to ask the server for its first")
+    # a URL without a scheme failed every request as a "broken stream"; one ending in /v1 (an OpenAI
+    # client's base_url) asked for /v1/v1/completions and got a 404 per request
+    need(args.base_url.lower().startswith(("http://", "https://")),
+         f"--base-url must start with http:// or https://, got {args.base_url!r}")
+    need(not args.base_url.rstrip("/").endswith("/v1"),
+         f"--base-url {args.base_url} ends in /v1: give the server's root (e.g. http://127.0.0.1:8000); "
+         f"--backend {args.backend} adds the route {ENDPOINTS[args.backend]}")
     keys = [k for k, _ in args.goodput or []]
     twice = sorted({k for k in keys if keys.count(k) > 1})
     need(not twice, f"--goodput names {', '.join(twice)} more than once")
@@ -177,6 +196,14 @@ def check_args(args: argparse.Namespace) -> None:
          f"--burstiness must be a finite number > 0, got {args.burstiness}")
     check_output_path(args.result_json, "--result-json")
     check_output_path(args.plot, "--plot")
+    check_plot_path(args.plot)
+    # the result written over the dataset would destroy it; the plot written over the JSON, the result
+    files = [(flag, path) for flag, path in (("--dataset-path", args.dataset_path), ("--result-json", args.result_json),
+                                             ("--plot", args.plot)) if path]
+    for i, (flag, path) in enumerate(files):
+        for other, other_path in files[i + 1:]:
+            need(not same_file(path, other_path),
+                 f"{other} {other_path} is the file of {flag} {path}: writing it would overwrite that")
     if args.tokenizer is not None:  # read before any request, its errors named as the flag's (not a model's)
         from minillm.models.loader import DEFAULT_MODEL_ALIAS
 
@@ -264,6 +291,19 @@ def chunk_finishes(backend: str, chunk: dict) -> bool:
     return any(c.get("finish_reason") is not None for c in chunk.get("choices") or ())
 
 
+# finish reasons of a choice the server gave up on (vLLM's FinishReason.ABORT and ERROR, minillm's
+# "error"): without --ignore-eos such a request passed as a success with its partial output
+FAILED_FINISHES = ("abort", "error")
+
+
+def failed_finish(backend: str, chunk: dict) -> str | None:
+    """The failed finish reason of a checked chunk's choices (chunk_has_output passed it), else None."""
+    if backend == "openai-responses":  # its failures are response.failed events
+        return None
+    return next((c["finish_reason"] for c in chunk.get("choices") or () if c.get("finish_reason") in FAILED_FINISHES),
+                None)
+
+
 def usage_count(usage: object, key: str, default: int) -> int:
     """A token count from the stream's usage chunk, `default` without one (or without that key). A
     count that is not a non-negative integer (null, a string) raises ValueError: the caller fails
@@ -324,6 +364,9 @@ async def send_request(client, url: str, backend: str, body: dict, prompt_len: i
                     has_output = chunk_has_output(backend, obj)
                 except ValueError as e:
                     return RequestResult(False, prompt_len, error=f"chunk {n_chunks}: {e} (the chunk: {data[:100]})")
+                gave_up = failed_finish(backend, obj)
+                if gave_up:  # its text so far is not the answer asked for: not a success to time
+                    return RequestResult(False, prompt_len, error=f"chunk {n_chunks}: finish_reason {gave_up!r}")
                 if has_output:
                     chunk_times.append(time.perf_counter())
                 elif finish_at is None and chunk_finishes(backend, obj):
@@ -513,6 +556,12 @@ def run_ladder(args: argparse.Namespace) -> dict:
     except KeyboardInterrupt:
         print(f"interrupted: reporting the {len(result['rungs'])} rung(s) that finished", file=sys.stderr)
         result["interrupted"] = True
+    except STARTUP_ERRORS as e:  # a later rung's prompts could not be built (--num-prompts 8,10**15: no memory)
+        if not result["rungs"]:
+            raise  # nothing measured yet: main's one "error:" line
+        # main used to print only this error, throwing away the rungs already measured
+        print(f"error: {e}; reporting the {len(result['rungs'])} rung(s) that finished", file=sys.stderr)
+        result["error"], result["void"] = str(e), True
     return result
 
 
@@ -538,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as e:  # checked up front, but the disk may fill; the table and JSON stand
             print(f"error: cannot write --plot {args.plot}: {e}", file=sys.stderr)
             return 2
-    return 130 if result.get("interrupted") else 1 if result["void"] else 0
+    return 130 if result.get("interrupted") else 2 if "error" in result else 1 if result["void"] else 0
 
 
 if __name__ == "__main__":
