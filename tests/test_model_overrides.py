@@ -53,6 +53,22 @@ def test_read_a_file_or_the_template(template_file, tmp_path):
         read_chat_template(str(tmp_path))
 
 
+def test_read_a_template_from_a_pipe(tmp_path):
+    """`--chat-template <(cat tpl.jinja)` passes /dev/fd/N, a pipe: it was "no such file" (only regular
+    files were read)."""
+    import os
+    import threading
+
+    fifo = tmp_path / "tpl.fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text(TEMPLATE))
+    writer.start()
+    try:
+        assert read_chat_template(str(fifo)) == (TEMPLATE, f"--chat-template {fifo}")
+    finally:
+        writer.join(timeout=10)
+
+
 @pytest.mark.parametrize("inline", [False, True])
 def test_offline_chat_renders_with_it(byte_llama, template_file, inline):
     llm = LLM(str(byte_llama), device="cpu", max_model_len=128, max_num_seqs=2,

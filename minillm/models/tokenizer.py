@@ -228,7 +228,9 @@ def read_chat_template(value: str) -> tuple[str, str]:
     template, where it came from, for errors). A value that is neither is a ValueError saying so."""
     path = Path(value)
     try:
-        is_file, is_dir = path.is_file(), path.is_dir()
+        # a pipe counts as a file: `--chat-template <(...)` gives /dev/fd/N (read once, here)
+        is_dir = path.is_dir()
+        is_file = not is_dir and (path.is_file() or path.is_fifo() or path.is_char_device())
     except (OSError, ValueError):  # a long inline template is not a valid path on every system
         is_file = is_dir = False
     if is_file:
