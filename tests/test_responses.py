@@ -83,6 +83,7 @@ def test_request_becomes_its_chat_body():
     ({"input": "x", "include": "all"}, "include", "an array of strings"),
     ({"input": "x", "reasoning": "high"}, "reasoning", "must be an object"),
     ({"input": "x", "truncation": "auto"}, "truncation", "auto"),
+    ({"input": "x", "truncation": 5}, "truncation", "'truncation' 5 is not supported: only \"disabled\""),
     ({"input": "x", "stream_options": {"include_usage": True}}, "stream_options", "include_obfuscation"),
     ({}, "input", "required"),
     ({"input": []}, "input", "non-empty"),
@@ -384,6 +385,51 @@ def test_bad_requests_name_the_field(server):
         create(server, previous_response_id="resp_1")
     r = httpx.get(f"{server.url}/v1/responses/resp_123")
     assert r.status_code == 404 and "stores no responses" in r.json()["error"]["message"]
+
+
+def test_echoed_fields_that_json_cannot_carry_back(server):
+    """Fields the Response object echoes (metadata, user, tools, reasoning) with a number beyond a
+    double's range (json reads 1e999 as infinity: the 200 held a bare Infinity, which is not JSON)
+    or nested ~900 deep (parsed, but encoding the echo was a RecursionError: a 500 after the
+    generation, or a stream cut off without an error event): a 400 naming the field, before any work."""
+    deep = "[" * 900 + "]" * 900
+    cases = [(b'"metadata": {"k": 1e999}', "metadata", "beyond a double's range"),
+             (b'"user": -1e999', "user", "beyond a double's range"),
+             (b'"reasoning": {"summary": 1e999}', "reasoning", "beyond a double's range"),
+             (f'"metadata": {{"k": {deep}}}'.encode(), "metadata", "nested too deeply"),
+             (f'"reasoning": {{"summary": {deep}}}'.encode(), "reasoning", "nested too deeply"),
+             (f'"tools": [{{"type": "function", "name": "f", "parameters": {{"type": "object", "x": {deep}}}}}]'
+              .encode(), "tools", "nested too deeply")]
+    for field, param, words in cases:
+        for stream in (b"false", b"true"):
+            r = httpx.post(f"{server.url}/v1/responses", content=b'{"input": "hi", "max_output_tokens": 2, "stream": '
+                           + stream + b", " + field + b"}", headers={"Content-Type": "application/json"}, timeout=30)
+            assert r.status_code == 400, r.text[:300]
+            err = r.json()["error"]
+            assert err["param"] == param and words in err["message"], err
+    # what is fine still is, and echoed as sent
+    r = create(server, max_output_tokens=2, metadata={"k": "v" * 512}, user="u")
+    assert r.metadata == {"k": "v" * 512} and r.user == "u"
+
+
+def test_stored_response_routes_name_the_id(server):
+    """GET/DELETE /v1/responses/{id}, POST .../{id}/cancel, GET .../{id}/input_items: a 404 naming
+    the id the client sent (it said 'resp_1/cancel'), a long one cut; POST
+    /v1/responses/input_tokens (OpenAI's token count) is not an id: it points to /tokenize."""
+    cl = server.client()
+    for call in (lambda: cl.responses.retrieve("resp_1"), lambda: cl.responses.delete("resp_1"),
+                 lambda: cl.responses.cancel("resp_1"), lambda: cl.responses.input_items.list("resp_1")):
+        with pytest.raises(openai.NotFoundError) as e:
+            call()
+        err = e.value.body
+        assert err["message"].startswith("response 'resp_1' not found") and "stores no responses" in err["message"]
+        assert err["param"] == "response_id" and err["type"] == "not_found_error"
+    r = httpx.get(f"{server.url}/v1/responses/{'r' * 5000}")
+    assert r.status_code == 404 and "(5000 characters)" in r.json()["error"]["message"]
+    assert len(r.json()["error"]["message"]) < 400
+    r = httpx.post(f"{server.url}/v1/responses/input_tokens", json={"model": "tiny", "input": "hi"})
+    assert r.status_code == 404 and "POST /tokenize" in r.json()["error"]["message"], r.text
+    assert httpx.put(f"{server.url}/v1/responses/resp_1").status_code == 405
 
 
 def test_unknown_fields_are_named_in_the_log(server):

@@ -491,6 +491,33 @@ def test_http_level_errors(server):
     assert httpx.get(f"{server.url}/health").status_code == 200
 
 
+def test_odd_bodies_and_names_get_clear_errors(server):
+    """What a hand-written or generated body can hold beyond the fields' own checks, on the routes
+    earlier audits left aside: an integer of 5,000 digits (the message was Python's advice to the
+    server: "use sys.set_int_max_str_digits()"), a number beyond a double's range (json reads 1e999
+    as infinity: an unknown field's was taken), a body nested deeper than any field needs, and a
+    5,000-character model name (echoed whole in the 404)."""
+    err = check_error(post(server, "/tokenize", b'{"prompt": "hi", "n": ' + b"9" * 5000 + b"}", headers={}), 400, None)
+    assert err["message"] == "the request body holds an integer of more than 4300 digits; no field takes one that large"
+    for path, body in (("/tokenize", b'{"prompt": "hi", "x": 1e999}'), ("/detokenize", b'{"tokens": [], "x": -1e999}'),
+                       ("/v1/completions", b'{"prompt": "hi", "max_tokens": 2, "x": {"y": [1e400]}}')):
+        err = check_error(post(server, path, body), 400, "x")
+        assert "beyond a double's range" in err["message"] and "1.8e308" in err["message"], err
+    for path, body in (("/tokenize", {"prompt": "hi", "x": [[[[]]]]}), ("/detokenize", {"tokens": [], "x": {}})):
+        assert post(server, path, body, headers={}).status_code == 200  # unknown fields: still ignored
+    deep = b"[" * 300 + b"]" * 300
+    err = check_error(post(server, "/tokenize", b'{"prompt": "hi", "x": ' + deep + b"}", headers={}), 400, "x")
+    assert err["message"] == "'x' is nested too deeply: send at most 256 levels of arrays and objects"
+    err = check_error(post(server, "/tokenize", b'{"x": ' + b"[" * 100000 + b"]" * 100000 + b"}", headers={}), 400)
+    assert "at most 256 levels" in err["message"]
+    for r in (httpx.get(f"{server.url}/v1/models/{'m' * 5000}", headers=AUTH),
+              post(server, "/tokenize", {"prompt": "hi", "model": "m" * 5000}, headers={}),
+              post(server, "/v1/completions", {**OK, "model": "m" * 5000})):
+        err = check_error(r, 404, "model")
+        assert err["code"] == "model_not_found" and "(5000 characters)" in err["message"] and len(err["message"]) < 300
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
 @pytest.mark.parametrize("flags,words", [
     (["--max-num-batched-tokens", "4"], "--max-num-batched-tokens"),
     (["--max-num-seqs", "0"], "--max-num-seqs"),

@@ -296,9 +296,14 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         return await _respond()
 
     @app.route("/v1/responses/<path:response_id>", methods=["GET", "DELETE", "POST"])
-    async def stored_response(response_id: str) -> Response:  # retrieve, delete, cancel
-        return _error(404, f"response {response_id!r} not found: this server stores no responses (every response "
-                      "says \"store\": false); send the whole conversation as 'input'", "not_found_error",
+    async def stored_response(response_id: str) -> Response:  # retrieve, delete, cancel, input_items
+        if response_id == "input_tokens" and request.method == "POST":  # OpenAI's token count: not a response id
+            return _error(404, "POST /v1/responses/input_tokens is not served: count a conversation's tokens with "
+                          "POST /tokenize and its 'messages'", "not_found_error")
+        # OpenAI's routes under a response are {id}, {id}/cancel and {id}/input_items: the id is the first part
+        rid = response_id.split("/", 1)[0]
+        return _error(404, f"response {protocol.clipped(rid)!r} not found: this server stores no responses (every "
+                      "response says \"store\": false); send the whole conversation as 'input'", "not_found_error",
                       "response_id")
 
     if test_hooks:

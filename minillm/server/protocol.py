@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +30,12 @@ CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_N = 64  # choices per request: each is its own engine request (its own prefill of the prompt,
 # unless the prefix cache already holds it)
 MAX_CHOICES = 256  # prompts x n of one completions request
+# levels of arrays and objects in a request body (the body itself is level 1). json parses ~990
+# (Python's recursion limit), but a value echoed back (the Responses API's metadata, tools) is
+# encoded again deeper in the stack, where ~900 was a RecursionError: a 500 after the generation,
+# or a stream cut off with no error event. 256 leaves room for any JSON schema a grammar compiles
+# (llguidance stops near 100 schema levels, two JSON levels each)
+MAX_DEPTH = 256
 
 
 class ProtocolError(Exception):
@@ -134,13 +142,18 @@ def _refuse(body: dict, name: str, allowed: tuple = (None,), what: str | None = 
     raise ProtocolError(f"'{name}' is not supported yet{': ' + what if what else ''}", name)
 
 
+def clipped(text: str, limit: int = 100) -> str:
+    """A client's text as an error message quotes it: a long one cut (an 8 MB name would make an 8 MB error)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def check_model(body: dict, names: list[str]) -> str:
     """The served name the request asked for (optional: defaults to the first served name)."""
     model = _get(body, "model", str, None)
     if model is None:
         return names[0]
     if model not in names:
-        raise ProtocolError(f"The model `{model}` does not exist. This server serves: {', '.join(names)}",
+        raise ProtocolError(f"The model `{clipped(model)}` does not exist. This server serves: {', '.join(names)}",
                             "model", status=404, code="model_not_found")
     return model
 
@@ -181,22 +194,35 @@ def parse_body(raw: bytes) -> RequestBody:
     try:
         body = json.loads(raw, parse_constant=no_constants)
     except (ValueError, UnicodeDecodeError) as e:
+        if "integer string conversion" in str(e):  # Python's advice (sys.set_int_max_str_digits) is the server's
+            raise ProtocolError(f"the request body holds an integer of more than {sys.get_int_max_str_digits()} "
+                                "digits; no field takes one that large") from None
         raise ProtocolError(f"the request body is not valid JSON: {e}") from None
     except RecursionError:
-        raise ProtocolError("the request body is nested too deeply to parse") from None
+        raise ProtocolError(f"the request body is nested too deeply to parse: send at most {MAX_DEPTH} levels of "
+                            "arrays and objects") from None
     if not isinstance(body, dict):
         raise ProtocolError("the request body must be a JSON object")
-    _check_unicode(body)
+    _check_values(body)
     return RequestBody(body)
 
 
-def _check_unicode(body: dict) -> None:
+def _check_values(body: dict) -> None:
     """Refuse strings with a lone surrogate (JSON's "\\ud800" escape unpaired): they are not text,
-    and the tokenizer, templates and stop matching would fail on them deep inside the engine."""
-    stack: list[tuple[str, Any]] = [(k, v) for k, v in body.items()]
-    stack += [(k, k) for k in body]  # the keys too
-    while stack:  # iterative: the body's depth is only bounded by the JSON parser's recursion
-        where, v = stack.pop()
+    and the tokenizer, templates and stop matching would fail on them deep inside the engine. And
+    numbers beyond a double's range (1e999): json reads them as infinity, which parse_constant
+    does not see, and a field echoed back (the Responses API's metadata, user, tools) would put a
+    bare Infinity, which is not JSON, in a 200's body. And nesting deeper than MAX_DEPTH."""
+    stack: list[tuple[str, Any, int]] = [(k, v, 1) for k, v in body.items()]
+    stack += [(k, k, 1) for k in body]  # the keys too
+    while stack:  # iterative: the parser takes ~990 levels, more than MAX_DEPTH
+        where, v, depth = stack.pop()
+        if depth >= MAX_DEPTH and isinstance(v, (dict, list)):  # (the body is level 1, its fields' values depth 1)
+            raise ProtocolError(f"'{where}' is nested too deeply: send at most {MAX_DEPTH} levels of arrays and "
+                                "objects", where)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ProtocolError(f"'{where}' holds a number beyond a double's range (it would be {v}); send numbers "
+                                "within +-1.8e308", where)
         if isinstance(v, str):
             if not v.isascii():
                 try:
@@ -206,9 +232,9 @@ def _check_unicode(body: dict) -> None:
                                         f"{v[e.start]!a} at character {e.start}); send text as UTF-8, or "
                                         "escape characters outside the BMP as surrogate pairs", where) from None
         elif isinstance(v, dict):
-            stack += [(where, x) for x in v.values()] + [(where, k) for k in v]
+            stack += [(where, x, depth + 1) for x in v.values()] + [(where, k, depth) for k in v]
         elif isinstance(v, list):
-            stack += [(where, x) for x in v]
+            stack += [(where, x, depth + 1) for x in v]
 
 
 # ---- prompts ------------------------------------------------------------------------------

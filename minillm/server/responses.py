@@ -41,7 +41,7 @@ REFUSED = {
     "conversation": ((None,), "this server stores no conversations; send the whole conversation as 'input'"),
     "background": ((None, False), "background responses (this server answers each request on its connection)"),
     "prompt": ((None,), "stored prompt templates; send the text as 'instructions' and 'input'"),
-    "truncation": ((None, "disabled"), "truncation 'auto' (dropping the conversation's start)"),
+    "truncation": ((None, "disabled"), "only \"disabled\" is served (\"auto\" would drop the conversation's start)"),
     "max_tool_calls": ((None,), "a limit on tool calls; parallel_tool_calls false allows one"),
     "context_management": ((None,), "context management"),
 }
@@ -252,7 +252,8 @@ def chat_request(body: RequestBody) -> ResponsesRequest:
         v = body.get(name)
         empty = isinstance(v, list) and not v or isinstance(v, dict) and all(x is None for x in v.values())
         if not (empty or v in neutral):
-            raise ProtocolError(f"'{name}' is not supported: {what}", name)
+            # the value named: what is refused may be a wrong type, not the feature the message explains
+            raise ProtocolError(f"'{name}' {_shown(v)} is not supported: {what}", name)
     opts = body.get("stream_options")
     if opts is not None and not (isinstance(opts, dict) and set(opts) <= {"include_obfuscation"}):
         raise ProtocolError(f"'stream_options' takes only include_obfuscation, got {_shown(opts)}", "stream_options")
