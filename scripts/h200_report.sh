@@ -5111,16 +5111,22 @@ part288() {  # prepared in session 52 (carry .whl and .snap0 = `git archive ba2a
     throughput_in . "throughput_fix_$r"
   done
   grep -h "Throughput:" "$W"/throughput_*.log
+  graphs_b1_ab .snap0 before fix
+  pack
+}
+
+graphs_b1_ab() {  # graphs_b1_ab SNAP TAG_SNAP TAG_HERE: both shapes' batch-1 graphs (512 keys) from the carried tree
+  # SNAP and from this one, alternated twice (stages graph_{q06,q8}_TAG_{1,2}); then graph_summary
+  local r s
   for r in 1 2; do
     for s in q06 q8; do
-      stage "graph_${s}_before_$r" 100 bash -c "cd .snap0 && PYTHONPATH=.:/tmp/site python3 scripts/step_kernels.py \
-        $M/$s --batch 1 --ctx 512 --json $W/graph_${s}_before_$r.json"
-      stage "graph_${s}_fix_$r" 100 python3 scripts/step_kernels.py $M/$s --batch 1 --ctx 512 \
-        --json "$W/graph_${s}_fix_$r.json"
+      stage "graph_${s}_$2_$r" 100 bash -c "cd $1 && PYTHONPATH=.:/tmp/site python3 scripts/step_kernels.py \
+        $M/$s --batch 1 --ctx 512 --json $W/graph_${s}_$2_$r.json"
+      stage "graph_${s}_$3_$r" 100 python3 scripts/step_kernels.py $M/$s --batch 1 --ctx 512 \
+        --json "$W/graph_${s}_$3_$r.json"
     done
   done
   graph_summary
-  pack
 }
 
 part289() {  # prepared in session 53 (carry .whl, .snap1 = `git archive 548b5cb`, .snap2 = `git archive d493560`):
@@ -5132,22 +5138,14 @@ part289() {  # prepared in session 53 (carry .whl, .snap1 = `git archive 548b5cb
   setup
   facts > "$W/facts.txt" 2>&1
   models_both 60
-  local r s
+  local r
   for r in 1 2; do
     throughput_in .snap1 "throughput_548b5cb_$r"
     throughput_in .snap2 "throughput_d493560_$r"
     throughput_in . "throughput_keyorder_$r"
   done
   grep -H "Throughput:" "$W"/throughput_*.log
-  for r in 1 2; do
-    for s in q06 q8; do
-      stage "graph_${s}_d493560_$r" 100 bash -c "cd .snap2 && PYTHONPATH=.:/tmp/site python3 scripts/step_kernels.py \
-        $M/$s --batch 1 --ctx 512 --json $W/graph_${s}_d493560_$r.json"
-      stage "graph_${s}_keyorder_$r" 100 python3 scripts/step_kernels.py $M/$s --batch 1 --ctx 512 \
-        --json "$W/graph_${s}_keyorder_$r.json"
-    done
-  done
-  graph_summary
+  graphs_b1_ab .snap2 d493560 keyorder
   pack
 }
 
