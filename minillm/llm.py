@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import jinja2
 import numpy as np
 
 from minillm.args import EngineArgs
@@ -11,6 +12,11 @@ from minillm.engine.engine import LLMEngine
 from minillm.engine.logprobs import TokenLogprob
 from minillm.models.tokenizer import content_text
 from minillm.sampling_params import SamplingParams
+
+# what Tokenizer.apply_chat_template renders with already (and the template's globals): not
+# chat_template_kwargs keys (the server's protocol.py refuses the same)
+TEMPLATE_RESERVED = ("messages", "add_generation_prompt", "bos_token", "eos_token", "raise_exception",
+                     "strftime_now")
 
 
 @dataclass
@@ -46,18 +52,21 @@ class LLM:
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  priority: list[int] | None = None) -> list[CompletionOutput]:
-        """Generate for a prompt or a list of prompts (strings or token-id lists), batched; without
-        sampling_params, get_default_sampling_params(). priority (vLLM's): one integer a prompt,
-        lower first, with scheduling_policy="priority"."""
+        """Generate for a prompt or a list of prompts (strings, token-id lists, or vLLM's {"prompt": text}
+        and {"prompt_token_ids": ids} dicts), batched; without sampling_params,
+        get_default_sampling_params(). priority (vLLM's): one integer a prompt, lower first, with
+        scheduling_policy="priority"."""
         if isinstance(prompts, np.ndarray):
             prompts = prompts.tolist()
-        if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
-                                        and isinstance(prompts[0], (int, np.integer))):
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and prompts
+                                                and isinstance(prompts[0], (int, np.integer))):
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)):
             raise ValueError("prompts must be a string, a list of token ids, or a list of either; got "
                              f"{type(prompts).__name__}")
         params = self.get_default_sampling_params() if sampling_params is None else sampling_params
+        if isinstance(params, tuple):  # a sequence of them, as vLLM takes
+            params = list(params)
         if not isinstance(params, list):
             params = [params] * len(prompts)
         if len(params) != len(prompts):
@@ -78,7 +87,7 @@ class LLM:
         prompt_ids = []
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             try:
-                toks = engine.encode_prompt(prompt, p)  # truncated as p.truncate_prompt_tokens asks
+                toks = engine.encode_prompt(_unwrap(prompt), p)  # truncated as p.truncate_prompt_tokens asks
                 engine.validate_prompt(toks, p)  # all-or-nothing: check every prompt before adding any
             except ValueError as e:
                 raise refused(i, e) from None
@@ -113,6 +122,9 @@ class LLM:
                 engine.abort_request(rid)
             if isinstance(e, KeyboardInterrupt):  # the step in flight finishes on the device (a failed step is
                 engine.settle()                   # the failure's to report, not waited on again)
+            # what is left launched and unread (all of it after a failure; after Ctrl-C inside a step,
+            # a readback or drafting step it stopped) is dropped: the next call starts clean
+            engine.discard_in_flight()
             raise
         finally:
             engine.overlap_outputs = False
@@ -137,8 +149,17 @@ class LLM:
                              f"of such lists; got {type(messages).__name__}")
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
         convs = [_conversation(conv, i) for i, conv in enumerate(convs)]
+        # a truthy string such as "false" would otherwise switch them on
+        for name, v in (("add_generation_prompt", add_generation_prompt),
+                        ("continue_final_message", continue_final_message)):
+            if not isinstance(v, bool):
+                raise ValueError(f"{name} must be True or False, got {v!r}")
         if not isinstance(chat_template_kwargs, (dict, type(None))):
             raise ValueError(f"chat_template_kwargs must be a dict, got {type(chat_template_kwargs).__name__}")
+        for k in chat_template_kwargs or ():  # (the template's own inputs were a TypeError from the render call)
+            if not (isinstance(k, str) and k.isidentifier()) or k in TEMPLATE_RESERVED:
+                raise ValueError(f"chat_template_kwargs key {k!r} is not allowed: keys are template variable names "
+                                 f"other than {', '.join(TEMPLATE_RESERVED)} (the template gets those already)")
         if tools is not None:
             from minillm.server.tools import ToolError, parse_tools  # (the server package imports Quart)
 
@@ -148,10 +169,36 @@ class LLM:
                 raise ValueError(e.message) from None
             if checked:
                 chat_template_kwargs = {**(chat_template_kwargs or {}), "tools": checked}
-        prompts = [self.tokenizer.encode_chat(m, add_generation_prompt, template_kwargs=chat_template_kwargs,
-                                              continue_final_message=continue_final_message)
-                   for m in convs]
+        prompts = []
+        for i, m in enumerate(convs):
+            which = f"conversation {i}: " if len(convs) > 1 else ""
+            try:
+                prompts.append(self.tokenizer.encode_chat(m, add_generation_prompt,
+                                                          template_kwargs=chat_template_kwargs,
+                                                          continue_final_message=continue_final_message))
+            except ValueError as e:  # no chat template, nothing to continue
+                raise ValueError(f"{which}{e}") from None
+            except (jinja2.TemplateError, TypeError) as e:  # its raise_exception, a field it lacks, ...
+                raise ValueError(f"{which}the chat template refused the messages ({type(e).__name__}: {e})") from None
         return self.generate(prompts, sampling_params)
+
+
+def _unwrap(prompt):
+    """vLLM's prompt dicts, TextPrompt {"prompt": text} and TokensPrompt {"prompt_token_ids": ids}, as
+    the text or ids (they were refused as "got dict"); their other keys (multi_modal_data, ...) are
+    refused, not dropped. Anything else as it is."""
+    if not isinstance(prompt, dict):
+        return prompt
+    given = [k for k in ("prompt", "prompt_token_ids") if k in prompt]
+    other = sorted(str(k) for k in prompt if k not in ("prompt", "prompt_token_ids"))
+    if len(given) != 1 or other:
+        raise ValueError("a prompt dict holds exactly one of 'prompt' (text) and 'prompt_token_ids' (vLLM's "
+                         f"TextPrompt and TokensPrompt) and nothing else; got keys {sorted(map(str, prompt))}")
+    value = prompt[given[0]]
+    if (given[0] == "prompt") != isinstance(value, str):  # ids given as text would be tokenized
+        want = "a string" if given[0] == "prompt" else "a list of token ids"
+        raise ValueError(f"a prompt dict's {given[0]!r} must be {want}; got {type(value).__name__}")
+    return value
 
 
 def _conversation(conv, i: int) -> list[dict]:

@@ -481,3 +481,38 @@ def test_an_interrupted_generate_leaves_no_step_in_flight(tiny, monkeypatch):
     assert llm.engine.block_manager.num_free == free
     monkeypatch.undo()
     assert [o.token_ids for o in llm.generate(prompts, params)] == ref
+
+
+@pytest.mark.parametrize("method", [None, "dflash", "draft_model"])
+@pytest.mark.parametrize("fault", [RuntimeError, KeyboardInterrupt])
+@pytest.mark.parametrize("where", ["target", "drafter"])
+def test_a_step_that_raises_leaves_the_engine_usable(tiny, drafter, monkeypatch, method, fault, where):
+    """A step that raises part-way (a failure, or Ctrl-C while the host waits for the device: inside
+    a runner's collect) left the step in flight and its readback slot held, and every later
+    generate failed with "TokenReadback: a third step's ids before the first was read". Now the
+    requests are aborted, what was launched is dropped, and the next call's outputs are a fresh call's."""
+    if method is None and where == "drafter":
+        pytest.skip("no drafter")
+    spec = {None: None, "dflash": {"method": "dflash", "model": str(drafter), "num_speculative_tokens": 3},
+            "draft_model": {"method": "draft_model", "model": str(tiny), "num_speculative_tokens": 3}}[method]
+    llm = LLM(str(tiny), device="cpu", max_model_len=256, speculative_config=spec)
+    prompts = [[3, 4, 5, 6, 3, 4, 5], [7, 8, 9]]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    ref = [o.token_ids for o in llm.generate(prompts, params)]
+    free = llm.engine.block_manager.num_free
+    runner = llm.engine.runner if where == "target" else llm.engine.proposer.runner
+    real_collect, calls = runner.collect, []
+
+    def failing_collect(handle):
+        calls.append(1)
+        if len(calls) == 2:  # the second step (with async scheduling, one more is in flight)
+            raise fault("device fault")
+        return real_collect(handle)
+
+    monkeypatch.setattr(runner, "collect", failing_collect)
+    with pytest.raises(fault):
+        llm.generate(prompts, params)
+    monkeypatch.undo()
+    assert not llm.engine.has_unfinished() and not llm.engine.requests
+    assert llm.engine.block_manager.num_free == free
+    assert [o.token_ids for o in llm.generate(prompts, params)] == ref

@@ -269,6 +269,62 @@ def test_generate_refuses_bad_prompts_and_leaves_nothing_behind(llm, monkeypatch
     assert llm.generate([[5, 6, 7]], params)[0].token_ids == ref
 
 
+def test_generate_takes_vllm_prompt_dicts(llm):
+    """vLLM's TextPrompt {"prompt": text} and TokensPrompt {"prompt_token_ids": ids}, alone or in a list,
+    run as their text or ids (they were refused as "got dict"); other keys are refused, not dropped.
+    numpy ids come back as ints (json.dumps of prompt_token_ids failed on np.int64), and a tuple of
+    SamplingParams is one a prompt, as a list is."""
+    import json
+
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    text = "hello there"
+    ids = llm.tokenizer.encode(text)
+    by_ids, by_text = llm.generate([[5, 6, 7], text], params)
+    out = llm.generate([{"prompt_token_ids": [5, 6, 7]}, {"prompt": text}], params)
+    assert [(o.prompt_token_ids, o.token_ids) for o in out] == [([5, 6, 7], by_ids.token_ids), (ids, by_text.token_ids)]
+    assert llm.generate({"prompt_token_ids": np.array([5, 6, 7])}, params)[0].token_ids == by_ids.token_ids
+    for bad, words in [({"prompt": text, "prompt_token_ids": ids}, "exactly one of"), ({}, "exactly one of"),
+                       ({"prompt": text, "multi_modal_data": {}}, "multi_modal_data"),
+                       ({"prompt_token_ids": text}, "'prompt_token_ids' must be a list of token ids"),
+                       ({"prompt": [5, 6]}, "'prompt' must be a string")]:
+        with pytest.raises(ValueError, match=words):
+            llm.generate([[5, 6, 7], bad], params)
+    assert not llm.engine.requests
+    out = llm.generate([[np.int64(5), np.int32(6), 7]], (params,))[0]
+    assert json.loads(json.dumps(out.prompt_token_ids)) == [5, 6, 7] and out.token_ids == by_ids.token_ids
+    assert len(llm.generate([[5], [6]], (params, params))) == 2
+
+
+def test_chat_names_what_the_template_refuses(tiny):
+    """LLM.chat: the template's own refusal (raise_exception, a field it lacks), chat_template_kwargs
+    that collide with the template's inputs and non-boolean switches were a jinja2 error, a TypeError
+    from inside the tokenizer, or (add_generation_prompt="no") silently a generation prompt; each is now
+    a ValueError naming it (and the conversation, in a batch), and the engine runs on."""
+    template = ("{% for m in messages %}{% if m.role == 'system' and not loop.first %}"
+                "{{ raise_exception('a system message must come first') }}{% endif %}"
+                "[{{ m.content }}{% if m.tool_calls %}{{ m.tool_calls[0].function.name }}{% endif %}]"
+                "{% endfor %}{% if add_generation_prompt %}>{% endif %}")
+    llm = LLM(str(tiny), device="cpu", max_model_len=64, chat_template=template)
+    greedy = SamplingParams(temperature=0, max_tokens=2)
+    hi = {"role": "user", "content": "hi"}
+    ref = llm.chat([hi], greedy)[0]
+    with pytest.raises(ValueError, match=r"^conversation 1: the chat template refused the messages "
+                                         r"\(TemplateError: a system message must come first\)"):
+        llm.chat([[hi], [hi, {"role": "system", "content": "late"}]], greedy)
+    with pytest.raises(ValueError, match=r"the chat template refused the messages \(UndefinedError: .*function"):
+        llm.chat([hi, {"role": "assistant", "content": "", "tool_calls": [{"id": "c1"}]}], greedy)
+    for kw in ({"messages": []}, {"add_generation_prompt": False}, {"bos_token": "x"}, {1: 2}, {"a-b": 1}):
+        with pytest.raises(ValueError, match="chat_template_kwargs key .* is not allowed"):
+            llm.chat([hi], greedy, chat_template_kwargs=kw)
+    for kw in ({"add_generation_prompt": "no"}, {"continue_final_message": 1}):
+        with pytest.raises(ValueError, match=f"{next(iter(kw))} must be True or False"):
+            llm.chat([hi], greedy, **kw)
+    assert not llm.engine.requests
+    out = llm.chat([hi], greedy)[0]
+    assert (out.prompt_token_ids, out.token_ids) == (ref.prompt_token_ids, ref.token_ids)
+    assert llm.chat([hi], greedy, add_generation_prompt=False)[0].prompt_token_ids == llm.tokenizer.encode("[hi]")
+
+
 def test_truncate_prompt_tokens(llm):
     """vLLM's truncate_prompt_tokens in LLM.generate / LLM.chat / add_request: k keeps the prompt's
     last k tokens (what that tail alone gives; prompt_token_ids and prompt_logprobs are the tail's),

@@ -10,6 +10,8 @@ import os
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minillm import LLM, SamplingParams
 from minillm.tools.random_model import write_dflash_drafter, write_random_model
@@ -606,6 +608,13 @@ def test_invalid_speculative_configs(models, dflash_pair):
         ({"method": "ngram", "num_speculative_tokens": 2, "backoff_max_steps": 4},
          "backoff_max_steps needs backoff_after"),
         ({"method": "ngram", "num_speculative_tokens": 10**6}, "below --max-model-len"),
+        # the other drafter kind's keys, which were ignored: n-grams drafted with a drafter named,
+        # a drafter model run with prompt_lookup_* (even min > max) set
+        ({"method": "ngram", "model": target, "num_speculative_tokens": 2}, 'method "ngram" .* takes no "model"'),
+        ({"method": "draft_model", "model": target, "num_speculative_tokens": 2, "prompt_lookup_min": 5,
+          "prompt_lookup_max": 3}, 'prompt_lookup_max and prompt_lookup_min apply to method "ngram"'),
+        ({"model": target, "num_speculative_tokens": 2, "prompt_lookup_max": 3}, "apply to method \"ngram\", not to "
+                                                                                 "'draft_model'"),
         ({"method": "dflash", "model": str(dflash_pair[1] / "config.json"), "num_speculative_tokens": 2},
          r'the drafter\).*a drafter is a directory'),
     ]
@@ -640,3 +649,50 @@ def test_invalid_speculative_configs(models, dflash_pair):
     with pytest.raises(ValueError, match="vocabulary"):
         LLM(str(dflash_pair[0]), device="cpu",
             speculative_config={"method": "draft_model", "model": target, "num_speculative_tokens": 2})
+
+
+def test_vllm_ngram_spellings():
+    """vLLM's older n-gram spellings, "model": "ngram" (or "[ngram]") and "method": "[ngram]", are
+    n-gram drafting: "model": "ngram" was taken as a drafter path and failed as a missing file."""
+    from minillm.spec.config import SpeculativeConfig
+
+    for d in ({"model": "ngram"}, {"model": "[ngram]"}, {"method": "[ngram]"}, {"method": "ngram", "model": "ngram"}):
+        cfg = SpeculativeConfig.from_dict({**d, "num_speculative_tokens": 3, "prompt_lookup_max": 2})
+        assert (cfg.method, cfg.model, cfg.prompt_lookup_max) == ("ngram", None, 2), d
+    # a drafter method keeps its path, whatever its name
+    assert SpeculativeConfig.from_dict({"method": "dflash", "model": "ngram", "num_speculative_tokens": 3}).model \
+        == "ngram"
+
+
+def _lookup_by_definition(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
+    """Prompt lookup as specified: the longest n in [min_n, max_n] whose last n tokens occur earlier;
+    the k tokens after its most recent earlier occurrence."""
+    L = len(tokens)
+    for n in range(min(max_n, L - 1), min_n - 1, -1):
+        ends = [e for e in range(n - 1, L - 1) if tokens[e - n + 1 : e + 1] == tokens[L - n :]]
+        if ends:
+            return tokens[ends[-1] + 1 : ends[-1] + 1 + k]
+    return []
+
+
+@given(st.lists(st.integers(0, 3), max_size=40), st.integers(1, 5), st.integers(0, 8), st.integers(1, 5))
+@settings(max_examples=400, deadline=None)
+def test_ngram_lookup_is_the_definition(tokens, min_n, extra, k):
+    from minillm.spec.ngram import lookup
+
+    max_n = min_n + extra if extra < 8 else 10**9  # 8: a prompt_lookup_max past any sequence
+    assert lookup(np.asarray(tokens, dtype=np.int64), min_n, max_n, k) == _lookup_by_definition(tokens, min_n, max_n, k)
+
+
+def test_ngram_lookup_with_a_huge_prompt_lookup_max_is_fast():
+    """A large prompt_lookup_max (10**9 passes the config's checks) compared every n from
+    min(max, len - 1) down, each over the whole sequence: 10 s a decode step at 4,000 tokens (a hang
+    in practice). The n-grams now grow only while they still recur."""
+    import time
+
+    from minillm.spec.ngram import lookup
+
+    tokens = np.random.default_rng(0).integers(0, 4000, 4000)
+    t0 = time.perf_counter()
+    lookup(tokens, 1, 10**9, 4)
+    assert time.perf_counter() - t0 < 1.0  # well under 1 ms now

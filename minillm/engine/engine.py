@@ -349,6 +349,8 @@ class LLMEngine:
             if not isinstance(prompt, (list, tuple)):
                 raise ValueError(f"a prompt is a string or a list of token ids; got {type(prompt).__name__}")
             ids = list(prompt)
+            if not set(map(type, ids)) <= {int}:  # numpy integers as ints: prompt_token_ids stay JSON-able
+                ids = [int(t) if isinstance(t, np.integer) else t for t in ids]
         return params.truncated_prompt(ids, self.max_model_len) if params is not None else ids
 
     def validate_prompt(self, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -453,6 +455,18 @@ class LLMEngine:
         if self._inflight is not None:
             self._collect_inflight()
         self._unrendered = [u for u in self._unrendered if u[0].request_id in self.requests]
+
+    def discard_in_flight(self) -> None:
+        """After a step raised part-way (LLM.generate, which aborts its requests): forget what was
+        launched and not yet read, without waiting on it (a failed step is not waited on again), so
+        the next step starts clean. Left in place, the stale step in flight made every later call
+        fail ("TokenReadback: a third step's ids before the first was read")."""
+        self._inflight = None
+        self._unrendered = [u for u in self._unrendered if u[0].request_id in self.requests]
+        self._drafting_decided = False
+        self.runner.readback.reset()
+        if hasattr(self.proposer, "discard"):
+            self.proposer.discard()
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work() or bool(self._unrendered) or self._inflight is not None

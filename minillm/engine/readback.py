@@ -59,6 +59,13 @@ class TokenReadback:
             self.host[slot, :n] = dev_rows
         return slot, n
 
+    def reset(self) -> None:
+        """Free every slot, unread: the steps that held them were given up (a step that raised, and
+        the one launched around it; LLMEngine.discard_in_flight). A copy still queued on the stream
+        lands before any later step's copy into its slot, which the stream orders after it."""
+        self._busy = [False] * self.SLOTS
+        self._next = 0
+
     def wait(self, ticket: tuple[int, int]) -> np.ndarray:
         """The ids of a started copy (a host copy of its own), once that step has finished."""
         slot, n = ticket

@@ -40,7 +40,14 @@ class SpeculativeConfig:
                 f"--speculative-config: unknown keys {sorted(unknown)}; supported: {sorted(known)}"
             )
         method = d.get("method")
-        if method is None and d.get("model"):
+        model = d.get("model")
+        # vLLM's older spellings of n-gram drafting: "model": "ngram" (was a drafter path 'ngram' that
+        # does not exist) and "method": "[ngram]"
+        if model in ("ngram", "[ngram]") and method in (None, "ngram", "[ngram]"):
+            method, model = "ngram", None
+        if method == "[ngram]":
+            method = "ngram"
+        if method is None and model:
             method = "draft_model"
         if method not in METHODS:
             raise ValueError(f"--speculative-config: method must be one of {', '.join(METHODS)}, got {method!r}")
@@ -66,13 +73,21 @@ class SpeculativeConfig:
         if "backoff_max_steps" in d and backoff["backoff_after"] is None:
             raise ValueError("--speculative-config: backoff_max_steps needs backoff_after (the rounds without an "
                              "accepted draft before a sequence backs off)")
+        # keys of the other kind of drafter would be ignored, silently (a drafter's path given to
+        # "ngram" drafted n-grams, not with the model)
+        if method == "ngram" and model is not None:
+            raise ValueError(f"--speculative-config: method \"ngram\" drafts from the sequence itself and takes no "
+                             f"\"model\" (got {model!r}); for a drafter model use method \"draft_model\" or \"dflash\"")
+        lookup_keys = sorted(k for k in ("prompt_lookup_min", "prompt_lookup_max") if k in d)
+        if method != "ngram" and lookup_keys:
+            raise ValueError(f"--speculative-config: {' and '.join(lookup_keys)} apply to method \"ngram\", not to "
+                             f"{method!r}")
         lookup = {}
         for key, default in (("prompt_lookup_min", 1), ("prompt_lookup_max", 4)):
             v = d.get(key, default)
             if not isinstance(v, int) or isinstance(v, bool):
                 raise ValueError(f"--speculative-config: {key} must be an integer, got {v!r}")
             lookup[key] = v
-        model = d.get("model")
         if model is not None and not isinstance(model, str):
             raise ValueError(f"--speculative-config: model must be a path (a string), got {model!r}")
         cfg = cls(method, k, model, lookup["prompt_lookup_min"], lookup["prompt_lookup_max"], dv, off,

@@ -282,6 +282,13 @@ class DFlashProposer:
                 waiting.append(self._hold(s, k, i))
         self._pending = (handle, waiting)
 
+    def discard(self) -> None:
+        """Forget a drafting step launched and not read (its requests were aborted after a failed
+        step: LLMEngine.discard_in_flight), so the next round neither waits on it nor gives its
+        drafts to anyone."""
+        self._pending = self._behind = None
+        self.runner.readback.reset()
+
     def _hold(self, s: Sequence, k: int, i: int) -> tuple:
         """Give s k placeholder drafts and draft_row where block i's drafts start in the sampled
         ids (the logits window: each block's rows 1..k), so a verification step takes them on the

@@ -61,6 +61,10 @@ class DraftModelProposer:
         self.runner.catch_up_graphs = True
         self.runner.capture_graphs(buckets, [1, 2], forward_only=True)
 
+    def discard(self) -> None:
+        """Forget the drafting steps a failed round left unread (LLMEngine.discard_in_flight)."""
+        self.runner.readback.reset()
+
     def _run(self, items: list[ScheduledSeq]) -> list:
         """One drafter forward; per item its argmax token, or None for a prefill chunk that does
         not reach the end. Drafts are deterministic (q one-hot), so the target verifies them on
