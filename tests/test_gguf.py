@@ -214,6 +214,15 @@ def test_yarn_rope_scaling_and_sampling_defaults(tmp_path):
     assert gen == {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.05}
 
 
+def test_yarn_without_original_context_takes_the_training_context(tmp_path):
+    """As llama.cpp does (n_ctx_orig_yarn = n_ctx_train): minillm used to take Llama 3's 8192."""
+    cfg = tiny_config("qwen3")
+    meta = {"qwen3.rope.scaling.type": "yarn", "qwen3.rope.scaling.factor": 4.0}
+    path, _ = write_model(tmp_path / "m.gguf", cfg, random_weights(cfg), extra_metadata=meta)
+    rs = load_gguf(path)[0].rope_scaling
+    assert (rs.kind, rs.original_max_position_embeddings) == ("yarn", cfg.max_position_embeddings)
+
+
 # ---- errors name the file and the item ------------------------------------------------------------
 def load_error(path) -> str:
     with pytest.raises(ValueError) as e:
@@ -243,6 +252,18 @@ def test_missing_tensor(tmp_path):
     path, _ = write_model(tmp_path / "m.gguf", cfg, random_weights(cfg), drop=("layers.1.k_bias",))
     msg = load_error(path)
     assert "'layers.1.k_bias'" in msg and "missing" in msg and "'blk.1.attn_k.bias'" in msg
+
+
+@pytest.mark.parametrize("extra", [
+    {"blk.0.attn_output.bias": np.ones(256, np.float32)},  # llama.cpp loads it for a llama; minillm has none
+    {"blk.1.ffn_gate_inp.weight": np.ones((4, 256), np.float32)},  # a Mixtral, filed under "llama"
+])
+def test_layer_tensors_minillm_would_drop(tmp_path, extra):
+    """They used to load, and the model ran without them."""
+    cfg = tiny_config("llama")
+    path, _ = write_model(tmp_path / "m.gguf", cfg, random_weights(cfg), extra_tensors=extra)
+    msg = load_error(path)
+    assert msg.startswith(f"{path}: holds layer tensors minillm does not implement: {next(iter(extra))};"), msg
 
 
 def test_shape_mismatch(tmp_path):

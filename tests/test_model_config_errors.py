@@ -73,6 +73,24 @@ def put(key, value):
     (put("rope_scaling", {"rope_type": "weird", "factor": 2.0}), 'rope_scaling type "weird" is not supported'),
     (put("rope_scaling", [1]), "'rope_scaling' must be an object"),
     (put("head_dim", 0), "'head_dim' must be a positive integer"),
+    (put("rope_scaling", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 4.0}),
+     "high_freq_factor 4.0 must be greater than its low_freq_factor 4.0"),  # was a division by zero
+    (put("rope_scaling", {"rope_type": "yarn", "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 0.707}),
+     "'mscale' and 'mscale_all_dim' (DeepSeek's yarn attention factor) are not supported"),
+    (put("rope_scaling", {"rope_type": "yarn", "factor": 4.0, "truncate": False}), "'truncate' false is not supported"),
+    # a scaling without its factor ran as factor 1 (transformers refuses it)
+    (put("rope_scaling", {"rope_type": "linear"}), "'factor' is missing"),
+    (put("rope_scaling", {"rope_type": "yarn", "original_max_position_embeddings": 128}), "'factor' is missing"),
+    # settings that change what the model computes, which used to load and be silently ignored
+    (put("quantization_config", {"quant_method": "gptq", "bits": 4}),
+     'a quantized checkpoint (quantization_config: quant_method "gptq")'),
+    (put("hidden_act", "gelu"), '\'hidden_act\' "gelu" is not supported'),
+    (put("mlp_bias", True), "'mlp_bias' true is not supported"),
+    (put("partial_rotary_factor", 0.5), "'partial_rotary_factor' 0.5 is not supported"),
+    (lambda c: {**c, "architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True, "sliding_window": 16,
+                "max_window_layers": 1}, "'use_sliding_window' is true (a window of 16 tokens in 1 of 2 layers)"),
+    (lambda c: {**c, "architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True, "sliding_window": 16,
+                "layer_types": ["sliding_attention"] * 2}, "(a window of 16 tokens in 2 of 2 layers)"),
 ])
 def test_malformed_config_is_a_value_error_naming_the_field(tiny, tmp_path, edit, words):
     path = broken_copy(tiny, tmp_path, edit)
@@ -93,6 +111,44 @@ def test_old_style_rope_scaling_type_is_honoured(tiny, tmp_path):
     path = broken_copy(tiny, tmp_path, put("rope_scaling", {"type": "linear", "factor": 2.0}))
     rs = load_hf_dir(path)[0].rope_scaling
     assert (rs.kind, rs.factor) == ("linear", 2.0)
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen2(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("tiny-qwen2")
+    make_tiny("qwen2", path)
+    return path
+
+
+@pytest.mark.parametrize("model,edit", [
+    ("qwen2", lambda c: {**c, "use_sliding_window": False, "sliding_window": 16}),
+    # Qwen2.5's configs: the window is as long as the context, or only layers past the last one slide
+    ("qwen2", lambda c: {**c, "use_sliding_window": True, "sliding_window": c["max_position_embeddings"],
+                         "max_window_layers": 1}),
+    ("qwen2", lambda c: {**c, "use_sliding_window": True, "sliding_window": 16, "max_window_layers": 2}),
+    ("llama", lambda c: {**c, "use_sliding_window": True, "sliding_window": 16, "max_window_layers": 0}),
+    ("llama", put("hidden_act", "silu")), ("llama", put("mlp_bias", False)),
+    ("llama", put("partial_rotary_factor", 1.0)),
+    ("llama", put("rope_scaling", {"rope_type": "yarn", "factor": 4.0, "mscale": 1.0})),  # transformers ignores it
+], ids=["window-off", "window-of-the-context", "no-sliding-layer", "llama-has-none", "silu", "no-mlp-bias",
+        "full-rope", "mscale-alone"])
+def test_settings_that_change_nothing_still_load(tiny, tiny_qwen2, tmp_path, model, edit):
+    load_hf_dir(broken_copy(tiny if model == "llama" else tiny_qwen2, tmp_path, edit))
+
+
+@pytest.mark.parametrize("scaling,top,want", [
+    # transformers' default for a missing original_max_position_embeddings: the config's
+    # max_position_embeddings (the tiny model's 2048), not Llama 3's 8192, which minillm used to take
+    ({"rope_type": "yarn", "factor": 4.0}, {}, (4.0, 2048)),
+    ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}, {}, (8.0, 2048)),
+    ({"rope_type": "yarn", "factor": 4.0}, {"original_max_position_embeddings": 512}, (4.0, 512)),  # top-level
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}, {}, (4.0, 1024)),
+])
+def test_rope_scaling_defaults_are_transformers(tiny, tmp_path, scaling, top, want):
+    path = broken_copy(tiny, tmp_path, lambda c: {**c, "max_position_embeddings": 2048, "rope_scaling": scaling, **top})
+    cfg = load_hf_dir(path)[0]
+    assert cfg.max_position_embeddings == 2048
+    assert (cfg.rope_scaling.factor, cfg.rope_scaling.original_max_position_embeddings) == want
 
 
 def test_shard_index_without_weight_map(tiny, tmp_path):

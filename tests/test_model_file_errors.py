@@ -67,6 +67,15 @@ def drop(key):
 
 
 # ---- tokenizer.json, tokenizer_config.json, chat_template.jinja --------------------------------------
+def test_sentencepiece_only_checkpoint_says_how_to_convert(tiny, tmp_path):
+    path = copy_of(tiny, tmp_path)
+    (path / "tokenizer.json").unlink()
+    (path / "tokenizer.model").write_bytes(b"\x0a\x00")
+    with pytest.raises(FileNotFoundError) as e:
+        load_hf_dir(path)
+    assert "only a SentencePiece tokenizer.model" in str(e.value) and "save_pretrained" in str(e.value), e.value
+
+
 def test_truncated_tokenizer_json(tiny, tmp_path):
     path = copy_of(tiny, tmp_path)
     text = (path / "tokenizer.json").read_text()
@@ -202,6 +211,40 @@ def test_safetensors_with_bytes_no_tensor_owns(tiny, tmp_path):
     path = copy_of(tiny, tmp_path)
     header, data = read_st(path)
     refused(write_st(path, header, data + b"\0" * 8), "model.safetensors", "bytes no tensor owns")
+
+
+@pytest.mark.parametrize("bits,count", [
+    (0x7FC0, 1), (0x7F80, 1), (0xFF80, 1), (0xFFC1, 3),  # bf16 NaN, +inf, -inf, a negative NaN (three times)
+])
+def test_non_finite_safetensors_weights(tiny, tmp_path, bits, count):
+    """NaN or infinite weights (a checkpoint saved after training diverged) used to load and give token 0
+    at every step; GGUF files were checked, safetensors were not."""
+    path = copy_of(tiny, tmp_path)
+    header, data = read_st(path)
+    name = "model.layers.1.mlp.up_proj.weight"
+    assert header[name]["dtype"] == "BF16"
+    begin = header[name]["data_offsets"][0]
+    data = bytearray(data)
+    for k in range(count):
+        data[begin + 2 * (7 + 50 * k): begin + 2 * (8 + 50 * k)] = struct.pack("<H", bits)
+    write_st(path, header, bytes(data))
+    refused(path, "model.safetensors", f"tensor {name!r} holds {count} NaN or infinite value(s)")
+
+
+def test_non_finite_check_finds_every_float_dtype():
+    """The bit test behind it, for each dtype safetensors stores floats in (bf16 through ml_dtypes)."""
+    import ml_dtypes
+    import numpy as np
+
+    from minillm.models.hf_loader import count_non_finite
+
+    for dtype in (np.float16, np.float32, np.float64, ml_dtypes.bfloat16):
+        big = np.asarray([np.finfo(dtype).max, -np.finfo(dtype).max, 0, -0.0, 1e-3], dtype=dtype)
+        assert count_non_finite(big) == 0, dtype
+        for bad in (np.nan, np.inf, -np.inf, -np.nan):
+            t = big.copy()
+            t[2] = bad
+            assert count_non_finite(t) == 1, (dtype, bad)
 
 
 # ---- FIFOs must not hang the load ----------------------------------------------------------------------
@@ -415,3 +458,36 @@ def test_tokenizer_flag_on_the_command_line(tiny, tmp_path):
     one_error_line(subprocess.run([sys.executable, "-m", "minillm.generate", str(tiny), "--device", "cpu",
                                    "--tokenizer", str(tmp_path / "nowhere"), "--prompt", "hi"],
                                   cwd=ROOT, capture_output=True, text=True, timeout=120), "not a directory")
+
+
+# ---- the model argument: a file inside the directory, a dangling or looping symlink ------------------
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors"])
+def test_a_file_of_the_model_directory_names_the_directory(tiny, name):
+    from minillm.models.loader import load_model
+
+    with pytest.raises(ValueError) as e:
+        load_model(str(tiny / name))
+    assert str(e.value) == f"{tiny / name}: a file in an HF model directory; give the directory itself: {tiny}"
+
+
+@pytest.mark.parametrize("kind", ["loop", "dangling"])
+def test_a_symlink_that_leads_nowhere(tmp_path, kind):
+    from minillm.models.loader import load_model
+
+    link = tmp_path / "model"
+    link.symlink_to(link if kind == "loop" else tmp_path / "gone")
+    with pytest.raises(FileNotFoundError, match="a symbolic link that leads nowhere"):
+        load_model(str(link))
+
+
+def test_missing_lm_head_suggests_tie_word_embeddings(tiny, tmp_path):
+    """A tied checkpoint (no lm_head.weight) under a config without tie_word_embeddings."""
+    path = copy_of(tiny, tmp_path)
+    header, data = read_st(path)
+    begin, end = header.pop("lm_head.weight")["data_offsets"]
+    for entry in header.values():  # the bytes after the removed tensor move down
+        if isinstance(entry, dict) and "data_offsets" in entry and entry["data_offsets"][0] >= end:
+            entry["data_offsets"] = [o - (end - begin) for o in entry["data_offsets"]]
+    write_st(path, header, data[:begin] + data[end:])
+    with pytest.raises(ValueError, match="tensor 'lm_head' is missing .*needs tie_word_embeddings true"):
+        load_hf_dir(path)

@@ -202,3 +202,56 @@ def test_layer_tensors_the_config_does_not_use_are_refused(tiny, tmp_path):
     msg = str(e.value)
     assert msg.startswith(str(path)) and "k_norm, q_norm" in msg and "'llama'" in msg, msg
     assert "the weights and the config disagree" in msg
+
+
+# ---- tensors the loader would drop or misread ---------------------------------------------------------
+def add_tensor(path: Path, name: str, dtype: str, shape: list[int], data: bytes) -> Path:
+    """path's model.safetensors with one more tensor appended."""
+    from test_model_file_errors import read_st, write_st
+
+    header, blob = read_st(path)
+    header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(blob), len(blob) + len(data)]}
+    return write_st(path, header, blob + data)
+
+
+@pytest.mark.parametrize("name,shape", [
+    ("model.layers.0.self_attn.o_proj.bias", [64]),  # a Llama with attention_bias: o_proj has one too
+    ("model.layers.1.mlp.down_proj.bias", [64]),  # mlp_bias
+    ("model.layers.0.self_attn.q_proj.scales", [4]),  # a quantized checkpoint's
+])
+def test_layer_tensors_minillm_would_drop_are_refused(tiny, tmp_path, name, shape):
+    """They used to load, and the model ran without them."""
+    import math
+
+    path = add_tensor(copy_of(tiny, tmp_path), name, "BF16", shape, b"\x80\x3f" * math.prod(shape))
+    refused(path, "model.safetensors", f"holds layer tensors minillm does not implement: {name}",
+            "the model would run without them")
+
+
+def test_rotary_inv_freq_buffers_are_ignored(tiny, tmp_path):
+    """Older Llama checkpoints saved RoPE's inv_freq buffer with the weights: harmless, still loads."""
+    path = add_tensor(copy_of(tiny, tmp_path), "model.layers.0.self_attn.rotary_emb.inv_freq", "F32", [8],
+                      b"\0" * 32)
+    assert "layers.0.q" in load_hf_dir(path)[1]
+
+
+def test_integer_weights_are_refused(tiny, tmp_path):
+    """A weight stored as I16 (the same bytes as its bf16) used to load as integers."""
+    from test_model_file_errors import read_st, write_st
+
+    path = copy_of(tiny, tmp_path)
+    header, blob = read_st(path)
+    header["model.norm.weight"]["dtype"] = "I16"
+    refused(write_st(path, header, blob), "model.safetensors",
+            "tensor 'model.norm.weight' has dtype int16, not a float")
+
+
+def test_a_weight_in_two_files_is_refused(tiny, tmp_path):
+    """Without an index every *.safetensors is read: a leftover copy used to win silently (the later file)."""
+    path = copy_of(tiny, tmp_path)
+    shutil.copy(path / "model.safetensors", path / "consolidated.safetensors")
+    with pytest.raises(ValueError) as e:
+        load_hf_dir(path)
+    msg = str(e.value)
+    assert msg.startswith(str(path / "model.safetensors")) and "is also in" in msg, msg
+    assert str(path / "consolidated.safetensors") in msg and "must hold each weight once" in msg, msg

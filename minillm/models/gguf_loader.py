@@ -287,6 +287,8 @@ def _rope_scaling(meta: dict, arch: str, head_dim: int, theta: float,
             f"{where}: metadata {p + 'type'} = {kind!r} is not supported; "
             "supported rope scaling kinds: none, linear, yarn, llama3 (as a rope_freqs tensor)"
         )
+    if p + "original_context_length" not in meta:  # llama.cpp's yarn then takes the training context, not 8192
+        original_ctx = config_int(meta, f"{arch}.context_length", where, original_ctx)
     rs = RopeScaling(kind=kind, factor=factor, original_max_position_embeddings=original_ctx)
     if p + "yarn_beta_fast" in meta:
         rs.beta_fast = _f32(config_float(meta, p + "yarn_beta_fast", where))
@@ -651,6 +653,15 @@ def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray], Tok
     reader = open_gguf(path, where)
     meta = read_metadata(reader)
     architecture(meta, where)  # refuse early: before the (slow) dequantisation
+    # layer tensors the loader would drop (an attn_output or FFN bias, a Mixtral's experts filed under
+    # "llama") used to load and run without them, or fail as "missing" naming another tensor
+    dropped = [t.name for t in reader.tensors if t.name.startswith("blk.") and canonical_name(t.name) is None
+               and not t.name.endswith(".attn_rot_embd")]  # old files' RoPE buffer: harmless
+    if dropped:
+        raise ValueError(f"{where}: holds layer tensors minillm does not implement: {', '.join(dropped[:4])}"
+                         + (f" (and {len(dropped) - 4} more)" if len(dropped) > 4 else "")
+                         + "; the model would run without them. minillm supports the Llama, Qwen2 and Qwen3 layouts "
+                         "(q/k/v biases only; no attn_output or FFN biases; no mixture-of-experts)")
     tokenizer = tokenizer_from_gguf(meta, where)
     weights, extra = read_tensors(reader, where)
     cfg = config_from_gguf(meta, weights, extra, where)

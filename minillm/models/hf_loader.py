@@ -188,9 +188,11 @@ def attention_shape(cfg: dict, where: str, keys: tuple[str, ...] = HF_ATTENTION_
     return hidden, heads, kv_heads, hidden // heads
 
 
-def rope_scaling_from(d, where: str) -> RopeScaling:
+def rope_scaling_from(d, where: str, max_positions: int, original: int | None = None) -> RopeScaling:
     """rope_scaling (or rope_parameters), checked here rather than when the RoPE table is built:
-    a kind minillm implements, positive factors. Both "rope_type" and the older "type" name it."""
+    a kind minillm implements, positive factors. Both "rope_type" and the older "type" name it.
+    max_positions is the config's max_position_embeddings and original its top-level
+    original_max_position_embeddings, if any: transformers' defaults for the rope_scaling keys."""
     if not d:
         return RopeScaling()
     if not isinstance(d, dict):
@@ -201,13 +203,63 @@ def rope_scaling_from(d, where: str) -> RopeScaling:
     if kind not in SUPPORTED_ROPE_SCALING:
         raise ValueError(f"{where}: rope_scaling type {shown(kind)} is not supported; supported: "
                          f"{', '.join(SUPPORTED_ROPE_SCALING)}")
-    rs = RopeScaling(kind=kind, factor=config_float(d, "factor", where, 1.0))
+    # transformers' default for a missing original_max_position_embeddings (llama3, yarn) is the config's
+    # own (top-level, else max_position_embeddings), not Llama 3's 8192: a yarn config written as Qwen's
+    # docs show but without the key ran with another RoPE than the reference
+    rs = RopeScaling(kind=kind, original_max_position_embeddings=config_int(
+        d, "original_max_position_embeddings", where, original or max_positions))
+    rs.factor = config_float(d, "factor", where)  # no default: transformers refuses a scaling without one too
     for key in ("low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow", "attention_factor"):
         if d.get(key) is not None:
             setattr(rs, key, config_float(d, key, where))
-    rs.original_max_position_embeddings = config_int(d, "original_max_position_embeddings", where,
-                                                     rs.original_max_position_embeddings)
+    if kind == "llama3" and rs.high_freq_factor <= rs.low_freq_factor:  # divides by their difference
+        raise ValueError(f"{where}: rope_scaling's high_freq_factor {rs.high_freq_factor} must be greater than "
+                         f"its low_freq_factor {rs.low_freq_factor}")
+    # yarn variants (DeepSeek's, gpt-oss's) that transformers computes otherwise than minillm's RoPE: refused,
+    # not run as plain yarn. (mscale alone, without mscale_all_dim, transformers ignores too.)
+    if kind == "yarn" and rs.attention_factor is None and d.get("mscale") and d.get("mscale_all_dim"):
+        raise ValueError(f"{where}: rope_scaling's 'mscale' and 'mscale_all_dim' (DeepSeek's yarn attention factor) "
+                         "are not supported; minillm implements plain yarn")
+    if kind == "yarn" and d.get("truncate", True) is not True:
+        raise ValueError(f"{where}: rope_scaling's 'truncate' {shown(d['truncate'])} is not supported; minillm "
+                         "implements yarn's truncated correction range only")
     return rs
+
+
+def unsupported_features(cfg: dict, arch: str, where: str) -> None:
+    """Refuse config.json settings that change what the model computes but that minillm does not
+    implement: the model would load and run without them and give other outputs than the reference."""
+    quant = cfg.get("quantization_config")
+    if quant is not None:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else quant
+        # its tensors (qweight/scales, FP8 with scales, ...) would fail later as "missing" or "unsupported dtype"
+        raise ValueError(f"{where}: a quantized checkpoint (quantization_config: quant_method {shown(method)}); "
+                         "minillm reads unquantized safetensors (F32/F16/BF16) or GGUF files: use the "
+                         "unquantized model, or a GGUF quantization of it")
+    act = cfg.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):  # the MLP is SwiGLU; another activation would be silently replaced
+        raise ValueError(f"{where}: 'hidden_act' {shown(act)} is not supported; minillm's MLP uses silu")
+    if config_bool(cfg, "mlp_bias", where, False):
+        raise ValueError(f"{where}: 'mlp_bias' true is not supported; minillm's MLP has no biases")
+    prf = cfg.get("partial_rotary_factor")
+    if prf is not None and prf != 1:
+        raise ValueError(f"{where}: 'partial_rotary_factor' {shown(prf)} is not supported; minillm applies RoPE "
+                         "to the whole head")
+    if arch in ("qwen2", "qwen3") and config_bool(cfg, "use_sliding_window", where, False):
+        # as transformers reads it: layers from max_window_layers on (or those layer_types names) attend
+        # to the last sliding_window tokens only; minillm attends to all of them
+        window = cfg.get("sliding_window")
+        layers = config_int(cfg, "num_hidden_layers", where)
+        types = cfg.get("layer_types")
+        if isinstance(types, list):
+            sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
+        else:
+            sliding = list(range(config_int(cfg, "max_window_layers", where, 28), layers))
+        if window is not None and sliding and config_int(cfg, "sliding_window", where) < config_int(
+                cfg, "max_position_embeddings", where, 4096):
+            raise ValueError(f"{where}: 'use_sliding_window' is true (a window of {window} tokens in {len(sliding)} "
+                             f"of {layers} layers), but minillm has no sliding-window attention; set it to false "
+                             "to run with full attention (the reference differs past the window)")
 
 
 def config_from_hf(cfg: dict, where: str) -> ModelConfig:
@@ -233,6 +285,8 @@ def _config_from_hf(cfg: dict, where: str) -> ModelConfig:
     hidden, heads, kv_heads, head_dim = attention_shape(cfg, where)
     vocab_size = config_int(cfg, "vocab_size", where)
     bos = token_ids(cfg, "bos_token_id", where, vocab_size)
+    unsupported_features(cfg, arch, where)
+    max_positions = config_int(cfg, "max_position_embeddings", where, 4096)
     rope_params = cfg.get("rope_scaling") or cfg.get("rope_parameters")
     # transformers v5 moves rope_theta into rope_parameters
     theta_in = rope_params if cfg.get("rope_theta") is None and isinstance(rope_params, dict) else cfg
@@ -247,8 +301,9 @@ def _config_from_hf(cfg: dict, where: str) -> ModelConfig:
         intermediate_size=config_int(cfg, "intermediate_size", where),
         rms_norm_eps=config_float(cfg, "rms_norm_eps", where, 1e-6),
         rope_theta=config_float(theta_in, "rope_theta", where, 10000.0),
-        rope_scaling=rope_scaling_from(rope_params, where),
-        max_position_embeddings=config_int(cfg, "max_position_embeddings", where, 4096),
+        rope_scaling=rope_scaling_from(rope_params, where, max_positions,
+                                       config_int(cfg, "original_max_position_embeddings", where, 0) or None),
+        max_position_embeddings=max_positions,
         tie_word_embeddings=config_bool(cfg, "tie_word_embeddings", where, False),
         attention_bias=arch == "qwen2" or config_bool(cfg, "attention_bias", where, False),
         qk_norm=arch == "qwen3",
@@ -327,7 +382,10 @@ def check_weights(weights: dict[str, np.ndarray], cfg: ModelConfig, where: str,
     expected = expected_shapes(cfg)
     for name, shape in expected.items():
         if name not in weights:
-            raise ValueError(f"{where}: tensor {name!r} is missing (expected shape {shape})")
+            # an untied config over a tied checkpoint (no lm_head.weight) is a likely cause: say so
+            tied = ("; a model whose output layer is its embedding needs tie_word_embeddings true in its config"
+                    if name == "lm_head" else "")
+            raise ValueError(f"{where}: tensor {name!r} is missing (expected shape {shape}){tied}")
         if tuple(weights[name].shape) != shape:
             raise ValueError(
                 f"{where}: tensor {name!r} has shape {tuple(weights[name].shape)}, expected {shape}"
@@ -347,15 +405,64 @@ def check_weights(weights: dict[str, np.ndarray], cfg: ModelConfig, where: str,
                          f"{cfg.arch!r}). The model would run without them: the weights and the config disagree")
 
 
-def load_safetensors(files: list[Path]) -> dict[str, np.ndarray]:
+# Layer tensors minillm does not use that change nothing: older Llama checkpoints saved RoPE's buffer
+_HARMLESS_LAYER_TENSORS = ("self_attn.rotary_emb.inv_freq",)
+
+# The bits that make a float NaN or infinite: its exponent all ones
+_EXPONENT_BITS = {"float16": 0x7C00, "bfloat16": 0x7F80, "float32": 0x7F800000, "float64": 0x7FF0000000000000}
+
+
+def count_non_finite(t: np.ndarray) -> int:
+    """How many NaN or infinite values a float tensor (bf16 included) holds.
+
+    A checkpoint saved after a training run diverged holds NaN weights, which run without an error and
+    give token 0 at every step. Two max() passes over the bits find them at memory speed with no
+    temporary: as integers, a positive NaN/inf is the largest signed value (exponent all ones, sign
+    0), a negative one the largest unsigned value. Only then are they counted. On the
+    2-core CPU machine: 0.3 ms for the tiny preset, 90 ms for qwen3-0.6b's 1.2 GB warm (so ~1.2 s for a
+    16 GB model; the first pass also takes the mmap's page faults, which the backend's conversion
+    would otherwise take), against seconds for the conversion itself."""
+    exp = _EXPONENT_BITS.get(t.dtype.name)
+    if t.size == 0 or exp is None:
+        return 0
+    size = t.dtype.itemsize
+    sign = 1 << (8 * size - 1)
+    if int(t.view(f"i{size}").max()) < exp and int(t.view(f"u{size}").max()) < sign | exp:
+        return 0
+    return int(t.size - np.count_nonzero(np.isfinite(t)))
+
+
+def load_safetensors(files: list[Path], check_finite: bool = True) -> dict[str, np.ndarray]:
     """All tensors of the files under canonical names, in their stored dtype (views of the files;
-    the backend converts once, so a bf16 checkpoint reaches a bf16 GPU without a float32 detour)."""
+    the backend converts once, so a bf16 checkpoint reaches a bf16 GPU without a float32 detour).
+    Refused, naming the file and the tensor: a weight of an integer dtype, one two files both hold, a
+    layer tensor minillm would drop (an o_proj or MLP bias, a quantized one's scales), and, unless
+    check_finite is off, a weight holding NaN or infinite values."""
     out: dict[str, np.ndarray] = {}
+    source: dict[str, Path] = {}
     for f in files:
+        dropped = []
         for name, t in iter_safetensors(f):
             canon = canonical_name(name)
-            if canon is not None:
-                out[canon] = t
+            if canon is None:
+                if name.startswith("model.layers.") and not name.endswith(_HARMLESS_LAYER_TENSORS):
+                    dropped.append(name)
+                continue
+            if canon in out:  # a second copy (an old single-file download beside the shards?) would win silently
+                raise ValueError(f"{f}: tensor {name!r} is also in {source[canon]}; a model directory must hold each "
+                                 "weight once (remove the file that does not belong)")
+            if not (np.issubdtype(t.dtype, np.floating) or t.dtype.name == "bfloat16"):
+                raise ValueError(f"{f}: tensor {name!r} has dtype {t.dtype.name}, not a float: minillm reads F32, F16 "
+                                 "and BF16 weights (a quantized checkpoint? use the unquantized one or a GGUF file)")
+            if check_finite and (bad := count_non_finite(t)):
+                raise ValueError(f"{f}: tensor {name!r} holds {bad} NaN or infinite value(s); the model would "
+                                 "compute NaN (a checkpoint saved after training diverged, or a damaged file)")
+            out[canon], source[canon] = t, f
+        if dropped:
+            raise ValueError(f"{f}: holds layer tensors minillm does not implement: {', '.join(dropped[:4])}"
+                             + (f" (and {len(dropped) - 4} more)" if len(dropped) > 4 else "")
+                             + "; the model would run without them. minillm supports the Llama, Qwen2 and Qwen3 "
+                             "layouts (q/k/v biases only; no o_proj or MLP biases; unquantized weights)")
     return out
 
 

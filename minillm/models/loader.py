@@ -44,6 +44,9 @@ def resolve_model_path(model: str | None) -> Path:
     if model is None or model == DEFAULT_MODEL_ALIAS:
         return default_model_path()
     path = Path(model).expanduser()
+    if path.is_symlink() and not path.exists():  # exists() is False for a loop too, as for a missing target
+        raise FileNotFoundError(f"model {model!r}: a symbolic link that leads nowhere (its target is missing, or "
+                                "the links form a loop); give the model's directory or .gguf file")
     if not path.exists():
         raise FileNotFoundError(
             f"model {model!r}: no such file or directory; give an HF model directory (config.json + "
@@ -78,6 +81,8 @@ def load_model(model: str | None = None, tokenizer: str | None = None) -> Loaded
         if tok_dir is not None:
             tok = Tokenizer.from_hf_dir(tok_dir, eos_token_ids=cfg.eos_token_ids, vocab_size=cfg.vocab_size)
             cfg.eos_token_ids += [i for i in tok.eos_token_ids if i not in cfg.eos_token_ids]
+    elif (path.parent / "config.json").is_file():  # config.json or a shard: a file in the model's directory
+        raise ValueError(f"{path}: a file in an HF model directory; give the directory itself: {path.parent}")
     else:
         raise ValueError(
             f"{path}: not a model; give an HF directory (config.json + *.safetensors) or a .gguf file"

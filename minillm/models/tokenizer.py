@@ -103,9 +103,13 @@ class Tokenizer:
         path = Path(path)
         tj = path / "tokenizer.json"
         if not tj.exists():
+            # a SentencePiece-only checkpoint (older Llama/Mistral uploads): say how to make the file
+            spm = ("; this directory has only a SentencePiece tokenizer.model, which minillm does not read: "
+                   "transformers writes a tokenizer.json from it with AutoTokenizer.from_pretrained(DIR)"
+                   ".save_pretrained(DIR)") if (path / "tokenizer.model").exists() else ""
             raise FileNotFoundError(
                 f"{tj}: missing; minillm needs a fast-tokenizer tokenizer.json beside config.json, or "
-                "--tokenizer naming an HF directory that has one"
+                f"--tokenizer naming an HF directory that has one{spm}"
             )
         regular_file(tj)
         try:
