@@ -696,3 +696,27 @@ def test_ngram_lookup_with_a_huge_prompt_lookup_max_is_fast():
     t0 = time.perf_counter()
     lookup(tokens, 1, 10**9, 4)
     assert time.perf_counter() - t0 < 1.0  # well under 1 ms now
+
+
+def test_a_dflash_drafter_with_nan_weights_is_refused(dflash_pair, tmp_path):
+    """The drafter's weights get the target's NaN / inf check (its own safetensors reader had none:
+    a NaN drafter drafts token 0 every round, lossless but never accepted)."""
+    import shutil
+
+    import ml_dtypes
+    from safetensors.numpy import load_file, save_file
+
+    target, drafter = dflash_pair
+    bad = tmp_path / "bad"
+    shutil.copytree(drafter, bad)
+    (st,) = bad.glob("*.safetensors")
+    tensors = load_file(st)
+    name = next(n for n in sorted(tensors) if n.endswith("mlp.up_proj.weight"))
+    t = tensors[name].copy()
+    assert t.dtype == ml_dtypes.bfloat16
+    t.flat[3] = np.nan
+    tensors[name] = t
+    save_file(tensors, st)
+    with pytest.raises(ValueError, match=f"tensor '{name}' holds 1 NaN or infinite value"):
+        LLM(str(target), device="cpu", max_model_len=64, max_num_seqs=2,
+            speculative_config={"method": "dflash", "model": str(bad), "num_speculative_tokens": 3})

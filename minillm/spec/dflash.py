@@ -23,7 +23,14 @@ from minillm.engine.runner import BlockAdvance, ModelRunner
 from minillm.engine.scheduler import ScheduledSeq
 from minillm.engine.sequence import Sequence
 from minillm.models.config import ModelConfig
-from minillm.models.hf_loader import attention_shape, canonical_name, check_weights, config_int, read_json
+from minillm.models.hf_loader import (
+    attention_shape,
+    canonical_name,
+    check_weights,
+    config_int,
+    count_non_finite,
+    read_json,
+)
 from minillm.models.safetensors_io import iter_safetensors
 from minillm.models.transformer import Transformer, Workspace
 from minillm.spec.config import draft_vocab_size as draft_vocab
@@ -127,8 +134,17 @@ class _Shape:
 
 
 def load_safetensors_raw(files) -> dict[str, np.ndarray]:
-    """Every tensor under its file name (DFlash names are not HF model names), in its stored dtype."""
-    return {name: t for f in files for name, t in iter_safetensors(f)}
+    """Every tensor under its file name (DFlash names are not HF model names), in its stored dtype;
+    a float one holding NaN or inf is refused, as the target's are (a NaN drafter drafts token 0
+    every round: lossless, but nothing is ever accepted)."""
+    out = {}
+    for f in files:
+        for name, t in iter_safetensors(f):
+            if bad := count_non_finite(t):
+                raise ValueError(f"{f}: tensor {name!r} holds {bad} NaN or infinite value(s); the drafter would "
+                                 "compute NaN (a damaged or diverged checkpoint)")
+            out[name] = t
+    return out
 
 
 class DFlashProposer:
