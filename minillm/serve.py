@@ -14,12 +14,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import faulthandler
+import ipaddress
 import json
 import logging
 import math
 import os
+import re
 import signal
 import sys
+from urllib.parse import urlsplit
 
 from minillm.args import STARTUP_ERRORS, CliParser, EngineArgs, add_engine_args
 from minillm.server.reasoning import PARSERS as REASONING_PARSERS
@@ -28,8 +31,9 @@ from minillm.server.tools import TOOL_CALL_PARSERS
 log = logging.getLogger("minillm.server")
 
 
-def _json_strings(flag: str):
-    """An argparse type: a JSON list of strings (vLLM's spelling of its CORS flags)."""
+def _json_strings(flag: str, check=None):
+    """An argparse type: a JSON list of strings (vLLM's spelling of its CORS flags); check(item) says
+    what is wrong with one item, or None."""
     def parse(text: str) -> list[str]:
         try:
             value = json.loads(text)
@@ -38,8 +42,74 @@ def _json_strings(flag: str):
         if not (isinstance(value, list) and value and all(isinstance(v, str) and v for v in value)):
             raise argparse.ArgumentTypeError(f"{flag} takes a JSON list of strings, e.g. "
                                              f"'[\"http://localhost:3000\"]'; got {text!r}")
+        for item in value:
+            if check is not None and (problem := check(item)):
+                raise argparse.ArgumentTypeError(problem)  # argparse names the flag before it
         return value
     return parse
+
+
+def origin_problem(origin: str) -> str | None:
+    """What keeps an --allowed-origins entry from ever matching a browser's Origin header, or None.
+    The match is exact, and a browser sends scheme://host[:port], lowercase, without a path or the
+    scheme's default port: 'http://localhost:3000/' (copied from the address bar) would silently
+    never match, and every page's call would fail its CORS check."""
+    if origin in ("*", "null"):
+        return None
+    how = ("an origin is scheme://host[:port] as the browser sends it, e.g. 'http://localhost:3000': lowercase, "
+           "without a path, a trailing slash or the scheme's default port")
+    try:
+        u = urlsplit(origin)
+        host, port = u.hostname, u.port
+    except ValueError:  # a bad port or IPv6 literal
+        return f"{origin!r} is not an origin; {how}"
+    if not (u.scheme and host) or u.username is not None or u.password is not None:
+        return f"{origin!r} is not an origin; {how}"
+    if ":" in host:
+        host = f"[{host}]"
+    default = {"http": 80, "https": 443}.get(u.scheme.lower())
+    canonical = f"{u.scheme}://{host}".lower() + (f":{port}" if port is not None and port != default else "")
+    if origin != canonical:
+        return (f"{origin!r} would never match: a browser sends that page's origin as {canonical!r} "
+                "(scheme://host[:port], lowercase, without a path or the scheme's default port); give that")
+    return None
+
+
+_HOST_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def host_problem(host: str) -> str | None:
+    """What is wrong with --host, or None. Hypercorn reads a bind string's own syntax into it: a host
+    such as 'fd://3' became an unbound socket that listened on every interface at a random port,
+    and '0.0.0.0:8080' or 'http://localhost' only failed name resolution."""
+    if not host.strip():
+        return "--host is empty: give an address (127.0.0.1 for this machine, 0.0.0.0 for every interface)"
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host  # [::1] as in a URL
+    if ":" in bare:
+        try:
+            ipaddress.IPv6Address(bare)
+            return None
+        except ValueError:
+            pass
+    elif _HOST_NAME.fullmatch(bare):
+        return None
+    return (f"--host {host!r} is not an address or host name: give one alone, e.g. 127.0.0.1, 0.0.0.0, ::1 or "
+            "localhost, without a scheme or a port (the port is --port)")
+
+
+def step_delay_problem() -> str | None:
+    """What is wrong with $MINILLM_TEST_STEP_DELAY (a test hook: seconds each engine step sleeps), or
+    None. Checked before the model loads: time.sleep would otherwise raise in the engine thread at
+    the first request ('abc': a traceback after the load; -1, nan, 1e300: the engine dies)."""
+    raw = os.environ.get("MINILLM_TEST_STEP_DELAY") or "0"
+    try:
+        delay = float(raw)
+    except ValueError:
+        delay = math.nan
+    if not 0 <= delay <= 3600:
+        return (f"MINILLM_TEST_STEP_DELAY={raw!r}: give seconds from 0 to 3600 (a test hook that slows each "
+                "engine step), or unset it")
+    return None
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -47,7 +117,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_engine_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free port)")
-    p.add_argument("--served-model-name", nargs="+", default=None,
+    # extend: a second --served-model-name adds its names rather than silently dropping the first's
+    p.add_argument("--served-model-name", nargs="+", action="extend", default=None,
                    help="model name(s) clients use; the first is reported in responses (default: MODEL)")
     p.add_argument("--api-key", default=os.environ.get("MINILLM_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: $MINILLM_API_KEY)")
@@ -82,12 +153,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--disable-log-requests", action="store_true",
                    help="accepted for vLLM's older command lines: requests are not logged unless "
                         "--enable-log-requests")
-    p.add_argument("--allowed-origins", type=_json_strings("--allowed-origins"), default=None,
+    p.add_argument("--allowed-origins", type=_json_strings("--allowed-origins", origin_problem), default=None,
                    help='origins whose browser pages may call the API (CORS), as a JSON list, e.g. '
                         '\'["http://localhost:3000"]\' or \'["*"]\' (default: none, no CORS headers; vLLM allows any)')
-    p.add_argument("--allowed-methods", type=_json_strings("--allowed-methods"), default=["*"],
+    # default None, so that one given without --allowed-origins (no CORS at all) is refused, not ignored
+    p.add_argument("--allowed-methods", type=_json_strings("--allowed-methods"), default=None,
                    help='with --allowed-origins: the methods a preflight allows, as a JSON list (default ["*"])')
-    p.add_argument("--allowed-headers", type=_json_strings("--allowed-headers"), default=["*"],
+    p.add_argument("--allowed-headers", type=_json_strings("--allowed-headers"), default=None,
                    help='with --allowed-origins: the request headers a preflight allows (default ["*"])')
     p.add_argument("--allow-credentials", action="store_true",
                    help="with --allowed-origins: allow cookies and HTTP auth (not with the origin \"*\")")
@@ -95,6 +167,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if ns.allow_credentials and (ns.allowed_origins is None or "*" in ns.allowed_origins):
         p.error("--allow-credentials needs --allowed-origins naming the origins: browsers refuse credentials "
                 "with the wildcard origin \"*\"")
+    for flag in ("allowed_methods", "allowed_headers"):
+        if getattr(ns, flag) is None:
+            setattr(ns, flag, ["*"])
+        elif ns.allowed_origins is None:
+            p.error(f"--{flag.replace('_', '-')} needs --allowed-origins: without it the server sends no CORS "
+                    "headers, so the flag would do nothing")
     if not (math.isfinite(ns.log_stats_interval) and ns.log_stats_interval > 0):
         p.error(f"--log-stats-interval must be a positive number of seconds, got {ns.log_stats_interval}")
     if ns.enable_log_requests and ns.disable_log_requests:
@@ -114,11 +192,17 @@ def server_flag_problem(ns: argparse.Namespace) -> str | None:
         return f"--shutdown-grace must be a number of seconds >= 0, got {ns.shutdown_grace}"
     if ns.api_key is not None and not ns.api_key.strip():
         return ("--api-key (or $MINILLM_API_KEY) is empty: give a key, or leave both out to serve without one")
+    if ns.api_key is not None and (ns.api_key != ns.api_key.strip()
+                                   or not (ns.api_key.isascii() and ns.api_key.isprintable())):
+        # no request could match it: HTTP strips a header value's outer spaces (a key read from a file
+        # keeps its newline), and clients refuse, or the server misreads, non-ASCII header bytes
+        return ("--api-key (or $MINILLM_API_KEY) has spaces or a newline at an end, or characters other than "
+                "printable ASCII: no client could send it in an Authorization header; give the key alone")
     if ns.served_model_name is not None and not all(n.strip() for n in ns.served_model_name):
         return "--served-model-name takes non-empty names"
-    if not ns.host.strip():
-        return "--host is empty: give an address (127.0.0.1 for this machine, 0.0.0.0 for every interface)"
-    return None
+    if problem := host_problem(ns.host):
+        return problem
+    return step_delay_problem()
 
 
 def install_stack_dumps() -> None:
@@ -135,6 +219,7 @@ def _hypercorn_config(host: str, port: int):
     from hypercorn.config import Config
 
     config = Config()
+    host = host[1:-1] if host.startswith("[") else host  # [::1]: host_problem let only an IPv6 address through
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.graceful_timeout = 5.0  # after our own drain, only idle keep-alive connections remain
     config.errorlog = logging.getLogger("hypercorn.error")
@@ -179,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sockets = config.create_sockets()
     except (OSError, OverflowError, ValueError) as e:
-        print(f"error: cannot listen on {ns.host}:{ns.port}: {e}", file=sys.stderr)
+        where = f"[{ns.host.strip('[]')}]" if ":" in ns.host else ns.host
+        print(f"error: cannot listen on {where}:{ns.port}: {e}", file=sys.stderr)
         return 2
 
     from minillm.engine.engine import LLMEngine

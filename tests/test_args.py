@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -161,3 +162,119 @@ def test_default_token_budget_follows_the_backend(tiny):
     assert budget(max_num_seqs=600) == 600
     assert budget(max_num_seqs=100, speculative_config={"method": "ngram", "num_speculative_tokens": 7}) == 800
     assert budget(max_num_batched_tokens=4096) == 4096
+
+
+# ---- the server's own flags and environment ---------------------------------------------------
+
+
+def serve_refusal(argv, capsys) -> str:
+    """The one "error:" line parse_args exits 2 with."""
+    from minillm.serve import parse_args
+
+    with pytest.raises(SystemExit) as e:
+        parse_args(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    return err
+
+
+@pytest.mark.parametrize("key", ["secret ", " secret", "secret\n", "pässwort", "sec\tret", "secret\x7f"])
+def test_api_key_no_client_could_send_is_refused(monkeypatch, key):
+    """HTTP strips a header value's outer spaces and clients refuse (or the server misreads) non-ASCII
+    bytes: such a key started a server that answered every request 401."""
+    from minillm.serve import parse_args, server_flag_problem
+
+    monkeypatch.delenv("MINILLM_API_KEY", raising=False)
+    problem = server_flag_problem(parse_args(["--api-key", key]))
+    assert problem and problem.startswith("--api-key (or $MINILLM_API_KEY) has spaces or a newline"), problem
+    monkeypatch.setenv("MINILLM_API_KEY", key)  # a key read from a file keeps its newline
+    assert server_flag_problem(parse_args([])) == problem
+    for fine in ("sk-abc123", "two words", "~!@#$%^&*()"):
+        assert server_flag_problem(parse_args(["--api-key", fine])) is None
+
+
+@pytest.mark.parametrize("host", ["fd://3", "unix:/tmp/minillm.sock", "0.0.0.0:8080", "http://localhost",
+                                  "127.0.0.1 ", "[::1", "::1]", "local host"])
+def test_host_must_be_an_address_alone(host):
+    """Hypercorn reads its own bind syntax into the host: 'fd://3' listened on every interface at a
+    random port; a port or scheme in it only failed name resolution ("Name or service not known")."""
+    from minillm.serve import parse_args, server_flag_problem
+
+    problem = server_flag_problem(parse_args(["--host", host]))
+    assert problem == (f"--host {host!r} is not an address or host name: give one alone, e.g. 127.0.0.1, 0.0.0.0, "
+                       "::1 or localhost, without a scheme or a port (the port is --port)")
+
+
+def test_host_addresses_and_names_pass():
+    from minillm.serve import _hypercorn_config, parse_args, server_flag_problem
+
+    for host in ("127.0.0.1", "0.0.0.0", "::", "::1", "[::1]", "fe80::1%lo", "localhost", "my-box.example"):
+        assert server_flag_problem(parse_args(["--host", host])) is None, host
+    assert _hypercorn_config("[::1]", 0).bind == _hypercorn_config("::1", 0).bind == ["[::1]:0"]
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "nan", "inf", "1e300", " "])
+def test_step_delay_env_is_refused_before_the_model_loads(monkeypatch, capsys, value):
+    """MINILLM_TEST_STEP_DELAY went to time.sleep in the engine thread: 'abc' was a traceback after the
+    model loaded, and -1, nan or 1e300 killed the engine at the first request."""
+    from minillm.serve import main
+
+    monkeypatch.setenv("MINILLM_TEST_STEP_DELAY", value)
+    # a missing model: had the variable not been checked first, the error would be about the model
+    assert main(["/nonexistent/model", "--device", "cpu", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: MINILLM_TEST_STEP_DELAY={value!r}: give seconds from 0 to 3600"), err
+
+
+def test_step_delay_env_accepts_seconds(monkeypatch):
+    from minillm.serve import parse_args, server_flag_problem
+
+    for value in ("", "0", "0.003", "30"):
+        monkeypatch.setenv("MINILLM_TEST_STEP_DELAY", value)
+        assert server_flag_problem(parse_args([])) is None, value
+
+
+@pytest.mark.parametrize("origin, canonical", [
+    ("http://localhost:3000/", "'http://localhost:3000'"),  # copied from the address bar
+    ("http://localhost:3000/app", "'http://localhost:3000'"),
+    ("HTTP://UI.Example", "'http://ui.example'"),
+    ("https://ui.example:443", "'https://ui.example'"),
+    ("localhost:3000", None), ("ui.example", None), ("http://[::1", None), ("http://u:p@ui.example", None),
+])
+def test_cors_origins_that_could_never_match_are_refused(capsys, origin, canonical):
+    """A browser's Origin header is compared exactly: an origin with a path or a trailing slash, in capitals,
+    with the default port or without a scheme silently never matched, and every page's call failed CORS."""
+    err = serve_refusal(["--allowed-origins", json.dumps([origin])], capsys)
+    assert err.startswith(f"error: argument --allowed-origins: {origin!r} "), err
+    assert (f"a browser sends that page's origin as {canonical}" in err) if canonical else ("is not an origin" in err)
+
+
+def test_cors_origins_as_browsers_send_them_pass():
+    from minillm.serve import parse_args
+
+    origins = ["*", "http://localhost:3000", "https://ui.example", "http://[::1]:8080", "chrome-extension://abc",
+               "null"]
+    assert parse_args(["--allowed-origins", json.dumps(origins)]).allowed_origins == origins
+
+
+@pytest.mark.parametrize("flag", ["--allowed-methods", "--allowed-headers"])
+def test_cors_companions_need_allowed_origins(capsys, flag):
+    """Without --allowed-origins the server sends no CORS headers, so these did nothing, silently."""
+    from minillm.serve import parse_args
+
+    err = serve_refusal([flag, '["GET"]'], capsys)
+    assert err.startswith(f"error: {flag} needs --allowed-origins"), err
+    ns = parse_args(["--allowed-origins", '["http://ui.example"]', flag, '["GET"]'])
+    assert getattr(ns, flag[2:].replace("-", "_")) == ["GET"]
+    ns = parse_args([])
+    assert (ns.allowed_origins, ns.allowed_methods, ns.allowed_headers) == (None, ["*"], ["*"])
+
+
+def test_served_model_name_given_twice_keeps_every_name():
+    """A second --served-model-name silently replaced the first's names (argparse's last one wins)."""
+    from minillm.serve import parse_args
+
+    ns = parse_args(["--served-model-name", "a", "--served-model-name", "b", "c"])
+    assert ns.served_model_name == ["a", "b", "c"]
+    assert parse_args(["--served-model-name", "a", "b"]).served_model_name == ["a", "b"]
+    assert parse_args([]).served_model_name is None
