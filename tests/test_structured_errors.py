@@ -12,6 +12,7 @@ Each test uses its own prefix: a compiled constraint is cached with the limits i
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import threading
@@ -188,3 +189,19 @@ def test_server_other_requests_unaffected(server):
     assert results == [alone] * 3
     assert len(failures) == 2 and all(LIMIT in f for f in failures)
     assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_a_bad_mask_threads_variable_is_a_start_up_error(tmp_path):
+    """MINILLM_MASK_PARALLEL_MIN=abc failed `import minillm` itself with a traceback (an int() at
+    import); now the engine's start-up refuses it in one line naming the variable."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MINILLM_MASK_PARALLEL_MIN": "abc"}
+    code = "import minillm; from minillm.engine.structured import GrammarCompiler; GrammarCompiler(None, 8, [0])"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "ValueError: MINILLM_MASK_PARALLEL_MIN='abc': give an integer >= 0" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-c", "import minillm.engine.structured"], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr

@@ -32,7 +32,22 @@ TEMPLATES = 16
 # costs more than it saves at 8 rows: on the H200's host (16 cores), a batch-8 step's masks of
 # `[a-z ]+` took 335-565 us one by one against 588-653 us on the threads (part212,
 # scripts/structured_bench.py, alternated twice, 0.6B and 8B)
-MASK_PARALLEL_MIN = int(os.environ.get("MINILLM_MASK_PARALLEL_MIN", "16"))
+def _env_count(name: str, default: int, what: str) -> tuple[int, str | None]:
+    """An integer >= 0 from the environment (default when unset or empty), and what is wrong with
+    the variable or None. Not raised here: a bad value failed `import minillm` itself with a
+    traceback; GrammarCompiler raises it as an engine start-up error naming the variable."""
+    raw = os.environ.get(name, "")
+    try:
+        v = int(raw) if raw.strip() else default
+    except ValueError:
+        v = -1
+    if v < 0:
+        return default, f"{name}={raw!r}: give an integer >= 0 ({what}), or unset it"
+    return v, None
+
+
+MASK_PARALLEL_MIN, _MASK_PARALLEL_PROBLEM = _env_count(
+    "MINILLM_MASK_PARALLEL_MIN", 16, "rows of a step from which llguidance's threads compute the masks")
 
 
 def _llguidance():
@@ -67,7 +82,11 @@ def _limits():
     # burn (step_lexer_fuel, llguidance's default 200,000): a tight value makes a real limit fail
     # mid-output (tests/test_structured_errors.py)
     fuel = os.environ.get("MINILLM_GRAMMAR_FUEL")
-    kwargs = {"step_lexer_fuel": int(fuel)} if fuel else {}
+    try:
+        kwargs = {"step_lexer_fuel": int(fuel)} if fuel else {}
+    except ValueError:
+        raise ValueError(f"MINILLM_GRAMMAR_FUEL={fuel!r}: give an integer (a test hook: the lexer fuel a mask "
+                         "may burn), or unset it") from None
     return _llguidance().LLParserLimits(verbose_errors=False, **kwargs)
 
 
@@ -171,6 +190,8 @@ class GrammarCompiler:
     TEMPLATES constraints' compiled matchers."""
 
     def __init__(self, tokenizer, vocab_size: int, eos_ids: list[int]):
+        if _MASK_PARALLEL_PROBLEM is not None:
+            raise ValueError(_MASK_PARALLEL_PROBLEM)
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size  # the logits' width: tokens past the tokenizer's are banned
         self.eos_ids = list(eos_ids)
