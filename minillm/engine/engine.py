@@ -848,6 +848,11 @@ class LLMEngine:
         for seq in self.scheduler.running:
             if seq.num_computed != seq.num_tokens - 1:
                 continue  # still prefilling
+            # A step that ran this sequence without its drafts (too little budget left) or not at all
+            # (a higher-priority prefill took the budget) never verified them, so _verify never rolled
+            # the drafter back: its KV past num_computed holds drafts, not tokens. Left ahead, a draft
+            # model skipped the catch-up that yields its first draft and crashed on the empty draft list.
+            seq.draft_computed = min(seq.draft_computed, seq.num_computed)
             k = 0 if self._spec_paused else min(self.num_speculative_tokens, self.max_model_len - seq.num_tokens,
                                                 seq.params.max_tokens - len(seq.output_ids))
             if k > 0 and seq.spec_skip > 0:  # backing off: a plain step
