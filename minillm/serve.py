@@ -97,16 +97,20 @@ def host_problem(host: str) -> str | None:
             "localhost, without a scheme or a port (the port is --port)")
 
 
-def step_delay_problem() -> str | None:
-    """What is wrong with $MINILLM_TEST_STEP_DELAY (a test hook: seconds each engine step sleeps), or
-    None. Checked before the model loads: time.sleep would otherwise raise in the engine thread at
-    the first request ('abc': a traceback after the load; -1, nan, 1e300: the engine dies)."""
-    raw = os.environ.get("MINILLM_TEST_STEP_DELAY") or "0"
+def step_delay() -> float:
+    """$MINILLM_TEST_STEP_DELAY (a test hook: seconds each engine step sleeps; 0 unset), nan if not a number."""
     try:
-        delay = float(raw)
+        return float(os.environ.get("MINILLM_TEST_STEP_DELAY") or 0)
     except ValueError:
-        delay = math.nan
-    if not 0 <= delay <= 3600:
+        return math.nan
+
+
+def step_delay_problem() -> str | None:
+    """What is wrong with $MINILLM_TEST_STEP_DELAY, or None. Checked before the model loads: time.sleep
+    would otherwise raise in the engine thread at the first request ('abc': a traceback after the
+    load; -1, nan, 1e300: the engine dies)."""
+    if not 0 <= step_delay() <= 3600:
+        raw = os.environ.get("MINILLM_TEST_STEP_DELAY")
         return (f"MINILLM_TEST_STEP_DELAY={raw!r}: give seconds from 0 to 3600 (a test hook that slows each "
                 "engine step), or unset it")
     return None
@@ -285,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
 
-    aeng = AsyncEngine(engine, step_delay=float(os.environ.get("MINILLM_TEST_STEP_DELAY") or 0),
+    aeng = AsyncEngine(engine, step_delay=step_delay(),
                        step_timeout=ns.step_timeout, log_requests=ns.enable_log_requests)
     names = ns.served_model_name or [engine.model_name]
     app = build_app(aeng, names, ns.api_key, test_hooks=os.environ.get("MINILLM_TEST_FAULTS") == "1",

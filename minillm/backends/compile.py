@@ -90,6 +90,19 @@ def arch_option() -> str:
     return f"-arch=sm_{cc}a" if cc == "90" else f"-arch=sm_{cc}"
 
 
+def env_int(name: str, default: int, what: str) -> int:
+    """An integer >= 0 from the environment variable `name` (default when unset), or a ValueError
+    that names the variable and what it sets (the backend's launch switches, the grammar's threads)."""
+    raw = os.environ.get(name, str(default))
+    try:
+        v = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: give an integer >= 0 ({what})") from None
+    if v < 0:
+        raise ValueError(f"{name}={v}: give an integer >= 0 ({what})")
+    return v
+
+
 def compile_options(debug: bool, defines: tuple[str, ...] = ()) -> tuple[str, ...]:
     opts = ["-std=c++17", f"-I{CUDA_DIR}", arch_option()]
     opts += [f"-I{d}" for d in _cuda_include_dirs()]

@@ -29,6 +29,7 @@ import numpy as np
 
 from minillm.backends import compile as kc
 from minillm.backends.arena import Arena
+from minillm.backends.compile import env_int
 from minillm.backends.cublas import Cublas, cuda_dtype
 from minillm.backends.pdl import PdlLauncher, pdl_enabled
 
@@ -541,19 +542,6 @@ def _copy_unit(*byte_values: int) -> tuple[str, int]:
         if g % size == 0:
             return name, size
     raise TypeError("row copies need 2-byte aligned rows")
-
-
-def env_int(name: str, default: int, what: str) -> int:
-    """An integer >= 0 from the environment variable `name` (default when unset), or a ValueError
-    that names the variable and what it sets."""
-    raw = os.environ.get(name, str(default))
-    try:
-        v = int(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r}: give an integer >= 0 ({what})") from None
-    if v < 0:
-        raise ValueError(f"{name}={v}: give an integer >= 0 ({what})")
-    return v
 
 
 def decode_rope_max_tokens() -> int:

@@ -21,6 +21,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from minillm.backends.compile import env_int
 from minillm.sampling_params import StructuredOutputsParams
 
 # compiled constraints kept for reuse (an n-choice request, or the same schema request after request,
@@ -31,23 +32,13 @@ TEMPLATES = 16
 # one matcher after another. A mask after a few tokens takes ~5-80 us, and the pool's hand-off
 # costs more than it saves at 8 rows: on the H200's host (16 cores), a batch-8 step's masks of
 # `[a-z ]+` took 335-565 us one by one against 588-653 us on the threads (part212,
-# scripts/structured_bench.py, alternated twice, 0.6B and 8B)
-def _env_count(name: str, default: int, what: str) -> tuple[int, str | None]:
-    """An integer >= 0 from the environment (default when unset or empty), and what is wrong with
-    the variable or None. Not raised here: a bad value failed `import minillm` itself with a
-    traceback; GrammarCompiler raises it as an engine start-up error naming the variable."""
-    raw = os.environ.get(name, "")
-    try:
-        v = int(raw) if raw.strip() else default
-    except ValueError:
-        v = -1
-    if v < 0:
-        return default, f"{name}={raw!r}: give an integer >= 0 ({what}), or unset it"
-    return v, None
-
-
-MASK_PARALLEL_MIN, _MASK_PARALLEL_PROBLEM = _env_count(
-    "MINILLM_MASK_PARALLEL_MIN", 16, "rows of a step from which llguidance's threads compute the masks")
+# scripts/structured_bench.py, alternated twice, 0.6B and 8B). A bad value is not raised here (it
+# failed `import minillm` itself): GrammarCompiler raises it as a start-up error naming the variable
+try:
+    MASK_PARALLEL_MIN, _MASK_PARALLEL_PROBLEM = env_int(
+        "MINILLM_MASK_PARALLEL_MIN", 16, "rows of a step from which llguidance's threads compute the masks"), None
+except ValueError as e:
+    MASK_PARALLEL_MIN, _MASK_PARALLEL_PROBLEM = 16, str(e)
 
 
 def _llguidance():

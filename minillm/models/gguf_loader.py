@@ -37,7 +37,9 @@ from minillm.models.hf_loader import (
     config_bool,
     config_float,
     config_int,
+    count_non_finite,
     expected_shapes,
+    refuse_dropped,
     regular_file,
     shown,
 )
@@ -206,13 +208,10 @@ def _dequantized(t, where: str) -> np.ndarray:
     # F32 tensors come back as read-only views of the file's memory map: copy those into memory
     out = np.array(values.reshape(shape), dtype=np.float32, order="C", copy=not values.flags.owndata)
     # corrupt bytes (a damaged download) decode to NaN or infinite weights, which run without an error
-    # and give token 0 every step: a sum (NaN and inf carry through it, ~1 ms a million values) finds
-    # them, and isfinite, only then, counts them (a sum could also overflow, which is not an error)
-    if not math.isfinite(float(out.sum(dtype=np.float32))):
-        bad = int(out.size - np.count_nonzero(np.isfinite(out)))
-        if bad:
-            raise ValueError(f"{where}: tensor {t.name!r} holds {bad} NaN or infinite values once dequantised: the "
-                             "file is damaged (download it again)")
+    # and give token 0 every step (count_non_finite: the safetensors loader's bit test)
+    if bad := count_non_finite(out):
+        raise ValueError(f"{where}: tensor {t.name!r} holds {bad} NaN or infinite values once dequantised: the "
+                         "file is damaged (download it again)")
     return out
 
 
@@ -657,11 +656,7 @@ def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray], Tok
     # "llama") used to load and run without them, or fail as "missing" naming another tensor
     dropped = [t.name for t in reader.tensors if t.name.startswith("blk.") and canonical_name(t.name) is None
                and not t.name.endswith(".attn_rot_embd")]  # old files' RoPE buffer: harmless
-    if dropped:
-        raise ValueError(f"{where}: holds layer tensors minillm does not implement: {', '.join(dropped[:4])}"
-                         + (f" (and {len(dropped) - 4} more)" if len(dropped) > 4 else "")
-                         + "; the model would run without them. minillm supports the Llama, Qwen2 and Qwen3 layouts "
-                         "(q/k/v biases only; no attn_output or FFN biases; no mixture-of-experts)")
+    refuse_dropped(where, dropped, "no attn_output or FFN biases; no mixture-of-experts")
     tokenizer = tokenizer_from_gguf(meta, where)
     weights, extra = read_tensors(reader, where)
     cfg = config_from_gguf(meta, weights, extra, where)

@@ -458,12 +458,18 @@ def load_safetensors(files: list[Path], check_finite: bool = True) -> dict[str, 
                 raise ValueError(f"{f}: tensor {name!r} holds {bad} NaN or infinite value(s); the model would "
                                  "compute NaN (a checkpoint saved after training diverged, or a damaged file)")
             out[canon], source[canon] = t, f
-        if dropped:
-            raise ValueError(f"{f}: holds layer tensors minillm does not implement: {', '.join(dropped[:4])}"
-                             + (f" (and {len(dropped) - 4} more)" if len(dropped) > 4 else "")
-                             + "; the model would run without them. minillm supports the Llama, Qwen2 and Qwen3 "
-                             "layouts (q/k/v biases only; no o_proj or MLP biases; unquantized weights)")
+        refuse_dropped(str(f), dropped, "no o_proj or MLP biases; unquantized weights")
     return out
+
+
+def refuse_dropped(where: str, dropped: list[str], layout: str) -> None:
+    """Refuse a file's layer tensors the loader has no place for (safetensors and GGUF names): the
+    model would load and run without them. layout: what the supported layouts lack, for the message."""
+    if dropped:
+        raise ValueError(f"{where}: holds layer tensors minillm does not implement: {', '.join(dropped[:4])}"
+                         + (f" (and {len(dropped) - 4} more)" if len(dropped) > 4 else "")
+                         + "; the model would run without them. minillm supports the Llama, Qwen2 and Qwen3 "
+                         f"layouts (q/k/v biases only; {layout})")
 
 
 def load_hf_dir(path: str | Path, tokenizer_dir: Path | None = None):
