@@ -133,7 +133,9 @@
 #   part281, part283-part285 (session 51, an H100): part281's A/B ran (the guess won and is the default);
 #   part283-part285 ran by hand: the guess's op and engine tests, bench decode against the old default, every
 #   GPU test under it. part286 (prepared): the final code on an H200 after part279a: SmolLM2's GPU tests,
-#   every GPU test, decode of both shapes.
+#   every GPU test, decode of both shapes. part287-part291 (sessions 52-53): the targets rerun, the throughput
+#   regression bisected and fixed (part289: the fix against 548b5cb). part292 (session 54): a first start's
+#   kernel compile on threads, a decode-attention module per (storage type, head dim), against 12d3121.
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -5166,6 +5168,20 @@ part291() {  # session 53 (carry .whl): after 36329c3 changed every decode kerne
   failure_matrix_q06 170
   stage spec_cost_8b 170 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
     --result-json "$W/spec_cost_8b.json"
+  pack
+}
+
+part292() {  # session 54 (carry .whl, .snap3 = `git archive 12d3121`, the commit before): the kernel modules compiled
+  # on threads and the decode attention a module per (storage type, head dim). A first start against 12d3121's
+  # (scripts/cold_start.py: each tree its own empty CuPy cache, then warm; 0.6B shape), then every GPU test on this
+  # tree, which loads the other storage type's decode modules on demand (~9 minutes on a fresh machine)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  stage cold_start 330 python3 scripts/cold_start.py $M/q06 .snap3 . --timeout 150 --json "$W/cold_start.json"
+  local d
+  for d in /tmp/minillm_cold_*; do cp "$d/serve.log" "$W/$(basename "$d").log" 2>/dev/null; done
+  gpu_tests_full 300
   pack
 }
 

@@ -110,15 +110,23 @@ def lint_names(build: str) -> list[str]:
     return [job.name for job in lint_jobs(build)]
 
 
+# the decode attention as the backend builds it, one module per (storage type, head dim) (cuda_ops._decode_defines):
+# the PTX of the bf16, head-dim-128 module (Qwen3's) against the kernels the backend asks it for
+DECODE_GROUP_JOB = NvccJob("decode_attention bf16 d128 ptx", src=CUDA_DIR / "decode_attention.cu",
+                           flags=("-DDEC_ONLY_T=1", "-DDEC_ONLY_D=128"), mode="ptx")
+
+
 def suite_jobs() -> list[NvccJob]:
     """Every nvcc run the tests read: each source in release and debug form, the VARIANTS, the scripts'
-    kernels, and the lint's PTX and preprocessed source of each PDL module in each LINT_BUILDS build."""
+    kernels, the lint's PTX and preprocessed source of each PDL module in each LINT_BUILDS build, and one
+    decode attention module as the backend builds it."""
     jobs = [NvccJob(compile_name(src, debug), src=src, flags=DEBUG_FLAGS if debug else ()) for src in SOURCES
             for debug in (False, True)]
     jobs += [NvccJob(variant_name(name, defines), src=CUDA_DIR / f"{name}.cu", flags=tuple(defines))
              for name, defines in VARIANTS]
     jobs += [NvccJob(f"script {script}", text=inline_source(script)) for script in sorted(INLINE_SOURCES)]
     jobs += [job for build in LINT_BUILDS for job in lint_jobs(build)]
+    jobs.append(DECODE_GROUP_JOB)
     return jobs
 
 

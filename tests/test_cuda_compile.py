@@ -14,7 +14,16 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from nvcc_jobs import CUDA_DIR, INLINE_SOURCES, SOURCES, VARIANTS, NvccPool, compile_name, variant_name
+from nvcc_jobs import (
+    CUDA_DIR,
+    DECODE_GROUP_JOB,
+    INLINE_SOURCES,
+    SOURCES,
+    VARIANTS,
+    NvccPool,
+    compile_name,
+    variant_name,
+)
 
 NVCC = shutil.which("nvcc")
 
@@ -122,6 +131,25 @@ def test_pdl_kernel_args_are_typed():
                                           for name, defines in VARIANTS])
 def test_nvcc_compiles_measured_variants(name: str, defines: list[str], nvcc_pool: NvccPool):
     assert_nvcc_compiles(nvcc_pool, variant_name(name, defines))
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (CI installs CUDA 13.0)")
+@pytest.mark.nvcc_jobs(DECODE_GROUP_JOB.name, "lint default decode_attention ptx")
+def test_decode_attention_modules_hold_what_the_backend_asks_for(nvcc_pool: NvccPool):
+    """The backend compiles cuda/decode_attention.cu once per (storage type, head dim) it uses
+    (_decode_defines): that module holds exactly the kernels it then looks up, and the four modules
+    together hold every kernel of the whole file (none left unreachable, none asked for twice)."""
+    import re
+
+    from minillm.backends.cuda_ops import _DECODE_HEAD_DIMS, decode_group_names
+
+    def entries(ptx: str) -> set[str]:
+        return set(re.findall(r"^\.visible \.entry (\w+)\(", ptx, re.MULTILINE))
+
+    assert entries(nvcc_pool.output(DECODE_GROUP_JOB.name)) == set(decode_group_names("bf16", 128))
+    groups = [decode_group_names(t, d) for t in ("bf16", "f32") for d in _DECODE_HEAD_DIMS]
+    assert sum(len(g) for g in groups) == len(set().union(*groups))
+    assert entries(nvcc_pool.output("lint default decode_attention ptx")) == set().union(*groups)
 
 
 def test_extra_defines_from_the_environment(monkeypatch):

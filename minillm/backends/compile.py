@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 CUDA_DIR = Path(__file__).resolve().parents[2] / "cuda"
@@ -127,6 +128,22 @@ def load_module(name: str, debug: bool | None = None, defines: tuple[str, ...] =
         mod.compile()  # compile and load now, never lazily inside a graph capture
         _modules[key] = mod
     return mod
+
+
+def compile_parallel(modules: list[tuple[str, tuple[str, ...]]], device_id: int, debug: bool | None = None) -> None:
+    """Compile and load these (module, defines) pairs, each on its own thread: NVRTC releases the GIL
+    while it compiles, so a first start in an environment takes about its slowest module's time rather
+    than the sum (cuda/ is ~58 s of nvcc on one core, its largest module ~10 s). A module that fails
+    here is left for its caller's load_module to fail again, with its own message."""
+    import cupy
+
+    def one(module: tuple[str, tuple[str, ...]]) -> None:
+        cupy.cuda.runtime.setDevice(device_id)  # makes the device's context current on this thread
+        load_module(module[0], debug, module[1])
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(modules), os.cpu_count() or 1))) as pool:
+        for f in [pool.submit(one, m) for m in modules]:
+            f.exception()  # wait for each; an error is raised again by the caller's own load
 
 
 def get_kernel(module: str, name: str, debug: bool | None = None, defines: tuple[str, ...] = ()):

@@ -459,6 +459,17 @@ def storage_dtype(dtype) -> np.dtype:
     raise ValueError(f"--dtype {dtype} is not supported on the CUDA backend; use bfloat16 or float32")
 
 
+def _decode_defines(sfx: str, D: int) -> tuple[str, ...]:
+    """cuda/decode_attention.cu built for one storage type ("bf16" / "f32") and head dim alone."""
+    return (f"DEC_ONLY_T={1 if sfx == 'bf16' else 2}", f"DEC_ONLY_D={D}")
+
+
+def decode_group_names(sfx: str, D: int) -> list[str]:
+    """The kernels of cuda/decode_attention.cu built under _decode_defines(sfx, D)."""
+    return ([f"paged_decode{r}_{sfx}_d{D}_g{g}" for r in ("", "_rope") for g in range(1, _DECODE_MAX_G + 1)]
+            + [f"paged_decode_rope_kvd_{sfx}_d{D}_g1"])
+
+
 def _suffix(dtype) -> str:
     dt = np.dtype(dtype)
     if dt == np.float32:
@@ -762,7 +773,12 @@ class CudaBackend:
         self.carveout = smem_carveout()  # None: the driver's choice per kernel
         k = {}
         self._pdl_kernels: set[str] = set()  # kernels that begin with pdl_entry (cuda/common.cuh)
-        for mod, names in {
+        # The tensor-core kernel (verification runs, DFlash blocks) built with PF_PDL and launched
+        # with PDL in graphs: a rejected DFlash round's graphs 0.6-0.9% shorter on the H200
+        # (session 16, part111). MINILLM_PDL_PREFILL=0 launches it without, for A/B runs.
+        pf_pdl = env_int("MINILLM_PDL_PREFILL", 1, "0: the tensor-core attention launched without PDL") == 1
+        pf_defines = ("PF_PDL=1",) if pf_pdl else ()
+        modules = {
             "rows": ["gather_rows_u16", "gather_rows_u4", "gather_rows_u2",
                      "store_kv_u16", "store_kv_u4", "store_kv_u2", "fill_input_ids", "advance_blocks"],
             "elementwise": ["silu_mul_bf16", "silu_mul_f32", "silu_mul_bf16_vec8", "fill_bias_bf16_bf16",
@@ -775,10 +791,6 @@ class CudaBackend:
                      "rms_norm_vec1_bf16", "rms_norm_vec2_bf16", "rms_norm_vec4_bf16"],
             "attention": ["paged_attention_bf16", "paged_attention_f32",
                           "attention_combine_bf16", "attention_combine_f32"],
-            "decode_attention": [f"paged_decode{r}_{t}_d{d}_g{g}" for r in ("", "_rope")
-                                 for t in ("bf16", "f32") for d in _DECODE_HEAD_DIMS
-                                 for g in range(1, _DECODE_MAX_G + 1)]
-            + [f"paged_decode_rope_kvd_{t}_d{d}_g1" for t in ("bf16", "f32") for d in _DECODE_HEAD_DIMS],
             "sampling": ["sample_tokens"],
             "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemv1_bf16", "gemv1_f32", "gemv1_silu_mul_bf16",
                      "gemv1_silu_mul_split_bf16", "gemv_silu_mul_split_bf16", "gemv1_deep_bf16",
@@ -788,20 +800,23 @@ class CudaBackend:
             + ["gemm_skinny2w4_bf16", "gemm_skinny2w4_f32"]
             + [f"gemm_skinny2_ring_{k}" for k in ("bf16", "f32", "silu_mul_bf16")]
             + [f"gemv1_merge{c}_bf16_w{w}" for c in ("", f"_cl{_O_MERGE_CLUSTER}") for w in (4, 8, 16)],
-        }.items():
+        }
+        # every module of a start compiled at once (a first start's compile: the slowest module's time),
+        # the decode attention for this storage type's head dims (another's loads if asked: _decode_kernel)
+        kc.compile_parallel([(m, ()) for m in modules] + [("prefill_attention", pf_defines)]
+                            + [("decode_attention", _decode_defines(self._sfx, d)) for d in _DECODE_HEAD_DIMS],
+                            self.device_id, self.debug)
+        for mod, names in modules.items():
             for n in names:
                 k[n] = kc.get_kernel(mod, n, self.debug)
                 if mod in _PDL_MODULES:
                     self._pdl_kernels.add(n)
-        # The tensor-core kernel (verification runs, DFlash blocks) built with PF_PDL and launched
-        # with PDL in graphs: a rejected DFlash round's graphs 0.6-0.9% shorter on the H200
-        # (session 16, part111). MINILLM_PDL_PREFILL=0 launches it without, for A/B runs.
-        pf_pdl = env_int("MINILLM_PDL_PREFILL", 1, "0: the tensor-core attention launched without PDL") == 1
+        for d in _DECODE_HEAD_DIMS:
+            k.update(self._decode_group(self._sfx, d))
         try:  # tensor-core prefill: needs the toolkit's mma.h, which not every install has
             for d in _DECODE_HEAD_DIMS:
                 for name in (f"paged_prefill_bf16_d{d}", f"paged_prefill_short_bf16_d{d}"):
-                    k[name] = kc.get_kernel("prefill_attention", name, self.debug,
-                                            ("PF_PDL=1",) if pf_pdl else ())
+                    k[name] = kc.get_kernel("prefill_attention", name, self.debug, pf_defines)
                     if pf_pdl:
                         self._pdl_kernels.add(name)
             self.prefill_unavailable = None
@@ -1284,6 +1299,26 @@ class CudaBackend:
             self._pdl_kernels.add(name)
         return name
 
+    def _decode_group(self, sfx: str, D: int) -> dict:
+        """cuda/decode_attention.cu's kernels for one storage type and head dim, from a module of their own
+        (_decode_defines): a quarter of the file's instantiations, ~10 of its ~34 s of nvcc."""
+        names = decode_group_names(sfx, D)
+        self._pdl_kernels.update(names)
+        return {n: kc.get_kernel("decode_attention", n, self.debug, _decode_defines(sfx, D)) for n in names}
+
+    def _decode_kernel(self, name: str, sfx: str, D: int) -> str:
+        """name, its storage type and head dim's module loaded first where a start did not (a bf16 backend
+        given fp32 arrays); never inside a graph capture, which cannot record a module load."""
+        if name not in self.k:
+            if self._capturing:
+                raise RuntimeError(f"{name} was first asked for inside a graph capture; run the step eagerly "
+                                   "once before capturing it (its module loads then)")
+            for n, kern in self._decode_group(sfx, D).items():
+                if self.carveout is not None:
+                    kern.preferred_shared_memory_carveout = self.carveout
+                self.k[n] = kern
+        return name
+
     def _wide_kernel(self, mt: int, sp: int) -> str:
         """cuda/gemm.cu's instance for (MT, S), loaded on first use; the first product of 17-256
         rows should run eagerly (not while a graph is captured)."""
@@ -1678,7 +1713,7 @@ class CudaBackend:
 
     def _decode_resident(self, D: int, G: int) -> int:
         """CTAs of the decode kernel (the backend's dtype) for (head_dim, group) the GPU holds at once."""
-        return self._resident_ctas(f"paged_decode_{self._sfx}_d{D}_g{G}")
+        return self._resident_ctas(self._decode_kernel(f"paged_decode_{self._sfx}_d{D}_g{G}", self._sfx, D))
 
     def attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start, scale: float,
                   out, causal: bool = True, bq: int | None = None,
@@ -1885,7 +1920,9 @@ class CudaBackend:
         else:
             name = "paged_decode_rope_kvd_" if kv_div > 1 else "paged_decode_rope_"
             args += (_i32(ns), _i32(p["min_part"])) + rope + (_i32(kv_div),)
-        self._launch(f"{name}{_suffix(q.dtype)}_d{D}_g{H // KH}", ((T if rows is None else rows) * KH * ns,),
+        sfx = _suffix(q.dtype)
+        name = self._decode_kernel(f"{name}{sfx}_d{D}_g{H // KH}", sfx, D)
+        self._launch(name, ((T if rows is None else rows) * KH * ns,),
                      (self._kvd_threads if kv_div > 1 else _ATT_THREADS,), args)
         return p
 
