@@ -5185,6 +5185,28 @@ part292() {  # session 54 (carry .whl, .snap3 = `git archive 12d3121`, the commi
   pack
 }
 
+part293() {  # session 54, the warm machine right after part289 (its two shapes in $M; carry .whl): the targets on the
+  # final code: decode of both shapes, the served failure matrix (0.6B, DFlash k = 8) and the 8B rejected-round cost
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage drafters 90 bash -c "python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
+  decode_06b 60
+  decode_8b 70
+  failure_matrix_q06 170
+  stage spec_cost_8b 170 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_8b.json"
+  pack
+}
+
+part294() {  # session 54, after part279a (the GGUF's first half to /tmp; carry .gguf_b and .whl): SmolLM2's GPU tests
+  # (greedy agreement with HF transformers on the GPU, its head dim 64 decode modules) on the final code
+  setup
+  stage smollm2_gpu 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py -k smollm2
+  tail -n 3 "$W/smollm2_gpu.log"
+  pack
+}
+
 # scripts/step_kernels.py's arguments for the 8B target's rejected DFlash k = 8 round at c = 1, 512 keys
 ROUND_C1="$M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512"
 

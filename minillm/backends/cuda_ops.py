@@ -747,9 +747,10 @@ class CudaBackend:
 
     def _load_kernels_logged(self, quiet_s: float = 5.0) -> None:
         """_load_kernels, saying so when it takes long. A first start in an environment compiles every
-        module (~75 s on an H100, session 53) and printed nothing meanwhile: a server seemed hung, and
-        the failure matrix's 60 s start-up wait gave up on it. Warm starts read CuPy's on-disk cache
-        in a second or two and log nothing here."""
+        module (65 s on an H200 one after another, 15 s on threads since session 54; more on a machine with
+        few cores) and once printed nothing meanwhile: a server seemed hung, and the failure matrix's 60 s
+        start-up wait gave up on it. Warm starts read CuPy's on-disk cache in a second or two and log
+        nothing here."""
         t0 = time.perf_counter()
         try:
             from cupy.cuda.compiler import get_cache_dir
@@ -758,7 +759,8 @@ class CudaBackend:
         except (ImportError, AttributeError):
             where = ""
         note = threading.Timer(quiet_s, lambda: log.info(
-            "compiling the CUDA kernels: a first start in this environment takes about a minute; later starts "
+            "compiling the CUDA kernels: a first start in this environment takes 15 s or more (its modules "
+            "compile in parallel, one a core); later starts "
             "read the compiled kernels back%s", where))
         note.daemon = True
         note.start()
