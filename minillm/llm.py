@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import jinja2
@@ -51,11 +53,16 @@ class LLM:
         return SamplingParams(**self.engine.generation_defaults)
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 priority: list[int] | None = None) -> list[CompletionOutput]:
+                 priority: list[int] | None = None, *, use_tqdm: bool | Callable = False,
+                 lora_request=None) -> list[CompletionOutput]:
         """Generate for a prompt or a list of prompts (strings, token-id lists, or vLLM's {"prompt": text}
         and {"prompt_token_ids": ids} dicts), batched; without sampling_params,
         get_default_sampling_params(). priority (vLLM's): one integer a prompt, lower first, with
-        scheduling_policy="priority"."""
+        scheduling_policy="priority". use_tqdm (vLLM's; off here by default): a progress bar over the
+        prompts on stderr (tqdm's where it is installed, or a callable that makes one as tqdm does).
+        lora_request: refused unless None (no LoRA adapters)."""
+        progress = _progress_factory(use_tqdm)
+        _refuse_lora(lora_request)
         if isinstance(prompts, np.ndarray):
             prompts = prompts.tolist()
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and prompts
@@ -97,6 +104,7 @@ class LLM:
         prompt_logprobs: dict[str, list] = {}
         # offline, nobody reads a step's text at once: render it while the next step runs
         engine.overlap_outputs = True
+        bar = None
         try:
             # inside the try: a request refused when added (a structured-output constraint that does not
             # compile is found only there) takes the ones added before it out again
@@ -105,6 +113,7 @@ class LLM:
                     ids.append(engine.add_request(toks, p, priority=prio))
                 except ValueError as e:
                     raise refused(i, e) from None
+            bar = progress(total=len(ids), desc="Processed prompts") if progress is not None else None
             while engine.has_unfinished():
                 for out in engine.step():
                     if out.new_logprobs is not None:
@@ -117,6 +126,8 @@ class LLM:
                                                                 logprobs.pop(out.request_id, None),
                                                                 prompt_logprobs.pop(out.request_id, None),
                                                                 out.error)
+                        if bar is not None:
+                            bar.update(1)
         except BaseException as e:  # Ctrl-C or a failure: leave none of ours for the next call to run first
             for rid in ids:
                 engine.abort_request(rid)
@@ -128,6 +139,8 @@ class LLM:
             raise
         finally:
             engine.overlap_outputs = False
+            if bar is not None:
+                bar.close()
         results = []
         for rid, toks in zip(ids, prompt_ids):
             c = done[rid]
@@ -137,13 +150,17 @@ class LLM:
 
     def chat(self, messages, sampling_params: SamplingParams | None = None, add_generation_prompt: bool = True,
              chat_template_kwargs: dict | None = None, continue_final_message: bool = False,
-             tools: list[dict] | None = None) -> list[CompletionOutput]:
+             tools: list[dict] | None = None, *, use_tqdm: bool | Callable = False,
+             lora_request=None) -> list[CompletionOutput]:
         """Chat through the model's template: one conversation (a list of dicts) or a list of them;
         chat_template_kwargs are extra template variables (Qwen3's {"enable_thinking": False}),
         continue_final_message leaves the last message open for the model to continue (no generation
         prompt), and tools (OpenAI's {"type": "function", "function": {...}} list, checked as the
         server checks it) go to the template as its `tools`, as in vLLM's LLM.chat. The output is
-        the model's text: reading calls from it is the caller's (minillm.server.tools has parsers)."""
+        the model's text: reading calls from it is the caller's (minillm.server.tools has parsers).
+        use_tqdm and lora_request as generate's."""
+        _progress_factory(use_tqdm)  # checked before the conversations are rendered
+        _refuse_lora(lora_request)
         if not isinstance(messages, list):
             raise ValueError("messages must be a list of {'role', 'content'} dicts (one conversation) or a list "
                              f"of such lists; got {type(messages).__name__}")
@@ -180,7 +197,50 @@ class LLM:
                 raise ValueError(f"{which}{e}") from None
             except (jinja2.TemplateError, TypeError) as e:  # its raise_exception, a field it lacks, ...
                 raise ValueError(f"{which}the chat template refused the messages ({type(e).__name__}: {e})") from None
-        return self.generate(prompts, sampling_params)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+
+def _progress_factory(use_tqdm) -> Callable | None:
+    """What makes generate()'s progress bar: None for no bar; True: tqdm's, or minillm's own line on
+    stderr where tqdm is not installed (it is not a dependency); a callable: that (vLLM takes a tqdm-like
+    class too). It is called as tqdm is: (total=N, desc=...), then .update(1) a prompt and .close()."""
+    if use_tqdm is False or use_tqdm is None:
+        return None
+    if use_tqdm is True:
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            return _StderrProgress
+        return tqdm
+    if callable(use_tqdm):
+        return use_tqdm
+    raise ValueError(f"use_tqdm must be True, False or a callable that makes a progress bar; got {use_tqdm!r}")
+
+
+class _StderrProgress:
+    """use_tqdm=True without tqdm installed: 'Processed prompts: i/N' rewritten on one stderr line."""
+
+    def __init__(self, total: int, desc: str):
+        self.total, self.desc, self.n = total, desc, 0
+        self._show()
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        self._show()
+
+    def close(self) -> None:
+        sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    def _show(self) -> None:
+        sys.stderr.write(f"\r{self.desc}: {self.n}/{self.total}")
+        sys.stderr.flush()
+
+
+def _refuse_lora(lora_request) -> None:
+    if lora_request is not None:
+        raise ValueError("lora_request: minillm serves no LoRA adapters; merge the adapter into the model's "
+                         "weights (peft's merge_and_unload) and load that folder")
 
 
 def _unwrap(prompt):

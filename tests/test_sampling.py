@@ -295,6 +295,51 @@ def test_generate_takes_vllm_prompt_dicts(llm):
     assert len(llm.generate([[5], [6]], (params, params))) == 2
 
 
+def test_generate_progress_bar_and_lora_request(llm, capsys):
+    """vLLM's use_tqdm and lora_request keywords (they were a TypeError): a callable use_tqdm makes the bar
+    and is advanced once a finished prompt; True draws one on stderr (tqdm's, or minillm's own line without
+    tqdm); False leaves stderr alone; a LoRA adapter is refused by name before anything runs."""
+    from minillm import llm as llm_module
+
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    made = []
+
+    class Bar:
+        def __init__(self, total, desc):
+            self.total, self.desc, self.n, self.closed = total, desc, 0, False
+            made.append(self)
+
+        def update(self, n=1):
+            self.n += n
+
+        def close(self):
+            self.closed = True
+
+    ref = llm.generate([[5, 6, 7], [8, 9]], params)
+    out = llm.generate([[5, 6, 7], [8, 9]], params, use_tqdm=Bar)
+    assert [o.token_ids for o in out] == [o.token_ids for o in ref]
+    assert [(b.total, b.n, b.closed) for b in made] == [(2, 2, True)]
+    capsys.readouterr()
+    llm.generate([[5, 6, 7]], params, use_tqdm=False)
+    assert capsys.readouterr().err == ""
+    llm.generate([[5, 6, 7]], params, use_tqdm=True)
+    assert "Processed prompts" in capsys.readouterr().err
+    bar = llm_module._StderrProgress(total=2, desc="Processed prompts")
+    bar.update(1)
+    bar.update(1)
+    bar.close()
+    assert capsys.readouterr().err.split("\r")[-1] == "Processed prompts: 2/2\n"
+    chats = llm.chat([{"role": "user", "content": "hi"}], params, use_tqdm=Bar)
+    assert len(chats) == 1 and made[-1].n == 1
+    for kwargs, words in [(dict(use_tqdm="yes"), "use_tqdm must be True, False or a callable"),
+                          (dict(lora_request=object()), "no LoRA adapters")]:
+        with pytest.raises(ValueError, match=words):
+            llm.generate([[5, 6, 7]], params, **kwargs)
+        with pytest.raises(ValueError, match=words):
+            llm.chat([{"role": "user", "content": "hi"}], params, **kwargs)
+    assert not llm.engine.requests
+
+
 def test_chat_names_what_the_template_refuses(tiny):
     """LLM.chat: the template's own refusal (raise_exception, a field it lacks), chat_template_kwargs
     that collide with the template's inputs and non-boolean switches were a jinja2 error, a TypeError
