@@ -25,6 +25,7 @@ import sys
 from urllib.parse import urlsplit
 
 from minillm.args import STARTUP_ERRORS, CliParser, EngineArgs, add_engine_args
+from minillm.backends.compile import env_flag
 from minillm.server.reasoning import PARSERS as REASONING_PARSERS
 from minillm.server.tools import TOOL_CALL_PARSERS
 
@@ -292,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     aeng = AsyncEngine(engine, step_delay=step_delay(),
                        step_timeout=ns.step_timeout, log_requests=ns.enable_log_requests)
     names = ns.served_model_name or [engine.model_name]
-    app = build_app(aeng, names, ns.api_key, test_hooks=os.environ.get("MINILLM_TEST_FAULTS") == "1",
+    app = build_app(aeng, names, ns.api_key, test_hooks=env_flag("MINILLM_TEST_FAULTS", False, "fault hooks"),
                     reasoning_parser=ns.reasoning_parser, tool_call_parser=ns.tool_call_parser,
                     prompt_tokens_details=ns.enable_prompt_tokens_details,
                     cors=None if ns.allowed_origins is None else dict(

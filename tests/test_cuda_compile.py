@@ -152,6 +152,26 @@ def test_decode_attention_modules_hold_what_the_backend_asks_for(nvcc_pool: Nvcc
     assert entries(nvcc_pool.output("lint default decode_attention ptx")) == set().union(*groups)
 
 
+def test_env_flags_read_words_and_refuse_garbage(monkeypatch):
+    """The on/off developer switches (MINILLM_PDL, MINILLM_DEBUG, ...): 1/0, true/false, yes/no, on/off in any
+    case; unset or empty is the default. "false" was once read as on (and "true" as off by the switches that
+    compared with "1"); anything else is now an error naming the variable."""
+    from minillm.backends import compile as kc
+
+    for raw, want in [("1", True), ("TRUE", True), ("yes", True), (" on ", True), ("0", False), ("False", False),
+                      ("no", False), ("OFF", False)]:
+        monkeypatch.setenv("MINILLM_X", raw)
+        assert kc.env_flag("MINILLM_X", not want, "x") is want
+    for raw, default in [("", True), ("  ", False)]:
+        monkeypatch.setenv("MINILLM_X", raw)
+        assert kc.env_flag("MINILLM_X", default, "x") is default
+    monkeypatch.delenv("MINILLM_X")
+    assert kc.env_flag("MINILLM_X", True, "x") is True
+    monkeypatch.setenv("MINILLM_X", "maybe")
+    with pytest.raises(ValueError, match=r"MINILLM_X='maybe': give 1 or 0 .*\(what it does\)"):
+        kc.env_flag("MINILLM_X", False, "what it does")
+
+
 def test_extra_defines_from_the_environment(monkeypatch):
     """MINILLM_CUDA_DEFINES adds -D defines to every module (the variants above under the tests)."""
     from minillm.backends import compile as kc

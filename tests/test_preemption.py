@@ -202,7 +202,7 @@ def test_startup_refuses_a_pool_that_cannot_hold_one_sequence(tiny_dir):
 
 
 def test_debug_checks_run_clean_through_a_preempting_workload(tiny_dir, alone_outputs, monkeypatch):
-    monkeypatch.setattr(runner_mod, "DEBUG", True)
+    monkeypatch.setenv("MINILLM_DEBUG", "1")
     calls = {"check": 0, "tokens": 0}
     inner_check = runner_mod.ModelRunner._check
     inner_prepare = runner_mod.ModelRunner.prepare
@@ -231,10 +231,18 @@ def test_debug_checks_run_clean_through_a_preempting_workload(tiny_dir, alone_ou
     assert [o.token_ids for o in outs] == alone_outputs
 
 
+def test_a_garbled_runner_switch_is_a_start_up_error(tiny_dir, monkeypatch):
+    """The runner's switches are read when it is made: a value that is not on or off stops the start with
+    the variable's name (they were read at import, where "false" meant on)."""
+    monkeypatch.setenv("MINILLM_DECODE_ORDER", "nope")
+    with pytest.raises(ValueError, match="MINILLM_DECODE_ORDER='nope'"):
+        LLM(tiny_dir, device="cpu", max_num_seqs=2, max_model_len=64, block_size=BS)
+
+
 def test_debug_check_fires_on_a_corrupted_block_table(tiny_dir, monkeypatch):
     """The check is live in the engine: a block table pointing past the pool is caught on the host
     before any kernel could read it."""
-    monkeypatch.setattr(runner_mod, "DEBUG", True)
+    monkeypatch.setenv("MINILLM_DEBUG", "1")
     llm = LLM(tiny_dir, device="cpu", max_num_seqs=2, max_model_len=64, block_size=BS)
     eng = llm.engine
     rid = eng.add_request([3, 4, 5], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
@@ -252,7 +260,7 @@ def test_field_report_setup_speculation_on_an_overcommitted_pool(tiny_dir, monke
     """The field report's configuration in miniature: 8 concurrent requests, speculative decoding,
     a pool far below 8 x max_model_len. Drafts, rollback and preemption interleave; outputs must
     equal greedy decoding alone and the DEBUG index checks must stay quiet."""
-    monkeypatch.setattr(runner_mod, "DEBUG", True)
+    monkeypatch.setenv("MINILLM_DEBUG", "1")
     rng = random.Random(11)
     prompts, params = [], []
     for _ in range(C):

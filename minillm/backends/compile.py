@@ -21,7 +21,7 @@ _modules: dict[tuple, object] = {}
 
 def debug_enabled() -> bool:
     """MINILLM_CUDA_DEBUG=1 compiles in the device index checks (MINILLM_CHECK) and -lineinfo."""
-    return os.environ.get("MINILLM_CUDA_DEBUG", "0") not in ("", "0")
+    return env_flag("MINILLM_CUDA_DEBUG", False, "the device index checks and -lineinfo")
 
 
 def extra_defines() -> tuple[str, ...]:
@@ -102,6 +102,22 @@ def env_int(name: str, default: int, what: str) -> int:
     if v < 0:
         raise ValueError(f"{name}={v}: give an integer >= 0 ({what})")
     return v
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def env_flag(name: str, default: bool, what: str) -> bool:
+    """An on/off switch from the environment variable `name` (default when unset or empty): 1 / true / yes / on
+    or 0 / false / no / off, any case; anything else a ValueError that names it ("false" once read as on)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if raw.lower() in _TRUE:
+        return True
+    if raw.lower() in _FALSE:
+        return False
+    raise ValueError(f"{name}={raw!r}: give 1 or 0 (true / false, yes / no and on / off work too) ({what})")
 
 
 def compile_options(debug: bool, defines: tuple[str, ...] = ()) -> tuple[str, ...]:

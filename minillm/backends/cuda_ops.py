@@ -29,7 +29,7 @@ import numpy as np
 
 from minillm.backends import compile as kc
 from minillm.backends.arena import Arena
-from minillm.backends.compile import env_int
+from minillm.backends.compile import env_flag, env_int
 from minillm.backends.cublas import Cublas, cuda_dtype
 from minillm.backends.pdl import PdlLauncher, pdl_enabled
 
@@ -662,11 +662,11 @@ class CudaBackend:
         # MINILLM_INITCHECK=1 (set by scripts/failure_matrix.py for its initcheck run): initcheck does
         # not see cuBLAS's writes, so each cuBLAS output is zeroed before its GEMM (matmul) and the
         # cuBLAS workspace once here (cuBLAS's split-K reduction reads partial sums it wrote there)
-        self.mark_blas_outputs = os.environ.get("MINILLM_INITCHECK", "0") == "1"
+        self.mark_blas_outputs = env_flag("MINILLM_INITCHECK", False, "cuBLAS outputs zeroed for initcheck")
         # MINILLM_CHECK_ATT_COUNTERS=1 (a debug check, eager steps): after every attention call the
         # split counters must all be 0 again (each merge resets its own); one left set would make the
         # next launch that uses it merge before its splits have written (_check_att_counters)
-        self.check_att_counters = os.environ.get("MINILLM_CHECK_ATT_COUNTERS", "0") == "1"
+        self.check_att_counters = env_flag("MINILLM_CHECK_ATT_COUNTERS", False, "the split counters checked")
         if self.mark_blas_outputs:
             cupy.cuda.runtime.memsetAsync(self._blas_ws.data.ptr, 0, cublas_workspace_bytes, self.stream.ptr)
         self._capturing = False
@@ -1452,7 +1452,7 @@ class CudaBackend:
         0.95-0.99 ms against ~0.95 ms of layers in the graph; 8B: 6.1 against 4.4;
         docs/BENCHMARKS.md, session 6), so one-token steps run op by op unless asked."""
         D, NQ, NKV, H, F = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.hidden_size, cfg.intermediate_size
-        if (self.dtype == np.float32 or os.environ.get("MINILLM_FUSED_DECODE", "0") != "1"
+        if (self.dtype == np.float32 or not env_flag("MINILLM_FUSED_DECODE", False, "the one-kernel decoder")
                 or D not in (64, 128) or NQ % NKV or NQ // NKV > _DL_MAX_G or H % 8 or F % 8):
             return None
         G, QS, KVS = NQ // NKV, NQ * D, NKV * D

@@ -19,9 +19,10 @@ the same graphs 7-10% slower; likely because the next kernels' CTAs sat resident
 from __future__ import annotations
 
 import ctypes
-import os
 
 import numpy as np
+
+from minillm.backends.compile import env_flag
 
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # cuda.h, CUlaunchAttributeID
 
@@ -42,7 +43,7 @@ _SCALARS = {np.dtype(np.int32): ctypes.c_int32, np.dtype(np.int64): ctypes.c_int
 
 
 def pdl_enabled() -> bool:
-    return os.environ.get("MINILLM_PDL", "1") != "0"
+    return env_flag("MINILLM_PDL", True, "0: graphs launch every kernel without programmatic dependent launch")
 
 
 def kernel_arg(a):

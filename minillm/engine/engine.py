@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
 import random
 import time
 import uuid
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from minillm.args import EngineArgs
+from minillm.backends.compile import env_flag
 from minillm.engine.block_manager import BlockManager
 from minillm.engine.host_memory import plan_host_pool
 from minillm.engine.logprobs import TokenLogprob, prompt_logprobs, token_logprob
@@ -297,7 +297,7 @@ class LLMEngine:
         # early drafting: the drafting step goes on the device right behind the verification step,
         # before the host reads its results (_draft_behind); MINILLM_EARLY_DRAFTS=0: after (A/B runs)
         self.early_drafts = (self.runner.draft_source is not None and hasattr(self.proposer, "propose_behind")
-                             and os.environ.get("MINILLM_EARLY_DRAFTS", "1") not in ("", "0"))
+                             and env_flag("MINILLM_EARLY_DRAFTS", True, "0: drafting after the host reads a round"))
         self.drafted_behind = 0  # drafting steps launched by _draft_behind (tests read it)
         self._spec_paused = False  # this step drafts nothing (disable_by_batch_size)
         self._drafting_decided = False  # _propose has decided the next step's drafts (and counted it)

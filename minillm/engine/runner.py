@@ -8,12 +8,12 @@ what lets the CUDA backend capture a decode step as a graph and replay it.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from minillm.backends.compile import env_flag
 from minillm.engine.block_manager import BlockManager
 from minillm.engine.penalty_history import NONE, PenaltyHistory
 from minillm.engine.readback import TokenReadback
@@ -21,9 +21,10 @@ from minillm.engine.scheduler import ScheduledSeq
 from minillm.engine.structured import ThinkState, add_token
 from minillm.models.transformer import StepInputs, Transformer, Workspace
 
-DEBUG = os.environ.get("MINILLM_DEBUG", "") not in ("", "0")
-# MINILLM_DECODE_ORDER=0: decode steps give attention no launch order (see StepInputs.attn_order)
-DECODE_ORDER = os.environ.get("MINILLM_DECODE_ORDER", "1") not in ("", "0")
+# The runner's on/off switches, read when a runner is made (a garbled value is a start-up error): MINILLM_DEBUG=1
+# checks every step's host inputs (_check); MINILLM_DECODE_ORDER=0: decode steps give attention no launch order
+# (see StepInputs.attn_order); MINILLM_SHORT_RUN_GRAPHS below.
+
 # batches whose every row gives logits (verification, a drafter's blocks) take the whole-array
 # fill from this many sequences: below it the per-sequence loop is faster (CPU dev machine,
 # `scripts/host_overhead.py --dflash 8`: 2 sequences 157-168 against 110-114 us a round, 8
@@ -32,7 +33,6 @@ RUNS_FILL_MIN = 8
 # verification and drafting graphs also come without the decode kernel's launch, for steps whose
 # every run takes the tensor-core attention (Runner._short_runs_only); MINILLM_SHORT_RUN_GRAPHS=0:
 # one graph a shape, that launch always in it (A/B runs)
-SHORT_RUN_GRAPHS = os.environ.get("MINILLM_SHORT_RUN_GRAPHS", "1") not in ("", "0")
 SHORT_RUNS = "short_runs"  # the third part of such a graph's key
 # decode graphs that stop at the logits (the third part of their key): steps whose logits are
 # changed before sampling (penalties, logit_bias, min_tokens, structured outputs) replay one and
@@ -223,7 +223,10 @@ class ModelRunner:
         self.readback = TokenReadback(backend, max_logits)  # async scheduling's result copies
         self.decode_max_q = int(getattr(backend, "decode_max_q", 0))
         # the device's short-run rule, for the graphs without the decode kernel (0: none captured)
-        self.short_run_max_ctx = int(getattr(backend, "short_run_max_ctx", 0)) if SHORT_RUN_GRAPHS else 0
+        self.debug = env_flag("MINILLM_DEBUG", False, "the runner's host-side checks of every step")
+        self.decode_order = env_flag("MINILLM_DECODE_ORDER", True, "0: decode steps give the attention no launch order")
+        short_graphs = env_flag("MINILLM_SHORT_RUN_GRAPHS", True, "0: no graphs without the decode kernel's launch")
+        self.short_run_max_ctx = int(getattr(backend, "short_run_max_ctx", 0)) if short_graphs else 0
         self.short_run_min_seqs = int(getattr(backend, "short_run_min_seqs", 1))  # StepInputs.short_runs
         self.short_run_replays = 0  # replays of graphs without the decode kernel (tests read it)
         self.forward_only_replays = 0  # replays of FORWARD_ONLY graphs (tests read it)
@@ -244,12 +247,12 @@ class ModelRunner:
             self.max_query_len = max(item.num_new for item in batch)  # attention's launch hint
         h = self.buf.host
         self.num_decode_rows = None
-        if self.max_query_len == 1 and DECODE_ORDER:  # the longest contexts' attention starts first
+        if self.max_query_len == 1 and self.decode_order:  # the longest contexts' attention starts first
             n = min(t, h["attn_order"].shape[0])
             h["attn_order"][:n] = np.argsort(-h["seq_lens"][:n], kind="stable")
         elif self.max_query_len > self.decode_max_q > 0:
             self._prepare_decode_rows(len(batch))
-        if DEBUG:
+        if self.debug:
             self._check(batch, t)
         return t, r
 
@@ -701,7 +704,7 @@ class ModelRunner:
         its decode_rows may be passed; graphs are captured and replayed without them. seqs: the
         most real sequences the step holds (default B; a graph's bucket), which sets short_runs."""
         d = self.buf.dev
-        decode = DECODE_ORDER and max_query_len == 1 and t <= d["attn_order"].shape[0]
+        decode = self.decode_order and max_query_len == 1 and t <= d["attn_order"].shape[0]
         order = d["attn_order"][:t] if decode else None
         n = self.num_decode_rows if prepared else None  # prepare() sets it for split steps only
         return StepInputs(d["input_ids"][:t], d["positions"][:t], d["slot_mapping"][:t],
