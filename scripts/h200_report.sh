@@ -331,8 +331,7 @@ part5() {
     python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force &&
     python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
-  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --result-json "$W/spec_cost_8b.json"
+  spec_cost_8b 150
   stage matrix_32k 80 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix32k" \
     --max-model-len 32768 --concurrency 1,16 --num-prompts 2,16 --startup-timeout 60 --ladder-timeout 60
 }
@@ -369,8 +368,7 @@ part8() {  # the session's numbers, call 1 of 2: tests, decode, throughput, spec
   decode_06b 40
   decode_8b 70
   throughput_06b 60
-  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --result-json "$W/spec_cost_8b.json"
+  spec_cost_8b 150
   stage hf_06b_compiled 80 python3 -m minillm.bench hf $M/q06 --device cuda --input-len 512 --output-len 64 \
     --static-cache --compile --result-json "$W/hf_06b_compiled.json"
 }
@@ -430,8 +428,7 @@ part12() {  # session 3, call 1 of 2: GPU tests, GEMV variants, decode with PDL 
     --max-model-len 2048 --max-num-batched-tokens 8192 --profile --result-json "$W/throughput_06b_profile.json" \
     --profile-json "$W/throughput_06b_steps.json"
   throughput_06b 90
-  stage spec_cost_8b 170 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --result-json "$W/spec_cost_8b.json"
+  spec_cost_8b 170
 }
 
 part13() {  # session 3, call 2 of 2: the failure matrix and the memcheck reproducer on the final code
@@ -462,8 +459,7 @@ gpu_tests_all() {  # session 4's GPU test set: every CUDA test but SmolLM2's and
 engine_report() {  # the engine-level figures of part21 and part28: all four models, speculation cost
   # (8B, k = 8), decode, throughput, the plain serving ladder, the failure matrix
   models_all 90
-  stage spec_cost_8b 120 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --result-json "$W/spec_cost_8b.json"
+  spec_cost_8b 120
   decode_06b 40
   throughput_06b 40
   stage serve_plain 90 python3 scripts/failure_matrix.py $M/q06 --out "$W/serve_plain" --max-model-len 4096 \
@@ -552,8 +548,7 @@ part20() {  # session 4, call 6: speculation cost on the final code, the batch-1
     python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
   step_kernels q06 192 1024 60
-  stage spec_cost_8b 200 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --result-json "$W/spec_cost_8b.json"
+  spec_cost_8b 200
 }
 
 part21() {  # session 4, call 7: the tensor-core skinny GEMM (5-16 rows): GPU tests, its timings
@@ -870,8 +865,7 @@ part58() {  # session 8, last call: the failure matrix and the memcheck reproduc
     tests/test_async_scheduling.py tests/test_prompt_logprobs.py -k "not smollm2 and not debug_build"
   stage racecheck_prefill 80 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
     python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "paged_attention_shapes and bfloat16-16-128-2"
-  stage spec_cost_8b 120 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --result-json "$W/spec_cost_8b.json"
+  spec_cost_8b 120
 }
 
 part59() {  # session 8, last call: would choosing a cuBLASLt algorithm per product shape pay? Every
@@ -1113,8 +1107,7 @@ part77() {  # session 10, call 8: the 8B speculation-cost ladder (DFlash k = 8, 
   setup
   stage models_8b 120 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
-  stage spec_cost_8b 200 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --result-json "$W/spec_cost_8b.json"
+  spec_cost_8b 200
 }
 
 part78() {  # session 10, call 9 (the device time left): the debug build's trap test, and the server
@@ -1344,6 +1337,11 @@ models_all() {  # both Qwen3 shapes and a random DFlash drafter for each (timeou
     python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
 }
 
+spec_cost_8b() {  # the 8B rejected DFlash k = 8 round against plain steps, and the oracle's speedups (timeout in seconds)
+  stage spec_cost_8b "$1" python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --result-json "$W/spec_cost_8b.json"
+}
+
 models_q06_dflash() {  # the 0.6B shape and its random DFlash drafter (timeout in seconds)
   stage models "$1" bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
@@ -1526,8 +1524,7 @@ part95() {  # session 13, call 3: runs of 2-16 queries with at most 2,048 keys (
   step_kernels_spec q8 q8-dflash 16 512 150
   stage graph_q8_spec_b16_c512_off 90 env MINILLM_SHORT_RUN_MAX_CTX=0 python3 scripts/step_kernels.py $M/q8 \
     --spec $M/q8-dflash --k 8 --batch 16 --ctx 512 --json "$W/graph_q8_spec_b16_c512_off.json"
-  stage spec_cost_8b 200 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --result-json "$W/spec_cost_8b.json"
+  spec_cost_8b 200
 }
 
 part96() {  # session 13, call 4: the short runs' keys split over up to 4 CTAs (and the L = 0 fix): every
@@ -1543,8 +1540,7 @@ part96() {  # session 13, call 4: the short runs' keys split over up to 4 CTAs (
   step_kernels_spec q8 q8-dflash 16 512 120
   stage graph_q8_spec_b1_c512 60 python3 scripts/step_kernels.py $M/q8 --spec $M/q8-dflash --k 8 --batch 1 \
     --ctx 512 --json "$W/graph_q8_spec_b1_c512.json"
-  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --result-json "$W/spec_cost_8b.json"
+  spec_cost_8b 150
   stage failure_matrix 330 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
     --num-prompts 2,2,4,8,16 --startup-timeout 90 --ladder-timeout 150
 }
@@ -1565,8 +1561,7 @@ part97() {  # session 13, call 5: the short runs' merge rewritten (weights a row
       spec_round_graph "c512_s$sp" $b 60 MINILLM_SHORT_RUN_SPLITS=$sp
     done
   done
-  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --result-json "$W/spec_cost_8b.json"
+  spec_cost_8b 150
   memcheck_reproducer 150
   throughput_06b 100
 }
@@ -1608,8 +1603,7 @@ part100() {  # session 14, call 2: the DFlash context update computes keys and v
   stage models 150 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
   gpu_tests_full 200
-  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --result-json "$W/spec_cost_8b.json"
+  spec_cost_8b 150
   step_kernels_spec q8 q8-dflash 1 512 90
   step_kernels_spec q8 q8-dflash 16 512 90
 }
@@ -1656,8 +1650,7 @@ part103() {  # session 14, call 5: where the short-run attention's warps wait (n
       --ctx 512 --under-ncu
   done
   pack
-  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --result-json "$W/spec_cost_8b.json"
+  spec_cost_8b 150
   stage failure_matrix 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
     --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 100
   gpu_tests_full 160
@@ -1805,8 +1798,7 @@ part112() {  # session 16, call 2: the attention kernels finding their work befo
   done
   throughput_06b_ab pre MINILLM_CUDA_DEFINES PDL_PREWAIT_INDEX=1 PDL_PREWAIT_INDEX=0
   gpu_tests_full 200
-  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --result-json "$W/spec_cost_8b.json"
+  spec_cost_8b 150
 }
 
 part113() {  # session 16, call 3: verification and drafting graphs without the decode kernel's empty
@@ -1962,8 +1954,7 @@ part120() {  # session 17, call 5: the drafter's LM head on each block's rows 1.
   done
   stage dflash_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_dflash_graphs.py \
     tests/test_gpu_engine.py tests/test_cuda_ops.py -k "dflash or spec or lossless or short_run or graph"
-  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --result-json "$W/spec_cost_8b.json"
+  spec_cost_8b 150
 }
 
 part121() {  # session 17, call 6: the final code (the drafter's logits window, its workspace sized
@@ -2174,8 +2165,7 @@ part134() {  # session 19, call 6: the 8B spec-cost bench on the final code (its
   facts > "$W/facts.txt" 2>&1
   stage models 150 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
-  stage spec_cost_8b 200 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --result-json "$W/spec_cost_8b.json"
+  spec_cost_8b 200
 }
 
 part135() {  # session 19, call 7: the final code against the session's start (b2782d5, .snap0) on one
@@ -2407,8 +2397,7 @@ part148() {  # session 21's final code (2-row products on the GEMV, 3-16 on the 
   models_all 150
   local m
   for m in q06 q8; do step_graph_batch $m 2 final "" 100; done
-  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --result-json "$W/spec_cost_8b.json"
+  spec_cost_8b 150
   memcheck_reproducer 100
   stage failure_matrix 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
     --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 100
@@ -3045,8 +3034,7 @@ part179() {  # session 27: split short runs on the three-CTAs-an-SM kernel past 
   spec_round_graph "base" 16 100 MINILLM_SHORT_RUN_3CTA=0
   spec_round_graph "wave" 16 100 MINILLM_SHORT_RUN_3CTA=1
   graph_summary
-  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --result-json "$W/spec_cost_8b.json"
+  spec_cost_8b 150
   memcheck_reproducer 60
   stage failure_matrix 150 python3 scripts/failure_matrix.py $M/q06 --drafter $M/q06-dflash --out "$W/matrix" \
     --num-prompts 2,2,4,8,16 --startup-timeout 60 --ladder-timeout 100
@@ -3129,8 +3117,7 @@ c2_routes_ab() {  # part182 / part183: the c = 2 round at the session's start (N
   graph_summary
   stage gpu_tests_spec 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
     tests/test_dflash_graphs.py tests/test_gpu_engine.py -k "short_runs or batch_invariant or dflash or spec or lossless or skinny4"
-  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --result-json "$W/spec_cost_8b.json"
+  spec_cost_8b 150
 }
 
 part182() {  # session 28: the c = 2 round's routes as defaults (17-32-row narrowing products, o and
@@ -3198,8 +3185,7 @@ part184() {  # prepared in session 28, not yet run: the final route (17-20 rows 
   graph_summary
   stage gpu_tests_spec 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
     tests/test_dflash_graphs.py tests/test_gpu_engine.py -k "short_runs or batch_invariant or dflash or spec or lossless or skinny4"
-  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --result-json "$W/spec_cost_8b.json"
+  spec_cost_8b 150
 }
 
 part185() {  # prepared in session 28, not yet run: the figures on session 28's final code, which
@@ -3228,8 +3214,7 @@ part188() {  # prepared in session 29, never run (session 30's part191 and part1
   facts > "$W/facts.txt" 2>&1
   gpu_tests_full 330
   models_all 150
-  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --result-json "$W/spec_cost_8b.json"
+  spec_cost_8b 150
   decode_06b 90
   decode_8b 120
 }
@@ -3497,8 +3482,7 @@ part200() {  # session 32: a step of short runs on the decode kernel with the q/
     done
   done
   graph_summary
-  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --result-json "$W/spec_cost_8b.json"
+  spec_cost_8b 150
   gpu_tests_full 300
   stage memcheck_run_rope 150 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
     python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "decode_run_rope and bfloat16"
@@ -3525,8 +3509,7 @@ part202() {  # session 33's final code, the run kernel removed (its c <= 2 verif
   facts > "$W/facts.txt" 2>&1
   gpu_tests_full 300
   models_all 150
-  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --result-json "$W/spec_cost_8b.json"
+  spec_cost_8b 150
   memcheck_reproducer 100
 }
 
@@ -3681,8 +3664,7 @@ part211() {  # session 35's final code: every GPU test, then what a grammar, a b
   decode_06b 60
   decode_8b 90
   stage dflash_model 60 python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force
-  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --result-json "$W/spec_cost_8b.json"
+  spec_cost_8b 150
 }
 
 part212() {  # session 35: a step's structured-output masks from llguidance's threads (from 4 rows, the
@@ -5094,8 +5076,7 @@ part287() {  # session 52, after part286 (carry .whl): the targets that had not 
   models_all 150
   failure_matrix_q06 170
   throughput_06b 90
-  stage spec_cost_8b 170 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --result-json "$W/spec_cost_8b.json"
+  spec_cost_8b 170
   pack
 }
 
@@ -5166,8 +5147,7 @@ part291() {  # session 53 (carry .whl): after 36329c3 changed every decode kerne
   facts > "$W/facts.txt" 2>&1
   models_all 150
   failure_matrix_q06 170
-  stage spec_cost_8b 170 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --result-json "$W/spec_cost_8b.json"
+  spec_cost_8b 170
   pack
 }
 
@@ -5194,8 +5174,7 @@ part293() {  # session 54, the warm machine right after part289 (its two shapes 
   decode_06b 60
   decode_8b 70
   failure_matrix_q06 170
-  stage spec_cost_8b 170 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --result-json "$W/spec_cost_8b.json"
+  spec_cost_8b 170
   pack
 }
 
@@ -5204,6 +5183,15 @@ part294() {  # session 54, after part279a (the GGUF's first half to /tmp; carry 
   setup
   stage smollm2_gpu 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py -k smollm2
   tail -n 3 "$W/smollm2_gpu.log"
+  pack
+}
+
+part295() {  # session 54's final code (carry .whl): every GPU test but SmolLM2's and the debug build's, among them the
+  # decode modules of the other storage type loaded on first use (and refused inside a capture), after the on/off
+  # switches moved to env_flag (~4 minutes on a fresh machine)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  gpu_tests_full 330
   pack
 }
 
@@ -5385,8 +5373,7 @@ step_graph_env() {  # step_graph_env MODEL TAG TIMEOUT VAR=VALUE...: a batch-1 d
 }
 
 engine_figures() {  # the 8B spec-cost bench, memcheck of the reproducer, the failure matrix, throughput
-  stage spec_cost_8b 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
-    --result-json "$W/spec_cost_8b.json"
+  spec_cost_8b 150
   memcheck_reproducer 60
   failure_matrix_q06 150
   throughput_06b 60

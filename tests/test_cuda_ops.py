@@ -1133,6 +1133,47 @@ def test_attention_counter_check(be):
         be.check_att_counters, be.short_run_max_ctx, be.short_run_max_splits = check, limit, most
 
 
+def test_decode_modules_of_another_storage_type_load_on_first_use(be):
+    """A start compiles the decode attention for its storage type alone, a module per head dim
+    (cuda_ops._decode_defines): the other type's kernels are not loaded, load on their first eager
+    use and compute what the oracle does, and a first use inside a graph capture is refused by name
+    rather than recording a module load."""
+    from minillm.backends.cuda_ops import _DECODE_HEAD_DIMS, decode_group_names
+
+    other = "f32" if be.dtype != np.float32 else "bf16"
+    other_dt = np.float32 if other == "f32" else be_bf16()
+    mine = "bf16" if other == "f32" else "f32"
+    assert all(n in be.k for d in _DECODE_HEAD_DIMS for n in decode_group_names(mine, d))
+    rng = np.random.default_rng(21)
+    H, KH, bs = 4, 2, 16
+    for D in (64, 128):
+        q, kc, vc, bt, sl, qs = make_attention_case(rng, [1, 1], [33, 300], H, KH, D, bs)
+        args = (be.asarray(q, other_dt), be.asarray(kc, other_dt), be.asarray(vc, other_dt), i32(be, bt),
+                i32(be, sl), i32(be, qs), D ** -0.5)
+        names = decode_group_names(other, D)
+        if names[0] not in be.k:
+            out = be.empty(q.shape, other_dt)
+            with pytest.raises(RuntimeError, match=r"first asked for inside a graph capture"):
+                be.capture_graph(lambda args=args, out=out: be.attention(*args, out, kernel="decode",
+                                                                          max_query_len=1))
+            assert names[0] not in be.k
+        out = be.empty(q.shape, other_dt)
+        be.copy_from_host(out, np.full(q.shape, np.nan, np.float32).astype(other_dt))
+        be.attention(*args, out, kernel="decode", max_query_len=1)
+        assert all(n in be.k for n in names)
+        r = lambda x: np.asarray(np.asarray(x, other_dt), np.float32)  # noqa: E731 - as the device holds it
+        ref = np.full(q.shape, np.nan, np.float32)
+        REF.paged_attention(r(q), r(kc), r(vc), bt, sl, qs, D ** -0.5, ref)
+        got = np.asarray(be.to_host(out), np.float32)
+        assert rel_err(got, ref) < (1e-5 if other == "f32" else 1.2e-2)
+
+
+def be_bf16():
+    import ml_dtypes
+
+    return ml_dtypes.bfloat16
+
+
 @pytest.mark.parametrize("part", [64, 112, 512])
 def test_decode_fixed_parts(be, part):
     """Keys split in parts of a fixed size: a token takes ceil(len / part) splits, the rest of
