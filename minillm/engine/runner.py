@@ -170,6 +170,10 @@ class ModelRunner:
     which reads the hidden states the forward wrote to capture_out).
     """
 
+    # the environment's switches (read in __init__); these defaults serve runners the tests build bare
+    debug = False
+    decode_order = True
+
     # a step's sequences with at most this many queries take the decode attention kernel when
     # others take the prefill kernel (0: the backend does not split, NumPy); set from the backend
     decode_max_q = 0
