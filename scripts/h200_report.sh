@@ -5195,6 +5195,14 @@ part295() {  # session 54's final code (carry .whl): every GPU test but SmolLM2'
   pack
 }
 
+part296() {  # session 54's final code (carry .whl): the debug build's test (MINILLM_CUDA_DEBUG: every module compiled with
+  # the device checks, now on threads; a bad block id traps), which gpu_tests_full leaves out
+  setup
+  stage debug_build 300 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k debug_build
+  tail -n 3 "$W/debug_build.log"
+  pack
+}
+
 # scripts/step_kernels.py's arguments for the 8B target's rejected DFlash k = 8 round at c = 1, 512 keys
 ROUND_C1="$M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512"
 
