@@ -106,6 +106,46 @@ def test_request_becomes_its_chat_body():
     ({"input": "x", "text": {"format": {"type": "xml"}}}, "text.format", "json_schema"),
     ({"input": "x", "text": "json"}, "text", "an object"),
     ({"input": "x", "text": {"verbosity": "low"}}, "text.verbosity", "not supported"),
+    # wrong types of the refused scalar fields were taken as "asking for nothing" (empty containers, 0 for false)
+    ({"input": "x", "previous_response_id": {}}, "previous_response_id", "stores no responses"),
+    ({"input": "x", "previous_response_id": []}, "previous_response_id", "stores no responses"),
+    ({"input": "x", "background": 0}, "background", "'background' 0 is not supported"),
+    ({"input": "x", "truncation": {}}, "truncation", "'truncation' {} is not supported"),
+    ({"input": "x", "stream_options": {"include_obfuscation": "yes"}}, "stream_options.include_obfuscation",
+     "true or false"),
+    # echoed back typed as strings (OpenAI's limits: 16 pairs, 64-character keys, 512-character values)
+    ({"input": "x", "metadata": "tag"}, "metadata", "an object of string keys to string values"),
+    ({"input": "x", "metadata": {"k": 1}}, "metadata", "'metadata.k' must be a string"),
+    ({"input": "x", "metadata": {f"k{i}": "v" for i in range(17)}}, "metadata", "at most 16"),
+    ({"input": "x", "metadata": {"k" * 65: "v"}}, "metadata", "keys take at most 64"),
+    ({"input": "x", "metadata": {"k": "v" * 513}}, "metadata", "got 513 characters"),
+    ({"input": "x", "user": 5}, "user", "must be a string"),
+    ({"input": "x", "store": "yes"}, "store", "true or false"),
+    ({"input": "x", "include": ["message.output_text.logprob"]}, "include", "not one of OpenAI's"),
+    # the flat Responses shape named (chat's check asked for a 'json_schema' key), name and strict checked
+    ({"input": "x", "text": {"format": {"type": "json_schema", "schema": TEMP}}}, "text.format", "needs 'name'"),
+    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "a b", "schema": TEMP}}}, "text.format",
+     "needs 'name'"),
+    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "t", "schema": 5}}}, "text.format",
+     "needs 'schema': a JSON schema object (give {\"type\": \"json_schema\", \"name\""),
+    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "t", "schema": TEMP, "strict": "y"}}},
+     "text.format", "'strict' must be true or false"),
+    # tool_choice in the Responses shape, and the value the client sent
+    ({"input": "x", "tools": TOOLS, "tool_choice": "maybe"}, "tool_choice", "{\"type\": \"function\", \"name\""),
+    ({"input": "x", "tool_choice": {"type": "function", "name": "temp"}}, "tool_choice",
+     "'tool_choice' {\"type\": \"function\", \"name\": \"temp\"} needs 'tools'"),
+    ({"input": "x", "tools": [], "tool_choice": "required"}, "tool_choice", "needs 'tools'"),
+    # a call's output answers a call sent before it (nothing is stored to find it in)
+    ({"input": [{"role": "user", "content": "x"}, {"type": "function_call_output", "call_id": "c9", "output": "1"}]},
+     "input[1].call_id", "matches no function_call before it"),
+    ({"input": [{"type": "function_call_output", "call_id": "c1", "output": "1"},
+                {"type": "function_call", "call_id": "c1", "name": "temp", "arguments": "{}"}]},
+     "input[0].call_id", "matches no function_call"),
+    # a call's own fields named (chat's check named a tool_calls entry the client never sent)
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "", "arguments": "{}"}]}, "input[0].name",
+     "the name of the function called"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "[1]"}]}, "input[0].arguments",
+     "must be a JSON object"),
 ])
 def test_responses_only_fields_checked(body, param, words):
     with pytest.raises(ProtocolError) as e:
@@ -158,6 +198,15 @@ def test_neutral_values_pass():
         "reasoning": {"effort": None, "summary": None}, "truncation": "disabled", "top_logprobs": 0, "store": True,
         "stream_options": {"include_obfuscation": False}, "text": {"format": {"type": "text"}, "verbosity": "medium"},
         "tools": [], "metadata": {"a": "b"}}))
+    # tool_choice "auto" (the default the Response object echoes) with no tools asks for nothing: not chat's 400
+    for tools in (None, []):
+        req = responses.chat_request(RequestBody({"model": "m", "input": "x", "tools": tools, "tool_choice": "auto"}))
+        assert "tool_choice" not in req.chat and req.echo["tool_choice"] == "auto"
+    # the limits themselves are fine, and a call's output after its call
+    responses.chat_request(RequestBody({
+        "model": "m", "metadata": {f"{i:064d}": "v" * 512 for i in range(16)}, "user": "u", "store": False,
+        "input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": ""},
+                  {"type": "function_call_output", "call_id": "c", "output": "1"}]}))
 
 
 # ---- the output as items ----------------------------------------------------------------------
@@ -385,6 +434,24 @@ def test_bad_requests_name_the_field(server):
         create(server, previous_response_id="resp_1")
     r = httpx.get(f"{server.url}/v1/responses/resp_123")
     assert r.status_code == 404 and "stores no responses" in r.json()["error"]["message"]
+
+
+def test_refused_and_taken_as_openai_does(server):
+    """Through the server and the official client: tool_choice "auto" with no tools (the default
+    this server's own Response object echoes) is served, not a 400; metadata the Response object
+    could not echo as strings, a call output answering no call, and a json_schema format without
+    its name are 400s naming the field, streamed or not."""
+    r = create(server, max_output_tokens=2, tool_choice="auto", tools=[])
+    assert r.status in ("completed", "incomplete") and r.tool_choice == "auto" and r.tools == []
+    cases = [(dict(metadata={"n": 1}), "metadata"), (dict(metadata={f"k{i}": "v" for i in range(17)}), "metadata"),
+             (dict(input=[{"role": "user", "content": "hi"},
+                          {"type": "function_call_output", "call_id": "call_x", "output": "2"}]), "input[1].call_id"),
+             (dict(text={"format": {"type": "json_schema", "schema": TEMP}}), "text.format")]
+    for kw, param in cases:
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError) as e:
+                create(server, stream=stream, **kw)
+            assert e.value.body["param"] == param, e.value.body
 
 
 def test_echoed_fields_that_json_cannot_carry_back(server):

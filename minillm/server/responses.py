@@ -23,7 +23,15 @@ import re
 import uuid
 from dataclasses import dataclass, field
 
-from minillm.server.protocol import ModelInfo, ParsedRequest, ProtocolError, RequestBody, error_body, parse_request
+from minillm.server.protocol import (
+    ModelInfo,
+    ParsedRequest,
+    ProtocolError,
+    RequestBody,
+    clipped,
+    error_body,
+    parse_request,
+)
 from minillm.server.reasoning import Delta, ReasoningSplitter
 from minillm.server.tools import Piece, ToolCallDelta, ToolCallParser, _shown
 
@@ -45,6 +53,15 @@ REFUSED = {
     "max_tool_calls": ((None,), "a limit on tool calls; parallel_tool_calls false allows one"),
     "context_management": ((None,), "context management"),
 }
+# of REFUSED, the fields whose value is an object or array: empty (or all null), it asks for nothing
+CONTAINER_FIELDS = ("conversation", "prompt", "context_management")
+# OpenAI's include values (an unknown one is a typo, refused as OpenAI does)
+INCLUDE_VALUES = ("code_interpreter_call.outputs", "computer_call_output.output.image_url", "file_search_call.results",
+                  "message.input_image.image_url", "message.output_text.logprobs", "reasoning.encrypted_content",
+                  "web_search_call.action.sources", "web_search_call.results")
+# OpenAI's metadata limits: the Response object echoes it, typed as string keys to string values
+METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
+SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # chat's names in its parser's errors -> the Responses fields they came from
 RENAMED = (("'max_completion_tokens'", "'max_output_tokens'"), ("max_completion_tokens", "max_output_tokens"),
            ("'response_format'", "'text.format'"), ("response_format", "text.format"), (".function.", "."),
@@ -115,6 +132,7 @@ def _messages(body: RequestBody) -> tuple[list[dict], list[str]]:
     if not isinstance(given, list) or not given:
         raise ProtocolError("'input' must be a string or a non-empty array of input items "
                             "({\"role\": \"user\", \"content\": ...}, function_call, function_call_output)", "input")
+    calls: set[str] = set()  # the call_ids of the function_call items so far
     for k, item in enumerate(given):
         at = f"input[{k}]"
         if not isinstance(item, dict):
@@ -132,12 +150,17 @@ def _messages(body: RequestBody) -> tuple[list[dict], list[str]]:
             for key in ("call_id", "name", "arguments"):
                 if not isinstance(item.get(key), str):
                     raise ProtocolError(f"{at}.{key} must be a string, got {_shown(item.get(key))}", f"{at}.{key}")
+            if not item["name"]:  # (chat's check would name a tool_calls entry the client never sent)
+                raise ProtocolError(f"{at}.name must be the name of the function called, got \"\"", f"{at}.name")
             try:
-                if item["arguments"].strip():
-                    json.loads(item["arguments"])
+                args = json.loads(item["arguments"]) if item["arguments"].strip() else {}
             except (ValueError, RecursionError) as e:
                 raise ProtocolError(f"{at}.arguments is not JSON ({e}): give the call's arguments as the JSON string "
                                     "the response had", f"{at}.arguments") from None
+            if not isinstance(args, dict):  # templates read a call's arguments as a mapping
+                raise ProtocolError(f"{at}.arguments must be a JSON object (a function's arguments by name), got "
+                                    f"{_shown(item['arguments'])}", f"{at}.arguments")
+            calls.add(item["call_id"])
             call = {"id": item["call_id"], "type": "function",
                     "function": {"name": item["name"], "arguments": item["arguments"]}}
             if msgs and msgs[-1]["role"] == "assistant":
@@ -149,8 +172,12 @@ def _messages(body: RequestBody) -> tuple[list[dict], list[str]]:
             if not isinstance(item.get("call_id"), str):
                 raise ProtocolError(f"{at}.call_id must be a string, the call_id of the call it answers; got "
                                     f"{_shown(item.get('call_id'))}", f"{at}.call_id")
-            msgs.append({"role": "tool", "tool_call_id": item["call_id"],
-                         "content": _text_parts(item.get("output"), f"{at}.output", ("input_text",))})
+            output = _text_parts(item.get("output"), f"{at}.output", ("input_text",))
+            if item["call_id"] not in calls:  # nothing is stored: the call must be in this input, before its output
+                raise ProtocolError(f"{at}.call_id {_shown(item['call_id'])} matches no function_call before it in "
+                                    "'input': send the function_call item (as the response gave it) ahead of its "
+                                    "output", f"{at}.call_id")
+            msgs.append({"role": "tool", "tool_call_id": item["call_id"], "content": output})
             where.append(at)
         elif kind == "reasoning":
             continue
@@ -182,10 +209,19 @@ def _tools(body: RequestBody) -> tuple[list | None, object]:
                                     f"\"parameters\": {{...}}}}) are served, got type {_shown(kind)}", "tools")
             out.append({"type": "function",
                         "function": {k: t[k] for k in ("name", "description", "parameters", "strict") if k in t}})
+    shape = "\"none\", \"auto\", \"required\" or {\"type\": \"function\", \"name\": ...}"
     if isinstance(choice, dict):
         if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
-            raise ProtocolError("'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
-                                f"\"name\": ...}}, got {_shown(choice)}", "tool_choice")
+            raise ProtocolError(f"'tool_choice' must be {shape}, got {_shown(choice)}", "tool_choice")
+    elif choice is not None and choice not in ("none", "auto", "required"):  # (chat's message has chat's shape)
+        raise ProtocolError(f"'tool_choice' must be {shape}, got {_shown(choice)}", "tool_choice")
+    if not out:
+        # "auto" is the default the Response object echoes: with no tools it asks for nothing, as at OpenAI
+        if choice in (None, "none", "auto"):
+            return out, None
+        raise ProtocolError(f"'tool_choice' {_shown(choice)} needs 'tools': list the functions the model may call, or "
+                            "leave tool_choice out", "tool_choice")
+    if isinstance(choice, dict):
         choice = {"type": "function", "function": {"name": choice["name"]}}
     return out, choice
 
@@ -207,8 +243,18 @@ def _text_format(body: RequestBody) -> dict | None:
     if kind == "json_object":
         return {"type": "json_object"}
     if kind == "json_schema":
-        return {"type": "json_schema", "json_schema": {"name": fmt.get("name"), "schema": fmt.get("schema"),
-                                                       "strict": fmt.get("strict")}}
+        # (chat's own check would ask for a 'json_schema' key: the Responses format is flat)
+        shape = "{\"type\": \"json_schema\", \"name\": ..., \"schema\": {...}}"
+        name, schema, strict = fmt.get("name"), fmt.get("schema"), fmt.get("strict")
+        if not (isinstance(name, str) and SCHEMA_NAME.fullmatch(name)):
+            raise ProtocolError(f"'text.format' of type json_schema needs 'name': 1-64 letters, digits, underscores or "
+                                f"dashes (give {shape}), got {_shown(name)}", "text.format")
+        if not isinstance(schema, dict):
+            raise ProtocolError(f"'text.format' of type json_schema needs 'schema': a JSON schema object (give "
+                                f"{shape}), got {_shown(schema)}", "text.format")
+        if strict is not None and not isinstance(strict, bool):
+            raise ProtocolError(f"'text.format' 'strict' must be true or false, got {_shown(strict)}", "text.format")
+        return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": strict}}
     raise ProtocolError("'text.format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or {\"type\": "
                         f"\"json_schema\", \"name\": ..., \"schema\": {{...}}}}, got {_shown(fmt)}", "text.format")
 
@@ -225,6 +271,10 @@ def _include(body: RequestBody, chat: dict) -> list[str]:
     if include is not None and not (isinstance(include, list) and all(isinstance(x, str) for x in include)):
         raise ProtocolError(f"'include' must be an array of strings, got {_shown(include)}", "include")
     include = include or []
+    for x in include:
+        if x not in INCLUDE_VALUES:
+            raise ProtocolError(f"'include' value {_shown(x)} is not one of OpenAI's: {', '.join(INCLUDE_VALUES)}",
+                                "include")
     top = body.get("top_logprobs")
     if LOGPROBS in include or (top is not None and top != 0):
         chat["logprobs"] = True
@@ -246,17 +296,49 @@ def _reasoning(body: RequestBody) -> tuple[object, list[str]]:
     return reasoning.get("effort"), [f"reasoning.{k}" for k, v in reasoning.items() if k != "effort" and v is not None]
 
 
+def _bookkeeping(body: RequestBody) -> None:
+    """metadata, user and store: chat ignores them, but the Response object echoes the first two
+    (typed strings: a client reading it back breaks on anything else), so they are checked as
+    OpenAI checks them."""
+    metadata = body.get("metadata")
+    if metadata is not None:
+        if not isinstance(metadata, dict):
+            raise ProtocolError(f"'metadata' must be an object of string keys to string values, got "
+                                f"{_shown(metadata)}", "metadata")
+        if len(metadata) > METADATA_PAIRS:
+            raise ProtocolError(f"'metadata' holds {len(metadata)} pairs: give at most {METADATA_PAIRS}", "metadata")
+        for k, v in metadata.items():
+            if len(k) > METADATA_KEY_CHARS:
+                raise ProtocolError(f"'metadata' key {clipped(k)!r} has {len(k)} characters: keys take at most "
+                                    f"{METADATA_KEY_CHARS}", "metadata")
+            if not isinstance(v, str) or len(v) > METADATA_VALUE_CHARS:
+                got = f"{len(v)} characters" if isinstance(v, str) else _shown(v)
+                raise ProtocolError(f"'metadata.{clipped(k)}' must be a string of at most {METADATA_VALUE_CHARS} "
+                                    f"characters, got {got}", "metadata")
+    if body.get("user") is not None and not isinstance(body["user"], str):
+        raise ProtocolError(f"'user' must be a string, got {_shown(body['user'])}", "user")
+    if body.get("store") is not None and not isinstance(body["store"], bool):
+        # (true is taken, as the default: the response says "store": false, and nothing is kept)
+        raise ProtocolError(f"'store' must be true or false, got {_shown(body['store'])}", "store")
+
+
 def chat_request(body: RequestBody) -> ResponsesRequest:
     """The chat body a Responses body means (its Responses-only fields checked here)."""
     for name, (neutral, what) in REFUSED.items():
         v = body.get(name)
-        empty = isinstance(v, list) and not v or isinstance(v, dict) and all(x is None for x in v.values())
-        if not (empty or v in neutral):
+        empty = name in CONTAINER_FIELDS and (isinstance(v, list) and not v or
+                                              isinstance(v, dict) and all(x is None for x in v.values()))
+        # by identity for null and booleans: 0 == False, but 'background': 0 is a wrong type, not "no"
+        if not (empty or any(v is n if n is None or isinstance(n, bool) else v == n for n in neutral)):
             # the value named: what is refused may be a wrong type, not the feature the message explains
             raise ProtocolError(f"'{name}' {_shown(v)} is not supported: {what}", name)
     opts = body.get("stream_options")
     if opts is not None and not (isinstance(opts, dict) and set(opts) <= {"include_obfuscation"}):
         raise ProtocolError(f"'stream_options' takes only include_obfuscation, got {_shown(opts)}", "stream_options")
+    if opts and opts.get("include_obfuscation") is not None and not isinstance(opts["include_obfuscation"], bool):
+        raise ProtocolError("'stream_options.include_obfuscation' must be true or false, got "
+                            f"{_shown(opts['include_obfuscation'])}", "stream_options.include_obfuscation")
+    _bookkeeping(body)
     msgs, where = _messages(body)
     tools, choice = _tools(body)
     chat = {k: body[k] for k in PASSED_FIELDS if body.get(k) is not None}
