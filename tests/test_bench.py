@@ -1189,3 +1189,110 @@ def test_spec_cost_explains_a_departure(tiny):
         assert [t for t, _ in top] == [t for t, _ in lps[4].top[:3]]
         assert top[0][0] == greedy["r1"][4] and top[1][0] == runner_up and top[0][1] >= top[1][1] >= top[2][1]
     assert d["reproduced"] is False  # the oracle's rerun follows the greedy path, not the swapped one
+
+
+# ---- lengths past the context, flags named by the command that took them --------------------------
+# the tiny model's context is 4096 positions
+@pytest.mark.parametrize("command, flags, flag", [
+    # an explicit context too short for the request failed in add_request with a traceback
+    ("decode", ["--input-len", "8", "--output-len", "20", "--max-model-len", "28"],
+     "--max-model-len 28 is below --input-len 8 + --output-len 20 + 1 = 29"),
+    # the derived context past the model's was reported as "--max-model-len 4106 exceeds ...", a flag not given
+    ("decode", ["--input-len", "4000", "--output-len", "90"],
+     "--input-len 4000 + --output-len 90 (+ 16 spare) = 4106 positions exceed the model's context (4096"),
+    ("spec-cost", ["--input-len", "5000", "--output-len", "4", "--concurrency", "1", "--accept", "0"],
+     "--input-len 5000 + --backoff-output-len 512 (+ 32 spare) = 5544 positions exceed the model's context"),
+    # refused by the oracle's engine after the plain runs, as a traceback
+    ("spec-cost", [*SMALL_SPEC_COST, "--k", "5000"], "--k 5000 must be below the runs' context"),
+    # SamplingParams refused it after the model loaded, as "temperature must be ..."
+    ("throughput", ["--num-seqs", "2", "--min-len", "4", "--max-len", "8", "--temperature", "nan"], "--temperature"),
+    # generate refused it after the warm-up, naming max_tokens
+    ("throughput", ["--num-seqs", "2", "--min-len", "4", "--max-len", "3000"], "--max-len 3000"),
+    ("throughput", ["--num-seqs", "2", "--min-len", "4", "--max-len", "8", "--max-model-len", "10"], "--max-len 8"),
+    ("spec", ["--max-tokens", "5000"], "--max-tokens 5000"),
+    ("spec", ["--k", "5000"], "--k must be >= 1 and below the runs' context of 1024"),  # named --speculative-config
+])
+def test_bench_commands_name_their_own_length_flags(tiny, capsys, command, flags, flag):
+    from minillm.bench.__main__ import main
+
+    _refused(capsys, main, [command, str(tiny), "--device", "cpu", *flags], flag)
+
+
+def test_context_error_keeps_other_errors():
+    e = ValueError("--max-model-len 50 exceeds the model's context (max_position_embeddings 40); lower it")
+    assert report.context_error(e, "--input-len 30 + --output-len 4", 50, 16) == (
+        "--input-len 30 + --output-len 4 (+ 16 spare) = 50 positions exceed the model's context (40 positions); "
+        "give lengths that sum to at most 24")
+    assert report.context_error(ValueError("no such model"), "--input-len 1", 50, 16) == "no such model"
+
+
+def test_spec_cost_context_names_backoff_output_len(tiny, capsys):
+    """Every run's context holds --backoff-output-len (default 512) too, as every recorded round was measured
+    (the block tables' width sets the decode attention's plans): a long --input-len past the model's context
+    is refused with that flag in the sum, so the user knows what to lower."""
+    from minillm.bench.spec_cost import main
+
+    _refused(capsys, main, [str(tiny), "--device", "cpu", "--input-len", "3800", "--output-len", "4",
+                            "--concurrency", "1", "--accept", "0"], "--backoff-output-len 512")
+
+
+def test_spec_cost_with_one_concurrency_runs_its_curve_once(tiny, tmp_path):
+    """(cs[0], cs[-1]) with one concurrency ran the oracle's curve twice: each point twice in the result."""
+    from minillm.bench.spec_cost import main
+
+    out = tmp_path / "r.json"
+    assert main([str(tiny), "--device", "cpu", *SMALL_SPEC_COST, "--accept", "0,1", "--result-json", str(out)]) == 0
+    points = [(s["concurrency"], s["accept_prob"]) for s in json.loads(out.read_text())["speedup"]]
+    assert points == [(1, 0.0), (1, 1.0)]
+
+
+def test_throughput_refuses_one_file_for_result_and_profile(tiny, tmp_path, capsys):
+    """The result was written over the profile after "wrote" had been printed for it."""
+    from minillm.bench.throughput import main
+
+    small = [str(tiny), "--device", "cpu", "--num-seqs", "2", "--min-len", "4", "--max-len", "8"]
+    (tmp_path / "link.json").symlink_to(tmp_path / "r.json")
+    for profile in ("r.json", "./r.json", "link.json"):
+        _refused(capsys, main, [*small, "--result-json", str(tmp_path / "r.json"), "--profile-json",
+                                str(tmp_path / profile)], "is the file of --result-json")
+    assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("command, flags, flag", [
+    ("hf", ["--input-len", "8", "--output-len", "4", "--compile-mode", "max-autotune"],
+     "--compile-mode max-autotune needs --compile"),  # ignored without --compile
+    # transformers only warned and timed positions past the context
+    ("hf", ["--input-len", "4000", "--output-len", "97"], "= 4097 tokens exceed the model's context (4096"),
+    ("hf-batch", ["--num-seqs", "1", "--min-len", "4", "--max-len", "2049"], "--max-len 2049"),
+])
+def test_hf_benches_refuse_bad_flags_in_one_line(tiny, capsys, command, flags, flag):
+    pytest.importorskip("transformers")
+    from minillm.bench.__main__ import main
+
+    rc = main([command, str(tiny), "--device", "cpu", *flags])
+    err = capsys.readouterr().err.strip().splitlines()  # transformers' loading bar may come first
+    assert rc == 2 and err[-1].startswith("error: ") and flag in err[-1], err
+
+
+@pytest.mark.parametrize("command", ["hf", "hf-batch"])
+def test_hf_benches_refuse_cuda_without_a_gpu(tiny, capsys, command):
+    """torch's AssertionError ("Torch not compiled with CUDA enabled") was a traceback."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    from minillm.bench.__main__ import main
+
+    _refused(capsys, main, [command, str(tiny), "--device", "cuda", "--num-seqs" if command == "hf-batch" else
+                            "--input-len", "2"], "--device cuda: torch")
+
+
+def test_hf_decode_rate_refuses_a_run_lost_in_the_noise():
+    """--output-len 2 on a small model: the 2-token run often took less than the 1-token run, and a
+    negative tok/s was reported (and written) as the reference."""
+    from minillm.bench.hf_reference import decode_rate
+
+    assert decode_rate(5, 3.0, 1.0) == pytest.approx(2.0)
+    for full in (1.0, 0.5):
+        with pytest.raises(ValueError, match="give a larger --output-len"):
+            decode_rate(2, full, 1.0)

@@ -23,7 +23,7 @@ import numpy as np
 
 from minillm.args import STARTUP_ERRORS, CliParser, EngineArgs, add_engine_args
 from minillm.bench.gpu_timing import record_replays, replay_ms
-from minillm.bench.report import check_output_path, need, save_json
+from minillm.bench.report import check_output_path, context_error, need, save_json
 
 OPS = ("embed", "rms_norm", "qk_norm_rope", "qk_norm_rope_store_kv", "decode_step_attention", "matmul",
        "matmul_silu_mul", "rms_norm_matmul", "rms_norm_matmul_silu_mul", "silu_mul", "store_kv", "paged_attention",
@@ -193,7 +193,14 @@ def check_args(ns: argparse.Namespace) -> None:
     need(ns.input_len >= 1, f"--input-len must be >= 1, got {ns.input_len}")
     need(ns.output_len > WARMUP_STEPS,
          f"--output-len must be > {WARMUP_STEPS} (the warm-up steps dropped before timing), got {ns.output_len}")
+    # the request asks output_len + 1 tokens; a shorter context failed in add_request with a traceback
+    need(ns.max_model_len is None or ns.max_model_len >= ns.input_len + ns.output_len + 1,
+         f"--max-model-len {ns.max_model_len} is below --input-len {ns.input_len} + --output-len {ns.output_len} "
+         f"+ 1 = {ns.input_len + ns.output_len + 1}; give at least that, or leave it out")
     check_output_path(ns.result_json, "--result-json")
+
+
+SPARE_POSITIONS = 16  # the default --max-model-len's room past the prompt and its output
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,14 +214,18 @@ def main(argv: list[str] | None = None) -> int:
     ns = p.parse_args(argv)
     from minillm.engine.engine import LLMEngine
 
+    derived = ns.max_model_len is None
+    max_model_len = ns.input_len + ns.output_len + SPARE_POSITIONS
     try:
         check_args(ns)
         args = EngineArgs.from_cli(ns)
-        if args.max_model_len is None:
-            args.max_model_len = ns.input_len + ns.output_len + 16
+        if derived:
+            args.max_model_len = max_model_len
         engine = LLMEngine(args)
     except STARTUP_ERRORS as e:  # bad flags, a bad model or tokenizer, no GPU
-        print(f"error: {e}", file=sys.stderr)
+        message = str(e) if not derived else context_error(
+            e, f"--input-len {ns.input_len} + --output-len {ns.output_len}", max_model_len, SPARE_POSITIONS)
+        print(f"error: {message}", file=sys.stderr)
         return 2
     r = run(engine, ns.input_len, ns.output_len, WARMUP_STEPS, async_pass=args.async_scheduling is not False)
     r["model"] = engine.model_name

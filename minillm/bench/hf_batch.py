@@ -18,7 +18,7 @@ import time
 
 from minillm.args import STARTUP_ERRORS, CliParser
 from minillm.bench.dataset import allowed_token_ids, load_tokenizer, nano_vllm_workload
-from minillm.bench.report import check_output_path, need, save_json
+from minillm.bench.report import check_output_path, need, need_cuda, save_json
 
 
 def check_args(ns: argparse.Namespace) -> None:
@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
 
         from minillm.models.loader import resolve_model_path
 
+        need_cuda(torch, ns.device)
+
         path = resolve_model_path(ns.model)
     except STARTUP_ERRORS as e:  # bad flags, no torch / transformers, no such model
         print(f"error: {e}", file=sys.stderr)
@@ -67,6 +69,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         raise SystemExit("no paged attention implementation accepted by this transformers")
     model = model.to(ns.device).eval()
+    # as `bench throughput` refuses it: positions past the model's context, which transformers only warned of
+    context = getattr(model.config, "max_position_embeddings", None)
+    if context is not None and 2 * ns.max_len > context:
+        print(f"error: --max-len {ns.max_len}: a prompt and its output of up to {ns.max_len} tokens each need "
+              f"{2 * ns.max_len} positions, past the model's context ({context}); give --max-len <= {context // 2}",
+              file=sys.stderr)
+        return 2
     vocab = model.config.vocab_size
     # the very prompts and lengths `minillm.bench throughput` draws: same allowed ids, same seed
     allowed = [int(i) for i in allowed_token_ids(load_tokenizer(str(path))) if i < vocab]

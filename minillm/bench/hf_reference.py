@@ -16,7 +16,19 @@ import time
 import numpy as np
 
 from minillm.args import STARTUP_ERRORS, CliParser
-from minillm.bench.report import check_output_path, need, save_json
+from minillm.bench.report import check_output_path, need, need_cuda, save_json
+
+
+def decode_rate(output_len: int, full_s: float, one_s: float) -> float:
+    """Decode tokens a second: the output_len - 1 tokens after the first over the time a run of
+    output_len takes beyond a run of one. A run that took no longer than the one-token run (timing
+    noise on a short --output-len) gave a negative or infinite rate, reported as a measurement."""
+    need(full_s > one_s, f"the {output_len}-token run ({full_s:.4f} s) took no longer than the 1-token run "
+                         f"({one_s:.4f} s): the decode time is lost in the noise; give a larger --output-len")
+    return (output_len - 1) / (full_s - one_s)
+
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 def check_args(ns: argparse.Namespace) -> None:
@@ -24,6 +36,8 @@ def check_args(ns: argparse.Namespace) -> None:
     need(ns.input_len >= 1, f"--input-len must be >= 1, got {ns.input_len}")
     # the decode speed is output_len - 1 tokens over the time a 1-token run does not take
     need(ns.output_len >= 2, f"--output-len must be >= 2, got {ns.output_len}")
+    # without --compile the mode was ignored, silently
+    need(ns.compile_mode is None or ns.compile, f"--compile-mode {ns.compile_mode} needs --compile")
     check_output_path(ns.result_json, "--result-json")
 
 
@@ -38,8 +52,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="tokens generated (>= 2: the first comes from the prefill)")
     p.add_argument("--static-cache", action="store_true")
     p.add_argument("--compile", action="store_true")
-    p.add_argument("--compile-mode", default="default",
-                   help="torch.compile mode (reduce-overhead failed inside the static cache on the H200)")
+    # choices: torch.compile's documented modes (another failed at the first generate, after the load)
+    p.add_argument("--compile-mode", default=None, choices=COMPILE_MODES,
+                   help="torch.compile mode, with --compile (default: default; reduce-overhead failed inside the "
+                        "static cache on the H200)")
     p.add_argument("--result-json", default=None)
     ns = p.parse_args(argv)
     try:
@@ -49,16 +65,25 @@ def main(argv: list[str] | None = None) -> int:
 
         from minillm.models.loader import resolve_model_path
 
+        need_cuda(torch, ns.device)
+
         path = resolve_model_path(ns.model)
         dtype = getattr(torch, ns.dtype or ("float32" if ns.device == "cpu" else "bfloat16"))
         kw = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
         model = AutoModelForCausalLM.from_pretrained(path.parent if kw else path, dtype=dtype, **kw)
         model = model.to(ns.device).eval()
+        # transformers only warned past the model's context, then timed positions it was never trained on
+        # (and minillm's decode refuses them): not the reference run
+        context = getattr(model.config, "max_position_embeddings", None)
+        need(context is None or ns.input_len + ns.output_len <= context,
+             f"--input-len {ns.input_len} + --output-len {ns.output_len} = {ns.input_len + ns.output_len} "
+             f"tokens exceed the model's context ({context} positions); give lengths that sum to at most {context}")
     except STARTUP_ERRORS as e:  # bad flags, no torch / transformers, a model they cannot load, no GPU
         print(f"error: {e}", file=sys.stderr)
         return 2
+    compile_mode = ns.compile_mode or "default"
     if ns.compile:
-        model.forward = torch.compile(model.forward, mode=ns.compile_mode)
+        model.forward = torch.compile(model.forward, mode=compile_mode)
     vocab = model.config.vocab_size
     ids = torch.tensor([np.random.default_rng(0).integers(0, min(vocab, 32000), ns.input_len).tolist()],
                        device=ns.device)
@@ -79,9 +104,13 @@ def main(argv: list[str] | None = None) -> int:
 
     timed(ns.output_len)  # warm-up (and compilation)
     full, one = timed(ns.output_len), timed(1)  # subtract the prefill to leave decode alone
-    tok_s = (ns.output_len - 1) / (full - one)
+    try:
+        tok_s = decode_rate(ns.output_len, full, one)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     result = {"engine": "transformers", "model": str(path), "device": ns.device, "dtype": str(dtype),
-              "static_cache": ns.static_cache, "compile": ns.compile and ns.compile_mode, "input_len": ns.input_len,
+              "static_cache": ns.static_cache, "compile": ns.compile and compile_mode, "input_len": ns.input_len,
               "output_len": ns.output_len, "decode_tok_per_s": tok_s}
     print(f"transformers {path.name} on {ns.device}: {tok_s:.1f} tok/s decode")
     if ns.result_json and not save_json(ns.result_json, result):

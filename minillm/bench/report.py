@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,6 +150,35 @@ def need(ok: bool, message: str) -> None:
     """A flag check: each command's main prints the ValueError as one "error:" line and exits 2."""
     if not ok:
         raise ValueError(message)
+
+
+def context_error(error: Exception, lengths: str, max_model_len: int, spare: int) -> str:
+    """A startup error's message where the command derived --max-model-len from its length flags
+    (`lengths`, e.g. "--input-len 4000 + --output-len 90") plus `spare` positions: the engine's
+    "--max-model-len N exceeds the model's context" named a flag the user never gave."""
+    found = re.search(r"exceeds the model's context \(max_position_embeddings (\d+)\)", str(error))
+    if found is None:
+        return str(error)
+    context = int(found.group(1))
+    return (f"{lengths} (+ {spare} spare) = {max_model_len} positions exceed the model's context ({context} "
+            f"positions); give lengths that sum to at most {context - spare}")
+
+
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether two paths name one file (a link to it, or a file not written yet at the same place)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return Path(a).resolve() == Path(b).resolve()
+
+
+def need_cuda(torch, device: str) -> None:
+    """--device cuda on a machine where torch sees no GPU failed at the first .to("cuda") with an
+    AssertionError traceback ("Torch not compiled with CUDA enabled")."""
+    if device == "cuda" and not torch.cuda.is_available():
+        why = "this torch is built without CUDA" if torch.version.cuda is None else "it sees no CUDA GPU"
+        raise ValueError(f"--device cuda: torch {torch.__version__} cannot use a GPU ({why}); "
+                         "use --device cpu, or run where torch.cuda.is_available() is True")
 
 
 def check_output_path(path: str | Path | None, flag: str) -> None:

@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -46,6 +45,7 @@ from minillm.bench.report import (
     need,
     plot_ladder,
     rung_stats,
+    same_file,
     save_json,
 )
 from minillm.models.hf_loader import shown
@@ -151,14 +151,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--result-json", default=None)
     p.add_argument("--plot", default=None, help="PNG of output tok/s and TPOT vs concurrency")
     return p
-
-
-def same_file(a: str, b: str) -> bool:
-    """Whether two paths name one file (a link to it, or a file not written yet at the same place)."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:  # one of them does not exist (yet)
-        return Path(a).resolve() == Path(b).resolve()
 
 
 def check_args(args: argparse.Namespace) -> None:

@@ -55,6 +55,8 @@ PROMPTS = [
 ]
 
 
+MAX_MODEL_LEN = 1024  # every run's context: the chat prompts (~200 tokens) and their outputs
+
 TIE = 0.02  # a near-tie's largest gap, relative to the logit: bf16 GPU logits agree with float32 within 2e-2
 
 
@@ -63,11 +65,16 @@ def run(model: str | None, spec: dict | None, max_tokens: int, device: str) -> t
     from minillm import LLM, SamplingParams
 
     try:
-        llm = LLM(model, device=device, max_model_len=1024, speculative_config=spec)
+        llm = LLM(model, device=device, max_model_len=MAX_MODEL_LEN, speculative_config=spec)
     except STARTUP_ERRORS as e:  # a bad model path or device: main prints one "error:" line
         raise ValueError(str(e)) from None
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     prompts = [llm.tokenizer.encode_chat(m) for m in PROMPTS]
+    # generate refused it naming max_tokens, a flag this command does not have
+    longest = max(len(p) for p in prompts)
+    need(longest + max_tokens <= MAX_MODEL_LEN,
+         f"--max-tokens {max_tokens}: the longest prompt ({longest} tokens) and its output would exceed the "
+         f"{MAX_MODEL_LEN}-token context of these runs; give at most {MAX_MODEL_LEN - longest}")
     llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4))  # warm-up
     t = time.perf_counter()
     outs = [llm.generate([p], params)[0] for p in prompts]  # one stream at a time
@@ -129,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
                ("self-draft", {"method": "draft_model", "model": target, "num_speculative_tokens": ns.k})]
     results = {}
     try:
-        need(ns.k >= 1, f"--k must be >= 1, got {ns.k}")
+        # the engine's refusal of a larger one named --speculative-config and --max-model-len
+        need(1 <= ns.k < MAX_MODEL_LEN, f"--k must be >= 1 and below the runs' context of {MAX_MODEL_LEN}, got {ns.k}")
         need(ns.max_tokens >= 1, f"--max-tokens must be >= 1, got {ns.max_tokens}")
         check_output_path(ns.result_json, "--result-json")
         for name, spec in configs:

@@ -21,7 +21,7 @@ import numpy as np
 
 from minillm.args import STARTUP_ERRORS, CliParser
 from minillm.bench.decode import weight_bytes
-from minillm.bench.report import check_output_path, need, save_json
+from minillm.bench.report import check_output_path, context_error, need, save_json
 from minillm.engine.engine import LLMEngine
 from minillm.sampling_params import SamplingParams
 
@@ -297,6 +297,16 @@ def number_list(text: str, flag: str, kind=int) -> list:
     return values
 
 
+SPARE_POSITIONS = 32  # the engines' max_model_len past the prompt and the longest output
+
+
+def longest_output(ns: argparse.Namespace) -> int:
+    """The most tokens a sequence generates, for every run's context. --backoff-output-len counts even
+    without --backoff-after: the context sizes the block tables, which set the decode attention's plans,
+    so the recorded rounds (BENCHMARKS.md) were all measured with it; a long --input-len lowers it."""
+    return max(ns.output_len, ns.backoff_output_len)
+
+
 def check_args(ns: argparse.Namespace) -> tuple[list[int], list[float]]:
     """Refuse flags the run cannot use before building an engine; (concurrencies, accept probabilities)."""
     need(ns.k >= 1, f"--k must be >= 1, got {ns.k}")
@@ -330,6 +340,10 @@ def check_args(ns: argparse.Namespace) -> tuple[list[int], list[float]]:
         need(ns.k <= block - 1, f"--k {ns.k} is past the drafter's block: at most its block_size - 1 = {block - 1}")
     need(ns.backoff_output_len >= 2, f"--backoff-output-len must be >= 2, got {ns.backoff_output_len}")
     need(ns.backoff_repeats >= 1, f"--backoff-repeats must be >= 1, got {ns.backoff_repeats}")
+    # the oracle's engine, built after the plain runs, refused it there with a traceback
+    context = ns.input_len + longest_output(ns) + SPARE_POSITIONS
+    need(ns.k < context, f"--k {ns.k} must be below the runs' context of {context} positions (--input-len + "
+                         f"the longest output + {SPARE_POSITIONS}); give a smaller --k")
     check_output_path(ns.result_json, "--result-json")
     return cs, accept
 
@@ -372,14 +386,17 @@ def main(argv: list[str] | None = None) -> int:
     if budget is None:
         budget = max(2048, max(cs) * (ns.input_len + ns.k + 1))
     common = dict(model=ns.model, device=ns.device, max_num_seqs=max(cs), seed=0,
-                  max_model_len=ns.input_len + max(ns.output_len, ns.backoff_output_len) + 32,
+                  max_model_len=ns.input_len + longest_output(ns) + SPARE_POSITIONS,
                   enable_prefix_caching=False,
                   enforce_eager=ns.enforce_eager, dtype=ns.dtype, max_num_batched_tokens=budget)
     rng = np.random.default_rng(0)
     try:  # the target (and its flags: device, dtype, budget) fails here if it fails at all
         plain = LLMEngine(**common)
-    except STARTUP_ERRORS as e:
-        print(f"error: {e}", file=sys.stderr)
+    except STARTUP_ERRORS as e:  # the context is derived from the length flags: name those, not --max-model-len
+        lengths = f"--input-len {ns.input_len} + " + (
+            f"--output-len {ns.output_len}" if longest_output(ns) == ns.output_len
+            else f"--backoff-output-len {ns.backoff_output_len}")
+        print(f"error: {context_error(e, lengths, common['max_model_len'], SPARE_POSITIONS)}", file=sys.stderr)
         return 2
     if ns.draft_vocab_size is not None and ns.draft_vocab_size > plain.config.vocab_size:  # before the plain runs
         print(f"error: --draft-vocab-size {ns.draft_vocab_size} is past the target's vocabulary "
@@ -418,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"c={c:>2}: plain step {1e3 * base_steps[c]:.2f} ms, DFlash k={ns.k} step {1e3 * step:.2f} ms "
               f"({step / base_steps[c]:.2f}x), {per_step:.2f} tokens/step, same tokens as plain decode {same}",
               flush=True)
-    for c in (cost_cs[0], cost_cs[-1]) if cost_cs else ():
+    for c in dict.fromkeys((cost_cs[0], cost_cs[-1])) if cost_cs else ():  # one concurrency: once
         phases = phase_times(spec, prompts[:c], ns.output_len)
         result.setdefault("phases_ms", []).append({"concurrency": c, **phases})
         print(f"c={c:>2}: phases (ms, synchronised): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()),
@@ -428,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         result["backoff"] = backoff_runs(common, {**dflash, "backoff_after": ns.backoff_after}, prompts, cost_cs,
                                          ns.backoff_output_len, ns.backoff_repeats)
     oracle = LLMEngine(**common, speculative_config={"method": "ngram", "num_speculative_tokens": ns.k})
-    for c in (cs[0], cs[-1]):
+    for c in dict.fromkeys((cs[0], cs[-1])):  # one concurrency: once, not its curve twice
         # The continuation to propose comes from this engine's own verification-shaped steps (a
         # first run whose drafts are all wrong): in bf16 a 1-row decode step and a (1 + k)-row
         # verification step round differently, and on random weights, whose top logits are close,

@@ -20,6 +20,7 @@ the weights once a step, at that bandwidth; prefill is not counted, so the real 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 
@@ -27,7 +28,7 @@ import numpy as np
 
 from minillm.args import STARTUP_ERRORS, CliParser, EngineArgs, add_engine_args
 from minillm.bench.dataset import allowed_token_ids, nano_vllm_workload
-from minillm.bench.report import check_output_path, save_json
+from minillm.bench.report import check_output_path, need, same_file, save_json
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,12 +80,24 @@ def run(ns: argparse.Namespace) -> dict:
     if ns.num_seqs < 1 or ns.min_len < 1 or ns.max_len < ns.min_len:
         raise ValueError(f"--num-seqs must be >= 1 and 1 <= --min-len <= --max-len, got {ns.num_seqs}, "
                          f"{ns.min_len}, {ns.max_len}")
+    # SamplingParams refused these only after the model had loaded, without naming the flag
+    need(math.isfinite(ns.temperature) and ns.temperature >= 0,
+         f"--temperature must be a finite number >= 0, got {ns.temperature}")
     check_output_path(ns.result_json, "--result-json")
     check_output_path(ns.profile_json, "--profile-json")
+    # the result was written over the profile, after "wrote" had been printed for it
+    need(not (ns.result_json and ns.profile_json and same_file(ns.result_json, ns.profile_json)),
+         f"--profile-json {ns.profile_json} is the file of --result-json {ns.result_json}: give two files")
     try:
         llm = LLM(args.model, **{k: v for k, v in vars(args).items() if k != "model"})
     except STARTUP_ERRORS as e:
         raise ValueError(str(e)) from None
+    # a prompt and its output are each up to --max-len: checked here, not mid-generate after the warm-up
+    limit = llm.engine.max_model_len
+    need(2 * ns.max_len <= limit,
+         f"--max-len {ns.max_len}: a prompt and its output of up to {ns.max_len} tokens each need "
+         f"{2 * ns.max_len} positions, past max_model_len {limit}; give --max-len <= {limit // 2} (or a "
+         "larger --max-model-len, up to the model's context)")
     vocab = min(llm.tokenizer.vocab_size, llm.engine.config.vocab_size)
     allowed = [int(i) for i in allowed_token_ids(llm.tokenizer) if i < vocab]
     prompts, out_lens = nano_vllm_workload(allowed, ns.num_seqs, ns.min_len, ns.max_len, ns.seed)
