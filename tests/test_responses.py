@@ -592,6 +592,29 @@ def test_failure_mid_stream(plain):
     assert r.status_code == 503 and r.json()["error"]["type"] == "service_unavailable"
 
 
+def test_stream_starts_before_the_first_token(model_dir, tmp_path):
+    """response.created and response.in_progress go out when the request is taken, not with the first
+    token: behind a long prefill (here each engine step sleeps 1.5 s) the client saw no byte until then."""
+    import time
+
+    srv = Server(model_dir, tmp_path / "slow.log", "--served-model-name", "tiny",
+                 env={"MINILLM_TEST_STEP_DELAY": "1.5"})
+    try:
+        seen = {}
+        t0 = time.monotonic()
+        with httpx.stream("POST", f"{srv.url}/v1/responses", timeout=60, json={
+                "model": "tiny", "input": "hi", "max_output_tokens": 2, "stream": True}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    kind = json.loads(line[6:])["type"]
+                    seen.setdefault(kind, time.monotonic() - t0)
+        assert seen["response.created"] < 1.0 and seen["response.in_progress"] < 1.0, seen
+        assert seen["response.output_text.delta"] > 1.4, seen  # the first step's token: after its delay
+        assert "response.completed" in seen or "response.incomplete" in seen, seen
+    finally:
+        assert srv.stop() == 0, srv.text()
+
+
 def test_cached_tokens_are_the_prefix_cache_hit(server):
     """usage.input_tokens_details.cached_tokens: the prompt tokens the prefix cache held (whole
     16-token blocks, the last prompt token always computed), none the first time."""

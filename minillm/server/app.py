@@ -642,6 +642,8 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         try:
             builder.emit("response.created", response=response_body(req, rid, created, builder, "in_progress"))
             builder.emit("response.in_progress", response=response_body(req, rid, created, builder, "in_progress"))
+            for event in builder.take_events():  # at once: not held back until the first token (a long prefill)
+                yield responses.event_bytes(event)
             async for _, out in choice_outputs(streams):
                 timer.output(out)
                 first = first or out
