@@ -125,6 +125,24 @@ def test_any_chunking_streams_the_same_split(parts, cuts, parser):
     assert not any(d.reasoning for d in deltas[first_content + 1:])
 
 
+def test_long_blank_runs_split_in_linear_time():
+    """A model stuck writing whitespace, streamed two characters at a time: before the thinking opens
+    (held: <think> may follow) and inside it (newlines held: they may end the reasoning). Each piece
+    used to copy all the held text (15 s for these 400k characters, the event loop blocked); now each
+    is kept once. (A loose bound, as the machine may be busy.)"""
+    import time
+
+    for parser, text in (("qwen3", " \n" * 200_000 + "<think>a</think>b"), ("deepseek_r1", "\n" * 400_000 + "x"),
+                         ("qwen3", "<think>a" + "\n" * 400_000 + "b</think>c")):
+        start = time.perf_counter()
+        s = ReasoningSplitter(parser)
+        deltas = [s.feed(text[k:k + 2]) for k in range(0, len(text), 2)] + [s.finish()]
+        assert time.perf_counter() - start < 5, (parser, text[:10])
+        reasoning, content = split_reasoning(text, parser)
+        assert "".join(d.reasoning for d in deltas) == reasoning
+        assert "".join(d.content for d in deltas) == (content or "")
+
+
 # ---- the server --------------------------------------------------------------------------------
 THOUGHT = "<think>\nI ought to greet.\n</think>\n\nHello there!"
 MSGS = [{"role": "user", "content": "hi"}]

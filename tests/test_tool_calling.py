@@ -14,6 +14,8 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_server import Server
 
 from minillm.server import tools
@@ -96,6 +98,118 @@ def test_hermes_parser_holds_back_only_a_possible_tag():
 def test_hermes_parser_without_parallel_calls_keeps_the_first():
     p = run(HermesParser(parallel=False), [TWO])
     assert calls_of(p) == [("a", {"x": 1})] and p.content == ""
+
+
+def every_split(text: str) -> list[list[str]]:
+    """text whole, cut in two at every place, and one character a piece."""
+    return [[text], *([text[:k], text[k:]] for k in range(1, len(text))), list(text)]
+
+
+def test_hermes_parser_close_tag_inside_an_argument():
+    """A call whose argument holds "</tool_call>" (a model writing about tool calls) is a call: the
+    tag inside the JSON string does not end it. Before, the call was cut there and all of it was content."""
+    text = 'x <tool_call>{"name": "f", "arguments": {"s": "a </tool_call> b"}}</tool_call> y'
+    for chunks in every_split(text):
+        p = run(HermesParser(), chunks)
+        assert (p.content, calls_of(p)) == ("x y", [("f", {"s": "a </tool_call> b"})]), chunks
+    # the output ends in the call (models stop there): a call too
+    p = run(HermesParser(), ['<tool_call>{"name": "f", "arguments": {"s": "</tool_call>"}}'])
+    assert calls_of(p) == [("f", {"s": "</tool_call>"})] and p.content == ""
+    # not a call after all: it ended at its first close tag, as before, and what follows is read as ever
+    bad = '<tool_call>{"s": "</tool_call> <tool_call>{"name": "g", "arguments": {}}</tool_call> z'
+    for chunks in every_split(bad):
+        p = run(HermesParser(), chunks)
+        assert (p.content, calls_of(p)) == ('<tool_call>{"s": "</tool_call> z', [("g", {})]), chunks
+    for junk in ('<tool_call>{"s": "</tool_call>', '<tool_call>{"a</tool_call>' + '<tool_call>{\\"a</tool_call>' * 50):
+        p = run(HermesParser(), pieces(junk, 3))
+        assert (p.content, p.calls) == (junk, [])
+
+
+FRAGMENTS = ['{"name": "f", "arguments": {"s": "', '{"name": "g", "parameters": {}}', '"}}', "\\\"", '"', "{", "}",
+             "<tool_call>", "</tool_call>", "<tool", "_call>", "</", "<", "<|python_tag|>", ";", "x", " ", "\n", "é"]
+
+
+@settings(max_examples=500, deadline=None)
+@given(parts=st.lists(st.sampled_from(FRAGMENTS), max_size=12), cuts=st.lists(st.integers(0, 150), max_size=10),
+       make=st.sampled_from([HermesParser, lambda: HermesParser(parallel=False), Llama3JsonParser]))
+def test_any_chunking_parses_the_same(parts, cuts, make):
+    """However the output is cut, the streamed content and calls are the whole output's; with no call
+    read the content is the output exactly; every call's arguments are a JSON object."""
+    text = "".join(parts)
+    bounds = sorted({0, len(text), *(c for c in cuts if c < len(text))})
+    whole, streamed = run(make(), [text]), run(make(), [text[a:b] for a, b in zip(bounds, bounds[1:])])
+    assert (streamed.content, calls_of(streamed)) == (whole.content, calls_of(whole))
+    assert whole.calls or whole.content == text
+    assert all(isinstance(args, dict) for _, args in calls_of(whole))
+
+
+@pytest.mark.parametrize("make", [HermesParser, Llama3JsonParser])
+def test_non_finite_arguments_are_not_calls(make):
+    """NaN / Infinity parse in Python but are not JSON: arguments holding them were sent on as
+    '{"x": NaN}', which a client's JSON.parse rejects. Such a call stays content, verbatim."""
+    for args in ('{"x": NaN}', '{"x": [-Infinity]}', '"{\\"x\\": Infinity}"'):
+        text = (f'<tool_call>{{"name": "f", "arguments": {args}}}</tool_call>' if make is HermesParser
+                else f'{{"name": "f", "parameters": {args}}}')
+        p = run(make(), [text])
+        assert (p.content, p.calls) == (text, []), text
+
+
+def test_hermes_parser_reads_parameters():
+    """A call written with "parameters" (Llama's key) has those arguments; before, they were
+    silently dropped and the call went out with {}."""
+    p = run(HermesParser(), ['<tool_call>{"name": "f", "parameters": {"city": "Paris"}}</tool_call>'])
+    assert calls_of(p) == [("f", {"city": "Paris"})]
+    both = run(HermesParser(), ['<tool_call>{"name": "f", "arguments": {"a": 1}, "parameters": {"b": 2}}</tool_call>'])
+    assert calls_of(both) == [("f", {"a": 1})]  # "arguments" wins
+
+
+def test_deeply_nested_arguments_never_raise():
+    """Arguments nested about as deep as Python's json takes: json.loads could take what json.dumps
+    then could not write, and the RecursionError escaped (a 500, or a stream cut by an error event).
+    Now whatever the depth the output is a call or verbatim content."""
+    for depth in range(1, 1100, 1):
+        nested = "[" * depth + "]" * depth
+        for make, text in ((HermesParser, f'<tool_call>{{"name": "f", "arguments": {{"a": {nested}}}}}</tool_call>'),
+                           (Llama3JsonParser, f'{{"name": "f", "parameters": {{"a": {nested}}}}}'),
+                           (RequiredParser, f'[{{"arguments": {{"a": {nested}}}, "name": "f"}}]')):
+            p = run(make(), [text])
+            if p.calls:
+                assert calls_of(p)[0][0] == "f"
+            elif make is not RequiredParser:
+                assert p.content == text
+
+
+def test_required_parser_never_raises_on_a_bad_name():
+    """(The schema forbids it, but a parser never crashes a stream:) a name with a bad escape is not
+    read as the call's header; before, json.loads raised."""
+    text = '[{"name": "\\q", "arguments": {"a": 1}}, {"name": "g", "arguments": {}}]'
+    for size in (1, 40):
+        p = run(RequiredParser(), pieces(text, size))
+        assert calls_of(p) == [("g", {})]
+
+
+def test_huge_output_is_read_in_linear_time():
+    """A huge argument (a file's text) and a long run of whitespace (a model stuck writing newlines),
+    streamed a few characters at a time: every piece used to search or copy all the held text
+    (seconds to a minute of the event loop for ~1M characters); now each is read once. (The bound is
+    loose: the old code took 30-40 s here, the new well under one.)"""
+    import time
+
+    big = "abcd" * 250_000
+    cases = [(HermesParser, f'<tool_call>{{"name": "f", "arguments": {{"s": "{big}"}}}}</tool_call>'),
+             (HermesParser, "x" + " \n" * 200_000),
+             (Llama3JsonParser, f'{{"name": "f", "parameters": {{"s": "{big}"}}}}'),
+             (Llama3JsonParser, " \n" * 200_000 + "x"),
+             (RequiredParser, f'[{{"name": "f", "arguments": {{"s": "{big}"}}}}]')]
+    for make, text in cases:
+        start, parser = time.perf_counter(), make()
+        got = [parser.feed(c) for c in pieces(text, 4)] + [parser.finish()]  # (not run(): adding Pieces copies)
+        assert time.perf_counter() - start < 8, make
+        content, calls = "".join(g.content for g in got), [d for g in got for d in g.calls]
+        if calls:
+            assert (calls[0].name, json.loads("".join(d.arguments for d in calls))) == ("f", {"s": big})
+        else:
+            assert content == text
 
 
 # ---- llama3_json -----------------------------------------------------------------------------

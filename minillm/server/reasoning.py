@@ -97,7 +97,10 @@ class ReasoningSplitter:
         self.state = "head"
         self.buf = ""  # text not yet given out
         self.reasoning_shown = False  # leading newlines of the reasoning are dropped
-        self.newlines = ""  # the reasoning's newlines so far at its end: they go out if more reasoning follows
+        # the reasoning's newlines so far at its end: they go out if more reasoning follows. Held text is
+        # kept in pieces (lists): one str grown a piece at a time is quadratic in a long run of newlines
+        self.newlines: list[str] = []
+        self.blank: list[str] = []  # "head": whitespace after buf (buf is all whitespace then)
         self.content_shown = False  # leading newlines of the content are dropped
 
     def _reasoning(self, text: str) -> str:
@@ -105,9 +108,9 @@ class ReasoningSplitter:
             text = text.lstrip("\n")
         body = text.rstrip("\n")
         if not body:
-            self.newlines += text
+            self.newlines.append(text)
             return ""
-        out, self.newlines, self.reasoning_shown = self.newlines + body, text[len(body):], True
+        out, self.newlines, self.reasoning_shown = "".join(self.newlines) + body, [text[len(body):]], True
         return out
 
     def _content(self, text: str) -> str:
@@ -117,7 +120,11 @@ class ReasoningSplitter:
         return text
 
     def feed(self, text: str) -> Delta:
-        self.buf += text
+        if self.state == "head" and text.isspace() and (self.blank or self.buf.isspace()):
+            self.blank.append(text)  # (buf is short here: at most a blank run before this one's first piece)
+            return Delta()
+        self.buf += "".join(self.blank) + text
+        self.blank = []
         out = Delta()
         while True:
             if self.state == "head":
@@ -148,7 +155,7 @@ class ReasoningSplitter:
 
     def finish(self) -> Delta:
         """What the held text turns out to be once the output has ended."""
-        rest, self.buf = self.buf, ""
+        rest, self.buf, self.blank = self.buf + "".join(self.blank), "", []
         if self.state == "answer" or (self.state == "head" and self.parser == "qwen3"):  # never thought
             return Delta(content=rest)
         if self.state == "content":

@@ -393,6 +393,18 @@ class _JsonDepth:
         elif ch in "]}":
             self.depth -= 1
 
+    def scan(self, text: str) -> None:
+        for ch in text:
+            self.step(ch)
+
+
+def _json_str(text: str) -> str | None:
+    """A JSON string literal's value; None when it is not one (a bad escape: "\\q")."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
 
 # an array element's text up to its arguments' value (the schema puts "name" first)
 _HEAD = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*', re.S)
@@ -405,35 +417,43 @@ class RequiredParser(ToolCallParser):
     def __init__(self):
         super().__init__()
         self.json = _JsonDepth()
-        self.element: str | None = None  # the array element being read
-        self.state = ""  # "head" (before the arguments), "args", "tail", "whole" (keys in another order)
+        # the array element's text, kept only while it is needed ("head", "whole"): a list, as adding
+        # to a str a character at a time copied it each time (quadratic in huge arguments)
+        self.element: list[str] = []
+        self.state = ""  # "" (between elements), "head" (before the arguments), "args", "tail", "whole"
 
     def feed(self, text: str) -> Piece:
         deltas: list[ToolCallDelta] = []
+        run: list[str] = []  # the arguments' characters read in this feed: one delta, not one a character
         for ch in text:
             before = self.json.depth
             self.json.step(ch)
-            if self.element is None:
+            if not self.state:
                 if before == 1 and ch == "{":
-                    self.element, self.state = "{", "head"
+                    self.element, self.state = ["{"], "head"
                 continue
-            self.element += ch
+            if self.state in ("head", "whole"):
+                self.element.append(ch)
             if self.state == "head" and ch == "{" and before == 2 and self.json.depth == 3:
-                m = _HEAD.fullmatch(self.element[:-1])
-                if m:
-                    deltas.append(ToolCallDelta(self.calls, "{", call_id(), json.loads(m.group(1))))
+                m = _HEAD.fullmatch("".join(self.element[:-1]))
+                name = _json_str(m.group(1)) if m else None
+                if name is not None:
+                    deltas.append(ToolCallDelta(self.calls, "{", call_id(), name))
                     self.calls += 1
-                    self.state = "args"
+                    self.state, self.element = "args", []
                 else:
                     self.state = "whole"
             elif self.state == "args":
-                deltas.append(ToolCallDelta(self.calls - 1, ch))
+                run.append(ch)
                 if self.json.depth == 2:
-                    self.state = "tail"
+                    deltas.append(ToolCallDelta(self.calls - 1, "".join(run)))
+                    run, self.state = [], "tail"
             if self.json.depth == 1 and ch == "}":  # the element ends
                 if self.state in ("head", "whole"):
-                    deltas += self._whole(self.element)
-                self.element = None
+                    deltas += self._whole("".join(self.element))
+                self.element, self.state = [], ""
+        if run:
+            deltas.append(ToolCallDelta(self.calls - 1, "".join(run)))
         return Piece(calls=_merge(deltas))
 
     def _whole(self, text: str) -> list[ToolCallDelta]:
@@ -443,9 +463,20 @@ class RequiredParser(ToolCallParser):
             return []
         if not isinstance(v, dict) or not isinstance(v.get("name"), str):
             return []
+        args = _args_json(v.get("arguments", {}))
+        if args is None:
+            return []
         self.calls += 1
-        return [ToolCallDelta(self.calls - 1, json.dumps(v.get("arguments", {}), ensure_ascii=False), call_id(),
-                              v["name"])]
+        return [ToolCallDelta(self.calls - 1, args, call_id(), v["name"])]
+
+
+def _args_json(args) -> str | None:
+    """args written back as JSON; None when that cannot be strict JSON (NaN / Infinity, which
+    json.loads takes but clients' JSON.parse rejects) or nests too deeply to write."""
+    try:
+        return json.dumps(args, ensure_ascii=False, allow_nan=False)
+    except (ValueError, RecursionError):  # (dumps can fail a little shallower than loads did)
+        return None
 
 
 def _parse_call(text: str) -> tuple[str, str] | None:
@@ -456,7 +487,8 @@ def _parse_call(text: str) -> tuple[str, str] | None:
         return None
     if not isinstance(v, dict) or not isinstance(v.get("name"), str) or not v["name"]:
         return None
-    args = v.get("arguments", {})
+    # some models write "parameters" (Llama's key): without this their arguments were silently {}
+    args = v["arguments"] if "arguments" in v else v.get("parameters", {})
     if isinstance(args, str):  # some models write the arguments as a JSON string
         try:
             args = json.loads(args)
@@ -464,7 +496,8 @@ def _parse_call(text: str) -> tuple[str, str] | None:
             return None
     if not isinstance(args, dict):
         return None
-    return v["name"], json.dumps(args, ensure_ascii=False)
+    written = _args_json(args)
+    return None if written is None else (v["name"], written)
 
 
 def _tag_prefix(text: str) -> int:
@@ -478,11 +511,12 @@ def _tag_prefix(text: str) -> int:
 class HermesParser(ToolCallParser):
     """tool_choice "auto": content streams as it comes, except text that may be the start of a
     <tool_call> tag (held until it is clear) and whitespace that may come before a tag. A call goes
-    out when its closing tag arrives (or the output ends with it open); one whose JSON is not a call
-    stays in the content, verbatim. The whitespace around calls is dropped, but for the whitespace
-    before a run of calls when text follows them ("Before. <tool_call>..</tool_call> after." gives
-    "Before. after."). Without parallel_tool_calls, calls after the first are dropped. When no call
-    is read, the content is exactly the output."""
+    out when its closing tag arrives (or the output ends with it open; a closing tag inside one of
+    its JSON strings is an argument's text); one whose JSON is not a call stays in the content,
+    verbatim. The whitespace around calls is dropped, but for the whitespace before a run of calls
+    when text follows them ("Before. <tool_call>..</tool_call> after." gives "Before. after."). Without
+    parallel_tool_calls, calls after the first are dropped. When no call is read, the content is
+    exactly the output."""
 
     def __init__(self, parallel: bool = True):
         super().__init__()
@@ -493,6 +527,21 @@ class HermesParser(ToolCallParser):
         self.after_call = False  # whitespace right after a call is dropped
         self.shown = False  # whether any content went out
         self.sep: str | None = None  # the whitespace before the calls since the last content, if any
+        self.scan = 0  # inside: where in buf a close tag may start that was not searched for yet
+        # inside, past a close tag that fell inside a JSON string of the call (an argument holding
+        # "</tool_call>"): that tag's place in buf, and the JSON read up to self.read
+        self.first_close: int | None = None
+        self.json = _JsonDepth()
+        self.read = 0
+        # after a call that went on past a close tag turned out not to be one: close tags end calls
+        # again, as without this (its text read again, once: never again, so never quadratic)
+        self.plain = False
+        # text held after buf, in pieces: adding each piece to one str copied it all each time, quadratic
+        # in a huge call or a long run of whitespace (a model stuck writing newlines). Inside, the pieces
+        # that cannot hold a close tag (self.tail: the held text's last characters); outside, whitespace
+        # after whitespace (held whole, as a tag may follow it)
+        self.parts: list[str] = []
+        self.tail = ""
 
     def _text(self, text: str) -> str:
         """Content going out, after the separator that the calls before it took the place of."""
@@ -502,15 +551,42 @@ class HermesParser(ToolCallParser):
         return sep + text
 
     def feed(self, text: str) -> Piece:
-        self.buf += text
+        if self.inside and CLOSE not in self.tail + text:
+            self.parts.append(text)
+            self.tail = (self.tail + text)[1 - len(CLOSE):]
+            return Piece()
+        # (outside, buf ends with whitespace only when it is all whitespace: no prefix of the tag ends so)
+        if not self.inside and text.isspace() and (self.parts or self.buf[-1:].isspace()):
+            self.parts.append(text)
+            return Piece()
+        self.buf += "".join(self.parts) + text
+        self.parts = []
         out = Piece()
         while True:
             if self.inside:
-                j = self.buf.find(CLOSE)
+                # (searched from where the last search stopped: from 0 each time was quadratic in huge arguments)
+                j = self.buf.find(CLOSE, self.scan)
                 if j < 0:
+                    self.scan = max(self.scan, len(self.buf) - len(CLOSE) + 1)
+                    self.tail = self.buf[1 - len(CLOSE):]
                     return out
-                raw, self.buf, self.inside = self.buf[:j], self.buf[j + len(CLOSE):], False
-                out += self._call(raw, CLOSE)
+                raw = self.buf[:j]
+                if self.first_close is None:
+                    call = _parse_call(raw.strip())
+                    if call is None and not self.plain and raw.lstrip().startswith("{") and self._in_string(j):
+                        self.first_close, self.scan = j, j + len(CLOSE)  # the tag may be an argument's text
+                        continue
+                else:  # (a close tag inside a string cannot end the call: not parsed)
+                    if self._in_string(j):
+                        self.scan = j + len(CLOSE)
+                        continue
+                    call = _parse_call(raw.strip())
+                    if call is None:  # not a call after all: it ended at its first close tag, as without this
+                        j, self.plain = self.first_close, True
+                        raw = self.buf[:j]
+                self.buf = self.buf[j + len(CLOSE):]
+                self._outside()
+                out += self._call(raw, CLOSE, call)
                 continue
             if self.after_call:
                 self.buf = self.buf.lstrip()
@@ -530,8 +606,21 @@ class HermesParser(ToolCallParser):
             self.buf = self.buf[len(shown):]
             return out
 
-    def _call(self, raw: str, close: str) -> Piece:
-        call = _parse_call(raw.strip())
+    def _in_string(self, j: int) -> bool:
+        """Whether the close tag at buf[j] falls inside a JSON string of the call's text
+        ({"name": "f", "arguments": {"s": "</tool_call>"}}); if so the tag is read as that text."""
+        self.json.scan(self.buf[self.read:j])  # (read on from the last tag: linear in the call's text)
+        self.read = j
+        if not self.json.in_string:
+            return False
+        self.json.scan(CLOSE)
+        self.read = j + len(CLOSE)
+        return True
+
+    def _outside(self) -> None:
+        self.inside, self.scan, self.first_close, self.json, self.read = False, 0, None, _JsonDepth(), 0
+
+    def _call(self, raw: str, close: str, call: tuple[str, str] | None) -> Piece:
         if call is None:  # not a call: the text as it was
             return Piece(self._text(self.lead + OPEN + raw + close))
         if self.sep is None:
@@ -543,9 +632,17 @@ class HermesParser(ToolCallParser):
         return Piece(calls=[ToolCallDelta(self.calls - 1, call[1], call_id(), call[0])])
 
     def finish(self) -> Piece:
+        self.buf += "".join(self.parts)
+        self.parts = []
         if self.inside:  # the output ended inside a tag: a call if its JSON is one (some models stop there)
-            raw, self.buf, self.inside = self.buf, "", False
-            return self._call(raw, "")
+            raw, self.buf, first = self.buf, "", self.first_close
+            self._outside()
+            call = _parse_call(raw.strip())
+            if call is None and first is not None:
+                # not a call: it ended at its first close tag, and the text after that is read again
+                self.plain = True
+                return self._call(raw[:first], CLOSE, None) + self.feed(raw[first + len(CLOSE):]) + self.finish()
+            return self._call(raw, "", call)
         rest, self.buf = ("" if self.after_call else self.buf), ""
         return Piece(self._text(rest))
 
@@ -572,7 +669,10 @@ def _llama3_calls(text: str) -> list[tuple[str, str]] | None:
                 return None
         if not (isinstance(v, dict) and isinstance(v.get("name"), str) and v["name"] and isinstance(args, dict)):
             return None
-        calls.append((v["name"], json.dumps(args, ensure_ascii=False)))
+        written = _args_json(args)
+        if written is None:
+            return None
+        calls.append((v["name"], written))
 
 
 class Llama3JsonParser(ToolCallParser):
@@ -585,14 +685,20 @@ class Llama3JsonParser(ToolCallParser):
         super().__init__()
         self.parallel = parallel
         self.buf = ""
+        # text after buf, in pieces: the calls' text, or whitespace while undecided (one str grown a piece
+        # at a time is quadratic in huge calls or a long run of whitespace)
+        self.parts: list[str] = []
         self.mode = ""  # "" undecided, "content", "calls"
 
     def feed(self, text: str) -> Piece:
         if self.mode == "content":
             return Piece(text)
-        self.buf += text
-        if self.mode == "calls":
+        # (undecided, buf ends with whitespace only when it is all whitespace)
+        if self.mode == "calls" or (text.isspace() and (self.parts or self.buf[-1:].isspace())):
+            self.parts.append(text)
             return Piece()
+        self.buf += "".join(self.parts) + text
+        self.parts = []
         head = self.buf.lstrip()
         if not head or (PYTHON_TAG.startswith(head) and head != PYTHON_TAG):
             return Piece()  # undecided: whitespace, or what may be the start of the tag
@@ -603,7 +709,7 @@ class Llama3JsonParser(ToolCallParser):
         return Piece(out)
 
     def finish(self) -> Piece:
-        text, self.buf = self.buf, ""
+        text, self.buf, self.parts = self.buf + "".join(self.parts), "", []
         if self.mode != "calls":
             return Piece(text)
         head = text.lstrip()
