@@ -984,20 +984,25 @@ class LLMEngine:
         text_ids = accepted[:-1] if stop_token else accepted
         # seq.text is the text's end, after seq.text_head (offsets below are into it; sent_text_len is whole)
         head = len(seq.text_head)
-        for i, tok in enumerate(text_ids):
+        # a finished sequence's last step lets out what the decoder still holds (an incomplete
+        # character, as U+FFFD: the decode of all its ids ends so too), checked for stop strings as well
+        steps = len(text_ids) + (reason is not None)
+        for i in range(steps):
             before = len(seq.text)
-            seq.text += seq.decoder.push([tok])
-            if p.stop and n0 + i + 1 >= p.min_tokens and len(seq.text) > before:
+            flushing = i == len(text_ids)
+            seq.text += seq.decoder.flush() if flushing else seq.decoder.push([text_ids[i]])
+            n = len(accepted) if flushing else i + 1  # these ids made the text so far
+            if p.stop and n0 + n >= p.min_tokens and len(seq.text) > before:
                 found = self._find_stop(seq.text, p.stop, max(0, before - longest_stop + 1))
                 if found is not None:  # the text ends before the stop string, or after it if asked
                     seq.stop_reason = seq.text[found[0] : found[1]]
                     seq.text = seq.text[: found[1] if p.include_stop_str_in_output else found[0]]
-                    dropped = len(accepted) - (i + 1)
+                    dropped = len(accepted) - n
                     if dropped:  # later ids of an accepted run: plain decoding never made them
-                        del seq.output_ids[n0 + i + 1 :]
+                        del seq.output_ids[n0 + n :]
                         if seq.output_logprobs is not None:
-                            del seq.output_logprobs[n0 + i + 1 :]
-                        accepted = accepted[: i + 1]
+                            del seq.output_logprobs[n0 + n :]
+                        accepted = accepted[:n]
                         self.stats_generation_tokens -= dropped
                     if seq.finished:
                         seq.finish_reason = "stop"  # the string came first (e.g. at max_tokens)
@@ -1036,10 +1041,11 @@ class LLMEngine:
 
     @staticmethod
     def _find_stop(text: str, stops: list[str], start: int = 0) -> tuple[int, int] | None:
-        """(start, end) of the earliest stop string in text[start:] (searching only where a new one
-        can be; of two starting together, the one listed first)."""
+        """(start, end) of the stop string in text[start:] (searching only where a new one can be) that
+        ends first, as text arriving one character at a time would meet it, however it is split into
+        tokens; of two ending together, the one that starts first (the longer)."""
         found = [(i, i + len(s)) for i, s in ((text.find(s, start), s) for s in stops) if i >= 0]
-        return min(found, key=lambda f: f[0]) if found else None
+        return min(found, key=lambda f: (f[1], f[0])) if found else None
 
     def score(self, prompts: list[list[int]], last_only: bool = False) -> list[np.ndarray]:
         """Logits [len, vocab] at every position of each prompt, run as one batch (no sampling);

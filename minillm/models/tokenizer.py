@@ -6,6 +6,7 @@ Built from an HF directory (tokenizer.json + tokenizer_config.json) or from GGUF
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
 from datetime import datetime
@@ -375,14 +376,76 @@ def _open_final_message(text: str, messages: list[dict]) -> str:
                      "verbatim, so it cannot be left open")
 
 
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
+def _bytelevel_chars() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the character each byte is written as in a ByteLevel vocabulary."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1), *range(ord("\u00ae"), 256)]
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+class _StreamInfo:
+    """What IncrementalDecoder needs to know of a tokenizer's decoder, worked out once per tokenizer."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        tok = tokenizer.tok
+        try:
+            kinds = set(re.findall(r'"type"\s*:\s*"(\w+)"', tok.decoder.__getstate__().decode()))
+        except Exception:  # no decoder, or one that does not serialise
+            kinds = set()
+        self.special_ids = frozenset(tokenizer.special_token_ids)
+        self.added_ids = frozenset(tok.get_added_tokens_decoder())
+        # ByteLevel (GPT-2, Llama 3, Qwen): the tokens' bytes are joined and read as UTF-8 (lossily)
+        self.byte_level = "ByteLevel" in kinds
+        self._chars = _bytelevel_chars() if self.byte_level else {}
+        self._bytes: dict[int, bytes] = {}
+        # ByteFallback (Llama 2, Mistral, Gemma): <0xXX> tokens; a run of them that is not valid UTF-8
+        # as a whole decodes to one U+FFFD per token, even the ASCII ones ("\n" then 0xE2 is two)
+        self.byte_ids = frozenset()
+        if "ByteFallback" in kinds:
+            self.byte_ids = frozenset(i for i in (tok.token_to_id(f"<0x{b:02X}>") for b in range(256))
+                                      if i is not None and i not in self.added_ids)
+
+    def token_bytes(self, tok: HFTokenizer, i: int) -> bytes:
+        """A ByteLevel vocabulary token's bytes (b"" for an id the vocabulary lacks)."""
+        b = self._bytes.get(i)
+        if b is None:
+            text = tok.id_to_token(i) or ""
+            chars = self._chars
+            b = self._bytes[i] = bytes(chars[c] for c in text) if all(c in chars for c in text) else text.encode()
+        return b
+
+
+def _stream_info(tokenizer: Tokenizer) -> _StreamInfo:
+    info = tokenizer.__dict__.get("_stream_info")
+    if info is None:
+        info = tokenizer.__dict__["_stream_info"] = _StreamInfo(tokenizer)
+    return info
+
+
 class IncrementalDecoder:
     """Turns a growing list of token ids into text deltas for streaming.
 
-    The tokenizers library's DecodeStream (Rust) does the windowed decode: it decodes a few recent
-    tokens with and without the new one and holds back text that ends in an incomplete UTF-8
-    sequence, so multi-byte characters are never split across deltas. One native call per token;
-    the Python version it replaced made two decode calls per token and was the largest part of
-    the engine's host time at batch 256 (scripts/host_overhead.py).
+    The tokenizers library's DecodeStream (Rust) does the windowed decode: it decodes the tokens of
+    its last delta with and without the new ones and holds back text that ends in U+FFFD (an
+    incomplete UTF-8 sequence), so multi-byte characters are never split across deltas. One native
+    call per token; the Python version it replaced made two decode calls per token and was the
+    largest part of the engine's host time at batch 256 (scripts/host_overhead.py).
+
+    Around it: skipped special tokens never reach it (each one held would grow its window, and every
+    later step decodes the whole window: quadratic on a run of them); a run of byte-fallback tokens
+    is held until a token ends it (the decoder reads the run as a whole, so a later byte can turn an
+    earlier one into U+FFFD, which DecodeStream reports as an error); with a ByteLevel decoder, text
+    that ends in a U+FFFD no later byte can complete is let out rather than held (a run of stray
+    bytes was held, and decoded again, token after token); and flush() gives what is still held when
+    the sequence ends. So the deltas joined are the decode of all ids at once.
     """
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
@@ -390,11 +453,93 @@ class IncrementalDecoder:
         (<|im_start|>, a Hermes <tool_call>) in the deltas."""
         from tokenizers.decoders import DecodeStream
 
+        self._new_stream = lambda: DecodeStream(skip_special_tokens=skip_special_tokens)
         self._tok = tokenizer.tok
-        self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+        self._skip = skip_special_tokens
+        self._info = info = _stream_info(tokenizer)
+        self._dropped = info.special_ids if skip_special_tokens else frozenset()
+        self._byte_ids = info.byte_ids
+        self._stream = self._new_stream()  # None once it failed: the same windows, decoded here
+        self._last: list[int] = []  # the ids of the last delta: the window's start
+        self._pending: list[int] = []  # ids given to the window since, that let out nothing yet
+        self._held: list[int] = []  # an open run of byte-fallback tokens, not in the window yet
 
     def push(self, new_ids: list[int]) -> str:
         """Append tokens; return the newly completed text."""
-        step, tok = self._stream.step, self._tok
-        pieces = [step(tok, i) for i in new_ids]
-        return "".join(p for p in pieces if p)
+        pieces = []
+        dropped, byte_ids = self._dropped, self._byte_ids
+        for i in new_ids:
+            if i in dropped:  # decode leaves skipped special tokens out before it reads the rest
+                continue
+            if i in byte_ids:
+                self._held.append(i)
+                continue
+            if self._held:
+                ids, self._held = self._held + [i], []
+            else:
+                ids = [i]
+            piece = self._step(ids)
+            if piece:
+                pieces.append(piece)
+        return "".join(pieces)
+
+    def flush(self) -> str:
+        """The text still held back, at the sequence's end: an incomplete character decodes to U+FFFD
+        there, as in a decode of all the ids. Call once, after the last push."""
+        piece = self._step(self._held) if self._held else ""
+        self._held = []
+        if self._pending:
+            piece += self._window_text(self._last, self._pending)
+            self._last, self._pending = [], []
+            self._stream = self._new_stream()
+        return piece
+
+    def _window_text(self, last: list[int], new: list[int]) -> str:
+        decode, skip = self._tok.decode, self._skip
+        before, text = decode(last, skip_special_tokens=skip), decode(last + new, skip_special_tokens=skip)
+        return text[len(before):]  # by length where the window's text does not start with before's
+
+    def _step(self, ids: list[int]) -> str:
+        if self._stream is not None:
+            try:
+                piece = self._stream.step(self._tok, ids if len(ids) > 1 else ids[0])
+            except Exception as e:
+                if "prefix" not in str(e).lower():
+                    raise
+                # the window's text does not start with its last delta's: decode the windows here
+                # from now on (by length, as vLLM's Python detokenizer did; what was sent stays sent)
+                self._stream = None
+            else:
+                if piece:
+                    self._last, self._pending = self._pending + ids, []
+                    return piece
+                self._pending += ids
+                if self._info.byte_level and self._tail_is_final():
+                    # held for a U+FFFD that no later byte completes: let it out; a fresh stream
+                    # starts after it (a ByteLevel decode has no context beyond the UTF-8 state)
+                    piece = self._window_text(self._last, self._pending)
+                    self._last, self._pending = [], []
+                    self._stream = self._new_stream()
+                    return piece
+                return ""
+        self._pending += ids
+        piece = self._window_text(self._last, self._pending)
+        if piece and not piece.endswith("\ufffd"):
+            self._last, self._pending = self._pending, []
+            return piece
+        return ""
+
+    def _tail_is_final(self) -> bool:
+        """Whether the pending ids' bytes end with no incomplete UTF-8 sequence (ByteLevel decoders):
+        the last delta ended on a whole character, so only the pending bytes after the last added
+        token (whose text the decoder does not read) decide it, and only their last three."""
+        info, tok, added = self._info, self._tok, self._info.added_ids
+        tail = b""
+        for i in reversed(self._pending):
+            if i in added:
+                break
+            tail = info.token_bytes(tok, i) + tail
+            if len(tail) >= 3:
+                break
+        tail = tail[-3:]
+        return codecs.utf_8_decode(tail, "replace", False)[1] == len(tail)
