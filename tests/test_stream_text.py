@@ -109,7 +109,7 @@ def test_long_runs_stay_linear(smollm):
         dec = IncrementalDecoder(smollm)
         text = "".join(dec.push([i]) for i in ids) + dec.flush()
         assert text == smollm.decode(ids)
-    assert time.perf_counter() - t0 < 1.0
+    assert time.perf_counter() - t0 < 2.0  # (0.03 s here; the quadratic decode took 8.7 s)
 
 
 def test_a_failing_stream_falls_back_to_windows(smollm):
