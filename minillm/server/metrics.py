@@ -84,9 +84,15 @@ class Metrics:
             return Histogram(f"minillm:{metric}", doc, name, buckets=buckets, registry=r).labels(model_name)
 
         self.ttft = histogram("time_to_first_token_seconds", "Time to first token", _LATENCY)
-        self.tpot = histogram("time_per_output_token_seconds", "Mean time per output token after the first, "
-                              "per request", _LATENCY)
-        self.e2e = histogram("e2e_request_latency_seconds", "Request latency, arrival to last token", _E2E)
+        # vLLM's time_per_output_token_seconds (and inter_token_latency_seconds, its newer name) is the
+        # time between successive outputs of one engine request, one observation each; the mean per
+        # request is request_time_per_output_token_seconds
+        self.itl = histogram("time_per_output_token_seconds", "Time between successive token outputs of an "
+                             "engine request (choice), one observation each (inter-token latency)", _LATENCY)
+        self.tpot = histogram("request_time_per_output_token_seconds", "Mean time per output token after the "
+                              "first, per request", _LATENCY)
+        self.e2e = histogram("e2e_request_latency_seconds", "Request latency, arrival to its end (last token, "
+                             "abort or error): one observation per request_success count", _E2E)
         self.finished = Counter("minillm:request_success", "Finished requests by reason",
                                 ["model_name", "finished_reason"], registry=r)
         self.queue = histogram("request_queue_time_seconds", "Time from a request's admission by the engine to "
@@ -113,10 +119,17 @@ class RequestTimer:
         self.t_first: float | None = None
         self.n = 0
         self._done = False
+        self._last: dict[str, float] = {}  # each engine request's (choice's) last token output
 
     def output(self, out) -> None:
         """One engine output (RequestOutput) of one of the request's choices: its tokens, its time in
         the queue (on its first output), its prompt and generated token counts (on its last)."""
+        if out.new_token_ids:
+            t = time.perf_counter()
+            last = self._last.get(out.request_id)
+            if last is not None:
+                self.m.itl.observe(t - last)
+            self._last[out.request_id] = t
         self.tokens(len(out.new_token_ids))
         if out.queued_s is not None:
             self.m.queue.observe(out.queued_s)
@@ -136,7 +149,6 @@ class RequestTimer:
         self._done = True
         t = time.perf_counter()
         self.m.finished.labels(self.m.model_name, reason).inc()
-        if reason in ("stop", "length"):
-            self.m.e2e.observe(t - self.t0)
-            if self.n > 1 and self.t_first is not None:
-                self.m.tpot.observe((t - self.t_first) / (self.n - 1))
+        self.m.e2e.observe(t - self.t0)  # every request counted in request_success, aborted and failed ones too
+        if reason in ("stop", "length") and self.n > 1 and self.t_first is not None:
+            self.m.tpot.observe((t - self.t_first) / (self.n - 1))

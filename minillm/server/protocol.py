@@ -397,7 +397,8 @@ def tokenize_response(body: dict, info: ModelInfo) -> dict:
 
 def detokenize_response(body: dict, info: ModelInfo) -> dict:
     """POST /detokenize, as vLLM's: {"tokens": [ids]} -> {"prompt": text}, special tokens kept (as
-    vLLM decodes them), so tokenize then detokenize gives the text back."""
+    vLLM decodes them; "skip_special_tokens": true drops them), so tokenize then detokenize gives the
+    text back. Every id must be one the tokenizer has a token for."""
     check_model(body, info.names)
     tokens = body.get("tokens")
     if tokens is None:
@@ -405,7 +406,22 @@ def detokenize_response(body: dict, info: ModelInfo) -> dict:
     if not isinstance(tokens, list):
         raise ProtocolError(f"'tokens' must be an array of token ids, got {json.dumps(tokens)[:80]}", "tokens")
     ids = _check_ids(tokens, info, "tokens")
-    return {"prompt": info.tokenizer.decode(ids, skip_special_tokens=False)}
+    _check_known_ids(ids, info)
+    skip = _get(body, "skip_special_tokens", bool, False)
+    return {"prompt": info.tokenizer.decode(ids, skip_special_tokens=skip)}
+
+
+def _check_known_ids(ids: list[int], info: ModelInfo) -> None:
+    """/detokenize: an id below the model's vocab_size that the tokenizer has no entry for (the
+    embedding rows past the tokenizer's vocabulary, padded to a round size) has no text; decoding
+    would drop it without a word."""
+    hf = info.tokenizer.tok
+    base = hf.get_vocab_size(with_added_tokens=False)
+    for t in sorted({t for t in ids if t >= base}):
+        if hf.id_to_token(t) is None:
+            raise ProtocolError(f"'tokens' holds {t}, an id the tokenizer has no token for (its vocabulary has "
+                                f"{hf.get_vocab_size(with_added_tokens=True)} entries; the model's "
+                                f"{info.vocab_size})", "tokens")
 
 
 # ---- sampling -----------------------------------------------------------------------------
