@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+import numpy as np
 
 # The runner holds temperature, top_p, min_p and the penalties as float32 (its per-row device
 # buffers), so a value must survive that: a temperature past float32's largest turns infinite, a
@@ -13,6 +16,37 @@ F32_MAX = 3.4028234663852886e38
 F32_TINY = 1.1754943508222875e-38
 # repetition_penalty divides positive logits: at 1e-30 a logit up to 3e8 stays finite in float32
 MIN_REPETITION_PENALTY = 1e-30
+# token ids travel as int32 (the runner's min_tokens ban list, its masks): an id at or past 2**31 is
+# no token of any vocabulary, and numpy raised OverflowError on it mid-step (stop_token_ids with min_tokens)
+TOKEN_ID_LIMIT = 2**31
+_INT_FIELDS = ("max_tokens", "top_k", "min_tokens", "seed", "logprobs", "prompt_logprobs", "truncate_prompt_tokens",
+               "n")
+_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
+_BOOL_FIELDS = ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output")
+
+
+def _py(v):
+    """A NumPy scalar as the Python value it holds (np.int64 -> int, np.float32 -> float, np.bool_ ->
+    bool), as vLLM takes them; anything else as it is (then validated as it is)."""
+    return v.item() if isinstance(v, (np.integer, np.floating, np.bool_)) else v
+
+
+def _id_list(v):
+    """A list or tuple of token ids, or a 1-D NumPy array of them, as a list of Python values."""
+    if isinstance(v, np.ndarray) and v.ndim == 1:
+        return v.tolist()
+    return [_py(t) for t in v] if isinstance(v, (list, tuple)) else v
+
+
+def _is_token_id(t) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool) and 0 <= t < TOKEN_ID_LIMIT
+
+
+def _bias_key(k):
+    """A logit_bias key as a token id: vLLM takes {"50256": -100} (JSON's keys are strings) by int();
+    only plain ASCII digits here (int() would also take " 5", "+5", "5_0" and other scripts' digits)."""
+    k = _py(k)
+    return int(k) if isinstance(k, str) and k.isascii() and k.isdigit() else k
 
 
 @dataclass
@@ -128,23 +162,39 @@ class SamplingParams:
     n: int = 1
 
     def __post_init__(self) -> None:
+        self.validate()
+
+    def _normalize(self) -> None:
+        """The accepted spellings as one form: a str stop as a list, tuples as lists, NumPy scalars and
+        arrays as Python values, logit_bias's digit-string keys as ints, a structured_outputs dict as
+        StructuredOutputsParams. Idempotent: validate() runs it again after fields were set by hand."""
+        for name in (*_INT_FIELDS, *_FLOAT_FIELDS, *_BOOL_FIELDS):
+            setattr(self, name, _py(getattr(self, name)))
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if not isinstance(self.stop, (list, tuple, type(None))):
-            raise ValueError(f"stop must be a non-empty string or a list of non-empty strings, got {self.stop!r}")
+            raise ValueError(f"stop must be a non-empty string or a list of non-empty strings, got {self.stop!r:.80}")
         self.stop = list(self.stop or [])
-        if not isinstance(self.stop_token_ids, (list, tuple, type(None))):
+        if not isinstance(self.stop_token_ids, (list, tuple, np.ndarray, type(None))):
             raise ValueError(f"stop_token_ids must be a list of token ids, got {self.stop_token_ids!r:.80}")
-        self.stop_token_ids = list(self.stop_token_ids or [])
-        if self.logit_bias and not isinstance(self.logit_bias, dict):
+        self.stop_token_ids = _id_list(self.stop_token_ids) if self.stop_token_ids is not None else []
+        # only None or a mapping ({} is none): 0, "" or [] was taken as no bias without a word
+        if not isinstance(self.logit_bias, (Mapping, type(None))):
             raise ValueError(f"logit_bias must be a dict of token id -> bias, got {self.logit_bias!r:.80}")
-        self.logit_bias = dict(self.logit_bias) if self.logit_bias else None
+        if self.logit_bias:
+            bias = {_bias_key(k): _py(v) for k, v in self.logit_bias.items()}
+            if len(bias) < len(self.logit_bias):
+                raise ValueError(f"logit_bias names a token twice (as a number and as a string?): "
+                                 f"{self.logit_bias!r:.80}")
+            self.logit_bias = bias
+        else:
+            self.logit_bias = None
         if isinstance(self.bad_words, tuple):
             self.bad_words = list(self.bad_words)
-        if isinstance(self.allowed_token_ids, tuple):
-            self.allowed_token_ids = list(self.allowed_token_ids)
-        if isinstance(self.think_token_ids, list):
-            self.think_token_ids = tuple(self.think_token_ids)
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = _id_list(self.allowed_token_ids)
+        if isinstance(self.think_token_ids, (list, tuple)):
+            self.think_token_ids = tuple(_py(t) for t in self.think_token_ids)
         if isinstance(self.structured_outputs, dict):
             fields = StructuredOutputsParams.__dataclass_fields__
             unknown = sorted(str(k) for k in self.structured_outputs if k not in fields)
@@ -152,10 +202,11 @@ class SamplingParams:
                 raise ValueError(f"structured_outputs: unknown field(s) {', '.join(unknown)}; the fields are "
                                  f"{', '.join(fields)}")
             self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
-        self.validate()
 
     def validate(self) -> None:
-        """Raise ValueError naming the offending field and the accepted range."""
+        """Normalise the fields (_normalize) and raise ValueError naming the offending field and the
+        accepted range. Runs at construction; run it again after setting fields by hand."""
+        self._normalize()
 
         def need(cond: bool, msg: str) -> None:
             if not cond:
@@ -177,9 +228,10 @@ class SamplingParams:
              and 0 <= self.min_tokens <= self.max_tokens,
              f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
         need(all(isinstance(s, str) and s for s in self.stop),
-             f"stop must be a non-empty string or a list of non-empty strings, got {self.stop!r}")
-        need(all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids),
-             f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+             f"stop must be a non-empty string or a list of non-empty strings, got {self.stop!r:.80}")
+        # (ids past the vocabulary are no-ops, as in vLLM; past 2**31 they are no token at all)
+        need(all(_is_token_id(t) for t in self.stop_token_ids),
+             f"stop_token_ids must be token ids (integers >= 0, below 2**31), got {self.stop_token_ids!r:.80}")
         # a truthy string such as "false" would otherwise turn the switch on
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             need(isinstance(getattr(self, name), bool), f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -202,9 +254,10 @@ class SamplingParams:
              f"repetition_penalty must be a number in [{MIN_REPETITION_PENALTY:g}, {F32_MAX:.4g}] (1 is off), got "
              f"{self.repetition_penalty!r}")
         need(self.logit_bias is None or all(
-            isinstance(t, int) and not isinstance(t, bool) and t >= 0 and isinstance(v, (int, float))
-            and not isinstance(v, bool) and -100 <= v <= 100 for t, v in self.logit_bias.items()),
-            f"logit_bias must map token ids (integers >= 0) to numbers in [-100, 100], got {self.logit_bias!r}")
+            _is_token_id(t) and isinstance(v, (int, float)) and not isinstance(v, bool) and -100 <= v <= 100
+            for t, v in self.logit_bias.items()),
+            f"logit_bias must map token ids (integers >= 0, below 2**31, or their decimal strings) to numbers in "
+            f"[-100, 100], got {self.logit_bias!r:.80}")
         need(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)
                                    and -(2**63) <= self.seed < 2**64),
              f"seed must be a 64-bit integer, got {self.seed!r}")
@@ -213,9 +266,9 @@ class SamplingParams:
             need(False, f"structured_outputs must be a StructuredOutputsParams or a dict of its fields, got "
                         f"{type(self.structured_outputs).__name__}")
         a = self.allowed_token_ids
-        need(a is None or (isinstance(a, list) and a and all(
-            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in a)),
-            f"allowed_token_ids must be None or a non-empty list of token ids (integers >= 0), got {a!r:.80}")
+        need(a is None or (isinstance(a, list) and a and all(_is_token_id(t) for t in a)),
+            f"allowed_token_ids must be None or a non-empty list of token ids (integers >= 0, below 2**31), got "
+            f"{a!r:.80}")
         need(self.bad_words is None or (isinstance(self.bad_words, list)
                                         and all(isinstance(w, str) and w.strip() for w in self.bad_words)),
              f"bad_words must be None or a list of words with text (not empty, not only whitespace), got "
@@ -225,8 +278,7 @@ class SamplingParams:
              "no token to sample; leave the words out of the constraint or the list instead")
         t = self.think_token_ids
         need(t is None or (isinstance(t, tuple) and len(t) == 2 and all(
-            (i is None and k == 0) or (isinstance(i, int) and not isinstance(i, bool) and i >= 0)
-            for k, i in enumerate(t)) and t[0] != t[1]),
+            (i is None and k == 0) or _is_token_id(i) for k, i in enumerate(t)) and t[0] != t[1]),
             f"think_token_ids must be None or (<think> id or None, </think> id), two different token ids, got {t!r}")
         need(self.truncate_prompt_tokens is None
              or (isinstance(self.truncate_prompt_tokens, int) and not isinstance(self.truncate_prompt_tokens, bool)

@@ -1,0 +1,129 @@
+"""SamplingParams' validation and normalisation: every bad value a ValueError naming its field at
+construction (never a crash mid-step), the spellings vLLM takes (NumPy scalars, logit_bias's string
+keys) taken as theirs; then through the real engine on the CPU (a tiny random Llama, byte tokenizer)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minillm import LLM, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def llm(byte_llama):
+    return LLM(str(byte_llama), device="cpu", max_model_len=128, max_num_seqs=4)
+
+
+def test_numpy_scalars_are_taken_as_python_values():
+    sp = SamplingParams(max_tokens=np.int64(4), top_k=np.int32(3), min_tokens=np.uint8(1), seed=np.uint64(7),
+                        temperature=np.float32(0.5), top_p=np.float16(1.0), min_p=np.float32(0.0),
+                        presence_penalty=np.float32(0.5), logprobs=np.int64(2), ignore_eos=np.bool_(True),
+                        stop_token_ids=[np.int64(5)], logit_bias={np.int64(6): np.float32(1.5)},
+                        allowed_token_ids=np.array([5, 6, 7]), truncate_prompt_tokens=np.int64(-1))
+    assert (sp.max_tokens, sp.top_k, sp.min_tokens, sp.seed, sp.logprobs) == (4, 3, 1, 7, 2)
+    assert (sp.temperature, sp.top_p, sp.presence_penalty, sp.ignore_eos) == (0.5, 1.0, 0.5, True)
+    assert sp.stop_token_ids == [5] and sp.logit_bias == {6: 1.5} and sp.allowed_token_ids == [5, 6, 7]
+    for v in (sp.max_tokens, sp.seed, sp.stop_token_ids[0], *sp.logit_bias, *sp.allowed_token_ids,
+              sp.truncate_prompt_tokens):
+        assert type(v) is int
+    assert type(sp.temperature) is float and type(sp.logit_bias[6]) is float and type(sp.ignore_eos) is bool
+
+
+@pytest.mark.parametrize("kw", [dict(max_tokens=np.bool_(True)), dict(top_k=np.float32(3)), dict(seed=np.float64(1)),
+                                dict(ignore_eos=np.int64(1)), dict(temperature=np.float32("nan")),
+                                dict(stop_token_ids=np.array([1.5])), dict(allowed_token_ids=np.array([], int))])
+def test_numpy_values_of_the_wrong_kind_are_refused_by_name(kw):
+    with pytest.raises(ValueError, match=next(iter(kw))):
+        SamplingParams(**kw)
+
+
+def test_numpy_typed_params_generate_as_python_typed(llm):
+    py = SamplingParams(max_tokens=6, temperature=0.5, top_k=20, seed=11, logit_bias={70: 5.0}, stop_token_ids=[9])
+    npy = SamplingParams(max_tokens=np.int64(6), temperature=np.float32(0.5), top_k=np.int64(20), seed=np.int64(11),
+                         logit_bias={np.int64(70): np.float64(5.0)}, stop_token_ids=np.array([9]))
+    a, b = llm.generate(["hello"], py)[0], llm.generate(["hello"], npy)[0]
+    assert a.token_ids == b.token_ids and len(a.token_ids) >= 1
+
+
+@pytest.mark.parametrize("field", ["stop_token_ids", "allowed_token_ids"])
+@pytest.mark.parametrize("big", [2**31, 2**63, 2**70])
+def test_token_ids_past_int32_are_refused(field, big):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: [5, big]})
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams(logit_bias={big: 1.0})
+    with pytest.raises(ValueError, match="think_token_ids"):
+        SamplingParams(think_token_ids=(None, big))
+
+
+def test_stop_token_ids_past_the_vocabulary_with_min_tokens_run(llm):
+    """An id past the vocabulary is a no-op (vLLM's), with min_tokens too; before, [2**31] or [2**63] with
+    min_tokens passed validation and raised OverflowError in the runner's ban list, mid-step."""
+    vocab = llm.engine.config.vocab_size
+    out = llm.generate(["hello"], SamplingParams(stop_token_ids=[vocab + 3, 2**31 - 1], min_tokens=3, max_tokens=5,
+                                                 seed=0))[0]
+    assert 3 <= len(out.token_ids) <= 5
+    assert not llm.engine.requests
+
+
+def test_logit_bias_digit_string_keys_are_token_ids(llm):
+    """vLLM's SamplingParams takes {"70": bias} (int() of each key), as the JSON that carries it spells them."""
+    assert SamplingParams(logit_bias={"70": 100, "5": -1.5}).logit_bias == {70: 100, 5: -1.5}
+    by_str = llm.generate(["hello"], SamplingParams(max_tokens=4, seed=1, logit_bias={"70": 100}))[0]
+    by_int = llm.generate(["hello"], SamplingParams(max_tokens=4, seed=1, logit_bias={70: 100}))[0]
+    assert by_str.token_ids == by_int.token_ids == [70] * 4
+
+
+@pytest.mark.parametrize("bias", [{"a": 1}, {"-1": 1}, {" 5": 1}, {"+5": 1}, {"5_0": 1}, {"\u0665": 1}, {"": 1},
+                                  {5.0: 1}, {True: 1}, {"5": 1, 5: 2}, {5: float("inf")}, {5: "1"}])
+def test_logit_bias_bad_keys_and_values_are_refused(bias):
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams(logit_bias=bias)
+
+
+@pytest.mark.parametrize("bias", [0, "", [], False, [(5, 1.0)], "{5: 1}"])
+def test_logit_bias_not_a_dict_is_refused_even_when_empty(bias):
+    """0, "" or [] were taken as "no bias" without a word."""
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams(logit_bias=bias)
+    assert SamplingParams(logit_bias={}).logit_bias is None
+
+
+def test_validate_after_setting_fields_by_hand():
+    """validate() normalises and checks again: a str stop set on the object is one stop string (it
+    passed before as a list of its characters), and a bad value is refused by name."""
+    sp = SamplingParams()
+    sp.stop = "ab"
+    sp.stop_token_ids = (np.int64(3),)
+    sp.validate()
+    assert sp.stop == ["ab"] and sp.stop_token_ids == [3]
+    sp.stop_token_ids = [2**40]
+    with pytest.raises(ValueError, match="stop_token_ids"):
+        sp.validate()
+    sp = SamplingParams()
+    sp.logit_bias = {"7": 2}
+    sp.validate()
+    assert sp.logit_bias == {7: 2}
+    sp.validate()  # idempotent
+    assert sp.logit_bias == {7: 2}
+
+
+def test_error_messages_stay_short():
+    """A large bad value is cut in the message (a 10,000-entry logit_bias or stop list was printed whole)."""
+    cases = [dict(logit_bias={i: 1000.0 for i in range(10_000)}), dict(stop=["x"] * 10_000 + [""]),
+             dict(stop_token_ids=list(range(10_000)) + [-1])]
+    for kw in cases:
+        with pytest.raises(ValueError, match=next(iter(kw))) as e:
+            SamplingParams(**kw)
+        assert len(str(e.value)) < 400, kw.keys()
+
+
+@pytest.mark.parametrize("kw", [dict(logit_bias={300: 1.0}), dict(allowed_token_ids=[5, 300]),
+                                dict(think_token_ids=(None, 300))])
+def test_out_of_vocabulary_ids_refused_at_admission_leave_no_request(llm, kw):
+    kw["structured_outputs"] = {"regex": "[a-z]+"} if "think_token_ids" in kw else None
+    with pytest.raises(ValueError, match=next(iter(kw))):
+        llm.generate(["hello"], SamplingParams(max_tokens=3, **kw))
+    assert not llm.engine.requests
+    assert len(llm.generate(["hello"], SamplingParams(max_tokens=3))[0].token_ids) == 3
