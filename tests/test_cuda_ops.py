@@ -1138,10 +1138,10 @@ def test_decode_modules_of_another_storage_type_load_on_first_use(be):
     (cuda_ops._decode_defines): the other type's kernels are not loaded, load on their first eager
     use and compute what the oracle does, and a first use inside a graph capture is refused by name
     rather than recording a module load."""
-    from minillm.backends.cuda_ops import _DECODE_HEAD_DIMS, decode_group_names
+    from minillm.backends.cuda_ops import _DECODE_HEAD_DIMS, BF16, decode_group_names
 
     other = "f32" if be.dtype != np.float32 else "bf16"
-    other_dt = np.float32 if other == "f32" else be_bf16()
+    other_dt = np.float32 if other == "f32" else BF16
     mine = "bf16" if other == "f32" else "f32"
     assert all(n in be.k for d in _DECODE_HEAD_DIMS for n in decode_group_names(mine, d))
     rng = np.random.default_rng(21)
@@ -1166,12 +1166,6 @@ def test_decode_modules_of_another_storage_type_load_on_first_use(be):
         REF.paged_attention(r(q), r(kc), r(vc), bt, sl, qs, D ** -0.5, ref)
         got = np.asarray(be.to_host(out), np.float32)
         assert rel_err(got, ref) < (1e-5 if other == "f32" else 1.2e-2)
-
-
-def be_bf16():
-    import ml_dtypes
-
-    return ml_dtypes.bfloat16
 
 
 @pytest.mark.parametrize("part", [64, 112, 512])

@@ -149,7 +149,8 @@ def load_module(name: str, debug: bool | None = None, defines: tuple[str, ...] =
 def compile_parallel(modules: list[tuple[str, tuple[str, ...]]], device_id: int, debug: bool | None = None) -> None:
     """Compile and load these (module, defines) pairs, each on its own thread: NVRTC releases the GIL
     while it compiles, so a first start in an environment takes about its slowest module's time rather
-    than the sum (cuda/ is ~58 s of nvcc on one core, its largest module ~10 s). A module that fails
+    than the sum (cuda/ is ~58 s of nvcc on one core of the CPU machine, its largest module ~10 s; a first
+    start on the H200 65 -> 15 s, part292). A module that fails
     here is left for its caller's load_module to fail again, with its own message."""
     import cupy
 
