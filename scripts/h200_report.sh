@@ -136,6 +136,7 @@
 #   every GPU test, decode of both shapes. part287-part291 (sessions 52-53): the targets rerun, the throughput
 #   regression bisected and fixed (part289: the fix against 548b5cb). part292 (session 54): a first start's
 #   kernel compile on threads, a decode-attention module per (storage type, head dim), against 12d3121.
+#   part297 (session 55): scripts/preload_bench.py, each product's weight share in shared memory before its wait.
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -5200,6 +5201,19 @@ part296() {  # session 54's final code (carry .whl): the debug build's test (MIN
   setup
   stage debug_build 300 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k debug_build
   tail -n 3 "$W/debug_build.log"
+  pack
+}
+
+part297() {  # session 55 (carry .whl): could a 0.6B batch-1 layer hide its weight streaming behind the hand-offs?
+  # scripts/preload_bench.py's synthetic chain (each product's whole weight share copied into shared memory before
+  # its PDL wait) three ways, then every GPU test on session 54's final code (its audits ran on the CPU only)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage preload 120 python3 scripts/preload_bench.py --json "$W/preload.json"
+  stage preload_t128 120 python3 scripts/preload_bench.py --pre-threads 128 --json "$W/preload_t128.json"
+  stage preload_c264 120 python3 scripts/preload_bench.py --pre-ctas 264 --json "$W/preload_c264.json"
+  cat "$W"/preload*.log
+  gpu_tests_full 400
   pack
 }
 

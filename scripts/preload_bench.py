@@ -1,0 +1,212 @@
+"""Could a batch-1 layer hide its weight streaming behind the hand-offs? A synthetic chain (a GPU diagnostic).
+
+    PYTHONPATH=. python scripts/preload_bench.py [--layers 28] [--json F]
+
+A 0.6B batch-1 decode layer is five dependent kernels (qkv with the norm folded in, attention,
+o, gate_up with the norm folded in, down) that stream ~33.5 MB: 8.2 us at 4.1 TB/s, against ~26 us
+a layer measured (docs/BENCHMARKS.md, part277: 17.2 us of work and 9.2 of hand-offs). Every
+product's weights are known before its input is: only x depends on the previous kernel. So a
+product could ask for its whole share of the weights (one TMA bulk copy into shared memory, a
+CTA an SM) before its PDL wait, release its own dependents at once so the next product starts
+its copy too, and after the wait only read x from L2 and multiply out of shared memory. The
+chain's length would then be set by the x hand-offs, not by HBM latency, while the HBM streams
+the next kernels' weights underneath.
+
+This times that on a synthetic chain with the layer's bytes (five kernels, 8.4 / 2.0 / 4.2 / 12.6
+/ 6.3 MB each, distinct per kernel and layer so nothing is served from L2), one CUDA graph each:
+  - stream: the project's way now: wait, then stream the share from HBM with four 16-byte loads
+    in flight a thread, release the dependents after the loop (the real grids: 512, 168, 128,
+    768, 128 CTAs of 128 threads);
+  - pre_late: the share copied into shared memory before the wait; dependents released after
+    the loop, as now;
+  - pre_early: the same, dependents released right after the copy is issued.
+Each kernel reads the whole previous vector (4 KB; the folded-norm kernels sum it first, as a
+product normalising its x would) and writes its slice of the next, so a wrong order shows: every
+way's final vector must equal stream's bit for bit. Median replay of 20 after 3 warm-ups.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+SRC = r"""
+#include "common.cuh"
+using namespace minillm;
+
+// every thread gets the CTA's sum (red: 32 floats)
+__device__ __forceinline__ float block_sum(float s, float* red) {
+  for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
+  __syncthreads();
+  float t = (threadIdx.x & 31) < (blockDim.x >> 5) ? red[threadIdx.x & 31] : 0.f;
+  for (int o = 16; o; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+  __syncthreads();
+  return t;
+}
+
+// pre: 0 stream the share from HBM after the wait; 1 copy it to shared memory before the wait,
+// release after the loop; 2 the same, release right after issuing the copy.
+// dep: 1 the sums wait on one x element (a product), 2 on the CTA's sum of x (a folded norm).
+extern "C" __global__ void __launch_bounds__(256) layer_kernel(const float* src, float* dst, int n,
+                                                               const uint4* w, long long w16, int pre, int dep,
+                                                               int me) {
+  extern __shared__ __align__(128) uint4 share[];
+  __shared__ float red[32];
+  __shared__ __align__(8) unsigned long long bar;
+  const long long per = (w16 + gridDim.x - 1) / gridDim.x, lo = per * blockIdx.x;
+  const long long hi = lo + per < w16 ? lo + per : w16;
+  const int cnt = hi > lo ? (int)(hi - lo) : 0;
+  const unsigned b = smem_addr(&bar);
+  if (pre) {
+    if (threadIdx.x == 0) {
+      mbar_init(b, 1);
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+      mbar_expect_tx(b, (unsigned)cnt * 16u);
+      for (int c = 0; c < cnt; c += 2048)  // 32 KB a copy
+        bulk_copy(smem_addr(share + c), w + lo + c, (unsigned)(min(2048, cnt - c) * 16), b);
+    }
+    __syncthreads();
+    if (pre == 2) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  float s = 0.f;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) s += __ldcg(src + j);
+  float x = 0.f;
+  if (dep == 2) {
+    s = block_sum(s, red);
+    x = s;
+  } else {
+    x = __ldcg(src + threadIdx.x % n);
+  }
+  unsigned acc = 0;
+  float facc = 0.f;  // the weights are zero: stays +0
+  if (pre) {
+    mbar_wait(b, 0);
+    for (int i = threadIdx.x; i < cnt; i += blockDim.x) {
+      const uint4 a = share[i];
+      facc = fmaf(__uint_as_float(a.x), x, facc);
+      facc = fmaf(__uint_as_float(a.w), x, facc);
+    }
+  } else {
+    long long i = lo + threadIdx.x;
+    for (; i + 3 * blockDim.x < hi; i += 4 * blockDim.x) {
+      const uint4 a = __ldcs(w + i), c = __ldcs(w + i + blockDim.x), d = __ldcs(w + i + 2 * blockDim.x),
+                  e = __ldcs(w + i + 3 * blockDim.x);
+      facc = fmaf(__uint_as_float(a.x), x, facc);
+      facc = fmaf(__uint_as_float(c.y), x, facc);
+      facc = fmaf(__uint_as_float(d.z), x, facc);
+      facc = fmaf(__uint_as_float(e.w), x, facc);
+    }
+    for (; i < hi; i += blockDim.x) acc ^= __ldcs(w + i).x;
+  }
+  if (acc == 0x9e3779b9u) s += 1.f;  // keeps the loads; never taken on the zero weights
+  if (dep != 2) s = block_sum(s, red);
+  s += block_sum(facc, red);
+  if (pre != 2) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x)
+    dst[j] = __ldcg(src + j) * 0.5f + s * (0.5f / n) + 1e-3f * (float)((me * 31 + j) % 17);
+}
+"""
+
+LAYER_MB = (8.4, 2.0, 4.2, 12.6, 6.3)  # Qwen3-0.6B at 512 keys: qkv, attention's K/V, o, gate_up, down
+LAYER_DEP = (2, 1, 1, 2, 1)  # qkv and gate_up normalise their x themselves (the folded norms)
+STREAM_CTAS = (512, 168, 128, 768, 128)  # the real kernels' grids (part256 / part277)
+WAYS = (("stream", 0), ("pre_late", 1), ("pre_early", 2))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=28)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--mb", default=",".join(map(str, LAYER_MB)), help="a layer's kernels' weight MB")
+    ap.add_argument("--pre-ctas", type=int, default=0, help="CTAs of each pre_* kernel (default: one an SM)")
+    ap.add_argument("--pre-threads", type=int, default=256)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    import cupy
+
+    from minillm.backends.pdl import PdlLauncher
+
+    cuda_dir = Path(__file__).resolve().parent.parent / "cuda"
+    mod = cupy.RawModule(code=SRC, options=("-std=c++17", "-arch=sm_90a", f"-I{cuda_dir}"))
+    fn = mod.get_function("layer_kernel")
+    dev = cupy.cuda.Device()
+    sms = dev.attributes["MultiProcessorCount"]
+    pre_ctas = a.pre_ctas or sms
+    layer_mb = [float(m) for m in a.mb.split(",")]
+    if len(layer_mb) != len(LAYER_DEP):
+        raise SystemExit(f"--mb needs {len(LAYER_DEP)} entries")
+    w16s = [int(m * 1e6) // 16 for _ in range(a.layers) for m in layer_mb]
+    deps = [d for _ in range(a.layers) for d in LAYER_DEP]
+    nk = len(w16s)
+    offs = np.concatenate([[0], np.cumsum(w16s)]).astype(np.int64)
+    w = cupy.zeros(int(offs[-1]) * 16 + 16, dtype=np.uint8)  # distinct bytes per kernel: no L2 reuse
+    share_max = max((w16 + pre_ctas - 1) // pre_ctas for w16 in w16s) * 16
+    if share_max > 227 * 1024:
+        raise SystemExit(f"a CTA's share is {share_max} bytes, over 227 KB: raise --pre-ctas")
+    fn.max_dynamic_shared_size_bytes = share_max
+    n = 1024
+    x0 = cupy.asarray(np.random.default_rng(0).standard_normal(n).astype(np.float32))
+    bufs = [cupy.empty(n, dtype=np.float32) for _ in range(2)]
+    stream = cupy.cuda.Stream(non_blocking=True)
+    pdl = PdlLauncher(stream.ptr)
+
+    def chain(pre: int, use_pdl: bool) -> None:
+        for i in range(nk):
+            src = x0 if i == 0 else bufs[(i - 1) % 2]
+            wp = w[int(offs[i]) * 16:]
+            args = (src, bufs[i % 2], np.int32(n), wp, np.int64(w16s[i]), np.int32(pre), np.int32(deps[i]),
+                    np.int32(i))
+            if pre:
+                grid, block, smem = pre_ctas, a.pre_threads, (w16s[i] + pre_ctas - 1) // pre_ctas * 16
+            else:
+                grid, block, smem = STREAM_CTAS[i % len(STREAM_CTAS)], 128, 0
+            if use_pdl:
+                pdl.launch(fn.kernel.ptr, (grid,), (block,), args, shared_mem=smem)
+            else:
+                with stream:
+                    fn((grid,), (block,), args, shared_mem=smem)
+
+    rows, ref = [], None
+    for name, pre in WAYS:
+        chain(pre, False)  # load the module outside the capture
+        stream.synchronize()
+        with stream:
+            stream.begin_capture()
+            chain(pre, True)
+            graph = stream.end_capture()
+        graph.upload(stream)
+        times = []
+        for r in range(3 + a.reps):
+            s, e = cupy.cuda.Event(), cupy.cuda.Event()
+            s.record(stream)
+            graph.launch(stream)
+            e.record(stream)
+            e.synchronize()
+            if r >= 3:
+                times.append(cupy.cuda.get_elapsed_time(s, e) * 1e3)
+        out = cupy.asnumpy(bufs[(nk - 1) % 2])
+        if ref is None:
+            ref = out
+        us = float(np.median(times))
+        layer_bytes = sum(w16s[:len(layer_mb)]) * 16
+        row = {"way": name, "graph_us": round(us, 2), "per_layer_us": round(us / a.layers, 2),
+               "layer_bytes": layer_bytes, "stream_TBps": round(layer_bytes * a.layers / us / 1e6, 3),
+               "same_bits_as_stream": bool(np.array_equal(out, ref)), "kernels": nk,
+               "ctas": pre_ctas if pre else list(STREAM_CTAS), "threads": a.pre_threads if pre else 128,
+               "layer_mb": layer_mb, "spread_us": [round(min(times), 2), round(max(times), 2)]}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+    if not all(r["same_bits_as_stream"] for r in rows):
+        raise SystemExit("a way's result differs from stream's: its kernels ran out of order")
+
+
+if __name__ == "__main__":
+    main()
