@@ -521,6 +521,134 @@ MINILLM_GEMV1_NORM(1)
 MINILLM_GEMV1_NORM(2)
 MINILLM_GEMV1_NORM(4)
 
+// ---- gemv1_stage: a one-row product whose CTAs hold their whole share of the weights in shared memory ----
+// A 0.6B batch-1 layer streams ~33.5 MB (8.2 us at 4.1 TB/s) but takes ~24 us: five dependent kernels,
+// each waiting for its x before it can start the loads whose HBM latency it then waits on again.
+// Weights never depend on the previous kernel. Here each CTA takes rpc consecutive output rows
+// (rpc = ceil(N / SMs): one CTA an SM), copies all of their weights into shared memory by TMA bulk
+// copies issued before the PDL wait, and releases its dependents right away (GEMV_STAGE_EARLY), so the
+// next products become resident and start their own copies while this one still waits. After the wait
+// only x's hand-off remains: x (normalised first for NORM, norm_row above) into shared memory, then
+// the dot products out of shared memory. scripts/preload_bench.py's synthetic chain with the layer's
+// bytes (part297, an H100): 33.5 us a layer streaming after the wait, 21.4 with the shares copied
+// before it and the dependents released at once (23.7 released after the loop).
+// The sums are gemv1's: lane l takes chunks l, l + 32, ... of a row in order, 8 fmaf a chunk, then
+// warp_sum; so the same bits as gemv1_bf16 / gemv1_norm{C}_bf16 / gemv1_silu_mul_split_norm{C}_bf16.
+// Dynamic shared memory: (GATED ? 2 : 1) x rpc x K bf16 of weights, then K bf16 of x (the host's
+// gemv1_stage_plan). GATED: w is [2N, K], gate rows then up rows; out[n] = silu(gate) * up.
+#ifndef GEMV_STAGE_EARLY
+#define GEMV_STAGE_EARLY 1
+#endif
+#define GEMV_STAGE_ROWS 4      // rows a warp sums at once (independent FMA chains)
+#define GEMV_STAGE_COPY 32768u  // bytes a bulk copy
+namespace {
+template <bool GATED, int NORM>
+__device__ __forceinline__ void gemv1_stage_impl(const bf16* x, const NormArgs& na, const bf16* __restrict__ w,
+                                                 const bf16* __restrict__ bias, bf16* __restrict__ out, int N,
+                                                 int K, int rpc) {
+  extern __shared__ __align__(128) unsigned char stage_smem[];
+  __shared__ __align__(8) unsigned long long bar;
+  constexpr int HALVES = GATED ? 2 : 1;
+  const int lo = blockIdx.x * rpc, rows = max(0, min(N, lo + rpc) - lo);
+  const int chunks = K / 8, lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
+  const uint4* ws = reinterpret_cast<const uint4*>(stage_smem);  // [HALVES][rpc][chunks]
+  bf16* xs = reinterpret_cast<bf16*>(stage_smem) + (i64)HALVES * rpc * K;
+  const unsigned b = minillm::smem_addr(&bar);
+  uint4 norm_w[NORM ? NORM : 1];
+  if constexpr (NORM > 0) norm_chunks<NORM>(na.w, chunks, norm_w);
+  if (threadIdx.x == 0) {
+    minillm::mbar_init(b, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    const unsigned bytes = (unsigned)rows * (unsigned)K * 2u;
+    minillm::mbar_expect_tx(b, bytes * HALVES);
+#pragma unroll
+    for (int h = 0; h < HALVES; ++h) {
+      const unsigned char* src = reinterpret_cast<const unsigned char*>(w + ((i64)h * N + lo) * K);
+      const unsigned dst = minillm::smem_addr(stage_smem) + (unsigned)h * (unsigned)rpc * (unsigned)K * 2u;
+      for (unsigned o = 0; o < bytes; o += GEMV_STAGE_COPY)
+        minillm::bulk_copy(dst + o, src + o, min(GEMV_STAGE_COPY, bytes - o), b);
+    }
+  }
+  __syncthreads();  // the barrier initialised before anyone waits on it
+#if GEMV_STAGE_EARLY
+  minillm::pdl_release();
+#endif
+  minillm::pdl_entry();
+  if constexpr (NORM > 0) {
+    norm_row<NORM>(x, na, K, norm_w, xs);  // every thread; ends with a CTA barrier
+  } else {
+    for (int i = threadIdx.x; i < chunks; i += blockDim.x)
+      reinterpret_cast<uint4*>(xs)[i] = minillm::load_act(reinterpret_cast<const uint4*>(x) + i);
+    __syncthreads();
+  }
+  if (rows > 0) {
+    minillm::mbar_wait(b, 0);
+    const uint4* xv = reinterpret_cast<const uint4*>(xs);
+    constexpr int R = GEMV_STAGE_ROWS;
+    for (int r0 = wib * R; r0 < rows; r0 += (blockDim.x >> 5) * R) {
+      float acc[HALVES][R];
+#pragma unroll
+      for (int h = 0; h < HALVES; ++h)
+#pragma unroll
+        for (int j = 0; j < R; ++j) acc[h][j] = 0.f;
+      for (int c = lane; c < chunks; c += 32) {
+        float xf[8];
+        minillm::unpack_bf16x8(xv[c], xf);
+#pragma unroll
+        for (int h = 0; h < HALVES; ++h)
+#pragma unroll
+          for (int j = 0; j < R; ++j) {
+            const int r = min(r0 + j, rows - 1);  // rows past the share repeat its last, unused
+            float wf[8];
+            minillm::unpack_bf16x8(ws[((i64)h * rpc + r) * chunks + c], wf);
+            float s = acc[h][j];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) s = fmaf(xf[i], wf[i], s);
+            acc[h][j] = s;
+          }
+      }
+#pragma unroll
+      for (int j = 0; j < R; ++j) {
+        const float s = minillm::warp_sum(acc[0][j]);
+        const float up = GATED ? minillm::warp_sum(acc[HALVES - 1][j]) : 0.f;
+        const int n = lo + r0 + j;
+        if (lane == 0 && r0 + j < rows) {
+          const float y = GATED ? gated_act(s, up) : s + (bias ? minillm::to_f(bias[n]) : 0.f);
+          out[n] = minillm::from_f<bf16>(y);
+        }
+      }
+    }
+  }
+#if !GEMV_STAGE_EARLY
+  minillm::pdl_release();
+#endif
+}
+}  // namespace
+
+// grid ceil(N / rpc), 128 threads, the dynamic shared memory above (cuda_ops.py's gemv1_stage_plan)
+extern "C" __global__ void __launch_bounds__(128)
+    gemv1_stage_bf16(const bf16* x, const bf16* w, const bf16* bias, bf16* out, int N, int K, int rpc) {
+  gemv1_stage_impl<false, 0>(x, NormArgs{}, w, bias, out, N, K, rpc);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    gemv1_stage_silu_mul_bf16(const bf16* x, const bf16* w, bf16* out, int F, int K, int rpc) {
+  gemv1_stage_impl<true, 0>(x, NormArgs{}, w, nullptr, out, F, K, rpc);
+}
+#define MINILLM_GEMV1_STAGE_NORM(NORM)                                                               \
+  extern "C" __global__ void __launch_bounds__(128) gemv1_stage_norm##NORM##_bf16(                    \
+      const bf16* x, const bf16* res, const bf16* nw, float eps, bf16* res_out, const bf16* w,      \
+      const bf16* bias, bf16* out, int N, int K, int rpc) {                                         \
+    gemv1_stage_impl<false, NORM>(x, NormArgs{res, nw, res_out, eps}, w, bias, out, N, K, rpc);     \
+  }                                                                                                 \
+  extern "C" __global__ void __launch_bounds__(128) gemv1_stage_silu_mul_norm##NORM##_bf16(           \
+      const bf16* x, const bf16* res, const bf16* nw, float eps, bf16* res_out, const bf16* w,      \
+      bf16* out, int F, int K, int rpc) {                                                           \
+    gemv1_stage_impl<true, NORM>(x, NormArgs{res, nw, res_out, eps}, w, nullptr, out, F, K, rpc);   \
+  }
+MINILLM_GEMV1_STAGE_NORM(1)
+MINILLM_GEMV1_STAGE_NORM(2)
+MINILLM_GEMV1_STAGE_NORM(4)
+
 // gemv1_bf16 with GEMV1_DEEP_U chunks a lane in flight, for long rows whose grid fits one wave at
 // its occupancy (the host's rule, cuda_ops.py's one_row_product_kernel): session 31's part195 ran
 // every one-row product with 8 and the 8B down streamed 3.96 -> 4.10 TB/s, o 5.71 -> 5.79, but

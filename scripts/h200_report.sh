@@ -137,6 +137,7 @@
 #   regression bisected and fixed (part289: the fix against 548b5cb). part292 (session 54): a first start's
 #   kernel compile on threads, a decode-attention module per (storage type, head dim), against 12d3121.
 #   part297 (session 55): scripts/preload_bench.py, each product's weight share in shared memory before its wait.
+#   part298 (session 55): gemv1_stage_* (MINILLM_GEMV1_STAGE), that idea in the real 0.6B step.
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -5214,6 +5215,38 @@ part297() {  # session 55 (carry .whl): could a 0.6B batch-1 layer hide its weig
   stage preload_c264 120 python3 scripts/preload_bench.py --pre-ctas 264 --json "$W/preload_c264.json"
   cat "$W"/preload*.log
   gpu_tests_full 400
+  pack
+}
+
+part298() {  # session 55 (carry .whl): gemv1_stage_* (MINILLM_GEMV1_STAGE=1: a one-row product's CTAs copy their whole
+  # weight share into shared memory before the PDL wait and release their dependents at once; the 0.6B's four
+  # products fit, the 8B's do not): its same-bits tests and the neighbours', 0.6B batch-1 graphs off / on / on with
+  # the release after the loop (GEMV_STAGE_EARLY=0) alternated twice, bench decode 0.6B with it on, greedy repeats
+  # with it on, and a timeline of its layer (~8 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage stage_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_launch_plans.py -k "stage or one_row or folded or split_and_deep or routes or dependent_chain"
+  tail -n 3 "$W/stage_tests.log"
+  stage models 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  local r kv tag
+  for r in 1 2; do
+    for kv in base=MINILLM_GEMV1_STAGE=0 stage=MINILLM_GEMV1_STAGE=1 \
+        late="MINILLM_GEMV1_STAGE=1 MINILLM_CUDA_DEFINES=GEMV_STAGE_EARLY=0"; do
+      tag=${kv%%=*}
+      # shellcheck disable=SC2086  # the settings split into env's arguments
+      stage "graph06_${tag}_$r" 90 env ${kv#*=} python3 scripts/step_kernels.py $M/q06 --batch 1 --ctx 512 \
+        --json "$W/graph06_${tag}_$r.json"
+    done
+  done
+  for tag in base stage late; do
+    echo "$tag $(grep -ho '"graph_ms": [0-9.]*' "$W"/graph06_${tag}_*.json | tr '\n' ' ')"
+  done | tee "$W/graph06_ab.txt"
+  stage decode06_stage 120 env MINILLM_GEMV1_STAGE=1 python3 -m minillm.bench decode $M/q06 --device cuda \
+    --input-len 512 --output-len 256 --result-json "$W/decode06_stage.json"
+  stage repeat_stage 150 env MINILLM_GEMV1_STAGE=1 python3 scripts/decode_consistency.py $M/q06 --device cuda \
+    --repeats 4 --configs async,sync --json "$W/repeat_stage.json"
+  MINILLM_GEMV1_STAGE=1 timeline q06_b1_stage $M/q06 --batch 1 --ctx 512
   pack
 }
 

@@ -984,6 +984,67 @@ def test_one_row_gated_product_routes_same_bits(be):
     assert np.array_equal(outs[0], outs["pre"])
 
 
+@pytest.mark.parametrize("K,N", [(64, 96), (1000, 1537), (1024, 4096), (2048, 1024), (3072, 1024), (1024, 3072),
+                                 (4096, 300)])
+def test_one_row_stage_kernels_same_bits(be, K, N):
+    """gemv1_stage_* (MINILLM_GEMV1_STAGE=1: each CTA's whole share of the weights copied into shared
+    memory before the PDL wait, dependents released at once) give the bits of the kernels they replace:
+    the plain product with a bias, the gated one, and both with the RMSNorm and a residual folded in;
+    eagerly and from a graph, where exactly they launch for every product whose share fits (the others
+    keep their kernels). The 0.6B's four products, fewer rows than SMs, a last CTA short of rows."""
+    if be.dtype == np.float32:
+        pytest.skip("cuda/gemv.cu is the bf16 path")
+    from minillm.backends.cuda_ops import gemv1_stage_plan, norm_fold_chunks
+
+    rng = np.random.default_rng(K * 7 + N)
+    x = be.asarray(rng.standard_normal((1, K)).astype(np.float32))
+    res = be.asarray(rng.standard_normal((1, K)).astype(np.float32))
+    nw = be.asarray((1 + 0.1 * rng.standard_normal(K)).astype(np.float32))
+    w = be.asarray((rng.standard_normal((2 * N, K)) / np.sqrt(K)).astype(np.float32))
+    b = be.asarray(rng.standard_normal(N).astype(np.float32))
+    wp = w[:N]  # the plain products' [N, K]
+    c = norm_fold_chunks(K)
+    fits = {g: gemv1_stage_plan(N, K, g, be.num_sms, be.max_smem) is not None for g in (False, True)}
+    want = Counter({n: 1 for n, g in (("gemv1_stage_bf16", False), ("gemv1_stage_silu_mul_bf16", True),
+                                      (f"gemv1_stage_norm{c}_bf16", False),
+                                      (f"gemv1_stage_silu_mul_norm{c}_bf16", True)) if fits[g]})
+    saved = be.gemv1_stage, be.fold_norms_max_k
+    got = {}
+    try:
+        be.fold_norms_max_k = 4096
+        for stage in (0, 1):
+            be.gemv1_stage = stage
+            runs = []
+            for graph in (False, True):
+                o = {k: poisoned(be, (1, n)) for k, n in (("plain", N), ("gated", N), ("nplain", N),
+                                                          ("ngated", N), ("res_out", K))}
+                normed, gate_up = poisoned(be, (1, K)), poisoned(be, (1, 2 * N))
+
+                def call(o=o, normed=normed, gate_up=gate_up):
+                    be.matmul(x, wp, o["plain"], bias=b)
+                    be.matmul_silu_mul(x, w, o["gated"], gate_up)
+                    be.rms_norm_matmul(x, res, nw, 1e-6, wp, o["nplain"], o["res_out"], normed, bias=b)
+                    be.rms_norm_matmul_silu_mul(x, res, nw, 1e-6, w, o["ngated"], o["res_out"], normed, gate_up)
+                if graph:
+                    before = Counter(be.captured_launches)
+                    be.capture_graph(call).replay()
+                    launched = be.captured_launches - before
+                    if stage:
+                        assert all(launched[n] == 1 for n in want), (launched, want)
+                        assert sum(v for n, v in launched.items() if "stage" in n) == len(want), launched
+                else:
+                    call()
+                runs.append({k: host(be, v) for k, v in o.items()})
+            assert all(np.array_equal(runs[0][k], runs[1][k]) for k in runs[0])
+            got[stage] = runs[0]
+    finally:
+        be.gemv1_stage, be.fold_norms_max_k = saved
+    for k in got[0]:
+        assert not np.isnan(got[1][k]).any() and np.array_equal(got[0][k], got[1][k]), k
+    ref = rounded(be, host(be, x)).astype(np.float64) @ host(be, wp).astype(np.float64).T + host(be, b)
+    assert rel_err(got[1]["plain"], ref) < tol(be)
+
+
 def test_dependent_chain_in_a_graph_matches_eager(be):
     """60 dependent kernels (the decoder's residual pattern: normed = rmsnorm(t + h), h <- t + h;
     t = normed @ W, 30 times) recorded into a graph, where the backend launches them with

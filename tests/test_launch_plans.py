@@ -23,6 +23,7 @@ from minillm.backends.cuda_ops import (
     env_int,
     gated_product_kernel,
     gated_split_max_rows,
+    gemv1_stage_plan,
     o_merge_plan,
     one_row_product_kernel,
     short_run_on_three,
@@ -204,6 +205,22 @@ def test_one_row_product_preloading_kernel_only_within_one_wave():
     assert one_row_product_kernel(6144, 4096, False, sms, 4096, pre=True) == "gemv1_bf16"  # 8B qkv
     assert one_row_product_kernel(4096, 12288, False, sms, 4096, pre=True) == "gemv1_deep_bf16"  # 8B down
     assert one_row_product_kernel(1024, 4096, True, sms, 4096, pre=True) == "gemv1_f32"
+
+
+def test_one_row_stage_plan_one_cta_an_sm_within_its_shared_memory():
+    """gemv1_stage_plan (MINILLM_GEMV1_STAGE): rows split evenly over one CTA an SM, a CTA's weight share
+    (gate and up rows both, gated) and x within 112 KB; the 0.6B's four products fit, the 8B's and the
+    LM heads do not, nor does anything past the device's own limit."""
+    sms, big = 132, 227 << 10
+    assert gemv1_stage_plan(4096, 1024, False, sms, big) == (128, 32, (32 * 1024 + 1024) * 2)  # 0.6B qkv
+    assert gemv1_stage_plan(1024, 2048, False, sms, big) == (128, 8, (8 * 2048 + 2048) * 2)  # 0.6B o
+    assert gemv1_stage_plan(3072, 1024, True, sms, big) == (128, 24, (2 * 24 * 1024 + 1024) * 2)  # gate_up
+    assert gemv1_stage_plan(1024, 3072, False, sms, big) == (128, 8, (8 * 3072 + 3072) * 2)  # 0.6B down
+    assert gemv1_stage_plan(96, 64, False, sms, big) == (96, 1, (64 + 64) * 2)  # fewer rows than SMs
+    assert gemv1_stage_plan(1537, 1000, False, sms, big) == (129, 12, (12 * 1000 + 1000) * 2)  # the last: 1 row
+    assert gemv1_stage_plan(6144, 4096, False, sms, big) is None  # 8B qkv: 376 KB a CTA
+    assert gemv1_stage_plan(151936, 1024, False, sms, big) is None  # an LM head
+    assert gemv1_stage_plan(4096, 1024, False, sms, 48 << 10) is None  # the device's limit
 
 
 def test_gated_split_mode_from_the_environment(monkeypatch):

@@ -324,6 +324,23 @@ def one_row_product_kernel(N: int, K: int, f32_out: bool, num_sms: int, deep_min
     return "gemv1_pre_bf16" if pre and ctas <= _GEMV1_PRE_CTAS_PER_SM * num_sms else "gemv1_bf16"
 
 
+# cuda/gemv.cu's gemv1_stage_*: a one-row product whose CTAs (one an SM) copy their whole share of the
+# weights into shared memory before the PDL wait. MINILLM_GEMV1_STAGE=1 routes one-row products whose
+# share fits here (off until measured: h200_report.sh part298)
+_GEMV1_STAGE_MAX_SMEM = 112 << 10
+
+
+def gemv1_stage_plan(N: int, K: int, gated: bool, num_sms: int, max_smem: int) -> tuple[int, int, int] | None:
+    """(grid, rows a CTA, dynamic shared memory bytes) of cuda/gemv.cu's gemv1_stage_* for a one-row
+    product of N outputs (gate and up rows each, gated) over K, or None when a CTA's share of the
+    weights and x would not fit in _GEMV1_STAGE_MAX_SMEM (or the device's opt-in limit)."""
+    rpc = _cdiv(N, num_sms)
+    smem = ((2 if gated else 1) * rpc * K + K) * 2
+    if smem > min(max_smem, _GEMV1_STAGE_MAX_SMEM):
+        return None
+    return _cdiv(N, rpc), rpc, smem
+
+
 def small_product_max_m() -> int:
     """The most rows of x any cuda/gemv.cu product kernel is sent (larger products go straight to
     cuBLAS): the GEMV's, the skinny kernels' and their narrowing route's bounds."""
@@ -733,6 +750,11 @@ class CudaBackend:
                                  "1: one-row products of one wave load their first weights before the PDL wait")
         if self.gemv1_pre not in (0, 1):
             raise ValueError(f"MINILLM_GEMV1_PRE={self.gemv1_pre}: use 0 or 1")
+        self.gemv1_stage = env_int("MINILLM_GEMV1_STAGE", 0,
+                                   "1: one-row products whose CTAs' weight shares fit in shared memory copy "
+                                   "them there before the PDL wait (gemv1_stage_*)")
+        if self.gemv1_stage not in (0, 1):
+            raise ValueError(f"MINILLM_GEMV1_STAGE={self.gemv1_stage}: use 0 or 1")
         self.o_merge = env_int("MINILLM_O_MERGE", _O_MERGE_DEFAULT,
                                "a batch-1 step's o product merges the attention's splits: 0 off, 1 each CTA, "
                                "2 in clusters")
@@ -796,8 +818,9 @@ class CudaBackend:
             "sampling": ["sample_tokens"],
             "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemv1_bf16", "gemv1_f32", "gemv1_silu_mul_bf16",
                      "gemv1_silu_mul_split_bf16", "gemv_silu_mul_split_bf16", "gemv1_deep_bf16",
-                     "gemv1_pre_bf16"]
-            + [f"gemv1_{k}norm{c}_bf16" for k in ("", "silu_mul_split_") for c in _NORM_FOLD_CHUNKS]
+                     "gemv1_pre_bf16", "gemv1_stage_bf16", "gemv1_stage_silu_mul_bf16"]
+            + [f"gemv1_{k}norm{c}_bf16" for k in ("", "silu_mul_split_", "stage_", "stage_silu_mul_")
+               for c in _NORM_FOLD_CHUNKS]
             + [f"gemm_skinny{t}_{k}" for t in ("", "2", "4") for k in ("bf16", "f32", "silu_mul_bf16")]
             + ["gemm_skinny2w4_bf16", "gemm_skinny2w4_f32"]
             + [f"gemm_skinny2_ring_{k}" for k in ("bf16", "f32", "silu_mul_bf16")]
@@ -839,6 +862,8 @@ class CudaBackend:
         for n in k:
             if n.startswith("gemv1_merge"):
                 k[n].max_dynamic_shared_size_bytes = min(self.max_smem, _O_MERGE_MAX_SMEM)
+            if n.startswith("gemv1_stage"):
+                k[n].max_dynamic_shared_size_bytes = min(self.max_smem, _GEMV1_STAGE_MAX_SMEM)
             if n.startswith("gemm_skinny2_ring_"):
                 k[n].max_dynamic_shared_size_bytes = skinny_ring_smem("silu_mul" in n)
         # cuda/gemm.cu for 17-256 rows, only with MINILLM_GEMM=wide (scripts/gemm_bench.py switches
@@ -1248,6 +1273,14 @@ class CudaBackend:
         if (kernel is None and self.own_gemm and K % _SKINNY_K == 0
                 and self._gemv_fits(x, w, out, bias, M, K, ldx, max_m=_SKINNY_KERNEL_MAX_M)):
             kernel = "gemv" if M <= _GEMV_MAX_M else "skinny"
+        if kernel == "gemv" and M == 1 and out.dtype == self.dtype:
+            plan = self._stage_plan(N, K, False)
+            if plan is not None:
+                grid, rpc, smem = plan
+                self._launch("gemv1_stage_bf16", (grid,), (_GEMV_THREADS,),
+                             (x, w, bias if bias is not None else _NULL, out, _i32(N), _i32(K), _i32(rpc)),
+                             shared_mem=smem)
+                return
         if kernel == "gemv":  # one row: its own kernels (cuda/gemv.cu's staged loads)
             rows = () if M == 1 else (_i32(M),)
             name = (one_row_product_kernel(N, K, out.dtype == np.float32, self.num_sms, self.gemv1_deep_min_k,
@@ -1352,6 +1385,12 @@ class CudaBackend:
                              f"{gate_up.shape} -> out {out.shape} does not fit")
         kernel = (gated_product_kernel(M, F, K) if out.dtype == self.dtype
                   and self._gemv_fits(x, w_gate_up, out, None, M, K, ldx) else None)
+        plan = self._stage_plan(F, K, True) if kernel == "gemv" and M == 1 else None
+        if plan is not None:
+            grid, rpc, smem = plan
+            self._launch("gemv1_stage_silu_mul_bf16", (grid,), (_GEMV_THREADS,),
+                         (x, w_gate_up, out, _i32(F), _i32(K), _i32(rpc)), shared_mem=smem)
+            return
         if kernel == "gemv":
             rows = () if M == 1 else (_i32(M),)
             # gate and up rows on different warps: half the columns a CTA
@@ -1411,9 +1450,16 @@ class CudaBackend:
             self._norm_then(x, residual, norm_w, eps, residual_out, normed)
             self.matmul(normed, w, out=out, bias=bias)
             return
+        tail = (np.float32(eps), residual_out if residual is not None else _NULL, w,
+                bias if bias is not None else _NULL, out, _i32(N), _i32(K))
+        plan = self._stage_plan(N, K, False)
+        if plan is not None:
+            grid, rpc, smem = plan
+            self._launch(f"gemv1_stage_norm{norm_fold_chunks(K)}_bf16", (grid,), (_GEMV_THREADS,),
+                         a + tail + (_i32(rpc),), shared_mem=smem)
+            return
         self._launch(f"gemv1_norm{norm_fold_chunks(K)}_bf16", (_cdiv(N, _GEMV_COLS_PER_CTA),), (_GEMV_THREADS,),
-                     a + (np.float32(eps), residual_out if residual is not None else _NULL, w,
-                          bias if bias is not None else _NULL, out, _i32(N), _i32(K)))
+                     a + tail)
 
     def rms_norm_matmul_silu_mul(self, x, residual, norm_w, eps: float, w_gate_up, out, residual_out, normed,
                                  gate_up) -> None:
@@ -1430,9 +1476,21 @@ class CudaBackend:
             self._norm_then(x, residual, norm_w, eps, residual_out, normed)
             self.matmul_silu_mul(normed, w_gate_up, out=out, gate_up=gate_up)
             return
+        tail = (np.float32(eps), residual_out if residual is not None else _NULL, w_gate_up, out, _i32(F), _i32(K))
+        plan = self._stage_plan(F, K, True)
+        if plan is not None:
+            grid, rpc, smem = plan
+            self._launch(f"gemv1_stage_silu_mul_norm{norm_fold_chunks(K)}_bf16", (grid,), (_GEMV_THREADS,),
+                         a + tail + (_i32(rpc),), shared_mem=smem)
+            return
         self._launch(f"gemv1_silu_mul_split_norm{norm_fold_chunks(K)}_bf16", (_cdiv(F, _GEMV_COLS_PER_CTA // 2),),
-                     (_GEMV_THREADS,), a + (np.float32(eps), residual_out if residual is not None else _NULL,
-                                            w_gate_up, out, _i32(F), _i32(K)))
+                     (_GEMV_THREADS,), a + tail)
+
+    def _stage_plan(self, N: int, K: int, gated: bool) -> tuple[int, int, int] | None:
+        """gemv1_stage_plan under MINILLM_GEMV1_STAGE (None when off or when the share does not fit)."""
+        if not self.gemv1_stage:
+            return None
+        return gemv1_stage_plan(N, K, gated, self.num_sms, self.max_smem)
 
     def _gemv_fits(self, x, w, out, bias, M: int, K: int, ldx: int, max_m: int | None = None) -> bool:
         """At most max_m rows of bf16 with 16-byte aligned rows: what cuda/gemv.cu's kernels take
