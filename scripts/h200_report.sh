@@ -137,7 +137,7 @@
 #   regression bisected and fixed (part289: the fix against 548b5cb). part292 (session 54): a first start's
 #   kernel compile on threads, a decode-attention module per (storage type, head dim), against 12d3121.
 #   part297 (session 55): scripts/preload_bench.py, each product's weight share in shared memory before its wait.
-#   part298 (session 55): gemv1_stage_* (MINILLM_GEMV1_STAGE), that idea in the real 0.6B step.
+#   part298 (session 55): gemv1_stage_* (MINILLM_GEMV1_STAGE), that idea in the real 0.6B step; part299: =2.
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -5247,6 +5247,29 @@ part298() {  # session 55 (carry .whl): gemv1_stage_* (MINILLM_GEMV1_STAGE=1: a 
   stage repeat_stage 150 env MINILLM_GEMV1_STAGE=1 python3 scripts/decode_consistency.py $M/q06 --device cuda \
     --repeats 4 --configs async,sync --json "$W/repeat_stage.json"
   MINILLM_GEMV1_STAGE=1 timeline q06_b1_stage $M/q06 --batch 1 --ctx 512
+  pack
+}
+
+part299() {  # session 55, after part298 (gemv1_stage_* on every fitting product: 0.6B graph +2.7% on an H100, the
+  # attention's merge 1.5 -> 5.0 us under the products' copies): MINILLM_GEMV1_STAGE=2 keeps the product right after
+  # the decode attention (o) on its kernel, so the copies start only after the attention. 0.6B batch-1 graphs
+  # 0 / 1 / 2 alternated twice, bench decode and a timeline with 2 (~4 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  local r tag
+  for r in 1 2; do
+    for tag in 0 1 2; do
+      stage "graph06_s${tag}_$r" 90 env MINILLM_GEMV1_STAGE=$tag python3 scripts/step_kernels.py $M/q06 --batch 1 \
+        --ctx 512 --json "$W/graph06_s${tag}_$r.json"
+    done
+  done
+  for tag in 0 1 2; do
+    echo "stage=$tag $(grep -ho '"graph_ms": [0-9.]*' "$W"/graph06_s${tag}_*.json | tr '\n' ' ')"
+  done | tee "$W/graph06_ab.txt"
+  stage decode06_s2 120 env MINILLM_GEMV1_STAGE=2 python3 -m minillm.bench decode $M/q06 --device cuda \
+    --input-len 512 --output-len 256 --result-json "$W/decode06_s2.json"
+  MINILLM_GEMV1_STAGE=2 timeline q06_b1_s2 $M/q06 --batch 1 --ctx 512
   pack
 }
 

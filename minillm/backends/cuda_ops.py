@@ -643,6 +643,7 @@ class CudaBackend:
     name = "cuda"
     decode_max_q = _DECODE_MAX_Q  # the runner's StepInputs.decode_rows: sequences this short
     device = "cuda"
+    _last_launch = ""  # the kernel _launch sent last (MINILLM_GEMV1_STAGE=2's rule)
 
     def __init__(self, dtype=None, device_id: int = 0, cublas_workspace_bytes: int = 32 << 20,
                  attention_scratch_bytes: int = 64 << 20, staging_bytes: int = 16 << 20,
@@ -753,8 +754,9 @@ class CudaBackend:
         self.gemv1_stage = env_int("MINILLM_GEMV1_STAGE", 0,
                                    "1: one-row products whose CTAs' weight shares fit in shared memory copy "
                                    "them there before the PDL wait (gemv1_stage_*)")
-        if self.gemv1_stage not in (0, 1):
-            raise ValueError(f"MINILLM_GEMV1_STAGE={self.gemv1_stage}: use 0 or 1")
+        if self.gemv1_stage not in (0, 1, 2):
+            raise ValueError(f"MINILLM_GEMV1_STAGE={self.gemv1_stage}: use 0, 1 or 2 (all but the product "
+                             "right after the decode attention)")
         self.o_merge = env_int("MINILLM_O_MERGE", _O_MERGE_DEFAULT,
                                "a batch-1 step's o product merges the attention's splits: 0 off, 1 each CTA, "
                                "2 in clusters")
@@ -973,6 +975,7 @@ class CudaBackend:
         return CapturedGraph(graph, self.stream)
 
     def _launch(self, name: str, grid, block, args, shared_mem: int = 0) -> None:
+        self._last_launch = name
         if self._capturing:
             self.captured_launches[name] += 1
             if self.pdl is not None and name in self._pdl_kernels:
@@ -1490,6 +1493,8 @@ class CudaBackend:
         """gemv1_stage_plan under MINILLM_GEMV1_STAGE (None when off or when the share does not fit)."""
         if not self.gemv1_stage:
             return None
+        if self.gemv1_stage == 2 and self._last_launch.startswith("paged_decode"):
+            return None  # 2: not the product right after the decode attention (its copies slow the merge)
         return gemv1_stage_plan(N, K, gated, self.num_sms, self.max_smem)
 
     def _gemv_fits(self, x, w, out, bias, M: int, K: int, ldx: int, max_m: int | None = None) -> bool:
