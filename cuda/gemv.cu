@@ -545,7 +545,7 @@ namespace {
 template <bool GATED, int NORM>
 __device__ __forceinline__ void gemv1_stage_impl(const bf16* x, const NormArgs& na, const bf16* __restrict__ w,
                                                  const bf16* __restrict__ bias, bf16* __restrict__ out, int N,
-                                                 int K, int rpc) {
+                                                 int K, int rpc, int after_wait) {
   extern __shared__ __align__(128) unsigned char stage_smem[];
   __shared__ __align__(8) unsigned long long bar;
   constexpr int HALVES = GATED ? 2 : 1;
@@ -556,24 +556,37 @@ __device__ __forceinline__ void gemv1_stage_impl(const bf16* x, const NormArgs& 
   const unsigned b = minillm::smem_addr(&bar);
   uint4 norm_w[NORM ? NORM : 1];
   if constexpr (NORM > 0) norm_chunks<NORM>(na.w, chunks, norm_w);
-  if (threadIdx.x == 0) {
-    minillm::mbar_init(b, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    const unsigned bytes = (unsigned)rows * (unsigned)K * 2u;
-    minillm::mbar_expect_tx(b, bytes * HALVES);
+  auto copy_share = [&]() {  // thread 0 asks for the share; every thread passes the barrier after
+    if (threadIdx.x == 0) {
+      minillm::mbar_init(b, 1);
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+      const unsigned bytes = (unsigned)rows * (unsigned)K * 2u;
+      minillm::mbar_expect_tx(b, bytes * HALVES);
 #pragma unroll
-    for (int h = 0; h < HALVES; ++h) {
-      const unsigned char* src = reinterpret_cast<const unsigned char*>(w + ((i64)h * N + lo) * K);
-      const unsigned dst = minillm::smem_addr(stage_smem) + (unsigned)h * (unsigned)rpc * (unsigned)K * 2u;
-      for (unsigned o = 0; o < bytes; o += GEMV_STAGE_COPY)
-        minillm::bulk_copy(dst + o, src + o, min(GEMV_STAGE_COPY, bytes - o), b);
+      for (int h = 0; h < HALVES; ++h) {
+        const unsigned char* src = reinterpret_cast<const unsigned char*>(w + ((i64)h * N + lo) * K);
+        const unsigned dst = minillm::smem_addr(stage_smem) + (unsigned)h * (unsigned)rpc * (unsigned)K * 2u;
+        for (unsigned o = 0; o < bytes; o += GEMV_STAGE_COPY)
+          minillm::bulk_copy(dst + o, src + o, min(GEMV_STAGE_COPY, bytes - o), b);
+      }
     }
-  }
-  __syncthreads();  // the barrier initialised before anyone waits on it
+    __syncthreads();  // the barrier initialised before anyone waits on it
+  };
+  // after_wait (the host's choice for the product right after the decode attention, MINILLM_GEMV1_STAGE=3):
+  // the copies wait for the previous kernel too, so they do not load HBM under its latency-bound tail
+  if (!after_wait) {
+    copy_share();
 #if GEMV_STAGE_EARLY
-  minillm::pdl_release();
+    minillm::pdl_release();
 #endif
+  }
   minillm::pdl_entry();
+  if (after_wait) {
+    copy_share();
+#if GEMV_STAGE_EARLY
+    minillm::pdl_release();
+#endif
+  }
   if constexpr (NORM > 0) {
     norm_row<NORM>(x, na, K, norm_w, xs);  // every thread; ends with a CTA barrier
   } else {
@@ -627,23 +640,24 @@ __device__ __forceinline__ void gemv1_stage_impl(const bf16* x, const NormArgs& 
 
 // grid ceil(N / rpc), 128 threads, the dynamic shared memory above (cuda_ops.py's gemv1_stage_plan)
 extern "C" __global__ void __launch_bounds__(128)
-    gemv1_stage_bf16(const bf16* x, const bf16* w, const bf16* bias, bf16* out, int N, int K, int rpc) {
-  gemv1_stage_impl<false, 0>(x, NormArgs{}, w, bias, out, N, K, rpc);
+    gemv1_stage_bf16(const bf16* x, const bf16* w, const bf16* bias, bf16* out, int N, int K, int rpc,
+                     int after_wait) {
+  gemv1_stage_impl<false, 0>(x, NormArgs{}, w, bias, out, N, K, rpc, after_wait);
 }
 extern "C" __global__ void __launch_bounds__(128)
-    gemv1_stage_silu_mul_bf16(const bf16* x, const bf16* w, bf16* out, int F, int K, int rpc) {
-  gemv1_stage_impl<true, 0>(x, NormArgs{}, w, nullptr, out, F, K, rpc);
+    gemv1_stage_silu_mul_bf16(const bf16* x, const bf16* w, bf16* out, int F, int K, int rpc, int after_wait) {
+  gemv1_stage_impl<true, 0>(x, NormArgs{}, w, nullptr, out, F, K, rpc, after_wait);
 }
 #define MINILLM_GEMV1_STAGE_NORM(NORM)                                                               \
   extern "C" __global__ void __launch_bounds__(128) gemv1_stage_norm##NORM##_bf16(                    \
       const bf16* x, const bf16* res, const bf16* nw, float eps, bf16* res_out, const bf16* w,      \
-      const bf16* bias, bf16* out, int N, int K, int rpc) {                                         \
-    gemv1_stage_impl<false, NORM>(x, NormArgs{res, nw, res_out, eps}, w, bias, out, N, K, rpc);     \
+      const bf16* bias, bf16* out, int N, int K, int rpc, int after_wait) {                         \
+    gemv1_stage_impl<false, NORM>(x, NormArgs{res, nw, res_out, eps}, w, bias, out, N, K, rpc, after_wait); \
   }                                                                                                 \
   extern "C" __global__ void __launch_bounds__(128) gemv1_stage_silu_mul_norm##NORM##_bf16(           \
       const bf16* x, const bf16* res, const bf16* nw, float eps, bf16* res_out, const bf16* w,      \
-      bf16* out, int F, int K, int rpc) {                                                           \
-    gemv1_stage_impl<true, NORM>(x, NormArgs{res, nw, res_out, eps}, w, nullptr, out, F, K, rpc);   \
+      bf16* out, int F, int K, int rpc, int after_wait) {                                           \
+    gemv1_stage_impl<true, NORM>(x, NormArgs{res, nw, res_out, eps}, w, nullptr, out, F, K, rpc, after_wait); \
   }
 MINILLM_GEMV1_STAGE_NORM(1)
 MINILLM_GEMV1_STAGE_NORM(2)

@@ -137,7 +137,8 @@
 #   regression bisected and fixed (part289: the fix against 548b5cb). part292 (session 54): a first start's
 #   kernel compile on threads, a decode-attention module per (storage type, head dim), against 12d3121.
 #   part297 (session 55): scripts/preload_bench.py, each product's weight share in shared memory before its wait.
-#   part298 (session 55): gemv1_stage_* (MINILLM_GEMV1_STAGE), that idea in the real 0.6B step; part299: =2.
+#   part298 (session 55): gemv1_stage_* (MINILLM_GEMV1_STAGE), that idea in the real 0.6B step; part299: =2;
+#   part300: =3.
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -5270,6 +5271,37 @@ part299() {  # session 55, after part298 (gemv1_stage_* on every fitting product
   stage decode06_s2 120 env MINILLM_GEMV1_STAGE=2 python3 -m minillm.bench decode $M/q06 --device cuda \
     --input-len 512 --output-len 256 --result-json "$W/decode06_s2.json"
   MINILLM_GEMV1_STAGE=2 timeline q06_b1_s2 $M/q06 --batch 1 --ctx 512
+  pack
+}
+
+part300() {  # session 55, after part299 (MINILLM_GEMV1_STAGE=2: 0.6B batch-1 graph -2.4% on an H100): =3, where the o
+  # product stages too but copies only after its wait, and releases the gate_up right then. The stage kernels'
+  # tests (after_wait's bits too), the engine and model GPU tests with =3 (graphs against eager, HF agreement),
+  # 0.6B batch-1 graphs 0 / 2 / 3 alternated twice, bench decode each, a timeline with 3 (~6 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage stage_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_launch_plans.py -k "stage"
+  tail -n 3 "$W/stage_tests.log"
+  stage engine_tests_s3 300 env MINILLM_GEMV1_STAGE=3 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs \
+    tests/test_gpu_engine.py tests/test_cuda_model.py -k "not smollm2"
+  tail -n 3 "$W/engine_tests_s3.log"
+  stage models 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  local r tag
+  for r in 1 2; do
+    for tag in 0 2 3; do
+      stage "graph06_s${tag}_$r" 90 env MINILLM_GEMV1_STAGE=$tag python3 scripts/step_kernels.py $M/q06 --batch 1 \
+        --ctx 512 --json "$W/graph06_s${tag}_$r.json"
+    done
+  done
+  for tag in 0 2 3; do
+    echo "stage=$tag $(grep -ho '"graph_ms": [0-9.]*' "$W"/graph06_s${tag}_*.json | tr '\n' ' ')"
+  done | tee "$W/graph06_ab.txt"
+  for tag in 0 2 3; do
+    stage "decode06_s$tag" 120 env MINILLM_GEMV1_STAGE=$tag python3 -m minillm.bench decode $M/q06 --device cuda \
+      --input-len 512 --output-len 256 --result-json "$W/decode06_s$tag.json"
+  done
+  MINILLM_GEMV1_STAGE=3 timeline q06_b1_s3 $M/q06 --batch 1 --ctx 512
   pack
 }
 

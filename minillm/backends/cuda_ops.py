@@ -754,9 +754,9 @@ class CudaBackend:
         self.gemv1_stage = env_int("MINILLM_GEMV1_STAGE", 0,
                                    "1: one-row products whose CTAs' weight shares fit in shared memory copy "
                                    "them there before the PDL wait (gemv1_stage_*)")
-        if self.gemv1_stage not in (0, 1, 2):
-            raise ValueError(f"MINILLM_GEMV1_STAGE={self.gemv1_stage}: use 0, 1 or 2 (all but the product "
-                             "right after the decode attention)")
+        if self.gemv1_stage not in (0, 1, 2, 3):
+            raise ValueError(f"MINILLM_GEMV1_STAGE={self.gemv1_stage}: use 0, 1, 2 (all but the product right "
+                             "after the decode attention) or 3 (that one copying after its wait)")
         self.o_merge = env_int("MINILLM_O_MERGE", _O_MERGE_DEFAULT,
                                "a batch-1 step's o product merges the attention's splits: 0 off, 1 each CTA, "
                                "2 in clusters")
@@ -1279,10 +1279,10 @@ class CudaBackend:
         if kernel == "gemv" and M == 1 and out.dtype == self.dtype:
             plan = self._stage_plan(N, K, False)
             if plan is not None:
-                grid, rpc, smem = plan
+                grid, rpc, smem, after = plan
                 self._launch("gemv1_stage_bf16", (grid,), (_GEMV_THREADS,),
-                             (x, w, bias if bias is not None else _NULL, out, _i32(N), _i32(K), _i32(rpc)),
-                             shared_mem=smem)
+                             (x, w, bias if bias is not None else _NULL, out, _i32(N), _i32(K), _i32(rpc),
+                              _i32(after)), shared_mem=smem)
                 return
         if kernel == "gemv":  # one row: its own kernels (cuda/gemv.cu's staged loads)
             rows = () if M == 1 else (_i32(M),)
@@ -1390,9 +1390,9 @@ class CudaBackend:
                   and self._gemv_fits(x, w_gate_up, out, None, M, K, ldx) else None)
         plan = self._stage_plan(F, K, True) if kernel == "gemv" and M == 1 else None
         if plan is not None:
-            grid, rpc, smem = plan
+            grid, rpc, smem, after = plan
             self._launch("gemv1_stage_silu_mul_bf16", (grid,), (_GEMV_THREADS,),
-                         (x, w_gate_up, out, _i32(F), _i32(K), _i32(rpc)), shared_mem=smem)
+                         (x, w_gate_up, out, _i32(F), _i32(K), _i32(rpc), _i32(after)), shared_mem=smem)
             return
         if kernel == "gemv":
             rows = () if M == 1 else (_i32(M),)
@@ -1457,9 +1457,9 @@ class CudaBackend:
                 bias if bias is not None else _NULL, out, _i32(N), _i32(K))
         plan = self._stage_plan(N, K, False)
         if plan is not None:
-            grid, rpc, smem = plan
+            grid, rpc, smem, after = plan
             self._launch(f"gemv1_stage_norm{norm_fold_chunks(K)}_bf16", (grid,), (_GEMV_THREADS,),
-                         a + tail + (_i32(rpc),), shared_mem=smem)
+                         a + tail + (_i32(rpc), _i32(after)), shared_mem=smem)
             return
         self._launch(f"gemv1_norm{norm_fold_chunks(K)}_bf16", (_cdiv(N, _GEMV_COLS_PER_CTA),), (_GEMV_THREADS,),
                      a + tail)
@@ -1482,20 +1482,23 @@ class CudaBackend:
         tail = (np.float32(eps), residual_out if residual is not None else _NULL, w_gate_up, out, _i32(F), _i32(K))
         plan = self._stage_plan(F, K, True)
         if plan is not None:
-            grid, rpc, smem = plan
+            grid, rpc, smem, after = plan
             self._launch(f"gemv1_stage_silu_mul_norm{norm_fold_chunks(K)}_bf16", (grid,), (_GEMV_THREADS,),
-                         a + tail + (_i32(rpc),), shared_mem=smem)
+                         a + tail + (_i32(rpc), _i32(after)), shared_mem=smem)
             return
         self._launch(f"gemv1_silu_mul_split_norm{norm_fold_chunks(K)}_bf16", (_cdiv(F, _GEMV_COLS_PER_CTA // 2),),
                      (_GEMV_THREADS,), a + tail)
 
-    def _stage_plan(self, N: int, K: int, gated: bool) -> tuple[int, int, int] | None:
-        """gemv1_stage_plan under MINILLM_GEMV1_STAGE (None when off or when the share does not fit)."""
-        if not self.gemv1_stage:
+    def _stage_plan(self, N: int, K: int, gated: bool) -> tuple[int, int, int, int] | None:
+        """gemv1_stage_plan under MINILLM_GEMV1_STAGE and the kernel's after_wait argument (None when off
+        or when the share does not fit). The product right after the decode attention: 2 keeps its own
+        kernel, 3 copies its share only after its wait (copies beside the attention's latency-bound merge
+        slowed it 1.3 -> 5.0 us, part298)."""
+        after_attention = self._last_launch.startswith("paged_decode")
+        if not self.gemv1_stage or (self.gemv1_stage == 2 and after_attention):
             return None
-        if self.gemv1_stage == 2 and self._last_launch.startswith("paged_decode"):
-            return None  # 2: not the product right after the decode attention (its copies slow the merge)
-        return gemv1_stage_plan(N, K, gated, self.num_sms, self.max_smem)
+        plan = gemv1_stage_plan(N, K, gated, self.num_sms, self.max_smem)
+        return None if plan is None else plan + (int(self.gemv1_stage == 3 and after_attention),)
 
     def _gemv_fits(self, x, w, out, bias, M: int, K: int, ldx: int, max_m: int | None = None) -> bool:
         """At most max_m rows of bf16 with 16-byte aligned rows: what cuda/gemv.cu's kernels take
