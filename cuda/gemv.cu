@@ -529,9 +529,13 @@ MINILLM_GEMV1_NORM(4)
 // copies issued before the PDL wait, and releases its dependents right away (GEMV_STAGE_EARLY), so the
 // next products become resident and start their own copies while this one still waits. After the wait
 // only x's hand-off remains: x (normalised first for NORM, norm_row above) into shared memory, then
-// the dot products out of shared memory. scripts/preload_bench.py's synthetic chain with the layer's
-// bytes (part297, an H100): 33.5 us a layer streaming after the wait, 21.4 with the shares copied
-// before it and the dependents released at once (23.7 released after the loop).
+// the dot products out of shared memory.
+// Measured (H100s, docs/BENCHMARKS.md "Session 55"): scripts/preload_bench.py's synthetic chain with the
+// layer's bytes, 33.5 -> 21.4 us a layer (part297). In the 0.6B step (batch-1 graphs alternated twice):
+// every fitting product staged +2.7%, as the copies of all four products landed on the decode attention's
+// merge (1.3 -> 5.0 us, part298); the release after the loop instead +7%; every product but the o
+// product after the attention (the host's default, MINILLM_GEMV1_STAGE=2) -2.4% (part299, part300); the o
+// product staged too but copying after its wait, the same (part300, removed).
 // The sums are gemv1's: lane l takes chunks l, l + 32, ... of a row in order, 8 fmaf a chunk, then
 // warp_sum; so the same bits as gemv1_bf16 / gemv1_norm{C}_bf16 / gemv1_silu_mul_split_norm{C}_bf16.
 // Dynamic shared memory: (GATED ? 2 : 1) x rpc x K bf16 of weights, then K bf16 of x (the host's
@@ -545,7 +549,7 @@ namespace {
 template <bool GATED, int NORM>
 __device__ __forceinline__ void gemv1_stage_impl(const bf16* x, const NormArgs& na, const bf16* __restrict__ w,
                                                  const bf16* __restrict__ bias, bf16* __restrict__ out, int N,
-                                                 int K, int rpc, int after_wait) {
+                                                 int K, int rpc) {
   extern __shared__ __align__(128) unsigned char stage_smem[];
   __shared__ __align__(8) unsigned long long bar;
   constexpr int HALVES = GATED ? 2 : 1;
@@ -556,37 +560,24 @@ __device__ __forceinline__ void gemv1_stage_impl(const bf16* x, const NormArgs& 
   const unsigned b = minillm::smem_addr(&bar);
   uint4 norm_w[NORM ? NORM : 1];
   if constexpr (NORM > 0) norm_chunks<NORM>(na.w, chunks, norm_w);
-  auto copy_share = [&]() {  // thread 0 asks for the share; every thread passes the barrier after
-    if (threadIdx.x == 0) {
-      minillm::mbar_init(b, 1);
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-      const unsigned bytes = (unsigned)rows * (unsigned)K * 2u;
-      minillm::mbar_expect_tx(b, bytes * HALVES);
+  if (threadIdx.x == 0) {
+    minillm::mbar_init(b, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    const unsigned bytes = (unsigned)rows * (unsigned)K * 2u;
+    minillm::mbar_expect_tx(b, bytes * HALVES);
 #pragma unroll
-      for (int h = 0; h < HALVES; ++h) {
-        const unsigned char* src = reinterpret_cast<const unsigned char*>(w + ((i64)h * N + lo) * K);
-        const unsigned dst = minillm::smem_addr(stage_smem) + (unsigned)h * (unsigned)rpc * (unsigned)K * 2u;
-        for (unsigned o = 0; o < bytes; o += GEMV_STAGE_COPY)
-          minillm::bulk_copy(dst + o, src + o, min(GEMV_STAGE_COPY, bytes - o), b);
-      }
+    for (int h = 0; h < HALVES; ++h) {
+      const unsigned char* src = reinterpret_cast<const unsigned char*>(w + ((i64)h * N + lo) * K);
+      const unsigned dst = minillm::smem_addr(stage_smem) + (unsigned)h * (unsigned)rpc * (unsigned)K * 2u;
+      for (unsigned o = 0; o < bytes; o += GEMV_STAGE_COPY)
+        minillm::bulk_copy(dst + o, src + o, min(GEMV_STAGE_COPY, bytes - o), b);
     }
-    __syncthreads();  // the barrier initialised before anyone waits on it
-  };
-  // after_wait (the host's choice for the product right after the decode attention, MINILLM_GEMV1_STAGE=3):
-  // the copies wait for the previous kernel too, so they do not load HBM under its latency-bound tail
-  if (!after_wait) {
-    copy_share();
-#if GEMV_STAGE_EARLY
-    minillm::pdl_release();
-#endif
   }
+  __syncthreads();  // the barrier initialised before anyone waits on it
+#if GEMV_STAGE_EARLY
+  minillm::pdl_release();
+#endif
   minillm::pdl_entry();
-  if (after_wait) {
-    copy_share();
-#if GEMV_STAGE_EARLY
-    minillm::pdl_release();
-#endif
-  }
   if constexpr (NORM > 0) {
     norm_row<NORM>(x, na, K, norm_w, xs);  // every thread; ends with a CTA barrier
   } else {
@@ -640,24 +631,23 @@ __device__ __forceinline__ void gemv1_stage_impl(const bf16* x, const NormArgs& 
 
 // grid ceil(N / rpc), 128 threads, the dynamic shared memory above (cuda_ops.py's gemv1_stage_plan)
 extern "C" __global__ void __launch_bounds__(128)
-    gemv1_stage_bf16(const bf16* x, const bf16* w, const bf16* bias, bf16* out, int N, int K, int rpc,
-                     int after_wait) {
-  gemv1_stage_impl<false, 0>(x, NormArgs{}, w, bias, out, N, K, rpc, after_wait);
+    gemv1_stage_bf16(const bf16* x, const bf16* w, const bf16* bias, bf16* out, int N, int K, int rpc) {
+  gemv1_stage_impl<false, 0>(x, NormArgs{}, w, bias, out, N, K, rpc);
 }
 extern "C" __global__ void __launch_bounds__(128)
-    gemv1_stage_silu_mul_bf16(const bf16* x, const bf16* w, bf16* out, int F, int K, int rpc, int after_wait) {
-  gemv1_stage_impl<true, 0>(x, NormArgs{}, w, nullptr, out, F, K, rpc, after_wait);
+    gemv1_stage_silu_mul_bf16(const bf16* x, const bf16* w, bf16* out, int F, int K, int rpc) {
+  gemv1_stage_impl<true, 0>(x, NormArgs{}, w, nullptr, out, F, K, rpc);
 }
 #define MINILLM_GEMV1_STAGE_NORM(NORM)                                                               \
   extern "C" __global__ void __launch_bounds__(128) gemv1_stage_norm##NORM##_bf16(                    \
       const bf16* x, const bf16* res, const bf16* nw, float eps, bf16* res_out, const bf16* w,      \
-      const bf16* bias, bf16* out, int N, int K, int rpc, int after_wait) {                         \
-    gemv1_stage_impl<false, NORM>(x, NormArgs{res, nw, res_out, eps}, w, bias, out, N, K, rpc, after_wait); \
+      const bf16* bias, bf16* out, int N, int K, int rpc) {                                         \
+    gemv1_stage_impl<false, NORM>(x, NormArgs{res, nw, res_out, eps}, w, bias, out, N, K, rpc);     \
   }                                                                                                 \
   extern "C" __global__ void __launch_bounds__(128) gemv1_stage_silu_mul_norm##NORM##_bf16(           \
       const bf16* x, const bf16* res, const bf16* nw, float eps, bf16* res_out, const bf16* w,      \
-      bf16* out, int F, int K, int rpc, int after_wait) {                                           \
-    gemv1_stage_impl<true, NORM>(x, NormArgs{res, nw, res_out, eps}, w, nullptr, out, F, K, rpc, after_wait); \
+      bf16* out, int F, int K, int rpc) {                                                           \
+    gemv1_stage_impl<true, NORM>(x, NormArgs{res, nw, res_out, eps}, w, nullptr, out, F, K, rpc);   \
   }
 MINILLM_GEMV1_STAGE_NORM(1)
 MINILLM_GEMV1_STAGE_NORM(2)

@@ -222,3 +222,64 @@ def test_one_sequence_decode_with_folded_norms_same_bits(arch):
             greedy_agree(got[True], lr)
     finally:
         be.close()
+
+
+@pytest.mark.parametrize("arch", list(CONFIGS))
+def test_one_sequence_decode_with_staged_products_same_bits(arch):
+    """MINILLM_GEMV1_STAGE (cuda/gemv.cu's gemv1_stage_*: one-row products whose CTAs copy their weight
+    shares into shared memory before the PDL wait and release the next kernels at once): a one-sequence
+    decode step's logits are the same bits at 0, 1 and 2, eagerly and replayed from a graph, where
+    everything launched between kernels runs under PDL. At 2 (the default) the graph stages every
+    layer's qkv, gate_up and down and, where the fused decode attention runs (head dim 64: qwen3), keeps
+    the o product after it on its own kernel."""
+    from collections import Counter
+
+    import ml_dtypes
+
+    from minillm.backends.cuda_ops import CudaBackend
+
+    rng = np.random.default_rng(200 + len(arch))
+    cfg = ModelConfig(**CONFIGS[arch])
+    weights = random_weights(cfg, rng)
+    be = CudaBackend(dtype=ml_dtypes.bfloat16)
+    saved = be.gemv1_stage
+    try:
+        drivers = {s: Driver(be, cfg, weights) for s in (0, 1, 2)}
+        tables = rng.permutation(NUM_BLOCKS)[:MAX_BLOCKS].reshape(1, MAX_BLOCKS).astype(np.int32)
+        L = 19
+        ids = rng.integers(0, cfg.vocab_size, L)
+        args = (ids, *layout([L], [L], tables)[:2], tables, [L], *layout([L], [L], tables)[2:])
+        for s, d in drivers.items():
+            be.gemv1_stage = s
+            lr = d.step(d.inputs(*args), L, 1)
+        for step in range(4):
+            L += 1
+            pos, slots, qs, li = layout([L], [1], tables)
+            args = ([int(lr.argmax())], pos, slots, tables, [L], qs, li)
+            got = {}
+            for s, d in drivers.items():
+                be.gemv1_stage = s
+                x = d.inputs(*args)
+                x.max_query_len = 1
+                if step == 2:  # a graph of this step, replayed
+                    before = Counter(be.captured_launches)
+                    graph = be.capture_graph(lambda d=d, x=x: d.model.forward(x, 1, 1, d.kv, d.ws))
+                    launched = be.captured_launches - before
+                    staged = sum(n for k, n in launched.items() if k.startswith("gemv1_stage"))
+                    if s == 0:
+                        assert staged == 0, launched
+                    elif s == 2 and arch == "qwen3":
+                        assert any(k.startswith("paged_decode") for k in launched), launched
+                        assert staged == 3 * cfg.num_layers, launched  # qkv, gate_up, down
+                        assert launched["gemv1_pre_bf16"] + launched["gemv1_bf16"] >= cfg.num_layers, launched
+                    else:
+                        assert staged >= 3 * cfg.num_layers, launched
+                    graph.replay()  # capture only records: this runs the step
+                    got[s] = np.asarray(be.to_host(d.ws.logits[:1]), np.float32)
+                else:
+                    got[s] = d.step(x, 1, 1)
+            assert np.array_equal(got[0], got[1]) and np.array_equal(got[0], got[2]), f"step {step}"
+            lr = got[0]
+    finally:
+        be.gemv1_stage = saved
+        be.close()

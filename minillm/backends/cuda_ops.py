@@ -325,9 +325,13 @@ def one_row_product_kernel(N: int, K: int, f32_out: bool, num_sms: int, deep_min
 
 
 # cuda/gemv.cu's gemv1_stage_*: a one-row product whose CTAs (one an SM) copy their whole share of the
-# weights into shared memory before the PDL wait. MINILLM_GEMV1_STAGE=1 routes one-row products whose
-# share fits here (off until measured: h200_report.sh part298)
+# weights into shared memory before the PDL wait and release their dependents at once. MINILLM_GEMV1_STAGE:
+# 0 never, 1 every one-row product whose share fits, 2 (the default) all of those but the one right after
+# the decode attention (the o product), whose copies would load HBM under the attention's latency-bound
+# merge. 0.6B batch-1 graphs alternated twice on H100s (part298-part300): 1 +2.7% (the merge 1.3 -> 5.0
+# us a layer), 2 -2.4%. The 8B's products do not fit (its qkv would need 376 KB a CTA)
 _GEMV1_STAGE_MAX_SMEM = 112 << 10
+_GEMV1_STAGE_DEFAULT = 2
 
 
 def gemv1_stage_plan(N: int, K: int, gated: bool, num_sms: int, max_smem: int) -> tuple[int, int, int] | None:
@@ -751,12 +755,13 @@ class CudaBackend:
                                  "1: one-row products of one wave load their first weights before the PDL wait")
         if self.gemv1_pre not in (0, 1):
             raise ValueError(f"MINILLM_GEMV1_PRE={self.gemv1_pre}: use 0 or 1")
-        self.gemv1_stage = env_int("MINILLM_GEMV1_STAGE", 0,
-                                   "1: one-row products whose CTAs' weight shares fit in shared memory copy "
-                                   "them there before the PDL wait (gemv1_stage_*)")
-        if self.gemv1_stage not in (0, 1, 2, 3):
-            raise ValueError(f"MINILLM_GEMV1_STAGE={self.gemv1_stage}: use 0, 1, 2 (all but the product right "
-                             "after the decode attention) or 3 (that one copying after its wait)")
+        self.gemv1_stage = env_int("MINILLM_GEMV1_STAGE", _GEMV1_STAGE_DEFAULT,
+                                   "one-row products whose CTAs' weight shares fit in shared memory copy them "
+                                   "there before the PDL wait (gemv1_stage_*): 0 never, 1 all, 2 all but the "
+                                   "one right after the decode attention")
+        if self.gemv1_stage not in (0, 1, 2):
+            raise ValueError(f"MINILLM_GEMV1_STAGE={self.gemv1_stage}: use 0, 1 or 2 (all but the product "
+                             "right after the decode attention)")
         self.o_merge = env_int("MINILLM_O_MERGE", _O_MERGE_DEFAULT,
                                "a batch-1 step's o product merges the attention's splits: 0 off, 1 each CTA, "
                                "2 in clusters")
@@ -1279,10 +1284,10 @@ class CudaBackend:
         if kernel == "gemv" and M == 1 and out.dtype == self.dtype:
             plan = self._stage_plan(N, K, False)
             if plan is not None:
-                grid, rpc, smem, after = plan
+                grid, rpc, smem = plan
                 self._launch("gemv1_stage_bf16", (grid,), (_GEMV_THREADS,),
-                             (x, w, bias if bias is not None else _NULL, out, _i32(N), _i32(K), _i32(rpc),
-                              _i32(after)), shared_mem=smem)
+                             (x, w, bias if bias is not None else _NULL, out, _i32(N), _i32(K), _i32(rpc)),
+                             shared_mem=smem)
                 return
         if kernel == "gemv":  # one row: its own kernels (cuda/gemv.cu's staged loads)
             rows = () if M == 1 else (_i32(M),)
@@ -1390,9 +1395,9 @@ class CudaBackend:
                   and self._gemv_fits(x, w_gate_up, out, None, M, K, ldx) else None)
         plan = self._stage_plan(F, K, True) if kernel == "gemv" and M == 1 else None
         if plan is not None:
-            grid, rpc, smem, after = plan
+            grid, rpc, smem = plan
             self._launch("gemv1_stage_silu_mul_bf16", (grid,), (_GEMV_THREADS,),
-                         (x, w_gate_up, out, _i32(F), _i32(K), _i32(rpc), _i32(after)), shared_mem=smem)
+                         (x, w_gate_up, out, _i32(F), _i32(K), _i32(rpc)), shared_mem=smem)
             return
         if kernel == "gemv":
             rows = () if M == 1 else (_i32(M),)
@@ -1457,9 +1462,9 @@ class CudaBackend:
                 bias if bias is not None else _NULL, out, _i32(N), _i32(K))
         plan = self._stage_plan(N, K, False)
         if plan is not None:
-            grid, rpc, smem, after = plan
+            grid, rpc, smem = plan
             self._launch(f"gemv1_stage_norm{norm_fold_chunks(K)}_bf16", (grid,), (_GEMV_THREADS,),
-                         a + tail + (_i32(rpc), _i32(after)), shared_mem=smem)
+                         a + tail + (_i32(rpc),), shared_mem=smem)
             return
         self._launch(f"gemv1_norm{norm_fold_chunks(K)}_bf16", (_cdiv(N, _GEMV_COLS_PER_CTA),), (_GEMV_THREADS,),
                      a + tail)
@@ -1482,23 +1487,21 @@ class CudaBackend:
         tail = (np.float32(eps), residual_out if residual is not None else _NULL, w_gate_up, out, _i32(F), _i32(K))
         plan = self._stage_plan(F, K, True)
         if plan is not None:
-            grid, rpc, smem, after = plan
+            grid, rpc, smem = plan
             self._launch(f"gemv1_stage_silu_mul_norm{norm_fold_chunks(K)}_bf16", (grid,), (_GEMV_THREADS,),
-                         a + tail + (_i32(rpc), _i32(after)), shared_mem=smem)
+                         a + tail + (_i32(rpc),), shared_mem=smem)
             return
         self._launch(f"gemv1_silu_mul_split_norm{norm_fold_chunks(K)}_bf16", (_cdiv(F, _GEMV_COLS_PER_CTA // 2),),
                      (_GEMV_THREADS,), a + tail)
 
-    def _stage_plan(self, N: int, K: int, gated: bool) -> tuple[int, int, int, int] | None:
-        """gemv1_stage_plan under MINILLM_GEMV1_STAGE and the kernel's after_wait argument (None when off
-        or when the share does not fit). The product right after the decode attention: 2 keeps its own
-        kernel, 3 copies its share only after its wait (copies beside the attention's latency-bound merge
-        slowed it 1.3 -> 5.0 us, part298)."""
-        after_attention = self._last_launch.startswith("paged_decode")
-        if not self.gemv1_stage or (self.gemv1_stage == 2 and after_attention):
+    def _stage_plan(self, N: int, K: int, gated: bool) -> tuple[int, int, int] | None:
+        """gemv1_stage_plan under MINILLM_GEMV1_STAGE (None when off, for 2 right after the decode
+        attention, or when the share does not fit)."""
+        if not self.gemv1_stage:
             return None
-        plan = gemv1_stage_plan(N, K, gated, self.num_sms, self.max_smem)
-        return None if plan is None else plan + (int(self.gemv1_stage == 3 and after_attention),)
+        if self.gemv1_stage == 2 and self._last_launch.startswith("paged_decode"):
+            return None  # its copies would slow the attention's merge (part298)
+        return gemv1_stage_plan(N, K, gated, self.num_sms, self.max_smem)
 
     def _gemv_fits(self, x, w, out, bias, M: int, K: int, ldx: int, max_m: int | None = None) -> bool:
         """At most max_m rows of bf16 with 16-byte aligned rows: what cuda/gemv.cu's kernels take
