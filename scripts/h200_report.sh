@@ -138,7 +138,7 @@
 #   kernel compile on threads, a decode-attention module per (storage type, head dim), against 12d3121.
 #   part297 (session 55): scripts/preload_bench.py, each product's weight share in shared memory before its wait.
 #   part298 (session 55): gemv1_stage_* (MINILLM_GEMV1_STAGE), that idea in the real 0.6B step; part299: =2;
-#   part300: =3.
+#   part300: =3. part301: the final code (=2 the default): every GPU test, sanitizers, the A/B, decode.
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -5302,6 +5302,31 @@ part300() {  # session 55, after part299 (MINILLM_GEMV1_STAGE=2: 0.6B batch-1 gr
       --input-len 512 --output-len 256 --result-json "$W/decode06_s$tag.json"
   done
   MINILLM_GEMV1_STAGE=3 timeline q06_b1_s3 $M/q06 --batch 1 --ctx 512
+  pack
+}
+
+part301() {  # session 55's final code (carry .whl): gemv1_stage_* the default (MINILLM_GEMV1_STAGE=2). Every GPU test
+  # but SmolLM2's and the debug build's; memcheck and racecheck of the stage kernels' tests; 0.6B batch-1 graphs
+  # 0 / 2 alternated twice; bench decode 0.6B on the default (~8 minutes on a fresh machine)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  gpu_tests_full 330
+  stage memcheck_stage 150 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "one_row_stage"
+  stage racecheck_stage 150 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "one_row_stage and 1024-3072"
+  stage models 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  local r tag
+  for r in 1 2; do
+    for tag in 0 2; do
+      stage "graph06_s${tag}_$r" 90 env MINILLM_GEMV1_STAGE=$tag python3 scripts/step_kernels.py $M/q06 --batch 1 \
+        --ctx 512 --json "$W/graph06_s${tag}_$r.json"
+    done
+  done
+  for tag in 0 2; do
+    echo "stage=$tag $(grep -ho '"graph_ms": [0-9.]*' "$W"/graph06_s${tag}_*.json | tr '\n' ' ')"
+  done | tee "$W/graph06_ab.txt"
+  decode_06b 120
   pack
 }
 
