@@ -5307,9 +5307,11 @@ part300() {  # session 55, after part299 (MINILLM_GEMV1_STAGE=2: 0.6B batch-1 gr
 
 part301() {  # session 55's final code (carry .whl): gemv1_stage_* the default (MINILLM_GEMV1_STAGE=2). Every GPU test
   # but SmolLM2's and the debug build's; memcheck and racecheck of the stage kernels' tests; 0.6B batch-1 graphs
-  # 0 / 2 alternated twice; bench decode 0.6B on the default (~8 minutes on a fresh machine)
+  # 0 / 2 alternated twice; bench decode 0.6B on the default; preload_bench.py again with its order-free sum
+  # (~8 minutes on a fresh machine)
   setup
   facts > "$W/facts.txt" 2>&1
+  stage preload 60 python3 scripts/preload_bench.py --json "$W/preload.json"
   gpu_tests_full 330
   stage memcheck_stage 150 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
     python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "one_row_stage"

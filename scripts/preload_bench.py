@@ -49,6 +49,22 @@ __device__ __forceinline__ float block_sum(float s, float* red) {
   return t;
 }
 
+// the previous vector's sum in an order that does not depend on the CTA's size, so that every way's final
+// vector can be compared bit for bit (part297 summed it over the CTA's threads: the 256-thread ways then
+// differed from the 128-thread stream by rounding alone)
+__device__ __forceinline__ float src_sum(const float* src, int n, float* red) {
+  if (threadIdx.x < 32) {
+    float s = 0.f;
+    for (int j = threadIdx.x; j < n; j += 32) s += __ldcg(src + j);
+    for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (threadIdx.x == 0) red[0] = s;
+  }
+  __syncthreads();
+  const float t = red[0];
+  __syncthreads();
+  return t;
+}
+
 // pre: 0 stream the share from HBM after the wait; 1 copy it to shared memory before the wait,
 // release after the loop; 2 the same, release right after issuing the copy.
 // dep: 1 the sums wait on one x element (a product), 2 on the CTA's sum of x (a folded norm).
@@ -74,13 +90,11 @@ extern "C" __global__ void __launch_bounds__(256) layer_kernel(const float* src,
     if (pre == 2) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  float s = 0.f;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) s += __ldcg(src + j);
-  float x = 0.f;
-  if (dep == 2) {
-    s = block_sum(s, red);
+  float s = 0.f, x = 0.f;
+  if (dep == 2) {  // the sums wait on all of x
+    s = src_sum(src, n, red);
     x = s;
-  } else {
+  } else {  // on one element; the sum comes after the loop
     x = __ldcg(src + threadIdx.x % n);
   }
   unsigned acc = 0;
@@ -105,8 +119,8 @@ extern "C" __global__ void __launch_bounds__(256) layer_kernel(const float* src,
     for (; i < hi; i += blockDim.x) acc ^= __ldcs(w + i).x;
   }
   if (acc == 0x9e3779b9u) s += 1.f;  // keeps the loads; never taken on the zero weights
-  if (dep != 2) s = block_sum(s, red);
-  s += block_sum(facc, red);
+  if (dep != 2) s = src_sum(src, n, red);
+  s += block_sum(facc, red);  // +0: the weights are zero
   if (pre != 2) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x)
     dst[j] = __ldcg(src + j) * 0.5f + s * (0.5f / n) + 1e-3f * (float)((me * 31 + j) % 17);
