@@ -5306,17 +5306,12 @@ part300() {  # session 55, after part299 (MINILLM_GEMV1_STAGE=2: 0.6B batch-1 gr
 }
 
 part301() {  # session 55's final code (carry .whl): gemv1_stage_* the default (MINILLM_GEMV1_STAGE=2). Every GPU test
-  # but SmolLM2's and the debug build's; memcheck and racecheck of the stage kernels' tests; 0.6B batch-1 graphs
-  # 0 / 2 alternated twice; bench decode 0.6B on the default; preload_bench.py again with its order-free sum
-  # (~8 minutes on a fresh machine)
+  # but SmolLM2's and the debug build's; 0.6B batch-1 graphs 0 / 2 alternated twice; bench decode 0.6B on the
+  # default; preload_bench.py again with its order-free sum; memcheck and racecheck of the stage kernels' tests
+  # last (the session's device time was short: what ran is packed after each stage)
   setup
   facts > "$W/facts.txt" 2>&1
-  stage preload 60 python3 scripts/preload_bench.py --json "$W/preload.json"
-  gpu_tests_full 330
-  stage memcheck_stage 150 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
-    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "one_row_stage"
-  stage racecheck_stage 150 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
-    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "one_row_stage and 1024-3072"
+  gpu_tests_full 300
   stage models 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
   local r tag
   for r in 1 2; do
@@ -5329,6 +5324,11 @@ part301() {  # session 55's final code (carry .whl): gemv1_stage_* the default (
     echo "stage=$tag $(grep -ho '"graph_ms": [0-9.]*' "$W"/graph06_s${tag}_*.json | tr '\n' ' ')"
   done | tee "$W/graph06_ab.txt"
   decode_06b 120
+  stage preload 60 python3 scripts/preload_bench.py --json "$W/preload.json"
+  stage memcheck_stage 100 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "one_row_stage and 1024-3072"
+  stage racecheck_stage 100 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "one_row_stage and 1024-3072"
   pack
 }
 
