@@ -138,6 +138,29 @@ K(1)
 K(2)
 """
 
+def graph_replay_us(stream, record, reps: int, warmup: int = 3) -> list[float]:
+    """record()'s launches captured into one CUDA graph on stream, then each of reps replays timed by
+    CUDA events after warmup ones (us); scripts/preload_bench.py times its chains the same way."""
+    import cupy
+
+    stream.synchronize()
+    with stream:
+        stream.begin_capture()
+        record()
+        graph = stream.end_capture()
+    graph.upload(stream)
+    times = []
+    for r in range(warmup + reps):
+        s, e = cupy.cuda.Event(), cupy.cuda.Event()
+        s.record(stream)
+        graph.launch(stream)
+        e.record(stream)
+        e.synchronize()
+        if r >= warmup:
+            times.append(cupy.cuda.get_elapsed_time(s, e) * 1e3)
+    return times
+
+
 LAYER_CTAS = (1, 512, 88, 128, 1, 384, 128)
 LAYER_MB = (0.0, 8.4, 2.0, 4.2, 0.0, 12.6, 6.3)  # Qwen3-0.6B: qkv, attention's KV at 512, o, gate_up, down
 
@@ -201,21 +224,7 @@ def main() -> None:
     rows, ref = [], None
     for mode, name in enumerate(("plain", "pdl", "flag")):
         chain(0)  # load the module's kernels outside the capture
-        stream.synchronize()
-        with stream:
-            stream.begin_capture()
-            chain(mode)
-            graph = stream.end_capture()
-        graph.upload(stream)
-        times = []
-        for r in range(3 + a.reps):
-            s, e = cupy.cuda.Event(), cupy.cuda.Event()
-            s.record(stream)
-            graph.launch(stream)
-            e.record(stream)
-            e.synchronize()
-            if r >= 3:
-                times.append(cupy.cuda.get_elapsed_time(s, e) * 1e3)
+        times = graph_replay_us(stream, lambda mode=mode: chain(mode), a.reps)
         out = cupy.asnumpy(bufs[(nk - 1) % 2])
         if ref is None:
             ref = out

@@ -143,6 +143,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     import cupy
+    from handoff_bench import graph_replay_us  # this directory: scripts/ is on sys.path when run as a script
 
     from minillm.backends.pdl import PdlLauncher
 
@@ -189,21 +190,7 @@ def main() -> None:
     rows, ref = [], None
     for name, pre in WAYS:
         chain(pre, False)  # load the module outside the capture
-        stream.synchronize()
-        with stream:
-            stream.begin_capture()
-            chain(pre, True)
-            graph = stream.end_capture()
-        graph.upload(stream)
-        times = []
-        for r in range(3 + a.reps):
-            s, e = cupy.cuda.Event(), cupy.cuda.Event()
-            s.record(stream)
-            graph.launch(stream)
-            e.record(stream)
-            e.synchronize()
-            if r >= 3:
-                times.append(cupy.cuda.get_elapsed_time(s, e) * 1e3)
+        times = graph_replay_us(stream, lambda pre=pre: chain(pre, True), a.reps)
         out = cupy.asnumpy(bufs[(nk - 1) % 2])
         if ref is None:
             ref = out
