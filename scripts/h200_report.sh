@@ -138,7 +138,8 @@
 #   kernel compile on threads, a decode-attention module per (storage type, head dim), against 12d3121.
 #   part297 (session 55): scripts/preload_bench.py, each product's weight share in shared memory before its wait.
 #   part298 (session 55): gemv1_stage_* (MINILLM_GEMV1_STAGE), that idea in the real 0.6B step; part299: =2;
-#   part300: =3. part301: the final code (=2 the default): every GPU test, sanitizers, the A/B, decode.
+#   part300: =3. part301: the final code (=2 the default): every GPU test, sanitizers, the A/B, decode;
+#   part302: its stage, model and engine GPU tests alone.
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -5329,6 +5330,17 @@ part301() {  # session 55's final code (carry .whl): gemv1_stage_* the default (
     python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "one_row_stage and 1024-3072"
   stage racecheck_stage 100 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
     python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "one_row_stage and 1024-3072"
+  pack
+}
+
+part302() {  # session 55's final code (carry .whl), when little device time is left: the stage kernels' tests and the
+  # model / engine GPU tests on the default (MINILLM_GEMV1_STAGE=2), among them the model-level same-bits test of
+  # 0 / 1 / 2 (~2 minutes on a fresh machine)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage stage_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" \
+    tests/test_cuda_model.py tests/test_gpu_engine.py tests/test_cuda_ops.py -k "(stage or not test_cuda_ops) and not smollm2"
+  tail -n 3 "$W/stage_tests.log"
   pack
 }
 
