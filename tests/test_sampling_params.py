@@ -127,3 +127,19 @@ def test_out_of_vocabulary_ids_refused_at_admission_leave_no_request(llm, kw):
         llm.generate(["hello"], SamplingParams(max_tokens=3, **kw))
     assert not llm.engine.requests
     assert len(llm.generate(["hello"], SamplingParams(max_tokens=3))[0].token_ids) == 3
+
+
+@pytest.mark.parametrize("field,value", [("temperature", -1.0), ("max_tokens", 0), ("stop_token_ids", [2**40]),
+                                         ("top_p", 0.0), ("ignore_eos", "false")])
+def test_fields_set_by_hand_are_checked_at_admission(llm, field, value):
+    """SamplingParams changed after construction are validated when the request is added: refused by
+    name, no request left behind, the engine serving the next one (it validated only at construction)."""
+    sp = SamplingParams(max_tokens=3)
+    setattr(sp, field, value)
+    with pytest.raises(ValueError, match=field):
+        llm.generate(["hello"], sp)
+    assert not llm.engine.requests
+    sp = SamplingParams(max_tokens=3)
+    sp.stop = "zz"  # normalised at admission: one stop string, not two one-character ones
+    out = llm.generate(["hello"], sp)[0]
+    assert sp.stop == ["zz"] and len(out.token_ids) <= 3

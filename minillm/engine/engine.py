@@ -411,6 +411,9 @@ class LLMEngine:
                     request_id: str | None = None, priority: int = 0) -> str:
         """Queue a request; its id. priority (--scheduling-policy priority only): lower runs first."""
         params = params or SamplingParams()
+        # fields set by hand after construction are checked (and normalised) here: they were taken as
+        # they were (a top_p set to 0 on the object divided by zero in the NumPy sampler)
+        params.validate()
         self.check_priority(priority)
         prompt_ids = self.encode_prompt(prompt, params)  # truncated as params.truncate_prompt_tokens asks
         self.validate_prompt(prompt_ids, params)
