@@ -35,19 +35,7 @@ import numpy as np
 
 SRC = r"""
 #include "common.cuh"
-using namespace minillm;
-
-// every thread gets the CTA's sum (red: 32 floats)
-__device__ __forceinline__ float block_sum(float s, float* red) {
-  for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
-  __syncthreads();
-  float t = (threadIdx.x & 31) < (blockDim.x >> 5) ? red[threadIdx.x & 31] : 0.f;
-  for (int o = 16; o; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-  __syncthreads();
-  return t;
-}
+using namespace minillm;  // common.cuh: block_sum, the mbarrier and bulk-copy helpers
 
 // the previous vector's sum in an order that does not depend on the CTA's size, so that every way's final
 // vector can be compared bit for bit (part297 summed it over the CTA's threads: the 256-thread ways then
