@@ -653,6 +653,139 @@ MINILLM_GEMV1_STAGE_NORM(1)
 MINILLM_GEMV1_STAGE_NORM(2)
 MINILLM_GEMV1_STAGE_NORM(4)
 
+// ---- gemv1_ring: a one-row product too large to hold, streamed through a ring of shared-memory slots ----
+// The 8B's one-row products (33-201 MB, 0.25-1.5 MB a CTA at one CTA an SM) do not fit gemv1_stage. Here a
+// producer warp copies each CTA's rows G at a time (gate and up rows both, GATED) into S slots by TMA bulk
+// copies, the first S slots before the PDL wait, each later one as the four compute warps free it (an
+// "empty" mbarrier), and the CTA releases its dependents at once (GEMV_RING_EARLY), so the next product's
+// first slots fill during this one's tail: a ~1-3.5 us hand-off a product with HBM idle (the 8B timeline,
+// part275) becomes streaming time. The compute warps split each row's K four ways (warp w its quarter,
+// lane l chunks l, l + 32, ...) and add the four partials in warp order, so the sums are deterministic but
+// not gemv1's bits. Two CTAs an SM must fit (the host's gemv1_ring_plan keeps a CTA's memory under 100 KB),
+// so that the next product's CTA can be resident beside this one's.
+// Written in session 55 without device time left to run it: off (MINILLM_GEMV1_RING=0) until its tests and
+// an A/B have run (h200_report.sh part303).
+// Block: 160 threads (warps 0-3 compute, warp 4 copies). Dynamic shared memory: S slots of G x HALVES x K
+// bf16, then K bf16 of x.
+#ifndef GEMV_RING_EARLY
+#define GEMV_RING_EARLY 1
+#endif
+#define GEMV_RING_MAX_SLOTS 4
+#define GEMV_RING_MAX_V 8  // virtual rows a slot: G x HALVES
+namespace {
+template <bool GATED>
+__device__ __forceinline__ void gemv1_ring_impl(const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                                const bf16* __restrict__ bias, bf16* __restrict__ out, int N,
+                                                int K, int rpc, int G, int S) {
+  constexpr int HALVES = GATED ? 2 : 1, CW = 4;  // compute warps
+  extern __shared__ __align__(128) unsigned char ring_smem[];
+  __shared__ __align__(8) unsigned long long bars[2 * GEMV_RING_MAX_SLOTS];  // full[s], then empty[s]
+  __shared__ float part[2][CW][GEMV_RING_MAX_V];                          // by group parity
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lo = blockIdx.x * rpc, rows = max(0, min(N, lo + rpc) - lo), groups = (rows + G - 1) / G;
+  const int chunks = K / 8, V = G * HALVES;
+  const unsigned slot_bytes = (unsigned)V * (unsigned)K * 2u;
+  const unsigned slots = minillm::smem_addr(ring_smem), full = minillm::smem_addr(bars);
+  const unsigned empty = full + 8u * GEMV_RING_MAX_SLOTS;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < S; ++i) {
+      minillm::mbar_init(full + 8u * i, 1);    // the producer's arrive, with the bytes it expects
+      minillm::mbar_init(empty + 8u * i, CW);  // one arrive from each compute warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+#if GEMV_RING_EARLY
+  minillm::pdl_release();
+#endif
+  if (warp == CW) {  // the producer: weights never depend on the previous kernel, so no wait before copying
+    if (lane == 0) {
+      for (int g = 0; g < groups; ++g) {
+        const int sl = g % S, r0 = g * G, nr = min(G, rows - r0);
+        if (g >= S) minillm::mbar_wait(empty + 8u * sl, (unsigned)(g / S - 1) & 1u);
+        const unsigned bytes = (unsigned)nr * (unsigned)K * 2u, bar = full + 8u * sl;
+        minillm::mbar_expect_tx(bar, bytes * HALVES);
+#pragma unroll
+        for (int h = 0; h < HALVES; ++h)
+          minillm::bulk_copy(slots + (unsigned)sl * slot_bytes + (unsigned)h * (unsigned)G * (unsigned)K * 2u,
+                             w + ((i64)h * N + lo + r0) * K, bytes, bar);
+      }
+    }
+    __syncwarp();
+    minillm::pdl_entry();  // before leaving: see cuda/common.cuh
+#if !GEMV_RING_EARLY
+    minillm::pdl_release();
+#endif
+    return;
+  }
+  minillm::pdl_entry();  // x is the previous kernel's output
+  bf16* xs = reinterpret_cast<bf16*>(ring_smem + (size_t)S * slot_bytes);
+  for (int i = threadIdx.x; i < chunks; i += CW * 32)
+    reinterpret_cast<uint4*>(xs)[i] = minillm::load_act(reinterpret_cast<const uint4*>(x) + i);
+  asm volatile("bar.sync 1, %0;" ::"r"(CW * 32) : "memory");  // the compute warps only
+  const uint4* xv = reinterpret_cast<const uint4*>(xs);
+  const int per = (chunks + CW - 1) / CW, c0 = warp * per, c1 = min(chunks, c0 + per);
+  for (int g = 0; g < groups; ++g) {
+    const int sl = g % S, nr = min(G, rows - g * G);
+    minillm::mbar_wait(full + 8u * sl, (unsigned)(g / S) & 1u);
+    const uint4* ws = reinterpret_cast<const uint4*>(ring_smem + (size_t)sl * slot_bytes);
+    float acc[GEMV_RING_MAX_V];
+#pragma unroll
+    for (int v = 0; v < GEMV_RING_MAX_V; ++v) acc[v] = 0.f;
+    for (int c = c0 + lane; c < c1; c += 32) {
+      float xf[8];
+      minillm::unpack_bf16x8(xv[c], xf);
+#pragma unroll
+      for (int v = 0; v < GEMV_RING_MAX_V; ++v) {
+        if (v < V) {
+          const int r = min(v % G, nr - 1);  // rows past the group's last repeat it, unused
+          float wf[8];
+          minillm::unpack_bf16x8(ws[((v / G) * G + r) * chunks + c], wf);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[v] = fmaf(xf[i], wf[i], acc[v]);
+        }
+      }
+    }
+#pragma unroll
+    for (int v = 0; v < GEMV_RING_MAX_V; ++v) {
+      if (v < V) {
+        const float t = minillm::warp_sum(acc[v]);
+        if (lane == 0) part[g & 1][warp][v] = t;
+      }
+    }
+    __syncwarp();
+    if (lane == 0) minillm::mbar_arrive(empty + 8u * sl);  // this warp is done with the slot
+    asm volatile("bar.sync 1, %0;" ::"r"(CW * 32) : "memory");  // every warp's partials in
+    if (threadIdx.x < nr) {
+      const int t = threadIdx.x, n = lo + g * G + t;
+      const float* p = &part[g & 1][0][0];
+      float s = 0.f, u = 0.f;
+#pragma unroll
+      for (int q = 0; q < CW; ++q) {
+        s += p[q * GEMV_RING_MAX_V + t];
+        if (GATED) u += p[q * GEMV_RING_MAX_V + G + t];
+      }
+      const float y = GATED ? gated_act(s, u) : s + (bias ? minillm::to_f(bias[n]) : 0.f);
+      out[n] = minillm::from_f<bf16>(y);
+    }
+    // part[g & 1] is written again two groups on, after the next group's barrier: no second barrier
+  }
+#if !GEMV_RING_EARLY
+  minillm::pdl_release();
+#endif
+}
+}  // namespace
+
+// grid ceil(N / rpc), 160 threads, the dynamic shared memory above (cuda_ops.py's gemv1_ring_plan)
+extern "C" __global__ void __launch_bounds__(160)
+    gemv1_ring_bf16(const bf16* x, const bf16* w, const bf16* bias, bf16* out, int N, int K, int rpc, int G, int S) {
+  gemv1_ring_impl<false>(x, w, bias, out, N, K, rpc, G, S);
+}
+extern "C" __global__ void __launch_bounds__(160)
+    gemv1_ring_silu_mul_bf16(const bf16* x, const bf16* w, bf16* out, int F, int K, int rpc, int G, int S) {
+  gemv1_ring_impl<true>(x, w, nullptr, out, F, K, rpc, G, S);
+}
+
 // gemv1_bf16 with GEMV1_DEEP_U chunks a lane in flight, for long rows whose grid fits one wave at
 // its occupancy (the host's rule, cuda_ops.py's one_row_product_kernel): session 31's part195 ran
 // every one-row product with 8 and the 8B down streamed 3.96 -> 4.10 TB/s, o 5.71 -> 5.79, but

@@ -139,7 +139,7 @@
 #   part297 (session 55): scripts/preload_bench.py, each product's weight share in shared memory before its wait.
 #   part298 (session 55): gemv1_stage_* (MINILLM_GEMV1_STAGE), that idea in the real 0.6B step; part299: =2;
 #   part300: =3. part301: the final code (=2 the default): every GPU test, sanitizers, the A/B, decode;
-#   part302: its stage, model and engine GPU tests alone.
+#   part302: its stage, model and engine GPU tests alone. part303 (prepared): gemv1_ring_* for the 8B.
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -5341,6 +5341,35 @@ part302() {  # session 55's final code (carry .whl), when little device time is 
   stage stage_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" \
     tests/test_cuda_model.py tests/test_gpu_engine.py tests/test_cuda_ops.py -k "(stage or not test_cuda_ops) and not smollm2"
   tail -n 3 "$W/stage_tests.log"
+  pack
+}
+
+part303() {  # prepared in session 55, not yet run (carry .whl): gemv1_ring_* (MINILLM_GEMV1_RING: the 8B's one-row products
+  # streamed through two shared-memory slots a CTA, the first before the PDL wait, dependents released at once).
+  # Its tests and the stage kernels'; 8B batch-1 graphs with it 0 / 1 (not after the attention) / 2 (all) / 1 with
+  # the release after the loop (GEMV_RING_EARLY=0), alternated twice; bench decode 8B with the better one (~7 min)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage ring_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_launch_plans.py -k "ring or stage"
+  tail -n 3 "$W/ring_tests.log"
+  stage models 90 python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force
+  local r kv tag
+  for r in 1 2; do
+    for kv in r0=MINILLM_GEMV1_RING=0 r1=MINILLM_GEMV1_RING=1 r2=MINILLM_GEMV1_RING=2 \
+        late="MINILLM_GEMV1_RING=1 MINILLM_CUDA_DEFINES=GEMV_RING_EARLY=0"; do
+      tag=${kv%%=*}
+      # shellcheck disable=SC2086  # the settings split into env's arguments
+      stage "graph8_${tag}_$r" 90 env ${kv#*=} python3 scripts/step_kernels.py $M/q8 --batch 1 --ctx 512 \
+        --json "$W/graph8_${tag}_$r.json"
+    done
+  done
+  for tag in r0 r1 r2 late; do
+    echo "$tag $(grep -ho '"graph_ms": [0-9.]*' "$W"/graph8_${tag}_*.json | tr '\n' ' ')"
+  done | tee "$W/graph8_ab.txt"
+  stage decode8_r1 120 env MINILLM_GEMV1_RING=1 python3 -m minillm.bench decode $M/q8 --device cuda --input-len 512 \
+    --output-len 128 --result-json "$W/decode8_r1.json"
+  MINILLM_GEMV1_RING=1 timeline q8_b1_r1 $M/q8 --batch 1 --ctx 512
   pack
 }
 

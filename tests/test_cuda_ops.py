@@ -1045,6 +1045,56 @@ def test_one_row_stage_kernels_same_bits(be, K, N):
     assert rel_err(got[1]["plain"], ref) < tol(be)
 
 
+@pytest.mark.parametrize("K,N,gated", [(1000, 1537, False), (1000, 1537, True), (4096, 300, False),
+                                       (4096, 6144, False), (4096, 12288, True), (12288, 4096, False)])
+def test_one_row_ring_kernels(be, K, N, gated):
+    """gemv1_ring_* (MINILLM_GEMV1_RING: a one-row product streamed through two shared-memory slots a CTA,
+    each row's K split over four warps): within bf16 tolerance of the float64 product and of gemv1's
+    kernels, the same bits eagerly and from a graph (where exactly it launches), and the same bits on a
+    second run (its four partials are added in a fixed order). The 8B's qkv, gate_up and down, rows of
+    fewer CTAs than SMs, a last group short of rows."""
+    if be.dtype == np.float32:
+        pytest.skip("cuda/gemv.cu is the bf16 path")
+    rng = np.random.default_rng(K + 3 * N + gated)
+    x = be.asarray(rng.standard_normal((1, K)).astype(np.float32))
+    w = be.asarray((rng.standard_normal(((2 if gated else 1) * N, K)) / np.sqrt(K)).astype(np.float32))
+    b = None if gated else be.asarray(rng.standard_normal(N).astype(np.float32))
+    name = "gemv1_ring_silu_mul_bf16" if gated else "gemv1_ring_bf16"
+
+    def product(out):
+        if gated:
+            be.matmul_silu_mul(x, w, out, poisoned(be, (1, 2 * N)))
+        else:
+            be.matmul(x, w, out, bias=b)
+    saved = be.gemv1_stage, be.gemv1_ring
+    got = {}
+    try:
+        be.gemv1_stage = 0  # the ring takes only what the stage kernels do not
+        for ring in (0, 2, 2):
+            be.gemv1_ring = ring
+            out = poisoned(be, (1, N))
+            product(out)
+            got.setdefault(ring, []).append(host(be, out))
+        out = poisoned(be, (1, N))
+        before = Counter(be.captured_launches)
+        be.capture_graph(lambda: product(out)).replay()
+        launched = be.captured_launches - before
+        assert launched[name] == 1 and sum(launched.values()) == 1, launched
+        got[2].append(host(be, out))
+    finally:
+        be.gemv1_stage, be.gemv1_ring = saved
+    ring_out, plain = got[2][0], got[0][0]
+    assert not np.isnan(ring_out).any() and all(np.array_equal(ring_out, o) for o in got[2][1:])
+    xh, wh = rounded(be, host(be, x)).astype(np.float64), host(be, w).astype(np.float64)
+    if gated:
+        g, u = xh @ wh[:N].T, xh @ wh[N:].T
+        ref = g / (1 + np.exp(-g)) * u
+    else:
+        ref = xh @ wh.T + host(be, b)
+    assert rel_err(ring_out, ref) < tol(be) and rel_err(plain, ref) < tol(be)
+    assert rel_err(ring_out, plain) < tol(be)
+
+
 def test_dependent_chain_in_a_graph_matches_eager(be):
     """60 dependent kernels (the decoder's residual pattern: normed = rmsnorm(t + h), h <- t + h;
     t = normed @ W, 30 times) recorded into a graph, where the backend launches them with

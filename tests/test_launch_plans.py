@@ -23,6 +23,7 @@ from minillm.backends.cuda_ops import (
     env_int,
     gated_product_kernel,
     gated_split_max_rows,
+    gemv1_ring_plan,
     gemv1_stage_plan,
     o_merge_plan,
     one_row_product_kernel,
@@ -221,6 +222,20 @@ def test_one_row_stage_plan_one_cta_an_sm_within_its_shared_memory():
     assert gemv1_stage_plan(6144, 4096, False, sms, big) is None  # 8B qkv: 376 KB a CTA
     assert gemv1_stage_plan(151936, 1024, False, sms, big) is None  # an LM head
     assert gemv1_stage_plan(4096, 1024, False, sms, 48 << 10) is None  # the device's limit
+
+
+def test_one_row_ring_plan_two_ctas_an_sm():
+    """gemv1_ring_plan (MINILLM_GEMV1_RING): the 8B's one-row products stream through 2 slots of at most 32 KB
+    (G rows, gate and up rows each, at most 8 a slot), the CTA's slots and x under 100 KB so two CTAs fit an
+    SM; rows too long for one slot are refused."""
+    sms, big = 132, 227 << 10
+    assert gemv1_ring_plan(6144, 4096, False, sms, big) == (131, 47, 4, 2, 2 * 4 * 8192 + 8192)  # 8B qkv
+    assert gemv1_ring_plan(12288, 4096, True, sms, big) == (131, 94, 2, 2, 2 * 2 * 16384 + 8192)  # gate_up
+    assert gemv1_ring_plan(4096, 12288, False, sms, big) == (128, 32, 1, 2, 2 * 24576 + 24576)  # 8B down
+    assert gemv1_ring_plan(300, 64, False, sms, big) == (100, 3, 8, 2, 2 * 8 * 128 + 128)  # G capped at 8
+    assert gemv1_ring_plan(300, 64, True, sms, big)[2] == 4  # gate and up rows: 4 of each
+    assert gemv1_ring_plan(100, 20480, False, sms, big) is None  # a 40 KB row: past a slot
+    assert gemv1_ring_plan(6144, 4096, False, sms, 64 << 10) is None  # the device's limit
 
 
 def test_gated_split_mode_from_the_environment(monkeypatch):

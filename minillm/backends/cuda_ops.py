@@ -345,6 +345,34 @@ def gemv1_stage_plan(N: int, K: int, gated: bool, num_sms: int, max_smem: int) -
     return _cdiv(N, rpc), rpc, smem
 
 
+# cuda/gemv.cu's gemv1_ring_*: a one-row product too large for gemv1_stage streamed through S slots of G rows
+# (gate and up rows each) a CTA, one CTA an SM, the first slots copied before the PDL wait. MINILLM_GEMV1_RING:
+# 0 never (the default until measured: h200_report.sh part303), 1 every product it takes but the one right
+# after the decode attention (as MINILLM_GEMV1_STAGE=2), 2 all
+_GEMV1_RING_SLOT_BYTES = 32 << 10  # a slot's target size: G rows a slot as fit
+_GEMV1_RING_SLOTS = 2
+_GEMV1_RING_MAX_V = 8  # GEMV_RING_MAX_V in gemv.cu: G x (2 if gated else 1) at most
+_GEMV1_RING_MAX_SMEM = 100 << 10  # two CTAs an SM (the next product's beside this one's)
+_GEMV1_RING_THREADS = 160
+
+
+def gemv1_ring_plan(N: int, K: int, gated: bool, num_sms: int,
+                    max_smem: int) -> tuple[int, int, int, int, int] | None:
+    """(grid, rows a CTA, rows a slot G, slots S, dynamic shared memory bytes) of cuda/gemv.cu's
+    gemv1_ring_* for a one-row product of N outputs (gate and up rows each, gated) over K, or None when
+    one row (both halves) is past a slot or the CTA's slots and x would not leave room for two CTAs an SM."""
+    halves = 2 if gated else 1
+    row_bytes = halves * K * 2
+    G = min(_GEMV1_RING_MAX_V // halves, _GEMV1_RING_SLOT_BYTES // row_bytes)
+    if G < 1:
+        return None
+    smem = _GEMV1_RING_SLOTS * G * row_bytes + K * 2
+    if smem > min(max_smem, _GEMV1_RING_MAX_SMEM):
+        return None
+    rpc = _cdiv(N, num_sms)
+    return _cdiv(N, rpc), rpc, G, _GEMV1_RING_SLOTS, smem
+
+
 def small_product_max_m() -> int:
     """The most rows of x any cuda/gemv.cu product kernel is sent (larger products go straight to
     cuBLAS): the GEMV's, the skinny kernels' and their narrowing route's bounds."""
@@ -762,6 +790,13 @@ class CudaBackend:
         if self.gemv1_stage not in (0, 1, 2):
             raise ValueError(f"MINILLM_GEMV1_STAGE={self.gemv1_stage}: use 0, 1 or 2 (all but the product "
                              "right after the decode attention)")
+        self.gemv1_ring = env_int("MINILLM_GEMV1_RING", 0,
+                                  "one-row products too large for gemv1_stage stream through shared-memory "
+                                  "slots (gemv1_ring_*): 0 never, 1 all but the one right after the decode "
+                                  "attention, 2 all")
+        if self.gemv1_ring not in (0, 1, 2):
+            raise ValueError(f"MINILLM_GEMV1_RING={self.gemv1_ring}: use 0, 1 (all but the product right after "
+                             "the decode attention) or 2 (all)")
         self.o_merge = env_int("MINILLM_O_MERGE", _O_MERGE_DEFAULT,
                                "a batch-1 step's o product merges the attention's splits: 0 off, 1 each CTA, "
                                "2 in clusters")
@@ -825,7 +860,8 @@ class CudaBackend:
             "sampling": ["sample_tokens"],
             "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemv1_bf16", "gemv1_f32", "gemv1_silu_mul_bf16",
                      "gemv1_silu_mul_split_bf16", "gemv_silu_mul_split_bf16", "gemv1_deep_bf16",
-                     "gemv1_pre_bf16", "gemv1_stage_bf16", "gemv1_stage_silu_mul_bf16"]
+                     "gemv1_pre_bf16", "gemv1_stage_bf16", "gemv1_stage_silu_mul_bf16", "gemv1_ring_bf16",
+                     "gemv1_ring_silu_mul_bf16"]
             + [f"gemv1_{k}norm{c}_bf16" for k in ("", "silu_mul_split_", "stage_", "stage_silu_mul_")
                for c in _NORM_FOLD_CHUNKS]
             + [f"gemm_skinny{t}_{k}" for t in ("", "2", "4") for k in ("bf16", "f32", "silu_mul_bf16")]
@@ -871,6 +907,8 @@ class CudaBackend:
                 k[n].max_dynamic_shared_size_bytes = min(self.max_smem, _O_MERGE_MAX_SMEM)
             if n.startswith("gemv1_stage"):
                 k[n].max_dynamic_shared_size_bytes = min(self.max_smem, _GEMV1_STAGE_MAX_SMEM)
+            if n.startswith("gemv1_ring"):
+                k[n].max_dynamic_shared_size_bytes = min(self.max_smem, _GEMV1_RING_MAX_SMEM)
             if n.startswith("gemm_skinny2_ring_"):
                 k[n].max_dynamic_shared_size_bytes = skinny_ring_smem("silu_mul" in n)
         # cuda/gemm.cu for 17-256 rows, only with MINILLM_GEMM=wide (scripts/gemm_bench.py switches
@@ -1289,6 +1327,13 @@ class CudaBackend:
                              (x, w, bias if bias is not None else _NULL, out, _i32(N), _i32(K), _i32(rpc)),
                              shared_mem=smem)
                 return
+            ring = self._ring_plan(N, K, False)
+            if ring is not None:
+                grid, rpc, G, S, smem = ring
+                self._launch("gemv1_ring_bf16", (grid,), (_GEMV1_RING_THREADS,),
+                             (x, w, bias if bias is not None else _NULL, out, _i32(N), _i32(K), _i32(rpc), _i32(G),
+                              _i32(S)), shared_mem=smem)
+                return
         if kernel == "gemv":  # one row: its own kernels (cuda/gemv.cu's staged loads)
             rows = () if M == 1 else (_i32(M),)
             name = (one_row_product_kernel(N, K, out.dtype == np.float32, self.num_sms, self.gemv1_deep_min_k,
@@ -1399,6 +1444,12 @@ class CudaBackend:
             self._launch("gemv1_stage_silu_mul_bf16", (grid,), (_GEMV_THREADS,),
                          (x, w_gate_up, out, _i32(F), _i32(K), _i32(rpc)), shared_mem=smem)
             return
+        ring = self._ring_plan(F, K, True) if kernel == "gemv" and M == 1 else None
+        if ring is not None:
+            grid, rpc, G, S, smem = ring
+            self._launch("gemv1_ring_silu_mul_bf16", (grid,), (_GEMV1_RING_THREADS,),
+                         (x, w_gate_up, out, _i32(F), _i32(K), _i32(rpc), _i32(G), _i32(S)), shared_mem=smem)
+            return
         if kernel == "gemv":
             rows = () if M == 1 else (_i32(M),)
             # gate and up rows on different warps: half the columns a CTA
@@ -1502,6 +1553,15 @@ class CudaBackend:
         if self.gemv1_stage == 2 and self._last_launch.startswith("paged_decode"):
             return None  # its copies would slow the attention's merge (part298)
         return gemv1_stage_plan(N, K, gated, self.num_sms, self.max_smem)
+
+    def _ring_plan(self, N: int, K: int, gated: bool) -> tuple[int, int, int, int, int] | None:
+        """gemv1_ring_plan under MINILLM_GEMV1_RING (None when off, for 1 right after the decode attention,
+        or when the product does not fit it); only for products gemv1_stage does not take."""
+        if not self.gemv1_ring or (self.gemv1_ring == 1 and self._last_launch.startswith("paged_decode")):
+            return None
+        if self._stage_plan(N, K, gated) is not None:
+            return None
+        return gemv1_ring_plan(N, K, gated, self.num_sms, self.max_smem)
 
     def _gemv_fits(self, x, w, out, bias, M: int, K: int, ldx: int, max_m: int | None = None) -> bool:
         """At most max_m rows of bf16 with 16-byte aligned rows: what cuda/gemv.cu's kernels take
