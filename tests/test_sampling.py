@@ -210,6 +210,27 @@ def test_stop_strings_cut_the_text_before_them(llm):
     assert out.finish_reason == "length" and len(out.token_ids) == 5 and out.stop_reason is None
 
 
+def test_stop_strings_wait_for_more_than_min_tokens(llm):
+    """As vLLM's detokenizer: a stop string is looked for only once more than min_tokens ids are out. One
+    that the m-th id completes stops the output there with min_tokens = m - 1, and not with min_tokens = m
+    (the next id's search starts past it, as vLLM's does)."""
+    prompt = [30, 31, 32]
+
+    def text(n):
+        return llm.generate([prompt], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))[0].text
+
+    texts = [text(n) for n in range(1, 16)]
+    m = next(m for m in range(2, 15) if texts[m - 1].startswith(texts[m - 2]) and len(texts[m - 1]) > len(texts[m - 2])
+             and texts[m - 1].find(texts[m - 1][len(texts[m - 2]):]) == len(texts[m - 2]))
+    stop = texts[m - 1][len(texts[m - 2]):]  # what the m-th id adds, first seen there
+    before = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop=[stop],
+                                                   min_tokens=m - 1))[0]
+    assert len(before.token_ids) == m and before.finish_reason == "stop" and before.text == texts[m - 2]
+    at = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop=[stop],
+                                               min_tokens=m))[0]
+    assert len(at.token_ids) > m and at.text.startswith(texts[m - 1])
+
+
 def test_invalid_sampling_params_are_refused():
     for kw, msg in [({"max_tokens": 0}, "max_tokens"), ({"temperature": -1}, "temperature"),
                     ({"top_p": 0}, "top_p"), ({"top_k": -2}, "top_k"), ({"min_tokens": 5, "max_tokens": 2},

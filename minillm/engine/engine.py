@@ -995,7 +995,8 @@ class LLMEngine:
             flushing = i == len(text_ids)
             seq.text += seq.decoder.flush() if flushing else seq.decoder.push([text_ids[i]])
             n = len(accepted) if flushing else i + 1  # these ids made the text so far
-            if p.stop and n0 + n >= p.min_tokens and len(seq.text) > before:
+            # as vLLM's detokenizer: stop strings are looked for once more than min_tokens ids are out
+            if p.stop and n0 + n > p.min_tokens and len(seq.text) > before:
                 found = self._find_stop(seq.text, p.stop, max(0, before - longest_stop + 1))
                 if found is not None:  # the text ends before the stop string, or after it if asked
                     seq.stop_reason = seq.text[found[0] : found[1]]
