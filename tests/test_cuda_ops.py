@@ -843,8 +843,9 @@ def test_rms_norm_matmul_folded_same_bits(be, K, N, with_res, bias):
     b = be.asarray(rng.standard_normal(2 * N).astype(np.float32)) if bias else None
     res_before = host(be, res) if with_res else None
     got = {}
-    saved = be.fold_norms_max_k
+    saved = be.fold_norms_max_k, be.gemv1_stage
     try:
+        be.gemv1_stage = 0  # these kernels, not gemv1_stage_* (test_one_row_stage_kernels_same_bits)
         for fold in (False, True):
             be.fold_norms_max_k = 4096 if fold else 0
             assert be.folds_norms(1, K) == fold and norm_fold_chunks(K) is not None
@@ -871,7 +872,7 @@ def test_rms_norm_matmul_folded_same_bits(be, K, N, with_res, bias):
             assert all(np.array_equal(a, c) for a, c in zip(runs[0][:2], runs[1][:2]))
             got[fold] = runs[0]
     finally:
-        be.fold_norms_max_k = saved
+        be.fold_norms_max_k, be.gemv1_stage = saved
     for a, c in zip(got[False][:2], got[True][:2]):
         assert not np.isnan(a).any() and np.array_equal(a, c)
     if with_res:
@@ -950,9 +951,10 @@ def test_one_row_gated_product_routes_same_bits(be):
     product on gemv1_deep_bf16 (MINILLM_GEMV1_DEEP_MIN_K) or gemv1_pre_bf16 (MINILLM_GEMV1_PRE)
     gives gemv1_bf16's."""
     x, w, b = one_row_inputs(be, 1024, 1536)
-    saved = be.gated_split_max_m, be.gemv1_deep_min_k, be.gemv1_pre
+    saved = be.gated_split_max_m, be.gemv1_deep_min_k, be.gemv1_pre, be.gemv1_stage
     outs, launched = {}, {}
     try:
+        be.gemv1_stage = 0  # these routes, not gemv1_stage_* (which takes both shapes when on)
         for route, split in (("fused", 0), ("split", 1)):
             be.gated_split_max_m = split
             out, gate_up = poisoned(be, (1, 1536)), poisoned(be, (1, 3072))
@@ -972,7 +974,7 @@ def test_one_row_gated_product_routes_same_bits(be):
             launched[key] = be.captured_launches - before
             outs[key] = host(be, out)
     finally:
-        be.gated_split_max_m, be.gemv1_deep_min_k, be.gemv1_pre = saved
+        be.gated_split_max_m, be.gemv1_deep_min_k, be.gemv1_pre, be.gemv1_stage = saved
     fused, gu0 = outs["fused"]
     assert not np.isnan(fused).any() and np.isnan(gu0).all() and np.isnan(outs["split"][1]).all()
     assert np.array_equal(fused, outs["split"][0])
