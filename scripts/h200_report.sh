@@ -139,7 +139,8 @@
 #   part297 (session 55): scripts/preload_bench.py, each product's weight share in shared memory before its wait.
 #   part298 (session 55): gemv1_stage_* (MINILLM_GEMV1_STAGE), that idea in the real 0.6B step; part299: =2;
 #   part300: =3. part301: the final code (=2 the default): every GPU test, sanitizers, the A/B, decode;
-#   part302: its stage, model and engine GPU tests alone. part303 (prepared): gemv1_ring_* for the 8B.
+#   part302: its stage, model and engine GPU tests alone. part303 (prepared): gemv1_ring_* for the 8B;
+#   part304 (prepared): the decode attention releasing at entry (DEC_RELEASE_EARLY).
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -5370,6 +5371,20 @@ part303() {  # prepared in session 55, not yet run (carry .whl): gemv1_ring_* (M
   stage decode8_r1 120 env MINILLM_GEMV1_RING=1 python3 -m minillm.bench decode $M/q8 --device cuda --input-len 512 \
     --output-len 128 --result-json "$W/decode8_r1.json"
   MINILLM_GEMV1_RING=1 timeline q8_b1_r1 $M/q8 --batch 1 --ctx 512
+  pack
+}
+
+part304() {  # prepared in session 55, not yet run (carry .whl): the decode attention releasing its dependents at entry
+  # (MINILLM_CUDA_DEFINES=DEC_RELEASE_EARLY=1), so the o product after it is placed while it runs (its ~3 us hand-off,
+  # part300's timeline). The fused decode step's op tests with it, then batch-1 graphs of both shapes default / early,
+  # alternated twice (~5 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage early_tests 200 env MINILLM_CUDA_DEFINES=DEC_RELEASE_EARLY=1 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    -rfEs tests/test_cuda_ops.py tests/test_cuda_model.py -k "decode_step_attention or one_sequence or dependent_chain"
+  tail -n 3 "$W/early_tests.log"
+  models_both 90
+  graphs_env_ab base=MINILLM_GEMV1_STAGE=2 early="MINILLM_GEMV1_STAGE=2 MINILLM_CUDA_DEFINES=DEC_RELEASE_EARLY=1"
   pack
 }
 
