@@ -5376,15 +5376,18 @@ part303() {  # prepared in session 55, not yet run (carry .whl): gemv1_ring_* (M
 
 part304() {  # prepared in session 55, not yet run (carry .whl): the decode attention releasing its dependents at entry
   # (MINILLM_CUDA_DEFINES=DEC_RELEASE_EARLY=1), so the o product after it is placed while it runs (its ~3 us hand-off,
-  # part300's timeline). The fused decode step's op tests with it, then batch-1 graphs of both shapes default / early,
-  # alternated twice (~5 minutes)
+  # part300's timeline). The fused decode step's op tests with it, then batch-1 graphs of both shapes default / early /
+  # the 100% carveout, alternated twice (~6 minutes)
   setup
   facts > "$W/facts.txt" 2>&1
   stage early_tests 200 env MINILLM_CUDA_DEFINES=DEC_RELEASE_EARLY=1 python3 -m pytest -q -m gpu -p no:cacheprovider \
     -rfEs tests/test_cuda_ops.py tests/test_cuda_model.py -k "decode_step_attention or one_sequence or dependent_chain"
   tail -n 3 "$W/early_tests.log"
   models_both 90
-  graphs_env_ab base=MINILLM_GEMV1_STAGE=2 early="MINILLM_GEMV1_STAGE=2 MINILLM_CUDA_DEFINES=DEC_RELEASE_EARLY=1"
+  # carve: one shared-memory capacity for every kernel (+1.7% before the stage kernels, part281); the stage
+  # kernels' 36-100 KB CTAs may now wait for SMs whose capacity a smaller kernel set to drain
+  graphs_env_ab base=MINILLM_GEMV1_STAGE=2 early="MINILLM_GEMV1_STAGE=2 MINILLM_CUDA_DEFINES=DEC_RELEASE_EARLY=1" \
+    carve="MINILLM_GEMV1_STAGE=2 MINILLM_SMEM_CARVEOUT=100"
   pack
 }
 
