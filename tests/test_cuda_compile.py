@@ -203,9 +203,10 @@ def release_before_wait(source: str) -> list[str]:
 # products (weights and norm weights before the wait) and the decode attention, whose pre-wait
 # loads read only step inputs and cache rows of earlier steps, which no kernel of the step writes
 # (the step's own key is stored by that attention kernel, after its wait). gemv1_ring_* (MINILLM_GEMV1_RING,
-# opt-in) likewise. (decode_attention.cu's DEC_RELEASE_EARLY, an A/B define off by default, releases before
-# its wait too; the scan below does not see it: the kernel's other pdl_entry() stands earlier in its text.)
-EARLY_RELEASE = {"norm.cu": ["rms_norm_vec_impl"], "gemv.cu": ["gemv1_stage_impl", "gemv1_ring_impl"]}
+# opt-in) likewise. cuda/decode_attention.cu's, under DEC_RELEASE_EARLY (an A/B define, off by default): its
+# successor is the o product (weights before its wait) or a kernel launched without a programmatic edge.
+EARLY_RELEASE = {"norm.cu": ["rms_norm_vec_impl"], "gemv.cu": ["gemv1_stage_impl", "gemv1_ring_impl"],
+                 "decode_attention.cu": ["decode_attention_impl"]}
 
 
 def test_kernels_release_dependents_only_after_their_own_wait():
