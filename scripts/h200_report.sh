@@ -5347,8 +5347,8 @@ part302() {  # session 55's final code (carry .whl), when little device time is 
 
 part303() {  # prepared in session 55, not yet run (carry .whl): gemv1_ring_* (MINILLM_GEMV1_RING: the 8B's one-row products
   # streamed through two shared-memory slots a CTA, the first before the PDL wait, dependents released at once).
-  # Its tests and the stage kernels'; 8B batch-1 graphs with it 0 / 1 (not after the attention) / 2 (all) / 1 with
-  # the release after the loop (GEMV_RING_EARLY=0), alternated twice; bench decode 8B with the better one (~7 min)
+  # Its tests and the stage kernels'; 8B batch-1 graphs with it 0 / 1 (all) / 2 (not after the attention) / 2 with
+  # the release after the loop (GEMV_RING_EARLY=0), alternated twice; bench decode 8B with 2 (~7 min)
   setup
   facts > "$W/facts.txt" 2>&1
   stage ring_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
@@ -5358,7 +5358,7 @@ part303() {  # prepared in session 55, not yet run (carry .whl): gemv1_ring_* (M
   local r kv tag
   for r in 1 2; do
     for kv in r0=MINILLM_GEMV1_RING=0 r1=MINILLM_GEMV1_RING=1 r2=MINILLM_GEMV1_RING=2 \
-        late="MINILLM_GEMV1_RING=1 MINILLM_CUDA_DEFINES=GEMV_RING_EARLY=0"; do
+        late="MINILLM_GEMV1_RING=2 MINILLM_CUDA_DEFINES=GEMV_RING_EARLY=0"; do
       tag=${kv%%=*}
       # shellcheck disable=SC2086  # the settings split into env's arguments
       stage "graph8_${tag}_$r" 90 env ${kv#*=} python3 scripts/step_kernels.py $M/q8 --batch 1 --ctx 512 \
@@ -5368,9 +5368,9 @@ part303() {  # prepared in session 55, not yet run (carry .whl): gemv1_ring_* (M
   for tag in r0 r1 r2 late; do
     echo "$tag $(grep -ho '"graph_ms": [0-9.]*' "$W"/graph8_${tag}_*.json | tr '\n' ' ')"
   done | tee "$W/graph8_ab.txt"
-  stage decode8_r1 120 env MINILLM_GEMV1_RING=1 python3 -m minillm.bench decode $M/q8 --device cuda --input-len 512 \
-    --output-len 128 --result-json "$W/decode8_r1.json"
-  MINILLM_GEMV1_RING=1 timeline q8_b1_r1 $M/q8 --batch 1 --ctx 512
+  stage decode8_r2 120 env MINILLM_GEMV1_RING=2 python3 -m minillm.bench decode $M/q8 --device cuda --input-len 512 \
+    --output-len 128 --result-json "$W/decode8_r2.json"
+  MINILLM_GEMV1_RING=2 timeline q8_b1_r2 $M/q8 --batch 1 --ctx 512
   pack
 }
 

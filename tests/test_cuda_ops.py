@@ -1072,7 +1072,7 @@ def test_one_row_ring_kernels(be, K, N, gated):
     got = {}
     try:
         be.gemv1_stage = 0  # the ring takes only what the stage kernels do not
-        for ring in (0, 2, 2):
+        for ring in (0, 1, 1):
             be.gemv1_ring = ring
             out = poisoned(be, (1, N))
             product(out)
@@ -1082,11 +1082,11 @@ def test_one_row_ring_kernels(be, K, N, gated):
         be.capture_graph(lambda: product(out)).replay()
         launched = be.captured_launches - before
         assert launched[name] == 1 and sum(launched.values()) == 1, launched
-        got[2].append(host(be, out))
+        got[1].append(host(be, out))
     finally:
         be.gemv1_stage, be.gemv1_ring = saved
-    ring_out, plain = got[2][0], got[0][0]
-    assert not np.isnan(ring_out).any() and all(np.array_equal(ring_out, o) for o in got[2][1:])
+    ring_out, plain = got[1][0], got[0][0]
+    assert not np.isnan(ring_out).any() and all(np.array_equal(ring_out, o) for o in got[1][1:])
     xh, wh = rounded(be, host(be, x)).astype(np.float64), host(be, w).astype(np.float64)
     if gated:
         g, u = xh @ wh[:N].T, xh @ wh[N:].T

@@ -26,6 +26,7 @@ from minillm.backends.cuda_ops import (
     gemv1_ring_plan,
     gemv1_stage_plan,
     o_merge_plan,
+    one_row_mode,
     one_row_product_kernel,
     short_run_on_three,
     short_run_three_mode,
@@ -236,6 +237,21 @@ def test_one_row_ring_plan_two_ctas_an_sm():
     assert gemv1_ring_plan(300, 64, True, sms, big)[2] == 4  # gate and up rows: 4 of each
     assert gemv1_ring_plan(100, 20480, False, sms, big) is None  # a 40 KB row: past a slot
     assert gemv1_ring_plan(6144, 4096, False, sms, 64 << 10) is None  # the device's limit
+
+
+def test_one_row_modes_from_the_environment(monkeypatch):
+    """MINILLM_GEMV1_STAGE / MINILLM_GEMV1_RING take 0, 1 or 2 (their defaults when unset); any other value is
+    refused naming the variable and the three modes."""
+    for name, default in (("MINILLM_GEMV1_STAGE", 2), ("MINILLM_GEMV1_RING", 0)):
+        monkeypatch.delenv(name, raising=False)
+        assert one_row_mode(name, default, "what") == default
+        for v in (0, 1, 2):
+            monkeypatch.setenv(name, str(v))
+            assert one_row_mode(name, default, "what") == v
+        for bad in ("3", "on", "-1"):
+            monkeypatch.setenv(name, bad)
+            with pytest.raises(ValueError, match=name):
+                one_row_mode(name, default, "what")
 
 
 def test_gated_split_mode_from_the_environment(monkeypatch):

@@ -332,6 +332,15 @@ def one_row_product_kernel(N: int, K: int, f32_out: bool, num_sms: int, deep_min
 # us a layer), 2 -2.4%. The 8B's products do not fit (its qkv would need 376 KB a CTA)
 _GEMV1_STAGE_MAX_SMEM = 112 << 10
 _GEMV1_STAGE_DEFAULT = 2
+_ONE_ROW_MODES = "0 never, 1 every product it takes, 2 all but the one right after the decode attention"
+
+
+def one_row_mode(name: str, default: int, what: str) -> int:
+    """MINILLM_GEMV1_STAGE / MINILLM_GEMV1_RING: one of _ONE_ROW_MODES, or a ValueError naming the variable."""
+    mode = env_int(name, default, f"{what}: {_ONE_ROW_MODES}")
+    if mode not in (0, 1, 2):
+        raise ValueError(f"{name}={mode}: use {_ONE_ROW_MODES}")
+    return mode
 
 
 def gemv1_stage_plan(N: int, K: int, gated: bool, num_sms: int, max_smem: int) -> tuple[int, int, int] | None:
@@ -346,9 +355,8 @@ def gemv1_stage_plan(N: int, K: int, gated: bool, num_sms: int, max_smem: int) -
 
 
 # cuda/gemv.cu's gemv1_ring_*: a one-row product too large for gemv1_stage streamed through S slots of G rows
-# (gate and up rows each) a CTA, one CTA an SM, the first slots copied before the PDL wait. MINILLM_GEMV1_RING:
-# 0 never (the default until measured: h200_report.sh part303), 1 every product it takes but the one right
-# after the decode attention (as MINILLM_GEMV1_STAGE=2), 2 all
+# (gate and up rows each) a CTA, one CTA an SM, the first slots copied before the PDL wait. MINILLM_GEMV1_RING
+# takes MINILLM_GEMV1_STAGE's values (_ONE_ROW_MODES); 0, the default, until measured (h200_report.sh part303)
 _GEMV1_RING_SLOT_BYTES = 32 << 10  # a slot's target size: G rows a slot as fit
 _GEMV1_RING_SLOTS = 2
 _GEMV1_RING_MAX_V = 8  # GEMV_RING_MAX_V in gemv.cu: G x (2 if gated else 1) at most
@@ -675,7 +683,7 @@ class CudaBackend:
     name = "cuda"
     decode_max_q = _DECODE_MAX_Q  # the runner's StepInputs.decode_rows: sequences this short
     device = "cuda"
-    _last_launch = ""  # the kernel _launch sent last (MINILLM_GEMV1_STAGE=2's rule)
+    _last_launch = ""  # the kernel _launch sent last (_one_row_mode_takes's rule)
 
     def __init__(self, dtype=None, device_id: int = 0, cublas_workspace_bytes: int = 32 << 20,
                  attention_scratch_bytes: int = 64 << 20, staging_bytes: int = 16 << 20,
@@ -783,20 +791,11 @@ class CudaBackend:
                                  "1: one-row products of one wave load their first weights before the PDL wait")
         if self.gemv1_pre not in (0, 1):
             raise ValueError(f"MINILLM_GEMV1_PRE={self.gemv1_pre}: use 0 or 1")
-        self.gemv1_stage = env_int("MINILLM_GEMV1_STAGE", _GEMV1_STAGE_DEFAULT,
-                                   "one-row products whose CTAs' weight shares fit in shared memory copy them "
-                                   "there before the PDL wait (gemv1_stage_*): 0 never, 1 all, 2 all but the "
-                                   "one right after the decode attention")
-        if self.gemv1_stage not in (0, 1, 2):
-            raise ValueError(f"MINILLM_GEMV1_STAGE={self.gemv1_stage}: use 0, 1 or 2 (all but the product "
-                             "right after the decode attention)")
-        self.gemv1_ring = env_int("MINILLM_GEMV1_RING", 0,
-                                  "one-row products too large for gemv1_stage stream through shared-memory "
-                                  "slots (gemv1_ring_*): 0 never, 1 all but the one right after the decode "
-                                  "attention, 2 all")
-        if self.gemv1_ring not in (0, 1, 2):
-            raise ValueError(f"MINILLM_GEMV1_RING={self.gemv1_ring}: use 0, 1 (all but the product right after "
-                             "the decode attention) or 2 (all)")
+        self.gemv1_stage = one_row_mode("MINILLM_GEMV1_STAGE", _GEMV1_STAGE_DEFAULT,
+                                        "one-row products whose CTAs' weight shares fit in shared memory copy "
+                                        "them there before the PDL wait (gemv1_stage_*)")
+        self.gemv1_ring = one_row_mode("MINILLM_GEMV1_RING", 0, "one-row products too large for gemv1_stage "
+                                       "stream through shared-memory slots (gemv1_ring_*)")
         self.o_merge = env_int("MINILLM_O_MERGE", _O_MERGE_DEFAULT,
                                "a batch-1 step's o product merges the attention's splits: 0 off, 1 each CTA, "
                                "2 in clusters")
@@ -1545,21 +1544,22 @@ class CudaBackend:
         self._launch(f"gemv1_silu_mul_split_norm{norm_fold_chunks(K)}_bf16", (_cdiv(F, _GEMV_COLS_PER_CTA // 2),),
                      (_GEMV_THREADS,), a + tail)
 
+    def _one_row_mode_takes(self, mode: int) -> bool:
+        """Whether a one-row product launched now may take the kernels of a _ONE_ROW_MODES switch: 2 leaves
+        out the product right after the decode attention, whose copies would slow its merge (part298)."""
+        return mode == 1 or (mode == 2 and not self._last_launch.startswith("paged_decode"))
+
     def _stage_plan(self, N: int, K: int, gated: bool) -> tuple[int, int, int] | None:
-        """gemv1_stage_plan under MINILLM_GEMV1_STAGE (None when off, for 2 right after the decode
-        attention, or when the share does not fit)."""
-        if not self.gemv1_stage:
+        """gemv1_stage_plan under MINILLM_GEMV1_STAGE (None where the switch leaves this product out or the
+        share does not fit)."""
+        if not self._one_row_mode_takes(self.gemv1_stage):
             return None
-        if self.gemv1_stage == 2 and self._last_launch.startswith("paged_decode"):
-            return None  # its copies would slow the attention's merge (part298)
         return gemv1_stage_plan(N, K, gated, self.num_sms, self.max_smem)
 
     def _ring_plan(self, N: int, K: int, gated: bool) -> tuple[int, int, int, int, int] | None:
-        """gemv1_ring_plan under MINILLM_GEMV1_RING (None when off, for 1 right after the decode attention,
-        or when the product does not fit it); only for products gemv1_stage does not take."""
-        if not self.gemv1_ring or (self.gemv1_ring == 1 and self._last_launch.startswith("paged_decode")):
-            return None
-        if self._stage_plan(N, K, gated) is not None:
+        """gemv1_ring_plan under MINILLM_GEMV1_RING (None where the switch leaves this product out or it does
+        not fit); only for products gemv1_stage does not take."""
+        if not self._one_row_mode_takes(self.gemv1_ring) or self._stage_plan(N, K, gated) is not None:
             return None
         return gemv1_ring_plan(N, K, gated, self.num_sms, self.max_smem)
 
