@@ -986,6 +986,16 @@ def test_bench_commands_refuse_bad_flags_in_one_line(tiny, capsys, command, flag
     _refused(capsys, main, [command, str(tiny), *device, *flags], flag)
 
 
+def test_spec_cost_names_its_own_flags_in_a_pool_too_large(tiny, capsys):
+    """spec-cost sizes the engine from --concurrency and the lengths; a pool too large for the RAM said
+    "lower --max-num-seqs", a flag spec-cost does not take, without saying what set it."""
+    from minillm.bench.__main__ import main
+
+    _refused(capsys, main, ["spec-cost", str(tiny), "--device", "cpu", "--input-len", "8", "--output-len", "4",
+                            "--concurrency", "1,30000000"],
+             "--max-num-seqs is the largest --concurrency (30000000)")
+
+
 def test_spec_cost_checks_k_against_the_drafters_block_first(tiny, tmp_path, capsys):
     """--k past the drafter's block (and a drafter config.json that does not parse) failed only once the
     plain runs were done; the drafter's config is read before them."""

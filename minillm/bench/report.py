@@ -164,6 +164,13 @@ def context_error(error: Exception, lengths: str, max_model_len: int, spare: int
             f"positions); give lengths that sum to at most {context - spare}")
 
 
+def derived_flags_note(error: str, sets: dict[str, str]) -> str:
+    """`error` with a note naming where a command's own flags set the engine flags it mentions
+    (`sets`: engine flag -> what set it): spec-cost's "lower --max-num-seqs" meant its --concurrency."""
+    named = [f"{flag} is {why}" for flag, why in sets.items() if flag in error]
+    return error if not named else f"{error} (here {'; '.join(named)})"
+
+
 def same_file(a: str | Path, b: str | Path) -> bool:
     """Whether two paths name one file (a link to it, or a file not written yet at the same place)."""
     try:

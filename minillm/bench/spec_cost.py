@@ -21,7 +21,7 @@ import numpy as np
 
 from minillm.args import STARTUP_ERRORS, CliParser
 from minillm.bench.decode import weight_bytes
-from minillm.bench.report import check_output_path, context_error, need, save_json
+from minillm.bench.report import check_output_path, context_error, derived_flags_note, need, save_json
 from minillm.engine.engine import LLMEngine
 from minillm.sampling_params import SamplingParams
 
@@ -389,6 +389,9 @@ def main(argv: list[str] | None = None) -> int:
                   max_model_len=ns.input_len + longest_output(ns) + SPARE_POSITIONS,
                   enable_prefix_caching=False,
                   enforce_eager=ns.enforce_eager, dtype=ns.dtype, max_num_batched_tokens=budget)
+    sets = {"--max-num-seqs": f"the largest --concurrency ({max(cs)})",
+            "--max-model-len": f"--input-len + the longest output + {SPARE_POSITIONS} ({common['max_model_len']})",
+            "--num-blocks": "not a spec-cost flag (the pool holds the largest --concurrency's sequences)"}
     rng = np.random.default_rng(0)
     try:  # the target (and its flags: device, dtype, budget) fails here if it fails at all
         plain = LLMEngine(**common)
@@ -396,7 +399,8 @@ def main(argv: list[str] | None = None) -> int:
         lengths = f"--input-len {ns.input_len} + " + (
             f"--output-len {ns.output_len}" if longest_output(ns) == ns.output_len
             else f"--backoff-output-len {ns.backoff_output_len}")
-        print(f"error: {context_error(e, lengths, common['max_model_len'], SPARE_POSITIONS)}", file=sys.stderr)
+        message = derived_flags_note(context_error(e, lengths, common['max_model_len'], SPARE_POSITIONS), sets)
+        print(f"error: {message}", file=sys.stderr)
         return 2
     if ns.draft_vocab_size is not None and ns.draft_vocab_size > plain.config.vocab_size:  # before the plain runs
         print(f"error: --draft-vocab-size {ns.draft_vocab_size} is past the target's vocabulary "
@@ -418,8 +422,8 @@ def main(argv: list[str] | None = None) -> int:
         dflash["draft_vocab_size"] = ns.draft_vocab_size
     try:
         spec = None if not ns.drafter else LLMEngine(**common, speculative_config=dflash)
-    except STARTUP_ERRORS as e:  # a bad --drafter or --draft-vocab-size
-        print(f"error: {e}", file=sys.stderr)
+    except STARTUP_ERRORS as e:  # a bad --drafter or --draft-vocab-size, or the drafter's pool too large
+        print(f"error: {derived_flags_note(str(e), sets)}", file=sys.stderr)
         return 2
     if spec is not None:
         result.update(round_bytes_floor(spec))
