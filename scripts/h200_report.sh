@@ -141,6 +141,7 @@
 #   part300: =3. part301: the final code (=2 the default): every GPU test, sanitizers, the A/B, decode;
 #   part302: its stage, model and engine GPU tests alone. part303 (prepared): gemv1_ring_* for the 8B;
 #   part304 (prepared): the decode attention releasing at entry (DEC_RELEASE_EARLY).
+#   part305 (session 56): part301 + part303 + part304 in one call.
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -5388,6 +5389,47 @@ part304() {  # prepared in session 55, not yet run (carry .whl): the decode atte
   # kernels' 36-100 KB CTAs may now wait for SMs whose capacity a smaller kernel set to drain
   graphs_env_ab base=MINILLM_GEMV1_STAGE=2 early="MINILLM_GEMV1_STAGE=2 MINILLM_CUDA_DEFINES=DEC_RELEASE_EARLY=1" \
     carve="MINILLM_GEMV1_STAGE=2 MINILLM_SMEM_CARVEOUT=100"
+  pack
+}
+
+part305() {  # session 56 (carry .whl): part301, part303 and part304 in one call, the most needed first (starts were
+  # scarce: each call packs after every stage). Every GPU test on the final code (MINILLM_GEMV1_STAGE=2 the
+  # default); decode of both shapes on it; the ring kernel's tests and the 8B A/B r0 / r1 / r2 (alternated twice)
+  # and bench decode 8B with r2; the decode attention's early release and the carveout (graphs_env_ab); the 8B
+  # rejected DFlash round; sanitizers of the stage and ring kernels last (~9 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  gpu_tests_full 200
+  models_both 90
+  decode_06b 60
+  decode_8b 70
+  stage ring_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_cuda_model.py -k "ring"
+  local r kv tag
+  for r in 1 2; do
+    for kv in r0=MINILLM_GEMV1_RING=0 r1=MINILLM_GEMV1_RING=1 r2=MINILLM_GEMV1_RING=2; do
+      tag=${kv%%=*}
+      # shellcheck disable=SC2086  # the settings split into env's arguments
+      stage "graph8_${tag}_$r" 60 env ${kv#*=} python3 scripts/step_kernels.py $M/q8 --batch 1 --ctx 512 \
+        --json "$W/graph8_${tag}_$r.json"
+    done
+  done
+  for tag in r0 r1 r2; do
+    echo "$tag $(grep -ho '"graph_ms": [0-9.]*' "$W"/graph8_${tag}_*.json | tr '\n' ' ')"
+  done | tee "$W/graph8_ring_ab.txt"
+  stage decode8_r2 70 env MINILLM_GEMV1_RING=2 python3 -m minillm.bench decode $M/q8 --device cuda --input-len 512 \
+    --output-len 128 --result-json "$W/decode8_r2.json"
+  stage early_tests 120 env MINILLM_CUDA_DEFINES=DEC_RELEASE_EARLY=1 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    -rfEs tests/test_cuda_ops.py tests/test_cuda_model.py -k "decode_step_attention or one_sequence or dependent_chain"
+  graphs_env_ab base=MINILLM_GEMV1_STAGE=2 early="MINILLM_GEMV1_STAGE=2 MINILLM_CUDA_DEFINES=DEC_RELEASE_EARLY=1" \
+    carve="MINILLM_GEMV1_STAGE=2 MINILLM_SMEM_CARVEOUT=100" | tee "$W/graphs_early_carve_ab.txt"
+  stage drafters 60 python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force
+  spec_cost_8b 120
+  MINILLM_GEMV1_RING=2 timeline q8_b1_r2 $M/q8 --batch 1 --ctx 512
+  stage memcheck_stage_ring 100 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "(one_row_stage and 1024-3072) or ring"
+  stage racecheck_stage_ring 100 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "(one_row_stage and 1024-3072) or ring"
   pack
 }
 
