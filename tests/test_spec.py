@@ -485,6 +485,116 @@ def test_dflash_matches_reference(dflash_pair):
     assert ours == ref[0, len(prompt):].tolist()
 
 
+@pytest.fixture(scope="module")
+def dflash2_pair(dflash_pair, tmp_path_factory):
+    """The DFlash target with two random DFlash2 drafters: taps 4 (the 8B's default widths
+    scaled down) and taps 2 (see test_dflash2_matches_reference)."""
+    target = dflash_pair[0]
+    out = []
+    for taps in (4, 2):
+        d = tmp_path_factory.mktemp(f"dfd2_{taps}")
+        write_dflash_drafter(d, target, seed=5, num_layers=2, force=True,
+                             dflash2={"conv_kernel_size": taps, "conv_group_size": 16, "selector_rank": 24,
+                                      "selector_top_k": 12})
+        out.append(d)
+    return target, out[0], out[1]
+
+
+def test_dflash2_matches_reference(dflash2_pair):
+    """A DFlash2 drafter (convs around every draft layer's attention and MLP, a candidate selector
+    instead of the argmax): draft hidden states and tokens equal dflash.DFlash2DraftModel's, whose
+    selector picks other tokens than the argmax here; and dflash_generate agrees."""
+    from dflash.model import DFlash2DraftModel, dflash_generate, extract_context_feature
+    from transformers import AutoModelForCausalLM
+
+    target_dir, drafter_dir, short_taps = dflash2_pair
+    ref_target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    ref_draft = DFlash2DraftModel.from_pretrained(drafter_dir, dtype=torch.float32).eval()
+    prompt = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 300, 301, 302]
+    bs = ref_draft.block_size
+    llm = LLM(str(target_dir), device="cpu", max_model_len=256, speculative_config={
+        "method": "dflash", "model": str(drafter_dir), "num_speculative_tokens": bs - 1})
+    eng = llm.engine
+    eng.add_request(prompt, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True), "r")
+    eng.step()
+    eng.proposer.resolve()
+    seq = eng.requests["r"]
+    ours_hidden = eng.backend.to_host(eng.proposer.runner.ws.normed[:bs]).copy()
+    with torch.no_grad():
+        out = ref_target(torch.tensor([prompt]), output_hidden_states=True)
+        first = int(out.logits[0, -1].argmax())
+        assert first == seq.output_ids[0]
+        feats = extract_context_feature(out.hidden_states, ref_draft.target_layer_ids)
+        block = torch.tensor([[first] + [ref_draft.mask_token_id] * (bs - 1)])
+        noise = ref_target.get_input_embeddings()(block)
+        pos = torch.arange(len(prompt) + bs)[None]
+        hidden = ref_draft(target_hidden=feats, noise_embedding=noise, position_ids=pos)[0]
+        ref_tokens, _, _ = ref_draft.propose(hidden[None, 1:], block[:, 0], ref_target.lm_head, 0.0)
+        argmax = ref_draft.compute_logits(hidden[1:], ref_target.lm_head).argmax(-1)
+    hidden = hidden.numpy()
+    rel = np.abs(ours_hidden - hidden).max() / np.abs(hidden).max()
+    assert rel < 1e-4, f"draft hidden states differ: relative error {rel:.2e}"
+    assert list(seq.draft_ids) == ref_tokens[0].tolist()
+    assert list(seq.draft_ids) != argmax.tolist()  # the selector's pairing term decided some drafts
+
+    # whole runs, with the 2-tap drafter: the reference's conv fails on a last block shorter than
+    # its taps (dflash/model.py pads blocks[:, :-offset] back to offset rows), which a 4-tap
+    # drafter meets whenever a run ends 2 or 3 tokens past a round
+    ref_short = DFlash2DraftModel.from_pretrained(short_taps, dtype=torch.float32).eval()
+    for max_new in (32, 45):
+        full = LLM(str(target_dir), device="cpu", max_model_len=256, speculative_config={
+            "method": "dflash", "model": str(short_taps), "num_speculative_tokens": bs - 1})
+        ours = full.generate([prompt], SamplingParams(temperature=0, max_tokens=max_new, ignore_eos=True))
+        with torch.no_grad():
+            ref = dflash_generate(ref_short, ref_target, torch.tensor([prompt]), max_new_tokens=max_new,
+                                  stop_token_ids=None)
+        assert ours[0].token_ids == ref[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_dflash2_greedy_lossless(dflash2_pair, k):
+    """DFlash2 drafts (the selector's path) leave greedy output token-identical to plain decoding,
+    for 18 requests at up to 16 at once in a pool that preempts, with drafts taken on the device and
+    drafted behind verification steps."""
+    target, drafter, _ = dflash2_pair
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    base = LLM(str(target), device="cpu", max_model_len=128, max_num_seqs=16).generate(PROMPTS, params)
+    spec = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": k}
+    llm = LLM(str(target), device="cpu", max_model_len=128, max_num_seqs=16, num_blocks=30, speculative_config=spec)
+    outs = llm.generate(PROMPTS, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in base]
+    assert llm.engine.stats().preemptions > 0 and llm.engine.spec_stats.drafted > 0  # (random drafts: few accepted)
+    assert llm.engine.runner.draft_fills > 0 and llm.engine.drafted_behind > 0
+
+
+def test_dflash2_checkpoints_that_are_refused(dflash2_pair, tmp_path):
+    """A DFlash2 config or tensor minillm cannot run is refused at startup, by name."""
+    import json
+
+    target, drafter, _ = dflash2_pair
+    conf = json.loads((drafter / "config.json").read_text())
+    cases = [
+        (lambda c: c["dflash_config"].pop("selector_rank"), "needs selector_rank"),
+        (lambda c: c["dflash_config"].update(conv_group_size=7), "does not divide hidden_size"),
+        (lambda c: c["dflash_config"].update(selector_top_k=257), "selector_top_k 257 is past"),
+        (lambda c: c["dflash_config"].update(conv_kernel_size=3), "has shape"),  # the tensors say 4 taps
+        (lambda c: c.update(is_causal=True), "causal DFlash draft layers are not supported"),
+        (lambda c: c.update(layer_types=["sliding_attention", "full_attention"]), "sliding_attention"),
+    ]
+    for i, (change, msg) in enumerate(cases):
+        bad = tmp_path / f"bad{i}"
+        bad.mkdir()
+        c = json.loads(json.dumps(conf))
+        change(c)
+        (bad / "config.json").write_text(json.dumps(c))
+        for name in os.listdir(drafter):
+            if name.endswith(".safetensors"):
+                os.symlink(drafter / name, bad / name)
+        with pytest.raises(ValueError, match=msg):
+            LLM(str(target), device="cpu", speculative_config={"method": "dflash", "model": str(bad),
+                                                               "num_speculative_tokens": 2})
+
+
 def watch_drafting(engine) -> list[tuple[int, int]]:
     """(running sequences, drafts asked) at every drafting decision of the engine: its late drafting
     (_draft_budgets) and its early drafting behind a verification step (propose_behind)."""

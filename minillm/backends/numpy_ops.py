@@ -339,6 +339,53 @@ class NumpyBackend:
         np.tanh(x / cap, out=x)
         x *= cap
 
+    # ---- DFlash2 drafters (minillm/spec/dflash2.py) ----------------------------------------
+    def grouped_causal_conv(self, x, base, dyn, half: int, group_size: int, block_rows: int, out) -> None:
+        """DFlash2's grouped dynamic causal convolution along each block of block_rows rows:
+        out[t, c] = sum over o < ks, o <= t % block_rows, of
+                    (base[o, c] + dyn[t, (half * ks + o) * G + c // group_size]) * x[t - o, c]
+        x, out [T, C]; base [ks, C] (one half of a conv's base_kernel); dyn [T, 2 * ks * G] (the
+        conv's kernel_projection of its input, G = C / group_size); T a multiple of block_rows."""
+        ks, (T, C) = base.shape[0], x.shape
+        G = C // group_size
+        at = np.arange(T) % block_rows
+        acc = np.zeros((T, C), np.float32)
+        for o in range(ks):
+            shifted = np.zeros((T, C), np.float32)
+            shifted[o:] = x[: T - o]
+            shifted[at < o] = 0.0  # taps before the block's first row see zeros
+            d = np.repeat(dyn[:, (half * ks + o) * G : (half * ks + o + 1) * G], group_size, axis=1)
+            acc += base[o] * shifted
+            acc += d * shifted
+        out[...] = acc
+
+    def dflash2_select(self, logits, hproj, input_ids, block_rows: int, k: int, pred, succ, top_k: int,
+                       cand_ids, cand_vals, out) -> None:
+        """DFlash2's candidate selector, greedy, for S = rows / k blocks of k logits rows each.
+        Block s starts from prev = input_ids[s * block_rows] (its anchor, the last accepted token);
+        its position p (row s * k + p) takes the top_k ids of its logits row (the largest values,
+        ties to the lower id) into cand_ids[row] (ascending ids) and their logits into
+        cand_vals[row], scores each candidate c as
+            logits[row, c] + sum_r pred[prev, r] * hproj[row, r] * succ[c, r],
+        writes the best (ties to the lower id) to out[row], and makes it prev."""
+        rows = logits.shape[0]
+        for s in range(rows // k):
+            prev = int(input_ids[s * block_rows])
+            for p in range(k):
+                row = s * k + p
+                lg = logits[row]
+                kth = np.partition(lg, lg.size - top_k)[lg.size - top_k]
+                above = np.flatnonzero(lg > kth)
+                at = np.flatnonzero(lg == kth)[: top_k - above.size]
+                ids = np.sort(np.concatenate([above, at]))
+                cand_ids[row] = ids
+                cand_vals[row] = lg[ids]
+                pair = (pred[prev].astype(np.float32) * hproj[row].astype(np.float32))
+                scores = lg[ids] + succ[ids].astype(np.float32) @ pair
+                best = ids[np.flatnonzero(scores == scores.max())[0]]  # ids ascend: the first is the lowest
+                out[row] = best
+                prev = int(best)
+
     def sample(self, logits, temperature, top_p, top_k, seeds, positions, out_tokens,
                draft_tokens=None, out_accepted=None, min_p=None) -> None:
         _sample(logits, temperature, top_p, top_k, seeds, positions, out_tokens, draft_tokens,

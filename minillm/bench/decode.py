@@ -58,9 +58,14 @@ def weight_bytes(model) -> int:
     The embedding table counts only where it is also the LM head (tied): otherwise a step reads
     one row of it per token, not the table (Qwen3-8B's untied 1.24 GB table counted once made its
     roofline 254 tok/s instead of ~275 at the same bandwidth: session 15)."""
+    def fields(obj) -> list:  # a layer's arrays, and those of the dataclasses in it (DFlash2's convs)
+        values = [getattr(obj, f) for f in obj.__dataclass_fields__]
+        return [a for v in values if v is not None for a in (fields(v) if hasattr(v, "__dataclass_fields__") else [v])
+                if hasattr(a, "nbytes")]
+
     arrays = [model.norm, model.lm_head]
     for lw in model.layers:
-        arrays += [getattr(lw, f) for f in lw.__dataclass_fields__ if getattr(lw, f) is not None]
+        arrays += fields(lw)
     return int(sum(a.nbytes for a in arrays))
 
 

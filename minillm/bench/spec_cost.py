@@ -201,7 +201,7 @@ def round_bytes_floor(engine: LLMEngine) -> dict:
     price (decode.weight_bytes counts a step's weights the same way)."""
     p = engine.proposer
     target = weight_bytes(engine.model)
-    drafter = weight_bytes(p.model) + sum(a.nbytes for a in p.context_weights())
+    drafter = weight_bytes(p.model) + sum(a.nbytes for a in p.context_weights() + p.drafting_weights())
     return {"target_weight_bytes": target, "drafter_weight_bytes": int(drafter),
             "bytes_floor": (target + drafter) / target}
 

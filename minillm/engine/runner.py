@@ -187,7 +187,8 @@ class ModelRunner:
     def __init__(self, model: Transformer, backend, kv, block_manager: BlockManager,
                  max_tokens: int, max_seqs: int, max_logits: int, max_model_len: int,
                  causal: bool = True, transform_logits: Callable[[object], None] | None = None,
-                 logits_window: tuple[int, int] | None = None):
+                 logits_window: tuple[int, int] | None = None,
+                 select_drafts: Callable[[object, object, object, object], None] | None = None):
         self.model = model
         self.backend = backend
         self.kv = kv
@@ -210,6 +211,9 @@ class ModelRunner:
         self.causal = causal
         self.transform_logits = transform_logits
         self.logits_window = logits_window
+        # a DFlash2 drafter's candidate selector, in place of the sampler's argmax: (logits rows,
+        # their final normed hidden rows, the step's input ids, out_tokens rows)
+        self.select_drafts = select_drafts
         # the target's structured-output masks (engine/structured.py's GrammarCompiler; set by the
         # engine, None in a drafter's runner: drafts ignore the constraint, verification applies it)
         self.grammars = None
@@ -775,6 +779,9 @@ class ModelRunner:
 
     def _sample(self, logits, r: int) -> None:
         d = self.buf.dev
+        if self.select_drafts is not None:
+            self.select_drafts(logits, self.ws.last[:r], d["input_ids"], d["out_tokens"][:r])
+            return
         self.backend.sample(logits, d["temperature"][:r], d["top_p"][:r], d["top_k"][:r],
                             d["seeds"][:r], d["sample_pos"][:r], d["out_tokens"][:r],
                             d["draft_tokens"][:r], d["out_accepted"][:r], min_p=d["min_p"][:r])

@@ -59,6 +59,10 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     pad_token_id: int | None = None
+    # DFlash2 drafters: a grouped dynamic causal convolution (kernel size, channels a group) before
+    # and after each layer's attention and MLP (models/transformer.py's CausalConv); 0: none
+    conv_kernel_size: int = 0
+    conv_group_size: int = 0
 
     def __post_init__(self) -> None:
         if self.arch not in SUPPORTED_ARCHITECTURES:
@@ -77,6 +81,13 @@ class ModelConfig:
     @property
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
+
+    @property
+    def conv_width(self) -> int:
+        """Columns of a conv's kernel projection: 2 halves x kernel_size taps x groups (0: no convs)."""
+        if not self.conv_kernel_size:
+            return 0
+        return 2 * self.conv_kernel_size * (self.hidden_size // self.conv_group_size)
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """Bytes of K and V one token occupies across all layers."""

@@ -371,6 +371,10 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes.update({p + "q_bias": (c.q_size,), p + "k_bias": (c.kv_size,), p + "v_bias": (c.kv_size,)})
         if c.qk_norm:
             shapes.update({p + "q_norm": (c.head_dim,), p + "k_norm": (c.head_dim,)})
+        if c.conv_kernel_size:  # a DFlash2 drafter's convs (models/transformer.py's CausalConv)
+            for conv in ("attn_conv.", "mlp_conv."):
+                shapes.update({p + conv + "base": (2, c.conv_kernel_size, c.hidden_size),
+                               p + conv + "proj": (c.conv_width, c.hidden_size)})
     return shapes
 
 

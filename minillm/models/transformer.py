@@ -17,6 +17,19 @@ from minillm.models.rope import cos_sin_table
 
 
 @dataclass
+class CausalConv:
+    """A DFlash2 layer's grouped dynamic causal convolution around its attention or its MLP.
+
+    Its `proj` [2 * ks * groups, hidden] turns the sub-block's normed input into per-row, per-tap,
+    per-group kernel weights; half 0 (with base[0]) convolves that input along each drafted block
+    before the sub-block, half 1 (with base[1]) convolves the sub-block's output after it."""
+
+    base: object  # [2, ks, hidden]
+    proj: object  # [2 * ks * groups, hidden]
+    group_size: int
+
+
+@dataclass
 class LayerWeights:
     attn_norm: object
     qkv: object  # [q + 2kv, hidden]: q, k and v projections fused into one matrix
@@ -27,6 +40,8 @@ class LayerWeights:
     mlp_norm: object
     gate_up: object  # [2 * ffn, hidden]: gate and up fused
     down: object
+    attn_conv: CausalConv | None = None  # DFlash2 drafters only
+    mlp_conv: CausalConv | None = None
 
 
 @dataclass
@@ -59,6 +74,8 @@ class Workspace:
     def nbytes(cfg: ModelConfig, max_tokens: int, max_logits: int, dtype_bytes: int) -> int:
         """What __init__ allocates, for planning memory before it exists."""
         per_token = 3 * cfg.hidden_size + cfg.q_size + 2 * cfg.kv_size + cfg.q_size + 3 * cfg.intermediate_size
+        if cfg.conv_width:  # mixed and dyn
+            per_token += cfg.hidden_size + cfg.conv_width
         return (dtype_bytes * (max_tokens * per_token + (max_logits + 1) * cfg.hidden_size)
                 + 4 * max_logits * cfg.vocab_size)
 
@@ -82,6 +99,9 @@ class Workspace:
         self.act = e((max_tokens, cfg.intermediate_size))
         self.last = e((max_logits, cfg.hidden_size))
         self.logits = e((max_logits, cfg.vocab_size), dtype=np.float32)
+        if cfg.conv_width:  # DFlash2: a conv's output, and its kernel projection
+            self.mixed = e((max_tokens, cfg.hidden_size))
+            self.dyn = e((max_tokens, cfg.conv_width))
 
 
 class Transformer:
@@ -110,6 +130,8 @@ class Transformer:
                     mlp_norm=a(w[p + "mlp_norm"]),
                     gate_up=a(np.concatenate([w[p + "gate"], w[p + "up"]])),
                     down=a(w[p + "down"]),
+                    attn_conv=self._conv(w, p + "attn_conv.") if cfg.conv_kernel_size else None,
+                    mlp_conv=self._conv(w, p + "mlp_conv.") if cfg.conv_kernel_size else None,
                 )
             )
         self.cos_sin = a(cos_sin_table(cfg, max_positions), dtype=np.float32)
@@ -117,6 +139,24 @@ class Transformer:
         # one-token steps run every layer as one op (on the GPU one persistent kernel,
         # cuda/decode_layers.cu); None where the backend has no such path for this model
         self.decoder = backend.decoder_plan(cfg, self.layers, self.cos_sin, self.scale)
+
+    def _conv(self, w: dict, prefix: str) -> CausalConv:
+        a = self.backend.asarray
+        return CausalConv(base=a(w[prefix + "base"]), proj=a(w[prefix + "proj"]), group_size=self.cfg.conv_group_size)
+
+    def _conv_in(self, conv: CausalConv, normed, ws: Workspace, T: int, block_rows: int):
+        """A sub-block's input through its conv's first half; its kernel projection stays in ws.dyn
+        for the second half (_conv_out)."""
+        B = self.backend
+        B.matmul(normed, conv.proj, out=ws.dyn[:T])
+        B.grouped_causal_conv(normed, conv.base[0], ws.dyn[:T], 0, conv.group_size, block_rows, out=ws.mixed[:T])
+        return ws.mixed[:T]
+
+    def _conv_out(self, conv: CausalConv, y, ws: Workspace, T: int, block_rows: int):
+        """A sub-block's output through its conv's second half (the kernels _conv_in projected)."""
+        self.backend.grouped_causal_conv(y, conv.base[1], ws.dyn[:T], 1, conv.group_size, block_rows,
+                                         out=ws.mixed[:T])
+        return ws.mixed[:T]
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int):
         """K and V pools [layers, num_blocks, block_size, kv_heads, head_dim]."""
@@ -142,7 +182,10 @@ class Transformer:
         hs = c.hidden_size
 
         B.embed(x.input_ids, self.embed, out=residual)
-        one_op = T == 1 and self.decoder is not None and causal and not capture_layers
+        # DFlash2 drafters convolve along each block of max_query_len rows (their steps' blocks)
+        convs = c.conv_kernel_size > 0
+        block_rows = x.max_query_len or T
+        one_op = T == 1 and self.decoder is not None and causal and not capture_layers and not convs
         # one new token a sequence (the runner's hint): no row attends to another row's new key,
         # so each layer's q/k rotation and KV store fold into its attention kernel
         decode_step = x.max_query_len == 1 and causal
@@ -151,9 +194,10 @@ class Transformer:
                             x.block_tables, x.seq_lens)
         # one row: each RMSNorm runs inside the product after it (one launch a norm fewer), so the
         # residual stream alternates between two rows (res, then spare) instead of updating in place
-        fold = not one_op and not capture_layers and B.folds_norms(T, hs)
+        fold = not one_op and not capture_layers and not convs and B.folds_norms(T, hs)
         res, spare = residual, ws.residual_alt[:T] if fold else None
         eps = c.rms_norm_eps
+        out = hidden  # where a layer leaves its output (a DFlash2 layer's last conv: ws.mixed)
         for i, lw in enumerate(() if one_op else self.layers):
             if fold:
                 if i == 0:
@@ -167,11 +211,12 @@ class Transformer:
                 if i == 0:
                     B.rms_norm(residual, lw.attn_norm, eps, out=normed)
                 else:
-                    B.rms_norm(hidden, lw.attn_norm, eps, out=normed, residual=residual)
+                    B.rms_norm(out, lw.attn_norm, eps, out=normed, residual=residual)
                     if i - 1 in capture_layers:
                         j = capture_layers.index(i - 1)
                         B.copy(residual, out=capture_out[:T, j * hs : (j + 1) * hs])
-                B.matmul(normed, lw.qkv, out=qkv, bias=lw.qkv_bias)
+                a_in = normed if lw.attn_conv is None else self._conv_in(lw.attn_conv, normed, ws, T, block_rows)
+                B.matmul(a_in, lw.qkv, out=qkv, bias=lw.qkv_bias)
             if decode_step:  # one kernel: q/k norm + RoPE, k and v into the caches, attention;
                 # then the o product (which at batch 1 can merge the attention's splits itself)
                 B.decode_step_attention(q, k, v, lw.q_norm, lw.k_norm, c.rms_norm_eps, x.positions,
@@ -187,6 +232,7 @@ class Transformer:
                                   max_query_len=x.max_query_len, decode_rows=x.decode_rows,
                                   short_runs=x.short_runs)
                 B.matmul(attn.reshape(T, c.q_size), lw.o, out=hidden)
+            a_out = hidden if lw.attn_conv is None else self._conv_out(lw.attn_conv, hidden, ws, T, block_rows)
             # the last layer's MLP norm stays a launch, updating res in place: 2L - 2 alternations,
             # an even count, so the stream ends in ws.residual as the unfolded layers leave it
             if fold and i < c.num_layers - 1:
@@ -194,11 +240,13 @@ class Transformer:
                                            residual_out=spare, normed=normed, gate_up=ws.gate_up[:T])
                 res, spare = spare, res
             else:
-                B.rms_norm(hidden, lw.mlp_norm, eps, out=normed, residual=res)
+                B.rms_norm(a_out, lw.mlp_norm, eps, out=normed, residual=res)
+                m_in = normed if lw.mlp_conv is None else self._conv_in(lw.mlp_conv, normed, ws, T, block_rows)
                 # gate_up GEMV and SiLU-and-multiply in one kernel when few rows (ws.gate_up unused then)
-                B.matmul_silu_mul(normed, lw.gate_up, out=ws.act[:T], gate_up=ws.gate_up[:T])
+                B.matmul_silu_mul(m_in, lw.gate_up, out=ws.act[:T], gate_up=ws.gate_up[:T])
             B.matmul(ws.act[:T], lw.down, out=hidden)
-        B.rms_norm(hidden, self.norm, eps, out=normed, residual=residual)
+            out = hidden if lw.mlp_conv is None else self._conv_out(lw.mlp_conv, hidden, ws, T, block_rows)
+        B.rms_norm(out, self.norm, eps, out=normed, residual=residual)
         last_layer = c.num_layers - 1
         if last_layer in capture_layers:  # as in HF's hidden_states, the last one is after the final norm
             j = capture_layers.index(last_layer)

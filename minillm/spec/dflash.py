@@ -34,8 +34,7 @@ from minillm.models.hf_loader import (
 from minillm.models.safetensors_io import iter_safetensors
 from minillm.models.transformer import Transformer, Workspace
 from minillm.spec.config import draft_vocab_size as draft_vocab
-
-DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+from minillm.spec.dflash2 import CandidateSelector, dflash2_settings, is_dflash2, take_dflash2_weights
 
 
 def dflash_block_size(path: str | Path) -> int:
@@ -65,14 +64,12 @@ def load_dflash(path: str | Path, target: ModelConfig) -> tuple[ModelConfig, dic
     if not isinstance(cfg.get("dflash_config") or {}, dict):
         raise ValueError(f"{where}: dflash_config must be a JSON object")
     dc = dict(cfg.get("dflash_config") or {})
-    archs = cfg.get("architectures") or []
-    if any("DFlash2" in a for a in archs) or any(k in dc or k in cfg for k in DFLASH2_KEYS):
-        raise ValueError(f"{cfg_file}: DFlash2 drafters (conv layers, candidate selector) are not supported yet; "
-                         "use a DFlash (v1) checkpoint")
     if "dflash_config" not in cfg:
         raise ValueError(f"{cfg_file}: no dflash_config: not a DFlash drafter checkpoint")
     n_layers = config_int(cfg, "num_hidden_layers", where)
     hidden, heads, kv_heads, head_dim = attention_shape(cfg, where)
+    causal_layers(cfg, n_layers, where)
+    v2 = dflash2_settings(cfg, hidden, target.vocab_size, where) if is_dflash2(cfg) else None
     settings = {
         "block_size": _block_size(cfg, where),
         "mask_token_id": dc.get("mask_token_id", cfg.get("mask_token_id")),
@@ -103,12 +100,17 @@ def load_dflash(path: str | Path, target: ModelConfig) -> tuple[ModelConfig, dic
         rope_scaling=target.rope_scaling if cfg.get("rope_scaling") is None else target.rope_scaling,
         max_position_embeddings=cfg.get("max_position_embeddings", target.max_position_embeddings),
         tie_word_embeddings=True, attention_bias=bool(cfg.get("attention_bias", False)), qk_norm=True,
+        conv_kernel_size=v2["conv_kernel_size"] if v2 else 0, conv_group_size=v2["conv_group_size"] if v2 else 0,
     )
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{path}: no *.safetensors files")
     raw = load_safetensors_raw(files)
     weights = {}
+    if v2 is not None:
+        convs, settings["selector"] = take_dflash2_weights(raw, v2, n_layers, hidden, target.vocab_size, str(path))
+        weights.update(convs)
+        settings["selector_top_k"] = v2["selector_top_k"]
     for name, t in raw.items():
         if name in ("fc.weight", "hidden_norm.weight"):
             weights[name.split(".")[0]] = t
@@ -124,6 +126,24 @@ def load_dflash(path: str | Path, target: ModelConfig) -> tuple[ModelConfig, dic
     # the embedding is the target's: only its shape is checked here
     check_weights({**weights, "embed": _Shape((dcfg.vocab_size, dcfg.hidden_size))}, dcfg, str(path))
     return dcfg, weights, settings
+
+
+def causal_layers(cfg: dict, n_layers: int, where: str) -> None:
+    """Refuse the causal or sliding-window draft layers the reference allows (`is_causal`, or a
+    "sliding_attention" in layer_types): minillm's draft attention is non-causal over the whole
+    context, so such a drafter would draft from other attention than it was trained with."""
+    if cfg.get("is_causal"):
+        raise ValueError(f"{where}: 'is_causal' {cfg['is_causal']!r}: causal DFlash draft layers are not "
+                         "supported yet; minillm's draft attention sees the whole block")
+    types = cfg.get("layer_types")
+    if types is None:
+        return
+    if not isinstance(types, list) or len(types) != n_layers:
+        raise ValueError(f"{where}: 'layer_types' must list one type for each of the {n_layers} layers")
+    other = sorted({t for t in types if t != "full_attention"}, key=str)
+    if other:
+        raise ValueError(f"{where}: layer_types {other} are not supported yet; minillm's DFlash draft layers "
+                         "are full (non-causal) attention")
 
 
 class _Shape:
@@ -190,6 +210,9 @@ class DFlashProposer:
         self._pending = None  # a drafting step launched by propose(defer=True), not yet resolved
         self._behind = None  # one launched by propose_behind, not yet settled
         # each layer's k/v projection: the rows of its qkv weight (and bias) past q_size, as views
+        # DFlash2: the candidate selector replaces each drafting step's argmax
+        self.selector = None if "selector" not in st else CandidateSelector(
+            backend, st["selector"], st["selector_top_k"], max_seqs * k, dcfg.vocab_size)
         qs = dcfg.q_size
         self._kv_proj = [(lw.qkv[qs:], None if lw.qkv_bias is None else lw.qkv_bias[qs:])
                          for lw in self.model.layers]
@@ -202,6 +225,11 @@ class DFlashProposer:
         drafter layer's k/v rows (bench spec-cost counts them in a round's bytes)."""
         return [self.fc, self.hidden_norm] + [a for wb in self._kv_proj for a in wb if a is not None]
 
+    def drafting_weights(self) -> list:
+        """The weights a drafting step reads beyond its model's layers and head: a DFlash2
+        drafter's selector projection (its codebooks give a few gathered rows a position)."""
+        return [] if self.selector is None else [self.selector.proj]
+
     def attach(self, block_manager) -> None:
         """Allocate the context K/V pool (the target's geometry) and the block-draft step buffers."""
         self.kv = self.model.allocate_kv_cache(block_manager.num_blocks, block_manager.block_size)
@@ -211,7 +239,8 @@ class DFlashProposer:
         self.runner = ModelRunner(self.model, self.backend, self.kv, block_manager,
                                   max_tokens=max(self.max_tokens, self.max_seqs * self.block), max_seqs=self.max_seqs,
                                   max_logits=self.max_seqs * self.block, max_model_len=self.max_model_len + self.block,
-                                  causal=False, transform_logits=transform, logits_window=(1, self.k))
+                                  causal=False, transform_logits=transform, logits_window=(1, self.k),
+                                  select_drafts=None if self.selector is None else self._select)
 
     def capture_graphs(self, buckets: list[int]) -> None:
         """CUDA graphs of the drafting step (block rows per sequence) for each bucket of
@@ -329,6 +358,10 @@ class DFlashProposer:
             s.draft_row = -1
             if held is None or s.draft_ids is held:
                 s.draft_ids = ids[i * self.k : i * self.k + k]
+
+    def _select(self, logits, hidden, input_ids, out) -> None:
+        """A drafting step's drafts by the DFlash2 selector: block i's rows start at i x block."""
+        self.selector.select(logits, hidden, input_ids, self.block, self.k, out)
 
     def _transform_logits(self, logits) -> None:
         """output_multiplier and final-logit soft-capping, as the checkpoint asks."""

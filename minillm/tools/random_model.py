@@ -303,14 +303,28 @@ def dflash_config(target_cfg: dict, mask_token_id: int, num_layers: int = 5, blo
 
 
 def dflash_tensor_specs(cfg: dict) -> list[tuple[str, tuple[int, ...], str]]:
-    """DFlashDraftModel's state dict: no embedding or LM head (it borrows the target's)."""
-    h = cfg["hidden_size"]
+    """DFlashDraftModel's state dict: no embedding or LM head (it borrows the target's); a
+    DFlash2DraftModel's adds each layer's two convs and the candidate selector, under the names
+    its from_pretrained reads (the codebooks without ".weight")."""
+    h, dc = cfg["hidden_size"], cfg["dflash_config"]
+    v2 = "selector_rank" in dc
     specs = []
     for i in range(cfg["num_hidden_layers"]):
         specs += _layer_specs(f"layers.{i}.", cfg)
-    n_ctx = len(cfg["dflash_config"]["target_layer_ids"])
+        if v2:
+            ks, groups = dc["conv_kernel_size"], h // dc["conv_group_size"]
+            for conv in ("attention_conv", "mlp_conv"):
+                # a base of ones: every tap counts (the reference leaves the parameter's init to the file)
+                specs += [(f"layers.{i}.{conv}.base_kernel", (2, ks, h), "ones"),
+                          (f"layers.{i}.{conv}.kernel_projection.weight", (2 * ks * groups, h), "normal")]
+    n_ctx = len(dc["target_layer_ids"])
     specs += [("norm.weight", (h,), "ones"), ("fc.weight", (h, n_ctx * h), "normal"),
               ("hidden_norm.weight", (h,), "ones")]
+    if v2:
+        r, v = dc["selector_rank"], cfg["vocab_size"]
+        specs += [("candidate_selector.predecessor_codebook", (v, r), "unit"),
+                  ("candidate_selector.successor_codebook", (v, r), "unit"),
+                  ("candidate_selector.hidden_projection.weight", (r, h), "normal")]
     return specs
 
 
@@ -329,7 +343,8 @@ def _chunk_bf16(seed: int, name: str, index: int, n: int, init: str) -> np.ndarr
         return np.full(n, BF16_ONE, dtype=np.uint16)
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, zlib.crc32(name.encode()), index])))
     x = rng.standard_normal(n, dtype=np.float32)
-    x *= WEIGHT_STD
+    if init != "unit":  # "unit": standard normal (a DFlash2 selector's codebooks, so their term counts)
+        x *= WEIGHT_STD
     return x.astype(ml_dtypes.bfloat16).view(np.uint16)
 
 
@@ -477,9 +492,15 @@ def write_random_model(out_dir: str | Path, preset: str = "tiny", seed: int = 0,
     return out
 
 
+# a DFlash2 drafter's settings (write_dflash_drafter(dflash2=True)); the widths are this tool's choice
+DFLASH2_DEFAULTS = {"conv_kernel_size": 4, "conv_group_size": 128, "selector_rank": 64, "selector_top_k": 16}
+
+
 def write_dflash_drafter(out_dir: str | Path, target_dir: str | Path, seed: int = 0, num_layers: int = 5,
-                         block_size: int = 16, force: bool = False, workers: int | None = None) -> Path:
-    """Write a random DFlash drafter for the HF model in target_dir; returns the directory."""
+                         block_size: int = 16, force: bool = False, workers: int | None = None,
+                         dflash2: bool | dict = False) -> Path:
+    """Write a random DFlash drafter for the HF model in target_dir; returns the directory.
+    dflash2: a DFlash2 drafter instead (True: DFLASH2_DEFAULTS; a dict overrides some of them)."""
     from tokenizers import Tokenizer
 
     _check_args(out_dir, seed, workers, num_layers)
@@ -498,6 +519,14 @@ def write_dflash_drafter(out_dir: str | Path, target_dir: str | Path, seed: int 
     if mask is None or mask >= target_cfg["vocab_size"]:
         mask = target_cfg["vocab_size"] - 1
     cfg = dflash_config(target_cfg, mask, num_layers, block_size)
+    if dflash2:
+        v2 = {**DFLASH2_DEFAULTS, **(dflash2 if isinstance(dflash2, dict) else {})}
+        v2["conv_group_size"] = min(v2["conv_group_size"], cfg["hidden_size"])  # a tiny model's width
+        if cfg["hidden_size"] % v2["conv_group_size"]:
+            raise ValueError(f"conv_group_size {v2['conv_group_size']} does not divide hidden_size "
+                             f"{cfg['hidden_size']}")
+        cfg["architectures"] = ["DFlash2DraftModel"]
+        cfg["dflash_config"].update(v2)
     _check_space(Path(out_dir), weight_bytes(dflash_tensor_specs, cfg), force, f"a {num_layers}-layer DFlash drafter")
     out = _prepare(out_dir, force)
     write_weights(out, dflash_tensor_specs(cfg), seed, workers)
@@ -512,6 +541,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="weights are a pure function of the seed (default 0)")
     p.add_argument("--dflash-for", metavar="TARGET_DIR", default=None,
                    help="write a random DFlash drafter (block 16; 5 layers, or --num-layers) for this target instead")
+    p.add_argument("--dflash2", action="store_true",
+                   help="with --dflash-for: a DFlash2 drafter (convs and a candidate selector; "
+                        + ", ".join(f"{k} {v}" for k, v in DFLASH2_DEFAULTS.items()) + ")")
     p.add_argument("--force", action="store_true", help="overwrite a model already in OUT_DIR")
     p.add_argument("--workers", type=int, default=None,
                    help=f"generator threads, 1 to {MAX_WORKERS} (default: CPU count)")
@@ -521,12 +553,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if (args.preset is None) == (args.dflash_for is None):
         p.error("give exactly one of --preset NAME or --dflash-for TARGET_DIR")
+    if args.dflash2 and args.dflash_for is None:
+        p.error("--dflash2 writes a drafter: give --dflash-for TARGET_DIR")
     t0 = time.perf_counter()
     try:
         if args.dflash_for is not None:
             layers = {} if args.num_layers is None else {"num_layers": args.num_layers}
             out = write_dflash_drafter(args.out_dir, args.dflash_for, args.seed, force=args.force,
-                                       workers=args.workers, **layers)
+                                       workers=args.workers, dflash2=args.dflash2, **layers)
         else:
             out = write_random_model(args.out_dir, args.preset, args.seed, force=args.force,
                                      workers=args.workers, num_layers=args.num_layers)
