@@ -151,6 +151,26 @@ def test_dflash_drafter_loads_in_the_dflash_package(tiny, tmp_path):
     assert spec.tolist() == plain.tolist()
 
 
+def test_dflash2_drafter_loads_in_the_dflash_package(tiny, tmp_path, capsys):
+    """--dflash2: a DFlash2DraftModel checkpoint with every tensor the package reads, under its
+    names (the codebooks without ".weight"); without --dflash-for the flag is refused."""
+    torch = pytest.importorskip("torch")
+    dflash = pytest.importorskip("dflash.model")
+    assert rm.main(["--dflash-for", str(tiny), str(tmp_path / "d2"), "--dflash2", "--num-layers", "2"]) == 0
+    cfg = json.loads((tmp_path / "d2" / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlash2DraftModel"]
+    assert {k: cfg["dflash_config"][k] for k in rm.DFLASH2_DEFAULTS} == {
+        **rm.DFLASH2_DEFAULTS, "conv_group_size": min(128, cfg["hidden_size"])}
+    drafter, info = dflash.DFlash2DraftModel.from_pretrained(tmp_path / "d2", output_loading_info=True,
+                                                             dtype=torch.float32)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    assert drafter.candidate_selector.top_k == rm.DFLASH2_DEFAULTS["selector_top_k"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        rm.main(["--preset", "tiny", str(tmp_path / "m"), "--dflash2"])
+    assert "--dflash2 writes a drafter" in capsys.readouterr().err
+
+
 def test_cli(tmp_path, capsys):
     assert rm.main(["--preset", "tiny", str(tmp_path / "m"), "--seed", "3"]) == 0
     assert "wrote" in capsys.readouterr().out
