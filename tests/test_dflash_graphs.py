@@ -100,6 +100,17 @@ def pair_d64(tmp_path_factory):
     return write_drafter(tmp_path_factory.mktemp("drafter64"), target)
 
 
+@pytest.fixture(scope="module")
+def pair2(tmp_path_factory):
+    """The tiny preset and a DFlash2 drafter (convs and a candidate selector; minillm.spec.dflash2)."""
+    target = tmp_path_factory.mktemp("target2")
+    write_random_model(target, "tiny", seed=3, force=True)
+    drafter = tmp_path_factory.mktemp("drafter2")
+    write_dflash_drafter(drafter, target, seed=6, num_layers=2, force=True,
+                         dflash2={"conv_group_size": 16, "selector_rank": 24, "selector_top_k": 12})
+    return str(target), str(drafter)
+
+
 def spec(drafter: str, k: int) -> dict:
     return {"method": "dflash", "model": drafter, "num_speculative_tokens": k}
 
@@ -175,6 +186,16 @@ def test_emulated_graphs_match_eager(monkeypatch, pair, draft_vocab):
     both runners really replayed. draft_vocab: the drafter's LM head a quarter of the target's
     rows (draft_vocab_size)."""
     target, drafter = pair
+    _graphs_match_eager(monkeypatch, target, drafter, draft_vocab)
+
+
+def test_emulated_dflash2_graphs_match_eager(monkeypatch, pair2):
+    """A DFlash2 drafter's convs and candidate selector run inside its drafting graphs (no host
+    transfer) and draft what its eager steps draft."""
+    _graphs_match_eager(monkeypatch, *pair2, False, softcapped=False)
+
+
+def _graphs_match_eager(monkeypatch, target: str, drafter: str, draft_vocab: bool, softcapped: bool = True):
     plain_llm = LLM(target, device="cpu", max_model_len=256)
     plain = [o.token_ids for o in plain_llm.generate(PROMPTS, GREEDY)]
     cfg = spec(drafter, 5)
@@ -200,7 +221,7 @@ def test_emulated_graphs_match_eager(monkeypatch, pair, draft_vocab):
     k = graphs.engine.proposer.k  # logits rows of a one-block step (its drafts')
     a = graphs.engine.proposer.runner.ws.logits[:k]
     b = eager.engine.proposer.runner.ws.logits[:k]
-    assert np.abs(a).max() <= SOFTCAP
+    assert np.abs(a).max() <= SOFTCAP or not softcapped
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
@@ -463,6 +484,32 @@ def test_dflash_graphs_match_eager_on_gpu(request, monkeypatch, models):
             differ = sum(a != b for a, b in zip(drafts_g, drafts_e))
             assert drafts_e and len(drafts_g) == len(drafts_e) and not differ, (
                 f"{differ} of {len(drafts_e)} full-k rounds drafted other tokens with graphs")
+
+
+@pytest.mark.gpu
+def test_dflash2_on_gpu(pair2):
+    """A DFlash2 drafter on the GPU: in bf16, one sequence, graphs draft and emit what eager steps
+    do (the same shapes, so the same bits) and really replayed; in float32 the first round's drafts
+    equal the NumPy backend's (the selector's path from the same logits, up to float32 rounding
+    of near-equal scores, which random weights make improbable)."""
+    target, drafter = pair2
+    runs = {}
+    for eager in (True, False):
+        llm = LLM(target, device="cuda", max_model_len=256, enforce_eager=eager, max_num_seqs=1,
+                  speculative_config=spec(drafter, 5))
+        rounds = record_drafts(llm)
+        runs[eager] = ([o.token_ids for o in llm.generate(PROMPTS[:3], GREEDY)], rounds, llm.engine)
+    (tok_e, drafts_e, _), (tok_g, drafts_g, eng_g) = runs[True], runs[False]
+    assert tok_g == tok_e and drafts_g == drafts_e and drafts_e
+    assert eng_g.proposer.runner.replays > 0
+    first = {}
+    for device in ("cpu", "cuda"):
+        llm = LLM(target, device=device, dtype="float32", max_model_len=256, max_num_seqs=1,
+                  speculative_config=spec(drafter, 5))
+        rounds = record_drafts(llm)
+        llm.generate([PROMPTS[1]], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+        first[device] = rounds[0]
+    assert first["cuda"] == first["cpu"]
 
 
 @pytest.mark.gpu
