@@ -5395,14 +5395,19 @@ part304() {  # prepared in session 55, not yet run (carry .whl): the decode atte
 part305() {  # session 56 (carry .whl): part301, part303 and part304 in one call, the most needed first (starts were
   # scarce: each call packs after every stage). Every GPU test on the final code (MINILLM_GEMV1_STAGE=2 the
   # default); decode of both shapes on it; the ring kernel's tests and the 8B A/B r0 / r1 / r2 (alternated twice)
-  # and bench decode 8B with r2; the decode attention's early release and the carveout (graphs_env_ab); the 8B
-  # rejected DFlash round; sanitizers of the stage and ring kernels last (~9 minutes)
+  # and bench decode 8B with r2; DFlash2's GPU tests; the decode attention's early release and the carveout
+  # (graphs_env_ab); the 8B rejected DFlash and DFlash2 rounds; sanitizers of the stage and ring kernels last
+  # (~9 minutes)
   setup
   facts > "$W/facts.txt" 2>&1
   gpu_tests_full 200
   models_both 90
   decode_06b 60
   decode_8b 70
+  # DFlash2 (session 56): its kernels against their NumPy twins, its drafting graphs against eager steps
+  stage dflash2_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_dflash2.py \
+    tests/test_dflash_graphs.py -k "dflash2 or conv or select"
+  tail -n 3 "$W/dflash2_tests.log"
   stage ring_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
     tests/test_cuda_model.py -k "ring"
   local r kv tag
@@ -5423,8 +5428,11 @@ part305() {  # session 56 (carry .whl): part301, part303 and part304 in one call
     -rfEs tests/test_cuda_ops.py tests/test_cuda_model.py -k "decode_step_attention or one_sequence or dependent_chain"
   graphs_env_ab base=MINILLM_GEMV1_STAGE=2 early="MINILLM_GEMV1_STAGE=2 MINILLM_CUDA_DEFINES=DEC_RELEASE_EARLY=1" \
     carve="MINILLM_GEMV1_STAGE=2 MINILLM_SMEM_CARVEOUT=100" | tee "$W/graphs_early_carve_ab.txt"
-  stage drafters 60 python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force
+  stage drafters 60 bash -c "python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash2 --dflash2 --force"
   spec_cost_8b 120
+  stage spec_cost_8b_dflash2 90 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash2 --k 8 \
+    --concurrency 1,16 --result-json "$W/spec_cost_8b_dflash2.json"
   MINILLM_GEMV1_RING=2 timeline q8_b1_r2 $M/q8 --batch 1 --ctx 512
   stage memcheck_stage_ring 100 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
     python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "(one_row_stage and 1024-3072) or ring"

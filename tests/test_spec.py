@@ -830,3 +830,18 @@ def test_a_dflash_drafter_with_nan_weights_is_refused(dflash_pair, tmp_path):
     with pytest.raises(ValueError, match=f"tensor '{name}' holds 1 NaN or infinite value"):
         LLM(str(target), device="cpu", max_model_len=64, max_num_seqs=2,
             speculative_config={"method": "dflash", "model": str(bad), "num_speculative_tokens": 3})
+
+
+def test_dflash2_on_the_cuda_backend_waits_for_its_gpu_run(monkeypatch):
+    """Until cuda/dflash2.cu has run on a GPU, the CUDA backend refuses a DFlash2 drafter by name and
+    says how to try it anyway; the CPU backend runs it."""
+    from types import SimpleNamespace
+
+    from minillm.spec.dflash2 import check_backend
+
+    monkeypatch.delenv("MINILLM_DFLASH2_CUDA", raising=False)
+    with pytest.raises(ValueError, match="MINILLM_DFLASH2_CUDA=1"):
+        check_backend(SimpleNamespace(name="cuda"))
+    check_backend(SimpleNamespace(name="numpy"))
+    monkeypatch.setenv("MINILLM_DFLASH2_CUDA", "1")
+    check_backend(SimpleNamespace(name="cuda"))

@@ -857,6 +857,8 @@ class CudaBackend:
             "attention": ["paged_attention_bf16", "paged_attention_f32",
                           "attention_combine_bf16", "attention_combine_f32"],
             "sampling": ["sample_tokens"],
+            "dflash2": ["grouped_causal_conv_bf16", "grouped_causal_conv_f32", "dflash2_topk",
+                        "dflash2_path_bf16", "dflash2_path_f32"],
             "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemv1_bf16", "gemv1_f32", "gemv1_silu_mul_bf16",
                      "gemv1_silu_mul_split_bf16", "gemv_silu_mul_split_bf16", "gemv1_deep_bf16",
                      "gemv1_pre_bf16", "gemv1_stage_bf16", "gemv1_stage_silu_mul_bf16", "gemv1_ring_bf16",
@@ -1247,6 +1249,92 @@ class CudaBackend:
         if not cap > 0:
             raise ValueError(f"softcap needs a positive cap, got {cap}")
         self._scale_softcap(x, 1.0, cap)
+
+    # ---- DFlash2 drafters (cuda/dflash2.cu) ---------------------------------------------------
+    def grouped_causal_conv(self, x, base, dyn, half: int, group_size: int, block_rows: int, out) -> None:
+        """Twin of NumpyBackend.grouped_causal_conv: x, out [T, C]; base [ks, C] (contiguous); dyn
+        [T, 2 * ks * G], G = C / group_size; T a multiple of block_rows. One storage dtype for all.
+        out may not overlap x (the kernel reads earlier rows of x while writing out)."""
+        what = "grouped_causal_conv"
+        if x.ndim != 2 or out.shape != x.shape:
+            raise ValueError(f"{what}: x {x.shape} and out {out.shape} must be the same [T, C]")
+        T, C = x.shape
+        if T == 0:
+            return
+        _, xs = _rows(x, what + " x")
+        _, os_ = _rows(out, what + " out")
+        if base.ndim != 2 or base.shape[1] != C or not base.flags.c_contiguous:
+            raise ValueError(f"{what}: base {base.shape} must be a contiguous [ks, {C}]")
+        ks = base.shape[0]
+        if ks < 1 or group_size < 1 or C % group_size or block_rows < 1 or T % block_rows or half not in (0, 1):
+            raise ValueError(f"{what}: needs ks >= 1 (got {ks}), C={C} a multiple of group_size={group_size}, "
+                             f"T={T} a multiple of block_rows={block_rows}, half 0 or 1 (got {half})")
+        G = C // group_size
+        if dyn.ndim != 2 or dyn.shape != (T, 2 * ks * G):
+            raise ValueError(f"{what}: dyn {dyn.shape} must be [T, 2 * ks * G] = {(T, 2 * ks * G)}")
+        _, ds = _rows(dyn, what + " dyn")
+        if not (x.dtype == base.dtype == dyn.dtype == out.dtype):
+            raise TypeError(f"{what}: x/base/dyn/out {x.dtype}/{base.dtype}/{dyn.dtype}/{out.dtype} differ")
+        it = x.itemsize
+        x_end = x.data.ptr + ((T - 1) * xs + C) * it
+        out_end = out.data.ptr + ((T - 1) * os_ + C) * it
+        if x.data.ptr < out_end and out.data.ptr < x_end:
+            raise ValueError(f"{what}: out overlaps x; it cannot run in place")
+        self._launch("grouped_causal_conv_" + _suffix(x.dtype), (T, min(64, _cdiv(C, 256))), (256,),
+                     (x, _i64(xs), base, dyn, _i64(ds), out, _i64(os_), _i32(C), _i32(ks), _i32(half),
+                      _i32(group_size), _i32(block_rows)))
+
+    def dflash2_select(self, logits, hproj, input_ids, block_rows: int, k: int, pred, succ, top_k: int,
+                       cand_ids, cand_vals, out) -> None:
+        """Twin of NumpyBackend.dflash2_select: logits fp32 [rows, V] (rows = S * k); hproj [rows,
+        rank]; pred, succ contiguous [vocab >= V, rank] (hproj's dtype); input_ids int32 (block s's
+        anchor at s * block_rows); cand_ids int32 / cand_vals fp32 [rows, top_k]; out int32 [rows].
+        Two launches: dflash2_topk (a CTA a row: the candidates) then dflash2_path (a CTA a block)."""
+        what = "dflash2_select"
+        max_top_k, max_rank = 256, 1024  # cuda/dflash2.cu TOPK_MAX, PATH_MAX_RANK
+        if logits.ndim != 2:
+            raise ValueError(f"{what}: logits {logits.shape} must be [rows, V]")
+        rows, V = logits.shape
+        if rows == 0:
+            return
+        _, ls = _rows(logits, what + " logits")
+        if k < 1 or rows % k:
+            raise ValueError(f"{what}: {rows} logits rows are not blocks of k={k}")
+        S = rows // k
+        if not 1 <= top_k <= min(max_top_k, V):
+            raise ValueError(f"{what}: top_k={top_k} must be 1 to min({max_top_k}, V={V})")
+        if hproj.ndim != 2 or hproj.shape[0] != rows:
+            raise ValueError(f"{what}: hproj {hproj.shape} must be [rows={rows}, rank]")
+        rank = hproj.shape[1]
+        if not 1 <= rank <= max_rank:
+            raise ValueError(f"{what}: rank {rank} must be 1 to {max_rank}")
+        _, hs = _rows(hproj, what + " hproj")
+        if pred.shape != succ.shape or pred.ndim != 2 or pred.shape[1] != rank or pred.shape[0] < V:
+            raise ValueError(f"{what}: pred {pred.shape} and succ {succ.shape} must both be [vocab >= {V}, {rank}]")
+        if not (pred.flags.c_contiguous and succ.flags.c_contiguous):
+            raise ValueError(f"{what}: pred and succ must be contiguous")
+        if not (hproj.dtype == pred.dtype == succ.dtype):
+            raise TypeError(f"{what}: hproj/pred/succ {hproj.dtype}/{pred.dtype}/{succ.dtype} differ")
+        if input_ids.ndim != 1 or input_ids.shape[0] <= (S - 1) * block_rows or block_rows < 1:
+            raise ValueError(f"{what}: input_ids {input_ids.shape} must hold the anchors at s * block_rows "
+                             f"(block_rows={block_rows}) for {S} blocks")
+        if cand_ids.shape != (rows, top_k) or cand_vals.shape != (rows, top_k) or out.shape != (rows,):
+            raise ValueError(f"{what}: cand_ids {cand_ids.shape} / cand_vals {cand_vals.shape} must be "
+                             f"{(rows, top_k)} and out {out.shape} ({rows},)")
+        _, cis = _rows(cand_ids, what + " cand_ids")
+        _, cvs = _rows(cand_vals, what + " cand_vals")
+        _rows(input_ids, what + " input_ids")
+        _rows(out, what + " out")
+        for a, dt, n in ((logits, np.float32, "logits"), (input_ids, np.int32, "input_ids"),
+                         (cand_ids, np.int32, "cand_ids"), (cand_vals, np.float32, "cand_vals"),
+                         (out, np.int32, "out")):
+            if a.dtype != dt:
+                raise TypeError(f"{what}: {n} must be {np.dtype(dt)}, got {a.dtype}")
+        self._launch("dflash2_topk", (rows,), (512,),
+                     (logits, _i64(ls), _i32(V), _i32(top_k), cand_ids, _i64(cis), cand_vals, _i64(cvs)))
+        self._launch("dflash2_path_" + _suffix(hproj.dtype), (S,), (512,),
+                     (cand_vals, _i64(cvs), cand_ids, _i64(cis), hproj, _i64(hs), pred, succ,
+                      _i32(pred.shape[0]), _i32(rank), input_ids, _i32(block_rows), _i32(k), _i32(top_k), out))
 
     def suppress_tokens(self, logits, rows, token_ids) -> None:
         """logits[rows[i], token_ids[i]] = -inf; rows/token_ids may be host or device int32."""

@@ -34,7 +34,13 @@ from minillm.models.hf_loader import (
 from minillm.models.safetensors_io import iter_safetensors
 from minillm.models.transformer import Transformer, Workspace
 from minillm.spec.config import draft_vocab_size as draft_vocab
-from minillm.spec.dflash2 import CandidateSelector, dflash2_settings, is_dflash2, take_dflash2_weights
+from minillm.spec.dflash2 import (
+    CandidateSelector,
+    check_backend,
+    dflash2_settings,
+    is_dflash2,
+    take_dflash2_weights,
+)
 
 
 def dflash_block_size(path: str | Path) -> int:
@@ -175,6 +181,8 @@ class DFlashProposer:
     def __init__(self, path, target: Transformer, backend, k: int, max_tokens: int, max_seqs: int,
                  max_model_len: int, draft_vocab_size: int | None = None):
         dcfg, weights, st = load_dflash(path, target.cfg)
+        if "selector" in st:
+            check_backend(backend)
         # the LM head is the target's, or its first rows (config.draft_vocab_size: on the 8B shape
         # the whole head is ~1.24 GB of the ~3.2 GB a k = 8 drafting step reads)
         V = dcfg.vocab_size

@@ -82,6 +82,18 @@ def take_dflash2_weights(raw: dict, st: dict, n_layers: int, hidden: int, vocab:
     return convs, selector
 
 
+def check_backend(backend) -> None:
+    """DFlash2 on the GPU waits for its kernels' first GPU run (cuda/dflash2.cu, written in session
+    56 without a device; tests/test_cuda_dflash2.py): until then the CUDA backend refuses it unless
+    MINILLM_DFLASH2_CUDA=1 asks for the unrun kernels."""
+    from minillm.backends.compile import env_flag
+
+    if backend.name == "cuda" and not env_flag("MINILLM_DFLASH2_CUDA", False, "1: DFlash2 drafters on the GPU"):
+        raise ValueError("DFlash2 drafters run on the CPU backend for now: their CUDA kernels (cuda/dflash2.cu) "
+                         "have not yet run on a GPU; set MINILLM_DFLASH2_CUDA=1 to try them, or use a DFlash "
+                         "(v1) drafter")
+
+
 class CandidateSelector:
     """The selector's weights and step buffers; select() replaces a drafting step's argmax."""
 
