@@ -5431,7 +5431,7 @@ part305() {  # session 56 (carry .whl): part301, part303 and part304 in one call
   stage drafters 60 bash -c "python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash2 --dflash2 --force"
   spec_cost_8b 120
-  stage spec_cost_8b_dflash2 90 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash2 --k 8 \
+  stage spec_cost_8b_dflash2 90 env MINILLM_DFLASH2_CUDA=1 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash2 --k 8 \
     --concurrency 1,16 --result-json "$W/spec_cost_8b_dflash2.json"
   MINILLM_GEMV1_RING=2 timeline q8_b1_r2 $M/q8 --batch 1 --ctx 512
   stage memcheck_stage_ring 100 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
