@@ -197,7 +197,7 @@ class Transformer:
         fold = not one_op and not capture_layers and not convs and B.folds_norms(T, hs)
         res, spare = residual, ws.residual_alt[:T] if fold else None
         eps = c.rms_norm_eps
-        out = hidden  # where a layer leaves its output (a DFlash2 layer's last conv: ws.mixed)
+        layer_out = hidden  # where a layer leaves its output (a DFlash2 layer's last conv: ws.mixed)
         for i, lw in enumerate(() if one_op else self.layers):
             if fold:
                 if i == 0:
@@ -211,7 +211,7 @@ class Transformer:
                 if i == 0:
                     B.rms_norm(residual, lw.attn_norm, eps, out=normed)
                 else:
-                    B.rms_norm(out, lw.attn_norm, eps, out=normed, residual=residual)
+                    B.rms_norm(layer_out, lw.attn_norm, eps, out=normed, residual=residual)
                     if i - 1 in capture_layers:
                         j = capture_layers.index(i - 1)
                         B.copy(residual, out=capture_out[:T, j * hs : (j + 1) * hs])
@@ -245,8 +245,8 @@ class Transformer:
                 # gate_up GEMV and SiLU-and-multiply in one kernel when few rows (ws.gate_up unused then)
                 B.matmul_silu_mul(m_in, lw.gate_up, out=ws.act[:T], gate_up=ws.gate_up[:T])
             B.matmul(ws.act[:T], lw.down, out=hidden)
-            out = hidden if lw.mlp_conv is None else self._conv_out(lw.mlp_conv, hidden, ws, T, block_rows)
-        B.rms_norm(out, self.norm, eps, out=normed, residual=residual)
+            layer_out = hidden if lw.mlp_conv is None else self._conv_out(lw.mlp_conv, hidden, ws, T, block_rows)
+        B.rms_norm(layer_out, self.norm, eps, out=normed, residual=residual)
         last_layer = c.num_layers - 1
         if last_layer in capture_layers:  # as in HF's hidden_states, the last one is after the final norm
             j = capture_layers.index(last_layer)
