@@ -14,6 +14,7 @@
 // Launched plainly (not a PDL module: cuda_ops.py _PDL_MODULES), so every input was written by a
 // kernel that has finished; no allocation, so both run inside the drafter's CUDA graph.
 #include "common.cuh"
+#include "radix.cuh"  // float_key, for_each_logit, the radix digits
 
 #define TOPK_THREADS 512
 #define TOPK_WARPS (TOPK_THREADS / 32)
@@ -52,36 +53,6 @@ __device__ __forceinline__ void grouped_causal_conv_impl(const T* x, i64 xs, con
 }
 
 // ---- dflash2_topk ------------------------------------------------------------------------------
-// Order-preserving map float -> uint32 (-0.0 folded onto +0.0, as NumPy compares them equal);
-// sampling.cu's, which is file-local there.
-__device__ __forceinline__ unsigned float_key(float f) {
-  if (f == 0.f) f = 0.f;
-  const unsigned u = __float_as_uint(f);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-// f(i, logit) for every token of the row, in no particular order: a 16-byte load (4 tokens) a
-// thread an iteration where the row is 16-byte aligned (as sampling.cu's for_each_logit: the
-// radix passes are bound by their loads).
-template <typename F>
-__device__ __forceinline__ void for_each_logit(const float* lg, int V, F f) {
-  const int tid = threadIdx.x, NT = blockDim.x;
-  int done = 0;
-  if ((reinterpret_cast<unsigned long long>(lg) & 15ull) == 0) {
-    const int V4 = V / 4;
-    const float4* lg4 = reinterpret_cast<const float4*>(lg);
-    for (int q = tid; q < V4; q += NT) {
-      const float4 v = lg4[q];
-      f(4 * q, v.x);
-      f(4 * q + 1, v.y);
-      f(4 * q + 2, v.z);
-      f(4 * q + 3, v.w);
-    }
-    done = 4 * V4;
-  }
-  for (int i = done + tid; i < V; i += NT) f(i, lg[i]);
-}
-
 // Exclusive prefix sum over the block in thread order (warp_tot: a word a warp).
 __device__ __forceinline__ unsigned block_exclusive_scan(unsigned v, unsigned* warp_tot) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -96,16 +67,6 @@ __device__ __forceinline__ unsigned block_exclusive_scan(unsigned v, unsigned* w
   unsigned before = 0;
   for (int w = 0; w < warp; ++w) before += warp_tot[w];
   return before + inc - v;
-}
-
-// Radix select from the top over the keys, digits of 12, 12 and 8 bits (sampling.cu's split: a
-// 4,096-bin histogram is 16 KiB of shared memory). Pass p counts the keys that share the digits
-// found so far by their digit p; the bin where the count from the top bin down first reaches
-// `need` is the k-th key's digit.
-__device__ __forceinline__ int radix_shift(int pass) { return pass == 0 ? 20 : pass == 1 ? 8 : 0; }
-__device__ __forceinline__ int radix_bins(int pass) { return pass < 2 ? 4096 : 256; }
-__device__ __forceinline__ unsigned radix_mask(int pass) {  // the digits found before pass
-  return pass == 0 ? 0u : pass == 1 ? 0xfff00000u : 0xffffff00u;
 }
 
 // The bin b (of nb) where the count of bins >= b first reaches need (1 <= need <= the total), and
