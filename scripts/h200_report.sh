@@ -141,7 +141,7 @@
 #   part300: =3. part301: the final code (=2 the default): every GPU test, sanitizers, the A/B, decode;
 #   part302: its stage, model and engine GPU tests alone. part303 (prepared): gemv1_ring_* for the 8B;
 #   part304 (prepared): the decode attention releasing at entry (DEC_RELEASE_EARLY).
-#   part305 (session 56): part301 + part303 + part304 in one call.
+#   part305 (session 56): part301 + part303 + part304 in one call. part306: DFlash2's and part302's tests, decode.
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -5438,6 +5438,22 @@ part305() {  # session 56 (carry .whl): part301, part303 and part304 in one call
     python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "(one_row_stage and 1024-3072) or ring"
   stage racecheck_stage_ring 100 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
     python3 -m pytest -q -m gpu -p no:cacheprovider -x tests/test_cuda_ops.py -k "(one_row_stage and 1024-3072) or ring"
+  pack
+}
+
+part306() {  # session 56, when little device time is left (carry .whl): DFlash2's GPU tests, then part302's
+  # stage / model / engine tests on the final code, then decode of both shapes (~4 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage dflash2_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_dflash2.py \
+    tests/test_dflash_graphs.py -k "dflash2 or conv or select"
+  tail -n 3 "$W/dflash2_tests.log"
+  stage stage_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" \
+    tests/test_cuda_model.py tests/test_gpu_engine.py tests/test_cuda_ops.py -k "(stage or not test_cuda_ops) and not smollm2"
+  tail -n 3 "$W/stage_tests.log"
+  models_both 60
+  decode_06b 40
+  decode_8b 50
   pack
 }
 
