@@ -557,6 +557,10 @@ def test_dflash2_greedy_lossless(dflash2_pair, k):
     assert [o.token_ids for o in outs] == [o.token_ids for o in base]
     assert llm.engine.stats().preemptions > 0 and llm.engine.spec_stats.drafted > 0  # (random drafts: few accepted)
     assert llm.engine.runner.draft_fills > 0 and llm.engine.drafted_behind > 0
+    if k == 3:  # the selector over a sliced head: candidates below draft_vocab_size, anchors anywhere
+        sliced = LLM(str(target), device="cpu", max_model_len=128, max_num_seqs=16,
+                     speculative_config={**spec, "draft_vocab_size": 1000})
+        assert [o.token_ids for o in sliced.generate(PROMPTS, params)] == [o.token_ids for o in base]
 
 
 def test_dflash2_checkpoints_that_are_refused(dflash2_pair, tmp_path):
