@@ -351,7 +351,7 @@ def check_args(ns: argparse.Namespace) -> tuple[list[int], list[float]]:
 def main(argv: list[str] | None = None) -> int:
     p = CliParser(prog="python -m minillm.bench spec-cost", description=__doc__)
     p.add_argument("model")
-    p.add_argument("--drafter", default=None, help="DFlash drafter directory (the cost half)")
+    p.add_argument("--drafter", default=None, help="DFlash or DFlash2 drafter directory (the cost half)")
     p.add_argument("--k", type=int, default=8)
     p.add_argument("--device", default="cuda")
     p.add_argument("--concurrency", default="1,2,4,8,16")

@@ -9,7 +9,8 @@ The drafter is a few Qwen3-style layers that see the target through its hidden s
   the target's embeddings, runs through the layers in a single forward whose attention is
   non-causal over context + block; the target's LM head gives the draft logits.
 A draft layer over the pool is exactly a Qwen3 decoder layer with non-causal attention, so the
-drafter is a `Transformer` sharing the target's embedding and LM head.
+drafter is a `Transformer` sharing the target's embedding and LM head. A DFlash2 checkpoint adds
+convs to those layers and a candidate selector in place of the argmax (spec/dflash2.py).
 """
 
 from __future__ import annotations
