@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 
+import numpy as np
 import pytest
 from nvcc_jobs import NvccPool, suite_jobs
 
@@ -77,3 +78,17 @@ def byte_llama(tmp_path_factory):
     path = tmp_path_factory.mktemp("byte-llama")
     make_tiny("llama", path)
     return path
+
+
+@pytest.fixture(scope="module", params=["bfloat16", "float32"])
+def be(request):
+    """A CUDA backend in each storage dtype, for the op tests (test_cuda_ops.py, test_cuda_dflash2.py);
+    those are marked gpu, so they skip before it is built on a machine without one."""
+    import ml_dtypes
+
+    from minillm.backends.cuda_ops import CudaBackend
+
+    dt = ml_dtypes.bfloat16 if request.param == "bfloat16" else np.float32
+    b = CudaBackend(dtype=dt)
+    yield b
+    b.close()

@@ -12,6 +12,7 @@ import functools
 
 import numpy as np
 import pytest
+from cuda_util import host, rel_err, rounded, tol
 
 from minillm.backends.numpy_ops import NumpyBackend
 
@@ -20,41 +21,11 @@ REF = NumpyBackend()
 POISON_ID = -7
 
 
-@pytest.fixture(scope="module", params=["bfloat16", "float32"])
-def be(request):
-    import ml_dtypes
-
-    from minillm.backends.cuda_ops import CudaBackend
-
-    dt = ml_dtypes.bfloat16 if request.param == "bfloat16" else np.float32
-    b = CudaBackend(dtype=dt)
-    yield b
-    b.close()
-
-
-def tol(be) -> float:
-    return 1e-5 if be.dtype == np.float32 else 1.2e-2
-
-
-def rounded(be, x: np.ndarray) -> np.ndarray:
-    """x as the device will hold it, back in float32 for the oracle."""
-    return np.asarray(np.asarray(x, dtype=be.dtype), dtype=np.float32)
-
-
 def poisoned(be, shape, dtype=None):
     out = be.empty(shape, dtype=dtype)
     fill = POISON_ID if np.dtype(out.dtype) == np.int32 else np.nan
     be.copy_from_host(out, np.full(shape, fill, dtype=np.float32).astype(out.dtype))
     return out
-
-
-def host(be, x) -> np.ndarray:
-    return np.asarray(be.to_host(x), dtype=np.float32)
-
-
-def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
-    assert not np.isnan(got).any(), "unwritten (NaN) elements in the output"
-    return float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
 
 
 def i32(be, x):
