@@ -569,10 +569,11 @@ def test_dflash2_checkpoints_that_are_refused(dflash2_pair, tmp_path):
 
     target, drafter, _ = dflash2_pair
     conf = json.loads((drafter / "config.json").read_text())
+    vocab = json.loads((target / "config.json").read_text())["vocab_size"]
     cases = [
         (lambda c: c["dflash_config"].pop("selector_rank"), "needs selector_rank"),
         (lambda c: c["dflash_config"].update(conv_group_size=7), "does not divide hidden_size"),
-        (lambda c: c["dflash_config"].update(selector_top_k=257), "selector_top_k 257 is past"),
+        (lambda c: c["dflash_config"].update(selector_top_k=vocab + 1), f"selector_top_k {vocab + 1} must be 1 to"),
         (lambda c: c["dflash_config"].update(conv_kernel_size=3), "has shape"),  # the tensors say 4 taps
         (lambda c: c.update(is_causal=True), "causal DFlash draft layers are not supported"),
         (lambda c: c.update(layer_types=["sliding_attention", "full_attention"]), "sliding_attention"),
@@ -835,9 +836,29 @@ def test_dflash2_on_the_cuda_backend_waits_for_its_gpu_run(monkeypatch):
 
     from minillm.spec.dflash2 import check_backend
 
+    st = {"selector_top_k": 16, "selector_rank": 64}
     monkeypatch.delenv("MINILLM_DFLASH2_CUDA", raising=False)
     with pytest.raises(ValueError, match="MINILLM_DFLASH2_CUDA=1"):
-        check_backend(SimpleNamespace(name="cuda"))
-    check_backend(SimpleNamespace(name="numpy"))
+        check_backend(SimpleNamespace(name="cuda"), st, "d")
+    check_backend(SimpleNamespace(name="numpy"), st, "d")
     monkeypatch.setenv("MINILLM_DFLASH2_CUDA", "1")
-    check_backend(SimpleNamespace(name="cuda"))
+    check_backend(SimpleNamespace(name="cuda"), st, "d")
+
+
+def test_dflash2_settings_past_a_backends_kernels_are_refused_by_name():
+    """A backend whose selector kernels are bounded (the CUDA backend's dflash2_limits: top_k and rank
+    in shared memory) refuses a drafter past them at startup, naming the setting and the bound; a
+    backend without bounds (NumPy) runs it."""
+    from types import SimpleNamespace
+
+    from minillm.backends.cuda_ops import CudaBackend
+    from minillm.spec.dflash2 import check_backend
+
+    max_top_k, max_rank = CudaBackend.dflash2_limits
+    bounded = SimpleNamespace(name="bounded", dflash2_limits=CudaBackend.dflash2_limits)
+    check_backend(bounded, {"selector_top_k": max_top_k, "selector_rank": max_rank}, "d")
+    with pytest.raises(ValueError, match=f"d: selector_top_k {max_top_k + 1} is past .*at most {max_top_k}"):
+        check_backend(bounded, {"selector_top_k": max_top_k + 1, "selector_rank": 8}, "d")
+    with pytest.raises(ValueError, match=f"selector_rank {max_rank + 1} is past .*at most {max_rank}"):
+        check_backend(bounded, {"selector_top_k": 8, "selector_rank": max_rank + 1}, "d")
+    check_backend(SimpleNamespace(name="numpy"), {"selector_top_k": max_top_k + 1, "selector_rank": max_rank + 1}, "d")

@@ -682,6 +682,7 @@ class CapturedGraph:
 class CudaBackend:
     name = "cuda"
     decode_max_q = _DECODE_MAX_Q  # the runner's StepInputs.decode_rows: sequences this short
+    dflash2_limits = (256, 1024)  # DFlash2's selector top_k and rank: cuda/dflash2.cu TOPK_MAX, PATH_MAX_RANK
     device = "cuda"
     _last_launch = ""  # the kernel _launch sent last (_one_row_mode_takes's rule)
 
@@ -1291,7 +1292,7 @@ class CudaBackend:
         anchor at s * block_rows); cand_ids int32 / cand_vals fp32 [rows, top_k]; out int32 [rows].
         Two launches: dflash2_topk (a CTA a row: the candidates) then dflash2_path (a CTA a block)."""
         what = "dflash2_select"
-        max_top_k, max_rank = 256, 1024  # cuda/dflash2.cu TOPK_MAX, PATH_MAX_RANK
+        max_top_k, max_rank = self.dflash2_limits
         if logits.ndim != 2:
             raise ValueError(f"{what}: logits {logits.shape} must be [rows, V]")
         rows, V = logits.shape

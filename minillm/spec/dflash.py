@@ -117,7 +117,7 @@ def load_dflash(path: str | Path, target: ModelConfig) -> tuple[ModelConfig, dic
     if v2 is not None:
         convs, settings["selector"] = take_dflash2_weights(raw, v2, n_layers, hidden, target.vocab_size, str(path))
         weights.update(convs)
-        settings["selector_top_k"] = v2["selector_top_k"]
+        settings["selector_top_k"], settings["selector_rank"] = v2["selector_top_k"], v2["selector_rank"]
     for name, t in raw.items():
         if name in ("fc.weight", "hidden_norm.weight"):
             weights[name.split(".")[0]] = t
@@ -183,7 +183,7 @@ class DFlashProposer:
                  max_model_len: int, draft_vocab_size: int | None = None):
         dcfg, weights, st = load_dflash(path, target.cfg)
         if "selector" in st:
-            check_backend(backend)
+            check_backend(backend, st, str(path))
         # the LM head is the target's, or its first rows (config.draft_vocab_size: on the 8B shape
         # the whole head is ~1.24 GB of the ~3.2 GB a k = 8 drafting step reads)
         V = dcfg.vocab_size

@@ -21,8 +21,6 @@ import numpy as np
 from minillm.models.hf_loader import config_int
 
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
-MAX_TOP_K = 256  # the CUDA selector keeps a position's candidates in shared memory
-MAX_RANK = 1024
 
 
 def is_dflash2(cfg: dict) -> bool:
@@ -43,12 +41,10 @@ def dflash2_settings(cfg: dict, hidden: int, vocab: int, where: str) -> dict:
     st = {k: config_int(merged, k, where) for k in DFLASH2_KEYS}
     if hidden % st["conv_group_size"]:
         raise ValueError(f"{where}: conv_group_size {st['conv_group_size']} does not divide hidden_size {hidden}")
-    if st["selector_top_k"] > min(MAX_TOP_K, vocab):
-        raise ValueError(f"{where}: selector_top_k {st['selector_top_k']} is past what minillm supports "
-                         f"(at most {min(MAX_TOP_K, vocab)}: {MAX_TOP_K} and the vocabulary)")
-    if st["selector_rank"] > MAX_RANK:
-        raise ValueError(f"{where}: selector_rank {st['selector_rank']} is past what minillm supports "
-                         f"(at most {MAX_RANK})")
+    if not 1 <= st["selector_top_k"] <= vocab:
+        raise ValueError(f"{where}: selector_top_k {st['selector_top_k']} must be 1 to the vocabulary size {vocab}")
+    if st["selector_rank"] < 1:
+        raise ValueError(f"{where}: selector_rank {st['selector_rank']} must be at least 1")
     return st
 
 
@@ -82,11 +78,18 @@ def take_dflash2_weights(raw: dict, st: dict, n_layers: int, hidden: int, vocab:
     return convs, selector
 
 
-def check_backend(backend) -> None:
-    """DFlash2 on the GPU waits for its kernels' first GPU run (cuda/dflash2.cu, written in session
-    56 without a device; tests/test_cuda_dflash2.py): until then the CUDA backend refuses it unless
-    MINILLM_DFLASH2_CUDA=1 asks for the unrun kernels."""
+def check_backend(backend, st: dict, where: str) -> None:
+    """The backend runs these settings: a backend with bounded selector kernels says so in
+    `dflash2_limits` (max top_k, max rank). DFlash2 on the GPU also waits for its kernels' first GPU
+    run (cuda/dflash2.cu, written in session 56 without a device; tests/test_cuda_dflash2.py): until
+    then the CUDA backend refuses it unless MINILLM_DFLASH2_CUDA=1 asks for the unrun kernels."""
     from minillm.backends.compile import env_flag
+
+    max_top_k, max_rank = getattr(backend, "dflash2_limits", (st["selector_top_k"], st["selector_rank"]))
+    for key, top in (("selector_top_k", max_top_k), ("selector_rank", max_rank)):
+        if st[key] > top:
+            raise ValueError(f"{where}: {key} {st[key]} is past what the {backend.name} backend's selector kernels "
+                             f"support (at most {top}); run this drafter on the CPU backend")
 
     if backend.name == "cuda" and not env_flag("MINILLM_DFLASH2_CUDA", False, "1: DFlash2 drafters on the GPU"):
         raise ValueError("DFlash2 drafters run on the CPU backend for now: their CUDA kernels (cuda/dflash2.cu) "
