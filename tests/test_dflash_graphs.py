@@ -487,15 +487,12 @@ def test_dflash_graphs_match_eager_on_gpu(request, monkeypatch, models):
 
 
 @pytest.mark.gpu
-def test_dflash2_on_gpu(pair2, monkeypatch):
+def test_dflash2_on_gpu(pair2):
     """A DFlash2 drafter on the GPU: in bf16, one sequence, graphs draft and emit what eager steps
     do (the same shapes, so the same bits) and really replayed; in float32 the first round's drafts
     equal the NumPy backend's (the selector's path from the same logits, up to float32 rounding
     of near-equal scores, which random weights make improbable)."""
     target, drafter = pair2
-    with pytest.raises(ValueError, match="MINILLM_DFLASH2_CUDA=1"):  # until this test has passed on a GPU
-        LLM(target, device="cuda", max_model_len=256, speculative_config=spec(drafter, 5))
-    monkeypatch.setenv("MINILLM_DFLASH2_CUDA", "1")
     runs = {}
     for eager in (True, False):
         llm = LLM(target, device="cuda", max_model_len=256, enforce_eager=eager, max_num_seqs=1,

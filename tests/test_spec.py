@@ -829,22 +829,6 @@ def test_a_dflash_drafter_with_nan_weights_is_refused(dflash_pair, tmp_path):
             speculative_config={"method": "dflash", "model": str(bad), "num_speculative_tokens": 3})
 
 
-def test_dflash2_on_the_cuda_backend_waits_for_its_gpu_run(monkeypatch):
-    """Until cuda/dflash2.cu has run on a GPU, the CUDA backend refuses a DFlash2 drafter by name and
-    says how to try it anyway; the CPU backend runs it."""
-    from types import SimpleNamespace
-
-    from minillm.spec.dflash2 import check_backend
-
-    st = {"selector_top_k": 16, "selector_rank": 64}
-    monkeypatch.delenv("MINILLM_DFLASH2_CUDA", raising=False)
-    with pytest.raises(ValueError, match="MINILLM_DFLASH2_CUDA=1"):
-        check_backend(SimpleNamespace(name="cuda"), st, "d")
-    check_backend(SimpleNamespace(name="numpy"), st, "d")
-    monkeypatch.setenv("MINILLM_DFLASH2_CUDA", "1")
-    check_backend(SimpleNamespace(name="cuda"), st, "d")
-
-
 def test_dflash2_settings_past_a_backends_kernels_are_refused_by_name():
     """A backend whose selector kernels are bounded (the CUDA backend's dflash2_limits: top_k and rank
     in shared memory) refuses a drafter past them at startup, naming the setting and the bound; a

@@ -80,21 +80,12 @@ def take_dflash2_weights(raw: dict, st: dict, n_layers: int, hidden: int, vocab:
 
 def check_backend(backend, st: dict, where: str) -> None:
     """The backend runs these settings: a backend with bounded selector kernels says so in
-    `dflash2_limits` (max top_k, max rank). DFlash2 on the GPU also waits for its kernels' first GPU
-    run (cuda/dflash2.cu, written in session 56 without a device; tests/test_cuda_dflash2.py): until
-    then the CUDA backend refuses it unless MINILLM_DFLASH2_CUDA=1 asks for the unrun kernels."""
-    from minillm.backends.compile import env_flag
-
+    `dflash2_limits` (max top_k, max rank); the NumPy backend has none."""
     max_top_k, max_rank = getattr(backend, "dflash2_limits", (st["selector_top_k"], st["selector_rank"]))
     for key, top in (("selector_top_k", max_top_k), ("selector_rank", max_rank)):
         if st[key] > top:
             raise ValueError(f"{where}: {key} {st[key]} is past what the {backend.name} backend's selector kernels "
                              f"support (at most {top}); run this drafter on the CPU backend")
-
-    if backend.name == "cuda" and not env_flag("MINILLM_DFLASH2_CUDA", False, "1: DFlash2 drafters on the GPU"):
-        raise ValueError("DFlash2 drafters run on the CPU backend for now: their CUDA kernels (cuda/dflash2.cu) "
-                         "have not yet run on a GPU; set MINILLM_DFLASH2_CUDA=1 to try them, or use a DFlash "
-                         "(v1) drafter")
 
 
 class CandidateSelector:
