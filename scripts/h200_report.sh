@@ -142,6 +142,8 @@
 #   part302: its stage, model and engine GPU tests alone. part303 (prepared): gemv1_ring_* for the 8B;
 #   part304 (prepared): the decode attention releasing at entry (DEC_RELEASE_EARLY).
 #   part305 (session 56): part301 + part303 + part304 in one call. part306: DFlash2's and part302's tests, decode.
+#   part307 (session 57): after the ring kernels and DEC_RELEASE_EARLY left: every GPU test (DFlash2's with
+#   them), decode of both shapes, the 8B DFlash2 round, memcheck and racecheck of the stage kernels.
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -218,7 +220,8 @@ gpu_tests() {  # every CUDA test but SmolLM2's (its GGUF travels in part1/part2)
 gpu_tests_full() {  # every GPU test but SmolLM2's and the debug build's (timeout in seconds)
   stage gpu_tests "$1" python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --junitxml="$W/junit.xml" \
     tests/test_cuda_ops.py tests/test_dflash_graphs.py tests/test_gpu_engine.py tests/test_cuda_model.py \
-    tests/test_async_scheduling.py tests/test_prompt_logprobs.py -k "not smollm2 and not debug_build"
+    tests/test_async_scheduling.py tests/test_prompt_logprobs.py tests/test_cuda_dflash2.py \
+    -k "not smollm2 and not debug_build"
 }
 
 decode_step_sanitizers() {  # the fused decode step's op tests under memcheck, then racecheck
@@ -5454,6 +5457,25 @@ part306() {  # session 56, when little device time is left (carry .whl): DFlash2
   models_both 60
   decode_06b 40
   decode_8b 50
+  pack
+}
+
+part307() {  # session 57 (carry .whl): the code after the ring kernels and DEC_RELEASE_EARLY were removed. Every
+  # GPU test (DFlash2's with them), decode of both shapes, the 8B DFlash2 round without MINILLM_DFLASH2_CUDA,
+  # then memcheck and racecheck of the stage kernels, whose part305 runs stopped at the ring test (~6 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  gpu_tests_full 230
+  models_both 60
+  decode_06b 40
+  decode_8b 50
+  stage drafters 40 python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash2 --dflash2 --force
+  stage spec_cost_8b_dflash2 80 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash2 --k 8 \
+    --concurrency 1,16 --result-json "$W/spec_cost_8b_dflash2.json"
+  stage memcheck_stage 80 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "one_row_stage and 1024-3072"
+  stage racecheck_stage 120 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "one_row_stage and 1024-3072"
   pack
 }
 
