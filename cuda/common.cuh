@@ -159,7 +159,7 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 
 // ---- TMA bulk copies into shared memory and the mbarriers that count them (Hopper): a producer
 // thread's copies land in a slot while the compute warps work on another (decode_layers.cu's weight
-// ring, gemv.cu's gemm_skinny2_ring_*). Addresses are shared-memory ones (smem_addr).
+// ring, gemv.cu's gemv1_stage_*). Addresses are shared-memory ones (smem_addr).
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
 __device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {

@@ -169,13 +169,6 @@
 #endif
 // Diagnostics (scripts/step_timeline.py --phases): thread 0 of every CTA stamps timeline words 6 and 7
 // after the q/k norm + RoPE and after its keys (before its release) instead of its arrival and merge.
-// DEC_RELEASE_EARLY (an A/B define, h200_report.sh part304; not yet run): release the dependents at entry,
-// before the PDL wait, instead of after the main loop, so the o product after a one-row step's attention is
-// placed while the attention runs (its hand-off was ~3 us a layer, part300's timeline, with gemv1_stage_*
-// after it). The o product does nothing before its own wait but read weights.
-#ifndef DEC_RELEASE_EARLY
-#define DEC_RELEASE_EARLY 0
-#endif
 #ifndef DEC_TL_PHASES
 #define DEC_TL_PHASES 0
 #endif
@@ -251,9 +244,6 @@ __device__ __forceinline__ void decode_attention_impl(
     const int* __restrict__ order, int KH, int block_size, int num_blocks, float scale_log2,
     int causal, int n_splits, int min_part, int max_nq, int short_max_ctx, const RopeArgs<T>& ra,
     int defer_max) {
-#if DEC_RELEASE_EARLY
-  minillm::pdl_release();
-#endif
 #if !PDL_PREWAIT_INDEX
   minillm::pdl_entry();
 #endif
@@ -646,9 +636,9 @@ __device__ __forceinline__ void decode_attention_impl(
 #if DEC_TL_PHASES
   minillm::timeline_stamp(7);
 #endif
-#if !DEC_RELEASE_EARLY
-  minillm::pdl_release();  // the next kernel is placed while this CTA merges (common.cuh)
-#endif
+  // the next kernel is placed while this CTA merges (common.cuh). Releasing at entry instead, before the
+  // PDL wait (DEC_RELEASE_EARLY, removed in session 57): 0.6B batch-1 graph 0.811 -> 0.834 ms on an H100
+  minillm::pdl_release();
   // ---- merge the key groups of this CTA
 #pragma unroll
   for (int g = 0; g < G; ++g) {

@@ -536,6 +536,9 @@ MINILLM_GEMV1_NORM(4)
 // merge (1.3 -> 5.0 us, part298); the release after the loop instead +7%; every product but the o
 // product after the attention (the host's default, MINILLM_GEMV1_STAGE=2) -2.4% (part299, part300); the o
 // product staged too but copying after its wait, the same (part300, removed).
+// Tried and removed (session 57): gemv1_ring_*, the products too large to hold (the 8B's) streamed through
+// two shared-memory slots a CTA by a producer warp (MINILLM_GEMV1_RING): the 8B batch-1 graph 5.53 ->
+// 9.02 ms (1) / 8.77 ms (2) on an H100. The code is in a1a08df.
 // The sums are gemv1's: lane l takes chunks l, l + 32, ... of a row in order, 8 fmaf a chunk, then
 // warp_sum; so the same bits as gemv1_bf16 / gemv1_norm{C}_bf16 / gemv1_silu_mul_split_norm{C}_bf16.
 // Dynamic shared memory: (GATED ? 2 : 1) x rpc x K bf16 of weights, then K bf16 of x (the host's
@@ -652,139 +655,6 @@ extern "C" __global__ void __launch_bounds__(128)
 MINILLM_GEMV1_STAGE_NORM(1)
 MINILLM_GEMV1_STAGE_NORM(2)
 MINILLM_GEMV1_STAGE_NORM(4)
-
-// ---- gemv1_ring: a one-row product too large to hold, streamed through a ring of shared-memory slots ----
-// The 8B's one-row products (33-201 MB, 0.25-1.5 MB a CTA at one CTA an SM) do not fit gemv1_stage. Here a
-// producer warp copies each CTA's rows G at a time (gate and up rows both, GATED) into S slots by TMA bulk
-// copies, the first S slots before the PDL wait, each later one as the four compute warps free it (an
-// "empty" mbarrier), and the CTA releases its dependents at once (GEMV_RING_EARLY), so the next product's
-// first slots fill during this one's tail: a ~1-3.5 us hand-off a product with HBM idle (the 8B timeline,
-// part275) becomes streaming time. The compute warps split each row's K four ways (warp w its quarter,
-// lane l chunks l, l + 32, ...) and add the four partials in warp order, so the sums are deterministic but
-// not gemv1's bits. Two CTAs an SM must fit (the host's gemv1_ring_plan keeps a CTA's memory under 100 KB),
-// so that the next product's CTA can be resident beside this one's.
-// Written in session 55 without device time left to run it: off (MINILLM_GEMV1_RING=0) until its tests and
-// an A/B have run (h200_report.sh part303).
-// Block: 160 threads (warps 0-3 compute, warp 4 copies). Dynamic shared memory: S slots of G x HALVES x K
-// bf16, then K bf16 of x.
-#ifndef GEMV_RING_EARLY
-#define GEMV_RING_EARLY 1
-#endif
-#define GEMV_RING_MAX_SLOTS 4
-#define GEMV_RING_MAX_V 8  // virtual rows a slot: G x HALVES
-namespace {
-template <bool GATED>
-__device__ __forceinline__ void gemv1_ring_impl(const bf16* __restrict__ x, const bf16* __restrict__ w,
-                                                const bf16* __restrict__ bias, bf16* __restrict__ out, int N,
-                                                int K, int rpc, int G, int S) {
-  constexpr int HALVES = GATED ? 2 : 1, CW = 4;  // compute warps
-  extern __shared__ __align__(128) unsigned char ring_smem[];
-  __shared__ __align__(8) unsigned long long bars[2 * GEMV_RING_MAX_SLOTS];  // full[s], then empty[s]
-  __shared__ float part[2][CW][GEMV_RING_MAX_V];                          // by group parity
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int lo = blockIdx.x * rpc, rows = max(0, min(N, lo + rpc) - lo), groups = (rows + G - 1) / G;
-  const int chunks = K / 8, V = G * HALVES;
-  const unsigned slot_bytes = (unsigned)V * (unsigned)K * 2u;
-  const unsigned slots = minillm::smem_addr(ring_smem), full = minillm::smem_addr(bars);
-  const unsigned empty = full + 8u * GEMV_RING_MAX_SLOTS;
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < S; ++i) {
-      minillm::mbar_init(full + 8u * i, 1);    // the producer's arrive, with the bytes it expects
-      minillm::mbar_init(empty + 8u * i, CW);  // one arrive from each compute warp
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
-#if GEMV_RING_EARLY
-  minillm::pdl_release();
-#endif
-  if (warp == CW) {  // the producer: weights never depend on the previous kernel, so no wait before copying
-    if (lane == 0) {
-      for (int g = 0; g < groups; ++g) {
-        const int sl = g % S, r0 = g * G, nr = min(G, rows - r0);
-        if (g >= S) minillm::mbar_wait(empty + 8u * sl, (unsigned)(g / S - 1) & 1u);
-        const unsigned bytes = (unsigned)nr * (unsigned)K * 2u, bar = full + 8u * sl;
-        minillm::mbar_expect_tx(bar, bytes * HALVES);
-#pragma unroll
-        for (int h = 0; h < HALVES; ++h)
-          minillm::bulk_copy(slots + (unsigned)sl * slot_bytes + (unsigned)h * (unsigned)G * (unsigned)K * 2u,
-                             w + ((i64)h * N + lo + r0) * K, bytes, bar);
-      }
-    }
-    __syncwarp();
-    minillm::pdl_entry();  // before leaving: see cuda/common.cuh
-#if !GEMV_RING_EARLY
-    minillm::pdl_release();
-#endif
-    return;
-  }
-  minillm::pdl_entry();  // x is the previous kernel's output
-  bf16* xs = reinterpret_cast<bf16*>(ring_smem + (size_t)S * slot_bytes);
-  for (int i = threadIdx.x; i < chunks; i += CW * 32)
-    reinterpret_cast<uint4*>(xs)[i] = minillm::load_act(reinterpret_cast<const uint4*>(x) + i);
-  asm volatile("bar.sync 1, %0;" ::"r"(CW * 32) : "memory");  // the compute warps only
-  const uint4* xv = reinterpret_cast<const uint4*>(xs);
-  const int per = (chunks + CW - 1) / CW, c0 = warp * per, c1 = min(chunks, c0 + per);
-  for (int g = 0; g < groups; ++g) {
-    const int sl = g % S, nr = min(G, rows - g * G);
-    minillm::mbar_wait(full + 8u * sl, (unsigned)(g / S) & 1u);
-    const uint4* ws = reinterpret_cast<const uint4*>(ring_smem + (size_t)sl * slot_bytes);
-    float acc[GEMV_RING_MAX_V];
-#pragma unroll
-    for (int v = 0; v < GEMV_RING_MAX_V; ++v) acc[v] = 0.f;
-    for (int c = c0 + lane; c < c1; c += 32) {
-      float xf[8];
-      minillm::unpack_bf16x8(xv[c], xf);
-#pragma unroll
-      for (int v = 0; v < GEMV_RING_MAX_V; ++v) {
-        if (v < V) {
-          const int r = min(v % G, nr - 1);  // rows past the group's last repeat it, unused
-          float wf[8];
-          minillm::unpack_bf16x8(ws[((v / G) * G + r) * chunks + c], wf);
-#pragma unroll
-          for (int i = 0; i < 8; ++i) acc[v] = fmaf(xf[i], wf[i], acc[v]);
-        }
-      }
-    }
-#pragma unroll
-    for (int v = 0; v < GEMV_RING_MAX_V; ++v) {
-      if (v < V) {
-        const float t = minillm::warp_sum(acc[v]);
-        if (lane == 0) part[g & 1][warp][v] = t;
-      }
-    }
-    __syncwarp();
-    if (lane == 0) minillm::mbar_arrive(empty + 8u * sl);  // this warp is done with the slot
-    asm volatile("bar.sync 1, %0;" ::"r"(CW * 32) : "memory");  // every warp's partials in
-    if (threadIdx.x < nr) {
-      const int t = threadIdx.x, n = lo + g * G + t;
-      const float* p = &part[g & 1][0][0];
-      float s = 0.f, u = 0.f;
-#pragma unroll
-      for (int q = 0; q < CW; ++q) {
-        s += p[q * GEMV_RING_MAX_V + t];
-        if (GATED) u += p[q * GEMV_RING_MAX_V + G + t];
-      }
-      const float y = GATED ? gated_act(s, u) : s + (bias ? minillm::to_f(bias[n]) : 0.f);
-      out[n] = minillm::from_f<bf16>(y);
-    }
-    // part[g & 1] is written again two groups on, after the next group's barrier: no second barrier
-  }
-#if !GEMV_RING_EARLY
-  minillm::pdl_release();
-#endif
-}
-}  // namespace
-
-// grid ceil(N / rpc), 160 threads, the dynamic shared memory above (cuda_ops.py's gemv1_ring_plan)
-extern "C" __global__ void __launch_bounds__(160)
-    gemv1_ring_bf16(const bf16* x, const bf16* w, const bf16* bias, bf16* out, int N, int K, int rpc, int G, int S) {
-  gemv1_ring_impl<false>(x, w, bias, out, N, K, rpc, G, S);
-}
-extern "C" __global__ void __launch_bounds__(160)
-    gemv1_ring_silu_mul_bf16(const bf16* x, const bf16* w, bf16* out, int F, int K, int rpc, int G, int S) {
-  gemv1_ring_impl<true>(x, w, nullptr, out, F, K, rpc, G, S);
-}
 
 // gemv1_bf16 with GEMV1_DEEP_U chunks a lane in flight, for long rows whose grid fits one wave at
 // its occupancy (the host's rule, cuda_ops.py's one_row_product_kernel): session 31's part195 ran
@@ -977,6 +847,10 @@ MINILLM_GEMV1_MERGE(gemv1_merge_cl8_bf16_w16, 16, 8, __cluster_dims__(8, 1, 1))
 // sectors (a lane's k values [8t, 8t + 8) and [32 + 8t, 32 + 8t + 8): the L1 hit rate 64 -> 29%, two
 // L2 requests a line where there was one) +6.1%, batch-4 steps +2.7%; __launch_bounds__ for 3 CTAs
 // an SM (80 registers, spilling) +2.3% with only the plain kernels bounded, +19% with the gated too.
+// Tried and removed (session 57): gemm_skinny2_ring_*, the 9-16-row products' weights streamed through 4
+// shared-memory slots by a ninth warp's TMA copies (MINILLM_SKINNY2_RING): the c = 1 round 5.94 -> 9.74 ms
+// (+64%), 8B batch-16 steps +63% (session 47, part272), and racecheck reported a shared-memory hazard in
+// gemm_skinny2_ring_bf16. The code is in a1a08df.
 #define SKINNY_WARPS 8
 #define SKINNY_KB 64
 #ifndef SKINNY2_PIPELINED  // 0: gemm_skinny2_* / gemm_skinny4_* run gemm_skinny_*'s loop (A/B runs)
@@ -997,103 +871,18 @@ namespace {
   minillm::mma_bf16_16816(c, a0_hi.z, a8_hi.z, a0_hi.w, a8_hi.w, x_hi.z, x_hi.w);
 }
 
-// ---- the weights through shared memory: gemm_skinny2_ring_* (9-16 rows, MINILLM_SKINNY2_RING) -------
-// The loops above hold a warp's weights in flight in registers: two 64-wide k blocks a warp, 16
-// warps an SM at 102 registers, ~64 KB an SM, and ncu finds the 9-row products stalled on those
-// loads at 2.5-3.8 TB/s (part266). Here a ninth warp streams the CTA's 16 weight rows (GATED: 16
-// gate + 16 up rows) through SKINNY_RING_SLOTS shared-memory slots with TMA bulk copies, one a row
-// a slot, ahead of the 8 compute warps (up to 4 slots = 64 KB a CTA in flight, 3 CTAs an SM), and
-// its first copies go out before the PDL wait (weights are no kernel's output). A slot holds
-// SKINNY_RING_KC k values of each row, SKINNY_RING_PITCH bytes apart: 16 more than a row, so the
-// lanes of a quarter-warp (rows g, g + 1 at 4 k offsets) read 8 different bank quads. A compute warp
-// takes the same 64-wide k blocks as in gemm_skinny2_* (block kb on warp kb % 8: block w % B of
-// every (8 / B)-th slot, B = SKINNY_RING_KC / 64) and runs the same MMAs in the same order on the same values,
-// so the sums are gemm_skinny2_*'s bits. Not yet run on a GPU (session 45; h200_report.sh part272).
-#define SKINNY_RING_SLOTS 4
-#define SKINNY_RING_KC(GATED) ((GATED) ? 256 : 512)
-#define SKINNY_RING_PITCH(GATED) (SKINNY_RING_KC(GATED) * 2 + 16)
-#define SKINNY_RING_SLOT_BYTES(GATED) (((GATED) ? 32 : 16) * SKINNY_RING_PITCH(GATED))
-
-template <int TILES, bool GATED>
-__device__ __forceinline__ void skinny_ring_loop(const bf16* __restrict__ w, int N, int K, int n0,
-                                                 const bf16* const (&xr)[TILES], float (&c)[TILES][4],
-                                                 float (&cu)[GATED ? TILES : 1][4]) {
-  constexpr int KC = SKINNY_RING_KC(GATED), B = KC / SKINNY_KB, PERIOD = SKINNY_WARPS / B;
-  constexpr int PITCH = SKINNY_RING_PITCH(GATED), SLOT = SKINNY_RING_SLOT_BYTES(GATED), S = SKINNY_RING_SLOTS;
-  extern __shared__ __align__(128) unsigned char skinny_ring[];  // S slots (the launch's dynamic memory)
-  __shared__ __align__(8) unsigned long long ring_bars[2 * S];    // full[s] (bytes landed), empty[s] (read)
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const unsigned slots = minillm::smem_addr(skinny_ring), full = minillm::smem_addr(ring_bars);
-  const unsigned empty = full + 8u * S;
-  const int chunks = (K + KC - 1) / KC, blocks = K / SKINNY_KB;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < S; ++s) {
-      minillm::mbar_init(full + 8u * s, 1);   // the producer's arrive, with the bytes it expects
-      minillm::mbar_init(empty + 8u * s, B);  // one arrive from each warp that read the slot
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
-  if (warp == SKINNY_WARPS) {  // the producer: slot after slot, each once its last reader is done
-    if (lane == 0) {
-      for (int ch = 0; ch < chunks; ++ch) {
-        const int s = ch % S;
-        if (ch >= S) minillm::mbar_wait(empty + 8u * s, (unsigned)(ch / S - 1) & 1u);
-        const int k0 = ch * KC;
-        const unsigned bytes = 2u * (unsigned)min(KC, K - k0), bar = full + 8u * s, dst = slots + (unsigned)s * SLOT;
-        minillm::mbar_expect_tx(bar, (GATED ? 32u : 16u) * bytes);
-#pragma unroll 1
-        for (int r = 0; r < (GATED ? 32 : 16); ++r) {  // rows past N copy row N - 1, never written out
-          const int row = min(n0 + (r & 15), N - 1) + (r >= 16 ? N : 0);
-          minillm::bulk_copy(dst + (unsigned)r * PITCH, w + (i64)row * K + k0, bytes, bar);
-        }
-      }
-    }
-    __syncwarp();
-    minillm::pdl_entry();
-    return;
-  }
-  minillm::pdl_entry();  // x is the previous kernel's output
-  const int g = lane >> 2, t = lane & 3, lb = warp % B;
-  for (int ch = warp / B; ch < chunks; ch += PERIOD) {
-    const int kb = ch * B + lb;
-    if (kb >= blocks) break;  // the last slot may be short; its later blocks have no reader
-    const int k = kb * SKINNY_KB, s = ch % S;
-    uint4 x_lo[TILES], x_hi[TILES];
-#pragma unroll
-    for (int i = 0; i < TILES; ++i) {  // before the wait: from L1 / L2 while the slot fills
-      x_lo[i] = minillm::load_act(reinterpret_cast<const uint4*>(xr[i] + k));
-      x_hi[i] = minillm::load_act(reinterpret_cast<const uint4*>(xr[i] + k + 8));
-    }
-    minillm::mbar_wait(full + 8u * s, (unsigned)(ch / S) & 1u);
-    const unsigned a = slots + (unsigned)s * SLOT + (unsigned)(lb * SKINNY_KB * 2 + t * 32 + g * PITCH);
-    const uint4 w0_lo = minillm::lds128(a), w0_hi = minillm::lds128(a + 16);
-    const uint4 w8_lo = minillm::lds128(a + 8 * PITCH), w8_hi = minillm::lds128(a + 8 * PITCH + 16);
-#pragma unroll
-    for (int i = 0; i < TILES; ++i) skinny_mma_block(c[i], w0_lo, w0_hi, w8_lo, w8_hi, x_lo[i], x_hi[i]);
-    if constexpr (GATED) {
-      const uint4 u0_lo = minillm::lds128(a + 16 * PITCH), u0_hi = minillm::lds128(a + 16 * PITCH + 16);
-      const uint4 u8_lo = minillm::lds128(a + 24 * PITCH), u8_hi = minillm::lds128(a + 24 * PITCH + 16);
-#pragma unroll
-      for (int i = 0; i < TILES; ++i) skinny_mma_block(cu[i], u0_lo, u0_hi, u8_lo, u8_hi, x_lo[i], x_hi[i]);
-    }
-    __syncwarp();  // every lane's shared-memory reads are in the MMAs above
-    if (lane == 0) minillm::mbar_arrive(empty + 8u * s);
-  }
-}
-
 // TILES: groups of 8 rows of x (1 for M <= 8, 2 for M <= 16, 4 for M <= 32). GATED: out[m, n] =
 // silu(x[m] . w[n]) * (x[m] . w[N + n]) for n < N (w is the [2N, K] gate_up matrix, no bias): each
 // warp streams the 16 gate rows and the 16 up rows of its columns and multiplies both by the same x
 // fragments.
 // PIPE: the software-pipelined loop (below).
-template <typename TO, int TILES, bool GATED, bool PIPE = false, int WARPS = SKINNY_WARPS, bool RING = false>
+template <typename TO, int TILES, bool GATED, bool PIPE = false, int WARPS = SKINNY_WARPS>
 __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64 ldx,
                                                  const bf16* __restrict__ w,
                                                  const bf16* __restrict__ bias,
                                                  TO* __restrict__ out, i64 ldo, int M, int N, int K) {
   constexpr int NW = GATED ? 2 : 1;  // weight tiles a warp: gate and up, or the product's own
-  if constexpr (!RING) minillm::pdl_entry();  // RING: skinny_ring_loop waits after its first copies
+  minillm::pdl_entry();
   __shared__ float red[WARPS - 1][NW * TILES * 4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -1118,9 +907,7 @@ __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64
   }
 
   const int blocks = K / SKINNY_KB;
-  if constexpr (RING) {
-    skinny_ring_loop<TILES, GATED>(w, N, K, n0, xr, c, cu);
-  } else if constexpr (PIPE) {
+  if constexpr (PIPE) {
     // Software-pipelined: each k block's loads go out before the previous block's MMAs, so two
     // blocks a warp are in flight (the loop below issues a block's loads only after the previous
     // block's MMAs, which wait for their own loads: about one block in flight, from the SASS,
@@ -1209,7 +996,7 @@ __device__ __forceinline__ void gemm_skinny_impl(const bf16* __restrict__ x, i64
     }
   }
   minillm::pdl_release();
-  if (warp > 0 && (!RING || warp < WARPS)) {  // RING: not the producer warp
+  if (warp > 0) {
 #pragma unroll
     for (int i = 0; i < TILES; ++i)
 #pragma unroll
@@ -1283,16 +1070,6 @@ MINILLM_SKINNY(gemm_skinny2_f32, float, 2)
 // Host: cuda_ops.skinny_product_launch (MINILLM_SKINNY2_W4).
 MINILLM_SKINNY_KERNEL(gemm_skinny2w4_bf16, bf16, 128, gemm_skinny_rows<bf16, false, 2, 4>)
 MINILLM_SKINNY_KERNEL(gemm_skinny2w4_f32, float, 128, gemm_skinny_rows<float, false, 2, 4>)
-// 9-16 rows with the weights through shared memory (skinny_ring_loop): grid (ceil(N / 16)), block
-// 32 * (SKINNY_WARPS + 1), SKINNY_RING_SLOTS * SKINNY_RING_SLOT_BYTES(false) bytes of dynamic shared
-// memory (the gated one: SKINNY_RING_SLOT_BYTES(true)). Host: cuda_ops.skinny_product_launch.
-#define SKINNY_RING_THREADS (32 * (SKINNY_WARPS + 1))
-MINILLM_SKINNY_KERNEL(gemm_skinny2_ring_bf16, bf16, SKINNY_RING_THREADS,
-                      gemm_skinny_impl<bf16, 2, false, false, SKINNY_WARPS, true>)
-MINILLM_SKINNY_KERNEL(gemm_skinny2_ring_f32, float, SKINNY_RING_THREADS,
-                      gemm_skinny_impl<float, 2, false, false, SKINNY_WARPS, true>)
-MINILLM_SKINNY_GATED_KERNEL(gemm_skinny2_ring_silu_mul_bf16, SKINNY_RING_THREADS,
-                            gemm_skinny_impl<bf16, 2, true, false, SKINNY_WARPS, true>)
 // 17-32 rows (four tiles): the host sends 17-20 rows of the large narrowing products (the 8B o and
 // down of the c = 2 DFlash round's verification: the round -2.3% with session 28's other change,
 // part184a) and, with cuda_ops.py's _SKINNY_MAX_M raised to 32, everything (slower than cuBLAS

@@ -202,11 +202,8 @@ def release_before_wait(source: str) -> list[str]:
 # running. cuda/gemv.cu's gemv1_stage_* (MINILLM_GEMV1_STAGE, one-row steps): their successors are
 # products (weights and norm weights before the wait) and the decode attention, whose pre-wait
 # loads read only step inputs and cache rows of earlier steps, which no kernel of the step writes
-# (the step's own key is stored by that attention kernel, after its wait). gemv1_ring_* (MINILLM_GEMV1_RING,
-# opt-in) likewise. cuda/decode_attention.cu's, under DEC_RELEASE_EARLY (an A/B define, off by default): its
-# successor is the o product (weights before its wait) or a kernel launched without a programmatic edge.
-EARLY_RELEASE = {"norm.cu": ["rms_norm_vec_impl"], "gemv.cu": ["gemv1_stage_impl", "gemv1_ring_impl"],
-                 "decode_attention.cu": ["decode_attention_impl"]}
+# (the step's own key is stored by that attention kernel, after its wait).
+EARLY_RELEASE = {"norm.cu": ["rms_norm_vec_impl"], "gemv.cu": ["gemv1_stage_impl"]}
 
 
 def test_kernels_release_dependents_only_after_their_own_wait():

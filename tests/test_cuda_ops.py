@@ -499,58 +499,6 @@ def test_skinny2w4_products(be, M, K, per_sm, short, out_f32, monkeypatch):
     assert be.captured_launches - before == Counter({"gemm_skinny2_" + ("f32" if out_f32 else "bf16"): 1})
 
 
-@pytest.mark.parametrize("M", [9, 13, 16])
-@pytest.mark.parametrize("K,N", [(64, 40), (576, 1000), (1024, 6144), (12288, 520)])
-def test_skinny2_ring_same_bits(be, M, K, N, monkeypatch):
-    """MINILLM_SKINNY2_RING: 9-16-row products with the weights streamed through shared memory by a
-    producer warp's TMA copies (gemm_skinny2_ring_*, plain with bias and f32 out, and gated) give
-    gemm_skinny2_*'s bits: the same k blocks on the same warps, the same MMAs in the same order. K of
-    one block, a short last slot (576 = 512 + 64), many slots (12,288: every slot reused), a last CTA
-    cut short; x rows inside a wider buffer, outputs poisoned, eager and replayed from a graph, whose
-    launch record names the ring kernels."""
-    if be.dtype == np.float32:
-        pytest.skip("the tensor-core kernel is the bf16 path")
-    from minillm.backends.cuda_ops import gated_product_kernel, small_product_kernel
-
-    assert small_product_kernel(M, 2 * N, K) == "skinny" and gated_product_kernel(M, N, K) == "skinny"
-    rng = np.random.default_rng(M * K + N + 11)
-    big = rng.standard_normal((M, K + 64)).astype(np.float32)
-    w = (rng.standard_normal((2 * N, K)) / np.sqrt(K)).astype(np.float32)
-    b = rng.standard_normal(2 * N).astype(np.float32)
-    xd, wd, bd = be.asarray(big)[:, 64:], be.asarray(w), be.asarray(b)
-    gate_up = poisoned(be, (M, 2 * N))
-
-    def products(ring: int, graph: bool):
-        monkeypatch.setattr(be, "skinny2_ring", ring)
-        monkeypatch.setattr(be, "skinny2_w4", 0)
-        plain, f32, act = poisoned(be, (M, 2 * N)), poisoned(be, (M, 2 * N), dtype=np.float32), poisoned(be, (M, N))
-
-        def run():
-            be.matmul(xd, wd, plain, bias=bd)
-            be.matmul(xd, wd, f32)
-            be.matmul_silu_mul(xd, wd, act, gate_up)
-
-        before = Counter(be.captured_launches)
-        if graph:
-            be.capture_graph(run).replay()
-        else:
-            run()
-        be.synchronize()
-        return [host(be, a) for a in (plain, f32, act)], be.captured_launches - before
-
-    base, _ = products(0, False)
-    for graph in (False, True):
-        got, launched = products(1, graph)
-        for i, (g, r) in enumerate(zip(got, base)):
-            assert not np.isnan(g).any() and np.array_equal(g, r), (graph, ("plain", "f32", "gated")[i])
-        if graph:
-            assert launched == Counter({"gemm_skinny2_ring_bf16": 1, "gemm_skinny2_ring_f32": 1,
-                                        "gemm_skinny2_ring_silu_mul_bf16": 1})
-    assert np.isnan(host(be, gate_up)).all()  # the gated products never wrote the [M, 2N] buffer
-    ref = rounded(be, big[:, 64:]).astype(np.float64) @ rounded(be, w).astype(np.float64).T
-    assert rel_err(base[1], ref) < 1e-5 and rel_err(base[0], ref + rounded(be, b)) < tol(be)
-
-
 @pytest.mark.parametrize("M", [17, 26, 32])
 def test_matmul_routes_17_to_32_rows_to_skinny4_when_raised(be, M, monkeypatch):
     """With _SKINNY_MAX_M and _GATED_SKINNY_MAX_M raised to 32 (the opt-in route), the backend's
@@ -1016,56 +964,6 @@ def test_one_row_stage_kernels_same_bits(be, K, N):
         assert not np.isnan(got[1][k]).any() and np.array_equal(got[0][k], got[1][k]), k
     ref = rounded(be, host(be, x)).astype(np.float64) @ host(be, wp).astype(np.float64).T + host(be, b)
     assert rel_err(got[1]["plain"], ref) < tol(be)
-
-
-@pytest.mark.parametrize("K,N,gated", [(1000, 1537, False), (1000, 1537, True), (4096, 300, False),
-                                       (4096, 6144, False), (4096, 12288, True), (12288, 4096, False)])
-def test_one_row_ring_kernels(be, K, N, gated):
-    """gemv1_ring_* (MINILLM_GEMV1_RING: a one-row product streamed through two shared-memory slots a CTA,
-    each row's K split over four warps): within bf16 tolerance of the float64 product and of gemv1's
-    kernels, the same bits eagerly and from a graph (where exactly it launches), and the same bits on a
-    second run (its four partials are added in a fixed order). The 8B's qkv, gate_up and down, rows of
-    fewer CTAs than SMs, a last group short of rows."""
-    if be.dtype == np.float32:
-        pytest.skip("cuda/gemv.cu is the bf16 path")
-    rng = np.random.default_rng(K + 3 * N + gated)
-    x = be.asarray(rng.standard_normal((1, K)).astype(np.float32))
-    w = be.asarray((rng.standard_normal(((2 if gated else 1) * N, K)) / np.sqrt(K)).astype(np.float32))
-    b = None if gated else be.asarray(rng.standard_normal(N).astype(np.float32))
-    name = "gemv1_ring_silu_mul_bf16" if gated else "gemv1_ring_bf16"
-
-    def product(out):
-        if gated:
-            be.matmul_silu_mul(x, w, out, poisoned(be, (1, 2 * N)))
-        else:
-            be.matmul(x, w, out, bias=b)
-    saved = be.gemv1_stage, be.gemv1_ring
-    got = {}
-    try:
-        be.gemv1_stage = 0  # the ring takes only what the stage kernels do not
-        for ring in (0, 1, 1):
-            be.gemv1_ring = ring
-            out = poisoned(be, (1, N))
-            product(out)
-            got.setdefault(ring, []).append(host(be, out))
-        out = poisoned(be, (1, N))
-        before = Counter(be.captured_launches)
-        be.capture_graph(lambda: product(out)).replay()
-        launched = be.captured_launches - before
-        assert launched[name] == 1 and sum(launched.values()) == 1, launched
-        got[1].append(host(be, out))
-    finally:
-        be.gemv1_stage, be.gemv1_ring = saved
-    ring_out, plain = got[1][0], got[0][0]
-    assert not np.isnan(ring_out).any() and all(np.array_equal(ring_out, o) for o in got[1][1:])
-    xh, wh = rounded(be, host(be, x)).astype(np.float64), host(be, w).astype(np.float64)
-    if gated:
-        g, u = xh @ wh[:N].T, xh @ wh[N:].T
-        ref = g / (1 + np.exp(-g)) * u
-    else:
-        ref = xh @ wh.T + host(be, b)
-    assert rel_err(ring_out, ref) < tol(be) and rel_err(plain, ref) < tol(be)
-    assert rel_err(ring_out, plain) < tol(be)
 
 
 def test_dependent_chain_in_a_graph_matches_eager(be):

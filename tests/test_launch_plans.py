@@ -23,7 +23,6 @@ from minillm.backends.cuda_ops import (
     env_int,
     gated_product_kernel,
     gated_split_max_rows,
-    gemv1_ring_plan,
     gemv1_stage_plan,
     o_merge_plan,
     one_row_mode,
@@ -110,11 +109,10 @@ def test_skinny2w4_launch_by_grid():
     """With MINILLM_SKINNY2_W4 on, 9-16 rows of a grid past 2 CTAs an SM and at most 4 take the
     4-warp gemm_skinny2w4_* on 128 threads (the 8B qkv's 384 CTAs on an H200's 132 SMs); grids of
     one wave of 8-warp CTAs (the 8B o / down, 256), past 4 an SM (1,536), other row counts, or the
-    knob off keep their kernel on 256 threads. MINILLM_SKINNY2_RING takes every 9-16-row product to
-    gemm_skinny2_ring_* on 288 threads with its slots of dynamic shared memory, before that rule."""
+    knob off keep their kernel on 256 threads; none takes dynamic shared memory."""
     def launch(*a, **kw):
         prefix, threads, smem = cuda_ops.skinny_product_launch(*a, **kw)
-        assert smem == 0 or prefix == "gemm_skinny2_ring_"
+        assert smem == 0
         return prefix, threads
 
     assert launch(9, 6144, 132, True) == ("gemm_skinny2w4_", 128)
@@ -126,28 +124,8 @@ def test_skinny2w4_launch_by_grid():
     assert launch(8, 6144, 132, True) == ("gemm_skinny_", 256)
     assert launch(17, 6144, 132, True) == ("gemm_skinny4_", 256)
     assert launch(9, 6144, 66, True) == ("gemm_skinny2_", 256)  # 384 CTAs past 4 an SM of 66 SMs
-    for m, n in ((9, 6144), (16, 4096), (9, 151936)):
-        assert cuda_ops.skinny_product_launch(m, n, 132, True, ring=True) == (
-            "gemm_skinny2_ring_", 288, cuda_ops.skinny_ring_smem(False))
-    assert launch(8, 6144, 132, True, ring=True) == ("gemm_skinny_", 256)
-    # gated (gate_up's F columns): the ring with its own slots, never the 4-warp kernel
-    assert cuda_ops.skinny_product_launch(9, 12288, 132, True, ring=True, gated=True) == (
-        "gemm_skinny2_ring_", 288, cuda_ops.skinny_ring_smem(True))
+    # gated (gate_up's F columns): never the 4-warp kernel
     assert launch(9, 6144, 132, True, gated=True) == ("gemm_skinny2_", 256)
-    assert launch(17, 6144, 132, True, ring=True) == ("gemm_skinny4_", 256)
-
-
-def test_skinny_ring_shape_matches_the_kernel():
-    """The host's gemm_skinny2_ring_* launch (threads, dynamic shared memory) follows cuda/gemv.cu's
-    SKINNY_RING_* defines: 8 compute warps and a producer, slots of 16 (gated 32) rows of KC k values
-    padded by 16 bytes; 3 plain / 2 gated CTAs an SM fit an H200's 228 KB with the static memory."""
-    src = (Path(__file__).resolve().parents[1] / "cuda" / "gemv.cu").read_text()
-    slots = int(re.search(r"#define SKINNY_RING_SLOTS (\d+)", src).group(1))
-    kc = re.search(r"#define SKINNY_RING_KC\(GATED\) \(\(GATED\) \? (\d+) : (\d+)\)", src)
-    assert (slots, int(kc.group(2)), int(kc.group(1))) == (
-        cuda_ops._SKINNY_RING_SLOTS, cuda_ops._SKINNY_RING_KC, cuda_ops._SKINNY_RING_KC_GATED)
-    assert cuda_ops._SKINNY_RING_THREADS == 32 * (int(re.search(r"#define SKINNY_WARPS (\d+)", src).group(1)) + 1)
-    assert cuda_ops.skinny_ring_smem(False) == 4 * 16 * 1040 and cuda_ops.skinny_ring_smem(True) == 4 * 32 * 528
 
 
 def test_skinny_kernels_by_rows(monkeypatch):
@@ -225,33 +203,19 @@ def test_one_row_stage_plan_one_cta_an_sm_within_its_shared_memory():
     assert gemv1_stage_plan(4096, 1024, False, sms, 48 << 10) is None  # the device's limit
 
 
-def test_one_row_ring_plan_two_ctas_an_sm():
-    """gemv1_ring_plan (MINILLM_GEMV1_RING): the 8B's one-row products stream through 2 slots of at most 32 KB
-    (G rows, gate and up rows each, at most 8 a slot), the CTA's slots and x under 100 KB so two CTAs fit an
-    SM; rows too long for one slot are refused."""
-    sms, big = 132, 227 << 10
-    assert gemv1_ring_plan(6144, 4096, False, sms, big) == (131, 47, 4, 2, 2 * 4 * 8192 + 8192)  # 8B qkv
-    assert gemv1_ring_plan(12288, 4096, True, sms, big) == (131, 94, 2, 2, 2 * 2 * 16384 + 8192)  # gate_up
-    assert gemv1_ring_plan(4096, 12288, False, sms, big) == (128, 32, 1, 2, 2 * 24576 + 24576)  # 8B down
-    assert gemv1_ring_plan(300, 64, False, sms, big) == (100, 3, 8, 2, 2 * 8 * 128 + 128)  # G capped at 8
-    assert gemv1_ring_plan(300, 64, True, sms, big)[2] == 4  # gate and up rows: 4 of each
-    assert gemv1_ring_plan(100, 20480, False, sms, big) is None  # a 40 KB row: past a slot
-    assert gemv1_ring_plan(6144, 4096, False, sms, 64 << 10) is None  # the device's limit
-
-
 def test_one_row_modes_from_the_environment(monkeypatch):
-    """MINILLM_GEMV1_STAGE / MINILLM_GEMV1_RING take 0, 1 or 2 (their defaults when unset); any other value is
-    refused naming the variable and the three modes."""
-    for name, default in (("MINILLM_GEMV1_STAGE", 2), ("MINILLM_GEMV1_RING", 0)):
-        monkeypatch.delenv(name, raising=False)
-        assert one_row_mode(name, default, "what") == default
-        for v in (0, 1, 2):
-            monkeypatch.setenv(name, str(v))
-            assert one_row_mode(name, default, "what") == v
-        for bad in ("3", "on", "-1"):
-            monkeypatch.setenv(name, bad)
-            with pytest.raises(ValueError, match=name):
-                one_row_mode(name, default, "what")
+    """MINILLM_GEMV1_STAGE takes 0, 1 or 2 (its default when unset); any other value is refused naming the
+    variable and the three modes."""
+    name, default = "MINILLM_GEMV1_STAGE", 2
+    monkeypatch.delenv(name, raising=False)
+    assert one_row_mode(name, default, "what") == default
+    for v in (0, 1, 2):
+        monkeypatch.setenv(name, str(v))
+        assert one_row_mode(name, default, "what") == v
+    for bad in ("3", "on", "-1"):
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(ValueError, match=name):
+            one_row_mode(name, default, "what")
 
 
 def test_gated_split_mode_from_the_environment(monkeypatch):

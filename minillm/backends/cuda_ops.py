@@ -213,8 +213,6 @@ _GATED_SPLIT_MAX_M_DEFAULT = 2
 # were not measured in a graph at these rows) and nothing else.
 _SKINNY_MAX_M, _SKINNY_THREADS, _SKINNY_COLS_PER_CTA, _SKINNY_K = 16, 256, 16, 64
 _SKINNY_KERNEL_MAX_M = 32  # gemm_skinny4_*'s four 8-row tiles
-# gemm_skinny2_ring_* (cuda/gemv.cu's SKINNY_RING_*): 8 compute warps and a producer, slots, k values a slot
-_SKINNY_RING_THREADS, _SKINNY_RING_SLOTS, _SKINNY_RING_KC, _SKINNY_RING_KC_GATED = 288, 4, 512, 256
 _SKINNY_NARROW_MAX_M, _SKINNY_NARROW_MIN_W = 20, 16 << 20  # 16: never
 _SKINNY_TWO_TILE_MAX_W = 128 << 20  # weight elements
 # past 16 rows only weights up to this many elements (A/B runs: part181 / part183 sent the 8B o
@@ -267,25 +265,15 @@ def head_ctas_kv_div(G: int, T: int, head_ctas: int, o_merged: bool) -> int:
     return G if head_ctas and T == 1 and not o_merged and tested else 1
 
 
-def skinny_ring_smem(gated: bool) -> int:
-    """Dynamic shared memory of gemm_skinny2_ring_* (cuda/gemv.cu's SKINNY_RING_SLOTS slots of 16
-    weight rows, or 16 gate + 16 up rows, of SKINNY_RING_KC k values, each row 16 bytes padded)."""
-    kc = _SKINNY_RING_KC_GATED if gated else _SKINNY_RING_KC
-    return _SKINNY_RING_SLOTS * (32 if gated else 16) * (2 * kc + 16)
-
-
-def skinny_product_launch(M: int, N: int, num_sms: int, w4: bool, ring: bool = False,
-                          gated: bool = False) -> tuple[str, int, int]:
+def skinny_product_launch(M: int, N: int, num_sms: int, w4: bool, gated: bool = False) -> tuple[str, int, int]:
     """The skinny kernel's name prefix, threads and dynamic shared memory for a product of M rows and
     N columns (gated: N of gate_up's halves, the kernel's name then goes on "silu_mul_bf16"):
-    _skinny_prefix's kernels on 8 warps a CTA; with ring (MINILLM_SKINNY2_RING), 9-16 rows on
-    gemm_skinny2_ring_* (the weights through shared memory by TMA, a ninth warp copying); else with w4
-    (MINILLM_SKINNY2_W4), 9-16 rows of a plain product whose grid is past one wave of 2 CTAs an SM
-    (102 registers) and fits one of 4 CTAs of 4 warps an SM on gemm_skinny2w4_* (the 8B qkv's 384
-    CTAs: 1.45 waves on 8 warps, DRAM 62% busy, part266)."""
+    _skinny_prefix's kernels on 8 warps a CTA; with w4 (MINILLM_SKINNY2_W4), 9-16 rows of a plain
+    product whose grid is past one wave of 2 CTAs an SM (102 registers) and fits one of 4 CTAs of 4
+    warps an SM on gemm_skinny2w4_* (the 8B qkv's 384 CTAs: 1.45 waves on 8 warps, DRAM 62% busy,
+    part266). MINILLM_SKINNY2_RING's gemm_skinny2_ring_* (the weights through shared memory by a ninth
+    warp's TMA copies) measured slower and was removed in session 57 (part272: the c = 1 round +64%)."""
     ctas = _cdiv(N, _SKINNY_COLS_PER_CTA)
-    if ring and 9 <= M <= 16:
-        return "gemm_skinny2_ring_", _SKINNY_RING_THREADS, skinny_ring_smem(gated)
     if w4 and not gated and 9 <= M <= 16 and 2 * num_sms < ctas <= 4 * num_sms:
         return "gemm_skinny2w4_", _SKINNY_THREADS // 2, 0
     return _skinny_prefix(M), _SKINNY_THREADS, 0
@@ -329,14 +317,16 @@ def one_row_product_kernel(N: int, K: int, f32_out: bool, num_sms: int, deep_min
 # 0 never, 1 every one-row product whose share fits, 2 (the default) all of those but the one right after
 # the decode attention (the o product), whose copies would load HBM under the attention's latency-bound
 # merge. 0.6B batch-1 graphs alternated twice on H100s (part298-part300): 1 +2.7% (the merge 1.3 -> 5.0
-# us a layer), 2 -2.4%. The 8B's products do not fit (its qkv would need 376 KB a CTA)
+# us a layer), 2 -2.4%. The 8B's products do not fit (its qkv would need 376 KB a CTA); streaming them through
+# two shared-memory slots a CTA instead (gemv1_ring_*, MINILLM_GEMV1_RING) measured slower and was removed in
+# session 57 (the 8B batch-1 graph 5.53 -> 9.02 / 8.77 ms at 1 / 2, H100)
 _GEMV1_STAGE_MAX_SMEM = 112 << 10
 _GEMV1_STAGE_DEFAULT = 2
 _ONE_ROW_MODES = "0 never, 1 every product it takes, 2 all but the one right after the decode attention"
 
 
 def one_row_mode(name: str, default: int, what: str) -> int:
-    """MINILLM_GEMV1_STAGE / MINILLM_GEMV1_RING: one of _ONE_ROW_MODES, or a ValueError naming the variable."""
+    """MINILLM_GEMV1_STAGE: one of _ONE_ROW_MODES, or a ValueError naming the variable."""
     mode = env_int(name, default, f"{what}: {_ONE_ROW_MODES}")
     if mode not in (0, 1, 2):
         raise ValueError(f"{name}={mode}: use {_ONE_ROW_MODES}")
@@ -352,33 +342,6 @@ def gemv1_stage_plan(N: int, K: int, gated: bool, num_sms: int, max_smem: int) -
     if smem > min(max_smem, _GEMV1_STAGE_MAX_SMEM):
         return None
     return _cdiv(N, rpc), rpc, smem
-
-
-# cuda/gemv.cu's gemv1_ring_*: a one-row product too large for gemv1_stage streamed through S slots of G rows
-# (gate and up rows each) a CTA, one CTA an SM, the first slots copied before the PDL wait. MINILLM_GEMV1_RING
-# takes MINILLM_GEMV1_STAGE's values (_ONE_ROW_MODES); 0, the default, until measured (h200_report.sh part303)
-_GEMV1_RING_SLOT_BYTES = 32 << 10  # a slot's target size: G rows a slot as fit
-_GEMV1_RING_SLOTS = 2
-_GEMV1_RING_MAX_V = 8  # GEMV_RING_MAX_V in gemv.cu: G x (2 if gated else 1) at most
-_GEMV1_RING_MAX_SMEM = 100 << 10  # two CTAs an SM (the next product's beside this one's)
-_GEMV1_RING_THREADS = 160
-
-
-def gemv1_ring_plan(N: int, K: int, gated: bool, num_sms: int,
-                    max_smem: int) -> tuple[int, int, int, int, int] | None:
-    """(grid, rows a CTA, rows a slot G, slots S, dynamic shared memory bytes) of cuda/gemv.cu's
-    gemv1_ring_* for a one-row product of N outputs (gate and up rows each, gated) over K, or None when
-    one row (both halves) is past a slot or the CTA's slots and x would not leave room for two CTAs an SM."""
-    halves = 2 if gated else 1
-    row_bytes = halves * K * 2
-    G = min(_GEMV1_RING_MAX_V // halves, _GEMV1_RING_SLOT_BYTES // row_bytes)
-    if G < 1:
-        return None
-    smem = _GEMV1_RING_SLOTS * G * row_bytes + K * 2
-    if smem > min(max_smem, _GEMV1_RING_MAX_SMEM):
-        return None
-    rpc = _cdiv(N, num_sms)
-    return _cdiv(N, rpc), rpc, G, _GEMV1_RING_SLOTS, smem
 
 
 def small_product_max_m() -> int:
@@ -771,12 +734,6 @@ class CudaBackend:
         self.skinny2_w4 = env_int("MINILLM_SKINNY2_W4", 1, "1: 9-16-row products past a wave on 4-warp CTAs")
         if self.skinny2_w4 not in (0, 1):
             raise ValueError(f"MINILLM_SKINNY2_W4={self.skinny2_w4}: use 0 or 1")
-        # 1: 9-16-row products (plain and gated) stream their weights through shared memory
-        # (gemm_skinny2_ring_*: TMA copies by a producer warp; the same bits as gemm_skinny2_*). Not yet
-        # run on a GPU (session 45): off until its tests and an A/B have (h200_report.sh part272)
-        self.skinny2_ring = env_int("MINILLM_SKINNY2_RING", 0, "1: 9-16-row products' weights through shared memory")
-        if self.skinny2_ring not in (0, 1):
-            raise ValueError(f"MINILLM_SKINNY2_RING={self.skinny2_ring}: use 0 or 1")
         self.decode_min_part = env_int("MINILLM_DECODE_MIN_PART", 0,
                                        "fewest keys in a split of the decode kernel, every step (0: the rule)")
         self.gated_split_max_m = gated_split_max_rows()
@@ -795,8 +752,6 @@ class CudaBackend:
         self.gemv1_stage = one_row_mode("MINILLM_GEMV1_STAGE", _GEMV1_STAGE_DEFAULT,
                                         "one-row products whose CTAs' weight shares fit in shared memory copy "
                                         "them there before the PDL wait (gemv1_stage_*)")
-        self.gemv1_ring = one_row_mode("MINILLM_GEMV1_RING", 0, "one-row products too large for gemv1_stage "
-                                       "stream through shared-memory slots (gemv1_ring_*)")
         self.o_merge = env_int("MINILLM_O_MERGE", _O_MERGE_DEFAULT,
                                "a batch-1 step's o product merges the attention's splits: 0 off, 1 each CTA, "
                                "2 in clusters")
@@ -862,13 +817,11 @@ class CudaBackend:
                         "dflash2_path_bf16", "dflash2_path_f32"],
             "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemv1_bf16", "gemv1_f32", "gemv1_silu_mul_bf16",
                      "gemv1_silu_mul_split_bf16", "gemv_silu_mul_split_bf16", "gemv1_deep_bf16",
-                     "gemv1_pre_bf16", "gemv1_stage_bf16", "gemv1_stage_silu_mul_bf16", "gemv1_ring_bf16",
-                     "gemv1_ring_silu_mul_bf16"]
+                     "gemv1_pre_bf16", "gemv1_stage_bf16", "gemv1_stage_silu_mul_bf16"]
             + [f"gemv1_{k}norm{c}_bf16" for k in ("", "silu_mul_split_", "stage_", "stage_silu_mul_")
                for c in _NORM_FOLD_CHUNKS]
             + [f"gemm_skinny{t}_{k}" for t in ("", "2", "4") for k in ("bf16", "f32", "silu_mul_bf16")]
             + ["gemm_skinny2w4_bf16", "gemm_skinny2w4_f32"]
-            + [f"gemm_skinny2_ring_{k}" for k in ("bf16", "f32", "silu_mul_bf16")]
             + [f"gemv1_merge{c}_bf16_w{w}" for c in ("", f"_cl{_O_MERGE_CLUSTER}") for w in (4, 8, 16)],
         }
         # every module of a start compiled at once (a first start's compile: the slowest module's time),
@@ -909,10 +862,6 @@ class CudaBackend:
                 k[n].max_dynamic_shared_size_bytes = min(self.max_smem, _O_MERGE_MAX_SMEM)
             if n.startswith("gemv1_stage"):
                 k[n].max_dynamic_shared_size_bytes = min(self.max_smem, _GEMV1_STAGE_MAX_SMEM)
-            if n.startswith("gemv1_ring"):
-                k[n].max_dynamic_shared_size_bytes = min(self.max_smem, _GEMV1_RING_MAX_SMEM)
-            if n.startswith("gemm_skinny2_ring_"):
-                k[n].max_dynamic_shared_size_bytes = skinny_ring_smem("silu_mul" in n)
         # cuda/gemm.cu for 17-256 rows, only with MINILLM_GEMM=wide (scripts/gemm_bench.py switches
         # it per call): measured 0.2-0.9x cuBLAS on the H200 (part63-65, docs/BENCHMARKS.md), so
         # cuBLAS stays the default and its module is compiled on first use (_wide_kernel); the
@@ -1415,13 +1364,6 @@ class CudaBackend:
                              (x, w, bias if bias is not None else _NULL, out, _i32(N), _i32(K), _i32(rpc)),
                              shared_mem=smem)
                 return
-            ring = self._ring_plan(N, K, False)
-            if ring is not None:
-                grid, rpc, G, S, smem = ring
-                self._launch("gemv1_ring_bf16", (grid,), (_GEMV1_RING_THREADS,),
-                             (x, w, bias if bias is not None else _NULL, out, _i32(N), _i32(K), _i32(rpc), _i32(G),
-                              _i32(S)), shared_mem=smem)
-                return
         if kernel == "gemv":  # one row: its own kernels (cuda/gemv.cu's staged loads)
             rows = () if M == 1 else (_i32(M),)
             name = (one_row_product_kernel(N, K, out.dtype == np.float32, self.num_sms, self.gemv1_deep_min_k,
@@ -1432,8 +1374,7 @@ class CudaBackend:
                          + rows + (_i32(N), _i32(K)))
             return
         if kernel == "skinny":
-            prefix, threads, smem = skinny_product_launch(M, N, self.num_sms, bool(self.skinny2_w4),
-                                                          bool(self.skinny2_ring))
+            prefix, threads, smem = skinny_product_launch(M, N, self.num_sms, bool(self.skinny2_w4))
             self._launch(prefix + _suffix(out.dtype), (_cdiv(N, _SKINNY_COLS_PER_CTA),),
                          (threads,), (x, _i64(ldx), w, bias if bias is not None else _NULL, out,
                                       _i64(ldo), _i32(M), _i32(N), _i32(K)), shared_mem=smem)
@@ -1532,12 +1473,6 @@ class CudaBackend:
             self._launch("gemv1_stage_silu_mul_bf16", (grid,), (_GEMV_THREADS,),
                          (x, w_gate_up, out, _i32(F), _i32(K), _i32(rpc)), shared_mem=smem)
             return
-        ring = self._ring_plan(F, K, True) if kernel == "gemv" and M == 1 else None
-        if ring is not None:
-            grid, rpc, G, S, smem = ring
-            self._launch("gemv1_ring_silu_mul_bf16", (grid,), (_GEMV1_RING_THREADS,),
-                         (x, w_gate_up, out, _i32(F), _i32(K), _i32(rpc), _i32(G), _i32(S)), shared_mem=smem)
-            return
         if kernel == "gemv":
             rows = () if M == 1 else (_i32(M),)
             # gate and up rows on different warps: half the columns a CTA
@@ -1547,8 +1482,7 @@ class CudaBackend:
                          (_GEMV_THREADS,), (x, _i64(ldx), w_gate_up, out, _i64(ldo)) + rows + (_i32(F), _i32(K)))
             return
         if kernel == "skinny":
-            prefix, threads, smem = skinny_product_launch(M, F, self.num_sms, False, bool(self.skinny2_ring),
-                                                          gated=True)
+            prefix, threads, smem = skinny_product_launch(M, F, self.num_sms, False, gated=True)
             self._launch(prefix + "silu_mul_bf16", (_cdiv(F, _SKINNY_COLS_PER_CTA),), (threads,),
                          (x, _i64(ldx), w_gate_up, out, _i64(ldo), _i32(M), _i32(F), _i32(K)), shared_mem=smem)
             return
@@ -1644,13 +1578,6 @@ class CudaBackend:
         if not self._one_row_mode_takes(self.gemv1_stage):
             return None
         return gemv1_stage_plan(N, K, gated, self.num_sms, self.max_smem)
-
-    def _ring_plan(self, N: int, K: int, gated: bool) -> tuple[int, int, int, int, int] | None:
-        """gemv1_ring_plan under MINILLM_GEMV1_RING (None where the switch leaves this product out or it does
-        not fit); only for products gemv1_stage does not take."""
-        if not self._one_row_mode_takes(self.gemv1_ring) or self._stage_plan(N, K, gated) is not None:
-            return None
-        return gemv1_ring_plan(N, K, gated, self.num_sms, self.max_smem)
 
     def _gemv_fits(self, x, w, out, bias, M: int, K: int, ldx: int, max_m: int | None = None) -> bool:
         """At most max_m rows of bf16 with 16-byte aligned rows: what cuda/gemv.cu's kernels take
