@@ -144,6 +144,8 @@
 #   part305 (session 56): part301 + part303 + part304 in one call. part306: DFlash2's and part302's tests, decode.
 #   part307 (session 57): after the ring kernels and DEC_RELEASE_EARLY left: every GPU test (DFlash2's with
 #   them), decode of both shapes, the 8B DFlash2 round, memcheck and racecheck of the stage kernels.
+#   (MINILLM_GEMV1_RING, MINILLM_SKINNY2_RING and DEC_RELEASE_EARLY left in bc828db: part272, part303-part305
+#   now set names nothing reads, so their A/Bs would compare the default with itself.) part308: decode only.
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -5476,6 +5478,18 @@ part307() {  # session 57 (carry .whl): the code after the ring kernels and DEC_
     python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "one_row_stage and 1024-3072"
   stage racecheck_stage 120 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
     python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "one_row_stage and 1024-3072"
+  pack
+}
+
+part308() {  # session 57, for a short budget (carry .whl): decode of both shapes on the final code, and the
+  # batch-1 graphs' kernel counts (~2 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_both 60
+  decode_06b 40
+  decode_8b 50
+  stage graph06 30 python3 scripts/step_kernels.py $M/q06 --batch 1 --ctx 512 --json "$W/graph06.json"
+  stage graph8 40 python3 scripts/step_kernels.py $M/q8 --batch 1 --ctx 512 --json "$W/graph8.json"
   pack
 }
 
