@@ -30,6 +30,7 @@ from minillm.engine.runner import ModelRunner
 from minillm.engine.scheduler import ScheduledSeq, Scheduler
 from minillm.engine.sequence import Sequence
 from minillm.engine.structured import GrammarCompiler, ThinkState, matcher_error, token_mask
+from minillm.envvars import warn_unknown_settings
 from minillm.models.hf_loader import override_defaults, sampling_defaults
 from minillm.models.loader import LoadedModel, load_model, resolve_model_path, tokenizer_dir
 from minillm.models.tokenizer import IncrementalDecoder, compile_chat_template, read_chat_template
@@ -221,6 +222,7 @@ class LLMEngine:
                 f"--max-num-batched-tokens {args.max_num_batched_tokens} is below max_num_seqs x (1 + k) = "
                 f"{args.max_num_seqs * (1 + k)}: a full decode step would not fit"
             )
+        warn_unknown_settings()  # a misspelt or removed MINILLM_* switch changes nothing: say so
         self.backend = select_backend(args.device, args.dtype)
         self.max_num_batched_tokens = args.max_num_batched_tokens or max(
             DEFAULT_TOKEN_BUDGET[self.backend.name], args.max_num_seqs * (1 + k))
