@@ -145,7 +145,7 @@
 #   part307 (session 57): after the ring kernels and DEC_RELEASE_EARLY left: every GPU test (DFlash2's with
 #   them), decode of both shapes, the 8B DFlash2 round, memcheck and racecheck of the stage kernels.
 #   (MINILLM_GEMV1_RING, MINILLM_SKINNY2_RING and DEC_RELEASE_EARLY left in bc828db: part272, part303-part305
-#   now set names nothing reads, so their A/Bs would compare the default with itself.) part308: decode only.
+#   now set names nothing reads, so their A/Bs would compare the default with itself.) part308: decode only; part309: decode, the debug build's and the decoder's tests.
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -5490,6 +5490,18 @@ part308() {  # session 57, for a short budget (carry .whl): decode of both shape
   decode_8b 50
   stage graph06 30 python3 scripts/step_kernels.py $M/q06 --batch 1 --ctx 512 --json "$W/graph06.json"
   stage graph8 40 python3 scripts/step_kernels.py $M/q8 --batch 1 --ctx 512 --json "$W/graph8.json"
+  pack
+}
+
+part309() {  # session 57, the last of its budget (carry .whl): decode of both shapes, then the GPU tests part307
+  # left out: the debug build's (every module with MINILLM_CHECK) and the one-kernel decoder's (~3 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_both 40
+  decode_06b 30
+  decode_8b 40
+  stage debug_build 90 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k debug_build
+  stage decode_layers_tests 90 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_decode_layers.py
   pack
 }
 
