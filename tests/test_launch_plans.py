@@ -109,12 +109,8 @@ def test_skinny2w4_launch_by_grid():
     """With MINILLM_SKINNY2_W4 on, 9-16 rows of a grid past 2 CTAs an SM and at most 4 take the
     4-warp gemm_skinny2w4_* on 128 threads (the 8B qkv's 384 CTAs on an H200's 132 SMs); grids of
     one wave of 8-warp CTAs (the 8B o / down, 256), past 4 an SM (1,536), other row counts, or the
-    knob off keep their kernel on 256 threads; none takes dynamic shared memory."""
-    def launch(*a, **kw):
-        prefix, threads, smem = cuda_ops.skinny_product_launch(*a, **kw)
-        assert smem == 0
-        return prefix, threads
-
+    knob off keep their kernel on 256 threads."""
+    launch = cuda_ops.skinny_product_launch
     assert launch(9, 6144, 132, True) == ("gemm_skinny2w4_", 128)
     assert launch(16, 16 * 528, 132, True) == ("gemm_skinny2w4_", 128)
     assert launch(16, 16 * 528 + 1, 132, True) == ("gemm_skinny2_", 256)

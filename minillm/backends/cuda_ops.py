@@ -265,9 +265,9 @@ def head_ctas_kv_div(G: int, T: int, head_ctas: int, o_merged: bool) -> int:
     return G if head_ctas and T == 1 and not o_merged and tested else 1
 
 
-def skinny_product_launch(M: int, N: int, num_sms: int, w4: bool, gated: bool = False) -> tuple[str, int, int]:
-    """The skinny kernel's name prefix, threads and dynamic shared memory for a product of M rows and
-    N columns (gated: N of gate_up's halves, the kernel's name then goes on "silu_mul_bf16"):
+def skinny_product_launch(M: int, N: int, num_sms: int, w4: bool, gated: bool = False) -> tuple[str, int]:
+    """The skinny kernel's name prefix and threads (none takes dynamic shared memory) for a product of M
+    rows and N columns (gated: N of gate_up's halves, the kernel's name then goes on "silu_mul_bf16"):
     _skinny_prefix's kernels on 8 warps a CTA; with w4 (MINILLM_SKINNY2_W4), 9-16 rows of a plain
     product whose grid is past one wave of 2 CTAs an SM (102 registers) and fits one of 4 CTAs of 4
     warps an SM on gemm_skinny2w4_* (the 8B qkv's 384 CTAs: 1.45 waves on 8 warps, DRAM 62% busy,
@@ -275,8 +275,8 @@ def skinny_product_launch(M: int, N: int, num_sms: int, w4: bool, gated: bool = 
     warp's TMA copies) measured slower and was removed in session 57 (part272: the c = 1 round +64%)."""
     ctas = _cdiv(N, _SKINNY_COLS_PER_CTA)
     if w4 and not gated and 9 <= M <= 16 and 2 * num_sms < ctas <= 4 * num_sms:
-        return "gemm_skinny2w4_", _SKINNY_THREADS // 2, 0
-    return _skinny_prefix(M), _SKINNY_THREADS, 0
+        return "gemm_skinny2w4_", _SKINNY_THREADS // 2
+    return _skinny_prefix(M), _SKINNY_THREADS
 
 
 def gated_product_kernel(M: int, F: int, K: int) -> str | None:
@@ -1374,10 +1374,10 @@ class CudaBackend:
                          + rows + (_i32(N), _i32(K)))
             return
         if kernel == "skinny":
-            prefix, threads, smem = skinny_product_launch(M, N, self.num_sms, bool(self.skinny2_w4))
+            prefix, threads = skinny_product_launch(M, N, self.num_sms, bool(self.skinny2_w4))
             self._launch(prefix + _suffix(out.dtype), (_cdiv(N, _SKINNY_COLS_PER_CTA),),
                          (threads,), (x, _i64(ldx), w, bias if bias is not None else _NULL, out,
-                                      _i64(ldo), _i32(M), _i32(N), _i32(K)), shared_mem=smem)
+                                      _i64(ldo), _i32(M), _i32(N), _i32(K)))
             return
         plan = (wide_product_plan(M, N, K, self.num_sms) if self.wide_gemm and out.dtype == self.dtype
                 and self._gemv_fits(x, w, out, bias, M, K, ldx, max_m=_WIDE_MAX_M) else None)
@@ -1482,9 +1482,9 @@ class CudaBackend:
                          (_GEMV_THREADS,), (x, _i64(ldx), w_gate_up, out, _i64(ldo)) + rows + (_i32(F), _i32(K)))
             return
         if kernel == "skinny":
-            prefix, threads, smem = skinny_product_launch(M, F, self.num_sms, False, gated=True)
+            prefix, threads = skinny_product_launch(M, F, self.num_sms, False, gated=True)
             self._launch(prefix + "silu_mul_bf16", (_cdiv(F, _SKINNY_COLS_PER_CTA),), (threads,),
-                         (x, _i64(ldx), w_gate_up, out, _i64(ldo), _i32(M), _i32(F), _i32(K)), shared_mem=smem)
+                         (x, _i64(ldx), w_gate_up, out, _i64(ldo), _i32(M), _i32(F), _i32(K)))
             return
         self.matmul(x, w_gate_up, out=gate_up)
         self.silu_mul(gate_up, out=out)
