@@ -146,6 +146,7 @@
 #   them), decode of both shapes, the 8B DFlash2 round, memcheck and racecheck of the stage kernels.
 #   (MINILLM_GEMV1_RING, MINILLM_SKINNY2_RING and DEC_RELEASE_EARLY left in bc828db: part272, part303-part305
 #   now set names nothing reads, so their A/Bs would compare the default with itself.) part308: decode only; part309: decode, the debug build's and the decoder's tests.
+#   part310 (session 58): decode, batch-1 graphs, the synthetic chain with no bytes (a PDL hop's own cost), part309's tests.
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -5500,6 +5501,29 @@ part309() {  # session 57, the last of its budget (carry .whl): decode of both s
   models_both 40
   decode_06b 30
   decode_8b 40
+  stage debug_build 90 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k debug_build
+  stage decode_layers_tests 90 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_decode_layers.py
+  pack
+}
+
+part310() {  # session 58 (carry .whl): decode of both shapes and their batch-1 graphs on the final code; the
+  # synthetic chain's hand-offs with no bytes (five, four and three kernels a layer: what a kernel's PDL hop costs
+  # by itself) beside its real bytes; the debug build's and the one-kernel decoder's GPU tests (~6 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_both 60
+  decode_06b 40
+  decode_8b 50
+  stage graph06 30 python3 scripts/step_kernels.py $M/q06 --batch 1 --ctx 512 --json "$W/graph06.json"
+  stage graph8 40 python3 scripts/step_kernels.py $M/q8 --batch 1 --ctx 512 --json "$W/graph8.json"
+  stage preload 60 python3 scripts/preload_bench.py --json "$W/preload.json"
+  stage preload_0b5 60 python3 scripts/preload_bench.py --mb 0,0,0,0,0 --json "$W/preload_0b5.json"
+  stage preload_0b4 60 python3 scripts/preload_bench.py --mb 0,0,0,0 --dep 2,1,2,1 --stream-ctas 132 \
+    --json "$W/preload_0b4.json"
+  stage preload_0b3 60 python3 scripts/preload_bench.py --mb 0,0,0 --dep 2,1,1 --stream-ctas 132 \
+    --json "$W/preload_0b3.json"
+  stage preload_0b5_c132 60 python3 scripts/preload_bench.py --mb 0,0,0,0,0 --stream-ctas 132 \
+    --json "$W/preload_0b5_c132.json"
   stage debug_build 90 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k debug_build
   stage decode_layers_tests 90 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_decode_layers.py
   pack

@@ -126,8 +126,12 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=28)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--mb", default=",".join(map(str, LAYER_MB)), help="a layer's kernels' weight MB")
+    ap.add_argument("--dep", default=",".join(map(str, LAYER_DEP)),
+                    help="each kernel's wait: 1 on one x element (a product), 2 on the CTA's sum of x (a folded "
+                         "norm); as many as --mb (--mb 0,0,0 --dep 2,1,1: the hand-offs of three kernels a layer)")
     ap.add_argument("--pre-ctas", type=int, default=0, help="CTAs of each pre_* kernel (default: one an SM)")
     ap.add_argument("--pre-threads", type=int, default=256)
+    ap.add_argument("--stream-ctas", type=int, default=0, help="every stream kernel's grid (default: the real ones)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     import cupy
@@ -142,10 +146,13 @@ def main() -> None:
     sms = dev.attributes["MultiProcessorCount"]
     pre_ctas = a.pre_ctas or sms
     layer_mb = [float(m) for m in a.mb.split(",")]
-    if len(layer_mb) != len(LAYER_DEP):
-        raise SystemExit(f"--mb needs {len(LAYER_DEP)} entries")
+    layer_dep = [int(d) for d in a.dep.split(",")]
+    if len(layer_mb) != len(layer_dep) or not set(layer_dep) <= {1, 2}:
+        raise SystemExit(f"--mb has {len(layer_mb)} entries: --dep needs as many, each 1 or 2")
+    if len(layer_mb) != len(STREAM_CTAS) and a.stream_ctas == 0:
+        raise SystemExit("--mb with other than five kernels a layer needs --stream-ctas (stream's grid)")
     w16s = [int(m * 1e6) // 16 for _ in range(a.layers) for m in layer_mb]
-    deps = [d for _ in range(a.layers) for d in LAYER_DEP]
+    deps = [d for _ in range(a.layers) for d in layer_dep]
     nk = len(w16s)
     offs = np.concatenate([[0], np.cumsum(w16s)]).astype(np.int64)
     w = cupy.zeros(int(offs[-1]) * 16 + 16, dtype=np.uint8)  # distinct bytes per kernel: no L2 reuse
@@ -168,7 +175,7 @@ def main() -> None:
             if pre:
                 grid, block, smem = pre_ctas, a.pre_threads, (w16s[i] + pre_ctas - 1) // pre_ctas * 16
             else:
-                grid, block, smem = STREAM_CTAS[i % len(STREAM_CTAS)], 128, 0
+                grid, block, smem = a.stream_ctas or STREAM_CTAS[i % len(STREAM_CTAS)], 128, 0
             if use_pdl:
                 pdl.launch(fn.kernel.ptr, (grid,), (block,), args, shared_mem=smem)
             else:
@@ -187,8 +194,8 @@ def main() -> None:
         row = {"way": name, "graph_us": round(us, 2), "per_layer_us": round(us / a.layers, 2),
                "layer_bytes": layer_bytes, "stream_TBps": round(layer_bytes * a.layers / us / 1e6, 3),
                "same_bits_as_stream": bool(np.array_equal(out, ref)), "kernels": nk,
-               "ctas": pre_ctas if pre else list(STREAM_CTAS), "threads": a.pre_threads if pre else 128,
-               "layer_mb": layer_mb, "spread_us": [round(min(times), 2), round(max(times), 2)]}
+               "ctas": pre_ctas if pre else a.stream_ctas or list(STREAM_CTAS), "threads": a.pre_threads if pre else 128,
+               "layer_mb": layer_mb, "layer_dep": layer_dep, "spread_us": [round(min(times), 2), round(max(times), 2)]}
         rows.append(row)
         print(json.dumps(row), flush=True)
     if a.json:
