@@ -19,7 +19,11 @@ This times that on a synthetic chain with the layer's bytes (five kernels, 8.4 /
     768, 128 CTAs of 128 threads);
   - pre_late: the share copied into shared memory before the wait; dependents released after
     the loop, as now;
-  - pre_early: the same, dependents released right after the copy is issued.
+  - pre_early: the same, dependents released right after the copy is issued;
+  - stream_nopdl: stream's kernels as plain graph nodes, each launched after the previous one ends
+    (griddepcontrol does nothing without the attribute).
+With --mb 0,0,0,0,0 the kernels move no weights: what is left is each hand-off's own cost, with
+PDL released late, released at once, and without PDL.
 Each kernel reads the whole previous vector (4 KB; the folded-norm kernels sum it first, as a
 product normalising its x would) and writes its slice of the next, so a wrong order shows: every
 way's final vector must equal stream's bit for bit. Median replay of 20 after 3 warm-ups.
@@ -118,7 +122,7 @@ extern "C" __global__ void __launch_bounds__(256) layer_kernel(const float* src,
 LAYER_MB = (8.4, 2.0, 4.2, 12.6, 6.3)  # Qwen3-0.6B at 512 keys: qkv, attention's K/V, o, gate_up, down
 LAYER_DEP = (2, 1, 1, 2, 1)  # qkv and gate_up normalise their x themselves (the folded norms)
 STREAM_CTAS = (512, 168, 128, 768, 128)  # the real kernels' grids (part256 / part277)
-WAYS = (("stream", 0), ("pre_late", 1), ("pre_early", 2))
+WAYS = (("stream", 0, True), ("pre_late", 1, True), ("pre_early", 2, True), ("stream_nopdl", 0, False))
 
 
 def main() -> None:
@@ -183,9 +187,9 @@ def main() -> None:
                     fn((grid,), (block,), args, shared_mem=smem)
 
     rows, ref = [], None
-    for name, pre in WAYS:
+    for name, pre, use_pdl in WAYS:
         chain(pre, False)  # load the module outside the capture
-        times = graph_replay_us(stream, lambda pre=pre: chain(pre, True), a.reps)
+        times = graph_replay_us(stream, lambda pre=pre, use_pdl=use_pdl: chain(pre, use_pdl), a.reps)
         out = cupy.asnumpy(bufs[(nk - 1) % 2])
         if ref is None:
             ref = out
@@ -193,8 +197,9 @@ def main() -> None:
         layer_bytes = sum(w16s[:len(layer_mb)]) * 16
         row = {"way": name, "graph_us": round(us, 2), "per_layer_us": round(us / a.layers, 2),
                "layer_bytes": layer_bytes, "stream_TBps": round(layer_bytes * a.layers / us / 1e6, 3),
-               "same_bits_as_stream": bool(np.array_equal(out, ref)), "kernels": nk,
-               "ctas": pre_ctas if pre else a.stream_ctas or list(STREAM_CTAS), "threads": a.pre_threads if pre else 128,
+               "same_bits_as_stream": bool(np.array_equal(out, ref)), "kernels": nk, "pdl": use_pdl,
+               "ctas": pre_ctas if pre else a.stream_ctas or list(STREAM_CTAS),
+               "threads": a.pre_threads if pre else 128,
                "layer_mb": layer_mb, "layer_dep": layer_dep, "spread_us": [round(min(times), 2), round(max(times), 2)]}
         rows.append(row)
         print(json.dumps(row), flush=True)
