@@ -147,6 +147,7 @@
 #   (MINILLM_GEMV1_RING, MINILLM_SKINNY2_RING and DEC_RELEASE_EARLY left in bc828db: part272, part303-part305
 #   now set names nothing reads, so their A/Bs would compare the default with itself.) part308: decode only; part309: decode, the debug build's and the decoder's tests.
 #   part310 (session 58): decode, batch-1 graphs, the synthetic chain with no bytes (a PDL hop's own cost), part309's tests.
+#   part311 (session 58): MINILLM_L2_AHEAD's tests, A/B of the 0.6B batch-1 graphs and decode; the chain asking ahead.
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -5526,6 +5527,30 @@ part310() {  # session 58 (carry .whl): decode of both shapes and their batch-1 
     --json "$W/preload_0b5_c132.json"
   stage debug_build 90 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k debug_build
   stage decode_layers_tests 90 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_decode_layers.py
+  pack
+}
+
+part311() {  # session 58 (carry .whl): MINILLM_L2_AHEAD, the staged products asking later products' weights
+  # into L2 before their wait: its same-bits tests, the 0.6B batch-1 graphs at 0-3 alternated twice, decode at
+  # each; the synthetic chain asking 1-3 kernels ahead (~5 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_both 60
+  stage l2_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_model.py \
+    -k "l2_ahead or staged"
+  local r m t
+  for r in 1 2; do
+    for m in 0 1 2 3; do
+      if [ "$m" = 0 ]; then t=base; else t=l2a$m; fi
+      step_graph_env q06 "${t}_$r" 60 MINILLM_L2_AHEAD=$m
+    done
+  done
+  graph_summary
+  stage preload_ahead 90 python3 scripts/preload_bench.py --ahead 1,2,3 --json "$W/preload_ahead.json"
+  for m in 0 2 3 1; do
+    stage "decode_06b_l2a$m" 40 env MINILLM_L2_AHEAD=$m python3 -m minillm.bench decode $M/q06 --device cuda \
+      --input-len 512 --output-len 256 --result-json "$W/decode_06b_l2a$m.json"
+  done
   pack
 }
 

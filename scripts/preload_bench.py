@@ -22,8 +22,9 @@ This times that on a synthetic chain with the layer's bytes (five kernels, 8.4 /
   - pre_early: the same, dependents released right after the copy is issued;
   - stream_nopdl: stream's kernels as plain graph nodes, each launched after the previous one ends
     (griddepcontrol does nothing without the attribute).
-With --mb 0,0,0,0,0 the kernels move no weights: what is left is each hand-off's own cost, with
-PDL released late, released at once, and without PDL.
+--ahead 1,2: each kernel also asks for the weights of the kernel 1 (2) places later, into L2,
+before its wait (pre_early_l2_1, _2). With --mb 0,0,0,0,0 the kernels move no weights: what is
+left is each hand-off's own cost, with PDL released late, released at once, and without PDL.
 Each kernel reads the whole previous vector (4 KB; the folded-norm kernels sum it first, as a
 product normalising its x would) and writes its slice of the next, so a wrong order shows: every
 way's final vector must equal stream's bit for bit. Median replay of 20 after 3 warm-ups.
@@ -62,7 +63,7 @@ __device__ __forceinline__ float src_sum(const float* src, int n, float* red) {
 // dep: 1 the sums wait on one x element (a product), 2 on the CTA's sum of x (a folded norm).
 extern "C" __global__ void __launch_bounds__(256) layer_kernel(const float* src, float* dst, int n,
                                                                const uint4* w, long long w16, int pre, int dep,
-                                                               int me) {
+                                                               int me, const uint4* pf, long long pf16) {
   extern __shared__ __align__(128) uint4 share[];
   __shared__ float red[32];
   __shared__ __align__(8) unsigned long long bar;
@@ -77,6 +78,11 @@ extern "C" __global__ void __launch_bounds__(256) layer_kernel(const float* src,
       mbar_expect_tx(b, (unsigned)cnt * 16u);
       for (int c = 0; c < cnt; c += 2048)  // 32 KB a copy
         bulk_copy(smem_addr(share + c), w + lo + c, (unsigned)(min(2048, cnt - c) * 16), b);
+    }
+    if (threadIdx.x == 32 && pf16 > 0) {  // a later kernel's weights into L2 (this CTA's slice), --ahead
+      const long long pper = (pf16 + gridDim.x - 1) / gridDim.x, plo = pper * blockIdx.x;
+      const long long phi = plo + pper < pf16 ? plo + pper : pf16;
+      for (long long c = plo; c < phi; c += 2048) prefetch_l2(pf + c, (unsigned)(min(2048ll, phi - c) * 16));
     }
     __syncthreads();
     if (pre == 2) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -136,6 +142,9 @@ def main() -> None:
     ap.add_argument("--pre-ctas", type=int, default=0, help="CTAs of each pre_* kernel (default: one an SM)")
     ap.add_argument("--pre-threads", type=int, default=256)
     ap.add_argument("--stream-ctas", type=int, default=0, help="every stream kernel's grid (default: the real ones)")
+    ap.add_argument("--ahead", default="",
+                    help="comma-separated distances D: a pre_early_l2_D way per D, each kernel also asking the "
+                         "weights of the kernel D places later into L2 before its wait")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     import cupy
@@ -170,12 +179,14 @@ def main() -> None:
     stream = cupy.cuda.Stream(non_blocking=True)
     pdl = PdlLauncher(stream.ptr)
 
-    def chain(pre: int, use_pdl: bool) -> None:
+    def chain(pre: int, use_pdl: bool, ahead: int = 0) -> None:
         for i in range(nk):
             src = x0 if i == 0 else bufs[(i - 1) % 2]
             wp = w[int(offs[i]) * 16:]
+            j = i + ahead
+            pf, pf16 = (w[int(offs[j]) * 16:], w16s[j]) if ahead and j < nk else (w, 0)
             args = (src, bufs[i % 2], np.int32(n), wp, np.int64(w16s[i]), np.int32(pre), np.int32(deps[i]),
-                    np.int32(i))
+                    np.int32(i), pf, np.int64(pf16))
             if pre:
                 grid, block, smem = pre_ctas, a.pre_threads, (w16s[i] + pre_ctas - 1) // pre_ctas * 16
             else:
@@ -187,9 +198,12 @@ def main() -> None:
                     fn((grid,), (block,), args, shared_mem=smem)
 
     rows, ref = [], None
-    for name, pre, use_pdl in WAYS:
+    ways = [(name, pre, use_pdl, 0) for name, pre, use_pdl in WAYS]
+    ways += [(f"pre_early_l2_{d}", 2, True, int(d)) for d in a.ahead.split(",") if d]
+    for name, pre, use_pdl, ahead in ways:
         chain(pre, False)  # load the module outside the capture
-        times = graph_replay_us(stream, lambda pre=pre, use_pdl=use_pdl: chain(pre, use_pdl), a.reps)
+        times = graph_replay_us(stream, lambda pre=pre, use_pdl=use_pdl, ahead=ahead: chain(pre, use_pdl, ahead),
+                                a.reps)
         out = cupy.asnumpy(bufs[(nk - 1) % 2])
         if ref is None:
             ref = out
@@ -197,7 +211,7 @@ def main() -> None:
         layer_bytes = sum(w16s[:len(layer_mb)]) * 16
         row = {"way": name, "graph_us": round(us, 2), "per_layer_us": round(us / a.layers, 2),
                "layer_bytes": layer_bytes, "stream_TBps": round(layer_bytes * a.layers / us / 1e6, 3),
-               "same_bits_as_stream": bool(np.array_equal(out, ref)), "kernels": nk, "pdl": use_pdl,
+               "same_bits_as_stream": bool(np.array_equal(out, ref)), "kernels": nk, "pdl": use_pdl, "l2_ahead": ahead,
                "ctas": pre_ctas if pre else a.stream_ctas or list(STREAM_CTAS),
                "threads": a.pre_threads if pre else 128,
                "layer_mb": layer_mb, "layer_dep": layer_dep, "spread_us": [round(min(times), 2), round(max(times), 2)]}

@@ -283,3 +283,51 @@ def test_one_sequence_decode_with_staged_products_same_bits(arch):
     finally:
         be.gemv1_stage = saved
         be.close()
+
+
+@pytest.mark.parametrize("arch", list(CONFIGS))
+def test_one_sequence_decode_with_l2_ahead_same_bits(arch):
+    """MINILLM_L2_AHEAD (the staged products also ask later products' weights into L2 before their PDL
+    wait; a cache hint): a one-sequence decode step's logits are the same bits at 0-3, eagerly and
+    replayed from a graph."""
+    import ml_dtypes
+
+    from minillm.backends.cuda_ops import CudaBackend
+
+    rng = np.random.default_rng(300 + len(arch))
+    cfg = ModelConfig(**CONFIGS[arch])
+    weights = random_weights(cfg, rng)
+    be = CudaBackend(dtype=ml_dtypes.bfloat16)
+    saved = be.gemv1_stage, be.l2_ahead
+    modes = (0, 1, 2, 3)
+    try:
+        be.gemv1_stage = 2
+        drivers = {m: Driver(be, cfg, weights) for m in modes}
+        tables = rng.permutation(NUM_BLOCKS)[:MAX_BLOCKS].reshape(1, MAX_BLOCKS).astype(np.int32)
+        L = 23
+        ids = rng.integers(0, cfg.vocab_size, L)
+        args = (ids, *layout([L], [L], tables)[:2], tables, [L], *layout([L], [L], tables)[2:])
+        for m, d in drivers.items():
+            be.l2_ahead = m
+            lr = d.step(d.inputs(*args), L, 1)
+        for step in range(3):
+            L += 1
+            pos, slots, qs, li = layout([L], [1], tables)
+            args = ([int(lr.argmax())], pos, slots, tables, [L], qs, li)
+            got = {}
+            for m, d in drivers.items():
+                be.l2_ahead = m
+                x = d.inputs(*args)
+                x.max_query_len = 1
+                if step == 1:  # a graph of this step, replayed
+                    graph = be.capture_graph(lambda d=d, x=x: d.model.forward(x, 1, 1, d.kv, d.ws))
+                    graph.replay()
+                    got[m] = np.asarray(be.to_host(d.ws.logits[:1]), np.float32)
+                else:
+                    got[m] = d.step(x, 1, 1)
+            for m in modes[1:]:
+                assert np.array_equal(got[0], got[m]), f"step {step}, MINILLM_L2_AHEAD={m}"
+            lr = got[0]
+    finally:
+        be.gemv1_stage, be.l2_ahead = saved
+        be.close()
