@@ -536,6 +536,9 @@ MINILLM_GEMV1_NORM(4)
 // merge (1.3 -> 5.0 us, part298); the release after the loop instead +7%; every product but the o
 // product after the attention (the host's default, MINILLM_GEMV1_STAGE=2) -2.4% (part299, part300); the o
 // product staged too but copying after its wait, the same (part300, removed).
+// Tried and removed (session 58, part311, H200): the staged products also asking later products' weights
+// into L2 before their wait (MINILLM_L2_AHEAD; the code is in f6dcbb2): 0.6B batch-1 graph 0.708 ms ->
+// 0.712 (qkv asks the o product's), 0.745 (qkv asks o's and gate_up's), 0.730 (down asks the next layer's).
 // Tried and removed (session 57): gemv1_ring_*, the products too large to hold (the 8B's) streamed through
 // two shared-memory slots a CTA by a producer warp (MINILLM_GEMV1_RING): the 8B batch-1 graph 5.53 ->
 // 9.02 ms (1) / 8.77 ms (2) on an H100. The code is in a1a08df.
@@ -549,25 +552,10 @@ MINILLM_GEMV1_NORM(4)
 #define GEMV_STAGE_ROWS 4      // rows a warp sums at once (independent FMA chains)
 #define GEMV_STAGE_COPY 32768u  // bytes a bulk copy
 namespace {
-// L2Ahead: up to two later products' weights this product asks into L2 before its wait (the host's
-// MINILLM_L2_AHEAD; null / 0 bytes: none), each CTA its 1 / gridDim slice. A hint: no result depends on it.
-struct L2Ahead {
-  const unsigned char* a;
-  long long a_bytes;
-  const unsigned char* b;
-  long long b_bytes;
-};
-__device__ __forceinline__ void l2_ahead_slice(const unsigned char* p, long long bytes) {
-  if (p == nullptr || bytes <= 0) return;
-  const long long per = ((bytes + gridDim.x - 1) / gridDim.x + 15) & ~15ll;  // 16-byte multiples
-  const long long lo = per * blockIdx.x, hi = min(bytes, lo + per);
-  for (long long o = lo; o < hi; o += GEMV_STAGE_COPY)
-    minillm::prefetch_l2(p + o, (unsigned)min((long long)GEMV_STAGE_COPY, hi - o));
-}
 template <bool GATED, int NORM>
 __device__ __forceinline__ void gemv1_stage_impl(const bf16* x, const NormArgs& na, const bf16* __restrict__ w,
                                                  const bf16* __restrict__ bias, bf16* __restrict__ out, int N,
-                                                 int K, int rpc, const L2Ahead& ahead) {
+                                                 int K, int rpc) {
   extern __shared__ __align__(128) unsigned char stage_smem[];
   __shared__ __align__(8) unsigned long long bar;
   constexpr int HALVES = GATED ? 2 : 1;
@@ -590,10 +578,6 @@ __device__ __forceinline__ void gemv1_stage_impl(const bf16* x, const NormArgs& 
       for (unsigned o = 0; o < bytes; o += GEMV_STAGE_COPY)
         minillm::bulk_copy(dst + o, src + o, min(GEMV_STAGE_COPY, bytes - o), b);
     }
-  }
-  if (threadIdx.x == 32) {  // after thread 0's copies are asked for, by another warp
-    l2_ahead_slice(ahead.a, ahead.a_bytes);
-    l2_ahead_slice(ahead.b, ahead.b_bytes);
   }
   __syncthreads();  // the barrier initialised before anyone waits on it
 #if GEMV_STAGE_EARLY
@@ -652,32 +636,24 @@ __device__ __forceinline__ void gemv1_stage_impl(const bf16* x, const NormArgs& 
 }  // namespace
 
 // grid ceil(N / rpc), 128 threads, the dynamic shared memory above (cuda_ops.py's gemv1_stage_plan)
-// every stage kernel ends with the L2Ahead ranges: (a, a_bytes, b, b_bytes)
-#define MINILLM_L2_AHEAD_PARAMS \
-  const unsigned char *pfa, long long pfa_bytes, const unsigned char *pfb, long long pfb_bytes
-#define MINILLM_L2_AHEAD_ARGS L2Ahead{pfa, pfa_bytes, pfb, pfb_bytes}
 extern "C" __global__ void __launch_bounds__(128)
-    gemv1_stage_bf16(const bf16* x, const bf16* w, const bf16* bias, bf16* out, int N, int K, int rpc,
-                     MINILLM_L2_AHEAD_PARAMS) {
-  gemv1_stage_impl<false, 0>(x, NormArgs{}, w, bias, out, N, K, rpc, MINILLM_L2_AHEAD_ARGS);
+    gemv1_stage_bf16(const bf16* x, const bf16* w, const bf16* bias, bf16* out, int N, int K, int rpc) {
+  gemv1_stage_impl<false, 0>(x, NormArgs{}, w, bias, out, N, K, rpc);
 }
 extern "C" __global__ void __launch_bounds__(128)
-    gemv1_stage_silu_mul_bf16(const bf16* x, const bf16* w, bf16* out, int F, int K, int rpc,
-                              MINILLM_L2_AHEAD_PARAMS) {
-  gemv1_stage_impl<true, 0>(x, NormArgs{}, w, nullptr, out, F, K, rpc, MINILLM_L2_AHEAD_ARGS);
+    gemv1_stage_silu_mul_bf16(const bf16* x, const bf16* w, bf16* out, int F, int K, int rpc) {
+  gemv1_stage_impl<true, 0>(x, NormArgs{}, w, nullptr, out, F, K, rpc);
 }
-#define MINILLM_GEMV1_STAGE_NORM(NORM)                                                                  \
-  extern "C" __global__ void __launch_bounds__(128) gemv1_stage_norm##NORM##_bf16(                       \
-      const bf16* x, const bf16* res, const bf16* nw, float eps, bf16* res_out, const bf16* w,         \
-      const bf16* bias, bf16* out, int N, int K, int rpc, MINILLM_L2_AHEAD_PARAMS) {                   \
-    gemv1_stage_impl<false, NORM>(x, NormArgs{res, nw, res_out, eps}, w, bias, out, N, K, rpc,         \
-                                  MINILLM_L2_AHEAD_ARGS);                                              \
-  }                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(128) gemv1_stage_silu_mul_norm##NORM##_bf16(              \
-      const bf16* x, const bf16* res, const bf16* nw, float eps, bf16* res_out, const bf16* w,         \
-      bf16* out, int F, int K, int rpc, MINILLM_L2_AHEAD_PARAMS) {                                     \
-    gemv1_stage_impl<true, NORM>(x, NormArgs{res, nw, res_out, eps}, w, nullptr, out, F, K, rpc,       \
-                                 MINILLM_L2_AHEAD_ARGS);                                               \
+#define MINILLM_GEMV1_STAGE_NORM(NORM)                                                               \
+  extern "C" __global__ void __launch_bounds__(128) gemv1_stage_norm##NORM##_bf16(                    \
+      const bf16* x, const bf16* res, const bf16* nw, float eps, bf16* res_out, const bf16* w,      \
+      const bf16* bias, bf16* out, int N, int K, int rpc) {                                         \
+    gemv1_stage_impl<false, NORM>(x, NormArgs{res, nw, res_out, eps}, w, bias, out, N, K, rpc);     \
+  }                                                                                                 \
+  extern "C" __global__ void __launch_bounds__(128) gemv1_stage_silu_mul_norm##NORM##_bf16(           \
+      const bf16* x, const bf16* res, const bf16* nw, float eps, bf16* res_out, const bf16* w,      \
+      bf16* out, int F, int K, int rpc) {                                                           \
+    gemv1_stage_impl<true, NORM>(x, NormArgs{res, nw, res_out, eps}, w, nullptr, out, F, K, rpc);   \
   }
 MINILLM_GEMV1_STAGE_NORM(1)
 MINILLM_GEMV1_STAGE_NORM(2)

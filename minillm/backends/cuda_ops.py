@@ -322,11 +322,6 @@ def one_row_product_kernel(N: int, K: int, f32_out: bool, num_sms: int, deep_min
 # session 57 (the 8B batch-1 graph 5.53 -> 9.02 / 8.77 ms at 1 / 2, H100)
 _GEMV1_STAGE_MAX_SMEM = 112 << 10
 _GEMV1_STAGE_DEFAULT = 2
-# MINILLM_L2_AHEAD: a staged one-row product also asks later products' weights into L2 before its PDL
-# wait (cuda/gemv.cu's L2Ahead), so that they stream from L2 when their turn comes. The transformer names
-# them (`ahead`); this picks which it takes: 1 the qkv product asks the o product's, 2 the o and gate_up
-# products', 3 the down product asks the next layer's o and gate_up. Session 58, being measured.
-_L2_AHEAD_DEFAULT = 0
 _ONE_ROW_MODES = "0 never, 1 every product it takes, 2 all but the one right after the decode attention"
 
 
@@ -513,7 +508,6 @@ def _i64(x) -> np.int64:
 
 
 _NULL = np.uint64(0)
-_NO_AHEAD = (_NULL, np.int64(0), _NULL, np.int64(0))  # a stage kernel's L2Ahead: none
 
 
 def _dl_ring_shape(free: int, max_k: int, n_slots: int | None = None) -> tuple[int, int]:
@@ -758,11 +752,6 @@ class CudaBackend:
         self.gemv1_stage = one_row_mode("MINILLM_GEMV1_STAGE", _GEMV1_STAGE_DEFAULT,
                                         "one-row products whose CTAs' weight shares fit in shared memory copy "
                                         "them there before the PDL wait (gemv1_stage_*)")
-        self.l2_ahead = env_int("MINILLM_L2_AHEAD", _L2_AHEAD_DEFAULT,
-                                "staged one-row products ask later products' weights into L2: 0 off, 1 qkv asks o, "
-                                "2 qkv asks o and gate_up, 3 down asks the next layer's o and gate_up")
-        if self.l2_ahead not in (0, 1, 2, 3):
-            raise ValueError(f"MINILLM_L2_AHEAD={self.l2_ahead}: use 0 (off), 1, 2 or 3")
         self.o_merge = env_int("MINILLM_O_MERGE", _O_MERGE_DEFAULT,
                                "a batch-1 step's o product merges the attention's splits: 0 off, 1 each CTA, "
                                "2 in clusters")
@@ -1351,13 +1340,11 @@ class CudaBackend:
                           _i32(n), _i32(R), _i32(logits.shape[-1])))
 
     # ---- matmul -------------------------------------------------------------------------
-    def matmul(self, x, w, out, bias=None, ahead=()) -> None:
+    def matmul(self, x, w, out, bias=None) -> None:
         """out = x @ w.T (+ bias), w [out_features, in_features], fp32 sums: cuda/gemv.cu for up to
         _SKINNY_MAX_M bf16 rows (small_product_kernel: its GEMV or its tensor-core skinny GEMMs), cuBLAS beyond
         (or cuda/gemm.cu for 17-256 rows under MINILLM_GEMM=wide: wide_product_plan; under
-        MINILLM_GEMM=own the skinny kernels take every product of 5-32 rows they can). ahead: the weights
-        of the products that follow a layer's down product (the next layer's o, gate_up), which a staged
-        one-row product may ask into L2 (MINILLM_L2_AHEAD=3)."""
+        MINILLM_GEMM=own the skinny kernels take every product of 5-32 rows they can)."""
         M, ldx = _rows(x, "matmul x")
         N, K = w.shape
         if M == 0:
@@ -1374,8 +1361,8 @@ class CudaBackend:
             if plan is not None:
                 grid, rpc, smem = plan
                 self._launch("gemv1_stage_bf16", (grid,), (_GEMV_THREADS,),
-                             (x, w, bias if bias is not None else _NULL, out, _i32(N), _i32(K), _i32(rpc))
-                             + self._l2_ahead_args(ahead, self.l2_ahead == 3), shared_mem=smem)
+                             (x, w, bias if bias is not None else _NULL, out, _i32(N), _i32(K), _i32(rpc)),
+                             shared_mem=smem)
                 return
         if kernel == "gemv":  # one row: its own kernels (cuda/gemv.cu's staged loads)
             rows = () if M == 1 else (_i32(M),)
@@ -1484,7 +1471,7 @@ class CudaBackend:
         if plan is not None:
             grid, rpc, smem = plan
             self._launch("gemv1_stage_silu_mul_bf16", (grid,), (_GEMV_THREADS,),
-                         (x, w_gate_up, out, _i32(F), _i32(K), _i32(rpc)) + _NO_AHEAD, shared_mem=smem)
+                         (x, w_gate_up, out, _i32(F), _i32(K), _i32(rpc)), shared_mem=smem)
             return
         if kernel == "gemv":
             rows = () if M == 1 else (_i32(M),)
@@ -1531,8 +1518,7 @@ class CudaBackend:
         self.copy(residual, out=residual_out)
         self.rms_norm(x, norm_w, eps, out=normed, residual=residual_out)
 
-    def rms_norm_matmul(self, x, residual, norm_w, eps: float, w, out, residual_out, normed, bias=None,
-                        ahead=()) -> None:
+    def rms_norm_matmul(self, x, residual, norm_w, eps: float, w, out, residual_out, normed, bias=None) -> None:
         """out = (rms_norm(x [+ residual]) * norm_w) @ w.T (+ bias); with residual, residual_out <-
         x + residual (rounded), residual unchanged. One row on the folded kernel (normed left
         unwritten), else rms_norm then matmul through normed."""
@@ -1551,8 +1537,7 @@ class CudaBackend:
         if plan is not None:
             grid, rpc, smem = plan
             self._launch(f"gemv1_stage_norm{norm_fold_chunks(K)}_bf16", (grid,), (_GEMV_THREADS,),
-                         a + tail + (_i32(rpc),) + self._l2_ahead_args(ahead[:self.l2_ahead], self.l2_ahead in (1, 2)),
-                         shared_mem=smem)
+                         a + tail + (_i32(rpc),), shared_mem=smem)
             return
         self._launch(f"gemv1_norm{norm_fold_chunks(K)}_bf16", (_cdiv(N, _GEMV_COLS_PER_CTA),), (_GEMV_THREADS,),
                      a + tail)
@@ -1577,7 +1562,7 @@ class CudaBackend:
         if plan is not None:
             grid, rpc, smem = plan
             self._launch(f"gemv1_stage_silu_mul_norm{norm_fold_chunks(K)}_bf16", (grid,), (_GEMV_THREADS,),
-                         a + tail + (_i32(rpc),) + _NO_AHEAD, shared_mem=smem)
+                         a + tail + (_i32(rpc),), shared_mem=smem)
             return
         self._launch(f"gemv1_silu_mul_split_norm{norm_fold_chunks(K)}_bf16", (_cdiv(F, _GEMV_COLS_PER_CTA // 2),),
                      (_GEMV_THREADS,), a + tail)
@@ -1586,18 +1571,6 @@ class CudaBackend:
         """Whether a one-row product launched now may take the kernels of a _ONE_ROW_MODES switch: 2 leaves
         out the product right after the decode attention, whose copies would slow its merge (part298)."""
         return mode == 1 or (mode == 2 and not self._last_launch.startswith("paged_decode"))
-
-    @staticmethod
-    def _l2_ahead_args(ahead, take: bool) -> tuple:
-        """A stage kernel's L2Ahead arguments: the first two weights of `ahead` if `take`, else none."""
-        if not take or not ahead:
-            return _NO_AHEAD
-        ws = list(ahead[:2])
-        for w in ws:
-            if not w.flags.c_contiguous:
-                raise ValueError(f"L2 ahead: weights {w.shape} are not contiguous")
-        ws += [None] * (2 - len(ws))
-        return sum(((w, _i64(w.nbytes)) if w is not None else (_NULL, np.int64(0)) for w in ws), ())
 
     def _stage_plan(self, N: int, K: int, gated: bool) -> tuple[int, int, int] | None:
         """gemv1_stage_plan under MINILLM_GEMV1_STAGE (None where the switch leaves this product out or the

@@ -137,9 +137,8 @@ class NumpyBackend:
         if o_proj is not None:
             self.matmul(out.reshape(out.shape[0], -1), o_proj, o_out)
 
-    def matmul(self, x, w, out, bias=None, ahead=()) -> None:
-        """out = x @ w.T (+ bias); w in [out_features, in_features] layout. ahead (later products'
-        weights the GPU may ask into its L2 cache) changes nothing here."""
+    def matmul(self, x, w, out, bias=None) -> None:
+        """out = x @ w.T (+ bias); w in [out_features, in_features] layout."""
         self._blas_threads(1 if x.shape[0] < self.SINGLE_THREAD_ROWS else self._max_threads)
         np.matmul(x, w.T, out=out)
         if bias is not None:
@@ -164,11 +163,10 @@ class NumpyBackend:
         layer order the GPU's batch-1 steps run (the results are the unfolded ones either way)."""
         return rows == 1
 
-    def rms_norm_matmul(self, x, residual, norm_w, eps: float, w, out, residual_out, normed, bias=None,
-                        ahead=()) -> None:
+    def rms_norm_matmul(self, x, residual, norm_w, eps: float, w, out, residual_out, normed, bias=None) -> None:
         """out = (rms_norm(x [+ residual]) * norm_w) @ w.T (+ bias); with residual, residual_out <-
         x + residual first (residual unchanged). normed: the normalised rows (scratch: the GPU's
-        folded kernel leaves it unwritten). ahead: as matmul's."""
+        folded kernel leaves it unwritten)."""
         if residual is not None:
             np.add(residual, x, out=residual_out)
             x = residual_out

@@ -200,13 +200,12 @@ class Transformer:
         layer_out = hidden  # where a layer leaves its output (a DFlash2 layer's last conv: ws.mixed)
         for i, lw in enumerate(() if one_op else self.layers):
             if fold:
-                # ahead: the products after this one, whose weights the GPU may ask into L2 early
                 if i == 0:
                     B.rms_norm_matmul(residual, None, lw.attn_norm, eps, lw.qkv, out=qkv, residual_out=None,
-                                      normed=normed, bias=lw.qkv_bias, ahead=(lw.o, lw.gate_up))
+                                      normed=normed, bias=lw.qkv_bias)
                 else:
                     B.rms_norm_matmul(hidden, res, lw.attn_norm, eps, lw.qkv, out=qkv, residual_out=spare,
-                                      normed=normed, bias=lw.qkv_bias, ahead=(lw.o, lw.gate_up))
+                                      normed=normed, bias=lw.qkv_bias)
                     res, spare = spare, res
             else:
                 if i == 0:
@@ -245,8 +244,7 @@ class Transformer:
                 m_in = normed if lw.mlp_conv is None else self._conv_in(lw.mlp_conv, normed, ws, T, block_rows)
                 # gate_up GEMV and SiLU-and-multiply in one kernel when few rows (ws.gate_up unused then)
                 B.matmul_silu_mul(m_in, lw.gate_up, out=ws.act[:T], gate_up=ws.gate_up[:T])
-            nxt = self.layers[i + 1] if fold and i + 1 < c.num_layers else None
-            B.matmul(ws.act[:T], lw.down, out=hidden, ahead=(nxt.o, nxt.gate_up) if nxt is not None else ())
+            B.matmul(ws.act[:T], lw.down, out=hidden)
             layer_out = hidden if lw.mlp_conv is None else self._conv_out(lw.mlp_conv, hidden, ws, T, block_rows)
         B.rms_norm(layer_out, self.norm, eps, out=normed, residual=residual)
         last_layer = c.num_layers - 1
