@@ -92,6 +92,9 @@
 #ifndef MERGE_STAGGER  // gemv1_merge_*: each CTA copies the partials from its own offset
 #define MERGE_STAGGER 1
 #endif
+#ifndef GEMV1_PRE_RELEASE_EARLY
+#define GEMV1_PRE_RELEASE_EARLY 0
+#endif
 #ifndef GEMV_PREFETCH_MAX
 #define GEMV_PREFETCH_MAX (16 << 20)
 #endif
@@ -294,12 +297,17 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
 #pragma unroll
     for (int u = 0; u < U; ++u) load_w(min(lane + 32 * u, chunks - 1), wpre[u]);
   }
+  // GEMV1_PRE_RELEASE_EARLY (gemv1_pre_bf16: the 0.6B batch-1 o product, right after the decode attention):
+  // release the dependents right after the wait, not after the loop, so that the staged gate_up's copies
+  // start while this product streams, yet after the attention's merge (being measured, session 58)
+  constexpr bool RELEASE_AT_WAIT = PRE && GEMV1_PRE_RELEASE_EARLY;
   if constexpr (!WAITED) {
     if constexpr (SPLIT)
       gemv_prefetch_rows(w + row0 * K, n0, N, K, (i64)N * K * 4);
     else
       gemv_prefetch<GATED, WARPS>(w, N, K);
     minillm::pdl_entry();  // before the early return: see cuda/common.cuh
+    if constexpr (RELEASE_AT_WAIT) minillm::pdl_release();
   }
   if constexpr (NORM > 0) norm_row<NORM>(x, na, K, norm_w, xs_norm);  // every thread, before any returns
   // SPLIT keeps every warp to the CTA barrier below: past N they reload row N - 1, unused
@@ -378,7 +386,7 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
       fma_chunk(c, wv, nullptr);
     }
   }
-  minillm::pdl_release();
+  if constexpr (!RELEASE_AT_WAIT) minillm::pdl_release();
   if constexpr (SPLIT) {
     __shared__ float up_sums[COL_WARPS][GEMV_NR][M];
 #pragma unroll
