@@ -560,6 +560,65 @@ MINILLM_GEMV1_NORM(4)
 #define GEMV_STAGE_ROWS 4      // rows a warp sums at once (independent FMA chains)
 #define GEMV_STAGE_COPY 32768u  // bytes a bulk copy
 namespace {
+// Thread 0: asks rows [lo, lo + rows) of w ([HALVES x N, K]: for GATED, the gate rows then the up rows) into
+// shared memory at dst ([HALVES][rpc][K] bf16) by bulk copies, counted on mbarrier bar.
+template <int HALVES>
+__device__ __forceinline__ void stage_copy(unsigned dst, const bf16* __restrict__ w, int N, int K, int lo, int rows,
+                                           int rpc, unsigned bar) {
+  const unsigned bytes = (unsigned)rows * (unsigned)K * 2u;
+  minillm::mbar_expect_tx(bar, bytes * HALVES);
+#pragma unroll
+  for (int h = 0; h < HALVES; ++h) {
+    const unsigned char* src = reinterpret_cast<const unsigned char*>(w + ((i64)h * N + lo) * K);
+    const unsigned d = dst + (unsigned)h * (unsigned)rpc * (unsigned)K * 2u;
+    for (unsigned o = 0; o < bytes; o += GEMV_STAGE_COPY)
+      minillm::bulk_copy(d + o, src + o, min(GEMV_STAGE_COPY, bytes - o), bar);
+  }
+}
+
+// Every warp: out[lo + r] for the rows < rows of a staged share ws ([HALVES][rpc][chunks] 16-byte chunks) against
+// xv (chunks 16-byte chunks, in shared memory). GATED: silu(gate) * up; else + bias[n] (bias may be null).
+template <bool GATED>
+__device__ __forceinline__ void stage_rows(const uint4* ws, const uint4* xv, int rows, int rpc, int chunks, int lo,
+                                           const bf16* __restrict__ bias, bf16* __restrict__ out, int lane,
+                                           int wib) {
+  constexpr int HALVES = GATED ? 2 : 1;
+  constexpr int R = GEMV_STAGE_ROWS;
+  for (int r0 = wib * R; r0 < rows; r0 += (blockDim.x >> 5) * R) {
+    float acc[HALVES][R];
+#pragma unroll
+    for (int h = 0; h < HALVES; ++h)
+#pragma unroll
+      for (int j = 0; j < R; ++j) acc[h][j] = 0.f;
+    for (int c = lane; c < chunks; c += 32) {
+      float xf[8];
+      minillm::unpack_bf16x8(xv[c], xf);
+#pragma unroll
+      for (int h = 0; h < HALVES; ++h)
+#pragma unroll
+        for (int j = 0; j < R; ++j) {
+          const int r = min(r0 + j, rows - 1);  // rows past the share repeat its last, unused
+          float wf[8];
+          minillm::unpack_bf16x8(ws[((i64)h * rpc + r) * chunks + c], wf);
+          float s = acc[h][j];
+#pragma unroll
+          for (int i = 0; i < 8; ++i) s = fmaf(xf[i], wf[i], s);
+          acc[h][j] = s;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+      const float s = minillm::warp_sum(acc[0][j]);
+      const float up = GATED ? minillm::warp_sum(acc[HALVES - 1][j]) : 0.f;
+      const int n = lo + r0 + j;
+      if (lane == 0 && r0 + j < rows) {
+        const float y = GATED ? gated_act(s, up) : s + (bias ? minillm::to_f(bias[n]) : 0.f);
+        out[n] = minillm::from_f<bf16>(y);
+      }
+    }
+  }
+}
+
 template <bool GATED, int NORM>
 __device__ __forceinline__ void gemv1_stage_impl(const bf16* x, const NormArgs& na, const bf16* __restrict__ w,
                                                  const bf16* __restrict__ bias, bf16* __restrict__ out, int N,
@@ -577,15 +636,7 @@ __device__ __forceinline__ void gemv1_stage_impl(const bf16* x, const NormArgs& 
   if (threadIdx.x == 0) {
     minillm::mbar_init(b, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    const unsigned bytes = (unsigned)rows * (unsigned)K * 2u;
-    minillm::mbar_expect_tx(b, bytes * HALVES);
-#pragma unroll
-    for (int h = 0; h < HALVES; ++h) {
-      const unsigned char* src = reinterpret_cast<const unsigned char*>(w + ((i64)h * N + lo) * K);
-      const unsigned dst = minillm::smem_addr(stage_smem) + (unsigned)h * (unsigned)rpc * (unsigned)K * 2u;
-      for (unsigned o = 0; o < bytes; o += GEMV_STAGE_COPY)
-        minillm::bulk_copy(dst + o, src + o, min(GEMV_STAGE_COPY, bytes - o), b);
-    }
+    stage_copy<HALVES>(minillm::smem_addr(stage_smem), w, N, K, lo, rows, rpc, b);
   }
   __syncthreads();  // the barrier initialised before anyone waits on it
 #if GEMV_STAGE_EARLY
@@ -601,41 +652,7 @@ __device__ __forceinline__ void gemv1_stage_impl(const bf16* x, const NormArgs& 
   }
   if (rows > 0) {
     minillm::mbar_wait(b, 0);
-    const uint4* xv = reinterpret_cast<const uint4*>(xs);
-    constexpr int R = GEMV_STAGE_ROWS;
-    for (int r0 = wib * R; r0 < rows; r0 += (blockDim.x >> 5) * R) {
-      float acc[HALVES][R];
-#pragma unroll
-      for (int h = 0; h < HALVES; ++h)
-#pragma unroll
-        for (int j = 0; j < R; ++j) acc[h][j] = 0.f;
-      for (int c = lane; c < chunks; c += 32) {
-        float xf[8];
-        minillm::unpack_bf16x8(xv[c], xf);
-#pragma unroll
-        for (int h = 0; h < HALVES; ++h)
-#pragma unroll
-          for (int j = 0; j < R; ++j) {
-            const int r = min(r0 + j, rows - 1);  // rows past the share repeat its last, unused
-            float wf[8];
-            minillm::unpack_bf16x8(ws[((i64)h * rpc + r) * chunks + c], wf);
-            float s = acc[h][j];
-#pragma unroll
-            for (int i = 0; i < 8; ++i) s = fmaf(xf[i], wf[i], s);
-            acc[h][j] = s;
-          }
-      }
-#pragma unroll
-      for (int j = 0; j < R; ++j) {
-        const float s = minillm::warp_sum(acc[0][j]);
-        const float up = GATED ? minillm::warp_sum(acc[HALVES - 1][j]) : 0.f;
-        const int n = lo + r0 + j;
-        if (lane == 0 && r0 + j < rows) {
-          const float y = GATED ? gated_act(s, up) : s + (bias ? minillm::to_f(bias[n]) : 0.f);
-          out[n] = minillm::from_f<bf16>(y);
-        }
-      }
-    }
+    stage_rows<GATED>(ws, reinterpret_cast<const uint4*>(xs), rows, rpc, chunks, lo, bias, out, lane, wib);
   }
 #if !GEMV_STAGE_EARLY
   minillm::pdl_release();
@@ -666,6 +683,76 @@ extern "C" __global__ void __launch_bounds__(128)
 MINILLM_GEMV1_STAGE_NORM(1)
 MINILLM_GEMV1_STAGE_NORM(2)
 MINILLM_GEMV1_STAGE_NORM(4)
+
+// ---- gemv1_stage_mlp: a one-row step's whole MLP in one launch: gate_up (its norm folded), SiLU, down ----
+// Two dependent products are two kernels and a PDL hand-off (~1.8 us each by itself on the H200, part310:
+// scripts/preload_bench.py's chain moving no bytes). Here one CTA an SM stages its share of both matrices
+// (gate_up rows, then down rows: ~150 KB for the 0.6B) before the PDL wait, computes its act rows and writes
+// them out, meets every other CTA at one grid barrier (~0.8 us, decode_layers.cu's measure), reads the
+// whole act row back and computes its down rows out of shared memory.
+// The barrier needs every CTA resident: the grid is at most one CTA an SM and each CTA's shared memory more
+// than half an SM's, so none waits for another to leave; the dependents are released as soon as each CTA
+// is placed, and PDL launches them only once every CTA of this grid has released, i.e. is resident, so no
+// dependent can take the place a CTA of this grid still needs.
+// The sums are gemv1_stage_silu_mul_norm{C}_bf16's and gemv1_stage_bf16's (stage_rows), act rounded to bf16
+// as those kernels store it: the same bits as the two launches. bar: two u32 counters 128 bytes apart
+// (grid_barrier). Dynamic shared memory: [2][rpc_gu][H] gate_up, [rpc_d][F] down, then H + F bf16 of x and
+// act (the host's gemv1_stage_mlp_plan).
+namespace {
+template <int NORM>
+__device__ __forceinline__ void gemv1_stage_mlp_impl(const bf16* x, const NormArgs& na, const bf16* __restrict__ w_gu,
+                                                     const bf16* __restrict__ w_down, bf16* act, bf16* __restrict__ out,
+                                                     int F, int H, int rpc_gu, int rpc_d, unsigned* bar) {
+  extern __shared__ __align__(128) unsigned char stage_smem[];
+  __shared__ __align__(8) unsigned long long mbar[2];
+  const int lo_gu = blockIdx.x * rpc_gu, rows_gu = max(0, min(F, lo_gu + rpc_gu) - lo_gu);
+  const int lo_d = blockIdx.x * rpc_d, rows_d = max(0, min(H, lo_d + rpc_d) - lo_d);
+  const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
+  const uint4* ws_gu = reinterpret_cast<const uint4*>(stage_smem);  // [2][rpc_gu][H / 8]
+  const uint4* ws_d = ws_gu + (i64)2 * rpc_gu * (H / 8);            // [rpc_d][F / 8]
+  bf16* xs = reinterpret_cast<bf16*>(const_cast<uint4*>(ws_d + (i64)rpc_d * (F / 8)));
+  bf16* as = xs + H;
+  const unsigned b0 = minillm::smem_addr(&mbar[0]), b1 = minillm::smem_addr(&mbar[1]);
+  uint4 norm_w[NORM];
+  norm_chunks<NORM>(na.w, H / 8, norm_w);
+  if (threadIdx.x == 0) {
+    minillm::mbar_init(b0, 1);
+    minillm::mbar_init(b1, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    stage_copy<2>(minillm::smem_addr(ws_gu), w_gu, F, H, lo_gu, rows_gu, rpc_gu, b0);
+    stage_copy<1>(minillm::smem_addr(ws_d), w_down, H, F, lo_d, rows_d, rpc_d, b1);
+  }
+  __syncthreads();  // the barriers initialised before anyone waits on them
+  minillm::pdl_release();
+  minillm::pdl_entry();
+  norm_row<NORM>(x, na, H, norm_w, xs);  // every thread; ends with a CTA barrier
+  if (rows_gu > 0) {
+    minillm::mbar_wait(b0, 0);
+    stage_rows<true>(ws_gu, reinterpret_cast<const uint4*>(xs), rows_gu, rpc_gu, H / 8, lo_gu, nullptr, act, lane,
+                     wib);
+  }
+  minillm::grid_barrier(bar);  // every act row written
+  for (int i = threadIdx.x; i < F / 8; i += blockDim.x)
+    reinterpret_cast<uint4*>(as)[i] = __ldcg(reinterpret_cast<const uint4*>(act) + i);  // other CTAs' rows: L2
+  __syncthreads();
+  if (rows_d > 0) {
+    minillm::mbar_wait(b1, 0);
+    stage_rows<false>(ws_d, reinterpret_cast<const uint4*>(as), rows_d, rpc_d, F / 8, lo_d, nullptr, out, lane, wib);
+  }
+  minillm::grid_barrier_done(bar);
+}
+}  // namespace
+
+#define MINILLM_GEMV1_STAGE_MLP(NORM)                                                                    \
+  extern "C" __global__ void __launch_bounds__(128) gemv1_stage_mlp_norm##NORM##_bf16(                    \
+      const bf16* x, const bf16* res, const bf16* nw, float eps, bf16* res_out, const bf16* w_gu,       \
+      const bf16* w_down, bf16* act, bf16* out, int F, int H, int rpc_gu, int rpc_d, unsigned* bar) {   \
+    gemv1_stage_mlp_impl<NORM>(x, NormArgs{res, nw, res_out, eps}, w_gu, w_down, act, out, F, H, rpc_gu, \
+                               rpc_d, bar);                                                              \
+  }
+MINILLM_GEMV1_STAGE_MLP(1)
+MINILLM_GEMV1_STAGE_MLP(2)
+MINILLM_GEMV1_STAGE_MLP(4)
 
 // gemv1_bf16 with GEMV1_DEEP_U chunks a lane in flight, for long rows whose grid fits one wave at
 // its occupancy (the host's rule, cuda_ops.py's one_row_product_kernel): session 31's part195 ran

@@ -148,7 +148,8 @@
 #   now set names nothing reads, so their A/Bs would compare the default with itself.) part308: decode only; part309: decode, the debug build's and the decoder's tests.
 #   part310 (session 58): decode, batch-1 graphs, the synthetic chain with no bytes (a PDL hop's own cost), part309's tests.
 #   part311 (session 58): MINILLM_L2_AHEAD's tests, A/B of the 0.6B batch-1 graphs and decode; the chain asking ahead.
-#   part312 (session 58): GEMV1_PRE_RELEASE_EARLY=1's tests, A/B of the 0.6B graphs, decode; batch-1 timelines.
+#   part312 (session 58): MINILLM_STAGE_MLP=1 / GEMV1_PRE_RELEASE_EARLY=1: tests, A/B of the 0.6B graphs, decode,
+#   memcheck; batch-1 timelines.
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -5555,26 +5556,33 @@ part311() {  # session 58 (carry .whl): MINILLM_L2_AHEAD, the staged products as
   pack
 }
 
-part312() {  # session 58 (carry .whl): GEMV1_PRE_RELEASE_EARLY=1 (the 0.6B batch-1 o product releases the staged
-  # gate_up right after its wait): the one-row products' GPU tests with it, the 0.6B batch-1 graphs alternated
-  # twice, decode; the batch-1 timelines with and without it (the first on an H200 with MINILLM_GEMV1_STAGE=2)
+part312() {  # session 58 (carry .whl): MINILLM_STAGE_MLP=1 (a one-row step's gate_up and down in one kernel with a
+  # grid barrier) and GEMV1_PRE_RELEASE_EARLY=1 (the 0.6B batch-1 o product releases the staged gate_up right after
+  # its wait): their GPU tests, the 0.6B batch-1 graphs alternated twice, decode, memcheck of the fused kernel's
+  # tests; batch-1 timelines (the first on an H200 with MINILLM_GEMV1_STAGE=2) (~6 minutes)
   setup
   facts > "$W/facts.txt" 2>&1
   models_both 60
   local pre="MINILLM_CUDA_DEFINES=GEMV1_PRE_RELEASE_EARLY=1" r
-  stage pre_tests 200 env $pre python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_model.py \
-    tests/test_cuda_ops.py -k "staged or gemv1 or one_row or same_bits"
+  stage mlp_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_model.py \
+    tests/test_cuda_ops.py -k "mlp or staged or stage_kernels"
   for r in 1 2; do
     step_graph_env q06 "base_$r" 60 MINILLM_PDL=1
+    step_graph_env q06 "mlp_$r" 60 MINILLM_STAGE_MLP=1
     step_graph_env q06 "prerel_$r" 90 $pre
+    step_graph_env q06 "mlpprerel_$r" 60 MINILLM_STAGE_MLP=1 $pre
   done
   graph_summary
   stage decode_06b_base 40 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
     --result-json "$W/decode_06b_base.json"
-  stage decode_06b_prerel 40 env $pre python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 \
-    --output-len 256 --result-json "$W/decode_06b_prerel.json"
+  stage decode_06b_mlp 40 env MINILLM_STAGE_MLP=1 python3 -m minillm.bench decode $M/q06 --device cuda \
+    --input-len 512 --output-len 256 --result-json "$W/decode_06b_mlp.json"
+  stage pre_tests 150 env $pre python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_model.py \
+    tests/test_cuda_ops.py -k "staged or one_row"
+  stage memcheck_mlp 200 compute-sanitizer --tool memcheck --error-exitcode 1 python3 -m pytest -q -m gpu \
+    -p no:cacheprovider tests/test_cuda_ops.py -k "stage_mlp and bfloat16"
   timeline q06_b1 $M/q06 --batch 1 --ctx 512
-  MINILLM_CUDA_DEFINES=GEMV1_PRE_RELEASE_EARLY=1 timeline q06_b1_prerel $M/q06 --batch 1 --ctx 512
+  MINILLM_STAGE_MLP=1 timeline q06_b1_mlp $M/q06 --batch 1 --ctx 512
   pack
 }
 

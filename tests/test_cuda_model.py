@@ -283,3 +283,54 @@ def test_one_sequence_decode_with_staged_products_same_bits(arch):
     finally:
         be.gemv1_stage = saved
         be.close()
+
+
+@pytest.mark.parametrize("arch", list(CONFIGS))
+def test_one_sequence_decode_with_fused_mlp_same_bits(arch):
+    """MINILLM_STAGE_MLP (every layer's MLP but the last in one kernel, gemv1_stage_mlp_*): a one-sequence decode
+    step's logits are the same bits on and off, eagerly and replayed from a graph, where it launches once a layer
+    but the last (whose norm stays a launch of its own)."""
+    from collections import Counter
+
+    import ml_dtypes
+
+    from minillm.backends.cuda_ops import CudaBackend
+
+    rng = np.random.default_rng(400 + len(arch))
+    cfg = ModelConfig(**CONFIGS[arch])
+    weights = random_weights(cfg, rng)
+    be = CudaBackend(dtype=ml_dtypes.bfloat16)
+    saved = be.stage_mlp, be.gemv1_stage
+    try:
+        be.gemv1_stage = 2
+        drivers = {m: Driver(be, cfg, weights) for m in (0, 1)}
+        tables = rng.permutation(NUM_BLOCKS)[:MAX_BLOCKS].reshape(1, MAX_BLOCKS).astype(np.int32)
+        L = 21
+        ids = rng.integers(0, cfg.vocab_size, L)
+        args = (ids, *layout([L], [L], tables)[:2], tables, [L], *layout([L], [L], tables)[2:])
+        for m, d in drivers.items():
+            be.stage_mlp = m
+            lr = d.step(d.inputs(*args), L, 1)
+        for step in range(3):
+            L += 1
+            pos, slots, qs, li = layout([L], [1], tables)
+            args = ([int(lr.argmax())], pos, slots, tables, [L], qs, li)
+            got = {}
+            for m, d in drivers.items():
+                be.stage_mlp = m
+                x = d.inputs(*args)
+                x.max_query_len = 1
+                if step == 1:  # a graph of this step, replayed
+                    before = Counter(be.captured_launches)
+                    graph = be.capture_graph(lambda d=d, x=x: d.model.forward(x, 1, 1, d.kv, d.ws))
+                    fused = sum(n for k, n in (be.captured_launches - before).items() if "stage_mlp" in k)
+                    assert fused == (cfg.num_layers - 1 if m else 0), fused
+                    graph.replay()
+                    got[m] = np.asarray(be.to_host(d.ws.logits[:1]), np.float32)
+                else:
+                    got[m] = d.step(x, 1, 1)
+            assert np.array_equal(got[0], got[1]), f"step {step}"
+            lr = got[0]
+    finally:
+        be.stage_mlp, be.gemv1_stage = saved
+        be.close()

@@ -1741,3 +1741,55 @@ def test_debug_build_traps_a_bad_block_table():
     # the device printf normally reaches stdout; the trap itself surfaces as a launch failure
     assert "MINILLM_CHECK failed" in text or "cudaErrorLaunchFailure" in text or "trap" in text.lower(), (
         text[-3000:])
+
+
+@pytest.mark.parametrize("H,F", [(64, 96), (1024, 3072), (2048, 6144), (4096, 200), (1000, 1544)])
+def test_stage_mlp_kernel_same_bits(be, H, F):
+    """gemv1_stage_mlp_* (MINILLM_STAGE_MLP=1: a one-row step's gate_up, SiLU and down in one kernel whose CTAs
+    meet at a grid barrier) gives the bits of the two staged launches it replaces, eagerly and from a graph
+    (where it is the one launch), out written over x as the transformer does, twice in a row (the barrier's
+    counters back at zero). Norm chunks 1, 2 and 4, the 0.6B's MLP, more down rows than gate_up rows."""
+    if be.dtype == np.float32:
+        pytest.skip("cuda/gemv.cu is the bf16 path")
+    from minillm.backends.cuda_ops import gemv1_stage_mlp_plan, norm_fold_chunks
+
+    if gemv1_stage_mlp_plan(F, H, be.num_sms, be.max_smem) is None:
+        pytest.skip("its shares do not fit this device")
+    rng = np.random.default_rng(H * 3 + F)
+    x0 = rng.standard_normal((1, H)).astype(np.float32)
+    res = be.asarray(rng.standard_normal((1, H)).astype(np.float32))
+    nw = be.asarray((1 + 0.1 * rng.standard_normal(H)).astype(np.float32))
+    w_gu = be.asarray((rng.standard_normal((2 * F, H)) / np.sqrt(H)).astype(np.float32))
+    w_down = be.asarray((rng.standard_normal((H, F)) / np.sqrt(F)).astype(np.float32))
+    barrier = be.zeros((64,), dtype=np.uint32)
+    saved = be.stage_mlp, be.fold_norms_max_k, be.gemv1_stage
+    got = {}
+    try:
+        be.fold_norms_max_k, be.gemv1_stage = 4096, 1
+        for fused in (0, 1):
+            be.stage_mlp = fused
+            runs = []
+            for graph in (False, True):
+                x = be.asarray(x0)  # out is x: the MLP's input row is overwritten
+                res_out, normed = poisoned(be, (1, H)), poisoned(be, (1, H))
+                gate_up, act = poisoned(be, (1, 2 * F)), poisoned(be, (1, F))
+
+                def call(x=x, res_out=res_out, normed=normed, gate_up=gate_up, act=act):
+                    be.rms_norm_mlp(x, res, nw, 1e-6, w_gu, w_down, x, res_out, normed, gate_up, act, barrier)
+                if graph:
+                    before = Counter(be.captured_launches)
+                    g = be.capture_graph(call)
+                    launched = be.captured_launches - before
+                    if fused:
+                        assert launched == Counter({f"gemv1_stage_mlp_norm{norm_fold_chunks(H)}_bf16": 1}), launched
+                    g.replay()
+                else:
+                    call()
+                runs.append({"out": host(be, x), "act": host(be, act), "res_out": host(be, res_out)})
+            assert all(np.array_equal(runs[0][k], runs[1][k]) for k in runs[0]), fused
+            got[fused] = runs[0]
+        assert not host(be, barrier).any()  # every launch left its counters at zero
+    finally:
+        be.stage_mlp, be.fold_norms_max_k, be.gemv1_stage = saved
+    for k in got[0]:
+        assert not np.isnan(got[1][k]).any() and np.array_equal(got[0][k], got[1][k]), k
