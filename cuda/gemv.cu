@@ -696,10 +696,15 @@ MINILLM_GEMV1_STAGE_NORM(4)
 // dependent can take the place a CTA of this grid still needs.
 // The sums are gemv1_stage_silu_mul_norm{C}_bf16's and gemv1_stage_bf16's (stage_rows), act rounded to bf16
 // as those kernels store it: the same bits as the two launches. bar: two u32 counters 128 bytes apart
-// (grid_barrier). Dynamic shared memory: [2][rpc_gu][H] gate_up, [rpc_d][F] down, then H + F bf16 of x and
-// act (the host's gemv1_stage_mlp_plan).
+// (grid_barrier).
+// LATE (MINILLM_STAGE_MLP=2): the down share is only asked into L2 before the wait, and copied into the gate_up
+// share's place once this CTA's act rows are done, while the grid barrier waits: a CTA then holds ~104 KB, not
+// ~152, so the next qkv product's and the next decode attention's CTAs still fit beside it (part312, H100:
+// with both shares held the attention waited for this kernel to leave, and the 0.6B batch-1 graph took +9.3%).
+// Dynamic shared memory: [2][rpc_gu][H] gate_up ([rpc_d][F] down after it, or LATE in its place), then H + F
+// bf16 of x and act (the host's gemv1_stage_mlp_plan).
 namespace {
-template <int NORM>
+template <int NORM, bool LATE>
 __device__ __forceinline__ void gemv1_stage_mlp_impl(const bf16* x, const NormArgs& na, const bf16* __restrict__ w_gu,
                                                      const bf16* __restrict__ w_down, bf16* act, bf16* __restrict__ out,
                                                      int F, int H, int rpc_gu, int rpc_d, unsigned* bar) {
@@ -708,9 +713,10 @@ __device__ __forceinline__ void gemv1_stage_mlp_impl(const bf16* x, const NormAr
   const int lo_gu = blockIdx.x * rpc_gu, rows_gu = max(0, min(F, lo_gu + rpc_gu) - lo_gu);
   const int lo_d = blockIdx.x * rpc_d, rows_d = max(0, min(H, lo_d + rpc_d) - lo_d);
   const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
+  const i64 gu_chunks = (i64)2 * rpc_gu * (H / 8), d_chunks = (i64)rpc_d * (F / 8);
   const uint4* ws_gu = reinterpret_cast<const uint4*>(stage_smem);  // [2][rpc_gu][H / 8]
-  const uint4* ws_d = ws_gu + (i64)2 * rpc_gu * (H / 8);            // [rpc_d][F / 8]
-  bf16* xs = reinterpret_cast<bf16*>(const_cast<uint4*>(ws_d + (i64)rpc_d * (F / 8)));
+  const uint4* ws_d = LATE ? ws_gu : ws_gu + gu_chunks;             // [rpc_d][F / 8]
+  bf16* xs = reinterpret_cast<bf16*>(stage_smem) + 8 * (LATE ? max(gu_chunks, d_chunks) : gu_chunks + d_chunks);
   bf16* as = xs + H;
   const unsigned b0 = minillm::smem_addr(&mbar[0]), b1 = minillm::smem_addr(&mbar[1]);
   uint4 norm_w[NORM];
@@ -720,7 +726,12 @@ __device__ __forceinline__ void gemv1_stage_mlp_impl(const bf16* x, const NormAr
     minillm::mbar_init(b1, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     stage_copy<2>(minillm::smem_addr(ws_gu), w_gu, F, H, lo_gu, rows_gu, rpc_gu, b0);
-    stage_copy<1>(minillm::smem_addr(ws_d), w_down, H, F, lo_d, rows_d, rpc_d, b1);
+    if constexpr (!LATE) stage_copy<1>(minillm::smem_addr(ws_d), w_down, H, F, lo_d, rows_d, rpc_d, b1);
+  }
+  if (LATE && threadIdx.x == 32 && rows_d > 0) {  // this CTA's down rows into L2, for the copy after its act rows
+    const unsigned char* p = reinterpret_cast<const unsigned char*>(w_down + (i64)lo_d * F);
+    const unsigned bytes = (unsigned)rows_d * (unsigned)F * 2u;
+    for (unsigned o = 0; o < bytes; o += GEMV_STAGE_COPY) minillm::prefetch_l2(p + o, min(GEMV_STAGE_COPY, bytes - o));
   }
   __syncthreads();  // the barriers initialised before anyone waits on them
   minillm::pdl_release();
@@ -730,6 +741,14 @@ __device__ __forceinline__ void gemv1_stage_mlp_impl(const bf16* x, const NormAr
     minillm::mbar_wait(b0, 0);
     stage_rows<true>(ws_gu, reinterpret_cast<const uint4*>(xs), rows_gu, rpc_gu, H / 8, lo_gu, nullptr, act, lane,
                      wib);
+  }
+  if constexpr (LATE) {
+    __syncthreads();  // every warp done reading the gate_up share
+    if (threadIdx.x == 0) {
+      // the generic proxy's reads of that memory ordered before the async proxy's writes into it
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      stage_copy<1>(minillm::smem_addr(ws_d), w_down, H, F, lo_d, rows_d, rpc_d, b1);
+    }
   }
   minillm::grid_barrier(bar);  // every act row written
   for (int i = threadIdx.x; i < F / 8; i += blockDim.x)
@@ -743,16 +762,19 @@ __device__ __forceinline__ void gemv1_stage_mlp_impl(const bf16* x, const NormAr
 }
 }  // namespace
 
-#define MINILLM_GEMV1_STAGE_MLP(NORM)                                                                    \
-  extern "C" __global__ void __launch_bounds__(128) gemv1_stage_mlp_norm##NORM##_bf16(                    \
+#define MINILLM_GEMV1_STAGE_MLP(NORM, LATE, SUFFIX)                                                       \
+  extern "C" __global__ void __launch_bounds__(128) gemv1_stage_mlp##SUFFIX##_norm##NORM##_bf16(          \
       const bf16* x, const bf16* res, const bf16* nw, float eps, bf16* res_out, const bf16* w_gu,       \
       const bf16* w_down, bf16* act, bf16* out, int F, int H, int rpc_gu, int rpc_d, unsigned* bar) {   \
-    gemv1_stage_mlp_impl<NORM>(x, NormArgs{res, nw, res_out, eps}, w_gu, w_down, act, out, F, H, rpc_gu, \
-                               rpc_d, bar);                                                              \
+    gemv1_stage_mlp_impl<NORM, LATE>(x, NormArgs{res, nw, res_out, eps}, w_gu, w_down, act, out, F, H,   \
+                                     rpc_gu, rpc_d, bar);                                                \
   }
-MINILLM_GEMV1_STAGE_MLP(1)
-MINILLM_GEMV1_STAGE_MLP(2)
-MINILLM_GEMV1_STAGE_MLP(4)
+MINILLM_GEMV1_STAGE_MLP(1, false, )
+MINILLM_GEMV1_STAGE_MLP(2, false, )
+MINILLM_GEMV1_STAGE_MLP(4, false, )
+MINILLM_GEMV1_STAGE_MLP(1, true, _late)
+MINILLM_GEMV1_STAGE_MLP(2, true, _late)
+MINILLM_GEMV1_STAGE_MLP(4, true, _late)
 
 // gemv1_bf16 with GEMV1_DEEP_U chunks a lane in flight, for long rows whose grid fits one wave at
 // its occupancy (the host's rule, cuda_ops.py's one_row_product_kernel): session 31's part195 ran

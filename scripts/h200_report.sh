@@ -150,6 +150,7 @@
 #   part311 (session 58): MINILLM_L2_AHEAD's tests, A/B of the 0.6B batch-1 graphs and decode; the chain asking ahead.
 #   part312 (session 58): MINILLM_STAGE_MLP=1 / GEMV1_PRE_RELEASE_EARLY=1: tests, A/B of the 0.6B graphs, decode,
 #   memcheck; batch-1 timelines.
+#   part313 (session 58): MINILLM_STAGE_MLP=2: tests, memcheck, racecheck, A/B of the 0.6B graphs, decode, timeline.
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -5583,6 +5584,32 @@ part312() {  # session 58 (carry .whl): MINILLM_STAGE_MLP=1 (a one-row step's ga
     -p no:cacheprovider tests/test_cuda_ops.py -k "stage_mlp and bfloat16"
   timeline q06_b1 $M/q06 --batch 1 --ctx 512
   MINILLM_STAGE_MLP=1 timeline q06_b1_mlp $M/q06 --batch 1 --ctx 512
+  pack
+}
+
+part313() {  # session 58 (carry .whl): MINILLM_STAGE_MLP=2 (the fused MLP kernel copying its down share late, over
+  # its gate_up share): its GPU tests, memcheck and racecheck of them, the 0.6B batch-1 graphs against the default
+  # alternated twice, decode, its timeline (~3 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_both 60
+  stage mlp_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_model.py \
+    tests/test_cuda_ops.py -k "mlp"
+  local r
+  for r in 1 2; do
+    step_graph_env q06 "base_$r" 60 MINILLM_PDL=1
+    step_graph_env q06 "mlp2_$r" 60 MINILLM_STAGE_MLP=2
+  done
+  graph_summary
+  stage decode_06b_base 40 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
+    --result-json "$W/decode_06b_base.json"
+  stage decode_06b_mlp2 40 env MINILLM_STAGE_MLP=2 python3 -m minillm.bench decode $M/q06 --device cuda \
+    --input-len 512 --output-len 256 --result-json "$W/decode_06b_mlp2.json"
+  stage memcheck_mlp 200 compute-sanitizer --tool memcheck --error-exitcode 1 python3 -m pytest -q -m gpu \
+    -p no:cacheprovider tests/test_cuda_ops.py -k "stage_mlp and bfloat16"
+  stage racecheck_mlp 200 compute-sanitizer --tool racecheck --error-exitcode 1 python3 -m pytest -q -m gpu \
+    -p no:cacheprovider tests/test_cuda_ops.py -k "stage_mlp and bfloat16"
+  MINILLM_STAGE_MLP=2 timeline q06_b1_mlp2 $M/q06 --batch 1 --ctx 512
   pack
 }
 

@@ -1743,17 +1743,19 @@ def test_debug_build_traps_a_bad_block_table():
         text[-3000:])
 
 
+@pytest.mark.parametrize("mode", [1, 2])
 @pytest.mark.parametrize("H,F", [(64, 96), (1024, 3072), (2048, 6144), (4096, 200), (1000, 1544)])
-def test_stage_mlp_kernel_same_bits(be, H, F):
+def test_stage_mlp_kernel_same_bits(be, H, F, mode):
     """gemv1_stage_mlp_* (MINILLM_STAGE_MLP=1: a one-row step's gate_up, SiLU and down in one kernel whose CTAs
     meet at a grid barrier) gives the bits of the two staged launches it replaces, eagerly and from a graph
     (where it is the one launch), out written over x as the transformer does, twice in a row (the barrier's
-    counters back at zero). Norm chunks 1, 2 and 4, the 0.6B's MLP, more down rows than gate_up rows."""
+    counters back at zero). Norm chunks 1, 2 and 4, the 0.6B's MLP, more down rows than gate_up rows; both
+    shares held from the start (1) and the down share copied over the gate_up share's (2)."""
     if be.dtype == np.float32:
         pytest.skip("cuda/gemv.cu is the bf16 path")
     from minillm.backends.cuda_ops import gemv1_stage_mlp_plan, norm_fold_chunks
 
-    if gemv1_stage_mlp_plan(F, H, be.num_sms, be.max_smem) is None:
+    if gemv1_stage_mlp_plan(F, H, be.num_sms, be.max_smem, late=mode == 2) is None:
         pytest.skip("its shares do not fit this device")
     rng = np.random.default_rng(H * 3 + F)
     x0 = rng.standard_normal((1, H)).astype(np.float32)
@@ -1766,7 +1768,7 @@ def test_stage_mlp_kernel_same_bits(be, H, F):
     got = {}
     try:
         be.fold_norms_max_k, be.gemv1_stage = 4096, 1
-        for fused in (0, 1):
+        for fused in (0, mode):
             be.stage_mlp = fused
             runs = []
             for graph in (False, True):
@@ -1781,7 +1783,8 @@ def test_stage_mlp_kernel_same_bits(be, H, F):
                     g = be.capture_graph(call)
                     launched = be.captured_launches - before
                     if fused:
-                        assert launched == Counter({f"gemv1_stage_mlp_norm{norm_fold_chunks(H)}_bf16": 1}), launched
+                        name = f"gemv1_stage_mlp{'_late' if mode == 2 else ''}_norm{norm_fold_chunks(H)}_bf16"
+                        assert launched == Counter({name: 1}), launched
                     g.replay()
                 else:
                     call()
@@ -1792,4 +1795,4 @@ def test_stage_mlp_kernel_same_bits(be, H, F):
     finally:
         be.stage_mlp, be.fold_norms_max_k, be.gemv1_stage = saved
     for k in got[0]:
-        assert not np.isnan(got[1][k]).any() and np.array_equal(got[0][k], got[1][k]), k
+        assert not np.isnan(got[mode][k]).any() and np.array_equal(got[0][k], got[mode][k]), k

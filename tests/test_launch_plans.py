@@ -397,6 +397,9 @@ def test_stage_mlp_plan_at_most_one_cta_an_sm():
     0.6B's MLP fits, the 8B's does not, nor do sizes its 16-byte chunks cannot take."""
     sms, big = 132, 227 << 10
     assert gemv1_stage_mlp_plan(3072, 1024, sms, big) == (128, 24, 8, (2 * 24 * 1024 + 8 * 3072 + 1024 + 3072) * 2)
+    # late (=2): the down share takes the gate_up share's place
+    assert gemv1_stage_mlp_plan(3072, 1024, sms, big, late=True) == (128, 24, 8, (2 * 24 * 1024 + 1024 + 3072) * 2)
+    assert gemv1_stage_mlp_plan(3072, 1024, sms, 120 << 10, late=True) is not None
     assert gemv1_stage_mlp_plan(12288, 4096, sms, big) is None  # 8B: 1.5 MB a CTA
     assert gemv1_stage_mlp_plan(3072, 1024, sms, 100 << 10) is None  # the device's limit
     assert gemv1_stage_mlp_plan(3000, 1020, sms, big) is None  # 1020 is not a multiple of 8
