@@ -149,34 +149,6 @@ __device__ __forceinline__ void pdl_release() {
 #endif
 }
 
-__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-// One grid-wide barrier a launch (gemv.cu's gemv1_stage_mlp_*), for a grid whose CTAs are all resident at once.
-// bar[0] counts the arrivals and bar[32] the exits (another 128-byte line); both are 0 between launches, as the
-// last CTA to call grid_barrier_done leaves them. Under MINILLM_CUDA_DEBUG a wait of ~2^31 polls traps (a CTA
-// that could never be placed) instead of hanging the GPU.
-__device__ __forceinline__ void grid_barrier(unsigned* bar) {
-  __syncthreads();  // this CTA's writes happen before thread 0's fence
-  if (threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(bar, 1u);
-    for (unsigned polls = 0; ld_acquire(bar) < gridDim.x; ++polls) {
-      MINILLM_CHECK(polls < (1u << 31));
-    }
-  }
-  __syncthreads();
-}
-__device__ __forceinline__ void grid_barrier_done(unsigned* bar) {
-  if (threadIdx.x == 0 && atomicAdd(bar + 32, 1u) == gridDim.x - 1) {
-    atomicExch(bar, 0u);
-    atomicExch(bar + 32, 0u);
-  }
-}
-
 // Start moving [p, p + bytes) from HBM into L2 and go on (no registers, nothing to wait for): a
 // hint, never a correctness matter. p is 16-byte aligned and bytes a multiple of 16.
 __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {

@@ -74,7 +74,11 @@ struct LayerPtrs {  // one row of the host's [layers, 9] pointer table
 
 __device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
-using minillm::ld_acquire;
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
 
 // The compute warps' barrier (named barrier 1: the producer warp of the weight ring never joins).
 __device__ __forceinline__ void cta_sync() { asm volatile("bar.sync 1, %0;" ::"n"(DL_THREADS) : "memory"); }

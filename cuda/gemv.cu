@@ -92,9 +92,6 @@
 #ifndef MERGE_STAGGER  // gemv1_merge_*: each CTA copies the partials from its own offset
 #define MERGE_STAGGER 1
 #endif
-#ifndef GEMV1_PRE_RELEASE_EARLY
-#define GEMV1_PRE_RELEASE_EARLY 0
-#endif
 #ifndef GEMV_PREFETCH_MAX
 #define GEMV_PREFETCH_MAX (16 << 20)
 #endif
@@ -297,17 +294,12 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
 #pragma unroll
     for (int u = 0; u < U; ++u) load_w(min(lane + 32 * u, chunks - 1), wpre[u]);
   }
-  // GEMV1_PRE_RELEASE_EARLY (gemv1_pre_bf16: the 0.6B batch-1 o product, right after the decode attention):
-  // release the dependents right after the wait, not after the loop, so that the staged gate_up's copies
-  // start while this product streams, yet after the attention's merge (being measured, session 58)
-  constexpr bool RELEASE_AT_WAIT = PRE && GEMV1_PRE_RELEASE_EARLY;
   if constexpr (!WAITED) {
     if constexpr (SPLIT)
       gemv_prefetch_rows(w + row0 * K, n0, N, K, (i64)N * K * 4);
     else
       gemv_prefetch<GATED, WARPS>(w, N, K);
     minillm::pdl_entry();  // before the early return: see cuda/common.cuh
-    if constexpr (RELEASE_AT_WAIT) minillm::pdl_release();
   }
   if constexpr (NORM > 0) norm_row<NORM>(x, na, K, norm_w, xs_norm);  // every thread, before any returns
   // SPLIT keeps every warp to the CTA barrier below: past N they reload row N - 1, unused
@@ -386,7 +378,7 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ x, i64 ldx,
       fma_chunk(c, wv, nullptr);
     }
   }
-  if constexpr (!RELEASE_AT_WAIT) minillm::pdl_release();
+  minillm::pdl_release();
   if constexpr (SPLIT) {
     __shared__ float up_sums[COL_WARPS][GEMV_NR][M];
 #pragma unroll
@@ -547,6 +539,13 @@ MINILLM_GEMV1_NORM(4)
 // Tried and removed (session 58, part311, H200): the staged products also asking later products' weights
 // into L2 before their wait (MINILLM_L2_AHEAD; the code is in f6dcbb2): 0.6B batch-1 graph 0.708 ms ->
 // 0.712 (qkv asks the o product's), 0.745 (qkv asks o's and gate_up's), 0.730 (down asks the next layer's).
+// Tried and removed (session 58, part312 / part313, H100s; the code is in 0f3de2a): one kernel a layer fewer,
+// the gate_up and down products as one (gemv1_stage_mlp_*, MINILLM_STAGE_MLP: both shares staged, a grid
+// barrier between them): batch-1 graph 0.811 -> 0.887 ms (+9.3%; the next decode attention could not be
+// placed until it left, 10 us from qkv to attention against 4.6), and with the down share copied late over
+// the gate_up share's place (~104 KB a CTA) 0.810 -> 0.898 (+10.8%: the attention to o 10 us against 6.8).
+// The o product (gemv1_pre_bf16) releasing its dependents right after its wait, so the staged gate_up's
+// copies start while it streams: +1.7% (GEMV1_PRE_RELEASE_EARLY, part312).
 // Tried and removed (session 57): gemv1_ring_*, the products too large to hold (the 8B's) streamed through
 // two shared-memory slots a CTA by a producer warp (MINILLM_GEMV1_RING): the 8B batch-1 graph 5.53 ->
 // 9.02 ms (1) / 8.77 ms (2) on an H100. The code is in a1a08df.
@@ -560,65 +559,6 @@ MINILLM_GEMV1_NORM(4)
 #define GEMV_STAGE_ROWS 4      // rows a warp sums at once (independent FMA chains)
 #define GEMV_STAGE_COPY 32768u  // bytes a bulk copy
 namespace {
-// Thread 0: asks rows [lo, lo + rows) of w ([HALVES x N, K]: for GATED, the gate rows then the up rows) into
-// shared memory at dst ([HALVES][rpc][K] bf16) by bulk copies, counted on mbarrier bar.
-template <int HALVES>
-__device__ __forceinline__ void stage_copy(unsigned dst, const bf16* __restrict__ w, int N, int K, int lo, int rows,
-                                           int rpc, unsigned bar) {
-  const unsigned bytes = (unsigned)rows * (unsigned)K * 2u;
-  minillm::mbar_expect_tx(bar, bytes * HALVES);
-#pragma unroll
-  for (int h = 0; h < HALVES; ++h) {
-    const unsigned char* src = reinterpret_cast<const unsigned char*>(w + ((i64)h * N + lo) * K);
-    const unsigned d = dst + (unsigned)h * (unsigned)rpc * (unsigned)K * 2u;
-    for (unsigned o = 0; o < bytes; o += GEMV_STAGE_COPY)
-      minillm::bulk_copy(d + o, src + o, min(GEMV_STAGE_COPY, bytes - o), bar);
-  }
-}
-
-// Every warp: out[lo + r] for the rows < rows of a staged share ws ([HALVES][rpc][chunks] 16-byte chunks) against
-// xv (chunks 16-byte chunks, in shared memory). GATED: silu(gate) * up; else + bias[n] (bias may be null).
-template <bool GATED>
-__device__ __forceinline__ void stage_rows(const uint4* ws, const uint4* xv, int rows, int rpc, int chunks, int lo,
-                                           const bf16* __restrict__ bias, bf16* __restrict__ out, int lane,
-                                           int wib) {
-  constexpr int HALVES = GATED ? 2 : 1;
-  constexpr int R = GEMV_STAGE_ROWS;
-  for (int r0 = wib * R; r0 < rows; r0 += (blockDim.x >> 5) * R) {
-    float acc[HALVES][R];
-#pragma unroll
-    for (int h = 0; h < HALVES; ++h)
-#pragma unroll
-      for (int j = 0; j < R; ++j) acc[h][j] = 0.f;
-    for (int c = lane; c < chunks; c += 32) {
-      float xf[8];
-      minillm::unpack_bf16x8(xv[c], xf);
-#pragma unroll
-      for (int h = 0; h < HALVES; ++h)
-#pragma unroll
-        for (int j = 0; j < R; ++j) {
-          const int r = min(r0 + j, rows - 1);  // rows past the share repeat its last, unused
-          float wf[8];
-          minillm::unpack_bf16x8(ws[((i64)h * rpc + r) * chunks + c], wf);
-          float s = acc[h][j];
-#pragma unroll
-          for (int i = 0; i < 8; ++i) s = fmaf(xf[i], wf[i], s);
-          acc[h][j] = s;
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < R; ++j) {
-      const float s = minillm::warp_sum(acc[0][j]);
-      const float up = GATED ? minillm::warp_sum(acc[HALVES - 1][j]) : 0.f;
-      const int n = lo + r0 + j;
-      if (lane == 0 && r0 + j < rows) {
-        const float y = GATED ? gated_act(s, up) : s + (bias ? minillm::to_f(bias[n]) : 0.f);
-        out[n] = minillm::from_f<bf16>(y);
-      }
-    }
-  }
-}
-
 template <bool GATED, int NORM>
 __device__ __forceinline__ void gemv1_stage_impl(const bf16* x, const NormArgs& na, const bf16* __restrict__ w,
                                                  const bf16* __restrict__ bias, bf16* __restrict__ out, int N,
@@ -636,7 +576,15 @@ __device__ __forceinline__ void gemv1_stage_impl(const bf16* x, const NormArgs& 
   if (threadIdx.x == 0) {
     minillm::mbar_init(b, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    stage_copy<HALVES>(minillm::smem_addr(stage_smem), w, N, K, lo, rows, rpc, b);
+    const unsigned bytes = (unsigned)rows * (unsigned)K * 2u;
+    minillm::mbar_expect_tx(b, bytes * HALVES);
+#pragma unroll
+    for (int h = 0; h < HALVES; ++h) {
+      const unsigned char* src = reinterpret_cast<const unsigned char*>(w + ((i64)h * N + lo) * K);
+      const unsigned dst = minillm::smem_addr(stage_smem) + (unsigned)h * (unsigned)rpc * (unsigned)K * 2u;
+      for (unsigned o = 0; o < bytes; o += GEMV_STAGE_COPY)
+        minillm::bulk_copy(dst + o, src + o, min(GEMV_STAGE_COPY, bytes - o), b);
+    }
   }
   __syncthreads();  // the barrier initialised before anyone waits on it
 #if GEMV_STAGE_EARLY
@@ -652,7 +600,41 @@ __device__ __forceinline__ void gemv1_stage_impl(const bf16* x, const NormArgs& 
   }
   if (rows > 0) {
     minillm::mbar_wait(b, 0);
-    stage_rows<GATED>(ws, reinterpret_cast<const uint4*>(xs), rows, rpc, chunks, lo, bias, out, lane, wib);
+    const uint4* xv = reinterpret_cast<const uint4*>(xs);
+    constexpr int R = GEMV_STAGE_ROWS;
+    for (int r0 = wib * R; r0 < rows; r0 += (blockDim.x >> 5) * R) {
+      float acc[HALVES][R];
+#pragma unroll
+      for (int h = 0; h < HALVES; ++h)
+#pragma unroll
+        for (int j = 0; j < R; ++j) acc[h][j] = 0.f;
+      for (int c = lane; c < chunks; c += 32) {
+        float xf[8];
+        minillm::unpack_bf16x8(xv[c], xf);
+#pragma unroll
+        for (int h = 0; h < HALVES; ++h)
+#pragma unroll
+          for (int j = 0; j < R; ++j) {
+            const int r = min(r0 + j, rows - 1);  // rows past the share repeat its last, unused
+            float wf[8];
+            minillm::unpack_bf16x8(ws[((i64)h * rpc + r) * chunks + c], wf);
+            float s = acc[h][j];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) s = fmaf(xf[i], wf[i], s);
+            acc[h][j] = s;
+          }
+      }
+#pragma unroll
+      for (int j = 0; j < R; ++j) {
+        const float s = minillm::warp_sum(acc[0][j]);
+        const float up = GATED ? minillm::warp_sum(acc[HALVES - 1][j]) : 0.f;
+        const int n = lo + r0 + j;
+        if (lane == 0 && r0 + j < rows) {
+          const float y = GATED ? gated_act(s, up) : s + (bias ? minillm::to_f(bias[n]) : 0.f);
+          out[n] = minillm::from_f<bf16>(y);
+        }
+      }
+    }
   }
 #if !GEMV_STAGE_EARLY
   minillm::pdl_release();
@@ -683,98 +665,6 @@ extern "C" __global__ void __launch_bounds__(128)
 MINILLM_GEMV1_STAGE_NORM(1)
 MINILLM_GEMV1_STAGE_NORM(2)
 MINILLM_GEMV1_STAGE_NORM(4)
-
-// ---- gemv1_stage_mlp: a one-row step's whole MLP in one launch: gate_up (its norm folded), SiLU, down ----
-// Two dependent products are two kernels and a PDL hand-off (~1.8 us each by itself on the H200, part310:
-// scripts/preload_bench.py's chain moving no bytes). Here one CTA an SM stages its share of both matrices
-// (gate_up rows, then down rows: ~150 KB for the 0.6B) before the PDL wait, computes its act rows and writes
-// them out, meets every other CTA at one grid barrier (~0.8 us, decode_layers.cu's measure), reads the
-// whole act row back and computes its down rows out of shared memory.
-// The barrier needs every CTA resident: the grid is at most one CTA an SM and each CTA's shared memory more
-// than half an SM's, so none waits for another to leave; the dependents are released as soon as each CTA
-// is placed, and PDL launches them only once every CTA of this grid has released, i.e. is resident, so no
-// dependent can take the place a CTA of this grid still needs.
-// The sums are gemv1_stage_silu_mul_norm{C}_bf16's and gemv1_stage_bf16's (stage_rows), act rounded to bf16
-// as those kernels store it: the same bits as the two launches. bar: two u32 counters 128 bytes apart
-// (grid_barrier).
-// LATE (MINILLM_STAGE_MLP=2): the down share is only asked into L2 before the wait, and copied into the gate_up
-// share's place once this CTA's act rows are done, while the grid barrier waits: a CTA then holds ~104 KB, not
-// ~152, so the next qkv product's and the next decode attention's CTAs still fit beside it (part312, H100:
-// with both shares held the attention waited for this kernel to leave, and the 0.6B batch-1 graph took +9.3%).
-// Dynamic shared memory: [2][rpc_gu][H] gate_up ([rpc_d][F] down after it, or LATE in its place), then H + F
-// bf16 of x and act (the host's gemv1_stage_mlp_plan).
-namespace {
-template <int NORM, bool LATE>
-__device__ __forceinline__ void gemv1_stage_mlp_impl(const bf16* x, const NormArgs& na, const bf16* __restrict__ w_gu,
-                                                     const bf16* __restrict__ w_down, bf16* act, bf16* __restrict__ out,
-                                                     int F, int H, int rpc_gu, int rpc_d, unsigned* bar) {
-  extern __shared__ __align__(128) unsigned char stage_smem[];
-  __shared__ __align__(8) unsigned long long mbar[2];
-  const int lo_gu = blockIdx.x * rpc_gu, rows_gu = max(0, min(F, lo_gu + rpc_gu) - lo_gu);
-  const int lo_d = blockIdx.x * rpc_d, rows_d = max(0, min(H, lo_d + rpc_d) - lo_d);
-  const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
-  const i64 gu_chunks = (i64)2 * rpc_gu * (H / 8), d_chunks = (i64)rpc_d * (F / 8);
-  const uint4* ws_gu = reinterpret_cast<const uint4*>(stage_smem);  // [2][rpc_gu][H / 8]
-  const uint4* ws_d = LATE ? ws_gu : ws_gu + gu_chunks;             // [rpc_d][F / 8]
-  bf16* xs = reinterpret_cast<bf16*>(stage_smem) + 8 * (LATE ? max(gu_chunks, d_chunks) : gu_chunks + d_chunks);
-  bf16* as = xs + H;
-  const unsigned b0 = minillm::smem_addr(&mbar[0]), b1 = minillm::smem_addr(&mbar[1]);
-  uint4 norm_w[NORM];
-  norm_chunks<NORM>(na.w, H / 8, norm_w);
-  if (threadIdx.x == 0) {
-    minillm::mbar_init(b0, 1);
-    minillm::mbar_init(b1, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    stage_copy<2>(minillm::smem_addr(ws_gu), w_gu, F, H, lo_gu, rows_gu, rpc_gu, b0);
-    if constexpr (!LATE) stage_copy<1>(minillm::smem_addr(ws_d), w_down, H, F, lo_d, rows_d, rpc_d, b1);
-  }
-  if (LATE && threadIdx.x == 32 && rows_d > 0) {  // this CTA's down rows into L2, for the copy after its act rows
-    const unsigned char* p = reinterpret_cast<const unsigned char*>(w_down + (i64)lo_d * F);
-    const unsigned bytes = (unsigned)rows_d * (unsigned)F * 2u;
-    for (unsigned o = 0; o < bytes; o += GEMV_STAGE_COPY) minillm::prefetch_l2(p + o, min(GEMV_STAGE_COPY, bytes - o));
-  }
-  __syncthreads();  // the barriers initialised before anyone waits on them
-  minillm::pdl_release();
-  minillm::pdl_entry();
-  norm_row<NORM>(x, na, H, norm_w, xs);  // every thread; ends with a CTA barrier
-  if (rows_gu > 0) {
-    minillm::mbar_wait(b0, 0);
-    stage_rows<true>(ws_gu, reinterpret_cast<const uint4*>(xs), rows_gu, rpc_gu, H / 8, lo_gu, nullptr, act, lane,
-                     wib);
-  }
-  if constexpr (LATE) {
-    __syncthreads();  // every warp done reading the gate_up share
-    if (threadIdx.x == 0) {
-      // the generic proxy's reads of that memory ordered before the async proxy's writes into it
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      stage_copy<1>(minillm::smem_addr(ws_d), w_down, H, F, lo_d, rows_d, rpc_d, b1);
-    }
-  }
-  minillm::grid_barrier(bar);  // every act row written
-  for (int i = threadIdx.x; i < F / 8; i += blockDim.x)
-    reinterpret_cast<uint4*>(as)[i] = __ldcg(reinterpret_cast<const uint4*>(act) + i);  // other CTAs' rows: L2
-  __syncthreads();
-  if (rows_d > 0) {
-    minillm::mbar_wait(b1, 0);
-    stage_rows<false>(ws_d, reinterpret_cast<const uint4*>(as), rows_d, rpc_d, F / 8, lo_d, nullptr, out, lane, wib);
-  }
-  minillm::grid_barrier_done(bar);
-}
-}  // namespace
-
-#define MINILLM_GEMV1_STAGE_MLP(NORM, LATE, SUFFIX)                                                       \
-  extern "C" __global__ void __launch_bounds__(128) gemv1_stage_mlp##SUFFIX##_norm##NORM##_bf16(          \
-      const bf16* x, const bf16* res, const bf16* nw, float eps, bf16* res_out, const bf16* w_gu,       \
-      const bf16* w_down, bf16* act, bf16* out, int F, int H, int rpc_gu, int rpc_d, unsigned* bar) {   \
-    gemv1_stage_mlp_impl<NORM, LATE>(x, NormArgs{res, nw, res_out, eps}, w_gu, w_down, act, out, F, H,   \
-                                     rpc_gu, rpc_d, bar);                                                \
-  }
-MINILLM_GEMV1_STAGE_MLP(1, false, )
-MINILLM_GEMV1_STAGE_MLP(2, false, )
-MINILLM_GEMV1_STAGE_MLP(4, false, )
-MINILLM_GEMV1_STAGE_MLP(1, true, _late)
-MINILLM_GEMV1_STAGE_MLP(2, true, _late)
-MINILLM_GEMV1_STAGE_MLP(4, true, _late)
 
 // gemv1_bf16 with GEMV1_DEEP_U chunks a lane in flight, for long rows whose grid fits one wave at
 // its occupancy (the host's rule, cuda_ops.py's one_row_product_kernel): session 31's part195 ran

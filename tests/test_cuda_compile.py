@@ -202,10 +202,8 @@ def release_before_wait(source: str) -> list[str]:
 # running. cuda/gemv.cu's gemv1_stage_* (MINILLM_GEMV1_STAGE, one-row steps): their successors are
 # products (weights and norm weights before the wait) and the decode attention, whose pre-wait
 # loads read only step inputs and cache rows of earlier steps, which no kernel of the step writes
-# (the step's own key is stored by that attention kernel, after its wait). gemv1_stage_mlp_* (MINILLM_STAGE_MLP)
-# likewise, for a second reason: its grid barrier needs every CTA resident, and PDL launches the dependents
-# only once every CTA has released, i.e. has been placed.
-EARLY_RELEASE = {"norm.cu": ["rms_norm_vec_impl"], "gemv.cu": ["gemv1_stage_impl", "gemv1_stage_mlp_impl"]}
+# (the step's own key is stored by that attention kernel, after its wait).
+EARLY_RELEASE = {"norm.cu": ["rms_norm_vec_impl"], "gemv.cu": ["gemv1_stage_impl"]}
 
 
 def test_kernels_release_dependents_only_after_their_own_wait():

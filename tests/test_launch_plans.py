@@ -23,7 +23,6 @@ from minillm.backends.cuda_ops import (
     env_int,
     gated_product_kernel,
     gated_split_max_rows,
-    gemv1_stage_mlp_plan,
     gemv1_stage_plan,
     o_merge_plan,
     one_row_mode,
@@ -389,22 +388,3 @@ def test_short_run_bound_is_the_same_on_host_and_device():
     assert bound and int(bound.group(1)) == cuda_ops._DECODE_MAX_Q
     rule = re.search(r"bool short_run_on_tensor_cores\(.*?\{(.*?)\}", src, re.S).group(1)
     assert "nq <= MINILLM_SHORT_RUN_MAX_Q" in rule
-
-
-def test_stage_mlp_plan_at_most_one_cta_an_sm():
-    """gemv1_stage_mlp_plan (MINILLM_STAGE_MLP): gate_up and down rows split over at most one CTA an SM (its
-    grid barrier needs every CTA resident at once), both shares, x and act within the device's limit; the
-    0.6B's MLP fits, the 8B's does not, nor do sizes its 16-byte chunks cannot take."""
-    sms, big = 132, 227 << 10
-    assert gemv1_stage_mlp_plan(3072, 1024, sms, big) == (128, 24, 8, (2 * 24 * 1024 + 8 * 3072 + 1024 + 3072) * 2)
-    # late (=2): the down share takes the gate_up share's place
-    assert gemv1_stage_mlp_plan(3072, 1024, sms, big, late=True) == (128, 24, 8, (2 * 24 * 1024 + 1024 + 3072) * 2)
-    assert gemv1_stage_mlp_plan(3072, 1024, sms, 120 << 10, late=True) is not None
-    assert gemv1_stage_mlp_plan(12288, 4096, sms, big) is None  # 8B: 1.5 MB a CTA
-    assert gemv1_stage_mlp_plan(3072, 1024, sms, 100 << 10) is None  # the device's limit
-    assert gemv1_stage_mlp_plan(3000, 1020, sms, big) is None  # 1020 is not a multiple of 8
-    grid, rpc_gu, rpc_d, _ = gemv1_stage_mlp_plan(200, 4000, sms, big)  # more down rows than gate_up rows
-    assert (grid, rpc_gu, rpc_d) == (130, 2, 31) and grid <= sms
-    for F, H in ((64, 32), (688, 256), (3072, 1024), (200, 4000)):
-        grid, rpc_gu, rpc_d, smem = gemv1_stage_mlp_plan(F, H, sms, big)
-        assert grid <= sms and grid * rpc_gu >= F and grid * rpc_d >= H and smem <= big

@@ -344,30 +344,6 @@ def gemv1_stage_plan(N: int, K: int, gated: bool, num_sms: int, max_smem: int) -
     return _cdiv(N, rpc), rpc, smem
 
 
-# cuda/gemv.cu's gemv1_stage_mlp_*: a one-row step's gate_up (norm folded, SiLU) and down in one launch, the
-# CTAs holding their shares of both and meeting at one grid barrier (MINILLM_STAGE_MLP; session 58, being
-# measured, so off by default)
-_STAGE_MLP_DEFAULT = 0
-
-
-def gemv1_stage_mlp_plan(F: int, H: int, num_sms: int, max_smem: int,
-                         late: bool = False) -> tuple[int, int, int, int] | None:
-    """(grid, gate_up rows a CTA, down rows a CTA, dynamic shared memory bytes) of gemv1_stage_mlp_* for an MLP
-    of hidden size H and intermediate size F, or None where a CTA's shares of both matrices (late: the larger
-    one; the down share replaces the gate_up share), x and act would not fit in the device's opt-in shared
-    memory. The grid is at most one CTA an SM: its grid barrier needs every CTA resident at once."""
-    if H % 8 or F % 8:
-        return None
-    rpc_gu, rpc_d = _cdiv(F, num_sms), _cdiv(H, num_sms)
-    shares = max(2 * rpc_gu * H, rpc_d * F) if late else 2 * rpc_gu * H + rpc_d * F
-    smem = (shares + H + F) * 2
-    if smem > max_smem:
-        return None
-    grid = max(_cdiv(F, rpc_gu), _cdiv(H, rpc_d))
-    assert grid <= num_sms
-    return grid, rpc_gu, rpc_d, smem
-
-
 def small_product_max_m() -> int:
     """The most rows of x any cuda/gemv.cu product kernel is sent (larger products go straight to
     cuBLAS): the GEMV's, the skinny kernels' and their narrowing route's bounds."""
@@ -776,11 +752,6 @@ class CudaBackend:
         self.gemv1_stage = one_row_mode("MINILLM_GEMV1_STAGE", _GEMV1_STAGE_DEFAULT,
                                         "one-row products whose CTAs' weight shares fit in shared memory copy "
                                         "them there before the PDL wait (gemv1_stage_*)")
-        self.stage_mlp = env_int("MINILLM_STAGE_MLP", _STAGE_MLP_DEFAULT,
-                                 "a one-row step's gate_up and down products as one kernel (gemv1_stage_mlp_*, one "
-                                 "grid barrier): 1 both shares held from the start, 2 the down share copied late")
-        if self.stage_mlp not in (0, 1, 2):
-            raise ValueError(f"MINILLM_STAGE_MLP={self.stage_mlp}: use 0 (off), 1 or 2")
         self.o_merge = env_int("MINILLM_O_MERGE", _O_MERGE_DEFAULT,
                                "a batch-1 step's o product merges the attention's splits: 0 off, 1 each CTA, "
                                "2 in clusters")
@@ -847,8 +818,7 @@ class CudaBackend:
             "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemv1_bf16", "gemv1_f32", "gemv1_silu_mul_bf16",
                      "gemv1_silu_mul_split_bf16", "gemv_silu_mul_split_bf16", "gemv1_deep_bf16",
                      "gemv1_pre_bf16", "gemv1_stage_bf16", "gemv1_stage_silu_mul_bf16"]
-            + [f"gemv1_{k}norm{c}_bf16" for k in ("", "silu_mul_split_", "stage_", "stage_silu_mul_", "stage_mlp_",
-                                                        "stage_mlp_late_")
+            + [f"gemv1_{k}norm{c}_bf16" for k in ("", "silu_mul_split_", "stage_", "stage_silu_mul_")
                for c in _NORM_FOLD_CHUNKS]
             + [f"gemm_skinny{t}_{k}" for t in ("", "2", "4") for k in ("bf16", "f32", "silu_mul_bf16")]
             + ["gemm_skinny2w4_bf16", "gemm_skinny2w4_f32"]
@@ -890,9 +860,7 @@ class CudaBackend:
         for n in k:
             if n.startswith("gemv1_merge"):
                 k[n].max_dynamic_shared_size_bytes = min(self.max_smem, _O_MERGE_MAX_SMEM)
-            if n.startswith("gemv1_stage_mlp"):
-                k[n].max_dynamic_shared_size_bytes = self.max_smem
-            elif n.startswith("gemv1_stage"):
+            if n.startswith("gemv1_stage"):
                 k[n].max_dynamic_shared_size_bytes = min(self.max_smem, _GEMV1_STAGE_MAX_SMEM)
         # cuda/gemm.cu for 17-256 rows, only with MINILLM_GEMM=wide (scripts/gemm_bench.py switches
         # it per call): measured 0.2-0.9x cuBLAS on the H200 (part63-65, docs/BENCHMARKS.md), so
@@ -1598,34 +1566,6 @@ class CudaBackend:
             return
         self._launch(f"gemv1_silu_mul_split_norm{norm_fold_chunks(K)}_bf16", (_cdiv(F, _GEMV_COLS_PER_CTA // 2),),
                      (_GEMV_THREADS,), a + tail)
-
-    def rms_norm_mlp(self, x, residual, norm_w, eps: float, w_gate_up, w_down, out, residual_out, normed, gate_up,
-                     act, barrier) -> None:
-        """out = (silu(n @ gate.T) * (n @ up.T)) @ w_down.T for n = rms_norm(x [+ residual]) * norm_w; with
-        residual, residual_out <- x + residual. act [M, F]: the SiLU product (written); out may be x. One row
-        under MINILLM_STAGE_MLP where the shares fit: one kernel (gemv1_stage_mlp_* / _late_*, barrier: a zeroed
-        [64] uint32 that no concurrent launch shares); else rms_norm_matmul_silu_mul, then matmul."""
-        N2, H = w_gate_up.shape
-        F = N2 // 2
-        if N2 % 2 or w_down.shape != (H, F) or out.shape != (x.shape[0], H) or act.shape != (x.shape[0], F):
-            raise ValueError(f"rms_norm_mlp: x {x.shape}, gate_up {w_gate_up.shape}, down {w_down.shape}, "
-                             f"act {act.shape} -> out {out.shape} do not fit")
-        a = (self._norm_fold_args("rms_norm_mlp", x, residual, norm_w, w_gate_up, residual_out, H)
-             if self.stage_mlp else None)
-        late = self.stage_mlp == 2
-        plan = (gemv1_stage_mlp_plan(F, H, self.num_sms, self.max_smem, late)
-                if a is not None and self._one_row_mode_takes(self.gemv1_stage) else None)
-        if (plan is None or any(t.dtype != self.dtype or t.data.ptr % 16 for t in (w_down, out, act))
-                or not w_down.flags.c_contiguous or barrier.dtype != np.uint32 or barrier.size < 64):
-            self.rms_norm_matmul_silu_mul(x, residual, norm_w, eps, w_gate_up, out=act, residual_out=residual_out,
-                                          normed=normed, gate_up=gate_up)
-            self.matmul(act, w_down, out=out)
-            return
-        grid, rpc_gu, rpc_d, smem = plan
-        self._launch(f"gemv1_stage_mlp{'_late' if late else ''}_norm{norm_fold_chunks(H)}_bf16", (grid,),
-                     (_GEMV_THREADS,),
-                     a + (np.float32(eps), residual_out if residual is not None else _NULL, w_gate_up, w_down, act,
-                          out, _i32(F), _i32(H), _i32(rpc_gu), _i32(rpc_d), barrier), shared_mem=smem)
 
     def _one_row_mode_takes(self, mode: int) -> bool:
         """Whether a one-row product launched now may take the kernels of a _ONE_ROW_MODES switch: 2 leaves

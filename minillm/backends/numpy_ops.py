@@ -157,15 +157,6 @@ class NumpyBackend:
         self.matmul(x, w_gate_up, out=gate_up)
         self.silu_mul(gate_up, out=out)
 
-    def rms_norm_mlp(self, x, residual, norm_w, eps: float, w_gate_up, w_down, out, residual_out, normed, gate_up,
-                     act, barrier) -> None:
-        """out = (silu(n @ gate.T) * (n @ up.T)) @ w_down.T for n = rms_norm(x [+ residual]) * norm_w (the
-        layer's MLP; one kernel on the GPU for one row); with residual, residual_out <- x + residual. act: the
-        SiLU product (written); out may be x; barrier: the GPU kernel's grid-barrier counters (unused here)."""
-        self.rms_norm_matmul_silu_mul(x, residual, norm_w, eps, w_gate_up, out=act, residual_out=residual_out,
-                                      normed=normed, gate_up=gate_up)
-        self.matmul(act, w_down, out=out)
-
     def folds_norms(self, rows: int, hidden: int) -> bool:
         """Whether steps of `rows` rows run each layer's RMSNorms inside the products after them
         (rms_norm_matmul / rms_norm_matmul_silu_mul). Here one-row steps do, so the CPU runs the

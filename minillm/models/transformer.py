@@ -77,7 +77,7 @@ class Workspace:
         if cfg.conv_width:  # mixed and dyn
             per_token += cfg.hidden_size + cfg.conv_width
         return (dtype_bytes * (max_tokens * per_token + (max_logits + 1) * cfg.hidden_size)
-                + 4 * max_logits * cfg.vocab_size + 4 * 64)
+                + 4 * max_logits * cfg.vocab_size)
 
     def __init__(self, backend, cfg: ModelConfig, max_tokens: int, max_logits: int):
         e = backend.empty
@@ -98,8 +98,6 @@ class Workspace:
         self.gate_up = e((max_tokens, 2 * cfg.intermediate_size))
         self.act = e((max_tokens, cfg.intermediate_size))
         self.last = e((max_logits, cfg.hidden_size))
-        # a one-row step's fused MLP kernel meets its CTAs here (backend.rms_norm_mlp): zero between launches
-        self.grid_barrier = backend.zeros((64,), dtype=np.uint32)
         self.logits = e((max_logits, cfg.vocab_size), dtype=np.float32)
         if cfg.conv_width:  # DFlash2: a conv's output, and its kernel projection
             self.mixed = e((max_tokens, cfg.hidden_size))
@@ -237,16 +235,16 @@ class Transformer:
             a_out = hidden if lw.attn_conv is None else self._conv_out(lw.attn_conv, hidden, ws, T, block_rows)
             # the last layer's MLP norm stays a launch, updating res in place: 2L - 2 alternations,
             # an even count, so the stream ends in ws.residual as the unfolded layers leave it
-            if fold and i < c.num_layers - 1:  # the whole MLP: one kernel on the GPU where it fits
-                B.rms_norm_mlp(hidden, res, lw.mlp_norm, eps, lw.gate_up, lw.down, out=hidden, residual_out=spare,
-                               normed=normed, gate_up=ws.gate_up[:T], act=ws.act[:T], barrier=ws.grid_barrier)
+            if fold and i < c.num_layers - 1:
+                B.rms_norm_matmul_silu_mul(hidden, res, lw.mlp_norm, eps, lw.gate_up, out=ws.act[:T],
+                                           residual_out=spare, normed=normed, gate_up=ws.gate_up[:T])
                 res, spare = spare, res
             else:
                 B.rms_norm(a_out, lw.mlp_norm, eps, out=normed, residual=res)
                 m_in = normed if lw.mlp_conv is None else self._conv_in(lw.mlp_conv, normed, ws, T, block_rows)
                 # gate_up GEMV and SiLU-and-multiply in one kernel when few rows (ws.gate_up unused then)
                 B.matmul_silu_mul(m_in, lw.gate_up, out=ws.act[:T], gate_up=ws.gate_up[:T])
-                B.matmul(ws.act[:T], lw.down, out=hidden)
+            B.matmul(ws.act[:T], lw.down, out=hidden)
             layer_out = hidden if lw.mlp_conv is None else self._conv_out(lw.mlp_conv, hidden, ws, T, block_rows)
         B.rms_norm(layer_out, self.norm, eps, out=normed, residual=residual)
         last_layer = c.num_layers - 1
