@@ -151,6 +151,7 @@
 #   part312 (session 58): MINILLM_STAGE_MLP=1 / GEMV1_PRE_RELEASE_EARLY=1: tests, A/B of the 0.6B graphs, decode,
 #   memcheck; batch-1 timelines.
 #   part313 (session 58): MINILLM_STAGE_MLP=2: tests, memcheck, racecheck, A/B of the 0.6B graphs, decode, timeline.
+#   part314 (session 58): the 8B rejected DFlash2 / DFlash k = 8 rounds on the final code.
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -5610,6 +5611,19 @@ part313() {  # session 58 (carry .whl): MINILLM_STAGE_MLP=2 (the fused MLP kerne
   stage racecheck_mlp 200 compute-sanitizer --tool racecheck --error-exitcode 1 python3 -m pytest -q -m gpu \
     -p no:cacheprovider tests/test_cuda_ops.py -k "stage_mlp and bfloat16"
   MINILLM_STAGE_MLP=2 timeline q06_b1_mlp2 $M/q06 --batch 1 --ctx 512
+  pack
+}
+
+part314() {  # session 58, the end of its budget (carry .whl): the 8B rejected k = 8 rounds with a random DFlash2 drafter
+  # (c = 1, 16), then with a random DFlash drafter (its whole bench) on the final code (~4 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash2 --dflash2 --force"
+  stage spec_cost_8b_dflash2 90 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash2 --k 8 \
+    --concurrency 1,16 --result-json "$W/spec_cost_8b_dflash2.json"
+  spec_cost_8b 120
   pack
 }
 
