@@ -559,7 +559,10 @@ MINILLM_GEMV1_NORM(4)
 #define GEMV_STAGE_ROWS 4      // rows a warp sums at once (independent FMA chains)
 #define GEMV_STAGE_COPY 32768u  // bytes a bulk copy
 namespace {
-template <bool GATED, int NORM>
+// EARLY: release the dependents before the wait (GEMV_STAGE_EARLY), else after the loop (gemv1_stage_late_bf16:
+// the o product right after the decode attention, MINILLM_GEMV1_STAGE=3, whose early release would start the
+// next products' copies during the attention's merge)
+template <bool GATED, int NORM, bool EARLY = GEMV_STAGE_EARLY>
 __device__ __forceinline__ void gemv1_stage_impl(const bf16* x, const NormArgs& na, const bf16* __restrict__ w,
                                                  const bf16* __restrict__ bias, bf16* __restrict__ out, int N,
                                                  int K, int rpc) {
@@ -587,9 +590,7 @@ __device__ __forceinline__ void gemv1_stage_impl(const bf16* x, const NormArgs& 
     }
   }
   __syncthreads();  // the barrier initialised before anyone waits on it
-#if GEMV_STAGE_EARLY
-  minillm::pdl_release();
-#endif
+  if constexpr (EARLY) minillm::pdl_release();
   minillm::pdl_entry();
   if constexpr (NORM > 0) {
     norm_row<NORM>(x, na, K, norm_w, xs);  // every thread; ends with a CTA barrier
@@ -636,9 +637,7 @@ __device__ __forceinline__ void gemv1_stage_impl(const bf16* x, const NormArgs& 
       }
     }
   }
-#if !GEMV_STAGE_EARLY
-  minillm::pdl_release();
-#endif
+  if constexpr (!EARLY) minillm::pdl_release();
 }
 }  // namespace
 
@@ -646,6 +645,10 @@ __device__ __forceinline__ void gemv1_stage_impl(const bf16* x, const NormArgs& 
 extern "C" __global__ void __launch_bounds__(128)
     gemv1_stage_bf16(const bf16* x, const bf16* w, const bf16* bias, bf16* out, int N, int K, int rpc) {
   gemv1_stage_impl<false, 0>(x, NormArgs{}, w, bias, out, N, K, rpc);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    gemv1_stage_late_bf16(const bf16* x, const bf16* w, const bf16* bias, bf16* out, int N, int K, int rpc) {
+  gemv1_stage_impl<false, 0, false>(x, NormArgs{}, w, bias, out, N, K, rpc);
 }
 extern "C" __global__ void __launch_bounds__(128)
     gemv1_stage_silu_mul_bf16(const bf16* x, const bf16* w, bf16* out, int F, int K, int rpc) {

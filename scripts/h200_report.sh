@@ -152,6 +152,7 @@
 #   memcheck; batch-1 timelines.
 #   part313 (session 58): MINILLM_STAGE_MLP=2: tests, memcheck, racecheck, A/B of the 0.6B graphs, decode, timeline.
 #   part314 (session 58): the 8B rejected DFlash2 / DFlash k = 8 rounds on the final code.
+#   part315 (session 58): MINILLM_GEMV1_STAGE=3's tests, A/B of the 0.6B graphs, decode, timeline; part314.
 #   part212: session 35: structured-output masks from llguidance's threads or one by one, batch 8.
 #   part211: session 35's final code: every GPU test, the structured/bias/penalty bench, decode.
 #   part210: session 35: changed-logit steps on graphs that stop at the logits; startup; decode.
@@ -5619,6 +5620,34 @@ part314() {  # session 58, the end of its budget (carry .whl): the 8B rejected k
   setup
   facts > "$W/facts.txt" 2>&1
   stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash2 --dflash2 --force"
+  stage spec_cost_8b_dflash2 90 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash2 --k 8 \
+    --concurrency 1,16 --result-json "$W/spec_cost_8b_dflash2.json"
+  spec_cost_8b 120
+  pack
+}
+
+part315() {  # session 58 (carry .whl): MINILLM_GEMV1_STAGE=3 (the o product staged too, releasing the next kernel after
+  # its loop): its GPU tests, the 0.6B batch-1 graphs against 2 alternated twice, decode, its timeline; then
+  # part314's 8B rounds with DFlash2 / DFlash drafters as time allows (~6 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models06 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  stage s3_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_model.py \
+    tests/test_cuda_ops.py -k "staged or one_row_stage"
+  local r
+  for r in 1 2; do
+    step_graph_env q06 "base_$r" 60 MINILLM_GEMV1_STAGE=2
+    step_graph_env q06 "s3_$r" 60 MINILLM_GEMV1_STAGE=3
+  done
+  graph_summary
+  stage decode_06b_base 40 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
+    --result-json "$W/decode_06b_base.json"
+  stage decode_06b_s3 40 env MINILLM_GEMV1_STAGE=3 python3 -m minillm.bench decode $M/q06 --device cuda \
+    --input-len 512 --output-len 256 --result-json "$W/decode_06b_s3.json"
+  MINILLM_GEMV1_STAGE=3 timeline q06_b1_s3 $M/q06 --batch 1 --ctx 512
+  stage models8 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash2 --dflash2 --force"
   stage spec_cost_8b_dflash2 90 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash2 --k 8 \
