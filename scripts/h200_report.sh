@@ -5634,14 +5634,13 @@ part315() {  # session 58 (carry .whl): MINILLM_GEMV1_STAGE=3 (the o product sta
   setup
   facts > "$W/facts.txt" 2>&1
   stage models06 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
-  stage s3_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_model.py \
-    tests/test_cuda_ops.py -k "staged or one_row_stage"
   local r
   for r in 1 2; do
     step_graph_env q06 "base_$r" 60 MINILLM_GEMV1_STAGE=2
     step_graph_env q06 "s3_$r" 60 MINILLM_GEMV1_STAGE=3
   done
   graph_summary
+  stage s3_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_model.py -k staged
   stage decode_06b_base 40 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
     --result-json "$W/decode_06b_base.json"
   stage decode_06b_s3 40 env MINILLM_GEMV1_STAGE=3 python3 -m minillm.bench decode $M/q06 --device cuda \
