@@ -545,7 +545,9 @@ MINILLM_GEMV1_NORM(4)
 // placed until it left, 10 us from qkv to attention against 4.6), and with the down share copied late over
 // the gate_up share's place (~104 KB a CTA) 0.810 -> 0.898 (+10.8%: the attention to o 10 us against 6.8).
 // The o product (gemv1_pre_bf16) releasing its dependents right after its wait, so the staged gate_up's
-// copies start while it streams: +1.7% (GEMV1_PRE_RELEASE_EARLY, part312).
+// copies start while it streams: +1.7% (GEMV1_PRE_RELEASE_EARLY, part312). The o product staged too, releasing
+// its dependents after its loop (MINILLM_GEMV1_STAGE=3, gemv1_stage_late_bf16; the code is in b8bd639):
+// 0.809 -> 0.815 ms (+0.7%, part315, H100).
 // Tried and removed (session 57): gemv1_ring_*, the products too large to hold (the 8B's) streamed through
 // two shared-memory slots a CTA by a producer warp (MINILLM_GEMV1_RING): the 8B batch-1 graph 5.53 ->
 // 9.02 ms (1) / 8.77 ms (2) on an H100. The code is in a1a08df.
@@ -559,10 +561,7 @@ MINILLM_GEMV1_NORM(4)
 #define GEMV_STAGE_ROWS 4      // rows a warp sums at once (independent FMA chains)
 #define GEMV_STAGE_COPY 32768u  // bytes a bulk copy
 namespace {
-// EARLY: release the dependents before the wait (GEMV_STAGE_EARLY), else after the loop (gemv1_stage_late_bf16:
-// the o product right after the decode attention, MINILLM_GEMV1_STAGE=3, whose early release would start the
-// next products' copies during the attention's merge)
-template <bool GATED, int NORM, bool EARLY = GEMV_STAGE_EARLY>
+template <bool GATED, int NORM>
 __device__ __forceinline__ void gemv1_stage_impl(const bf16* x, const NormArgs& na, const bf16* __restrict__ w,
                                                  const bf16* __restrict__ bias, bf16* __restrict__ out, int N,
                                                  int K, int rpc) {
@@ -590,7 +589,9 @@ __device__ __forceinline__ void gemv1_stage_impl(const bf16* x, const NormArgs& 
     }
   }
   __syncthreads();  // the barrier initialised before anyone waits on it
-  if constexpr (EARLY) minillm::pdl_release();
+#if GEMV_STAGE_EARLY
+  minillm::pdl_release();
+#endif
   minillm::pdl_entry();
   if constexpr (NORM > 0) {
     norm_row<NORM>(x, na, K, norm_w, xs);  // every thread; ends with a CTA barrier
@@ -637,7 +638,9 @@ __device__ __forceinline__ void gemv1_stage_impl(const bf16* x, const NormArgs& 
       }
     }
   }
-  if constexpr (!EARLY) minillm::pdl_release();
+#if !GEMV_STAGE_EARLY
+  minillm::pdl_release();
+#endif
 }
 }  // namespace
 
@@ -645,10 +648,6 @@ __device__ __forceinline__ void gemv1_stage_impl(const bf16* x, const NormArgs& 
 extern "C" __global__ void __launch_bounds__(128)
     gemv1_stage_bf16(const bf16* x, const bf16* w, const bf16* bias, bf16* out, int N, int K, int rpc) {
   gemv1_stage_impl<false, 0>(x, NormArgs{}, w, bias, out, N, K, rpc);
-}
-extern "C" __global__ void __launch_bounds__(128)
-    gemv1_stage_late_bf16(const bf16* x, const bf16* w, const bf16* bias, bf16* out, int N, int K, int rpc) {
-  gemv1_stage_impl<false, 0, false>(x, NormArgs{}, w, bias, out, N, K, rpc);
 }
 extern "C" __global__ void __launch_bounds__(128)
     gemv1_stage_silu_mul_bf16(const bf16* x, const bf16* w, bf16* out, int F, int K, int rpc) {

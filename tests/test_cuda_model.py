@@ -228,10 +228,10 @@ def test_one_sequence_decode_with_folded_norms_same_bits(arch):
 def test_one_sequence_decode_with_staged_products_same_bits(arch):
     """MINILLM_GEMV1_STAGE (cuda/gemv.cu's gemv1_stage_*: one-row products whose CTAs copy their weight
     shares into shared memory before the PDL wait and release the next kernels at once): a one-sequence
-    decode step's logits are the same bits at 0, 1, 2 and 3, eagerly and replayed from a graph, where
+    decode step's logits are the same bits at 0, 1 and 2, eagerly and replayed from a graph, where
     everything launched between kernels runs under PDL. At 2 (the default) the graph stages every
     layer's qkv, gate_up and down and, where the fused decode attention runs (head dim 64: qwen3), keeps
-    the o product after it on its own kernel; at 3 that o product is staged on gemv1_stage_late_bf16."""
+    the o product after it on its own kernel."""
     from collections import Counter
 
     import ml_dtypes
@@ -244,7 +244,7 @@ def test_one_sequence_decode_with_staged_products_same_bits(arch):
     be = CudaBackend(dtype=ml_dtypes.bfloat16)
     saved = be.gemv1_stage
     try:
-        drivers = {s: Driver(be, cfg, weights) for s in (0, 1, 2, 3)}
+        drivers = {s: Driver(be, cfg, weights) for s in (0, 1, 2)}
         tables = rng.permutation(NUM_BLOCKS)[:MAX_BLOCKS].reshape(1, MAX_BLOCKS).astype(np.int32)
         L = 19
         ids = rng.integers(0, cfg.vocab_size, L)
@@ -272,16 +272,13 @@ def test_one_sequence_decode_with_staged_products_same_bits(arch):
                         assert any(k.startswith("paged_decode") for k in launched), launched
                         assert staged == 3 * cfg.num_layers, launched  # qkv, gate_up, down
                         assert launched["gemv1_pre_bf16"] + launched["gemv1_bf16"] >= cfg.num_layers, launched
-                    elif s == 3 and arch == "qwen3":
-                        assert launched["gemv1_stage_late_bf16"] == cfg.num_layers, launched  # the o products
-                        assert staged == 4 * cfg.num_layers, launched
                     else:
                         assert staged >= 3 * cfg.num_layers, launched
                     graph.replay()  # capture only records: this runs the step
                     got[s] = np.asarray(be.to_host(d.ws.logits[:1]), np.float32)
                 else:
                     got[s] = d.step(x, 1, 1)
-            assert all(np.array_equal(got[0], got[s]) for s in (1, 2, 3)), f"step {step}"
+            assert np.array_equal(got[0], got[1]) and np.array_equal(got[0], got[2]), f"step {step}"
             lr = got[0]
     finally:
         be.gemv1_stage = saved

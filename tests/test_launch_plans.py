@@ -200,15 +200,15 @@ def test_one_row_stage_plan_one_cta_an_sm_within_its_shared_memory():
 
 
 def test_one_row_modes_from_the_environment(monkeypatch):
-    """MINILLM_GEMV1_STAGE takes 0-3 (2 its default when unset); any other value is refused naming the
-    variable and the modes."""
+    """MINILLM_GEMV1_STAGE takes 0, 1 or 2 (its default when unset); any other value is refused naming the
+    variable and the three modes."""
     name, default = "MINILLM_GEMV1_STAGE", 2
     monkeypatch.delenv(name, raising=False)
     assert one_row_mode(name, default, "what") == default
-    for v in (0, 1, 2, 3):
+    for v in (0, 1, 2):
         monkeypatch.setenv(name, str(v))
         assert one_row_mode(name, default, "what") == v
-    for bad in ("4", "on", "-1"):
+    for bad in ("3", "on", "-1"):
         monkeypatch.setenv(name, bad)
         with pytest.raises(ValueError, match=name):
             one_row_mode(name, default, "what")

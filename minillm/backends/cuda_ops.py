@@ -322,14 +322,13 @@ def one_row_product_kernel(N: int, K: int, f32_out: bool, num_sms: int, deep_min
 # session 57 (the 8B batch-1 graph 5.53 -> 9.02 / 8.77 ms at 1 / 2, H100)
 _GEMV1_STAGE_MAX_SMEM = 112 << 10
 _GEMV1_STAGE_DEFAULT = 2
-_ONE_ROW_MODES = ("0 never, 1 every product it takes, 2 all but the one right after the decode attention, 3 every "
-                  "product, the one right after the decode attention releasing the next kernel after its loop")
+_ONE_ROW_MODES = "0 never, 1 every product it takes, 2 all but the one right after the decode attention"
 
 
 def one_row_mode(name: str, default: int, what: str) -> int:
     """MINILLM_GEMV1_STAGE: one of _ONE_ROW_MODES, or a ValueError naming the variable."""
     mode = env_int(name, default, f"{what}: {_ONE_ROW_MODES}")
-    if mode not in (0, 1, 2, 3):
+    if mode not in (0, 1, 2):
         raise ValueError(f"{name}={mode}: use {_ONE_ROW_MODES}")
     return mode
 
@@ -818,7 +817,7 @@ class CudaBackend:
                         "dflash2_path_bf16", "dflash2_path_f32"],
             "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemv1_bf16", "gemv1_f32", "gemv1_silu_mul_bf16",
                      "gemv1_silu_mul_split_bf16", "gemv_silu_mul_split_bf16", "gemv1_deep_bf16",
-                     "gemv1_pre_bf16", "gemv1_stage_bf16", "gemv1_stage_late_bf16", "gemv1_stage_silu_mul_bf16"]
+                     "gemv1_pre_bf16", "gemv1_stage_bf16", "gemv1_stage_silu_mul_bf16"]
             + [f"gemv1_{k}norm{c}_bf16" for k in ("", "silu_mul_split_", "stage_", "stage_silu_mul_")
                for c in _NORM_FOLD_CHUNKS]
             + [f"gemm_skinny{t}_{k}" for t in ("", "2", "4") for k in ("bf16", "f32", "silu_mul_bf16")]
@@ -1361,9 +1360,7 @@ class CudaBackend:
             plan = self._stage_plan(N, K, False)
             if plan is not None:
                 grid, rpc, smem = plan
-                # 3: the o product keeps its dependents until its loop is done (their copies after the merge)
-                late = self.gemv1_stage == 3 and self._after_decode_attention()
-                self._launch("gemv1_stage_late_bf16" if late else "gemv1_stage_bf16", (grid,), (_GEMV_THREADS,),
+                self._launch("gemv1_stage_bf16", (grid,), (_GEMV_THREADS,),
                              (x, w, bias if bias is not None else _NULL, out, _i32(N), _i32(K), _i32(rpc)),
                              shared_mem=smem)
                 return
@@ -1573,11 +1570,7 @@ class CudaBackend:
     def _one_row_mode_takes(self, mode: int) -> bool:
         """Whether a one-row product launched now may take the kernels of a _ONE_ROW_MODES switch: 2 leaves
         out the product right after the decode attention, whose copies would slow its merge (part298)."""
-        return mode in (1, 3) or (mode == 2 and not self._after_decode_attention())
-
-    def _after_decode_attention(self) -> bool:
-        """Whether the kernel launched last was the decode attention (the next product is a step's o product)."""
-        return self._last_launch.startswith("paged_decode")
+        return mode == 1 or (mode == 2 and not self._last_launch.startswith("paged_decode"))
 
     def _stage_plan(self, N: int, K: int, gated: bool) -> tuple[int, int, int] | None:
         """gemv1_stage_plan under MINILLM_GEMV1_STAGE (None where the switch leaves this product out or the
