@@ -146,7 +146,8 @@
 #   them), decode of both shapes, the 8B DFlash2 round, memcheck and racecheck of the stage kernels.
 #   (MINILLM_GEMV1_RING, MINILLM_SKINNY2_RING and DEC_RELEASE_EARLY left in bc828db: part272, part303-part305
 #   now set names nothing reads, so their A/Bs would compare the default with itself.) part308: decode only; part309: decode, the debug build's and the decoder's tests.
-#   part310 (session 58): decode, batch-1 graphs, the synthetic chain with no bytes (a PDL hop's own cost), part309's tests.
+#   part310 (session 58): decode, batch-1 graphs, the synthetic chain with no bytes (a PDL hop's own cost),
+#   part309's tests.
 #   part311 (session 58): MINILLM_L2_AHEAD's tests, A/B of the 0.6B batch-1 graphs and decode; the chain asking ahead.
 #   part312 (session 58): MINILLM_STAGE_MLP=1 / GEMV1_PRE_RELEASE_EARLY=1: tests, A/B of the 0.6B graphs, decode,
 #   memcheck; batch-1 timelines.
@@ -248,6 +249,13 @@ models_both() {  # models_both TIMEOUT: random Qwen3-0.6B and Qwen3-8B shapes in
 decode_06b() {  # single stream after a 512-token prompt, against the roofline
   stage decode_06b "$1" python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
     --result-json "$W/decode_06b.json"
+}
+
+decode_06b_env() {  # decode_06b_env TAG [VAR=VALUE...]: decode_06b's run under those settings, as stage decode_06b_TAG
+  local tag=$1
+  shift
+  stage "decode_06b_$tag" 40 env "$@" python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 \
+    --output-len 256 --result-json "$W/decode_06b_$tag.json"
 }
 
 decode_8b() {
@@ -5515,13 +5523,7 @@ part309() {  # session 57, the last of its budget (carry .whl): decode of both s
 part310() {  # session 58 (carry .whl): decode of both shapes and their batch-1 graphs on the final code; the
   # synthetic chain's hand-offs with no bytes (five, four and three kernels a layer: what a kernel's PDL hop costs
   # by itself) beside its real bytes; the debug build's and the one-kernel decoder's GPU tests (~6 minutes)
-  setup
-  facts > "$W/facts.txt" 2>&1
-  models_both 60
-  decode_06b 40
-  decode_8b 50
-  stage graph06 30 python3 scripts/step_kernels.py $M/q06 --batch 1 --ctx 512 --json "$W/graph06.json"
-  stage graph8 40 python3 scripts/step_kernels.py $M/q8 --batch 1 --ctx 512 --json "$W/graph8.json"
+  part308  # decode of both shapes, their batch-1 graphs
   stage preload 60 python3 scripts/preload_bench.py --json "$W/preload.json"
   stage preload_0b5 60 python3 scripts/preload_bench.py --mb 0,0,0,0,0 --json "$W/preload_0b5.json"
   stage preload_0b4 60 python3 scripts/preload_bench.py --mb 0,0,0,0 --dep 2,1,2,1 --stream-ctas 132 \
@@ -5553,8 +5555,7 @@ part311() {  # session 58 (carry .whl): MINILLM_L2_AHEAD, the staged products as
   graph_summary
   stage preload_ahead 90 python3 scripts/preload_bench.py --ahead 1,2,3 --json "$W/preload_ahead.json"
   for m in 0 2 3 1; do
-    stage "decode_06b_l2a$m" 40 env MINILLM_L2_AHEAD=$m python3 -m minillm.bench decode $M/q06 --device cuda \
-      --input-len 512 --output-len 256 --result-json "$W/decode_06b_l2a$m.json"
+    decode_06b_env "l2a$m" MINILLM_L2_AHEAD=$m
   done
   pack
 }
@@ -5576,10 +5577,8 @@ part312() {  # session 58 (carry .whl): MINILLM_STAGE_MLP=1 (a one-row step's ga
     step_graph_env q06 "mlpprerel_$r" 60 MINILLM_STAGE_MLP=1 $pre
   done
   graph_summary
-  stage decode_06b_base 40 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
-    --result-json "$W/decode_06b_base.json"
-  stage decode_06b_mlp 40 env MINILLM_STAGE_MLP=1 python3 -m minillm.bench decode $M/q06 --device cuda \
-    --input-len 512 --output-len 256 --result-json "$W/decode_06b_mlp.json"
+  decode_06b_env base
+  decode_06b_env mlp MINILLM_STAGE_MLP=1
   stage pre_tests 150 env $pre python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_model.py \
     tests/test_cuda_ops.py -k "staged or one_row"
   stage memcheck_mlp 200 compute-sanitizer --tool memcheck --error-exitcode 1 python3 -m pytest -q -m gpu \
@@ -5587,6 +5586,19 @@ part312() {  # session 58 (carry .whl): MINILLM_STAGE_MLP=1 (a one-row step's ga
   timeline q06_b1 $M/q06 --batch 1 --ctx 512
   MINILLM_STAGE_MLP=1 timeline q06_b1_mlp $M/q06 --batch 1 --ctx 512
   pack
+}
+
+q06_ab() {  # q06_ab TAG VAR=VALUE...: the 0.6B batch-1 graphs at the defaults (base) and under those settings,
+  # alternated twice (graph_summary), then decode under each
+  local tag=$1 r
+  shift
+  for r in 1 2; do
+    step_graph_env q06 "base_$r" 60 MINILLM_PDL=1
+    step_graph_env q06 "${tag}_$r" 60 "$@"
+  done
+  graph_summary
+  decode_06b_env base
+  decode_06b_env "$tag" "$@"
 }
 
 part313() {  # session 58 (carry .whl): MINILLM_STAGE_MLP=2 (the fused MLP kernel copying its down share late, over
@@ -5597,16 +5609,7 @@ part313() {  # session 58 (carry .whl): MINILLM_STAGE_MLP=2 (the fused MLP kerne
   models_both 60
   stage mlp_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_model.py \
     tests/test_cuda_ops.py -k "mlp"
-  local r
-  for r in 1 2; do
-    step_graph_env q06 "base_$r" 60 MINILLM_PDL=1
-    step_graph_env q06 "mlp2_$r" 60 MINILLM_STAGE_MLP=2
-  done
-  graph_summary
-  stage decode_06b_base 40 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
-    --result-json "$W/decode_06b_base.json"
-  stage decode_06b_mlp2 40 env MINILLM_STAGE_MLP=2 python3 -m minillm.bench decode $M/q06 --device cuda \
-    --input-len 512 --output-len 256 --result-json "$W/decode_06b_mlp2.json"
+  q06_ab mlp2 MINILLM_STAGE_MLP=2
   stage memcheck_mlp 200 compute-sanitizer --tool memcheck --error-exitcode 1 python3 -m pytest -q -m gpu \
     -p no:cacheprovider tests/test_cuda_ops.py -k "stage_mlp and bfloat16"
   stage racecheck_mlp 200 compute-sanitizer --tool racecheck --error-exitcode 1 python3 -m pytest -q -m gpu \
@@ -5615,16 +5618,20 @@ part313() {  # session 58 (carry .whl): MINILLM_STAGE_MLP=2 (the fused MLP kerne
   pack
 }
 
-part314() {  # session 58, the end of its budget (carry .whl): the 8B rejected k = 8 rounds with a random DFlash2 drafter
-  # (c = 1, 16), then with a random DFlash drafter (its whole bench) on the final code (~4 minutes)
-  setup
-  facts > "$W/facts.txt" 2>&1
-  stage models 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+spec_rounds_both() {  # the 8B target with random DFlash and DFlash2 drafters; its rejected k = 8 rounds with the
+  # DFlash2 drafter (c = 1, 16), then with the DFlash one (its whole bench)
+  stage models8 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash2 --dflash2 --force"
   stage spec_cost_8b_dflash2 90 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash2 --k 8 \
     --concurrency 1,16 --result-json "$W/spec_cost_8b_dflash2.json"
   spec_cost_8b 120
+}
+
+part314() {  # session 58, the end of its budget (carry .whl): spec_rounds_both on the final code (~4 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  spec_rounds_both
   pack
 }
 
@@ -5634,24 +5641,10 @@ part315() {  # session 58 (carry .whl): MINILLM_GEMV1_STAGE=3 (the o product sta
   setup
   facts > "$W/facts.txt" 2>&1
   stage models06 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
-  local r
-  for r in 1 2; do
-    step_graph_env q06 "base_$r" 60 MINILLM_GEMV1_STAGE=2
-    step_graph_env q06 "s3_$r" 60 MINILLM_GEMV1_STAGE=3
-  done
-  graph_summary
+  q06_ab s3 MINILLM_GEMV1_STAGE=3
   stage s3_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_model.py -k staged
-  stage decode_06b_base 40 python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 --output-len 256 \
-    --result-json "$W/decode_06b_base.json"
-  stage decode_06b_s3 40 env MINILLM_GEMV1_STAGE=3 python3 -m minillm.bench decode $M/q06 --device cuda \
-    --input-len 512 --output-len 256 --result-json "$W/decode_06b_s3.json"
   MINILLM_GEMV1_STAGE=3 timeline q06_b1_s3 $M/q06 --batch 1 --ctx 512
-  stage models8 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
-    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force &&
-    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash2 --dflash2 --force"
-  stage spec_cost_8b_dflash2 90 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash2 --k 8 \
-    --concurrency 1,16 --result-json "$W/spec_cost_8b_dflash2.json"
-  spec_cost_8b 120
+  spec_rounds_both
   pack
 }
 
