@@ -81,8 +81,10 @@ def take_dflash2_weights(raw: dict, st: dict, n_layers: int, hidden: int, vocab:
 def check_backend(backend, st: dict, where: str) -> None:
     """The backend runs these settings: a backend with bounded selector kernels says so in
     `dflash2_limits` (max top_k, max rank); the NumPy backend has none."""
-    max_top_k, max_rank = getattr(backend, "dflash2_limits", (st["selector_top_k"], st["selector_rank"]))
-    for key, top in (("selector_top_k", max_top_k), ("selector_rank", max_rank)):
+    limits = getattr(backend, "dflash2_limits", None)
+    if limits is None:
+        return
+    for key, top in zip(("selector_top_k", "selector_rank"), limits):
         if st[key] > top:
             raise ValueError(f"{where}: {key} {st[key]} is past what the {backend.name} backend's selector kernels "
                              f"support (at most {top}); run this drafter on the CPU backend")
