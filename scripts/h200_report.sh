@@ -5648,6 +5648,18 @@ part315() {  # session 58 (carry .whl): MINILLM_GEMV1_STAGE=3 (the o product sta
   pack
 }
 
+part316() {  # session 59 (carry .whl): what the stream operations around a batch-1 decode graph cost on the
+  # device (scripts/step_gap_bench.py: the uploads, fill_input_ids, the readback, and the same captured into
+  # one graph or done by kernels over mapped pinned memory), beside bench decode's async figure (~2 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models06 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  stage gap_06b 120 python3 scripts/step_gap_bench.py $M/q06 --ctx 512 --json "$W/gap_06b.json"
+  cat "$W/gap_06b.log"
+  decode_06b 40
+  pack
+}
+
 # scripts/step_kernels.py's arguments for the 8B target's rejected DFlash k = 8 round at c = 1, 512 keys
 ROUND_C1="$M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512"
 
