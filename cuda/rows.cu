@@ -64,6 +64,60 @@ MINILLM_ROWS(u16, uint4)  // 16-byte units
 MINILLM_ROWS(u4, unsigned int)
 MINILLM_ROWS(u2, unsigned short)
 
+// A step's inputs, read by the device straight from pinned host memory (which the device maps:
+// UVA) instead of a copy engine's transfer: around an H100's batch-1 decode graph the packed 33 KB
+// upload and the block-table rows cost 13.2 us, the id readback 10 us, and a 64-byte copy 2 us
+// (part316, scripts/step_gap_bench.py). The host copies only the part of each array the step uses
+// into the blob: a header of STAGE_HEADER_INTS int32, then the runs' rows back to back. Header: [0]
+// runs, [1] the fill's run (-1: none), [2] its input-id row, [3] its src_rows row, [4] ids filled,
+// [5] prev_tokens' length; then per run (destination offset, stride, rows, row length), all in
+// 16-byte units: row j of run k lands at dst + offset + j * stride. The fill is fill_input_ids'
+// rule on the staged values: id[i] = prev_tokens[src_rows[i]] for i < ids filled where
+// src_rows[i] >= 0. One thread per 16-byte unit.
+#define STAGE_MAX_RUNS 12
+#define STAGE_HEADER_INTS (8 + 4 * STAGE_MAX_RUNS)
+
+extern "C" __global__ void stage_inputs(const int4* blob, int4* dst, const int* prev_tokens) {
+  __shared__ int h[STAGE_HEADER_INTS];
+  for (int i = threadIdx.x; i < STAGE_HEADER_INTS; i += blockDim.x) h[i] = reinterpret_cast<const int*>(blob)[i];
+  __syncthreads();
+  const int runs = h[0];
+  MINILLM_CHECK(runs >= 0 && runs <= STAGE_MAX_RUNS);
+  const int4* data = blob + STAGE_HEADER_INTS / 4;
+  int total = 0;
+  for (int k = 0; k < runs; ++k) total += h[8 + 4 * k + 2] * h[8 + 4 * k + 3];
+  for (int u = blockIdx.x * blockDim.x + threadIdx.x; u < total; u += gridDim.x * blockDim.x) {
+    int k = 0, start = 0;
+    while (u >= start + h[8 + 4 * k + 2] * h[8 + 4 * k + 3]) {
+      start += h[8 + 4 * k + 2] * h[8 + 4 * k + 3];
+      ++k;
+    }
+    const int* r = h + 8 + 4 * k;
+    const int local = u - start, j = local / r[3], w = local - j * r[3];
+    int4 v = data[u];
+    if (k == h[1] && j == h[2]) {
+      const int4 s = data[start + h[3] * r[3] + w];
+      int* vv = reinterpret_cast<int*>(&v);
+      const int* ss = reinterpret_cast<const int*>(&s);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        if (4 * w + c < h[4] && ss[c] >= 0) {
+          MINILLM_CHECK(ss[c] < h[5]);
+          vv[c] = prev_tokens[ss[c]];
+        }
+      }
+    }
+    dst[(long long)r[0] + (long long)j * r[1] + w] = v;
+  }
+}
+
+// A step's sampled ids (or accept flags) written straight into pinned host memory, the readback's
+// slot: a kernel's stores instead of a copy engine's transfer (10 us around a decode graph, part316).
+// src: the sampler's output, so plain loads.
+extern "C" __global__ void copy_to_host_i32(const int* src, int* dst, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = src[i];
+}
+
 // Async scheduling: step n + 1 is launched before step n's sampled ids reach the host, so a row
 // whose input is one of those ids takes it here, on the device, between the upload of step
 // n + 1's inputs and its forward: input_ids[r] = prev_tokens[src_rows[r]] where src_rows[r] >= 0

@@ -5660,6 +5660,44 @@ part316() {  # session 59 (carry .whl): what the stream operations around a batc
   pack
 }
 
+decode_06b_in() {  # decode_06b_in DIR TAG: decode_06b from the tree at DIR (. or a carried snapshot), as
+  # stage decode_06b_TAG
+  stage "decode_06b_$2" 60 bash -c "cd $1 && PYTHONPATH=.:/tmp/site python3 -m minillm.bench decode $M/q06 \
+    --device cuda --input-len 512 --output-len 256 --result-json $W/decode_06b_$2.json"
+}
+
+part317() {  # session 59 (carry .whl and .snap0, the tree before stage_inputs): the new ops' GPU tests, the gap
+  # bench on the new code (old and new ways side by side), bench decode 0.6B new / old alternated twice, then
+  # nano-vllm's throughput workload new / old (~6 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models06 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  stage stage_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    -k "stage_inputs or copy_to_pinned or fill_input_ids"
+  tail -n 3 "$W/stage_tests.log"
+  stage gap_06b 120 python3 scripts/step_gap_bench.py $M/q06 --ctx 512 --json "$W/gap_06b.json"
+  cat "$W/gap_06b.log"
+  local i
+  for i in 1 2; do
+    decode_06b_in . "new_$i"
+    decode_06b_in .snap0 "old_$i"
+  done
+  throughput_in . throughput_06b_new
+  throughput_in .snap0 throughput_06b_old
+  pack
+}
+
+part318() {  # session 59 (carry .whl): every GPU test on the final code, then decode of both shapes (~6 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  gpu_tests_full 300
+  tail -n 3 "$W/gpu_tests.log"
+  models_both 60
+  decode_06b 40
+  decode_8b 60
+  pack
+}
+
 # scripts/step_kernels.py's arguments for the 8B target's rejected DFlash k = 8 round at c = 1, 512 keys
 ROUND_C1="$M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512"
 

@@ -3,19 +3,19 @@
     python scripts/step_gap_bench.py MODEL_DIR [--ctx 512] [--iters 200]
 
 With async scheduling the host is ahead of the device, so a batch-1 decode step costs the
-device its graph plus what the runner queues around it: the packed input upload and the
-block-table upload (two host-to-device copies), fill_input_ids (a kernel: the input id the
-previous step sampled, still on the device) and the sampled id's copy back to the host. bench
-decode's async figure (pipelined_step_ms) exceeds its graph time by that much (~19 us of 0.72 ms
-on the 0.6B shape, session 58).
+device its graph plus what the runner queues around it. Until session 59 that was two host-to-device
+copies (the packed step buffer, the block-table rows), fill_input_ids (a kernel: the input id the
+previous step sampled, still on the device) and a device-to-host copy of the sampled id: ~19 us of
+0.72 ms on the 0.6B shape (bench decode's async figure against its graph's). Since then it is one
+stage_inputs launch (the step's rows read by the device from pinned host memory, the fill with
+them) and one copy_to_pinned launch (part316 measured why).
 
 Builds the engine over MODEL_DIR (max_num_seqs 1), prefills a --ctx prompt, decodes a few steps,
 then queues --iters back-to-back iterations of each body below between two CUDA events (the host
 stays ahead: nothing waits inside a loop) and prints microseconds an iteration, median of 3
 loops, and each body's excess over the graph alone. The bodies re-run the same step (same inputs,
-same KV slot), which is all a timing needs. Also timed: the same operations captured into one
-graph (copies from fixed pinned buffers as graph nodes), and a stage-in kernel reading the packed
-inputs straight from mapped pinned host memory instead of a copy engine's transfer.
+same KV slot), which is all a timing needs. The old way is emulated beside the new, and the parts
+of each, and the same operations captured into one graph.
 """
 
 from __future__ import annotations
@@ -57,30 +57,44 @@ def main() -> None:
     be.synchronize()
     g = runner.graphs[(1, 1)]
     buf, d = runner.buf, runner.buf.dev
-    n_up = buf.upload_bytes
+    R = runner._logits_rows(1, 1)
+    n_up = d["out_tokens"].data.ptr - buf.packed_dev.data.ptr  # the host-written part of the buffer
     rt = cp.cuda.runtime
     pin_out = cp.cuda.alloc_pinned_memory(64)
     pin_in = cp.cuda.alloc_pinned_memory(n_up)
     np.frombuffer(pin_in, np.uint8, n_up)[:] = buf.packed_host[:n_up]
-    pin_bt = cp.cuda.alloc_pinned_memory(d["block_tables"][:2].nbytes)
-    np.frombuffer(pin_bt, np.uint8, d["block_tables"][:2].nbytes)[:] = \
-        buf.host["block_tables"][:2].reshape(-1).view(np.uint8)
     mod = cp.RawModule(code=STAGE_SRC)
     stage_in, copy_out = mod.get_function("stage_in"), mod.get_function("copy_out")
     src_rows, out_tokens, input_ids = d["src_rows"][:1], d["out_tokens"][:1], d["input_ids"][:1]
+    readback = runner.readback
+    ev = cp.cuda.Event()
 
-    def upload():
-        buf.upload(2)
+    def upload():  # the runner's: the step's rows, read by the device from pinned memory, and the fill
+        buf.upload(2, 1, R, fill_from=d["out_tokens"])
+
+    def read_back():  # the runner's (TokenReadback.start): a kernel's stores into a pinned slot, an event
+        be.copy_to_pinned(readback.host[0], out_tokens)
+        ev.record(stream)
+
+    bt = d["block_tables"][:2]
+    bt_at = bt.data.ptr - buf.packed_dev.data.ptr
+
+    def old_upload():  # before session 59: the host-written buffer, then the block-table rows, by the
+        # copy engine, an event behind each (cuda_ops.copy_from_host)
+        rt.memcpyAsync(buf.packed_dev.data.ptr, pin_in.ptr, n_up, rt.memcpyHostToDevice, stream.ptr)
+        ev.record(stream)
+        rt.memcpyAsync(bt.data.ptr, pin_in.ptr + bt_at, bt.nbytes, rt.memcpyHostToDevice, stream.ptr)
+        ev.record(stream)
+
+    def old_read_back():
+        d2h()
+        ev.record(stream)
 
     def fill():
         be.fill_input_ids(input_ids, d["out_tokens"], src_rows)
 
     def h2d(n):
         rt.memcpyAsync(buf.packed_dev.data.ptr, pin_in.ptr, n, rt.memcpyHostToDevice, stream.ptr)
-
-    def h2d_bt():
-        n = d["block_tables"][:2].nbytes
-        rt.memcpyAsync(d["block_tables"].data.ptr, pin_bt.ptr, n, rt.memcpyHostToDevice, stream.ptr)
 
     def d2h():
         rt.memcpyAsync(pin_out.ptr, out_tokens.data.ptr, 4, rt.memcpyDeviceToHost, stream.ptr)
@@ -94,30 +108,29 @@ def main() -> None:
             copy_out((1,), (32,), (out_tokens.data.ptr, pin_out.ptr, np.int32(1)))
 
     def forward():
-        T, R = 1, runner._logits_rows(1, 1)
-        runner._forward_and_sample(2, T, R, 1)
+        runner._forward_and_sample(2, 1, R, 1)
 
     be.unseal()
     try:
-        all_in = be.capture_graph(lambda: (h2d(n_up), h2d_bt(), fill(), forward(), d2h()))
+        all_in = be.capture_graph(lambda: (h2d(n_up), fill(), forward(), d2h()))
         mapped_graph = be.capture_graph(lambda: (mapped_in(), fill(), forward(), mapped_out()))
     finally:
         be.seal()
-    ev = cp.cuda.Event()
     bodies = {
         "graph": [g.replay],
-        "upload + graph": [upload, g.replay],
-        "upload + fill + graph": [upload, fill, g.replay],
-        "upload + fill + graph + readback (the runner's async step)": [upload, fill, g.replay, d2h],
+        "the runner's async step: upload (stage_inputs, with the fill) + graph + readback (copy_to_pinned)":
+            [upload, g.replay, read_back],
+        "the old async step: two copies + fill + graph + D2H copy": [old_upload, fill, g.replay, old_read_back],
+        "upload (stage_inputs, with the fill) + graph": [upload, g.replay],
+        "old: two copies + graph": [old_upload, g.replay],
+        "graph + readback (copy_to_pinned)": [g.replay, read_back],
         "fill + graph": [fill, g.replay],
-        "graph + readback": [g.replay, d2h],
-        "packed copy only (no block tables) + graph": [lambda: h2d(n_up), g.replay],
+        "graph + D2H copy": [g.replay, d2h],
         "64-byte copy + graph": [lambda: h2d(64), g.replay],
         "event record + graph": [lambda: ev.record(stream), g.replay],
-        "mapped stage-in kernel + graph": [mapped_in, g.replay],
-        "mapped stage-in + fill + graph + mapped copy-out": [mapped_in, fill, g.replay, mapped_out],
-        "one graph: copies from pinned + fill + forward + copy back": [all_in.replay],
-        "one graph: mapped stage-in + fill + forward + mapped copy-out": [mapped_graph.replay],
+        "whole buffer by a mapped-memory kernel + graph": [mapped_in, g.replay],
+        "one graph: whole-buffer copy + fill + forward + D2H copy": [all_in.replay],
+        "one graph: mapped whole buffer + fill + forward + mapped copy-out": [mapped_graph.replay],
     }
 
     def loop(body) -> float:
@@ -137,7 +150,7 @@ def main() -> None:
         for name, body in bodies.items():
             results.setdefault(name, []).append(loop(body))
     base = float(np.median(results["graph"]))
-    print(f"upload_bytes {n_up}, block-table bytes {d['block_tables'][:2].nbytes}, iterations {ns.iters}")
+    print(f"host-written buffer {n_up} bytes, iterations {ns.iters}")
     out = {}
     for name, ts in results.items():
         m = float(np.median(ts))
@@ -145,7 +158,7 @@ def main() -> None:
         print(f"{m:9.2f} us  (+{m - base:6.2f})  {name}")
     if ns.json:
         with open(ns.json, "w") as f:
-            json.dump({"upload_bytes": n_up, "iters": ns.iters, "bodies": out}, f, indent=1)
+            json.dump({"host_bytes": n_up, "iters": ns.iters, "bodies": out}, f, indent=1)
 
 
 if __name__ == "__main__":

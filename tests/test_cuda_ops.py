@@ -75,6 +75,45 @@ def test_fill_input_ids(be):
         be.fill_input_ids(be.zeros((4,), np.float32), i32(be, prev), i32(be, src))
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_stage_inputs(be, seed):
+    """A step's inputs read from pinned host memory by cuda/rows.cu stage_inputs: the runs' rows and
+    the fill equal the NumPy twin's, every other byte of the poisoned buffer stays (test_step_staging
+    has the cases); and a run of 96 KB, more units than one wave of CTAs' threads."""
+    from test_step_staging import POISON, stage_case
+
+    src, dst, runs, fill = stage_case(seed)
+    want = dst.copy()
+    REF.stage_inputs(want, src, runs, fill)
+    dev = be.asarray(dst, dtype=np.uint8)
+    if fill is not None:
+        fill.prev_tokens = i32(be, fill.prev_tokens)
+    be.stage_inputs(dev, src, runs, fill)
+    assert np.array_equal(be.to_host(dev), want)
+    big = np.random.default_rng(seed).integers(0, 256, 1 << 17, dtype=np.uint8)
+    dev = be.asarray(np.full(big.shape[0], POISON, np.uint8), dtype=np.uint8)
+    be.stage_inputs(dev, big, [(0, 1 << 16, 2, 48 << 10)])
+    got = be.to_host(dev)
+    assert np.array_equal(got[: 48 << 10], big[: 48 << 10]) and np.array_equal(got[1 << 16:][: 48 << 10],
+                                                                                big[1 << 16:][: 48 << 10])
+    assert (got[48 << 10: 1 << 16] == POISON).all() and (got[(1 << 16) + (48 << 10):] == POISON).all()
+    with pytest.raises(TypeError):
+        be.stage_inputs(be.zeros((64,), np.int32), src, runs)
+
+
+def test_copy_to_pinned(be):
+    """The readback's copy: a kernel's stores into a pinned slot equal the device array; a
+    pageable destination is refused (the kernel would fault on it)."""
+    from minillm.engine.readback import TokenReadback
+
+    rb = TokenReadback(be, 700)
+    vals = np.random.default_rng(3).integers(-9, 150000, 700).astype(np.int32)
+    slot, n = rb.start(i32(be, vals))
+    assert n == 700 and np.array_equal(rb.wait((slot, n)), vals)
+    with pytest.raises(ValueError, match="pinned"):
+        be.copy_to_pinned(np.zeros(8, np.int32), i32(be, vals[:8]))
+
+
 def test_advance_blocks(be):
     """A drafting step's blocks moved past each sequence's accepted drafts: positions, slots,
     context lengths, first input ids and the window's sample positions equal the NumPy twin's, bit

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from minillm.backends import compile as kc
+from minillm.backends import staging
 from minillm.backends.arena import Arena
 from minillm.backends.compile import env_flag, env_int
 from minillm.backends.cublas import Cublas, cuda_dtype
@@ -762,6 +763,7 @@ class CudaBackend:
         self._staging_cap = staging_bytes
         self._staging_off = 0
         self._staging_event = cupy.cuda.Event(disable_timing=True)
+        self._pinned_checked: set[int] = set()  # host addresses copy_to_pinned found page-locked
         self.stream.synchronize()
 
     def _load_kernels_logged(self, quiet_s: float = 5.0) -> None:
@@ -801,7 +803,8 @@ class CudaBackend:
         pf_defines = ("PF_PDL=1",) if pf_pdl else ()
         modules = {
             "rows": ["gather_rows_u16", "gather_rows_u4", "gather_rows_u2",
-                     "store_kv_u16", "store_kv_u4", "store_kv_u2", "fill_input_ids", "advance_blocks"],
+                     "store_kv_u16", "store_kv_u4", "store_kv_u2", "fill_input_ids", "advance_blocks",
+                     "stage_inputs", "copy_to_host_i32"],
             "elementwise": ["silu_mul_bf16", "silu_mul_f32", "silu_mul_bf16_vec8", "fill_bias_bf16_bf16",
                             "fill_bias_f32_f32", "fill_bias_f32_bf16", "scale_softcap_bf16",
                             "scale_softcap_f32", "suppress_tokens_bf16", "suppress_tokens_f32",
@@ -930,6 +933,17 @@ class CudaBackend:
         self.stream.synchronize()
         return h
 
+    def _ring_take(self, n: int) -> tuple[int, np.ndarray]:
+        """n bytes of the pinned staging ring for a transfer about to be queued (its offset and a
+        view): after a wrap, once the transfers queued before have left the ring (each records
+        _staging_event behind it)."""
+        off = (self._staging_off + 255) & ~255
+        if off + n > self._staging_cap:
+            self._staging_event.synchronize()
+            off = 0
+        self._staging_off = off + n
+        return off, np.frombuffer(self._staging, dtype=np.uint8, count=n, offset=off)
+
     def copy_from_host(self, dst, src) -> None:
         """dst[...] = src through a pinned staging ring (async on the stream, no device alloc)."""
         if not dst.flags.c_contiguous:
@@ -939,17 +953,58 @@ class CudaBackend:
         chunk = self._staging_cap // 2  # large arrays (weights) stream through in pieces
         for start in range(0, flat.size, chunk):
             part = flat[start:start + chunk]
-            n = part.size
-            off = (self._staging_off + 255) & ~255
-            if off + n > self._staging_cap:  # wrap: wait until earlier copies have left the ring
-                self._staging_event.synchronize()
-                off = 0
-            np.frombuffer(self._staging, dtype=np.uint8, count=n, offset=off)[:] = part
-            self.cp.cuda.runtime.memcpyAsync(dst.data.ptr + start, self._staging.ptr + off, n,
+            off, view = self._ring_take(part.size)
+            view[:] = part
+            self.cp.cuda.runtime.memcpyAsync(dst.data.ptr + start, self._staging.ptr + off, part.size,
                                              self.cp.cuda.runtime.memcpyHostToDevice,
                                              self.stream.ptr)
             self._staging_event.record(self.stream)
-            self._staging_off = off + n
+
+    def stage_inputs(self, dst, src: np.ndarray, runs: list[tuple[int, int, int, int]],
+                     fill: staging.StageFill | None = None) -> None:
+        """dst (the device's packed step buffer, uint8) gets the rows of each run of src (the host's,
+        same layout), then the fill (minillm/backends/staging.py); twin of NumpyBackend.stage_inputs.
+        The rows go into the pinned staging ring behind a header, and cuda/rows.cu stage_inputs
+        reads them from there: one launch, no copy engine (eager only: a graph would replay the
+        ring's later contents)."""
+        if self._capturing:
+            raise RuntimeError("stage_inputs inside a graph capture: its ring blob changes every step")
+        if dst.dtype != np.uint8 or dst.ndim != 1 or not dst.flags.c_contiguous or src.dtype != np.uint8:
+            raise TypeError("stage_inputs: dst and src must be contiguous 1-D uint8 buffers")
+        staging.check_runs(runs, min(dst.shape[0], src.shape[0]), fill)
+        head = staging.header(runs, fill)
+        units = sum(rows * nbytes for _, _, rows, nbytes in runs) // 16
+        off, view = self._ring_take(head.nbytes + 16 * units)
+        view[: head.nbytes] = head.view(np.uint8)
+        pos = head.nbytes
+        for offset, stride, rows, nbytes in runs:
+            if rows and nbytes:
+                rows_view = np.lib.stride_tricks.as_strided(src[offset:], (rows, nbytes), (stride, 1))
+                view[pos: pos + rows * nbytes].reshape(rows, nbytes)[...] = rows_view
+                pos += rows * nbytes
+        if units:
+            prev = fill.prev_tokens if fill is not None else _NULL
+            self._launch("stage_inputs", (min(_cdiv(units, 256), 264),), (256,),
+                         (np.uint64(self._staging.ptr + off), dst, prev))
+        self._staging_event.record(self.stream)
+
+    def copy_to_pinned(self, dst: np.ndarray, src) -> None:
+        """dst[:n] = src (n = len(src), int32), queued on the stream: a kernel's stores into dst,
+        which must lie in pinned host memory (a TokenReadback slot; checked once per address);
+        twin of NumpyBackend.copy_to_pinned. Wait on an event recorded behind it before reading."""
+        n = src.shape[0]
+        if src.dtype != np.int32 or src.ndim != 1 or src.strides[0] != 4:
+            raise TypeError("copy_to_pinned: src must be a contiguous 1-D int32 array")
+        if dst.dtype != np.int32 or dst.ndim != 1 or dst.strides[0] != 4 or dst.shape[0] < n:
+            raise TypeError(f"copy_to_pinned: dst must be a contiguous 1-D int32 array of at least {n}")
+        ptr = dst.ctypes.data
+        if ptr not in self._pinned_checked:
+            attrs = self.cp.cuda.runtime.pointerGetAttributes(ptr)
+            if attrs.type != 1:  # cudaMemoryTypeHost: page-locked, mapped into the device's space
+                raise ValueError("copy_to_pinned: dst is not pinned host memory (cupy.cuda.alloc_pinned_memory)")
+            self._pinned_checked.add(ptr)
+        if n:
+            self._launch("copy_to_host_i32", (1,), (256,), (src, np.uint64(ptr), _i32(n)))
 
     def synchronize(self) -> None:
         self.stream.synchronize()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from minillm.backends.staging import StageFill, check_runs
 from minillm.engine.sampler import sample as _sample
 
 
@@ -75,6 +76,28 @@ class NumpyBackend:
 
     def synchronize(self) -> None:
         pass
+
+    def stage_inputs(self, dst: np.ndarray, src: np.ndarray, runs: list[tuple[int, int, int, int]],
+                     fill: StageFill | None = None) -> None:
+        """dst's rows of each run (offset, stride, rows, nbytes: row j is [offset + j * stride,
+        + nbytes)) = src's, then the fill: ids[i] = prev_tokens[src_rows[i]] for i < fill.n where
+        src_rows[i] >= 0, ids and src_rows being the fill run's rows ids_row and rows_row
+        (minillm/backends/staging.py)."""
+        check_runs(runs, min(dst.shape[0], src.shape[0]), fill)
+        for offset, stride, rows, nbytes in runs:
+            for j in range(rows):
+                a = offset + j * stride
+                dst[a: a + nbytes] = src[a: a + nbytes]
+        if fill is not None and fill.n:
+            offset, stride, _, _ = runs[fill.run]
+            ids = dst[offset + fill.ids_row * stride:][: 4 * fill.n].view(np.int32)
+            src_rows = dst[offset + fill.rows_row * stride:][: 4 * fill.n].view(np.int32)
+            live = np.flatnonzero(src_rows >= 0)
+            ids[live] = fill.prev_tokens[src_rows[live]]
+
+    def copy_to_pinned(self, dst: np.ndarray, src: np.ndarray) -> None:
+        """dst[:len(src)] = src (int32): the readback of a step's sampled ids."""
+        dst[: src.shape[0]] = src
 
     # ---- ops ----------------------------------------------------------------------------
     def copy(self, x, out) -> None:

@@ -260,7 +260,7 @@ def context_update_ms(engine: LLMEngine, num_tokens: int, reps: int = 50) -> flo
     nothing is stored); the matmuls, norms and RoPE do their full work."""
     runner, backend = engine.runner, engine.backend
     runner._pad(0, 0, 0, 0, num_tokens, 0)
-    runner.buf.upload(1)
+    runner.buf.upload(1, num_tokens, 0)
     x = runner._inputs(1, num_tokens, 0, 1)
 
     def update():

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from minillm.backends.compile import env_flag
+from minillm.backends.staging import StageFill
 from minillm.engine.block_manager import BlockManager
 from minillm.engine.penalty_history import NONE, PenaltyHistory
 from minillm.engine.readback import TokenReadback
@@ -72,88 +73,120 @@ class BlockAdvance:
 class StepBuffers:
     """Named arrays of fixed size, a host copy and a backend copy each, packed for cheap uploads.
 
-    Everything but the block tables lives in one byte buffer (host and device alike; each name is a
-    typed view at a 16-byte aligned offset), so a step's inputs reach the device in two copies, the
-    packed buffer and the block-table rows in use, instead of one call per array: on the GPU each
-    host-to-device call costs microseconds of Python and driver time, paid every decode step.
+    Everything lives in one byte buffer (host and device alike; each name is a typed view at a
+    16-byte aligned offset), arrays whose length follows the same count side by side at one stride
+    (the step's logits rows, sequences, tokens: their `kind`), so a step's inputs reach the device
+    in one backend.stage_inputs call that moves only the rows the step uses, a run per kind
+    (minillm/backends/staging.py): on the GPU one kernel reading them from pinned host memory, where
+    the whole buffer's copy (33 KB at 2,048 tokens) and the block tables' took 13 us around a 0.8 ms
+    decode graph (part316). Rows past a step's counts keep what earlier steps left: nothing reads
+    them.
 
-    The arrays the sampler writes on the device (out_tokens, out_accepted) sit at the end of the
-    packed buffer and the upload stops before them: with async scheduling step n + 1's inputs are
-    uploaded while step n's sampled ids are still needed on the device (its input ids are filled
-    from them, fill_input_ids, and they are still being copied to the host), so an upload must
-    never overwrite them.
+    The arrays the sampler writes on the device (out_tokens, out_accepted) sit at the end and
+    are never uploaded: with async scheduling step n + 1's inputs are uploaded while step n's
+    sampled ids are still needed on the device (its input ids are filled from them) and still
+    being copied to the host.
     """
 
     def __init__(self, backend, max_tokens: int, max_seqs: int, max_logits: int, max_blocks: int):
         self.backend = backend
-        specs = {
-            "seeds": ((max_logits,), np.uint64),  # first: the only 8-byte type
-            "input_ids": ((max_tokens,), np.int32),
-            "positions": ((max_tokens,), np.int32),
-            "slot_mapping": ((max_tokens,), np.int32),
-            "seq_lens": ((max_seqs,), np.int32),
-            "query_start": ((max_seqs + 1,), np.int32),
-            "logits_indices": ((max_logits,), np.int32),
-            "temperature": ((max_logits,), np.float32),
-            "top_p": ((max_logits,), np.float32),
-            "top_k": ((max_logits,), np.int32),
-            "min_p": ((max_logits,), np.float32),  # 0: off
-            "sample_pos": ((max_logits,), np.int32),
-            "draft_tokens": ((max_logits,), np.int32),  # a drafted token to verify per row, or -1
-            # per token row: where to take its input id from in the previous step's out_tokens
-            # (async scheduling: that id is not on the host yet) or, in a verification step, in
-            # the drafter's (its drafts are not on the host yet), or -1 (input_ids holds it)
-            "src_rows": ((max_tokens,), np.int32),
+        specs = {  # name: (shape, dtype, kind); a kind's arrays sit together, in this order
+            "seeds": ((max_logits,), np.uint64, "logits"),  # first: the only 8-byte type
+            "logits_indices": ((max_logits,), np.int32, "logits"),
+            "temperature": ((max_logits,), np.float32, "logits"),
+            "top_p": ((max_logits,), np.float32, "logits"),
+            "top_k": ((max_logits,), np.int32, "logits"),
+            "min_p": ((max_logits,), np.float32, "logits"),  # 0: off
+            "sample_pos": ((max_logits,), np.int32, "logits"),
+            "draft_tokens": ((max_logits,), np.int32, "logits"),  # a drafted token to verify per row, or -1
             # per logits row: where to take its draft_tokens entry from in the drafter's out_tokens,
             # or -1 (draft_tokens holds it)
-            "draft_src": ((max_logits,), np.int32),
-            # a decode step's rows, longest context first: the order decode attention starts
-            # their work in (a permutation of every row of the step, padding rows included); in
-            # a step with long query runs, the rows of its short ones (StepInputs.decode_rows)
-            "attn_order": ((max_seqs,), np.int32),
+            "draft_src": ((max_logits,), np.int32, "logits"),
+            "seq_lens": ((max_seqs,), np.int32, "seqs"),
+            "query_start": ((max_seqs + 1,), np.int32, "seqs"),
             # a drafting step launched behind the verification it follows (BlockAdvance), per
             # block: the sequence's first logits row in the verification, its drafts there, the
             # block's start had none been accepted, and the last start its block table fits
-            "adv_row": ((max_seqs,), np.int32),
-            "adv_drafts": ((max_seqs,), np.int32),
-            "adv_base": ((max_seqs,), np.int32),
-            "adv_limit": ((max_seqs,), np.int32),
+            "adv_row": ((max_seqs,), np.int32, "seqs"),
+            "adv_drafts": ((max_seqs,), np.int32, "seqs"),
+            "adv_base": ((max_seqs,), np.int32, "seqs"),
+            "adv_limit": ((max_seqs,), np.int32, "seqs"),
+            # a decode step's rows, longest context first: the order decode attention starts
+            # their work in (a permutation of every row of the step, padding rows included); in
+            # a step with long query runs, the rows of its short ones (StepInputs.decode_rows)
+            "attn_order": ((max_seqs,), np.int32, "rows"),
+            "block_tables": ((max_seqs, max_blocks), np.int32, "table"),
+            "input_ids": ((max_tokens,), np.int32, "tokens"),  # the fill's ids: first of its run
+            "positions": ((max_tokens,), np.int32, "tokens"),
+            "slot_mapping": ((max_tokens,), np.int32, "tokens"),
+            # per token row: where to take its input id from in the previous step's out_tokens
+            # (async scheduling: that id is not on the host yet) or, in a verification step, in
+            # the drafter's (its drafts are not on the host yet), or -1 (input_ids holds it)
+            "src_rows": ((max_tokens,), np.int32, "tokens"),  # last of its run
             # from here on: written on the device by the sampler, never uploaded
-            "out_tokens": ((max_logits,), np.int32),
-            "out_accepted": ((max_logits,), np.int32),  # 1 where the row's draft was accepted
+            "out_tokens": ((max_logits,), np.int32, "out"),
+            "out_accepted": ((max_logits,), np.int32, "out"),  # 1 where the row's draft was accepted
         }
-        offsets, size = {}, 0
-        for name, (shape, dtype) in specs.items():
-            offsets[name] = size
-            size += -(-int(np.prod(shape)) * np.dtype(dtype).itemsize // 16) * 16
-        self.upload_bytes = offsets["out_tokens"]  # the host-written part: everything before it
+
+        def padded(shape, dtype) -> int:
+            return -(-int(np.prod(shape)) * np.dtype(dtype).itemsize // 16) * 16
+
+        # runs: consecutive arrays of one kind and element size, each at the run's widest stride
+        groups: list[list[str]] = []
+        for name, (_, dtype, kind) in specs.items():
+            last = specs[groups[-1][0]] if groups else None
+            if last is not None and last[2] == kind and np.dtype(last[1]).itemsize == np.dtype(dtype).itemsize:
+                groups[-1].append(name)
+            else:
+                groups.append([name])
+        offsets, size, self._runs = {}, 0, []  # runs: (kind, offset, stride, arrays, bytes a count unit)
+        for names in groups:
+            shape, dtype, kind = specs[names[0]]
+            stride = max(padded(specs[n][0], specs[n][1]) for n in names)
+            for j, name in enumerate(names):
+                offsets[name] = size + j * stride
+            if kind != "out":
+                unit = int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(dtype).itemsize
+                self._runs.append((kind, size, stride, len(names), unit))
+            size += stride * len(names)
+        self._fill_run = next(k for k, run in enumerate(self._runs) if run[0] == "tokens")
         self.packed_host = np.zeros(size, np.uint8)
         self.packed_dev = backend.zeros((size,), np.uint8)
 
         def view(buf, name):
-            shape, dtype = specs[name]
+            shape, dtype, _ = specs[name]
             n = int(np.prod(shape)) * np.dtype(dtype).itemsize
             return buf[offsets[name] : offsets[name] + n].view(dtype).reshape(shape)
 
         self.host = {name: view(self.packed_host, name) for name in specs}
         self.dev = {name: view(self.packed_dev, name) for name in specs}
-        self.host["block_tables"] = np.zeros((max_seqs, max_blocks), np.int32)
-        self.dev["block_tables"] = backend.zeros((max_seqs, max_blocks), np.int32)
         # the Sequence.block_version each host block-table row holds, -1 for none (see _prepare_decode)
         self.table_rows = np.full(max_seqs, -1, np.int64)
         self.iota = np.arange(max(max_seqs, max_blocks) + 1, dtype=np.int32)  # 0, 1, 2, ...: sliced
 
-    def upload(self, num_seqs: int) -> None:
-        """Send the step inputs: the packed buffer (up to the sampler's outputs) and the first
-        num_seqs block-table rows.
+    def runs(self, num_seqs: int, num_tokens: int, num_logits: int) -> list[tuple[int, int, int, int]]:
+        """What a step of num_seqs sequence slots, num_tokens token rows and num_logits logits rows
+        reads of each array, as backend.stage_inputs runs (offset, stride, arrays, bytes): every
+        array to its count, a sequence array one further (query_start has num_seqs + 1 entries)."""
+        counts = {"logits": num_logits, "seqs": num_seqs + 1, "rows": num_tokens, "table": num_seqs,
+                  "tokens": num_tokens}
+        return [(offset, stride, n, min(-(-counts[kind] * unit // 16) * 16, stride))
+                for kind, offset, stride, n, unit in self._runs]
 
-        Two steps in flight do not corrupt each other's inputs: copy_from_host copies the host
-        arrays into its pinned staging ring at once (so prepare may refill them for the next step
-        while this copy is still queued), each copy takes fresh ring space, and the ring is only
-        reused after waiting for the latest copy queued before it (cuda_ops.copy_from_host)."""
-        n = self.upload_bytes
-        self.backend.copy_from_host(self.packed_dev[:n], self.packed_host[:n])
-        self.backend.copy_from_host(self.dev["block_tables"][:num_seqs], self.host["block_tables"][:num_seqs])
+    def upload(self, num_seqs: int, num_tokens: int, num_logits: int, fill_from=None) -> None:
+        """Send the rows of the step inputs that a step of these counts reads (runs); fill_from
+        (the previous step's out_tokens, on the device): then take the input id of every token
+        row whose src_rows entry is >= 0 from it (async scheduling, fill_input_ids' rule).
+
+        Two steps in flight do not corrupt each other's inputs: the backend copies the rows out of
+        the host arrays at once (on the GPU into its pinned staging ring, which the device reads,
+        fresh space each step, reused only after the transfers queued before it finished), so
+        prepare may refill them for the next step while this one is still queued."""
+        fill = None
+        if fill_from is not None:
+            fill = StageFill(self._fill_run, 0, self._runs[self._fill_run][3] - 1, num_tokens, fill_from)
+        self.backend.stage_inputs(self.packed_dev, self.packed_host, self.runs(num_seqs, num_tokens, num_logits),
+                                  fill)
 
 
 class ModelRunner:
@@ -739,14 +772,13 @@ class ModelRunner:
         ids and the sampler's draft_tokens alike). Stream order puts this after the previous
         step's (or the drafter's) sampler and before this step's forward (the fills are not part
         of any graph: a graph replays right after them)."""
-        self.buf.upload(num_seqs)
         d = self.buf.dev
+        plain_fill = self.num_fill and not self.fills_from_drafts
+        self.buf.upload(num_seqs, t, r, fill_from=d["out_tokens"] if plain_fill else None)
         if self.fills_from_drafts:
             self.backend.fill_input_ids(d["input_ids"][:t], self.draft_source, d["src_rows"][:t])
             self.backend.fill_input_ids(d["draft_tokens"][:r], self.draft_source, d["draft_src"][:r])
             self.draft_fills += 1
-        elif self.num_fill:
-            self.backend.fill_input_ids(d["input_ids"][:t], d["out_tokens"], d["src_rows"][:t])
         adv = self._advance
         if adv is not None:  # each block moved past its accepted drafts, read on the device
             B, (n, (first, count)) = len(adv.rows), (self.max_query_len, self.logits_window)
@@ -919,7 +951,7 @@ class ModelRunner:
                 if T > self.max_tokens or R > self.max_logits or bk > self.max_seqs:
                     continue
                 self._pad(0, 0, 0, bk, T, R)
-                self.buf.upload(bk + 1)
+                self.buf.upload(bk + 1, T, R)
                 self._forward_and_sample(bk + 1, T, R, rows)  # eager once: loads every kernel
                 self.graphs[(bk, rows)] = self.backend.capture_graph(
                     lambda bk=bk, T=T, R=R, rows=rows: self._forward_and_sample(bk + 1, T, R, rows))
