@@ -5698,6 +5698,21 @@ part318() {  # session 59 (carry .whl): every GPU test on the final code, then d
   pack
 }
 
+part319() {  # session 59 (carry .whl and .snap0): where a synchronous decode step's host time goes, this tree
+  # against the tree before stage_inputs (scripts/sync_step_probe.py, StepProfiler and cProfile) (~2 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models06 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  local i
+  for i in 1 2; do
+    stage "probe_new_$i" 90 python3 scripts/sync_step_probe.py $M/q06
+    head -n 30 "$W/probe_new_$i.log"
+    stage "probe_old_$i" 90 bash -c "cd .snap0 && PYTHONPATH=.:/tmp/site python3 ../scripts/sync_step_probe.py $M/q06"
+    head -n 30 "$W/probe_old_$i.log"
+  done
+  pack
+}
+
 # scripts/step_kernels.py's arguments for the 8B target's rejected DFlash k = 8 round at c = 1, 512 keys
 ROUND_C1="$M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512"
 
