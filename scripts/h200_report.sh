@@ -5687,14 +5687,22 @@ part317() {  # session 59 (carry .whl and .snap0, the tree before stage_inputs):
   pack
 }
 
-part318() {  # session 59 (carry .whl): every GPU test on the final code, then decode of both shapes (~6 minutes)
+part318() {  # session 59 (carry .whl and .snap0): the final code (stage_inputs' host plan kept per shape) against
+  # the tree before stage_inputs: bench decode 0.6B alternated twice, the synchronous step's probe; decode 8B;
+  # then every GPU test (~9 minutes)
   setup
   facts > "$W/facts.txt" 2>&1
-  gpu_tests_full 300
-  tail -n 3 "$W/gpu_tests.log"
   models_both 60
-  decode_06b 40
+  local i
+  for i in 1 2; do
+    decode_06b_in . "new_$i"
+    decode_06b_in .snap0 "old_$i"
+  done
+  stage probe_new 90 python3 scripts/sync_step_probe.py $M/q06 --cprofile 12
+  head -n 30 "$W/probe_new.log"
   decode_8b 60
+  gpu_tests_full 330
+  tail -n 3 "$W/gpu_tests.log"
   pack
 }
 

@@ -150,6 +150,7 @@ class StepBuffers:
                 self._runs.append((kind, size, stride, len(names), unit))
             size += stride * len(names)
         self._fill_run = next(k for k, run in enumerate(self._runs) if run[0] == "tokens")
+        self._runs_cache: dict[tuple[int, int, int], list] = {}
         self.packed_host = np.zeros(size, np.uint8)
         self.packed_dev = backend.zeros((size,), np.uint8)
 
@@ -168,10 +169,17 @@ class StepBuffers:
         """What a step of num_seqs sequence slots, num_tokens token rows and num_logits logits rows
         reads of each array, as backend.stage_inputs runs (offset, stride, arrays, bytes): every
         array to its count, a sequence array one further (query_start has num_seqs + 1 entries)."""
-        counts = {"logits": num_logits, "seqs": num_seqs + 1, "rows": num_tokens, "table": num_seqs,
-                  "tokens": num_tokens}
-        return [(offset, stride, n, min(-(-counts[kind] * unit // 16) * 16, stride))
-                for kind, offset, stride, n, unit in self._runs]
+        key = (num_seqs, num_tokens, num_logits)
+        runs = self._runs_cache.get(key)
+        if runs is None:
+            counts = {"logits": num_logits, "seqs": num_seqs + 1, "rows": num_tokens, "table": num_seqs,
+                      "tokens": num_tokens}
+            runs = [(offset, stride, n, min(-(-counts[kind] * unit // 16) * 16, stride))
+                    for kind, offset, stride, n, unit in self._runs]
+            if len(self._runs_cache) >= 4096:  # eager steps' shapes vary without end
+                self._runs_cache.clear()
+            self._runs_cache[key] = runs
+        return runs
 
     def upload(self, num_seqs: int, num_tokens: int, num_logits: int, fill_from=None) -> None:
         """Send the rows of the step inputs that a step of these counts reads (runs); fill_from
