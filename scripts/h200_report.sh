@@ -5721,6 +5721,27 @@ part319() {  # session 59 (carry .whl and .snap0): where a synchronous decode st
   pack
 }
 
+part320() {  # session 59 (carry .whl and .snap0): the final code against the tree before stage_inputs on one
+  # machine: bench decode of both shapes alternated (0.6B twice), the gap bench; then the 8B rejected rounds
+  # (~6 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_both 60
+  local i
+  for i in 1 2; do
+    decode_06b_in . "new_$i"
+    decode_06b_in .snap0 "old_$i"
+  done
+  stage decode_8b_new 60 python3 -m minillm.bench decode $M/q8 --device cuda --input-len 512 --output-len 128 \
+    --result-json "$W/decode_8b_new.json"
+  stage decode_8b_old 60 bash -c "cd .snap0 && PYTHONPATH=.:/tmp/site python3 -m minillm.bench decode $M/q8 --device cuda \
+    --input-len 512 --output-len 128 --result-json $W/decode_8b_old.json"
+  stage gap_06b 120 python3 scripts/step_gap_bench.py $M/q06 --ctx 512 --json "$W/gap_06b.json"
+  cat "$W/gap_06b.log"
+  spec_rounds_both
+  pack
+}
+
 # scripts/step_kernels.py's arguments for the 8B target's rejected DFlash k = 8 round at c = 1, 512 keys
 ROUND_C1="$M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512"
 
