@@ -73,11 +73,15 @@ MINILLM_ROWS(u2, unsigned short)
 // [5] prev_tokens' length; then per run (destination offset, stride, rows, row length), all in
 // 16-byte units: row j of run k lands at dst + offset + j * stride. The fill is fill_input_ids'
 // rule on the staged values: id[i] = prev_tokens[src_rows[i]] for i < ids filled where
-// src_rows[i] >= 0. One thread per 16-byte unit.
+// src_rows[i] >= 0. One thread per 16-byte unit. out_n > 0: first out_dst[:out_n] = out_src[:out_n]
+// (pinned host memory; the previous step's sampled ids, a readback deferred to this launch: async
+// scheduling saves the launch of copy_to_host_i32 between two graphs).
 #define STAGE_MAX_RUNS 12
 #define STAGE_HEADER_INTS (8 + 4 * STAGE_MAX_RUNS)
 
-extern "C" __global__ void stage_inputs(const int4* blob, int4* dst, const int* prev_tokens) {
+extern "C" __global__ void stage_inputs(const int4* blob, int4* dst, const int* prev_tokens, const int* out_src,
+                                        int* out_dst, int out_n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < out_n; i += gridDim.x * blockDim.x) out_dst[i] = out_src[i];
   __shared__ int h[STAGE_HEADER_INTS];
   for (int i = threadIdx.x; i < STAGE_HEADER_INTS; i += blockDim.x) h[i] = reinterpret_cast<const int*>(blob)[i];
   __syncthreads();

@@ -102,8 +102,9 @@ def test_stage_inputs(be, seed):
 
 
 def test_copy_to_pinned(be):
-    """The readback's copy: a kernel's stores into a pinned slot equal the device array; a
-    pageable destination is refused (the kernel would fault on it)."""
+    """The readback's copy: a kernel's stores into a pinned slot equal the device array, alone or
+    inside stage_inputs (a deferred readback); a pageable destination is refused (the kernel would
+    fault on it)."""
     from minillm.engine.readback import TokenReadback
 
     rb = TokenReadback(be, 700)
@@ -112,6 +113,19 @@ def test_copy_to_pinned(be):
     assert n == 700 and np.array_equal(rb.wait((slot, n)), vals)
     with pytest.raises(ValueError, match="pinned"):
         be.copy_to_pinned(np.zeros(8, np.int32), i32(be, vals[:8]))
+    # deferred: the copy rides on a stage_inputs launch (copy_out), or wait() queues it
+    dev = i32(be, vals)
+    ticket = rb.defer(dev[:600])
+    staged = be.asarray(np.zeros(64, np.uint8), dtype=np.uint8)
+    be.stage_inputs(staged, np.arange(64, dtype=np.uint8), [(0, 64, 1, 32)], copy_out=(dev[:600], rb.slot(ticket)))
+    rb.queued(ticket)
+    assert np.array_equal(rb.wait(ticket), vals[:600])
+    assert np.array_equal(be.to_host(staged)[:32], np.arange(32)) and not be.to_host(staged)[32:].any()
+    ticket = rb.defer(dev[:5])
+    assert np.array_equal(rb.wait(ticket), vals[:5])
+    with pytest.raises(ValueError, match="pinned"):
+        be.stage_inputs(staged, np.arange(64, dtype=np.uint8), [(0, 64, 1, 32)],
+                        copy_out=(dev[:8], np.zeros(8, np.int32)))
 
 
 def test_advance_blocks(be):

@@ -127,12 +127,13 @@ class Poisoning:
     """Every byte of the step buffer that an upload's runs do not rewrite is garbage from then on
     (the sampler's outputs past them excepted: steps read those on the device by design)."""
 
-    uploads = 0
+    uploads = copies_out = 0
 
-    def stage_inputs(self, dst, src, runs, fill=None) -> None:
+    def stage_inputs(self, dst, src, runs, fill=None, copy_out=None) -> None:
         dst[: max(offset + rows * stride for offset, stride, rows, _ in runs)] = POISON
         self.uploads += 1
-        super().stage_inputs(dst, src, runs, fill)
+        self.copies_out += copy_out is not None
+        super().stage_inputs(dst, src, runs, fill, copy_out)
 
 
 class PoisoningEager(Poisoning, NumpyBackend):
@@ -174,3 +175,31 @@ def test_poisoned_step_buffers_change_no_token(tiny, drafter, monkeypatch, name,
     for async_scheduling in (False, True):
         assert drive(engine, prompts, params, async_scheduling) == want, f"async={async_scheduling}"
     assert backend.uploads > 0
+    if engine.num_pipelined_steps:  # async plain steps: their ids rode on the next step's upload
+        assert backend.copies_out > 0
+
+
+def test_deferred_readback_rides_on_the_next_upload_or_is_queued_by_wait():
+    """TokenReadback.defer: the ids reach the host through the next upload's copy_out, or through
+    wait() when no upload came; never twice pending; reset() forgets it."""
+    from minillm.engine.readback import TokenReadback
+
+    be = NumpyBackend()
+    buf = StepBuffers(be, max_tokens=8, max_seqs=3, max_logits=4, max_blocks=2)
+    rb = TokenReadback(be, 4)
+    out = buf.dev["out_tokens"]
+    out[:3] = [7, 8, 9]
+    ticket = rb.defer(out[:3])
+    with pytest.raises(RuntimeError, match="second deferred"):
+        rb.defer(out[:3])
+    pending = rb.pending()
+    buf.upload(1, 1, 1, copy_out=(pending[1], rb.slot(pending[0])))
+    rb.queued(ticket)
+    assert rb.pending() is None
+    out[:3] = [1, 2, 3]  # the next step's sampler: the copy was taken before it
+    assert rb.wait(ticket).tolist() == [7, 8, 9]
+    ticket = rb.defer(out[:2])  # no upload before the wait: wait() copies
+    assert rb.wait(ticket).tolist() == [1, 2] and rb.pending() is None
+    rb.defer(out[:1])
+    rb.reset()
+    assert rb.pending() is None

@@ -962,9 +962,10 @@ class CudaBackend:
             self._staging_event.record(self.stream)
 
     def stage_inputs(self, dst, src: np.ndarray, runs: list[tuple[int, int, int, int]],
-                     fill: staging.StageFill | None = None) -> None:
+                     fill: staging.StageFill | None = None, copy_out: tuple | None = None) -> None:
         """dst (the device's packed step buffer, uint8) gets the rows of each run of src (the host's,
-        same layout), then the fill (minillm/backends/staging.py); twin of NumpyBackend.stage_inputs.
+        same layout), then the fill (minillm/backends/staging.py), and copy_out's ids go to its
+        pinned host row (copy_to_pinned's checks); twin of NumpyBackend.stage_inputs.
         The rows go into the pinned staging ring behind a header, and cuda/rows.cu stage_inputs
         reads them from there: one launch, no copy engine (eager only: a graph would replay the
         ring's later contents). A step's checks, header and copy plan are kept per shape (a
@@ -997,10 +998,15 @@ class CudaBackend:
                 view[pos: pos + rows * nbytes].reshape(rows, nbytes)[...] = \
                     np.lib.stride_tricks.as_strided(src[lo:], (rows, nbytes), (stride, 1))
         units = (nbytes_total - head.shape[0]) // 16
-        if units:
+        out_src, out_dst, out_n = _NULL, _NULL, 0
+        if copy_out is not None:
+            out_n = copy_out[0].shape[0]
+            self._check_pinned_copy(copy_out[1], copy_out[0])
+            out_src, out_dst = copy_out[0], np.uint64(copy_out[1].ctypes.data)
+        if units or out_n:
             prev = fill.prev_tokens if fill is not None else _NULL
-            self._launch("stage_inputs", (min(_cdiv(units, 256), 264),), (256,),
-                         (np.uint64(self._staging.ptr + off), dst, prev))
+            self._launch("stage_inputs", (max(min(_cdiv(units, 256), 264), 1),), (256,),
+                         (np.uint64(self._staging.ptr + off), dst, prev, out_src, out_dst, _i32(out_n)))
         self._staging_event.record(self.stream)
 
     @staticmethod
@@ -1020,6 +1026,13 @@ class CudaBackend:
         """dst[:n] = src (n = len(src), int32), queued on the stream: a kernel's stores into dst,
         which must lie in pinned host memory (a TokenReadback slot; checked once per address);
         twin of NumpyBackend.copy_to_pinned. Wait on an event recorded behind it before reading."""
+        self._check_pinned_copy(dst, src)
+        if src.shape[0]:
+            self._launch("copy_to_host_i32", (1,), (256,), (src, np.uint64(dst.ctypes.data), _i32(src.shape[0])))
+
+    def _check_pinned_copy(self, dst: np.ndarray, src) -> None:
+        """A device-to-pinned copy's arrays: int32, contiguous, dst long enough and page-locked
+        (checked once per address: a pageable address would fault in the kernel)."""
         n = src.shape[0]
         if src.dtype != np.int32 or src.ndim != 1 or src.strides[0] != 4:
             raise TypeError("copy_to_pinned: src must be a contiguous 1-D int32 array")
@@ -1031,8 +1044,6 @@ class CudaBackend:
             if attrs.type != 1:  # cudaMemoryTypeHost: page-locked, mapped into the device's space
                 raise ValueError("copy_to_pinned: dst is not pinned host memory (cupy.cuda.alloc_pinned_memory)")
             self._pinned_checked.add(ptr)
-        if n:
-            self._launch("copy_to_host_i32", (1,), (256,), (src, np.uint64(ptr), _i32(n)))
 
     def synchronize(self) -> None:
         self.stream.synchronize()

@@ -78,12 +78,15 @@ class NumpyBackend:
         pass
 
     def stage_inputs(self, dst: np.ndarray, src: np.ndarray, runs: list[tuple[int, int, int, int]],
-                     fill: StageFill | None = None) -> None:
+                     fill: StageFill | None = None, copy_out: tuple | None = None) -> None:
         """dst's rows of each run (offset, stride, rows, nbytes: row j is [offset + j * stride,
         + nbytes)) = src's, then the fill: ids[i] = prev_tokens[src_rows[i]] for i < fill.n where
         src_rows[i] >= 0, ids and src_rows being the fill run's rows ids_row and rows_row
-        (minillm/backends/staging.py)."""
+        (minillm/backends/staging.py). copy_out (ids, host row): host_row[:len(ids)] = ids first
+        (a deferred readback of the previous step's ids)."""
         check_runs(runs, min(dst.shape[0], src.shape[0]), fill)
+        if copy_out is not None:
+            self.copy_to_pinned(copy_out[1], copy_out[0])
         for offset, stride, rows, nbytes in runs:
             for j in range(rows):
                 a = offset + j * stride

@@ -26,7 +26,7 @@ from minillm.backends.compile import env_flag
 from minillm.engine.block_manager import BlockManager
 from minillm.engine.host_memory import plan_host_pool
 from minillm.engine.logprobs import TokenLogprob, prompt_logprobs, token_logprob
-from minillm.engine.runner import ModelRunner
+from minillm.engine.runner import BEHIND_NEXT, ModelRunner
 from minillm.engine.scheduler import ScheduledSeq, Scheduler
 from minillm.engine.sequence import Sequence
 from minillm.engine.structured import GrammarCompiler, ThinkState, matcher_error, token_mask
@@ -623,7 +623,8 @@ class LLMEngine:
         # a step whose logits depend on ids not on the host yet (penalties, a grammar) launches its
         # forward now and its changes and sampler once step n's ids are accepted, below
         defer = any(item.seq.params.needs_history for item in sched.scheduled)
-        handle = self.runner.launch(sched.scheduled, readback=True, defer_sampling=defer)
+        # the next step() launches step n + 2 (its upload copies these ids) before collecting this one
+        handle = self.runner.launch(sched.scheduled, readback=BEHIND_NEXT, defer_sampling=defer)
         # what the step will have done once it completes, recorded now (the next schedule plans on it)
         uses_hidden = self._drafter_reads_hidden()
         r = 0

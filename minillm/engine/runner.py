@@ -40,6 +40,7 @@ SHORT_RUNS = "short_runs"  # the third part of such a graph's key
 # run the changes and the sampler eagerly after it, instead of the whole step eagerly
 FORWARD_ONLY = "forward_only"
 DEFERRED = "deferred"  # the first part of a launch handle whose sampling finish_sampling() runs
+BEHIND_NEXT = "behind_next"  # launch(readback=...): the ids' copy rides on the next upload
 
 
 @dataclass
@@ -181,10 +182,12 @@ class StepBuffers:
             self._runs_cache[key] = runs
         return runs
 
-    def upload(self, num_seqs: int, num_tokens: int, num_logits: int, fill_from=None) -> None:
+    def upload(self, num_seqs: int, num_tokens: int, num_logits: int, fill_from=None, copy_out=None) -> None:
         """Send the rows of the step inputs that a step of these counts reads (runs); fill_from
         (the previous step's out_tokens, on the device): then take the input id of every token
-        row whose src_rows entry is >= 0 from it (async scheduling, fill_input_ids' rule).
+        row whose src_rows entry is >= 0 from it (async scheduling, fill_input_ids' rule);
+        copy_out (device ids, pinned host row): copy those to the host in the same launch (a
+        deferred readback, TokenReadback.defer).
 
         Two steps in flight do not corrupt each other's inputs: the backend copies the rows out of
         the host arrays at once (on the GPU into its pinned staging ring, which the device reads,
@@ -194,7 +197,7 @@ class StepBuffers:
         if fill_from is not None:
             fill = StageFill(self._fill_run, 0, self._runs[self._fill_run][3] - 1, num_tokens, fill_from)
         self.backend.stage_inputs(self.packed_dev, self.packed_host, self.runs(num_seqs, num_tokens, num_logits),
-                                  fill)
+                                  fill, copy_out)
 
 
 class ModelRunner:
@@ -782,7 +785,11 @@ class ModelRunner:
         of any graph: a graph replays right after them)."""
         d = self.buf.dev
         plain_fill = self.num_fill and not self.fills_from_drafts
-        self.buf.upload(num_seqs, t, r, fill_from=d["out_tokens"] if plain_fill else None)
+        pending = self.readback.pending()  # the previous step's ids, still to copy to the host
+        copy_out = None if pending is None else (pending[1], self.readback.slot(pending[0]))
+        self.buf.upload(num_seqs, t, r, fill_from=d["out_tokens"] if plain_fill else None, copy_out=copy_out)
+        if pending is not None:
+            self.readback.queued(pending[0])
         if self.fills_from_drafts:
             self.backend.fill_input_ids(d["input_ids"][:t], self.draft_source, d["src_rows"][:t])
             self.backend.fill_input_ids(d["draft_tokens"][:r], self.draft_source, d["draft_src"][:r])
@@ -845,7 +852,7 @@ class ModelRunner:
             return self.backend.to_host(logits).astype(np.float32)
         return self.collect(self.launch(batch, greedy))
 
-    def launch(self, batch: list[ScheduledSeq], greedy: bool = False, readback: bool = False,
+    def launch(self, batch: list[ScheduledSeq], greedy: bool = False, readback: bool | str = False,
                advance: BlockAdvance | None = None, defer_sampling: bool = False) -> tuple:
         """The device half of a sampling step: prepare, upload, then the forward and the sampler
         (a graph replay or eager launches), without waiting for them. Returns the handle collect()
@@ -855,7 +862,9 @@ class ModelRunner:
         readback=True (async scheduling, early drafting) also enqueues the copy of the sampled ids
         (and a verification's accept flags) to the host behind the sampler, so collect() waits
         for this step only, even once later steps have been launched; the ids stay in out_tokens
-        for the next step's fill_input_ids.
+        for the next step's fill_input_ids. readback=BEHIND_NEXT (async scheduling's plain steps,
+        whose next launch comes before this one's collect): the copy rides on this runner's next
+        upload instead of a launch of its own, or collect() queues it if none came.
 
         advance (a windowed runner's blocks only): the step follows a verification step whose
         results the host has not read; see BlockAdvance.
@@ -881,9 +890,9 @@ class ModelRunner:
             return handle
         _, batch, logits, r, verifying, readback = handle
         self._change_and_sample(batch, logits, r)
-        return r, verifying, self._start_readback(r, verifying) if readback else None
+        return r, verifying, self._start_readback(r, verifying, readback) if readback else None
 
-    def _launch(self, batch: list[ScheduledSeq], greedy: bool, readback: bool, defer: bool = False) -> tuple:
+    def _launch(self, batch: list[ScheduledSeq], greedy: bool, readback: bool | str, defer: bool = False) -> tuple:
         t, r = self.prepare(batch)
         if greedy:  # a drafter's own step: argmax everywhere, nothing to verify
             self.buf.host["temperature"][:r] = 0.0
@@ -902,10 +911,13 @@ class ModelRunner:
             if defer:
                 return DEFERRED, batch, logits, r, verifying, readback
             self._change_and_sample(batch, logits, r)
-        return r, verifying, self._start_readback(r, verifying) if readback and r else None
+        return r, verifying, self._start_readback(r, verifying, readback) if readback and r else None
 
-    def _start_readback(self, r: int, verifying: bool):
-        """The copy of the sampled ids (and a verification's accept flags) to the host, behind the sampler."""
+    def _start_readback(self, r: int, verifying: bool, readback: bool | str = True):
+        """The copy of the sampled ids (and a verification's accept flags) to the host, behind the
+        sampler; readback=BEHIND_NEXT: the ids' copy is deferred to the next upload (TokenReadback.defer)."""
+        if readback == BEHIND_NEXT and not verifying:
+            return self.readback.defer(self.buf.dev["out_tokens"][:r])
         ticket = self.readback.start(self.buf.dev["out_tokens"][:r])
         if verifying:  # and its accept flags, copied behind the same step
             ticket = (ticket, self.readback.start(self.buf.dev["out_accepted"][:r]))
