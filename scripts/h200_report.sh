@@ -5742,6 +5742,25 @@ part320() {  # session 59 (carry .whl and .snap0): the final code against the tr
   pack
 }
 
+part321() {  # session 59 (carry .whl and .snap0): the final code (the readback riding on the next upload): every
+  # GPU test, the gap bench, bench decode 0.6B against the tree before stage_inputs alternated twice, 8B decode
+  # (~8 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  models_both 60
+  local i
+  for i in 1 2; do
+    decode_06b_in . "new_$i"
+    decode_06b_in .snap0 "old_$i"
+  done
+  stage gap_06b 120 python3 scripts/step_gap_bench.py $M/q06 --ctx 512 --json "$W/gap_06b.json"
+  cat "$W/gap_06b.log"
+  decode_8b 60
+  gpu_tests_full 300
+  tail -n 3 "$W/gpu_tests.log"
+  pack
+}
+
 # scripts/step_kernels.py's arguments for the 8B target's rejected DFlash k = 8 round at c = 1, 512 keys
 ROUND_C1="$M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512"
 
