@@ -5742,12 +5742,11 @@ part320() {  # session 59 (carry .whl and .snap0): the final code against the tr
   pack
 }
 
-part321() {  # session 59 (carry .whl and .snap0): the final code (the readback riding on the next upload): every
-  # GPU test, the gap bench, bench decode 0.6B against the tree before stage_inputs alternated twice, 8B decode
-  # (~8 minutes)
+part321() {  # session 59 (carry .whl and .snap0): the final code (the readback riding on the next upload): bench
+  # decode 0.6B against the tree before stage_inputs alternated twice, the gap bench, every GPU test (~6 minutes)
   setup
   facts > "$W/facts.txt" 2>&1
-  models_both 60
+  stage models06 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
   local i
   for i in 1 2; do
     decode_06b_in . "new_$i"
@@ -5755,7 +5754,6 @@ part321() {  # session 59 (carry .whl and .snap0): the final code (the readback 
   done
   stage gap_06b 120 python3 scripts/step_gap_bench.py $M/q06 --ctx 512 --json "$W/gap_06b.json"
   cat "$W/gap_06b.log"
-  decode_8b 60
   gpu_tests_full 300
   tail -n 3 "$W/gpu_tests.log"
   pack
