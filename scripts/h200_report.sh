@@ -5759,6 +5759,16 @@ part321() {  # session 59 (carry .whl and .snap0): the final code (the readback 
   pack
 }
 
+part322() {  # session 59, for the last of its budget (carry .whl): memcheck of stage_inputs' and copy_to_pinned's
+  # GPU tests (the device reading and writing pinned host memory) (~2 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage memcheck_staging 150 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "stage_inputs or copy_to_pinned"
+  tail -n 4 "$W/memcheck_staging.log"
+  pack
+}
+
 # scripts/step_kernels.py's arguments for the 8B target's rejected DFlash k = 8 round at c = 1, 512 keys
 ROUND_C1="$M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512"
 
