@@ -5660,6 +5660,15 @@ part316() {  # session 59 (carry .whl): what the stream operations around a batc
   pack
 }
 
+decode_06b_vs_snap0() {  # decode_06b from this tree and from .snap0 (a carried snapshot of the tree before),
+  # alternated twice: stages decode_06b_new_1, _old_1, _new_2, _old_2
+  local i
+  for i in 1 2; do
+    decode_06b_in . "new_$i"
+    decode_06b_in .snap0 "old_$i"
+  done
+}
+
 decode_06b_in() {  # decode_06b_in DIR TAG: decode_06b from the tree at DIR (. or a carried snapshot), as
   # stage decode_06b_TAG
   stage "decode_06b_$2" 60 bash -c "cd $1 && PYTHONPATH=.:/tmp/site python3 -m minillm.bench decode $M/q06 \
@@ -5677,11 +5686,7 @@ part317() {  # session 59 (carry .whl and .snap0, the tree before stage_inputs):
   tail -n 3 "$W/stage_tests.log"
   stage gap_06b 120 python3 scripts/step_gap_bench.py $M/q06 --ctx 512 --json "$W/gap_06b.json"
   cat "$W/gap_06b.log"
-  local i
-  for i in 1 2; do
-    decode_06b_in . "new_$i"
-    decode_06b_in .snap0 "old_$i"
-  done
+  decode_06b_vs_snap0
   throughput_in . throughput_06b_new
   throughput_in .snap0 throughput_06b_old
   pack
@@ -5693,11 +5698,7 @@ part318() {  # session 59 (carry .whl and .snap0): the final code (stage_inputs'
   setup
   facts > "$W/facts.txt" 2>&1
   models_both 60
-  local i
-  for i in 1 2; do
-    decode_06b_in . "new_$i"
-    decode_06b_in .snap0 "old_$i"
-  done
+  decode_06b_vs_snap0
   stage probe_new 90 python3 scripts/sync_step_probe.py $M/q06 --cprofile 12
   head -n 30 "$W/probe_new.log"
   decode_8b 60
@@ -5727,11 +5728,7 @@ part320() {  # session 59 (carry .whl and .snap0): the final code against the tr
   setup
   facts > "$W/facts.txt" 2>&1
   models_both 60
-  local i
-  for i in 1 2; do
-    decode_06b_in . "new_$i"
-    decode_06b_in .snap0 "old_$i"
-  done
+  decode_06b_vs_snap0
   stage decode_8b_new 60 python3 -m minillm.bench decode $M/q8 --device cuda --input-len 512 --output-len 128 \
     --result-json "$W/decode_8b_new.json"
   stage decode_8b_old 60 bash -c "cd .snap0 && PYTHONPATH=.:/tmp/site python3 -m minillm.bench decode $M/q8 --device cuda \
@@ -5747,11 +5744,7 @@ part321() {  # session 59 (carry .whl and .snap0): the final code (the readback 
   setup
   facts > "$W/facts.txt" 2>&1
   stage models06 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
-  local i
-  for i in 1 2; do
-    decode_06b_in . "new_$i"
-    decode_06b_in .snap0 "old_$i"
-  done
+  decode_06b_vs_snap0
   stage gap_06b 120 python3 scripts/step_gap_bench.py $M/q06 --ctx 512 --json "$W/gap_06b.json"
   cat "$W/gap_06b.log"
   gpu_tests_full 300

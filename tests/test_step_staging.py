@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_async_scheduling import drive
+from test_async_scheduling import CONFIGS, drive
 from test_dflash_graphs import GraphEmulatingBackend
 from test_overlap_outputs import workload
 
@@ -144,17 +144,9 @@ class PoisoningGraphs(Poisoning, GraphEmulatingBackend):
     pass
 
 
-POISON_CONFIGS = {
-    "plain": dict(max_num_seqs=4, max_num_batched_tokens=64),
-    "chunked": dict(max_num_seqs=6, max_num_batched_tokens=20),
-    "preempting": dict(max_num_seqs=8, max_num_batched_tokens=48, num_blocks=10, max_model_len=128),
-    "ngram": dict(max_num_seqs=4, max_num_batched_tokens=64,
-                  speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}),
-    "dflash": dict(max_num_seqs=4, max_num_batched_tokens=64,
-                   speculative_config={"method": "dflash", "model": "DRAFTER", "num_speculative_tokens": 4}),
-    "draft_model": dict(max_num_seqs=4, max_num_batched_tokens=64,
-                        speculative_config={"method": "draft_model", "model": "TINY", "num_speculative_tokens": 3}),
-}
+POISON_CONFIGS = {name: CONFIGS[name] for name in ("plain", "chunked", "preempting", "ngram", "dflash")}
+POISON_CONFIGS["draft_model"] = dict(max_num_seqs=4, max_num_batched_tokens=64, speculative_config={
+    "method": "draft_model", "model": "TINY", "num_speculative_tokens": 3})
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
