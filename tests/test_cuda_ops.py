@@ -101,6 +101,23 @@ def test_stage_inputs(be, seed):
         be.stage_inputs(be.zeros((64,), np.int32), src, runs)
 
 
+def test_step_buffers_larger_than_the_staging_ring(be):
+    """Step buffers whose full upload is larger than the backend's pinned ring (600 sequences of
+    8,192 blocks: 19.7 MB of block tables) grow it at startup, and a step of every sequence uploads
+    its rows intact (a blob past the ring once failed in np.frombuffer)."""
+    from minillm.engine.runner import StepBuffers
+
+    buf = StepBuffers(be, max_tokens=64, max_seqs=600, max_logits=8, max_blocks=8192)
+    assert be._staging_cap >= 2 * buf.packed_host.shape[0]
+    rng = np.random.default_rng(5)
+    buf.host["block_tables"][:] = rng.integers(0, 1 << 20, buf.host["block_tables"].shape, dtype=np.int32)
+    buf.host["positions"][:40] = np.arange(40)
+    for _ in range(3):  # the ring wraps: each upload is past half of it
+        buf.upload(599, 40, 8)
+    assert np.array_equal(be.to_host(buf.dev["block_tables"][:599]), buf.host["block_tables"][:599])
+    assert np.array_equal(be.to_host(buf.dev["positions"][:40]), np.arange(40))
+
+
 def test_copy_to_pinned(be):
     """The readback's copy: a kernel's stores into a pinned slot equal the device array, alone or
     inside stage_inputs (a deferred readback); a pageable destination is refused (the kernel would

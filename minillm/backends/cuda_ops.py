@@ -934,6 +934,16 @@ class CudaBackend:
         self.stream.synchronize()
         return h
 
+    def ensure_staging(self, nbytes: int) -> None:
+        """A pinned staging ring of at least nbytes (startup: the step buffers ask for two of their
+        largest uploads, so one stage_inputs blob always fits; a larger ring is host memory, allocated
+        after the transfers queued in the old one have left it)."""
+        if nbytes <= self._staging_cap:
+            return
+        self._staging_event.synchronize()
+        self._staging = self.cp.cuda.alloc_pinned_memory(nbytes)
+        self._staging_cap, self._staging_off = nbytes, 0
+
     def _ring_take(self, n: int) -> tuple[int, np.ndarray]:
         """n bytes of the pinned staging ring for a transfer about to be queued (its offset and a
         view): after a wrap, once the transfers queued before have left the ring (each records

@@ -98,6 +98,9 @@ class NumpyBackend:
             live = np.flatnonzero(src_rows >= 0)
             ids[live] = fill.prev_tokens[src_rows[live]]
 
+    def ensure_staging(self, nbytes: int) -> None:
+        """Room for an upload of nbytes (the CUDA backend's pinned ring); nothing to do here."""
+
     def copy_to_pinned(self, dst: np.ndarray, src: np.ndarray) -> None:
         """dst[:len(src)] = src (int32): the readback of a step's sampled ids."""
         dst[: src.shape[0]] = src

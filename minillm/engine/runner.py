@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from minillm.backends.compile import env_flag
-from minillm.backends.staging import StageFill
+from minillm.backends.staging import HEADER_INTS, StageFill
 from minillm.engine.block_manager import BlockManager
 from minillm.engine.penalty_history import NONE, PenaltyHistory
 from minillm.engine.readback import TokenReadback
@@ -154,6 +154,7 @@ class StepBuffers:
         self._runs_cache: dict[tuple[int, int, int], list] = {}
         self.packed_host = np.zeros(size, np.uint8)
         self.packed_dev = backend.zeros((size,), np.uint8)
+        backend.ensure_staging(2 * (HEADER_INTS * 4 + size))  # two of the largest uploads (every row)
 
         def view(buf, name):
             shape, dtype, _ = specs[name]
