@@ -778,12 +778,13 @@ class ModelRunner:
         return logits
 
     def _upload(self, num_seqs: int, t: int, r: int) -> None:
-        """Upload the step's inputs; then, with async scheduling, take the input ids of rows whose
-        token the previous step sampled from that step's out_tokens, on the device; or, in a
-        verification step, the drafts still on the device from the drafter's out_tokens (input
-        ids and the sampler's draft_tokens alike). Stream order puts this after the previous
-        step's (or the drafter's) sampler and before this step's forward (the fills are not part
-        of any graph: a graph replays right after them)."""
+        """Upload the step's inputs; with async scheduling, the same launch takes the input ids of
+        rows whose token the previous step sampled from that step's out_tokens, on the device, and
+        copies a deferred readback of those ids to the host (TokenReadback.defer); in a
+        verification step, two fills then take the drafts still on the device from the drafter's
+        out_tokens (input ids and the sampler's draft_tokens alike). Stream order puts this after
+        the previous step's (or the drafter's) sampler and before this step's forward (none of it
+        is part of a graph: a graph replays right after it)."""
         d = self.buf.dev
         plain_fill = self.num_fill and not self.fills_from_drafts
         pending = self.readback.pending()  # the previous step's ids, still to copy to the host
