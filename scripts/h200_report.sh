@@ -5762,6 +5762,23 @@ part322() {  # session 59, for the last of its budget (carry .whl): memcheck of 
   pack
 }
 
+part323() {  # prepared in session 59 for the next session's first call (carry .whl): the staging ring's growth
+  # test (added after session 59's device time ran out), every GPU test, decode of both shapes on the final code,
+  # memcheck of the staging tests, then the 8B rejected rounds (~9 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage ring_test 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    -k "staging_ring or stage_inputs or copy_to_pinned"
+  tail -n 3 "$W/ring_test.log"
+  models_both 60
+  decode_06b 40
+  decode_8b 60
+  gpu_tests_full 300
+  tail -n 3 "$W/gpu_tests.log"
+  spec_rounds_both
+  pack
+}
+
 # scripts/step_kernels.py's arguments for the 8B target's rejected DFlash k = 8 round at c = 1, 512 keys
 ROUND_C1="$M/q8 --spec $M/q8-dflash --k 8 --batch 1 --ctx 512"
 
