@@ -195,3 +195,16 @@ def test_deferred_readback_rides_on_the_next_upload_or_is_queued_by_wait():
     rb.defer(out[:1])
     rb.reset()
     assert rb.pending() is None
+
+
+def test_header_layout_matches_the_kernel():
+    """staging.py's header sizes are cuda/rows.cu's (the kernel reads the header the host writes)."""
+    import re
+    from pathlib import Path
+
+    from minillm.backends.staging import HEADER_INTS
+
+    src = (Path(__file__).resolve().parents[1] / "cuda" / "rows.cu").read_text()
+    assert int(re.search(r"#define STAGE_MAX_RUNS (\d+)", src).group(1)) == MAX_RUNS
+    assert re.search(r"#define STAGE_HEADER_INTS \(8 \+ 4 \* STAGE_MAX_RUNS\)", src)
+    assert HEADER_INTS == 8 + 4 * MAX_RUNS and HEADER_INTS % 4 == 0  # the rows start 16-byte aligned
