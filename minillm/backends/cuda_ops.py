@@ -998,15 +998,9 @@ class CudaBackend:
         head, nbytes_total, copies = plan
         off, view = self._ring_take(nbytes_total)
         view[: head.shape[0]] = head
-        for pos, lo, rows, stride, nbytes in copies:
-            if rows == 1:
-                view[pos: pos + nbytes] = src[lo: lo + nbytes]
-            elif lo + rows * stride <= src.shape[0]:
-                view[pos: pos + rows * nbytes].reshape(rows, nbytes)[...] = \
-                    src[lo: lo + rows * stride].reshape(rows, stride)[:, :nbytes]
-            else:
-                view[pos: pos + rows * nbytes].reshape(rows, nbytes)[...] = \
-                    np.lib.stride_tricks.as_strided(src[lo:], (rows, nbytes), (stride, 1))
+        for pos, lo, rows, stride, nbytes in copies:  # check_runs: each run is a (rows, stride) block
+            view[pos: pos + rows * nbytes].reshape(rows, nbytes)[...] = \
+                src[lo: lo + rows * stride].reshape(rows, stride)[:, :nbytes]
         units = (nbytes_total - head.shape[0]) // 16
         out_src, out_dst, out_n = _NULL, _NULL, 0
         if copy_out is not None:

@@ -87,10 +87,9 @@ class NumpyBackend:
         check_runs(runs, min(dst.shape[0], src.shape[0]), fill)
         if copy_out is not None:
             self.copy_to_pinned(copy_out[1], copy_out[0])
-        for offset, stride, rows, nbytes in runs:
-            for j in range(rows):
-                a = offset + j * stride
-                dst[a: a + nbytes] = src[a: a + nbytes]
+        for offset, stride, rows, nbytes in runs:  # check_runs: each run is a (rows, stride) block
+            block = slice(offset, offset + rows * stride)
+            dst[block].reshape(rows, stride)[:, :nbytes] = src[block].reshape(rows, stride)[:, :nbytes]
         if fill is not None and fill.n:
             offset, stride, _, _ = runs[fill.run]
             ids = dst[offset + fill.ids_row * stride:][: 4 * fill.n].view(np.int32)

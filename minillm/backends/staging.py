@@ -4,9 +4,9 @@ The runner keeps every step input in one packed byte buffer, a host copy and a d
 same layout (engine/runner.py StepBuffers). A step uses only the first rows of each array (its
 tokens, its sequences, its logits rows), so backend.stage_inputs copies just those: a run is
 (offset, stride, rows, nbytes) in bytes, row j being [offset + j * stride, + nbytes) of both
-buffers (arrays of one size side by side make one run). On the GPU the device reads them straight
-from pinned host memory (cuda/rows.cu stage_inputs), where this module's header describes them;
-the NumPy backend copies the same rows.
+buffers (arrays of one size side by side make one run; each row's stride inside the buffer). On
+the GPU the device reads them straight from pinned host memory (cuda/rows.cu stage_inputs),
+where this module's header describes them; the NumPy backend copies the same rows.
 
 An optional StageFill then applies fill_input_ids' rule to one run's rows: async scheduling's
 input ids that the previous step sampled, still on the device.
@@ -35,15 +35,18 @@ class StageFill:
 
 
 def check_runs(runs: list[tuple[int, int, int, int]], size: int, fill: StageFill | None) -> None:
-    """Refuse runs the kernel cannot take: too many, not 16-byte units, past the buffer of `size`
-    bytes, or a fill outside its run or longer than its rows."""
+    """Refuse runs the kernel cannot take: too many, not 16-byte units, a row longer than its stride,
+    rows whose strides leave the buffer of `size` bytes (each row's whole stride lies inside it, as
+    every array's does: a run is then a (rows, stride) block), or a fill outside its run or longer
+    than its rows."""
     if len(runs) > MAX_RUNS:
         raise ValueError(f"stage_inputs: {len(runs)} runs, at most {MAX_RUNS}")
     for offset, stride, rows, nbytes in runs:
         if min(offset, stride, rows, nbytes) < 0 or (offset | stride | nbytes) % 16:
             raise ValueError(f"stage_inputs: run {(offset, stride, rows, nbytes)} is not in 16-byte units")
-        if rows and (nbytes > stride and rows > 1 or offset + (rows - 1) * stride + nbytes > size):
-            raise ValueError(f"stage_inputs: run {(offset, stride, rows, nbytes)} leaves the {size}-byte buffer")
+        if nbytes > stride or offset + rows * stride > size:
+            raise ValueError(f"stage_inputs: run {(offset, stride, rows, nbytes)} leaves its stride or the "
+                             f"{size}-byte buffer")
     if fill is not None:
         if not 0 <= fill.run < len(runs):
             raise ValueError(f"stage_inputs: the fill's run {fill.run} is not one of the {len(runs)} runs")
