@@ -381,6 +381,137 @@ __device__ void sample_from_tiles(const float* __restrict__ lg, int V, unsigned 
   }
 }
 
+// A sampled row's filters (temperature t > 0, max logit bv): top-k and min-p as one floor on the
+// key, then top-p's cut-off key and how many of its tied tokens it keeps (in index order). Every
+// thread of the block calls it and gets the same values. scratch: SAMPLE_MAX_TILES doubles of
+// shared memory for the radix histograms.
+struct RowFilter {
+  unsigned kth_key;       // the top-k / min-p floor (0: none)
+  double kth_x;           // key_float(kth_key) / t (-inf: none)
+  bool use_floor, use_topp, tie_cut;
+  unsigned cut_key;       // top-p's cut-off key
+  int n_tie;              // its tied tokens kept, the first in index order
+  double S2;              // top-p's kept mass (the serial draw renormalises by it)
+  // the tiled draw keeps key >= this (when !tie_cut)
+  __device__ unsigned min_key() const { return use_topp ? cut_key : use_floor ? kth_key : 0u; }
+};
+
+__device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, float bv, double t,
+                                           const int* __restrict__ top_k, const float* __restrict__ min_p,
+                                           const float* __restrict__ top_p, int row, RowFilter& f, void* scratch,
+                                           double* dscratch, int* s_bin, int* s_first, double* s_above,
+                                           const double* exp2_tab) {
+  const int tid = threadIdx.x, NT = blockDim.x;
+  const double M = (double)bv / t;  // the max of x survives every filter
+
+  // ---- top-k: the k-th largest key, by radix select (three passes over the row)
+  const int k = top_k[row];
+  const bool use_topk = k > 0 && k < V;
+  unsigned kth_key = 0;
+  double kth_x = -__longlong_as_double(0x7ff0000000000000ll);  // -inf: keeps all
+  int* hist = reinterpret_cast<int*>(scratch);
+  if (use_topk) {
+    unsigned prefix = 0;
+    double need = (double)k;  // rank among the keys that share the prefix
+    for (int pass = 0; pass < 3; ++pass) {
+      const int nb = radix_bins(pass), shift = radix_shift(pass);
+      const unsigned mask = radix_mask(pass);
+      for (int b = tid; b < nb; b += NT) hist[b] = 0;
+      __syncthreads();
+      for_each_logit(lg, V, [&](int, float l) {
+        const unsigned key = float_key(l);
+        if ((key & mask) == prefix) atomicAdd(hist + ((key >> shift) & (nb - 1)), 1);
+      });
+      __syncthreads();
+      int bin;
+      double above;
+      radix_crossing(nb, hist, need, dscratch, s_bin, s_first, s_above, bin, above);
+      prefix |= (unsigned)bin << shift;
+      need -= above;
+    }
+    kth_key = prefix;
+    kth_x = (double)key_float(kth_key) / t;
+  }
+
+  // ---- min-p (min_p null or 0: off): keep x >= M + ln(min_p), the keys at or above min_p_key.
+  // Like top-k's it is a floor on the key, so the two fold into one: the stricter (larger) wins,
+  // and everything below (top-p's radix select over key >= kth_key, the draws' key >= min_key or
+  // x >= kth_x) filters by it alike.
+  const float mp = min_p ? min_p[row] : 0.f;
+  const bool use_minp = mp > 0.f;
+  if (use_minp) {
+    kth_key = max(kth_key, min_p_key(M + log((double)mp), t));
+    kth_x = (double)key_float(kth_key) / t;
+  }
+  const bool use_floor = use_topk || use_minp;  // kth_key filters the row
+
+  const double tp = (double)top_p[row];
+  const bool use_topp = tp < 1.0;
+  const double inv_t = 1.0 / t;
+  const double Mt = (double)bv * inv_t;  // tok_weight's max
+
+  // ---- top-p: the cut-off key v = min key with mass(key > v) < top_p, then its ties. Radix
+  // select again, over each kept token's weight exp(x - M) in fixed point (2^62 / V a unit
+  // weight, so the sums fit 64 bits and are exact whatever the order of the atomics): the bin where
+  // the mass from the top first reaches top_p. Only the first pass takes exp() of every token.
+  unsigned cut_key = 0;
+  int n_tie = 0;
+  bool tie_cut = false;  // the cut-off keeps only some of its tied tokens: the serial draw
+  double S2 = 1.0;
+  if (use_topp) {
+    unsigned long long* mass = reinterpret_cast<unsigned long long*>(scratch);
+    const double unit = ldexp(1.0, 62 - (32 - __clz(V)));
+    unsigned prefix = 0;
+    double need = 0.0, above = 0.0, total = 0.0;
+    for (int pass = 0; pass < 3; ++pass) {
+      const int nb = radix_bins(pass), shift = radix_shift(pass);
+      const unsigned mask = radix_mask(pass);
+      for (int b = tid; b < nb; b += NT) mass[b] = 0ull;
+      __syncthreads();
+      for_each_logit(lg, V, [&](int, float l) {
+        const unsigned key = float_key(l);
+        if ((key & mask) == prefix && key >= kth_key) {
+          const double w = exp_weight(fma((double)l, inv_t, -Mt), exp2_tab);
+          atomicAdd(mass + ((key >> shift) & (nb - 1)), (unsigned long long)(w * unit + 0.5));
+        }
+      });
+      __syncthreads();
+      if (pass == 0) {  // the kept mass: every bin of the first pass
+        double own = 0.0;
+        for (int b = tid; b < nb; b += NT) own += (double)mass[b];
+        total = minillm::block_sum(own, dscratch);
+        need = tp * total;
+      }
+      int bin;
+      double a;
+      radix_crossing(nb, mass, need - above, dscratch, s_bin, s_first, s_above, bin, a);
+      prefix |= (unsigned)bin << shift;
+      above += a;  // mass of the keys above the prefix found so far
+    }
+    cut_key = prefix;
+    double cnt = 0.0;
+    for_each_logit(lg, V, [&](int, float l) { cnt += float_key(l) == cut_key ? 1.0 : 0.0; });
+    cnt = minillm::block_sum(cnt, dscratch);
+    // ties at the cut-off come in index order; each adds the same p to the running mass
+    const double p_cut =
+        (double)(unsigned long long)(exp_weight(fma((double)key_float(cut_key), inv_t, -Mt), exp2_tab) * unit + 0.5) /
+        total;
+    double c = above / total;
+    while (n_tie < (int)cnt && c < tp) { ++n_tie; c += p_cut; }
+    S2 = c;  // the kept mass, to renormalise by
+    tie_cut = n_tie < (int)cnt;
+  }
+
+  f.kth_key = kth_key;
+  f.kth_x = kth_x;
+  f.use_floor = use_floor;
+  f.use_topp = use_topp;
+  f.cut_key = cut_key;
+  f.n_tie = n_tie;
+  f.tie_cut = tie_cut;
+  f.S2 = S2;
+}
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 2)
@@ -425,107 +556,14 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
   }
   const double t = (double)temp;
   const double M = (double)bv / t;  // the max of x survives every filter
-  const unsigned kmax = float_key(bv);
-
-  // ---- top-k: the k-th largest key, by radix select (three passes over the row)
-  const int k = top_k[row];
-  const bool use_topk = k > 0 && k < V;
-  unsigned kth_key = 0;
-  double kth_x = -__longlong_as_double(0x7ff0000000000000ll);  // -inf: keeps all
-  int* hist = reinterpret_cast<int*>(s_tile);  // free until the draw
-  if (use_topk) {
-    unsigned prefix = 0;
-    double need = (double)k;  // rank among the keys that share the prefix
-    for (int pass = 0; pass < 3; ++pass) {
-      const int nb = radix_bins(pass), shift = radix_shift(pass);
-      const unsigned mask = radix_mask(pass);
-      for (int b = tid; b < nb; b += NT) hist[b] = 0;
-      __syncthreads();
-      for_each_logit(lg, V, [&](int, float l) {
-        const unsigned key = float_key(l);
-        if ((key & mask) == prefix) atomicAdd(hist + ((key >> shift) & (nb - 1)), 1);
-      });
-      __syncthreads();
-      int bin;
-      double above;
-      radix_crossing(nb, hist, need, dscratch, &s_bin, &s_first, &s_above, bin, above);
-      prefix |= (unsigned)bin << shift;
-      need -= above;
-    }
-    kth_key = prefix;
-    kth_x = (double)key_float(kth_key) / t;
-  }
-
-  // ---- min-p (min_p null or 0: off): keep x >= M + ln(min_p), the keys at or above min_p_key.
-  // Like top-k's it is a floor on the key, so the two fold into one: the stricter (larger) wins,
-  // and everything below (top-p's radix select over key >= kth_key, the draws' key >= min_key or
-  // x >= kth_x) filters by it alike.
-  const float mp = min_p ? min_p[row] : 0.f;
-  const bool use_minp = mp > 0.f;
-  if (use_minp) {
-    kth_key = max(kth_key, min_p_key(M + log((double)mp), t));
-    kth_x = (double)key_float(kth_key) / t;
-  }
-  const bool use_floor = use_topk || use_minp;  // kth_key filters the row
-
-  const double tp = (double)top_p[row];
-  const bool use_topp = tp < 1.0;
+  RowFilter f;
+  filter_row(lg, V, bv, t, top_k, min_p, top_p, row, f, s_tile, dscratch, &s_bin,
+             &s_first, &s_above, s_exp2);
   const bool tiled = V <= SAMPLE_TILE * SAMPLE_MAX_TILES;
-  const double inv_t = 1.0 / t;
-  const double Mt = (double)bv * inv_t;  // tok_weight's max
-
-  // ---- top-p: the cut-off key v = min key with mass(key > v) < top_p, then its ties. Radix
-  // select again, over each kept token's weight exp(x - M) in fixed point (2^62 / V a unit
-  // weight, so the sums fit 64 bits and are exact whatever the order of the atomics): the bin where
-  // the mass from the top first reaches top_p. Only the first pass takes exp() of every token.
-  unsigned cut_key = 0;
-  int n_tie = 0;
-  bool tie_cut = false;  // the cut-off keeps only some of its tied tokens: the serial draw
-  double S2 = 1.0;
-  if (use_topp) {
-    unsigned long long* mass = reinterpret_cast<unsigned long long*>(s_tile);
-    const double unit = ldexp(1.0, 62 - (32 - __clz(V)));
-    unsigned prefix = 0;
-    double need = 0.0, above = 0.0, total = 0.0;
-    for (int pass = 0; pass < 3; ++pass) {
-      const int nb = radix_bins(pass), shift = radix_shift(pass);
-      const unsigned mask = radix_mask(pass);
-      for (int b = tid; b < nb; b += NT) mass[b] = 0ull;
-      __syncthreads();
-      for_each_logit(lg, V, [&](int, float l) {
-        const unsigned key = float_key(l);
-        if ((key & mask) == prefix && key >= kth_key) {
-          const double w = exp_weight(fma((double)l, inv_t, -Mt), s_exp2);
-          atomicAdd(mass + ((key >> shift) & (nb - 1)), (unsigned long long)(w * unit + 0.5));
-        }
-      });
-      __syncthreads();
-      if (pass == 0) {  // the kept mass: every bin of the first pass
-        double own = 0.0;
-        for (int b = tid; b < nb; b += NT) own += (double)mass[b];
-        total = minillm::block_sum(own, dscratch);
-        need = tp * total;
-      }
-      int bin;
-      double a;
-      radix_crossing(nb, mass, need - above, dscratch, &s_bin, &s_first, &s_above, bin, a);
-      prefix |= (unsigned)bin << shift;
-      above += a;  // mass of the keys above the prefix found so far
-    }
-    cut_key = prefix;
-    double cnt = 0.0;
-    for_each_logit(lg, V, [&](int, float l) { cnt += float_key(l) == cut_key ? 1.0 : 0.0; });
-    cnt = minillm::block_sum(cnt, dscratch);
-    // ties at the cut-off come in index order; each adds the same p to the running mass
-    const double p_cut =
-        (double)(unsigned long long)(exp_weight(fma((double)key_float(cut_key), inv_t, -Mt), s_exp2) * unit + 0.5) /
-        total;
-    double c = above / total;
-    while (n_tie < (int)cnt && c < tp) { ++n_tie; c += p_cut; }
-    S2 = c;  // the kept mass, to renormalise by
-    tie_cut = n_tie < (int)cnt;
-  }
-
+  const double kth_x = f.kth_x, S2 = f.S2;
+  const bool use_topp = f.use_topp, tie_cut = f.tie_cut;
+  const unsigned cut_key = f.cut_key;
+  const int n_tie = f.n_tie;
   // ---- softmax normaliser over the top-k / min-p survivors, for the serial draw only
   double S = 0.0;
   if (tie_cut || !tiled) {  // uniform over the block
@@ -540,8 +578,8 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
                                    : (u64)(i64)reinterpret_cast<const int*>(seeds)[row];
   const i64 pos = positions[row];
   if (tiled && !tie_cut) {  // keep key >= cut-off (top-p, after top-k / min-p) or >= the floor
-    const unsigned min_key = use_topp ? cut_key : use_floor ? kth_key : 0u;
-    sample_from_tiles(lg, V, min_key, inv_t, Mt, d, seed, pos, bi, out, accepted, row, s_tile, s_warp,
+    const double inv_t = 1.0 / t;
+    sample_from_tiles(lg, V, f.min_key(), inv_t, (double)bv * inv_t, d, seed, pos, bi, out, accepted, row, s_tile, s_warp,
                       s_exp2);
     return;
   }
@@ -643,5 +681,176 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
     int idx = -last_nz;  // block_argmax keeps the max value; any index will do
     block_argmax(v, idx, fscratch, iscratch);
     if (tid == 0) out[row] = v < 0.f ? bi : (int)v;
+  }
+}
+
+// ---- verify_drawn_drafts: drafts drawn from the drafter's q, verified against that q ------------
+// The twin of sampler.sample's rows with draft_rows[b] >= 0 (a DFlash drafter drawing its drafts at
+// temperature > 0). It runs after sample_tokens, which took such rows as one-hot drafts, and
+// rewrites out / accepted of exactly those rows. p: the target's row under the row's temperature
+// and filters; q: the drafter's row q_logits[q_rows[row]] (QV <= V ids, the rest weigh 0) under the
+// same, as the drafter's own sample_tokens drew d from it. d is accepted with probability
+// min(1, p(d) / q(d)) (u * q(d) < p(d), u on the accept stream); otherwise the token is drawn from
+// max(p - q, 0) (the residual stream), or from p where that has no mass (rounding).
+// Each thread owns a contiguous run of ids, so ties at a top-p cut-off are ranked in index order as
+// the draws rank them: one pass sums both rows' kept weights exp(x - max x), a second each run's
+// residual mass, and the thread whose run holds the target walks it. Two exponentials a token a
+// pass, slower than sample_tokens' tiled draw: only rows verifying drawn drafts come here.
+namespace {
+
+struct KeptRow {  // a filtered row's kept tokens and their weights exp(x - max x)
+  const float* lg;
+  int n;  // ids from n on weigh 0 (a drafter's smaller vocabulary)
+  RowFilter f;
+  double inv_t, Mt;
+  // token i's weight; rank counts the tokens tied at the top-p cut-off met so far (index order)
+  __device__ __forceinline__ double weight(int i, double& rank, const double* exp2_tab) const {
+    if (i >= n) return 0.0;
+    const float l = lg[i];
+    const unsigned key = float_key(l);
+    if (f.use_floor && key < f.kth_key) return 0.0;
+    if (f.use_topp) {
+      if (key < f.cut_key) return 0.0;
+      if (key == f.cut_key) {
+        const bool keep = rank < (double)f.n_tie;
+        rank += 1.0;
+        if (!keep) return 0.0;
+      }
+    }
+    return exp_weight(fma((double)l, inv_t, -Mt), exp2_tab);
+  }
+  __device__ __forceinline__ double ties(int i0, int i1) const {  // tokens at the cut-off in [i0, i1)
+    double c = 0.0;
+    if (f.use_topp)
+      for (int i = i0; i < min(i1, n); ++i) c += float_key(lg[i]) == f.cut_key ? 1.0 : 0.0;
+    return c;
+  }
+};
+
+// The max logit of a row (the first index on ties): every thread gets it.
+__device__ __forceinline__ float row_max(const float* __restrict__ lg, int n, float* fscratch, int* iscratch) {
+  float bv = minillm::neg_inf();
+  int bi = 0x7fffffff;
+  for_each_logit(lg, n, [&](int i, float v) {
+    if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
+  });
+  block_argmax(bv, bi, fscratch, iscratch);
+  return bv;
+}
+
+}  // namespace
+
+// grid n_rows, SAMPLE_THREADS threads (one CTA an SM: 128 registers, no spills); the arguments are
+// sample_tokens' plus the drafter's rows
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
+verify_drawn_drafts(const float* __restrict__ logits, i64 stride, int V, const float* __restrict__ q_logits,
+                    i64 q_stride, int QV, const float* __restrict__ temperature, const float* __restrict__ top_p,
+                    const int* __restrict__ top_k, const float* __restrict__ min_p, const void* __restrict__ seeds,
+                    int seed_bytes, const int* __restrict__ positions, const int* __restrict__ draft,
+                    const int* __restrict__ q_rows, int* __restrict__ out, int* __restrict__ accepted, int n_rows) {
+  __shared__ double dscratch[32];
+  __shared__ double s_above;
+  __shared__ float fscratch[32];
+  __shared__ int iscratch[32];
+  __shared__ int s_found, s_bin, s_first;
+  __shared__ double s_tile[SAMPLE_MAX_TILES];  // the radix histograms
+  __shared__ double s_exp2[256];
+  __shared__ double s_wd[2];  // d's weights in p and q
+  if (threadIdx.x < 256) s_exp2[threadIdx.x] = exp2((double)threadIdx.x / 256.0);
+  minillm::pdl_entry();
+  const int row = blockIdx.x, tid = threadIdx.x, NT = blockDim.x;
+  if (row >= n_rows) return;
+  const int d = draft[row], qr = q_rows[row];
+  const float temp = temperature[row];
+  if (d < 0 || qr < 0 || !(temp > 0.f)) return;  // sample_tokens' result stands
+  MINILLM_CHECK(d < V && QV <= V);
+  const float* lp = logits + (i64)row * stride;
+  const float* lq = q_logits + (i64)qr * q_stride;
+  const double t = (double)temp, inv_t = 1.0 / t;
+  const float bp = row_max(lp, V, fscratch, iscratch), bq = row_max(lq, QV, fscratch, iscratch);
+  KeptRow P{lp, V, {}, inv_t, (double)bp * inv_t}, Q{lq, QV, {}, inv_t, (double)bq * inv_t};
+  filter_row(lp, V, bp, t, top_k, min_p, top_p, row, P.f, s_tile, dscratch, &s_bin, &s_first, &s_above, s_exp2);
+  filter_row(lq, QV, bq, t, top_k, min_p, top_p, row, Q.f, s_tile, dscratch, &s_bin, &s_first, &s_above, s_exp2);
+
+  const int chunk = (V + NT - 1) / NT;
+  const int i0 = min(V, tid * chunk), i1 = min(V, i0 + chunk);
+  double dummy;
+  const double rp0 = block_exclusive_scan(P.ties(i0, i1), dscratch, &dummy);
+  const double rq0 = block_exclusive_scan(Q.ties(i0, i1), dscratch, &dummy);
+  // ---- both rows' kept mass, and d's weights
+  double zp = 0.0, zq = 0.0;
+  {
+    double rp = rp0, rq = rq0;
+    for (int i = i0; i < i1; ++i) {
+      const double wp = P.weight(i, rp, s_exp2), wq = Q.weight(i, rq, s_exp2);
+      zp += wp;
+      zq += wq;
+      if (i == d) {
+        s_wd[0] = wp;
+        s_wd[1] = wq;
+      }
+    }
+  }
+  __syncthreads();
+  zp = minillm::block_sum(zp, dscratch);
+  zq = minillm::block_sum(zq, dscratch);
+  const u64 seed = seed_bytes == 8 ? reinterpret_cast<const u64*>(seeds)[row]
+                                   : (u64)(i64)reinterpret_cast<const int*>(seeds)[row];
+  const i64 pos = positions[row];
+  const double pd = s_wd[0] / zp, qd = zq > 0.0 ? s_wd[1] / zq : 0.0;
+  if (hash_uniform(seed, pos, 1ull) * qd < pd) {  // uniform over the block: every thread returns
+    if (tid == 0) {
+      out[row] = d;
+      accepted[row] = 1;
+    }
+    return;
+  }
+  // ---- the residual max(p - q, 0), or p where it has no mass: each run's mass, then the draw
+  auto resid = [&](int i, double& rp, double& rq, bool from_p) {
+    const double wp = P.weight(i, rp, s_exp2), wq = Q.weight(i, rq, s_exp2);
+    return from_p ? wp / zp : fmax(wp / zp - (zq > 0.0 ? wq / zq : 0.0), 0.0);
+  };
+  auto run_mass = [&](bool from_p, int& last_nz) {
+    double rp = rp0, rq = rq0, m = 0.0;
+    for (int i = i0; i < i1; ++i) {
+      const double w = resid(i, rp, rq, from_p);
+      m += w;
+      if (w > 0.0) last_nz = i;
+    }
+    return m;
+  };
+  int last_nz = -1;
+  double own = run_mass(false, last_nz), total;
+  double excl = block_exclusive_scan(own, dscratch, &total);
+  const bool from_p = !(total > 0.0);  // the same for every thread
+  if (from_p) {
+    last_nz = -1;
+    own = run_mass(true, last_nz);
+    excl = block_exclusive_scan(own, dscratch, &total);
+  }
+  const double target = hash_uniform(seed, pos, 2ull) * total;
+  if (tid == 0) {
+    s_found = 0;
+    accepted[row] = 0;
+  }
+  __syncthreads();
+  if (own > 0.0 && excl <= target && target < excl + own) {
+    // the first id whose running mass passes the target (searchsorted side="right")
+    double rp = rp0, rq = rq0, c = excl;
+    int pick = last_nz;
+    for (int i = i0; i < i1; ++i) {
+      const double w = resid(i, rp, rq, from_p);
+      c += w;
+      if (w > 0.0 && c > target) { pick = i; break; }
+    }
+    out[row] = pick;
+    s_found = 1;
+  }
+  __syncthreads();
+  if (!s_found) {  // the target at or past the end (rounding): the last id with mass
+    float v = (float)last_nz;
+    int idx = -last_nz;
+    block_argmax(v, idx, fscratch, iscratch);
+    if (tid == 0) out[row] = v < 0.f ? d : (int)v;
   }
 }

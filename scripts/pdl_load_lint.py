@@ -35,7 +35,8 @@ PDL_MODULES = {"rows": (), "norm": (), "elementwise": (), "decode_attention": ()
 READ_ONLY = {
     "w", "bias", "q_w", "k_w", "nw", "cos_sin", "na+8",  # weights (nw: a folded norm's)
     "positions", "slots", "seq_lens", "query_start", "block_tables", "order", "src_rows", "idx",
-    "temperature", "top_p", "top_k", "min_p", "seeds", "draft", "row", "drafts", "base", "limit",  # step inputs
+    "temperature", "top_p", "top_k", "min_p", "seeds", "draft", "q_rows", "row", "drafts", "base",  # step inputs
+    "limit",
 }
 # the fused decode step (paged_decode_rope_*) reads only cache rows older than its launch
 # (and fill_bias_*'s b is the bias)

@@ -4,7 +4,8 @@
 
 For each batch size and sampling mode (greedy; temperature 0.6 as in the throughput workload;
 top-k 50; top-p 0.9; top-k + top-p; min-p 0.05, alone and with top-p; temperature with a drafted
-token on every row, i.e. speculative verification) one `CudaBackend.sample` call over fp32 logits
+token on every row, i.e. speculative verification, the draft one-hot or drawn from a drafter's q, whose
+verification against q, verify_drawn_drafts, runs after sample_tokens) one `CudaBackend.sample` call over fp32 logits
 is captured 10 times in a graph and timed with CUDA events (median of 10 replays,
 minillm/bench/gpu_timing.py). Logits are N(0, 3^2), so the tail is not negligible for temperature
 sampling. Printed: us a call, us a row, and the rate at which the logits were read once (GB/s): the
@@ -21,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-MODES = [  # (label, temperature, top_p, top_k, drafts, min_p)
+MODES = [  # (label, temperature, top_p, top_k, drafts (False, True: one-hot, "q": drawn from q), min_p)
     ("greedy", 0.0, 1.0, 0, False, 0.0),
     ("temperature 0.6", 0.6, 1.0, 0, False, 0.0),
     ("top-k 50", 0.8, 1.0, 50, False, 0.0),
@@ -30,6 +31,8 @@ MODES = [  # (label, temperature, top_p, top_k, drafts, min_p)
     ("min-p 0.05", 0.8, 1.0, 0, False, 0.05),
     ("min-p 0.05 + top-p 0.9", 0.8, 0.9, 0, False, 0.05),
     ("temperature 0.6 + draft", 0.6, 1.0, 0, True, 0.0),
+    ("temperature 0.6 + q draft", 0.6, 1.0, 0, "q", 0.0),
+    ("top-p 0.9 + q draft", 0.8, 0.9, 0, "q", 0.0),
 ]
 
 
@@ -55,13 +58,16 @@ def main() -> int:
         out = be.empty((B,), dtype=np.int32)
         acc = be.empty((B,), dtype=np.int32)
         drafts = be.asarray(rng.integers(0, V, B).astype(np.int32), dtype=np.int32)
+        q_logits = be.asarray((3.0 * rng.standard_normal((B, V))).astype(np.float32), dtype=np.float32)
+        q_rows = be.asarray(np.arange(B, dtype=np.int32), dtype=np.int32)
         for label, t, tp, k, with_drafts, mp in MODES:
             temp = be.asarray(np.full(B, t, np.float32), dtype=np.float32)
             top_p = be.asarray(np.full(B, tp, np.float32), dtype=np.float32)
             top_k = be.asarray(np.full(B, k, np.int32), dtype=np.int32)
             min_p = be.asarray(np.full(B, mp, np.float32), dtype=np.float32) if mp else None
             args = (logits, temp, top_p, top_k, seeds, pos, out) + ((drafts, acc) if with_drafts else (None, None))
-            us = graph_us(be, lambda args=args, min_p=min_p: be.sample(*args, min_p=min_p), calls=10)
+            q = {"draft_logits": q_logits, "draft_rows": q_rows} if with_drafts == "q" else {}
+            us = graph_us(be, lambda args=args, min_p=min_p, q=q: be.sample(*args, min_p=min_p, **q), calls=10)
             gbs = B * V * 4 / us / 1e3
             print(f"{label:26s} {B:4d} {us:9.1f} {us / B:8.2f} {gbs:7.0f}", flush=True)
             results.append({"mode": label, "batch": B, "vocab": V, "us": round(us, 2)})

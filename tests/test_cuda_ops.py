@@ -1732,6 +1732,85 @@ def check_sampler_verifies_drafts(be, V, min_p):
         assert out.any() and not got_acc[rows[out]].any()
 
 
+@pytest.mark.parametrize("V,QV", [(1000, 1000), (151936, 151936), (151936, 32768)])
+def test_sampler_verifies_drawn_drafts_like_numpy(be, V, QV):
+    """Drafts drawn from the drafter's q (its rows, QV <= V ids) and verified against q
+    (verify_drawn_drafts, after sample_tokens): accept flags and tokens equal NumPy's, but for a
+    near-tie; rows without a q row keep the one-hot verification, rows without a draft their sample."""
+    from minillm.engine.sampler import DRAFT_SEED_SALT
+
+    rng = np.random.default_rng(V + QV)
+    B = 48
+    logits = (3.0 * rng.standard_normal((B, V))).astype(np.float32)
+    q_logits = (logits[:, :QV] + 1.5 * rng.standard_normal((B, QV))).astype(np.float32)
+    temp = rng.choice([0.0, 0.7, 1.3], B).astype(np.float32)
+    top_p = rng.choice([1.0, 0.9, 0.5], B).astype(np.float32)
+    top_k = rng.choice([0, 5, 50], B).astype(np.int32)
+    mp = rng.choice([0.0, 0.0, 0.02], B).astype(np.float32)
+    seeds = rng.integers(0, 2**62, B).astype(np.int64)
+    pos = rng.integers(0, 100000, B).astype(np.int32)
+    draft = np.zeros(B, np.int32)  # drawn from q as a drafting step draws them (greedy rows: q's argmax)
+    np_sampler.sample(q_logits, temp, top_p, top_k, (seeds ^ DRAFT_SEED_SALT).astype(np.int64), pos, draft, min_p=mp)
+    q_rows = rng.permutation(B).astype(np.int32)  # any drafter row order
+    q_in = np.empty_like(q_logits)
+    q_in[q_rows] = q_logits
+    q_rows[rng.random(B) < 0.15] = -1  # one-hot rows
+    draft[rng.random(B) < 0.1] = -1  # bonus rows
+    out, acc = be.empty((B,), dtype=np.int32), be.empty((B,), dtype=np.int32)
+    be.copy_from_host(out, np.full(B, -7, np.int32))
+    be.copy_from_host(acc, np.full(B, -7, np.int32))
+    be.sample(be.asarray(logits, dtype=np.float32), be.asarray(temp, dtype=np.float32),
+              be.asarray(top_p, dtype=np.float32), i32(be, top_k), be.asarray(seeds, dtype=np.int64),
+              i32(be, pos), out, i32(be, draft), acc, be.asarray(mp, dtype=np.float32),
+              draft_logits=be.asarray(q_in, dtype=np.float32), draft_rows=i32(be, q_rows))
+    got, got_acc = be.to_host(out), be.to_host(acc)
+    ref, ref_acc = np.zeros(B, np.int32), np.zeros(B, np.int32)
+    np_sampler.sample(logits, temp, top_p, top_k, seeds, pos, ref, draft, ref_acc, mp, q_in, q_rows)
+    drawn = (draft >= 0) & (q_rows >= 0) & (temp > 0)
+    assert set(ref_acc[drawn].tolist()) == {0, 1}, "the case should both accept and reject drawn drafts"
+    assert np.array_equal(got_acc[draft < 0], np.zeros((draft < 0).sum())), "no draft, no accept"
+    differ = np.nonzero((got != ref) | (got_acc != ref_acc))[0]
+    assert len(differ) <= 1, f"rows {differ}: device {got[differ]}/{got_acc[differ]} vs " \
+                             f"numpy {ref[differ]}/{ref_acc[differ]}"  # one near-tie at most
+
+
+def test_drawn_drafts_keep_the_distribution_on_device(be):
+    """20,000 drafts drawn from q and verified against it on the device: the tokens follow p
+    (chi-square) and the acceptance rate is sum(min(p, q))."""
+    from scipy.stats import chisquare
+    from test_sampling import draw_then_verify
+
+    def device_sample(logits, temp, top_p, top_k, seeds, pos, out, draft=None, accepted=None, min_p=None,
+                      draft_logits=None, draft_rows=None):
+        o = be.empty(out.shape, dtype=np.int32)
+        a = None if accepted is None else be.empty(out.shape, dtype=np.int32)
+        be.sample(be.asarray(logits, dtype=np.float32), be.asarray(temp, dtype=np.float32),
+                  be.asarray(top_p, dtype=np.float32), i32(be, top_k), be.asarray(seeds, dtype=np.uint64),
+                  i32(be, pos), o, None if draft is None else i32(be, draft), a,
+                  be.asarray(min_p, dtype=np.float32),
+                  draft_logits=None if draft_logits is None else be.asarray(draft_logits, dtype=np.float32),
+                  draft_rows=None if draft_rows is None else i32(be, draft_rows))
+        out[:] = be.to_host(o)
+        if accepted is not None:
+            accepted[:] = be.to_host(a)
+
+    rng = np.random.default_rng(4)
+    V, n = 12, 20_000
+    p_logits = (rng.standard_normal(V) * 1.5).astype(np.float32)
+    q_logits = (p_logits + rng.standard_normal(V).astype(np.float32) * 0.7).astype(np.float32)
+    filters = (0.9, 0.95, 0, 0.0)
+    out, accepted, d = draw_then_verify(p_logits, q_logits, filters, n, device_sample)
+    f = (float(np.float32(0.9)), float(np.float32(0.95)), 0, 0.0)
+    p, q = np_sampler.probs_from_logits(p_logits, *f), np_sampler.probs_from_logits(q_logits, *f)
+    assert np.array_equal(accepted == 1, out == d) and (q[d] > 0).all()
+    rate = np.minimum(p, q).sum()
+    assert abs(accepted.mean() - rate) < 4 * np.sqrt(rate * (1 - rate) / n)
+    support = np.nonzero(p)[0]
+    counts = np.bincount(out, minlength=V)
+    assert counts[p == 0].sum() == 0
+    assert chisquare(counts[support], p[support] * n).pvalue > 0.001
+
+
 # ---- arena and graphs -------------------------------------------------------------------------
 def test_allocation_after_seal_raises_with_call_site(be):
     from minillm.backends.arena import ArenaSealedError

@@ -225,6 +225,44 @@ def _graphs_match_eager(monkeypatch, target: str, drafter: str, draft_vocab: boo
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_emulated_graphs_draw_what_eager_draws(monkeypatch, pair):
+    """At temperature > 0 the drafts are draws from q, verified against q: with graphs (the
+    drafter's draws and the verification against its logits rows inside them) the seeded tokens,
+    drafts and counts are eager's, and most drafts are accepted (the random drafter's q is close
+    to the random target's nearly flat p; one-hot verification would accept ~1 / vocab)."""
+    target, drafter = pair
+    cfg = spec(drafter, 5)
+    params = [SamplingParams(temperature=1.0, top_p=0.95, max_tokens=24, ignore_eos=True, seed=s)
+              for s in range(len(PROMPTS))]
+    eager = LLM(target, device="cpu", max_model_len=256, max_num_seqs=8, enforce_eager=True, speculative_config=cfg)
+    graphs = emulated_llm(monkeypatch, target, max_num_seqs=8, speculative_config=cfg)
+    runs = {}
+    for name, llm in (("eager", eager), ("graphs", graphs)):
+        drafts = record_drafts(llm)
+        runs[name] = ([o.token_ids for o in llm.generate(PROMPTS, params)], drafts, llm.engine.stats().spec)
+    assert runs["graphs"] == runs["eager"]
+    assert runs["graphs"][2]["acceptance_rate"] > 0.3 and runs["graphs"][2]["draft_tokens"] > 50
+    assert graphs.engine.proposer.runner.replays > 0 and graphs.engine.runner.replays > 0
+
+
+@pytest.mark.gpu
+def test_dflash_drawn_drafts_on_gpu(pair):
+    """On the GPU, graphs and eager draw and verify the same seeded drafts at temperature > 0 (one
+    sequence at a time: the same shapes, the same bits), and most are accepted."""
+    target, drafter = pair
+    params = [SamplingParams(temperature=1.0, top_p=0.95, max_tokens=24, ignore_eos=True, seed=s) for s in range(3)]
+    runs = {}
+    for eager in (True, False):
+        llm = LLM(target, device="cuda", max_model_len=256, max_num_seqs=1, enforce_eager=eager,
+                  speculative_config=spec(drafter, 5))
+        drafts = record_drafts(llm)
+        runs[eager] = ([o.token_ids for o in llm.generate(PROMPTS[:3], params)], drafts, llm.engine.stats().spec)
+        if not eager:
+            assert llm.engine.proposer.runner.replays > 0 and llm.engine.runner.replays > 0
+    assert runs[False] == runs[True]
+    assert runs[False][2]["acceptance_rate"] > 0.3 and runs[False][2]["draft_tokens"] > 20
+
+
 def test_backing_off_steps_run_ahead_on_graphs(monkeypatch, pair):
     """backoff_after on emulated graphs: the plain steps between probe rounds run ahead (async
     scheduling) as graph replays that fill their input ids on the device and store the drafter's
@@ -302,7 +340,8 @@ def test_block_fill_is_the_generic_fill_of_the_window(pair):
     runner = llm.engine.proposer.runner
     first, count = runner.logits_window
     rows = ("input_ids", "positions", "slot_mapping", "src_rows")
-    logit_rows = ("logits_indices", "temperature", "top_p", "top_k", "seeds", "sample_pos", "draft_tokens", "draft_src")
+    logit_rows = ("logits_indices", "temperature", "top_p", "top_k", "seeds", "sample_pos", "draft_tokens", "draft_src",
+                  "draft_q_rows")
     checked = []
 
     def compared(batch):

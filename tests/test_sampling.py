@@ -147,6 +147,55 @@ def test_verifying_a_draft_leaves_the_distribution_exact(draft_rank, min_p):
     assert chisquare(counts[support], p[support] * n).pvalue > 0.001
 
 
+def draw_then_verify(p_logits, q_logits, filters, n, sample_fn):
+    """n seeded rounds of one draft: d drawn from q (the drafter's row, seed salted as a drawing
+    drafter salts it), then the target's row verifies it against that q. Returns (out, accepted, d)."""
+    from minillm.engine.sampler import DRAFT_SEED_SALT
+
+    temp, top_p, top_k, min_p = (np.full(n, f, dt) for f, dt in zip(filters, (np.float32, np.float32, np.int32,
+                                                                            np.float32)))
+    seeds, pos = np.arange(n, dtype=np.uint64), np.full(n, 5, np.int32)
+    d = np.zeros(n, np.int32)
+    sample_fn(np.tile(q_logits, (n, 1)), temp, top_p, top_k, seeds ^ np.uint64(DRAFT_SEED_SALT), pos, d, min_p=min_p)
+    out, accepted = np.zeros(n, np.int32), np.zeros(n, np.int32)
+    q_rows = np.zeros(n, np.int32)  # every row's q: the one drafter row
+    sample_fn(np.tile(p_logits, (n, 1)), temp, top_p, top_k, seeds, pos, out, d, accepted, min_p,
+              draft_logits=q_logits[None], draft_rows=q_rows)
+    return out, accepted, d
+
+
+@pytest.mark.parametrize("filters", [(1.0, 1.0, 0, 0.0), (0.8, 0.9, 0, 0.0), (1.3, 1.0, 6, 0.0), (1.0, 1.0, 0, 0.2)])
+@pytest.mark.parametrize("q_vocab", [12, 9])
+def test_verifying_drawn_drafts_against_q_leaves_the_distribution_exact(filters, q_vocab):
+    """A draft drawn from the drafter's q (its own logits under the request's temperature and
+    filters; a drafter over the first q_vocab ids only) and verified against that q: accepted with
+    probability min(1, p / q), else drawn from max(p - q, 0). The output is distributed as p, and
+    the acceptance rate is sum(min(p, q)), which one-hot verification of the same drafts (p(d))
+    would not reach."""
+    from scipy.stats import chisquare
+
+    from minillm.engine.sampler import sample
+
+    rng = np.random.default_rng(q_vocab)
+    V, n = 12, 20_000
+    p_logits = (rng.standard_normal(V) * 1.5).astype(np.float32)
+    q_logits = (p_logits[:q_vocab] + rng.standard_normal(q_vocab).astype(np.float32) * 0.7).astype(np.float32)
+    f = tuple(float(np.float32(x)) if i != 2 else x for i, x in enumerate(filters))
+    p = probs_from_logits(p_logits, *f)
+    q = np.zeros(V)
+    q[:q_vocab] = probs_from_logits(q_logits, *f)
+    out, accepted, d = draw_then_verify(p_logits, q_logits, filters, n, sample)
+    assert np.array_equal(accepted == 1, out == d)
+    assert (q[d] > 0).all()  # every draft is a draw from q
+    rate = np.minimum(p, q).sum()
+    assert abs(accepted.mean() - rate) < 4 * np.sqrt(rate * (1 - rate) / n) + 1e-9
+    assert rate > (p * q).sum() + 0.05  # one-hot verification of draws from q accepts sum(p q)
+    support = np.nonzero(p)[0]
+    counts = np.bincount(out, minlength=V)
+    assert counts[p == 0].sum() == 0
+    assert chisquare(counts[support], p[support] * n).pvalue > 0.001
+
+
 def test_seeded_sampling_is_independent_of_the_batch(llm):
     prompt = [5, 6, 7, 8, 9]
     params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=12, ignore_eos=True, seed=1234)

@@ -251,6 +251,37 @@ def test_dflash_greedy_lossless(dflash_pair, k):
     assert llm.engine.stats().spec["draft_tokens"] > 0
 
 
+def test_dflash_drawn_drafts_sampling_lossless(dflash_pair):
+    """At temperature > 0 the DFlash drafter draws its drafts from q (its rows' distributions
+    under the request's filters) and the target verifies them against q: 20,000 seeded samples of
+    two tokens match the target's exact joint distribution; and without filters, where the random
+    drafter's q is close to the target's p (both nearly flat), most drafts are accepted, which
+    one-hot verification (accepting d with probability p(d), ~1 / vocab here) would not do."""
+    target, drafter = dflash_pair
+    spec = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": 3}
+    llm = LLM(str(target), device="cpu", max_num_seqs=1000, max_model_len=64, max_num_batched_tokens=16000,
+              speculative_config=spec)
+    assert llm.engine.runner.draft_q is llm.engine.proposer
+    prompt = PROMPTS[0]
+    params = SamplingParams(temperature=1.3, top_k=5, max_tokens=2, ignore_eos=True)
+    probs = exact_two_token_distribution(llm, prompt, params)
+    n = 20_000
+    counts: dict = {}
+    for start in range(0, n, 1000):
+        ps = [SamplingParams(temperature=1.3, top_k=5, max_tokens=2, ignore_eos=True, seed=s)
+              for s in range(start, start + 1000)]
+        for out in llm.generate([prompt] * 1000, ps):
+            key = tuple(out.token_ids)
+            counts[key] = counts.get(key, 0) + 1
+    assert chi_square_p(counts, probs, n) > 0.001
+    assert llm.engine.stats().spec["draft_tokens"] > 0
+    flat = LLM(str(target), device="cpu", max_num_seqs=16, max_model_len=128, speculative_config=spec)
+    flat.generate(PROMPTS[:8], [SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True, seed=s)
+                                for s in range(8)])
+    stats = flat.engine.stats().spec
+    assert stats["draft_tokens"] > 50 and stats["acceptance_rate"] > 0.3
+
+
 def test_dflash_rounds_never_run_the_fused_decode_step(dflash_pair, monkeypatch):
     """decode_step_attention (one kernel: q/k norm + RoPE, KV store, attention) sees one new token a
     sequence, so a verification step (k + 1 rows a sequence) and the non-causal DFlash drafter must

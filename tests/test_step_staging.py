@@ -112,7 +112,8 @@ def test_step_buffer_runs_cover_each_array_to_its_count(counts):
     buf.packed_dev[:] = POISON
     buf.upload(num_seqs, t, r)
     need = {"seeds": r, "logits_indices": r, "temperature": r, "top_p": r, "top_k": r, "min_p": r,
-            "sample_pos": r, "draft_tokens": r, "draft_src": r, "seq_lens": num_seqs, "query_start": num_seqs + 1,
+            "sample_pos": r, "draft_tokens": r, "draft_src": r, "draft_q_rows": r, "seq_lens": num_seqs,
+            "query_start": num_seqs + 1,
             "adv_row": num_seqs, "adv_drafts": num_seqs, "adv_base": num_seqs, "adv_limit": num_seqs,
             "attn_order": min(t, 17), "block_tables": num_seqs, "input_ids": t, "positions": t,
             "slot_mapping": t, "src_rows": t}

@@ -816,7 +816,7 @@ class CudaBackend:
                      "rms_norm_vec1_bf16", "rms_norm_vec2_bf16", "rms_norm_vec4_bf16"],
             "attention": ["paged_attention_bf16", "paged_attention_f32",
                           "attention_combine_bf16", "attention_combine_f32"],
-            "sampling": ["sample_tokens"],
+            "sampling": ["sample_tokens", "verify_drawn_drafts"],
             "dflash2": ["grouped_causal_conv_bf16", "grouped_causal_conv_f32", "dflash2_topk",
                         "dflash2_path_bf16", "dflash2_path_f32"],
             "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemv1_bf16", "gemv1_f32", "gemv1_silu_mul_bf16",
@@ -2173,10 +2173,11 @@ class CudaBackend:
 
     # ---- sampling -----------------------------------------------------------------------
     def sample(self, logits, temperature, top_p, top_k, seeds, positions, out_tokens,
-               draft_tokens=None, out_accepted=None, min_p=None) -> None:
+               draft_tokens=None, out_accepted=None, min_p=None, draft_logits=None, draft_rows=None) -> None:
         """One token per logits row on the device (and verification of drafted tokens where
         draft_tokens >= 0); twin of minillm.engine.sampler.sample. min_p None: off for every row
-        (the kernel gets a null pointer)."""
+        (the kernel gets a null pointer). draft_logits / draft_rows: the drafter's rows of drafts
+        drawn from q; verify_drawn_drafts then redoes the rows with draft_rows >= 0."""
         B, stride = _rows(logits, "sample logits")
         if B == 0:
             return
@@ -2189,6 +2190,15 @@ class CudaBackend:
             checks += ((draft_tokens, np.int32, "draft_tokens"), (out_accepted, np.int32, "out_accepted"))
         if min_p is not None:
             checks += ((min_p, np.float32, "min_p"),)
+        if (draft_logits is None) != (draft_rows is None):
+            raise ValueError("sample: draft_logits and draft_rows go together")
+        if draft_rows is not None:
+            if draft_tokens is None:
+                raise ValueError("sample: draft_rows verify drafts: draft_tokens and out_accepted are needed")
+            if draft_logits.ndim != 2 or draft_logits.shape[-1] > logits.shape[-1]:
+                raise ValueError(f"sample: draft_logits {draft_logits.shape} must be rows of at most the "
+                                 f"target's {logits.shape[-1]} ids")
+            checks += ((draft_logits, np.float32, "draft_logits"), (draft_rows, np.int32, "draft_rows"))
         for a, dt, n in checks:
             if a.dtype != dt:
                 raise TypeError(f"sample: {n} must be {np.dtype(dt)}, got {a.dtype}")
@@ -2201,6 +2211,14 @@ class CudaBackend:
              _NULL if draft_tokens is None else draft_tokens,
              _NULL if out_accepted is None else out_accepted, _i32(B)),
         )
+        if draft_rows is not None:
+            q_stride = _rows(draft_logits, "sample draft_logits")[1]
+            self._launch(
+                "verify_drawn_drafts", (B,), (_SAMPLE_THREADS,),
+                (logits, _i64(stride), _i32(logits.shape[-1]), draft_logits, _i64(q_stride),
+                 _i32(draft_logits.shape[-1]), temperature, top_p, top_k, _NULL if min_p is None else min_p,
+                 seeds, _i32(seeds.itemsize), positions, draft_tokens, draft_rows, out_tokens, out_accepted, _i32(B)),
+            )
 
     def close(self) -> None:
         """Release the cuBLAS handle and hand CuPy its previous allocator back."""

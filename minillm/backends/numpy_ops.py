@@ -415,6 +415,6 @@ class NumpyBackend:
                 prev = int(best)
 
     def sample(self, logits, temperature, top_p, top_k, seeds, positions, out_tokens,
-               draft_tokens=None, out_accepted=None, min_p=None) -> None:
+               draft_tokens=None, out_accepted=None, min_p=None, draft_logits=None, draft_rows=None) -> None:
         _sample(logits, temperature, top_p, top_k, seeds, positions, out_tokens, draft_tokens,
-                out_accepted, min_p)
+                out_accepted, min_p, draft_logits, draft_rows)

@@ -296,6 +296,9 @@ class LLMEngine:
             if getattr(self.proposer, "drafts_on_device", False):
                 # verification steps take the drafts from the drafter's sampled ids on the device
                 self.runner.draft_source = self.proposer.runner.buf.dev["out_tokens"]
+            if getattr(self.proposer, "samples_drafts", False):
+                # drafts drawn at temperature > 0 are verified against the drafter's q rows
+                self.runner.draft_q = self.proposer
         # early drafting: the drafting step goes on the device right behind the verification step,
         # before the host reads its results (_draft_behind); MINILLM_EARLY_DRAFTS=0: after (A/B runs)
         self.early_drafts = (self.runner.draft_source is not None and hasattr(self.proposer, "propose_behind")
@@ -704,7 +707,7 @@ class LLMEngine:
         correction, or the bonus token when all k are accepted); roll the KV back behind it.
 
         The accept/reject decisions were taken on the device by the sampler (greedy: draft ==
-        argmax; sampling: rejection sampling against the one-hot draft), see sampler.sample.
+        argmax; sampling: rejection sampling against the draft's q, or one-hot), see sampler.sample.
         """
         seq, k = item.seq, item.num_draft
         flags = self.runner.last_accepted[r : r + k]

@@ -18,6 +18,7 @@ from minillm.backends.staging import HEADER_INTS, StageFill
 from minillm.engine.block_manager import BlockManager
 from minillm.engine.penalty_history import NONE, PenaltyHistory
 from minillm.engine.readback import TokenReadback
+from minillm.engine.sampler import DRAFT_SEED_SALT
 from minillm.engine.scheduler import ScheduledSeq
 from minillm.engine.structured import ThinkState, add_token
 from minillm.models.transformer import StepInputs, Transformer, Workspace
@@ -41,6 +42,7 @@ SHORT_RUNS = "short_runs"  # the third part of such a graph's key
 FORWARD_ONLY = "forward_only"
 DEFERRED = "deferred"  # the first part of a launch handle whose sampling finish_sampling() runs
 BEHIND_NEXT = "behind_next"  # launch(readback=...): the ids' copy rides on the next upload
+DRAW_DRAFTS = "draw_drafts"  # launch(greedy=...): a drafter's step drawing each row from its q
 
 
 @dataclass
@@ -103,6 +105,9 @@ class StepBuffers:
             # per logits row: where to take its draft_tokens entry from in the drafter's out_tokens,
             # or -1 (draft_tokens holds it)
             "draft_src": ((max_logits,), np.int32, "logits"),
+            # per logits row: the row of the drafter's logits (draft_q's) its draft was drawn from,
+            # the draft's q, or -1 (a deterministic draft: q one-hot)
+            "draft_q_rows": ((max_logits,), np.int32, "logits"),
             "seq_lens": ((max_seqs,), np.int32, "seqs"),
             "query_start": ((max_seqs + 1,), np.int32, "seqs"),
             # a drafting step launched behind the verification it follows (BlockAdvance), per
@@ -227,6 +232,10 @@ class ModelRunner:
     # a drafter's sampled ids on the device (DFlash; the engine sets it): a verification step
     # takes the drafts of sequences with seq.draft_row >= 0 from there, before its forward
     draft_source = None
+    # a drafter that samples its drafts (DFlash at temperature > 0; the engine sets it): its
+    # `logits` hold each draft's q and `launches` counts its steps, so a verification step gives
+    # the sampler the q rows of the drafts from its latest step (seq.draft_q)
+    draft_q = None
     _advance: BlockAdvance | None = None  # the step being launched follows a verification (launch)
 
     def __init__(self, model: Transformer, backend, kv, block_manager: BlockManager,
@@ -363,6 +372,7 @@ class ModelRunner:
         drafts = ids[:, 1:] if first + count < n else np.c_[ids[:, 1:], np.full(B, -1)]
         h["draft_tokens"][:r] = drafts[:, first : first + count].ravel()
         h["draft_src"][:r] = -1
+        h["draft_q_rows"][:r] = -1
         self.fills_from_drafts = False
         self.num_fill = 0
         return t, r
@@ -425,6 +435,7 @@ class ModelRunner:
         self._fill_sampling(seqs, B, 1)
         h["draft_tokens"][:B] = -1
         h["draft_src"][:B] = -1
+        h["draft_q_rows"][:B] = -1
         self.fills_from_drafts = False
         return B
 
@@ -473,6 +484,7 @@ class ModelRunner:
         drafts: list[int] = []
         on_device = self._drafts_on_device(batch)
         src: list[int] = []
+        q_rows: list[int] = []
         for item in batch:
             seq, start, m, k = item.seq, item.start, item.num_new, item.num_draft
             end, total = start + m, seq.num_tokens
@@ -481,8 +493,12 @@ class ModelRunner:
             # row j checks draft j; the last row samples the bonus token (every row gives logits:
             # k is m - 1, or 0 when scoring)
             drafts += seq.draft_ids[:k] + [-1] * (m - k)
+            q = self._draft_q_row(seq, k)
+            if q is None:  # stale q: plain rows
+                drafts[len(drafts) - m :] = [-1] * m
+            q_rows += [q + j for j in range(k)] + [-1] * (m - k) if q is not None and q >= 0 else [-1] * m
             if on_device:  # a verification run: its last k rows hold the drafts
-                row = seq.draft_row if k else -1
+                row = seq.draft_row if k and q is not None else -1
                 src += [-1] * (m - k) + [row + j for j in range(k)] if row >= 0 else [-1] * m
         if len(ids) != t or len(drafts) != t:
             raise ValueError(f"prepare: {len(ids)} input ids and {len(drafts)} draft rows for {t} rows")
@@ -512,6 +528,7 @@ class ModelRunner:
         self._fill_sampling(seqs, t, n)
         h["sample_pos"][:t] = pos + 1  # where each sample goes
         h["draft_tokens"][:t] = drafts
+        h["draft_q_rows"][:t] = q_rows
         self.num_fill = 0
         return t, t
 
@@ -568,9 +585,15 @@ class ModelRunner:
                 k = item.num_draft
                 h["draft_tokens"][r : r + m] = -1
                 h["draft_src"][r : r + m] = -1
+                h["draft_q_rows"][r : r + m] = -1
                 if k:
                     h["draft_tokens"][r + m - k - 1 : r + m - 1] = seq.draft_ids[:k]
-                    if row >= 0:
+                    q = self._draft_q_row(seq, k)
+                    if q is None:  # stale q: plain rows
+                        h["draft_tokens"][r + m - k - 1 : r + m - 1] = -1
+                    elif q >= 0:
+                        h["draft_q_rows"][r + m - k - 1 : r + m - 1] = np.arange(q, q + k)
+                    if row >= 0 and q is not None:
                         h["draft_src"][r + m - k - 1 : r + m - 1] = np.arange(row, row + k)
                 r += m
         if fill and on_device:
@@ -578,6 +601,18 @@ class ModelRunner:
         self.num_fill = fill
         self.fills_from_drafts = on_device
         return t, r
+
+    def _draft_q_row(self, seq, k: int) -> int | None:
+        """The drafter's logits row of seq's first draft when its k drafts were drawn from those
+        rows' distributions (draft_q), -1 when they were drawn deterministically (q one-hot), or
+        None when they came from an older drafting step than the latest, whose q rows that step
+        has overwritten: those drafts are then not verified (their rows sample as plain rows,
+        accepting none), since verifying a drawn draft against any other q is not lossless."""
+        dq = self.draft_q
+        if dq is None or not k or seq.draft_q is None:
+            return -1
+        launch, row = seq.draft_q
+        return row if launch == dq.launches else None
 
     def _drafts_on_device(self, batch: list[ScheduledSeq]) -> bool:
         """Whether some sequence verifies drafts its drafter left on the device (seq.draft_row)."""
@@ -831,9 +866,10 @@ class ModelRunner:
         if self.select_drafts is not None:
             self.select_drafts(logits, self.ws.last[:r], d["input_ids"], d["out_tokens"][:r])
             return
+        q = {} if self.draft_q is None else {"draft_logits": self.draft_q.logits, "draft_rows": d["draft_q_rows"][:r]}
         self.backend.sample(logits, d["temperature"][:r], d["top_p"][:r], d["top_k"][:r],
                             d["seeds"][:r], d["sample_pos"][:r], d["out_tokens"][:r],
-                            d["draft_tokens"][:r], d["out_accepted"][:r], min_p=d["min_p"][:r])
+                            d["draft_tokens"][:r], d["out_accepted"][:r], min_p=d["min_p"][:r], **q)
 
     def _results(self, r: int, verifying: bool) -> np.ndarray:
         """The sampled tokens (host); after a verification step also self.last_accepted."""
@@ -854,12 +890,16 @@ class ModelRunner:
             return self.backend.to_host(logits).astype(np.float32)
         return self.collect(self.launch(batch, greedy))
 
-    def launch(self, batch: list[ScheduledSeq], greedy: bool = False, readback: bool | str = False,
+    def launch(self, batch: list[ScheduledSeq], greedy: bool | str = False, readback: bool | str = False,
                advance: BlockAdvance | None = None, defer_sampling: bool = False) -> tuple:
         """The device half of a sampling step: prepare, upload, then the forward and the sampler
         (a graph replay or eager launches), without waiting for them. Returns the handle collect()
         takes: (logits rows, whether rows verify drafts, readback ticket or None). Between the two
         the host is free (the engine renders the previous step's text there) while the device runs.
+
+        greedy=True (a drafter proposing deterministically) takes every row's argmax; greedy=
+        DRAW_DRAFTS (a drafter drawing from its q) samples each row with its request's parameters
+        and a salted seed, verifying nothing.
 
         readback=True (async scheduling, early drafting) also enqueues the copy of the sampled ids
         (and a verification's accept flags) to the host behind the sampler, so collect() waits
@@ -894,9 +934,16 @@ class ModelRunner:
         self._change_and_sample(batch, logits, r)
         return r, verifying, self._start_readback(r, verifying, readback) if readback else None
 
-    def _launch(self, batch: list[ScheduledSeq], greedy: bool, readback: bool | str, defer: bool = False) -> tuple:
+    def _launch(self, batch: list[ScheduledSeq], greedy: bool | str, readback: bool | str,
+                defer: bool = False) -> tuple:
         t, r = self.prepare(batch)
-        if greedy:  # a drafter's own step: argmax everywhere, nothing to verify
+        if greedy == DRAW_DRAFTS:  # a drafter drawing each row from its q: the request's sampling
+            # parameters, a sampled row's seed salted (independent of the verification's draws)
+            h = self.buf.host
+            salt = np.uint64(DRAFT_SEED_SALT)
+            h["seeds"][:r] ^= np.where(h["temperature"][:r] > 0, salt, np.uint64(0))
+            h["draft_tokens"][:r] = -1
+        elif greedy:  # a drafter's own step: argmax everywhere, nothing to verify
             self.buf.host["temperature"][:r] = 0.0
             self.buf.host["draft_tokens"][:r] = -1
         verifying = not greedy and any(item.num_draft for item in batch)
@@ -1057,6 +1104,7 @@ class ModelRunner:
         h["sample_pos"][r:R] = 0
         h["draft_tokens"][r:R] = -1
         h["draft_src"][r:R] = -1
+        h["draft_q_rows"][r:R] = -1
         h["src_rows"][t:T] = -1
         lo, hi = (min(i, h["attn_order"].shape[0]) for i in (t, T))
         h["attn_order"][lo:hi] = self.buf.iota[lo:hi]  # padding rows last, as they come

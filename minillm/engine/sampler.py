@@ -17,6 +17,10 @@ _M64 = (1 << 64) - 1
 STREAM_SAMPLE = 0
 STREAM_ACCEPT = 1
 STREAM_RESIDUAL = 2
+# A drafter that samples its drafts (DFlash at temperature > 0) draws them with the request's seed
+# xor this salt, so its draws are independent of the target's accept and residual draws at the
+# same positions (the rejection-sampling proof needs the draft independent of those uniforms).
+DRAFT_SEED_SALT = 0x5DEECE66D2545F49
 
 
 def _splitmix64(x: int) -> int:
@@ -74,7 +78,7 @@ def sample_from_probs(p: np.ndarray, u: float) -> int:
 
 
 def sample(logits, temperature, top_p, top_k, seeds, positions, out_tokens, draft_tokens=None,
-           out_accepted=None, min_p=None) -> None:
+           out_accepted=None, min_p=None, draft_logits=None, draft_rows=None) -> None:
     """Sample one token per row of logits [B, V] into out_tokens [B].
 
     temperature[b] == 0 selects greedy argmax (every filter ignored). positions[b] is the position
@@ -82,16 +86,21 @@ def sample(logits, temperature, top_p, top_k, seeds, positions, out_tokens, draf
     row, off) comes last so that callers without it keep their argument order.
 
     Speculative verification in the same pass: where draft_tokens[b] = d >= 0, row b is the
-    target's distribution p at a drafted position and the drafter proposed d deterministically
-    (q = one-hot: every drafter here drafts its argmax). Then out_accepted[b] = 1 and
-    out_tokens[b] = d if d is accepted, which is with probability min(1, p(d) / q(d)) = p(d)
-    (greedy: d equals the argmax); otherwise out_accepted[b] = 0 and out_tokens[b] is drawn from
-    normalise(max(p - q, 0)), p without d (greedy: the argmax, the correction). The accept and
+    target's distribution p at a drafted position. Then out_accepted[b] = 1 and out_tokens[b] = d
+    if d is accepted, which is with probability min(1, p(d) / q(d)) (greedy: d equals the argmax);
+    otherwise out_accepted[b] = 0 and out_tokens[b] is drawn from normalise(max(p - q, 0)) (greedy:
+    the argmax, the correction). q is the drafter's distribution d was drawn from: where
+    draft_rows[b] = j >= 0, the drafter's logits row draft_logits[j] (V' <= V columns; ids from V'
+    on weigh 0) under row b's temperature and filters, as a drafter sampling with the request's
+    parameters drew it; otherwise the drafter proposed d deterministically and q is one-hot on d,
+    so d is accepted with probability p(d) and the residual is p without d. The accept and
     residual draws use their own RNG streams; rows without a draft sample on the usual one, which
     is what the bonus token after a fully accepted run uses.
     """
     if (draft_tokens is None) != (out_accepted is None):
         raise ValueError("sample: draft_tokens and out_accepted go together")
+    if (draft_logits is None) != (draft_rows is None):
+        raise ValueError("sample: draft_logits and draft_rows go together")
     for b in range(logits.shape[0]):
         d = -1 if draft_tokens is None else int(draft_tokens[b])
         t = float(temperature[b])
@@ -100,21 +109,29 @@ def sample(logits, temperature, top_p, top_k, seeds, positions, out_tokens, draf
             if out_accepted is not None:
                 out_accepted[b] = int(d >= 0 and out_tokens[b] == d)
             continue
-        p = probs_from_logits(logits[b], t, float(top_p[b]), int(top_k[b]),
-                              0.0 if min_p is None else float(min_p[b]))
+        filters = (t, float(top_p[b]), int(top_k[b]), 0.0 if min_p is None else float(min_p[b]))
+        p = probs_from_logits(logits[b], *filters)
         seed, pos = int(seeds[b]), int(positions[b])
         if d < 0:
             out_tokens[b] = sample_from_probs(p, hash_uniform(seed, pos))
             if out_accepted is not None:
                 out_accepted[b] = 0
             continue
-        accepted = hash_uniform(seed, pos, STREAM_ACCEPT) < p[d]
+        j = -1 if draft_rows is None else int(draft_rows[b])
+        q = np.zeros_like(p)
+        if j >= 0:  # the drafter's own distribution, over its first V' ids
+            qv = probs_from_logits(draft_logits[j], *filters)
+            q[: qv.shape[0]] = qv
+        else:  # a deterministic draft: one-hot
+            q[d] = 1.0
+        # accept with probability min(1, p(d) / q(d)): u < p / q as u * q < p (no division; a d
+        # outside q's support, which a drafter never draws, is accepted wherever p(d) > 0)
+        accepted = hash_uniform(seed, pos, STREAM_ACCEPT) * q[d] < p[d]
         if accepted:
             out_tokens[b] = d
         else:
-            residual = p.copy()
-            residual[d] = 0.0
-            if residual.sum() <= 0:  # p is all on d (rounding): any draw from p is d
+            residual = np.maximum(p - q, 0.0)
+            if residual.sum() <= 0:  # p <= q everywhere (rounding): p itself
                 residual = p
             out_tokens[b] = sample_from_probs(residual, hash_uniform(seed, pos, STREAM_RESIDUAL))
         out_accepted[b] = int(accepted)

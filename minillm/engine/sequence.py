@@ -54,14 +54,17 @@ class Sequence:
         self.num_hashed_blocks = 0  # leading blocks registered in the prefix cache
         self.last_hash: int | None = None  # chained hash of those blocks
         self.num_preemptions = 0
-        # speculative decoding: proposed tokens awaiting verification (each drafter's argmax) and
-        # how many positions the drafter's KV covers
+        # speculative decoding: proposed tokens awaiting verification (a drafter's argmax, or its
+        # draws at temperature > 0) and how many positions the drafter's KV covers
         self.draft_ids: list[int] = []
         self.draft_computed = 0
         # >= 0 while the drafts are still on the device (a DFlash drafter launched without waiting):
         # their first row in the drafter's sampled ids; draft_ids then holds placeholders of the
         # right length until the drafter's resolve() (ModelRunner reads them on the device)
         self.draft_row = -1
+        # drafts drawn from the drafter's distribution q (ModelRunner.draft_q): (the drafting step's
+        # number, the drafter's logits row of the first draft); None: drawn deterministically
+        self.draft_q: tuple[int, int] | None = None
         # speculation backoff (speculative config backoff_after): verification rounds in a row that
         # accepted no draft, and plain steps still to go before the next round
         self.spec_misses = 0

@@ -11,6 +11,13 @@ The drafter is a few Qwen3-style layers that see the target through its hidden s
 A draft layer over the pool is exactly a Qwen3 decoder layer with non-causal attention, so the
 drafter is a `Transformer` sharing the target's embedding and LM head. A DFlash2 checkpoint adds
 convs to those layers and a candidate selector in place of the argmax (spec/dflash2.py).
+
+Drafts: the argmax of each draft row's logits for greedy requests; at temperature > 0 a draw from
+q, the row's distribution under the request's temperature and filters, as the reference's
+dflash_generate draws them, and the target verifies each against that q (accept with probability
+min(1, p / q), else draw from max(p - q, 0)): the drafter's logits rows stay on the device until
+its next step, and the verification step (which comes first) reads them (ModelRunner.draft_q).
+DFlash2's selector proposes deterministically, so its drafts are verified as one-hot.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minillm.engine.runner import BlockAdvance, ModelRunner
+from minillm.engine.runner import DRAW_DRAFTS, BlockAdvance, ModelRunner
 from minillm.engine.scheduler import ScheduledSeq
 from minillm.engine.sequence import Sequence
 from minillm.models.config import ModelConfig
@@ -218,6 +225,7 @@ class DFlashProposer:
         self.ctx_hidden = backend.empty((max_tokens, H))
         self._pending = None  # a drafting step launched by propose(defer=True), not yet resolved
         self._behind = None  # one launched by propose_behind, not yet settled
+        self.launches = 0  # drafting steps so far: seq.draft_q names the one that drew its drafts
         # each layer's k/v projection: the rows of its qkv weight (and bias) past q_size, as views
         # DFlash2: the candidate selector replaces each drafting step's argmax
         self.selector = None if "selector" not in st else CandidateSelector(
@@ -225,6 +233,22 @@ class DFlashProposer:
         qs = dcfg.q_size
         self._kv_proj = [(lw.qkv[qs:], None if lw.qkv_bias is None else lw.qkv_bias[qs:])
                          for lw in self.model.layers]
+
+    @property
+    def samples_drafts(self) -> bool:
+        """Whether drafts at temperature > 0 are draws from q (not DFlash2's selector picks)."""
+        return self.selector is None
+
+    @property
+    def logits(self):
+        """The latest drafting step's logits rows: block i's draft j at row i * k + j."""
+        return self.runner.ws.logits
+
+    def _draw(self, items: list[ScheduledSeq], **launch):
+        """Launch a drafting step: argmax rows, or draws from q at temperature > 0."""
+        handle = self.runner.launch(items, greedy=DRAW_DRAFTS if self.samples_drafts else True, **launch)
+        self.launches += 1
+        return handle
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         return self.cfg.kv_bytes_per_token(dtype_bytes)
@@ -297,9 +321,9 @@ class DFlashProposer:
         for s, _ in active:
             s.draft_ids = [self.mask] * (self.block - 1)
             items.append(ScheduledSeq(s, self.block, num_draft=self.block - 1, start=s.num_tokens - 1))
-        # drafts are the drafter's argmax (q one-hot), so the target verifies them on the device;
+        # the target verifies the drafts on the device (against q, the rows' logits, or one-hot);
         # a graph replay when one was captured
-        handle = self.runner.launch(items, greedy=True, readback=defer)
+        handle = self._draw(items, readback=defer)
         for s, _ in active:
             s.draft_computed = s.num_tokens - 1  # the block's noise K/V is not context
         if defer:
@@ -318,7 +342,7 @@ class DFlashProposer:
         items = [ScheduledSeq(s, self.block, num_draft=self.block - 1, start=b) for s, b in zip(seqs, bases)]
         advance = BlockAdvance(tokens, accepted, np.asarray(rows, np.int32), np.asarray(drafts, np.int32),
                                fill_id=self.mask)
-        handle = self.runner.launch(items, greedy=True, readback=True, advance=advance)
+        handle = self._draw(items, readback=True, advance=advance)
         self._behind = (handle, {id(s): i for i, s in enumerate(seqs)})
 
     def settle(self, seqs: list[Sequence], ks: list[int]) -> None:
@@ -349,6 +373,7 @@ class DFlashProposer:
         device; returns its entry for _assign."""
         s.draft_ids = [self.mask] * k
         s.draft_row = i * self.k
+        s.draft_q = (self.launches, i * self.k) if self.samples_drafts else None
         return (s, k, s.draft_ids, i)
 
     def resolve(self) -> None:
@@ -365,6 +390,8 @@ class DFlashProposer:
         ids = tokens.tolist()  # one conversion, not an int() per draft
         for s, k, held, i in waiting:
             s.draft_row = -1
+            if held is None:  # assigned right after its step: the latest
+                s.draft_q = (self.launches, i * self.k) if self.samples_drafts else None
             if held is None or s.draft_ids is held:
                 s.draft_ids = ids[i * self.k : i * self.k + k]
 
