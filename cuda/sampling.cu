@@ -692,10 +692,14 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
 // same, as the drafter's own sample_tokens drew d from it. d is accepted with probability
 // min(1, p(d) / q(d)) (u * q(d) < p(d), u on the accept stream); otherwise the token is drawn from
 // max(p - q, 0) (the residual stream), or from p where that has no mass (rounding).
-// Each thread owns a contiguous run of ids, so ties at a top-p cut-off are ranked in index order as
-// the draws rank them: one pass sums both rows' kept weights exp(x - max x), a second each run's
-// residual mass, and the thread whose run holds the target walks it. Two exponentials a token a
-// pass, slower than sample_tokens' tiled draw: only rows verifying drawn drafts come here.
+// Each warp owns a range of ids, 32 consecutive ones a step, so ties at a top-p cut-off are ranked in
+// index order as the draws rank them: one pass sums both rows' kept weights exp(x - max x), a second
+// each warp's residual mass, and the warp whose range holds the target walks it. Measured (sampler_bench.py, H100,
+// part324 / part325): 57 us a row at 8 rows (temperature only; sample_tokens: 9), 194 with top-p 0.9,
+// whose radix selects run for both rows. Float32 exponentials and no divisions took 20% off the first
+// layout (each thread a run of ids); each warp's ids a lane a step (coalesced) changed nothing, so the
+// passes are bound by their loads' latency (one step's two loads in flight a warp). Next: load several
+// steps before computing them, as sample_from_tiles does. Only rows verifying drawn drafts come here.
 namespace {
 
 struct KeptRow {  // a filtered row's kept tokens and their weights exp(x - max x)
@@ -703,27 +707,19 @@ struct KeptRow {  // a filtered row's kept tokens and their weights exp(x - max 
   int n;  // ids from n on weigh 0 (a drafter's smaller vocabulary)
   RowFilter f;
   double inv_t, Mt;
-  // token i's weight; rank counts the tokens tied at the top-p cut-off met so far (index order)
-  __device__ __forceinline__ double weight(int i, double& rank, const double* exp2_tab) const {
+  __device__ __forceinline__ bool tie(int i) const {  // a token at top-p's cut-off key
+    return f.use_topp && i < n && float_key(lg[i]) == f.cut_key;
+  }
+  // token i's weight; rank: the tokens tied at the cut-off before it (index order), read for such a tie
+  __device__ __forceinline__ double weight(int i, int rank) const {
     if (i >= n) return 0.0;
     const float l = lg[i];
     const unsigned key = float_key(l);
     if (f.use_floor && key < f.kth_key) return 0.0;
-    if (f.use_topp) {
-      if (key < f.cut_key) return 0.0;
-      if (key == f.cut_key) {
-        const bool keep = rank < (double)f.n_tie;
-        rank += 1.0;
-        if (!keep) return 0.0;
-      }
-    }
-    return exp_weight(fma((double)l, inv_t, -Mt), exp2_tab);
-  }
-  __device__ __forceinline__ double ties(int i0, int i1) const {  // tokens at the cut-off in [i0, i1)
-    double c = 0.0;
-    if (f.use_topp)
-      for (int i = i0; i < min(i1, n); ++i) c += float_key(lg[i]) == f.cut_key ? 1.0 : 0.0;
-    return c;
+    if (f.use_topp && (key < f.cut_key || (key == f.cut_key && rank >= f.n_tie))) return 0.0;
+    // float32's exp of x - max x (computed in float64): ~1e-7 relative, so only a draw within that
+    // of a boundary can differ from the float64 twin's; exp_weight's float64 took 20% more (part325)
+    return (double)expf((float)fma((double)l, inv_t, -Mt));
   }
 };
 
@@ -772,17 +768,44 @@ verify_drawn_drafts(const float* __restrict__ logits, i64 stride, int V, const f
   filter_row(lp, V, bp, t, top_k, min_p, top_p, row, P.f, s_tile, dscratch, &s_bin, &s_first, &s_above, s_exp2);
   filter_row(lq, QV, bq, t, top_k, min_p, top_p, row, Q.f, s_tile, dscratch, &s_bin, &s_first, &s_above, s_exp2);
 
-  const int chunk = (V + NT - 1) / NT;
-  const int i0 = min(V, tid * chunk), i1 = min(V, i0 + chunk);
-  double dummy;
-  const double rp0 = block_exclusive_scan(P.ties(i0, i1), dscratch, &dummy);
-  const double rq0 = block_exclusive_scan(Q.ties(i0, i1), dscratch, &dummy);
+  // warp w owns ids [w * CW, (w + 1) * CW), 32 consecutive ids a step, a lane each (coalesced loads;
+  // contiguous runs a thread, part324/part325, made every load a transaction of its own)
+  const int lane = tid & 31, warp = tid >> 5, NW = NT >> 5;
+  const int CW = (V + NW * 32 - 1) / (NW * 32) * 32, lo = warp * CW;
+  const unsigned below = (1u << lane) - 1u;
+  // ---- the ties at each row's top-p cut-off before each warp's range (their rank is index order)
+  {
+    int cp = 0, cq = 0;
+    for (int i = lo + lane; i < lo + CW; i += 32) {
+      cp += __popc(__ballot_sync(0xffffffffu, P.tie(i)));
+      cq += __popc(__ballot_sync(0xffffffffu, Q.tie(i)));
+    }
+    if (lane == 0) {
+      iscratch[warp] = cp;
+      iscratch[16 + warp] = cq;
+    }
+  }
+  __syncthreads();
+  int rp0 = 0, rq0 = 0;
+  for (int w = 0; w < warp; ++w) {
+    rp0 += iscratch[w];
+    rq0 += iscratch[16 + w];
+  }
+  // one step's weights: each lane's id with its tie ranks; the carries move past the step
+  auto step = [&](int i, int& rp, int& rq, double& wp, double& wq) {
+    const unsigned bp = __ballot_sync(0xffffffffu, P.tie(i)), bq = __ballot_sync(0xffffffffu, Q.tie(i));
+    wp = P.weight(i, rp + __popc(bp & below));
+    wq = Q.weight(i, rq + __popc(bq & below));
+    rp += __popc(bp);
+    rq += __popc(bq);
+  };
   // ---- both rows' kept mass, and d's weights
   double zp = 0.0, zq = 0.0;
   {
-    double rp = rp0, rq = rq0;
-    for (int i = i0; i < i1; ++i) {
-      const double wp = P.weight(i, rp, s_exp2), wq = Q.weight(i, rq, s_exp2);
+    int rp = rp0, rq = rq0;
+    for (int i = lo + lane; i < lo + CW; i += 32) {
+      double wp, wq;
+      step(i, rp, rq, wp, wq);
       zp += wp;
       zq += wq;
       if (i == d) {
@@ -797,7 +820,8 @@ verify_drawn_drafts(const float* __restrict__ logits, i64 stride, int V, const f
   const u64 seed = seed_bytes == 8 ? reinterpret_cast<const u64*>(seeds)[row]
                                    : (u64)(i64)reinterpret_cast<const int*>(seeds)[row];
   const i64 pos = positions[row];
-  const double pd = s_wd[0] / zp, qd = zq > 0.0 ? s_wd[1] / zq : 0.0;
+  const double inv_zp = 1.0 / zp, inv_zq = zq > 0.0 ? 1.0 / zq : 0.0;  // multiplications in the passes
+  const double pd = s_wd[0] * inv_zp, qd = s_wd[1] * inv_zq;
   if (hash_uniform(seed, pos, 1ull) * qd < pd) {  // uniform over the block: every thread returns
     if (tid == 0) {
       out[row] = d;
@@ -805,52 +829,71 @@ verify_drawn_drafts(const float* __restrict__ logits, i64 stride, int V, const f
     }
     return;
   }
-  // ---- the residual max(p - q, 0), or p where it has no mass: each run's mass, then the draw
-  auto resid = [&](int i, double& rp, double& rq, bool from_p) {
-    const double wp = P.weight(i, rp, s_exp2), wq = Q.weight(i, rq, s_exp2);
-    return from_p ? wp / zp : fmax(wp / zp - (zq > 0.0 ? wq / zq : 0.0), 0.0);
+  // ---- the residual max(p - q, 0), or p where it has no mass: each warp's mass, then the draw
+  auto resid = [&](int i, int& rp, int& rq, bool from_p) {
+    double wp, wq;
+    step(i, rp, rq, wp, wq);
+    return from_p ? wp * inv_zp : fmax(wp * inv_zp - wq * inv_zq, 0.0);
   };
-  auto run_mass = [&](bool from_p, int& last_nz) {
-    double rp = rp0, rq = rq0, m = 0.0;
-    for (int i = i0; i < i1; ++i) {
+  double* s_mass = s_tile;  // [NW] each warp's mass (the radix histograms are done with)
+  int* s_last = iscratch;   // [NW] each warp's last id with mass, or -1
+  auto warp_mass = [&](bool from_p) {
+    int rp = rp0, rq = rq0, last = -1;
+    double m = 0.0;
+    for (int i = lo + lane; i < lo + CW; i += 32) {
       const double w = resid(i, rp, rq, from_p);
       m += w;
-      if (w > 0.0) last_nz = i;
+      const unsigned nz = __ballot_sync(0xffffffffu, w > 0.0);
+      if (nz) last = i - lane + 31 - __clz(nz);
     }
-    return m;
+    m = minillm::warp_sum(m);
+    __syncthreads();  // the previous readers of s_mass / s_last are done
+    if (lane == 0) {
+      s_mass[warp] = m;
+      s_last[warp] = last;
+    }
+    __syncthreads();
+    double total = 0.0;  // every thread, the same order
+    for (int w = 0; w < NW; ++w) total += s_mass[w];
+    return total;
   };
-  int last_nz = -1;
-  double own = run_mass(false, last_nz), total;
-  double excl = block_exclusive_scan(own, dscratch, &total);
+  double total = warp_mass(false);
   const bool from_p = !(total > 0.0);  // the same for every thread
-  if (from_p) {
-    last_nz = -1;
-    own = run_mass(true, last_nz);
-    excl = block_exclusive_scan(own, dscratch, &total);
-  }
+  if (from_p) total = warp_mass(true);
   const double target = hash_uniform(seed, pos, 2ull) * total;
-  if (tid == 0) {
-    s_found = 0;
-    accepted[row] = 0;
-  }
-  __syncthreads();
-  if (own > 0.0 && excl <= target && target < excl + own) {
-    // the first id whose running mass passes the target (searchsorted side="right")
-    double rp = rp0, rq = rq0, c = excl;
-    int pick = last_nz;
-    for (int i = i0; i < i1; ++i) {
-      const double w = resid(i, rp, rq, from_p);
-      c += w;
-      if (w > 0.0 && c > target) { pick = i; break; }
+  // the warp whose range holds the target (the last with mass, rounding past the end), then its walk
+  int wsel = -1, wlast = -1;
+  double base = 0.0, c = 0.0;
+  for (int w = 0; w < NW; ++w) {
+    const double m = s_mass[w];
+    if (m > 0.0) {
+      wlast = w;
+      if (wsel < 0 && target < c + m) { wsel = w; base = c; }
     }
-    out[row] = pick;
-    s_found = 1;
+    c += m;
   }
-  __syncthreads();
-  if (!s_found) {  // the target at or past the end (rounding): the last id with mass
-    float v = (float)last_nz;
-    int idx = -last_nz;
-    block_argmax(v, idx, fscratch, iscratch);
-    if (tid == 0) out[row] = v < 0.f ? d : (int)v;
+  if (wsel < 0 && wlast >= 0) {  // rounding: the last id with mass
+    if (tid == 0) out[row] = s_last[wlast];
+  } else if (wsel < 0) {  // nothing kept (not reachable: each row's max is kept)
+    if (tid == 0) out[row] = d;
+  } else if (warp == wsel) {
+    int rp = rp0, rq = rq0, pick = -1;
+    double cb = base;
+    const int w_lo = wsel * CW;
+    for (int i = w_lo + lane; i < w_lo + CW && pick < 0; i += 32) {
+      const double w = resid(i, rp, rq, from_p);
+      double inc = w;  // inclusive scan over the step's lanes
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const double y = __shfl_up_sync(0xffffffffu, inc, o);
+        if (lane >= o) inc += y;
+      }
+      // searchsorted side="right": the first id with mass whose running mass passes the target
+      const unsigned hit = __ballot_sync(0xffffffffu, w > 0.0 && target < cb + inc);
+      if (hit) pick = i - lane + __ffs(hit) - 1;
+      cb += __shfl_sync(0xffffffffu, inc, 31);
+    }
+    if (lane == 0) out[row] = pick >= 0 ? pick : s_last[wsel];
   }
+  if (tid == 0) accepted[row] = 0;
 }

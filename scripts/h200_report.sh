@@ -6074,6 +6074,24 @@ part324() {  # session 60 (carry .whl): DFlash drafts drawn from q at temperatur
   pack
 }
 
+part325() {  # session 60 (carry .whl): verify_drawn_drafts with float32 exponentials, no divisions in its passes
+  # and (its second run) each warp's ids a lane a step instead of a run a thread: the sampler and drawn-draft GPU
+  # tests, the sampler bench, memcheck and racecheck of the new kernel's tests (~3 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage drawn_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_dflash_graphs.py -k "sampler or drawn"
+  tail -n 3 "$W/drawn_tests.log"
+  stage sampler_bench 150 python3 scripts/sampler_bench.py --batches 1,8,64,128 --json "$W/sampler_bench.json"
+  stage memcheck_drawn 150 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "drawn_drafts and bfloat16"
+  tail -n 4 "$W/memcheck_drawn.log"
+  stage racecheck_drawn 150 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "drawn_drafts_like and bfloat16 and 1000"
+  tail -n 4 "$W/racecheck_drawn.log"
+  pack
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 
