@@ -6053,24 +6053,32 @@ step_kernels() {  # step_kernels MODEL BATCH CTX TIMEOUT [TEMPERATURE]: graph ti
   pack  # the parsed split is written after the last stage packed (part57 lost it)
 }
 
-part324() {  # session 60 (carry .whl): DFlash drafts drawn from q at temperature > 0 and verified against q
-  # (verify_drawn_drafts; sample_tokens' filters moved into filter_row): the sampler and drawn-draft GPU tests,
-  # the sampler bench with drawn drafts, every GPU test, then memcheck and racecheck of the new kernel's
-  # tests (~8 minutes)
-  setup
-  facts > "$W/facts.txt" 2>&1
+drawn_tests_and_bench() {  # session 60: the sampler's and the drawn drafts' GPU tests, then the sampler bench
   stage drawn_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
     tests/test_dflash_graphs.py -k "sampler or drawn"
   tail -n 3 "$W/drawn_tests.log"
   stage sampler_bench 150 python3 scripts/sampler_bench.py --batches 1,8,64,128 --json "$W/sampler_bench.json"
-  gpu_tests_full 300
-  tail -n 3 "$W/gpu_tests.log"
+}
+
+drawn_sanitizers() {  # session 60: memcheck and racecheck of verify_drawn_drafts' op tests
   stage memcheck_drawn 150 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
     python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "drawn_drafts and bfloat16"
   tail -n 4 "$W/memcheck_drawn.log"
   stage racecheck_drawn 150 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
     python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "drawn_drafts_like and bfloat16 and 1000"
   tail -n 4 "$W/racecheck_drawn.log"
+}
+
+part324() {  # session 60 (carry .whl): DFlash drafts drawn from q at temperature > 0 and verified against q
+  # (verify_drawn_drafts; sample_tokens' filters moved into filter_row): the sampler and drawn-draft GPU tests,
+  # the sampler bench with drawn drafts, every GPU test, then memcheck and racecheck of the new kernel's
+  # tests (~8 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  drawn_tests_and_bench
+  gpu_tests_full 300
+  tail -n 3 "$W/gpu_tests.log"
+  drawn_sanitizers
   pack
 }
 
@@ -6079,16 +6087,8 @@ part325() {  # session 60 (carry .whl): verify_drawn_drafts with float32 exponen
   # tests, the sampler bench, memcheck and racecheck of the new kernel's tests (~3 minutes)
   setup
   facts > "$W/facts.txt" 2>&1
-  stage drawn_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
-    tests/test_dflash_graphs.py -k "sampler or drawn"
-  tail -n 3 "$W/drawn_tests.log"
-  stage sampler_bench 150 python3 scripts/sampler_bench.py --batches 1,8,64,128 --json "$W/sampler_bench.json"
-  stage memcheck_drawn 150 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
-    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "drawn_drafts and bfloat16"
-  tail -n 4 "$W/memcheck_drawn.log"
-  stage racecheck_drawn 150 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
-    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "drawn_drafts_like and bfloat16 and 1000"
-  tail -n 4 "$W/racecheck_drawn.log"
+  drawn_tests_and_bench
+  drawn_sanitizers
   pack
 }
 

@@ -204,6 +204,18 @@ def chi_square_p(counts: dict, probs: dict, n: int) -> float:
     return chisquare(obs, exp).pvalue
 
 
+def two_token_counts(llm, prompt, n: int) -> dict:
+    """How often each pair of first two tokens came out of n seeded requests (temperature 1.3, top-k 5)."""
+    counts: dict = {}
+    for start in range(0, n, 1000):
+        ps = [SamplingParams(temperature=1.3, top_k=5, max_tokens=2, ignore_eos=True, seed=s)
+              for s in range(start, start + 1000)]
+        for out in llm.generate([prompt] * 1000, ps):
+            key = tuple(out.token_ids)
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
 @pytest.mark.parametrize("method", ["none", "ngram", "draft_model"])
 def test_sampling_lossless(models, method):
     """20,000 seeded samples of two tokens match the target's exact joint distribution.
@@ -218,14 +230,7 @@ def test_sampling_lossless(models, method):
     params = SamplingParams(temperature=1.3, top_k=5, max_tokens=2, ignore_eos=True)
     probs = exact_two_token_distribution(llm, prompt, params)
     n = 20_000
-    counts: dict = {}
-    for start in range(0, n, 1000):
-        ps = [SamplingParams(temperature=1.3, top_k=5, max_tokens=2, ignore_eos=True, seed=s)
-              for s in range(start, start + 1000)]
-        for out in llm.generate([prompt] * 1000, ps):
-            key = tuple(out.token_ids)
-            counts[key] = counts.get(key, 0) + 1
-    assert chi_square_p(counts, probs, n) > 0.001
+    assert chi_square_p(two_token_counts(llm, prompt, n), probs, n) > 0.001
     if method != "none":
         assert llm.engine.stats().spec["draft_tokens"] > 0  # drafts were really verified
 
@@ -266,14 +271,7 @@ def test_dflash_drawn_drafts_sampling_lossless(dflash_pair):
     params = SamplingParams(temperature=1.3, top_k=5, max_tokens=2, ignore_eos=True)
     probs = exact_two_token_distribution(llm, prompt, params)
     n = 20_000
-    counts: dict = {}
-    for start in range(0, n, 1000):
-        ps = [SamplingParams(temperature=1.3, top_k=5, max_tokens=2, ignore_eos=True, seed=s)
-              for s in range(start, start + 1000)]
-        for out in llm.generate([prompt] * 1000, ps):
-            key = tuple(out.token_ids)
-            counts[key] = counts.get(key, 0) + 1
-    assert chi_square_p(counts, probs, n) > 0.001
+    assert chi_square_p(two_token_counts(llm, prompt, n), probs, n) > 0.001
     assert llm.engine.stats().spec["draft_tokens"] > 0
     flat = LLM(str(target), device="cpu", max_num_seqs=16, max_model_len=128, speculative_config=spec)
     flat.generate(PROMPTS[:8], [SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True, seed=s)
