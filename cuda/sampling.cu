@@ -381,6 +381,19 @@ __device__ void sample_from_tiles(const float* __restrict__ lg, int V, unsigned 
   }
 }
 
+// A row's max logit bv and its argmax bi (the first index on ties): every thread gets both. 16-byte
+// loads (for_each_logit; 8 scalar loads in flight a thread measured slower on the H200: 13 -> 20 us a
+// row, part61).
+__device__ __forceinline__ void row_argmax(const float* __restrict__ lg, int n, float* fscratch, int* iscratch,
+                                           float& bv, int& bi) {
+  bv = minillm::neg_inf();
+  bi = 0x7fffffff;
+  for_each_logit(lg, n, [&](int i, float v) {
+    if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
+  });
+  block_argmax(bv, bi, fscratch, iscratch);
+}
+
 // A sampled row's filters (temperature t > 0, max logit bv): top-k and min-p as one floor on the
 // key, then top-p's cut-off key and how many of its tied tokens it keeps (in index order). Every
 // thread of the block calls it and gets the same values. scratch: SAMPLE_MAX_TILES doubles of
@@ -536,14 +549,9 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
   const float* lg = logits + (i64)row * stride;
 
   // ---- argmax (greedy) and the max logit
-  float bv = minillm::neg_inf();
-  int bi = 0x7fffffff;
-  // 16-byte loads (for_each_logit; 8 scalar loads in flight a thread measured slower on the
-  // H200: 13 -> 20 us a row, part61)
-  for_each_logit(lg, V, [&](int i, float v) {
-    if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
-  });
-  block_argmax(bv, bi, fscratch, iscratch);
+  float bv;
+  int bi;
+  row_argmax(lg, V, fscratch, iscratch, bv, bi);
   const float temp = temperature[row];
   const int d = draft ? draft[row] : -1;  // a drafted token to verify at this row, or -1
   MINILLM_CHECK(d < V);
@@ -723,21 +731,10 @@ struct KeptRow {  // a filtered row's kept tokens and their weights exp(x - max 
   }
 };
 
-// The max logit of a row (the first index on ties): every thread gets it.
-__device__ __forceinline__ float row_max(const float* __restrict__ lg, int n, float* fscratch, int* iscratch) {
-  float bv = minillm::neg_inf();
-  int bi = 0x7fffffff;
-  for_each_logit(lg, n, [&](int i, float v) {
-    if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
-  });
-  block_argmax(bv, bi, fscratch, iscratch);
-  return bv;
-}
-
 }  // namespace
 
-// grid n_rows, SAMPLE_THREADS threads (one CTA an SM: 128 registers, no spills); the arguments are
-// sample_tokens' plus the drafter's rows
+// grid n_rows, SAMPLE_THREADS threads (one CTA an SM: room for 128 registers; ptxas: 74, no spills);
+// the arguments are sample_tokens' plus the drafter's rows
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
 verify_drawn_drafts(const float* __restrict__ logits, i64 stride, int V, const float* __restrict__ q_logits,
                     i64 q_stride, int QV, const float* __restrict__ temperature, const float* __restrict__ top_p,
@@ -748,7 +745,7 @@ verify_drawn_drafts(const float* __restrict__ logits, i64 stride, int V, const f
   __shared__ double s_above;
   __shared__ float fscratch[32];
   __shared__ int iscratch[32];
-  __shared__ int s_found, s_bin, s_first;
+  __shared__ int s_bin, s_first;
   __shared__ double s_tile[SAMPLE_MAX_TILES];  // the radix histograms
   __shared__ double s_exp2[256];
   __shared__ double s_wd[2];  // d's weights in p and q
@@ -763,7 +760,10 @@ verify_drawn_drafts(const float* __restrict__ logits, i64 stride, int V, const f
   const float* lp = logits + (i64)row * stride;
   const float* lq = q_logits + (i64)qr * q_stride;
   const double t = (double)temp, inv_t = 1.0 / t;
-  const float bp = row_max(lp, V, fscratch, iscratch), bq = row_max(lq, QV, fscratch, iscratch);
+  float bp, bq;
+  int ip, iq;
+  row_argmax(lp, V, fscratch, iscratch, bp, ip);
+  row_argmax(lq, QV, fscratch, iscratch, bq, iq);
   KeptRow P{lp, V, {}, inv_t, (double)bp * inv_t}, Q{lq, QV, {}, inv_t, (double)bq * inv_t};
   filter_row(lp, V, bp, t, top_k, min_p, top_p, row, P.f, s_tile, dscratch, &s_bin, &s_first, &s_above, s_exp2);
   filter_row(lq, QV, bq, t, top_k, min_p, top_p, row, Q.f, s_tile, dscratch, &s_bin, &s_first, &s_above, s_exp2);

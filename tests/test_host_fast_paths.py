@@ -115,6 +115,42 @@ def test_runs_fill_matches_the_general_fill(bs, specs, cached_rows, rnd):
             np.testing.assert_array_equal(h[k], want[k], err_msg=k)
 
 
+@settings(max_examples=50, deadline=None)
+@given(st.sampled_from([1, 16]), st.lists(st.tuples(st.integers(1, 30), st.integers(0, 5), st.sampled_from(
+    ["fresh", "stale", "one-hot"]), st.integers(1, 8)), min_size=1, max_size=8), st.randoms(use_true_random=False))
+def test_drawn_drafts_fill_their_q_rows_and_drop_stale_ones(bs, specs, rnd):
+    """Verification runs whose drafts a drafter drew from q (seq.draft_q: its step, their first
+    logits row): from its latest step, row j checks draft j against q row first + j; from an older
+    one, whose rows that step overwrote, the run's rows carry no draft (they sample as plain rows);
+    drawn deterministically (draft_q None), one-hot. Both fills agree."""
+    runner, batch = decode_runner(bs, [(p, o) for p, o, _, _ in specs], rnd, spare_blocks=10 * len(specs))
+
+    class Drafter:  # what ModelRunner.draft_q reads
+        launches = 5
+        logits = None
+
+    runner.draft_q = Drafter()
+    items, want_drafts, want_q = [], [], []
+    for item, (_, _, kind, k) in zip(batch, specs):
+        seq = item.seq
+        seq.draft_ids = [rnd.randrange(VOCAB) for _ in range(k)]
+        first = rnd.randrange(0, 64)
+        seq.draft_q = {"fresh": (5, first), "stale": (4, first), "one-hot": None}[kind]
+        runner.bm.allocate(seq, seq.num_tokens + k)
+        items.append(ScheduledSeq(seq, k + 1, k))
+        want_drafts += (seq.draft_ids if kind != "stale" else [-1] * k) + [-1]
+        want_q += (list(range(first, first + k)) if kind == "fresh" else [-1] * k) + [-1]
+    t = sum(it.num_new for it in items)
+    runner.buf = StepBuffers(NumpyBackend(), t, len(items) + 1, t, max(len(it.seq.block_table) for it in items))
+    h = runner.buf.host
+    for fill in (runner._prepare_any, runner._prepare_runs):
+        for a in h.values():
+            a[...] = rnd.randrange(1, 100)
+        assert fill(items) == (t, t)
+        np.testing.assert_array_equal(h["draft_tokens"][:t], want_drafts, err_msg=fill.__name__)
+        np.testing.assert_array_equal(h["draft_q_rows"][:t], want_q, err_msg=fill.__name__)
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.sampled_from([1, 4, 16]), st.lists(st.tuples(st.integers(1, 30), st.integers(0, 5), st.sampled_from(
     ["device", "host", "score"]), st.integers(1, 8)), min_size=1, max_size=10), st.randoms(use_true_random=False))
