@@ -1,8 +1,9 @@
 // sampling.cu: one token per logits row on the device, the twin of minillm/engine/sampler.py.
 //
 // Greedy (temperature <= 0) is argmax with the first index winning ties, like np.argmax.
-// Otherwise the row is filtered and sampled exactly as probs_from_logits + sample_from_probs do,
-// in float64 like the NumPy code, with the same splitmix64 counter-based uniform (identical bits):
+// Otherwise the row is filtered and sampled as probs_from_logits + sample_from_probs do (the filters
+// in float64 like the NumPy code, the draw's weights in float32: "The draw" below), with the same
+// splitmix64 counter-based uniform (identical bits):
 //   x = logit / T;  top-k keeps x >= (k-th largest x);  min-p keeps x >= M + ln(min_p) (M = max x:
 //   p >= min_p * p_max, vLLM's min_p);  p = softmax(x);
 //   top-p keeps the smallest prefix of tokens in (p descending, index ascending) order whose
@@ -14,7 +15,7 @@
 // into one (the larger key): min-p's is the smallest key whose x reaches the threshold, found by a
 // binary search over the 2^32 keys (32 float64 divisions, no pass over the row: min_p_key).
 // Results can differ from the NumPy sampler only where sums taken in another order (or in fixed
-// point) fall on the other side of a boundary (near-ties), or where log(min_p) rounds differently
+// point, or float32 weights) fall on the other side of a boundary (near-ties), or where log(min_p) rounds differently
 // from NumPy's at a token's x exactly on min-p's threshold.
 //
 // Speculative verification rides along (draft[row] = d >= 0): the drafters propose their argmax,
@@ -22,19 +23,17 @@
 // is the argmax); else draw from p without d. out[row] is then d or that draw, accepted[row]
 // says which; the engine keeps the accepted prefix and the first non-accepted row's token.
 //
-// The draw (sample_from_tiles): every kept token's weight exp(x - M) in float64 is computed once,
-// in one pass that leaves the sums of 64-token tiles in shared memory (tile order = index order);
-// the inverse CDF then walks warps, tiles and tokens by those sums, one warp at the end. No
-// normaliser pass is needed (u * total is the target), so a temperature-only row costs one float64
-// exp a token. The H200 measured the earlier layout (a normaliser pass, divisions, then one thread
-// walking its 297-token chunk serially) at 307 us a row and 750 us for 192 rows, 10% of a
-// throughput-workload decode step (scripts/sampler_bench.py, docs/BENCHMARKS.md); its 16-way
-// bisections took top-k 50 to 837 us a row and top-p 0.9 to 1,299 (now 69, 119 and 322 us a row;
-// 131 us for 192 temperature rows, part69). What is left is mostly the passes' loads (the
-// argmax's, then the weights'; top-p's three radix passes and tie count): one pass keeping a
-// reference max per tile, with more loads in flight, is the next step. Rows whose top-p cut-off falls
+// The draw (tile_masses + tile_draw, "the tiled draw" below): every kept token's weight
+// exp((l - max l) / T) is computed once, in float32, in one pass that leaves the masses of 512-id
+// tiles in shared memory (tile order = index order); the inverse CDF then finds the warp, the tile and
+// the token by those masses, recomputing one tile. No normaliser pass is needed (u * total is the
+// target). Float32 weights can move a draw only where u * total lies within ~1e-6 relative of a
+// boundary. History (scripts/sampler_bench.py, docs/BENCHMARKS.md): a normaliser pass, divisions and one
+// thread walking its 297-token chunk took 307 us a row (H200); float64 weights in 64-token tiles, 8
+// four-byte loads in flight a lane, 68 us at one row, 92 us for 128 rows (H100, part326), ~55 us of the
+// 68 the float64 exp and its two conversions a token (16 a clock an SM). Rows whose top-p cut-off falls
 // inside a run of tied logits (ties kept in index order), or whose vocabulary is over
-// SAMPLE_TILE * SAMPLE_MAX_TILES, still take that serial draw (the end of sample_tokens).
+// DRAW_TILE * DRAW_MAX_TILES, take the serial float64 draw (the end of sample_tokens).
 //
 // One CTA of SAMPLE_THREADS threads per row, two CTAs an SM (64 registers). One 1,024-thread CTA
 // a row (twice the warps, so twice the loads in flight a row) measured a temperature row 67 -> 57 us
@@ -44,9 +43,7 @@
 #include "radix.cuh"
 
 #define SAMPLE_THREADS 512
-#define SAMPLE_TILE 64  // tokens a tile (two a lane); tile sums live in shared memory
-#define SAMPLE_MAX_TILES 4096  // vocabularies up to 262,144 take the tiled draw
-#define SAMPLE_GROUP 4  // tiles a warp loads before it computes (memory-level parallelism)
+#define SAMPLE_MAX_TILES 4096  // the radix histograms' doubles (the tiled draw's masses reuse them)
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)
 
 namespace {
@@ -210,13 +207,6 @@ __device__ __forceinline__ double exp_weight(double x, const double* exp2_tab) {
   return exp2_tab[j] * __longlong_as_double((long long)(k + 1023) << 52) * p;
 }
 
-// The draw's weight of a token with logit l: exp(x - M) for x = l / T (as l * (1 / T)) when its
-// key survives the top-k / top-p filters (key >= min_key; 0 keeps all), else 0.
-__device__ __forceinline__ double tok_weight(float l, unsigned min_key, double inv_t, double M,
-                                             const double* exp2_tab) {
-  return float_key(l) >= min_key ? exp_weight(fma((double)l, inv_t, -M), exp2_tab) : 0.0;
-}
-
 // Which of the warp's lanes holds the crossing: the first lane whose part (c0, its start, and w,
 // its weight) has w > 0 and target < c0 + w (searchsorted side="right"), else the last lane with
 // w > 0 (rounding past the end), else -1.
@@ -238,147 +228,6 @@ __device__ void block_argmax(float& v, int& idx, float* sv, int* si) {
   idx = lane < nw ? si[lane] : 0x7fffffff;
   warp_argmax(v, idx);
   __syncthreads();
-}
-
-// The draw from the kept tokens' weights (tok_weight), with the draft verification: see the top
-// of the file. tile / warp_tot: shared memory of SAMPLE_MAX_TILES / SAMPLE_WARPS doubles. Every
-// thread of the block calls it; it ends with warp 0 alone (no barrier after that).
-__device__ void sample_from_tiles(const float* __restrict__ lg, int V, unsigned min_key, double inv_t,
-                                  double M, int d, u64 seed, i64 pos, int fallback, int* out,
-                                  int* accepted, int row, double* tile, double* warp_tot,
-                                  const double* exp2_tab) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int n_tiles = (V + SAMPLE_TILE - 1) / SAMPLE_TILE;
-  const int tpw = (n_tiles + SAMPLE_WARPS - 1) / SAMPLE_WARPS;  // warp w: tiles [w * tpw, ...)
-  // ---- one pass over the row: each tile's sum (lane l holds tokens 2l, 2l + 1), each warp's total
-  {
-    const int lo = min(n_tiles, warp * tpw), hi = min(n_tiles, lo + tpw);
-    double acc = 0.0;
-    for (int t0 = lo; t0 < hi; t0 += SAMPLE_GROUP) {
-      float l[SAMPLE_GROUP][2];
-#pragma unroll
-      for (int g = 0; g < SAMPLE_GROUP; ++g)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int i = (t0 + g) * SAMPLE_TILE + 2 * lane + e;
-          l[g][e] = (t0 + g < hi && i < V) ? lg[i] : minillm::neg_inf();  // -inf weighs 0
-        }
-      double w[SAMPLE_GROUP];
-#pragma unroll
-      for (int g = 0; g < SAMPLE_GROUP; ++g)
-        w[g] = tok_weight(l[g][0], min_key, inv_t, M, exp2_tab) + tok_weight(l[g][1], min_key, inv_t, M, exp2_tab);
-      // transposed reduction of the 4 tiles: halves of the warp swap pairs of sums, then quarters
-      // swap single sums, then 8 lanes finish one tile each (lanes 8g..8g+7: tile g); 9 double
-      // shuffles instead of 4 x 5 butterflies
-      static_assert(SAMPLE_GROUP == 4, "the transposed reduction is written for 4 tiles");
-      const bool h16 = lane & 16, h8 = lane & 8;
-      const double a0 = (h16 ? w[2] : w[0]) + __shfl_xor_sync(0xffffffffu, h16 ? w[0] : w[2], 16);
-      const double a1 = (h16 ? w[3] : w[1]) + __shfl_xor_sync(0xffffffffu, h16 ? w[1] : w[3], 16);
-      double r = (h8 ? a1 : a0) + __shfl_xor_sync(0xffffffffu, h8 ? a0 : a1, 8);
-#pragma unroll
-      for (int o = 4; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
-      const int g_mine = lane >> 3;  // the tile whose sum this lane holds
-      if ((lane & 7) == 0 && t0 + g_mine < hi) tile[t0 + g_mine] = r;
-#pragma unroll
-      for (int g = 0; g < SAMPLE_GROUP; ++g) {
-        const double tg = __shfl_sync(0xffffffffu, r, 8 * g);
-        if (t0 + g < hi) acc += tg;
-      }
-    }
-    if (lane == 0) warp_tot[warp] = acc;
-  }
-  __syncthreads();
-  auto total_of = [&]() {  // every thread, the same order: the same value
-    double c = 0.0;
-    for (int w = 0; w < SAMPLE_WARPS; ++w) c += warp_tot[w];
-    return c;
-  };
-  double total = total_of();
-
-  // ---- a draft d (q one-hot): accept with probability p(d); else the residual is p without d
-  if (d >= 0) {
-    const double wd = tok_weight(lg[d], min_key, inv_t, M, exp2_tab);
-    if (hash_uniform(seed, pos, 1ull) < wd / total) {  // uniform over the block: all return
-      if (tid == 0) {
-        out[row] = d;
-        if (accepted) accepted[row] = 1;
-      }
-      return;
-    }
-    const int td = d / SAMPLE_TILE, wdi = td / tpw;
-    if (warp == 0) {  // d's tile summed again without d, as the pass above did
-      double w = 0.0;
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int i = td * SAMPLE_TILE + 2 * lane + e;
-        if (i < V && i != d) w += tok_weight(lg[i], min_key, inv_t, M, exp2_tab);
-      }
-      w = minillm::warp_sum(w);
-      if (lane == 0) tile[td] = w;
-    }
-    __syncthreads();
-    if (tid == 0) {  // and its warp's total, in the pass's order
-      const int lo = wdi * tpw, hi = min(n_tiles, lo + tpw);
-      double acc = 0.0;
-      for (int tt = lo; tt < hi; ++tt) acc += tile[tt];
-      warp_tot[wdi] = acc;
-    }
-    __syncthreads();
-    total = total_of();
-  }
-  if (tid == 0 && accepted) accepted[row] = 0;  // rejected, or no draft at this row
-  if (warp != 0) return;
-
-  // ---- inverse CDF at u * total, by warp 0: the warp range, the tile, the token
-  const double target = hash_uniform(seed, pos, d >= 0 ? 2ull : 0ull) * total;
-  const double ww = lane < SAMPLE_WARPS ? warp_tot[lane] : 0.0;
-  double c0 = 0.0;  // the warps before this lane's, summed in total_of's order
-  for (int w = 0; w < lane && w < SAMPLE_WARPS; ++w) c0 += warp_tot[w];
-  const int wsel = warp_crossing(c0, ww, target);
-  if (wsel < 0) {  // nothing kept (not reachable: the max logit is always kept)
-    if (lane == 0) out[row] = fallback;
-    return;
-  }
-  const double wbase = __shfl_sync(0xffffffffu, c0, wsel);
-  const int lo = wsel * tpw, hi = min(n_tiles, lo + tpw);
-  const int per = (hi - lo + 31) / 32;  // lanes take consecutive runs of that warp's tiles
-  const int a = min(hi, lo + lane * per), b = min(hi, a + per);
-  double ls = 0.0;
-  for (int tt = a; tt < b; ++tt) ls += tile[tt];
-  const double lc0 = wbase + warp_exclusive_scan(ls);
-  const int lsel = warp_crossing(lc0, ls, target);
-  int tsel = -1;
-  double tc0 = 0.0;
-  if (lane == lsel) {
-    double c = lc0, lastc = 0.0;
-    int last = -1;
-    for (int tt = a; tt < b; ++tt) {
-      const double ts = tile[tt];
-      if (ts > 0.0) {
-        if (target < c + ts) { tsel = tt; tc0 = c; break; }
-        last = tt;
-        lastc = c;
-      }
-      c += ts;
-    }
-    if (tsel < 0) { tsel = last; tc0 = lastc; }
-  }
-  tsel = __shfl_sync(0xffffffffu, tsel, lsel < 0 ? 0 : lsel);
-  tc0 = __shfl_sync(0xffffffffu, tc0, lsel < 0 ? 0 : lsel);
-  if (tsel < 0) {
-    if (lane == 0) out[row] = fallback;
-    return;
-  }
-  const int i0 = tsel * SAMPLE_TILE + 2 * lane;
-  const double w0 = (i0 < V && i0 != d) ? tok_weight(lg[i0], min_key, inv_t, M, exp2_tab) : 0.0;
-  const double w1 = (i0 + 1 < V && i0 + 1 != d) ? tok_weight(lg[i0 + 1], min_key, inv_t, M, exp2_tab) : 0.0;
-  const double ec0 = tc0 + warp_exclusive_scan(w0 + w1);
-  const int esel = warp_crossing(ec0, w0 + w1, target);
-  if (esel < 0 && lane == 0) out[row] = fallback;
-  if (lane == esel) {  // its first token unless the target lies past it (or it weighs nothing)
-    const bool first = w0 > 0.0 && (target < ec0 + w0 || !(w1 > 0.0));
-    out[row] = i0 + (first ? 0 : 1);
-  }
 }
 
 // A row's max logit bv and its argmax bi (the first index on ties): every thread gets both. 16-byte
@@ -461,7 +310,7 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
   const double tp = (double)top_p[row];
   const bool use_topp = tp < 1.0;
   const double inv_t = 1.0 / t;
-  const double Mt = (double)bv * inv_t;  // tok_weight's max
+  const double Mt = (double)bv * inv_t;  // the weights' max x
 
   // ---- top-p: the cut-off key v = min key with mass(key > v) < top_p, then its ties. Radix
   // select again, over each kept token's weight exp(x - M) in fixed point (2^62 / V a unit
@@ -525,6 +374,238 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
   f.S2 = S2;
 }
 
+
+// ---- the tiled draw, shared by sample_tokens and verify_drawn_drafts ------------------------------
+// A row is cut into tiles of DRAW_TILE consecutive ids; each warp owns a contiguous run of tiles,
+// so a warp's ids come in index order (the order the draw walks and ties at a top-p cut-off are
+// ranked in). A warp loads a whole tile before it computes any of it: DRAW_GROUP steps of one
+// 16-byte load a lane a row. One pass leaves each tile's mass in shared memory and each warp's mass
+// and last id with mass; the draw then finds the target's warp, its tile (lanes scanning runs of
+// tiles), and recomputes that one tile. The weights are float32 (Src::weights); the tiles' masses
+// and every running sum above a step are float64.
+// A source of weights (Src): Tile, a tile's loaded logits; Carry, what a warp carries from step to
+// step (the tie ranks at a top-p cut-off); load(tt, tile); weights(tile, g, i, carry, r): a lane's 4
+// weights of step g (ids i..i+3), moving the carry past the step; carry_at(tt): the carry at the
+// start of tile tt, one of this warp's.
+#define DRAW_GROUP 4                        // steps a warp loads before it computes them
+#define DRAW_STEP 128                       // ids a warp step: 4 a lane
+#define DRAW_TILE (DRAW_STEP * DRAW_GROUP)  // 512 ids
+#define DRAW_MAX_TILES 2048                 // rows up to 1,048,576 ids take the tiled draw
+static_assert(SAMPLE_MAX_TILES >= 2 * DRAW_MAX_TILES, "the tiles' masses and ranks share the histograms' memory");
+
+// ids i..i+3 (i a multiple of 4) of a row of n ids: one 16-byte load where the row is 16-byte aligned
+// (vec); ids from n on read -inf (weight 0) and load nothing
+__device__ __forceinline__ float4 load_ids4(const float* __restrict__ lg, int i, int n, bool vec) {
+  if (vec && i + 3 < n) return *reinterpret_cast<const float4*>(lg + i);
+  const float ninf = minillm::neg_inf();
+  return make_float4(i < n ? lg[i] : ninf, i + 1 < n ? lg[i + 1] : ninf, i + 2 < n ? lg[i + 2] : ninf,
+                     i + 3 < n ? lg[i + 3] : ninf);
+}
+
+__device__ __forceinline__ bool aligned16(const float* p) { return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0; }
+
+struct WarpTiles {  // a row's tiles and the run of them this warp owns
+  int n_tiles, tpw, lo, hi;
+  __device__ WarpTiles(int V) {
+    const int warp = threadIdx.x >> 5, NW = blockDim.x >> 5;
+    n_tiles = (V + DRAW_TILE - 1) / DRAW_TILE;
+    tpw = (n_tiles + NW - 1) / NW;
+    lo = min(n_tiles, warp * tpw);
+    hi = min(n_tiles, lo + tpw);
+  }
+  __device__ int first_id(int tt, int g) const { return tt * DRAW_TILE + g * DRAW_STEP + 4 * (threadIdx.x & 31); }
+};
+
+// One tile's mass (every lane of the warp gets it) and the last id with mass seen (this lane's).
+template <class Src>
+__device__ __forceinline__ double tile_mass(const Src& src, const WarpTiles& wt, int tt, typename Src::Carry& c,
+                                            int& last) {
+  typename Src::Tile tile;
+  src.load(tt, tile);
+  float m = 0.f;
+#pragma unroll
+  for (int g = 0; g < DRAW_GROUP; ++g) {
+    const int i = wt.first_id(tt, g);
+    float r[4];
+    src.weights(tile, g, i, c, r);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      m += r[e];
+      if (r[e] > 0.f) last = i + e;  // ids rise with g and e
+    }
+  }
+  return minillm::warp_sum((double)m);
+}
+
+// Every tile's mass into s_mass, each warp's mass and last id with mass into s_wmass / s_wlast; returns
+// the row's mass (every thread, the same value). Every thread of the block calls it.
+template <class Src>
+__device__ double tile_masses(const Src& src, const WarpTiles& wt, double* s_mass, double* s_wmass, int* s_wlast) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, NW = blockDim.x >> 5;
+  typename Src::Carry c = wt.lo < wt.hi ? src.carry_at(wt.lo) : typename Src::Carry{};
+  int last = -1;
+  double wm = 0.0;
+  for (int tt = wt.lo; tt < wt.hi; ++tt) {
+    const double tm = tile_mass(src, wt, tt, c, last);
+    if (lane == 0) s_mass[tt] = tm;
+    wm += tm;
+  }
+  last = __reduce_max_sync(0xffffffffu, last + 1) - 1;  // -1: none
+  __syncthreads();  // the previous readers of s_wmass / s_wlast are done
+  if (lane == 0) {
+    s_wmass[warp] = wm;
+    s_wlast[warp] = last;
+  }
+  __syncthreads();
+  double total = 0.0;  // every thread, the same order
+  for (int w = 0; w < NW; ++w) total += s_wmass[w];
+  return total;
+}
+
+// Tile tt's mass again after src changed (a rejected one-hot draft now weighs 0), and its warp's
+// mass, summed in tile_masses' order. Every thread of the block calls it.
+template <class Src>
+__device__ double retile(const Src& src, int V, int tt, double* s_mass, double* s_wmass) {
+  const int warp = threadIdx.x >> 5, NW = blockDim.x >> 5;
+  const WarpTiles wt(V);
+  const int owner = tt / wt.tpw;
+  if (warp == owner) {  // its own tile: carry_at is this warp's
+    typename Src::Carry c = src.carry_at(tt);
+    int last = -1;
+    const double tm = tile_mass(src, wt, tt, c, last);
+    if ((threadIdx.x & 31) == 0) s_mass[tt] = tm;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double wm = 0.0;
+    for (int t = owner * wt.tpw; t < min(wt.n_tiles, (owner + 1) * wt.tpw); ++t) wm += s_mass[t];
+    s_wmass[owner] = wm;
+  }
+  __syncthreads();
+  double total = 0.0;
+  for (int w = 0; w < NW; ++w) total += s_wmass[w];
+  return total;
+}
+
+// The first id with mass whose running mass passes target (searchsorted side="right"; rounding past
+// the end: the last id with mass; nothing kept: fallback) into *slot, by one warp. Every thread of
+// the block calls it after tile_masses; no barrier after it.
+template <class Src>
+__device__ void tile_draw(const Src& src, const WarpTiles& wt, double target, const double* s_mass,
+                          const double* s_wmass, const int* s_wlast, int fallback, int* slot) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, NW = blockDim.x >> 5;
+  int wsel = -1, wlast = -1;  // the warp whose range holds the target (uniform over the block)
+  double base = 0.0, c = 0.0;
+  for (int w = 0; w < NW; ++w) {
+    const double m = s_wmass[w];
+    if (m > 0.0) {
+      wlast = w;
+      if (wsel < 0 && target < c + m) { wsel = w; base = c; }
+    }
+    c += m;
+  }
+  if (wsel < 0) {
+    if (threadIdx.x == 0) *slot = wlast >= 0 ? s_wlast[wlast] : fallback;
+    return;
+  }
+  if (warp != wsel) return;
+  // its tile: lanes sum consecutive runs of the warp's tiles, the crossing lane walks its run
+  const int per = (wt.hi - wt.lo + 31) / 32, ra = min(wt.hi, wt.lo + lane * per), rb = min(wt.hi, ra + per);
+  double ls = 0.0;
+  for (int tt = ra; tt < rb; ++tt) ls += s_mass[tt];
+  const double lc0 = base + warp_exclusive_scan(ls);
+  const int lsel = warp_crossing(lc0, ls, target);
+  int tsel = -1;
+  double tc0 = 0.0;
+  if (lane == lsel) {
+    double cc = lc0, lastc = 0.0;
+    int lastt = -1;
+    for (int tt = ra; tt < rb; ++tt) {
+      const double ts = s_mass[tt];
+      if (ts > 0.0) {
+        if (target < cc + ts) { tsel = tt; tc0 = cc; break; }
+        lastt = tt;
+        lastc = cc;
+      }
+      cc += ts;
+    }
+    if (tsel < 0) { tsel = lastt; tc0 = lastc; }
+  }
+  tsel = __shfl_sync(0xffffffffu, tsel, lsel < 0 ? 0 : lsel);
+  tc0 = __shfl_sync(0xffffffffu, tc0, lsel < 0 ? 0 : lsel);
+  if (tsel < 0) {  // the warp's sum said it has mass, its tiles' none (not reachable)
+    if (lane == 0) *slot = s_wlast[wsel];
+    return;
+  }
+  // that tile again, step by step; else (rounding) its last id with mass
+  typename Src::Carry carry = src.carry_at(tsel);
+  typename Src::Tile tile;
+  src.load(tsel, tile);
+  double cb = tc0;
+  int pick = -1, last = -1;
+#pragma unroll
+  for (int g = 0; g < DRAW_GROUP; ++g) {
+    const int i = wt.first_id(tsel, g);
+    float r[4];
+    src.weights(tile, g, i, carry, r);  // every step: the carry moves on
+    if (pick >= 0) continue;
+    const double mine = (double)(r[0] + r[1] + r[2] + r[3]);
+    double inc = mine;  // inclusive scan over the step's lanes
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const double y = __shfl_up_sync(0xffffffffu, inc, o);
+      if (lane >= o) inc += y;
+    }
+    const unsigned hit = __ballot_sync(0xffffffffu, mine > 0.0 && target < cb + inc);
+    int lane_pick = -1, lane_last = -1;
+    double ce = cb + inc - mine;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      ce += r[e];
+      if (r[e] > 0.f) {
+        if (lane_pick < 0 && target < ce) lane_pick = i + e;
+        lane_last = i + e;
+      }
+    }
+    if (lane_pick < 0) lane_pick = lane_last;  // rounding within the lane's ids
+    if (hit) pick = __shfl_sync(0xffffffffu, lane_pick, __ffs(hit) - 1);
+    last = max(last, __reduce_max_sync(0xffffffffu, lane_last + 1) - 1);
+    cb += __shfl_sync(0xffffffffu, inc, 31);
+  }
+  if (lane == 0) *slot = pick >= 0 ? pick : last;
+}
+
+// sample_tokens' source: one row's kept tokens (key >= min_key; 0 keeps all) weighing
+// exp((l - max l) / T) in float32 (expf: ~1e-6 relative at most where that is ~ -20, the large
+// weights far closer, so only a draw within that of a boundary can differ from the float64 twin's;
+// float64 weights cost a float64 exp and two conversions a token, ~55 us of a 68 us temperature row,
+// part326), and skip (a rejected one-hot draft) weighing 0
+struct SampledRow {
+  const float* lg;
+  int n;
+  bool vec;
+  unsigned min_key;
+  float inv_t, bv;
+  int skip;
+  struct Tile { float4 v[DRAW_GROUP]; };
+  struct Carry {};
+  __device__ __forceinline__ float weight(float l) const {
+    return float_key(l) >= min_key ? expf((l - bv) * inv_t) : 0.f;  // -inf (ids past n): 0
+  }
+  __device__ __forceinline__ void load(int tt, Tile& t) const {
+#pragma unroll
+    for (int g = 0; g < DRAW_GROUP; ++g) t.v[g] = load_ids4(lg, tt * DRAW_TILE + g * DRAW_STEP + 4 * (threadIdx.x & 31), n, vec);
+  }
+  __device__ __forceinline__ void weights(const Tile& t, int g, int i, Carry&, float r[4]) const {
+    const float4 v = t.v[g];
+    r[0] = i == skip ? 0.f : weight(v.x);
+    r[1] = i + 1 == skip ? 0.f : weight(v.y);
+    r[2] = i + 2 == skip ? 0.f : weight(v.z);
+    r[3] = i + 3 == skip ? 0.f : weight(v.w);
+  }
+  __device__ __forceinline__ Carry carry_at(int) const { return {}; }
+};
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 2)
@@ -541,6 +622,7 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
   __shared__ int s_found, s_bin, s_first;
   __shared__ double s_tile[SAMPLE_MAX_TILES];
   __shared__ double s_warp[SAMPLE_WARPS];
+  __shared__ int s_wlast[SAMPLE_WARPS];
   __shared__ double s_exp2[256];  // 2^(j / 256): exp_weight's table (the argmax's barriers publish it)
   if (threadIdx.x < 256) s_exp2[threadIdx.x] = exp2((double)threadIdx.x / 256.0);
   minillm::pdl_entry();
@@ -567,7 +649,7 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
   RowFilter f;
   filter_row(lg, V, bv, t, top_k, min_p, top_p, row, f, s_tile, dscratch, &s_bin,
              &s_first, &s_above, s_exp2);
-  const bool tiled = V <= SAMPLE_TILE * SAMPLE_MAX_TILES;
+  const bool tiled = V <= DRAW_TILE * DRAW_MAX_TILES;
   const double kth_x = f.kth_x, S2 = f.S2;
   const bool use_topp = f.use_topp, tie_cut = f.tie_cut;
   const unsigned cut_key = f.cut_key;
@@ -586,9 +668,24 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
                                    : (u64)(i64)reinterpret_cast<const int*>(seeds)[row];
   const i64 pos = positions[row];
   if (tiled && !tie_cut) {  // keep key >= cut-off (top-p, after top-k / min-p) or >= the floor
-    const double inv_t = 1.0 / t;
-    sample_from_tiles(lg, V, f.min_key(), inv_t, (double)bv * inv_t, d, seed, pos, bi, out, accepted, row, s_tile, s_warp,
-                      s_exp2);
+    SampledRow src{lg, V, aligned16(lg), f.min_key(), 1.f / temp, bv, -1};
+    const WarpTiles wt(V);
+    __syncthreads();  // the radix histograms (s_tile) are done with
+    double total = tile_masses(src, wt, s_tile, s_warp, s_wlast);
+    // a draft d (q one-hot): accept with probability p(d); else the residual is p without d
+    if (d >= 0) {
+      if (hash_uniform(seed, pos, 1ull) < (double)src.weight(lg[d]) / total) {  // uniform: all return
+        if (tid == 0) {
+          out[row] = d;
+          if (accepted) accepted[row] = 1;
+        }
+        return;
+      }
+      src.skip = d;
+      total = retile(src, V, d / DRAW_TILE, s_tile, s_warp);
+    }
+    if (tid == 0 && accepted) accepted[row] = 0;  // rejected, or no draft at this row
+    tile_draw(src, wt, hash_uniform(seed, pos, d >= 0 ? 2ull : 0ull) * total, s_tile, s_warp, s_wlast, bi, out + row);
     return;
   }
 
@@ -700,41 +797,95 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
 // same, as the drafter's own sample_tokens drew d from it. d is accepted with probability
 // min(1, p(d) / q(d)) (u * q(d) < p(d), u on the accept stream); otherwise the token is drawn from
 // max(p - q, 0) (the residual stream), or from p where that has no mass (rounding).
-// Each warp owns a range of ids, 32 consecutive ones a step, so ties at a top-p cut-off are ranked in
-// index order as the draws rank them: one pass sums both rows' kept weights exp(x - max x), a second
-// each warp's residual mass, and the warp whose range holds the target walks it. Measured (sampler_bench.py, H100,
-// part324 / part325): 57 us a row at 8 rows (temperature only; sample_tokens: 9), 194 with top-p 0.9,
-// whose radix selects run for both rows. Float32 exponentials and no divisions took 20% off the first
-// layout (each thread a run of ids); each warp's ids a lane a step (coalesced) changed nothing, so the
-// passes are bound by their loads' latency (one step's two loads in flight a warp). Next: load several
-// steps before computing them, as sample_from_tiles does. Only rows verifying drawn drafts come here.
+//
+// The tiled draw's layout (above): one pass for both rows' max; each row's filters (filter_row, only
+// where it has one); the ties at each top-p cut-off before each tile (only with top-p); both rows'
+// kept mass and d's weights; if d is rejected, the residual's tile masses and the draw. A tile of both
+// rows is loaded before any of it is computed (eight 16-byte loads in flight a lane). The first layout
+// (each warp 32 ids a step, one 4-byte load a row in flight, float64 weights, the draw walking a warp's
+// whole range) took 557 us a row at one row, 387 at 8 (temperature; sampler_bench.py, H100, part326).
 namespace {
 
-struct KeptRow {  // a filtered row's kept tokens and their weights exp(x - max x)
+struct KeptRow {  // a filtered row's kept tokens and their weights exp((l - max l) / T)
   const float* lg;
-  int n;  // ids from n on weigh 0 (a drafter's smaller vocabulary)
+  int n;     // ids from n on weigh 0 (a drafter's smaller vocabulary)
+  bool vec;  // 16-byte aligned
   RowFilter f;
-  double inv_t, Mt;
-  __device__ __forceinline__ bool tie(int i) const {  // a token at top-p's cut-off key
-    return f.use_topp && i < n && float_key(lg[i]) == f.cut_key;
+  float inv_t, bv;  // 1 / T and the row's max logit
+  __device__ __forceinline__ bool tie(float l, bool valid) const {  // a token at top-p's cut-off key
+    return f.use_topp && valid && float_key(l) == f.cut_key;
   }
-  // token i's weight; rank: the tokens tied at the cut-off before it (index order), read for such a tie
-  __device__ __forceinline__ double weight(int i, int rank) const {
-    if (i >= n) return 0.0;
-    const float l = lg[i];
+  // a kept token's weight (float32, as SampledRow's); rank: the tokens tied at the cut-off before it
+  // (index order), read for a tie. -inf (ids past n) gives 0.
+  __device__ __forceinline__ float weight(float l, int rank) const {
     const unsigned key = float_key(l);
-    if (f.use_floor && key < f.kth_key) return 0.0;
-    if (f.use_topp && (key < f.cut_key || (key == f.cut_key && rank >= f.n_tie))) return 0.0;
-    // float32's exp of x - max x (computed in float64): ~1e-7 relative, so only a draw within that
-    // of a boundary can differ from the float64 twin's; exp_weight's float64 took 20% more (part325)
-    return (double)expf((float)fma((double)l, inv_t, -Mt));
+    if (f.use_floor && key < f.kth_key) return 0.f;
+    if (f.use_topp && (key < f.cut_key || (key == f.cut_key && rank >= f.n_tie))) return 0.f;
+    return expf((l - bv) * inv_t);
+  }
+  // the weights of one lane's 4 ids from i in one warp step; rank: the warp's ties before the step,
+  // moved past it (the same in every lane)
+  __device__ __forceinline__ void step(float4 v, int i, int& rank, float w[4]) const {
+    const float l[4] = {v.x, v.y, v.z, v.w};
+    if (!f.use_topp) {  // uniform over the block
+#pragma unroll
+      for (int e = 0; e < 4; ++e) w[e] = weight(l[e], 0);
+      return;
+    }
+    const unsigned below = (1u << (threadIdx.x & 31)) - 1u;
+    bool t[4];
+    int before = 0, all = 0;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      t[e] = tie(l[e], i + e < n);
+      const unsigned b = __ballot_sync(0xffffffffu, t[e]);
+      before += __popc(b & below);
+      all += __popc(b);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {  // this lane's ids come after every earlier lane's
+      w[e] = weight(l[e], rank + before);
+      before += t[e];
+    }
+    rank += all;
   }
 };
 
+// verify_drawn_drafts' source for the tiled draw: the residual max(p - q, 0), or p (from_p)
+struct DraftResidual {
+  KeptRow P, Q;
+  float inv_zp, inv_zq;
+  bool from_p;
+  int rp0, rq0;        // the ties before this warp's range
+  const int* s_rank;   // [2][DRAW_MAX_TILES]: the ties before each tile within its warp (null: no top-p)
+  struct Tile { float4 a[DRAW_GROUP], b[DRAW_GROUP]; };
+  struct Carry { int rp, rq; };
+  __device__ __forceinline__ void load(int tt, Tile& t) const {
+#pragma unroll
+    for (int g = 0; g < DRAW_GROUP; ++g) {
+      const int i = tt * DRAW_TILE + g * DRAW_STEP + 4 * (threadIdx.x & 31);
+      t.a[g] = load_ids4(P.lg, i, P.n, P.vec);
+      t.b[g] = load_ids4(Q.lg, i, Q.n, Q.vec);
+    }
+  }
+  __device__ __forceinline__ void weights(const Tile& t, int g, int i, Carry& c, float r[4]) const {
+    float wp[4], wq[4];
+    P.step(t.a[g], i, c.rp, wp);
+    Q.step(t.b[g], i, c.rq, wq);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) r[e] = from_p ? wp[e] * inv_zp : fmaxf(wp[e] * inv_zp - wq[e] * inv_zq, 0.f);
+  }
+  __device__ __forceinline__ Carry carry_at(int tt) const {
+    return s_rank ? Carry{rp0 + s_rank[tt], rq0 + s_rank[DRAW_MAX_TILES + tt]} : Carry{rp0, rq0};
+  }
+};
+
+__device__ __forceinline__ float max4(float4 v) { return fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w)); }
+
 }  // namespace
 
-// grid n_rows, SAMPLE_THREADS threads (one CTA an SM: room for 128 registers; ptxas: 74, no spills);
-// the arguments are sample_tokens' plus the drafter's rows
+// grid n_rows, SAMPLE_THREADS threads (one CTA an SM: room for 128 registers); the arguments are
+// sample_tokens' plus the drafter's rows
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
 verify_drawn_drafts(const float* __restrict__ logits, i64 stride, int V, const float* __restrict__ q_logits,
                     i64 q_stride, int QV, const float* __restrict__ temperature, const float* __restrict__ top_p,
@@ -746,82 +897,126 @@ verify_drawn_drafts(const float* __restrict__ logits, i64 stride, int V, const f
   __shared__ float fscratch[32];
   __shared__ int iscratch[32];
   __shared__ int s_bin, s_first;
-  __shared__ double s_tile[SAMPLE_MAX_TILES];  // the radix histograms
+  // the radix histograms; then [0, DRAW_MAX_TILES) each tile's residual mass and, as ints from
+  // DRAW_MAX_TILES doubles on, each tile's ties before it within its warp (p's, then q's)
+  __shared__ double s_tile[SAMPLE_MAX_TILES];
   __shared__ double s_exp2[256];
   __shared__ double s_wd[2];  // d's weights in p and q
+  __shared__ double s_wmass[SAMPLE_WARPS];
+  __shared__ int s_wlast[SAMPLE_WARPS];
   if (threadIdx.x < 256) s_exp2[threadIdx.x] = exp2((double)threadIdx.x / 256.0);
   minillm::pdl_entry();
-  const int row = blockIdx.x, tid = threadIdx.x, NT = blockDim.x;
+  const int row = blockIdx.x, tid = threadIdx.x;
   if (row >= n_rows) return;
   const int d = draft[row], qr = q_rows[row];
   const float temp = temperature[row];
   if (d < 0 || qr < 0 || !(temp > 0.f)) return;  // sample_tokens' result stands
-  MINILLM_CHECK(d < V && QV <= V);
+  MINILLM_CHECK(d < V && QV <= V && V <= DRAW_TILE * DRAW_MAX_TILES);
   const float* lp = logits + (i64)row * stride;
   const float* lq = q_logits + (i64)qr * q_stride;
-  const double t = (double)temp, inv_t = 1.0 / t;
-  float bp, bq;
-  int ip, iq;
-  row_argmax(lp, V, fscratch, iscratch, bp, ip);
-  row_argmax(lq, QV, fscratch, iscratch, bq, iq);
-  KeptRow P{lp, V, {}, inv_t, (double)bp * inv_t}, Q{lq, QV, {}, inv_t, (double)bq * inv_t};
-  filter_row(lp, V, bp, t, top_k, min_p, top_p, row, P.f, s_tile, dscratch, &s_bin, &s_first, &s_above, s_exp2);
-  filter_row(lq, QV, bq, t, top_k, min_p, top_p, row, Q.f, s_tile, dscratch, &s_bin, &s_first, &s_above, s_exp2);
+  const double t = (double)temp;
+  const int lane = tid & 31, warp = tid >> 5;
+  const WarpTiles wt(V);
+  DraftResidual R{{lp, V, aligned16(lp), {}, 1.f / temp, 0.f}, {lq, QV, aligned16(lq), {}, 1.f / temp, 0.f},
+                  0.f, 0.f, false, 0, 0, nullptr};
+  KeptRow &P = R.P, &Q = R.Q;
 
-  // warp w owns ids [w * CW, (w + 1) * CW), 32 consecutive ids a step, a lane each (coalesced loads;
-  // contiguous runs a thread, part324/part325, made every load a transaction of its own)
-  const int lane = tid & 31, warp = tid >> 5, NW = NT >> 5;
-  const int CW = (V + NW * 32 - 1) / (NW * 32) * 32, lo = warp * CW;
-  const unsigned below = (1u << lane) - 1u;
-  // ---- the ties at each row's top-p cut-off before each warp's range (their rank is index order)
+  // ---- both rows' max
+  float bp = minillm::neg_inf(), bq = minillm::neg_inf();
+  for (int tt = wt.lo; tt < wt.hi; ++tt) {
+    DraftResidual::Tile tile;
+    R.load(tt, tile);
+#pragma unroll
+    for (int g = 0; g < DRAW_GROUP; ++g) {
+      bp = fmaxf(bp, max4(tile.a[g]));
+      bq = fmaxf(bq, max4(tile.b[g]));
+    }
+  }
   {
+    int ignored = 0;
+    block_argmax(bp, ignored, fscratch, iscratch);
+    block_argmax(bq, ignored, fscratch, iscratch);
+  }
+  P.bv = bp;
+  Q.bv = bq;
+  // ---- the filters (none, the radix selects, or min-p's floor), as sample_tokens filters its rows
+  const bool filtered = top_k[row] > 0 || (min_p && min_p[row] > 0.f) || top_p[row] < 1.f;  // uniform
+  if (filtered) {
+    filter_row(lp, V, bp, t, top_k, min_p, top_p, row, P.f, s_tile, dscratch, &s_bin, &s_first, &s_above, s_exp2);
+    filter_row(lq, QV, bq, t, top_k, min_p, top_p, row, Q.f, s_tile, dscratch, &s_bin, &s_first, &s_above, s_exp2);
+  } else {
+    P.f = Q.f = RowFilter{0u, 0.0, false, false, false, 0u, 0, 1.0};
+  }
+  __syncthreads();  // the radix histograms are done with
+
+  // ---- the ties at each top-p cut-off before each tile within its warp, and before each warp
+  if (P.f.use_topp || Q.f.use_topp) {
+    int* s_rank = reinterpret_cast<int*>(s_tile + DRAW_MAX_TILES);
     int cp = 0, cq = 0;
-    for (int i = lo + lane; i < lo + CW; i += 32) {
-      cp += __popc(__ballot_sync(0xffffffffu, P.tie(i)));
-      cq += __popc(__ballot_sync(0xffffffffu, Q.tie(i)));
+    for (int tt = wt.lo; tt < wt.hi; ++tt) {
+      if (lane == 0) {
+        s_rank[tt] = cp;
+        s_rank[DRAW_MAX_TILES + tt] = cq;
+      }
+      DraftResidual::Tile tile;
+      R.load(tt, tile);
+      int np = 0, nq = 0;
+#pragma unroll
+      for (int g = 0; g < DRAW_GROUP; ++g) {
+        const int i = wt.first_id(tt, g);
+        const float4 a = tile.a[g], b = tile.b[g];
+        np += P.tie(a.x, i < V) + P.tie(a.y, i + 1 < V) + P.tie(a.z, i + 2 < V) + P.tie(a.w, i + 3 < V);
+        nq += Q.tie(b.x, i < QV) + Q.tie(b.y, i + 1 < QV) + Q.tie(b.z, i + 2 < QV) + Q.tie(b.w, i + 3 < QV);
+      }
+      cp += __reduce_add_sync(0xffffffffu, np);
+      cq += __reduce_add_sync(0xffffffffu, nq);
     }
     if (lane == 0) {
       iscratch[warp] = cp;
       iscratch[16 + warp] = cq;
     }
+    __syncthreads();
+    for (int w = 0; w < warp; ++w) {
+      R.rp0 += iscratch[w];
+      R.rq0 += iscratch[16 + w];
+    }
+    R.s_rank = s_rank;
   }
-  __syncthreads();
-  int rp0 = 0, rq0 = 0;
-  for (int w = 0; w < warp; ++w) {
-    rp0 += iscratch[w];
-    rq0 += iscratch[16 + w];
-  }
-  // one step's weights: each lane's id with its tie ranks; the carries move past the step
-  auto step = [&](int i, int& rp, int& rq, double& wp, double& wq) {
-    const unsigned bp = __ballot_sync(0xffffffffu, P.tie(i)), bq = __ballot_sync(0xffffffffu, Q.tie(i));
-    wp = P.weight(i, rp + __popc(bp & below));
-    wq = Q.weight(i, rq + __popc(bq & below));
-    rp += __popc(bp);
-    rq += __popc(bq);
-  };
-  // ---- both rows' kept mass, and d's weights
+
+  // ---- both rows' kept mass (a tile's in float32, the tiles' in float64), and d's weights
   double zp = 0.0, zq = 0.0;
   {
-    int rp = rp0, rq = rq0;
-    for (int i = lo + lane; i < lo + CW; i += 32) {
-      double wp, wq;
-      step(i, rp, rq, wp, wq);
-      zp += wp;
-      zq += wq;
-      if (i == d) {
-        s_wd[0] = wp;
-        s_wd[1] = wq;
+    DraftResidual::Carry c{R.rp0, R.rq0};
+    for (int tt = wt.lo; tt < wt.hi; ++tt) {
+      DraftResidual::Tile tile;
+      R.load(tt, tile);
+      float sp = 0.f, sq = 0.f;
+#pragma unroll
+      for (int g = 0; g < DRAW_GROUP; ++g) {
+        const int i = wt.first_id(tt, g);
+        float wp[4], wq[4];
+        P.step(tile.a[g], i, c.rp, wp);
+        Q.step(tile.b[g], i, c.rq, wq);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          sp += wp[e];
+          sq += wq[e];
+          if (i + e == d) {
+            s_wd[0] = wp[e];
+            s_wd[1] = wq[e];
+          }
+        }
       }
+      zp += sp;
+      zq += sq;
     }
   }
-  __syncthreads();
-  zp = minillm::block_sum(zp, dscratch);
+  zp = minillm::block_sum(zp, dscratch);  // its barriers publish s_wd
   zq = minillm::block_sum(zq, dscratch);
   const u64 seed = seed_bytes == 8 ? reinterpret_cast<const u64*>(seeds)[row]
                                    : (u64)(i64)reinterpret_cast<const int*>(seeds)[row];
   const i64 pos = positions[row];
-  const double inv_zp = 1.0 / zp, inv_zq = zq > 0.0 ? 1.0 / zq : 0.0;  // multiplications in the passes
-  const double pd = s_wd[0] * inv_zp, qd = s_wd[1] * inv_zq;
+  const double pd = s_wd[0] / zp, qd = zq > 0.0 ? s_wd[1] / zq : 0.0;
   if (hash_uniform(seed, pos, 1ull) * qd < pd) {  // uniform over the block: every thread returns
     if (tid == 0) {
       out[row] = d;
@@ -829,71 +1024,15 @@ verify_drawn_drafts(const float* __restrict__ logits, i64 stride, int V, const f
     }
     return;
   }
-  // ---- the residual max(p - q, 0), or p where it has no mass: each warp's mass, then the draw
-  auto resid = [&](int i, int& rp, int& rq, bool from_p) {
-    double wp, wq;
-    step(i, rp, rq, wp, wq);
-    return from_p ? wp * inv_zp : fmax(wp * inv_zp - wq * inv_zq, 0.0);
-  };
-  double* s_mass = s_tile;  // [NW] each warp's mass (the radix histograms are done with)
-  int* s_last = iscratch;   // [NW] each warp's last id with mass, or -1
-  auto warp_mass = [&](bool from_p) {
-    int rp = rp0, rq = rq0, last = -1;
-    double m = 0.0;
-    for (int i = lo + lane; i < lo + CW; i += 32) {
-      const double w = resid(i, rp, rq, from_p);
-      m += w;
-      const unsigned nz = __ballot_sync(0xffffffffu, w > 0.0);
-      if (nz) last = i - lane + 31 - __clz(nz);
-    }
-    m = minillm::warp_sum(m);
-    __syncthreads();  // the previous readers of s_mass / s_last are done
-    if (lane == 0) {
-      s_mass[warp] = m;
-      s_last[warp] = last;
-    }
-    __syncthreads();
-    double total = 0.0;  // every thread, the same order
-    for (int w = 0; w < NW; ++w) total += s_mass[w];
-    return total;
-  };
-  double total = warp_mass(false);
-  const bool from_p = !(total > 0.0);  // the same for every thread
-  if (from_p) total = warp_mass(true);
-  const double target = hash_uniform(seed, pos, 2ull) * total;
-  // the warp whose range holds the target (the last with mass, rounding past the end), then its walk
-  int wsel = -1, wlast = -1;
-  double base = 0.0, c = 0.0;
-  for (int w = 0; w < NW; ++w) {
-    const double m = s_mass[w];
-    if (m > 0.0) {
-      wlast = w;
-      if (wsel < 0 && target < c + m) { wsel = w; base = c; }
-    }
-    c += m;
-  }
-  if (wsel < 0 && wlast >= 0) {  // rounding: the last id with mass
-    if (tid == 0) out[row] = s_last[wlast];
-  } else if (wsel < 0) {  // nothing kept (not reachable: each row's max is kept)
-    if (tid == 0) out[row] = d;
-  } else if (warp == wsel) {
-    int rp = rp0, rq = rq0, pick = -1;
-    double cb = base;
-    const int w_lo = wsel * CW;
-    for (int i = w_lo + lane; i < w_lo + CW && pick < 0; i += 32) {
-      const double w = resid(i, rp, rq, from_p);
-      double inc = w;  // inclusive scan over the step's lanes
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const double y = __shfl_up_sync(0xffffffffu, inc, o);
-        if (lane >= o) inc += y;
-      }
-      // searchsorted side="right": the first id with mass whose running mass passes the target
-      const unsigned hit = __ballot_sync(0xffffffffu, w > 0.0 && target < cb + inc);
-      if (hit) pick = i - lane + __ffs(hit) - 1;
-      cb += __shfl_sync(0xffffffffu, inc, 31);
-    }
-    if (lane == 0) out[row] = pick >= 0 ? pick : s_last[wsel];
+
+  // ---- rejected: the residual max(p - q, 0), or p where it has no mass (rounding), and the draw
+  R.inv_zp = (float)(1.0 / zp);
+  R.inv_zq = zq > 0.0 ? (float)(1.0 / zq) : 0.f;
+  double total = tile_masses(R, wt, s_tile, s_wmass, s_wlast);
+  if (!(total > 0.0)) {  // the same for every thread
+    R.from_p = true;
+    total = tile_masses(R, wt, s_tile, s_wmass, s_wlast);
   }
   if (tid == 0) accepted[row] = 0;
+  tile_draw(R, wt, hash_uniform(seed, pos, 2ull) * total, s_tile, s_wmass, s_wlast, d, out + row);
 }

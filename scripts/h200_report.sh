@@ -6092,6 +6092,52 @@ part325() {  # session 60 (carry .whl): verify_drawn_drafts with float32 exponen
   pack
 }
 
+part326() {  # session 61 (carry .whl and .snap0, session 60's tree): verify_drawn_drafts in tiles of 512 ids,
+  # a tile of both rows loaded before it is computed, each tile's residual mass kept for the draw: the sampler
+  # and drawn-draft GPU tests, the sampler bench of this tree and of .snap0 (one machine), memcheck and
+  # racecheck of the kernel's tests (~4 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  drawn_tests_and_bench
+  stage sampler_bench_old 150 bash -c "cd .snap0 && PYTHONPATH=.:/tmp/site python3 scripts/sampler_bench.py \
+    --batches 1,8,64,128 --json $W/sampler_bench_old.json"
+  drawn_sanitizers
+  pack
+}
+
+part327() {  # session 61 (carry .whl and .snap0, session 60's tree): the tiled draw shared by sample_tokens and
+  # verify_drawn_drafts, float32 weights: the sampler and drawn-draft GPU tests, the sampler bench of this tree
+  # and of .snap0 (one machine), every GPU test, memcheck and racecheck of both kernels' tests (~8 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  drawn_tests_and_bench
+  stage sampler_bench_old 150 bash -c "cd .snap0 && PYTHONPATH=.:/tmp/site python3 scripts/sampler_bench.py \
+    --batches 1,8,64,128 --json $W/sampler_bench_old.json"
+  gpu_tests_full 300
+  tail -n 3 "$W/gpu_tests.log"
+  drawn_sanitizers
+  stage memcheck_sampler 150 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "sampler and bfloat16 and not drawn"
+  tail -n 4 "$W/memcheck_sampler.log"
+  stage racecheck_sampler 150 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "verifies_drafts_like and bfloat16 and 1000"
+  tail -n 4 "$W/racecheck_sampler.log"
+  pack
+}
+
+part328() {  # session 61 (carry .whl and .snap0): nano-vllm's throughput workload (temperature 0.6, so every row
+  # samples) on this tree and on .snap0, alternated twice on one machine (~7 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models06 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  local i
+  for i in 1 2; do
+    throughput_in . "throughput_06b_new_$i"
+    throughput_in .snap0 "throughput_06b_old_$i"
+  done
+  pack
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 
