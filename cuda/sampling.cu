@@ -43,6 +43,9 @@
 #include "radix.cuh"
 
 #define SAMPLE_THREADS 512
+#ifndef ARGMAX_LOADS  // 16-byte loads a thread in flight in the argmax (4 spill at 64 registers)
+#define ARGMAX_LOADS 3
+#endif
 #define SAMPLE_MAX_TILES 4096  // the radix histograms' doubles (the tiled draw's masses reuse them)
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)
 
@@ -237,7 +240,7 @@ __device__ __forceinline__ void row_argmax(const float* __restrict__ lg, int n, 
                                            float& bv, int& bi) {
   bv = minillm::neg_inf();
   bi = 0x7fffffff;
-  for_each_logit(lg, n, [&](int i, float v) {
+  for_each_logit<ARGMAX_LOADS>(lg, n, [&](int i, float v) {
     if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
   });
   block_argmax(bv, bi, fscratch, iscratch);
@@ -400,6 +403,21 @@ __device__ __forceinline__ float4 load_ids4(const float* __restrict__ lg, int i,
   const float ninf = minillm::neg_inf();
   return make_float4(i < n ? lg[i] : ninf, i + 1 < n ? lg[i + 1] : ninf, i + 2 < n ? lg[i + 2] : ninf,
                      i + 3 < n ? lg[i + 3] : ninf);
+}
+
+// A lane's share of tile tt: DRAW_GROUP steps of 4 ids. A whole tile in range of an aligned row loads
+// without a branch between its loads, so all of them are in flight before the first is used (a
+// branch a load, each merging its two ways, held the loads back one by one: part327).
+__device__ __forceinline__ void load_tile(const float* __restrict__ lg, int tt, int n, bool vec,
+                                          float4 (&v)[DRAW_GROUP]) {
+  const int i0 = tt * DRAW_TILE + 4 * (threadIdx.x & 31);
+  if (vec && (tt + 1) * DRAW_TILE <= n) {
+#pragma unroll
+    for (int g = 0; g < DRAW_GROUP; ++g) v[g] = *reinterpret_cast<const float4*>(lg + i0 + g * DRAW_STEP);
+  } else {
+#pragma unroll
+    for (int g = 0; g < DRAW_GROUP; ++g) v[g] = load_ids4(lg, i0 + g * DRAW_STEP, n, vec);
+  }
 }
 
 __device__ __forceinline__ bool aligned16(const float* p) { return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0; }
@@ -592,10 +610,7 @@ struct SampledRow {
   __device__ __forceinline__ float weight(float l) const {
     return float_key(l) >= min_key ? expf((l - bv) * inv_t) : 0.f;  // -inf (ids past n): 0
   }
-  __device__ __forceinline__ void load(int tt, Tile& t) const {
-#pragma unroll
-    for (int g = 0; g < DRAW_GROUP; ++g) t.v[g] = load_ids4(lg, tt * DRAW_TILE + g * DRAW_STEP + 4 * (threadIdx.x & 31), n, vec);
-  }
+  __device__ __forceinline__ void load(int tt, Tile& t) const { load_tile(lg, tt, n, vec, t.v); }
   __device__ __forceinline__ void weights(const Tile& t, int g, int i, Carry&, float r[4]) const {
     const float4 v = t.v[g];
     r[0] = i == skip ? 0.f : weight(v.x);
@@ -861,11 +876,16 @@ struct DraftResidual {
   struct Tile { float4 a[DRAW_GROUP], b[DRAW_GROUP]; };
   struct Carry { int rp, rq; };
   __device__ __forceinline__ void load(int tt, Tile& t) const {
+    if (P.vec && Q.vec && (tt + 1) * DRAW_TILE <= Q.n) {  // Q.n <= P.n: eight loads, no branch between
+      const int i0 = tt * DRAW_TILE + 4 * (threadIdx.x & 31);
 #pragma unroll
-    for (int g = 0; g < DRAW_GROUP; ++g) {
-      const int i = tt * DRAW_TILE + g * DRAW_STEP + 4 * (threadIdx.x & 31);
-      t.a[g] = load_ids4(P.lg, i, P.n, P.vec);
-      t.b[g] = load_ids4(Q.lg, i, Q.n, Q.vec);
+      for (int g = 0; g < DRAW_GROUP; ++g) {
+        t.a[g] = *reinterpret_cast<const float4*>(P.lg + i0 + g * DRAW_STEP);
+        t.b[g] = *reinterpret_cast<const float4*>(Q.lg + i0 + g * DRAW_STEP);
+      }
+    } else {
+      load_tile(P.lg, tt, P.n, P.vec, t.a);
+      load_tile(Q.lg, tt, Q.n, Q.vec, t.b);
     }
   }
   __device__ __forceinline__ void weights(const Tile& t, int g, int i, Carry& c, float r[4]) const {

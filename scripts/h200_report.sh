@@ -6138,6 +6138,24 @@ part328() {  # session 61 (carry .whl and .snap0): nano-vllm's throughput worklo
   pack
 }
 
+part329() {  # session 61 (carry .whl and .snap0): the tiled draw's loads without a branch between them, the
+  # argmax with 3 loads a thread in flight: the sampler and drawn-draft GPU tests, the sampler bench of this
+  # tree, of this tree with ARGMAX_LOADS=1, and of .snap0, alternated twice (one machine; ~4 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  drawn_tests_and_bench
+  local i
+  for i in 1 2; do
+    stage "sampler_bench_old_$i" 150 bash -c "cd .snap0 && PYTHONPATH=.:/tmp/site python3 scripts/sampler_bench.py \
+      --batches 1,8,64,128 --json $W/sampler_bench_old_$i.json"
+    stage "sampler_bench_argmax1_$i" 150 env MINILLM_CUDA_DEFINES=ARGMAX_LOADS=1 python3 scripts/sampler_bench.py \
+      --batches 1,8,64,128 --json "$W/sampler_bench_argmax1_$i.json"
+    stage "sampler_bench_new_$i" 150 python3 scripts/sampler_bench.py --batches 1,8,64,128 \
+      --json "$W/sampler_bench_new_$i.json"
+  done
+  pack
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 
