@@ -25,37 +25,18 @@ __device__ __forceinline__ unsigned radix_mask(int pass) {  // the digits found 
   return pass == 0 ? 0u : pass == 1 ? 0xfff00000u : 0xffffff00u;
 }
 
-// f(i, logit) for every token of the row, 16-byte loads (4 tokens) where the row is 16-byte aligned,
-// U of them a thread in flight before f runs on any: the radix passes and the argmax
-// read the whole row each, one CTA a row, so each pass is bound by its loads' latency. With one
-// 4-byte load a thread an iteration (the loop also does shared-memory atomics) top-k 50's three passes
-// took 224 us a row (part66); one 16-byte load a thread an iteration left greedy's argmax at 10.5 us
-// a call (part325, H100). U: the loads a thread has in flight (a caller's registers bound it). The
-// order of the calls is not index order: every caller's result does not depend on it.
-template <int U = 1, typename F>
+// f(i, logit) for every token of the row, a 16-byte load (4 tokens) a thread an iteration where
+// the row is 16-byte aligned: the radix passes read the whole row each, and with one 4-byte load a
+// thread an iteration (the loop also does shared-memory atomics) each pass was bound by the loads'
+// latency (top-k 50 with 3 passes: 224 us a row, part66).
+template <typename F>
 __device__ __forceinline__ void for_each_logit(const float* __restrict__ lg, int V, F f) {
   const int tid = threadIdx.x, NT = blockDim.x;
   int done = 0;
   if ((reinterpret_cast<unsigned long long>(lg) & 15ull) == 0) {
     const int V4 = V / 4;
     const float4* lg4 = reinterpret_cast<const float4*>(lg);
-    int q = tid;
-    if constexpr (U > 1) {
-      for (; q + (U - 1) * NT < V4; q += U * NT) {
-        float4 v[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) v[u] = lg4[q + u * NT];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int i = 4 * (q + u * NT);
-          f(i, v[u].x);
-          f(i + 1, v[u].y);
-          f(i + 2, v[u].z);
-          f(i + 3, v[u].w);
-        }
-      }
-    }
-    for (; q < V4; q += NT) {
+    for (int q = tid; q < V4; q += NT) {
       const float4 v = lg4[q];
       f(4 * q, v.x);
       f(4 * q + 1, v.y);

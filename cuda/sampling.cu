@@ -43,11 +43,9 @@
 #include "radix.cuh"
 
 #define SAMPLE_THREADS 512
-#ifndef ARGMAX_LOADS  // 16-byte loads a thread in flight in the argmax (4 spill at 64 registers)
-#define ARGMAX_LOADS 3
-#endif
 #define SAMPLE_MAX_TILES 4096  // the radix histograms' doubles (the tiled draw's masses reuse them)
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)
+#define LOG2E_F 1.4426950408889634f
 
 namespace {
 
@@ -235,12 +233,12 @@ __device__ void block_argmax(float& v, int& idx, float* sv, int* si) {
 
 // A row's max logit bv and its argmax bi (the first index on ties): every thread gets both. 16-byte
 // loads (for_each_logit; 8 scalar loads in flight a thread measured slower on the H200: 13 -> 20 us a
-// row, part61).
+// row, part61; three 16-byte loads in flight slower on an H100: greedy 10.5 -> 11.1 us a call, part329).
 __device__ __forceinline__ void row_argmax(const float* __restrict__ lg, int n, float* fscratch, int* iscratch,
                                            float& bv, int& bi) {
   bv = minillm::neg_inf();
   bi = 0x7fffffff;
-  for_each_logit<ARGMAX_LOADS>(lg, n, [&](int i, float v) {
+  for_each_logit(lg, n, [&](int i, float v) {
     if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
   });
   block_argmax(bv, bi, fscratch, iscratch);
@@ -434,46 +432,35 @@ struct WarpTiles {  // a row's tiles and the run of them this warp owns
   __device__ int first_id(int tt, int g) const { return tt * DRAW_TILE + g * DRAW_STEP + 4 * (threadIdx.x & 31); }
 };
 
-// One tile's mass (every lane of the warp gets it) and the last id with mass seen (this lane's).
+// One tile's mass (every lane of the warp gets it): float32 within the tile, float64 above it.
 template <class Src>
-__device__ __forceinline__ double tile_mass(const Src& src, const WarpTiles& wt, int tt, typename Src::Carry& c,
-                                            int& last) {
+__device__ __forceinline__ double tile_mass(const Src& src, const WarpTiles& wt, int tt, typename Src::Carry& c) {
   typename Src::Tile tile;
   src.load(tt, tile);
   float m = 0.f;
 #pragma unroll
   for (int g = 0; g < DRAW_GROUP; ++g) {
-    const int i = wt.first_id(tt, g);
     float r[4];
-    src.weights(tile, g, i, c, r);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      m += r[e];
-      if (r[e] > 0.f) last = i + e;  // ids rise with g and e
-    }
+    src.weights(tile, g, wt.first_id(tt, g), c, r);
+    m += (r[0] + r[1]) + (r[2] + r[3]);
   }
-  return minillm::warp_sum((double)m);
+  return (double)minillm::warp_sum(m);
 }
 
-// Every tile's mass into s_mass, each warp's mass and last id with mass into s_wmass / s_wlast; returns
-// the row's mass (every thread, the same value). Every thread of the block calls it.
+// Every tile's mass into s_mass, each warp's into s_wmass; returns the row's mass (every thread, the
+// same value). Every thread of the block calls it.
 template <class Src>
-__device__ double tile_masses(const Src& src, const WarpTiles& wt, double* s_mass, double* s_wmass, int* s_wlast) {
+__device__ double tile_masses(const Src& src, const WarpTiles& wt, double* s_mass, double* s_wmass) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, NW = blockDim.x >> 5;
   typename Src::Carry c = wt.lo < wt.hi ? src.carry_at(wt.lo) : typename Src::Carry{};
-  int last = -1;
   double wm = 0.0;
   for (int tt = wt.lo; tt < wt.hi; ++tt) {
-    const double tm = tile_mass(src, wt, tt, c, last);
+    const double tm = tile_mass(src, wt, tt, c);
     if (lane == 0) s_mass[tt] = tm;
     wm += tm;
   }
-  last = __reduce_max_sync(0xffffffffu, last + 1) - 1;  // -1: none
-  __syncthreads();  // the previous readers of s_wmass / s_wlast are done
-  if (lane == 0) {
-    s_wmass[warp] = wm;
-    s_wlast[warp] = last;
-  }
+  __syncthreads();  // the previous readers of s_wmass are done
+  if (lane == 0) s_wmass[warp] = wm;
   __syncthreads();
   double total = 0.0;  // every thread, the same order
   for (int w = 0; w < NW; ++w) total += s_wmass[w];
@@ -489,8 +476,7 @@ __device__ double retile(const Src& src, int V, int tt, double* s_mass, double* 
   const int owner = tt / wt.tpw;
   if (warp == owner) {  // its own tile: carry_at is this warp's
     typename Src::Carry c = src.carry_at(tt);
-    int last = -1;
-    const double tm = tile_mass(src, wt, tt, c, last);
+    const double tm = tile_mass(src, wt, tt, c);
     if ((threadIdx.x & 31) == 0) s_mass[tt] = tm;
   }
   __syncthreads();
@@ -506,24 +492,23 @@ __device__ double retile(const Src& src, int V, int tt, double* s_mass, double* 
 }
 
 // The first id with mass whose running mass passes target (searchsorted side="right"; rounding past
-// the end: the last id with mass; nothing kept: fallback) into *slot, by one warp. Every thread of
-// the block calls it after tile_masses; no barrier after it.
+// its tile's end: that tile's last id with mass) into *slot, by one warp. target < the row's mass
+// (u < 1), which sums s_wmass in this order, so some warp holds it and, but for the lanes' runs
+// summing in another order (then: the warp's last tile with mass), some tile: fallback (nothing kept)
+// is not reached. Every thread of the block calls it after tile_masses; no barrier after it.
 template <class Src>
 __device__ void tile_draw(const Src& src, const WarpTiles& wt, double target, const double* s_mass,
-                          const double* s_wmass, const int* s_wlast, int fallback, int* slot) {
+                          const double* s_wmass, int fallback, int* slot) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, NW = blockDim.x >> 5;
-  int wsel = -1, wlast = -1;  // the warp whose range holds the target (uniform over the block)
+  int wsel = -1;  // the warp whose range holds the target (uniform over the block)
   double base = 0.0, c = 0.0;
   for (int w = 0; w < NW; ++w) {
     const double m = s_wmass[w];
-    if (m > 0.0) {
-      wlast = w;
-      if (wsel < 0 && target < c + m) { wsel = w; base = c; }
-    }
+    if (wsel < 0 && m > 0.0 && target < c + m) { wsel = w; base = c; }
     c += m;
   }
   if (wsel < 0) {
-    if (threadIdx.x == 0) *slot = wlast >= 0 ? s_wlast[wlast] : fallback;
+    if (threadIdx.x == 0) *slot = fallback;
     return;
   }
   if (warp != wsel) return;
@@ -551,8 +536,8 @@ __device__ void tile_draw(const Src& src, const WarpTiles& wt, double target, co
   }
   tsel = __shfl_sync(0xffffffffu, tsel, lsel < 0 ? 0 : lsel);
   tc0 = __shfl_sync(0xffffffffu, tc0, lsel < 0 ? 0 : lsel);
-  if (tsel < 0) {  // the warp's sum said it has mass, its tiles' none (not reachable)
-    if (lane == 0) *slot = s_wlast[wsel];
+  if (tsel < 0) {
+    if (lane == 0) *slot = fallback;
     return;
   }
   // that tile again, step by step; else (rounding) its last id with mass
@@ -567,7 +552,7 @@ __device__ void tile_draw(const Src& src, const WarpTiles& wt, double target, co
     float r[4];
     src.weights(tile, g, i, carry, r);  // every step: the carry moves on
     if (pick >= 0) continue;
-    const double mine = (double)(r[0] + r[1] + r[2] + r[3]);
+    const double mine = (double)((r[0] + r[1]) + (r[2] + r[3]));  // as tile_mass sums them
     double inc = mine;  // inclusive scan over the step's lanes
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
@@ -593,23 +578,28 @@ __device__ void tile_draw(const Src& src, const WarpTiles& wt, double target, co
   if (lane == 0) *slot = pick >= 0 ? pick : last;
 }
 
-// sample_tokens' source: one row's kept tokens (key >= min_key; 0 keeps all) weighing
-// exp((l - max l) / T) in float32 (expf: ~1e-6 relative at most where that is ~ -20, the large
-// weights far closer, so only a draw within that of a boundary can differ from the float64 twin's;
-// float64 weights cost a float64 exp and two conversions a token, ~55 us of a 68 us temperature row,
-// part326), and skip (a rejected one-hot draft) weighing 0
+// A kept token's weight exp((l - max l) / T) in float32, as 2^((l - max l) * k2), k2 = log2(e) / T:
+// ~1e-6 relative at most where the exponent is ~ -30 (the large weights far closer), so only a draw
+// within that of a boundary can differ from the float64 twin's. Float64 weights (a float64 exp and two
+// conversions a token, 16 a clock an SM) took ~55 us of a 68 us temperature row (part326). -inf (ids
+// past a row's end) weighs 0.
+__device__ __forceinline__ float kept_weight(float l, float bv, float k2) { return exp2f((l - bv) * k2); }
+
+// The float below which a filter's floor key drops a logit (key 0: keeps all): float_key(l) >= key
+// exactly when l >= key_float(key) (both fold -0 onto +0), a float compare in the passes.
+__device__ __forceinline__ float floor_logit(unsigned key) { return key ? key_float(key) : minillm::neg_inf(); }
+
+// sample_tokens' source: one row's kept tokens (l >= floor) and skip (a rejected one-hot draft)
+// weighing 0
 struct SampledRow {
   const float* lg;
   int n;
   bool vec;
-  unsigned min_key;
-  float inv_t, bv;
+  float floor, k2, bv;
   int skip;
   struct Tile { float4 v[DRAW_GROUP]; };
   struct Carry {};
-  __device__ __forceinline__ float weight(float l) const {
-    return float_key(l) >= min_key ? expf((l - bv) * inv_t) : 0.f;  // -inf (ids past n): 0
-  }
+  __device__ __forceinline__ float weight(float l) const { return l >= floor ? kept_weight(l, bv, k2) : 0.f; }
   __device__ __forceinline__ void load(int tt, Tile& t) const { load_tile(lg, tt, n, vec, t.v); }
   __device__ __forceinline__ void weights(const Tile& t, int g, int i, Carry&, float r[4]) const {
     const float4 v = t.v[g];
@@ -637,7 +627,6 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
   __shared__ int s_found, s_bin, s_first;
   __shared__ double s_tile[SAMPLE_MAX_TILES];
   __shared__ double s_warp[SAMPLE_WARPS];
-  __shared__ int s_wlast[SAMPLE_WARPS];
   __shared__ double s_exp2[256];  // 2^(j / 256): exp_weight's table (the argmax's barriers publish it)
   if (threadIdx.x < 256) s_exp2[threadIdx.x] = exp2((double)threadIdx.x / 256.0);
   minillm::pdl_entry();
@@ -683,10 +672,10 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
                                    : (u64)(i64)reinterpret_cast<const int*>(seeds)[row];
   const i64 pos = positions[row];
   if (tiled && !tie_cut) {  // keep key >= cut-off (top-p, after top-k / min-p) or >= the floor
-    SampledRow src{lg, V, aligned16(lg), f.min_key(), 1.f / temp, bv, -1};
+    SampledRow src{lg, V, aligned16(lg), floor_logit(f.min_key()), LOG2E_F / temp, bv, -1};
     const WarpTiles wt(V);
     __syncthreads();  // the radix histograms (s_tile) are done with
-    double total = tile_masses(src, wt, s_tile, s_warp, s_wlast);
+    double total = tile_masses(src, wt, s_tile, s_warp);
     // a draft d (q one-hot): accept with probability p(d); else the residual is p without d
     if (d >= 0) {
       if (hash_uniform(seed, pos, 1ull) < (double)src.weight(lg[d]) / total) {  // uniform: all return
@@ -700,7 +689,7 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
       total = retile(src, V, d / DRAW_TILE, s_tile, s_warp);
     }
     if (tid == 0 && accepted) accepted[row] = 0;  // rejected, or no draft at this row
-    tile_draw(src, wt, hash_uniform(seed, pos, d >= 0 ? 2ull : 0ull) * total, s_tile, s_warp, s_wlast, bi, out + row);
+    tile_draw(src, wt, hash_uniform(seed, pos, d >= 0 ? 2ull : 0ull) * total, s_tile, s_warp, bi, out + row);
     return;
   }
 
@@ -826,17 +815,20 @@ struct KeptRow {  // a filtered row's kept tokens and their weights exp((l - max
   int n;     // ids from n on weigh 0 (a drafter's smaller vocabulary)
   bool vec;  // 16-byte aligned
   RowFilter f;
-  float inv_t, bv;  // 1 / T and the row's max logit
+  float k2, bv;  // log2(e) / T and the row's max logit
+  float floor;   // top-k's / min-p's floor as a logit (floor_logit)
   __device__ __forceinline__ bool tie(float l, bool valid) const {  // a token at top-p's cut-off key
     return f.use_topp && valid && float_key(l) == f.cut_key;
   }
-  // a kept token's weight (float32, as SampledRow's); rank: the tokens tied at the cut-off before it
-  // (index order), read for a tie. -inf (ids past n) gives 0.
+  // a kept token's weight (kept_weight); rank: the tokens tied at the cut-off before it (index
+  // order), read for a tie
   __device__ __forceinline__ float weight(float l, int rank) const {
-    const unsigned key = float_key(l);
-    if (f.use_floor && key < f.kth_key) return 0.f;
-    if (f.use_topp && (key < f.cut_key || (key == f.cut_key && rank >= f.n_tie))) return 0.f;
-    return expf((l - bv) * inv_t);
+    if (!(l >= floor)) return 0.f;
+    if (f.use_topp) {
+      const unsigned key = float_key(l);
+      if (key < f.cut_key || (key == f.cut_key && rank >= f.n_tie)) return 0.f;
+    }
+    return kept_weight(l, bv, k2);
   }
   // the weights of one lane's 4 ids from i in one warp step; rank: the warp's ties before the step,
   // moved past it (the same in every lane)
@@ -923,7 +915,6 @@ verify_drawn_drafts(const float* __restrict__ logits, i64 stride, int V, const f
   __shared__ double s_exp2[256];
   __shared__ double s_wd[2];  // d's weights in p and q
   __shared__ double s_wmass[SAMPLE_WARPS];
-  __shared__ int s_wlast[SAMPLE_WARPS];
   if (threadIdx.x < 256) s_exp2[threadIdx.x] = exp2((double)threadIdx.x / 256.0);
   minillm::pdl_entry();
   const int row = blockIdx.x, tid = threadIdx.x;
@@ -937,7 +928,8 @@ verify_drawn_drafts(const float* __restrict__ logits, i64 stride, int V, const f
   const double t = (double)temp;
   const int lane = tid & 31, warp = tid >> 5;
   const WarpTiles wt(V);
-  DraftResidual R{{lp, V, aligned16(lp), {}, 1.f / temp, 0.f}, {lq, QV, aligned16(lq), {}, 1.f / temp, 0.f},
+  const float k2 = LOG2E_F / temp, ninf = minillm::neg_inf();
+  DraftResidual R{{lp, V, aligned16(lp), {}, k2, 0.f, ninf}, {lq, QV, aligned16(lq), {}, k2, 0.f, ninf},
                   0.f, 0.f, false, 0, 0, nullptr};
   KeptRow &P = R.P, &Q = R.Q;
 
@@ -964,6 +956,8 @@ verify_drawn_drafts(const float* __restrict__ logits, i64 stride, int V, const f
   if (filtered) {
     filter_row(lp, V, bp, t, top_k, min_p, top_p, row, P.f, s_tile, dscratch, &s_bin, &s_first, &s_above, s_exp2);
     filter_row(lq, QV, bq, t, top_k, min_p, top_p, row, Q.f, s_tile, dscratch, &s_bin, &s_first, &s_above, s_exp2);
+    P.floor = P.f.use_floor ? floor_logit(P.f.kth_key) : ninf;
+    Q.floor = Q.f.use_floor ? floor_logit(Q.f.kth_key) : ninf;
   } else {
     P.f = Q.f = RowFilter{0u, 0.0, false, false, false, 0u, 0, 1.0};
   }
@@ -1048,11 +1042,11 @@ verify_drawn_drafts(const float* __restrict__ logits, i64 stride, int V, const f
   // ---- rejected: the residual max(p - q, 0), or p where it has no mass (rounding), and the draw
   R.inv_zp = (float)(1.0 / zp);
   R.inv_zq = zq > 0.0 ? (float)(1.0 / zq) : 0.f;
-  double total = tile_masses(R, wt, s_tile, s_wmass, s_wlast);
+  double total = tile_masses(R, wt, s_tile, s_wmass);
   if (!(total > 0.0)) {  // the same for every thread
     R.from_p = true;
-    total = tile_masses(R, wt, s_tile, s_wmass, s_wlast);
+    total = tile_masses(R, wt, s_tile, s_wmass);
   }
   if (tid == 0) accepted[row] = 0;
-  tile_draw(R, wt, hash_uniform(seed, pos, 2ull) * total, s_tile, s_wmass, s_wlast, d, out + row);
+  tile_draw(R, wt, hash_uniform(seed, pos, 2ull) * total, s_tile, s_wmass, d, out + row);
 }

@@ -6156,6 +6156,35 @@ part329() {  # session 61 (carry .whl and .snap0): the tiled draw's loads withou
   pack
 }
 
+part330() {  # session 61 (carry .whl and .snap0, session 60's tree): the final sampler (float weights as
+  # 2^((l - max) * log2(e) / T), filters as float compares, no last-id tracking): the sampler and drawn-draft
+  # GPU tests, the sampler bench new / .snap0 alternated twice, every GPU test, memcheck and racecheck of both
+  # kernels' tests, nano-vllm's throughput workload new / .snap0 (~9 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models06 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  drawn_tests_and_bench
+  local i
+  for i in 1 2; do
+    stage "sampler_bench_old_$i" 150 bash -c "cd .snap0 && PYTHONPATH=.:/tmp/site python3 scripts/sampler_bench.py \
+      --batches 1,8,64,128 --json $W/sampler_bench_old_$i.json"
+    stage "sampler_bench_new_$i" 150 python3 scripts/sampler_bench.py --batches 1,8,64,128 \
+      --json "$W/sampler_bench_new_$i.json"
+  done
+  gpu_tests_full 300
+  tail -n 3 "$W/gpu_tests.log"
+  drawn_sanitizers
+  stage memcheck_sampler 150 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "sampler and bfloat16 and not drawn"
+  tail -n 4 "$W/memcheck_sampler.log"
+  stage racecheck_sampler 150 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "verifies_drafts_like and bfloat16 and 1000"
+  tail -n 4 "$W/racecheck_sampler.log"
+  throughput_in . throughput_06b_new_1
+  throughput_in .snap0 throughput_06b_old_1
+  pack
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 
