@@ -6185,6 +6185,15 @@ part330() {  # session 61 (carry .whl and .snap0, session 60's tree): the final 
   pack
 }
 
+part331() {  # session 61 (carry .whl): the draft model's drafts drawn from q at temperature > 0 (its steps'
+  # logits rows kept for the verification): every GPU test, the new ones among them (~4 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  gpu_tests_full 400
+  tail -n 3 "$W/gpu_tests.log"
+  pack
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 

@@ -202,7 +202,7 @@ def test_speculation_lossless_on_gpu(tiny, method):
         assert llm.engine.proposer.runner.replays > 0  # the drafter's steps replayed CUDA graphs
 
 
-@pytest.mark.parametrize("method", ["ngram", "dflash"])
+@pytest.mark.parametrize("method", ["ngram", "dflash", "draft_model"])
 def test_sampled_speculation_lossless_on_gpu(tmp_path, method):
     """Rejection sampling on the device: 20,000 seeded two-token samples with speculation on
     match the target's exact joint distribution (computed from its own GPU logits)."""
@@ -216,6 +216,9 @@ def test_sampled_speculation_lossless_on_gpu(tmp_path, method):
     if method == "dflash":
         write_dflash_drafter(drafter, target, seed=4, force=True)
         spec = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": 3}
+    if method == "draft_model":  # a poorer one-layer drafter, its drafts drawn from its q
+        make_tiny("qwen3", drafter, seed=7, num_hidden_layers=1)
+        spec = {"method": "draft_model", "model": str(drafter), "num_speculative_tokens": 3}
     prompt = np.random.default_rng(0).permutation(256).tolist()  # every token: n-gram always drafts
     # float32 storage: the exact distribution (prefill logits) and the sampled steps (decode and
     # verification shapes) then agree to ~1e-6, far below what 20,000 samples can resolve
@@ -230,6 +233,20 @@ def test_sampled_speculation_lossless_on_gpu(tmp_path, method):
             counts[tuple(out.token_ids)] = counts.get(tuple(out.token_ids), 0) + 1
     assert chi_square_p(counts, probs, n) > 0.001
     assert llm.engine.stats().spec["draft_tokens"] > 0
+
+
+def test_draft_model_drafts_drawn_from_q_on_gpu(tiny):
+    """Self-drafting at temperature 1: the drafts drawn from q (each drafting step's rows copied for
+    the verification, the drafter's steps on graphs, the arena refusing any allocation) are nearly
+    all accepted, where one-hot verification would accept a draft with probability p(d) only."""
+    spec = {"method": "draft_model", "model": tiny, "num_speculative_tokens": 4}
+    llm = LLM(tiny, device="cuda", max_num_seqs=8, max_model_len=256, speculative_config=spec)
+    assert llm.engine.runner.draft_q is llm.engine.proposer
+    llm.generate(PROMPTS, [SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True, seed=s)
+                           for s in range(len(PROMPTS))])
+    stats = llm.engine.stats().spec
+    assert stats["draft_tokens"] > 50 and stats["acceptance_rate"] > 0.9, stats
+    assert llm.engine.proposer.runner.replays > 0
 
 
 def test_dflash_lossless_on_gpu(tmp_path):

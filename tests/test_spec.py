@@ -235,6 +235,23 @@ def test_sampling_lossless(models, method):
         assert llm.engine.stats().spec["draft_tokens"] > 0  # drafts were really verified
 
 
+@pytest.mark.parametrize("batched_tokens", [16000, 16])
+def test_draft_model_drafts_drawn_from_q_are_accepted(models, batched_tokens):
+    """At temperature > 0 the draft model draws each draft from q (its step's distribution under the
+    request's filters) and the target verifies it against q: a model drafting for itself (q = p up to
+    rounding) has nearly every draft accepted, where one-hot verification would accept d with
+    probability p(d) only (~1 / vocab for this nearly flat random model). batched_tokens 16: the
+    drafter catches up on the prompts in chunks, so a step's q rows land in scattered slots."""
+    llm = LLM(str(models[0]), device="cpu", max_num_seqs=4, max_model_len=128,
+              max_num_batched_tokens=batched_tokens, speculative_config=spec_configs(models, 3)["self_draft"])
+    assert llm.engine.runner.draft_q is llm.engine.proposer
+    params = [SamplingParams(temperature=1.0, top_p=0.95, max_tokens=24, ignore_eos=True, seed=s) for s in range(7)]
+    params.append(SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))  # a greedy row beside them
+    llm.generate(PROMPTS[:8], params)
+    stats = llm.engine.stats().spec
+    assert stats["draft_tokens"] > 100 and stats["acceptance_rate"] > 0.9, stats
+
+
 @pytest.fixture(scope="module")
 def dflash_pair(tmp_path_factory):
     target = tmp_path_factory.mktemp("dft")
