@@ -6194,6 +6194,16 @@ part331() {  # session 61 (carry .whl): the draft model's drafts drawn from q at
   pack
 }
 
+part332() {  # session 61 (carry .whl): part331's three failures (the draft model's q store took the backend's
+  # bf16; float32 now) and the drawn-draft engine tests again (~2 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage gpu_tests_draft_model 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py \
+    -k "structured_outputs or speculation_lossless or drawn_from_q"
+  tail -n 3 "$W/gpu_tests_draft_model.log"
+  pack
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 

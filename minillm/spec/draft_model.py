@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import replace
 
+import numpy as np
+
 from minillm.engine.runner import DRAW_DRAFTS, ModelRunner
 from minillm.engine.scheduler import ScheduledSeq
 from minillm.engine.sequence import Sequence
@@ -61,7 +63,7 @@ class DraftModelProposer:
                                   max_seqs=self.max_seqs, max_logits=self.max_seqs, max_model_len=self.max_model_len)
         # each round's drafting distributions: sequence i of the round (its drafting order) at rows
         # i * k .. i * k + k - 1, draft j at row i * k + j (as a verification run reads them)
-        self.logits = self.backend.empty((self.max_seqs * self.k, self.draft_vocab_size))
+        self.logits = self.backend.empty((self.max_seqs * self.k, self.draft_vocab_size), dtype=np.float32)
 
     def capture_graphs(self, buckets: list[int]) -> None:
         """CUDA graphs of the drafter's steps for each bucket of sequences: one row a sequence
