@@ -6204,6 +6204,25 @@ part332() {  # session 61 (carry .whl): part331's three failures (the draft mode
   pack
 }
 
+part333() {  # session 61, for the next session (carry .whl and .snap0 = session 60's tree, 464df0d): the sampled
+  # rejected DFlash k = 8 round (spec-cost --temperature 1: drafts drawn from q, verify_drawn_drafts) on this tree
+  # and on .snap0, whose kernel was the first layout (one machine), then the greedy round for the ratio's
+  # baseline (~6 minutes). .snap0's spec-cost has no --temperature: its sampled run is this tree's bench module
+  # run against its package (PYTHONPATH), which only adds the flag.
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models8 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
+  stage spec_cost_8b_t1_new 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --concurrency 1,4,16 --accept 0 --temperature 1.0 --result-json "$W/spec_cost_8b_t1_new.json"
+  stage spec_cost_8b_t1_old 150 bash -c "cp minillm/bench/spec_cost.py .snap0/minillm/bench/spec_cost.py &&
+    cd .snap0 && PYTHONPATH=.:/tmp/site python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --concurrency 1,4,16 --accept 0 --temperature 1.0 --result-json $W/spec_cost_8b_t1_old.json"
+  stage spec_cost_8b_t0 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 \
+    --concurrency 1,4,16 --accept 0 --result-json "$W/spec_cost_8b_t0.json"
+  pack
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 

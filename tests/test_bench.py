@@ -163,6 +163,14 @@ def test_spec_cost_bench_on_the_cpu(tiny, tmp_path, capsys):
     r = json.loads(out.read_text())
     assert r["draft_vocab_size"] == 16 and r["cost"][0]["same_as_plain_decode"]
     assert 1 < r["bytes_floor"] < floor  # the drafter's LM head is 16 rows of the target's
+    # --temperature: seeded sampled steps both ways; the drafts are draws from q, verified against it, so
+    # the random drafter (as flat as the random target) has some accepted: more than a token a round
+    assert spec_cost_main([str(tiny), "--drafter", str(drafter), "--device", "cpu", "--k", "3",
+                           "--concurrency", "2", "--input-len", "24", "--output-len", "20", "--accept", "0",
+                           "--temperature", "1.0", "--result-json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["temperature"] == 1.0 and r["cost"][0]["same_as_plain_decode"] is None
+    assert r["cost"][0]["plain_step_ms"] > 0 and r["cost"][0]["tokens_per_step"] > 1.2, r["cost"]
     # past the target's vocabulary: refused before the plain runs (no result written, no steps timed)
     out.unlink()
     capsys.readouterr()
@@ -963,7 +971,8 @@ SMALL_SPEC_COST = ["--input-len", "8", "--output-len", "4", "--concurrency", "1"
     ("hf", ["--input-len", "0"], "--input-len"), ("hf", ["--output-len", "1"], "--output-len"),
     ("hf-batch", ["--num-seqs", "0"], "--num-seqs"), ("hf-batch", ["--min-len", "0"], "--min-len"),
     ("hf-batch", ["--timeout", "-1"], "--timeout"), ("hf-batch", ["--temperature", "nan"], "--temperature"),
-    ("spec-cost", ["--k", "0"], "--k"), ("spec-cost", ["--input-len", "0"], "--input-len"),
+    ("spec-cost", ["--k", "0"], "--k"), ("spec-cost", ["--temperature", "-1"], "--temperature"),
+    ("spec-cost", ["--temperature", "nan"], "--temperature"), ("spec-cost", ["--input-len", "0"], "--input-len"),
     ("spec-cost", ["--output-len", "1"], "--output-len"), ("spec-cost", ["--concurrency", "0"], "--concurrency"),
     ("spec-cost", ["--concurrency", "1,x"], "--concurrency"), ("spec-cost", ["--accept", "1.5"], "--accept"),
     ("spec-cost", ["--draft-vocab-size", "0"], "--draft-vocab-size"),

@@ -3,6 +3,8 @@
 1. Cost when nothing is accepted: decode steps of c = 1, 2, 4, ... sequences with no speculation,
    then with the DFlash drafter (k drafts per round; a random drafter is never right), median step
    time each; the ratio is the price of a verify step plus a draft step over a plain decode step.
+   With --temperature T both sample (seeded requests): the drafter then draws its drafts from q and
+   the target verifies them against q (verify_drawn_drafts on the GPU), so the price includes that.
 2. Speedup against acceptance: a benchmark-only drafter that knows each sequence's greedy
    continuation (from a plain run) and proposes each next token correctly with probability p
    (otherwise a wrong token), for several p; tokens per step and tokens/s against no speculation.
@@ -49,11 +51,14 @@ class OracleProposer:
             seq.draft_ids = draft
 
 
-def run_steps(engine: LLMEngine, prompts: list[list[int]], out_len: int) -> tuple[list, dict]:
-    """Run the prompts greedily to completion; each step's (seconds, whether a prompt was still in
-    its prefill, the new tokens of each output), and the outputs."""
-    params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
-    ids = [engine.add_request(p, params, request_id=f"r{i}") for i, p in enumerate(prompts)]
+def run_steps(engine: LLMEngine, prompts: list[list[int]], out_len: int,
+              temperature: float = 0.0) -> tuple[list, dict]:
+    """Run the prompts to completion, greedily or (temperature > 0) sampling with request i's seed
+    i; each step's (seconds, whether a prompt was still in its prefill, the new tokens of each
+    output), and the outputs."""
+    ids = [engine.add_request(p, SamplingParams(temperature=temperature, max_tokens=out_len, ignore_eos=True,
+                                                seed=i if temperature > 0 else None), request_id=f"r{i}")
+           for i, p in enumerate(prompts)]
     outputs: dict[str, list[int]] = {i: [] for i in ids}
     steps = []
     while engine.has_unfinished():
@@ -68,9 +73,10 @@ def run_steps(engine: LLMEngine, prompts: list[list[int]], out_len: int) -> tupl
     return steps, outputs
 
 
-def decode_steps(engine: LLMEngine, prompts: list[list[int]], out_len: int) -> tuple[float, float, dict]:
+def decode_steps(engine: LLMEngine, prompts: list[list[int]], out_len: int,
+                 temperature: float = 0.0) -> tuple[float, float, dict]:
     """Run the prompts to completion; (median decode step seconds, tokens per step, outputs)."""
-    steps, outputs = run_steps(engine, prompts, out_len)
+    steps, outputs = run_steps(engine, prompts, out_len, temperature)
     decode = [(dt, sum(new) / len(new)) for dt, prefill, new in steps if not prefill and new]
     decode = decode[2:] or decode
     return float(np.median([s for s, _ in decode])), float(np.mean([n for _, n in decode])), outputs
@@ -310,6 +316,8 @@ def longest_output(ns: argparse.Namespace) -> int:
 def check_args(ns: argparse.Namespace) -> tuple[list[int], list[float]]:
     """Refuse flags the run cannot use before building an engine; (concurrencies, accept probabilities)."""
     need(ns.k >= 1, f"--k must be >= 1, got {ns.k}")
+    need(bool(np.isfinite(ns.temperature)) and ns.temperature >= 0,
+         f"--temperature must be a number >= 0, got {ns.temperature}")
     need(ns.input_len >= 1, f"--input-len must be >= 1, got {ns.input_len}")
     # decode_steps times the steps after a sequence's prefill: its first token comes from the prefill
     need(ns.output_len >= 2, f"--output-len must be >= 2, got {ns.output_len}")
@@ -353,6 +361,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("model")
     p.add_argument("--drafter", default=None, help="DFlash or DFlash2 drafter directory (the cost half)")
     p.add_argument("--k", type=int, default=8)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="the cost half's requests sample at this temperature, seeded (0: greedy); the drafter's "
+                        "drafts are then draws from its q, verified against q")
     p.add_argument("--device", default="cuda")
     p.add_argument("--concurrency", default="1,2,4,8,16")
     p.add_argument("--input-len", type=int, default=512)
@@ -409,12 +420,15 @@ def main(argv: list[str] | None = None) -> int:
     vocab = min(plain.config.vocab_size, plain.tokenizer.vocab_size)
     prompts = [rng.integers(0, vocab, ns.input_len).tolist() for _ in range(max(cs))]
     result: dict = {"model": ns.model, "k": ns.k, "input_len": ns.input_len, "output_len": ns.output_len,
-                    "draft_vocab_size": ns.draft_vocab_size, "cost": [], "speedup": []}
+                    "draft_vocab_size": ns.draft_vocab_size, "temperature": ns.temperature, "cost": [], "speedup": []}
     base_steps, reference = {}, {}
     for c in cs:
         step, _, outs = decode_steps(plain, prompts[:c], ns.output_len)
         base_steps[c] = step
         reference.update({f"r{i}": outs[f"r{i}"] for i in range(c)})
+    cost_base = base_steps  # the cost half's plain steps: sampled ones at --temperature
+    if ns.temperature > 0 and ns.drafter:
+        cost_base = {c: decode_steps(plain, prompts[:c], ns.output_len, ns.temperature)[0] for c in cs}
     del plain
     cost_cs = cs if ns.drafter else []  # without a drafter: the speedup half only
     dflash = {"method": "dflash", "model": ns.drafter, "num_speculative_tokens": ns.k}
@@ -431,14 +445,16 @@ def main(argv: list[str] | None = None) -> int:
               f"{result['drafter_weight_bytes'] / 1e9:.3f} GB: a floor of {result['bytes_floor']:.2f}x a plain "
               "step's at bandwidth", flush=True)
     for c in cost_cs:
-        step, per_step, outs = decode_steps(spec, prompts[:c], ns.output_len)
-        same = all(outs[f"r{i}"] == reference[f"r{i}"] for i in range(c))
-        result["cost"].append({"concurrency": c, "plain_step_ms": 1e3 * base_steps[c], "spec_step_ms": 1e3 * step,
-                               "ratio": step / base_steps[c], "tokens_per_step": per_step,
+        step, per_step, outs = decode_steps(spec, prompts[:c], ns.output_len, ns.temperature)
+        # sampled: verification draws on streams of its own, so the tokens are another sample
+        same = None if ns.temperature > 0 else all(outs[f"r{i}"] == reference[f"r{i}"] for i in range(c))
+        base = cost_base[c]
+        result["cost"].append({"concurrency": c, "plain_step_ms": 1e3 * base, "spec_step_ms": 1e3 * step,
+                               "ratio": step / base, "tokens_per_step": per_step,
                                "same_as_plain_decode": same})
-        print(f"c={c:>2}: plain step {1e3 * base_steps[c]:.2f} ms, DFlash k={ns.k} step {1e3 * step:.2f} ms "
-              f"({step / base_steps[c]:.2f}x), {per_step:.2f} tokens/step, same tokens as plain decode {same}",
-              flush=True)
+        print(f"c={c:>2}: plain step {1e3 * base:.2f} ms, DFlash k={ns.k} step {1e3 * step:.2f} ms "
+              f"({step / base:.2f}x), {per_step:.2f} tokens/step, same tokens as plain decode "
+              f"{'n/a (sampled)' if same is None else same}", flush=True)
     for c in dict.fromkeys((cost_cs[0], cost_cs[-1])) if cost_cs else ():  # one concurrency: once
         phases = phase_times(spec, prompts[:c], ns.output_len)
         result.setdefault("phases_ms", []).append({"concurrency": c, **phases})
