@@ -15,8 +15,8 @@
 // into one (the larger key): min-p's is the smallest key whose x reaches the threshold, found by a
 // binary search over the 2^32 keys (32 float64 divisions, no pass over the row: min_p_key).
 // Results can differ from the NumPy sampler only where sums taken in another order (or in fixed
-// point, or float32 weights) fall on the other side of a boundary (near-ties), or where log(min_p) rounds differently
-// from NumPy's at a token's x exactly on min-p's threshold.
+// point, or float32 weights) fall on the other side of a boundary (near-ties), or where log(min_p)
+// rounds differently from NumPy's at a token's x exactly on min-p's threshold.
 //
 // Speculative verification rides along (draft[row] = d >= 0): the drafters propose their argmax,
 // so q is one-hot and rejection sampling reduces to: accept d with probability p(d) (greedy: d
@@ -31,7 +31,9 @@
 // boundary. History (scripts/sampler_bench.py, docs/BENCHMARKS.md): a normaliser pass, divisions and one
 // thread walking its 297-token chunk took 307 us a row (H200); float64 weights in 64-token tiles, 8
 // four-byte loads in flight a lane, 68 us at one row, 92 us for 128 rows (H100, part326), ~55 us of the
-// 68 the float64 exp and its two conversions a token (16 a clock an SM). Rows whose top-p cut-off falls
+// 68 the float64 exp and its two conversions a token (16 a clock an SM); this draw 24 and 51 us (part330).
+// At one row one SM does the work (the passes are bound by its instructions), so splitting a row over
+// CTAs is the next step for small batches. Rows whose top-p cut-off falls
 // inside a run of tied logits (ties kept in index order), or whose vocabulary is over
 // DRAW_TILE * DRAW_MAX_TILES, take the serial float64 draw (the end of sample_tokens).
 //
@@ -380,10 +382,10 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
 // A row is cut into tiles of DRAW_TILE consecutive ids; each warp owns a contiguous run of tiles,
 // so a warp's ids come in index order (the order the draw walks and ties at a top-p cut-off are
 // ranked in). A warp loads a whole tile before it computes any of it: DRAW_GROUP steps of one
-// 16-byte load a lane a row. One pass leaves each tile's mass in shared memory and each warp's mass
-// and last id with mass; the draw then finds the target's warp, its tile (lanes scanning runs of
-// tiles), and recomputes that one tile. The weights are float32 (Src::weights); the tiles' masses
-// and every running sum above a step are float64.
+// 16-byte load a lane a row. One pass leaves each tile's mass and each warp's in shared memory; the
+// draw then finds the target's warp, its tile (lanes scanning runs of tiles), and recomputes that
+// one tile. The weights and a tile's mass are float32 sums (Src::weights); every sum of tiles is
+// float64.
 // A source of weights (Src): Tile, a tile's loaded logits; Carry, what a warp carries from step to
 // step (the tie ranks at a top-p cut-off); load(tt, tile); weights(tile, g, i, carry, r): a lane's 4
 // weights of step g (ids i..i+3), moving the carry past the step; carry_at(tt): the carry at the
@@ -404,8 +406,8 @@ __device__ __forceinline__ float4 load_ids4(const float* __restrict__ lg, int i,
 }
 
 // A lane's share of tile tt: DRAW_GROUP steps of 4 ids. A whole tile in range of an aligned row loads
-// without a branch between its loads, so all of them are in flight before the first is used (a
-// branch a load, each merging its two ways, held the loads back one by one: part327).
+// without a branch between its loads, so all of them are in flight before the first is used (with a
+// branch a load, each merging its two ways, a q-draft row took 182 us, 171 without: part327, part329).
 __device__ __forceinline__ void load_tile(const float* __restrict__ lg, int tt, int n, bool vec,
                                           float4 (&v)[DRAW_GROUP]) {
   const int i0 = tt * DRAW_TILE + 4 * (threadIdx.x & 31);
@@ -432,7 +434,7 @@ struct WarpTiles {  // a row's tiles and the run of them this warp owns
   __device__ int first_id(int tt, int g) const { return tt * DRAW_TILE + g * DRAW_STEP + 4 * (threadIdx.x & 31); }
 };
 
-// One tile's mass (every lane of the warp gets it): float32 within the tile, float64 above it.
+// One tile's mass (every lane of the warp gets it), a float32 sum.
 template <class Src>
 __device__ __forceinline__ double tile_mass(const Src& src, const WarpTiles& wt, int tt, typename Src::Carry& c) {
   typename Src::Tile tile;

@@ -6069,6 +6069,20 @@ drawn_sanitizers() {  # session 60: memcheck and racecheck of verify_drawn_draft
   tail -n 4 "$W/racecheck_drawn.log"
 }
 
+sampler_bench_in() {  # sampler_bench_in DIR NAME: scripts/sampler_bench.py from the tree at DIR (this one: .)
+  stage "$2" 150 bash -c "cd $1 && PYTHONPATH=.:/tmp/site python3 scripts/sampler_bench.py --batches 1,8,64,128 \
+    --json $W/$2.json"
+}
+
+sampler_sanitizers() {  # session 61: memcheck of sample_tokens' op tests, racecheck of its one-hot verification's
+  stage memcheck_sampler 150 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "sampler and bfloat16 and not drawn"
+  tail -n 4 "$W/memcheck_sampler.log"
+  stage racecheck_sampler 150 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "verifies_drafts_like and bfloat16 and 1000"
+  tail -n 4 "$W/racecheck_sampler.log"
+}
+
 part324() {  # session 60 (carry .whl): DFlash drafts drawn from q at temperature > 0 and verified against q
   # (verify_drawn_drafts; sample_tokens' filters moved into filter_row): the sampler and drawn-draft GPU tests,
   # the sampler bench with drawn drafts, every GPU test, then memcheck and racecheck of the new kernel's
@@ -6099,8 +6113,7 @@ part326() {  # session 61 (carry .whl and .snap0, session 60's tree): verify_dra
   setup
   facts > "$W/facts.txt" 2>&1
   drawn_tests_and_bench
-  stage sampler_bench_old 150 bash -c "cd .snap0 && PYTHONPATH=.:/tmp/site python3 scripts/sampler_bench.py \
-    --batches 1,8,64,128 --json $W/sampler_bench_old.json"
+  sampler_bench_in .snap0 sampler_bench_old
   drawn_sanitizers
   pack
 }
@@ -6111,17 +6124,11 @@ part327() {  # session 61 (carry .whl and .snap0, session 60's tree): the tiled 
   setup
   facts > "$W/facts.txt" 2>&1
   drawn_tests_and_bench
-  stage sampler_bench_old 150 bash -c "cd .snap0 && PYTHONPATH=.:/tmp/site python3 scripts/sampler_bench.py \
-    --batches 1,8,64,128 --json $W/sampler_bench_old.json"
+  sampler_bench_in .snap0 sampler_bench_old
   gpu_tests_full 300
   tail -n 3 "$W/gpu_tests.log"
   drawn_sanitizers
-  stage memcheck_sampler 150 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
-    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "sampler and bfloat16 and not drawn"
-  tail -n 4 "$W/memcheck_sampler.log"
-  stage racecheck_sampler 150 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
-    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "verifies_drafts_like and bfloat16 and 1000"
-  tail -n 4 "$W/racecheck_sampler.log"
+  sampler_sanitizers
   pack
 }
 
@@ -6146,12 +6153,10 @@ part329() {  # session 61 (carry .whl and .snap0): the tiled draw's loads withou
   drawn_tests_and_bench
   local i
   for i in 1 2; do
-    stage "sampler_bench_old_$i" 150 bash -c "cd .snap0 && PYTHONPATH=.:/tmp/site python3 scripts/sampler_bench.py \
-      --batches 1,8,64,128 --json $W/sampler_bench_old_$i.json"
-    stage "sampler_bench_argmax1_$i" 150 env MINILLM_CUDA_DEFINES=ARGMAX_LOADS=1 python3 scripts/sampler_bench.py \
-      --batches 1,8,64,128 --json "$W/sampler_bench_argmax1_$i.json"
-    stage "sampler_bench_new_$i" 150 python3 scripts/sampler_bench.py --batches 1,8,64,128 \
-      --json "$W/sampler_bench_new_$i.json"
+    sampler_bench_in .snap0 "sampler_bench_old_$i"
+    # ARGMAX_LOADS was a define of 275e2a8's cuda/sampling.cu (removed in 4cf0fca)
+    MINILLM_CUDA_DEFINES=ARGMAX_LOADS=1 sampler_bench_in . "sampler_bench_argmax1_$i"
+    sampler_bench_in . "sampler_bench_new_$i"
   done
   pack
 }
@@ -6166,20 +6171,13 @@ part330() {  # session 61 (carry .whl and .snap0, session 60's tree): the final 
   drawn_tests_and_bench
   local i
   for i in 1 2; do
-    stage "sampler_bench_old_$i" 150 bash -c "cd .snap0 && PYTHONPATH=.:/tmp/site python3 scripts/sampler_bench.py \
-      --batches 1,8,64,128 --json $W/sampler_bench_old_$i.json"
-    stage "sampler_bench_new_$i" 150 python3 scripts/sampler_bench.py --batches 1,8,64,128 \
-      --json "$W/sampler_bench_new_$i.json"
+    sampler_bench_in .snap0 "sampler_bench_old_$i"
+    sampler_bench_in . "sampler_bench_new_$i"
   done
   gpu_tests_full 300
   tail -n 3 "$W/gpu_tests.log"
   drawn_sanitizers
-  stage memcheck_sampler 150 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
-    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "sampler and bfloat16 and not drawn"
-  tail -n 4 "$W/memcheck_sampler.log"
-  stage racecheck_sampler 150 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
-    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "verifies_drafts_like and bfloat16 and 1000"
-  tail -n 4 "$W/racecheck_sampler.log"
+  sampler_sanitizers
   throughput_in . throughput_06b_new_1
   throughput_in .snap0 throughput_06b_old_1
   pack

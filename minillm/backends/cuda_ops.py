@@ -45,7 +45,7 @@ except ImportError:  # pragma: no cover - ml_dtypes is a dependency
 
 _ATT_THREADS = 128  # cuda/attention.cu
 _SAMPLE_THREADS = 512  # cuda/sampling.cu
-_VERIFY_MAX_VOCAB = 512 * 2048  # cuda/sampling.cu: verify_drawn_drafts' VD_TILE * VD_MAX_TILES
+_VERIFY_MAX_VOCAB = 512 * 2048  # cuda/sampling.cu: verify_drawn_drafts' DRAW_TILE * DRAW_MAX_TILES
 # cuda/gemv.cu's GEMV takes products of at most _GEMV_MAX_M rows (its GEMV_MAX_M, the same). Measured on
 # the H200 (docs/BENCHMARKS.md, spec-cost): an 8-sequence decode step of the 8B shape took 11.5 ms
 # with 8-row GEMVs against 7.3 ms for 16 sequences through cuBLAS, so above 4 rows the GEMV is not
@@ -2201,7 +2201,7 @@ class CudaBackend:
                                  f"target's {logits.shape[-1]} ids")
             if logits.shape[-1] > _VERIFY_MAX_VOCAB:
                 raise ValueError(f"sample: verifying drawn drafts handles vocabularies up to {_VERIFY_MAX_VOCAB} "
-                                 f"ids (cuda/sampling.cu VD_TILE * VD_MAX_TILES), got {logits.shape[-1]}")
+                                 f"ids (cuda/sampling.cu DRAW_TILE * DRAW_MAX_TILES), got {logits.shape[-1]}")
             checks += ((draft_logits, np.float32, "draft_logits"), (draft_rows, np.int32, "draft_rows"))
         for a, dt, n in checks:
             if a.dtype != dt:
