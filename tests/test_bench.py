@@ -1042,6 +1042,23 @@ def test_spec_bench_on_the_cpu(tiny, tmp_path, capsys):
     assert [line.split()[-1] for line in table.splitlines()[1:4]] == ["yes", "yes", "yes"]
 
 
+def test_spec_bench_sampled_on_the_cpu(tiny, tmp_path, capsys):
+    """`bench spec --temperature`: sampled runs (no token comparison: "sampled"), a fourth one verifying
+    the self-drafts as one-hot; against q the self-drafts are all but always accepted, one-hot far less
+    (the tiny random model is nearly flat: p(d) is small). A bad temperature is refused."""
+    from minillm.bench.spec import main
+
+    out = tmp_path / "spec.json"
+    assert main([str(tiny), "--device", "cpu", "--k", "2", "--max-tokens", "12", "--temperature", "1.0",
+                 "--result-json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert set(r) == {"none", "ngram", "self-draft", "self-1hot"}
+    assert all(v["verdict"] == "sampled" and v["lossless"] is None for v in r.values())
+    assert r["self-draft"]["stats"]["acceptance_rate"] > 0.9 > 0.5 > r["self-1hot"]["stats"]["acceptance_rate"]
+    capsys.readouterr()
+    _refused(capsys, main, [str(tiny), "--device", "cpu", "--temperature", "-0.5"], "--temperature")
+
+
 def test_spec_bench_judge_departure():
     """A departure is a near-tie when both tokens are in the scoring logits' top 3 and within 2% of
     the larger logit's magnitude (at least 0.02) of each other, whichever leads."""
@@ -1083,8 +1100,8 @@ def _altered_spec_runs(monkeypatch, alter):
 
     real, base = spec.run, []
 
-    def run(model, cfg, max_tokens, device):
-        r, llm = real(model, cfg, max_tokens, device)
+    def run(model, cfg, max_tokens, device, *args, **kwargs):
+        r, llm = real(model, cfg, max_tokens, device, *args, **kwargs)
         if cfg is None:
             base.extend(r["token_ids"])
         else:
