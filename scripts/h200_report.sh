@@ -6221,6 +6221,19 @@ part333() {  # session 61, for the next session (carry .whl and .snap0 = session
   pack
 }
 
+part334() {  # session 61, for the next session (carry .whl): where a top-p row's ~300 us go (one row: one CTA);
+  # sample_tokens under ncu for top-p 0.9, top-k 50 and temperature rows (~3 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  local m
+  for m in "top-p 0.9" "top-k 50" "temperature 0.6"; do
+    stage "ncu_sampler_${m%% *}" 150 ncu --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+      --section InstructionStats --section MemoryWorkloadAnalysis -k regex:sample_tokens -c 2 \
+      python3 scripts/sampler_bench.py --batches 1 --modes "$m"
+  done
+  pack
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 

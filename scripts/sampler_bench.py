@@ -1,6 +1,6 @@
 """The device sampler (cuda/sampling.cu) timed per mode and batch, inside CUDA graphs.
 
-    python scripts/sampler_bench.py [--batches 1,64,192,256] [--vocab 151936] [--json F]
+    python scripts/sampler_bench.py [--batches 1,64,192,256] [--vocab 151936] [--json F] [--modes M1,M2]
 
 For each batch size and sampling mode (greedy; temperature 0.6 as in the throughput workload;
 top-k 50; top-p 0.9; top-k + top-p; min-p 0.05, alone and with top-p; temperature with a drafted
@@ -41,7 +41,17 @@ def main() -> int:
     p.add_argument("--batches", default="1,64,192,256")
     p.add_argument("--vocab", type=int, default=151936)
     p.add_argument("--json", default=None)
+    p.add_argument("--modes", default=None,
+                   help="only these modes, comma-separated, as printed (e.g. \"top-p 0.9,greedy\"): a profiler's run")
     ns = p.parse_args()
+    modes = MODES
+    if ns.modes is not None:
+        want = [m.strip() for m in ns.modes.split(",") if m.strip()]
+        unknown = sorted(set(want) - {m[0] for m in MODES})
+        if not want or unknown:
+            p.error(f"--modes {ns.modes!r}: unknown {unknown or 'none given'}; the modes are "
+                    + ", ".join(m[0] for m in MODES))
+        modes = [m for m in MODES if m[0] in want]
     from minillm.backends.cuda_ops import CudaBackend
     from minillm.bench.gpu_timing import graph_us
     from minillm.bench.report import write_json
@@ -60,7 +70,7 @@ def main() -> int:
         drafts = be.asarray(rng.integers(0, V, B).astype(np.int32), dtype=np.int32)
         q_logits = be.asarray((3.0 * rng.standard_normal((B, V))).astype(np.float32), dtype=np.float32)
         q_rows = be.asarray(np.arange(B, dtype=np.int32), dtype=np.int32)
-        for label, t, tp, k, with_drafts, mp in MODES:
+        for label, t, tp, k, with_drafts, mp in modes:
             temp = be.asarray(np.full(B, t, np.float32), dtype=np.float32)
             top_p = be.asarray(np.full(B, tp, np.float32), dtype=np.float32)
             top_k = be.asarray(np.full(B, k, np.int32), dtype=np.int32)
