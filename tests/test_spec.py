@@ -252,6 +252,19 @@ def test_draft_model_drafts_drawn_from_q_are_accepted(models, batched_tokens):
     assert stats["draft_tokens"] > 100 and stats["acceptance_rate"] > 0.9, stats
 
 
+def test_draft_model_drafts_drawn_from_q_with_preemption(models):
+    """Drawn drafts under preemption (a pool of 24 blocks for 16 sequences): every output runs to
+    its length and the self-drafts stay accepted against q."""
+    llm = LLM(str(models[0]), device="cpu", max_num_seqs=16, max_model_len=128, num_blocks=24,
+              speculative_config=spec_configs(models, 3)["self_draft"])
+    outs = llm.generate(PROMPTS, [SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True, seed=s)
+                                  for s in range(len(PROMPTS))])
+    assert all(len(o.token_ids) == 24 for o in outs)
+    assert llm.engine.stats().preemptions > 0
+    stats = llm.engine.stats().spec
+    assert stats["draft_tokens"] > 100 and stats["acceptance_rate"] > 0.9, stats
+
+
 @pytest.fixture(scope="module")
 def dflash_pair(tmp_path_factory):
     target = tmp_path_factory.mktemp("dft")
