@@ -6193,12 +6193,16 @@ part331() {  # session 61 (carry .whl): the draft model's drafts drawn from q at
 }
 
 part332() {  # session 61 (carry .whl): part331's three failures (the draft model's q store took the backend's
-  # bf16; float32 now) and the drawn-draft engine tests again (~2 minutes)
+  # bf16; float32 now) and the drawn-draft engine tests again; the sampler's tests on rows that are not
+  # 16-byte aligned (V = 1001, added after part330) (~2 minutes)
   setup
   facts > "$W/facts.txt" 2>&1
   stage gpu_tests_draft_model 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py \
     -k "structured_outputs or speculation_lossless or drawn_from_q"
   tail -n 3 "$W/gpu_tests_draft_model.log"
+  stage sampler_unaligned 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    -k "sampler_matches and 1001 or drawn_drafts_like and 1001"
+  tail -n 3 "$W/sampler_unaligned.log"
   pack
 }
 
