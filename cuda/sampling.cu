@@ -18,9 +18,10 @@
 // point, or float32 weights) fall on the other side of a boundary (near-ties), or where log(min_p)
 // rounds differently from NumPy's at a token's x exactly on min-p's threshold.
 //
-// Speculative verification rides along (draft[row] = d >= 0): the drafters propose their argmax,
-// so q is one-hot and rejection sampling reduces to: accept d with probability p(d) (greedy: d
-// is the argmax); else draw from p without d. out[row] is then d or that draw, accepted[row]
+// Speculative verification rides along (draft[row] = d >= 0), with q one-hot (n-gram drafts,
+// DFlash2's picks, greedy rows; drafts drawn from a drafter's q are redone by verify_drawn_drafts),
+// so rejection sampling reduces to: accept d with probability p(d) (greedy: d is the argmax); else
+// draw from p without d. out[row] is then d or that draw, accepted[row]
 // says which; the engine keeps the accepted prefix and the first non-accepted row's token.
 //
 // The draw (tile_masses + tile_draw, "the tiled draw" below): every kept token's weight
@@ -367,14 +368,7 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
     tie_cut = n_tie < (int)cnt;
   }
 
-  f.kth_key = kth_key;
-  f.kth_x = kth_x;
-  f.use_floor = use_floor;
-  f.use_topp = use_topp;
-  f.cut_key = cut_key;
-  f.n_tie = n_tie;
-  f.tie_cut = tie_cut;
-  f.S2 = S2;
+  f = RowFilter{kth_key, kth_x, use_floor, use_topp, tie_cut, cut_key, n_tie, S2};
 }
 
 
@@ -472,9 +466,8 @@ __device__ double tile_masses(const Src& src, const WarpTiles& wt, double* s_mas
 // Tile tt's mass again after src changed (a rejected one-hot draft now weighs 0), and its warp's
 // mass, summed in tile_masses' order. Every thread of the block calls it.
 template <class Src>
-__device__ double retile(const Src& src, int V, int tt, double* s_mass, double* s_wmass) {
+__device__ double retile(const Src& src, const WarpTiles& wt, int tt, double* s_mass, double* s_wmass) {
   const int warp = threadIdx.x >> 5, NW = blockDim.x >> 5;
-  const WarpTiles wt(V);
   const int owner = tt / wt.tpw;
   if (warp == owner) {  // its own tile: carry_at is this warp's
     typename Src::Carry c = src.carry_at(tt);
@@ -688,7 +681,7 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
         return;
       }
       src.skip = d;
-      total = retile(src, V, d / DRAW_TILE, s_tile, s_warp);
+      total = retile(src, wt, d / DRAW_TILE, s_tile, s_warp);
     }
     if (tid == 0 && accepted) accepted[row] = 0;  // rejected, or no draft at this row
     tile_draw(src, wt, hash_uniform(seed, pos, d >= 0 ? 2ull : 0ull) * total, s_tile, s_warp, bi, out + row);
@@ -796,7 +789,7 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
 }
 
 // ---- verify_drawn_drafts: drafts drawn from the drafter's q, verified against that q ------------
-// The twin of sampler.sample's rows with draft_rows[b] >= 0 (a DFlash drafter drawing its drafts at
+// The twin of sampler.sample's rows with draft_rows[b] >= 0 (DFlash or the draft model drawing drafts at
 // temperature > 0). It runs after sample_tokens, which took such rows as one-hot drafts, and
 // rewrites out / accepted of exactly those rows. p: the target's row under the row's temperature
 // and filters; q: the drafter's row q_logits[q_rows[row]] (QV <= V ids, the rest weigh 0) under the

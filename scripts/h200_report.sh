@@ -6060,13 +6060,18 @@ drawn_tests_and_bench() {  # session 60: the sampler's and the drawn drafts' GPU
   stage sampler_bench 150 python3 scripts/sampler_bench.py --batches 1,8,64,128 --json "$W/sampler_bench.json"
 }
 
+mem_and_race() {  # mem_and_race TAG MEMCHECK_K RACECHECK_K: memcheck of tests/test_cuda_ops.py -k MEMCHECK_K,
+  # racecheck of -k RACECHECK_K, as stages memcheck_TAG and racecheck_TAG
+  stage "memcheck_$1" 150 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "$2"
+  tail -n 4 "$W/memcheck_$1.log"
+  stage "racecheck_$1" 150 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "$3"
+  tail -n 4 "$W/racecheck_$1.log"
+}
+
 drawn_sanitizers() {  # session 60: memcheck and racecheck of verify_drawn_drafts' op tests
-  stage memcheck_drawn 150 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
-    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "drawn_drafts and bfloat16"
-  tail -n 4 "$W/memcheck_drawn.log"
-  stage racecheck_drawn 150 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
-    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "drawn_drafts_like and bfloat16 and 1000"
-  tail -n 4 "$W/racecheck_drawn.log"
+  mem_and_race drawn "drawn_drafts and bfloat16" "drawn_drafts_like and bfloat16 and 1000"
 }
 
 sampler_bench_in() {  # sampler_bench_in DIR NAME: scripts/sampler_bench.py from the tree at DIR (this one: .)
@@ -6075,12 +6080,7 @@ sampler_bench_in() {  # sampler_bench_in DIR NAME: scripts/sampler_bench.py from
 }
 
 sampler_sanitizers() {  # session 61: memcheck of sample_tokens' op tests, racecheck of its one-hot verification's
-  stage memcheck_sampler 150 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
-    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "sampler and bfloat16 and not drawn"
-  tail -n 4 "$W/memcheck_sampler.log"
-  stage racecheck_sampler 150 compute-sanitizer --tool racecheck --error-exitcode 3 --print-limit 20 \
-    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "verifies_drafts_like and bfloat16 and 1000"
-  tail -n 4 "$W/racecheck_sampler.log"
+  mem_and_race sampler "sampler and bfloat16 and not drawn" "verifies_drafts_like and bfloat16 and 1000"
 }
 
 part324() {  # session 60 (carry .whl): DFlash drafts drawn from q at temperature > 0 and verified against q

@@ -212,7 +212,8 @@ def round_bytes_floor(engine: LLMEngine) -> dict:
             "bytes_floor": (target + drafter) / target}
 
 
-def phase_times(engine: LLMEngine, prompts: list[list[int]], out_len: int) -> dict[str, float]:
+def phase_times(engine: LLMEngine, prompts: list[list[int]], out_len: int,
+                temperature: float = 0.0) -> dict[str, float]:
     """Median ms per step of each phase of a speculative step: the target's step (forward,
     sampling and verification, and the DFlash context update, which runs inside it: in its CUDA
     graph when replayed), and the drafter's proposal (its own graph when replayed). The backend is
@@ -247,7 +248,7 @@ def phase_times(engine: LLMEngine, prompts: list[list[int]], out_len: int) -> di
         setattr(obj, name, timed)
     early, engine.early_drafts = engine.early_drafts, False  # the drafter apart from the target step
     try:
-        decode_steps(engine, prompts, out_len)
+        decode_steps(engine, prompts, out_len, temperature)
     finally:
         engine.early_drafts = early
         for obj, name, _ in wrapped:
@@ -456,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
               f"({step / base:.2f}x), {per_step:.2f} tokens/step, same tokens as plain decode "
               f"{'n/a (sampled)' if same is None else same}", flush=True)
     for c in dict.fromkeys((cost_cs[0], cost_cs[-1])) if cost_cs else ():  # one concurrency: once
-        phases = phase_times(spec, prompts[:c], ns.output_len)
+        phases = phase_times(spec, prompts[:c], ns.output_len, ns.temperature)
         result.setdefault("phases_ms", []).append({"concurrency": c, **phases})
         print(f"c={c:>2}: phases (ms, synchronised): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()),
               flush=True)

@@ -232,9 +232,10 @@ class ModelRunner:
     # a drafter's sampled ids on the device (DFlash; the engine sets it): a verification step
     # takes the drafts of sequences with seq.draft_row >= 0 from there, before its forward
     draft_source = None
-    # a drafter that samples its drafts (DFlash at temperature > 0; the engine sets it): its
-    # `logits` hold each draft's q and `launches` counts its steps, so a verification step gives
-    # the sampler the q rows of the drafts from its latest step (seq.draft_q)
+    # a drafter that samples its drafts at temperature > 0 (DFlash, the draft model; the engine sets
+    # it): its `logits` hold each draft's q and `launches` counts its drafting steps (the draft
+    # model's: rounds), so a verification step gives the sampler the q rows of the drafts from the
+    # latest one (seq.draft_q)
     draft_q = None
     _advance: BlockAdvance | None = None  # the step being launched follows a verification (launch)
 

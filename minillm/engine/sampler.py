@@ -17,9 +17,10 @@ _M64 = (1 << 64) - 1
 STREAM_SAMPLE = 0
 STREAM_ACCEPT = 1
 STREAM_RESIDUAL = 2
-# A drafter that samples its drafts (DFlash at temperature > 0) draws them with the request's seed
-# xor this salt, so its draws are independent of the target's accept and residual draws at the
-# same positions (the rejection-sampling proof needs the draft independent of those uniforms).
+# A drafter that samples its drafts (DFlash and the draft model at temperature > 0) draws them with
+# the request's seed xor this salt, so its draws are independent of the target's accept and residual
+# draws at the same positions (the rejection-sampling proof needs the draft independent of those
+# uniforms).
 DRAFT_SEED_SALT = 0x5DEECE66D2545F49
 
 
