@@ -1,8 +1,8 @@
 // sampling.cu: one token per logits row on the device, the twin of minillm/engine/sampler.py.
 //
 // Greedy (temperature <= 0) is argmax with the first index winning ties, like np.argmax.
-// Otherwise the row is filtered and sampled as probs_from_logits + sample_from_probs do (the filters
-// in float64 like the NumPy code, the draw's weights in float32: "The draw" below), with the same
+// Otherwise the row is filtered and sampled as probs_from_logits + sample_from_probs do (top-k and
+// min-p exact, top-p's masses and the draw's weights from float32 weights: "The draw" below), with the same
 // splitmix64 counter-based uniform (identical bits):
 //   x = logit / T;  top-k keeps x >= (k-th largest x);  min-p keeps x >= M + ln(min_p) (M = max x:
 //   p >= min_p * p_max, vLLM's min_p);  p = softmax(x);
@@ -187,30 +187,6 @@ __device__ __forceinline__ double warp_exclusive_scan(double v) {
   return lane == 0 ? 0.0 : exc;
 }
 
-// e^x for the weights (x <= ~0) in float64, within a few ulp of exp() (~1.3 ulp on 6,000 points
-// checked against exp on the CPU) in ~12 float64 operations instead of exp()'s ~25 (the draw takes
-// one a token). Measured gain small: a temperature-only row 74 -> 71 us (part62 -> part66), and
-// none from dropping rint (part70), so the pass is bound by its loads more than by exp. x = (256 k + j) ln2 / 256 + r with |r| <= ln2 / 512
-// (Cody-Waite, ln2 in two parts), e^x = 2^k * 2^(j / 256) * e^r, 2^(j / 256) from a table in shared memory (exp2 by the
-// CTA's first 256 threads), e^r by its degree-5 Taylor polynomial (|r|^6 / 720 < 1e-20). Below
-// -708 (e^x < 1e-307): 0.
-__device__ __forceinline__ double exp_weight(double x, const double* exp2_tab) {
-  if (x < -708.0) return 0.0;
-  // n = rint(x * 256 / ln 2) without rint or a conversion (both slow on the float64 pipe): adding
-  // 1.5 * 2^52 rounds to an integer (to even, as rint), whose low 32 bits are n's two's complement
-  const double tn = fma(x, 369.3299304675746, 6755399441055744.0);
-  const double n = tn - 6755399441055744.0;
-  double r = fma(n, -0.00270760617331689, x);                          // ln2_hi / 256 (exact products)
-  r = fma(n, -7.453964567463233e-13, r);                               // ln2_lo / 256
-  double p = fma(r, 1.0 / 120.0, 1.0 / 24.0);
-  p = fma(p, r, 1.0 / 6.0);
-  p = fma(p, r, 0.5);
-  p = fma(p, r, 1.0);
-  p = fma(p, r, 1.0);
-  const int ni = __double2loint(tn), j = ni & 255, k = ni >> 8;       // k = floor(n / 256) >= -1022
-  return exp2_tab[j] * __longlong_as_double((long long)(k + 1023) << 52) * p;
-}
-
 // Which of the warp's lanes holds the crossing: the first lane whose part (c0, its start, and w,
 // its weight) has w > 0 and target < c0 + w (searchsorted side="right"), else the last lane with
 // w > 0 (rounding past the end), else -1.
@@ -247,6 +223,33 @@ __device__ __forceinline__ void row_argmax(const float* __restrict__ lg, int n, 
   block_argmax(bv, bi, fscratch, iscratch);
 }
 
+// A kept token's weight exp((l - max l) / T) in float32, as 2^((l - max l) * k2), k2 = log2(e) / T:
+// ~1e-6 relative at most where the exponent is ~ -30 (the large weights far closer), so only a draw
+// within that of a boundary can differ from the float64 twin's. Float64 weights (a float64 exp and two
+// conversions a token, 16 a clock an SM) took ~55 us of a 68 us temperature row (part326). -inf (ids
+// past a row's end) weighs 0.
+__device__ __forceinline__ float kept_weight(float l, float bv, float k2) { return exp2f((l - bv) * k2); }
+
+// Top-p's radix passes weigh each kept token in fixed point, unit 2^62 / (V's power of two), so the
+// sums fit 64 bits and are exact in any order: __float2ull_rn of the float32 weight (kept_weight, as
+// the draw's), so its 24 bits of precision carry into the sums. From a float64 exponential instead a top-p
+// 0.9 row took 164 -> 132 us at one row, 256 -> 223 at 128 (H100, part335).
+__device__ __forceinline__ unsigned long long fixed_weight(float l, float bv, float k2, float unit) {
+  return __float2ull_rn(kept_weight(l, bv, k2) * unit);
+}
+
+// *bin += v, exact, as two 32-bit shared atomics: the low word's returns its old value, whose wrap
+// carries into the high word. A 64-bit shared atomicAdd compiles to a compare-and-swap loop
+// (ATOMS.CAST.SPIN.64 in the SASS), which spins where many threads hit one bin: pass 0's few
+// dozen occupied bins made a top-p 0.9 row 298 us at one row, 164 with these (H100, part335).
+// (Top-k's counts aggregated a warp by __match_any_sync first measured slower: 101 -> 230 us.)
+__device__ __forceinline__ void add_mass(unsigned long long* bin, unsigned long long v) {
+  unsigned* w = reinterpret_cast<unsigned*>(bin);  // little-endian: w[0] the low word
+  const unsigned lo = (unsigned)v, hi = (unsigned)(v >> 32);
+  const unsigned carry = atomicAdd(w, lo) > 0xffffffffu - lo ? 1u : 0u;
+  if (hi + carry) atomicAdd(w + 1, hi + carry);
+}
+
 // A sampled row's filters (temperature t > 0, max logit bv): top-k and min-p as one floor on the
 // key, then top-p's cut-off key and how many of its tied tokens it keeps (in index order). Every
 // thread of the block calls it and gets the same values. scratch: SAMPLE_MAX_TILES doubles of
@@ -265,8 +268,7 @@ struct RowFilter {
 __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, float bv, double t,
                                            const int* __restrict__ top_k, const float* __restrict__ min_p,
                                            const float* __restrict__ top_p, int row, RowFilter& f, void* scratch,
-                                           double* dscratch, int* s_bin, int* s_first, double* s_above,
-                                           const double* exp2_tab) {
+                                           double* dscratch, int* s_bin, int* s_first, double* s_above) {
   const int tid = threadIdx.x, NT = blockDim.x;
   const double M = (double)bv / t;  // the max of x survives every filter
 
@@ -313,32 +315,36 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
 
   const double tp = (double)top_p[row];
   const bool use_topp = tp < 1.0;
-  const double inv_t = 1.0 / t;
-  const double Mt = (double)bv * inv_t;  // the weights' max x
 
   // ---- top-p: the cut-off key v = min key with mass(key > v) < top_p, then its ties. Radix
-  // select again, over each kept token's weight exp(x - M) in fixed point (2^62 / V a unit
-  // weight, so the sums fit 64 bits and are exact whatever the order of the atomics): the bin where
-  // the mass from the top first reaches top_p. Only the first pass takes exp() of every token.
+  // select again, over each kept token's weight exp(x - M) in fixed point (fixed_weight, add_mass):
+  // the bin where the mass from the top first reaches top_p. Only the first pass weighs every token;
+  // the last one's bins are single keys, so it also counts the cut-off's ties.
   unsigned cut_key = 0;
   int n_tie = 0;
   bool tie_cut = false;  // the cut-off keeps only some of its tied tokens: the serial draw
   double S2 = 1.0;
   if (use_topp) {
     unsigned long long* mass = reinterpret_cast<unsigned long long*>(scratch);
-    const double unit = ldexp(1.0, 62 - (32 - __clz(V)));
+    int* ties = reinterpret_cast<int*>(mass + radix_bins(2));  // the last pass's counts a bin
+    const float unit = __int_as_float((127 + 62 - (32 - __clz(V))) << 23), k2 = LOG2E_F / (float)t;
     unsigned prefix = 0;
     double need = 0.0, above = 0.0, total = 0.0;
+    int cnt = 0;
     for (int pass = 0; pass < 3; ++pass) {
       const int nb = radix_bins(pass), shift = radix_shift(pass);
       const unsigned mask = radix_mask(pass);
       for (int b = tid; b < nb; b += NT) mass[b] = 0ull;
+      if (pass == 2)
+        for (int b = tid; b < nb; b += NT) ties[b] = 0;
       __syncthreads();
       for_each_logit(lg, V, [&](int, float l) {
         const unsigned key = float_key(l);
         if ((key & mask) == prefix && key >= kth_key) {
-          const double w = exp_weight(fma((double)l, inv_t, -Mt), exp2_tab);
-          atomicAdd(mass + ((key >> shift) & (nb - 1)), (unsigned long long)(w * unit + 0.5));
+          const int b = (key >> shift) & (nb - 1);
+          const unsigned long long v = fixed_weight(l, bv, k2, unit);
+          if (v) add_mass(mass + b, v);  // most of a real row's tail weighs 0 in fixed point
+          if (pass == 2) atomicAdd(ties + b, 1);  // the last pass's bins are single keys
         }
       });
       __syncthreads();
@@ -353,19 +359,15 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
       radix_crossing(nb, mass, need - above, dscratch, s_bin, s_first, s_above, bin, a);
       prefix |= (unsigned)bin << shift;
       above += a;  // mass of the keys above the prefix found so far
+      if (pass == 2) cnt = ties[bin];  // the tokens whose key is the cut-off (radix_crossing synced)
     }
     cut_key = prefix;
-    double cnt = 0.0;
-    for_each_logit(lg, V, [&](int, float l) { cnt += float_key(l) == cut_key ? 1.0 : 0.0; });
-    cnt = minillm::block_sum(cnt, dscratch);
     // ties at the cut-off come in index order; each adds the same p to the running mass
-    const double p_cut =
-        (double)(unsigned long long)(exp_weight(fma((double)key_float(cut_key), inv_t, -Mt), exp2_tab) * unit + 0.5) /
-        total;
+    const double p_cut = (double)fixed_weight(key_float(cut_key), bv, k2, unit) / total;
     double c = above / total;
-    while (n_tie < (int)cnt && c < tp) { ++n_tie; c += p_cut; }
+    while (n_tie < cnt && c < tp) { ++n_tie; c += p_cut; }
     S2 = c;  // the kept mass, to renormalise by
-    tie_cut = n_tie < (int)cnt;
+    tie_cut = n_tie < cnt;
   }
 
   f = RowFilter{kth_key, kth_x, use_floor, use_topp, tie_cut, cut_key, n_tie, S2};
@@ -573,13 +575,6 @@ __device__ void tile_draw(const Src& src, const WarpTiles& wt, double target, co
   if (lane == 0) *slot = pick >= 0 ? pick : last;
 }
 
-// A kept token's weight exp((l - max l) / T) in float32, as 2^((l - max l) * k2), k2 = log2(e) / T:
-// ~1e-6 relative at most where the exponent is ~ -30 (the large weights far closer), so only a draw
-// within that of a boundary can differ from the float64 twin's. Float64 weights (a float64 exp and two
-// conversions a token, 16 a clock an SM) took ~55 us of a 68 us temperature row (part326). -inf (ids
-// past a row's end) weighs 0.
-__device__ __forceinline__ float kept_weight(float l, float bv, float k2) { return exp2f((l - bv) * k2); }
-
 // The float below which a filter's floor key drops a logit (key 0: keeps all): float_key(l) >= key
 // exactly when l >= key_float(key) (both fold -0 onto +0), a float compare in the passes.
 __device__ __forceinline__ float floor_logit(unsigned key) { return key ? key_float(key) : minillm::neg_inf(); }
@@ -622,8 +617,6 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
   __shared__ int s_found, s_bin, s_first;
   __shared__ double s_tile[SAMPLE_MAX_TILES];
   __shared__ double s_warp[SAMPLE_WARPS];
-  __shared__ double s_exp2[256];  // 2^(j / 256): exp_weight's table (the argmax's barriers publish it)
-  if (threadIdx.x < 256) s_exp2[threadIdx.x] = exp2((double)threadIdx.x / 256.0);
   minillm::pdl_entry();
   const int row = blockIdx.x, tid = threadIdx.x, NT = blockDim.x;
   if (row >= n_rows) return;
@@ -647,7 +640,7 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
   const double M = (double)bv / t;  // the max of x survives every filter
   RowFilter f;
   filter_row(lg, V, bv, t, top_k, min_p, top_p, row, f, s_tile, dscratch, &s_bin,
-             &s_first, &s_above, s_exp2);
+             &s_first, &s_above);
   const bool tiled = V <= DRAW_TILE * DRAW_MAX_TILES;
   const double kth_x = f.kth_x, S2 = f.S2;
   const bool use_topp = f.use_topp, tie_cut = f.tie_cut;
@@ -907,10 +900,8 @@ verify_drawn_drafts(const float* __restrict__ logits, i64 stride, int V, const f
   // the radix histograms; then [0, DRAW_MAX_TILES) each tile's residual mass and, as ints from
   // DRAW_MAX_TILES doubles on, each tile's ties before it within its warp (p's, then q's)
   __shared__ double s_tile[SAMPLE_MAX_TILES];
-  __shared__ double s_exp2[256];
   __shared__ double s_wd[2];  // d's weights in p and q
   __shared__ double s_wmass[SAMPLE_WARPS];
-  if (threadIdx.x < 256) s_exp2[threadIdx.x] = exp2((double)threadIdx.x / 256.0);
   minillm::pdl_entry();
   const int row = blockIdx.x, tid = threadIdx.x;
   if (row >= n_rows) return;
@@ -949,8 +940,8 @@ verify_drawn_drafts(const float* __restrict__ logits, i64 stride, int V, const f
   // ---- the filters (none, the radix selects, or min-p's floor), as sample_tokens filters its rows
   const bool filtered = top_k[row] > 0 || (min_p && min_p[row] > 0.f) || top_p[row] < 1.f;  // uniform
   if (filtered) {
-    filter_row(lp, V, bp, t, top_k, min_p, top_p, row, P.f, s_tile, dscratch, &s_bin, &s_first, &s_above, s_exp2);
-    filter_row(lq, QV, bq, t, top_k, min_p, top_p, row, Q.f, s_tile, dscratch, &s_bin, &s_first, &s_above, s_exp2);
+    filter_row(lp, V, bp, t, top_k, min_p, top_p, row, P.f, s_tile, dscratch, &s_bin, &s_first, &s_above);
+    filter_row(lq, QV, bq, t, top_k, min_p, top_p, row, Q.f, s_tile, dscratch, &s_bin, &s_first, &s_above);
     P.floor = P.f.use_floor ? floor_logit(P.f.kth_key) : ninf;
     Q.floor = Q.f.use_floor ? floor_logit(Q.f.kth_key) : ninf;
   } else {

@@ -180,8 +180,10 @@ M=/tmp/models
 mkdir -p "$M"
 
 setup() {
-  if [ -d .whl ] && [ ! -d /tmp/site/quart ]; then
+  # (again whenever the carried set changes: a warm machine's /tmp/site kept an earlier call's, part332)
+  if [ -d .whl ] && [ "$(ls .whl)" != "$(cat /tmp/site/.wheels 2>/dev/null)" ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    ls .whl > /tmp/site/.wheels
   fi
   export PYTHONPATH=.:/tmp/site
   if [ -f .gguf_a ]; then cp .gguf_a /tmp/gguf_a; fi
@@ -6235,6 +6237,55 @@ part334() {  # session 61, for the next session (carry .whl): where a top-p row'
       --section InstructionStats --section MemoryWorkloadAnalysis -k regex:sample_tokens -c 2 \
       python3 scripts/sampler_bench.py --batches 1 --modes "$m"
   done
+  pack
+}
+
+part335() {  # session 62 (carry .whl and .snap0 = git archive 1ec4c49): top-p's radix passes (part334: a
+  # top-p 0.9 row 380 us under ncu at one row, 0.36 issued a scheduler). The tie count folded into the
+  # last pass (always), and three switches: SAMPLE_MASS_ATOM32 (the 64-bit shared atomics as two 32-bit
+  # ones), SAMPLE_TOPP_W32 (float32 weights), SAMPLE_COUNT_MATCH (top-k's counts aggregated a warp by
+  # __match_any_sync). Whether the 64-bit shared atomic is a CAS loop (the SASS), then sampler_bench
+  # for each variant between two runs of .snap0; the sampler's GPU tests on two variants (~7 min)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  nvcc -std=c++17 -arch=sm_90a -Icuda -cubin -o /tmp/s.cubin cuda/sampling.cu &&
+    cuobjdump -sass /tmp/s.cubin | grep -E "ATOMS|Function" | sort | uniq -c > "$W/sass_atoms.txt" 2>&1
+  nvcc -std=c++17 -arch=sm_90a -Icuda -cubin -DSAMPLE_MASS_ATOM32=1 -o /tmp/s2.cubin cuda/sampling.cu &&
+    cuobjdump -sass /tmp/s2.cubin | grep -E "ATOMS|Function" | sort | uniq -c >> "$W/sass_atoms.txt" 2>&1
+  cat "$W/sass_atoms.txt"
+  local modes="top-k 50,top-p 0.9,top-k 50 + top-p 0.9,min-p 0.05 + top-p 0.9,top-p 0.9 + q draft"
+  local v
+  stage sb_old_1 100 bash -c "cd .snap0 && python3 scripts/sampler_bench.py --batches 1,8,128 --modes '$modes'"
+  for v in base:X=0 atom32:SAMPLE_MASS_ATOM32=1 w32:SAMPLE_MASS_ATOM32=1,SAMPLE_TOPP_W32=1 \
+           match:SAMPLE_COUNT_MATCH=1 all:SAMPLE_MASS_ATOM32=1,SAMPLE_TOPP_W32=1,SAMPLE_COUNT_MATCH=1; do
+    stage "sb_${v%%:*}_1" 100 env MINILLM_CUDA_DEFINES="${v#*:}" python3 scripts/sampler_bench.py \
+      --batches 1,8,128 --modes "$modes"
+  done
+  stage tests_base 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k "sampler"
+  tail -n 3 "$W/tests_base.log"
+  stage tests_all 150 env MINILLM_CUDA_DEFINES=SAMPLE_MASS_ATOM32=1,SAMPLE_TOPP_W32=1,SAMPLE_COUNT_MATCH=1 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k "sampler"
+  tail -n 3 "$W/tests_all.log"
+  stage sb_old_2 100 bash -c "cd .snap0 && python3 scripts/sampler_bench.py --batches 1,8,128 --modes '$modes'"
+  stage sb_base_2 100 python3 scripts/sampler_bench.py --batches 1,8,128 --modes "$modes"
+  pack
+}
+
+part336() {  # session 62 (carry .whl and .snap0 = git archive 1ec4c49): top-p's passes with two 32-bit
+  # shared atomics a token and float32 weights, the tie count in the last pass (part335's winners, now the
+  # only code): the sampler bench new / .snap0 alternated twice, every GPU test, memcheck and racecheck of
+  # both sampling kernels' op tests (~8 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  local i
+  for i in 1 2; do
+    sampler_bench_in .snap0 "sampler_bench_old_$i"
+    sampler_bench_in . "sampler_bench_new_$i"
+  done
+  gpu_tests_full 300
+  tail -n 3 "$W/gpu_tests.log"
+  sampler_sanitizers
+  drawn_sanitizers
   pack
 }
 
