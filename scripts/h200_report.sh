@@ -6273,19 +6273,22 @@ part335() {  # session 62 (carry .whl and .snap0 = git archive 1ec4c49): top-p's
 
 part336() {  # session 62 (carry .whl and .snap0 = git archive 1ec4c49): top-p's passes with two 32-bit
   # shared atomics a token and float32 weights, the tie count in the last pass (part335's winners, now the
-  # only code): the sampler bench new / .snap0 alternated twice, every GPU test, memcheck and racecheck of
-  # both sampling kernels' op tests (~8 minutes)
+  # only code): the sampler's and drawn drafts' GPU tests, the sampler bench .snap0 / new, memcheck and
+  # racecheck of both sampling kernels' op tests, every GPU test, the bench again (~7 minutes; the most
+  # needed first)
   setup
   facts > "$W/facts.txt" 2>&1
-  local i
-  for i in 1 2; do
-    sampler_bench_in .snap0 "sampler_bench_old_$i"
-    sampler_bench_in . "sampler_bench_new_$i"
-  done
-  gpu_tests_full 300
-  tail -n 3 "$W/gpu_tests.log"
+  stage drawn_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_dflash_graphs.py -k "sampler or drawn"
+  tail -n 3 "$W/drawn_tests.log"
+  sampler_bench_in .snap0 sampler_bench_old_1
+  sampler_bench_in . sampler_bench_new_1
   sampler_sanitizers
   drawn_sanitizers
+  gpu_tests_full 300
+  tail -n 3 "$W/gpu_tests.log"
+  sampler_bench_in .snap0 sampler_bench_old_2
+  sampler_bench_in . sampler_bench_new_2
   pack
 }
 
