@@ -561,8 +561,11 @@ def test_logprobs(plain, server):
                                                   max_tokens=8, temperature=0, logprobs=True, top_logprobs=2,
                                                   extra_body={"ignore_eos": True})
     want = chat.choices[0].logprobs.content
-    assert [(lp.token, lp.logprob, [t.token for t in lp.top_logprobs]) for lp in lps] == \
-        [(lp.token, lp.logprob, [t.token for t in lp.top_logprobs]) for lp in want]
+    assert [(lp.token, [t.token for t in lp.top_logprobs]) for lp in lps] == \
+        [(lp.token, [t.token for t in lp.top_logprobs]) for lp in want]
+    # the chat request reuses the first one's cached prompt, so its prefill computes fewer rows, and
+    # NumPy's float32 products round such sums differently (~1e-8 here with numpy 2.4.6's OpenBLAS)
+    assert [lp.logprob for lp in lps] == pytest.approx([lp.logprob for lp in want], rel=1e-5)
     events = [e.model_dump() for e in create(plain, stream=True, **ask)]
     deltas = [lp["token"] for e in events if e["type"] == "response.output_text.delta" for lp in e["logprobs"]]
     done = next(e for e in events if e["type"] == "response.output_text.done")
