@@ -250,6 +250,120 @@ __device__ __forceinline__ void add_mass(unsigned long long* bin, unsigned long 
   if (hi + carry) atomicAdd(w + 1, hi + carry);
 }
 
+// ---- SAMPLE_GATHER (off by default; prepared in session 62, not yet run on a GPU): when top-k's first
+// pass leaves at most GATHER_CAP tokens at or above its crossing bin, those keys are gathered into
+// shared memory in one pass, and top-k's k-th key and then top-p's cut-off are found among them
+// there, instead of by two more passes over the row for top-k and three for top-p. Every result is
+// the radix passes': counts are exact, masses are exact 64-bit sums of the same fixed-point weights,
+// and the list's order (atomic slots) decides nothing.
+#ifndef SAMPLE_GATHER
+#define SAMPLE_GATHER 0
+#endif
+#if SAMPLE_GATHER
+#define GATHER_CAP 1024
+
+struct KeyList {  // in the radix scratch, past top-k's first-pass counts (4096 ints)
+  unsigned key[GATHER_CAP];
+  unsigned long long wt[GATHER_CAP];  // list_topp's fixed-point weights (0 below its floor)
+  int n;
+  unsigned kth;                       // list_kth's answer
+  unsigned cut, low;                  // list_topp's answer, and the lowest kept key with mass (its fallback)
+  int ties, low_ties, found;
+  unsigned long long above, low_above;
+};
+static_assert(4096 * sizeof(int) + sizeof(KeyList) <= SAMPLE_MAX_TILES * sizeof(double), "the list fits the scratch");
+
+// Every token whose key is >= low, into L (the caller knows there are at most GATHER_CAP).
+__device__ __forceinline__ void gather_keys(const float* __restrict__ lg, int V, unsigned low, KeyList& L) {
+  if (threadIdx.x == 0) L.n = 0;
+  __syncthreads();
+  for_each_logit(lg, V, [&](int, float l) {
+    const unsigned key = float_key(l);
+    if (key >= low) L.key[atomicAdd(&L.n, 1)] = key;
+  });
+  __syncthreads();
+}
+
+// Item i against the list's other keys >= floor: the weight of the greater ones and of its ties
+// (w(j) each), how many ties it has, and how many of them come earlier in the list.
+template <typename W>
+__device__ __forceinline__ void rank_item(const KeyList& L, int n, int i, unsigned floor, W w,
+                                          unsigned long long& gt, unsigned long long& eq, int& ties,
+                                          int& ties_before) {
+  const unsigned ki = L.key[i];
+  gt = eq = 0;
+  ties = ties_before = 0;
+  for (int j = 0; j < n; ++j) {
+    const unsigned kj = L.key[j];  // every thread reads one address: a broadcast
+    if (kj > ki && kj >= floor) gt += w(j);
+    if (kj == ki) { eq += w(j); ++ties; ties_before += j < i; }
+  }
+}
+
+// The k-th largest key of the list (k <= n, the list holding every key >= its lowest): the key whose
+// count of greater keys is < k <= that plus its ties; the first of them in list order writes it.
+__device__ unsigned list_kth(KeyList& L, int n, int k) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    unsigned long long gt, eq;
+    int ties, before;
+    rank_item(L, n, i, 0u, [](int) { return 1ull; }, gt, eq, ties, before);
+    if (before == 0 && gt < (unsigned long long)k && (unsigned long long)k <= gt + eq) L.kth = L.key[i];
+  }
+  __syncthreads();
+  const unsigned r = L.kth;
+  __syncthreads();
+  return r;
+}
+
+// Top-p's cut-off among the list's keys >= floor (every kept token is in the list): the key where the
+// mass from the top first reaches need = tp * total (mass above < need <= mass above + its own), the
+// mass above it and its tie count; past the end (rounding), the lowest kept key with mass, as
+// radix_crossing's fallback. Each tie group answers through its first item in list order.
+__device__ void list_topp(KeyList& L, int n, unsigned floor, float bv, float k2, float unit, double tp,
+                          double* dscratch, unsigned& cut, double& above, double& total, int& ties) {
+  unsigned long long own = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const unsigned key = L.key[i];
+    L.wt[i] = key >= floor ? fixed_weight(key_float(key), bv, k2, unit) : 0ull;
+    own += L.wt[i];
+  }
+  unsigned long long* wsum = reinterpret_cast<unsigned long long*>(dscratch);  // a warp's sum each
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) own += __shfl_xor_sync(0xffffffffu, own, o);
+  if ((threadIdx.x & 31) == 0) wsum[threadIdx.x >> 5] = own;
+  if (threadIdx.x == 0) L.found = 0;
+  __syncthreads();
+  unsigned long long tot = 0;
+  for (int wi = 0; wi < (int)(blockDim.x >> 5); ++wi) tot += wsum[wi];
+  const double need = tp * (double)tot;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    if (L.key[i] < floor) continue;
+    unsigned long long gt, eq;
+    int cnt, before;
+    rank_item(L, n, i, floor, [&](int j) { return L.wt[j]; }, gt, eq, cnt, before);
+    if (before) continue;
+    if ((double)gt < need && need <= (double)(gt + eq)) {
+      L.cut = L.key[i];
+      L.above = gt;
+      L.ties = cnt;
+      L.found = 1;
+    }
+    if (eq > 0 && gt + eq == tot) {  // the lowest kept key with mass
+      L.low = L.key[i];
+      L.low_above = gt;
+      L.low_ties = cnt;
+    }
+  }
+  __syncthreads();
+  const bool found = L.found;
+  cut = found ? L.cut : L.low;
+  above = (double)(found ? L.above : L.low_above);
+  ties = found ? L.ties : L.low_ties;
+  total = (double)tot;
+  __syncthreads();  // wsum and the answers read before the scratch is reused
+}
+#endif  // SAMPLE_GATHER
+
 // A sampled row's filters (temperature t > 0, max logit bv): top-k and min-p as one floor on the
 // key, then top-p's cut-off key and how many of its tied tokens it keeps (in index order). Every
 // thread of the block calls it and gets the same values. scratch: SAMPLE_MAX_TILES doubles of
@@ -278,6 +392,10 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
   unsigned kth_key = 0;
   double kth_x = -__longlong_as_double(0x7ff0000000000000ll);  // -inf: keeps all
   int* hist = reinterpret_cast<int*>(scratch);
+#if SAMPLE_GATHER
+  KeyList* L = reinterpret_cast<KeyList*>(hist + 4096);
+#endif
+  bool gathered = false;  // top-k's list holds every kept token (SAMPLE_GATHER)
   if (use_topk) {
     unsigned prefix = 0;
     double need = (double)k;  // rank among the keys that share the prefix
@@ -294,6 +412,14 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
       int bin;
       double above;
       radix_crossing(nb, hist, need, dscratch, s_bin, s_first, s_above, bin, above);
+#if SAMPLE_GATHER
+      if (pass == 0 && (int)above + hist[bin] <= GATHER_CAP) {  // uniform: every thread reads the same
+        gather_keys(lg, V, (unsigned)bin << shift, *L);
+        prefix = list_kth(*L, (int)above + hist[bin], k);
+        gathered = true;
+        break;
+      }
+#endif
       prefix |= (unsigned)bin << shift;
       need -= above;
     }
@@ -331,7 +457,10 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
     unsigned prefix = 0;
     double need = 0.0, above = 0.0, total = 0.0;
     int cnt = 0;
-    for (int pass = 0; pass < 3; ++pass) {
+#if SAMPLE_GATHER
+    if (gathered) list_topp(*L, L->n, kth_key, bv, k2, unit, tp, dscratch, prefix, above, total, cnt);
+#endif
+    for (int pass = 0; pass < (gathered ? 0 : 3); ++pass) {
       const int nb = radix_bins(pass), shift = radix_shift(pass);
       const unsigned mask = radix_mask(pass);
       for (int b = tid; b < nb; b += NT) mass[b] = 0ull;
@@ -361,6 +490,7 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
       above += a;  // mass of the keys above the prefix found so far
       if (pass == 2) cnt = ties[bin];  // the tokens whose key is the cut-off (radix_crossing synced)
     }
+    __syncthreads();  // ties[bin] read by all before the scratch is reused (verify_drawn_drafts filters two rows)
     cut_key = prefix;
     // ties at the cut-off come in index order; each adds the same p to the running mass
     const double p_cut = (double)fixed_weight(key_float(cut_key), bv, k2, unit) / total;

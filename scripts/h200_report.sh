@@ -6271,9 +6271,9 @@ part335() {  # session 62 (carry .whl and .snap0 = git archive 1ec4c49): top-p's
   pack
 }
 
-part336() {  # session 62 (carry .whl and .snap0 = git archive 1ec4c49): top-p's passes with two 32-bit
-  # shared atomics a token and float32 weights, the tie count in the last pass (part335's winners, now the
-  # only code): the sampler's and drawn drafts' GPU tests, the sampler bench .snap0 / new, memcheck and
+part336() {  # session 62, not run: the first call of the next session (carry .whl and .snap0 = git archive
+  # 1ec4c49): top-p's passes with two 32-bit shared atomics a token and float32 weights, the tie count in the
+  # last pass with a barrier after it (part335's winners, now the only code): the sampler's and drawn drafts' GPU tests, the sampler bench .snap0 / new, memcheck and
   # racecheck of both sampling kernels' op tests, every GPU test, the bench again (~7 minutes; the most
   # needed first)
   setup
@@ -6289,6 +6289,28 @@ part336() {  # session 62 (carry .whl and .snap0 = git archive 1ec4c49): top-p's
   tail -n 3 "$W/gpu_tests.log"
   sampler_bench_in .snap0 sampler_bench_old_2
   sampler_bench_in . sampler_bench_new_2
+  pack
+}
+
+part337() {  # session 62, for the next session after part336 (carry .whl and .snap0 = git archive of the tree
+  # part336 ran): SAMPLE_GATHER=1 (top-k's first pass leaving <= 1,024 tokens at or above its bin: those
+  # gathered into shared memory, top-k and then top-p resolved there; never run): the sampler's and drawn
+  # drafts' tests with it (V = 1000 integer ties and the 151,936-id normal / peaked rows take the list; flat
+  # ones the radix passes), memcheck and racecheck of top-k rows with it, the sampler bench without and with
+  # it, alternated twice (~5 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage gather_tests 240 env MINILLM_CUDA_DEFINES=SAMPLE_GATHER=1 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    -rfEs tests/test_cuda_ops.py tests/test_dflash_graphs.py -k "sampler or drawn"
+  tail -n 3 "$W/gather_tests.log"
+  MINILLM_CUDA_DEFINES=SAMPLE_GATHER=1 mem_and_race gather "sampler_matches and bfloat16" \
+    "verifies_drafts_like and bfloat16 and 1000"
+  local i
+  for i in 1 2; do
+    stage "sb_plain_$i" 100 python3 scripts/sampler_bench.py --batches 1,8,64,128 --json "$W/sb_plain_$i.json"
+    stage "sb_gather_$i" 100 env MINILLM_CUDA_DEFINES=SAMPLE_GATHER=1 python3 scripts/sampler_bench.py \
+      --batches 1,8,64,128 --json "$W/sb_gather_$i.json"
+  done
   pack
 }
 
