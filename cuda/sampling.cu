@@ -413,11 +413,15 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
       double above;
       radix_crossing(nb, hist, need, dscratch, s_bin, s_first, s_above, bin, above);
 #if SAMPLE_GATHER
-      if (pass == 0 && (int)above + hist[bin] <= GATHER_CAP) {  // uniform: every thread reads the same
-        gather_keys(lg, V, (unsigned)bin << shift, *L);
-        prefix = list_kth(*L, (int)above + hist[bin], k);
-        gathered = true;
-        break;
+      if (pass == 0) {
+        const int n = (int)above + hist[bin];  // the tokens at or above the bin (every thread the same)
+        __syncthreads();  // hist[bin] read by all before the next pass zeroes it
+        if (n <= GATHER_CAP) {
+          gather_keys(lg, V, (unsigned)bin << shift, *L);
+          prefix = list_kth(*L, n, k);
+          gathered = true;
+          break;
+        }
       }
 #endif
       prefix |= (unsigned)bin << shift;
