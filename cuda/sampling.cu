@@ -242,7 +242,6 @@ __device__ __forceinline__ unsigned long long fixed_weight(float l, float bv, fl
 // carries into the high word. A 64-bit shared atomicAdd compiles to a compare-and-swap loop
 // (ATOMS.CAST.SPIN.64 in the SASS), which spins where many threads hit one bin: pass 0's few
 // dozen occupied bins made a top-p 0.9 row 298 us at one row, 164 with these (H100, part335).
-// (Top-k's counts aggregated a warp by __match_any_sync first measured slower: 101 -> 230 us.)
 __device__ __forceinline__ void add_mass(unsigned long long* bin, unsigned long long v) {
   unsigned* w = reinterpret_cast<unsigned*>(bin);  // little-endian: w[0] the low word
   const unsigned lo = (unsigned)v, hi = (unsigned)(v >> 32);
@@ -406,6 +405,8 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
       __syncthreads();
       for_each_logit(lg, V, [&](int, float l) {
         const unsigned key = float_key(l);
+        // ATOMS.POPC.INC: the hardware adds a warp's increments of one bin at once (counts aggregated
+        // first by __match_any_sync measured slower: top-k 50 101 -> 230 us at one row, part335)
         if ((key & mask) == prefix) atomicAdd(hist + ((key >> shift) & (nb - 1)), 1);
       });
       __syncthreads();

@@ -6244,7 +6244,8 @@ part335() {  # session 62 (carry .whl and .snap0 = git archive 1ec4c49): top-p's
   # top-p 0.9 row 380 us under ncu at one row, 0.36 issued a scheduler). The tie count folded into the
   # last pass (always), and three switches: SAMPLE_MASS_ATOM32 (the 64-bit shared atomics as two 32-bit
   # ones), SAMPLE_TOPP_W32 (float32 weights), SAMPLE_COUNT_MATCH (top-k's counts aggregated a warp by
-  # __match_any_sync). Whether the 64-bit shared atomic is a CAS loop (the SASS), then sampler_bench
+  # __match_any_sync); 9a7a889 then kept the first two as the only code and dropped all three switches, so
+  # a rerun now measures that code in every variant. Whether the 64-bit shared atomic is a CAS loop (the SASS), then sampler_bench
   # for each variant between two runs of .snap0; the sampler's GPU tests on two variants (~7 min)
   setup
   facts > "$W/facts.txt" 2>&1

@@ -563,8 +563,8 @@ def test_logprobs(plain, server):
     want = chat.choices[0].logprobs.content
     assert [(lp.token, [t.token for t in lp.top_logprobs]) for lp in lps] == \
         [(lp.token, [t.token for t in lp.top_logprobs]) for lp in want]
-    # the chat request reuses the first one's cached prompt, so its prefill computes fewer rows, and
-    # NumPy's float32 products round such sums differently (~1e-8 here with numpy 2.4.6's OpenBLAS)
+    # the chat request reuses the first one's cached prompt, so its prefill computes fewer rows, whose
+    # float32 products may round apart (~1e-8 on a CI machine with numpy 2.4.6; equal without the cache)
     assert [lp.logprob for lp in lps] == pytest.approx([lp.logprob for lp in want], rel=1e-5)
     events = [e.model_dump() for e in create(plain, stream=True, **ask)]
     deltas = [lp["token"] for e in events if e["type"] == "response.output_text.delta" for lp in e["logprobs"]]
