@@ -34,9 +34,11 @@
 // four-byte loads in flight a lane, 68 us at one row, 92 us for 128 rows (H100, part326), ~55 us of the
 // 68 the float64 exp and its two conversions a token (16 a clock an SM); this draw 24 and 51 us (part330).
 // At one row one SM does the work (the passes are bound by its instructions), so splitting a row over
-// CTAs is the next step for small batches. Rows whose top-p cut-off falls
-// inside a run of tied logits (ties kept in index order), or whose vocabulary is over
-// DRAW_TILE * DRAW_MAX_TILES, take the serial float64 draw (the end of sample_tokens).
+// CTAs is the next step for small batches. Where top-p's cut-off keeps only some of a run of tied
+// logits (the first in index order), one more pass ranks the ties a tile (TiedRow, tie_ranks); one
+// thread walking its chunk of the row in float64 did that once, ~0.5 ms a row (top-p 0.9 at 128
+// rows, two of them with a tie at the cut: 634 us, against 140 at 64 rows; H100, part336). Rows of
+// more than DRAW_TILE * DRAW_MAX_TILES ids are refused (cuda_ops.CudaBackend.sample).
 //
 // One CTA of SAMPLE_THREADS threads per row, two CTAs an SM (64 registers). One 1,024-thread CTA
 // a row (twice the warps, so twice the loads in flight a row) measured a temperature row 67 -> 57 us
@@ -153,7 +155,7 @@ __device__ void radix_crossing(int nb, const Bins* bins, double need, double* ds
 // is false then true, and the tokens it keeps are exactly those whose key is at or above the
 // floor: a binary search over the keys finds it, exactly, whatever the row. The floor need not be
 // a token's key; for a key k >= it, (double)key_float(k) / t >= thr, so x >= key_float(floor) / t
-// (the serial draw's test) keeps the same tokens as key >= floor. thr <= M, so the max logit's key
+// (the NumPy sampler's test) keeps the same tokens as key >= floor. thr <= M, so the max logit's key
 // is always kept; thr = -inf (every logit -inf) keeps all.
 __device__ __forceinline__ unsigned min_p_key(double thr, double t) {
   unsigned lo = float_key(minillm::neg_inf()), hi = float_key(-minillm::neg_inf());  // NaNs outside
@@ -249,16 +251,13 @@ __device__ __forceinline__ void add_mass(unsigned long long* bin, unsigned long 
   if (hi + carry) atomicAdd(w + 1, hi + carry);
 }
 
-// ---- SAMPLE_GATHER (off by default; prepared in session 62, not yet run on a GPU): when top-k's first
-// pass leaves at most GATHER_CAP tokens at or above its crossing bin, those keys are gathered into
-// shared memory in one pass, and top-k's k-th key and then top-p's cut-off are found among them
-// there, instead of by two more passes over the row for top-k and three for top-p. Every result is
-// the radix passes': counts are exact, masses are exact 64-bit sums of the same fixed-point weights,
-// and the list's order (atomic slots) decides nothing.
-#ifndef SAMPLE_GATHER
-#define SAMPLE_GATHER 0
-#endif
-#if SAMPLE_GATHER
+// ---- the gathered list: when top-k's first pass leaves at most GATHER_CAP tokens at or above its
+// crossing bin, those keys are gathered into shared memory in one pass, and top-k's k-th key and then
+// top-p's cut-off are found among them there, instead of by two more passes over the row for top-k
+// and three for top-p. Every result is the radix passes': counts are exact, masses are exact 64-bit
+// sums of the same fixed-point weights, and the list's order (atomic slots) decides nothing. Top-k 50
+// 101 -> 77 us at one row, top-k 50 + top-p 0.9 182 -> 82 (324 -> 152 at 128 rows); top-p alone, which
+// never gathers, 132.5 -> 137 (H100, part337, against the passes alone).
 #define GATHER_CAP 1024
 
 struct KeyList {  // in the radix scratch, past top-k's first-pass counts (4096 ints)
@@ -361,7 +360,6 @@ __device__ void list_topp(KeyList& L, int n, unsigned floor, float bv, float k2,
   total = (double)tot;
   __syncthreads();  // wsum and the answers read before the scratch is reused
 }
-#endif  // SAMPLE_GATHER
 
 // A sampled row's filters (temperature t > 0, max logit bv): top-k and min-p as one floor on the
 // key, then top-p's cut-off key and how many of its tied tokens it keeps (in index order). Every
@@ -369,11 +367,9 @@ __device__ void list_topp(KeyList& L, int n, unsigned floor, float bv, float k2,
 // shared memory for the radix histograms.
 struct RowFilter {
   unsigned kth_key;       // the top-k / min-p floor (0: none)
-  double kth_x;           // key_float(kth_key) / t (-inf: none)
   bool use_floor, use_topp, tie_cut;
   unsigned cut_key;       // top-p's cut-off key
   int n_tie;              // its tied tokens kept, the first in index order
-  double S2;              // top-p's kept mass (the serial draw renormalises by it)
   // the tiled draw keeps key >= this (when !tie_cut)
   __device__ unsigned min_key() const { return use_topp ? cut_key : use_floor ? kth_key : 0u; }
 };
@@ -389,12 +385,9 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
   const int k = top_k[row];
   const bool use_topk = k > 0 && k < V;
   unsigned kth_key = 0;
-  double kth_x = -__longlong_as_double(0x7ff0000000000000ll);  // -inf: keeps all
   int* hist = reinterpret_cast<int*>(scratch);
-#if SAMPLE_GATHER
   KeyList* L = reinterpret_cast<KeyList*>(hist + 4096);
-#endif
-  bool gathered = false;  // top-k's list holds every kept token (SAMPLE_GATHER)
+  bool gathered = false;  // top-k's list holds every kept token
   if (use_topk) {
     unsigned prefix = 0;
     double need = (double)k;  // rank among the keys that share the prefix
@@ -413,7 +406,6 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
       int bin;
       double above;
       radix_crossing(nb, hist, need, dscratch, s_bin, s_first, s_above, bin, above);
-#if SAMPLE_GATHER
       if (pass == 0) {
         const int n = (int)above + hist[bin];  // the tokens at or above the bin (every thread the same)
         __syncthreads();  // hist[bin] read by all before the next pass zeroes it
@@ -424,23 +416,20 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
           break;
         }
       }
-#endif
       prefix |= (unsigned)bin << shift;
       need -= above;
     }
     kth_key = prefix;
-    kth_x = (double)key_float(kth_key) / t;
   }
 
   // ---- min-p (min_p null or 0: off): keep x >= M + ln(min_p), the keys at or above min_p_key.
   // Like top-k's it is a floor on the key, so the two fold into one: the stricter (larger) wins,
-  // and everything below (top-p's radix select over key >= kth_key, the draws' key >= min_key or
-  // x >= kth_x) filters by it alike.
+  // and everything below (top-p's radix select over key >= kth_key, the draws' key >= min_key)
+  // filters by it alike.
   const float mp = min_p ? min_p[row] : 0.f;
   const bool use_minp = mp > 0.f;
   if (use_minp) {
     kth_key = max(kth_key, min_p_key(M + log((double)mp), t));
-    kth_x = (double)key_float(kth_key) / t;
   }
   const bool use_floor = use_topk || use_minp;  // kth_key filters the row
 
@@ -453,8 +442,7 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
   // the last one's bins are single keys, so it also counts the cut-off's ties.
   unsigned cut_key = 0;
   int n_tie = 0;
-  bool tie_cut = false;  // the cut-off keeps only some of its tied tokens: the serial draw
-  double S2 = 1.0;
+  bool tie_cut = false;  // the cut-off keeps only some of its tied tokens: the draw ranks them (TiedRow)
   if (use_topp) {
     unsigned long long* mass = reinterpret_cast<unsigned long long*>(scratch);
     int* ties = reinterpret_cast<int*>(mass + radix_bins(2));  // the last pass's counts a bin
@@ -462,9 +450,7 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
     unsigned prefix = 0;
     double need = 0.0, above = 0.0, total = 0.0;
     int cnt = 0;
-#if SAMPLE_GATHER
     if (gathered) list_topp(*L, L->n, kth_key, bv, k2, unit, tp, dscratch, prefix, above, total, cnt);
-#endif
     for (int pass = 0; pass < (gathered ? 0 : 3); ++pass) {
       const int nb = radix_bins(pass), shift = radix_shift(pass);
       const unsigned mask = radix_mask(pass);
@@ -501,11 +487,10 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
     const double p_cut = (double)fixed_weight(key_float(cut_key), bv, k2, unit) / total;
     double c = above / total;
     while (n_tie < cnt && c < tp) { ++n_tie; c += p_cut; }
-    S2 = c;  // the kept mass, to renormalise by
     tie_cut = n_tie < cnt;
   }
 
-  f = RowFilter{kth_key, kth_x, use_floor, use_topp, tie_cut, cut_key, n_tie, S2};
+  f = RowFilter{kth_key, use_floor, use_topp, tie_cut, cut_key, n_tie};
 }
 
 
@@ -736,203 +721,6 @@ struct SampledRow {
   __device__ __forceinline__ Carry carry_at(int) const { return {}; }
 };
 
-}  // namespace
-
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 2)
-sample_tokens(const float* __restrict__ logits, i64 stride, int V,
-              const float* __restrict__ temperature, const float* __restrict__ top_p,
-              const int* __restrict__ top_k, const float* __restrict__ min_p,
-              const void* __restrict__ seeds, int seed_bytes,
-              const int* __restrict__ positions, int* __restrict__ out,
-              const int* __restrict__ draft, int* __restrict__ accepted, int n_rows) {
-  __shared__ double dscratch[32];
-  __shared__ double s_above;
-  __shared__ float fscratch[32];
-  __shared__ int iscratch[32];
-  __shared__ int s_found, s_bin, s_first;
-  __shared__ double s_tile[SAMPLE_MAX_TILES];
-  __shared__ double s_warp[SAMPLE_WARPS];
-  minillm::pdl_entry();
-  const int row = blockIdx.x, tid = threadIdx.x, NT = blockDim.x;
-  if (row >= n_rows) return;
-  const float* lg = logits + (i64)row * stride;
-
-  // ---- argmax (greedy) and the max logit
-  float bv;
-  int bi;
-  row_argmax(lg, V, fscratch, iscratch, bv, bi);
-  const float temp = temperature[row];
-  const int d = draft ? draft[row] : -1;  // a drafted token to verify at this row, or -1
-  MINILLM_CHECK(d < V);
-  if (!(temp > 0.f)) {
-    if (tid == 0) {
-      out[row] = bi;
-      if (accepted) accepted[row] = d >= 0 && d == bi;
-    }
-    return;
-  }
-  const double t = (double)temp;
-  const double M = (double)bv / t;  // the max of x survives every filter
-  RowFilter f;
-  filter_row(lg, V, bv, t, top_k, min_p, top_p, row, f, s_tile, dscratch, &s_bin,
-             &s_first, &s_above);
-  const bool tiled = V <= DRAW_TILE * DRAW_MAX_TILES;
-  const double kth_x = f.kth_x, S2 = f.S2;
-  const bool use_topp = f.use_topp, tie_cut = f.tie_cut;
-  const unsigned cut_key = f.cut_key;
-  const int n_tie = f.n_tie;
-  // ---- softmax normaliser over the top-k / min-p survivors, for the serial draw only
-  double S = 0.0;
-  if (tie_cut || !tiled) {  // uniform over the block
-    for (int i = tid; i < V; i += NT) {
-      const double x = (double)lg[i] / t;
-      if (x >= kth_x) S += exp(x - M);
-    }
-    S = minillm::block_sum(S, dscratch);
-  }
-
-  const u64 seed = seed_bytes == 8 ? reinterpret_cast<const u64*>(seeds)[row]
-                                   : (u64)(i64)reinterpret_cast<const int*>(seeds)[row];
-  const i64 pos = positions[row];
-  if (tiled && !tie_cut) {  // keep key >= cut-off (top-p, after top-k / min-p) or >= the floor
-    SampledRow src{lg, V, aligned16(lg), floor_logit(f.min_key()), LOG2E_F / temp, bv, -1};
-    const WarpTiles wt(V);
-    __syncthreads();  // the radix histograms (s_tile) are done with
-    double total = tile_masses(src, wt, s_tile, s_warp);
-    // a draft d (q one-hot): accept with probability p(d); else the residual is p without d
-    if (d >= 0) {
-      if (hash_uniform(seed, pos, 1ull) < (double)src.weight(lg[d]) / total) {  // uniform: all return
-        if (tid == 0) {
-          out[row] = d;
-          if (accepted) accepted[row] = 1;
-        }
-        return;
-      }
-      src.skip = d;
-      total = retile(src, wt, d / DRAW_TILE, s_tile, s_warp);
-    }
-    if (tid == 0 && accepted) accepted[row] = 0;  // rejected, or no draft at this row
-    tile_draw(src, wt, hash_uniform(seed, pos, d >= 0 ? 2ull : 0ull) * total, s_tile, s_warp, bi, out + row);
-    return;
-  }
-
-  // ---- the serial draw: each token's weight in index order, ties at a top-p cut-off ranked
-
-  // ---- speculative verification of a deterministic draft d (q = one-hot): accept with
-  // probability p(d); otherwise the token is drawn below from p without d (the residual)
-  if (d >= 0) {
-    const float ld = lg[d];
-    const double xd = (double)ld / t;
-    bool keep = xd >= kth_x;
-    if (keep && use_topp) {
-      const unsigned kd = float_key(ld);
-      keep = kd > cut_key;
-      if (kd == cut_key) {  // a tie at the cut-off: kept if among the first n_tie in index order
-        double before = 0.0;
-        for (int i = tid; i < d; i += NT) {
-          const float l = lg[i];
-          if ((double)l / t >= kth_x && float_key(l) == cut_key) before += 1.0;
-        }
-        keep = minillm::block_sum(before, dscratch) < (double)n_tie;
-      }
-    }
-    const double pd = keep ? exp(xd - M) / S / S2 : 0.0;
-    if (hash_uniform(seed, pos, 1ull) < pd) {  // uniform over the block: every thread returns
-      if (tid == 0) {
-        out[row] = d;
-        if (accepted) accepted[row] = 1;
-      }
-      return;
-    }
-  }
-  if (tid == 0 && accepted) accepted[row] = 0;  // rejected, or no draft at this row
-
-  // ---- from here each thread owns a contiguous chunk of indices, so index order is kept
-  const int chunk = (V + NT - 1) / NT;
-  const int i0 = min(V, tid * chunk), i1 = min(V, i0 + chunk);
-  double tie_rank = 0.0, dummy;
-  if (use_topp) {
-    double mine = 0.0;
-    for (int i = i0; i < i1; ++i) {
-      const float l = lg[i];
-      if ((double)l / t >= kth_x && float_key(l) == cut_key) mine += 1.0;
-    }
-    tie_rank = block_exclusive_scan(mine, dscratch, &dummy);
-  }
-  // weight of token i after every filter (p, or p renormalised over the top-p set)
-  auto weight = [&](int i, double& rank, double S2) -> double {
-    const float l = lg[i];
-    const double x = (double)l / t;
-    if (!(x >= kth_x)) return 0.0;
-    if (use_topp) {  // decide before exp(): most tokens fall below the cut
-      const unsigned key = float_key(l);
-      if (key < cut_key) return 0.0;
-      if (key == cut_key) {
-        const bool keep = rank < (double)n_tie;
-        rank += 1.0;
-        if (!keep) return 0.0;
-      }
-      return exp(x - M) / S / S2;
-    }
-    return exp(x - M) / S;
-  };
-  double own = 0.0;
-  int last_nz = -1;
-  {
-    double r = tie_rank;
-    for (int i = i0; i < i1; ++i) {
-      double w = weight(i, r, S2);  // called for d too: it advances the tie rank
-      if (i == d) w = 0.0;
-      own += w;
-      if (w > 0.0) last_nz = i;
-    }
-  }
-  double total;
-  const double excl = block_exclusive_scan(own, dscratch, &total);
-  const double u = hash_uniform(seed, pos, d >= 0 ? 2ull : 0ull);  // residual or sample stream
-  const double target = u * total;
-  if (tid == 0) s_found = 0;
-  __syncthreads();
-  if (own > 0.0 && excl <= target && target < excl + own) {
-    // first index whose cumulative weight exceeds the target (searchsorted side="right")
-    double r = tie_rank, c = excl;
-    int pick = last_nz;
-    for (int i = i0; i < i1; ++i) {
-      double w = weight(i, r, S2);
-      if (i == d) w = 0.0;
-      c += w;
-      if (w > 0.0 && c > target) { pick = i; break; }
-    }
-    out[row] = pick;
-    s_found = 1;
-  }
-  __syncthreads();
-  if (!s_found) {
-    // target at or past the end (rounding): the last token with mass, like the NumPy clamp
-    float v = (float)last_nz;
-    int idx = -last_nz;  // block_argmax keeps the max value; any index will do
-    block_argmax(v, idx, fscratch, iscratch);
-    if (tid == 0) out[row] = v < 0.f ? bi : (int)v;
-  }
-}
-
-// ---- verify_drawn_drafts: drafts drawn from the drafter's q, verified against that q ------------
-// The twin of sampler.sample's rows with draft_rows[b] >= 0 (DFlash or the draft model drawing drafts at
-// temperature > 0). It runs after sample_tokens, which took such rows as one-hot drafts, and
-// rewrites out / accepted of exactly those rows. p: the target's row under the row's temperature
-// and filters; q: the drafter's row q_logits[q_rows[row]] (QV <= V ids, the rest weigh 0) under the
-// same, as the drafter's own sample_tokens drew d from it. d is accepted with probability
-// min(1, p(d) / q(d)) (u * q(d) < p(d), u on the accept stream); otherwise the token is drawn from
-// max(p - q, 0) (the residual stream), or from p where that has no mass (rounding).
-//
-// The tiled draw's layout (above): one pass for both rows' max; each row's filters (filter_row, only
-// where it has one); the ties at each top-p cut-off before each tile (only with top-p); both rows'
-// kept mass and d's weights; if d is rejected, the residual's tile masses and the draw. A tile of both
-// rows is loaded before any of it is computed (eight 16-byte loads in flight a lane). The first layout
-// (each warp 32 ids a step, one 4-byte load a row in flight, float64 weights, the draw walking a warp's
-// whole range) took 557 us a row at one row, 387 at 8 (temperature; sampler_bench.py, H100, part326).
-namespace {
-
 struct KeptRow {  // a filtered row's kept tokens and their weights exp((l - max l) / T)
   const float* lg;
   int n;     // ids from n on weigh 0 (a drafter's smaller vocabulary)
@@ -942,6 +730,9 @@ struct KeptRow {  // a filtered row's kept tokens and their weights exp((l - max
   float floor;   // top-k's / min-p's floor as a logit (floor_logit)
   __device__ __forceinline__ bool tie(float l, bool valid) const {  // a token at top-p's cut-off key
     return f.use_topp && valid && float_key(l) == f.cut_key;
+  }
+  __device__ __forceinline__ int ties4(float4 v, int i) const {  // ids i..i+3's ties
+    return tie(v.x, i < n) + tie(v.y, i + 1 < n) + tie(v.z, i + 2 < n) + tie(v.w, i + 3 < n);
   }
   // a kept token's weight (kept_weight); rank: the tokens tied at the cut-off before it (index
   // order), read for a tie
@@ -981,6 +772,172 @@ struct KeptRow {  // a filtered row's kept tokens and their weights exp((l - max
   }
 };
 
+// sample_tokens' source where top-p's cut-off keeps only some of its tied tokens (RowFilter::tie_cut):
+// KeptRow's weights, the ties ranked in index order from each tile's rank (tie_ranks), and skip (a
+// rejected one-hot draft) weighing 0.
+struct TiedRow {
+  KeptRow P;
+  int r0;             // the ties before this warp's range
+  const int* s_rank;  // the ties before each tile within its warp
+  int skip;
+  struct Tile { float4 v[DRAW_GROUP]; };
+  struct Carry { int r; };
+  __device__ __forceinline__ void load(int tt, Tile& t) const { load_tile(P.lg, tt, P.n, P.vec, t.v); }
+  __device__ __forceinline__ void weights(const Tile& t, int g, int i, Carry& c, float r[4]) const {
+    P.step(t.v[g], i, c.r, r);
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (i + e == skip) r[e] = 0.f;
+  }
+  __device__ __forceinline__ Carry carry_at(int tt) const { return {r0 + s_rank[tt]}; }
+  __device__ __forceinline__ void count_ties(const Tile& t, int g, int i, int n[2]) const {
+    n[0] += P.ties4(t.v[g], i);
+  }
+};
+
+// The ties at top-p's cut-off, ranked in index order for the draw: s_rank[r * DRAW_MAX_TILES + tt]
+// gets the ties of the source's row r (0: p; 1: a drafter's q, or none) before tile tt within its
+// warp, base[r] those before this warp's range. Src::count_ties(tile, g, i, n) adds a step's. Every
+// thread of the block calls it; its barrier publishes s_rank.
+template <class Src>
+__device__ void tie_ranks(const Src& src, const WarpTiles& wt, int* s_rank, int* iscratch, int base[2]) {
+  static_assert(SAMPLE_WARPS <= 16, "iscratch holds two counts a warp");
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int c0 = 0, c1 = 0;
+  for (int tt = wt.lo; tt < wt.hi; ++tt) {
+    if (lane == 0) {
+      s_rank[tt] = c0;
+      s_rank[DRAW_MAX_TILES + tt] = c1;
+    }
+    typename Src::Tile tile;
+    src.load(tt, tile);
+    int n[2] = {0, 0};
+#pragma unroll
+    for (int g = 0; g < DRAW_GROUP; ++g) src.count_ties(tile, g, wt.first_id(tt, g), n);
+    c0 += __reduce_add_sync(0xffffffffu, n[0]);
+    c1 += __reduce_add_sync(0xffffffffu, n[1]);
+  }
+  if (lane == 0) {
+    iscratch[warp] = c0;
+    iscratch[16 + warp] = c1;
+  }
+  __syncthreads();
+  base[0] = base[1] = 0;
+  for (int w = 0; w < warp; ++w) {
+    base[0] += iscratch[w];
+    base[1] += iscratch[16 + w];
+  }
+}
+
+// How many of a row's ids before d have the key `key` (the whole block counts them).
+__device__ int key_count_before(const float* __restrict__ lg, int d, unsigned key, double* dscratch) {
+  double n = 0.0;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) n += float_key(lg[i]) == key ? 1.0 : 0.0;
+  return (int)minillm::block_sum(n, dscratch);
+}
+
+// sample_tokens' draw from src's weights; a drafted d (q one-hot, weight wd) first: accepted with
+// probability p(d) = wd / total, else the token comes from p without d. Every thread of the block
+// calls it.
+template <class Src>
+__device__ void draw_row(Src& src, const WarpTiles& wt, float wd, int d, u64 seed, i64 pos, int bi,
+                         double* s_tile, double* s_warp, int* out, int* accepted, int row) {
+  double total = tile_masses(src, wt, s_tile, s_warp);
+  if (d >= 0) {
+    if (hash_uniform(seed, pos, 1ull) < (double)wd / total) {  // uniform over the block: all return
+      if (threadIdx.x == 0) {
+        out[row] = d;
+        if (accepted) accepted[row] = 1;
+      }
+      return;
+    }
+    src.skip = d;
+    total = retile(src, wt, d / DRAW_TILE, s_tile, s_warp);
+  }
+  if (threadIdx.x == 0 && accepted) accepted[row] = 0;  // rejected, or no draft at this row
+  tile_draw(src, wt, hash_uniform(seed, pos, d >= 0 ? 2ull : 0ull) * total, s_tile, s_warp, bi, out + row);
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 2)
+sample_tokens(const float* __restrict__ logits, i64 stride, int V,
+              const float* __restrict__ temperature, const float* __restrict__ top_p,
+              const int* __restrict__ top_k, const float* __restrict__ min_p,
+              const void* __restrict__ seeds, int seed_bytes,
+              const int* __restrict__ positions, int* __restrict__ out,
+              const int* __restrict__ draft, int* __restrict__ accepted, int n_rows) {
+  __shared__ double dscratch[32];
+  __shared__ double s_above;
+  __shared__ float fscratch[32];
+  __shared__ int iscratch[32];
+  __shared__ int s_bin, s_first;
+  __shared__ double s_tile[SAMPLE_MAX_TILES];
+  __shared__ double s_warp[SAMPLE_WARPS];
+  minillm::pdl_entry();
+  const int row = blockIdx.x;
+  if (row >= n_rows) return;
+  const float* lg = logits + (i64)row * stride;
+
+  // ---- argmax (greedy) and the max logit
+  float bv;
+  int bi;
+  row_argmax(lg, V, fscratch, iscratch, bv, bi);
+  const float temp = temperature[row];
+  const int d = draft ? draft[row] : -1;  // a drafted token to verify at this row, or -1
+  MINILLM_CHECK(d < V && V <= DRAW_TILE * DRAW_MAX_TILES);
+  if (!(temp > 0.f)) {
+    if (threadIdx.x == 0) {
+      out[row] = bi;
+      if (accepted) accepted[row] = d >= 0 && d == bi;
+    }
+    return;
+  }
+  RowFilter f;
+  filter_row(lg, V, bv, (double)temp, top_k, min_p, top_p, row, f, s_tile, dscratch, &s_bin, &s_first, &s_above);
+  const u64 seed = seed_bytes == 8 ? reinterpret_cast<const u64*>(seeds)[row]
+                                   : (u64)(i64)reinterpret_cast<const int*>(seeds)[row];
+  const i64 pos = positions[row];
+  const WarpTiles wt(V);
+  const float k2 = LOG2E_F / temp;
+  __syncthreads();  // the radix histograms (s_tile) are done with
+  if (!f.tie_cut) {  // keep key >= cut-off (top-p, after top-k / min-p) or >= the floor
+    SampledRow src{lg, V, aligned16(lg), floor_logit(f.min_key()), k2, bv, -1};
+    draw_row(src, wt, d >= 0 ? src.weight(lg[d]) : 0.f, d, seed, pos, bi, s_tile, s_warp, out, accepted, row);
+    return;
+  }
+  // top-p's cut-off keeps the first n_tie of its tied tokens in index order: a pass ranks them a tile
+  int* s_rank = reinterpret_cast<int*>(s_tile + DRAW_MAX_TILES);
+  TiedRow src{{lg, V, aligned16(lg), f, k2, bv, f.use_floor ? floor_logit(f.kth_key) : minillm::neg_inf()},
+              0, s_rank, -1};
+  int base[2];
+  tie_ranks(src, wt, s_rank, iscratch, base);
+  src.r0 = base[0];
+  float wd = 0.f;
+  if (d >= 0) {  // d's weight, a tie ranked by the ties before it (uniform over the block)
+    const float ld = lg[d];
+    wd = src.P.weight(ld, src.P.tie(ld, true) ? key_count_before(lg, d, f.cut_key, dscratch) : 0);
+  }
+  draw_row(src, wt, wd, d, seed, pos, bi, s_tile, s_warp, out, accepted, row);
+}
+
+// ---- verify_drawn_drafts: drafts drawn from the drafter's q, verified against that q ------------
+// The twin of sampler.sample's rows with draft_rows[b] >= 0 (DFlash or the draft model drawing drafts at
+// temperature > 0). It runs after sample_tokens, which took such rows as one-hot drafts, and
+// rewrites out / accepted of exactly those rows. p: the target's row under the row's temperature
+// and filters; q: the drafter's row q_logits[q_rows[row]] (QV <= V ids, the rest weigh 0) under the
+// same, as the drafter's own sample_tokens drew d from it. d is accepted with probability
+// min(1, p(d) / q(d)) (u * q(d) < p(d), u on the accept stream); otherwise the token is drawn from
+// max(p - q, 0) (the residual stream), or from p where that has no mass (rounding).
+//
+// The tiled draw's layout (above): one pass for both rows' max; each row's filters (filter_row, only
+// where it has one); the ties at each top-p cut-off before each tile (only with top-p); both rows'
+// kept mass and d's weights; if d is rejected, the residual's tile masses and the draw. A tile of both
+// rows is loaded before any of it is computed (eight 16-byte loads in flight a lane). The first layout
+// (each warp 32 ids a step, one 4-byte load a row in flight, float64 weights, the draw walking a warp's
+// whole range) took 557 us a row at one row, 387 at 8 (temperature; sampler_bench.py, H100, part326).
+namespace {
+
 // verify_drawn_drafts' source for the tiled draw: the residual max(p - q, 0), or p (from_p)
 struct DraftResidual {
   KeptRow P, Q;
@@ -1012,6 +969,10 @@ struct DraftResidual {
   }
   __device__ __forceinline__ Carry carry_at(int tt) const {
     return s_rank ? Carry{rp0 + s_rank[tt], rq0 + s_rank[DRAW_MAX_TILES + tt]} : Carry{rp0, rq0};
+  }
+  __device__ __forceinline__ void count_ties(const Tile& t, int g, int i, int n[2]) const {
+    n[0] += P.ties4(t.a[g], i);
+    n[1] += Q.ties4(t.b[g], i);
   }
 };
 
@@ -1047,7 +1008,6 @@ verify_drawn_drafts(const float* __restrict__ logits, i64 stride, int V, const f
   const float* lp = logits + (i64)row * stride;
   const float* lq = q_logits + (i64)qr * q_stride;
   const double t = (double)temp;
-  const int lane = tid & 31, warp = tid >> 5;
   const WarpTiles wt(V);
   const float k2 = LOG2E_F / temp, ninf = minillm::neg_inf();
   DraftResidual R{{lp, V, aligned16(lp), {}, k2, 0.f, ninf}, {lq, QV, aligned16(lq), {}, k2, 0.f, ninf},
@@ -1080,41 +1040,17 @@ verify_drawn_drafts(const float* __restrict__ logits, i64 stride, int V, const f
     P.floor = P.f.use_floor ? floor_logit(P.f.kth_key) : ninf;
     Q.floor = Q.f.use_floor ? floor_logit(Q.f.kth_key) : ninf;
   } else {
-    P.f = Q.f = RowFilter{0u, 0.0, false, false, false, 0u, 0, 1.0};
+    P.f = Q.f = RowFilter{0u, false, false, false, 0u, 0};
   }
   __syncthreads();  // the radix histograms are done with
 
   // ---- the ties at each top-p cut-off before each tile within its warp, and before each warp
   if (P.f.use_topp || Q.f.use_topp) {
     int* s_rank = reinterpret_cast<int*>(s_tile + DRAW_MAX_TILES);
-    int cp = 0, cq = 0;
-    for (int tt = wt.lo; tt < wt.hi; ++tt) {
-      if (lane == 0) {
-        s_rank[tt] = cp;
-        s_rank[DRAW_MAX_TILES + tt] = cq;
-      }
-      DraftResidual::Tile tile;
-      R.load(tt, tile);
-      int np = 0, nq = 0;
-#pragma unroll
-      for (int g = 0; g < DRAW_GROUP; ++g) {
-        const int i = wt.first_id(tt, g);
-        const float4 a = tile.a[g], b = tile.b[g];
-        np += P.tie(a.x, i < V) + P.tie(a.y, i + 1 < V) + P.tie(a.z, i + 2 < V) + P.tie(a.w, i + 3 < V);
-        nq += Q.tie(b.x, i < QV) + Q.tie(b.y, i + 1 < QV) + Q.tie(b.z, i + 2 < QV) + Q.tie(b.w, i + 3 < QV);
-      }
-      cp += __reduce_add_sync(0xffffffffu, np);
-      cq += __reduce_add_sync(0xffffffffu, nq);
-    }
-    if (lane == 0) {
-      iscratch[warp] = cp;
-      iscratch[16 + warp] = cq;
-    }
-    __syncthreads();
-    for (int w = 0; w < warp; ++w) {
-      R.rp0 += iscratch[w];
-      R.rq0 += iscratch[16 + w];
-    }
+    int base[2];
+    tie_ranks(R, wt, s_rank, iscratch, base);
+    R.rp0 = base[0];
+    R.rq0 = base[1];
     R.s_rank = s_rank;
   }
 

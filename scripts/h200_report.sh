@@ -6076,9 +6076,9 @@ drawn_sanitizers() {  # session 60: memcheck and racecheck of verify_drawn_draft
   mem_and_race drawn "drawn_drafts and bfloat16" "drawn_drafts_like and bfloat16 and 1000"
 }
 
-sampler_bench_in() {  # sampler_bench_in DIR NAME: scripts/sampler_bench.py from the tree at DIR (this one: .)
+sampler_bench_in() {  # sampler_bench_in DIR NAME [ARGS]: scripts/sampler_bench.py from the tree at DIR (this one: .)
   stage "$2" 150 bash -c "cd $1 && PYTHONPATH=.:/tmp/site python3 scripts/sampler_bench.py --batches 1,8,64,128 \
-    --json $W/$2.json"
+    --json $W/$2.json ${*:3}"
 }
 
 sampler_sanitizers() {  # session 61: memcheck of sample_tokens' op tests, racecheck of its one-hot verification's
@@ -6311,6 +6311,33 @@ part337() {  # session 62, for the next session after part336 (carry .whl and .s
     stage "sb_plain_$i" 100 python3 scripts/sampler_bench.py --batches 1,8,64,128 --json "$W/sb_plain_$i.json"
     stage "sb_gather_$i" 100 env MINILLM_CUDA_DEFINES=SAMPLE_GATHER=1 python3 scripts/sampler_bench.py \
       --batches 1,8,64,128 --json "$W/sb_gather_$i.json"
+  done
+  pack
+}
+
+part338() {  # session 63 (carry .whl and .snap0 = git archive 0ba513b): the gathered list by default (part337),
+  # and top-p cut-offs that keep some of a run of tied logits drawn by the tiled draw (a pass ranks the ties
+  # a tile; the serial float64 draw is gone): the sampler's and drawn drafts' tests (integer ties with drafts
+  # now), memcheck and racecheck, the sampler bench .snap0 / new on N(0, 9) logits and on the same rounded to
+  # bf16 (a tie at most top-p cut-offs), every GPU test, the benches again (~5 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  cp scripts/sampler_bench.py .snap0/scripts/  # its --bf16-logits; the kernels stay .snap0's
+  stage drawn_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_dflash_graphs.py -k "sampler or drawn"
+  tail -n 3 "$W/drawn_tests.log"
+  local i
+  for i in 1 2; do
+    sampler_bench_in .snap0 "sb_old_$i"
+    sampler_bench_in . "sb_new_$i"
+    sampler_bench_in .snap0 "sb_old_bf16_$i" --bf16-logits
+    sampler_bench_in . "sb_new_bf16_$i" --bf16-logits
+    if [ "$i" = 1 ]; then
+      sampler_sanitizers
+      drawn_sanitizers
+      gpu_tests_full 300
+      tail -n 3 "$W/gpu_tests.log"
+    fi
   done
   pack
 }

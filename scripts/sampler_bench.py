@@ -1,6 +1,7 @@
 """The device sampler (cuda/sampling.cu) timed per mode and batch, inside CUDA graphs.
 
     python scripts/sampler_bench.py [--batches 1,64,192,256] [--vocab 151936] [--json F] [--modes M1,M2]
+                                    [--bf16-logits]
 
 For each batch size and sampling mode (greedy; temperature 0.6 as in the throughput workload;
 top-k 50; top-p 0.9; top-k + top-p; min-p 0.05, alone and with top-p; temperature with a drafted
@@ -8,8 +9,10 @@ token on every row, i.e. speculative verification, the draft one-hot or drawn fr
 verification against q, verify_drawn_drafts, runs after sample_tokens) one `CudaBackend.sample` call over fp32 logits
 is captured 10 times in a graph and timed with CUDA events (median of 10 replays,
 minillm/bench/gpu_timing.py). Logits are N(0, 3^2), so the tail is not negligible for temperature
-sampling. Printed: us a call, us a row, and the rate at which the logits were read once (GB/s): the
-floor of any sampler is one read of the row.
+sampling; with --bf16-logits they are rounded to bfloat16 values, as an LM head writing bf16 would
+leave them, so top-p's cut-off falls inside a run of tied logits on most rows. Printed: us a call,
+us a row, and the rate at which the logits were read once (GB/s): the floor of any sampler is one
+read of the row.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import argparse
 import os
 import sys
 
+import ml_dtypes
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -43,6 +47,8 @@ def main() -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--modes", default=None,
                    help="only these modes, comma-separated, as printed (e.g. \"top-p 0.9,greedy\"): a profiler's run")
+    p.add_argument("--bf16-logits", action="store_true",
+                   help="logits rounded to bfloat16 values: ties at most top-p cut-offs")
     ns = p.parse_args()
     modes = MODES
     if ns.modes is not None:
@@ -62,7 +68,10 @@ def main() -> int:
     results = []
     print(f"{'mode':26s} {'B':>4s} {'us':>9s} {'us/row':>8s} {'GB/s':>7s}")
     for B in [int(b) for b in ns.batches.split(",")]:
-        logits = be.asarray((3.0 * rng.standard_normal((B, V))).astype(np.float32), dtype=np.float32)
+        host = (3.0 * rng.standard_normal((B, V))).astype(np.float32)
+        if ns.bf16_logits:
+            host = host.astype(ml_dtypes.bfloat16).astype(np.float32)
+        logits = be.asarray(host, dtype=np.float32)
         seeds = be.asarray(rng.integers(0, 2**62, B).astype(np.int64), dtype=np.int64)
         pos = be.asarray(rng.integers(0, 100000, B).astype(np.int32), dtype=np.int32)
         out = be.empty((B,), dtype=np.int32)

@@ -1687,8 +1687,11 @@ def test_sampler_distribution_follows_seeds(be, min_p):
 
 
 @pytest.mark.parametrize("V", [1000, 151936])
-def test_sampler_verifies_drafts_like_numpy(be, V):
-    check_sampler_verifies_drafts(be, V, 0.0)
+@pytest.mark.parametrize("kind", ["normal", "integer-ties"])
+def test_sampler_verifies_drafts_like_numpy(be, V, kind):
+    """integer-ties: top-p's cut-off keeps some of a run of tied logits on most rows (the draw's tie
+    ranks, TiedRow), and drafts from the top of the order are often among those ties."""
+    check_sampler_verifies_drafts(be, V, 0.0, kind)
 
 
 @pytest.mark.parametrize("V", [1000, 151936])
@@ -1697,18 +1700,21 @@ def test_sampler_min_p_verifies_drafts_like_numpy(be, V):
     check_sampler_verifies_drafts(be, V, 0.05)
 
 
-def check_sampler_verifies_drafts(be, V, min_p):
+def check_sampler_verifies_drafts(be, V, min_p, kind="normal"):
     """Rows carrying a draft: the accept flag and the (draft or residual) token equal NumPy's."""
-    rng = np.random.default_rng(V + 5)
+    rng = np.random.default_rng(V + 5 if kind == "normal" else V + 6)
     B = 48
-    logits = (3.0 * rng.standard_normal((B, V))).astype(np.float32)
+    if kind == "integer-ties":
+        logits = rng.integers(-4, 4, (B, V)).astype(np.float32)
+    else:
+        logits = (3.0 * rng.standard_normal((B, V))).astype(np.float32)
     temp = rng.choice([0.0, 0.7, 1.3], B).astype(np.float32)
     top_p = rng.choice([1.0, 0.9, 0.5], B).astype(np.float32)
     top_k = rng.choice([0, 1, 5, 50], B).astype(np.int32)
     seeds = rng.integers(0, 2**62, B).astype(np.int64)
     pos = rng.integers(0, 100000, B).astype(np.int32)
     # drafts: the argmax (mostly accepted), a likely token, an unlikely one, none (-1: bonus row)
-    order = np.argsort(-logits, axis=1)
+    order = np.argsort(-logits, axis=1, kind="stable")  # order[:, 0]: the argmax, the first index of ties
     draft = np.where(rng.random(B) < 0.3, order[:, 0], np.where(rng.random(B) < 0.5, order[:, 2],
                                                                   order[:, V // 2])).astype(np.int32)
     draft[rng.random(B) < 0.15] = -1
@@ -1737,16 +1743,22 @@ def check_sampler_verifies_drafts(be, V, min_p):
 
 
 @pytest.mark.parametrize("V,QV", [(1000, 1000), (1001, 999), (151936, 151936), (151936, 32768)])
-def test_sampler_verifies_drawn_drafts_like_numpy(be, V, QV):
+@pytest.mark.parametrize("kind", ["normal", "integer-ties"])
+def test_sampler_verifies_drawn_drafts_like_numpy(be, V, QV, kind):
     """Drafts drawn from the drafter's q (its rows, QV <= V ids) and verified against q
     (verify_drawn_drafts, after sample_tokens): accept flags and tokens equal NumPy's, but for a
-    near-tie; rows without a q row keep the one-hot verification, rows without a draft their sample."""
+    near-tie; rows without a q row keep the one-hot verification, rows without a draft their sample.
+    integer-ties: p's and q's top-p cut-offs keep some of a run of tied logits on most rows."""
     from minillm.engine.sampler import DRAFT_SEED_SALT
 
-    rng = np.random.default_rng(V + QV)
+    rng = np.random.default_rng(V + QV if kind == "normal" else V + QV + 1)
     B = 48
-    logits = (3.0 * rng.standard_normal((B, V))).astype(np.float32)
-    q_logits = (logits[:, :QV] + 1.5 * rng.standard_normal((B, QV))).astype(np.float32)
+    if kind == "integer-ties":
+        logits = rng.integers(-4, 4, (B, V)).astype(np.float32)
+        q_logits = (logits[:, :QV] + rng.integers(-1, 2, (B, QV))).astype(np.float32)
+    else:
+        logits = (3.0 * rng.standard_normal((B, V))).astype(np.float32)
+        q_logits = (logits[:, :QV] + 1.5 * rng.standard_normal((B, QV))).astype(np.float32)
     temp = rng.choice([0.0, 0.7, 1.3], B).astype(np.float32)
     top_p = rng.choice([1.0, 0.9, 0.5], B).astype(np.float32)
     top_k = rng.choice([0, 5, 50], B).astype(np.int32)

@@ -208,3 +208,18 @@ def test_a_shortened_flag_is_not_taken_for_a_longer_one(module, extra):
     r = cli(module, "--device", "cpu", "--max-num-seq", "4", *extra)
     one_error_line(r, f"unrecognized arguments: --max-num-seq (python -m {module} --help lists the flags)")
     assert r.stderr.count("\n") == 1 and r.stdout == ""
+
+
+def test_a_vocabulary_over_the_device_samplers_rows_is_refused_at_startup(tiny, monkeypatch):
+    """The CUDA sampler's tiled draw takes rows of up to 1,048,576 ids (cuda/sampling.cu DRAW_TILE *
+    DRAW_MAX_TILES, CudaBackend.max_sample_vocab): a model with more is refused when the engine starts,
+    not at its first sampled step. No such model fits a test, so the limit is lowered on the NumPy
+    backend, which has none of its own."""
+    from minillm import LLM
+    from minillm.backends.numpy_ops import NumpyBackend
+
+    monkeypatch.setattr(NumpyBackend, "max_sample_vocab", 255, raising=False)  # the tiny model has 256
+    with pytest.raises(ValueError, match="handles vocabularies up to 255 ids; this model has 256: run it on the CPU"):
+        LLM(str(tiny), device="cpu", max_model_len=64)
+    monkeypatch.setattr(NumpyBackend, "max_sample_vocab", 256, raising=False)
+    assert LLM(str(tiny), device="cpu", max_model_len=64).generate(["hi"])[0].token_ids

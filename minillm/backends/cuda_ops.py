@@ -45,7 +45,7 @@ except ImportError:  # pragma: no cover - ml_dtypes is a dependency
 
 _ATT_THREADS = 128  # cuda/attention.cu
 _SAMPLE_THREADS = 512  # cuda/sampling.cu
-_VERIFY_MAX_VOCAB = 512 * 2048  # cuda/sampling.cu: verify_drawn_drafts' DRAW_TILE * DRAW_MAX_TILES
+_SAMPLE_MAX_VOCAB = 512 * 2048  # cuda/sampling.cu: the tiled draw's DRAW_TILE * DRAW_MAX_TILES
 # cuda/gemv.cu's GEMV takes products of at most _GEMV_MAX_M rows (its GEMV_MAX_M, the same). Measured on
 # the H200 (docs/BENCHMARKS.md, spec-cost): an 8-sequence decode step of the 8B shape took 11.5 ms
 # with 8-row GEMVs against 7.3 ms for 16 sequences through cuBLAS, so above 4 rows the GEMV is not
@@ -648,6 +648,7 @@ class CudaBackend:
     name = "cuda"
     decode_max_q = _DECODE_MAX_Q  # the runner's StepInputs.decode_rows: sequences this short
     dflash2_limits = (256, 1024)  # DFlash2's selector top_k and rank: cuda/dflash2.cu TOPK_MAX, PATH_MAX_RANK
+    max_sample_vocab = _SAMPLE_MAX_VOCAB  # the sampler's rows: the runner refuses larger vocabularies
     device = "cuda"
     _last_launch = ""  # the kernel _launch sent last (_one_row_mode_takes's rule)
 
@@ -2185,6 +2186,9 @@ class CudaBackend:
         checks = ((logits, np.float32, "logits"), (temperature, np.float32, "temperature"),
                   (top_p, np.float32, "top_p"), (top_k, np.int32, "top_k"),
                   (positions, np.int32, "positions"), (out_tokens, np.int32, "out_tokens"))
+        if logits.shape[-1] > _SAMPLE_MAX_VOCAB:
+            raise ValueError(f"sample: the device sampler handles vocabularies up to {_SAMPLE_MAX_VOCAB} ids "
+                             f"(cuda/sampling.cu DRAW_TILE * DRAW_MAX_TILES), got {logits.shape[-1]}")
         if (draft_tokens is None) != (out_accepted is None):
             raise ValueError("sample: draft_tokens and out_accepted go together")
         if draft_tokens is not None:
@@ -2199,9 +2203,6 @@ class CudaBackend:
             if draft_logits.ndim != 2 or draft_logits.shape[-1] > logits.shape[-1]:
                 raise ValueError(f"sample: draft_logits {draft_logits.shape} must be rows of at most the "
                                  f"target's {logits.shape[-1]} ids")
-            if logits.shape[-1] > _VERIFY_MAX_VOCAB:
-                raise ValueError(f"sample: verifying drawn drafts handles vocabularies up to {_VERIFY_MAX_VOCAB} "
-                                 f"ids (cuda/sampling.cu DRAW_TILE * DRAW_MAX_TILES), got {logits.shape[-1]}")
             checks += ((draft_logits, np.float32, "draft_logits"), (draft_rows, np.int32, "draft_rows"))
         for a, dt, n in checks:
             if a.dtype != dt:

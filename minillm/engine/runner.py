@@ -244,6 +244,10 @@ class ModelRunner:
                  causal: bool = True, transform_logits: Callable[[object], None] | None = None,
                  logits_window: tuple[int, int] | None = None,
                  select_drafts: Callable[[object, object, object, object], None] | None = None):
+        max_vocab = getattr(backend, "max_sample_vocab", None)  # the NumPy sampler has no limit
+        if max_vocab is not None and model.cfg.vocab_size > max_vocab:
+            raise ValueError(f"the {backend.name} backend's sampler handles vocabularies up to {max_vocab} ids; "
+                             f"this model has {model.cfg.vocab_size}: run it on the CPU backend (--device cpu)")
         self.model = model
         self.backend = backend
         self.kv = kv
