@@ -858,6 +858,29 @@ __device__ void draw_row(Src& src, const WarpTiles& wt, float wd, int d, u64 see
   tile_draw(src, wt, hash_uniform(seed, pos, d >= 0 ? 2ull : 0ull) * total, s_tile, s_warp, bi, out + row);
 }
 
+// sample_tokens' draw where top-p's cut-off keeps the first n_tie of its tied tokens in index order:
+// a pass ranks them a tile (tie_ranks). Out of line: inlined, its registers made sample_tokens spill
+// (ptxas: 12 bytes stored, 76 loaded; none with it here), and part338 measured temperature rows 1-5% slower
+// than before it.
+__device__ __noinline__ void draw_tied_row(const float* __restrict__ lg, int V, const RowFilter& f, float k2,
+                                           float bv, const WarpTiles& wt, int d, u64 seed, i64 pos, int bi,
+                                           double* s_tile, double* s_warp, int* iscratch, double* dscratch,
+                                           int* out, int* accepted, int row) {
+  int* s_rank = reinterpret_cast<int*>(s_tile + DRAW_MAX_TILES);
+  TiedRow src{{lg, V, aligned16(lg), f, k2, bv, f.use_floor ? floor_logit(f.kth_key) : minillm::neg_inf()},
+              0, s_rank, -1};
+  int base[2];
+  tie_ranks(src, wt, s_rank, iscratch, base);
+  src.r0 = base[0];
+  float wd = 0.f;
+  if (d >= 0) {  // d's weight, a tie ranked by the ties before it (uniform over the block)
+    const float ld = lg[d];
+    wd = src.P.weight(ld, src.P.tie(ld, true) ? key_count_before(lg, d, f.cut_key, dscratch) : 0);
+  }
+  draw_row(src, wt, wd, d, seed, pos, bi, s_tile, s_warp, out, accepted, row);
+}
+
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 2)
@@ -906,19 +929,7 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
     draw_row(src, wt, d >= 0 ? src.weight(lg[d]) : 0.f, d, seed, pos, bi, s_tile, s_warp, out, accepted, row);
     return;
   }
-  // top-p's cut-off keeps the first n_tie of its tied tokens in index order: a pass ranks them a tile
-  int* s_rank = reinterpret_cast<int*>(s_tile + DRAW_MAX_TILES);
-  TiedRow src{{lg, V, aligned16(lg), f, k2, bv, f.use_floor ? floor_logit(f.kth_key) : minillm::neg_inf()},
-              0, s_rank, -1};
-  int base[2];
-  tie_ranks(src, wt, s_rank, iscratch, base);
-  src.r0 = base[0];
-  float wd = 0.f;
-  if (d >= 0) {  // d's weight, a tie ranked by the ties before it (uniform over the block)
-    const float ld = lg[d];
-    wd = src.P.weight(ld, src.P.tie(ld, true) ? key_count_before(lg, d, f.cut_key, dscratch) : 0);
-  }
-  draw_row(src, wt, wd, d, seed, pos, bi, s_tile, s_warp, out, accepted, row);
+  draw_tied_row(lg, V, f, k2, bv, wt, d, seed, pos, bi, s_tile, s_warp, iscratch, dscratch, out, accepted, row);
 }
 
 // ---- verify_drawn_drafts: drafts drawn from the drafter's q, verified against that q ------------

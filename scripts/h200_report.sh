@@ -6342,6 +6342,27 @@ part338() {  # session 63 (carry .whl and .snap0 = git archive 0ba513b): the gat
   pack
 }
 
+part339() {  # session 63 (carry .whl and .snap0 = git archive 0ba513b): part338's tree with the tied draw out of
+  # line (draw_tied_row, __noinline__: sample_tokens without spills): the sampler's and drawn drafts' tests,
+  # memcheck and racecheck of the sampler's, the sampler bench .snap0 / new on N(0, 9) logits and rounded to
+  # bf16, alternated twice (~3 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  cp scripts/sampler_bench.py .snap0/scripts/
+  stage drawn_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_dflash_graphs.py -k "sampler or drawn"
+  tail -n 3 "$W/drawn_tests.log"
+  sampler_sanitizers
+  local i
+  for i in 1 2; do
+    sampler_bench_in .snap0 "sb_old_$i"
+    sampler_bench_in . "sb_new_$i"
+    sampler_bench_in .snap0 "sb_old_bf16_$i" --bf16-logits
+    sampler_bench_in . "sb_new_bf16_$i" --bf16-logits
+  done
+  pack
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 
