@@ -35,10 +35,11 @@
 // 68 the float64 exp and its two conversions a token (16 a clock an SM); this draw 24 and 51 us (part330).
 // At one row one SM does the work (the passes are bound by its instructions), so splitting a row over
 // CTAs is the next step for small batches. Where top-p's cut-off keeps only some of a run of tied
-// logits (the first in index order), one more pass ranks the ties a tile (TiedRow, tie_ranks); one
-// thread walking its chunk of the row in float64 did that once, ~0.5 ms a row (top-p 0.9 at 128
-// rows, two of them with a tie at the cut: 634 us, against 140 at 64 rows; H100, part336). Rows of
-// more than DRAW_TILE * DRAW_MAX_TILES ids are refused (cuda_ops.CudaBackend.sample).
+// logits (the first in index order), one more pass ranks the ties a tile (TiedRow, tie_ranks). Each
+// thread walking its chunk of the row in float64 did that before, and one such row set a batch's time:
+// top-p 0.9 at 128 rows (two of them with a tie at the cut) 630 -> 262 us, and on logits rounded to
+// bf16 (a tie at most cut-offs) 375 -> 177 us at one row, 725 -> 271 at 128 (H100, part338). Rows of
+// more than DRAW_TILE * DRAW_MAX_TILES ids are refused (cuda_ops.CudaBackend.sample, the runner).
 //
 // One CTA of SAMPLE_THREADS threads per row, two CTAs an SM (64 registers). One 1,024-thread CTA
 // a row (twice the warps, so twice the loads in flight a row) measured a temperature row 67 -> 57 us
@@ -257,7 +258,7 @@ __device__ __forceinline__ void add_mass(unsigned long long* bin, unsigned long 
 // and three for top-p. Every result is the radix passes': counts are exact, masses are exact 64-bit
 // sums of the same fixed-point weights, and the list's order (atomic slots) decides nothing. Top-k 50
 // 101 -> 77 us at one row, top-k 50 + top-p 0.9 182 -> 82 (324 -> 152 at 128 rows); top-p alone, which
-// never gathers, 132.5 -> 137 (H100, part337, against the passes alone).
+// never gathers, 132.5 -> 137 (H100, part337, against the passes alone; 132 with part338's tree).
 #define GATHER_CAP 1024
 
 struct KeyList {  // in the radix scratch, past top-k's first-pass counts (4096 ints)
@@ -858,29 +859,6 @@ __device__ void draw_row(Src& src, const WarpTiles& wt, float wd, int d, u64 see
   tile_draw(src, wt, hash_uniform(seed, pos, d >= 0 ? 2ull : 0ull) * total, s_tile, s_warp, bi, out + row);
 }
 
-// sample_tokens' draw where top-p's cut-off keeps the first n_tie of its tied tokens in index order:
-// a pass ranks them a tile (tie_ranks). Out of line: inlined, its registers made sample_tokens spill
-// (ptxas: 12 bytes stored, 76 loaded; none with it here), and part338 measured temperature rows 1-5% slower
-// than before it.
-__device__ __noinline__ void draw_tied_row(const float* __restrict__ lg, int V, const RowFilter& f, float k2,
-                                           float bv, const WarpTiles& wt, int d, u64 seed, i64 pos, int bi,
-                                           double* s_tile, double* s_warp, int* iscratch, double* dscratch,
-                                           int* out, int* accepted, int row) {
-  int* s_rank = reinterpret_cast<int*>(s_tile + DRAW_MAX_TILES);
-  TiedRow src{{lg, V, aligned16(lg), f, k2, bv, f.use_floor ? floor_logit(f.kth_key) : minillm::neg_inf()},
-              0, s_rank, -1};
-  int base[2];
-  tie_ranks(src, wt, s_rank, iscratch, base);
-  src.r0 = base[0];
-  float wd = 0.f;
-  if (d >= 0) {  // d's weight, a tie ranked by the ties before it (uniform over the block)
-    const float ld = lg[d];
-    wd = src.P.weight(ld, src.P.tie(ld, true) ? key_count_before(lg, d, f.cut_key, dscratch) : 0);
-  }
-  draw_row(src, wt, wd, d, seed, pos, bi, s_tile, s_warp, out, accepted, row);
-}
-
-
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 2)
@@ -929,7 +907,21 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
     draw_row(src, wt, d >= 0 ? src.weight(lg[d]) : 0.f, d, seed, pos, bi, s_tile, s_warp, out, accepted, row);
     return;
   }
-  draw_tied_row(lg, V, f, k2, bv, wt, d, seed, pos, bi, s_tile, s_warp, iscratch, dscratch, out, accepted, row);
+  // top-p's cut-off keeps the first n_tie of its tied tokens in index order: a pass ranks them a tile.
+  // Out of line (__noinline__) sample_tokens compiled without spills (12 bytes stored, 76 loaded here),
+  // but top-p rows ran 3-4% slower and temperature rows at most 2% faster (part339): inline.
+  int* s_rank = reinterpret_cast<int*>(s_tile + DRAW_MAX_TILES);
+  TiedRow src{{lg, V, aligned16(lg), f, k2, bv, f.use_floor ? floor_logit(f.kth_key) : minillm::neg_inf()},
+              0, s_rank, -1};
+  int base[2];
+  tie_ranks(src, wt, s_rank, iscratch, base);
+  src.r0 = base[0];
+  float wd = 0.f;
+  if (d >= 0) {  // d's weight, a tie ranked by the ties before it (uniform over the block)
+    const float ld = lg[d];
+    wd = src.P.weight(ld, src.P.tie(ld, true) ? key_count_before(lg, d, f.cut_key, dscratch) : 0);
+  }
+  draw_row(src, wt, wd, d, seed, pos, bi, s_tile, s_warp, out, accepted, row);
 }
 
 // ---- verify_drawn_drafts: drafts drawn from the drafter's q, verified against that q ------------
