@@ -6345,7 +6345,7 @@ part338() {  # session 63 (carry .whl and .snap0 = git archive 0ba513b): the gat
 part339() {  # session 63 (carry .whl and .snap0 = git archive 0ba513b): part338's tree with the tied draw out of
   # line (draw_tied_row, __noinline__: sample_tokens without spills): the sampler's and drawn drafts' tests,
   # memcheck and racecheck of the sampler's, the sampler bench .snap0 / new on N(0, 9) logits and rounded to
-  # bf16, alternated twice (~3 minutes). Ran on 6a1d63b: top-p 3-4% slower, temperature rows at most 2% faster
+  # bf16, alternated twice (~3 minutes). Ran on 5fbf1df: top-p 3-4% slower, temperature rows at most 2% faster
   # than part338's inline draw, which was kept (that tree is gone; this part now measures the current one)
   setup
   facts > "$W/facts.txt" 2>&1
