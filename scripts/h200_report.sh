@@ -6364,6 +6364,27 @@ part339() {  # session 63 (carry .whl and .snap0 = git archive 0ba513b): part338
   pack
 }
 
+part340() {  # session 63 (carry .whl and .snap0 = git archive 0ba513b): the sampler in the engine, nano-vllm's
+  # 0.6B throughput workload sampled with Qwen3's generation_config (temperature 0.6, top-p 0.95, top-k 20),
+  # .snap0 / this tree / this tree / .snap0; then the sampler bench's modes at 256 rows (~6 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  cp scripts/sampler_bench.py .snap0/scripts/
+  cp minillm/bench/throughput.py .snap0/minillm/bench/  # its --top-p / --top-k; the kernels stay .snap0's
+  stage models 100 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  local t
+  for t in old new new_2 old_2; do
+    stage "tp_qwen_$t" 100 bash -c "cd $([ "${t%_2}" = old ] && echo .snap0 || echo .) && PYTHONPATH=.:/tmp/site \
+      python3 -m minillm.bench throughput $M/q06 --device cuda --max-num-seqs 256 --max-model-len 2048 \
+      --max-num-batched-tokens 8192 --temperature 0.6 --top-p 0.95 --top-k 20 --result-json $W/tp_qwen_$t.json"
+    grep -h "Throughput" "$W/tp_qwen_$t.log"
+  done
+  stage sb_old_256 100 bash -c "cd .snap0 && PYTHONPATH=.:/tmp/site python3 scripts/sampler_bench.py --batches 256 \
+    --json $W/sb_old_256.json"
+  stage sb_new_256 100 python3 scripts/sampler_bench.py --batches 256 --json "$W/sb_new_256.json"
+  pack
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 

@@ -4,15 +4,15 @@
                                     [--bf16-logits]
 
 For each batch size and sampling mode (greedy; temperature 0.6 as in the throughput workload;
-top-k 50; top-p 0.9; top-k + top-p; min-p 0.05, alone and with top-p; temperature with a drafted
-token on every row, i.e. speculative verification, the draft one-hot or drawn from a drafter's q, whose
-verification against q, verify_drawn_drafts, runs after sample_tokens) one `CudaBackend.sample` call over fp32 logits
-is captured 10 times in a graph and timed with CUDA events (median of 10 replays,
-minillm/bench/gpu_timing.py). Logits are N(0, 3^2), so the tail is not negligible for temperature
-sampling; with --bf16-logits they are rounded to bfloat16 values, as an LM head writing bf16 would
-leave them, so top-p's cut-off falls inside a run of tied logits on most rows. Printed: us a call,
-us a row, and the rate at which the logits were read once (GB/s): the floor of any sampler is one
-read of the row.
+top-k 50; top-p 0.9; top-k + top-p, and Qwen3's top-k 20 + top-p 0.95; min-p 0.05, alone and with
+top-p; temperature with a drafted token on every row, i.e. speculative verification, the draft
+one-hot or drawn from a drafter's q, whose verification against q, verify_drawn_drafts, runs after
+sample_tokens) one `CudaBackend.sample` call over fp32 logits is captured 10 times in a graph and
+timed with CUDA events (median of 10 replays, minillm/bench/gpu_timing.py). Logits are N(0, 3^2),
+so the tail is not negligible for temperature sampling; with --bf16-logits they are rounded to
+bfloat16 values, as an LM head writing bf16 would leave them, so top-p's cut-off falls inside a run
+of tied logits on most rows. Printed: us a call, us a row, and the rate at which the logits were
+read once (GB/s): the floor of any sampler is one read of the row.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ MODES = [  # (label, temperature, top_p, top_k, drafts (False, True: one-hot, "q
     ("top-k 50", 0.8, 1.0, 50, False, 0.0),
     ("top-p 0.9", 0.8, 0.9, 0, False, 0.0),
     ("top-k 50 + top-p 0.9", 0.8, 0.9, 50, False, 0.0),
+    ("top-k 20 + top-p 0.95", 0.6, 0.95, 20, False, 0.0),  # Qwen3's generation_config
     ("min-p 0.05", 0.8, 1.0, 0, False, 0.05),
     ("min-p 0.05 + top-p 0.9", 0.8, 0.9, 0, False, 0.05),
     ("temperature 0.6 + draft", 0.6, 1.0, 0, True, 0.0),

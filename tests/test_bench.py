@@ -455,6 +455,36 @@ def test_throughput_command(tiny, tmp_path, capsys):
     res = json.loads(out.read_text())
     assert res["output_tokens"] == res["expected_output_tokens"] > 0 and res["short_sequences"] == 0
     assert res["output_tok_s"] > 0 and res["workload"]["num_seqs"] == 6
+    assert (res["workload"]["top_p"], res["workload"]["top_k"]) == (1.0, -1)
+
+
+def test_throughput_samples_with_top_p_and_top_k(tiny, tmp_path, capsys, monkeypatch):
+    """--top-p / --top-k reach every request (Qwen3's sampling defaults): with top-k 1 each output is
+    the greedy one, whatever the temperature (the timed generate's outputs, recorded as it returns)."""
+    from minillm import LLM
+    from minillm.bench.throughput import main
+
+    seen = []
+    real = LLM.generate
+
+    def recording(self, prompts, params=None, **kw):
+        outs = real(self, prompts, params, **kw)
+        seen.append((params, [list(o.token_ids) for o in outs]))
+        return outs
+
+    monkeypatch.setattr(LLM, "generate", recording)
+    runs = {}
+    for name, flags in (("topk1", ["--temperature", "1.5", "--top-k", "1", "--top-p", "0.95"]),
+                        ("greedy", ["--temperature", "0"]), ("sampled", ["--temperature", "1.5"])):
+        out = tmp_path / f"{name}.json"
+        assert main([str(tiny), "--device", "cpu", "--num-seqs", "3", "--min-len", "4", "--max-len", "12",
+                     "--result-json", str(out), *flags]) == 0
+        runs[name] = (json.loads(out.read_text())["workload"], seen[-1])  # the timed generate: the last
+    workload, (params, tokens) = runs["topk1"]
+    assert (workload["top_p"], workload["top_k"]) == (0.95, 1)
+    assert all((p.top_p, p.top_k, p.temperature) == (0.95, 1, 1.5) for p in params)
+    assert tokens == runs["greedy"][1][1] and tokens != runs["sampled"][1][1]
+    capsys.readouterr()
 
 
 # ---- the serve ladder against the real server ---------------------------------------------------
@@ -971,6 +1001,8 @@ SMALL_SPEC_COST = ["--input-len", "8", "--output-len", "4", "--concurrency", "1"
     ("hf", ["--input-len", "0"], "--input-len"), ("hf", ["--output-len", "1"], "--output-len"),
     ("hf-batch", ["--num-seqs", "0"], "--num-seqs"), ("hf-batch", ["--min-len", "0"], "--min-len"),
     ("hf-batch", ["--timeout", "-1"], "--timeout"), ("hf-batch", ["--temperature", "nan"], "--temperature"),
+    ("throughput", ["--top-p", "0"], "--top-p"), ("throughput", ["--top-p", "nan"], "--top-p"),
+    ("throughput", ["--top-p", "1.5"], "--top-p"), ("throughput", ["--top-k", "-2"], "--top-k"),
     ("spec-cost", ["--k", "0"], "--k"), ("spec-cost", ["--temperature", "-1"], "--temperature"),
     ("spec-cost", ["--temperature", "nan"], "--temperature"), ("spec-cost", ["--input-len", "0"], "--input-len"),
     ("spec-cost", ["--output-len", "1"], "--output-len"), ("spec-cost", ["--concurrency", "0"], "--concurrency"),

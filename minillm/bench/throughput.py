@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-len", type=int, default=100, help="shortest prompt and output (tokens)")
     p.add_argument("--max-len", type=int, default=1024, help="longest prompt and output (tokens)")
     p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--top-p", type=float, default=1.0, help="every request's top_p (1: off)")
+    p.add_argument("--top-k", type=int, default=-1, help="every request's top_k (-1 or 0: off; Qwen3's "
+                   "generation_config: --temperature 0.6 --top-p 0.95 --top-k 20)")
     p.add_argument("--result-json", default=None)
     p.add_argument("--profile", action="store_true",
                    help="time every step of the timed run by phase (schedule / prepare / execute, with "
@@ -83,6 +86,8 @@ def run(ns: argparse.Namespace) -> dict:
     # SamplingParams refused these only after the model had loaded, without naming the flag
     need(math.isfinite(ns.temperature) and ns.temperature >= 0,
          f"--temperature must be a finite number >= 0, got {ns.temperature}")
+    need(math.isfinite(ns.top_p) and 0 < ns.top_p <= 1, f"--top-p must be in (0, 1], got {ns.top_p}")
+    need(ns.top_k >= -1, f"--top-k must be -1, 0 (off) or a positive integer, got {ns.top_k}")
     check_output_path(ns.result_json, "--result-json")
     check_output_path(ns.profile_json, "--profile-json")
     # the result was written over the profile, after "wrote" had been printed for it
@@ -101,7 +106,8 @@ def run(ns: argparse.Namespace) -> dict:
     vocab = min(llm.tokenizer.vocab_size, llm.engine.config.vocab_size)
     allowed = [int(i) for i in allowed_token_ids(llm.tokenizer) if i < vocab]
     prompts, out_lens = nano_vllm_workload(allowed, ns.num_seqs, ns.min_len, ns.max_len, ns.seed)
-    params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=ns.temperature) for n in out_lens]
+    params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=ns.temperature, top_p=ns.top_p,
+                             top_k=ns.top_k) for n in out_lens]
 
     llm.generate([prompts[0][:16]], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
     profiler = None
@@ -122,7 +128,8 @@ def run(ns: argparse.Namespace) -> dict:
         "benchmark": "throughput", "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "model": llm.engine.model_name, "engine_args": vars(args),
         "workload": {"num_seqs": ns.num_seqs, "min_len": ns.min_len, "max_len": ns.max_len,
-                     "temperature": ns.temperature, "seed": ns.seed, "ignore_eos": True},
+                     "temperature": ns.temperature, "top_p": ns.top_p, "top_k": ns.top_k, "seed": ns.seed,
+                     "ignore_eos": True},
         "prompt_tokens": in_tok, "output_tokens": out_tok, "expected_output_tokens": sum(out_lens),
         "short_sequences": short, "time_s": dt,
         "output_tok_s": out_tok / dt, "total_tok_s": (in_tok + out_tok) / dt,
