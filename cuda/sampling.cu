@@ -255,22 +255,21 @@ __device__ __forceinline__ void add_mass(unsigned long long* bin, unsigned long 
 // ---- the gathered list: when top-k's first pass leaves at most GATHER_CAP tokens at or above its
 // crossing bin, those keys are gathered into shared memory in one pass, and top-k's k-th key and then
 // top-p's cut-off are found among them there, instead of by two more passes over the row for top-k
-// and three for top-p. Every result is the radix passes': counts are exact, masses are exact 64-bit
-// sums of the same fixed-point weights, and the list's order (atomic slots) decides nothing. Top-k 50
-// 101 -> 77 us at one row, top-k 50 + top-p 0.9 182 -> 82 (324 -> 152 at 128 rows); top-p alone, which
-// never gathers, 132.5 -> 137 (H100, part337, against the passes alone; 132 with part338's tree).
+// and three for top-p. Top-k 50 101 -> 77 us at one row, top-k 50 + top-p 0.9 182 -> 82 (324 -> 152 at
+// 128 rows; H100, part337, against the passes alone). Top-p without top-k gathers in its second pass
+// (filter_row). Every result is the radix passes': counts are exact, masses are exact 64-bit sums of
+// the same fixed-point weights, and the list's order (atomic slots) decides nothing.
 #define GATHER_CAP 1024
 
-struct KeyList {  // in the radix scratch, past top-k's first-pass counts (4096 ints)
+struct KeyList {  // shared memory of its own (12 KB): top-p's second pass fills it beside its histogram
   unsigned key[GATHER_CAP];
-  unsigned long long wt[GATHER_CAP];  // list_topp's fixed-point weights (0 below its floor)
+  unsigned long long wt[GATHER_CAP];  // list_weigh's fixed-point weights (0 below its floor)
   int n;
   unsigned kth;                       // list_kth's answer
-  unsigned cut, low;                  // list_topp's answer, and the lowest kept key with mass (its fallback)
+  unsigned cut, low;                  // list_cut's answer, and the lowest key with mass (its fallback)
   int ties, low_ties, found;
   unsigned long long above, low_above;
 };
-static_assert(4096 * sizeof(int) + sizeof(KeyList) <= SAMPLE_MAX_TILES * sizeof(double), "the list fits the scratch");
 
 // Every token whose key is >= low, into L (the caller knows there are at most GATHER_CAP).
 __device__ __forceinline__ void gather_keys(const float* __restrict__ lg, int V, unsigned low, KeyList& L) {
@@ -281,6 +280,18 @@ __device__ __forceinline__ void gather_keys(const float* __restrict__ lg, int V,
     if (key >= low) L.key[atomicAdd(&L.n, 1)] = key;
   });
   __syncthreads();
+}
+
+// Appends key to L where want, one atomic a warp; the count goes on past GATHER_CAP (the caller then
+// drops the list). Every active lane calls it.
+__device__ __forceinline__ void list_append(KeyList& L, unsigned key, bool want) {
+  const unsigned m = __ballot_sync(__activemask(), want);
+  if (!want) return;
+  const int lane = threadIdx.x & 31, leader = __ffs(m) - 1;
+  int base = 0;
+  if (lane == leader) base = atomicAdd(&L.n, __popc(m));
+  const int slot = __shfl_sync(m, base, leader) + __popc(m & ((1u << lane) - 1u));
+  if (slot < GATHER_CAP) L.key[slot] = key;
 }
 
 // Item i against the list's other keys >= floor: the weight of the greater ones and of its ties
@@ -314,12 +325,10 @@ __device__ unsigned list_kth(KeyList& L, int n, int k) {
   return r;
 }
 
-// Top-p's cut-off among the list's keys >= floor (every kept token is in the list): the key where the
-// mass from the top first reaches need = tp * total (mass above < need <= mass above + its own), the
-// mass above it and its tie count; past the end (rounding), the lowest kept key with mass, as
-// radix_crossing's fallback. Each tie group answers through its first item in list order.
-__device__ void list_topp(KeyList& L, int n, unsigned floor, float bv, float k2, float unit, double tp,
-                          double* dscratch, unsigned& cut, double& above, double& total, int& ties) {
+// The fixed-point weight of each of the list's keys >= floor (0 below it) into L.wt; returns their sum
+// (every thread, the same).
+__device__ unsigned long long list_weigh(KeyList& L, int n, unsigned floor, float bv, float k2, float unit,
+                                         double* dscratch) {
   unsigned long long own = 0;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const unsigned key = L.key[i];
@@ -330,11 +339,27 @@ __device__ void list_topp(KeyList& L, int n, unsigned floor, float bv, float k2,
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) own += __shfl_xor_sync(0xffffffffu, own, o);
   if ((threadIdx.x & 31) == 0) wsum[threadIdx.x >> 5] = own;
-  if (threadIdx.x == 0) L.found = 0;
   __syncthreads();
   unsigned long long tot = 0;
   for (int wi = 0; wi < (int)(blockDim.x >> 5); ++wi) tot += wsum[wi];
-  const double need = tp * (double)tot;
+  __syncthreads();  // wsum read by all before dscratch is reused
+  return tot;
+}
+
+// Top-p's cut-off among the list's keys >= floor, the list holding every kept key at or above it,
+// weighed (list_weigh, their sum tot): the key where the mass from the top first reaches need (mass
+// above < need <= mass above + its own), the mass above it and its tie count; past the end
+// (rounding), the list's lowest key with mass, as radix_crossing's fallback. Each tie group answers
+// through its first item in list order.
+__device__ void list_cut(KeyList& L, int n, unsigned floor, double need, unsigned long long tot, unsigned& cut,
+                         double& above, int& ties) {
+  if (threadIdx.x == 0) {
+    L.found = 0;
+    L.low = floor;  // no key with mass (a row of -inf): the floor, no ties
+    L.low_above = 0;
+    L.low_ties = 0;
+  }
+  __syncthreads();
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     if (L.key[i] < floor) continue;
     unsigned long long gt, eq;
@@ -347,7 +372,7 @@ __device__ void list_topp(KeyList& L, int n, unsigned floor, float bv, float k2,
       L.ties = cnt;
       L.found = 1;
     }
-    if (eq > 0 && gt + eq == tot) {  // the lowest kept key with mass
+    if (eq > 0 && gt + eq == tot) {  // the lowest key with mass
       L.low = L.key[i];
       L.low_above = gt;
       L.low_ties = cnt;
@@ -358,8 +383,7 @@ __device__ void list_topp(KeyList& L, int n, unsigned floor, float bv, float k2,
   cut = found ? L.cut : L.low;
   above = (double)(found ? L.above : L.low_above);
   ties = found ? L.ties : L.low_ties;
-  total = (double)tot;
-  __syncthreads();  // wsum and the answers read before the scratch is reused
+  __syncthreads();  // the answers read by all before the list is reused
 }
 
 // A sampled row's filters (temperature t > 0, max logit bv): top-k and min-p as one floor on the
@@ -378,7 +402,8 @@ struct RowFilter {
 __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, float bv, double t,
                                            const int* __restrict__ top_k, const float* __restrict__ min_p,
                                            const float* __restrict__ top_p, int row, RowFilter& f, void* scratch,
-                                           double* dscratch, int* s_bin, int* s_first, double* s_above) {
+                                           KeyList* L, double* dscratch, int* s_bin, int* s_first,
+                                           double* s_above) {
   const int tid = threadIdx.x, NT = blockDim.x;
   const double M = (double)bv / t;  // the max of x survives every filter
 
@@ -387,7 +412,6 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
   const bool use_topk = k > 0 && k < V;
   unsigned kth_key = 0;
   int* hist = reinterpret_cast<int*>(scratch);
-  KeyList* L = reinterpret_cast<KeyList*>(hist + 4096);
   bool gathered = false;  // top-k's list holds every kept token
   if (use_topk) {
     unsigned prefix = 0;
@@ -440,7 +464,9 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
   // ---- top-p: the cut-off key v = min key with mass(key > v) < top_p, then its ties. Radix
   // select again, over each kept token's weight exp(x - M) in fixed point (fixed_weight, add_mass):
   // the bin where the mass from the top first reaches top_p. Only the first pass weighs every token;
-  // the last one's bins are single keys, so it also counts the cut-off's ties.
+  // the last one's bins are single keys, so it also counts the cut-off's ties. The second pass also
+  // gathers the keys at or above the first pass's bin: where at most GATHER_CAP are (a peaked row),
+  // the cut-off is found among them (list_cut) and the third pass is not needed.
   unsigned cut_key = 0;
   int n_tie = 0;
   bool tie_cut = false;  // the cut-off keeps only some of its tied tokens: the draw ranks them (TiedRow)
@@ -451,16 +477,23 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
     unsigned prefix = 0;
     double need = 0.0, above = 0.0, total = 0.0;
     int cnt = 0;
-    if (gathered) list_topp(*L, L->n, kth_key, bv, k2, unit, tp, dscratch, prefix, above, total, cnt);
+    if (gathered) {  // the list holds every kept token
+      const unsigned long long tot = list_weigh(*L, L->n, kth_key, bv, k2, unit, dscratch);
+      total = (double)tot;
+      list_cut(*L, L->n, kth_key, tp * total, tot, prefix, above, cnt);
+    }
     for (int pass = 0; pass < (gathered ? 0 : 3); ++pass) {
       const int nb = radix_bins(pass), shift = radix_shift(pass);
       const unsigned mask = radix_mask(pass);
       for (int b = tid; b < nb; b += NT) mass[b] = 0ull;
       if (pass == 2)
         for (int b = tid; b < nb; b += NT) ties[b] = 0;
+      if (pass == 1 && tid == 0) L->n = 0;
       __syncthreads();
+      const unsigned low = max(prefix, kth_key);  // pass 1: the kept keys at or above pass 0's bin
       for_each_logit(lg, V, [&](int, float l) {
         const unsigned key = float_key(l);
+        if (pass == 1) list_append(*L, key, key >= low);
         if ((key & mask) == prefix && key >= kth_key) {
           const int b = (key >> shift) & (nb - 1);
           const unsigned long long v = fixed_weight(l, bv, k2, unit);
@@ -469,6 +502,14 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
         }
       });
       __syncthreads();
+      if (pass == 1) {
+        const int n = L->n;  // every thread the same (the barrier above)
+        if (n <= GATHER_CAP) {  // the list holds every kept key at or above the cut-off's bin
+          const unsigned long long tot = list_weigh(*L, n, kth_key, bv, k2, unit, dscratch);
+          list_cut(*L, n, kth_key, need, tot, prefix, above, cnt);
+          break;
+        }
+      }
       if (pass == 0) {  // the kept mass: every bin of the first pass
         double own = 0.0;
         for (int b = tid; b < nb; b += NT) own += (double)mass[b];
@@ -875,6 +916,7 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
   __shared__ int s_bin, s_first;
   __shared__ double s_tile[SAMPLE_MAX_TILES];
   __shared__ double s_warp[SAMPLE_WARPS];
+  __shared__ KeyList s_list;
   minillm::pdl_entry();
   const int row = blockIdx.x;
   if (row >= n_rows) return;
@@ -895,7 +937,8 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
     return;
   }
   RowFilter f;
-  filter_row(lg, V, bv, (double)temp, top_k, min_p, top_p, row, f, s_tile, dscratch, &s_bin, &s_first, &s_above);
+  filter_row(lg, V, bv, (double)temp, top_k, min_p, top_p, row, f, s_tile, &s_list, dscratch, &s_bin, &s_first,
+             &s_above);
   const u64 seed = seed_bytes == 8 ? reinterpret_cast<const u64*>(seeds)[row]
                                    : (u64)(i64)reinterpret_cast<const int*>(seeds)[row];
   const i64 pos = positions[row];
@@ -999,6 +1042,7 @@ verify_drawn_drafts(const float* __restrict__ logits, i64 stride, int V, const f
   // the radix histograms; then [0, DRAW_MAX_TILES) each tile's residual mass and, as ints from
   // DRAW_MAX_TILES doubles on, each tile's ties before it within its warp (p's, then q's)
   __shared__ double s_tile[SAMPLE_MAX_TILES];
+  __shared__ KeyList s_list;
   __shared__ double s_wd[2];  // d's weights in p and q
   __shared__ double s_wmass[SAMPLE_WARPS];
   minillm::pdl_entry();
@@ -1038,8 +1082,8 @@ verify_drawn_drafts(const float* __restrict__ logits, i64 stride, int V, const f
   // ---- the filters (none, the radix selects, or min-p's floor), as sample_tokens filters its rows
   const bool filtered = top_k[row] > 0 || (min_p && min_p[row] > 0.f) || top_p[row] < 1.f;  // uniform
   if (filtered) {
-    filter_row(lp, V, bp, t, top_k, min_p, top_p, row, P.f, s_tile, dscratch, &s_bin, &s_first, &s_above);
-    filter_row(lq, QV, bq, t, top_k, min_p, top_p, row, Q.f, s_tile, dscratch, &s_bin, &s_first, &s_above);
+    filter_row(lp, V, bp, t, top_k, min_p, top_p, row, P.f, s_tile, &s_list, dscratch, &s_bin, &s_first, &s_above);
+    filter_row(lq, QV, bq, t, top_k, min_p, top_p, row, Q.f, s_tile, &s_list, dscratch, &s_bin, &s_first, &s_above);
     P.floor = P.f.use_floor ? floor_logit(P.f.kth_key) : ninf;
     Q.floor = Q.f.use_floor ? floor_logit(Q.f.kth_key) : ninf;
   } else {

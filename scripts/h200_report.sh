@@ -6385,6 +6385,28 @@ part340() {  # session 63 (carry .whl and .snap0 = git archive 0ba513b): the sam
   pack
 }
 
+part341() {  # session 63 (carry .whl and .snap0 = git archive a74af52): top-p without top-k gathering in its second
+  # pass (the keys at or above its first bin; where at most 1,024, the cut-off found among them, no third pass):
+  # the sampler's and drawn drafts' tests, memcheck and racecheck of both kernels', the sampler bench .snap0 /
+  # new on N(0, 9) logits and on peaked ones (--logit-scale 5), alternated twice (~4 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  cp scripts/sampler_bench.py .snap0/scripts/  # its --logit-scale; the kernels stay .snap0's
+  stage drawn_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_dflash_graphs.py -k "sampler or drawn"
+  tail -n 3 "$W/drawn_tests.log"
+  sampler_sanitizers
+  drawn_sanitizers
+  local i
+  for i in 1 2; do
+    sampler_bench_in .snap0 "sb_old_$i"
+    sampler_bench_in . "sb_new_$i"
+    sampler_bench_in .snap0 "sb_old_peaked_$i" --logit-scale 5
+    sampler_bench_in . "sb_new_peaked_$i" --logit-scale 5
+  done
+  pack
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 

@@ -1,7 +1,7 @@
 """The device sampler (cuda/sampling.cu) timed per mode and batch, inside CUDA graphs.
 
     python scripts/sampler_bench.py [--batches 1,64,192,256] [--vocab 151936] [--json F] [--modes M1,M2]
-                                    [--bf16-logits]
+                                    [--bf16-logits] [--logit-scale 3]
 
 For each batch size and sampling mode (greedy; temperature 0.6 as in the throughput workload;
 top-k 50; top-p 0.9; top-k + top-p, and Qwen3's top-k 20 + top-p 0.95; min-p 0.05, alone and with
@@ -9,7 +9,8 @@ top-p; temperature with a drafted token on every row, i.e. speculative verificat
 one-hot or drawn from a drafter's q, whose verification against q, verify_drawn_drafts, runs after
 sample_tokens) one `CudaBackend.sample` call over fp32 logits is captured 10 times in a graph and
 timed with CUDA events (median of 10 replays, minillm/bench/gpu_timing.py). Logits are N(0, 3^2),
-so the tail is not negligible for temperature sampling; with --bf16-logits they are rounded to
+so the tail is not negligible for temperature sampling (--logit-scale 5: a peaked row, top-p 0.9
+keeping ~5-70 tokens, as a confident model's); with --bf16-logits they are rounded to
 bfloat16 values, as an LM head writing bf16 would leave them, so top-p's cut-off falls inside a run
 of tied logits on most rows. Printed: us a call, us a row, and the rate at which the logits were
 read once (GB/s): the floor of any sampler is one read of the row.
@@ -48,6 +49,7 @@ def main() -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--modes", default=None,
                    help="only these modes, comma-separated, as printed (e.g. \"top-p 0.9,greedy\"): a profiler's run")
+    p.add_argument("--logit-scale", type=float, default=3.0, help="the logits' standard deviation")
     p.add_argument("--bf16-logits", action="store_true",
                    help="logits rounded to bfloat16 values: ties at most top-p cut-offs")
     ns = p.parse_args()
@@ -69,7 +71,7 @@ def main() -> int:
     results = []
     print(f"{'mode':26s} {'B':>4s} {'us':>9s} {'us/row':>8s} {'GB/s':>7s}")
     for B in [int(b) for b in ns.batches.split(",")]:
-        host = (3.0 * rng.standard_normal((B, V))).astype(np.float32)
+        host = (ns.logit_scale * rng.standard_normal((B, V))).astype(np.float32)
         if ns.bf16_logits:
             host = host.astype(ml_dtypes.bfloat16).astype(np.float32)
         logits = be.asarray(host, dtype=np.float32)
@@ -78,7 +80,7 @@ def main() -> int:
         out = be.empty((B,), dtype=np.int32)
         acc = be.empty((B,), dtype=np.int32)
         drafts = be.asarray(rng.integers(0, V, B).astype(np.int32), dtype=np.int32)
-        q_logits = be.asarray((3.0 * rng.standard_normal((B, V))).astype(np.float32), dtype=np.float32)
+        q_logits = be.asarray((ns.logit_scale * rng.standard_normal((B, V))).astype(np.float32), dtype=np.float32)
         q_rows = be.asarray(np.arange(B, dtype=np.int32), dtype=np.int32)
         for label, t, tp, k, with_drafts, mp in modes:
             temp = be.asarray(np.full(B, t, np.float32), dtype=np.float32)
