@@ -256,12 +256,18 @@ __device__ __forceinline__ void add_mass(unsigned long long* bin, unsigned long 
 // crossing bin, those keys are gathered into shared memory in one pass, and top-k's k-th key and then
 // top-p's cut-off are found among them there, instead of by two more passes over the row for top-k
 // and three for top-p. Top-k 50 101 -> 77 us at one row, top-k 50 + top-p 0.9 182 -> 82 (324 -> 152 at
-// 128 rows; H100, part337, against the passes alone). Top-p without top-k gathers in its second pass
-// (filter_row). Every result is the radix passes': counts are exact, masses are exact 64-bit sums of
+// 128 rows; H100, part337, against the passes alone). Every result is the radix passes': counts are exact, masses are exact 64-bit sums of
 // the same fixed-point weights, and the list's order (atomic slots) decides nothing.
 #define GATHER_CAP 1024
 
-struct KeyList {  // shared memory of its own (12 KB): top-p's second pass fills it beside its histogram
+// SAMPLE_TOPP_GATHER (off; prepared in session 63, never run on a GPU): top-p without top-k gathers the
+// keys at or above its first pass's bin during its second pass, and where at most GATHER_CAP are (a
+// peaked row: top-p 0.9 keeping tens of tokens) finds the cut-off among them, skipping the third pass.
+#ifndef SAMPLE_TOPP_GATHER
+#define SAMPLE_TOPP_GATHER 0
+#endif
+
+struct KeyList {  // key_list(): where it lives
   unsigned key[GATHER_CAP];
   unsigned long long wt[GATHER_CAP];  // list_weigh's fixed-point weights (0 below its floor)
   int n;
@@ -280,6 +286,18 @@ __device__ __forceinline__ void gather_keys(const float* __restrict__ lg, int V,
     if (key >= low) L.key[atomicAdd(&L.n, 1)] = key;
   });
   __syncthreads();
+}
+
+// The list's shared memory: past top-k's first-pass counts (4096 ints) in the radix scratch, or, with
+// SAMPLE_TOPP_GATHER, 12 KB of its own (45.8 KB a CTA), as top-p's second pass fills it beside its histogram.
+__device__ __forceinline__ KeyList* key_list(void* scratch) {
+#if SAMPLE_TOPP_GATHER
+  __shared__ KeyList list;
+  return &list;
+#else
+  static_assert(4096 * sizeof(int) + sizeof(KeyList) <= SAMPLE_MAX_TILES * sizeof(double), "the list fits the scratch");
+  return reinterpret_cast<KeyList*>(reinterpret_cast<int*>(scratch) + 4096);
+#endif
 }
 
 // Appends key to L where want, one atomic a warp; the count goes on past GATHER_CAP (the caller then
@@ -402,8 +420,7 @@ struct RowFilter {
 __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, float bv, double t,
                                            const int* __restrict__ top_k, const float* __restrict__ min_p,
                                            const float* __restrict__ top_p, int row, RowFilter& f, void* scratch,
-                                           KeyList* L, double* dscratch, int* s_bin, int* s_first,
-                                           double* s_above) {
+                                           double* dscratch, int* s_bin, int* s_first, double* s_above) {
   const int tid = threadIdx.x, NT = blockDim.x;
   const double M = (double)bv / t;  // the max of x survives every filter
 
@@ -412,6 +429,7 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
   const bool use_topk = k > 0 && k < V;
   unsigned kth_key = 0;
   int* hist = reinterpret_cast<int*>(scratch);
+  KeyList* L = key_list(scratch);
   bool gathered = false;  // top-k's list holds every kept token
   if (use_topk) {
     unsigned prefix = 0;
@@ -464,9 +482,9 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
   // ---- top-p: the cut-off key v = min key with mass(key > v) < top_p, then its ties. Radix
   // select again, over each kept token's weight exp(x - M) in fixed point (fixed_weight, add_mass):
   // the bin where the mass from the top first reaches top_p. Only the first pass weighs every token;
-  // the last one's bins are single keys, so it also counts the cut-off's ties. The second pass also
-  // gathers the keys at or above the first pass's bin: where at most GATHER_CAP are (a peaked row),
-  // the cut-off is found among them (list_cut) and the third pass is not needed.
+  // the last one's bins are single keys, so it also counts the cut-off's ties. With SAMPLE_TOPP_GATHER
+  // the second pass also gathers the keys at or above the first pass's bin: where at most GATHER_CAP
+  // are (a peaked row), the cut-off is found among them (list_cut) and the third pass is not needed.
   unsigned cut_key = 0;
   int n_tie = 0;
   bool tie_cut = false;  // the cut-off keeps only some of its tied tokens: the draw ranks them (TiedRow)
@@ -488,12 +506,12 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
       for (int b = tid; b < nb; b += NT) mass[b] = 0ull;
       if (pass == 2)
         for (int b = tid; b < nb; b += NT) ties[b] = 0;
-      if (pass == 1 && tid == 0) L->n = 0;
+      if (SAMPLE_TOPP_GATHER && pass == 1 && tid == 0) L->n = 0;
       __syncthreads();
       const unsigned low = max(prefix, kth_key);  // pass 1: the kept keys at or above pass 0's bin
       for_each_logit(lg, V, [&](int, float l) {
         const unsigned key = float_key(l);
-        if (pass == 1) list_append(*L, key, key >= low);
+        if (SAMPLE_TOPP_GATHER && pass == 1) list_append(*L, key, key >= low);
         if ((key & mask) == prefix && key >= kth_key) {
           const int b = (key >> shift) & (nb - 1);
           const unsigned long long v = fixed_weight(l, bv, k2, unit);
@@ -502,7 +520,7 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
         }
       });
       __syncthreads();
-      if (pass == 1) {
+      if (SAMPLE_TOPP_GATHER && pass == 1) {
         const int n = L->n;  // every thread the same (the barrier above)
         if (n <= GATHER_CAP) {  // the list holds every kept key at or above the cut-off's bin
           const unsigned long long tot = list_weigh(*L, n, kth_key, bv, k2, unit, dscratch);
@@ -916,7 +934,6 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
   __shared__ int s_bin, s_first;
   __shared__ double s_tile[SAMPLE_MAX_TILES];
   __shared__ double s_warp[SAMPLE_WARPS];
-  __shared__ KeyList s_list;
   minillm::pdl_entry();
   const int row = blockIdx.x;
   if (row >= n_rows) return;
@@ -937,8 +954,7 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
     return;
   }
   RowFilter f;
-  filter_row(lg, V, bv, (double)temp, top_k, min_p, top_p, row, f, s_tile, &s_list, dscratch, &s_bin, &s_first,
-             &s_above);
+  filter_row(lg, V, bv, (double)temp, top_k, min_p, top_p, row, f, s_tile, dscratch, &s_bin, &s_first, &s_above);
   const u64 seed = seed_bytes == 8 ? reinterpret_cast<const u64*>(seeds)[row]
                                    : (u64)(i64)reinterpret_cast<const int*>(seeds)[row];
   const i64 pos = positions[row];
@@ -1042,7 +1058,6 @@ verify_drawn_drafts(const float* __restrict__ logits, i64 stride, int V, const f
   // the radix histograms; then [0, DRAW_MAX_TILES) each tile's residual mass and, as ints from
   // DRAW_MAX_TILES doubles on, each tile's ties before it within its warp (p's, then q's)
   __shared__ double s_tile[SAMPLE_MAX_TILES];
-  __shared__ KeyList s_list;
   __shared__ double s_wd[2];  // d's weights in p and q
   __shared__ double s_wmass[SAMPLE_WARPS];
   minillm::pdl_entry();
@@ -1082,8 +1097,8 @@ verify_drawn_drafts(const float* __restrict__ logits, i64 stride, int V, const f
   // ---- the filters (none, the radix selects, or min-p's floor), as sample_tokens filters its rows
   const bool filtered = top_k[row] > 0 || (min_p && min_p[row] > 0.f) || top_p[row] < 1.f;  // uniform
   if (filtered) {
-    filter_row(lp, V, bp, t, top_k, min_p, top_p, row, P.f, s_tile, &s_list, dscratch, &s_bin, &s_first, &s_above);
-    filter_row(lq, QV, bq, t, top_k, min_p, top_p, row, Q.f, s_tile, &s_list, dscratch, &s_bin, &s_first, &s_above);
+    filter_row(lp, V, bp, t, top_k, min_p, top_p, row, P.f, s_tile, dscratch, &s_bin, &s_first, &s_above);
+    filter_row(lq, QV, bq, t, top_k, min_p, top_p, row, Q.f, s_tile, dscratch, &s_bin, &s_first, &s_above);
     P.floor = P.f.use_floor ? floor_logit(P.f.kth_key) : ninf;
     Q.floor = Q.f.use_floor ? floor_logit(Q.f.kth_key) : ninf;
   } else {

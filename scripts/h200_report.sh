@@ -6385,24 +6385,30 @@ part340() {  # session 63 (carry .whl and .snap0 = git archive 0ba513b): the sam
   pack
 }
 
-part341() {  # session 63 (carry .whl and .snap0 = git archive a74af52): top-p without top-k gathering in its second
-  # pass (the keys at or above its first bin; where at most 1,024, the cut-off found among them, no third pass):
-  # the sampler's and drawn drafts' tests, memcheck and racecheck of both kernels', the sampler bench .snap0 /
-  # new on N(0, 9) logits and on peaked ones (--logit-scale 5), alternated twice (~4 minutes)
+part341() {  # session 63, not run (carry .whl): SAMPLE_TOPP_GATHER=1 (top-p without top-k gathering the keys at or
+  # above its first bin in its second pass; where at most 1,024, the cut-off found among them, no third pass):
+  # the sampler's and drawn drafts' tests without and with it, memcheck and racecheck of both kernels' op tests
+  # with it, the sampler bench without / with it on N(0, 9) logits and on peaked ones (--logit-scale 5: top-p
+  # 0.9 keeps ~5-70 tokens), alternated twice (~4 minutes). Make it the default only if it passes and is faster
   setup
   facts > "$W/facts.txt" 2>&1
-  cp scripts/sampler_bench.py .snap0/scripts/  # its --logit-scale; the kernels stay .snap0's
-  stage drawn_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
-    tests/test_dflash_graphs.py -k "sampler or drawn"
-  tail -n 3 "$W/drawn_tests.log"
-  sampler_sanitizers
-  drawn_sanitizers
-  local i
+  local K="sampler or drawn" D=SAMPLE_TOPP_GATHER=1
+  stage sampler_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_dflash_graphs.py -k "$K"
+  tail -n 3 "$W/sampler_tests.log"
+  stage topp_gather_tests 240 env MINILLM_CUDA_DEFINES=$D python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs \
+    tests/test_cuda_ops.py tests/test_dflash_graphs.py -k "$K"
+  tail -n 3 "$W/topp_gather_tests.log"
+  MINILLM_CUDA_DEFINES=$D mem_and_race topp "sampler and bfloat16 and not drawn" "verifies_drafts_like and bfloat16 and 1000"
+  MINILLM_CUDA_DEFINES=$D mem_and_race topp_drawn "drawn_drafts and bfloat16" "drawn_drafts_like and bfloat16 and 1000"
+  local i s
   for i in 1 2; do
-    sampler_bench_in .snap0 "sb_old_$i"
-    sampler_bench_in . "sb_new_$i"
-    sampler_bench_in .snap0 "sb_old_peaked_$i" --logit-scale 5
-    sampler_bench_in . "sb_new_peaked_$i" --logit-scale 5
+    for s in 3 5; do
+      stage "sb_plain_s${s}_$i" 100 python3 scripts/sampler_bench.py --batches 1,8,64,128 --logit-scale $s \
+        --json "$W/sb_plain_s${s}_$i.json"
+      stage "sb_topp_s${s}_$i" 100 env MINILLM_CUDA_DEFINES=$D python3 scripts/sampler_bench.py --batches 1,8,64,128 \
+        --logit-scale $s --json "$W/sb_topp_s${s}_$i.json"
+    done
   done
   pack
 }
