@@ -6315,6 +6315,19 @@ part337() {  # session 62, for the next session after part336 (carry .whl and .s
   pack
 }
 
+sampler_op_tests() {  # sampler_op_tests NAME [VAR=VALUE]: the sampler's and drawn drafts' GPU tests (as stage NAME)
+  stage "$1" 240 env ${2:-} python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_dflash_graphs.py -k "sampler or drawn"
+  tail -n 3 "$W/$1.log"
+}
+
+sampler_ab_bf16() {  # sampler_ab_bf16 I: the sampler bench .snap0 / this tree on N(0, 9) logits, then rounded to bf16
+  sampler_bench_in .snap0 "sb_old_$1"
+  sampler_bench_in . "sb_new_$1"
+  sampler_bench_in .snap0 "sb_old_bf16_$1" --bf16-logits
+  sampler_bench_in . "sb_new_bf16_$1" --bf16-logits
+}
+
 part338() {  # session 63 (carry .whl and .snap0 = git archive 0ba513b): the gathered list by default (part337),
   # and top-p cut-offs that keep some of a run of tied logits drawn by the tiled draw (a pass ranks the ties
   # a tile; the serial float64 draw is gone): the sampler's and drawn drafts' tests (integer ties with drafts
@@ -6323,15 +6336,10 @@ part338() {  # session 63 (carry .whl and .snap0 = git archive 0ba513b): the gat
   setup
   facts > "$W/facts.txt" 2>&1
   cp scripts/sampler_bench.py .snap0/scripts/  # its --bf16-logits; the kernels stay .snap0's
-  stage drawn_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
-    tests/test_dflash_graphs.py -k "sampler or drawn"
-  tail -n 3 "$W/drawn_tests.log"
+  sampler_op_tests drawn_tests
   local i
   for i in 1 2; do
-    sampler_bench_in .snap0 "sb_old_$i"
-    sampler_bench_in . "sb_new_$i"
-    sampler_bench_in .snap0 "sb_old_bf16_$i" --bf16-logits
-    sampler_bench_in . "sb_new_bf16_$i" --bf16-logits
+    sampler_ab_bf16 "$i"
     if [ "$i" = 1 ]; then
       sampler_sanitizers
       drawn_sanitizers
@@ -6350,17 +6358,10 @@ part339() {  # session 63 (carry .whl and .snap0 = git archive 0ba513b): part338
   setup
   facts > "$W/facts.txt" 2>&1
   cp scripts/sampler_bench.py .snap0/scripts/
-  stage drawn_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
-    tests/test_dflash_graphs.py -k "sampler or drawn"
-  tail -n 3 "$W/drawn_tests.log"
+  sampler_op_tests drawn_tests
   sampler_sanitizers
-  local i
-  for i in 1 2; do
-    sampler_bench_in .snap0 "sb_old_$i"
-    sampler_bench_in . "sb_new_$i"
-    sampler_bench_in .snap0 "sb_old_bf16_$i" --bf16-logits
-    sampler_bench_in . "sb_new_bf16_$i" --bf16-logits
-  done
+  sampler_ab_bf16 1
+  sampler_ab_bf16 2
   pack
 }
 
@@ -6392,13 +6393,9 @@ part341() {  # session 63, not run (carry .whl): SAMPLE_TOPP_GATHER=1 (top-p wit
   # 0.9 keeps ~5-70 tokens), alternated twice (~4 minutes). Make it the default only if it passes and is faster
   setup
   facts > "$W/facts.txt" 2>&1
-  local K="sampler or drawn" D=SAMPLE_TOPP_GATHER=1
-  stage sampler_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
-    tests/test_dflash_graphs.py -k "$K"
-  tail -n 3 "$W/sampler_tests.log"
-  stage topp_gather_tests 240 env MINILLM_CUDA_DEFINES=$D python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs \
-    tests/test_cuda_ops.py tests/test_dflash_graphs.py -k "$K"
-  tail -n 3 "$W/topp_gather_tests.log"
+  local D=SAMPLE_TOPP_GATHER=1
+  sampler_op_tests sampler_tests
+  sampler_op_tests topp_gather_tests MINILLM_CUDA_DEFINES=$D
   MINILLM_CUDA_DEFINES=$D mem_and_race topp "sampler and bfloat16 and not drawn" "verifies_drafts_like and bfloat16 and 1000"
   MINILLM_CUDA_DEFINES=$D mem_and_race topp_drawn "drawn_drafts and bfloat16" "drawn_drafts_like and bfloat16 and 1000"
   local i s

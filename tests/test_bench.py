@@ -1003,6 +1003,7 @@ SMALL_SPEC_COST = ["--input-len", "8", "--output-len", "4", "--concurrency", "1"
     ("hf-batch", ["--timeout", "-1"], "--timeout"), ("hf-batch", ["--temperature", "nan"], "--temperature"),
     ("throughput", ["--top-p", "0"], "--top-p"), ("throughput", ["--top-p", "nan"], "--top-p"),
     ("throughput", ["--top-p", "1.5"], "--top-p"), ("throughput", ["--top-k", "-2"], "--top-k"),
+    ("throughput", ["--top-k", str(2**31)], "--top-k"),
     ("spec-cost", ["--k", "0"], "--k"), ("spec-cost", ["--temperature", "-1"], "--temperature"),
     ("spec-cost", ["--temperature", "nan"], "--temperature"), ("spec-cost", ["--input-len", "0"], "--input-len"),
     ("spec-cost", ["--output-len", "1"], "--output-len"), ("spec-cost", ["--concurrency", "0"], "--concurrency"),

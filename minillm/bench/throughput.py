@@ -87,7 +87,7 @@ def run(ns: argparse.Namespace) -> dict:
     need(math.isfinite(ns.temperature) and ns.temperature >= 0,
          f"--temperature must be a finite number >= 0, got {ns.temperature}")
     need(math.isfinite(ns.top_p) and 0 < ns.top_p <= 1, f"--top-p must be in (0, 1], got {ns.top_p}")
-    need(ns.top_k >= -1, f"--top-k must be -1, 0 (off) or a positive integer, got {ns.top_k}")
+    need(-1 <= ns.top_k < 2**31, f"--top-k must be -1, 0 (off) or a positive integer below 2**31, got {ns.top_k}")
     check_output_path(ns.result_json, "--result-json")
     check_output_path(ns.profile_json, "--profile-json")
     # the result was written over the profile, after "wrote" had been printed for it
