@@ -6272,7 +6272,7 @@ part335() {  # session 62 (carry .whl and .snap0 = git archive 1ec4c49): top-p's
   pack
 }
 
-part336() {  # session 62, not run: the first call of the next session (carry .whl and .snap0 = git archive
+part336() {  # session 62, ran in session 63 on 0ba513b, all passed (carry .whl and .snap0 = git archive
   # 1ec4c49): top-p's passes with two 32-bit shared atomics a token and float32 weights, the tie count in the
   # last pass with a barrier after it (part335's winners, now the only code): the sampler's and drawn drafts' GPU tests, the sampler bench .snap0 / new, memcheck and
   # racecheck of both sampling kernels' op tests, every GPU test, the bench again (~7 minutes; the most
@@ -6293,9 +6293,9 @@ part336() {  # session 62, not run: the first call of the next session (carry .w
   pack
 }
 
-part337() {  # session 62, for the next session after part336 (carry .whl and .snap0 = git archive of the tree
-  # part336 ran): SAMPLE_GATHER=1 (top-k's first pass leaving <= 1,024 tokens at or above its bin: those
-  # gathered into shared memory, top-k and then top-p resolved there; never run): the sampler's and drawn
+part337() {  # session 62, ran in session 63 on 0ba513b (carry .whl): SAMPLE_GATHER=1, since made the default and
+  # the switch removed, so this part now measures nothing new (top-k's first pass leaving <= 1,024 tokens at or above
+  # its bin: those gathered into shared memory, top-k and then top-p resolved there): the sampler's and drawn
   # drafts' tests with it (V = 1000 integer ties and the 151,936-id normal / peaked rows take the list; flat
   # ones the radix passes), memcheck and racecheck of top-k rows with it, the sampler bench without and with
   # it, alternated twice (~5 minutes)
