@@ -40,6 +40,50 @@ def test_probs_filters(logits, top_k, top_p, temperature, min_p):
         assert full[kept].min() >= full[np.setdiff1d(np.nonzero(full)[0], kept)].max() - 1e-12
 
 
+def full_sort_top_p(p: np.ndarray, top_p: float) -> np.ndarray:
+    """top_p_set's definition, by sorting the whole row: the ids with mass it keeps, as a mask."""
+    order = np.argsort(-p, kind="stable")
+    cum = np.cumsum(p[order])
+    mask = np.zeros(p.shape, bool)
+    mask[order[cum - p[order] < top_p]] = True
+    return mask & (p > 0)
+
+
+@pytest.mark.parametrize("kind", ["normal", "peaked", "flat", "integer-ties", "bf16"])
+def test_top_p_set_keeps_what_sorting_the_whole_row_keeps(kind):
+    """The NumPy sampler's top-p sorts only candidates (the m largest p, m growing) where their mass is
+    enough: the same ids, and the same probabilities bit for bit, as sorting every id, for rows that
+    take each path (a small kept set, a large one, a flat row that sorts everything, runs of ties, zeros
+    left by top-k and min-p) and top_p from 0.05 to just under 1."""
+    import ml_dtypes
+
+    from minillm.engine.sampler import top_p_set
+
+    rng = np.random.default_rng(len(kind))
+    paths = set()
+    for V in (3000, 49152):
+        for _ in range(3):
+            if kind == "integer-ties":
+                logits = rng.integers(-6, 6, V).astype(np.float32)
+            else:
+                scale = {"normal": 3.0, "peaked": 8.0, "flat": 0.05, "bf16": 3.0}[kind]
+                logits = (scale * rng.standard_normal(V)).astype(np.float32)
+                if kind == "bf16":  # runs of equal logits around most cut-offs
+                    logits = logits.astype(ml_dtypes.bfloat16).astype(np.float32)
+            for temperature, top_k, min_p in ((0.7, -1, 0.0), (1.5, -1, 0.0), (0.6, 20, 0.0), (1.0, -1, 0.02)):
+                full = probs_from_logits(logits, temperature, 1.0, top_k, min_p)
+                for top_p in (0.05, 0.5, 0.9, 0.95, 0.999, 1 - 1e-13):
+                    want = full_sort_top_p(full, top_p)
+                    got = np.zeros(V, bool)
+                    got[top_p_set(full, top_p)] = True
+                    assert np.array_equal(got & (full > 0), want), (V, temperature, top_k, min_p, top_p)
+                    ref = np.where(want, full, 0.0)
+                    assert np.array_equal(probs_from_logits(logits, temperature, top_p, top_k, min_p),
+                                          ref / ref.sum())
+                    paths.add(want.sum() <= 256)
+    assert paths == {True, False} or kind in ("flat", "peaked"), "both small and large kept sets were tried"
+
+
 def test_min_p_keeps_tokens_within_min_p_of_the_top():
     """vLLM's min_p by hand: p >= min_p * p_max after temperature, renormalised."""
     x = np.array([2.0, 4.0, 3.0, 1.5, 0.0, -1.0], np.float32)  # p / p_max = e^(x - 4) at T = 1
@@ -485,3 +529,21 @@ def test_truncate_prompt_tokens(llm):
     for bad in (0, -2, 1.5, True, "4", [4]):
         with pytest.raises(ValueError, match="truncate_prompt_tokens must be None, an integer >= 1"):
             SamplingParams(truncate_prompt_tokens=bad)
+
+
+def test_cpu_sampler_bench_times_each_tree_and_refuses_a_wrong_one(tmp_path):
+    """scripts/cpu_sampler_bench.py: a row per vocabulary and mode with a time per tree; a folder
+    without minillm/engine/sampler.py is named and refused before anything runs."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    script = [sys.executable, str(root / "scripts" / "cpu_sampler_bench.py")]
+    r = subprocess.run([*script, str(root), str(root), "--vocab", "3000", "--repeats", "1"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = [line for line in r.stdout.splitlines() if line.startswith("V=   3000")]
+    assert len(rows) == 6 and all(len(line.split("ms a row")[0].split()) >= 4 for line in rows)
+    r = subprocess.run([*script, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and f"{tmp_path} holds no minillm/engine/sampler.py" in r.stderr

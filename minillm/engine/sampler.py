@@ -57,15 +57,48 @@ def probs_from_logits(logits: np.ndarray, temperature: float, top_p: float, top_
     p = np.exp(x)
     p /= p.sum()
     if top_p < 1.0:
-        order = np.argsort(-p, kind="stable")
-        cum = np.cumsum(p[order])
-        # keep the smallest prefix whose mass reaches top_p (the token crossing it included)
-        keep = cum - p[order] < top_p
         mask = np.zeros(vocab, dtype=bool)
-        mask[order[keep]] = True
+        mask[top_p_set(p, top_p)] = True
         p = np.where(mask, p, 0.0)
         p /= p.sum()
     return p
+
+
+def top_p_set(p: np.ndarray, top_p: float) -> np.ndarray:
+    """The ids in the smallest prefix of the order (p descending, id ascending) whose mass reaches
+    top_p, the token crossing it included: those i of order = argsort(-p, stable) with
+    cumsum(p[order])[i] - p[order][i] < top_p. Ids with p = 0 (top-k's, min-p's) may be left out:
+    they weigh nothing, kept or not.
+
+    A full sort took 7.7 ms a 49,152-id row (SmolLM2's; +22% on a batch of 8's CPU step). This sorts only
+    the m largest p and their ties (np.partition), m = 256 (more where the largest p is small), then 16x
+    as many, until a candidate set's mass reaches top_p + 1e-12. Those candidates are the order's first
+    entries, so their cumulative sums are the same bits as the full sort's; past them every token's
+    cum - p is at least the last candidate's cum less a rounding (~2e-16), so none is kept. A row that
+    needs a quarter of its ids or more (a flat one) takes the full sort.
+    """
+    vocab = p.shape[0]
+    nonzero = np.count_nonzero(p)
+    m = max(256, int(2 * top_p / p.max()))  # m ids weigh at most m * max p
+    while 4 * m < vocab:
+        if nonzero <= m:  # every id with mass: zeros come last in the order
+            sel = np.flatnonzero(p)
+        else:
+            sel = np.flatnonzero(p >= np.partition(p, vocab - m)[vocab - m])  # the m-th largest and up
+        w = p[sel]  # in id order, so the stable sort keeps ties in it
+        if w.sum() >= top_p + 1e-9:  # (pairwise) then the exact check below passes: sort
+            order = np.argsort(-w, kind="stable")
+            w = w[order]
+            cum = np.cumsum(w)
+            if cum[-1] >= top_p + 1e-12:
+                return sel[order][cum - w < top_p]
+        if nonzero <= m:
+            break
+        m *= 16
+    order = np.argsort(-p, kind="stable")
+    w = p[order]
+    cum = np.cumsum(w)
+    return order[cum - w < top_p]
 
 
 def sample_from_probs(p: np.ndarray, u: float) -> int:
