@@ -79,7 +79,8 @@ def top_p_set(p: np.ndarray, top_p: float) -> np.ndarray:
     """
     vocab = p.shape[0]
     nonzero = np.count_nonzero(p)
-    m = max(256, int(2 * top_p / p.max()))  # m ids weigh at most m * max p
+    top = p.max()  # m ids weigh at most m * top; none that would do (NaN logits, a tiny top): the full sort
+    m = max(256, int(2 * top_p / top)) if 2 * top_p < vocab * top else vocab
     while 4 * m < vocab:
         if nonzero <= m:  # every id with mass: zeros come last in the order
             sel = np.flatnonzero(p)
