@@ -256,8 +256,9 @@ __device__ __forceinline__ void add_mass(unsigned long long* bin, unsigned long 
 // crossing bin, those keys are gathered into shared memory in one pass, and top-k's k-th key and then
 // top-p's cut-off are found among them there, instead of by two more passes over the row for top-k
 // and three for top-p. Top-k 50 101 -> 77 us at one row, top-k 50 + top-p 0.9 182 -> 82 (324 -> 152 at
-// 128 rows; H100, part337, against the passes alone). Every result is the radix passes': counts are exact, masses are exact 64-bit sums of
-// the same fixed-point weights, and the list's order (atomic slots) decides nothing.
+// 128 rows; H100, part337, against the passes alone). Every result is the radix passes': counts are
+// exact, masses are exact 64-bit sums of the same fixed-point weights, and the list's order (atomic
+// slots) decides nothing.
 #define GATHER_CAP 1024
 
 // SAMPLE_TOPP_GATHER (off; prepared in session 63, never run on a GPU): top-p without top-k gathers the
@@ -968,10 +969,9 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
   }
   // top-p's cut-off keeps the first n_tie of its tied tokens in index order: a pass ranks them a tile.
   // Out of line (__noinline__) sample_tokens compiled without spills (12 bytes stored, 76 loaded here),
-  // but top-p rows ran 3-4% slower and temperature rows at most 2% faster (part339): inline.
+  // but top-p rows ran 3-5% slower and temperature rows at most 2% faster (part339): inline.
   int* s_rank = reinterpret_cast<int*>(s_tile + DRAW_MAX_TILES);
-  TiedRow src{{lg, V, aligned16(lg), f, k2, bv, f.use_floor ? floor_logit(f.kth_key) : minillm::neg_inf()},
-              0, s_rank, -1};
+  TiedRow src{{lg, V, aligned16(lg), f, k2, bv, floor_logit(f.kth_key)}, 0, s_rank, -1};
   int base[2];
   tie_ranks(src, wt, s_rank, iscratch, base);
   src.r0 = base[0];
