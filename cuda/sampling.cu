@@ -302,15 +302,36 @@ __device__ __forceinline__ KeyList* key_list(void* scratch) {
 }
 
 // Appends key to L where want, one atomic a warp; the count goes on past GATHER_CAP (the caller then
-// drops the list). Every active lane calls it.
-__device__ __forceinline__ void list_append(KeyList& L, unsigned key, bool want) {
-  const unsigned m = __ballot_sync(__activemask(), want);
-  if (!want) return;
+// drops the list). Every active lane calls it. A warp that has seen the list overflow sets full and
+// appends no more (n stays past GATHER_CAP): a flat row costs at most ~GATHER_CAP appends, not one a
+// kept key.
+__device__ __forceinline__ void list_append(KeyList& L, unsigned key, bool want, bool& full) {
+  if (full) return;
+  const unsigned act = __activemask(), m = __ballot_sync(act, want);
+  if (!m) return;
   const int lane = threadIdx.x & 31, leader = __ffs(m) - 1;
   int base = 0;
   if (lane == leader) base = atomicAdd(&L.n, __popc(m));
-  const int slot = __shfl_sync(m, base, leader) + __popc(m & ((1u << lane) - 1u));
-  if (slot < GATHER_CAP) L.key[slot] = key;
+  base = __shfl_sync(act, base, leader);
+  full = base + __popc(m) > GATHER_CAP;
+  const int slot = base + __popc(m & ((1u << lane) - 1u));
+  if (want && slot < GATHER_CAP) L.key[slot] = key;
+}
+
+// Whether top-p's gather can fit: a lower bound on the kept tokens at or above pass 0's crossing bin,
+// each bin's mass over the weight of its largest key (no token in it weighs more), against
+// GATHER_CAP. A flat row (N(0, 9) logits: ~7,000 such keys) then skips the gather, which overflowing
+// cost 33-68% (part341). A heuristic only: a list that overflows anyway is dropped.
+__device__ bool gather_may_fit(const unsigned long long* mass, int nb, int bin, int shift, float bv, float k2,
+                               float unit, double* dscratch) {
+  double own = 0.0;
+  for (int b = bin + (int)threadIdx.x; b < nb; b += blockDim.x) {
+    if (!mass[b]) continue;
+    const unsigned top = ((unsigned)b << shift) | ((1u << shift) - 1u);
+    const unsigned long long w = fixed_weight(key_float(top), bv, k2, unit);
+    if (w) own += floor((double)mass[b] / (double)w);
+  }
+  return minillm::block_sum(own, dscratch) <= (double)GATHER_CAP;
 }
 
 // Item i against the list's other keys >= floor: the weight of the greater ones and of its ties
@@ -496,6 +517,7 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
     unsigned prefix = 0;
     double need = 0.0, above = 0.0, total = 0.0;
     int cnt = 0;
+    bool gather = false, full = false;  // SAMPLE_TOPP_GATHER: pass 1 gathers; this warp saw the list overflow
     if (gathered) {  // the list holds every kept token
       const unsigned long long tot = list_weigh(*L, L->n, kth_key, bv, k2, unit, dscratch);
       total = (double)tot;
@@ -507,12 +529,12 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
       for (int b = tid; b < nb; b += NT) mass[b] = 0ull;
       if (pass == 2)
         for (int b = tid; b < nb; b += NT) ties[b] = 0;
-      if (SAMPLE_TOPP_GATHER && pass == 1 && tid == 0) L->n = 0;
+      if (SAMPLE_TOPP_GATHER && gather && pass == 1 && tid == 0) L->n = 0;
       __syncthreads();
       const unsigned low = max(prefix, kth_key);  // pass 1: the kept keys at or above pass 0's bin
       for_each_logit(lg, V, [&](int, float l) {
         const unsigned key = float_key(l);
-        if (SAMPLE_TOPP_GATHER && pass == 1) list_append(*L, key, key >= low);
+        if (SAMPLE_TOPP_GATHER && gather && pass == 1) list_append(*L, key, key >= low, full);
         if ((key & mask) == prefix && key >= kth_key) {
           const int b = (key >> shift) & (nb - 1);
           const unsigned long long v = fixed_weight(l, bv, k2, unit);
@@ -521,7 +543,7 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
         }
       });
       __syncthreads();
-      if (SAMPLE_TOPP_GATHER && pass == 1) {
+      if (SAMPLE_TOPP_GATHER && gather && pass == 1) {
         const int n = L->n;  // every thread the same (the barrier above)
         if (n <= GATHER_CAP) {  // the list holds every kept key at or above the cut-off's bin
           const unsigned long long tot = list_weigh(*L, n, kth_key, bv, k2, unit, dscratch);
@@ -540,6 +562,7 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
       radix_crossing(nb, mass, need - above, dscratch, s_bin, s_first, s_above, bin, a);
       prefix |= (unsigned)bin << shift;
       above += a;  // mass of the keys above the prefix found so far
+      if (SAMPLE_TOPP_GATHER && pass == 0) gather = gather_may_fit(mass, nb, bin, shift, bv, k2, unit, dscratch);
       if (pass == 2) cnt = ties[bin];  // the tokens whose key is the cut-off (radix_crossing synced)
     }
     __syncthreads();  // ties[bin] read by all before the scratch is reused (verify_drawn_drafts filters two rows)

@@ -6386,7 +6386,7 @@ part340() {  # session 63 (carry .whl and .snap0 = git archive 0ba513b): the sam
   pack
 }
 
-part341() {  # session 63, not run (carry .whl): SAMPLE_TOPP_GATHER=1 (top-p without top-k gathering the keys at or
+part341() {  # session 63, run in session 64 on H100 (carry .whl): SAMPLE_TOPP_GATHER=1 (top-p without top-k gathering the keys at or
   # above its first bin in its second pass; where at most 1,024, the cut-off found among them, no third pass):
   # the sampler's and drawn drafts' tests without and with it, memcheck and racecheck of both kernels' op tests
   # with it, the sampler bench without / with it on N(0, 9) logits and on peaked ones (--logit-scale 5: top-p
@@ -6401,6 +6401,29 @@ part341() {  # session 63, not run (carry .whl): SAMPLE_TOPP_GATHER=1 (top-p wit
   local i s
   for i in 1 2; do
     for s in 3 5; do
+      stage "sb_plain_s${s}_$i" 100 python3 scripts/sampler_bench.py --batches 1,8,64,128 --logit-scale $s \
+        --json "$W/sb_plain_s${s}_$i.json"
+      stage "sb_topp_s${s}_$i" 100 env MINILLM_CUDA_DEFINES=$D python3 scripts/sampler_bench.py --batches 1,8,64,128 \
+        --logit-scale $s --json "$W/sb_topp_s${s}_$i.json"
+    done
+  done
+  pack
+}
+
+part342() {  # session 64 (carry .whl): SAMPLE_TOPP_GATHER=1 after part341 (which cost 33-68% on N(0, 9) rows, whose
+  # ~7,000 keys at or above the first bin overflow the list): a lower bound on those keys skips the gather
+  # (gather_may_fit), and a warp stops appending once it sees the list full. The sampler's and drawn drafts'
+  # tests with it, memcheck and racecheck of both kernels with it, the bench without / with it at logit
+  # scales 3, 3.5 (2,500-3,500 such keys), 4 (~900) and 5 (~100), alternated twice (~3 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  local D=SAMPLE_TOPP_GATHER=1
+  sampler_op_tests topp_gather_tests MINILLM_CUDA_DEFINES=$D
+  MINILLM_CUDA_DEFINES=$D mem_and_race topp "sampler and bfloat16 and not drawn" "verifies_drafts_like and bfloat16 and 1000"
+  MINILLM_CUDA_DEFINES=$D mem_and_race topp_drawn "drawn_drafts and bfloat16" "drawn_drafts_like and bfloat16 and 1000"
+  local i s
+  for i in 1 2; do
+    for s in 3 3.5 4 5; do
       stage "sb_plain_s${s}_$i" 100 python3 scripts/sampler_bench.py --batches 1,8,64,128 --logit-scale $s \
         --json "$W/sb_plain_s${s}_$i.json"
       stage "sb_topp_s${s}_$i" 100 env MINILLM_CUDA_DEFINES=$D python3 scripts/sampler_bench.py --batches 1,8,64,128 \
