@@ -261,9 +261,11 @@ __device__ __forceinline__ void add_mass(unsigned long long* bin, unsigned long 
 // slots) decides nothing.
 #define GATHER_CAP 1024
 
-// SAMPLE_TOPP_GATHER (off; prepared in session 63, never run on a GPU): top-p without top-k gathers the
-// keys at or above its first pass's bin during its second pass, and where at most GATHER_CAP are (a
-// peaked row: top-p 0.9 keeping tens of tokens) finds the cut-off among them, skipping the third pass.
+// SAMPLE_TOPP_GATHER (off): top-p without top-k, where its first pass's masses bound the keys at or above
+// its crossing bin to at most GATHER_CAP (gather_may_fit; a peaked row: top-p 0.9 keeping tens of
+// tokens), gathers them in one more pass and finds the cut-off among them, instead of two more passes.
+// Gathering them inside the second pass instead (a ballot and a warp's atomic a key) cost 33-76% on flat
+// rows even where it was skipped (part341, part342).
 #ifndef SAMPLE_TOPP_GATHER
 #define SAMPLE_TOPP_GATHER 0
 #endif
@@ -278,50 +280,32 @@ struct KeyList {  // key_list(): where it lives
   unsigned long long above, low_above;
 };
 
-// Every token whose key is >= low, into L (the caller knows there are at most GATHER_CAP).
+// Every token whose key is >= low, into L; past GATHER_CAP the count goes on and the keys are dropped
+// (top-k's caller knows there are at most GATHER_CAP; top-p's then drops the list).
 __device__ __forceinline__ void gather_keys(const float* __restrict__ lg, int V, unsigned low, KeyList& L) {
   if (threadIdx.x == 0) L.n = 0;
   __syncthreads();
   for_each_logit(lg, V, [&](int, float l) {
     const unsigned key = float_key(l);
-    if (key >= low) L.key[atomicAdd(&L.n, 1)] = key;
+    if (key >= low) {
+      const int slot = atomicAdd(&L.n, 1);
+      if (slot < GATHER_CAP) L.key[slot] = key;
+    }
   });
   __syncthreads();
 }
 
-// The list's shared memory: past top-k's first-pass counts (4096 ints) in the radix scratch, or, with
-// SAMPLE_TOPP_GATHER, 12 KB of its own (45.8 KB a CTA), as top-p's second pass fills it beside its histogram.
+// The list's shared memory: past the first 4096 ints of the radix scratch (top-k's first-pass counts).
+// Top-p's gather overlays its first pass's masses, which are dead by then (gather_may_fit read them).
 __device__ __forceinline__ KeyList* key_list(void* scratch) {
-#if SAMPLE_TOPP_GATHER
-  __shared__ KeyList list;
-  return &list;
-#else
   static_assert(4096 * sizeof(int) + sizeof(KeyList) <= SAMPLE_MAX_TILES * sizeof(double), "the list fits the scratch");
   return reinterpret_cast<KeyList*>(reinterpret_cast<int*>(scratch) + 4096);
-#endif
-}
-
-// Appends key to L where want, one atomic a warp; the count goes on past GATHER_CAP (the caller then
-// drops the list). Every active lane calls it. A warp that has seen the list overflow sets full and
-// appends no more (n stays past GATHER_CAP): a flat row costs at most ~GATHER_CAP appends, not one a
-// kept key.
-__device__ __forceinline__ void list_append(KeyList& L, unsigned key, bool want, bool& full) {
-  if (full) return;
-  const unsigned act = __activemask(), m = __ballot_sync(act, want);
-  if (!m) return;
-  const int lane = threadIdx.x & 31, leader = __ffs(m) - 1;
-  int base = 0;
-  if (lane == leader) base = atomicAdd(&L.n, __popc(m));
-  base = __shfl_sync(act, base, leader);
-  full = base + __popc(m) > GATHER_CAP;
-  const int slot = base + __popc(m & ((1u << lane) - 1u));
-  if (want && slot < GATHER_CAP) L.key[slot] = key;
 }
 
 // Whether top-p's gather can fit: a lower bound on the kept tokens at or above pass 0's crossing bin,
 // each bin's mass over the weight of its largest key (no token in it weighs more), against
 // GATHER_CAP. A flat row (N(0, 9) logits: ~7,000 such keys) then skips the gather, which overflowing
-// cost 33-68% (part341). A heuristic only: a list that overflows anyway is dropped.
+// cost 33-68% (part341). A heuristic only: a list that overflows anyway is dropped (one pass lost).
 __device__ bool gather_may_fit(const unsigned long long* mass, int nb, int bin, int shift, float bv, float k2,
                                float unit, double* dscratch) {
   double own = 0.0;
@@ -505,8 +489,8 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
   // select again, over each kept token's weight exp(x - M) in fixed point (fixed_weight, add_mass):
   // the bin where the mass from the top first reaches top_p. Only the first pass weighs every token;
   // the last one's bins are single keys, so it also counts the cut-off's ties. With SAMPLE_TOPP_GATHER
-  // the second pass also gathers the keys at or above the first pass's bin: where at most GATHER_CAP
-  // are (a peaked row), the cut-off is found among them (list_cut) and the third pass is not needed.
+  // a row whose first pass leaves few keys at or above its bin gathers them instead (gather_may_fit,
+  // gather_keys), and the cut-off is found among them (list_cut) without the other two passes.
   unsigned cut_key = 0;
   int n_tie = 0;
   bool tie_cut = false;  // the cut-off keeps only some of its tied tokens: the draw ranks them (TiedRow)
@@ -517,7 +501,6 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
     unsigned prefix = 0;
     double need = 0.0, above = 0.0, total = 0.0;
     int cnt = 0;
-    bool gather = false, full = false;  // SAMPLE_TOPP_GATHER: pass 1 gathers; this warp saw the list overflow
     if (gathered) {  // the list holds every kept token
       const unsigned long long tot = list_weigh(*L, L->n, kth_key, bv, k2, unit, dscratch);
       total = (double)tot;
@@ -529,12 +512,9 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
       for (int b = tid; b < nb; b += NT) mass[b] = 0ull;
       if (pass == 2)
         for (int b = tid; b < nb; b += NT) ties[b] = 0;
-      if (SAMPLE_TOPP_GATHER && gather && pass == 1 && tid == 0) L->n = 0;
       __syncthreads();
-      const unsigned low = max(prefix, kth_key);  // pass 1: the kept keys at or above pass 0's bin
       for_each_logit(lg, V, [&](int, float l) {
         const unsigned key = float_key(l);
-        if (SAMPLE_TOPP_GATHER && gather && pass == 1) list_append(*L, key, key >= low, full);
         if ((key & mask) == prefix && key >= kth_key) {
           const int b = (key >> shift) & (nb - 1);
           const unsigned long long v = fixed_weight(l, bv, k2, unit);
@@ -543,14 +523,6 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
         }
       });
       __syncthreads();
-      if (SAMPLE_TOPP_GATHER && gather && pass == 1) {
-        const int n = L->n;  // every thread the same (the barrier above)
-        if (n <= GATHER_CAP) {  // the list holds every kept key at or above the cut-off's bin
-          const unsigned long long tot = list_weigh(*L, n, kth_key, bv, k2, unit, dscratch);
-          list_cut(*L, n, kth_key, need, tot, prefix, above, cnt);
-          break;
-        }
-      }
       if (pass == 0) {  // the kept mass: every bin of the first pass
         double own = 0.0;
         for (int b = tid; b < nb; b += NT) own += (double)mass[b];
@@ -562,7 +534,15 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
       radix_crossing(nb, mass, need - above, dscratch, s_bin, s_first, s_above, bin, a);
       prefix |= (unsigned)bin << shift;
       above += a;  // mass of the keys above the prefix found so far
-      if (SAMPLE_TOPP_GATHER && pass == 0) gather = gather_may_fit(mass, nb, bin, shift, bv, k2, unit, dscratch);
+      if (SAMPLE_TOPP_GATHER && pass == 0 && gather_may_fit(mass, nb, bin, shift, bv, k2, unit, dscratch)) {
+        gather_keys(lg, V, max(prefix, kth_key), *L);  // the kept keys at or above pass 0's bin
+        const int n = L->n;  // every thread the same (gather_keys ends with a barrier)
+        if (n <= GATHER_CAP) {  // the list holds every kept key at or above the cut-off
+          const unsigned long long tot = list_weigh(*L, n, kth_key, bv, k2, unit, dscratch);
+          list_cut(*L, n, kth_key, need, tot, prefix, above, cnt);
+          break;
+        }
+      }
       if (pass == 2) cnt = ties[bin];  // the tokens whose key is the cut-off (radix_crossing synced)
     }
     __syncthreads();  // ties[bin] read by all before the scratch is reused (verify_drawn_drafts filters two rows)

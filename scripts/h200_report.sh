@@ -6410,7 +6410,7 @@ part341() {  # session 63, run in session 64 on H100 (carry .whl): SAMPLE_TOPP_G
   pack
 }
 
-part342() {  # session 64 (carry .whl): SAMPLE_TOPP_GATHER=1 after part341 (which cost 33-68% on N(0, 9) rows, whose
+part342() {  # session 64, run on H100 (carry .whl): SAMPLE_TOPP_GATHER=1 after part341 (which cost 33-68% on N(0, 9) rows, whose
   # ~7,000 keys at or above the first bin overflow the list): a lower bound on those keys skips the gather
   # (gather_may_fit), and a warp stops appending once it sees the list full. The sampler's and drawn drafts'
   # tests with it, memcheck and racecheck of both kernels with it, the bench without / with it at logit
@@ -6420,6 +6420,30 @@ part342() {  # session 64 (carry .whl): SAMPLE_TOPP_GATHER=1 after part341 (whic
   local D=SAMPLE_TOPP_GATHER=1
   sampler_op_tests topp_gather_tests MINILLM_CUDA_DEFINES=$D
   MINILLM_CUDA_DEFINES=$D mem_and_race topp "sampler and bfloat16 and not drawn" "verifies_drafts_like and bfloat16 and 1000"
+  MINILLM_CUDA_DEFINES=$D mem_and_race topp_drawn "drawn_drafts and bfloat16" "drawn_drafts_like and bfloat16 and 1000"
+  local i s
+  for i in 1 2; do
+    for s in 3 3.5 4 5; do
+      stage "sb_plain_s${s}_$i" 100 python3 scripts/sampler_bench.py --batches 1,8,64,128 --logit-scale $s \
+        --json "$W/sb_plain_s${s}_$i.json"
+      stage "sb_topp_s${s}_$i" 100 env MINILLM_CUDA_DEFINES=$D python3 scripts/sampler_bench.py --batches 1,8,64,128 \
+        --logit-scale $s --json "$W/sb_topp_s${s}_$i.json"
+    done
+  done
+  pack
+}
+
+part343() {  # session 64 (carry .whl): SAMPLE_TOPP_GATHER=1 moved out of the second pass (part342: +76% on
+  # flat rows even where gather_may_fit skipped it): a row the bound lets through gathers in a pass of its
+  # own after the first (gather_keys), the list overlaying the dead masses. The sampler's and drawn drafts'
+  # tests without it (gather_keys now drops keys past GATHER_CAP) and with it (a new "cluster" kind tries
+  # the gather and overflows), memcheck and racecheck with it, the bench as part342 (~4 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  local D=SAMPLE_TOPP_GATHER=1
+  sampler_op_tests sampler_tests
+  sampler_op_tests topp_gather_tests MINILLM_CUDA_DEFINES=$D
+  MINILLM_CUDA_DEFINES=$D mem_and_race topp "sampler and bfloat16 and not drawn" "sampler_matches and bfloat16 and cluster and 151936"
   MINILLM_CUDA_DEFINES=$D mem_and_race topp_drawn "drawn_drafts and bfloat16" "drawn_drafts_like and bfloat16 and 1000"
   local i s
   for i in 1 2; do

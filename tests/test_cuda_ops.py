@@ -1624,7 +1624,7 @@ def near_tie(logits, t, tp, k, seed, pos, token, mp=0.0) -> bool:
 
 
 @pytest.mark.parametrize("V", [1000, 1001, 151936])  # 1001: rows not 16-byte aligned (the draw's scalar loads)
-@pytest.mark.parametrize("kind", ["normal", "integer-ties", "peaked", "flat"])
+@pytest.mark.parametrize("kind", ["normal", "integer-ties", "peaked", "flat", "cluster"])
 def test_sampler_matches_numpy(be, V, kind):
     check_sampler_matches_numpy(be, V, kind, 0.0)
 
@@ -1632,7 +1632,7 @@ def test_sampler_matches_numpy(be, V, kind):
 # a test of its own, so the ids that scripts select (-k "sampler_matches and bfloat16-normal-1000") stay one test
 @pytest.mark.parametrize("min_p", [0.05, 0.3])
 @pytest.mark.parametrize("V", [1000, 151936])
-@pytest.mark.parametrize("kind", ["normal", "integer-ties", "peaked", "flat"])
+@pytest.mark.parametrize("kind", ["normal", "integer-ties", "peaked", "flat", "cluster"])
 def test_sampler_min_p_matches_numpy(be, V, kind, min_p):
     check_sampler_matches_numpy(be, V, kind, min_p)
 
@@ -1642,6 +1642,14 @@ def check_sampler_matches_numpy(be, V, kind, min_p):
     B = 24
     if kind == "integer-ties":
         logits = rng.integers(-4, 4, (B, V)).astype(np.float32)
+    elif kind == "cluster":  # a top token at 8.99 and up to 3,000 in [8, 8.5), far above the rest: one
+        # radix bin whose masses bound its tokens far below their count at T 0.3, so the top-p gather
+        # (SAMPLE_TOPP_GATHER) is tried and overflows at V 151,936, and fits at V 1,000
+        logits = (3.0 * rng.standard_normal((B, V)) - 20.0).astype(np.float32)
+        for row in logits:
+            ids = rng.permutation(V)[: min(3001, V // 2)]
+            row[ids[1:]] = rng.uniform(8.0, 8.5, len(ids) - 1)
+            row[ids[0]] = 8.99
     else:  # peaked: top-p cuts after a token or two; flat: deep in the tail
         scale = {"normal": 3.0, "peaked": 25.0, "flat": 0.01}[kind]
         logits = (scale * rng.standard_normal((B, V))).astype(np.float32)
