@@ -264,17 +264,16 @@ __device__ __forceinline__ void add_mass(unsigned long long* bin, unsigned long 
 // SAMPLE_TOPP_GATHER (off): top-p without top-k, where its first pass's masses bound the keys at or above
 // its crossing bin to at most GATHER_CAP (gather_may_fit; a peaked row: top-p 0.9 keeping tens of
 // tokens), gathers them in one more pass and finds the cut-off among them, instead of two more passes.
-// Gathering them inside the second pass instead (a ballot and a warp's atomic a key) cost 33-76% on flat
-// rows even where it was skipped (part341, part342).
+// (part341 and part342 gathered inside the second pass and ranked the list in O(n^2): +76% on rows of
+// ~950 such keys.)
 #ifndef SAMPLE_TOPP_GATHER
 #define SAMPLE_TOPP_GATHER 0
 #endif
 
 struct KeyList {  // key_list(): where it lives
   unsigned key[GATHER_CAP];
-  unsigned long long wt[GATHER_CAP];  // list_weigh's fixed-point weights (0 below its floor)
+  unsigned long long wt[GATHER_CAP];  // list_weigh's prefix sums of fixed-point weights
   int n;
-  unsigned kth;                       // list_kth's answer
   unsigned cut, low;                  // list_cut's answer, and the lowest key with mass (its fallback)
   int ties, low_ties, found;
   unsigned long long above, low_above;
@@ -304,8 +303,8 @@ __device__ __forceinline__ KeyList* key_list(void* scratch) {
 
 // Whether top-p's gather can fit: a lower bound on the kept tokens at or above pass 0's crossing bin,
 // each bin's mass over the weight of its largest key (no token in it weighs more), against
-// GATHER_CAP. A flat row (N(0, 9) logits: ~7,000 such keys) then skips the gather, which overflowing
-// cost 33-68% (part341). A heuristic only: a list that overflows anyway is dropped (one pass lost).
+// GATHER_CAP. A flat row (N(0, 9) logits at T 1: ~7,000 such keys, bound ~5,500) then skips a gather
+// pass that would overflow. A heuristic only: a list that overflows anyway is dropped (one pass lost).
 __device__ bool gather_may_fit(const unsigned long long* mass, int nb, int bin, int shift, float bv, float k2,
                                float unit, double* dscratch) {
   double own = 0.0;
@@ -318,63 +317,75 @@ __device__ bool gather_may_fit(const unsigned long long* mass, int nb, int bin, 
   return minillm::block_sum(own, dscratch) <= (double)GATHER_CAP;
 }
 
-// Item i against the list's other keys >= floor: the weight of the greater ones and of its ties
-// (w(j) each), how many ties it has, and how many of them come earlier in the list.
-template <typename W>
-__device__ __forceinline__ void rank_item(const KeyList& L, int n, int i, unsigned floor, W w,
-                                          unsigned long long& gt, unsigned long long& eq, int& ties,
-                                          int& ties_before) {
-  const unsigned ki = L.key[i];
-  gt = eq = 0;
-  ties = ties_before = 0;
-  for (int j = 0; j < n; ++j) {
-    const unsigned kj = L.key[j];  // every thread reads one address: a broadcast
-    if (kj > ki && kj >= floor) gt += w(j);
-    if (kj == ki) { eq += w(j); ++ties; ties_before += j < i; }
+// Sorts the list's n keys in descending order, in place: a bitonic sort over the next power of two
+// (<= GATHER_CAP), padded with key 0, below every logit's key. ~log2(n)^2 / 2 barriers (55 at 1,024 keys).
+// Ranking each key against all the others instead cost O(n^2) a block: ~100 us at 950 keys (part342).
+__device__ void list_sort(KeyList& L, int n) {
+  int P = 1;
+  while (P < n) P <<= 1;
+  for (int i = n + (int)threadIdx.x; i < P; i += blockDim.x) L.key[i] = 0u;
+  __syncthreads();
+  for (int size = 2; size <= P; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int t = threadIdx.x; t < P / 2; t += blockDim.x) {
+        const int i = 2 * t - (t & (stride - 1)), j = i + stride;  // the pair (i, i + stride)
+        const unsigned a = L.key[i], b = L.key[j];
+        if ((i & size) == 0 ? a < b : a > b) {  // runs alternate; the last (size P) is descending
+          L.key[i] = b;
+          L.key[j] = a;
+        }
+      }
+      __syncthreads();
+    }
   }
 }
 
-// The k-th largest key of the list (k <= n, the list holding every key >= its lowest): the key whose
-// count of greater keys is < k <= that plus its ties; the first of them in list order writes it.
+// The k-th largest key of the list (k <= n, the list holding every key >= its lowest): sorts it.
 __device__ unsigned list_kth(KeyList& L, int n, int k) {
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    unsigned long long gt, eq;
-    int ties, before;
-    rank_item(L, n, i, 0u, [](int) { return 1ull; }, gt, eq, ties, before);
-    if (before == 0 && gt < (unsigned long long)k && (unsigned long long)k <= gt + eq) L.kth = L.key[i];
-  }
-  __syncthreads();
-  const unsigned r = L.kth;
-  __syncthreads();
-  return r;
+  list_sort(L, n);
+  return L.key[k - 1];
 }
 
-// The fixed-point weight of each of the list's keys >= floor (0 below it) into L.wt; returns their sum
-// (every thread, the same).
+// The sorted list's (list_sort) fixed-point weights, those of keys below floor 0, as inclusive prefix
+// sums from the top into L.wt; returns their total (every thread, the same). Each thread sums a
+// contiguous run of items, then the runs' sums are scanned (exact: 64-bit integers).
 __device__ unsigned long long list_weigh(KeyList& L, int n, unsigned floor, float bv, float k2, float unit,
                                          double* dscratch) {
+  const int per = (n + blockDim.x - 1) / blockDim.x, lo = min(n, (int)threadIdx.x * per), hi = min(n, lo + per);
   unsigned long long own = 0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+  for (int i = lo; i < hi; ++i) {
     const unsigned key = L.key[i];
     L.wt[i] = key >= floor ? fixed_weight(key_float(key), bv, k2, unit) : 0ull;
     own += L.wt[i];
   }
-  unsigned long long* wsum = reinterpret_cast<unsigned long long*>(dscratch);  // a warp's sum each
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  unsigned long long inc = own;  // the warp's inclusive scan of the runs' sums
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) own += __shfl_xor_sync(0xffffffffu, own, o);
-  if ((threadIdx.x & 31) == 0) wsum[threadIdx.x >> 5] = own;
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned long long v = __shfl_up_sync(0xffffffffu, inc, o);
+    if (lane >= o) inc += v;
+  }
+  unsigned long long* wsum = reinterpret_cast<unsigned long long*>(dscratch);  // a warp's sum each
+  if (lane == 31) wsum[warp] = inc;
   __syncthreads();
-  unsigned long long tot = 0;
-  for (int wi = 0; wi < (int)(blockDim.x >> 5); ++wi) tot += wsum[wi];
-  __syncthreads();  // wsum read by all before dscratch is reused
+  unsigned long long c = inc - own, tot = 0;
+  for (int w = 0; w < nwarps; ++w) {
+    if (w < warp) c += wsum[w];
+    tot += wsum[w];
+  }
+  for (int i = lo; i < hi; ++i) {
+    c += L.wt[i];
+    L.wt[i] = c;
+  }
+  __syncthreads();  // wsum read by all before dscratch is reused, the sums written before they are read
   return tot;
 }
 
-// Top-p's cut-off among the list's keys >= floor, the list holding every kept key at or above it,
-// weighed (list_weigh, their sum tot): the key where the mass from the top first reaches need (mass
-// above < need <= mass above + its own), the mass above it and its tie count; past the end
-// (rounding), the list's lowest key with mass, as radix_crossing's fallback. Each tie group answers
-// through its first item in list order.
+// Top-p's cut-off among the sorted list's keys >= floor, the list holding every kept key at or above
+// it, weighed (list_weigh: prefix sums, total tot): the key where the mass from the top first reaches
+// need (mass above < need <= mass above + its own), the mass above it and its tie count; past the end
+// (rounding), the list's lowest key with mass, as radix_crossing's fallback. Each run of ties answers
+// through its first item, which finds its last by binary search.
 __device__ void list_cut(KeyList& L, int n, unsigned floor, double need, unsigned long long tot, unsigned& cut,
                          double& above, int& ties) {
   if (threadIdx.x == 0) {
@@ -385,21 +396,24 @@ __device__ void list_cut(KeyList& L, int n, unsigned floor, double need, unsigne
   }
   __syncthreads();
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    if (L.key[i] < floor) continue;
-    unsigned long long gt, eq;
-    int cnt, before;
-    rank_item(L, n, i, floor, [&](int j) { return L.wt[j]; }, gt, eq, cnt, before);
-    if (before) continue;
-    if ((double)gt < need && need <= (double)(gt + eq)) {
-      L.cut = L.key[i];
+    const unsigned ki = L.key[i];
+    if (ki < floor || (i > 0 && L.key[i - 1] == ki)) continue;
+    int last = i, hi = n - 1;  // the run's last item: keys after i are <= ki
+    while (last < hi) {
+      const int mid = (last + hi + 1) >> 1;
+      if (L.key[mid] == ki) last = mid; else hi = mid - 1;
+    }
+    const unsigned long long gt = i > 0 ? L.wt[i - 1] : 0ull, in = L.wt[last];
+    if ((double)gt < need && need <= (double)in) {
+      L.cut = ki;
       L.above = gt;
-      L.ties = cnt;
+      L.ties = last - i + 1;
       L.found = 1;
     }
-    if (eq > 0 && gt + eq == tot) {  // the lowest key with mass
-      L.low = L.key[i];
+    if (in > gt && in == tot) {  // the lowest key with mass
+      L.low = ki;
       L.low_above = gt;
-      L.low_ties = cnt;
+      L.low_ties = last - i + 1;
     }
   }
   __syncthreads();
@@ -501,7 +515,7 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
     unsigned prefix = 0;
     double need = 0.0, above = 0.0, total = 0.0;
     int cnt = 0;
-    if (gathered) {  // the list holds every kept token
+    if (gathered) {  // the list holds every kept token, sorted (list_kth)
       const unsigned long long tot = list_weigh(*L, L->n, kth_key, bv, k2, unit, dscratch);
       total = (double)tot;
       list_cut(*L, L->n, kth_key, tp * total, tot, prefix, above, cnt);
@@ -538,6 +552,7 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
         gather_keys(lg, V, max(prefix, kth_key), *L);  // the kept keys at or above pass 0's bin
         const int n = L->n;  // every thread the same (gather_keys ends with a barrier)
         if (n <= GATHER_CAP) {  // the list holds every kept key at or above the cut-off
+          list_sort(*L, n);
           const unsigned long long tot = list_weigh(*L, n, kth_key, bv, k2, unit, dscratch);
           list_cut(*L, n, kth_key, need, tot, prefix, above, cnt);
           break;

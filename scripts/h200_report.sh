@@ -6433,25 +6433,26 @@ part342() {  # session 64, run on H100 (carry .whl): SAMPLE_TOPP_GATHER=1 after 
   pack
 }
 
-part343() {  # session 64 (carry .whl): SAMPLE_TOPP_GATHER=1 moved out of the second pass (part342: +76% on
-  # flat rows even where gather_may_fit skipped it): a row the bound lets through gathers in a pass of its
-  # own after the first (gather_keys), the list overlaying the dead masses. The sampler's and drawn drafts'
-  # tests without it (gather_keys now drops keys past GATHER_CAP) and with it (a new "cluster" kind tries
-  # the gather and overflows), memcheck and racecheck with it, the bench as part342 (~4 minutes)
+part343() {  # session 64 (carry .whl and .snap0 = git archive ddfdef7): the gathered list sorted (bitonic, list_sort)
+  # and its cut-off found from prefix sums, replacing O(n^2) ranking (part342: ~100 us at ~950 keys), for
+  # top-k's list (the default) and SAMPLE_TOPP_GATHER=1's, which now gathers in a pass of its own after the
+  # first where gather_may_fit lets a row through. Tests and sanitizers of both builds (a new "cluster"
+  # kind tries top-p's gather and overflows), the bench .snap0 / new / new with the switch at logit scales
+  # 3, 4 and 5, alternated twice (~6 minutes)
   setup
   facts > "$W/facts.txt" 2>&1
   local D=SAMPLE_TOPP_GATHER=1
   sampler_op_tests sampler_tests
   sampler_op_tests topp_gather_tests MINILLM_CUDA_DEFINES=$D
+  sampler_sanitizers
+  drawn_sanitizers
   MINILLM_CUDA_DEFINES=$D mem_and_race topp "sampler and bfloat16 and not drawn" "sampler_matches and bfloat16 and cluster and 151936"
-  MINILLM_CUDA_DEFINES=$D mem_and_race topp_drawn "drawn_drafts and bfloat16" "drawn_drafts_like and bfloat16 and 1000"
   local i s
   for i in 1 2; do
-    for s in 3 3.5 4 5; do
-      stage "sb_plain_s${s}_$i" 100 python3 scripts/sampler_bench.py --batches 1,8,64,128 --logit-scale $s \
-        --json "$W/sb_plain_s${s}_$i.json"
-      stage "sb_topp_s${s}_$i" 100 env MINILLM_CUDA_DEFINES=$D python3 scripts/sampler_bench.py --batches 1,8,64,128 \
-        --logit-scale $s --json "$W/sb_topp_s${s}_$i.json"
+    for s in 3 4 5; do
+      sampler_bench_in .snap0 "sb_old_s${s}_$i" --logit-scale $s
+      sampler_bench_in . "sb_plain_s${s}_$i" --logit-scale $s
+      MINILLM_CUDA_DEFINES=$D sampler_bench_in . "sb_topp_s${s}_$i" --logit-scale $s
     done
   done
   pack
