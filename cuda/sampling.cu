@@ -261,13 +261,13 @@ __device__ __forceinline__ void add_mass(unsigned long long* bin, unsigned long 
 // slots) decides nothing.
 #define GATHER_CAP 1024
 
-// SAMPLE_TOPP_GATHER (off): top-p without top-k, where its first pass's masses bound the keys at or above
+// SAMPLE_TOPP_GATHER (on; 0 for the passes alone): top-p without top-k, where its first pass's masses bound the keys at or above
 // its crossing bin to at most GATHER_CAP (gather_may_fit; a peaked row: top-p 0.9 keeping tens of
 // tokens), gathers them in one more pass and finds the cut-off among them, instead of two more passes.
 // (part341 and part342 gathered inside the second pass and ranked the list in O(n^2): +76% on rows of
 // ~950 such keys.)
 #ifndef SAMPLE_TOPP_GATHER
-#define SAMPLE_TOPP_GATHER 0
+#define SAMPLE_TOPP_GATHER 1
 #endif
 
 struct KeyList {  // key_list(): where it lives
@@ -301,10 +301,11 @@ __device__ __forceinline__ KeyList* key_list(void* scratch) {
   return reinterpret_cast<KeyList*>(reinterpret_cast<int*>(scratch) + 4096);
 }
 
-// Whether top-p's gather can fit: a lower bound on the kept tokens at or above pass 0's crossing bin,
-// each bin's mass over the weight of its largest key (no token in it weighs more), against
-// GATHER_CAP. A flat row (N(0, 9) logits at T 1: ~7,000 such keys, bound ~5,500) then skips a gather
-// pass that would overflow. A heuristic only: a list that overflows anyway is dropped (one pass lost).
+// Whether top-p's gather is worth a pass: a lower bound on the kept tokens at or above pass 0's crossing
+// bin, each bin's mass over the weight of its largest key (no token in it weighs more), against half
+// of GATHER_CAP, as the count ran 1.4-2x the bound on N(0, s^2) rows where it was near the cap (NumPy,
+// s 2.5-5 at T 0.8). A flat row (N(0, 9) logits at T 1: ~7,000 such keys) then skips a gather that
+// would overflow. A heuristic only: a list that overflows anyway is dropped (one pass lost).
 __device__ bool gather_may_fit(const unsigned long long* mass, int nb, int bin, int shift, float bv, float k2,
                                float unit, double* dscratch) {
   double own = 0.0;
@@ -314,7 +315,7 @@ __device__ bool gather_may_fit(const unsigned long long* mass, int nb, int bin, 
     const unsigned long long w = fixed_weight(key_float(top), bv, k2, unit);
     if (w) own += floor((double)mass[b] / (double)w);
   }
-  return minillm::block_sum(own, dscratch) <= (double)GATHER_CAP;
+  return 2.0 * minillm::block_sum(own, dscratch) <= (double)GATHER_CAP;
 }
 
 // Sorts the list's n keys in descending order, in place: a bitonic sort over the next power of two
@@ -551,6 +552,7 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
       if (SAMPLE_TOPP_GATHER && pass == 0 && gather_may_fit(mass, nb, bin, shift, bv, k2, unit, dscratch)) {
         gather_keys(lg, V, max(prefix, kth_key), *L);  // the kept keys at or above pass 0's bin
         const int n = L->n;  // every thread the same (gather_keys ends with a barrier)
+        __syncthreads();  // n read by all before pass 1 zeroes the masses the list overlays (racecheck, part343)
         if (n <= GATHER_CAP) {  // the list holds every kept key at or above the cut-off
           list_sort(*L, n);
           const unsigned long long tot = list_weigh(*L, n, kth_key, bv, k2, unit, dscratch);

@@ -6433,7 +6433,7 @@ part342() {  # session 64, run on H100 (carry .whl): SAMPLE_TOPP_GATHER=1 after 
   pack
 }
 
-part343() {  # session 64 (carry .whl and .snap0 = git archive ddfdef7): the gathered list sorted (bitonic, list_sort)
+part343() {  # session 64, run on H100 (carry .whl and .snap0 = git archive ddfdef7): the gathered list sorted (bitonic, list_sort)
   # and its cut-off found from prefix sums, replacing O(n^2) ranking (part342: ~100 us at ~950 keys), for
   # top-k's list (the default) and SAMPLE_TOPP_GATHER=1's, which now gathers in a pass of its own after the
   # first where gather_may_fit lets a row through. Tests and sanitizers of both builds (a new "cluster"
@@ -6455,6 +6455,29 @@ part343() {  # session 64 (carry .whl and .snap0 = git archive ddfdef7): the gat
       MINILLM_CUDA_DEFINES=$D sampler_bench_in . "sb_topp_s${s}_$i" --logit-scale $s
     done
   done
+  pack
+}
+
+part344() {  # session 64 (carry .whl): SAMPLE_TOPP_GATHER on by default after part343 (top-p 0.9 -14 to -20% on
+  # peaked rows, min-p + top-p -23%; +14-21% where rows overflowed), with the gate at half the cap and the
+  # race racecheck found (the list's count read against pass 1 zeroing the masses) mended. Every GPU test,
+  # the sanitizers of both kernels and of the cluster kind, the bench without (=0) / with at logit scales
+  # 2.5, 3, 4 and 5, alternated twice, and once on bf16-rounded logits (~6 minutes)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  gpu_tests_full 300
+  sampler_sanitizers
+  drawn_sanitizers
+  mem_and_race cluster "sampler_matches and bfloat16 and cluster" "sampler_matches and bfloat16 and cluster and 151936"
+  local i s
+  for i in 1 2; do
+    for s in 2.5 3 4 5; do
+      MINILLM_CUDA_DEFINES=SAMPLE_TOPP_GATHER=0 sampler_bench_in . "sb_plain_s${s}_$i" --logit-scale $s
+      sampler_bench_in . "sb_topp_s${s}_$i" --logit-scale $s
+    done
+  done
+  MINILLM_CUDA_DEFINES=SAMPLE_TOPP_GATHER=0 sampler_bench_in . sb_plain_bf16 --bf16-logits
+  sampler_bench_in . sb_topp_bf16 --bf16-logits
   pack
 }
 

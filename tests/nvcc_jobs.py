@@ -46,7 +46,7 @@ VARIANTS = [("decode_attention", ["-DDEC_NO_MATH=1", "-DDEC_MERGE_FLIGHT=4", "-D
             ("norm", ["-DNORM_EARLY_MIN_ROWS=1000000"]), ("norm", ["-DMINILLM_TIMELINE=1"]),
             ("prefill_attention", ["-DPF_PDL=1"]),
             ("prefill_attention", ["-DPF_PDL=1", "-DPDL_PREWAIT_INDEX=0"]),
-            ("sampling", ["-DSAMPLE_TOPP_GATHER=1"])]
+            ("sampling", ["-DSAMPLE_TOPP_GATHER=0"])]
 
 # GPU diagnostics in scripts/ that carry their own kernel source (device runs only; compiled here so
 # a broken one fails CI rather than a device call): script -> the variable holding it
