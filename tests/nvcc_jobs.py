@@ -35,7 +35,7 @@ DEBUG_FLAGS = ("-DMINILLM_CUDA_DEBUG=1", "-lineinfo")
 # stamps (DEC_TL_PHASES), its pre-wait loads in three dependent trips (DEC_INDEX_GUESS=0) and its head-a-CTA form on
 # 512 threads (DEC_KVD_THREADS), the two-tile skinny
 # GEMM's unpipelined loop (part174's A/B), the folded products' register bounds (GEMV_*NORM_MIN_BLOCKS) and the
-# sampler's top-p gather prepared for part341 (SAMPLE_TOPP_GATHER), so they do not rot
+# sampler without its top-p gather (SAMPLE_TOPP_GATHER=0, the A/B baseline), so they do not rot
 VARIANTS = [("decode_attention", ["-DDEC_NO_MATH=1", "-DDEC_MERGE_FLIGHT=4", "-DMINILLM_TIMELINE=1",
                                   "-DDEC_TL_PHASES=1", "-DDEC_INDEX_GUESS=0", "-DDEC_KVD_THREADS=512",
                                   "-DDEC_KVD_U=8", "-DDEC_KVD_MIN_BLOCKS=1"]),
