@@ -6386,6 +6386,19 @@ part340() {  # session 63 (carry .whl and .snap0 = git archive 0ba513b): the sam
   pack
 }
 
+topp_gather_ab() {  # topp_gather_ab "SCALES": the sampler bench without / with SAMPLE_TOPP_GATHER (session 64's
+  # part341 and part342 ran it when it was off by default, "without" as no define) at each --logit-scale, twice
+  local i s
+  for i in 1 2; do
+    for s in $1; do
+      stage "sb_plain_s${s}_$i" 100 env MINILLM_CUDA_DEFINES=SAMPLE_TOPP_GATHER=0 python3 scripts/sampler_bench.py \
+        --batches 1,8,64,128 --logit-scale $s --json "$W/sb_plain_s${s}_$i.json"
+      stage "sb_topp_s${s}_$i" 100 env MINILLM_CUDA_DEFINES=SAMPLE_TOPP_GATHER=1 python3 scripts/sampler_bench.py \
+        --batches 1,8,64,128 --logit-scale $s --json "$W/sb_topp_s${s}_$i.json"
+    done
+  done
+}
+
 part341() {  # session 63, run in session 64 on H100 (carry .whl): SAMPLE_TOPP_GATHER=1 (top-p without top-k gathering the keys at or
   # above its first bin in its second pass; where at most 1,024, the cut-off found among them, no third pass):
   # the sampler's and drawn drafts' tests without and with it, memcheck and racecheck of both kernels' op tests
@@ -6398,15 +6411,7 @@ part341() {  # session 63, run in session 64 on H100 (carry .whl): SAMPLE_TOPP_G
   sampler_op_tests topp_gather_tests MINILLM_CUDA_DEFINES=$D
   MINILLM_CUDA_DEFINES=$D mem_and_race topp "sampler and bfloat16 and not drawn" "verifies_drafts_like and bfloat16 and 1000"
   MINILLM_CUDA_DEFINES=$D mem_and_race topp_drawn "drawn_drafts and bfloat16" "drawn_drafts_like and bfloat16 and 1000"
-  local i s
-  for i in 1 2; do
-    for s in 3 5; do
-      stage "sb_plain_s${s}_$i" 100 python3 scripts/sampler_bench.py --batches 1,8,64,128 --logit-scale $s \
-        --json "$W/sb_plain_s${s}_$i.json"
-      stage "sb_topp_s${s}_$i" 100 env MINILLM_CUDA_DEFINES=$D python3 scripts/sampler_bench.py --batches 1,8,64,128 \
-        --logit-scale $s --json "$W/sb_topp_s${s}_$i.json"
-    done
-  done
+  topp_gather_ab "3 5"
   pack
 }
 
@@ -6421,15 +6426,7 @@ part342() {  # session 64, run on H100 (carry .whl): SAMPLE_TOPP_GATHER=1 after 
   sampler_op_tests topp_gather_tests MINILLM_CUDA_DEFINES=$D
   MINILLM_CUDA_DEFINES=$D mem_and_race topp "sampler and bfloat16 and not drawn" "verifies_drafts_like and bfloat16 and 1000"
   MINILLM_CUDA_DEFINES=$D mem_and_race topp_drawn "drawn_drafts and bfloat16" "drawn_drafts_like and bfloat16 and 1000"
-  local i s
-  for i in 1 2; do
-    for s in 3 3.5 4 5; do
-      stage "sb_plain_s${s}_$i" 100 python3 scripts/sampler_bench.py --batches 1,8,64,128 --logit-scale $s \
-        --json "$W/sb_plain_s${s}_$i.json"
-      stage "sb_topp_s${s}_$i" 100 env MINILLM_CUDA_DEFINES=$D python3 scripts/sampler_bench.py --batches 1,8,64,128 \
-        --logit-scale $s --json "$W/sb_topp_s${s}_$i.json"
-    done
-  done
+  topp_gather_ab "3 3.5 4 5"
   pack
 }
 
