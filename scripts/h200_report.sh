@@ -6455,7 +6455,20 @@ part343() {  # session 64, run on H100 (carry .whl and .snap0 = git archive ddfd
   pack
 }
 
-part344() {  # session 64 (carry .whl): SAMPLE_TOPP_GATHER on by default after part343 (top-p 0.9 -14 to -20% on
+switch_off_ab() {  # switch_off_ab NAME "SCALES": the sampler bench built with NAME=0 / the default at each
+  # --logit-scale, alternated twice, then once each on bf16-rounded logits (sb_plain_* / sb_topp_*)
+  local i s
+  for i in 1 2; do
+    for s in $2; do
+      MINILLM_CUDA_DEFINES=$1=0 sampler_bench_in . "sb_plain_s${s}_$i" --logit-scale $s
+      sampler_bench_in . "sb_topp_s${s}_$i" --logit-scale $s
+    done
+  done
+  MINILLM_CUDA_DEFINES=$1=0 sampler_bench_in . sb_plain_bf16 --bf16-logits
+  sampler_bench_in . sb_topp_bf16 --bf16-logits
+}
+
+part344() {  # session 64, run on H100 (carry .whl): SAMPLE_TOPP_GATHER on by default after part343 (top-p 0.9 -14 to -20% on
   # peaked rows, min-p + top-p -23%; +14-21% where rows overflowed), with the gate at half the cap and the
   # race racecheck found (the list's count read against pass 1 zeroing the masses) mended. Every GPU test,
   # the sanitizers of both kernels and of the cluster kind, the bench without (=0) / with at logit scales
@@ -6466,15 +6479,20 @@ part344() {  # session 64 (carry .whl): SAMPLE_TOPP_GATHER on by default after p
   sampler_sanitizers
   drawn_sanitizers
   mem_and_race cluster "sampler_matches and bfloat16 and cluster" "sampler_matches and bfloat16 and cluster and 151936"
-  local i s
-  for i in 1 2; do
-    for s in 2.5 3 4 5; do
-      MINILLM_CUDA_DEFINES=SAMPLE_TOPP_GATHER=0 sampler_bench_in . "sb_plain_s${s}_$i" --logit-scale $s
-      sampler_bench_in . "sb_topp_s${s}_$i" --logit-scale $s
-    done
-  done
-  MINILLM_CUDA_DEFINES=SAMPLE_TOPP_GATHER=0 sampler_bench_in . sb_plain_bf16 --bf16-logits
-  sampler_bench_in . sb_topp_bf16 --bf16-logits
+  switch_off_ab SAMPLE_TOPP_GATHER "2.5 3 4 5"
+  pack
+}
+
+part345() {  # session 64 (carry .whl): SAMPLE_TOPP_LIGHT (on by default): top-p's first pass leaves the tokens
+  # lighter than (1 - top_p) / V of the max out of its bins (fewer shared atomics), its kept mass summed in
+  # registers. The sampler's and drawn drafts' tests, memcheck and racecheck of both kernels, the bench
+  # with SAMPLE_TOPP_LIGHT=0 / default at logit scales 3 and 5, alternated twice, and on bf16 logits (~3 min)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  sampler_op_tests sampler_tests
+  sampler_sanitizers
+  drawn_sanitizers
+  switch_off_ab SAMPLE_TOPP_LIGHT "3 5"
   pack
 }
 
