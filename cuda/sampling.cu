@@ -45,12 +45,17 @@
 // a row (twice the warps, so twice the loads in flight a row) measured a temperature row 67 -> 57 us
 // at 1-64 rows but no faster at 192-256 (130 / 139 us either way) and top-p 0.9 25% slower there
 // (part91): with the SMs full, the weight pass is bound by the SM's float64 work, not by latency.
+// Built with SAMPLE_THREADS=1024, this file's sample_tokens is that wide kernel, which the backend can
+// take for small batches (MINILLM_SAMPLE_WIDE_ROWS; prepared in session 64, not yet run on a GPU).
 #include "common.cuh"
 #include "radix.cuh"
 
+#ifndef SAMPLE_THREADS  // 1024: the wide build, for small batches (MINILLM_SAMPLE_WIDE_ROWS; sample_tokens only)
 #define SAMPLE_THREADS 512
+#endif
 #define SAMPLE_MAX_TILES 4096  // the radix histograms' doubles (the tiled draw's masses reuse them)
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)
+#define SAMPLE_ISCRATCH (2 * SAMPLE_WARPS > 32 ? 2 * SAMPLE_WARPS : 32)  // block_argmax's 32, tie_ranks' two a warp
 #define LOG2E_F 1.4426950408889634f
 
 namespace {
@@ -903,7 +908,7 @@ struct TiedRow {
 // thread of the block calls it; its barrier publishes s_rank.
 template <class Src>
 __device__ void tie_ranks(const Src& src, const WarpTiles& wt, int* s_rank, int* iscratch, int base[2]) {
-  static_assert(SAMPLE_WARPS <= 16, "iscratch holds two counts a warp");
+  static_assert(SAMPLE_WARPS <= 32, "one warp sums the warps' counts");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int c0 = 0, c1 = 0;
   for (int tt = wt.lo; tt < wt.hi; ++tt) {
@@ -921,13 +926,13 @@ __device__ void tie_ranks(const Src& src, const WarpTiles& wt, int* s_rank, int*
   }
   if (lane == 0) {
     iscratch[warp] = c0;
-    iscratch[16 + warp] = c1;
+    iscratch[SAMPLE_WARPS + warp] = c1;
   }
   __syncthreads();
   base[0] = base[1] = 0;
   for (int w = 0; w < warp; ++w) {
     base[0] += iscratch[w];
-    base[1] += iscratch[16 + w];
+    base[1] += iscratch[SAMPLE_WARPS + w];
   }
 }
 
@@ -962,7 +967,7 @@ __device__ void draw_row(Src& src, const WarpTiles& wt, float wd, int d, u64 see
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 2)
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, SAMPLE_THREADS > 512 ? 1 : 2)
 sample_tokens(const float* __restrict__ logits, i64 stride, int V,
               const float* __restrict__ temperature, const float* __restrict__ top_p,
               const int* __restrict__ top_k, const float* __restrict__ min_p,
@@ -972,7 +977,7 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
   __shared__ double dscratch[32];
   __shared__ double s_above;
   __shared__ float fscratch[32];
-  __shared__ int iscratch[32];
+  __shared__ int iscratch[SAMPLE_ISCRATCH];
   __shared__ int s_bin, s_first;
   __shared__ double s_tile[SAMPLE_MAX_TILES];
   __shared__ double s_warp[SAMPLE_WARPS];
@@ -1024,6 +1029,7 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
   draw_row(src, wt, wd, d, seed, pos, bi, s_tile, s_warp, out, accepted, row);
 }
 
+#if SAMPLE_THREADS == 512  // the wide build has sample_tokens alone
 // ---- verify_drawn_drafts: drafts drawn from the drafter's q, verified against that q ------------
 // The twin of sampler.sample's rows with draft_rows[b] >= 0 (DFlash or the draft model drawing drafts at
 // temperature > 0). It runs after sample_tokens, which took such rows as one-hot drafts, and
@@ -1094,7 +1100,7 @@ verify_drawn_drafts(const float* __restrict__ logits, i64 stride, int V, const f
   __shared__ double dscratch[32];
   __shared__ double s_above;
   __shared__ float fscratch[32];
-  __shared__ int iscratch[32];
+  __shared__ int iscratch[SAMPLE_ISCRATCH];
   __shared__ int s_bin, s_first;
   // the radix histograms; then [0, DRAW_MAX_TILES) each tile's residual mass and, as ints from
   // DRAW_MAX_TILES doubles on, each tile's ties before it within its warp (p's, then q's)
@@ -1210,3 +1216,4 @@ verify_drawn_drafts(const float* __restrict__ logits, i64 stride, int V, const f
   if (tid == 0) accepted[row] = 0;
   tile_draw(R, wt, hash_uniform(seed, pos, 2ull) * total, s_tile, s_wmass, d, out + row);
 }
+#endif  // SAMPLE_THREADS == 512

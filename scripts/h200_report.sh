@@ -6455,17 +6455,21 @@ part343() {  # session 64, run on H100 (carry .whl and .snap0 = git archive ddfd
   pack
 }
 
-switch_off_ab() {  # switch_off_ab NAME "SCALES": the sampler bench built with NAME=0 / the default at each
-  # --logit-scale, alternated twice, then once each on bf16-rounded logits (sb_plain_* / sb_topp_*)
+bench_ab() {  # bench_ab "A_ENV" "B_ENV" "SCALES": the sampler bench with the environment A_ENV (sb_plain_*) / B_ENV
+  # (sb_topp_*; each "" or VAR=VALUE) at each --logit-scale, alternated twice, then once each on bf16-rounded logits
   local i s
   for i in 1 2; do
-    for s in $2; do
-      MINILLM_CUDA_DEFINES=$1=0 sampler_bench_in . "sb_plain_s${s}_$i" --logit-scale $s
-      sampler_bench_in . "sb_topp_s${s}_$i" --logit-scale $s
+    for s in $3; do
+      (if [ -n "$1" ]; then export "$1"; fi; sampler_bench_in . "sb_plain_s${s}_$i" --logit-scale $s)
+      (if [ -n "$2" ]; then export "$2"; fi; sampler_bench_in . "sb_topp_s${s}_$i" --logit-scale $s)
     done
   done
-  MINILLM_CUDA_DEFINES=$1=0 sampler_bench_in . sb_plain_bf16 --bf16-logits
-  sampler_bench_in . sb_topp_bf16 --bf16-logits
+  (if [ -n "$1" ]; then export "$1"; fi; sampler_bench_in . sb_plain_bf16 --bf16-logits)
+  (if [ -n "$2" ]; then export "$2"; fi; sampler_bench_in . sb_topp_bf16 --bf16-logits)
+}
+
+switch_off_ab() {  # switch_off_ab NAME "SCALES": bench_ab of the build with NAME=0 against the default
+  bench_ab "MINILLM_CUDA_DEFINES=$1=0" "" "$2"
 }
 
 part344() {  # session 64, run on H100 (carry .whl): SAMPLE_TOPP_GATHER on by default after part343 (top-p 0.9 -14 to -20% on
@@ -6493,6 +6497,21 @@ part345() {  # session 64, run on H100 (carry .whl): SAMPLE_TOPP_LIGHT (then on 
   sampler_sanitizers
   drawn_sanitizers
   switch_off_ab SAMPLE_TOPP_LIGHT "3 5"
+  pack
+}
+
+part346() {  # session 64, not run (carry .whl): MINILLM_SAMPLE_WIDE_ROWS (off by default): sample_tokens built with
+  # 1,024 threads (SAMPLE_THREADS=1024) for batches of at most that many rows; one CTA an SM either way at small
+  # batches, so twice the warps a row to hide latency (part91, float64 weights then: a temperature row 67 -> 57
+  # us at 1-64 rows, no gain at 192-256, top-p 25% slower there). The sampler's and drawn drafts' tests and
+  # both kernels' sanitizers with every row wide, the bench plain / every row wide at logit scales 3 and 5
+  # twice and on bf16 logits (~3 min). Set the default to the largest batch where wide wins, if any
+  setup
+  facts > "$W/facts.txt" 2>&1
+  local E=MINILLM_SAMPLE_WIDE_ROWS=1000000
+  sampler_op_tests wide_tests $E
+  (export $E; sampler_sanitizers; drawn_sanitizers)
+  bench_ab "" $E "3 5"
   pack
 }
 

@@ -45,6 +45,7 @@ except ImportError:  # pragma: no cover - ml_dtypes is a dependency
 
 _ATT_THREADS = 128  # cuda/attention.cu
 _SAMPLE_THREADS = 512  # cuda/sampling.cu
+_SAMPLE_WIDE_THREADS = 1024  # the wide build's sample_tokens (SAMPLE_THREADS; MINILLM_SAMPLE_WIDE_ROWS)
 _SAMPLE_MAX_VOCAB = 512 * 2048  # cuda/sampling.cu: the tiled draw's DRAW_TILE * DRAW_MAX_TILES
 # cuda/gemv.cu's GEMV takes products of at most _GEMV_MAX_M rows (its GEMV_MAX_M, the same). Measured on
 # the H200 (docs/BENCHMARKS.md, spec-cost): an 8-sequence decode step of the 8B shape took 11.5 ms
@@ -804,6 +805,12 @@ class CudaBackend:
         # (session 16, part111). MINILLM_PDL_PREFILL=0 launches it without, for A/B runs.
         pf_pdl = env_int("MINILLM_PDL_PREFILL", 1, "0: the tensor-core attention launched without PDL") == 1
         pf_defines = ("PF_PDL=1",) if pf_pdl else ()
+        # Batches of at most this many rows sample with a 1,024-thread CTA a row (twice the warps of
+        # sample_tokens' 512; one CTA an SM either way below ~1 row an SM). 0 (the default): never.
+        # Prepared in session 64, not yet measured on a GPU.
+        self.sample_wide_rows = env_int("MINILLM_SAMPLE_WIDE_ROWS", 0,
+                                        "batches of at most this many rows sample with 1,024 threads a row")
+        wide_defines = (f"SAMPLE_THREADS={_SAMPLE_WIDE_THREADS}",)
         modules = {
             "rows": ["gather_rows_u16", "gather_rows_u4", "gather_rows_u2",
                      "store_kv_u16", "store_kv_u4", "store_kv_u2", "fill_input_ids", "advance_blocks",
@@ -833,13 +840,17 @@ class CudaBackend:
         # every module of a start compiled at once (a first start's compile: the slowest module's time),
         # the decode attention for this storage type's head dims (another's loads if asked: _decode_kernel)
         kc.compile_parallel([(m, ()) for m in modules] + [("prefill_attention", pf_defines)]
-                            + [("decode_attention", _decode_defines(self._sfx, d)) for d in _DECODE_HEAD_DIMS],
+                            + [("decode_attention", _decode_defines(self._sfx, d)) for d in _DECODE_HEAD_DIMS]
+                            + ([("sampling", wide_defines)] if self.sample_wide_rows else []),
                             self.device_id, self.debug)
         for mod, names in modules.items():
             for n in names:
                 k[n] = kc.get_kernel(mod, n, self.debug)
                 if mod in _PDL_MODULES:
                     self._pdl_kernels.add(n)
+        if self.sample_wide_rows:
+            k["sample_tokens_wide"] = kc.get_kernel("sampling", "sample_tokens", self.debug, wide_defines)
+            self._pdl_kernels.add("sample_tokens_wide")
         for d in _DECODE_HEAD_DIMS:
             k.update(self._decode_group(self._sfx, d))
         try:  # tensor-core prefill: needs the toolkit's mma.h, which not every install has
@@ -2209,8 +2220,10 @@ class CudaBackend:
                 raise TypeError(f"sample: {n} must be {np.dtype(dt)}, got {a.dtype}")
         if seeds.dtype not in (np.int64, np.uint64, np.int32):
             raise TypeError(f"sample: seeds must be int64/uint64/int32, got {seeds.dtype}")
+        wide = B <= self.sample_wide_rows
         self._launch(
-            "sample_tokens", (B,), (_SAMPLE_THREADS,),
+            "sample_tokens_wide" if wide else "sample_tokens", (B,),
+            (_SAMPLE_WIDE_THREADS if wide else _SAMPLE_THREADS,),
             (logits, _i64(stride), _i32(logits.shape[-1]), temperature, top_p, top_k,
              _NULL if min_p is None else min_p, seeds, _i32(seeds.itemsize), positions, out_tokens,
              _NULL if draft_tokens is None else draft_tokens,
