@@ -133,6 +133,44 @@ def test_decode_bench_on_the_cpu_and_its_roofline(tiny, tmp_path):
     assert r["pipelined_fraction_of_roofline"] == pytest.approx(0.9)
 
 
+def test_decode_bench_samples_with_its_flags(tiny, tmp_path, monkeypatch):
+    """--temperature / --top-p / --top-k reach the stream's request (seeded: both passes draw the same
+    tokens) and the result JSON; with top-k 1 the tokens are the greedy ones, without it they are not."""
+    from minillm.bench.decode import main as decode_main
+    from minillm.engine.engine import LLMEngine
+
+    seen: list = []  # (params, {request id: tokens}) of each engine
+    real_add, real_step = LLMEngine.add_request, LLMEngine.step
+
+    def add(self, prompt, params=None, request_id=None, priority=0):
+        if not seen or seen[-1][0] is not params:
+            seen.append((params, {}))
+        return real_add(self, prompt, params, request_id, priority)
+
+    def step(self):
+        outs = real_step(self)
+        for o in outs:
+            seen[-1][1].setdefault(o.request_id, []).extend(o.new_token_ids)
+        return outs
+
+    monkeypatch.setattr(LLMEngine, "add_request", add)
+    monkeypatch.setattr(LLMEngine, "step", step)
+    runs = {}
+    for name, flags in (("topk1", ["--temperature", "1.5", "--top-k", "1", "--top-p", "0.95"]),
+                        ("greedy", []), ("sampled", ["--temperature", "1.5"])):
+        out = tmp_path / f"{name}.json"
+        assert decode_main([str(tiny), "--device", "cpu", "--input-len", "8", "--output-len", "16",
+                            "--result-json", str(out), *flags]) == 0
+        runs[name] = (json.loads(out.read_text()), seen[-1])
+    r, (params, tokens) = runs["topk1"]
+    assert (r["temperature"], r["top_p"], r["top_k"]) == (1.5, 0.95, 1)
+    assert (params.temperature, params.top_p, params.top_k, params.seed) == (1.5, 0.95, 1, 0)
+    assert runs["greedy"][1][0].seed is None and runs["greedy"][0]["temperature"] == 0.0
+    assert tokens["decode"] == tokens["decode-async"] == runs["greedy"][1][1]["decode"]
+    sampled = runs["sampled"][1][1]
+    assert sampled["decode"] == sampled["decode-async"] != runs["greedy"][1][1]["decode"]
+
+
 def test_spec_cost_bench_on_the_cpu(tiny, tmp_path, capsys):
     """`python -m minillm.bench spec-cost` end to end on the NumPy engine: a random DFlash drafter's
     rounds emit exactly the plain greedy tokens, and the oracle drafter's curve is lossless with
@@ -1004,6 +1042,8 @@ SMALL_SPEC_COST = ["--input-len", "8", "--output-len", "4", "--concurrency", "1"
     ("throughput", ["--top-p", "0"], "--top-p"), ("throughput", ["--top-p", "nan"], "--top-p"),
     ("throughput", ["--top-p", "1.5"], "--top-p"), ("throughput", ["--top-k", "-2"], "--top-k"),
     ("throughput", ["--top-k", str(2**31)], "--top-k"),
+    ("decode", ["--temperature", "nan"], "--temperature"), ("decode", ["--top-p", "0"], "--top-p"),
+    ("decode", ["--top-k", "-2"], "--top-k"),
     ("spec-cost", ["--k", "0"], "--k"), ("spec-cost", ["--temperature", "-1"], "--temperature"),
     ("spec-cost", ["--temperature", "nan"], "--temperature"), ("spec-cost", ["--input-len", "0"], "--input-len"),
     ("spec-cost", ["--output-len", "1"], "--output-len"), ("spec-cost", ["--concurrency", "0"], "--concurrency"),

@@ -1,6 +1,7 @@
 """python -m minillm.bench decode [MODEL]: single-stream decode speed against the HBM roofline.
 
-One request with a random --input-len prompt decodes --output-len tokens greedily (eos ignored).
+One request with a random --input-len prompt decodes --output-len tokens greedily (eos ignored), or
+sampled with --temperature / --top-p / --top-k (seed 0: the same tokens in both passes).
 Each decode step is timed on the host after its tokens reach the host (so the device is idle),
 warm-up steps dropped, median reported (median_step_ms, tok_per_s: the synchronous engine, the
 device waits for the host between steps). Then, unless --no-async-scheduling, the same prompt
@@ -23,7 +24,14 @@ import numpy as np
 
 from minillm.args import STARTUP_ERRORS, CliParser, EngineArgs, add_engine_args
 from minillm.bench.gpu_timing import record_replays, replay_ms
-from minillm.bench.report import check_output_path, context_error, need, save_json
+from minillm.bench.report import (
+    add_sampling_flags,
+    check_output_path,
+    check_sampling_flags,
+    context_error,
+    need,
+    save_json,
+)
 
 OPS = ("embed", "rms_norm", "qk_norm_rope", "qk_norm_rope_store_kv", "decode_step_attention", "matmul",
        "matmul_silu_mul", "rms_norm_matmul", "rms_norm_matmul_silu_mul", "silu_mul", "store_kv", "paged_attention",
@@ -135,12 +143,14 @@ def pipelined(engine, prompt: list[int], params, warmup: int) -> dict:
             "pipelined_steps": engine.num_pipelined_steps - pipelined_before}
 
 
-def run(engine, input_len: int, output_len: int, warmup: int = 8, async_pass: bool = True) -> dict:
+def run(engine, input_len: int, output_len: int, warmup: int = 8, async_pass: bool = True,
+        temperature: float = 0.0, top_p: float = 1.0, top_k: int = -1) -> dict:
     from minillm.sampling_params import SamplingParams
 
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, min(engine.config.vocab_size, engine.tokenizer.vocab_size), input_len).tolist()
-    params = SamplingParams(temperature=0, max_tokens=output_len + 1, ignore_eos=True)
+    params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=output_len + 1,
+                            ignore_eos=True, seed=0 if temperature > 0 else None)
     engine.async_scheduling = False  # the first pass: synchronous steps, timed one by one
     engine.add_request(prompt, params, request_id="decode")
     t0 = time.perf_counter()
@@ -164,7 +174,8 @@ def run(engine, input_len: int, output_len: int, warmup: int = 8, async_pass: bo
     graph_ms = replay_ms(engine.backend, replays[warmup:])
     step_s = float(np.median([s for s, _ in timed]))
     tokens_per_step = float(np.mean([n for _, n in timed]))
-    result = {"input_len": input_len, "output_len": output_len, "ttft_s": ttft, "median_step_ms": step_s * 1e3,
+    result = {"input_len": input_len, "output_len": output_len, "temperature": temperature, "top_p": top_p,
+              "top_k": top_k, "ttft_s": ttft, "median_step_ms": step_s * 1e3,
               "tokens_per_step": tokens_per_step, "tok_per_s": tokens_per_step / step_s,
               "device": engine.backend.name, "graphs": bool(engine.runner.graphs)}
     if graph_ms:  # the step's device time alone; the rest of median_step_ms is host work
@@ -196,6 +207,7 @@ def check_args(ns: argparse.Namespace) -> None:
     """Refuse lengths the run cannot time: with --output-len at or below the warm-up steps no
     timed step is left (a median of nothing, a division by zero tokens)."""
     need(ns.input_len >= 1, f"--input-len must be >= 1, got {ns.input_len}")
+    check_sampling_flags(ns)
     need(ns.output_len > WARMUP_STEPS,
          f"--output-len must be > {WARMUP_STEPS} (the warm-up steps dropped before timing), got {ns.output_len}")
     # the request asks output_len + 1 tokens; a shorter context failed in add_request with a traceback
@@ -215,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=256,
                    help=f"decode steps (> {WARMUP_STEPS}: the first {WARMUP_STEPS} are not timed)")
+    add_sampling_flags(p, 0.0, "the stream's")
     p.add_argument("--result-json", default=None)
     ns = p.parse_args(argv)
     from minillm.engine.engine import LLMEngine
@@ -232,9 +245,12 @@ def main(argv: list[str] | None = None) -> int:
             e, f"--input-len {ns.input_len} + --output-len {ns.output_len}", max_model_len, SPARE_POSITIONS)
         print(f"error: {message}", file=sys.stderr)
         return 2
-    r = run(engine, ns.input_len, ns.output_len, WARMUP_STEPS, async_pass=args.async_scheduling is not False)
+    r = run(engine, ns.input_len, ns.output_len, WARMUP_STEPS, async_pass=args.async_scheduling is not False,
+            temperature=ns.temperature, top_p=ns.top_p, top_k=ns.top_k)
     r["model"] = engine.model_name
-    line = f"{r['model']}: {r['tok_per_s']:.1f} tok/s (median step {r['median_step_ms']:.3f} ms"
+    sampled = (f" sampled (temperature {ns.temperature}, top_p {ns.top_p}, top_k {ns.top_k})"
+               if ns.temperature > 0 else "")
+    line = f"{r['model']}{sampled}: {r['tok_per_s']:.1f} tok/s (median step {r['median_step_ms']:.3f} ms"
     line += f", of which the CUDA graph {r['median_graph_ms']:.3f} ms)" if "median_graph_ms" in r else ")"
     if "pipelined_step_ms" in r:
         line += (f"; async scheduling: {r['pipelined_tok_per_s']:.1f} tok/s "

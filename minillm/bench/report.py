@@ -11,6 +11,7 @@ failed request is VOID: its figures describe a server that dropped work, so they
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sys
@@ -150,6 +151,23 @@ def need(ok: bool, message: str) -> None:
     """A flag check: each command's main prints the ValueError as one "error:" line and exits 2."""
     if not ok:
         raise ValueError(message)
+
+
+def add_sampling_flags(p, temperature: float, what: str) -> None:
+    """--temperature / --top-p / --top-k for `what` (every request's, or the one stream's)."""
+    p.add_argument("--temperature", type=float, default=temperature, help=f"{what} temperature (0: greedy)")
+    p.add_argument("--top-p", type=float, default=1.0, help=f"{what} top_p (1: off)")
+    p.add_argument("--top-k", type=int, default=-1, help=f"{what} top_k (-1 or 0: off; Qwen3's "
+                   "generation_config: --temperature 0.6 --top-p 0.95 --top-k 20)")
+
+
+def check_sampling_flags(ns) -> None:
+    """add_sampling_flags' values, refused before the model loads (SamplingParams refused them only
+    after it had, without naming the flag)."""
+    need(math.isfinite(ns.temperature) and ns.temperature >= 0,
+         f"--temperature must be a finite number >= 0, got {ns.temperature}")
+    need(math.isfinite(ns.top_p) and 0 < ns.top_p <= 1, f"--top-p must be in (0, 1], got {ns.top_p}")
+    need(-1 <= ns.top_k < 2**31, f"--top-k must be -1, 0 (off) or a positive integer below 2**31, got {ns.top_k}")
 
 
 def context_error(error: Exception, lengths: str, max_model_len: int, spare: int) -> str:

@@ -20,7 +20,6 @@ the weights once a step, at that bandwidth; prefill is not counted, so the real 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 
@@ -28,7 +27,7 @@ import numpy as np
 
 from minillm.args import STARTUP_ERRORS, CliParser, EngineArgs, add_engine_args
 from minillm.bench.dataset import allowed_token_ids, nano_vllm_workload
-from minillm.bench.report import check_output_path, need, same_file, save_json
+from minillm.bench.report import add_sampling_flags, check_output_path, check_sampling_flags, need, same_file, save_json
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,10 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-seqs", type=int, default=256)
     p.add_argument("--min-len", type=int, default=100, help="shortest prompt and output (tokens)")
     p.add_argument("--max-len", type=int, default=1024, help="longest prompt and output (tokens)")
-    p.add_argument("--temperature", type=float, default=0.6)
-    p.add_argument("--top-p", type=float, default=1.0, help="every request's top_p (1: off)")
-    p.add_argument("--top-k", type=int, default=-1, help="every request's top_k (-1 or 0: off; Qwen3's "
-                   "generation_config: --temperature 0.6 --top-p 0.95 --top-k 20)")
+    add_sampling_flags(p, 0.6, "every request's")
     p.add_argument("--result-json", default=None)
     p.add_argument("--profile", action="store_true",
                    help="time every step of the timed run by phase (schedule / prepare / execute, with "
@@ -83,11 +79,7 @@ def run(ns: argparse.Namespace) -> dict:
     if ns.num_seqs < 1 or ns.min_len < 1 or ns.max_len < ns.min_len:
         raise ValueError(f"--num-seqs must be >= 1 and 1 <= --min-len <= --max-len, got {ns.num_seqs}, "
                          f"{ns.min_len}, {ns.max_len}")
-    # SamplingParams refused these only after the model had loaded, without naming the flag
-    need(math.isfinite(ns.temperature) and ns.temperature >= 0,
-         f"--temperature must be a finite number >= 0, got {ns.temperature}")
-    need(math.isfinite(ns.top_p) and 0 < ns.top_p <= 1, f"--top-p must be in (0, 1], got {ns.top_p}")
-    need(-1 <= ns.top_k < 2**31, f"--top-k must be -1, 0 (off) or a positive integer below 2**31, got {ns.top_k}")
+    check_sampling_flags(ns)
     check_output_path(ns.result_json, "--result-json")
     check_output_path(ns.profile_json, "--profile-json")
     # the result was written over the profile, after "wrote" had been printed for it
