@@ -5724,6 +5724,14 @@ part319() {  # session 59 (carry .whl and .snap0): where a synchronous decode st
   pack
 }
 
+decode_06b_sampled() {  # decode_06b_sampled TAG [VAR=VALUE...]: decode_06b's run sampled with Qwen3's generation_config
+  # (temperature 0.6, top-p 0.95, top-k 20; seed 0) under those settings, as stage decode_06b_sampled_TAG
+  local tag=$1
+  shift
+  stage "decode_06b_sampled_$tag" 60 env "$@" python3 -m minillm.bench decode $M/q06 --device cuda --input-len 512 \
+    --output-len 256 --temperature 0.6 --top-p 0.95 --top-k 20 --result-json "$W/decode_06b_sampled_$tag.json"
+}
+
 part320() {  # session 59 (carry .whl and .snap0): the final code against the tree before stage_inputs on one
   # machine: bench decode of both shapes alternated (0.6B twice), the gap bench; then the 8B rejected rounds
   # (~6 minutes)
@@ -6505,13 +6513,21 @@ part346() {  # session 64, not run (carry .whl): MINILLM_SAMPLE_WIDE_ROWS (off b
   # batches, so twice the warps a row to hide latency (part91, float64 weights then: a temperature row 67 -> 57
   # us at 1-64 rows, no gain at 192-256, top-p 25% slower there). The sampler's and drawn drafts' tests and
   # both kernels' sanitizers with every row wide, the bench plain / every row wide at logit scales 3 and 5
-  # twice and on bf16 logits (~3 min). Set the default to the largest batch where wide wins, if any
+  # twice and on bf16 logits; then the 0.6B single stream sampled with Qwen3's defaults (bench decode's new
+  # flags) plain / wide twice, and greedy once (~7 min). Set the default to the largest batch where wide
+  # wins, if any
   setup
   facts > "$W/facts.txt" 2>&1
-  local E=MINILLM_SAMPLE_WIDE_ROWS=1000000
+  local E=MINILLM_SAMPLE_WIDE_ROWS=1000000 i
   sampler_op_tests wide_tests $E
   (export $E; sampler_sanitizers; drawn_sanitizers)
   bench_ab "" $E "3 5"
+  stage models06 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  for i in 1 2; do
+    decode_06b_sampled "plain_$i"
+    decode_06b_sampled "wide_$i" $E
+  done
+  decode_06b 60
   pack
 }
 
