@@ -84,6 +84,27 @@ def test_top_p_set_keeps_what_sorting_the_whole_row_keeps(kind):
     assert paths == {True, False} or kind in ("flat", "peaked"), "both small and large kept sets were tried"
 
 
+def test_descending_is_the_stable_descending_order():
+    """descending(w) (NumPy's fast sort, ties put back in index order) is argsort(-w, kind="stable")
+    exactly: distinct values, runs of ties (integer and bf16-rounded logits' probabilities, zeros),
+    and small rows; with NaNs, the same order up to the NaNs, which come last."""
+    import ml_dtypes
+
+    from minillm.engine.sampler import descending
+
+    rng = np.random.default_rng(7)
+    rows = [rng.standard_normal(50_000), np.exp(rng.integers(-6, 6, 50_000).astype(np.float64)),
+            rng.standard_normal(50_000).astype(ml_dtypes.bfloat16).astype(np.float64),
+            np.r_[np.zeros(20_000), rng.random(30_000)], np.zeros(1000), np.array([1.0]), np.array([2.0, 2.0])]
+    for w in rows:
+        assert np.array_equal(descending(w), np.argsort(-w, kind="stable")), w[:4]
+    assert not np.array_equal(np.argsort(-rows[1]), np.argsort(-rows[1], kind="stable")), "the ties need the fix"
+    w = rng.standard_normal(5000)
+    w[rng.choice(5000, 40, replace=False)] = np.nan
+    got, want = descending(w), np.argsort(-w, kind="stable")
+    assert np.array_equal(got[:4960], want[:4960]) and np.isnan(w[got[4960:]]).all()
+
+
 def test_top_p_set_takes_the_full_sort_without_a_usable_top():
     """NaN logits or a denormal largest p: no exception or warning, the full sort's answer."""
     from minillm.engine.sampler import top_p_set

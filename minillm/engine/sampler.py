@@ -64,6 +64,22 @@ def probs_from_logits(logits: np.ndarray, temperature: float, top_p: float, top_
     return p
 
 
+def descending(w: np.ndarray) -> np.ndarray:
+    """argsort(-w, kind="stable"): w descending, ties in index order. NumPy's default sort, then the
+    ids within each run of ties sorted: the stable sort took 15 ms for 151,936 float64s, NumPy's 2.5
+    (one more sort of the tied places' keys where there are ties). NaNs come last either way, in some
+    order."""
+    order = np.argsort(-w)
+    sw = w[order]
+    tie = sw[1:] == sw[:-1]
+    if tie.any():  # the places in runs of equal w: each run's ids ascending (keys run * n + id are unique)
+        at = np.flatnonzero(np.concatenate((tie, [False])) | np.concatenate(([False], tie)))
+        vals, ids = sw[at], order[at]
+        run = np.cumsum(np.concatenate(([True], vals[1:] != vals[:-1])))
+        order[at] = ids[np.argsort(run * w.shape[0] + ids)]
+    return order
+
+
 def top_p_set(p: np.ndarray, top_p: float) -> np.ndarray:
     """The ids in the smallest prefix of the order (p descending, id ascending) whose mass reaches
     top_p, the token crossing it included: those i of order = argsort(-p, stable) with
@@ -88,7 +104,7 @@ def top_p_set(p: np.ndarray, top_p: float) -> np.ndarray:
             sel = np.flatnonzero(p >= np.partition(p, vocab - m)[vocab - m])  # the m-th largest and up
         w = p[sel]  # in id order, so the stable sort keeps ties in it
         if w.sum() >= top_p + 1e-9:  # (pairwise) then the exact check below passes: sort
-            order = np.argsort(-w, kind="stable")
+            order = descending(w)
             w = w[order]
             cum = np.cumsum(w)
             if cum[-1] >= top_p + 1e-12:
@@ -96,7 +112,7 @@ def top_p_set(p: np.ndarray, top_p: float) -> np.ndarray:
         if nonzero <= m:
             break
         m *= 16
-    order = np.argsort(-p, kind="stable")
+    order = descending(p)
     w = p[order]
     cum = np.cumsum(w)
     return order[cum - w < top_p]
