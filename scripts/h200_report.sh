@@ -6465,6 +6465,7 @@ part343() {  # session 64, run on H100 (carry .whl and .snap0 = git archive ddfd
 
 bench_ab() {  # bench_ab "A_ENV" "B_ENV" "SCALES": the sampler bench with the environment A_ENV (sb_plain_*) / B_ENV
   # (sb_topp_*; each "" or VAR=VALUE) at each --logit-scale, alternated twice, then once each on bf16-rounded logits
+  # (scripts/sampler_ab.py DIR tabulates them)
   local i s
   for i in 1 2; do
     for s in $3; do
