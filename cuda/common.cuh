@@ -313,12 +313,6 @@ __device__ __forceinline__ double warp_sum(double v) {
   return v;
 }
 
-__device__ __forceinline__ unsigned long long warp_sum(unsigned long long v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 // ---- flash-decoding splits, shared by decode_attention.cu (which writes them) and gemv.cu's
 // gemv1_merge_* (the batch-1 o product, which can merge them itself): both count and weigh the
 // splits through these, so the merged rows are the same bits whichever kernel merges.

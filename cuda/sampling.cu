@@ -276,14 +276,6 @@ __device__ __forceinline__ void add_mass(unsigned long long* bin, unsigned long 
 #define SAMPLE_TOPP_GATHER 1
 #endif
 
-// SAMPLE_TOPP_LIGHT (off): top-p's first pass leaves its light tokens out of its bins (filter_row), so
-// fewer tokens take its two shared atomics: top-p 0.9 -4% to -9% on peaked rows, but +3-5% on N(0, 9)
-// rows and bf16-rounded ones (H100, part345), where most tokens still take them and the branch costs
-// more than it saves (NumPy on the bench's rows: the same gathers are tried, none overflows).
-#ifndef SAMPLE_TOPP_LIGHT
-#define SAMPLE_TOPP_LIGHT 0
-#endif
-
 struct KeyList {  // key_list(): where it lives
   unsigned key[GATHER_CAP];
   unsigned long long wt[GATHER_CAP];  // list_weigh's prefix sums of fixed-point weights
@@ -535,11 +527,6 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
       total = (double)tot;
       list_cut(*L, L->n, kth_key, tp * total, tot, prefix, above, cnt);
     }
-    // SAMPLE_TOPP_LIGHT: pass 0 leaves out of its bins the tokens lighter than light. Together they weigh
-    // under (1 - top_p) unit <= (1 - top_p) total, so the bins left still reach need, and every bin above
-    // the crossing is whole (weights rise with keys); the crossing bin may be partial, and the later
-    // passes weigh all of it. The kept mass is then summed in registers.
-    const unsigned long long light = (unsigned long long)((1.0 - tp) * (double)unit / V);
     for (int pass = 0; pass < (gathered ? 0 : 3); ++pass) {
       const int nb = radix_bins(pass), shift = radix_shift(pass);
       const unsigned mask = radix_mask(pass);
@@ -547,27 +534,22 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
       if (pass == 2)
         for (int b = tid; b < nb; b += NT) ties[b] = 0;
       __syncthreads();
-      unsigned long long own = 0;  // pass 0: this thread's kept mass
       for_each_logit(lg, V, [&](int, float l) {
         const unsigned key = float_key(l);
         if ((key & mask) == prefix && key >= kth_key) {
           const int b = (key >> shift) & (nb - 1);
           const unsigned long long v = fixed_weight(l, bv, k2, unit);
-          if (SAMPLE_TOPP_LIGHT && pass == 0) own += v;
-          // most of a real row's tail weighs 0 in fixed point; SAMPLE_TOPP_LIGHT leaves out light tokens
-          if (v && (pass > 0 || !SAMPLE_TOPP_LIGHT || v >= light)) add_mass(mass + b, v);
+          // most of a real row's tail weighs 0 in fixed point. Leaving pass 0's light tokens out of the
+          // bins too (SAMPLE_TOPP_LIGHT, part345) made peaked rows 4-9% faster, N(0, 9) rows 3-5.5% slower.
+          if (v) add_mass(mass + b, v);
           if (pass == 2) atomicAdd(ties + b, 1);  // the last pass's bins are single keys
         }
       });
       __syncthreads();
-      if (pass == 0) {  // the kept mass: from registers, or every bin of the first pass
-        if (SAMPLE_TOPP_LIGHT) {
-          total = (double)minillm::block_sum(own, reinterpret_cast<unsigned long long*>(dscratch));
-        } else {
-          double own_bins = 0.0;
-          for (int b = tid; b < nb; b += NT) own_bins += (double)mass[b];
-          total = minillm::block_sum(own_bins, dscratch);
-        }
+      if (pass == 0) {  // the kept mass: every bin of the first pass
+        double own = 0.0;
+        for (int b = tid; b < nb; b += NT) own += (double)mass[b];
+        total = minillm::block_sum(own, dscratch);
         need = tp * total;
       }
       int bin;

@@ -6496,7 +6496,7 @@ part344() {  # session 64, run on H100 (carry .whl): SAMPLE_TOPP_GATHER on by de
   pack
 }
 
-part345() {  # session 64, run on H100 (carry .whl): SAMPLE_TOPP_LIGHT (then on by default; off since): top-p's first pass leaves the tokens
+part345() {  # session 64, run on H100 (carry .whl): SAMPLE_TOPP_LIGHT (then on by default; removed since: run it from 54ecb8c): top-p's first pass leaves the tokens
   # lighter than (1 - top_p) / V of the max out of its bins (fewer shared atomics), its kept mass summed in
   # registers. The sampler's and drawn drafts' tests, memcheck and racecheck of both kernels, the bench
   # with SAMPLE_TOPP_LIGHT=0 / default at logit scales 3 and 5, alternated twice, and on bf16 logits (~3 min)
