@@ -947,6 +947,72 @@ __device__ void draw_row(Src& src, const WarpTiles& wt, float wd, int d, u64 see
   tile_draw(src, wt, hash_uniform(seed, pos, d >= 0 ? 2ull : 0ull) * total, s_tile, s_warp, bi, out + row);
 }
 
+// One row's shared scratch, declared by each kernel that samples rows (sample_tokens, and
+// verify_drawn_drafts for its rows without a drawn draft). Pointers to separate arrays, not one struct
+// in shared memory: that one (a base and offsets) compiled sample_tokens with 68 bytes of spill loads
+// against 36
+struct SampleShared {
+  double* dscratch;  // [32]
+  double* s_above;
+  float* fscratch;  // [32]
+  int* iscratch;    // [SAMPLE_ISCRATCH]
+  int *s_bin, *s_first;
+  double* s_tile;  // [SAMPLE_MAX_TILES]: the radix histograms, then the tiled draw's masses
+  double* s_warp;  // [SAMPLE_WARPS]
+};
+
+// sample_tokens' row: argmax; greedy, or the filters and the draw (with draft[row], a one-hot draft or
+// -1, verified on the way). Every thread of the block calls it.
+__device__ __forceinline__ void sample_row(const float* __restrict__ lg, int V, int row, const int* __restrict__ draft,
+                                           const float* __restrict__ temperature, const float* __restrict__ top_p,
+                                           const int* __restrict__ top_k, const float* __restrict__ min_p,
+                                           const void* __restrict__ seeds, int seed_bytes,
+                                           const int* __restrict__ positions, int* __restrict__ out,
+                                           int* __restrict__ accepted, const SampleShared& sh) {
+  // ---- argmax (greedy) and the max logit
+  float bv;
+  int bi;
+  row_argmax(lg, V, sh.fscratch, sh.iscratch, bv, bi);
+  const float temp = temperature[row];
+  const int d = draft ? draft[row] : -1;  // a drafted token to verify at this row, or -1
+  MINILLM_CHECK(d < V && V <= DRAW_TILE * DRAW_MAX_TILES);
+  if (!(temp > 0.f)) {
+    if (threadIdx.x == 0) {
+      out[row] = bi;
+      if (accepted) accepted[row] = d >= 0 && d == bi;
+    }
+    return;
+  }
+  RowFilter f;
+  filter_row(lg, V, bv, (double)temp, top_k, min_p, top_p, row, f, sh.s_tile, sh.dscratch, sh.s_bin, sh.s_first,
+             sh.s_above);
+  const u64 seed = seed_bytes == 8 ? reinterpret_cast<const u64*>(seeds)[row]
+                                   : (u64)(i64)reinterpret_cast<const int*>(seeds)[row];
+  const i64 pos = positions[row];
+  const WarpTiles wt(V);
+  const float k2 = LOG2E_F / temp;
+  __syncthreads();  // the radix histograms (s_tile) are done with
+  if (!f.tie_cut) {  // keep key >= cut-off (top-p, after top-k / min-p) or >= the floor
+    SampledRow src{lg, V, aligned16(lg), floor_logit(f.min_key()), k2, bv, -1};
+    draw_row(src, wt, d >= 0 ? src.weight(lg[d]) : 0.f, d, seed, pos, bi, sh.s_tile, sh.s_warp, out, accepted, row);
+    return;
+  }
+  // top-p's cut-off keeps the first n_tie of its tied tokens in index order: a pass ranks them a tile.
+  // Out of line (__noinline__) sample_tokens compiled without spills (12 bytes stored, 76 loaded here),
+  // but top-p rows ran 3-5% slower and temperature rows at most 2% faster (part339): inline.
+  int* s_rank = reinterpret_cast<int*>(sh.s_tile + DRAW_MAX_TILES);
+  TiedRow src{{lg, V, aligned16(lg), f, k2, bv, floor_logit(f.kth_key)}, 0, s_rank, -1};
+  int base[2];
+  tie_ranks(src, wt, s_rank, sh.iscratch, base);
+  src.r0 = base[0];
+  float wd = 0.f;
+  if (d >= 0) {  // d's weight, a tie ranked by the ties before it (uniform over the block)
+    const float ld = lg[d];
+    wd = src.P.weight(ld, src.P.tie(ld, true) ? key_count_before(lg, d, f.cut_key, sh.dscratch) : 0);
+  }
+  draw_row(src, wt, wd, d, seed, pos, bi, sh.s_tile, sh.s_warp, out, accepted, row);
+}
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, SAMPLE_THREADS > 512 ? 1 : 2)
@@ -963,59 +1029,22 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
   __shared__ int s_bin, s_first;
   __shared__ double s_tile[SAMPLE_MAX_TILES];
   __shared__ double s_warp[SAMPLE_WARPS];
+  const SampleShared sh{dscratch, &s_above, fscratch, iscratch, &s_bin, &s_first, s_tile, s_warp};
   minillm::pdl_entry();
   const int row = blockIdx.x;
   if (row >= n_rows) return;
-  const float* lg = logits + (i64)row * stride;
-
-  // ---- argmax (greedy) and the max logit
-  float bv;
-  int bi;
-  row_argmax(lg, V, fscratch, iscratch, bv, bi);
-  const float temp = temperature[row];
-  const int d = draft ? draft[row] : -1;  // a drafted token to verify at this row, or -1
-  MINILLM_CHECK(d < V && V <= DRAW_TILE * DRAW_MAX_TILES);
-  if (!(temp > 0.f)) {
-    if (threadIdx.x == 0) {
-      out[row] = bi;
-      if (accepted) accepted[row] = d >= 0 && d == bi;
-    }
-    return;
-  }
-  RowFilter f;
-  filter_row(lg, V, bv, (double)temp, top_k, min_p, top_p, row, f, s_tile, dscratch, &s_bin, &s_first, &s_above);
-  const u64 seed = seed_bytes == 8 ? reinterpret_cast<const u64*>(seeds)[row]
-                                   : (u64)(i64)reinterpret_cast<const int*>(seeds)[row];
-  const i64 pos = positions[row];
-  const WarpTiles wt(V);
-  const float k2 = LOG2E_F / temp;
-  __syncthreads();  // the radix histograms (s_tile) are done with
-  if (!f.tie_cut) {  // keep key >= cut-off (top-p, after top-k / min-p) or >= the floor
-    SampledRow src{lg, V, aligned16(lg), floor_logit(f.min_key()), k2, bv, -1};
-    draw_row(src, wt, d >= 0 ? src.weight(lg[d]) : 0.f, d, seed, pos, bi, s_tile, s_warp, out, accepted, row);
-    return;
-  }
-  // top-p's cut-off keeps the first n_tie of its tied tokens in index order: a pass ranks them a tile.
-  // Out of line (__noinline__) sample_tokens compiled without spills (12 bytes stored, 76 loaded here),
-  // but top-p rows ran 3-5% slower and temperature rows at most 2% faster (part339): inline.
-  int* s_rank = reinterpret_cast<int*>(s_tile + DRAW_MAX_TILES);
-  TiedRow src{{lg, V, aligned16(lg), f, k2, bv, floor_logit(f.kth_key)}, 0, s_rank, -1};
-  int base[2];
-  tie_ranks(src, wt, s_rank, iscratch, base);
-  src.r0 = base[0];
-  float wd = 0.f;
-  if (d >= 0) {  // d's weight, a tie ranked by the ties before it (uniform over the block)
-    const float ld = lg[d];
-    wd = src.P.weight(ld, src.P.tie(ld, true) ? key_count_before(lg, d, f.cut_key, dscratch) : 0);
-  }
-  draw_row(src, wt, wd, d, seed, pos, bi, s_tile, s_warp, out, accepted, row);
+  sample_row(logits + (i64)row * stride, V, row, draft, temperature, top_p, top_k, min_p, seeds, seed_bytes, positions,
+             out, accepted, sh);
 }
 
 #if SAMPLE_THREADS == 512  // the wide build has sample_tokens alone
 // ---- verify_drawn_drafts: drafts drawn from the drafter's q, verified against that q ------------
-// The twin of sampler.sample's rows with draft_rows[b] >= 0 (DFlash or the draft model drawing drafts at
-// temperature > 0). It runs after sample_tokens, which took such rows as one-hot drafts, and
-// rewrites out / accepted of exactly those rows. p: the target's row under the row's temperature
+// The twin of sampler.sample with draft_rows (DFlash or the draft model drawing drafts at temperature
+// > 0). It takes every row of the batch in place of sample_tokens: a row with draft_rows[b] >= 0 (and
+// a draft, at temperature > 0) is verified against q here; any other row is sample_tokens' row
+// (sample_row: greedy, or drawn, with a one-hot draft verified). One launch: until session 65
+// sample_tokens ran first on every row, whose drafted rows this kernel then redid, so a round waited
+// for a whole sample_tokens (~24-107 us a row at small batches) for nothing. p: the target's row under the row's temperature
 // and filters; q: the drafter's row q_logits[q_rows[row]] (QV <= V ids, the rest weigh 0) under the
 // same, as the drafter's own sample_tokens drew d from it. d is accepted with probability
 // min(1, p(d) / q(d)) (u * q(d) < p(d), u on the accept stream); otherwise the token is drawn from
@@ -1094,9 +1123,13 @@ verify_drawn_drafts(const float* __restrict__ logits, i64 stride, int V, const f
   if (row >= n_rows) return;
   const int d = draft[row], qr = q_rows[row];
   const float temp = temperature[row];
-  if (d < 0 || qr < 0 || !(temp > 0.f)) return;  // sample_tokens' result stands
-  MINILLM_CHECK(d < V && QV <= V && V <= DRAW_TILE * DRAW_MAX_TILES);
   const float* lp = logits + (i64)row * stride;
+  if (d < 0 || qr < 0 || !(temp > 0.f)) {  // no draft drawn from q: sample_tokens' row (d one-hot, or none)
+    const SampleShared sh{dscratch, &s_above, fscratch, iscratch, &s_bin, &s_first, s_tile, s_wmass};
+    sample_row(lp, V, row, draft, temperature, top_p, top_k, min_p, seeds, seed_bytes, positions, out, accepted, sh);
+    return;
+  }
+  MINILLM_CHECK(d < V && QV <= V && V <= DRAW_TILE * DRAW_MAX_TILES);
   const float* lq = q_logits + (i64)qr * q_stride;
   const double t = (double)temp;
   const WarpTiles wt(V);

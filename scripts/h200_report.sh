@@ -6532,6 +6532,32 @@ part346() {  # session 64, not run (carry .whl): MINILLM_SAMPLE_WIDE_ROWS (off b
   pack
 }
 
+part347() {  # session 65 (carry .whl and .snap0 = git archive 2e98554): verify_drawn_drafts takes the whole batch in
+  # place of sample_tokens (its rows without a drawn draft through sample_tokens' own sample_row), one launch
+  # where there were two. The sampler bench's q-draft modes .snap0 / this tree alternated twice at logit
+  # scales 3 and 5; then the sampled rejected DFlash k = 8 round (spec-cost --temperature 1) of the 0.6B
+  # shape, .snap0 / this tree twice (~6 min). part346 ran the drawn-draft tests and sanitizers on this kernel
+  setup
+  facts > "$W/facts.txt" 2>&1
+  local i s m="temperature 0.6 + q draft,top-p 0.9 + q draft"
+  for i in 1 2; do
+    for s in 3 5; do
+      sampler_bench_in .snap0 "sb_old_s${s}_$i" --logit-scale $s --modes "\"$m\""
+      sampler_bench_in . "sb_new_s${s}_$i" --logit-scale $s --modes "\"$m\""
+    done
+  done
+  stage models06 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
+  for i in 1 2; do
+    stage "spec_cost_06b_t1_old_$i" 100 bash -c "cd .snap0 && PYTHONPATH=.:/tmp/site python3 -m minillm.bench \
+      spec-cost $M/q06 --drafter $M/q06-dflash --k 8 --concurrency 1,4,16 --accept 0 --temperature 1.0 \
+      --result-json $W/spec_cost_06b_t1_old_$i.json"
+    stage "spec_cost_06b_t1_new_$i" 100 python3 -m minillm.bench spec-cost $M/q06 --drafter $M/q06-dflash --k 8 \
+      --concurrency 1,4,16 --accept 0 --temperature 1.0 --result-json "$W/spec_cost_06b_t1_new_$i.json"
+  done
+  pack
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 

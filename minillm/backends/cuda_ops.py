@@ -2190,7 +2190,8 @@ class CudaBackend:
         """One token per logits row on the device (and verification of drafted tokens where
         draft_tokens >= 0); twin of minillm.engine.sampler.sample. min_p None: off for every row
         (the kernel gets a null pointer). draft_logits / draft_rows: the drafter's rows of drafts
-        drawn from q; verify_drawn_drafts then redoes the rows with draft_rows >= 0."""
+        drawn from q; verify_drawn_drafts then takes the whole batch in place of sample_tokens,
+        verifying the rows with draft_rows >= 0 against q."""
         B, stride = _rows(logits, "sample logits")
         if B == 0:
             return
@@ -2220,6 +2221,15 @@ class CudaBackend:
                 raise TypeError(f"sample: {n} must be {np.dtype(dt)}, got {a.dtype}")
         if seeds.dtype not in (np.int64, np.uint64, np.int32):
             raise TypeError(f"sample: seeds must be int64/uint64/int32, got {seeds.dtype}")
+        if draft_rows is not None:  # one launch: verify_drawn_drafts samples the other rows itself
+            q_stride = _rows(draft_logits, "sample draft_logits")[1]
+            self._launch(
+                "verify_drawn_drafts", (B,), (_SAMPLE_THREADS,),
+                (logits, _i64(stride), _i32(logits.shape[-1]), draft_logits, _i64(q_stride),
+                 _i32(draft_logits.shape[-1]), temperature, top_p, top_k, _NULL if min_p is None else min_p,
+                 seeds, _i32(seeds.itemsize), positions, draft_tokens, draft_rows, out_tokens, out_accepted, _i32(B)),
+            )
+            return
         wide = B <= self.sample_wide_rows
         self._launch(
             "sample_tokens_wide" if wide else "sample_tokens", (B,),
@@ -2229,14 +2239,6 @@ class CudaBackend:
              _NULL if draft_tokens is None else draft_tokens,
              _NULL if out_accepted is None else out_accepted, _i32(B)),
         )
-        if draft_rows is not None:
-            q_stride = _rows(draft_logits, "sample draft_logits")[1]
-            self._launch(
-                "verify_drawn_drafts", (B,), (_SAMPLE_THREADS,),
-                (logits, _i64(stride), _i32(logits.shape[-1]), draft_logits, _i64(q_stride),
-                 _i32(draft_logits.shape[-1]), temperature, top_p, top_k, _NULL if min_p is None else min_p,
-                 seeds, _i32(seeds.itemsize), positions, draft_tokens, draft_rows, out_tokens, out_accepted, _i32(B)),
-            )
 
     def close(self) -> None:
         """Release the cuBLAS handle and hand CuPy its previous allocator back."""
