@@ -19,7 +19,7 @@
 // rounds differently from NumPy's at a token's x exactly on min-p's threshold.
 //
 // Speculative verification rides along (draft[row] = d >= 0), with q one-hot (n-gram drafts,
-// DFlash2's picks, greedy rows; drafts drawn from a drafter's q are redone by verify_drawn_drafts),
+// DFlash2's picks, greedy rows; drafts drawn from a drafter's q go to verify_drawn_drafts, which samples the whole batch then),
 // so rejection sampling reduces to: accept d with probability p(d) (greedy: d is the argmax); else
 // draw from p without d. out[row] is then d or that draw, accepted[row]
 // says which; the engine keeps the accepted prefix and the first non-accepted row's token.

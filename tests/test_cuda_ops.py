@@ -1755,7 +1755,7 @@ def check_sampler_verifies_drafts(be, V, min_p, kind="normal"):
 @pytest.mark.parametrize("kind", ["normal", "integer-ties"])
 def test_sampler_verifies_drawn_drafts_like_numpy(be, V, QV, kind):
     """Drafts drawn from the drafter's q (its rows, QV <= V ids) and verified against q
-    (verify_drawn_drafts, after sample_tokens): accept flags and tokens equal NumPy's, but for a
+    (verify_drawn_drafts, which takes the whole batch): accept flags and tokens equal NumPy's, but for a
     near-tie; rows without a q row keep the one-hot verification, rows without a draft their sample.
     integer-ties: p's and q's top-p cut-offs keep some of a run of tied logits on most rows."""
     from minillm.engine.sampler import DRAFT_SEED_SALT
