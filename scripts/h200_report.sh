@@ -6558,6 +6558,23 @@ part347() {  # session 65 (carry .whl and .snap0 = git archive 2e98554): verify_
   pack
 }
 
+part348() {  # session 65 (carry .whl): the wide sampler the default up to a row an SM (part346: 20-32% faster top-k /
+  # top-p rows at 1-128 rows) and the op tests of both builds (sample_build); every GPU test on that default, then
+  # the bench 512 threads / wide past a row an SM (132, 192, 256 rows), alternated twice (~5 min)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  gpu_tests_full 330
+  tail -n 3 "$W/gpu_tests.log"
+  local i
+  for i in 1 2; do
+    (export MINILLM_SAMPLE_WIDE_ROWS=0; stage "sb_plain_many_$i" 100 python3 scripts/sampler_bench.py \
+      --batches 132,192,256 --json "$W/sb_plain_many_$i.json")
+    (export MINILLM_SAMPLE_WIDE_ROWS=1000000; stage "sb_topp_many_$i" 100 python3 scripts/sampler_bench.py \
+      --batches 132,192,256 --json "$W/sb_topp_many_$i.json")
+  done
+  pack
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 

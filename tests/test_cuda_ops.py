@@ -1623,17 +1623,38 @@ def near_tie(logits, t, tp, k, seed, pos, token, mp=0.0) -> bool:
     return bool(near_cdf or near_topp or near_minp)
 
 
+SAMPLE_BUILDS = pytest.mark.parametrize("sample_build", ["wide", "512"], indirect=True)
+
+
+@pytest.fixture
+def sample_build(request, be):
+    """Each build of sample_tokens on the op tests' small batches: "wide" (1,024 threads a row, the
+    default up to a row an SM: MINILLM_SAMPLE_WIDE_ROWS) and "512" (larger batches' kernel), by the
+    backend's row limit for the wide one. Parametrized by the outermost mark (SAMPLE_BUILDS), so last in the
+    test ids: selections like -k "sampler_matches and bfloat16-normal-1000" still match."""
+    saved = be.sample_wide_rows
+    if request.param == "wide" and not saved:
+        pytest.skip("MINILLM_SAMPLE_WIDE_ROWS=0: the wide build is not loaded")
+    be.sample_wide_rows = 1 << 30 if request.param == "wide" else 0
+    try:
+        yield request.param
+    finally:
+        be.sample_wide_rows = saved
+
+
+@SAMPLE_BUILDS
 @pytest.mark.parametrize("V", [1000, 1001, 151936])  # 1001: rows not 16-byte aligned (the draw's scalar loads)
 @pytest.mark.parametrize("kind", ["normal", "integer-ties", "peaked", "flat", "cluster"])
-def test_sampler_matches_numpy(be, V, kind):
+def test_sampler_matches_numpy(be, V, kind, sample_build):
     check_sampler_matches_numpy(be, V, kind, 0.0)
 
 
 # a test of its own, so the ids that scripts select (-k "sampler_matches and bfloat16-normal-1000") stay one test
+@SAMPLE_BUILDS
 @pytest.mark.parametrize("min_p", [0.05, 0.3])
 @pytest.mark.parametrize("V", [1000, 151936])
 @pytest.mark.parametrize("kind", ["normal", "integer-ties", "peaked", "flat", "cluster"])
-def test_sampler_min_p_matches_numpy(be, V, kind, min_p):
+def test_sampler_min_p_matches_numpy(be, V, kind, min_p, sample_build):
     check_sampler_matches_numpy(be, V, kind, min_p)
 
 
@@ -1695,16 +1716,18 @@ def test_sampler_distribution_follows_seeds(be, min_p):
     assert len(set(got.tolist())) > 3
 
 
+@SAMPLE_BUILDS
 @pytest.mark.parametrize("V", [1000, 151936])
 @pytest.mark.parametrize("kind", ["normal", "integer-ties"])
-def test_sampler_verifies_drafts_like_numpy(be, V, kind):
+def test_sampler_verifies_drafts_like_numpy(be, V, kind, sample_build):
     """integer-ties: top-p's cut-off keeps some of a run of tied logits on most rows (the draw's tie
     ranks, TiedRow), and drafts from the top of the order are often among those ties."""
     check_sampler_verifies_drafts(be, V, 0.0, kind)
 
 
+@SAMPLE_BUILDS
 @pytest.mark.parametrize("V", [1000, 151936])
-def test_sampler_min_p_verifies_drafts_like_numpy(be, V):
+def test_sampler_min_p_verifies_drafts_like_numpy(be, V, sample_build):
     """With min_p 0.05 on every row the unlikely drafts are ones it filters out: never accepted."""
     check_sampler_verifies_drafts(be, V, 0.05)
 
