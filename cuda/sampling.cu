@@ -1101,14 +1101,20 @@ __device__ __forceinline__ float max4(float4 v) { return fmaxf(fmaxf(v.x, v.y), 
 
 }  // namespace
 
-// grid n_rows, SAMPLE_THREADS threads (one CTA an SM: room for 128 registers); the arguments are
-// sample_tokens' plus the drafter's rows
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
-verify_drawn_drafts(const float* __restrict__ logits, i64 stride, int V, const float* __restrict__ q_logits,
-                    i64 q_stride, int QV, const float* __restrict__ temperature, const float* __restrict__ top_p,
-                    const int* __restrict__ top_k, const float* __restrict__ min_p, const void* __restrict__ seeds,
-                    int seed_bytes, const int* __restrict__ positions, const int* __restrict__ draft,
-                    const int* __restrict__ q_rows, int* __restrict__ out, int* __restrict__ accepted, int n_rows) {
+namespace {
+
+// verify_drawn_drafts' row. PAIR: the row is a cluster of two CTAs; CTA r finds row r's (p's, q's) max
+// and filters, CTA 1 hands its answers to CTA 0 through distributed shared memory and leaves, and CTA 0
+// goes on alone; the other rows CTA 0 alone. Otherwise one CTA does all of it.
+template <bool PAIR>
+__device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64 stride, int V,
+                                           const float* __restrict__ q_logits, i64 q_stride, int QV,
+                                           const float* __restrict__ temperature, const float* __restrict__ top_p,
+                                           const int* __restrict__ top_k, const float* __restrict__ min_p,
+                                           const void* __restrict__ seeds, int seed_bytes,
+                                           const int* __restrict__ positions, const int* __restrict__ draft,
+                                           const int* __restrict__ q_rows, int* __restrict__ out,
+                                           int* __restrict__ accepted, int n_rows) {
   __shared__ double dscratch[32];
   __shared__ double s_above;
   __shared__ float fscratch[32];
@@ -1120,12 +1126,13 @@ verify_drawn_drafts(const float* __restrict__ logits, i64 stride, int V, const f
   __shared__ double s_wd[2];  // d's weights in p and q
   __shared__ double s_wmass[SAMPLE_WARPS];
   minillm::pdl_entry();
-  const int row = blockIdx.x, tid = threadIdx.x;
+  const int row = PAIR ? blockIdx.x >> 1 : blockIdx.x, tid = threadIdx.x;
   if (row >= n_rows) return;
   const int d = draft[row], qr = q_rows[row];
   const float temp = temperature[row];
   const float* lp = logits + (i64)row * stride;
   if (d < 0 || qr < 0 || !(temp > 0.f)) {  // no draft drawn from q: sample_tokens' row (d one-hot, or none)
+    if (PAIR && minillm::cluster_rank() != 0) return;  // the pair's first CTA samples it alone
     const SampleShared sh{dscratch, &s_above, fscratch, iscratch, &s_bin, &s_first, s_tile, s_wmass};
     sample_row(lp, V, row, draft, temperature, top_p, top_k, min_p, seeds, seed_bytes, positions, out, accepted, sh);
     return;
@@ -1139,33 +1146,66 @@ verify_drawn_drafts(const float* __restrict__ logits, i64 stride, int V, const f
                   0.f, 0.f, false, 0, 0, nullptr};
   KeptRow &P = R.P, &Q = R.Q;
 
-  // ---- both rows' max
-  float bp = minillm::neg_inf(), bq = minillm::neg_inf();
-  for (int tt = wt.lo; tt < wt.hi; ++tt) {
-    DraftResidual::Tile tile;
-    R.load(tt, tile);
-#pragma unroll
-    for (int g = 0; g < DRAW_GROUP; ++g) {
-      bp = fmaxf(bp, max4(tile.a[g]));
-      bq = fmaxf(bq, max4(tile.b[g]));
-    }
-  }
-  {
-    int ignored = 0;
-    block_argmax(bp, ignored, fscratch, iscratch);
-    block_argmax(bq, ignored, fscratch, iscratch);
-  }
-  P.bv = bp;
-  Q.bv = bq;
-  // ---- the filters (none, the radix selects, or min-p's floor), as sample_tokens filters its rows
   const bool filtered = top_k[row] > 0 || (min_p && min_p[row] > 0.f) || top_p[row] < 1.f;  // uniform
-  if (filtered) {
-    filter_row(lp, V, bp, t, top_k, min_p, top_p, row, P.f, s_tile, dscratch, &s_bin, &s_first, &s_above);
-    filter_row(lq, QV, bq, t, top_k, min_p, top_p, row, Q.f, s_tile, dscratch, &s_bin, &s_first, &s_above);
-    P.floor = P.f.use_floor ? floor_logit(P.f.kth_key) : ninf;
-    Q.floor = Q.f.use_floor ? floor_logit(Q.f.kth_key) : ninf;
+  if constexpr (PAIR) {
+    // ---- CTA r: row r's max and filters; CTA 0 reads CTA 1's from its shared memory
+    __shared__ uint4 s_pub[2];  // {kth_key, cut_key, n_tie, max}, {use_floor, use_topp, tie_cut, 0}
+    const unsigned rank = minillm::cluster_rank();
+    const float* lr = rank ? lq : lp;
+    const int nr = rank ? QV : V;
+    float b;
+    int ignored;
+    row_argmax(lr, nr, fscratch, iscratch, b, ignored);
+    RowFilter f{0u, false, false, false, 0u, 0};
+    if (filtered) filter_row(lr, nr, b, t, top_k, min_p, top_p, row, f, s_tile, dscratch, &s_bin, &s_first, &s_above);
+    if (tid == 0) {
+      s_pub[0] = make_uint4(f.kth_key, f.cut_key, (unsigned)f.n_tie, __float_as_uint(b));
+      s_pub[1] = make_uint4(f.use_floor, f.use_topp, f.tie_cut, 0u);
+    }
+    minillm::cluster_sync();  // both published
+    if (rank != 0) {
+      minillm::cluster_sync();  // its shared memory stays until CTA 0 has read it
+      return;
+    }
+    const uint4 a = minillm::ld_cluster_u4(minillm::smem_u32(&s_pub[0]), 1u);
+    const uint4 c = minillm::ld_cluster_u4(minillm::smem_u32(&s_pub[1]), 1u);
+    minillm::cluster_sync();
+    P.bv = b;
+    P.f = f;
+    Q.bv = __uint_as_float(a.w);
+    Q.f = RowFilter{a.x, c.x != 0u, c.y != 0u, c.z != 0u, a.y, (int)a.z};
+    if (filtered) {
+      P.floor = P.f.use_floor ? floor_logit(P.f.kth_key) : ninf;
+      Q.floor = Q.f.use_floor ? floor_logit(Q.f.kth_key) : ninf;
+    }
   } else {
-    P.f = Q.f = RowFilter{0u, false, false, false, 0u, 0};
+    // ---- both rows' max
+    float bp = minillm::neg_inf(), bq = minillm::neg_inf();
+    for (int tt = wt.lo; tt < wt.hi; ++tt) {
+      DraftResidual::Tile tile;
+      R.load(tt, tile);
+  #pragma unroll
+      for (int g = 0; g < DRAW_GROUP; ++g) {
+        bp = fmaxf(bp, max4(tile.a[g]));
+        bq = fmaxf(bq, max4(tile.b[g]));
+      }
+    }
+    {
+      int ignored = 0;
+      block_argmax(bp, ignored, fscratch, iscratch);
+      block_argmax(bq, ignored, fscratch, iscratch);
+    }
+    P.bv = bp;
+    Q.bv = bq;
+    // ---- the filters (none, the radix selects, or min-p's floor), as sample_tokens filters its rows
+    if (filtered) {
+      filter_row(lp, V, bp, t, top_k, min_p, top_p, row, P.f, s_tile, dscratch, &s_bin, &s_first, &s_above);
+      filter_row(lq, QV, bq, t, top_k, min_p, top_p, row, Q.f, s_tile, dscratch, &s_bin, &s_first, &s_above);
+      P.floor = P.f.use_floor ? floor_logit(P.f.kth_key) : ninf;
+      Q.floor = Q.f.use_floor ? floor_logit(Q.f.kth_key) : ninf;
+    } else {
+      P.f = Q.f = RowFilter{0u, false, false, false, 0u, 0};
+    }
   }
   __syncthreads();  // the radix histograms are done with
 
@@ -1231,5 +1271,32 @@ verify_drawn_drafts(const float* __restrict__ logits, i64 stride, int V, const f
   }
   if (tid == 0) accepted[row] = 0;
   tile_draw(R, wt, hash_uniform(seed, pos, 2ull) * total, s_tile, s_wmass, d, out + row);
+}
+
+}  // namespace
+
+// grid n_rows, SAMPLE_THREADS threads (one CTA an SM: room for 128 registers); the arguments are
+// sample_tokens' plus the drafter's rows
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
+verify_drawn_drafts(const float* __restrict__ logits, i64 stride, int V, const float* __restrict__ q_logits,
+                    i64 q_stride, int QV, const float* __restrict__ temperature, const float* __restrict__ top_p,
+                    const int* __restrict__ top_k, const float* __restrict__ min_p, const void* __restrict__ seeds,
+                    int seed_bytes, const int* __restrict__ positions, const int* __restrict__ draft,
+                    const int* __restrict__ q_rows, int* __restrict__ out, int* __restrict__ accepted, int n_rows) {
+  verify_row<false>(logits, stride, V, q_logits, q_stride, QV, temperature, top_p, top_k, min_p, seeds, seed_bytes,
+                    positions, draft, q_rows, out, accepted, n_rows);
+}
+
+// the same with two CTAs a row (grid 2 n_rows, clusters of two): p's filters beside q's (verify_row<true>),
+// for batches of at most half an SM a row (CudaBackend.sample)
+extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(SAMPLE_THREADS, 1)
+verify_drawn_drafts_pair(const float* __restrict__ logits, i64 stride, int V, const float* __restrict__ q_logits,
+                         i64 q_stride, int QV, const float* __restrict__ temperature, const float* __restrict__ top_p,
+                         const int* __restrict__ top_k, const float* __restrict__ min_p,
+                         const void* __restrict__ seeds, int seed_bytes, const int* __restrict__ positions,
+                         const int* __restrict__ draft, const int* __restrict__ q_rows, int* __restrict__ out,
+                         int* __restrict__ accepted, int n_rows) {
+  verify_row<true>(logits, stride, V, q_logits, q_stride, QV, temperature, top_p, top_k, min_p, seeds, seed_bytes,
+                   positions, draft, q_rows, out, accepted, n_rows);
 }
 #endif  // SAMPLE_THREADS == 512

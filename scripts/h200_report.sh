@@ -6559,18 +6559,38 @@ part347() {  # session 65 (carry .whl and .snap0 = git archive 2e98554): verify_
 }
 
 part348() {  # session 65 (carry .whl): the wide sampler the default up to a row an SM (part346: 20-32% faster top-k /
-  # top-p rows at 1-128 rows) and the op tests of both builds (sample_build); every GPU test on that default, then
-  # the bench 512 threads / wide past a row an SM (132, 192, 256 rows), alternated twice (~5 min)
+  # top-p rows at 1-128 rows), with the op tests of both builds (sample_build); and verify_drawn_drafts_pair (two
+  # CTAs a row, p's filters beside q's; the default up to half an SM a row), tested beside the one-CTA kernel
+  # (verify_build). Every GPU test; memcheck and racecheck of the drawn drafts' op tests; the bench 512 threads /
+  # wide past a row an SM (132, 192, 256 rows) alternated twice; the q-draft modes one CTA / two a row
+  # (MINILLM_VERIFY_PAIR_ROWS=0 / default) at scales 3 and 5 alternated twice; the sampled rejected DFlash round of
+  # the 0.6B shape the same two ways, twice (~7 min)
   setup
   facts > "$W/facts.txt" 2>&1
   gpu_tests_full 330
   tail -n 3 "$W/gpu_tests.log"
-  local i
+  drawn_sanitizers
+  local i s m="temperature 0.6 + q draft,top-p 0.9 + q draft,temperature 0.6"
+  for i in 1 2; do
+    for s in 3 5; do
+      (export MINILLM_VERIFY_PAIR_ROWS=0; sampler_bench_in . "sb_single_s${s}_$i" --logit-scale $s --modes "\"$m\"")
+      sampler_bench_in . "sb_pair_s${s}_$i" --logit-scale $s --modes "\"$m\""
+    done
+  done
   for i in 1 2; do
     (export MINILLM_SAMPLE_WIDE_ROWS=0; stage "sb_plain_many_$i" 100 python3 scripts/sampler_bench.py \
       --batches 132,192,256 --json "$W/sb_plain_many_$i.json")
     (export MINILLM_SAMPLE_WIDE_ROWS=1000000; stage "sb_topp_many_$i" 100 python3 scripts/sampler_bench.py \
       --batches 132,192,256 --json "$W/sb_topp_many_$i.json")
+  done
+  stage models06 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
+  for i in 1 2; do
+    (export MINILLM_VERIFY_PAIR_ROWS=0; stage "spec_cost_06b_t1_single_$i" 100 python3 -m minillm.bench spec-cost \
+      $M/q06 --drafter $M/q06-dflash --k 8 --concurrency 1,4,16 --accept 0 --temperature 1.0 --top-p 0.9 \
+      --result-json "$W/spec_cost_06b_t1_single_$i.json")
+    stage "spec_cost_06b_t1_pair_$i" 100 python3 -m minillm.bench spec-cost $M/q06 --drafter $M/q06-dflash --k 8 \
+      --concurrency 1,4,16 --accept 0 --temperature 1.0 --top-p 0.9 --result-json "$W/spec_cost_06b_t1_pair_$i.json"
   done
   pack
 }

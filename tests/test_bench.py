@@ -209,6 +209,13 @@ def test_spec_cost_bench_on_the_cpu(tiny, tmp_path, capsys):
     r = json.loads(out.read_text())
     assert r["temperature"] == 1.0 and r["cost"][0]["same_as_plain_decode"] is None
     assert r["cost"][0]["plain_step_ms"] > 0 and r["cost"][0]["tokens_per_step"] > 1.2, r["cost"]
+    # --top-k 1 reaches both models' requests: q and p one-hot on their argmaxes, which the random drafter's
+    # rarely share, so hardly a draft is accepted (a draft from the flat q above is, often)
+    assert spec_cost_main([str(tiny), "--drafter", str(drafter), "--device", "cpu", "--k", "3",
+                           "--concurrency", "2", "--input-len", "24", "--output-len", "20", "--accept", "0",
+                           "--temperature", "1.0", "--top-k", "1", "--top-p", "0.9", "--result-json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert (r["top_k"], r["top_p"]) == (1, 0.9) and r["cost"][0]["tokens_per_step"] < 1.1, r["cost"]
     # past the target's vocabulary: refused before the plain runs (no result written, no steps timed)
     out.unlink()
     capsys.readouterr()

@@ -1774,13 +1774,28 @@ def check_sampler_verifies_drafts(be, V, min_p, kind="normal"):
         assert out.any() and not got_acc[rows[out]].any()
 
 
+@pytest.fixture
+def verify_build(request, be):
+    """Each kernel verifying drafts drawn from q: "pair" (two CTAs a row, verify_drawn_drafts_pair, the
+    default up to half an SM a row: MINILLM_VERIFY_PAIR_ROWS) and "single" (one CTA a row), by the
+    backend's row limit for the pair."""
+    saved = be.verify_pair_rows
+    be.verify_pair_rows = 1 << 30 if request.param == "pair" else 0
+    try:
+        yield request.param
+    finally:
+        be.verify_pair_rows = saved
+
+
+@pytest.mark.parametrize("verify_build", ["pair", "single"], indirect=True)
 @pytest.mark.parametrize("V,QV", [(1000, 1000), (1001, 999), (151936, 151936), (151936, 32768)])
 @pytest.mark.parametrize("kind", ["normal", "integer-ties"])
-def test_sampler_verifies_drawn_drafts_like_numpy(be, V, QV, kind):
+def test_sampler_verifies_drawn_drafts_like_numpy(be, V, QV, kind, verify_build):
     """Drafts drawn from the drafter's q (its rows, QV <= V ids) and verified against q
     (verify_drawn_drafts, which takes the whole batch): accept flags and tokens equal NumPy's, but for a
     near-tie; rows without a q row keep the one-hot verification, rows without a draft their sample.
-    integer-ties: p's and q's top-p cut-offs keep some of a run of tied logits on most rows."""
+    integer-ties: p's and q's top-p cut-offs keep some of a run of tied logits on most rows. Both
+    kernels: a row's two CTAs exchange p's and q's filters (pair), or one CTA finds both (single)."""
     from minillm.engine.sampler import DRAFT_SEED_SALT
 
     rng = np.random.default_rng(V + QV if kind == "normal" else V + QV + 1)

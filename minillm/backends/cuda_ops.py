@@ -812,6 +812,11 @@ class CudaBackend:
         # SM the 512-thread kernel fits two rows an SM in one wave (not measured against). 0: never.
         self.sample_wide_rows = env_int("MINILLM_SAMPLE_WIDE_ROWS", self.num_sms,
                                         "batches of at most this many rows sample with 1,024 threads a row")
+        # Batches of at most this many rows verify drafts drawn from q with two CTAs a row (a cluster:
+        # the target's row's max and filters on one SM, the drafter's on another; verify_drawn_drafts_pair).
+        # Default: half an SM a row, so every pair runs at once. 0: never.
+        self.verify_pair_rows = env_int("MINILLM_VERIFY_PAIR_ROWS", self.num_sms // 2,
+                                        "batches of at most this many rows verify drawn drafts with two CTAs a row")
         wide_defines = (f"SAMPLE_THREADS={_SAMPLE_WIDE_THREADS}",)
         modules = {
             "rows": ["gather_rows_u16", "gather_rows_u4", "gather_rows_u2",
@@ -827,7 +832,7 @@ class CudaBackend:
                      "rms_norm_vec1_bf16", "rms_norm_vec2_bf16", "rms_norm_vec4_bf16"],
             "attention": ["paged_attention_bf16", "paged_attention_f32",
                           "attention_combine_bf16", "attention_combine_f32"],
-            "sampling": ["sample_tokens", "verify_drawn_drafts"],
+            "sampling": ["sample_tokens", "verify_drawn_drafts", "verify_drawn_drafts_pair"],
             "dflash2": ["grouped_causal_conv_bf16", "grouped_causal_conv_f32", "dflash2_topk",
                         "dflash2_path_bf16", "dflash2_path_f32"],
             "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemv1_bf16", "gemv1_f32", "gemv1_silu_mul_bf16",
@@ -2225,8 +2230,10 @@ class CudaBackend:
             raise TypeError(f"sample: seeds must be int64/uint64/int32, got {seeds.dtype}")
         if draft_rows is not None:  # one launch: verify_drawn_drafts samples the other rows itself
             q_stride = _rows(draft_logits, "sample draft_logits")[1]
+            pair = B <= self.verify_pair_rows  # two CTAs a row: p's and q's filters side by side
             self._launch(
-                "verify_drawn_drafts", (B,), (_SAMPLE_THREADS,),
+                "verify_drawn_drafts_pair" if pair else "verify_drawn_drafts", (2 * B if pair else B,),
+                (_SAMPLE_THREADS,),
                 (logits, _i64(stride), _i32(logits.shape[-1]), draft_logits, _i64(q_stride),
                  _i32(draft_logits.shape[-1]), temperature, top_p, top_k, _NULL if min_p is None else min_p,
                  seeds, _i32(seeds.itemsize), positions, draft_tokens, draft_rows, out_tokens, out_accepted, _i32(B)),

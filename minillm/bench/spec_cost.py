@@ -3,8 +3,9 @@
 1. Cost when nothing is accepted: decode steps of c = 1, 2, 4, ... sequences with no speculation,
    then with the DFlash drafter (k drafts per round; a random drafter is never right), median step
    time each; the ratio is the price of a verify step plus a draft step over a plain decode step.
-   With --temperature T both sample (seeded requests): the drafter then draws its drafts from q and
-   the target verifies them against q (verify_drawn_drafts on the GPU), so the price includes that.
+   With --temperature T (and --top-p / --top-k) both sample (seeded requests): the drafter then
+   draws its drafts from q and the target verifies them against q (verify_drawn_drafts on the GPU),
+   so the price includes that.
 2. Speedup against acceptance: a benchmark-only drafter that knows each sequence's greedy
    continuation (from a plain run) and proposes each next token correctly with probability p
    (otherwise a wrong token), for several p; tokens per step and tokens/s against no speculation.
@@ -23,7 +24,15 @@ import numpy as np
 
 from minillm.args import STARTUP_ERRORS, CliParser
 from minillm.bench.decode import weight_bytes
-from minillm.bench.report import check_output_path, context_error, derived_flags_note, need, save_json
+from minillm.bench.report import (
+    add_sampling_flags,
+    check_output_path,
+    check_sampling_flags,
+    context_error,
+    derived_flags_note,
+    need,
+    save_json,
+)
 from minillm.engine.engine import LLMEngine
 from minillm.sampling_params import SamplingParams
 
@@ -52,12 +61,13 @@ class OracleProposer:
 
 
 def run_steps(engine: LLMEngine, prompts: list[list[int]], out_len: int,
-              temperature: float = 0.0) -> tuple[list, dict]:
-    """Run the prompts to completion, greedily or (temperature > 0) sampling with request i's seed
-    i; each step's (seconds, whether a prompt was still in its prefill, the new tokens of each
-    output), and the outputs."""
-    ids = [engine.add_request(p, SamplingParams(temperature=temperature, max_tokens=out_len, ignore_eos=True,
-                                                seed=i if temperature > 0 else None), request_id=f"r{i}")
+              sampling: dict | None = None) -> tuple[list, dict]:
+    """Run the prompts to completion, greedily or (sampling: SamplingParams' temperature, top_p,
+    top_k) sampling with request i's seed i; each step's (seconds, whether a prompt was still in its
+    prefill, the new tokens of each output), and the outputs."""
+    how = sampling or {"temperature": 0}
+    ids = [engine.add_request(p, SamplingParams(max_tokens=out_len, ignore_eos=True, seed=i if sampling else None,
+                                                **how), request_id=f"r{i}")
            for i, p in enumerate(prompts)]
     outputs: dict[str, list[int]] = {i: [] for i in ids}
     steps = []
@@ -74,9 +84,9 @@ def run_steps(engine: LLMEngine, prompts: list[list[int]], out_len: int,
 
 
 def decode_steps(engine: LLMEngine, prompts: list[list[int]], out_len: int,
-                 temperature: float = 0.0) -> tuple[float, float, dict]:
+                 sampling: dict | None = None) -> tuple[float, float, dict]:
     """Run the prompts to completion; (median decode step seconds, tokens per step, outputs)."""
-    steps, outputs = run_steps(engine, prompts, out_len, temperature)
+    steps, outputs = run_steps(engine, prompts, out_len, sampling)
     decode = [(dt, sum(new) / len(new)) for dt, prefill, new in steps if not prefill and new]
     decode = decode[2:] or decode
     return float(np.median([s for s, _ in decode])), float(np.mean([n for _, n in decode])), outputs
@@ -213,7 +223,7 @@ def round_bytes_floor(engine: LLMEngine) -> dict:
 
 
 def phase_times(engine: LLMEngine, prompts: list[list[int]], out_len: int,
-                temperature: float = 0.0) -> dict[str, float]:
+                sampling: dict | None = None) -> dict[str, float]:
     """Median ms per step of each phase of a speculative step: the target's step (forward,
     sampling and verification, and the DFlash context update, which runs inside it: in its CUDA
     graph when replayed), and the drafter's proposal (its own graph when replayed). The backend is
@@ -248,7 +258,7 @@ def phase_times(engine: LLMEngine, prompts: list[list[int]], out_len: int,
         setattr(obj, name, timed)
     early, engine.early_drafts = engine.early_drafts, False  # the drafter apart from the target step
     try:
-        decode_steps(engine, prompts, out_len, temperature)
+        decode_steps(engine, prompts, out_len, sampling)
     finally:
         engine.early_drafts = early
         for obj, name, _ in wrapped:
@@ -317,8 +327,7 @@ def longest_output(ns: argparse.Namespace) -> int:
 def check_args(ns: argparse.Namespace) -> tuple[list[int], list[float]]:
     """Refuse flags the run cannot use before building an engine; (concurrencies, accept probabilities)."""
     need(ns.k >= 1, f"--k must be >= 1, got {ns.k}")
-    need(bool(np.isfinite(ns.temperature)) and ns.temperature >= 0,
-         f"--temperature must be a number >= 0, got {ns.temperature}")
+    check_sampling_flags(ns)
     need(ns.input_len >= 1, f"--input-len must be >= 1, got {ns.input_len}")
     # decode_steps times the steps after a sequence's prefill: its first token comes from the prefill
     need(ns.output_len >= 2, f"--output-len must be >= 2, got {ns.output_len}")
@@ -362,9 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("model")
     p.add_argument("--drafter", default=None, help="DFlash or DFlash2 drafter directory (the cost half)")
     p.add_argument("--k", type=int, default=8)
-    p.add_argument("--temperature", type=float, default=0.0,
-                   help="the cost half's requests sample at this temperature, seeded (0: greedy); the drafter's "
-                        "drafts are then draws from its q, verified against q")
+    add_sampling_flags(p, 0.0, "the cost half's requests' (seeded; at a temperature > 0 the drafter's drafts are "
+                       "draws from its q, verified against q)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--concurrency", default="1,2,4,8,16")
     p.add_argument("--input-len", type=int, default=512)
@@ -421,7 +429,9 @@ def main(argv: list[str] | None = None) -> int:
     vocab = min(plain.config.vocab_size, plain.tokenizer.vocab_size)
     prompts = [rng.integers(0, vocab, ns.input_len).tolist() for _ in range(max(cs))]
     result: dict = {"model": ns.model, "k": ns.k, "input_len": ns.input_len, "output_len": ns.output_len,
-                    "draft_vocab_size": ns.draft_vocab_size, "temperature": ns.temperature, "cost": [], "speedup": []}
+                    "draft_vocab_size": ns.draft_vocab_size, "temperature": ns.temperature, "top_p": ns.top_p,
+                    "top_k": ns.top_k, "cost": [], "speedup": []}
+    sampling = {"temperature": ns.temperature, "top_p": ns.top_p, "top_k": ns.top_k} if ns.temperature > 0 else None
     base_steps, reference = {}, {}
     for c in cs:
         step, _, outs = decode_steps(plain, prompts[:c], ns.output_len)
@@ -429,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         reference.update({f"r{i}": outs[f"r{i}"] for i in range(c)})
     cost_base = base_steps  # the cost half's plain steps: sampled ones at --temperature
     if ns.temperature > 0 and ns.drafter:
-        cost_base = {c: decode_steps(plain, prompts[:c], ns.output_len, ns.temperature)[0] for c in cs}
+        cost_base = {c: decode_steps(plain, prompts[:c], ns.output_len, sampling)[0] for c in cs}
     del plain
     cost_cs = cs if ns.drafter else []  # without a drafter: the speedup half only
     dflash = {"method": "dflash", "model": ns.drafter, "num_speculative_tokens": ns.k}
@@ -446,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{result['drafter_weight_bytes'] / 1e9:.3f} GB: a floor of {result['bytes_floor']:.2f}x a plain "
               "step's at bandwidth", flush=True)
     for c in cost_cs:
-        step, per_step, outs = decode_steps(spec, prompts[:c], ns.output_len, ns.temperature)
+        step, per_step, outs = decode_steps(spec, prompts[:c], ns.output_len, sampling)
         # sampled: verification draws on streams of its own, so the tokens are another sample
         same = None if ns.temperature > 0 else all(outs[f"r{i}"] == reference[f"r{i}"] for i in range(c))
         base = cost_base[c]
@@ -457,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
               f"({step / base:.2f}x), {per_step:.2f} tokens/step, same tokens as plain decode "
               f"{'n/a (sampled)' if same is None else same}", flush=True)
     for c in dict.fromkeys((cost_cs[0], cost_cs[-1])) if cost_cs else ():  # one concurrency: once
-        phases = phase_times(spec, prompts[:c], ns.output_len, ns.temperature)
+        phases = phase_times(spec, prompts[:c], ns.output_len, sampling)
         result.setdefault("phases_ms", []).append({"concurrency": c, **phases})
         print(f"c={c:>2}: phases (ms, synchronised): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()),
               flush=True)
