@@ -6595,6 +6595,26 @@ part348() {  # session 65 (carry .whl): the wide sampler the default up to a row
   pack
 }
 
+part349() {  # session 65 (carry .whl): verify_drawn_drafts_pair for filtered rows only (part348: top-p q-draft rows
+  # -15% to -22% at 1-64 rows, but temperature-only ones +4% to +14%: their CTA 0 now runs alone, both maxes in
+  # one pass). The drawn drafts' tests (both kernels) with memcheck and racecheck, then the bench's q-draft modes
+  # one CTA / two a row (MINILLM_VERIFY_PAIR_ROWS=0 / default) at scales 3 and 5, alternated twice (~2 min)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage drawn_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_dflash_graphs.py -k "drawn"
+  tail -n 3 "$W/drawn_tests.log"
+  drawn_sanitizers
+  local i s m="temperature 0.6 + q draft,top-p 0.9 + q draft,top-k 20 + top-p 0.95 + q draft"
+  for i in 1 2; do
+    for s in 3 5; do
+      (export MINILLM_VERIFY_PAIR_ROWS=0; sampler_bench_in . "sb_single_s${s}_$i" --logit-scale $s --modes "\"$m\"")
+      sampler_bench_in . "sb_pair_s${s}_$i" --logit-scale $s --modes "\"$m\""
+    done
+  done
+  pack
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 

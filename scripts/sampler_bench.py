@@ -39,6 +39,7 @@ MODES = [  # (label, temperature, top_p, top_k, drafts (False, True: one-hot, "q
     ("temperature 0.6 + draft", 0.6, 1.0, 0, True, 0.0),
     ("temperature 0.6 + q draft", 0.6, 1.0, 0, "q", 0.0),
     ("top-p 0.9 + q draft", 0.8, 0.9, 0, "q", 0.0),
+    ("top-k 20 + top-p 0.95 + q draft", 0.6, 0.95, 20, "q", 0.0),  # Qwen3's, speculating
 ]
 
 
