@@ -19,8 +19,9 @@
 // rounds differently from NumPy's at a token's x exactly on min-p's threshold.
 //
 // Speculative verification rides along (draft[row] = d >= 0), with q one-hot (n-gram drafts,
-// DFlash2's picks, greedy rows; drafts drawn from a drafter's q go to verify_drawn_drafts, which samples the whole batch then),
-// so rejection sampling reduces to: accept d with probability p(d) (greedy: d is the argmax); else
+// DFlash2's picks, greedy rows; a batch with drafts drawn from a drafter's q goes to
+// verify_drawn_drafts instead, which samples its other rows as this kernel does), so rejection
+// sampling reduces to: accept d with probability p(d) (greedy: d is the argmax); else
 // draw from p without d. out[row] is then d or that draw, accepted[row]
 // says which; the engine keeps the accepted prefix and the first non-accepted row's token.
 //
@@ -1045,16 +1046,18 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
 // a draft, at temperature > 0) is verified against q here; any other row is sample_tokens' row
 // (sample_row: greedy, or drawn, with a one-hot draft verified). One launch: until session 65
 // sample_tokens ran first on every row, whose drafted rows this kernel then redid, so a round waited
-// for a whole sample_tokens (~24-107 us a row at small batches) for nothing. p: the target's row under the row's temperature
-// and filters; q: the drafter's row q_logits[q_rows[row]] (QV <= V ids, the rest weigh 0) under the
-// same, as the drafter's own sample_tokens drew d from it. d is accepted with probability
-// min(1, p(d) / q(d)) (u * q(d) < p(d), u on the accept stream); otherwise the token is drawn from
-// max(p - q, 0) (the residual stream), or from p where that has no mass (rounding).
+// for a whole sample_tokens (~24-107 us a row at small batches) for nothing: a call 22-33% shorter
+// (part347). p: the target's row under the row's temperature and filters; q: the drafter's row
+// q_logits[q_rows[row]] (QV <= V ids, the rest weigh 0) under the same, as the drafter's own
+// sample_tokens drew d from it. d is accepted with probability min(1, p(d) / q(d)) (u * q(d) < p(d),
+// u on the accept stream); otherwise the token is drawn from max(p - q, 0) (the residual stream), or
+// from p where that has no mass (rounding).
 //
 // The tiled draw's layout (above): one pass for both rows' max; each row's filters (filter_row, only
-// where it has one); the ties at each top-p cut-off before each tile (only with top-p); both rows'
-// kept mass and d's weights; if d is rejected, the residual's tile masses and the draw. A tile of both
-// rows is loaded before any of it is computed (eight 16-byte loads in flight a lane). The first layout
+// where it has one; at small batches p's and q's on two CTAs, verify_drawn_drafts_pair); the ties at
+// each top-p cut-off before each tile (only with top-p); both rows' kept mass and d's weights; if d is
+// rejected, the residual's tile masses and the draw. A tile of both rows is loaded before any of it is
+// computed (eight 16-byte loads in flight a lane). The first layout
 // (each warp 32 ids a step, one 4-byte load a row in flight, float64 weights, the draw walking a warp's
 // whole range) took 557 us a row at one row, 387 at 8 (temperature; sampler_bench.py, H100, part326).
 namespace {

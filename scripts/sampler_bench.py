@@ -7,7 +7,8 @@ For each batch size and sampling mode (greedy; temperature 0.6 as in the through
 top-k 50; top-p 0.9; top-k + top-p, and Qwen3's top-k 20 + top-p 0.95; min-p 0.05, alone and with
 top-p; temperature with a drafted token on every row, i.e. speculative verification, the draft
 one-hot or drawn from a drafter's q, whose verification against q, verify_drawn_drafts, takes the
-batch in place of sample_tokens) one `CudaBackend.sample` call over fp32 logits is captured 10 times in a graph and
+batch in place of sample_tokens; Qwen3's filters with a q draft) one `CudaBackend.sample` call over
+fp32 logits is captured 10 times in a graph and
 timed with CUDA events (median of 10 replays, minillm/bench/gpu_timing.py). Logits are N(0, 3^2),
 so the tail is not negligible for temperature sampling (--logit-scale 5: a peaked row, top-p 0.9
 keeping ~5-70 tokens, as a confident model's); with --bf16-logits they are rounded to

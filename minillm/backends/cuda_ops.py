@@ -809,7 +809,8 @@ class CudaBackend:
         # sample_tokens' 512; one CTA an SM either way up to a row an SM, the default). Measured at 1-128
         # rows on an H100's 132 SMs (part346): top-k and top-p rows 20-32% faster, temperature 10%,
         # greedy 3-20%, min-p 2-3% (+2.2% at 128 rows); a sampled 0.6B step +2.2% tok/s. Past a row an
-        # SM the 512-thread kernel fits two rows an SM in one wave (not measured against). 0: never.
+        # SM the 512-thread kernel fits two rows an SM in one wave: wide 2-15% slower at 192-256 rows
+        # (part348). 0: never.
         self.sample_wide_rows = env_int("MINILLM_SAMPLE_WIDE_ROWS", self.num_sms,
                                         "batches of at most this many rows sample with 1,024 threads a row")
         # Batches of at most this many rows verify drafts drawn from q with two CTAs a row (a cluster:
