@@ -278,6 +278,14 @@ __device__ __forceinline__ void add_mass(unsigned long long* bin, unsigned long 
 #define SAMPLE_TOPP_GATHER 1
 #endif
 
+// SAMPLE_FUSED_ARGMAX (off; session 65, not yet run on a GPU): a sampled row with top-k finds its max
+// and argmax in top-k's first radix pass, which reads the row anyway, instead of a pass of their own
+// before it (row_argmax): one pass over the row fewer (a greedy row's whole time is that pass, ~9 us
+// at one row on the wide build, part346). The same values: the same comparisons in the same order.
+#ifndef SAMPLE_FUSED_ARGMAX
+#define SAMPLE_FUSED_ARGMAX 0
+#endif
+
 struct KeyList {  // key_list(): where it lives
   unsigned key[GATHER_CAP];
   unsigned long long wt[GATHER_CAP];  // list_weigh's prefix sums of fixed-point weights
@@ -446,12 +454,17 @@ struct RowFilter {
   __device__ unsigned min_key() const { return use_topp ? cut_key : use_floor ? kth_key : 0u; }
 };
 
-__device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, float bv, double t,
-                                           const int* __restrict__ top_k, const float* __restrict__ min_p,
+// fused (SAMPLE_FUSED_ARGMAX, a top-k row): bv and bi come in unset and leave as row_argmax's, found in
+// top-k's first pass (fscratch, iscratch: block_argmax's scratch); otherwise bv is the row's max, bi unused.
+__device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, float& bv, int& bi, bool fused,
+                                           double t, const int* __restrict__ top_k, const float* __restrict__ min_p,
                                            const float* __restrict__ top_p, int row, RowFilter& f, void* scratch,
-                                           double* dscratch, int* s_bin, int* s_first, double* s_above) {
+                                           double* dscratch, int* s_bin, int* s_first, double* s_above,
+                                           float* fscratch, int* iscratch) {
   const int tid = threadIdx.x, NT = blockDim.x;
+#if !SAMPLE_FUSED_ARGMAX
   const double M = (double)bv / t;  // the max of x survives every filter
+#endif
 
   // ---- top-k: the k-th largest key, by radix select (three passes over the row)
   const int k = top_k[row];
@@ -468,6 +481,18 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
       const unsigned mask = radix_mask(pass);
       for (int b = tid; b < nb; b += NT) hist[b] = 0;
       __syncthreads();
+#if SAMPLE_FUSED_ARGMAX
+      if (fused && pass == 0) {  // row_argmax's loop and reduction, beside the first histogram
+        bv = minillm::neg_inf();
+        bi = 0x7fffffff;
+        for_each_logit(lg, V, [&](int i, float l) {
+          if (l > bv || (l == bv && i < bi)) { bv = l; bi = i; }
+          const unsigned key = float_key(l);
+          if ((key & mask) == prefix) atomicAdd(hist + ((key >> shift) & (nb - 1)), 1);
+        });
+        block_argmax(bv, bi, fscratch, iscratch);  // its barriers publish the histogram
+      } else
+#endif
       for_each_logit(lg, V, [&](int, float l) {
         const unsigned key = float_key(l);
         // ATOMS.POPC.INC: the hardware adds a warp's increments of one bin at once (counts aggregated
@@ -493,6 +518,9 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
     }
     kth_key = prefix;
   }
+#if SAMPLE_FUSED_ARGMAX
+  const double M = (double)bv / t;  // the max of x survives every filter
+#endif
 
   // ---- min-p (min_p null or 0: off): keep x >= M + ln(min_p), the keys at or above min_p_key.
   // Like top-k's it is a floor on the key, so the two fold into one: the stricter (larger) wins,
@@ -974,8 +1002,15 @@ __device__ __forceinline__ void sample_row(const float* __restrict__ lg, int V, 
   // ---- argmax (greedy) and the max logit
   float bv;
   int bi;
+#if SAMPLE_FUSED_ARGMAX
+  const float temp = temperature[row];
+  const bool fused = temp > 0.f && top_k[row] > 0 && top_k[row] < V;  // found in top-k's first pass
+  if (!fused) row_argmax(lg, V, sh.fscratch, sh.iscratch, bv, bi);
+#else
+  const bool fused = false;
   row_argmax(lg, V, sh.fscratch, sh.iscratch, bv, bi);
   const float temp = temperature[row];
+#endif
   const int d = draft ? draft[row] : -1;  // a drafted token to verify at this row, or -1
   MINILLM_CHECK(d < V && V <= DRAW_TILE * DRAW_MAX_TILES);
   if (!(temp > 0.f)) {
@@ -986,8 +1021,8 @@ __device__ __forceinline__ void sample_row(const float* __restrict__ lg, int V, 
     return;
   }
   RowFilter f;
-  filter_row(lg, V, bv, (double)temp, top_k, min_p, top_p, row, f, sh.s_tile, sh.dscratch, sh.s_bin, sh.s_first,
-             sh.s_above);
+  filter_row(lg, V, bv, bi, fused, (double)temp, top_k, min_p, top_p, row, f, sh.s_tile, sh.dscratch, sh.s_bin,
+             sh.s_first, sh.s_above, sh.fscratch, sh.iscratch);
   const u64 seed = seed_bytes == 8 ? reinterpret_cast<const u64*>(seeds)[row]
                                    : (u64)(i64)reinterpret_cast<const int*>(seeds)[row];
   const i64 pos = positions[row];
@@ -1162,7 +1197,8 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
       int ignored;
       row_argmax(lr, nr, fscratch, iscratch, b, ignored);
       RowFilter f;
-      filter_row(lr, nr, b, t, top_k, min_p, top_p, row, f, s_tile, dscratch, &s_bin, &s_first, &s_above);
+      filter_row(lr, nr, b, ignored, false, t, top_k, min_p, top_p, row, f, s_tile, dscratch, &s_bin, &s_first,
+                 &s_above, fscratch, iscratch);
       if (tid == 0) {
         s_pub[0] = make_uint4(f.kth_key, f.cut_key, (unsigned)f.n_tie, __float_as_uint(b));
         s_pub[1] = make_uint4(f.use_floor, f.use_topp, f.tie_cut, 0u);
@@ -1209,8 +1245,11 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
     Q.bv = bq;
     // ---- the filters (none, the radix selects, or min-p's floor), as sample_tokens filters its rows
     if (filtered) {
-      filter_row(lp, V, bp, t, top_k, min_p, top_p, row, P.f, s_tile, dscratch, &s_bin, &s_first, &s_above);
-      filter_row(lq, QV, bq, t, top_k, min_p, top_p, row, Q.f, s_tile, dscratch, &s_bin, &s_first, &s_above);
+      int unused = 0;
+      filter_row(lp, V, bp, unused, false, t, top_k, min_p, top_p, row, P.f, s_tile, dscratch, &s_bin, &s_first,
+                 &s_above, fscratch, iscratch);
+      filter_row(lq, QV, bq, unused, false, t, top_k, min_p, top_p, row, Q.f, s_tile, dscratch, &s_bin, &s_first,
+                 &s_above, fscratch, iscratch);
       P.floor = P.f.use_floor ? floor_logit(P.f.kth_key) : ninf;
       Q.floor = Q.f.use_floor ? floor_logit(Q.f.kth_key) : ninf;
     } else {

@@ -6598,7 +6598,8 @@ part348() {  # session 65 (carry .whl): the wide sampler the default up to a row
 part349() {  # session 65 (carry .whl): verify_drawn_drafts_pair for filtered rows only (part348: top-p q-draft rows
   # -15% to -22% at 1-64 rows, but temperature-only ones +4% to +14%: their CTA 0 now runs alone, both maxes in
   # one pass). The drawn drafts' tests (both kernels) with memcheck and racecheck, then the bench's q-draft modes
-  # one CTA / two a row (MINILLM_VERIFY_PAIR_ROWS=0 / default) at scales 3 and 5, alternated twice (~2 min)
+  # one CTA / two a row (MINILLM_VERIFY_PAIR_ROWS=0 / default) at scales 3 and 5, alternated twice; then the
+  # SAMPLE_FUSED_ARGMAX switch, below (~4 min)
   setup
   facts > "$W/facts.txt" 2>&1
   stage drawn_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
@@ -6610,6 +6611,17 @@ part349() {  # session 65 (carry .whl): verify_drawn_drafts_pair for filtered ro
     for s in 3 5; do
       (export MINILLM_VERIFY_PAIR_ROWS=0; sampler_bench_in . "sb_single_s${s}_$i" --logit-scale $s --modes "\"$m\"")
       sampler_bench_in . "sb_pair_s${s}_$i" --logit-scale $s --modes "\"$m\""
+    done
+  done
+  # then SAMPLE_FUSED_ARGMAX=1 (top-k rows find their max in top-k's first pass): the sampler's tests, memcheck
+  # and racecheck of its op tests, the bench default / fused on top-k modes at scales 3 and 5 twice (sb_plain / sb_topp)
+  local F=MINILLM_CUDA_DEFINES=SAMPLE_FUSED_ARGMAX=1 k="greedy,top-k 50,top-k 50 + top-p 0.9,top-k 20 + top-p 0.95"
+  sampler_op_tests fused_tests $F
+  (export $F; mem_and_race fused "sampler_matches and bfloat16" "sampler_matches and bfloat16-normal-1000")
+  for i in 1 2; do
+    for s in 3 5; do
+      sampler_bench_in . "sb_plain_s${s}_$i" --logit-scale $s --modes "\"$k\""
+      (export $F; sampler_bench_in . "sb_topp_s${s}_$i" --logit-scale $s --modes "\"$k\"")
     done
   done
   pack
