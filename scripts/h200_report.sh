@@ -6558,6 +6558,17 @@ part347() {  # session 65 (carry .whl and .snap0 = git archive 2e98554): verify_
   pack
 }
 
+verify_pair_ab() {  # verify_pair_ab "MODES": the sampler bench's MODES one CTA a row (sb_single_*: MINILLM_VERIFY_PAIR_ROWS=0)
+  # / the default (sb_pair_*) at logit scales 3 and 5, alternated twice
+  local i s
+  for i in 1 2; do
+    for s in 3 5; do
+      (export MINILLM_VERIFY_PAIR_ROWS=0; sampler_bench_in . "sb_single_s${s}_$i" --logit-scale $s --modes "\"$1\"")
+      sampler_bench_in . "sb_pair_s${s}_$i" --logit-scale $s --modes "\"$1\""
+    done
+  done
+}
+
 part348() {  # session 65 (carry .whl): the wide sampler the default up to a row an SM (part346: 20-32% faster top-k /
   # top-p rows at 1-128 rows), with the op tests of both builds (sample_build); and verify_drawn_drafts_pair (two
   # CTAs a row, p's filters beside q's; the default up to half an SM a row), tested beside the one-CTA kernel
@@ -6570,13 +6581,8 @@ part348() {  # session 65 (carry .whl): the wide sampler the default up to a row
   gpu_tests_full 330
   tail -n 3 "$W/gpu_tests.log"
   drawn_sanitizers
-  local i s m="temperature 0.6 + q draft,top-p 0.9 + q draft,temperature 0.6"
-  for i in 1 2; do
-    for s in 3 5; do
-      (export MINILLM_VERIFY_PAIR_ROWS=0; sampler_bench_in . "sb_single_s${s}_$i" --logit-scale $s --modes "\"$m\"")
-      sampler_bench_in . "sb_pair_s${s}_$i" --logit-scale $s --modes "\"$m\""
-    done
-  done
+  verify_pair_ab "temperature 0.6 + q draft,top-p 0.9 + q draft,temperature 0.6"
+  local i
   for i in 1 2; do
     (export MINILLM_SAMPLE_WIDE_ROWS=0; stage "sb_plain_many_$i" 100 python3 scripts/sampler_bench.py \
       --batches 132,192,256 --json "$W/sb_plain_many_$i.json")
@@ -6606,24 +6612,13 @@ part349() {  # session 65 (carry .whl): verify_drawn_drafts_pair for filtered ro
     tests/test_dflash_graphs.py -k "drawn"
   tail -n 3 "$W/drawn_tests.log"
   drawn_sanitizers
-  local i s m="temperature 0.6 + q draft,top-p 0.9 + q draft,top-k 20 + top-p 0.95 + q draft"
-  for i in 1 2; do
-    for s in 3 5; do
-      (export MINILLM_VERIFY_PAIR_ROWS=0; sampler_bench_in . "sb_single_s${s}_$i" --logit-scale $s --modes "\"$m\"")
-      sampler_bench_in . "sb_pair_s${s}_$i" --logit-scale $s --modes "\"$m\""
-    done
-  done
+  verify_pair_ab "temperature 0.6 + q draft,top-p 0.9 + q draft,top-k 20 + top-p 0.95 + q draft"
   # then SAMPLE_FUSED_ARGMAX=1 (top-k rows find their max in top-k's first pass): the sampler's tests, memcheck
-  # and racecheck of its op tests, the bench default / fused on top-k modes at scales 3 and 5 twice (sb_plain / sb_topp)
-  local F=MINILLM_CUDA_DEFINES=SAMPLE_FUSED_ARGMAX=1 k="greedy,top-k 50,top-k 50 + top-p 0.9,top-k 20 + top-p 0.95"
+  # and racecheck of its op tests, the bench default / fused (sb_plain / sb_topp, bench_ab)
+  local F=MINILLM_CUDA_DEFINES=SAMPLE_FUSED_ARGMAX=1
   sampler_op_tests fused_tests $F
   (export $F; mem_and_race fused "sampler_matches and bfloat16" "sampler_matches and bfloat16-normal-1000")
-  for i in 1 2; do
-    for s in 3 5; do
-      sampler_bench_in . "sb_plain_s${s}_$i" --logit-scale $s --modes "\"$k\""
-      (export $F; sampler_bench_in . "sb_topp_s${s}_$i" --logit-scale $s --modes "\"$k\"")
-    done
-  done
+  bench_ab "" $F "3 5"
   pack
 }
 
