@@ -286,6 +286,15 @@ __device__ __forceinline__ void add_mass(unsigned long long* bin, unsigned long 
 #define SAMPLE_FUSED_ARGMAX 0
 #endif
 
+// VERIFY_PAIR_ALONE (off; session 65, not yet run on a GPU): verify_drawn_drafts_pair runs a row without
+// filters on its first CTA alone, both rows' maxes in one pass as verify_drawn_drafts does, rather than as a
+// pair with only the maxes to split: the pair's two single-row passes and cluster barriers took such a
+// row's call 56.6 -> 64.6 us at one row, 91.7 -> 95.0 at 64 (part348), where a filtered row's was 18-22%
+// shorter.
+#ifndef VERIFY_PAIR_ALONE
+#define VERIFY_PAIR_ALONE 0
+#endif
+
 struct KeyList {  // key_list(): where it lives
   unsigned key[GATHER_CAP];
   unsigned long long wt[GATHER_CAP];  // list_weigh's prefix sums of fixed-point weights
@@ -454,11 +463,13 @@ struct RowFilter {
   __device__ unsigned min_key() const { return use_topp ? cut_key : use_floor ? kth_key : 0u; }
 };
 
-// fused (SAMPLE_FUSED_ARGMAX, a top-k row): bv and bi come in unset and leave as row_argmax's, found in
-// top-k's first pass (fscratch, iscratch: block_argmax's scratch); otherwise bv is the row's max, bi unused.
-__device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, float& bv, int& bi, bool fused,
-                                           double t, const int* __restrict__ top_k, const float* __restrict__ min_p,
-                                           const float* __restrict__ top_p, int row, RowFilter& f, void* scratch,
+// fused (SAMPLE_FUSED_ARGMAX, a top-k row; bv comes in unset): the row's max and argmax are found in
+// top-k's first pass as row_argmax finds them (fscratch, iscratch: block_argmax's scratch) and left in
+// *fused_bv, *fused_bi; otherwise bv is the row's max.
+__device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, float bv, float* fused_bv,
+                                           int* fused_bi, bool fused, double t, const int* __restrict__ top_k,
+                                           const float* __restrict__ min_p, const float* __restrict__ top_p, int row,
+                                           RowFilter& f, void* scratch,
                                            double* dscratch, int* s_bin, int* s_first, double* s_above,
                                            float* fscratch, int* iscratch) {
   const int tid = threadIdx.x, NT = blockDim.x;
@@ -483,14 +494,16 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
       __syncthreads();
 #if SAMPLE_FUSED_ARGMAX
       if (fused && pass == 0) {  // row_argmax's loop and reduction, beside the first histogram
+        int bi = 0x7fffffff;
         bv = minillm::neg_inf();
-        bi = 0x7fffffff;
         for_each_logit(lg, V, [&](int i, float l) {
           if (l > bv || (l == bv && i < bi)) { bv = l; bi = i; }
           const unsigned key = float_key(l);
           if ((key & mask) == prefix) atomicAdd(hist + ((key >> shift) & (nb - 1)), 1);
         });
         block_argmax(bv, bi, fscratch, iscratch);  // its barriers publish the histogram
+        *fused_bv = bv;
+        *fused_bi = bi;
       } else
 #endif
       for_each_logit(lg, V, [&](int, float l) {
@@ -1000,13 +1013,15 @@ __device__ __forceinline__ void sample_row(const float* __restrict__ lg, int V, 
                                            const int* __restrict__ positions, int* __restrict__ out,
                                            int* __restrict__ accepted, const SampleShared& sh) {
   // ---- argmax (greedy) and the max logit
-  float bv;
-  int bi;
 #if SAMPLE_FUSED_ARGMAX
+  float bv = 0.f;  // set by row_argmax, or by filter_row (fused)
+  int bi = 0;
   const float temp = temperature[row];
   const bool fused = temp > 0.f && top_k[row] > 0 && top_k[row] < V;  // found in top-k's first pass
   if (!fused) row_argmax(lg, V, sh.fscratch, sh.iscratch, bv, bi);
 #else
+  float bv;
+  int bi;
   const bool fused = false;
   row_argmax(lg, V, sh.fscratch, sh.iscratch, bv, bi);
   const float temp = temperature[row];
@@ -1021,8 +1036,8 @@ __device__ __forceinline__ void sample_row(const float* __restrict__ lg, int V, 
     return;
   }
   RowFilter f;
-  filter_row(lg, V, bv, bi, fused, (double)temp, top_k, min_p, top_p, row, f, sh.s_tile, sh.dscratch, sh.s_bin,
-             sh.s_first, sh.s_above, sh.fscratch, sh.iscratch);
+  filter_row(lg, V, bv, &bv, &bi, fused, (double)temp, top_k, min_p, top_p, row, f, sh.s_tile, sh.dscratch,
+             sh.s_bin, sh.s_first, sh.s_above, sh.fscratch, sh.iscratch);
   const u64 seed = seed_bytes == 8 ? reinterpret_cast<const u64*>(seeds)[row]
                                    : (u64)(i64)reinterpret_cast<const int*>(seeds)[row];
   const i64 pos = positions[row];
@@ -1187,7 +1202,7 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
   const bool filtered = top_k[row] > 0 || (min_p && min_p[row] > 0.f) || top_p[row] < 1.f;  // uniform
   bool paired = false;  // the pair found both rows' max and filters
   if constexpr (PAIR) {
-    if (filtered) {
+    if (filtered || !VERIFY_PAIR_ALONE) {
       // ---- CTA r: row r's max and filters; CTA 0 reads CTA 1's from its shared memory
       __shared__ uint4 s_pub[2];  // {kth_key, cut_key, n_tie, max}, {use_floor, use_topp, tie_cut, 0}
       const unsigned rank = minillm::cluster_rank();
@@ -1196,9 +1211,10 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
       float b;
       int ignored;
       row_argmax(lr, nr, fscratch, iscratch, b, ignored);
-      RowFilter f;
-      filter_row(lr, nr, b, ignored, false, t, top_k, min_p, top_p, row, f, s_tile, dscratch, &s_bin, &s_first,
-                 &s_above, fscratch, iscratch);
+      RowFilter f{0u, false, false, false, 0u, 0};
+      if (filtered)
+        filter_row(lr, nr, b, nullptr, nullptr, false, t, top_k, min_p, top_p, row, f, s_tile, dscratch, &s_bin,
+                   &s_first, &s_above, fscratch, iscratch);
       if (tid == 0) {
         s_pub[0] = make_uint4(f.kth_key, f.cut_key, (unsigned)f.n_tie, __float_as_uint(b));
         s_pub[1] = make_uint4(f.use_floor, f.use_topp, f.tie_cut, 0u);
@@ -1215,12 +1231,12 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
       P.f = f;
       Q.bv = __uint_as_float(a.w);
       Q.f = RowFilter{a.x, c.x != 0u, c.y != 0u, c.z != 0u, a.y, (int)a.z};
-      P.floor = P.f.use_floor ? floor_logit(P.f.kth_key) : ninf;
-      Q.floor = Q.f.use_floor ? floor_logit(Q.f.kth_key) : ninf;
+      if (filtered) {
+        P.floor = P.f.use_floor ? floor_logit(P.f.kth_key) : ninf;
+        Q.floor = Q.f.use_floor ? floor_logit(Q.f.kth_key) : ninf;
+      }
       paired = true;
-    } else if (minillm::cluster_rank() != 0) {
-      // a row without filters: CTA 0 alone, both maxes in one pass (the pair's two single-row passes and
-      // barriers took a temperature row's verification 56.6 -> 64.6 us at one row, part348)
+    } else if (minillm::cluster_rank() != 0) {  // VERIFY_PAIR_ALONE: a row without filters on CTA 0 alone
       return;
     }
   }
@@ -1245,11 +1261,10 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
     Q.bv = bq;
     // ---- the filters (none, the radix selects, or min-p's floor), as sample_tokens filters its rows
     if (filtered) {
-      int unused = 0;
-      filter_row(lp, V, bp, unused, false, t, top_k, min_p, top_p, row, P.f, s_tile, dscratch, &s_bin, &s_first,
-                 &s_above, fscratch, iscratch);
-      filter_row(lq, QV, bq, unused, false, t, top_k, min_p, top_p, row, Q.f, s_tile, dscratch, &s_bin, &s_first,
-                 &s_above, fscratch, iscratch);
+      filter_row(lp, V, bp, nullptr, nullptr, false, t, top_k, min_p, top_p, row, P.f, s_tile, dscratch, &s_bin,
+                 &s_first, &s_above, fscratch, iscratch);
+      filter_row(lq, QV, bq, nullptr, nullptr, false, t, top_k, min_p, top_p, row, Q.f, s_tile, dscratch, &s_bin,
+                 &s_first, &s_above, fscratch, iscratch);
       P.floor = P.f.use_floor ? floor_logit(P.f.kth_key) : ninf;
       Q.floor = Q.f.use_floor ? floor_logit(Q.f.kth_key) : ninf;
     } else {

@@ -6601,21 +6601,27 @@ part348() {  # session 65 (carry .whl): the wide sampler the default up to a row
   pack
 }
 
-part349() {  # session 65 (carry .whl): verify_drawn_drafts_pair for filtered rows only (part348: top-p q-draft rows
-  # -15% to -22% at 1-64 rows, but temperature-only ones +4% to +14%: their CTA 0 now runs alone, both maxes in
-  # one pass). The drawn drafts' tests (both kernels) with memcheck and racecheck, then the bench's q-draft modes
-  # one CTA / two a row (MINILLM_VERIFY_PAIR_ROWS=0 / default) at scales 3 and 5, alternated twice; then the
-  # SAMPLE_FUSED_ARGMAX switch, below (~4 min)
+part349() {  # session 65, not run (carry .whl): two switches, off by default. VERIFY_PAIR_ALONE=1: the pair
+  # (verify_drawn_drafts_pair) runs rows without filters on its first CTA alone (part348: top-p q-draft rows -15% to
+  # -22% at 1-64 rows on the pair, temperature-only ones +4% to +14%). The drawn drafts' tests (both kernels) with
+  # memcheck and racecheck under it, then the bench's q-draft modes default / with it (sb_plain / sb_topp).
+  # SAMPLE_FUSED_ARGMAX=1: sampled top-k rows find their max in top-k's first pass; the sampler's tests, memcheck
+  # and racecheck of its op tests, the bench default / with it (~4 min). Turn each on where it wins
+  local A=MINILLM_CUDA_DEFINES=VERIFY_PAIR_ALONE=1 F=MINILLM_CUDA_DEFINES=SAMPLE_FUSED_ARGMAX=1
   setup
   facts > "$W/facts.txt" 2>&1
-  stage drawn_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+  stage alone_tests 200 env $A python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
     tests/test_dflash_graphs.py -k "drawn"
-  tail -n 3 "$W/drawn_tests.log"
-  drawn_sanitizers
-  verify_pair_ab "temperature 0.6 + q draft,top-p 0.9 + q draft,top-k 20 + top-p 0.95 + q draft"
-  # then SAMPLE_FUSED_ARGMAX=1 (top-k rows find their max in top-k's first pass): the sampler's tests, memcheck
-  # and racecheck of its op tests, the bench default / fused (sb_plain / sb_topp, bench_ab)
-  local F=MINILLM_CUDA_DEFINES=SAMPLE_FUSED_ARGMAX=1
+  tail -n 3 "$W/alone_tests.log"
+  (export $A; drawn_sanitizers)
+  local i s m="temperature 0.6 + q draft,top-p 0.9 + q draft,top-k 20 + top-p 0.95 + q draft"
+  for i in 1 2; do
+    for s in 3 5; do
+      sampler_bench_in . "sb_plain_s${s}_$i" --logit-scale $s --modes "\"$m\""
+      (export $A; sampler_bench_in . "sb_topp_s${s}_$i" --logit-scale $s --modes "\"$m\"")
+    done
+  done
+  mkdir -p "$W/alone" && mv "$W"/sb_*.json "$W/alone/"  # scripts/sampler_ab.py DIR/alone
   sampler_op_tests fused_tests $F
   (export $F; mem_and_race fused "sampler_matches and bfloat16" "sampler_matches and bfloat16-normal-1000")
   bench_ab "" $F "3 5"
