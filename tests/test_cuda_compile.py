@@ -219,3 +219,38 @@ def test_kernels_release_dependents_only_after_their_own_wait():
     assert calls >= 4  # the GEMVs, the skinny GEMM, rms_norm, decode attention
     early = "__device__ void f() {\n  minillm::pdl_release();\n  minillm::pdl_entry();\n}\n"
     assert release_before_wait(early) == ["f"]
+
+
+def test_gpus_before_hopper_are_refused_by_name():
+    """The kernels need compute capability 9.0+ (clusters, PDL; cuda/gemv.cu does not compile for
+    sm_80): an older GPU is named with its compute capability, a Hopper or later one passes."""
+    from minillm.backends.cuda_ops import too_old_reason
+
+    msg = too_old_reason("80", b"NVIDIA A100-SXM4-80GB")
+    assert msg is not None and "NVIDIA A100-SXM4-80GB" in msg and "compute capability 8.0" in msg
+    assert "Hopper" in msg and "9.0+" in msg
+    assert "compute capability 8.9" in too_old_reason("89", "NVIDIA L40S")
+    assert too_old_reason("90", "NVIDIA H200") is None and too_old_reason("100", "NVIDIA B200") is None
+
+
+def test_auto_device_falls_back_to_the_cpu_and_says_why(monkeypatch, caplog):
+    """--device auto where CuPy is installed but the CUDA backend cannot run (an A100 here, faked: no
+    such GPU exists on the test machines) picks the NumPy backend and logs the reason; --device cuda
+    refuses with it."""
+    import importlib.util
+    import logging
+
+    from minillm.backends import cuda_ops
+    from minillm.backends.numpy_ops import NumpyBackend
+    from minillm.engine import engine
+
+    reason = cuda_ops.too_old_reason("80", "NVIDIA A100-SXM4-80GB")
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "cupy" else real_find_spec(name, *a))
+    monkeypatch.setattr(cuda_ops, "cuda_unavailable_reason", lambda: reason)
+    with caplog.at_level(logging.INFO, logger="minillm"):
+        assert isinstance(engine.select_backend("auto", "auto"), NumpyBackend)
+    assert reason in caplog.text and "--device auto: the CPU backend" in caplog.text
+    with pytest.raises(RuntimeError, match=r"compute capability 8\.0"):
+        cuda_ops.CudaBackend()

@@ -454,8 +454,13 @@ def o_merge_plan(mode: int, N: int, K: int, H: int, D: int, n_splits: int, num_s
                 smem=fixed + head_split * defer_max, defer_max=defer_max)
 
 
+# The kernels use thread-block clusters, PDL and Hopper's instructions (cuda/gemv.cu, gemm.cu and
+# sampling.cu do not compile for an older target), so the backend needs compute capability 9.0 or later
+MIN_COMPUTE_CAPABILITY = 90
+
+
 def cuda_unavailable_reason() -> str | None:
-    """None when CuPy sees a CUDA device, else why not (for the error message)."""
+    """None when CuPy sees a CUDA device the kernels can run on, else why not (for the error message)."""
     try:
         import cupy
     except Exception as e:  # noqa: BLE001
@@ -464,7 +469,21 @@ def cuda_unavailable_reason() -> str | None:
         n = cupy.cuda.runtime.getDeviceCount()
     except Exception as e:  # noqa: BLE001
         return f"CUDA reports no usable device ({type(e).__name__}: {e})"
-    return None if n > 0 else "CUDA reports 0 devices"
+    if n <= 0:
+        return "CUDA reports 0 devices"
+    return too_old_reason(cupy.cuda.Device(0).compute_capability, cupy.cuda.runtime.getDeviceProperties(0)["name"])
+
+
+def too_old_reason(compute_capability: str, name) -> str | None:
+    """None for a GPU of compute capability MIN_COMPUTE_CAPABILITY or later ("90": 9.0), else why the
+    kernels cannot run on it."""
+    cc = int(compute_capability)
+    if cc >= MIN_COMPUTE_CAPABILITY:
+        return None
+    if isinstance(name, bytes):
+        name = name.decode(errors="replace")
+    return (f"its kernels need a Hopper GPU or later (compute capability {MIN_COMPUTE_CAPABILITY // 10}.0+: "
+            f"H100, H200), and device 0 ({name}) has compute capability {cc // 10}.{cc % 10}")
 
 
 def cuda_available() -> bool:

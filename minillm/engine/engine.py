@@ -141,9 +141,12 @@ def select_backend(device: str, dtype: str):
     if device == "auto":
         device = "cpu"
         if importlib.util.find_spec("cupy") is not None:
-            from minillm.backends.cuda_ops import cuda_available
+            from minillm.backends.cuda_ops import cuda_unavailable_reason
 
-            device = "cuda" if cuda_available() else "cpu"
+            reason = cuda_unavailable_reason()
+            device = "cuda" if reason is None else "cpu"
+            if reason is not None:
+                log.info("--device auto: the CPU backend, since the CUDA backend cannot run here: %s", reason)
     if device == "cpu":
         if dtype not in ("auto", "float32"):
             raise ValueError(f"--dtype {dtype} is not supported on the CPU backend; it computes in float32")
