@@ -1211,7 +1211,7 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
       float b;
       int ignored;
       row_argmax(lr, nr, fscratch, iscratch, b, ignored);
-      RowFilter f{0u, false, false, false, 0u, 0};
+      RowFilter f{0u, false, false, false, 0u, 0};  // unfiltered rows come here unless VERIFY_PAIR_ALONE
       if (filtered)
         filter_row(lr, nr, b, nullptr, nullptr, false, t, top_k, min_p, top_p, row, f, s_tile, dscratch, &s_bin,
                    &s_first, &s_above, fscratch, iscratch);

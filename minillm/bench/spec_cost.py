@@ -438,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         base_steps[c] = step
         reference.update({f"r{i}": outs[f"r{i}"] for i in range(c)})
     cost_base = base_steps  # the cost half's plain steps: sampled ones at --temperature
-    if ns.temperature > 0 and ns.drafter:
+    if sampling and ns.drafter:
         cost_base = {c: decode_steps(plain, prompts[:c], ns.output_len, sampling)[0] for c in cs}
     del plain
     cost_cs = cs if ns.drafter else []  # without a drafter: the speedup half only
@@ -458,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     for c in cost_cs:
         step, per_step, outs = decode_steps(spec, prompts[:c], ns.output_len, sampling)
         # sampled: verification draws on streams of its own, so the tokens are another sample
-        same = None if ns.temperature > 0 else all(outs[f"r{i}"] == reference[f"r{i}"] for i in range(c))
+        same = None if sampling else all(outs[f"r{i}"] == reference[f"r{i}"] for i in range(c))
         base = cost_base[c]
         result["cost"].append({"concurrency": c, "plain_step_ms": 1e3 * base, "spec_step_ms": 1e3 * step,
                                "ratio": step / base, "tokens_per_step": per_step,
