@@ -52,7 +52,7 @@
 #include "common.cuh"
 #include "radix.cuh"
 
-#ifndef SAMPLE_THREADS  // 1024: the wide build, for small batches (MINILLM_SAMPLE_WIDE_ROWS; sample_tokens only)
+#ifndef SAMPLE_THREADS  // 1024: the wide build, for small batches (MINILLM_SAMPLE_WIDE_ROWS, MINILLM_VERIFY_WIDE_ROWS)
 #define SAMPLE_THREADS 512
 #endif
 #define SAMPLE_MAX_TILES 4096  // the radix histograms' doubles (the tiled draw's masses reuse them)
@@ -1089,7 +1089,6 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
              out, accepted, sh);
 }
 
-#if SAMPLE_THREADS == 512  // the wide build has sample_tokens alone
 // ---- verify_drawn_drafts: drafts drawn from the drafter's q, verified against that q ------------
 // The twin of sampler.sample with draft_rows (DFlash or the draft model drawing drafts at temperature
 // > 0). It takes every row of the batch in place of sample_tokens: a row with draft_rows[b] >= 0 (and
@@ -1339,7 +1338,8 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
 
 }  // namespace
 
-// grid n_rows, SAMPLE_THREADS threads (one CTA an SM: room for 128 registers); the arguments are
+// grid n_rows, SAMPLE_THREADS threads (512: one CTA an SM, room for 128 registers; the wide build's 1,024
+// for small batches, MINILLM_VERIFY_WIDE_ROWS: 64 registers, ~300 bytes of spills); the arguments are
 // sample_tokens' plus the drafter's rows
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
 verify_drawn_drafts(const float* __restrict__ logits, i64 stride, int V, const float* __restrict__ q_logits,
@@ -1363,4 +1363,3 @@ verify_drawn_drafts_pair(const float* __restrict__ logits, i64 stride, int V, co
   verify_row<true>(logits, stride, V, q_logits, q_stride, QV, temperature, top_p, top_k, min_p, seeds, seed_bytes,
                    positions, draft, q_rows, out, accepted, n_rows);
 }
-#endif  // SAMPLE_THREADS == 512

@@ -45,7 +45,7 @@ except ImportError:  # pragma: no cover - ml_dtypes is a dependency
 
 _ATT_THREADS = 128  # cuda/attention.cu
 _SAMPLE_THREADS = 512  # cuda/sampling.cu
-_SAMPLE_WIDE_THREADS = 1024  # the wide build's sample_tokens (SAMPLE_THREADS; MINILLM_SAMPLE_WIDE_ROWS)
+_SAMPLE_WIDE_THREADS = 1024  # the wide build's (SAMPLE_THREADS; MINILLM_SAMPLE_WIDE_ROWS, MINILLM_VERIFY_WIDE_ROWS)
 _SAMPLE_MAX_VOCAB = 512 * 2048  # cuda/sampling.cu: the tiled draw's DRAW_TILE * DRAW_MAX_TILES
 # cuda/gemv.cu's GEMV takes products of at most _GEMV_MAX_M rows (its GEMV_MAX_M, the same). Measured on
 # the H200 (docs/BENCHMARKS.md, spec-cost): an 8-sequence decode step of the 8B shape took 11.5 ms
@@ -837,7 +837,12 @@ class CudaBackend:
         # Default: half an SM a row, so every pair runs at once. 0: never.
         self.verify_pair_rows = env_int("MINILLM_VERIFY_PAIR_ROWS", self.num_sms // 2,
                                         "batches of at most this many rows verify drawn drafts with two CTAs a row")
+        # Batches of at most this many rows verify drafts drawn from q with the wide build's 1,024-thread
+        # CTAs (either kernel above). Session 66, not yet measured: 0 (never) until it is.
+        self.verify_wide_rows = env_int("MINILLM_VERIFY_WIDE_ROWS", 0,
+                                        "batches of at most this many rows verify drawn drafts with 1,024 threads")
         wide_defines = (f"SAMPLE_THREADS={_SAMPLE_WIDE_THREADS}",)
+        wide_module = bool(self.sample_wide_rows or self.verify_wide_rows)
         modules = {
             "rows": ["gather_rows_u16", "gather_rows_u4", "gather_rows_u2",
                      "store_kv_u16", "store_kv_u4", "store_kv_u2", "fill_input_ids", "advance_blocks",
@@ -868,16 +873,17 @@ class CudaBackend:
         # the decode attention for this storage type's head dims (another's loads if asked: _decode_kernel)
         kc.compile_parallel([(m, ()) for m in modules] + [("prefill_attention", pf_defines)]
                             + [("decode_attention", _decode_defines(self._sfx, d)) for d in _DECODE_HEAD_DIMS]
-                            + ([("sampling", wide_defines)] if self.sample_wide_rows else []),
+                            + ([("sampling", wide_defines)] if wide_module else []),
                             self.device_id, self.debug)
         for mod, names in modules.items():
             for n in names:
                 k[n] = kc.get_kernel(mod, n, self.debug)
                 if mod in _PDL_MODULES:
                     self._pdl_kernels.add(n)
-        if self.sample_wide_rows:
-            k["sample_tokens_wide"] = kc.get_kernel("sampling", "sample_tokens", self.debug, wide_defines)
-            self._pdl_kernels.add("sample_tokens_wide")
+        if wide_module:
+            for n in modules["sampling"]:
+                k[f"{n}_wide"] = kc.get_kernel("sampling", n, self.debug, wide_defines)
+                self._pdl_kernels.add(f"{n}_wide")
         for d in _DECODE_HEAD_DIMS:
             k.update(self._decode_group(self._sfx, d))
         try:  # tensor-core prefill: needs the toolkit's mma.h, which not every install has
@@ -2251,9 +2257,10 @@ class CudaBackend:
         if draft_rows is not None:  # one launch: verify_drawn_drafts samples the other rows itself
             q_stride = _rows(draft_logits, "sample draft_logits")[1]
             pair = B <= self.verify_pair_rows  # two CTAs a row: p's and q's filters side by side
+            wide = B <= self.verify_wide_rows
             self._launch(
-                "verify_drawn_drafts_pair" if pair else "verify_drawn_drafts", (2 * B if pair else B,),
-                (_SAMPLE_THREADS,),
+                ("verify_drawn_drafts_pair" if pair else "verify_drawn_drafts") + ("_wide" if wide else ""),
+                (2 * B if pair else B,), (_SAMPLE_WIDE_THREADS if wide else _SAMPLE_THREADS,),
                 (logits, _i64(stride), _i32(logits.shape[-1]), draft_logits, _i64(q_stride),
                  _i32(draft_logits.shape[-1]), temperature, top_p, top_k, _NULL if min_p is None else min_p,
                  seeds, _i32(seeds.itemsize), positions, draft_tokens, draft_rows, out_tokens, out_accepted, _i32(B)),
