@@ -437,6 +437,15 @@ __device__ __forceinline__ uint4 ld_cluster_u4(unsigned addr, unsigned rank) {
   return v;
 }
 
+// The double at shared-memory address addr (this CTA's window) of the cluster's CTA `rank`.
+__device__ __forceinline__ double ld_cluster_f64(unsigned addr, unsigned rank) {
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+  double v;
+  asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(remote));
+  return v;
+}
+
 // warp_qk_norm_rope for D = 32 N with N even: lane l holds elements l + 32 m (m < N) in
 // registers, so element i and its rotation partner i +- D / 2 sit in the same lane, and every load
 // (x, w, the cos/sin row) is issued before any arithmetic. The same operations in the same order

@@ -295,6 +295,14 @@ __device__ __forceinline__ void add_mass(unsigned long long* bin, unsigned long 
 #define VERIFY_PAIR_ALONE 0
 #endif
 
+// VERIFY_PAIR_SPLIT (off; session 66, not yet run on a GPU): after the filters verify_drawn_drafts_pair's
+// two CTAs split the passes over both rows (the ties' ranks, the kept masses, the residual's) by tiles, half
+// each, where CTA 1 used to leave and CTA 0 to run them alone: after the filters a top-p row's call spent
+// ~200 of its 330 us at one row in those passes on one SM (part348).
+#ifndef VERIFY_PAIR_SPLIT
+#define VERIFY_PAIR_SPLIT 0
+#endif
+
 struct KeyList {  // key_list(): where it lives
   unsigned key[GATHER_CAP];
   unsigned long long wt[GATHER_CAP];  // list_weigh's prefix sums of fixed-point weights
@@ -670,12 +678,18 @@ __device__ __forceinline__ void load_tile(const float* __restrict__ lg, int tt, 
 
 __device__ __forceinline__ bool aligned16(const float* p) { return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0; }
 
-struct WarpTiles {  // a row's tiles and the run of them this warp owns
-  int n_tiles, tpw, lo, hi;
-  __device__ WarpTiles(int V) {
-    const int warp = threadIdx.x >> 5, NW = blockDim.x >> 5;
+// A row's tiles and the run of them this warp owns. A row split over the `parts` CTAs of a cluster
+// (verify_drawn_drafts_pair's passes after the filters) numbers its warps CTA by CTA: this CTA's are
+// w0 .. w0 + NW - 1 of nw, and each CTA keeps its own tiles' masses (s_mass) in its shared memory.
+struct WarpTiles {
+  int n_tiles, tpw, lo, hi, w0, nw;
+  __device__ WarpTiles(int V, int part = 0, int parts = 1) {
+    const int NW = blockDim.x >> 5;
+    w0 = part * NW;
+    nw = parts * NW;
+    const int warp = w0 + (threadIdx.x >> 5);
     n_tiles = (V + DRAW_TILE - 1) / DRAW_TILE;
-    tpw = (n_tiles + NW - 1) / NW;
+    tpw = (n_tiles + nw - 1) / nw;
     lo = min(n_tiles, warp * tpw);
     hi = min(n_tiles, lo + tpw);
   }
@@ -697,11 +711,22 @@ __device__ __forceinline__ double tile_mass(const Src& src, const WarpTiles& wt,
   return (double)minillm::warp_sum(m);
 }
 
+// Each CTA of a row split over PARTS CTAs (WarpTiles) reads the other CTAs' warp masses from their
+// s_wmass into its own, so every CTA holds all wt.nw of them. Every thread of the cluster calls it.
+__device__ void gather_warp_masses(double* s_wmass, const WarpTiles& wt) {
+  const int NW = blockDim.x >> 5, part = wt.w0 / NW;
+  minillm::cluster_sync();  // every CTA's written
+  for (int w = threadIdx.x; w < wt.nw; w += blockDim.x)
+    if (w / NW != part) s_wmass[w] = minillm::ld_cluster_f64(minillm::smem_u32(s_wmass + w), (unsigned)(w / NW));
+  minillm::cluster_sync();  // read before any CTA writes its own again or leaves; the copies published
+}
+
 // Every tile's mass into s_mass, each warp's into s_wmass; returns the row's mass (every thread, the
-// same value). Every thread of the block calls it.
-template <class Src>
+// same value). Every thread of the block calls it; PARTS > 1: of the cluster (a split row, WarpTiles),
+// each CTA's tiles into its own s_mass, every warp's mass into every CTA's s_wmass.
+template <class Src, int PARTS = 1>
 __device__ double tile_masses(const Src& src, const WarpTiles& wt, double* s_mass, double* s_wmass) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, NW = blockDim.x >> 5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   typename Src::Carry c = wt.lo < wt.hi ? src.carry_at(wt.lo) : typename Src::Carry{};
   double wm = 0.0;
   for (int tt = wt.lo; tt < wt.hi; ++tt) {
@@ -710,15 +735,16 @@ __device__ double tile_masses(const Src& src, const WarpTiles& wt, double* s_mas
     wm += tm;
   }
   __syncthreads();  // the previous readers of s_wmass are done
-  if (lane == 0) s_wmass[warp] = wm;
+  if (lane == 0) s_wmass[wt.w0 + warp] = wm;
   __syncthreads();
-  double total = 0.0;  // every thread, the same order
-  for (int w = 0; w < NW; ++w) total += s_wmass[w];
+  if constexpr (PARTS > 1) gather_warp_masses(s_wmass, wt);
+  double total = 0.0;  // every thread (of every CTA), the same order
+  for (int w = 0; w < wt.nw; ++w) total += s_wmass[w];
   return total;
 }
 
 // Tile tt's mass again after src changed (a rejected one-hot draft now weighs 0), and its warp's
-// mass, summed in tile_masses' order. Every thread of the block calls it.
+// mass, summed in tile_masses' order. Every thread of the block calls it (a row on one CTA).
 template <class Src>
 __device__ double retile(const Src& src, const WarpTiles& wt, int tt, double* s_mass, double* s_wmass) {
   const int warp = threadIdx.x >> 5, NW = blockDim.x >> 5;
@@ -744,23 +770,24 @@ __device__ double retile(const Src& src, const WarpTiles& wt, int tt, double* s_
 // its tile's end: that tile's last id with mass) into *slot, by one warp. target < the row's mass
 // (u < 1), which sums s_wmass in this order, so some warp holds it and, but for the lanes' runs
 // summing in another order (then: the warp's last tile with mass), some tile: fallback (nothing kept)
-// is not reached. Every thread of the block calls it after tile_masses; no barrier after it.
+// is not reached. Every thread of the block calls it after tile_masses; no barrier after it. A split
+// row (WarpTiles): every CTA calls it, the one whose warp holds the target draws.
 template <class Src>
 __device__ void tile_draw(const Src& src, const WarpTiles& wt, double target, const double* s_mass,
                           const double* s_wmass, int fallback, int* slot) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, NW = blockDim.x >> 5;
-  int wsel = -1;  // the warp whose range holds the target (uniform over the block)
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int wsel = -1;  // the warp whose range holds the target (uniform over the block, and the cluster)
   double base = 0.0, c = 0.0;
-  for (int w = 0; w < NW; ++w) {
+  for (int w = 0; w < wt.nw; ++w) {
     const double m = s_wmass[w];
     if (wsel < 0 && m > 0.0 && target < c + m) { wsel = w; base = c; }
     c += m;
   }
   if (wsel < 0) {
-    if (threadIdx.x == 0) *slot = fallback;
+    if (threadIdx.x == 0 && wt.w0 == 0) *slot = fallback;
     return;
   }
-  if (warp != wsel) return;
+  if (wt.w0 + warp != wsel) return;
   // its tile: lanes sum consecutive runs of the warp's tiles, the crossing lane walks its run
   const int per = (wt.hi - wt.lo + 31) / 32, ra = min(wt.hi, wt.lo + lane * per), rb = min(wt.hi, ra + per);
   double ls = 0.0;
@@ -1156,8 +1183,11 @@ __device__ __forceinline__ float max4(float4 v) { return fmaxf(fmaxf(v.x, v.y), 
 namespace {
 
 // verify_drawn_drafts' row. PAIR: the row is a cluster of two CTAs; CTA r finds row r's (p's, q's) max
-// and filters, CTA 1 hands its answers to CTA 0 through distributed shared memory and leaves, and CTA 0
-// goes on alone; the other rows CTA 0 alone. Otherwise one CTA does all of it.
+// and filters and the two swap their answers through distributed shared memory. Then CTA 1 leaves and
+// CTA 0 goes on alone, or (VERIFY_PAIR_SPLIT) the two split every later pass over both rows (the ties'
+// ranks, the kept masses, the residual's) by tiles, half each (WarpTiles' parts), swapping their sums
+// the same way, and the CTA whose tiles hold the draw draws. The rows without a drawn draft CTA 0
+// alone. Otherwise one CTA does all of it.
 template <bool PAIR>
 __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64 stride, int V,
                                            const float* __restrict__ q_logits, i64 q_stride, int QV,
@@ -1176,7 +1206,7 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
   // DRAW_MAX_TILES doubles on, each tile's ties before it within its warp (p's, then q's)
   __shared__ double s_tile[SAMPLE_MAX_TILES];
   __shared__ double s_wd[2];  // d's weights in p and q
-  __shared__ double s_wmass[SAMPLE_WARPS];
+  __shared__ double s_wmass[PAIR ? 2 * SAMPLE_WARPS : SAMPLE_WARPS];  // a pair's: both CTAs' warps
   minillm::pdl_entry();
   const int row = PAIR ? blockIdx.x >> 1 : blockIdx.x, tid = threadIdx.x;
   if (row >= n_rows) return;
@@ -1192,7 +1222,7 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
   MINILLM_CHECK(d < V && QV <= V && V <= DRAW_TILE * DRAW_MAX_TILES);
   const float* lq = q_logits + (i64)qr * q_stride;
   const double t = (double)temp;
-  const WarpTiles wt(V);
+  WarpTiles wt(V);
   const float k2 = LOG2E_F / temp, ninf = minillm::neg_inf();
   DraftResidual R{{lp, V, aligned16(lp), {}, k2, 0.f, ninf}, {lq, QV, aligned16(lq), {}, k2, 0.f, ninf},
                   0.f, 0.f, false, 0, 0, nullptr};
@@ -1200,11 +1230,12 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
 
   const bool filtered = top_k[row] > 0 || (min_p && min_p[row] > 0.f) || top_p[row] < 1.f;  // uniform
   bool paired = false;  // the pair found both rows' max and filters
+  bool split = false;   // and splits the passes after them (VERIFY_PAIR_SPLIT)
+  const unsigned rank = PAIR ? minillm::cluster_rank() : 0u;
   if constexpr (PAIR) {
     if (filtered || !VERIFY_PAIR_ALONE) {
-      // ---- CTA r: row r's max and filters; CTA 0 reads CTA 1's from its shared memory
+      // ---- CTA r: row r's max and filters; each reads the other's from its shared memory
       __shared__ uint4 s_pub[2];  // {kth_key, cut_key, n_tie, max}, {use_floor, use_topp, tie_cut, 0}
-      const unsigned rank = minillm::cluster_rank();
       const float* lr = rank ? lq : lp;
       const int nr = rank ? QV : V;
       float b;
@@ -1219,23 +1250,23 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
         s_pub[1] = make_uint4(f.use_floor, f.use_topp, f.tie_cut, 0u);
       }
       minillm::cluster_sync();  // both published
-      if (rank != 0) {
-        minillm::cluster_sync();  // its shared memory stays until CTA 0 has read it
-        return;
-      }
-      const uint4 a = minillm::ld_cluster_u4(minillm::smem_u32(&s_pub[0]), 1u);
-      const uint4 c = minillm::ld_cluster_u4(minillm::smem_u32(&s_pub[1]), 1u);
-      minillm::cluster_sync();
-      P.bv = b;
-      P.f = f;
-      Q.bv = __uint_as_float(a.w);
-      Q.f = RowFilter{a.x, c.x != 0u, c.y != 0u, c.z != 0u, a.y, (int)a.z};
+      const uint4 a = minillm::ld_cluster_u4(minillm::smem_u32(&s_pub[0]), rank ^ 1u);
+      const uint4 c = minillm::ld_cluster_u4(minillm::smem_u32(&s_pub[1]), rank ^ 1u);
+      minillm::cluster_sync();  // read before either CTA goes on
+      KeptRow &mine = rank ? Q : P, &other = rank ? P : Q;
+      mine.bv = b;
+      mine.f = f;
+      other.bv = __uint_as_float(a.w);
+      other.f = RowFilter{a.x, c.x != 0u, c.y != 0u, c.z != 0u, a.y, (int)a.z};
       if (filtered) {
         P.floor = P.f.use_floor ? floor_logit(P.f.kth_key) : ninf;
         Q.floor = Q.f.use_floor ? floor_logit(Q.f.kth_key) : ninf;
       }
       paired = true;
-    } else if (minillm::cluster_rank() != 0) {  // VERIFY_PAIR_ALONE: a row without filters on CTA 0 alone
+      if (!VERIFY_PAIR_SPLIT && rank != 0) return;  // CTA 0 goes on alone
+      split = VERIFY_PAIR_SPLIT;
+      if (split) wt = WarpTiles(V, (int)rank, 2);
+    } else if (rank != 0) {  // VERIFY_PAIR_ALONE: a row without filters on CTA 0 alone
       return;
     }
   }
@@ -1277,6 +1308,27 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
     int* s_rank = reinterpret_cast<int*>(s_tile + DRAW_MAX_TILES);
     int base[2];
     tie_ranks(R, wt, s_rank, iscratch, base);
+    if constexpr (PAIR) {
+      if (split) {  // CTA 1's warps come after CTA 0's: add CTA 0's ties (its warps' counts in iscratch)
+        __shared__ __align__(16) int s_ties[4];  // [0], [1] read as one 16-byte load
+        if (tid == 0) {
+          int n0 = 0, n1 = 0;
+          for (int w = 0; w < SAMPLE_WARPS; ++w) {
+            n0 += iscratch[w];
+            n1 += iscratch[SAMPLE_WARPS + w];
+          }
+          s_ties[0] = n0;
+          s_ties[1] = n1;
+        }
+        minillm::cluster_sync();
+        if (rank == 1) {
+          const uint4 v = minillm::ld_cluster_u4(minillm::smem_u32(s_ties), 0u);  // s_ties[0], [1]
+          base[0] += (int)v.x;
+          base[1] += (int)v.y;
+        }
+        minillm::cluster_sync();  // read before CTA 0 goes on
+      }
+    }
     R.rp0 = base[0];
     R.rq0 = base[1];
     R.s_rank = s_rank;
@@ -1312,12 +1364,31 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
   }
   zp = minillm::block_sum(zp, dscratch);  // its barriers publish s_wd
   zq = minillm::block_sum(zq, dscratch);
+  double wdp = s_wd[0], wdq = s_wd[1];
+  if constexpr (PAIR) {
+    if (split) {  // each CTA's sums, added in CTA order in both; d's weights from the CTA whose tiles hold d
+      __shared__ double s_z[2];
+      if (tid == 0) {
+        s_z[0] = zp;
+        s_z[1] = zq;
+      }
+      minillm::cluster_sync();
+      const unsigned other = rank ^ 1u, owner = (unsigned)((d / DRAW_TILE) / wt.tpw / SAMPLE_WARPS);
+      const double op = minillm::ld_cluster_f64(minillm::smem_u32(&s_z[0]), other);
+      const double oq = minillm::ld_cluster_f64(minillm::smem_u32(&s_z[1]), other);
+      wdp = minillm::ld_cluster_f64(minillm::smem_u32(&s_wd[0]), owner);
+      wdq = minillm::ld_cluster_f64(minillm::smem_u32(&s_wd[1]), owner);
+      minillm::cluster_sync();  // read before either CTA leaves
+      zp = rank ? op + zp : zp + op;
+      zq = rank ? oq + zq : zq + oq;
+    }
+  }
   const u64 seed = seed_bytes == 8 ? reinterpret_cast<const u64*>(seeds)[row]
                                    : (u64)(i64)reinterpret_cast<const int*>(seeds)[row];
   const i64 pos = positions[row];
-  const double pd = s_wd[0] / zp, qd = zq > 0.0 ? s_wd[1] / zq : 0.0;
-  if (hash_uniform(seed, pos, 1ull) * qd < pd) {  // uniform over the block: every thread returns
-    if (tid == 0) {
+  const double pd = wdp / zp, qd = zq > 0.0 ? wdq / zq : 0.0;
+  if (hash_uniform(seed, pos, 1ull) * qd < pd) {  // uniform over the block (the pair): every thread returns
+    if (tid == 0 && rank == 0) {
       out[row] = d;
       accepted[row] = 1;
     }
@@ -1327,12 +1398,18 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
   // ---- rejected: the residual max(p - q, 0), or p where it has no mass (rounding), and the draw
   R.inv_zp = (float)(1.0 / zp);
   R.inv_zq = zq > 0.0 ? (float)(1.0 / zq) : 0.f;
-  double total = tile_masses(R, wt, s_tile, s_wmass);
-  if (!(total > 0.0)) {  // the same for every thread
+  auto masses = [&]() {
+    if constexpr (PAIR) {
+      if (split) return tile_masses<DraftResidual, 2>(R, wt, s_tile, s_wmass);
+    }
+    return tile_masses(R, wt, s_tile, s_wmass);
+  };
+  double total = masses();
+  if (!(total > 0.0)) {  // the same for every thread (of the pair)
     R.from_p = true;
-    total = tile_masses(R, wt, s_tile, s_wmass);
+    total = masses();
   }
-  if (tid == 0) accepted[row] = 0;
+  if (tid == 0 && rank == 0) accepted[row] = 0;
   tile_draw(R, wt, hash_uniform(seed, pos, 2ull) * total, s_tile, s_wmass, d, out + row);
 }
 

@@ -6628,30 +6628,30 @@ part349() {  # session 65, not run (carry .whl): two switches, off by default. V
   pack
 }
 
-part350() {  # session 66 (carry .whl): MINILLM_VERIFY_WIDE_ROWS (off by default): verify_drawn_drafts and its pair
-  # built with 1,024 threads a CTA (the wide build's, 64 registers) for small batches. The sampler's and drawn
-  # drafts' op tests (verify_build: pair, single, pair-wide, single-wide), memcheck and racecheck of the wide
-  # ones, the q-draft modes default / wide at logit scales 3 and 5 alternated twice (sb_plain / sb_topp), and
-  # the sampled top-p 0.9 rejected DFlash round of the 0.6B shape default / wide, twice (~6 min)
-  local E=MINILLM_VERIFY_WIDE_ROWS=1000000 i s m="temperature 0.6 + q draft,top-p 0.9 + q draft,top-k 20 + top-p 0.95 + q draft"
+part350() {  # session 66 (carry .whl): two prepared changes to verify_drawn_drafts(_pair), both off by default.
+  # MINILLM_VERIFY_WIDE_ROWS: the kernels built with 1,024 threads a CTA (the wide build's, 64 registers) for small
+  # batches; VERIFY_PAIR_SPLIT=1: the pair's CTAs split the passes after the filters (ties, masses, residual) by
+  # tiles, where CTA 1 used to leave. The sampler's and drawn drafts' op tests (verify_build: pair, single,
+  # pair-wide, single-wide), the drawn ones again under the split, memcheck and racecheck of the wide and the split
+  # pairs, then the q-draft modes plain / split / wide / split+wide at logit scales 3 and 5 alternated twice
+  # (python scripts/sampler_ab.py DIR; ~7 min)
+  local S=MINILLM_CUDA_DEFINES=VERIFY_PAIR_SPLIT=1 E=MINILLM_VERIFY_WIDE_ROWS=1000000 i s
+  local m="temperature 0.6 + q draft,top-p 0.9 + q draft,top-k 20 + top-p 0.95 + q draft"
   setup
   facts > "$W/facts.txt" 2>&1
   sampler_op_tests wide_tests
+  stage split_tests 200 env $S python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_dflash_graphs.py -k "drawn"
+  tail -n 3 "$W/split_tests.log"
   mem_and_race wide "drawn_drafts and bfloat16 and wide" "drawn_drafts_like and bfloat16 and 1000 and wide"
+  (export $S; mem_and_race split "drawn_drafts and bfloat16 and pair" "drawn_drafts_like and bfloat16 and 1000 and pair")
   for i in 1 2; do
     for s in 3 5; do
       sampler_bench_in . "sb_plain_s${s}_$i" --logit-scale $s --modes "\"$m\""
-      (export $E; sampler_bench_in . "sb_topp_s${s}_$i" --logit-scale $s --modes "\"$m\"")
+      (export $S; sampler_bench_in . "sb_split_s${s}_$i" --logit-scale $s --modes "\"$m\"")
+      (export $E; sampler_bench_in . "sb_wide_s${s}_$i" --logit-scale $s --modes "\"$m\"")
+      (export $S $E; sampler_bench_in . "sb_splitwide_s${s}_$i" --logit-scale $s --modes "\"$m\"")
     done
-  done
-  stage models06 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
-  for i in 1 2; do
-    stage "spec_cost_06b_t1_plain_$i" 100 python3 -m minillm.bench spec-cost $M/q06 --drafter $M/q06-dflash --k 8 \
-      --concurrency 1,4,16 --accept 0 --temperature 1.0 --top-p 0.9 --result-json "$W/spec_cost_06b_t1_plain_$i.json"
-    (export $E; stage "spec_cost_06b_t1_wide_$i" 100 python3 -m minillm.bench spec-cost $M/q06 --drafter \
-      $M/q06-dflash --k 8 --concurrency 1,4,16 --accept 0 --temperature 1.0 --top-p 0.9 \
-      --result-json "$W/spec_cost_06b_t1_wide_$i.json")
   done
   pack
 }
