@@ -6633,25 +6633,27 @@ part350() {  # session 66 (carry .whl): two prepared changes to verify_drawn_dra
   # batches; VERIFY_PAIR_SPLIT=1: the pair's CTAs split the passes after the filters (ties, masses, residual) by
   # tiles, where CTA 1 used to leave. The sampler's and drawn drafts' op tests (verify_build: pair, single,
   # pair-wide, single-wide), the drawn ones again under the split, memcheck and racecheck of the wide and the split
-  # pairs, then the q-draft modes plain / split / wide / split+wide at logit scales 3 and 5 alternated twice
-  # (python scripts/sampler_ab.py DIR; ~7 min)
+  # pairs, then the q-draft modes plain / split / wide / split+wide at logit scale 3 alternated twice, and 5 once
+  # (python scripts/sampler_ab.py DIR; ~5 min)
   local S=MINILLM_CUDA_DEFINES=VERIFY_PAIR_SPLIT=1 E=MINILLM_VERIFY_WIDE_ROWS=1000000 i s
   local m="temperature 0.6 + q draft,top-p 0.9 + q draft,top-k 20 + top-p 0.95 + q draft"
   setup
   facts > "$W/facts.txt" 2>&1
-  sampler_op_tests wide_tests
+  stage wide_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_dflash_graphs.py -k "drawn"
+  tail -n 3 "$W/wide_tests.log"
   stage split_tests 200 env $S python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
     tests/test_dflash_graphs.py -k "drawn"
   tail -n 3 "$W/split_tests.log"
   mem_and_race wide "drawn_drafts and bfloat16 and wide" "drawn_drafts_like and bfloat16 and 1000 and wide"
   (export $S; mem_and_race split "drawn_drafts and bfloat16 and pair" "drawn_drafts_like and bfloat16 and 1000 and pair")
-  for i in 1 2; do
-    for s in 3 5; do
-      sampler_bench_in . "sb_plain_s${s}_$i" --logit-scale $s --modes "\"$m\""
-      (export $S; sampler_bench_in . "sb_split_s${s}_$i" --logit-scale $s --modes "\"$m\"")
-      (export $E; sampler_bench_in . "sb_wide_s${s}_$i" --logit-scale $s --modes "\"$m\"")
-      (export $S $E; sampler_bench_in . "sb_splitwide_s${s}_$i" --logit-scale $s --modes "\"$m\"")
-    done
+  for i in 3_1 3_2 5_1; do  # scale_run
+    s=${i%_*}
+    i=${i#*_}
+    sampler_bench_in . "sb_plain_s${s}_$i" --logit-scale $s --modes "\"$m\""
+    (export $S; sampler_bench_in . "sb_split_s${s}_$i" --logit-scale $s --modes "\"$m\"")
+    (export $E; sampler_bench_in . "sb_wide_s${s}_$i" --logit-scale $s --modes "\"$m\"")
+    (export $S $E; sampler_bench_in . "sb_splitwide_s${s}_$i" --logit-scale $s --modes "\"$m\"")
   done
   pack
 }
