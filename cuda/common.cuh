@@ -427,22 +427,25 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
-// 16 bytes at shared-memory address addr (this CTA's window) of the cluster's CTA `rank`.
-__device__ __forceinline__ uint4 ld_cluster_u4(unsigned addr, unsigned rank) {
+// Shared-memory address addr (this CTA's window) in the cluster's CTA `rank`, for ld.shared::cluster.
+__device__ __forceinline__ unsigned cluster_map(unsigned addr, unsigned rank) {
   unsigned remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+  return remote;
+}
+
+// 16 bytes at shared-memory address addr (this CTA's window) of the cluster's CTA `rank`.
+__device__ __forceinline__ uint4 ld_cluster_u4(unsigned addr, unsigned rank) {
   uint4 v;
   asm volatile("ld.shared::cluster.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(remote));
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(cluster_map(addr, rank)));
   return v;
 }
 
 // The double at shared-memory address addr (this CTA's window) of the cluster's CTA `rank`.
 __device__ __forceinline__ double ld_cluster_f64(unsigned addr, unsigned rank) {
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
   double v;
-  asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(remote));
+  asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(cluster_map(addr, rank)));
   return v;
 }
 

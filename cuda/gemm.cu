@@ -54,10 +54,8 @@ using minillm::smem_u32;
 // (kept in program order after cluster_sync) but no memory clobber, so a run of them is issued
 // before the first result is used (with the clobber each waited for the last: part63).
 __device__ __forceinline__ float ld_cluster_f32(unsigned addr, unsigned rank) {
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
   float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(minillm::cluster_map(addr, rank)));
   return v;
 }
 
