@@ -6639,24 +6639,27 @@ part350() {  # session 66 (carry .whl): two prepared changes to verify_drawn_dra
   local m="temperature 0.6 + q draft,top-p 0.9 + q draft,top-k 20 + top-p 0.95 + q draft"
   setup
   facts > "$W/facts.txt" 2>&1
-  stage wide_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
-    tests/test_dflash_graphs.py -k "drawn"
-  tail -n 3 "$W/wide_tests.log"
+  # in order of need, so that a call cut short keeps the most: the split's tests (all four verify builds, the pairs
+  # split), a bench round, the default build's tests, a bench round, the sanitizers, a bench round
   stage split_tests 200 env $S python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
     tests/test_dflash_graphs.py -k "drawn"
   tail -n 3 "$W/split_tests.log"
-  for i in 3_1 3_2 5_1; do  # scale_run; the sanitizers after the first (a call cut short keeps the most)
-    if [ $i = 3_2 ]; then
-      mem_and_race wide "drawn_drafts and bfloat16 and wide" "drawn_drafts_like and bfloat16 and 1000 and wide"
-      (export $S; mem_and_race split "drawn_drafts and bfloat16 and pair" \
-        "drawn_drafts_like and bfloat16 and 1000 and pair")
-    fi
+  for i in 3_1 3_2 5_1; do  # scale_run
     s=${i%_*}
     i=${i#*_}
     sampler_bench_in . "sb_plain_s${s}_$i" --logit-scale $s --modes "\"$m\""
     (export $S; sampler_bench_in . "sb_split_s${s}_$i" --logit-scale $s --modes "\"$m\"")
     (export $E; sampler_bench_in . "sb_wide_s${s}_$i" --logit-scale $s --modes "\"$m\"")
     (export $S $E; sampler_bench_in . "sb_splitwide_s${s}_$i" --logit-scale $s --modes "\"$m\"")
+    if [ "$s$i" = 31 ]; then
+      stage wide_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+        tests/test_dflash_graphs.py -k "drawn"
+      tail -n 3 "$W/wide_tests.log"
+    elif [ "$s$i" = 32 ]; then
+      mem_and_race wide "drawn_drafts and bfloat16 and wide" "drawn_drafts_like and bfloat16 and 1000 and wide"
+      (export $S; mem_and_race split "drawn_drafts and bfloat16 and pair" \
+        "drawn_drafts_like and bfloat16 and 1000 and pair")
+    fi
   done
   pack
 }
