@@ -1250,6 +1250,10 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
         s_pub[1] = make_uint4(f.use_floor, f.use_topp, f.tie_cut, 0u);
       }
       minillm::cluster_sync();  // both published
+      if (!VERIFY_PAIR_SPLIT && rank != 0) {  // CTA 0 goes on alone
+        minillm::cluster_sync();  // CTA 1's shared memory stays until CTA 0 has read it
+        return;
+      }
       const uint4 a = minillm::ld_cluster_u4(minillm::smem_u32(&s_pub[0]), rank ^ 1u);
       const uint4 c = minillm::ld_cluster_u4(minillm::smem_u32(&s_pub[1]), rank ^ 1u);
       minillm::cluster_sync();  // read before either CTA goes on
@@ -1263,7 +1267,6 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
         Q.floor = Q.f.use_floor ? floor_logit(Q.f.kth_key) : ninf;
       }
       paired = true;
-      if (!VERIFY_PAIR_SPLIT && rank != 0) return;  // CTA 0 goes on alone
       split = VERIFY_PAIR_SPLIT;
       if (split) wt = WarpTiles(V, (int)rank, 2);
     } else if (rank != 0) {  // VERIFY_PAIR_ALONE: a row without filters on CTA 0 alone
