@@ -278,29 +278,13 @@ __device__ __forceinline__ void add_mass(unsigned long long* bin, unsigned long 
 #define SAMPLE_TOPP_GATHER 1
 #endif
 
-// SAMPLE_FUSED_ARGMAX (off; session 65, not yet run on a GPU): a sampled row with top-k finds its max
-// and argmax in top-k's first radix pass, which reads the row anyway, instead of a pass of their own
-// before it (row_argmax): one pass over the row fewer (a greedy row's whole time is that pass, ~9 us
-// at one row on the wide build, part346). The same values: the same comparisons in the same order.
+// SAMPLE_FUSED_ARGMAX (on; 0 for a row_argmax pass of its own, for A/B runs): a sampled row with top-k
+// finds its max and argmax in top-k's first radix pass, which reads the row anyway, instead of a pass of
+// their own before it (row_argmax). The same values: the same comparisons in the same order. H100, 1-128
+// rows (part349): top-k rows -6% at 1-64 rows and -19% to -20% at 128; top-p alone +1.4% to +3.0%,
+// greedy +0.1% to +2.2% (code layout: those rows run the same passes), the other modes -0.4% to -1.7%.
 #ifndef SAMPLE_FUSED_ARGMAX
-#define SAMPLE_FUSED_ARGMAX 0
-#endif
-
-// VERIFY_PAIR_ALONE (off; session 65, not yet run on a GPU): verify_drawn_drafts_pair runs a row without
-// filters on its first CTA alone, both rows' maxes in one pass as verify_drawn_drafts does, rather than as a
-// pair with only the maxes to split: the pair's two single-row passes and cluster barriers took such a
-// row's call 56.6 -> 64.6 us at one row, 91.7 -> 95.0 at 64 (part348), where a filtered row's was 18-22%
-// shorter.
-#ifndef VERIFY_PAIR_ALONE
-#define VERIFY_PAIR_ALONE 0
-#endif
-
-// VERIFY_PAIR_SPLIT (off; session 66, not yet run on a GPU): after the filters verify_drawn_drafts_pair's
-// two CTAs split the passes over both rows (the ties' ranks, the kept masses, the residual's) by tiles, half
-// each, where CTA 1 used to leave and CTA 0 to run them alone: after the filters a top-p row's call spent
-// ~200 of its 330 us at one row in those passes on one SM (part348).
-#ifndef VERIFY_PAIR_SPLIT
-#define VERIFY_PAIR_SPLIT 0
+#define SAMPLE_FUSED_ARGMAX 1
 #endif
 
 struct KeyList {  // key_list(): where it lives
@@ -1183,11 +1167,11 @@ __device__ __forceinline__ float max4(float4 v) { return fmaxf(fmaxf(v.x, v.y), 
 namespace {
 
 // verify_drawn_drafts' row. PAIR: the row is a cluster of two CTAs; CTA r finds row r's (p's, q's) max
-// and filters and the two swap their answers through distributed shared memory. Then CTA 1 leaves and
-// CTA 0 goes on alone, or (VERIFY_PAIR_SPLIT) the two split every later pass over both rows (the ties'
-// ranks, the kept masses, the residual's) by tiles, half each (WarpTiles' parts), swapping their sums
-// the same way, and the CTA whose tiles hold the draw draws. The rows without a drawn draft CTA 0
-// alone. Otherwise one CTA does all of it.
+// and filters and the two swap their answers through distributed shared memory. Then the two split every
+// later pass over both rows (the ties' ranks, the kept masses, the residual's) by tiles, half each
+// (WarpTiles' parts), swapping their sums the same way, and the CTA whose tiles hold the draw draws:
+// -26% to -28% at 1-8 rows and -11% to -20% at 64 against CTA 1 leaving after the filters (H100,
+// part350). The rows without a drawn draft CTA 0 alone. Otherwise one CTA does all of it.
 template <bool PAIR>
 __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64 stride, int V,
                                            const float* __restrict__ q_logits, i64 q_stride, int QV,
@@ -1229,51 +1213,38 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
   KeptRow &P = R.P, &Q = R.Q;
 
   const bool filtered = top_k[row] > 0 || (min_p && min_p[row] > 0.f) || top_p[row] < 1.f;  // uniform
-  bool paired = false;  // the pair found both rows' max and filters
-  bool split = false;   // and splits the passes after them (VERIFY_PAIR_SPLIT)
   const unsigned rank = PAIR ? minillm::cluster_rank() : 0u;
   if constexpr (PAIR) {
-    if (filtered || !VERIFY_PAIR_ALONE) {
-      // ---- CTA r: row r's max and filters; each reads the other's from its shared memory
-      __shared__ uint4 s_pub[2];  // {kth_key, cut_key, n_tie, max}, {use_floor, use_topp, tie_cut, 0}
-      const float* lr = rank ? lq : lp;
-      const int nr = rank ? QV : V;
-      float b;
-      int ignored;
-      row_argmax(lr, nr, fscratch, iscratch, b, ignored);
-      RowFilter f{0u, false, false, false, 0u, 0};  // unfiltered rows come here unless VERIFY_PAIR_ALONE
-      if (filtered)
-        filter_row(lr, nr, b, nullptr, nullptr, false, t, top_k, min_p, top_p, row, f, s_tile, dscratch, &s_bin,
-                   &s_first, &s_above, fscratch, iscratch);
-      if (tid == 0) {
-        s_pub[0] = make_uint4(f.kth_key, f.cut_key, (unsigned)f.n_tie, __float_as_uint(b));
-        s_pub[1] = make_uint4(f.use_floor, f.use_topp, f.tie_cut, 0u);
-      }
-      minillm::cluster_sync();  // both published
-      if (!VERIFY_PAIR_SPLIT && rank != 0) {  // CTA 0 goes on alone
-        minillm::cluster_sync();  // CTA 1's shared memory stays until CTA 0 has read it
-        return;
-      }
-      const uint4 a = minillm::ld_cluster_u4(minillm::smem_u32(&s_pub[0]), rank ^ 1u);
-      const uint4 c = minillm::ld_cluster_u4(minillm::smem_u32(&s_pub[1]), rank ^ 1u);
-      minillm::cluster_sync();  // read before either CTA goes on
-      KeptRow &mine = rank ? Q : P, &other = rank ? P : Q;
-      mine.bv = b;
-      mine.f = f;
-      other.bv = __uint_as_float(a.w);
-      other.f = RowFilter{a.x, c.x != 0u, c.y != 0u, c.z != 0u, a.y, (int)a.z};
-      if (filtered) {
-        P.floor = P.f.use_floor ? floor_logit(P.f.kth_key) : ninf;
-        Q.floor = Q.f.use_floor ? floor_logit(Q.f.kth_key) : ninf;
-      }
-      paired = true;
-      split = VERIFY_PAIR_SPLIT;
-      if (split) wt = WarpTiles(V, (int)rank, 2);
-    } else if (rank != 0) {  // VERIFY_PAIR_ALONE: a row without filters on CTA 0 alone
-      return;
+    // ---- CTA r: row r's max and filters; each reads the other's from its shared memory
+    __shared__ uint4 s_pub[2];  // {kth_key, cut_key, n_tie, max}, {use_floor, use_topp, tie_cut, 0}
+    const float* lr = rank ? lq : lp;
+    const int nr = rank ? QV : V;
+    float b;
+    int ignored;
+    row_argmax(lr, nr, fscratch, iscratch, b, ignored);
+    RowFilter f{0u, false, false, false, 0u, 0};
+    if (filtered)
+      filter_row(lr, nr, b, nullptr, nullptr, false, t, top_k, min_p, top_p, row, f, s_tile, dscratch, &s_bin,
+                 &s_first, &s_above, fscratch, iscratch);
+    if (tid == 0) {
+      s_pub[0] = make_uint4(f.kth_key, f.cut_key, (unsigned)f.n_tie, __float_as_uint(b));
+      s_pub[1] = make_uint4(f.use_floor, f.use_topp, f.tie_cut, 0u);
     }
-  }
-  if (!paired) {
+    minillm::cluster_sync();  // both published
+    const uint4 a = minillm::ld_cluster_u4(minillm::smem_u32(&s_pub[0]), rank ^ 1u);
+    const uint4 c = minillm::ld_cluster_u4(minillm::smem_u32(&s_pub[1]), rank ^ 1u);
+    minillm::cluster_sync();  // read before either CTA goes on
+    KeptRow &mine = rank ? Q : P, &other = rank ? P : Q;
+    mine.bv = b;
+    mine.f = f;
+    other.bv = __uint_as_float(a.w);
+    other.f = RowFilter{a.x, c.x != 0u, c.y != 0u, c.z != 0u, a.y, (int)a.z};
+    if (filtered) {
+      P.floor = P.f.use_floor ? floor_logit(P.f.kth_key) : ninf;
+      Q.floor = Q.f.use_floor ? floor_logit(Q.f.kth_key) : ninf;
+    }
+    wt = WarpTiles(V, (int)rank, 2);
+  } else {
     // ---- both rows' max
     float bp = minillm::neg_inf(), bq = minillm::neg_inf();
     for (int tt = wt.lo; tt < wt.hi; ++tt) {
@@ -1311,26 +1282,24 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
     int* s_rank = reinterpret_cast<int*>(s_tile + DRAW_MAX_TILES);
     int base[2];
     tie_ranks(R, wt, s_rank, iscratch, base);
-    if constexpr (PAIR) {
-      if (split) {  // CTA 1's warps come after CTA 0's: add CTA 0's ties (its warps' counts in iscratch)
-        __shared__ __align__(16) int s_ties[4];  // [0], [1] read as one 16-byte load
-        if (tid == 0) {
-          int n0 = 0, n1 = 0;
-          for (int w = 0; w < SAMPLE_WARPS; ++w) {
-            n0 += iscratch[w];
-            n1 += iscratch[SAMPLE_WARPS + w];
-          }
-          s_ties[0] = n0;
-          s_ties[1] = n1;
+    if constexpr (PAIR) {  // CTA 1's warps come after CTA 0's: add CTA 0's ties (its warps' counts in iscratch)
+      __shared__ __align__(16) int s_ties[4];  // [0], [1] read as one 16-byte load
+      if (tid == 0) {
+        int n0 = 0, n1 = 0;
+        for (int w = 0; w < SAMPLE_WARPS; ++w) {
+          n0 += iscratch[w];
+          n1 += iscratch[SAMPLE_WARPS + w];
         }
-        minillm::cluster_sync();
-        if (rank == 1) {
-          const uint4 v = minillm::ld_cluster_u4(minillm::smem_u32(s_ties), 0u);  // s_ties[0], [1]
-          base[0] += (int)v.x;
-          base[1] += (int)v.y;
-        }
-        minillm::cluster_sync();  // read before CTA 0 goes on
+        s_ties[0] = n0;
+        s_ties[1] = n1;
       }
+      minillm::cluster_sync();
+      if (rank == 1) {
+        const uint4 v = minillm::ld_cluster_u4(minillm::smem_u32(s_ties), 0u);  // s_ties[0], [1]
+        base[0] += (int)v.x;
+        base[1] += (int)v.y;
+      }
+      minillm::cluster_sync();  // read before CTA 0 goes on
     }
     R.rp0 = base[0];
     R.rq0 = base[1];
@@ -1368,23 +1337,21 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
   zp = minillm::block_sum(zp, dscratch);  // its barriers publish s_wd
   zq = minillm::block_sum(zq, dscratch);
   double wdp = s_wd[0], wdq = s_wd[1];
-  if constexpr (PAIR) {
-    if (split) {  // each CTA's sums, added in CTA order in both; d's weights from the CTA whose tiles hold d
-      __shared__ double s_z[2];
-      if (tid == 0) {
-        s_z[0] = zp;
-        s_z[1] = zq;
-      }
-      minillm::cluster_sync();
-      const unsigned other = rank ^ 1u, owner = (unsigned)((d / DRAW_TILE) / wt.tpw / SAMPLE_WARPS);
-      const double op = minillm::ld_cluster_f64(minillm::smem_u32(&s_z[0]), other);
-      const double oq = minillm::ld_cluster_f64(minillm::smem_u32(&s_z[1]), other);
-      wdp = minillm::ld_cluster_f64(minillm::smem_u32(&s_wd[0]), owner);
-      wdq = minillm::ld_cluster_f64(minillm::smem_u32(&s_wd[1]), owner);
-      minillm::cluster_sync();  // read before either CTA leaves
-      zp = rank ? op + zp : zp + op;
-      zq = rank ? oq + zq : zq + oq;
+  if constexpr (PAIR) {  // each CTA's sums, added in CTA order in both; d's weights from the CTA whose tiles hold d
+    __shared__ double s_z[2];
+    if (tid == 0) {
+      s_z[0] = zp;
+      s_z[1] = zq;
     }
+    minillm::cluster_sync();
+    const unsigned other = rank ^ 1u, owner = (unsigned)((d / DRAW_TILE) / wt.tpw / SAMPLE_WARPS);
+    const double op = minillm::ld_cluster_f64(minillm::smem_u32(&s_z[0]), other);
+    const double oq = minillm::ld_cluster_f64(minillm::smem_u32(&s_z[1]), other);
+    wdp = minillm::ld_cluster_f64(minillm::smem_u32(&s_wd[0]), owner);
+    wdq = minillm::ld_cluster_f64(minillm::smem_u32(&s_wd[1]), owner);
+    minillm::cluster_sync();  // read before either CTA leaves
+    zp = rank ? op + zp : zp + op;
+    zq = rank ? oq + zq : zq + oq;
   }
   const u64 seed = seed_bytes == 8 ? reinterpret_cast<const u64*>(seeds)[row]
                                    : (u64)(i64)reinterpret_cast<const int*>(seeds)[row];
@@ -1402,10 +1369,7 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
   R.inv_zp = (float)(1.0 / zp);
   R.inv_zq = zq > 0.0 ? (float)(1.0 / zq) : 0.f;
   auto masses = [&]() {
-    if constexpr (PAIR) {
-      if (split) return tile_masses<DraftResidual, 2>(R, wt, s_tile, s_wmass);
-    }
-    return tile_masses(R, wt, s_tile, s_wmass);
+    return tile_masses<DraftResidual, PAIR ? 2 : 1>(R, wt, s_tile, s_wmass);
   };
   double total = masses();
   if (!(total > 0.0)) {  // the same for every thread (of the pair)

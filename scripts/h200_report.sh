@@ -6664,6 +6664,36 @@ part350() {  # session 66 (carry .whl): two prepared changes to verify_drawn_dra
   pack
 }
 
+part351() {  # session 67 (carry .whl and .snap0 = git archive 5853d2d): part349 / part350's winners made the defaults:
+  # the pair's passes after the filters split over both CTAs (no switch), the wide verify build up to a row an SM
+  # (MINILLM_VERIFY_WIDE_ROWS), sampled top-k rows' argmax in top-k's first pass (SAMPLE_FUSED_ARGMAX=1);
+  # VERIFY_PAIR_ALONE removed. The sampler's and drawn drafts' op tests, their memcheck and racecheck, the sampler
+  # bench .snap0 / this tree (every mode, scale 3) alternated twice, the sampled rejected DFlash k = 8 round of the
+  # 0.6B shape .snap0 / this tree twice, then every GPU test (~9 min; the last stage may be cut short)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  sampler_op_tests default_tests
+  drawn_sanitizers
+  sampler_sanitizers
+  local i
+  for i in 1 2; do
+    sampler_bench_in .snap0 "sb_old_s3_$i" --logit-scale 3
+    sampler_bench_in . "sb_new_s3_$i" --logit-scale 3
+  done
+  stage models06 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
+  for i in 1 2; do
+    stage "spec_cost_06b_t1_old_$i" 100 bash -c "cd .snap0 && PYTHONPATH=.:/tmp/site python3 -m minillm.bench \
+      spec-cost $M/q06 --drafter $M/q06-dflash --k 8 --concurrency 1,4,16 --accept 0 --temperature 1.0 --top-p 0.9 \
+      --result-json $W/spec_cost_06b_t1_old_$i.json"
+    stage "spec_cost_06b_t1_new_$i" 100 python3 -m minillm.bench spec-cost $M/q06 --drafter $M/q06-dflash --k 8 \
+      --concurrency 1,4,16 --accept 0 --temperature 1.0 --top-p 0.9 --result-json "$W/spec_cost_06b_t1_new_$i.json"
+  done
+  gpu_tests_full 300
+  tail -n 3 "$W/gpu_tests.log"
+  pack
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 

@@ -36,9 +36,8 @@ DEBUG_FLAGS = ("-DMINILLM_CUDA_DEBUG=1", "-lineinfo")
 # 512 threads (DEC_KVD_THREADS), the two-tile skinny
 # GEMM's unpipelined loop (part174's A/B), the folded products' register bounds (GEMV_*NORM_MIN_BLOCKS) and the
 # sampler without its top-p gather (SAMPLE_TOPP_GATHER=0), its wide build (SAMPLE_THREADS=1024,
-# MINILLM_SAMPLE_WIDE_ROWS and MINILLM_VERIFY_WIDE_ROWS), its top-k rows' argmax in their first pass
-# (SAMPLE_FUSED_ARGMAX, both widths), the drawn-draft pair's unfiltered rows on one CTA (VERIFY_PAIR_ALONE)
-# and its passes after the filters split over both CTAs (VERIFY_PAIR_SPLIT, both widths), so they do not rot
+# MINILLM_SAMPLE_WIDE_ROWS and MINILLM_VERIFY_WIDE_ROWS) and its top-k rows' argmax in a pass of its own
+# (SAMPLE_FUSED_ARGMAX=0, both widths), so they do not rot
 VARIANTS = [("decode_attention", ["-DDEC_NO_MATH=1", "-DDEC_MERGE_FLIGHT=4", "-DMINILLM_TIMELINE=1",
                                   "-DDEC_TL_PHASES=1", "-DDEC_INDEX_GUESS=0", "-DDEC_KVD_THREADS=512",
                                   "-DDEC_KVD_U=8", "-DDEC_KVD_MIN_BLOCKS=1"]),
@@ -51,10 +50,8 @@ VARIANTS = [("decode_attention", ["-DDEC_NO_MATH=1", "-DDEC_MERGE_FLIGHT=4", "-D
             ("prefill_attention", ["-DPF_PDL=1", "-DPDL_PREWAIT_INDEX=0"]),
             ("sampling", ["-DSAMPLE_TOPP_GATHER=0"]),
             ("sampling", ["-DSAMPLE_THREADS=1024"]),
-            ("sampling", ["-DSAMPLE_FUSED_ARGMAX=1"]),
-            ("sampling", ["-DSAMPLE_FUSED_ARGMAX=1", "-DSAMPLE_THREADS=1024"]),
-            ("sampling", ["-DVERIFY_PAIR_ALONE=1"]),
-            ("sampling", ["-DVERIFY_PAIR_SPLIT=1"]), ("sampling", ["-DVERIFY_PAIR_SPLIT=1", "-DSAMPLE_THREADS=1024"])]
+            ("sampling", ["-DSAMPLE_FUSED_ARGMAX=0"]),
+            ("sampling", ["-DSAMPLE_FUSED_ARGMAX=0", "-DSAMPLE_THREADS=1024"])]
 
 # GPU diagnostics in scripts/ that carry their own kernel source (device runs only; compiled here so
 # a broken one fails CI rather than a device call): script -> the variable holding it

@@ -838,8 +838,11 @@ class CudaBackend:
         self.verify_pair_rows = env_int("MINILLM_VERIFY_PAIR_ROWS", self.num_sms // 2,
                                         "batches of at most this many rows verify drawn drafts with two CTAs a row")
         # Batches of at most this many rows verify drafts drawn from q with the wide build's 1,024-thread
-        # CTAs (either kernel above). Session 66, not yet measured: 0 (never) until it is.
-        self.verify_wide_rows = env_int("MINILLM_VERIFY_WIDE_ROWS", 0,
+        # CTAs (either kernel above). H100, pair split (part350): top-p and top-k + top-p rows -14% to -20%
+        # at 1-8 rows, -10% to -18% at 64 and -15% to -24% at 128 (the single kernel); temperature-only rows
+        # +2% at 1-8 rows, +15% at 64 and +3% at 128. A filtered row costs 3-5x an unfiltered one, so the
+        # wide build wins in time whenever filters are common; default: up to a row an SM, as sampling.
+        self.verify_wide_rows = env_int("MINILLM_VERIFY_WIDE_ROWS", self.num_sms,
                                         "batches of at most this many rows verify drawn drafts with 1,024 threads")
         wide_defines = (f"SAMPLE_THREADS={_SAMPLE_WIDE_THREADS}",)
         wide_module = bool(self.sample_wide_rows or self.verify_wide_rows)
