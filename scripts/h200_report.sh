@@ -6667,20 +6667,20 @@ part350() {  # session 66 (carry .whl): two prepared changes to verify_drawn_dra
 part351() {  # session 67 (carry .whl and .snap0 = git archive 5853d2d): part349 / part350's winners made the defaults:
   # the pair's passes after the filters split over both CTAs (no switch), the wide verify build up to a row an SM
   # (MINILLM_VERIFY_WIDE_ROWS), sampled top-k rows' argmax in top-k's first pass (SAMPLE_FUSED_ARGMAX=1);
-  # VERIFY_PAIR_ALONE removed. The sampler's and drawn drafts' op tests, their memcheck and racecheck, the sampler
-  # bench .snap0 / this tree (every mode, scale 3) alternated twice, the sampled rejected DFlash k = 8 round of the
+  # VERIFY_PAIR_ALONE removed. The sampler's and drawn drafts' op tests, the sampler bench .snap0 / this tree
+  # (every mode, scale 3) alternated twice, memcheck and racecheck of the op tests, the sampled rejected DFlash k = 8 round of the
   # 0.6B shape .snap0 / this tree twice, then the engine's and speculation's GPU tests (~7 min; run it under a
   # timeout: the last stages may be cut short, every stage packs what ran)
   setup
   facts > "$W/facts.txt" 2>&1
   sampler_op_tests default_tests
-  drawn_sanitizers
-  sampler_sanitizers
   local i
   for i in 1 2; do
     sampler_bench_in .snap0 "sb_old_s3_$i" --logit-scale 3
     sampler_bench_in . "sb_new_s3_$i" --logit-scale 3
   done
+  drawn_sanitizers
+  sampler_sanitizers
   stage models06 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
   for i in 1 2; do
