@@ -6532,6 +6532,20 @@ part346() {  # session 64, not run (carry .whl): MINILLM_SAMPLE_WIDE_ROWS (off b
   pack
 }
 
+sampled_round_ab() {  # sampled_round_ab [ARGS]: the sampled (temperature 1) rejected DFlash k = 8 round of random 0.6B
+  # shapes (models06), .snap0 / this tree alternated twice (spec_cost_06b_t1_{old,new}_I; ARGS: more spec-cost flags)
+  stage models06 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
+  local i
+  for i in 1 2; do
+    stage "spec_cost_06b_t1_old_$i" 100 bash -c "cd .snap0 && PYTHONPATH=.:/tmp/site python3 -m minillm.bench \
+      spec-cost $M/q06 --drafter $M/q06-dflash --k 8 --concurrency 1,4,16 --accept 0 --temperature 1.0 $* \
+      --result-json $W/spec_cost_06b_t1_old_$i.json"
+    stage "spec_cost_06b_t1_new_$i" 100 python3 -m minillm.bench spec-cost $M/q06 --drafter $M/q06-dflash --k 8 \
+      --concurrency 1,4,16 --accept 0 --temperature 1.0 "$@" --result-json "$W/spec_cost_06b_t1_new_$i.json"
+  done
+}
+
 part347() {  # session 65 (carry .whl and .snap0 = git archive 2e98554): verify_drawn_drafts takes the whole batch in
   # place of sample_tokens (its rows without a drawn draft through sample_tokens' own sample_row), one launch
   # where there were two. The sampler bench's q-draft modes .snap0 / this tree alternated twice at logit
@@ -6546,15 +6560,7 @@ part347() {  # session 65 (carry .whl and .snap0 = git archive 2e98554): verify_
       sampler_bench_in . "sb_new_s${s}_$i" --logit-scale $s --modes "\"$m\""
     done
   done
-  stage models06 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
-  for i in 1 2; do
-    stage "spec_cost_06b_t1_old_$i" 100 bash -c "cd .snap0 && PYTHONPATH=.:/tmp/site python3 -m minillm.bench \
-      spec-cost $M/q06 --drafter $M/q06-dflash --k 8 --concurrency 1,4,16 --accept 0 --temperature 1.0 \
-      --result-json $W/spec_cost_06b_t1_old_$i.json"
-    stage "spec_cost_06b_t1_new_$i" 100 python3 -m minillm.bench spec-cost $M/q06 --drafter $M/q06-dflash --k 8 \
-      --concurrency 1,4,16 --accept 0 --temperature 1.0 --result-json "$W/spec_cost_06b_t1_new_$i.json"
-  done
+  sampled_round_ab
   pack
 }
 
@@ -6681,15 +6687,7 @@ part351() {  # session 67 (carry .whl and .snap0 = git archive 5853d2d): part349
   done
   drawn_sanitizers
   sampler_sanitizers
-  stage models06 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
-    python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
-  for i in 1 2; do
-    stage "spec_cost_06b_t1_old_$i" 100 bash -c "cd .snap0 && PYTHONPATH=.:/tmp/site python3 -m minillm.bench \
-      spec-cost $M/q06 --drafter $M/q06-dflash --k 8 --concurrency 1,4,16 --accept 0 --temperature 1.0 --top-p 0.9 \
-      --result-json $W/spec_cost_06b_t1_old_$i.json"
-    stage "spec_cost_06b_t1_new_$i" 100 python3 -m minillm.bench spec-cost $M/q06 --drafter $M/q06-dflash --k 8 \
-      --concurrency 1,4,16 --accept 0 --temperature 1.0 --top-p 0.9 --result-json "$W/spec_cost_06b_t1_new_$i.json"
-  done
+  sampled_round_ab --top-p 0.9
   stage engine_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py \
     tests/test_dflash_graphs.py tests/test_async_scheduling.py -k "not smollm2 and not debug_build"
   tail -n 3 "$W/engine_tests.log"
