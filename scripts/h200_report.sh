@@ -6607,7 +6607,8 @@ part348() {  # session 65 (carry .whl): the wide sampler the default up to a row
   pack
 }
 
-part349() {  # session 65, not run (carry .whl): two switches, off by default. VERIFY_PAIR_ALONE=1: the pair
+part349() {  # session 65, ran in session 67 (carry .whl; both switches are gone or on since 333f690, so a rerun
+  # measures nothing): two switches, off by default then. VERIFY_PAIR_ALONE=1: the pair
   # (verify_drawn_drafts_pair) runs rows without filters on its first CTA alone (part348: top-p q-draft rows -15% to
   # -22% at 1-64 rows on the pair, temperature-only ones +4% to +14%). The drawn drafts' tests (both kernels) with
   # memcheck and racecheck under it, then the bench's q-draft modes default / with it (sb_plain / sb_topp).
@@ -6634,7 +6635,8 @@ part349() {  # session 65, not run (carry .whl): two switches, off by default. V
   pack
 }
 
-part350() {  # session 66 (carry .whl): two prepared changes to verify_drawn_drafts(_pair), both off by default.
+part350() {  # session 66, ran in session 67 (carry .whl; since 333f690 the split is the code and the wide build the
+  # default, so a rerun measures nothing): two prepared changes to verify_drawn_drafts(_pair), both off by default then.
   # MINILLM_VERIFY_WIDE_ROWS: the kernels built with 1,024 threads a CTA (the wide build's, 64 registers) for small
   # batches; VERIFY_PAIR_SPLIT=1: the pair's CTAs split the passes after the filters (ties, masses, residual) by
   # tiles, where CTA 1 used to leave. The sampler's and drawn drafts' op tests (verify_build: pair, single,
@@ -6674,9 +6676,9 @@ part351() {  # session 67 (carry .whl and .snap0 = git archive 5853d2d): part349
   # the pair's passes after the filters split over both CTAs (no switch), the wide verify build up to a row an SM
   # (MINILLM_VERIFY_WIDE_ROWS), sampled top-k rows' argmax in top-k's first pass (SAMPLE_FUSED_ARGMAX=1);
   # VERIFY_PAIR_ALONE removed. The sampler's and drawn drafts' op tests, the sampler bench .snap0 / this tree
-  # (every mode, scale 3) alternated twice, memcheck and racecheck of the op tests, the sampled rejected DFlash k = 8 round of the
-  # 0.6B shape .snap0 / this tree twice, then the engine's and speculation's GPU tests (~7 min; run it under a
-  # timeout: the last stages may be cut short, every stage packs what ran)
+  # (every mode, scale 3) alternated twice, memcheck and racecheck of the op tests, the sampled rejected DFlash
+  # k = 8 round of the 0.6B shape .snap0 / this tree twice, then the engine's and speculation's GPU tests but the
+  # drawn ones run first (~7 min; run it under a timeout: every stage packs what ran)
   setup
   facts > "$W/facts.txt" 2>&1
   sampler_op_tests default_tests
@@ -6689,7 +6691,7 @@ part351() {  # session 67 (carry .whl and .snap0 = git archive 5853d2d): part349
   sampler_sanitizers
   sampled_round_ab --top-p 0.9
   stage engine_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py \
-    tests/test_dflash_graphs.py tests/test_async_scheduling.py -k "not smollm2 and not debug_build"
+    tests/test_dflash_graphs.py tests/test_async_scheduling.py -k "not smollm2 and not debug_build and not drawn"
   tail -n 3 "$W/engine_tests.log"
   pack
 }
