@@ -449,6 +449,19 @@ __device__ __forceinline__ double ld_cluster_f64(unsigned addr, unsigned rank) {
   return v;
 }
 
+// The 4- and 8-byte integers at shared-memory address addr (this CTA's window) of the cluster's CTA `rank`.
+__device__ __forceinline__ unsigned ld_cluster_u32(unsigned addr, unsigned rank) {
+  unsigned v;
+  asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(cluster_map(addr, rank)));
+  return v;
+}
+
+__device__ __forceinline__ unsigned long long ld_cluster_u64(unsigned addr, unsigned rank) {
+  unsigned long long v;
+  asm volatile("ld.shared::cluster.u64 %0, [%1];" : "=l"(v) : "r"(cluster_map(addr, rank)));
+  return v;
+}
+
 // warp_qk_norm_rope for D = 32 N with N even: lane l holds elements l + 32 m (m < N) in
 // registers, so element i and its rotation partner i +- D / 2 sit in the same lane, and every load
 // (x, w, the cos/sin row) is issued before any arithmetic. The same operations in the same order

@@ -25,27 +25,35 @@ __device__ __forceinline__ unsigned radix_mask(int pass) {  // the digits found 
   return pass == 0 ? 0u : pass == 1 ? 0xfff00000u : 0xffffff00u;
 }
 
-// f(i, logit) for every token of the row, a 16-byte load (4 tokens) a thread an iteration where
-// the row is 16-byte aligned: the radix passes read the whole row each, and with one 4-byte load a
-// thread an iteration (the loop also does shared-memory atomics) each pass was bound by the loads'
-// latency (top-k 50 with 3 passes: 224 us a row, part66).
+// f(i, logit) for every token i in [lo, hi) of the row (lo a multiple of 4), a 16-byte load (4 tokens)
+// a thread an iteration where the row is 16-byte aligned: the radix passes read the whole row each, and
+// with one 4-byte load a thread an iteration (the loop also does shared-memory atomics) each pass was
+// bound by the loads' latency (top-k 50 with 3 passes: 224 us a row, part66). A range: the CTA's share
+// of a row split over a cluster (sampling.cu, RowSplit).
+template <typename F>
+__device__ __forceinline__ void for_each_logit_in(const float* __restrict__ lg, int lo, int hi, F f) {
+  const int tid = threadIdx.x, NT = blockDim.x;
+  int done = lo;
+  if ((reinterpret_cast<unsigned long long>(lg) & 15ull) == 0) {
+    const int n4 = (hi - lo) / 4;
+    const float4* lg4 = reinterpret_cast<const float4*>(lg + lo);
+    for (int q = tid; q < n4; q += NT) {
+      const float4 v = lg4[q];
+      const int i = lo + 4 * q;
+      f(i, v.x);
+      f(i + 1, v.y);
+      f(i + 2, v.z);
+      f(i + 3, v.w);
+    }
+    done = lo + 4 * n4;
+  }
+  for (int i = done + tid; i < hi; i += NT) f(i, lg[i]);
+}
+
+// the whole row
 template <typename F>
 __device__ __forceinline__ void for_each_logit(const float* __restrict__ lg, int V, F f) {
-  const int tid = threadIdx.x, NT = blockDim.x;
-  int done = 0;
-  if ((reinterpret_cast<unsigned long long>(lg) & 15ull) == 0) {
-    const int V4 = V / 4;
-    const float4* lg4 = reinterpret_cast<const float4*>(lg);
-    for (int q = tid; q < V4; q += NT) {
-      const float4 v = lg4[q];
-      f(4 * q, v.x);
-      f(4 * q + 1, v.y);
-      f(4 * q + 2, v.z);
-      f(4 * q + 3, v.w);
-    }
-    done = 4 * V4;
-  }
-  for (int i = done + tid; i < V; i += NT) f(i, lg[i]);
+  for_each_logit_in(lg, 0, V, f);
 }
 
 }  // namespace minillm_radix

@@ -223,14 +223,20 @@ __device__ void block_argmax(float& v, int& idx, float* sv, int* si) {
 // A row's max logit bv and its argmax bi (the first index on ties): every thread gets both. 16-byte
 // loads (for_each_logit; 8 scalar loads in flight a thread measured slower on the H200: 13 -> 20 us a
 // row, part61; three 16-byte loads in flight slower on an H100: greedy 10.5 -> 11.1 us a call, part329).
-__device__ __forceinline__ void row_argmax(const float* __restrict__ lg, int n, float* fscratch, int* iscratch,
-                                           float& bv, int& bi) {
+// ids [lo, hi) only: a CTA's share of a row split over a cluster (RowSplit).
+__device__ __forceinline__ void row_argmax_in(const float* __restrict__ lg, int lo, int hi, float* fscratch,
+                                              int* iscratch, float& bv, int& bi) {
   bv = minillm::neg_inf();
   bi = 0x7fffffff;
-  for_each_logit(lg, n, [&](int i, float v) {
+  for_each_logit_in(lg, lo, hi, [&](int i, float v) {
     if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
   });
   block_argmax(bv, bi, fscratch, iscratch);
+}
+
+__device__ __forceinline__ void row_argmax(const float* __restrict__ lg, int n, float* fscratch, int* iscratch,
+                                           float& bv, int& bi) {
+  row_argmax_in(lg, 0, n, fscratch, iscratch, bv, bi);
 }
 
 // A kept token's weight exp((l - max l) / T) in float32, as 2^((l - max l) * k2), k2 = log2(e) / T:
@@ -442,6 +448,136 @@ __device__ void list_cut(KeyList& L, int n, unsigned floor, double need, unsigne
   __syncthreads();  // the answers read by all before the list is reused
 }
 
+// ---- a row split over a cluster (sample_tokens_cl4 / sample_tokens_cl8, for small batches) -------
+// One CTA a row leaves a small batch's row on one SM, bound by its instructions (the passes' compares
+// and shared atomics): one top-p 0.9 row ~94 us, Qwen3's defaults ~57 us (H100). sample_tokens_clC gives
+// a row the C CTAs of a cluster (PARTS): in every pass before the draw CTA r reads only its share of the
+// ids, [lo, hi); each histogram is then summed over the cluster through distributed shared memory
+// (sum_bins), so every CTA holds the whole row's and finds the same crossing bin, k-th key and cut-off
+// one CTA finds (exact integer sums: the same answers, by the same code); a gathered key list is merged
+// the same way (gather_split) and the argmax too (cluster_argmax). The draw then splits the row's tiles
+// over the cluster (WarpTiles' parts), as verify_drawn_drafts_pair does. Every DSMEM read is followed
+// by a cluster barrier before its CTA's memory is written again, and the kernel ends with one, so no
+// CTA leaves while another reads it. PARTS 1: one CTA, none of this (the code compiles as before).
+#define SPLIT_BINS 4096  // the largest radix histogram (radix_bins)
+
+template <int PARTS>
+struct RowSplit {
+  int lo, hi;                // this CTA's ids in the passes before the draw
+  unsigned rank;             // its rank in the cluster
+  unsigned long long* red;   // [SPLIT_BINS / PARTS]: sum_bins' sums of this CTA's share of the bins
+  unsigned* stage;           // [GATHER_CAP]: gather_split's keys from this CTA's ids
+  int* stage_n;              // and their count
+  __device__ RowSplit(int V, unsigned long long* red_ = nullptr, unsigned* stage_ = nullptr, int* stage_n_ = nullptr)
+      : red(red_), stage(stage_), stage_n(stage_n_) {
+    if constexpr (PARTS == 1) {
+      lo = 0;
+      hi = V;
+      rank = 0;
+    } else {
+      rank = minillm::cluster_rank();
+      const int per = ((V + PARTS - 1) / PARTS + 3) & ~3;  // a multiple of 4: the 16-byte loads stay aligned
+      lo = min(V, (int)rank * per);
+      hi = min(V, lo + per);
+    }
+  }
+  template <typename F>
+  __device__ __forceinline__ void each(const float* __restrict__ lg, F f) const {  // f(i, l) for [lo, hi)
+    if constexpr (PARTS == 1) for_each_logit(lg, hi, f); else for_each_logit_in(lg, lo, hi, f);
+  }
+  __device__ __forceinline__ bool leader() const { return threadIdx.x == 0 && rank == 0; }  // writes the row's answers
+};
+
+template <class T>
+__device__ __forceinline__ T ld_cluster_bin(unsigned addr, unsigned rank) {
+  if constexpr (sizeof(T) == 8) return (T)minillm::ld_cluster_u64(addr, rank);
+  else return (T)minillm::ld_cluster_u32(addr, rank);
+}
+
+// Every CTA's bins[0, nb) summed over the cluster, into every CTA's bins: CTA r sums its share of the
+// bins (nb / PARTS of them) from every CTA into its red, then each CTA reads every share from its owner.
+// Integer sums, so the order does not matter. Every thread of the cluster calls it after its histogram's
+// last atomic; the sums are published to the block when it returns. A CTA writes its red again only
+// after the next call's first barrier, which the readers of this call's red reach after their reads.
+template <int PARTS, class T>
+__device__ void sum_bins(T* bins, int nb, const RowSplit<PARTS>& rs) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "int counts or 64-bit masses");
+  if constexpr (PARTS > 1) {
+    T* red = reinterpret_cast<T*>(rs.red);
+    const int per = nb / PARTS;
+    minillm::cluster_sync();  // every CTA's histogram done
+    for (int j = threadIdx.x; j < per; j += blockDim.x) {
+      const unsigned a = minillm::smem_u32(bins + rs.rank * per + j);
+      T s = 0;
+#pragma unroll
+      for (int r = 0; r < PARTS; ++r) s += ld_cluster_bin<T>(a, (unsigned)r);
+      red[j] = s;
+    }
+    minillm::cluster_sync();  // every share summed, and every CTA's bins read
+    for (int b = threadIdx.x; b < nb; b += blockDim.x)
+      bins[b] = ld_cluster_bin<T>(minillm::smem_u32(red + b % per), (unsigned)(b / per));
+    __syncthreads();
+  }
+}
+
+// The block's argmax (v, idx: block_argmax's, the same in every thread) over the cluster: every thread
+// gets the row's, the first index winning ties as in one CTA (the CTAs' ids ascend with their rank).
+// Once a launch (its shared word is not written again).
+template <int PARTS>
+__device__ void cluster_argmax(float& v, int& idx) {
+  if constexpr (PARTS > 1) {
+    __shared__ unsigned s_arg[2];
+    if (threadIdx.x == 0) {
+      s_arg[0] = __float_as_uint(v);
+      s_arg[1] = (unsigned)idx;
+    }
+    minillm::cluster_sync();
+    v = minillm::neg_inf();
+    idx = 0x7fffffff;
+    for (int r = 0; r < PARTS; ++r) {
+      const float x = __uint_as_float(minillm::ld_cluster_u32(minillm::smem_u32(s_arg), (unsigned)r));
+      const int i = (int)minillm::ld_cluster_u32(minillm::smem_u32(s_arg + 1), (unsigned)r);
+      if (x > v || (x == v && i < idx)) { v = x; idx = i; }
+    }
+  }
+}
+
+// gather_keys over a split row: each CTA gathers its ids' keys >= low into its stage, then every CTA
+// copies every stage, in rank order, into its list; L.n gets the cluster's count, and past GATHER_CAP
+// no key is copied (gather_keys' callers then drop the list). Every thread of the cluster calls it.
+template <int PARTS>
+__device__ void gather_split(const float* __restrict__ lg, const RowSplit<PARTS>& rs, unsigned low, KeyList& L) {
+  if (threadIdx.x == 0) *rs.stage_n = 0;
+  __syncthreads();
+  rs.each(lg, [&](int, float l) {
+    const unsigned key = float_key(l);
+    if (key >= low) {
+      const int slot = atomicAdd(rs.stage_n, 1);
+      if (slot < GATHER_CAP) rs.stage[slot] = key;
+    }
+  });
+  minillm::cluster_sync();  // every stage filled
+  int n = 0;
+  for (int r = 0; r < PARTS; ++r) n += (int)minillm::ld_cluster_u32(minillm::smem_u32(rs.stage_n), (unsigned)r);
+  if (n <= GATHER_CAP) {
+    int base = 0;
+    for (int r = 0; r < PARTS; ++r) {
+      const int c = (int)minillm::ld_cluster_u32(minillm::smem_u32(rs.stage_n), (unsigned)r);
+      for (int j = threadIdx.x; j < c; j += blockDim.x)
+        L.key[base + j] = minillm::ld_cluster_u32(minillm::smem_u32(rs.stage + j), (unsigned)r);
+      base += c;
+    }
+  }
+  if (threadIdx.x == 0) L.n = n;
+  minillm::cluster_sync();  // every stage read before it is filled again; the list published
+}
+
+template <int PARTS>
+__device__ __forceinline__ void gather_row(const float* __restrict__ lg, int V, const RowSplit<PARTS>& rs,
+                                           unsigned low, KeyList& L) {
+  if constexpr (PARTS == 1) gather_keys(lg, V, low, L); else gather_split(lg, rs, low, L);
+}
+
 // A sampled row's filters (temperature t > 0, max logit bv): top-k and min-p as one floor on the
 // key, then top-p's cut-off key and how many of its tied tokens it keeps (in index order). Every
 // thread of the block calls it and gets the same values. scratch: SAMPLE_MAX_TILES doubles of
@@ -457,13 +593,15 @@ struct RowFilter {
 
 // fused (SAMPLE_FUSED_ARGMAX, a top-k row; bv comes in unset): the row's max and argmax are found in
 // top-k's first pass as row_argmax finds them (fscratch, iscratch: block_argmax's scratch) and left in
-// *fused_bv, *fused_bi; otherwise bv is the row's max.
+// *fused_bv, *fused_bi; otherwise bv is the row's max. rs: the ids this CTA reads (PARTS > 1: a row split
+// over a cluster, whose every thread calls it).
+template <int PARTS = 1>
 __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, float bv, float* fused_bv,
                                            int* fused_bi, bool fused, double t, const int* __restrict__ top_k,
                                            const float* __restrict__ min_p, const float* __restrict__ top_p, int row,
                                            RowFilter& f, void* scratch,
                                            double* dscratch, int* s_bin, int* s_first, double* s_above,
-                                           float* fscratch, int* iscratch) {
+                                           float* fscratch, int* iscratch, const RowSplit<PARTS>& rs) {
   const int tid = threadIdx.x, NT = blockDim.x;
 #if !SAMPLE_FUSED_ARGMAX
   const double M = (double)bv / t;  // the max of x survives every filter
@@ -488,23 +626,25 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
       if (fused && pass == 0) {  // row_argmax's loop and reduction, beside the first histogram
         int bi = 0x7fffffff;
         bv = minillm::neg_inf();
-        for_each_logit(lg, V, [&](int i, float l) {
+        rs.each(lg, [&](int i, float l) {
           if (l > bv || (l == bv && i < bi)) { bv = l; bi = i; }
           const unsigned key = float_key(l);
           if ((key & mask) == prefix) atomicAdd(hist + ((key >> shift) & (nb - 1)), 1);
         });
         block_argmax(bv, bi, fscratch, iscratch);  // its barriers publish the histogram
+        cluster_argmax<PARTS>(bv, bi);
         *fused_bv = bv;
         *fused_bi = bi;
       } else
 #endif
-      for_each_logit(lg, V, [&](int, float l) {
+      rs.each(lg, [&](int, float l) {
         const unsigned key = float_key(l);
         // ATOMS.POPC.INC: the hardware adds a warp's increments of one bin at once (counts aggregated
         // first by __match_any_sync measured slower: top-k 50 101 -> 230 us at one row, part335)
         if ((key & mask) == prefix) atomicAdd(hist + ((key >> shift) & (nb - 1)), 1);
       });
       __syncthreads();
+      sum_bins(hist, nb, rs);
       int bin;
       double above;
       radix_crossing(nb, hist, need, dscratch, s_bin, s_first, s_above, bin, above);
@@ -512,7 +652,7 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
         const int n = (int)above + hist[bin];  // the tokens at or above the bin (every thread the same)
         __syncthreads();  // hist[bin] read by all before the next pass zeroes it
         if (n <= GATHER_CAP) {
-          gather_keys(lg, V, (unsigned)bin << shift, *L);
+          gather_row(lg, V, rs, (unsigned)bin << shift, *L);
           prefix = list_kth(*L, n, k);
           gathered = true;
           break;
@@ -569,7 +709,7 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
       if (pass == 2)
         for (int b = tid; b < nb; b += NT) ties[b] = 0;
       __syncthreads();
-      for_each_logit(lg, V, [&](int, float l) {
+      rs.each(lg, [&](int, float l) {
         const unsigned key = float_key(l);
         if ((key & mask) == prefix && key >= kth_key) {
           const int b = (key >> shift) & (nb - 1);
@@ -581,6 +721,8 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
         }
       });
       __syncthreads();
+      sum_bins(mass, nb, rs);
+      if (pass == 2) sum_bins(ties, nb, rs);
       if (pass == 0) {  // the kept mass: every bin of the first pass
         double own = 0.0;
         for (int b = tid; b < nb; b += NT) own += (double)mass[b];
@@ -593,7 +735,7 @@ __device__ __forceinline__ void filter_row(const float* __restrict__ lg, int V, 
       prefix |= (unsigned)bin << shift;
       above += a;  // mass of the keys above the prefix found so far
       if (SAMPLE_TOPP_GATHER && pass == 0 && gather_may_fit(mass, nb, bin, shift, bv, k2, unit, dscratch)) {
-        gather_keys(lg, V, max(prefix, kth_key), *L);  // the kept keys at or above pass 0's bin
+        gather_row(lg, V, rs, max(prefix, kth_key), *L);  // the kept keys at or above pass 0's bin
         const int n = L->n;  // every thread the same (gather_keys ends with a barrier)
         __syncthreads();  // n read by all before pass 1 zeroes the masses the list overlays (racecheck, part343)
         if (n <= GATHER_CAP) {  // the list holds every kept key at or above the cut-off
@@ -728,25 +870,28 @@ __device__ double tile_masses(const Src& src, const WarpTiles& wt, double* s_mas
 }
 
 // Tile tt's mass again after src changed (a rejected one-hot draft now weighs 0), and its warp's
-// mass, summed in tile_masses' order. Every thread of the block calls it (a row on one CTA).
-template <class Src>
+// mass, summed in tile_masses' order. Every thread of the block calls it; PARTS > 1: of the cluster (a
+// split row, WarpTiles), the CTA holding the tile redoes it and every CTA copies the warps' masses again.
+template <class Src, int PARTS = 1>
 __device__ double retile(const Src& src, const WarpTiles& wt, int tt, double* s_mass, double* s_wmass) {
   const int warp = threadIdx.x >> 5, NW = blockDim.x >> 5;
-  const int owner = tt / wt.tpw;
-  if (warp == owner) {  // its own tile: carry_at is this warp's
+  const int owner = tt / wt.tpw;  // numbered over the cluster
+  const bool mine = PARTS == 1 || (owner >= wt.w0 && owner < wt.w0 + NW);  // a warp of this CTA
+  if ((PARTS == 1 ? warp : wt.w0 + warp) == owner) {  // its own tile: carry_at is this warp's
     typename Src::Carry c = src.carry_at(tt);
     const double tm = tile_mass(src, wt, tt, c);
     if ((threadIdx.x & 31) == 0) s_mass[tt] = tm;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0 && mine) {
     double wm = 0.0;
     for (int t = owner * wt.tpw; t < min(wt.n_tiles, (owner + 1) * wt.tpw); ++t) wm += s_mass[t];
     s_wmass[owner] = wm;
   }
   __syncthreads();
+  if constexpr (PARTS > 1) gather_warp_masses(s_wmass, wt);
   double total = 0.0;
-  for (int w = 0; w < NW; ++w) total += s_wmass[w];
+  for (int w = 0; w < (PARTS == 1 ? NW : wt.nw); ++w) total += s_wmass[w];
   return total;
 }
 
@@ -972,6 +1117,30 @@ __device__ void tie_ranks(const Src& src, const WarpTiles& wt, int* s_rank, int*
   }
 }
 
+// After tie_ranks over a row split by tiles (WarpTiles' parts): the ties in the earlier CTAs' tiles (their
+// warps' counts, tie_ranks' in iscratch), added to base. Every thread of the cluster calls it.
+template <int PARTS>
+__device__ void add_earlier_ties(const int* iscratch, int base[2]) {
+  __shared__ __align__(16) int s_ties[4];  // [0], [1] read as one 16-byte load
+  if (threadIdx.x == 0) {
+    int n0 = 0, n1 = 0;
+    for (int w = 0; w < SAMPLE_WARPS; ++w) {
+      n0 += iscratch[w];
+      n1 += iscratch[SAMPLE_WARPS + w];
+    }
+    s_ties[0] = n0;
+    s_ties[1] = n1;
+  }
+  minillm::cluster_sync();
+  const unsigned rank = minillm::cluster_rank();
+  for (unsigned r = 0; r < rank; ++r) {
+    const uint4 v = minillm::ld_cluster_u4(minillm::smem_u32(s_ties), r);  // s_ties[0], [1]
+    base[0] += (int)v.x;
+    base[1] += (int)v.y;
+  }
+  minillm::cluster_sync();  // read before any CTA goes on
+}
+
 // How many of a row's ids before d have the key `key` (the whole block counts them).
 __device__ int key_count_before(const float* __restrict__ lg, int d, unsigned key, double* dscratch) {
   double n = 0.0;
@@ -981,23 +1150,24 @@ __device__ int key_count_before(const float* __restrict__ lg, int d, unsigned ke
 
 // sample_tokens' draw from src's weights; a drafted d (q one-hot, weight wd) first: accepted with
 // probability p(d) = wd / total, else the token comes from p without d. Every thread of the block
-// calls it.
-template <class Src>
+// calls it; PARTS > 1: of the cluster (a split row, WarpTiles), its first CTA writing the answers.
+template <int PARTS = 1, class Src>
 __device__ void draw_row(Src& src, const WarpTiles& wt, float wd, int d, u64 seed, i64 pos, int bi,
                          double* s_tile, double* s_warp, int* out, int* accepted, int row) {
-  double total = tile_masses(src, wt, s_tile, s_warp);
+  auto leader = [&]() { return threadIdx.x == 0 && (PARTS == 1 || wt.w0 == 0); };  // the first CTA's
+  double total = tile_masses<Src, PARTS>(src, wt, s_tile, s_warp);
   if (d >= 0) {
-    if (hash_uniform(seed, pos, 1ull) < (double)wd / total) {  // uniform over the block: all return
-      if (threadIdx.x == 0) {
+    if (hash_uniform(seed, pos, 1ull) < (double)wd / total) {  // uniform over the block (cluster): all return
+      if (leader()) {
         out[row] = d;
         if (accepted) accepted[row] = 1;
       }
       return;
     }
     src.skip = d;
-    total = retile(src, wt, d / DRAW_TILE, s_tile, s_warp);
+    total = retile<Src, PARTS>(src, wt, d / DRAW_TILE, s_tile, s_warp);
   }
-  if (threadIdx.x == 0 && accepted) accepted[row] = 0;  // rejected, or no draft at this row
+  if (leader() && accepted) accepted[row] = 0;  // rejected, or no draft at this row
   tile_draw(src, wt, hash_uniform(seed, pos, d >= 0 ? 2ull : 0ull) * total, s_tile, s_warp, bi, out + row);
 }
 
@@ -1016,31 +1186,37 @@ struct SampleShared {
 };
 
 // sample_tokens' row: argmax; greedy, or the filters and the draw (with draft[row], a one-hot draft or
-// -1, verified on the way). Every thread of the block calls it.
+// -1, verified on the way). Every thread of the block calls it; PARTS > 1: of the cluster (RowSplit).
+template <int PARTS = 1>
 __device__ __forceinline__ void sample_row(const float* __restrict__ lg, int V, int row, const int* __restrict__ draft,
                                            const float* __restrict__ temperature, const float* __restrict__ top_p,
                                            const int* __restrict__ top_k, const float* __restrict__ min_p,
                                            const void* __restrict__ seeds, int seed_bytes,
                                            const int* __restrict__ positions, int* __restrict__ out,
-                                           int* __restrict__ accepted, const SampleShared& sh) {
+                                           int* __restrict__ accepted, const SampleShared& sh,
+                                           const RowSplit<PARTS>& rs) {
   // ---- argmax (greedy) and the max logit
 #if SAMPLE_FUSED_ARGMAX
   float bv = 0.f;  // set by row_argmax, or by filter_row (fused)
   int bi = 0;
   const float temp = temperature[row];
   const bool fused = temp > 0.f && top_k[row] > 0 && top_k[row] < V;  // found in top-k's first pass
-  if (!fused) row_argmax(lg, V, sh.fscratch, sh.iscratch, bv, bi);
+  if (!fused) {
+    row_argmax_in(lg, rs.lo, rs.hi, sh.fscratch, sh.iscratch, bv, bi);
+    cluster_argmax<PARTS>(bv, bi);
+  }
 #else
   float bv;
   int bi;
   const bool fused = false;
-  row_argmax(lg, V, sh.fscratch, sh.iscratch, bv, bi);
+  row_argmax_in(lg, rs.lo, rs.hi, sh.fscratch, sh.iscratch, bv, bi);
+  cluster_argmax<PARTS>(bv, bi);
   const float temp = temperature[row];
 #endif
   const int d = draft ? draft[row] : -1;  // a drafted token to verify at this row, or -1
   MINILLM_CHECK(d < V && V <= DRAW_TILE * DRAW_MAX_TILES);
   if (!(temp > 0.f)) {
-    if (threadIdx.x == 0) {
+    if (rs.leader()) {
       out[row] = bi;
       if (accepted) accepted[row] = d >= 0 && d == bi;
     }
@@ -1048,16 +1224,17 @@ __device__ __forceinline__ void sample_row(const float* __restrict__ lg, int V, 
   }
   RowFilter f;
   filter_row(lg, V, bv, &bv, &bi, fused, (double)temp, top_k, min_p, top_p, row, f, sh.s_tile, sh.dscratch,
-             sh.s_bin, sh.s_first, sh.s_above, sh.fscratch, sh.iscratch);
+             sh.s_bin, sh.s_first, sh.s_above, sh.fscratch, sh.iscratch, rs);
   const u64 seed = seed_bytes == 8 ? reinterpret_cast<const u64*>(seeds)[row]
                                    : (u64)(i64)reinterpret_cast<const int*>(seeds)[row];
   const i64 pos = positions[row];
-  const WarpTiles wt(V);
+  const WarpTiles wt(V, (int)rs.rank, PARTS);
   const float k2 = LOG2E_F / temp;
   __syncthreads();  // the radix histograms (s_tile) are done with
   if (!f.tie_cut) {  // keep key >= cut-off (top-p, after top-k / min-p) or >= the floor
     SampledRow src{lg, V, aligned16(lg), floor_logit(f.min_key()), k2, bv, -1};
-    draw_row(src, wt, d >= 0 ? src.weight(lg[d]) : 0.f, d, seed, pos, bi, sh.s_tile, sh.s_warp, out, accepted, row);
+    draw_row<PARTS>(src, wt, d >= 0 ? src.weight(lg[d]) : 0.f, d, seed, pos, bi, sh.s_tile, sh.s_warp, out,
+                    accepted, row);
     return;
   }
   // top-p's cut-off keeps the first n_tie of its tied tokens in index order: a pass ranks them a tile.
@@ -1067,13 +1244,53 @@ __device__ __forceinline__ void sample_row(const float* __restrict__ lg, int V, 
   TiedRow src{{lg, V, aligned16(lg), f, k2, bv, floor_logit(f.kth_key)}, 0, s_rank, -1};
   int base[2];
   tie_ranks(src, wt, s_rank, sh.iscratch, base);
+  if constexpr (PARTS > 1) add_earlier_ties<PARTS>(sh.iscratch, base);
   src.r0 = base[0];
   float wd = 0.f;
   if (d >= 0) {  // d's weight, a tie ranked by the ties before it (uniform over the block)
     const float ld = lg[d];
     wd = src.P.weight(ld, src.P.tie(ld, true) ? key_count_before(lg, d, f.cut_key, sh.dscratch) : 0);
   }
-  draw_row(src, wt, wd, d, seed, pos, bi, sh.s_tile, sh.s_warp, out, accepted, row);
+  draw_row<PARTS>(src, wt, wd, d, seed, pos, bi, sh.s_tile, sh.s_warp, out, accepted, row);
+}
+
+}  // namespace
+
+namespace {
+
+// sample_tokens' body: row blockIdx.x / PARTS, on PARTS CTAs (a cluster: RowSplit) or one.
+template <int PARTS>
+__device__ __forceinline__ void sample_tokens_row(const float* __restrict__ logits, i64 stride, int V,
+                                                  const float* __restrict__ temperature, const float* __restrict__ top_p,
+                                                  const int* __restrict__ top_k, const float* __restrict__ min_p,
+                                                  const void* __restrict__ seeds, int seed_bytes,
+                                                  const int* __restrict__ positions, int* __restrict__ out,
+                                                  const int* __restrict__ draft, int* __restrict__ accepted,
+                                                  int n_rows) {
+  __shared__ double dscratch[32];
+  __shared__ double s_above;
+  __shared__ float fscratch[32];
+  __shared__ int iscratch[SAMPLE_ISCRATCH];
+  __shared__ int s_bin, s_first;
+  __shared__ double s_tile[SAMPLE_MAX_TILES];
+  __shared__ double s_warp[PARTS * SAMPLE_WARPS];  // a split row's: every CTA's warps
+  const SampleShared sh{dscratch, &s_above, fscratch, iscratch, &s_bin, &s_first, s_tile, s_warp};
+  minillm::pdl_entry();
+  const int row = blockIdx.x / PARTS;  // the same for the whole cluster
+  if (row >= n_rows) return;
+  const float* lg = logits + (i64)row * stride;
+  if constexpr (PARTS == 1) {
+    sample_row(lg, V, row, draft, temperature, top_p, top_k, min_p, seeds, seed_bytes, positions, out, accepted, sh,
+               RowSplit<1>(V));
+  } else {
+    static_assert(SPLIT_BINS % PARTS == 0 && 256 % PARTS == 0, "sum_bins shares every pass's bins evenly");
+    __shared__ unsigned long long s_red[SPLIT_BINS / PARTS];
+    __shared__ unsigned s_stage[GATHER_CAP];
+    __shared__ int s_stage_n;
+    sample_row<PARTS>(lg, V, row, draft, temperature, top_p, top_k, min_p, seeds, seed_bytes, positions, out,
+                      accepted, sh, RowSplit<PARTS>(V, s_red, s_stage, &s_stage_n));
+    minillm::cluster_sync();  // no CTA leaves while another may still read its shared memory
+  }
 }
 
 }  // namespace
@@ -1085,19 +1302,32 @@ sample_tokens(const float* __restrict__ logits, i64 stride, int V,
               const void* __restrict__ seeds, int seed_bytes,
               const int* __restrict__ positions, int* __restrict__ out,
               const int* __restrict__ draft, int* __restrict__ accepted, int n_rows) {
-  __shared__ double dscratch[32];
-  __shared__ double s_above;
-  __shared__ float fscratch[32];
-  __shared__ int iscratch[SAMPLE_ISCRATCH];
-  __shared__ int s_bin, s_first;
-  __shared__ double s_tile[SAMPLE_MAX_TILES];
-  __shared__ double s_warp[SAMPLE_WARPS];
-  const SampleShared sh{dscratch, &s_above, fscratch, iscratch, &s_bin, &s_first, s_tile, s_warp};
-  minillm::pdl_entry();
-  const int row = blockIdx.x;
-  if (row >= n_rows) return;
-  sample_row(logits + (i64)row * stride, V, row, draft, temperature, top_p, top_k, min_p, seeds, seed_bytes, positions,
-             out, accepted, sh);
+  sample_tokens_row<1>(logits, stride, V, temperature, top_p, top_k, min_p, seeds, seed_bytes, positions, out, draft,
+                       accepted, n_rows);
+}
+
+// The same with a row split over a cluster of 4 or 8 CTAs (grid 4 or 8 n_rows; RowSplit), for small
+// batches (CudaBackend.sample: MINILLM_SAMPLE_CLUSTER_ROWS, MINILLM_SAMPLE_CLUSTER).
+extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(SAMPLE_THREADS, 1)
+sample_tokens_cl4(const float* __restrict__ logits, i64 stride, int V,
+                  const float* __restrict__ temperature, const float* __restrict__ top_p,
+                  const int* __restrict__ top_k, const float* __restrict__ min_p,
+                  const void* __restrict__ seeds, int seed_bytes,
+                  const int* __restrict__ positions, int* __restrict__ out,
+                  const int* __restrict__ draft, int* __restrict__ accepted, int n_rows) {
+  sample_tokens_row<4>(logits, stride, V, temperature, top_p, top_k, min_p, seeds, seed_bytes, positions, out, draft,
+                       accepted, n_rows);
+}
+
+extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(SAMPLE_THREADS, 1)
+sample_tokens_cl8(const float* __restrict__ logits, i64 stride, int V,
+                  const float* __restrict__ temperature, const float* __restrict__ top_p,
+                  const int* __restrict__ top_k, const float* __restrict__ min_p,
+                  const void* __restrict__ seeds, int seed_bytes,
+                  const int* __restrict__ positions, int* __restrict__ out,
+                  const int* __restrict__ draft, int* __restrict__ accepted, int n_rows) {
+  sample_tokens_row<8>(logits, stride, V, temperature, top_p, top_k, min_p, seeds, seed_bytes, positions, out, draft,
+                       accepted, n_rows);
 }
 
 // ---- verify_drawn_drafts: drafts drawn from the drafter's q, verified against that q ------------
@@ -1200,7 +1430,8 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
   if (d < 0 || qr < 0 || !(temp > 0.f)) {  // no draft drawn from q: sample_tokens' row (d one-hot, or none)
     if (PAIR && minillm::cluster_rank() != 0) return;  // the pair's first CTA samples it alone
     const SampleShared sh{dscratch, &s_above, fscratch, iscratch, &s_bin, &s_first, s_tile, s_wmass};
-    sample_row(lp, V, row, draft, temperature, top_p, top_k, min_p, seeds, seed_bytes, positions, out, accepted, sh);
+    sample_row(lp, V, row, draft, temperature, top_p, top_k, min_p, seeds, seed_bytes, positions, out, accepted, sh,
+               RowSplit<1>(V));
     return;
   }
   MINILLM_CHECK(d < V && QV <= V && V <= DRAW_TILE * DRAW_MAX_TILES);
@@ -1225,7 +1456,7 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
     RowFilter f{0u, false, false, false, 0u, 0};
     if (filtered)
       filter_row(lr, nr, b, nullptr, nullptr, false, t, top_k, min_p, top_p, row, f, s_tile, dscratch, &s_bin,
-                 &s_first, &s_above, fscratch, iscratch);
+                 &s_first, &s_above, fscratch, iscratch, RowSplit<1>(nr));
     if (tid == 0) {
       s_pub[0] = make_uint4(f.kth_key, f.cut_key, (unsigned)f.n_tie, __float_as_uint(b));
       s_pub[1] = make_uint4(f.use_floor, f.use_topp, f.tie_cut, 0u);
@@ -1266,9 +1497,9 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
     // ---- the filters (none, the radix selects, or min-p's floor), as sample_tokens filters its rows
     if (filtered) {
       filter_row(lp, V, bp, nullptr, nullptr, false, t, top_k, min_p, top_p, row, P.f, s_tile, dscratch, &s_bin,
-                 &s_first, &s_above, fscratch, iscratch);
+                 &s_first, &s_above, fscratch, iscratch, RowSplit<1>(V));
       filter_row(lq, QV, bq, nullptr, nullptr, false, t, top_k, min_p, top_p, row, Q.f, s_tile, dscratch, &s_bin,
-                 &s_first, &s_above, fscratch, iscratch);
+                 &s_first, &s_above, fscratch, iscratch, RowSplit<1>(QV));
       P.floor = P.f.use_floor ? floor_logit(P.f.kth_key) : ninf;
       Q.floor = Q.f.use_floor ? floor_logit(Q.f.kth_key) : ninf;
     } else {
@@ -1282,25 +1513,7 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
     int* s_rank = reinterpret_cast<int*>(s_tile + DRAW_MAX_TILES);
     int base[2];
     tie_ranks(R, wt, s_rank, iscratch, base);
-    if constexpr (PAIR) {  // CTA 1's warps come after CTA 0's: add CTA 0's ties (its warps' counts in iscratch)
-      __shared__ __align__(16) int s_ties[4];  // [0], [1] read as one 16-byte load
-      if (tid == 0) {
-        int n0 = 0, n1 = 0;
-        for (int w = 0; w < SAMPLE_WARPS; ++w) {
-          n0 += iscratch[w];
-          n1 += iscratch[SAMPLE_WARPS + w];
-        }
-        s_ties[0] = n0;
-        s_ties[1] = n1;
-      }
-      minillm::cluster_sync();
-      if (rank == 1) {
-        const uint4 v = minillm::ld_cluster_u4(minillm::smem_u32(s_ties), 0u);  // s_ties[0], [1]
-        base[0] += (int)v.x;
-        base[1] += (int)v.y;
-      }
-      minillm::cluster_sync();  // read before CTA 0 goes on
-    }
+    if constexpr (PAIR) add_earlier_ties<2>(iscratch, base);  // CTA 1's warps come after CTA 0's
     R.rp0 = base[0];
     R.rq0 = base[1];
     R.s_rank = s_rank;

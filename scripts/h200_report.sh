@@ -6696,6 +6696,35 @@ part351() {  # session 67 (carry .whl and .snap0 = git archive 5853d2d): part349
   pack
 }
 
+part352() {  # session 68 (carry .whl; run after part351 on the same machine, or alone): sample_tokens with a row
+  # split over a cluster (sample_tokens_cl8 / _cl4, MINILLM_SAMPLE_CLUSTER_ROWS, off by default): the cluster
+  # builds' op tests (part351's sampler_op_tests already ran them with the rest), memcheck and racecheck of them,
+  # the sampler bench at 1-32 rows plain / cl8 / cl4 (wide), and cl8 at 512 threads, twice; then the 0.6B single
+  # stream sampled with Qwen3's defaults plain / cl8 twice (~6 min). Set the default to the batches where a
+  # cluster wins, if any
+  setup
+  facts > "$W/facts.txt" 2>&1
+  local C8="MINILLM_SAMPLE_CLUSTER_ROWS=1000000 MINILLM_SAMPLE_CLUSTER=8" i
+  local C4="MINILLM_SAMPLE_CLUSTER_ROWS=1000000 MINILLM_SAMPLE_CLUSTER=4"
+  stage cluster_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    -k "sampler and (cl8 or cl4)"
+  tail -n 3 "$W/cluster_tests.log"
+  mem_and_race cluster "sampler and bfloat16 and (cl8-wide or cl4-wide) and not drawn and (1000 or 1001)" \
+    "sampler and bfloat16 and cl8-wide and 1000 and (verifies_drafts_like or integer-ties)"
+  for i in 1 2; do
+    sampler_bench_in . "sb_plain_$i" --batches 1,8,16,32
+    (export $C8; sampler_bench_in . "sb_cl8_$i" --batches 1,8,16,32)
+    (export $C4; sampler_bench_in . "sb_cl4_$i" --batches 1,8,16,32)
+    (export $C8 MINILLM_SAMPLE_WIDE_ROWS=0; sampler_bench_in . "sb_cl8n_$i" --batches 1,8,16,32)
+  done
+  stage models06 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  for i in 1 2; do
+    decode_06b_sampled "plain_$i"
+    decode_06b_sampled "cl8_$i" $C8
+  done
+  pack
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 

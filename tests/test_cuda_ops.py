@@ -1623,23 +1623,29 @@ def near_tie(logits, t, tp, k, seed, pos, token, mp=0.0) -> bool:
     return bool(near_cdf or near_topp or near_minp)
 
 
-SAMPLE_BUILDS = pytest.mark.parametrize("sample_build", ["wide", "512"], indirect=True)
+SAMPLE_BUILDS = pytest.mark.parametrize("sample_build", ["wide", "512", "cl8-wide", "cl4-wide", "cl8"], indirect=True)
 
 
 @pytest.fixture
 def sample_build(request, be):
     """Each build of sample_tokens on the op tests' small batches: "wide" (1,024 threads a row, the
-    default up to a row an SM: MINILLM_SAMPLE_WIDE_ROWS) and "512" (larger batches' kernel), by the
-    backend's row limit for the wide one. Parametrized by the outermost mark (SAMPLE_BUILDS), so last in the
-    test ids: selections like -k "sampler_matches and bfloat16-normal-1000" still match."""
-    saved = be.sample_wide_rows
-    if request.param == "wide" and not saved:
-        pytest.skip("MINILLM_SAMPLE_WIDE_ROWS=0: the wide build is not loaded")
-    be.sample_wide_rows = 1 << 30 if request.param == "wide" else 0
+    default up to a row an SM: MINILLM_SAMPLE_WIDE_ROWS), "512" (larger batches' kernel), and a row split
+    over a cluster of 8 or 4 CTAs ("clN", sample_tokens_clN: MINILLM_SAMPLE_CLUSTER_ROWS), of either width,
+    by the backend's row limits. Parametrized by the outermost mark (SAMPLE_BUILDS), so last in the test
+    ids: selections like -k "sampler_matches and bfloat16-normal-1000" still match."""
+    saved = be.sample_wide_rows, be.sample_cluster_rows, be.sample_cluster
+    wide = request.param.endswith("wide")
+    if wide and "sample_tokens_wide" not in be.k:
+        pytest.skip("MINILLM_SAMPLE_WIDE_ROWS=0 and MINILLM_VERIFY_WIDE_ROWS=0: the wide build is not loaded")
+    be.sample_wide_rows = 1 << 30 if wide else 0
+    if request.param.startswith("cl"):
+        be.sample_cluster_rows, be.sample_cluster = 1 << 30, int(request.param[2])
+    else:
+        be.sample_cluster_rows = 0
     try:
         yield request.param
     finally:
-        be.sample_wide_rows = saved
+        be.sample_wide_rows, be.sample_cluster_rows, be.sample_cluster = saved
 
 
 @SAMPLE_BUILDS

@@ -832,6 +832,16 @@ class CudaBackend:
         # (part348). 0: never.
         self.sample_wide_rows = env_int("MINILLM_SAMPLE_WIDE_ROWS", self.num_sms,
                                         "batches of at most this many rows sample with 1,024 threads a row")
+        # Batches of at most this many rows sample with each row split over a cluster of
+        # MINILLM_SAMPLE_CLUSTER CTAs (sample_tokens_cl4 / sample_tokens_cl8: each CTA reads its share of the
+        # row in every radix pass and the histograms are summed through distributed shared memory, then the
+        # draw splits the row's tiles). Off (0) until measured on a GPU.
+        self.sample_cluster_rows = env_int("MINILLM_SAMPLE_CLUSTER_ROWS", 0,
+                                           "batches of at most this many rows sample a row on a cluster of CTAs")
+        self.sample_cluster = env_int("MINILLM_SAMPLE_CLUSTER", 8, "CTAs a row in the split sampler: 4 or 8")
+        if self.sample_cluster not in (4, 8):
+            raise ValueError(f"MINILLM_SAMPLE_CLUSTER={self.sample_cluster}: give 4 or 8 (the CTAs of a cluster "
+                             "that split a sampled row: sample_tokens_cl4, sample_tokens_cl8)")
         # Batches of at most this many rows verify drafts drawn from q with two CTAs a row (a cluster:
         # the target's row's max and filters on one SM, the drafter's on another; verify_drawn_drafts_pair).
         # Default: half an SM a row, so every pair runs at once. 0: never.
@@ -860,7 +870,8 @@ class CudaBackend:
                      "rms_norm_vec1_bf16", "rms_norm_vec2_bf16", "rms_norm_vec4_bf16"],
             "attention": ["paged_attention_bf16", "paged_attention_f32",
                           "attention_combine_bf16", "attention_combine_f32"],
-            "sampling": ["sample_tokens", "verify_drawn_drafts", "verify_drawn_drafts_pair"],
+            "sampling": ["sample_tokens", "sample_tokens_cl4", "sample_tokens_cl8", "verify_drawn_drafts",
+                         "verify_drawn_drafts_pair"],
             "dflash2": ["grouped_causal_conv_bf16", "grouped_causal_conv_f32", "dflash2_topk",
                         "dflash2_path_bf16", "dflash2_path_f32"],
             "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemv1_bf16", "gemv1_f32", "gemv1_silu_mul_bf16",
@@ -2270,8 +2281,9 @@ class CudaBackend:
             )
             return
         wide = B <= self.sample_wide_rows
+        split = self.sample_cluster if B <= self.sample_cluster_rows else 1  # CTAs a row (a cluster)
         self._launch(
-            "sample_tokens_wide" if wide else "sample_tokens", (B,),
+            ("sample_tokens" if split == 1 else f"sample_tokens_cl{split}") + ("_wide" if wide else ""), (split * B,),
             (_SAMPLE_WIDE_THREADS if wide else _SAMPLE_THREADS,),
             (logits, _i64(stride), _i32(logits.shape[-1]), temperature, top_p, top_k,
              _NULL if min_p is None else min_p, seeds, _i32(seeds.itemsize), positions, out_tokens,
