@@ -6712,10 +6712,10 @@ part352() {  # session 68 (carry .whl; run after part351 on the same machine, or
   mem_and_race cluster "sampler and bfloat16 and (cl8-wide or cl4-wide) and not drawn and (1000 or 1001)" \
     "sampler and bfloat16 and cl8-wide and 1000 and (verifies_drafts_like or integer-ties)"
   for i in 1 2; do
-    sampler_bench_in . "sb_plain_$i" --batches 1,8,16,32
-    (export $C8; sampler_bench_in . "sb_cl8_$i" --batches 1,8,16,32)
-    (export $C4; sampler_bench_in . "sb_cl4_$i" --batches 1,8,16,32)
-    (export $C8 MINILLM_SAMPLE_WIDE_ROWS=0; sampler_bench_in . "sb_cl8n_$i" --batches 1,8,16,32)
+    sampler_bench_in . "sb_plain_s3_$i" --batches 1,8,16,32
+    (export $C8; sampler_bench_in . "sb_cl8_s3_$i" --batches 1,8,16,32)
+    (export $C4; sampler_bench_in . "sb_cl4_s3_$i" --batches 1,8,16,32)
+    (export $C8 MINILLM_SAMPLE_WIDE_ROWS=0; sampler_bench_in . "sb_cl8n_s3_$i" --batches 1,8,16,32)
   done
   stage models06 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
   for i in 1 2; do
