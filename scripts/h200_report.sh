@@ -6679,16 +6679,20 @@ part351() {  # session 67 (carry .whl and .snap0 = git archive 5853d2d): part349
   # (every mode, scale 3) alternated twice, memcheck and racecheck of the op tests, the sampled rejected DFlash
   # k = 8 round of the 0.6B shape .snap0 / this tree twice, then the engine's and speculation's GPU tests but the
   # drawn ones run first (~7 min; run it under a timeout: every stage packs what ran)
+  # Session 68: the split sampler's builds (cl8, cl4) are left to part352, which runs first
   setup
   facts > "$W/facts.txt" 2>&1
-  sampler_op_tests default_tests
+  local NC="not cl8 and not cl4"
+  stage default_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_dflash_graphs.py -k "(sampler or drawn) and $NC"
+  tail -n 3 "$W/default_tests.log"
   local i
   for i in 1 2; do
     sampler_bench_in .snap0 "sb_old_s3_$i" --logit-scale 3
     sampler_bench_in . "sb_new_s3_$i" --logit-scale 3
   done
   drawn_sanitizers
-  sampler_sanitizers
+  mem_and_race sampler "sampler and bfloat16 and not drawn and $NC" "verifies_drafts_like and bfloat16 and 1000 and $NC"
   sampled_round_ab --top-p 0.9
   stage engine_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py \
     tests/test_dflash_graphs.py tests/test_async_scheduling.py -k "not smollm2 and not debug_build and not drawn"
@@ -6706,7 +6710,7 @@ part352() {  # session 68 (carry .whl; run after part351 on the same machine, or
   facts > "$W/facts.txt" 2>&1
   local C8="MINILLM_SAMPLE_CLUSTER_ROWS=1000000 MINILLM_SAMPLE_CLUSTER=8" i
   local C4="MINILLM_SAMPLE_CLUSTER_ROWS=1000000 MINILLM_SAMPLE_CLUSTER=4"
-  stage cluster_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+  stage cluster_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
     -k "sampler and (cl8 or cl4)"
   tail -n 3 "$W/cluster_tests.log"
   mem_and_race cluster "sampler and bfloat16 and (cl8-wide or cl4-wide) and not drawn and (1000 or 1001)" \
