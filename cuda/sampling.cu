@@ -1295,39 +1295,30 @@ __device__ __forceinline__ void sample_tokens_row(const float* __restrict__ logi
 
 }  // namespace
 
+// the three kernels' parameters and sample_tokens_row's arguments
+#define SAMPLE_TOKENS_PARAMS                                                                                  \
+  const float *__restrict__ logits, i64 stride, int V, const float *__restrict__ temperature,                 \
+      const float *__restrict__ top_p, const int *__restrict__ top_k, const float *__restrict__ min_p,       \
+      const void *__restrict__ seeds, int seed_bytes, const int *__restrict__ positions, int *__restrict__ out, \
+      const int *__restrict__ draft, int *__restrict__ accepted, int n_rows
+#define SAMPLE_TOKENS_ARGS \
+  logits, stride, V, temperature, top_p, top_k, min_p, seeds, seed_bytes, positions, out, draft, accepted, n_rows
+
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, SAMPLE_THREADS > 512 ? 1 : 2)
-sample_tokens(const float* __restrict__ logits, i64 stride, int V,
-              const float* __restrict__ temperature, const float* __restrict__ top_p,
-              const int* __restrict__ top_k, const float* __restrict__ min_p,
-              const void* __restrict__ seeds, int seed_bytes,
-              const int* __restrict__ positions, int* __restrict__ out,
-              const int* __restrict__ draft, int* __restrict__ accepted, int n_rows) {
-  sample_tokens_row<1>(logits, stride, V, temperature, top_p, top_k, min_p, seeds, seed_bytes, positions, out, draft,
-                       accepted, n_rows);
+sample_tokens(SAMPLE_TOKENS_PARAMS) {
+  sample_tokens_row<1>(SAMPLE_TOKENS_ARGS);
 }
 
 // The same with a row split over a cluster of 4 or 8 CTAs (grid 4 or 8 n_rows; RowSplit), for small
 // batches (CudaBackend.sample: MINILLM_SAMPLE_CLUSTER_ROWS, MINILLM_SAMPLE_CLUSTER).
 extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(SAMPLE_THREADS, 1)
-sample_tokens_cl4(const float* __restrict__ logits, i64 stride, int V,
-                  const float* __restrict__ temperature, const float* __restrict__ top_p,
-                  const int* __restrict__ top_k, const float* __restrict__ min_p,
-                  const void* __restrict__ seeds, int seed_bytes,
-                  const int* __restrict__ positions, int* __restrict__ out,
-                  const int* __restrict__ draft, int* __restrict__ accepted, int n_rows) {
-  sample_tokens_row<4>(logits, stride, V, temperature, top_p, top_k, min_p, seeds, seed_bytes, positions, out, draft,
-                       accepted, n_rows);
+sample_tokens_cl4(SAMPLE_TOKENS_PARAMS) {
+  sample_tokens_row<4>(SAMPLE_TOKENS_ARGS);
 }
 
 extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(SAMPLE_THREADS, 1)
-sample_tokens_cl8(const float* __restrict__ logits, i64 stride, int V,
-                  const float* __restrict__ temperature, const float* __restrict__ top_p,
-                  const int* __restrict__ top_k, const float* __restrict__ min_p,
-                  const void* __restrict__ seeds, int seed_bytes,
-                  const int* __restrict__ positions, int* __restrict__ out,
-                  const int* __restrict__ draft, int* __restrict__ accepted, int n_rows) {
-  sample_tokens_row<8>(logits, stride, V, temperature, top_p, top_k, min_p, seeds, seed_bytes, positions, out, draft,
-                       accepted, n_rows);
+sample_tokens_cl8(SAMPLE_TOKENS_PARAMS) {
+  sample_tokens_row<8>(SAMPLE_TOKENS_ARGS);
 }
 
 // ---- verify_drawn_drafts: drafts drawn from the drafter's q, verified against that q ------------
