@@ -1118,9 +1118,9 @@ __device__ void tie_ranks(const Src& src, const WarpTiles& wt, int* s_rank, int*
 }
 
 // After tie_ranks over a row split by tiles (WarpTiles' parts): the ties in the earlier CTAs' tiles (their
-// warps' counts, tie_ranks' in iscratch), added to base. Every thread of the cluster calls it.
+// warps' counts, tie_ranks' in iscratch), added to base; rank: this CTA's. Every thread of the cluster calls it.
 template <int PARTS>
-__device__ void add_earlier_ties(const int* iscratch, int base[2]) {
+__device__ void add_earlier_ties(const int* iscratch, int base[2], unsigned rank) {
   __shared__ __align__(16) int s_ties[4];  // [0], [1] read as one 16-byte load
   if (threadIdx.x == 0) {
     int n0 = 0, n1 = 0;
@@ -1132,11 +1132,13 @@ __device__ void add_earlier_ties(const int* iscratch, int base[2]) {
     s_ties[1] = n1;
   }
   minillm::cluster_sync();
-  const unsigned rank = minillm::cluster_rank();
-  for (unsigned r = 0; r < rank; ++r) {
-    const uint4 v = minillm::ld_cluster_u4(minillm::smem_u32(s_ties), r);  // s_ties[0], [1]
-    base[0] += (int)v.x;
-    base[1] += (int)v.y;
+#pragma unroll
+  for (int r = 0; r < PARTS - 1; ++r) {
+    if ((unsigned)r < rank) {
+      const uint4 v = minillm::ld_cluster_u4(minillm::smem_u32(s_ties), (unsigned)r);  // s_ties[0], [1]
+      base[0] += (int)v.x;
+      base[1] += (int)v.y;
+    }
   }
   minillm::cluster_sync();  // read before any CTA goes on
 }
@@ -1244,7 +1246,7 @@ __device__ __forceinline__ void sample_row(const float* __restrict__ lg, int V, 
   TiedRow src{{lg, V, aligned16(lg), f, k2, bv, floor_logit(f.kth_key)}, 0, s_rank, -1};
   int base[2];
   tie_ranks(src, wt, s_rank, sh.iscratch, base);
-  if constexpr (PARTS > 1) add_earlier_ties<PARTS>(sh.iscratch, base);
+  if constexpr (PARTS > 1) add_earlier_ties<PARTS>(sh.iscratch, base, rs.rank);
   src.r0 = base[0];
   float wd = 0.f;
   if (d >= 0) {  // d's weight, a tie ranked by the ties before it (uniform over the block)
@@ -1504,7 +1506,7 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
     int* s_rank = reinterpret_cast<int*>(s_tile + DRAW_MAX_TILES);
     int base[2];
     tie_ranks(R, wt, s_rank, iscratch, base);
-    if constexpr (PAIR) add_earlier_ties<2>(iscratch, base);  // CTA 1's warps come after CTA 0's
+    if constexpr (PAIR) add_earlier_ties<2>(iscratch, base, rank);  // CTA 1's warps come after CTA 0's
     R.rp0 = base[0];
     R.rq0 = base[1];
     R.s_rank = s_rank;
