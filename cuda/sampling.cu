@@ -34,8 +34,8 @@
 // thread walking its 297-token chunk took 307 us a row (H200); float64 weights in 64-token tiles, 8
 // four-byte loads in flight a lane, 68 us at one row, 92 us for 128 rows (H100, part326), ~55 us of the
 // 68 the float64 exp and its two conversions a token (16 a clock an SM); this draw 24 and 51 us (part330).
-// At one row one SM does the work (the passes are bound by its instructions), so splitting a row over
-// CTAs is the next step for small batches. Where top-p's cut-off keeps only some of a run of tied
+// At one row one SM does the work (the passes are bound by its instructions): sample_tokens_cl4 / _cl8
+// split a row over a cluster's CTAs (RowSplit, below; off by default until measured). Where top-p's cut-off keeps only some of a run of tied
 // logits (the first in index order), one more pass ranks the ties a tile (TiedRow, tie_ranks). Each
 // thread walking its chunk of the row in float64 did that before, and one such row set a batch's time:
 // top-p 0.9 at 128 rows (two of them with a tie at the cut) 630 -> 262 us, and on logits rounded to
@@ -1184,7 +1184,7 @@ struct SampleShared {
   int* iscratch;    // [SAMPLE_ISCRATCH]
   int *s_bin, *s_first;
   double* s_tile;  // [SAMPLE_MAX_TILES]: the radix histograms, then the tiled draw's masses
-  double* s_warp;  // [SAMPLE_WARPS]
+  double* s_warp;  // [SAMPLE_WARPS]; a row split over a cluster: every CTA's warps
 };
 
 // sample_tokens' row: argmax; greedy, or the filters and the draw (with draft[row], a one-hot draft or
