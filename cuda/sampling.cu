@@ -450,7 +450,7 @@ __device__ void list_cut(KeyList& L, int n, unsigned floor, double need, unsigne
 
 // ---- a row split over a cluster (sample_tokens_cl4 / sample_tokens_cl8, for small batches) -------
 // One CTA a row leaves a small batch's row on one SM, bound by its instructions (the passes' compares
-// and shared atomics): one top-p 0.9 row ~94 us, Qwen3's defaults ~57 us (H100). sample_tokens_clC gives
+// and shared atomics): one top-p 0.9 row 94 us, Qwen3's defaults 57 us (H100, part349). sample_tokens_clC gives
 // a row the C CTAs of a cluster (PARTS): in every pass before the draw CTA r reads only its share of the
 // ids, [lo, hi); each histogram is then summed over the cluster through distributed shared memory
 // (sum_bins), so every CTA holds the whole row's and finds the same crossing bin, k-th key and cut-off
@@ -483,7 +483,7 @@ struct RowSplit {
   }
   template <typename F>
   __device__ __forceinline__ void each(const float* __restrict__ lg, F f) const {  // f(i, l) for [lo, hi)
-    if constexpr (PARTS == 1) for_each_logit(lg, hi, f); else for_each_logit_in(lg, lo, hi, f);
+    for_each_logit_in(lg, lo, hi, f);
   }
   __device__ __forceinline__ bool leader() const { return threadIdx.x == 0 && rank == 0; }  // writes the row's answers
 };
@@ -557,6 +557,8 @@ __device__ void gather_split(const float* __restrict__ lg, const RowSplit<PARTS>
     }
   });
   minillm::cluster_sync();  // every stage filled
+  // the counts are read twice (8 DSMEM loads at most): held in an array they cost the wide cl8 build 12 more
+  // bytes of spill stores and 60 of spill loads
   int n = 0;
   for (int r = 0; r < PARTS; ++r) n += (int)minillm::ld_cluster_u32(minillm::smem_u32(rs.stage_n), (unsigned)r);
   if (n <= GATHER_CAP) {

@@ -6700,9 +6700,9 @@ part351() {  # session 67 (carry .whl and .snap0 = git archive 5853d2d): part349
   pack
 }
 
-part352() {  # session 68 (carry .whl; run after part351 on the same machine, or alone): sample_tokens with a row
+part352() {  # session 68 (carry .whl; run before part351 on the same machine, or alone): sample_tokens with a row
   # split over a cluster (sample_tokens_cl8 / _cl4, MINILLM_SAMPLE_CLUSTER_ROWS, off by default): the cluster
-  # builds' op tests (part351's sampler_op_tests already ran them with the rest), memcheck and racecheck of them,
+  # builds' op tests (part351 leaves them out), memcheck and racecheck of them,
   # the sampler bench at 1-32 rows plain / cl8 / cl4 (wide), and cl8 at 512 threads, twice; then the 0.6B single
   # stream sampled with Qwen3's defaults plain / cl8 twice (~6 min). Set the default to the batches where a
   # cluster wins, if any
