@@ -1314,7 +1314,9 @@ sample_tokens(SAMPLE_TOKENS_PARAMS) {
 }
 
 // The same with a row split over a cluster of 4 or 8 CTAs (grid 4 or 8 n_rows; RowSplit), for small
-// batches (CudaBackend.sample: MINILLM_SAMPLE_CLUSTER_ROWS, MINILLM_SAMPLE_CLUSTER).
+// batches (CudaBackend.sample: MINILLM_SAMPLE_CLUSTER_ROWS, MINILLM_SAMPLE_CLUSTER). Built at 512 threads
+// only: at 1,024 (64 registers, spills) the split measured slower at every batch (H100, part352).
+#if SAMPLE_THREADS == 512
 extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(SAMPLE_THREADS, 1)
 sample_tokens_cl4(SAMPLE_TOKENS_PARAMS) {
   sample_tokens_row<4>(SAMPLE_TOKENS_ARGS);
@@ -1324,6 +1326,7 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(SAMPLE_TH
 sample_tokens_cl8(SAMPLE_TOKENS_PARAMS) {
   sample_tokens_row<8>(SAMPLE_TOKENS_ARGS);
 }
+#endif
 
 // ---- verify_drawn_drafts: drafts drawn from the drafter's q, verified against that q ------------
 // The twin of sampler.sample with draft_rows (DFlash or the draft model drawing drafts at temperature

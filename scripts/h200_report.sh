@@ -6729,6 +6729,31 @@ part352() {  # session 68 (carry .whl; run before part351 on the same machine, o
   pack
 }
 
+part353() {  # session 69 (carry .whl; ~6 min): the split sampler on by default (8 CTAs of 512 threads a row up to 8
+  # rows, from part352): the sampler's and drawn drafts' op tests as the engine runs them, memcheck and racecheck
+  # of the split, the sampler bench at 1-16 rows without / with the split (forced past 8 rows) twice, the 0.6B
+  # single stream sampled with Qwen3's defaults without / with it twice, then the engine's GPU tests
+  setup
+  facts > "$W/facts.txt" 2>&1
+  local OFF="MINILLM_SAMPLE_CLUSTER_ROWS=0" ON="MINILLM_SAMPLE_CLUSTER_ROWS=1000000" i
+  sampler_op_tests op_tests
+  mem_and_race split "sampler and bfloat16 and (cl8 or cl4) and not drawn and (1000 or 1001)" \
+    "sampler_matches and bfloat16-normal-1000-cl8"
+  for i in 1 2; do
+    (export $OFF; sampler_bench_in . "sb_plain_s3_$i" --batches 1,4,8,12,16 --logit-scale 3)
+    (export $ON; sampler_bench_in . "sb_cl8_s3_$i" --batches 1,4,8,12,16 --logit-scale 3)
+  done
+  stage models06 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  for i in 1 2; do
+    decode_06b_sampled "plain_$i" $OFF
+    decode_06b_sampled "cl8_$i"
+  done
+  stage engine_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py \
+    tests/test_dflash_graphs.py tests/test_async_scheduling.py -k "not smollm2 and not debug_build"
+  tail -n 3 "$W/engine_tests.log"
+  pack
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 

@@ -1623,16 +1623,17 @@ def near_tie(logits, t, tp, k, seed, pos, token, mp=0.0) -> bool:
     return bool(near_cdf or near_topp or near_minp)
 
 
-SAMPLE_BUILDS = pytest.mark.parametrize("sample_build", ["wide", "512", "cl8-wide", "cl4-wide", "cl8"], indirect=True)
+SAMPLE_BUILDS = pytest.mark.parametrize("sample_build", ["wide", "512", "cl8", "cl4"], indirect=True)
 
 
 @pytest.fixture
 def sample_build(request, be):
     """Each build of sample_tokens on the op tests' small batches: "wide" (1,024 threads a row, the
-    default up to a row an SM: MINILLM_SAMPLE_WIDE_ROWS), "512" (larger batches' kernel), and a row split
-    over a cluster of 8 or 4 CTAs ("clN", sample_tokens_clN: MINILLM_SAMPLE_CLUSTER_ROWS), of either width,
-    by the backend's row limits. Parametrized by the outermost mark (SAMPLE_BUILDS), so last in the test
-    ids: selections like -k "sampler_matches and bfloat16-normal-1000" still match."""
+    default from 9 rows up to a row an SM: MINILLM_SAMPLE_WIDE_ROWS), "512" (larger batches' kernel), and a
+    row split over a cluster of 8 or 4 CTAs of 512 threads ("clN", sample_tokens_clN: the default up to 8
+    rows, MINILLM_SAMPLE_CLUSTER_ROWS), by the backend's row limits. Parametrized by the outermost mark
+    (SAMPLE_BUILDS), so last in the test ids: selections like -k "sampler_matches and bfloat16-normal-1000"
+    still match."""
     saved = be.sample_wide_rows, be.sample_cluster_rows, be.sample_cluster
     wide = request.param.endswith("wide")
     if wide and "sample_tokens_wide" not in be.k:

@@ -833,10 +833,13 @@ class CudaBackend:
         self.sample_wide_rows = env_int("MINILLM_SAMPLE_WIDE_ROWS", self.num_sms,
                                         "batches of at most this many rows sample with 1,024 threads a row")
         # Batches of at most this many rows sample with each row split over a cluster of
-        # MINILLM_SAMPLE_CLUSTER CTAs (sample_tokens_cl4 / sample_tokens_cl8: each CTA reads its share of the
-        # row in every radix pass and the histograms are summed through distributed shared memory, then the
-        # draw splits the row's tiles). Off (0) until measured on a GPU.
-        self.sample_cluster_rows = env_int("MINILLM_SAMPLE_CLUSTER_ROWS", 0,
+        # MINILLM_SAMPLE_CLUSTER CTAs of 512 threads (sample_tokens_cl4 / sample_tokens_cl8: each CTA reads its
+        # share of the row in every radix pass and the histograms are summed through distributed shared
+        # memory, then the draw splits the row's tiles). H100, 8 CTAs of 512 threads against the wide
+        # kernel (part352): at 1 and 8 rows top-p rows -44%, top-k and top-k + top-p -38%, temperature and
+        # min-p -24%, greedy -37%; at 16 rows slower (+1% to +59%: 16 clusters of 8 no longer run at once
+        # on 132 SMs), at 32 +60% to +137%. The wide (1,024-thread) split was slower at every batch.
+        self.sample_cluster_rows = env_int("MINILLM_SAMPLE_CLUSTER_ROWS", 8,
                                            "batches of at most this many rows sample a row on a cluster of CTAs")
         self.sample_cluster = env_int("MINILLM_SAMPLE_CLUSTER", 8, "CTAs a row in the split sampler: 4 or 8")
         if self.sample_cluster not in (4, 8):
@@ -896,6 +899,8 @@ class CudaBackend:
                     self._pdl_kernels.add(n)
         if wide_module:
             for n in modules["sampling"]:
+                if n.startswith("sample_tokens_cl"):
+                    continue  # built at 512 threads only (cuda/sampling.cu)
                 k[f"{n}_wide"] = kc.get_kernel("sampling", n, self.debug, wide_defines)
                 self._pdl_kernels.add(f"{n}_wide")
         for d in _DECODE_HEAD_DIMS:
@@ -2280,8 +2285,8 @@ class CudaBackend:
                  seeds, _i32(seeds.itemsize), positions, draft_tokens, draft_rows, out_tokens, out_accepted, _i32(B)),
             )
             return
-        wide = B <= self.sample_wide_rows
         split = self.sample_cluster if B <= self.sample_cluster_rows else 1  # CTAs a row (a cluster)
+        wide = split == 1 and B <= self.sample_wide_rows  # the split is built at 512 threads only
         self._launch(
             ("sample_tokens" if split == 1 else f"sample_tokens_cl{split}") + ("_wide" if wide else ""), (split * B,),
             (_SAMPLE_WIDE_THREADS if wide else _SAMPLE_THREADS,),
