@@ -836,10 +836,12 @@ class CudaBackend:
         # MINILLM_SAMPLE_CLUSTER CTAs of 512 threads (sample_tokens_cl4 / sample_tokens_cl8: each CTA reads its
         # share of the row in every radix pass and the histograms are summed through distributed shared
         # memory, then the draw splits the row's tiles). H100, 8 CTAs of 512 threads against the wide
-        # kernel (part352): at 1 and 8 rows top-p rows -44%, top-k and top-k + top-p -38%, temperature and
-        # min-p -24%, greedy -37%; at 16 rows slower (+1% to +59%: 16 clusters of 8 no longer run at once
-        # on 132 SMs), at 32 +60% to +137%. The wide (1,024-thread) split was slower at every batch.
-        self.sample_cluster_rows = env_int("MINILLM_SAMPLE_CLUSTER_ROWS", 8,
+        # kernel (part352, part353): at 1-12 rows top-p rows -43%, top-k and top-k + top-p -37% to -39%,
+        # temperature and min-p -21% to -25%, greedy -32% to -38%; at 16 rows slower (+3% to +61%: 16
+        # clusters of 8 no longer run at once on 132 SMs), at 32 +60% to +137%; a 0.6B step sampled with
+        # Qwen3's defaults +2.5% tok/s. The wide (1,024-thread) split was slower at every batch. Default:
+        # 12 rows on 132 SMs.
+        self.sample_cluster_rows = env_int("MINILLM_SAMPLE_CLUSTER_ROWS", self.num_sms // 11,
                                            "batches of at most this many rows sample a row on a cluster of CTAs")
         self.sample_cluster = env_int("MINILLM_SAMPLE_CLUSTER", 8, "CTAs a row in the split sampler: 4 or 8")
         if self.sample_cluster not in (4, 8):
