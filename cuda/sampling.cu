@@ -488,6 +488,17 @@ struct RowSplit {
   __device__ __forceinline__ bool leader() const { return threadIdx.x == 0 && rank == 0; }  // writes the row's answers
 };
 
+// A RowSplit of n ids over the one set of split scratch a kernel has (shared arrays declared in a
+// function are allocated once, however often it is called): the rows of one launch share it in turn.
+template <int PARTS>
+__device__ __forceinline__ RowSplit<PARTS> split_of(int n) {
+  static_assert(SPLIT_BINS % PARTS == 0 && 256 % PARTS == 0, "sum_bins shares every pass's bins evenly");
+  __shared__ unsigned long long s_red[SPLIT_BINS / PARTS];
+  __shared__ unsigned s_stage[GATHER_CAP];
+  __shared__ int s_stage_n;
+  return RowSplit<PARTS>(n, s_red, s_stage, &s_stage_n);
+}
+
 template <class T>
 __device__ __forceinline__ T ld_cluster_bin(unsigned addr, unsigned rank) {
   if constexpr (sizeof(T) == 8) return (T)minillm::ld_cluster_u64(addr, rank);
@@ -539,6 +550,23 @@ __device__ void cluster_argmax(float& v, int& idx) {
       const int i = (int)minillm::ld_cluster_u32(minillm::smem_u32(s_arg + 1), (unsigned)r);
       if (x > v || (x == v && i < idx)) { v = x; idx = i; }
     }
+  }
+}
+
+// Two values' maxima over the cluster (verify_drawn_drafts_cl8: p's and q's max logit), every thread the
+// same. Once a launch (its shared words are not written again).
+template <int PARTS>
+__device__ void cluster_max2(float& a, float& b) {
+  __shared__ float s_ab[2];
+  if (threadIdx.x == 0) {
+    s_ab[0] = a;
+    s_ab[1] = b;
+  }
+  minillm::cluster_sync();
+  a = b = minillm::neg_inf();
+  for (int r = 0; r < PARTS; ++r) {
+    a = fmaxf(a, __uint_as_float(minillm::ld_cluster_u32(minillm::smem_u32(s_ab), (unsigned)r)));
+    b = fmaxf(b, __uint_as_float(minillm::ld_cluster_u32(minillm::smem_u32(s_ab + 1), (unsigned)r)));
   }
 }
 
@@ -1287,12 +1315,8 @@ __device__ __forceinline__ void sample_tokens_row(const float* __restrict__ logi
     sample_row(lg, V, row, draft, temperature, top_p, top_k, min_p, seeds, seed_bytes, positions, out, accepted, sh,
                RowSplit<1>(V));
   } else {
-    static_assert(SPLIT_BINS % PARTS == 0 && 256 % PARTS == 0, "sum_bins shares every pass's bins evenly");
-    __shared__ unsigned long long s_red[SPLIT_BINS / PARTS];
-    __shared__ unsigned s_stage[GATHER_CAP];
-    __shared__ int s_stage_n;
     sample_row<PARTS>(lg, V, row, draft, temperature, top_p, top_k, min_p, seeds, seed_bytes, positions, out,
-                      accepted, sh, RowSplit<PARTS>(V, s_red, s_stage, &s_stage_n));
+                      accepted, sh, split_of<PARTS>(V));
     minillm::cluster_sync();  // no CTA leaves while another may still read its shared memory
   }
 }
@@ -1394,13 +1418,17 @@ __device__ __forceinline__ float max4(float4 v) { return fmaxf(fmaxf(v.x, v.y), 
 
 namespace {
 
-// verify_drawn_drafts' row. PAIR: the row is a cluster of two CTAs; CTA r finds row r's (p's, q's) max
-// and filters and the two swap their answers through distributed shared memory. Then the two split every
-// later pass over both rows (the ties' ranks, the kept masses, the residual's) by tiles, half each
-// (WarpTiles' parts), swapping their sums the same way, and the CTA whose tiles hold the draw draws:
+// verify_drawn_drafts' row. PARTS 2 (PAIR): the row is a cluster of two CTAs; CTA r finds row r's (p's,
+// q's) max and filters and the two swap their answers through distributed shared memory. Then the two
+// split every later pass over both rows (the ties' ranks, the kept masses, the residual's) by tiles, half
+// each (WarpTiles' parts), swapping their sums the same way, and the CTA whose tiles hold the draw draws:
 // -26% to -28% at 1-8 rows and -11% to -20% at 64 against CTA 1 leaving after the filters (H100,
-// part350). The rows without a drawn draft CTA 0 alone. Otherwise one CTA does all of it.
-template <bool PAIR>
+// part350). The rows without a drawn draft CTA 0 alone. PARTS 8 (SPLIT): a cluster of eight; p's max and
+// filters, then q's, each with its ids split over all eight as sample_tokens_cl8 splits a row (RowSplit:
+// the two in turn, since every CTA must pass the same cluster barriers and the filters' passes depend on
+// the row), then every later pass split by tiles over the eight; the rows without a drawn draft are
+// sample_tokens_cl8's rows. PARTS 1: one CTA does all of it.
+template <int PARTS>
 __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64 stride, int V,
                                            const float* __restrict__ q_logits, i64 q_stride, int QV,
                                            const float* __restrict__ temperature, const float* __restrict__ top_p,
@@ -1409,6 +1437,7 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
                                            const int* __restrict__ positions, const int* __restrict__ draft,
                                            const int* __restrict__ q_rows, int* __restrict__ out,
                                            int* __restrict__ accepted, int n_rows) {
+  constexpr bool PAIR = PARTS == 2, SPLIT = PARTS > 2;
   __shared__ double dscratch[32];
   __shared__ double s_above;
   __shared__ float fscratch[32];
@@ -1418,9 +1447,9 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
   // DRAW_MAX_TILES doubles on, each tile's ties before it within its warp (p's, then q's)
   __shared__ double s_tile[SAMPLE_MAX_TILES];
   __shared__ double s_wd[2];  // d's weights in p and q
-  __shared__ double s_wmass[PAIR ? 2 * SAMPLE_WARPS : SAMPLE_WARPS];  // a pair's: both CTAs' warps
+  __shared__ double s_wmass[PARTS * SAMPLE_WARPS];  // a cluster's: every CTA's warps
   minillm::pdl_entry();
-  const int row = PAIR ? blockIdx.x >> 1 : blockIdx.x, tid = threadIdx.x;
+  const int row = PAIR ? blockIdx.x >> 1 : blockIdx.x / PARTS, tid = threadIdx.x;
   if (row >= n_rows) return;
   const int d = draft[row], qr = q_rows[row];
   const float temp = temperature[row];
@@ -1428,8 +1457,14 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
   if (d < 0 || qr < 0 || !(temp > 0.f)) {  // no draft drawn from q: sample_tokens' row (d one-hot, or none)
     if (PAIR && minillm::cluster_rank() != 0) return;  // the pair's first CTA samples it alone
     const SampleShared sh{dscratch, &s_above, fscratch, iscratch, &s_bin, &s_first, s_tile, s_wmass};
-    sample_row(lp, V, row, draft, temperature, top_p, top_k, min_p, seeds, seed_bytes, positions, out, accepted, sh,
-               RowSplit<1>(V));
+    if constexpr (SPLIT) {
+      sample_row<PARTS>(lp, V, row, draft, temperature, top_p, top_k, min_p, seeds, seed_bytes, positions, out,
+                        accepted, sh, split_of<PARTS>(V));
+      minillm::cluster_sync();  // no CTA leaves while another may still read its shared memory
+    } else {
+      sample_row(lp, V, row, draft, temperature, top_p, top_k, min_p, seeds, seed_bytes, positions, out, accepted,
+                 sh, RowSplit<1>(V));
+    }
     return;
   }
   MINILLM_CHECK(d < V && QV <= V && V <= DRAW_TILE * DRAW_MAX_TILES);
@@ -1442,8 +1477,29 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
   KeptRow &P = R.P, &Q = R.Q;
 
   const bool filtered = top_k[row] > 0 || (min_p && min_p[row] > 0.f) || top_p[row] < 1.f;  // uniform
-  const unsigned rank = PAIR ? minillm::cluster_rank() : 0u;
-  if constexpr (PAIR) {
+  const unsigned rank = PARTS > 1 ? minillm::cluster_rank() : 0u;
+  if constexpr (SPLIT) {
+    // ---- p's max and filters, then q's, each row's ids split over the cluster
+    const RowSplit<PARTS> sp = split_of<PARTS>(V), sq = split_of<PARTS>(QV);
+    float bp, bq;
+    int ignored;
+    row_argmax_in(lp, sp.lo, sp.hi, fscratch, iscratch, bp, ignored);
+    row_argmax_in(lq, sq.lo, sq.hi, fscratch, iscratch, bq, ignored);
+    cluster_max2<PARTS>(bp, bq);
+    P.bv = bp;
+    Q.bv = bq;
+    if (filtered) {
+      filter_row(lp, V, bp, nullptr, nullptr, false, t, top_k, min_p, top_p, row, P.f, s_tile, dscratch, &s_bin,
+                 &s_first, &s_above, fscratch, iscratch, sp);
+      filter_row(lq, QV, bq, nullptr, nullptr, false, t, top_k, min_p, top_p, row, Q.f, s_tile, dscratch, &s_bin,
+                 &s_first, &s_above, fscratch, iscratch, sq);
+      P.floor = P.f.use_floor ? floor_logit(P.f.kth_key) : ninf;
+      Q.floor = Q.f.use_floor ? floor_logit(Q.f.kth_key) : ninf;
+    } else {
+      P.f = Q.f = RowFilter{0u, false, false, false, 0u, 0};
+    }
+    wt = WarpTiles(V, (int)rank, PARTS);
+  } else if constexpr (PAIR) {
     // ---- CTA r: row r's max and filters; each reads the other's from its shared memory
     __shared__ uint4 s_pub[2];  // {kth_key, cut_key, n_tie, max}, {use_floor, use_topp, tie_cut, 0}
     const float* lr = rank ? lq : lp;
@@ -1511,7 +1567,7 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
     int* s_rank = reinterpret_cast<int*>(s_tile + DRAW_MAX_TILES);
     int base[2];
     tie_ranks(R, wt, s_rank, iscratch, base);
-    if constexpr (PAIR) add_earlier_ties<2>(iscratch, base, rank);  // CTA 1's warps come after CTA 0's
+    if constexpr (PARTS > 1) add_earlier_ties<PARTS>(iscratch, base, rank);  // CTA r's warps after CTA r - 1's
     R.rp0 = base[0];
     R.rq0 = base[1];
     R.s_rank = s_rank;
@@ -1563,12 +1619,28 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
     minillm::cluster_sync();  // read before either CTA leaves
     zp = rank ? op + zp : zp + op;
     zq = rank ? oq + zq : zq + oq;
+  } else if constexpr (SPLIT) {  // the same over the cluster: every CTA adds the sums in rank order
+    __shared__ double s_z[2];
+    if (tid == 0) {
+      s_z[0] = zp;
+      s_z[1] = zq;
+    }
+    minillm::cluster_sync();
+    const unsigned owner = (unsigned)((d / DRAW_TILE) / wt.tpw / SAMPLE_WARPS);
+    zp = zq = 0.0;
+    for (int r = 0; r < PARTS; ++r) {
+      zp += minillm::ld_cluster_f64(minillm::smem_u32(&s_z[0]), (unsigned)r);
+      zq += minillm::ld_cluster_f64(minillm::smem_u32(&s_z[1]), (unsigned)r);
+    }
+    wdp = minillm::ld_cluster_f64(minillm::smem_u32(&s_wd[0]), owner);
+    wdq = minillm::ld_cluster_f64(minillm::smem_u32(&s_wd[1]), owner);
+    minillm::cluster_sync();  // read before any CTA leaves
   }
   const u64 seed = seed_bytes == 8 ? reinterpret_cast<const u64*>(seeds)[row]
                                    : (u64)(i64)reinterpret_cast<const int*>(seeds)[row];
   const i64 pos = positions[row];
   const double pd = wdp / zp, qd = zq > 0.0 ? wdq / zq : 0.0;
-  if (hash_uniform(seed, pos, 1ull) * qd < pd) {  // uniform over the block (the pair): every thread returns
+  if (hash_uniform(seed, pos, 1ull) * qd < pd) {  // uniform over the block (the cluster): every thread returns
     if (tid == 0 && rank == 0) {
       out[row] = d;
       accepted[row] = 1;
@@ -1580,10 +1652,10 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
   R.inv_zp = (float)(1.0 / zp);
   R.inv_zq = zq > 0.0 ? (float)(1.0 / zq) : 0.f;
   auto masses = [&]() {
-    return tile_masses<DraftResidual, PAIR ? 2 : 1>(R, wt, s_tile, s_wmass);
+    return tile_masses<DraftResidual, PARTS>(R, wt, s_tile, s_wmass);
   };
   double total = masses();
-  if (!(total > 0.0)) {  // the same for every thread (of the pair)
+  if (!(total > 0.0)) {  // the same for every thread (of the cluster)
     R.from_p = true;
     total = masses();
   }
@@ -1602,7 +1674,7 @@ verify_drawn_drafts(const float* __restrict__ logits, i64 stride, int V, const f
                     const int* __restrict__ top_k, const float* __restrict__ min_p, const void* __restrict__ seeds,
                     int seed_bytes, const int* __restrict__ positions, const int* __restrict__ draft,
                     const int* __restrict__ q_rows, int* __restrict__ out, int* __restrict__ accepted, int n_rows) {
-  verify_row<false>(logits, stride, V, q_logits, q_stride, QV, temperature, top_p, top_k, min_p, seeds, seed_bytes,
+  verify_row<1>(logits, stride, V, q_logits, q_stride, QV, temperature, top_p, top_k, min_p, seeds, seed_bytes,
                     positions, draft, q_rows, out, accepted, n_rows);
 }
 
@@ -1615,6 +1687,21 @@ verify_drawn_drafts_pair(const float* __restrict__ logits, i64 stride, int V, co
                          const void* __restrict__ seeds, int seed_bytes, const int* __restrict__ positions,
                          const int* __restrict__ draft, const int* __restrict__ q_rows, int* __restrict__ out,
                          int* __restrict__ accepted, int n_rows) {
-  verify_row<true>(logits, stride, V, q_logits, q_stride, QV, temperature, top_p, top_k, min_p, seeds, seed_bytes,
+  verify_row<2>(logits, stride, V, q_logits, q_stride, QV, temperature, top_p, top_k, min_p, seeds, seed_bytes,
                    positions, draft, q_rows, out, accepted, n_rows);
 }
+
+// the same with a row split over a cluster of eight CTAs (grid 8 n_rows; verify_row<8>), for small batches
+// (CudaBackend.sample: MINILLM_VERIFY_CLUSTER_ROWS). Built at 512 threads only, as sample_tokens_cl8.
+#if SAMPLE_THREADS == 512
+extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(SAMPLE_THREADS, 1)
+verify_drawn_drafts_cl8(const float* __restrict__ logits, i64 stride, int V, const float* __restrict__ q_logits,
+                        i64 q_stride, int QV, const float* __restrict__ temperature, const float* __restrict__ top_p,
+                        const int* __restrict__ top_k, const float* __restrict__ min_p,
+                        const void* __restrict__ seeds, int seed_bytes, const int* __restrict__ positions,
+                        const int* __restrict__ draft, const int* __restrict__ q_rows, int* __restrict__ out,
+                        int* __restrict__ accepted, int n_rows) {
+  verify_row<8>(logits, stride, V, q_logits, q_stride, QV, temperature, top_p, top_k, min_p, seeds, seed_bytes,
+                positions, draft, q_rows, out, accepted, n_rows);
+}
+#endif

@@ -1785,20 +1785,23 @@ def check_sampler_verifies_drafts(be, V, min_p, kind="normal"):
 def verify_build(request, be):
     """Each kernel verifying drafts drawn from q: "pair" (two CTAs a row, verify_drawn_drafts_pair, the
     default up to half an SM a row: MINILLM_VERIFY_PAIR_ROWS) and "single" (one CTA a row), each with 512
-    threads a CTA or the wide build's 1,024 ("-wide": MINILLM_VERIFY_WIDE_ROWS), by the backend's row limits."""
-    saved = be.verify_pair_rows, be.verify_wide_rows
+    threads a CTA or the wide build's 1,024 ("-wide": MINILLM_VERIFY_WIDE_ROWS), and "cl8" (a row split over
+    a cluster of 8 CTAs of 512 threads, verify_drawn_drafts_cl8: MINILLM_VERIFY_CLUSTER_ROWS), by the
+    backend's row limits."""
+    saved = be.verify_cluster_rows, be.verify_pair_rows, be.verify_wide_rows
     wide = request.param.endswith("-wide")
     if wide and "verify_drawn_drafts_wide" not in be.k:
         pytest.skip("MINILLM_SAMPLE_WIDE_ROWS=0 and MINILLM_VERIFY_WIDE_ROWS=0: the wide build is not loaded")
+    be.verify_cluster_rows = 1 << 30 if request.param == "cl8" else 0
     be.verify_pair_rows = 1 << 30 if request.param.startswith("pair") else 0
     be.verify_wide_rows = 1 << 30 if wide else 0
     try:
         yield request.param
     finally:
-        be.verify_pair_rows, be.verify_wide_rows = saved
+        be.verify_cluster_rows, be.verify_pair_rows, be.verify_wide_rows = saved
 
 
-@pytest.mark.parametrize("verify_build", ["pair", "single", "pair-wide", "single-wide"], indirect=True)
+@pytest.mark.parametrize("verify_build", ["pair", "single", "pair-wide", "single-wide", "cl8"], indirect=True)
 @pytest.mark.parametrize("V,QV", [(1000, 1000), (1001, 999), (151936, 151936), (151936, 32768)])
 @pytest.mark.parametrize("kind", ["normal", "integer-ties"])
 def test_sampler_verifies_drawn_drafts_like_numpy(be, V, QV, kind, verify_build):

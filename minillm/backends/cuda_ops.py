@@ -852,6 +852,12 @@ class CudaBackend:
         # Default: half an SM a row, so every pair runs at once. 0: never.
         self.verify_pair_rows = env_int("MINILLM_VERIFY_PAIR_ROWS", self.num_sms // 2,
                                         "batches of at most this many rows verify drawn drafts with two CTAs a row")
+        # Batches of at most this many rows verify drafts drawn from q with each row split over a cluster of
+        # 8 CTAs of 512 threads (verify_drawn_drafts_cl8: p's filters, then q's, each over all eight as
+        # sample_tokens_cl8 splits a row, then every later pass split by tiles over the eight; rows without a
+        # drawn draft as sample_tokens_cl8). Off (0) until measured on a GPU.
+        self.verify_cluster_rows = env_int("MINILLM_VERIFY_CLUSTER_ROWS", 0,
+                                           "batches of at most this many rows verify drawn drafts on a cluster")
         # Batches of at most this many rows verify drafts drawn from q with the wide build's 1,024-thread
         # CTAs (either kernel above). H100, pair split (part350): top-p and top-k + top-p rows -14% to -20%
         # at 1-8 rows, -10% to -18% at 64 and -15% to -24% at 128 (the single kernel); temperature-only rows
@@ -876,7 +882,7 @@ class CudaBackend:
             "attention": ["paged_attention_bf16", "paged_attention_f32",
                           "attention_combine_bf16", "attention_combine_f32"],
             "sampling": ["sample_tokens", "sample_tokens_cl4", "sample_tokens_cl8", "verify_drawn_drafts",
-                         "verify_drawn_drafts_pair"],
+                         "verify_drawn_drafts_pair", "verify_drawn_drafts_cl8"],
             "dflash2": ["grouped_causal_conv_bf16", "grouped_causal_conv_f32", "dflash2_topk",
                         "dflash2_path_bf16", "dflash2_path_f32"],
             "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemv1_bf16", "gemv1_f32", "gemv1_silu_mul_bf16",
@@ -901,8 +907,8 @@ class CudaBackend:
                     self._pdl_kernels.add(n)
         if wide_module:
             for n in modules["sampling"]:
-                if n.startswith("sample_tokens_cl"):
-                    continue  # built at 512 threads only (cuda/sampling.cu)
+                if n.endswith(("_cl4", "_cl8")):
+                    continue  # the cluster kernels are built at 512 threads only (cuda/sampling.cu)
                 k[f"{n}_wide"] = kc.get_kernel("sampling", n, self.debug, wide_defines)
                 self._pdl_kernels.add(f"{n}_wide")
         for d in _DECODE_HEAD_DIMS:
@@ -2277,11 +2283,12 @@ class CudaBackend:
             raise TypeError(f"sample: seeds must be int64/uint64/int32, got {seeds.dtype}")
         if draft_rows is not None:  # one launch: verify_drawn_drafts samples the other rows itself
             q_stride = _rows(draft_logits, "sample draft_logits")[1]
-            pair = B <= self.verify_pair_rows  # two CTAs a row: p's and q's filters side by side
-            wide = B <= self.verify_wide_rows
+            # CTAs a row: a cluster of 8 (every pass split), a pair (p's and q's filters side by side), or one
+            parts = 8 if B <= self.verify_cluster_rows else 2 if B <= self.verify_pair_rows else 1
+            wide = parts != 8 and B <= self.verify_wide_rows  # the cluster is built at 512 threads only
             self._launch(
-                ("verify_drawn_drafts_pair" if pair else "verify_drawn_drafts") + ("_wide" if wide else ""),
-                (2 * B if pair else B,), (_SAMPLE_WIDE_THREADS if wide else _SAMPLE_THREADS,),
+                {8: "verify_drawn_drafts_cl8", 2: "verify_drawn_drafts_pair", 1: "verify_drawn_drafts"}[parts]
+                + ("_wide" if wide else ""), (parts * B,), (_SAMPLE_WIDE_THREADS if wide else _SAMPLE_THREADS,),
                 (logits, _i64(stride), _i32(logits.shape[-1]), draft_logits, _i64(q_stride),
                  _i32(draft_logits.shape[-1]), temperature, top_p, top_k, _NULL if min_p is None else min_p,
                  seeds, _i32(seeds.itemsize), positions, draft_tokens, draft_rows, out_tokens, out_accepted, _i32(B)),
