@@ -1665,43 +1665,35 @@ __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64
 
 }  // namespace
 
+// the three kernels' parameters (sample_tokens' plus the drafter's rows) and verify_row's arguments
+#define VERIFY_PARAMS                                                                                          \
+  const float *__restrict__ logits, i64 stride, int V, const float *__restrict__ q_logits, i64 q_stride, int QV, \
+      const float *__restrict__ temperature, const float *__restrict__ top_p, const int *__restrict__ top_k,    \
+      const float *__restrict__ min_p, const void *__restrict__ seeds, int seed_bytes,                          \
+      const int *__restrict__ positions, const int *__restrict__ draft, const int *__restrict__ q_rows,         \
+      int *__restrict__ out, int *__restrict__ accepted, int n_rows
+#define VERIFY_ARGS                                                                                          \
+  logits, stride, V, q_logits, q_stride, QV, temperature, top_p, top_k, min_p, seeds, seed_bytes, positions, draft, \
+      q_rows, out, accepted, n_rows
+
 // grid n_rows, SAMPLE_THREADS threads (512: one CTA an SM, room for 128 registers; the wide build's 1,024
-// for small batches, MINILLM_VERIFY_WIDE_ROWS: 64 registers, ~300 bytes of spills); the arguments are
-// sample_tokens' plus the drafter's rows
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
-verify_drawn_drafts(const float* __restrict__ logits, i64 stride, int V, const float* __restrict__ q_logits,
-                    i64 q_stride, int QV, const float* __restrict__ temperature, const float* __restrict__ top_p,
-                    const int* __restrict__ top_k, const float* __restrict__ min_p, const void* __restrict__ seeds,
-                    int seed_bytes, const int* __restrict__ positions, const int* __restrict__ draft,
-                    const int* __restrict__ q_rows, int* __restrict__ out, int* __restrict__ accepted, int n_rows) {
-  verify_row<1>(logits, stride, V, q_logits, q_stride, QV, temperature, top_p, top_k, min_p, seeds, seed_bytes,
-                    positions, draft, q_rows, out, accepted, n_rows);
+// for small batches, MINILLM_VERIFY_WIDE_ROWS: 64 registers, ~300 bytes of spills)
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1) verify_drawn_drafts(VERIFY_PARAMS) {
+  verify_row<1>(VERIFY_ARGS);
 }
 
-// the same with two CTAs a row (grid 2 n_rows, clusters of two): p's filters beside q's (verify_row<true>),
+// the same with two CTAs a row (grid 2 n_rows, clusters of two): p's filters beside q's (verify_row<2>),
 // for batches of at most half an SM a row (CudaBackend.sample)
 extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(SAMPLE_THREADS, 1)
-verify_drawn_drafts_pair(const float* __restrict__ logits, i64 stride, int V, const float* __restrict__ q_logits,
-                         i64 q_stride, int QV, const float* __restrict__ temperature, const float* __restrict__ top_p,
-                         const int* __restrict__ top_k, const float* __restrict__ min_p,
-                         const void* __restrict__ seeds, int seed_bytes, const int* __restrict__ positions,
-                         const int* __restrict__ draft, const int* __restrict__ q_rows, int* __restrict__ out,
-                         int* __restrict__ accepted, int n_rows) {
-  verify_row<2>(logits, stride, V, q_logits, q_stride, QV, temperature, top_p, top_k, min_p, seeds, seed_bytes,
-                   positions, draft, q_rows, out, accepted, n_rows);
+verify_drawn_drafts_pair(VERIFY_PARAMS) {
+  verify_row<2>(VERIFY_ARGS);
 }
 
 // the same with a row split over a cluster of eight CTAs (grid 8 n_rows; verify_row<8>), for small batches
 // (CudaBackend.sample: MINILLM_VERIFY_CLUSTER_ROWS). Built at 512 threads only, as sample_tokens_cl8.
 #if SAMPLE_THREADS == 512
 extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(SAMPLE_THREADS, 1)
-verify_drawn_drafts_cl8(const float* __restrict__ logits, i64 stride, int V, const float* __restrict__ q_logits,
-                        i64 q_stride, int QV, const float* __restrict__ temperature, const float* __restrict__ top_p,
-                        const int* __restrict__ top_k, const float* __restrict__ min_p,
-                        const void* __restrict__ seeds, int seed_bytes, const int* __restrict__ positions,
-                        const int* __restrict__ draft, const int* __restrict__ q_rows, int* __restrict__ out,
-                        int* __restrict__ accepted, int n_rows) {
-  verify_row<8>(logits, stride, V, q_logits, q_stride, QV, temperature, top_p, top_k, min_p, seeds, seed_bytes,
-                positions, draft, q_rows, out, accepted, n_rows);
+verify_drawn_drafts_cl8(VERIFY_PARAMS) {
+  verify_row<8>(VERIFY_ARGS);
 }
 #endif
