@@ -859,8 +859,8 @@ class CudaBackend:
         self.verify_cluster_rows = env_int("MINILLM_VERIFY_CLUSTER_ROWS", 0,
                                            "batches of at most this many rows verify drawn drafts on a cluster")
         # Batches of at most this many rows verify drafts drawn from q with the wide build's 1,024-thread
-        # CTAs (either kernel above). H100, pair split (part350): top-p and top-k + top-p rows -14% to -20%
-        # at 1-8 rows, -10% to -18% at 64 and -15% to -24% at 128 (the single kernel); temperature-only rows
+        # CTAs (the pair or the single kernel). H100, pair split (part350): top-p and top-k + top-p rows -14%
+        # to -20% at 1-8 rows, -10% to -18% at 64 and -15% to -24% at 128 (the single kernel); temperature-only rows
         # +2% at 1-8 rows, +15% at 64 and +3% at 128. A filtered row costs 3-5x an unfiltered one, so the
         # wide build wins in time whenever filters are common; default: up to a row an SM, as sampling.
         self.verify_wide_rows = env_int("MINILLM_VERIFY_WIDE_ROWS", self.num_sms,
