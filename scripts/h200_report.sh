@@ -6754,20 +6754,31 @@ part353() {  # session 69 (carry .whl; ~6 min): the split sampler on by default 
   pack
 }
 
-part354() {  # session 69 (carry .whl; ~3 min): verify_drawn_drafts_cl8, a drawn-draft row split over a cluster of 8
+part354() {  # session 69 (carry .whl; ~4 min): verify_drawn_drafts_cl8, a drawn-draft row split over a cluster of 8
   # (MINILLM_VERIFY_CLUSTER_ROWS, off by default): the drawn drafts' op tests with it forced on every batch
-  # (verify_build's cl8, and the tests that take the default kernel), the q-draft modes default / cl8 at 1-16 rows
-  # twice, then memcheck and racecheck of its tests. Set the default to the batches where it wins, if any
+  # (verify_build's cl8, and the tests that take the default kernel), the q-draft modes default / cl8 at 1, 9 (one
+  # sequence's k = 8 round) and 16 rows twice, the sampled (temperature 1, top-p 0.9) rejected DFlash k = 8 round of
+  # the 0.6B shape at c = 1 default / cl8 twice, then memcheck and racecheck of its tests. Set the default to the
+  # batches where it wins, if any
   setup
   facts > "$W/facts.txt" 2>&1
-  local ON="MINILLM_VERIFY_CLUSTER_ROWS=1000000" i
+  local ON="MINILLM_VERIFY_CLUSTER_ROWS=1000000" i side
   local m="temperature 0.6 + q draft,top-p 0.9 + q draft,top-k 20 + top-p 0.95 + q draft"
   stage cl8_tests 120 env $ON python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
     tests/test_dflash_graphs.py -k "drawn"
   tail -n 3 "$W/cl8_tests.log"
   for i in 1 2; do
-    sampler_bench_in . "sb_plain_s3_$i" --batches 1,8,16 --modes "\"$m\""
-    (export $ON; sampler_bench_in . "sb_cl8_s3_$i" --batches 1,8,16 --modes "\"$m\"")
+    sampler_bench_in . "sb_plain_s3_$i" --batches 1,9,16 --modes "\"$m\""
+    (export $ON; sampler_bench_in . "sb_cl8_s3_$i" --batches 1,9,16 --modes "\"$m\"")
+  done
+  stage models06 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
+  for i in 1 2; do
+    for side in plain cl8; do
+      stage "spec_cost_06b_t1_${side}_$i" 60 env MINILLM_VERIFY_CLUSTER_ROWS=$([ $side = cl8 ] && echo 9 || echo 0) \
+        python3 -m minillm.bench spec-cost $M/q06 --drafter $M/q06-dflash --k 8 --concurrency 1 --accept 0 \
+        --temperature 1.0 --top-p 0.9 --result-json "$W/spec_cost_06b_t1_${side}_$i.json"
+    done
   done
   mem_and_race cl8 "drawn_drafts and bfloat16 and cl8" "drawn_drafts_like and bfloat16 and 1000 and cl8 and normal"
   pack
