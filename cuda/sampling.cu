@@ -35,8 +35,9 @@
 // four-byte loads in flight a lane, 68 us at one row, 92 us for 128 rows (H100, part326), ~55 us of the
 // 68 the float64 exp and its two conversions a token (16 a clock an SM); this draw 24 and 51 us (part330).
 // At one row one SM does the work (the passes are bound by its instructions): sample_tokens_cl4 / _cl8
-// split a row over a cluster's CTAs (RowSplit, below; off by default until measured). Where top-p's cut-off keeps only some of a run of tied
-// logits (the first in index order), one more pass ranks the ties a tile (TiedRow, tie_ranks). Each
+// split a row over a cluster's CTAs (RowSplit, below; the default up to 12 rows on 132 SMs, -13% to -44%
+// at 1-12 rows, H100, part353). Where top-p's cut-off keeps only some of a run of tied logits (the
+// first in index order), one more pass ranks the ties a tile (TiedRow, tie_ranks). Each
 // thread walking its chunk of the row in float64 did that before, and one such row set a batch's time:
 // top-p 0.9 at 128 rows (two of them with a tie at the cut) 630 -> 262 us, and on logits rounded to
 // bf16 (a tie at most cut-offs) 375 -> 177 us at one row, 725 -> 271 at 128 (H100, part338). Rows of
@@ -47,8 +48,8 @@
 // at 1-64 rows but no faster at 192-256 (130 / 139 us either way) and top-p 0.9 25% slower there
 // (part91): with the SMs full, the weight pass is bound by the SM's float64 work, not by latency.
 // Built with SAMPLE_THREADS=1024, this file's sample_tokens is that wide kernel, which the backend takes
-// for batches of at most a row an SM (MINILLM_SAMPLE_WIDE_ROWS): with float32 weights it measured top-k
-// and top-p rows 20-32% faster at 1-128 rows, temperature ~10% (H100, part346).
+// for batches of at most a row an SM (MINILLM_SAMPLE_WIDE_ROWS) too large for the split: with float32
+// weights it measured top-k and top-p rows 20-32% faster at 1-128 rows, temperature ~10% (H100, part346).
 #include "common.cuh"
 #include "radix.cuh"
 
@@ -448,7 +449,7 @@ __device__ void list_cut(KeyList& L, int n, unsigned floor, double need, unsigne
   __syncthreads();  // the answers read by all before the list is reused
 }
 
-// ---- a row split over a cluster (sample_tokens_cl4 / sample_tokens_cl8, for small batches) -------
+// ---- a row split over a cluster (sample_tokens_cl4 / _cl8, verify_drawn_drafts_cl8; small batches) --
 // One CTA a row leaves a small batch's row on one SM, bound by its instructions (the passes' compares
 // and shared atomics): one top-p 0.9 row 94 us, Qwen3's defaults 57 us (H100, part349). sample_tokens_clC gives
 // a row the C CTAs of a cluster (PARTS): in every pass before the draw CTA r reads only its share of the

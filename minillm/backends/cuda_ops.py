@@ -46,6 +46,7 @@ except ImportError:  # pragma: no cover - ml_dtypes is a dependency
 _ATT_THREADS = 128  # cuda/attention.cu
 _SAMPLE_THREADS = 512  # cuda/sampling.cu
 _SAMPLE_WIDE_THREADS = 1024  # the wide build's (SAMPLE_THREADS; MINILLM_SAMPLE_WIDE_ROWS, MINILLM_VERIFY_WIDE_ROWS)
+_VERIFY_KERNELS = {8: "verify_drawn_drafts_cl8", 2: "verify_drawn_drafts_pair", 1: "verify_drawn_drafts"}  # CTAs a row
 _SAMPLE_MAX_VOCAB = 512 * 2048  # cuda/sampling.cu: the tiled draw's DRAW_TILE * DRAW_MAX_TILES
 # cuda/gemv.cu's GEMV takes products of at most _GEMV_MAX_M rows (its GEMV_MAX_M, the same). Measured on
 # the H200 (docs/BENCHMARKS.md, spec-cost): an 8-sequence decode step of the 8B shape took 11.5 ms
@@ -2287,8 +2288,8 @@ class CudaBackend:
             parts = 8 if B <= self.verify_cluster_rows else 2 if B <= self.verify_pair_rows else 1
             wide = parts != 8 and B <= self.verify_wide_rows  # the cluster is built at 512 threads only
             self._launch(
-                {8: "verify_drawn_drafts_cl8", 2: "verify_drawn_drafts_pair", 1: "verify_drawn_drafts"}[parts]
-                + ("_wide" if wide else ""), (parts * B,), (_SAMPLE_WIDE_THREADS if wide else _SAMPLE_THREADS,),
+                _VERIFY_KERNELS[parts] + ("_wide" if wide else ""), (parts * B,),
+                (_SAMPLE_WIDE_THREADS if wide else _SAMPLE_THREADS,),
                 (logits, _i64(stride), _i32(logits.shape[-1]), draft_logits, _i64(q_stride),
                  _i32(draft_logits.shape[-1]), temperature, top_p, top_k, _NULL if min_p is None else min_p,
                  seeds, _i32(seeds.itemsize), positions, draft_tokens, draft_rows, out_tokens, out_accepted, _i32(B)),
