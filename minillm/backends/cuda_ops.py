@@ -856,8 +856,11 @@ class CudaBackend:
         # Batches of at most this many rows verify drafts drawn from q with each row split over a cluster of
         # 8 CTAs of 512 threads (verify_drawn_drafts_cl8: p's filters, then q's, each over all eight as
         # sample_tokens_cl8 splits a row, then every later pass split by tiles over the eight; rows without a
-        # drawn draft as sample_tokens_cl8). Off (0) until measured on a GPU.
-        self.verify_cluster_rows = env_int("MINILLM_VERIFY_CLUSTER_ROWS", 0,
+        # drawn draft as sample_tokens_cl8). H100, against the pair (part354): q-draft rows -32% to -41% at 1
+        # and 9 rows (top-p 0.9: 196 -> 131 us at one row), a sampled rejected DFlash k = 8 round of the 0.6B
+        # shape at c = 1 (9 rows) -3%; at 16 rows filtered rows +24% to +31% (too many clusters to run at
+        # once). Default: as the split sampler, 12 rows on 132 SMs.
+        self.verify_cluster_rows = env_int("MINILLM_VERIFY_CLUSTER_ROWS", self.num_sms // 11,
                                            "batches of at most this many rows verify drawn drafts on a cluster")
         # Batches of at most this many rows verify drafts drawn from q with the wide build's 1,024-thread
         # CTAs (the pair or the single kernel). H100, pair split (part350): top-p and top-k + top-p rows -14%
