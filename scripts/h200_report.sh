@@ -6784,6 +6784,26 @@ part354() {  # session 69 (carry .whl; ~4 min): verify_drawn_drafts_cl8, a drawn
   pack
 }
 
+part355() {  # session 70 (carry .whl; ~4 min): verify_drawn_drafts_cl8 on by default up to 12 rows (part354): the
+  # drawn drafts' op tests as the engine runs them, the q-draft modes off / default at 4, 12 and 14 rows (the
+  # edge of the default) twice, then the engine's GPU tests with the default
+  setup
+  facts > "$W/facts.txt" 2>&1
+  local OFF="MINILLM_VERIFY_CLUSTER_ROWS=0" ON="MINILLM_VERIFY_CLUSTER_ROWS=1000000" i
+  local m="temperature 0.6 + q draft,top-p 0.9 + q draft,top-k 20 + top-p 0.95 + q draft"
+  stage drawn_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_dflash_graphs.py -k "drawn"
+  tail -n 3 "$W/drawn_tests.log"
+  for i in 1 2; do
+    (export $OFF; sampler_bench_in . "sb_plain_s3_$i" --batches 4,12,14 --modes "\"$m\"")
+    (export $ON; sampler_bench_in . "sb_cl8_s3_$i" --batches 4,12,14 --modes "\"$m\"")
+  done
+  stage engine_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py \
+    tests/test_dflash_graphs.py tests/test_async_scheduling.py -k "not smollm2 and not debug_build"
+  tail -n 3 "$W/engine_tests.log"
+  pack
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 
