@@ -6804,6 +6804,21 @@ part355() {  # session 70 (carry .whl; ~4 min): verify_drawn_drafts_cl8 on by de
   pack
 }
 
+part356() {  # session 70 (carry .whl; ~2 min): the edge of the split kernels' defaults: the sampler bench's default
+  # modes at 13-15 rows without / with the split sampler, and the q-draft modes at 15 rows without / with the
+  # split verification, twice (part354: both lose at 16 rows; part355: the verification still wins at 14)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  local m="temperature 0.6 + q draft,top-p 0.9 + q draft,top-k 20 + top-p 0.95 + q draft" i
+  for i in 1 2; do
+    (export MINILLM_SAMPLE_CLUSTER_ROWS=0; sampler_bench_in . "sb_plain_s3_$i" --batches 13,14,15)
+    (export MINILLM_SAMPLE_CLUSTER_ROWS=1000000; sampler_bench_in . "sb_cl8_s3_$i" --batches 13,14,15)
+    (export MINILLM_VERIFY_CLUSTER_ROWS=0; sampler_bench_in . "sb_plain_q_$i" --batches 15 --modes "\"$m\"")
+    (export MINILLM_VERIFY_CLUSTER_ROWS=1000000; sampler_bench_in . "sb_cl8_q_$i" --batches 15 --modes "\"$m\"")
+  done
+  pack
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 

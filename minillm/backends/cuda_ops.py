@@ -141,6 +141,13 @@ class _CudaDecoderPlan:
     prof: object = None  # [layers * 5, SMs, 2] uint64 barrier timestamps (scripts/decode_layers_profile.py)
 
 
+def _cluster_rows(num_sms: int) -> int:
+    """Rows a batch may have for the split sampler and verification (a row a cluster of 8 CTAs, one an SM):
+    one cluster less than the SMs hold, as a cluster must fit in one GPC whose SMs need not divide by 8. On an
+    H100's 132 SMs 15 rows: 13-15 rows measured faster than one CTA (or a pair) a row, 16 slower (part354-356)."""
+    return max(0, num_sms // 8 - 1)
+
+
 def _prefill_smem(D: int, q_in_stage: bool = False) -> int:
     """Dynamic shared memory of cuda/prefill_attention.cu's kernel (its PfLayout): Q, then two
     stages of K and V tiles, bf16 rows padded by 8 elements; the short-run kernel
@@ -840,9 +847,9 @@ class CudaBackend:
         # kernel (part352, part353): at 1-12 rows top-p rows -43%, top-k and top-k + top-p -37% to -39%,
         # temperature and min-p -21% to -25%, greedy -32% to -38%; at 16 rows slower (+3% to +61%: 16
         # clusters of 8 no longer run at once on 132 SMs), at 32 +60% to +137%; a 0.6B step sampled with
-        # Qwen3's defaults +2.5% tok/s. The wide (1,024-thread) split was slower at every batch. Default:
-        # 12 rows on 132 SMs.
-        self.sample_cluster_rows = env_int("MINILLM_SAMPLE_CLUSTER_ROWS", self.num_sms // 11,
+        # Qwen3's defaults +2.5% tok/s; at 13-15 rows still -14% to -53% (part356). The wide (1,024-thread)
+        # split was slower at every batch. Default: _cluster_rows, 15 rows on 132 SMs.
+        self.sample_cluster_rows = env_int("MINILLM_SAMPLE_CLUSTER_ROWS", _cluster_rows(self.num_sms),
                                            "batches of at most this many rows sample a row on a cluster of CTAs")
         self.sample_cluster = env_int("MINILLM_SAMPLE_CLUSTER", 8, "CTAs a row in the split sampler: 4 or 8")
         if self.sample_cluster not in (4, 8):
@@ -858,9 +865,9 @@ class CudaBackend:
         # sample_tokens_cl8 splits a row, then every later pass split by tiles over the eight; rows without a
         # drawn draft as sample_tokens_cl8). H100, against the pair (part354): q-draft rows -32% to -41% at 1
         # and 9 rows (top-p 0.9: 196 -> 131 us at one row), a sampled rejected DFlash k = 8 round of the 0.6B
-        # shape at c = 1 (9 rows) -3%; at 16 rows filtered rows +24% to +31% (too many clusters to run at
-        # once). Default: as the split sampler, 12 rows on 132 SMs.
-        self.verify_cluster_rows = env_int("MINILLM_VERIFY_CLUSTER_ROWS", self.num_sms // 11,
+        # shape at c = 1 (9 rows) -3%; at 12-15 rows -29% to -38% (part355, part356); at 16 rows filtered
+        # rows +24% to +31% (too many clusters to run at once). Default: as the split sampler's.
+        self.verify_cluster_rows = env_int("MINILLM_VERIFY_CLUSTER_ROWS", _cluster_rows(self.num_sms),
                                            "batches of at most this many rows verify drawn drafts on a cluster")
         # Batches of at most this many rows verify drafts drawn from q with the wide build's 1,024-thread
         # CTAs (the pair or the single kernel). H100, pair split (part350): top-p and top-k + top-p rows -14%
