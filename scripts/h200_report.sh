@@ -6819,6 +6819,19 @@ part356() {  # session 70 (carry .whl; ~2 min): the edge of the split kernels' d
   pack
 }
 
+part357() {  # session 70's final defaults (carry .whl; ~5 min): every GPU test but SmolLM2's and the debug build's,
+  # with the split sampler and split verification up to 15 rows, then memcheck of the drawn drafts' tests as the
+  # engine runs them
+  setup
+  facts > "$W/facts.txt" 2>&1
+  gpu_tests_full 420
+  tail -n 3 "$W/gpu_tests.log"
+  stage memcheck_drawn 150 compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_ops.py -k "drawn_drafts and bfloat16"
+  tail -n 4 "$W/memcheck_drawn.log"
+  pack
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 
