@@ -449,7 +449,7 @@ __device__ void list_cut(KeyList& L, int n, unsigned floor, double need, unsigne
   __syncthreads();  // the answers read by all before the list is reused
 }
 
-// ---- a row split over a cluster (sample_tokens_cl4 / _cl8, verify_drawn_drafts_cl8; small batches) --
+// ---- a row split over a cluster (sample_tokens_cl4 / _cl8, verify_drawn_drafts_cl4 / _cl8; small batches)
 // One CTA a row leaves a small batch's row on one SM, bound by its instructions (the passes' compares
 // and shared atomics): one top-p 0.9 row 94 us, Qwen3's defaults 57 us (H100, part349). sample_tokens_clC gives
 // a row the C CTAs of a cluster (PARTS): in every pass before the draw CTA r reads only its share of the
@@ -1691,10 +1691,17 @@ verify_drawn_drafts_pair(VERIFY_PARAMS) {
 }
 
 // the same with a row split over a cluster of eight CTAs (grid 8 n_rows; verify_row<8>), for small batches
-// (CudaBackend.sample: MINILLM_VERIFY_CLUSTER_ROWS). Built at 512 threads only, as sample_tokens_cl8.
+// (CudaBackend.sample: MINILLM_VERIFY_CLUSTER_ROWS), and over four (verify_row<4>) for the batches past
+// those whose clusters of four still run at once (MINILLM_VERIFY_CLUSTER4_ROWS). Built at 512 threads only,
+// as sample_tokens_cl4 / _cl8.
 #if SAMPLE_THREADS == 512
 extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(SAMPLE_THREADS, 1)
 verify_drawn_drafts_cl8(VERIFY_PARAMS) {
   verify_row<8>(VERIFY_ARGS);
+}
+
+extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(SAMPLE_THREADS, 1)
+verify_drawn_drafts_cl4(VERIFY_PARAMS) {
+  verify_row<4>(VERIFY_ARGS);
 }
 #endif

@@ -6832,6 +6832,36 @@ part357() {  # session 70's final defaults (carry .whl; ~5 min): every GPU test 
   pack
 }
 
+part358() {  # session 70 (carry .whl; ~4 min): a row split over a cluster of 4 for the batches past the 8-CTA split's
+  # 15 rows (MINILLM_SAMPLE_CLUSTER4_ROWS, MINILLM_VERIFY_CLUSTER4_ROWS, off by default): the cl4 op tests of
+  # the sampler and the drawn drafts, memcheck and racecheck of them, the sampler bench's default modes (q-draft
+  # rows among them) at 16-32 rows without / with both cl4 tiers forced on, twice, and the sampled rejected DFlash
+  # k = 8 round of the 0.6B shape at c = 2 and 3 (18 and 27 rows) without / with them, twice. Set the defaults
+  # to the batches where cl4 wins, if any
+  setup
+  facts > "$W/facts.txt" 2>&1
+  local ON="MINILLM_SAMPLE_CLUSTER4_ROWS=1000000 MINILLM_VERIFY_CLUSTER4_ROWS=1000000" i side
+  stage cl4_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    -k "(sampler or drawn) and cl4"
+  tail -n 3 "$W/cl4_tests.log"
+  mem_and_race cl4 "(sampler or drawn_drafts) and bfloat16 and cl4 and (1000 or 1001)" \
+    "drawn_drafts_like and bfloat16 and 1000 and cl4 and normal"
+  for i in 1 2; do
+    sampler_bench_in . "sb_plain_s3_$i" --batches 16,20,24,28,32
+    (export $ON; sampler_bench_in . "sb_cl4_s3_$i" --batches 16,20,24,28,32)
+  done
+  stage models06 90 bash -c "python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q06 $M/q06-dflash --force"
+  for i in 1 2; do
+    for side in plain cl4; do
+      stage "spec_cost_06b_t1_${side}_$i" 90 env $([ $side = cl4 ] && echo "$ON") \
+        python3 -m minillm.bench spec-cost $M/q06 --drafter $M/q06-dflash --k 8 --concurrency 2,3 --accept 0 \
+        --temperature 1.0 --top-p 0.9 --result-json "$W/spec_cost_06b_t1_${side}_$i.json"
+    done
+  done
+  pack
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 

@@ -1629,24 +1629,23 @@ SAMPLE_BUILDS = pytest.mark.parametrize("sample_build", ["wide", "512", "cl8", "
 @pytest.fixture
 def sample_build(request, be):
     """Each build of sample_tokens on the op tests' small batches: "wide" (1,024 threads a row, the
-    default from 9 rows up to a row an SM: MINILLM_SAMPLE_WIDE_ROWS), "512" (larger batches' kernel), and a
-    row split over a cluster of 8 or 4 CTAs of 512 threads ("clN", sample_tokens_clN: the default up to 8
-    rows, MINILLM_SAMPLE_CLUSTER_ROWS), by the backend's row limits. Parametrized by the outermost mark
+    default past the split up to a row an SM: MINILLM_SAMPLE_WIDE_ROWS), "512" (larger batches' kernel), and
+    a row split over a cluster of 8 CTAs of 512 threads ("cl8", sample_tokens_cl8: the default up to 15 rows
+    on 132 SMs, MINILLM_SAMPLE_CLUSTER_ROWS) or of 4 ("cl4", sample_tokens_cl4, by the second tier's limit,
+    MINILLM_SAMPLE_CLUSTER4_ROWS), by the backend's row limits. Parametrized by the outermost mark
     (SAMPLE_BUILDS), so last in the test ids: selections like -k "sampler_matches and bfloat16-normal-1000"
     still match."""
-    saved = be.sample_wide_rows, be.sample_cluster_rows, be.sample_cluster
+    saved = be.sample_wide_rows, be.sample_cluster_rows, be.sample_cluster, be.sample_cluster4_rows
     wide = request.param.endswith("wide")
     if wide and "sample_tokens_wide" not in be.k:
         pytest.skip("MINILLM_SAMPLE_WIDE_ROWS=0 and MINILLM_VERIFY_WIDE_ROWS=0: the wide build is not loaded")
     be.sample_wide_rows = 1 << 30 if wide else 0
-    if request.param.startswith("cl"):
-        be.sample_cluster_rows, be.sample_cluster = 1 << 30, int(request.param[2])
-    else:
-        be.sample_cluster_rows = 0
+    be.sample_cluster_rows, be.sample_cluster = (1 << 30 if request.param == "cl8" else 0), 8
+    be.sample_cluster4_rows = 1 << 30 if request.param == "cl4" else 0
     try:
         yield request.param
     finally:
-        be.sample_wide_rows, be.sample_cluster_rows, be.sample_cluster = saved
+        be.sample_wide_rows, be.sample_cluster_rows, be.sample_cluster, be.sample_cluster4_rows = saved
 
 
 @SAMPLE_BUILDS
@@ -1785,23 +1784,25 @@ def check_sampler_verifies_drafts(be, V, min_p, kind="normal"):
 def verify_build(request, be):
     """Each kernel verifying drafts drawn from q: "pair" (two CTAs a row, verify_drawn_drafts_pair, the
     default up to half an SM a row: MINILLM_VERIFY_PAIR_ROWS) and "single" (one CTA a row), each with 512
-    threads a CTA or the wide build's 1,024 ("-wide": MINILLM_VERIFY_WIDE_ROWS), and "cl8" (a row split over
-    a cluster of 8 CTAs of 512 threads, verify_drawn_drafts_cl8: MINILLM_VERIFY_CLUSTER_ROWS), by the
-    backend's row limits."""
-    saved = be.verify_cluster_rows, be.verify_pair_rows, be.verify_wide_rows
+    threads a CTA or the wide build's 1,024 ("-wide": MINILLM_VERIFY_WIDE_ROWS), and "cl8" / "cl4" (a row
+    split over a cluster of 8 or 4 CTAs of 512 threads, verify_drawn_drafts_cl8 / _cl4:
+    MINILLM_VERIFY_CLUSTER_ROWS, MINILLM_VERIFY_CLUSTER4_ROWS), by the backend's row limits."""
+    saved = be.verify_cluster_rows, be.verify_cluster4_rows, be.verify_pair_rows, be.verify_wide_rows
     wide = request.param.endswith("-wide")
     if wide and "verify_drawn_drafts_wide" not in be.k:
         pytest.skip("MINILLM_SAMPLE_WIDE_ROWS=0 and MINILLM_VERIFY_WIDE_ROWS=0: the wide build is not loaded")
     be.verify_cluster_rows = 1 << 30 if request.param == "cl8" else 0
+    be.verify_cluster4_rows = 1 << 30 if request.param == "cl4" else 0
     be.verify_pair_rows = 1 << 30 if request.param.startswith("pair") else 0
     be.verify_wide_rows = 1 << 30 if wide else 0
     try:
         yield request.param
     finally:
-        be.verify_cluster_rows, be.verify_pair_rows, be.verify_wide_rows = saved
+        be.verify_cluster_rows, be.verify_cluster4_rows, be.verify_pair_rows, be.verify_wide_rows = saved
 
 
-@pytest.mark.parametrize("verify_build", ["pair", "single", "pair-wide", "single-wide", "cl8"], indirect=True)
+@pytest.mark.parametrize("verify_build", ["pair", "single", "pair-wide", "single-wide", "cl8", "cl4"],
+                         indirect=True)
 @pytest.mark.parametrize("V,QV", [(1000, 1000), (1001, 999), (151936, 151936), (151936, 32768)])
 @pytest.mark.parametrize("kind", ["normal", "integer-ties"])
 def test_sampler_verifies_drawn_drafts_like_numpy(be, V, QV, kind, verify_build):

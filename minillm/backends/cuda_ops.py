@@ -46,7 +46,8 @@ except ImportError:  # pragma: no cover - ml_dtypes is a dependency
 _ATT_THREADS = 128  # cuda/attention.cu
 _SAMPLE_THREADS = 512  # cuda/sampling.cu
 _SAMPLE_WIDE_THREADS = 1024  # the wide build's (SAMPLE_THREADS; MINILLM_SAMPLE_WIDE_ROWS, MINILLM_VERIFY_WIDE_ROWS)
-_VERIFY_KERNELS = {8: "verify_drawn_drafts_cl8", 2: "verify_drawn_drafts_pair", 1: "verify_drawn_drafts"}  # CTAs a row
+_VERIFY_KERNELS = {8: "verify_drawn_drafts_cl8", 4: "verify_drawn_drafts_cl4", 2: "verify_drawn_drafts_pair",
+                   1: "verify_drawn_drafts"}  # by CTAs a row
 _SAMPLE_MAX_VOCAB = 512 * 2048  # cuda/sampling.cu: the tiled draw's DRAW_TILE * DRAW_MAX_TILES
 # cuda/gemv.cu's GEMV takes products of at most _GEMV_MAX_M rows (its GEMV_MAX_M, the same). Measured on
 # the H200 (docs/BENCHMARKS.md, spec-cost): an 8-sequence decode step of the 8B shape took 11.5 ms
@@ -855,6 +856,13 @@ class CudaBackend:
         if self.sample_cluster not in (4, 8):
             raise ValueError(f"MINILLM_SAMPLE_CLUSTER={self.sample_cluster}: give 4 or 8 (the CTAs of a cluster "
                              "that split a sampled row: sample_tokens_cl4, sample_tokens_cl8)")
+        # Batches past MINILLM_SAMPLE_CLUSTER_ROWS and of at most this many rows sample with each row split over
+        # a cluster of 4 (sample_tokens_cl4), whose clusters still run at once where 16 clusters of 8 do not
+        # (at 1,024 threads cl4 was -24% to -37% on top-k and top-p rows at 16 rows, +20% to +120% at 32:
+        # part352; the split is now built at 512 threads only, which was faster for cl8). 0 (the default,
+        # until measured): never.
+        self.sample_cluster4_rows = env_int("MINILLM_SAMPLE_CLUSTER4_ROWS", 0,
+                                            "batches of at most this many rows sample a row on 4 CTAs")
         # Batches of at most this many rows verify drafts drawn from q with two CTAs a row (a cluster:
         # the target's row's max and filters on one SM, the drafter's on another; verify_drawn_drafts_pair).
         # Default: half an SM a row, so every pair runs at once. 0: never.
@@ -869,6 +877,10 @@ class CudaBackend:
         # rows +24% to +31% (too many clusters to run at once). Default: as the split sampler's.
         self.verify_cluster_rows = env_int("MINILLM_VERIFY_CLUSTER_ROWS", _cluster_rows(self.num_sms),
                                            "batches of at most this many rows verify drawn drafts on a cluster")
+        # The same over a cluster of 4 (verify_drawn_drafts_cl4) for batches past those and of at most this many
+        # rows, as MINILLM_SAMPLE_CLUSTER4_ROWS. 0 (the default, until measured): never.
+        self.verify_cluster4_rows = env_int("MINILLM_VERIFY_CLUSTER4_ROWS", 0,
+                                            "batches of at most this many rows verify drawn drafts on 4 CTAs")
         # Batches of at most this many rows verify drafts drawn from q with the wide build's 1,024-thread
         # CTAs (the pair or the single kernel). H100, pair split (part350): top-p and top-k + top-p rows -14%
         # to -20% at 1-8 rows, -10% to -18% at 64 and -15% to -24% at 128 (the single kernel); temperature-only rows
@@ -893,7 +905,7 @@ class CudaBackend:
             "attention": ["paged_attention_bf16", "paged_attention_f32",
                           "attention_combine_bf16", "attention_combine_f32"],
             "sampling": ["sample_tokens", "sample_tokens_cl4", "sample_tokens_cl8", "verify_drawn_drafts",
-                         "verify_drawn_drafts_pair", "verify_drawn_drafts_cl8"],
+                         "verify_drawn_drafts_pair", "verify_drawn_drafts_cl4", "verify_drawn_drafts_cl8"],
             "dflash2": ["grouped_causal_conv_bf16", "grouped_causal_conv_f32", "dflash2_topk",
                         "dflash2_path_bf16", "dflash2_path_f32"],
             "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemv1_bf16", "gemv1_f32", "gemv1_silu_mul_bf16",
@@ -2294,9 +2306,10 @@ class CudaBackend:
             raise TypeError(f"sample: seeds must be int64/uint64/int32, got {seeds.dtype}")
         if draft_rows is not None:  # one launch: verify_drawn_drafts samples the other rows itself
             q_stride = _rows(draft_logits, "sample draft_logits")[1]
-            # CTAs a row: a cluster of 8 (every pass split), a pair (p's and q's filters side by side), or one
-            parts = 8 if B <= self.verify_cluster_rows else 2 if B <= self.verify_pair_rows else 1
-            wide = parts != 8 and B <= self.verify_wide_rows  # the cluster is built at 512 threads only
+            # CTAs a row: a cluster of 8 or 4 (every pass split), a pair (p's and q's filters side by side), or one
+            parts = (8 if B <= self.verify_cluster_rows else 4 if B <= self.verify_cluster4_rows
+                     else 2 if B <= self.verify_pair_rows else 1)
+            wide = parts <= 2 and B <= self.verify_wide_rows  # the clusters are built at 512 threads only
             self._launch(
                 _VERIFY_KERNELS[parts] + ("_wide" if wide else ""), (parts * B,),
                 (_SAMPLE_WIDE_THREADS if wide else _SAMPLE_THREADS,),
@@ -2305,7 +2318,8 @@ class CudaBackend:
                  seeds, _i32(seeds.itemsize), positions, draft_tokens, draft_rows, out_tokens, out_accepted, _i32(B)),
             )
             return
-        split = self.sample_cluster if B <= self.sample_cluster_rows else 1  # CTAs a row (a cluster)
+        # CTAs a row (a cluster)
+        split = self.sample_cluster if B <= self.sample_cluster_rows else 4 if B <= self.sample_cluster4_rows else 1
         wide = split == 1 and B <= self.sample_wide_rows  # the split is built at 512 threads only
         self._launch(
             ("sample_tokens" if split == 1 else f"sample_tokens_cl{split}") + ("_wide" if wide else ""), (split * B,),
