@@ -6834,7 +6834,8 @@ part357() {  # session 70's final defaults (carry .whl; ~5 min): every GPU test 
 
 part358() {  # session 70 (carry .whl; ~4 min): a row split over a cluster of 4 for the batches past the 8-CTA split's
   # 15 rows (MINILLM_SAMPLE_CLUSTER4_ROWS, MINILLM_VERIFY_CLUSTER4_ROWS, off by default): the cl4 op tests of
-  # the sampler and the drawn drafts, memcheck and racecheck of them, the sampler bench's default modes (q-draft
+  # the sampler and the drawn drafts (and the driver's count of each split kernel's clusters at once,
+  # scripts/cluster_occupancy.py), memcheck and racecheck of them, the sampler bench's default modes (q-draft
   # rows among them) at 16-32 rows without / with both cl4 tiers forced on, twice, and the sampled rejected DFlash
   # k = 8 round of the 0.6B shape at c = 2 and 3 (18 and 27 rows) without / with them, twice. Set the defaults
   # to the batches where cl4 wins, if any
@@ -6842,8 +6843,10 @@ part358() {  # session 70 (carry .whl; ~4 min): a row split over a cluster of 4 
   facts > "$W/facts.txt" 2>&1
   local ON="MINILLM_SAMPLE_CLUSTER4_ROWS=1000000 MINILLM_VERIFY_CLUSTER4_ROWS=1000000" i side
   stage cl4_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
-    -k "(sampler or drawn) and cl4"
+    -k "((sampler or drawn) and cl4) or clusters_fit"
   tail -n 3 "$W/cl4_tests.log"
+  stage clusters 60 python3 scripts/cluster_occupancy.py  # the driver's clusters at once, beside the SM count
+  cat "$W/clusters.log"
   mem_and_race cl4 "(sampler or drawn_drafts) and bfloat16 and cl4 and (1000 or 1001)" \
     "drawn_drafts_like and bfloat16 and 1000 and cl4 and normal"
   for i in 1 2; do

@@ -1801,6 +1801,19 @@ def verify_build(request, be):
         be.verify_cluster_rows, be.verify_cluster4_rows, be.verify_pair_rows, be.verify_wide_rows = saved
 
 
+def test_split_kernels_clusters_fit_the_sms(be):
+    """The driver's count of clusters resident at once (pdl.max_active_clusters) for the split sampling
+    kernels: at least one, and no more than the SMs hold at one CTA an SM (80-108 registers x 512 threads);
+    clusters of 4 at least as many as of 8, pairs at least as many as clusters of 4."""
+    from minillm.backends.pdl import max_active_clusters
+
+    names = {8: "verify_drawn_drafts_cl8", 4: "verify_drawn_drafts_cl4", 2: "verify_drawn_drafts_pair"}
+    n = {c: max_active_clusters(be.k[name].kernel.ptr, c * 64, 512) for c, name in names.items()}
+    assert 1 <= n[8] <= be.num_sms // 8 and n[8] <= n[4] <= be.num_sms // 4 and n[4] <= n[2] <= be.num_sms // 2, n
+    for c, name in ((8, "sample_tokens_cl8"), (4, "sample_tokens_cl4")):
+        assert 1 <= max_active_clusters(be.k[name].kernel.ptr, c * 64, 512) <= be.num_sms // c
+
+
 @pytest.mark.parametrize("verify_build", ["pair", "single", "pair-wide", "single-wide", "cl8", "cl4"],
                          indirect=True)
 @pytest.mark.parametrize("V,QV", [(1000, 1000), (1001, 999), (151936, 151936), (151936, 32768)])

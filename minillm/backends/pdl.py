@@ -1,4 +1,5 @@
-"""Kernel launches with programmatic dependent launch (PDL, Hopper), through the driver API.
+"""Kernel launches with programmatic dependent launch (PDL, Hopper), through the driver API (and the
+driver's count of a cluster kernel's clusters that fit at once, max_active_clusters).
 
 A decode step at small batch is a chain of ~170-230 dependent kernels, each only a few
 microseconds long. With the CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION attribute the
@@ -83,3 +84,19 @@ class PdlLauncher:
         if status != 0:
             raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {status}")
         self.launches += 1
+
+
+def max_active_clusters(function_ptr: int, grid_x: int, threads: int, shared_mem: int = 0) -> int:
+    """How many clusters of a kernel built with __cluster_dims__ the GPU holds at once, by the driver
+    (cuOccupancyMaxActiveClusters, with the kernel's own cluster size): a grid of more clusters runs in
+    waves, which is why the split sampler loses from 16 clusters of 8 on 132 SMs (scripts/cluster_occupancy.py)."""
+    lib = ctypes.CDLL("libcuda.so.1")
+    lib.cuOccupancyMaxActiveClusters.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p,
+                                                 ctypes.POINTER(_LaunchConfig)]
+    lib.cuOccupancyMaxActiveClusters.restype = ctypes.c_int
+    cfg = _LaunchConfig(grid_x, 1, 1, threads, 1, 1, shared_mem, None, None, 0)
+    n = ctypes.c_int(0)
+    status = lib.cuOccupancyMaxActiveClusters(ctypes.byref(n), ctypes.c_void_p(function_ptr), ctypes.byref(cfg))
+    if status != 0:
+        raise RuntimeError(f"cuOccupancyMaxActiveClusters failed with CUresult {status}")
+    return n.value
