@@ -35,8 +35,8 @@
 // four-byte loads in flight a lane, 68 us at one row, 92 us for 128 rows (H100, part326), ~55 us of the
 // 68 the float64 exp and its two conversions a token (16 a clock an SM); this draw 24 and 51 us (part330).
 // At one row one SM does the work (the passes are bound by its instructions): sample_tokens_cl4 / _cl8
-// split a row over a cluster's CTAs (RowSplit, below; the default up to 12 rows on 132 SMs, -13% to -44%
-// at 1-12 rows, H100, part353). Where top-p's cut-off keeps only some of a run of tied logits (the
+// split a row over a cluster's CTAs (RowSplit, below; the default up to 15 rows on 132 SMs, -13% to -53%
+// at 1-15 rows, H100, part353 and part356). Where top-p's cut-off keeps only some of a run of tied logits (the
 // first in index order), one more pass ranks the ties a tile (TiedRow, tie_ranks). Each
 // thread walking its chunk of the row in float64 did that before, and one such row set a batch's time:
 // top-p 0.9 at 128 rows (two of them with a tie at the cut) 630 -> 262 us, and on logits rounded to
