@@ -554,7 +554,7 @@ __device__ void cluster_argmax(float& v, int& idx) {
   }
 }
 
-// Two values' maxima over the cluster (verify_drawn_drafts_cl8: p's and q's max logit), every thread the
+// Two values' maxima over the cluster (verify_drawn_drafts_cl4 / _cl8: p's and q's max logit), every thread the
 // same. Once a launch (its shared words are not written again).
 template <int PARTS>
 __device__ void cluster_max2(float& a, float& b) {
@@ -1339,7 +1339,7 @@ sample_tokens(SAMPLE_TOKENS_PARAMS) {
 }
 
 // The same with a row split over a cluster of 4 or 8 CTAs (grid 4 or 8 n_rows; RowSplit), for small
-// batches (CudaBackend.sample: MINILLM_SAMPLE_CLUSTER_ROWS, MINILLM_SAMPLE_CLUSTER). Built at 512 threads
+// batches (CudaBackend.sample: MINILLM_SAMPLE_CLUSTER_ROWS for 8, MINILLM_SAMPLE_CLUSTER4_ROWS for 4). Built at 512 threads
 // only: at 1,024 (64 registers, spills) the split measured slower at every batch (H100, part352).
 #if SAMPLE_THREADS == 512
 extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(SAMPLE_THREADS, 1)
@@ -1424,11 +1424,11 @@ namespace {
 // split every later pass over both rows (the ties' ranks, the kept masses, the residual's) by tiles, half
 // each (WarpTiles' parts), swapping their sums the same way, and the CTA whose tiles hold the draw draws:
 // -26% to -28% at 1-8 rows and -11% to -20% at 64 against CTA 1 leaving after the filters (H100,
-// part350). The rows without a drawn draft CTA 0 alone. PARTS 8 (SPLIT): a cluster of eight; p's max and
-// filters, then q's, each with its ids split over all eight as sample_tokens_cl8 splits a row (RowSplit:
-// the two in turn, since every CTA must pass the same cluster barriers and the filters' passes depend on
-// the row), then every later pass split by tiles over the eight; the rows without a drawn draft are
-// sample_tokens_cl8's rows. PARTS 1: one CTA does all of it.
+// part350). The rows without a drawn draft CTA 0 alone. PARTS 4 or 8 (SPLIT): a cluster of that many; p's
+// max and filters, then q's, each with its ids split over all of them as sample_tokens_clC splits a row
+// (RowSplit: the two in turn, since every CTA must pass the same cluster barriers and the filters' passes
+// depend on the row), then every later pass split by tiles over the cluster; the rows without a drawn
+// draft are sample_tokens_clC's rows. PARTS 1: one CTA does all of it.
 template <int PARTS>
 __device__ __forceinline__ void verify_row(const float* __restrict__ logits, i64 stride, int V,
                                            const float* __restrict__ q_logits, i64 q_stride, int QV,

@@ -1635,17 +1635,17 @@ def sample_build(request, be):
     MINILLM_SAMPLE_CLUSTER4_ROWS), by the backend's row limits. Parametrized by the outermost mark
     (SAMPLE_BUILDS), so last in the test ids: selections like -k "sampler_matches and bfloat16-normal-1000"
     still match."""
-    saved = be.sample_wide_rows, be.sample_cluster_rows, be.sample_cluster, be.sample_cluster4_rows
+    saved = be.sample_wide_rows, be.sample_cluster_rows, be.sample_cluster4_rows
     wide = request.param.endswith("wide")
     if wide and "sample_tokens_wide" not in be.k:
         pytest.skip("MINILLM_SAMPLE_WIDE_ROWS=0 and MINILLM_VERIFY_WIDE_ROWS=0: the wide build is not loaded")
     be.sample_wide_rows = 1 << 30 if wide else 0
-    be.sample_cluster_rows, be.sample_cluster = (1 << 30 if request.param == "cl8" else 0), 8
+    be.sample_cluster_rows = 1 << 30 if request.param == "cl8" else 0
     be.sample_cluster4_rows = 1 << 30 if request.param == "cl4" else 0
     try:
         yield request.param
     finally:
-        be.sample_wide_rows, be.sample_cluster_rows, be.sample_cluster, be.sample_cluster4_rows = saved
+        be.sample_wide_rows, be.sample_cluster_rows, be.sample_cluster4_rows = saved
 
 
 @SAMPLE_BUILDS

@@ -841,21 +841,16 @@ class CudaBackend:
         # (part348). 0: never.
         self.sample_wide_rows = env_int("MINILLM_SAMPLE_WIDE_ROWS", self.num_sms,
                                         "batches of at most this many rows sample with 1,024 threads a row")
-        # Batches of at most this many rows sample with each row split over a cluster of
-        # MINILLM_SAMPLE_CLUSTER CTAs of 512 threads (sample_tokens_cl4 / sample_tokens_cl8: each CTA reads its
-        # share of the row in every radix pass and the histograms are summed through distributed shared
-        # memory, then the draw splits the row's tiles). H100, 8 CTAs of 512 threads against the wide
-        # kernel (part352, part353): at 1-12 rows top-p rows -43%, top-k and top-k + top-p -37% to -39%,
-        # temperature and min-p -21% to -25%, greedy -32% to -38%; at 16 rows slower (+3% to +61%: 16
-        # clusters of 8 no longer run at once on 132 SMs), at 32 +60% to +137%; a 0.6B step sampled with
-        # Qwen3's defaults +2.5% tok/s; at 13-15 rows still -14% to -53% (part356). The wide (1,024-thread)
-        # split was slower at every batch. Default: _cluster_rows, 15 rows on 132 SMs.
+        # Batches of at most this many rows sample with each row split over a cluster of 8 CTAs of 512
+        # threads (sample_tokens_cl8: each CTA reads its share of the row in every radix pass and the
+        # histograms are summed through distributed shared memory, then the draw splits the row's tiles).
+        # H100, against the wide kernel (part352, part353): at 1-12 rows top-p rows -43%, top-k and top-k +
+        # top-p -37% to -39%, temperature and min-p -21% to -25%, greedy -32% to -38%; at 13-15 rows still -14%
+        # to -53% (part356); at 16 rows slower (+3% to +61%: 16 clusters of 8 no longer run at once on 132
+        # SMs), at 32 +60% to +137%; a 0.6B step sampled with Qwen3's defaults +2.5% tok/s. The wide
+        # (1,024-thread) split was slower at every batch. Default: _cluster_rows, 15 rows on 132 SMs.
         self.sample_cluster_rows = env_int("MINILLM_SAMPLE_CLUSTER_ROWS", _cluster_rows(self.num_sms),
                                            "batches of at most this many rows sample a row on a cluster of CTAs")
-        self.sample_cluster = env_int("MINILLM_SAMPLE_CLUSTER", 8, "CTAs a row in the split sampler: 4 or 8")
-        if self.sample_cluster not in (4, 8):
-            raise ValueError(f"MINILLM_SAMPLE_CLUSTER={self.sample_cluster}: give 4 or 8 (the CTAs of a cluster "
-                             "that split a sampled row: sample_tokens_cl4, sample_tokens_cl8)")
         # Batches past MINILLM_SAMPLE_CLUSTER_ROWS and of at most this many rows sample with each row split over
         # a cluster of 4 (sample_tokens_cl4), whose clusters still run at once where 16 clusters of 8 do not
         # (at 1,024 threads cl4 was -24% to -37% on top-k and top-p rows at 16 rows, +20% to +120% at 32:
@@ -2319,7 +2314,7 @@ class CudaBackend:
             )
             return
         # CTAs a row (a cluster)
-        split = self.sample_cluster if B <= self.sample_cluster_rows else 4 if B <= self.sample_cluster4_rows else 1
+        split = 8 if B <= self.sample_cluster_rows else 4 if B <= self.sample_cluster4_rows else 1
         wide = split == 1 and B <= self.sample_wide_rows  # the split is built at 512 threads only
         self._launch(
             ("sample_tokens" if split == 1 else f"sample_tokens_cl{split}") + ("_wide" if wide else ""), (split * B,),
