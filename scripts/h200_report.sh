@@ -6865,6 +6865,28 @@ part358() {  # session 70 (carry .whl; ~4 min): a row split over a cluster of 4 
   pack
 }
 
+part359() {  # session 71 (carry .whl; ~4 min): the split kernels' row limits now the driver's count of clusters at
+  # once (part358: 30 clusters of 4 on an H100; cl4 faster at 16-28 rows, slower at 32): the occupancy GPU test
+  # (it checks each default against the driver), the edge (29-31 rows) of every default mode without / with
+  # both cl4 tiers forced on, twice, then the engine's GPU tests with the defaults
+  setup
+  facts > "$W/facts.txt" 2>&1
+  local OFF="MINILLM_SAMPLE_CLUSTER4_ROWS=0 MINILLM_VERIFY_CLUSTER4_ROWS=0" i
+  local ON="MINILLM_SAMPLE_CLUSTER4_ROWS=1000000 MINILLM_VERIFY_CLUSTER4_ROWS=1000000"
+  stage clusters_fit 90 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k clusters_fit
+  tail -n 3 "$W/clusters_fit.log"
+  stage clusters 60 python3 scripts/cluster_occupancy.py
+  cat "$W/clusters.log"
+  for i in 1 2; do
+    (export $OFF; sampler_bench_in . "sb_plain_s3_$i" --batches 29,30,31)
+    (export $ON; sampler_bench_in . "sb_cl4_s3_$i" --batches 29,30,31)
+  done
+  stage engine_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py \
+    tests/test_dflash_graphs.py tests/test_async_scheduling.py -k "not smollm2 and not debug_build"
+  tail -n 3 "$W/engine_tests.log"
+  pack
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 

@@ -1630,9 +1630,10 @@ SAMPLE_BUILDS = pytest.mark.parametrize("sample_build", ["wide", "512", "cl8", "
 def sample_build(request, be):
     """Each build of sample_tokens on the op tests' small batches: "wide" (1,024 threads a row, the
     default past the split up to a row an SM: MINILLM_SAMPLE_WIDE_ROWS), "512" (larger batches' kernel), and
-    a row split over a cluster of 8 CTAs of 512 threads ("cl8", sample_tokens_cl8: the default up to 15 rows
-    on 132 SMs, MINILLM_SAMPLE_CLUSTER_ROWS) or of 4 ("cl4", sample_tokens_cl4, by the second tier's limit,
-    MINILLM_SAMPLE_CLUSTER4_ROWS), by the backend's row limits. Parametrized by the outermost mark
+    a row split over a cluster of 8 CTAs of 512 threads ("cl8", sample_tokens_cl8: the default up to the
+    clusters the GPU holds at once, 15 on an H100, MINILLM_SAMPLE_CLUSTER_ROWS) or of 4 ("cl4",
+    sample_tokens_cl4: the default past those up to 30 rows on an H100, MINILLM_SAMPLE_CLUSTER4_ROWS), by the
+    backend's row limits. Parametrized by the outermost mark
     (SAMPLE_BUILDS), so last in the test ids: selections like -k "sampler_matches and bfloat16-normal-1000"
     still match."""
     saved = be.sample_wide_rows, be.sample_cluster_rows, be.sample_cluster4_rows
@@ -1804,7 +1805,8 @@ def verify_build(request, be):
 def test_split_kernels_clusters_fit_the_sms(be):
     """The driver's count of clusters resident at once (pdl.max_active_clusters) for the split sampling
     kernels: at least one, and no more than the SMs hold at one CTA an SM (80-108 registers x 512 threads);
-    clusters of 4 at least as many as of 8, pairs at least as many as clusters of 4."""
+    clusters of 4 at least as many as of 8, pairs at least as many as clusters of 4. Each tier's default row
+    limit (where its variable is not set) is its own kernel's count."""
     from minillm.backends.pdl import max_active_clusters
 
     names = {8: "verify_drawn_drafts_cl8", 4: "verify_drawn_drafts_cl4", 2: "verify_drawn_drafts_pair"}
@@ -1812,6 +1814,13 @@ def test_split_kernels_clusters_fit_the_sms(be):
     assert 1 <= n[8] <= be.num_sms // 8 and n[8] <= n[4] <= be.num_sms // 4 and n[4] <= n[2] <= be.num_sms // 2, n
     for c, name in ((8, "sample_tokens_cl8"), (4, "sample_tokens_cl4")):
         assert 1 <= max_active_clusters(be.k[name].kernel.ptr, c * 64, 512) <= be.num_sms // c
+    tiers = (("MINILLM_SAMPLE_CLUSTER_ROWS", "sample_cluster_rows", "sample_tokens_cl8", 8),
+             ("MINILLM_SAMPLE_CLUSTER4_ROWS", "sample_cluster4_rows", "sample_tokens_cl4", 4),
+             ("MINILLM_VERIFY_CLUSTER_ROWS", "verify_cluster_rows", "verify_drawn_drafts_cl8", 8),
+             ("MINILLM_VERIFY_CLUSTER4_ROWS", "verify_cluster4_rows", "verify_drawn_drafts_cl4", 4))
+    for env, attr, name, c in tiers:
+        if env not in os.environ:
+            assert getattr(be, attr) == max_active_clusters(be.k[name].kernel.ptr, c * 64, 512), (attr, env)
 
 
 @pytest.mark.parametrize("verify_build", ["pair", "single", "pair-wide", "single-wide", "cl8", "cl4"],

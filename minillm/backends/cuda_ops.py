@@ -32,7 +32,7 @@ from minillm.backends import staging
 from minillm.backends.arena import Arena
 from minillm.backends.compile import env_flag, env_int
 from minillm.backends.cublas import Cublas, cuda_dtype
-from minillm.backends.pdl import PdlLauncher, pdl_enabled
+from minillm.backends.pdl import PdlLauncher, max_active_clusters, pdl_enabled
 
 log = logging.getLogger("minillm")
 
@@ -142,11 +142,19 @@ class _CudaDecoderPlan:
     prof: object = None  # [layers * 5, SMs, 2] uint64 barrier timestamps (scripts/decode_layers_profile.py)
 
 
-def _cluster_rows(num_sms: int) -> int:
-    """Rows a batch may have for the split sampler and verification (a row a cluster of 8 CTAs, one an SM):
-    one cluster less than the SMs hold, as a cluster must fit in one GPC whose SMs need not divide by 8. On an
-    H100's 132 SMs 15 rows: 13-15 rows measured faster than one CTA (or a pair) a row, 16 slower (part354-356)."""
-    return max(0, num_sms // 8 - 1)
+def _clusters_at_once(kern, ctas: int, num_sms: int) -> int:
+    """Rows a batch may have for a split sampling kernel that gives a row a cluster of `ctas` CTAs: the
+    clusters of it the GPU holds at once, by the driver (pdl.max_active_clusters); a batch of more rows runs
+    in two waves. H100 (132 SMs), against one CTA or a pair a row: clusters of 8 faster up to 15 rows and
+    slower at 16 (part354-356), the driver's count 15; clusters of 4 faster at 16-28 rows and slower at 32
+    (part358), the driver's count 30, not the SM count's 33 (a cluster must fit in one GPC, and GPCs differ
+    in SMs). Where the driver cannot say: one cluster of 8 less than the SMs hold, and no clusters of 4."""
+    try:
+        return max_active_clusters(kern.kernel.ptr, ctas * 64, _SAMPLE_THREADS)
+    except (OSError, AttributeError, RuntimeError) as e:
+        log.warning("the driver's count of %d-CTA clusters at once is unavailable (%s): the split sampler's "
+                    "row limits fall back to the SM count", ctas, e)
+        return max(0, num_sms // 8 - 1) if ctas == 8 else 0
 
 
 def _prefill_smem(D: int, q_in_stage: bool = False) -> int:
@@ -841,41 +849,11 @@ class CudaBackend:
         # (part348). 0: never.
         self.sample_wide_rows = env_int("MINILLM_SAMPLE_WIDE_ROWS", self.num_sms,
                                         "batches of at most this many rows sample with 1,024 threads a row")
-        # Batches of at most this many rows sample with each row split over a cluster of 8 CTAs of 512
-        # threads (sample_tokens_cl8: each CTA reads its share of the row in every radix pass and the
-        # histograms are summed through distributed shared memory, then the draw splits the row's tiles).
-        # H100, against the wide kernel (part352, part353): at 1-12 rows top-p rows -43%, top-k and top-k +
-        # top-p -37% to -39%, temperature and min-p -21% to -25%, greedy -32% to -38%; at 13-15 rows still -14%
-        # to -53% (part356); at 16 rows slower (+3% to +61%: 16 clusters of 8 no longer run at once on 132
-        # SMs), at 32 +60% to +137%; a 0.6B step sampled with Qwen3's defaults +2.5% tok/s. The wide
-        # (1,024-thread) split was slower at every batch. Default: _cluster_rows, 15 rows on 132 SMs.
-        self.sample_cluster_rows = env_int("MINILLM_SAMPLE_CLUSTER_ROWS", _cluster_rows(self.num_sms),
-                                           "batches of at most this many rows sample a row on a cluster of CTAs")
-        # Batches past MINILLM_SAMPLE_CLUSTER_ROWS and of at most this many rows sample with each row split over
-        # a cluster of 4 (sample_tokens_cl4), whose clusters still run at once where 16 clusters of 8 do not
-        # (at 1,024 threads cl4 was -24% to -37% on top-k and top-p rows at 16 rows, +20% to +120% at 32:
-        # part352; the split is now built at 512 threads only, which was faster for cl8). 0 (the default,
-        # until measured): never.
-        self.sample_cluster4_rows = env_int("MINILLM_SAMPLE_CLUSTER4_ROWS", 0,
-                                            "batches of at most this many rows sample a row on 4 CTAs")
         # Batches of at most this many rows verify drafts drawn from q with two CTAs a row (a cluster:
         # the target's row's max and filters on one SM, the drafter's on another; verify_drawn_drafts_pair).
         # Default: half an SM a row, so every pair runs at once. 0: never.
         self.verify_pair_rows = env_int("MINILLM_VERIFY_PAIR_ROWS", self.num_sms // 2,
                                         "batches of at most this many rows verify drawn drafts with two CTAs a row")
-        # Batches of at most this many rows verify drafts drawn from q with each row split over a cluster of
-        # 8 CTAs of 512 threads (verify_drawn_drafts_cl8: p's filters, then q's, each over all eight as
-        # sample_tokens_cl8 splits a row, then every later pass split by tiles over the eight; rows without a
-        # drawn draft as sample_tokens_cl8). H100, against the pair (part354): q-draft rows -32% to -41% at 1
-        # and 9 rows (top-p 0.9: 196 -> 131 us at one row), a sampled rejected DFlash k = 8 round of the 0.6B
-        # shape at c = 1 (9 rows) -3%; at 12-15 rows -29% to -38% (part355, part356); at 16 rows filtered
-        # rows +24% to +31% (too many clusters to run at once). Default: as the split sampler's.
-        self.verify_cluster_rows = env_int("MINILLM_VERIFY_CLUSTER_ROWS", _cluster_rows(self.num_sms),
-                                           "batches of at most this many rows verify drawn drafts on a cluster")
-        # The same over a cluster of 4 (verify_drawn_drafts_cl4) for batches past those and of at most this many
-        # rows, as MINILLM_SAMPLE_CLUSTER4_ROWS. 0 (the default, until measured): never.
-        self.verify_cluster4_rows = env_int("MINILLM_VERIFY_CLUSTER4_ROWS", 0,
-                                            "batches of at most this many rows verify drawn drafts on 4 CTAs")
         # Batches of at most this many rows verify drafts drawn from q with the wide build's 1,024-thread
         # CTAs (the pair or the single kernel). H100, pair split (part350): top-p and top-k + top-p rows -14%
         # to -20% at 1-8 rows, -10% to -18% at 64 and -15% to -24% at 128 (the single kernel); temperature-only rows
@@ -929,6 +907,42 @@ class CudaBackend:
                     continue  # the cluster kernels are built at 512 threads only (cuda/sampling.cu)
                 k[f"{n}_wide"] = kc.get_kernel("sampling", n, self.debug, wide_defines)
                 self._pdl_kernels.add(f"{n}_wide")
+        # Batches of at most this many rows sample with each row split over a cluster of 8 CTAs of 512
+        # threads (sample_tokens_cl8: each CTA reads its share of the row in every radix pass and the
+        # histograms are summed through distributed shared memory, then the draw splits the row's tiles).
+        # H100, against the wide kernel (part352, part353): at 1-12 rows top-p rows -43%, top-k and top-k +
+        # top-p -37% to -39%, temperature and min-p -21% to -25%, greedy -32% to -38%; at 13-15 rows still -14%
+        # to -53% (part356); at 16 rows slower (+3% to +61%: 16 clusters of 8 no longer run at once on 132
+        # SMs), at 32 +60% to +137%; a 0.6B step sampled with Qwen3's defaults +2.5% tok/s. The wide
+        # (1,024-thread) split was slower at every batch. Default: the clusters of 8 the GPU holds at once
+        # (_clusters_at_once; 15 on an H100). 0: never.
+        self.sample_cluster_rows = env_int("MINILLM_SAMPLE_CLUSTER_ROWS",
+                                           _clusters_at_once(k["sample_tokens_cl8"], 8, self.num_sms),
+                                           "batches of at most this many rows sample a row on a cluster of CTAs")
+        # Batches past MINILLM_SAMPLE_CLUSTER_ROWS and of at most this many rows sample with each row split over
+        # a cluster of 4 (sample_tokens_cl4), whose clusters still run at once where 16 clusters of 8 do not.
+        # H100, against the wide kernel (part358): at 16-28 rows -19% to -42% on every mode (top-p 0.9: 139 ->
+        # 81 us at 16 rows), at 32 rows +24% to +51% (32 clusters of 4 in two waves). Default: the clusters of
+        # 4 the GPU holds at once (30 on an H100). 0: never.
+        self.sample_cluster4_rows = env_int("MINILLM_SAMPLE_CLUSTER4_ROWS",
+                                            _clusters_at_once(k["sample_tokens_cl4"], 4, self.num_sms),
+                                            "batches of at most this many rows sample a row on 4 CTAs")
+        # Batches of at most this many rows verify drafts drawn from q with each row split over a cluster of
+        # 8 CTAs of 512 threads (verify_drawn_drafts_cl8: p's filters, then q's, each over all eight as
+        # sample_tokens_cl8 splits a row, then every later pass split by tiles over the eight; rows without a
+        # drawn draft as sample_tokens_cl8). H100, against the pair (part354): q-draft rows -32% to -41% at 1
+        # and 9 rows (top-p 0.9: 196 -> 131 us at one row), a sampled rejected DFlash k = 8 round of the 0.6B
+        # shape at c = 1 (9 rows) -3%; at 12-15 rows -29% to -38% (part355, part356); at 16 rows filtered
+        # rows +24% to +31% (too many clusters to run at once). Default: as the split sampler's.
+        self.verify_cluster_rows = env_int("MINILLM_VERIFY_CLUSTER_ROWS",
+                                           _clusters_at_once(k["verify_drawn_drafts_cl8"], 8, self.num_sms),
+                                           "batches of at most this many rows verify drawn drafts on a cluster")
+        # The same over a cluster of 4 (verify_drawn_drafts_cl4) for batches past those and of at most this many
+        # rows. H100, against the pair (part358): q-draft rows -12% to -32% at 16-28 rows, +8% to +62% at 32.
+        # Default: as the cl4 sampler's.
+        self.verify_cluster4_rows = env_int("MINILLM_VERIFY_CLUSTER4_ROWS",
+                                            _clusters_at_once(k["verify_drawn_drafts_cl4"], 4, self.num_sms),
+                                            "batches of at most this many rows verify drawn drafts on 4 CTAs")
         for d in _DECODE_HEAD_DIMS:
             k.update(self._decode_group(self._sfx, d))
         try:  # tensor-core prefill: needs the toolkit's mma.h, which not every install has
