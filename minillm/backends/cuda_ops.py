@@ -921,9 +921,9 @@ class CudaBackend:
                                            "batches of at most this many rows sample a row on a cluster of CTAs")
         # Batches past MINILLM_SAMPLE_CLUSTER_ROWS and of at most this many rows sample with each row split over
         # a cluster of 4 (sample_tokens_cl4), whose clusters still run at once where 16 clusters of 8 do not.
-        # H100, against the wide kernel (part358): at 16-28 rows -19% to -42% on every mode (top-p 0.9: 139 ->
-        # 81 us at 16 rows), at 32 rows +24% to +51% (32 clusters of 4 in two waves). Default: the clusters of
-        # 4 the GPU holds at once (30 on an H100). 0: never.
+        # H100, against the wide kernel (part358, part359): at 16-30 rows -18% to -42% on every mode (top-p 0.9:
+        # 139 -> 81 us at 16 rows), at 31 and 32 rows +23% to +51% (more clusters of 4 than run at once: two
+        # waves). Default: the clusters of 4 the GPU holds at once (30 on an H100). 0: never.
         self.sample_cluster4_rows = env_int("MINILLM_SAMPLE_CLUSTER4_ROWS",
                                             _clusters_at_once(k["sample_tokens_cl4"], 4, self.num_sms),
                                             "batches of at most this many rows sample a row on 4 CTAs")
@@ -938,7 +938,8 @@ class CudaBackend:
                                            _clusters_at_once(k["verify_drawn_drafts_cl8"], 8, self.num_sms),
                                            "batches of at most this many rows verify drawn drafts on a cluster")
         # The same over a cluster of 4 (verify_drawn_drafts_cl4) for batches past those and of at most this many
-        # rows. H100, against the pair (part358): q-draft rows -12% to -32% at 16-28 rows, +8% to +62% at 32.
+        # rows. H100, against the pair (part358, part359): q-draft rows -12% to -35% at 16-30 rows, +4% to +66%
+        # at 31 and 32.
         # Default: as the cl4 sampler's.
         self.verify_cluster4_rows = env_int("MINILLM_VERIFY_CLUSTER4_ROWS",
                                             _clusters_at_once(k["verify_drawn_drafts_cl4"], 4, self.num_sms),
