@@ -6887,6 +6887,22 @@ part359() {  # session 71 (carry .whl; ~4 min): the split kernels' row limits no
   pack
 }
 
+part360() {  # session 71 (carry .whl from scripts/gpu_wheels.sh; ~3 min): the pair tier's row limit the driver's
+  # count of pairs at once too (MINILLM_VERIFY_PAIR_ROWS; was half the SM count): the occupancy test (every split
+  # tier's default against the driver), the drawn drafts' op tests, the engine's GPU tests
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage clusters_fit 90 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k clusters_fit
+  tail -n 3 "$W/clusters_fit.log"
+  stage drawn_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_dflash_graphs.py -k "drawn"
+  tail -n 3 "$W/drawn_tests.log"
+  stage engine_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py \
+    tests/test_dflash_graphs.py tests/test_async_scheduling.py -k "not smollm2 and not debug_build"
+  tail -n 3 "$W/engine_tests.log"
+  pack
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 

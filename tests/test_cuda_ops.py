@@ -1816,6 +1816,7 @@ def test_split_kernels_clusters_fit_the_sms(be):
         assert 1 <= max_active_clusters(be.k[name].kernel.ptr, c * 64, 512) <= be.num_sms // c
     tiers = (("MINILLM_SAMPLE_CLUSTER_ROWS", "sample_cluster_rows", "sample_tokens_cl8", 8),
              ("MINILLM_SAMPLE_CLUSTER4_ROWS", "sample_cluster4_rows", "sample_tokens_cl4", 4),
+             ("MINILLM_VERIFY_PAIR_ROWS", "verify_pair_rows", "verify_drawn_drafts_pair", 2),
              ("MINILLM_VERIFY_CLUSTER_ROWS", "verify_cluster_rows", "verify_drawn_drafts_cl8", 8),
              ("MINILLM_VERIFY_CLUSTER4_ROWS", "verify_cluster4_rows", "verify_drawn_drafts_cl4", 4))
     for env, attr, name, c in tiers:

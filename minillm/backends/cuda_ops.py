@@ -142,19 +142,19 @@ class _CudaDecoderPlan:
     prof: object = None  # [layers * 5, SMs, 2] uint64 barrier timestamps (scripts/decode_layers_profile.py)
 
 
-def _clusters_at_once(kern, ctas: int, num_sms: int) -> int:
+def _clusters_at_once(kern, ctas: int, fallback: int) -> int:
     """Rows a batch may have for a split sampling kernel that gives a row a cluster of `ctas` CTAs: the
     clusters of it the GPU holds at once, by the driver (pdl.max_active_clusters); a batch of more rows runs
     in two waves. H100 (132 SMs), against one CTA or a pair a row: clusters of 8 faster up to 15 rows and
-    slower at 16 (part354-356), the driver's count 15; clusters of 4 faster at 16-28 rows and slower at 32
-    (part358), the driver's count 30, not the SM count's 33 (a cluster must fit in one GPC, and GPCs differ
-    in SMs). Where the driver cannot say: one cluster of 8 less than the SMs hold, and no clusters of 4."""
+    slower at 16 (part354-356), the driver's count 15; clusters of 4 faster up to 30 rows and slower at 31
+    (part358, part359), the driver's count 30, not the SM count's 33 (a cluster must fit in one GPC, and GPCs
+    differ in SMs); pairs 66. Where the driver cannot say: `fallback`, an estimate from the SM count."""
     try:
         return max_active_clusters(kern.kernel.ptr, ctas * 64, _SAMPLE_THREADS)
     except (OSError, AttributeError, RuntimeError) as e:
-        log.warning("the driver's count of %d-CTA clusters at once is unavailable (%s): the split sampler's "
-                    "row limits fall back to the SM count", ctas, e)
-        return max(0, num_sms // 8 - 1) if ctas == 8 else 0
+        log.warning("the driver's count of %d-CTA clusters at once is unavailable (%s): %d rows, from the SM count",
+                    ctas, e, fallback)
+        return fallback
 
 
 def _prefill_smem(D: int, q_in_stage: bool = False) -> int:
@@ -849,11 +849,6 @@ class CudaBackend:
         # (part348). 0: never.
         self.sample_wide_rows = env_int("MINILLM_SAMPLE_WIDE_ROWS", self.num_sms,
                                         "batches of at most this many rows sample with 1,024 threads a row")
-        # Batches of at most this many rows verify drafts drawn from q with two CTAs a row (a cluster:
-        # the target's row's max and filters on one SM, the drafter's on another; verify_drawn_drafts_pair).
-        # Default: half an SM a row, so every pair runs at once. 0: never.
-        self.verify_pair_rows = env_int("MINILLM_VERIFY_PAIR_ROWS", self.num_sms // 2,
-                                        "batches of at most this many rows verify drawn drafts with two CTAs a row")
         # Batches of at most this many rows verify drafts drawn from q with the wide build's 1,024-thread
         # CTAs (the pair or the single kernel). H100, pair split (part350): top-p and top-k + top-p rows -14%
         # to -20% at 1-8 rows, -10% to -18% at 64 and -15% to -24% at 128 (the single kernel); temperature-only rows
@@ -907,6 +902,9 @@ class CudaBackend:
                     continue  # the cluster kernels are built at 512 threads only (cuda/sampling.cu)
                 k[f"{n}_wide"] = kc.get_kernel("sampling", n, self.debug, wide_defines)
                 self._pdl_kernels.add(f"{n}_wide")
+        # The split kernels' row limits below default to the driver's count of their clusters at once; where
+        # it cannot say, clusters of 8 take one cluster less than the SMs hold, clusters of 4 none.
+        cl8_guess = max(0, self.num_sms // 8 - 1)
         # Batches of at most this many rows sample with each row split over a cluster of 8 CTAs of 512
         # threads (sample_tokens_cl8: each CTA reads its share of the row in every radix pass and the
         # histograms are summed through distributed shared memory, then the draw splits the row's tiles).
@@ -917,7 +915,7 @@ class CudaBackend:
         # (1,024-thread) split was slower at every batch. Default: the clusters of 8 the GPU holds at once
         # (_clusters_at_once; 15 on an H100). 0: never.
         self.sample_cluster_rows = env_int("MINILLM_SAMPLE_CLUSTER_ROWS",
-                                           _clusters_at_once(k["sample_tokens_cl8"], 8, self.num_sms),
+                                           _clusters_at_once(k["sample_tokens_cl8"], 8, cl8_guess),
                                            "batches of at most this many rows sample a row on a cluster of CTAs")
         # Batches past MINILLM_SAMPLE_CLUSTER_ROWS and of at most this many rows sample with each row split over
         # a cluster of 4 (sample_tokens_cl4), whose clusters still run at once where 16 clusters of 8 do not.
@@ -925,8 +923,15 @@ class CudaBackend:
         # 139 -> 81 us at 16 rows), at 31 and 32 rows +23% to +51% (more clusters of 4 than run at once: two
         # waves). Default: the clusters of 4 the GPU holds at once (30 on an H100). 0: never.
         self.sample_cluster4_rows = env_int("MINILLM_SAMPLE_CLUSTER4_ROWS",
-                                            _clusters_at_once(k["sample_tokens_cl4"], 4, self.num_sms),
+                                            _clusters_at_once(k["sample_tokens_cl4"], 4, 0),
                                             "batches of at most this many rows sample a row on 4 CTAs")
+        # Batches of at most this many rows verify drafts drawn from q with two CTAs a row (a cluster:
+        # the target's row's max and filters on one SM, the drafter's on another; verify_drawn_drafts_pair).
+        # Default: the pairs the GPU holds at once, so every pair runs in one wave (66 on an H100, half its SMs;
+        # both builds hold one CTA an SM). 0: never.
+        self.verify_pair_rows = env_int("MINILLM_VERIFY_PAIR_ROWS",
+                                        _clusters_at_once(k["verify_drawn_drafts_pair"], 2, self.num_sms // 2),
+                                        "batches of at most this many rows verify drawn drafts with two CTAs a row")
         # Batches of at most this many rows verify drafts drawn from q with each row split over a cluster of
         # 8 CTAs of 512 threads (verify_drawn_drafts_cl8: p's filters, then q's, each over all eight as
         # sample_tokens_cl8 splits a row, then every later pass split by tiles over the eight; rows without a
@@ -935,14 +940,13 @@ class CudaBackend:
         # shape at c = 1 (9 rows) -3%; at 12-15 rows -29% to -38% (part355, part356); at 16 rows filtered
         # rows +24% to +31% (too many clusters to run at once). Default: as the split sampler's.
         self.verify_cluster_rows = env_int("MINILLM_VERIFY_CLUSTER_ROWS",
-                                           _clusters_at_once(k["verify_drawn_drafts_cl8"], 8, self.num_sms),
+                                           _clusters_at_once(k["verify_drawn_drafts_cl8"], 8, cl8_guess),
                                            "batches of at most this many rows verify drawn drafts on a cluster")
         # The same over a cluster of 4 (verify_drawn_drafts_cl4) for batches past those and of at most this many
         # rows. H100, against the pair (part358, part359): q-draft rows -12% to -35% at 16-30 rows, +4% to +66%
-        # at 31 and 32.
-        # Default: as the cl4 sampler's.
+        # at 31 and 32. Default: as the cl4 sampler's.
         self.verify_cluster4_rows = env_int("MINILLM_VERIFY_CLUSTER4_ROWS",
-                                            _clusters_at_once(k["verify_drawn_drafts_cl4"], 4, self.num_sms),
+                                            _clusters_at_once(k["verify_drawn_drafts_cl4"], 4, 0),
                                             "batches of at most this many rows verify drawn drafts on 4 CTAs")
         for d in _DECODE_HEAD_DIMS:
             k.update(self._decode_group(self._sfx, d))
