@@ -1633,9 +1633,8 @@ def sample_build(request, be):
     a row split over a cluster of 8 CTAs of 512 threads ("cl8", sample_tokens_cl8: the default up to the
     clusters the GPU holds at once, 15 on an H100, MINILLM_SAMPLE_CLUSTER_ROWS) or of 4 ("cl4",
     sample_tokens_cl4: the default past those up to 30 rows on an H100, MINILLM_SAMPLE_CLUSTER4_ROWS), by the
-    backend's row limits. Parametrized by the outermost mark
-    (SAMPLE_BUILDS), so last in the test ids: selections like -k "sampler_matches and bfloat16-normal-1000"
-    still match."""
+    backend's row limits. Parametrized by the outermost mark (SAMPLE_BUILDS), so last in the test ids:
+    selections like -k "sampler_matches and bfloat16-normal-1000" still match."""
     saved = be.sample_wide_rows, be.sample_cluster_rows, be.sample_cluster4_rows
     wide = request.param.endswith("wide")
     if wide and "sample_tokens_wide" not in be.k:

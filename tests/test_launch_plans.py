@@ -388,3 +388,16 @@ def test_short_run_bound_is_the_same_on_host_and_device():
     assert bound and int(bound.group(1)) == cuda_ops._DECODE_MAX_Q
     rule = re.search(r"bool short_run_on_tensor_cores\(.*?\{(.*?)\}", src, re.S).group(1)
     assert "nq <= MINILLM_SHORT_RUN_MAX_Q" in rule
+
+
+def test_split_row_limits_fall_back_when_the_driver_cannot_count(caplog):
+    """The split kernels' row limits come from the driver's count of their clusters at once
+    (cuda_ops._clusters_at_once); where it cannot say (no libcuda here on the CPU; on a GPU, a function
+    handle the driver refuses), the SM-count estimate passed in is the limit, with a warning that names it."""
+    from types import SimpleNamespace
+
+    refused = SimpleNamespace(kernel=SimpleNamespace(ptr=0))  # no kernel: the driver has nothing to count
+    with caplog.at_level("WARNING", logger="minillm"):
+        assert cuda_ops._clusters_at_once(refused, 8, 15) == 15
+        assert cuda_ops._clusters_at_once(refused, 4, 0) == 0
+    assert "8-CTA clusters" in caplog.text and "15 rows" in caplog.text
