@@ -6903,6 +6903,26 @@ part360() {  # session 71 (carry .whl from scripts/gpu_wheels.sh; ~3 min): the p
   pack
 }
 
+part361() {  # session 71 (carry .whl; ~2 min): the CPU launch-plan tests on a GPU machine (the split row limits'
+  # fallback calls the real driver with a null function there), then a sampled (temperature 0.6) 0.6B decode
+  # step's graph at 24 rows without / with the cl4 sampler (MINILLM_SAMPLE_CLUSTER4_ROWS 0 / default), twice
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage launch_plans 120 python3 -m pytest -q -p no:cacheprovider -rfEs tests/test_launch_plans.py
+  tail -n 2 "$W/launch_plans.log"
+  stage models06 90 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  local i side
+  for i in 1 2; do
+    for side in plain cl4; do
+      stage "graph_q06_b24_t06_${side}_$i" 90 env MINILLM_SAMPLE_CLUSTER4_ROWS=$([ $side = cl4 ] && echo 30 || echo 0) \
+        python3 scripts/step_kernels.py $M/q06 --batch 24 --ctx 1024 --temperature 0.6 \
+        --json "$W/graph_q06_b24_t06_${side}_$i.json"
+      tail -n 2 "$W/graph_q06_b24_t06_${side}_$i.log"
+    done
+  done
+  pack
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 
