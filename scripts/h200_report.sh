@@ -6914,7 +6914,7 @@ part361() {  # session 71 (carry .whl; ~2 min): the CPU launch-plan tests on a G
   local i side
   for i in 1 2; do
     for side in plain cl4; do
-      stage "graph_q06_b24_t06_${side}_$i" 90 env MINILLM_SAMPLE_CLUSTER4_ROWS=$([ $side = cl4 ] && echo 30 || echo 0) \
+      stage "graph_q06_b24_t06_${side}_$i" 90 env $([ $side = plain ] && echo MINILLM_SAMPLE_CLUSTER4_ROWS=0) \
         python3 scripts/step_kernels.py $M/q06 --batch 24 --ctx 1024 --temperature 0.6 \
         --json "$W/graph_q06_b24_t06_${side}_$i.json"
       tail -n 2 "$W/graph_q06_b24_t06_${side}_$i.log"
