@@ -449,7 +449,7 @@ __device__ void list_cut(KeyList& L, int n, unsigned floor, double need, unsigne
   __syncthreads();  // the answers read by all before the list is reused
 }
 
-// ---- a row split over a cluster (sample_tokens_cl4 / _cl8, verify_drawn_drafts_cl4 / _cl8; small batches)
+// ---- a row split over a cluster (sample_tokens_cl2 / _cl4 / _cl8, verify_drawn_drafts_cl4 / _cl8; small batches)
 // One CTA a row leaves a small batch's row on one SM, bound by its instructions (the passes' compares
 // and shared atomics): one top-p 0.9 row 94 us, Qwen3's defaults 57 us (H100, part349). sample_tokens_clC gives
 // a row the C CTAs of a cluster (PARTS): in every pass before the draw CTA r reads only its share of the
@@ -1338,10 +1338,16 @@ sample_tokens(SAMPLE_TOKENS_PARAMS) {
   sample_tokens_row<1>(SAMPLE_TOKENS_ARGS);
 }
 
-// The same with a row split over a cluster of 4 or 8 CTAs (grid 4 or 8 n_rows; RowSplit), for small
-// batches (CudaBackend.sample: MINILLM_SAMPLE_CLUSTER_ROWS for 8, MINILLM_SAMPLE_CLUSTER4_ROWS for 4). Built at 512 threads
-// only: at 1,024 (64 registers, spills) the split measured slower at every batch (H100, part352).
+// The same with a row split over a cluster of 2, 4 or 8 CTAs (grid 2, 4 or 8 n_rows; RowSplit), for small
+// batches (CudaBackend.sample: MINILLM_SAMPLE_CLUSTER_ROWS for 8, MINILLM_SAMPLE_CLUSTER4_ROWS for 4,
+// MINILLM_SAMPLE_CLUSTER2_ROWS for 2: each tier up to the clusters the GPU holds at once). Built at 512
+// threads only: at 1,024 (64 registers, spills) the split measured slower at every batch (H100, part352).
 #if SAMPLE_THREADS == 512
+extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(SAMPLE_THREADS, 1)
+sample_tokens_cl2(SAMPLE_TOKENS_PARAMS) {
+  sample_tokens_row<2>(SAMPLE_TOKENS_ARGS);
+}
+
 extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(SAMPLE_THREADS, 1)
 sample_tokens_cl4(SAMPLE_TOKENS_PARAMS) {
   sample_tokens_row<4>(SAMPLE_TOKENS_ARGS);

@@ -2,7 +2,7 @@
 
     python scripts/cluster_occupancy.py
 
-The split sampler and split verification give a row a cluster of 8 or 4 CTAs; a batch of more rows than the
+The split sampler and split verification give a row a cluster of 8, 4 or 2 CTAs; a batch of more rows than the
 GPU holds clusters at once runs in two waves, which measured slower (H100, 132 SMs: clusters of 8 faster up to
 15 rows and slower at 16, part354-356; clusters of 4 faster up to 30 and slower at 31, part359). The driver's
 count (cuOccupancyMaxActiveClusters) is exactly that edge, 15 and 30 there where the SM count says 16 and 33, and
@@ -19,7 +19,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # the cluster kernels and their CTAs a cluster (cuda/sampling.cu's __cluster_dims__)
-KERNELS = {"sample_tokens_cl8": 8, "sample_tokens_cl4": 4, "verify_drawn_drafts_cl8": 8,
+KERNELS = {"sample_tokens_cl8": 8, "sample_tokens_cl4": 4, "sample_tokens_cl2": 2, "verify_drawn_drafts_cl8": 8,
            "verify_drawn_drafts_cl4": 4, "verify_drawn_drafts_pair": 2}
 THREADS = 512  # the cluster kernels are built at 512 threads only
 

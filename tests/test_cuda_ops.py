@@ -1623,7 +1623,7 @@ def near_tie(logits, t, tp, k, seed, pos, token, mp=0.0) -> bool:
     return bool(near_cdf or near_topp or near_minp)
 
 
-SAMPLE_BUILDS = pytest.mark.parametrize("sample_build", ["wide", "512", "cl8", "cl4"], indirect=True)
+SAMPLE_BUILDS = pytest.mark.parametrize("sample_build", ["wide", "512", "cl8", "cl4", "cl2"], indirect=True)
 
 
 @pytest.fixture
@@ -1631,21 +1631,23 @@ def sample_build(request, be):
     """Each build of sample_tokens on the op tests' small batches: "wide" (1,024 threads a row, the
     default past the split up to a row an SM: MINILLM_SAMPLE_WIDE_ROWS), "512" (larger batches' kernel), and
     a row split over a cluster of 8 CTAs of 512 threads ("cl8", sample_tokens_cl8: the default up to the
-    clusters the GPU holds at once, 15 on an H100, MINILLM_SAMPLE_CLUSTER_ROWS) or of 4 ("cl4",
-    sample_tokens_cl4: the default past those up to 30 rows on an H100, MINILLM_SAMPLE_CLUSTER4_ROWS), by the
-    backend's row limits. Parametrized by the outermost mark (SAMPLE_BUILDS), so last in the test ids:
-    selections like -k "sampler_matches and bfloat16-normal-1000" still match."""
-    saved = be.sample_wide_rows, be.sample_cluster_rows, be.sample_cluster4_rows
+    clusters the GPU holds at once, 15 on an H100, MINILLM_SAMPLE_CLUSTER_ROWS), of 4 ("cl4",
+    sample_tokens_cl4: the default past those up to 30 rows on an H100, MINILLM_SAMPLE_CLUSTER4_ROWS) or of 2
+    ("cl2", sample_tokens_cl2: MINILLM_SAMPLE_CLUSTER2_ROWS), by the backend's row limits. Parametrized by the
+    outermost mark (SAMPLE_BUILDS), so last in the test ids: selections like -k "sampler_matches and
+    bfloat16-normal-1000" still match."""
+    saved = be.sample_wide_rows, be.sample_cluster_rows, be.sample_cluster4_rows, be.sample_cluster2_rows
     wide = request.param.endswith("wide")
     if wide and "sample_tokens_wide" not in be.k:
         pytest.skip("MINILLM_SAMPLE_WIDE_ROWS=0 and MINILLM_VERIFY_WIDE_ROWS=0: the wide build is not loaded")
     be.sample_wide_rows = 1 << 30 if wide else 0
     be.sample_cluster_rows = 1 << 30 if request.param == "cl8" else 0
     be.sample_cluster4_rows = 1 << 30 if request.param == "cl4" else 0
+    be.sample_cluster2_rows = 1 << 30 if request.param == "cl2" else 0
     try:
         yield request.param
     finally:
-        be.sample_wide_rows, be.sample_cluster_rows, be.sample_cluster4_rows = saved
+        be.sample_wide_rows, be.sample_cluster_rows, be.sample_cluster4_rows, be.sample_cluster2_rows = saved
 
 
 @SAMPLE_BUILDS
@@ -1811,7 +1813,7 @@ def test_split_kernels_clusters_fit_the_sms(be):
     names = {8: "verify_drawn_drafts_cl8", 4: "verify_drawn_drafts_cl4", 2: "verify_drawn_drafts_pair"}
     n = {c: max_active_clusters(be.k[name].kernel.ptr, c * 64, 512) for c, name in names.items()}
     assert 1 <= n[8] <= be.num_sms // 8 and n[8] <= n[4] <= be.num_sms // 4 and n[4] <= n[2] <= be.num_sms // 2, n
-    for c, name in ((8, "sample_tokens_cl8"), (4, "sample_tokens_cl4")):
+    for c, name in ((8, "sample_tokens_cl8"), (4, "sample_tokens_cl4"), (2, "sample_tokens_cl2")):
         assert 1 <= max_active_clusters(be.k[name].kernel.ptr, c * 64, 512) <= be.num_sms // c
     tiers = (("MINILLM_SAMPLE_CLUSTER_ROWS", "sample_cluster_rows", "sample_tokens_cl8", 8),
              ("MINILLM_SAMPLE_CLUSTER4_ROWS", "sample_cluster4_rows", "sample_tokens_cl4", 4),

@@ -872,8 +872,9 @@ class CudaBackend:
                      "rms_norm_vec1_bf16", "rms_norm_vec2_bf16", "rms_norm_vec4_bf16"],
             "attention": ["paged_attention_bf16", "paged_attention_f32",
                           "attention_combine_bf16", "attention_combine_f32"],
-            "sampling": ["sample_tokens", "sample_tokens_cl4", "sample_tokens_cl8", "verify_drawn_drafts",
-                         "verify_drawn_drafts_pair", "verify_drawn_drafts_cl4", "verify_drawn_drafts_cl8"],
+            "sampling": ["sample_tokens", "sample_tokens_cl2", "sample_tokens_cl4", "sample_tokens_cl8",
+                         "verify_drawn_drafts", "verify_drawn_drafts_pair", "verify_drawn_drafts_cl4",
+                         "verify_drawn_drafts_cl8"],
             "dflash2": ["grouped_causal_conv_bf16", "grouped_causal_conv_f32", "dflash2_topk",
                         "dflash2_path_bf16", "dflash2_path_f32"],
             "gemv": ["gemv_bf16", "gemv_f32", "gemv_silu_mul_bf16", "gemv1_bf16", "gemv1_f32", "gemv1_silu_mul_bf16",
@@ -898,7 +899,7 @@ class CudaBackend:
                     self._pdl_kernels.add(n)
         if wide_module:
             for n in modules["sampling"]:
-                if n.endswith(("_cl4", "_cl8")):
+                if n.endswith(("_cl2", "_cl4", "_cl8")):
                     continue  # the cluster kernels are built at 512 threads only (cuda/sampling.cu)
                 k[f"{n}_wide"] = kc.get_kernel("sampling", n, self.debug, wide_defines)
                 self._pdl_kernels.add(f"{n}_wide")
@@ -925,6 +926,11 @@ class CudaBackend:
         self.sample_cluster4_rows = env_int("MINILLM_SAMPLE_CLUSTER4_ROWS",
                                             _clusters_at_once(k["sample_tokens_cl4"], 4, 0),
                                             "batches of at most this many rows sample a row on 4 CTAs")
+        # Batches past MINILLM_SAMPLE_CLUSTER4_ROWS and of at most this many rows sample with each row split over
+        # a pair of CTAs (sample_tokens_cl2), where more than 30 clusters of 4 (on an H100) would take two
+        # waves and 66 pairs still run at once. 0 (the default, until measured): never.
+        self.sample_cluster2_rows = env_int("MINILLM_SAMPLE_CLUSTER2_ROWS", 0,
+                                            "batches of at most this many rows sample a row on 2 CTAs")
         # Batches of at most this many rows verify drafts drawn from q with two CTAs a row (a cluster:
         # the target's row's max and filters on one SM, the drafter's on another; verify_drawn_drafts_pair).
         # Default: the pairs the GPU holds at once, so every pair runs in one wave (66 on an H100, half its SMs;
@@ -2333,7 +2339,8 @@ class CudaBackend:
             )
             return
         # CTAs a row (a cluster)
-        split = 8 if B <= self.sample_cluster_rows else 4 if B <= self.sample_cluster4_rows else 1
+        split = (8 if B <= self.sample_cluster_rows else 4 if B <= self.sample_cluster4_rows
+                 else 2 if B <= self.sample_cluster2_rows else 1)
         wide = split == 1 and B <= self.sample_wide_rows  # the split is built at 512 threads only
         self._launch(
             ("sample_tokens" if split == 1 else f"sample_tokens_cl{split}") + ("_wide" if wide else ""), (split * B,),
