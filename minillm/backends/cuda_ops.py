@@ -928,8 +928,12 @@ class CudaBackend:
                                             "batches of at most this many rows sample a row on 4 CTAs")
         # Batches past MINILLM_SAMPLE_CLUSTER4_ROWS and of at most this many rows sample with each row split over
         # a pair of CTAs (sample_tokens_cl2), where more than 30 clusters of 4 (on an H100) would take two
-        # waves and 66 pairs still run at once. 0 (the default, until measured): never.
-        self.sample_cluster2_rows = env_int("MINILLM_SAMPLE_CLUSTER2_ROWS", 0,
+        # waves and 66 pairs still run at once. H100, against the wide kernel (part362): at 31 and 48 rows -1%
+        # to -17% on every mode (Qwen3's defaults -10% to -11%), at 64 -6% to -13% but greedy +7%, at 66 (every
+        # SM busy) mixed, -9% to +11% (top-p 0.9 +11%), at 67 +65% to +85% (two waves). Default: two pairs
+        # fewer than the GPU holds at once (64 on an H100). 0: never.
+        self.sample_cluster2_rows = env_int("MINILLM_SAMPLE_CLUSTER2_ROWS",
+                                            max(0, _clusters_at_once(k["sample_tokens_cl2"], 2, self.num_sms // 2) - 2),
                                             "batches of at most this many rows sample a row on 2 CTAs")
         # Batches of at most this many rows verify drafts drawn from q with two CTAs a row (a cluster:
         # the target's row's max and filters on one SM, the drafter's on another; verify_drawn_drafts_pair).
