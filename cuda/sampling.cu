@@ -34,9 +34,10 @@
 // thread walking its 297-token chunk took 307 us a row (H200); float64 weights in 64-token tiles, 8
 // four-byte loads in flight a lane, 68 us at one row, 92 us for 128 rows (H100, part326), ~55 us of the
 // 68 the float64 exp and its two conversions a token (16 a clock an SM); this draw 24 and 51 us (part330).
-// At one row one SM does the work (the passes are bound by its instructions): sample_tokens_cl4 / _cl8
-// split a row over a cluster's CTAs (RowSplit, below; the default up to 15 rows on 132 SMs, -13% to -53%
-// at 1-15 rows, H100, part353 and part356). Where top-p's cut-off keeps only some of a run of tied logits (the
+// At one row one SM does the work (the passes are bound by its instructions): sample_tokens_cl8 / _cl4 /
+// _cl2 split a row over a cluster's CTAs (RowSplit, below; by default cl8 up to 15 rows on an H100, -13% to
+// -53% at 1-15 rows, part353 and part356; cl4 up to 30, -18% to -42%, part358-359; cl2 up to 64, -1% to -17%
+// on filtered rows, part362). Where top-p's cut-off keeps only some of a run of tied logits (the
 // first in index order), one more pass ranks the ties a tile (TiedRow, tie_ranks). Each
 // thread walking its chunk of the row in float64 did that before, and one such row set a batch's time:
 // top-p 0.9 at 128 rows (two of them with a tie at the cut) 630 -> 262 us, and on logits rounded to
@@ -1340,7 +1341,7 @@ sample_tokens(SAMPLE_TOKENS_PARAMS) {
 
 // The same with a row split over a cluster of 2, 4 or 8 CTAs (grid 2, 4 or 8 n_rows; RowSplit), for small
 // batches (CudaBackend.sample: MINILLM_SAMPLE_CLUSTER_ROWS for 8, MINILLM_SAMPLE_CLUSTER4_ROWS for 4,
-// MINILLM_SAMPLE_CLUSTER2_ROWS for 2: each tier up to the clusters the GPU holds at once). Built at 512
+// MINILLM_SAMPLE_CLUSTER2_ROWS for 2: each tier up to about the clusters the GPU holds at once). Built at 512
 // threads only: at 1,024 (64 registers, spills) the split measured slower at every batch (H100, part352).
 #if SAMPLE_THREADS == 512
 extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(SAMPLE_THREADS, 1)

@@ -904,8 +904,14 @@ class CudaBackend:
                 k[f"{n}_wide"] = kc.get_kernel("sampling", n, self.debug, wide_defines)
                 self._pdl_kernels.add(f"{n}_wide")
         # The split kernels' row limits below default to the driver's count of their clusters at once; where
-        # it cannot say, clusters of 8 take one cluster less than the SMs hold, clusters of 4 none.
+        # it cannot say, clusters of 8 take one cluster less than the SMs hold, clusters of 4 none, pairs half
+        # the SMs.
         cl8_guess = max(0, self.num_sms // 8 - 1)
+
+        def split_rows(var: str, name: str, ctas: int, fallback: int, what: str, short: int = 0) -> int:
+            at_once = _clusters_at_once(k[name], ctas, fallback)
+            return env_int(var, max(0, at_once - short), f"batches of at most this many rows {what}")
+
         # Batches of at most this many rows sample with each row split over a cluster of 8 CTAs of 512
         # threads (sample_tokens_cl8: each CTA reads its share of the row in every radix pass and the
         # histograms are summed through distributed shared memory, then the draw splits the row's tiles).
@@ -915,33 +921,29 @@ class CudaBackend:
         # SMs), at 32 +60% to +137%; a 0.6B step sampled with Qwen3's defaults +2.5% tok/s. The wide
         # (1,024-thread) split was slower at every batch. Default: the clusters of 8 the GPU holds at once
         # (_clusters_at_once; 15 on an H100). 0: never.
-        self.sample_cluster_rows = env_int("MINILLM_SAMPLE_CLUSTER_ROWS",
-                                           _clusters_at_once(k["sample_tokens_cl8"], 8, cl8_guess),
-                                           "batches of at most this many rows sample a row on a cluster of CTAs")
+        self.sample_cluster_rows = split_rows("MINILLM_SAMPLE_CLUSTER_ROWS", "sample_tokens_cl8", 8, cl8_guess,
+                                              "sample a row on a cluster of CTAs")
         # Batches past MINILLM_SAMPLE_CLUSTER_ROWS and of at most this many rows sample with each row split over
         # a cluster of 4 (sample_tokens_cl4), whose clusters still run at once where 16 clusters of 8 do not.
         # H100, against the wide kernel (part358, part359): at 16-30 rows -18% to -42% on every mode (top-p 0.9:
         # 139 -> 81 us at 16 rows), at 31 and 32 rows +23% to +51% (more clusters of 4 than run at once: two
         # waves). Default: the clusters of 4 the GPU holds at once (30 on an H100). 0: never.
-        self.sample_cluster4_rows = env_int("MINILLM_SAMPLE_CLUSTER4_ROWS",
-                                            _clusters_at_once(k["sample_tokens_cl4"], 4, 0),
-                                            "batches of at most this many rows sample a row on 4 CTAs")
+        self.sample_cluster4_rows = split_rows("MINILLM_SAMPLE_CLUSTER4_ROWS", "sample_tokens_cl4", 4, 0,
+                                               "sample a row on 4 CTAs")
         # Batches past MINILLM_SAMPLE_CLUSTER4_ROWS and of at most this many rows sample with each row split over
         # a pair of CTAs (sample_tokens_cl2), where more than 30 clusters of 4 (on an H100) would take two
         # waves and 66 pairs still run at once. H100, against the wide kernel (part362): at 31 and 48 rows -1%
         # to -17% on every mode (Qwen3's defaults -10% to -11%), at 64 -6% to -13% but greedy +7%, at 66 (every
         # SM busy) mixed, -9% to +11% (top-p 0.9 +11%), at 67 +65% to +85% (two waves). Default: two pairs
         # fewer than the GPU holds at once (64 on an H100). 0: never.
-        self.sample_cluster2_rows = env_int("MINILLM_SAMPLE_CLUSTER2_ROWS",
-                                            max(0, _clusters_at_once(k["sample_tokens_cl2"], 2, self.num_sms // 2) - 2),
-                                            "batches of at most this many rows sample a row on 2 CTAs")
+        self.sample_cluster2_rows = split_rows("MINILLM_SAMPLE_CLUSTER2_ROWS", "sample_tokens_cl2", 2,
+                                               self.num_sms // 2, "sample a row on 2 CTAs", short=2)
         # Batches of at most this many rows verify drafts drawn from q with two CTAs a row (a cluster:
         # the target's row's max and filters on one SM, the drafter's on another; verify_drawn_drafts_pair).
         # Default: the pairs the GPU holds at once, so every pair runs in one wave (66 on an H100, half its SMs;
         # both builds hold one CTA an SM). 0: never.
-        self.verify_pair_rows = env_int("MINILLM_VERIFY_PAIR_ROWS",
-                                        _clusters_at_once(k["verify_drawn_drafts_pair"], 2, self.num_sms // 2),
-                                        "batches of at most this many rows verify drawn drafts with two CTAs a row")
+        self.verify_pair_rows = split_rows("MINILLM_VERIFY_PAIR_ROWS", "verify_drawn_drafts_pair", 2,
+                                           self.num_sms // 2, "verify drawn drafts with two CTAs a row")
         # Batches of at most this many rows verify drafts drawn from q with each row split over a cluster of
         # 8 CTAs of 512 threads (verify_drawn_drafts_cl8: p's filters, then q's, each over all eight as
         # sample_tokens_cl8 splits a row, then every later pass split by tiles over the eight; rows without a
@@ -949,15 +951,13 @@ class CudaBackend:
         # and 9 rows (top-p 0.9: 196 -> 131 us at one row), a sampled rejected DFlash k = 8 round of the 0.6B
         # shape at c = 1 (9 rows) -3%; at 12-15 rows -29% to -38% (part355, part356); at 16 rows filtered
         # rows +24% to +31% (too many clusters to run at once). Default: as the split sampler's.
-        self.verify_cluster_rows = env_int("MINILLM_VERIFY_CLUSTER_ROWS",
-                                           _clusters_at_once(k["verify_drawn_drafts_cl8"], 8, cl8_guess),
-                                           "batches of at most this many rows verify drawn drafts on a cluster")
+        self.verify_cluster_rows = split_rows("MINILLM_VERIFY_CLUSTER_ROWS", "verify_drawn_drafts_cl8", 8, cl8_guess,
+                                              "verify drawn drafts on a cluster")
         # The same over a cluster of 4 (verify_drawn_drafts_cl4) for batches past those and of at most this many
         # rows. H100, against the pair (part358, part359): q-draft rows -12% to -35% at 16-30 rows, +4% to +66%
         # at 31 and 32. Default: as the cl4 sampler's.
-        self.verify_cluster4_rows = env_int("MINILLM_VERIFY_CLUSTER4_ROWS",
-                                            _clusters_at_once(k["verify_drawn_drafts_cl4"], 4, 0),
-                                            "batches of at most this many rows verify drawn drafts on 4 CTAs")
+        self.verify_cluster4_rows = split_rows("MINILLM_VERIFY_CLUSTER4_ROWS", "verify_drawn_drafts_cl4", 4, 0,
+                                               "verify drawn drafts on 4 CTAs")
         for d in _DECODE_HEAD_DIMS:
             k.update(self._decode_group(self._sfx, d))
         try:  # tensor-core prefill: needs the toolkit's mma.h, which not every install has
