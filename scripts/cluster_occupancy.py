@@ -7,8 +7,8 @@ GPU holds clusters at once runs in two waves, which measured slower (H100, 132 S
 15 rows and slower at 16, part354-356; clusters of 4 faster up to 30 and slower at 31, part359). The driver's
 count (cuOccupancyMaxActiveClusters) is exactly that edge, 15 and 30 there where the SM count says 16 and 33, and
 is the default of MINILLM_SAMPLE_CLUSTER_ROWS / MINILLM_VERIFY_CLUSTER_ROWS, the *_CLUSTER4_ROWS tiers and
-MINILLM_VERIFY_PAIR_ROWS (_clusters_at_once in minillm/backends/cuda_ops.py); this prints it beside the SM count
-for each kernel.
+MINILLM_VERIFY_PAIR_ROWS, and two pairs fewer that of MINILLM_SAMPLE_CLUSTER2_ROWS (part362: the pairs' full wave
+was mixed); _clusters_at_once in minillm/backends/cuda_ops.py. This prints it beside the SM count for each kernel.
 """
 
 from __future__ import annotations
