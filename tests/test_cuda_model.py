@@ -283,3 +283,81 @@ def test_one_sequence_decode_with_staged_products_same_bits(arch):
     finally:
         be.gemv1_stage = saved
         be.close()
+
+
+@pytest.mark.parametrize("layers", [3, 4])
+def test_one_sequence_decode_with_split_mlp(layers):
+    """MINILLM_MLP_SPLIT (cuda/gemv.cu's gemv1_mlp_split_*: each layer's MLP but the last as one kernel
+    adding its down sums into a ring row that the next qkv product reads): one-sequence decode steps,
+    two eager and then one graph replayed for four more, match NumPy's logits (2e-2) and greedy tokens
+    at 1 (fp32 atomic sums) and 2 (fixed-point), and the plain path's within the same bound. Two
+    models at 2 give the same bits at every step (integer sums do not depend on the order the CTAs
+    add). The graph launches the split kernel and its reader L - 1 times each. Rings of 2 and 3 rows."""
+    from collections import Counter
+
+    import ml_dtypes
+
+    from minillm.backends.cuda_ops import CudaBackend
+
+    rng = np.random.default_rng(300 + layers)
+    cfg = ModelConfig(**(CONFIGS["qwen3"] | {"num_layers": layers}))
+    weights = random_weights(cfg, rng)
+    be = CudaBackend(dtype=ml_dtypes.bfloat16)
+    saved = be.mlp_split
+    modes = {"plain": 0, "f32": 1, "i64": 2, "i64 again": 2}
+    try:
+        drivers = {}
+        for name, m in modes.items():
+            be.mlp_split = m
+            drivers[name] = Driver(be, cfg, weights)
+            assert (drivers[name].ws.mlp_acc is None) == (m == 0)
+        ref = Driver(NumpyBackend(), cfg, weights)
+        tables = rng.permutation(NUM_BLOCKS)[:MAX_BLOCKS].reshape(1, MAX_BLOCKS).astype(np.int32)
+        L = 17
+        ids = rng.integers(0, cfg.vocab_size, L)
+        args = (ids, *layout([L], [L], tables)[:2], tables, [L], *layout([L], [L], tables)[2:])
+        for name, d in drivers.items():
+            be.mlp_split = modes[name]
+            d.step(d.inputs(*args), L, 1)
+        lr = ref.step(ref.inputs(*args), L, 1)
+        fixed, graphs = {}, {}
+        for step in range(6):
+            L += 1
+            pos, slots, qs, li = layout([L], [1], tables)
+            args = ([int(lr.argmax())], pos, slots, tables, [L], qs, li)
+            got = {}
+            for name, d in drivers.items():
+                be.mlp_split = modes[name]
+                if step < 2:
+                    x = d.inputs(*args)
+                    x.max_query_len = 1
+                    got[name] = d.step(x, 1, 1)
+                    continue
+                if name not in graphs:
+                    fixed[name] = x = d.inputs(*args)
+                    x.max_query_len = 1
+                    before = Counter(be.captured_launches)
+                    graphs[name] = be.capture_graph(lambda d=d, x=x: d.model.forward(x, 1, 1, d.kv, d.ws))
+                    launched = be.captured_launches - before
+                    split = sum(n for k, n in launched.items() if k.startswith("gemv1_mlp_split"))
+                    readers = sum(n for k, n in launched.items() if k.startswith("gemv1_stage_norm1_acc"))
+                    want = 0 if modes[name] == 0 else layers - 1
+                    assert split == want and readers == want, launched
+                for field, val in zip(("input_ids", "positions", "slot_mapping", "block_tables", "seq_lens",
+                                       "query_start", "logits_indices"), args):
+                    be.copy_from_host(getattr(fixed[name], field), np.asarray(val, np.int32))
+                graphs[name].replay()
+                got[name] = np.asarray(be.to_host(d.ws.logits[:1]), np.float32)
+            x_ref = ref.inputs(*args)
+            x_ref.max_query_len = 1
+            lr = ref.step(x_ref, 1, 1)
+            assert np.array_equal(got["i64"], got["i64 again"]), f"step {step}"
+            for name, lc in got.items():
+                assert rel(lc, lr) < 2e-2, f"{name} step {step}: rel err {rel(lc, lr)}"
+                assert rel(lc, got["plain"]) < 2e-2, f"{name} step {step}"
+                greedy_agree(lc, lr)
+            ring = be.to_host(drivers["i64"].ws.mlp_acc)
+            assert not ring[:-1].any() and ring[-1].any()  # every row zero but the last split layer's
+    finally:
+        be.mlp_split = saved
+        be.close()

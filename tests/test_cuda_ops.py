@@ -1036,6 +1036,86 @@ def test_one_row_stage_kernels_same_bits(be, K, N):
     assert rel_err(got[1]["plain"], ref) < tol(be)
 
 
+@pytest.mark.parametrize("mode", [1, 2])
+@pytest.mark.parametrize("K,F,N", [(1024, 3072, 4096),  # 0.6B: 24 act rows a CTA
+                                   (576, 1536, 960),  # SmolLM2-135M: 16 rows
+                                   (256, 512, 384),  # 8 rows, fewer CTAs than SMs
+                                   (1000, 2056, 1500)])  # the last CTA's share short (8 rows of 16)
+def test_split_mlp_matches_numpy(be, mode, K, F, N):
+    """MINILLM_MLP_SPLIT's two kernels: a layer's MLP in one kernel (gemv1_mlp_split_*: norm, gate_up,
+    act, its CTAs adding their shares of the down sums into a ring row, zeroing the other) and the
+    next layer's staged qkv product reading that row as its x (gemv1_stage_norm1_acc_*). Against the
+    NumPy twins composed the same way (rms_norm_mlp_split, then rms_norm_matmul): the sums, the two
+    residual sums (the second rounded once from the unrounded sums) and the product; the zeroed row
+    (it held garbage) all zero; eagerly and from a graph launching exactly those two kernels. The
+    fixed-point sums (mode 2) have the same bits in both runs."""
+    if be.dtype == np.float32:
+        pytest.skip("cuda/gemv.cu is the bf16 path")
+    from minillm.backends.cuda_ops import mlp_split_plan
+
+    rng = np.random.default_rng(K + F + mode)
+    f32 = lambda a: a.astype(np.float32)  # noqa: E731
+    hx = {"x": f32(rng.standard_normal((1, K))), "res": f32(rng.standard_normal((1, K))),
+          "nw": f32(1 + 0.1 * rng.standard_normal(K)), "nw2": f32(1 + 0.1 * rng.standard_normal(K)),
+          "gu": f32(rng.standard_normal((2 * F, K)) / np.sqrt(K)),
+          "down": f32(rng.standard_normal((K, F)) / np.sqrt(F)),
+          "wq": f32(rng.standard_normal((N, K)) / np.sqrt(K)), "b": f32(rng.standard_normal(N))}
+    d = {k: be.asarray(v) for k, v in hx.items()}
+    hx = {k: rounded(be, v) for k, v in hx.items()}  # what the device holds
+    plan = mlp_split_plan(F, K, be.num_sms, be.max_smem)
+    assert plan is not None
+    saved = be.mlp_split
+    try:
+        be.mlp_split = mode
+        dt = be.mlp_split_dtype(K, F, N, 3)
+        assert dt == (np.float32 if mode == 1 else np.int64)
+        want = Counter({f"gemv1_mlp_split_{'f32' if mode == 1 else 'i64'}_r{plan[3]}_bf16": 1,
+                        f"gemv1_stage_norm1_acc_{'f32' if mode == 1 else 'i64'}_bf16": 1})
+        runs = []
+        for graph in (False, True):
+            ring = be.zeros((2, 1, K), dtype=dt)
+            be.copy_from_host(ring[1], rng.integers(-2 ** 40, 2 ** 40, (1, K)).astype(dt))  # garbage to zero
+            o = {"res_out": poisoned(be, (1, K)), "res_out2": poisoned(be, (1, K)), "out": poisoned(be, (1, N))}
+            normed = poisoned(be, (1, K))
+
+            def call(ring=ring, o=o, normed=normed):
+                be.rms_norm_mlp_split(d["x"], d["res"], d["nw"], 1e-6, d["gu"], d["down"], acc=ring[0],
+                                      zero=ring[1], residual_out=o["res_out"])
+                be.rms_norm_matmul(ring[0], o["res_out"], d["nw2"], 1e-6, d["wq"], o["out"], o["res_out2"],
+                                   normed, bias=d["b"])
+            if graph:
+                before = Counter(be.captured_launches)
+                be.capture_graph(call).replay()
+                assert be.captured_launches - before == want
+            else:
+                call()
+            sums = be.to_host(ring)
+            assert not sums[1].any()
+            got = {k: host(be, v) for k, v in o.items()}
+            got["sums"] = sums[0].astype(np.float64) * (2.0 ** -28 if mode == 2 else 1.0)
+            runs.append(got)
+    finally:
+        be.mlp_split = saved
+    if mode == 2:
+        assert all(np.array_equal(runs[0][k], runs[1][k]) for k in runs[0])
+    # the NumPy twins on the same rounded values
+    ref_ring = np.zeros((2, 1, K), np.float32)
+    ref_ring[1] = 7.0
+    r = {"res_out": np.empty((1, K), np.float32), "res_out2": np.empty((1, K), np.float32),
+         "out": np.empty((1, N), np.float32)}
+    REF.rms_norm_mlp_split(hx["x"], hx["res"], hx["nw"], 1e-6, hx["gu"], hx["down"], acc=ref_ring[0],
+                           zero=ref_ring[1], residual_out=r["res_out"])
+    assert not ref_ring[1].any()
+    for got in runs:
+        assert np.array_equal(got["res_out"], rounded(be, r["res_out"]))
+        assert rel_err(got["sums"], ref_ring[0]) < tol(be)
+        h2 = got["res_out"] + got["sums"].astype(np.float32)  # the product's residual: summed, rounded once
+        assert np.array_equal(got["res_out2"], rounded(be, h2))
+        REF.rms_norm_matmul(ref_ring[0], r["res_out"], hx["nw2"], 1e-6, hx["wq"], r["out"], r["res_out2"],
+                            np.empty((1, K), np.float32), bias=hx["b"])
+        assert rel_err(got["out"], r["out"]) < tol(be)
+
+
 def test_dependent_chain_in_a_graph_matches_eager(be):
     """60 dependent kernels (the decoder's residual pattern: normed = rmsnorm(t + h), h <- t + h;
     t = normed @ W, 30 times) recorded into a graph, where the backend launches them with
