@@ -1827,7 +1827,7 @@ class CudaBackend:
         the last as rms_norm_mlp_split (MINILLM_MLP_SPLIT), else None: the norms folded, both kernels' plans
         fitting (the next layer's qkv product staged, NORM 1), and 3+ layers (the ring's rows: the Transformer)."""
         if (self.mlp_split == 0 or num_layers < 3 or not self.folds_norms(1, hidden)
-                or norm_fold_chunks(hidden) != 1 or not self._one_row_mode_takes(self.gemv1_stage)
+                or norm_fold_chunks(hidden) != 1 or self.gemv1_stage == 0
                 or mlp_split_plan(intermediate, hidden, self.num_sms, self.max_smem) is None
                 or gemv1_stage_plan(qkv_rows, hidden, False, self.num_sms, self.max_smem) is None):
             return None
