@@ -6942,10 +6942,10 @@ part362() {  # session 71 (carry .whl; ~4 min): sample_tokens_cl2, a row split o
   pack
 }
 
-part363() {  # session 72 (carry .whl; ~9 min): MINILLM_MLP_SPLIT (a one-row layer's MLP as one kernel whose CTAs
+part363() {  # session 72 (carry .whl; ~8 min): MINILLM_MLP_SPLIT (a one-row layer's MLP as one kernel whose CTAs
   # add their down sums into a ring row the next qkv product reads: 1 fp32 atomics, 2 fixed-point int64): its
-  # op and model tests, the 0.6B batch-1 graphs base / 1 / 2 alternated twice, decode base / 2, memcheck of
-  # its op tests; then session 71's untested defaults (the occupancy test, the launch-plan tests)
+  # op and model tests, the 0.6B batch-1 graphs base / 1 / 2 alternated twice; session 71's untested defaults
+  # (the occupancy test, the launch-plan tests); decode base / 2, memcheck of its op tests
   setup
   facts > "$W/facts.txt" 2>&1
   stage models06 90 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
@@ -6959,15 +6959,15 @@ part363() {  # session 72 (carry .whl; ~9 min): MINILLM_MLP_SPLIT (a one-row lay
     step_graph_env q06 "i64_$r" 60 MINILLM_MLP_SPLIT=2
   done
   graph_summary
+  stage clusters_fit 90 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k clusters_fit
+  tail -n 3 "$W/clusters_fit.log"
+  stage launch_plans 120 python3 -m pytest -q -p no:cacheprovider -rfEs tests/test_launch_plans.py
+  tail -n 2 "$W/launch_plans.log"
   decode_06b_env base
   decode_06b_env i64 MINILLM_MLP_SPLIT=2
   stage memcheck_split 150 compute-sanitizer --tool memcheck --error-exitcode 1 python3 -m pytest -q -m gpu \
     -p no:cacheprovider tests/test_cuda_ops.py -k "split_mlp and 1024-3072"
   tail -n 3 "$W/memcheck_split.log"
-  stage clusters_fit 90 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k clusters_fit
-  tail -n 3 "$W/clusters_fit.log"
-  stage launch_plans 120 python3 -m pytest -q -p no:cacheprovider -rfEs tests/test_launch_plans.py
-  tail -n 2 "$W/launch_plans.log"
   pack
 }
 
