@@ -734,6 +734,9 @@ MINILLM_GEMV1_STAGE_NORM(4)
 // lost (session 58, above) was that barrier. CTA 0 also zeroes zero (the ring row the qkv product before this
 // kernel read; the host's ring keeps every row zero before its adds). K <= 1024 (a thread's 8 rows), F and
 // rpc multiples of 8, rpc <= DR. NumPy twin: NumpyBackend.rms_norm_mlp_split.
+#ifndef MLP_SPLIT_NO_DOWN_LOADS
+#define MLP_SPLIT_NO_DOWN_LOADS 0  // 1: timing only, the down columns never loaded (zeros: wrong results)
+#endif
 namespace {
 template <int ACC, int DR>
 __device__ __forceinline__ void gemv1_mlp_split_impl(const bf16* x, const NormArgs& na, const bf16* __restrict__ w,
@@ -755,7 +758,7 @@ __device__ __forceinline__ void gemv1_mlp_split_impl(const bf16* x, const NormAr
   for (int r = 0; r < 8; ++r)
 #pragma unroll
     for (int q = 0; q < QW; ++q)
-      dw[r][q] = t < chunks && 8 * q < rows
+      dw[r][q] = t < chunks && 8 * q < rows && !MLP_SPLIT_NO_DOWN_LOADS
                      ? __ldg(reinterpret_cast<const uint4*>(down + (i64)(8 * t + r) * F + lo) + q)
                      : make_uint4(0u, 0u, 0u, 0u);
 #if GEMV_STAGE_EARLY
@@ -788,6 +791,10 @@ __device__ __forceinline__ void gemv1_mlp_split_impl(const bf16* x, const NormAr
       for (int j = 0; j < 8; ++j) s[r] = fmaf(act[8 * q + j], wf[j], s[r]);
     }
   }
+#if MLP_SPLIT_NO_ADDS  // timing only (MINILLM_CUDA_DEFINES): the sums kept, never added (wrong results)
+  if (s[0] == 12345.f) reinterpret_cast<float*>(acc)[t] = s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
+  return;
+#endif
   if constexpr (ACC == 1) {
     float4* a = reinterpret_cast<float4*>(acc) + 2 * t;
     atomicAdd(a, make_float4(s[0], s[1], s[2], s[3]));

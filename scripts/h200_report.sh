@@ -6971,6 +6971,36 @@ part363() {  # session 72 (carry .whl; ~8 min): MINILLM_MLP_SPLIT (a one-row lay
   pack
 }
 
+part364() {  # session 72 (carry .whl; ~2 min): where MINILLM_MLP_SPLIT's time goes (part363: +11% / +25%): the
+  # 0.6B batch-1 graphs base / split with fp32 sums / the same with its adds compiled out (MLP_SPLIT_NO_ADDS: timing
+  # only, wrong results), alternated twice
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models06 90 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  local r
+  for r in 1 2; do
+    step_graph_env q06 "base_$r" 60 MINILLM_PDL=1
+    step_graph_env q06 "f32_$r" 60 MINILLM_MLP_SPLIT=1
+    step_graph_env q06 "noadds_$r" 90 MINILLM_MLP_SPLIT=1 MINILLM_CUDA_DEFINES=MLP_SPLIT_NO_ADDS=1
+  done
+  graph_summary
+  pack
+}
+
+part365() {  # session 72 (carry .whl; ~2 min): part364 found the split MLP +9.6% with its adds compiled out; here
+  # also without its down columns' loads (MLP_SPLIT_NO_DOWN_LOADS: timing only), alternated twice with base
+  setup
+  stage models06 90 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  local r
+  for r in 1 2; do
+    step_graph_env q06 "base_$r" 60 MINILLM_PDL=1
+    step_graph_env q06 "noadds_$r" 90 MINILLM_MLP_SPLIT=1 MINILLM_CUDA_DEFINES=MLP_SPLIT_NO_ADDS=1
+    step_graph_env q06 "noloads_$r" 90 MINILLM_MLP_SPLIT=1 MINILLM_CUDA_DEFINES=MLP_SPLIT_NO_ADDS=1,MLP_SPLIT_NO_DOWN_LOADS=1
+  done
+  graph_summary
+  pack
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 
