@@ -171,56 +171,28 @@ __device__ __forceinline__ void norm_chunks(const bf16* p, int chunks, uint4 (&o
   }
 }
 
-// The split MLP's sums (gemv1_mlp_split_* below) as fixed point: value * 2^28 in an int64, so their
-// order does not change the bits (integer adds); |sum| < 2^35 (~3.4e10) fits, far past any activation.
-#define MLP_SPLIT_SCALE 268435456.0f
-#define MLP_SPLIT_UNSCALE (1.0f / 268435456.0f)
-
-// x's chunk i (8 values) of a row stored as XACC says: 0 bf16, 1 fp32 sums, 2 MLP_SPLIT_SCALE fixed-point
-// int64 sums (the split MLP's two accumulators); XW 16-byte words a chunk
-template <int XACC>
-struct XRow {
-  static constexpr int XW = XACC == 0 ? 1 : XACC == 1 ? 2 : 4;
-  __device__ static __forceinline__ void to_float(const uint4 (&v)[XW], float (&h)[8]) {
-    if constexpr (XACC == 0) {
-      minillm::unpack_bf16x8(v[0], h);
-    } else if constexpr (XACC == 1) {
-      const float* f = reinterpret_cast<const float*>(v);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) h[j] = f[j];
-    } else {
-      const long long* q = reinterpret_cast<const long long*>(v);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) h[j] = __ll2float_rn(q[j]) * MLP_SPLIT_UNSCALE;
-    }
-  }
-};
-
 // After the PDL wait: the normalised row into xs (K bf16, 16-byte aligned), as rms_norm_vec
-// computes it; ends with a CTA barrier. Every thread of the CTA (128) takes part. x is stored as
-// XRow<XACC> says (bf16 but for the split MLP's consumers).
-template <int NORM, int XACC = 0>
-__device__ __forceinline__ void norm_row(const void* __restrict__ x, const NormArgs& na, int K,
+// computes it; ends with a CTA barrier. Every thread of the CTA (128) takes part.
+template <int NORM>
+__device__ __forceinline__ void norm_row(const bf16* __restrict__ x, const NormArgs& na, int K,
                                          const uint4 (&wv)[NORM], bf16* xs) {
-  constexpr int VPR = NORM == 1 ? 1 : 2, VC = NORM / VPR, VT = 128 * VPR, XW = XRow<XACC>::XW;
+  constexpr int VPR = NORM == 1 ? 1 : 2, VC = NORM / VPR, VT = 128 * VPR;
   __shared__ float scratch[VT / 32];
   const int chunks = K / 8, lane = threadIdx.x & 31;
   const uint4* xr = reinterpret_cast<const uint4*>(x);
   const uint4* rr = reinterpret_cast<const uint4*>(na.res);
-  uint4 xv[NORM][XW], hv[NORM], rv[NORM];
+  uint4 hv[NORM], rv[NORM];
 #pragma unroll
   for (int k = 0; k < NORM; ++k) {  // every load issued before any is used
     const int i = threadIdx.x + 128 * (k / VC) + (k % VC) * VT;
-#pragma unroll
-    for (int u = 0; u < XW; ++u)
 #if NORM_ROW_L2
-      // load_act (common.cuh): x, a const __restrict__ pointer, was read through the read-only path
-      // (ld.global.nc in the PTX), and greedy runs on graphs did not repeat (part246-part248);
-      // NORM_ROW_L2=0 keeps that path, for the control run
-      xv[k][u] = i < chunks ? minillm::load_act(xr + i * XW + u) : make_uint4(0u, 0u, 0u, 0u);
+    // load_act (common.cuh): x, a const __restrict__ pointer, was read through the read-only path
+    // (ld.global.nc in the PTX), and greedy runs on graphs did not repeat (part246-part248);
+    // NORM_ROW_L2=0 keeps that path, for the control run
+    hv[k] = i < chunks ? minillm::load_act(xr + i) : make_uint4(0u, 0u, 0u, 0u);
     if (rr) rv[k] = i < chunks ? minillm::load_act(rr + i) : make_uint4(0u, 0u, 0u, 0u);
 #else
-      xv[k][u] = i < chunks ? xr[i * XW + u] : make_uint4(0u, 0u, 0u, 0u);
+    hv[k] = i < chunks ? xr[i] : make_uint4(0u, 0u, 0u, 0u);
     if (rr) rv[k] = i < chunks ? rr[i] : make_uint4(0u, 0u, 0u, 0u);
 #endif
   }
@@ -233,14 +205,7 @@ __device__ __forceinline__ void norm_row(const void* __restrict__ x, const NormA
       const int k = v * VC + c, i = threadIdx.x + 128 * v + c * VT;
       if (i < chunks) {
         float h[8];
-        if constexpr (XACC == 0) {
-          hv[k] = xv[k][0];
-          minillm::unpack_bf16x8(hv[k], h);
-        } else {  // sums: added to the residual unrounded; alone, rounded to bf16 as a stored x is
-          XRow<XACC>::to_float(xv[k], h);
-          hv[k] = minillm::pack_bf16x8(h);
-          if (!rr) minillm::unpack_bf16x8(hv[k], h);
-        }
+        minillm::unpack_bf16x8(hv[k], h);
         if (rr) {  // residual <- x + residual, rounded to bf16: that rounded sum is normalised
           float r[8];
           minillm::unpack_bf16x8(rv[k], r);
@@ -583,6 +548,13 @@ MINILLM_GEMV1_NORM(4)
 // copies start while it streams: +1.7% (GEMV1_PRE_RELEASE_EARLY, part312). The o product staged too, releasing
 // its dependents after its loop (MINILLM_GEMV1_STAGE=3, gemv1_stage_late_bf16; the code is in b8bd639):
 // 0.809 -> 0.815 ms (+0.7%, part315, H100).
+// Tried and removed (session 72, part363 / part364, H100s; the code is in 7078d10): one kernel a layer fewer
+// without a grid barrier, the MLP split by its F activations (gemv1_mlp_split_*, MINILLM_MLP_SPLIT): each CTA
+// staged its gate_up share, held its down columns in registers from before its wait, and added its share
+// of the down sums into a ring row that the next qkv product read (fp32 atomics, or fixed-point int64 for
+// order-free bits). Batch-1 graph 0.795 -> 0.884 ms (+10.8%, fp32) / 0.993 (+24.5%, int64); with the adds
+// compiled out still +9.7%, so the kernel's own path (act rows, then the down sums, one after the other in
+// one CTA) cost more than the down kernel's hand-off it saved.
 // Tried and removed (session 57): gemv1_ring_*, the products too large to hold (the 8B's) streamed through
 // two shared-memory slots a CTA by a producer warp (MINILLM_GEMV1_RING): the 8B batch-1 graph 5.53 ->
 // 9.02 ms (1) / 8.77 ms (2) on an H100. The code is in a1a08df.
@@ -596,12 +568,20 @@ MINILLM_GEMV1_NORM(4)
 #define GEMV_STAGE_ROWS 4      // rows a warp sums at once (independent FMA chains)
 #define GEMV_STAGE_COPY 32768u  // bytes a bulk copy
 namespace {
-// Thread 0: an mbarrier at b counting the share's bytes, and the TMA bulk copies of rows lo..lo + rows of each of
-// the HALVES [N, K] halves of w into stage_smem ([HALVES][rpc][K]); ends with the CTA barrier after which
-// anyone may wait on b.
-template <int HALVES>
-__device__ __forceinline__ void stage_share(const bf16* __restrict__ w, unsigned char* stage_smem, unsigned b,
-                                            int N, int K, int lo, int rows, int rpc) {
+template <bool GATED, int NORM>
+__device__ __forceinline__ void gemv1_stage_impl(const bf16* x, const NormArgs& na, const bf16* __restrict__ w,
+                                                 const bf16* __restrict__ bias, bf16* __restrict__ out, int N,
+                                                 int K, int rpc) {
+  extern __shared__ __align__(128) unsigned char stage_smem[];
+  __shared__ __align__(8) unsigned long long bar;
+  constexpr int HALVES = GATED ? 2 : 1;
+  const int lo = blockIdx.x * rpc, rows = max(0, min(N, lo + rpc) - lo);
+  const int chunks = K / 8, lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
+  const uint4* ws = reinterpret_cast<const uint4*>(stage_smem);  // [HALVES][rpc][chunks]
+  bf16* xs = reinterpret_cast<bf16*>(stage_smem) + (i64)HALVES * rpc * K;
+  const unsigned b = minillm::smem_addr(&bar);
+  uint4 norm_w[NORM ? NORM : 1];
+  if constexpr (NORM > 0) norm_chunks<NORM>(na.w, chunks, norm_w);
   if (threadIdx.x == 0) {
     minillm::mbar_init(b, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -616,70 +596,12 @@ __device__ __forceinline__ void stage_share(const bf16* __restrict__ w, unsigned
     }
   }
   __syncthreads();  // the barrier initialised before anyone waits on it
-}
-
-// The staged share's dot products with xs (K bf16 in shared memory), GEMV_STAGE_ROWS rows a warp at a time;
-// lane 0 of the row's warp calls store(r, y) for each share row r < rows: y = the sum (GATED: gated_act of
-// the gate and up sums).
-template <bool GATED, class Store>
-__device__ __forceinline__ void stage_rows(const uint4* ws, const bf16* xs, int rows, int rpc, int chunks,
-                                           Store store) {
-  constexpr int HALVES = GATED ? 2 : 1;
-  const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
-  const uint4* xv = reinterpret_cast<const uint4*>(xs);
-  constexpr int R = GEMV_STAGE_ROWS;
-  for (int r0 = wib * R; r0 < rows; r0 += (blockDim.x >> 5) * R) {
-    float acc[HALVES][R];
-#pragma unroll
-    for (int h = 0; h < HALVES; ++h)
-#pragma unroll
-      for (int j = 0; j < R; ++j) acc[h][j] = 0.f;
-    for (int c = lane; c < chunks; c += 32) {
-      float xf[8];
-      minillm::unpack_bf16x8(xv[c], xf);
-#pragma unroll
-      for (int h = 0; h < HALVES; ++h)
-#pragma unroll
-        for (int j = 0; j < R; ++j) {
-          const int r = min(r0 + j, rows - 1);  // rows past the share repeat its last, unused
-          float wf[8];
-          minillm::unpack_bf16x8(ws[((i64)h * rpc + r) * chunks + c], wf);
-          float s = acc[h][j];
-#pragma unroll
-          for (int i = 0; i < 8; ++i) s = fmaf(xf[i], wf[i], s);
-          acc[h][j] = s;
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < R; ++j) {
-      const float s = minillm::warp_sum(acc[0][j]);
-      const float up = GATED ? minillm::warp_sum(acc[HALVES - 1][j]) : 0.f;
-      if (lane == 0 && r0 + j < rows) store(r0 + j, GATED ? gated_act(s, up) : s);
-    }
-  }
-}
-
-template <bool GATED, int NORM, int XACC = 0>
-__device__ __forceinline__ void gemv1_stage_impl(const void* x, const NormArgs& na, const bf16* __restrict__ w,
-                                                 const bf16* __restrict__ bias, bf16* __restrict__ out, int N,
-                                                 int K, int rpc) {
-  static_assert(XACC == 0 || NORM > 0, "a sum row (XACC) is read by norm_row only");
-  extern __shared__ __align__(128) unsigned char stage_smem[];
-  __shared__ __align__(8) unsigned long long bar;
-  constexpr int HALVES = GATED ? 2 : 1;
-  const int lo = blockIdx.x * rpc, rows = max(0, min(N, lo + rpc) - lo);
-  const int chunks = K / 8;
-  bf16* xs = reinterpret_cast<bf16*>(stage_smem) + (i64)HALVES * rpc * K;
-  const unsigned b = minillm::smem_addr(&bar);
-  uint4 norm_w[NORM ? NORM : 1];
-  if constexpr (NORM > 0) norm_chunks<NORM>(na.w, chunks, norm_w);
-  stage_share<HALVES>(w, stage_smem, b, N, K, lo, rows, rpc);
 #if GEMV_STAGE_EARLY
   minillm::pdl_release();
 #endif
   minillm::pdl_entry();
   if constexpr (NORM > 0) {
-    norm_row<NORM, XACC>(x, na, K, norm_w, xs);  // every thread; ends with a CTA barrier
+    norm_row<NORM>(x, na, K, norm_w, xs);  // every thread; ends with a CTA barrier
   } else {
     for (int i = threadIdx.x; i < chunks; i += blockDim.x)
       reinterpret_cast<uint4*>(xs)[i] = minillm::load_act(reinterpret_cast<const uint4*>(x) + i);
@@ -687,10 +609,41 @@ __device__ __forceinline__ void gemv1_stage_impl(const void* x, const NormArgs& 
   }
   if (rows > 0) {
     minillm::mbar_wait(b, 0);
-    stage_rows<GATED>(reinterpret_cast<const uint4*>(stage_smem), xs, rows, rpc, chunks, [&](int r, float y) {
-      const int n = lo + r;
-      out[n] = minillm::from_f<bf16>(GATED ? y : y + (bias ? minillm::to_f(bias[n]) : 0.f));
-    });
+    const uint4* xv = reinterpret_cast<const uint4*>(xs);
+    constexpr int R = GEMV_STAGE_ROWS;
+    for (int r0 = wib * R; r0 < rows; r0 += (blockDim.x >> 5) * R) {
+      float acc[HALVES][R];
+#pragma unroll
+      for (int h = 0; h < HALVES; ++h)
+#pragma unroll
+        for (int j = 0; j < R; ++j) acc[h][j] = 0.f;
+      for (int c = lane; c < chunks; c += 32) {
+        float xf[8];
+        minillm::unpack_bf16x8(xv[c], xf);
+#pragma unroll
+        for (int h = 0; h < HALVES; ++h)
+#pragma unroll
+          for (int j = 0; j < R; ++j) {
+            const int r = min(r0 + j, rows - 1);  // rows past the share repeat its last, unused
+            float wf[8];
+            minillm::unpack_bf16x8(ws[((i64)h * rpc + r) * chunks + c], wf);
+            float s = acc[h][j];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) s = fmaf(xf[i], wf[i], s);
+            acc[h][j] = s;
+          }
+      }
+#pragma unroll
+      for (int j = 0; j < R; ++j) {
+        const float s = minillm::warp_sum(acc[0][j]);
+        const float up = GATED ? minillm::warp_sum(acc[HALVES - 1][j]) : 0.f;
+        const int n = lo + r0 + j;
+        if (lane == 0 && r0 + j < rows) {
+          const float y = GATED ? gated_act(s, up) : s + (bias ? minillm::to_f(bias[n]) : 0.f);
+          out[n] = minillm::from_f<bf16>(y);
+        }
+      }
+    }
   }
 #if !GEMV_STAGE_EARLY
   minillm::pdl_release();
@@ -721,125 +674,6 @@ extern "C" __global__ void __launch_bounds__(128)
 MINILLM_GEMV1_STAGE_NORM(1)
 MINILLM_GEMV1_STAGE_NORM(2)
 MINILLM_GEMV1_STAGE_NORM(4)
-
-// ---- gemv1_mlp_split: a one-row layer's MLP (norm, gate_up, act, down) in one kernel, no grid barrier -------
-// Five dependent kernels a 0.6B layer cost ~1.8 us of hand-off each (part310). The down product sums over the
-// F activations, so it splits by them: CTA c owns act rows lo..lo + rpc (its staged gate_up share, as
-// gemv1_stage_silu_mul_norm1_bf16's) and the matching down columns down[:, lo..lo + rpc], which each thread
-// holds in registers from before the PDL wait (thread t: output rows 8t..8t + 7, DR / 8 16-byte words a row).
-// After its act rows, each CTA adds its K partial sums of the down product into acc (one row of the ring
-// ws.mlp_acc): fp32 atomics (ACC 1: order-dependent bits) or MLP_SPLIT_SCALE fixed-point int64 ones (ACC 2:
-// integer adds, the same bits every run). The next layer's qkv product reads acc as its x
-// (gemv1_stage_norm1_acc{f32,i64}_bf16). No CTA waits for another: what the fused MLP with a grid barrier
-// lost (session 58, above) was that barrier. CTA 0 also zeroes zero (the ring row the qkv product before this
-// kernel read; the host's ring keeps every row zero before its adds). K <= 1024 (a thread's 8 rows), F and
-// rpc multiples of 8, rpc <= DR. NumPy twin: NumpyBackend.rms_norm_mlp_split.
-#ifndef MLP_SPLIT_NO_DOWN_LOADS
-#define MLP_SPLIT_NO_DOWN_LOADS 0  // 1: timing only, the down columns never loaded (zeros: wrong results)
-#endif
-namespace {
-template <int ACC, int DR>
-__device__ __forceinline__ void gemv1_mlp_split_impl(const bf16* x, const NormArgs& na, const bf16* __restrict__ w,
-                                                     const bf16* __restrict__ down, void* acc, void* zero, int F,
-                                                     int K, int rpc) {
-  extern __shared__ __align__(128) unsigned char stage_smem[];
-  __shared__ __align__(8) unsigned long long bar;
-  __shared__ float act[DR];
-  constexpr int QW = DR / 8;  // 16-byte words of a down row's share
-  const int lo = blockIdx.x * rpc, rows = max(0, min(F, lo + rpc) - lo);
-  const int chunks = K / 8, t = threadIdx.x;
-  bf16* xs = reinterpret_cast<bf16*>(stage_smem) + (i64)2 * rpc * K;
-  const unsigned b = minillm::smem_addr(&bar);
-  uint4 norm_w[1];
-  norm_chunks<1>(na.w, chunks, norm_w);
-  stage_share<2>(w, stage_smem, b, F, K, lo, rows, rpc);
-  uint4 dw[8][QW];  // weights: never written by another kernel, so loaded before the wait
-#pragma unroll
-  for (int r = 0; r < 8; ++r)
-#pragma unroll
-    for (int q = 0; q < QW; ++q)
-      dw[r][q] = t < chunks && 8 * q < rows && !MLP_SPLIT_NO_DOWN_LOADS
-                     ? __ldg(reinterpret_cast<const uint4*>(down + (i64)(8 * t + r) * F + lo) + q)
-                     : make_uint4(0u, 0u, 0u, 0u);
-#if GEMV_STAGE_EARLY
-  minillm::pdl_release();
-#endif
-  minillm::pdl_entry();
-  if (blockIdx.x == 0 && zero) {
-    constexpr int WORDS = ACC == 1 ? 2 : 4;  // 16-byte words of 8 sums
-    for (int i = t; i < chunks * WORDS; i += blockDim.x) reinterpret_cast<uint4*>(zero)[i] = make_uint4(0u, 0u, 0u, 0u);
-  }
-  norm_row<1>(x, na, K, norm_w, xs);  // every thread; ends with a CTA barrier
-  if (rows == 0) return;
-  minillm::mbar_wait(b, 0);
-  // act rounded to bf16 as the unsplit path's stored act is
-  stage_rows<true>(reinterpret_cast<const uint4*>(stage_smem), xs, rows, rpc, chunks,
-                   [&](int r, float y) { act[r] = minillm::to_f(minillm::from_f<bf16>(y)); });
-  __syncthreads();
-  if (t >= chunks) return;
-  float s[8];
-#pragma unroll
-  for (int r = 0; r < 8; ++r) s[r] = 0.f;
-#pragma unroll
-  for (int q = 0; q < QW; ++q) {
-    if (8 * q >= rows) break;
-#pragma unroll
-    for (int r = 0; r < 8; ++r) {
-      float wf[8];
-      minillm::unpack_bf16x8(dw[r][q], wf);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) s[r] = fmaf(act[8 * q + j], wf[j], s[r]);
-    }
-  }
-#if MLP_SPLIT_NO_ADDS  // timing only (MINILLM_CUDA_DEFINES): the sums kept, never added (wrong results)
-  if (s[0] == 12345.f) reinterpret_cast<float*>(acc)[t] = s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
-  return;
-#endif
-  if constexpr (ACC == 1) {
-    float4* a = reinterpret_cast<float4*>(acc) + 2 * t;
-    atomicAdd(a, make_float4(s[0], s[1], s[2], s[3]));
-    atomicAdd(a + 1, make_float4(s[4], s[5], s[6], s[7]));
-  } else {
-    unsigned long long* a = reinterpret_cast<unsigned long long*>(acc) + 8 * t;
-#pragma unroll
-    for (int r = 0; r < 8; ++r) atomicAdd(a + r, (unsigned long long)__float2ll_rn(s[r] * MLP_SPLIT_SCALE));
-  }
-#if !GEMV_STAGE_EARLY
-  minillm::pdl_release();
-#endif
-}
-}  // namespace
-
-// grid ceil(F / rpc), 128 threads; dynamic shared memory 2 x rpc x K bf16 of gate_up, then K bf16 of x
-// (cuda_ops.py's mlp_split_plan). acc / zero: [K] fp32 (acc_f32) or int64 (acc_i64).
-#define MINILLM_GEMV1_MLP_SPLIT(ACC, NAME, DR)                                                       \
-  extern "C" __global__ void __launch_bounds__(128) gemv1_mlp_split_##NAME##_r##DR##_bf16(           \
-      const bf16* x, const bf16* res, const bf16* nw, float eps, bf16* res_out, const bf16* w,      \
-      const bf16* down, void* acc, void* zero, int F, int K, int rpc) {                             \
-    gemv1_mlp_split_impl<ACC, DR>(x, NormArgs{res, nw, res_out, eps}, w, down, acc, zero, F, K, rpc); \
-  }
-MINILLM_GEMV1_MLP_SPLIT(1, f32, 8)
-MINILLM_GEMV1_MLP_SPLIT(1, f32, 16)
-MINILLM_GEMV1_MLP_SPLIT(1, f32, 24)
-MINILLM_GEMV1_MLP_SPLIT(1, f32, 32)
-MINILLM_GEMV1_MLP_SPLIT(2, i64, 8)
-MINILLM_GEMV1_MLP_SPLIT(2, i64, 16)
-MINILLM_GEMV1_MLP_SPLIT(2, i64, 24)
-MINILLM_GEMV1_MLP_SPLIT(2, i64, 32)
-
-// The next layer's qkv product reading the split MLP's sums (x: ws.mlp_acc's row, fp32 or fixed-point int64):
-// gemv1_stage_norm1_bf16 with x + residual summed before one rounding. K <= 1024.
-extern "C" __global__ void __launch_bounds__(128)
-    gemv1_stage_norm1_acc_f32_bf16(const float* x, const bf16* res, const bf16* nw, float eps, bf16* res_out,
-                                   const bf16* w, const bf16* bias, bf16* out, int N, int K, int rpc) {
-  gemv1_stage_impl<false, 1, 1>(x, NormArgs{res, nw, res_out, eps}, w, bias, out, N, K, rpc);
-}
-extern "C" __global__ void __launch_bounds__(128)
-    gemv1_stage_norm1_acc_i64_bf16(const long long* x, const bf16* res, const bf16* nw, float eps,
-                                   bf16* res_out, const bf16* w, const bf16* bias, bf16* out, int N, int K,
-                                   int rpc) {
-  gemv1_stage_impl<false, 1, 2>(x, NormArgs{res, nw, res_out, eps}, w, bias, out, N, K, rpc);
-}
 
 // gemv1_bf16 with GEMV1_DEEP_U chunks a lane in flight, for long rows whose grid fits one wave at
 // its occupancy (the host's rule, cuda_ops.py's one_row_product_kernel): session 31's part195 ran

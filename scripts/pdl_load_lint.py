@@ -39,8 +39,8 @@ READ_ONLY = {
     "limit",
 }
 # the fused decode step (paged_decode_rope_*) reads only cache rows older than its launch
-# (fill_bias_*'s b is the bias, and the split MLP's down its down weight)
-READ_ONLY_IN = {"paged_decode_rope_": {"kc", "vc"}, "fill_bias_": {"b"}, "gemv1_mlp_split_": {"down"}}
+# (and fill_bias_*'s b is the bias)
+READ_ONLY_IN = {"paged_decode_rope_": {"kc", "vc"}, "fill_bias_": {"b"}}
 
 _ENTRY = re.compile(r"\.visible \.entry (\w+)\(")
 _PARAM = re.compile(r"\[(\w+)_param_(\d+)(?:\+(\d+))?\]")

@@ -202,11 +202,8 @@ def release_before_wait(source: str) -> list[str]:
 # running. cuda/gemv.cu's gemv1_stage_* (MINILLM_GEMV1_STAGE, one-row steps): their successors are
 # products (weights and norm weights before the wait) and the decode attention, whose pre-wait
 # loads read only step inputs and cache rows of earlier steps, which no kernel of the step writes
-# (the step's own key is stored by that attention kernel, after its wait). cuda/gemv.cu's
-# gemv1_mlp_split_* (MINILLM_MLP_SPLIT) likewise: before its wait it reads weights only (its gate_up
-# share, its down columns, the norm weight), its ring row is zeroed and added to after the wait, and
-# its successor is a staged qkv product.
-EARLY_RELEASE = {"norm.cu": ["rms_norm_vec_impl"], "gemv.cu": ["gemv1_stage_impl", "gemv1_mlp_split_impl"]}
+# (the step's own key is stored by that attention kernel, after its wait).
+EARLY_RELEASE = {"norm.cu": ["rms_norm_vec_impl"], "gemv.cu": ["gemv1_stage_impl"]}
 
 
 def test_kernels_release_dependents_only_after_their_own_wait():

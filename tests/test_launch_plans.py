@@ -24,7 +24,6 @@ from minillm.backends.cuda_ops import (
     gated_product_kernel,
     gated_split_max_rows,
     gemv1_stage_plan,
-    mlp_split_plan,
     o_merge_plan,
     one_row_mode,
     one_row_product_kernel,
@@ -198,22 +197,6 @@ def test_one_row_stage_plan_one_cta_an_sm_within_its_shared_memory():
     assert gemv1_stage_plan(6144, 4096, False, sms, big) is None  # 8B qkv: 376 KB a CTA
     assert gemv1_stage_plan(151936, 1024, False, sms, big) is None  # an LM head
     assert gemv1_stage_plan(4096, 1024, False, sms, 48 << 10) is None  # the device's limit
-
-
-def test_mlp_split_plan_one_cta_an_sm_rows_in_eights():
-    """mlp_split_plan (MINILLM_MLP_SPLIT): act rows split over one CTA an SM in multiples of 8 (a down row's
-    share is whole 16-byte words), the kernel bound the next of 8 / 16 / 24 / 32 up; rows of at most 1,024
-    values (a thread's 8 outputs), and the gate_up share within the staged products' 112 KB."""
-    sms, big = 132, 227 << 10
-    assert mlp_split_plan(3072, 1024, sms, big) == (128, 24, (2 * 24 * 1024 + 1024) * 2, 24)  # 0.6B
-    assert mlp_split_plan(1536, 576, sms, big) == (96, 16, (2 * 16 * 576 + 576) * 2, 16)  # SmolLM2-135M
-    assert mlp_split_plan(512, 256, sms, big) == (64, 8, (2 * 8 * 256 + 256) * 2, 8)
-    assert mlp_split_plan(2056, 1000, sms, big) == (129, 16, (2 * 16 * 1000 + 1000) * 2, 16)
-    assert mlp_split_plan(3072, 1024, 100, big) is None  # 32 rows a CTA on 100 SMs: 130 KB
-    assert mlp_split_plan(6144, 2048, sms, big) is None  # 1.7B: rows of 2,048
-    assert mlp_split_plan(12288, 1024, sms, big) is None  # 96 rows a CTA
-    assert mlp_split_plan(3076, 1024, sms, big) is None  # F not a multiple of 8
-    assert mlp_split_plan(3072, 1024, sms, 48 << 10) is None  # the device's limit
 
 
 def test_one_row_modes_from_the_environment(monkeypatch):

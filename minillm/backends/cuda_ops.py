@@ -364,31 +364,6 @@ def gemv1_stage_plan(N: int, K: int, gated: bool, num_sms: int, max_smem: int) -
     return _cdiv(N, rpc), rpc, smem
 
 
-# cuda/gemv.cu's gemv1_mlp_split_*: a one-row layer's MLP (its norm, gate_up, act and down) in one kernel
-# without a grid barrier, each CTA adding its share of the down product's sums into a row of ws.mlp_acc that
-# the next layer's staged qkv product reads (gemv1_stage_norm1_acc_*). MINILLM_MLP_SPLIT: 0 off (the
-# default until it is measured), 1 fp32 atomic sums (their bits depend on the order the CTAs finish), 2
-# fixed-point int64 sums (the same bits every run)
-_MLP_SPLIT_DEFAULT = 0
-_MLP_SPLIT_ROWS = (8, 16, 24, 32)  # the kernels' bounds on act rows a CTA (down words held in registers)
-_MLP_SPLIT_ACC = {1: ("f32", np.float32), 2: ("i64", np.int64)}
-
-
-def mlp_split_plan(F: int, K: int, num_sms: int, max_smem: int) -> tuple[int, int, int, int] | None:
-    """(grid, act rows a CTA, dynamic shared memory bytes, the kernel's row bound) of cuda/gemv.cu's
-    gemv1_mlp_split_* for an MLP of F activations over rows of K, or None where it does not apply: K over
-    1,024 (a thread's 8 outputs), K or F not a multiple of 8, more than 32 act rows a CTA, or a gate_up share
-    past _GEMV1_STAGE_MAX_SMEM."""
-    if K % 8 or K > 1024 or F % 8:
-        return None
-    rpc = _cdiv(_cdiv(F, num_sms), 8) * 8
-    bound = next((r for r in _MLP_SPLIT_ROWS if r >= rpc), None)
-    smem = (2 * rpc * K + K) * 2
-    if bound is None or smem > min(max_smem, _GEMV1_STAGE_MAX_SMEM):
-        return None
-    return _cdiv(F, rpc), rpc, smem, bound
-
-
 def small_product_max_m() -> int:
     """The most rows of x any cuda/gemv.cu product kernel is sent (larger products go straight to
     cuBLAS): the GEMV's, the skinny kernels' and their narrowing route's bounds."""
@@ -817,12 +792,6 @@ class CudaBackend:
         self.gemv1_stage = one_row_mode("MINILLM_GEMV1_STAGE", _GEMV1_STAGE_DEFAULT,
                                         "one-row products whose CTAs' weight shares fit in shared memory copy "
                                         "them there before the PDL wait (gemv1_stage_*)")
-        self.mlp_split = env_int("MINILLM_MLP_SPLIT", _MLP_SPLIT_DEFAULT,
-                                 "one-row steps run each layer's MLP but the last as one kernel adding its down "
-                                 "sums into a ring row: 0 off, 1 fp32 atomics, 2 fixed-point int64 (same bits)")
-        if self.mlp_split not in (0, 1, 2):
-            raise ValueError(f"MINILLM_MLP_SPLIT={self.mlp_split}: use 0 (off), 1 (fp32 atomic sums) or 2 "
-                             "(fixed-point int64 sums, the same bits every run)")
         self.o_merge = env_int("MINILLM_O_MERGE", _O_MERGE_DEFAULT,
                                "a batch-1 step's o product merges the attention's splits: 0 off, 1 each CTA, "
                                "2 in clusters")
@@ -915,9 +884,7 @@ class CudaBackend:
                for c in _NORM_FOLD_CHUNKS]
             + [f"gemm_skinny{t}_{k}" for t in ("", "2", "4") for k in ("bf16", "f32", "silu_mul_bf16")]
             + ["gemm_skinny2w4_bf16", "gemm_skinny2w4_f32"]
-            + [f"gemv1_merge{c}_bf16_w{w}" for c in ("", f"_cl{_O_MERGE_CLUSTER}") for w in (4, 8, 16)]
-            + [f"gemv1_mlp_split_{a}_r{r}_bf16" for a, _ in _MLP_SPLIT_ACC.values() for r in _MLP_SPLIT_ROWS]
-            + [f"gemv1_stage_norm1_acc_{a}_bf16" for a, _ in _MLP_SPLIT_ACC.values()],
+            + [f"gemv1_merge{c}_bf16_w{w}" for c in ("", f"_cl{_O_MERGE_CLUSTER}") for w in (4, 8, 16)],
         }
         # every module of a start compiled at once (a first start's compile: the slowest module's time),
         # the decode attention for this storage type's head dims (another's loads if asked: _decode_kernel)
@@ -1017,7 +984,7 @@ class CudaBackend:
         for n in k:
             if n.startswith("gemv1_merge"):
                 k[n].max_dynamic_shared_size_bytes = min(self.max_smem, _O_MERGE_MAX_SMEM)
-            if n.startswith(("gemv1_stage", "gemv1_mlp_split")):
+            if n.startswith("gemv1_stage"):
                 k[n].max_dynamic_shared_size_bytes = min(self.max_smem, _GEMV1_STAGE_MAX_SMEM)
         # cuda/gemm.cu for 17-256 rows, only with MINILLM_GEMM=wide (scripts/gemm_bench.py switches
         # it per call): measured 0.2-0.9x cuBLAS on the H200 (part63-65, docs/BENCHMARKS.md), so
@@ -1777,9 +1744,6 @@ class CudaBackend:
         if out.shape != (x.shape[0], N) or (residual is not None and residual_out is None):
             raise ValueError(f"rms_norm_matmul: x {x.shape} @ w {w.shape}.T -> out {out.shape} does not fit "
                              "(or residual without residual_out)")
-        if x.dtype != self.dtype:  # the split MLP's sums (rms_norm_mlp_split), read by the staged product
-            self._rms_norm_matmul_acc(x, residual, norm_w, eps, w, out, residual_out, bias)
-            return
         a = self._norm_fold_args("rms_norm_matmul", x, residual, norm_w, w, residual_out, K)
         if a is None or out.dtype != self.dtype or (bias is not None and bias.dtype != self.dtype):
             self._norm_then(x, residual, norm_w, eps, residual_out, normed)
@@ -1820,59 +1784,6 @@ class CudaBackend:
             return
         self._launch(f"gemv1_silu_mul_split_norm{norm_fold_chunks(K)}_bf16", (_cdiv(F, _GEMV_COLS_PER_CTA // 2),),
                      (_GEMV_THREADS,), a + tail)
-
-    # ---- a layer's MLP as one kernel, its down sums split across CTAs (cuda/gemv.cu's gemv1_mlp_split) ----
-    def mlp_split_dtype(self, hidden: int, intermediate: int, qkv_rows: int, num_layers: int):
-        """The dtype of ws.mlp_acc's rows (the split MLP's sums) where one-row steps run each layer's MLP but
-        the last as rms_norm_mlp_split (MINILLM_MLP_SPLIT), else None: the norms folded, both kernels' plans
-        fitting (the next layer's qkv product staged, NORM 1), and 3+ layers (the ring's rows: the Transformer)."""
-        if (self.mlp_split == 0 or num_layers < 3 or not self.folds_norms(1, hidden)
-                or norm_fold_chunks(hidden) != 1 or self.gemv1_stage == 0
-                or mlp_split_plan(intermediate, hidden, self.num_sms, self.max_smem) is None
-                or gemv1_stage_plan(qkv_rows, hidden, False, self.num_sms, self.max_smem) is None):
-            return None
-        return _MLP_SPLIT_ACC[self.mlp_split][1]
-
-    def rms_norm_mlp_split(self, x, residual, norm_w, eps: float, w_gate_up, w_down, acc, zero,
-                           residual_out) -> None:
-        """acc += (silu(n @ gate.T) * (n @ up.T)) @ w_down.T for n = rms_norm(x + residual) * norm_w, one row;
-        residual_out <- x + residual (rounded); zero[:] = 0 (after the kernel before this one finished: the
-        ring row the last product read). acc / zero: [1, K] rows of mlp_split_dtype's type."""
-        N2, K = w_gate_up.shape
-        F = N2 // 2
-        plan = mlp_split_plan(F, K, self.num_sms, self.max_smem)
-        rows = (x, residual, residual_out)
-        if (plan is None or self.mlp_split == 0 or N2 % 2 or w_down.shape != (K, F) or norm_w.shape != (K,)
-                or any(a.dtype != self.dtype or a.shape != (1, K) or a.data.ptr % 16 for a in rows)
-                or acc.dtype != _MLP_SPLIT_ACC[self.mlp_split][1] or acc.shape != (1, K) or zero.shape != (1, K)
-                or zero.dtype != acc.dtype or acc.data.ptr % 16 or zero.data.ptr % 16
-                or acc.data.ptr == zero.data.ptr or residual.data.ptr == residual_out.data.ptr
-                or not (w_gate_up.flags.c_contiguous and w_down.flags.c_contiguous)):
-            raise ValueError(f"rms_norm_mlp_split: x {x.shape} {x.dtype}, gate_up {w_gate_up.shape}, down "
-                             f"{w_down.shape}, acc {acc.shape} {acc.dtype}: not a one-row split MLP this "
-                             "backend runs (mlp_split_dtype says which)")
-        grid, rpc, smem, bound = plan
-        self._launch(f"gemv1_mlp_split_{_MLP_SPLIT_ACC[self.mlp_split][0]}_r{bound}_bf16", (grid,),
-                     (_GEMV_THREADS,), (x, residual, norm_w, np.float32(eps), residual_out, w_gate_up, w_down,
-                                        acc, zero, _i32(F), _i32(K), _i32(rpc)), shared_mem=smem)
-
-    def _rms_norm_matmul_acc(self, x, residual, norm_w, eps: float, w, out, residual_out, bias) -> None:
-        """rms_norm_matmul of a split MLP's sums x (fp32 or fixed-point int64) and a residual, on the staged
-        product that reads them (gemv1_stage_norm1_acc_*)."""
-        N, K = w.shape
-        names = {dt: a for a, dt in _MLP_SPLIT_ACC.values()}
-        plan = gemv1_stage_plan(N, K, False, self.num_sms, self.max_smem)
-        if (x.dtype.type not in names or plan is None or residual is None or norm_fold_chunks(K) != 1
-                or x.shape != (1, K) or x.data.ptr % 16 or out.dtype != self.dtype
-                or any(a.dtype != self.dtype or a.shape != (1, K) or a.data.ptr % 16 for a in (residual, residual_out))
-                or residual.data.ptr == residual_out.data.ptr or norm_w.dtype != self.dtype
-                or (bias is not None and bias.dtype != self.dtype) or not w.flags.c_contiguous):
-            raise ValueError(f"rms_norm_matmul: x {x.shape} {x.dtype} is not a split MLP's sum row this "
-                             f"backend reads into a product of {w.shape} (one row, a residual, K <= 1024)")
-        grid, rpc, smem = plan
-        self._launch(f"gemv1_stage_norm1_acc_{names[x.dtype.type]}_bf16", (grid,), (_GEMV_THREADS,),
-                     (x, residual, norm_w, np.float32(eps), residual_out, w, bias if bias is not None else _NULL,
-                      out, _i32(N), _i32(K), _i32(rpc)), shared_mem=smem)
 
     def _one_row_mode_takes(self, mode: int) -> bool:
         """Whether a one-row product launched now may take the kernels of a _ONE_ROW_MODES switch: 2 leaves

@@ -211,28 +211,6 @@ class NumpyBackend:
         self.rms_norm(x, norm_w, eps, out=normed)
         self.matmul_silu_mul(normed, w_gate_up, out=out, gate_up=gate_up)
 
-    # the CUDA backend's MINILLM_MLP_SPLIT; here a switch a test sets, so the CPU runs the split MLP's ring
-    mlp_split = 0
-
-    def mlp_split_dtype(self, hidden: int, intermediate: int, qkv_rows: int, num_layers: int):
-        """The dtype of the split MLP's sum rows where one-row steps run it (mlp_split set, 3+ layers), else None."""
-        return np.float32 if self.mlp_split and num_layers >= 3 else None
-
-    def rms_norm_mlp_split(self, x, residual, norm_w, eps: float, w_gate_up, w_down, acc, zero,
-                           residual_out) -> None:
-        """acc += (silu(n @ gate.T) * (n @ up.T)) @ w_down.T for n = rms_norm(x + residual) * norm_w;
-        residual_out <- x + residual; zero[:] = 0 (the ring row the product before read)."""
-        F = w_gate_up.shape[0] // 2
-        np.add(residual, x, out=residual_out)
-        normed = np.empty_like(residual_out)
-        self.rms_norm(residual_out, norm_w, eps, out=normed)
-        act = np.empty((x.shape[0], F), np.float32)
-        self.matmul_silu_mul(normed, w_gate_up, out=act, gate_up=np.empty((x.shape[0], 2 * F), np.float32))
-        zero[...] = 0
-        down = np.empty_like(acc)
-        self.matmul(act, w_down, out=down)
-        acc += down
-
     def store_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
         """Write each token's k/v to its physical slot (block * block_size + offset).
 

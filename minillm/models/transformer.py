@@ -67,15 +67,6 @@ class StepInputs:
     short_runs: bool = True
 
 
-def mlp_acc_dtype(backend, cfg: ModelConfig):
-    """The dtype of the split MLP's sums (backend.mlp_split_dtype) for this model, or None where one-row
-    steps run the MLP as two products."""
-    if cfg.conv_width or cfg.conv_kernel_size:
-        return None
-    return backend.mlp_split_dtype(cfg.hidden_size, cfg.intermediate_size, cfg.q_size + 2 * cfg.kv_size,
-                                   cfg.num_layers)
-
-
 class Workspace:
     """Activation buffers for up to max_tokens rows and max_logits logits rows, made once."""
 
@@ -85,9 +76,8 @@ class Workspace:
         per_token = 3 * cfg.hidden_size + cfg.q_size + 2 * cfg.kv_size + cfg.q_size + 3 * cfg.intermediate_size
         if cfg.conv_width:  # mixed and dyn
             per_token += cfg.hidden_size + cfg.conv_width
-        # + the split MLP's ring (mlp_acc_dtype), counted at its widest (int64) whether or not a backend runs it
         return (dtype_bytes * (max_tokens * per_token + (max_logits + 1) * cfg.hidden_size)
-                + 4 * max_logits * cfg.vocab_size + 8 * max(cfg.num_layers - 1, 0) * cfg.hidden_size)
+                + 4 * max_logits * cfg.vocab_size)
 
     def __init__(self, backend, cfg: ModelConfig, max_tokens: int, max_logits: int):
         e = backend.empty
@@ -112,11 +102,6 @@ class Workspace:
         if cfg.conv_width:  # DFlash2: a conv's output, and its kernel projection
             self.mixed = e((max_tokens, cfg.hidden_size))
             self.dyn = e((max_tokens, cfg.conv_width))
-        # one-row steps under the backend's split MLP (Transformer.forward): layer i < L - 1 adds its down sums
-        # into row i while zeroing row i - 1 (mod L - 1), which the qkv product before it read; zeroed once
-        # here, so every row is zero before its adds in every step
-        dt = mlp_acc_dtype(backend, cfg)
-        self.mlp_acc = backend.zeros((cfg.num_layers - 1, 1, cfg.hidden_size), dtype=dt) if dt else None
 
 
 class Transformer:
@@ -211,8 +196,6 @@ class Transformer:
         # residual stream alternates between two rows (res, then spare) instead of updating in place
         fold = not one_op and not capture_layers and not convs and B.folds_norms(T, hs)
         res, spare = residual, ws.residual_alt[:T] if fold else None
-        # and each layer's MLP but the last as one kernel whose down sums go to a row of ws.mlp_acc (its ring)
-        ring = ws.mlp_acc if fold and T == 1 else None
         eps = c.rms_norm_eps
         layer_out = hidden  # where a layer leaves its output (a DFlash2 layer's last conv: ws.mixed)
         for i, lw in enumerate(() if one_op else self.layers):
@@ -221,8 +204,8 @@ class Transformer:
                     B.rms_norm_matmul(residual, None, lw.attn_norm, eps, lw.qkv, out=qkv, residual_out=None,
                                       normed=normed, bias=lw.qkv_bias)
                 else:
-                    B.rms_norm_matmul(hidden if ring is None else ring[i - 1], res, lw.attn_norm, eps, lw.qkv,
-                                      out=qkv, residual_out=spare, normed=normed, bias=lw.qkv_bias)
+                    B.rms_norm_matmul(hidden, res, lw.attn_norm, eps, lw.qkv, out=qkv, residual_out=spare,
+                                      normed=normed, bias=lw.qkv_bias)
                     res, spare = spare, res
             else:
                 if i == 0:
@@ -252,11 +235,6 @@ class Transformer:
             a_out = hidden if lw.attn_conv is None else self._conv_out(lw.attn_conv, hidden, ws, T, block_rows)
             # the last layer's MLP norm stays a launch, updating res in place: 2L - 2 alternations,
             # an even count, so the stream ends in ws.residual as the unfolded layers leave it
-            if ring is not None and i < c.num_layers - 1:
-                B.rms_norm_mlp_split(hidden, res, lw.mlp_norm, eps, lw.gate_up, lw.down, acc=ring[i],
-                                     zero=ring[(i - 1) % len(ring)], residual_out=spare)
-                res, spare = spare, res
-                continue
             if fold and i < c.num_layers - 1:
                 B.rms_norm_matmul_silu_mul(hidden, res, lw.mlp_norm, eps, lw.gate_up, out=ws.act[:T],
                                            residual_out=spare, normed=normed, gate_up=ws.gate_up[:T])
