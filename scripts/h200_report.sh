@@ -6942,7 +6942,7 @@ part362() {  # session 71 (carry .whl; ~4 min): sample_tokens_cl2, a row split o
   pack
 }
 
-part363() {  # session 72 (carry .whl; ~8 min): MINILLM_MLP_SPLIT (a one-row layer's MLP as one kernel whose CTAs
+part363() {  # session 72 (runs on 7078d10, which has the split MLP; carry .whl; ~8 min): MINILLM_MLP_SPLIT (a one-row layer's MLP as one kernel whose CTAs
   # add their down sums into a ring row the next qkv product reads: 1 fp32 atomics, 2 fixed-point int64): its
   # op and model tests, the 0.6B batch-1 graphs base / 1 / 2 alternated twice; session 71's untested defaults
   # (the occupancy test, the launch-plan tests); decode base / 2, memcheck of its op tests
@@ -6971,7 +6971,7 @@ part363() {  # session 72 (carry .whl; ~8 min): MINILLM_MLP_SPLIT (a one-row lay
   pack
 }
 
-part364() {  # session 72 (carry .whl; ~2 min): where MINILLM_MLP_SPLIT's time goes (part363: +11% / +25%): the
+part364() {  # session 72 (runs on 7078d10, which has the split MLP; carry .whl; ~2 min): where MINILLM_MLP_SPLIT's time goes (part363: +11% / +25%): the
   # 0.6B batch-1 graphs base / split with fp32 sums / the same with its adds compiled out (MLP_SPLIT_NO_ADDS: timing
   # only, wrong results), alternated twice
   setup
@@ -6987,7 +6987,7 @@ part364() {  # session 72 (carry .whl; ~2 min): where MINILLM_MLP_SPLIT's time g
   pack
 }
 
-part365() {  # session 72 (carry .whl; ~2 min): part364 found the split MLP +9.6% with its adds compiled out; here
+part365() {  # session 72 (runs on 7078d10, which has the split MLP; carry .whl; ~2 min): part364 found the split MLP +9.6% with its adds compiled out; here
   # also without its down columns' loads (MLP_SPLIT_NO_DOWN_LOADS: timing only), alternated twice with base
   setup
   stage models06 90 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
