@@ -552,7 +552,7 @@ MINILLM_GEMV1_NORM(4)
 // without a grid barrier, the MLP split by its F activations (gemv1_mlp_split_*, MINILLM_MLP_SPLIT): each CTA
 // staged its gate_up share, held its down columns in registers from before its wait, and added its share
 // of the down sums into a ring row that the next qkv product read (fp32 atomics, or fixed-point int64 for
-// order-free bits). Batch-1 graph 0.795 -> 0.884 ms (+10.8%, fp32) / 0.993 (+24.5%, int64); with the adds
+// order-free bits). Batch-1 graph 0.798 -> 0.884 ms (+10.8%, fp32) / 0.993 (+24.5%, int64); with the adds
 // compiled out still +9.7%: the loss is the kernel itself, its serial path (act rows, then the down sums) or
 // its down columns' register loads (16 bytes of each of 1,024 rows, 8 rows apart across a warp), not its adds.
 // Tried and removed (session 57): gemv1_ring_*, the products too large to hold (the 8B's) streamed through
