@@ -738,7 +738,7 @@ MINILLM_GEMV1_STAGE_NORM(4)
 #define MLP_SPLIT_NO_DOWN_LOADS 0  // 1: timing only, the down columns never loaded (zeros: wrong results)
 #endif
 namespace {
-template <int ACC, int DR>
+template <int ACC, int DR, bool TD>
 __device__ __forceinline__ void gemv1_mlp_split_impl(const bf16* x, const NormArgs& na, const bf16* __restrict__ w,
                                                      const bf16* __restrict__ down, void* acc, void* zero, int F,
                                                      int K, int rpc) {
@@ -753,14 +753,19 @@ __device__ __forceinline__ void gemv1_mlp_split_impl(const bf16* x, const NormAr
   uint4 norm_w[1];
   norm_chunks<1>(na.w, chunks, norm_w);
   stage_share<2>(w, stage_smem, b, F, K, lo, rows, rpc);
-  uint4 dw[8][QW];  // weights: never written by another kernel, so loaded before the wait
+  // weights: never written by another kernel, so loaded before the wait. down [K, F]: dw[r][q] = 8 act
+  // columns of output row 8t + r (16 bytes of each of 1,024 rows 8 rows apart across a warp); TD, down_t
+  // [F, K]: dw[f / 8][f % 8] = output rows 8t..8t + 7 of act column f (a warp's loads 512 contiguous bytes)
+  uint4 dw[8][QW];
 #pragma unroll
   for (int r = 0; r < 8; ++r)
 #pragma unroll
-    for (int q = 0; q < QW; ++q)
-      dw[r][q] = t < chunks && 8 * q < rows && !MLP_SPLIT_NO_DOWN_LOADS
-                     ? __ldg(reinterpret_cast<const uint4*>(down + (i64)(8 * t + r) * F + lo) + q)
-                     : make_uint4(0u, 0u, 0u, 0u);
+    for (int q = 0; q < QW; ++q) {
+      const bool on = TD ? t < chunks && 8 * q + r < rows : t < chunks && 8 * q < rows;
+      const uint4* src = TD ? reinterpret_cast<const uint4*>(down + (i64)(lo + 8 * q + r) * K) + t
+                            : reinterpret_cast<const uint4*>(down + (i64)(8 * t + r) * F + lo) + q;
+      dw[r][q] = on && !MLP_SPLIT_NO_DOWN_LOADS ? __ldg(src) : make_uint4(0u, 0u, 0u, 0u);
+    }
 #if GEMV_STAGE_EARLY
   minillm::pdl_release();
 #endif
@@ -787,8 +792,14 @@ __device__ __forceinline__ void gemv1_mlp_split_impl(const bf16* x, const NormAr
     for (int r = 0; r < 8; ++r) {
       float wf[8];
       minillm::unpack_bf16x8(dw[r][q], wf);
+      if constexpr (TD) {  // act column 8q + r's weights for this thread's 8 output rows (zeros past rows)
+        const float a = 8 * q + r < rows ? act[8 * q + r] : 0.f;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) s[r] = fmaf(act[8 * q + j], wf[j], s[r]);
+        for (int j = 0; j < 8; ++j) s[j] = fmaf(a, wf[j], s[j]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) s[r] = fmaf(act[8 * q + j], wf[j], s[r]);
+      }
     }
   }
 #if MLP_SPLIT_NO_ADDS  // timing only (MINILLM_CUDA_DEFINES): the sums kept, never added (wrong results)
@@ -812,20 +823,20 @@ __device__ __forceinline__ void gemv1_mlp_split_impl(const bf16* x, const NormAr
 
 // grid ceil(F / rpc), 128 threads; dynamic shared memory 2 x rpc x K bf16 of gate_up, then K bf16 of x
 // (cuda_ops.py's mlp_split_plan). acc / zero: [K] fp32 (acc_f32) or int64 (acc_i64).
-#define MINILLM_GEMV1_MLP_SPLIT(ACC, NAME, DR)                                                       \
+#define MINILLM_GEMV1_MLP_SPLIT(ACC, TD, NAME, DR)                                                   \
   extern "C" __global__ void __launch_bounds__(128) gemv1_mlp_split_##NAME##_r##DR##_bf16(           \
       const bf16* x, const bf16* res, const bf16* nw, float eps, bf16* res_out, const bf16* w,      \
       const bf16* down, void* acc, void* zero, int F, int K, int rpc) {                             \
-    gemv1_mlp_split_impl<ACC, DR>(x, NormArgs{res, nw, res_out, eps}, w, down, acc, zero, F, K, rpc); \
+    gemv1_mlp_split_impl<ACC, DR, TD>(x, NormArgs{res, nw, res_out, eps}, w, down, acc, zero, F, K, rpc); \
   }
-MINILLM_GEMV1_MLP_SPLIT(1, f32, 8)
-MINILLM_GEMV1_MLP_SPLIT(1, f32, 16)
-MINILLM_GEMV1_MLP_SPLIT(1, f32, 24)
-MINILLM_GEMV1_MLP_SPLIT(1, f32, 32)
-MINILLM_GEMV1_MLP_SPLIT(2, i64, 8)
-MINILLM_GEMV1_MLP_SPLIT(2, i64, 16)
-MINILLM_GEMV1_MLP_SPLIT(2, i64, 24)
-MINILLM_GEMV1_MLP_SPLIT(2, i64, 32)
+#define MINILLM_GEMV1_MLP_SPLIT_ROWS(ACC, TD, NAME) \
+  MINILLM_GEMV1_MLP_SPLIT(ACC, TD, NAME, 8)         \
+  MINILLM_GEMV1_MLP_SPLIT(ACC, TD, NAME, 16)        \
+  MINILLM_GEMV1_MLP_SPLIT(ACC, TD, NAME, 24)        \
+  MINILLM_GEMV1_MLP_SPLIT(ACC, TD, NAME, 32)
+MINILLM_GEMV1_MLP_SPLIT_ROWS(1, false, f32)
+MINILLM_GEMV1_MLP_SPLIT_ROWS(2, false, i64)
+MINILLM_GEMV1_MLP_SPLIT_ROWS(1, true, f32t)  // down_t [F, K] (MINILLM_MLP_SPLIT=3)
 
 // The next layer's qkv product reading the split MLP's sums (x: ws.mlp_acc's row, fp32 or fixed-point int64):
 // gemv1_stage_norm1_bf16 with x + residual summed before one rounding. K <= 1024.

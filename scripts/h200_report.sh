@@ -7001,6 +7001,37 @@ part365() {  # session 72 (carry .whl; ~2 min): part364 found the split MLP +9.6
   pack
 }
 
+part366() {  # session 73 (runs on branch mlp-split-t: 7078d10 plus MINILLM_MLP_SPLIT=3; carry .whl; ~6 min): the split MLP
+  # with its down weight transposed at load (3: each CTA's down columns one contiguous block, a warp's loads 512
+  # contiguous bytes) against base, 1 (fp32, the [K, F] loads) and 1 without its down loads or adds (part365's
+  # question), alternated three times; the split tests (3 included), memcheck of 3's op test; decode base / 3;
+  # then part308 (decode of both shapes on this code, their graphs) as time allows
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models06 90 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  local r
+  for r in 1 2 3; do
+    step_graph_env q06 "base_$r" 60 MINILLM_PDL=1
+    step_graph_env q06 "f32_$r" 60 MINILLM_MLP_SPLIT=1
+    step_graph_env q06 "f32t_$r" 60 MINILLM_MLP_SPLIT=3
+    step_graph_env q06 "noloads_$r" 90 MINILLM_MLP_SPLIT=1 MINILLM_CUDA_DEFINES=MLP_SPLIT_NO_ADDS=1,MLP_SPLIT_NO_DOWN_LOADS=1
+  done
+  graph_summary
+  stage split_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_cuda_model.py -k "split_mlp"
+  tail -n 3 "$W/split_tests.log"
+  stage memcheck_split 150 compute-sanitizer --tool memcheck --error-exitcode 1 python3 -m pytest -q -m gpu \
+    -p no:cacheprovider tests/test_cuda_ops.py -k "split_mlp and 3-1024-3072"
+  tail -n 3 "$W/memcheck_split.log"
+  decode_06b_env base
+  decode_06b_env f32t MINILLM_MLP_SPLIT=3
+  pack
+  models_both 60
+  decode_8b 50
+  stage graph8 40 python3 scripts/step_kernels.py $M/q8 --batch 1 --ctx 512 --json "$W/graph8.json"
+  pack
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 

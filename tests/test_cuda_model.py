@@ -290,7 +290,8 @@ def test_one_sequence_decode_with_split_mlp(layers):
     """MINILLM_MLP_SPLIT (cuda/gemv.cu's gemv1_mlp_split_*: each layer's MLP but the last as one kernel
     adding its down sums into a ring row that the next qkv product reads): one-sequence decode steps,
     two eager and then one graph replayed for four more, match NumPy's logits (2e-2) and greedy tokens
-    at 1 (fp32 atomic sums) and 2 (fixed-point), and the plain path's within the same bound. Two
+    at 1 (fp32 atomic sums), 2 (fixed-point) and 3 (fp32, the down weight transposed at load), and the
+    plain path's within the same bound. Two
     models at 2 give the same bits at every step (integer sums do not depend on the order the CTAs
     add). The graph launches the split kernel and its reader L - 1 times each. Rings of 2 and 3 rows."""
     from collections import Counter
@@ -304,13 +305,14 @@ def test_one_sequence_decode_with_split_mlp(layers):
     weights = random_weights(cfg, rng)
     be = CudaBackend(dtype=ml_dtypes.bfloat16)
     saved = be.mlp_split
-    modes = {"plain": 0, "f32": 1, "i64": 2, "i64 again": 2}
+    modes = {"plain": 0, "f32": 1, "i64": 2, "i64 again": 2, "f32 down_t": 3}
     try:
         drivers = {}
         for name, m in modes.items():
             be.mlp_split = m
             drivers[name] = Driver(be, cfg, weights)
             assert (drivers[name].ws.mlp_acc is None) == (m == 0)
+            assert all((lw.down_t is None) == (m != 3) for lw in drivers[name].model.layers)
         ref = Driver(NumpyBackend(), cfg, weights)
         tables = rng.permutation(NUM_BLOCKS)[:MAX_BLOCKS].reshape(1, MAX_BLOCKS).astype(np.int32)
         L = 17

@@ -155,13 +155,14 @@ def test_one_row_steps_with_split_mlp_match(tmp_path, monkeypatch, layers):
     prompts = ["the quick brown fox", "the quick brown fox jumps over", "a b"]
     params = SamplingParams(temperature=0, max_tokens=12, logprobs=3)
     got, rings = {}, {}
-    for split in (1, 0):
+    for split in (3, 1, 0):  # 3: down given transposed
         monkeypatch.setattr(NumpyBackend, "mlp_split", split)
         llm = LLM(str(model), device="cpu", max_num_seqs=1, max_model_len=64, enable_prefix_caching=True)
         outs = llm.generate(prompts, params)
         got[split] = [(o.token_ids, [(lp.token_id, lp.logprob, lp.top) for lp in o.logprobs]) for o in outs]
         rings[split] = llm.engine.runner.ws.mlp_acc
-    assert got[1] == got[0]
+    assert got[1] == got[0] and got[3] == got[0]
     assert rings[0] is None and rings[1].shape == (layers - 1, 1, 64)
     assert not rings[1][:-1].any() and rings[1][-1].any()
-    assert calls["n"] >= 3 * 11 * (layers - 1)
+    assert rings[3].shape == rings[1].shape and not rings[3][:-1].any()
+    assert calls["n"] >= 2 * 3 * 11 * (layers - 1)

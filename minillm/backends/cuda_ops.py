@@ -372,6 +372,10 @@ def gemv1_stage_plan(N: int, K: int, gated: bool, num_sms: int, max_smem: int) -
 _MLP_SPLIT_DEFAULT = 0
 _MLP_SPLIT_ROWS = (8, 16, 24, 32)  # the kernels' bounds on act rows a CTA (down words held in registers)
 _MLP_SPLIT_ACC = {1: ("f32", np.float32), 2: ("i64", np.int64)}
+# mode 3: fp32 sums over the down weight transposed ([F, K], a copy made at load: Transformer's down_t), so
+# each CTA's down columns are one contiguous block and a warp's loads 512 contiguous bytes
+_MLP_SPLIT_KERNEL = {1: "f32", 2: "i64", 3: "f32t"}
+_MLP_SPLIT_DTYPE = {1: np.float32, 2: np.int64, 3: np.float32}
 
 
 def mlp_split_plan(F: int, K: int, num_sms: int, max_smem: int) -> tuple[int, int, int, int] | None:
@@ -820,9 +824,9 @@ class CudaBackend:
         self.mlp_split = env_int("MINILLM_MLP_SPLIT", _MLP_SPLIT_DEFAULT,
                                  "one-row steps run each layer's MLP but the last as one kernel adding its down "
                                  "sums into a ring row: 0 off, 1 fp32 atomics, 2 fixed-point int64 (same bits)")
-        if self.mlp_split not in (0, 1, 2):
-            raise ValueError(f"MINILLM_MLP_SPLIT={self.mlp_split}: use 0 (off), 1 (fp32 atomic sums) or 2 "
-                             "(fixed-point int64 sums, the same bits every run)")
+        if self.mlp_split not in (0, 1, 2, 3):
+            raise ValueError(f"MINILLM_MLP_SPLIT={self.mlp_split}: use 0 (off), 1 (fp32 atomic sums), 2 "
+                             "(fixed-point int64 sums, the same bits every run) or 3 (fp32, down transposed)")
         self.o_merge = env_int("MINILLM_O_MERGE", _O_MERGE_DEFAULT,
                                "a batch-1 step's o product merges the attention's splits: 0 off, 1 each CTA, "
                                "2 in clusters")
@@ -916,7 +920,7 @@ class CudaBackend:
             + [f"gemm_skinny{t}_{k}" for t in ("", "2", "4") for k in ("bf16", "f32", "silu_mul_bf16")]
             + ["gemm_skinny2w4_bf16", "gemm_skinny2w4_f32"]
             + [f"gemv1_merge{c}_bf16_w{w}" for c in ("", f"_cl{_O_MERGE_CLUSTER}") for w in (4, 8, 16)]
-            + [f"gemv1_mlp_split_{a}_r{r}_bf16" for a, _ in _MLP_SPLIT_ACC.values() for r in _MLP_SPLIT_ROWS]
+            + [f"gemv1_mlp_split_{a}_r{r}_bf16" for a in _MLP_SPLIT_KERNEL.values() for r in _MLP_SPLIT_ROWS]
             + [f"gemv1_stage_norm1_acc_{a}_bf16" for a, _ in _MLP_SPLIT_ACC.values()],
         }
         # every module of a start compiled at once (a first start's compile: the slowest module's time),
@@ -1831,7 +1835,7 @@ class CudaBackend:
                 or mlp_split_plan(intermediate, hidden, self.num_sms, self.max_smem) is None
                 or gemv1_stage_plan(qkv_rows, hidden, False, self.num_sms, self.max_smem) is None):
             return None
-        return _MLP_SPLIT_ACC[self.mlp_split][1]
+        return _MLP_SPLIT_DTYPE[self.mlp_split]
 
     def rms_norm_mlp_split(self, x, residual, norm_w, eps: float, w_gate_up, w_down, acc, zero,
                            residual_out) -> None:
@@ -1842,9 +1846,10 @@ class CudaBackend:
         F = N2 // 2
         plan = mlp_split_plan(F, K, self.num_sms, self.max_smem)
         rows = (x, residual, residual_out)
-        if (plan is None or self.mlp_split == 0 or N2 % 2 or w_down.shape != (K, F) or norm_w.shape != (K,)
+        down_shape = (F, K) if self.mlp_split == 3 else (K, F)
+        if (plan is None or self.mlp_split == 0 or N2 % 2 or w_down.shape != down_shape or norm_w.shape != (K,)
                 or any(a.dtype != self.dtype or a.shape != (1, K) or a.data.ptr % 16 for a in rows)
-                or acc.dtype != _MLP_SPLIT_ACC[self.mlp_split][1] or acc.shape != (1, K) or zero.shape != (1, K)
+                or acc.dtype != _MLP_SPLIT_DTYPE[self.mlp_split] or acc.shape != (1, K) or zero.shape != (1, K)
                 or zero.dtype != acc.dtype or acc.data.ptr % 16 or zero.data.ptr % 16
                 or acc.data.ptr == zero.data.ptr or residual.data.ptr == residual_out.data.ptr
                 or not (w_gate_up.flags.c_contiguous and w_down.flags.c_contiguous)):
@@ -1852,7 +1857,7 @@ class CudaBackend:
                              f"{w_down.shape}, acc {acc.shape} {acc.dtype}: not a one-row split MLP this "
                              "backend runs (mlp_split_dtype says which)")
         grid, rpc, smem, bound = plan
-        self._launch(f"gemv1_mlp_split_{_MLP_SPLIT_ACC[self.mlp_split][0]}_r{bound}_bf16", (grid,),
+        self._launch(f"gemv1_mlp_split_{_MLP_SPLIT_KERNEL[self.mlp_split]}_r{bound}_bf16", (grid,),
                      (_GEMV_THREADS,), (x, residual, norm_w, np.float32(eps), residual_out, w_gate_up, w_down,
                                         acc, zero, _i32(F), _i32(K), _i32(rpc)), shared_mem=smem)
 

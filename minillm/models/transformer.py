@@ -42,6 +42,7 @@ class LayerWeights:
     down: object
     attn_conv: CausalConv | None = None  # DFlash2 drafters only
     mlp_conv: CausalConv | None = None
+    down_t: object | None = None  # [F, hidden]: down transposed, for the split MLP's mode 3 (MINILLM_MLP_SPLIT)
 
 
 @dataclass
@@ -147,6 +148,8 @@ class Transformer:
                     down=a(w[p + "down"]),
                     attn_conv=self._conv(w, p + "attn_conv.") if cfg.conv_kernel_size else None,
                     mlp_conv=self._conv(w, p + "mlp_conv.") if cfg.conv_kernel_size else None,
+                    down_t=(a(np.ascontiguousarray(w[p + "down"].T))
+                            if getattr(backend, "mlp_split", 0) == 3 and mlp_acc_dtype(backend, cfg) else None),
                 )
             )
         self.cos_sin = a(cos_sin_table(cfg, max_positions), dtype=np.float32)
@@ -253,7 +256,8 @@ class Transformer:
             # the last layer's MLP norm stays a launch, updating res in place: 2L - 2 alternations,
             # an even count, so the stream ends in ws.residual as the unfolded layers leave it
             if ring is not None and i < c.num_layers - 1:
-                B.rms_norm_mlp_split(hidden, res, lw.mlp_norm, eps, lw.gate_up, lw.down, acc=ring[i],
+                B.rms_norm_mlp_split(hidden, res, lw.mlp_norm, eps, lw.gate_up,
+                                     lw.down if lw.down_t is None else lw.down_t, acc=ring[i],
                                      zero=ring[(i - 1) % len(ring)], residual_out=spare)
                 res, spare = spare, res
                 continue
