@@ -738,12 +738,12 @@ MINILLM_GEMV1_STAGE_NORM(4)
 #define MLP_SPLIT_NO_DOWN_LOADS 0  // 1: timing only, the down columns never loaded (zeros: wrong results)
 #endif
 namespace {
-template <int ACC, int DR, bool TD>
+template <int ACC, int DR, int TD>
 __device__ __forceinline__ void gemv1_mlp_split_impl(const bf16* x, const NormArgs& na, const bf16* __restrict__ w,
                                                      const bf16* __restrict__ down, void* acc, void* zero, int F,
                                                      int K, int rpc) {
   extern __shared__ __align__(128) unsigned char stage_smem[];
-  __shared__ __align__(8) unsigned long long bar;
+  __shared__ __align__(8) unsigned long long bar, bar_down;
   __shared__ float act[DR];
   constexpr int QW = DR / 8;  // 16-byte words of a down row's share
   const int lo = blockIdx.x * rpc, rows = max(0, min(F, lo + rpc) - lo);
@@ -753,6 +753,19 @@ __device__ __forceinline__ void gemv1_mlp_split_impl(const bf16* x, const NormAr
   uint4 norm_w[1];
   norm_chunks<1>(na.w, chunks, norm_w);
   stage_share<2>(w, stage_smem, b, F, K, lo, rows, rpc);
+  // TD 2: down_t's rows lo..lo + rows (one contiguous block) copied after x in shared memory, behind the
+  // gate_up share's copies, on a barrier of their own (initialised before norm_row's CTA barrier)
+  const bf16* down_s = xs + K;
+  const unsigned b_down = minillm::smem_addr(&bar_down);
+  if (TD == 2 && t == 0) {
+    minillm::mbar_init(b_down, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    const unsigned bytes = (unsigned)rows * (unsigned)K * 2u;
+    minillm::mbar_expect_tx(b_down, MLP_SPLIT_NO_DOWN_LOADS ? 0u : bytes);
+    const unsigned char* src = reinterpret_cast<const unsigned char*>(down + (i64)lo * K);
+    for (unsigned o = 0; o < bytes && !MLP_SPLIT_NO_DOWN_LOADS; o += GEMV_STAGE_COPY)
+      minillm::bulk_copy(minillm::smem_addr(down_s) + o, src + o, min(GEMV_STAGE_COPY, bytes - o), b_down);
+  }
   // weights: never written by another kernel, so loaded before the wait. down [K, F]: dw[r][q] = 8 act
   // columns of output row 8t + r (16 bytes of each of 1,024 rows 8 rows apart across a warp); TD, down_t
   // [F, K]: dw[f / 8][f % 8] = output rows 8t..8t + 7 of act column f (a warp's loads 512 contiguous bytes)
@@ -760,7 +773,7 @@ __device__ __forceinline__ void gemv1_mlp_split_impl(const bf16* x, const NormAr
 #pragma unroll
   for (int r = 0; r < 8; ++r)
 #pragma unroll
-    for (int q = 0; q < QW; ++q) {
+    for (int q = 0; q < QW && TD < 2; ++q) {
       const bool on = TD ? t < chunks && 8 * q + r < rows : t < chunks && 8 * q < rows;
       const uint4* src = TD ? reinterpret_cast<const uint4*>(down + (i64)(lo + 8 * q + r) * K) + t
                             : reinterpret_cast<const uint4*>(down + (i64)(8 * t + r) * F + lo) + q;
@@ -785,14 +798,23 @@ __device__ __forceinline__ void gemv1_mlp_split_impl(const bf16* x, const NormAr
   float s[8];
 #pragma unroll
   for (int r = 0; r < 8; ++r) s[r] = 0.f;
+  if constexpr (TD == 2) {  // act column f's weights for this thread's 8 output rows: 16 bytes of row f
+    minillm::mbar_wait(b_down, 0);
+    for (int f = 0; f < rows; ++f) {
+      float wf[8];
+      minillm::unpack_bf16x8(reinterpret_cast<const uint4*>(down_s + (i64)f * K)[t], wf);
 #pragma unroll
-  for (int q = 0; q < QW; ++q) {
+      for (int j = 0; j < 8; ++j) s[j] = fmaf(act[f], wf[j], s[j]);
+    }
+  }
+#pragma unroll
+  for (int q = 0; q < QW && TD < 2; ++q) {
     if (8 * q >= rows) break;
 #pragma unroll
     for (int r = 0; r < 8; ++r) {
       float wf[8];
       minillm::unpack_bf16x8(dw[r][q], wf);
-      if constexpr (TD) {  // act column 8q + r's weights for this thread's 8 output rows (zeros past rows)
+      if constexpr (TD == 1) {  // act column 8q + r's weights for this thread's 8 output rows (zeros past rows)
         const float a = 8 * q + r < rows ? act[8 * q + r] : 0.f;
 #pragma unroll
         for (int j = 0; j < 8; ++j) s[j] = fmaf(a, wf[j], s[j]);
@@ -834,9 +856,10 @@ __device__ __forceinline__ void gemv1_mlp_split_impl(const bf16* x, const NormAr
   MINILLM_GEMV1_MLP_SPLIT(ACC, TD, NAME, 16)        \
   MINILLM_GEMV1_MLP_SPLIT(ACC, TD, NAME, 24)        \
   MINILLM_GEMV1_MLP_SPLIT(ACC, TD, NAME, 32)
-MINILLM_GEMV1_MLP_SPLIT_ROWS(1, false, f32)
-MINILLM_GEMV1_MLP_SPLIT_ROWS(2, false, i64)
-MINILLM_GEMV1_MLP_SPLIT_ROWS(1, true, f32t)  // down_t [F, K] (MINILLM_MLP_SPLIT=3)
+MINILLM_GEMV1_MLP_SPLIT_ROWS(1, 0, f32)
+MINILLM_GEMV1_MLP_SPLIT_ROWS(2, 0, i64)
+MINILLM_GEMV1_MLP_SPLIT_ROWS(1, 1, f32t)  // down_t [F, K] in registers (MINILLM_MLP_SPLIT=3)
+MINILLM_GEMV1_MLP_SPLIT_ROWS(1, 2, f32s)  // down_t [F, K] staged in shared memory (MINILLM_MLP_SPLIT=4)
 
 // The next layer's qkv product reading the split MLP's sums (x: ws.mlp_acc's row, fp32 or fixed-point int64):
 // gemv1_stage_norm1_bf16 with x + residual summed before one rounding. K <= 1024.

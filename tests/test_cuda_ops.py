@@ -1036,7 +1036,7 @@ def test_one_row_stage_kernels_same_bits(be, K, N):
     assert rel_err(got[1]["plain"], ref) < tol(be)
 
 
-@pytest.mark.parametrize("mode", [1, 2, 3])
+@pytest.mark.parametrize("mode", [1, 2, 3, 4])
 @pytest.mark.parametrize("K,F,N", [(1024, 3072, 4096),  # 0.6B: 24 act rows a CTA
                                    (576, 1536, 960),  # SmolLM2-135M: 16 rows
                                    (256, 512, 384),  # 8 rows, fewer CTAs than SMs
@@ -1063,14 +1063,14 @@ def test_split_mlp_matches_numpy(be, mode, K, F, N):
     d = {k: be.asarray(v) for k, v in hx.items()}
     d["down_t"] = be.asarray(np.ascontiguousarray(hx["down"].T))  # mode 3's layout
     hx = {k: rounded(be, v) for k, v in hx.items()}  # what the device holds
-    plan = mlp_split_plan(F, K, be.num_sms, be.max_smem)
+    plan = mlp_split_plan(F, K, be.num_sms, be.max_smem, mode == 4)
     assert plan is not None
     saved = be.mlp_split
     try:
         be.mlp_split = mode
         dt = be.mlp_split_dtype(K, F, N, 3)
         assert dt == (np.int64 if mode == 2 else np.float32)
-        want = Counter({f"gemv1_mlp_split_{ {1: 'f32', 2: 'i64', 3: 'f32t'}[mode]}_r{plan[3]}_bf16": 1,
+        want = Counter({f"gemv1_mlp_split_{ {1: 'f32', 2: 'i64', 3: 'f32t', 4: 'f32s'}[mode]}_r{plan[3]}_bf16": 1,
                         f"gemv1_stage_norm1_acc_{'i64' if mode == 2 else 'f32'}_bf16": 1})
         runs = []
         for graph in (False, True):
@@ -1081,7 +1081,7 @@ def test_split_mlp_matches_numpy(be, mode, K, F, N):
 
             def call(ring=ring, o=o, normed=normed):
                 be.rms_norm_mlp_split(d["x"], d["res"], d["nw"], 1e-6, d["gu"],
-                                      d["down_t"] if mode == 3 else d["down"], acc=ring[0],
+                                      d["down_t"] if mode >= 3 else d["down"], acc=ring[0],
                                       zero=ring[1], residual_out=o["res_out"])
                 be.rms_norm_matmul(ring[0], o["res_out"], d["nw2"], 1e-6, d["wq"], o["out"], o["res_out2"],
                                    normed, bias=d["b"])

@@ -206,6 +206,8 @@ def test_mlp_split_plan_one_cta_an_sm_rows_in_eights():
     values (a thread's 8 outputs), and the gate_up share within the staged products' 112 KB."""
     sms, big = 132, 227 << 10
     assert mlp_split_plan(3072, 1024, sms, big) == (128, 24, (2 * 24 * 1024 + 1024) * 2, 24)  # 0.6B
+    assert mlp_split_plan(3072, 1024, sms, big, True) == (128, 24, (3 * 24 * 1024 + 1024) * 2, 24)  # down staged
+    assert mlp_split_plan(3072, 1024, sms, 140 << 10, True) is None  # 146 KB past the device's limit
     assert mlp_split_plan(1536, 576, sms, big) == (96, 16, (2 * 16 * 576 + 576) * 2, 16)  # SmolLM2-135M
     assert mlp_split_plan(512, 256, sms, big) == (64, 8, (2 * 8 * 256 + 256) * 2, 8)
     assert mlp_split_plan(2056, 1000, sms, big) == (129, 16, (2 * 16 * 1000 + 1000) * 2, 16)

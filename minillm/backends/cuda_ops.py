@@ -374,11 +374,14 @@ _MLP_SPLIT_ROWS = (8, 16, 24, 32)  # the kernels' bounds on act rows a CTA (down
 _MLP_SPLIT_ACC = {1: ("f32", np.float32), 2: ("i64", np.int64)}
 # mode 3: fp32 sums over the down weight transposed ([F, K], a copy made at load: Transformer's down_t), so
 # each CTA's down columns are one contiguous block and a warp's loads 512 contiguous bytes
-_MLP_SPLIT_KERNEL = {1: "f32", 2: "i64", 3: "f32t"}
-_MLP_SPLIT_DTYPE = {1: np.float32, 2: np.int64, 3: np.float32}
+# mode 4: the same, each CTA's down_t rows copied into shared memory behind its gate_up share (bulk copies)
+_MLP_SPLIT_KERNEL = {1: "f32", 2: "i64", 3: "f32t", 4: "f32s"}
+_MLP_SPLIT_DTYPE = {1: np.float32, 2: np.int64, 3: np.float32, 4: np.float32}
+_MLP_SPLIT_MAX_SMEM = 160 << 10  # mode 4's shares: 146 KB on the 0.6B, beside the next qkv product's 66 KB
 
 
-def mlp_split_plan(F: int, K: int, num_sms: int, max_smem: int) -> tuple[int, int, int, int] | None:
+def mlp_split_plan(F: int, K: int, num_sms: int, max_smem: int,
+                   staged_down: bool = False) -> tuple[int, int, int, int] | None:
     """(grid, act rows a CTA, dynamic shared memory bytes, the kernel's row bound) of cuda/gemv.cu's
     gemv1_mlp_split_* for an MLP of F activations over rows of K, or None where it does not apply: K over
     1,024 (a thread's 8 outputs), K or F not a multiple of 8, more than 32 act rows a CTA, or a gate_up share
@@ -387,8 +390,8 @@ def mlp_split_plan(F: int, K: int, num_sms: int, max_smem: int) -> tuple[int, in
         return None
     rpc = _cdiv(_cdiv(F, num_sms), 8) * 8
     bound = next((r for r in _MLP_SPLIT_ROWS if r >= rpc), None)
-    smem = (2 * rpc * K + K) * 2
-    if bound is None or smem > min(max_smem, _GEMV1_STAGE_MAX_SMEM):
+    smem = ((3 if staged_down else 2) * rpc * K + K) * 2
+    if bound is None or smem > min(max_smem, _MLP_SPLIT_MAX_SMEM if staged_down else _GEMV1_STAGE_MAX_SMEM):
         return None
     return _cdiv(F, rpc), rpc, smem, bound
 
@@ -824,9 +827,10 @@ class CudaBackend:
         self.mlp_split = env_int("MINILLM_MLP_SPLIT", _MLP_SPLIT_DEFAULT,
                                  "one-row steps run each layer's MLP but the last as one kernel adding its down "
                                  "sums into a ring row: 0 off, 1 fp32 atomics, 2 fixed-point int64 (same bits)")
-        if self.mlp_split not in (0, 1, 2, 3):
+        if self.mlp_split not in (0, 1, 2, 3, 4):
             raise ValueError(f"MINILLM_MLP_SPLIT={self.mlp_split}: use 0 (off), 1 (fp32 atomic sums), 2 "
-                             "(fixed-point int64 sums, the same bits every run) or 3 (fp32, down transposed)")
+                             "(fixed-point int64 sums, the same bits every run), 3 (fp32, down transposed) "
+                             "or 4 (3 with the down shares staged)")
         self.o_merge = env_int("MINILLM_O_MERGE", _O_MERGE_DEFAULT,
                                "a batch-1 step's o product merges the attention's splits: 0 off, 1 each CTA, "
                                "2 in clusters")
@@ -1022,7 +1026,8 @@ class CudaBackend:
             if n.startswith("gemv1_merge"):
                 k[n].max_dynamic_shared_size_bytes = min(self.max_smem, _O_MERGE_MAX_SMEM)
             if n.startswith(("gemv1_stage", "gemv1_mlp_split")):
-                k[n].max_dynamic_shared_size_bytes = min(self.max_smem, _GEMV1_STAGE_MAX_SMEM)
+                k[n].max_dynamic_shared_size_bytes = min(self.max_smem, _MLP_SPLIT_MAX_SMEM if "f32s" in n
+                                                         else _GEMV1_STAGE_MAX_SMEM)
         # cuda/gemm.cu for 17-256 rows, only with MINILLM_GEMM=wide (scripts/gemm_bench.py switches
         # it per call): measured 0.2-0.9x cuBLAS on the H200 (part63-65, docs/BENCHMARKS.md), so
         # cuBLAS stays the default and its module is compiled on first use (_wide_kernel); the
@@ -1832,7 +1837,7 @@ class CudaBackend:
         fitting (the next layer's qkv product staged, NORM 1), and 3+ layers (the ring's rows: the Transformer)."""
         if (self.mlp_split == 0 or num_layers < 3 or not self.folds_norms(1, hidden)
                 or norm_fold_chunks(hidden) != 1 or self.gemv1_stage == 0
-                or mlp_split_plan(intermediate, hidden, self.num_sms, self.max_smem) is None
+                or mlp_split_plan(intermediate, hidden, self.num_sms, self.max_smem, self.mlp_split == 4) is None
                 or gemv1_stage_plan(qkv_rows, hidden, False, self.num_sms, self.max_smem) is None):
             return None
         return _MLP_SPLIT_DTYPE[self.mlp_split]
@@ -1844,9 +1849,9 @@ class CudaBackend:
         ring row the last product read). acc / zero: [1, K] rows of mlp_split_dtype's type."""
         N2, K = w_gate_up.shape
         F = N2 // 2
-        plan = mlp_split_plan(F, K, self.num_sms, self.max_smem)
+        plan = mlp_split_plan(F, K, self.num_sms, self.max_smem, self.mlp_split == 4)
         rows = (x, residual, residual_out)
-        down_shape = (F, K) if self.mlp_split == 3 else (K, F)
+        down_shape = (F, K) if self.mlp_split >= 3 else (K, F)
         if (plan is None or self.mlp_split == 0 or N2 % 2 or w_down.shape != down_shape or norm_w.shape != (K,)
                 or any(a.dtype != self.dtype or a.shape != (1, K) or a.data.ptr % 16 for a in rows)
                 or acc.dtype != _MLP_SPLIT_DTYPE[self.mlp_split] or acc.shape != (1, K) or zero.shape != (1, K)

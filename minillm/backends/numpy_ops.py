@@ -223,7 +223,7 @@ class NumpyBackend:
         """acc += (silu(n @ gate.T) * (n @ up.T)) @ w_down.T for n = rms_norm(x + residual) * norm_w;
         residual_out <- x + residual; zero[:] = 0 (the ring row the product before read)."""
         F = w_gate_up.shape[0] // 2
-        if self.mlp_split == 3:  # down given transposed, [F, K]: back to [K, F], the plain path's BLAS call
+        if self.mlp_split >= 3:  # down given transposed, [F, K]: back to [K, F], the plain path's BLAS call
             w_down = np.ascontiguousarray(w_down.T)
         np.add(residual, x, out=residual_out)
         normed = np.empty_like(residual_out)

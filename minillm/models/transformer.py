@@ -149,7 +149,7 @@ class Transformer:
                     attn_conv=self._conv(w, p + "attn_conv.") if cfg.conv_kernel_size else None,
                     mlp_conv=self._conv(w, p + "mlp_conv.") if cfg.conv_kernel_size else None,
                     down_t=(a(np.ascontiguousarray(w[p + "down"].T))
-                            if getattr(backend, "mlp_split", 0) == 3 and mlp_acc_dtype(backend, cfg) else None),
+                            if getattr(backend, "mlp_split", 0) in (3, 4) and mlp_acc_dtype(backend, cfg) else None),
                 )
             )
         self.cos_sin = a(cos_sin_table(cfg, max_positions), dtype=np.float32)
