@@ -553,8 +553,10 @@ MINILLM_GEMV1_NORM(4)
 // staged its gate_up share, held its down columns in registers from before its wait, and added its share
 // of the down sums into a ring row that the next qkv product read (fp32 atomics, or fixed-point int64 for
 // order-free bits). Batch-1 graph 0.798 -> 0.884 ms (+10.8%, fp32) / 0.993 (+24.5%, int64); with the adds
-// compiled out still +9.7%: the loss is the kernel itself, its serial path (act rows, then the down sums) or
-// its down columns' register loads (16 bytes of each of 1,024 rows, 8 rows apart across a warp), not its adds.
+// compiled out still +9.7%: the loss is the kernel itself, not its adds. Session 73 (part366 / part367, H100s;
+// the code is in 1dda803): with the down weight transposed at load, its shares loaded into registers +4.9%,
+// copied into shared memory behind the gate_up share +0.5%. So the [K, F] register loads (16 bytes of each of
+// 1,024 rows, 8 rows apart across a warp) were the loss, and at parity one hand-off fewer does not pay.
 // Tried and removed (session 57): gemv1_ring_*, the products too large to hold (the 8B's) streamed through
 // two shared-memory slots a CTA by a producer warp (MINILLM_GEMV1_RING): the 8B batch-1 graph 5.53 ->
 // 9.02 ms (1) / 8.77 ms (2) on an H100. The code is in a1a08df.

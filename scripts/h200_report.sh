@@ -7001,6 +7001,62 @@ part365() {  # session 72 (runs on 7078d10, which has the split MLP; carry .whl;
   pack
 }
 
+part366() {  # session 73 (runs on 1dda803's tree, the split MLP with MINILLM_MLP_SPLIT=3 / 4; carry .whl; ~4 min): the split
+  # MLP with its down weight transposed at load (3: each CTA's down columns one contiguous block, a warp's loads 512
+  # contiguous bytes) against base, 1 (fp32, the [K, F] loads) and 1 without its down loads or adds (part365's
+  # question), alternated twice; the split tests (3 included; first, so the graphs find the kernels compiled: the
+  # call before, with the graphs first, timed each out at 60 s compiling), decode base / 3, the 8B's decode and
+  # graph. Its memcheck's -k matched no test as run (rc 5); part367's has the ids right
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models06 90 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  stage split_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_cuda_model.py -k "split_mlp"
+  tail -n 3 "$W/split_tests.log"
+  local r
+  for r in 1 2; do
+    step_graph_env q06 "base_$r" 60 MINILLM_PDL=1
+    step_graph_env q06 "f32_$r" 60 MINILLM_MLP_SPLIT=1
+    step_graph_env q06 "f32t_$r" 60 MINILLM_MLP_SPLIT=3
+    step_graph_env q06 "noloads_$r" 90 MINILLM_MLP_SPLIT=1 MINILLM_CUDA_DEFINES=MLP_SPLIT_NO_ADDS=1,MLP_SPLIT_NO_DOWN_LOADS=1
+  done
+  graph_summary
+  stage memcheck_split 150 compute-sanitizer --tool memcheck --error-exitcode 1 python3 -m pytest -q -m gpu \
+    -p no:cacheprovider tests/test_cuda_ops.py -k "split_mlp and 3-1024-3072"
+  tail -n 3 "$W/memcheck_split.log"
+  decode_06b_env base
+  decode_06b_env f32t MINILLM_MLP_SPLIT=3
+  pack
+  models_both 60
+  decode_8b 50
+  stage graph8 40 python3 scripts/step_kernels.py $M/q8 --batch 1 --ctx 512 --json "$W/graph8.json"
+  pack
+}
+part367() {  # session 73 (runs on 1dda803's tree; carry .whl; ~3 min): MINILLM_MLP_SPLIT=4, the transposed down shares
+  # staged in shared memory by bulk copies behind the gate_up share (part366: 3's register loads +4.9%, none at all
+  # -10.8%): the split tests (4 included), the 0.6B batch-1 graphs base / 3 / 4 alternated twice, memcheck of 4's op
+  # test, decode base / 4
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models06 90 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  stage split_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    tests/test_cuda_model.py -k "split_mlp"
+  tail -n 3 "$W/split_tests.log"
+  local r
+  for r in 1 2; do
+    step_graph_env q06 "base_$r" 60 MINILLM_PDL=1
+    step_graph_env q06 "f32t_$r" 60 MINILLM_MLP_SPLIT=3
+    step_graph_env q06 "f32s_$r" 60 MINILLM_MLP_SPLIT=4
+  done
+  graph_summary
+  stage memcheck_split 150 compute-sanitizer --tool memcheck --error-exitcode 1 python3 -m pytest -q -m gpu \
+    -p no:cacheprovider tests/test_cuda_ops.py -k "split_mlp and 1024-3072-4096-4"
+  tail -n 3 "$W/memcheck_split.log"
+  decode_06b_env base
+  decode_06b_env f32s MINILLM_MLP_SPLIT=4
+  pack
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 
