@@ -7057,6 +7057,21 @@ part367() {  # session 73 (runs on 1dda803's tree; carry .whl; ~3 min): MINILLM_
   pack
 }
 
+part368() {  # session 73, the end of its budget (carry .whl; ~5 min): main's final code (its kernels 2e93132's)
+  # through every GPU test but SmolLM2's and the debug build's, in two stages so a call cut short keeps the
+  # first: the model, engine and graph tests, then the op tests
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage gpu_tests_engine 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_dflash_graphs.py \
+    tests/test_gpu_engine.py tests/test_cuda_model.py tests/test_async_scheduling.py tests/test_prompt_logprobs.py \
+    tests/test_cuda_dflash2.py -k "not smollm2 and not debug_build"
+  tail -n 3 "$W/gpu_tests_engine.log"
+  stage gpu_tests_ops 300 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py \
+    -k "not smollm2 and not debug_build"
+  tail -n 3 "$W/gpu_tests_ops.log"
+  pack
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 
