@@ -7057,7 +7057,7 @@ part367() {  # session 73 (runs on 1dda803's tree; carry .whl; ~3 min): MINILLM_
   pack
 }
 
-part368() {  # session 73, the end of its budget (carry .whl; ~5 min): main's final code (its kernels 2e93132's)
+part368() {  # session 73, the end of its budget (carry .whl; ~5 min; never ran: refused twice): main's final code (its kernels 2e93132's)
   # through every GPU test but SmolLM2's and the debug build's, in two stages so a call cut short keeps the
   # first: the model, engine and graph tests, then the op tests
   setup
