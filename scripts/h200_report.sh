@@ -7072,6 +7072,27 @@ part368() {  # session 73, the end of its budget (carry .whl; ~5 min; never ran:
   pack
 }
 
+part369() {  # session 74 (carry .whl; ~9 min): SKINNY2_PREWAIT, the 9-16-row products' (gemm_skinny2_*, w4 and
+  # gated) first block of weight rows asked for before the PDL wait (they waited first, then asked): the skinny
+  # op tests, the rejected DFlash k = 8 round's graphs at c = 1 with SKINNY2_PREWAIT=0 (SASS identical to main's
+  # before) / 1 alternated twice, then c = 16 once each
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models 120 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force"
+  stage skinny_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_cuda_ops.py -k "skinny or matmul"
+  tail -n 3 "$W/skinny_tests.log"
+  local r
+  for r in 1 2; do
+    spec_round_graph "base_$r" 1 150 MINILLM_CUDA_DEFINES=SKINNY2_PREWAIT=0
+    spec_round_graph "pw_$r" 1 100 MINILLM_PDL=1
+  done
+  graph_summary
+  spec_round_graph base_1 16 100 MINILLM_CUDA_DEFINES=SKINNY2_PREWAIT=0
+  spec_round_graph pw_1 16 100 MINILLM_PDL=1
+  graph_summary
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 
