@@ -877,7 +877,14 @@ MINILLM_GEMV1_MERGE(gemv1_merge_cl8_bf16_w16, 16, 8, __cluster_dims__(8, 1, 1))
 #ifndef SKINNY2_PIPELINED  // 0: gemm_skinny2_* / gemm_skinny4_* run gemm_skinny_*'s loop (A/B runs)
 #define SKINNY2_PIPELINED 1
 #endif
-#ifndef SKINNY2_PREWAIT  // 1: the pipelined loop's first weight block loaded before the PDL wait
+// SKINNY2_PREWAIT (session 74): the pipelined kernels (gemm_skinny2_*, gemm_skinny2w4_*, gemm_skinny4_*)
+// ask for each warp's first block of weight rows before the PDL wait, x after it; until then they waited
+// first. 4 of a lane's loads (16 KB a CTA of 8 warps) land during the wait. On one H100, alternated twice
+// (part369-part371; SKINNY2_PREWAIT=0 builds main's earlier SASS byte for byte): the 8B rejected DFlash
+// k = 8 round's graphs at c = 1 -1.5% (its 164 products of 9 and 16 rows), 0.6B batch-12 / 16 steps -3.9% /
+// -2.6%, 8B batch-12 / 16 -1.7% / -1.4%; rounds at c = 4 / 16 (cuBLAS's rows) unchanged. 0 restores the old
+// order, for A/B runs.
+#ifndef SKINNY2_PREWAIT
 #define SKINNY2_PREWAIT 1
 #endif
 

@@ -7093,6 +7093,57 @@ part369() {  # session 74 (carry .whl; ~9 min): SKINNY2_PREWAIT, the 9-16-row pr
   graph_summary
 }
 
+# part370-part373 (session 74) ran as inline commands on part369's warm machine (the helpers above sourced from
+# this file, W=/tmp/w370.. and PART=p370..); recorded here as parts, with the same stages and timeouts.
+pw_graph_ab() {  # pw_graph_ab MODEL BATCH RUN: a plain decode step's graph at 512 keys, SKINNY2_PREWAIT=0 then 1
+  local m=$1 b=$2 r=$3
+  stage "graph_${m}_b${b}_base_$r" 60 env MINILLM_CUDA_DEFINES=SKINNY2_PREWAIT=0 python3 scripts/step_kernels.py \
+    $M/$m --batch $b --ctx 512 --json "$W/graph_${m}_b${b}_base_$r.json"
+  stage "graph_${m}_b${b}_pw_$r" 60 python3 scripts/step_kernels.py $M/$m --batch $b --ctx 512 \
+    --json "$W/graph_${m}_b${b}_pw_$r.json"
+}
+part370() {  # session 74, after part369 on its machine (~3 min): the round's graphs at c = 4 and 16 and the 8B's
+  # batch-16 step, SKINNY2_PREWAIT=0 / 1 alternated twice; the DFlash graph and engine GPU tests
+  setup
+  local r
+  for r in 1 2; do
+    spec_round_graph "base_$r" 4 60 MINILLM_CUDA_DEFINES=SKINNY2_PREWAIT=0
+    spec_round_graph "pw_$r" 4 60 MINILLM_PDL=1
+    spec_round_graph "base_$r" 16 60 MINILLM_CUDA_DEFINES=SKINNY2_PREWAIT=0
+    spec_round_graph "pw_$r" 16 60 MINILLM_PDL=1
+    pw_graph_ab q8 16 "$r"
+  done
+  graph_summary
+  stage dflash_gpu_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_dflash_graphs.py \
+    tests/test_gpu_engine.py -k "not smollm2 and not debug_build"
+}
+part371() {  # session 74, the same machine (~2 min): 0.6B batch-16 / 12 and 8B batch-12 steps alternated twice,
+  # memcheck of the skinny2 / skinny4 op tests, the spec-cost bench at c = 1
+  setup
+  stage models06 60 python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force
+  local r
+  for r in 1 2; do
+    pw_graph_ab q06 16 "$r"
+    pw_graph_ab q06 12 "$r"
+    pw_graph_ab q8 12 "$r"
+  done
+  graph_summary
+  stage memcheck_skinny 200 compute-sanitizer --tool memcheck --error-exitcode 1 python3 -m pytest -q -m gpu \
+    -p no:cacheprovider tests/test_cuda_ops.py -k "skinny2 or skinny4"
+  stage spec_cost_c1 150 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash --k 8 --concurrency 1
+}
+part372() {  # session 74, the same machine (~3 min): every GPU test but SmolLM2's and the debug build's
+  setup
+  gpu_tests_full 440
+}
+part373() {  # session 74, the same machine (~1 min): the spec-cost bench at c = 1, SKINNY2_PREWAIT=0 then 1
+  setup
+  stage spec_cost_c1_base 120 env MINILLM_CUDA_DEFINES=SKINNY2_PREWAIT=0 python3 -m minillm.bench spec-cost $M/q8 \
+    --drafter $M/q8-dflash --k 8 --concurrency 1
+  stage spec_cost_c1_pw 120 env MINILLM_PDL=1 python3 -m minillm.bench spec-cost $M/q8 --drafter $M/q8-dflash \
+    --k 8 --concurrency 1
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 
