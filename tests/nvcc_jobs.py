@@ -45,6 +45,7 @@ VARIANTS = [("decode_attention", ["-DDEC_NO_MATH=1", "-DDEC_MERGE_FLIGHT=4", "-D
                                   "-DDEC_MERGE_FLIGHT_ROPE=4", "-DDEC_MERGE_ONE_TRIP=0", "-DDEC_KV_PREWAIT=0"]),
             ("gemv", ["-DPDL_LATE=0", "-DGEMV_PREFETCH_MAX=0", "-DGEMV_MAX_M=8", "-DSKINNY2_PIPELINED=0",
                       "-DGEMV_NORM_MIN_BLOCKS=5", "-DGEMV_GATED_NORM_MIN_BLOCKS=8"]),
+            ("gemv", ["-DSKINNY2_PREWAIT=0"]),
             ("norm", ["-DNORM_EARLY_MIN_ROWS=1000000"]), ("norm", ["-DMINILLM_TIMELINE=1"]),
             ("prefill_attention", ["-DPF_PDL=1"]),
             ("prefill_attention", ["-DPF_PDL=1", "-DPDL_PREWAIT_INDEX=0"]),
