@@ -7144,6 +7144,22 @@ part373() {  # session 74, the same machine (~1 min): the spec-cost bench at c =
     --k 8 --concurrency 1
 }
 
+part374() {  # session 74, the end of its budget (carry .whl; ~4 min; never ran: refused twice): part369's A/B again on another machine (an
+  # H200 if one comes): the c = 1 round's graphs and the 0.6B batch-12 step, SKINNY2_PREWAIT=0 / 1 alternated twice
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models 120 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force"
+  local r
+  for r in 1 2; do
+    spec_round_graph "base_$r" 1 150 MINILLM_CUDA_DEFINES=SKINNY2_PREWAIT=0
+    spec_round_graph "pw_$r" 1 150 MINILLM_PDL=1
+    pw_graph_ab q06 12 "$r"
+  done
+  graph_summary
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 
