@@ -883,7 +883,9 @@ MINILLM_GEMV1_MERGE(gemv1_merge_cl8_bf16_w16, 16, 8, __cluster_dims__(8, 1, 1))
 // (part369-part371; SKINNY2_PREWAIT=0 builds main's earlier SASS byte for byte): the 8B rejected DFlash
 // k = 8 round's graphs at c = 1 -1.5% (its 164 products of 9 and 16 rows), 0.6B batch-12 / 16 steps -3.9% /
 // -2.6%, 8B batch-12 / 16 -1.7% / -1.4%; rounds at c = 4 / 16 (cuBLAS's rows) unchanged. 0 restores the old
-// order, for A/B runs.
+// order, for A/B runs. The unpipelined gemm_skinny_* (2-8 rows) still wait first: the first block's rows
+// loaded before the wait and selected in the loop's first pass took them from 70 to 80 registers with
+// spills (gated 88 -> 124; ptxas, session 74, not run), and a lambda-refactored loop changed their SASS.
 #ifndef SKINNY2_PREWAIT
 #define SKINNY2_PREWAIT 1
 #endif
