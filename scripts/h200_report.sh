@@ -7160,6 +7160,26 @@ part374() {  # session 74, the end of its budget (carry .whl; ~4 min; never ran:
   graph_summary
 }
 
+part375() {  # session 75 (carry .whl; ~9 min): the targets on main's code (f80e272) on whatever machine comes (an H200
+  # asked for): decode of both shapes, the 8B rejected DFlash k = 8 round against plain steps at c = 1-16, then
+  # part374's A/B (the c = 1 round's graphs and the 0.6B batch-12 step, SKINNY2_PREWAIT=0 / 1 alternated twice)
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage models 120 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+    python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force &&
+    python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force"
+  decode_06b 70
+  decode_8b 80
+  spec_cost_8b 170
+  local r
+  for r in 1 2; do
+    spec_round_graph "base_$r" 1 100 MINILLM_CUDA_DEFINES=SKINNY2_PREWAIT=0
+    spec_round_graph "pw_$r" 1 100 MINILLM_PDL=1
+    pw_graph_ab q06 12 "$r"
+  done
+  graph_summary
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 
