@@ -7160,11 +7160,19 @@ part374() {  # session 74, the end of its budget (carry .whl; ~4 min; never ran:
   graph_summary
 }
 
-part375() {  # session 75 (carry .whl; ~9 min): the targets on main's code (f80e272) on whatever machine comes (an H200
-  # asked for): decode of both shapes, the 8B rejected DFlash k = 8 round against plain steps at c = 1-16, then
-  # part374's A/B (the c = 1 round's graphs and the 0.6B batch-12 step, SKINNY2_PREWAIT=0 / 1 alternated twice)
+part375() {  # session 75 (carry .whl; ~10 min): scripts/preload_bench.py's synthetic 0.6B chain with each layer's qkv and
+  # attention in one kernel whose CTAs meet their KV group at a counter (--groups: 8 groups of 16 CTAs; 16 of 8)
+  # against five kernels a layer, twice, and without bytes; then the targets on main's code (f80e272) on
+  # whatever machine comes (an H200 asked for): decode of both shapes, the 8B rejected DFlash k = 8 round against
+  # plain steps at c = 1-16; then part374's A/B (the c = 1 round's graphs and the 0.6B batch-12 step,
+  # SKINNY2_PREWAIT=0 / 1 alternated twice)
   setup
   facts > "$W/facts.txt" 2>&1
+  stage preload_g8_1 60 python3 scripts/preload_bench.py --dep 2,3,1,2,1 --groups 8 --json "$W/preload_g8_1.json"
+  stage preload_g16 60 python3 scripts/preload_bench.py --dep 2,3,1,2,1 --groups 16 --json "$W/preload_g16.json"
+  stage preload_g8_0b 60 python3 scripts/preload_bench.py --mb 0,0,0,0,0 --dep 2,3,1,2,1 --groups 8 \
+    --stream-ctas 132 --json "$W/preload_g8_0b.json"
+  stage preload_g8_2 60 python3 scripts/preload_bench.py --dep 2,3,1,2,1 --groups 8 --json "$W/preload_g8_2.json"
   stage models 120 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
     python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force &&
     python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force"

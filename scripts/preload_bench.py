@@ -28,6 +28,14 @@ left is each hand-off's own cost, with PDL released late, released at once, and 
 Each kernel reads the whole previous vector (4 KB; the folded-norm kernels sum it first, as a
 product normalising its x would) and writes its slice of the next, so a wrong order shows: every
 way's final vector must equal stream's bit for bit. Median replay of 20 after 3 warm-ups.
+
+--groups G (session 75): a layer's first two kernels in one (pre_early_fused). A batch-1 attention needs
+only its KV group's rows of the qkv product (the 0.6B's 8 KV heads: 512 of 4,096 rows each), so with
+--dep 2,3,1,2,1 (3: each output element waits on the sum of its own group's 1 / G of x only) the fused
+kernel's CTAs (G groups of SMs // G; both shares copied before the wait) do the first kernel's work, meet
+their group at a counter (__threadfence + atomicAdd, then a spin on ld.acquire.gpu) instead of a kernel
+boundary, then do the second kernel's work on their group's slice. What it measures: one PDL hand-off a
+layer traded for a 1 / G-of-the-grid barrier.
 """
 
 from __future__ import annotations
@@ -58,12 +66,31 @@ __device__ __forceinline__ float src_sum(const float* src, int n, float* red) {
   return t;
 }
 
+// the sum of src[lo, lo + cnt) by warp 0 in a fixed order, broadcast (dep 3's group sums, the same bits
+// in layer_kernel and fused_kernel)
+__device__ __forceinline__ float slice_sum(const float* src, int lo, int cnt, float* red) {
+  if (threadIdx.x < 32) {
+    float s = 0.f;
+    for (int j = threadIdx.x; j < cnt; j += 32) s += __ldcg(src + lo + j);
+    for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (threadIdx.x == 0) red[0] = s;
+  }
+  __syncthreads();
+  const float t = red[0];
+  __syncthreads();
+  return t;
+}
+
+__device__ __forceinline__ float chain_term(int me, int j) { return 1e-3f * (float)((me * 31 + j) % 17); }
+
 // pre: 0 stream the share from HBM after the wait; 1 copy it to shared memory before the wait,
 // release after the loop; 2 the same, release right after issuing the copy.
-// dep: 1 the sums wait on one x element (a product), 2 on the CTA's sum of x (a folded norm).
+// dep: 1 the sums wait on one x element (a product), 2 on the CTA's sum of x (a folded norm), 3 each
+// output element on the sum of its own group's n / groups elements of x (an attention's KV group).
 extern "C" __global__ void __launch_bounds__(256) layer_kernel(const float* src, float* dst, int n,
                                                                const uint4* w, long long w16, int pre, int dep,
-                                                               int me, const uint4* pf, long long pf16) {
+                                                               int me, const uint4* pf, long long pf16,
+                                                               int groups) {
   extern __shared__ __align__(128) uint4 share[];
   __shared__ float red[32];
   __shared__ __align__(8) unsigned long long bar;
@@ -117,11 +144,94 @@ extern "C" __global__ void __launch_bounds__(256) layer_kernel(const float* src,
     for (; i < hi; i += blockDim.x) acc ^= __ldcs(w + i).x;
   }
   if (acc == 0x9e3779b9u) s += 1.f;  // keeps the loads; never taken on the zero weights
+  if (dep == 3) {  // every group's sum (a warp each, at once), then each element with its own group's
+    const float f = block_sum(facc, red);  // +0: the weights are zero
+    if (pre != 2) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    const int gn = n / groups;
+    for (int g = threadIdx.x >> 5; g < groups; g += blockDim.x >> 5) {  // slice_sum's order, in warp g
+      float t = 0.f;
+      for (int j = threadIdx.x & 31; j < gn; j += 32) t += __ldcg(src + g * gn + j);
+      for (int o = 16; o; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+      if ((threadIdx.x & 31) == 0) red[g] = t;
+    }
+    __syncthreads();
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x)
+      dst[j] = __ldcg(src + j) * 0.5f + (red[j / gn] + f) * (0.5f / n) + chain_term(me, j);
+    return;
+  }
   if (dep != 2) s = src_sum(src, n, red);
   s += block_sum(facc, red);  // +0: the weights are zero
   if (pre != 2) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x)
-    dst[j] = __ldcg(src + j) * 0.5f + s * (0.5f / n) + 1e-3f * (float)((me * 31 + j) % 17);
+    dst[j] = __ldcg(src + j) * 0.5f + s * (0.5f / n) + chain_term(me, j);
+}
+
+// --groups: layer_kernel(pre 2, dep 2) then layer_kernel(pre 2, dep 3) in one grid of groups x (CTAs a group),
+// the second's work on this CTA's group's slice only, after the group's CTAs have all written theirs
+// (counters[group]: zeroed before the graph's first kernel). Both shares copied before the wait.
+extern "C" __global__ void __launch_bounds__(256) fused_kernel(const float* src, float* mid, float* dst, int n,
+                                                               const uint4* wa, long long wa16, const uint4* wb,
+                                                               long long wb16, int me, int groups,
+                                                               unsigned* counters) {
+  extern __shared__ __align__(128) uint4 share[];
+  __shared__ float red[32];
+  __shared__ __align__(8) unsigned long long bar;
+  const int per_group = gridDim.x / groups, grp = blockIdx.x / per_group, l = blockIdx.x % per_group;
+  const long long pa = (wa16 + gridDim.x - 1) / gridDim.x, la = pa * blockIdx.x;
+  const long long pb = (wb16 + gridDim.x - 1) / gridDim.x, lb = pb * blockIdx.x;
+  const int ca = la < wa16 ? (int)(min(la + pa, wa16) - la) : 0;
+  const int cb = lb < wb16 ? (int)(min(lb + pb, wb16) - lb) : 0;
+  uint4* const share_b = share + pa;  // the second share after the first's largest
+  const unsigned b = smem_addr(&bar);
+  if (threadIdx.x == 0) {
+    mbar_init(b, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    mbar_expect_tx(b, (unsigned)(ca + cb) * 16u);
+    for (int c = 0; c < ca; c += 2048)
+      bulk_copy(smem_addr(share + c), wa + la + c, (unsigned)(min(2048, ca - c) * 16), b);
+    for (int c = 0; c < cb; c += 2048)
+      bulk_copy(smem_addr(share_b + c), wb + lb + c, (unsigned)(min(2048, cb - c) * 16), b);
+  }
+  __syncthreads();
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  // the first kernel's work (dep 2): the sum of all of x, the share's dot, this CTA's part of its group's slice
+  float s = src_sum(src, n, red);
+  const float x = s;
+  mbar_wait(b, 0);
+  float facc = 0.f;
+  for (int i = threadIdx.x; i < ca; i += blockDim.x) {
+    const uint4 a = share[i];
+    facc = fmaf(__uint_as_float(a.x), x, facc);
+    facc = fmaf(__uint_as_float(a.w), x, facc);
+  }
+  s += block_sum(facc, red);
+  const int gn = n / groups, g0 = grp * gn;
+  for (int j = g0 + l + per_group * threadIdx.x; j < g0 + gn; j += per_group * blockDim.x)
+    mid[j] = __ldcg(src + j) * 0.5f + s * (0.5f / n) + chain_term(me, j);
+  // the group barrier: every CTA of the group has written its part of the slice
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(counters + grp, 1u);
+    unsigned seen = 0;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counters + grp) : "memory");
+    } while (seen < (unsigned)per_group);
+  }
+  __syncthreads();
+  // the second kernel's work (dep 3) on this group's slice
+  const float x2 = __ldcg(mid + g0 + threadIdx.x % gn);
+  float facc2 = 0.f;
+  for (int i = threadIdx.x; i < cb; i += blockDim.x) {
+    const uint4 a = share_b[i];
+    facc2 = fmaf(__uint_as_float(a.x), x2, facc2);
+    facc2 = fmaf(__uint_as_float(a.w), x2, facc2);
+  }
+  const float f = block_sum(facc2, red);
+  const float gs = slice_sum(mid, g0, gn, red) + f;
+  for (int j = g0 + l + per_group * threadIdx.x; j < g0 + gn; j += per_group * blockDim.x)
+    dst[j] = __ldcg(mid + j) * 0.5f + gs * (0.5f / n) + chain_term(me + 1, j);
 }
 """
 
@@ -138,7 +248,11 @@ def main() -> None:
     ap.add_argument("--mb", default=",".join(map(str, LAYER_MB)), help="a layer's kernels' weight MB")
     ap.add_argument("--dep", default=",".join(map(str, LAYER_DEP)),
                     help="each kernel's wait: 1 on one x element (a product), 2 on the CTA's sum of x (a folded "
-                         "norm); as many as --mb (--mb 0,0,0 --dep 2,1,1: the hand-offs of three kernels a layer)")
+                         "norm), 3 on its group's sum (an attention, --groups); as many as --mb "
+                         "(--mb 0,0,0 --dep 2,1,1: the hand-offs of three kernels a layer)")
+    ap.add_argument("--groups", type=int, default=0,
+                    help="G > 0: also the way pre_early_fused, each layer's first two kernels in one grid of G groups "
+                         "(needs --dep 2,3,...: the second waits on its group's 1 / G of x)")
     ap.add_argument("--pre-ctas", type=int, default=0, help="CTAs of each pre_* kernel (default: one an SM)")
     ap.add_argument("--pre-threads", type=int, default=256)
     ap.add_argument("--stream-ctas", type=int, default=0, help="every stream kernel's grid (default: the real ones)")
@@ -160,8 +274,13 @@ def main() -> None:
     pre_ctas = a.pre_ctas or sms
     layer_mb = [float(m) for m in a.mb.split(",")]
     layer_dep = [int(d) for d in a.dep.split(",")]
-    if len(layer_mb) != len(layer_dep) or not set(layer_dep) <= {1, 2}:
-        raise SystemExit(f"--mb has {len(layer_mb)} entries: --dep needs as many, each 1 or 2")
+    if len(layer_mb) != len(layer_dep) or not set(layer_dep) <= {1, 2, 3}:
+        raise SystemExit(f"--mb has {len(layer_mb)} entries: --dep needs as many, each 1, 2 or 3")
+    n = 1024
+    if (3 in layer_dep or a.groups) and (not 1 <= a.groups <= 32 or n % a.groups or layer_dep[:2] != [2, 3]):
+        raise SystemExit(f"--groups {a.groups} with --dep {a.dep}: --groups needs a divisor of {n} up to 32 "
+                         "and --dep 2,3,... "
+                         "(dep 3 needs --groups)")
     if len(layer_mb) != len(STREAM_CTAS) and a.stream_ctas == 0:
         raise SystemExit("--mb with other than five kernels a layer needs --stream-ctas (stream's grid)")
     w16s = [int(m * 1e6) // 16 for _ in range(a.layers) for m in layer_mb]
@@ -173,20 +292,39 @@ def main() -> None:
     if share_max > 227 * 1024:
         raise SystemExit(f"a CTA's share is {share_max} bytes, over 227 KB: raise --pre-ctas")
     fn.max_dynamic_shared_size_bytes = share_max
-    n = 1024
+    fused = mod.get_function("fused_kernel")
+    fused_ctas = sms // a.groups * a.groups if a.groups else 0  # whole groups of SMs
+    if a.groups:
+        fused_share = sum((w16s[i] + fused_ctas - 1) // fused_ctas for i in (0, 1)) * 16
+        if fused_share > 227 * 1024:
+            raise SystemExit(f"the fused kernel's CTA holds {fused_share} bytes, over 227 KB")
+        fused.max_dynamic_shared_size_bytes = fused_share
+    counters = cupy.zeros(max(1, a.layers * a.groups), dtype=np.uint32)  # the fused kernels' group counters
     x0 = cupy.asarray(np.random.default_rng(0).standard_normal(n).astype(np.float32))
-    bufs = [cupy.empty(n, dtype=np.float32) for _ in range(2)]
+    bufs = [cupy.empty(n, dtype=np.float32) for _ in range(3)]  # kernel i writes bufs[i % 3]
     stream = cupy.cuda.Stream(non_blocking=True)
     pdl = PdlLauncher(stream.ptr)
 
-    def chain(pre: int, use_pdl: bool, ahead: int = 0) -> None:
+    def chain(pre: int, use_pdl: bool, ahead: int = 0, fuse: bool = False) -> None:
+        if fuse:
+            cupy.cuda.runtime.memsetAsync(counters.data.ptr, 0, counters.nbytes, stream.ptr)
+        per_layer = len(layer_mb)
         for i in range(nk):
-            src = x0 if i == 0 else bufs[(i - 1) % 2]
+            src = x0 if i == 0 else bufs[(i - 1) % 3]
             wp = w[int(offs[i]) * 16:]
+            if fuse and i % per_layer == 1:
+                continue  # done by the fused kernel before it
+            if fuse and i % per_layer == 0:
+                smem = sum((w16s[k] + fused_ctas - 1) // fused_ctas for k in (i, i + 1)) * 16
+                pdl.launch(fused.kernel.ptr, (fused_ctas,), (a.pre_threads,),
+                           (src, bufs[i % 3], bufs[(i + 1) % 3], np.int32(n), wp, np.int64(w16s[i]),
+                            w[int(offs[i + 1]) * 16:], np.int64(w16s[i + 1]), np.int32(i), np.int32(a.groups),
+                            counters[i // per_layer * a.groups:]), shared_mem=smem)
+                continue
             j = i + ahead
             pf, pf16 = (w[int(offs[j]) * 16:], w16s[j]) if ahead and j < nk else (w, 0)
-            args = (src, bufs[i % 2], np.int32(n), wp, np.int64(w16s[i]), np.int32(pre), np.int32(deps[i]),
-                    np.int32(i), pf, np.int64(pf16))
+            args = (src, bufs[i % 3], np.int32(n), wp, np.int64(w16s[i]), np.int32(pre), np.int32(deps[i]),
+                    np.int32(i), pf, np.int64(pf16), np.int32(max(1, a.groups)))
             if pre:
                 grid, block, smem = pre_ctas, a.pre_threads, (w16s[i] + pre_ctas - 1) // pre_ctas * 16
             else:
@@ -198,13 +336,16 @@ def main() -> None:
                     fn((grid,), (block,), args, shared_mem=smem)
 
     rows, ref = [], None
-    ways = [(name, pre, use_pdl, 0) for name, pre, use_pdl in WAYS]
-    ways += [(f"pre_early_l2_{d}", 2, True, int(d)) for d in a.ahead.split(",") if d]
-    for name, pre, use_pdl, ahead in ways:
-        chain(pre, False)  # load the module outside the capture
-        times = graph_replay_us(stream, lambda pre=pre, use_pdl=use_pdl, ahead=ahead: chain(pre, use_pdl, ahead),
-                                a.reps)
-        out = cupy.asnumpy(bufs[(nk - 1) % 2])
+    ways = [(name, pre, use_pdl, 0, False) for name, pre, use_pdl in WAYS]
+    ways += [(f"pre_early_l2_{d}", 2, True, int(d), False) for d in a.ahead.split(",") if d]
+    if a.groups:
+        ways.append(("pre_early_fused", 2, True, 0, True))
+    for name, pre, use_pdl, ahead, fuse in ways:
+        chain(pre, False, 0, fuse)  # load the module outside the capture
+        stream.synchronize()
+        times = graph_replay_us(
+            stream, lambda pre=pre, use_pdl=use_pdl, ahead=ahead, fuse=fuse: chain(pre, use_pdl, ahead, fuse), a.reps)
+        out = cupy.asnumpy(bufs[(nk - 1) % 3])
         if ref is None:
             ref = out
         us = float(np.median(times))
@@ -212,7 +353,7 @@ def main() -> None:
         row = {"way": name, "graph_us": round(us, 2), "per_layer_us": round(us / a.layers, 2),
                "layer_bytes": layer_bytes, "stream_TBps": round(layer_bytes * a.layers / us / 1e6, 3),
                "same_bits_as_stream": bool(np.array_equal(out, ref)), "kernels": nk, "pdl": use_pdl, "l2_ahead": ahead,
-               "ctas": pre_ctas if pre else a.stream_ctas or list(STREAM_CTAS),
+               "ctas": pre_ctas if pre else a.stream_ctas or list(STREAM_CTAS), "fused_ctas": fused_ctas if fuse else 0,
                "threads": a.pre_threads if pre else 128,
                "layer_mb": layer_mb, "layer_dep": layer_dep, "spread_us": [round(min(times), 2), round(max(times), 2)]}
         rows.append(row)
