@@ -7188,6 +7188,29 @@ part375() {  # session 75 (carry .whl; ~10 min): scripts/preload_bench.py's synt
   graph_summary
 }
 
+part376() {  # session 75 (carry .whl; ~2 min): part375's fused synthetic chain again with the group barrier three
+  # ways (--barrier counter / red / cluster: __threadfence + atomicAdd, one red.release, the hardware's barrier of
+  # a 16-CTA cluster), each twice, and without bytes
+  setup
+  facts > "$W/facts.txt" 2>&1
+  local r b
+  for r in 1 2; do
+    for b in counter red cluster; do
+      stage "preload_g8_${b}_$r" 60 python3 scripts/preload_bench.py --dep 2,3,1,2,1 --groups 8 --barrier $b \
+        --json "$W/preload_g8_${b}_$r.json"
+    done
+  done
+  for b in counter red cluster; do
+    stage "preload_g8_${b}_0b" 60 python3 scripts/preload_bench.py --mb 0,0,0,0,0 --dep 2,3,1,2,1 --groups 8 \
+      --barrier $b --stream-ctas 132 --json "$W/preload_g8_${b}_0b.json"
+  done
+  grep -h '"way"' "$W"/preload_g8_*.log | python3 -c "
+import json, sys
+for line in sys.stdin:
+    d = json.loads(line)
+    print(d['way'], d.get('barrier'), d['per_layer_us'], d['same_bits_as_stream'], d.get('clusters_at_once'))"
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 

@@ -35,7 +35,9 @@ only its KV group's rows of the qkv product (the 0.6B's 8 KV heads: 512 of 4,096
 kernel's CTAs (G groups of SMs // G; both shares copied before the wait) do the first kernel's work, meet
 their group at a counter (__threadfence + atomicAdd, then a spin on ld.acquire.gpu) instead of a kernel
 boundary, then do the second kernel's work on their group's slice. What it measures: one PDL hand-off a
-layer traded for a 1 / G-of-the-grid barrier.
+layer traded for a 1 / G-of-the-grid barrier. --barrier red: the arrival one red.release.gpu instead of a
+fence and an atomicAdd; cluster: each group a thread-block cluster (SMs // G CTAs: 16 for G = 8, a
+non-portable size) meeting at the hardware's cluster barrier, no counter.
 """
 
 from __future__ import annotations
@@ -172,7 +174,7 @@ extern "C" __global__ void __launch_bounds__(256) layer_kernel(const float* src,
 extern "C" __global__ void __launch_bounds__(256) fused_kernel(const float* src, float* mid, float* dst, int n,
                                                                const uint4* wa, long long wa16, const uint4* wb,
                                                                long long wb16, int me, int groups,
-                                                               unsigned* counters) {
+                                                               unsigned* counters, int barrier) {
   extern __shared__ __align__(128) uint4 share[];
   __shared__ float red[32];
   __shared__ __align__(8) unsigned long long bar;
@@ -209,17 +211,27 @@ extern "C" __global__ void __launch_bounds__(256) fused_kernel(const float* src,
   const int gn = n / groups, g0 = grp * gn;
   for (int j = g0 + l + per_group * threadIdx.x; j < g0 + gn; j += per_group * blockDim.x)
     mid[j] = __ldcg(src + j) * 0.5f + s * (0.5f / n) + chain_term(me, j);
-  // the group barrier: every CTA of the group has written its part of the slice
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(counters + grp, 1u);
-    unsigned seen = 0;
-    do {
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counters + grp) : "memory");
-    } while (seen < (unsigned)per_group);
+  // the group barrier: every CTA of the group has written its part of the slice. barrier 0: __threadfence +
+  // atomicAdd, then a spin on ld.acquire.gpu; 1: one red.release.gpu (no separate fence), the same spin;
+  // 2: the group is a cluster (the host launches clusters of per_group CTAs): the hardware's cluster barrier
+  if (barrier == 2) {
+    cluster_sync();  // release / acquire at cluster scope: the peers' global stores are visible after it
+  } else {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      if (barrier == 1) {
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counters + grp) : "memory");
+      } else {
+        __threadfence();
+        atomicAdd(counters + grp, 1u);
+      }
+      unsigned seen = 0;
+      do {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counters + grp) : "memory");
+      } while (seen < (unsigned)per_group);
+    }
+    __syncthreads();
   }
-  __syncthreads();
   // the second kernel's work (dep 3) on this group's slice
   const float x2 = __ldcg(mid + g0 + threadIdx.x % gn);
   float facc2 = 0.f;
@@ -241,6 +253,53 @@ STREAM_CTAS = (512, 168, 128, 768, 128)  # the real kernels' grids (part256 / pa
 WAYS = (("stream", 0, True), ("pre_late", 1, True), ("pre_early", 2, True), ("stream_nopdl", 0, False))
 
 
+class ClusterLauncher:
+    """cuLaunchKernelEx with PDL and a cluster dimension (--barrier cluster); the kernel allowed a
+    non-portable cluster size (16 on Hopper)."""
+
+    def __init__(self, stream_ptr: int, function_ptr: int, size: int):
+        import ctypes
+
+        from minillm.backends import pdl
+
+        self.ct, self.pdl, self.size = ctypes, pdl, size
+        self.lib = ctypes.CDLL("libcuda.so.1")
+        self.lib.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+        status = self.lib.cuFuncSetAttribute(ctypes.c_void_p(function_ptr), 14, 1)  # NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+        if status != 0:
+            raise RuntimeError(f"cuFuncSetAttribute(non-portable cluster size) failed with CUresult {status}")
+        self.lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(pdl._LaunchConfig), ctypes.c_void_p,
+                                              ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+        self.attrs = (pdl._LaunchAttribute * 2)()
+        self.attrs[0].id = pdl.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        self.attrs[0].value[0] = 1
+        self.attrs[1].id = 4  # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: x, y, z
+        self.attrs[1].value[0], self.attrs[1].value[1], self.attrs[1].value[2] = size, 1, 1
+        self.stream_ptr, self.function_ptr = stream_ptr, function_ptr
+
+    def _config(self, grid: int, threads: int, shared_mem: int, stream_ptr, attrs, n_attrs: int):
+        return self.pdl._LaunchConfig(grid, 1, 1, threads, 1, 1, shared_mem, stream_ptr, attrs, n_attrs)
+
+    def launch(self, function_ptr: int, grid, block, args, shared_mem: int = 0) -> None:
+        ct = self.ct
+        values = [self.pdl.kernel_arg(v) for v in args]
+        params = (ct.c_void_p * len(values))(*[ct.cast(ct.pointer(v), ct.c_void_p) for v in values])
+        cfg = self._config(grid[0], block[0], shared_mem, ct.c_void_p(self.stream_ptr), self.attrs, 2)
+        status = self.lib.cuLaunchKernelEx(ct.byref(cfg), ct.c_void_p(function_ptr), params, None)
+        if status != 0:
+            raise RuntimeError(f"cuLaunchKernelEx (clusters of {self.size}) failed with CUresult {status}")
+
+    def max_active(self, threads: int, shared_mem: int) -> int:
+        """The driver's count of these clusters resident at once (cuOccupancyMaxActiveClusters)."""
+        ct = self.ct
+        self.lib.cuOccupancyMaxActiveClusters.argtypes = [ct.POINTER(ct.c_int), ct.c_void_p,
+                                                          ct.POINTER(self.pdl._LaunchConfig)]
+        cfg = self._config(self.size * 8, threads, shared_mem, None, ct.pointer(self.attrs[1]), 1)
+        n = ct.c_int(0)
+        status = self.lib.cuOccupancyMaxActiveClusters(ct.byref(n), ct.c_void_p(self.function_ptr), ct.byref(cfg))
+        return n.value if status == 0 else -status
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=28)
@@ -253,6 +312,8 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=0,
                     help="G > 0: also the way pre_early_fused, each layer's first two kernels in one grid of G groups "
                          "(needs --dep 2,3,...: the second waits on its group's 1 / G of x)")
+    ap.add_argument("--barrier", choices=("counter", "red", "cluster"), default="counter",
+                    help="pre_early_fused's group barrier (see above)")
     ap.add_argument("--pre-ctas", type=int, default=0, help="CTAs of each pre_* kernel (default: one an SM)")
     ap.add_argument("--pre-threads", type=int, default=256)
     ap.add_argument("--stream-ctas", type=int, default=0, help="every stream kernel's grid (default: the real ones)")
@@ -300,9 +361,13 @@ def main() -> None:
             raise SystemExit(f"the fused kernel's CTA holds {fused_share} bytes, over 227 KB")
         fused.max_dynamic_shared_size_bytes = fused_share
     counters = cupy.zeros(max(1, a.layers * a.groups), dtype=np.uint32)  # the fused kernels' group counters
+    barrier = ("counter", "red", "cluster").index(a.barrier)
     x0 = cupy.asarray(np.random.default_rng(0).standard_normal(n).astype(np.float32))
     bufs = [cupy.empty(n, dtype=np.float32) for _ in range(3)]  # kernel i writes bufs[i % 3]
     stream = cupy.cuda.Stream(non_blocking=True)
+    cluster_launch = None  # --barrier cluster: each group a cluster
+    if a.groups and barrier == 2:
+        cluster_launch = ClusterLauncher(stream.ptr, fused.kernel.ptr, fused_ctas // a.groups)
     pdl = PdlLauncher(stream.ptr)
 
     def chain(pre: int, use_pdl: bool, ahead: int = 0, fuse: bool = False) -> None:
@@ -316,10 +381,11 @@ def main() -> None:
                 continue  # done by the fused kernel before it
             if fuse and i % per_layer == 0:
                 smem = sum((w16s[k] + fused_ctas - 1) // fused_ctas for k in (i, i + 1)) * 16
-                pdl.launch(fused.kernel.ptr, (fused_ctas,), (a.pre_threads,),
-                           (src, bufs[i % 3], bufs[(i + 1) % 3], np.int32(n), wp, np.int64(w16s[i]),
-                            w[int(offs[i + 1]) * 16:], np.int64(w16s[i + 1]), np.int32(i), np.int32(a.groups),
-                            counters[i // per_layer * a.groups:]), shared_mem=smem)
+                fargs = (src, bufs[i % 3], bufs[(i + 1) % 3], np.int32(n), wp, np.int64(w16s[i]),
+                         w[int(offs[i + 1]) * 16:], np.int64(w16s[i + 1]), np.int32(i), np.int32(a.groups),
+                         counters[i // per_layer * a.groups:], np.int32(barrier))
+                (cluster_launch or pdl).launch(fused.kernel.ptr, (fused_ctas,), (a.pre_threads,), fargs,
+                                               shared_mem=smem)
                 continue
             j = i + ahead
             pf, pf16 = (w[int(offs[j]) * 16:], w16s[j]) if ahead and j < nk else (w, 0)
@@ -354,6 +420,9 @@ def main() -> None:
                "layer_bytes": layer_bytes, "stream_TBps": round(layer_bytes * a.layers / us / 1e6, 3),
                "same_bits_as_stream": bool(np.array_equal(out, ref)), "kernels": nk, "pdl": use_pdl, "l2_ahead": ahead,
                "ctas": pre_ctas if pre else a.stream_ctas or list(STREAM_CTAS), "fused_ctas": fused_ctas if fuse else 0,
+               "barrier": a.barrier if fuse else None,
+               "clusters_at_once": cluster_launch.max_active(a.pre_threads, fused_share) if fuse and cluster_launch
+               else None,
                "threads": a.pre_threads if pre else 128,
                "layer_mb": layer_mb, "layer_dep": layer_dep, "spread_us": [round(min(times), 2), round(max(times), 2)]}
         rows.append(row)
