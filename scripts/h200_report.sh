@@ -7211,6 +7211,21 @@ for line in sys.stdin:
     print(d['way'], d.get('barrier'), d['per_layer_us'], d['same_bits_as_stream'], d.get('clusters_at_once'))"
 }
 
+part377() {  # session 75 (carry .whl; ~1 min): the synthetic chain's kernels without griddepcontrol.wait, each polling
+  # its input's (value, tag) pairs (preload_bench.py --tagged), against the same chain waiting, twice, and without bytes
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage preload_tagged_1 60 python3 scripts/preload_bench.py --tagged --json "$W/preload_tagged_1.json"
+  stage preload_tagged_0b 60 python3 scripts/preload_bench.py --tagged --mb 0,0,0,0,0 --stream-ctas 132 \
+    --json "$W/preload_tagged_0b.json"
+  stage preload_tagged_2 60 python3 scripts/preload_bench.py --tagged --json "$W/preload_tagged_2.json"
+  grep -h '"way"' "$W"/preload_tagged_*.log | python3 -c "
+import json, sys
+for line in sys.stdin:
+    d = json.loads(line)
+    print(d['way'], d['per_layer_us'], d['same_bits_as_stream'], d['layer_mb'][0])"
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 

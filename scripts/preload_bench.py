@@ -38,6 +38,11 @@ boundary, then do the second kernel's work on their group's slice. What it measu
 layer traded for a 1 / G-of-the-grid barrier. --barrier red: the arrival one red.release.gpu instead of a
 fence and an atomicAdd; cluster: each group a thread-block cluster (SMs // G CTAs: 16 for G = 8, a
 non-portable size) meeting at the hardware's cluster barrier, no counter.
+
+--tagged (session 75): also the way pre_early_tagged, pre_early's kernels without griddepcontrol.wait: the vector
+between two kernels is (value, tag) pairs written by single 8-byte stores, and each kernel polls its input's tags
+(NCCL's LL protocol's idea): what it measures is how much of a hand-off is the wait for the whole previous grid
+and its memory flush. Needs --dep of 1s and 2s.
 """
 
 from __future__ import annotations
@@ -245,6 +250,99 @@ extern "C" __global__ void __launch_bounds__(256) fused_kernel(const float* src,
   for (int j = g0 + l + per_group * threadIdx.x; j < g0 + gn; j += per_group * blockDim.x)
     dst[j] = __ldcg(mid + j) * 0.5f + gs * (0.5f / n) + chain_term(me + 1, j);
 }
+
+// --tagged: the vector between two kernels as (value, tag) pairs, each written by one 8-byte store, so an
+// element is whole or absent (NCCL's LL protocol's idea). The reader polls its elements until their tag is
+// the writer's (kernel me writes tag me; the chain's input carries IN_TAG) instead of griddepcontrol.wait:
+// no fence, no counter, no wait for the whole previous grid. Three buffers in turn: kernel i + 2 overwrites
+// what kernel i read only after kernel i + 1 has read all of kernel i's output, so every CTA of kernel i has
+// read its input into shared memory by then. A stale element carries another kernel's tag (buffers start at
+// tag 0xffffffff; the previous replay's last writers are other kernels).
+// one 8-byte access (single-copy atomic; a .v2.u32 pair would be two): value in the low word, tag in the high
+__device__ __forceinline__ uint2 ld_relaxed_b64(const uint2* p) {
+  unsigned long long v;
+  asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return make_uint2((unsigned)v, (unsigned)(v >> 32));
+}
+
+// every element of src into xs once its tag is `tag`: each thread polls its (at most 4) elements together
+__device__ __forceinline__ void poll_tagged(const uint2* src, int n, unsigned tag, float* xs) {
+  unsigned need = 0;
+  for (int k = 0; k < 4; ++k)
+    if (threadIdx.x + k * blockDim.x < n) need |= 1u << k;
+  while (need) {
+    uint2 v[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      if (need >> k & 1u) v[k] = ld_relaxed_b64(src + threadIdx.x + k * blockDim.x);
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      if ((need >> k & 1u) && v[k].y == tag) {
+        xs[threadIdx.x + k * blockDim.x] = __uint_as_float(v[k].x);
+        need &= ~(1u << k);
+      }
+    if (need) __nanosleep(32);
+  }
+  __syncthreads();
+}
+
+// src_sum's order over xs (warp 0, lane-strided, then the xor shuffles): the same bits
+__device__ __forceinline__ float xs_sum(const float* xs, int n, float* red) {
+  if (threadIdx.x < 32) {
+    float s = 0.f;
+    for (int j = threadIdx.x; j < n; j += 32) s += xs[j];
+    for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (threadIdx.x == 0) red[0] = s;
+  }
+  __syncthreads();
+  const float t = red[0];
+  __syncthreads();
+  return t;
+}
+
+// layer_kernel's pre 2 (share copied before, dependents released at once) with dep 1 / 2, its vectors tagged
+extern "C" __global__ void __launch_bounds__(256) tagged_kernel(const uint2* src, uint2* dst, int n, const uint4* w,
+                                                                long long w16, int dep, int me, int in_tag) {
+  extern __shared__ __align__(128) uint4 share[];
+  __shared__ float red[32];
+  __shared__ float xs[1024];
+  __shared__ __align__(8) unsigned long long bar;
+  const long long per = (w16 + gridDim.x - 1) / gridDim.x, lo = per * blockIdx.x;
+  const long long hi = lo + per < w16 ? lo + per : w16;
+  const int cnt = hi > lo ? (int)(hi - lo) : 0;
+  const unsigned b = smem_addr(&bar);
+  if (threadIdx.x == 0) {
+    mbar_init(b, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    mbar_expect_tx(b, (unsigned)cnt * 16u);
+    for (int c = 0; c < cnt; c += 2048)
+      bulk_copy(smem_addr(share + c), w + lo + c, (unsigned)(min(2048, cnt - c) * 16), b);
+  }
+  __syncthreads();
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  poll_tagged(src, n, (unsigned)in_tag, xs);  // in place of griddepcontrol.wait
+  float s = 0.f, x;
+  if (dep == 2) {
+    s = xs_sum(xs, n, red);
+    x = s;
+  } else {
+    x = xs[threadIdx.x % n];
+  }
+  mbar_wait(b, 0);
+  float facc = 0.f;
+  for (int i = threadIdx.x; i < cnt; i += blockDim.x) {
+    const uint4 a = share[i];
+    facc = fmaf(__uint_as_float(a.x), x, facc);
+    facc = fmaf(__uint_as_float(a.w), x, facc);
+  }
+  if (dep != 2) s = xs_sum(xs, n, red);
+  s += block_sum(facc, red);
+  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
+    const float v = xs[j] * 0.5f + s * (0.5f / n) + chain_term(me, j);
+    const unsigned long long tv = (unsigned long long)(unsigned)me << 32 | __float_as_uint(v);
+    asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(dst + j), "l"(tv) : "memory");
+  }
+}
 """
 
 LAYER_MB = (8.4, 2.0, 4.2, 12.6, 6.3)  # Qwen3-0.6B at 512 keys: qkv, attention's K/V, o, gate_up, down
@@ -314,6 +412,7 @@ def main() -> None:
                          "(needs --dep 2,3,...: the second waits on its group's 1 / G of x)")
     ap.add_argument("--barrier", choices=("counter", "red", "cluster"), default="counter",
                     help="pre_early_fused's group barrier (see above)")
+    ap.add_argument("--tagged", action="store_true", help="also the way pre_early_tagged (see above)")
     ap.add_argument("--pre-ctas", type=int, default=0, help="CTAs of each pre_* kernel (default: one an SM)")
     ap.add_argument("--pre-threads", type=int, default=256)
     ap.add_argument("--stream-ctas", type=int, default=0, help="every stream kernel's grid (default: the real ones)")
@@ -364,13 +463,29 @@ def main() -> None:
     barrier = ("counter", "red", "cluster").index(a.barrier)
     x0 = cupy.asarray(np.random.default_rng(0).standard_normal(n).astype(np.float32))
     bufs = [cupy.empty(n, dtype=np.float32) for _ in range(3)]  # kernel i writes bufs[i % 3]
+    tagged = mod.get_function("tagged_kernel")
+    if a.tagged:
+        if 3 in layer_dep or n > 4 * a.pre_threads:
+            raise SystemExit("--tagged takes --dep of 1s and 2s, and at most 4 elements a thread")
+        tagged.max_dynamic_shared_size_bytes = share_max
+    # the chain's input carries tag 0xfffffffe (-2 as the kernel's int); the buffers start at 0xffffffff
+    x0_tagged = cupy.stack([x0.view(np.uint32), cupy.full(n, 0xFFFFFFFE, dtype=np.uint32)], axis=1)
+    tbufs = [cupy.full((n, 2), 0xFFFFFFFF, dtype=np.uint32) for _ in range(3)]
     stream = cupy.cuda.Stream(non_blocking=True)
     cluster_launch = None  # --barrier cluster: each group a cluster
     if a.groups and barrier == 2:
         cluster_launch = ClusterLauncher(stream.ptr, fused.kernel.ptr, fused_ctas // a.groups)
     pdl = PdlLauncher(stream.ptr)
 
-    def chain(pre: int, use_pdl: bool, ahead: int = 0, fuse: bool = False) -> None:
+    def chain(pre: int, use_pdl: bool, ahead: int = 0, fuse: bool = False, tag: bool = False) -> None:
+        if tag:  # pre_early's launches on tagged_kernel
+            for i in range(nk):
+                src = x0_tagged if i == 0 else tbufs[(i - 1) % 3]
+                args = (src, tbufs[i % 3], np.int32(n), w[int(offs[i]) * 16:], np.int64(w16s[i]), np.int32(deps[i]),
+                        np.int32(i), np.int32(-2 if i == 0 else i - 1))
+                pdl.launch(tagged.kernel.ptr, (pre_ctas,), (a.pre_threads,), args,
+                           shared_mem=(w16s[i] + pre_ctas - 1) // pre_ctas * 16)
+            return
         if fuse:
             cupy.cuda.runtime.memsetAsync(counters.data.ptr, 0, counters.nbytes, stream.ptr)
         per_layer = len(layer_mb)
@@ -402,16 +517,21 @@ def main() -> None:
                     fn((grid,), (block,), args, shared_mem=smem)
 
     rows, ref = [], None
-    ways = [(name, pre, use_pdl, 0, False) for name, pre, use_pdl in WAYS]
-    ways += [(f"pre_early_l2_{d}", 2, True, int(d), False) for d in a.ahead.split(",") if d]
+    ways = [(name, pre, use_pdl, 0, False, False) for name, pre, use_pdl in WAYS]
+    ways += [(f"pre_early_l2_{d}", 2, True, int(d), False, False) for d in a.ahead.split(",") if d]
     if a.groups:
-        ways.append(("pre_early_fused", 2, True, 0, True))
-    for name, pre, use_pdl, ahead, fuse in ways:
-        chain(pre, False, 0, fuse)  # load the module outside the capture
+        ways.append(("pre_early_fused", 2, True, 0, True, False))
+    if a.tagged:
+        ways.append(("pre_early_tagged", 2, True, 0, False, True))
+    for name, pre, use_pdl, ahead, fuse, tag in ways:
+        chain(pre, False, 0, fuse, tag)  # load the module outside the capture
         stream.synchronize()
-        times = graph_replay_us(
-            stream, lambda pre=pre, use_pdl=use_pdl, ahead=ahead, fuse=fuse: chain(pre, use_pdl, ahead, fuse), a.reps)
-        out = cupy.asnumpy(bufs[(nk - 1) % 3])
+        times = graph_replay_us(stream, lambda pre=pre, use_pdl=use_pdl, ahead=ahead, fuse=fuse, tag=tag:
+                                chain(pre, use_pdl, ahead, fuse, tag), a.reps)
+        if tag:  # the values, the low words
+            out = np.ascontiguousarray(cupy.asnumpy(tbufs[(nk - 1) % 3])[:, 0]).view(np.float32)
+        else:
+            out = cupy.asnumpy(bufs[(nk - 1) % 3])
         if ref is None:
             ref = out
         us = float(np.median(times))
