@@ -7226,6 +7226,22 @@ for line in sys.stdin:
     print(d['way'], d['per_layer_us'], d['same_bits_as_stream'], d['layer_mb'][0])"
 }
 
+part378() {  # session 75 (carry .whl; ~1 min): part377 again after preload_bench.py's fix (every CTA now writes its
+  # elements of the next vector, so a polling kernel waits on all of them, as on a product's rows), and --groups 8
+  setup
+  facts > "$W/facts.txt" 2>&1
+  stage preload_tagged_1 60 python3 scripts/preload_bench.py --tagged --json "$W/preload_tagged_1.json"
+  stage preload_g8 60 python3 scripts/preload_bench.py --dep 2,3,1,2,1 --groups 8 --json "$W/preload_g8.json"
+  stage preload_tagged_0b 60 python3 scripts/preload_bench.py --tagged --mb 0,0,0,0,0 --stream-ctas 132 \
+    --json "$W/preload_tagged_0b.json"
+  stage preload_tagged_2 60 python3 scripts/preload_bench.py --tagged --json "$W/preload_tagged_2.json"
+  grep -h '"way"' "$W"/preload_*.log | python3 -c "
+import json, sys
+for line in sys.stdin:
+    d = json.loads(line)
+    print(d['way'], d['per_layer_us'], d['same_bits_as_stream'], d['layer_mb'][0])"
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 

@@ -27,7 +27,10 @@ before its wait (pre_early_l2_1, _2). With --mb 0,0,0,0,0 the kernels move no we
 left is each hand-off's own cost, with PDL released late, released at once, and without PDL.
 Each kernel reads the whole previous vector (4 KB; the folded-norm kernels sum it first, as a
 product normalising its x would) and writes its slice of the next, so a wrong order shows: every
-way's final vector must equal stream's bit for bit. Median replay of 20 after 3 warm-ups.
+way's final vector must equal stream's bit for bit. Median replay of 20 after 3 warm-ups. Every CTA
+writes every gridDim-th element, after its share's sums, so the next kernel needs every CTA's stores, as
+a product's next kernel needs all its rows (until session 75's part378 the first few CTAs wrote them all:
+part377's --tagged figures waited on those CTAs alone).
 
 --groups G (session 75): a layer's first two kernels in one (pre_early_fused). A batch-1 attention needs
 only its KV group's rows of the qkv product (the 0.6B's 8 KV heads: 512 of 4,096 rows each), so with
@@ -162,14 +165,14 @@ extern "C" __global__ void __launch_bounds__(256) layer_kernel(const float* src,
       if ((threadIdx.x & 31) == 0) red[g] = t;
     }
     __syncthreads();
-    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x)
+    for (int j = blockIdx.x + gridDim.x * threadIdx.x; j < n; j += gridDim.x * blockDim.x)
       dst[j] = __ldcg(src + j) * 0.5f + (red[j / gn] + f) * (0.5f / n) + chain_term(me, j);
     return;
   }
   if (dep != 2) s = src_sum(src, n, red);
   s += block_sum(facc, red);  // +0: the weights are zero
   if (pre != 2) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x)
+  for (int j = blockIdx.x + gridDim.x * threadIdx.x; j < n; j += gridDim.x * blockDim.x)
     dst[j] = __ldcg(src + j) * 0.5f + s * (0.5f / n) + chain_term(me, j);
 }
 
@@ -337,7 +340,7 @@ extern "C" __global__ void __launch_bounds__(256) tagged_kernel(const uint2* src
   }
   if (dep != 2) s = xs_sum(xs, n, red);
   s += block_sum(facc, red);
-  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
+  for (int j = blockIdx.x + gridDim.x * threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
     const float v = xs[j] * 0.5f + s * (0.5f / n) + chain_term(me, j);
     const unsigned long long tv = (unsigned long long)(unsigned)me << 32 | __float_as_uint(v);
     asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(dst + j), "l"(tv) : "memory");
