@@ -60,13 +60,15 @@ SRC = r"""
 #include "common.cuh"
 using namespace minillm;  // common.cuh: block_sum, the mbarrier and bulk-copy helpers
 
-// the previous vector's sum in an order that does not depend on the CTA's size, so that every way's final
-// vector can be compared bit for bit (part297 summed it over the CTA's threads: the 256-thread ways then
-// differed from the 128-thread stream by rounding alone)
-__device__ __forceinline__ float src_sum(const float* src, int n, float* red) {
+// A sum in an order that does not depend on the CTA's size, so that every way's final vector can be compared
+// bit for bit (part297 summed it over the CTA's threads: the 256-thread ways then differed from the 128-thread
+// stream by rounding alone): warp 0 adds load(j) for j = lane, lane + 32, ... < cnt, then the xor shuffles;
+// broadcast to the CTA.
+template <typename Load>
+__device__ __forceinline__ float warp0_sum(int cnt, Load load, float* red) {
   if (threadIdx.x < 32) {
     float s = 0.f;
-    for (int j = threadIdx.x; j < n; j += 32) s += __ldcg(src + j);
+    for (int j = threadIdx.x; j < cnt; j += 32) s += load(j);
     for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     if (threadIdx.x == 0) red[0] = s;
   }
@@ -76,19 +78,42 @@ __device__ __forceinline__ float src_sum(const float* src, int n, float* red) {
   return t;
 }
 
-// the sum of src[lo, lo + cnt) by warp 0 in a fixed order, broadcast (dep 3's group sums, the same bits
-// in layer_kernel and fused_kernel)
+// the previous vector's sum
+__device__ __forceinline__ float src_sum(const float* src, int n, float* red) {
+  return warp0_sum(n, [&](int j) { return __ldcg(src + j); }, red);
+}
+
+// the sum of src[lo, lo + cnt) (dep 3's group sums, the same bits in layer_kernel and fused_kernel)
 __device__ __forceinline__ float slice_sum(const float* src, int lo, int cnt, float* red) {
-  if (threadIdx.x < 32) {
-    float s = 0.f;
-    for (int j = threadIdx.x; j < cnt; j += 32) s += __ldcg(src + lo + j);
-    for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (threadIdx.x == 0) red[0] = s;
+  return warp0_sum(cnt, [&](int j) { return __ldcg(src + lo + j); }, red);
+}
+
+// this CTA's share of w16 16-byte words: [lo, lo + cnt) of ceil(w16 / gridDim.x) a CTA
+__device__ __forceinline__ void cta_share(long long w16, long long* lo, int* cnt) {
+  const long long per = (w16 + gridDim.x - 1) / gridDim.x;
+  *lo = per * blockIdx.x;
+  *cnt = *lo < w16 ? (int)(min(*lo + per, w16) - *lo) : 0;
+}
+
+// thread 0: barrier b expects `words` 16-byte words, then the copies of src[0, cnt) into dst (32 KB a copy)
+__device__ __forceinline__ void share_barrier(unsigned b, int words) {
+  mbar_init(b, 1);
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  mbar_expect_tx(b, (unsigned)words * 16u);
+}
+__device__ __forceinline__ void share_copies(uint4* dst, const uint4* src, int cnt, unsigned b) {
+  for (int c = 0; c < cnt; c += 2048) bulk_copy(smem_addr(dst + c), src + c, (unsigned)(min(2048, cnt - c) * 16), b);
+}
+
+// the share's (zero) weights times x out of shared memory: +0, but every word is read
+__device__ __forceinline__ float share_dot(const uint4* sh, int cnt, float x) {
+  float facc = 0.f;
+  for (int i = threadIdx.x; i < cnt; i += blockDim.x) {
+    const uint4 a = sh[i];
+    facc = fmaf(__uint_as_float(a.x), x, facc);
+    facc = fmaf(__uint_as_float(a.w), x, facc);
   }
-  __syncthreads();
-  const float t = red[0];
-  __syncthreads();
-  return t;
+  return facc;
 }
 
 __device__ __forceinline__ float chain_term(int me, int j) { return 1e-3f * (float)((me * 31 + j) % 17); }
@@ -104,17 +129,14 @@ extern "C" __global__ void __launch_bounds__(256) layer_kernel(const float* src,
   extern __shared__ __align__(128) uint4 share[];
   __shared__ float red[32];
   __shared__ __align__(8) unsigned long long bar;
-  const long long per = (w16 + gridDim.x - 1) / gridDim.x, lo = per * blockIdx.x;
-  const long long hi = lo + per < w16 ? lo + per : w16;
-  const int cnt = hi > lo ? (int)(hi - lo) : 0;
+  long long lo;
+  int cnt;
+  cta_share(w16, &lo, &cnt);
   const unsigned b = smem_addr(&bar);
   if (pre) {
     if (threadIdx.x == 0) {
-      mbar_init(b, 1);
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-      mbar_expect_tx(b, (unsigned)cnt * 16u);
-      for (int c = 0; c < cnt; c += 2048)  // 32 KB a copy
-        bulk_copy(smem_addr(share + c), w + lo + c, (unsigned)(min(2048, cnt - c) * 16), b);
+      share_barrier(b, cnt);
+      share_copies(share, w + lo, cnt, b);
     }
     if (threadIdx.x == 32 && pf16 > 0) {  // a later kernel's weights into L2 (this CTA's slice), --ahead
       const long long pper = (pf16 + gridDim.x - 1) / gridDim.x, plo = pper * blockIdx.x;
@@ -136,12 +158,9 @@ extern "C" __global__ void __launch_bounds__(256) layer_kernel(const float* src,
   float facc = 0.f;  // the weights are zero: stays +0
   if (pre) {
     mbar_wait(b, 0);
-    for (int i = threadIdx.x; i < cnt; i += blockDim.x) {
-      const uint4 a = share[i];
-      facc = fmaf(__uint_as_float(a.x), x, facc);
-      facc = fmaf(__uint_as_float(a.w), x, facc);
-    }
+    facc = share_dot(share, cnt, x);
   } else {
+    const long long hi = lo + cnt;
     long long i = lo + threadIdx.x;
     for (; i + 3 * blockDim.x < hi; i += 4 * blockDim.x) {
       const uint4 a = __ldcs(w + i), c = __ldcs(w + i + blockDim.x), d = __ldcs(w + i + 2 * blockDim.x),
@@ -187,20 +206,16 @@ extern "C" __global__ void __launch_bounds__(256) fused_kernel(const float* src,
   __shared__ float red[32];
   __shared__ __align__(8) unsigned long long bar;
   const int per_group = gridDim.x / groups, grp = blockIdx.x / per_group, l = blockIdx.x % per_group;
-  const long long pa = (wa16 + gridDim.x - 1) / gridDim.x, la = pa * blockIdx.x;
-  const long long pb = (wb16 + gridDim.x - 1) / gridDim.x, lb = pb * blockIdx.x;
-  const int ca = la < wa16 ? (int)(min(la + pa, wa16) - la) : 0;
-  const int cb = lb < wb16 ? (int)(min(lb + pb, wb16) - lb) : 0;
-  uint4* const share_b = share + pa;  // the second share after the first's largest
+  long long la, lb;
+  int ca, cb;
+  cta_share(wa16, &la, &ca);
+  cta_share(wb16, &lb, &cb);
+  uint4* const share_b = share + (wa16 + gridDim.x - 1) / gridDim.x;  // the second share after the first's largest
   const unsigned b = smem_addr(&bar);
   if (threadIdx.x == 0) {
-    mbar_init(b, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    mbar_expect_tx(b, (unsigned)(ca + cb) * 16u);
-    for (int c = 0; c < ca; c += 2048)
-      bulk_copy(smem_addr(share + c), wa + la + c, (unsigned)(min(2048, ca - c) * 16), b);
-    for (int c = 0; c < cb; c += 2048)
-      bulk_copy(smem_addr(share_b + c), wb + lb + c, (unsigned)(min(2048, cb - c) * 16), b);
+    share_barrier(b, ca + cb);
+    share_copies(share, wa + la, ca, b);
+    share_copies(share_b, wb + lb, cb, b);
   }
   __syncthreads();
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -209,12 +224,7 @@ extern "C" __global__ void __launch_bounds__(256) fused_kernel(const float* src,
   float s = src_sum(src, n, red);
   const float x = s;
   mbar_wait(b, 0);
-  float facc = 0.f;
-  for (int i = threadIdx.x; i < ca; i += blockDim.x) {
-    const uint4 a = share[i];
-    facc = fmaf(__uint_as_float(a.x), x, facc);
-    facc = fmaf(__uint_as_float(a.w), x, facc);
-  }
+  const float facc = share_dot(share, ca, x);
   s += block_sum(facc, red);
   const int gn = n / groups, g0 = grp * gn;
   for (int j = g0 + l + per_group * threadIdx.x; j < g0 + gn; j += per_group * blockDim.x)
@@ -242,12 +252,7 @@ extern "C" __global__ void __launch_bounds__(256) fused_kernel(const float* src,
   }
   // the second kernel's work (dep 3) on this group's slice
   const float x2 = __ldcg(mid + g0 + threadIdx.x % gn);
-  float facc2 = 0.f;
-  for (int i = threadIdx.x; i < cb; i += blockDim.x) {
-    const uint4 a = share_b[i];
-    facc2 = fmaf(__uint_as_float(a.x), x2, facc2);
-    facc2 = fmaf(__uint_as_float(a.w), x2, facc2);
-  }
+  const float facc2 = share_dot(share_b, cb, x2);
   const float f = block_sum(facc2, red);
   const float gs = slice_sum(mid, g0, gn, red) + f;
   for (int j = g0 + l + per_group * threadIdx.x; j < g0 + gn; j += per_group * blockDim.x)
@@ -291,16 +296,7 @@ __device__ __forceinline__ void poll_tagged(const uint2* src, int n, unsigned ta
 
 // src_sum's order over xs (warp 0, lane-strided, then the xor shuffles): the same bits
 __device__ __forceinline__ float xs_sum(const float* xs, int n, float* red) {
-  if (threadIdx.x < 32) {
-    float s = 0.f;
-    for (int j = threadIdx.x; j < n; j += 32) s += xs[j];
-    for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (threadIdx.x == 0) red[0] = s;
-  }
-  __syncthreads();
-  const float t = red[0];
-  __syncthreads();
-  return t;
+  return warp0_sum(n, [&](int j) { return xs[j]; }, red);
 }
 
 // layer_kernel's pre 2 (share copied before, dependents released at once) with dep 1 / 2, its vectors tagged
@@ -310,16 +306,13 @@ extern "C" __global__ void __launch_bounds__(256) tagged_kernel(const uint2* src
   __shared__ float red[32];
   __shared__ float xs[1024];
   __shared__ __align__(8) unsigned long long bar;
-  const long long per = (w16 + gridDim.x - 1) / gridDim.x, lo = per * blockIdx.x;
-  const long long hi = lo + per < w16 ? lo + per : w16;
-  const int cnt = hi > lo ? (int)(hi - lo) : 0;
+  long long lo;
+  int cnt;
+  cta_share(w16, &lo, &cnt);
   const unsigned b = smem_addr(&bar);
   if (threadIdx.x == 0) {
-    mbar_init(b, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    mbar_expect_tx(b, (unsigned)cnt * 16u);
-    for (int c = 0; c < cnt; c += 2048)
-      bulk_copy(smem_addr(share + c), w + lo + c, (unsigned)(min(2048, cnt - c) * 16), b);
+    share_barrier(b, cnt);
+    share_copies(share, w + lo, cnt, b);
   }
   __syncthreads();
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -332,12 +325,7 @@ extern "C" __global__ void __launch_bounds__(256) tagged_kernel(const uint2* src
     x = xs[threadIdx.x % n];
   }
   mbar_wait(b, 0);
-  float facc = 0.f;
-  for (int i = threadIdx.x; i < cnt; i += blockDim.x) {
-    const uint4 a = share[i];
-    facc = fmaf(__uint_as_float(a.x), x, facc);
-    facc = fmaf(__uint_as_float(a.w), x, facc);
-  }
+  const float facc = share_dot(share, cnt, x);
   if (dep != 2) s = xs_sum(xs, n, red);
   s += block_sum(facc, red);
   for (int j = blockIdx.x + gridDim.x * threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
