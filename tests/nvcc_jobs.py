@@ -56,7 +56,7 @@ VARIANTS = [("decode_attention", ["-DDEC_NO_MATH=1", "-DDEC_MERGE_FLIGHT=4", "-D
 
 # GPU diagnostics in scripts/ that carry their own kernel source (device runs only; compiled here so
 # a broken one fails CI rather than a device call): script -> the variable holding it
-INLINE_SOURCES = {"handoff_bench": "SRC", "stream_bench": "READ_SRC"}
+INLINE_SOURCES = {"handoff_bench": "SRC", "preload_bench": "SRC", "stream_bench": "READ_SRC"}
 
 # the PDL load lint's builds (scripts/pdl_load_lint.py, tests/test_pdl_loads.py): name -> (defines,
 # modules); "stale" is session 41's folded norms as they were, which the lint must catch
