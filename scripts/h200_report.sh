@@ -7226,8 +7226,9 @@ for line in sys.stdin:
     print(d['way'], d['per_layer_us'], d['same_bits_as_stream'], d['layer_mb'][0])"
 }
 
-part378() {  # session 75 (carry .whl; ~1 min): part377 again after preload_bench.py's fix (every CTA now writes its
-  # elements of the next vector, so a polling kernel waits on all of them, as on a product's rows), and --groups 8
+part378() {  # session 75 (carry .whl; ~1 min; not yet run): part377 again after preload_bench.py's fix (every CTA now
+  # writes its elements of the next vector, so a polling kernel waits on all of them, as on a product's rows), and
+  # --groups 8; then the polls with no sleep and with 200 ns between rounds (the default 32)
   setup
   facts > "$W/facts.txt" 2>&1
   stage preload_tagged_1 60 python3 scripts/preload_bench.py --tagged --json "$W/preload_tagged_1.json"
@@ -7235,11 +7236,14 @@ part378() {  # session 75 (carry .whl; ~1 min): part377 again after preload_benc
   stage preload_tagged_0b 60 python3 scripts/preload_bench.py --tagged --mb 0,0,0,0,0 --stream-ctas 132 \
     --json "$W/preload_tagged_0b.json"
   stage preload_tagged_2 60 python3 scripts/preload_bench.py --tagged --json "$W/preload_tagged_2.json"
+  stage preload_tagged_s0 60 python3 scripts/preload_bench.py --tagged --poll-sleep 0 --json "$W/preload_tagged_s0.json"
+  stage preload_tagged_s200 60 python3 scripts/preload_bench.py --tagged --poll-sleep 200 \
+    --json "$W/preload_tagged_s200.json"
   grep -h '"way"' "$W"/preload_*.log | python3 -c "
 import json, sys
 for line in sys.stdin:
     d = json.loads(line)
-    print(d['way'], d['per_layer_us'], d['same_bits_as_stream'], d['layer_mb'][0])"
+    print(d['way'], d['per_layer_us'], d['same_bits_as_stream'], d['layer_mb'][0], d.get('poll_sleep_ns'))"
 }
 
 "$PART"

@@ -274,7 +274,7 @@ __device__ __forceinline__ uint2 ld_relaxed_b64(const uint2* p) {
 }
 
 // every element of src into xs once its tag is `tag`: each thread polls its (at most 4) elements together
-__device__ __forceinline__ void poll_tagged(const uint2* src, int n, unsigned tag, float* xs) {
+__device__ __forceinline__ void poll_tagged(const uint2* src, int n, unsigned tag, float* xs, int sleep_ns) {
   unsigned need = 0;
   for (int k = 0; k < 4; ++k)
     if (threadIdx.x + k * blockDim.x < n) need |= 1u << k;
@@ -289,7 +289,7 @@ __device__ __forceinline__ void poll_tagged(const uint2* src, int n, unsigned ta
         xs[threadIdx.x + k * blockDim.x] = __uint_as_float(v[k].x);
         need &= ~(1u << k);
       }
-    if (need) __nanosleep(32);
+    if (need && sleep_ns > 0) __nanosleep(sleep_ns);
   }
   __syncthreads();
 }
@@ -301,7 +301,8 @@ __device__ __forceinline__ float xs_sum(const float* xs, int n, float* red) {
 
 // layer_kernel's pre 2 (share copied before, dependents released at once) with dep 1 / 2, its vectors tagged
 extern "C" __global__ void __launch_bounds__(256) tagged_kernel(const uint2* src, uint2* dst, int n, const uint4* w,
-                                                                long long w16, int dep, int me, int in_tag) {
+                                                                long long w16, int dep, int me, int in_tag,
+                                                                int sleep_ns) {
   extern __shared__ __align__(128) uint4 share[];
   __shared__ float red[32];
   __shared__ float xs[1024];
@@ -316,7 +317,7 @@ extern "C" __global__ void __launch_bounds__(256) tagged_kernel(const uint2* src
   }
   __syncthreads();
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  poll_tagged(src, n, (unsigned)in_tag, xs);  // in place of griddepcontrol.wait
+  poll_tagged(src, n, (unsigned)in_tag, xs, sleep_ns);  // in place of griddepcontrol.wait
   float s = 0.f, x;
   if (dep == 2) {
     s = xs_sum(xs, n, red);
@@ -404,6 +405,8 @@ def main() -> None:
     ap.add_argument("--barrier", choices=("counter", "red", "cluster"), default="counter",
                     help="pre_early_fused's group barrier (see above)")
     ap.add_argument("--tagged", action="store_true", help="also the way pre_early_tagged (see above)")
+    ap.add_argument("--poll-sleep", type=int, default=32,
+                    help="--tagged: ns a polling thread sleeps between rounds that found an element missing (0: none)")
     ap.add_argument("--pre-ctas", type=int, default=0, help="CTAs of each pre_* kernel (default: one an SM)")
     ap.add_argument("--pre-threads", type=int, default=256)
     ap.add_argument("--stream-ctas", type=int, default=0, help="every stream kernel's grid (default: the real ones)")
@@ -473,7 +476,7 @@ def main() -> None:
             for i in range(nk):
                 src = x0_tagged if i == 0 else tbufs[(i - 1) % 3]
                 args = (src, tbufs[i % 3], np.int32(n), w[int(offs[i]) * 16:], np.int64(w16s[i]), np.int32(deps[i]),
-                        np.int32(i), np.int32(-2 if i == 0 else i - 1))
+                        np.int32(i), np.int32(-2 if i == 0 else i - 1), np.int32(a.poll_sleep))
                 pdl.launch(tagged.kernel.ptr, (pre_ctas,), (a.pre_threads,), args,
                            shared_mem=(w16s[i] + pre_ctas - 1) // pre_ctas * 16)
             return
@@ -534,7 +537,7 @@ def main() -> None:
                "barrier": a.barrier if fuse else None,
                "clusters_at_once": cluster_launch.max_active(a.pre_threads, fused_share) if fuse and cluster_launch
                else None,
-               "threads": a.pre_threads if pre else 128,
+               "threads": a.pre_threads if pre else 128, "poll_sleep_ns": a.poll_sleep if tag else None,
                "layer_mb": layer_mb, "layer_dep": layer_dep, "spread_us": [round(min(times), 2), round(max(times), 2)]}
         rows.append(row)
         print(json.dumps(row), flush=True)
