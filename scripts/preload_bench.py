@@ -65,11 +65,16 @@ using namespace minillm;  // common.cuh: block_sum, the mbarrier and bulk-copy h
 // stream by rounding alone): warp 0 adds load(j) for j = lane, lane + 32, ... < cnt, then the xor shuffles;
 // broadcast to the CTA.
 template <typename Load>
+__device__ __forceinline__ float warp_strided_sum(int cnt, Load load) {  // every lane gets the warp's sum
+  float s = 0.f;
+  for (int j = threadIdx.x & 31; j < cnt; j += 32) s += load(j);
+  for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  return s;
+}
+template <typename Load>
 __device__ __forceinline__ float warp0_sum(int cnt, Load load, float* red) {
   if (threadIdx.x < 32) {
-    float s = 0.f;
-    for (int j = threadIdx.x; j < cnt; j += 32) s += load(j);
-    for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    const float s = warp_strided_sum(cnt, load);
     if (threadIdx.x == 0) red[0] = s;
   }
   __syncthreads();
@@ -139,9 +144,10 @@ extern "C" __global__ void __launch_bounds__(256) layer_kernel(const float* src,
       share_copies(share, w + lo, cnt, b);
     }
     if (threadIdx.x == 32 && pf16 > 0) {  // a later kernel's weights into L2 (this CTA's slice), --ahead
-      const long long pper = (pf16 + gridDim.x - 1) / gridDim.x, plo = pper * blockIdx.x;
-      const long long phi = plo + pper < pf16 ? plo + pper : pf16;
-      for (long long c = plo; c < phi; c += 2048) prefetch_l2(pf + c, (unsigned)(min(2048ll, phi - c) * 16));
+      long long plo;
+      int pcnt;
+      cta_share(pf16, &plo, &pcnt);
+      for (int c = 0; c < pcnt; c += 2048) prefetch_l2(pf + plo + c, (unsigned)(min(2048, pcnt - c) * 16));
     }
     __syncthreads();
     if (pre == 2) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -178,9 +184,7 @@ extern "C" __global__ void __launch_bounds__(256) layer_kernel(const float* src,
     if (pre != 2) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     const int gn = n / groups;
     for (int g = threadIdx.x >> 5; g < groups; g += blockDim.x >> 5) {  // slice_sum's order, in warp g
-      float t = 0.f;
-      for (int j = threadIdx.x & 31; j < gn; j += 32) t += __ldcg(src + g * gn + j);
-      for (int o = 16; o; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+      const float t = warp_strided_sum(gn, [&](int j) { return __ldcg(src + g * gn + j); });
       if ((threadIdx.x & 31) == 0) red[g] = t;
     }
     __syncthreads();
@@ -390,6 +394,11 @@ class ClusterLauncher:
         return n.value if status == 0 else -status
 
 
+def share_bytes(w16: int, ctas: int) -> int:
+    """A CTA's share of w16 16-byte words in bytes (the kernels' cta_share)."""
+    return (w16 + ctas - 1) // ctas * 16
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=28)
@@ -442,14 +451,14 @@ def main() -> None:
     nk = len(w16s)
     offs = np.concatenate([[0], np.cumsum(w16s)]).astype(np.int64)
     w = cupy.zeros(int(offs[-1]) * 16 + 16, dtype=np.uint8)  # distinct bytes per kernel: no L2 reuse
-    share_max = max((w16 + pre_ctas - 1) // pre_ctas for w16 in w16s) * 16
+    share_max = max(share_bytes(w16, pre_ctas) for w16 in w16s)
     if share_max > 227 * 1024:
         raise SystemExit(f"a CTA's share is {share_max} bytes, over 227 KB: raise --pre-ctas")
     fn.max_dynamic_shared_size_bytes = share_max
     fused = mod.get_function("fused_kernel")
     fused_ctas = sms // a.groups * a.groups if a.groups else 0  # whole groups of SMs
     if a.groups:
-        fused_share = sum((w16s[i] + fused_ctas - 1) // fused_ctas for i in (0, 1)) * 16
+        fused_share = share_bytes(w16s[0], fused_ctas) + share_bytes(w16s[1], fused_ctas)
         if fused_share > 227 * 1024:
             raise SystemExit(f"the fused kernel's CTA holds {fused_share} bytes, over 227 KB")
         fused.max_dynamic_shared_size_bytes = fused_share
@@ -478,7 +487,7 @@ def main() -> None:
                 args = (src, tbufs[i % 3], np.int32(n), w[int(offs[i]) * 16:], np.int64(w16s[i]), np.int32(deps[i]),
                         np.int32(i), np.int32(-2 if i == 0 else i - 1), np.int32(a.poll_sleep))
                 pdl.launch(tagged.kernel.ptr, (pre_ctas,), (a.pre_threads,), args,
-                           shared_mem=(w16s[i] + pre_ctas - 1) // pre_ctas * 16)
+                           shared_mem=share_bytes(w16s[i], pre_ctas))
             return
         if fuse:
             cupy.cuda.runtime.memsetAsync(counters.data.ptr, 0, counters.nbytes, stream.ptr)
@@ -489,7 +498,7 @@ def main() -> None:
             if fuse and i % per_layer == 1:
                 continue  # done by the fused kernel before it
             if fuse and i % per_layer == 0:
-                smem = sum((w16s[k] + fused_ctas - 1) // fused_ctas for k in (i, i + 1)) * 16
+                smem = share_bytes(w16s[i], fused_ctas) + share_bytes(w16s[i + 1], fused_ctas)
                 fargs = (src, bufs[i % 3], bufs[(i + 1) % 3], np.int32(n), wp, np.int64(w16s[i]),
                          w[int(offs[i + 1]) * 16:], np.int64(w16s[i + 1]), np.int32(i), np.int32(a.groups),
                          counters[i // per_layer * a.groups:], np.int32(barrier))
@@ -501,7 +510,7 @@ def main() -> None:
             args = (src, bufs[i % 3], np.int32(n), wp, np.int64(w16s[i]), np.int32(pre), np.int32(deps[i]),
                     np.int32(i), pf, np.int64(pf16), np.int32(max(1, a.groups)))
             if pre:
-                grid, block, smem = pre_ctas, a.pre_threads, (w16s[i] + pre_ctas - 1) // pre_ctas * 16
+                grid, block, smem = pre_ctas, a.pre_threads, share_bytes(w16s[i], pre_ctas)
             else:
                 grid, block, smem = a.stream_ctas or STREAM_CTAS[i % len(STREAM_CTAS)], 128, 0
             if use_pdl:
