@@ -211,6 +211,8 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         resp = _error(e.code or 500, msg, "not_found_error" if e.code == 404 else "invalid_request_error")
         if getattr(e, "valid_methods", None):  # a 405 says what the route takes (RFC 9110)
             resp.headers["Allow"] = ", ".join(e.valid_methods)
+        if e.code == 413:  # the body was left unread, so the server drops the connection: say so, or a
+            resp.headers["Connection"] = "close"  # keep-alive client sends its next request on a dead socket
         return resp
 
     @app.errorhandler(Exception)
