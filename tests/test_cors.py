@@ -36,6 +36,7 @@ def test_responses_carry_the_headers_streamed_and_errors_too(cors_server):
     body = {"model": "m", "prompt": "hi", "max_tokens": 4}
     r = httpx.post(f"{cors_server.url}/v1/completions", json=body, headers=auth)
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] == UI
+    assert "access-control-expose-headers" not in r.headers  # none to expose (quart_cors wrote '""')
     with httpx.stream("POST", f"{cors_server.url}/v1/completions", json={**body, "stream": True}, headers=auth) as s:
         assert s.status_code == 200 and s.headers["access-control-allow-origin"] == UI
         assert "data: [DONE]" in "".join(s.iter_text())

@@ -223,6 +223,13 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
     if cors is not None:
         from quart_cors import cors as add_cors  # only a server that asks for CORS needs the package
 
+        @app.after_request  # registered first, so it runs after quart_cors's (Quart runs them last first)
+        async def drop_empty_expose_headers(resp: Response) -> Response:
+            # quart_cors writes the header with no names as '""', which is no header name at all
+            if resp.headers.get("Access-Control-Expose-Headers", "").strip('"') == "":
+                resp.headers.pop("Access-Control-Expose-Headers", None)
+            return resp
+
         add_cors(app, **cors)
 
     @app.before_request
