@@ -806,10 +806,29 @@ def test_invalid_speculative_configs(models, dflash_pair):
     for name in os.listdir(dflash_pair[1]):
         if name.endswith(".safetensors") and not (bad_mask / name).exists():
             os.symlink(dflash_pair[1] / name, bad_mask / name)
+    good_mask = conf["dflash_config"]["mask_token_id"]
     for mask in (10**6, -1, 3.5):
         conf["dflash_config"]["mask_token_id"] = mask
         (bad_mask / "config.json").write_text(json.dumps(conf))
         with pytest.raises(ValueError, match="mask_token_id must be a token id in"):
+            LLM(str(dflash_pair[0]), device="cpu", speculative_config={**dflash, "model": str(bad_mask)})
+    conf["dflash_config"]["mask_token_id"] = good_mask
+    # the drafter's other settings: these gave tracebacks (a list or null where a number goes), took
+    # "false" as true, or loaded and failed the first request (a string epsilon or softcap, a block
+    # of 100,000 tokens: a 149 GiB attention in the first step)
+    for key, value, msg in [("output_multiplier", [1], "dflash_config: 'output_multiplier' must be a positive"),
+                            ("final_logit_softcapping", "x", "'final_logit_softcapping' must be a positive"),
+                            ("target_layer_ids", 5, "target_layer_ids must be a list"),
+                            ("block_size", 100_000, "block_size 100000 reaches past --max-model-len"),
+                            ("rms_norm_eps", "x", "'rms_norm_eps' must be a positive number"),
+                            ("rope_theta", [1], "'rope_theta' must be a positive number"),
+                            ("attention_bias", "false", "'attention_bias' must be true or false"),
+                            ("rope_scaling", {"rope_type": "yarn", "factor": "x"}, "'factor' must be a positive")]:
+        bad = json.loads(json.dumps(conf))
+        (bad["dflash_config"] if key in bad["dflash_config"] or key in ("output_multiplier", "final_logit_softcapping")
+         else bad)[key] = value
+        (bad_mask / "config.json").write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=msg):
             LLM(str(dflash_pair[0]), device="cpu", speculative_config={**dflash, "model": str(bad_mask)})
     # a drafter with another vocabulary
     with pytest.raises(ValueError, match="vocabulary"):

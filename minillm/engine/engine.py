@@ -265,6 +265,9 @@ class LLMEngine:
             raise ValueError(f"--speculative-config: num_speculative_tokens {k} must be below --max-model-len "
                              f"{self.max_model_len}")
         self.lookahead = lookahead(self.spec)  # KV positions a drafter may write past the last token
+        if self.lookahead >= self.max_model_len:  # a DFlash block longer than any sequence (a config typo)
+            raise ValueError(f"--speculative-config: the drafter's block_size {self.lookahead + 1} reaches past "
+                             f"--max-model-len {self.max_model_len}; check the drafter's dflash_config.block_size")
         self.model = Transformer(cfg, self.loaded.weights, self.backend, self.max_model_len + self.lookahead + 1)
         self.loaded.weights = {}  # the backend holds its own copy now
         max_logits = args.max_num_seqs * (1 + k)

@@ -35,9 +35,13 @@ from minillm.models.hf_loader import (
     attention_shape,
     canonical_name,
     check_weights,
+    config_bool,
+    config_float,
     config_int,
     count_non_finite,
     read_json,
+    rope_scaling_from,
+    shown,
 )
 from minillm.models.safetensors_io import iter_safetensors
 from minillm.models.transformer import Transformer, Workspace
@@ -84,13 +88,23 @@ def load_dflash(path: str | Path, target: ModelConfig) -> tuple[ModelConfig, dic
     hidden, heads, kv_heads, head_dim = attention_shape(cfg, where)
     causal_layers(cfg, n_layers, where)
     v2 = dflash2_settings(cfg, hidden, target.vocab_size, where) if is_dflash2(cfg) else None
+
+    def number(key: str, default: float | None) -> float | None:
+        """A dflash setting as a positive number, from dflash_config, else the top level (older files)."""
+        d, label = (dc, f"{where}: dflash_config") if key in dc else (cfg, where)
+        return default if d.get(key) is None else config_float(d, key, label)
+
+    layer_ids = dc.get("target_layer_ids") or cfg.get("target_layer_ids") or []
+    if not isinstance(layer_ids, list):
+        raise ValueError(f"{cfg_file}: dflash_config.target_layer_ids must be a list of the target's layer "
+                         f"indices, got {shown(layer_ids)}")
     settings = {
         "block_size": _block_size(cfg, where),
         "mask_token_id": dc.get("mask_token_id", cfg.get("mask_token_id")),
-        "target_layer_ids": list(dc.get("target_layer_ids") or cfg.get("target_layer_ids") or []),
-        "output_multiplier": float(dc.get("output_multiplier", cfg.get("output_multiplier", 1.0)) or 1.0),
-        "final_logit_softcapping": dc.get("final_logit_softcapping", cfg.get("final_logit_softcapping")),
-        "input_embedding_scale": float(dc.get("input_embedding_scale", cfg.get("input_embedding_scale", 1.0))),
+        "target_layer_ids": list(layer_ids),
+        "output_multiplier": number("output_multiplier", 1.0),
+        "final_logit_softcapping": number("final_logit_softcapping", None),
+        "input_embedding_scale": number("input_embedding_scale", 1.0),
     }
     mask = settings["mask_token_id"]
     if mask is None:
@@ -106,14 +120,18 @@ def load_dflash(path: str | Path, target: ModelConfig) -> tuple[ModelConfig, dic
         raise ValueError(f"{cfg_file}: target_layer_ids {bad} outside the target's {target.num_layers} layers")
     if hidden != target.hidden_size:
         raise ValueError(f"{cfg_file}: hidden_size {hidden} differs from the target's {target.hidden_size}")
+    max_positions = config_int(cfg, "max_position_embeddings", where, target.max_position_embeddings)
     dcfg = ModelConfig(
         arch="qwen3", vocab_size=target.vocab_size, hidden_size=hidden, num_layers=n_layers,
         num_heads=heads, num_kv_heads=kv_heads,
         head_dim=head_dim, intermediate_size=config_int(cfg, "intermediate_size", where),
-        rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=float(cfg.get("rope_theta", target.rope_theta)),
-        rope_scaling=target.rope_scaling if cfg.get("rope_scaling") is None else target.rope_scaling,
-        max_position_embeddings=cfg.get("max_position_embeddings", target.max_position_embeddings),
-        tie_word_embeddings=True, attention_bias=bool(cfg.get("attention_bias", False)), qk_norm=True,
+        rms_norm_eps=config_float(cfg, "rms_norm_eps", where, 1e-6),
+        rope_theta=config_float(cfg, "rope_theta", where, target.rope_theta),
+        # its own rope_scaling when it names one (the reference builds its RoPE from its config), else the target's
+        rope_scaling=target.rope_scaling if cfg.get("rope_scaling") is None else rope_scaling_from(
+            cfg["rope_scaling"], where, max_positions),
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True, attention_bias=config_bool(cfg, "attention_bias", where, False), qk_norm=True,
         conv_kernel_size=v2["conv_kernel_size"] if v2 else 0, conv_group_size=v2["conv_group_size"] if v2 else 0,
     )
     files = sorted(path.glob("*.safetensors"))
