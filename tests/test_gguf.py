@@ -301,6 +301,17 @@ def test_not_a_gguf_file(tmp_path):
     assert "not a GGUF file: it starts with b'not ', not GGUF's magic b'GGUF'" in load_error(path)
 
 
+def test_metadata_string_that_is_not_utf8(tmp_path):
+    """A damaged string value: gguf's own UnicodeDecodeError named neither the key nor the file."""
+    cfg = tiny_config("llama")
+    path, _ = write_model(tmp_path / "m.gguf", cfg, random_weights(cfg), extra_metadata={"general.name": "caf\u00e9"})
+    data = path.read_bytes()
+    assert data.count("caf\u00e9".encode()) == 1
+    path.write_bytes(data.replace("caf\u00e9".encode(), b"caf\xe9!"))  # the same length: Latin-1, not UTF-8
+    msg = load_error(path)
+    assert str(path) in msg and "metadata 'general.name' is not valid UTF-8" in msg
+
+
 def test_file_without_tokenizer(tmp_path):
     cfg = tiny_config("qwen3", num_layers=1)
     w = random_weights(cfg)

@@ -112,13 +112,17 @@ PRE_TOKENIZER_SPLITS = {
 
 
 # ---- metadata ---------------------------------------------------------------------------------
-def read_metadata(reader: GGUFReader) -> dict[str, Any]:
+def read_metadata(reader: GGUFReader, where: str) -> dict[str, Any]:
     """Every key/value of the file as Python values (strings, numbers, bools, lists)."""
     meta = {}
     for key, f in reader.fields.items():
         if key.startswith("GGUF."):  # the header's own bookkeeping (version, counts)
             continue
-        value = f.contents()
+        try:
+            value = f.contents()
+        except UnicodeDecodeError as e:  # gguf decodes strings as UTF-8 here, naming neither key nor file
+            raise ValueError(f"{where}: metadata '{key}' is not valid UTF-8 ({e.reason} at byte {e.start}); "
+                             "the file is damaged or was not written by a GGUF writer") from None
         if f.types and f.types[0] == GGUFValueType.ARRAY and isinstance(value, np.ndarray):
             value = value.tolist()
         meta[key] = value
@@ -650,7 +654,7 @@ def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray], Tok
     if not regular_file(path).is_file():
         raise FileNotFoundError(f"{where}: no such GGUF file")
     reader = open_gguf(path, where)
-    meta = read_metadata(reader)
+    meta = read_metadata(reader, where)
     architecture(meta, where)  # refuse early: before the (slow) dequantisation
     # layer tensors the loader would drop (an attn_output or FFN bias, a Mixtral's experts filed under
     # "llama") used to load and run without them, or fail as "missing" naming another tensor
