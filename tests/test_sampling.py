@@ -494,6 +494,8 @@ def test_chat_names_what_the_template_refuses(tiny):
     template = ("{% for m in messages %}{% if m.role == 'system' and not loop.first %}"
                 "{{ raise_exception('a system message must come first') }}{% endif %}"
                 "[{{ m.content }}{% if m.tool_calls %}{{ m.tool_calls[0].function.name }}{% endif %}]"
+                "{% if m.content == 'zero' %}{{ 1 / 0 }}{% endif %}"
+                "{% if m.content == 'big' %}{{ range(10 ** 8) | length }}{% endif %}"
                 "{% endfor %}{% if add_generation_prompt %}>{% endif %}")
     llm = LLM(str(tiny), device="cpu", max_model_len=64, chat_template=template)
     greedy = SamplingParams(temperature=0, max_tokens=2)
@@ -504,6 +506,10 @@ def test_chat_names_what_the_template_refuses(tiny):
         llm.chat([[hi], [hi, {"role": "system", "content": "late"}]], greedy)
     with pytest.raises(ValueError, match=r"the chat template refused the messages \(UndefinedError: .*function"):
         llm.chat([hi, {"role": "assistant", "content": "", "tool_calls": [{"id": "c1"}]}], greedy)
+    # the template's own bugs on some messages (a raw ZeroDivisionError / OverflowError before)
+    for content, why in (("zero", "ZeroDivisionError: division by zero"), ("big", "OverflowError: Range too big")):
+        with pytest.raises(ValueError, match=rf"the chat template refused the messages \(TemplateError: {why}"):
+            llm.chat([{"role": "user", "content": content}], greedy)
     for kw in ({"messages": []}, {"add_generation_prompt": False}, {"bos_token": "x"}, {1: 2}, {"a-b": 1}):
         with pytest.raises(ValueError, match="chat_template_kwargs key .* is not allowed"):
             llm.chat([hi], greedy, chat_template_kwargs=kw)

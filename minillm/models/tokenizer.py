@@ -184,13 +184,18 @@ class Tokenizer:
             )
         if self._template is None:  # a template set after construction
             self._template = compile_chat_template(self.chat_template, self.chat_template_where)
-        text = self._template.render(
-            messages=messages,
-            add_generation_prompt=add_generation_prompt and not continue_final_message,
-            bos_token=self.bos_token or "",
-            eos_token=self.eos_token or "",
-            **kwargs,
-        )
+        try:
+            text = self._template.render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt and not continue_final_message,
+                bos_token=self.bos_token or "",
+                eos_token=self.eos_token or "",
+                **kwargs,
+            )
+        except jinja2.TemplateError:
+            raise
+        except Exception as e:  # the template's own fault (1/0, a macro that recurses, a huge range): one type for
+            raise jinja2.TemplateError(f"{type(e).__name__}: {e}") from e  # every caller (a server's 500 before)
         return _open_final_message(text, messages) if continue_final_message else text
 
     def chat_template_error(self) -> str | None:
