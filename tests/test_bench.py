@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -1401,6 +1402,29 @@ def test_hf_benches_refuse_cuda_without_a_gpu(tiny, capsys, command):
 
     _refused(capsys, main, [command, str(tiny), "--device", "cuda", "--num-seqs" if command == "hf-batch" else
                             "--input-len", "2"], "--device cuda: torch")
+
+
+@pytest.mark.parametrize("command", ["hf", "hf-batch"])
+def test_hf_benches_refuse_what_is_not_a_model_in_one_line(tmp_path, capsys, command):
+    """A truncated GGUF was transformers' struct.error traceback; a folder without a model was, in
+    hf-batch, three attention refusals ending in "no paged attention implementation accepted"."""
+    pytest.importorskip("transformers")
+    from minillm.bench.__main__ import main
+    from minillm.models.loader import default_model_path
+
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(Path(default_model_path()).read_bytes()[:100])
+    _refused(capsys, main, [command, str(cut), "--device", "cpu"], "the GGUF file is truncated")
+    _refused(capsys, main, [command, str(tmp_path), "--device", "cpu"], "Unrecognized model")
+
+
+def test_hf_batch_reads_a_gguf_file(capsys):
+    """hf-batch's default model, the embedded GGUF, was passed to transformers as a directory."""
+    pytest.importorskip("transformers")
+    from minillm.bench.__main__ import main
+
+    assert main(["hf-batch", "--device", "cpu", "--num-seqs", "1", "--min-len", "2", "--max-len", "4"]) == 0
+    assert "1/1 finished, 4 tokens" in capsys.readouterr().out
 
 
 def test_hf_decode_rate_refuses_a_run_lost_in_the_noise():

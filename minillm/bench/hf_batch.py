@@ -18,6 +18,7 @@ import time
 
 from minillm.args import STARTUP_ERRORS, CliParser
 from minillm.bench.dataset import allowed_token_ids, load_tokenizer, nano_vllm_workload
+from minillm.bench.hf_reference import hf_model_source
 from minillm.bench.report import check_output_path, need, need_cuda, save_json
 
 
@@ -34,7 +35,7 @@ def check_args(ns: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = CliParser(prog="python -m minillm.bench hf-batch", description=__doc__)
-    p.add_argument("model", nargs="?", default=None, help="HF directory (default: embedded SmolLM2)")
+    p.add_argument("model", nargs="?", default=None, help="HF directory or GGUF file (default: embedded SmolLM2)")
     p.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
     p.add_argument("--num-seqs", type=int, default=256)
     p.add_argument("--min-len", type=int, default=100)
@@ -48,13 +49,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_args(ns)
         import torch
-        from transformers import AutoModelForCausalLM, GenerationConfig
+        from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
         from minillm.models.loader import resolve_model_path
 
         need_cuda(torch, ns.device)
 
         path = resolve_model_path(ns.model)
+        source, kw = hf_model_source(path)
+        # not a model transformers reads: said here, not as three attention implementations' refusals
+        AutoConfig.from_pretrained(source, **kw)
     except STARTUP_ERRORS as e:  # bad flags, no torch / transformers, no such model
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -62,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     # the paged SDPA implementation's name changed across transformers 5.x releases
     for attn in dict.fromkeys([ns.attn_implementation, "paged|sdpa", "sdpa_paged", "sdpa"]):
         try:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn)
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation=attn, **kw)
             break
         except ValueError as e:
             print(f"attn_implementation={attn!r} refused: {str(e)[:200]}", file=sys.stderr)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -26,6 +27,18 @@ def decode_rate(output_len: int, full_s: float, one_s: float) -> float:
     need(full_s > one_s, f"the {output_len}-token run ({full_s:.4f} s) took no longer than the 1-token run "
                          f"({one_s:.4f} s): the decode time is lost in the noise; give a larger --output-len")
     return (output_len - 1) / (full_s - one_s)
+
+
+def hf_model_source(path: Path) -> tuple[Path, dict]:
+    """(what transformers' from_pretrained takes, its extra arguments) for an HF directory or a GGUF
+    file. A GGUF file is read by minillm's checked reader first: transformers' own failed a truncated
+    one with a struct.error traceback, and hf-batch passed the file where a directory goes."""
+    if path.suffix != ".gguf":
+        return path, {}
+    from minillm.models.gguf_loader import open_gguf
+
+    open_gguf(path, str(path))
+    return path.parent, {"gguf_file": path.name}
 
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -69,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
 
         path = resolve_model_path(ns.model)
         dtype = getattr(torch, ns.dtype or ("float32" if ns.device == "cpu" else "bfloat16"))
-        kw = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
-        model = AutoModelForCausalLM.from_pretrained(path.parent if kw else path, dtype=dtype, **kw)
+        source, kw = hf_model_source(path)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kw)
         model = model.to(ns.device).eval()
         # transformers only warned past the model's context, then timed positions it was never trained on
         # (and minillm's decode refuses them): not the reference run
