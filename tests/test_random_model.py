@@ -210,12 +210,16 @@ def test_num_layers_keeps_the_widths(tmp_path, capsys):
     (["--preset", "tiny", "OUT", "--workers", "100000"], "--workers must be 1 to 256"),  # ~3 TB of chunks queued
     (["--dflash-for", "TARGET", "OUT", "--num-layers", "0"], "--num-layers must be at least 1"),
     (["--dflash-for", "", "OUT"], "--dflash-for is empty"),
+    (["--dflash-for", "GGUF", "OUT"], "not a directory"),  # a NotADirectoryError traceback
 ])
 def test_bad_flags_are_refused_before_anything_is_written(tiny, tmp_path, monkeypatch, capsys, flags, message):
     """One error line naming the flag, exit status 2, and nothing written: not OUT_DIR, not the
     current directory, so that a corrected rerun needs no --force."""
     monkeypatch.chdir(tmp_path)
-    argv = [{"OUT": str(tmp_path / "out"), "TARGET": str(tiny)}.get(a, a) for a in flags]
+    from minillm.models.loader import default_model_path
+
+    argv = [{"OUT": str(tmp_path / "out"), "TARGET": str(tiny), "GGUF": str(default_model_path())}.get(a, a)
+            for a in flags]
     assert rm.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and len(err.splitlines()) == 1 and message in err, err
@@ -267,3 +271,19 @@ def test_an_interrupted_write_leaves_no_weights_file(tmp_path, monkeypatch):
     monkeypatch.setattr(rm, "_chunk_bf16", real)
     rm.write_random_model(out, "tiny", workers=1)
     assert (out / "model.safetensors").is_file() and not list(out.glob("*.partial"))
+
+
+def test_dflash_for_a_target_config_minillm_cannot_run(tiny, tmp_path, capsys):
+    """The target's config.json is read with the loader's checks: a string layer count was a TypeError
+    traceback, and a DFlash drafter given as the target was written a drafter of its own."""
+    for patch, message in (({"num_hidden_layers": "x"}, "'num_hidden_layers' must be a positive integer"),
+                           ({"architectures": ["DFlashDraftModel"]}, "unsupported architectures")):
+        target = tmp_path / "target"
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(tiny, target)
+        cfg = json.loads((target / "config.json").read_text())
+        (target / "config.json").write_text(json.dumps({**cfg, **patch}))
+        assert rm.main(["--dflash-for", str(target), str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and len(err.splitlines()) == 1 and message in err, err
+        assert not (tmp_path / "out").exists()

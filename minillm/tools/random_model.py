@@ -506,12 +506,17 @@ def write_dflash_drafter(out_dir: str | Path, target_dir: str | Path, seed: int 
     _check_args(out_dir, seed, workers, num_layers)
     if os.fspath(target_dir) == "":
         raise ValueError("--dflash-for is empty; give the target's HF model directory")
+    from minillm.models.hf_loader import config_from_hf, read_json
+
     target = Path(target_dir)
+    if not target.is_dir():  # a GGUF target too: the drafter's config copies the target's config.json
+        raise ValueError(f"--dflash-for {target}: not a directory; give the target's HF model directory")
     try:
-        target_cfg = json.loads((target / "config.json").read_text())
+        target_cfg = read_json(target / "config.json")
     except FileNotFoundError:
         raise FileNotFoundError(f"{target / 'config.json'}: missing; --dflash-for needs an HF model "
                                 "directory") from None
+    config_from_hf(target_cfg, str(target / "config.json"))  # a model minillm runs, with sizes the drafter copies
     # DFlash's mask token is the first id past the tokenizer (151669 for Qwen3): an embedding row
     # of the target that no text ever produces
     tj = target / "tokenizer.json"
