@@ -827,6 +827,17 @@ def _closed_url() -> str:
     return f"http://127.0.0.1:{_free_port()}"  # nothing listens: a check that comes too late fails on it
 
 
+def test_serve_with_a_model_name_finds_no_server_before_building_prompts(capsys):
+    """With --model given, a server that was not there was found only by the first request, after the
+    prompts were built: minutes at a huge --input-len."""
+    from minillm.bench.serve import main
+
+    t0 = time.monotonic()
+    _refused(capsys, main, ["--base-url", _closed_url(), "--model", "x", "--input-len", "100000000"],
+             "cannot reach the server")
+    assert time.monotonic() - t0 < 20
+
+
 @pytest.mark.parametrize("command", ["serve", "throughput", "decode", "spec", "hf", "hf-batch", "spec-cost"])
 def test_an_unwritable_result_json_is_refused_before_the_run(tiny, tmp_path, capsys, command):
     """The run would execute and then lose its results to a FileNotFoundError at the end."""

@@ -470,6 +470,17 @@ def first_model_id(base_url: str, timeout: float) -> str:
                            "or pass --model") from None
 
 
+def check_reachable(base_url: str, timeout: float) -> None:
+    """With --model given nothing was asked of the server before the prompts were built: a huge
+    --input-len spent minutes on them before the first request found no server. Any HTTP answer will do."""
+    import httpx
+
+    try:
+        httpx.get(base_url.rstrip("/") + "/v1/models", timeout=timeout)
+    except httpx.TransportError as e:
+        raise RuntimeError(f"cannot reach the server at {base_url} ({type(e).__name__}: {e}); is it up?") from None
+
+
 def tokenizer_source(tokenizer: str | None, model: str) -> str | None:
     """--tokenizer, else the model name when minillm can load it (a path or the alias), else None."""
     from minillm.models.loader import DEFAULT_MODEL_ALIAS
@@ -494,6 +505,8 @@ def run_ladder(args: argparse.Namespace) -> dict:
     if len(rates) != len(rungs_c):
         raise ValueError(f"--request-rate has {len(rates)} values for {len(rungs_c)} --concurrency rungs; "
                          "give one per rung or a single one")
+    if args.model is not None:
+        check_reachable(args.base_url, min(args.timeout, 30.0))
     model = args.model or first_model_id(args.base_url, min(args.timeout, 30.0))
     tok_src = tokenizer_source(args.tokenizer, model)
     if tok_src is None:
