@@ -83,6 +83,17 @@ def test_truncated_tokenizer_json(tiny, tmp_path):
     refused(path, "tokenizer.json", "not a valid tokenizer.json")
 
 
+def test_tokenizer_json_with_an_empty_vocabulary(tiny, tmp_path):
+    """It loaded, and every prompt was then refused as "the prompt is empty"."""
+    import json
+
+    path = copy_of(tiny, tmp_path)
+    tj = json.loads((path / "tokenizer.json").read_text())
+    tj["model"]["vocab"], tj["model"]["merges"], tj["added_tokens"] = {}, [], []
+    (path / "tokenizer.json").write_text(json.dumps(tj))
+    refused(path, "tokenizer.json", "empty vocabulary")
+
+
 @pytest.mark.parametrize("edit,words", [
     (lambda c: "[1]", "must be a JSON object"),
     (lambda c: '{"chat_template": ', "not valid JSON"),

@@ -117,6 +117,9 @@ class Tokenizer:
             tok = HFTokenizer.from_file(str(tj))
         except Exception as e:  # the tokenizers library raises a bare Exception for any bad file
             raise ValueError(f"{tj}: not a valid tokenizer.json ({e})") from None
+        if tok.get_vocab_size(with_added_tokens=False) == 0:  # else every prompt is refused as "empty"
+            raise ValueError(f"{tj}: the tokenizer's model has an empty vocabulary; the file is damaged or a "
+                             "placeholder")
         tc = path / "tokenizer_config.json"
         cfg = read_json(tc) if tc.exists() else {}
         template = _chat_template(cfg.get("chat_template"), str(tc))
