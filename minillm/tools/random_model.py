@@ -509,8 +509,12 @@ def write_dflash_drafter(out_dir: str | Path, target_dir: str | Path, seed: int 
     from minillm.models.hf_loader import config_from_hf, read_json
 
     target = Path(target_dir)
+    if not target.exists():
+        raise FileNotFoundError(f"--dflash-for {target}: no such directory; give the target's HF model directory "
+                                "(with config.json)")
     if not target.is_dir():  # a GGUF target too: the drafter's config copies the target's config.json
-        raise ValueError(f"--dflash-for {target}: not a directory; give the target's HF model directory")
+        raise ValueError(f"--dflash-for {target}: not a directory; give the target's HF model directory "
+                         "(with config.json)")
     try:
         target_cfg = read_json(target / "config.json")
     except FileNotFoundError:
