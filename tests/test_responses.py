@@ -390,6 +390,14 @@ def test_forced_function_call_follows_its_schema(server):
     if r.status == "completed":  # (a random model may write digits until max_output_tokens)
         jsonschema.validate(json.loads(r.output[-1].arguments), TEMP)
     assert r.model_dump()["tool_choice"] == {"type": "function", "name": "temp"}
+    # a stop string ends the call inside its arguments: the item is incomplete ("completed" before), streamed too
+    kw = dict(tools=TOOLS, tool_choice={"type": "function", "name": "temp"}, extra_body={"stop": [":"]})
+    r = create(server, **kw)
+    assert r.output[-1].type == "function_call" and r.output[-1].status == "incomplete"
+    assert ":" not in r.output[-1].arguments
+    events, final = streamed(server, **kw)
+    done = [e for e in events if e["type"] == "response.output_item.done"]
+    assert done[-1]["item"]["status"] == "incomplete" and final["output"][-1]["arguments"] == r.output[-1].arguments
 
 
 def test_json_schema_text_format(server):

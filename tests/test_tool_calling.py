@@ -262,6 +262,15 @@ def test_complete_message():
     assert msg == {"role": "assistant", "content": "plain <b>text</b>"} and why == "length"
     msg, why = tools.complete_message(HermesParser(), ONE, "length")  # a call, but cut: OpenAI says length
     assert msg["content"] == "Let me look." and len(msg["tool_calls"]) == 1 and why == "length"
+    # a forced call that a stop string (or stop token) ended before its constraint: its arguments are
+    # not whole JSON, and "tool_calls" would tell the client to run them
+    for parser, text in ((NamedParser("f"), '{"a": "x'), (RequiredParser(), '[{"name": "f", "arguments": {"a": "x')):
+        msg, why = tools.complete_message(parser, text, "stop", "}")
+        assert why == "stop" and len(msg["tool_calls"]) == 1
+    msg, why = tools.complete_message(NamedParser("f"), '{"a": "x"}', "stop", None)  # ended by its constraint
+    assert why == "tool_calls" and json.loads(msg["tool_calls"][0]["function"]["arguments"]) == {"a": "x"}
+    msg, why = tools.complete_message(HermesParser(), "\n" + TWO, "stop", "!")  # auto: whole calls before the stop
+    assert why == "tool_calls"
 
 
 def test_required_and_named_parsers():
@@ -408,6 +417,11 @@ def test_named_tool_choice(server):
     assert calls[0]["arguments"] == ref[0].function.arguments
     assert sum(1 for c in chunks if c.choices and c.choices[0].delta.tool_calls) > 2  # in pieces
     assert chunks[-1].usage.completion_tokens > 5 and chunks[-1].choices == []
+    # cut by a stop string: "stop" with the call as far as it got, streamed and not ("tool_calls" before)
+    r = chat(server, tools=TOOLS, tool_choice=named, max_tokens=40, seed=0, stop=[":"])
+    assert r.choices[0].finish_reason == "stop" and ":" not in r.choices[0].message.tool_calls[0].function.arguments
+    calls, _, finish = streamed_calls(stream(server, tools=TOOLS, tool_choice=named, max_tokens=40, seed=0, stop=[":"]))
+    assert finish == "stop" and calls[0]["arguments"] == r.choices[0].message.tool_calls[0].function.arguments
     # cut by max_tokens: the call as far as it got, finish_reason length (as OpenAI)
     cut = chat(server, tools=TOOLS, tool_choice=named, max_tokens=3, seed=0).choices[0]
     assert cut.finish_reason == "length" and cut.message.tool_calls[0].function.name == "temp"

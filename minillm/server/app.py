@@ -407,7 +407,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         if chat:
             messages = None
             if parsed.tools or reasoning_parser:  # each choice's output read for reasoning and tool calls
-                replies = [chat_message(parsed, texts[i], reasons[i]) for i in range(n)]
+                replies = [chat_message(parsed, texts[i], reasons[i], stops[i]) for i in range(n)]
                 messages, reasons = [msg for msg, _ in replies], [why for _, why in replies]
             body = protocol.chat_response(rid, protocol.now(), parsed.model, list(zip(texts, reasons, bodies)),
                                           parsed.num_prompt_tokens, sum(n_outs), plps[0] if plps else None, messages,
@@ -424,12 +424,14 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         where there is no thinking to find (and a "</think>" would be inside an argument)."""
         return reasoning_parser is not None and not (parsed.tools and parsed.tools.choice != "auto")
 
-    def chat_message(parsed: ParsedRequest, text: str, reason: str | None) -> tuple[dict, str | None]:
+    def chat_message(parsed: ParsedRequest, text: str, reason: str | None,
+                     stop: int | str | None) -> tuple[dict, str | None]:
         """A whole chat output's message and finish reason: its reasoning apart, tool calls read from
-        the content alone (a <tool_call> written while thinking is not a call)."""
+        the content alone (a <tool_call> written while thinking is not a call). stop: the stop string
+        or token that ended it, if one did."""
         thought, content = split_reasoning(text, reasoning_parser) if splits_reasoning(parsed) else (None, text)
         if parsed.tools and content is not None:
-            message, reason = tools.complete_message(parsed.tools.parser(), content, reason)
+            message, reason = tools.complete_message(parsed.tools.parser(), content, reason, stop)
         else:
             message = {"role": "assistant", "content": content}
         if reasoning_parser and parsed.include_reasoning:
@@ -548,7 +550,8 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
                 if out.finished:
                     reasons[i] = "length" if parsed.echo_only else out.finish_reason or "stop"
                     # (the metrics keep the engine's reason: "tool_calls" is the client's name for a stop)
-                    why = tools.finish_reason(reasons[i], parsers[i].calls > 0) if parsers else reasons[i]
+                    why = tools.finish_reason(reasons[i], parsers[i].calls > 0, tools.cut_call(
+                        parsers[i], out.stop_reason)) if parsers else reasons[i]
                     yield chunk(i, None, why, stop=None if parsed.echo_only else out.stop_reason)
             if parsed.include_usage:
                 last = protocol.usage_chunk(rid, created, model, chat, n_prompt, sum(n_outs))
@@ -627,7 +630,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
             for stream in streams:
                 stream.close()
             timer.done(reason)
-        builder.finish(reason != "length")
+        builder.finish(reason != "length", last.stop_reason if last else None)
         status = "incomplete" if reason == "length" else "completed"
         return _json(response_body(req, rid, created, builder, status, last, first))
 
@@ -661,7 +664,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
                 builder.feed(out.new_text, out.finished, response_logprobs(out))
                 if out.finished:
                     reason = out.finish_reason or "stop"
-                    builder.finish(reason != "length")
+                    builder.finish(reason != "length", out.stop_reason)
                     status = "incomplete" if reason == "length" else "completed"
                     builder.emit(f"response.{status}", response=response_body(req, rid, created, builder, status,
                                                                              out, first))

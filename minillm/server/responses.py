@@ -33,7 +33,7 @@ from minillm.server.protocol import (
     parse_request,
 )
 from minillm.server.reasoning import Delta, ReasoningSplitter
-from minillm.server.tools import Piece, ToolCallDelta, ToolCallParser, _shown
+from minillm.server.tools import Piece, ToolCallDelta, ToolCallParser, _shown, cut_call
 
 INPUT_ROLES = ("user", "system", "developer", "assistant")
 # fields a Responses body passes to chat as they are: model, stream, OpenAI's sampling fields and
@@ -537,12 +537,15 @@ class ResponseBuilder:
                       part=part)
         self.emit("response.output_item.done", output_index=item.index, item=body)  # (done: it changes no more)
 
-    def finish(self, complete: bool) -> None:
+    def finish(self, complete: bool, stop_reason: int | str | None = None) -> None:
         """The output ended (complete: by itself, not cut by max_output_tokens). An output with no
         item at all still gets its (empty, or blank) message, as a chat reply has its content; one
-        that only thought has its reasoning item alone, as OpenAI's cut short while reasoning."""
+        that only thought has its reasoning item alone, as OpenAI's cut short while reasoning. A forced
+        call that a stop string or token ended (stop_reason) is incomplete: its arguments are not whole."""
         if not self.output:
             self._content("", force=True)  # (with the blank text held back, if any)
+        if self.parser is not None and cut_call(self.parser, stop_reason):
+            complete = False
         self._close("completed" if complete else "incomplete")
 
 

@@ -340,6 +340,8 @@ def _merge(deltas: list[ToolCallDelta]) -> list[ToolCallDelta]:
 class ToolCallParser:
     """Output text in (`feed`, as it arrives, then `finish`), reply pieces out."""
 
+    forced = False  # the whole output is the calls' JSON ("required", a named function)
+
     def __init__(self):
         self.calls = 0  # tool calls begun so far
 
@@ -352,6 +354,8 @@ class ToolCallParser:
 
 class NamedParser(ToolCallParser):
     """A named tool_choice: the whole output is the function's arguments object."""
+
+    forced = True
 
     def __init__(self, name: str):
         super().__init__()
@@ -413,6 +417,8 @@ _HEAD = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:
 class RequiredParser(ToolCallParser):
     """tool_choice "required": the output is [{"name": ..., "arguments": {...}}, ...]. A call's
     header goes out once its name is read, its arguments as they are written."""
+
+    forced = True
 
     def __init__(self):
         super().__init__()
@@ -722,13 +728,21 @@ class Llama3JsonParser(ToolCallParser):
 
 
 # ---- the reply -----------------------------------------------------------------------------
-def finish_reason(reason: str | None, called: bool) -> str | None:
+def finish_reason(reason: str | None, called: bool, cut: bool = False) -> str | None:
     """"tool_calls" for an output that ended by itself with calls made; else the engine's reason
-    (a call cut by max_tokens is "length", as OpenAI says)."""
-    return "tool_calls" if called and reason == "stop" else reason
+    (a call cut by max_tokens is "length", as OpenAI says). cut: a forced call ended by a stop string
+    or token before its constraint did, so its arguments are not whole JSON: "stop", since "tool_calls"
+    tells a client to run them."""
+    return "tool_calls" if called and reason == "stop" and not cut else reason
 
 
-def complete_message(parser: ToolCallParser, text: str, reason: str | None) -> tuple[dict, str | None]:
+def cut_call(parser: ToolCallParser, stop_reason: int | str | None) -> bool:
+    """Whether a stop string or stop token ended a forced call (finish_reason's cut)."""
+    return parser.forced and stop_reason is not None
+
+
+def complete_message(parser: ToolCallParser, text: str, reason: str | None,
+                     stop_reason: int | str | None = None) -> tuple[dict, str | None]:
     """The response message of a whole output and its finish reason (the parser fed it at once)."""
     piece = parser.feed(text) + parser.finish()
     calls = [{"id": d.id, "type": "function", "function": {"name": d.name, "arguments": d.arguments}}
@@ -740,4 +754,4 @@ def complete_message(parser: ToolCallParser, text: str, reason: str | None) -> t
     if calls:
         message["content"] = piece.content if piece.content.strip() else None
         message["tool_calls"] = calls
-    return message, finish_reason(reason, bool(calls))
+    return message, finish_reason(reason, bool(calls), cut_call(parser, stop_reason))
