@@ -24,7 +24,7 @@ few = settings(max_examples=120, deadline=None, suppress_health_check=[HealthChe
 
 
 def gguf_tokenizer(path) -> Tokenizer:
-    return tokenizer_from_gguf(read_metadata(GGUFReader(path)), str(path))
+    return tokenizer_from_gguf(read_metadata(GGUFReader(path), str(path)), str(path))
 
 
 @pytest.fixture(scope="module")

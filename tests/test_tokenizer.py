@@ -33,7 +33,7 @@ def hf_gguf_tokenizer(path):
 
 
 def our_tokenizer(path):
-    return tokenizer_from_gguf(read_metadata(GGUFReader(path)), str(path))
+    return tokenizer_from_gguf(read_metadata(GGUFReader(path), str(path)), str(path))
 
 
 @pytest.fixture(scope="module")
