@@ -154,6 +154,19 @@ def test_non_finite_arguments_are_not_calls(make):
         assert (p.content, p.calls) == (text, []), text
 
 
+def test_an_escaped_lone_surrogate_stays_escaped():
+    """The model writes the six characters \\ud800 in an argument: rewritten with ensure_ascii=False the
+    arguments held a real lone surrogate, which the reply's JSON then carried as an escape strict
+    parsers refuse. Other non-ASCII text is still written as itself."""
+    for parser in (HermesParser(), Llama3JsonParser()):
+        body = '{"name": "f", "arguments": {"s": "\\ud800 é"}}'
+        text = f"<tool_call>{body}</tool_call>" if isinstance(parser, HermesParser) else body
+        msg, _ = tools.complete_message(parser, text, "stop")
+        args = msg["tool_calls"][0]["function"]["arguments"]
+        args.encode("utf-8")  # no lone surrogate in the string itself
+        assert json.loads(args) == {"s": "\ud800 é"}
+
+
 def test_hermes_parser_reads_parameters():
     """A call written with "parameters" (Llama's key) has those arguments; before, they were
     silently dropped and the call went out with {}."""

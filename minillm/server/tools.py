@@ -478,9 +478,16 @@ class RequiredParser(ToolCallParser):
 
 def _args_json(args) -> str | None:
     """args written back as JSON; None when that cannot be strict JSON (NaN / Infinity, which
-    json.loads takes but clients' JSON.parse rejects) or nests too deeply to write."""
+    json.loads takes but clients' JSON.parse rejects) or nests too deeply to write. A lone surrogate
+    the model wrote escaped ("\\ud800") stays escaped: written raw, the reply's own JSON holds an
+    unpaired surrogate escape, which strict parsers refuse."""
     try:
-        return json.dumps(args, ensure_ascii=False, allow_nan=False)
+        text = json.dumps(args, ensure_ascii=False, allow_nan=False)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            text = json.dumps(args, allow_nan=False)  # every non-ASCII character escaped, as it came
+        return text
     except (ValueError, RecursionError):  # (dumps can fail a little shallower than loads did)
         return None
 
