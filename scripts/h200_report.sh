@@ -7226,7 +7226,7 @@ for line in sys.stdin:
     print(d['way'], d['per_layer_us'], d['same_bits_as_stream'], d['layer_mb'][0])"
 }
 
-part378() {  # session 75 (carry .whl; ~1 min; not yet run): part377 again after preload_bench.py's fix (every CTA now
+part378() {  # session 75 (carry .whl; ~1 min; run in session 76 on an H100: tagged +9% to +22% a layer, slower): part377 again after preload_bench.py's fix (every CTA now
   # writes its elements of the next vector, so a polling kernel waits on all of them, as on a product's rows), and
   # --groups 8; then the polls with no sleep and with 200 ns between rounds (the default 32)
   setup

@@ -45,7 +45,8 @@ non-portable size) meeting at the hardware's cluster barrier, no counter.
 --tagged (session 75): also the way pre_early_tagged, pre_early's kernels without griddepcontrol.wait: the vector
 between two kernels is (value, tag) pairs written by single 8-byte stores, and each kernel polls its input's tags
 (NCCL's LL protocol's idea): what it measures is how much of a hand-off is the wait for the whole previous grid
-and its memory flush. Needs --dep of 1s and 2s.
+and its memory flush. Needs --dep of 1s and 2s. Measured (part378, session 76, an H100): +9% to +22% a layer
+against pre_early, by the sleep between polls; slower.
 """
 
 from __future__ import annotations
