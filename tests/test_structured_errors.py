@@ -205,3 +205,23 @@ def test_a_bad_mask_threads_variable_is_a_start_up_error(tmp_path):
     r = subprocess.run([sys.executable, "-c", "import minillm.engine.structured"], env=env, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_an_added_tokens_text_in_a_constraint_is_named(tmp_path):
+    """llguidance 1.9 allows a non-special added token (Qwen's <tool_call>, <think>) where the
+    constraint's text spells it, then refuses it when consumed (outlines #1771). The refusal named
+    "a limit of llguidance's ... simplify the constraint"; it now names the token and what to do."""
+    from tokenizers import AddedToken, Tokenizer
+
+    from minillm.tools.random_model import write_random_model
+
+    path = write_random_model(tmp_path / "m", "tiny")
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    tok.add_tokens([AddedToken("<tool_call>", special=False, normalized=False)])
+    tok.save(str(path / "tokenizer.json"))
+    added = tok.token_to_id("<tool_call>")
+    llm = LLM(str(path), device="cpu", max_model_len=64)
+    with pytest.raises(ValueError, match=rf"spells '<tool_call>', the tokenizer's added token {added},"):
+        llm.generate(["hi"], SamplingParams(max_tokens=8, structured_outputs=SO(choice=["<tool_call>"])))
+    out = llm.generate(["hi"], SamplingParams(max_tokens=8, structured_outputs=SO(choice=["tool_call"])))[0]
+    assert out.text == "tool_call"  # the same text without the added token's spelling follows

@@ -242,9 +242,13 @@ class GrammarCompiler:
             # first tokens meet still fails mid-output (engine._accept_tokens)
             probe = template.deep_copy()
             if not probe.consume_token(first) or probe.is_error():
+                added = self.tokenizer.tok.get_added_tokens_decoder().get(first)
+                why = (f"the constraint's text spells {added.content!r}, the tokenizer's added token {first}, which "
+                       "llguidance allows and then refuses (a known llguidance limit); leave that text out of the "
+                       "constraint" if added is not None and not added.special else
+                       "a limit of llguidance's, met on the output's first token; simplify the constraint")
                 raise ValueError(f"structured_outputs: the {_what(key[0])} cannot be followed: "
-                                 f"{_message(probe.get_error())} (a limit of llguidance's, met on the "
-                                 "output's first token; simplify the constraint)")
+                                 f"{_message(probe.get_error())} ({why})")
         return template
 
     def next_token_masks(self, jobs: list[tuple[object, list[int]]]) -> np.ndarray:
