@@ -813,7 +813,7 @@ def test_invalid_speculative_configs(models, dflash_pair):
         with pytest.raises(ValueError, match="mask_token_id must be a token id in"):
             LLM(str(dflash_pair[0]), device="cpu", speculative_config={**dflash, "model": str(bad_mask)})
     conf["dflash_config"]["mask_token_id"] = good_mask
-    # the drafter's other settings: these gave tracebacks (a list or null where a number goes), took
+    # the drafter's other settings: these gave tracebacks (a list where a number goes), took
     # "false" as true, or loaded and failed the first request (a string epsilon or softcap, a block
     # of 100,000 tokens: a 149 GiB attention in the first step)
     for key, value, msg in [("output_multiplier", [1], "dflash_config: 'output_multiplier' must be a positive"),
@@ -830,6 +830,10 @@ def test_invalid_speculative_configs(models, dflash_pair):
         (bad_mask / "config.json").write_text(json.dumps(bad))
         with pytest.raises(ValueError, match=msg):
             LLM(str(dflash_pair[0]), device="cpu", speculative_config={**dflash, "model": str(bad_mask)})
+    # a drafter's own rope_scaling is its RoPE (as the reference builds it from its config; the target's was taken)
+    (bad_mask / "config.json").write_text(json.dumps({**conf, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}))
+    own = LLM(str(dflash_pair[0]), device="cpu", speculative_config={**dflash, "model": str(bad_mask)})
+    assert (own.engine.proposer.cfg.rope_scaling.kind, own.engine.proposer.cfg.rope_scaling.factor) == ("linear", 2.0)
     # a drafter with another vocabulary
     with pytest.raises(ValueError, match="vocabulary"):
         LLM(str(dflash_pair[0]), device="cpu",
