@@ -7246,6 +7246,26 @@ for line in sys.stdin:
     print(d['way'], d['per_layer_us'], d['same_bits_as_stream'], d['layer_mb'][0], d.get('poll_sleep_ns'))"
 }
 
+part379() {  # session 77 (carry .whl; ~8 min): every GPU test on main's code (sessions 75-76 changed CPU paths
+  # only), then on an H200 the targets (decode of both shapes, the 8B rejected DFlash k = 8 round at c = 1-16),
+  # on an H100 the server reproducer (c = 8, 4096, DFlash k = 8) under memcheck instead
+  setup
+  facts > "$W/facts.txt" 2>&1
+  gpu_tests_full 420
+  tail -n 3 "$W/gpu_tests.log"
+  if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+    stage models 120 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
+      python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force &&
+      python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force"
+    decode_06b 70
+    decode_8b 80
+    spec_cost_8b 170
+  else
+    models_q06_dflash 60
+    sanitize_server memcheck 150 100
+  fi
+}
+
 "$PART"
 echo "=== done ($(date +%T))"; cat "$W/stages.txt"
 
