@@ -24,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-tokens", type=int, default=0)
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--n", type=int, default=1, metavar="N",
+                   help="samples a prompt (vLLM's n; with --request-seed S, sample i is seeded S + i); printed "
+                        "prompt by prompt, with --json each line's index says which sample")
     p.add_argument("--request-seed", type=int, default=None, dest="request_seed",
                    help="per-request sampling seed (default: drawn from --seed)")
     p.add_argument("--presence-penalty", type=float, default=0.0)
@@ -34,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-logprobs", type=int, default=None, metavar="N",
                    help="with --json: each prompt token's logprob, rank and N most likely alternatives "
                         "(null for the first), and the prompt's token ids")
-    p.add_argument("--json", action="store_true", help='print {"text", "token_ids", "finish_reason"} per prompt')
+    p.add_argument("--json", action="store_true",
+                   help='print {"text", "token_ids", "finish_reason"} per prompt (and sample)')
     ns = p.parse_args(argv)
 
     from minillm import LLM, SamplingParams
@@ -51,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
                                 ignore_eos=ns.ignore_eos, seed=ns.request_seed,
                                 presence_penalty=ns.presence_penalty, frequency_penalty=ns.frequency_penalty,
                                 repetition_penalty=ns.repetition_penalty, logprobs=ns.logprobs,
-                                prompt_logprobs=ns.prompt_logprobs)
+                                prompt_logprobs=ns.prompt_logprobs, n=ns.n)
         if (ns.logprobs is not None or ns.prompt_logprobs is not None) and not ns.json:
             raise ValueError("--logprobs and --prompt-logprobs print with --json only: add --json")
         args = EngineArgs.from_cli(ns)
@@ -87,9 +91,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if hasattr(sys.stdout, "reconfigure"):  # a terminal that cannot show a character gets '?', not a traceback
         sys.stdout.reconfigure(errors="replace")
+    outs = [sample for out in outs for sample in out.outputs]
     for out in outs:
         if ns.json:
             rec = {"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason}
+            if ns.n > 1:
+                rec["index"] = out.index
             if out.logprobs is not None:
                 rec["logprobs"] = [{"token_id": lp.token_id, "logprob": lp.logprob, "top": lp.top}
                                    for lp in out.logprobs]

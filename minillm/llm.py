@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import jinja2
 import numpy as np
@@ -35,6 +35,10 @@ class CompletionOutput:
     # llguidance's, or a refused token); text and token_ids hold what it accepted before. The other
     # prompts of the batch run on unaffected.
     error: str | None = None
+    index: int = 0  # which of the prompt's SamplingParams.n samples this is (vLLM's CompletionOutput.index)
+    # the prompt's n samples in order, this one first (vLLM's RequestOutput.outputs, so out.outputs[0].text
+    # reads as there); generate() returns each prompt's sample 0, which holds them all
+    outputs: list[CompletionOutput] = field(default_factory=list, repr=False, compare=False)
 
 
 class LLM:
@@ -60,7 +64,8 @@ class LLM:
         get_default_sampling_params(). priority (vLLM's): one integer a prompt, lower first, with
         scheduling_policy="priority". use_tqdm (vLLM's; off here by default): a progress bar over the
         prompts on stderr (tqdm's where it is installed, or a callable that makes one as tqdm does).
-        lora_request: refused unless None (no LoRA adapters)."""
+        lora_request: refused unless None (no LoRA adapters). One CompletionOutput a prompt: its first sample,
+        whose outputs list all SamplingParams.n of them."""
         progress = _progress_factory(use_tqdm)
         _refuse_lora(lora_request)
         if isinstance(prompts, np.ndarray):
@@ -90,7 +95,7 @@ class LLM:
         def refused(i: int, e: ValueError) -> ValueError:  # prompt i's error, named when there are several
             return ValueError(f"prompt {i}: {e}" if len(prompts) > 1 else str(e))
 
-        ids = []
+        ids = []  # every sample's request id, prompt by prompt
         prompt_ids = []
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             try:
@@ -100,6 +105,8 @@ class LLM:
                 raise refused(i, e) from None
             prompt_ids.append(toks)
         done: dict[str, CompletionOutput] = {}
+        owner: dict[str, int] = {}  # each request id's prompt
+        left = [p.n for p in params]  # a prompt is processed once all its samples are
         logprobs: dict[str, list[TokenLogprob]] = {}
         prompt_logprobs: dict[str, list] = {}
         # offline, nobody reads a step's text at once: render it while the next step runs
@@ -109,11 +116,13 @@ class LLM:
             # inside the try: a request refused when added (a structured-output constraint that does not
             # compile is found only there) takes the ones added before it out again
             for i, (toks, p, prio) in enumerate(zip(prompt_ids, params, priority)):
-                try:
-                    ids.append(engine.add_request(toks, p, priority=prio))
-                except ValueError as e:
-                    raise refused(i, e) from None
-            bar = progress(total=len(ids), desc="Processed prompts") if progress is not None else None
+                for k in range(p.n):  # each sample its own request (sample_params seeds them apart)
+                    try:
+                        ids.append(engine.add_request(toks, p.sample_params(k), priority=prio))
+                    except ValueError as e:
+                        raise refused(i, e) from None
+                    owner[ids[-1]] = i
+            bar = progress(total=len(prompts), desc="Processed prompts") if progress is not None else None
             while engine.has_unfinished():
                 for out in engine.step():
                     if out.new_logprobs is not None:
@@ -126,7 +135,8 @@ class LLM:
                                                                 logprobs.pop(out.request_id, None),
                                                                 prompt_logprobs.pop(out.request_id, None),
                                                                 out.error)
-                        if bar is not None:
+                        left[owner[out.request_id]] -= 1
+                        if bar is not None and not left[owner[out.request_id]]:
                             bar.update(1)
         except BaseException as e:  # Ctrl-C or a failure: leave none of ours for the next call to run first
             for rid in ids:
@@ -142,10 +152,12 @@ class LLM:
             if bar is not None:
                 bar.close()
         results = []
-        for rid, toks in zip(ids, prompt_ids):
-            c = done[rid]
-            c.prompt_token_ids = toks
-            results.append(c)
+        samples = iter(ids)
+        for toks, p in zip(prompt_ids, params):
+            outs = [done[next(samples)] for _ in range(p.n)]
+            for k, c in enumerate(outs):
+                c.prompt_token_ids, c.index, c.outputs = toks, k, outs
+            results.append(outs[0])
         return results
 
     def chat(self, messages, sampling_params: SamplingParams | None = None, add_generation_prompt: bool = True,

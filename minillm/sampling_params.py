@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -19,6 +19,9 @@ MIN_REPETITION_PENALTY = 1e-30
 # token ids travel as int32 (the runner's min_tokens ban list, its masks): an id at or past 2**31 is
 # no token of any vocabulary, and numpy raised OverflowError on it mid-step (stop_token_ids with min_tokens)
 TOKEN_ID_LIMIT = 2**31
+# samples a prompt offline (SamplingParams.n): each is an engine request of its own, so a huge n is as many
+# queued requests; the server's own limit is protocol.MAX_N
+MAX_N = 1024
 _INT_FIELDS = ("max_tokens", "top_k", "min_tokens", "seed", "logprobs", "prompt_logprobs", "truncate_prompt_tokens",
                "n")
 _FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
@@ -158,11 +161,21 @@ class SamplingParams:
     # whole); -1 keeps as many as the context leaves room for beside max_tokens (the last
     # max_model_len - max_tokens), as vLLM's -1 does (its max_input_tokens). See truncated_prompt
     truncate_prompt_tokens: int | None = None
-    # vLLM's n (choices a prompt): 1 only offline; the server's n runs each choice as its own request
+    # vLLM's n: samples of the prompt, each run as its own engine request with sample_params(i) (LLM.generate
+    # returns them as the prompt's CompletionOutput.outputs; the server's n choices are the same)
     n: int = 1
 
     def __post_init__(self) -> None:
         self.validate()
+
+    def sample_params(self, i: int) -> SamplingParams:
+        """Sample i of the n's own parameters (n = 1): with a seed, seed + i, so the n samples differ and a
+        repeated call gives the same n (sample 0 is what n = 1 gives); without one, each draws its own."""
+        if not 0 <= i < self.n:
+            raise ValueError(f"sample {i} of n = {self.n}")
+        if self.n == 1:
+            return self
+        return replace(self, n=1, seed=self.seed if self.seed is None or i == 0 else (self.seed + i) % (1 << 64))
 
     def _normalize(self) -> None:
         """The accepted spellings as one form: a str stop as a list, tuples as lists, NumPy scalars and
@@ -235,9 +248,8 @@ class SamplingParams:
         # a truthy string such as "false" would otherwise turn the switch on
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             need(isinstance(getattr(self, name), bool), f"{name} must be True or False, got {getattr(self, name)!r}")
-        need(isinstance(self.n, int) and not isinstance(self.n, bool) and self.n == 1,
-             f"n must be 1 here (got {self.n!r}): for several samples of a prompt, pass it several times (the "
-             f"server's n does that)")
+        need(isinstance(self.n, int) and not isinstance(self.n, bool) and 1 <= self.n <= MAX_N,
+             f"n must be an integer in [1, {MAX_N}] (samples of the prompt), got {self.n!r}")
         need(self.logprobs is None or (isinstance(self.logprobs, int) and not isinstance(self.logprobs, bool)
                                        and 0 <= self.logprobs <= 20),
              f"logprobs must be None or an integer in [0, 20], got {self.logprobs!r}")

@@ -170,3 +170,20 @@ def test_prompt_bytes_that_are_not_utf8_are_replaced(tiny, capsys):
         assert main([*args, "a\udcffb"]) == 0
         out, err = capsys.readouterr()
         assert json.loads(out)["token_ids"] == want and "--prompt had bytes that are not UTF-8" in err
+
+
+def test_n_samples_print_prompt_by_prompt(tiny, capsys):
+    """--n N: each prompt's N samples, one JSON line each with its index; sample i is the one --request-seed
+    S + i gives alone."""
+    base = [str(tiny), "--device", "cpu", "--max-model-len", "128", "--max-tokens", "4", "--ignore-eos",
+            "--temperature", "1.0", "--json"]
+    assert main([*base, "--prompt", "hello", "--prompt", "a b", "--n", "2", "--request-seed", "7"]) == 0
+    recs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["index"] for r in recs] == [0, 1, 0, 1]
+    for i, prompt in enumerate(["hello", "a b"]):
+        for k in range(2):
+            assert main([*base, "--prompt", prompt, "--request-seed", str(7 + k)]) == 0
+            alone = json.loads(capsys.readouterr().out)
+            assert "index" not in alone and alone["token_ids"] == recs[2 * i + k]["token_ids"]
+    assert main([*base, "--prompt", "hello", "--n", "0"]) == 2
+    assert "n must be an integer in [1, 1024]" in capsys.readouterr().err

@@ -143,3 +143,59 @@ def test_fields_set_by_hand_are_checked_at_admission(llm, field, value):
     sp.stop = "zz"  # normalised at admission: one stop string, not two one-character ones
     out = llm.generate(["hello"], sp)[0]
     assert sp.stop == ["zz"] and len(out.token_ids) <= 3
+
+
+def test_n_samples_offline_are_the_seeded_single_samples(llm):
+    """SamplingParams.n (vLLM's): each prompt's result holds its n samples in outputs (index 0..n-1, the
+    result itself first), sample k being what n = 1 gives with seed + k; a list of params may give each
+    prompt its own n."""
+    prompts = [[5, 6, 7], [8, 9]]
+    params = [SamplingParams(n=3, temperature=1.0, seed=9, max_tokens=6, ignore_eos=True),
+              SamplingParams(n=2, temperature=1.0, seed=2**64 - 1, max_tokens=4, ignore_eos=True, logprobs=1)]
+    outs = llm.generate(prompts, params)
+    assert len(outs) == 2
+    for out, ids, p in zip(outs, prompts, params):
+        assert out.outputs[0] is out and [c.index for c in out.outputs] == list(range(p.n))
+        for k, c in enumerate(out.outputs):
+            alone = llm.generate([ids], SamplingParams(temperature=1.0, seed=(p.seed + k) % 2**64,
+                                                       max_tokens=p.max_tokens, ignore_eos=True,
+                                                       logprobs=p.logprobs))[0]
+            assert c.prompt_token_ids == ids and c.token_ids == alone.token_ids and c.text == alone.text
+            assert len(c.token_ids) == p.max_tokens and (c.logprobs is None) == (p.logprobs is None)
+    assert len({tuple(c.token_ids) for c in outs[0].outputs}) > 1  # seeded apart, not one sample thrice
+    one = llm.generate([prompts[0]], SamplingParams(temperature=1.0, seed=9, max_tokens=6, ignore_eos=True))[0]
+    assert one.outputs == [one] and one.index == 0 and one.token_ids == outs[0].token_ids
+
+
+def test_n_samples_count_once_a_prompt_on_the_progress_bar(llm):
+    seen = []
+
+    class Bar:
+        def __init__(self, total, desc):
+            seen.append(("total", total))
+
+        def update(self, n=1):
+            seen.append(("update", n))
+
+        def close(self):
+            seen.append(("close",))
+
+    llm.generate([[5, 6], [7]], SamplingParams(n=4, temperature=1.0, max_tokens=3), use_tqdm=Bar)
+    assert seen == [("total", 2), ("update", 1), ("update", 1), ("close",)]
+
+
+@pytest.mark.parametrize("n", [0, -1, 1025, True, 1.5, "2"])
+def test_bad_n_is_refused_by_name(n):
+    with pytest.raises(ValueError, match=r"^n must be an integer in \[1, 1024\]"):
+        SamplingParams(n=n)
+
+
+def test_sample_params_seeds_each_sample():
+    p = SamplingParams(n=3, seed=-1, temperature=0.5)
+    assert [q.seed for q in (p.sample_params(k) for k in range(3))] == [-1, 0, 1]
+    assert all(p.sample_params(k).n == 1 for k in range(3)) and p.sample_params(0).temperature == 0.5
+    assert [SamplingParams(n=2).sample_params(k).seed for k in range(2)] == [None, None]  # each draws its own
+    one = SamplingParams(seed=4)
+    assert one.sample_params(0) is one
+    with pytest.raises(ValueError, match="sample 3 of n = 3"):
+        p.sample_params(3)

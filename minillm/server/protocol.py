@@ -76,7 +76,7 @@ class ModelInfo:
 @dataclass
 class ParsedRequest:
     model: str
-    # every choice's (prompt ids, params), prompt by prompt, n each (choice_params seeds them)
+    # every choice's (prompt ids, params), prompt by prompt, n each (SamplingParams.sample_params seeds them)
     choices: list[tuple[list[int], SamplingParams]]
     num_prompt_tokens: int  # every prompt's tokens, counted once (usage)
     stream: bool = False
@@ -552,7 +552,7 @@ def sampling_params(body: dict, n_prompt: int, info: ModelInfo, chat: bool,
         skip_special_tokens=_get(body, "skip_special_tokens", bool, skip_special), logprobs=logprobs,
         include_stop_str_in_output=_get(body, "include_stop_str_in_output", bool, False),
         prompt_logprobs=prompt_logprobs, structured_outputs=structured, allowed_token_ids=allowed,
-        bad_words=bad_words, **adjust,
+        bad_words=bad_words, n=n, **adjust,
     )
     try:
         params = SamplingParams(**kwargs)
@@ -676,7 +676,7 @@ def parse_request(body: dict, info: ModelInfo, chat: bool) -> ParsedRequest:
     if len(prompts) * n > MAX_CHOICES:
         raise ProtocolError(f"{len(prompts)} prompts x n = {n} is more than {MAX_CHOICES} choices in one request",
                             "n")
-    choices = [(ids, choice_params(p, i)) for ids, p in zip(prompts, params) for i in range(n)]
+    choices = [(ids, p.sample_params(i)) for ids, p in zip(prompts, params) for i in range(n)]
     parsed = ParsedRequest(model, choices, sum(len(ids) for ids in prompts), stream, include_usage,
                            continuous_usage, prompt_logprobs=_get(body, "prompt_logprobs", int, None),
                            tools=tools if tools is not None and tools.parses else None,
@@ -728,14 +728,6 @@ def truncated_prompts(body: dict, prompts: list[list[int]], info: ModelInfo, cha
         return [truncate_prompt(ids, k, info.max_model_len, max_tokens, name) for ids in prompts]
     except ValueError as e:
         raise ProtocolError(str(e), name, code="context_length_exceeded") from None
-
-
-def choice_params(params: SamplingParams, i: int) -> SamplingParams:
-    """Choice i's sampling parameters: with a seed, seed + i, so the n choices differ and a repeated
-    request gives the same n (choice 0 is what n = 1 gives); without one, each draws its own."""
-    if i == 0 or params.seed is None:
-        return params
-    return dataclasses.replace(params, seed=(params.seed + i) % (1 << 64))
 
 
 # ---- responses ----------------------------------------------------------------------------
