@@ -36,6 +36,10 @@ class CompletionOutput:
     # prompts of the batch run on unaffected.
     error: str | None = None
     index: int = 0  # which of the prompt's SamplingParams.n samples this is (vLLM's CompletionOutput.index)
+    prompt: str | None = None  # the prompt's text (chat: as the template rendered it); None for token ids
+    # with SamplingParams.logprobs: the sum of the output tokens' logprobs (vLLM's); else None
+    cumulative_logprob: float | None = None
+    num_cached_tokens: int | None = None  # prompt tokens the prefix cache held (vLLM's RequestOutput field)
     # the prompt's n samples in order, this one first (vLLM's RequestOutput.outputs, so out.outputs[0].text
     # reads as there); generate() returns each prompt's sample 0, which holds them all
     outputs: list[CompletionOutput] = field(default_factory=list, repr=False, compare=False)
@@ -105,6 +109,7 @@ class LLM:
                 raise refused(i, e) from None
             prompt_ids.append(toks)
         done: dict[str, CompletionOutput] = {}
+        cached: dict[str, int] = {}
         owner: dict[str, int] = {}  # each request id's prompt
         left = [p.n for p in params]  # a prompt is processed once all its samples are
         logprobs: dict[str, list[TokenLogprob]] = {}
@@ -129,12 +134,15 @@ class LLM:
                         logprobs.setdefault(out.request_id, []).extend(out.new_logprobs)
                     if out.prompt_logprobs is not None:
                         prompt_logprobs[out.request_id] = out.prompt_logprobs
+                    if out.num_cached_tokens is not None:
+                        cached[out.request_id] = out.num_cached_tokens
                     if out.finished:
-                        done[out.request_id] = CompletionOutput([], out.text, out.token_ids, out.finish_reason,
-                                                                out.stop_reason,
-                                                                logprobs.pop(out.request_id, None),
-                                                                prompt_logprobs.pop(out.request_id, None),
-                                                                out.error)
+                        lps = logprobs.pop(out.request_id, None)
+                        done[out.request_id] = CompletionOutput(
+                            [], out.text, out.token_ids, out.finish_reason, out.stop_reason, lps,
+                            prompt_logprobs.pop(out.request_id, None), out.error,
+                            cumulative_logprob=None if lps is None else float(sum(lp.logprob for lp in lps)),
+                            num_cached_tokens=cached.pop(out.request_id, None))
                         left[owner[out.request_id]] -= 1
                         if bar is not None and not left[owner[out.request_id]]:
                             bar.update(1)
@@ -153,10 +161,12 @@ class LLM:
                 bar.close()
         results = []
         samples = iter(ids)
-        for toks, p in zip(prompt_ids, params):
+        for prompt, toks, p in zip(prompts, prompt_ids, params):
             outs = [done[next(samples)] for _ in range(p.n)]
+            text = _unwrap(prompt)
             for k, c in enumerate(outs):
                 c.prompt_token_ids, c.index, c.outputs = toks, k, outs
+                c.prompt = text if isinstance(text, str) else None
             results.append(outs[0])
         return results
 
@@ -209,7 +219,12 @@ class LLM:
                 raise ValueError(f"{which}{e}") from None
             except (jinja2.TemplateError, TypeError) as e:  # its raise_exception, a field it lacks, ...
                 raise ValueError(f"{which}the chat template refused the messages ({type(e).__name__}: {e})") from None
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        outs = self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        for out in outs:  # the text the model was given, as vLLM's chat gives it
+            text = self.tokenizer.decode(out.prompt_token_ids, skip_special_tokens=False)
+            for c in out.outputs:
+                c.prompt = text
+        return outs
 
 
 def _progress_factory(use_tqdm) -> Callable | None:

@@ -199,3 +199,21 @@ def test_sample_params_seeds_each_sample():
     assert one.sample_params(0) is one
     with pytest.raises(ValueError, match="sample 3 of n = 3"):
         p.sample_params(3)
+
+
+def test_outputs_carry_vllms_request_fields(llm):
+    """vLLM's quickstart reads output.prompt and output.outputs[0].text: the prompt's text (None for ids; the
+    rendered template for chat), cumulative_logprob the sum of the tokens' logprobs (None without them), and
+    num_cached_tokens the prefix cache's share of the prompt."""
+    text = "the same long prompt, " * 3
+    first, ids = llm.generate([text, [5, 6, 7]], SamplingParams(max_tokens=4, logprobs=0, ignore_eos=True))
+    assert first.prompt == text and ids.prompt is None and first.outputs[0].text == first.text
+    for out in (first, ids):
+        assert out.cumulative_logprob == pytest.approx(sum(lp.logprob for lp in out.logprobs))
+        assert out.cumulative_logprob < 0 and out.num_cached_tokens == 0
+    again = llm.generate(text, SamplingParams(max_tokens=2))[0]
+    assert again.cumulative_logprob is None and again.logprobs is None
+    assert 0 < again.num_cached_tokens < len(again.prompt_token_ids)  # whole blocks of the first call's prompt
+    chat = llm.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=2))[0]
+    assert chat.prompt == llm.tokenizer.decode(chat.prompt_token_ids, skip_special_tokens=False)
+    assert "hi" in chat.prompt and chat.outputs[0].prompt == chat.prompt
