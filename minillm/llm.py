@@ -55,6 +55,10 @@ class LLM:
             self.engine.async_scheduling = True
         self.tokenizer = self.engine.tokenizer
 
+    def get_tokenizer(self):
+        """The model's tokenizer (vLLM's method; also `llm.tokenizer`): encode, decode, apply_chat_template."""
+        return self.tokenizer
+
     def get_default_sampling_params(self) -> SamplingParams:
         """What generate() and chat() use when given none (vLLM's method): SamplingParams' defaults with
         the model's generation_config sampling defaults on top (--generation-config: auto, vllm or a folder)."""

@@ -217,3 +217,4 @@ def test_outputs_carry_vllms_request_fields(llm):
     chat = llm.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=2))[0]
     assert chat.prompt == llm.tokenizer.decode(chat.prompt_token_ids, skip_special_tokens=False)
     assert "hi" in chat.prompt and chat.outputs[0].prompt == chat.prompt
+    assert llm.get_tokenizer().decode(llm.get_tokenizer().encode("abc", add_special_tokens=False)) == "abc"
