@@ -7254,9 +7254,7 @@ part379() {  # session 77 (carry .whl; ~8 min): every GPU test on main's code (s
   gpu_tests_full 420
   tail -n 3 "$W/gpu_tests.log"
   if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-    stage models 120 bash -c "python3 -m minillm.tools.random_model --preset qwen3-8b $M/q8 --force &&
-      python3 -m minillm.tools.random_model --dflash-for $M/q8 $M/q8-dflash --force &&
-      python3 -m minillm.tools.random_model --preset qwen3-0.6b $M/q06 --force"
+    models_all 150
     decode_06b 70
     decode_8b 80
     spec_cost_8b 170
