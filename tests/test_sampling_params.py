@@ -218,3 +218,9 @@ def test_outputs_carry_vllms_request_fields(llm):
     assert chat.prompt == llm.tokenizer.decode(chat.prompt_token_ids, skip_special_tokens=False)
     assert "hi" in chat.prompt and chat.outputs[0].prompt == chat.prompt
     assert llm.get_tokenizer().decode(llm.get_tokenizer().encode("abc", add_special_tokens=False)) == "abc"
+
+
+def test_the_engine_refuses_n_rather_than_dropping_it(llm):
+    with pytest.raises(ValueError, match=r"one sample a request \(n = 2 given\).*sample_params"):
+        llm.engine.add_request([5, 6], SamplingParams(n=2))
+    assert not llm.engine.has_unfinished()

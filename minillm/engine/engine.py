@@ -425,6 +425,9 @@ class LLMEngine:
         # fields set by hand after construction are checked (and normalised) here: they were taken as
         # they were (a top_p set to 0 on the object divided by zero in the NumPy sampler)
         params.validate()
+        if params.n != 1:  # one request is one sample: n would be dropped without a word
+            raise ValueError(f"the engine runs one sample a request (n = {params.n} given): add each of "
+                             "params.sample_params(i) for i in range(n), as LLM.generate and the server do")
         self.check_priority(priority)
         prompt_ids = self.encode_prompt(prompt, params)  # truncated as params.truncate_prompt_tokens asks
         self.validate_prompt(prompt_ids, params)
