@@ -22,6 +22,7 @@ import random
 from collections import Counter, deque
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -204,6 +205,39 @@ def test_debug_check_fires_on_bad_indices():
         assert "outside the pool" in str(e)
     else:
         raise AssertionError("a slot past the pool went unnoticed")
+
+
+def test_debug_check_fires_on_a_slot_that_is_not_its_positions():
+    """A slot inside the pool, in a block the sequence owns alone, but not its position's (table[p // bs] *
+    bs + p % bs) is caught too: the range and sharing checks alone let it through."""
+    bm = BlockManager(4, 8)
+    a = Sequence("a", list(range(10)), SamplingParams(), 0)
+    bm.allocate(a, 10)
+    runner = bare_runner(bm, 32, 2, 16)
+    batch = [ScheduledSeq(a, 10)]
+    t, _ = runner.prepare(batch)
+    runner._check(batch, t)
+    slots = runner.buf.host["slot_mapping"]
+    slots[3], slots[4] = slots[4], slots[3]  # both a's, both in range, no slot twice
+    with pytest.raises(AssertionError, match="row 3 of a: position 3, slot"):
+        runner._check(batch, t)
+
+
+def test_a_decode_past_its_block_table_is_refused_not_written_into_block_0():
+    """A decode whose position is past its block table (a block-manager fault) raised nowhere: the vectorised
+    decode fill read the table row's zero padding, so it wrote its key into block 0, another sequence's."""
+    bm = BlockManager(6, 8)
+    a = Sequence("a", list(range(9)), SamplingParams(), 0)
+    b = Sequence("b", list(range(9)), SamplingParams(), 0)
+    for seq, have in ((a, 8), (b, 9)):  # a lacks the block its position 8 needs
+        bm.allocate(seq, have)
+        seq.num_computed = 8
+    runner = bare_runner(bm, 32, 2, 16)
+    with pytest.raises(IndexError, match="past its sequence's block table"):
+        runner.prepare([ScheduledSeq(a, 1), ScheduledSeq(b, 1)])
+    bm.allocate(a, 9)
+    t, _ = runner.prepare([ScheduledSeq(a, 1), ScheduledSeq(b, 1)])
+    assert runner.buf.host["slot_mapping"][:t].tolist() == [bm.slot(a, 8), bm.slot(b, 8)]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -428,9 +428,13 @@ class ModelRunner:
             h["src_rows"][:B] = -1
             self.num_fill = 0
         h["positions"][:B] = pos
+        block, offset = np.divmod(pos, bs)
+        # a position past its table would read the table row's zero padding: block 0, another
+        # sequence's keys, written over without a fault (_prepare_runs and _prepare_blocks raise too)
+        if (block >= np.fromiter((len(s.block_table) for s in seqs), np.int64, B)).any():
+            raise IndexError("prepare: a position past its sequence's block table")
         tables = self._fill_block_tables(seqs)
         iota = self.buf.iota
-        block, offset = np.divmod(pos, bs)
         h["slot_mapping"][:B] = tables[iota[:B], block] * bs + offset
         pos += 1
         h["seq_lens"][:B] = pos
@@ -624,9 +628,24 @@ class ModelRunner:
         return self.draft_source is not None and any(item.num_draft and item.seq.draft_row >= 0 for item in batch)
 
     def _check(self, batch: list[ScheduledSeq], t: int) -> None:
-        """MINILLM_DEBUG=1: every index the kernels will read is inside the pool and owned."""
-        limit = self.bm.num_blocks * self.bm.block_size
+        """MINILLM_DEBUG=1: every index the kernels will read is inside the pool and owned, and each row's
+        slot is its position's in its own sequence's block table."""
+        bs = self.bm.block_size
+        limit = self.bm.num_blocks * bs
         slots = self.buf.host["slot_mapping"][:t]
+        positions = self.buf.host["positions"][:t]
+        r = 0
+        for item in batch:
+            table = item.seq.block_table
+            for j in range(item.num_new):
+                p = item.start + j
+                if positions[r + j] != p or p // bs >= len(table) or slots[r + j] != table[p // bs] * bs + p % bs:
+                    raise AssertionError(f"row {r + j} of {item.seq.request_id}: position {positions[r + j]}, slot "
+                                         f"{slots[r + j]}; its position {p} is block {p // bs} of a table of "
+                                         f"{len(table)}")
+            r += item.num_new
+        if r != t:
+            raise AssertionError(f"{t} token rows for a batch of {r}")
         if slots.size and (slots.min() < 0 or slots.max() >= limit):
             raise AssertionError(f"slot index outside the pool [0, {limit}): {slots.min()}..{slots.max()}")
         if len(set(slots.tolist())) != len(slots):
