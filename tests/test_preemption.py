@@ -201,6 +201,23 @@ def test_startup_refuses_a_pool_that_cannot_hold_one_sequence(tiny_dir):
     assert plan_kv_pool(args, 1024, 4096, available_bytes=300 * 16 * 1024) == 300  # what fits
 
 
+def test_pool_refusal_names_the_drafters_lookahead_and_suggests_only_what_starts():
+    """A drafter writes past a sequence's end (a DFlash block of 16: 15 positions). The message names that,
+    and suggests a max_model_len only where one above the lookahead fits (a shorter one is refused for the
+    drafter's k: it suggested -7 and 1 before); else the --num-blocks one sequence needs."""
+    def refusal(num_blocks: int, bs: int) -> str:
+        with pytest.raises(ValueError) as e:
+            plan_kv_pool(EngineArgs(max_model_len=32, block_size=bs, num_blocks=num_blocks), 1024, 32, None,
+                         lookahead=15)
+        return str(e.value)
+
+    for num_blocks, bs, need in [(1, 8, 6), (2, 8, 6), (1, 16, 3)]:
+        msg = refusal(num_blocks, bs)
+        assert "32 and the 15 positions its drafter writes past it" in msg and "largest" not in msg, msg
+        assert msg.endswith(f"raise --num-blocks to at least {need}"), msg
+    assert "the largest max_model_len that fits is 17" in refusal(2, 16)  # 32 slots, 15 ahead
+
+
 def test_debug_checks_run_clean_through_a_preempting_workload(tiny_dir, alone_outputs, monkeypatch):
     monkeypatch.setenv("MINILLM_DEBUG", "1")
     calls = {"check": 0, "tokens": 0}

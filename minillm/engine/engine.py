@@ -175,11 +175,14 @@ def plan_kv_pool(args: EngineArgs, kv_bytes_per_token: int, max_model_len: int,
             num_blocks = min(num_blocks, available_bytes // block_bytes)
     if num_blocks < per_seq:
         fits = num_blocks * bs - lookahead
+        ahead = f" and the {lookahead} positions its drafter writes past it" if lookahead else ""
+        # a max_model_len of at most the lookahead leaves no room for the drafter's k (refused at startup)
+        advice = (f"the largest max_model_len that fits is {fits} — lower --max-model-len or raise --num-blocks"
+                  if fits > lookahead else f"raise --num-blocks to at least {per_seq}")
         raise ValueError(
-            f"one sequence of max_model_len {max_model_len} needs {per_seq} blocks "
+            f"one sequence of max_model_len {max_model_len}{ahead} needs {per_seq} blocks "
             f"({per_seq * block_bytes / GiB:.2f} GiB); the pool has {num_blocks} blocks "
-            f"({num_blocks * block_bytes / GiB:.2f} GiB); the largest max_model_len that fits is {fits} "
-            f"— lower --max-model-len or raise --num-blocks"
+            f"({num_blocks * block_bytes / GiB:.2f} GiB); {advice}"
             + (" / --gpu-memory-utilization" if available_bytes is not None else "")
         )
     if available_bytes is not None and num_blocks * block_bytes > available_bytes:
