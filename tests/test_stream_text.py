@@ -72,11 +72,12 @@ def test_smollm_deltas_join_to_the_whole_decode(smollm, data, skip):
 
 
 @few
-@given(ids=st.lists(st.integers(0, len(SPM_TOKENS) - 1), max_size=14), skip=st.booleans())
+@given(ids=st.lists(st.integers(0, len(SPM_TOKENS) + 2), max_size=14), skip=st.booleans())
 def test_byte_fallback_deltas_join_to_the_whole_decode(spm, ids, skip):
     """A run of <0xXX> tokens decodes as a whole: one that is not UTF-8 gives a U+FFFD per token,
     ASCII ones too. DecodeStream raised 'Invalid prefix' when a later byte did that to a byte it had
-    already let out (and again on every later token), and held an incomplete run at the end."""
+    already let out (and again on every later token), and held an incomplete run at the end. Ids past
+    the vocabulary (an embedding padded past it) have no text: decode drops them, and so must the stream."""
     check_stream(spm, ids, skip)
 
 
@@ -84,7 +85,9 @@ def test_byte_fallback_known_cases(spm):
     b = spm.tok.token_to_id
     nl, e2, the = b("<0x0A>"), b("<0xE2>"), b("\u2581the")
     euro = [e2, b("<0x82>"), b("<0xAC>")]
-    for ids in ([nl, e2, the], [nl, *euro, the], [the, nl], [the, e2], [nl, e2, 1, b("<0x82>"), b("<0xAC>")]):
+    past = len(SPM_TOKENS) + 1  # no token: inside a byte run it ended the run ("\n" let out, then one U+FFFD)
+    for ids in ([nl, e2, the], [nl, *euro, the], [the, nl], [the, e2], [nl, e2, 1, b("<0x82>"), b("<0xAC>")],
+                [nl, past, e2], [e2, past, *euro[1:]], [*euro[:2], past, euro[2]]):
         for skip in (True, False):
             check_stream(spm, ids, skip)
     assert "".join(stream(spm, [the, nl, *euro, the], True)) == "the\n\u20ac the"
@@ -137,7 +140,23 @@ def test_find_stop_takes_the_one_that_ends_first():
     assert find("xabc", ["abc", "ab"]) == (1, 3)  # "ab" ended first
     assert find("xabc", ["bc", "abc"]) == (1, 4)  # ending together: the one starting first
     assert find("aXb", ["Y"]) is None
-    assert find("abab", ["ab"], 1) == (2, 4)
+    assert find("abab", ["ab"], 2) == (2, 4)  # only text past text[:2] is new
+    # a stop string lying wholly in the old text is not matched, however long the others are
+    assert find("xRabc", ["R", "QQQQQQQQ"], 3) is None and find("xRabcR", ["R", "QQQQQQQQ"], 5) == (5, 6)
+
+
+def test_a_stop_string_inside_the_min_tokens_text_does_not_depend_on_the_other_stop_strings(engine):
+    """Under min_tokens the first tokens' text is never searched; a search window as wide as the longest stop
+    string then matched a shorter one lying wholly in that text, so adding a stop string that never occurs
+    ('Q' x 12) cut the output at the first token's character."""
+    prompt = [5, 6, 7, 8]
+    first = run(engine, prompt, [SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)])[0][1]
+    assert first.strip(), first
+    c = first.strip()[0]
+    outs = run(engine, prompt, [SamplingParams(max_tokens=12, min_tokens=1, temperature=0, ignore_eos=True, stop=stop)
+                                for stop in ([c], [c, "Q" * 12])])
+    assert outs[0][:4] == outs[1][:4], outs
+    assert outs[0][1].startswith(first)  # the first token's character was not taken as the stop
 
 
 @pytest.fixture(scope="module")

@@ -1015,7 +1015,7 @@ class LLMEngine:
             n = len(accepted) if flushing else i + 1  # these ids made the text so far
             # as vLLM's detokenizer: stop strings are looked for once more than min_tokens ids are out
             if p.stop and n0 + n > p.min_tokens and len(seq.text) > before:
-                found = self._find_stop(seq.text, p.stop, max(0, before - longest_stop + 1))
+                found = self._find_stop(seq.text, p.stop, before)
                 if found is not None:  # the text ends before the stop string, or after it if asked
                     seq.stop_reason = seq.text[found[0] : found[1]]
                     seq.text = seq.text[: found[1] if p.include_stop_str_in_output else found[0]]
@@ -1062,11 +1062,15 @@ class LLMEngine:
         return out
 
     @staticmethod
-    def _find_stop(text: str, stops: list[str], start: int = 0) -> tuple[int, int] | None:
-        """(start, end) of the stop string in text[start:] (searching only where a new one can be) that
-        ends first, as text arriving one character at a time would meet it, however it is split into
-        tokens; of two ending together, the one that starts first (the longer)."""
-        found = [(i, i + len(s)) for i, s in ((text.find(s, start), s) for s in stops) if i >= 0]
+    def _find_stop(text: str, stops: list[str], before: int = 0) -> tuple[int, int] | None:
+        """(start, end) of the stop string ending past text[:before] (the text new since) that ends first,
+        as text arriving one character at a time would meet it, however it is split into tokens; of two
+        ending together, the one that starts first (the longer). Each string is looked for only where it
+        would end in the new text, as vLLM's check_stop_strings does: one lying wholly in text[:before] is
+        not matched (under min_tokens that text was never searched, and a window as wide as the longest
+        stop string matched shorter ones there, so an unrelated longer stop string changed the output)."""
+        found = [(i, i + len(s)) for i, s in ((text.find(s, max(0, before - len(s) + 1)), s) for s in stops)
+                 if i >= 0]
         return min(found, key=lambda f: (f[1], f[0])) if found else None
 
     def score(self, prompts: list[list[int]], last_only: bool = False) -> list[np.ndarray]:
