@@ -483,6 +483,8 @@ class IncrementalDecoder:
                 self._held.append(i)
                 continue
             if self._held:
+                if self._tok.id_to_token(i) is None:  # no entry (an embedding row past the vocabulary): decode
+                    continue                          # drops it, so it does not end the run it sits in
                 ids, self._held = self._held + [i], []
             else:
                 ids = [i]
