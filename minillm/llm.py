@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import jinja2
 import numpy as np
@@ -40,9 +40,13 @@ class CompletionOutput:
     # with SamplingParams.logprobs: the sum of the output tokens' logprobs (vLLM's); else None
     cumulative_logprob: float | None = None
     num_cached_tokens: int | None = None  # prompt tokens the prefix cache held (vLLM's RequestOutput field)
-    # the prompt's n samples in order, this one first (vLLM's RequestOutput.outputs, so out.outputs[0].text
-    # reads as there); generate() returns each prompt's sample 0, which holds them all
-    outputs: list[CompletionOutput] = field(default_factory=list, repr=False, compare=False)
+
+    @property
+    def outputs(self) -> list[CompletionOutput]:
+        """The prompt's SamplingParams.n samples in order (vLLM's RequestOutput.outputs, so out.outputs[0].text
+        reads as there); generate() returns each prompt's sample 0. Not a field: a list holding the output
+        itself would make dataclasses.asdict, == and repr recurse."""
+        return self.__dict__.get("_samples") or [self]
 
 
 class LLM:
@@ -169,7 +173,7 @@ class LLM:
             outs = [done[next(samples)] for _ in range(p.n)]
             text = _unwrap(prompt)
             for k, c in enumerate(outs):
-                c.prompt_token_ids, c.index, c.outputs = toks, k, outs
+                c.prompt_token_ids, c.index, c._samples = toks, k, outs
                 c.prompt = text if isinstance(text, str) else None
             results.append(outs[0])
         return results

@@ -4,6 +4,9 @@ keys) taken as theirs; then through the real engine on the CPU (a tiny random Ll
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -165,6 +168,9 @@ def test_n_samples_offline_are_the_seeded_single_samples(llm):
     assert len({tuple(c.token_ids) for c in outs[0].outputs}) > 1  # seeded apart, not one sample thrice
     one = llm.generate([prompts[0]], SamplingParams(temperature=1.0, seed=9, max_tokens=6, ignore_eos=True))[0]
     assert one.outputs == [one] and one.index == 0 and one.token_ids == outs[0].token_ids
+    # the samples are not a field: asdict, == and repr do not recurse through the list holding the output
+    assert dataclasses.asdict(outs[0])["token_ids"] == outs[0].token_ids and "outputs" not in repr(outs[0])
+    assert copy.deepcopy(outs[0]) == outs[0] and len(copy.deepcopy(outs[0]).outputs) == 3
 
 
 def test_n_samples_count_once_a_prompt_on_the_progress_bar(llm):
