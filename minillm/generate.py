@@ -86,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         dt = time.perf_counter() - t0
         if replaced:  # said once the run has gone ahead: a refusal stays one "error:" line
             print("(--prompt had bytes that are not UTF-8: each is sent as U+FFFD)", file=sys.stderr)
+        if ns.n > 1 and ns.temperature == 0:  # (the default here; vLLM's is 1)
+            print(f"(--n {ns.n} at --temperature 0: greedy samples are all the same; set --temperature)",
+                  file=sys.stderr)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sys
+import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import jinja2
 import numpy as np
@@ -44,9 +45,21 @@ class CompletionOutput:
     @property
     def outputs(self) -> list[CompletionOutput]:
         """The prompt's SamplingParams.n samples in order (vLLM's RequestOutput.outputs, so out.outputs[0].text
-        reads as there); generate() returns each prompt's sample 0. Not a field: a list holding the output
-        itself would make dataclasses.asdict, == and repr recurse."""
-        return self.__dict__.get("_samples") or [self]
+        reads as there): this one, then the others generate() keeps on the prompt's result (its sample 0).
+        Not a field, and the result does not hold itself: asdict, repr and json.dumps(default=vars) would
+        recurse."""
+        return [self, *self.__dict__.get("_others", ())]
+
+    def __eq__(self, other) -> bool:  # every sample's fields, not only this one's (outputs is not a field)
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return [_values(c) for c in self.outputs] == [_values(c) for c in other.outputs]
+
+    __hash__ = None  # (mutable, as the dataclass's own eq makes it)
+
+
+def _values(out: CompletionOutput) -> tuple:
+    return tuple(getattr(out, f.name) for f in fields(out))
 
 
 class LLM:
@@ -111,6 +124,7 @@ class LLM:
         prompt_ids = []
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             try:
+                p.validate()  # fields set by hand after construction (n is read here, not by the engine)
                 toks = engine.encode_prompt(_unwrap(prompt), p)  # truncated as p.truncate_prompt_tokens asks
                 engine.validate_prompt(toks, p)  # all-or-nothing: check every prompt before adding any
             except ValueError as e:
@@ -130,14 +144,19 @@ class LLM:
             # compile is found only there) takes the ones added before it out again
             for i, (toks, p, prio) in enumerate(zip(prompt_ids, params, priority)):
                 for k in range(p.n):  # each sample its own request (sample_params seeds them apart)
+                    # the id is ours before the request is added: a Ctrl-C as add_request returns aborts it too
+                    rid = uuid.uuid4().hex
+                    ids.append(rid)
+                    owner[rid] = i
                     try:
-                        ids.append(engine.add_request(toks, p.sample_params(k), priority=prio))
+                        engine.add_request(toks, p.sample_params(k), request_id=rid, priority=prio)
                     except ValueError as e:
                         raise refused(i, e) from None
-                    owner[ids[-1]] = i
             bar = progress(total=len(prompts), desc="Processed prompts") if progress is not None else None
             while engine.has_unfinished():
                 for out in engine.step():
+                    if out.request_id not in owner:  # one added to the engine by another caller: not ours
+                        continue
                     if out.new_logprobs is not None:
                         logprobs.setdefault(out.request_id, []).extend(out.new_logprobs)
                     if out.prompt_logprobs is not None:
@@ -173,8 +192,9 @@ class LLM:
             outs = [done[next(samples)] for _ in range(p.n)]
             text = _unwrap(prompt)
             for k, c in enumerate(outs):
-                c.prompt_token_ids, c.index, c._samples = toks, k, outs
+                c.prompt_token_ids, c.index = toks, k
                 c.prompt = text if isinstance(text, str) else None
+            outs[0]._others = outs[1:]
             results.append(outs[0])
         return results
 
@@ -228,8 +248,8 @@ class LLM:
             except (jinja2.TemplateError, TypeError) as e:  # its raise_exception, a field it lacks, ...
                 raise ValueError(f"{which}the chat template refused the messages ({type(e).__name__}: {e})") from None
         outs = self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
-        for out in outs:  # the text the model was given, as vLLM's chat gives it
-            text = self.tokenizer.decode(out.prompt_token_ids, skip_special_tokens=False)
+        for out, ids in zip(outs, prompts):  # the template's text (before truncate_prompt_tokens), as vLLM's
+            text = self.tokenizer.decode(ids, skip_special_tokens=False)
             for c in out.outputs:
                 c.prompt = text
         return outs

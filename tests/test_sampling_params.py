@@ -230,3 +230,50 @@ def test_the_engine_refuses_n_rather_than_dropping_it(llm):
     with pytest.raises(ValueError, match=r"one sample a request \(n = 2 given\).*sample_params"):
         llm.engine.add_request([5, 6], SamplingParams(n=2))
     assert not llm.engine.has_unfinished()
+
+
+def test_generate_with_n_leaves_nothing_behind_and_skips_others_requests(llm, monkeypatch):
+    """A request another caller queued on the engine finishing inside generate is not generate's (a KeyError
+    before); n set by hand after construction is checked before anything is added; a Ctrl-C landing as
+    add_request returns still aborts that request (its id was not yet in generate's list)."""
+    engine = llm.engine
+    stray = engine.add_request([5, 6], SamplingParams(max_tokens=2, temperature=0))
+    out = llm.generate([[7, 8]], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))[0]
+    assert len(out.token_ids) == 3 and stray not in engine.requests and not engine.has_unfinished()
+
+    bad = SamplingParams(n=2)
+    bad.n = 5000
+    with pytest.raises(ValueError, match=r"prompt 1: n must be an integer in \[1, 1024\]"):
+        llm.generate([[5], [6]], [SamplingParams(n=3), bad])
+    assert not engine.has_unfinished() and not engine.requests
+
+    real_add = engine.add_request
+    calls = []
+
+    def add_then_interrupt(*args, **kwargs):
+        rid = real_add(*args, **kwargs)
+        calls.append(rid)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return rid
+
+    monkeypatch.setattr(engine, "add_request", add_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate([[5, 6]], SamplingParams(n=4, max_tokens=2))
+    monkeypatch.undo()
+    assert len(calls) == 2 and not engine.has_unfinished() and not engine.requests and not engine._sync_requests
+    assert len(llm.generate([[5, 6]], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))[0].token_ids) == 2
+
+
+def test_results_compare_every_sample_and_chat_prompt_is_the_template_text(llm):
+    a = llm.generate([[5, 6]], SamplingParams(n=3, temperature=1.0, seed=1, max_tokens=4))[0]
+    b = llm.generate([[5, 6]], SamplingParams(n=3, temperature=1.0, seed=1, max_tokens=4))[0]
+    one = llm.generate([[5, 6]], SamplingParams(temperature=1.0, seed=1, max_tokens=4))[0]
+    assert a == b and a != one and a.token_ids == one.token_ids  # sample 0 alike, the others count
+    c = copy.deepcopy(a)
+    c.outputs[2].token_ids.append(0)
+    assert a != c and a.outputs[1] == c.outputs[1]  # (a sample past the first compares itself)
+    msgs = [{"role": "user", "content": "a long message " * 4}]
+    whole = llm.chat(msgs, SamplingParams(max_tokens=1))[0]
+    cut = llm.chat(msgs, SamplingParams(max_tokens=1, truncate_prompt_tokens=8))[0]
+    assert len(cut.prompt_token_ids) == 8 and cut.prompt == whole.prompt  # the text given, as generate's
