@@ -7264,19 +7264,19 @@ part379() {  # session 77 (carry .whl; ~8 min): every GPU test on main's code (s
   fi
 }
 
-part380() {  # session 77 (carry .whl; ~3-8 min): the engine's GPU tests on the session's final code (the decode
-  # fill's block-table guard, offline n), then on an H200 the targets as part379 would have run them
+part380() {  # session 77 (carry .whl; ~3-8 min): on an H200 the targets first, as part379 would have run them,
+  # then the engine's GPU tests on the session's final code (the decode fill's block-table guard, offline n)
   setup
   facts > "$W/facts.txt" 2>&1
-  stage engine_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py \
-    tests/test_async_scheduling.py tests/test_dflash_graphs.py -k "not smollm2 and not debug_build"
-  tail -n 3 "$W/engine_tests.log"
   if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
     models_all 150
     decode_06b 70
     decode_8b 80
     spec_cost_8b 170
   fi
+  stage engine_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_gpu_engine.py \
+    tests/test_async_scheduling.py tests/test_dflash_graphs.py -k "not smollm2 and not debug_build"
+  tail -n 3 "$W/engine_tests.log"
 }
 
 "$PART"
