@@ -144,3 +144,12 @@ def test_detokenize_skip_special_tokens(padded_server):
     assert httpx.post(url, json={"tokens": tok["tokens"], "skip_special_tokens": True}).json() == {"prompt": "ab"}
     r = httpx.post(url, json={"tokens": tok["tokens"], "skip_special_tokens": "yes"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "skip_special_tokens"
+
+
+def test_a_request_counts_as_its_worst_choice():
+    """n choices, one finished_reason: a client gone after choice 0 finished (choice 1 aborted) counted as
+    "stop" before; an abort or error of any choice is the request's."""
+    from minillm.server.metrics import request_reason
+
+    assert request_reason(["stop", "abort"]) == "abort" and request_reason(["abort", "error"]) == "error"
+    assert request_reason(["length", "stop"]) == "length" and request_reason(["stop"]) == "stop"

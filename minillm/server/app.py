@@ -30,7 +30,7 @@ from werkzeug.routing import PathConverter
 
 from minillm.server import protocol, responses, tools
 from minillm.server.async_engine import AsyncEngine, EngineFailure, EngineUnavailable
-from minillm.server.metrics import Metrics, RequestTimer
+from minillm.server.metrics import Metrics, RequestTimer, request_reason
 from minillm.server.protocol import ModelInfo, ParsedRequest, ProtocolError, error_body, sse
 from minillm.server.reasoning import Delta, ReasoningSplitter, split_reasoning, think_token_ids
 
@@ -384,7 +384,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         finally:
             for stream in streams:  # aborts what is unfinished if we were cancelled (client gone)
                 stream.close()
-            timer.done(reasons[0])
+            timer.done(request_reason(reasons))
         if parsed.echo_only:  # max_tokens 0: the token the engine generated is dropped
             texts, n_outs, lps, out_ids = [""] * n, [0] * n, [[] for _ in range(n)], [[] for _ in range(n)]
             reasons, stops = ["length" for _ in reasons], [None] * n
@@ -570,7 +570,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         finally:
             for stream in streams:  # a client that went away aborts its requests here: blocks freed at once
                 stream.close()
-            timer.done(reasons[0])
+            timer.done(request_reason(reasons))
 
     # ---- the Responses API (responses.py) --------------------------------------------------------
     def response_builder(rid: str, parsed: ParsedRequest) -> responses.ResponseBuilder:

@@ -110,6 +110,12 @@ class Metrics:
         return RequestTimer(self)
 
 
+def request_reason(reasons: list[str]) -> str:
+    """One request's finished_reason from its n choices': "error" if one failed, "abort" if one was cut off
+    (a client gone after choice 0 finished counted as a success before), else the first choice's."""
+    return next((r for r in ("error", "abort") if r in reasons), reasons[0])
+
+
 class RequestTimer:
     """Latency bookkeeping for one request, from its arrival at the handler."""
 
