@@ -3,7 +3,8 @@
 Binds the port first (a busy port fails fast), builds the engine (user errors: one line, exit 2),
 then serves the Quart app with Hypercorn and logs one line with the URL when it is ready.
 SIGTERM or SIGINT: stop admitting (503), let open requests finish for --shutdown-grace seconds,
-cut the rest with an error event, exit 0; a second signal cuts them at once. SIGUSR1 prints every
+cut the rest with an error event, exit 0 (at most graceful_timeout + HARD_EXIT_MARGIN seconds later, even
+with clients that stopped reading); a second signal cuts them at once. SIGUSR1 prints every
 thread's Python stack to stderr and serves on; a native crash (SIGSEGV, SIGABRT, SIGBUS, SIGFPE,
 SIGILL) prints them before the process dies (faulthandler), so no death is silent.
 Engine flags are EngineArgs' under vLLM's names (see `--help`). Test hooks: minillm/server/__init__.py.
@@ -220,13 +221,18 @@ def install_stack_dumps() -> None:
         faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
 
 
+HARD_EXIT_MARGIN = 3.0  # s past hypercorn's graceful_timeout before a drained server exits regardless
+
+
 def _hypercorn_config(host: str, port: int):
     from hypercorn.config import Config
 
     config = Config()
     host = host[1:-1] if host.startswith("[") else host  # [::1]: host_problem let only an IPv6 address through
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
-    config.graceful_timeout = 5.0  # after our own drain, only idle keep-alive connections remain
+    # after our own drain, idle keep-alive connections remain, and those of clients still uploading or no
+    # longer reading: hypercorn waits this long for them, then cancels them (see _serve's hard exit)
+    config.graceful_timeout = 5.0
     config.errorlog = logging.getLogger("hypercorn.error")
     logging.getLogger("hypercorn.error").setLevel(logging.WARNING)  # our ready line replaces its banner
     return config
@@ -238,8 +244,20 @@ async def _serve(app, aeng, config, sockets, grace: float) -> None:
 
     loop = asyncio.get_running_loop()
     stop, force = asyncio.Event(), asyncio.Event()
+    drained = False
+    # a connection cancelled mid-upload logs its cancelled callback as an ERROR traceback on Python < 3.12
+    # (CPython gh-113538): it is the shutdown's doing, not a failure
+    loop.set_exception_handler(lambda lp, ctx: None if isinstance(ctx.get("exception"), asyncio.CancelledError)
+                               else lp.default_exception_handler(ctx))
+
+    def exit_now(why: str) -> None:
+        log.warning("%s: exiting without waiting for the connections still open", why)
+        logging.shutdown()
+        os._exit(0)  # the requests are settled (drained or cut); only sockets are left
 
     def on_signal(name: str) -> None:
+        if drained:  # a second signal cuts at once (the module's promise), after the drain too
+            exit_now(f"second {name} after the drain")
         if stop.is_set():
             log.warning("second %s: cutting open requests now", name)
             force.set()
@@ -249,9 +267,16 @@ async def _serve(app, aeng, config, sockets, grace: float) -> None:
         loop.add_signal_handler(sig, on_signal, sig.name)
 
     async def shutdown_trigger() -> None:
+        nonlocal drained
         await stop.wait()
         log.info("shutting down: admitting no new requests; %d open, %.0f s grace", aeng.num_open, grace)
         await aeng.drain(grace, force)
+        drained = True
+        # hypercorn now waits graceful_timeout for the connections, then cancels them; one whose client stopped
+        # reading never finishes closing (its unsent data: hypercorn waits on wait_closed() for good), and held
+        # the process until the client went away
+        loop.call_later(config.graceful_timeout + HARD_EXIT_MARGIN, exit_now,
+                        f"connections open {config.graceful_timeout + HARD_EXIT_MARGIN:.0f} s after the drain")
 
     await worker_serve(wrap_app(app, config.wsgi_max_body_size, "asgi"), config, sockets=sockets,
                        shutdown_trigger=shutdown_trigger)

@@ -1289,6 +1289,44 @@ def test_sigterm_drains_then_cuts_after_grace(model_dir, tmp_path):
         srv.stop()
 
 
+def test_sigterm_exits_with_a_client_that_stopped_reading(model_dir, tmp_path):
+    """A stream whose client stopped reading (megabytes of events unsent) held the server after SIGTERM until
+    the client went away: hypercorn waits on that connection's close for good, and a second signal after the
+    drain did nothing. Now a drained server exits 0 by graceful_timeout + HARD_EXIT_MARGIN, and at once on a
+    second signal; the client's socket stays open throughout."""
+    from minillm.serve import HARD_EXIT_MARGIN
+
+    body = json.dumps({"prompt": "hi", "max_tokens": 480, "ignore_eos": True, "stream": True, "n": 16,
+                       "logprobs": 20}).encode()
+    for second_signal in (True, False):
+        srv = Server(model_dir, tmp_path / f"stalled_{second_signal}.log", "--shutdown-grace", "0.5")
+        sock = socket.socket()
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect((srv.url.split("//")[1].rsplit(":", 1)[0], int(srv.url.rsplit(":", 1)[1])))
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            deadline = time.monotonic() + 60  # ~6 MB of events written, most of them unsent
+            while srv.metrics()["minillm:generation_tokens_total"] < 4000 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            t0 = time.monotonic()
+            srv.proc.send_signal(signal.SIGTERM)
+            if second_signal:
+                time.sleep(2)  # the drain (0.5 s grace, then the cut) is over; hypercorn waits on the socket
+                assert srv.proc.poll() is None
+                srv.proc.send_signal(signal.SIGTERM)
+                assert srv.proc.wait(5) == 0 and time.monotonic() - t0 < 5
+            else:
+                assert srv.proc.wait(5.0 + HARD_EXIT_MARGIN + 10) == 0
+                assert time.monotonic() - t0 > 5.0  # hypercorn's graceful_timeout came first
+            assert "exiting without waiting for the connections still open" in srv.text(), srv.text()
+            assert "Traceback" not in srv.text(), srv.text()
+        finally:
+            sock.close()
+            if srv.proc.poll() is None:
+                srv.proc.kill()
+
+
 def test_priority_scheduling_through_the_server(model_dir, tmp_path):
     """--scheduling-policy priority with one seat: while a long request runs, a priority 5 request
     and then a priority -1 one queue; the -1 gets the seat first (vLLM's priority field, sent by
