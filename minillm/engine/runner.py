@@ -170,6 +170,7 @@ class StepBuffers:
         self.dev = {name: view(self.packed_dev, name) for name in specs}
         # the Sequence.block_version each host block-table row holds, -1 for none (see _prepare_decode)
         self.table_rows = np.full(max_seqs, -1, np.int64)
+        self.table_lens = np.zeros(max_seqs, np.int64)  # each cached row's table length (the decode fill's guard)
         self.iota = np.arange(max(max_seqs, max_blocks) + 1, dtype=np.int32)  # 0, 1, 2, ...: sliced
 
     def runs(self, num_seqs: int, num_tokens: int, num_logits: int) -> list[tuple[int, int, int, int]]:
@@ -429,11 +430,12 @@ class ModelRunner:
             self.num_fill = 0
         h["positions"][:B] = pos
         block, offset = np.divmod(pos, bs)
-        # a position past its table would read the table row's zero padding: block 0, another
-        # sequence's keys, written over without a fault (_prepare_runs and _prepare_blocks raise too)
-        if (block >= np.fromiter((len(s.block_table) for s in seqs), np.int64, B)).any():
-            raise IndexError("prepare: a position past its sequence's block table")
         tables = self._fill_block_tables(seqs)
+        # a position past its table would read the table row's zero padding: block 0, another
+        # sequence's keys, written over without a fault (_prepare_runs and _prepare_blocks raise too);
+        # the lengths cached with the rows keep a per-sequence loop off this, the every-step fill
+        if (block >= self.buf.table_lens[:B]).any():
+            raise IndexError("prepare: a position past its sequence's block table")
         iota = self.buf.iota
         h["slot_mapping"][:B] = tables[iota[:B], block] * bs + offset
         pos += 1
@@ -472,6 +474,7 @@ class ModelRunner:
             row = tables[b]
             row[: len(table)] = table
             row[len(table) :] = 0  # a reused row keeps no stale entries
+            self.buf.table_lens[b] = len(table)
         held[:B] = versions
         return tables
 
