@@ -122,10 +122,13 @@ class LLM:
 
         ids = []  # every sample's request id, prompt by prompt
         prompt_ids = []
+        texts = []  # each prompt's text as given (None for token ids): the results' prompt
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             try:
                 p.validate()  # fields set by hand after construction (n is read here, not by the engine)
-                toks = engine.encode_prompt(_unwrap(prompt), p)  # truncated as p.truncate_prompt_tokens asks
+                given = _unwrap(prompt)
+                texts.append(given if isinstance(given, str) else None)
+                toks = engine.encode_prompt(given, p)  # truncated as p.truncate_prompt_tokens asks
                 engine.validate_prompt(toks, p)  # all-or-nothing: check every prompt before adding any
             except ValueError as e:
                 raise refused(i, e) from None
@@ -188,12 +191,10 @@ class LLM:
                 bar.close()
         results = []
         samples = iter(ids)
-        for prompt, toks, p in zip(prompts, prompt_ids, params):
+        for text, toks, p in zip(texts, prompt_ids, params):
             outs = [done[next(samples)] for _ in range(p.n)]
-            text = _unwrap(prompt)
             for k, c in enumerate(outs):
-                c.prompt_token_ids, c.index = toks, k
-                c.prompt = text if isinstance(text, str) else None
+                c.prompt_token_ids, c.index, c.prompt = toks, k, text
             outs[0]._others = outs[1:]
             results.append(outs[0])
         return results
